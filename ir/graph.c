@@ -1,0 +1,586 @@
+/* graph.c - the opcode table, graph construction, and the one set of typing
+ * rules (ir_infer) that builders and the verifier share. */
+#include "ir.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+const OpInfo ir_opinfo[OP__COUNT] = {
+#define X(e, s, n, c, a, f) [OP_##e] = {s, n, c, a, f},
+    IR_OPCODES(X)
+#undef X
+};
+
+int ir_opcode_parse(const char *name)
+{
+    for (int i = 0; i < OP__COUNT; i++)
+        if (strcmp(ir_opinfo[i].name, name) == 0)
+            return i;
+    return -1;
+}
+
+const char *ir_class_name(OpClass c)
+{
+    static const char *n[OC__COUNT] = {"elementwise", "reduce", "gemm",
+                                       "move", "collective", "random"};
+    return (unsigned)c < OC__COUNT ? n[c] : "?";
+}
+
+static const char *dtype_names[DT__COUNT] = {"f32", "bf16", "f16", "i32", "i64", "u8"};
+static const int dtype_sizes[DT__COUNT] = {4, 2, 2, 4, 8, 1};
+
+const char *dtype_name(DType t) { return (unsigned)t < DT__COUNT ? dtype_names[t] : "?"; }
+int dtype_size(DType t) { return (unsigned)t < DT__COUNT ? dtype_sizes[t] : 0; }
+bool dtype_is_float(DType t) { return t == DT_F32 || t == DT_BF16 || t == DT_F16; }
+
+int dtype_parse(const char *s)
+{
+    for (int i = 0; i < DT__COUNT; i++)
+        if (strcmp(dtype_names[i], s) == 0)
+            return i;
+    return -1;
+}
+
+const char *ir_kind_name(TensorKind k)
+{
+    static const char *n[] = {"temp", "input", "param", "state", "const"};
+    return (unsigned)k <= TK_CONST ? n[k] : "?";
+}
+
+/* ---- shapes --------------------------------------------------------------- */
+
+int64_t shape_numel(const Shape *s)
+{
+    int64_t n = 1;
+    for (int i = 0; i < s->rank; i++)
+        n *= s->dim[i];
+    return n;
+}
+
+bool shape_eq(const Shape *a, const Shape *b)
+{
+    if (a->dtype != b->dtype || a->rank != b->rank)
+        return false;
+    for (int i = 0; i < a->rank; i++)
+        if (a->dim[i] != b->dim[i])
+            return false;
+    return true;
+}
+
+static bool dims_eq(const Shape *a, const Shape *b)
+{
+    if (a->rank != b->rank)
+        return false;
+    for (int i = 0; i < a->rank; i++)
+        if (a->dim[i] != b->dim[i])
+            return false;
+    return true;
+}
+
+Shape shape_make(DType dt, int rank, const int64_t *dim)
+{
+    Shape s = {.dtype = dt, .rank = rank};
+    if (rank < 0 || rank > IR_MAX_RANK)
+        die("shape_make: rank %d", rank);
+    for (int i = 0; i < rank; i++)
+        s.dim[i] = dim[i];
+    return s;
+}
+
+static const char *sym_for(const Graph *g, int64_t v)
+{
+    const char *found = NULL;
+    if (!g)
+        return NULL;
+    for (int i = 0; i < g->syms.n; i++) {
+        if (g->syms.v[i].value != v)
+            continue;
+        if (found)
+            return NULL; /* ambiguous: print the number */
+        found = g->syms.v[i].name;
+    }
+    return found;
+}
+
+const char *shape_str(const Graph *g, const Shape *s, char *buf, size_t n)
+{
+    size_t k = 0;
+    k += (size_t)snprintf(buf + k, k < n ? n - k : 0, "%s[", dtype_name(s->dtype));
+    for (int i = 0; i < s->rank; i++) {
+        const char *sym = sym_for(g, s->dim[i]);
+        const char *sep = i ? "," : "";
+        if (sym)
+            k += (size_t)snprintf(buf + k, k < n ? n - k : 0, "%s%s", sep, sym);
+        else
+            k += (size_t)snprintf(buf + k, k < n ? n - k : 0, "%s%lld", sep,
+                                  (long long)s->dim[i]);
+    }
+    snprintf(buf + k, k < n ? n - k : 0, "]");
+    return buf;
+}
+
+/* ---- graph ---------------------------------------------------------------- */
+
+Graph *ir_new(void) { return xcalloc(1, sizeof(Graph)); }
+
+void ir_free(Graph *g)
+{
+    if (!g)
+        return;
+    for (int i = 0; i < g->ops.n; i++)
+        free(g->ops.v[i].in);
+    vec_free(&g->t);
+    vec_free(&g->ops);
+    vec_free(&g->syms);
+    vec_free(&g->outs);
+    vec_free(&g->upd);
+    free(g);
+}
+
+#define VEC_COPY(dst, src)                                                     \
+    do {                                                                       \
+        (dst)->n = (dst)->cap = (src)->n;                                      \
+        (dst)->v = xmalloc((size_t)((src)->n ? (src)->n : 1) * sizeof *(src)->v); \
+        if ((src)->n)                                                          \
+            memcpy((dst)->v, (src)->v, (size_t)(src)->n * sizeof *(src)->v);   \
+    } while (0)
+
+Graph *ir_clone(const Graph *g)
+{
+    Graph *c = ir_new();
+    VEC_COPY(&c->t, &g->t);
+    VEC_COPY(&c->ops, &g->ops);
+    VEC_COPY(&c->syms, &g->syms);
+    VEC_COPY(&c->outs, &g->outs);
+    VEC_COPY(&c->upd, &g->upd);
+    for (int i = 0; i < c->ops.n; i++) {
+        Op *op = &c->ops.v[i];
+        int *in = xmalloc(sizeof(int) * (size_t)(op->nin ? op->nin : 1));
+        memcpy(in, op->in, sizeof(int) * (size_t)op->nin);
+        op->in = in;
+    }
+    return c;
+}
+
+static int new_tensor(Graph *g, Shape s, TensorKind kind, const char *name, int op)
+{
+    Tensor t = {.id = g->t.n, .s = s, .kind = kind, .name = intern(name), .op = op};
+    vec_push(&g->t, t);
+    return t.id;
+}
+
+int ir_add_input(Graph *g, TensorKind kind, const char *name, Shape s, ParamInit init)
+{
+    if (kind != TK_INPUT && kind != TK_PARAM && kind != TK_STATE)
+        die("ir_add_input: kind %s", ir_kind_name(kind));
+    int id = new_tensor(g, s, kind, name, -1);
+    g->t.v[id].init = init;
+    return id;
+}
+
+void ir_add_output(Graph *g, const char *name, int t)
+{
+    GraphOutput o = {intern(name), t};
+    vec_push(&g->outs, o);
+}
+
+int ir_find_output(const Graph *g, const char *name)
+{
+    for (int i = 0; i < g->outs.n; i++)
+        if (strcmp(g->outs.v[i].name, name) == 0)
+            return g->outs.v[i].t;
+    return -1;
+}
+
+int ir_find_tensor(const Graph *g, const char *name)
+{
+    for (int i = 0; i < g->t.n; i++)
+        if (g->t.v[i].name && strcmp(g->t.v[i].name, name) == 0)
+            return i;
+    return -1;
+}
+
+void ir_add_update(Graph *g, int target, int value)
+{
+    GraphUpdate u = {target, value};
+    vec_push(&g->upd, u);
+}
+
+void ir_add_sym(Graph *g, const char *name, int64_t value)
+{
+    for (int i = 0; i < g->syms.n; i++)
+        if (strcmp(g->syms.v[i].name, name) == 0) {
+            g->syms.v[i].value = value;
+            return;
+        }
+    Sym s = {intern(name), value};
+    vec_push(&g->syms, s);
+}
+
+int *ir_use_counts(const Graph *g)
+{
+    int *uses = xcalloc((size_t)g->t.n, sizeof(int));
+    for (int i = 0; i < g->ops.n; i++)
+        for (int j = 0; j < g->ops.v[i].nin; j++)
+            uses[g->ops.v[i].in[j]]++;
+    for (int i = 0; i < g->outs.n; i++)
+        uses[g->outs.v[i].t]++;
+    for (int i = 0; i < g->upd.n; i++)
+        uses[g->upd.v[i].value]++;
+    return uses;
+}
+
+void ir_compact(Graph *g)
+{
+    int n = g->t.n;
+    int *map = xmalloc(sizeof(int) * (size_t)(n ? n : 1));
+    bool *used = xcalloc((size_t)(n ? n : 1), sizeof(bool));
+    for (int i = 0; i < n; i++)
+        map[i] = -1;
+    for (int i = 0; i < g->ops.n; i++) {
+        for (int j = 0; j < g->ops.v[i].nin; j++)
+            used[g->ops.v[i].in[j]] = true;
+        used[g->ops.v[i].out] = true;
+    }
+    for (int i = 0; i < g->outs.n; i++)
+        used[g->outs.v[i].t] = true;
+    for (int i = 0; i < g->upd.n; i++)
+        used[g->upd.v[i].target] = used[g->upd.v[i].value] = true;
+
+    Tensor *nt = xmalloc(sizeof(Tensor) * (size_t)(n ? n : 1));
+    int k = 0;
+    /* graph inputs keep their declaration order; params and state are kept
+     * even when unused, since the runtime saves and loads them by name */
+    for (int i = 0; i < n; i++) {
+        Tensor *t = &g->t.v[i];
+        if (t->op >= 0 || (!used[i] && t->kind == TK_INPUT))
+            continue;
+        map[i] = k;
+        nt[k] = *t;
+        nt[k].id = k;
+        k++;
+    }
+    for (int i = 0; i < g->ops.n; i++) {
+        Op *op = &g->ops.v[i];
+        int o = op->out;
+        map[o] = k;
+        nt[k] = g->t.v[o];
+        nt[k].id = k;
+        nt[k].op = i;
+        k++;
+    }
+    for (int i = 0; i < g->ops.n; i++) {
+        Op *op = &g->ops.v[i];
+        for (int j = 0; j < op->nin; j++)
+            op->in[j] = map[op->in[j]];
+        op->out = map[op->out];
+    }
+    for (int i = 0; i < g->outs.n; i++)
+        g->outs.v[i].t = map[g->outs.v[i].t];
+    for (int i = 0; i < g->upd.n; i++) {
+        g->upd.v[i].target = map[g->upd.v[i].target];
+        g->upd.v[i].value = map[g->upd.v[i].value];
+    }
+    free(g->t.v);
+    g->t.v = nt;
+    g->t.n = k;
+    g->t.cap = n ? n : 1;
+    free(map);
+    free(used);
+}
+
+/* ---- typing rules ------------------------------------------------------------ */
+
+#define FAIL(...)                                    \
+    do {                                             \
+        if (err)                                     \
+            snprintf(err, errlen, __VA_ARGS__);      \
+        return false;                                \
+    } while (0)
+
+static bool is_int(DType t) { return t == DT_I32 || t == DT_I64; }
+
+bool ir_infer(const Graph *g, Opcode code, const int *in, int nin, const OpAttr *a,
+              Shape *out, char *err, size_t errlen)
+{
+    char b0[160], b1[160], b2[160];
+    if ((unsigned)code >= OP__COUNT)
+        FAIL("unknown opcode %d", (int)code);
+    const OpInfo *info = &ir_opinfo[code];
+    if (info->arity >= 0 && nin != info->arity)
+        FAIL("%s takes %d operands (expected %d, got %d)", info->name, info->arity,
+             info->arity, nin);
+    if (info->arity < 0 && nin < 1)
+        FAIL("%s needs at least one operand (expected >= 1, got %d)", info->name, nin);
+    const Shape *s[8] = {0};
+    for (int i = 0; i < nin && i < 8; i++) {
+        if (in[i] < 0 || in[i] >= g->t.n)
+            FAIL("%s: operand %d is not a tensor (expected %%0..%%%d, got %%%d)", info->name,
+                 i, g->t.n - 1, in[i]);
+        s[i] = &g->t.v[in[i]].s;
+    }
+    bool attr_shape = info->attr == AK_SHAPE || info->attr == AK_VALUE ||
+                      info->attr == AK_KEY || info->attr == AK_START ||
+                      (code == OP_IOTA);
+    if (attr_shape) {
+        if (a->rank < 0 || a->rank > IR_MAX_RANK)
+            FAIL("%s: rank out of range (expected 0..%d, got %d)", info->name, IR_MAX_RANK,
+                 a->rank);
+        for (int i = 0; i < a->rank; i++)
+            if (a->shape[i] < 1)
+                FAIL("%s: dimension %d must be positive (expected >= 1, got %lld)",
+                     info->name, i, (long long)a->shape[i]);
+    }
+    Shape r = {0};
+    switch (info->cls) {
+    case OC_ELEMWISE:
+        if (code == OP_CONST || code == OP_IOTA) {
+            r = shape_make(a->dtype, a->rank, a->shape);
+            if ((unsigned)a->dtype >= DT__COUNT)
+                FAIL("%s: bad dtype %d", info->name, (int)a->dtype);
+            if (code == OP_IOTA && (a->nia != 1 || a->ia[0] < 0 || a->ia[0] >= a->rank))
+                FAIL("iota: axis out of range (expected 0..%d, got %lld)", a->rank - 1,
+                     (long long)(a->nia ? a->ia[0] : -1));
+            break;
+        }
+        if (code == OP_CAST) {
+            r = *s[0];
+            if ((unsigned)a->dtype >= DT__COUNT)
+                FAIL("cast: bad dtype %d", (int)a->dtype);
+            r.dtype = a->dtype;
+            break;
+        }
+        if (code == OP_SELECT) {
+            if (s[0]->dtype != DT_U8)
+                FAIL("select: mask must be a u8 mask (expected u8, got %s)",
+                     dtype_name(s[0]->dtype));
+            if (!dims_eq(s[0], s[1]) || !shape_eq(s[1], s[2]))
+                FAIL("select: operand shapes differ (expected %s, got %s and %s)",
+                     shape_str(g, s[0], b0, sizeof b0), shape_str(g, s[1], b1, sizeof b1),
+                     shape_str(g, s[2], b2, sizeof b2));
+            r = *s[1];
+            break;
+        }
+        if (nin == 1) {
+            if (!dtype_is_float(s[0]->dtype) && code != OP_NEG && code != OP_ABS &&
+                code != OP_RELU)
+                FAIL("%s: needs a float tensor (expected f32/bf16/f16, got %s)", info->name,
+                     dtype_name(s[0]->dtype));
+            r = *s[0];
+            break;
+        }
+        /* binary */
+        if (!shape_eq(s[0], s[1]))
+            FAIL("%s: operand types differ (expected %s, got %s)", info->name,
+                 shape_str(g, s[0], b0, sizeof b0), shape_str(g, s[1], b1, sizeof b1));
+        if (s[0]->dtype == DT_U8 && code != OP_EQ && code != OP_NE && code != OP_MAX &&
+            code != OP_MIN && code != OP_MUL)
+            FAIL("%s: not defined on u8 masks (expected a numeric type, got u8)",
+                 info->name);
+        if (code == OP_POW && !dtype_is_float(s[0]->dtype))
+            FAIL("pow: needs float operands (expected f32/bf16/f16, got %s)",
+                 dtype_name(s[0]->dtype));
+        r = *s[0];
+        if (code >= OP_LT && code <= OP_NE)
+            r.dtype = DT_U8;
+        break;
+    case OC_RANDOM:
+        r = shape_make(DT_F32, a->rank, a->shape);
+        if (a->nia != 1)
+            FAIL("random: needs a key attribute");
+        break;
+    case OC_COLLECTIVE:
+        if (!dtype_is_float(s[0]->dtype))
+            FAIL("allreduce: needs a float tensor (got %s)", dtype_name(s[0]->dtype));
+        r = *s[0];
+        break;
+    case OC_REDUCE: {
+        r = *s[0];
+        if (a->nia < 1)
+            FAIL("%s: needs at least one axis", info->name);
+        for (int i = 0; i < a->nia; i++) {
+            if (a->ia[i] < 0 || a->ia[i] >= r.rank)
+                FAIL("%s: axis out of range (expected 0..%d, got %lld)", info->name,
+                     r.rank - 1, (long long)a->ia[i]);
+            if (i && a->ia[i] <= a->ia[i - 1])
+                FAIL("%s: axes must be ascending and distinct", info->name);
+            r.dim[a->ia[i]] = 1;
+        }
+        if (s[0]->dtype == DT_U8)
+            FAIL("%s: cannot reduce a u8 mask (expected a numeric type, got u8)", info->name);
+        break;
+    }
+    case OC_GEMM: {
+        const Shape *A = s[0], *B = s[1];
+        if (A->rank < 2 || B->rank < 2)
+            FAIL("matmul: operands need rank >= 2 (got %s and %s)",
+                 shape_str(g, A, b0, sizeof b0), shape_str(g, B, b1, sizeof b1));
+        if (A->dtype != B->dtype || !dtype_is_float(A->dtype))
+            FAIL("matmul: operand dtypes differ or are not float (got %s and %s)",
+                 shape_str(g, A, b0, sizeof b0), shape_str(g, B, b1, sizeof b1));
+        if (a->nia != 2)
+            FAIL("matmul: needs ta and tb");
+        int64_t M = A->dim[A->rank - 2 + (a->ia[0] ? 1 : 0)];
+        int64_t KA = A->dim[A->rank - 1 - (a->ia[0] ? 1 : 0)];
+        int64_t KB = B->dim[B->rank - 2 + (a->ia[1] ? 1 : 0)];
+        int64_t N = B->dim[B->rank - 1 - (a->ia[1] ? 1 : 0)];
+        if (KA != KB)
+            FAIL("matmul: inner dimensions differ (expected %lld, got %lld; shapes %s and %s)",
+                 (long long)KA, (long long)KB, shape_str(g, A, b0, sizeof b0),
+                 shape_str(g, B, b1, sizeof b1));
+        if (B->rank != 2) {
+            if (A->rank != B->rank)
+                FAIL("matmul: batch dimensions differ (got %s and %s)",
+                     shape_str(g, A, b0, sizeof b0), shape_str(g, B, b1, sizeof b1));
+            for (int i = 0; i < A->rank - 2; i++)
+                if (A->dim[i] != B->dim[i])
+                    FAIL("matmul: batch dimensions differ (got %s and %s)",
+                         shape_str(g, A, b0, sizeof b0), shape_str(g, B, b1, sizeof b1));
+        }
+        r = *A;
+        r.dim[r.rank - 2] = M;
+        r.dim[r.rank - 1] = N;
+        break;
+    }
+    case OC_MOVE:
+        switch (code) {
+        case OP_BROADCAST: {
+            r = shape_make(s[0]->dtype, a->rank, a->shape);
+            if (s[0]->rank > r.rank)
+                FAIL("broadcast: cannot broadcast %s to %s (expected rank <= %d)",
+                     shape_str(g, s[0], b0, sizeof b0), shape_str(g, &r, b1, sizeof b1),
+                     r.rank);
+            int off = r.rank - s[0]->rank;
+            for (int i = 0; i < s[0]->rank; i++)
+                if (s[0]->dim[i] != 1 && s[0]->dim[i] != r.dim[off + i])
+                    FAIL("broadcast: cannot broadcast %s to %s",
+                         shape_str(g, s[0], b0, sizeof b0), shape_str(g, &r, b1, sizeof b1));
+            break;
+        }
+        case OP_RESHAPE:
+            r = shape_make(s[0]->dtype, a->rank, a->shape);
+            if (shape_numel(&r) != shape_numel(s[0]))
+                FAIL("reshape: element counts differ (expected %lld elements, got %s with %lld)",
+                     (long long)shape_numel(s[0]), shape_str(g, &r, b1, sizeof b1),
+                     (long long)shape_numel(&r));
+            break;
+        case OP_PERMUTE: {
+            r = *s[0];
+            unsigned seen = 0;
+            if (a->nia != s[0]->rank)
+                FAIL("permute: needs one axis per dimension (expected %d, got %d)",
+                     s[0]->rank, a->nia);
+            for (int i = 0; i < a->nia; i++) {
+                if (a->ia[i] < 0 || a->ia[i] >= s[0]->rank || (seen >> a->ia[i] & 1))
+                    FAIL("permute: not a permutation of 0..%d", s[0]->rank - 1);
+                seen |= 1u << a->ia[i];
+                r.dim[i] = s[0]->dim[a->ia[i]];
+            }
+            break;
+        }
+        case OP_SLICE:
+        case OP_PAD: {
+            r = shape_make(s[0]->dtype, a->rank, a->shape);
+            if (a->rank != s[0]->rank || a->nia != s[0]->rank)
+                FAIL("%s: needs one start per dimension (expected %d, got %d)", info->name,
+                     s[0]->rank, a->nia);
+            const Shape *big = code == OP_SLICE ? s[0] : &r;
+            const Shape *small = code == OP_SLICE ? &r : s[0];
+            for (int i = 0; i < r.rank; i++)
+                if (a->ia[i] < 0 || a->ia[i] + small->dim[i] > big->dim[i])
+                    FAIL("%s: range [%lld, %lld) out of bounds on axis %d (expected within "
+                         "0..%lld)",
+                         info->name, (long long)a->ia[i],
+                         (long long)(a->ia[i] + small->dim[i]), i, (long long)big->dim[i]);
+            break;
+        }
+        case OP_CONCAT: {
+            r = *s[0];
+            if (a->nia != 1 || a->ia[0] < 0 || a->ia[0] >= r.rank)
+                FAIL("concat: axis out of range (expected 0..%d, got %lld)", r.rank - 1,
+                     (long long)(a->nia ? a->ia[0] : -1));
+            int ax = (int)a->ia[0];
+            r.dim[ax] = 0;
+            for (int i = 0; i < nin; i++) {
+                const Shape *si = &g->t.v[in[i]].s;
+                Shape x = *si, y = *s[0];
+                x.dim[ax] = y.dim[ax] = 0;
+                if (!shape_eq(&x, &y))
+                    FAIL("concat: operand %d does not match (expected %s, got %s)", i,
+                         shape_str(g, s[0], b0, sizeof b0), shape_str(g, si, b1, sizeof b1));
+                r.dim[ax] += si->dim[ax];
+            }
+            break;
+        }
+        case OP_GATHER: {
+            const Shape *T = s[0], *I = s[1];
+            if (!is_int(I->dtype))
+                FAIL("gather: indices must be integers (expected i32/i64, got %s)",
+                     dtype_name(I->dtype));
+            if (T->rank < 1 || I->rank + T->rank - 1 > IR_MAX_RANK)
+                FAIL("gather: result rank too large");
+            r.dtype = T->dtype;
+            r.rank = I->rank + T->rank - 1;
+            for (int i = 0; i < I->rank; i++)
+                r.dim[i] = I->dim[i];
+            for (int i = 1; i < T->rank; i++)
+                r.dim[I->rank + i - 1] = T->dim[i];
+            break;
+        }
+        case OP_SCATTER_ADD: {
+            const Shape *I = s[0], *S = s[1];
+            r = shape_make(S->dtype, a->rank, a->shape);
+            if (!is_int(I->dtype))
+                FAIL("scatter_add: indices must be integers (expected i32/i64, got %s)",
+                     dtype_name(I->dtype));
+            if (r.rank < 1 || S->rank != I->rank + r.rank - 1)
+                FAIL("scatter_add: source %s does not match indices %s and result %s",
+                     shape_str(g, S, b0, sizeof b0), shape_str(g, I, b1, sizeof b1),
+                     shape_str(g, &r, b2, sizeof b2));
+            for (int i = 0; i < I->rank; i++)
+                if (S->dim[i] != I->dim[i])
+                    FAIL("scatter_add: source %s does not match indices %s",
+                         shape_str(g, S, b0, sizeof b0), shape_str(g, I, b1, sizeof b1));
+            for (int i = 1; i < r.rank; i++)
+                if (S->dim[I->rank + i - 1] != r.dim[i])
+                    FAIL("scatter_add: source %s does not match result %s",
+                         shape_str(g, S, b0, sizeof b0), shape_str(g, &r, b2, sizeof b2));
+            break;
+        }
+        default:
+            FAIL("%s: no typing rule", info->name);
+        }
+        break;
+    default:
+        FAIL("%s: no typing rule", info->name);
+    }
+    *out = r;
+    return true;
+}
+
+int ir_op(Graph *g, Opcode code, const int *in, int nin, const OpAttr *a, SrcLoc loc,
+          char *err, size_t errlen)
+{
+    static const OpAttr none;
+    if (!a)
+        a = &none;
+    Shape r;
+    if (!ir_infer(g, code, in, nin, a, &r, err, errlen))
+        return -1;
+    Op op = {.code = code, .nin = nin, .out = -1, .attr = *a, .loc = loc, .group = -1};
+    op.in = xmalloc(sizeof(int) * (size_t)(nin ? nin : 1));
+    if (nin)
+        memcpy(op.in, in, sizeof(int) * (size_t)nin);
+    op.out = new_tensor(g, r, code == OP_CONST ? TK_CONST : TK_TEMP, NULL, g->ops.n);
+    vec_push(&g->ops, op);
+    return op.out;
+}
+
+int ir_op_x(Graph *g, Opcode code, const int *in, int nin, const OpAttr *a, SrcLoc loc)
+{
+    char err[512];
+    int t = ir_op(g, code, in, nin, a, loc, err, sizeof err);
+    if (t < 0)
+        die("%s (at %s:%d)", err, loc.file ? loc.file : "?", loc.line);
+    return t;
+}

@@ -1,0 +1,358 @@
+/*
+ * ir.h - kiln's graph IR: tensors, ops, the opcode table, and everything that
+ * reads a graph without changing its meaning (verifier, printer, parser, cost
+ * counts, reference interpreter). The public header of the ir/ layer.
+ *
+ * A Graph is SSA: every tensor is defined once, either as a graph input
+ * (kind input/param/state: no producing op) or as the single output of one op.
+ * g->ops is program order. Elementwise ops take operands of identical shape:
+ * broadcasting is an explicit `broadcast` op, inserted by the frontend, so
+ * every later layer sees one rule per op.
+ *
+ * Text form (ir_print writes it, ir_parse reads it back to the same graph):
+ *
+ *   kiln-ir v1
+ *   sym B=4 T=8 C=32
+ *   %0:f32[V,C] = param "wte" normal(0.02)
+ *   %1:i32[B,T] = input "tokens"
+ *   %2:f32[V,C] = state "adam.m.wte" zeros
+ *   %3:f32[B,T,C] = gather %0, %1   # models/gpt.lua:28
+ *   %4:f32[] = const {value=0.5}   # models/gpt.lua:30
+ *   %5:f32[B,T,1] = reduce_sum %3 {axes=[2]}
+ *   %6:f32[B,T,C] = broadcast %5
+ *   %7:f32[4,8] = matmul %5, %6 {ta=0,tb=1}
+ *   output "loss" %50
+ *   update %0 <- %120
+ *
+ * Dims print as a symbol's name when exactly one declared symbol has that
+ * value, else as a number. Attributes print in braces in a fixed order per
+ * attribute kind (see IrAttrKind). Recompute and group marks print as
+ * trailing attributes (see Op.flags).
+ */
+#ifndef KILN_IR_H
+#define KILN_IR_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#define IR_MAX_RANK 8
+
+/* ---- util.c: allocation, dying, strings, hashing ---------------------- */
+
+void *xmalloc(size_t n);
+void *xcalloc(size_t n, size_t size);
+void *xrealloc(void *p, size_t n);
+char *xstrdup(const char *s);
+char *xasprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Internal invariant failure: prints "kiln: internal error: ..." and aborts.
+ * Never for user mistakes. */
+_Noreturn void die(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Interned string: equal contents give the same pointer; lives forever. */
+const char *intern(const char *s);
+uint64_t hash_bytes(const void *p, size_t n, uint64_t seed); /* FNV-1a 64 */
+
+/* Growable array of T: `VEC(int) xs = {0}; vec_push(&xs, 3); xs.v[0]` */
+#define VEC(T) struct { T *v; int n, cap; }
+#define vec_push(a, x)                                                     \
+    do {                                                                   \
+        if ((a)->n == (a)->cap) {                                          \
+            (a)->cap = (a)->cap ? 2 * (a)->cap : 8;                        \
+            (a)->v = xrealloc((a)->v, (size_t)(a)->cap * sizeof *(a)->v);  \
+        }                                                                  \
+        (a)->v[(a)->n++] = (x);                                            \
+    } while (0)
+#define vec_free(a) (free((a)->v), (a)->v = NULL, (a)->n = (a)->cap = 0)
+
+/* ---- dtypes -------------------------------------------------------------- */
+
+typedef enum { DT_F32, DT_BF16, DT_F16, DT_I32, DT_I64, DT_U8, DT__COUNT } DType;
+
+const char *dtype_name(DType t);       /* "f32", "bf16", ... */
+int dtype_size(DType t);               /* bytes per element */
+bool dtype_is_float(DType t);
+int dtype_parse(const char *s);        /* -1 if unknown */
+
+/* ---- opcode table --------------------------------------------------------
+ * X(ENUM, "text", arity, class, attr kind, flops per output element)
+ * arity -1 means variadic (>= 1). Op classes drive the passes. */
+
+typedef enum {
+    OC_ELEMWISE,   /* one output element from the same-index input elements */
+    OC_REDUCE,     /* reduce over axes (kept as size-1 dims) */
+    OC_GEMM,       /* batched matrix product */
+    OC_MOVE,       /* data movement: reshape, permute, slice, broadcast, ... */
+    OC_COLLECTIVE, /* all-reduce: never recomputed */
+    OC_RANDOM,     /* random numbers: never recomputed */
+    OC__COUNT
+} OpClass;
+
+typedef enum {
+    AK_NONE,
+    AK_VALUE, /* const: f = value; result shape in attr.shape */
+    AK_AXIS,  /* iota, concat: ia[0] = axis (iota: result shape in attr.shape) */
+    AK_AXES,  /* reduce: ia[0..nia) = reduced axes, ascending */
+    AK_PERM,  /* permute: ia[0..rank) = perm; out dim i = in dim perm[i] */
+    AK_START, /* slice: ia = start per axis, attr.shape = lengths;
+                 pad: ia = low padding per axis, attr.shape = result shape */
+    AK_GEMM,  /* matmul: ia[0] = transpose A, ia[1] = transpose B */
+    AK_KEY,   /* random: ia[0] = key (distinct per random op); attr.shape */
+    AK_SHAPE, /* reshape, broadcast, scatter_add: result shape in attr.shape */
+    AK__COUNT
+} IrAttrKind;
+
+/* clang-format off */
+#define IR_OPCODES(X)                                                    \
+    X(CONST,       "const",       0, OC_ELEMWISE,   AK_VALUE, 0)         \
+    X(IOTA,        "iota",        0, OC_ELEMWISE,   AK_AXIS,  0)         \
+    X(NEG,         "neg",         1, OC_ELEMWISE,   AK_NONE,  1)         \
+    X(EXP,         "exp",         1, OC_ELEMWISE,   AK_NONE,  4)         \
+    X(LOG,         "log",         1, OC_ELEMWISE,   AK_NONE,  4)         \
+    X(SIN,         "sin",         1, OC_ELEMWISE,   AK_NONE,  4)         \
+    X(COS,         "cos",         1, OC_ELEMWISE,   AK_NONE,  4)         \
+    X(TANH,        "tanh",        1, OC_ELEMWISE,   AK_NONE,  4)         \
+    X(SQRT,        "sqrt",        1, OC_ELEMWISE,   AK_NONE,  1)         \
+    X(RSQRT,       "rsqrt",       1, OC_ELEMWISE,   AK_NONE,  2)         \
+    X(SIGMOID,     "sigmoid",     1, OC_ELEMWISE,   AK_NONE,  4)         \
+    X(RELU,        "relu",        1, OC_ELEMWISE,   AK_NONE,  1)         \
+    X(ABS,         "abs",         1, OC_ELEMWISE,   AK_NONE,  1)         \
+    X(CAST,        "cast",        1, OC_ELEMWISE,   AK_NONE,  0)         \
+    X(ADD,         "add",         2, OC_ELEMWISE,   AK_NONE,  1)         \
+    X(SUB,         "sub",         2, OC_ELEMWISE,   AK_NONE,  1)         \
+    X(MUL,         "mul",         2, OC_ELEMWISE,   AK_NONE,  1)         \
+    X(DIV,         "div",         2, OC_ELEMWISE,   AK_NONE,  1)         \
+    X(POW,         "pow",         2, OC_ELEMWISE,   AK_NONE,  8)         \
+    X(MAX,         "max",         2, OC_ELEMWISE,   AK_NONE,  1)         \
+    X(MIN,         "min",         2, OC_ELEMWISE,   AK_NONE,  1)         \
+    X(LT,          "lt",          2, OC_ELEMWISE,   AK_NONE,  1)         \
+    X(LE,          "le",          2, OC_ELEMWISE,   AK_NONE,  1)         \
+    X(GT,          "gt",          2, OC_ELEMWISE,   AK_NONE,  1)         \
+    X(GE,          "ge",          2, OC_ELEMWISE,   AK_NONE,  1)         \
+    X(EQ,          "eq",          2, OC_ELEMWISE,   AK_NONE,  1)         \
+    X(NE,          "ne",          2, OC_ELEMWISE,   AK_NONE,  1)         \
+    X(SELECT,      "select",      3, OC_ELEMWISE,   AK_NONE,  1)         \
+    X(BROADCAST,   "broadcast",   1, OC_MOVE,       AK_SHAPE, 0)         \
+    X(RESHAPE,     "reshape",     1, OC_MOVE,       AK_SHAPE, 0)         \
+    X(PERMUTE,     "permute",     1, OC_MOVE,       AK_PERM,  0)         \
+    X(SLICE,       "slice",       1, OC_MOVE,       AK_START, 0)         \
+    X(PAD,         "pad",         1, OC_MOVE,       AK_START, 0)         \
+    X(CONCAT,      "concat",     -1, OC_MOVE,       AK_AXIS,  0)         \
+    X(GATHER,      "gather",      2, OC_MOVE,       AK_NONE,  0)         \
+    X(SCATTER_ADD, "scatter_add", 2, OC_MOVE,       AK_SHAPE, 1)         \
+    X(REDUCE_SUM,  "reduce_sum",  1, OC_REDUCE,     AK_AXES,  1)         \
+    X(REDUCE_MAX,  "reduce_max",  1, OC_REDUCE,     AK_AXES,  1)         \
+    X(MATMUL,      "matmul",      2, OC_GEMM,       AK_GEMM,  0)         \
+    X(RANDOM,      "random",      0, OC_RANDOM,     AK_KEY,   4)         \
+    X(ALLREDUCE,   "allreduce",   1, OC_COLLECTIVE, AK_NONE,  1)
+/* clang-format on */
+
+typedef enum {
+#define X(e, s, n, c, a, f) OP_##e,
+    IR_OPCODES(X)
+#undef X
+    OP__COUNT
+} Opcode;
+
+typedef struct {
+    const char *name;
+    int arity;          /* -1: variadic */
+    OpClass cls;
+    IrAttrKind attr;
+    int flops_per_elem; /* elementwise/reduce/random: FLOPs per output (reduce: per input) element */
+} OpInfo;
+
+extern const OpInfo ir_opinfo[OP__COUNT];
+int ir_opcode_parse(const char *name); /* -1 if unknown */
+const char *ir_class_name(OpClass c);
+
+/* Semantics of each opcode (the interpreter is the normative definition):
+ * const      result filled with attr.f, dtype attr.dtype, shape attr.shape
+ * iota       result[i...] = index along attr axis ia[0], dtype attr.dtype
+ * unary      same shape & dtype; relu(x)=max(x,0); rsqrt=1/sqrt
+ * cast       result dtype attr.dtype
+ * binary     same shape & dtype; pow(a,b)=a^b; max/min elementwise
+ * compare    lt..ne: same shape & dtype in, u8 out (1 or 0)
+ * select     select(mask:u8, a, b) = mask ? a : b, a and b same shape/dtype
+ * broadcast  numpy rule: input dims aligned to the right of attr.shape;
+ *            each input dim equals the result dim or is 1
+ * reshape    same element count, row-major
+ * permute    result dim i = input dim ia[i]
+ * slice      result[i] = in[i + start]; lengths attr.shape
+ * pad        result[i + lo] = in[i], zero elsewhere; result shape attr.shape
+ * concat     along axis ia[0]; other dims equal
+ * gather     gather(table[V, R...], idx[I...] int) -> [I..., R...]
+ * scatter_add scatter_add(idx[I...] int, src[I..., R...]) -> [V, R...] (attr.shape)
+ *            result[idx[i]] += src[i]; out-of-range indices are dropped
+ * reduce_*   over axes ia[0..nia); reduced dims kept as 1
+ * matmul     A[..., M, K] (or [..., K, M] if ta) x B[..., K, N] (or [..., N, K] if tb)
+ *            -> [..., M, N]; batch dims of A and B equal, or B has rank 2
+ *            (shared across A's batch)
+ * random     uniform in [0, 1), f32, shape attr.shape; value at flat index i is
+ *            ir_rand_u01(seed, key, step, i) (seed and step given at run time)
+ * allreduce  mean over ranks (identity on one rank)
+ */
+
+/* Counter-based uniform random numbers: the same function is emitted into
+ * generated C and CUDA C so every backend draws the same numbers. */
+static inline uint64_t ir_rand_mix(uint64_t z)
+{
+    z += 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+static inline float ir_rand_u01(uint64_t seed, uint64_t key, uint64_t step, uint64_t i)
+{
+    uint64_t h = ir_rand_mix(seed ^ ir_rand_mix(key ^ ir_rand_mix(step ^ ir_rand_mix(i))));
+    return (float)(h >> 40) * (1.0f / 16777216.0f);
+}
+
+/* ---- tensors, ops, graphs ------------------------------------------------ */
+
+typedef enum { TK_TEMP, TK_INPUT, TK_PARAM, TK_STATE, TK_CONST } TensorKind;
+const char *ir_kind_name(TensorKind k); /* "temp", "input", "param", "state", "const" */
+
+typedef enum { INIT_NONE, INIT_ZEROS, INIT_ONES, INIT_NORMAL, INIT_UNIFORM } InitKind;
+typedef struct {
+    InitKind kind;
+    double a, b; /* normal: std = a; uniform: [a, b) */
+} ParamInit;
+
+typedef struct {
+    const char *file; /* interned; NULL when unknown */
+    int line;
+} SrcLoc;
+
+typedef struct {
+    DType dtype;
+    int rank;
+    int64_t dim[IR_MAX_RANK];
+} Shape; /* a type: dtype plus static dims; rank 0 is a scalar */
+
+typedef struct {
+    int id;             /* index in g->t */
+    Shape s;
+    TensorKind kind;    /* const: produced by a const op */
+    const char *name;   /* interned; set for input/param/state, NULL otherwise */
+    int op;             /* index of the producing op in g->ops; -1 for graph inputs */
+    ParamInit init;     /* params and state: how the runtime initialises them */
+} Tensor;
+
+typedef struct {
+    int64_t ia[IR_MAX_RANK];
+    int nia;
+    double f;
+    DType dtype;        /* const, iota, cast: result dtype */
+    int rank;           /* result shape for const/iota/random/broadcast/reshape/ */
+    int64_t shape[IR_MAX_RANK]; /* slice/pad/scatter_add */
+} OpAttr;
+
+enum {
+    OPF_RECOMPUTE = 1 << 0, /* inserted by remat: a recomputation */
+    OPF_BACKWARD = 1 << 1,  /* created by autodiff */
+    OPF_OPTIM = 1 << 2,     /* created by the optimizer pass */
+};
+
+typedef struct {
+    Opcode code;
+    int nin;
+    int *in;            /* tensor ids */
+    int out;            /* tensor id of the single result */
+    OpAttr attr;
+    SrcLoc loc;
+    unsigned flags;     /* OPF_* */
+    int group;          /* fuse: kernel group id, -1 when none */
+} Op;
+
+typedef struct {
+    const char *name; /* interned */
+    int64_t value;
+} Sym;
+
+typedef struct {
+    const char *name; /* "loss", "grad.wte", ... */
+    int t;
+} GraphOutput;
+
+typedef struct {
+    int target; /* a param or state tensor */
+    int value;  /* the tensor that replaces it after the step */
+} GraphUpdate;
+
+typedef struct Graph {
+    VEC(Tensor) t;          /* by id */
+    VEC(Op) ops;            /* program order */
+    VEC(Sym) syms;
+    VEC(GraphOutput) outs;
+    VEC(GraphUpdate) upd;
+} Graph;
+
+/* graph.c: construction and queries */
+Graph *ir_new(void);
+void ir_free(Graph *g);
+Graph *ir_clone(const Graph *g);
+int64_t shape_numel(const Shape *s);
+bool shape_eq(const Shape *a, const Shape *b); /* dtype and dims */
+Shape shape_make(DType dt, int rank, const int64_t *dim);
+/* "f32[4,8]" into buf (uses g's symbols for names when g is not NULL) */
+const char *shape_str(const Graph *g, const Shape *s, char *buf, size_t n);
+int ir_add_input(Graph *g, TensorKind kind, const char *name, Shape s, ParamInit init);
+/* Infer an op's result type from its operands and attributes. On a user-level
+ * mismatch returns false and writes "what is wrong (expected ..., got ...)"
+ * into err. The verifier and every builder use this one set of rules. */
+bool ir_infer(const Graph *g, Opcode code, const int *in, int nin, const OpAttr *a,
+              Shape *out, char *err, size_t errlen);
+/* Append an op; infers the result; on mismatch returns -1 with err set.
+ * Returns the new tensor id. */
+int ir_op(Graph *g, Opcode code, const int *in, int nin, const OpAttr *a, SrcLoc loc,
+          char *err, size_t errlen);
+/* Like ir_op but dies on mismatch: for passes, whose inputs are verified. */
+int ir_op_x(Graph *g, Opcode code, const int *in, int nin, const OpAttr *a, SrcLoc loc);
+void ir_add_output(Graph *g, const char *name, int t);
+int ir_find_output(const Graph *g, const char *name); /* tensor id or -1 */
+int ir_find_tensor(const Graph *g, const char *name); /* named input tensor id or -1 */
+void ir_add_update(Graph *g, int target, int value);
+void ir_add_sym(Graph *g, const char *name, int64_t value);
+/* Renumber tensors densely (graph inputs in declaration order, then op
+ * results in program order), dropping tensors nothing defines or uses.
+ * ops must be in a valid order. */
+void ir_compact(Graph *g);
+/* use counts per tensor id (caller frees) */
+int *ir_use_counts(const Graph *g);
+
+/* verify.c */
+/* Checks SSA (each tensor defined once, by the op whose `out` it is),
+ * operands defined before use, shapes and dtypes by ir_infer, attributes in
+ * range, outputs/updates referring to real tensors with matching types,
+ * update targets being param/state. Returns false with a message naming the
+ * op (index, opcode, source location). */
+bool ir_verify(const Graph *g, char *err, size_t errlen);
+
+/* print.c / parse.c */
+void ir_print(const Graph *g, FILE *f);
+char *ir_print_str(const Graph *g); /* malloc'd */
+/* Parses the text form. On error returns NULL and writes "NAME:LINE: ..." */
+Graph *ir_parse(const char *text, const char *name, char *err, size_t errlen);
+
+/* cost.c: counts per op (the MFU report and cost models use them) */
+double ir_op_flops(const Graph *g, const Op *op);
+double ir_op_bytes(const Graph *g, const Op *op); /* bytes read + written */
+double ir_graph_flops(const Graph *g);
+
+/* interp.c: the reference interpreter. Evaluates every op in double
+ * precision (integers exactly; bf16/f16 values rounded at each op result).
+ * val[id] holds numel doubles per tensor; the caller sets val[] for every
+ * input/param/state tensor; ir_interp allocates and fills the others. */
+typedef struct {
+    uint64_t seed;
+    int64_t step;
+} InterpOpts;
+double **ir_interp_alloc(const Graph *g); /* zeroed table of nt pointers */
+void ir_interp(const Graph *g, double **val, const InterpOpts *o);
+void ir_interp_free(const Graph *g, double **val); /* frees every buffer and the table */
+/* After ir_interp: copy each update's value into its target's buffer. */
+void ir_interp_apply_updates(const Graph *g, double **val);
+
+#endif

@@ -1,0 +1,93 @@
+/* testutil.c - helpers shared by kiln's unit tests. */
+#include "testutil.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+double rel_err(const double *a, const double *b, int64_t n)
+{
+    double d = 0, r = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (!isfinite(a[i]) || !isfinite(b[i]))
+            return INFINITY;
+        d += (a[i] - b[i]) * (a[i] - b[i]);
+        r += b[i] * b[i];
+    }
+    if (r == 0)
+        return d == 0 ? 0 : INFINITY;
+    return sqrt(d / r);
+}
+
+double rel_err_f32(const float *a, const float *b, int64_t n)
+{
+    double d = 0, r = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (!isfinite(a[i]) || !isfinite(b[i]))
+            return INFINITY;
+        d += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        r += (double)b[i] * b[i];
+    }
+    if (r == 0)
+        return d == 0 ? 0 : INFINITY;
+    return sqrt(d / r);
+}
+
+char *read_file(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *s = xmalloc((size_t)n + 1);
+    size_t got = fread(s, 1, (size_t)n, f);
+    s[got] = 0;
+    fclose(f);
+    return s;
+}
+
+Graph *parse_or_fail(const char *text)
+{
+    char err[1024];
+    Graph *g = ir_parse(text, "test", err, sizeof err);
+    if (!g)
+        fail_msg("parse failed: %s", err);
+    return g;
+}
+
+int run_cmd(const char *cmd, char **out)
+{
+    char *full = xasprintf("%s 2>&1", cmd);
+    FILE *p = popen(full, "r");
+    free(full);
+    if (!p)
+        return -1;
+    size_t n = 0, cap = 4096;
+    char *s = xmalloc(cap);
+    size_t k;
+    while ((k = fread(s + n, 1, cap - n - 1, p)) > 0) {
+        n += k;
+        if (cap - n < 2)
+            s = xrealloc(s, cap *= 2);
+    }
+    s[n] = 0;
+    int st = pclose(p);
+    if (out)
+        *out = s;
+    else
+        free(s);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+char *scratch_dir(const char *tag)
+{
+    const char *tmp = getenv("TMPDIR");
+    char *tmpl = xasprintf("%s/kiln-%s-XXXXXX", tmp && *tmp ? tmp : "/tmp", tag);
+    if (!mkdtemp(tmpl))
+        fail_msg("mkdtemp failed");
+    return tmpl;
+}

@@ -1,0 +1,24 @@
+/* testutil.h - helpers shared by kiln's unit tests (which use cmocka). */
+#ifndef KILN_TESTUTIL_H
+#define KILN_TESTUTIL_H
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "ir.h"
+
+/* ||a - b|| / ||b|| over n values; NaN or Inf anywhere gives INFINITY. */
+double rel_err(const double *a, const double *b, int64_t n);
+double rel_err_f32(const float *a, const float *b, int64_t n);
+/* Whole file into a malloc'd NUL-terminated string; NULL if unreadable. */
+char *read_file(const char *path);
+/* Parse IR text; fails the test with the parser's message on error. */
+Graph *parse_or_fail(const char *text);
+/* Runs `cmd` through the shell, capturing stdout+stderr into a malloc'd
+ * string (*out), returning the exit status (or -1). */
+int run_cmd(const char *cmd, char **out);
+/* Fresh scratch directory under $TMPDIR (or /tmp); caller frees. */
+char *scratch_dir(const char *tag);
+#endif
