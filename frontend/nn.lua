@@ -1,0 +1,210 @@
+-- nn.lua - kiln's layer library, the global `nn` in model scripts. Written
+-- only with the DSL's primitives (docs/dsl.md), so autodiff needs no rule
+-- per layer. Weight layout: a linear layer's weight is [din, dout], so
+-- y = x:matmul(w) (the layout of GPT-2's Conv1D checkpoints).
+--
+-- Functions take tensors and return tensors. Constructors (capitalised)
+-- declare params under a name prefix and return a callable layer:
+--   local fc = nn.Linear("h.0.mlp.c_fc", C, 4*C)   -- params h.0.mlp.c_fc.weight/.bias
+--   local y = fc(x)
+-- Shapes: B batch, T time, C channels, H heads, D = C/H head size.
+
+local nn = {}
+
+local function layer(t, f)
+  return setmetatable(t, {__call = function(_, ...) return f(...) end})
+end
+
+-- y = x @ w (+ b); x [..., din], w [din, dout], b [dout] or nil.
+function nn.linear(x, w, b)
+  local y = matmul(x, w)
+  if b then y = y + b end
+  return y
+end
+
+-- opts: bias (default true), std (default 0.02), init (overrides std).
+function nn.Linear(name, din, dout, opts)
+  opts = opts or {}
+  local w = param(name .. ".weight", {din, dout}, opts.init or normal(opts.std or 0.02))
+  local b
+  if opts.bias ~= false then b = param(name .. ".bias", {dout}, zeros()) end
+  return layer({w = w, b = b}, function(x) return nn.linear(x, w, b) end)
+end
+
+-- Layer normalisation over the last axis; w, b [C] (b may be nil).
+function nn.layernorm(x, w, b, eps)
+  local mu = x:mean(-1, true)
+  local xc = x - mu
+  local var = (xc * xc):mean(-1, true)
+  local y = xc * rsqrt(var + (eps or 1e-5)) * w
+  if b then y = y + b end
+  return y
+end
+
+function nn.LayerNorm(name, dim, opts)
+  opts = opts or {}
+  local w = param(name .. ".weight", {dim}, ones())
+  local b
+  if opts.bias ~= false then b = param(name .. ".bias", {dim}, zeros()) end
+  return layer({w = w, b = b}, function(x) return nn.layernorm(x, w, b, opts.eps) end)
+end
+
+-- RMS normalisation over the last axis; w [C].
+function nn.rmsnorm(x, w, eps)
+  local ms = (x * x):mean(-1, true)
+  return x * rsqrt(ms + (eps or 1e-5)) * w
+end
+
+function nn.RMSNorm(name, dim, opts)
+  opts = opts or {}
+  local w = param(name .. ".weight", {dim}, ones())
+  return layer({w = w}, function(x) return nn.rmsnorm(x, w, opts.eps) end)
+end
+
+-- GELU, tanh approximation (GPT-2's).
+function nn.gelu(x)
+  local k = math.sqrt(2 / math.pi)
+  return 0.5 * x * (1 + tanh(k * (x + 0.044715 * x * x * x)))
+end
+
+function nn.silu(x) return x * sigmoid(x) end
+
+function nn.softmax(x, axis)
+  axis = axis or -1
+  local e = exp(x - x:max(axis, true))
+  return e / e:sum(axis, true)
+end
+
+function nn.log_softmax(x, axis)
+  axis = axis or -1
+  local z = x - x:max(axis, true)
+  return z - log(exp(z):sum(axis, true))
+end
+
+-- Mean over tokens of -log p(target). logits [..., V] float, targets [...]
+-- i32/i64. With mask [...] (f32, 1 = counts): sum(mask*nll) / sum(mask).
+function nn.cross_entropy(logits, targets, mask)
+  local lsm = nn.log_softmax(logits, -1)
+  local ts = targets.shape
+  ts[#ts + 1] = 1
+  local hot = iota(logits.shape, -1, targets.dtype):eq(targets:reshape(ts))
+  local nll = -select(hot, lsm, 0):sum(-1)
+  if mask then
+    local m = mask:cast(nll.dtype)
+    return (m * nll):sum() / maximum(m:sum(), 1)
+  end
+  return nll:mean()
+end
+
+-- table [V, C], idx [...] integer -> [..., C]
+function nn.embedding(tbl, idx) return gather(tbl, idx) end
+
+function nn.Embedding(name, n, dim, opts)
+  opts = opts or {}
+  local w = param(name .. ".weight", {n, dim}, opts.init or normal(opts.std or 0.02))
+  return layer({w = w}, function(idx) return gather(w, idx) end)
+end
+
+-- Inverted dropout: keeps each element with probability 1-p, scaled by
+-- 1/(1-p). p = 0 (or nil) returns x unchanged and adds no op.
+function nn.dropout(x, p)
+  if not p or p == 0 then return x end
+  assert(p > 0 and p < 1, "dropout: p must be in [0, 1)")
+  local keep = random(x.shape):ge(p)
+  return select(keep, x * (1 / (1 - p)), 0)
+end
+
+-- [B, T, C] -> [B, H, T, C/H]
+function nn.split_heads(x, H)
+  local s = x.shape
+  local B, T, C = s[1], s[2], s[3]
+  return x:reshape{B, T, H, C // H}:permute{0, 2, 1, 3}
+end
+
+-- [B, H, T, D] -> [B, T, H*D]
+function nn.merge_heads(x)
+  local s = x.shape
+  local B, H, T, D = s[1], s[2], s[3], s[4]
+  return x:permute{0, 2, 1, 3}:reshape{B, T, H * D}
+end
+
+-- u8 [T, T] mask, 1 where key position <= query position.
+function nn.causal_mask(T)
+  return iota({T, T}, 0):ge(iota({T, T}, 1))
+end
+
+-- Scaled dot-product attention. q, k, v [B, H, T, D] -> [B, H, T, D].
+-- opts: causal (default true), dropout (probability on the weights).
+function nn.attention(q, k, v, opts)
+  opts = opts or {}
+  local s = q.shape
+  local T, D = s[3], s[4]
+  local att = matmul(q, k, {tb = true}) * (1 / math.sqrt(D))
+  if opts.causal ~= false then
+    att = select(nn.causal_mask(T), att, -1e9)
+  end
+  att = nn.dropout(nn.softmax(att, -1), opts.dropout)
+  return matmul(att, v)
+end
+
+-- Rotary position embedding (rotate-half form, as in Llama).
+-- x [B, H, T, D], D even; base default 10000.
+function nn.rope(x, base)
+  base = base or 10000
+  local s = x.shape
+  local T, D = s[3], s[4]
+  local half = D // 2
+  -- inv_freq[i] = base^(-2i/D); angle [T, half] = t * inv_freq[i]
+  local inv = exp(iota({T, half}, 1, "f32") * (-2 * math.log(base) / D))
+  local ang = iota({T, half}, 0, "f32") * inv
+  local c, sn = cos(ang):cast(x.dtype), sin(ang):cast(x.dtype)
+  local x1, x2 = x:slice(-1, 0, half), x:slice(-1, half, D)
+  return concat({x1 * c - x2 * sn, x1 * sn + x2 * c}, -1)
+end
+
+-- Causal multi-head self-attention, GPT-2 style: one fused qkv projection
+-- c_attn [C, 3C] and an output projection c_proj [C, C].
+-- opts: bias (true), std (0.02), proj_std (std of c_proj), dropout (0).
+function nn.CausalSelfAttention(name, C, H, opts)
+  opts = opts or {}
+  local qkv = nn.Linear(name .. ".c_attn", C, 3 * C, {bias = opts.bias, std = opts.std})
+  local proj = nn.Linear(name .. ".c_proj", C, C,
+                         {bias = opts.bias, std = opts.proj_std or opts.std})
+  return layer({c_attn = qkv, c_proj = proj}, function(x)
+    local a = qkv(x)
+    local q = nn.split_heads(a:slice(-1, 0, C), H)
+    local k = nn.split_heads(a:slice(-1, C, 2 * C), H)
+    local v = nn.split_heads(a:slice(-1, 2 * C, 3 * C), H)
+    local y = nn.merge_heads(nn.attention(q, k, v, {dropout = opts.dropout}))
+    return nn.dropout(proj(y), opts.dropout)
+  end)
+end
+
+-- Two-layer MLP: fc [C, hidden], act (default gelu), proj [hidden, C].
+-- opts: bias (true), std, proj_std, act, dropout.
+function nn.MLP(name, C, hidden, opts)
+  opts = opts or {}
+  local fc = nn.Linear(name .. ".c_fc", C, hidden, {bias = opts.bias, std = opts.std})
+  local proj = nn.Linear(name .. ".c_proj", hidden, C,
+                         {bias = opts.bias, std = opts.proj_std or opts.std})
+  local act = opts.act or nn.gelu
+  return layer({c_fc = fc, c_proj = proj}, function(x)
+    return nn.dropout(proj(act(fc(x))), opts.dropout)
+  end)
+end
+
+-- SwiGLU: (silu(x @ w_gate) * (x @ w_up)) @ w_down.
+function nn.swiglu(x, w_gate, w_up, w_down)
+  return matmul(nn.silu(matmul(x, w_gate)) * matmul(x, w_up), w_down)
+end
+
+function nn.SwiGLU(name, C, hidden, opts)
+  opts = opts or {}
+  local std = opts.std or 0.02
+  local g = param(name .. ".gate_proj.weight", {C, hidden}, normal(std))
+  local u = param(name .. ".up_proj.weight", {C, hidden}, normal(std))
+  local d = param(name .. ".down_proj.weight", {hidden, C}, normal(opts.proj_std or std))
+  return layer({gate = g, up = u, down = d}, function(x) return nn.swiglu(x, g, u, d) end)
+end
+
+return nn

@@ -1,10 +1,406 @@
-/* autodiff.c - placeholder until the pass lands: leaves the graph unchanged. */
+/* autodiff.c - reverse-mode differentiation of the graph output "loss".
+ *
+ * One vector-Jacobian rule per primitive (vjp below). Only ops on a path from
+ * a param to the loss are differentiated: `live[t]` marks tensors that depend
+ * on a float param through differentiable operands, and the reverse sweep in
+ * program order visits only ops whose result already has a cotangent (so the
+ * loss depends on it); every cotangent is complete before it is read. Cotangents of tensors used several
+ * times are summed with `add`. Cost is linear in the number of ops. */
 #include "passes.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    Graph *g;
+    SrcLoc loc; /* of the forward op being differentiated */
+    int *grad;  /* cotangent tensor per forward tensor id, -1 when none */
+} AD;
+
+static int emit(AD *ad, Opcode code, const int *in, int nin, const OpAttr *a)
+{
+    int t = ir_op_x(ad->g, code, in, nin, a, ad->loc);
+    ad->g->ops.v[ad->g->ops.n - 1].flags |= OPF_BACKWARD;
+    return t;
+}
+
+static Shape shape_of(AD *ad, int t) { return ad->g->t.v[t].s; }
+
+static int un(AD *ad, Opcode code, int x) { return emit(ad, code, &x, 1, NULL); }
+
+static int bin(AD *ad, Opcode code, int x, int y)
+{
+    int in[2] = {x, y};
+    return emit(ad, code, in, 2, NULL);
+}
+
+static int sel(AD *ad, int m, int x, int y)
+{
+    int in[3] = {m, x, y};
+    return emit(ad, OP_SELECT, in, 3, NULL);
+}
+
+static OpAttr shape_attr(const Shape *s)
+{
+    OpAttr a = {.rank = s->rank};
+    memcpy(a.shape, s->dim, sizeof(int64_t) * (size_t)s->rank);
+    return a;
+}
+
+/* A tensor of shape s filled with v: a scalar const broadcast to s. */
+static int fill(AD *ad, double v, const Shape *s)
+{
+    OpAttr c = {.f = v, .dtype = s->dtype, .rank = 0};
+    int t = emit(ad, OP_CONST, NULL, 0, &c);
+    if (s->rank == 0)
+        return t;
+    OpAttr b = shape_attr(s);
+    return emit(ad, OP_BROADCAST, &t, 1, &b);
+}
+
+static int reshape(AD *ad, int x, const Shape *s)
+{
+    Shape xs = shape_of(ad, x);
+    if (xs.rank == s->rank && !memcmp(xs.dim, s->dim, sizeof(int64_t) * (size_t)s->rank))
+        return x;
+    OpAttr a = shape_attr(s);
+    return emit(ad, OP_RESHAPE, &x, 1, &a);
+}
+
+static int matmul(AD *ad, int x, int y, int ta, int tb)
+{
+    int in[2] = {x, y};
+    OpAttr a = {.nia = 2, .ia = {ta, tb}};
+    return emit(ad, OP_MATMUL, in, 2, &a);
+}
+
+/* Swap the last two dims. */
+static int transpose(AD *ad, int x)
+{
+    Shape s = shape_of(ad, x);
+    OpAttr a = {.nia = s.rank};
+    for (int i = 0; i < s.rank; i++)
+        a.ia[i] = i;
+    a.ia[s.rank - 2] = s.rank - 1;
+    a.ia[s.rank - 1] = s.rank - 2;
+    return emit(ad, OP_PERMUTE, &x, 1, &a);
+}
+
+/* Collapse all but the last dim: [..., R, C] -> [prod(...)*R, C]. */
+static int flatten2(AD *ad, int x)
+{
+    Shape s = shape_of(ad, x);
+    Shape f = s;
+    f.rank = 2;
+    f.dim[1] = s.dim[s.rank - 1];
+    f.dim[0] = shape_numel(&s) / f.dim[1];
+    return reshape(ad, x, &f);
+}
+
+/* Cotangents of a matmul's operands. C = op(A) op(B), dC = gy. */
+static void vjp_matmul(AD *ad, const Op *op, int gy, int *ga, int *gb, bool need_a,
+                       bool need_b)
+{
+    int A = op->in[0], B = op->in[1];
+    bool ta = op->attr.ia[0] != 0, tb = op->attr.ia[1] != 0;
+    Shape as = shape_of(ad, A), bs = shape_of(ad, B);
+    bool shared = bs.rank == 2 && as.rank > 2;
+    if (need_a) {
+        if (!ta)
+            *ga = tb ? matmul(ad, gy, B, 0, 0) : matmul(ad, gy, B, 0, 1);
+        else if (!shared)
+            *ga = tb ? matmul(ad, B, gy, 1, 1) : matmul(ad, B, gy, 0, 1);
+        else /* dA^T = dC op(B)^T, computed with B as the second operand */
+            *ga = transpose(ad, tb ? matmul(ad, gy, B, 0, 0) : matmul(ad, gy, B, 0, 1));
+    }
+    if (need_b) {
+        if (!shared) {
+            if (!ta)
+                *gb = tb ? matmul(ad, gy, A, 1, 0) : matmul(ad, A, gy, 1, 0);
+            else
+                *gb = tb ? matmul(ad, gy, A, 1, 1) : matmul(ad, A, gy, 0, 0);
+        } else { /* sum over A's batch: fold it into the rows */
+            int a2 = flatten2(ad, ta ? transpose(ad, A) : A);
+            int g2 = flatten2(ad, gy);
+            *gb = tb ? matmul(ad, g2, a2, 1, 0) : matmul(ad, a2, g2, 1, 0);
+        }
+    }
+}
+
+static void accumulate(AD *ad, int x, int c)
+{
+    if (ad->grad[x] < 0)
+        ad->grad[x] = c;
+    else
+        ad->grad[x] = bin(ad, OP_ADD, ad->grad[x], c);
+}
+
+/* Whether operand i of op can carry a gradient (when it is a float tensor). */
+static bool diff_operand(Opcode code, int i)
+{
+    switch (code) {
+    case OP_CONST: case OP_IOTA: case OP_RANDOM:
+    case OP_LT: case OP_LE: case OP_GT: case OP_GE: case OP_EQ: case OP_NE:
+        return false;
+    case OP_SELECT: return i > 0;
+    case OP_GATHER: return i == 0;
+    case OP_SCATTER_ADD: return i == 1;
+    default: return true;
+    }
+}
+
+/* Adds the cotangent contributions of op's differentiable live operands. */
+static void vjp(AD *ad, const Op *op, const bool *live)
+{
+    int gy = ad->grad[op->out];
+    int x = op->in[0], y = op->out;
+    Shape xs = shape_of(ad, x), ys = shape_of(ad, y);
+    bool need[3] = {0};
+    for (int i = 0; i < op->nin && i < 3; i++)
+        need[i] = live[op->in[i]] && diff_operand(op->code, i);
+    int c;
+    switch (op->code) {
+    case OP_NEG:
+        accumulate(ad, x, un(ad, OP_NEG, gy));
+        break;
+    case OP_EXP:
+        accumulate(ad, x, bin(ad, OP_MUL, gy, y));
+        break;
+    case OP_LOG:
+        accumulate(ad, x, bin(ad, OP_DIV, gy, x));
+        break;
+    case OP_SIN:
+        accumulate(ad, x, bin(ad, OP_MUL, gy, un(ad, OP_COS, x)));
+        break;
+    case OP_COS:
+        accumulate(ad, x, un(ad, OP_NEG, bin(ad, OP_MUL, gy, un(ad, OP_SIN, x))));
+        break;
+    case OP_TANH: /* 1 - y^2 */
+        c = bin(ad, OP_SUB, fill(ad, 1.0, &ys), bin(ad, OP_MUL, y, y));
+        accumulate(ad, x, bin(ad, OP_MUL, gy, c));
+        break;
+    case OP_SQRT: /* 0.5 / y */
+        c = bin(ad, OP_DIV, fill(ad, 0.5, &ys), y);
+        accumulate(ad, x, bin(ad, OP_MUL, gy, c));
+        break;
+    case OP_RSQRT: /* -0.5 * y / x */
+        c = bin(ad, OP_MUL, fill(ad, -0.5, &ys), bin(ad, OP_DIV, y, x));
+        accumulate(ad, x, bin(ad, OP_MUL, gy, c));
+        break;
+    case OP_SIGMOID: /* y (1 - y) */
+        c = bin(ad, OP_MUL, y, bin(ad, OP_SUB, fill(ad, 1.0, &ys), y));
+        accumulate(ad, x, bin(ad, OP_MUL, gy, c));
+        break;
+    case OP_RELU: {
+        int z = fill(ad, 0.0, &xs);
+        accumulate(ad, x, sel(ad, bin(ad, OP_GT, x, z), gy, z));
+        break;
+    }
+    case OP_ABS: {
+        int m = bin(ad, OP_LT, x, fill(ad, 0.0, &xs));
+        accumulate(ad, x, sel(ad, m, un(ad, OP_NEG, gy), gy));
+        break;
+    }
+    case OP_CAST: {
+        OpAttr a = {.dtype = xs.dtype};
+        accumulate(ad, x, xs.dtype == ys.dtype ? gy : emit(ad, OP_CAST, &gy, 1, &a));
+        break;
+    }
+    case OP_ADD:
+    case OP_SUB:
+        if (need[0])
+            accumulate(ad, x, gy);
+        if (need[1])
+            accumulate(ad, op->in[1], op->code == OP_ADD ? gy : un(ad, OP_NEG, gy));
+        break;
+    case OP_MUL:
+        if (need[0])
+            accumulate(ad, x, bin(ad, OP_MUL, gy, op->in[1]));
+        if (need[1])
+            accumulate(ad, op->in[1], bin(ad, OP_MUL, gy, x));
+        break;
+    case OP_DIV: /* d/da = 1/b; d/db = -y/b */
+        if (need[0])
+            accumulate(ad, x, bin(ad, OP_DIV, gy, op->in[1]));
+        if (need[1])
+            accumulate(ad, op->in[1],
+                       un(ad, OP_NEG, bin(ad, OP_DIV, bin(ad, OP_MUL, gy, y), op->in[1])));
+        break;
+    case OP_POW: { /* d/da = b a^(b-1); d/db = y log a */
+        int b = op->in[1];
+        if (need[0]) {
+            int p = bin(ad, OP_POW, x, bin(ad, OP_SUB, b, fill(ad, 1.0, &xs)));
+            accumulate(ad, x, bin(ad, OP_MUL, gy, bin(ad, OP_MUL, b, p)));
+        }
+        if (need[1])
+            accumulate(ad, b, bin(ad, OP_MUL, gy, bin(ad, OP_MUL, y, un(ad, OP_LOG, x))));
+        break;
+    }
+    case OP_MAX:
+    case OP_MIN: { /* ties go to a */
+        int m = bin(ad, op->code == OP_MAX ? OP_GE : OP_LE, x, op->in[1]);
+        int z = fill(ad, 0.0, &ys);
+        if (need[0])
+            accumulate(ad, x, sel(ad, m, gy, z));
+        if (need[1])
+            accumulate(ad, op->in[1], sel(ad, m, z, gy));
+        break;
+    }
+    case OP_SELECT: {
+        int m = op->in[0], z = fill(ad, 0.0, &ys);
+        if (need[1])
+            accumulate(ad, op->in[1], sel(ad, m, gy, z));
+        if (need[2])
+            accumulate(ad, op->in[2], sel(ad, m, z, gy));
+        break;
+    }
+    case OP_BROADCAST: { /* sum over the broadcast axes */
+        OpAttr a = {0};
+        int off = ys.rank - xs.rank;
+        for (int i = 0; i < ys.rank; i++)
+            if (i < off || (xs.dim[i - off] == 1 && ys.dim[i] != 1))
+                a.ia[a.nia++] = i;
+        c = a.nia ? emit(ad, OP_REDUCE_SUM, &gy, 1, &a) : gy;
+        accumulate(ad, x, reshape(ad, c, &xs));
+        break;
+    }
+    case OP_RESHAPE:
+        accumulate(ad, x, reshape(ad, gy, &xs));
+        break;
+    case OP_PERMUTE: {
+        OpAttr a = {.nia = xs.rank};
+        for (int i = 0; i < xs.rank; i++)
+            a.ia[op->attr.ia[i]] = i;
+        accumulate(ad, x, emit(ad, OP_PERMUTE, &gy, 1, &a));
+        break;
+    }
+    case OP_SLICE:
+    case OP_PAD: {
+        OpAttr a = shape_attr(&xs);
+        a.nia = xs.rank;
+        memcpy(a.ia, op->attr.ia, sizeof(int64_t) * (size_t)xs.rank);
+        accumulate(ad, x, emit(ad, op->code == OP_SLICE ? OP_PAD : OP_SLICE, &gy, 1, &a));
+        break;
+    }
+    case OP_CONCAT: {
+        int ax = (int)op->attr.ia[0];
+        int64_t at = 0;
+        for (int i = 0; i < op->nin; i++) {
+            Shape si = shape_of(ad, op->in[i]);
+            if (live[op->in[i]]) {
+                OpAttr a = shape_attr(&si);
+                a.nia = si.rank;
+                a.ia[ax] = at;
+                accumulate(ad, op->in[i], emit(ad, OP_SLICE, &gy, 1, &a));
+            }
+            at += si.dim[ax];
+        }
+        break;
+    }
+    case OP_GATHER: {
+        OpAttr a = shape_attr(&xs);
+        int in[2] = {op->in[1], gy};
+        accumulate(ad, x, emit(ad, OP_SCATTER_ADD, in, 2, &a));
+        break;
+    }
+    case OP_SCATTER_ADD: {
+        int in[2] = {gy, op->in[0]};
+        accumulate(ad, op->in[1], emit(ad, OP_GATHER, in, 2, NULL));
+        break;
+    }
+    case OP_REDUCE_SUM: {
+        OpAttr a = shape_attr(&xs);
+        accumulate(ad, x, emit(ad, OP_BROADCAST, &gy, 1, &a));
+        break;
+    }
+    case OP_REDUCE_MAX: { /* to every element equal to the max */
+        OpAttr a = shape_attr(&xs);
+        int ym = emit(ad, OP_BROADCAST, &y, 1, &a);
+        int gb = emit(ad, OP_BROADCAST, &gy, 1, &a);
+        int m = bin(ad, OP_EQ, x, ym);
+        accumulate(ad, x, sel(ad, m, gb, fill(ad, 0.0, &xs)));
+        break;
+    }
+    case OP_MATMUL: {
+        int ga = -1, gb = -1;
+        vjp_matmul(ad, op, gy, &ga, &gb, need[0], need[1]);
+        if (need[0])
+            accumulate(ad, x, ga);
+        if (need[1])
+            accumulate(ad, op->in[1], gb);
+        break;
+    }
+    case OP_ALLREDUCE:
+        accumulate(ad, x, gy);
+        break;
+    default:
+        die("autodiff: no gradient rule for %s", ir_opinfo[op->code].name);
+    }
+}
 
 bool pass_autodiff(Graph *g, const PassOpts *o, Diag *d)
 {
-    (void)g;
     (void)o;
-    (void)d;
+    int loss = ir_find_output(g, "loss");
+    if (loss < 0) {
+        snprintf(d->msg, sizeof d->msg,
+                 "the graph has no output named \"loss\" (expected the model to set one)");
+        return false;
+    }
+    const Tensor *lt = &g->t.v[loss];
+    if (lt->s.rank != 0 || !dtype_is_float(lt->s.dtype)) {
+        char b[160];
+        SrcLoc l = lt->op >= 0 ? g->ops.v[lt->op].loc : (SrcLoc){0};
+        snprintf(d->msg, sizeof d->msg, "%s:%d: the loss must be a scalar float (expected f32[], got %s)",
+                 l.file ? l.file : "?", l.line, shape_str(g, &lt->s, b, sizeof b));
+        return false;
+    }
+
+    int nt = g->t.n, nops = g->ops.n;
+    bool *live = xcalloc((size_t)nt, sizeof(bool));   /* depends on a param */
+    int *grad = xmalloc(sizeof(int) * (size_t)nt);
+    for (int i = 0; i < nt; i++) {
+        grad[i] = -1;
+        live[i] = g->t.v[i].kind == TK_PARAM && dtype_is_float(g->t.v[i].s.dtype);
+    }
+    for (int i = 0; i < nops; i++) {
+        const Op *op = &g->ops.v[i];
+        if (!dtype_is_float(g->t.v[op->out].s.dtype))
+            continue;
+        for (int j = 0; j < op->nin; j++)
+            if (live[op->in[j]] && diff_operand(op->code, j) &&
+                dtype_is_float(g->t.v[op->in[j]].s.dtype))
+                live[op->out] = true;
+    }
+
+    AD ad = {.g = g, .grad = grad};
+    if (live[loss]) {
+        ad.loc = lt->op >= 0 ? g->ops.v[lt->op].loc : (SrcLoc){0};
+        Shape ls = lt->s;
+        grad[loss] = fill(&ad, 1.0, &ls);
+        for (int i = nops - 1; i >= 0; i--) {
+            Op op = g->ops.v[i]; /* copy: emitting reallocates g->ops */
+            if (grad[op.out] < 0 || !live[op.out])
+                continue;
+            ad.loc = op.loc;
+            vjp(&ad, &op, live);
+        }
+    }
+    for (int i = 0; i < nt; i++) {
+        if (g->t.v[i].kind != TK_PARAM)
+            continue;
+        Shape ps = g->t.v[i].s;
+        int gt = grad[i];
+        if (gt < 0) {
+            ad.loc = (SrcLoc){0};
+            gt = fill(&ad, 0.0, &ps);
+        }
+        char *name = xasprintf("grad.%s", g->t.v[i].name);
+        ir_add_output(g, name, gt);
+        free(name);
+    }
+    free(live);
+    free(grad);
+    ir_compact(g);
     return true;
 }

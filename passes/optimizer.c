@@ -1,10 +1,189 @@
-/* optimizer.c - placeholder until the pass lands: leaves the graph unchanged. */
+/* optimizer.c - AdamW with bias correction and global-norm gradient clipping,
+ * built as ordinary ops (OPF_OPTIM) after autodiff.
+ *
+ * With g_P = output "grad.P" for each param P:
+ *   n      = sqrt(sum_P sum(g_P * g_P))                  output "grad_norm"
+ *   scale  = min(1, clip / (n + 1e-6))                    only when clip > 0
+ *   g'     = g_P * scale                                  (g_P when clip <= 0)
+ *   t      = step + 1                                     adam.step <- t
+ *   m'     = b1 * m + (1 - b1) * g'                       adam.m.P  <- m'
+ *   v'     = b2 * v + (1 - b2) * g' * g'                  adam.v.P  <- v'
+ *   mhat   = m' / (1 - b1^t),  vhat = v' / (1 - b2^t)
+ *   P'     = P - lr * (mhat / (sqrt(vhat) + eps) + wd * P)      P <- P'
+ * where wd = weight_decay for params of rank >= 2 and 0 otherwise. This is
+ * PyTorch's AdamW (decoupled weight decay applied to the old P) up to the
+ * order of floating-point operations. "lr" is a graph input f32[] so the
+ * runtime can schedule it; the step counter is f32 state.
+ */
 #include "passes.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    Graph *g;
+    SrcLoc loc;
+} B;
+
+static int emit(B *b, Opcode c, int x, int y, const OpAttr *a)
+{
+    int in[2] = {x, y};
+    int n = ir_opinfo[c].arity;
+    int t = ir_op_x(b->g, c, in, n, a, b->loc);
+    b->g->ops.v[b->g->t.v[t].op].flags |= OPF_OPTIM;
+    return t;
+}
+
+static int bin(B *b, Opcode c, int x, int y) { return emit(b, c, x, y, NULL); }
+static int un(B *b, Opcode c, int x) { return emit(b, c, x, -1, NULL); }
+
+/* const of type s filled with v */
+static int cst(B *b, const Shape *s, double v)
+{
+    OpAttr a = {.f = v, .dtype = s->dtype, .rank = s->rank};
+    memcpy(a.shape, s->dim, sizeof a.shape);
+    return emit(b, OP_CONST, -1, -1, &a);
+}
+
+static int cst_f32(B *b, double v)
+{
+    Shape s = {.dtype = DT_F32};
+    return cst(b, &s, v);
+}
+
+/* scalar x (any float dtype) as a tensor of type s */
+static int splat(B *b, int x, const Shape *s)
+{
+    if (b->g->t.v[x].s.dtype != s->dtype) {
+        OpAttr a = {.dtype = s->dtype};
+        x = emit(b, OP_CAST, x, -1, &a);
+    }
+    if (s->rank == 0)
+        return x;
+    OpAttr a = {.rank = s->rank};
+    memcpy(a.shape, s->dim, sizeof a.shape);
+    return emit(b, OP_BROADCAST, x, -1, &a);
+}
+
+/* sum of all elements of x as an f32 scalar */
+static int sum_all_f32(B *b, int x)
+{
+    const Shape *s = &b->g->t.v[x].s;
+    if (s->rank > 0) {
+        OpAttr r = {.nia = s->rank};
+        for (int k = 0; k < s->rank; k++)
+            r.ia[k] = k;
+        x = emit(b, OP_REDUCE_SUM, x, -1, &r);
+        OpAttr sc = {.rank = 0};
+        x = emit(b, OP_RESHAPE, x, -1, &sc);
+    }
+    if (b->g->t.v[x].s.dtype != DT_F32) {
+        OpAttr a = {.dtype = DT_F32};
+        x = emit(b, OP_CAST, x, -1, &a);
+    }
+    return x;
+}
+
+typedef struct {
+    int p, grad;
+} ParamGrad;
 
 bool pass_optimizer(Graph *g, const PassOpts *o, Diag *d)
 {
-    (void)g;
-    (void)o;
-    (void)d;
+    if (ir_find_output(g, "loss") < 0) {
+        snprintf(d->msg, sizeof d->msg,
+                 "optimizer: the graph has no output \"loss\" (expected the model to set "
+                 "one, got outputs without it)");
+        return false;
+    }
+    if (ir_find_tensor(g, "adam.step") >= 0) {
+        snprintf(d->msg, sizeof d->msg,
+                 "optimizer: the graph already has optimizer state \"adam.step\" "
+                 "(expected a graph the optimizer has not run on)");
+        return false;
+    }
+    VEC(ParamGrad) ps = {0};
+    for (int i = 0; i < g->t.n; i++) {
+        const Tensor *t = &g->t.v[i];
+        if (t->kind != TK_PARAM)
+            continue;
+        char name[512];
+        snprintf(name, sizeof name, "grad.%s", t->name);
+        int gr = ir_find_output(g, name);
+        if (gr < 0 || !shape_eq(&g->t.v[gr].s, &t->s) || !dtype_is_float(t->s.dtype)) {
+            snprintf(d->msg, sizeof d->msg,
+                     "optimizer: parameter \"%s\" has no gradient output \"%s\" of its type "
+                     "(expected autodiff to have run, got %s)",
+                     t->name, name, gr < 0 ? "no such output" : "a different type");
+            vec_free(&ps);
+            return false;
+        }
+        ParamGrad pg = {i, gr};
+        vec_push(&ps, pg);
+    }
+    if (ps.n == 0) {
+        snprintf(d->msg, sizeof d->msg,
+                 "optimizer: the model has no parameters to train (expected at least one "
+                 "param, got none)");
+        vec_free(&ps);
+        return false;
+    }
+
+    B b = {.g = g};
+    Shape scalar = {.dtype = DT_F32};
+    ParamInit zeros = {.kind = INIT_ZEROS};
+    int lr = ir_add_input(g, TK_INPUT, "lr", scalar, (ParamInit){0});
+    int step = ir_add_input(g, TK_STATE, "adam.step", scalar, zeros);
+
+    /* global gradient norm, before clipping */
+    int total = -1;
+    for (int i = 0; i < ps.n; i++) {
+        int gr = ps.v[i].grad;
+        int s = sum_all_f32(&b, bin(&b, OP_MUL, gr, gr));
+        total = total < 0 ? s : bin(&b, OP_ADD, total, s);
+    }
+    int norm = un(&b, OP_SQRT, total);
+    ir_add_output(g, "grad_norm", norm);
+    int scale = -1;
+    if (o->grad_clip > 0) {
+        int den = bin(&b, OP_ADD, norm, cst_f32(&b, 1e-6));
+        int q = bin(&b, OP_DIV, cst_f32(&b, o->grad_clip), den);
+        scale = bin(&b, OP_MIN, cst_f32(&b, 1.0), q);
+    }
+
+    /* step and bias corrections */
+    int t = bin(&b, OP_ADD, step, cst_f32(&b, 1.0));
+    int bc1 = bin(&b, OP_SUB, cst_f32(&b, 1.0), bin(&b, OP_POW, cst_f32(&b, o->beta1), t));
+    int bc2 = bin(&b, OP_SUB, cst_f32(&b, 1.0), bin(&b, OP_POW, cst_f32(&b, o->beta2), t));
+
+    for (int i = 0; i < ps.n; i++) {
+        int p = ps.v[i].p, gr = ps.v[i].grad;
+        Shape s = g->t.v[p].s;
+        const char *pname = g->t.v[p].name;
+        char name[512];
+        snprintf(name, sizeof name, "adam.m.%s", pname);
+        int m = ir_add_input(g, TK_STATE, name, s, zeros);
+        snprintf(name, sizeof name, "adam.v.%s", pname);
+        int v = ir_add_input(g, TK_STATE, name, s, zeros);
+
+        int gc = scale < 0 ? gr : bin(&b, OP_MUL, gr, splat(&b, scale, &s));
+        int m1 = bin(&b, OP_ADD, bin(&b, OP_MUL, cst(&b, &s, o->beta1), m),
+                     bin(&b, OP_MUL, cst(&b, &s, 1.0 - o->beta1), gc));
+        int v1 = bin(&b, OP_ADD, bin(&b, OP_MUL, cst(&b, &s, o->beta2), v),
+                     bin(&b, OP_MUL, cst(&b, &s, 1.0 - o->beta2), bin(&b, OP_MUL, gc, gc)));
+        int mhat = bin(&b, OP_DIV, m1, splat(&b, bc1, &s));
+        int vhat = bin(&b, OP_DIV, v1, splat(&b, bc2, &s));
+        int den = bin(&b, OP_ADD, un(&b, OP_SQRT, vhat), cst(&b, &s, o->eps));
+        int u = bin(&b, OP_DIV, mhat, den);
+        if (s.rank >= 2 && o->weight_decay != 0)
+            u = bin(&b, OP_ADD, u, bin(&b, OP_MUL, cst(&b, &s, o->weight_decay), p));
+        int p1 = bin(&b, OP_SUB, p, bin(&b, OP_MUL, splat(&b, lr, &s), u));
+        ir_add_update(g, p, p1);
+        ir_add_update(g, m, m1);
+        ir_add_update(g, v, v1);
+    }
+    ir_add_update(g, step, t);
+    vec_free(&ps);
+    ir_compact(g);
     return true;
 }

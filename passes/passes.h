@@ -66,4 +66,33 @@ bool pass_simplify(Graph *g, const PassOpts *o, Diag *d);
 /* schedule.c: final op order (a topological order that keeps live memory low). */
 bool pass_schedule(Graph *g, const PassOpts *o, Diag *d);
 
+/* memplan.c: liveness on the final schedule and offsets in one arena.
+ * Storage: a tensor either owns bytes in the arena or aliases another
+ * tensor's (a reshape is a view of its operand; an update value computed in
+ * place lives in its target). The arena is [persistent | temps]: inputs,
+ * params and state (and update values computed in place) in the persistent
+ * region from offset 0; every other storage in the temp region, reused
+ * between storages whose live ranges [first, last] (op indices, inclusive)
+ * do not meet. Graph outputs and update values live to the end of the step
+ * (last = nops). Offsets and sizes are multiples of MEMPLAN_ALIGN. */
+#define MEMPLAN_ALIGN 64
+typedef struct {
+    int nt, nops;
+    int *root;             /* per tensor: the tensor that owns its storage */
+    int64_t *offset;       /* per tensor: byte offset of its data in the arena */
+    int64_t *bytes;        /* per tensor: its data size (unaligned) */
+    int *first, *last;     /* per owning tensor: live range; -1/-1 when persistent */
+    bool *persistent;      /* per owning tensor */
+    bool *inplace;         /* per update (g->upd index): value computed in its target */
+    int64_t persistent_bytes; /* size of the persistent region */
+    int64_t arena_bytes;   /* what the runtime allocates: persistent + temp high-water */
+    int64_t *live;         /* per op: bytes live while the op runs (aligned sizes) */
+    int64_t peak_live;     /* max over ops of live[] */
+    int peak_op;
+} MemPlan;
+MemPlan *pass_memplan(const Graph *g, Diag *d);
+void pass_memplan_free(MemPlan *m);
+/* The per-op memory timeline: op index, opcode, result, live bytes, and the peak. */
+void pass_memplan_print(const Graph *g, const MemPlan *m, FILE *f);
+
 #endif

@@ -1,10 +1,417 @@
-/* main.c - the kiln command line. */
+/* main.c - the kiln command line: `kiln compile` and `kiln train`. */
+#include <errno.h>
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "frontend.h"
+#include "ir.h"
+#include "passes.h"
+#include "runtime.h"
+
+static const char usage_main[] =
+    "usage: kiln COMMAND MODEL.lua [options]\n"
+    "\n"
+    "kiln compiles a model's whole training step (forward, backward, optimizer\n"
+    "update) into one graph and runs it.\n"
+    "\n"
+    "commands:\n"
+    "  compile   compile only: print a summary, write pass dumps\n"
+    "  train     compile and train on the CPU\n"
+    "\n"
+    "`kiln COMMAND --help` lists the command's options. Documentation: README.md,\n"
+    "docs/cli.md, docs/dsl.md, docs/ir.md.\n";
+
+static const char usage_compile[] =
+    "usage: kiln compile MODEL.lua [options]\n"
+    "\n"
+    "Builds the training step and runs every pass; prints the params, ops per\n"
+    "class, FLOPs per step and the planned peak memory.\n"
+    "\n"
+    "options:\n"
+    "  --set KEY=VALUE      override a config{} or train{} setting (repeatable)\n"
+    "  --dump-after=PASS    print (or write, with --dump-dir) the IR after PASS;\n"
+    "                       PASS is one of frontend, autodiff, optimizer,\n"
+    "                       simplify, schedule, memplan, or all (repeatable)\n"
+    "  --dump-dir DIR       write dumps into DIR (NN-PASS.ir, memplan.txt)\n"
+    "                       instead of standard output\n"
+    "  --settings           also print every config and train setting\n"
+    "  --time               print the time each pass took\n"
+    "  -h, --help           this text\n";
+
+static const char usage_train[] =
+    "usage: kiln train MODEL.lua [options]\n"
+    "\n"
+    "Compiles the training step to C kernels, runs it on the CPU and trains,\n"
+    "printing one line per step and a summary.\n"
+    "\n"
+    "options:\n"
+    "  --steps N            total number of steps (overrides train.steps)\n"
+    "  --set KEY=VALUE      override a config{} or train{} setting (repeatable)\n"
+    "  --device DEV         cpu (default); cuda and auto are not available yet\n"
+    "  --threads N          CPU threads for kernels and BLAS (default: one per core)\n"
+    "  --resume CKPT        continue from a checkpoint exactly\n"
+    "  --checkpoint PREFIX  write PREFIX.stepN.safetensors every\n"
+    "                       train.checkpoint_every steps and at the end\n"
+    "  --init-from W        load params by name from a safetensors file\n"
+    "  --save-weights W     write the params to W at the end\n"
+    "  --profile            print a per-kernel time table at the end\n"
+    "  --trace FILE         write a Chrome trace (chrome://tracing, Perfetto)\n"
+    "  --peak-gflops X      MFU denominator in GFLOP/s (default: n/a)\n"
+    "  --cache-dir DIR      compiled-kernel cache (default: $KILN_CACHE_DIR or\n"
+    "                       ~/.cache/kiln)\n"
+    "  -v, --verbose        log compilation details\n"
+    "  -q, --quiet          print only the summary\n"
+    "  -h, --help           this text\n";
+
+typedef struct {
+    VEC(const char *) sets;
+    VEC(const char *) dumps;
+    const char *dump_dir;
+    bool settings, timing;
+    int ndump_written;
+    bool dump_error;
+} CompileArgs;
+
+static int bad_flag(const char *cmd, const char *msg, const char *arg)
+{
+    fprintf(stderr, "kiln %s: %s: %s\n(see `kiln %s --help`)\n", cmd, msg, arg, cmd);
+    return 2;
+}
+
+/* Accepts "--flag VALUE" and "--flag=VALUE"; advances *i past the value. */
+static const char *flag_value(int argc, char **argv, int *i, const char *flag)
+{
+    size_t n = strlen(flag);
+    const char *a = argv[*i];
+    if (strncmp(a, flag, n) != 0)
+        return NULL;
+    if (a[n] == '=')
+        return a + n + 1;
+    if (a[n] != 0)
+        return NULL;
+    if (*i + 1 >= argc) {
+        fprintf(stderr, "kiln: %s needs a value\n", flag);
+        exit(2);
+    }
+    return argv[++*i];
+}
+
+static bool wants_dump(const CompileArgs *a, const char *pass)
+{
+    for (int i = 0; i < a->dumps.n; i++)
+        if (strcmp(a->dumps.v[i], "all") == 0 || strcmp(a->dumps.v[i], pass) == 0)
+            return true;
+    return false;
+}
+
+static bool known_dump(const char *name)
+{
+    return strcmp(name, "all") == 0 || strcmp(name, "frontend") == 0 ||
+           strcmp(name, "memplan") == 0 || pass_find(name) != NULL;
+}
+
+/* Opens the dump file for `pass` (or stdout); prints the fixed header. */
+static FILE *dump_open(CompileArgs *a, const char *pass, const char *ext, char **path)
+{
+    *path = NULL;
+    if (!a->dump_dir) {
+        printf("> After %s:\n", pass);
+        return stdout;
+    }
+    *path = xasprintf("%s/%02d-%s.%s", a->dump_dir, a->ndump_written++, pass, ext);
+    FILE *f = fopen(*path, "w");
+    if (!f) {
+        fprintf(stderr, "kiln: %s: cannot write: %s\n", *path, strerror(errno));
+        a->dump_error = true;
+        free(*path);
+        *path = NULL;
+    }
+    return f;
+}
+
+static void dump_close(FILE *f, char *path)
+{
+    if (f && f != stdout)
+        fclose(f);
+    free(path);
+}
+
+static void dump_graph(CompileArgs *a, const char *pass, const Graph *g)
+{
+    if (!wants_dump(a, pass))
+        return;
+    char *path;
+    FILE *f = dump_open(a, pass, "ir", &path);
+    if (!f)
+        return;
+    ir_print(g, f);
+    dump_close(f, path);
+}
+
+static void pass_hook(const char *pass, const Graph *g, double seconds, void *ctx)
+{
+    CompileArgs *a = ctx;
+    if (a->timing)
+        printf("pass %-10s %8.2f ms  %6d ops\n", pass, seconds * 1e3, g->ops.n);
+    dump_graph(a, pass, g);
+}
+
+static void human_bytes(double b, char *buf, size_t n)
+{
+    const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int i = 0;
+    while (b >= 1024 && i < 4) {
+        b /= 1024;
+        i++;
+    }
+    snprintf(buf, n, i ? "%.2f %s" : "%.0f %s", b, u[i]);
+}
+
+static void human_count(double x, char *buf, size_t n)
+{
+    if (x >= 1e12)
+        snprintf(buf, n, "%.3f T", x / 1e12);
+    else if (x >= 1e9)
+        snprintf(buf, n, "%.3f G", x / 1e9);
+    else if (x >= 1e6)
+        snprintf(buf, n, "%.3f M", x / 1e6);
+    else if (x >= 1e3)
+        snprintf(buf, n, "%.3f K", x / 1e3);
+    else
+        snprintf(buf, n, "%.0f", x);
+}
+
+static void print_summary(const Model *m, const Graph *fwd_g, const Graph *g, const MemPlan *mp)
+{
+    char b0[64], b1[64], sb[256];
+    int64_t nparams = 0;
+    int ntensors = 0;
+    printf("model %s\n", m->path);
+    printf("params:\n");
+    for (int i = 0; i < g->t.n; i++) {
+        const Tensor *t = &g->t.v[i];
+        if (t->kind != TK_PARAM)
+            continue;
+        ntensors++;
+        nparams += shape_numel(&t->s);
+        printf("  %-32s %s\n", t->name, shape_str(g, &t->s, sb, sizeof sb));
+    }
+    human_count((double)nparams, b0, sizeof b0);
+    printf("  %d tensors, %lld params (%s)\n", ntensors, (long long)nparams, b0);
+
+    int per_class[OC__COUNT] = {0}, fwd_ops = 0, bwd_ops = 0, opt_ops = 0;
+    for (int i = 0; i < g->ops.n; i++) {
+        const Op *op = &g->ops.v[i];
+        per_class[ir_opinfo[op->code].cls]++;
+        if (op->flags & OPF_OPTIM)
+            opt_ops++;
+        else if (op->flags & OPF_BACKWARD)
+            bwd_ops++;
+        else
+            fwd_ops++;
+    }
+    printf("ops: %d (forward %d, backward %d, optimizer %d)\n", g->ops.n, fwd_ops, bwd_ops,
+           opt_ops);
+    for (int c = 0; c < OC__COUNT; c++)
+        if (per_class[c])
+            printf("  %-12s %d\n", ir_class_name((OpClass)c), per_class[c]);
+    double step_flops = ir_graph_flops(g), fwd_flops = ir_graph_flops(fwd_g);
+    double bytes = 0;
+    for (int i = 0; i < g->ops.n; i++)
+        bytes += ir_op_bytes(g, &g->ops.v[i]);
+    human_count(step_flops, b0, sizeof b0);
+    human_count(fwd_flops, b1, sizeof b1);
+    printf("flops per step: %sFLOP (forward %sFLOP)\n", b0, b1);
+    human_bytes(bytes, b0, sizeof b0);
+    printf("bytes moved per step (unfused, IR counts): %s\n", b0);
+    if (mp) {
+        human_bytes((double)mp->arena_bytes, b0, sizeof b0);
+        human_bytes((double)mp->persistent_bytes, b1, sizeof b1);
+        printf("planned peak: %s (%lld bytes; persistent %s, temporaries %s)\n", b0,
+               (long long)mp->arena_bytes, b1,
+               (human_bytes((double)(mp->arena_bytes - mp->persistent_bytes), sb, sizeof sb), sb));
+    }
+}
+
+static int cmd_compile(int argc, char **argv)
+{
+    CompileArgs a = {0};
+    const char *model = NULL;
+    for (int i = 2; i < argc; i++) {
+        const char *v;
+        if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
+            fputs(usage_compile, stdout);
+            return 0;
+        } else if ((v = flag_value(argc, argv, &i, "--set"))) {
+            vec_push(&a.sets, v);
+        } else if ((v = flag_value(argc, argv, &i, "--dump-after"))) {
+            if (!known_dump(v))
+                return bad_flag("compile", "unknown pass for --dump-after", v);
+            vec_push(&a.dumps, v);
+        } else if ((v = flag_value(argc, argv, &i, "--dump-dir"))) {
+            a.dump_dir = v;
+        } else if (strcmp(argv[i], "--settings") == 0) {
+            a.settings = true;
+        } else if (strcmp(argv[i], "--time") == 0) {
+            a.timing = true;
+        } else if (argv[i][0] == '-') {
+            return bad_flag("compile", "unknown option", argv[i]);
+        } else if (!model) {
+            model = argv[i];
+        } else {
+            return bad_flag("compile", "more than one model given", argv[i]);
+        }
+    }
+    if (!model)
+        return bad_flag("compile", "missing argument", "MODEL.lua");
+    if (a.dump_dir && !a.dumps.n)
+        vec_push(&a.dumps, "all");
+    if (a.dump_dir && mkdir(a.dump_dir, 0777) != 0 && errno != EEXIST) {
+        fprintf(stderr, "kiln: %s: cannot create the dump directory: %s\n", a.dump_dir,
+                strerror(errno));
+        return 1;
+    }
+
+    char err[2048];
+    Model *m = fe_load_model(model, a.sets.v, a.sets.n, err, sizeof err);
+    if (!m) {
+        fprintf(stderr, "%s\n", err);
+        return 1;
+    }
+    dump_graph(&a, "frontend", m->g);
+    if (a.settings)
+        fe_print_settings(m, stdout);
+
+    PassOpts po;
+    pass_opts_default(&po);
+    po.beta1 = m->train.beta1;
+    po.beta2 = m->train.beta2;
+    po.eps = m->train.eps;
+    po.weight_decay = m->train.weight_decay;
+    po.grad_clip = m->train.grad_clip;
+    po.memory_budget = m->train.memory_budget;
+
+    Graph *g = ir_clone(m->g);
+    Diag d = {{0}};
+    int rc = 0;
+    MemPlan *mp = NULL;
+    if (!pass_pipeline(g, &po, NULL, pass_hook, &a, &d)) {
+        fprintf(stderr, "%s\n", d.msg);
+        rc = 1;
+        goto out;
+    }
+    mp = pass_memplan(g, &d);
+    if (!mp) {
+        fprintf(stderr, "%s\n", d.msg);
+        rc = 1;
+        goto out;
+    }
+    if (wants_dump(&a, "memplan")) {
+        char *path;
+        FILE *f = dump_open(&a, "memplan", "txt", &path);
+        if (f)
+            pass_memplan_print(g, mp, f);
+        dump_close(f, path);
+    }
+    print_summary(m, m->g, g, mp);
+    if (a.dump_dir && !a.dump_error)
+        printf("dumps written to %s/\n", a.dump_dir);
+    if (a.dump_error)
+        rc = 1;
+out:
+    pass_memplan_free(mp);
+    ir_free(g);
+    fe_model_free(m);
+    vec_free(&a.sets);
+    vec_free(&a.dumps);
+    return rc;
+}
+
+static int cmd_train(int argc, char **argv)
+{
+    VEC(const char *) sets = {0};
+    TrainOpts o = {0};
+    const char *model = NULL;
+    for (int i = 2; i < argc; i++) {
+        const char *v;
+        char *end;
+        if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
+            fputs(usage_train, stdout);
+            return 0;
+        } else if ((v = flag_value(argc, argv, &i, "--set"))) {
+            vec_push(&sets, v);
+        } else if ((v = flag_value(argc, argv, &i, "--steps"))) {
+            o.steps = strtoll(v, &end, 10);
+            if (*end || o.steps <= 0)
+                return bad_flag("train", "--steps expects a positive integer, got", v);
+        } else if ((v = flag_value(argc, argv, &i, "--threads"))) {
+            o.threads = (int)strtol(v, &end, 10);
+            if (*end || o.threads <= 0)
+                return bad_flag("train", "--threads expects a positive integer, got", v);
+        } else if ((v = flag_value(argc, argv, &i, "--device"))) {
+            if (strcmp(v, "cpu") != 0 && strcmp(v, "cuda") != 0 && strcmp(v, "auto") != 0)
+                return bad_flag("train", "--device expects cpu, cuda or auto, got", v);
+            o.device = v;
+        } else if ((v = flag_value(argc, argv, &i, "--resume"))) {
+            o.resume = v;
+        } else if ((v = flag_value(argc, argv, &i, "--checkpoint"))) {
+            o.checkpoint = v;
+        } else if ((v = flag_value(argc, argv, &i, "--init-from"))) {
+            o.init_from = v;
+        } else if ((v = flag_value(argc, argv, &i, "--save-weights"))) {
+            o.save_weights = v;
+        } else if ((v = flag_value(argc, argv, &i, "--trace"))) {
+            o.trace = v;
+        } else if ((v = flag_value(argc, argv, &i, "--cache-dir"))) {
+            o.cache_dir = v;
+        } else if ((v = flag_value(argc, argv, &i, "--peak-gflops"))) {
+            o.peak_gflops = strtod(v, &end);
+            if (*end || !(o.peak_gflops > 0))
+                return bad_flag("train", "--peak-gflops expects a positive number, got", v);
+        } else if (strcmp(argv[i], "--profile") == 0) {
+            o.profile = true;
+        } else if (strcmp(argv[i], "-v") == 0 || strcmp(argv[i], "--verbose") == 0) {
+            o.verbose = true;
+        } else if (strcmp(argv[i], "-q") == 0 || strcmp(argv[i], "--quiet") == 0) {
+            o.quiet = true;
+        } else if (argv[i][0] == '-') {
+            return bad_flag("train", "unknown option", argv[i]);
+        } else if (!model) {
+            model = argv[i];
+        } else {
+            return bad_flag("train", "more than one model given", argv[i]);
+        }
+    }
+    if (!model)
+        return bad_flag("train", "missing argument", "MODEL.lua");
+    char err[2048];
+    Model *m = fe_load_model(model, sets.v, sets.n, err, sizeof err);
+    vec_free(&sets);
+    if (!m) {
+        fprintf(stderr, "%s\n", err);
+        return 1;
+    }
+    int rc = rt_train(m, &o);
+    fe_model_free(m);
+    return rc;
+}
 
 int main(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
-    printf("kiln: not yet\n");
-    return 0;
+    if (argc < 2 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0 ||
+        strcmp(argv[1], "help") == 0) {
+        fputs(usage_main, argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    if (strcmp(argv[1], "compile") == 0)
+        return cmd_compile(argc, argv);
+    if (strcmp(argv[1], "train") == 0)
+        return cmd_train(argc, argv);
+    fprintf(stderr, "kiln: unknown command '%s' (expected compile or train; see kiln --help)\n",
+            argv[1]);
+    return 2;
 }

@@ -13,6 +13,7 @@
  * Host-side data is always in the tensor's own dtype (f32 as float, i32 as
  * int32_t, bf16 as uint16_t bit patterns, u8 as uint8_t). */
 typedef struct Exec Exec;
+struct CgPlan; /* codegen.h */
 
 typedef struct {
     const char *device;    /* "cpu" (default), "cuda", "auto" */
@@ -30,5 +31,241 @@ void rt_exec_read(Exec *e, int tensor, void *dst);
 /* One step: every op, then every update (param/state <- new value). */
 bool rt_exec_run(Exec *e, uint64_t seed, int64_t step, Diag *d);
 int64_t rt_exec_arena_bytes(const Exec *e);
+/* The compiled plan (steps, kernels, memory plan); owned by the Exec. */
+const struct CgPlan *rt_exec_plan(const Exec *e);
+
+/* Profile (ExecOpts.profile): time per plan step accumulated over runs,
+ * one row per kernel name (kernels shared by several ops aggregate), per
+ * GEMM op and per copy kind. flops and bytes are the IR's counts
+ * (ir_op_flops/ir_op_bytes) summed over calls. Rows are sorted by total
+ * time, largest first; they belong to the Exec. */
+typedef struct {
+    const char *name;
+    const char *kind;   /* "kernel", "gemm", "copy" */
+    int64_t calls;
+    double seconds;
+    double flops, bytes;
+} RtProfRow;
+int rt_exec_profile(Exec *e, const RtProfRow **rows);
+void rt_exec_profile_reset(Exec *e);
+/* Per plan step of the last run (ExecOpts.profile): start and end in seconds
+ * since that run began; n = number of plan steps. */
+typedef struct {
+    const char *name;
+    const char *kind;
+    int op;             /* IR op index; -1 for update copies */
+    double start, end;
+} RtTraceEvent;
+int rt_exec_trace(const Exec *e, const RtTraceEvent **ev);
+
+/* A backend: the executor calls only these (it never asks which backend it
+ * has). create prepares a plan (compiles its kernels, allocates exactly
+ * plan->arena_bytes); offsets are arena byte offsets. */
+typedef struct BackendCtx BackendCtx;
+typedef struct {
+    const char *name;
+    BackendCtx *(*create)(const struct CgPlan *p, const ExecOpts *o, Diag *d);
+    void (*destroy)(BackendCtx *c);
+    void (*write)(BackendCtx *c, int64_t off, const void *src, int64_t bytes);
+    void (*read)(BackendCtx *c, int64_t off, void *dst, int64_t bytes);
+    /* runs plan step s */
+    bool (*run_step)(BackendCtx *c, int s, uint64_t seed, int64_t step, Diag *d);
+    void (*sync)(BackendCtx *c); /* waits for queued work (profiling) */
+} Backend;
+
+/* ---- backend_cpu.c: generated C via the host compiler, GEMMs via OpenBLAS */
+extern const Backend rt_backend_cpu;
+
+/* ---- cc.c: the host C compiler and its on-disk cache ----------------------
+ * Shared objects are cached by a hash of source, compiler version and flags
+ * in cache_dir (NULL: $KILN_CACHE_DIR, else ~/.cache/kiln). With
+ * KILN_CC_INJECT_ERROR=1 an invalid line is appended to the source (tests).
+ * On failure d holds the compiler's message and the numbered source around
+ * the error. */
+typedef struct {
+    int compiles;       /* compiler invocations */
+    int cache_hits;
+    double compile_seconds;
+} RtCcStats;
+RtCcStats rt_cc_stats(void);
+/* Returns the malloc'd path of the shared object, or NULL with d set. */
+char *rt_cc_compile(const char *source, const char *cache_dir, bool verbose, Diag *d);
+
+/* ---- data.c: training data sources ---------------------------------------
+ * A source fills a model's data inputs by name: tokens i32[B,T], targets
+ * i32[B,T] (tokens shifted by one), mask f32[B,T] (1 where the target counts);
+ * blobs: x f32[B,D], y i32[B]. A batch is a pure function of (seed, split,
+ * index): the train split's next index is the data position that
+ * checkpoints save; evaluation reads validation batches 0..n-1 every time.
+ *
+ * addition (n digits; as models/addition.lua: vocabulary 0-9 digits,
+ *   10 '+', 11 '=', 12 pad, 13 end): a+b= with a, b zero-padded to n digits,
+ *   then the sum's n+1 digits reversed (least significant first), then end.
+ *   Length 3n+4; tokens are its first T symbols, targets the next T (pad
+ *   past the end), T >= 3n+3. mask = 1 exactly where the target is an answer
+ *   digit or the end token (t in 2n+1..3n+2). Held-out problems: the (a,b)
+ *   pairs whose hash (independent of the seed) falls below val_fraction.
+ * text: bytes of any file (vocab 256); the last val_fraction of the file is
+ *   validation; random windows of T+1 bytes.
+ * tokens: llm.c .bin (256 x int32 header: magic 20240520, version 1, count;
+ *   then uint16 tokens); split like text.
+ * blobs: `classes` Gaussian clusters in `dim` dimensions, centres fixed by
+ *   the seed; validation points come from their own random stream. */
+typedef enum { DATA_TRAIN, DATA_VAL } DataSplit;
+
+enum { ADD_PLUS = 10, ADD_EQ = 11, ADD_PAD = 12, ADD_END = 13, ADD_VOCAB = 14 };
+
+typedef struct {
+    const char *kind;    /* "addition", "text", "tokens", "blobs" */
+    const char *path;    /* text, tokens */
+    uint64_t seed;
+    int64_t batch, seq;  /* B, T (blobs: seq unused) */
+    int digits;          /* addition: 1..9 */
+    double val_fraction; /* [0, 1); addition needs > 0 */
+    int vocab;           /* tokens: every token must be < vocab (0: no check) */
+    int dim, classes;    /* blobs */
+} DataCfg;
+
+typedef struct {
+    int64_t B, T, D;
+    int32_t *tokens, *targets; /* [B,T] */
+    float *mask;               /* [B,T] */
+    float *x;                  /* blobs: [B,D] */
+    int32_t *y;                /* blobs: [B] */
+} DataBatch;
+
+typedef struct DataSource DataSource;
+/* NULL with d set ("PATH: what is wrong ...") on a bad config or file. */
+DataSource *rt_data_open(const DataCfg *c, Diag *d);
+void rt_data_close(DataSource *s);
+/* Batch `index` of `split`; the buffers belong to the source and are
+ * overwritten by the next call. */
+const DataBatch *rt_data_batch(DataSource *s, DataSplit split, int64_t index);
+bool rt_data_has_val(const DataSource *s);
+/* addition: writes the 3n+4 symbols of a+b (see above) into seq. */
+void rt_addition_encode(int digits, int64_t a, int64_t b, int32_t *seq);
+bool rt_addition_is_val(int digits, int64_t a, int64_t b, double val_fraction);
+
+/* ---- safetensors.c: reading and writing safetensors files ---------------
+ * Format: u64 little-endian header length N, N bytes of JSON
+ * {"NAME": {"dtype": "F32", "shape": [..], "data_offsets": [begin, end]},
+ *  "__metadata__": {"k": "v"}}, then the data (offsets relative to it). */
+typedef struct {
+    char *name;
+    DType dtype;
+    int rank;
+    int64_t dim[IR_MAX_RANK];
+    void *data;    /* numel * dtype_size bytes */
+    size_t nbytes;
+} StTensor;
+
+typedef struct {
+    StTensor *t;
+    int n;
+    char **key, **val; /* __metadata__ */
+    int nmeta;
+} StFile;
+
+/* Reads and validates the whole file; on any defect returns false with
+ * "PATH: what is wrong" in d and *f empty. */
+bool rt_st_read(const char *path, StFile *f, Diag *d);
+void rt_st_free(StFile *f);
+const StTensor *rt_st_find(const StFile *f, const char *name);
+const char *rt_st_meta(const StFile *f, const char *key); /* NULL if absent */
+/* Writes atomically (temp file beside path, fsync, rename); on failure
+ * nothing is left behind. meta: nmeta key/value pairs (may be 0). */
+bool rt_st_write(const char *path, const StTensor *t, int n, const char *const *key,
+                 const char *const *val, int nmeta, Diag *d);
+const char *rt_st_dtype_name(DType t); /* "F32", ... */
+/* Writes the n chunks to path atomically (temp file in the same directory,
+ * fsync, rename); on failure "PATH: cannot write: reason" and no file. */
+bool rt_write_atomic(const char *path, const void *const *chunk, const size_t *len, int n,
+                     Diag *d);
+
+/* ---- checkpoint.c: checkpoints and weights --------------------------------
+ * vals[id] is host data (the tensor's dtype) for every param and state
+ * tensor id of g. A checkpoint holds every param and state tensor plus
+ * metadata; a weights file holds params only. */
+typedef struct {
+    int64_t step;     /* steps completed */
+    int64_t data_pos; /* next train batch index */
+    uint64_t seed;
+} CkptMeta;
+
+/* Hash of the params' names, dtypes and shapes (order-independent). */
+uint64_t rt_model_fingerprint(const Graph *g);
+bool rt_ckpt_save(const char *path, const Graph *g, void *const *vals, const CkptMeta *m,
+                  Diag *d);
+/* Restores every param and state tensor; refuses a checkpoint of another
+ * model (fingerprint) or with a missing/mis-shaped tensor. */
+bool rt_ckpt_load(const char *path, const Graph *g, void **vals, CkptMeta *m, Diag *d);
+bool rt_weights_save(const char *path, const Graph *g, void *const *vals, Diag *d);
+/* Loads every param of g by name from a weights or checkpoint file. */
+bool rt_weights_load(const char *path, const Graph *g, void **vals, Diag *d);
+
+/* ---- report.c: Chrome trace and per-kernel profile table ------------------
+ * The trace collects complete events ("ph":"X", microseconds) in memory and
+ * writes {"traceEvents": [...]} atomically at close; chrome://tracing and
+ * Perfetto open it. */
+typedef struct Trace Trace;
+Trace *rt_trace_open(const char *path);
+/* No-op when t is NULL. */
+void rt_trace_event(Trace *t, const char *name, const char *cat, double ts_us, double dur_us,
+                    int tid);
+void rt_trace_thread_name(Trace *t, int tid, const char *name); /* tid 0..7 */
+/* Writes the file (when `write`) and frees t (NULL: nothing to do). */
+bool rt_trace_close(Trace *t, bool write, Diag *d);
+
+typedef struct {
+    const char *name;
+    int64_t calls;
+    double ms;           /* total over all calls */
+    double flops, bytes; /* total over all calls, from the IR's counts (0: unknown) */
+} ProfRow;
+/* Sorts rows by time and prints: name, calls, total ms, % of total_ms,
+ * achieved GFLOP/s and GB/s; past max_rows (> 0) the rest share one row. */
+void rt_profile_print(FILE *f, ProfRow *rows, int n, double total_ms, int max_rows);
+
+/* ---- train.c: the training loop -------------------------------------------
+ * `kiln train` maps its flags 1:1 onto TrainOpts. The loop builds the
+ * training graph (pass_pipeline) and an evaluation graph (the forward graph
+ * after simplify and schedule; params copied in before each evaluation),
+ * initialises params from their ParamInit with a stream seeded by the train
+ * seed and the param's name, then each step: data -> inputs, "lr" from the
+ * schedule, one step, loss. Checkpoints go to PREFIX.stepN.safetensors
+ * (PREFIX without a trailing .safetensors) every checkpoint_every steps and
+ * at the end. The same seed gives bit-identical losses; N steps, then
+ * --resume and the rest, equal the whole run straight. */
+typedef struct Model Model;
+typedef struct TrainCfg TrainCfg;
+
+typedef struct {
+    float final_loss;  /* last training step's loss */
+    double val_loss;   /* NaN when no validation split */
+    double accuracy;   /* exact match on held-out data; NaN when n/a */
+    double median_ms;  /* per step */
+} TrainResult;
+
+typedef struct {
+    int64_t steps;            /* --steps: > 0 overrides train.steps (the total) */
+    const char *device;       /* --device (NULL: cpu) */
+    int threads;              /* --threads (0: one per core) */
+    const char *resume;       /* --resume CKPT */
+    const char *init_from;    /* --init-from W */
+    const char *save_weights; /* --save-weights W: params at the end */
+    const char *checkpoint;   /* --checkpoint PREFIX: overrides train.checkpoint */
+    bool profile;             /* --profile */
+    const char *trace;        /* --trace FILE */
+    double peak_gflops;       /* --peak-gflops: MFU denominator; 0: "n/a" */
+    bool verbose, quiet;      /* -v, -q */
+    const char *cache_dir;    /* kernel cache (NULL: executor default) */
+    TrainResult *result;      /* optional out */
+} TrainOpts;
+
+/* Returns the process exit code: 0, or 1 after printing the error. */
+int rt_train(Model *m, const TrainOpts *o);
+/* Learning rate after `step` steps of `steps`: linear warmup over
+ * c->warmup steps to c->lr, then cosine to c->min_lr at the last step. */
+double rt_lr_at(const TrainCfg *c, int64_t step, int64_t steps);
 
 #endif

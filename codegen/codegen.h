@@ -1,0 +1,240 @@
+/*
+ * codegen.h - from a scheduled graph and its memory plan to a Plan: buffers
+ * (arena offsets), kernels (a target-neutral description plus printed
+ * source) and steps (kernel launch, GEMM, copy). The public header of
+ * codegen/.
+ *
+ * A kernel description (CgKernel) is what every printer reads: the C printer
+ * here and the CUDA C printer share the expression printer (cg_print_expr)
+ * and its one table of op spellings; they differ only in the skeleton.
+ *
+ * Kernel structure:
+ *   kernel = sequence of CgLoop nests, run one after the other;
+ *   loop   = outer dims (independent iterations: threads/blocks on a GPU)
+ *            + phases run in order inside one outer iteration;
+ *   phase  = inner dims + either a reduction (acc = fold over the inner
+ *            dims of `value`) or a list of stores (at every inner index).
+ * Single-op elementwise kernels are one loop, one store phase with no inner
+ * dims; a reduce op is a reduction phase then a store phase; a fused softmax
+ * is max phase, sum phase, store phase over the same rows. Expressions are
+ * trees of CgExpr held by index in the kernel's ex array; index arithmetic is
+ * i64-typed expressions of the loop variables.
+ */
+#ifndef KILN_CODEGEN_H
+#define KILN_CODEGEN_H
+
+#include "ir.h"
+#include "passes.h"
+
+/* ---- expr.c: expressions and the shared expression printer ------------- */
+
+/* X(ENUM, arity, float spelling, integer spelling): $0 $1 $2 are operands.
+ * A NULL integer spelling means the op is not defined on integers. */
+/* clang-format off */
+#define CG_OPS(X)                                                              \
+    X(NEG,  1, "(-$0)",                         "(-$0)")                       \
+    X(EXP,  1, "expf($0)",                      NULL)                          \
+    X(LOG,  1, "logf($0)",                      NULL)                          \
+    X(SIN,  1, "sinf($0)",                      NULL)                          \
+    X(COS,  1, "cosf($0)",                      NULL)                          \
+    X(TANH, 1, "tanhf($0)",                     NULL)                          \
+    X(SQRT, 1, "sqrtf($0)",                     NULL)                          \
+    X(RSQRT,1, "(1.0f / sqrtf($0))",            NULL)                          \
+    X(SIGMOID,1,"(1.0f / (1.0f + expf(-$0)))",  NULL)                          \
+    X(RELU, 1, "($0 > 0.0f ? $0 : 0.0f)",       "($0 > 0 ? $0 : 0)")           \
+    X(ABS,  1, "fabsf($0)",                     "($0 < 0 ? -$0 : $0)")         \
+    X(ADD,  2, "($0 + $1)",                     "($0 + $1)")                   \
+    X(SUB,  2, "($0 - $1)",                     "($0 - $1)")                   \
+    X(MUL,  2, "($0 * $1)",                     "($0 * $1)")                   \
+    X(DIV,  2, "($0 / $1)",                     "kiln_idiv($0, $1)")           \
+    X(POW,  2, "powf($0, $1)",                  NULL)                          \
+    X(MAX,  2, "kiln_fmax($0, $1)",             "($0 > $1 ? $0 : $1)")         \
+    X(MIN,  2, "kiln_fmin($0, $1)",             "($0 < $1 ? $0 : $1)")         \
+    X(LT,   2, "($0 < $1)",                     "($0 < $1)")                   \
+    X(LE,   2, "($0 <= $1)",                    "($0 <= $1)")                  \
+    X(GT,   2, "($0 > $1)",                     "($0 > $1)")                   \
+    X(GE,   2, "($0 >= $1)",                    "($0 >= $1)")                  \
+    X(EQ,   2, "($0 == $1)",                    "($0 == $1)")                  \
+    X(NE,   2, "($0 != $1)",                    "($0 != $1)")                  \
+    X(AND,  2, NULL,                            "($0 && $1)")                  \
+    X(IDIV, 2, NULL,                            "($0 / $1)")                   \
+    X(IMOD, 2, NULL,                            "($0 % $1)")
+/* clang-format on */
+
+typedef enum {
+#define X(e, n, f, i) CG_##e,
+    CG_OPS(X)
+#undef X
+    CG__COUNT
+} CgOp;
+
+typedef struct {
+    const char *name;
+    int arity;
+    const char *fspell, *ispell;
+} CgOpInfo;
+extern const CgOpInfo cg_opinfo[CG__COUNT];
+
+typedef enum {
+    CGX_CONST,  /* f (float dtypes) or i (integer dtypes) */
+    CGX_VAR,    /* loop variable `var` (i64) */
+    CGX_ACC,    /* a reduction's accumulator `var` */
+    CGX_LOAD,   /* kernel param `param` at flat element index a[0] (i64) */
+    CGX_OP,     /* op applied to a[0..arity) */
+    CGX_SELECT, /* a[0] ? a[1] : a[2]; only the chosen side is evaluated */
+    CGX_CAST,   /* a[0] converted to dt */
+    CGX_RAND,   /* ir_rand_u01(seed, key, step, a[0]) as f32 */
+} CgExprKind;
+
+typedef struct {
+    CgExprKind kind;
+    DType dt;     /* result type; index arithmetic is DT_I64 */
+    CgOp op;
+    int a[3];
+    int param;    /* load */
+    int var;      /* var, acc */
+    double f;     /* const (float) */
+    int64_t i;    /* const (integer) */
+    uint64_t key; /* rand */
+} CgExpr;
+
+typedef struct {
+    int tensor;  /* graph tensor whose buffer is passed */
+    DType dt;
+    bool out;    /* written by the kernel */
+} CgParam;
+
+typedef struct {
+    int var;     /* loop variable id */
+    int64_t n;   /* extent: the variable runs over [0, n) */
+} CgDim;
+
+typedef enum { CG_RED_SUM, CG_RED_MAX } CgRedOp;
+
+typedef struct {
+    int param;       /* output param */
+    int index;       /* i64 expression: flat element index */
+    int value;       /* expression of the param's dtype */
+    bool accumulate; /* += instead of = (scatter; atomic on a GPU) */
+    int guard;       /* expression: store only where nonzero; -1: always */
+} CgStore;
+
+typedef struct {
+    int ndim;
+    CgDim dim[IR_MAX_RANK];
+    int acc;         /* reduction: accumulator id; -1 for a store phase */
+    CgRedOp rop;
+    DType adt;       /* accumulator type */
+    bool wide;       /* float sum: a printer may accumulate in double */
+    int value;       /* reduction: expression folded into acc */
+    VEC(CgStore) st; /* store phase */
+} CgPhase;
+
+typedef struct {
+    int ndim;
+    CgDim dim[IR_MAX_RANK];
+    VEC(CgPhase) ph;
+} CgLoop;
+
+typedef struct {
+    char *name;
+    int op;            /* IR op index it computes (first op when fused); -1 */
+    VEC(CgParam) params;
+    bool rand;         /* takes (uint64_t seed, int64_t step) after the buffers */
+    bool noalias;      /* no output buffer overlaps another param's buffer */
+    VEC(CgExpr) ex;
+    VEC(CgLoop) loops;
+    int nvars, naccs;
+} CgKernel;
+
+/* Builders: each returns the new expression's index in k->ex. Integer
+ * constants fold and trivial index arithmetic (x*1, x+0) simplifies. */
+int cg_const_f(CgKernel *k, DType dt, double f);
+int cg_const_i(CgKernel *k, DType dt, int64_t i);
+int cg_var(CgKernel *k, int var);
+int cg_acc(CgKernel *k, int acc, DType dt);
+int cg_load(CgKernel *k, int param, int index);
+int cg_unop(CgKernel *k, CgOp op, int a);
+int cg_binop(CgKernel *k, CgOp op, int a, int b);
+int cg_select(CgKernel *k, int c, int a, int b);
+int cg_cast(CgKernel *k, DType dt, int a);
+int cg_rand(CgKernel *k, uint64_t key, int index);
+int cg_new_var(CgKernel *k);
+void cg_kernel_free(CgKernel *k);
+
+/* A printing target: spellings that differ from the table (indexed by
+ * CgOp; NULL entries fall back to the table). The table's spellings use
+ * helpers every target's prelude defines: KILN_INF, KILN_NAN, kiln_fmax,
+ * kiln_fmin (NaN-propagating like the interpreter), kiln_idiv (truncating,
+ * x/0 = 0) and kiln_rand_u01 (ir_rand_u01's hash). */
+typedef struct {
+    const char *name;
+    const char *const *fover; /* CG__COUNT entries or NULL */
+    const char *const *iover;
+} CgTarget;
+extern const CgTarget cg_target_c;
+/* Appends the expression's source to *buf (a growable string). */
+typedef struct {
+    char *s;
+    size_t n, cap;
+} CgBuf;
+void cg_puts(CgBuf *b, const char *s);
+void cg_printf(CgBuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void cg_print_expr(CgBuf *b, const CgKernel *k, int e, const CgTarget *t);
+const char *cg_ctype(DType dt); /* "float", "int32_t", ...; NULL if unsupported */
+
+/* ---- lower.c: one IR op to a kernel description ------------------------- */
+
+/* Describes op `i` of g as a kernel. Returns false with d set when the op's
+ * dtype is not supported (bf16/f16 for now). */
+bool cg_lower_op(const Graph *g, int i, CgKernel *k, Diag *d);
+
+/* ---- cprint.c: the C printer -------------------------------------------- */
+
+/* The prelude every generated C file starts with (types, helpers, the
+ * counter hash of ir_rand_u01). */
+extern const char cg_c_prelude[];
+/* Appends kernel k as a C function `void NAME(params...)`. */
+void cg_print_c_kernel(CgBuf *b, const CgKernel *k);
+
+/* ---- plan.c: the Plan --------------------------------------------------- */
+
+typedef enum { CG_STEP_KERNEL, CG_STEP_GEMM, CG_STEP_COPY } CgStepKind;
+
+typedef struct {
+    int a, b, c;            /* tensors: C = op(A) x op(B) */
+    int64_t batch, M, N, K;
+    bool ta, tb;
+    int64_t lda, ldb, ldc;  /* row-major leading dimensions */
+    int64_t sa, sb, sc;     /* batch strides in elements (sb = 0: B shared) */
+} CgGemm;
+
+typedef struct {
+    CgStepKind kind;
+    int op;        /* IR op index; -1 for update copies */
+    int kernel;    /* CG_STEP_KERNEL: index in plan->kernels */
+    int *args;     /* CG_STEP_KERNEL: tensor bound to each kernel param (kernels
+                      are shared between ops with identical bodies) */
+    CgGemm gemm;   /* CG_STEP_GEMM */
+    int64_t dst, src, bytes; /* CG_STEP_COPY: arena offsets */
+    bool update;   /* copy of an update value into its target */
+    const char *name; /* kernel name, "gemm", "copy" (interned) */
+} CgStep;
+
+typedef struct CgPlan {
+    const Graph *g;         /* borrowed: outlives the plan */
+    MemPlan *mem;           /* owned */
+    VEC(CgKernel *) kernels;
+    VEC(CgStep) steps;      /* the ops' steps in schedule order, then update copies */
+    char *source;           /* the whole C translation unit */
+    int64_t arena_bytes;    /* = mem->arena_bytes */
+} CgPlan;
+
+/* Plans the final graph (after pass_schedule). Fails with d set on an
+ * unsupported op or dtype. */
+CgPlan *cg_plan(const Graph *g, Diag *d);
+void cg_plan_free(CgPlan *p);
+/* Byte offset of a tensor's data in the arena. */
+int64_t cg_offset(const CgPlan *p, int tensor);
+
+#endif

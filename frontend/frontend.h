@@ -1,0 +1,68 @@
+/*
+ * frontend.h - the model DSL: an embedded Lua 5.4 state runs a model script
+ * (a file of models/) whose primitives build the FORWARD graph; the nn library
+ * (frontend/nn.lua, global `nn`) builds layers from those primitives. The
+ * public header of frontend/. The DSL itself is described in docs/dsl.md.
+ *
+ * The forward graph has an output "loss" (a scalar float, from minimize())
+ * plus any outputs the script names with output(name, t). Every op carries
+ * the file:line of the script line that created it (frames of embedded
+ * library code are skipped).
+ */
+#ifndef KILN_FRONTEND_H
+#define KILN_FRONTEND_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "ir.h"
+
+/* ---- frontend.c: training settings ----------------------------------------
+ * Every key is one row of a table (name, type, offset, default) that train{}
+ * parsing, --set and printing all read. */
+typedef struct TrainCfg {
+    int64_t steps; double lr, min_lr; int64_t warmup;   /* lr schedule: linear warmup then cosine to min_lr */
+    double beta1, beta2, eps, weight_decay, grad_clip;
+    uint64_t seed; int64_t batch;                        /* batch: informative, must equal the inputs' leading dim when given */
+    const char *data;      /* "addition", "text", "tokens", "blobs" */
+    const char *data_path; /* file for text/tokens */
+    int64_t digits;        /* addition task: digits per operand */
+    double val_fraction; int64_t eval_every, eval_batches, log_every, checkpoint_every;
+    const char *checkpoint;   /* path prefix for checkpoints, NULL: none */
+    int64_t memory_budget;    /* bytes, 0 none; accepts "512MiB", "2GiB" strings too */
+    const char *precision;    /* "f32" (default) or "bf16" */
+} TrainCfg;
+
+typedef struct {
+    const char *key;   /* config{} key */
+    const char *value; /* its final value, as text ("2", "0.1", "tiny", "true") */
+} FeConfigItem;
+
+typedef struct Model {
+    const char *path;  /* the script, as given */
+    Graph *g;          /* the forward graph; owned */
+    TrainCfg train;
+    FeConfigItem *config; /* config{} keys sorted by name, final values */
+    int nconfig;
+    void *owned_;      /* private: strings the model owns */
+} Model;
+
+/* Runs the model script. sets are "key=value" strings from --set: a config{}
+ * key overrides the script's default (typed: number, string, boolean as in
+ * the default); otherwise a TrainCfg key overrides train{}; anything else is
+ * an error. NULL on error with err = "FILE:LINE: what is wrong (expected ...,
+ * got ...)" (or "--set KEY: ..." for a bad --set). */
+Model *fe_load_model(const char *path, const char *const *sets, int nsets, char *err,
+                     size_t errlen);
+void fe_model_free(Model *m);
+void fe_train_defaults(TrainCfg *t);
+/* Print the config and train settings, one "key = value" per line, for
+ * `kiln compile`: a "# config" section then a "# train" section. */
+void fe_print_settings(const Model *m, FILE *f);
+/* The final value of a config{} key as text, NULL if the script has none. */
+const char *fe_config_get(const Model *m, const char *key);
+/* "512MiB", "2GiB", "1.5GB", "1000000" -> bytes; -1 if malformed. Suffixes
+ * K/M/G/T (powers of 1000, optional B) and KiB/MiB/GiB/TiB (powers of 1024). */
+int64_t fe_parse_bytes(const char *s);
+
+#endif

@@ -1,0 +1,73 @@
+/* cost.c - FLOP and byte counts per op, for the MFU report and cost models.
+ *
+ * FLOPs: elementwise and random ops count numel(result) * flops_per_elem;
+ * reductions numel(input) * flops_per_elem; matmul 2*M*N*K per batch entry;
+ * data movement 0, except scatter_add (one add per source element);
+ * collectives 0 (they are communication, not compute).
+ *
+ * Bytes: what an unfused kernel for the op reads plus what it writes.
+ * By default every operand is read once and the result written once.
+ * Exceptions: slice reads only the selected elements; gather reads
+ * numel(result) table elements plus the indices; const and iota read
+ * nothing.
+ */
+#include "ir.h"
+
+static double numel(const Graph *g, int t) { return (double)shape_numel(&g->t.v[t].s); }
+
+static double bytes_of(const Graph *g, int t)
+{
+    return numel(g, t) * (double)dtype_size(g->t.v[t].s.dtype);
+}
+
+double ir_op_flops(const Graph *g, const Op *op)
+{
+    const OpInfo *info = &ir_opinfo[op->code];
+    switch (info->cls) {
+    case OC_ELEMWISE:
+    case OC_RANDOM: return numel(g, op->out) * info->flops_per_elem;
+    case OC_REDUCE: return numel(g, op->in[0]) * info->flops_per_elem;
+    case OC_GEMM: {
+        /* numel(result) = batch * M * N; K is A's contracted dim (the last,
+         * or the second to last when A is transposed) */
+        const Shape *A = &g->t.v[op->in[0]].s;
+        double K = (double)A->dim[A->rank - 1 - (op->attr.ia[0] ? 1 : 0)];
+        return 2.0 * numel(g, op->out) * K;
+    }
+    case OC_MOVE:
+        if (op->code == OP_SCATTER_ADD)
+            return numel(g, op->in[1]) * info->flops_per_elem;
+        return 0;
+    default: return 0;
+    }
+}
+
+double ir_op_bytes(const Graph *g, const Op *op)
+{
+    double out = bytes_of(g, op->out);
+    switch (op->code) {
+    case OP_CONST:
+    case OP_IOTA:
+    case OP_RANDOM: return out;
+    case OP_SLICE: return 2 * out;
+    case OP_GATHER: {
+        const Tensor *table = &g->t.v[op->in[0]];
+        double read = numel(g, op->out) * (double)dtype_size(table->s.dtype);
+        return read + bytes_of(g, op->in[1]) + out;
+    }
+    default: {
+        double rd = 0;
+        for (int i = 0; i < op->nin; i++)
+            rd += bytes_of(g, op->in[i]);
+        return rd + out;
+    }
+    }
+}
+
+double ir_graph_flops(const Graph *g)
+{
+    double f = 0;
+    for (int i = 0; i < g->ops.n; i++)
+        f += ir_op_flops(g, &g->ops.v[i]);
+    return f;
+}

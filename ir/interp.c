@@ -1,0 +1,387 @@
+/* interp.c - the reference interpreter: the normative semantics of every
+ * opcode (see ir.h), evaluated on the host one op at a time. Every value is a
+ * double; integers are exact; each op result of dtype bf16/f16 is rounded to
+ * that format (round to nearest, ties to even); u8 values are 0 or 1. f32
+ * results are not rounded, so gradient checks run in full double precision.
+ *
+ * Choices the header leaves open: an out-of-range gather index reads zeros;
+ * integer division truncates toward zero (x/0 gives 0); a cast of a float to
+ * an integer truncates toward zero, to u8 gives (x != 0). */
+#include "ir.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Rounds x to a binary float with p significant bits, minimum normal
+ * exponent emin (2^emin is the smallest normal) and largest finite `max`. */
+static double round_fmt(double x, int p, int emin, double max)
+{
+    if (x == 0 || !isfinite(x))
+        return x;
+    int e;
+    frexp(x, &e); /* |x| in [2^(e-1), 2^e) */
+    int q = e - 1 < emin ? emin - p + 1 : e - p; /* exponent of one ulp */
+    double r = ldexp(nearbyint(ldexp(x, -q)), q);
+    if (fabs(r) > max)
+        return copysign(INFINITY, x);
+    return r;
+}
+
+static double round_to(DType t, double x)
+{
+    switch (t) {
+    case DT_BF16:
+        return round_fmt(x, 8, -126, ldexp(255.0, 120));
+    case DT_F16:
+        return round_fmt(x, 11, -14, 65504.0);
+    case DT_U8:
+        return x != 0;
+    default:
+        return x;
+    }
+}
+
+/* Row-major strides of s. */
+static void strides_of(const Shape *s, int64_t *st)
+{
+    int64_t k = 1;
+    for (int i = s->rank - 1; i >= 0; i--) {
+        st[i] = k;
+        k *= s->dim[i];
+    }
+}
+
+/* out[j] = in[off + sum_i idx_i * ist[i]] for every multi-index of `s`. */
+static void strided_copy(double *out, const double *in, const Shape *s, const int64_t *ist,
+                         int64_t off)
+{
+    int64_t n = shape_numel(s), idx[IR_MAX_RANK] = {0};
+    int r = s->rank;
+    if (r == 0) {
+        if (n)
+            out[0] = in[off];
+        return;
+    }
+    int64_t inner = s->dim[r - 1], is = ist[r - 1];
+    for (int64_t j = 0; j < n; j += inner) {
+        const double *p = in + off;
+        for (int64_t k = 0; k < inner; k++)
+            out[j + k] = p[k * is];
+        for (int d = r - 2; d >= 0; d--) {
+            off += ist[d];
+            if (++idx[d] < s->dim[d])
+                break;
+            off -= ist[d] * s->dim[d];
+            idx[d] = 0;
+        }
+    }
+}
+
+static double unary(Opcode c, double x)
+{
+    switch (c) {
+    case OP_NEG: return -x;
+    case OP_EXP: return exp(x);
+    case OP_LOG: return log(x);
+    case OP_SIN: return sin(x);
+    case OP_COS: return cos(x);
+    case OP_TANH: return tanh(x);
+    case OP_SQRT: return sqrt(x);
+    case OP_RSQRT: return 1.0 / sqrt(x);
+    case OP_SIGMOID: return 1.0 / (1.0 + exp(-x));
+    case OP_RELU: return x > 0 ? x : 0.0;
+    case OP_ABS: return fabs(x);
+    default: die("interp: %s is not unary", ir_opinfo[c].name);
+    }
+}
+
+static double binary(Opcode c, bool isint, double a, double b)
+{
+    switch (c) {
+    case OP_ADD: return a + b;
+    case OP_SUB: return a - b;
+    case OP_MUL: return a * b;
+    case OP_DIV:
+        if (isint)
+            return b == 0 ? 0.0 : trunc(a / b);
+        return a / b;
+    case OP_POW: return pow(a, b);
+    case OP_MAX: return a > b || isnan(a) ? a : b;
+    case OP_MIN: return a < b || isnan(a) ? a : b;
+    case OP_LT: return a < b;
+    case OP_LE: return a <= b;
+    case OP_GT: return a > b;
+    case OP_GE: return a >= b;
+    case OP_EQ: return a == b;
+    case OP_NE: return a != b;
+    default: die("interp: %s is not binary", ir_opinfo[c].name);
+    }
+}
+
+/* C[M,N] = op(A) op(B) for one batch; A is [M,K] (or [K,M] if ta), B is
+ * [K,N] (or [N,K] if tb). bt is scratch of K*N doubles. */
+static void gemm(double *C, const double *A, const double *B, int64_t M, int64_t N,
+                 int64_t K, bool ta, bool tb, double *bt)
+{
+    if (tb) {
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t k = 0; k < K; k++)
+                bt[k * N + n] = B[n * K + k];
+        B = bt;
+    }
+    memset(C, 0, sizeof(double) * (size_t)(M * N));
+    for (int64_t m = 0; m < M; m++) {
+        double *c = C + m * N;
+        for (int64_t k = 0; k < K; k++) {
+            double a = ta ? A[k * M + m] : A[m * K + k];
+            const double *b = B + k * N;
+            for (int64_t n = 0; n < N; n++)
+                c[n] += a * b[n];
+        }
+    }
+}
+
+static int64_t index_of(double v, int64_t n)
+{
+    if (!(v >= 0) || v >= (double)n)
+        return -1;
+    return (int64_t)v;
+}
+
+static void eval(const Graph *g, const Op *op, double **val, const InterpOpts *o)
+{
+    const Shape *os = &g->t.v[op->out].s;
+    int64_t n = shape_numel(os);
+    double *r = val[op->out];
+    const OpAttr *a = &op->attr;
+    const Shape *s0 = op->nin > 0 ? &g->t.v[op->in[0]].s : NULL;
+    const double *x = op->nin > 0 ? val[op->in[0]] : NULL;
+    const double *y = op->nin > 1 ? val[op->in[1]] : NULL;
+    int64_t ist[IR_MAX_RANK], ost[IR_MAX_RANK];
+    for (int i = 0; i < op->nin; i++)
+        if (!val[op->in[i]])
+            die("interp: operand %%%d of op %s has no value (was it set?)", op->in[i],
+                ir_opinfo[op->code].name);
+
+    switch (op->code) {
+    case OP_CONST: {
+        double v = dtype_is_float(os->dtype) ? a->f : trunc(a->f);
+        for (int64_t i = 0; i < n; i++)
+            r[i] = v;
+        break;
+    }
+    case OP_IOTA: {
+        strides_of(os, ost);
+        int ax = (int)a->ia[0];
+        for (int64_t i = 0; i < n; i++)
+            r[i] = (double)((i / ost[ax]) % os->dim[ax]);
+        break;
+    }
+    case OP_NEG: case OP_EXP: case OP_LOG: case OP_SIN: case OP_COS: case OP_TANH:
+    case OP_SQRT: case OP_RSQRT: case OP_SIGMOID: case OP_RELU: case OP_ABS:
+        for (int64_t i = 0; i < n; i++)
+            r[i] = unary(op->code, x[i]);
+        break;
+    case OP_CAST:
+        if (dtype_is_float(os->dtype) || os->dtype == DT_U8)
+            memcpy(r, x, sizeof(double) * (size_t)n);
+        else
+            for (int64_t i = 0; i < n; i++)
+                r[i] = trunc(x[i]);
+        break;
+    case OP_ADD: case OP_SUB: case OP_MUL: case OP_DIV: case OP_POW: case OP_MAX:
+    case OP_MIN: case OP_LT: case OP_LE: case OP_GT: case OP_GE: case OP_EQ: case OP_NE: {
+        bool isint = s0->dtype == DT_I32 || s0->dtype == DT_I64;
+        for (int64_t i = 0; i < n; i++)
+            r[i] = binary(op->code, isint, x[i], y[i]);
+        break;
+    }
+    case OP_SELECT: {
+        const double *z = val[op->in[2]];
+        for (int64_t i = 0; i < n; i++)
+            r[i] = x[i] != 0 ? y[i] : z[i];
+        break;
+    }
+    case OP_BROADCAST: {
+        int off = os->rank - s0->rank;
+        strides_of(s0, ist);
+        for (int i = 0; i < os->rank; i++)
+            ost[i] = i < off || s0->dim[i - off] == 1 ? 0 : ist[i - off];
+        strided_copy(r, x, os, ost, 0);
+        break;
+    }
+    case OP_RESHAPE:
+    case OP_ALLREDUCE:
+        memcpy(r, x, sizeof(double) * (size_t)n);
+        break;
+    case OP_PERMUTE:
+        strides_of(s0, ist);
+        for (int i = 0; i < os->rank; i++)
+            ost[i] = ist[a->ia[i]];
+        strided_copy(r, x, os, ost, 0);
+        break;
+    case OP_SLICE: {
+        int64_t off = 0;
+        strides_of(s0, ist);
+        for (int i = 0; i < s0->rank; i++)
+            off += a->ia[i] * ist[i];
+        strided_copy(r, x, os, ist, off);
+        break;
+    }
+    case OP_PAD: {
+        /* walk the input; write each element at its padded position */
+        int64_t m = shape_numel(s0), idx[IR_MAX_RANK] = {0}, off = 0;
+        strides_of(os, ost);
+        memset(r, 0, sizeof(double) * (size_t)n);
+        for (int i = 0; i < os->rank; i++)
+            off += a->ia[i] * ost[i];
+        for (int64_t j = 0; j < m; j++) {
+            r[off] = x[j];
+            for (int d = s0->rank - 1; d >= 0; d--) {
+                off += ost[d];
+                if (++idx[d] < s0->dim[d])
+                    break;
+                off -= ost[d] * s0->dim[d];
+                idx[d] = 0;
+            }
+        }
+        break;
+    }
+    case OP_CONCAT: {
+        int ax = (int)a->ia[0];
+        int64_t outer = 1, inner = 1;
+        for (int i = 0; i < ax; i++)
+            outer *= os->dim[i];
+        for (int i = ax + 1; i < os->rank; i++)
+            inner *= os->dim[i];
+        int64_t row = os->dim[ax] * inner, at = 0;
+        for (int k = 0; k < op->nin; k++) {
+            int64_t len = g->t.v[op->in[k]].s.dim[ax] * inner;
+            const double *src = val[op->in[k]];
+            for (int64_t b = 0; b < outer; b++)
+                memcpy(r + b * row + at, src + b * len, sizeof(double) * (size_t)len);
+            at += len;
+        }
+        break;
+    }
+    case OP_GATHER: {
+        int64_t V = s0->dim[0], R = V ? shape_numel(s0) / V : 0;
+        int64_t ni = shape_numel(&g->t.v[op->in[1]].s);
+        for (int64_t i = 0; i < ni; i++) {
+            int64_t v = index_of(y[i], V);
+            if (v < 0)
+                memset(r + i * R, 0, sizeof(double) * (size_t)R);
+            else
+                memcpy(r + i * R, x + v * R, sizeof(double) * (size_t)R);
+        }
+        break;
+    }
+    case OP_SCATTER_ADD: {
+        int64_t V = os->dim[0], R = n / V;
+        int64_t ni = shape_numel(s0);
+        memset(r, 0, sizeof(double) * (size_t)n);
+        for (int64_t i = 0; i < ni; i++) {
+            int64_t v = index_of(x[i], V);
+            if (v < 0)
+                continue;
+            for (int64_t k = 0; k < R; k++)
+                r[v * R + k] += y[i * R + k];
+        }
+        break;
+    }
+    case OP_REDUCE_SUM:
+    case OP_REDUCE_MAX: {
+        bool mx = op->code == OP_REDUCE_MAX;
+        int64_t m = shape_numel(s0), idx[IR_MAX_RANK] = {0}, off = 0, rst[IR_MAX_RANK];
+        strides_of(os, ost);
+        for (int i = 0; i < os->rank; i++)
+            rst[i] = os->dim[i] == 1 ? 0 : ost[i];
+        for (int64_t i = 0; i < n; i++)
+            r[i] = mx ? -INFINITY : 0.0;
+        for (int64_t j = 0; j < m; j++) {
+            if (mx) {
+                if (x[j] > r[off] || isnan(x[j]))
+                    r[off] = x[j];
+            } else {
+                r[off] += x[j];
+            }
+            for (int d = s0->rank - 1; d >= 0; d--) {
+                off += rst[d];
+                if (++idx[d] < s0->dim[d])
+                    break;
+                off -= rst[d] * s0->dim[d];
+                idx[d] = 0;
+            }
+        }
+        break;
+    }
+    case OP_MATMUL: {
+        const Shape *sb = &g->t.v[op->in[1]].s;
+        bool ta = a->ia[0] != 0, tb = a->ia[1] != 0;
+        int64_t M = os->dim[os->rank - 2], N = os->dim[os->rank - 1];
+        int64_t K = s0->dim[s0->rank - (ta ? 2 : 1)];
+        int64_t batch = n / (M * N);
+        bool shared = sb->rank == 2;
+        double *bt = tb ? xmalloc(sizeof(double) * (size_t)(K * N)) : NULL;
+        for (int64_t b = 0; b < batch; b++)
+            gemm(r + b * M * N, x + b * M * K, y + (shared ? 0 : b * K * N), M, N, K, ta, tb,
+                 bt);
+        free(bt);
+        break;
+    }
+    case OP_RANDOM:
+        for (int64_t i = 0; i < n; i++)
+            r[i] = ir_rand_u01(o->seed, (uint64_t)a->ia[0], (uint64_t)o->step, (uint64_t)i);
+        break;
+    default:
+        die("interp: no rule for opcode %d", (int)op->code);
+    }
+    if (os->dtype == DT_BF16 || os->dtype == DT_F16 || os->dtype == DT_U8)
+        for (int64_t i = 0; i < n; i++)
+            r[i] = round_to(os->dtype, r[i]);
+}
+
+double **ir_interp_alloc(const Graph *g)
+{
+    return xcalloc((size_t)(g->t.n ? g->t.n : 1), sizeof(double *));
+}
+
+void ir_interp(const Graph *g, double **val, const InterpOpts *o)
+{
+    static const InterpOpts none;
+    if (!o)
+        o = &none;
+    for (int i = 0; i < g->ops.n; i++) {
+        const Op *op = &g->ops.v[i];
+        free(val[op->out]);
+        val[op->out] = xmalloc(sizeof(double) * (size_t)shape_numel(&g->t.v[op->out].s));
+        eval(g, op, val, o);
+    }
+}
+
+void ir_interp_free(const Graph *g, double **val)
+{
+    if (!val)
+        return;
+    for (int i = 0; i < g->t.n; i++)
+        free(val[i]);
+    free(val);
+}
+
+void ir_interp_apply_updates(const Graph *g, double **val)
+{
+    /* snapshot every value first: a value may itself be another update's target */
+    double **snap = xcalloc((size_t)(g->upd.n ? g->upd.n : 1), sizeof(double *));
+    for (int i = 0; i < g->upd.n; i++) {
+        size_t n = (size_t)shape_numel(&g->t.v[g->upd.v[i].value].s);
+        snap[i] = xmalloc(sizeof(double) * (n ? n : 1));
+        memcpy(snap[i], val[g->upd.v[i].value], sizeof(double) * n);
+    }
+    for (int i = 0; i < g->upd.n; i++) {
+        int t = g->upd.v[i].target;
+        free(val[t]);
+        val[t] = snap[i];
+    }
+    free(snap);
+}

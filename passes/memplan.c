@@ -1,0 +1,252 @@
+/* memplan.c - live ranges on the final schedule and one arena's offsets.
+ *
+ * Persistent storages (graph inputs, params, state, in-place update values)
+ * are laid out first in declaration order. Temp storages are placed greedily,
+ * largest first, each at the best-fitting gap among the already-placed
+ * storages whose live ranges meet its own. */
+#include "passes.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static int64_t align_up(int64_t x) { return (x + MEMPLAN_ALIGN - 1) / MEMPLAN_ALIGN * MEMPLAN_ALIGN; }
+
+static int64_t tensor_bytes(const Tensor *t) { return shape_numel(&t->s) * dtype_size(t->s.dtype); }
+
+typedef struct {
+    int t;
+    int64_t off, size;
+} Placed;
+
+/* qsort has no context argument in C11: the plan being sorted. */
+static const MemPlan *sort_plan;
+
+/* Larger storages first; ties by definition time, then id (deterministic). */
+static int cmp_by_size(const void *a, const void *b)
+{
+    const MemPlan *m = sort_plan;
+    int x = *(const int *)a, y = *(const int *)b;
+    int64_t sx = align_up(m->bytes[x]), sy = align_up(m->bytes[y]);
+    if (sx != sy)
+        return sx > sy ? -1 : 1;
+    if (m->first[x] != m->first[y])
+        return m->first[x] < m->first[y] ? -1 : 1;
+    return x < y ? -1 : x > y;
+}
+
+static int cmp_off(const void *a, const void *b)
+{
+    const Placed *x = a, *y = b;
+    return x->off < y->off ? -1 : x->off > y->off;
+}
+
+/* True when op reads its operands at its own flat output index only. */
+static bool same_index_op(const Op *op)
+{
+    return ir_opinfo[op->code].cls == OC_ELEMWISE && op->code != OP_CONST &&
+           op->code != OP_IOTA;
+}
+
+MemPlan *pass_memplan(const Graph *g, Diag *d)
+{
+    (void)d;
+    int nt = g->t.n, n = g->ops.n;
+    MemPlan *m = xcalloc(1, sizeof *m);
+    m->nt = nt;
+    m->nops = n;
+    m->root = xmalloc(sizeof(int) * (size_t)(nt + 1));
+    m->offset = xcalloc((size_t)nt + 1, sizeof(int64_t));
+    m->bytes = xcalloc((size_t)nt + 1, sizeof(int64_t));
+    m->first = xmalloc(sizeof(int) * (size_t)(nt + 1));
+    m->last = xmalloc(sizeof(int) * (size_t)(nt + 1));
+    m->persistent = xcalloc((size_t)nt + 1, sizeof(bool));
+    m->inplace = xcalloc((size_t)g->upd.n + 1, sizeof(bool));
+    m->live = xcalloc((size_t)n + 1, sizeof(int64_t));
+
+    for (int t = 0; t < nt; t++) {
+        const Tensor *x = &g->t.v[t];
+        m->root[t] = t;
+        m->bytes[t] = tensor_bytes(x);
+        m->first[t] = m->last[t] = -1;
+        m->persistent[t] = x->op < 0;
+    }
+    /* views: a reshape shares its operand's storage */
+    for (int i = 0; i < n; i++) {
+        const Op *op = &g->ops.v[i];
+        if (op->code == OP_RESHAPE)
+            m->root[op->out] = m->root[op->in[0]];
+    }
+    /* live ranges per root */
+    for (int i = 0; i < n; i++) {
+        const Op *op = &g->ops.v[i];
+        int r = m->root[op->out];
+        if (m->first[r] < 0)
+            m->first[r] = i;
+        if (m->last[r] < i)
+            m->last[r] = i;
+        for (int j = 0; j < op->nin; j++) {
+            int a = m->root[op->in[j]];
+            if (m->last[a] < i)
+                m->last[a] = i;
+        }
+    }
+    for (int k = 0; k < g->outs.n; k++)
+        m->last[m->root[g->outs.v[k].t]] = n;
+    for (int k = 0; k < g->upd.n; k++)
+        m->last[m->root[g->upd.v[k].value]] = n;
+
+    /* updates in place: the value's op writes straight into the target when
+     * nothing reads the target afterwards (the op itself may, at the same
+     * index), and the target's old value is no other update's value */
+    bool *is_value = xcalloc((size_t)nt + 1, sizeof(bool));
+    for (int k = 0; k < g->upd.n; k++)
+        is_value[m->root[g->upd.v[k].value]] = true;
+    for (int k = 0; k < g->upd.n; k++) {
+        int T = g->upd.v[k].target, V = g->upd.v[k].value;
+        const Tensor *v = &g->t.v[V];
+        if (v->op < 0 || m->root[V] != V || m->persistent[V] || is_value[T])
+            continue;
+        bool taken = false;
+        for (int q = 0; q < k; q++)
+            if (m->inplace[q] && g->upd.v[q].value == V)
+                taken = true;
+        if (taken)
+            continue;
+        int def = v->op, lr = m->last[T];
+        if (lr > def || (lr == def && !same_index_op(&g->ops.v[def])))
+            continue;
+        bool out_of_t = false;
+        for (int k2 = 0; k2 < g->outs.n; k2++)
+            if (m->root[g->outs.v[k2].t] == T)
+                out_of_t = true;
+        if (out_of_t)
+            continue;
+        m->inplace[k] = true;
+        m->root[V] = T;
+        m->first[V] = m->last[V] = -1;
+    }
+    /* views of in-place values follow their root */
+    for (int t = 0; t < nt; t++)
+        m->root[t] = m->root[m->root[t]];
+    free(is_value);
+
+    /* persistent region */
+    int64_t off = 0;
+    for (int t = 0; t < nt; t++)
+        if (m->root[t] == t && m->persistent[t]) {
+            m->offset[t] = off;
+            off += align_up(m->bytes[t] ? m->bytes[t] : 1);
+        }
+    m->persistent_bytes = off;
+
+    /* temps: dead results still need somewhere to be written */
+    int *temps = xmalloc(sizeof(int) * (size_t)(nt + 1));
+    int ntemps = 0;
+    for (int t = 0; t < nt; t++)
+        if (m->root[t] == t && !m->persistent[t]) {
+            if (m->last[t] < m->first[t])
+                m->last[t] = m->first[t];
+            temps[ntemps++] = t;
+        }
+    sort_plan = m;
+    qsort(temps, (size_t)ntemps, sizeof(int), cmp_by_size);
+    Placed *placed = xmalloc(sizeof(Placed) * (size_t)(ntemps + 1));
+    Placed *conf = xmalloc(sizeof(Placed) * (size_t)(ntemps + 1));
+    int nplaced = 0;
+    int64_t high = 0;
+    for (int k = 0; k < ntemps; k++) {
+        int t = temps[k];
+        int64_t size = align_up(m->bytes[t] ? m->bytes[t] : 1);
+        int nc = 0;
+        for (int q = 0; q < nplaced; q++) {
+            int u = placed[q].t;
+            if (m->first[u] <= m->last[t] && m->first[t] <= m->last[u])
+                conf[nc++] = placed[q];
+        }
+        qsort(conf, (size_t)nc, sizeof(Placed), cmp_off);
+        int64_t best = -1, best_gap = INT64_MAX, pos = 0;
+        for (int q = 0; q < nc; q++) {
+            int64_t gap = conf[q].off - pos;
+            if (gap >= size && gap < best_gap) {
+                best = pos;
+                best_gap = gap;
+            }
+            if (conf[q].off + conf[q].size > pos)
+                pos = conf[q].off + conf[q].size;
+        }
+        if (best < 0)
+            best = pos;
+        placed[nplaced++] = (Placed){t, best, size};
+        m->offset[t] = m->persistent_bytes + best;
+        if (best + size > high)
+            high = best + size;
+    }
+    m->arena_bytes = m->persistent_bytes + high;
+    for (int t = 0; t < nt; t++)
+        m->offset[t] = m->offset[m->root[t]];
+
+    /* timeline: bytes live while each op runs */
+    int64_t *delta = xcalloc((size_t)n + 2, sizeof(int64_t));
+    for (int k = 0; k < ntemps; k++) {
+        int t = temps[k];
+        int64_t size = align_up(m->bytes[t] ? m->bytes[t] : 1);
+        int a = m->first[t], b = m->last[t] >= n ? n - 1 : m->last[t];
+        if (a < 0 || n == 0)
+            continue;
+        delta[a] += size;
+        delta[b + 1] -= size;
+    }
+    int64_t cur = m->persistent_bytes;
+    m->peak_live = cur;
+    m->peak_op = -1;
+    for (int i = 0; i < n; i++) {
+        cur += delta[i];
+        m->live[i] = cur;
+        if (cur > m->peak_live) {
+            m->peak_live = cur;
+            m->peak_op = i;
+        }
+    }
+    free(delta);
+    free(temps);
+    free(placed);
+    free(conf);
+    return m;
+}
+
+void pass_memplan_free(MemPlan *m)
+{
+    if (!m)
+        return;
+    free(m->root);
+    free(m->offset);
+    free(m->bytes);
+    free(m->first);
+    free(m->last);
+    free(m->persistent);
+    free(m->inplace);
+    free(m->live);
+    free(m);
+}
+
+void pass_memplan_print(const Graph *g, const MemPlan *m, FILE *f)
+{
+    char b[160];
+    fprintf(f, "memplan: persistent %lld bytes, peak live %lld bytes", (long long)m->persistent_bytes,
+            (long long)m->peak_live);
+    if (m->peak_op >= 0)
+        fprintf(f, " at op %d (%s)", m->peak_op, ir_opinfo[g->ops.v[m->peak_op].code].name);
+    fprintf(f, ", arena %lld bytes\n", (long long)m->arena_bytes);
+    fprintf(f, "%6s  %-12s %-28s %14s %14s\n", "op", "opcode", "result", "offset", "live_bytes");
+    for (int i = 0; i < m->nops; i++) {
+        const Op *op = &g->ops.v[i];
+        int t = op->out;
+        char res[64];
+        snprintf(res, sizeof res, "%%%d:%s", t, shape_str(g, &g->t.v[t].s, b, sizeof b));
+        fprintf(f, "%6d  %-12s %-28s %14lld %14lld%s%s\n", i, ir_opinfo[op->code].name, res,
+                (long long)m->offset[t], (long long)m->live[i],
+                m->root[t] != t ? (g->t.v[m->root[t]].op < 0 ? " (in place)" : " (view)") : "",
+                i == m->peak_op ? "  <- peak" : "");
+    }
+    fprintf(f, "peak %lld bytes\n", (long long)m->peak_live);
+}

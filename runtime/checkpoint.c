@@ -1,0 +1,181 @@
+/* checkpoint.c - checkpoints (params, optimizer state, step, data position,
+ * seed, model fingerprint) and weights files (params only), both safetensors.
+ *
+ * Metadata keys: kiln.kind ("checkpoint" or "weights"), kiln.fingerprint
+ * (16 hex digits), and for checkpoints kiln.step, kiln.data_pos, kiln.seed. */
+#include "runtime.h"
+
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+uint64_t rt_model_fingerprint(const Graph *g)
+{
+    uint64_t h = 0;
+    for (int i = 0; i < g->t.n; i++) {
+        const Tensor *t = &g->t.v[i];
+        if (t->kind != TK_PARAM)
+            continue;
+        uint64_t x = hash_bytes(t->name, strlen(t->name), 0x6b696c6eull);
+        x = hash_bytes(&t->s.dtype, sizeof t->s.dtype, x);
+        x = hash_bytes(&t->s.rank, sizeof t->s.rank, x);
+        x = hash_bytes(t->s.dim, (size_t)t->s.rank * sizeof t->s.dim[0], x);
+        h += ir_rand_mix(x); /* a sum: independent of declaration order */
+    }
+    return h;
+}
+
+static bool saved_kind(const Tensor *t, bool with_state)
+{
+    return t->kind == TK_PARAM || (with_state && t->kind == TK_STATE);
+}
+
+static bool save(const char *path, const Graph *g, void *const *vals, const CkptMeta *m,
+                 Diag *d)
+{
+    StTensor *ts = xcalloc((size_t)g->t.n + 1, sizeof *ts);
+    int n = 0;
+    for (int i = 0; i < g->t.n; i++) {
+        const Tensor *t = &g->t.v[i];
+        if (!saved_kind(t, m != NULL))
+            continue;
+        StTensor *s = &ts[n++];
+        s->name = (char *)t->name;
+        s->dtype = t->s.dtype;
+        s->rank = t->s.rank;
+        memcpy(s->dim, t->s.dim, sizeof s->dim);
+        s->data = vals[i];
+        s->nbytes = (size_t)shape_numel(&t->s) * (size_t)dtype_size(t->s.dtype);
+    }
+    char fp[32], step[32], pos[32], seed[32];
+    snprintf(fp, sizeof fp, "%016" PRIx64, rt_model_fingerprint(g));
+    const char *key[5] = {"kiln.kind", "kiln.fingerprint", "kiln.step", "kiln.data_pos",
+                          "kiln.seed"};
+    const char *val[5] = {m ? "checkpoint" : "weights", fp, step, pos, seed};
+    if (m) {
+        snprintf(step, sizeof step, "%" PRId64, m->step);
+        snprintf(pos, sizeof pos, "%" PRId64, m->data_pos);
+        snprintf(seed, sizeof seed, "%" PRIu64, m->seed);
+    }
+    bool ok = rt_st_write(path, ts, n, key, val, m ? 5 : 2, d);
+    free(ts);
+    return ok;
+}
+
+bool rt_ckpt_save(const char *path, const Graph *g, void *const *vals, const CkptMeta *m,
+                  Diag *d)
+{
+    return save(path, g, vals, m, d);
+}
+
+bool rt_weights_save(const char *path, const Graph *g, void *const *vals, Diag *d)
+{
+    return save(path, g, vals, NULL, d);
+}
+
+/* Checks that f has every param (and state) of g by name with its dtype and
+ * shape; when vals is not NULL, then copies them into vals (all or none). */
+static bool restore(const char *path, const StFile *f, const Graph *g, void **vals,
+                    bool with_state, Diag *d)
+{
+    if (vals && !restore(path, f, g, NULL, with_state, d))
+        return false;
+    for (int i = 0; i < g->t.n; i++) {
+        const Tensor *t = &g->t.v[i];
+        if (!saved_kind(t, with_state))
+            continue;
+        char want[128], got[128];
+        shape_str(g, &t->s, want, sizeof want);
+        const StTensor *s = rt_st_find(f, t->name);
+        if (!s) {
+            snprintf(d->msg, sizeof d->msg,
+                     "%s: missing tensor \"%s\" (the model expects %s, the file has none)",
+                     path, t->name, want);
+            return false;
+        }
+        Shape fs = shape_make(s->dtype, s->rank, s->dim);
+        if (!shape_eq(&fs, &t->s)) {
+            char w2[128];
+            shape_str(NULL, &t->s, w2, sizeof w2);
+            shape_str(NULL, &fs, got, sizeof got);
+            snprintf(d->msg, sizeof d->msg,
+                     "%s: tensor \"%s\" has the wrong shape (the model expects %s, the file "
+                     "has %s)",
+                     path, t->name, w2, got);
+            return false;
+        }
+        if (vals)
+            memcpy(vals[i], s->data, s->nbytes);
+    }
+    return true;
+}
+
+/* metadata integer; unsigned: full uint64 range (returned bit-cast) */
+static bool parse_int(const StFile *f, const char *key, bool unsig, int64_t *out)
+{
+    const char *s = rt_st_meta(f, key);
+    char *end;
+    if (!s || !*s)
+        return false;
+    *out = unsig ? (int64_t)strtoull(s, &end, 10) : strtoll(s, &end, 10);
+    return *end == 0 && (unsig || *out >= 0);
+}
+
+bool rt_ckpt_load(const char *path, const Graph *g, void **vals, CkptMeta *m, Diag *d)
+{
+    StFile f;
+    if (!rt_st_read(path, &f, d))
+        return false;
+    bool ok = false;
+    const char *kind = rt_st_meta(&f, "kiln.kind");
+    const char *fp = rt_st_meta(&f, "kiln.fingerprint");
+    int64_t step, pos, seed;
+    if (!kind || strcmp(kind, "checkpoint") != 0 || !fp) {
+        snprintf(d->msg, sizeof d->msg,
+                 "%s: not a kiln checkpoint (expected metadata kiln.kind \"checkpoint\", got "
+                 "%s%s%s)%s",
+                 path, kind ? "\"" : "", kind ? kind : "none", kind ? "\"" : "",
+                 kind && strcmp(kind, "weights") == 0 ? "; load weights with --init-from" : "");
+        goto done;
+    }
+    char mine[32];
+    snprintf(mine, sizeof mine, "%016" PRIx64, rt_model_fingerprint(g));
+    if (strcmp(fp, mine) != 0) {
+        /* name the first difference when we can */
+        Diag why;
+        why.msg[0] = 0;
+        restore(path, &f, g, NULL, false, &why);
+        snprintf(d->msg, sizeof d->msg,
+                 "%s: checkpoint is from a different model (fingerprint %s, this model %s)%s%s",
+                 path, fp, mine, why.msg[0] ? ": " : "", why.msg);
+        goto done;
+    }
+    if (!parse_int(&f, "kiln.step", false, &step) ||
+        !parse_int(&f, "kiln.data_pos", false, &pos) ||
+        !parse_int(&f, "kiln.seed", true, &seed)) {
+        snprintf(d->msg, sizeof d->msg,
+                 "%s: corrupt checkpoint metadata (expected integers kiln.step, kiln.data_pos, "
+                 "kiln.seed)",
+                 path);
+        goto done;
+    }
+    if (!restore(path, &f, g, vals, true, d))
+        goto done;
+    m->step = step;
+    m->data_pos = pos;
+    m->seed = (uint64_t)seed;
+    ok = true;
+done:
+    rt_st_free(&f);
+    return ok;
+}
+
+bool rt_weights_load(const char *path, const Graph *g, void **vals, Diag *d)
+{
+    StFile f;
+    if (!rt_st_read(path, &f, d))
+        return false;
+    bool ok = restore(path, &f, g, vals, false, d);
+    rt_st_free(&f);
+    return ok;
+}

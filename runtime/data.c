@@ -1,0 +1,395 @@
+/* data.c - training data sources: synthetic addition, byte-level text, llm.c
+ * token files, Gaussian blobs. Every batch is a pure function of
+ * (seed, split, index), so a run is deterministic and resumes exactly. */
+#include "runtime.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef enum { SRC_ADDITION, SRC_TEXT, SRC_TOKENS, SRC_BLOBS } SrcKind;
+
+struct DataSource {
+    SrcKind kind;
+    DataCfg c;
+    char *path;
+    /* text: bytes; tokens: uint16 */
+    uint8_t *bytes;
+    uint16_t *toks;
+    int64_t n;          /* symbols in the file */
+    int64_t ntrain;     /* the first ntrain symbols are training data */
+    float *centers;     /* blobs: [classes, dim] */
+    DataBatch b;
+};
+
+/* ---- random numbers: a splitmix64 stream per (seed, split, index) ---- */
+
+typedef struct {
+    uint64_t s;
+} Rng;
+
+static Rng rng_for(uint64_t seed, int split, int64_t index, int64_t row)
+{
+    Rng r = {ir_rand_mix(seed ^ ir_rand_mix((uint64_t)split * 0x1000003ull ^
+                                            ir_rand_mix((uint64_t)index ^
+                                                        ir_rand_mix((uint64_t)row))))};
+    return r;
+}
+
+static uint64_t rng_next(Rng *r)
+{
+    r->s += 0x9E3779B97F4A7C15ull;
+    return ir_rand_mix(r->s);
+}
+
+/* uniform in [0, n) (n > 0), without modulo bias worth caring about at 64 bits */
+static int64_t rng_below(Rng *r, int64_t n)
+{
+    return (int64_t)(rng_next(r) % (uint64_t)n);
+}
+
+static double rng_u01(Rng *r)
+{
+    return (double)(rng_next(r) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+static double rng_normal(Rng *r)
+{
+    double u1 = rng_u01(r), u2 = rng_u01(r);
+    if (u1 < 1e-300)
+        u1 = 1e-300;
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+/* ---- addition ---- */
+
+static int64_t pow10i(int n)
+{
+    int64_t p = 1;
+    for (int i = 0; i < n; i++)
+        p *= 10;
+    return p;
+}
+
+void rt_addition_encode(int digits, int64_t a, int64_t b, int32_t *seq)
+{
+    int n = digits, k = 0;
+    for (int i = n - 1; i >= 0; i--)
+        seq[k++] = (int32_t)(a / pow10i(i) % 10);
+    seq[k++] = ADD_PLUS;
+    for (int i = n - 1; i >= 0; i--)
+        seq[k++] = (int32_t)(b / pow10i(i) % 10);
+    seq[k++] = ADD_EQ;
+    int64_t s = a + b;
+    for (int i = 0; i <= n; i++, s /= 10)
+        seq[k++] = (int32_t)(s % 10);
+    seq[k++] = ADD_END;
+}
+
+bool rt_addition_is_val(int digits, int64_t a, int64_t b, double val_fraction)
+{
+    uint64_t h = ir_rand_mix(0x6164646974696f6eull ^
+                             ir_rand_mix((uint64_t)(a * pow10i(digits) + b)));
+    return (double)(h >> 11) * (1.0 / 9007199254740992.0) < val_fraction;
+}
+
+static void fill_addition(DataSource *s, DataSplit split, int64_t index)
+{
+    DataBatch *b = &s->b;
+    int n = s->c.digits;
+    int64_t lim = pow10i(n), T = b->T;
+    int32_t seq[3 * 9 + 4];
+    int len = 3 * n + 4;
+    for (int64_t r = 0; r < b->B; r++) {
+        Rng g = rng_for(s->c.seed, (int)split, index, r);
+        int64_t x, y;
+        do {
+            x = rng_below(&g, lim);
+            y = rng_below(&g, lim);
+        } while (rt_addition_is_val(n, x, y, s->c.val_fraction) != (split == DATA_VAL));
+        rt_addition_encode(n, x, y, seq);
+        for (int64_t t = 0; t < T; t++) {
+            int32_t tok = t < len ? seq[t] : ADD_PAD;
+            int32_t tgt = t + 1 < len ? seq[t + 1] : ADD_PAD;
+            b->tokens[r * T + t] = tok;
+            b->targets[r * T + t] = tgt;
+            /* targets 2n+2 .. 3n+3 of seq: answer digits and the end token */
+            b->mask[r * T + t] = (t + 1 >= 2 * n + 2 && t + 1 <= 3 * n + 3) ? 1.0f : 0.0f;
+        }
+    }
+}
+
+/* ---- text and tokens ---- */
+
+static void fill_windows(DataSource *s, DataSplit split, int64_t index)
+{
+    DataBatch *b = &s->b;
+    int64_t T = b->T;
+    int64_t lo = split == DATA_TRAIN ? 0 : s->ntrain;
+    int64_t hi = split == DATA_TRAIN ? s->ntrain : s->n;
+    int64_t starts = hi - lo - T; /* window [p, p+T] must fit: p in [lo, hi-T-1] */
+    for (int64_t r = 0; r < b->B; r++) {
+        Rng g = rng_for(s->c.seed, (int)split, index, r);
+        int64_t p = lo + rng_below(&g, starts);
+        for (int64_t t = 0; t < T; t++) {
+            int64_t i = p + t;
+            b->tokens[r * T + t] = s->bytes ? s->bytes[i] : s->toks[i];
+            b->targets[r * T + t] = s->bytes ? s->bytes[i + 1] : s->toks[i + 1];
+            b->mask[r * T + t] = 1.0f;
+        }
+    }
+}
+
+/* Reads the whole file; false with d set when it cannot be read. */
+static bool slurp(const char *path, uint8_t **data, int64_t *n, Diag *d)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        snprintf(d->msg, sizeof d->msg, "%s: cannot open data file: %s", path,
+                 strerror(errno));
+        return false;
+    }
+    if (fseek(f, 0, SEEK_END) != 0 || ftell(f) < 0) {
+        snprintf(d->msg, sizeof d->msg, "%s: cannot read data file (not a regular file?)",
+                 path);
+        fclose(f);
+        return false;
+    }
+    long len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    uint8_t *p = xmalloc((size_t)len + 1);
+    if (fread(p, 1, (size_t)len, f) != (size_t)len) {
+        snprintf(d->msg, sizeof d->msg, "%s: read error", path);
+        free(p);
+        fclose(f);
+        return false;
+    }
+    fclose(f);
+    *data = p;
+    *n = len;
+    return true;
+}
+
+static uint32_t le32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static bool open_tokens(DataSource *s, Diag *d)
+{
+    uint8_t *raw;
+    int64_t len;
+    if (!slurp(s->path, &raw, &len, d))
+        return false;
+    const char *p = s->path;
+    if (len < 1024) {
+        snprintf(d->msg, sizeof d->msg,
+                 "%s: truncated token file (expected a 1024-byte header, got %lld bytes)", p,
+                 (long long)len);
+        goto fail;
+    }
+    uint32_t magic = le32(raw), version = le32(raw + 4), count = le32(raw + 8);
+    if (magic != 20240520u) {
+        snprintf(d->msg, sizeof d->msg,
+                 "%s: not an llm.c token file (expected magic 20240520, got %u)", p, magic);
+        goto fail;
+    }
+    if (version != 1) {
+        snprintf(d->msg, sizeof d->msg,
+                 "%s: unsupported token file version (expected 1 (uint16 tokens), got %u)", p,
+                 version);
+        goto fail;
+    }
+    int64_t want = 1024 + 2 * (int64_t)count;
+    if (len != want) {
+        snprintf(d->msg, sizeof d->msg,
+                 "%s: %s token file (header says %u tokens: expected %lld bytes, got %lld)", p,
+                 len < want ? "truncated" : "malformed", count, (long long)want,
+                 (long long)len);
+        goto fail;
+    }
+    s->n = count;
+    s->toks = xmalloc(2 * (size_t)count + 2);
+    for (int64_t i = 0; i < (int64_t)count; i++) {
+        s->toks[i] = (uint16_t)(raw[1024 + 2 * i] | raw[1024 + 2 * i + 1] << 8);
+        if (s->c.vocab > 0 && s->toks[i] >= s->c.vocab) {
+            snprintf(d->msg, sizeof d->msg,
+                     "%s: token %u at position %lld is out of range (expected < vocab %d)", p,
+                     s->toks[i], (long long)i, s->c.vocab);
+            goto fail;
+        }
+    }
+    free(raw);
+    return true;
+fail:
+    free(raw);
+    return false;
+}
+
+/* Splits s->n symbols into train and validation; both must hold a window. */
+static bool split_windows(DataSource *s, Diag *d)
+{
+    const char *unit = s->kind == SRC_TEXT ? "bytes" : "tokens";
+    if (s->n == 0) {
+        snprintf(d->msg, sizeof d->msg, "%s: data file is empty", s->path);
+        return false;
+    }
+    int64_t nval = (int64_t)floor((double)s->n * s->c.val_fraction);
+    s->ntrain = s->n - nval;
+    int64_t need = s->c.seq + 1;
+    if (s->ntrain < need || (nval > 0 && nval < need)) {
+        snprintf(d->msg, sizeof d->msg,
+                 "%s: too little data (expected at least %lld %s in each of the train and "
+                 "validation splits (T+1), got %lld train and %lld validation %s of %lld, "
+                 "val_fraction %g)",
+                 s->path, (long long)need, unit, (long long)s->ntrain, (long long)nval, unit,
+                 (long long)s->n, s->c.val_fraction);
+        return false;
+    }
+    return true;
+}
+
+/* ---- blobs ---- */
+
+static void fill_blobs(DataSource *s, DataSplit split, int64_t index)
+{
+    DataBatch *b = &s->b;
+    int D = s->c.dim;
+    for (int64_t r = 0; r < b->B; r++) {
+        Rng g = rng_for(s->c.seed, (int)split, index, r);
+        int c = (int)rng_below(&g, s->c.classes);
+        b->y[r] = c;
+        for (int k = 0; k < D; k++)
+            b->x[r * D + k] = (float)(s->centers[c * D + k] + rng_normal(&g));
+    }
+}
+
+/* ---- the interface ---- */
+
+DataSource *rt_data_open(const DataCfg *c, Diag *d)
+{
+    static const char *kinds[] = {"addition", "text", "tokens", "blobs"};
+    int kind = -1;
+    for (int i = 0; i < 4; i++)
+        if (c->kind && strcmp(c->kind, kinds[i]) == 0)
+            kind = i;
+    if (kind < 0) {
+        snprintf(d->msg, sizeof d->msg,
+                 "unknown data source (expected addition, text, tokens or blobs, got %s)",
+                 c->kind ? c->kind : "none");
+        return NULL;
+    }
+    if (c->batch <= 0 || (kind != SRC_BLOBS && c->seq <= 0)) {
+        snprintf(d->msg, sizeof d->msg,
+                 "data %s: batch and sequence length must be positive (got B=%lld, T=%lld)",
+                 kinds[kind], (long long)c->batch, (long long)c->seq);
+        return NULL;
+    }
+    if (!(c->val_fraction >= 0 && c->val_fraction < 1)) {
+        snprintf(d->msg, sizeof d->msg, "val_fraction must be in [0, 1) (got %g)",
+                 c->val_fraction);
+        return NULL;
+    }
+    DataSource *s = xcalloc(1, sizeof *s);
+    s->kind = (SrcKind)kind;
+    s->c = *c;
+    s->path = c->path ? xstrdup(c->path) : NULL;
+    s->c.path = s->path;
+    DataBatch *b = &s->b;
+    b->B = c->batch;
+    b->T = kind == SRC_BLOBS ? 0 : c->seq;
+    switch (s->kind) {
+    case SRC_ADDITION:
+        if (c->digits < 1 || c->digits > 9) {
+            snprintf(d->msg, sizeof d->msg, "addition: digits must be in 1..9 (got %d)",
+                     c->digits);
+            goto fail;
+        }
+        if (c->seq < 3 * c->digits + 3) {
+            snprintf(d->msg, sizeof d->msg,
+                     "addition: sequence too short for %d digits (expected T >= %d, got %lld)",
+                     c->digits, 3 * c->digits + 3, (long long)c->seq);
+            goto fail;
+        }
+        if (c->val_fraction <= 0) {
+            snprintf(d->msg, sizeof d->msg,
+                     "addition: val_fraction must be > 0 to hold out problems (got %g)",
+                     c->val_fraction);
+            goto fail;
+        }
+        break;
+    case SRC_TEXT:
+    case SRC_TOKENS:
+        if (!s->path || !*s->path) {
+            snprintf(d->msg, sizeof d->msg, "data %s needs a file (set data_path)",
+                     kinds[kind]);
+            goto fail;
+        }
+        if (s->kind == SRC_TEXT) {
+            if (!slurp(s->path, &s->bytes, &s->n, d))
+                goto fail;
+        } else if (!open_tokens(s, d)) {
+            goto fail;
+        }
+        if (!split_windows(s, d))
+            goto fail;
+        break;
+    case SRC_BLOBS:
+        if (c->dim <= 0 || c->classes < 2) {
+            snprintf(d->msg, sizeof d->msg,
+                     "blobs: need dim >= 1 and classes >= 2 (got dim %d, classes %d)", c->dim,
+                     c->classes);
+            goto fail;
+        }
+        b->D = c->dim;
+        s->centers = xmalloc((size_t)c->classes * (size_t)c->dim * sizeof *s->centers);
+        Rng g = rng_for(c->seed, 7, -1, -1);
+        for (int i = 0; i < c->classes * c->dim; i++)
+            s->centers[i] = (float)(3.0 * rng_normal(&g));
+        b->x = xcalloc((size_t)(b->B * b->D), sizeof *b->x);
+        b->y = xcalloc((size_t)b->B, sizeof *b->y);
+        return s;
+    }
+    b->tokens = xcalloc((size_t)(b->B * b->T), sizeof *b->tokens);
+    b->targets = xcalloc((size_t)(b->B * b->T), sizeof *b->targets);
+    b->mask = xcalloc((size_t)(b->B * b->T), sizeof *b->mask);
+    return s;
+fail:
+    rt_data_close(s);
+    return NULL;
+}
+
+void rt_data_close(DataSource *s)
+{
+    if (!s)
+        return;
+    free(s->path);
+    free(s->bytes);
+    free(s->toks);
+    free(s->centers);
+    free(s->b.tokens);
+    free(s->b.targets);
+    free(s->b.mask);
+    free(s->b.x);
+    free(s->b.y);
+    free(s);
+}
+
+bool rt_data_has_val(const DataSource *s)
+{
+    return s->c.val_fraction > 0;
+}
+
+const DataBatch *rt_data_batch(DataSource *s, DataSplit split, int64_t index)
+{
+    if (split == DATA_VAL && !rt_data_has_val(s))
+        die("rt_data_batch: validation batch requested with val_fraction 0");
+    switch (s->kind) {
+    case SRC_ADDITION: fill_addition(s, split, index); break;
+    case SRC_TEXT:
+    case SRC_TOKENS: fill_windows(s, split, index); break;
+    case SRC_BLOBS: fill_blobs(s, split, index); break;
+    }
+    return &s->b;
+}

@@ -1,0 +1,205 @@
+/* exec.c - the executor: plans the final graph, hands the plan to a backend,
+ * and walks the plan's steps every run (ops in schedule order, then update
+ * copies). Optional per-step timing for the profile and the trace. */
+#include "codegen.h"
+#include "runtime.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+struct Exec {
+    Graph *g; /* own copy: the plan borrows it */
+    CgPlan *plan;
+    const Backend *be;
+    BackendCtx *ctx;
+    ExecOpts o;
+    /* profile */
+    int *row_of;          /* per step: index in rows */
+    VEC(RtProfRow) rows;
+    RtProfRow *sorted;
+    RtTraceEvent *trace;  /* per step, last run */
+    double *step_flops, *step_bytes;
+};
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static const char *step_kind(CgStepKind k)
+{
+    return k == CG_STEP_KERNEL ? "kernel" : k == CG_STEP_GEMM ? "gemm" : "copy";
+}
+
+static void setup_profile(Exec *e)
+{
+    const CgPlan *p = e->plan;
+    int n = p->steps.n;
+    e->row_of = xmalloc(sizeof(int) * (size_t)(n + 1));
+    e->trace = xcalloc((size_t)n + 1, sizeof(RtTraceEvent));
+    e->step_flops = xcalloc((size_t)n + 1, sizeof(double));
+    e->step_bytes = xcalloc((size_t)n + 1, sizeof(double));
+    for (int s = 0; s < n; s++) {
+        const CgStep *st = &p->steps.v[s];
+        const char *kind = step_kind(st->kind);
+        const char *name = st->name;
+        if (st->kind == CG_STEP_GEMM) {
+            char b[64];
+            snprintf(b, sizeof b, "gemm_op%d", st->op);
+            name = intern(b);
+        }
+        if (st->op >= 0) {
+            e->step_flops[s] = ir_op_flops(e->g, &e->g->ops.v[st->op]);
+            e->step_bytes[s] = ir_op_bytes(e->g, &e->g->ops.v[st->op]);
+        } else {
+            e->step_bytes[s] = 2.0 * (double)st->bytes;
+        }
+        e->trace[s] = (RtTraceEvent){name, kind, st->op, 0, 0};
+        int r = -1;
+        for (int q = 0; q < e->rows.n && r < 0; q++)
+            if (e->rows.v[q].name == name && e->rows.v[q].kind == kind)
+                r = q;
+        if (r < 0) {
+            RtProfRow row = {name, kind, 0, 0, 0, 0};
+            vec_push(&e->rows, row);
+            r = e->rows.n - 1;
+        }
+        e->row_of[s] = r;
+    }
+}
+
+Exec *rt_exec_create(const Graph *g, const ExecOpts *o, Diag *d)
+{
+    static const ExecOpts defaults;
+    if (!o)
+        o = &defaults;
+    const Backend *be = NULL;
+    if (!o->device || strcmp(o->device, "cpu") == 0 || strcmp(o->device, "auto") == 0) {
+        be = &rt_backend_cpu;
+    } else {
+        snprintf(d->msg, sizeof d->msg,
+                 "unknown or unavailable device '%s' (expected cpu or auto)", o->device);
+        return NULL;
+    }
+    Exec *e = xcalloc(1, sizeof *e);
+    e->o = *o;
+    e->g = ir_clone(g);
+    e->be = be;
+    e->plan = cg_plan(e->g, d);
+    if (!e->plan)
+        goto fail;
+    e->ctx = be->create(e->plan, o, d);
+    if (!e->ctx)
+        goto fail;
+    if (o->profile)
+        setup_profile(e);
+    if (o->verbose)
+        fprintf(stderr, "kiln: exec: %s, %d steps, %d kernels, arena %lld bytes\n", be->name,
+                e->plan->steps.n, e->plan->kernels.n, (long long)e->plan->arena_bytes);
+    return e;
+fail:
+    rt_exec_destroy(e);
+    return NULL;
+}
+
+void rt_exec_destroy(Exec *e)
+{
+    if (!e)
+        return;
+    if (e->ctx)
+        e->be->destroy(e->ctx);
+    cg_plan_free(e->plan);
+    ir_free(e->g);
+    free(e->row_of);
+    vec_free(&e->rows);
+    free(e->sorted);
+    free(e->trace);
+    free(e->step_flops);
+    free(e->step_bytes);
+    free(e);
+}
+
+static int64_t nbytes(const Exec *e, int t)
+{
+    const Tensor *x = &e->g->t.v[t];
+    return shape_numel(&x->s) * dtype_size(x->s.dtype);
+}
+
+void rt_exec_write(Exec *e, int tensor, const void *src)
+{
+    if (tensor < 0 || tensor >= e->g->t.n)
+        die("rt_exec_write: no tensor %%%d", tensor);
+    e->be->write(e->ctx, cg_offset(e->plan, tensor), src, nbytes(e, tensor));
+}
+
+void rt_exec_read(Exec *e, int tensor, void *dst)
+{
+    if (tensor < 0 || tensor >= e->g->t.n)
+        die("rt_exec_read: no tensor %%%d", tensor);
+    e->be->read(e->ctx, cg_offset(e->plan, tensor), dst, nbytes(e, tensor));
+}
+
+bool rt_exec_run(Exec *e, uint64_t seed, int64_t step, Diag *d)
+{
+    const CgPlan *p = e->plan;
+    if (!e->o.profile) {
+        for (int s = 0; s < p->steps.n; s++)
+            if (!e->be->run_step(e->ctx, s, seed, step, d))
+                return false;
+        return true;
+    }
+    double t0 = now();
+    for (int s = 0; s < p->steps.n; s++) {
+        double a = now();
+        if (!e->be->run_step(e->ctx, s, seed, step, d))
+            return false;
+        e->be->sync(e->ctx);
+        double b = now();
+        e->trace[s].start = a - t0;
+        e->trace[s].end = b - t0;
+        RtProfRow *r = &e->rows.v[e->row_of[s]];
+        r->calls++;
+        r->seconds += b - a;
+        r->flops += e->step_flops[s];
+        r->bytes += e->step_bytes[s];
+    }
+    return true;
+}
+
+int64_t rt_exec_arena_bytes(const Exec *e) { return e->plan->arena_bytes; }
+
+const struct CgPlan *rt_exec_plan(const Exec *e) { return e->plan; }
+
+static int cmp_row(const void *a, const void *b)
+{
+    const RtProfRow *x = a, *y = b;
+    return x->seconds > y->seconds ? -1 : x->seconds < y->seconds;
+}
+
+int rt_exec_profile(Exec *e, const RtProfRow **rows)
+{
+    free(e->sorted);
+    e->sorted = xmalloc(sizeof(RtProfRow) * (size_t)(e->rows.n + 1));
+    if (e->rows.n)
+        memcpy(e->sorted, e->rows.v, sizeof(RtProfRow) * (size_t)e->rows.n);
+    qsort(e->sorted, (size_t)e->rows.n, sizeof(RtProfRow), cmp_row);
+    *rows = e->sorted;
+    return e->rows.n;
+}
+
+void rt_exec_profile_reset(Exec *e)
+{
+    for (int i = 0; i < e->rows.n; i++) {
+        e->rows.v[i].calls = 0;
+        e->rows.v[i].seconds = e->rows.v[i].flops = e->rows.v[i].bytes = 0;
+    }
+}
+
+int rt_exec_trace(const Exec *e, const RtTraceEvent **ev)
+{
+    *ev = e->trace;
+    return e->trace ? e->plan->steps.n : 0;
+}

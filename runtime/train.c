@@ -1,0 +1,745 @@
+/* train.c - the training loop: build the training and evaluation graphs,
+ * initialise or restore params, feed data, set the learning rate, run steps,
+ * evaluate, checkpoint and report. */
+#include "runtime.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "frontend.h"
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+double rt_lr_at(const TrainCfg *c, int64_t step, int64_t steps)
+{
+    if (c->warmup > 0 && step < c->warmup)
+        return c->lr * (double)(step + 1) / (double)c->warmup;
+    int64_t span = steps - c->warmup;
+    double p = span > 0 ? (double)(step - c->warmup) / (double)span : 1.0;
+    if (p > 1)
+        p = 1;
+    return c->min_lr + 0.5 * (c->lr - c->min_lr) * (1.0 + cos(3.14159265358979323846 * p));
+}
+
+/* ---- host values in a tensor's dtype ---- */
+
+static uint16_t f32_to_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1);
+    return (uint16_t)(u >> 16);
+}
+
+static float bf16_to_f32(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static size_t tensor_bytes(const Tensor *t)
+{
+    return (size_t)shape_numel(&t->s) * (size_t)dtype_size(t->s.dtype);
+}
+
+/* Reads a float tensor of e into out (n floats). */
+static void read_f32(Exec *e, const Tensor *t, float *out)
+{
+    int64_t n = shape_numel(&t->s);
+    if (t->s.dtype == DT_F32) {
+        rt_exec_read(e, t->id, out);
+        return;
+    }
+    if (t->s.dtype != DT_BF16)
+        die("read_f32: tensor %d has dtype %s", t->id, dtype_name(t->s.dtype));
+    uint16_t *h = xmalloc((size_t)n * 2);
+    rt_exec_read(e, t->id, h);
+    for (int64_t i = 0; i < n; i++)
+        out[i] = bf16_to_f32(h[i]);
+    free(h);
+}
+
+/* Writes n floats to a float tensor of e. */
+static void write_f32(Exec *e, const Tensor *t, const float *v)
+{
+    int64_t n = shape_numel(&t->s);
+    if (t->s.dtype == DT_F32) {
+        rt_exec_write(e, t->id, v);
+        return;
+    }
+    if (t->s.dtype != DT_BF16)
+        die("write_f32: tensor %d has dtype %s", t->id, dtype_name(t->s.dtype));
+    uint16_t *h = xmalloc((size_t)n * 2);
+    for (int64_t i = 0; i < n; i++)
+        h[i] = f32_to_bf16(v[i]);
+    rt_exec_write(e, t->id, h);
+    free(h);
+}
+
+/* Fills a param or state buffer from its ParamInit, from a stream that
+ * depends only on the seed and the tensor's name (not on declaration order). */
+static bool init_tensor(const Tensor *t, uint64_t seed, void *dst, Diag *d)
+{
+    int64_t n = shape_numel(&t->s);
+    uint64_t s = ir_rand_mix(seed ^ hash_bytes(t->name, strlen(t->name), 0x696e6974ull));
+    float *f = xmalloc((size_t)n * sizeof *f + 1);
+    for (int64_t i = 0; i < n; i++) {
+        double v = 0;
+        switch (t->init.kind) {
+        case INIT_NONE:
+        case INIT_ZEROS: v = 0; break;
+        case INIT_ONES: v = 1; break;
+        case INIT_UNIFORM:
+            v = t->init.a + (t->init.b - t->init.a) *
+                                (double)(ir_rand_mix(s + 2 * (uint64_t)i) >> 11) * 0x1p-53;
+            break;
+        case INIT_NORMAL: {
+            double u1 = (double)((ir_rand_mix(s + 2 * (uint64_t)i) >> 11) + 1) * 0x1p-53;
+            double u2 = (double)(ir_rand_mix(s + 2 * (uint64_t)i + 1) >> 11) * 0x1p-53;
+            v = t->init.a * sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+            break;
+        }
+        }
+        f[i] = (float)v;
+    }
+    bool ok = true;
+    switch (t->s.dtype) {
+    case DT_F32: memcpy(dst, f, (size_t)n * 4); break;
+    case DT_BF16:
+        for (int64_t i = 0; i < n; i++)
+            ((uint16_t *)dst)[i] = f32_to_bf16(f[i]);
+        break;
+    default:
+        if (t->init.kind == INIT_NONE || t->init.kind == INIT_ZEROS) {
+            memset(dst, 0, tensor_bytes(t));
+        } else {
+            snprintf(d->msg, sizeof d->msg,
+                     "cannot initialise %s \"%s\" of dtype %s (expected f32 or bf16)",
+                     ir_kind_name(t->kind), t->name, dtype_name(t->s.dtype));
+            ok = false;
+        }
+    }
+    free(f);
+    return ok;
+}
+
+/* ---- the run ---- */
+
+typedef struct {
+    Model *m;
+    const TrainOpts *o;
+    TrainCfg c;
+    Graph *tg, *eg;       /* training step; evaluation (forward) */
+    Exec *te, *ee;
+    void **vals;          /* host copies of tg's params and state, by id */
+    DataSource *ds;
+    bool blobs, addition;
+    int64_t B, T;         /* T = 1 for blobs */
+    int64_t steps, step;  /* total; completed */
+    int64_t data_pos;
+    Trace *trace;
+    double t0;            /* trace time origin */
+    double flops;         /* per training step */
+    /* profile: time per phase */
+    double ph_ms[5];
+    int64_t ph_calls[5];
+    double last_val_loss, last_acc;
+    int64_t acc_right, acc_total;
+    bool have_val, have_acc;
+} Run;
+
+enum { PH_DATA, PH_STEP, PH_EVAL, PH_CKPT, PH__N };
+static const char *ph_names[PH__N] = {"data + inputs", "step (exec)", "evaluation",
+                                      "checkpoint"};
+
+static void phase(Run *r, int ph, double t_start, double t_end)
+{
+    r->ph_ms[ph] += 1e3 * (t_end - t_start);
+    r->ph_calls[ph]++;
+    rt_trace_event(r->trace, ph_names[ph], "train", 1e6 * (t_start - r->t0),
+                   1e6 * (t_end - t_start), 0);
+}
+
+static const Tensor *input_named(const Graph *g, const char *name)
+{
+    int id = ir_find_tensor(g, name);
+    return id >= 0 && g->t.v[id].kind == TK_INPUT ? &g->t.v[id] : NULL;
+}
+
+static bool check_input(const Graph *g, const char *name, DType dt, int rank,
+                        const int64_t *dims, Diag *d)
+{
+    const Tensor *t = input_named(g, name);
+    if (!t)
+        return true;
+    Shape want = shape_make(dt, rank, dims);
+    if (!shape_eq(&t->s, &want)) {
+        char a[96], b[96];
+        snprintf(d->msg, sizeof d->msg,
+                 "model input \"%s\" has the wrong type for the data (expected %s, got %s)",
+                 name, shape_str(NULL, &want, a, sizeof a), shape_str(NULL, &t->s, b, sizeof b));
+        return false;
+    }
+    return true;
+}
+
+/* Works out the data source from the graph's inputs and the train config,
+ * checks every input of g is one the source (or the loop) provides. */
+static bool open_data(Run *r, Diag *d)
+{
+    const Graph *g = r->m->g;
+    const char *kind = r->c.data;
+    const Tensor *tok = input_named(g, "tokens"), *x = input_named(g, "x");
+    if (!kind)
+        kind = x ? "blobs" : NULL;
+    if (!kind) {
+        snprintf(d->msg, sizeof d->msg,
+                 "%s: train{data=...} is not set (expected addition, text, tokens or blobs)",
+                 r->m->path ? r->m->path : "model");
+        return false;
+    }
+    r->blobs = strcmp(kind, "blobs") == 0;
+    r->addition = strcmp(kind, "addition") == 0;
+    int lid = ir_find_output(g, "logits");
+    const Tensor *logits = lid >= 0 ? &g->t.v[lid] : NULL;
+    DataCfg dc = {.kind = kind, .path = r->c.data_path, .seed = r->c.seed,
+                  .digits = (int)r->c.digits, .val_fraction = r->c.val_fraction};
+    if (r->blobs) {
+        const Tensor *y = input_named(g, "y");
+        if (!x || !y || x->s.rank != 2 || !logits) {
+            snprintf(d->msg, sizeof d->msg,
+                     "data blobs needs model inputs x f32[B,D] and y i32[B] and an output "
+                     "\"logits\" [B,classes]");
+            return false;
+        }
+        r->B = x->s.dim[0];
+        r->T = 1;
+        dc.batch = r->B;
+        dc.dim = (int)x->s.dim[1];
+        dc.classes = (int)logits->s.dim[logits->s.rank - 1];
+        if (!check_input(g, "x", DT_F32, 2, x->s.dim, d) ||
+            !check_input(g, "y", DT_I32, 1, &r->B, d))
+            return false;
+    } else {
+        if (!tok || tok->s.rank != 2) {
+            snprintf(d->msg, sizeof d->msg,
+                     "data %s needs a model input tokens i32[B,T] (and targets i32[B,T])", kind);
+            return false;
+        }
+        r->B = tok->s.dim[0];
+        r->T = tok->s.dim[1];
+        dc.batch = r->B;
+        dc.seq = r->T;
+        if (logits)
+            dc.vocab = (int)logits->s.dim[logits->s.rank - 1];
+        if (!check_input(g, "tokens", DT_I32, 2, tok->s.dim, d) ||
+            !check_input(g, "targets", DT_I32, 2, tok->s.dim, d) ||
+            !check_input(g, "mask", DT_F32, 2, tok->s.dim, d))
+            return false;
+        int need = r->addition ? ADD_VOCAB : strcmp(kind, "text") == 0 ? 256 : 0;
+        if (logits && need && dc.vocab < need) {
+            snprintf(d->msg, sizeof d->msg,
+                     "data %s needs a vocabulary of at least %d (the model's logits have %d)",
+                     kind, need, dc.vocab);
+            return false;
+        }
+    }
+    if (r->c.batch > 0 && r->c.batch != r->B) {
+        snprintf(d->msg, sizeof d->msg,
+                 "train{batch=%lld} does not match the model's inputs (batch %lld)",
+                 (long long)r->c.batch, (long long)r->B);
+        return false;
+    }
+    for (int i = 0; i < g->t.n; i++) {
+        const Tensor *t = &g->t.v[i];
+        if (t->kind != TK_INPUT)
+            continue;
+        static const char *ok_tok[] = {"tokens", "targets", "mask", NULL};
+        static const char *ok_blob[] = {"x", "y", NULL};
+        bool found = false;
+        for (const char **n = r->blobs ? ok_blob : ok_tok; *n; n++)
+            found |= strcmp(*n, t->name) == 0;
+        if (!found) {
+            snprintf(d->msg, sizeof d->msg,
+                     "model input \"%s\" is not provided by data %s (expected %s)", t->name,
+                     kind, r->blobs ? "x, y" : "tokens, targets, mask");
+            return false;
+        }
+    }
+    r->ds = rt_data_open(&dc, d);
+    return r->ds != NULL;
+}
+
+/* Writes batch b into the data inputs of graph g on exec e. */
+static void feed(Exec *e, const Graph *g, const DataBatch *b)
+{
+    const Tensor *t;
+    if ((t = input_named(g, "tokens")))
+        rt_exec_write(e, t->id, b->tokens);
+    if ((t = input_named(g, "targets")))
+        rt_exec_write(e, t->id, b->targets);
+    if ((t = input_named(g, "mask")))
+        rt_exec_write(e, t->id, b->mask);
+    if ((t = input_named(g, "x")))
+        rt_exec_write(e, t->id, b->x);
+    if ((t = input_named(g, "y")))
+        rt_exec_write(e, t->id, b->y);
+}
+
+static float read_loss(Exec *e, const Graph *g)
+{
+    int id = ir_find_output(g, "loss");
+    float v;
+    read_f32(e, &g->t.v[id], &v);
+    return v;
+}
+
+/* Host copies of tg's params and state <- the training executor. */
+static void pull_state(Run *r)
+{
+    for (int i = 0; i < r->tg->t.n; i++)
+        if (r->vals[i])
+            rt_exec_read(r->te, i, r->vals[i]);
+}
+
+static void push_state(Run *r)
+{
+    for (int i = 0; i < r->tg->t.n; i++)
+        if (r->vals[i])
+            rt_exec_write(r->te, i, r->vals[i]);
+}
+
+/* Validation loss (and exact-match accuracy where the task has one) over
+ * eval_batches fixed validation batches, with the current params. */
+static bool evaluate(Run *r, Diag *d)
+{
+    double t_start = now_s();
+    pull_state(r);
+    for (int i = 0; i < r->eg->t.n; i++) {
+        const Tensor *t = &r->eg->t.v[i];
+        if (t->kind != TK_PARAM)
+            continue;
+        int src = ir_find_tensor(r->tg, t->name);
+        if (src < 0 || !r->vals[src])
+            die("evaluate: param %s missing from the training graph", t->name);
+        rt_exec_write(r->ee, i, r->vals[src]);
+    }
+    int lid = ir_find_output(r->eg, "logits");
+    const Tensor *lt = lid >= 0 ? &r->eg->t.v[lid] : NULL;
+    bool acc = lt && (r->addition || r->blobs);
+    int64_t V = lt ? lt->s.dim[lt->s.rank - 1] : 0;
+    float *logits = acc ? xmalloc((size_t)shape_numel(&lt->s) * sizeof *logits) : NULL;
+    int64_t nb = r->c.eval_batches > 0 ? r->c.eval_batches : 1;
+    double loss = 0;
+    int64_t right = 0, total = 0;
+    for (int64_t k = 0; k < nb; k++) {
+        const DataBatch *b = rt_data_batch(r->ds, DATA_VAL, k);
+        feed(r->ee, r->eg, b);
+        if (!rt_exec_run(r->ee, r->c.seed, r->step, d)) {
+            free(logits);
+            return false;
+        }
+        loss += read_loss(r->ee, r->eg);
+        if (!acc)
+            continue;
+        read_f32(r->ee, lt, logits);
+        for (int64_t row = 0; row < r->B; row++) {
+            bool ok = true;
+            for (int64_t t = 0; t < r->T && ok; t++) {
+                int64_t at = row * r->T + t;
+                int32_t want = r->blobs ? b->y[row] : b->targets[at];
+                if (!r->blobs && b->mask[at] == 0)
+                    continue;
+                const float *l = logits + at * V;
+                int64_t best = 0;
+                for (int64_t v = 1; v < V; v++)
+                    if (l[v] > l[best])
+                        best = v;
+                ok = best == want;
+            }
+            right += ok;
+            total++;
+        }
+    }
+    free(logits);
+    r->last_val_loss = loss / (double)nb;
+    r->have_val = true;
+    if (acc) {
+        r->have_acc = true;
+        r->acc_right = right;
+        r->acc_total = total;
+        r->last_acc = (double)right / (double)total;
+    }
+    phase(r, PH_EVAL, t_start, now_s());
+    return true;
+}
+
+static char *ckpt_path(const char *prefix, int64_t step)
+{
+    size_t n = strlen(prefix);
+    const char *ext = ".safetensors";
+    int keep = (int)n;
+    if (n > strlen(ext) && strcmp(prefix + n - strlen(ext), ext) == 0)
+        keep = (int)(n - strlen(ext));
+    return xasprintf("%.*s.step%lld.safetensors", keep, prefix, (long long)step);
+}
+
+static bool save_checkpoint(Run *r, const char *prefix, Diag *d)
+{
+    double t_start = now_s();
+    pull_state(r);
+    char *p = ckpt_path(prefix, r->step);
+    CkptMeta m = {.step = r->step, .data_pos = r->data_pos, .seed = r->c.seed};
+    bool ok = rt_ckpt_save(p, r->tg, r->vals, &m, d);
+    if (ok && !r->o->quiet)
+        printf("checkpoint: %s\n", p);
+    free(p);
+    phase(r, PH_CKPT, t_start, now_s());
+    return ok;
+}
+
+/* Fails early, before any training, when an output's directory cannot take
+ * the file (the atomic writers still check everything at write time). */
+static bool writable_dir(const char *path, Diag *d)
+{
+    if (!path)
+        return true;
+    char *dir = xstrdup(path);
+    char *slash = strrchr(dir, '/');
+    if (slash)
+        slash[slash == dir] = 0;
+    bool ok = access(slash ? dir : ".", W_OK | X_OK) == 0;
+    if (!ok)
+        snprintf(d->msg, sizeof d->msg, "%s: cannot write: directory %s is missing or not "
+                 "writable", path, slash ? dir : ".");
+    free(dir);
+    return ok;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void fmt_bytes(char *buf, size_t n, double b)
+{
+    if (b >= 1 << 30)
+        snprintf(buf, n, "%.2f GiB", b / (1 << 30));
+    else if (b >= 1 << 20)
+        snprintf(buf, n, "%.2f MiB", b / (1 << 20));
+    else
+        snprintf(buf, n, "%.1f KiB", b / 1024);
+}
+
+static void fmt_mfu(char *buf, size_t n, double flops, double ms, double peak_gflops)
+{
+    if (peak_gflops > 0 && ms > 0)
+        snprintf(buf, n, "MFU %.1f%% of %.0f GFLOP/s", 100.0 * flops / (ms * 1e-3) /
+                                                           (peak_gflops * 1e9),
+                 peak_gflops);
+    else
+        snprintf(buf, n, "MFU n/a (no --peak-gflops)");
+}
+
+static void progress(Run *r, float loss)
+{
+    int w = 30;
+    int k = r->steps > 0 ? (int)(w * r->step / r->steps) : w;
+    printf("\r[%.*s%*s] %lld/%lld loss %.4f", k, "##############################", w - k, "",
+           (long long)r->step, (long long)r->steps, (double)loss);
+    fflush(stdout);
+}
+
+static bool build(Run *r, Diag *d)
+{
+    PassOpts po;
+    pass_opts_default(&po);
+    po.beta1 = r->c.beta1;
+    po.beta2 = r->c.beta2;
+    po.eps = r->c.eps;
+    po.weight_decay = r->c.weight_decay;
+    po.grad_clip = r->c.grad_clip;
+    po.memory_budget = r->c.memory_budget;
+    double t_start = now_s();
+    r->tg = ir_clone(r->m->g);
+    if (!pass_pipeline(r->tg, &po, NULL, NULL, NULL, d))
+        return false;
+    r->eg = ir_clone(r->m->g);
+    if (!pass_simplify(r->eg, &po, d) || !pass_schedule(r->eg, &po, d))
+        return false;
+    char err[1024];
+    if (!ir_verify(r->eg, err, sizeof err))
+        die("evaluation graph invalid after simplify/schedule: %s", err);
+    ExecOpts eo = {.device = r->o->device, .threads = r->o->threads,
+                   .profile = r->o->profile || r->o->trace, .cache_dir = r->o->cache_dir,
+                   .verbose = r->o->verbose};
+    if (!(r->te = rt_exec_create(r->tg, &eo, d)))
+        return false;
+    eo.profile = false;
+    if (!(r->ee = rt_exec_create(r->eg, &eo, d)))
+        return false;
+    r->flops = ir_graph_flops(r->tg);
+    rt_trace_event(r->trace, "compile", "train", 1e6 * (t_start - r->t0),
+                   1e6 * (now_s() - t_start), 0);
+    if (r->o->verbose)
+        printf("compiled: training step %d ops, %.3g FLOP/step; evaluation %d ops; "
+               "%.1f s\n",
+               r->tg->ops.n, r->flops, r->eg->ops.n, now_s() - t_start);
+    return true;
+}
+
+static bool init_state(Run *r, Diag *d)
+{
+    const Graph *g = r->tg;
+    r->vals = xcalloc((size_t)g->t.n, sizeof *r->vals);
+    for (int i = 0; i < g->t.n; i++) {
+        const Tensor *t = &g->t.v[i];
+        if (t->kind != TK_PARAM && t->kind != TK_STATE)
+            continue;
+        r->vals[i] = xcalloc(1, tensor_bytes(t) + 1);
+        if (!init_tensor(t, r->c.seed, r->vals[i], d))
+            return false;
+    }
+    if (r->o->resume) {
+        CkptMeta m;
+        if (!rt_ckpt_load(r->o->resume, g, r->vals, &m, d))
+            return false;
+        if (m.seed != r->c.seed && !r->o->quiet)
+            printf("resume: using the checkpoint's seed %llu (the model says %llu)\n",
+                   (unsigned long long)m.seed, (unsigned long long)r->c.seed);
+        r->c.seed = m.seed;
+        r->step = m.step;
+        r->data_pos = m.data_pos;
+        if (!r->o->quiet)
+            printf("resumed from %s at step %lld\n", r->o->resume, (long long)r->step);
+    } else if (r->o->init_from) {
+        if (!rt_weights_load(r->o->init_from, g, r->vals, d))
+            return false;
+        if (!r->o->quiet)
+            printf("initialised params from %s\n", r->o->init_from);
+    }
+    push_state(r);
+    return true;
+}
+
+/* The executor's per-kernel table (% of the training steps' time), then the
+ * loop's phases (% of the loop's time). */
+static void print_profile(Run *r, double loop_ms, int64_t nsteps)
+{
+    const RtProfRow *pr;
+    int n = rt_exec_profile(r->te, &pr);
+    ProfRow *rows = xcalloc((size_t)n + PH__N, sizeof *rows);
+    for (int i = 0; i < n; i++)
+        rows[i] = (ProfRow){pr[i].name, pr[i].calls, 1e3 * pr[i].seconds, pr[i].flops,
+                            pr[i].bytes};
+    printf("\nprofile: per kernel over %lld training steps (%.1f ms in steps):\n",
+           (long long)nsteps, r->ph_ms[PH_STEP]);
+    rt_profile_print(stdout, rows, n, r->ph_ms[PH_STEP], 25);
+    n = 0;
+    for (int i = 0; i < PH__N; i++)
+        if (r->ph_calls[i])
+            rows[n++] = (ProfRow){ph_names[i], r->ph_calls[i], r->ph_ms[i],
+                                  i == PH_STEP ? r->flops * (double)r->ph_calls[i] : 0, 0};
+    printf("\nprofile: training loop, with the final evaluation and saves (%.1f ms):\n",
+           loop_ms);
+    rt_profile_print(stdout, rows, n, loop_ms, 0);
+    free(rows);
+}
+
+/* Kernel-level trace events of the step that ran at t_start (thread 1);
+ * recorded for the first TRACE_KERNEL_STEPS steps only, to keep the file
+ * small. */
+enum { TRACE_KERNEL_STEPS = 20 };
+static void trace_kernels(Run *r, double t_start, int64_t nth)
+{
+    if (!r->trace || nth >= TRACE_KERNEL_STEPS)
+        return;
+    const RtTraceEvent *ev;
+    int n = rt_exec_trace(r->te, &ev);
+    for (int i = 0; i < n; i++)
+        rt_trace_event(r->trace, ev[i].name, ev[i].kind,
+                       1e6 * (t_start - r->t0 + ev[i].start), 1e6 * (ev[i].end - ev[i].start),
+                       1);
+}
+
+int rt_train(Model *m, const TrainOpts *o)
+{
+    Run r = {.m = m, .o = o, .c = m->train};
+    Diag d = {{0}};
+    int rc = 1;
+    r.t0 = now_s();
+    if (o->trace) {
+        r.trace = rt_trace_open(o->trace);
+        rt_trace_thread_name(r.trace, 0, "training loop");
+        rt_trace_thread_name(r.trace, 1, "plan steps (first steps)");
+    }
+    if (o->steps > 0)
+        r.c.steps = o->steps;
+    r.steps = r.c.steps;
+    const char *ckpt = o->checkpoint ? o->checkpoint : r.c.checkpoint;
+    if (!writable_dir(o->save_weights, &d) || !writable_dir(ckpt, &d) ||
+        !writable_dir(o->trace, &d) || !open_data(&r, &d) || !build(&r, &d) ||
+        !init_state(&r, &d))
+        goto out;
+    int lr_id = ir_find_tensor(r.tg, "lr");
+    const Tensor *lr_t = lr_id >= 0 ? &r.tg->t.v[lr_id] : NULL;
+    bool tty = isatty(1) && !o->quiet;
+    int64_t tokens = r.B * r.T, first = r.step;
+    double *ms = xcalloc((size_t)(r.steps > first ? r.steps - first : 1), sizeof *ms);
+    int64_t nms = 0;
+    float loss = NAN;
+    double loop0 = now_s();
+    while (r.step < r.steps) {
+        double t_a = now_s();
+        feed(r.te, r.tg, rt_data_batch(r.ds, DATA_TRAIN, r.data_pos));
+        if (lr_t) {
+            float lr = (float)rt_lr_at(&r.c, r.step, r.steps);
+            write_f32(r.te, lr_t, &lr);
+        }
+        double t_b = now_s();
+        if (!rt_exec_run(r.te, r.c.seed, r.step, &d)) {
+            free(ms);
+            goto out;
+        }
+        loss = read_loss(r.te, r.tg);
+        double t_c = now_s();
+        phase(&r, PH_DATA, t_a, t_b);
+        phase(&r, PH_STEP, t_b, t_c);
+        trace_kernels(&r, t_b, r.step - first);
+        r.data_pos++;
+        r.step++;
+        double step_ms = 1e3 * (t_c - t_a);
+        ms[nms++] = step_ms;
+        if (!isfinite(loss)) {
+            snprintf(d.msg, sizeof d.msg,
+                     "training diverged: loss is %g at step %lld (try a lower lr or grad_clip)",
+                     (double)loss, (long long)r.step);
+            free(ms);
+            goto out;
+        }
+        bool log = !o->quiet && (r.c.log_every <= 0 || r.step % r.c.log_every == 0 ||
+                                 r.step == first + 1 || r.step == r.steps);
+        if (log) {
+            char mfu[64], mem[32];
+            fmt_mfu(mfu, sizeof mfu, r.flops, step_ms, o->peak_gflops);
+            fmt_bytes(mem, sizeof mem, (double)rt_exec_arena_bytes(r.te));
+            printf("%sstep %5lld/%lld | loss %.6f | lr %.3e | %8.2f ms | %9.0f tok/s | %s | "
+                   "mem %s\n",
+                   tty ? "\r\033[K" : "", (long long)r.step, (long long)r.steps,
+                   (double)loss, lr_t ? rt_lr_at(&r.c, r.step - 1, r.steps) : 0.0, step_ms,
+                   (double)tokens / (step_ms * 1e-3), mfu, mem);
+            fflush(stdout);
+        }
+        if (r.c.eval_every > 0 && r.step % r.c.eval_every == 0 && r.step < r.steps &&
+            rt_data_has_val(r.ds)) {
+            if (!evaluate(&r, &d)) {
+                free(ms);
+                goto out;
+            }
+            if (!o->quiet) {
+                printf("%seval  %5lld | val loss %.6f", tty ? "\r\033[K" : "",
+                       (long long)r.step, r.last_val_loss);
+                if (r.have_acc)
+                    printf(" | accuracy %.2f%% (%lld/%lld)", 100 * r.last_acc,
+                           (long long)r.acc_right, (long long)r.acc_total);
+                printf("\n");
+                fflush(stdout);
+            }
+        }
+        if (ckpt && r.c.checkpoint_every > 0 && r.step % r.c.checkpoint_every == 0 &&
+            r.step < r.steps && !save_checkpoint(&r, ckpt, &d)) {
+            free(ms);
+            goto out;
+        }
+        if (tty)
+            progress(&r, loss);
+    }
+    if (tty)
+        printf("\r\033[K");
+    if (rt_data_has_val(r.ds) && !evaluate(&r, &d)) {
+        free(ms);
+        goto out;
+    }
+    if (ckpt && !save_checkpoint(&r, ckpt, &d)) {
+        free(ms);
+        goto out;
+    }
+    if (o->save_weights) {
+        pull_state(&r);
+        if (!rt_weights_save(o->save_weights, r.tg, r.vals, &d)) {
+            free(ms);
+            goto out;
+        }
+        if (!o->quiet)
+            printf("weights: %s\n", o->save_weights);
+    }
+    double loop_ms = 1e3 * (now_s() - loop0);
+    qsort(ms, (size_t)nms, sizeof *ms, cmp_double);
+    double med = nms ? (nms % 2 ? ms[nms / 2] : 0.5 * (ms[nms / 2 - 1] + ms[nms / 2])) : 0;
+    free(ms);
+    printf("final: step %lld | train loss %.9g", (long long)r.step, (double)loss);
+    if (r.have_val)
+        printf(" | val loss %.9g", r.last_val_loss);
+    if (r.have_acc)
+        printf(" | accuracy %.2f%% (%lld/%lld held-out)", 100 * r.last_acc,
+               (long long)r.acc_right, (long long)r.acc_total);
+    if (med > 0) {
+        char mfu[64];
+        fmt_mfu(mfu, sizeof mfu, r.flops, med, o->peak_gflops);
+        printf(" | median %.2f ms/step | %.0f tok/s | %s", med, (double)tokens / (med * 1e-3),
+               mfu);
+    }
+    char mem[32];
+    fmt_bytes(mem, sizeof mem, (double)rt_exec_arena_bytes(r.te));
+    printf(" | peak mem %s\n", mem);
+    if (o->profile)
+        print_profile(&r, loop_ms, r.step - first);
+    if (o->result) {
+        o->result->final_loss = loss;
+        o->result->val_loss = r.have_val ? r.last_val_loss : NAN;
+        o->result->accuracy = r.have_acc ? r.last_acc : NAN;
+        o->result->median_ms = med;
+    }
+    rc = 0;
+out:
+    if (rc != 0) {
+        fflush(stdout);
+        fprintf(stderr, "%s\n", d.msg);
+    }
+    Diag td;
+    if (!rt_trace_close(r.trace, rc == 0, &td)) {
+        fprintf(stderr, "%s\n", td.msg);
+        rc = 1;
+    } else if (rc == 0 && o->trace && !o->quiet) {
+        printf("trace: %s\n", o->trace);
+    }
+    if (r.vals) {
+        for (int i = 0; i < r.tg->t.n; i++)
+            free(r.vals[i]);
+        free(r.vals);
+    }
+    if (r.te)
+        rt_exec_destroy(r.te);
+    if (r.ee)
+        rt_exec_destroy(r.ee);
+    if (r.tg)
+        ir_free(r.tg);
+    if (r.eg)
+        ir_free(r.eg);
+    rt_data_close(r.ds);
+    fflush(stdout);
+    return rc;
+}

@@ -1,0 +1,3 @@
+-- a script that never calls minimize()
+local x = input("x", {4, 8})
+output("y", exp(x))

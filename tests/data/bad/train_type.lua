@@ -1,0 +1,4 @@
+-- train{} with a string where a number belongs
+local x = input("x", {4, 8})
+minimize(x:sum())
+train{lr = "fast"} -- ERROR

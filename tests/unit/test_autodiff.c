@@ -1,0 +1,264 @@
+/* test_autodiff.c - pass_autodiff on small graphs: IR text in, expected IR
+ * text out (the backward ops, their source locations and the grad outputs),
+ * and the pass's user errors. Numerical correctness of every VJP rule is
+ * test_gradcheck.c's job. */
+#include "testutil.h"
+
+#include "passes.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static void expect_autodiff(const char *in, const char *want)
+{
+    Graph *g = parse_or_fail(in);
+    PassOpts o;
+    pass_opts_default(&o);
+    Diag d = {{0}};
+    if (!pass_autodiff(g, &o, &d))
+        fail_msg("autodiff failed: %s", d.msg);
+    char err[1024];
+    if (!ir_verify(g, err, sizeof err))
+        fail_msg("invalid after autodiff: %s", err);
+    char *got = ir_print_str(g);
+    if (strcmp(got, want) != 0) {
+        print_error("got:\n%s\nexpected:\n%s\n", got, want);
+        fail_msg("autodiff output differs");
+    }
+    free(got);
+    ir_free(g);
+}
+
+static void expect_error(const char *in, const char *msg)
+{
+    Graph *g = parse_or_fail(in);
+    PassOpts o;
+    pass_opts_default(&o);
+    Diag d = {{0}};
+    assert_false(pass_autodiff(g, &o, &d));
+    assert_string_equal(d.msg, msg);
+    ir_free(g);
+}
+
+/* loss = sum(x * w): the seed 1 broadcast back over the reduction, times x. */
+static void test_mul_reduce(void **state)
+{
+    (void)state;
+    expect_autodiff(
+        "kiln-ir v1\n"
+        "%0:f32[4,3] = input \"x\"\n"
+        "%1:f32[4,3] = param \"w\" zeros\n"
+        "%2:f32[4,3] = mul %0, %1   # m.lua:3\n"
+        "%3:f32[1,1] = reduce_sum %2 {axes=[0,1]}   # m.lua:4\n"
+        "%4:f32[] = reshape %3   # m.lua:4\n"
+        "output \"loss\" %4\n",
+        "kiln-ir v1\n"
+        "%0:f32[4,3] = input \"x\"\n"
+        "%1:f32[4,3] = param \"w\" zeros\n"
+        "%2:f32[4,3] = mul %0, %1   # m.lua:3\n"
+        "%3:f32[1,1] = reduce_sum %2 {axes=[0,1]}   # m.lua:4\n"
+        "%4:f32[] = reshape %3   # m.lua:4\n"
+        "%5:f32[] = const {value=1} !backward   # m.lua:4\n"
+        "%6:f32[1,1] = reshape %5 !backward   # m.lua:4\n"
+        "%7:f32[4,3] = broadcast %6 !backward   # m.lua:4\n"
+        "%8:f32[4,3] = mul %7, %0 !backward   # m.lua:3\n"
+        "output \"loss\" %4\n"
+        "output \"grad.w\" %8\n");
+}
+
+/* w feeds three uses (mul w,w twice and add): cotangents are summed with add.
+ * exp(x) does not lead to a param: no backward ops for it. An unused param
+ * gets zeros; a bf16 param's gradient is cast back to bf16. */
+static void test_accumulate_unused_cast(void **state)
+{
+    (void)state;
+    expect_autodiff(
+        "kiln-ir v1\n"
+        "%0:f32[3] = input \"x\"\n"
+        "%1:f32[3] = param \"w\" zeros\n"
+        "%2:f32[3] = param \"unused\" zeros\n"
+        "%3:bf16[3] = param \"h\" zeros\n"
+        "%4:f32[3] = mul %1, %1   # m.lua:1\n"
+        "%5:f32[3] = exp %0   # m.lua:2\n"
+        "%6:f32[3] = add %4, %5   # m.lua:3\n"
+        "%7:f32[3] = add %6, %1   # m.lua:4\n"
+        "%8:f32[3] = cast %3   # m.lua:5\n"
+        "%9:f32[3] = mul %7, %8   # m.lua:6\n"
+        "%10:f32[1] = reduce_sum %9 {axes=[0]}   # m.lua:7\n"
+        "%11:f32[] = reshape %10   # m.lua:7\n"
+        "output \"loss\" %11\n",
+        "kiln-ir v1\n"
+        "%0:f32[3] = input \"x\"\n"
+        "%1:f32[3] = param \"w\" zeros\n"
+        "%2:f32[3] = param \"unused\" zeros\n"
+        "%3:bf16[3] = param \"h\" zeros\n"
+        "%4:f32[3] = mul %1, %1   # m.lua:1\n"
+        "%5:f32[3] = exp %0   # m.lua:2\n"
+        "%6:f32[3] = add %4, %5   # m.lua:3\n"
+        "%7:f32[3] = add %6, %1   # m.lua:4\n"
+        "%8:f32[3] = cast %3   # m.lua:5\n"
+        "%9:f32[3] = mul %7, %8   # m.lua:6\n"
+        "%10:f32[1] = reduce_sum %9 {axes=[0]}   # m.lua:7\n"
+        "%11:f32[] = reshape %10   # m.lua:7\n"
+        "%12:f32[] = const {value=1} !backward   # m.lua:7\n"
+        "%13:f32[1] = reshape %12 !backward   # m.lua:7\n"
+        "%14:f32[3] = broadcast %13 !backward   # m.lua:7\n"
+        "%15:f32[3] = mul %14, %8 !backward   # m.lua:6\n"
+        "%16:f32[3] = mul %14, %7 !backward   # m.lua:6\n"
+        "%17:bf16[3] = cast %16 !backward   # m.lua:5\n"
+        "%18:f32[3] = mul %15, %1 !backward   # m.lua:1\n"
+        "%19:f32[3] = add %15, %18 !backward   # m.lua:1\n"
+        "%20:f32[3] = mul %15, %1 !backward   # m.lua:1\n"
+        "%21:f32[3] = add %19, %20 !backward   # m.lua:1\n"
+        "%22:f32[] = const {value=0} !backward\n"
+        "%23:f32[3] = broadcast %22 !backward\n"
+        "output \"loss\" %11\n"
+        "output \"grad.w\" %21\n"
+        "output \"grad.unused\" %23\n"
+        "output \"grad.h\" %17\n");
+}
+
+/* matmul with a shared rank-2 weight: its gradient folds the batch into the
+ * rows; broadcast's gradient sums over the broadcast axes; relu masks with
+ * gt; reduce_max routes the cotangent to the elements equal to the max. */
+static void test_matmul_bias_relu_max(void **state)
+{
+    (void)state;
+    expect_autodiff(
+        "kiln-ir v1\n"
+        "%0:f32[2,4,3] = input \"x\"\n"
+        "%1:f32[3,5] = param \"w\" zeros\n"
+        "%2:f32[5] = param \"b\" zeros\n"
+        "%3:f32[2,4,5] = matmul %0, %1 {ta=0,tb=0}   # m.lua:1\n"
+        "%4:f32[2,4,5] = broadcast %2   # m.lua:2\n"
+        "%5:f32[2,4,5] = add %3, %4   # m.lua:2\n"
+        "%6:f32[2,4,5] = relu %5   # m.lua:3\n"
+        "%7:f32[1,1,1] = reduce_max %6 {axes=[0,1,2]}   # m.lua:4\n"
+        "%8:f32[] = reshape %7   # m.lua:4\n"
+        "output \"loss\" %8\n",
+        "kiln-ir v1\n"
+        "%0:f32[2,4,3] = input \"x\"\n"
+        "%1:f32[3,5] = param \"w\" zeros\n"
+        "%2:f32[5] = param \"b\" zeros\n"
+        "%3:f32[2,4,5] = matmul %0, %1 {ta=0,tb=0}   # m.lua:1\n"
+        "%4:f32[2,4,5] = broadcast %2   # m.lua:2\n"
+        "%5:f32[2,4,5] = add %3, %4   # m.lua:2\n"
+        "%6:f32[2,4,5] = relu %5   # m.lua:3\n"
+        "%7:f32[1,1,1] = reduce_max %6 {axes=[0,1,2]}   # m.lua:4\n"
+        "%8:f32[] = reshape %7   # m.lua:4\n"
+        "%9:f32[] = const {value=1} !backward   # m.lua:4\n"
+        "%10:f32[1,1,1] = reshape %9 !backward   # m.lua:4\n"
+        "%11:f32[2,4,5] = broadcast %7 !backward   # m.lua:4\n"
+        "%12:f32[2,4,5] = broadcast %10 !backward   # m.lua:4\n"
+        "%13:u8[2,4,5] = eq %6, %11 !backward   # m.lua:4\n"
+        "%14:f32[] = const {value=0} !backward   # m.lua:4\n"
+        "%15:f32[2,4,5] = broadcast %14 !backward   # m.lua:4\n"
+        "%16:f32[2,4,5] = select %13, %12, %15 !backward   # m.lua:4\n"
+        "%17:f32[] = const {value=0} !backward   # m.lua:3\n"
+        "%18:f32[2,4,5] = broadcast %17 !backward   # m.lua:3\n"
+        "%19:u8[2,4,5] = gt %5, %18 !backward   # m.lua:3\n"
+        "%20:f32[2,4,5] = select %19, %16, %18 !backward   # m.lua:3\n"
+        "%21:f32[1,1,5] = reduce_sum %20 {axes=[0,1]} !backward   # m.lua:2\n"
+        "%22:f32[5] = reshape %21 !backward   # m.lua:2\n"
+        "%23:f32[8,3] = reshape %0 !backward   # m.lua:1\n"
+        "%24:f32[8,5] = reshape %20 !backward   # m.lua:1\n"
+        "%25:f32[3,5] = matmul %23, %24 {ta=1,tb=0} !backward   # m.lua:1\n"
+        "output \"loss\" %8\n"
+        "output \"grad.w\" %25\n"
+        "output \"grad.b\" %22\n");
+}
+
+static void test_loss_errors(void **state)
+{
+    (void)state;
+    expect_error("kiln-ir v1\n"
+                 "%0:f32[2,3] = param \"w\" zeros\n"
+                 "%1:f32[2,3] = exp %0   # models/m.lua:17\n"
+                 "output \"loss\" %1\n",
+                 "models/m.lua:17: the loss must be a scalar float (expected f32[], got "
+                 "f32[2,3])");
+    expect_error("kiln-ir v1\n"
+                 "%0:f32[2] = param \"w\" zeros\n"
+                 "%1:i32[] = const {value=3}   # models/m.lua:9\n"
+                 "output \"loss\" %1\n",
+                 "models/m.lua:9: the loss must be a scalar float (expected f32[], got i32[])");
+    expect_error("kiln-ir v1\n"
+                 "%0:f32[] = param \"w\" zeros\n"
+                 "%1:f32[] = exp %0\n"
+                 "output \"out\" %1\n",
+                 "the graph has no output named \"loss\" (expected the model to set one)");
+}
+
+/* A param that reaches the loss only through a comparison has no gradient
+ * path: its gradient is zeros and nothing is differentiated. */
+static void test_no_gradient_through_compare(void **state)
+{
+    (void)state;
+    expect_autodiff("kiln-ir v1\n"
+                    "%0:f32[] = param \"w\" zeros\n"
+                    "%1:f32[] = input \"x\"\n"
+                    "%2:u8[] = gt %0, %1   # m.lua:1\n"
+                    "%3:f32[] = select %2, %1, %1   # m.lua:2\n"
+                    "output \"loss\" %3\n",
+                    "kiln-ir v1\n"
+                    "%0:f32[] = param \"w\" zeros\n"
+                    "%1:f32[] = input \"x\"\n"
+                    "%2:u8[] = gt %0, %1   # m.lua:1\n"
+                    "%3:f32[] = select %2, %1, %1   # m.lua:2\n"
+                    "%4:f32[] = const {value=0} !backward\n"
+                    "output \"loss\" %3\n"
+                    "output \"grad.w\" %4\n");
+}
+
+/* A deep chain (tens of thousands of ops) differentiates in linear time and
+ * gives a valid graph with one gradient per param. */
+static void test_large_graph(void **state)
+{
+    (void)state;
+    Graph *g = ir_new();
+    ParamInit none = {0};
+    int64_t d2[2] = {16, 32}, dw[2] = {32, 32};
+    int x = ir_add_input(g, TK_INPUT, "x", shape_make(DT_F32, 2, d2), none);
+    SrcLoc loc = {intern("big.lua"), 1};
+    int h = x, nparam = 0;
+    for (int l = 0; l < 2000; l++) {
+        char name[32];
+        snprintf(name, sizeof name, "w%d", l);
+        int w = ir_add_input(g, TK_PARAM, name, shape_make(DT_F32, 2, dw), none);
+        nparam++;
+        OpAttr mm = {.nia = 2};
+        int in[2] = {h, w};
+        int y = ir_op_x(g, OP_MATMUL, in, 2, &mm, loc);
+        int t = ir_op_x(g, OP_TANH, &y, 1, NULL, loc);
+        int in2[2] = {t, h};
+        int s = ir_op_x(g, OP_ADD, in2, 2, NULL, loc);
+        h = ir_op_x(g, OP_RELU, &s, 1, NULL, loc);
+    }
+    OpAttr all = {.nia = 2, .ia = {0, 1}};
+    int r = ir_op_x(g, OP_REDUCE_SUM, &h, 1, &all, loc);
+    OpAttr sc = {.rank = 0};
+    ir_add_output(g, "loss", ir_op_x(g, OP_RESHAPE, &r, 1, &sc, loc));
+    PassOpts o;
+    pass_opts_default(&o);
+    Diag d = {{0}};
+    assert_true(pass_autodiff(g, &o, &d));
+    char err[1024];
+    if (!ir_verify(g, err, sizeof err))
+        fail_msg("invalid after autodiff: %s", err);
+    assert_int_equal(g->outs.n, 1 + nparam);
+    assert_true(g->ops.n > 8000 * 2);
+    ir_free(g);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_mul_reduce),
+        cmocka_unit_test(test_accumulate_unused_cast),
+        cmocka_unit_test(test_matmul_bias_relu_max),
+        cmocka_unit_test(test_loss_errors),
+        cmocka_unit_test(test_no_gradient_through_compare),
+        cmocka_unit_test(test_large_graph),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,551 @@
+/* test_backend_cpu.c - the CPU backend against the reference interpreter:
+ * every supported opcode on f32/i32/u8, updates, the compile cache, a forced
+ * compile failure, and (when the frontend and passes are there) every model
+ * in models/ after the full pipeline. */
+#include "testutil.h"
+
+#include <dirent.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "codegen.h"
+#include "frontend.h"
+#include "passes.h"
+#include "runtime.h"
+
+static const SrcLoc here = {"test", 1};
+
+static uint64_t rng = 12345;
+static double urand(void)
+{
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (double)(rng >> 11) * (1.0 / 9007199254740992.0);
+}
+
+static int in_t(Graph *g, TensorKind k, const char *name, DType dt, int rank, const int64_t *dim)
+{
+    ParamInit init = {0};
+    return ir_add_input(g, k, name, shape_make(dt, rank, dim), init);
+}
+
+static int op1(Graph *g, Opcode c, int a) { return ir_op_x(g, c, &a, 1, NULL, here); }
+static int op2(Graph *g, Opcode c, int a, int b)
+{
+    int in[2] = {a, b};
+    return ir_op_x(g, c, in, 2, NULL, here);
+}
+static int opa(Graph *g, Opcode c, const int *in, int nin, OpAttr a)
+{
+    return ir_op_x(g, c, in, nin, &a, here);
+}
+static int cast(Graph *g, int x, DType dt)
+{
+    OpAttr a = {.dtype = dt};
+    return opa(g, OP_CAST, &x, 1, a);
+}
+static int cnst(Graph *g, DType dt, double v, int rank, const int64_t *dim)
+{
+    OpAttr a = {.dtype = dt, .f = v, .rank = rank};
+    for (int i = 0; i < rank; i++)
+        a.shape[i] = dim[i];
+    return opa(g, OP_CONST, NULL, 0, a);
+}
+
+/* Host values per input tensor: floats in [-1, 1); ints in [-1, 7]; u8
+ * 0/1. For models: params in [-0.3, 0.3), state zero, "lr" 1e-3, float
+ * data in [0, 1), ints in [0, 7]. */
+static bool model_inputs;
+static void **make_inputs(const Graph *g, double **val)
+{
+    void **host = xcalloc((size_t)g->t.n, sizeof(void *));
+    for (int t = 0; t < g->t.n; t++) {
+        const Tensor *x = &g->t.v[t];
+        if (x->op >= 0)
+            continue;
+        int64_t n = shape_numel(&x->s);
+        val[t] = xmalloc(sizeof(double) * (size_t)(n ? n : 1));
+        host[t] = xmalloc((size_t)(n ? n : 1) * (size_t)dtype_size(x->s.dtype));
+        for (int64_t i = 0; i < n; i++) {
+            switch (x->s.dtype) {
+            case DT_F32: {
+                float f = (float)(2 * urand() - 1);
+                if (model_inputs)
+                    f = x->kind == TK_PARAM   ? 0.3f * f
+                        : x->kind == TK_STATE ? 0.0f
+                        : strcmp(x->name, "lr") == 0 ? 1e-3f
+                                                      : (float)urand();
+                ((float *)host[t])[i] = f;
+                val[t][i] = f;
+                break;
+            }
+            case DT_I32: {
+                int32_t v = (int32_t)(urand() * 9) - (model_inputs ? 0 : 1);
+                if (v > 7)
+                    v = 7;
+                ((int32_t *)host[t])[i] = v;
+                val[t][i] = v;
+                break;
+            }
+            case DT_U8: {
+                uint8_t v = urand() < 0.5;
+                ((uint8_t *)host[t])[i] = v;
+                val[t][i] = v;
+                break;
+            }
+            default:
+                fail_msg("test input dtype %s", dtype_name(x->s.dtype));
+            }
+        }
+    }
+    return host;
+}
+
+static double *to_double(const Tensor *x, const void *p)
+{
+    int64_t n = shape_numel(&x->s);
+    double *r = xmalloc(sizeof(double) * (size_t)(n ? n : 1));
+    for (int64_t i = 0; i < n; i++)
+        switch (x->s.dtype) {
+        case DT_F32: r[i] = ((const float *)p)[i]; break;
+        case DT_I32: r[i] = ((const int32_t *)p)[i]; break;
+        case DT_I64: r[i] = (double)((const int64_t *)p)[i]; break;
+        case DT_U8: r[i] = ((const uint8_t *)p)[i]; break;
+        default: fail_msg("dtype %s", dtype_name(x->s.dtype));
+        }
+    return r;
+}
+
+/* Runs g on the interpreter and the CPU backend (two steps, so updates
+ * feed the second); checks every output and every update target. With
+ * only_prefix, only outputs "loss" and those starting with it are checked. */
+static void check_graph_opts(Graph *g, double tol, const char *only_prefix)
+{
+    char err[1024];
+    if (!ir_verify(g, err, sizeof err))
+        fail_msg("verify: %s", err);
+    double **val = ir_interp_alloc(g);
+    void **host = make_inputs(g, val);
+    Diag d = {{0}};
+    ExecOpts o = {.threads = 1};
+    Exec *e = rt_exec_create(g, &o, &d);
+    if (!e)
+        fail_msg("rt_exec_create: %s", d.msg);
+    assert_true(rt_exec_arena_bytes(e) > 0);
+    for (int t = 0; t < g->t.n; t++)
+        if (host[t])
+            rt_exec_write(e, t, host[t]);
+    for (int step = 0; step < 2; step++) {
+        InterpOpts io = {.seed = 7, .step = step};
+        ir_interp(g, val, &io);
+        if (!rt_exec_run(e, 7, step, &d))
+            fail_msg("rt_exec_run: %s", d.msg);
+        for (int k = 0; k < g->outs.n; k++) {
+            const Tensor *x = &g->t.v[g->outs.v[k].t];
+            const char *on = g->outs.v[k].name;
+            if (only_prefix && strcmp(on, "loss") != 0 &&
+                strncmp(on, only_prefix, strlen(only_prefix)) != 0)
+                continue;
+            void *buf = xmalloc((size_t)shape_numel(&x->s) * (size_t)dtype_size(x->s.dtype) + 1);
+            rt_exec_read(e, x->id, buf);
+            double *got = to_double(x, buf);
+            double re = rel_err(got, val[x->id], shape_numel(&x->s));
+            bool exact = !dtype_is_float(x->s.dtype);
+            if (exact ? re != 0 : !(re <= tol)) {
+                int64_t n = shape_numel(&x->s);
+                for (int64_t i = 0; i < n && i < 8; i++)
+                    fprintf(stderr, "  [%lld] got %g want %g\n", (long long)i, got[i],
+                            val[x->id][i]);
+                fail_msg("step %d output \"%s\": relative error %g (tolerance %g)", step,
+                         g->outs.v[k].name, re, exact ? 0.0 : tol);
+            }
+            free(got);
+            free(buf);
+        }
+        ir_interp_apply_updates(g, val);
+        for (int k = 0; k < g->upd.n; k++) {
+            const Tensor *x = &g->t.v[g->upd.v[k].target];
+            void *buf = xmalloc((size_t)shape_numel(&x->s) * (size_t)dtype_size(x->s.dtype) + 1);
+            rt_exec_read(e, x->id, buf);
+            double *got = to_double(x, buf);
+            double re = rel_err(got, val[x->id], shape_numel(&x->s));
+            if (!(re <= tol))
+                fail_msg("step %d update of \"%s\": relative error %g", step, x->name, re);
+            free(got);
+            free(buf);
+        }
+    }
+    rt_exec_destroy(e);
+    for (int t = 0; t < g->t.n; t++)
+        free(host[t]);
+    free(host);
+    ir_interp_free(g, val);
+}
+
+static void check_graph(Graph *g, double tol) { check_graph_opts(g, tol, NULL); }
+
+static void out(Graph *g, const char *name, int t) { ir_add_output(g, name, t); }
+
+static void test_elementwise_f32(void **state)
+{
+    (void)state;
+    Graph *g = ir_new();
+    int64_t dim[2] = {4, 5};
+    int x = in_t(g, TK_INPUT, "x", DT_F32, 2, dim);
+    int y = in_t(g, TK_INPUT, "y", DT_F32, 2, dim);
+    int one = cnst(g, DT_F32, 1.0, 2, dim);
+    int ax1 = op2(g, OP_ADD, op1(g, OP_ABS, x), one);
+    out(g, "add", op2(g, OP_ADD, x, y));
+    out(g, "sub", op2(g, OP_SUB, x, y));
+    out(g, "mul", op2(g, OP_MUL, x, y));
+    out(g, "div", op2(g, OP_DIV, x, ax1));
+    out(g, "pow", op2(g, OP_POW, ax1, y));
+    out(g, "max", op2(g, OP_MAX, x, y));
+    out(g, "min", op2(g, OP_MIN, x, y));
+    static const Opcode un[] = {OP_NEG, OP_EXP, OP_SIN, OP_COS, OP_TANH,
+                                OP_SIGMOID, OP_RELU, OP_ABS};
+    for (size_t i = 0; i < sizeof un / sizeof un[0]; i++)
+        out(g, ir_opinfo[un[i]].name, op1(g, un[i], x));
+    out(g, "log", op1(g, OP_LOG, ax1));
+    out(g, "sqrt", op1(g, OP_SQRT, ax1));
+    out(g, "rsqrt", op1(g, OP_RSQRT, ax1));
+    static const Opcode cmp[] = {OP_LT, OP_LE, OP_GT, OP_GE, OP_EQ, OP_NE};
+    for (size_t i = 0; i < sizeof cmp / sizeof cmp[0]; i++)
+        out(g, ir_opinfo[cmp[i]].name, op2(g, cmp[i], x, i < 4 ? y : x));
+    int m = op2(g, OP_LT, x, y);
+    int sel[3] = {m, x, y};
+    out(g, "select", ir_op_x(g, OP_SELECT, sel, 3, NULL, here));
+    int big = op2(g, OP_MUL, x, cnst(g, DT_F32, 5.0, 2, dim));
+    out(g, "cast_i32", cast(g, big, DT_I32));
+    out(g, "cast_u8", cast(g, op1(g, OP_RELU, x), DT_U8));
+    out(g, "cast_back", cast(g, cast(g, big, DT_I32), DT_F32));
+    out(g, "u8_to_f32", cast(g, m, DT_F32));
+    check_graph(g, 1e-6);
+    ir_free(g);
+}
+
+static void test_elementwise_int(void **state)
+{
+    (void)state;
+    Graph *g = ir_new();
+    int64_t dim[1] = {37};
+    int a = in_t(g, TK_INPUT, "a", DT_I32, 1, dim);
+    int b = in_t(g, TK_INPUT, "b", DT_I32, 1, dim);
+    int ma = in_t(g, TK_INPUT, "ma", DT_U8, 1, dim);
+    int mb = in_t(g, TK_INPUT, "mb", DT_U8, 1, dim);
+    static const Opcode bin[] = {OP_ADD, OP_SUB, OP_MUL, OP_DIV, OP_MAX, OP_MIN,
+                                 OP_LT, OP_LE, OP_GT, OP_GE, OP_EQ, OP_NE};
+    for (size_t i = 0; i < sizeof bin / sizeof bin[0]; i++)
+        out(g, ir_opinfo[bin[i]].name, op2(g, bin[i], a, b));
+    out(g, "neg", op1(g, OP_NEG, a));
+    out(g, "abs", op1(g, OP_ABS, a));
+    out(g, "relu", op1(g, OP_RELU, a));
+    static const Opcode ub[] = {OP_EQ, OP_NE, OP_MAX, OP_MIN, OP_MUL};
+    for (size_t i = 0; i < sizeof ub / sizeof ub[0]; i++) {
+        char n[32];
+        snprintf(n, sizeof n, "u8_%s", ir_opinfo[ub[i]].name);
+        out(g, n, op2(g, ub[i], ma, mb));
+    }
+    int sel[3] = {ma, a, b};
+    out(g, "select_i32", ir_op_x(g, OP_SELECT, sel, 3, NULL, here));
+    out(g, "i32_to_u8", cast(g, a, DT_U8));
+    out(g, "i32_to_f32", cast(g, a, DT_F32));
+    out(g, "const_i32", op2(g, OP_ADD, a, cnst(g, DT_I32, 3, 1, dim)));
+    check_graph(g, 0);
+    ir_free(g);
+}
+
+static void test_sources(void **state)
+{
+    (void)state;
+    Graph *g = ir_new();
+    OpAttr io = {.dtype = DT_I32, .rank = 3, .shape = {2, 3, 4}, .nia = 1, .ia = {1}};
+    out(g, "iota_i32", opa(g, OP_IOTA, NULL, 0, io));
+    io.dtype = DT_F32;
+    io.ia[0] = 2;
+    out(g, "iota_f32", opa(g, OP_IOTA, NULL, 0, io));
+    int64_t d2[2] = {3, 2};
+    out(g, "const_f32", cnst(g, DT_F32, -2.5, 2, d2));
+    out(g, "const_scalar", cnst(g, DT_F32, 0.125, 0, NULL));
+    OpAttr r = {.rank = 2, .shape = {16, 33}, .nia = 1, .ia = {42}};
+    out(g, "random", opa(g, OP_RANDOM, NULL, 0, r));
+    check_graph(g, 1e-7);
+    ir_free(g);
+}
+
+static void test_moves(void **state)
+{
+    (void)state;
+    Graph *g = ir_new();
+    int64_t d31[2] = {3, 1}, d4[1] = {4}, d234[3] = {2, 3, 4}, d63[2] = {6, 3},
+            d24[2] = {2, 4}, d243[3] = {2, 4, 3};
+    int a = in_t(g, TK_INPUT, "a", DT_F32, 2, d31);
+    int v = in_t(g, TK_INPUT, "v", DT_F32, 1, d4);
+    int x = in_t(g, TK_INPUT, "x", DT_F32, 3, d234);
+    int tab = in_t(g, TK_INPUT, "tab", DT_F32, 2, d63);
+    int idx = in_t(g, TK_INPUT, "idx", DT_I32, 2, d24);
+    int src = in_t(g, TK_INPUT, "src", DT_F32, 3, d243);
+    OpAttr b = {.rank = 3, .shape = {2, 3, 4}};
+    out(g, "bcast_a", opa(g, OP_BROADCAST, &a, 1, b));
+    out(g, "bcast_v", opa(g, OP_BROADCAST, &v, 1, b));
+    OpAttr p = {.nia = 3, .ia = {2, 0, 1}};
+    out(g, "permute", opa(g, OP_PERMUTE, &x, 1, p));
+    OpAttr s = {.nia = 3, .ia = {1, 1, 2}, .rank = 3, .shape = {1, 2, 2}};
+    out(g, "slice", opa(g, OP_SLICE, &x, 1, s));
+    OpAttr pd = {.nia = 3, .ia = {0, 2, 1}, .rank = 3, .shape = {3, 6, 5}};
+    out(g, "pad", opa(g, OP_PAD, &x, 1, pd));
+    int c3[3] = {x, op1(g, OP_NEG, x), x};
+    OpAttr ca = {.nia = 1, .ia = {1}};
+    out(g, "concat", opa(g, OP_CONCAT, c3, 3, ca));
+    OpAttr rs = {.rank = 2, .shape = {6, 4}};
+    int rx = opa(g, OP_RESHAPE, &x, 1, rs);
+    out(g, "reshape_exp", op1(g, OP_EXP, rx));
+    out(g, "reshape_out", opa(g, OP_RESHAPE, &x, 1, rs));
+    int gi[2] = {tab, idx};
+    out(g, "gather", ir_op_x(g, OP_GATHER, gi, 2, NULL, here));
+    int si[2] = {idx, src};
+    OpAttr sa = {.rank = 2, .shape = {6, 3}};
+    out(g, "scatter_add", opa(g, OP_SCATTER_ADD, si, 2, sa));
+    check_graph(g, 1e-7);
+    ir_free(g);
+}
+
+static void test_reduce(void **state)
+{
+    (void)state;
+    Graph *g = ir_new();
+    int64_t d[3] = {3, 5, 7};
+    int x = in_t(g, TK_INPUT, "x", DT_F32, 3, d);
+    int xi = in_t(g, TK_INPUT, "xi", DT_I32, 3, d);
+    OpAttr r1 = {.nia = 1, .ia = {1}};
+    out(g, "sum1", opa(g, OP_REDUCE_SUM, &x, 1, r1));
+    OpAttr r02 = {.nia = 2, .ia = {0, 2}};
+    out(g, "sum02", opa(g, OP_REDUCE_SUM, &x, 1, r02));
+    OpAttr r2 = {.nia = 1, .ia = {2}};
+    out(g, "max2", opa(g, OP_REDUCE_MAX, &x, 1, r2));
+    OpAttr all = {.nia = 3, .ia = {0, 1, 2}};
+    out(g, "maxall", opa(g, OP_REDUCE_MAX, &x, 1, all));
+    out(g, "isum", opa(g, OP_REDUCE_SUM, &xi, 1, r1));
+    out(g, "imax", opa(g, OP_REDUCE_MAX, &xi, 1, r02));
+    check_graph(g, 1e-6);
+    ir_free(g);
+}
+
+static void test_matmul(void **state)
+{
+    (void)state;
+    Graph *g = ir_new();
+    int64_t da[3] = {2, 3, 4}, db[3] = {2, 4, 5}, dat[3] = {2, 4, 3}, dbt[3] = {2, 5, 4},
+            w[2] = {4, 5}, wt[2] = {5, 4}, d4[4] = {2, 2, 3, 4};
+    int A = in_t(g, TK_INPUT, "A", DT_F32, 3, da), B = in_t(g, TK_INPUT, "B", DT_F32, 3, db);
+    int At = in_t(g, TK_INPUT, "At", DT_F32, 3, dat), Bt = in_t(g, TK_INPUT, "Bt", DT_F32, 3, dbt);
+    int W = in_t(g, TK_PARAM, "W", DT_F32, 2, w), Wt = in_t(g, TK_PARAM, "Wt", DT_F32, 2, wt);
+    int A4 = in_t(g, TK_INPUT, "A4", DT_F32, 4, d4);
+    struct { int a, b, ta, tb; const char *n; } c[] = {
+        {A, B, 0, 0, "nn"}, {At, B, 1, 0, "tn"}, {A, Bt, 0, 1, "nt"}, {At, Bt, 1, 1, "tt"},
+        {A, W, 0, 0, "shared"}, {A, Wt, 0, 1, "shared_t"}, {At, W, 1, 0, "shared_ta"},
+        {A4, W, 0, 0, "rank4_shared"},
+    };
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+        int in[2] = {c[i].a, c[i].b};
+        OpAttr m = {.nia = 2, .ia = {c[i].ta, c[i].tb}};
+        out(g, c[i].n, opa(g, OP_MATMUL, in, 2, m));
+    }
+    check_graph(g, 1e-6);
+    ir_free(g);
+}
+
+static void test_updates(void **state)
+{
+    (void)state;
+    Graph *g = ir_new();
+    int64_t d[2] = {8, 3};
+    int p = in_t(g, TK_PARAM, "p", DT_F32, 2, d);
+    int q = in_t(g, TK_PARAM, "q", DT_F32, 2, d);
+    int s = in_t(g, TK_STATE, "s", DT_F32, 2, d);
+    int x = in_t(g, TK_INPUT, "x", DT_F32, 2, d);
+    /* p <- p - 0.1 x (in place); q <- x + p, read after p's update value is
+     * made (needs the old p); s <- q (copy of a param's old value) */
+    int np = op2(g, OP_SUB, p, op2(g, OP_MUL, cnst(g, DT_F32, 0.1, 2, d), x));
+    int nq = op2(g, OP_ADD, x, p);
+    ir_add_update(g, p, np);
+    ir_add_update(g, q, nq);
+    ir_add_update(g, s, q);
+    out(g, "sum", op2(g, OP_ADD, np, nq));
+    check_graph(g, 1e-6);
+    ir_free(g);
+}
+
+/* A small graph for the cache, failure and profile tests. */
+static Graph *small_graph(float scale)
+{
+    Graph *g = ir_new();
+    int64_t d[2] = {8, 16}, w[2] = {16, 4};
+    int x = in_t(g, TK_INPUT, "x", DT_F32, 2, d);
+    int W = in_t(g, TK_PARAM, "W", DT_F32, 2, w);
+    int y = op2(g, OP_MUL, x, cnst(g, DT_F32, scale, 2, d));
+    int in[2] = {op1(g, OP_TANH, y), W};
+    OpAttr m = {.nia = 2, .ia = {0, 0}};
+    int z = opa(g, OP_MATMUL, in, 2, m);
+    OpAttr r = {.nia = 1, .ia = {1}};
+    out(g, "z", opa(g, OP_REDUCE_SUM, &z, 1, r));
+    return g;
+}
+
+static void test_cache(void **state)
+{
+    (void)state;
+    char *dir = scratch_dir("cache");
+    Graph *g = small_graph(0.37f);
+    ExecOpts o = {.threads = 1, .cache_dir = dir, .verbose = true};
+    Diag d = {{0}};
+    RtCcStats s0 = rt_cc_stats();
+    Exec *e = rt_exec_create(g, &o, &d);
+    if (!e)
+        fail_msg("%s", d.msg);
+    RtCcStats s1 = rt_cc_stats();
+    assert_int_equal(s1.compiles, s0.compiles + 1);
+    rt_exec_destroy(e);
+    e = rt_exec_create(g, &o, &d);
+    if (!e)
+        fail_msg("%s", d.msg);
+    RtCcStats s2 = rt_cc_stats();
+    assert_int_equal(s2.compiles, s1.compiles); /* the second create compiles nothing */
+    assert_int_equal(s2.cache_hits, s1.cache_hits + 1);
+    rt_exec_destroy(e);
+    /* a different program is a miss */
+    Graph *g2 = small_graph(0.5f);
+    e = rt_exec_create(g2, &o, &d);
+    if (!e)
+        fail_msg("%s", d.msg);
+    assert_int_equal(rt_cc_stats().compiles, s2.compiles + 1);
+    rt_exec_destroy(e);
+    ir_free(g2);
+    ir_free(g);
+    char *cmd = xasprintf("rm -rf '%s'", dir);
+    assert_int_equal(run_cmd(cmd, NULL), 0);
+    free(cmd);
+    free(dir);
+}
+
+static void test_compile_failure(void **state)
+{
+    (void)state;
+    char *dir = scratch_dir("ccfail");
+    Graph *g = small_graph(0.25f);
+    ExecOpts o = {.threads = 1, .cache_dir = dir};
+    Diag d = {{0}};
+    setenv("KILN_CC_INJECT_ERROR", "1", 1);
+    Exec *e = rt_exec_create(g, &o, &d);
+    unsetenv("KILN_CC_INJECT_ERROR");
+    assert_null(e);
+    assert_non_null(strstr(d.msg, "kernel compilation failed"));
+    assert_non_null(strstr(d.msg, "| kiln_injected_error(;")); /* the numbered source */
+    assert_non_null(strstr(d.msg, "error"));                   /* the compiler's message */
+    /* nothing half-written: no shared object in the cache */
+    char *cmd = xasprintf("ls '%s' | grep -c '\\.so' ; rm -rf '%s'", dir, dir);
+    char *outp = NULL;
+    run_cmd(cmd, &outp);
+    assert_int_equal(atoi(outp), 0);
+    free(outp);
+    free(cmd);
+    free(dir);
+    ir_free(g);
+}
+
+static void test_profile(void **state)
+{
+    (void)state;
+    Graph *g = small_graph(0.75f);
+    ExecOpts o = {.threads = 1, .profile = true};
+    Diag d = {{0}};
+    Exec *e = rt_exec_create(g, &o, &d);
+    if (!e)
+        fail_msg("%s", d.msg);
+    float x[8 * 16] = {0}, W[16 * 4] = {0};
+    rt_exec_write(e, 0, x);
+    rt_exec_write(e, 1, W);
+    for (int i = 0; i < 3; i++)
+        assert_true(rt_exec_run(e, 1, i, &d));
+    const RtProfRow *rows;
+    int n = rt_exec_profile(e, &rows);
+    bool gemm = false;
+    int64_t calls = 0;
+    for (int i = 0; i < n; i++) {
+        assert_int_equal(rows[i].calls, 3);
+        calls += rows[i].calls;
+        if (strcmp(rows[i].kind, "gemm") == 0) {
+            gemm = true;
+            assert_true(rows[i].flops == 3 * 2.0 * 8 * 16 * 4);
+        }
+        if (i)
+            assert_true(rows[i - 1].seconds >= rows[i].seconds);
+    }
+    assert_true(gemm);
+    const RtTraceEvent *ev;
+    int ne = rt_exec_trace(e, &ev);
+    assert_int_equal(ne, rt_exec_plan(e)->steps.n);
+    assert_int_equal(calls, 3 * ne);
+    for (int i = 0; i < ne; i++) {
+        assert_true(ev[i].start <= ev[i].end);
+        if (i)
+            assert_true(ev[i - 1].end <= ev[i].start);
+    }
+    rt_exec_destroy(e);
+    ir_free(g);
+}
+
+/* Every model in models/ (default tiny configs): the full pipeline, then two
+ * steps on the CPU backend against the interpreter: loss and gradients
+ * within 1e-4, params and state after each update too. */
+static void test_models(void **state)
+{
+    (void)state;
+    DIR *dir = opendir("models");
+    if (!dir)
+        fail_msg("no models/ directory (tests run from the source root)");
+    struct dirent *de;
+    int nmodels = 0;
+    while ((de = readdir(dir))) {
+        size_t n = strlen(de->d_name);
+        if (n < 5 || strcmp(de->d_name + n - 4, ".lua") != 0)
+            continue;
+        char path[512], err[1024];
+        snprintf(path, sizeof path, "models/%s", de->d_name);
+        Model *m = fe_load_model(path, NULL, 0, err, sizeof err);
+        if (!m)
+            fail_msg("%s: %s", path, err);
+        PassOpts po;
+        pass_opts_default(&po);
+        po.beta1 = m->train.beta1;
+        po.beta2 = m->train.beta2;
+        po.eps = m->train.eps;
+        po.weight_decay = m->train.weight_decay;
+        po.grad_clip = m->train.grad_clip;
+        Diag d = {{0}};
+        if (!pass_pipeline(m->g, &po, NULL, NULL, NULL, &d))
+            fail_msg("%s: pipeline: %s", path, d.msg);
+        fprintf(stderr, "model %s: %d ops\n", path, m->g->ops.n);
+        model_inputs = true;
+        check_graph_opts(m->g, 1e-4, "grad.");
+        model_inputs = false;
+        fe_model_free(m);
+        nmodels++;
+    }
+    closedir(dir);
+    assert_true(nmodels > 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_elementwise_f32), cmocka_unit_test(test_elementwise_int),
+        cmocka_unit_test(test_sources),         cmocka_unit_test(test_moves),
+        cmocka_unit_test(test_reduce),          cmocka_unit_test(test_matmul),
+        cmocka_unit_test(test_updates),         cmocka_unit_test(test_cache),
+        cmocka_unit_test(test_compile_failure), cmocka_unit_test(test_profile),
+        cmocka_unit_test(test_models),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

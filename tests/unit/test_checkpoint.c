@@ -1,0 +1,192 @@
+/* test_checkpoint.c - checkpoints and weights: exact round trip, model
+ * fingerprint, shape and missing-tensor errors. */
+#include "testutil.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "runtime.h"
+
+static Graph *model(int64_t hidden, const char *extra)
+{
+    Graph *g = ir_new();
+    ParamInit pi = {INIT_NORMAL, 0.02, 0};
+    ParamInit z = {INIT_ZEROS, 0, 0};
+    ir_add_input(g, TK_INPUT, "x", shape_make(DT_F32, 2, (int64_t[]){4, 3}), z);
+    ir_add_input(g, TK_PARAM, "w1", shape_make(DT_F32, 2, (int64_t[]){3, hidden}), pi);
+    ir_add_input(g, TK_PARAM, "b1", shape_make(DT_F32, 1, (int64_t[]){hidden}), z);
+    if (extra)
+        ir_add_input(g, TK_PARAM, extra, shape_make(DT_F32, 1, (int64_t[]){2}), z);
+    ir_add_input(g, TK_STATE, "adam.step", shape_make(DT_F32, 0, NULL), z);
+    ir_add_input(g, TK_STATE, "adam.m.w1", shape_make(DT_F32, 2, (int64_t[]){3, hidden}), z);
+    return g;
+}
+
+/* host buffers for every param/state, filled from `base` */
+static void **alloc_vals(const Graph *g, float base)
+{
+    void **v = xcalloc((size_t)g->t.n, sizeof *v);
+    for (int i = 0; i < g->t.n; i++) {
+        const Tensor *t = &g->t.v[i];
+        if (t->kind != TK_PARAM && t->kind != TK_STATE)
+            continue;
+        int64_t n = shape_numel(&t->s);
+        float *p = xmalloc((size_t)n * sizeof *p);
+        for (int64_t k = 0; k < n; k++)
+            p[k] = base + (float)i * 0.37f + (float)k * 1e-3f;
+        v[i] = p;
+    }
+    return v;
+}
+
+static void free_vals(const Graph *g, void **v)
+{
+    for (int i = 0; i < g->t.n; i++)
+        free(v[i]);
+    free(v);
+}
+
+static bool same_vals(const Graph *g, void **a, void **b, bool params_only)
+{
+    for (int i = 0; i < g->t.n; i++) {
+        const Tensor *t = &g->t.v[i];
+        if (t->kind != TK_PARAM && (params_only || t->kind != TK_STATE))
+            continue;
+        if (memcmp(a[i], b[i], (size_t)shape_numel(&t->s) * 4) != 0)
+            return false;
+    }
+    return true;
+}
+
+static void test_checkpoint_round_trip(void **state)
+{
+    (void)state;
+    char *dir = scratch_dir("ckpt");
+    char *p = xasprintf("%s/c.safetensors", dir);
+    Graph *g = model(5, NULL);
+    void **a = alloc_vals(g, 1.0f), **b = alloc_vals(g, -7.0f);
+    Diag d;
+    CkptMeta m = {.step = 123, .data_pos = 456, .seed = 0xfedcba9876543210ull}, r = {0};
+    assert_true(rt_ckpt_save(p, g, a, &m, &d));
+    assert_false(same_vals(g, a, b, false));
+    if (!rt_ckpt_load(p, g, b, &r, &d))
+        fail_msg("%s", d.msg);
+    assert_true(same_vals(g, a, b, false));
+    assert_int_equal(r.step, 123);
+    assert_int_equal(r.data_pos, 456);
+    assert_true(r.seed == 0xfedcba9876543210ull);
+
+    /* a checkpoint also initialises weights */
+    void **c = alloc_vals(g, 3.0f);
+    assert_true(rt_weights_load(p, g, c, &d));
+    assert_true(same_vals(g, a, c, true));
+    assert_false(same_vals(g, a, c, false)); /* state untouched */
+    free_vals(g, c);
+
+    unlink(p);
+    free_vals(g, a);
+    free_vals(g, b);
+    ir_free(g);
+    free(p);
+    rmdir(dir);
+    free(dir);
+}
+
+static void test_weights(void **state)
+{
+    (void)state;
+    char *dir = scratch_dir("ckpt");
+    char *p = xasprintf("%s/w.safetensors", dir);
+    Graph *g = model(5, NULL);
+    void **a = alloc_vals(g, 1.0f), **b = alloc_vals(g, 2.0f);
+    Diag d;
+    assert_true(rt_weights_save(p, g, a, &d));
+    StFile f;
+    assert_true(rt_st_read(p, &f, &d));
+    assert_int_equal(f.n, 2); /* params only */
+    assert_null(rt_st_find(&f, "adam.step"));
+    rt_st_free(&f);
+    assert_true(rt_weights_load(p, g, b, &d));
+    assert_true(same_vals(g, a, b, true));
+
+    /* a weights file is not a checkpoint */
+    CkptMeta m;
+    assert_false(rt_ckpt_load(p, g, b, &m, &d));
+    assert_non_null(strstr(d.msg, "not a kiln checkpoint"));
+    assert_non_null(strstr(d.msg, "--init-from"));
+
+    /* wrong shape: names the tensor and both shapes; nothing is loaded */
+    Graph *g2 = model(6, NULL);
+    void **c = alloc_vals(g2, 9.0f), **keep = alloc_vals(g2, 9.0f);
+    assert_false(rt_weights_load(p, g2, c, &d));
+    if (!strstr(d.msg, "\"w1\"") || !strstr(d.msg, "f32[3,6]") || !strstr(d.msg, "f32[3,5]") ||
+        !strstr(d.msg, p))
+        fail_msg("unclear message: %s", d.msg);
+    assert_true(same_vals(g2, c, keep, false));
+    free_vals(g2, c);
+    free_vals(g2, keep);
+    ir_free(g2);
+
+    /* missing tensor */
+    Graph *g3 = model(5, "gamma");
+    c = alloc_vals(g3, 0.0f);
+    assert_false(rt_weights_load(p, g3, c, &d));
+    if (!strstr(d.msg, "missing tensor \"gamma\"") || !strstr(d.msg, "f32[2]"))
+        fail_msg("unclear message: %s", d.msg);
+    free_vals(g3, c);
+    ir_free(g3);
+
+    unlink(p);
+    free_vals(g, a);
+    free_vals(g, b);
+    ir_free(g);
+    free(p);
+    rmdir(dir);
+    free(dir);
+}
+
+static void test_other_model(void **state)
+{
+    (void)state;
+    char *dir = scratch_dir("ckpt");
+    char *p = xasprintf("%s/c.safetensors", dir);
+    Graph *g = model(5, NULL), *g2 = model(6, NULL), *g3 = model(5, NULL);
+    assert_true(rt_model_fingerprint(g) == rt_model_fingerprint(g3));
+    assert_true(rt_model_fingerprint(g) != rt_model_fingerprint(g2));
+    void **a = alloc_vals(g, 1.0f), **b = alloc_vals(g2, 2.0f);
+    CkptMeta m = {1, 2, 3};
+    Diag d;
+    assert_true(rt_ckpt_save(p, g, a, &m, &d));
+    assert_false(rt_ckpt_load(p, g2, b, &m, &d));
+    if (!strstr(d.msg, "different model") || !strstr(d.msg, "w1"))
+        fail_msg("unclear message: %s", d.msg);
+
+    /* a corrupt checkpoint is reported, not loaded */
+    FILE *f = fopen(p, "r+b");
+    uint8_t junk[8] = {0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0};
+    fwrite(junk, 1, 8, f);
+    fclose(f);
+    assert_false(rt_ckpt_load(p, g, a, &m, &d));
+    assert_non_null(strstr(d.msg, "corrupt"));
+
+    unlink(p);
+    free_vals(g, a);
+    free_vals(g2, b);
+    ir_free(g);
+    ir_free(g2);
+    ir_free(g3);
+    free(p);
+    rmdir(dir);
+    free(dir);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_checkpoint_round_trip),
+        cmocka_unit_test(test_weights),
+        cmocka_unit_test(test_other_model),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

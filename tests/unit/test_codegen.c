@@ -1,0 +1,178 @@
+/* test_codegen.c - kernel descriptions and the C printer: what the generated
+ * source says for a few ops, that it compiles, that the expression printer
+ * takes target overrides, kernel sharing, GEMM steps, and unsupported dtypes. */
+#include "testutil.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "codegen.h"
+
+static const SrcLoc here = {"test.lua", 7};
+
+static int in_f32(Graph *g, const char *name, int rank, const int64_t *dim)
+{
+    return ir_add_input(g, TK_INPUT, name, shape_make(DT_F32, rank, dim), (ParamInit){0});
+}
+
+static char *kernel_src(const Graph *g, int op)
+{
+    CgKernel *k = xcalloc(1, sizeof *k);
+    Diag d = {{0}};
+    if (!cg_lower_op(g, op, k, &d))
+        fail_msg("%s", d.msg);
+    CgBuf b = {0};
+    cg_print_c_kernel(&b, k);
+    cg_kernel_free(k);
+    return b.s;
+}
+
+static void expect(const char *src, const char *want)
+{
+    if (!strstr(src, want))
+        fail_msg("generated source lacks \"%s\":\n%s", want, src);
+}
+
+static void test_elementwise_source(void **state)
+{
+    (void)state;
+    Graph *g = ir_new();
+    int64_t d[2] = {4, 8};
+    int x = in_f32(g, "x", 2, d), y = in_f32(g, "y", 2, d);
+    ir_op_x(g, OP_ADD, (int[]){x, y}, 2, NULL, here);
+    ir_op_x(g, OP_SIGMOID, &x, 1, NULL, here);
+    char *s = kernel_src(g, 0);
+    expect(s, "void k0_add(float *restrict p0, const float *restrict p1, const float *restrict p2)");
+    expect(s, "for (int64_t v0 = 0; v0 < 32; v0++)");
+    expect(s, "p0[v0] = (p1[v0] + p2[v0]);");
+    free(s);
+    s = kernel_src(g, 1);
+    expect(s, "p0[v0] = (1.0f / (1.0f + expf(-p1[v0])));");
+    free(s);
+    ir_free(g);
+}
+
+static void test_reduce_random_source(void **state)
+{
+    (void)state;
+    Graph *g = ir_new();
+    int64_t d[2] = {3, 5};
+    int x = in_f32(g, "x", 2, d);
+    OpAttr r = {.nia = 1, .ia = {1}};
+    ir_op_x(g, OP_REDUCE_MAX, &x, 1, &r, here);
+    OpAttr rnd = {.rank = 1, .shape = {10}, .nia = 1, .ia = {42}};
+    ir_op_x(g, OP_RANDOM, NULL, 0, &rnd, here);
+    char *s = kernel_src(g, 0);
+    expect(s, "float a0 = (-KILN_INF);");
+    expect(s, "for (int64_t v1 = 0; v1 < 5; v1++)");
+    expect(s, "p1[((v0 * 5) + v1)]");
+    free(s);
+    s = kernel_src(g, 1);
+    expect(s, "uint64_t seed, int64_t step)");
+    expect(s, "kiln_rand_u01(seed, 42ull, (uint64_t)step, (uint64_t)(v0))");
+    free(s);
+    ir_free(g);
+}
+
+/* A second target overrides one spelling; everything else comes from the
+ * shared table. */
+static void test_target_override(void **state)
+{
+    (void)state;
+    CgKernel k = {0};
+    CgParam p = {0, DT_F32, false};
+    vec_push(&k.params, p);
+    int v = cg_var(&k, cg_new_var(&k));
+    int e = cg_binop(&k, CG_ADD, cg_unop(&k, CG_RSQRT, cg_load(&k, 0, v)),
+                     cg_const_f(&k, DT_F32, 1.0));
+    CgBuf b = {0};
+    cg_print_expr(&b, &k, e, &cg_target_c);
+    assert_string_equal(b.s, "((1.0f / sqrtf(p0[v0])) + 1.0f)");
+    static const char *over[CG__COUNT] = {[CG_RSQRT] = "rsqrtf($0)"};
+    CgTarget cuda = {"cuda", over, NULL};
+    b.n = 0;
+    cg_print_expr(&b, &k, e, &cuda);
+    assert_string_equal(b.s, "(rsqrtf(p0[v0]) + 1.0f)");
+    /* index arithmetic folds */
+    int i = cg_binop(&k, CG_ADD, cg_binop(&k, CG_MUL, v, cg_const_i(&k, DT_I64, 1)),
+                     cg_const_i(&k, DT_I64, 0));
+    assert_int_equal(i, v);
+    free(b.s);
+    vec_free(&k.params);
+    vec_free(&k.ex);
+}
+
+static void test_plan_compiles(void **state)
+{
+    (void)state;
+    Graph *g = ir_new();
+    int64_t d[3] = {2, 4, 8}, w[2] = {8, 3};
+    int x = in_f32(g, "x", 3, d), y = in_f32(g, "y", 3, d);
+    int W = ir_add_input(g, TK_PARAM, "W", shape_make(DT_F32, 2, w), (ParamInit){0});
+    int e1 = ir_op_x(g, OP_EXP, &x, 1, NULL, here);
+    int e2 = ir_op_x(g, OP_EXP, &y, 1, NULL, here); /* same body as e1: shared kernel */
+    int s = ir_op_x(g, OP_ADD, (int[]){e1, e2}, 2, NULL, here);
+    OpAttr mm = {.nia = 2, .ia = {0, 0}};
+    int z = ir_op_x(g, OP_MATMUL, (int[]){s, W}, 2, &mm, here);
+    OpAttr p = {.nia = 3, .ia = {2, 0, 1}};
+    ir_add_output(g, "z", ir_op_x(g, OP_PERMUTE, &z, 1, &p, here));
+    Diag dg = {{0}};
+    CgPlan *pl = cg_plan(g, &dg);
+    if (!pl)
+        fail_msg("%s", dg.msg);
+    assert_int_equal(pl->kernels.n, 3); /* exp (shared), add, permute */
+    assert_int_equal(pl->steps.n, 5);
+    assert_int_equal(pl->steps.v[0].kernel, pl->steps.v[1].kernel);
+    assert_true(pl->steps.v[0].args[1] != pl->steps.v[1].args[1]);
+    const CgStep *gs = &pl->steps.v[3];
+    assert_int_equal(gs->kind, CG_STEP_GEMM);
+    assert_int_equal(gs->gemm.M, 8); /* batch of 2 x 4 rows folded: B is shared */
+    assert_int_equal(gs->gemm.batch, 1);
+    assert_int_equal(gs->gemm.N, 3);
+    assert_int_equal(gs->gemm.K, 8);
+    char *dir = scratch_dir("codegen");
+    char *path = xasprintf("%s/k.c", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(pl->source, f);
+    fclose(f);
+    char *cmd = xasprintf("%s -std=c11 -Wall -Werror -c -o %s/k.o %s", KILN_C_COMPILER, dir, path);
+    char *outp = NULL;
+    int rc = run_cmd(cmd, &outp);
+    if (rc != 0)
+        fail_msg("generated C does not compile:\n%s\n%s", outp, pl->source);
+    free(outp);
+    free(cmd);
+    cmd = xasprintf("rm -rf '%s'", dir);
+    run_cmd(cmd, NULL);
+    free(cmd);
+    free(path);
+    free(dir);
+    cg_plan_free(pl);
+    ir_free(g);
+}
+
+static void test_unsupported_dtype(void **state)
+{
+    (void)state;
+    Graph *g = ir_new();
+    int64_t d[1] = {4};
+    int x = in_f32(g, "x", 1, d);
+    OpAttr c = {.dtype = DT_BF16};
+    ir_add_output(g, "y", ir_op_x(g, OP_CAST, &x, 1, &c, here));
+    Diag dg = {{0}};
+    CgPlan *pl = cg_plan(g, &dg);
+    assert_null(pl);
+    expect(dg.msg, "test.lua:7: cast on bf16 is not supported");
+    ir_free(g);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_elementwise_source), cmocka_unit_test(test_reduce_random_source),
+        cmocka_unit_test(test_target_override),    cmocka_unit_test(test_plan_compiles),
+        cmocka_unit_test(test_unsupported_dtype),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,576 @@
+/* test_frontend.c - the model DSL: every model in models/ loads to a valid
+ * forward graph with a scalar loss; --set overrides config{} and train{};
+ * script mistakes (tests/data/bad/) are reported at the right file and line;
+ * the nn library computes what it claims (checked with the reference
+ * interpreter against plain C). */
+#include "testutil.h"
+
+#include <dirent.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "frontend.h"
+
+static Model *load_ok(const char *path, const char *const *sets, int nsets)
+{
+    char err[2048];
+    Model *m = fe_load_model(path, sets, nsets, err, sizeof err);
+    if (!m)
+        fail_msg("%s: %s", path, err);
+    return m;
+}
+
+/* Loads and expects failure; returns the message (static). */
+static const char *load_err(const char *path, const char *const *sets, int nsets)
+{
+    static char err[2048];
+    err[0] = 0;
+    Model *m = fe_load_model(path, sets, nsets, err, sizeof err);
+    if (m) {
+        fe_model_free(m);
+        fail_msg("%s: loaded, but an error was expected", path);
+    }
+    return err;
+}
+
+static void expect_has(const char *msg, const char *what)
+{
+    if (!strstr(msg, what))
+        fail_msg("message lacks '%s': %s", what, msg);
+}
+
+static void check_forward_graph(const Model *m)
+{
+    char err[1024];
+    if (!ir_verify(m->g, err, sizeof err))
+        fail_msg("%s: %s", m->path, err);
+    int loss = ir_find_output(m->g, "loss");
+    assert_true(loss >= 0);
+    assert_int_equal(m->g->t.v[loss].s.rank, 0);
+    assert_true(dtype_is_float(m->g->t.v[loss].s.dtype));
+    for (int i = 0; i < m->g->ops.n; i++) {
+        const Op *op = &m->g->ops.v[i];
+        if (!op->loc.file || strcmp(op->loc.file, m->path) != 0 || op->loc.line <= 0)
+            fail_msg("%s: op %d (%s) has location %s:%d", m->path, i,
+                     ir_opinfo[op->code].name, op->loc.file ? op->loc.file : "?", op->loc.line);
+    }
+}
+
+static void test_every_model_loads(void **state)
+{
+    (void)state;
+    DIR *d = opendir("models");
+    assert_non_null(d);
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        size_t l = strlen(e->d_name);
+        if (l < 5 || strcmp(e->d_name + l - 4, ".lua") != 0)
+            continue;
+        char path[512];
+        snprintf(path, sizeof path, "models/%s", e->d_name);
+        Model *m = load_ok(path, NULL, 0);
+        check_forward_graph(m);
+        assert_true(m->nconfig > 0);
+        assert_non_null(m->train.data);
+        fe_model_free(m);
+        n++;
+    }
+    closedir(d);
+    assert_true(n >= 4);
+}
+
+static int64_t param_count(const Graph *g)
+{
+    int64_t n = 0;
+    for (int i = 0; i < g->t.n; i++)
+        if (g->t.v[i].kind == TK_PARAM)
+            n += shape_numel(&g->t.v[i].s);
+    return n;
+}
+
+static void test_model_outputs(void **state)
+{
+    (void)state;
+    static const char *with_logits[] = {"models/gpt.lua", "models/addition.lua",
+                                        "models/llama.lua", "models/mlp.lua"};
+    for (int i = 0; i < 4; i++) {
+        Model *m = load_ok(with_logits[i], NULL, 0);
+        int t = ir_find_output(m->g, "logits");
+        if (t < 0)
+            fail_msg("%s has no logits output", with_logits[i]);
+        fe_model_free(m);
+    }
+    /* the addition task's layout: T = 3n + 3, V = 14, a mask input */
+    const char *sets[] = {"digits=5"};
+    Model *m = load_ok("models/addition.lua", sets, 1);
+    const Shape *lg = &m->g->t.v[ir_find_output(m->g, "logits")].s;
+    assert_int_equal(lg->rank, 3);
+    assert_int_equal(lg->dim[1], 18);
+    assert_int_equal(lg->dim[2], 14);
+    assert_int_equal(m->train.digits, 5);
+    assert_string_equal(m->train.data, "addition");
+    int mask = ir_find_tensor(m->g, "mask");
+    assert_true(mask >= 0);
+    assert_int_equal(m->g->t.v[mask].s.dtype, DT_F32);
+    fe_model_free(m);
+}
+
+/* GPT-2 124M: the forward graph only (shapes, nothing allocated), fast. */
+static void test_gpt2_124m(void **state)
+{
+    (void)state;
+    const char *sets[] = {"size=124M"};
+    struct timespec a, b;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    Model *m = load_ok("models/gpt.lua", sets, 1);
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    double s = (double)(b.tv_sec - a.tv_sec) + (double)(b.tv_nsec - a.tv_nsec) * 1e-9;
+    if (s >= 0.3)
+        fail_msg("loading GPT-2 124M took %.3f s (expected well under 0.3 s)", s);
+    check_forward_graph(m);
+    /* GPT-2 small with tied embeddings has 124,439,808 parameters */
+    assert_int_equal(param_count(m->g), 124439808);
+    const Shape *lg = &m->g->t.v[ir_find_output(m->g, "logits")].s;
+    assert_int_equal(lg->dim[0], 4);
+    assert_int_equal(lg->dim[1], 1024);
+    assert_int_equal(lg->dim[2], 50257);
+    assert_string_equal(fe_config_get(m, "L"), "12");
+    assert_string_equal(fe_config_get(m, "size"), "124M");
+    assert_true(ir_find_tensor(m->g, "h.11.attn.c_attn.weight") >= 0);
+    fe_model_free(m);
+
+    /* explicit keys win over the preset */
+    const char *sets2[] = {"size=124M", "L=2"};
+    m = load_ok("models/gpt.lua", sets2, 2);
+    assert_string_equal(fe_config_get(m, "L"), "2");
+    assert_string_equal(fe_config_get(m, "C"), "768");
+    assert_true(ir_find_tensor(m->g, "h.2.ln_1.weight") < 0);
+    fe_model_free(m);
+
+    const char *bad[] = {"size=1B"};
+    const char *msg = load_err("models/gpt.lua", bad, 1);
+    expect_has(msg, "--set size:");
+    expect_has(msg, "1B");
+}
+
+static void test_set_overrides(void **state)
+{
+    (void)state;
+    const char *path = "tests/data/bad/config_set.lua";
+    Model *m = load_ok(path, NULL, 0);
+    assert_string_equal(fe_config_get(m, "width"), "8");
+    assert_string_equal(fe_config_get(m, "name"), "tiny");
+    assert_string_equal(fe_config_get(m, "flag"), "true");
+    assert_int_equal(m->g->t.v[ir_find_tensor(m->g, "x")].s.dim[1], 8);
+    fe_model_free(m);
+
+    const char *sets[] = {"width=16", "name=big", "flag=false", "lr=0.25", "steps=7",
+                          "memory_budget=512MiB", "data=text", "seed=42"};
+    m = load_ok(path, sets, 8);
+    assert_string_equal(fe_config_get(m, "width"), "16");
+    assert_string_equal(fe_config_get(m, "name"), "big");
+    assert_string_equal(fe_config_get(m, "flag"), "false");
+    assert_int_equal(m->g->t.v[ir_find_tensor(m->g, "x")].s.dim[1], 16);
+    assert_true(m->train.lr == 0.25);
+    assert_int_equal(m->train.steps, 7);
+    assert_int_equal(m->train.memory_budget, 512LL << 20);
+    assert_string_equal(m->train.data, "text");
+    assert_int_equal(m->train.seed, 42);
+    fe_model_free(m);
+
+    /* a --set of a train key beats the script's train{} */
+    const char *lr[] = {"lr=0.125", "steps=3"};
+    m = load_ok("models/gpt.lua", lr, 2);
+    assert_true(m->train.lr == 0.125);
+    assert_int_equal(m->train.steps, 3); /* a config key of gpt.lua, passed to train{} */
+    fe_model_free(m);
+
+    static const struct {
+        const char *set, *words[3];
+    } bad[] = {
+        {"nope=1", {"--set nope:", "unknown key", "width"}},
+        {"width=abc", {"--set width:", "number", "abc"}},
+        {"width=2.5", {"--set width:", "integer", "2.5"}},
+        {"flag=maybe", {"--set flag:", "true or false", "maybe"}},
+        {"steps=many", {"--set steps:", "integer", "many"}},
+        {"memory_budget=lots", {"--set memory_budget:", "512MiB", "lots"}},
+        {"widthonly", {"--set widthonly:", "key=value", NULL}},
+        {"precision=f8", {"--set precision:", "f32, bf16", "f8"}},
+        {"data=mnist", {"--set data:", "addition, text, tokens, blobs", "mnist"}},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        const char *msg = load_err(path, &bad[i].set, 1);
+        for (int k = 0; k < 3 && bad[i].words[k]; k++)
+            expect_has(msg, bad[i].words[k]);
+    }
+}
+
+/* Line of the first line of path containing "-- ERROR" (0 if none). */
+static int marked_line(const char *path)
+{
+    char *text = read_file(path);
+    if (!text)
+        fail_msg("cannot read %s", path);
+    int line = 1, found = 0;
+    for (char *p = text; *p && !found; p++) {
+        if (strncmp(p, "-- ERROR", 8) == 0)
+            found = line;
+        if (*p == '\n')
+            line++;
+    }
+    free(text);
+    return found;
+}
+
+static void test_bad_scripts(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *file;
+        const char *words[4];
+    } cases[] = {
+        {"add_shape", {"add", "broadcast", "f32[4,8]", "f32[4,9]"}},
+        {"matmul_inner", {"matmul", "inner dimensions", "f32[4,8]", "f32[9,16]"}},
+        {"embed_dtype", {"gather", "indices must be integers", "f32[4,8]", NULL}},
+        {"unknown_method", {"no field or method", "frobnicate", NULL}},
+        {"reshape_count", {"reshape", "element counts", "f32[4,8]", "[5,7]"}},
+        {"bad_axis", {"sum", "axis 2 out of range", "f32[4,8]", NULL}},
+        {"train_key", {"train", "unknown key", "stepz", NULL}},
+        {"minimize_nonscalar", {"minimize", "scalar", "f32[4,8]", NULL}},
+        {"syntax", {"unexpected symbol", NULL}},
+        {"runtime", {"attempt to call a nil value", "undefined_layer", NULL}},
+        {"bad_init", {"param 'w'", "init must be", "number", NULL}},
+        {"nn_shape", {"matmul", "inner dimensions", "f32[4,8]", "f32[16,4]"}},
+        {"dtype_mix", {"mul", "dtypes differ", "f32[4,8]", "i32[4,8]"}},
+        {"compare_op", {"cannot be compared", "a:lt(b)", NULL}},
+        {"user_error", {"C must be divisible by H", NULL}},
+        {"bad_dtype", {"unknown dtype", "float32", NULL}},
+        {"select_mask", {"select", "u8", "f32[4,8]", NULL}},
+        {"train_type", {"train", "lr", "fast", NULL}},
+        {"batch_mismatch", {"batch = 8", "'x'", "f32[4,8]", NULL}},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char path[256], prefix[300];
+        snprintf(path, sizeof path, "tests/data/bad/%s.lua", cases[i].file);
+        int line = marked_line(path);
+        assert_true(line > 0);
+        const char *msg = load_err(path, NULL, 0);
+        snprintf(prefix, sizeof prefix, "%s:%d: ", path, line);
+        if (strncmp(msg, prefix, strlen(prefix)) != 0)
+            fail_msg("expected the message to start with '%s', got: %s", prefix, msg);
+        for (int k = 0; k < 4 && cases[i].words[k]; k++)
+            expect_has(msg, cases[i].words[k]);
+    }
+    const char *msg = load_err("tests/data/bad/no_loss.lua", NULL, 0);
+    expect_has(msg, "tests/data/bad/no_loss.lua:");
+    expect_has(msg, "minimize");
+    msg = load_err("tests/data/bad/does_not_exist.lua", NULL, 0);
+    expect_has(msg, "does_not_exist.lua");
+}
+
+static void test_settings_printed(void **state)
+{
+    (void)state;
+    const char *sets[] = {"memory_budget=2GiB"};
+    Model *m = load_ok("models/gpt.lua", sets, 1);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    fe_print_settings(m, f);
+    fclose(f);
+    expect_has(buf, "# config\n");
+    expect_has(buf, "\nL = 2\n");
+    expect_has(buf, "\nsize = tiny\n");
+    expect_has(buf, "# train\n");
+    expect_has(buf, "\nmemory_budget = 2147483648\n");
+    expect_has(buf, "\nprecision = f32\n");
+    expect_has(buf, "\ndata = text\n");
+    free(buf);
+    fe_model_free(m);
+
+    TrainCfg t;
+    fe_train_defaults(&t);
+    assert_string_equal(t.precision, "f32");
+    assert_true(t.beta1 == 0.9);
+    assert_int_equal(fe_parse_bytes("512MiB"), 512LL << 20);
+    assert_int_equal(fe_parse_bytes("2GiB"), 2LL << 30);
+    assert_int_equal(fe_parse_bytes("1.5GB"), 1500000000LL);
+    assert_int_equal(fe_parse_bytes("1000"), 1000);
+    assert_int_equal(fe_parse_bytes("12 parsecs"), -1);
+    assert_int_equal(fe_parse_bytes("-1"), -1);
+}
+
+/* ---- numerics: nn and the primitives against plain C --------------------- */
+
+static const char *numeric_script =
+    "local x = input('x', {2, 3, 4})\n"
+    "local t = input('t', {2, 3}, 'i32')\n"
+    "local m = input('m', {2, 3})\n"
+    "local w = input('w', {4})\n"
+    "local b = input('b', {4})\n"
+    "local W = input('W', {4, 5})\n"
+    "local Y = input('Y', {1, 4, 5})\n"
+    "output('softmax', nn.softmax(x, -1))\n"
+    "output('lsm1', nn.log_softmax(x, 1))\n"
+    "output('ln', nn.layernorm(x, w, b, 1e-5))\n"
+    "output('rms', nn.rmsnorm(x, w, 1e-5))\n"
+    "output('gelu', nn.gelu(x))\n"
+    "output('ce', nn.cross_entropy(x, t))\n"
+    "output('cem', nn.cross_entropy(x, t, m))\n"
+    "output('mm', x:matmul(W))\n"
+    "output('mmb', matmul(x, Y))\n"
+    "output('mmt', matmul(x, x, {tb = true}))\n"
+    "output('tr', x:transpose(0, 2))\n"
+    "output('sl', x:slice(-1, 1, 3))\n"
+    "output('cat', concat({x, x:slice(2, 0, 1)}, -1))\n"
+    "output('mx', x:max({0, -1}))\n"
+    "output('mn', x:mean(1, true))\n"
+    "output('sel', select(x:gt(0), x, -x))\n"
+    "output('arith', 2 - x * 3 / (1 + x * x) ^ 2)\n"
+    "local q = x:reshape{1, 2, 3, 4}\n"
+    "output('rope', nn.rope(q, 10000))\n"
+    "output('att', nn.attention(q, q, q))\n"
+    "minimize(x:sum())\n";
+
+static double X(int i, int j, int k) { return sin(1.0 + i * 12 + j * 4 + k) * 1.7; }
+
+static void numeric_expect(const Graph *g, double **val, const char *name, const double *want,
+                           int n)
+{
+    int t = ir_find_output(g, name);
+    if (t < 0)
+        fail_msg("no output %s", name);
+    assert_int_equal(shape_numel(&g->t.v[t].s), n);
+    for (int i = 0; i < n; i++)
+        if (!(fabs(val[t][i] - want[i]) <= 1e-9 * (1 + fabs(want[i]))))
+            fail_msg("%s[%d] = %.12g (expected %.12g)", name, i, val[t][i], want[i]);
+}
+
+static void set_input(const Graph *g, double **val, const char *name, const double *v)
+{
+    int t = ir_find_tensor(g, name);
+    assert_true(t >= 0);
+    size_t n = (size_t)shape_numel(&g->t.v[t].s);
+    free(val[t]);
+    val[t] = xmalloc(sizeof(double) * n);
+    memcpy(val[t], v, sizeof(double) * n);
+}
+
+static void test_numerics(void **state)
+{
+    (void)state;
+    char *dir = scratch_dir("fe");
+    char path[512];
+    snprintf(path, sizeof path, "%s/numeric.lua", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(numeric_script, f);
+    fclose(f);
+    Model *mod = load_ok(path, NULL, 0);
+    Graph *g = mod->g;
+    double **val = ir_interp_alloc(g);
+    double x[24], t[6] = {0, 3, 1, 2, 2, 0}, m[6] = {1, 0, 1, 1, 0, 1}, w[4] = {1, 2, -1, 0.5},
+           b[4] = {0, 0.1, 0.2, -0.3}, W[20], Y[20];
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 3; j++)
+            for (int k = 0; k < 4; k++)
+                x[i * 12 + j * 4 + k] = X(i, j, k);
+    for (int i = 0; i < 20; i++)
+        W[i] = cos(i * 0.7), Y[i] = sin(i * 0.3) - 0.2;
+    set_input(g, val, "x", x);
+    set_input(g, val, "t", t);
+    set_input(g, val, "m", m);
+    set_input(g, val, "w", w);
+    set_input(g, val, "b", b);
+    set_input(g, val, "W", W);
+    set_input(g, val, "Y", Y);
+    InterpOpts o = {1, 0};
+    ir_interp(g, val, &o);
+
+    double sm[24], lsm1[24], ln[24], rms[24], gelu[24], mm[30], mmb[30], mmt[18], tr[24], sl[12],
+        cat[30], mx[3], mn[8], sel[24], arith[24], rope[24], att[24];
+    double ce = 0, cem = 0, msum = 0;
+    for (int r = 0; r < 6; r++) { /* rows of the last axis */
+        const double *v = x + 4 * r;
+        double mxv = -INFINITY, s = 0, mu = 0, var = 0, ms = 0;
+        for (int k = 0; k < 4; k++)
+            mxv = fmax(mxv, v[k]), mu += v[k] / 4, ms += v[k] * v[k] / 4;
+        for (int k = 0; k < 4; k++)
+            s += exp(v[k] - mxv), var += (v[k] - mu) * (v[k] - mu) / 4;
+        for (int k = 0; k < 4; k++) {
+            sm[4 * r + k] = exp(v[k] - mxv) / s;
+            ln[4 * r + k] = (v[k] - mu) / sqrt(var + 1e-5) * w[k] + b[k];
+            rms[4 * r + k] = v[k] / sqrt(ms + 1e-5) * w[k];
+        }
+        double nll = -(v[(int)t[r]] - mxv - log(s));
+        ce += nll / 6;
+        cem += m[r] * nll;
+        msum += m[r];
+    }
+    cem /= msum;
+    for (int i = 0; i < 2; i++)
+        for (int k = 0; k < 4; k++) {
+            double mxv = -INFINITY, s = 0;
+            for (int j = 0; j < 3; j++)
+                mxv = fmax(mxv, X(i, j, k));
+            for (int j = 0; j < 3; j++)
+                s += exp(X(i, j, k) - mxv);
+            for (int j = 0; j < 3; j++)
+                lsm1[i * 12 + j * 4 + k] = X(i, j, k) - mxv - log(s);
+        }
+    for (int e = 0; e < 24; e++) {
+        double v = x[e];
+        gelu[e] = 0.5 * v * (1 + tanh(sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
+        sel[e] = fabs(v);
+        arith[e] = 2 - v * 3 / pow(1 + v * v, 2);
+    }
+    for (int r = 0; r < 6; r++)
+        for (int n = 0; n < 5; n++) {
+            double s1 = 0, s2 = 0;
+            for (int k = 0; k < 4; k++)
+                s1 += x[4 * r + k] * W[k * 5 + n], s2 += x[4 * r + k] * Y[k * 5 + n];
+            mm[r * 5 + n] = s1;
+            mmb[r * 5 + n] = s2;
+        }
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 3; j++)
+            for (int l = 0; l < 3; l++) {
+                double s = 0;
+                for (int k = 0; k < 4; k++)
+                    s += X(i, j, k) * X(i, l, k);
+                mmt[i * 9 + j * 3 + l] = s;
+            }
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 3; j++)
+            for (int k = 0; k < 4; k++) {
+                tr[k * 6 + j * 2 + i] = X(i, j, k);
+                if (k >= 1 && k < 3)
+                    sl[i * 6 + j * 2 + (k - 1)] = X(i, j, k);
+                cat[i * 15 + j * 5 + k] = X(i, j, k);
+                cat[i * 15 + j * 5 + 4] = X(i, j, 0);
+            }
+    for (int j = 0; j < 3; j++) {
+        mx[j] = -INFINITY;
+        for (int i = 0; i < 2; i++)
+            for (int k = 0; k < 4; k++)
+                mx[j] = fmax(mx[j], X(i, j, k));
+    }
+    for (int i = 0; i < 2; i++)
+        for (int k = 0; k < 4; k++)
+            mn[i * 4 + k] = (X(i, 0, k) + X(i, 1, k) + X(i, 2, k)) / 3;
+    /* q = x as [1, H=2, T=3, D=4] */
+    for (int h = 0; h < 2; h++)
+        for (int tt = 0; tt < 3; tt++) {
+            for (int i = 0; i < 2; i++) {
+                double ang = tt * pow(10000, -2.0 * i / 4);
+                double x1 = X(h, tt, i), x2 = X(h, tt, i + 2);
+                rope[h * 12 + tt * 4 + i] = x1 * cos(ang) - x2 * sin(ang);
+                rope[h * 12 + tt * 4 + i + 2] = x1 * sin(ang) + x2 * cos(ang);
+            }
+            double a[3], mxv = -INFINITY, s = 0;
+            for (int u = 0; u <= tt; u++) {
+                a[u] = 0;
+                for (int k = 0; k < 4; k++)
+                    a[u] += X(h, tt, k) * X(h, u, k) / 2.0;
+                mxv = fmax(mxv, a[u]);
+            }
+            for (int u = 0; u <= tt; u++)
+                s += exp(a[u] - mxv);
+            for (int k = 0; k < 4; k++) {
+                double y = 0;
+                for (int u = 0; u <= tt; u++)
+                    y += exp(a[u] - mxv) / s * X(h, u, k);
+                att[h * 12 + tt * 4 + k] = y;
+            }
+        }
+    numeric_expect(g, val, "softmax", sm, 24);
+    numeric_expect(g, val, "lsm1", lsm1, 24);
+    numeric_expect(g, val, "ln", ln, 24);
+    numeric_expect(g, val, "rms", rms, 24);
+    numeric_expect(g, val, "gelu", gelu, 24);
+    numeric_expect(g, val, "ce", &ce, 1);
+    numeric_expect(g, val, "cem", &cem, 1);
+    numeric_expect(g, val, "mm", mm, 30);
+    numeric_expect(g, val, "mmb", mmb, 30);
+    numeric_expect(g, val, "mmt", mmt, 18);
+    numeric_expect(g, val, "tr", tr, 24);
+    numeric_expect(g, val, "sl", sl, 12);
+    numeric_expect(g, val, "cat", cat, 30);
+    numeric_expect(g, val, "mx", mx, 3);
+    numeric_expect(g, val, "mn", mn, 8);
+    numeric_expect(g, val, "sel", sel, 24);
+    numeric_expect(g, val, "arith", arith, 24);
+    numeric_expect(g, val, "rope", rope, 24);
+    numeric_expect(g, val, "att", att, 24);
+    ir_interp_free(g, val);
+    fe_model_free(mod);
+    free(dir);
+}
+
+/* dropout: p = 0 adds nothing; p > 0 adds one random op per call, each with
+ * its own key, and keeps about 1-p of the elements scaled by 1/(1-p). */
+static void test_dropout(void **state)
+{
+    (void)state;
+    char *dir = scratch_dir("fe");
+    char path[512];
+    snprintf(path, sizeof path, "%s/drop.lua", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("local x = input('x', {64, 64})\n"
+          "assert(nn.dropout(x, 0) == x)\n"
+          "output('a', nn.dropout(x, 0.25))\n"
+          "output('b', nn.dropout(x, 0.25))\n"
+          "assert(select('#', 1, 2, 3) == 3)\n" /* Lua's own select still works */
+          "minimize(x:sum())\n",
+          f);
+    fclose(f);
+    Model *mod = load_ok(path, NULL, 0);
+    Graph *g = mod->g;
+    int keys[2], nk = 0;
+    for (int i = 0; i < g->ops.n; i++)
+        if (g->ops.v[i].code == OP_RANDOM) {
+            assert_true(nk < 2);
+            keys[nk++] = (int)g->ops.v[i].attr.ia[0];
+        }
+    assert_int_equal(nk, 2);
+    assert_int_not_equal(keys[0], keys[1]);
+    double **val = ir_interp_alloc(g);
+    double *x = xmalloc(sizeof(double) * 4096);
+    for (int i = 0; i < 4096; i++)
+        x[i] = 1.0;
+    set_input(g, val, "x", x);
+    free(x);
+    InterpOpts o = {7, 3};
+    ir_interp(g, val, &o);
+    const double *a = val[ir_find_output(g, "a")], *b = val[ir_find_output(g, "b")];
+    int kept = 0, differ = 0;
+    for (int i = 0; i < 4096; i++) {
+        assert_true(a[i] == 0 || fabs(a[i] - 1 / 0.75) < 1e-12);
+        kept += a[i] != 0;
+        differ += (a[i] != 0) != (b[i] != 0);
+    }
+    assert_true(kept > 2900 && kept < 3250);
+    assert_true(differ > 500);
+    ir_interp_free(g, val);
+    fe_model_free(mod);
+    free(dir);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_every_model_loads),
+        cmocka_unit_test(test_model_outputs),
+        cmocka_unit_test(test_gpt2_124m),
+        cmocka_unit_test(test_set_overrides),
+        cmocka_unit_test(test_bad_scripts),
+        cmocka_unit_test(test_settings_printed),
+        cmocka_unit_test(test_numerics),
+        cmocka_unit_test(test_dropout),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

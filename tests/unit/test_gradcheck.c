@@ -1,0 +1,521 @@
+/* test_gradcheck.c - every primitive's VJP (pass_autodiff) against central
+ * finite differences of the loss, evaluated in double precision by the
+ * reference interpreter on random inputs.
+ *
+ * Each case builds a small graph from params (and fixed inputs) to a result r;
+ * the harness appends loss = reshape(reduce_sum(r * W)) with W a fixed random
+ * input, so the cotangent reaching r is not uniform. A final test enumerates
+ * the opcode table and fails when an opcode with a VJP rule is not exercised
+ * on a differentiated path by some case. */
+#include "testutil.h"
+
+#include "passes.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAXIN 8
+
+typedef enum { D_ANY, D_POS, D_EXACT } Domain; /* D_ANY: |x| in [0.1, 1] */
+
+typedef struct {
+    Graph *g;
+    Domain dom;          /* for params */
+    int nin;
+    const char *name[MAXIN];
+    double *val[MAXIN];  /* values of every named input (params included) */
+    uint64_t rng;
+} Ctx;
+
+static double urand(Ctx *c)
+{
+    c->rng = c->rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (double)(c->rng >> 11) * (1.0 / 9007199254740992.0);
+}
+
+static double draw(Ctx *c, Domain d)
+{
+    double u = urand(c);
+    switch (d) {
+    case D_POS: return 0.5 + 1.5 * u;
+    case D_EXACT: return (double)((int)(u * 32) - 16 + (u < 0.5 ? 0 : 1)) * 0.125; /* nonzero */
+    default: return (urand(c) < 0.5 ? -1 : 1) * (0.1 + 0.9 * u);
+    }
+}
+
+static SrcLoc here(int line) { return (SrcLoc){intern("gradcheck.lua"), line}; }
+
+static Shape shp(DType dt, int rank, const int64_t *d) { return shape_make(dt, rank, d); }
+#define S(...) (const int64_t[]){__VA_ARGS__}
+#define F32(r, ...) shp(DT_F32, r, S(__VA_ARGS__)) /* F32(rank, dims...) */
+#define SCALAR shp(DT_F32, 0, NULL)
+
+static int add_named(Ctx *c, TensorKind k, const char *name, Shape s, double *v)
+{
+    ParamInit none = {0};
+    int t = ir_add_input(c->g, k, name, s, none);
+    assert_true(c->nin < MAXIN);
+    c->name[c->nin] = intern(name);
+    c->val[c->nin++] = v;
+    return t;
+}
+
+static int param(Ctx *c, const char *name, Shape s)
+{
+    int64_t n = shape_numel(&s);
+    double *v = xmalloc(sizeof(double) * (size_t)n);
+    for (int64_t i = 0; i < n; i++)
+        v[i] = draw(c, c->dom);
+    return add_named(c, TK_PARAM, name, s, v);
+}
+
+static int param_dom(Ctx *c, const char *name, Shape s, Domain d)
+{
+    Domain old = c->dom;
+    c->dom = d;
+    int t = param(c, name, s);
+    c->dom = old;
+    return t;
+}
+
+static int input_vals(Ctx *c, const char *name, Shape s, const double *vals)
+{
+    int64_t n = shape_numel(&s);
+    double *v = xmalloc(sizeof(double) * (size_t)n);
+    memcpy(v, vals, sizeof(double) * (size_t)n);
+    return add_named(c, TK_INPUT, name, s, v);
+}
+
+static int op1(Ctx *c, Opcode code, int x, const OpAttr *a)
+{
+    return ir_op_x(c->g, code, &x, 1, a, here(__LINE__));
+}
+
+static int op2(Ctx *c, Opcode code, int x, int y)
+{
+    int in[2] = {x, y};
+    return ir_op_x(c->g, code, in, 2, NULL, here(__LINE__));
+}
+
+static OpAttr shape_attr(Shape s)
+{
+    OpAttr a = {.rank = s.rank, .dtype = s.dtype};
+    memcpy(a.shape, s.dim, sizeof(int64_t) * (size_t)s.rank);
+    return a;
+}
+
+static int bcast(Ctx *c, int x, Shape s)
+{
+    OpAttr a = shape_attr(s);
+    return op1(c, OP_BROADCAST, x, &a);
+}
+
+static int mm(Ctx *c, int x, int y, int ta, int tb)
+{
+    OpAttr a = {.nia = 2, .ia = {ta, tb}};
+    int in[2] = {x, y};
+    return ir_op_x(c->g, OP_MATMUL, in, 2, &a, here(__LINE__));
+}
+
+/* ---- cases ------------------------------------------------------------------ */
+
+typedef int (*BuildFn)(Ctx *c, int variant);
+typedef struct {
+    const char *name;
+    BuildFn build;
+    int nvariants;
+    Domain dom;
+} Case;
+
+static Opcode unary_ops[] = {OP_NEG, OP_EXP, OP_LOG, OP_SIN, OP_COS, OP_TANH,
+                             OP_SQRT, OP_RSQRT, OP_SIGMOID, OP_RELU, OP_ABS, OP_ALLREDUCE};
+
+static int b_unary(Ctx *c, int v)
+{
+    Opcode code = unary_ops[v];
+    if (code == OP_LOG || code == OP_SQRT || code == OP_RSQRT)
+        c->dom = D_POS;
+    int x = param(c, "x", F32(2, 3, 4));
+    return op1(c, code, x, NULL);
+}
+
+static Opcode binary_ops[] = {OP_ADD, OP_SUB, OP_MUL, OP_DIV, OP_POW, OP_MAX, OP_MIN};
+
+static int b_binary(Ctx *c, int v)
+{
+    Opcode code = binary_ops[v % 7];
+    Shape s = v < 7 ? F32(2, 3, 4) : SCALAR;
+    int x = param_dom(c, "x", s, code == OP_POW ? D_POS : D_ANY);
+    int y = param_dom(c, "y", s, code == OP_DIV ? D_POS : D_ANY);
+    return op2(c, code, x, y);
+}
+
+/* x used twice by one op and again elsewhere: cotangents must accumulate */
+static int b_reuse(Ctx *c, int v)
+{
+    int x = param(c, "x", F32(2, 2, 3));
+    int a = op2(c, v ? OP_MUL : OP_ADD, x, x);
+    return op2(c, OP_SUB, op1(c, OP_EXP, x, NULL), a);
+}
+
+static int b_cast(Ctx *c, int v)
+{
+    (void)v;
+    int x = param_dom(c, "x", shp(DT_BF16, 2, S(3, 4)), D_EXACT);
+    OpAttr a = {.dtype = DT_F32};
+    return op1(c, OP_CAST, x, &a);
+}
+
+static int b_select(Ctx *c, int v)
+{
+    (void)v;
+    double m[12] = {1, 0, 0, 1, 1, 1, 0, 1, 0, 0, 1, 0};
+    int mask = input_vals(c, "mask", shp(DT_U8, 2, S(3, 4)), m);
+    int x = param(c, "x", F32(2, 3, 4)), y = param(c, "y", F32(2, 3, 4));
+    int in[3] = {mask, x, y};
+    return ir_op_x(c->g, OP_SELECT, in, 3, NULL, here(__LINE__));
+}
+
+static int b_broadcast(Ctx *c, int v)
+{
+    switch (v) {
+    case 0: /* [3,1] + [1,4] */
+        return op2(c, OP_ADD, bcast(c, param(c, "x", F32(2, 3, 1)), F32(2, 3, 4)),
+                   bcast(c, param(c, "y", F32(2, 1, 4)), F32(2, 3, 4)));
+    case 1: return bcast(c, param(c, "x", F32(1, 4)), F32(3, 2, 3, 4));
+    case 2: return bcast(c, param(c, "x", SCALAR), F32(2, 2, 3));
+    case 3: return bcast(c, param(c, "x", F32(3, 2, 1, 4)), F32(3, 2, 3, 4));
+    default: return bcast(c, param(c, "x", F32(2, 3, 1)), F32(3, 3, 3, 1));
+    }
+}
+
+static int b_reshape(Ctx *c, int v)
+{
+    int x = param(c, "x", F32(3, 2, 3, 4));
+    OpAttr a = shape_attr(v ? F32(1, 24) : F32(2, 4, 6));
+    return op1(c, OP_RESHAPE, x, &a);
+}
+
+static int b_permute(Ctx *c, int v)
+{
+    int x = param(c, "x", F32(3, 2, 3, 4));
+    OpAttr a = {.nia = 3, .ia = {2, 0, 1}};
+    if (v)
+        a.ia[0] = 1, a.ia[1] = 2, a.ia[2] = 0;
+    return op1(c, OP_PERMUTE, x, &a);
+}
+
+static int b_slice(Ctx *c, int v)
+{
+    int x = param(c, "x", F32(3, 3, 4, 5));
+    OpAttr a = shape_attr(v ? F32(3, 1, 4, 2) : F32(3, 2, 2, 3));
+    a.nia = 3;
+    a.ia[0] = 1, a.ia[1] = v ? 0 : 1, a.ia[2] = v ? 3 : 2;
+    return op1(c, OP_SLICE, x, &a);
+}
+
+static int b_pad(Ctx *c, int v)
+{
+    int x = param(c, "x", F32(2, 2, 3));
+    OpAttr a = shape_attr(v ? F32(2, 2, 5) : F32(2, 4, 6));
+    a.nia = 2;
+    a.ia[0] = v ? 0 : 1, a.ia[1] = v ? 2 : 2;
+    return op1(c, OP_PAD, x, &a);
+}
+
+static int b_concat(Ctx *c, int v)
+{
+    int x = param(c, "x", F32(2, 2, 3));
+    int y = param(c, "y", v ? F32(2, 2, 2) : F32(2, 1, 3));
+    int in[3] = {x, y, x};
+    OpAttr a = {.nia = 1, .ia = {v ? 1 : 0}};
+    return ir_op_x(c->g, OP_CONCAT, in, 3, &a, here(__LINE__));
+}
+
+static int b_gather(Ctx *c, int v)
+{
+    (void)v;
+    double idx[6] = {1, 4, 1, 7, 0, -1}; /* repeated, and out of range */
+    int t = param(c, "table", F32(2, 5, 3));
+    int i = input_vals(c, "idx", shp(DT_I32, 2, S(2, 3)), idx);
+    return op2(c, OP_GATHER, t, i);
+}
+
+static int b_scatter(Ctx *c, int v)
+{
+    (void)v;
+    double idx[6] = {2, 0, 2, 9, 4, -3};
+    int i = input_vals(c, "idx", shp(DT_I64, 2, S(2, 3)), idx);
+    int src = param(c, "src", F32(3, 2, 3, 4));
+    OpAttr a = shape_attr(F32(2, 5, 4));
+    int in[2] = {i, src};
+    return ir_op_x(c->g, OP_SCATTER_ADD, in, 2, &a, here(__LINE__));
+}
+
+static int b_reduce(Ctx *c, int v)
+{
+    int x = param(c, "x", F32(3, 2, 3, 4));
+    OpAttr a = {.nia = v % 2 ? 2 : 1, .ia = {v % 2 ? 0 : 1, 2}};
+    return op1(c, v < 2 ? OP_REDUCE_SUM : OP_REDUCE_MAX, x, &a);
+}
+
+/* variant: bits 0-1 = ta, tb; 2-3 = 0 plain 2-D, 1 batched, 2 shared rank-2 B,
+ * 3 shared B with two batch dims */
+static int b_matmul(Ctx *c, int v)
+{
+    int ta = v & 1, tb = v >> 1 & 1, kind = v >> 2;
+    int64_t M = 3, K = 4, N = 2;
+    int64_t ad[4], bd[4];
+    int ar, br;
+    int64_t batch[2] = {2, 2};
+    int nb = kind == 0 ? 0 : kind == 3 ? 2 : 1;
+    ar = nb + 2;
+    br = kind == 1 ? 3 : 2;
+    for (int i = 0; i < nb; i++)
+        ad[i] = bd[i] = batch[i];
+    ad[nb] = ta ? K : M, ad[nb + 1] = ta ? M : K;
+    int bo = br - 2;
+    bd[bo] = tb ? N : K, bd[bo + 1] = tb ? K : N;
+    int x = param(c, "a", shp(DT_F32, ar, ad));
+    int y = param(c, "b", shp(DT_F32, br, bd));
+    return mm(c, x, y, ta, tb);
+}
+
+/* log-softmax cross-entropy over rows: reduce_max, exp, log, gather, ... */
+static int b_xent(Ctx *c, int v)
+{
+    (void)v;
+    double tg[3] = {1, 3, 0};
+    Shape s = F32(2, 3, 4);
+    int x = param(c, "x", s);
+    OpAttr ax = {.nia = 1, .ia = {1}};
+    int m = bcast(c, op1(c, OP_REDUCE_MAX, x, &ax), s);
+    int z = op2(c, OP_SUB, x, m);
+    int lse = op1(c, OP_LOG, op1(c, OP_REDUCE_SUM, op1(c, OP_EXP, z, NULL), &ax), NULL);
+    int lp = op2(c, OP_SUB, z, bcast(c, lse, s));
+    int t = input_vals(c, "tgt", shp(DT_I32, 1, S(3)), tg);
+    OpAttr flat = shape_attr(F32(2, 12, 1));
+    int rows = op1(c, OP_RESHAPE, lp, &flat);
+    double off[3] = {0, 4, 8};
+    int o = input_vals(c, "off", shp(DT_I32, 1, S(3)), off);
+    return op2(c, OP_GATHER, rows, op2(c, OP_ADD, t, o));
+}
+
+static const Case cases[] = {
+    {"unary", b_unary, 12, D_ANY},     {"binary", b_binary, 14, D_ANY},
+    {"reuse", b_reuse, 2, D_ANY},      {"cast", b_cast, 1, D_ANY},
+    {"select", b_select, 1, D_ANY},    {"broadcast", b_broadcast, 5, D_ANY},
+    {"reshape", b_reshape, 2, D_ANY},  {"permute", b_permute, 2, D_ANY},
+    {"slice", b_slice, 2, D_ANY},      {"pad", b_pad, 2, D_ANY},
+    {"concat", b_concat, 2, D_ANY},    {"gather", b_gather, 1, D_ANY},
+    {"scatter_add", b_scatter, 1, D_ANY}, {"reduce", b_reduce, 4, D_ANY},
+    {"matmul", b_matmul, 16, D_ANY},   {"xent", b_xent, 1, D_ANY},
+};
+#define NCASES ((int)(sizeof cases / sizeof cases[0]))
+
+/* Opcodes with no gradient by design. Every other opcode must be covered. */
+static const Opcode no_grad_ops[] = {OP_CONST, OP_IOTA, OP_LT, OP_LE, OP_GT,
+                                     OP_GE,    OP_EQ,   OP_NE, OP_RANDOM};
+
+/* ---- harness -------------------------------------------------------------- */
+
+static double **bind(const Graph *g, const Ctx *c)
+{
+    double **val = ir_interp_alloc(g);
+    for (int i = 0; i < c->nin; i++) {
+        int t = ir_find_tensor(g, c->name[i]);
+        assert_true(t >= 0);
+        size_t n = (size_t)shape_numel(&g->t.v[t].s);
+        val[t] = xmalloc(sizeof(double) * (n ? n : 1));
+        memcpy(val[t], c->val[i], sizeof(double) * n);
+    }
+    return val;
+}
+
+static double eval_loss(const Graph *g, const Ctx *c)
+{
+    double **val = bind(g, c);
+    ir_interp(g, val, NULL);
+    double l = val[ir_find_output(g, "loss")][0];
+    ir_interp_free(g, val);
+    return l;
+}
+
+static Ctx new_ctx(const Case *k, int variant)
+{
+    Ctx c = {.g = ir_new(), .dom = k->dom, .rng = 0x9E3779B97F4A7C15ull * (uint64_t)(variant + 7)};
+    for (const char *p = k->name; *p; p++)
+        c.rng = c.rng * 31 + (uint64_t)*p;
+    return c;
+}
+
+static void free_ctx(Ctx *c)
+{
+    ir_free(c->g);
+    for (int i = 0; i < c->nin; i++)
+        free(c->val[i]);
+}
+
+/* Marks the opcodes of the case's ops that lie on a path from a param. */
+static void mark_coverage(const Graph *g, bool *covered)
+{
+    bool *live = xcalloc((size_t)g->t.n, sizeof(bool));
+    for (int i = 0; i < g->t.n; i++)
+        live[i] = g->t.v[i].kind == TK_PARAM;
+    for (int i = 0; i < g->ops.n; i++) {
+        const Op *op = &g->ops.v[i];
+        for (int j = 0; j < op->nin; j++)
+            if (live[op->in[j]] && dtype_is_float(g->t.v[op->out].s.dtype))
+                live[op->out] = true;
+        if (live[op->out])
+            covered[op->code] = true;
+    }
+    free(live);
+}
+
+/* Builds, differentiates and checks one case; false (with messages) on failure. */
+static bool run_case(const Case *k, int variant)
+{
+    Ctx c = new_ctx(k, variant);
+    int r = k->build(&c, variant);
+    bool ok = true;
+
+    /* loss = reshape(reduce_sum(r * W)) */
+    Shape rs = c.g->t.v[r].s;
+    int64_t n = shape_numel(&rs);
+    double *w = xmalloc(sizeof(double) * (size_t)n);
+    for (int64_t i = 0; i < n; i++)
+        w[i] = draw(&c, D_EXACT);
+    int W = input_vals(&c, "W", rs, w);
+    free(w);
+    int prod = op2(&c, OP_MUL, r, W);
+    int sum = prod;
+    if (rs.rank > 0) {
+        OpAttr all = {.nia = rs.rank};
+        for (int i = 0; i < rs.rank; i++)
+            all.ia[i] = i;
+        sum = op1(&c, OP_REDUCE_SUM, prod, &all);
+    }
+    OpAttr scalar = {.rank = 0};
+    int loss = op1(&c, OP_RESHAPE, sum, &scalar);
+    ir_add_output(c.g, "loss", loss);
+
+    char err[1024];
+    if (!ir_verify(c.g, err, sizeof err))
+        fail_msg("%s/%d: forward graph invalid: %s", k->name, variant, err);
+    Graph *gb = ir_clone(c.g);
+    PassOpts o;
+    pass_opts_default(&o);
+    Diag d = {{0}};
+    if (!pass_autodiff(gb, &o, &d))
+        fail_msg("%s/%d: autodiff failed: %s", k->name, variant, d.msg);
+    if (!ir_verify(gb, err, sizeof err))
+        fail_msg("%s/%d: graph invalid after autodiff: %s", k->name, variant, err);
+    for (int i = 0; i < gb->ops.n; i++)
+        if (i >= c.g->ops.n)
+            assert_true(gb->ops.v[i].flags & OPF_BACKWARD);
+
+    double **val = bind(gb, &c);
+    ir_interp(gb, val, NULL);
+    assert_true(fabs(val[ir_find_output(gb, "loss")][0] - eval_loss(c.g, &c)) < 1e-12);
+    for (int i = 0; i < c.nin; i++) {
+        int t = ir_find_tensor(c.g, c.name[i]);
+        if (c.g->t.v[t].kind != TK_PARAM)
+            continue;
+        char *gname = xasprintf("grad.%s", c.name[i]);
+        int gt = ir_find_output(gb, gname);
+        if (gt < 0)
+            fail_msg("%s/%d: no output %s", k->name, variant, gname);
+        int64_t np = shape_numel(&c.g->t.v[t].s);
+        double *fd = xmalloc(sizeof(double) * (size_t)np);
+        for (int64_t j = 0; j < np; j++) {
+            double x0 = c.val[i][j], h = 1e-5 * (fabs(x0) > 1 ? fabs(x0) : 1);
+            c.val[i][j] = x0 + h;
+            double lp = eval_loss(c.g, &c);
+            c.val[i][j] = x0 - h;
+            double lm = eval_loss(c.g, &c);
+            c.val[i][j] = x0;
+            fd[j] = (lp - lm) / (2 * h);
+        }
+        double e = rel_err(val[gt], fd, np);
+        if (!(e < 1e-6)) {
+            for (int64_t j = 0; j < np; j++)
+                print_message("  %s[%lld]: autodiff %.10g, finite differences %.10g\n", gname,
+                              (long long)j, val[gt][j], fd[j]);
+            print_error("%s/%d: %s relative error %.3g (expected < 1e-6)\n", k->name,
+                        variant, gname, e);
+            ok = false;
+        }
+        free(fd);
+        free(gname);
+    }
+    ir_interp_free(gb, val);
+    ir_free(gb);
+    free_ctx(&c);
+    return ok;
+}
+
+static void test_cases(void **state)
+{
+    (void)state;
+    int failed = 0, total = 0;
+    for (int k = 0; k < NCASES; k++)
+        for (int v = 0; v < cases[k].nvariants; v++, total++)
+            failed += !run_case(&cases[k], v);
+    if (failed)
+        fail_msg("%d of %d gradient checks failed", failed, total);
+}
+
+static void test_every_vjp_rule_checked(void **state)
+{
+    (void)state;
+    bool covered[OP__COUNT] = {0};
+    for (int k = 0; k < NCASES; k++)
+        for (int v = 0; v < cases[k].nvariants; v++) {
+            Ctx c = new_ctx(&cases[k], v);
+            cases[k].build(&c, v);
+            mark_coverage(c.g, covered);
+            free_ctx(&c);
+        }
+    int missing = 0;
+    for (int op = 0; op < OP__COUNT; op++) {
+        bool nograd = false;
+        for (size_t j = 0; j < sizeof no_grad_ops / sizeof no_grad_ops[0]; j++)
+            nograd |= no_grad_ops[j] == (Opcode)op;
+        if (!nograd && !covered[op]) {
+            print_error("opcode %s has a VJP rule but no gradient check\n",
+                        ir_opinfo[op].name);
+            missing++;
+        }
+    }
+    assert_int_equal(missing, 0);
+}
+
+/* A loss that is not a scalar float is a user error naming its source line. */
+static void test_loss_must_be_scalar(void **state)
+{
+    (void)state;
+    Graph *g = ir_new();
+    ParamInit none = {0};
+    int x = ir_add_input(g, TK_PARAM, "x", F32(1, 3), none);
+    int y = ir_op_x(g, OP_EXP, &x, 1, NULL, (SrcLoc){intern("model.lua"), 12});
+    ir_add_output(g, "loss", y);
+    PassOpts o;
+    pass_opts_default(&o);
+    Diag d = {{0}};
+    assert_false(pass_autodiff(g, &o, &d));
+    assert_string_equal(d.msg,
+                        "model.lua:12: the loss must be a scalar float (expected f32[], got f32[3])");
+    ir_free(g);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_cases),
+        cmocka_unit_test(test_every_vjp_rule_checked),
+        cmocka_unit_test(test_loss_must_be_scalar),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

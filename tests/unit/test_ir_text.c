@@ -1,0 +1,379 @@
+/* test_ir_text.c - the IR text form: print -> parse -> print round trips over
+ * every opcode and attribute kind, hand-written text, and malformed text. */
+#include "testutil.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const SrcLoc noloc = {NULL, 0};
+
+static int op(Graph *g, Opcode c, const int *in, int nin, OpAttr a)
+{
+    return ir_op_x(g, c, in, nin, &a, noloc);
+}
+#define OP(g, c, attr, ...) \
+    op(g, c, (int[]){__VA_ARGS__}, (int)(sizeof((int[]){__VA_ARGS__}) / sizeof(int)), attr)
+#define OP0(g, c, attr) op(g, c, NULL, 0, attr)
+
+#define SH(dt, ...) \
+    shape_make(dt, (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), (int64_t[]){__VA_ARGS__})
+
+static Op *last_op(Graph *g) { return &g->ops.v[g->ops.n - 1]; }
+
+/* A graph that uses every opcode and attribute kind, symbols, flags, groups,
+ * source locations, outputs and updates. B=2 T=3 C=4 V=5. */
+static Graph *build_all(void)
+{
+    Graph *g = ir_new();
+    ir_add_sym(g, "B", 2);
+    ir_add_sym(g, "T", 3);
+    ir_add_sym(g, "C", 4);
+    ir_add_sym(g, "V", 5);
+    int wte = ir_add_input(g, TK_PARAM, "wte", SH(DT_F32, 5, 4),
+                           (ParamInit){INIT_NORMAL, 0.02, 0});
+    int tok = ir_add_input(g, TK_INPUT, "tokens", SH(DT_I32, 2, 3), (ParamInit){0});
+    int m = ir_add_input(g, TK_STATE, "adam.m.wte", SH(DT_F32, 5, 4),
+                         (ParamInit){INIT_ZEROS, 0, 0});
+    int u = ir_add_input(g, TK_PARAM, "u \"q\"", SH(DT_F32, 4),
+                         (ParamInit){INIT_UNIFORM, -0.1, 0.1});
+    int o1 = ir_add_input(g, TK_PARAM, "ones", SH(DT_F32, 4), (ParamInit){INIT_ONES, 0, 0});
+    ir_add_input(g, TK_PARAM, "nothing", SH(DT_BF16, 7), (ParamInit){INIT_NONE, 0, 0});
+    (void)u;
+    (void)o1;
+
+    int x = OP(g, OP_GATHER, (OpAttr){0}, wte, tok);
+    last_op(g)->loc = (SrcLoc){intern("models/gpt.lua"), 28};
+    int c0 = OP0(g, OP_CONST, ((OpAttr){.f = 0.1, .dtype = DT_F32}));
+    double vals[] = {-0.0, 3.0, 1e-8, INFINITY, -INFINITY, NAN, 1.0 / 3.0, 6.02214076e23};
+    for (int i = 0; i < (int)(sizeof vals / sizeof vals[0]); i++)
+        OP0(g, OP_CONST, ((OpAttr){.f = vals[i], .dtype = DT_F32, .rank = 1, .shape = {3}}));
+    int y = OP0(g, OP_CONST,
+                ((OpAttr){.f = 2.5, .dtype = DT_F32, .rank = 3, .shape = {2, 3, 4}}));
+    OP0(g, OP_IOTA, ((OpAttr){.ia = {1}, .nia = 1, .dtype = DT_I32, .rank = 2, .shape = {2, 3}}));
+    Opcode un[] = {OP_NEG, OP_EXP, OP_LOG, OP_SIN, OP_COS, OP_TANH,
+                   OP_SQRT, OP_RSQRT, OP_SIGMOID, OP_RELU, OP_ABS, OP_ALLREDUCE};
+    for (int i = 0; i < (int)(sizeof un / sizeof un[0]); i++)
+        OP(g, un[i], (OpAttr){0}, x);
+    last_op(g)->flags = OPF_BACKWARD | OPF_RECOMPUTE;
+    last_op(g)->group = 3;
+    OP(g, OP_CAST, ((OpAttr){.dtype = DT_BF16}), x);
+    last_op(g)->flags = OPF_OPTIM;
+    Opcode bin[] = {OP_ADD, OP_SUB, OP_MUL, OP_DIV, OP_POW, OP_MAX, OP_MIN,
+                    OP_LT, OP_LE, OP_GT, OP_GE, OP_EQ, OP_NE};
+    int mask = -1;
+    for (int i = 0; i < (int)(sizeof bin / sizeof bin[0]); i++)
+        mask = OP(g, bin[i], (OpAttr){0}, x, y);
+    last_op(g)->group = 0;
+    OP(g, OP_SELECT, (OpAttr){0}, mask, x, y);
+    OP(g, OP_BROADCAST, ((OpAttr){.rank = 3, .shape = {2, 3, 4}}), c0);
+    OP(g, OP_RESHAPE, ((OpAttr){.rank = 2, .shape = {6, 4}}), x);
+    int xp = OP(g, OP_PERMUTE, ((OpAttr){.ia = {0, 2, 1}, .nia = 3}), x);
+    OP(g, OP_SLICE, ((OpAttr){.ia = {0, 1, 0}, .nia = 3, .rank = 3, .shape = {2, 2, 4}}), x);
+    OP(g, OP_PAD, ((OpAttr){.ia = {0, 1, 2}, .nia = 3, .rank = 3, .shape = {2, 5, 7}}), x);
+    OP(g, OP_CONCAT, ((OpAttr){.ia = {2}, .nia = 1}), x, x, y);
+    int sc = OP(g, OP_SCATTER_ADD, ((OpAttr){.rank = 2, .shape = {5, 4}}), tok, x);
+    last_op(g)->flags = OPF_BACKWARD;
+    last_op(g)->loc = (SrcLoc){intern("dir with space/f:x.lua"), 7};
+    OP(g, OP_REDUCE_MAX, ((OpAttr){.ia = {2}, .nia = 1}), x);
+    int loss = OP(g, OP_REDUCE_SUM, ((OpAttr){.ia = {0, 1, 2}, .nia = 3}), x);
+    OP(g, OP_MATMUL, ((OpAttr){.ia = {0, 0}, .nia = 2}), x, xp);
+    OP(g, OP_MATMUL, ((OpAttr){.ia = {0, 1}, .nia = 2}), x, wte);
+    OP(g, OP_MATMUL, ((OpAttr){.ia = {1, 0}, .nia = 2}), x, x);
+    OP0(g, OP_RANDOM, ((OpAttr){.ia = {7}, .nia = 1, .rank = 2, .shape = {2, 3}}));
+    int m2 = OP(g, OP_ADD, (OpAttr){0}, m, sc);
+    last_op(g)->flags = OPF_OPTIM;
+    ir_add_output(g, "loss", loss);
+    ir_add_output(g, "grad.wte", sc);
+    ir_add_update(g, wte, sc);
+    ir_add_update(g, m, m2);
+    return g;
+}
+
+static bool attr_eq(const OpAttr *a, const OpAttr *b)
+{
+    if (a->nia != b->nia || a->dtype != b->dtype || a->rank != b->rank)
+        return false;
+    if (memcmp(&a->f, &b->f, sizeof a->f) != 0 && !(isnan(a->f) && isnan(b->f)))
+        return false;
+    for (int i = 0; i < a->nia; i++)
+        if (a->ia[i] != b->ia[i])
+            return false;
+    for (int i = 0; i < a->rank; i++)
+        if (a->shape[i] != b->shape[i])
+            return false;
+    return true;
+}
+
+/* Structural equality (same ids, since both are dense). */
+static void assert_graph_eq(const Graph *a, const Graph *b)
+{
+    assert_int_equal(a->t.n, b->t.n);
+    assert_int_equal(a->ops.n, b->ops.n);
+    assert_int_equal(a->syms.n, b->syms.n);
+    for (int i = 0; i < a->t.n; i++) {
+        const Tensor *x = &a->t.v[i], *y = &b->t.v[i];
+        assert_true(shape_eq(&x->s, &y->s));
+        assert_int_equal(x->kind, y->kind);
+        assert_int_equal(x->op, y->op);
+        assert_ptr_equal(x->name, y->name); /* interned */
+        assert_int_equal(x->init.kind, y->init.kind);
+        if (x->op < 0 && x->init.kind != INIT_NONE) {
+            assert_memory_equal(&x->init.a, &y->init.a, sizeof(double));
+            assert_memory_equal(&x->init.b, &y->init.b, sizeof(double));
+        }
+    }
+    for (int i = 0; i < a->ops.n; i++) {
+        const Op *x = &a->ops.v[i], *y = &b->ops.v[i];
+        assert_int_equal(x->code, y->code);
+        assert_int_equal(x->nin, y->nin);
+        for (int j = 0; j < x->nin; j++)
+            assert_int_equal(x->in[j], y->in[j]);
+        assert_int_equal(x->out, y->out);
+        assert_true(attr_eq(&x->attr, &y->attr));
+        assert_int_equal(x->flags, y->flags);
+        assert_int_equal(x->group, y->group);
+        assert_ptr_equal(x->loc.file, y->loc.file);
+        assert_int_equal(x->loc.line, y->loc.line);
+    }
+    assert_int_equal(a->outs.n, b->outs.n);
+    for (int i = 0; i < a->outs.n; i++) {
+        assert_string_equal(a->outs.v[i].name, b->outs.v[i].name);
+        assert_int_equal(a->outs.v[i].t, b->outs.v[i].t);
+    }
+    assert_int_equal(a->upd.n, b->upd.n);
+    for (int i = 0; i < a->upd.n; i++) {
+        assert_int_equal(a->upd.v[i].target, b->upd.v[i].target);
+        assert_int_equal(a->upd.v[i].value, b->upd.v[i].value);
+    }
+}
+
+static void test_round_trip_all_opcodes(void **state)
+{
+    (void)state;
+    Graph *g = build_all();
+    char err[512];
+    assert_true(ir_verify(g, err, sizeof err));
+
+    bool seen_op[OP__COUNT] = {0}, seen_attr[AK__COUNT] = {0};
+    for (int i = 0; i < g->ops.n; i++) {
+        seen_op[g->ops.v[i].code] = true;
+        seen_attr[ir_opinfo[g->ops.v[i].code].attr] = true;
+    }
+    for (int i = 0; i < OP__COUNT; i++)
+        if (!seen_op[i])
+            fail_msg("opcode %s is not covered by the round-trip graph", ir_opinfo[i].name);
+    for (int i = 0; i < AK__COUNT; i++)
+        assert_true(seen_attr[i]);
+
+    char *p1 = ir_print_str(g);
+    Graph *g2 = parse_or_fail(p1);
+    char *p2 = ir_print_str(g2);
+    assert_string_equal(p1, p2);
+    assert_graph_eq(g, g2);
+    /* the special doubles survived bit for bit */
+    assert_true(signbit(g2->ops.v[2].attr.f) && g2->ops.v[2].attr.f == 0);
+    assert_true(g2->ops.v[1].attr.f == 0.1);
+    assert_true(g2->ops.v[4].attr.f == 1e-8);
+    assert_true(isnan(g2->ops.v[7].attr.f));
+    assert_true(g2->ops.v[8].attr.f == 1.0 / 3.0);
+    assert_true(g2->t.v[3].init.a == -0.1 && g2->t.v[3].init.b == 0.1);
+    free(p1);
+    free(p2);
+    ir_free(g);
+    ir_free(g2);
+}
+
+/* Exact lines for a few forms, so the format itself is pinned down. */
+static void test_print_format(void **state)
+{
+    (void)state;
+    Graph *g = build_all();
+    char *p = ir_print_str(g);
+    const char *want[] = {
+        "kiln-ir v1\nsym B=2 T=3 C=4 V=5\n",
+        "\n%0:f32[V,C] = param \"wte\" normal(0.02)\n",
+        "\n%1:i32[B,T] = input \"tokens\"\n",
+        "\n%2:f32[V,C] = state \"adam.m.wte\" zeros\n",
+        "\n%3:f32[C] = param \"u \\\"q\\\"\" uniform(-0.1,0.1)\n",
+        "\n%4:f32[C] = param \"ones\" ones\n",
+        "\n%5:bf16[7] = param \"nothing\" none\n",
+        "\n%6:f32[B,T,C] = gather %0, %1   # models/gpt.lua:28\n",
+        "\n%7:f32[] = const {value=0.1}\n",
+        "\n%8:f32[T] = const {value=-0}\n",
+        "\n%9:f32[T] = const {value=3}\n",
+        "\n%10:f32[T] = const {value=1e-08}\n",
+        "{value=inf}\n",
+        "{value=-inf}\n",
+        "{value=nan}\n",
+        "{value=0.3333333333333333}\n",
+        "{value=6.02214076e+23}\n",
+        "= iota {axis=1}\n",
+        "= allreduce %6 !backward !recompute !group=3\n",
+        ":bf16[B,T,C] = cast %6 !optim\n",
+        "= ne %6, %16 !group=0\n",
+        "= permute %6 {perm=[0,2,1]}\n",
+        "= slice %6 {start=[0,1,0]}\n",
+        ":f32[B,V,7] = pad %6 {lo=[0,1,2]}\n",
+        ":f32[B,T,12] = concat %6, %6, %16 {axis=2}\n",
+        ":f32[V,C] = scatter_add %1, %6 !backward   # dir with space/f:x.lua:7\n",
+        ":f32[1,1,1] = reduce_sum %6 {axes=[0,1,2]}\n",
+        ":f32[B,T,V] = matmul %6, %0 {ta=0,tb=1}\n",
+        ":f32[B,T] = random {key=7}\n",
+        "output \"loss\" %",
+        "update %0 <- %",
+        "update %2 <- %",
+    };
+    for (int i = 0; i < (int)(sizeof want / sizeof want[0]); i++)
+        if (!strstr(p, want[i]))
+            fail_msg("printed IR lacks \"%s\"; got:\n%s", want[i], p);
+    free(p);
+    ir_free(g);
+}
+
+static void test_round_trip_after_compact(void **state)
+{
+    (void)state;
+    Graph *g = build_all();
+    /* an input added after the ops (as the optimizer does), then compacted */
+    int lr = ir_add_input(g, TK_INPUT, "lr", SH(DT_F32, 1), (ParamInit){0});
+    int r = OP(g, OP_MUL, (OpAttr){0}, lr, lr);
+    ir_add_output(g, "lr2", r);
+    char *p0 = ir_print_str(g); /* not compacted: still parses */
+    Graph *g0 = parse_or_fail(p0);
+    ir_compact(g);
+    char *p1 = ir_print_str(g);
+    char *p0b = ir_print_str(g0);
+    assert_string_equal(p0b, p1); /* parsing renumbers as compaction does */
+    Graph *g2 = parse_or_fail(p1);
+    char *p2 = ir_print_str(g2);
+    assert_string_equal(p1, p2);
+    free(p0);
+    free(p0b);
+    free(p1);
+    free(p2);
+    ir_free(g);
+    ir_free(g0);
+    ir_free(g2);
+}
+
+static void test_hand_written(void **state)
+{
+    (void)state;
+    const char *text = "# a hand-written graph\n"
+                       "kiln-ir v1\n"
+                       "\n"
+                       "sym B=2 C=4\n"
+                       "%x:f32[B,C] = input \"x\"   # not a location\n"
+                       "%w:f32[C,C] = param \"w\" normal(0.02)\n"
+                       "%y:f32[B,C] = matmul %x, %w {tb=1, ta=0}   # m.lua:3\n"
+                       "%loss:f32[1,1] = reduce_sum %y {axes=[0,1]} !backward\n"
+                       "%w2:f32[4,4] = mul %w, %w\n"
+                       "%late:f32[] = input \"late\"\n"
+                       "output \"loss\" %loss\n"
+                       "update %w <- %w2\n";
+    Graph *g = parse_or_fail(text);
+    assert_int_equal(g->t.n, 6);
+    assert_int_equal(g->ops.n, 3);
+    /* inputs first in order of appearance, then op results */
+    assert_int_equal(ir_find_tensor(g, "x"), 0);
+    assert_int_equal(ir_find_tensor(g, "w"), 1);
+    assert_int_equal(ir_find_tensor(g, "late"), 2);
+    assert_int_equal(g->ops.v[0].out, 3);
+    assert_int_equal(g->ops.v[0].in[1], 1);
+    assert_int_equal(g->ops.v[0].attr.ia[1], 1);
+    assert_string_equal(g->ops.v[0].loc.file, "m.lua");
+    assert_int_equal(g->ops.v[0].loc.line, 3);
+    assert_null(g->ops.v[1].loc.file);
+    assert_int_equal(g->ops.v[1].flags, OPF_BACKWARD);
+    assert_int_equal(ir_find_output(g, "loss"), 4);
+    assert_int_equal(g->upd.v[0].target, 1);
+    assert_int_equal(g->upd.v[0].value, 5);
+    char *p = ir_print_str(g);
+    const char *want = "kiln-ir v1\n"
+                       "sym B=2 C=4\n"
+                       "%0:f32[B,C] = input \"x\"\n"
+                       "%1:f32[C,C] = param \"w\" normal(0.02)\n"
+                       "%2:f32[] = input \"late\"\n"
+                       "%3:f32[B,C] = matmul %0, %1 {ta=0,tb=1}   # m.lua:3\n"
+                       "%4:f32[1,1] = reduce_sum %3 {axes=[0,1]} !backward\n"
+                       "%5:f32[C,C] = mul %1, %1\n"
+                       "output \"loss\" %4\n"
+                       "update %1 <- %5\n";
+    assert_string_equal(p, want);
+    free(p);
+    ir_free(g);
+}
+
+static void expect_error(const char *text, const char *prefix, const char *needle)
+{
+    char err[512] = "";
+    Graph *g = ir_parse(text, "t.ir", err, sizeof err);
+    if (g)
+        fail_msg("parsed bad text without error:\n%s", text);
+    if (strncmp(err, prefix, strlen(prefix)) != 0 || !strstr(err, needle))
+        fail_msg("expected an error starting \"%s\" containing \"%s\", got \"%s\"", prefix,
+                 needle, err);
+}
+
+#define HDR "kiln-ir v1\nsym N=4\n%a:f32[N] = input \"a\"\n"
+
+static void test_malformed(void **state)
+{
+    (void)state;
+    expect_error("", "t.ir:1: ", "expected the header 'kiln-ir v1'");
+    expect_error("%a:f32[4] = input \"a\"\n", "t.ir:1: ", "expected the header");
+    expect_error("kiln-ir v2\n", "t.ir:1: ", "unsupported IR version");
+    expect_error(HDR "%b:f32[N] = add %a, %zz\n", "t.ir:4: ", "undefined value %zz");
+    expect_error(HDR "%b:f32[N] = neg %a\n%b:f32[N] = neg %a\n", "t.ir:5: ",
+                 "redefinition of %b (first defined on line 4)");
+    expect_error(HDR "%b:f33[N] = neg %a\n", "t.ir:4: ", "unknown dtype 'f33'");
+    expect_error(HDR "%b:f32[M] = neg %a\n", "t.ir:4: ", "unknown dimension 'M'");
+    expect_error(HDR "%b:f32[N,] = neg %a\n", "t.ir:4: ", "expected a dimension");
+    expect_error(HDR "%b:f32[0] = neg %a\n", "t.ir:4: ", "must be positive");
+    expect_error(HDR "%b:f32[N = neg %a\n", "t.ir:4: ", "expected ',' or ']'");
+    expect_error(HDR "%b:f32[N] = negate %a\n", "t.ir:4: ", "unknown opcode 'negate'");
+    expect_error(HDR "%b:f32[8] = neg %a\n", "t.ir:4: ",
+                 "declared type of %b disagrees with neg's result (expected f32[N], got "
+                 "f32[8])");
+    expect_error(HDR "%b:f32[3] = input \"b\"\n%c:f32[N] = add %a, %b\n", "t.ir:5: ",
+                 "add: operand types differ");
+    expect_error(HDR "%b:f32[1] = reduce_sum %a\n", "t.ir:4: ",
+                 "reduce_sum: missing attribute 'axes'");
+    expect_error(HDR "%b:f32[1] = reduce_sum %a {axis=0}\n", "t.ir:4: ",
+                 "unknown attribute 'axis'");
+    expect_error(HDR "%b:f32[1] = reduce_sum %a {axes=[3]}\n", "t.ir:4: ",
+                 "axis out of range");
+    expect_error(HDR "%b:f32[N] = neg %a {value=1}\n", "t.ir:4: ", "neg takes no attributes");
+    expect_error(HDR "%b:f32[N] = neg %a !fast\n", "t.ir:4: ", "unknown flag '!fast'");
+    expect_error(HDR "%b:f32[N] = neg %a %a\n", "t.ir:4: ", "expected end of line");
+    expect_error(HDR "%b:f32[N] = param \"b\n", "t.ir:4: ", "unterminated string");
+    expect_error(HDR "%b:f32[N] = param \"b\" gaussian(1)\n", "t.ir:4: ",
+                 "unknown initialiser 'gaussian'");
+    expect_error(HDR "%b:f32[N] = neg %a\nupdate %a <- %b\n", "t.ir:5: ",
+                 "update target must be a param or state tensor (expected param or state, "
+                 "got input)");
+    expect_error(HDR "%p:f32[N] = param \"p\"\n%b:f32[N] = neg %a\nupdate %p <- %b\n"
+                     "update %p <- %a\n",
+                 "t.ir:7: ", "\"p\" is updated twice (first on line 6)");
+    expect_error(HDR "%p:f32[2] = param \"p\"\nupdate %p <- %a\n", "t.ir:5: ",
+                 "types differ (expected f32[2], got f32[N])");
+    expect_error(HDR "output \"x\" %a\noutput \"x\" %a\n", "t.ir:5: ", "declared twice");
+    expect_error(HDR "banana\n", "t.ir:4: ", "expected a definition");
+    expect_error(HDR "sym N=5\n", "t.ir:4: ", "symbol N redeclared (expected 4, got 5)");
+    expect_error(HDR "%c:f32[] = const {value=abc}\n", "t.ir:4: ", "expected value (a number)");
+    expect_error(HDR "%b:f32[N] = matmul %a, %a {ta=0,tb=0}\n", "t.ir:4: ",
+                 "matmul: operands need rank >= 2");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_round_trip_all_opcodes),
+        cmocka_unit_test(test_print_format),
+        cmocka_unit_test(test_round_trip_after_compact),
+        cmocka_unit_test(test_hand_written),
+        cmocka_unit_test(test_malformed),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,236 @@
+/* test_memplan.c - the memory plan and the schedule: a hand-computed
+ * example, in-place updates, and invariants on every model after the full
+ * pipeline (no two simultaneously live temps overlap; the peak is the max
+ * over time of live bytes; the persistent region holds inputs, params and
+ * state). */
+#include "testutil.h"
+
+#include <dirent.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "frontend.h"
+#include "passes.h"
+
+static const SrcLoc here = {"test", 1};
+
+static int op1(Graph *g, Opcode c, int a) { return ir_op_x(g, c, &a, 1, NULL, here); }
+static int op2(Graph *g, Opcode c, int a, int b)
+{
+    int in[2] = {a, b};
+    return ir_op_x(g, c, in, 2, NULL, here);
+}
+
+static int64_t al(int64_t b) { return (b + MEMPLAN_ALIGN - 1) / MEMPLAN_ALIGN * MEMPLAN_ALIGN; }
+
+/* Checks the plan's invariants against an independent recomputation. */
+static void check_invariants(const Graph *g, const MemPlan *m)
+{
+    int nt = g->t.n, n = g->ops.n;
+    int64_t pers = 0;
+    for (int t = 0; t < nt; t++) {
+        const Tensor *x = &g->t.v[t];
+        assert_true(m->offset[t] % MEMPLAN_ALIGN == 0);
+        assert_true(m->offset[t] + m->bytes[t] <= m->arena_bytes);
+        assert_int_equal(m->bytes[t], shape_numel(&x->s) * dtype_size(x->s.dtype));
+        if (x->op < 0) {
+            assert_true(m->offset[t] + m->bytes[t] <= m->persistent_bytes);
+            pers += al(m->bytes[t] ? m->bytes[t] : 1);
+        }
+    }
+    assert_int_equal(pers, m->persistent_bytes);
+    /* live ranges recomputed from the graph: a root is live from its first
+     * definition to the last read of it or of any tensor sharing it */
+    int *first = xmalloc(sizeof(int) * (size_t)nt), *last = xmalloc(sizeof(int) * (size_t)nt);
+    for (int t = 0; t < nt; t++)
+        first[t] = last[t] = -1;
+    for (int i = 0; i < n; i++) {
+        const Op *op = &g->ops.v[i];
+        int r = m->root[op->out];
+        if (first[r] < 0)
+            first[r] = i;
+        if (last[r] < i)
+            last[r] = i;
+        for (int j = 0; j < op->nin; j++)
+            if (last[m->root[op->in[j]]] < i)
+                last[m->root[op->in[j]]] = i;
+    }
+    for (int k = 0; k < g->outs.n; k++)
+        last[m->root[g->outs.v[k].t]] = n;
+    for (int k = 0; k < g->upd.n; k++)
+        last[m->root[g->upd.v[k].value]] = n;
+    /* no two temps live at once share bytes */
+    for (int a = 0; a < nt; a++) {
+        if (m->root[a] != a || m->persistent[a])
+            continue;
+        for (int b = a + 1; b < nt; b++) {
+            if (m->root[b] != b || m->persistent[b])
+                continue;
+            bool time = first[a] <= last[b] && first[b] <= last[a];
+            bool space = m->offset[a] < m->offset[b] + al(m->bytes[b]) &&
+                         m->offset[b] < m->offset[a] + al(m->bytes[a]);
+            if (time && space)
+                fail_msg("tensors %%%d [%d,%d] and %%%d [%d,%d] overlap at offsets %lld, %lld", a,
+                         first[a], last[a], b, first[b], last[b], (long long)m->offset[a],
+                         (long long)m->offset[b]);
+        }
+    }
+    /* the peak is the max over ops of live bytes */
+    int64_t peak = m->persistent_bytes;
+    for (int i = 0; i < n; i++) {
+        int64_t live = m->persistent_bytes;
+        for (int t = 0; t < nt; t++)
+            if (m->root[t] == t && !m->persistent[t] && first[t] <= i &&
+                i <= (last[t] < first[t] ? first[t] : last[t]))
+                live += al(m->bytes[t]);
+        assert_int_equal(live, m->live[i]);
+        if (live > peak)
+            peak = live;
+    }
+    assert_int_equal(peak, m->peak_live);
+    assert_true(m->arena_bytes >= m->peak_live);
+    free(first);
+    free(last);
+}
+
+static void test_hand_example(void **state)
+{
+    (void)state;
+    Graph *g = ir_new();
+    int64_t d[1] = {16}; /* 64 bytes */
+    int x = ir_add_input(g, TK_INPUT, "x", shape_make(DT_F32, 1, d), (ParamInit){0});
+    int a = op1(g, OP_EXP, x);    /* op 0: a            live 64+64   */
+    int b = op1(g, OP_NEG, a);    /* op 1: a b          live 64+128  */
+    int c = op2(g, OP_ADD, a, b); /* op 2: a b c        live 64+192  */
+    int e = op1(g, OP_EXP, c);    /* op 3: c e          live 64+128  */
+    ir_add_output(g, "e", e);
+    Diag dg = {{0}};
+    MemPlan *m = pass_memplan(g, &dg);
+    assert_int_equal(m->persistent_bytes, 64);
+    assert_int_equal(m->live[0], 128);
+    assert_int_equal(m->live[1], 192);
+    assert_int_equal(m->live[2], 256);
+    assert_int_equal(m->live[3], 192);
+    assert_int_equal(m->peak_live, 256);
+    assert_int_equal(m->peak_op, 2);
+    /* a, b, c need three slots; e reuses a's or b's */
+    assert_int_equal(m->arena_bytes, 256);
+    assert_true(m->offset[e] != m->offset[c]);
+    check_invariants(g, m);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    pass_memplan_print(g, m, f);
+    fclose(f);
+    assert_non_null(strstr(buf, "peak 256 bytes"));
+    assert_non_null(strstr(buf, "<- peak"));
+    free(buf);
+    pass_memplan_free(m);
+    ir_free(g);
+}
+
+static void test_views_and_inplace(void **state)
+{
+    (void)state;
+    Graph *g = ir_new();
+    int64_t d[2] = {4, 16}, f[1] = {64};
+    int p = ir_add_input(g, TK_PARAM, "p", shape_make(DT_F32, 2, d), (ParamInit){0});
+    int q = ir_add_input(g, TK_PARAM, "q", shape_make(DT_F32, 2, d), (ParamInit){0});
+    int x = ir_add_input(g, TK_INPUT, "x", shape_make(DT_F32, 2, d), (ParamInit){0});
+    OpAttr rs = {.rank = 1, .shape = {64}};
+    int v = ir_op_x(g, OP_RESHAPE, &x, 1, &rs, here); /* a view of x */
+    (void)f;
+    int np = op2(g, OP_SUB, p, x);  /* p's last reader: in place */
+    int nq = op2(g, OP_ADD, q, x);
+    int late = op1(g, OP_NEG, q);   /* q read after nq exists: not in place */
+    ir_add_update(g, p, np);
+    ir_add_update(g, q, nq);
+    ir_add_output(g, "late", late);
+    ir_add_output(g, "v", v);
+    Diag dg = {{0}};
+    MemPlan *m = pass_memplan(g, &dg);
+    assert_int_equal(m->offset[v], m->offset[x]);
+    assert_true(m->inplace[0]);
+    assert_int_equal(m->offset[np], m->offset[p]);
+    assert_false(m->inplace[1]);
+    assert_true(m->offset[nq] >= m->persistent_bytes);
+    check_invariants(g, m);
+    pass_memplan_free(m);
+    ir_free(g);
+}
+
+static void test_schedule_sinks(void **state)
+{
+    (void)state;
+    Graph *g = ir_new();
+    int64_t d[1] = {256};
+    int x = ir_add_input(g, TK_INPUT, "x", shape_make(DT_F32, 1, d), (ParamInit){0});
+    OpAttr c = {.dtype = DT_F32, .f = 2.0, .rank = 1, .shape = {256}};
+    int k = ir_op_x(g, OP_CONST, NULL, 0, &c, here); /* op 0: only needed at the end */
+    int a = op1(g, OP_EXP, x);
+    int b = op1(g, OP_NEG, a);
+    int c2 = op2(g, OP_ADD, a, b); /* a, b, c2 (and k, before scheduling) live */
+    int e = op2(g, OP_MUL, c2, k);
+    ir_add_output(g, "e", e);
+    Diag dg = {{0}};
+    MemPlan *m0 = pass_memplan(g, &dg);
+    int64_t before = m0->peak_live;
+    pass_memplan_free(m0);
+    assert_true(pass_schedule(g, NULL, &dg));
+    char err[512];
+    if (!ir_verify(g, err, sizeof err))
+        fail_msg("%s", err);
+    assert_int_equal(g->ops.v[3].code, OP_CONST); /* just before its consumer */
+    assert_int_equal(g->ops.v[4].code, OP_MUL);
+    MemPlan *m = pass_memplan(g, &dg);
+    assert_true(m->peak_live < before);
+    check_invariants(g, m);
+    pass_memplan_free(m);
+    ir_free(g);
+}
+
+static void test_models(void **state)
+{
+    (void)state;
+    DIR *dir = opendir("models");
+    if (!dir)
+        fail_msg("no models/ directory");
+    struct dirent *de;
+    while ((de = readdir(dir))) {
+        size_t n = strlen(de->d_name);
+        if (n < 5 || strcmp(de->d_name + n - 4, ".lua") != 0)
+            continue;
+        char path[512], err[1024];
+        snprintf(path, sizeof path, "models/%s", de->d_name);
+        Model *md = fe_load_model(path, NULL, 0, err, sizeof err);
+        if (!md)
+            fail_msg("%s: %s", path, err);
+        PassOpts po;
+        pass_opts_default(&po);
+        Diag d = {{0}};
+        if (!pass_pipeline(md->g, &po, NULL, NULL, NULL, &d))
+            fail_msg("%s: %s", path, d.msg);
+        MemPlan *m = pass_memplan(md->g, &d);
+        int inplace = 0;
+        for (int k = 0; k < md->g->upd.n; k++)
+            inplace += m->inplace[k];
+        fprintf(stderr, "%s: %d ops, persistent %lld, peak live %lld, arena %lld, %d/%d updates in place\n",
+                path, md->g->ops.n, (long long)m->persistent_bytes, (long long)m->peak_live,
+                (long long)m->arena_bytes, inplace, md->g->upd.n);
+        check_invariants(md->g, m);
+        pass_memplan_free(m);
+        fe_model_free(md);
+    }
+    closedir(dir);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_hand_example),
+        cmocka_unit_test(test_views_and_inplace),
+        cmocka_unit_test(test_schedule_sinks),
+        cmocka_unit_test(test_models),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
