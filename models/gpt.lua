@@ -12,13 +12,13 @@
 --   T 32, batch 4    sequence length and batch (B)
 --   dropout 0        dropout probability (attention weights, residual branches)
 --   data "text", data_path "tests/data/tiny.txt"
---   steps, lr        training length and peak learning rate
+--   steps 2000, lr 3e-3  training length and peak learning rate
 --
 -- Inputs:  tokens i32[B,T], targets i32[B,T] (tokens shifted by one).
 -- Outputs: loss (mean cross-entropy per token), logits f32[B,T,V].
 local cfg = config({size = "tiny", L = 2, H = 2, C = 32, V = 256, T = 32, batch = 4,
                    dropout = 0.0, data = "text", data_path = "tests/data/tiny.txt",
-                   steps = 200, lr = 1e-3},
+                   steps = 2000, lr = 3e-3},
                   {size = {["124M"] = {L = 12, H = 12, C = 768, V = 50257, T = 1024,
                                        data = "tokens", lr = 6e-4}}})
 assert(cfg.C % cfg.H == 0, "C must be divisible by H")

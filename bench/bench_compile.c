@@ -1,0 +1,131 @@
+/* bench_compile.c - time per pass of `kiln compile` on a model (default:
+ * models/gpt.lua at GPT-2 124M, shapes only, nothing allocated).
+ *
+ *   build/bench/bench_compile [MODEL.lua] [--set k=v ...] [--reps N]
+ *
+ * Prints the median over N repetitions (default 5) of each stage: loading
+ * the Lua script, every pass of the pipeline, memplan and the plan/codegen
+ * lowering, and the total. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "codegen.h"
+#include "frontend.h"
+#include "passes.h"
+
+#define MAX_STAGES 32
+
+typedef struct {
+    const char *name[MAX_STAGES];
+    double t[MAX_STAGES];
+    int n;
+} Stages;
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void add(Stages *s, const char *name, double t)
+{
+    if (s->n < MAX_STAGES) {
+        s->name[s->n] = name;
+        s->t[s->n++] = t;
+    }
+}
+
+static void hook(const char *pass, const Graph *g, double seconds, void *ctx)
+{
+    (void)g;
+    add(ctx, pass, seconds);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+int main(int argc, char **argv)
+{
+    const char *model = "models/gpt.lua";
+    const char *sets[64];
+    int nsets = 0, reps = 5;
+    bool user_sets = false;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--set") == 0 && i + 1 < argc && nsets < 64) {
+            sets[nsets++] = argv[++i];
+            user_sets = true;
+        } else if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc)
+            reps = atoi(argv[++i]);
+        else
+            model = argv[i];
+    }
+    if (!user_sets && strcmp(model, "models/gpt.lua") == 0)
+        sets[nsets++] = "size=124M";
+    if (reps < 1)
+        reps = 1;
+
+    Stages *runs = calloc((size_t)reps, sizeof(Stages));
+    int nops = 0, nkernels = 0;
+    for (int r = 0; r < reps; r++) {
+        Stages *s = &runs[r];
+        char err[2048];
+        Diag d;
+        double t0 = now();
+        Model *m = fe_load_model(model, sets, nsets, err, sizeof err);
+        if (!m) {
+            fprintf(stderr, "%s\n", err);
+            return 1;
+        }
+        add(s, "frontend", now() - t0);
+        PassOpts o;
+        pass_opts_default(&o);
+        o.memory_budget = m->train.memory_budget;
+        Graph *g = ir_clone(m->g);
+        if (!pass_pipeline(g, &o, NULL, hook, s, &d)) {
+            fprintf(stderr, "%s\n", d.msg);
+            return 1;
+        }
+        double t1 = now();
+        MemPlan *mp = pass_memplan(g, &d);
+        if (!mp) {
+            fprintf(stderr, "%s\n", d.msg);
+            return 1;
+        }
+        add(s, "memplan", now() - t1);
+        t1 = now();
+        CgPlan *p = cg_plan(g, &d);
+        if (!p) {
+            fprintf(stderr, "%s\n", d.msg);
+            return 1;
+        }
+        add(s, "codegen", now() - t1);
+        add(s, "total", now() - t0);
+        nops = g->ops.n;
+        nkernels = p->kernels.n;
+        cg_plan_free(p);
+        pass_memplan_free(mp);
+        ir_free(g);
+        fe_model_free(m);
+    }
+    printf("kiln compile %s", model);
+    for (int i = 0; i < nsets; i++)
+        printf(" --set %s", sets[i]);
+    printf("\n%d ops in the final graph, %d kernels; median of %d runs\n\n", nops, nkernels,
+           reps);
+    printf("%-12s %10s\n", "stage", "ms");
+    double col[256];
+    for (int k = 0; k < runs[0].n; k++) {
+        for (int r = 0; r < reps; r++)
+            col[r] = runs[r].t[k];
+        qsort(col, (size_t)reps, sizeof(double), cmp_double);
+        printf("%-12s %10.2f\n", runs[0].name[k], 1e3 * col[reps / 2]);
+    }
+    free(runs);
+    return 0;
+}
