@@ -19,6 +19,26 @@
  * is max phase, sum phase, store phase over the same rows. Expressions are
  * trees of CgExpr held by index in the kernel's ex array; index arithmetic is
  * i64-typed expressions of the loop variables.
+ *
+ * Fused kernels (cg_lower_group, from a fuse group) use the same structure:
+ *   - a phase with no inner dims runs once per outer iteration ("row
+ *     phase"): per-row values (a mean, an rstd) and per-row stores;
+ *   - an accumulator (CGX_ACC) is readable in every phase after its
+ *     reduction phase, in the same outer iteration;
+ *   - phase lets (CgPhase.lets): expressions a printer may evaluate once
+ *     into locals, in the listed order, before the phase's fold or stores
+ *     (a let of a row phase stays visible to every later phase of its
+ *     loop). Printing them is optional: for a target without lets
+ *     (cg_target_lets), cg_print_expr prints every expression inline,
+ *     which is also correct.
+ *     With lets, a store phase reads everything before it writes (in-place
+ *     updates rely on it);
+ *   - CgLoop.col: the outer dims are columns and the reduction phases run
+ *     over leading (row) dims: a CPU printer walks rows outermost to keep
+ *     memory access contiguous; a GPU printer may map columns to threads;
+ *   - a kernel of several loops (the multi-tensor AdamW update) runs them
+ *     one after the other; loops of one kernel never read each other's
+ *     results unless CgKernel.parallel is false.
  */
 #ifndef KILN_CODEGEN_H
 #define KILN_CODEGEN_H
@@ -96,6 +116,8 @@ typedef struct {
     double f;     /* const (float) */
     int64_t i;    /* const (integer) */
     uint64_t key; /* rand */
+    bool let;     /* bound by a phase's lets: printed as x<index> when the
+                     target prints lets */
 } CgExpr;
 
 typedef struct {
@@ -128,12 +150,14 @@ typedef struct {
     bool wide;       /* float sum: a printer may accumulate in double */
     int value;       /* reduction: expression folded into acc */
     VEC(CgStore) st; /* store phase */
+    VEC(int) lets;   /* expressions bound to locals, in evaluation order */
 } CgPhase;
 
 typedef struct {
     int ndim;
     CgDim dim[IR_MAX_RANK];
     VEC(CgPhase) ph;
+    bool col;        /* outer dims are columns; reductions run over rows */
 } CgLoop;
 
 typedef struct {
@@ -145,6 +169,10 @@ typedef struct {
     VEC(CgExpr) ex;
     VEC(CgLoop) loops;
     int nvars, naccs;
+    bool parallel;     /* the first outer dim of every loop may be split
+                          across threads (no accumulating stores, loops
+                          independent) */
+    int group;         /* fuse group it computes; -1 for a single op */
 } CgKernel;
 
 /* Builders: each returns the new expression's index in k->ex. Integer
@@ -172,6 +200,9 @@ typedef struct {
     const char *const *fover; /* CG__COUNT entries or NULL */
     const char *const *iover;
 } CgTarget;
+/* Whether cg_print_expr prints let-bound expressions as locals for target t
+ * (the C target does; any other prints them inline). */
+bool cg_target_lets(const CgTarget *t);
 extern const CgTarget cg_target_c;
 /* Appends the expression's source to *buf (a growable string). */
 typedef struct {
@@ -181,6 +212,9 @@ typedef struct {
 void cg_puts(CgBuf *b, const char *s);
 void cg_printf(CgBuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void cg_print_expr(CgBuf *b, const CgKernel *k, int e, const CgTarget *t);
+/* Prints let-bound expression e's definition, "TYPE x<e> = ...;" (no
+ * indentation, with newline). */
+void cg_print_let(CgBuf *b, const CgKernel *k, int e, const CgTarget *t);
 const char *cg_ctype(DType dt); /* "float", "int32_t", ...; NULL if unsupported */
 
 /* ---- lower.c: one IR op to a kernel description ------------------------- */
@@ -188,18 +222,36 @@ const char *cg_ctype(DType dt); /* "float", "int32_t", ...; NULL if unsupported 
 /* Describes op `i` of g as a kernel. Returns false with d set when the op's
  * dtype is not supported (bf16/f16 for now). */
 bool cg_lower_op(const Graph *g, int i, CgKernel *k, Diag *d);
+/* Describes the kernel of fuse group ops[0..n) (program order; a member
+ * matmul runs before as a GEMM and its result is read from memory). mat:
+ * pass_fuse_materialised. One loop per distinct domain among the group's
+ * connected parts. Returns false with d set on a group that is not one. */
+bool cg_lower_group(const Graph *g, const int *ops, int n, const bool *mat, CgKernel *k,
+                    Diag *d);
 
 /* ---- cprint.c: the C printer -------------------------------------------- */
 
 /* The prelude every generated C file starts with (types, helpers, the
  * counter hash of ir_rand_u01). */
 extern const char cg_c_prelude[];
-/* Appends kernel k as a C function `void NAME(params...)`. */
+/* Appends kernel k as a C function `void NAME(params..., [uint64_t seed,
+ * int64_t step,] int64_t part, int64_t nparts)`: the call computes part
+ * `part` of `nparts` (a share of every loop's first outer dim when
+ * k->parallel; part 0 does everything otherwise). */
 void cg_print_c_kernel(CgBuf *b, const CgKernel *k);
 
 /* ---- plan.c: the Plan --------------------------------------------------- */
 
-typedef enum { CG_STEP_KERNEL, CG_STEP_GEMM, CG_STEP_COPY } CgStepKind;
+/* CG_STEP_ALLREDUCE_START/_WAIT run on the communication stream (runtime/
+ * comm.c), never on a backend's compute stream: start takes the bucket's
+ * gradients (args[0..nargs)), wait blocks until the bucket is reduced. */
+typedef enum {
+    CG_STEP_KERNEL,
+    CG_STEP_GEMM,
+    CG_STEP_COPY,
+    CG_STEP_ALLREDUCE_START,
+    CG_STEP_ALLREDUCE_WAIT,
+} CgStepKind;
 
 typedef struct {
     int a, b, c;            /* tensors: C = op(A) x op(B) */
@@ -219,6 +271,12 @@ typedef struct {
     int64_t dst, src, bytes; /* CG_STEP_COPY: arena offsets */
     bool update;   /* copy of an update value into its target */
     const char *name; /* kernel name, "gemm", "copy" (interned) */
+    int bucket;    /* CG_STEP_ALLREDUCE_*: the comm pass's bucket id */
+    int nargs;     /* CG_STEP_ALLREDUCE_START: number of args */
+    int group;     /* fuse group of the step's op(s); -1 for a single op */
+    double flops, bytes_moved; /* the IR's counts for the step (a fused
+                                  kernel: its members' FLOPs, the bytes it
+                                  reads and writes) */
 } CgStep;
 
 typedef struct CgPlan {
@@ -236,5 +294,56 @@ CgPlan *cg_plan(const Graph *g, Diag *d);
 void cg_plan_free(CgPlan *p);
 /* Byte offset of a tensor's data in the arena. */
 int64_t cg_offset(const CgPlan *p, int tensor);
+
+/* ---- cuda.c: the CUDA C printer (NVRTC) --------------------------------
+ * Each CgLoop of a kernel becomes one __global__ function NAME_lI, launched
+ * in order. A loop whose inner dims are large (a reduction over many
+ * elements, stores over a long row) runs one block per outer index (threads
+ * share the inner dims, block-wide tree reductions, results broadcast to
+ * every thread); a column loop (CgLoop.col) with long columns runs in tiles
+ * of 32 columns by 8 row groups (partials meet in shared memory); any other
+ * loop runs one thread per outer index with the inner dims as plain loops.
+ * Buffers stored as bf16 are computed in f32 and rounded when stored;
+ * accumulators are f32 (never bf16). Accumulating stores are atomic. Phase
+ * lets are locals; in a store phase each store follows the lets it needs
+ * (lets that read a buffer come before any store to it). Kernels that draw random
+ * numbers take a device pointer to {seed, step} after the buffers (so a
+ * captured CUDA graph sees each step's values). The source is
+ * self-contained: no headers, no include path. */
+typedef struct {
+    char *name;       /* __global__ function */
+    int kernel;       /* plan kernel index */
+    bool rows;        /* one block per outer index */
+    bool cols;        /* column tiles: 32 outer indices x 8 row groups per block;
+                         neither: one thread per outer index */
+    int64_t n;        /* outer iterations */
+    int threads;      /* block size */
+    int64_t blocks;   /* grid size (grid-stride loops cover n) */
+} CgCudaFn;
+
+typedef struct CgCudaProgram {
+    char *source;      /* the whole translation unit */
+    VEC(CgCudaFn) fn;
+    int *step_fn;      /* per plan step: first fn of a kernel step (its fns are
+                          consecutive), -1 for other steps */
+    int *step_nfn;     /* per plan step: number of fns */
+    DType *storage;    /* per tensor id: dtype of its buffer in device memory */
+    bool bf16;         /* mixed precision: eligible activations stored as bf16 */
+} CgCudaProgram;
+
+/* Prints every kernel the plan's steps launch. bf16: store float temps that
+ * are activations (not reduce results, scatter results, values computed
+ * from constants and indices only, graph outputs, update values, optimizer
+ * inputs or anything sharing storage with them) as bf16; kernels shared by
+ * steps with different storage or aliasing get one variant each. Also emits
+ * kiln_cast_f32_bf16(const float*, bf16*, n) for GEMM operands. */
+CgCudaProgram *cg_cuda_program(const CgPlan *p, bool bf16);
+void cg_cuda_program_free(CgCudaProgram *q);
+/* Appends kernel k's functions (storage[i]: dtype of param i in memory;
+ * NULL: the params' own), filling fn (k->loops.n entries). */
+void cg_print_cuda_kernel(CgBuf *b, const CgKernel *k, const char *name, const DType *storage,
+                          CgCudaFn *fn);
+extern const char cg_cuda_prelude[];
+extern const CgTarget cg_target_cuda;
 
 #endif

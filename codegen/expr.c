@@ -170,7 +170,7 @@ void cg_kernel_free(CgKernel *k)
 
 /* ---- printing ------------------------------------------------------------ */
 
-const CgTarget cg_target_c = {"c", NULL, NULL};
+bool cg_target_lets(const CgTarget *t) { return t == &cg_target_c || t == &cg_target_cuda; }
 
 static void print_const(CgBuf *b, const CgExpr *x)
 {
@@ -196,9 +196,29 @@ static void print_const(CgBuf *b, const CgExpr *x)
     cg_printf(b, x->f < 0 ? "(%sf)" : "%sf", s);
 }
 
+static void print_rec(CgBuf *b, const CgKernel *k, int e, const CgTarget *t, bool def);
+
 void cg_print_expr(CgBuf *b, const CgKernel *k, int e, const CgTarget *t)
 {
+    print_rec(b, k, e, t, false);
+}
+
+void cg_print_let(CgBuf *b, const CgKernel *k, int e, const CgTarget *t)
+{
     const CgExpr *x = &k->ex.v[e];
+    const char *ty = cg_ctype(x->dt);
+    cg_printf(b, "const %s x%d = ", ty ? ty : "float", e);
+    print_rec(b, k, e, t, true);
+    cg_puts(b, ";\n");
+}
+
+static void print_rec(CgBuf *b, const CgKernel *k, int e, const CgTarget *t, bool def)
+{
+    const CgExpr *x = &k->ex.v[e];
+    if (x->let && !def && cg_target_lets(t)) {
+        cg_printf(b, "x%d", e);
+        return;
+    }
     switch (x->kind) {
     case CGX_CONST:
         print_const(b, x);

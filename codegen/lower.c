@@ -6,7 +6,18 @@
 #include "codegen.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+
+static bool dims_same(const Shape *a, const Shape *b)
+{
+    if (a->rank != b->rank)
+        return false;
+    for (int i = 0; i < a->rank; i++)
+        if (a->dim[i] != b->dim[i])
+            return false;
+    return true;
+}
 
 static int add_param(CgKernel *k, const Graph *g, int tensor, bool out)
 {
@@ -114,7 +125,9 @@ bool cg_lower_op(const Graph *g, int i, CgKernel *k, Diag *d)
     snprintf(nb, sizeof nb, "k%d_%s", i, name);
     k->name = xstrdup(nb);
     k->op = i;
+    k->group = -1;
     k->noalias = true;
+    k->parallel = op->code != OP_SCATTER_ADD;
     for (int j = -1; j < op->nin; j++) {
         DType dt = g->t.v[j < 0 ? op->out : op->in[j]].s.dtype;
         if (!cg_ctype(dt)) {
@@ -318,4 +331,474 @@ bool cg_lower_op(const Graph *g, int i, CgKernel *k, Diag *d)
     }
     add_store(k, l, po, oflat, val, false, -1);
     return true;
+}
+
+/* ---- fused groups ----------------------------------------------------------
+ * One loop per domain (see FuseDomain). ROW and ELEM: outer var o over the
+ * rows (S[0..k) flattened), inner var j over S[k..) flattened; COL: outer
+ * var n over the columns S[k..), inner var m over the rows S[0..k). A value
+ * is either full (indexed by both vars) or per outer iteration ("row"
+ * level, shape pass_fuse_oshape). Phases: for each reduction in program
+ * order a row phase (row values it needs) and its fold; then a row phase
+ * storing per-row results and a store phase storing full results. Every
+ * member's value and every load is a let of the phase that first needs it. */
+
+enum { LV_FULL, LV_ROW };
+
+typedef struct {
+    const Graph *g;
+    CgKernel *k;
+    const bool *mat;
+    Diag *d;
+    bool fail;
+    int *mark, stamp;   /* op -> stamp: member of this loop */
+    FuseDomain dom;
+    int ksplit;         /* axis split used for the vars */
+    bool col;
+    int64_t nouter, ninner;
+    int vo, vi;         /* exprs: outer var, inner var */
+    int oidx[IR_MAX_RANK], ridx[IR_MAX_RANK];
+    int *lvl;           /* per op: LV_* */
+    int *fcache, *fstamp, phase_id; /* per tensor: full-level expr of the current phase */
+    int *rcache;        /* per tensor: row-level expr (-1 none), whole loop */
+    int *accx;          /* per tensor: accumulator expr of a reduction (-1) */
+    int loop;           /* index in k->loops */
+    int fph, rph;       /* current full / row phase indices (-1 none) */
+    bool row_in_full;   /* COL before its folds: row values live in the fold */
+} Lg;
+
+static bool lg_member(const Lg *L, int t)
+{
+    int p = L->g->t.v[t].op;
+    return p >= 0 && L->mark[p] == L->stamp;
+}
+
+static CgPhase *lg_phase(Lg *L, int i) { return &L->k->loops.v[L->loop].ph.v[i]; }
+
+static int lg_new_phase(Lg *L, bool inner)
+{
+    CgLoop *l = &L->k->loops.v[L->loop];
+    CgPhase ph = {.acc = -1};
+    if (inner) {
+        ph.ndim = 1;
+        ph.dim[0].var = L->k->ex.v[L->vi].var;
+        ph.dim[0].n = L->ninner;
+    }
+    vec_push(&l->ph, ph);
+    return l->ph.n - 1;
+}
+
+static int lg_bind(Lg *L, int e, int phase)
+{
+    CgExpr *x = &L->k->ex.v[e];
+    if (x->let || x->kind == CGX_CONST || x->kind == CGX_VAR || x->kind == CGX_ACC)
+        return e;
+    x->let = true;
+    vec_push(&lg_phase(L, phase)->lets, e);
+    return e;
+}
+
+static void lg_fail(Lg *L, const char *what, int op)
+{
+    if (L->fail)
+        return;
+    L->fail = true;
+    const Op *o = op >= 0 ? &L->g->ops.v[op] : NULL;
+    snprintf(L->d->msg, sizeof L->d->msg, "%s:%d: fused kernel: %s (op %d%s%s)",
+             o && o->loc.file ? o->loc.file : "?", o ? o->loc.line : 0, what, op,
+             o ? ", " : "", o ? ir_opinfo[o->code].name : "");
+}
+
+/* Flat index of tensor shape s at multi-index idx; full and row shapes use
+ * the loop vars directly (contiguous access). */
+static int lg_flat(Lg *L, const Shape *s, const int *idx, int lv)
+{
+    CgKernel *k = L->k;
+    if (lv == LV_FULL && dims_same(s, &L->dom.S))
+        return cg_binop(k, CG_ADD, cg_binop(k, CG_MUL, L->col ? L->vi : L->vo,
+                                            cg_const_i(k, DT_I64, L->col ? L->nouter : L->ninner)),
+                        L->col ? L->vo : L->vi);
+    Shape o = pass_fuse_oshape(&L->dom);
+    if (lv == LV_ROW && dims_same(s, &o))
+        return L->vo;
+    return flat_index(k, s, idx);
+}
+
+static int lg_gen(Lg *L, int t, int lv);
+
+static int lg_const(Lg *L, const Op *op)
+{
+    const Shape *os = &L->g->t.v[op->out].s;
+    return dtype_is_float(os->dtype) ? cg_const_f(L->k, os->dtype, op->attr.f)
+                                     : cg_const_i(L->k, os->dtype, (int64_t)op->attr.f);
+}
+
+/* Value of tensor t at the current point, at level lv (the consumer's). */
+static int lg_gen(Lg *L, int t, int lv)
+{
+    const Graph *g = L->g;
+    CgKernel *k = L->k;
+    if (L->fail)
+        return cg_const_f(k, DT_F32, 0);
+    int p = g->t.v[t].op;
+    bool mem = lg_member(L, t) && g->ops.v[p].code != OP_MATMUL;
+    if (mem && g->ops.v[p].code == OP_CONST)
+        return lg_const(L, &g->ops.v[p]);
+    if (mem && (g->ops.v[p].code == OP_REDUCE_SUM || g->ops.v[p].code == OP_REDUCE_MAX)) {
+        if (L->accx[t] < 0)
+            lg_fail(L, "reduction result used before its reduction", p);
+        return L->accx[t] < 0 ? cg_const_f(k, DT_F32, 0) : L->accx[t];
+    }
+    int my = mem ? L->lvl[p] : lv;
+    bool rowc = my == LV_ROW && !L->row_in_full;
+    if (rowc && L->rcache[t] >= 0)
+        return L->rcache[t];
+    if (!rowc && L->fstamp[t] == L->phase_id)
+        return L->fcache[t];
+    int phase = rowc ? L->rph : L->fph;
+    if (phase < 0) {
+        lg_fail(L, "value needed where no phase can hold it", p);
+        return cg_const_f(k, DT_F32, 0);
+    }
+    const int *idx = my == LV_ROW ? L->ridx : L->oidx;
+    const Shape *ts = &g->t.v[t].s;
+    int e;
+    if (!mem) {
+        /* from memory: must be a full or row shaped tensor */
+        Shape o = pass_fuse_oshape(&L->dom);
+        if (!(my == LV_FULL ? dims_same(ts, &L->dom.S) : dims_same(ts, &o))) {
+            lg_fail(L, "operand read from memory does not fit the kernel's domain", p);
+            return cg_const_f(k, DT_F32, 0);
+        }
+        e = cg_load(k, add_param(k, g, t, false), lg_flat(L, ts, idx, my));
+    } else {
+        const Op *op = &g->ops.v[p];
+        int in[3] = {0};
+        switch (op->code) {
+        case OP_IOTA:
+            e = cg_cast(k, ts->dtype, idx[op->attr.ia[0]]);
+            break;
+        case OP_RANDOM:
+            e = cg_rand(k, (uint64_t)op->attr.ia[0], lg_flat(L, ts, idx, my));
+            break;
+        case OP_BROADCAST: {
+            int x = op->in[0];
+            const Shape *is = &g->t.v[x].s;
+            if (lg_member(L, x)) {
+                e = lg_gen(L, x, LV_ROW);
+                break;
+            }
+            int bi[IR_MAX_RANK];
+            int off = ts->rank - is->rank;
+            for (int a = 0; a < is->rank; a++)
+                bi[a] = is->dim[a] == 1 ? cg_const_i(k, DT_I64, 0) : idx[off + a];
+            e = cg_load(k, add_param(k, g, x, false), flat_index(k, is, bi));
+            break;
+        }
+        case OP_CAST:
+            e = cg_cast(k, ts->dtype, lg_gen(L, op->in[0], my));
+            break;
+        case OP_SELECT:
+            for (int j = 0; j < 3; j++)
+                in[j] = lg_gen(L, op->in[j], my);
+            e = cg_select(k, in[0], in[1], in[2]);
+            break;
+        default:
+            if (ir_opinfo[op->code].cls != OC_ELEMWISE) {
+                lg_fail(L, "op cannot be part of a fused kernel", p);
+                return cg_const_f(k, DT_F32, 0);
+            }
+            for (int j = 0; j < op->nin; j++)
+                in[j] = lg_gen(L, op->in[j], my);
+            e = op->nin == 1 ? cg_unop(k, elem_op(op->code), in[0])
+                             : cg_binop(k, elem_op(op->code), in[0], in[1]);
+        }
+    }
+    e = lg_bind(L, e, phase);
+    if (rowc) {
+        L->rcache[t] = e;
+    } else {
+        L->fcache[t] = e;
+        L->fstamp[t] = L->phase_id;
+    }
+    return e;
+}
+
+/* Decomposes flat var v over dims S[a0..a1) into idx[a0..a1). */
+static void lg_decompose(Lg *L, int v, int a0, int a1, int *idx)
+{
+    CgKernel *k = L->k;
+    int64_t stride = 1;
+    for (int a = a1 - 1; a >= a0; a--) {
+        int q = cg_binop(k, CG_IDIV, v, cg_const_i(k, DT_I64, stride));
+        idx[a] = a == a0 ? q : cg_binop(k, CG_IMOD, q, cg_const_i(k, DT_I64, L->dom.S.dim[a]));
+        stride *= L->dom.S.dim[a];
+    }
+}
+
+static bool lower_loop(const Graph *g, const int *ops, int n, const FuseDomain *dom,
+                       const bool *mat, CgKernel *k, Lg *L)
+{
+    L->dom = *dom;
+    L->stamp++;
+    for (int i = 0; i < n; i++)
+        L->mark[ops[i]] = L->stamp;
+    const Shape *S = &dom->S;
+    int r = S->rank;
+    L->col = dom->kind == FUSE_COL;
+    L->ksplit = dom->kind == FUSE_ELEM ? (r > 0 ? r - 1 : 0) : dom->k;
+    int64_t lead = 1, trail = 1;
+    for (int a = 0; a < r; a++) {
+        if (a < L->ksplit)
+            lead *= S->dim[a];
+        else
+            trail *= S->dim[a];
+    }
+    L->nouter = L->col ? trail : lead;
+    L->ninner = L->col ? lead : trail;
+    CgLoop lp = {.ndim = 1, .col = L->col};
+    lp.dim[0].var = cg_new_var(k);
+    lp.dim[0].n = L->nouter;
+    int iv = cg_new_var(k);
+    vec_push(&k->loops, lp);
+    L->loop = k->loops.n - 1;
+    L->vo = cg_var(k, lp.dim[0].var);
+    L->vi = cg_var(k, iv);
+    /* multi-indices */
+    int rows = L->col ? L->vi : L->vo, cols = L->col ? L->vo : L->vi;
+    lg_decompose(L, rows, 0, L->ksplit, L->oidx);
+    lg_decompose(L, cols, L->ksplit, r, L->oidx);
+    for (int a = 0; a < r; a++) {
+        bool outer = L->col ? a >= L->ksplit : a < L->ksplit;
+        L->ridx[a] = outer ? L->oidx[a] : cg_const_i(k, DT_I64, 0);
+    }
+    /* levels */
+    Shape osh = pass_fuse_oshape(dom);
+    for (int i = 0; i < n; i++) {
+        const Op *op = &g->ops.v[ops[i]];
+        const Shape *s = &g->t.v[op->out].s;
+        int lv = LV_FULL;
+        if (op->code == OP_REDUCE_SUM || op->code == OP_REDUCE_MAX) {
+            lv = LV_ROW;
+        } else if (dom->kind != FUSE_ELEM && dims_same(s, &osh)) {
+            lv = LV_ROW;
+            if (dims_same(s, S)) { /* degenerate: row and full shapes agree */
+                lv = LV_FULL;
+                for (int j = 0; j < op->nin; j++) {
+                    int q = g->t.v[op->in[j]].op;
+                    if (q >= 0 && L->mark[q] == L->stamp && L->lvl[q] == LV_ROW &&
+                        g->ops.v[q].code != OP_CONST)
+                        lv = LV_ROW;
+                }
+            }
+        }
+        L->lvl[ops[i]] = lv;
+    }
+    /* folds */
+    L->rph = L->fph = -1;
+    for (int i = 0; i < n && !L->fail; i++) {
+        const Op *op = &g->ops.v[ops[i]];
+        if (op->code != OP_REDUCE_SUM && op->code != OP_REDUCE_MAX)
+            continue;
+        L->row_in_full = L->col;
+        L->rph = L->col ? -1 : lg_new_phase(L, false);
+        int fold = lg_new_phase(L, true);
+        L->fph = fold;
+        L->phase_id++;
+        int v = lg_gen(L, op->in[0], LV_FULL);
+        DType dt = g->t.v[op->out].s.dtype;
+        CgPhase *ph = lg_phase(L, fold);
+        ph->acc = k->naccs++;
+        ph->rop = op->code == OP_REDUCE_SUM ? CG_RED_SUM : CG_RED_MAX;
+        ph->adt = dt;
+        ph->wide = ph->rop == CG_RED_SUM && dtype_is_float(dt);
+        ph->value = v;
+        L->accx[op->out] = cg_acc(k, ph->acc, dt);
+    }
+    /* stores */
+    L->row_in_full = false;
+    L->rph = lg_new_phase(L, false);
+    L->fph = lg_new_phase(L, true);
+    L->phase_id++;
+    int rph = L->rph, fph = L->fph;
+    for (int i = 0; i < n && !L->fail; i++) {
+        const Op *op = &g->ops.v[ops[i]];
+        int t = op->out;
+        if (!mat[t] || op->code == OP_MATMUL)
+            continue;
+        int lv = L->lvl[ops[i]];
+        const Shape *s = &g->t.v[t].s;
+        if (op->code == OP_CONST && !dims_same(s, S) && !dims_same(s, &osh)) {
+            lg_fail(L, "a constant needed outside its group does not fit the kernel", ops[i]);
+            break;
+        }
+        if (op->code == OP_CONST)
+            lv = dims_same(s, S) ? LV_FULL : LV_ROW;
+        if (L->col && lv == LV_FULL) {
+            lg_fail(L, "a column-reduction kernel cannot store full-shape results", ops[i]);
+            break;
+        }
+        int v = lg_gen(L, t, lv);
+        int po = add_param(k, g, t, true);
+        CgStore st = {po, lg_flat(L, s, lv == LV_ROW ? L->ridx : L->oidx, lv), v, false, -1};
+        vec_push(&lg_phase(L, lv == LV_ROW ? rph : fph)->st, st);
+    }
+    /* drop empty trailing phases */
+    CgLoop *l = &k->loops.v[L->loop];
+    for (int i = l->ph.n - 1; i >= 0; i--) {
+        CgPhase *ph = &l->ph.v[i];
+        if (ph->acc < 0 && !ph->st.n && !ph->lets.n) {
+            vec_free(&ph->st);
+            vec_free(&ph->lets);
+            memmove(ph, ph + 1, sizeof *ph * (size_t)(l->ph.n - i - 1));
+            l->ph.n--;
+        }
+    }
+    return !L->fail;
+}
+
+bool cg_lower_group(const Graph *g, const int *ops, int n, const bool *mat, CgKernel *k,
+                    Diag *d)
+{
+    int nt = g->t.n, nops = g->ops.n;
+    k->op = ops[0];
+    k->group = g->ops.v[ops[0]].group;
+    k->noalias = true;
+    k->parallel = true;
+    for (int i = 0; i < n; i++) {
+        const Op *op = &g->ops.v[ops[i]];
+        for (int j = -1; j < op->nin; j++) {
+            DType dt = g->t.v[j < 0 ? op->out : op->in[j]].s.dtype;
+            if (!cg_ctype(dt)) {
+                snprintf(d->msg, sizeof d->msg,
+                         "%s:%d: %s on %s is not supported by the CPU backend yet (expected "
+                         "f32, i32, i64 or u8)",
+                         op->loc.file ? op->loc.file : "?", op->loc.line,
+                         ir_opinfo[op->code].name, dtype_name(dt));
+                return false;
+            }
+        }
+    }
+    /* connected parts by in-group edges (union-find over member positions) */
+    int *pos = xmalloc(sizeof(int) * (size_t)(nops + 1));
+    for (int i = 0; i < nops; i++)
+        pos[i] = -1;
+    for (int i = 0; i < n; i++)
+        pos[ops[i]] = i;
+    int *uf = xmalloc(sizeof(int) * (size_t)(n + 1));
+    for (int i = 0; i < n; i++)
+        uf[i] = i;
+    for (int i = 0; i < n; i++) {
+        const Op *op = &g->ops.v[ops[i]];
+        if (op->code == OP_MATMUL)
+            continue;
+        for (int j = 0; j < op->nin; j++) {
+            int p = g->t.v[op->in[j]].op;
+            if (p < 0 || pos[p] < 0)
+                continue;
+            int a = pos[p], b = i;
+            while (uf[a] != a)
+                a = uf[a] = uf[uf[a]];
+            while (uf[b] != b)
+                b = uf[b] = uf[uf[b]];
+            uf[a] = b;
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        int a = i;
+        while (uf[a] != a)
+            a = uf[a];
+        uf[i] = a;
+    }
+    /* domain per part; parts with one domain share a loop */
+    FuseDomain *dom = xcalloc((size_t)n + 1, sizeof(FuseDomain));
+    int *part = xmalloc(sizeof(int) * (size_t)(n + 1));
+    bool ok = true;
+    for (int i = 0; i < n && ok; i++) {
+        if (uf[i] != i)
+            continue;
+        int m = 0;
+        for (int j = 0; j < n; j++)
+            if (uf[j] == i && g->ops.v[ops[j]].code != OP_MATMUL)
+                part[m++] = ops[j];
+        if (!m)
+            continue;
+        char err[256];
+        if (!pass_fuse_domain(g, part, m, &dom[i], err, sizeof err)) {
+            const Op *op = &g->ops.v[part[0]];
+            snprintf(d->msg, sizeof d->msg, "%s:%d: group %d cannot be one kernel: %s",
+                     op->loc.file ? op->loc.file : "?", op->loc.line, op->group, err);
+            ok = false;
+        }
+    }
+    Lg L = {.g = g, .k = k, .mat = mat, .d = d};
+    L.mark = xcalloc((size_t)nops + 1, sizeof(int));
+    L.lvl = xcalloc((size_t)nops + 1, sizeof(int));
+    L.fcache = xmalloc(sizeof(int) * (size_t)(nt + 1));
+    L.fstamp = xcalloc((size_t)nt + 1, sizeof(int));
+    L.rcache = xmalloc(sizeof(int) * (size_t)(nt + 1));
+    L.accx = xmalloc(sizeof(int) * (size_t)(nt + 1));
+    for (int t = 0; t < nt; t++)
+        L.rcache[t] = L.accx[t] = -1;
+    bool *done = xcalloc((size_t)n + 1, sizeof(bool));
+    int *readby = xcalloc((size_t)nt + 1, sizeof(int)); /* tensor -> loop (i + 1) reading it */
+    for (int i = 0; i < n && ok; i++) {
+        if (uf[i] != i || done[i] || g->ops.v[ops[i]].code == OP_MATMUL)
+            continue;
+        int m = 0;
+        for (int r = i; r < n; r++) {
+            if (uf[r] != r || done[r] || g->ops.v[ops[r]].code == OP_MATMUL)
+                continue;
+            const FuseDomain *a = &dom[i], *b = &dom[r];
+            if (a->kind != b->kind || a->k != b->k || !dims_same(&a->S, &b->S))
+                continue;
+            /* parts share a loop only when they read a common tensor (a
+             * multi-output kernel reads it once); independent parts (the
+             * multi-tensor update) get loops of their own */
+            bool shares = r == i;
+            for (int j = 0; j < n && !shares; j++) {
+                if (uf[j] != r)
+                    continue;
+                const Op *op = &g->ops.v[ops[j]];
+                for (int q = 0; q < op->nin; q++)
+                    if (readby[op->in[q]] == i + 1)
+                        shares = true;
+            }
+            if (!shares)
+                continue;
+            done[r] = true;
+            for (int j = 0; j < n; j++)
+                if (uf[j] == r && g->ops.v[ops[j]].code != OP_MATMUL) {
+                    part[m++] = ops[j];
+                    const Op *op = &g->ops.v[ops[j]];
+                    for (int q = 0; q < op->nin; q++) {
+                        int x = op->in[q], pp = g->t.v[x].op;
+                        bool inside = pp >= 0 && pos[pp] >= 0 && g->ops.v[pp].code != OP_MATMUL;
+                        if (!inside && shape_numel(&g->t.v[x].s) > 1)
+                            readby[x] = i + 1;
+                    }
+                }
+        }
+        /* program order within the loop */
+        for (int a = 1; a < m; a++)
+            for (int b = a; b > 0 && part[b - 1] > part[b]; b--) {
+                int tmp = part[b];
+                part[b] = part[b - 1];
+                part[b - 1] = tmp;
+            }
+        ok = lower_loop(g, part, m, &dom[i], mat, k, &L);
+    }
+    free(done);
+    free(readby);
+    free(L.mark);
+    free(L.lvl);
+    free(L.fcache);
+    free(L.fstamp);
+    free(L.rcache);
+    free(L.accx);
+    free(dom);
+    free(part);
+    free(uf);
+    free(pos);
+    return ok;
 }

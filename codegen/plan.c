@@ -45,6 +45,100 @@ typedef struct {
     char *body;
     int kernel;
 } BodyEntry;
+typedef VEC(BodyEntry) BodySet;
+
+/* Adds kernel k (owned from here) as step *st: reuses an earlier kernel with
+ * the same body, else appends k to the plan and its source. */
+/* An input whose buffer is exactly an output's (an update computed in place)
+ * becomes that output's param: the kernel then reads and writes through one
+ * pointer, and its params never overlap (restrict holds). */
+static void merge_inplace_params(const MemPlan *m, CgKernel *k)
+{
+    int n = k->params.n;
+    int *to = xmalloc(sizeof(int) * (size_t)(n + 1));
+    for (int a = 0; a < n; a++) {
+        to[a] = a;
+        const CgParam *pa = &k->params.v[a];
+        if (pa->out)
+            continue;
+        for (int b = 0; b < n; b++) {
+            const CgParam *pb = &k->params.v[b];
+            if (pb->out && pb->dt == pa->dt && m->offset[pb->tensor] == m->offset[pa->tensor] &&
+                m->bytes[pb->tensor] == m->bytes[pa->tensor]) {
+                to[a] = b;
+                break;
+            }
+        }
+    }
+    /* renumber the surviving params densely */
+    int *idx = xmalloc(sizeof(int) * (size_t)(n + 1));
+    int w = 0;
+    for (int a = 0; a < n; a++)
+        idx[a] = to[a] == a ? w++ : -1;
+    for (int a = 0; a < n; a++)
+        to[a] = idx[to[a]];
+    if (w < n) {
+        for (int e = 0; e < k->ex.n; e++)
+            if (k->ex.v[e].kind == CGX_LOAD)
+                k->ex.v[e].param = to[k->ex.v[e].param];
+        for (int l = 0; l < k->loops.n; l++)
+            for (int ph = 0; ph < k->loops.v[l].ph.n; ph++)
+                for (int q = 0; q < k->loops.v[l].ph.v[ph].st.n; q++) {
+                    CgStore *st = &k->loops.v[l].ph.v[ph].st.v[q];
+                    st->param = to[st->param];
+                }
+        int r = 0;
+        for (int a = 0; a < n; a++)
+            if (idx[a] >= 0)
+                k->params.v[r++] = k->params.v[a];
+        k->params.n = r;
+    }
+    free(idx);
+    free(to);
+}
+
+static bool add_kernel(CgPlan *p, CgKernel *k, BodySet *seen, CgBuf *src, CgStep *st)
+{
+    const MemPlan *m = p->mem;
+    merge_inplace_params(m, k);
+    for (int a = 0; a < k->params.n; a++)
+        for (int b = 0; b < k->params.n; b++)
+            if (a != b && k->params.v[a].out &&
+                overlap(m, k->params.v[a].tensor, k->params.v[b].tensor))
+                k->noalias = false;
+    char *full = k->name;
+    k->name = xstrdup("KNAME");
+    CgBuf body = {0};
+    cg_print_c_kernel(&body, k);
+    uint64_t h = hash_bytes(body.s, body.n, 0);
+    int found = -1;
+    for (int s = 0; s < seen->n && found < 0; s++)
+        if (seen->v[s].h == h && strcmp(seen->v[s].body, body.s) == 0)
+            found = seen->v[s].kernel;
+    st->kind = CG_STEP_KERNEL;
+    st->args = xmalloc(sizeof(int) * (size_t)(k->params.n + 1));
+    for (int a = 0; a < k->params.n; a++)
+        st->args[a] = k->params.v[a].tensor;
+    if (found >= 0) {
+        free(full);
+        cg_kernel_free(k);
+        st->kernel = found;
+    } else {
+        free(k->name);
+        k->name = full;
+        BodyEntry e = {h, body.s, p->kernels.n};
+        body.s = NULL;
+        vec_push(seen, e);
+        vec_push(&p->kernels, k);
+        st->kernel = p->kernels.n - 1;
+        cg_puts(src, "\n");
+        cg_print_c_kernel(src, k);
+    }
+    free(body.s);
+    st->name = intern(p->kernels.v[st->kernel]->name);
+    vec_push(&p->steps, *st);
+    return true;
+}
 
 CgPlan *cg_plan(const Graph *g, Diag *d)
 {
@@ -55,14 +149,89 @@ CgPlan *cg_plan(const Graph *g, Diag *d)
     const MemPlan *m = p->mem;
     CgBuf src = {0};
     cg_puts(&src, cg_c_prelude);
-    VEC(BodyEntry) seen = {0};
+    BodySet seen = {0};
+    bool *mat = pass_fuse_materialised(g);
+    int ngroups = 0;
+    for (int i = 0; i < g->ops.n; i++)
+        if (g->ops.v[i].group >= ngroups)
+            ngroups = g->ops.v[i].group + 1;
+    bool *gdone = xcalloc((size_t)ngroups + 1, sizeof(bool));
+    int *members = xmalloc(sizeof(int) * (size_t)(g->ops.n + 1));
 
     for (int i = 0; i < g->ops.n; i++) {
         const Op *op = &g->ops.v[i];
-        CgStep st = {.op = i, .kernel = -1};
+        CgStep st = {.op = i, .kernel = -1, .group = -1};
+        st.flops = ir_op_flops(g, op);
+        st.bytes_moved = ir_op_bytes(g, op);
+        if (op->group >= 0) {
+            /* a fused group: its GEMM (if any), then one kernel for the rest */
+            int gid = op->group, n = 0, j = i;
+            if (gdone[gid])
+                die("cg_plan: the ops of group %d are not contiguous (run pass_schedule)", gid);
+            gdone[gid] = true;
+            for (; j < g->ops.n && g->ops.v[j].group == gid; j++)
+                if (g->ops.v[j].code != OP_MATMUL)
+                    members[n++] = j;
+            for (int q = i; q < j; q++) {
+                const Op *mo = &g->ops.v[q];
+                if (mo->code != OP_MATMUL)
+                    continue;
+                if (g->t.v[mo->out].s.dtype != DT_F32) {
+                    snprintf(d->msg, sizeof d->msg,
+                             "%s:%d: matmul on %s is not supported by the CPU backend yet "
+                             "(expected f32)",
+                             mo->loc.file ? mo->loc.file : "?", mo->loc.line,
+                             dtype_name(g->t.v[mo->out].s.dtype));
+                    goto fail;
+                }
+                CgStep gs = {.kind = CG_STEP_GEMM, .op = q, .kernel = -1, .group = gid};
+                gs.gemm = plan_gemm(g, mo);
+                gs.name = intern("gemm");
+                gs.flops = ir_op_flops(g, mo);
+                gs.bytes_moved = ir_op_bytes(g, mo);
+                vec_push(&p->steps, gs);
+            }
+            i = j - 1;
+            if (!n)
+                continue;
+            CgKernel *k = xcalloc(1, sizeof *k);
+            if (!cg_lower_group(g, members, n, mat, k, d)) {
+                cg_kernel_free(k);
+                goto fail;
+            }
+            char nb[128];
+            snprintf(nb, sizeof nb, "g%d_%s", gid, ir_opinfo[g->ops.v[members[0]].code].name);
+            k->name = xstrdup(nb);
+            st.op = members[0];
+            st.group = gid;
+            st.flops = 0;
+            for (int q = 0; q < n; q++)
+                st.flops += ir_op_flops(g, &g->ops.v[members[q]]);
+            st.bytes_moved = pass_fuse_group_bytes(g, members, n, mat);
+            if (!add_kernel(p, k, &seen, &src, &st))
+                goto fail;
+            continue;
+        }
         if ((op->code == OP_RESHAPE || op->code == OP_ALLREDUCE) &&
             m->root[op->out] == m->root[op->in[0]])
             continue;
+        if (op->code == OP_ALLREDUCE_START || op->code == OP_ALLREDUCE_WAIT) {
+            bool start = op->code == OP_ALLREDUCE_START;
+            st.kind = start ? CG_STEP_ALLREDUCE_START : CG_STEP_ALLREDUCE_WAIT;
+            st.bucket = (int)op->attr.ia[0];
+            if (start) {
+                st.nargs = op->nin;
+                st.args = xmalloc(sizeof(int) * (size_t)op->nin);
+                for (int a = 0; a < op->nin; a++)
+                    st.args[a] = op->in[a];
+            } else if (m->root[op->out] != m->root[op->in[1]]) {
+                die("cg_plan: allreduce_wait result %%%d is not a view of its gradient",
+                    op->out);
+            }
+            st.name = intern(start ? "allreduce_start" : "allreduce_wait");
+            vec_push(&p->steps, st);
+            continue;
+        }
         if (op->code == OP_MATMUL) {
             if (g->t.v[op->out].s.dtype != DT_F32) {
                 snprintf(d->msg, sizeof d->msg,
@@ -88,46 +257,29 @@ CgPlan *cg_plan(const Graph *g, Diag *d)
             continue;
         }
         CgKernel *k = xcalloc(1, sizeof *k);
-        if (!cg_lower_op(g, i, k, d)) {
+        /* a lone reduction still gets the fused lowering: vectorised row
+         * folds, and column sums that walk rows contiguously */
+        bool lowered = false;
+        if ((op->code == OP_REDUCE_SUM || op->code == OP_REDUCE_MAX) &&
+            pass_fuse_op_fusable(g, op)) {
+            Diag d2 = {{0}};
+            int one = i;
+            lowered = cg_lower_group(g, &one, 1, mat, k, &d2);
+            if (lowered) {
+                char nb[128];
+                snprintf(nb, sizeof nb, "k%d_%s", i, ir_opinfo[op->code].name);
+                k->name = xstrdup(nb);
+            } else {
+                cg_kernel_free(k);
+                k = xcalloc(1, sizeof *k);
+            }
+        }
+        if (!lowered && !cg_lower_op(g, i, k, d)) {
             cg_kernel_free(k);
             goto fail;
         }
-        for (int a = 0; a < k->params.n; a++)
-            for (int b = 0; b < k->params.n; b++)
-                if (a != b && k->params.v[a].out &&
-                    overlap(m, k->params.v[a].tensor, k->params.v[b].tensor))
-                    k->noalias = false;
-        char *full = k->name;
-        k->name = xstrdup("KNAME");
-        CgBuf body = {0};
-        cg_print_c_kernel(&body, k);
-        uint64_t h = hash_bytes(body.s, body.n, 0);
-        int found = -1;
-        for (int s = 0; s < seen.n && found < 0; s++)
-            if (seen.v[s].h == h && strcmp(seen.v[s].body, body.s) == 0)
-                found = seen.v[s].kernel;
-        st.kind = CG_STEP_KERNEL;
-        st.args = xmalloc(sizeof(int) * (size_t)(k->params.n + 1));
-        for (int a = 0; a < k->params.n; a++)
-            st.args[a] = k->params.v[a].tensor;
-        if (found >= 0) {
-            free(full);
-            cg_kernel_free(k);
-            st.kernel = found;
-        } else {
-            free(k->name);
-            k->name = full;
-            BodyEntry e = {h, body.s, p->kernels.n};
-            body.s = NULL;
-            vec_push(&seen, e);
-            vec_push(&p->kernels, k);
-            st.kernel = p->kernels.n - 1;
-            cg_puts(&src, "\n");
-            cg_print_c_kernel(&src, k);
-        }
-        free(body.s);
-        st.name = intern(p->kernels.v[st.kernel]->name);
-        vec_push(&p->steps, st);
+        if (!add_kernel(p, k, &seen, &src, &st))
+            goto fail;
     }
     /* update copies: one that reads a region goes before one that writes it */
     VEC(CgStep) cp = {0};
@@ -137,10 +289,11 @@ CgPlan *cg_plan(const Graph *g, Diag *d)
         int T = g->upd.v[u].target, V = g->upd.v[u].value;
         if (m->offset[T] == m->offset[V])
             continue;
-        CgStep st = {.kind = CG_STEP_COPY, .op = -1, .kernel = -1, .update = true};
+        CgStep st = {.kind = CG_STEP_COPY, .op = -1, .kernel = -1, .update = true, .group = -1};
         st.dst = m->offset[T];
         st.src = m->offset[V];
         st.bytes = m->bytes[T];
+        st.bytes_moved = 2.0 * (double)st.bytes;
         st.name = intern("update_copy");
         vec_push(&cp, st);
     }
@@ -168,12 +321,18 @@ CgPlan *cg_plan(const Graph *g, Diag *d)
     for (int s = 0; s < seen.n; s++)
         free(seen.v[s].body);
     vec_free(&seen);
+    free(mat);
+    free(gdone);
+    free(members);
     p->source = src.s ? src.s : xstrdup("");
     return p;
 fail:
     for (int s = 0; s < seen.n; s++)
         free(seen.v[s].body);
     vec_free(&seen);
+    free(mat);
+    free(gdone);
+    free(members);
     free(src.s);
     cg_plan_free(p);
     return NULL;

@@ -67,6 +67,11 @@ static const TKey train_keys[] = {
     TK(checkpoint, TT_STR, NULL),
     TK(memory_budget, TT_BYTES, "0"),
     TKS(precision, "f32", "f32, bf16"),
+    TKS(tf32, "false", "true, false"),
+    TKS(cuda_graph, "false", "true, false"),
+    TK(bucket_mb, TT_DBL, "4"),
+    TK(grad_accum, TT_INT, "1"),
+    TK(comm_timeout, TT_DBL, "60"),
 };
 #undef TK
 #undef TKS

@@ -31,6 +31,11 @@ typedef struct TrainCfg {
     const char *checkpoint;   /* path prefix for checkpoints, NULL: none */
     int64_t memory_budget;    /* bytes, 0 none; accepts "512MiB", "2GiB" strings too */
     const char *precision;    /* "f32" (default) or "bf16" */
+    const char *tf32;         /* "true": f32 GEMMs on TF32 tensor cores (cuda) */
+    const char *cuda_graph;   /* "true": replay the step as a CUDA graph (cuda) */
+    double bucket_mb;         /* comm: gradient bucket size cap in MiB */
+    int64_t grad_accum;       /* micro-batches per step (>= 1); only the last reduces */
+    double comm_timeout;      /* seconds a collective may take before the ranks stop */
 } TrainCfg;
 
 typedef struct {

@@ -390,6 +390,25 @@ bool ir_infer(const Graph *g, Opcode code, const int *in, int nin, const OpAttr 
             FAIL("random: needs a key attribute");
         break;
     case OC_COLLECTIVE:
+        if (info->attr == AK_BUCKET && (a->nia != 1 || a->ia[0] < 0))
+            FAIL("%s: needs a bucket attribute (expected {bucket=N}, N >= 0)", info->name);
+        if (code == OP_ALLREDUCE_START) {
+            for (int i = 0; i < nin; i++)
+                if (!dtype_is_float(g->t.v[in[i]].s.dtype))
+                    FAIL("allreduce_start: operand %d needs a float tensor (got %s)", i,
+                         dtype_name(g->t.v[in[i]].s.dtype));
+            r = shape_make(DT_U8, 0, NULL);
+            break;
+        }
+        if (code == OP_ALLREDUCE_WAIT) {
+            if (s[0]->dtype != DT_U8 || s[0]->rank != 0)
+                FAIL("allreduce_wait: operand 0 must be an allreduce_start token (expected "
+                     "u8[], got %s)", shape_str(g, s[0], b0, sizeof b0));
+            if (!dtype_is_float(s[1]->dtype))
+                FAIL("allreduce_wait: needs a float tensor (got %s)", dtype_name(s[1]->dtype));
+            r = *s[1];
+            break;
+        }
         if (!dtype_is_float(s[0]->dtype))
             FAIL("allreduce: needs a float tensor (got %s)", dtype_name(s[0]->dtype));
         r = *s[0];

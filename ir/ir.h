@@ -100,6 +100,7 @@ typedef enum {
     AK_GEMM,  /* matmul: ia[0] = transpose A, ia[1] = transpose B */
     AK_KEY,   /* random: ia[0] = key (distinct per random op); attr.shape */
     AK_SHAPE, /* reshape, broadcast, scatter_add: result shape in attr.shape */
+    AK_BUCKET, /* allreduce_start/_wait: ia[0] = bucket id (comm pass) */
     AK__COUNT
 } IrAttrKind;
 
@@ -145,7 +146,9 @@ typedef enum {
     X(REDUCE_MAX,  "reduce_max",  1, OC_REDUCE,     AK_AXES,  1)         \
     X(MATMUL,      "matmul",      2, OC_GEMM,       AK_GEMM,  0)         \
     X(RANDOM,      "random",      0, OC_RANDOM,     AK_KEY,   4)         \
-    X(ALLREDUCE,   "allreduce",   1, OC_COLLECTIVE, AK_NONE,  1)
+    X(ALLREDUCE,   "allreduce",   1, OC_COLLECTIVE, AK_NONE,  1)         \
+    X(ALLREDUCE_START, "allreduce_start", -1, OC_COLLECTIVE, AK_BUCKET, 0) \
+    X(ALLREDUCE_WAIT,  "allreduce_wait",   2, OC_COLLECTIVE, AK_BUCKET, 0)
 /* clang-format on */
 
 typedef enum {
@@ -192,6 +195,11 @@ const char *ir_class_name(OpClass c);
  * random     uniform in [0, 1), f32, shape attr.shape; value at flat index i is
  *            ir_rand_u01(seed, key, step, i) (seed and step given at run time)
  * allreduce  mean over ranks (identity on one rank)
+ * allreduce_start(g1, ..., gk) {bucket}  -> u8[] token (value 0): starts the
+ *            mean over ranks of the bucket's gradients on the communication
+ *            stream, in place in their buffers (placed by the comm pass)
+ * allreduce_wait(token, gi) {bucket}  -> gi's type: the mean over ranks of gi
+ *            (identity on one rank); waits for the bucket; a view of gi
  */
 
 /* Counter-based uniform random numbers: the same function is emitted into

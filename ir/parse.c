@@ -455,6 +455,7 @@ static bool build_attr(P *ps, Opcode code, const RawAttr *ra, int nra, const Sha
     case AK_START: keys[0] = code == OP_PAD ? "lo" : "start"; break;
     case AK_GEMM: keys[0] = "ta", keys[1] = "tb"; break;
     case AK_KEY: keys[0] = "key"; break;
+    case AK_BUCKET: keys[0] = "bucket"; break;
     default: break;
     }
     const RawAttr *found[2] = {NULL, NULL};
@@ -483,6 +484,7 @@ static bool build_attr(P *ps, Opcode code, const RawAttr *ra, int nra, const Sha
         break;
     case AK_AXIS:
     case AK_KEY:
+    case AK_BUCKET:
         a->nia = 1;
         if (!attr_int(ps, found[0], &a->ia[0]))
             return false;

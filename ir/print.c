@@ -94,6 +94,7 @@ static void print_attrs(FILE *f, const Op *op)
                 (long long)(a->nia > 1 ? a->ia[1] : 0));
         break;
     case AK_KEY: fprintf(f, " {key=%lld}", (long long)(a->nia ? a->ia[0] : -1)); break;
+    case AK_BUCKET: fprintf(f, " {bucket=%lld}", (long long)(a->nia ? a->ia[0] : -1)); break;
     default: break;
     }
 }

@@ -141,6 +141,7 @@ static bool diff_operand(Opcode code, int i)
     switch (code) {
     case OP_CONST: case OP_IOTA: case OP_RANDOM:
     case OP_LT: case OP_LE: case OP_GT: case OP_GE: case OP_EQ: case OP_NE:
+    case OP_ALLREDUCE_START: case OP_ALLREDUCE_WAIT: /* placed after autodiff */
         return false;
     case OP_SELECT: return i > 0;
     case OP_GATHER: return i == 0;

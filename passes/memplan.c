@@ -75,19 +75,48 @@ MemPlan *pass_memplan(const Graph *g, Diag *d)
         const Op *op = &g->ops.v[i];
         if (op->code == OP_RESHAPE)
             m->root[op->out] = m->root[op->in[0]];
+        /* the reduced gradient is the gradient's buffer, reduced in place:
+         * the buffer stays live from the start through every reader */
+        if (op->code == OP_ALLREDUCE_WAIT)
+            m->root[op->out] = m->root[op->in[1]];
     }
+    /* fuse groups run as one kernel over their (contiguous) op range
+     * [gfirst, glast]: everything the kernel reads or writes is live over the
+     * whole range, and results that never leave the group (not
+     * materialised) get no storage */
+    int ngroups = 0;
+    for (int i = 0; i < n; i++)
+        if (g->ops.v[i].group >= ngroups)
+            ngroups = g->ops.v[i].group + 1;
+    int *gfirst = xmalloc(sizeof(int) * (size_t)(ngroups + 1));
+    int *glast = xmalloc(sizeof(int) * (size_t)(ngroups + 1));
+    for (int i = 0; i < ngroups; i++)
+        gfirst[i] = glast[i] = -1;
+    for (int i = 0; i < n; i++) {
+        int gr = g->ops.v[i].group;
+        if (gr < 0)
+            continue;
+        if (gfirst[gr] < 0)
+            gfirst[gr] = i;
+        glast[gr] = i;
+    }
+    bool *internal = pass_fuse_materialised(g);
+    for (int t = 0; t < nt; t++) /* materialised -> internal */
+        internal[t] = !internal[t];
     /* live ranges per root */
     for (int i = 0; i < n; i++) {
         const Op *op = &g->ops.v[i];
+        int lo = op->group >= 0 ? gfirst[op->group] : i;
+        int hi = op->group >= 0 ? glast[op->group] : i;
         int r = m->root[op->out];
-        if (m->first[r] < 0)
-            m->first[r] = i;
-        if (m->last[r] < i)
-            m->last[r] = i;
+        if (m->first[r] < 0 || m->first[r] > lo)
+            m->first[r] = lo;
+        if (m->last[r] < hi)
+            m->last[r] = hi;
         for (int j = 0; j < op->nin; j++) {
             int a = m->root[op->in[j]];
-            if (m->last[a] < i)
-                m->last[a] = i;
+            if (m->last[a] < hi)
+                m->last[a] = hi;
         }
     }
     for (int k = 0; k < g->outs.n; k++)
@@ -113,7 +142,11 @@ MemPlan *pass_memplan(const Graph *g, Diag *d)
         if (taken)
             continue;
         int def = v->op, lr = m->last[T];
-        if (lr > def || (lr == def && !same_index_op(&g->ops.v[def])))
+        /* a fused kernel reads all it needs at an index before writing it */
+        bool same = same_index_op(&g->ops.v[def]) || g->ops.v[def].group >= 0;
+        if (g->ops.v[def].group >= 0)
+            def = glast[g->ops.v[def].group];
+        if (lr > def || (lr == def && !same))
             continue;
         bool out_of_t = false;
         for (int k2 = 0; k2 < g->outs.n; k2++)
@@ -143,7 +176,7 @@ MemPlan *pass_memplan(const Graph *g, Diag *d)
     int *temps = xmalloc(sizeof(int) * (size_t)(nt + 1));
     int ntemps = 0;
     for (int t = 0; t < nt; t++)
-        if (m->root[t] == t && !m->persistent[t]) {
+        if (m->root[t] == t && !m->persistent[t] && !internal[t]) {
             if (m->last[t] < m->first[t])
                 m->last[t] = m->first[t];
             temps[ntemps++] = t;
@@ -211,6 +244,9 @@ MemPlan *pass_memplan(const Graph *g, Diag *d)
     free(temps);
     free(placed);
     free(conf);
+    free(gfirst);
+    free(glast);
+    free(internal);
     return m;
 }
 

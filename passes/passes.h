@@ -21,8 +21,16 @@ typedef struct {
     double grad_clip;      /* <= 0: no clipping */
     /* remat */
     int64_t memory_budget; /* bytes; 0: none */
+    int remat;             /* RematPolicy; REMAT_DEFAULT: auto with a budget, else none */
+    int remat_solver;      /* RematSolver; 0: exact for small graphs, else heuristic */
+    struct RematReport *remat_report; /* optional out: what remat chose */
     /* comm */
     int nranks;
+    int64_t bucket_bytes;  /* bucket size cap; <= 0: PASS_COMM_BUCKET_DEFAULT */
+    bool no_overlap;       /* every allreduce_start after the last backward op */
+    int grad_accum;        /* micro-batches per step (<= 1: none) */
+    /* fuse */
+    bool no_fuse;          /* --no-fuse: every op its own kernel */
 } PassOpts;
 
 void pass_opts_default(PassOpts *o);
@@ -63,6 +71,47 @@ bool pass_optimizer(Graph *g, const PassOpts *o, Diag *d);
  * dead-code elimination, to a fixed point. */
 bool pass_simplify(Graph *g, const PassOpts *o, Diag *d);
 
+/* fuse.c: groups ops into kernels (Op.group; -1: the op is its own
+ * kernel). See the file's header for the kinds of groups. Every tensor a
+ * group's kernel writes is "materialised": read outside its group, a graph
+ * output or an update value; the others never reach memory. Leaves every
+ * group == -1 when o->no_fuse. */
+bool pass_fuse(Graph *g, const PassOpts *o, Diag *d);
+/* The loop domain of a group: full shape S (dims only), split at axis k.
+ * FUSE_ELEM: k = -1; FUSE_ROW: reductions over axes k..rank-1, per-row
+ * values have shape S with those axes 1; FUSE_COL: reductions over axes
+ * 0..k-1, per-column values have shape S with those axes 1. */
+typedef enum { FUSE_ELEM, FUSE_ROW, FUSE_COL } FuseKind;
+typedef struct {
+    FuseKind kind;
+    Shape S;
+    int k;
+} FuseDomain;
+/* Domain of one loop nest made of ops[0..n) (one group, or one connected
+ * part of a multi-tensor group); false with err when they do not form one. */
+bool pass_fuse_domain(const Graph *g, const int *ops, int n, FuseDomain *d, char *err,
+                      size_t errlen);
+Shape pass_fuse_oshape(const FuseDomain *d); /* the per-row (per-column) shape */
+bool pass_fuse_op_fusable(const Graph *g, const Op *op);
+/* Per tensor id (caller frees): true when its value is written to memory
+ * under the graph's current grouping. */
+bool *pass_fuse_materialised(const Graph *g);
+/* Bytes a group's kernel moves: each tensor read from outside once, each
+ * materialised result written once (a member GEMM counts its own reads and
+ * write). */
+double pass_fuse_group_bytes(const Graph *g, const int *ops, int n, const bool *mat);
+/* Launch counts and bytes moved per step under the graph's grouping (an
+ * unfused graph: one kernel per op; reshapes are views and count nothing). */
+typedef struct {
+    int kernels;  /* generated kernels */
+    int gemms;    /* library GEMM calls */
+    double bytes;
+} FuseStats;
+void pass_fuse_stats(const Graph *g, FuseStats *s);
+/* One comment line per group (kind, domain, ops, what it writes): appended
+ * to the --dump-after=fuse dump. */
+void pass_fuse_print(const Graph *g, FILE *f);
+
 /* schedule.c: final op order (a topological order that keeps live memory low). */
 bool pass_schedule(Graph *g, const PassOpts *o, Diag *d);
 
@@ -94,5 +143,71 @@ MemPlan *pass_memplan(const Graph *g, Diag *d);
 void pass_memplan_free(MemPlan *m);
 /* The per-op memory timeline: op index, opcode, result, live bytes, and the peak. */
 void pass_memplan_print(const Graph *g, const MemPlan *m, FILE *f);
+
+/* remat.c: recomputation under a memory budget (o->memory_budget, o->remat).
+ * Activations (forward results that are neither outputs nor update values)
+ * read by backward or optimizer ops are kept or recomputed; recomputations
+ * are clones flagged OPF_RECOMPUTE, inserted just before the first backward
+ * op that reads them. Random ops and collectives are never recomputed. With a
+ * budget, the plan after every later pass (pass_memplan's arena_bytes) is
+ * within it, or the pass fails naming the smallest feasible budget found.
+ * Policies: none keeps every saved activation; full keeps each layer's
+ * inputs (layers from param name prefixes such as "h.3.") and recomputes the
+ * rest of the layer; selective recomputes attention internals (between the
+ * two activation-by-activation matmuls of a layer); auto minimises the
+ * predicted recompute time within the budget. See docs/remat.md. */
+typedef enum { REMAT_DEFAULT, REMAT_NONE, REMAT_FULL, REMAT_SELECTIVE, REMAT_AUTO } RematPolicy;
+typedef enum { REMAT_SOLVER_AUTO, REMAT_SOLVER_HEURISTIC, REMAT_SOLVER_EXACT } RematSolver;
+typedef struct RematReport {
+    int policy;            /* asked for (REMAT_AUTO when a budget alone was given) */
+    int chosen;            /* REMAT_AUTO, or the fixed policy auto found cheapest */
+    bool exact;            /* the exact solver answered (auto) */
+    double gap;            /* heuristic: (cost - LP bound) / cost; -1 unknown */
+    int nsaved, nkept, nrecomputed; /* activations saved for backward */
+    int nrecompute_ops;    /* clones inserted */
+    int64_t kept_bytes, recomputed_bytes;
+    int64_t peak;          /* planned arena bytes checked against the budget; -1: unchecked */
+    double extra_flops;    /* per step */
+    double extra_seconds;  /* predicted by the cost model */
+} RematReport;
+bool pass_remat(Graph *g, const PassOpts *o, Diag *d);
+int pass_remat_parse_policy(const char *s); /* "none".."auto"; -1 if unknown */
+const char *pass_remat_policy_name(int policy);
+/* FLOPs of the OPF_RECOMPUTE ops of g (hardware FLOPs minus model FLOPs). */
+double pass_remat_flops(const Graph *g);
+/* The cost model's predicted time of one step of g, in seconds. */
+double pass_remat_step_seconds(const Graph *g);
+/* Bytes of the activations saved for backward (g after simplify). */
+int64_t pass_remat_saved_bytes(const Graph *g);
+/* The selection problem alone (no real plan): least recompute cost (s) with
+ * kept activation bytes <= kept_limit, by `solver`. False when infeasible. */
+bool pass_remat_solve(const Graph *g, int64_t kept_limit, int solver, double *cost,
+                      int64_t *kept, bool *exact);
+/* Prints the budget sweep table for g (after simplify): npoints budgets from
+ * the smallest feasible to the no-recompute peak; per budget auto and each
+ * fixed policy: fits, planned peak, extra FLOPs %, predicted step time. */
+bool pass_remat_sweep(const Graph *g, const PassOpts *o, int npoints, FILE *f, Diag *d);
+
+/* comm.c: data-parallel gradient averaging, when o->nranks > 1 or
+ * o->grad_accum > 1 (otherwise the graph is unchanged). Runs after the
+ * optimizer pass (the graph has "grad.P" outputs the update reads).
+ * grad_accum K > 1: per param adds state "accum.P" (zeros; the runtime puts
+ * the sum of the first K-1 micro-batches' gradients there) and replaces the
+ * gradient by (grad.P + accum.P) / K. nranks > 1: groups the gradients into
+ * buckets in the order their producers run (program order), each closed once
+ * it reaches o->bucket_bytes; inserts `allreduce_start {bucket}` over a
+ * bucket's gradients right after the op producing its last gradient (with
+ * o->no_overlap: after the last backward op) and one `allreduce_wait` per
+ * gradient right before the first op that reads any gradient of the bucket;
+ * every later reader and the "grad.P" output read the wait's result. */
+#define PASS_COMM_BUCKET_DEFAULT ((int64_t)4 << 20)
+bool pass_comm(Graph *g, const PassOpts *o, Diag *d);
+/* The graph of one of the first K-1 micro-batches of a step, from a graph
+ * after autodiff: per param "accum.P" (state, zeros) <- accum.P + grad.P;
+ * no optimizer. */
+bool pass_comm_micro(Graph *g, Diag *d);
+/* Prints each bucket of g (after pass_comm): members, bytes, the op after
+ * which it starts and the op before which it is first waited for. */
+void pass_comm_print(const Graph *g, FILE *f);
 
 #endif

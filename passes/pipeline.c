@@ -19,6 +19,9 @@ const Pass pass_list[] = {
     {"autodiff", pass_autodiff},
     {"optimizer", pass_optimizer},
     {"simplify", pass_simplify},
+    {"remat", pass_remat},
+    {"fuse", pass_fuse},
+    {"comm", pass_comm},
     {"schedule", pass_schedule},
 };
 const int pass_count = (int)(sizeof pass_list / sizeof pass_list[0]);

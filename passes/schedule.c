@@ -1,52 +1,62 @@
 /* schedule.c - the final op order.
  *
- * Starts from program order (already topological) and sinks each op whose
- * result is larger than all its computed operands together to just before
- * its first consumer; ops
- * that only feed graph outputs or updates sink to the end. Sinking shortens
- * the result's live range and never lengthens a live range more than the op's
- * own result would have been live. O(n) over ops and operands. */
+ * Works on units: a fuse group (every op with one Op.group, run as one
+ * kernel) or a single op. Starts from program order (already topological)
+ * with each unit at the place of its last member, so no op ever moves
+ * earlier than it was (recomputed ops from remat stay where remat put
+ * them, next to their use); then sinks each unit whose results are larger
+ * than all its computed operands together to just before its first
+ * consumer. Units that only feed graph outputs or updates sink to the end.
+ * The members of a group come out contiguous, in program order. Sinking
+ * shortens the result's live range and never lengthens a live range more
+ * than the unit's own results would have been live. */
 #include "passes.h"
 
 #include <stdlib.h>
 
 typedef struct {
     const Graph *g;
-    int *order; /* emitted op indices */
+    int *unit;      /* op -> unit */
+    int *ustart, *uops; /* unit u's ops: uops[ustart[u] .. ustart[u+1]) */
+    int *order;     /* emitted op indices */
     int norder;
-    bool *emitted;
-    bool *deferred;
+    bool *emitted;  /* per unit */
+    bool *deferred; /* per unit */
     int *stack;
+    int *pos;       /* per unit: scan position in its operands */
 } Sched;
 
-/* Emits op i after first emitting the deferred producers of its operands
- * (iteratively, so long deferred chains do not recurse). */
+/* Emits unit root after first emitting the units its members read
+ * (iteratively, so long chains do not recurse). */
 static void emit(Sched *s, int root)
 {
     const Graph *g = s->g;
     int sp = 0;
     s->stack[sp++] = root;
     while (sp) {
-        int i = s->stack[sp - 1];
-        if (s->emitted[i]) {
+        int u = s->stack[sp - 1];
+        if (s->emitted[u]) {
             sp--;
             continue;
         }
-        const Op *op = &g->ops.v[i];
         bool ready = true;
-        for (int j = 0; j < op->nin; j++) {
-            int p = g->t.v[op->in[j]].op;
-            if (p >= 0 && !s->emitted[p]) {
-                s->stack[sp++] = p; /* each op is pushed at most once per waiting consumer */
-                ready = false;
-                break;
+        for (int q = s->ustart[u]; q < s->ustart[u + 1] && ready; q++) {
+            const Op *op = &g->ops.v[s->uops[q]];
+            for (int j = 0; j < op->nin; j++) {
+                int p = g->t.v[op->in[j]].op;
+                if (p >= 0 && s->unit[p] != u && !s->emitted[s->unit[p]]) {
+                    s->stack[sp++] = s->unit[p];
+                    ready = false;
+                    break;
+                }
             }
         }
         if (!ready)
             continue;
         sp--;
-        s->emitted[i] = true;
-        s->order[s->norder++] = i;
+        s->emitted[u] = true;
+        for (int q = s->ustart[u]; q < s->ustart[u + 1]; q++)
+            s->order[s->norder++] = s->uops[q];
     }
 }
 
@@ -57,29 +67,68 @@ bool pass_schedule(Graph *g, const PassOpts *o, Diag *d)
     int n = g->ops.n;
     if (n == 0)
         return true;
-    Sched s = {g, xmalloc(sizeof(int) * (size_t)n), 0, xcalloc((size_t)n, sizeof(bool)),
-               xcalloc((size_t)n, sizeof(bool)), xmalloc(sizeof(int) * (size_t)(n + 1))};
+    Sched s = {.g = g};
+    s.unit = xmalloc(sizeof(int) * (size_t)(n + 1));
+    int ngroups = 0;
+    for (int i = 0; i < n; i++)
+        if (g->ops.v[i].group >= ngroups)
+            ngroups = g->ops.v[i].group + 1;
+    int *gunit = xmalloc(sizeof(int) * (size_t)(ngroups + 1));
+    for (int i = 0; i < ngroups; i++)
+        gunit[i] = -1;
+    int nu = 0;
     for (int i = 0; i < n; i++) {
-        const Op *op = &g->ops.v[i];
-        int64_t out = shape_numel(&g->t.v[op->out].s) * dtype_size(g->t.v[op->out].s.dtype);
-        /* sinking can extend each operand's life: only worth it when the
-         * result outweighs all of them */
-        int64_t freed = 0;
-        for (int j = 0; j < op->nin; j++) {
-            const Tensor *x = &g->t.v[op->in[j]];
-            if (x->op >= 0)
-                freed += shape_numel(&x->s) * dtype_size(x->s.dtype);
+        int gr = g->ops.v[i].group;
+        if (gr < 0) {
+            s.unit[i] = nu++;
+        } else {
+            if (gunit[gr] < 0)
+                gunit[gr] = nu++;
+            s.unit[i] = gunit[gr];
         }
-        s.deferred[i] = out > freed;
+    }
+    s.ustart = xcalloc((size_t)nu + 2, sizeof(int));
+    s.uops = xmalloc(sizeof(int) * (size_t)(n + 1));
+    for (int i = 0; i < n; i++)
+        s.ustart[s.unit[i] + 1]++;
+    for (int u = 0; u < nu; u++)
+        s.ustart[u + 1] += s.ustart[u];
+    int *fill = xcalloc((size_t)nu + 1, sizeof(int));
+    int *last = xmalloc(sizeof(int) * (size_t)(nu + 1));
+    for (int i = 0; i < n; i++) {
+        int u = s.unit[i];
+        s.uops[s.ustart[u] + fill[u]++] = i;
+        last[u] = i;
+    }
+    s.order = xmalloc(sizeof(int) * (size_t)(n + 1));
+    s.emitted = xcalloc((size_t)nu + 1, sizeof(bool));
+    s.deferred = xcalloc((size_t)nu + 1, sizeof(bool));
+    s.stack = xmalloc(sizeof(int) * (size_t)(nu + 1) * 2);
+    for (int u = 0; u < nu; u++) {
+        /* sinking can extend each operand's life: only worth it when the
+         * results outweigh all of them */
+        int64_t out = 0, freed = 0;
+        for (int q = s.ustart[u]; q < s.ustart[u + 1]; q++) {
+            const Op *op = &g->ops.v[s.uops[q]];
+            const Tensor *r = &g->t.v[op->out];
+            out += shape_numel(&r->s) * dtype_size(r->s.dtype);
+            for (int j = 0; j < op->nin; j++) {
+                const Tensor *x = &g->t.v[op->in[j]];
+                if (x->op >= 0 && s.unit[x->op] != u)
+                    freed += shape_numel(&x->s) * dtype_size(x->s.dtype);
+            }
+        }
+        s.deferred[u] = out > freed;
     }
     for (int i = 0; i < n; i++) {
-        if (s.deferred[i])
+        int u = s.unit[i];
+        if (last[u] != i || s.deferred[u])
             continue;
-        emit(&s, i);
+        emit(&s, u);
     }
     for (int i = 0; i < n; i++)
-        if (!s.emitted[i])
-            emit(&s, i);
+        if (last[s.unit[i]] == i && !s.emitted[s.unit[i]])
+            emit(&s, s.unit[i]);
 
     /* permute ops into the new order */
     Op *ops = xmalloc(sizeof(Op) * (size_t)n);
@@ -94,6 +143,12 @@ bool pass_schedule(Graph *g, const PassOpts *o, Diag *d)
     free(s.emitted);
     free(s.deferred);
     free(s.stack);
+    free(s.unit);
+    free(s.ustart);
+    free(s.uops);
+    free(fill);
+    free(last);
+    free(gunit);
     ir_compact(g);
     return true;
 }

@@ -2,15 +2,23 @@
  * compiler (cached), loaded with dlopen, every kernel called through libffi
  * with its natural signature; GEMMs through OpenBLAS.
  *
- * Threads: kernels run on the calling thread and GEMMs on OpenBLAS's pool,
- * never at the same time, so OpenBLAS gets all ExecOpts.threads threads and
- * the cores are never oversubscribed. */
+ * Threads: kiln owns them. A pool of ExecOpts.threads - 1 workers (plus the
+ * calling thread) runs every large step in parts: a kernel's part p of n
+ * takes a share of each loop's outer rows (the generated code splits
+ * them); a GEMM is split into independent row, column or batch blocks,
+ * each a single-threaded OpenBLAS call. OpenBLAS's own pool is held at one
+ * thread, so no two pools ever compete for the cores. Idle workers sleep on
+ * a condition variable after a short spin (a few microseconds), so they
+ * never hold a core while nothing runs. Small steps run on the calling
+ * thread alone. */
 #include "codegen.h"
 #include "runtime.h"
 
 #include <cblas.h>
 #include <dlfcn.h>
 #include <ffi.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -19,12 +27,30 @@ typedef struct {
     ffi_cif cif;
     ffi_type **types;
     void (*fn)(void);
+    int nargs;      /* buffers [+ seed, step] */
+    int64_t work;   /* elements the loops touch (to decide threading) */
 } CpuKernel;
 
 typedef struct {
     void **ptrs;  /* buffer pointers bound to the kernel's params */
-    void **argv;  /* libffi argument array: &ptrs[i]..., &seed, &step */
+    void **argv;  /* per part: nargs + 2 libffi argument pointers */
+    int64_t *part; /* per part: the part index passed to the kernel */
+    int nparts;   /* parts this step runs in */
 } CpuStep;
+
+/* A job for the pool: fn(ctx, part) for part in [0, nparts). */
+typedef struct {
+    pthread_t *th;
+    int nth;                  /* workers */
+    pthread_mutex_t mu;
+    pthread_cond_t go, done;
+    atomic_ullong gen;        /* bumped per job */
+    atomic_int pending;       /* workers still running the job */
+    void (*fn)(void *ctx, int part);
+    void *ctx;
+    int nparts;
+    bool quit;
+} Pool;
 
 struct BackendCtx {
     const CgPlan *p;
@@ -34,12 +60,137 @@ struct BackendCtx {
     CpuStep *s;
     uint64_t seed;
     int64_t step;
+    int threads;
+    int64_t nparts_all; /* passed to kernels as nparts */
+    Pool pool;
 };
+
+enum { SPIN = 20000, MIN_KERNEL_WORK = 32768 };
+static const double MIN_GEMM_FLOPS = 4e6;
+
+typedef struct {
+    Pool *pool;
+    int id; /* 1..nth */
+} Worker;
+
+static void *worker_main(void *arg)
+{
+    Worker *w = arg;
+    Pool *pl = w->pool;
+    unsigned long long seen = 0;
+    for (;;) {
+        unsigned long long g = atomic_load(&pl->gen);
+        for (int i = 0; g == seen && i < SPIN; i++)
+            g = atomic_load(&pl->gen);
+        if (g == seen) {
+            pthread_mutex_lock(&pl->mu);
+            while ((g = atomic_load(&pl->gen)) == seen && !pl->quit)
+                pthread_cond_wait(&pl->go, &pl->mu);
+            pthread_mutex_unlock(&pl->mu);
+        }
+        if (pl->quit)
+            break;
+        seen = g;
+        if (w->id < pl->nparts)
+            pl->fn(pl->ctx, w->id);
+        if (atomic_fetch_sub(&pl->pending, 1) == 1) {
+            pthread_mutex_lock(&pl->mu);
+            pthread_cond_signal(&pl->done);
+            pthread_mutex_unlock(&pl->mu);
+        }
+    }
+    free(w);
+    return NULL;
+}
+
+static void pool_start(Pool *pl, int nth)
+{
+    memset(pl, 0, sizeof *pl);
+    pthread_mutex_init(&pl->mu, NULL);
+    pthread_cond_init(&pl->go, NULL);
+    pthread_cond_init(&pl->done, NULL);
+    pl->th = xcalloc((size_t)nth + 1, sizeof(pthread_t));
+    for (int i = 0; i < nth; i++) {
+        Worker *w = xmalloc(sizeof *w);
+        w->pool = pl;
+        w->id = i + 1;
+        if (pthread_create(&pl->th[i], NULL, worker_main, w) != 0) {
+            free(w);
+            break;
+        }
+        pl->nth++;
+    }
+}
+
+static void pool_stop(Pool *pl)
+{
+    if (!pl->th)
+        return;
+    pthread_mutex_lock(&pl->mu);
+    pl->quit = true;
+    atomic_fetch_add(&pl->gen, 1);
+    pthread_cond_broadcast(&pl->go);
+    pthread_mutex_unlock(&pl->mu);
+    for (int i = 0; i < pl->nth; i++)
+        pthread_join(pl->th[i], NULL);
+    free(pl->th);
+    pl->th = NULL;
+    pthread_mutex_destroy(&pl->mu);
+    pthread_cond_destroy(&pl->go);
+    pthread_cond_destroy(&pl->done);
+}
+
+/* Runs fn(ctx, 0..nparts-1): part 0 on the caller, the rest on workers. */
+static void pool_run(Pool *pl, int nparts, void (*fn)(void *, int), void *ctx)
+{
+    if (nparts <= 1 || pl->nth == 0) {
+        for (int i = 0; i < nparts; i++)
+            fn(ctx, i);
+        return;
+    }
+    pl->fn = fn;
+    pl->ctx = ctx;
+    pl->nparts = nparts;
+    atomic_store(&pl->pending, pl->nth);
+    pthread_mutex_lock(&pl->mu);
+    atomic_fetch_add(&pl->gen, 1);
+    pthread_cond_broadcast(&pl->go);
+    pthread_mutex_unlock(&pl->mu);
+    fn(ctx, 0);
+    for (int i = 0; atomic_load(&pl->pending) > 0 && i < SPIN; i++)
+        ;
+    if (atomic_load(&pl->pending) > 0) {
+        pthread_mutex_lock(&pl->mu);
+        while (atomic_load(&pl->pending) > 0)
+            pthread_cond_wait(&pl->done, &pl->mu);
+        pthread_mutex_unlock(&pl->mu);
+    }
+}
+
+static int64_t kernel_work(const CgKernel *k)
+{
+    int64_t w = 0;
+    for (int i = 0; i < k->loops.n; i++) {
+        const CgLoop *l = &k->loops.v[i];
+        int64_t outer = 1, inner = 0;
+        for (int d = 0; d < l->ndim; d++)
+            outer *= l->dim[d].n;
+        for (int p = 0; p < l->ph.n; p++) {
+            int64_t x = 1;
+            for (int d = 0; d < l->ph.v[p].ndim; d++)
+                x *= l->ph.v[p].dim[d].n;
+            inner += x;
+        }
+        w += outer * (inner ? inner : 1);
+    }
+    return w;
+}
 
 static void cpu_destroy(BackendCtx *c)
 {
     if (!c)
         return;
+    pool_stop(&c->pool);
     if (c->k)
         for (int i = 0; i < c->p->kernels.n; i++)
             free(c->k[i].types);
@@ -47,6 +198,7 @@ static void cpu_destroy(BackendCtx *c)
         for (int i = 0; i < c->p->steps.n; i++) {
             free(c->s[i].ptrs);
             free(c->s[i].argv);
+            free(c->s[i].part);
         }
     free(c->k);
     free(c->s);
@@ -61,7 +213,9 @@ static BackendCtx *cpu_create(const CgPlan *p, const ExecOpts *o, Diag *d)
     BackendCtx *c = xcalloc(1, sizeof *c);
     c->p = p;
     int threads = o->threads > 0 ? o->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
-    openblas_set_num_threads(threads < 1 ? 1 : threads);
+    c->threads = threads < 1 ? 1 : threads > 256 ? 256 : threads;
+    c->nparts_all = c->threads;
+    openblas_set_num_threads(1);
 
     size_t bytes = (size_t)(p->arena_bytes + MEMPLAN_ALIGN - 1) / MEMPLAN_ALIGN * MEMPLAN_ALIGN;
     c->arena = aligned_alloc(MEMPLAN_ALIGN, bytes ? bytes : MEMPLAN_ALIGN);
@@ -90,15 +244,19 @@ static BackendCtx *cpu_create(const CgPlan *p, const ExecOpts *o, Diag *d)
         const CgKernel *k = p->kernels.v[i];
         CpuKernel *ck = &c->k[i];
         int n = k->params.n + (k->rand ? 2 : 0);
-        ck->types = xmalloc(sizeof(ffi_type *) * (size_t)(n + 1));
+        ck->nargs = n;
+        ck->work = kernel_work(k);
+        ck->types = xmalloc(sizeof(ffi_type *) * (size_t)(n + 3));
         for (int a = 0; a < k->params.n; a++)
             ck->types[a] = &ffi_type_pointer;
         if (k->rand) {
             ck->types[k->params.n] = &ffi_type_uint64;
             ck->types[k->params.n + 1] = &ffi_type_sint64;
         }
-        if (ffi_prep_cif(&ck->cif, FFI_DEFAULT_ABI, (unsigned)n, &ffi_type_void, ck->types) !=
-            FFI_OK)
+        ck->types[n] = &ffi_type_sint64; /* part */
+        ck->types[n + 1] = &ffi_type_sint64; /* nparts */
+        if (ffi_prep_cif(&ck->cif, FFI_DEFAULT_ABI, (unsigned)(n + 2), &ffi_type_void,
+                         ck->types) != FFI_OK)
             die("ffi_prep_cif failed for kernel %s", k->name);
         void *sym = dlsym(c->so, k->name);
         if (!sym) {
@@ -110,20 +268,42 @@ static BackendCtx *cpu_create(const CgPlan *p, const ExecOpts *o, Diag *d)
     c->s = xcalloc((size_t)p->steps.n + 1, sizeof(CpuStep));
     for (int i = 0; i < p->steps.n; i++) {
         const CgStep *st = &p->steps.v[i];
+        CpuStep *cs = &c->s[i];
+        cs->nparts = 1;
+        if (st->kind == CG_STEP_GEMM) {
+            const CgGemm *m = &st->gemm;
+            double fl = 2.0 * (double)m->batch * (double)m->M * (double)m->N * (double)m->K;
+            if (fl >= MIN_GEMM_FLOPS)
+                cs->nparts = c->threads;
+            continue;
+        }
         if (st->kind != CG_STEP_KERNEL)
             continue;
         const CgKernel *k = p->kernels.v[st->kernel];
-        CpuStep *cs = &c->s[i];
-        int n = k->params.n;
+        const CpuKernel *ck = &c->k[st->kernel];
+        if (k->parallel && ck->work >= MIN_KERNEL_WORK)
+            cs->nparts = c->threads;
+        int n = k->params.n, na = ck->nargs + 2;
         cs->ptrs = xmalloc(sizeof(void *) * (size_t)(n + 1));
-        cs->argv = xmalloc(sizeof(void *) * (size_t)(n + 3));
-        for (int a = 0; a < n; a++) {
+        cs->argv = xmalloc(sizeof(void *) * (size_t)na * (size_t)cs->nparts);
+        cs->part = xmalloc(sizeof(int64_t) * (size_t)cs->nparts);
+        for (int a = 0; a < n; a++)
             cs->ptrs[a] = c->arena + cg_offset(p, st->args[a]);
-            cs->argv[a] = &cs->ptrs[a];
+        for (int q = 0; q < cs->nparts; q++) {
+            void **av = cs->argv + (size_t)q * (size_t)na;
+            cs->part[q] = q;
+            for (int a = 0; a < n; a++)
+                av[a] = &cs->ptrs[a];
+            if (k->rand) {
+                av[n] = &c->seed;
+                av[n + 1] = &c->step;
+            }
+            av[ck->nargs] = &cs->part[q];
+            av[ck->nargs + 1] = &c->nparts_all;
         }
-        cs->argv[n] = &c->seed;
-        cs->argv[n + 1] = &c->step;
     }
+    if (c->threads > 1)
+        pool_start(&c->pool, c->threads - 1);
     return c;
 fail:
     cpu_destroy(c);
@@ -140,16 +320,66 @@ static void cpu_read(BackendCtx *c, int64_t off, void *dst, int64_t bytes)
     memcpy(dst, c->arena + off, (size_t)bytes);
 }
 
-static void run_gemm(BackendCtx *c, const CgGemm *m)
+/* One block of a GEMM: rows [m0, m1) and columns [n0, n1) of batch entries
+ * [b0, b1). */
+static void gemm_block(BackendCtx *c, const CgGemm *m, int64_t b0, int64_t b1, int64_t m0,
+                       int64_t m1, int64_t n0, int64_t n1)
 {
     const float *A = (const float *)(c->arena + cg_offset(c->p, m->a));
     const float *B = (const float *)(c->arena + cg_offset(c->p, m->b));
     float *C = (float *)(c->arena + cg_offset(c->p, m->c));
-    for (int64_t b = 0; b < m->batch; b++)
+    if (m1 <= m0 || n1 <= n0)
+        return;
+    for (int64_t b = b0; b < b1; b++) {
+        const float *a = A + b * m->sa + (m->ta ? m0 : m0 * m->lda);
+        const float *bb = B + b * m->sb + (m->tb ? n0 * m->ldb : n0);
         cblas_sgemm(CblasRowMajor, m->ta ? CblasTrans : CblasNoTrans,
-                    m->tb ? CblasTrans : CblasNoTrans, (blasint)m->M, (blasint)m->N,
-                    (blasint)m->K, 1.0f, A + b * m->sa, (blasint)m->lda, B + b * m->sb,
-                    (blasint)m->ldb, 0.0f, C + b * m->sc, (blasint)m->ldc);
+                    m->tb ? CblasTrans : CblasNoTrans, (blasint)(m1 - m0), (blasint)(n1 - n0),
+                    (blasint)m->K, 1.0f, a, (blasint)m->lda, bb, (blasint)m->ldb, 0.0f,
+                    C + b * m->sc + m0 * m->ldc + n0, (blasint)m->ldc);
+    }
+}
+
+typedef struct {
+    BackendCtx *c;
+    const CgGemm *m;
+    int nparts;
+} GemmJob;
+
+/* Part p of n: whole batch entries when there are enough of them, else a
+ * band of rows or columns (the longer side), in multiples of 16. */
+static void gemm_part(void *ctx, int p)
+{
+    GemmJob *j = ctx;
+    const CgGemm *m = j->m;
+    int n = j->nparts;
+    if (m->batch >= n) {
+        gemm_block(j->c, m, m->batch * p / n, m->batch * (p + 1) / n, 0, m->M, 0, m->N);
+        return;
+    }
+    bool rows = m->M >= m->N;
+    int64_t len = rows ? m->M : m->N, units = (len + 15) / 16;
+    int64_t lo = units * p / n * 16, hi = units * (p + 1) / n * 16;
+    if (hi > len)
+        hi = len;
+    if (rows)
+        gemm_block(j->c, m, 0, m->batch, lo, hi, 0, m->N);
+    else
+        gemm_block(j->c, m, 0, m->batch, 0, m->M, lo, hi);
+}
+
+typedef struct {
+    BackendCtx *c;
+    int step;
+} KernelJob;
+
+static void kernel_part(void *ctx, int p)
+{
+    KernelJob *j = ctx;
+    const CgStep *st = &j->c->p->steps.v[j->step];
+    CpuKernel *ck = &j->c->k[st->kernel];
+    CpuStep *cs = &j->c->s[j->step];
+    ffi_call(&ck->cif, ck->fn, NULL, cs->argv + (size_t)p * (size_t)(ck->nargs + 2));
 }
 
 static bool cpu_run_step(BackendCtx *c, int s, uint64_t seed, int64_t step, Diag *d)
@@ -157,17 +387,25 @@ static bool cpu_run_step(BackendCtx *c, int s, uint64_t seed, int64_t step, Diag
     (void)d;
     const CgStep *st = &c->p->steps.v[s];
     switch (st->kind) {
-    case CG_STEP_KERNEL:
+    case CG_STEP_KERNEL: {
         c->seed = seed;
         c->step = step;
-        ffi_call(&c->k[st->kernel].cif, c->k[st->kernel].fn, NULL, c->s[s].argv);
+        c->nparts_all = c->s[s].nparts;
+        KernelJob j = {c, s};
+        pool_run(&c->pool, c->s[s].nparts, kernel_part, &j);
         return true;
-    case CG_STEP_GEMM:
-        run_gemm(c, &st->gemm);
+    }
+    case CG_STEP_GEMM: {
+        GemmJob j = {c, &st->gemm, c->s[s].nparts};
+        pool_run(&c->pool, j.nparts, gemm_part, &j);
         return true;
+    }
     case CG_STEP_COPY:
         memmove(c->arena + st->dst, c->arena + st->src, (size_t)st->bytes);
         return true;
+    case CG_STEP_ALLREDUCE_START:
+    case CG_STEP_ALLREDUCE_WAIT:
+        break; /* the executor runs these on the communication thread */
     }
     die("cpu backend: bad step kind %d", (int)st->kind);
 }

@@ -146,7 +146,7 @@ bool rt_ckpt_load(const char *path, const Graph *g, void **vals, CkptMeta *m, Di
         why.msg[0] = 0;
         restore(path, &f, g, NULL, false, &why);
         snprintf(d->msg, sizeof d->msg,
-                 "%s: checkpoint is from a different model (fingerprint %s, this model %s)%s%s",
+                 "%s: checkpoint is from a different model (fingerprint %s, this model %s)%s%.900s",
                  path, fp, mine, why.msg[0] ? ": " : "", why.msg);
         goto done;
     }

@@ -4,8 +4,10 @@
 #include "codegen.h"
 #include "runtime.h"
 
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 struct Exec {
@@ -31,7 +33,25 @@ static double now(void)
 
 static const char *step_kind(CgStepKind k)
 {
+    if (k == CG_STEP_ALLREDUCE_START || k == CG_STEP_ALLREDUCE_WAIT)
+        return "comm";
     return k == CG_STEP_KERNEL ? "kernel" : k == CG_STEP_GEMM ? "gemm" : "copy";
+}
+
+/* Plan step s: allreduce starts and waits go to the communication thread,
+ * everything else to the backend. */
+static bool run_step(Exec *e, int s, uint64_t seed, int64_t step, Diag *d)
+{
+    const CgStep *st = &e->plan->steps.v[s];
+    if (st->kind == CG_STEP_ALLREDUCE_START) {
+        rt_comm_start(e->o.comm, e->plan, s, e->be, e->ctx);
+        return true;
+    }
+    if (st->kind == CG_STEP_ALLREDUCE_WAIT) {
+        rt_comm_wait(e->o.comm, st->bucket);
+        return true;
+    }
+    return e->be->run_step(e->ctx, s, seed, step, d);
 }
 
 static void setup_profile(Exec *e)
@@ -51,12 +71,8 @@ static void setup_profile(Exec *e)
             snprintf(b, sizeof b, "gemm_op%d", st->op);
             name = intern(b);
         }
-        if (st->op >= 0) {
-            e->step_flops[s] = ir_op_flops(e->g, &e->g->ops.v[st->op]);
-            e->step_bytes[s] = ir_op_bytes(e->g, &e->g->ops.v[st->op]);
-        } else {
-            e->step_bytes[s] = 2.0 * (double)st->bytes;
-        }
+        e->step_flops[s] = st->flops;
+        e->step_bytes[s] = st->bytes_moved;
         e->trace[s] = (RtTraceEvent){name, kind, st->op, 0, 0};
         int r = -1;
         for (int q = 0; q < e->rows.n && r < 0; q++)
@@ -76,14 +92,9 @@ Exec *rt_exec_create(const Graph *g, const ExecOpts *o, Diag *d)
     static const ExecOpts defaults;
     if (!o)
         o = &defaults;
-    const Backend *be = NULL;
-    if (!o->device || strcmp(o->device, "cpu") == 0 || strcmp(o->device, "auto") == 0) {
-        be = &rt_backend_cpu;
-    } else {
-        snprintf(d->msg, sizeof d->msg,
-                 "unknown or unavailable device '%s' (expected cpu or auto)", o->device);
+    const Backend *be = rt_backend_select(o->device, o->verbose, d);
+    if (!be)
         return NULL;
-    }
     Exec *e = xcalloc(1, sizeof *e);
     e->o = *o;
     e->g = ir_clone(g);
@@ -147,14 +158,14 @@ bool rt_exec_run(Exec *e, uint64_t seed, int64_t step, Diag *d)
     const CgPlan *p = e->plan;
     if (!e->o.profile) {
         for (int s = 0; s < p->steps.n; s++)
-            if (!e->be->run_step(e->ctx, s, seed, step, d))
+            if (!run_step(e, s, seed, step, d))
                 return false;
         return true;
     }
     double t0 = now();
     for (int s = 0; s < p->steps.n; s++) {
         double a = now();
-        if (!e->be->run_step(e->ctx, s, seed, step, d))
+        if (!run_step(e, s, seed, step, d))
             return false;
         e->be->sync(e->ctx);
         double b = now();
@@ -202,4 +213,44 @@ int rt_exec_trace(const Exec *e, const RtTraceEvent **ev)
 {
     *ev = e->trace;
     return e->trace ? e->plan->steps.n : 0;
+}
+
+bool rt_dump_kernels(const Graph *g, const char *dir, Diag *d)
+{
+    CgPlan *p = cg_plan(g, d);
+    if (!p)
+        return false;
+    char *kd = xasprintf("%s/kernels", dir);
+    mkdir(kd, 0777);
+    bool ok = true;
+    for (int i = 0; i < p->kernels.n && ok; i++) {
+        const CgKernel *k = p->kernels.v[i];
+        for (int cuda = 0; cuda < 2 && ok; cuda++) {
+            CgBuf b = {0};
+            if (!cuda) {
+                cg_puts(&b, cg_c_prelude);
+                cg_print_c_kernel(&b, k);
+            } else {
+                CgCudaFn *fn = xcalloc((size_t)k->loops.n + 1, sizeof(CgCudaFn));
+                cg_puts(&b, cg_cuda_prelude);
+                cg_print_cuda_kernel(&b, k, k->name, NULL, fn);
+                for (int f = 0; f < k->loops.n; f++)
+                    free(fn[f].name);
+                free(fn);
+            }
+            char *path = xasprintf("%s/%s.%s", kd, k->name, cuda ? "cu" : "c");
+            FILE *f = fopen(path, "w");
+            if (!f || fputs(b.s, f) == EOF) {
+                snprintf(d->msg, sizeof d->msg, "%s: cannot write: %s", path, strerror(errno));
+                ok = false;
+            }
+            if (f)
+                fclose(f);
+            free(path);
+            free(b.s);
+        }
+    }
+    free(kd);
+    cg_plan_free(p);
+    return ok;
 }

@@ -35,11 +35,24 @@ static const char usage_compile[] =
     "  --set KEY=VALUE      override a config{} or train{} setting (repeatable)\n"
     "  --dump-after=PASS    print (or write, with --dump-dir) the IR after PASS;\n"
     "                       PASS is one of frontend, autodiff, optimizer,\n"
-    "                       simplify, schedule, memplan, or all (repeatable)\n"
+    "                       simplify, remat, fuse, comm, schedule, memplan, or\n"
+    "                       all (repeatable)\n"
     "  --dump-dir DIR       write dumps into DIR (NN-PASS.ir, memplan.txt)\n"
     "                       instead of standard output\n"
     "  --settings           also print every config and train setting\n"
     "  --time               print the time each pass took\n"
+    "  --memory-budget SIZE recompute activations so that the planned peak fits\n"
+    "                       SIZE (512MiB, 2GiB, 1.5GB, bytes); overrides\n"
+    "                       train.memory_budget\n"
+    "  --remat=POLICY       none, full, selective or auto (default: auto with a\n"
+    "                       budget, else none)\n"
+    "  --nproc N            compile for N data-parallel ranks (the comm pass places\n"
+    "                       gradient all-reduces; see --dump-after=comm)\n"
+    "  --no-overlap         every all-reduce starts after backward\n"
+    "  --remat-sweep        print the remat table: budgets from the smallest\n"
+    "                       feasible to the no-recompute peak, auto and each\n"
+    "                       fixed policy\n"
+    "  --no-fuse            no fusion: every op its own kernel (same results)\n"
     "  -h, --help           this text\n";
 
 static const char usage_train[] =
@@ -51,7 +64,7 @@ static const char usage_train[] =
     "options:\n"
     "  --steps N            total number of steps (overrides train.steps)\n"
     "  --set KEY=VALUE      override a config{} or train{} setting (repeatable)\n"
-    "  --device DEV         cpu (default); cuda and auto are not available yet\n"
+    "  --device DEV         cpu (default), cuda (an NVIDIA GPU), auto (cuda if present)\n"
     "  --threads N          CPU threads for kernels and BLAS (default: one per core)\n"
     "  --resume CKPT        continue from a checkpoint exactly\n"
     "  --checkpoint PREFIX  write PREFIX.stepN.safetensors every\n"
@@ -61,6 +74,15 @@ static const char usage_train[] =
     "  --profile            print a per-kernel time table at the end\n"
     "  --trace FILE         write a Chrome trace (chrome://tracing, Perfetto)\n"
     "  --peak-gflops X      MFU denominator in GFLOP/s (default: n/a)\n"
+    "  --memory-budget SIZE recompute activations to fit SIZE (see kiln compile)\n"
+    "  --nproc N            train on N local ranks (processes, through mpirun); each\n"
+    "                       reads its own share of the batch (global batch = N x\n"
+    "                       the model's); gradients are averaged in buckets\n"
+    "                       (train.bucket_mb, grad_accum, comm_timeout: --set)\n"
+    "  --no-overlap         start every gradient all-reduce after backward (the\n"
+    "                       baseline the comm pass's placement is measured against)\n"
+    "  --remat=POLICY       none, full, selective or auto (see kiln compile)\n"
+    "  --no-fuse            no fusion: every op its own kernel (same results)\n"
     "  --cache-dir DIR      compiled-kernel cache (default: $KILN_CACHE_DIR or\n"
     "                       ~/.cache/kiln)\n"
     "  -v, --verbose        log compilation details\n"
@@ -72,6 +94,12 @@ typedef struct {
     VEC(const char *) dumps;
     const char *dump_dir;
     bool settings, timing;
+    int64_t memory_budget; /* --memory-budget; -1: not given */
+    int remat;             /* --remat; REMAT_DEFAULT: not given */
+    bool remat_sweep;
+    int nproc;             /* --nproc: compile for N data-parallel ranks */
+    bool no_overlap;       /* --no-overlap */
+    bool no_fuse;          /* --no-fuse */
     int ndump_written;
     bool dump_error;
 } CompileArgs;
@@ -149,6 +177,10 @@ static void dump_graph(CompileArgs *a, const char *pass, const Graph *g)
     if (!f)
         return;
     ir_print(g, f);
+    if (strcmp(pass, "comm") == 0)
+        pass_comm_print(g, f);
+    if (strcmp(pass, "fuse") == 0)
+        pass_fuse_print(g, f);
     dump_close(f, path);
 }
 
@@ -185,6 +217,46 @@ static void human_count(double x, char *buf, size_t n)
         snprintf(buf, n, "%.0f", x);
 }
 
+/* --memory-budget SIZE: bytes, or -1 after printing the error. */
+static int64_t parse_budget(const char *cmd, const char *v)
+{
+    int64_t b = fe_parse_bytes(v);
+    if (b <= 0) {
+        bad_flag(cmd, "--memory-budget expects a size like 512MiB, 2GiB or 1000000, got", v);
+        return -1;
+    }
+    return b;
+}
+
+static void print_remat(const RematReport *r, const Graph *g, int64_t budget)
+{
+    char b0[64], b1[64], b2[64];
+    if (r->policy == REMAT_NONE && budget <= 0) {
+        printf("remat: none (no --memory-budget)\n");
+        return;
+    }
+    printf("remat: policy %s", pass_remat_policy_name(r->policy));
+    if (r->policy == REMAT_AUTO)
+        printf(" (chose %s%s)", r->chosen == REMAT_AUTO ? "its own plan" :
+                                 pass_remat_policy_name(r->chosen),
+               r->chosen != REMAT_AUTO ? "" : r->exact ? ", exact solver" : ", heuristic");
+    if (r->chosen == REMAT_AUTO && !r->exact && r->gap >= 0)
+        printf(", within %.2f%% of the LP bound", 100 * r->gap);
+    if (budget > 0) {
+        human_bytes((double)budget, b0, sizeof b0);
+        printf(", budget %s", b0);
+    }
+    printf("\n");
+    human_bytes((double)r->kept_bytes, b0, sizeof b0);
+    human_bytes((double)r->recomputed_bytes, b1, sizeof b1);
+    printf("  activations saved for backward: %d; kept %d (%s), recomputed %d (%s)\n",
+           r->nsaved, r->nkept, b0, r->nrecomputed, b1);
+    double step = ir_graph_flops(g);
+    human_count(r->extra_flops, b2, sizeof b2);
+    printf("  recompute ops: %d; extra %sFLOP per step (%.2f%% of the step's FLOPs)\n",
+           r->nrecompute_ops, b2, step > 0 ? 100 * r->extra_flops / step : 0.0);
+}
+
 static void print_summary(const Model *m, const Graph *fwd_g, const Graph *g, const MemPlan *mp)
 {
     char b0[64], b1[64], sb[256];
@@ -203,19 +275,24 @@ static void print_summary(const Model *m, const Graph *fwd_g, const Graph *g, co
     human_count((double)nparams, b0, sizeof b0);
     printf("  %d tensors, %lld params (%s)\n", ntensors, (long long)nparams, b0);
 
-    int per_class[OC__COUNT] = {0}, fwd_ops = 0, bwd_ops = 0, opt_ops = 0;
+    int per_class[OC__COUNT] = {0}, fwd_ops = 0, bwd_ops = 0, opt_ops = 0, rec_ops = 0;
     for (int i = 0; i < g->ops.n; i++) {
         const Op *op = &g->ops.v[i];
         per_class[ir_opinfo[op->code].cls]++;
-        if (op->flags & OPF_OPTIM)
+        if (op->flags & OPF_RECOMPUTE)
+            rec_ops++;
+        else if (op->flags & OPF_OPTIM)
             opt_ops++;
         else if (op->flags & OPF_BACKWARD)
             bwd_ops++;
         else
             fwd_ops++;
     }
-    printf("ops: %d (forward %d, backward %d, optimizer %d)\n", g->ops.n, fwd_ops, bwd_ops,
+    printf("ops: %d (forward %d, backward %d, optimizer %d", g->ops.n, fwd_ops, bwd_ops,
            opt_ops);
+    if (rec_ops)
+        printf(", recompute %d", rec_ops);
+    printf(")\n");
     for (int c = 0; c < OC__COUNT; c++)
         if (per_class[c])
             printf("  %-12s %d\n", ir_class_name((OpClass)c), per_class[c]);
@@ -237,9 +314,46 @@ static void print_summary(const Model *m, const Graph *fwd_g, const Graph *g, co
     }
 }
 
+/* Kernel launches and bytes moved per step, unfused (the same pipeline with
+ * --no-fuse) and fused (g). */
+static bool print_fusion(const Model *m, const Graph *g, const PassOpts *po)
+{
+    FuseStats after, before;
+    pass_fuse_stats(g, &after);
+    PassOpts nf = *po;
+    nf.no_fuse = true;
+    nf.remat_report = NULL;
+    /* unfused temporaries need not fit the budget: compare without it (a
+     * fixed remat policy still applies) */
+    nf.memory_budget = 0;
+    Graph *u = ir_clone(m->g);
+    Diag d = {{0}};
+    if (!pass_pipeline(u, &nf, NULL, NULL, NULL, &d)) {
+        fprintf(stderr, "%s\n", d.msg);
+        ir_free(u);
+        return false;
+    }
+    pass_fuse_stats(u, &before);
+    ir_free(u);
+    char b0[64], b1[64];
+    human_bytes(before.bytes, b0, sizeof b0);
+    human_bytes(after.bytes, b1, sizeof b1);
+    if (po->no_fuse) {
+        printf("fusion: off (--no-fuse): %d kernels + %d GEMMs, %s moved per step\n",
+               before.kernels, before.gemms, b0);
+        return true;
+    }
+    printf("fusion: kernels %d -> %d (+ %d -> %d GEMMs), bytes moved per step %s -> %s "
+           "(%.2fx less)\n",
+           before.kernels, after.kernels, before.gemms, after.gemms, b0, b1,
+           after.bytes > 0 ? before.bytes / after.bytes : 0.0);
+    return true;
+}
+
 static int cmd_compile(int argc, char **argv)
 {
     CompileArgs a = {0};
+    a.memory_budget = -1;
     const char *model = NULL;
     for (int i = 2; i < argc; i++) {
         const char *v;
@@ -258,6 +372,24 @@ static int cmd_compile(int argc, char **argv)
             a.settings = true;
         } else if (strcmp(argv[i], "--time") == 0) {
             a.timing = true;
+        } else if ((v = flag_value(argc, argv, &i, "--nproc"))) {
+            char *end;
+            a.nproc = (int)strtol(v, &end, 10);
+            if (*end || a.nproc <= 0)
+                return bad_flag("compile", "--nproc expects a positive integer, got", v);
+        } else if (strcmp(argv[i], "--no-overlap") == 0) {
+            a.no_overlap = true;
+        } else if (strcmp(argv[i], "--no-fuse") == 0) {
+            a.no_fuse = true;
+        } else if ((v = flag_value(argc, argv, &i, "--memory-budget"))) {
+            if ((a.memory_budget = parse_budget("compile", v)) < 0)
+                return 2;
+        } else if ((v = flag_value(argc, argv, &i, "--remat"))) {
+            if ((a.remat = pass_remat_parse_policy(v)) < 0)
+                return bad_flag("compile", "--remat expects none, full, selective or auto, got",
+                                v);
+        } else if (strcmp(argv[i], "--remat-sweep") == 0) {
+            a.remat_sweep = true;
         } else if (argv[i][0] == '-') {
             return bad_flag("compile", "unknown option", argv[i]);
         } else if (!model) {
@@ -293,12 +425,29 @@ static int cmd_compile(int argc, char **argv)
     po.eps = m->train.eps;
     po.weight_decay = m->train.weight_decay;
     po.grad_clip = m->train.grad_clip;
-    po.memory_budget = m->train.memory_budget;
+    po.memory_budget = a.memory_budget >= 0 ? a.memory_budget : m->train.memory_budget;
+    po.remat = a.remat;
+    po.nranks = a.nproc > 0 ? a.nproc : 1;
+    po.no_overlap = a.no_overlap;
+    po.no_fuse = a.no_fuse;
+    po.grad_accum = (int)m->train.grad_accum;
+    po.bucket_bytes = (int64_t)(m->train.bucket_mb * 1048576.0);
+    RematReport rr;
+    memset(&rr, 0, sizeof rr);
+    po.remat_report = &rr;
 
     Graph *g = ir_clone(m->g);
     Diag d = {{0}};
     int rc = 0;
     MemPlan *mp = NULL;
+    if (a.remat_sweep) {
+        if (!pass_pipeline(g, &po, "simplify", NULL, NULL, &d) ||
+            !pass_remat_sweep(g, &po, 8, stdout, &d)) {
+            fprintf(stderr, "%s\n", d.msg);
+            rc = 1;
+        }
+        goto out;
+    }
     if (!pass_pipeline(g, &po, NULL, pass_hook, &a, &d)) {
         fprintf(stderr, "%s\n", d.msg);
         rc = 1;
@@ -318,6 +467,14 @@ static int cmd_compile(int argc, char **argv)
         dump_close(f, path);
     }
     print_summary(m, m->g, g, mp);
+    print_remat(&rr, g, po.memory_budget);
+    if (!print_fusion(m, g, &po))
+        rc = 1;
+    if (a.dump_dir && (wants_dump(&a, "fuse") || wants_dump(&a, "kernels")) &&
+        !rt_dump_kernels(g, a.dump_dir, &d)) {
+        fprintf(stderr, "%s\n", d.msg);
+        a.dump_error = true;
+    }
     if (a.dump_dir && !a.dump_error)
         printf("dumps written to %s/\n", a.dump_dir);
     if (a.dump_error)
@@ -335,6 +492,8 @@ static int cmd_train(int argc, char **argv)
 {
     VEC(const char *) sets = {0};
     TrainOpts o = {0};
+    int nproc = 1;
+    int64_t budget = -1;
     const char *model = NULL;
     for (int i = 2; i < argc; i++) {
         const char *v;
@@ -372,8 +531,22 @@ static int cmd_train(int argc, char **argv)
             o.peak_gflops = strtod(v, &end);
             if (*end || !(o.peak_gflops > 0))
                 return bad_flag("train", "--peak-gflops expects a positive number, got", v);
+        } else if ((v = flag_value(argc, argv, &i, "--memory-budget"))) {
+            if ((budget = parse_budget("train", v)) < 0)
+                return 2;
+        } else if ((v = flag_value(argc, argv, &i, "--remat"))) {
+            if ((o.remat = pass_remat_parse_policy(v)) < 0)
+                return bad_flag("train", "--remat expects none, full, selective or auto, got", v);
         } else if (strcmp(argv[i], "--profile") == 0) {
             o.profile = true;
+        } else if ((v = flag_value(argc, argv, &i, "--nproc"))) {
+            nproc = (int)strtol(v, &end, 10);
+            if (*end || nproc <= 0)
+                return bad_flag("train", "--nproc expects a positive integer, got", v);
+        } else if (strcmp(argv[i], "--no-overlap") == 0) {
+            o.no_overlap = true;
+        } else if (strcmp(argv[i], "--no-fuse") == 0) {
+            o.no_fuse = true;
         } else if (strcmp(argv[i], "-v") == 0 || strcmp(argv[i], "--verbose") == 0) {
             o.verbose = true;
         } else if (strcmp(argv[i], "-q") == 0 || strcmp(argv[i], "--quiet") == 0) {
@@ -394,6 +567,14 @@ static int cmd_train(int argc, char **argv)
     if (!m) {
         fprintf(stderr, "%s\n", err);
         return 1;
+    }
+    if (budget >= 0)
+        m->train.memory_budget = budget;
+    /* --nproc N: this process only launches the ranks (mpirun runs this
+     * binary N times; inside them --nproc is gone) */
+    if (nproc > 1 && !getenv("OMPI_COMM_WORLD_SIZE")) {
+        fe_model_free(m);
+        return rt_launch(nproc, argc, argv);
     }
     int rc = rt_train(m, &o);
     fe_model_free(m);

@@ -15,12 +15,19 @@
 typedef struct Exec Exec;
 struct CgPlan; /* codegen.h */
 
+typedef struct RtComm RtComm; /* comm.c */
+
 typedef struct {
     const char *device;    /* "cpu" (default), "cuda", "auto" */
     int threads;           /* 0: one per core */
     bool profile;          /* time every plan step */
     const char *cache_dir; /* compiled-kernel cache; NULL: $KILN_CACHE_DIR or ~/.cache/kiln */
     bool verbose;
+    /* cuda only (ignored on the CPU) */
+    const char *precision; /* "f32" (NULL) or "bf16": bf16 activations and GEMMs */
+    bool tf32;             /* f32 GEMMs on TF32 tensor cores */
+    bool cuda_graph;       /* capture the step into a CUDA graph, replay it */
+    RtComm *comm;          /* runs allreduce steps; NULL: one rank (they are identities) */
 } ExecOpts;
 
 /* Compiles the final graph (after every pass) for the device. */
@@ -31,6 +38,9 @@ void rt_exec_read(Exec *e, int tensor, void *dst);
 /* One step: every op, then every update (param/state <- new value). */
 bool rt_exec_run(Exec *e, uint64_t seed, int64_t step, Diag *d);
 int64_t rt_exec_arena_bytes(const Exec *e);
+/* Writes every kernel of g's CPU plan into DIR/kernels/NAME.c (and, where
+ * the CUDA printer exists, NAME.cu); g is final (after every pass). */
+bool rt_dump_kernels(const Graph *g, const char *dir, Diag *d);
 /* The compiled plan (steps, kernels, memory plan); owned by the Exec. */
 const struct CgPlan *rt_exec_plan(const Exec *e);
 
@@ -73,8 +83,96 @@ typedef struct {
     void (*sync)(BackendCtx *c); /* waits for queued work (profiling) */
 } Backend;
 
+/* ---- comm.c: ranks and collectives (MPI) ---------------------------------
+ * One RtComm per process when it runs as one of several ranks (started by
+ * mpirun, or by `kiln train --nproc N`, which runs mpirun). A communication
+ * thread runs every collective, in the order they were started: buckets of
+ * f32 gradients (mean over ranks, in place, read and written through the
+ * backend) and host collectives. A collective that does not finish within
+ * the timeout stops this rank, and through MPI_Abort every rank, with a
+ * message naming the lost rank (the one that no longer answers, or the one
+ * that never joined); the functions below therefore never fail. */
+typedef struct {
+    int bucket;        /* -1: a host collective */
+    int64_t bytes;
+    double start, end; /* CLOCK_MONOTONIC seconds */
+} RtCommEvent;
+
+/* *c = NULL (one rank, no MPI) unless this process was started by an MPI
+ * launcher (OMPI_COMM_WORLD_SIZE in the environment); false with d set when
+ * MPI cannot start. timeout_s > 0. */
+bool rt_comm_open(double timeout_s, RtComm **c, Diag *d);
+void rt_comm_close(RtComm *c); /* NULL: nothing */
+int rt_comm_rank(const RtComm *c);       /* 0 for NULL */
+int rt_comm_size(const RtComm *c);       /* 1 for NULL */
+int rt_comm_local_size(const RtComm *c); /* ranks on this machine; 1 for NULL */
+/* Plan step s (CG_STEP_ALLREDUCE_START) of p: queues its bucket. */
+void rt_comm_start(RtComm *c, const struct CgPlan *p, int s, const Backend *be,
+                   BackendCtx *ctx);
+/* Blocks until the bucket's last start has finished (at once if done). */
+void rt_comm_wait(RtComm *c, int bucket);
+/* Mean over ranks of n host doubles, in place (blocking). */
+void rt_comm_mean(RtComm *c, double *v, int n);
+/* Per step: communication time (the comm thread's busy time), exposed time
+ * (compute blocked in waits), and the events since the last reset. */
+typedef struct {
+    double comm_s, exposed_s;
+    int nev;
+    const RtCommEvent *ev;
+} RtCommStats;
+void rt_comm_stats(RtComm *c, RtCommStats *st); /* st->ev valid until the next call */
+void rt_comm_stats_reset(RtComm *c);
+
+/* ---- launch.c: starting local ranks ---------------------------------------
+ * `kiln train --nproc N ...`: runs mpirun with N copies of this binary and the
+ * same arguments (without --nproc), waits, and returns the exit code. Each
+ * rank records how it ended in a status directory; a rank that vanished
+ * (killed or crashed) is named in the message. */
+int rt_launch(int nproc, int argc, char **argv);
+/* In a rank started by rt_launch: records "running" (at start), how it
+ * ended, or the rank it lost; no-op otherwise. */
+void rt_rank_status(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
 /* ---- backend_cpu.c: generated C via the host compiler, GEMMs via OpenBLAS */
 extern const Backend rt_backend_cpu;
+
+/* ---- device.c: choosing a backend; the CUDA module ----------------------
+ * The CUDA backend is a separate shared module (libkiln_cuda.so, built only
+ * where the CUDA toolkit is found) loaded with dlopen on first use, so kiln
+ * never links a CUDA library and starts on machines without a GPU driver.
+ * The module is looked for at $KILN_CUDA_MODULE, then beside the running
+ * executable, then beside $KILN_BIN. */
+struct CgCudaProgram; /* codegen.h */
+
+/* What the module needs from kiln (it links nothing of kilncore). */
+#define RT_CUDA_ABI 1
+typedef struct {
+    int abi; /* RT_CUDA_ABI */
+    struct CgCudaProgram *(*program)(const struct CgPlan *p, bool bf16);
+    void (*program_free)(struct CgCudaProgram *q);
+} RtCudaHost;
+
+/* An NVRTC compilation: the cubin and the program log (ptxas's -v report
+ * included); cached on disk by a hash of source, options, NVRTC version and
+ * architecture. */
+typedef struct {
+    void *cubin;
+    size_t size;
+    char *log;    /* NVRTC's program log, "" when empty */
+    bool cached;  /* read from the cache */
+    int nvrtc_major, nvrtc_minor;
+} RtCudaBinary;
+
+/* "cpu" (NULL), "cuda" or "auto" (the GPU when the module loads and a device
+ * exists, else the CPU). NULL with d set ("--device cuda: ...") when the
+ * device cannot be used. */
+const Backend *rt_backend_select(const char *device, bool verbose, Diag *d);
+/* The module's NVRTC path (no GPU needed): compiles src for arch ("sm_90").
+ * On a compile error prints the numbered source and the log to stderr and
+ * returns false with d set. Free b with rt_cuda_binary_free. */
+bool rt_cuda_compile(const char *src, const char *arch, const char *cache_dir, bool verbose,
+                     RtCudaBinary *b, Diag *d);
+void rt_cuda_binary_free(RtCudaBinary *b);
 
 /* ---- cc.c: the host C compiler and its on-disk cache ----------------------
  * Shared objects are cached by a hash of source, compiler version and flags
@@ -257,9 +355,12 @@ typedef struct {
     bool profile;             /* --profile */
     const char *trace;        /* --trace FILE */
     double peak_gflops;       /* --peak-gflops: MFU denominator; 0: "n/a" */
+    int remat;                /* --remat: RematPolicy (REMAT_DEFAULT: auto with a budget) */
     bool verbose, quiet;      /* -v, -q */
     const char *cache_dir;    /* kernel cache (NULL: executor default) */
     TrainResult *result;      /* optional out */
+    bool no_overlap;          /* --no-overlap: every allreduce starts after backward */
+    bool no_fuse;             /* --no-fuse: every op its own kernel */
 } TrainOpts;
 
 /* Returns the process exit code: 0, or 1 after printing the error. */
@@ -267,5 +368,44 @@ int rt_train(Model *m, const TrainOpts *o);
 /* Learning rate after `step` steps of `steps`: linear warmup over
  * c->warmup steps to c->lr, then cosine to c->min_lr at the last step. */
 double rt_lr_at(const TrainCfg *c, int64_t step, int64_t steps);
+
+/* ---- dist.c: data parallelism and gradient accumulation in the loop -------
+ * The loop opens its data with the global batch (rt_dp_rows_factor x the
+ * model's batch b); rank r, micro-batch k trains on rows [(r*K + k)*b, +b).
+ * With one rank and grad_accum 1 every call is an identity or no-op. */
+typedef struct RtDp RtDp;
+/* Opens the ranks (rt_comm_open) from train{comm_timeout}, checks
+ * grad_accum and bucket_mb; ranks other than 0 print nothing on stdout.
+ * *dp is set even on failure (close it). */
+bool rt_dp_open(const TrainCfg *c, RtDp **dp, Diag *d);
+void rt_dp_close(RtDp *dp, int rc); /* records rc as the rank's status */
+int rt_dp_rank(const RtDp *dp);
+int rt_dp_size(const RtDp *dp);
+int64_t rt_dp_rows_factor(const RtDp *dp); /* ranks x grad_accum */
+/* Rank 0: path; rank r: path with ".rankR" before its extension. */
+const char *rt_dp_trace_path(RtDp *dp, const char *path);
+void rt_dp_pass_opts(const RtDp *dp, const TrainCfg *c, bool no_overlap, PassOpts *po);
+/* The comm handle; threads default to the cores shared among local ranks. */
+void rt_dp_exec_opts(const RtDp *dp, ExecOpts *eo);
+/* Checks every gradient tg reduces is f32 (a message otherwise); with
+ * grad_accum > 1 builds the micro-batch graph (pass_comm_micro) and its
+ * executor. */
+bool rt_dp_build(RtDp *dp, const Graph *model, const PassOpts *po, const ExecOpts *eo,
+                 const Graph *tg, Diag *d);
+/* Before a training step: runs micro-batches 0..K-2 (params copied in from
+ * te), hands their summed gradients to te's accum.P, and feeds te this
+ * rank's last micro-batch of the global batch. */
+bool rt_dp_step(RtDp *dp, Exec *te, const Graph *tg, const DataBatch *global, uint64_t seed,
+                int64_t step, Diag *d);
+/* The step's loss: mean over micro-batches and ranks (last: te's loss). */
+float rt_dp_loss(RtDp *dp, float last);
+/* After a step: records its communication and exposed time; with
+ * trace_events, its collectives on the trace's tid 2 (times from t0). */
+void rt_dp_after_step(RtDp *dp, Trace *trace, double t0, bool trace_events);
+/* "comm: ..." line: median per step of communication, exposed time, overlap. */
+void rt_dp_summary(const RtDp *dp, FILE *f);
+/* Whether standard output is a terminal; a rank (whose output mpirun always
+ * passes through a pseudo-terminal) asks the launcher's KILN_STDOUT_TTY. */
+bool rt_stdout_tty(void);
 
 #endif

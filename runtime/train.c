@@ -158,6 +158,7 @@ typedef struct {
     double last_val_loss, last_acc;
     int64_t acc_right, acc_total;
     bool have_val, have_acc;
+    RtDp *dp;             /* ranks and micro-batches (dist.c) */
 } Run;
 
 enum { PH_DATA, PH_STEP, PH_EVAL, PH_CKPT, PH__N };
@@ -226,7 +227,7 @@ static bool open_data(Run *r, Diag *d)
         }
         r->B = x->s.dim[0];
         r->T = 1;
-        dc.batch = r->B;
+        dc.batch = r->B * rt_dp_rows_factor(r->dp);
         dc.dim = (int)x->s.dim[1];
         dc.classes = (int)logits->s.dim[logits->s.rank - 1];
         if (!check_input(g, "x", DT_F32, 2, x->s.dim, d) ||
@@ -240,7 +241,7 @@ static bool open_data(Run *r, Diag *d)
         }
         r->B = tok->s.dim[0];
         r->T = tok->s.dim[1];
-        dc.batch = r->B;
+        dc.batch = r->B * rt_dp_rows_factor(r->dp);
         dc.seq = r->T;
         if (logits)
             dc.vocab = (int)logits->s.dim[logits->s.rank - 1];
@@ -398,6 +399,8 @@ static char *ckpt_path(const char *prefix, int64_t step)
 
 static bool save_checkpoint(Run *r, const char *prefix, Diag *d)
 {
+    if (rt_dp_rank(r->dp) != 0)
+        return true; /* every rank holds the same params */
     double t_start = now_s();
     pull_state(r);
     char *p = ckpt_path(prefix, r->step);
@@ -444,14 +447,18 @@ static void fmt_bytes(char *buf, size_t n, double b)
         snprintf(buf, n, "%.1f KiB", b / 1024);
 }
 
-static void fmt_mfu(char *buf, size_t n, double flops, double ms, double peak_gflops)
+/* MFU counts the model's FLOPs (the step without recomputation), HFU the
+ * hardware's (flops: every op of the step, recomputations included). */
+static void fmt_mfu(char *buf, size_t n, double flops, const Graph *g, double ms,
+                    double peak_gflops)
 {
+    double model = flops - pass_remat_flops(g);
     if (peak_gflops > 0 && ms > 0)
-        snprintf(buf, n, "MFU %.1f%% of %.0f GFLOP/s", 100.0 * flops / (ms * 1e-3) /
-                                                           (peak_gflops * 1e9),
-                 peak_gflops);
+        snprintf(buf, n, "MFU %.1f%% of %.0f GFLOP/s, HFU %.1f%%",
+                 100.0 * model / (ms * 1e-3) / (peak_gflops * 1e9), peak_gflops,
+                 100.0 * flops / (ms * 1e-3) / (peak_gflops * 1e9));
     else
-        snprintf(buf, n, "MFU n/a (no --peak-gflops)");
+        snprintf(buf, n, "MFU n/a (no --peak-gflops), HFU n/a");
 }
 
 static void progress(Run *r, float loss)
@@ -473,6 +480,9 @@ static bool build(Run *r, Diag *d)
     po.weight_decay = r->c.weight_decay;
     po.grad_clip = r->c.grad_clip;
     po.memory_budget = r->c.memory_budget;
+    po.remat = r->o->remat;
+    po.no_fuse = r->o->no_fuse;
+    rt_dp_pass_opts(r->dp, &r->c, r->o->no_overlap, &po);
     double t_start = now_s();
     r->tg = ir_clone(r->m->g);
     if (!pass_pipeline(r->tg, &po, NULL, NULL, NULL, d))
@@ -485,8 +495,12 @@ static bool build(Run *r, Diag *d)
         die("evaluation graph invalid after simplify/schedule: %s", err);
     ExecOpts eo = {.device = r->o->device, .threads = r->o->threads,
                    .profile = r->o->profile || r->o->trace, .cache_dir = r->o->cache_dir,
-                   .verbose = r->o->verbose};
-    if (!(r->te = rt_exec_create(r->tg, &eo, d)))
+                   .verbose = r->o->verbose, .precision = r->c.precision,
+                   .tf32 = r->c.tf32 && strcmp(r->c.tf32, "true") == 0,
+                   .cuda_graph = r->c.cuda_graph && strcmp(r->c.cuda_graph, "true") == 0};
+    rt_dp_exec_opts(r->dp, &eo);
+    if (!(r->te = rt_exec_create(r->tg, &eo, d)) ||
+        !rt_dp_build(r->dp, r->m->g, &po, &eo, r->tg, d))
         return false;
     eo.profile = false;
     if (!(r->ee = rt_exec_create(r->eg, &eo, d)))
@@ -548,6 +562,21 @@ static void print_profile(Run *r, double loop_ms, int64_t nsteps)
     printf("\nprofile: per kernel over %lld training steps (%.1f ms in steps):\n",
            (long long)nsteps, r->ph_ms[PH_STEP]);
     rt_profile_print(stdout, rows, n, r->ph_ms[PH_STEP], 25);
+    /* by kind: the share of the step in GEMMs versus generated kernels */
+    static const char *kinds[] = {"gemm", "kernel", "copy"};
+    ProfRow by_kind[3] = {{0}};
+    for (int k = 0; k < 3; k++) {
+        by_kind[k].name = kinds[k];
+        for (int i = 0; i < n; i++)
+            if (pr[i].kind && strcmp(pr[i].kind, kinds[k]) == 0) {
+                by_kind[k].calls += pr[i].calls;
+                by_kind[k].ms += 1e3 * pr[i].seconds;
+                by_kind[k].flops += pr[i].flops;
+                by_kind[k].bytes += pr[i].bytes;
+            }
+    }
+    printf("\nprofile: by kind over %lld training steps:\n", (long long)nsteps);
+    rt_profile_print(stdout, by_kind, 3, r->ph_ms[PH_STEP], 0);
     n = 0;
     for (int i = 0; i < PH__N; i++)
         if (r->ph_calls[i])
@@ -581,10 +610,13 @@ int rt_train(Model *m, const TrainOpts *o)
     Diag d = {{0}};
     int rc = 1;
     r.t0 = now_s();
+    if (!rt_dp_open(&m->train, &r.dp, &d))
+        goto out;
     if (o->trace) {
-        r.trace = rt_trace_open(o->trace);
+        r.trace = rt_trace_open(rt_dp_trace_path(r.dp, o->trace));
         rt_trace_thread_name(r.trace, 0, "training loop");
         rt_trace_thread_name(r.trace, 1, "plan steps (first steps)");
+        rt_trace_thread_name(r.trace, 2, "communication (first steps)");
     }
     if (o->steps > 0)
         r.c.steps = o->steps;
@@ -596,15 +628,19 @@ int rt_train(Model *m, const TrainOpts *o)
         goto out;
     int lr_id = ir_find_tensor(r.tg, "lr");
     const Tensor *lr_t = lr_id >= 0 ? &r.tg->t.v[lr_id] : NULL;
-    bool tty = isatty(1) && !o->quiet;
-    int64_t tokens = r.B * r.T, first = r.step;
+    bool tty = rt_stdout_tty() && !o->quiet;
+    int64_t tokens = r.B * r.T * rt_dp_rows_factor(r.dp), first = r.step;
     double *ms = xcalloc((size_t)(r.steps > first ? r.steps - first : 1), sizeof *ms);
     int64_t nms = 0;
     float loss = NAN;
     double loop0 = now_s();
     while (r.step < r.steps) {
         double t_a = now_s();
-        feed(r.te, r.tg, rt_data_batch(r.ds, DATA_TRAIN, r.data_pos));
+        if (!rt_dp_step(r.dp, r.te, r.tg, rt_data_batch(r.ds, DATA_TRAIN, r.data_pos),
+                        r.c.seed, r.step, &d)) {
+            free(ms);
+            goto out;
+        }
         if (lr_t) {
             float lr = (float)rt_lr_at(&r.c, r.step, r.steps);
             write_f32(r.te, lr_t, &lr);
@@ -614,8 +650,9 @@ int rt_train(Model *m, const TrainOpts *o)
             free(ms);
             goto out;
         }
-        loss = read_loss(r.te, r.tg);
+        loss = rt_dp_loss(r.dp, read_loss(r.te, r.tg));
         double t_c = now_s();
+        rt_dp_after_step(r.dp, r.trace, r.t0, r.step - first < TRACE_KERNEL_STEPS);
         phase(&r, PH_DATA, t_a, t_b);
         phase(&r, PH_STEP, t_b, t_c);
         trace_kernels(&r, t_b, r.step - first);
@@ -634,7 +671,7 @@ int rt_train(Model *m, const TrainOpts *o)
                                  r.step == first + 1 || r.step == r.steps);
         if (log) {
             char mfu[64], mem[32];
-            fmt_mfu(mfu, sizeof mfu, r.flops, step_ms, o->peak_gflops);
+            fmt_mfu(mfu, sizeof mfu, r.flops, r.tg, step_ms, o->peak_gflops);
             fmt_bytes(mem, sizeof mem, (double)rt_exec_arena_bytes(r.te));
             printf("%sstep %5lld/%lld | loss %.6f | lr %.3e | %8.2f ms | %9.0f tok/s | %s | "
                    "mem %s\n",
@@ -677,7 +714,7 @@ int rt_train(Model *m, const TrainOpts *o)
         free(ms);
         goto out;
     }
-    if (o->save_weights) {
+    if (o->save_weights && rt_dp_rank(r.dp) == 0) {
         pull_state(&r);
         if (!rt_weights_save(o->save_weights, r.tg, r.vals, &d)) {
             free(ms);
@@ -698,13 +735,14 @@ int rt_train(Model *m, const TrainOpts *o)
                (long long)r.acc_right, (long long)r.acc_total);
     if (med > 0) {
         char mfu[64];
-        fmt_mfu(mfu, sizeof mfu, r.flops, med, o->peak_gflops);
+        fmt_mfu(mfu, sizeof mfu, r.flops, r.tg, med, o->peak_gflops);
         printf(" | median %.2f ms/step | %.0f tok/s | %s", med, (double)tokens / (med * 1e-3),
                mfu);
     }
     char mem[32];
     fmt_bytes(mem, sizeof mem, (double)rt_exec_arena_bytes(r.te));
     printf(" | peak mem %s\n", mem);
+    rt_dp_summary(r.dp, stdout);
     if (o->profile)
         print_profile(&r, loop_ms, r.step - first);
     if (o->result) {
@@ -741,5 +779,6 @@ out:
         ir_free(r.eg);
     rt_data_close(r.ds);
     fflush(stdout);
+    rt_dp_close(r.dp, rc);
     return rc;
 }

@@ -42,12 +42,14 @@ static void test_elementwise_source(void **state)
     ir_op_x(g, OP_ADD, (int[]){x, y}, 2, NULL, here);
     ir_op_x(g, OP_SIGMOID, &x, 1, NULL, here);
     char *s = kernel_src(g, 0);
-    expect(s, "void k0_add(float *restrict p0, const float *restrict p1, const float *restrict p2)");
-    expect(s, "for (int64_t v0 = 0; v0 < 32; v0++)");
+    expect(s, "void k0_add(float *restrict p0, const float *restrict p1, const float *restrict p2, "
+              "int64_t part, int64_t nparts)");
+    /* each part takes its share of the outer rows */
+    expect(s, "for (int64_t v0 = 32LL * part / nparts; v0 < 32LL * (part + 1) / nparts; v0++)");
     expect(s, "p0[v0] = (p1[v0] + p2[v0]);");
     free(s);
     s = kernel_src(g, 1);
-    expect(s, "p0[v0] = (1.0f / (1.0f + expf(-p1[v0])));");
+    expect(s, "p0[v0] = (1.0f / (1.0f + kiln_expf(-p1[v0])));");
     free(s);
     ir_free(g);
 }
@@ -68,7 +70,7 @@ static void test_reduce_random_source(void **state)
     expect(s, "p1[((v0 * 5) + v1)]");
     free(s);
     s = kernel_src(g, 1);
-    expect(s, "uint64_t seed, int64_t step)");
+    expect(s, "uint64_t seed, int64_t step, int64_t part, int64_t nparts)");
     expect(s, "kiln_rand_u01(seed, 42ull, (uint64_t)step, (uint64_t)(v0))");
     free(s);
     ir_free(g);

@@ -316,7 +316,8 @@ static const Case cases[] = {
 
 /* Opcodes with no gradient by design. Every other opcode must be covered. */
 static const Opcode no_grad_ops[] = {OP_CONST, OP_IOTA, OP_LT, OP_LE, OP_GT,
-                                     OP_GE,    OP_EQ,   OP_NE, OP_RANDOM};
+                                     OP_GE,    OP_EQ,   OP_NE, OP_RANDOM,
+                                     OP_ALLREDUCE_START, OP_ALLREDUCE_WAIT};
 
 /* ---- harness -------------------------------------------------------------- */
 

@@ -83,6 +83,8 @@ static Graph *build_all(void)
     OP0(g, OP_RANDOM, ((OpAttr){.ia = {7}, .nia = 1, .rank = 2, .shape = {2, 3}}));
     int m2 = OP(g, OP_ADD, (OpAttr){0}, m, sc);
     last_op(g)->flags = OPF_OPTIM;
+    int tok_ar = OP(g, OP_ALLREDUCE_START, ((OpAttr){.ia = {3}, .nia = 1}), sc, x);
+    OP(g, OP_ALLREDUCE_WAIT, ((OpAttr){.ia = {3}, .nia = 1}), tok_ar, sc);
     ir_add_output(g, "loss", loss);
     ir_add_output(g, "grad.wte", sc);
     ir_add_update(g, wte, sc);

@@ -40,20 +40,34 @@ static void check_invariants(const Graph *g, const MemPlan *m)
     }
     assert_int_equal(pers, m->persistent_bytes);
     /* live ranges recomputed from the graph: a root is live from its first
-     * definition to the last read of it or of any tensor sharing it */
+     * definition to the last read of it or of any tensor sharing it; the ops
+     * of a fuse group run as one kernel over their range of op indices, and
+     * a result that never leaves its group has no storage */
     int *first = xmalloc(sizeof(int) * (size_t)nt), *last = xmalloc(sizeof(int) * (size_t)nt);
+    int *glo = xmalloc(sizeof(int) * (size_t)(n + 1)), *ghi = xmalloc(sizeof(int) * (size_t)(n + 1));
+    for (int i = 0; i < n; i++)
+        glo[i] = ghi[i] = -1;
+    for (int i = 0; i < n; i++) {
+        int gr = g->ops.v[i].group;
+        if (gr >= 0 && glo[gr] < 0)
+            glo[gr] = i;
+        if (gr >= 0)
+            ghi[gr] = i;
+    }
+    bool *mat = pass_fuse_materialised(g);
     for (int t = 0; t < nt; t++)
         first[t] = last[t] = -1;
     for (int i = 0; i < n; i++) {
         const Op *op = &g->ops.v[i];
+        int lo = op->group >= 0 ? glo[op->group] : i, hi = op->group >= 0 ? ghi[op->group] : i;
         int r = m->root[op->out];
-        if (first[r] < 0)
-            first[r] = i;
-        if (last[r] < i)
-            last[r] = i;
+        if (first[r] < 0 || first[r] > lo)
+            first[r] = lo;
+        if (last[r] < hi)
+            last[r] = hi;
         for (int j = 0; j < op->nin; j++)
-            if (last[m->root[op->in[j]]] < i)
-                last[m->root[op->in[j]]] = i;
+            if (last[m->root[op->in[j]]] < hi)
+                last[m->root[op->in[j]]] = hi;
     }
     for (int k = 0; k < g->outs.n; k++)
         last[m->root[g->outs.v[k].t]] = n;
@@ -61,10 +75,10 @@ static void check_invariants(const Graph *g, const MemPlan *m)
         last[m->root[g->upd.v[k].value]] = n;
     /* no two temps live at once share bytes */
     for (int a = 0; a < nt; a++) {
-        if (m->root[a] != a || m->persistent[a])
+        if (m->root[a] != a || m->persistent[a] || !mat[a])
             continue;
         for (int b = a + 1; b < nt; b++) {
-            if (m->root[b] != b || m->persistent[b])
+            if (m->root[b] != b || m->persistent[b] || !mat[b])
                 continue;
             bool time = first[a] <= last[b] && first[b] <= last[a];
             bool space = m->offset[a] < m->offset[b] + al(m->bytes[b]) &&
@@ -80,7 +94,7 @@ static void check_invariants(const Graph *g, const MemPlan *m)
     for (int i = 0; i < n; i++) {
         int64_t live = m->persistent_bytes;
         for (int t = 0; t < nt; t++)
-            if (m->root[t] == t && !m->persistent[t] && first[t] <= i &&
+            if (m->root[t] == t && !m->persistent[t] && mat[t] && first[t] <= i &&
                 i <= (last[t] < first[t] ? first[t] : last[t]))
                 live += al(m->bytes[t]);
         assert_int_equal(live, m->live[i]);
@@ -91,6 +105,9 @@ static void check_invariants(const Graph *g, const MemPlan *m)
     assert_true(m->arena_bytes >= m->peak_live);
     free(first);
     free(last);
+    free(glo);
+    free(ghi);
+    free(mat);
 }
 
 static void test_hand_example(void **state)

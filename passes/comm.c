@@ -1,0 +1,389 @@
+/* comm.c - the comm pass: gradient buckets and where their all-reduces start
+ * and are waited for; gradient accumulation over micro-batches; the
+ * micro-batch graph.
+ *
+ * New ops are placed by a key (old op index, slot): slot < 0 goes before the
+ * old op, slot > 0 after it, so one stable sort gives the new program order. */
+#include "passes.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    int at, slot, seq; /* seq: creation order, the last tie-break */
+} Key;
+
+typedef struct {
+    Graph *g;
+    Key *key;   /* per op index (old and new) */
+    int nkey, cap;
+    int nseq;
+} Placer;
+
+static void place(Placer *p, int op, int at, int slot)
+{
+    while (op >= p->cap) {
+        p->cap = p->cap ? 2 * p->cap : 64;
+        p->key = xrealloc(p->key, sizeof(Key) * (size_t)p->cap);
+    }
+    p->key[op] = (Key){at, slot, p->nseq++};
+    if (op >= p->nkey)
+        p->nkey = op + 1;
+}
+
+static const Key *sort_keys;
+
+static int cmp_key(const void *a, const void *b)
+{
+    const Key *x = &sort_keys[*(const int *)a], *y = &sort_keys[*(const int *)b];
+    if (x->at != y->at)
+        return x->at < y->at ? -1 : 1;
+    if (x->slot != y->slot)
+        return x->slot < y->slot ? -1 : 1;
+    return x->seq < y->seq ? -1 : x->seq > y->seq;
+}
+
+/* Puts g's ops in key order and compacts. */
+static void reorder(Placer *p)
+{
+    Graph *g = p->g;
+    int n = g->ops.n;
+    int *ord = xmalloc(sizeof(int) * (size_t)(n + 1));
+    for (int i = 0; i < n; i++)
+        ord[i] = i;
+    sort_keys = p->key;
+    qsort(ord, (size_t)n, sizeof(int), cmp_key);
+    Op *ops = xmalloc(sizeof(Op) * (size_t)(n + 1));
+    for (int k = 0; k < n; k++)
+        ops[k] = g->ops.v[ord[k]];
+    for (int k = 0; k < n; k++) {
+        g->ops.v[k] = ops[k];
+        g->t.v[ops[k].out].op = k;
+    }
+    free(ops);
+    free(ord);
+    ir_compact(g);
+}
+
+/* Appends an op and gives it a place. */
+static int add_op(Placer *p, Opcode code, const int *in, int nin, const OpAttr *a,
+                  SrcLoc loc, int at, int slot)
+{
+    int t = ir_op_x(p->g, code, in, nin, a, loc);
+    place(p, p->g->ops.n - 1, at, slot);
+    return t;
+}
+
+typedef struct {
+    const char *name; /* param name */
+    int out;          /* index in g->outs of "grad.NAME" */
+    int t;            /* gradient tensor */
+    int ready;        /* index of its producer (-1: a graph input) */
+} Grad;
+
+static int cmp_ready(const void *a, const void *b)
+{
+    const Grad *x = a, *y = b;
+    if (x->ready != y->ready)
+        return x->ready < y->ready ? -1 : 1;
+    return x->t < y->t ? -1 : x->t > y->t;
+}
+
+/* The graph's "grad.P" outputs of f32 params, in the order they are ready. */
+static int collect_grads(const Graph *g, Grad **out)
+{
+    VEC(Grad) v = {0};
+    for (int k = 0; k < g->outs.n; k++) {
+        const char *nm = g->outs.v[k].name;
+        if (strncmp(nm, "grad.", 5) != 0)
+            continue;
+        int pid = ir_find_tensor(g, nm + 5);
+        if (pid < 0 || g->t.v[pid].kind != TK_PARAM)
+            continue;
+        const Tensor *t = &g->t.v[g->outs.v[k].t];
+        Grad gr = {nm + 5, k, t->id, t->op};
+        vec_push(&v, gr);
+    }
+    if (v.n)
+        qsort(v.v, (size_t)v.n, sizeof(Grad), cmp_ready);
+    *out = v.v;
+    return v.n;
+}
+
+/* Replaces operand `from` by `to` in every op except `skip` and the ops of
+ * keep[] (NULL-free list of op indices given by a predicate), and in the
+ * outputs. */
+static void replace_uses(Graph *g, int from, int to, const bool *is_comm)
+{
+    for (int i = 0; i < g->ops.n; i++) {
+        Op *op = &g->ops.v[i];
+        if (is_comm && i < g->ops.n && is_comm[i])
+            continue;
+        if (op->out == to)
+            continue;
+        for (int j = 0; j < op->nin; j++)
+            if (op->in[j] == from)
+                op->in[j] = to;
+    }
+    for (int k = 0; k < g->outs.n; k++)
+        if (g->outs.v[k].t == from)
+            g->outs.v[k].t = to;
+    for (int k = 0; k < g->upd.n; k++)
+        if (g->upd.v[k].value == from)
+            g->upd.v[k].value = to;
+}
+
+static SrcLoc loc_of(const Graph *g, int t)
+{
+    int op = g->t.v[t].op;
+    return op >= 0 ? g->ops.v[op].loc : (SrcLoc){NULL, 0};
+}
+
+/* grad <- (grad + accum.P) / K, right after the gradient's producer. */
+static void accumulate(Graph *g, int K)
+{
+    Grad *gr;
+    int n = collect_grads(g, &gr);
+    Placer p = {g, NULL, 0, 0, 0};
+    for (int i = 0; i < g->ops.n; i++)
+        place(&p, i, i, 0);
+    for (int k = 0; k < n; k++) {
+        const Tensor *t = &g->t.v[gr[k].t];
+        Shape s = t->s;
+        char *nm = xasprintf("accum.%s", gr[k].name);
+        int acc = ir_add_input(g, TK_STATE, intern(nm), s, (ParamInit){INIT_ZEROS, 0, 0});
+        free(nm);
+        SrcLoc loc = loc_of(g, gr[k].t);
+        int at = gr[k].ready;
+        int sum = add_op(&p, OP_ADD, (int[]){gr[k].t, acc}, 2, &(OpAttr){0}, loc, at, 1);
+        OpAttr ca = {.f = 1.0 / K, .dtype = s.dtype, .rank = s.rank};
+        memcpy(ca.shape, s.dim, sizeof ca.shape);
+        int c = add_op(&p, OP_CONST, NULL, 0, &ca, loc, at, 2);
+        int mean = add_op(&p, OP_MUL, (int[]){sum, c}, 2, &(OpAttr){0}, loc, at, 3);
+        for (int q = g->ops.n - 3; q < g->ops.n; q++)
+            g->ops.v[q].flags |= OPF_BACKWARD;
+        int nops = g->ops.n;
+        bool *mine = xcalloc((size_t)nops, sizeof(bool));
+        mine[g->t.v[sum].op] = mine[g->t.v[mean].op] = true;
+        replace_uses(g, gr[k].t, mean, mine);
+        free(mine);
+    }
+    free(gr);
+    if (n)
+        reorder(&p);
+    free(p.key);
+}
+
+/* Readiness and first reads in fused-kernel terms: a group (fuse) is one
+ * kernel, which finishes a gradient at its last op and first reads one at its
+ * first op. Fills gr[].ready (sorted) and first_use[tensor]; returns a
+ * group that reads a gradient and starts before the gradient is finished
+ * (one holding its producer and a reader, say), or -1. */
+static int analyse(const Graph *g, Grad *gr, int n, int *first_use)
+{
+    int nops = g->ops.n, ngroups = 0;
+    for (int i = 0; i < nops; i++)
+        if (g->ops.v[i].group >= ngroups)
+            ngroups = g->ops.v[i].group + 1;
+    int *gfirst = xmalloc(sizeof(int) * (size_t)(ngroups + 1));
+    int *glast = xmalloc(sizeof(int) * (size_t)(ngroups + 1));
+    for (int k = 0; k < ngroups; k++)
+        gfirst[k] = nops, glast[k] = -1;
+    for (int i = 0; i < nops; i++) {
+        int k = g->ops.v[i].group;
+        if (k < 0)
+            continue;
+        if (i < gfirst[k])
+            gfirst[k] = i;
+        glast[k] = i;
+    }
+    for (int k = 0; k < n; k++) {
+        int op = g->t.v[gr[k].t].op;
+        gr[k].ready = op >= 0 && g->ops.v[op].group >= 0 ? glast[g->ops.v[op].group] : op;
+    }
+    if (n)
+        qsort(gr, (size_t)n, sizeof(Grad), cmp_ready);
+    for (int t = 0; t < g->t.n; t++)
+        first_use[t] = nops;
+    for (int i = nops - 1; i >= 0; i--) {
+        const Op *op = &g->ops.v[i];
+        int at = op->group >= 0 ? gfirst[op->group] : i;
+        for (int j = 0; j < op->nin; j++)
+            if (at < first_use[op->in[j]])
+                first_use[op->in[j]] = at;
+    }
+    /* a group that reads a gradient and starts before it is finished */
+    int clash = -1;
+    for (int k = 0; k < n && clash < 0; k++) {
+        if (first_use[gr[k].t] > gr[k].ready)
+            continue;
+        for (int i = 0; i < nops && clash < 0; i++) {
+            const Op *op = &g->ops.v[i];
+            for (int j = 0; j < op->nin && clash < 0; j++)
+                if (op->in[j] == gr[k].t && op->group >= 0 && gfirst[op->group] <= gr[k].ready)
+                    clash = op->group;
+        }
+        if (clash < 0)
+            die("comm: grad.%s is read at op %d before it is finished (op %d)", gr[k].name,
+                first_use[gr[k].t], gr[k].ready);
+    }
+    free(gfirst);
+    free(glast);
+    return clash;
+}
+
+bool pass_comm(Graph *g, const PassOpts *o, Diag *d)
+{
+    (void)d;
+    if (o->grad_accum <= 1 && o->nranks <= 1)
+        return true;
+    if (o->grad_accum > 1)
+        accumulate(g, o->grad_accum);
+    Grad *gr;
+    int n = collect_grads(g, &gr);
+    int nops = g->ops.n;
+    int *first_use = xmalloc(sizeof(int) * (size_t)(g->t.n + 1));
+    /* a kernel that reads a gradient before it is finished (a GEMM whose
+     * epilogue squares the gradient for the norm, once accumulate put the
+     * mean in between) leaves no point for the all-reduce (and is no longer
+     * one convex kernel): such a group is split back into single-op kernels */
+    for (int clash; (clash = analyse(g, gr, n, first_use)) >= 0;)
+        for (int i = 0; i < nops; i++)
+            if (g->ops.v[i].group == clash)
+                g->ops.v[i].group = -1;
+    if (o->nranks <= 1) {
+        free(first_use);
+        free(gr);
+        return true;
+    }
+    int64_t cap = o->bucket_bytes > 0 ? o->bucket_bytes : PASS_COMM_BUCKET_DEFAULT;
+    /* backward ends where its last gradient is produced */
+    int last_bwd = -1;
+    for (int k = 0; k < n; k++)
+        if (gr[k].ready > last_bwd)
+            last_bwd = gr[k].ready;
+
+    Placer p = {g, NULL, 0, 0, 0};
+    for (int i = 0; i < nops; i++)
+        place(&p, i, i, 0);
+    VEC(int) waits = {0}; /* pairs: gradient, wait result */
+    int bucket = 0;
+    for (int k0 = 0; k0 < n;) {
+        int64_t bytes = 0;
+        int k1 = k0;
+        while (k1 < n && (k1 == k0 || bytes < cap)) {
+            const Tensor *t = &g->t.v[gr[k1].t];
+            bytes += shape_numel(&t->s) * dtype_size(t->s.dtype);
+            k1++;
+        }
+        /* members k0..k1-1; duplicates (one tensor, two params) reduce once */
+        VEC(int) mem = {0};
+        int ready = -1, first = nops;
+        for (int k = k0; k < k1; k++) {
+            bool dup = false;
+            for (int q = 0; q < mem.n; q++)
+                dup |= mem.v[q] == gr[k].t;
+            if (!dup)
+                vec_push(&mem, gr[k].t);
+            if (gr[k].ready > ready)
+                ready = gr[k].ready;
+            if (first_use[gr[k].t] < first)
+                first = first_use[gr[k].t];
+        }
+        int start_at = ready;
+        if (o->no_overlap && last_bwd > start_at)
+            start_at = last_bwd;
+        if (start_at >= first)
+            start_at = first - 1;
+        OpAttr ba = {.ia = {bucket}, .nia = 1};
+        SrcLoc loc = loc_of(g, gr[k1 - 1].t);
+        /* a start with no op before it goes before op 0 */
+        int tok = start_at >= 0
+                      ? add_op(&p, OP_ALLREDUCE_START, mem.v, mem.n, &ba, loc, start_at, 1 + bucket)
+                      : add_op(&p, OP_ALLREDUCE_START, mem.v, mem.n, &ba, loc, 0, -1000000 + bucket);
+        for (int q = 0; q < mem.n; q++) {
+            int w = add_op(&p, OP_ALLREDUCE_WAIT, (int[]){tok, mem.v[q]}, 2, &ba, loc, first,
+                           -1000 + bucket);
+            vec_push(&waits, mem.v[q]);
+            vec_push(&waits, w);
+        }
+        vec_free(&mem);
+        bucket++;
+        k0 = k1;
+    }
+    bool *is_comm = xcalloc((size_t)g->ops.n + 1, sizeof(bool));
+    for (int i = nops; i < g->ops.n; i++)
+        is_comm[i] = true;
+    for (int q = 0; q < waits.n; q += 2)
+        replace_uses(g, waits.v[q], waits.v[q + 1], is_comm);
+    free(is_comm);
+    vec_free(&waits);
+    free(first_use);
+    free(gr);
+    reorder(&p);
+    free(p.key);
+    return true;
+}
+
+bool pass_comm_micro(Graph *g, Diag *d)
+{
+    (void)d;
+    Grad *gr;
+    int n = collect_grads(g, &gr);
+    for (int k = 0; k < n; k++) {
+        const Tensor *t = &g->t.v[gr[k].t];
+        Shape s = t->s;
+        char *nm = xasprintf("accum.%s", gr[k].name);
+        int acc = ir_add_input(g, TK_STATE, intern(nm), s, (ParamInit){INIT_ZEROS, 0, 0});
+        free(nm);
+        int sum = ir_op_x(g, OP_ADD, (int[]){acc, gr[k].t}, 2, &(OpAttr){0},
+                          loc_of(g, gr[k].t));
+        ir_add_update(g, acc, sum);
+    }
+    free(gr);
+    ir_compact(g);
+    return true;
+}
+
+void pass_comm_print(const Graph *g, FILE *f)
+{
+    int nb = 0;
+    for (int i = 0; i < g->ops.n; i++)
+        if (g->ops.v[i].code == OP_ALLREDUCE_START)
+            nb++;
+    /* backward ends with the last gradient an allreduce_start reads */
+    int last_bwd = -1;
+    for (int i = 0; i < g->ops.n; i++) {
+        const Op *op = &g->ops.v[i];
+        for (int j = 0; op->code == OP_ALLREDUCE_START && j < op->nin; j++)
+            if (g->t.v[op->in[j]].op > last_bwd)
+                last_bwd = g->t.v[op->in[j]].op;
+    }
+    fprintf(f, "# comm: %d buckets; backward ends at op %d\n", nb, last_bwd);
+    for (int i = 0; i < g->ops.n; i++) {
+        const Op *op = &g->ops.v[i];
+        if (op->code != OP_ALLREDUCE_START)
+            continue;
+        int64_t bytes = 0;
+        fprintf(f, "# bucket %lld:", (long long)op->attr.ia[0]);
+        for (int j = 0; j < op->nin; j++) {
+            const Tensor *t = &g->t.v[op->in[j]];
+            bytes += shape_numel(&t->s) * dtype_size(t->s.dtype);
+            const char *name = NULL;
+            for (int k = 0; k < g->outs.n && !name; k++) {
+                int w = g->outs.v[k].t;
+                const Op *wo = g->t.v[w].op >= 0 ? &g->ops.v[g->t.v[w].op] : NULL;
+                if (wo && wo->code == OP_ALLREDUCE_WAIT && wo->in[1] == op->in[j])
+                    name = g->outs.v[k].name;
+            }
+            fprintf(f, " %%%d%s%s", op->in[j], name ? "=" : "", name ? name : "");
+        }
+        int wait = -1;
+        for (int k = i + 1; k < g->ops.n && wait < 0; k++)
+            if (g->ops.v[k].code == OP_ALLREDUCE_WAIT && g->ops.v[k].in[0] == op->out)
+                wait = k;
+        fprintf(f, "\n#   %lld bytes; start: op %d (after op %d, %s); first wait: op %d\n",
+                (long long)bytes, i, i - 1, i > 0 ? ir_opinfo[g->ops.v[i - 1].code].name : "-",
+                wait);
+    }
+}

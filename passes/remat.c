@@ -1,0 +1,1605 @@
+/* remat.c - recomputation under a memory budget.
+ *
+ * An activation is a tensor computed by a forward op (no OPF_BACKWARD,
+ * OPF_OPTIM or OPF_RECOMPUTE flag) that is neither a graph output nor an
+ * update value; it is *saved* when a backward or optimizer op reads it. For
+ * each activation the pass decides: keep (live from forward to its last
+ * backward use) or recompute (a clone of its op, flagged OPF_RECOMPUTE, is
+ * inserted just before the first backward op that needs it, reading kept
+ * tensors or other clones). Random and collective ops are never recomputed:
+ * when a recomputation needs one's result, that result is kept. Reshapes are
+ * views and are never "kept" on their own: recomputing one is free.
+ *
+ * The selection model (what the solvers see; see "solutions" below): keep
+ * set K; per group (a layer, the head before the layers, the tail after
+ * them) the recompute set R_g, the closure of the group's saved activations
+ * not in K through operands not in K; memory at backward stage g = kept
+ * bytes of groups <= g + group g's clones; cost = the predicted time of
+ * every R_g op. Minimise cost subject to every stage's memory <= M. Exact:
+ * a 0-1 integer program (GLPK) for graphs up to REMAT_EXACT_MAX
+ * activations; otherwise a greedy heuristic with local search, whose gap
+ * to the LP relaxation's bound is reported.
+ *
+ * The budget is checked against the real plan: a candidate is applied to a
+ * copy of the graph, every pass after remat in pass_list (fuse, comm,
+ * schedule) runs on it, and pass_memplan's arena_bytes (what the runtime
+ * allocates) is compared with the budget. The auto policy bisects M over
+ * such real plans, and also considers the fixed policies, taking the
+ * cheapest candidate that fits: its plan is exactly the final one because
+ * the later passes are deterministic.
+ *
+ * Cost model (fusion-aware roofline, REMAT_FLOPS and REMAT_BW): matmuls,
+ * reductions, gathers and scatters take max(flops/F, bytes/BW); elementwise
+ * and data-movement ops fuse into their consumers and take flops/F, plus the
+ * write of their result when a consumer cannot fuse it (a matmul, gather or
+ * scatter); reshapes are free.
+ *
+ * Layers (for the full and selective policies) come from param names: the
+ * first all-digit component of a dotted name ends the layer key ("h.3.attn.w"
+ * -> "h.3", "layers.12.ffn" -> "layers.12"); keys are numbered by first use.
+ * A forward tensor's layer is the largest layer of the params and tensors it
+ * reads; params without a key first used after the first layer param (a
+ * final norm, a head) put everything downstream of them into the tail. */
+#include "passes.h"
+
+#include <glpk.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define REMAT_FLOPS 190e9       /* FLOP/s of the modelled machine (this CPU, 2 cores) */
+#define REMAT_BW 20e9           /* bytes/s */
+#define REMAT_EXACT_MAX 250     /* activations up to which the integer program runs */
+#define REMAT_EXACT_NODES 2000  /* its branching limit; past it the heuristic's answer stands */
+#define REMAT_LP_MAX 4000       /* activations up to which the LP bound (stated gap) runs */
+#define REMAT_REKEEP 48         /* large graphs: re-keep candidates tried */
+#define REMAT_WORK_SMALL 400000 /* local search per heuristic solve, in trial moves */
+#define REMAT_WORK_LARGE 40
+#define REMAT_BISECT_LARGE 8    /* bisection steps on large graphs (each a real plan) */
+
+enum { L_NONE = -1, L_TAIL = 1 << 29 };
+
+typedef struct {
+    const Graph *g;
+    int nv;
+    int *var;             /* per tensor: activation index, or -1 */
+    int *vt;              /* per activation: tensor id */
+    uint8_t *saved, *can_r, *can_k, *attn;
+    int64_t *bytes;       /* aligned; 0 for reshapes */
+    double *cost, *flops; /* recompute time (s) and FLOPs */
+    int *layer;           /* L_NONE before the layers, 0..nlayers-1, nlayers: tail */
+    int *in_off, *in_v;   /* CSR: activation operands of each activation's op */
+    int *out_off, *out_v; /* CSR: activations whose op reads each activation */
+    int *grp;             /* layer + 1: 0 before the layers, nlayers + 1 the tail */
+    int nlayers, ngroups;
+} Prob;
+
+static int64_t align_up(int64_t x) { return (x + MEMPLAN_ALIGN - 1) / MEMPLAN_ALIGN * MEMPLAN_ALIGN; }
+
+static int64_t tbytes(const Graph *g, int t)
+{
+    return shape_numel(&g->t.v[t].s) * dtype_size(g->t.v[t].s.dtype);
+}
+
+static bool is_fwd(const Op *op)
+{
+    return !(op->flags & (OPF_BACKWARD | OPF_OPTIM | OPF_RECOMPUTE));
+}
+
+static bool unfusable_consumer(const Op *op)
+{
+    OpClass c = ir_opinfo[op->code].cls;
+    return c == OC_GEMM || op->code == OP_GATHER || op->code == OP_SCATTER_ADD;
+}
+
+/* Predicted time of one op (see the cost model above). materialized: some
+ * consumer cannot fuse the result. */
+static double op_time(const Graph *g, const Op *op, bool materialized)
+{
+    double f = ir_op_flops(g, op);
+    OpClass c = ir_opinfo[op->code].cls;
+    if (op->code == OP_RESHAPE)
+        return 0;
+    if (c == OC_GEMM || c == OC_REDUCE || op->code == OP_GATHER || op->code == OP_SCATTER_ADD) {
+        double a = f / REMAT_FLOPS, b = ir_op_bytes(g, op) / REMAT_BW;
+        return a > b ? a : b;
+    }
+    return f / REMAT_FLOPS + (materialized ? (double)tbytes(g, op->out) / REMAT_BW : 0);
+}
+
+/* The layer key of a param name: its length up to the first all-digit
+ * component, or 0 when it has none. */
+static size_t layer_key_len(const char *name)
+{
+    const char *p = name;
+    while (*p) {
+        const char *e = strchr(p, '.');
+        size_t n = e ? (size_t)(e - p) : strlen(p);
+        bool digits = n > 0;
+        for (size_t i = 0; i < n; i++)
+            if (p[i] < '0' || p[i] > '9')
+                digits = false;
+        if (digits && p != name)
+            return (size_t)(p - name) + n;
+        if (!e)
+            break;
+        p = e + 1;
+    }
+    return 0;
+}
+
+static void assign_layers(Prob *P)
+{
+    const Graph *g = P->g;
+    int nt = g->t.n, n = g->ops.n;
+    int *lay = xmalloc(sizeof(int) * (size_t)(nt + 1));
+    VEC(const char *) keys = {0};
+    VEC(size_t) klen = {0};
+    int first_layer_use = -1;
+    bool *seen = xcalloc((size_t)nt + 1, sizeof(bool));
+    bool *head = xcalloc((size_t)nt + 1, sizeof(bool));
+    for (int t = 0; t < nt; t++)
+        lay[t] = L_NONE;
+    /* params: layer ordinal by first use in program order */
+    for (int i = 0; i < n; i++) {
+        const Op *op = &g->ops.v[i];
+        if (!is_fwd(op))
+            continue;
+        for (int j = 0; j < op->nin; j++) {
+            const Tensor *x = &g->t.v[op->in[j]];
+            if (x->kind != TK_PARAM || seen[x->id])
+                continue;
+            seen[x->id] = true;
+            size_t kl = layer_key_len(x->name);
+            if (!kl) {
+                head[x->id] = first_layer_use >= 0;
+                continue;
+            }
+            int k = -1;
+            for (int q = 0; q < keys.n; q++)
+                if (klen.v[q] == kl && strncmp(keys.v[q], x->name, kl) == 0)
+                    k = q;
+            if (k < 0) {
+                vec_push(&keys, x->name);
+                vec_push(&klen, kl);
+                k = keys.n - 1;
+            }
+            lay[x->id] = k;
+            if (first_layer_use < 0)
+                first_layer_use = i;
+        }
+    }
+    P->nlayers = keys.n;
+    for (int t = 0; t < nt; t++)
+        if (head[t])
+            lay[t] = L_TAIL;
+    for (int i = 0; i < n; i++) {
+        const Op *op = &g->ops.v[i];
+        if (!is_fwd(op))
+            continue;
+        int m = P->nlayers ? L_NONE : 0;
+        for (int j = 0; j < op->nin; j++)
+            if (lay[op->in[j]] > m)
+                m = lay[op->in[j]];
+        lay[op->out] = m;
+    }
+    for (int v = 0; v < P->nv; v++) {
+        int l = lay[P->vt[v]];
+        P->layer[v] = l == L_TAIL ? (P->nlayers ? P->nlayers : 1) : l;
+    }
+    if (!P->nlayers)
+        P->nlayers = 1;
+    free(lay);
+    free(seen);
+    free(head);
+    vec_free(&keys);
+    vec_free(&klen);
+}
+
+/* Attention internals: activations downstream of a matmul of two
+ * data-dependent operands and upstream of one, within one layer. */
+static void find_attention(Prob *P)
+{
+    const Graph *g = P->g;
+    int nt = g->t.n, n = g->ops.n;
+    bool *dd = xcalloc((size_t)nt + 1, sizeof(bool));
+    bool *down = xcalloc((size_t)nt + 1, sizeof(bool));
+    bool *up = xcalloc((size_t)nt + 1, sizeof(bool));
+    bool *aa = xcalloc((size_t)n + 1, sizeof(bool));
+    for (int t = 0; t < nt; t++)
+        dd[t] = g->t.v[t].kind == TK_INPUT;
+    int *lay = xmalloc(sizeof(int) * (size_t)(nt + 1));
+    for (int t = 0; t < nt; t++)
+        lay[t] = -2;
+    for (int v = 0; v < P->nv; v++)
+        lay[P->vt[v]] = P->layer[v];
+    for (int i = 0; i < n; i++) {
+        const Op *op = &g->ops.v[i];
+        if (!is_fwd(op))
+            continue;
+        for (int j = 0; j < op->nin; j++)
+            if (dd[op->in[j]])
+                dd[op->out] = true;
+        aa[i] = op->code == OP_MATMUL && dd[op->in[0]] && dd[op->in[1]];
+        bool d = aa[i];
+        for (int j = 0; j < op->nin; j++)
+            if (down[op->in[j]] && lay[op->in[j]] == lay[op->out])
+                d = true;
+        down[op->out] = d;
+    }
+    for (int i = n - 1; i >= 0; i--) {
+        const Op *op = &g->ops.v[i];
+        if (!is_fwd(op))
+            continue;
+        for (int j = 0; j < op->nin; j++) {
+            int u = op->in[j];
+            if (lay[u] == lay[op->out] && (aa[i] || up[op->out]))
+                up[u] = true;
+        }
+    }
+    for (int v = 0; v < P->nv; v++) {
+        int t = P->vt[v];
+        P->attn[v] = down[t] && up[t] && P->layer[v] >= 0 && P->layer[v] < P->nlayers;
+    }
+    free(dd);
+    free(down);
+    free(up);
+    free(aa);
+    free(lay);
+}
+
+static Prob *prob_new(const Graph *g)
+{
+    int nt = g->t.n, n = g->ops.n;
+    Prob *P = xcalloc(1, sizeof *P);
+    P->g = g;
+    P->var = xmalloc(sizeof(int) * (size_t)(nt + 1));
+    for (int t = 0; t < nt; t++)
+        P->var[t] = -1;
+    bool *pinned = xcalloc((size_t)nt + 1, sizeof(bool));
+    for (int k = 0; k < g->outs.n; k++)
+        pinned[g->outs.v[k].t] = true;
+    for (int k = 0; k < g->upd.n; k++)
+        pinned[g->upd.v[k].value] = true;
+    P->vt = xmalloc(sizeof(int) * (size_t)(n + 1));
+    for (int i = 0; i < n; i++) {
+        const Op *op = &g->ops.v[i];
+        if (is_fwd(op) && !pinned[op->out]) {
+            P->var[op->out] = P->nv;
+            P->vt[P->nv++] = op->out;
+        }
+    }
+    int nv = P->nv;
+    P->saved = xcalloc((size_t)nv + 1, 1);
+    P->can_r = xcalloc((size_t)nv + 1, 1);
+    P->can_k = xcalloc((size_t)nv + 1, 1);
+    P->attn = xcalloc((size_t)nv + 1, 1);
+    P->bytes = xcalloc((size_t)nv + 1, sizeof(int64_t));
+    P->cost = xcalloc((size_t)nv + 1, sizeof(double));
+    P->flops = xcalloc((size_t)nv + 1, sizeof(double));
+    P->layer = xcalloc((size_t)nv + 1, sizeof(int));
+    P->in_off = xcalloc((size_t)nv + 2, sizeof(int));
+    bool *mat = xcalloc((size_t)nt + 1, sizeof(bool));
+    for (int i = 0; i < n; i++) {
+        const Op *op = &g->ops.v[i];
+        for (int j = 0; j < op->nin; j++) {
+            int v = P->var[op->in[j]];
+            if (v < 0)
+                continue;
+            if (!is_fwd(op))
+                P->saved[v] = 1;
+            if (unfusable_consumer(op))
+                mat[op->in[j]] = true;
+        }
+    }
+    VEC(int) ins = {0};
+    for (int v = 0; v < nv; v++) {
+        int t = P->vt[v];
+        const Op *op = &g->ops.v[g->t.v[t].op];
+        OpClass c = ir_opinfo[op->code].cls;
+        P->can_r[v] = c != OC_RANDOM && c != OC_COLLECTIVE;
+        P->can_k[v] = op->code != OP_RESHAPE;
+        P->bytes[v] = P->can_k[v] ? align_up(tbytes(g, t) ? tbytes(g, t) : 1) : 0;
+        P->cost[v] = op_time(g, op, mat[t]);
+        P->flops[v] = ir_op_flops(g, op);
+        P->in_off[v] = ins.n;
+        for (int j = 0; j < op->nin; j++)
+            if (P->var[op->in[j]] >= 0)
+                vec_push(&ins, P->var[op->in[j]]);
+    }
+    P->in_off[nv] = ins.n;
+    P->in_v = ins.v ? ins.v : xmalloc(sizeof(int));
+    assign_layers(P);
+    find_attention(P);
+    P->ngroups = P->nlayers + 2;
+    P->grp = xmalloc(sizeof(int) * (size_t)(nv + 1));
+    for (int v = 0; v < nv; v++)
+        P->grp[v] = P->layer[v] + 1;
+    P->out_off = xcalloc((size_t)nv + 2, sizeof(int));
+    P->out_v = xmalloc(sizeof(int) * (size_t)(ins.n + 1));
+    for (int k = 0; k < ins.n; k++)
+        P->out_off[P->in_v[k] + 1]++;
+    for (int v = 0; v < nv; v++)
+        P->out_off[v + 1] += P->out_off[v];
+    int *fill = xmalloc(sizeof(int) * (size_t)(nv + 1));
+    memcpy(fill, P->out_off, sizeof(int) * (size_t)(nv + 1));
+    for (int w = 0; w < nv; w++)
+        for (int k = P->in_off[w]; k < P->in_off[w + 1]; k++)
+            P->out_v[fill[P->in_v[k]]++] = w;
+    free(fill);
+    free(pinned);
+    free(mat);
+    return P;
+}
+
+static void prob_free(Prob *P)
+{
+    if (!P)
+        return;
+    free(P->var);
+    free(P->vt);
+    free(P->saved);
+    free(P->can_r);
+    free(P->can_k);
+    free(P->attn);
+    free(P->bytes);
+    free(P->cost);
+    free(P->flops);
+    free(P->layer);
+    free(P->in_off);
+    free(P->in_v);
+    free(P->out_off);
+    free(P->out_v);
+    free(P->grp);
+    free(P);
+}
+
+/* ---- solutions ------------------------------------------------------------
+ * Stages: backward visits the groups in reverse (tail, last layer, ...,
+ * first layer, before the layers). Group of an activation: its layer + 1
+ * (0: before the layers; nlayers + 1: the tail). A recomputation serves
+ * one group: the clones of group g are made for the saved activations of
+ * layer g - 1 and live during stage g only; an activation needed by two
+ * groups is recomputed twice. Model memory at stage g: kept activations of
+ * groups <= g (still awaiting their backward) plus group g's clones. */
+
+typedef struct {
+    uint8_t *keep;       /* [nv] */
+    uint8_t *r;          /* [ngroups * nv]: r[g * nv + v] */
+    int64_t *memg;       /* [ngroups] */
+    int64_t mem;         /* max over stages of memg */
+    double cost, flops;
+} Sol;
+
+static Sol sol_new(const Prob *P)
+{
+    size_t nv = (size_t)P->nv + 1, G = (size_t)P->ngroups;
+    return (Sol){xcalloc(nv, 1), xcalloc(nv * G, 1), xcalloc(G, sizeof(int64_t)), 0, 0, 0};
+}
+static void sol_free(Sol *s)
+{
+    free(s->keep);
+    free(s->r);
+    free(s->memg);
+    s->keep = s->r = NULL;
+    s->memg = NULL;
+}
+static void sol_copy(const Prob *P, Sol *dst, const Sol *src)
+{
+    memcpy(dst->keep, src->keep, (size_t)P->nv);
+    memcpy(dst->r, src->r, (size_t)P->nv * (size_t)P->ngroups);
+    memcpy(dst->memg, src->memg, sizeof(int64_t) * (size_t)P->ngroups);
+    dst->mem = src->mem;
+    dst->cost = src->cost;
+    dst->flops = src->flops;
+}
+
+/* Stage memory and totals of a solution whose keep and r are final. */
+static void totals(const Prob *P, Sol *s)
+{
+    int nv = P->nv, G = P->ngroups;
+    memset(s->memg, 0, sizeof(int64_t) * (size_t)G);
+    s->cost = s->flops = 0;
+    for (int v = 0; v < nv; v++) {
+        if (s->keep[v])
+            for (int g = P->grp[v]; g < G; g++)
+                s->memg[g] += P->bytes[v];
+        for (int g = 0; g < G; g++)
+            if (s->r[g * nv + v]) {
+                s->memg[g] += P->bytes[v];
+                s->cost += P->cost[v];
+                s->flops += P->flops[v];
+            }
+    }
+    s->mem = 0;
+    for (int g = 0; g < G; g++)
+        if (s->memg[g] > s->mem)
+            s->mem = s->memg[g];
+}
+
+/* From s->keep: each group's recompute closure (saved activations of the
+ * group not kept, through operands not kept), the activations it forces
+ * to be kept (results of ops that cannot be recomputed), and the totals.
+ * Kept activations neither saved nor read by a recomputation are dropped. */
+static void derive(const Prob *P, Sol *s)
+{
+    int nv = P->nv, G = P->ngroups;
+    int *stack = xmalloc(sizeof(int) * (size_t)(nv + 1));
+    memset(s->r, 0, (size_t)nv * (size_t)G);
+    for (int v = 0; v < nv; v++)
+        if (!P->can_k[v])
+            s->keep[v] = 0;
+    for (int v0 = 0; v0 < nv; v0++) {
+        int g = P->grp[v0];
+        uint8_t *r = s->r + (size_t)g * (size_t)nv;
+        if (!P->saved[v0] || s->keep[v0] || r[v0])
+            continue;
+        int sp = 0;
+        stack[sp++] = v0;
+        while (sp) {
+            int v = stack[--sp];
+            if (s->keep[v] || r[v])
+                continue;
+            if (!P->can_r[v]) {
+                s->keep[v] = 1;
+                continue;
+            }
+            r[v] = 1;
+            for (int k = P->in_off[v]; k < P->in_off[v + 1]; k++)
+                if (!s->keep[P->in_v[k]] && !r[P->in_v[k]])
+                    stack[sp++] = P->in_v[k];
+        }
+    }
+    uint8_t *need = xcalloc((size_t)nv + 1, 1);
+    for (int g = 0; g < G; g++)
+        for (int v = 0; v < nv; v++)
+            if (s->r[g * nv + v])
+                for (int k = P->in_off[v]; k < P->in_off[v + 1]; k++)
+                    need[P->in_v[k]] = 1;
+    for (int v = 0; v < nv; v++)
+        if (s->keep[v] && !P->saved[v] && !need[v])
+            s->keep[v] = 0;
+    free(need);
+    free(stack);
+    totals(P, s);
+}
+
+static void policy_keep(const Prob *P, int policy, Sol *s)
+{
+    int nv = P->nv;
+    memset(s->keep, 0, (size_t)nv);
+    for (int v = 0; v < nv; v++) {
+        bool in_layer = P->layer[v] >= 0 && P->layer[v] < P->nlayers;
+        switch (policy) {
+        case REMAT_FULL: s->keep[v] = P->saved[v] && !in_layer; break;
+        case REMAT_SELECTIVE: s->keep[v] = P->saved[v] && !P->attn[v]; break;
+        default: s->keep[v] = P->saved[v]; break;
+        }
+    }
+    if (policy == REMAT_FULL) {
+        /* each layer's inputs: produced before the layer, read inside it */
+        for (int w = 0; w < nv; w++) {
+            int lw = P->layer[w];
+            if (lw < 0 || lw >= P->nlayers)
+                continue;
+            for (int k = P->in_off[w]; k < P->in_off[w + 1]; k++) {
+                int u = P->in_v[k];
+                if (P->layer[u] < lw)
+                    s->keep[u] = 1;
+            }
+        }
+    }
+    derive(P, s);
+}
+
+/* ---- the heuristic -------------------------------------------------------- */
+
+static int64_t excess(const int64_t *memg, int G, int64_t M)
+{
+    int64_t e = 0;
+    for (int g = 0; g < G; g++)
+        if (memg[g] > M)
+            e += memg[g] - M;
+    return e;
+}
+
+typedef struct {
+    int *mark, stamp; /* per (group, activation): visited by the current trial */
+    int *fmark;       /* per activation: forced keep counted by the current trial */
+    int *stack;
+    int64_t *memg;    /* trial stage memory */
+} Scratch;
+
+/* Stage memory and added seconds if kept activation v were dropped: v and
+ * what it needs are recomputed in every group that reads v (its own when it
+ * is saved, and each group with a recomputation reading it). */
+static double drop_trial(const Prob *P, const Sol *s, int v, Scratch *w, Sol *out)
+{
+    int nv = P->nv, G = P->ngroups;
+    memcpy(w->memg, s->memg, sizeof(int64_t) * (size_t)G);
+    w->stamp++;
+    for (int g = P->grp[v]; g < G; g++)
+        w->memg[g] -= P->bytes[v];
+    double dc = 0;
+    for (int g = P->grp[v]; g < G; g++) {
+        const uint8_t *r = s->r + (size_t)g * (size_t)nv;
+        bool needed = g == P->grp[v] && P->saved[v];
+        for (int k = P->out_off[v]; k < P->out_off[v + 1] && !needed; k++)
+            needed = r[P->out_v[k]];
+        if (!needed)
+            continue;
+        int sp = 0;
+        w->stack[sp++] = v;
+        w->mark[g * nv + v] = w->stamp;
+        while (sp) {
+            int u = w->stack[--sp];
+            if (u != v && !P->can_r[u]) {
+                if (w->fmark[u] != w->stamp) {
+                    w->fmark[u] = w->stamp;
+                    for (int h = P->grp[u]; h < G; h++)
+                        w->memg[h] += P->bytes[u];
+                    if (out)
+                        out->keep[u] = 1;
+                }
+                continue;
+            }
+            dc += P->cost[u];
+            w->memg[g] += P->bytes[u];
+            if (out) {
+                out->r[g * nv + u] = 1;
+                out->flops += P->flops[u];
+            }
+            for (int k = P->in_off[u]; k < P->in_off[u + 1]; k++) {
+                int x = P->in_v[k];
+                if ((s->keep[x] && x != v) || r[x] || w->mark[g * nv + x] == w->stamp)
+                    continue;
+                w->mark[g * nv + x] = w->stamp;
+                w->stack[sp++] = x;
+            }
+        }
+    }
+    if (out) {
+        out->keep[v] = 0;
+        out->cost += dc;
+        memcpy(out->memg, w->memg, sizeof(int64_t) * (size_t)G);
+        out->mem = 0;
+        for (int g = 0; g < G; g++)
+            if (out->memg[g] > out->mem)
+                out->mem = out->memg[g];
+    }
+    return dc;
+}
+
+/* Greedy: from keeping every saved activation, drop the kept activation
+ * that removes the most stage memory above M per second of recompute, until
+ * every stage fits; then re-keep recomputed activations, most expensive per
+ * byte first, while the plan still fits and gets cheaper. Returns false
+ * (s = the least memory reached) when M is out of reach. */
+static bool greedy(const Prob *P, int64_t M, Sol *s, int protect, double alpha)
+{
+    int nv = P->nv, G = P->ngroups;
+    Scratch w = {xcalloc((size_t)nv * (size_t)G + 1, sizeof(int)), 0,
+                 xcalloc((size_t)nv + 1, sizeof(int)), xmalloc(sizeof(int) * (size_t)(nv + 1)),
+                 xmalloc(sizeof(int64_t) * (size_t)G)};
+    int stuck = 0; /* keep moves made (large graphs: at most 2) */
+    while (s->mem > M) {
+        int64_t ex0 = excess(s->memg, G, M);
+        int best = -1;
+        double best_score = 0;
+        for (int v = 0; v < nv; v++) {
+            if (!s->keep[v] || !P->can_r[v] || !P->bytes[v] || v == protect)
+                continue;
+            double dc = drop_trial(P, s, v, &w, NULL);
+            int64_t gain = ex0 - excess(w.memg, G, M);
+            if (gain <= 0)
+                continue;
+            double score = (double)gain / pow(dc + 1e-12, alpha);
+            if (best < 0 || score > best_score) {
+                best = v;
+                best_score = score;
+            }
+        }
+        if (best >= 0) {
+            drop_trial(P, s, best, &w, s); /* incremental; derive() at the end */
+            continue;
+        }
+        /* stuck: keep a recomputed activation (typically a small result of
+         * an expensive op) if that shrinks the recompute sets enough */
+        derive(P, s);
+        if (s->mem <= M || (nv > REMAT_EXACT_MAX && ++stuck > 2))
+            break;
+        Sol t = sol_new(P);
+        int64_t best_gain = 0;
+        for (int v = 0; v < nv; v++) {
+            bool rec = false;
+            for (int g = 0; g < G && !rec; g++)
+                rec = s->r[g * nv + v];
+            if (!rec || !P->can_k[v])
+                continue;
+            sol_copy(P, &t, s);
+            t.keep[v] = 1;
+            derive(P, &t);
+            int64_t gain = ex0 - excess(t.memg, G, M);
+            if (gain > best_gain) {
+                best_gain = gain;
+                best = v;
+            }
+        }
+        sol_free(&t);
+        if (best < 0)
+            break;
+        s->keep[best] = 1;
+        derive(P, s);
+    }
+    derive(P, s);
+    free(w.mark);
+    free(w.fmark);
+    free(w.stack);
+    free(w.memg);
+    return s->mem <= M;
+}
+
+/* Local-search effort left for one start, in trial moves: a count, not a
+ * time, so that the same graph always gives the same plan. */
+static long work_left;
+
+/* Re-keep recomputed activations, most expensive per byte first, while the
+ * plan still fits M and gets cheaper. */
+static void rekeep(const Prob *P, int64_t M, Sol *s)
+{
+    int nv = P->nv, G = P->ngroups;
+    double *ratio = xmalloc(sizeof(double) * (size_t)(nv + 1));
+    int *cand = xmalloc(sizeof(int) * (size_t)(nv + 1));
+    int nc = 0;
+    for (int v = 0; v < nv; v++) {
+        double c = 0;
+        for (int g = 0; g < G; g++)
+            c += s->r[g * nv + v] ? P->cost[v] : 0;
+        if (c > 0 && P->can_k[v] && P->bytes[v]) {
+            ratio[v] = c / (double)P->bytes[v];
+            cand[nc++] = v;
+        }
+    }
+    for (int i = 1; i < nc; i++) { /* insertion sort, ratio descending */
+        int x = cand[i], j = i - 1;
+        while (j >= 0 && ratio[cand[j]] < ratio[x]) {
+            cand[j + 1] = cand[j];
+            j--;
+        }
+        cand[j + 1] = x;
+    }
+    Sol t = sol_new(P);
+    if (nv > REMAT_EXACT_MAX && nc > REMAT_REKEEP)
+        nc = REMAT_REKEEP; /* large graphs: the most expensive per byte only */
+    for (int i = 0; i < nc; i++) {
+        int v = cand[i];
+        if (s->keep[v])
+            continue;
+        sol_copy(P, &t, s);
+        t.keep[v] = 1;
+        derive(P, &t);
+        if (t.mem <= M && t.cost < s->cost)
+            sol_copy(P, s, &t);
+    }
+    sol_free(&t);
+    free(cand);
+    free(ratio);
+}
+
+/* Add-then-repair moves: keep one of the most expensive recomputed
+ * activations (every one on small graphs, REMAT_SWAPS on large ones),
+ * drop others greedily until the plan fits again;
+ * accept when cheaper; repeat while something improves. */
+#define REMAT_SWAPS 4
+static void improve(const Prob *P, int64_t M, Sol *s)
+{
+    int nv = P->nv, G = P->ngroups;
+    Sol t = sol_new(P);
+    int rounds = nv <= REMAT_EXACT_MAX ? 4 : 1;
+    for (int round = 0; round < rounds; round++) {
+        bool better = false;
+        uint8_t *tried = xcalloc((size_t)nv + 1, 1);
+        int nswaps = nv <= REMAT_EXACT_MAX ? nv : REMAT_SWAPS;
+        for (int k = 0; k < nswaps && work_left-- > 0; k++) {
+            int best = -1;
+            double bc = 0;
+            for (int v = 0; v < nv; v++) {
+                if (tried[v] || s->keep[v] || !P->can_k[v])
+                    continue;
+                double c = 0;
+                for (int g = 0; g < G; g++)
+                    c += s->r[g * nv + v] ? P->cost[v] : 0;
+                if (c > bc) {
+                    bc = c;
+                    best = v;
+                }
+            }
+            if (best < 0)
+                break;
+            tried[best] = 1;
+            sol_copy(P, &t, s);
+            t.keep[best] = 1;
+            derive(P, &t);
+            if (!greedy(P, M, &t, best, 1.0))
+                continue;
+            rekeep(P, M, &t);
+            if (t.cost < s->cost * (1 - 1e-9)) {
+                sol_copy(P, s, &t);
+                better = true;
+            }
+        }
+        free(tried);
+        /* small graphs: drop-then-refill (drop kept u, re-keep what fits) */
+        for (int u = 0; u < nv && nv <= REMAT_EXACT_MAX && work_left-- > 0; u++) {
+            if (!s->keep[u] || !P->can_r[u] || !P->bytes[u])
+                continue;
+            sol_copy(P, &t, s);
+            t.keep[u] = 0;
+            derive(P, &t);
+            if (t.mem > M)
+                continue;
+            /* refill: prefer re-keeping anything but u */
+            t.keep[u] = 0;
+            rekeep(P, M, &t);
+            if (t.cost < s->cost * (1 - 1e-9)) {
+                sol_copy(P, s, &t);
+                better = true;
+            }
+        }
+        /* small graphs: every one-for-one exchange (keep v, drop u) */
+        for (int v = 0; v < nv && nv <= REMAT_EXACT_MAX; v++) {
+            bool rec = false;
+            for (int g = 0; g < G && !rec; g++)
+                rec = s->r[g * nv + v];
+            if (!rec || !P->can_k[v])
+                continue;
+            for (int u = 0; u < nv && work_left-- > 0; u++) {
+                if (!s->keep[u] || !P->can_r[u] || u == v)
+                    continue;
+                sol_copy(P, &t, s);
+                t.keep[v] = 1;
+                t.keep[u] = 0;
+                derive(P, &t);
+                if (t.mem > M)
+                    continue;
+                rekeep(P, M, &t);
+                if (t.cost < s->cost * (1 - 1e-9)) {
+                    sol_copy(P, s, &t);
+                    better = true;
+                    break;
+                }
+            }
+        }
+        if (!better)
+            break;
+    }
+    sol_free(&t);
+}
+
+/* The greedy from three starts (keep every saved activation; the full and
+ * the selective policies' keep sets); the cheapest plan that fits, else
+ * the least memory reached. */
+static glp_prob *build_lp(const Prob *P, int64_t M, bool integer);
+
+/* Start from the LP relaxation rounded: keep what the LP keeps at least
+ * half. False when the LP has no solution. */
+static bool lp_start(const Prob *P, int64_t M, Sol *s, double threshold)
+{
+    glp_term_out(GLP_OFF);
+    glp_prob *lp = build_lp(P, M, false);
+    glp_smcp parm;
+    glp_init_smcp(&parm);
+    parm.msg_lev = GLP_MSG_OFF;
+    parm.presolve = GLP_ON;
+    bool ok = glp_simplex(lp, &parm) == 0 && glp_get_status(lp) == GLP_OPT;
+    if (ok) {
+        for (int v = 0; v < P->nv; v++)
+            s->keep[v] = glp_get_col_prim(lp, v + 1) >= threshold;
+        derive(P, s);
+    }
+    glp_delete_prob(lp);
+    return ok;
+}
+
+static bool solve_heuristic(const Prob *P, int64_t M, Sol *s)
+{
+    bool small = P->nv <= REMAT_EXACT_MAX;
+    /* local search effort per start (13 starts on small graphs, 2 on large) */
+    long per_start = small ? REMAT_WORK_SMALL / 13 : REMAT_WORK_LARGE / 2;
+    work_left = per_start;
+    const int starts[] = {REMAT_NONE, REMAT_FULL, REMAT_SELECTIVE};
+    Sol t = sol_new(P), second = sol_new(P);
+    bool found = false, have2 = false;
+    /* keeps the best plan that fits in s and the runner-up in second */
+    #define OFFER()                                                            \
+        do {                                                                   \
+            if (!found || t.cost < s->cost) {                                  \
+                if (found) {                                                   \
+                    sol_copy(P, &second, s);                                   \
+                    have2 = true;                                              \
+                }                                                              \
+                sol_copy(P, s, &t);                                            \
+            } else if (!have2 || t.cost < second.cost) {                       \
+                sol_copy(P, &second, &t);                                      \
+                have2 = true;                                                  \
+            }                                                                  \
+            found = true;                                                      \
+        } while (0)
+    /* small graphs: also from the LP relaxation, rounded at a few levels */
+    const double th[] = {0.5, 0.25, 0.75, 0.999};
+    for (int k = 0; k < 4 && small; k++) {
+        if (!lp_start(P, M, &t, th[k]))
+            break;
+        for (int a = 0; a < 8 && t.mem > M; a++)
+            greedy(P, (int64_t)((double)M * (1 - 0.04 * a)), &t, -1, 1.0);
+        if (t.mem <= M) {
+            rekeep(P, M, &t);
+            work_left = per_start;
+            improve(P, M, &t);
+            OFFER();
+        }
+    }
+    /* scores: bytes per second, and leaning towards big or cheap drops */
+    const double alphas[] = {1.0, 0.5, 2.0};
+    int nalpha = small ? 3 : 1, nstart = small ? 3 : 2;
+    for (int k = 0; k < 3 * nalpha; k++) {
+        if (k % 3 >= nstart)
+            continue;
+        /* the greedy can stall above M: aim lower, then spend the slack */
+        bool ok = false;
+        policy_keep(P, starts[k % 3], &t);
+        for (int a = 0; a < 8 && !ok; a++) {
+            greedy(P, (int64_t)((double)M * (1 - 0.04 * a)), &t, -1, alphas[k / 3]);
+            ok = t.mem <= M;
+        }
+        if (ok) {
+            rekeep(P, M, &t);
+            work_left = per_start;
+            improve(P, M, &t);
+            OFFER();
+        } else if (!found && (k == 0 || t.mem < s->mem)) {
+            sol_copy(P, s, &t); /* the least memory reached */
+        }
+    }
+    #undef OFFER
+    sol_free(&t);
+    sol_free(&second);
+    return found;
+}
+
+/* ---- the integer program -------------------------------------------------- */
+
+typedef VEC(int) IntVec;
+typedef VEC(double) DblVec;
+
+static void nz(IntVec *ia, IntVec *ja, DblVec *ar, int row, int col, double val)
+{
+    vec_push(ia, row);
+    vec_push(ja, col);
+    vec_push(ar, val);
+}
+
+/* min sum cost_v r_vg  s.t.  keep_v + r_v,grp(v) >= 1 per saved v;
+ * keep_u + r_ug >= r_vg per activation operand u of v; per stage g:
+ * sum over grp(v) <= g of bytes_v keep_v + sum_v bytes_v r_vg <= M.
+ * Columns: keep_v = v + 1; r_vg = nv + g * nv + v + 1 (fixed at 0 where
+ * g < grp(v) or v cannot be recomputed). Costs in microseconds, bytes in
+ * MiB. */
+static glp_prob *build_lp(const Prob *P, int64_t M, bool integer)
+{
+    int nv = P->nv, G = P->ngroups;
+    glp_prob *lp = glp_create_prob();
+    glp_set_obj_dir(lp, GLP_MIN);
+    glp_add_cols(lp, nv + G * nv);
+    for (int v = 0; v < nv; v++) {
+        int ck = v + 1;
+        if (integer)
+            glp_set_col_kind(lp, ck, GLP_BV);
+        if (P->can_k[v])
+            glp_set_col_bnds(lp, ck, GLP_DB, 0, 1);
+        else
+            glp_set_col_bnds(lp, ck, GLP_FX, 0, 0);
+        /* a vanishing price on memory so that nothing is kept for nothing */
+        glp_set_obj_coef(lp, ck, (double)P->bytes[v] * 1e-15);
+        for (int g = 0; g < G; g++) {
+            int cr = nv + g * nv + v + 1;
+            if (integer)
+                glp_set_col_kind(lp, cr, GLP_BV);
+            if (P->can_r[v] && g >= P->grp[v])
+                glp_set_col_bnds(lp, cr, GLP_DB, 0, 1);
+            else
+                glp_set_col_bnds(lp, cr, GLP_FX, 0, 0);
+            glp_set_obj_coef(lp, cr, P->cost[v] * 1e6);
+        }
+    }
+    IntVec ia = {0}, ja = {0};
+    DblVec ar = {0};
+    nz(&ia, &ja, &ar, 0, 0, 0);
+    int row;
+    for (int v = 0; v < nv; v++) {
+        if (P->saved[v]) {
+            row = glp_add_rows(lp, 1);
+            glp_set_row_bnds(lp, row, GLP_LO, 1, 0);
+            nz(&ia, &ja, &ar, row, v + 1, 1.0);
+            nz(&ia, &ja, &ar, row, nv + P->grp[v] * nv + v + 1, 1.0);
+        }
+        if (!P->can_r[v])
+            continue;
+        for (int k = P->in_off[v]; k < P->in_off[v + 1]; k++) {
+            int u = P->in_v[k];
+            bool dup = false;
+            for (int q = P->in_off[v]; q < k; q++)
+                dup |= P->in_v[q] == u;
+            if (dup)
+                continue;
+            for (int g = P->grp[v]; g < G; g++) {
+                row = glp_add_rows(lp, 1);
+                glp_set_row_bnds(lp, row, GLP_LO, 0, 0);
+                nz(&ia, &ja, &ar, row, u + 1, 1.0);
+                nz(&ia, &ja, &ar, row, nv + g * nv + u + 1, 1.0);
+                nz(&ia, &ja, &ar, row, nv + g * nv + v + 1, -1.0);
+            }
+        }
+    }
+    for (int g = 0; g < G; g++) {
+        row = glp_add_rows(lp, 1);
+        glp_set_row_bnds(lp, row, GLP_UP, 0, (double)M / 1048576.0);
+        for (int v = 0; v < nv; v++) {
+            if (!P->bytes[v])
+                continue;
+            if (P->grp[v] <= g)
+                nz(&ia, &ja, &ar, row, v + 1, (double)P->bytes[v] / 1048576.0);
+            if (P->can_r[v] && g >= P->grp[v])
+                nz(&ia, &ja, &ar, row, nv + g * nv + v + 1, (double)P->bytes[v] / 1048576.0);
+        }
+    }
+    glp_load_matrix(lp, ia.n - 1, ia.v, ja.v, ar.v);
+    vec_free(&ia);
+    vec_free(&ja);
+    vec_free(&ar);
+    return lp;
+}
+
+/* Stops branch and bound after REMAT_EXACT_NODES branchings: a count, not
+ * a time, so that the same graph always gives the same plan. */
+static void count_branches(glp_tree *T, void *info)
+{
+    long *n = info;
+    if (glp_ios_reason(T) == GLP_IBRANCH && ++*n > REMAT_EXACT_NODES)
+        glp_ios_terminate(T);
+}
+
+/* Exact: returns 1 optimal (s set), 0 infeasible, -1 not solved within the
+ * branching limit (limited: false, no limit). */
+static int solve_exact(const Prob *P, int64_t M, Sol *s, bool limited)
+{
+    long branches = 0;
+    glp_term_out(GLP_OFF);
+    glp_prob *lp = build_lp(P, M, true);
+    glp_iocp parm;
+    glp_init_iocp(&parm);
+    parm.presolve = GLP_ON;
+    parm.msg_lev = GLP_MSG_OFF;
+    if (limited) {
+        parm.cb_func = count_branches;
+        parm.cb_info = &branches;
+    }
+    parm.mip_gap = 0;
+    int rc = glp_intopt(lp, &parm), st = glp_mip_status(lp);
+    int res;
+    if (rc == GLP_ENOPFS || rc == GLP_ENODFS || st == GLP_NOFEAS) {
+        res = 0;
+    } else if (rc == 0 && st == GLP_OPT) {
+        /* the keep set determines the closures; derive recomputes exactly
+         * what the program's r columns must contain at the optimum */
+        for (int v = 0; v < P->nv; v++)
+            s->keep[v] = glp_mip_col_val(lp, v + 1) > 0.5;
+        derive(P, s);
+        res = s->mem <= M ? 1 : -1;
+    } else {
+        res = -1;
+    }
+    glp_delete_prob(lp);
+    return res;
+}
+
+/* Lower bound on the cost at memory M (LP relaxation); -1 when unknown. */
+static double lp_bound(const Prob *P, int64_t M)
+{
+    glp_term_out(GLP_OFF);
+    glp_prob *lp = build_lp(P, M, false);
+    glp_smcp parm;
+    glp_init_smcp(&parm);
+    parm.msg_lev = GLP_MSG_OFF;
+    parm.presolve = GLP_ON;
+    double b = -1;
+    if (glp_simplex(lp, &parm) == 0 && glp_get_status(lp) == GLP_OPT)
+        b = glp_get_obj_val(lp) * 1e-6;
+    glp_delete_prob(lp);
+    return b;
+}
+
+/* Solver choice: REMAT_SOLVER_AUTO runs the exact program for small graphs
+ * and falls back to the heuristic. *exact tells which answered. */
+static bool solve(const Prob *P, int64_t M, int solver, Sol *s, bool *exact)
+{
+    *exact = false;
+    if (solver == REMAT_SOLVER_EXACT ||
+        (solver == REMAT_SOLVER_AUTO && P->nv <= REMAT_EXACT_MAX)) {
+        int r = solve_exact(P, M, s, solver != REMAT_SOLVER_EXACT);
+        if (r == 1) {
+            *exact = true;
+            return true;
+        }
+        if (r == 0)
+            return false;
+    }
+    return solve_heuristic(P, M, s);
+}
+
+/* ---- rewriting ------------------------------------------------------------ */
+
+/* Inserts the clones of every group (flagged OPF_RECOMPUTE) just before the
+ * first backward op that needs them, redirects each backward read of a
+ * recomputed activation to its group's clone, drops forward ops left
+ * without uses, and compacts. */
+static void apply(Graph *g, const Prob *P, const Sol *s)
+{
+    int n0 = g->ops.n, nt0 = g->t.n, nv = P->nv, G = P->ngroups;
+    int *clone = xmalloc(sizeof(int) * (size_t)(nt0 + 1) * (size_t)G); /* [g * nt0 + t] */
+    for (int i = 0; i < nt0 * G; i++)
+        clone[i] = -1;
+    int nclone = 0;
+    for (int grp = 0; grp < G; grp++) {
+        int *cl = clone + (size_t)grp * (size_t)nt0;
+        for (int v = 0; v < nv; v++) { /* activations are in program order */
+            if (!s->r[grp * nv + v])
+                continue;
+            int t = P->vt[v];
+            const Op orig = g->ops.v[g->t.v[t].op];
+            int in[16], *inp = orig.nin <= 16 ? in : xmalloc(sizeof(int) * (size_t)orig.nin);
+            for (int j = 0; j < orig.nin; j++)
+                inp[j] = orig.in[j] < nt0 && cl[orig.in[j]] >= 0 ? cl[orig.in[j]] : orig.in[j];
+            int c = ir_op_x(g, orig.code, inp, orig.nin, &orig.attr, orig.loc);
+            if (inp != in)
+                free(inp);
+            Op *cop = &g->ops.v[g->t.v[c].op];
+            cop->flags = orig.flags | OPF_RECOMPUTE;
+            g->t.v[c].kind = g->t.v[t].kind;
+            cl[t] = c;
+            nclone++;
+        }
+    }
+    if (!nclone) {
+        free(clone);
+        return;
+    }
+    for (int i = 0; i < n0; i++) {
+        Op *op = &g->ops.v[i];
+        if (is_fwd(op))
+            continue;
+        for (int j = 0; j < op->nin; j++) {
+            int v = P->var[op->in[j]];
+            if (v >= 0 && P->saved[v] && clone[P->grp[v] * nt0 + op->in[j]] >= 0)
+                op->in[j] = clone[P->grp[v] * nt0 + op->in[j]];
+        }
+    }
+    /* new order: clones emitted depth-first before their first reader */
+    int n = g->ops.n;
+    int *order = xmalloc(sizeof(int) * (size_t)(n + 1));
+    bool *done = xcalloc((size_t)n + 1, sizeof(bool));
+    int *stack = xmalloc(sizeof(int) * (size_t)(n + 1));
+    int no = 0;
+    for (int i = 0; i < n0; i++) {
+        const Op *op = &g->ops.v[i];
+        if (!is_fwd(op)) {
+            for (int j = 0; j < op->nin; j++) {
+                int p = g->t.v[op->in[j]].op;
+                if (p < n0 || done[p])
+                    continue;
+                int sp = 0;
+                stack[sp++] = p;
+                while (sp) {
+                    int c = stack[sp - 1];
+                    if (done[c]) {
+                        sp--;
+                        continue;
+                    }
+                    const Op *cop = &g->ops.v[c];
+                    bool ready = true;
+                    for (int k = 0; k < cop->nin; k++) {
+                        int q = g->t.v[cop->in[k]].op;
+                        if (q >= n0 && !done[q]) {
+                            stack[sp++] = q;
+                            ready = false;
+                            break;
+                        }
+                    }
+                    if (!ready)
+                        continue;
+                    sp--;
+                    done[c] = true;
+                    order[no++] = c;
+                }
+            }
+        }
+        done[i] = true;
+        order[no++] = i;
+    }
+    if (no != n)
+        die("remat: %d of %d ops placed", no, n);
+    /* dead forward ops (their only readers were backward ops) */
+    int *uses = ir_use_counts(g);
+    bool *dead = xcalloc((size_t)n + 1, sizeof(bool));
+    for (int k = n - 1; k >= 0; k--) {
+        int i = order[k];
+        Op *op = &g->ops.v[i];
+        if (uses[op->out] == 0 && ir_opinfo[op->code].cls != OC_COLLECTIVE) {
+            dead[i] = true;
+            for (int j = 0; j < op->nin; j++)
+                uses[op->in[j]]--;
+        }
+    }
+    Op *ops = xmalloc(sizeof(Op) * (size_t)(n + 1));
+    int m = 0;
+    for (int k = 0; k < n; k++) {
+        int i = order[k];
+        if (dead[i]) {
+            free(g->ops.v[i].in);
+            /* an unused input tensor without an op: ir_compact drops it */
+            g->t.v[g->ops.v[i].out].op = -1;
+            g->t.v[g->ops.v[i].out].kind = TK_INPUT;
+            continue;
+        }
+        ops[m++] = g->ops.v[i];
+    }
+    for (int k = 0; k < m; k++) {
+        g->ops.v[k] = ops[k];
+        g->t.v[ops[k].out].op = k;
+    }
+    g->ops.n = m;
+    free(ops);
+    free(uses);
+    free(dead);
+    free(order);
+    free(done);
+    free(stack);
+    free(clone);
+    ir_compact(g);
+}
+
+/* ---- evaluation on the real plan -------------------------------------------- */
+
+/* The passes that run after remat (everything after "remat" in pass_list;
+ * only schedule when remat is not in the list). */
+static bool run_later(Graph *g, const PassOpts *o, Diag *d)
+{
+    int at = -1;
+    for (int i = 0; i < pass_count; i++)
+        if (strcmp(pass_list[i].name, "remat") == 0)
+            at = i;
+    if (at < 0)
+        return pass_schedule(g, o, d);
+    for (int i = at + 1; i < pass_count; i++)
+        if (!pass_list[i].run(g, o, d))
+            return false;
+    return true;
+}
+
+/* The arena the runtime would allocate with solution s: s applied to a
+ * copy of g, every later pass run, then pass_memplan; -1 on failure. */
+static int64_t eval_peak(const Graph *g, const Prob *P, const Sol *s, const PassOpts *o)
+{
+    Graph *c = ir_clone(g);
+    apply(c, P, s);
+    Diag d = {{0}};
+    int64_t peak = -1;
+    PassOpts po = *o;
+    po.remat_report = NULL;
+    if (run_later(c, &po, &d)) {
+        MemPlan *m = pass_memplan(c, &d);
+        if (m)
+            peak = m->arena_bytes;
+        pass_memplan_free(m);
+    }
+    ir_free(c);
+    return peak;
+}
+
+static void fmt_bytes(int64_t b, char *buf, size_t n)
+{
+    const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double x = (double)b;
+    int i = 0;
+    while (x >= 1024 && i < 4) {
+        x /= 1024;
+        i++;
+    }
+    snprintf(buf, n, i ? "%.2f %s" : "%.0f %s", x, u[i]);
+}
+
+typedef struct {
+    Sol s;
+    int64_t peak;
+    int policy;   /* the fixed policy it came from, or REMAT_AUTO */
+    bool exact;
+    double gap;   /* heuristic: (cost - LP bound) / cost; 0 when exact; -1 unknown */
+    bool found;
+} Choice;
+
+/* Real peaks of the fixed policies, computed once per Prob on demand. */
+typedef struct {
+    const Graph *g;
+    const Prob *P;
+    const PassOpts *o;
+    int64_t fixed[REMAT_AUTO + 1]; /* by policy; 0: not yet known */
+    int nreal;                     /* real evaluations run */
+    int64_t least, least_mem;      /* the solver's least-memory plan: real peak, model */
+} Evals;
+
+static int64_t fixed_real(Evals *E, int policy, Sol *t)
+{
+    if (!E->fixed[policy]) {
+        policy_keep(E->P, policy, t);
+        E->fixed[policy] = eval_peak(E->g, E->P, t, E->o);
+        E->nreal++;
+    }
+    return E->fixed[policy];
+}
+
+static void take(Choice *best, const Prob *P, const Sol *s, int64_t peak, int policy, bool exact)
+{
+    sol_copy(P, &best->s, s);
+    best->peak = peak;
+    best->policy = policy;
+    best->exact = exact;
+    best->gap = exact || policy != REMAT_AUTO ? 0 : -1;
+    best->found = true;
+}
+
+/* The least real peak among the fixed policies and the solver's
+ * least-memory plan: the smallest feasible budget kiln finds. */
+static int64_t smallest_real(Evals *E)
+{
+    Sol t = sol_new(E->P);
+    int64_t sm = INT64_MAX;
+    const int fixed[] = {REMAT_NONE, REMAT_SELECTIVE, REMAT_FULL};
+    for (int k = 0; k < 3; k++) {
+        int64_t pk = fixed_real(E, fixed[k], &t);
+        if (pk >= 0 && pk < sm)
+            sm = pk;
+    }
+    if (!E->least) {
+        bool ex;
+        solve(E->P, 0, REMAT_SOLVER_HEURISTIC, &t, &ex);
+        E->least = eval_peak(E->g, E->P, &t, E->o);
+        E->least_mem = t.mem;
+        E->nreal++;
+    }
+    if (E->least >= 0 && E->least < sm)
+        sm = E->least;
+    sol_free(&t);
+    return sm;
+}
+
+/* The cheapest candidate whose real peak fits `budget`: no recompute when
+ * that fits; else the solver's plan for the largest kept-bytes limit M
+ * whose real plan fits (bisection between the least memory the solver
+ * reaches and keeping everything; each step runs the later passes and
+ * memplan); a fixed policy instead when it fits and is cheaper. */
+static bool search(Evals *E, int64_t budget, int solver, Choice *best)
+{
+    const Prob *P = E->P;
+    best->found = false;
+    best->s = sol_new(P);
+    Sol t = sol_new(P);
+    bool ex;
+    int64_t pk = fixed_real(E, REMAT_NONE, &t);
+    if (pk >= 0 && pk <= budget) {
+        policy_keep(P, REMAT_NONE, &t);
+        take(best, P, &t, pk, REMAT_NONE, false);
+        sol_free(&t);
+        return true;
+    }
+    policy_keep(P, REMAT_NONE, &t);
+    int64_t hi = t.mem;
+    smallest_real(E);
+    int64_t lo = E->least_mem;
+    if (E->least >= 0 && E->least <= budget) {
+        solve(P, 0, REMAT_SOLVER_HEURISTIC, &t, &ex);
+        take(best, P, &t, E->least, REMAT_AUTO, false);
+        int iters = P->nv <= REMAT_EXACT_MAX ? 14 : REMAT_BISECT_LARGE;
+        for (int it = 0; it < iters && hi - lo > MEMPLAN_ALIGN; it++) {
+            int64_t mid = lo + (hi - lo) / 2;
+            if (!solve(P, mid, solver, &t, &ex)) {
+                lo = mid;
+                continue;
+            }
+            pk = eval_peak(E->g, P, &t, E->o);
+            E->nreal++;
+            if (pk >= 0 && pk <= budget) {
+                lo = mid;
+                if (t.cost <= best->s.cost)
+                    take(best, P, &t, pk, REMAT_AUTO, ex);
+            } else {
+                hi = mid;
+            }
+        }
+    }
+    /* fixed policies that could be cheaper */
+    const int fixed[] = {REMAT_SELECTIVE, REMAT_FULL};
+    for (int k = 0; k < 2; k++) {
+        policy_keep(P, fixed[k], &t);
+        if (best->found && t.cost >= best->s.cost)
+            continue;
+        pk = fixed_real(E, fixed[k], &t);
+        policy_keep(P, fixed[k], &t);
+        if (pk >= 0 && pk <= budget)
+            take(best, P, &t, pk, fixed[k], false);
+    }
+    sol_free(&t);
+    if (best->found && best->policy == REMAT_AUTO && !best->exact && best->s.cost > 0 &&
+        P->nv <= REMAT_LP_MAX) {
+        double b = lp_bound(P, best->s.mem);
+        best->gap = b >= 0 ? (best->s.cost - b) / best->s.cost : -1;
+    }
+    return best->found;
+}
+
+/* ---- the pass --------------------------------------------------------------- */
+
+static const char *const policy_names[] = {"default", "none", "full", "selective", "auto"};
+
+int pass_remat_parse_policy(const char *s)
+{
+    for (int i = REMAT_NONE; i <= REMAT_AUTO; i++)
+        if (strcmp(s, policy_names[i]) == 0)
+            return i;
+    return -1;
+}
+
+const char *pass_remat_policy_name(int policy)
+{
+    return policy >= 0 && policy <= REMAT_AUTO ? policy_names[policy] : "?";
+}
+
+static void report(RematReport *r, const Prob *P, const Sol *s, int asked, int chosen,
+                   int64_t peak, bool exact, double gap)
+{
+    if (!r)
+        return;
+    memset(r, 0, sizeof *r);
+    r->policy = asked;
+    r->chosen = chosen;
+    r->exact = exact;
+    r->gap = gap;
+    r->peak = peak;
+    for (int v = 0; v < P->nv; v++) {
+        if (P->saved[v]) {
+            r->nsaved++;
+            if (s->r[P->grp[v] * P->nv + v]) {
+                r->nrecomputed++;
+                r->recomputed_bytes += P->bytes[v];
+            } else {
+                r->nkept++;
+                r->kept_bytes += P->bytes[v];
+            }
+        }
+        for (int g = 0; g < P->ngroups; g++)
+            r->nrecompute_ops += s->r[g * P->nv + v];
+    }
+    r->extra_flops = s->flops;
+    r->extra_seconds = s->cost;
+}
+
+bool pass_remat(Graph *g, const PassOpts *o, Diag *d)
+{
+    int policy = o->remat;
+    int64_t budget = o->memory_budget;
+    if (policy == REMAT_DEFAULT)
+        policy = budget > 0 ? REMAT_AUTO : REMAT_NONE;
+    if (policy == REMAT_NONE && budget <= 0) {
+        if (o->remat_report) {
+            memset(o->remat_report, 0, sizeof *o->remat_report);
+            o->remat_report->policy = o->remat_report->chosen = REMAT_NONE;
+            o->remat_report->peak = -1;
+        }
+        return true;
+    }
+    Prob *P = prob_new(g);
+    Sol s = sol_new(P);
+    Evals E = {g, P, o, {0}, 0, 0, 0};
+    char b0[32], b1[32], b2[32];
+    bool ok = true;
+    if (policy == REMAT_AUTO && budget <= 0) {
+        /* auto without a budget: nothing to fit */
+        policy_keep(P, REMAT_NONE, &s);
+        report(o->remat_report, P, &s, REMAT_AUTO, REMAT_NONE, -1, false, 0);
+    } else if (policy == REMAT_AUTO) {
+        Choice c;
+        if (search(&E, budget, o->remat_solver, &c)) {
+            sol_copy(P, &s, &c.s);
+            report(o->remat_report, P, &s, REMAT_AUTO, c.policy, c.peak, c.exact, c.gap);
+        } else {
+            int64_t smallest = smallest_real(&E);
+            fmt_bytes(budget, b0, sizeof b0);
+            fmt_bytes(smallest, b1, sizeof b1);
+            snprintf(d->msg, sizeof d->msg,
+                     "memory budget %s (%lld bytes) is infeasible: the smallest feasible "
+                     "budget kiln found is %s (%lld bytes) (expected --memory-budget >= "
+                     "%lld, got %lld)",
+                     b0, (long long)budget, b1, (long long)smallest, (long long)smallest,
+                     (long long)budget);
+            ok = false;
+        }
+        sol_free(&c.s);
+    } else {
+        int64_t peak = -1;
+        if (budget > 0) {
+            peak = fixed_real(&E, policy, &s);
+            if (peak < 0 || peak > budget) {
+                Choice c;
+                bool any = search(&E, budget, o->remat_solver, &c);
+                sol_free(&c.s);
+                int64_t smallest = any ? 0 : smallest_real(&E);
+                fmt_bytes(budget, b0, sizeof b0);
+                fmt_bytes(peak, b1, sizeof b1);
+                fmt_bytes(smallest, b2, sizeof b2);
+                snprintf(d->msg, sizeof d->msg,
+                         "memory budget %s (%lld bytes) is infeasible with --remat=%s, whose "
+                         "planned peak is %s (%lld bytes); %s%s",
+                         b0, (long long)budget, pass_remat_policy_name(policy), b1,
+                         (long long)peak,
+                         any ? "--remat=auto fits it" : "the smallest feasible budget kiln "
+                                                        "found is ",
+                         any ? "" : b2);
+                ok = false;
+            }
+        }
+        policy_keep(P, policy, &s);
+        if (ok)
+            report(o->remat_report, P, &s, policy, policy, peak, false, 0);
+    }
+    if (ok)
+        apply(g, P, &s);
+    sol_free(&s);
+    prob_free(P);
+    return ok;
+}
+
+/* ---- helpers for tests, reports and the sweep -------------------------------- */
+
+double pass_remat_flops(const Graph *g)
+{
+    double f = 0;
+    for (int i = 0; i < g->ops.n; i++)
+        if (g->ops.v[i].flags & OPF_RECOMPUTE)
+            f += ir_op_flops(g, &g->ops.v[i]);
+    return f;
+}
+
+int64_t pass_remat_saved_bytes(const Graph *g)
+{
+    Prob *P = prob_new(g);
+    int64_t b = 0;
+    for (int v = 0; v < P->nv; v++)
+        if (P->saved[v])
+            b += P->bytes[v];
+    prob_free(P);
+    return b;
+}
+
+bool pass_remat_solve(const Graph *g, int64_t kept_limit, int solver, double *cost,
+                      int64_t *kept, bool *exact)
+{
+    Prob *P = prob_new(g);
+    Sol s = sol_new(P);
+    bool ok;
+    *exact = false;
+    if (solver == REMAT_SOLVER_EXACT) {
+        int r = solve_exact(P, kept_limit, &s, false);
+        ok = r == 1;
+        *exact = ok;
+        if (r == -1)
+            die("remat: the exact solver did not finish on a test graph");
+    } else {
+        ok = solve(P, kept_limit, solver, &s, exact);
+    }
+    *cost = s.cost;
+    *kept = s.mem;
+    sol_free(&s);
+    prob_free(P);
+    return ok;
+}
+
+double pass_remat_step_seconds(const Graph *g)
+{
+    int nt = g->t.n;
+    bool *mat = xcalloc((size_t)nt + 1, sizeof(bool));
+    for (int i = 0; i < g->ops.n; i++) {
+        const Op *op = &g->ops.v[i];
+        if (unfusable_consumer(op))
+            for (int j = 0; j < op->nin; j++)
+                mat[op->in[j]] = true;
+    }
+    for (int k = 0; k < g->outs.n; k++)
+        mat[g->outs.v[k].t] = true;
+    for (int k = 0; k < g->upd.n; k++)
+        mat[g->upd.v[k].value] = true;
+    double s = 0;
+    for (int i = 0; i < g->ops.n; i++)
+        s += op_time(g, &g->ops.v[i], mat[g->ops.v[i].out]);
+    free(mat);
+    return s;
+}
+
+bool pass_remat_sweep(const Graph *g, const PassOpts *o, int npoints, FILE *f, Diag *d)
+{
+    Prob *P = prob_new(g);
+    Evals E = {g, P, o, {0}, 0, 0, 0};
+    const int fixed[] = {REMAT_NONE, REMAT_SELECTIVE, REMAT_FULL};
+    int64_t fpeak[3];
+    double fcost[3], fflops[3];
+    Sol t = sol_new(P);
+    for (int k = 0; k < 3; k++) {
+        fpeak[k] = fixed_real(&E, fixed[k], &t);
+        policy_keep(P, fixed[k], &t);
+        fcost[k] = t.cost;
+        fflops[k] = t.flops;
+    }
+    sol_free(&t);
+    int64_t smallest = smallest_real(&E);
+    if (smallest == INT64_MAX || fpeak[0] < 0) {
+        snprintf(d->msg, sizeof d->msg, "remat sweep: no plan could be built");
+        prob_free(P);
+        return false;
+    }
+    double base = pass_remat_step_seconds(g), step_flops = ir_graph_flops(g);
+    char b0[32], b1[32];
+    int nsaved = 0;
+    for (int v = 0; v < P->nv; v++)
+        nsaved += P->saved[v];
+    fprintf(f, "remat sweep: %d activations, %d saved for backward, %d layers; cost model "
+               "%.0f GFLOP/s, %.0f GB/s; predicted step without remat %.4g s\n",
+            P->nv, nsaved, P->nlayers, REMAT_FLOPS / 1e9, REMAT_BW / 1e9, base);
+    fprintf(f, "fixed policies: ");
+    for (int k = 0; k < 3; k++) {
+        fmt_bytes(fpeak[k], b0, sizeof b0);
+        fprintf(f, "%s%s peak %s (+%.2f%% FLOPs)", k ? ", " : "", pass_remat_policy_name(fixed[k]),
+                b0, 100 * fflops[k] / step_flops);
+    }
+    fprintf(f, "\n%-12s %-15s %-5s %14s %12s %16s\n", "budget", "policy", "fits", "planned peak",
+            "extra FLOPs", "predicted step");
+    if (npoints < 2)
+        npoints = 2;
+    for (int i = 0; i < npoints; i++) {
+        int64_t budget = smallest + (int64_t)((double)(fpeak[0] - smallest) * i / (npoints - 1));
+        Choice c;
+        bool fits = search(&E, budget, o->remat_solver, &c);
+        fmt_bytes(budget, b0, sizeof b0);
+        if (fits) {
+            fmt_bytes(c.peak, b1, sizeof b1);
+            char what[32];
+            snprintf(what, sizeof what, "auto%s%s", c.policy == REMAT_AUTO ? "" : "=",
+                     c.policy == REMAT_AUTO ? "" : pass_remat_policy_name(c.policy));
+            fprintf(f, "%-12s %-15s %-5s %14s %11.2f%% %14.4g s\n", b0, what, "yes", b1,
+                    100 * c.s.flops / step_flops, base + c.s.cost);
+        } else {
+            fprintf(f, "%-12s %-15s %-5s %14s %12s %16s\n", b0, "auto", "no", "-", "-", "-");
+        }
+        sol_free(&c.s);
+        for (int k = 0; k < 3; k++) {
+            bool fk = fpeak[k] >= 0 && fpeak[k] <= budget;
+            fmt_bytes(fpeak[k], b1, sizeof b1);
+            if (fk)
+                fprintf(f, "%-12s %-15s %-5s %14s %11.2f%% %14.4g s\n", "",
+                        pass_remat_policy_name(fixed[k]), "yes", b1,
+                        100 * fflops[k] / step_flops, base + fcost[k]);
+            else
+                fprintf(f, "%-12s %-15s %-5s %14s %12s %16s\n", "",
+                        pass_remat_policy_name(fixed[k]), "no", b1, "-", "-");
+        }
+    }
+    prob_free(P);
+    return true;
+}

@@ -1,0 +1,989 @@
+/* backend_cuda.c - the CUDA backend, built as the shared module
+ * libkiln_cuda.so and loaded by device.c with dlopen.
+ *
+ * Kernels: the plan's CUDA program (printed by kiln through RtCudaHost)
+ * compiled by NVRTC for the device's own architecture, cubins cached on disk,
+ * loaded and launched through the driver API. The driver (libcuda.so.1) is
+ * itself opened with dlopen, so this module loads, and its NVRTC path works,
+ * on machines without a driver. GEMMs: cuBLASLt (row-major products as
+ * column-major ones with the operands swapped; algorithm from the library's
+ * heuristic, cached per shape; one workspace). Memory: one device
+ * allocation holds the arena (plus 16 bytes for {seed, step}); host writes
+ * go through a pinned staging buffer as asynchronous copies on the compute
+ * stream, so preparing the next batch overlaps the step. A second
+ * (communication) stream and events exist for collectives.
+ *
+ * Every driver, NVRTC and cuBLASLt call goes through a checking macro that
+ * names the call, the file and the line.
+ *
+ * This module links nothing of kilncore: what it needs from kiln comes
+ * through RtCudaHost; codegen.h and runtime.h are read for types only. */
+#include "codegen.h"
+#include "runtime.h"
+
+#include <cublasLt.h>
+#include <cuda.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <nvrtc.h>
+#include <nvtx3/nvToolsExt.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define EXPORT __attribute__((visibility("default")))
+
+/* ---- small helpers (the module has no kilncore) --------------------------- */
+
+static _Noreturn void fatal(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void fatal(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("kiln: cuda: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    abort();
+}
+
+static void *zalloc(size_t n)
+{
+    void *p = calloc(1, n ? n : 1);
+    if (!p)
+        fatal("out of memory (%zu bytes)", n);
+    return p;
+}
+
+static char *dupstr(const char *s)
+{
+    char *p = zalloc(strlen(s) + 1);
+    strcpy(p, s);
+    return p;
+}
+
+static uint64_t fnv(const void *p, size_t n, uint64_t h)
+{
+    const unsigned char *c = p;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ c[i]) * 0x100000001b3ull;
+    return h;
+}
+
+static void dmsg(Diag *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void dmsg(Diag *d, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(d->msg, sizeof d->msg, fmt, ap);
+    va_end(ap);
+}
+
+/* ---- the driver API, opened with dlopen ------------------------------------ */
+
+/* Symbols by the names cuda.h maps them to (cuMemAlloc -> cuMemAlloc_v2). */
+#define STR_(x) #x
+#define STR(x) STR_(x)
+/* clang-format off */
+#define CU_FUNCS(X)                                                            \
+    X(cuInit) X(cuGetErrorName) X(cuGetErrorString) X(cuDriverGetVersion)      \
+    X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetAttribute)                 \
+    X(cuDeviceGetName) X(cuDeviceTotalMem)                                     \
+    X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease) X(cuCtxSetCurrent)\
+    X(cuMemAlloc) X(cuMemFree) X(cuMemAllocHost) X(cuMemFreeHost)              \
+    X(cuMemsetD8) X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync)                    \
+    X(cuMemcpyDtoDAsync)                                                       \
+    X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamSynchronize)                \
+    X(cuStreamWaitEvent) X(cuStreamBeginCapture) X(cuStreamEndCapture)         \
+    X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) X(cuEventSynchronize)  \
+    X(cuModuleLoadData) X(cuModuleUnload) X(cuModuleGetFunction)               \
+    X(cuLaunchKernel)                                                          \
+    X(cuGraphInstantiate) X(cuGraphLaunch) X(cuGraphExecDestroy)               \
+    X(cuGraphDestroy)
+/* clang-format on */
+
+static struct {
+#define X(f) __typeof__(&f) f;
+    CU_FUNCS(X)
+#undef X
+} cu;
+static void *cu_lib;
+static char cu_why[512]; /* why the driver cannot be used ("" when it can) */
+
+/* Opens libcuda.so.1 and initialises it once; false with cu_why set. */
+static bool cu_open(void)
+{
+    static bool tried;
+    if (tried)
+        return cu_lib != NULL;
+    tried = true;
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        snprintf(cu_why, sizeof cu_why, "no CUDA driver on this machine (%s)", dlerror());
+        return false;
+    }
+#define X(f)                                                                           \
+    if (!(*(void **)&cu.f = dlsym(h, STR(f)))) {                                       \
+        snprintf(cu_why, sizeof cu_why, "the CUDA driver lacks %s (driver too old?)", \
+                 STR(f));                                                              \
+        dlclose(h);                                                                    \
+        return false;                                                                  \
+    }
+    CU_FUNCS(X)
+#undef X
+    CUresult r = cu.cuInit(0);
+    if (r != CUDA_SUCCESS) {
+        const char *s = NULL;
+        cu.cuGetErrorString(r, &s);
+        snprintf(cu_why, sizeof cu_why, "the CUDA driver failed to initialise (%s)",
+                 s ? s : "unknown error");
+        dlclose(h);
+        return false;
+    }
+    cu_lib = h;
+    return true;
+}
+
+static bool cu_fail(CUresult r, const char *call, const char *file, int line, Diag *d)
+{
+    const char *name = NULL, *s = NULL;
+    if (cu_lib) {
+        cu.cuGetErrorName(r, &name);
+        cu.cuGetErrorString(r, &s);
+    }
+    if (d)
+        dmsg(d, "%s:%d: %s failed: %s (%s)", file, line, call, name ? name : "?", s ? s : "?");
+    else
+        fatal("%s:%d: %s failed: %s (%s)", file, line, call, name ? name : "?", s ? s : "?");
+    return false;
+}
+
+static bool lt_fail(cublasStatus_t r, const char *call, const char *file, int line, Diag *d)
+{
+    if (d)
+        dmsg(d, "%s:%d: %s failed: cuBLAS status %d", file, line, call, (int)r);
+    else
+        fatal("%s:%d: %s failed: cuBLAS status %d", file, line, call, (int)r);
+    return false;
+}
+
+static bool rtc_fail(nvrtcResult r, const char *call, const char *file, int line, Diag *d)
+{
+    dmsg(d, "%s:%d: %s failed: %s", file, line, call, nvrtcGetErrorString(r));
+    return false;
+}
+
+/* Checked calls: CU/LT/RTC evaluate to true on success; on failure they set
+ * d (when not NULL) or stop the process, naming the call, file and line. */
+#define CU(call, d) \
+    ((r_cu = (call)) == CUDA_SUCCESS || cu_fail(r_cu, #call, __FILE__, __LINE__, (d)))
+#define LT(call, d) \
+    ((r_lt = (call)) == CUBLAS_STATUS_SUCCESS || lt_fail(r_lt, #call, __FILE__, __LINE__, (d)))
+#define RTC(call, d) \
+    ((r_rtc = (call)) == NVRTC_SUCCESS || rtc_fail(r_rtc, #call, __FILE__, __LINE__, (d)))
+static _Thread_local CUresult r_cu;
+static _Thread_local cublasStatus_t r_lt;
+static _Thread_local nvrtcResult r_rtc;
+
+/* ---- NVRTC and the cubin cache --------------------------------------------- */
+
+static char *cache_root(const char *cache_dir)
+{
+    const char *base = cache_dir && *cache_dir ? cache_dir : getenv("KILN_CACHE_DIR");
+    char buf[4096];
+    if (base && *base) {
+        snprintf(buf, sizeof buf, "%s/cuda", base);
+    } else {
+        const char *home = getenv("HOME");
+        snprintf(buf, sizeof buf, "%s/.cache/kiln/cuda", home && *home ? home : "/tmp");
+    }
+    for (char *s = buf + 1; *s; s++)
+        if (*s == '/') {
+            *s = 0;
+            mkdir(buf, 0777);
+            *s = '/';
+        }
+    mkdir(buf, 0777);
+    return dupstr(buf);
+}
+
+static char *read_all(const char *path, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    size_t cap = 1 << 16, len = 0, k;
+    char *s = zalloc(cap);
+    while ((k = fread(s + len, 1, cap - len - 1, f)) > 0) {
+        len += k;
+        if (cap - len < 2) {
+            char *t = realloc(s, cap *= 2);
+            if (!t)
+                fatal("out of memory");
+            s = t;
+        }
+    }
+    fclose(f);
+    s[len] = 0;
+    *n = len;
+    return s;
+}
+
+/* Writes atomically (temp + rename); a failure only costs the cache entry. */
+static void write_all(const char *path, const void *p, size_t n)
+{
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp%d", path, (int)getpid());
+    FILE *f = fopen(tmp, "wb");
+    if (!f)
+        return;
+    bool ok = fwrite(p, 1, n, f) == n;
+    ok = fclose(f) == 0 && ok;
+    if (!ok || rename(tmp, path) != 0)
+        unlink(tmp);
+}
+
+/* The numbered source, then the log, to stderr. */
+static void print_failure(const char *src, const char *log, const char *arch)
+{
+    fprintf(stderr, "kiln: NVRTC failed to compile the CUDA kernels for %s; the source:\n", arch);
+    int line = 1;
+    for (const char *p = src; *p; line++) {
+        const char *e = strchr(p, '\n');
+        int len = e ? (int)(e - p) : (int)strlen(p);
+        fprintf(stderr, "%6d | %.*s\n", line, len, p);
+        if (!e)
+            break;
+        p = e + 1;
+    }
+    fprintf(stderr, "kiln: NVRTC log:\n%s\n", log);
+}
+
+/* The first "error" line of an NVRTC log, for the one-line diagnostic. */
+static void first_error(const char *log, char *out, size_t n)
+{
+    const char *e = strstr(log, "error");
+    if (!e) {
+        snprintf(out, n, "see the log above");
+        return;
+    }
+    const char *s = e;
+    while (s > log && s[-1] != '\n')
+        s--;
+    const char *t = strchr(e, '\n');
+    snprintf(out, n, "%.*s", (int)(t ? t - s : (long)strlen(s)), s);
+}
+
+EXPORT bool kiln_cuda_compile(const char *src, const char *arch, const char *cache_dir,
+                              bool verbose, RtCudaBinary *b, Diag *d);
+EXPORT bool kiln_cuda_compile(const char *src, const char *arch, const char *cache_dir,
+                              bool verbose, RtCudaBinary *b, Diag *d)
+{
+    memset(b, 0, sizeof *b);
+    char archopt[64];
+    snprintf(archopt, sizeof archopt, "--gpu-architecture=%s", arch);
+    const char *opts[] = {archopt, "--std=c++17", "--ptxas-options=-v", "-lineinfo",
+                          "--device-as-default-execution-space"};
+    int nopts = (int)(sizeof opts / sizeof opts[0]);
+    if (!RTC(nvrtcVersion(&b->nvrtc_major, &b->nvrtc_minor), d))
+        return false;
+    uint64_t h = fnv(src, strlen(src), 0xcbf29ce484222325ull);
+    for (int i = 0; i < nopts; i++)
+        h = fnv(opts[i], strlen(opts[i]) + 1, h);
+    int ver[2] = {b->nvrtc_major, b->nvrtc_minor};
+    h = fnv(ver, sizeof ver, h);
+    h = fnv(arch, strlen(arch), h);
+    char *dir = cache_root(cache_dir);
+    char cpath[4200], lpath[4200];
+    snprintf(cpath, sizeof cpath, "%s/%016llx-%s.cubin", dir, (unsigned long long)h, arch);
+    snprintf(lpath, sizeof lpath, "%s/%016llx-%s.log", dir, (unsigned long long)h, arch);
+    free(dir);
+    size_t n = 0, ln = 0;
+    char *cub = read_all(cpath, &n);
+    if (cub && n > 0) {
+        char *log = read_all(lpath, &ln);
+        b->cubin = cub;
+        b->size = n;
+        b->log = log ? log : dupstr("");
+        b->cached = true;
+        if (verbose)
+            fprintf(stderr, "kiln: cuda: cubin cache hit %s\n", cpath);
+        return true;
+    }
+    free(cub);
+
+    nvrtcProgram prog;
+    if (!RTC(nvrtcCreateProgram(&prog, src, "kiln.cu", 0, NULL, NULL), d))
+        return false;
+    nvrtcResult cr = nvrtcCompileProgram(prog, nopts, opts);
+    size_t logn = 0;
+    nvrtcGetProgramLogSize(prog, &logn);
+    char *log = zalloc(logn + 1);
+    if (logn)
+        nvrtcGetProgramLog(prog, log);
+    if (cr != NVRTC_SUCCESS) {
+        print_failure(src, log, arch);
+        char first[512];
+        first_error(log, first, sizeof first);
+        dmsg(d, "NVRTC failed to compile the CUDA kernels for %s (%s): %s", arch,
+             nvrtcGetErrorString(cr), first);
+        free(log);
+        nvrtcDestroyProgram(&prog);
+        return false;
+    }
+    size_t cn = 0;
+    if (!RTC(nvrtcGetCUBINSize(prog, &cn), d) || cn == 0) {
+        if (cn == 0)
+            dmsg(d, "NVRTC produced no cubin for %s", arch);
+        free(log);
+        nvrtcDestroyProgram(&prog);
+        return false;
+    }
+    cub = zalloc(cn);
+    if (!RTC(nvrtcGetCUBIN(prog, cub), d)) {
+        free(cub);
+        free(log);
+        nvrtcDestroyProgram(&prog);
+        return false;
+    }
+    nvrtcDestroyProgram(&prog);
+    write_all(lpath, log, strlen(log));
+    write_all(cpath, cub, cn);
+    if (verbose)
+        fprintf(stderr, "kiln: cuda: compiled %zu-byte cubin for %s into %s\n", cn, arch, cpath);
+    b->cubin = cub;
+    b->size = cn;
+    b->log = log;
+    return true;
+}
+
+EXPORT void kiln_cuda_binary_free(RtCudaBinary *b);
+EXPORT void kiln_cuda_binary_free(RtCudaBinary *b)
+{
+    free(b->cubin);
+    free(b->log);
+    memset(b, 0, sizeof *b);
+}
+
+/* ---- the backend ------------------------------------------------------------ */
+
+static const RtCudaHost *host;
+
+enum { WORKSPACE_BYTES = 32 << 20, STAGE_BYTES = 16 << 20 };
+
+typedef struct {
+    /* key */
+    cudaDataType_t at, bt, ct;
+    cublasComputeType_t comp;
+    bool ta, tb;
+    int64_t batch, M, N, K, lda, ldb, ldc, sa, sb, sc;
+    uint32_t align[3]; /* bytes: kiln's A, B, C pointers */
+    /* value */
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t la, lb, lc; /* cuBLASLt's A (kiln's B), B (kiln's A), C */
+    cublasLtMatmulAlgo_t algo;
+} GemmPlan;
+
+typedef struct {
+    CUfunction *fn;     /* the step's functions, in order */
+    const CgCudaFn *geo;
+    int nfn;
+    void **argv;        /* &ptr[i]..., &rs */
+    CUdeviceptr *ptr;
+    int gemm;           /* GEMM steps: index in gemms */
+    bool cast_a, cast_b; /* bf16: f32 operand cast into scratch first */
+    CUdeviceptr a, b, c; /* GEMM operands as used */
+    char label[96];      /* NVTX range: the step's kernel name, or the GEMM's shape */
+} CuStep;
+
+struct BackendCtx {
+    const CgPlan *p;
+    struct CgCudaProgram *q;
+    CUdevice dev;
+    CUcontext ctx;
+    bool ctx_held;
+    char arch[16];
+    CUstream s, comm;        /* compute, communication */
+    CUevent comm_ready, rs_done;
+    CUdeviceptr arena, rs, scratch;
+    int64_t scratch_half;    /* bytes of each of the two bf16 operand areas */
+    unsigned char *stage;    /* pinned host staging */
+    size_t stage_cap, stage_used;
+    uint64_t *rs_host;       /* pinned {seed, step} */
+    CUmodule mod;
+    CUfunction *fns, cast_fn;
+    CuStep *st;
+    cublasLtHandle_t lt;
+    CUdeviceptr ws;
+    GemmPlan *gemms;
+    int ngemms;
+    bool tf32, bf16, graph_on, capturing, replaying;
+    CUgraph graph;
+    CUgraphExec gexec;
+    bool verbose;
+};
+
+static void cuda_destroy(BackendCtx *c)
+{
+    if (!c)
+        return;
+    if (c->ctx_held) {
+        cu.cuCtxSetCurrent(c->ctx);
+        if (c->s)
+            cu.cuStreamSynchronize(c->s);
+        if (c->gexec)
+            cu.cuGraphExecDestroy(c->gexec);
+        if (c->graph)
+            cu.cuGraphDestroy(c->graph);
+        for (int i = 0; i < c->ngemms; i++) {
+            cublasLtMatmulDescDestroy(c->gemms[i].op);
+            cublasLtMatrixLayoutDestroy(c->gemms[i].la);
+            cublasLtMatrixLayoutDestroy(c->gemms[i].lb);
+            cublasLtMatrixLayoutDestroy(c->gemms[i].lc);
+        }
+        if (c->lt)
+            cublasLtDestroy(c->lt);
+        if (c->mod)
+            cu.cuModuleUnload(c->mod);
+        if (c->arena)
+            cu.cuMemFree(c->arena);
+        if (c->ws)
+            cu.cuMemFree(c->ws);
+        if (c->scratch)
+            cu.cuMemFree(c->scratch);
+        if (c->stage)
+            cu.cuMemFreeHost(c->stage);
+        if (c->rs_host)
+            cu.cuMemFreeHost(c->rs_host);
+        CUevent ev[] = {c->comm_ready, c->rs_done};
+        for (int i = 0; i < 2; i++)
+            if (ev[i])
+                cu.cuEventDestroy(ev[i]);
+        if (c->s)
+            cu.cuStreamDestroy(c->s);
+        if (c->comm)
+            cu.cuStreamDestroy(c->comm);
+        cu.cuDevicePrimaryCtxRelease(c->dev);
+    }
+    if (c->st)
+        for (int i = 0; i < c->p->steps.n; i++) {
+            free(c->st[i].fn);
+            free(c->st[i].argv);
+            free(c->st[i].ptr);
+        }
+    free(c->st);
+    free(c->fns);
+    free(c->gemms);
+    if (c->q)
+        host->program_free(c->q);
+    free(c);
+}
+
+static CUdeviceptr dptr(const BackendCtx *c, int tensor)
+{
+    return c->arena + (CUdeviceptr)c->p->mem->offset[tensor];
+}
+
+static int64_t numel(const Graph *g, int t)
+{
+    const Shape *s = &g->t.v[t].s;
+    int64_t n = 1;
+    for (int i = 0; i < s->rank; i++)
+        n *= s->dim[i];
+    return n;
+}
+
+/* Sets up (or finds) the cuBLASLt plan of GEMM step s. */
+/* Largest power of two (at most 256) dividing the address. */
+static uint32_t align_of(CUdeviceptr p)
+{
+    uint32_t a = 256;
+    while (a > 1 && p % a)
+        a /= 2;
+    return a;
+}
+
+/* Sets up (or finds) the cuBLASLt plan of a GEMM whose operands sit at
+ * pa, pb, pc. A batch sharing B (sb = 0) runs as `batch` products of one
+ * (see run_gemm). */
+static int gemm_plan(BackendCtx *c, const CgGemm *m, cudaDataType_t at, cudaDataType_t ct,
+                     CUdeviceptr pa, CUdeviceptr pb, CUdeviceptr pc, Diag *d)
+{
+    GemmPlan k;
+    memset(&k, 0, sizeof k);
+    k.at = k.bt = at;
+    k.ct = ct;
+    k.comp = at == CUDA_R_16BF ? CUBLAS_COMPUTE_32F
+             : c->tf32         ? CUBLAS_COMPUTE_32F_FAST_TF32
+                               : CUBLAS_COMPUTE_32F;
+    k.ta = m->ta;
+    k.tb = m->tb;
+    k.batch = m->batch;
+    k.M = m->M;
+    k.N = m->N;
+    k.K = m->K;
+    k.lda = m->lda;
+    k.ldb = m->ldb;
+    k.ldc = m->ldc;
+    k.sa = m->sa;
+    k.sb = m->sb;
+    k.sc = m->sc;
+    if (m->sb == 0)
+        k.batch = 1;
+    k.align[0] = align_of(pa);
+    k.align[1] = align_of(pb);
+    k.align[2] = align_of(pc);
+    if (m->batch > 1) { /* every batch's matrices are as aligned as their strides allow */
+        int es = at == CUDA_R_16BF ? 2 : 4, cs = ct == CUDA_R_16BF ? 2 : 4;
+        uint32_t s0 = align_of((CUdeviceptr)(m->sa * es)), s1 = align_of((CUdeviceptr)(m->sb * es)),
+                 s2 = align_of((CUdeviceptr)(m->sc * cs));
+        k.align[0] = k.align[0] < s0 ? k.align[0] : s0;
+        k.align[1] = k.align[1] < s1 ? k.align[1] : s1;
+        k.align[2] = k.align[2] < s2 ? k.align[2] : s2;
+    }
+    size_t keyn = offsetof(GemmPlan, op);
+    for (int i = 0; i < c->ngemms; i++)
+        if (memcmp(&c->gemms[i], &k, keyn) == 0)
+            return i;
+    /* row-major C[M,N] = op(A) op(B) is column-major C^T[N,M] = op(B)^T op(A)^T */
+    cublasOperation_t opa = m->tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasOperation_t opb = m->ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+    if (!LT(cublasLtMatmulDescCreate(&k.op, k.comp, CUDA_R_32F), d) ||
+        !LT(cublasLtMatmulDescSetAttribute(k.op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa),
+            d) ||
+        !LT(cublasLtMatmulDescSetAttribute(k.op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb),
+            d))
+        return -1;
+    uint64_t ar = m->tb ? (uint64_t)m->K : (uint64_t)m->N, ac = m->tb ? m->N : m->K;
+    uint64_t br = m->ta ? (uint64_t)m->M : (uint64_t)m->K, bc = m->ta ? m->K : m->M;
+    if (!LT(cublasLtMatrixLayoutCreate(&k.la, at, ar, ac, m->ldb), d) ||
+        !LT(cublasLtMatrixLayoutCreate(&k.lb, at, br, bc, m->lda), d) ||
+        !LT(cublasLtMatrixLayoutCreate(&k.lc, ct, (uint64_t)m->N, (uint64_t)m->M, m->ldc), d))
+        return -1;
+    if (k.batch > 1) {
+        int32_t bn = (int32_t)k.batch;
+        int64_t s[3] = {m->sb, m->sa, m->sc};
+        cublasLtMatrixLayout_t l[3] = {k.la, k.lb, k.lc};
+        for (int i = 0; i < 3; i++)
+            if (!LT(cublasLtMatrixLayoutSetAttribute(l[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bn,
+                                                     sizeof bn),
+                    d) ||
+                !LT(cublasLtMatrixLayoutSetAttribute(
+                        l[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &s[i], sizeof s[i]),
+                    d))
+                return -1;
+    }
+    cublasLtMatmulPreference_t pref;
+    uint64_t wsb = WORKSPACE_BYTES;
+    if (!LT(cublasLtMatmulPreferenceCreate(&pref), d))
+        return -1;
+    /* cuBLASLt's A is kiln's B and its B kiln's A */
+    if (!LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                 &wsb, sizeof wsb),
+            d) ||
+        !LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                                 &k.align[1], sizeof k.align[1]),
+            d) ||
+        !LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                                 &k.align[0], sizeof k.align[0]),
+            d) ||
+        !LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                                 &k.align[2], sizeof k.align[2]),
+            d) ||
+        !LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                                 &k.align[2], sizeof k.align[2]),
+            d)) {
+        cublasLtMatmulPreferenceDestroy(pref);
+        return -1;
+    }
+    cublasLtMatmulHeuristicResult_t res;
+    int nres = 0;
+    bool ok = LT(cublasLtMatmulAlgoGetHeuristic(c->lt, k.op, k.la, k.lb, k.lc, k.lc, pref, 1,
+                                                &res, &nres),
+                 d);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (!ok)
+        return -1;
+    if (nres < 1) {
+        dmsg(d, "cuBLASLt has no algorithm for a %lldx%lldx%lld GEMM (batch %lld, ta %d, tb %d)",
+             (long long)m->M, (long long)m->N, (long long)m->K, (long long)m->batch, m->ta,
+             m->tb);
+        return -1;
+    }
+    k.algo = res.algo;
+    GemmPlan *ng = realloc(c->gemms, sizeof(GemmPlan) * (size_t)(c->ngemms + 1));
+    if (!ng)
+        fatal("out of memory");
+    c->gemms = ng;
+    c->gemms[c->ngemms] = k;
+    return c->ngemms++;
+}
+
+static bool setup_steps(BackendCtx *c, Diag *d)
+{
+    const CgPlan *p = c->p;
+    const struct CgCudaProgram *q = c->q;
+    const Graph *g = p->g;
+    c->st = zalloc(sizeof(CuStep) * (size_t)(p->steps.n + 1));
+    int64_t need = 0;
+    for (int s = 0; s < p->steps.n; s++) {
+        const CgStep *st = &p->steps.v[s];
+        CuStep *cs = &c->st[s];
+        cs->gemm = -1;
+        snprintf(cs->label, sizeof cs->label, "%s", st->name ? st->name : "step");
+        if (st->kind == CG_STEP_GEMM)
+            snprintf(cs->label, sizeof cs->label, "gemm op%d %lldx%lldx%lld batch %lld", st->op,
+                     (long long)st->gemm.M, (long long)st->gemm.N, (long long)st->gemm.K,
+                     (long long)st->gemm.batch);
+        if (st->kind == CG_STEP_KERNEL) {
+            const CgKernel *k = p->kernels.v[st->kernel];
+            cs->nfn = q->step_nfn[s];
+            cs->fn = zalloc(sizeof(CUfunction) * (size_t)(cs->nfn + 1));
+            cs->geo = &q->fn.v[q->step_fn[s]];
+            for (int f = 0; f < cs->nfn; f++)
+                cs->fn[f] = c->fns[q->step_fn[s] + f];
+            cs->ptr = zalloc(sizeof(CUdeviceptr) * (size_t)(k->params.n + 1));
+            cs->argv = zalloc(sizeof(void *) * (size_t)(k->params.n + 2));
+            for (int a = 0; a < k->params.n; a++) {
+                cs->ptr[a] = dptr(c, st->args[a]);
+                cs->argv[a] = &cs->ptr[a];
+            }
+            cs->argv[k->params.n] = &c->rs;
+        } else if (st->kind == CG_STEP_GEMM) {
+            const CgGemm *m = &st->gemm;
+            DType sa = q->storage[m->a], sb = q->storage[m->b], sc = q->storage[m->c];
+            if ((sa != DT_F32 && sa != DT_BF16) || (sb != DT_F32 && sb != DT_BF16) ||
+                (sc != DT_F32 && sc != DT_BF16)) {
+                dmsg(d, "gemm of op %d: only f32 and bf16 matrices are supported", st->op);
+                return false;
+            }
+            cudaDataType_t at = CUDA_R_32F;
+            if (c->bf16 || sa == DT_BF16 || sb == DT_BF16) {
+                at = CUDA_R_16BF;
+                cs->cast_a = sa != DT_BF16;
+                cs->cast_b = sb != DT_BF16;
+            }
+            int64_t na = numel(g, m->a) * 2, nb = numel(g, m->b) * 2;
+            if (cs->cast_a && na > need)
+                need = na;
+            if (cs->cast_b && nb > need)
+                need = nb;
+            cs->a = dptr(c, m->a);
+            cs->b = dptr(c, m->b);
+            cs->c = dptr(c, m->c);
+            cs->gemm = gemm_plan(c, m, at, sc == DT_BF16 ? CUDA_R_16BF : CUDA_R_32F, cs->a, cs->b,
+                                 cs->c, d);
+            if (cs->gemm < 0)
+                return false;
+        }
+    }
+    if (need > 0) {
+        c->scratch_half = (need + 255) / 256 * 256;
+        if (!CU(cu.cuMemAlloc(&c->scratch, (size_t)(2 * c->scratch_half)), d))
+            return false;
+        for (int s = 0; s < p->steps.n; s++) {
+            if (c->st[s].cast_a)
+                c->st[s].a = c->scratch;
+            if (c->st[s].cast_b)
+                c->st[s].b = c->scratch + (CUdeviceptr)c->scratch_half;
+        }
+    }
+    return true;
+}
+
+static bool load_module(BackendCtx *c, const ExecOpts *o, Diag *d)
+{
+    RtCudaBinary bin;
+    if (!kiln_cuda_compile(c->q->source, c->arch, o->cache_dir, o->verbose, &bin, d))
+        return false;
+    bool ok = CU(cu.cuModuleLoadData(&c->mod, bin.cubin), d);
+    kiln_cuda_binary_free(&bin);
+    if (!ok)
+        return false;
+    c->fns = zalloc(sizeof(CUfunction) * (size_t)(c->q->fn.n + 1));
+    for (int i = 0; i < c->q->fn.n; i++)
+        if (!CU(cu.cuModuleGetFunction(&c->fns[i], c->mod, c->q->fn.v[i].name), d))
+            return false;
+    if (c->q->bf16 && !CU(cu.cuModuleGetFunction(&c->cast_fn, c->mod, "kiln_cast_f32_bf16"), d))
+        return false;
+    return true;
+}
+
+static BackendCtx *cuda_create(const CgPlan *p, const ExecOpts *o, Diag *d)
+{
+    if (!cu_open()) {
+        dmsg(d, "--device cuda: %s", cu_why);
+        return NULL;
+    }
+    BackendCtx *c = zalloc(sizeof *c);
+    c->p = p;
+    c->verbose = o->verbose;
+    c->tf32 = o->tf32;
+    c->bf16 = o->precision && strcmp(o->precision, "bf16") == 0;
+    c->graph_on = o->cuda_graph && !o->profile;
+    int ndev = 0, ord = 0;
+    if (!CU(cu.cuDeviceGetCount(&ndev), d))
+        goto fail;
+    const char *env = getenv("KILN_CUDA_DEVICE");
+    if (env && *env)
+        ord = atoi(env);
+    if (ndev < 1 || ord < 0 || ord >= ndev) {
+        dmsg(d, "--device cuda: no CUDA device %d (the driver sees %d)", ord, ndev);
+        goto fail;
+    }
+    int maj = 0, min = 0;
+    if (!CU(cu.cuDeviceGet(&c->dev, ord), d) ||
+        !CU(cu.cuDeviceGetAttribute(&maj, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, c->dev),
+            d) ||
+        !CU(cu.cuDeviceGetAttribute(&min, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, c->dev),
+            d))
+        goto fail;
+    snprintf(c->arch, sizeof c->arch, "sm_%d%d", maj, min);
+    if (maj < 8) {
+        dmsg(d, "--device cuda: compute capability %d.%d is too old (expected 8.0 or newer)", maj,
+             min);
+        goto fail;
+    }
+    if (!CU(cu.cuDevicePrimaryCtxRetain(&c->ctx, c->dev), d))
+        goto fail;
+    c->ctx_held = true;
+    if (!CU(cu.cuCtxSetCurrent(c->ctx), d) ||
+        !CU(cu.cuStreamCreate(&c->s, CU_STREAM_NON_BLOCKING), d) ||
+        !CU(cu.cuStreamCreate(&c->comm, CU_STREAM_NON_BLOCKING), d) ||
+        !CU(cu.cuEventCreate(&c->comm_ready, CU_EVENT_DISABLE_TIMING), d) ||
+        !CU(cu.cuEventCreate(&c->rs_done, CU_EVENT_DISABLE_TIMING), d))
+        goto fail;
+    if (o->verbose) {
+        char name[256] = "?";
+        cu.cuDeviceGetName(name, sizeof name, c->dev);
+        fprintf(stderr, "kiln: cuda: device %d: %s (%s)%s%s%s\n", ord, name, c->arch,
+                c->bf16 ? ", bf16" : "", c->tf32 ? ", tf32" : "",
+                c->graph_on ? ", CUDA graph" : "");
+    }
+    /* one allocation: the arena, then {seed, step} */
+    size_t arena = (size_t)(p->arena_bytes + 255) / 256 * 256;
+    if (!CU(cu.cuMemAlloc(&c->arena, arena + 256), d) ||
+        !CU(cu.cuMemsetD8(c->arena, 0, arena + 256), d))
+        goto fail;
+    c->rs = c->arena + arena;
+    c->stage_cap = STAGE_BYTES;
+    if (!CU(cu.cuMemAllocHost((void **)&c->stage, c->stage_cap), d) ||
+        !CU(cu.cuMemAllocHost((void **)&c->rs_host, 2 * sizeof(uint64_t)), d))
+        goto fail;
+    c->q = host->program(p, c->bf16);
+    if (!load_module(c, o, d))
+        goto fail;
+    if (!LT(cublasLtCreate(&c->lt), d) || !CU(cu.cuMemAlloc(&c->ws, WORKSPACE_BYTES), d))
+        goto fail;
+    if (!setup_steps(c, d))
+        goto fail;
+    return c;
+fail:
+    cuda_destroy(c);
+    return NULL;
+}
+
+/* Host data into the arena: copied into pinned staging, then an
+ * asynchronous copy on the compute stream (after the work queued before). */
+static void cuda_write(BackendCtx *c, int64_t off, const void *src, int64_t bytes)
+{
+    cu.cuCtxSetCurrent(c->ctx);
+    const unsigned char *s = src;
+    while (bytes > 0) {
+        size_t n = (size_t)bytes < c->stage_cap ? (size_t)bytes : c->stage_cap;
+        if (c->stage_used + n > c->stage_cap) {
+            (void)CU(cu.cuStreamSynchronize(c->s), NULL);
+            c->stage_used = 0;
+        }
+        memcpy(c->stage + c->stage_used, s, n);
+        (void)CU(cu.cuMemcpyHtoDAsync(c->arena + (CUdeviceptr)off, c->stage + c->stage_used, n, c->s),
+           NULL);
+        c->stage_used += (n + 255) / 256 * 256;
+        s += n;
+        off += (int64_t)n;
+        bytes -= (int64_t)n;
+    }
+}
+
+static void cuda_read(BackendCtx *c, int64_t off, void *dst, int64_t bytes)
+{
+    cu.cuCtxSetCurrent(c->ctx);
+    unsigned char *t = dst;
+    (void)CU(cu.cuStreamSynchronize(c->s), NULL);
+    c->stage_used = 0;
+    while (bytes > 0) {
+        size_t n = (size_t)bytes < c->stage_cap ? (size_t)bytes : c->stage_cap;
+        (void)CU(cu.cuMemcpyDtoHAsync(c->stage, c->arena + (CUdeviceptr)off, n, c->s), NULL);
+        (void)CU(cu.cuStreamSynchronize(c->s), NULL);
+        memcpy(t, c->stage, n);
+        t += n;
+        off += (int64_t)n;
+        bytes -= (int64_t)n;
+    }
+}
+
+static bool launch(BackendCtx *c, CUfunction f, const CgCudaFn *g, void **argv, Diag *d)
+{
+    return CU(cu.cuLaunchKernel(f, (unsigned)g->blocks, 1, 1, (unsigned)g->threads, 1, 1, 0, c->s,
+                                argv, NULL),
+              d);
+}
+
+static bool cast_bf16(BackendCtx *c, CUdeviceptr x, CUdeviceptr y, int64_t n, Diag *d)
+{
+    CgCudaFn g = {.threads = 256};
+    int64_t blocks = (n + 255) / 256;
+    g.blocks = blocks < 1 ? 1 : blocks > (1 << 20) ? (1 << 20) : blocks;
+    void *argv[] = {&x, &y, &n};
+    return launch(c, c->cast_fn, &g, argv, d);
+}
+
+static bool run_gemm(BackendCtx *c, const CgStep *st, const CuStep *cs, Diag *d)
+{
+    const GemmPlan *k = &c->gemms[cs->gemm];
+    const CgGemm *m = &st->gemm;
+    if (cs->cast_a && !cast_bf16(c, dptr(c, m->a), cs->a, numel(c->p->g, m->a), d))
+        return false;
+    if (cs->cast_b && !cast_bf16(c, dptr(c, m->b), cs->b, numel(c->p->g, m->b), d))
+        return false;
+    const float one = 1.0f, zero = 0.0f;
+    /* a batch sharing B runs as one product per batch (k->batch is 1) */
+    int64_t nb = k->batch == m->batch ? 1 : m->batch;
+    int64_t ea = k->at == CUDA_R_16BF ? 2 : 4, ec = k->ct == CUDA_R_16BF ? 2 : 4;
+    for (int64_t i = 0; i < nb; i++) {
+        CUdeviceptr pa = cs->a + (CUdeviceptr)(i * m->sa * ea);
+        CUdeviceptr pc = cs->c + (CUdeviceptr)(i * m->sc * ec);
+        if (!LT(cublasLtMatmul(c->lt, k->op, &one, (const void *)cs->b, k->la, (const void *)pa,
+                               k->lb, &zero, (void *)pc, k->lc, (void *)pc, k->lc, &k->algo,
+                               (void *)c->ws, WORKSPACE_BYTES, (cudaStream_t)c->s),
+                d))
+            return false;
+    }
+    return true;
+}
+
+static bool enqueue(BackendCtx *c, int s, Diag *d)
+{
+    const CgStep *st = &c->p->steps.v[s];
+    const CuStep *cs = &c->st[s];
+    nvtxRangePushA(cs->label);
+    bool ok = true;
+    switch (st->kind) {
+    case CG_STEP_KERNEL:
+        for (int f = 0; f < cs->nfn && ok; f++)
+            ok = launch(c, cs->fn[f], &cs->geo[f], cs->argv, d);
+        break;
+    case CG_STEP_GEMM:
+        ok = run_gemm(c, st, cs, d);
+        break;
+    case CG_STEP_COPY:
+        if (st->dst != st->src && st->bytes > 0) {
+            int64_t lo = st->dst < st->src ? st->dst : st->src;
+            int64_t hi = st->dst < st->src ? st->src : st->dst;
+            if (hi - lo < st->bytes)
+                fatal("copy step %d: overlapping regions [%lld,+%lld) and [%lld,+%lld)", s,
+                      (long long)st->src, (long long)st->bytes, (long long)st->dst,
+                      (long long)st->bytes);
+            ok = CU(cu.cuMemcpyDtoDAsync(c->arena + (CUdeviceptr)st->dst,
+                                         c->arena + (CUdeviceptr)st->src, (size_t)st->bytes, c->s),
+                    d);
+        }
+        break;
+    case CG_STEP_ALLREDUCE_START:
+    case CG_STEP_ALLREDUCE_WAIT:
+        break; /* the executor's communication thread runs these */
+    }
+    nvtxRangePop();
+    return ok;
+}
+
+/* Step 0 sets {seed, step} (read by random kernels from device memory);
+ * with a CUDA graph the first run is captured and every later run replays
+ * it at step 0, the other steps being part of the graph. */
+static bool cuda_run_step(BackendCtx *c, int s, uint64_t seed, int64_t step, Diag *d)
+{
+    int last = c->p->steps.n - 1;
+    if (!CU(cu.cuCtxSetCurrent(c->ctx), d))
+        return false;
+    if (s == 0) {
+        if (!CU(cu.cuEventSynchronize(c->rs_done), d))
+            return false;
+        c->rs_host[0] = seed;
+        c->rs_host[1] = (uint64_t)step;
+        if (!CU(cu.cuMemcpyHtoDAsync(c->rs, c->rs_host, 2 * sizeof(uint64_t), c->s), d) ||
+            !CU(cu.cuEventRecord(c->rs_done, c->s), d))
+            return false;
+        if (c->gexec) {
+            nvtxRangePushA("kiln step (CUDA graph)");
+            bool ok = CU(cu.cuGraphLaunch(c->gexec, c->s), d);
+            nvtxRangePop();
+            c->replaying = last > 0;
+            return ok;
+        }
+        if (c->graph_on) {
+            if (!CU(cu.cuStreamBeginCapture(c->s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), d))
+                return false;
+            c->capturing = true;
+        }
+    }
+    if (c->replaying) {
+        if (s == last)
+            c->replaying = false;
+        return true;
+    }
+    if (!enqueue(c, s, d))
+        return false;
+    if (s == last && c->capturing) {
+        c->capturing = false;
+        if (!CU(cu.cuStreamEndCapture(c->s, &c->graph), d) ||
+            !CU(cu.cuGraphInstantiate(&c->gexec, c->graph, 0), d) ||
+            !CU(cu.cuGraphLaunch(c->gexec, c->s), d))
+            return false;
+        if (c->verbose)
+            fprintf(stderr, "kiln: cuda: step captured into a CUDA graph (%d plan steps)\n",
+                    c->p->steps.n);
+    }
+    return true;
+}
+
+static void cuda_sync(BackendCtx *c)
+{
+    cu.cuCtxSetCurrent(c->ctx);
+    (void)CU(cu.cuStreamSynchronize(c->s), NULL);
+}
+
+static const Backend backend_cuda = {
+    "cuda", cuda_create, cuda_destroy, cuda_write, cuda_read, cuda_run_step, cuda_sync,
+};
+
+/* The backend table, or NULL when kiln and the module disagree on the ABI. */
+EXPORT const Backend *kiln_cuda_backend(const RtCudaHost *h);
+EXPORT const Backend *kiln_cuda_backend(const RtCudaHost *h)
+{
+    if (!h || h->abi != RT_CUDA_ABI)
+        return NULL;
+    host = h;
+    return &backend_cuda;
+}
+
+/* Number of CUDA devices; -1 with why set when the driver is unusable. */
+EXPORT int kiln_cuda_device_count(char *why, size_t n);
+EXPORT int kiln_cuda_device_count(char *why, size_t n)
+{
+    if (!cu_open()) {
+        snprintf(why, n, "%s", cu_why);
+        return -1;
+    }
+    int k = 0;
+    CUresult r = cu.cuDeviceGetCount(&k);
+    if (r != CUDA_SUCCESS) {
+        snprintf(why, n, "cuDeviceGetCount failed (error %d)", (int)r);
+        return -1;
+    }
+    if (k == 0)
+        snprintf(why, n, "the CUDA driver sees no device");
+    return k;
+}

@@ -1,0 +1,410 @@
+/* comm.c - ranks and collectives between CPU processes through MPI.
+ *
+ * One communication thread per rank runs the collectives in the order they
+ * were queued (every rank queues the same collectives in the same order, so
+ * the order matches across ranks). A gradient bucket is packed from the arena
+ * into one f32 buffer, summed over ranks with a non-blocking all-reduce,
+ * scaled by 1/size and unpacked in place. The thread polls the request with
+ * short sleeps (it must not steal a core from the compute threads) and
+ * answers liveness pings meanwhile; past the timeout it pings every rank, names
+ * the one that does not answer (or, when all answer, the one that has not
+ * reached this collective) and stops the job with MPI_Abort. */
+#include "codegen.h"
+#include "runtime.h"
+
+#include <mpi.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+enum { TAG_PING = 101, TAG_PONG = 102 };
+
+typedef struct {
+    int bucket;               /* -1: host doubles */
+    int k;
+    int64_t *off, *bytes;     /* bucket: arena regions */
+    const Backend *be;
+    BackendCtx *ctx;
+    double *host;             /* host collective */
+    int nhost;
+    bool *done;               /* host collective: set when finished */
+} Job;
+
+struct RtComm {
+    int rank, size, local_size;
+    double timeout;
+    MPI_Comm cc, pc;          /* collectives; pings */
+    pthread_t thr;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;        /* jobs queued, buckets done, quit */
+    VEC(Job) q;               /* pending jobs, FIFO from qhead */
+    int qhead;
+    bool quit;
+    int64_t started;          /* collectives begun by the thread */
+    int *bucket_busy;         /* per bucket: queued or running starts */
+    int nbuckets;
+    float *stage;
+    int64_t nstage;
+    /* stats since the last reset (under mu) */
+    double comm_s, exposed_s;
+    VEC(RtCommEvent) ev;
+    RtCommEvent *ev_copy;
+};
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void nap(long ns)
+{
+    struct timespec ts = {0, ns};
+    nanosleep(&ts, NULL);
+}
+
+/* Answers every waiting liveness ping with the number of collectives this
+ * rank has begun. */
+static void answer_pings(RtComm *c)
+{
+    for (;;) {
+        int flag = 0;
+        MPI_Status st;
+        MPI_Iprobe(MPI_ANY_SOURCE, TAG_PING, c->pc, &flag, &st);
+        if (!flag)
+            return;
+        int64_t x;
+        MPI_Recv(&x, 1, MPI_INT64_T, st.MPI_SOURCE, TAG_PING, c->pc, MPI_STATUS_IGNORE);
+        int64_t mine = c->started;
+        MPI_Send(&mine, 1, MPI_INT64_T, st.MPI_SOURCE, TAG_PONG, c->pc);
+    }
+}
+
+/* A collective has not finished within the timeout: find whom we lost, say
+ * so, and stop every rank. */
+static _Noreturn void lost(RtComm *c, const char *what)
+{
+    int n = c->size;
+    int64_t mine = c->started;
+    int64_t *their = xcalloc((size_t)n, sizeof *their);
+    MPI_Request *rq = xmalloc(sizeof *rq * (size_t)n), *sq = xmalloc(sizeof *sq * (size_t)n);
+    int *got = xcalloc((size_t)n, sizeof *got);
+    for (int r = 0; r < n; r++) {
+        rq[r] = sq[r] = MPI_REQUEST_NULL;
+        if (r == c->rank)
+            continue;
+        MPI_Irecv(&their[r], 1, MPI_INT64_T, r, TAG_PONG, c->pc, &rq[r]);
+        MPI_Isend(&mine, 1, MPI_INT64_T, r, TAG_PING, c->pc, &sq[r]);
+    }
+    double grace = c->timeout < 2 ? c->timeout : 2, t0 = now();
+    int pending = n - 1;
+    while (pending > 0 && now() - t0 < grace) {
+        for (int r = 0; r < n; r++) {
+            if (r == c->rank || got[r])
+                continue;
+            int flag = 0;
+            MPI_Test(&rq[r], &flag, MPI_STATUS_IGNORE);
+            if (flag) {
+                got[r] = 1;
+                pending--;
+            }
+        }
+        answer_pings(c);
+        nap(100000);
+    }
+    char names[256] = "";
+    size_t k = 0;
+    bool silent = pending > 0;
+    for (int r = 0; r < n && k < sizeof names - 16; r++)
+        if (r != c->rank && (silent ? !got[r] : their[r] < mine))
+            k += (size_t)snprintf(names + k, sizeof names - k, "%s%d", k ? ", " : "", r);
+    if (silent)
+        fprintf(stderr,
+                "kiln: rank %d: lost rank %s: no answer for %g s during %s (the bound is "
+                "comm_timeout=%g s); stopping every rank\n",
+                c->rank, names, c->timeout, what, c->timeout);
+    else if (k)
+        fprintf(stderr,
+                "kiln: rank %d: lost rank %s: it is alive but did not join %s within %g s "
+                "(comm_timeout); stopping every rank\n",
+                c->rank, names, what, c->timeout);
+    else
+        fprintf(stderr,
+                "kiln: rank %d: %s did not finish within %g s (comm_timeout) although every "
+                "rank answers; stopping every rank\n",
+                c->rank, what, c->timeout);
+    fflush(stderr);
+    rt_rank_status("lost %s", k ? names : "?");
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    _exit(1);
+}
+
+/* Runs one all-reduce (sum) in place, polling with a deadline. */
+static void allreduce(RtComm *c, void *buf, int64_t n, MPI_Datatype dt, const char *what)
+{
+    MPI_Request rq;
+    if (MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, dt, MPI_SUM, c->cc, &rq) != MPI_SUCCESS)
+        lost(c, what);
+    double deadline = now() + c->timeout;
+    for (int spins = 0;; spins++) {
+        int flag = 0;
+        if (MPI_Test(&rq, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS)
+            lost(c, what);
+        if (flag)
+            return;
+        if ((spins & 63) == 63) {
+            answer_pings(c);
+            if (now() > deadline)
+                lost(c, what);
+        }
+        if (spins > 64)
+            nap(20000);
+    }
+}
+
+static void run_job(RtComm *c, Job *j)
+{
+    char what[64];
+    double t0 = now();
+    int64_t bytes = 0;
+    c->started++;
+    if (j->bucket >= 0) {
+        snprintf(what, sizeof what, "the all-reduce of bucket %d", j->bucket);
+        for (int i = 0; i < j->k; i++)
+            bytes += j->bytes[i];
+        int64_t n = bytes / 4;
+        if (n > c->nstage) {
+            free(c->stage);
+            c->stage = xmalloc((size_t)n * sizeof(float));
+            c->nstage = n;
+        }
+        int64_t at = 0;
+        for (int i = 0; i < j->k; i++) {
+            j->be->read(j->ctx, j->off[i], c->stage + at, j->bytes[i]);
+            at += j->bytes[i] / 4;
+        }
+        allreduce(c, c->stage, n, MPI_FLOAT, what);
+        float s = 1.0f / (float)c->size;
+        for (int64_t i = 0; i < n; i++)
+            c->stage[i] *= s;
+        at = 0;
+        for (int i = 0; i < j->k; i++) {
+            j->be->write(j->ctx, j->off[i], c->stage + at, j->bytes[i]);
+            at += j->bytes[i] / 4;
+        }
+    } else {
+        snprintf(what, sizeof what, "a host all-reduce");
+        bytes = (int64_t)j->nhost * 8;
+        allreduce(c, j->host, j->nhost, MPI_DOUBLE, what);
+        for (int i = 0; i < j->nhost; i++)
+            j->host[i] /= c->size;
+    }
+    double t1 = now();
+    pthread_mutex_lock(&c->mu);
+    c->comm_s += t1 - t0;
+    RtCommEvent e = {j->bucket, bytes, t0, t1};
+    vec_push(&c->ev, e);
+    if (j->bucket >= 0)
+        c->bucket_busy[j->bucket]--;
+    else
+        *j->done = true;
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+    free(j->off);
+    free(j->bytes);
+}
+
+static void *comm_main(void *arg)
+{
+    RtComm *c = arg;
+    pthread_mutex_lock(&c->mu);
+    for (;;) {
+        while (c->qhead == c->q.n && !c->quit) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += 20000000;
+            if (ts.tv_nsec >= 1000000000) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000;
+            }
+            pthread_cond_timedwait(&c->cv, &c->mu, &ts);
+            pthread_mutex_unlock(&c->mu);
+            answer_pings(c);
+            pthread_mutex_lock(&c->mu);
+        }
+        if (c->qhead == c->q.n && c->quit)
+            break;
+        Job j = c->q.v[c->qhead++];
+        if (c->qhead == c->q.n)
+            c->qhead = c->q.n = 0;
+        pthread_mutex_unlock(&c->mu);
+        run_job(c, &j);
+        pthread_mutex_lock(&c->mu);
+    }
+    pthread_mutex_unlock(&c->mu);
+    return NULL;
+}
+
+static void push_job(RtComm *c, Job j)
+{
+    pthread_mutex_lock(&c->mu);
+    vec_push(&c->q, j);
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+}
+
+bool rt_comm_open(double timeout_s, RtComm **out, Diag *d)
+{
+    *out = NULL;
+    if (!getenv("OMPI_COMM_WORLD_SIZE"))
+        return true;
+    int prov = 0;
+    if (MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &prov) != MPI_SUCCESS) {
+        snprintf(d->msg, sizeof d->msg, "kiln: MPI failed to start");
+        return false;
+    }
+    if (prov < MPI_THREAD_MULTIPLE) {
+        snprintf(d->msg, sizeof d->msg,
+                 "kiln: the MPI library does not support threads (expected "
+                 "MPI_THREAD_MULTIPLE, got level %d)", prov);
+        MPI_Finalize();
+        return false;
+    }
+    RtComm *c = xcalloc(1, sizeof *c);
+    c->timeout = timeout_s > 0 ? timeout_s : 60;
+    MPI_Comm_rank(MPI_COMM_WORLD, &c->rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &c->size);
+    const char *ls = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    c->local_size = ls && atoi(ls) > 0 ? atoi(ls) : 1;
+    MPI_Comm_dup(MPI_COMM_WORLD, &c->cc);
+    MPI_Comm_dup(MPI_COMM_WORLD, &c->pc);
+    MPI_Comm_set_errhandler(c->cc, MPI_ERRORS_RETURN);
+    MPI_Comm_set_errhandler(c->pc, MPI_ERRORS_RETURN);
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->cv, NULL);
+    if (pthread_create(&c->thr, NULL, comm_main, c) != 0)
+        die("rt_comm_open: cannot start the communication thread");
+    *out = c;
+    return true;
+}
+
+void rt_comm_close(RtComm *c)
+{
+    if (!c)
+        return;
+    pthread_mutex_lock(&c->mu);
+    c->quit = true;
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+    pthread_join(c->thr, NULL);
+    /* every rank reaches here: a last collective so no rank leaves while
+     * another still needs it */
+    double one = 1;
+    allreduce(c, &one, 1, MPI_DOUBLE, "the closing all-reduce");
+    MPI_Comm_free(&c->cc);
+    MPI_Comm_free(&c->pc);
+    MPI_Finalize();
+    pthread_mutex_destroy(&c->mu);
+    pthread_cond_destroy(&c->cv);
+    vec_free(&c->q);
+    vec_free(&c->ev);
+    free(c->ev_copy);
+    free(c->bucket_busy);
+    free(c->stage);
+    free(c);
+}
+
+int rt_comm_rank(const RtComm *c) { return c ? c->rank : 0; }
+int rt_comm_size(const RtComm *c) { return c ? c->size : 1; }
+int rt_comm_local_size(const RtComm *c) { return c ? c->local_size : 1; }
+
+void rt_comm_start(RtComm *c, const CgPlan *p, int s, const Backend *be, BackendCtx *ctx)
+{
+    if (!c || c->size == 1)
+        return;
+    const CgStep *st = &p->steps.v[s];
+    if (st->kind != CG_STEP_ALLREDUCE_START)
+        die("rt_comm_start: plan step %d is not an allreduce start", s);
+    Job j = {.bucket = st->bucket, .k = st->nargs, .be = be, .ctx = ctx};
+    j.off = xmalloc(sizeof(int64_t) * (size_t)st->nargs);
+    j.bytes = xmalloc(sizeof(int64_t) * (size_t)st->nargs);
+    for (int i = 0; i < st->nargs; i++) {
+        const Tensor *t = &p->g->t.v[st->args[i]];
+        if (t->s.dtype != DT_F32)
+            die("rt_comm_start: bucket %d holds a %s tensor (only f32 is reduced on the CPU)",
+                st->bucket, dtype_name(t->s.dtype));
+        j.off[i] = cg_offset(p, st->args[i]);
+        j.bytes[i] = shape_numel(&t->s) * 4;
+    }
+    pthread_mutex_lock(&c->mu);
+    if (st->bucket >= c->nbuckets) {
+        int n = st->bucket + 1;
+        c->bucket_busy = xrealloc(c->bucket_busy, sizeof(int) * (size_t)n);
+        for (int b = c->nbuckets; b < n; b++)
+            c->bucket_busy[b] = 0;
+        c->nbuckets = n;
+    }
+    c->bucket_busy[st->bucket]++;
+    pthread_mutex_unlock(&c->mu);
+    push_job(c, j);
+}
+
+void rt_comm_wait(RtComm *c, int bucket)
+{
+    if (!c || c->size == 1)
+        return;
+    double t0 = now();
+    bool waited = false;
+    pthread_mutex_lock(&c->mu);
+    while (bucket < c->nbuckets && c->bucket_busy[bucket] > 0) {
+        waited = true;
+        pthread_cond_wait(&c->cv, &c->mu);
+    }
+    if (waited)
+        c->exposed_s += now() - t0;
+    pthread_mutex_unlock(&c->mu);
+}
+
+void rt_comm_mean(RtComm *c, double *v, int n)
+{
+    if (!c || c->size == 1)
+        return;
+    bool done = false;
+    Job j = {.bucket = -1, .host = v, .nhost = n, .done = &done};
+    push_job(c, j);
+    pthread_mutex_lock(&c->mu);
+    while (!done)
+        pthread_cond_wait(&c->cv, &c->mu);
+    pthread_mutex_unlock(&c->mu);
+}
+
+void rt_comm_stats(RtComm *c, RtCommStats *st)
+{
+    memset(st, 0, sizeof *st);
+    if (!c)
+        return;
+    pthread_mutex_lock(&c->mu);
+    st->comm_s = c->comm_s;
+    st->exposed_s = c->exposed_s;
+    free(c->ev_copy);
+    c->ev_copy = xmalloc(sizeof(RtCommEvent) * (size_t)(c->ev.n + 1));
+    if (c->ev.n)
+        memcpy(c->ev_copy, c->ev.v, sizeof(RtCommEvent) * (size_t)c->ev.n);
+    st->nev = c->ev.n;
+    st->ev = c->ev_copy;
+    pthread_mutex_unlock(&c->mu);
+}
+
+void rt_comm_stats_reset(RtComm *c)
+{
+    if (!c)
+        return;
+    pthread_mutex_lock(&c->mu);
+    c->comm_s = c->exposed_s = 0;
+    c->ev.n = 0;
+    pthread_mutex_unlock(&c->mu);
+}

@@ -1,0 +1,336 @@
+/* dist.c - data parallelism and gradient accumulation inside the training
+ * loop: which rows of a global batch each rank and micro-batch trains on,
+ * the micro-batch executor, the loss averaged over ranks, and the per-step
+ * communication report.
+ *
+ * The data source is opened with the global batch (ranks x grad_accum x the
+ * model's batch b); rank r, micro-batch k reads rows [(r*K + k)*b, +b), so
+ * N ranks at batch b with K micro-batches see exactly the rows one rank at
+ * batch N*K*b sees. Micro-batches 0..K-2 run the micro graph (forward,
+ * backward, accum.P += grad.P); the last runs the training step, which
+ * starts from accum.P (pass_comm). */
+#include "codegen.h"
+#include "runtime.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "frontend.h"
+
+struct RtDp {
+    RtComm *comm;
+    int rank, size, K;
+    Graph *mg;   /* micro-batch graph (K > 1) */
+    Exec *me;
+    int *param_pair; /* per tg tensor: the micro graph's tensor of the same name, -1 */
+    int ntg;
+    double micro_loss; /* sum over this step's micro-batches */
+    int nmicro;
+    VEC(double) comm_ms;
+    VEC(double) exposed_ms;
+    bool have_comm;
+    char *trace_path;
+};
+
+bool rt_dp_open(const TrainCfg *c, RtDp **out, Diag *d)
+{
+    RtDp *dp = xcalloc(1, sizeof *dp);
+    *out = dp;
+    dp->K = 1;
+    if (c->grad_accum < 1) {
+        snprintf(d->msg, sizeof d->msg, "grad_accum must be at least 1 (got %lld)",
+                 (long long)c->grad_accum);
+        return false;
+    }
+    dp->K = (int)c->grad_accum;
+    if (!(c->comm_timeout > 0)) {
+        snprintf(d->msg, sizeof d->msg, "comm_timeout must be positive seconds (got %g)",
+                 c->comm_timeout);
+        return false;
+    }
+    if (!(c->bucket_mb > 0)) {
+        snprintf(d->msg, sizeof d->msg, "bucket_mb must be positive (got %g)", c->bucket_mb);
+        return false;
+    }
+    if (!rt_comm_open(c->comm_timeout, &dp->comm, d))
+        return false;
+    dp->rank = rt_comm_rank(dp->comm);
+    dp->size = rt_comm_size(dp->comm);
+    rt_rank_status("running %d", (int)getpid());
+    /* rank 0 prints; the others' standard output goes nowhere (errors still
+     * reach standard error) */
+    if (dp->rank > 0 && !freopen("/dev/null", "w", stdout))
+        die("rt_dp_open: cannot reopen standard output");
+    return true;
+}
+
+void rt_dp_close(RtDp *dp, int rc)
+{
+    if (!dp)
+        return;
+    rt_rank_status("exit %d", rc);
+    if (dp->me)
+        rt_exec_destroy(dp->me);
+    if (dp->mg)
+        ir_free(dp->mg);
+    free(dp->param_pair);
+    vec_free(&dp->comm_ms);
+    vec_free(&dp->exposed_ms);
+    free(dp->trace_path);
+    if (rc == 0)
+        rt_comm_close(dp->comm);
+    free(dp);
+}
+
+int rt_dp_rank(const RtDp *dp) { return dp ? dp->rank : 0; }
+int rt_dp_size(const RtDp *dp) { return dp ? dp->size : 1; }
+int64_t rt_dp_rows_factor(const RtDp *dp) { return dp ? (int64_t)dp->size * dp->K : 1; }
+
+const char *rt_dp_trace_path(RtDp *dp, const char *path)
+{
+    if (!path || !dp || dp->rank == 0)
+        return path;
+    free(dp->trace_path);
+    const char *dot = strrchr(path, '.');
+    const char *slash = strrchr(path, '/');
+    if (dot && (!slash || dot > slash))
+        dp->trace_path = xasprintf("%.*s.rank%d%s", (int)(dot - path), path, dp->rank, dot);
+    else
+        dp->trace_path = xasprintf("%s.rank%d", path, dp->rank);
+    return dp->trace_path;
+}
+
+void rt_dp_pass_opts(const RtDp *dp, const TrainCfg *c, bool no_overlap, PassOpts *po)
+{
+    po->nranks = dp->size;
+    po->grad_accum = dp->K;
+    po->bucket_bytes = (int64_t)(c->bucket_mb * 1048576.0);
+    po->no_overlap = no_overlap;
+}
+
+void rt_dp_exec_opts(const RtDp *dp, ExecOpts *eo)
+{
+    eo->comm = dp->comm;
+    if (eo->threads <= 0 && dp->size > 1) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        int local = rt_comm_local_size(dp->comm);
+        int t = (int)(cores / (local > 0 ? local : 1));
+        eo->threads = t < 1 ? 1 : t;
+    }
+}
+
+bool rt_dp_build(RtDp *dp, const Graph *model, const PassOpts *po, const ExecOpts *eo,
+                 const Graph *tg, Diag *d)
+{
+    for (int i = 0; i < tg->ops.n; i++) {
+        const Op *op = &tg->ops.v[i];
+        for (int j = 0; op->code == OP_ALLREDUCE_START && j < op->nin; j++) {
+            DType dt = tg->t.v[op->in[j]].s.dtype;
+            if (dt != DT_F32) {
+                snprintf(d->msg, sizeof d->msg,
+                         "%s:%d: data-parallel training averages f32 gradients only (got a "
+                         "%s gradient; train with precision=f32)",
+                         op->loc.file ? op->loc.file : "?", op->loc.line, dtype_name(dt));
+                return false;
+            }
+        }
+    }
+    if (dp->K <= 1)
+        return true;
+    dp->mg = ir_clone(model);
+    if (!pass_autodiff(dp->mg, po, d) || !pass_comm_micro(dp->mg, d) ||
+        !pass_simplify(dp->mg, po, d) || !pass_schedule(dp->mg, po, d))
+        return false;
+    char err[1024];
+    if (!ir_verify(dp->mg, err, sizeof err))
+        die("micro-batch graph invalid: %s", err);
+    ExecOpts mo = *eo;
+    mo.comm = NULL;
+    mo.profile = false;
+    if (!(dp->me = rt_exec_create(dp->mg, &mo, d)))
+        return false;
+    dp->ntg = tg->t.n;
+    dp->param_pair = xmalloc(sizeof(int) * (size_t)(tg->t.n + 1));
+    for (int i = 0; i < tg->t.n; i++) {
+        const Tensor *t = &tg->t.v[i];
+        dp->param_pair[i] = -1;
+        if (t->kind == TK_PARAM ||
+            (t->kind == TK_STATE && strncmp(t->name, "accum.", 6) == 0))
+            dp->param_pair[i] = ir_find_tensor(dp->mg, t->name);
+    }
+    return true;
+}
+
+static const Tensor *input_named(const Graph *g, const char *name)
+{
+    int id = ir_find_tensor(g, name);
+    return id >= 0 && g->t.v[id].kind == TK_INPUT ? &g->t.v[id] : NULL;
+}
+
+/* Writes rows [row0, row0 + b) of the global batch into g's data inputs. */
+static void feed_rows(Exec *e, const Graph *g, const DataBatch *b, int64_t row0)
+{
+    const Tensor *t;
+    int64_t T = b->T, D = b->D;
+    if ((t = input_named(g, "tokens")))
+        rt_exec_write(e, t->id, b->tokens + row0 * T);
+    if ((t = input_named(g, "targets")))
+        rt_exec_write(e, t->id, b->targets + row0 * T);
+    if ((t = input_named(g, "mask")))
+        rt_exec_write(e, t->id, b->mask + row0 * T);
+    if ((t = input_named(g, "x")))
+        rt_exec_write(e, t->id, b->x + row0 * D);
+    if ((t = input_named(g, "y")))
+        rt_exec_write(e, t->id, b->y + row0);
+}
+
+static int64_t model_rows(const Graph *g)
+{
+    const Tensor *t = input_named(g, "tokens");
+    if (!t)
+        t = input_named(g, "x");
+    return t ? t->s.dim[0] : 0;
+}
+
+static void copy_tensor(Exec *from, int tf, Exec *to, int tt, const Graph *g, void **buf,
+                        size_t *cap)
+{
+    const Tensor *t = &g->t.v[tf];
+    size_t n = (size_t)shape_numel(&t->s) * (size_t)dtype_size(t->s.dtype);
+    if (n > *cap) {
+        free(*buf);
+        *buf = xmalloc(n);
+        *cap = n;
+    }
+    rt_exec_read(from, tf, *buf);
+    rt_exec_write(to, tt, *buf);
+}
+
+bool rt_dp_step(RtDp *dp, Exec *te, const Graph *tg, const DataBatch *global, uint64_t seed,
+                int64_t step, Diag *d)
+{
+    int64_t b = model_rows(tg);
+    int64_t base = (int64_t)dp->rank * dp->K * b;
+    rt_comm_stats_reset(dp->comm);
+    dp->micro_loss = 0;
+    dp->nmicro = 0;
+    if (dp->K > 1) {
+        void *buf = NULL;
+        size_t cap = 0;
+        int lt = ir_find_output(dp->mg, "loss");
+        /* params into the micro executor, its accumulators to zero */
+        for (int i = 0; i < tg->t.n; i++) {
+            int m = dp->param_pair[i];
+            if (m < 0)
+                continue;
+            const Tensor *t = &tg->t.v[i];
+            if (t->kind == TK_PARAM) {
+                copy_tensor(te, i, dp->me, m, tg, &buf, &cap);
+            } else {
+                size_t n = (size_t)shape_numel(&t->s) * (size_t)dtype_size(t->s.dtype);
+                if (n > cap) {
+                    free(buf);
+                    buf = xmalloc(n);
+                    cap = n;
+                }
+                memset(buf, 0, n);
+                rt_exec_write(dp->me, m, buf);
+            }
+        }
+        for (int k = 0; k < dp->K - 1; k++) {
+            feed_rows(dp->me, dp->mg, global, base + k * b);
+            if (!rt_exec_run(dp->me, seed, step, d)) {
+                free(buf);
+                return false;
+            }
+            float l;
+            if (lt >= 0 && dp->mg->t.v[lt].s.dtype == DT_F32) {
+                rt_exec_read(dp->me, lt, &l);
+                dp->micro_loss += l;
+                dp->nmicro++;
+            }
+        }
+        for (int i = 0; i < tg->t.n; i++)
+            if (dp->param_pair[i] >= 0 && tg->t.v[i].kind == TK_STATE)
+                copy_tensor(dp->me, dp->param_pair[i], te, i, dp->mg, &buf, &cap);
+        free(buf);
+    }
+    feed_rows(te, tg, global, base + (int64_t)(dp->K - 1) * b);
+    return true;
+}
+
+float rt_dp_loss(RtDp *dp, float last)
+{
+    double v = ((double)last + dp->micro_loss) / (double)(dp->nmicro + 1);
+    rt_comm_mean(dp->comm, &v, 1);
+    return (float)v;
+}
+
+void rt_dp_after_step(RtDp *dp, Trace *trace, double t0, bool trace_events)
+{
+    if (!dp->comm || dp->size == 1)
+        return;
+    RtCommStats st;
+    rt_comm_stats(dp->comm, &st);
+    double ms = 0;
+    for (int i = 0; i < st.nev; i++)
+        if (st.ev[i].bucket >= 0)
+            ms += 1e3 * (st.ev[i].end - st.ev[i].start);
+    dp->have_comm = true;
+    vec_push(&dp->comm_ms, ms);
+    vec_push(&dp->exposed_ms, 1e3 * st.exposed_s);
+    if (!trace || !trace_events)
+        return;
+    for (int i = 0; i < st.nev; i++) {
+        char name[48];
+        if (st.ev[i].bucket >= 0)
+            snprintf(name, sizeof name, "allreduce bucket %d", st.ev[i].bucket);
+        else
+            snprintf(name, sizeof name, "allreduce host");
+        rt_trace_event(trace, name, "comm", 1e6 * (st.ev[i].start - t0),
+                       1e6 * (st.ev[i].end - st.ev[i].start), 2);
+    }
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n)
+{
+    if (n == 0)
+        return 0;
+    double *c = xmalloc(sizeof(double) * (size_t)n);
+    memcpy(c, v, sizeof(double) * (size_t)n);
+    qsort(c, (size_t)n, sizeof(double), cmp_double);
+    double m = n % 2 ? c[n / 2] : 0.5 * (c[n / 2 - 1] + c[n / 2]);
+    free(c);
+    return m;
+}
+
+void rt_dp_summary(const RtDp *dp, FILE *f)
+{
+    if (!dp || dp->size == 1)
+        return;
+    int n = dp->comm_ms.n;
+    double comm = median(dp->comm_ms.v, n), exposed = median(dp->exposed_ms.v, n);
+    double overlap = comm > 0 ? 100.0 * (1.0 - exposed / comm) : 0;
+    if (overlap < 0)
+        overlap = 0;
+    fprintf(f,
+            "comm: %d ranks x %d micro-batch%s | per step (median of %d, rank 0): "
+            "communication %.2f ms | exposed %.2f ms | overlap %.1f%%\n",
+            dp->size, dp->K, dp->K == 1 ? "" : "es", n, comm, exposed, overlap);
+}
+
+bool rt_stdout_tty(void)
+{
+    const char *v = getenv("KILN_STDOUT_TTY");
+    if (v && getenv("OMPI_COMM_WORLD_SIZE"))
+        return strcmp(v, "1") == 0;
+    return isatty(1);
+}

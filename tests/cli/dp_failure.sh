@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# dp_failure.sh - a lost rank stops the others, with a message naming it,
+# within the bound; nothing is left running. Two ways to lose rank 1 of 2
+# mid-run: it is killed (SIGKILL: mpirun notices at once), and it hangs
+# (SIGSTOP: the survivor's collective times out after comm_timeout).
+set -u
+: "${KILN:?KILN must point at the kiln binary}"
+T=$(mktemp -d "${TMPDIR:-/tmp}/kiln-dp-failure.XXXXXX")
+trap 'rm -rf "$T"' EXIT
+fail() {
+    echo "FAIL: $*"
+    echo "--- output:"
+    cat "$T/out"
+    exit 1
+}
+
+# pid of rank $2 among the children of process $1 (mpirun)
+rank_pid() {
+    local p
+    for p in $(pgrep -P "$1"); do
+        if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2"; then
+            echo "$p"
+            return
+        fi
+    done
+}
+
+alive() { # running, not a zombie
+    [ -e "/proc/$1" ] && ! awk '{exit $3 != "Z"}' "/proc/$1/stat" 2>/dev/null
+}
+
+lose_rank() { # signal, bound in seconds, extra args
+    local sig=$1 bound=$2
+    shift 2
+    "$KILN" train models/mlp.lua --steps 100000000 --nproc 2 --set log_every=1 "$@" \
+        >"$T/out" 2>&1 &
+    local L=$! M="" R0="" R1="" i
+    for i in $(seq 1200); do
+        grep -q "step  *3/" "$T/out" && break
+        sleep 0.1
+    done
+    grep -q "step  *3/" "$T/out" || fail "$sig: training did not start"
+    M=$(pgrep -P "$L" mpirun)
+    [ -n "$M" ] || fail "$sig: no mpirun under the launcher"
+    R0=$(rank_pid "$M" 0)
+    R1=$(rank_pid "$M" 1)
+    [ -n "$R0" ] && [ -n "$R1" ] || fail "$sig: ranks not found under mpirun $M"
+    local t0 t1 rc
+    t0=$(date +%s.%N)
+    kill "-$sig" "$R1"
+    wait "$L"
+    rc=$?
+    t1=$(date +%s.%N)
+    local dt
+    dt=$(awk -v a="$t0" -v b="$t1" 'BEGIN{printf "%.1f", b - a}')
+    echo "$sig: exit $rc after ${dt} s"
+    [ "$rc" -ne 0 ] || fail "$sig: exit status 0 after losing a rank"
+    grep -q "lost rank 1" "$T/out" || fail "$sig: no message naming rank 1"
+    awk -v d="$dt" -v b="$bound" 'BEGIN{exit !(d < b)}' || fail "$sig: took ${dt} s (bound $bound s)"
+    sleep 0.5
+    for i in "$M" "$R0" "$R1"; do
+        alive "$i" && fail "$sig: process $i is still running"
+    done
+    # the messages
+    grep "lost rank" "$T/out"
+}
+
+lose_rank KILL 15
+# hang: comm_timeout=3 s, plus up to 2 s to ask the other ranks, plus slack
+lose_rank STOP 15 --set comm_timeout=3
+grep -q "comm_timeout=3" "$T/out" || fail "STOP: the message does not state the bound"
+echo "ok"

@@ -1,0 +1,454 @@
+/* test_emu_plan.c - the CUDA backend's plan on the emulated device against
+ * the CPU backend, for every model in models/ (default tiny configs): one
+ * training step from the same inputs; f32: the loss and every gradient
+ * within 1e-5 relative error; bf16 (mixed precision): the loss within 1e-2
+ * (the CUDA issue's tolerance). Negative controls: the same comparison with
+ * one generated kernel broken (a barrier dropped, a shuffle over wrong
+ * lanes, an index shifted) must fail. */
+#include "emu_backend.h"
+#include "testutil.h"
+
+#include <dirent.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "codegen.h"
+#include "frontend.h"
+#include "passes.h"
+#include "runtime.h"
+
+static uint64_t rng;
+static double urand(void)
+{
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (double)(rng >> 11) * (1.0 / 9007199254740992.0);
+}
+
+/* Host data per graph input: params in [-0.3, 0.3), state zero, "lr" 1e-3,
+ * float data in [0, 1), integers in [0, 3] (valid tokens, classes and
+ * digits for every model). */
+static void **make_inputs(const Graph *g)
+{
+    rng = 12345;
+    void **host = xcalloc((size_t)g->t.n + 1, sizeof(void *));
+    for (int t = 0; t < g->t.n; t++) {
+        const Tensor *x = &g->t.v[t];
+        if (x->op >= 0)
+            continue;
+        int64_t n = shape_numel(&x->s);
+        host[t] = xcalloc((size_t)(n ? n : 1), (size_t)dtype_size(x->s.dtype));
+        for (int64_t i = 0; i < n; i++) {
+            if (x->s.dtype == DT_F32)
+                ((float *)host[t])[i] = x->kind == TK_PARAM           ? (float)(0.6 * urand() - 0.3)
+                                        : x->kind == TK_STATE         ? 0.0f
+                                        : strcmp(x->name, "lr") == 0 ? 1e-3f
+                                                                      : (float)urand();
+            else if (x->s.dtype == DT_I32)
+                ((int32_t *)host[t])[i] = (int32_t)(urand() * 4);
+            else if (x->s.dtype == DT_U8)
+                ((uint8_t *)host[t])[i] = urand() < 0.5;
+            else
+                fail_msg("input %s: dtype %s", x->name, dtype_name(x->s.dtype));
+        }
+    }
+    return host;
+}
+
+static void free_all(void **v, int n)
+{
+    for (int i = 0; i < n; i++)
+        free(v[i]);
+    free(v);
+}
+
+/* Float outputs (the loss, gradients, logits) after one step, per output
+ * index, as doubles. */
+typedef struct {
+    int n;
+    double **v;
+    int64_t *len;
+} Results;
+
+static void results_free(Results *r)
+{
+    for (int i = 0; i < r->n; i++)
+        free(r->v[i]);
+    free(r->v);
+    free(r->len);
+}
+
+static void read_outputs(const Graph *g, const Backend *be, BackendCtx *ctx, const CgPlan *p,
+                         Results *r)
+{
+    r->n = g->outs.n;
+    r->v = xcalloc((size_t)r->n + 1, sizeof(double *));
+    r->len = xcalloc((size_t)r->n + 1, sizeof(int64_t));
+    for (int k = 0; k < g->outs.n; k++) {
+        const Tensor *x = &g->t.v[g->outs.v[k].t];
+        if (x->s.dtype != DT_F32)
+            continue;
+        int64_t n = shape_numel(&x->s);
+        float *buf = xmalloc(sizeof(float) * (size_t)(n ? n : 1));
+        be->read(ctx, cg_offset(p, x->id), buf, n * 4);
+        r->v[k] = xmalloc(sizeof(double) * (size_t)(n ? n : 1));
+        for (int64_t i = 0; i < n; i++)
+            r->v[k][i] = buf[i];
+        r->len[k] = n;
+        free(buf);
+    }
+}
+
+/* One step of g's plan on backend be (the executor's walk: every step in
+ * order, allreduces being identities on one rank); false with d set on a
+ * failure. */
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static double t_create, t_run; /* seconds in the last run_one_step */
+
+static bool run_one_step(const Graph *g, const Backend *be, const ExecOpts *o, void **host,
+                         Results *r, Diag *d)
+{
+    double t0 = now();
+    Graph *gc = ir_clone(g);
+    CgPlan *p = cg_plan(gc, d);
+    if (!p) {
+        ir_free(gc);
+        return false;
+    }
+    BackendCtx *ctx = be->create(p, o, d);
+    double t1 = now();
+    t_create = t1 - t0;
+    bool ok = ctx != NULL;
+    if (ok) {
+        for (int t = 0; t < g->t.n; t++)
+            if (host[t])
+                be->write(ctx, cg_offset(p, t),
+                          host[t], shape_numel(&g->t.v[t].s) * dtype_size(g->t.v[t].s.dtype));
+        for (int s = 0; s < p->steps.n && ok; s++)
+            ok = be->run_step(ctx, s, 7, 0, d);
+        if (ok)
+            read_outputs(g, be, ctx, p, r);
+        be->destroy(ctx);
+    }
+    t_run = now() - t1;
+    cg_plan_free(p);
+    ir_free(gc);
+    return ok;
+}
+
+typedef struct {
+    const char *path;
+    Model *m;
+    void **host;
+    Results cpu;
+} Case;
+
+/* Runs the pipeline; without `fuse`, every op is its own kernel. */
+static bool pipeline(Graph *g, const PassOpts *po, bool fuse, Diag *d)
+{
+    if (fuse)
+        return pass_pipeline(g, po, NULL, NULL, NULL, d);
+    for (int i = 0; i < pass_count; i++) {
+        if (strcmp(pass_list[i].name, "fuse") == 0)
+            continue;
+        char err[1024];
+        if (!pass_list[i].run(g, po, d))
+            return false;
+        if (!ir_verify(g, err, sizeof err)) {
+            snprintf(d->msg, sizeof d->msg, "after %s: %s", pass_list[i].name, err);
+            return false;
+        }
+    }
+    return true;
+}
+
+static bool fused = true;
+
+static Case load_case(const char *path, const char *const *sets, int nsets)
+{
+    Case c = {path, NULL, NULL, {0}};
+    char err[1024];
+    c.m = fe_load_model(path, sets, nsets, err, sizeof err);
+    if (!c.m)
+        fail_msg("%s: %s", path, err);
+    PassOpts po;
+    pass_opts_default(&po);
+    po.beta1 = c.m->train.beta1;
+    po.beta2 = c.m->train.beta2;
+    po.eps = c.m->train.eps;
+    po.weight_decay = c.m->train.weight_decay;
+    po.grad_clip = c.m->train.grad_clip;
+    Diag d = {{0}};
+    if (!pipeline(c.m->g, &po, fused, &d))
+        fail_msg("%s: pipeline: %s", path, d.msg);
+    c.host = make_inputs(c.m->g);
+    /* the reference: the CPU backend through the executor */
+    const Graph *g = c.m->g;
+    ExecOpts o = {.threads = 1};
+    Exec *e = rt_exec_create(g, &o, &d);
+    if (!e)
+        fail_msg("%s: CPU backend: %s", path, d.msg);
+    for (int t = 0; t < g->t.n; t++)
+        if (c.host[t])
+            rt_exec_write(e, t, c.host[t]);
+    if (!rt_exec_run(e, 7, 0, &d))
+        fail_msg("%s: CPU backend: %s", path, d.msg);
+    c.cpu.n = g->outs.n;
+    c.cpu.v = xcalloc((size_t)g->outs.n + 1, sizeof(double *));
+    c.cpu.len = xcalloc((size_t)g->outs.n + 1, sizeof(int64_t));
+    for (int k = 0; k < g->outs.n; k++) {
+        const Tensor *x = &g->t.v[g->outs.v[k].t];
+        if (x->s.dtype != DT_F32)
+            continue;
+        int64_t n = shape_numel(&x->s);
+        float *buf = xmalloc(sizeof(float) * (size_t)(n ? n : 1));
+        rt_exec_read(e, x->id, buf);
+        c.cpu.v[k] = xmalloc(sizeof(double) * (size_t)(n ? n : 1));
+        for (int64_t i = 0; i < n; i++)
+            c.cpu.v[k][i] = buf[i];
+        c.cpu.len[k] = n;
+        free(buf);
+    }
+    rt_exec_destroy(e);
+    return c;
+}
+
+static void free_case(Case *c)
+{
+    results_free(&c->cpu);
+    free_all(c->host, c->m->g->t.n);
+    fe_model_free(c->m);
+}
+
+/* Largest relative error over the loss and the gradients (outputs "loss"
+ * and "grad.*"), printed per output when verbose. */
+static double compare(const Case *c, const Results *got, bool verbose, double *loss_err)
+{
+    const Graph *g = c->m->g;
+    double worst = 0;
+    *loss_err = INFINITY;
+    for (int k = 0; k < g->outs.n; k++) {
+        const char *name = g->outs.v[k].name;
+        if (!c->cpu.v[k] || (strcmp(name, "loss") != 0 && strncmp(name, "grad.", 5) != 0))
+            continue;
+        double e = rel_err(got->v[k], c->cpu.v[k], c->cpu.len[k]);
+        if (strcmp(name, "loss") == 0) {
+            *loss_err = e;
+            if (verbose)
+                print_message("  %-28s cpu %.9g emu %.9g rel err %.3g\n", name, c->cpu.v[k][0],
+                              got->v[k][0], e);
+        } else if (verbose && e > 1e-6) {
+            print_message("  %-28s rel err %.3g\n", name, e);
+        }
+        if (!(e <= worst))
+            worst = e; /* NaN and Inf stick */
+    }
+    return worst;
+}
+
+static double emu_step_err(const Case *c, const char *precision, const EmuBackendCfg *cfg,
+                           bool verbose, double *loss_err, Diag *d)
+{
+    emu_backend_configure(cfg);
+    ExecOpts o = {.threads = 1, .precision = precision};
+    Results r = {0};
+    if (!run_one_step(c->m->g, &emu_backend_cuda, &o, c->host, &r, d))
+        return NAN;
+    double e = compare(c, &r, verbose, loss_err);
+    results_free(&r);
+    return e;
+}
+
+static const char *const ptr_structs[] = {"kiln_bf16p", NULL};
+
+static EmuBackendCfg default_cfg(void)
+{
+    EmuBackendCfg cfg = {0};
+    emu_opts_default(&cfg.opts);
+    cfg.opts.ptr_structs = ptr_structs;
+    return cfg;
+}
+
+/* Every model, f32 and bf16. */
+static void check_model(const char *path, const char *const *sets, int nsets)
+{
+    Case c = load_case(path, sets, nsets);
+    EmuBackendCfg cfg = default_cfg();
+    Diag d = {{0}};
+    double loss_err;
+    print_message("%s%s%s f32:\n", path, nsets ? " " : "", nsets ? sets[0] : "");
+    double e = emu_step_err(&c, NULL, &cfg, true, &loss_err, &d);
+    if (isnan(e) && d.msg[0])
+        fail_msg("%s: emulated CUDA plan (f32): %s", path, d.msg);
+    print_message("  worst over loss and grads: %.3g (compile %.1f s, run %.1f s)\n", e, t_create,
+                  t_run);
+    if (!(e < 1e-5))
+        fail_msg("%s f32: emulated CUDA plan differs from the CPU backend: %g", path, e);
+    print_message("%s%s%s bf16:\n", path, nsets ? " " : "", nsets ? sets[0] : "");
+    d.msg[0] = 0;
+    e = emu_step_err(&c, "bf16", &cfg, true, &loss_err, &d);
+    if (isnan(e) && d.msg[0])
+        fail_msg("%s: emulated CUDA plan (bf16): %s", path, d.msg);
+    print_message("  worst over loss and grads: %.3g (loss %.3g; compile %.1f s, run %.1f s)\n", e,
+                  loss_err, t_create, t_run);
+    if (!(loss_err < 1e-2))
+        fail_msg("%s bf16: loss differs from the CPU backend by %g (tolerance 1e-2)", path,
+                 loss_err);
+    free_case(&c);
+}
+
+static void each_model(void)
+{
+    DIR *dir = opendir("models");
+    if (!dir)
+        fail_msg("no models/ directory (tests run from the source root)");
+    struct dirent *de;
+    VEC(char *) paths = {0};
+    while ((de = readdir(dir))) {
+        size_t n = strlen(de->d_name);
+        if (n >= 5 && strcmp(de->d_name + n - 4, ".lua") == 0)
+            vec_push(&paths, xasprintf("models/%s", de->d_name));
+    }
+    closedir(dir);
+    assert_true(paths.n > 0);
+    for (int i = 0; i < paths.n; i++) {
+        /* every emulated thread is a context switch: sizes that keep the
+         * whole set within a few minutes of CI time */
+        const char *small[] = {"batch=8"};
+        bool shrink = strcmp(paths.v[i], "models/addition.lua") == 0;
+        check_model(paths.v[i], shrink ? small : NULL, shrink ? 1 : 0);
+        free(paths.v[i]);
+    }
+    free(paths.v);
+}
+
+static void test_models(void **state)
+{
+    (void)state;
+    fused = true;
+    each_model();
+}
+
+/* The plan without fusion: every op its own kernel. */
+static void test_models_unfused(void **state)
+{
+    (void)state;
+    fused = false;
+    each_model();
+    fused = true;
+}
+
+/* Dropout: random kernels read {seed, step} from device memory. */
+static void test_gpt_dropout(void **state)
+{
+    (void)state;
+    const char *sets[] = {"dropout=0.1"};
+    check_model("models/gpt.lua", sets, 1);
+}
+
+/* ---- negative controls ------------------------------------------------------ */
+
+/* Replaces the first occurrence of `from` after the first occurrence of
+ * `after` (NULL: from the start); NULL if either is absent. */
+static char *replace_first(const char *src, const char *after, const char *from, const char *to)
+{
+    const char *base = src;
+    if (after && !(base = strstr(src, after)))
+        return NULL;
+    const char *p = strstr(base, from);
+    if (!p)
+        return NULL;
+    return xasprintf("%.*s%s%s", (int)(p - src), src, to, p + strlen(from));
+}
+
+/* The block reduction without the barrier between the warp leaders' writes
+ * of their partial results and warp 0's reads. */
+static char *drop_barrier(const char *src, void *ctx)
+{
+    (void)ctx;
+    return replace_first(src, "kiln_block_reduce(", "        sh[wid] = v;\n    __syncthreads();\n",
+                         "        sh[wid] = v;\n");
+}
+
+/* The block reduction without the barrier that keeps a new reduction's
+ * writes of partial results from overtaking a previous reduction's reads. */
+static char *drop_first_barrier(const char *src, void *ctx)
+{
+    (void)ctx;
+    return replace_first(src, "kiln_block_reduce(",
+                         "    __syncthreads();\n    if (lane == 0)\n        sh[wid] = v;\n",
+                         "    if (lane == 0)\n        sh[wid] = v;\n");
+}
+
+/* The block reduction's warp tree starting at offset 8: lanes 16..31 never
+ * reach lane 0. */
+static char *wrong_lanes(const char *src, void *ctx)
+{
+    (void)ctx;
+    return replace_first(src, "kiln_block_reduce(", "for (int o = 16;", "for (int o = 8;");
+}
+
+/* In the first generated kernel that sums rows with kiln_block_reduce, the
+ * block-strided loop starts one element late: thread 0 skips element 0 of
+ * every row. */
+static char *shift_index(const char *src, void *ctx)
+{
+    (void)ctx;
+    const char *loop = "for (int64_t j = threadIdx.x;";
+    for (const char *k = strstr(src, "__global__"); k; k = strstr(k + 1, "__global__")) {
+        const char *next = strstr(k + 1, "__global__");
+        const char *red = strstr(k, "kiln_block_reduce<float, false>(");
+        const char *j = strstr(k, loop);
+        if (red && j && j < red && (!next || red < next))
+            return xasprintf("%.*sfor (int64_t j = threadIdx.x + 1;%s", (int)(j - src), src,
+                             j + strlen(loop));
+    }
+    return NULL;
+}
+
+static void expect_caught(const Case *c, char *(*edit)(const char *, void *), const char *what)
+{
+    EmuBackendCfg cfg = default_cfg();
+    cfg.edit = edit;
+    Diag d = {{0}};
+    double loss_err;
+    double e = emu_step_err(c, NULL, &cfg, false, &loss_err, &d);
+    if (isnan(e) && (strstr(d.msg, "did not apply") || strstr(d.msg, "compiling")))
+        fail_msg("negative control \"%s\": %s (the CUDA printer's output changed)", what, d.msg);
+    print_message("negative control \"%s\": worst rel err %.3g%s%s\n", what, e,
+                  d.msg[0] ? ", error: " : "", d.msg);
+    if (e < 1e-3)
+        fail_msg("negative control \"%s\" was not caught: rel err %g", what, e);
+}
+
+static void test_negative_controls(void **state)
+{
+    (void)state;
+    Case c = load_case("models/gpt.lua", NULL, 0);
+    expect_caught(&c, drop_barrier, "barrier dropped in kiln_block_reduce");
+    expect_caught(&c, drop_first_barrier, "barrier before the partials' writes dropped");
+    expect_caught(&c, wrong_lanes, "shuffle over wrong lanes in kiln_block_reduce");
+    expect_caught(&c, shift_index, "index shifted in the first row-sum kernel");
+    free_case(&c);
+}
+
+int main(int argc, char **argv)
+{
+    (void)argc;
+    emu_init(argv);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_models_unfused),
+        cmocka_unit_test(test_models),
+        cmocka_unit_test(test_gpt_dropout),
+        cmocka_unit_test(test_negative_controls),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,352 @@
+/* test_cuda_compile.c - the CUDA backend without a GPU: every kernel of
+ * every model in models/ (their own configs, and gpt at size=124M), for the
+ * training step and the evaluation graph, printed by the CUDA printer in f32
+ * and in bf16 mixed precision, compiled through the CUDA module's own NVRTC
+ * path for sm_90 and sm_80. Fails on any compile error, on any warning in
+ * the NVRTC log, on any register spill ptxas reports (--ptxas-options=-v),
+ * and on a function the cubin lacks. Also: a broken kernel reports the
+ * NVRTC error; the second compile of the same source is a cache hit; every
+ * function's launch geometry is one the backend can use.
+ *
+ * Model kernels use the shared kernel cache ($KILN_CACHE_DIR; the spill and
+ * warning checks read the cached NVRTC log), the error and cache checks a
+ * fresh directory.
+ *
+ * The module (libkiln_cuda.so) is found beside $KILN_BIN. Where no CUDA
+ * toolkit is installed the module is not built and the test is skipped; on
+ * a machine with the toolkit a missing module fails. */
+#include "codegen.h"
+#include "frontend.h"
+#include "runtime.h"
+#include "testutil.h"
+
+#include <dirent.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static const char *const archs[] = {"sm_90", "sm_80"};
+static char *cache;
+static int nkernels, ncompiles;
+
+static bool have_toolkit(void)
+{
+    struct stat st;
+    const char *p = getenv("CUDA_PATH");
+    if (p && *p && stat(p, &st) == 0)
+        return true;
+    return stat("/usr/local/cuda/include/nvrtc.h", &st) == 0;
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    if (!getenv("KILN_CUDA_MODULE")) {
+        const char *bin = getenv("KILN_BIN");
+        if (!bin)
+            bin = "build/kiln";
+        char path[4096];
+        const char *s = strrchr(bin, '/');
+        snprintf(path, sizeof path, "%.*s/libkiln_cuda.so", s ? (int)(s - bin) : 1,
+                 s ? bin : ".");
+        setenv("KILN_CUDA_MODULE", path, 1);
+    }
+    struct stat st;
+    if (stat(getenv("KILN_CUDA_MODULE"), &st) != 0) {
+        if (have_toolkit()) {
+            fprintf(stderr, "the CUDA toolkit is installed but %s was not built\n",
+                    getenv("KILN_CUDA_MODULE"));
+            return -1;
+        }
+        fprintf(stderr, "no CUDA toolkit: the CUDA module is not built; skipping\n");
+        return 0;
+    }
+    cache = scratch_dir("cuda-cache");
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    if (cache) {
+        char *cmd = xasprintf("rm -rf '%s'", cache), *out = NULL;
+        run_cmd(cmd, &out);
+        free(out);
+        free(cmd);
+    }
+    return 0;
+}
+
+static bool module_built(void) { return cache != NULL; }
+
+/* Total bytes of spill stores and loads ptxas reports in log. */
+static long spills(const char *log, char *where, size_t n)
+{
+    long total = 0;
+    for (const char *p = log; (p = strstr(p, "bytes spill stores")); p++) {
+        const char *q = p;
+        while (q > log && q[-1] == ' ')
+            q--;
+        while (q > log && q[-1] >= '0' && q[-1] <= '9')
+            q--;
+        long st = strtol(q, NULL, 10);
+        const char *l = strstr(p, "spill stores, ");
+        long ld = l ? strtol(l + 14, NULL, 10) : 0;
+        if (st + ld > 0 && !where[0]) {
+            const char *b = q;
+            while (b > log && b[-1] != '\n')
+                b--;
+            /* the function's name is on the line before */
+            const char *fb = b > log ? b - 1 : b;
+            while (fb > log && fb[-1] != '\n')
+                fb--;
+            snprintf(where, n, "%.*s", (int)(p - fb + 20), fb);
+        }
+        total += st + ld;
+    }
+    return total;
+}
+
+static bool contains(const void *hay, size_t n, const char *needle)
+{
+    size_t k = strlen(needle);
+    const char *h = hay;
+    for (size_t i = 0; i + k <= n; i++)
+        if (h[i] == needle[0] && memcmp(h + i, needle, k) == 0 && (i + k == n || h[i + k] == 0))
+            return true;
+    return false;
+}
+
+/* Launch geometry the backend can use: every kernel step has its functions,
+ * blocks are whole warps (the block reductions need it), column tiles are
+ * 256 threads, grids are not empty. */
+static void check_geometry(const char *what, const CgPlan *pl, const CgCudaProgram *q)
+{
+    for (int s = 0; s < pl->steps.n; s++) {
+        const CgStep *st = &pl->steps.v[s];
+        if (st->kind != CG_STEP_KERNEL) {
+            assert_int_equal(q->step_fn[s], -1);
+            continue;
+        }
+        if (q->step_nfn[s] != pl->kernels.v[st->kernel]->loops.n)
+            fail_msg("%s: step %d has %d functions for %d loops", what, s, q->step_nfn[s],
+                     pl->kernels.v[st->kernel]->loops.n);
+        for (int f = 0; f < q->step_nfn[s]; f++) {
+            const CgCudaFn *fn = &q->fn.v[q->step_fn[s] + f];
+            if (fn->kernel != st->kernel || fn->threads % 32 || fn->threads < 32 ||
+                fn->threads > 1024 || fn->blocks < 1 || (fn->cols && fn->threads != 256) ||
+                (fn->rows && fn->cols))
+                fail_msg("%s: %s: bad launch (kernel %d, %d threads, %lld blocks, rows %d, "
+                         "cols %d)",
+                         what, fn->name, fn->kernel, fn->threads, (long long)fn->blocks, fn->rows,
+                         fn->cols);
+        }
+    }
+}
+
+typedef struct {
+    const char *src, *arch;
+    bool ok;
+    RtCudaBinary b;
+    Diag d;
+} Job;
+
+static void *compile_job(void *arg)
+{
+    Job *j = arg;
+    memset(&j->d, 0, sizeof j->d);
+    j->ok = rt_cuda_compile(j->src, j->arch, NULL, false, &j->b, &j->d);
+    return NULL;
+}
+
+/* Both architectures at once (NVRTC is thread-safe), then every check. */
+static void compile_plan(const char *what, const CgPlan *pl)
+{
+    enum { NA = sizeof archs / sizeof archs[0] };
+    for (int bf = 0; bf < 2; bf++) {
+        CgCudaProgram *q = cg_cuda_program(pl, bf != 0);
+        check_geometry(what, pl, q);
+        Job job[NA];
+        pthread_t th[NA];
+        for (int a = 0; a < NA; a++) {
+            job[a] = (Job){.src = q->source, .arch = archs[a]};
+            if (a > 0 && pthread_create(&th[a], NULL, compile_job, &job[a]) != 0)
+                compile_job(&job[a]);
+        }
+        compile_job(&job[0]);
+        for (int a = 1; a < NA; a++)
+            pthread_join(th[a], NULL);
+        for (int a = 0; a < NA; a++) {
+            RtCudaBinary *b = &job[a].b;
+            if (!job[a].ok)
+                fail_msg("%s (%s, %s): %s", what, bf ? "bf16" : "f32", archs[a], job[a].d.msg);
+            if (strstr(b->log, "warning"))
+                fail_msg("%s (%s, %s): NVRTC warnings:\n%s", what, bf ? "bf16" : "f32",
+                         archs[a], b->log);
+            if (!strstr(b->log, "Used ") && q->fn.n > 0)
+                fail_msg("%s: the NVRTC log has no ptxas report (expected --ptxas-options=-v)",
+                         what);
+            char where[512] = "";
+            long sp = spills(b->log, where, sizeof where);
+            if (sp > 0)
+                fail_msg("%s (%s, %s): %ld bytes of register spills, first at:\n%s", what,
+                         bf ? "bf16" : "f32", archs[a], sp, where);
+            for (int i = 0; i < q->fn.n; i++)
+                if (!contains(b->cubin, b->size, q->fn.v[i].name))
+                    fail_msg("%s: the cubin lacks %s", what, q->fn.v[i].name);
+            if (bf && !contains(b->cubin, b->size, "kiln_cast_f32_bf16"))
+                fail_msg("%s: the bf16 cubin lacks kiln_cast_f32_bf16", what);
+            ncompiles++;
+            rt_cuda_binary_free(b);
+        }
+        if (!bf)
+            nkernels += q->fn.n;
+        if (bf) {
+            int nhalf = 0;
+            for (int t = 0; t < pl->g->t.n; t++)
+                nhalf += q->storage[t] == DT_BF16;
+            fprintf(stderr, "  %s: %d functions, %d tensors stored as bf16\n", what, q->fn.n,
+                    nhalf);
+        }
+        cg_cuda_program_free(q);
+    }
+}
+
+static void compile_model(const char *path, const char *const *sets, int nsets)
+{
+    char err[1024], what[600];
+    snprintf(what, sizeof what, "%s%s%s", path, nsets ? " --set " : "", nsets ? sets[0] : "");
+    Model *m = fe_load_model(path, sets, nsets, err, sizeof err);
+    if (!m)
+        fail_msg("%s: %s", path, err);
+    PassOpts po;
+    pass_opts_default(&po);
+    po.memory_budget = m->train.memory_budget;
+    Diag d = {{0}};
+    Graph *eg = ir_clone(m->g);
+    if (!pass_pipeline(m->g, &po, NULL, NULL, NULL, &d))
+        fail_msg("%s: pipeline: %s", what, d.msg);
+    CgPlan *pl = cg_plan(m->g, &d);
+    if (!pl)
+        fail_msg("%s: plan: %s", what, d.msg);
+    char w[700];
+    snprintf(w, sizeof w, "%s [train step]", what);
+    compile_plan(w, pl);
+    cg_plan_free(pl);
+    if (!pass_simplify(eg, &po, &d) || !pass_schedule(eg, &po, &d))
+        fail_msg("%s: evaluation graph: %s", what, d.msg);
+    pl = cg_plan(eg, &d);
+    if (!pl)
+        fail_msg("%s: evaluation plan: %s", what, d.msg);
+    snprintf(w, sizeof w, "%s [evaluation]", what);
+    compile_plan(w, pl);
+    cg_plan_free(pl);
+    ir_free(eg);
+    fe_model_free(m);
+}
+
+static void test_every_model(void **state)
+{
+    (void)state;
+    if (!module_built())
+        skip();
+    DIR *dir = opendir("models");
+    if (!dir)
+        fail_msg("no models/ directory (tests run from the source root)");
+    struct dirent *de;
+    int nmodels = 0;
+    while ((de = readdir(dir))) {
+        size_t n = strlen(de->d_name);
+        if (n < 5 || strcmp(de->d_name + n - 4, ".lua") != 0)
+            continue;
+        char path[512];
+        snprintf(path, sizeof path, "models/%s", de->d_name);
+        compile_model(path, NULL, 0);
+        nmodels++;
+    }
+    closedir(dir);
+    assert_true(nmodels >= 4);
+    const char *big[] = {"size=124M"};
+    compile_model("models/gpt.lua", big, 1);
+    fprintf(stderr, "%d models (+ gpt 124M): %d f32 functions, %d NVRTC compiles\n", nmodels,
+            nkernels, ncompiles);
+}
+
+static void test_error_and_cache(void **state)
+{
+    (void)state;
+    if (!module_built())
+        skip();
+    char *bad = xasprintf("%s\nextern \"C\" __global__ void broken(float *p)\n{\n"
+                          "    p[0] = undefined_name;\n}\n",
+                          cg_cuda_prelude);
+    RtCudaBinary b;
+    Diag d = {{0}};
+    assert_false(rt_cuda_compile(bad, "sm_90", cache, false, &b, &d));
+    free(bad);
+    if (!strstr(d.msg, "NVRTC failed") || !strstr(d.msg, "undefined_name"))
+        fail_msg("unexpected diagnostic: %s", d.msg);
+
+    char good[256];
+    snprintf(good, sizeof good,
+             "extern \"C\" __global__ void ok_%d(float *p) { p[threadIdx.x] *= 2.0f; }\n",
+             (int)getpid());
+    assert_true(rt_cuda_compile(good, "sm_90", cache, false, &b, &d));
+    assert_false(b.cached);
+    assert_true(b.size > 0);
+    size_t n1 = b.size;
+    rt_cuda_binary_free(&b);
+    assert_true(rt_cuda_compile(good, "sm_90", cache, false, &b, &d));
+    assert_true(b.cached);
+    assert_int_equal(b.size, n1);
+    assert_non_null(strstr(b.log, "Used "));
+    rt_cuda_binary_free(&b);
+    /* another architecture is another entry */
+    assert_true(rt_cuda_compile(good, "sm_80", cache, false, &b, &d));
+    assert_false(b.cached);
+    rt_cuda_binary_free(&b);
+}
+
+/* The checks of compile_plan see what they look for: an NVRTC warning and
+ * a kernel that spills registers (96 live floats under a 32-register
+ * budget). */
+static void test_checks_bite(void **state)
+{
+    (void)state;
+    if (!module_built())
+        skip();
+    const char *src =
+        "extern \"C\" __global__ void w(float *p) { int unused = 3; p[0] = 1.0f; }\n"
+        "extern \"C\" __global__ void __launch_bounds__(1024, 2) sp(float *p)\n"
+        "{\n"
+        "    float r[96];\n"
+        "    for (int i = 0; i < 96; i++) r[i] = p[i * blockDim.x + threadIdx.x];\n"
+        "    for (int k = 0; k < 8; k++)\n"
+        "        for (int i = 0; i < 96; i++) r[i] = r[i] * r[(i + k) % 96] + 1.0f;\n"
+        "    float s = 0;\n"
+        "    for (int i = 0; i < 96; i++) s += r[i];\n"
+        "    p[threadIdx.x] = s;\n"
+        "}\n";
+    RtCudaBinary b;
+    Diag d = {{0}};
+    assert_true(rt_cuda_compile(src, "sm_90", cache, false, &b, &d));
+    assert_non_null(strstr(b.log, "warning"));
+    char where[512] = "";
+    long sp = spills(b.log, where, sizeof where);
+    if (sp <= 0 || !strstr(where, "sp"))
+        fail_msg("no spill found in:\n%s", b.log);
+    rt_cuda_binary_free(&b);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_error_and_cache),
+        cmocka_unit_test(test_checks_bite),
+        cmocka_unit_test(test_every_model),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
