@@ -158,69 +158,160 @@ static void print_stores(CgBuf *b, const CgKernel *k, const CgPhase *ph, int dep
 
 enum { LANES = 8, COLBLOCK = 256 };
 
-/* A reduction phase. f32 folds over one long inner dim run in LANES
- * independent partial accumulators (vectorisable, deterministic), combined
- * in order at the end; others fold one element at a time. */
-static void print_reduction(CgBuf *b, const CgKernel *k, const CgPhase *ph, int depth)
+/* The summation order of every reduction is a function of its element
+ * count alone, never of the loop shape or kernel that computes it, so a
+ * reduction gives the same bits fused or not (and whatever remat or fusion
+ * put around it). With n the number of elements folded and r an element's
+ * row-major position over the reduced dims:
+ *   n <  RED_LANES_MIN: one accumulator, r = 0, 1, .. in order;
+ *   n >= RED_LANES_MIN: LANES partial accumulators, element r folded into
+ *                       partial r % LANES in increasing r; then the partials
+ *                       folded in order 0..LANES-1 into a fresh accumulator.
+ * The partials have the phase's type (vectorisable); the single
+ * accumulator, and the one the partials are folded into, is double for
+ * float sums (CgPhase.wide), else the phase's type; the result is converted
+ * to the phase's type once, as the reduction's value a<acc>, before any
+ * use. */
+enum { RED_LANES_MIN = 4 * LANES };
+
+static const char *red_aty(const CgPhase *ph)
 {
-    const char *aty = ph->wide ? "double" : cg_ctype(ph->adt);
+    return ph->wide ? "double" : cg_ctype(ph->adt);
+}
+
+static int64_t red_count(const CgPhase *ph)
+{
+    int64_t n = 1;
+    for (int j = 0; j < ph->ndim; j++)
+        n *= ph->dim[j].n;
+    return n;
+}
+
+/* Row-major flat position over dims[0..n), as C text:
+ * ((v0 * n1 + v1) * n2 + v2) ... */
+static void red_flat(char *buf, size_t size, const CgDim *dim, int n)
+{
+    char tmp[512];
+    snprintf(buf, size, "v%d", dim[0].var);
+    for (int j = 1; j < n; j++) {
+        snprintf(tmp, sizeof tmp, "(%s) * %lldLL + v%d", buf, (long long)dim[j].n, dim[j].var);
+        snprintf(buf, size, "%s", tmp);
+    }
+}
+
+/* The name the fold accumulates into: w<acc> when it is wider than the
+ * phase's type (then red_narrow defines a<acc>), else a<acc> itself. */
+static void red_name(char *buf, size_t size, const CgPhase *ph)
+{
+    snprintf(buf, size, "%c%d", ph->wide ? 'w' : 'a', ph->acc);
+}
+
+/* a<acc> from src: "const T a<acc> = (T)src;" when wide; nothing when src
+ * is a<acc> already. */
+static void red_narrow(CgBuf *b, const CgPhase *ph, const char *src, int depth)
+{
+    char a[32];
+    snprintf(a, sizeof a, "a%d", ph->acc);
+    if (strcmp(src, a) == 0)
+        return;
     indent(b, depth);
-    cg_printf(b, "%s a%d = ", aty, ph->acc);
+    cg_printf(b, "const %s a%d = (%s)%s;\n", cg_ctype(ph->adt), ph->acc, cg_ctype(ph->adt), src);
+}
+
+/* <red_name> = init; fold lanes[0..LANES) into it in order. */
+static void red_combine(CgBuf *b, const CgPhase *ph, const char *lanes, int depth)
+{
+    char w[32];
+    red_name(w, sizeof w, ph);
+    indent(b, depth);
+    cg_printf(b, "%s %s = ", red_aty(ph), w);
     print_red_init(b, ph);
     cg_puts(b, ";\n");
-    if (ph->adt == DT_F32 && ph->ndim == 1 && ph->dim[0].n >= 4 * LANES) {
-        int v = ph->dim[0].var;
-        int64_t n = ph->dim[0].n, nv = n / LANES * LANES;
+    indent(b, depth);
+    cg_printf(b, "for (int q_ = 0; q_ < %d; q_++) ", LANES);
+    if (ph->rop == CG_RED_SUM)
+        cg_printf(b, "%s += %s[q_];\n", w, lanes);
+    else
+        cg_printf(b, "%s = (%s[q_] != %s[q_] || %s[q_] > %s) ? %s[q_] : %s;\n", w, lanes, lanes,
+                  lanes, w, lanes, w);
+}
+
+/* red_combine for a column loop's partials A<acc>[q][col]. */
+static void red_combine_col(CgBuf *b, const CgPhase *ph, const char *col, int depth)
+{
+    char w[32];
+    red_name(w, sizeof w, ph);
+    indent(b, depth);
+    cg_printf(b, "%s %s = 0;\n", red_aty(ph), w);
+    indent(b, depth);
+    cg_printf(b, "for (int q_ = 0; q_ < %d; q_++) %s += A%d[q_][%s];\n", LANES, w, ph->acc, col);
+}
+
+/* A reduction phase, in the order above. A single reduced dim folds in
+ * chunks of LANES (vectorisable). */
+static void print_reduction(CgBuf *b, const CgKernel *k, const CgPhase *ph, int depth)
+{
+    const char *aty = red_aty(ph);
+    int64_t n = red_count(ph);
+    char acc[600], w[32], lanes[32];
+    red_name(w, sizeof w, ph);
+    snprintf(lanes, sizeof lanes, "l%d", ph->acc);
+    if (n < RED_LANES_MIN) {
         indent(b, depth);
-        cg_printf(b, "{\n");
-        indent(b, depth + 1);
-        cg_printf(b, "float l%d[%d];\n", ph->acc, LANES);
-        indent(b, depth + 1);
-        cg_printf(b, "for (int q_ = 0; q_ < %d; q_++) l%d[q_] = ", LANES, ph->acc);
+        cg_printf(b, "%s %s = ", aty, w);
         print_red_init(b, ph);
         cg_puts(b, ";\n");
-        indent(b, depth + 1);
+        int d2 = depth;
+        open_loops(b, ph->dim, ph->ndim, &d2);
+        print_lets(b, k, ph, d2);
+        print_fold(b, k, ph, w, d2);
+        close_loops(b, ph->ndim, &d2);
+        red_narrow(b, ph, w, depth);
+        return;
+    }
+    indent(b, depth);
+    cg_printf(b, "%s l%d[%d];\n", cg_ctype(ph->adt), ph->acc, LANES);
+    indent(b, depth);
+    cg_printf(b, "for (int q_ = 0; q_ < %d; q_++) l%d[q_] = ", LANES, ph->acc);
+    print_red_init(b, ph);
+    cg_puts(b, ";\n");
+    if (ph->ndim == 1) {
+        int v = ph->dim[0].var;
+        int64_t nv = n / LANES * LANES;
+        indent(b, depth);
         cg_printf(b, "for (int64_t c%d = 0; c%d < %lld; c%d += %d) {\n", v, v, (long long)nv, v,
                   LANES);
-        indent(b, depth + 2);
+        indent(b, depth + 1);
         cg_printf(b, "for (int64_t v%d = c%d; v%d < c%d + %d; v%d++) {\n", v, v, v, v, LANES, v);
-        print_lets(b, k, ph, depth + 3);
-        char acc[64];
-        snprintf(acc, sizeof acc, "l%d[v%d - c%d]", ph->acc, v, v);
-        print_fold(b, k, ph, acc, depth + 3);
-        indent(b, depth + 2);
-        cg_puts(b, "}\n");
-        indent(b, depth + 1);
-        cg_puts(b, "}\n");
-        indent(b, depth + 1);
-        cg_printf(b, "for (int q_ = 0; q_ < %d; q_++) {\n", LANES);
-        indent(b, depth + 2);
-        if (ph->rop == CG_RED_SUM)
-            cg_printf(b, "a%d += l%d[q_];\n", ph->acc, ph->acc);
-        else
-            cg_printf(b, "a%d = (l%d[q_] != l%d[q_] || l%d[q_] > a%d) ? l%d[q_] : a%d;\n",
-                      ph->acc, ph->acc, ph->acc, ph->acc, ph->acc, ph->acc, ph->acc);
-        indent(b, depth + 1);
-        cg_puts(b, "}\n");
-        indent(b, depth + 1);
-        cg_printf(b, "for (int64_t v%d = %lld; v%d < %lld; v%d++) {\n", v, (long long)nv, v,
-                  (long long)n, v);
         print_lets(b, k, ph, depth + 2);
-        snprintf(acc, sizeof acc, "a%d", ph->acc);
+        snprintf(acc, sizeof acc, "l%d[v%d - c%d]", ph->acc, v, v);
         print_fold(b, k, ph, acc, depth + 2);
         indent(b, depth + 1);
         cg_puts(b, "}\n");
         indent(b, depth);
         cg_puts(b, "}\n");
-        return;
+        if (nv < n) {
+            indent(b, depth);
+            cg_printf(b, "for (int64_t v%d = %lld; v%d < %lld; v%d++) {\n", v, (long long)nv, v,
+                      (long long)n, v);
+            print_lets(b, k, ph, depth + 1);
+            snprintf(acc, sizeof acc, "l%d[v%d - %lld]", ph->acc, v, (long long)nv);
+            print_fold(b, k, ph, acc, depth + 1);
+            indent(b, depth);
+            cg_puts(b, "}\n");
+        }
+    } else {
+        char flat[512];
+        red_flat(flat, sizeof flat, ph->dim, ph->ndim);
+        int d2 = depth;
+        open_loops(b, ph->dim, ph->ndim, &d2);
+        print_lets(b, k, ph, d2);
+        snprintf(acc, sizeof acc, "l%d[(%s) %% %d]", ph->acc, flat, LANES);
+        print_fold(b, k, ph, acc, d2);
+        close_loops(b, ph->ndim, &d2);
     }
-    int d2 = depth;
-    open_loops(b, ph->dim, ph->ndim, &d2);
-    print_lets(b, k, ph, d2);
-    char acc[32];
-    snprintf(acc, sizeof acc, "a%d", ph->acc);
-    print_fold(b, k, ph, acc, d2);
-    close_loops(b, ph->ndim, &d2);
+    red_combine(b, ph, lanes, depth);
+    red_narrow(b, ph, w, depth);
 }
 
 static void print_phase(CgBuf *b, const CgKernel *k, const CgPhase *ph, int depth)
@@ -298,22 +389,44 @@ static void print_col_loop(CgBuf *b, const CgKernel *k, const CgLoop *l, int dep
     indent(b, depth);
     cg_printf(b, "const int64_t h%d = c%d + %d < e%d ? c%d + %d : e%d;\n", v, v, COLBLOCK, v, v,
               COLBLOCK, v);
+    /* the order of print_reduction: per column, LANES partials when the
+     * folds (all over the same dims) have RED_LANES_MIN elements or more */
+    bool lanes = red_count(&l->ph.v[0]) >= RED_LANES_MIN;
+    char flat[512];
+    if (l->ph.v[0].ndim > 0)
+        red_flat(flat, sizeof flat, l->ph.v[0].dim, l->ph.v[0].ndim);
+    else
+        snprintf(flat, sizeof flat, "0");
     for (int i = 0; i < nf; i++) {
         const CgPhase *ph = &l->ph.v[i];
         indent(b, depth);
-        cg_printf(b, "%s A%d[%d];\n", ph->wide ? "double" : cg_ctype(ph->adt), ph->acc, COLBLOCK);
-        indent(b, depth);
-        cg_printf(b, "for (int q_ = 0; q_ < %d; q_++) A%d[q_] = 0;\n", COLBLOCK, ph->acc);
+        if (lanes) {
+            cg_printf(b, "%s A%d[%d][%d];\n", cg_ctype(ph->adt), ph->acc, LANES, COLBLOCK);
+            indent(b, depth);
+            cg_printf(b, "for (int q_ = 0; q_ < %d; q_++) A%d[q_ / %d][q_ %% %d] = 0;\n",
+                      COLBLOCK * LANES, ph->acc, COLBLOCK, COLBLOCK);
+        } else {
+            cg_printf(b, "%s A%d[%d];\n", red_aty(ph), ph->acc, COLBLOCK);
+            indent(b, depth);
+            cg_printf(b, "for (int q_ = 0; q_ < %d; q_++) A%d[q_] = 0;\n", COLBLOCK, ph->acc);
+        }
     }
     int d2 = depth;
     open_loops(b, l->ph.v[0].dim, l->ph.v[0].ndim, &d2);
+    if (lanes) {
+        indent(b, d2);
+        cg_printf(b, "const int64_t r%d = (%s) %% %d;\n", v, flat, LANES);
+    }
     indent(b, d2);
     cg_printf(b, "for (int64_t v%d = c%d; v%d < h%d; v%d++) {\n", v, v, v, v, v);
     for (int i = 0; i < nf; i++) {
         const CgPhase *ph = &l->ph.v[i];
         print_lets(b, k, ph, d2 + 1);
         char acc[64];
-        snprintf(acc, sizeof acc, "A%d[v%d - c%d]", ph->acc, v, v);
+        if (lanes)
+            snprintf(acc, sizeof acc, "A%d[r%d][v%d - c%d]", ph->acc, v, v, v);
+        else
+            snprintf(acc, sizeof acc, "A%d[v%d - c%d]", ph->acc, v, v);
         print_fold(b, k, ph, acc, d2 + 1);
     }
     indent(b, d2);
@@ -323,9 +436,15 @@ static void print_col_loop(CgBuf *b, const CgKernel *k, const CgLoop *l, int dep
     cg_printf(b, "for (int64_t v%d = c%d; v%d < h%d; v%d++) {\n", v, v, v, v, v);
     for (int i = 0; i < nf; i++) {
         const CgPhase *ph = &l->ph.v[i];
-        indent(b, depth + 1);
-        cg_printf(b, "const %s a%d = A%d[v%d - c%d];\n", ph->wide ? "double" : cg_ctype(ph->adt),
-                  ph->acc, ph->acc, v, v);
+        char src[64];
+        if (lanes) {
+            snprintf(src, sizeof src, "v%d - c%d", v, v);
+            red_combine_col(b, ph, src, depth + 1);
+            red_name(src, sizeof src, ph);
+        } else {
+            snprintf(src, sizeof src, "A%d[v%d - c%d]", ph->acc, v, v);
+        }
+        red_narrow(b, ph, src, depth + 1);
     }
     for (int i = nf; i < l->ph.n; i++)
         print_phase(b, k, &l->ph.v[i], depth + 1);

@@ -160,8 +160,10 @@ void cg_kernel_free(CgKernel *k)
     vec_free(&k->ex);
     for (int i = 0; i < k->loops.n; i++) {
         CgLoop *l = &k->loops.v[i];
-        for (int j = 0; j < l->ph.n; j++)
+        for (int j = 0; j < l->ph.n; j++) {
             vec_free(&l->ph.v[j].st);
+            vec_free(&l->ph.v[j].lets);
+        }
         vec_free(&l->ph);
     }
     vec_free(&k->loops);

@@ -9,16 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static bool dims_same(const Shape *a, const Shape *b)
-{
-    if (a->rank != b->rank)
-        return false;
-    for (int i = 0; i < a->rank; i++)
-        if (a->dim[i] != b->dim[i])
-            return false;
-    return true;
-}
-
 static int add_param(CgKernel *k, const Graph *g, int tensor, bool out)
 {
     if (!out)
@@ -414,12 +404,12 @@ static void lg_fail(Lg *L, const char *what, int op)
 static int lg_flat(Lg *L, const Shape *s, const int *idx, int lv)
 {
     CgKernel *k = L->k;
-    if (lv == LV_FULL && dims_same(s, &L->dom.S))
+    if (lv == LV_FULL && shape_dims_eq(s, &L->dom.S))
         return cg_binop(k, CG_ADD, cg_binop(k, CG_MUL, L->col ? L->vi : L->vo,
                                             cg_const_i(k, DT_I64, L->col ? L->nouter : L->ninner)),
                         L->col ? L->vo : L->vi);
     Shape o = pass_fuse_oshape(&L->dom);
-    if (lv == LV_ROW && dims_same(s, &o))
+    if (lv == LV_ROW && shape_dims_eq(s, &o))
         return L->vo;
     return flat_index(k, s, idx);
 }
@@ -466,7 +456,7 @@ static int lg_gen(Lg *L, int t, int lv)
     if (!mem) {
         /* from memory: must be a full or row shaped tensor */
         Shape o = pass_fuse_oshape(&L->dom);
-        if (!(my == LV_FULL ? dims_same(ts, &L->dom.S) : dims_same(ts, &o))) {
+        if (!(my == LV_FULL ? shape_dims_eq(ts, &L->dom.S) : shape_dims_eq(ts, &o))) {
             lg_fail(L, "operand read from memory does not fit the kernel's domain", p);
             return cg_const_f(k, DT_F32, 0);
         }
@@ -580,9 +570,9 @@ static bool lower_loop(const Graph *g, const int *ops, int n, const FuseDomain *
         int lv = LV_FULL;
         if (op->code == OP_REDUCE_SUM || op->code == OP_REDUCE_MAX) {
             lv = LV_ROW;
-        } else if (dom->kind != FUSE_ELEM && dims_same(s, &osh)) {
+        } else if (dom->kind != FUSE_ELEM && shape_dims_eq(s, &osh)) {
             lv = LV_ROW;
-            if (dims_same(s, S)) { /* degenerate: row and full shapes agree */
+            if (shape_dims_eq(s, S)) { /* degenerate: row and full shapes agree */
                 lv = LV_FULL;
                 for (int j = 0; j < op->nin; j++) {
                     int q = g->t.v[op->in[j]].op;
@@ -628,12 +618,12 @@ static bool lower_loop(const Graph *g, const int *ops, int n, const FuseDomain *
             continue;
         int lv = L->lvl[ops[i]];
         const Shape *s = &g->t.v[t].s;
-        if (op->code == OP_CONST && !dims_same(s, S) && !dims_same(s, &osh)) {
+        if (op->code == OP_CONST && !shape_dims_eq(s, S) && !shape_dims_eq(s, &osh)) {
             lg_fail(L, "a constant needed outside its group does not fit the kernel", ops[i]);
             break;
         }
         if (op->code == OP_CONST)
-            lv = dims_same(s, S) ? LV_FULL : LV_ROW;
+            lv = shape_dims_eq(s, S) ? LV_FULL : LV_ROW;
         if (L->col && lv == LV_FULL) {
             lg_fail(L, "a column-reduction kernel cannot store full-shape results", ops[i]);
             break;
@@ -750,7 +740,7 @@ bool cg_lower_group(const Graph *g, const int *ops, int n, const bool *mat, CgKe
             if (uf[r] != r || done[r] || g->ops.v[ops[r]].code == OP_MATMUL)
                 continue;
             const FuseDomain *a = &dom[i], *b = &dom[r];
-            if (a->kind != b->kind || a->k != b->k || !dims_same(&a->S, &b->S))
+            if (a->kind != b->kind || a->k != b->k || !shape_dims_eq(&a->S, &b->S))
                 continue;
             /* parts share a loop only when they read a common tensor (a
              * multi-output kernel reads it once); independent parts (the

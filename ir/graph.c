@@ -67,7 +67,7 @@ bool shape_eq(const Shape *a, const Shape *b)
     return true;
 }
 
-static bool dims_eq(const Shape *a, const Shape *b)
+bool shape_dims_eq(const Shape *a, const Shape *b)
 {
     if (a->rank != b->rank)
         return false;
@@ -230,7 +230,9 @@ int *ir_use_counts(const Graph *g)
     return uses;
 }
 
-void ir_compact(Graph *g)
+void ir_compact(Graph *g) { ir_renumber(g, true); }
+
+void ir_renumber(Graph *g, bool drop_unused_inputs)
 {
     int n = g->t.n;
     int *map = xmalloc(sizeof(int) * (size_t)(n ? n : 1));
@@ -253,7 +255,7 @@ void ir_compact(Graph *g)
      * even when unused, since the runtime saves and loads them by name */
     for (int i = 0; i < n; i++) {
         Tensor *t = &g->t.v[i];
-        if (t->op >= 0 || (!used[i] && t->kind == TK_INPUT))
+        if (t->op >= 0 || (drop_unused_inputs && !used[i] && t->kind == TK_INPUT))
             continue;
         map[i] = k;
         nt[k] = *t;
@@ -354,7 +356,7 @@ bool ir_infer(const Graph *g, Opcode code, const int *in, int nin, const OpAttr 
             if (s[0]->dtype != DT_U8)
                 FAIL("select: mask must be a u8 mask (expected u8, got %s)",
                      dtype_name(s[0]->dtype));
-            if (!dims_eq(s[0], s[1]) || !shape_eq(s[1], s[2]))
+            if (!shape_dims_eq(s[0], s[1]) || !shape_eq(s[1], s[2]))
                 FAIL("select: operand shapes differ (expected %s, got %s and %s)",
                      shape_str(g, s[0], b0, sizeof b0), shape_str(g, s[1], b1, sizeof b1),
                      shape_str(g, s[2], b2, sizeof b2));

@@ -303,6 +303,7 @@ void ir_free(Graph *g);
 Graph *ir_clone(const Graph *g);
 int64_t shape_numel(const Shape *s);
 bool shape_eq(const Shape *a, const Shape *b); /* dtype and dims */
+bool shape_dims_eq(const Shape *a, const Shape *b); /* dims only */
 Shape shape_make(DType dt, int rank, const int64_t *dim);
 /* "f32[4,8]" into buf (uses g's symbols for names when g is not NULL) */
 const char *shape_str(const Graph *g, const Shape *s, char *buf, size_t n);
@@ -327,6 +328,8 @@ void ir_add_sym(Graph *g, const char *name, int64_t value);
  * results in program order), dropping tensors nothing defines or uses.
  * ops must be in a valid order. */
 void ir_compact(Graph *g);
+/* The same renumbering; keeps unused inputs unless drop_unused_inputs. */
+void ir_renumber(Graph *g, bool drop_unused_inputs);
 /* use counts per tensor id (caller frees) */
 int *ir_use_counts(const Graph *g);
 

@@ -774,44 +774,6 @@ static SrcLoc parse_loc(const char *c)
     return loc;
 }
 
-/* Renumbers tensors: graph inputs first (in id order), then op results in
- * program order. Needed only when an input line came after an op line. */
-static void renumber(Graph *g)
-{
-    int n = g->t.n, k = 0;
-    int *map = xmalloc(sizeof(int) * (size_t)(n ? n : 1));
-    Tensor *nt = xmalloc(sizeof(Tensor) * (size_t)(n ? n : 1));
-    for (int i = 0; i < n; i++)
-        if (g->t.v[i].op < 0) {
-            map[i] = k;
-            nt[k] = g->t.v[i];
-            nt[k].id = k;
-            k++;
-        }
-    for (int i = 0; i < g->ops.n; i++) {
-        int o = g->ops.v[i].out;
-        map[o] = k;
-        nt[k] = g->t.v[o];
-        nt[k].id = k;
-        k++;
-    }
-    for (int i = 0; i < g->ops.n; i++) {
-        Op *op = &g->ops.v[i];
-        for (int j = 0; j < op->nin; j++)
-            op->in[j] = map[op->in[j]];
-        op->out = map[op->out];
-    }
-    for (int i = 0; i < g->outs.n; i++)
-        g->outs.v[i].t = map[g->outs.v[i].t];
-    for (int i = 0; i < g->upd.n; i++) {
-        g->upd.v[i].target = map[g->upd.v[i].target];
-        g->upd.v[i].value = map[g->upd.v[i].value];
-    }
-    free(g->t.v);
-    g->t.v = nt;
-    g->t.cap = n ? n : 1;
-    free(map);
-}
 
 Graph *ir_parse(const char *text, const char *name, char *err, size_t errlen)
 {
@@ -897,7 +859,7 @@ Graph *ir_parse(const char *text, const char *name, char *err, size_t errlen)
         ok = perr(&ps, "expected the header 'kiln-ir v1', got end of input");
     }
     if (ok && ps.input_after_op)
-        renumber(ps.g);
+        ir_renumber(ps.g, false);
     if (ok) {
         char verr[512];
         if (!ir_verify(ps.g, verr, sizeof verr)) {

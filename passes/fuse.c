@@ -81,16 +81,6 @@ Shape pass_fuse_oshape(const FuseDomain *d)
     return s;
 }
 
-static bool dims_eq(const Shape *a, const Shape *b)
-{
-    if (a->rank != b->rank)
-        return false;
-    for (int i = 0; i < a->rank; i++)
-        if (a->dim[i] != b->dim[i])
-            return false;
-    return true;
-}
-
 /* Membership lookup for one candidate op set: mark[op] == stamp. */
 typedef struct {
     int *mark;
@@ -127,7 +117,7 @@ static bool domain_of(const Graph *g, const int *ops, int n, const Marks *m, Fus
             d->S = *in;
             d->k = k;
             have = true;
-        } else if (d->kind != (FuseKind)kind || d->k != k || !dims_eq(&d->S, in)) {
+        } else if (d->kind != (FuseKind)kind || d->k != k || !shape_dims_eq(&d->S, in)) {
             snprintf(err, errlen, "op %d: reduction does not match the group's other reductions",
                      ops[i]);
             return false;
@@ -174,11 +164,11 @@ static bool domain_of(const Graph *g, const int *ops, int n, const Marks *m, Fus
 static bool fits(const FuseDomain *d, const Shape *s, bool *row)
 {
     Shape o = pass_fuse_oshape(d);
-    if (dims_eq(s, &d->S)) {
+    if (shape_dims_eq(s, &d->S)) {
         *row = false;
         return true;
     }
-    if (d->kind != FUSE_ELEM && dims_eq(s, &o)) {
+    if (d->kind != FUSE_ELEM && shape_dims_eq(s, &o)) {
         *row = true;
         return true;
     }
@@ -208,7 +198,7 @@ static bool check_members(const Graph *g, const int *ops, int n, const Marks *m,
                              ops[i]);
                     return false;
                 }
-            if (!dims_eq(os, &d->S)) {
+            if (!shape_dims_eq(os, &d->S)) {
                 snprintf(err, errlen, "op %d: matmul result is not the group's domain", ops[i]);
                 return false;
             }
@@ -977,7 +967,7 @@ static void merge_siblings(Fuser *f)
                 if (!domain_of(g, f->gr.v[B].ops.v, f->gr.v[B].ops.n, &f->mk, &db, f->err,
                                sizeof f->err))
                     continue;
-                if (da.kind != db.kind || da.k != db.k || !dims_eq(&da.S, &db.S))
+                if (da.kind != db.kind || da.k != db.k || !shape_dims_eq(&da.S, &db.S))
                     continue;
                 if (try_merge(f, A, B))
                     sort_members(f, A);

@@ -56,6 +56,7 @@
 #define REMAT_WORK_SMALL 400000 /* local search per heuristic solve, in trial moves */
 #define REMAT_WORK_LARGE 40
 #define REMAT_BISECT_LARGE 8    /* bisection steps on large graphs (each a real plan) */
+#define REMAT_BISECT_SMALL 10   /* bisection steps where the integer program runs */
 
 enum { L_NONE = -1, L_TAIL = 1 << 29 };
 
@@ -1308,15 +1309,38 @@ static bool search(Evals *E, int64_t budget, int solver, Choice *best)
     if (E->least >= 0 && E->least <= budget) {
         solve(P, 0, REMAT_SOLVER_HEURISTIC, &t, &ex);
         take(best, P, &t, E->least, REMAT_AUTO, false);
-        int iters = P->nv <= REMAT_EXACT_MAX ? 14 : REMAT_BISECT_LARGE;
+        int iters = P->nv <= REMAT_EXACT_MAX ? REMAT_BISECT_SMALL : REMAT_BISECT_LARGE;
+        /* exact answers so far: the optimum at limit M keeping s.mem bytes
+         * is the optimum at every limit in [s.mem, M] too, so a later probe
+         * in that range reuses it (and its real peak) instead of solving */
+        enum { NMEMO = 16 };
+        Sol memo[NMEMO];
+        int64_t memo_m[NMEMO], memo_pk[NMEMO];
+        int nmemo = 0;
         for (int it = 0; it < iters && hi - lo > MEMPLAN_ALIGN; it++) {
             int64_t mid = lo + (hi - lo) / 2;
-            if (!solve(P, mid, solver, &t, &ex)) {
-                lo = mid;
-                continue;
+            int hit = -1;
+            for (int j = 0; j < nmemo && hit < 0; j++)
+                if (memo[j].mem <= mid && mid <= memo_m[j])
+                    hit = j;
+            if (hit >= 0) {
+                sol_copy(P, &t, &memo[hit]);
+                ex = true;
+                pk = memo_pk[hit];
+            } else {
+                if (!solve(P, mid, solver, &t, &ex)) {
+                    lo = mid;
+                    continue;
+                }
+                pk = eval_peak(E->g, P, &t, E->o);
+                E->nreal++;
+                if (ex && nmemo < NMEMO) {
+                    memo[nmemo] = sol_new(P);
+                    sol_copy(P, &memo[nmemo], &t);
+                    memo_m[nmemo] = mid;
+                    memo_pk[nmemo++] = pk;
+                }
             }
-            pk = eval_peak(E->g, P, &t, E->o);
-            E->nreal++;
             if (pk >= 0 && pk <= budget) {
                 lo = mid;
                 if (t.cost <= best->s.cost)
@@ -1325,6 +1349,8 @@ static bool search(Evals *E, int64_t budget, int solver, Choice *best)
                 hi = mid;
             }
         }
+        for (int j = 0; j < nmemo; j++)
+            sol_free(&memo[j]);
     }
     /* fixed policies that could be cheaper */
     const int fixed[] = {REMAT_SELECTIVE, REMAT_FULL};

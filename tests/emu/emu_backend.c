@@ -13,6 +13,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* AddressSanitizer's manual poisoning (the runtime is loaded: emu_init). */
+void __asan_poison_memory_region(void const volatile *addr, size_t size) __attribute__((weak));
+void __asan_unpoison_memory_region(void const volatile *addr, size_t size)
+    __attribute__((weak));
+
 static EmuBackendCfg cfg;
 static bool cfg_set;
 
@@ -25,6 +30,7 @@ void emu_backend_configure(const EmuBackendCfg *c)
 typedef struct {
     void **argv; /* &ptr[i]..., &rs */
     unsigned char **ptr;
+    int64_t *bytes; /* per param: bytes of its buffer (storage dtype) */
     bool cast_a, cast_b;
 } EStep;
 
@@ -47,6 +53,7 @@ static void emu_destroy(BackendCtx *c)
         for (int s = 0; s < c->p->steps.n; s++) {
             free(c->st[s].argv);
             free(c->st[s].ptr);
+            free(c->st[s].bytes);
         }
     free(c->st);
     emu_free(c->m);
@@ -56,6 +63,8 @@ static void emu_destroy(BackendCtx *c)
     free(c->src);
     free(c);
 }
+
+static int64_t numel(const Graph *g, int t) { return shape_numel(&g->t.v[t].s); }
 
 static unsigned char *tptr(const BackendCtx *c, int tensor)
 {
@@ -102,9 +111,11 @@ static BackendCtx *emu_create(const CgPlan *p, const ExecOpts *o, Diag *d)
             const CgKernel *k = p->kernels.v[st->kernel];
             es->ptr = xcalloc((size_t)k->params.n + 1, sizeof(unsigned char *));
             es->argv = xcalloc((size_t)k->params.n + 2, sizeof(void *));
+            es->bytes = xcalloc((size_t)k->params.n + 1, sizeof(int64_t));
             for (int a = 0; a < k->params.n; a++) {
                 es->ptr[a] = tptr(c, st->args[a]);
                 es->argv[a] = &es->ptr[a];
+                es->bytes[a] = numel(p->g, st->args[a]) * dtype_size(c->q->storage[st->args[a]]);
             }
             es->argv[k->params.n] = &c->rs;
             for (int f = 0; f < c->q->step_nfn[s]; f++) {
@@ -142,8 +153,6 @@ static void emu_read(BackendCtx *c, int64_t off, void *dst, int64_t bytes)
 {
     memcpy(dst, c->arena + off, (size_t)bytes);
 }
-
-static int64_t numel(const Graph *g, int t) { return shape_numel(&g->t.v[t].s); }
 
 static float bf2f(uint16_t h)
 {
@@ -242,14 +251,28 @@ static bool emu_run_step(BackendCtx *c, int s, uint64_t seed, int64_t step, Diag
         memcpy(c->rs, rs, sizeof rs);
     }
     switch (st->kind) {
-    case CG_STEP_KERNEL:
-        for (int f = 0; f < c->q->step_nfn[s]; f++) {
+    case CG_STEP_KERNEL: {
+        /* While the step runs, only its own buffers (and {seed, step}) are
+         * addressable: a kernel that strays into a neighbour in the arena
+         * is an AddressSanitizer error, as a stray past a lone allocation. */
+        const CgKernel *k = c->p->kernels.v[st->kernel];
+        bool poison = cfg.opts.sanitize && __asan_poison_memory_region;
+        if (poison) {
+            __asan_poison_memory_region(c->arena, c->arena_bytes + 16);
+            for (int a = 0; a < k->params.n; a++)
+                __asan_unpoison_memory_region(c->st[s].ptr[a], (size_t)c->st[s].bytes[a]);
+            __asan_unpoison_memory_region(c->rs, 16);
+        }
+        bool ok = true;
+        for (int f = 0; f < c->q->step_nfn[s] && ok; f++) {
             const CgCudaFn *fn = &c->q->fn.v[c->q->step_fn[s] + f];
             unsigned grid[3] = {(unsigned)fn->blocks, 1, 1}, block[3] = {(unsigned)fn->threads, 1, 1};
-            if (!emu_launch(c->m, fn->name, grid, block, 0, c->st[s].argv, d))
-                return false;
+            ok = emu_launch(c->m, fn->name, grid, block, 0, c->st[s].argv, d);
         }
-        return true;
+        if (poison)
+            __asan_unpoison_memory_region(c->arena, c->arena_bytes + 16);
+        return ok;
+    }
     case CG_STEP_GEMM: return run_gemm(c, s, d);
     case CG_STEP_COPY:
         if (st->dst != st->src && st->bytes > 0) {

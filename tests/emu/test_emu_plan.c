@@ -2,9 +2,11 @@
  * the CPU backend, for every model in models/ (default tiny configs): one
  * training step from the same inputs; f32: the loss and every gradient
  * within 1e-5 relative error; bf16 (mixed precision): the loss within 1e-2
- * (the CUDA issue's tolerance). Negative controls: the same comparison with
- * one generated kernel broken (a barrier dropped, a shuffle over wrong
- * lanes, an index shifted) must fail. */
+ * (the CUDA issue's tolerance); all of it under AddressSanitizer, each
+ * kernel confined to its own buffers in the arena. Negative controls: the
+ * same comparison with one generated kernel broken (a barrier dropped, a
+ * shuffle over wrong lanes, an index shifted) must fail, and a loop bound
+ * off by one must end in a sanitizer report. */
 #include "emu_backend.h"
 #include "testutil.h"
 
@@ -13,7 +15,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "codegen.h"
 #include "frontend.h"
@@ -396,22 +400,38 @@ static char *wrong_lanes(const char *src, void *ctx)
     return replace_first(src, "kiln_block_reduce(", "for (int o = 16;", "for (int o = 8;");
 }
 
-/* In the first generated kernel that sums rows with kiln_block_reduce, the
- * block-strided loop starts one element late: thread 0 skips element 0 of
- * every row. */
-static char *shift_index(const char *src, void *ctx)
+/* The block-strided loop of the first generated kernel that sums rows with
+ * kiln_block_reduce, with `from` (a part of the loop header) replaced. */
+static char *edit_row_sum_loop(const char *src, const char *from, const char *to)
 {
-    (void)ctx;
     const char *loop = "for (int64_t j = threadIdx.x;";
     for (const char *k = strstr(src, "__global__"); k; k = strstr(k + 1, "__global__")) {
         const char *next = strstr(k + 1, "__global__");
         const char *red = strstr(k, "kiln_block_reduce<float, false>(");
         const char *j = strstr(k, loop);
-        if (red && j && j < red && (!next || red < next))
-            return xasprintf("%.*sfor (int64_t j = threadIdx.x + 1;%s", (int)(j - src), src,
-                             j + strlen(loop));
+        if (red && j && j < red && (!next || red < next)) {
+            const char *f = strstr(j, from);
+            const char *eol = strchr(j, '\n');
+            if (!f || (eol && f > eol))
+                return NULL;
+            return xasprintf("%.*s%s%s", (int)(f - src), src, to, f + strlen(from));
+        }
     }
     return NULL;
+}
+
+/* The loop starts one element late: thread 0 skips element 0 of every row. */
+static char *shift_index(const char *src, void *ctx)
+{
+    (void)ctx;
+    return edit_row_sum_loop(src, "j = threadIdx.x;", "j = threadIdx.x + 1;");
+}
+
+/* The loop runs one element too far: the last row reads past its buffer. */
+static char *overrun(const char *src, void *ctx)
+{
+    (void)ctx;
+    return edit_row_sum_loop(src, "; j < ", "; j <= ");
 }
 
 static void expect_caught(const Case *c, char *(*edit)(const char *, void *), const char *what)
@@ -429,6 +449,40 @@ static void expect_caught(const Case *c, char *(*edit)(const char *, void *), co
         fail_msg("negative control \"%s\" was not caught: rel err %g", what, e);
 }
 
+/* An out-of-bounds read in a generated kernel ends the process with an
+ * AddressSanitizer report: run in a child. */
+static void expect_asan(const Case *c, char *(*edit)(const char *, void *), const char *what)
+{
+    char path[] = "/tmp/kiln-emu-plan-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(fd, 2);
+        EmuBackendCfg cfg = default_cfg();
+        cfg.edit = edit;
+        Diag d = {{0}};
+        double loss_err;
+        double e = emu_step_err(c, NULL, &cfg, false, &loss_err, &d);
+        fprintf(stderr, "no sanitizer report: rel err %g %s\n", e, d.msg);
+        _exit(0);
+    }
+    int st = 0;
+    waitpid(pid, &st, 0);
+    close(fd);
+    char *err = read_file(path);
+    unlink(path);
+    bool caught = !(WIFEXITED(st) && WEXITSTATUS(st) == 0) && err &&
+                  strstr(err, "AddressSanitizer");
+    char *summary = err ? strstr(err, "SUMMARY") : NULL;
+    print_message("negative control \"%s\": %s\n", what,
+                  summary ? strtok(summary, "\n") : caught ? "caught" : "not caught");
+    if (!caught)
+        fail_msg("negative control \"%s\" was not caught:\n%s", what, err ? err : "");
+    free(err);
+}
+
 static void test_negative_controls(void **state)
 {
     (void)state;
@@ -437,6 +491,7 @@ static void test_negative_controls(void **state)
     expect_caught(&c, drop_first_barrier, "barrier before the partials' writes dropped");
     expect_caught(&c, wrong_lanes, "shuffle over wrong lanes in kiln_block_reduce");
     expect_caught(&c, shift_index, "index shifted in the first row-sum kernel");
+    expect_asan(&c, overrun, "loop bound off by one in the first row-sum kernel");
     free_case(&c);
 }
 

@@ -34,8 +34,52 @@ static void opts_for(const Model *m, PassOpts *po)
     po->grad_clip = m->train.grad_clip;
 }
 
+/* Compiles already done in this process, by (model graph text and train
+ * settings, policy, budget): several tests compile the same point (the pass is deterministic,
+ * so a memoised result is the result). */
+typedef struct {
+    uint64_t key;
+    int policy;
+    int64_t budget;
+    Graph *g; /* NULL: the compile failed with d */
+    RematReport rr;
+    Diag d;
+} Memo;
+static Memo memo[64];
+static int nmemo;
+
+static Graph *compile_uncached(const Model *m, int policy, int64_t budget, RematReport *rr,
+                               Diag *d);
+
 /* The full pipeline with a policy and budget; NULL with d set on failure. */
 static Graph *compile(const Model *m, int policy, int64_t budget, RematReport *rr, Diag *d)
+{
+    char *txt = ir_print_str(m->g);
+    uint64_t key = hash_bytes(txt, strlen(txt), 7);
+    free(txt);
+    double tr[] = {m->train.beta1, m->train.beta2, m->train.eps, m->train.weight_decay,
+                   m->train.grad_clip};
+    key = hash_bytes(tr, sizeof tr, key);
+    for (int i = 0; i < nmemo; i++) {
+        Memo *e = &memo[i];
+        if (e->key == key && e->policy == policy && e->budget == budget) {
+            if (rr)
+                *rr = e->rr;
+            *d = e->d;
+            return e->g ? ir_clone(e->g) : NULL;
+        }
+    }
+    RematReport r;
+    Graph *g = compile_uncached(m, policy, budget, &r, d);
+    if (rr)
+        *rr = r;
+    if (nmemo < (int)(sizeof memo / sizeof memo[0]))
+        memo[nmemo++] = (Memo){key, policy, budget, g ? ir_clone(g) : NULL, r, *d};
+    return g;
+}
+
+static Graph *compile_uncached(const Model *m, int policy, int64_t budget, RematReport *rr,
+                               Diag *d)
 {
     PassOpts po;
     opts_for(m, &po);
@@ -185,13 +229,12 @@ static void snap_free(Snapshot *s)
     free(s->bytes);
 }
 
-/* Same names; bit-identical bytes, or (a recomputed op, and the backward
- * ops around it, may be fused into other kernels, which may sum in another
- * order) a small relative error per tensor (see tol). Returns how many
- * tensors were not bit-identical. */
-static int expect_same(const char *what, const Snapshot *a, const Snapshot *b)
+/* Same names and bit-identical bytes for every tensor (the C printer's
+ * reductions sum in an order fixed by the element count alone, so neither
+ * recomputation nor the fusion around it may change a bit); on a mismatch
+ * the message names the tensor and its relative error. */
+static void expect_same(const char *what, const Snapshot *a, const Snapshot *b)
 {
-    int inexact = 0;
     if (a->n != b->n) {
         for (int i = 0; i < a->n || i < b->n; i++)
             fprintf(stderr, "  %-40s %s\n", i < a->n ? a->name[i] : "", i < b->n ? b->name[i] : "");
@@ -213,28 +256,20 @@ static int expect_same(const char *what, const Snapshot *a, const Snapshot *b)
                 num += ((double)x[k] - y[k]) * ((double)x[k] - y[k]);
                 den += (double)y[k] * y[k];
             }
-            double re = den > 0 ? sqrt(num / den) : INFINITY;
-            /* outputs (loss, gradients): 1e-6; params and Adam state after
-             * two updates: 1e-4 (Adam divides by sqrt(v), which magnifies a
-             * last-bit gradient difference in a bias that starts at zero) */
-            double tol = strncmp(a->name[i], "end:", 4) == 0 ? 1e-4 : 1e-6;
-            if (!(re < tol))
-                fail_msg("%s: %s differs from the run without remat (relative error %g)",
-                         what, a->name[i], re);
-            inexact++;
+            fail_msg("%s: %s is not bit-identical to the run without remat (relative error %g)",
+                     what, a->name[i], den > 0 ? sqrt(num / den) : INFINITY);
         }
     }
-    return inexact;
+    fprintf(stderr, "%s: %d of %d values bit-identical\n", what, a->n, a->n);
 }
 
 /* ---- tests ---------------------------------------------------------------------- */
 
 /* Every model, every fixed policy and auto at a budget halfway between the
- * smallest plan and no recompute: two training steps on the CPU backend
- * equal to the run without remat (outputs incl. gradients, params,
- * optimizer state): bit-identical for the fixed policies; for auto within
- * expect_same's tolerances (a partly recomputed chain can change which
- * fused kernel computes a reduction, and with it the summation order). */
+ * smallest plan and no recompute (at the no-recompute peak where the two
+ * meet): two training steps on the CPU backend bit-identical to the run
+ * without remat (outputs incl. loss and gradients, params, optimizer
+ * state). */
 static void test_same_numbers(void **state)
 {
     (void)state;
@@ -268,23 +303,19 @@ static void test_same_numbers(void **state)
             Snapshot s = run_steps(g);
             char what[600];
             snprintf(what, sizeof what, "%s --remat=%s", path, pass_remat_policy_name(pol[k]));
-            int ne = expect_same(what, &s, &ref);
-            fprintf(stderr, "%s: %d of %d values bit-identical\n", what, s.n - ne, s.n);
-            /* a fixed policy recomputes whole chains: the same kernels run */
-            assert_int_equal(ne, 0);
+            expect_same(what, &s, &ref);
             snap_free(&s);
             ir_free(g);
         }
         RematReport rr;
         int64_t budget = smallest + (peak0 - smallest) / 2;
-        if (budget < peak0) {
+        {
             Graph *g = compile_ok(m, REMAT_DEFAULT, budget, &rr);
             assert_true(arena_of(g) <= budget);
             Snapshot s = run_steps(g);
             char what[600];
             snprintf(what, sizeof what, "%s auto at %lld bytes", path, (long long)budget);
-            int ne = expect_same(what, &s, &ref);
-            fprintf(stderr, "%s: %d of %d values bit-identical\n", what, s.n - ne, s.n);
+            expect_same(what, &s, &ref);
             snap_free(&s);
             ir_free(g);
         }
@@ -348,7 +379,7 @@ static void sweep_model(const char *const *sets, int nsets, int npoints)
         assert_true(extra <= best_fixed * (1 + 1e-12));
         if (extra < best_fixed)
             novel++;
-        if (i == 0 || i == npoints / 2) {
+        if (i == npoints / 2) { /* compiling for the runtime costs seconds: one point */
             ExecOpts eo = {.threads = 1};
             Exec *e = rt_exec_create(g, &eo, &d);
             if (!e)
@@ -366,7 +397,7 @@ static void sweep_model(const char *const *sets, int nsets, int npoints)
 static void test_budget_sweep_tiny(void **state)
 {
     (void)state;
-    sweep_model(NULL, 0, 7);
+    sweep_model(NULL, 0, 5);
 }
 
 static void test_budget_sweep_mid(void **state)
@@ -404,7 +435,11 @@ static void test_heuristic_gap(void **state)
             fe_model_free(m);
             continue;
         }
-        for (int i = 0; i <= 9; i++) { /* denser near the least memory */
+        /* denser near the least memory, where the exact program is hardest
+         * and the heuristic most likely to be off */
+        const int at[] = {0, 1, 2, 4, 6, 9};
+        for (int ii = 0; ii < 6; ii++) {
+            int i = at[ii];
             int64_t limit = least + (int64_t)((double)(saved - least) * (i * i) / 100.0);
             double ce, ch;
             int64_t ke, kh;
@@ -421,8 +456,8 @@ static void test_heuristic_gap(void **state)
                          (long long)limit, ce);
             assert_true(kh <= limit);
             assert_true(ch >= ce * (1 - 1e-9)); /* exact is a lower bound */
-            fprintf(stderr, "%s limit %d/10: exact %.6g s, heuristic %.6g s (+%.2f%%)\n",
-                    models[k], i, ce, ch, ce > 0 ? 100 * (ch - ce) / ce : 0.0);
+            fprintf(stderr, "%s limit at %d%% of the range: exact %.6g s, heuristic %.6g s (+%.2f%%)\n",
+                    models[k], i * i, ce, ch, ce > 0 ? 100 * (ch - ce) / ce : 0.0);
             if (ch > ce * 1.05 + 1e-12)
                 fail_msg("%s: limit %lld: heuristic %g more than 5%% above exact %g", models[k],
                          (long long)limit, ch, ce);
@@ -431,7 +466,7 @@ static void test_heuristic_gap(void **state)
         ir_free(g);
         fe_model_free(m);
     }
-    assert_true(checked >= 20);
+    assert_true(checked >= 12);
 }
 
 /* gpt with dropout under the tightest budget: no random op is recomputed,
@@ -459,8 +494,7 @@ static void test_dropout(void **state)
         nrandom2 += g->ops.v[i].code == OP_RANDOM;
     assert_int_equal(nrandom2, nrandom);
     Snapshot a = run_steps(g0), b = run_steps(g);
-    int ne = expect_same("dropout, tight budget", &b, &a);
-    fprintf(stderr, "dropout, tight budget: %d of %d values bit-identical\n", b.n - ne, b.n);
+    expect_same("dropout, tight budget", &b, &a);
     snap_free(&a);
     snap_free(&b);
     ir_free(g);
