@@ -212,6 +212,13 @@ typedef struct {
 void cg_puts(CgBuf *b, const char *s);
 void cg_printf(CgBuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void cg_print_expr(CgBuf *b, const CgKernel *k, int e, const CgTarget *t);
+/* Printer scaffolding shared by the C and CUDA printers: four spaces per
+ * depth; `for (int64_t vN = 0; vN < n; vN++) {` per dim (depth grows);
+ * the matching closing braces; a reduction's initial value. */
+void cg_indent(CgBuf *b, int depth);
+void cg_open_loops(CgBuf *b, const CgDim *dim, int n, int *depth);
+void cg_close_loops(CgBuf *b, int n, int *depth);
+void cg_print_red_init(CgBuf *b, const CgPhase *ph);
 /* Prints let-bound expression e's definition, "TYPE x<e> = ...;" (no
  * indentation, with newline). */
 void cg_print_let(CgBuf *b, const CgKernel *k, int e, const CgTarget *t);
@@ -253,8 +260,18 @@ typedef enum {
     CG_STEP_ALLREDUCE_WAIT,
 } CgStepKind;
 
+/* A GEMM epilogue. CG_EPI_BIAS: the group's kernel (the step right after
+ * the GEMM, marked CgStep.by_epilogue) computes exactly
+ * d = c + broadcast(bias) with bias f32[N] along the last dim, and c is
+ * read by nothing else. A backend may instead write d = op(A) op(B) + bias
+ * in the GEMM (c is then never written) and skip that kernel step; one that
+ * ignores the epilogue runs both steps as planned. */
+typedef enum { CG_EPI_NONE, CG_EPI_BIAS } CgEpilogue;
+
 typedef struct {
     int a, b, c;            /* tensors: C = op(A) x op(B) */
+    CgEpilogue epilogue;
+    int bias, d;            /* CG_EPI_BIAS: the bias f32[N] and the sum's tensor */
     int64_t batch, M, N, K;
     bool ta, tb;
     int64_t lda, ldb, ldc;  /* row-major leading dimensions */
@@ -274,6 +291,8 @@ typedef struct {
     int bucket;    /* CG_STEP_ALLREDUCE_*: the comm pass's bucket id */
     int nargs;     /* CG_STEP_ALLREDUCE_START: number of args */
     int group;     /* fuse group of the step's op(s); -1 for a single op */
+    bool by_epilogue; /* CG_STEP_KERNEL: the previous GEMM step's epilogue
+                         computes this kernel's result (see CgEpilogue) */
     double flops, bytes_moved; /* the IR's counts for the step (a fused
                                   kernel: its members' FLOPs, the bytes it
                                   reads and writes) */

@@ -79,45 +79,10 @@ static const char *const c_fover[CG__COUNT] = {
 };
 const CgTarget cg_target_c = {"c", c_fover, NULL};
 
-static void indent(CgBuf *b, int depth)
-{
-    for (int i = 0; i < depth; i++)
-        cg_puts(b, "    ");
-}
-
-static void open_loops(CgBuf *b, const CgDim *dim, int n, int *depth)
-{
-    for (int i = 0; i < n; i++) {
-        indent(b, *depth);
-        cg_printf(b, "for (int64_t v%d = 0; v%d < %lld; v%d++) {\n", dim[i].var, dim[i].var,
-                  (long long)dim[i].n, dim[i].var);
-        (*depth)++;
-    }
-}
-
-static void close_loops(CgBuf *b, int n, int *depth)
-{
-    for (int i = 0; i < n; i++) {
-        (*depth)--;
-        indent(b, *depth);
-        cg_puts(b, "}\n");
-    }
-}
-
-static void print_red_init(CgBuf *b, const CgPhase *ph)
-{
-    if (ph->rop == CG_RED_SUM)
-        cg_puts(b, dtype_is_float(ph->adt) ? "0.0f" : "0");
-    else if (dtype_is_float(ph->adt))
-        cg_puts(b, "(-KILN_INF)");
-    else
-        cg_puts(b, ph->adt == DT_I64 ? "INT64_MIN" : ph->adt == DT_I32 ? "INT32_MIN" : "0");
-}
-
 static void print_lets(CgBuf *b, const CgKernel *k, const CgPhase *ph, int depth)
 {
     for (int i = 0; i < ph->lets.n; i++) {
-        indent(b, depth);
+        cg_indent(b, depth);
         cg_print_let(b, k, ph->lets.v[i], &cg_target_c);
     }
 }
@@ -126,7 +91,7 @@ static void print_lets(CgBuf *b, const CgKernel *k, const CgPhase *ph, int depth
 static void print_fold(CgBuf *b, const CgKernel *k, const CgPhase *ph, const char *acc,
                        int depth)
 {
-    indent(b, depth);
+    cg_indent(b, depth);
     if (ph->rop == CG_RED_SUM) {
         cg_printf(b, "%s += ", acc);
         cg_print_expr(b, k, ph->value, &cg_target_c);
@@ -142,7 +107,7 @@ static void print_stores(CgBuf *b, const CgKernel *k, const CgPhase *ph, int dep
 {
     for (int si = 0; si < ph->st.n; si++) {
         const CgStore *s = &ph->st.v[si];
-        indent(b, depth);
+        cg_indent(b, depth);
         if (s->guard >= 0) {
             cg_puts(b, "if (");
             cg_print_expr(b, k, s->guard, &cg_target_c);
@@ -214,7 +179,7 @@ static void red_narrow(CgBuf *b, const CgPhase *ph, const char *src, int depth)
     snprintf(a, sizeof a, "a%d", ph->acc);
     if (strcmp(src, a) == 0)
         return;
-    indent(b, depth);
+    cg_indent(b, depth);
     cg_printf(b, "const %s a%d = (%s)%s;\n", cg_ctype(ph->adt), ph->acc, cg_ctype(ph->adt), src);
 }
 
@@ -223,11 +188,11 @@ static void red_combine(CgBuf *b, const CgPhase *ph, const char *lanes, int dept
 {
     char w[32];
     red_name(w, sizeof w, ph);
-    indent(b, depth);
+    cg_indent(b, depth);
     cg_printf(b, "%s %s = ", red_aty(ph), w);
-    print_red_init(b, ph);
+    cg_print_red_init(b, ph);
     cg_puts(b, ";\n");
-    indent(b, depth);
+    cg_indent(b, depth);
     cg_printf(b, "for (int q_ = 0; q_ < %d; q_++) ", LANES);
     if (ph->rop == CG_RED_SUM)
         cg_printf(b, "%s += %s[q_];\n", w, lanes);
@@ -241,9 +206,9 @@ static void red_combine_col(CgBuf *b, const CgPhase *ph, const char *col, int de
 {
     char w[32];
     red_name(w, sizeof w, ph);
-    indent(b, depth);
+    cg_indent(b, depth);
     cg_printf(b, "%s %s = 0;\n", red_aty(ph), w);
-    indent(b, depth);
+    cg_indent(b, depth);
     cg_printf(b, "for (int q_ = 0; q_ < %d; q_++) %s += A%d[q_][%s];\n", LANES, w, ph->acc, col);
 }
 
@@ -257,58 +222,58 @@ static void print_reduction(CgBuf *b, const CgKernel *k, const CgPhase *ph, int 
     red_name(w, sizeof w, ph);
     snprintf(lanes, sizeof lanes, "l%d", ph->acc);
     if (n < RED_LANES_MIN) {
-        indent(b, depth);
+        cg_indent(b, depth);
         cg_printf(b, "%s %s = ", aty, w);
-        print_red_init(b, ph);
+        cg_print_red_init(b, ph);
         cg_puts(b, ";\n");
         int d2 = depth;
-        open_loops(b, ph->dim, ph->ndim, &d2);
+        cg_open_loops(b, ph->dim, ph->ndim, &d2);
         print_lets(b, k, ph, d2);
         print_fold(b, k, ph, w, d2);
-        close_loops(b, ph->ndim, &d2);
+        cg_close_loops(b, ph->ndim, &d2);
         red_narrow(b, ph, w, depth);
         return;
     }
-    indent(b, depth);
+    cg_indent(b, depth);
     cg_printf(b, "%s l%d[%d];\n", cg_ctype(ph->adt), ph->acc, LANES);
-    indent(b, depth);
+    cg_indent(b, depth);
     cg_printf(b, "for (int q_ = 0; q_ < %d; q_++) l%d[q_] = ", LANES, ph->acc);
-    print_red_init(b, ph);
+    cg_print_red_init(b, ph);
     cg_puts(b, ";\n");
     if (ph->ndim == 1) {
         int v = ph->dim[0].var;
         int64_t nv = n / LANES * LANES;
-        indent(b, depth);
+        cg_indent(b, depth);
         cg_printf(b, "for (int64_t c%d = 0; c%d < %lld; c%d += %d) {\n", v, v, (long long)nv, v,
                   LANES);
-        indent(b, depth + 1);
+        cg_indent(b, depth + 1);
         cg_printf(b, "for (int64_t v%d = c%d; v%d < c%d + %d; v%d++) {\n", v, v, v, v, LANES, v);
         print_lets(b, k, ph, depth + 2);
         snprintf(acc, sizeof acc, "l%d[v%d - c%d]", ph->acc, v, v);
         print_fold(b, k, ph, acc, depth + 2);
-        indent(b, depth + 1);
+        cg_indent(b, depth + 1);
         cg_puts(b, "}\n");
-        indent(b, depth);
+        cg_indent(b, depth);
         cg_puts(b, "}\n");
         if (nv < n) {
-            indent(b, depth);
+            cg_indent(b, depth);
             cg_printf(b, "for (int64_t v%d = %lld; v%d < %lld; v%d++) {\n", v, (long long)nv, v,
                       (long long)n, v);
             print_lets(b, k, ph, depth + 1);
             snprintf(acc, sizeof acc, "l%d[v%d - %lld]", ph->acc, v, (long long)nv);
             print_fold(b, k, ph, acc, depth + 1);
-            indent(b, depth);
+            cg_indent(b, depth);
             cg_puts(b, "}\n");
         }
     } else {
         char flat[512];
         red_flat(flat, sizeof flat, ph->dim, ph->ndim);
         int d2 = depth;
-        open_loops(b, ph->dim, ph->ndim, &d2);
+        cg_open_loops(b, ph->dim, ph->ndim, &d2);
         print_lets(b, k, ph, d2);
         snprintf(acc, sizeof acc, "l%d[(%s) %% %d]", ph->acc, flat, LANES);
         print_fold(b, k, ph, acc, d2);
-        close_loops(b, ph->ndim, &d2);
+        cg_close_loops(b, ph->ndim, &d2);
     }
     red_combine(b, ph, lanes, depth);
     red_narrow(b, ph, w, depth);
@@ -321,10 +286,10 @@ static void print_phase(CgBuf *b, const CgKernel *k, const CgPhase *ph, int dept
         return;
     }
     int d2 = depth;
-    open_loops(b, ph->dim, ph->ndim, &d2);
+    cg_open_loops(b, ph->dim, ph->ndim, &d2);
     print_lets(b, k, ph, d2);
     print_stores(b, k, ph, d2);
-    close_loops(b, ph->ndim, &d2);
+    cg_close_loops(b, ph->ndim, &d2);
 }
 
 /* The outer dims of loop l, the first one restricted to this part's share
@@ -334,7 +299,7 @@ static void open_outer(CgBuf *b, const CgKernel *k, const CgLoop *l, int *depth)
     for (int i = 0; i < l->ndim; i++) {
         int v = l->dim[i].var;
         long long n = (long long)l->dim[i].n;
-        indent(b, *depth);
+        cg_indent(b, *depth);
         if (i == 0 && k->parallel)
             cg_printf(b, "for (int64_t v%d = %lldLL * part / nparts; v%d < %lldLL * (part + 1) / "
                          "nparts; v%d++) {\n",
@@ -377,7 +342,7 @@ static void print_col_loop(CgBuf *b, const CgKernel *k, const CgLoop *l, int dep
     int nf = 0;
     while (nf < l->ph.n && l->ph.v[nf].acc >= 0)
         nf++;
-    indent(b, depth);
+    cg_indent(b, depth);
     if (k->parallel)
         cg_printf(b, "for (int64_t c%d = %lldLL * part / nparts, e%d = %lldLL * (part + 1) / "
                      "nparts; c%d < e%d; c%d += %d) {\n",
@@ -386,7 +351,7 @@ static void print_col_loop(CgBuf *b, const CgKernel *k, const CgLoop *l, int dep
         cg_printf(b, "for (int64_t c%d = 0, e%d = %lld; c%d < e%d; c%d += %d) {\n", v, v, n, v, v,
                   v, COLBLOCK);
     depth++;
-    indent(b, depth);
+    cg_indent(b, depth);
     cg_printf(b, "const int64_t h%d = c%d + %d < e%d ? c%d + %d : e%d;\n", v, v, COLBLOCK, v, v,
               COLBLOCK, v);
     /* the order of print_reduction: per column, LANES partials when the
@@ -399,25 +364,25 @@ static void print_col_loop(CgBuf *b, const CgKernel *k, const CgLoop *l, int dep
         snprintf(flat, sizeof flat, "0");
     for (int i = 0; i < nf; i++) {
         const CgPhase *ph = &l->ph.v[i];
-        indent(b, depth);
+        cg_indent(b, depth);
         if (lanes) {
             cg_printf(b, "%s A%d[%d][%d];\n", cg_ctype(ph->adt), ph->acc, LANES, COLBLOCK);
-            indent(b, depth);
+            cg_indent(b, depth);
             cg_printf(b, "for (int q_ = 0; q_ < %d; q_++) A%d[q_ / %d][q_ %% %d] = 0;\n",
                       COLBLOCK * LANES, ph->acc, COLBLOCK, COLBLOCK);
         } else {
             cg_printf(b, "%s A%d[%d];\n", red_aty(ph), ph->acc, COLBLOCK);
-            indent(b, depth);
+            cg_indent(b, depth);
             cg_printf(b, "for (int q_ = 0; q_ < %d; q_++) A%d[q_] = 0;\n", COLBLOCK, ph->acc);
         }
     }
     int d2 = depth;
-    open_loops(b, l->ph.v[0].dim, l->ph.v[0].ndim, &d2);
+    cg_open_loops(b, l->ph.v[0].dim, l->ph.v[0].ndim, &d2);
     if (lanes) {
-        indent(b, d2);
+        cg_indent(b, d2);
         cg_printf(b, "const int64_t r%d = (%s) %% %d;\n", v, flat, LANES);
     }
-    indent(b, d2);
+    cg_indent(b, d2);
     cg_printf(b, "for (int64_t v%d = c%d; v%d < h%d; v%d++) {\n", v, v, v, v, v);
     for (int i = 0; i < nf; i++) {
         const CgPhase *ph = &l->ph.v[i];
@@ -429,10 +394,10 @@ static void print_col_loop(CgBuf *b, const CgKernel *k, const CgLoop *l, int dep
             snprintf(acc, sizeof acc, "A%d[v%d - c%d]", ph->acc, v, v);
         print_fold(b, k, ph, acc, d2 + 1);
     }
-    indent(b, d2);
+    cg_indent(b, d2);
     cg_puts(b, "}\n");
-    close_loops(b, l->ph.v[0].ndim, &d2);
-    indent(b, depth);
+    cg_close_loops(b, l->ph.v[0].ndim, &d2);
+    cg_indent(b, depth);
     cg_printf(b, "for (int64_t v%d = c%d; v%d < h%d; v%d++) {\n", v, v, v, v, v);
     for (int i = 0; i < nf; i++) {
         const CgPhase *ph = &l->ph.v[i];
@@ -448,10 +413,10 @@ static void print_col_loop(CgBuf *b, const CgKernel *k, const CgLoop *l, int dep
     }
     for (int i = nf; i < l->ph.n; i++)
         print_phase(b, k, &l->ph.v[i], depth + 1);
-    indent(b, depth);
+    cg_indent(b, depth);
     cg_puts(b, "}\n");
     depth--;
-    indent(b, depth);
+    cg_indent(b, depth);
     cg_puts(b, "}\n");
 }
 
@@ -479,11 +444,11 @@ void cg_print_c_kernel(CgBuf *b, const CgKernel *k)
             continue;
         }
         int d0 = depth;
-        indent(b, depth);
+        cg_indent(b, depth);
         cg_puts(b, "{\n");
         depth++;
         if (!l->ndim && k->parallel) { /* no outer dim to share: part 0 runs it */
-            indent(b, depth);
+            cg_indent(b, depth);
             cg_puts(b, "if (part == 0) {\n");
             depth++;
         }
@@ -491,15 +456,15 @@ void cg_print_c_kernel(CgBuf *b, const CgKernel *k)
         open_outer(b, k, l, &depth);
         for (int pi = 0; pi < l->ph.n; pi++)
             print_phase(b, k, &l->ph.v[pi], depth);
-        close_loops(b, l->ndim, &depth);
+        cg_close_loops(b, l->ndim, &depth);
         (void)d1;
         if (!l->ndim && k->parallel) {
             depth--;
-            indent(b, depth);
+            cg_indent(b, depth);
             cg_puts(b, "}\n");
         }
         depth = d0;
-        indent(b, depth);
+        cg_indent(b, depth);
         cg_puts(b, "}\n");
     }
     cg_puts(b, "}\n");

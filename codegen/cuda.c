@@ -149,12 +149,6 @@ static const char *reg_type(DType dt)
 
 static const char *acc_type(DType dt) { return dt == DT_U8 ? "int32_t" : reg_type(dt); }
 
-static void indent(CgBuf *b, int depth)
-{
-    for (int i = 0; i < depth; i++)
-        cg_puts(b, "    ");
-}
-
 static void mark_used(const CgKernel *k, int e, bool *var)
 {
     if (e < 0)
@@ -194,7 +188,7 @@ static void decompose(CgBuf *b, const CgDim *dim, int n, const char *lin, const 
     int64_t stride = 1;
     for (int i = n - 1; i >= 0; i--) {
         if (used[dim[i].var]) {
-            indent(b, depth);
+            cg_indent(b, depth);
             cg_printf(b, "const int64_t v%d = ", dim[i].var);
             if (stride == 1 && i == 0)
                 cg_printf(b, "%s;\n", lin);
@@ -210,41 +204,12 @@ static void decompose(CgBuf *b, const CgDim *dim, int n, const char *lin, const 
     }
 }
 
-static void open_loops(CgBuf *b, const CgDim *dim, int n, int *depth)
-{
-    for (int i = 0; i < n; i++) {
-        indent(b, *depth);
-        cg_printf(b, "for (int64_t v%d = 0; v%d < %lld; v%d++) {\n", dim[i].var, dim[i].var,
-                  (long long)dim[i].n, dim[i].var);
-        (*depth)++;
-    }
-}
-
-static void close_loops(CgBuf *b, int n, int *depth)
-{
-    for (int i = 0; i < n; i++) {
-        (*depth)--;
-        indent(b, *depth);
-        cg_puts(b, "}\n");
-    }
-}
-
-static void print_red_init(CgBuf *b, const CgPhase *ph)
-{
-    if (ph->rop == CG_RED_SUM)
-        cg_puts(b, dtype_is_float(ph->adt) ? "0.0f" : "0");
-    else if (dtype_is_float(ph->adt))
-        cg_puts(b, "(-KILN_INF)");
-    else
-        cg_puts(b, ph->adt == DT_I64 ? "INT64_MIN" : ph->adt == DT_I32 ? "INT32_MIN" : "0");
-}
-
 static void print_store(CgBuf *b, const CgKernel *k, const CgStore *s, const DType *storage,
                         int depth)
 {
     const CgTarget *t = tgt;
     bool bf = storage[s->param] == DT_BF16;
-    indent(b, depth);
+    cg_indent(b, depth);
     if (s->guard >= 0) {
         cg_puts(b, "if (");
         cg_print_expr(b, k, s->guard, t);
@@ -269,7 +234,7 @@ static void print_store(CgBuf *b, const CgKernel *k, const CgStore *s, const DTy
 static void print_fold(CgBuf *b, const CgKernel *k, const CgPhase *ph, int depth)
 {
     const CgTarget *t = tgt;
-    indent(b, depth);
+    cg_indent(b, depth);
     if (ph->rop == CG_RED_SUM) {
         cg_printf(b, "a%d += ", ph->acc);
         cg_print_expr(b, k, ph->value, t);
@@ -286,7 +251,7 @@ static void print_lets(CgBuf *b, const CgKernel *k, const CgPhase *ph, int depth
     if (!cg_target_lets(tgt))
         return; /* then every expression prints inline */
     for (int i = 0; i < ph->lets.n; i++) {
-        indent(b, depth);
+        cg_indent(b, depth);
         cg_print_let(b, k, ph->lets.v[i], tgt);
     }
 }
@@ -377,7 +342,7 @@ static void print_store_phase(CgBuf *b, const CgKernel *k, const CgPhase *ph,
             if (done[e] || !(hazard || need[e]))
                 continue;
             done[e] = true;
-            indent(b, depth);
+            cg_indent(b, depth);
             cg_print_let(b, k, e, tgt);
         }
         print_store(b, k, st, storage, depth);
@@ -545,26 +510,26 @@ static void print_loop(CgBuf *b, const CgKernel *k, const CgLoop *l, const DType
              * to later phases); in a block, one thread stores */
             print_lets(b, k, ph, depth);
             if (ph->acc >= 0) {
-                indent(b, depth);
+                cg_indent(b, depth);
                 cg_printf(b, "%s a%d = ", acc_type(ph->adt), ph->acc);
-                print_red_init(b, ph);
+                cg_print_red_init(b, ph);
                 cg_puts(b, ";\n");
                 print_fold(b, k, ph, depth);
             }
             if (ph->st.n) {
                 int d2 = depth;
                 if (coop) {
-                    indent(b, depth);
+                    cg_indent(b, depth);
                     cg_printf(b, "if (%s) {\n", one);
                     d2++;
                 }
                 for (int si = 0; si < ph->st.n; si++)
                     print_store(b, k, &ph->st.v[si], storage, d2);
                 if (coop) {
-                    indent(b, depth);
+                    cg_indent(b, depth);
                     cg_puts(b, "}\n");
                     if (more) {
-                        indent(b, depth);
+                        cg_indent(b, depth);
                         cg_puts(b, "__syncthreads();\n");
                     }
                 }
@@ -572,25 +537,25 @@ static void print_loop(CgBuf *b, const CgKernel *k, const CgLoop *l, const DType
             continue;
         }
         if (ph->acc >= 0) {
-            indent(b, depth);
+            cg_indent(b, depth);
             cg_printf(b, "%s a%d = ", acc_type(ph->adt), ph->acc);
-            print_red_init(b, ph);
+            cg_print_red_init(b, ph);
             cg_puts(b, ";\n");
             if (coop) {
-                indent(b, depth);
+                cg_indent(b, depth);
                 cg_printf(b, "for (int64_t j = %s; j < %lldLL; j += %s) {\n", j0,
                           (long long)inner, js);
                 decompose(b, ph->dim, ph->ndim, "j", used, depth + 1);
                 print_lets(b, k, ph, depth + 1);
                 print_fold(b, k, ph, depth + 1);
-                indent(b, depth);
+                cg_indent(b, depth);
                 cg_puts(b, "}\n");
-                indent(b, depth);
+                cg_indent(b, depth);
                 if (f->rows) {
                     cg_printf(b, "a%d = kiln_block_reduce<%s, %s>(a%d, ", ph->acc,
                               acc_type(ph->adt), ph->rop == CG_RED_MAX ? "true" : "false",
                               ph->acc);
-                    print_red_init(b, ph);
+                    cg_print_red_init(b, ph);
                     cg_puts(b, ");\n");
                 } else {
                     cg_printf(b, "a%d = kiln_col_reduce<%s, %s>(a%d);\n", ph->acc,
@@ -598,33 +563,33 @@ static void print_loop(CgBuf *b, const CgKernel *k, const CgLoop *l, const DType
                               ph->acc);
                 }
             } else {
-                open_loops(b, ph->dim, ph->ndim, &depth);
+                cg_open_loops(b, ph->dim, ph->ndim, &depth);
                 print_lets(b, k, ph, depth);
                 print_fold(b, k, ph, depth);
-                close_loops(b, ph->ndim, &depth);
+                cg_close_loops(b, ph->ndim, &depth);
             }
             continue;
         }
         if (coop) {
-            indent(b, depth);
+            cg_indent(b, depth);
             if (f->cols) {
                 cg_puts(b, "if (live)\n");
-                indent(b, depth);
+                cg_indent(b, depth);
             }
             cg_printf(b, "for (int64_t j = %s; j < %lldLL; j += %s) {\n", j0, (long long)inner,
                       js);
             decompose(b, ph->dim, ph->ndim, "j", used, depth + 1);
             print_store_phase(b, k, ph, storage, al, depth + 1);
-            indent(b, depth);
+            cg_indent(b, depth);
             cg_puts(b, "}\n");
             if (more) {
-                indent(b, depth);
+                cg_indent(b, depth);
                 cg_puts(b, "__syncthreads();\n");
             }
         } else {
-            open_loops(b, ph->dim, ph->ndim, &depth);
+            cg_open_loops(b, ph->dim, ph->ndim, &depth);
             print_store_phase(b, k, ph, storage, al, depth);
-            close_loops(b, ph->ndim, &depth);
+            cg_close_loops(b, ph->ndim, &depth);
         }
     }
     cg_puts(b, "    }\n}\n");

@@ -286,3 +286,40 @@ static void print_rec(CgBuf *b, const CgKernel *k, int e, const CgTarget *t, boo
     }
     die("codegen: bad expression kind %d", (int)x->kind);
 }
+
+/* ---- loop and reduction scaffolding shared by the C and CUDA printers ---- */
+
+void cg_indent(CgBuf *b, int depth)
+{
+    for (int i = 0; i < depth; i++)
+        cg_puts(b, "    ");
+}
+
+void cg_open_loops(CgBuf *b, const CgDim *dim, int n, int *depth)
+{
+    for (int i = 0; i < n; i++) {
+        cg_indent(b, *depth);
+        cg_printf(b, "for (int64_t v%d = 0; v%d < %lld; v%d++) {\n", dim[i].var, dim[i].var,
+                  (long long)dim[i].n, dim[i].var);
+        (*depth)++;
+    }
+}
+
+void cg_close_loops(CgBuf *b, int n, int *depth)
+{
+    for (int i = 0; i < n; i++) {
+        (*depth)--;
+        cg_indent(b, *depth);
+        cg_puts(b, "}\n");
+    }
+}
+
+void cg_print_red_init(CgBuf *b, const CgPhase *ph)
+{
+    if (ph->rop == CG_RED_SUM)
+        cg_puts(b, dtype_is_float(ph->adt) ? "0.0f" : "0");
+    else if (dtype_is_float(ph->adt))
+        cg_puts(b, "(-KILN_INF)");
+    else
+        cg_puts(b, ph->adt == DT_I64 ? "INT64_MIN" : ph->adt == DT_I32 ? "INT32_MIN" : "0");
+}

@@ -381,6 +381,7 @@ typedef struct {
     bool ta, tb;
     int64_t batch, M, N, K, lda, ldb, ldc, sa, sb, sc;
     uint32_t align[3]; /* bytes: kiln's A, B, C pointers */
+    CUdeviceptr bias;  /* CUBLASLT_EPILOGUE_BIAS with this f32[N] bias; 0: none */
     /* value */
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t la, lb, lc; /* cuBLASLt's A (kiln's B), B (kiln's A), C */
@@ -395,7 +396,9 @@ typedef struct {
     CUdeviceptr *ptr;
     int gemm;           /* GEMM steps: index in gemms */
     bool cast_a, cast_b; /* bf16: f32 operand cast into scratch first */
-    CUdeviceptr a, b, c; /* GEMM operands as used */
+    CUdeviceptr a, b, c; /* GEMM operands as used (c: the epilogue's d when epi) */
+    bool epi;            /* GEMM: applies its bias epilogue (see CgEpilogue) */
+    bool skip;           /* kernel: computed by the previous GEMM's epilogue */
     char label[96];      /* NVTX range: the step's kernel name, or the GEMM's shape */
 } CuStep;
 
@@ -510,7 +513,7 @@ static uint32_t align_of(CUdeviceptr p)
  * pa, pb, pc. A batch sharing B (sb = 0) runs as `batch` products of one
  * (see run_gemm). */
 static int gemm_plan(BackendCtx *c, const CgGemm *m, cudaDataType_t at, cudaDataType_t ct,
-                     CUdeviceptr pa, CUdeviceptr pb, CUdeviceptr pc, Diag *d)
+                     CUdeviceptr pa, CUdeviceptr pb, CUdeviceptr pc, CUdeviceptr pbias, Diag *d)
 {
     GemmPlan k;
     memset(&k, 0, sizeof k);
@@ -536,6 +539,7 @@ static int gemm_plan(BackendCtx *c, const CgGemm *m, cudaDataType_t at, cudaData
     k.align[0] = align_of(pa);
     k.align[1] = align_of(pb);
     k.align[2] = align_of(pc);
+    k.bias = pbias;
     if (m->batch > 1) { /* every batch's matrices are as aligned as their strides allow */
         int es = at == CUDA_R_16BF ? 2 : 4, cs = ct == CUDA_R_16BF ? 2 : 4;
         uint32_t s0 = align_of((CUdeviceptr)(m->sa * es)), s1 = align_of((CUdeviceptr)(m->sb * es)),
@@ -557,6 +561,20 @@ static int gemm_plan(BackendCtx *c, const CgGemm *m, cudaDataType_t at, cudaData
         !LT(cublasLtMatmulDescSetAttribute(k.op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb),
             d))
         return -1;
+    if (pbias) {
+        /* kiln's bias along C's last dim (N) is a per-row bias of the
+         * column-major C^T[N,M]: cuBLASLt's BIAS epilogue adds a vector of
+         * D's row count to every column (batch stride 0: one bias for all) */
+        uint32_t epi = CUBLASLT_EPILOGUE_BIAS;
+        const void *bp = (const void *)pbias;
+        if (!LT(cublasLtMatmulDescSetAttribute(k.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi,
+                                               sizeof epi),
+                d) ||
+            !LT(cublasLtMatmulDescSetAttribute(k.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp,
+                                               sizeof bp),
+                d))
+            return -1;
+    }
     uint64_t ar = m->tb ? (uint64_t)m->K : (uint64_t)m->N, ac = m->tb ? m->N : m->K;
     uint64_t br = m->ta ? (uint64_t)m->M : (uint64_t)m->K, bc = m->ta ? m->K : m->M;
     if (!LT(cublasLtMatrixLayoutCreate(&k.la, at, ar, ac, m->ldb), d) ||
@@ -674,8 +692,19 @@ static bool setup_steps(BackendCtx *c, Diag *d)
             cs->a = dptr(c, m->a);
             cs->b = dptr(c, m->b);
             cs->c = dptr(c, m->c);
+            /* the bias epilogue on f32 operands and storage only: the GEMM
+             * writes d = C + bias and the group's kernel after it is skipped */
+            CUdeviceptr pbias = 0;
+            if (m->epilogue == CG_EPI_BIAS && s + 1 < p->steps.n &&
+                p->steps.v[s + 1].by_epilogue && at == CUDA_R_32F && sc == DT_F32 &&
+                q->storage[m->d] == DT_F32 && q->storage[m->bias] == DT_F32) {
+                cs->epi = true;
+                c->st[s + 1].skip = true;
+                cs->c = dptr(c, m->d);
+                pbias = dptr(c, m->bias);
+            }
             cs->gemm = gemm_plan(c, m, at, sc == DT_BF16 ? CUDA_R_16BF : CUDA_R_32F, cs->a, cs->b,
-                                 cs->c, d);
+                                 cs->c, pbias, d);
             if (cs->gemm < 0)
                 return false;
         }
@@ -873,7 +902,7 @@ static bool enqueue(BackendCtx *c, int s, Diag *d)
     bool ok = true;
     switch (st->kind) {
     case CG_STEP_KERNEL:
-        for (int f = 0; f < cs->nfn && ok; f++)
+        for (int f = 0; f < cs->nfn && ok && !cs->skip; f++)
             ok = launch(c, cs->fn[f], &cs->geo[f], cs->argv, d);
         break;
     case CG_STEP_GEMM:

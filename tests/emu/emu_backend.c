@@ -32,6 +32,8 @@ typedef struct {
     unsigned char **ptr;
     int64_t *bytes; /* per param: bytes of its buffer (storage dtype) */
     bool cast_a, cast_b;
+    bool epi;  /* GEMM: applies its bias epilogue (writes d = C + bias) */
+    bool skip; /* kernel: computed by the previous GEMM's epilogue */
 } EStep;
 
 struct BackendCtx {
@@ -42,6 +44,7 @@ struct BackendCtx {
     size_t arena_bytes;
     EStep *st;
     bool bf16;
+    int nepi; /* GEMM steps that apply their bias epilogue */
     char *src; /* the source actually compiled (after cfg.edit) */
 };
 
@@ -136,6 +139,15 @@ static BackendCtx *emu_create(const CgPlan *p, const ExecOpts *o, Diag *d)
                 es->cast_a = sa != DT_BF16;
                 es->cast_b = sb != DT_BF16;
             }
+            /* as the CUDA backend: the epilogue only on f32 operands and storage */
+            if (m->epilogue == CG_EPI_BIAS && s + 1 < p->steps.n && !c->bf16 && sa == DT_F32 &&
+                sb == DT_F32 &&
+                p->steps.v[s + 1].by_epilogue && c->q->storage[m->c] == DT_F32 &&
+                c->q->storage[m->d] == DT_F32 && c->q->storage[m->bias] == DT_F32) {
+                es->epi = true;
+                c->st[s + 1].skip = true;
+                c->nepi++;
+            }
         }
     }
     return c;
@@ -220,7 +232,8 @@ static bool run_gemm(BackendCtx *c, int s, Diag *d)
         B = cb;
         bbf = true;
     }
-    unsigned char *C = tptr(c, m->c);
+    unsigned char *C = tptr(c, es->epi ? m->d : m->c);
+    const float *bias = es->epi ? (const float *)tptr(c, m->bias) : NULL;
     for (int64_t b = 0; b < m->batch; b++)
         for (int64_t i = 0; i < m->M; i++)
             for (int64_t j = 0; j < m->N; j++) {
@@ -233,6 +246,8 @@ static bool run_gemm(BackendCtx *c, int s, Diag *d)
                     acc += x * y;
                 }
                 int64_t ic = b * m->sc + i * m->ldc + j;
+                if (bias) /* the product rounded to f32 first, as the kernel reads C */
+                    acc = (double)(float)acc + (double)bias[j];
                 if (sc == DT_BF16)
                     ((uint16_t *)C)[ic] = f2bf((float)acc);
                 else
@@ -252,6 +267,8 @@ static bool emu_run_step(BackendCtx *c, int s, uint64_t seed, int64_t step, Diag
     }
     switch (st->kind) {
     case CG_STEP_KERNEL: {
+        if (c->st[s].skip)
+            return true;
         /* While the step runs, only its own buffers (and {seed, step}) are
          * addressable: a kernel that strays into a neighbour in the arena
          * is an AddressSanitizer error, as a stray past a lone allocation. */
@@ -298,3 +315,5 @@ const Backend emu_backend_cuda = {
 };
 
 const CgCudaProgram *emu_backend_program(const BackendCtx *c) { return c->q; }
+
+int emu_backend_epilogues(const BackendCtx *c) { return c->nepi; }

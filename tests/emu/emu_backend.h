@@ -25,5 +25,8 @@ typedef struct {
 void emu_backend_configure(const EmuBackendCfg *c);
 extern const Backend emu_backend_cuda;
 const struct CgCudaProgram *emu_backend_program(const BackendCtx *c);
+/* Number of GEMM steps that write their bias epilogue (and skip the kernel
+ * after them). */
+int emu_backend_epilogues(const BackendCtx *c);
 
 #endif

@@ -116,6 +116,7 @@ static double now(void)
 }
 
 static double t_create, t_run; /* seconds in the last run_one_step */
+static int n_epilogues;          /* bias epilogues the emulator applied, all runs */
 
 static bool run_one_step(const Graph *g, const Backend *be, const ExecOpts *o, void **host,
                          Results *r, Diag *d)
@@ -140,6 +141,8 @@ static bool run_one_step(const Graph *g, const Backend *be, const ExecOpts *o, v
             ok = be->run_step(ctx, s, 7, 0, d);
         if (ok)
             read_outputs(g, be, ctx, p, r);
+        if (be == &emu_backend_cuda)
+            n_epilogues += emu_backend_epilogues(ctx);
         be->destroy(ctx);
     }
     t_run = now() - t1;
@@ -341,6 +344,21 @@ static void test_models(void **state)
     each_model();
 }
 
+/* A linear layer without activation: its group (matmul, bias broadcast, add)
+ * becomes a GEMM with the bias epilogue; the emulated GEMM writes the sum,
+ * the kernel step is skipped, and the step still matches the CPU backend
+ * (which runs the planned kernel). */
+static void test_bias_epilogue(void **state)
+{
+    (void)state;
+    fused = true;
+    n_epilogues = 0;
+    check_model("tests/emu/bias_epilogue.lua", NULL, 0);
+    print_message("GEMM steps with a bias epilogue: %d\n", n_epilogues);
+    /* the f32 run applies it; bf16 operands never do */
+    assert_int_equal(n_epilogues, 1);
+}
+
 /* The plan without fusion: every op its own kernel. */
 static void test_models_unfused(void **state)
 {
@@ -503,6 +521,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_models_unfused),
         cmocka_unit_test(test_models),
         cmocka_unit_test(test_gpt_dropout),
+        cmocka_unit_test(test_bias_epilogue),
         cmocka_unit_test(test_negative_controls),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
