@@ -70,4 +70,24 @@ const char *fe_config_get(const Model *m, const char *key);
  * K/M/G/T (powers of 1000, optional B) and KiB/MiB/GiB/TiB (powers of 1024). */
 int64_t fe_parse_bytes(const char *s);
 
+/* ---- settings.c: the TrainCfg key table, shared by train{}, --set and
+ * printing (frontend.c reads it; not for other layers) ------------------- */
+typedef enum { FE_TT_INT, FE_TT_U64, FE_TT_DBL, FE_TT_STR, FE_TT_BYTES } FeKeyType;
+
+typedef struct {
+    const char *name;
+    FeKeyType type;
+    size_t off;
+    const char *def; /* default as text; NULL: none (strings only) */
+    const char *oneof; /* strings: the allowed values, comma-separated; NULL: any */
+} FeTrainKey;
+const FeTrainKey *fe_train_key(const char *name); /* NULL if unknown */
+const char *fe_train_key_list(void);             /* "steps, lr, ..." */
+/* Store a number / a text value ("512MiB", "true", ...) into key k of t;
+ * false with `why` set when it does not fit the key's type. Text values are
+ * copied into storage m owns. */
+bool fe_train_store_num(TrainCfg *t, const FeTrainKey *k, double d, char *why, size_t n);
+bool fe_train_store_text(Model *m, TrainCfg *t, const FeTrainKey *k, const char *s,
+                         bool from_set, char *why, size_t n);
+
 #endif
