@@ -24,43 +24,6 @@
 #include "passes.h"
 #include "runtime.h"
 
-static uint64_t rng;
-static double urand(void)
-{
-    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-    return (double)(rng >> 11) * (1.0 / 9007199254740992.0);
-}
-
-/* Host data per graph input: params in [-0.3, 0.3), state zero, "lr" 1e-3,
- * float data in [0, 1), integers in [0, 3] (valid tokens, classes and
- * digits for every model). */
-static void **make_inputs(const Graph *g)
-{
-    rng = 12345;
-    void **host = xcalloc((size_t)g->t.n + 1, sizeof(void *));
-    for (int t = 0; t < g->t.n; t++) {
-        const Tensor *x = &g->t.v[t];
-        if (x->op >= 0)
-            continue;
-        int64_t n = shape_numel(&x->s);
-        host[t] = xcalloc((size_t)(n ? n : 1), (size_t)dtype_size(x->s.dtype));
-        for (int64_t i = 0; i < n; i++) {
-            if (x->s.dtype == DT_F32)
-                ((float *)host[t])[i] = x->kind == TK_PARAM           ? (float)(0.6 * urand() - 0.3)
-                                        : x->kind == TK_STATE         ? 0.0f
-                                        : strcmp(x->name, "lr") == 0 ? 1e-3f
-                                                                      : (float)urand();
-            else if (x->s.dtype == DT_I32)
-                ((int32_t *)host[t])[i] = (int32_t)(urand() * 4);
-            else if (x->s.dtype == DT_U8)
-                ((uint8_t *)host[t])[i] = urand() < 0.5;
-            else
-                fail_msg("input %s: dtype %s", x->name, dtype_name(x->s.dtype));
-        }
-    }
-    return host;
-}
-
 static void free_all(void **v, int n)
 {
     for (int i = 0; i < n; i++)
@@ -196,7 +159,7 @@ static Case load_case(const char *path, const char *const *sets, int nsets)
     Diag d = {{0}};
     if (!pipeline(c.m->g, &po, fused, &d))
         fail_msg("%s: pipeline: %s", path, d.msg);
-    c.host = make_inputs(c.m->g);
+    c.host = random_model_inputs(c.m->g);
     /* the reference: the CPU backend through the executor */
     const Graph *g = c.m->g;
     ExecOpts o = {.threads = 1};

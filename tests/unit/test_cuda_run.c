@@ -32,42 +32,6 @@ static int setup(void **state)
     return 0;
 }
 
-static uint64_t rng;
-static double urand(void)
-{
-    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-    return (double)(rng >> 11) * (1.0 / 9007199254740992.0);
-}
-
-/* params in [-0.3, 0.3), state zero, "lr" 1e-3, float data in [0, 1),
- * integers in [0, 3] (valid tokens, classes and digits for every model) */
-static void **make_inputs(const Graph *g)
-{
-    rng = 12345;
-    void **host = xcalloc((size_t)g->t.n + 1, sizeof(void *));
-    for (int t = 0; t < g->t.n; t++) {
-        const Tensor *x = &g->t.v[t];
-        if (x->op >= 0)
-            continue;
-        int64_t n = shape_numel(&x->s);
-        host[t] = xcalloc((size_t)(n ? n : 1), (size_t)dtype_size(x->s.dtype));
-        for (int64_t i = 0; i < n; i++) {
-            if (x->s.dtype == DT_F32)
-                ((float *)host[t])[i] = x->kind == TK_PARAM           ? (float)(0.6 * urand() - 0.3)
-                                        : x->kind == TK_STATE         ? 0.0f
-                                        : strcmp(x->name, "lr") == 0 ? 1e-3f
-                                                                      : (float)urand();
-            else if (x->s.dtype == DT_I32)
-                ((int32_t *)host[t])[i] = (int32_t)(urand() * 4);
-            else if (x->s.dtype == DT_U8)
-                ((uint8_t *)host[t])[i] = urand() < 0.5;
-            else
-                fail_msg("input %s: dtype %s", x->name, dtype_name(x->s.dtype));
-        }
-    }
-    return host;
-}
-
 /* Runs `steps` steps of g on the device with the given options; returns the
  * f32 outputs after the last one (out[k]: NULL for other dtypes). */
 static float **run(const Graph *g, void **host, const ExecOpts *o, int steps)
@@ -113,7 +77,7 @@ static void check_model(const char *path)
     if (!pass_pipeline(m->g, &po, NULL, NULL, NULL, &d))
         fail_msg("%s: pipeline: %s", path, d.msg);
     const Graph *g = m->g;
-    void **host = make_inputs(g);
+    void **host = random_model_inputs(g);
     ExecOpts oc = {.device = "cpu", .threads = 1};
     ExecOpts og = {.device = "cuda"};
     float **ref = run(g, host, &oc, 1);

@@ -91,3 +91,40 @@ char *scratch_dir(const char *tag)
         fail_msg("mkdtemp failed");
     return tmpl;
 }
+
+static uint64_t model_rng;
+static double model_urand(void)
+{
+    model_rng = model_rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (double)(model_rng >> 11) * (1.0 / 9007199254740992.0);
+}
+
+/* Host data per graph input: params in [-0.3, 0.3), state zero, "lr" 1e-3,
+ * float data in [0, 1), integers in [0, 3] (valid tokens, classes and
+ * digits for every model). */
+void **random_model_inputs(const Graph *g)
+{
+    model_rng = 12345;
+    void **host = xcalloc((size_t)g->t.n + 1, sizeof(void *));
+    for (int t = 0; t < g->t.n; t++) {
+        const Tensor *x = &g->t.v[t];
+        if (x->op >= 0)
+            continue;
+        int64_t n = shape_numel(&x->s);
+        host[t] = xcalloc((size_t)(n ? n : 1), (size_t)dtype_size(x->s.dtype));
+        for (int64_t i = 0; i < n; i++) {
+            if (x->s.dtype == DT_F32)
+                ((float *)host[t])[i] = x->kind == TK_PARAM           ? (float)(0.6 * model_urand() - 0.3)
+                                        : x->kind == TK_STATE         ? 0.0f
+                                        : strcmp(x->name, "lr") == 0 ? 1e-3f
+                                                                      : (float)model_urand();
+            else if (x->s.dtype == DT_I32)
+                ((int32_t *)host[t])[i] = (int32_t)(model_urand() * 4);
+            else if (x->s.dtype == DT_U8)
+                ((uint8_t *)host[t])[i] = model_urand() < 0.5;
+            else
+                fail_msg("input %s: dtype %s", x->name, dtype_name(x->s.dtype));
+        }
+    }
+    return host;
+}

@@ -21,4 +21,9 @@ Graph *parse_or_fail(const char *text);
 int run_cmd(const char *cmd, char **out);
 /* Fresh scratch directory under $TMPDIR (or /tmp); caller frees. */
 char *scratch_dir(const char *tag);
+/* Host data for every graph input of a model's step graph, indexed by tensor
+ * id (NULL for op results): params in [-0.3, 0.3), state zero, "lr" 1e-3,
+ * float data in [0, 1), integers in [0, 3] (valid tokens, classes and digits
+ * for every model); deterministic. */
+void **random_model_inputs(const Graph *g);
 #endif
