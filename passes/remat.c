@@ -18,7 +18,8 @@
  * every R_g op. Minimise cost subject to every stage's memory <= M. Exact:
  * a 0-1 integer program (GLPK) for graphs up to REMAT_EXACT_MAX
  * activations; otherwise a greedy heuristic with local search, whose gap
- * to the LP relaxation's bound is reported.
+ * to the LP relaxation's bound is reported. The solvers live in
+ * remat_solve.c; the model they share (Prob, Sol) in remat_internal.h.
  *
  * The budget is checked against the real plan: a candidate is applied to a
  * copy of the graph, every pass after remat in pass_list (fuse, comm,
@@ -40,40 +41,19 @@
  * A forward tensor's layer is the largest layer of the params and tensors it
  * reads; params without a key first used after the first layer param (a
  * final norm, a head) put everything downstream of them into the tail. */
-#include "passes.h"
+#include "remat_internal.h"
 
-#include <glpk.h>
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define REMAT_FLOPS 190e9       /* FLOP/s of the modelled machine (this CPU, 2 cores) */
 #define REMAT_BW 20e9           /* bytes/s */
-#define REMAT_EXACT_MAX 250     /* activations up to which the integer program runs */
-#define REMAT_EXACT_NODES 2000  /* its branching limit; past it the heuristic's answer stands */
 #define REMAT_LP_MAX 4000       /* activations up to which the LP bound (stated gap) runs */
-#define REMAT_REKEEP 48         /* large graphs: re-keep candidates tried */
-#define REMAT_WORK_SMALL 400000 /* local search per heuristic solve, in trial moves */
-#define REMAT_WORK_LARGE 40
 #define REMAT_BISECT_LARGE 8    /* bisection steps on large graphs (each a real plan) */
 #define REMAT_BISECT_SMALL 10   /* bisection steps where the integer program runs */
 
 enum { L_NONE = -1, L_TAIL = 1 << 29 };
 
-typedef struct {
-    const Graph *g;
-    int nv;
-    int *var;             /* per tensor: activation index, or -1 */
-    int *vt;              /* per activation: tensor id */
-    uint8_t *saved, *can_r, *can_k, *attn;
-    int64_t *bytes;       /* aligned; 0 for reshapes */
-    double *cost, *flops; /* recompute time (s) and FLOPs */
-    int *layer;           /* L_NONE before the layers, 0..nlayers-1, nlayers: tail */
-    int *in_off, *in_v;   /* CSR: activation operands of each activation's op */
-    int *out_off, *out_v; /* CSR: activations whose op reads each activation */
-    int *grp;             /* layer + 1: 0 before the layers, nlayers + 1 the tail */
-    int nlayers, ngroups;
-} Prob;
 
 static int64_t align_up(int64_t x) { return (x + MEMPLAN_ALIGN - 1) / MEMPLAN_ALIGN * MEMPLAN_ALIGN; }
 
@@ -355,29 +335,14 @@ static void prob_free(Prob *P)
     free(P);
 }
 
-/* ---- solutions ------------------------------------------------------------
- * Stages: backward visits the groups in reverse (tail, last layer, ...,
- * first layer, before the layers). Group of an activation: its layer + 1
- * (0: before the layers; nlayers + 1: the tail). A recomputation serves
- * one group: the clones of group g are made for the saved activations of
- * layer g - 1 and live during stage g only; an activation needed by two
- * groups is recomputed twice. Model memory at stage g: kept activations of
- * groups <= g (still awaiting their backward) plus group g's clones. */
+/* ---- solutions (Sol and the stages: remat_internal.h) -------------------- */
 
-typedef struct {
-    uint8_t *keep;       /* [nv] */
-    uint8_t *r;          /* [ngroups * nv]: r[g * nv + v] */
-    int64_t *memg;       /* [ngroups] */
-    int64_t mem;         /* max over stages of memg */
-    double cost, flops;
-} Sol;
-
-static Sol sol_new(const Prob *P)
+Sol pass_remat_sol_new(const Prob *P)
 {
     size_t nv = (size_t)P->nv + 1, G = (size_t)P->ngroups;
     return (Sol){xcalloc(nv, 1), xcalloc(nv * G, 1), xcalloc(G, sizeof(int64_t)), 0, 0, 0};
 }
-static void sol_free(Sol *s)
+void pass_remat_sol_free(Sol *s)
 {
     free(s->keep);
     free(s->r);
@@ -385,7 +350,7 @@ static void sol_free(Sol *s)
     s->keep = s->r = NULL;
     s->memg = NULL;
 }
-static void sol_copy(const Prob *P, Sol *dst, const Sol *src)
+void pass_remat_sol_copy(const Prob *P, Sol *dst, const Sol *src)
 {
     memcpy(dst->keep, src->keep, (size_t)P->nv);
     memcpy(dst->r, src->r, (size_t)P->nv * (size_t)P->ngroups);
@@ -422,7 +387,7 @@ static void totals(const Prob *P, Sol *s)
  * group not kept, through operands not kept), the activations it forces
  * to be kept (results of ops that cannot be recomputed), and the totals.
  * Kept activations neither saved nor read by a recomputation are dropped. */
-static void derive(const Prob *P, Sol *s)
+void pass_remat_derive(const Prob *P, Sol *s)
 {
     int nv = P->nv, G = P->ngroups;
     int *stack = xmalloc(sizeof(int) * (size_t)(nv + 1));
@@ -465,7 +430,7 @@ static void derive(const Prob *P, Sol *s)
     totals(P, s);
 }
 
-static void policy_keep(const Prob *P, int policy, Sol *s)
+void pass_remat_policy_keep(const Prob *P, int policy, Sol *s)
 {
     int nv = P->nv;
     memset(s->keep, 0, (size_t)nv);
@@ -490,552 +455,7 @@ static void policy_keep(const Prob *P, int policy, Sol *s)
             }
         }
     }
-    derive(P, s);
-}
-
-/* ---- the heuristic -------------------------------------------------------- */
-
-static int64_t excess(const int64_t *memg, int G, int64_t M)
-{
-    int64_t e = 0;
-    for (int g = 0; g < G; g++)
-        if (memg[g] > M)
-            e += memg[g] - M;
-    return e;
-}
-
-typedef struct {
-    int *mark, stamp; /* per (group, activation): visited by the current trial */
-    int *fmark;       /* per activation: forced keep counted by the current trial */
-    int *stack;
-    int64_t *memg;    /* trial stage memory */
-} Scratch;
-
-/* Stage memory and added seconds if kept activation v were dropped: v and
- * what it needs are recomputed in every group that reads v (its own when it
- * is saved, and each group with a recomputation reading it). */
-static double drop_trial(const Prob *P, const Sol *s, int v, Scratch *w, Sol *out)
-{
-    int nv = P->nv, G = P->ngroups;
-    memcpy(w->memg, s->memg, sizeof(int64_t) * (size_t)G);
-    w->stamp++;
-    for (int g = P->grp[v]; g < G; g++)
-        w->memg[g] -= P->bytes[v];
-    double dc = 0;
-    for (int g = P->grp[v]; g < G; g++) {
-        const uint8_t *r = s->r + (size_t)g * (size_t)nv;
-        bool needed = g == P->grp[v] && P->saved[v];
-        for (int k = P->out_off[v]; k < P->out_off[v + 1] && !needed; k++)
-            needed = r[P->out_v[k]];
-        if (!needed)
-            continue;
-        int sp = 0;
-        w->stack[sp++] = v;
-        w->mark[g * nv + v] = w->stamp;
-        while (sp) {
-            int u = w->stack[--sp];
-            if (u != v && !P->can_r[u]) {
-                if (w->fmark[u] != w->stamp) {
-                    w->fmark[u] = w->stamp;
-                    for (int h = P->grp[u]; h < G; h++)
-                        w->memg[h] += P->bytes[u];
-                    if (out)
-                        out->keep[u] = 1;
-                }
-                continue;
-            }
-            dc += P->cost[u];
-            w->memg[g] += P->bytes[u];
-            if (out) {
-                out->r[g * nv + u] = 1;
-                out->flops += P->flops[u];
-            }
-            for (int k = P->in_off[u]; k < P->in_off[u + 1]; k++) {
-                int x = P->in_v[k];
-                if ((s->keep[x] && x != v) || r[x] || w->mark[g * nv + x] == w->stamp)
-                    continue;
-                w->mark[g * nv + x] = w->stamp;
-                w->stack[sp++] = x;
-            }
-        }
-    }
-    if (out) {
-        out->keep[v] = 0;
-        out->cost += dc;
-        memcpy(out->memg, w->memg, sizeof(int64_t) * (size_t)G);
-        out->mem = 0;
-        for (int g = 0; g < G; g++)
-            if (out->memg[g] > out->mem)
-                out->mem = out->memg[g];
-    }
-    return dc;
-}
-
-/* Greedy: from keeping every saved activation, drop the kept activation
- * that removes the most stage memory above M per second of recompute, until
- * every stage fits; then re-keep recomputed activations, most expensive per
- * byte first, while the plan still fits and gets cheaper. Returns false
- * (s = the least memory reached) when M is out of reach. */
-static bool greedy(const Prob *P, int64_t M, Sol *s, int protect, double alpha)
-{
-    int nv = P->nv, G = P->ngroups;
-    Scratch w = {xcalloc((size_t)nv * (size_t)G + 1, sizeof(int)), 0,
-                 xcalloc((size_t)nv + 1, sizeof(int)), xmalloc(sizeof(int) * (size_t)(nv + 1)),
-                 xmalloc(sizeof(int64_t) * (size_t)G)};
-    int stuck = 0; /* keep moves made (large graphs: at most 2) */
-    while (s->mem > M) {
-        int64_t ex0 = excess(s->memg, G, M);
-        int best = -1;
-        double best_score = 0;
-        for (int v = 0; v < nv; v++) {
-            if (!s->keep[v] || !P->can_r[v] || !P->bytes[v] || v == protect)
-                continue;
-            double dc = drop_trial(P, s, v, &w, NULL);
-            int64_t gain = ex0 - excess(w.memg, G, M);
-            if (gain <= 0)
-                continue;
-            double score = (double)gain / pow(dc + 1e-12, alpha);
-            if (best < 0 || score > best_score) {
-                best = v;
-                best_score = score;
-            }
-        }
-        if (best >= 0) {
-            drop_trial(P, s, best, &w, s); /* incremental; derive() at the end */
-            continue;
-        }
-        /* stuck: keep a recomputed activation (typically a small result of
-         * an expensive op) if that shrinks the recompute sets enough */
-        derive(P, s);
-        if (s->mem <= M || (nv > REMAT_EXACT_MAX && ++stuck > 2))
-            break;
-        Sol t = sol_new(P);
-        int64_t best_gain = 0;
-        for (int v = 0; v < nv; v++) {
-            bool rec = false;
-            for (int g = 0; g < G && !rec; g++)
-                rec = s->r[g * nv + v];
-            if (!rec || !P->can_k[v])
-                continue;
-            sol_copy(P, &t, s);
-            t.keep[v] = 1;
-            derive(P, &t);
-            int64_t gain = ex0 - excess(t.memg, G, M);
-            if (gain > best_gain) {
-                best_gain = gain;
-                best = v;
-            }
-        }
-        sol_free(&t);
-        if (best < 0)
-            break;
-        s->keep[best] = 1;
-        derive(P, s);
-    }
-    derive(P, s);
-    free(w.mark);
-    free(w.fmark);
-    free(w.stack);
-    free(w.memg);
-    return s->mem <= M;
-}
-
-/* Local-search effort left for one start, in trial moves: a count, not a
- * time, so that the same graph always gives the same plan. */
-static long work_left;
-
-/* Re-keep recomputed activations, most expensive per byte first, while the
- * plan still fits M and gets cheaper. */
-static void rekeep(const Prob *P, int64_t M, Sol *s)
-{
-    int nv = P->nv, G = P->ngroups;
-    double *ratio = xmalloc(sizeof(double) * (size_t)(nv + 1));
-    int *cand = xmalloc(sizeof(int) * (size_t)(nv + 1));
-    int nc = 0;
-    for (int v = 0; v < nv; v++) {
-        double c = 0;
-        for (int g = 0; g < G; g++)
-            c += s->r[g * nv + v] ? P->cost[v] : 0;
-        if (c > 0 && P->can_k[v] && P->bytes[v]) {
-            ratio[v] = c / (double)P->bytes[v];
-            cand[nc++] = v;
-        }
-    }
-    for (int i = 1; i < nc; i++) { /* insertion sort, ratio descending */
-        int x = cand[i], j = i - 1;
-        while (j >= 0 && ratio[cand[j]] < ratio[x]) {
-            cand[j + 1] = cand[j];
-            j--;
-        }
-        cand[j + 1] = x;
-    }
-    Sol t = sol_new(P);
-    if (nv > REMAT_EXACT_MAX && nc > REMAT_REKEEP)
-        nc = REMAT_REKEEP; /* large graphs: the most expensive per byte only */
-    for (int i = 0; i < nc; i++) {
-        int v = cand[i];
-        if (s->keep[v])
-            continue;
-        sol_copy(P, &t, s);
-        t.keep[v] = 1;
-        derive(P, &t);
-        if (t.mem <= M && t.cost < s->cost)
-            sol_copy(P, s, &t);
-    }
-    sol_free(&t);
-    free(cand);
-    free(ratio);
-}
-
-/* Add-then-repair moves: keep one of the most expensive recomputed
- * activations (every one on small graphs, REMAT_SWAPS on large ones),
- * drop others greedily until the plan fits again;
- * accept when cheaper; repeat while something improves. */
-#define REMAT_SWAPS 4
-static void improve(const Prob *P, int64_t M, Sol *s)
-{
-    int nv = P->nv, G = P->ngroups;
-    Sol t = sol_new(P);
-    int rounds = nv <= REMAT_EXACT_MAX ? 4 : 1;
-    for (int round = 0; round < rounds; round++) {
-        bool better = false;
-        uint8_t *tried = xcalloc((size_t)nv + 1, 1);
-        int nswaps = nv <= REMAT_EXACT_MAX ? nv : REMAT_SWAPS;
-        for (int k = 0; k < nswaps && work_left-- > 0; k++) {
-            int best = -1;
-            double bc = 0;
-            for (int v = 0; v < nv; v++) {
-                if (tried[v] || s->keep[v] || !P->can_k[v])
-                    continue;
-                double c = 0;
-                for (int g = 0; g < G; g++)
-                    c += s->r[g * nv + v] ? P->cost[v] : 0;
-                if (c > bc) {
-                    bc = c;
-                    best = v;
-                }
-            }
-            if (best < 0)
-                break;
-            tried[best] = 1;
-            sol_copy(P, &t, s);
-            t.keep[best] = 1;
-            derive(P, &t);
-            if (!greedy(P, M, &t, best, 1.0))
-                continue;
-            rekeep(P, M, &t);
-            if (t.cost < s->cost * (1 - 1e-9)) {
-                sol_copy(P, s, &t);
-                better = true;
-            }
-        }
-        free(tried);
-        /* small graphs: drop-then-refill (drop kept u, re-keep what fits) */
-        for (int u = 0; u < nv && nv <= REMAT_EXACT_MAX && work_left-- > 0; u++) {
-            if (!s->keep[u] || !P->can_r[u] || !P->bytes[u])
-                continue;
-            sol_copy(P, &t, s);
-            t.keep[u] = 0;
-            derive(P, &t);
-            if (t.mem > M)
-                continue;
-            /* refill: prefer re-keeping anything but u */
-            t.keep[u] = 0;
-            rekeep(P, M, &t);
-            if (t.cost < s->cost * (1 - 1e-9)) {
-                sol_copy(P, s, &t);
-                better = true;
-            }
-        }
-        /* small graphs: every one-for-one exchange (keep v, drop u) */
-        for (int v = 0; v < nv && nv <= REMAT_EXACT_MAX; v++) {
-            bool rec = false;
-            for (int g = 0; g < G && !rec; g++)
-                rec = s->r[g * nv + v];
-            if (!rec || !P->can_k[v])
-                continue;
-            for (int u = 0; u < nv && work_left-- > 0; u++) {
-                if (!s->keep[u] || !P->can_r[u] || u == v)
-                    continue;
-                sol_copy(P, &t, s);
-                t.keep[v] = 1;
-                t.keep[u] = 0;
-                derive(P, &t);
-                if (t.mem > M)
-                    continue;
-                rekeep(P, M, &t);
-                if (t.cost < s->cost * (1 - 1e-9)) {
-                    sol_copy(P, s, &t);
-                    better = true;
-                    break;
-                }
-            }
-        }
-        if (!better)
-            break;
-    }
-    sol_free(&t);
-}
-
-/* The greedy from three starts (keep every saved activation; the full and
- * the selective policies' keep sets); the cheapest plan that fits, else
- * the least memory reached. */
-static glp_prob *build_lp(const Prob *P, int64_t M, bool integer);
-
-/* Start from the LP relaxation rounded: keep what the LP keeps at least
- * half. False when the LP has no solution. */
-static bool lp_start(const Prob *P, int64_t M, Sol *s, double threshold)
-{
-    glp_term_out(GLP_OFF);
-    glp_prob *lp = build_lp(P, M, false);
-    glp_smcp parm;
-    glp_init_smcp(&parm);
-    parm.msg_lev = GLP_MSG_OFF;
-    parm.presolve = GLP_ON;
-    bool ok = glp_simplex(lp, &parm) == 0 && glp_get_status(lp) == GLP_OPT;
-    if (ok) {
-        for (int v = 0; v < P->nv; v++)
-            s->keep[v] = glp_get_col_prim(lp, v + 1) >= threshold;
-        derive(P, s);
-    }
-    glp_delete_prob(lp);
-    return ok;
-}
-
-static bool solve_heuristic(const Prob *P, int64_t M, Sol *s)
-{
-    bool small = P->nv <= REMAT_EXACT_MAX;
-    /* local search effort per start (13 starts on small graphs, 2 on large) */
-    long per_start = small ? REMAT_WORK_SMALL / 13 : REMAT_WORK_LARGE / 2;
-    work_left = per_start;
-    const int starts[] = {REMAT_NONE, REMAT_FULL, REMAT_SELECTIVE};
-    Sol t = sol_new(P), second = sol_new(P);
-    bool found = false, have2 = false;
-    /* keeps the best plan that fits in s and the runner-up in second */
-    #define OFFER()                                                            \
-        do {                                                                   \
-            if (!found || t.cost < s->cost) {                                  \
-                if (found) {                                                   \
-                    sol_copy(P, &second, s);                                   \
-                    have2 = true;                                              \
-                }                                                              \
-                sol_copy(P, s, &t);                                            \
-            } else if (!have2 || t.cost < second.cost) {                       \
-                sol_copy(P, &second, &t);                                      \
-                have2 = true;                                                  \
-            }                                                                  \
-            found = true;                                                      \
-        } while (0)
-    /* small graphs: also from the LP relaxation, rounded at a few levels */
-    const double th[] = {0.5, 0.25, 0.75, 0.999};
-    for (int k = 0; k < 4 && small; k++) {
-        if (!lp_start(P, M, &t, th[k]))
-            break;
-        for (int a = 0; a < 8 && t.mem > M; a++)
-            greedy(P, (int64_t)((double)M * (1 - 0.04 * a)), &t, -1, 1.0);
-        if (t.mem <= M) {
-            rekeep(P, M, &t);
-            work_left = per_start;
-            improve(P, M, &t);
-            OFFER();
-        }
-    }
-    /* scores: bytes per second, and leaning towards big or cheap drops */
-    const double alphas[] = {1.0, 0.5, 2.0};
-    int nalpha = small ? 3 : 1, nstart = small ? 3 : 2;
-    for (int k = 0; k < 3 * nalpha; k++) {
-        if (k % 3 >= nstart)
-            continue;
-        /* the greedy can stall above M: aim lower, then spend the slack */
-        bool ok = false;
-        policy_keep(P, starts[k % 3], &t);
-        for (int a = 0; a < 8 && !ok; a++) {
-            greedy(P, (int64_t)((double)M * (1 - 0.04 * a)), &t, -1, alphas[k / 3]);
-            ok = t.mem <= M;
-        }
-        if (ok) {
-            rekeep(P, M, &t);
-            work_left = per_start;
-            improve(P, M, &t);
-            OFFER();
-        } else if (!found && (k == 0 || t.mem < s->mem)) {
-            sol_copy(P, s, &t); /* the least memory reached */
-        }
-    }
-    #undef OFFER
-    sol_free(&t);
-    sol_free(&second);
-    return found;
-}
-
-/* ---- the integer program -------------------------------------------------- */
-
-typedef VEC(int) IntVec;
-typedef VEC(double) DblVec;
-
-static void nz(IntVec *ia, IntVec *ja, DblVec *ar, int row, int col, double val)
-{
-    vec_push(ia, row);
-    vec_push(ja, col);
-    vec_push(ar, val);
-}
-
-/* min sum cost_v r_vg  s.t.  keep_v + r_v,grp(v) >= 1 per saved v;
- * keep_u + r_ug >= r_vg per activation operand u of v; per stage g:
- * sum over grp(v) <= g of bytes_v keep_v + sum_v bytes_v r_vg <= M.
- * Columns: keep_v = v + 1; r_vg = nv + g * nv + v + 1 (fixed at 0 where
- * g < grp(v) or v cannot be recomputed). Costs in microseconds, bytes in
- * MiB. */
-static glp_prob *build_lp(const Prob *P, int64_t M, bool integer)
-{
-    int nv = P->nv, G = P->ngroups;
-    glp_prob *lp = glp_create_prob();
-    glp_set_obj_dir(lp, GLP_MIN);
-    glp_add_cols(lp, nv + G * nv);
-    for (int v = 0; v < nv; v++) {
-        int ck = v + 1;
-        if (integer)
-            glp_set_col_kind(lp, ck, GLP_BV);
-        if (P->can_k[v])
-            glp_set_col_bnds(lp, ck, GLP_DB, 0, 1);
-        else
-            glp_set_col_bnds(lp, ck, GLP_FX, 0, 0);
-        /* a vanishing price on memory so that nothing is kept for nothing */
-        glp_set_obj_coef(lp, ck, (double)P->bytes[v] * 1e-15);
-        for (int g = 0; g < G; g++) {
-            int cr = nv + g * nv + v + 1;
-            if (integer)
-                glp_set_col_kind(lp, cr, GLP_BV);
-            if (P->can_r[v] && g >= P->grp[v])
-                glp_set_col_bnds(lp, cr, GLP_DB, 0, 1);
-            else
-                glp_set_col_bnds(lp, cr, GLP_FX, 0, 0);
-            glp_set_obj_coef(lp, cr, P->cost[v] * 1e6);
-        }
-    }
-    IntVec ia = {0}, ja = {0};
-    DblVec ar = {0};
-    nz(&ia, &ja, &ar, 0, 0, 0);
-    int row;
-    for (int v = 0; v < nv; v++) {
-        if (P->saved[v]) {
-            row = glp_add_rows(lp, 1);
-            glp_set_row_bnds(lp, row, GLP_LO, 1, 0);
-            nz(&ia, &ja, &ar, row, v + 1, 1.0);
-            nz(&ia, &ja, &ar, row, nv + P->grp[v] * nv + v + 1, 1.0);
-        }
-        if (!P->can_r[v])
-            continue;
-        for (int k = P->in_off[v]; k < P->in_off[v + 1]; k++) {
-            int u = P->in_v[k];
-            bool dup = false;
-            for (int q = P->in_off[v]; q < k; q++)
-                dup |= P->in_v[q] == u;
-            if (dup)
-                continue;
-            for (int g = P->grp[v]; g < G; g++) {
-                row = glp_add_rows(lp, 1);
-                glp_set_row_bnds(lp, row, GLP_LO, 0, 0);
-                nz(&ia, &ja, &ar, row, u + 1, 1.0);
-                nz(&ia, &ja, &ar, row, nv + g * nv + u + 1, 1.0);
-                nz(&ia, &ja, &ar, row, nv + g * nv + v + 1, -1.0);
-            }
-        }
-    }
-    for (int g = 0; g < G; g++) {
-        row = glp_add_rows(lp, 1);
-        glp_set_row_bnds(lp, row, GLP_UP, 0, (double)M / 1048576.0);
-        for (int v = 0; v < nv; v++) {
-            if (!P->bytes[v])
-                continue;
-            if (P->grp[v] <= g)
-                nz(&ia, &ja, &ar, row, v + 1, (double)P->bytes[v] / 1048576.0);
-            if (P->can_r[v] && g >= P->grp[v])
-                nz(&ia, &ja, &ar, row, nv + g * nv + v + 1, (double)P->bytes[v] / 1048576.0);
-        }
-    }
-    glp_load_matrix(lp, ia.n - 1, ia.v, ja.v, ar.v);
-    vec_free(&ia);
-    vec_free(&ja);
-    vec_free(&ar);
-    return lp;
-}
-
-/* Stops branch and bound after REMAT_EXACT_NODES branchings: a count, not
- * a time, so that the same graph always gives the same plan. */
-static void count_branches(glp_tree *T, void *info)
-{
-    long *n = info;
-    if (glp_ios_reason(T) == GLP_IBRANCH && ++*n > REMAT_EXACT_NODES)
-        glp_ios_terminate(T);
-}
-
-/* Exact: returns 1 optimal (s set), 0 infeasible, -1 not solved within the
- * branching limit (limited: false, no limit). */
-static int solve_exact(const Prob *P, int64_t M, Sol *s, bool limited)
-{
-    long branches = 0;
-    glp_term_out(GLP_OFF);
-    glp_prob *lp = build_lp(P, M, true);
-    glp_iocp parm;
-    glp_init_iocp(&parm);
-    parm.presolve = GLP_ON;
-    parm.msg_lev = GLP_MSG_OFF;
-    if (limited) {
-        parm.cb_func = count_branches;
-        parm.cb_info = &branches;
-    }
-    parm.mip_gap = 0;
-    int rc = glp_intopt(lp, &parm), st = glp_mip_status(lp);
-    int res;
-    if (rc == GLP_ENOPFS || rc == GLP_ENODFS || st == GLP_NOFEAS) {
-        res = 0;
-    } else if (rc == 0 && st == GLP_OPT) {
-        /* the keep set determines the closures; derive recomputes exactly
-         * what the program's r columns must contain at the optimum */
-        for (int v = 0; v < P->nv; v++)
-            s->keep[v] = glp_mip_col_val(lp, v + 1) > 0.5;
-        derive(P, s);
-        res = s->mem <= M ? 1 : -1;
-    } else {
-        res = -1;
-    }
-    glp_delete_prob(lp);
-    return res;
-}
-
-/* Lower bound on the cost at memory M (LP relaxation); -1 when unknown. */
-static double lp_bound(const Prob *P, int64_t M)
-{
-    glp_term_out(GLP_OFF);
-    glp_prob *lp = build_lp(P, M, false);
-    glp_smcp parm;
-    glp_init_smcp(&parm);
-    parm.msg_lev = GLP_MSG_OFF;
-    parm.presolve = GLP_ON;
-    double b = -1;
-    if (glp_simplex(lp, &parm) == 0 && glp_get_status(lp) == GLP_OPT)
-        b = glp_get_obj_val(lp) * 1e-6;
-    glp_delete_prob(lp);
-    return b;
-}
-
-/* Solver choice: REMAT_SOLVER_AUTO runs the exact program for small graphs
- * and falls back to the heuristic. *exact tells which answered. */
-static bool solve(const Prob *P, int64_t M, int solver, Sol *s, bool *exact)
-{
-    *exact = false;
-    if (solver == REMAT_SOLVER_EXACT ||
-        (solver == REMAT_SOLVER_AUTO && P->nv <= REMAT_EXACT_MAX)) {
-        int r = solve_exact(P, M, s, solver != REMAT_SOLVER_EXACT);
-        if (r == 1) {
-            *exact = true;
-            return true;
-        }
-        if (r == 0)
-            return false;
-    }
-    return solve_heuristic(P, M, s);
+    pass_remat_derive(P, s);
 }
 
 /* ---- rewriting ------------------------------------------------------------ */
@@ -1241,7 +661,7 @@ typedef struct {
 static int64_t fixed_real(Evals *E, int policy, Sol *t)
 {
     if (!E->fixed[policy]) {
-        policy_keep(E->P, policy, t);
+        pass_remat_policy_keep(E->P, policy, t);
         E->fixed[policy] = eval_peak(E->g, E->P, t, E->o);
         E->nreal++;
     }
@@ -1250,7 +670,7 @@ static int64_t fixed_real(Evals *E, int policy, Sol *t)
 
 static void take(Choice *best, const Prob *P, const Sol *s, int64_t peak, int policy, bool exact)
 {
-    sol_copy(P, &best->s, s);
+    pass_remat_sol_copy(P, &best->s, s);
     best->peak = peak;
     best->policy = policy;
     best->exact = exact;
@@ -1262,7 +682,7 @@ static void take(Choice *best, const Prob *P, const Sol *s, int64_t peak, int po
  * least-memory plan: the smallest feasible budget kiln finds. */
 static int64_t smallest_real(Evals *E)
 {
-    Sol t = sol_new(E->P);
+    Sol t = pass_remat_sol_new(E->P);
     int64_t sm = INT64_MAX;
     const int fixed[] = {REMAT_NONE, REMAT_SELECTIVE, REMAT_FULL};
     for (int k = 0; k < 3; k++) {
@@ -1272,14 +692,14 @@ static int64_t smallest_real(Evals *E)
     }
     if (!E->least) {
         bool ex;
-        solve(E->P, 0, REMAT_SOLVER_HEURISTIC, &t, &ex);
+        pass_remat_solve_model(E->P, 0, REMAT_SOLVER_HEURISTIC, &t, &ex);
         E->least = eval_peak(E->g, E->P, &t, E->o);
         E->least_mem = t.mem;
         E->nreal++;
     }
     if (E->least >= 0 && E->least < sm)
         sm = E->least;
-    sol_free(&t);
+    pass_remat_sol_free(&t);
     return sm;
 }
 
@@ -1292,22 +712,22 @@ static bool search(Evals *E, int64_t budget, int solver, Choice *best)
 {
     const Prob *P = E->P;
     best->found = false;
-    best->s = sol_new(P);
-    Sol t = sol_new(P);
+    best->s = pass_remat_sol_new(P);
+    Sol t = pass_remat_sol_new(P);
     bool ex;
     int64_t pk = fixed_real(E, REMAT_NONE, &t);
     if (pk >= 0 && pk <= budget) {
-        policy_keep(P, REMAT_NONE, &t);
+        pass_remat_policy_keep(P, REMAT_NONE, &t);
         take(best, P, &t, pk, REMAT_NONE, false);
-        sol_free(&t);
+        pass_remat_sol_free(&t);
         return true;
     }
-    policy_keep(P, REMAT_NONE, &t);
+    pass_remat_policy_keep(P, REMAT_NONE, &t);
     int64_t hi = t.mem;
     smallest_real(E);
     int64_t lo = E->least_mem;
     if (E->least >= 0 && E->least <= budget) {
-        solve(P, 0, REMAT_SOLVER_HEURISTIC, &t, &ex);
+        pass_remat_solve_model(P, 0, REMAT_SOLVER_HEURISTIC, &t, &ex);
         take(best, P, &t, E->least, REMAT_AUTO, false);
         int iters = P->nv <= REMAT_EXACT_MAX ? REMAT_BISECT_SMALL : REMAT_BISECT_LARGE;
         /* exact answers so far: the optimum at limit M keeping s.mem bytes
@@ -1324,19 +744,19 @@ static bool search(Evals *E, int64_t budget, int solver, Choice *best)
                 if (memo[j].mem <= mid && mid <= memo_m[j])
                     hit = j;
             if (hit >= 0) {
-                sol_copy(P, &t, &memo[hit]);
+                pass_remat_sol_copy(P, &t, &memo[hit]);
                 ex = true;
                 pk = memo_pk[hit];
             } else {
-                if (!solve(P, mid, solver, &t, &ex)) {
+                if (!pass_remat_solve_model(P, mid, solver, &t, &ex)) {
                     lo = mid;
                     continue;
                 }
                 pk = eval_peak(E->g, P, &t, E->o);
                 E->nreal++;
                 if (ex && nmemo < NMEMO) {
-                    memo[nmemo] = sol_new(P);
-                    sol_copy(P, &memo[nmemo], &t);
+                    memo[nmemo] = pass_remat_sol_new(P);
+                    pass_remat_sol_copy(P, &memo[nmemo], &t);
                     memo_m[nmemo] = mid;
                     memo_pk[nmemo++] = pk;
                 }
@@ -1350,23 +770,23 @@ static bool search(Evals *E, int64_t budget, int solver, Choice *best)
             }
         }
         for (int j = 0; j < nmemo; j++)
-            sol_free(&memo[j]);
+            pass_remat_sol_free(&memo[j]);
     }
     /* fixed policies that could be cheaper */
     const int fixed[] = {REMAT_SELECTIVE, REMAT_FULL};
     for (int k = 0; k < 2; k++) {
-        policy_keep(P, fixed[k], &t);
+        pass_remat_policy_keep(P, fixed[k], &t);
         if (best->found && t.cost >= best->s.cost)
             continue;
         pk = fixed_real(E, fixed[k], &t);
-        policy_keep(P, fixed[k], &t);
+        pass_remat_policy_keep(P, fixed[k], &t);
         if (pk >= 0 && pk <= budget)
             take(best, P, &t, pk, fixed[k], false);
     }
-    sol_free(&t);
+    pass_remat_sol_free(&t);
     if (best->found && best->policy == REMAT_AUTO && !best->exact && best->s.cost > 0 &&
         P->nv <= REMAT_LP_MAX) {
-        double b = lp_bound(P, best->s.mem);
+        double b = pass_remat_lp_bound(P, best->s.mem);
         best->gap = b >= 0 ? (best->s.cost - b) / best->s.cost : -1;
     }
     return best->found;
@@ -1433,18 +853,18 @@ bool pass_remat(Graph *g, const PassOpts *o, Diag *d)
         return true;
     }
     Prob *P = prob_new(g);
-    Sol s = sol_new(P);
+    Sol s = pass_remat_sol_new(P);
     Evals E = {g, P, o, {0}, 0, 0, 0};
     char b0[32], b1[32], b2[32];
     bool ok = true;
     if (policy == REMAT_AUTO && budget <= 0) {
         /* auto without a budget: nothing to fit */
-        policy_keep(P, REMAT_NONE, &s);
+        pass_remat_policy_keep(P, REMAT_NONE, &s);
         report(o->remat_report, P, &s, REMAT_AUTO, REMAT_NONE, -1, false, 0);
     } else if (policy == REMAT_AUTO) {
         Choice c;
         if (search(&E, budget, o->remat_solver, &c)) {
-            sol_copy(P, &s, &c.s);
+            pass_remat_sol_copy(P, &s, &c.s);
             report(o->remat_report, P, &s, REMAT_AUTO, c.policy, c.peak, c.exact, c.gap);
         } else {
             int64_t smallest = smallest_real(&E);
@@ -1458,7 +878,7 @@ bool pass_remat(Graph *g, const PassOpts *o, Diag *d)
                      (long long)budget);
             ok = false;
         }
-        sol_free(&c.s);
+        pass_remat_sol_free(&c.s);
     } else {
         int64_t peak = -1;
         if (budget > 0) {
@@ -1466,7 +886,7 @@ bool pass_remat(Graph *g, const PassOpts *o, Diag *d)
             if (peak < 0 || peak > budget) {
                 Choice c;
                 bool any = search(&E, budget, o->remat_solver, &c);
-                sol_free(&c.s);
+                pass_remat_sol_free(&c.s);
                 int64_t smallest = any ? 0 : smallest_real(&E);
                 fmt_bytes(budget, b0, sizeof b0);
                 fmt_bytes(peak, b1, sizeof b1);
@@ -1482,13 +902,13 @@ bool pass_remat(Graph *g, const PassOpts *o, Diag *d)
                 ok = false;
             }
         }
-        policy_keep(P, policy, &s);
+        pass_remat_policy_keep(P, policy, &s);
         if (ok)
             report(o->remat_report, P, &s, policy, policy, peak, false, 0);
     }
     if (ok)
         apply(g, P, &s);
-    sol_free(&s);
+    pass_remat_sol_free(&s);
     prob_free(P);
     return ok;
 }
@@ -1519,21 +939,21 @@ bool pass_remat_solve(const Graph *g, int64_t kept_limit, int solver, double *co
                       int64_t *kept, bool *exact)
 {
     Prob *P = prob_new(g);
-    Sol s = sol_new(P);
+    Sol s = pass_remat_sol_new(P);
     bool ok;
     *exact = false;
     if (solver == REMAT_SOLVER_EXACT) {
-        int r = solve_exact(P, kept_limit, &s, false);
+        int r = pass_remat_solve_exact(P, kept_limit, &s, false);
         ok = r == 1;
         *exact = ok;
         if (r == -1)
             die("remat: the exact solver did not finish on a test graph");
     } else {
-        ok = solve(P, kept_limit, solver, &s, exact);
+        ok = pass_remat_solve_model(P, kept_limit, solver, &s, exact);
     }
     *cost = s.cost;
     *kept = s.mem;
-    sol_free(&s);
+    pass_remat_sol_free(&s);
     prob_free(P);
     return ok;
 }
@@ -1566,14 +986,14 @@ bool pass_remat_sweep(const Graph *g, const PassOpts *o, int npoints, FILE *f, D
     const int fixed[] = {REMAT_NONE, REMAT_SELECTIVE, REMAT_FULL};
     int64_t fpeak[3];
     double fcost[3], fflops[3];
-    Sol t = sol_new(P);
+    Sol t = pass_remat_sol_new(P);
     for (int k = 0; k < 3; k++) {
         fpeak[k] = fixed_real(&E, fixed[k], &t);
-        policy_keep(P, fixed[k], &t);
+        pass_remat_policy_keep(P, fixed[k], &t);
         fcost[k] = t.cost;
         fflops[k] = t.flops;
     }
-    sol_free(&t);
+    pass_remat_sol_free(&t);
     int64_t smallest = smallest_real(&E);
     if (smallest == INT64_MAX || fpeak[0] < 0) {
         snprintf(d->msg, sizeof d->msg, "remat sweep: no plan could be built");
@@ -1613,7 +1033,7 @@ bool pass_remat_sweep(const Graph *g, const PassOpts *o, int npoints, FILE *f, D
         } else {
             fprintf(f, "%-12s %-15s %-5s %14s %12s %16s\n", b0, "auto", "no", "-", "-", "-");
         }
-        sol_free(&c.s);
+        pass_remat_sol_free(&c.s);
         for (int k = 0; k < 3; k++) {
             bool fk = fpeak[k] >= 0 && fpeak[k] <= budget;
             fmt_bytes(fpeak[k], b1, sizeof b1);

@@ -4,7 +4,6 @@
  * in models/ after the full pipeline. */
 #include "testutil.h"
 
-#include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -502,17 +501,10 @@ static void test_profile(void **state)
 static void test_models(void **state)
 {
     (void)state;
-    DIR *dir = opendir("models");
-    if (!dir)
-        fail_msg("no models/ directory (tests run from the source root)");
-    struct dirent *de;
-    int nmodels = 0;
-    while ((de = readdir(dir))) {
-        size_t n = strlen(de->d_name);
-        if (n < 5 || strcmp(de->d_name + n - 4, ".lua") != 0)
-            continue;
-        char path[512], err[1024];
-        snprintf(path, sizeof path, "models/%s", de->d_name);
+    char **paths = model_paths();
+    for (char **pp = paths; *pp; pp++) {
+        const char *path = *pp;
+        char err[1024];
         Model *m = fe_load_model(path, NULL, 0, err, sizeof err);
         if (!m)
             fail_msg("%s: %s", path, err);
@@ -531,10 +523,8 @@ static void test_models(void **state)
         check_graph_opts(m->g, 1e-4, "grad.");
         model_inputs = false;
         fe_model_free(m);
-        nmodels++;
     }
-    closedir(dir);
-    assert_true(nmodels > 0);
+    free_model_paths(paths);
 }
 
 int main(void)

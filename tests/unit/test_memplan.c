@@ -5,7 +5,6 @@
  * state). */
 #include "testutil.h"
 
-#include <dirent.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -209,16 +208,10 @@ static void test_schedule_sinks(void **state)
 static void test_models(void **state)
 {
     (void)state;
-    DIR *dir = opendir("models");
-    if (!dir)
-        fail_msg("no models/ directory");
-    struct dirent *de;
-    while ((de = readdir(dir))) {
-        size_t n = strlen(de->d_name);
-        if (n < 5 || strcmp(de->d_name + n - 4, ".lua") != 0)
-            continue;
-        char path[512], err[1024];
-        snprintf(path, sizeof path, "models/%s", de->d_name);
+    char **paths = model_paths();
+    for (char **pp = paths; *pp; pp++) {
+        const char *path = *pp;
+        char err[1024];
         Model *md = fe_load_model(path, NULL, 0, err, sizeof err);
         if (!md)
             fail_msg("%s: %s", path, err);
@@ -238,7 +231,7 @@ static void test_models(void **state)
         pass_memplan_free(m);
         fe_model_free(md);
     }
-    closedir(dir);
+    free_model_paths(paths);
 }
 
 int main(void)

@@ -4,7 +4,6 @@
  * interpreter, lowers the loss over 20 AdamW steps on a fixed batch. */
 #include "testutil.h"
 
-#include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -73,21 +72,10 @@ static void round_trip_model(const char *path, const char *const *sets, int nset
 static void test_round_trip_every_model(void **state)
 {
     (void)state;
-    DIR *dir = opendir("models");
-    assert_non_null(dir);
-    struct dirent *e;
-    int n = 0;
-    while ((e = readdir(dir))) {
-        size_t len = strlen(e->d_name);
-        if (len < 5 || strcmp(e->d_name + len - 4, ".lua") != 0)
-            continue;
-        char *path = xasprintf("models/%s", e->d_name);
-        round_trip_model(path, NULL, 0);
-        free(path);
-        n++;
-    }
-    closedir(dir);
-    assert_true(n >= 4);
+    char **paths = model_paths();
+    for (char **pp = paths; *pp; pp++)
+        round_trip_model(*pp, NULL, 0);
+    free_model_paths(paths);
 }
 
 static void test_round_trip_gpt2_124m(void **state)

@@ -1,6 +1,7 @@
 /* testutil.c - helpers shared by kiln's unit tests. */
 #include "testutil.h"
 
+#include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -127,4 +128,37 @@ void **random_model_inputs(const Graph *g)
         }
     }
     return host;
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+char **model_paths(void)
+{
+    DIR *dir = opendir("models");
+    if (!dir)
+        fail_msg("no models/ directory (tests run from the source root)");
+    VEC(char *) v = {0};
+    struct dirent *de;
+    while ((de = readdir(dir))) {
+        size_t n = strlen(de->d_name);
+        if (n > 4 && strcmp(de->d_name + n - 4, ".lua") == 0)
+            vec_push(&v, xasprintf("models/%s", de->d_name));
+    }
+    closedir(dir);
+    if (v.n < 4)
+        fail_msg("models/ holds %d .lua scripts (expected at least 4: mlp, gpt, llama, "
+                 "addition)", v.n);
+    qsort(v.v, (size_t)v.n, sizeof *v.v, cmp_str);
+    vec_push(&v, NULL);
+    return v.v;
+}
+
+void free_model_paths(char **paths)
+{
+    for (char **p = paths; p && *p; p++)
+        free(*p);
+    free(paths);
 }

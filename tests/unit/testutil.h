@@ -26,4 +26,10 @@ char *scratch_dir(const char *tag);
  * float data in [0, 1), integers in [0, 3] (valid tokens, classes and digits
  * for every model); deterministic. */
 void **random_model_inputs(const Graph *g);
+/* The model scripts: "models/NAME.lua" for every .lua file in models/
+ * (tests run from the source root), sorted by name, NULL-terminated. Fails
+ * the test when there are fewer than 4 (mlp, gpt, llama, addition): no
+ * models/ directory, or a partial checkout. Free with free_model_paths. */
+char **model_paths(void);
+void free_model_paths(char **paths);
 #endif
