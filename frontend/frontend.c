@@ -1274,16 +1274,10 @@ static bool finish(lua_State *L, Fe *fe, char *err, size_t errlen)
     return true;
 }
 
-Model *fe_load_model(const char *path, const char *const *sets, int nsets, char *err,
-                     size_t errlen)
+/* Runs the script once, with nn.training = training. */
+static Model *load_once(const char *path, const char *const *sets, int nsets, bool training,
+                        char *err, size_t errlen)
 {
-    for (int i = 0; i < nsets; i++) {
-        char key[256];
-        if (!set_value(sets[i], key, sizeof key) || !key[0]) {
-            snprintf(err, errlen, "--set %s: expected key=value (got '%s')", key, sets[i]);
-            return NULL;
-        }
-    }
     Model *m = xcalloc(1, sizeof *m);
     m->path = intern(path);
     m->g = ir_new();
@@ -1319,6 +1313,11 @@ Model *fe_load_model(const char *path, const char *const *sets, int nsets, char 
         else
             lua_pop(L, 1);
     }
+    if (lua_getglobal(L, "nn") == LUA_TTABLE) {
+        lua_pushboolean(L, training);
+        lua_setfield(L, -2, "training");
+    }
+    lua_pop(L, 1);
     int st = luaL_loadfilex(L, path, "t");
     if (st == LUA_OK)
         st = lua_pcall(L, 0, 0, h);
@@ -1335,5 +1334,77 @@ Model *fe_load_model(const char *path, const char *const *sets, int nsets, char 
         fe_model_free(m);
         return NULL;
     }
+    return m;
+}
+
+static bool has_random(const Graph *g)
+{
+    for (int i = 0; i < g->ops.n; i++)
+        if (g->ops.v[i].code == OP_RANDOM)
+            return true;
+    return false;
+}
+
+static bool interface_tensor(const Tensor *x) { return x->op < 0 && x->kind != TK_CONST; }
+
+/* The evaluation graph must declare the training graph's params, inputs and
+ * state, in the same order, with the same shapes (it reads the same
+ * buffers): a script whose structure depends on nn.training otherwise is
+ * an error. */
+static bool same_interface(const Graph *a, const Graph *b, const char *path, char *err,
+                           size_t errlen)
+{
+    int ta = 0, tb = 0;
+    for (;; ta++, tb++) {
+        while (ta < a->t.n && !interface_tensor(&a->t.v[ta]))
+            ta++;
+        while (tb < b->t.n && !interface_tensor(&b->t.v[tb]))
+            tb++;
+        if (ta == a->t.n || tb == b->t.n)
+            break;
+        const Tensor *x = &a->t.v[ta], *y = &b->t.v[tb];
+        const char *xn = x->name ? x->name : "", *yn = y->name ? y->name : "";
+        if (x->kind != y->kind || strcmp(xn, yn) != 0 || !shape_eq(&x->s, &y->s)) {
+            snprintf(err, errlen,
+                     "%s: the evaluation graph (nn.training = false) declares '%s' where the "
+                     "training graph declares '%s' (expected the same params, inputs and "
+                     "state in the same order)",
+                     path, yn, xn);
+            return false;
+        }
+    }
+    if (ta != a->t.n || tb != b->t.n) {
+        snprintf(err, errlen,
+                 "%s: the evaluation graph (nn.training = false) declares %s params, inputs "
+                 "and state than the training graph (expected the same)",
+                 path, ta == a->t.n ? "more" : "fewer");
+        return false;
+    }
+    return true;
+}
+
+Model *fe_load_model(const char *path, const char *const *sets, int nsets, char *err,
+                     size_t errlen)
+{
+    for (int i = 0; i < nsets; i++) {
+        char key[256];
+        if (!set_value(sets[i], key, sizeof key) || !key[0]) {
+            snprintf(err, errlen, "--set %s: expected key=value (got '%s')", key, sets[i]);
+            return NULL;
+        }
+    }
+    Model *m = load_once(path, sets, nsets, true, err, errlen);
+    if (!m || !has_random(m->g))
+        return m;
+    /* random numbers (dropout): build the evaluation graph without them */
+    Model *e = load_once(path, sets, nsets, false, err, errlen);
+    if (!e || !same_interface(m->g, e->g, path, err, errlen)) {
+        fe_model_free(e);
+        fe_model_free(m);
+        return NULL;
+    }
+    m->eval_g = e->g;
+    e->g = NULL;
+    fe_model_free(e);
     return m;
 }

@@ -46,6 +46,10 @@ typedef struct {
 typedef struct Model {
     const char *path;  /* the script, as given */
     Graph *g;          /* the forward graph; owned */
+    Graph *eval_g;     /* the forward graph for evaluation, built by a second run
+                          of the script with nn.training = false (dropout off);
+                          owned; NULL when g draws no random numbers (g serves);
+                          declares exactly g's params, inputs and state */
     TrainCfg train;
     FeConfigItem *config; /* config{} keys sorted by name, final values */
     int nconfig;

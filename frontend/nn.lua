@@ -11,6 +11,10 @@
 
 local nn = {}
 
+-- true while kiln builds the training step; false while it builds the
+-- evaluation graph (the script runs a second time), where dropout is off.
+nn.training = true
+
 local function layer(t, f)
   return setmetatable(t, {__call = function(_, ...) return f(...) end})
 end
@@ -106,10 +110,12 @@ function nn.Embedding(name, n, dim, opts)
 end
 
 -- Inverted dropout: keeps each element with probability 1-p, scaled by
--- 1/(1-p). p = 0 (or nil) returns x unchanged and adds no op.
+-- 1/(1-p). p = 0 (or nil), or evaluation (nn.training false), returns x
+-- unchanged and adds no op.
 function nn.dropout(x, p)
   if not p or p == 0 then return x end
   assert(p > 0 and p < 1, "dropout: p must be in [0, 1)")
+  if not nn.training then return x end
   local keep = random(x.shape):ge(p)
   return select(keep, x * (1 / (1 - p)), 0)
 end

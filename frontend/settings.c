@@ -270,6 +270,7 @@ void fe_model_free(Model *m)
     if (!m)
         return;
     ir_free(m->g);
+    ir_free(m->eval_g);
     for (int i = 0; i < m->nconfig; i++) {
         free((char *)m->config[i].key);
         free((char *)m->config[i].value);
