@@ -260,18 +260,57 @@ typedef enum {
     CG_STEP_ALLREDUCE_WAIT,
 } CgStepKind;
 
-/* A GEMM epilogue. CG_EPI_BIAS: the group's kernel (the step right after
- * the GEMM, marked CgStep.by_epilogue) computes exactly
- * d = c + broadcast(bias) with bias f32[N] along the last dim, and c is
- * read by nothing else. A backend may instead write d = op(A) op(B) + bias
- * in the GEMM (c is then never written) and skip that kernel step; one that
- * ignores the epilogue runs both steps as planned. */
-typedef enum { CG_EPI_NONE, CG_EPI_BIAS } CgEpilogue;
+/* A GEMM epilogue: work the plan gives to the GEMM step on top of
+ * C = op(A) op(B), as cuBLASLt can do it. The plan itself never relies on
+ * it: the steps the epilogue replaces stay in the plan, marked
+ * CgStep.by_epilogue = the GEMM's step index, and a backend that ignores
+ * epilogues runs every step as planned and gets the same numbers (the CPU
+ * backend does). A backend that applies an epilogue writes what it says
+ * below instead of c (unless stated) and skips every step marked with its
+ * GEMM. Pairs (GELU_AUX_BIAS with DGELU*, CgGemm.pair) are applied both or
+ * neither. All tensors named are f32; every epilogue but BIAS needs batch 1
+ * (a batch sharing B is folded into M). Row-major kiln terms: rows M, cols N.
+ *
+ * CG_EPI_BIAS          d = c + bias[n] (bias f32[N]); c is read by nothing
+ *                      else (never written).
+ * CG_EPI_GELU_BIAS     d = gelu(c + bias[n]); c never written.
+ * CG_EPI_GELU_AUX_BIAS d = gelu(c + bias[n]), and c's own buffer receives
+ *                      aux = c + bias[n] (aux == c): the only other readers
+ *                      of c are the paired DGELU group's recomputations
+ *                      pre = c + broadcast(bias).
+ * CG_EPI_DGELU         d = c * gelu'(aux) (aux: the pair's c buffer, holding
+ *                      pre); c never written.
+ * CG_EPI_DGELU_BGRAD   DGELU, and bgrad[n] = sum over rows m of d[m][n].
+ * CG_EPI_BGRAD_A       C as planned, and bgrad[m] = sum over k of op(A)[m][k]
+ *                      (A stored [K, M]: ta = 1) - cuBLASLt's BGRADB, since
+ *                      its B is kiln's A.
+ * CG_EPI_BGRAD_B       C as planned, and bgrad[n] = sum over k of op(B)[k][n]
+ *                      (B stored [K, N]: tb = 0) - cuBLASLt's BGRADA.
+ * gelu is the tanh form kiln's nn.gelu spells and cuBLASLt computes:
+ * gelu(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). The bgrad
+ * tensor is a leading-axis reduce_sum (numel N, or M) computed by a plan step
+ * that does nothing else; everything that reads it runs after the GEMM. */
+typedef enum {
+    CG_EPI_NONE,
+    CG_EPI_BIAS,
+    CG_EPI_GELU_BIAS,
+    CG_EPI_GELU_AUX_BIAS,
+    CG_EPI_DGELU,
+    CG_EPI_DGELU_BGRAD,
+    CG_EPI_BGRAD_A,
+    CG_EPI_BGRAD_B,
+    CG_EPI__COUNT
+} CgEpilogue;
 
 typedef struct {
     int a, b, c;            /* tensors: C = op(A) x op(B) */
     CgEpilogue epilogue;
-    int bias, d;            /* CG_EPI_BIAS: the bias f32[N] and the sum's tensor */
+    int bias;               /* BIAS, GELU_*: the bias f32[N] read; -1 otherwise */
+    int d;                  /* BIAS, GELU_*, DGELU*: the tensor written instead of c */
+    int aux;                /* GELU_AUX_BIAS: c (its buffer receives c + bias);
+                               DGELU*: the pair's c (read as gelu's input) */
+    int bgrad;              /* DGELU_BGRAD, BGRAD_*: the bias gradient written */
+    int pair;               /* GELU_AUX_BIAS, DGELU*: the partner GEMM's step */
     int64_t batch, M, N, K;
     bool ta, tb;
     int64_t lda, ldb, ldc;  /* row-major leading dimensions */
@@ -291,8 +330,8 @@ typedef struct {
     int bucket;    /* CG_STEP_ALLREDUCE_*: the comm pass's bucket id */
     int nargs;     /* CG_STEP_ALLREDUCE_START: number of args */
     int group;     /* fuse group of the step's op(s); -1 for a single op */
-    bool by_epilogue; /* CG_STEP_KERNEL: the previous GEMM step's epilogue
-                         computes this kernel's result (see CgEpilogue) */
+    int by_epilogue; /* CG_STEP_KERNEL: -1, or the GEMM step whose epilogue
+                        computes everything this step writes (see CgEpilogue) */
     double flops, bytes_moved; /* the IR's counts for the step (a fused
                                   kernel: its members' FLOPs, the bytes it
                                   reads and writes) */
@@ -313,6 +352,29 @@ CgPlan *cg_plan(const Graph *g, Diag *d);
 void cg_plan_free(CgPlan *p);
 /* Byte offset of a tensor's data in the arena. */
 int64_t cg_offset(const CgPlan *p, int tensor);
+
+/* ---- epilogue.c: GEMM epilogues (see CgEpilogue) ------------------------- */
+
+/* Whether tensor t of g computes gelu(x) as kiln's nn.gelu spells it:
+ * 0.5*x * (1 + tanh(sqrt(2/pi) * (x + 0.044715*x*x*x))). Definitions are
+ * followed regardless of fuse groups; add and mul match either operand
+ * order, constants (const ops, or broadcasts of them) within a relative
+ * 1e-6. Sets *x. Any other spelling (erf, x*sigmoid(1.702x), a product
+ * associated differently) is not recognised: it runs as the planned fused
+ * kernel, correct and slower. */
+bool cg_match_gelu(const Graph *g, int t, int *x);
+/* Whether t computes grad * gelu'(x) as autodiff and simplify derive it
+ * from nn.gelu (the chain rule through tanh, the cube and the products, one
+ * sum); sets *x and *grad. Same rules and limits as cg_match_gelu. */
+bool cg_match_dgelu(const Graph *g, int t, int *x, int *grad);
+/* Records the epilogues of p's GEMM steps (CgGemm.epilogue and its tensors)
+ * and marks the steps they replace (CgStep.by_epilogue; -1 elsewhere).
+ * mat: pass_fuse_materialised(p->g). */
+void cg_plan_epilogues(CgPlan *p, const bool *mat);
+const char *cg_epilogue_name(CgEpilogue e); /* "bias", "gelu_aux_bias", ... */
+/* One line "gemm epilogues: N kind, ..." (or "none"); with `each`, then one
+ * line per GEMM step that carries one (step, op, shape, kind, tensors). */
+void cg_plan_print_epilogues(const CgPlan *p, FILE *f, bool each);
 
 /* ---- cuda.c: the CUDA C printer (NVRTC) --------------------------------
  * Each CgLoop of a kernel becomes one __global__ function NAME_lI, launched
@@ -338,9 +400,21 @@ typedef struct {
     int64_t n;        /* outer iterations */
     int threads;      /* block size */
     int64_t blocks;   /* grid size (grid-stride loops cover n) */
+    int nparam;       /* the function takes pointers to the buffers of kernel
+                         params param[0..nparam) (ascending: the params its
+                         loop reads or writes), then, when rand, the
+                         {seed, step} pointer */
+    int *param;
+    bool rand;
 } CgCudaFn;
 
+/* A copy step in the device arena's terms (CgCudaProgram.copy). */
+typedef struct {
+    int64_t dst, src, bytes;
+} CgCudaCopy;
+
 typedef struct CgCudaProgram {
+    const struct CgPlan *plan; /* borrowed */
     char *source;      /* the whole translation unit */
     VEC(CgCudaFn) fn;
     int *step_fn;      /* per plan step: first fn of a kernel step (its fns are
@@ -348,7 +422,32 @@ typedef struct CgCudaProgram {
     int *step_nfn;     /* per plan step: number of fns */
     DType *storage;    /* per tensor id: dtype of its buffer in device memory */
     bool bf16;         /* mixed precision: eligible activations stored as bf16 */
+    /* The device arena: plan->mem when every buffer keeps its dtype, else
+     * (bf16) the same storages and live ranges re-planned with the storage
+     * dtypes' sizes (pass_memplan_storage), so bf16 activations take half
+     * the bytes. Offsets of params, state and inputs are the plan's; graph
+     * outputs and other temps may move. */
+    MemPlan *mem;
+    CgCudaCopy *copy;  /* per plan step: a CG_STEP_COPY in mem's offsets */
+    /* Host reads and writes name plan offsets (cg_offset): the graph
+     * outputs' plan offsets (src) and device offsets (dst), bytes = size */
+    CgCudaCopy *outs;
+    int nouts;
 } CgCudaProgram;
+
+/* The device arena offset of host access [off, off + bytes) given in the
+ * plan's offsets: the persistent region is the same in both; a graph output
+ * moves with its storage; -1 for anything else. Inline: the CUDA module
+ * links nothing of kiln's own libraries. */
+static inline int64_t cg_cuda_host_offset(const CgCudaProgram *q, int64_t off, int64_t bytes)
+{
+    if (off + bytes <= q->mem->persistent_bytes)
+        return off;
+    for (int i = 0; i < q->nouts; i++)
+        if (off >= q->outs[i].src && off + bytes <= q->outs[i].src + q->outs[i].bytes)
+            return q->outs[i].dst + (off - q->outs[i].src);
+    return -1;
+}
 
 /* Prints every kernel the plan's steps launch. bf16: store float temps that
  * are activations (not reduce results, scatter results, values computed

@@ -432,11 +432,67 @@ static CgKernel f32_view(const CgKernel *k)
     return v;
 }
 
-static void print_params(CgBuf *b, const CgKernel *k, const DType *storage)
+/* Marks the params expression e loads (used[]) and whether it draws random
+ * numbers (*rand). */
+static void mark_loads(const CgKernel *k, int e, bool *used, bool *rand)
 {
-    for (int i = 0; i < k->params.n; i++) {
+    if (e < 0)
+        return;
+    const CgExpr *x = &k->ex.v[e];
+    switch (x->kind) {
+    case CGX_CONST:
+    case CGX_VAR:
+    case CGX_ACC: return;
+    case CGX_LOAD: used[x->param] = true; mark_loads(k, x->a[0], used, rand); return;
+    case CGX_RAND: *rand = true; mark_loads(k, x->a[0], used, rand); return;
+    case CGX_CAST: mark_loads(k, x->a[0], used, rand); return;
+    case CGX_SELECT:
+        for (int i = 0; i < 3; i++)
+            mark_loads(k, x->a[i], used, rand);
+        return;
+    case CGX_OP:
+        for (int i = 0; i < cg_opinfo[x->op].arity; i++)
+            mark_loads(k, x->a[i], used, rand);
+        return;
+    }
+}
+
+/* Fills f->param/nparam/rand: the params loop l reads or writes. A kernel of
+ * many loops (the multi-tensor AdamW update) then declares a few params per
+ * function instead of all of them in each. */
+static void loop_params(const CgKernel *k, const CgLoop *l, CgCudaFn *f)
+{
+    bool *used = xcalloc((size_t)k->params.n + 1, sizeof(bool));
+    bool rand = false;
+    for (int pi = 0; pi < l->ph.n; pi++) {
+        const CgPhase *ph = &l->ph.v[pi];
+        if (ph->acc >= 0)
+            mark_loads(k, ph->value, used, &rand);
+        for (int li = 0; li < ph->lets.n; li++)
+            mark_loads(k, ph->lets.v[li], used, &rand);
+        for (int si = 0; si < ph->st.n; si++) {
+            const CgStore *st = &ph->st.v[si];
+            used[st->param] = true;
+            mark_loads(k, st->index, used, &rand);
+            mark_loads(k, st->value, used, &rand);
+            mark_loads(k, st->guard, used, &rand);
+        }
+    }
+    f->param = xmalloc(sizeof(int) * (size_t)(k->params.n + 1));
+    f->nparam = 0;
+    for (int i = 0; i < k->params.n; i++)
+        if (used[i])
+            f->param[f->nparam++] = i;
+    f->rand = rand && k->rand;
+    free(used);
+}
+
+static void print_params(CgBuf *b, const CgKernel *k, const DType *storage, const CgCudaFn *f)
+{
+    for (int j = 0; j < f->nparam; j++) {
+        int i = f->param[j];
         const CgParam *p = &k->params.v[i];
-        if (i)
+        if (j)
             cg_puts(b, ", ");
         if (storage[i] == DT_BF16)
             cg_printf(b, "kiln_bf16p p%d", i);
@@ -446,8 +502,8 @@ static void print_params(CgBuf *b, const CgKernel *k, const DType *storage)
             cg_printf(b, "%s%s *%sp%d", p->out ? "" : "const ", reg_type(storage[i]),
                       k->noalias ? "__restrict__ " : "", i);
     }
-    if (k->rand)
-        cg_printf(b, "%sconst uint64_t *__restrict__ kiln_rs", k->params.n ? ", " : "");
+    if (f->rand)
+        cg_printf(b, "%sconst uint64_t *__restrict__ kiln_rs", f->nparam ? ", " : "");
 }
 
 static void print_loop(CgBuf *b, const CgKernel *k, const CgLoop *l, const DType *storage,
@@ -466,11 +522,11 @@ static void print_loop(CgBuf *b, const CgKernel *k, const CgLoop *l, const DType
         }
     }
     cg_printf(b, "extern \"C\" __global__ void __launch_bounds__(%d) %s(", f->threads, f->name);
-    print_params(b, k, storage);
-    if (!k->params.n && !k->rand)
+    print_params(b, k, storage, f);
+    if (!f->nparam && !f->rand)
         cg_puts(b, "void");
     cg_puts(b, ")\n{\n");
-    if (k->rand)
+    if (f->rand)
         cg_puts(b, "    const uint64_t seed = kiln_rs[0];\n"
                    "    const int64_t step = (int64_t)kiln_rs[1];\n");
     int depth = 2;
@@ -608,6 +664,7 @@ static void print_kernel(CgBuf *b, const CgKernel *k, const char *name, const DT
         memset(f, 0, sizeof *f);
         f->name = xasprintf("%s_l%d", name, li);
         geometry(&k->loops.v[li], f);
+        loop_params(k, &k->loops.v[li], f);
         cg_puts(b, "\n");
         print_loop(b, &v, &k->loops.v[li], st, al, f);
     }
@@ -703,6 +760,58 @@ static bool *bf16_storage(const CgPlan *p)
     return res;
 }
 
+/* The device arena (CgCudaProgram.mem) and the copy steps in its terms.
+ * Persistent storages are never bf16, so the persistent region (params,
+ * state, inputs) is laid out identically in both plans. */
+static void device_arena(const CgPlan *p, CgCudaProgram *q, bool resized)
+{
+    const Graph *g = p->g;
+    q->plan = p;
+    q->mem = p->mem;
+    if (resized) {
+        Diag d = {0};
+        q->mem = pass_memplan_storage(g, q->storage, &d);
+        if (q->mem->persistent_bytes != p->mem->persistent_bytes)
+            die("cuda program: the persistent region changed size in the bf16 arena (%lld, "
+                "was %lld)",
+                (long long)q->mem->persistent_bytes, (long long)p->mem->persistent_bytes);
+    }
+    q->outs = xcalloc((size_t)g->outs.n + 1, sizeof(CgCudaCopy));
+    for (int i = 0; i < g->outs.n; i++) {
+        int t = g->outs.v[i].t;
+        q->outs[q->nouts++] = (CgCudaCopy){.dst = q->mem->offset[t], .src = p->mem->offset[t],
+                                           .bytes = p->mem->bytes[t]};
+        if (q->mem->bytes[t] != p->mem->bytes[t])
+            die("cuda program: graph output %s stored as bf16", g->outs.v[i].name);
+    }
+    q->copy = xcalloc((size_t)p->steps.n + 1, sizeof(CgCudaCopy));
+    for (int s = 0; s < p->steps.n; s++) {
+        const CgStep *st = &p->steps.v[s];
+        if (st->kind != CG_STEP_COPY)
+            continue;
+        int dst = -1, src = -1;
+        if (st->op >= 0) {
+            dst = g->ops.v[st->op].out;
+            src = g->ops.v[st->op].in[0];
+        } else { /* an update copy: the update whose target is at st->dst */
+            for (int u = 0; u < g->upd.n && dst < 0; u++)
+                if (p->mem->offset[g->upd.v[u].target] == st->dst &&
+                    p->mem->offset[g->upd.v[u].value] == st->src) {
+                    dst = g->upd.v[u].target;
+                    src = g->upd.v[u].value;
+                }
+            if (dst < 0)
+                die("cuda program: copy step %d matches no update", s);
+        }
+        q->copy[s].dst = q->mem->offset[dst];
+        q->copy[s].src = q->mem->offset[src];
+        q->copy[s].bytes = q->mem->bytes[dst];
+        if (q->mem->bytes[src] != q->copy[s].bytes)
+            die("cuda program: copy step %d between %lld and %lld bytes", s,
+                (long long)q->mem->bytes[src], (long long)q->copy[s].bytes);
+    }
+}
+
 typedef struct {
     int kernel;
     DType *st; /* per param */
@@ -712,9 +821,8 @@ typedef struct {
 } Variant;
 
 /* The buffer classes of step st's params (Alias). */
-static bool alias_classes(const CgPlan *p, const CgStep *st, int n, int *cls)
+static bool alias_classes(const MemPlan *m, const CgStep *st, int n, int *cls)
 {
-    const MemPlan *m = p->mem;
     bool all = false;
     for (int i = 0; i < n; i++) {
         int64_t a0 = m->offset[st->args[i]], a1 = a0 + m->bytes[st->args[i]];
@@ -739,9 +847,13 @@ CgCudaProgram *cg_cuda_program(const CgPlan *p, bool bf16)
     q->bf16 = bf16;
     q->storage = xmalloc(sizeof(DType) * (size_t)(g->t.n + 1));
     bool *half = bf16 ? bf16_storage(p) : NULL;
-    for (int t = 0; t < g->t.n; t++)
+    bool any = false;
+    for (int t = 0; t < g->t.n; t++) {
         q->storage[t] = half && half[t] ? DT_BF16 : g->t.v[t].s.dtype;
+        any |= q->storage[t] != g->t.v[t].s.dtype;
+    }
     free(half);
+    device_arena(p, q, any);
     q->step_fn = xmalloc(sizeof(int) * (size_t)(p->steps.n + 1));
     q->step_nfn = xcalloc((size_t)p->steps.n + 1, sizeof(int));
     CgBuf b = {0};
@@ -766,7 +878,7 @@ CgCudaProgram *cg_cuda_program(const CgPlan *p, bool bf16)
         for (int i = 0; i < k->params.n; i++)
             sd[i] = q->storage[st->args[i]] == DT_BF16 ? DT_BF16 : k->params.v[i].dt;
         int *cls = xmalloc(sizeof(int) * (size_t)(k->params.n + 1));
-        bool all = alias_classes(p, st, k->params.n, cls);
+        bool all = alias_classes(q->mem, st, k->params.n, cls);
         int found = -1, nv = 0;
         for (int v = 0; v < var.n && found < 0; v++) {
             if (var.v[v].kernel != st->kernel)
@@ -811,12 +923,18 @@ void cg_cuda_program_free(CgCudaProgram *q)
 {
     if (!q)
         return;
-    for (int i = 0; i < q->fn.n; i++)
+    for (int i = 0; i < q->fn.n; i++) {
         free(q->fn.v[i].name);
+        free(q->fn.v[i].param);
+    }
     vec_free(&q->fn);
     free(q->step_fn);
     free(q->step_nfn);
     free(q->storage);
     free(q->source);
+    free(q->copy);
+    free(q->outs);
+    if (q->mem != q->plan->mem)
+        pass_memplan_free(q->mem);
     free(q);
 }

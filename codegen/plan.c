@@ -1,6 +1,7 @@
 /* plan.c - the Plan of a scheduled graph: one step per op in schedule order
  * (views cost nothing), then the copies of updates not computed in place.
- * Ops whose kernels print to the same body share one kernel. */
+ * Ops whose kernels print to the same body share one kernel. GEMM epilogues
+ * are recorded last (epilogue.c). */
 #include "codegen.h"
 
 #include <stdlib.h>
@@ -19,7 +20,8 @@ static CgGemm plan_gemm(const Graph *g, const Op *op)
 {
     const Shape *A = &g->t.v[op->in[0]].s, *B = &g->t.v[op->in[1]].s,
                 *C = &g->t.v[op->out].s;
-    CgGemm m = {.a = op->in[0], .b = op->in[1], .c = op->out, .bias = -1, .d = -1};
+    CgGemm m = {.a = op->in[0], .b = op->in[1], .c = op->out, .bias = -1, .d = -1, .aux = -1,
+                .bgrad = -1, .pair = -1};
     m.ta = op->attr.ia[0] != 0;
     m.tb = op->attr.ia[1] != 0;
     m.M = C->dim[C->rank - 2];
@@ -38,69 +40,6 @@ static CgGemm plan_gemm(const Graph *g, const Op *op)
         m.batch = 1;
     }
     return m;
-}
-
-/* The bias epilogue of group members ops[0..n) after matmul mo (see
- * CgEpilogue): the members are the add of mo's result and a broadcast of an
- * f32[N] bias, plus at most that broadcast; the product is read by the add
- * alone, and the sum is materialised. Sets m->epilogue, m->bias and m->d;
- * false (m untouched) otherwise. */
-static bool bias_epilogue(const Graph *g, const Op *mo, const int *ops, int n, const bool *mat,
-                          CgGemm *m)
-{
-    const Op *add = NULL;
-    for (int q = 0; q < n; q++) {
-        const Op *o = &g->ops.v[ops[q]];
-        if (o->code == OP_ADD) {
-            if (add)
-                return false;
-            add = o;
-        } else if (o->code != OP_BROADCAST || mat[o->out]) {
-            return false;
-        }
-    }
-    if (!add || !mat[add->out])
-        return false;
-    /* the product is read by the add alone (a GEMM's result always counts
-     * as materialised) and is no graph output */
-    for (int q = 0; q < g->ops.n; q++) {
-        const Op *o = &g->ops.v[q];
-        if (o != add)
-            for (int a = 0; a < o->nin; a++)
-                if (o->in[a] == mo->out)
-                    return false;
-    }
-    for (int k = 0; k < g->outs.n; k++)
-        if (g->outs.v[k].t == mo->out)
-            return false;
-    for (int u = 0; u < g->upd.n; u++)
-        if (g->upd.v[u].value == mo->out)
-            return false;
-    int other = add->in[0] == mo->out ? add->in[1] : add->in[1] == mo->out ? add->in[0] : -1;
-    if (other < 0 || other == mo->out)
-        return false;
-    const Op *bc = NULL;
-    for (int q = 0; q < n; q++) {
-        const Op *o = &g->ops.v[ops[q]];
-        if (o->code == OP_BROADCAST && (o->out != other || bc))
-            return false;
-        if (o->code == OP_BROADCAST)
-            bc = o;
-    }
-    if (!bc) /* a materialised broadcast from outside the group */
-        for (int q = 0; q < g->ops.n && !bc; q++)
-            if (g->ops.v[q].out == other && g->ops.v[q].code == OP_BROADCAST)
-                bc = &g->ops.v[q];
-    if (!bc)
-        return false;
-    const Shape *bs = &g->t.v[bc->in[0]].s, *cs = &g->t.v[mo->out].s, *ds = &g->t.v[add->out].s;
-    if (bs->rank != 1 || bs->dtype != DT_F32 || cs->dtype != DT_F32 || ds->dtype != DT_F32 ||
-        bs->dim[0] != cs->dim[cs->rank - 1] || !shape_eq(ds, cs))
-        return false;
-    m->epilogue = CG_EPI_BIAS;
-    m->bias = bc->in[0];
-    m->d = add->out;
-    return true;
 }
 
 typedef struct {
@@ -235,10 +174,6 @@ CgPlan *cg_plan(const Graph *g, Diag *d)
             for (; j < g->ops.n && g->ops.v[j].group == gid; j++)
                 if (g->ops.v[j].code != OP_MATMUL)
                     members[n++] = j;
-            int nmat = 0;
-            for (int q = i; q < j; q++)
-                nmat += g->ops.v[q].code == OP_MATMUL;
-            bool epi = false;
             for (int q = i; q < j; q++) {
                 const Op *mo = &g->ops.v[q];
                 if (mo->code != OP_MATMUL)
@@ -253,8 +188,6 @@ CgPlan *cg_plan(const Graph *g, Diag *d)
                 }
                 CgStep gs = {.kind = CG_STEP_GEMM, .op = q, .kernel = -1, .group = gid};
                 gs.gemm = plan_gemm(g, mo);
-                if (nmat == 1)
-                    epi = bias_epilogue(g, mo, members, n, mat, &gs.gemm);
                 gs.name = intern("gemm");
                 gs.flops = ir_op_flops(g, mo);
                 gs.bytes_moved = ir_op_bytes(g, mo);
@@ -273,7 +206,6 @@ CgPlan *cg_plan(const Graph *g, Diag *d)
             k->name = xstrdup(nb);
             st.op = members[0];
             st.group = gid;
-            st.by_epilogue = epi;
             st.flops = 0;
             for (int q = 0; q < n; q++)
                 st.flops += ir_op_flops(g, &g->ops.v[members[q]]);
@@ -388,6 +320,7 @@ CgPlan *cg_plan(const Graph *g, Diag *d)
     }
     free(done);
     vec_free(&cp);
+    cg_plan_epilogues(p, mat);
     for (int s = 0; s < seen.n; s++)
         free(seen.v[s].body);
     vec_free(&seen);

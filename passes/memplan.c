@@ -47,7 +47,9 @@ static bool same_index_op(const Op *op)
            op->code != OP_IOTA;
 }
 
-MemPlan *pass_memplan(const Graph *g, Diag *d)
+MemPlan *pass_memplan(const Graph *g, Diag *d) { return pass_memplan_storage(g, NULL, d); }
+
+MemPlan *pass_memplan_storage(const Graph *g, const DType *storage, Diag *d)
 {
     (void)d;
     int nt = g->t.n, n = g->ops.n;
@@ -66,7 +68,7 @@ MemPlan *pass_memplan(const Graph *g, Diag *d)
     for (int t = 0; t < nt; t++) {
         const Tensor *x = &g->t.v[t];
         m->root[t] = t;
-        m->bytes[t] = tensor_bytes(x);
+        m->bytes[t] = storage ? shape_numel(&x->s) * dtype_size(storage[t]) : tensor_bytes(x);
         m->first[t] = m->last[t] = -1;
         m->persistent[t] = x->op < 0;
     }

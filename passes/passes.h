@@ -96,6 +96,7 @@ bool pass_fuse_op_fusable(const Graph *g, const Op *op);
 /* Per tensor id (caller frees): true when its value is written to memory
  * under the graph's current grouping. */
 bool *pass_fuse_materialised(const Graph *g);
+/* fuse_dump.c: statistics of a grouping and the dump's group lines. */
 /* Bytes a group's kernel moves: each tensor read from outside once, each
  * materialised result written once (a member GEMM counts its own reads and
  * write). */
@@ -140,6 +141,12 @@ typedef struct {
     int peak_op;
 } MemPlan;
 MemPlan *pass_memplan(const Graph *g, Diag *d);
+/* The same plan for buffers stored as storage[t] (per tensor id) instead of
+ * each tensor's own dtype (the CUDA backend's bf16 activations). Storage
+ * sharing (views, in-place updates) and live ranges do not depend on sizes:
+ * only offsets and the arena change. Tensors sharing a storage must have
+ * equal storage dtypes. */
+MemPlan *pass_memplan_storage(const Graph *g, const DType *storage, Diag *d);
 void pass_memplan_free(MemPlan *m);
 /* The per-op memory timeline: op index, opcode, result, live bytes, and the peak. */
 void pass_memplan_print(const Graph *g, const MemPlan *m, FILE *f);

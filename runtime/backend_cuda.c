@@ -20,6 +20,7 @@
  * through RtCudaHost; codegen.h and runtime.h are read for types only. */
 #include "codegen.h"
 #include "runtime.h"
+#include "cuda_nccl.h"
 
 #include <cublasLt.h>
 #include <cuda.h>
@@ -99,6 +100,7 @@ static void dmsg(Diag *d, const char *fmt, ...)
     X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamSynchronize)                \
     X(cuStreamWaitEvent) X(cuStreamBeginCapture) X(cuStreamEndCapture)         \
     X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) X(cuEventSynchronize)  \
+    X(cuEventElapsedTime)                                                      \
     X(cuModuleLoadData) X(cuModuleUnload) X(cuModuleGetFunction)               \
     X(cuLaunchKernel)                                                          \
     X(cuGraphInstantiate) X(cuGraphLaunch) X(cuGraphExecDestroy)               \
@@ -381,24 +383,36 @@ typedef struct {
     bool ta, tb;
     int64_t batch, M, N, K, lda, ldb, ldc, sa, sb, sc;
     uint32_t align[3]; /* bytes: kiln's A, B, C pointers */
-    CUdeviceptr bias;  /* CUBLASLT_EPILOGUE_BIAS with this f32[N] bias; 0: none */
+    uint32_t epi;      /* cublasLtEpilogue_t; 0: none (see GemmEpi) */
+    CUdeviceptr bias, aux;
+    int64_t auxld;
     /* value */
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t la, lb, lc; /* cuBLASLt's A (kiln's B), B (kiln's A), C */
     cublasLtMatmulAlgo_t algo;
 } GemmPlan;
 
+/* A cuBLASLt epilogue as set on the matmul descriptor: bias is the bias
+ * (read) or the bias gradient (written), aux the GELU input matrix (written
+ * by GELU_AUX_BIAS, read by DGELU*) with leading dimension auxld. */
+typedef struct {
+    uint32_t epi;
+    CUdeviceptr bias, aux;
+    int64_t auxld;
+} GemmEpi;
+
 typedef struct {
     CUfunction *fn;     /* the step's functions, in order */
     const CgCudaFn *geo;
     int nfn;
-    void **argv;        /* &ptr[i]..., &rs */
+    void ***argv;       /* per function: &ptr[param[j]]..., [&rs] (CgCudaFn) */
     CUdeviceptr *ptr;
     int gemm;           /* GEMM steps: index in gemms */
     bool cast_a, cast_b; /* bf16: f32 operand cast into scratch first */
-    CUdeviceptr a, b, c; /* GEMM operands as used (c: the epilogue's d when epi) */
-    bool epi;            /* GEMM: applies its bias epilogue (see CgEpilogue) */
-    bool skip;           /* kernel: computed by the previous GEMM's epilogue */
+    CUdeviceptr a, b, c; /* GEMM operands as used (c: cuBLASLt's D, the epilogue's d
+                            when it writes one) */
+    bool epi;            /* GEMM: applies its epilogue (see CgEpilogue) */
+    bool skip;           /* kernel: computed by an applied epilogue (CgStep.by_epilogue) */
     char label[96];      /* NVTX range: the step's kernel name, or the GEMM's shape */
 } CuStep;
 
@@ -411,6 +425,11 @@ struct BackendCtx {
     char arch[16];
     CUstream s, comm;        /* compute, communication */
     CUevent comm_ready, rs_done;
+    CUevent ev_begin, ev_end; /* around a run (timing) */
+    CUevent *ev_step;        /* profile: after each plan step */
+    double host_begin;       /* CLOCK_MONOTONIC when the last run began */
+    bool ran;                /* ev_begin and ev_end recorded */
+    struct KcComm *nccl;     /* device collectives (cuda_nccl.c) */
     CUdeviceptr arena, rs, scratch;
     int64_t scratch_half;    /* bytes of each of the two bf16 operand areas */
     unsigned char *stage;    /* pinned host staging */
@@ -429,6 +448,11 @@ struct BackendCtx {
     bool verbose;
 };
 
+static bool create_timing(BackendCtx *c, bool profile, Diag *d);
+static void destroy_timing(BackendCtx *c);
+static bool run_begins(BackendCtx *c, Diag *d);
+static bool step_done(BackendCtx *c, int s, Diag *d);
+
 static void cuda_destroy(BackendCtx *c)
 {
     if (!c)
@@ -437,6 +461,7 @@ static void cuda_destroy(BackendCtx *c)
         cu.cuCtxSetCurrent(c->ctx);
         if (c->s)
             cu.cuStreamSynchronize(c->s);
+        destroy_timing(c); /* NCCL first: it waits for the communication stream */
         if (c->gexec)
             cu.cuGraphExecDestroy(c->gexec);
         if (c->graph)
@@ -474,6 +499,8 @@ static void cuda_destroy(BackendCtx *c)
     if (c->st)
         for (int i = 0; i < c->p->steps.n; i++) {
             free(c->st[i].fn);
+            for (int f = 0; c->st[i].argv && f < c->st[i].nfn; f++)
+                free(c->st[i].argv[f]);
             free(c->st[i].argv);
             free(c->st[i].ptr);
         }
@@ -487,7 +514,7 @@ static void cuda_destroy(BackendCtx *c)
 
 static CUdeviceptr dptr(const BackendCtx *c, int tensor)
 {
-    return c->arena + (CUdeviceptr)c->p->mem->offset[tensor];
+    return c->arena + (CUdeviceptr)c->q->mem->offset[tensor];
 }
 
 static int64_t numel(const Graph *g, int t)
@@ -510,10 +537,12 @@ static uint32_t align_of(CUdeviceptr p)
 }
 
 /* Sets up (or finds) the cuBLASLt plan of a GEMM whose operands sit at
- * pa, pb, pc. A batch sharing B (sb = 0) runs as `batch` products of one
- * (see run_gemm). */
+ * pa, pb, pc, with epilogue e (NULL: none). A batch sharing B (sb = 0) runs
+ * as `batch` products of one (see run_gemm). Returns -2 (d untouched) when
+ * the heuristic has no algorithm for an epilogue GEMM: the caller runs it
+ * without its epilogue. */
 static int gemm_plan(BackendCtx *c, const CgGemm *m, cudaDataType_t at, cudaDataType_t ct,
-                     CUdeviceptr pa, CUdeviceptr pb, CUdeviceptr pc, CUdeviceptr pbias, Diag *d)
+                     CUdeviceptr pa, CUdeviceptr pb, CUdeviceptr pc, const GemmEpi *e, Diag *d)
 {
     GemmPlan k;
     memset(&k, 0, sizeof k);
@@ -539,7 +568,12 @@ static int gemm_plan(BackendCtx *c, const CgGemm *m, cudaDataType_t at, cudaData
     k.align[0] = align_of(pa);
     k.align[1] = align_of(pb);
     k.align[2] = align_of(pc);
-    k.bias = pbias;
+    if (e && e->epi) {
+        k.epi = e->epi;
+        k.bias = e->bias;
+        k.aux = e->aux;
+        k.auxld = e->auxld;
+    }
     if (m->batch > 1) { /* every batch's matrices are as aligned as their strides allow */
         int es = at == CUDA_R_16BF ? 2 : 4, cs = ct == CUDA_R_16BF ? 2 : 4;
         uint32_t s0 = align_of((CUdeviceptr)(m->sa * es)), s1 = align_of((CUdeviceptr)(m->sb * es)),
@@ -561,18 +595,31 @@ static int gemm_plan(BackendCtx *c, const CgGemm *m, cudaDataType_t at, cudaData
         !LT(cublasLtMatmulDescSetAttribute(k.op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb),
             d))
         return -1;
-    if (pbias) {
-        /* kiln's bias along C's last dim (N) is a per-row bias of the
-         * column-major C^T[N,M]: cuBLASLt's BIAS epilogue adds a vector of
-         * D's row count to every column (batch stride 0: one bias for all) */
-        uint32_t epi = CUBLASLT_EPILOGUE_BIAS;
-        const void *bp = (const void *)pbias;
+    if (k.epi) {
+        /* kiln's vectors along C's last dim (N) are per-row vectors of the
+         * column-major C^T[N,M] (cuBLASLt's bias has D's row count; batch
+         * stride 0: one bias for all); f32, as D */
+        uint32_t epi = k.epi;
+        int32_t bt = CUDA_R_32F;
+        const void *bp = (const void *)k.bias, *xp = (const void *)k.aux;
         if (!LT(cublasLtMatmulDescSetAttribute(k.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi,
                                                sizeof epi),
-                d) ||
-            !LT(cublasLtMatmulDescSetAttribute(k.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp,
-                                               sizeof bp),
                 d))
+            return -1;
+        if (k.bias && (!LT(cublasLtMatmulDescSetAttribute(k.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                          &bp, sizeof bp),
+                           d) ||
+                       !LT(cublasLtMatmulDescSetAttribute(
+                               k.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt),
+                           d)))
+            return -1;
+        if (k.aux &&
+            (!LT(cublasLtMatmulDescSetAttribute(k.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                                &xp, sizeof xp),
+                 d) ||
+             !LT(cublasLtMatmulDescSetAttribute(k.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
+                                                &k.auxld, sizeof k.auxld),
+                 d)))
             return -1;
     }
     uint64_t ar = m->tb ? (uint64_t)m->K : (uint64_t)m->N, ac = m->tb ? m->N : m->K;
@@ -619,12 +666,27 @@ static int gemm_plan(BackendCtx *c, const CgGemm *m, cudaDataType_t at, cudaData
     }
     cublasLtMatmulHeuristicResult_t res;
     int nres = 0;
-    bool ok = LT(cublasLtMatmulAlgoGetHeuristic(c->lt, k.op, k.la, k.lb, k.lc, k.lc, pref, 1,
-                                                &res, &nres),
-                 d);
+    cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(c->lt, k.op, k.la, k.lb, k.lc, k.lc, pref,
+                                                       1, &res, &nres);
     cublasLtMatmulPreferenceDestroy(pref);
-    if (!ok)
+    if (k.epi && (hs != CUBLAS_STATUS_SUCCESS || nres < 1)) {
+        /* no algorithm for this epilogue (NOT_SUPPORTED or none): the
+         * caller falls back to the planned kernels */
+        cublasLtMatmulDescDestroy(k.op);
+        cublasLtMatrixLayoutDestroy(k.la);
+        cublasLtMatrixLayoutDestroy(k.lb);
+        cublasLtMatrixLayoutDestroy(k.lc);
+        if (c->verbose)
+            fprintf(stderr,
+                    "kiln: cuda: no cuBLASLt algorithm for epilogue %u on a %lldx%lldx%lld GEMM; "
+                    "it runs without\n",
+                    (unsigned)k.epi, (long long)m->M, (long long)m->N, (long long)m->K);
+        return -2;
+    }
+    if (hs != CUBLAS_STATUS_SUCCESS) {
+        lt_fail(hs, "cublasLtMatmulAlgoGetHeuristic", __FILE__, __LINE__, d);
         return -1;
+    }
     if (nres < 1) {
         dmsg(d, "cuBLASLt has no algorithm for a %lldx%lldx%lld GEMM (batch %lld, ta %d, tb %d)",
              (long long)m->M, (long long)m->N, (long long)m->K, (long long)m->batch, m->ta,
@@ -638,6 +700,49 @@ static int gemm_plan(BackendCtx *c, const CgGemm *m, cudaDataType_t at, cudaData
     c->gemms = ng;
     c->gemms[c->ngemms] = k;
     return c->ngemms++;
+}
+
+/* Whether GEMM step st applies its planned epilogue (see CgEpilogue), and
+ * its cuBLASLt form in *e: f32 operands (never in bf16 mode: cuBLASLt's bias
+ * and bias-gradient vectors have D's type, kiln's are f32 parameters and
+ * gradients) and f32 storage for every tensor it touches; the GELU input
+ * matrix's leading dimension (N) a multiple of 8. kiln's BGRAD_B (op(B)
+ * summed over K) is cuBLASLt's BGRADA, since cuBLASLt's A is kiln's B. */
+static bool gemm_epilogue(const BackendCtx *c, const CgStep *st, cudaDataType_t at, GemmEpi *e)
+{
+    const CgGemm *m = &st->gemm;
+    const DType *sto = c->q->storage;
+    memset(e, 0, sizeof *e);
+    if (m->epilogue == CG_EPI_NONE || at != CUDA_R_32F)
+        return false;
+    if (c->q->mem != c->p->mem) /* the plan checked its writes on its own arena */
+        return false;
+    int t[] = {m->a, m->b, m->c, m->d, m->bias, m->aux, m->bgrad};
+    for (int i = 0; i < (int)(sizeof t / sizeof t[0]); i++)
+        if (t[i] >= 0 && sto[t[i]] != DT_F32)
+            return false;
+    if (m->aux >= 0 && m->ldc % 8 != 0)
+        return false;
+    switch (m->epilogue) {
+    case CG_EPI_NONE: return false;
+    case CG_EPI_BIAS: e->epi = CUBLASLT_EPILOGUE_BIAS; break;
+    case CG_EPI_GELU_BIAS: e->epi = CUBLASLT_EPILOGUE_GELU_BIAS; break;
+    case CG_EPI_GELU_AUX_BIAS: e->epi = CUBLASLT_EPILOGUE_GELU_AUX_BIAS; break;
+    case CG_EPI_DGELU: e->epi = CUBLASLT_EPILOGUE_DGELU; break;
+    case CG_EPI_DGELU_BGRAD: e->epi = CUBLASLT_EPILOGUE_DGELU_BGRAD; break;
+    case CG_EPI_BGRAD_A: e->epi = CUBLASLT_EPILOGUE_BGRADB; break;
+    case CG_EPI_BGRAD_B: e->epi = CUBLASLT_EPILOGUE_BGRADA; break;
+    case CG_EPI__COUNT: return false;
+    }
+    if (m->bias >= 0)
+        e->bias = dptr(c, m->bias);
+    if (m->bgrad >= 0)
+        e->bias = dptr(c, m->bgrad);
+    if (m->aux >= 0) {
+        e->aux = dptr(c, m->aux);
+        e->auxld = m->ldc;
+    }
+    return true;
 }
 
 static bool setup_steps(BackendCtx *c, Diag *d)
@@ -664,12 +769,17 @@ static bool setup_steps(BackendCtx *c, Diag *d)
             for (int f = 0; f < cs->nfn; f++)
                 cs->fn[f] = c->fns[q->step_fn[s] + f];
             cs->ptr = zalloc(sizeof(CUdeviceptr) * (size_t)(k->params.n + 1));
-            cs->argv = zalloc(sizeof(void *) * (size_t)(k->params.n + 2));
-            for (int a = 0; a < k->params.n; a++) {
+            for (int a = 0; a < k->params.n; a++)
                 cs->ptr[a] = dptr(c, st->args[a]);
-                cs->argv[a] = &cs->ptr[a];
+            cs->argv = zalloc(sizeof(void **) * (size_t)(cs->nfn + 1));
+            for (int f = 0; f < cs->nfn; f++) {
+                const CgCudaFn *fn = &cs->geo[f];
+                cs->argv[f] = zalloc(sizeof(void *) * (size_t)(fn->nparam + 2));
+                for (int j = 0; j < fn->nparam; j++)
+                    cs->argv[f][j] = &cs->ptr[fn->param[j]];
+                if (fn->rand)
+                    cs->argv[f][fn->nparam] = &c->rs;
             }
-            cs->argv[k->params.n] = &c->rs;
         } else if (st->kind == CG_STEP_GEMM) {
             const CgGemm *m = &st->gemm;
             DType sa = q->storage[m->a], sb = q->storage[m->b], sc = q->storage[m->c];
@@ -692,22 +802,42 @@ static bool setup_steps(BackendCtx *c, Diag *d)
             cs->a = dptr(c, m->a);
             cs->b = dptr(c, m->b);
             cs->c = dptr(c, m->c);
-            /* the bias epilogue on f32 operands and storage only: the GEMM
-             * writes d = C + bias and the group's kernel after it is skipped */
-            CUdeviceptr pbias = 0;
-            if (m->epilogue == CG_EPI_BIAS && s + 1 < p->steps.n &&
-                p->steps.v[s + 1].by_epilogue && at == CUDA_R_32F && sc == DT_F32 &&
-                q->storage[m->d] == DT_F32 && q->storage[m->bias] == DT_F32) {
-                cs->epi = true;
-                c->st[s + 1].skip = true;
-                cs->c = dptr(c, m->d);
-                pbias = dptr(c, m->bias);
+            GemmEpi e;
+            cs->epi = gemm_epilogue(c, st, at, &e);
+            if (cs->epi) {
+                if (m->d >= 0)
+                    cs->c = dptr(c, m->d);
+                cs->gemm = gemm_plan(c, m, at, CUDA_R_32F, cs->a, cs->b, cs->c, &e, d);
+                if (cs->gemm == -2) { /* no algorithm: the planned kernels instead */
+                    cs->epi = false;
+                    cs->c = dptr(c, m->c);
+                }
             }
-            cs->gemm = gemm_plan(c, m, at, sc == DT_BF16 ? CUDA_R_16BF : CUDA_R_32F, cs->a, cs->b,
-                                 cs->c, pbias, d);
+            if (!cs->epi)
+                cs->gemm = gemm_plan(c, m, at, sc == DT_BF16 ? CUDA_R_16BF : CUDA_R_32F, cs->a,
+                                     cs->b, cs->c, NULL, d);
             if (cs->gemm < 0)
                 return false;
         }
+    }
+    /* a GELU_AUX_BIAS / DGELU pair runs both epilogues or neither; then the
+     * steps an applied epilogue replaces are skipped */
+    for (int s = 0; s < p->steps.n; s++) {
+        const CgStep *st = &p->steps.v[s];
+        CuStep *cs = &c->st[s];
+        if (st->kind != CG_STEP_GEMM || !cs->epi || st->gemm.pair < 0 ||
+            c->st[st->gemm.pair].epi)
+            continue;
+        const CgGemm *m = &st->gemm;
+        cs->epi = false;
+        cs->c = dptr(c, m->c);
+        cs->gemm = gemm_plan(c, m, CUDA_R_32F, CUDA_R_32F, cs->a, cs->b, cs->c, NULL, d);
+        if (cs->gemm < 0)
+            return false;
+    }
+    for (int s = 0; s < p->steps.n; s++) {
+        int by = p->steps.v[s].by_epilogue;
+        c->st[s].skip = by >= 0 && c->st[by].epi;
     }
     if (need > 0) {
         c->scratch_half = (need + 255) / 256 * 256;
@@ -756,11 +886,10 @@ static BackendCtx *cuda_create(const CgPlan *p, const ExecOpts *o, Diag *d)
     int ndev = 0, ord = 0;
     if (!CU(cu.cuDeviceGetCount(&ndev), d))
         goto fail;
-    const char *env = getenv("KILN_CUDA_DEVICE");
-    if (env && *env)
-        ord = atoi(env);
+    ord = kc_device_ordinal(); /* KILN_CUDA_DEVICE, else the local rank */
     if (ndev < 1 || ord < 0 || ord >= ndev) {
-        dmsg(d, "--device cuda: no CUDA device %d (the driver sees %d)", ord, ndev);
+        dmsg(d, "--device cuda: no CUDA device %d (the driver sees %d; each rank on a machine "
+                "uses the device of its local rank unless KILN_CUDA_DEVICE is set)", ord, ndev);
         goto fail;
     }
     int maj = 0, min = 0;
@@ -783,7 +912,8 @@ static BackendCtx *cuda_create(const CgPlan *p, const ExecOpts *o, Diag *d)
         !CU(cu.cuStreamCreate(&c->s, CU_STREAM_NON_BLOCKING), d) ||
         !CU(cu.cuStreamCreate(&c->comm, CU_STREAM_NON_BLOCKING), d) ||
         !CU(cu.cuEventCreate(&c->comm_ready, CU_EVENT_DISABLE_TIMING), d) ||
-        !CU(cu.cuEventCreate(&c->rs_done, CU_EVENT_DISABLE_TIMING), d))
+        !CU(cu.cuEventCreate(&c->rs_done, CU_EVENT_DISABLE_TIMING), d) ||
+        !create_timing(c, o->profile, d))
         goto fail;
     if (o->verbose) {
         char name[256] = "?";
@@ -792,8 +922,10 @@ static BackendCtx *cuda_create(const CgPlan *p, const ExecOpts *o, Diag *d)
                 c->bf16 ? ", bf16" : "", c->tf32 ? ", tf32" : "",
                 c->graph_on ? ", CUDA graph" : "");
     }
-    /* one allocation: the arena, then {seed, step} */
-    size_t arena = (size_t)(p->arena_bytes + 255) / 256 * 256;
+    c->q = host->program(p, c->bf16);
+    /* one allocation: the arena (bf16 activations at their own size), then
+     * {seed, step} */
+    size_t arena = (size_t)(c->q->mem->arena_bytes + 255) / 256 * 256;
     if (!CU(cu.cuMemAlloc(&c->arena, arena + 256), d) ||
         !CU(cu.cuMemsetD8(c->arena, 0, arena + 256), d))
         goto fail;
@@ -802,7 +934,6 @@ static BackendCtx *cuda_create(const CgPlan *p, const ExecOpts *o, Diag *d)
     if (!CU(cu.cuMemAllocHost((void **)&c->stage, c->stage_cap), d) ||
         !CU(cu.cuMemAllocHost((void **)&c->rs_host, 2 * sizeof(uint64_t)), d))
         goto fail;
-    c->q = host->program(p, c->bf16);
     if (!load_module(c, o, d))
         goto fail;
     if (!LT(cublasLtCreate(&c->lt), d) || !CU(cu.cuMemAlloc(&c->ws, WORKSPACE_BYTES), d))
@@ -815,10 +946,23 @@ fail:
     return NULL;
 }
 
+/* The device offset of a host access in plan offsets (see CgCudaProgram). */
+static int64_t host_offset(const BackendCtx *c, int64_t off, int64_t bytes)
+{
+    int64_t o = cg_cuda_host_offset(c->q, off, bytes);
+    if (o < 0)
+        fatal("host access to [%lld, +%lld) of the plan's arena: not a param, input, state or "
+              "graph output",
+              (long long)off, (long long)bytes);
+    return o;
+}
+
 /* Host data into the arena: copied into pinned staging, then an
  * asynchronous copy on the compute stream (after the work queued before). */
+
 static void cuda_write(BackendCtx *c, int64_t off, const void *src, int64_t bytes)
 {
+    off = host_offset(c, off, bytes);
     cu.cuCtxSetCurrent(c->ctx);
     const unsigned char *s = src;
     while (bytes > 0) {
@@ -839,6 +983,7 @@ static void cuda_write(BackendCtx *c, int64_t off, const void *src, int64_t byte
 
 static void cuda_read(BackendCtx *c, int64_t off, void *dst, int64_t bytes)
 {
+    off = host_offset(c, off, bytes);
     cu.cuCtxSetCurrent(c->ctx);
     unsigned char *t = dst;
     (void)CU(cu.cuStreamSynchronize(c->s), NULL);
@@ -903,24 +1048,26 @@ static bool enqueue(BackendCtx *c, int s, Diag *d)
     switch (st->kind) {
     case CG_STEP_KERNEL:
         for (int f = 0; f < cs->nfn && ok && !cs->skip; f++)
-            ok = launch(c, cs->fn[f], &cs->geo[f], cs->argv, d);
+            ok = launch(c, cs->fn[f], &cs->geo[f], cs->argv[f], d);
         break;
     case CG_STEP_GEMM:
         ok = run_gemm(c, st, cs, d);
         break;
-    case CG_STEP_COPY:
-        if (st->dst != st->src && st->bytes > 0) {
-            int64_t lo = st->dst < st->src ? st->dst : st->src;
-            int64_t hi = st->dst < st->src ? st->src : st->dst;
-            if (hi - lo < st->bytes)
+    case CG_STEP_COPY: {
+        const CgCudaCopy *cp = &c->q->copy[s]; /* in the device arena's offsets */
+        if (cp->dst != cp->src && cp->bytes > 0) {
+            int64_t lo = cp->dst < cp->src ? cp->dst : cp->src;
+            int64_t hi = cp->dst < cp->src ? cp->src : cp->dst;
+            if (hi - lo < cp->bytes)
                 fatal("copy step %d: overlapping regions [%lld,+%lld) and [%lld,+%lld)", s,
-                      (long long)st->src, (long long)st->bytes, (long long)st->dst,
-                      (long long)st->bytes);
-            ok = CU(cu.cuMemcpyDtoDAsync(c->arena + (CUdeviceptr)st->dst,
-                                         c->arena + (CUdeviceptr)st->src, (size_t)st->bytes, c->s),
+                      (long long)cp->src, (long long)cp->bytes, (long long)cp->dst,
+                      (long long)cp->bytes);
+            ok = CU(cu.cuMemcpyDtoDAsync(c->arena + (CUdeviceptr)cp->dst,
+                                         c->arena + (CUdeviceptr)cp->src, (size_t)cp->bytes, c->s),
                     d);
         }
         break;
+    }
     case CG_STEP_ALLREDUCE_START:
     case CG_STEP_ALLREDUCE_WAIT:
         break; /* the executor's communication thread runs these */
@@ -940,6 +1087,8 @@ static bool cuda_run_step(BackendCtx *c, int s, uint64_t seed, int64_t step, Dia
     if (s == 0) {
         if (!CU(cu.cuEventSynchronize(c->rs_done), d))
             return false;
+        if (!run_begins(c, d))
+            return false;
         c->rs_host[0] = seed;
         c->rs_host[1] = (uint64_t)step;
         if (!CU(cu.cuMemcpyHtoDAsync(c->rs, c->rs_host, 2 * sizeof(uint64_t), c->s), d) ||
@@ -949,6 +1098,8 @@ static bool cuda_run_step(BackendCtx *c, int s, uint64_t seed, int64_t step, Dia
             nvtxRangePushA("kiln step (CUDA graph)");
             bool ok = CU(cu.cuGraphLaunch(c->gexec, c->s), d);
             nvtxRangePop();
+            ok = ok && CU(cu.cuEventRecord(c->ev_end, c->s), d);
+            c->ran = ok;
             c->replaying = last > 0;
             return ok;
         }
@@ -975,7 +1126,7 @@ static bool cuda_run_step(BackendCtx *c, int s, uint64_t seed, int64_t step, Dia
             fprintf(stderr, "kiln: cuda: step captured into a CUDA graph (%d plan steps)\n",
                     c->p->steps.n);
     }
-    return true;
+    return step_done(c, s, d);
 }
 
 static void cuda_sync(BackendCtx *c)
@@ -984,8 +1135,140 @@ static void cuda_sync(BackendCtx *c)
     (void)CU(cu.cuStreamSynchronize(c->s), NULL);
 }
 
+/* ---- device timing and collectives (BackendExt) ------------------------------
+ * A run records ev_begin on the compute stream before its first plan step
+ * and ev_end after its last (after the graph launch when a CUDA graph
+ * replays); with --profile also ev_step[s] after every plan step, outside
+ * capture (a profiled run never captures). The all-reduce steps go to
+ * cuda_nccl.c. */
+
+static bool create_timing(BackendCtx *c, bool profile, Diag *d)
+{
+    if (!CU(cu.cuEventCreate(&c->ev_begin, CU_EVENT_DEFAULT), d) ||
+        !CU(cu.cuEventCreate(&c->ev_end, CU_EVENT_DEFAULT), d))
+        return false;
+    if (!profile)
+        return true;
+    c->ev_step = zalloc(sizeof(CUevent) * (size_t)(c->p->steps.n + 1));
+    for (int s = 0; s < c->p->steps.n; s++)
+        if (!CU(cu.cuEventCreate(&c->ev_step[s], CU_EVENT_DEFAULT), d))
+            return false;
+    return true;
+}
+
+/* Frees the collectives and the timing events (the context is current). */
+static void destroy_timing(BackendCtx *c)
+{
+    kc_comm_close(c->nccl);
+    c->nccl = NULL;
+    for (int s = 0; c->ev_step && s < c->p->steps.n; s++)
+        if (c->ev_step[s])
+            cu.cuEventDestroy(c->ev_step[s]);
+    free(c->ev_step);
+    c->ev_step = NULL;
+    if (c->ev_begin)
+        cu.cuEventDestroy(c->ev_begin);
+    if (c->ev_end)
+        cu.cuEventDestroy(c->ev_end);
+}
+
+static bool run_begins(BackendCtx *c, Diag *d)
+{
+    c->ran = false;
+    c->host_begin = kc_now();
+    kc_comm_run_begins(c->nccl);
+    return CU(cu.cuEventRecord(c->ev_begin, c->s), d);
+}
+
+/* After plan step s was enqueued (not while capturing). */
+static bool step_done(BackendCtx *c, int s, Diag *d)
+{
+    if (c->ev_step && !c->capturing && !CU(cu.cuEventRecord(c->ev_step[s], c->s), d))
+        return false;
+    if (s == c->p->steps.n - 1) {
+        if (!CU(cu.cuEventRecord(c->ev_end, c->s), d))
+            return false;
+        c->ran = true;
+    }
+    return true;
+}
+
+static double cuda_run_seconds(BackendCtx *c)
+{
+    float ms = 0;
+    cu.cuCtxSetCurrent(c->ctx);
+    if (!c->ran || cu.cuEventSynchronize(c->ev_end) != CUDA_SUCCESS ||
+        cu.cuEventElapsedTime(&ms, c->ev_begin, c->ev_end) != CUDA_SUCCESS)
+        return -1;
+    return 1e-3 * (double)ms;
+}
+
+static bool cuda_step_times(BackendCtx *c, double *start, double *end)
+{
+    int n = c->p->steps.n;
+    cu.cuCtxSetCurrent(c->ctx);
+    if (!c->ev_step || !c->ran || n < 1 ||
+        cu.cuEventSynchronize(c->ev_step[n - 1]) != CUDA_SUCCESS)
+        return false;
+    for (int s = 0; s < n; s++) {
+        float ms = 0;
+        if (cu.cuEventElapsedTime(&ms, c->ev_begin, c->ev_step[s]) != CUDA_SUCCESS)
+            return false;
+        end[s] = 1e-3 * (double)ms;
+        start[s] = s ? end[s - 1] : 0;
+    }
+    return true;
+}
+
+/* NCCL on the communication stream. A CUDA graph is not captured with
+ * collectives in the step (their events and the second stream are not part
+ * of the capture). */
+static bool cuda_comm_setup(BackendCtx *c, const RtCommGroup *g, Diag *d)
+{
+    if (!CU(cu.cuCtxSetCurrent(c->ctx), d))
+        return false;
+    c->nccl = kc_comm_open(g, c->p, c->q->storage, c->q->mem->offset, c->arena, c->ctx, c->s,
+                           c->comm, d);
+    if (!c->nccl)
+        return false;
+    if (c->graph_on && c->verbose)
+        fprintf(stderr, "kiln: cuda: no CUDA graph: the step has NCCL all-reduces\n");
+    c->graph_on = false;
+    if (c->verbose)
+        fprintf(stderr, "kiln: cuda: NCCL all-reduces, rank %d of %d\n", g->rank, g->size);
+    return true;
+}
+
+static bool cuda_allreduce_start(BackendCtx *c, int s, Diag *d)
+{
+    return CU(cu.cuCtxSetCurrent(c->ctx), d) && kc_allreduce_start(c->nccl, s, d) &&
+           step_done(c, s, d);
+}
+
+static bool cuda_allreduce_wait(BackendCtx *c, int s, Diag *d)
+{
+    return CU(cu.cuCtxSetCurrent(c->ctx), d) && kc_allreduce_wait(c->nccl, s, d) &&
+           step_done(c, s, d);
+}
+
+static int cuda_comm_events(BackendCtx *c, RtCommEvent *ev, int max, double *exposed_s)
+{
+    *exposed_s = 0;
+    return c->nccl ? kc_comm_events(c->nccl, c->ev_begin, c->host_begin, ev, max, exposed_s)
+                   : 0;
+}
+
+static int64_t cuda_arena_bytes(const BackendCtx *c) { return c->q->mem->arena_bytes; }
+
+static const BackendExt backend_cuda_ext = {
+    cuda_comm_setup,  cuda_allreduce_start, cuda_allreduce_wait,
+    cuda_comm_events, cuda_run_seconds,     cuda_step_times,
+    cuda_arena_bytes,
+};
+
 static const Backend backend_cuda = {
     "cuda", cuda_create, cuda_destroy, cuda_write, cuda_read, cuda_run_step, cuda_sync,
+    &backend_cuda_ext,
 };
 
 /* The backend table, or NULL when kiln and the module disagree on the ABI. */

@@ -2,7 +2,12 @@
  * seed, model fingerprint) and weights files (params only), both safetensors.
  *
  * Metadata keys: kiln.kind ("checkpoint" or "weights"), kiln.fingerprint
- * (16 hex digits), and for checkpoints kiln.step, kiln.data_pos, kiln.seed. */
+ * (16 hex digits), and for checkpoints kiln.step, kiln.data_pos, kiln.seed.
+ *
+ * Gradient accumulators (state "accum.P", grad_accum > 1) are scratch of one
+ * step: the runtime refills them before every step reads them, so they
+ * carry nothing from one step to the next. A checkpoint does not hold them
+ * and loading one zeroes them, so a run resumes with any grad_accum. */
 #include "runtime.h"
 
 #include <inttypes.h>
@@ -25,9 +30,14 @@ uint64_t rt_model_fingerprint(const Graph *g)
     return h;
 }
 
+static bool is_accumulator(const Tensor *t)
+{
+    return t->kind == TK_STATE && strncmp(t->name, "accum.", 6) == 0;
+}
+
 static bool saved_kind(const Tensor *t, bool with_state)
 {
-    return t->kind == TK_PARAM || (with_state && t->kind == TK_STATE);
+    return t->kind == TK_PARAM || (with_state && t->kind == TK_STATE && !is_accumulator(t));
 }
 
 static bool save(const char *path, const Graph *g, void *const *vals, const CkptMeta *m,
@@ -74,7 +84,8 @@ bool rt_weights_save(const char *path, const Graph *g, void *const *vals, Diag *
 }
 
 /* Checks that f has every param (and state) of g by name with its dtype and
- * shape; when vals is not NULL, then copies them into vals (all or none). */
+ * shape; when vals is not NULL, then copies them into vals (all or none).
+ * With state, accumulators are zeroed (and any in the file ignored). */
 static bool restore(const char *path, const StFile *f, const Graph *g, void **vals,
                     bool with_state, Diag *d)
 {
@@ -82,6 +93,8 @@ static bool restore(const char *path, const StFile *f, const Graph *g, void **va
         return false;
     for (int i = 0; i < g->t.n; i++) {
         const Tensor *t = &g->t.v[i];
+        if (vals && with_state && is_accumulator(t))
+            memset(vals[i], 0, (size_t)shape_numel(&t->s) * (size_t)dtype_size(t->s.dtype));
         if (!saved_kind(t, with_state))
             continue;
         char want[128], got[128];

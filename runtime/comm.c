@@ -8,7 +8,9 @@
  * short sleeps (it must not steal a core from the compute threads) and
  * answers liveness pings meanwhile; past the timeout it pings every rank, names
  * the one that does not answer (or, when all answer, the one that has not
- * reached this collective) and stops the job with MPI_Abort. */
+ * reached this collective) and stops the job with MPI_Abort. Broadcasts (the
+ * NCCL id) take the same queue. Buckets that a GPU reduces itself (NCCL) are
+ * not seen here; their times come in through rt_comm_set_source. */
 #include "codegen.h"
 #include "runtime.h"
 
@@ -22,19 +24,23 @@
 
 enum { TAG_PING = 101, TAG_PONG = 102 };
 
+enum { JOB_HOST = -1, JOB_BCAST = -2 }; /* Job.bucket of a non-bucket job */
+
 typedef struct {
-    int bucket;               /* -1: host doubles */
+    int bucket;               /* JOB_HOST: host doubles; JOB_BCAST: bytes from rank 0 */
     int k;
     int64_t *off, *bytes;     /* bucket: arena regions */
     const Backend *be;
     BackendCtx *ctx;
     double *host;             /* host collective */
     int nhost;
-    bool *done;               /* host collective: set when finished */
+    void *buf;                /* bcast */
+    size_t nbuf;
+    bool *done;               /* host collective, bcast: set when finished */
 } Job;
 
 struct RtComm {
-    int rank, size, local_size;
+    int rank, size, local_size, local_rank;
     double timeout;
     MPI_Comm cc, pc;          /* collectives; pings */
     pthread_t thr;
@@ -52,6 +58,9 @@ struct RtComm {
     double comm_s, exposed_s;
     VEC(RtCommEvent) ev;
     RtCommEvent *ev_copy;
+    /* collectives run by the device (rt_comm_set_source) */
+    void (*pull)(void *arg, RtComm *c);
+    void *pull_arg;
 };
 
 static double now(void)
@@ -143,12 +152,9 @@ static _Noreturn void lost(RtComm *c, const char *what)
     _exit(1);
 }
 
-/* Runs one all-reduce (sum) in place, polling with a deadline. */
-static void allreduce(RtComm *c, void *buf, int64_t n, MPI_Datatype dt, const char *what)
+/* Waits for rq, polling with a deadline. */
+static void finish(RtComm *c, MPI_Request rq, const char *what)
 {
-    MPI_Request rq;
-    if (MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, dt, MPI_SUM, c->cc, &rq) != MPI_SUCCESS)
-        lost(c, what);
     double deadline = now() + c->timeout;
     for (int spins = 0;; spins++) {
         int flag = 0;
@@ -164,6 +170,25 @@ static void allreduce(RtComm *c, void *buf, int64_t n, MPI_Datatype dt, const ch
         if (spins > 64)
             nap(20000);
     }
+}
+
+/* Runs one all-reduce (sum) in place, polling with a deadline. */
+static void allreduce(RtComm *c, void *buf, int64_t n, MPI_Datatype dt, const char *what)
+{
+    MPI_Request rq;
+    if (MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, dt, MPI_SUM, c->cc, &rq) != MPI_SUCCESS)
+        lost(c, what);
+    finish(c, rq, what);
+}
+
+/* n bytes at buf from rank 0 to every rank, polling with a deadline. */
+static void bcast(RtComm *c, void *buf, size_t n, const char *what)
+{
+    MPI_Request rq;
+    if (n > (size_t)0x7fffffff ||
+        MPI_Ibcast(buf, (int)n, MPI_BYTE, 0, c->cc, &rq) != MPI_SUCCESS)
+        lost(c, what);
+    finish(c, rq, what);
 }
 
 static void run_job(RtComm *c, Job *j)
@@ -196,6 +221,10 @@ static void run_job(RtComm *c, Job *j)
             j->be->write(j->ctx, j->off[i], c->stage + at, j->bytes[i]);
             at += j->bytes[i] / 4;
         }
+    } else if (j->bucket == JOB_BCAST) {
+        snprintf(what, sizeof what, "a broadcast from rank 0");
+        bytes = (int64_t)j->nbuf;
+        bcast(c, j->buf, j->nbuf, what);
     } else {
         snprintf(what, sizeof what, "a host all-reduce");
         bytes = (int64_t)j->nhost * 8;
@@ -206,7 +235,7 @@ static void run_job(RtComm *c, Job *j)
     double t1 = now();
     pthread_mutex_lock(&c->mu);
     c->comm_s += t1 - t0;
-    RtCommEvent e = {j->bucket, bytes, t0, t1};
+    RtCommEvent e = {j->bucket < 0 ? -1 : j->bucket, bytes, t0, t1};
     vec_push(&c->ev, e);
     if (j->bucket >= 0)
         c->bucket_busy[j->bucket]--;
@@ -280,6 +309,8 @@ bool rt_comm_open(double timeout_s, RtComm **out, Diag *d)
     MPI_Comm_size(MPI_COMM_WORLD, &c->size);
     const char *ls = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
     c->local_size = ls && atoi(ls) > 0 ? atoi(ls) : 1;
+    const char *lr = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+    c->local_rank = lr && atoi(lr) > 0 ? atoi(lr) : 0;
     MPI_Comm_dup(MPI_COMM_WORLD, &c->cc);
     MPI_Comm_dup(MPI_COMM_WORLD, &c->pc);
     MPI_Comm_set_errhandler(c->cc, MPI_ERRORS_RETURN);
@@ -321,6 +352,7 @@ void rt_comm_close(RtComm *c)
 int rt_comm_rank(const RtComm *c) { return c ? c->rank : 0; }
 int rt_comm_size(const RtComm *c) { return c ? c->size : 1; }
 int rt_comm_local_size(const RtComm *c) { return c ? c->local_size : 1; }
+int rt_comm_local_rank(const RtComm *c) { return c ? c->local_rank : 0; }
 
 void rt_comm_start(RtComm *c, const CgPlan *p, int s, const Backend *be, BackendCtx *ctx)
 {
@@ -382,11 +414,55 @@ void rt_comm_mean(RtComm *c, double *v, int n)
     pthread_mutex_unlock(&c->mu);
 }
 
+void rt_comm_bcast(RtComm *c, void *buf, size_t n)
+{
+    if (!c || c->size == 1 || n == 0)
+        return;
+    bool done = false;
+    Job j = {.bucket = JOB_BCAST, .buf = buf, .nbuf = n, .done = &done};
+    push_job(c, j);
+    pthread_mutex_lock(&c->mu);
+    while (!done)
+        pthread_cond_wait(&c->cv, &c->mu);
+    pthread_mutex_unlock(&c->mu);
+}
+
+void rt_comm_set_source(RtComm *c, void (*pull)(void *arg, RtComm *c), void *arg)
+{
+    if (!c)
+        return;
+    pthread_mutex_lock(&c->mu);
+    if (pull || c->pull_arg == arg) {
+        c->pull = pull;
+        c->pull_arg = pull ? arg : NULL;
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
+void rt_comm_add_events(RtComm *c, const RtCommEvent *ev, int n, double exposed_s)
+{
+    if (!c)
+        return;
+    pthread_mutex_lock(&c->mu);
+    for (int i = 0; i < n; i++) {
+        vec_push(&c->ev, ev[i]);
+        c->comm_s += ev[i].end - ev[i].start;
+    }
+    c->exposed_s += exposed_s;
+    pthread_mutex_unlock(&c->mu);
+}
+
 void rt_comm_stats(RtComm *c, RtCommStats *st)
 {
     memset(st, 0, sizeof *st);
     if (!c)
         return;
+    pthread_mutex_lock(&c->mu);
+    void (*pull)(void *, RtComm *) = c->pull;
+    void *arg = c->pull_arg;
+    pthread_mutex_unlock(&c->mu);
+    if (pull)
+        pull(arg, c);
     pthread_mutex_lock(&c->mu);
     st->comm_s = c->comm_s;
     st->exposed_s = c->exposed_s;

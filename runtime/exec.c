@@ -1,6 +1,10 @@
 /* exec.c - the executor: plans the final graph, hands the plan to a backend,
  * and walks the plan's steps every run (ops in schedule order, then update
- * copies). Optional per-step timing for the profile and the trace. */
+ * copies). Allreduce steps go to the communication thread (RtComm), or to
+ * the backend when it runs collectives on the device (BackendExt.comm_setup).
+ * Optional per-step timing for the profile and the trace: from the
+ * backend's device events where it records them, else on the host with a
+ * synchronisation after every step. */
 #include "codegen.h"
 #include "runtime.h"
 
@@ -22,6 +26,12 @@ struct Exec {
     RtProfRow *sorted;
     RtTraceEvent *trace;  /* per step, last run */
     double *step_flops, *step_bytes;
+    bool dev_prof;        /* profile from BackendExt.step_times */
+    double *dev_start, *dev_end;
+    /* collectives on the device (BackendExt.comm_setup accepted the plan) */
+    bool dev_comm;
+    RtCommEvent *cev;     /* room for one run's bucket events */
+    int ncev;
 };
 
 static double now(void)
@@ -38,16 +48,20 @@ static const char *step_kind(CgStepKind k)
     return k == CG_STEP_KERNEL ? "kernel" : k == CG_STEP_GEMM ? "gemm" : "copy";
 }
 
-/* Plan step s: allreduce starts and waits go to the communication thread,
- * everything else to the backend. */
+/* Plan step s: allreduce starts and waits go to the communication thread
+ * (or the backend's device collectives), everything else to the backend. */
 static bool run_step(Exec *e, int s, uint64_t seed, int64_t step, Diag *d)
 {
     const CgStep *st = &e->plan->steps.v[s];
     if (st->kind == CG_STEP_ALLREDUCE_START) {
+        if (e->dev_comm)
+            return e->be->ext->allreduce_start(e->ctx, s, d);
         rt_comm_start(e->o.comm, e->plan, s, e->be, e->ctx);
         return true;
     }
     if (st->kind == CG_STEP_ALLREDUCE_WAIT) {
+        if (e->dev_comm)
+            return e->be->ext->allreduce_wait(e->ctx, s, d);
         rt_comm_wait(e->o.comm, st->bucket);
         return true;
     }
@@ -85,6 +99,57 @@ static void setup_profile(Exec *e)
         }
         e->row_of[s] = r;
     }
+    e->dev_prof = e->be->ext && e->be->ext->step_times;
+    if (e->dev_prof) {
+        e->dev_start = xcalloc((size_t)n + 1, sizeof(double));
+        e->dev_end = xcalloc((size_t)n + 1, sizeof(double));
+    }
+}
+
+static bool bcast_ranks(void *arg, void *buf, size_t n)
+{
+    rt_comm_bcast(arg, buf, n);
+    return true;
+}
+
+/* RtComm's source of device collectives (rt_comm_set_source). */
+static void pull_comm(void *arg, RtComm *c)
+{
+    Exec *e = arg;
+    double exposed = 0;
+    int n = e->be->ext->comm_events(e->ctx, e->cev, e->ncev, &exposed);
+    rt_comm_add_events(c, e->cev, n, exposed);
+}
+
+/* Hands the plan's collectives to the device when the backend runs them
+ * there: every rank's executor of a plan with allreduce steps calls it, in
+ * the same order (it is collective over the ranks). */
+static bool setup_comm(Exec *e, Diag *d)
+{
+    const CgPlan *p = e->plan;
+    int nb = 0;
+    bool any = false;
+    for (int s = 0; s < p->steps.n; s++)
+        if (p->steps.v[s].kind == CG_STEP_ALLREDUCE_START) {
+            any = true;
+            if (p->steps.v[s].bucket + 1 > nb)
+                nb = p->steps.v[s].bucket + 1;
+        }
+    const BackendExt *x = e->be->ext;
+    if (!any || !x || !x->comm_setup)
+        return true;
+    RtComm *c = e->o.comm;
+    RtCommGroup g = {rt_comm_rank(c), rt_comm_size(c), rt_comm_local_rank(c),
+                     rt_comm_size(c) > 1 ? bcast_ranks : NULL, c};
+    if (!x->comm_setup(e->ctx, &g, d))
+        return false;
+    e->dev_comm = true;
+    if (x->comm_events && c) {
+        e->ncev = nb;
+        e->cev = xcalloc((size_t)nb + 1, sizeof(RtCommEvent));
+        rt_comm_set_source(c, pull_comm, e);
+    }
+    return true;
 }
 
 Exec *rt_exec_create(const Graph *g, const ExecOpts *o, Diag *d)
@@ -105,6 +170,8 @@ Exec *rt_exec_create(const Graph *g, const ExecOpts *o, Diag *d)
     e->ctx = be->create(e->plan, o, d);
     if (!e->ctx)
         goto fail;
+    if (!setup_comm(e, d))
+        goto fail;
     if (o->profile)
         setup_profile(e);
     if (o->verbose)
@@ -120,6 +187,8 @@ void rt_exec_destroy(Exec *e)
 {
     if (!e)
         return;
+    if (e->cev)
+        rt_comm_set_source(e->o.comm, NULL, e);
     if (e->ctx)
         e->be->destroy(e->ctx);
     cg_plan_free(e->plan);
@@ -130,6 +199,9 @@ void rt_exec_destroy(Exec *e)
     free(e->trace);
     free(e->step_flops);
     free(e->step_bytes);
+    free(e->dev_start);
+    free(e->dev_end);
+    free(e->cev);
     free(e);
 }
 
@@ -153,6 +225,18 @@ void rt_exec_read(Exec *e, int tensor, void *dst)
     e->be->read(e->ctx, cg_offset(e->plan, tensor), dst, nbytes(e, tensor));
 }
 
+/* Plan step s of the last run took [a, b) (seconds since the run began). */
+static void account(Exec *e, int s, double a, double b)
+{
+    e->trace[s].start = a;
+    e->trace[s].end = b;
+    RtProfRow *r = &e->rows.v[e->row_of[s]];
+    r->calls++;
+    r->seconds += b - a;
+    r->flops += e->step_flops[s];
+    r->bytes += e->step_bytes[s];
+}
+
 bool rt_exec_run(Exec *e, uint64_t seed, int64_t step, Diag *d)
 {
     const CgPlan *p = e->plan;
@@ -162,6 +246,18 @@ bool rt_exec_run(Exec *e, uint64_t seed, int64_t step, Diag *d)
                 return false;
         return true;
     }
+    if (e->dev_prof) {
+        for (int s = 0; s < p->steps.n; s++)
+            if (!run_step(e, s, seed, step, d))
+                return false;
+        if (e->be->ext->step_times(e->ctx, e->dev_start, e->dev_end)) {
+            for (int s = 0; s < p->steps.n; s++)
+                account(e, s, e->dev_start[s], e->dev_end[s]);
+        } else {
+            e->dev_prof = false; /* this run is not counted; later ones are timed on the host */
+        }
+        return true;
+    }
     double t0 = now();
     for (int s = 0; s < p->steps.n; s++) {
         double a = now();
@@ -169,18 +265,22 @@ bool rt_exec_run(Exec *e, uint64_t seed, int64_t step, Diag *d)
             return false;
         e->be->sync(e->ctx);
         double b = now();
-        e->trace[s].start = a - t0;
-        e->trace[s].end = b - t0;
-        RtProfRow *r = &e->rows.v[e->row_of[s]];
-        r->calls++;
-        r->seconds += b - a;
-        r->flops += e->step_flops[s];
-        r->bytes += e->step_bytes[s];
+        account(e, s, a - t0, b - t0);
     }
     return true;
 }
 
-int64_t rt_exec_arena_bytes(const Exec *e) { return e->plan->arena_bytes; }
+double rt_exec_device_seconds(Exec *e)
+{
+    const BackendExt *x = e->be->ext;
+    return x && x->run_seconds ? x->run_seconds(e->ctx) : -1;
+}
+
+int64_t rt_exec_arena_bytes(const Exec *e)
+{
+    const BackendExt *x = e->be->ext;
+    return x && x->arena_bytes ? x->arena_bytes(e->ctx) : e->plan->arena_bytes;
+}
 
 const struct CgPlan *rt_exec_plan(const Exec *e) { return e->plan; }
 
@@ -234,8 +334,10 @@ bool rt_dump_kernels(const Graph *g, const char *dir, Diag *d)
                 CgCudaFn *fn = xcalloc((size_t)k->loops.n + 1, sizeof(CgCudaFn));
                 cg_puts(&b, cg_cuda_prelude);
                 cg_print_cuda_kernel(&b, k, k->name, NULL, fn);
-                for (int f = 0; f < k->loops.n; f++)
+                for (int f = 0; f < k->loops.n; f++) {
                     free(fn[f].name);
+                    free(fn[f].param);
+                }
                 free(fn);
             }
             char *path = xasprintf("%s/%s.%s", kd, k->name, cuda ? "cu" : "c");

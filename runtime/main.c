@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "codegen.h"
 #include "frontend.h"
 #include "ir.h"
 #include "passes.h"
@@ -350,6 +351,30 @@ static bool print_fusion(const Model *m, const Graph *g, const PassOpts *po)
     return true;
 }
 
+/* The cuBLASLt epilogues the plan records for its GEMMs (codegen/
+ * epilogue.c): one summary line; with --dump-dir, one line per GEMM that
+ * carries one in DIR/epilogues.txt. */
+static void print_epilogues(const Graph *g, const char *dump_dir)
+{
+    Diag d = {{0}};
+    CgPlan *p = cg_plan(g, &d);
+    if (!p) {
+        printf("gemm epilogues: no plan (%s)\n", d.msg);
+        return;
+    }
+    cg_plan_print_epilogues(p, stdout, false);
+    if (dump_dir) {
+        char *path = xasprintf("%s/epilogues.txt", dump_dir);
+        FILE *f = fopen(path, "w");
+        if (f) {
+            cg_plan_print_epilogues(p, f, true);
+            fclose(f);
+        }
+        free(path);
+    }
+    cg_plan_free(p);
+}
+
 static int cmd_compile(int argc, char **argv)
 {
     CompileArgs a = {0};
@@ -470,6 +495,7 @@ static int cmd_compile(int argc, char **argv)
     print_remat(&rr, g, po.memory_budget);
     if (!print_fusion(m, g, &po))
         rc = 1;
+    print_epilogues(g, a.dump_dir);
     if (a.dump_dir && (wants_dump(&a, "fuse") || wants_dump(&a, "kernels")) &&
         !rt_dump_kernels(g, a.dump_dir, &d)) {
         fprintf(stderr, "%s\n", d.msg);

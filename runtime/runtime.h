@@ -17,6 +17,22 @@ struct CgPlan; /* codegen.h */
 
 typedef struct RtComm RtComm; /* comm.c */
 
+/* The ranks as a backend sees them (BackendExt.comm_setup). */
+typedef struct {
+    int rank, size, local_rank;
+    /* Copies n bytes at buf from rank 0 to every rank (blocking); NULL when
+     * size is 1. */
+    bool (*bcast)(void *arg, void *buf, size_t n);
+    void *arg;
+} RtCommGroup;
+
+/* One collective: a gradient bucket's all-reduce or a host one. */
+typedef struct {
+    int bucket;        /* -1: a host collective */
+    int64_t bytes;
+    double start, end; /* CLOCK_MONOTONIC seconds */
+} RtCommEvent;
+
 typedef struct {
     const char *device;    /* "cpu" (default), "cuda", "auto" */
     int threads;           /* 0: one per core */
@@ -27,7 +43,8 @@ typedef struct {
     const char *precision; /* "f32" (NULL) or "bf16": bf16 activations and GEMMs */
     bool tf32;             /* f32 GEMMs on TF32 tensor cores */
     bool cuda_graph;       /* capture the step into a CUDA graph, replay it */
-    RtComm *comm;          /* runs allreduce steps; NULL: one rank (they are identities) */
+    RtComm *comm;          /* the ranks: runs allreduce steps (unless the backend runs
+                              them on the device); NULL: one rank */
 } ExecOpts;
 
 /* Compiles the final graph (after every pass) for the device. */
@@ -67,6 +84,10 @@ typedef struct {
     double start, end;
 } RtTraceEvent;
 int rt_exec_trace(const Exec *e, const RtTraceEvent **ev);
+/* Seconds the device spent on the last run, from events recorded around it
+ * on the device (BackendExt.run_seconds); < 0 where the backend does not
+ * measure (the CPU: time it on the host). Waits for the run to end. */
+double rt_exec_device_seconds(Exec *e);
 
 /* A backend: the executor calls only these (it never asks which backend it
  * has). create prepares a plan (compiles its kernels, allocates exactly
@@ -81,7 +102,39 @@ typedef struct {
     /* runs plan step s */
     bool (*run_step)(BackendCtx *c, int s, uint64_t seed, int64_t step, Diag *d);
     void (*sync)(BackendCtx *c); /* waits for queued work (profiling) */
+    /* optional extensions (NULL: none, as on the CPU) */
+    const struct BackendExt *ext;
 } Backend;
+
+/* A backend's optional extensions; each hook may be NULL. */
+typedef struct BackendExt {
+    /* Collectives on the device. When the plan has allreduce steps the
+     * executor calls comm_setup once (collective over the ranks); on success
+     * it hands every allreduce_start/allreduce_wait plan step to these hooks
+     * instead of its RtComm (the CPU's communication thread). A start queues
+     * the bucket's mean over ranks, in place, after the device work before
+     * it; a wait puts the device work after it behind the bucket and never
+     * blocks the host. */
+    bool (*comm_setup)(BackendCtx *c, const RtCommGroup *g, Diag *d);
+    bool (*allreduce_start)(BackendCtx *c, int s, Diag *d);
+    bool (*allreduce_wait)(BackendCtx *c, int s, Diag *d);
+    /* The last run's bucket all-reduces not collected yet (at most max),
+     * timed on the device and placed on the CLOCK_MONOTONIC clock from the
+     * host time the run began, and the time the device's compute waited for
+     * them (*exposed_s); waits for the run to end. */
+    int (*comm_events)(BackendCtx *c, RtCommEvent *ev, int max, double *exposed_s);
+    /* Seconds the device spent on the last run (events around it); waits
+     * for the run to end; < 0 when unknown. */
+    double (*run_seconds)(BackendCtx *c);
+    /* With ExecOpts.profile: start[s] and end[s] of every plan step of the
+     * last run, seconds since the run began, from device events recorded
+     * after each step (no synchronisation per step); waits for the run to
+     * end. False: not measured (the executor then times on the host). */
+    bool (*step_times)(BackendCtx *c, double *start, double *end);
+    /* Bytes of the backend's own arena when it differs from the plan's
+     * (CUDA with bf16 activations re-plans it with 2-byte buffers). */
+    int64_t (*arena_bytes)(const BackendCtx *c);
+} BackendExt;
 
 /* ---- comm.c: ranks and collectives (MPI) ---------------------------------
  * One RtComm per process when it runs as one of several ranks (started by
@@ -91,12 +144,9 @@ typedef struct {
  * backend) and host collectives. A collective that does not finish within
  * the timeout stops this rank, and through MPI_Abort every rank, with a
  * message naming the lost rank (the one that no longer answers, or the one
- * that never joined); the functions below therefore never fail. */
-typedef struct {
-    int bucket;        /* -1: a host collective */
-    int64_t bytes;
-    double start, end; /* CLOCK_MONOTONIC seconds */
-} RtCommEvent;
+ * that never joined); the functions below therefore never fail. On a GPU
+ * the buckets run on the device instead (BackendExt): RtComm then only
+ * broadcasts the NCCL id and collects the device's statistics. */
 
 /* *c = NULL (one rank, no MPI) unless this process was started by an MPI
  * launcher (OMPI_COMM_WORLD_SIZE in the environment); false with d set when
@@ -122,6 +172,16 @@ typedef struct {
 } RtCommStats;
 void rt_comm_stats(RtComm *c, RtCommStats *st); /* st->ev valid until the next call */
 void rt_comm_stats_reset(RtComm *c);
+/* Copies n bytes at buf from rank 0 to every rank (blocking; through the
+ * communication thread, in order with the other collectives). */
+void rt_comm_bcast(RtComm *c, void *buf, size_t n);
+/* Collectives run by the device (BackendExt.comm_setup): rt_comm_stats
+ * first calls pull(arg, c), which adds the device's finished collectives
+ * with rt_comm_add_events. pull NULL removes the source registered with
+ * arg (if it is still the current one). */
+void rt_comm_set_source(RtComm *c, void (*pull)(void *arg, RtComm *c), void *arg);
+void rt_comm_add_events(RtComm *c, const RtCommEvent *ev, int n, double exposed_s);
+int rt_comm_local_rank(const RtComm *c); /* rank on this machine; 0 for NULL */
 
 /* ---- launch.c: starting local ranks ---------------------------------------
  * `kiln train --nproc N ...`: runs mpirun with N copies of this binary and the
@@ -145,7 +205,7 @@ extern const Backend rt_backend_cpu;
 struct CgCudaProgram; /* codegen.h */
 
 /* What the module needs from kiln (it links nothing of kilncore). */
-#define RT_CUDA_ABI 1
+#define RT_CUDA_ABI 3 /* 2: Backend.ext; 3: BackendExt.arena_bytes, CgCudaProgram.mem */
 typedef struct {
     int abi; /* RT_CUDA_ABI */
     struct CgCudaProgram *(*program)(const struct CgPlan *p, bool bf16);
@@ -295,7 +355,9 @@ uint64_t rt_model_fingerprint(const Graph *g);
 bool rt_ckpt_save(const char *path, const Graph *g, void *const *vals, const CkptMeta *m,
                   Diag *d);
 /* Restores every param and state tensor; refuses a checkpoint of another
- * model (fingerprint) or with a missing/mis-shaped tensor. */
+ * model (fingerprint) or with a missing/mis-shaped tensor. Gradient
+ * accumulators ("accum.*" state) are neither saved nor required: loading
+ * zeroes them, so a checkpoint resumes with any grad_accum. */
 bool rt_ckpt_load(const char *path, const Graph *g, void **vals, CkptMeta *m, Diag *d);
 bool rt_weights_save(const char *path, const Graph *g, void *const *vals, Diag *d);
 /* Loads every param of g by name from a weights or checkpoint file. */

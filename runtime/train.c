@@ -159,6 +159,7 @@ typedef struct {
     int64_t acc_right, acc_total;
     bool have_val, have_acc;
     RtDp *dp;             /* ranks and micro-batches (dist.c) */
+    RtComm *comm;         /* its ranks; NULL: one rank */
 } Run;
 
 enum { PH_DATA, PH_STEP, PH_EVAL, PH_CKPT, PH__N };
@@ -283,20 +284,21 @@ static bool open_data(Run *r, Diag *d)
     return r->ds != NULL;
 }
 
-/* Writes batch b into the data inputs of graph g on exec e. */
-static void feed(Exec *e, const Graph *g, const DataBatch *b)
+/* Writes rows [row0, row0 + the model's batch) of batch b into the data
+ * inputs of graph g on exec e. */
+static void feed(Exec *e, const Graph *g, const DataBatch *b, int64_t row0)
 {
     const Tensor *t;
     if ((t = input_named(g, "tokens")))
-        rt_exec_write(e, t->id, b->tokens);
+        rt_exec_write(e, t->id, b->tokens + row0 * b->T);
     if ((t = input_named(g, "targets")))
-        rt_exec_write(e, t->id, b->targets);
+        rt_exec_write(e, t->id, b->targets + row0 * b->T);
     if ((t = input_named(g, "mask")))
-        rt_exec_write(e, t->id, b->mask);
+        rt_exec_write(e, t->id, b->mask + row0 * b->T);
     if ((t = input_named(g, "x")))
-        rt_exec_write(e, t->id, b->x);
+        rt_exec_write(e, t->id, b->x + row0 * b->D);
     if ((t = input_named(g, "y")))
-        rt_exec_write(e, t->id, b->y);
+        rt_exec_write(e, t->id, b->y + row0);
 }
 
 static float read_loss(Exec *e, const Graph *g)
@@ -323,7 +325,15 @@ static void push_state(Run *r)
 }
 
 /* Validation loss (and exact-match accuracy where the task has one) over
- * eval_batches fixed validation batches, with the current params. */
+ * eval_batches fixed validation batches, with the current params.
+ *
+ * The validation batch is the global one (ranks x grad_accum x b rows, as
+ * in training): rank r evaluates its rows [r*K*b, (r+1)*K*b) in K pieces of
+ * b, and the ranks sum their pieces, so N ranks at batch b report what one
+ * rank at batch N*K*b reports. A piece's loss is a mean over its tokens
+ * (nn.cross_entropy): with a "mask" input it is weighted by its mask sum,
+ * else by its rows; a batch whose weights sum to 0 has loss 0, as
+ * sum(mask*nll) / max(sum(mask), 1) gives. Accuracy counts are summed. */
 static bool evaluate(Run *r, Diag *d)
 {
     double t_start = now_s();
@@ -340,49 +350,71 @@ static bool evaluate(Run *r, Diag *d)
     int lid = ir_find_output(r->eg, "logits");
     const Tensor *lt = lid >= 0 ? &r->eg->t.v[lid] : NULL;
     bool acc = lt && (r->addition || r->blobs);
+    bool masked = input_named(r->eg, "mask") != NULL;
     int64_t V = lt ? lt->s.dim[lt->s.rank - 1] : 0;
     float *logits = acc ? xmalloc((size_t)shape_numel(&lt->s) * sizeof *logits) : NULL;
     int64_t nb = r->c.eval_batches > 0 ? r->c.eval_batches : 1;
-    double loss = 0;
-    int64_t right = 0, total = 0;
+    int64_t K = rt_dp_rows_factor(r->dp) / rt_dp_size(r->dp);
+    int64_t base = (int64_t)rt_dp_rank(r->dp) * K * r->B;
+    /* v: per batch the weighted loss sum and the weight sum, then right and
+     * total; summed over ranks below */
+    double *v = xcalloc((size_t)(2 * nb + 2), sizeof *v);
     for (int64_t k = 0; k < nb; k++) {
         const DataBatch *b = rt_data_batch(r->ds, DATA_VAL, k);
-        feed(r->ee, r->eg, b);
-        if (!rt_exec_run(r->ee, r->c.seed, r->step, d)) {
-            free(logits);
-            return false;
-        }
-        loss += read_loss(r->ee, r->eg);
-        if (!acc)
-            continue;
-        read_f32(r->ee, lt, logits);
-        for (int64_t row = 0; row < r->B; row++) {
-            bool ok = true;
-            for (int64_t t = 0; t < r->T && ok; t++) {
-                int64_t at = row * r->T + t;
-                int32_t want = r->blobs ? b->y[row] : b->targets[at];
-                if (!r->blobs && b->mask[at] == 0)
-                    continue;
-                const float *l = logits + at * V;
-                int64_t best = 0;
-                for (int64_t v = 1; v < V; v++)
-                    if (l[v] > l[best])
-                        best = v;
-                ok = best == want;
+        for (int64_t piece = 0; piece < K; piece++) {
+            int64_t row0 = base + piece * r->B;
+            feed(r->ee, r->eg, b, row0);
+            if (!rt_exec_run(r->ee, r->c.seed, r->step, d)) {
+                free(logits);
+                free(v);
+                return false;
             }
-            right += ok;
-            total++;
+            double w = (double)r->B;
+            if (masked) {
+                w = 0;
+                for (int64_t i = 0; i < r->B * r->T; i++)
+                    w += b->mask[row0 * r->T + i];
+            }
+            if (w > 0)
+                v[2 * k] += w * read_loss(r->ee, r->eg);
+            v[2 * k + 1] += w;
+            if (!acc)
+                continue;
+            read_f32(r->ee, lt, logits);
+            for (int64_t row = 0; row < r->B; row++) {
+                bool ok = true;
+                for (int64_t t = 0; t < r->T && ok; t++) {
+                    int64_t at = row * r->T + t, gat = row0 * r->T + at;
+                    int32_t want = r->blobs ? b->y[row0 + row] : b->targets[gat];
+                    if (!r->blobs && b->mask[gat] == 0)
+                        continue;
+                    const float *l = logits + at * V;
+                    int64_t best = 0;
+                    for (int64_t c = 1; c < V; c++)
+                        if (l[c] > l[best])
+                            best = c;
+                    ok = best == want;
+                }
+                v[2 * nb] += ok;
+                v[2 * nb + 1]++;
+            }
         }
     }
     free(logits);
+    int n = rt_dp_size(r->dp);
+    rt_comm_mean(r->comm, v, (int)(2 * nb + 2));
+    double loss = 0;
+    for (int64_t k = 0; k < nb; k++)
+        loss += v[2 * k + 1] > 0 ? v[2 * k] / v[2 * k + 1] : 0;
     r->last_val_loss = loss / (double)nb;
     r->have_val = true;
     if (acc) {
         r->have_acc = true;
-        r->acc_right = right;
-        r->acc_total = total;
-        r->last_acc = (double)right / (double)total;
+        r->acc_right = llround(v[2 * nb] * n);
+        r->acc_total = llround(v[2 * nb + 1] * n);
+        r->last_acc = (double)r->acc_right / (double)r->acc_total;
     }
+    free(v);
     phase(r, PH_EVAL, t_start, now_s());
     return true;
 }
@@ -483,12 +515,18 @@ static bool build(Run *r, Diag *d)
     po.remat = r->o->remat;
     po.no_fuse = r->o->no_fuse;
     rt_dp_pass_opts(r->dp, &r->c, r->o->no_overlap, &po);
+    /* KILN_COMM_ONE_RANK=1 (tests): buckets and all-reduces on one rank too
+     * (means over that one rank), so one GPU runs the collective path */
+    const char *one = getenv("KILN_COMM_ONE_RANK");
+    if (po.nranks == 1 && one && strcmp(one, "1") == 0)
+        po.nranks = 2;
     double t_start = now_s();
     r->tg = ir_clone(r->m->g);
     if (!pass_pipeline(r->tg, &po, NULL, NULL, NULL, d))
         return false;
-    r->eg = ir_clone(r->m->g);
-    if (!pass_simplify(r->eg, &po, d) || !pass_schedule(r->eg, &po, d))
+    r->eg = ir_clone(r->m->eval_g ? r->m->eval_g : r->m->g); /* dropout off */
+    if (!pass_simplify(r->eg, &po, d) || !pass_fuse(r->eg, &po, d) ||
+        !pass_schedule(r->eg, &po, d))
         return false;
     char err[1024];
     if (!ir_verify(r->eg, err, sizeof err))
@@ -499,6 +537,7 @@ static bool build(Run *r, Diag *d)
                    .tf32 = r->c.tf32 && strcmp(r->c.tf32, "true") == 0,
                    .cuda_graph = r->c.cuda_graph && strcmp(r->c.cuda_graph, "true") == 0};
     rt_dp_exec_opts(r->dp, &eo);
+    r->comm = eo.comm;
     if (!(r->te = rt_exec_create(r->tg, &eo, d)) ||
         !rt_dp_build(r->dp, r->m->g, &po, &eo, r->tg, d))
         return false;
@@ -659,6 +698,11 @@ int rt_train(Model *m, const TrainOpts *o)
         r.data_pos++;
         r.step++;
         double step_ms = 1e3 * (t_c - t_a);
+        /* a device that times itself (CUDA: events around the step): its
+         * time for the step, unless micro-batches ran on another executor */
+        double dev_s = rt_exec_device_seconds(r.te);
+        if (dev_s >= 0 && rt_dp_rows_factor(r.dp) == rt_dp_size(r.dp))
+            step_ms = 1e3 * dev_s;
         ms[nms++] = step_ms;
         if (!isfinite(loss)) {
             snprintf(d.msg, sizeof d.msg,

@@ -4,11 +4,14 @@
  * arena), the same copies; cuBLASLt's GEMMs replaced by a host GEMM with the
  * same operand types (bf16 operands: stored bf16, or f32 cast by the
  * program's own kiln_cast_f32_bf16 kernel first) and f32 or bf16 results
- * rounded to nearest even. Allreduce steps are identities (one rank). */
+ * rounded to nearest even, and the GEMM epilogues the CUDA backend applies
+ * (same rules; computed as cuBLASLt defines them, see CgEpilogue).
+ * Allreduce steps are identities (one rank). */
 #include "emu_backend.h"
 
 #include "codegen.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,12 +31,11 @@ void emu_backend_configure(const EmuBackendCfg *c)
 }
 
 typedef struct {
-    void **argv; /* &ptr[i]..., &rs */
-    unsigned char **ptr;
+    unsigned char **ptr; /* per kernel param: its buffer */
     int64_t *bytes; /* per param: bytes of its buffer (storage dtype) */
     bool cast_a, cast_b;
-    bool epi;  /* GEMM: applies its bias epilogue (writes d = C + bias) */
-    bool skip; /* kernel: computed by the previous GEMM's epilogue */
+    bool epi;  /* GEMM: applies its epilogue (CgGemm.epilogue) */
+    bool skip; /* kernel: computed by an applied epilogue (CgStep.by_epilogue) */
 } EStep;
 
 struct BackendCtx {
@@ -44,7 +46,7 @@ struct BackendCtx {
     size_t arena_bytes;
     EStep *st;
     bool bf16;
-    int nepi; /* GEMM steps that apply their bias epilogue */
+    int nepi[CG_EPI__COUNT]; /* GEMM steps applying each epilogue */
     char *src; /* the source actually compiled (after cfg.edit) */
 };
 
@@ -54,7 +56,6 @@ static void emu_destroy(BackendCtx *c)
         return;
     if (c->st)
         for (int s = 0; s < c->p->steps.n; s++) {
-            free(c->st[s].argv);
             free(c->st[s].ptr);
             free(c->st[s].bytes);
         }
@@ -71,7 +72,45 @@ static int64_t numel(const Graph *g, int t) { return shape_numel(&g->t.v[t].s); 
 
 static unsigned char *tptr(const BackendCtx *c, int tensor)
 {
-    return c->arena + cg_offset(c->p, tensor);
+    return c->arena + c->q->mem->offset[tensor]; /* the device arena (CgCudaProgram.mem) */
+}
+
+/* Which GEMM steps apply their epilogue, as the CUDA backend decides: f32
+ * operands and storage for every tensor the epilogue touches (never in
+ * bf16 mode), an algorithm from the (emulated) heuristic, and both GEMMs of
+ * a pair or neither. Marks the steps they replace. */
+static bool epi_eligible(const BackendCtx *c, int s)
+{
+    const CgGemm *m = &c->p->steps.v[s].gemm;
+    if (m->epilogue == CG_EPI_NONE || c->bf16 || (cfg.refuse_epilogues >> m->epilogue) & 1u)
+        return false;
+    if (c->q->mem != c->p->mem) /* the plan checked its writes on its own arena */
+        return false;
+    if (m->aux >= 0 && m->ldc % 8 != 0) /* cuBLASLt: aux ld a multiple of 8 */
+        return false;
+    int t[] = {m->a, m->b, m->c, m->d, m->bias, m->aux, m->bgrad};
+    for (int i = 0; i < (int)(sizeof t / sizeof t[0]); i++)
+        if (t[i] >= 0 && c->q->storage[t[i]] != DT_F32)
+            return false;
+    return true;
+}
+
+static void plan_epilogues(BackendCtx *c)
+{
+    const CgPlan *p = c->p;
+    for (int s = 0; s < p->steps.n; s++) {
+        const CgGemm *m = &p->steps.v[s].gemm;
+        if (p->steps.v[s].kind == CG_STEP_GEMM && epi_eligible(c, s) &&
+            (m->pair < 0 || epi_eligible(c, m->pair)))
+            c->st[s].epi = true;
+    }
+    for (int s = 0; s < p->steps.n; s++) {
+        int by = p->steps.v[s].by_epilogue;
+        if (by >= 0 && c->st[by].epi)
+            c->st[s].skip = true;
+        if (c->st[s].epi)
+            c->nepi[p->steps.v[s].gemm.epilogue]++;
+    }
 }
 
 static BackendCtx *emu_create(const CgPlan *p, const ExecOpts *o, Diag *d)
@@ -81,7 +120,8 @@ static BackendCtx *emu_create(const CgPlan *p, const ExecOpts *o, Diag *d)
     BackendCtx *c = xcalloc(1, sizeof *c);
     c->p = p;
     c->bf16 = o && o->precision && strcmp(o->precision, "bf16") == 0;
-    c->arena_bytes = (size_t)(p->arena_bytes + 255) / 256 * 256;
+    c->q = cg_cuda_program(p, c->bf16);
+    c->arena_bytes = (size_t)(c->q->mem->arena_bytes + 255) / 256 * 256;
     c->arena = malloc(c->arena_bytes + 16);
     if (!c->arena) {
         snprintf(d->msg, sizeof d->msg, "emu: cannot allocate the arena");
@@ -89,7 +129,6 @@ static BackendCtx *emu_create(const CgPlan *p, const ExecOpts *o, Diag *d)
     }
     memset(c->arena, 0, c->arena_bytes + 16);
     c->rs = c->arena + c->arena_bytes;
-    c->q = cg_cuda_program(p, c->bf16);
     c->src = cfg.edit ? cfg.edit(c->q->source, cfg.edit_ctx) : xstrdup(c->q->source);
     if (!c->src) {
         snprintf(d->msg, sizeof d->msg, "emu: the source edit did not apply");
@@ -113,22 +152,19 @@ static BackendCtx *emu_create(const CgPlan *p, const ExecOpts *o, Diag *d)
         if (st->kind == CG_STEP_KERNEL) {
             const CgKernel *k = p->kernels.v[st->kernel];
             es->ptr = xcalloc((size_t)k->params.n + 1, sizeof(unsigned char *));
-            es->argv = xcalloc((size_t)k->params.n + 2, sizeof(void *));
             es->bytes = xcalloc((size_t)k->params.n + 1, sizeof(int64_t));
             for (int a = 0; a < k->params.n; a++) {
                 es->ptr[a] = tptr(c, st->args[a]);
-                es->argv[a] = &es->ptr[a];
                 es->bytes[a] = numel(p->g, st->args[a]) * dtype_size(c->q->storage[st->args[a]]);
             }
-            es->argv[k->params.n] = &c->rs;
             for (int f = 0; f < c->q->step_nfn[s]; f++) {
                 const CgCudaFn *fn = &c->q->fn.v[c->q->step_fn[s] + f];
                 int np = emu_kernel_nparams(c->m, fn->name);
-                if (np < k->params.n || np > k->params.n + 1) {
+                if (np != fn->nparam + (fn->rand ? 1 : 0)) {
                     snprintf(d->msg, sizeof d->msg,
-                             "emu: step %d: function %s takes %d parameters (kernel %s has %d "
-                             "buffers)",
-                             s, fn->name, np, k->name, k->params.n);
+                             "emu: step %d: function %s takes %d parameters (the program says "
+                             "%d buffers%s)",
+                             s, fn->name, np, fn->nparam, fn->rand ? " and {seed, step}" : "");
                     goto fail;
                 }
             }
@@ -139,31 +175,35 @@ static BackendCtx *emu_create(const CgPlan *p, const ExecOpts *o, Diag *d)
                 es->cast_a = sa != DT_BF16;
                 es->cast_b = sb != DT_BF16;
             }
-            /* as the CUDA backend: the epilogue only on f32 operands and storage */
-            if (m->epilogue == CG_EPI_BIAS && s + 1 < p->steps.n && !c->bf16 && sa == DT_F32 &&
-                sb == DT_F32 &&
-                p->steps.v[s + 1].by_epilogue && c->q->storage[m->c] == DT_F32 &&
-                c->q->storage[m->d] == DT_F32 && c->q->storage[m->bias] == DT_F32) {
-                es->epi = true;
-                c->st[s + 1].skip = true;
-                c->nepi++;
-            }
         }
     }
+    plan_epilogues(c);
     return c;
 fail:
     emu_destroy(c);
     return NULL;
 }
 
+/* Host accesses name plan offsets; as the CUDA backend, they are moved to the
+ * device arena's (cg_cuda_host_offset) and anything else is a bug. */
+static int64_t host_offset(const BackendCtx *c, int64_t off, int64_t bytes)
+{
+    int64_t o = cg_cuda_host_offset(c->q, off, bytes);
+    if (o < 0)
+        die("emu: host access to [%lld, +%lld) of the plan's arena: not a param, input, state "
+            "or graph output",
+            (long long)off, (long long)bytes);
+    return o;
+}
+
 static void emu_write(BackendCtx *c, int64_t off, const void *src, int64_t bytes)
 {
-    memcpy(c->arena + off, src, (size_t)bytes);
+    memcpy(c->arena + host_offset(c, off, bytes), src, (size_t)bytes);
 }
 
 static void emu_read(BackendCtx *c, int64_t off, void *dst, int64_t bytes)
 {
-    memcpy(dst, c->arena + off, (size_t)bytes);
+    memcpy(dst, c->arena + host_offset(c, off, bytes), (size_t)bytes);
 }
 
 static float bf2f(uint16_t h)
@@ -201,8 +241,28 @@ static uint16_t *cast_bf16(BackendCtx *c, const float *x, int64_t n, Diag *d)
     return y;
 }
 
+/* cuBLASLt's GELU, the tanh form, and its derivative (the exact erf GELU
+ * under the EMU_EPI_ERF_GELU fault). */
+static double gelu(double x)
+{
+    if (cfg.epi_fault == EMU_EPI_ERF_GELU)
+        return 0.5 * x * (1.0 + erf(x * 0.70710678118654752));
+    return 0.5 * x * (1.0 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
+}
+
+static double dgelu(double x)
+{
+    if (cfg.epi_fault == EMU_EPI_ERF_GELU)
+        return 0.5 * (1.0 + erf(x * 0.70710678118654752)) +
+               x * exp(-0.5 * x * x) * 0.39894228040143268;
+    double t = tanh(0.7978845608028654 * (x + 0.044715 * x * x * x));
+    return 0.5 * (1.0 + t) +
+           0.5 * x * (1.0 - t * t) * 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * x * x);
+}
+
 /* C = op(A) op(B), row-major, batched; products and sums in double, the
- * result rounded to C's storage type. */
+ * result rounded to C's storage type; an applied epilogue as cuBLASLt
+ * defines it (see CgEpilogue), on the product rounded to f32. */
 static bool run_gemm(BackendCtx *c, int s, Diag *d)
 {
     const CgStep *st = &c->p->steps.v[s];
@@ -232,8 +292,19 @@ static bool run_gemm(BackendCtx *c, int s, Diag *d)
         B = cb;
         bbf = true;
     }
-    unsigned char *C = tptr(c, es->epi ? m->d : m->c);
-    const float *bias = es->epi ? (const float *)tptr(c, m->bias) : NULL;
+    CgEpilogue e = es->epi ? m->epilogue : CG_EPI_NONE;
+    bool gelu_e = e == CG_EPI_GELU_BIAS || e == CG_EPI_GELU_AUX_BIAS;
+    bool dgelu_e = e == CG_EPI_DGELU || e == CG_EPI_DGELU_BGRAD;
+    unsigned char *C = tptr(c, e == CG_EPI_BIAS || gelu_e || dgelu_e ? m->d : m->c);
+    const float *bias = e == CG_EPI_BIAS || gelu_e ? (const float *)tptr(c, m->bias) : NULL;
+    float *aux = e == CG_EPI_GELU_AUX_BIAS ? (float *)tptr(c, m->aux) : NULL;
+    const float *pre = dgelu_e ? (const float *)tptr(c, m->aux) : NULL;
+    int64_t nbg = e == CG_EPI_BGRAD_A ? m->M : m->N;
+    double *bg = e == CG_EPI_DGELU_BGRAD || e == CG_EPI_BGRAD_A || e == CG_EPI_BGRAD_B
+                     ? xcalloc((size_t)nbg + 1, sizeof(double))
+                     : NULL;
+    /* bias gradients: every row (k, or m), but the last one under the fault */
+    int64_t lastrow = cfg.epi_fault == EMU_EPI_BGRAD_SHORT ? 1 : 0;
     for (int64_t b = 0; b < m->batch; b++)
         for (int64_t i = 0; i < m->M; i++)
             for (int64_t j = 0; j < m->N; j++) {
@@ -246,13 +317,40 @@ static bool run_gemm(BackendCtx *c, int s, Diag *d)
                     acc += x * y;
                 }
                 int64_t ic = b * m->sc + i * m->ldc + j;
-                if (bias) /* the product rounded to f32 first, as the kernel reads C */
+                /* epilogues act on the f32 accumulator */
+                if (e == CG_EPI_BIAS) {
                     acc = (double)(float)acc + (double)bias[j];
+                } else if (gelu_e) {
+                    float x = (float)((double)(float)acc +
+                                      (cfg.epi_fault == EMU_EPI_NO_BIAS ? 0.0 : (double)bias[j]));
+                    if (aux)
+                        aux[ic] = x;
+                    acc = gelu(x);
+                } else if (dgelu_e) {
+                    acc = (double)(float)acc * dgelu(pre[ic]);
+                }
                 if (sc == DT_BF16)
                     ((uint16_t *)C)[ic] = f2bf((float)acc);
                 else
                     ((float *)C)[ic] = (float)acc;
+                if (e == CG_EPI_DGELU_BGRAD && i < m->M - lastrow)
+                    bg[j] += (double)(float)acc;
             }
+    /* BGRAD_B: op(B) = B stored [K, N]; BGRAD_A: op(A) = A^T, A stored [K, M]
+     * (f32: the epilogue is never applied to bf16 operands) */
+    if (e == CG_EPI_BGRAD_B || e == CG_EPI_BGRAD_A) {
+        const float *X = e == CG_EPI_BGRAD_B ? (const float *)B : (const float *)A;
+        int64_t ld = e == CG_EPI_BGRAD_B ? m->ldb : m->lda;
+        for (int64_t k = 0; k < m->K - lastrow; k++)
+            for (int64_t j = 0; j < nbg; j++)
+                bg[j] += (double)X[k * ld + j];
+    }
+    if (bg) {
+        float *out = (float *)tptr(c, m->bgrad);
+        for (int64_t j = 0; j < nbg; j++)
+            out[j] = (float)bg[j];
+        free(bg);
+    }
     free(ca);
     free(cb);
     return true;
@@ -269,39 +367,48 @@ static bool emu_run_step(BackendCtx *c, int s, uint64_t seed, int64_t step, Diag
     case CG_STEP_KERNEL: {
         if (c->st[s].skip)
             return true;
-        /* While the step runs, only its own buffers (and {seed, step}) are
-         * addressable: a kernel that strays into a neighbour in the arena
-         * is an AddressSanitizer error, as a stray past a lone allocation. */
-        const CgKernel *k = c->p->kernels.v[st->kernel];
+        /* While a function runs, only the buffers it takes (and {seed,
+         * step}) are addressable: a kernel that strays into a neighbour in
+         * the arena, or into a param its function does not declare, is an
+         * AddressSanitizer error, as a stray past a lone allocation. */
         bool poison = cfg.opts.sanitize && __asan_poison_memory_region;
-        if (poison) {
-            __asan_poison_memory_region(c->arena, c->arena_bytes + 16);
-            for (int a = 0; a < k->params.n; a++)
-                __asan_unpoison_memory_region(c->st[s].ptr[a], (size_t)c->st[s].bytes[a]);
-            __asan_unpoison_memory_region(c->rs, 16);
-        }
         bool ok = true;
         for (int f = 0; f < c->q->step_nfn[s] && ok; f++) {
             const CgCudaFn *fn = &c->q->fn.v[c->q->step_fn[s] + f];
+            void **argv = xcalloc((size_t)fn->nparam + 2, sizeof(void *));
+            for (int j = 0; j < fn->nparam; j++)
+                argv[j] = &c->st[s].ptr[fn->param[j]];
+            if (fn->rand)
+                argv[fn->nparam] = &c->rs;
+            if (poison) {
+                __asan_poison_memory_region(c->arena, c->arena_bytes + 16);
+                for (int j = 0; j < fn->nparam; j++)
+                    __asan_unpoison_memory_region(c->st[s].ptr[fn->param[j]],
+                                                  (size_t)c->st[s].bytes[fn->param[j]]);
+                __asan_unpoison_memory_region(c->rs, 16);
+            }
             unsigned grid[3] = {(unsigned)fn->blocks, 1, 1}, block[3] = {(unsigned)fn->threads, 1, 1};
-            ok = emu_launch(c->m, fn->name, grid, block, 0, c->st[s].argv, d);
+            ok = emu_launch(c->m, fn->name, grid, block, 0, argv, d);
+            if (poison)
+                __asan_unpoison_memory_region(c->arena, c->arena_bytes + 16);
+            free(argv);
         }
-        if (poison)
-            __asan_unpoison_memory_region(c->arena, c->arena_bytes + 16);
         return ok;
     }
     case CG_STEP_GEMM: return run_gemm(c, s, d);
-    case CG_STEP_COPY:
-        if (st->dst != st->src && st->bytes > 0) {
-            int64_t lo = st->dst < st->src ? st->dst : st->src;
-            int64_t hi = st->dst < st->src ? st->src : st->dst;
-            if (hi - lo < st->bytes) {
+    case CG_STEP_COPY: {
+        const CgCudaCopy *cp = &c->q->copy[s]; /* in the device arena's offsets */
+        if (cp->dst != cp->src && cp->bytes > 0) {
+            int64_t lo = cp->dst < cp->src ? cp->dst : cp->src;
+            int64_t hi = cp->dst < cp->src ? cp->src : cp->dst;
+            if (hi - lo < cp->bytes) {
                 snprintf(d->msg, sizeof d->msg, "emu: copy step %d: overlapping regions", s);
                 return false;
             }
-            memcpy(c->arena + st->dst, c->arena + st->src, (size_t)st->bytes);
+            memcpy(c->arena + cp->dst, c->arena + cp->src, (size_t)cp->bytes);
         }
         return true;
+    }
     case CG_STEP_ALLREDUCE_START:
     case CG_STEP_ALLREDUCE_WAIT: return true;
     }
@@ -311,9 +418,18 @@ static bool emu_run_step(BackendCtx *c, int s, uint64_t seed, int64_t step, Diag
 static void emu_sync(BackendCtx *c) { (void)c; }
 
 const Backend emu_backend_cuda = {
-    "cuda-emu", emu_create, emu_destroy, emu_write, emu_read, emu_run_step, emu_sync,
+    "cuda-emu", emu_create, emu_destroy, emu_write, emu_read, emu_run_step, emu_sync, NULL,
 };
 
 const CgCudaProgram *emu_backend_program(const BackendCtx *c) { return c->q; }
 
-int emu_backend_epilogues(const BackendCtx *c) { return c->nepi; }
+int emu_backend_epilogues(const BackendCtx *c, int *per_kind)
+{
+    int n = 0;
+    for (int e = 0; e < CG_EPI__COUNT; e++) {
+        n += c->nepi[e];
+        if (per_kind)
+            per_kind[e] = c->nepi[e];
+    }
+    return n;
+}

@@ -79,7 +79,7 @@ static double now(void)
 }
 
 static double t_create, t_run; /* seconds in the last run_one_step */
-static int n_epilogues;          /* bias epilogues the emulator applied, all runs */
+static int n_epi[CG_EPI__COUNT]; /* GEMM epilogues the emulator applied, per kind, all runs */
 
 static bool run_one_step(const Graph *g, const Backend *be, const ExecOpts *o, void **host,
                          Results *r, Diag *d)
@@ -104,8 +104,12 @@ static bool run_one_step(const Graph *g, const Backend *be, const ExecOpts *o, v
             ok = be->run_step(ctx, s, 7, 0, d);
         if (ok)
             read_outputs(g, be, ctx, p, r);
-        if (be == &emu_backend_cuda)
-            n_epilogues += emu_backend_epilogues(ctx);
+        if (be == &emu_backend_cuda) {
+            int k[CG_EPI__COUNT];
+            emu_backend_epilogues(ctx, k);
+            for (int e = 0; e < CG_EPI__COUNT; e++)
+                n_epi[e] += k[e];
+        }
         be->destroy(ctx);
     }
     t_run = now() - t1;
@@ -141,6 +145,7 @@ static bool pipeline(Graph *g, const PassOpts *po, bool fuse, Diag *d)
 }
 
 static bool fused = true;
+static int remat_policy = REMAT_DEFAULT; /* for the next load_case */
 
 static Case load_case(const char *path, const char *const *sets, int nsets)
 {
@@ -156,6 +161,7 @@ static Case load_case(const char *path, const char *const *sets, int nsets)
     po.eps = c.m->train.eps;
     po.weight_decay = c.m->train.weight_decay;
     po.grad_clip = c.m->train.grad_clip;
+    po.remat = remat_policy;
     Diag d = {{0}};
     if (!pipeline(c.m->g, &po, fused, &d))
         fail_msg("%s: pipeline: %s", path, d.msg);
@@ -307,19 +313,152 @@ static void test_models(void **state)
     each_model();
 }
 
+static void clear_epi(void) { memset(n_epi, 0, sizeof n_epi); }
+
+static void print_epi(const char *what)
+{
+    print_message("%s: GEMM epilogues applied:", what);
+    for (int e = 1; e < CG_EPI__COUNT; e++)
+        if (n_epi[e])
+            print_message(" %d %s", n_epi[e], cg_epilogue_name((CgEpilogue)e));
+    print_message("\n");
+}
+
 /* A linear layer without activation: its group (matmul, bias broadcast, add)
- * becomes a GEMM with the bias epilogue; the emulated GEMM writes the sum,
- * the kernel step is skipped, and the step still matches the CPU backend
- * (which runs the planned kernel). */
+ * becomes a GEMM with the bias epilogue; its weight gradient x^T dh carries
+ * its bias gradient (dh summed over the batch) as BGRAD_B (the head's bias
+ * gradient is read by the optimizer before the head's weight-gradient GEMM
+ * runs, so not there); the emulated GEMMs write the sum and the gradient,
+ * the kernel steps are skipped, and the step still matches the CPU backend
+ * (which runs the planned kernels). */
 static void test_bias_epilogue(void **state)
 {
     (void)state;
     fused = true;
-    n_epilogues = 0;
+    clear_epi();
     check_model("tests/emu/bias_epilogue.lua", NULL, 0);
-    print_message("GEMM steps with a bias epilogue: %d\n", n_epilogues);
-    /* the f32 run applies it; bf16 operands never do */
-    assert_int_equal(n_epilogues, 1);
+    print_epi("bias_epilogue.lua");
+    /* the f32 run applies them; bf16 operands never do */
+    assert_int_equal(n_epi[CG_EPI_BIAS], 1);
+    assert_int_equal(n_epi[CG_EPI_BGRAD_B], 1);
+    int total = 0;
+    for (int e = 1; e < CG_EPI__COUNT; e++)
+        total += n_epi[e];
+    assert_int_equal(total, 2);
+}
+
+/* Layers of gpt.lua's graph: params named h.N.mlp.c_fc.weight. */
+static int gpt_layers(const Graph *g)
+{
+    int n = 0;
+    for (int t = 0; t < g->t.n; t++) {
+        const char *nm = g->t.v[t].name, *suf = ".mlp.c_fc.weight";
+        size_t k = nm ? strlen(nm) : 0, ks = strlen(suf);
+        n += g->t.v[t].kind == TK_PARAM && k > ks && strncmp(nm, "h.", 2) == 0 &&
+             strcmp(nm + k - ks, suf) == 0;
+    }
+    return n;
+}
+
+/* gpt.lua's epilogues against the CPU backend, per remat policy, with the
+ * exact counts the model implies (L layers): every layer's c_attn GEMM
+ * (matmul + bias, split into heads by later ops) gets BIAS; every MLP's
+ * c_fc GEMM whose product backward reads gets GELU_AUX_BIAS, paired with
+ * the DGELU_BGRAD of the backward GEMM dY W_proj^T (the c_fc bias gradient
+ * is the sum of its result). Under full recompute the forward layer runs
+ * twice: the first c_fc GEMM's product is read by nothing else (GELU_BIAS),
+ * the recomputed one is paired, c_attn gets BIAS twice. The bias gradients
+ * of c_attn and the projections are read by the gradient-clipping norm
+ * kernel, which the schedule places before their weight-gradient GEMMs:
+ * no BGRAD_B there. bf16 applies none (f32-only rule). */
+static void check_gpt_epilogues(int policy, int bias, int gelu, int aux, int dgelu_bgrad)
+{
+    fused = true;
+    remat_policy = policy;
+    clear_epi();
+    Case c = load_case("models/gpt.lua", NULL, 0);
+    int L = gpt_layers(c.m->g);
+    assert_true(L >= 2);
+    EmuBackendCfg cfg = default_cfg();
+    Diag d = {{0}};
+    double loss_err;
+    double e = emu_step_err(&c, NULL, &cfg, true, &loss_err, &d);
+    if (isnan(e) && d.msg[0])
+        fail_msg("gpt.lua (remat %s): %s", pass_remat_policy_name(policy), d.msg);
+    print_message("gpt.lua remat %s f32, epilogues applied: worst %.3g\n",
+                  pass_remat_policy_name(policy), e);
+    print_epi("gpt.lua");
+    if (!(e < 1e-5))
+        fail_msg("gpt.lua (remat %s): emulated CUDA plan with epilogues differs from the CPU: %g",
+                 pass_remat_policy_name(policy), e);
+    assert_int_equal(n_epi[CG_EPI_BIAS], bias * L);
+    assert_int_equal(n_epi[CG_EPI_GELU_BIAS], gelu * L);
+    assert_int_equal(n_epi[CG_EPI_GELU_AUX_BIAS], aux * L);
+    assert_int_equal(n_epi[CG_EPI_DGELU], 0);
+    assert_int_equal(n_epi[CG_EPI_DGELU_BGRAD], dgelu_bgrad * L);
+    assert_int_equal(n_epi[CG_EPI_BGRAD_A] + n_epi[CG_EPI_BGRAD_B], 0);
+    /* bf16: none applied, loss still within the CUDA tolerance */
+    clear_epi();
+    e = emu_step_err(&c, "bf16", &cfg, false, &loss_err, &d);
+    assert_true(loss_err < 1e-2);
+    for (int k = 1; k < CG_EPI__COUNT; k++)
+        assert_int_equal(n_epi[k], 0);
+    /* the heuristic finds no DGELU_BGRAD algorithm: the pair falls back to
+     * the planned kernels, both GEMMs, and the numbers still match */
+    clear_epi();
+    cfg.refuse_epilogues = 1u << CG_EPI_DGELU_BGRAD;
+    e = emu_step_err(&c, NULL, &cfg, false, &loss_err, &d);
+    print_message("  DGELU_BGRAD refused: worst %.3g, gelu_aux_bias %d, dgelu_bgrad %d\n", e,
+                  n_epi[CG_EPI_GELU_AUX_BIAS], n_epi[CG_EPI_DGELU_BGRAD]);
+    if (!(e < 1e-5))
+        fail_msg("gpt.lua: fallback of a refused pair differs from the CPU: %g", e);
+    assert_int_equal(n_epi[CG_EPI_GELU_AUX_BIAS], 0);
+    assert_int_equal(n_epi[CG_EPI_DGELU_BGRAD], 0);
+    assert_int_equal(n_epi[CG_EPI_GELU_BIAS], gelu * L);
+    free_case(&c);
+    remat_policy = REMAT_DEFAULT;
+}
+
+static void test_gpt_epilogues(void **state)
+{
+    (void)state;
+    check_gpt_epilogues(REMAT_NONE, 1, 0, 1, 1);
+    check_gpt_epilogues(REMAT_SELECTIVE, 1, 0, 1, 1);
+    check_gpt_epilogues(REMAT_FULL, 2, 1, 1, 1);
+}
+
+/* An epilogue computed wrong in the emulator must make the comparison with
+ * the CPU backend fail (relative error at least the 1e-5 the tests pass
+ * at): the CPU backend runs the planned kernels, never the epilogues. */
+static void expect_epi_caught(const char *path, EmuEpiFault fault, const char *what)
+{
+    fused = true;
+    Case c = load_case(path, NULL, 0);
+    EmuBackendCfg cfg = default_cfg();
+    cfg.epi_fault = fault;
+    clear_epi();
+    Diag d = {{0}};
+    double loss_err;
+    double e = emu_step_err(&c, NULL, &cfg, false, &loss_err, &d);
+    print_message("negative control \"%s\" (%s): worst rel err %.3g%s%s\n", what, path, e,
+                  d.msg[0] ? ", error: " : "", d.msg);
+    int n = 0;
+    for (int k = 1; k < CG_EPI__COUNT; k++)
+        n += n_epi[k];
+    assert_true(n > 0);
+    if (e < 1e-5)
+        fail_msg("negative control \"%s\" was not caught: rel err %g", what, e);
+    free_case(&c);
+}
+
+static void test_epilogue_negative_controls(void **state)
+{
+    (void)state;
+    expect_epi_caught("models/gpt.lua", EMU_EPI_ERF_GELU, "GELU epilogues with erf GELU");
+    expect_epi_caught("models/gpt.lua", EMU_EPI_NO_BIAS, "GELU epilogues without the bias");
+    expect_epi_caught("models/gpt.lua", EMU_EPI_BGRAD_SHORT, "DGELU_BGRAD missing a row");
+    expect_epi_caught("tests/emu/bias_epilogue.lua", EMU_EPI_BGRAD_SHORT,
+                      "BGRAD_B missing a row");
 }
 
 /* The plan without fusion: every op its own kernel. */
@@ -480,11 +619,16 @@ int main(int argc, char **argv)
 {
     (void)argc;
     emu_init(argv);
+    const char *filter = getenv("KILN_TEST_FILTER"); /* e.g. "test_gpt_*" while iterating */
+    if (filter && *filter)
+        cmocka_set_test_filter(filter);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_models_unfused),
         cmocka_unit_test(test_models),
         cmocka_unit_test(test_gpt_dropout),
         cmocka_unit_test(test_bias_epilogue),
+        cmocka_unit_test(test_gpt_epilogues),
+        cmocka_unit_test(test_epilogue_negative_controls),
         cmocka_unit_test(test_negative_controls),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -6,6 +6,12 @@
 #      bf16 loss within 1e-2; CUDA graph replay equals plain launches), and
 #      every kernel compiles for this GPU's own architecture;
 #   2. gpt.lua (tiny) trains 200 steps on the GPU with the CPU's loss curve;
+#   2b. the NCCL path on this GPU: gpt tiny with buckets and all-reduces on
+#      one rank (KILN_COMM_ONE_RANK=1: NCCL on the communication stream,
+#      gated by events) against the CPU with the same plan and against the
+#      GPU without collectives (final params and loss); with 2 or more GPUs,
+#      2 ranks against 1 rank at the combined batch; --profile from device
+#      events;
 #   3. speed: GPT-2 124M, batch 16 x 1024 tokens, bf16: kiln (plain and with
 #      a CUDA graph) beside PyTorch eager and torch.compile on the same
 #      machine (tests/gpu/torch_gpt2.py), tokens/s and MFU against the
@@ -63,6 +69,61 @@ cmp_out=$(paste "$OUT/loss_cpu.txt" "$OUT/loss_cuda.txt" | awk '
           exit !(n == 200 && m < 1e-2) }')
 if [ $? -eq 0 ]; then row "gpt tiny 200 steps: loss curve vs CPU" "ok: $cmp_out"
 else bad "gpt tiny 200 steps: loss curve vs CPU" "$cmp_out"; fi
+
+# 2b. the NCCL path. One rank: ncclAvg over one rank is an identity, so this
+# checks that the path runs (NCCL found and initialised, the unique id, the
+# communication stream and its events, device timing) and leaves the values
+# as the plan computes them; it cannot see a missing wait (a race) or a
+# wrong scale. Those need 2 GPUs (the --nproc 2 row, when there are 2).
+nccl_run() { # name, device, extra args...
+    local name=$1 dev=$2; shift 2
+    "$KILN" train models/gpt.lua --steps 20 --device "$dev" --set bucket_mb=0.05 -v \
+        --save-weights "$OUT/w_$name.safetensors" "$@" >"$OUT/nccl_$name.log" 2>&1
+}
+final_loss() { sed -n 's/^final: step [0-9]* | train loss \([^ ]*\) .*/\1/p' "$OUT/nccl_$1.log"; }
+cmpw() { python3 "$ROOT/tests/gpu/cmp_weights.py" "$OUT/w_$1.safetensors" "$OUT/w_$2.safetensors" "$3"; }
+if KILN_COMM_ONE_RANK=1 nccl_run cuda_nccl cuda && KILN_COMM_ONE_RANK=1 nccl_run cpu_comm cpu &&
+        nccl_run cuda_plain cuda; then
+    if ! grep -q "NCCL all-reduces, rank 0 of 1" "$OUT/nccl_cuda_nccl.log"; then
+        bad "NCCL path, 1 rank" "the run did not use NCCL (see $OUT/nccl_cuda_nccl.log)"
+    else
+        l_n=$(final_loss cuda_nccl); l_c=$(final_loss cpu_comm); l_p=$(final_loss cuda_plain)
+        c1=$(cmpw cuda_nccl cpu_comm 1e-3); r1=$?
+        c2=$(cmpw cuda_nccl cuda_plain 1e-3); r2=$?
+        lossok=$(awk -v a="$l_n" -v b="$l_c" 'BEGIN { d = a - b; if (d < 0) d = -d; print (a != "" && d <= 1e-3 * (b < 0 ? -b : b)) }')
+        if [ $r1 -eq 0 ] && [ $r2 -eq 0 ] && [ "$lossok" = 1 ]; then
+            row "NCCL path, 1 rank, gpt tiny 20 steps" "ok: loss nccl $l_n cpu $l_c plain $l_p; vs cpu $c1; vs plain $c2"
+        else
+            bad "NCCL path, 1 rank, gpt tiny 20 steps" "loss nccl $l_n cpu $l_c plain $l_p; vs cpu $c1; vs plain $c2"
+        fi
+    fi
+else
+    bad "NCCL path, 1 rank" "a run failed: $(tail -2 "$OUT"/nccl_*.log | tr '\n' ' ')"
+fi
+ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+if [ "${ngpu:-0}" -ge 2 ]; then
+    if nccl_run cuda_2ranks cuda --nproc 2 --set batch=4 && nccl_run cpu_1rank8 cpu --set batch=8; then
+        c3=$(cmpw cuda_2ranks cpu_1rank8 1e-3); r3=$?
+        comm=$(grep '^comm:' "$OUT/nccl_cuda_2ranks.log" | sed 's/.*rank 0): //')
+        if [ $r3 -eq 0 ] && [ -n "$comm" ]; then
+            row "NCCL, 2 GPUs x batch 4 vs CPU 1 x 8" "ok: $c3; $comm"
+        else
+            bad "NCCL, 2 GPUs x batch 4 vs CPU 1 x 8" "$c3; comm line: '${comm}'"
+        fi
+    else
+        bad "NCCL, 2 GPUs" "a run failed: $(tail -3 "$OUT/nccl_cuda_2ranks.log" | tr '\n' ' ')"
+    fi
+else
+    row "NCCL, 2 GPUs" "not run (this machine has ${ngpu:-0} GPU)"
+fi
+# --profile from device events: the per-kernel table, and the step time
+if "$KILN" train models/gpt.lua --steps 20 --device cuda --profile >"$OUT/profile_tiny.log" 2>&1 &&
+        grep -q "^profile: per kernel over 20 training steps" "$OUT/profile_tiny.log" &&
+        grep -q "median [0-9.]* ms/step" "$OUT/profile_tiny.log"; then
+    row "--profile (device events), gpt tiny" "ok: $(grep '^final:' "$OUT/profile_tiny.log" | sed 's/.*median/median/' | cut -d'|' -f1)"
+else
+    bad "--profile (device events), gpt tiny" "see $OUT/profile_tiny.log"
+fi
 
 # 3. speed: GPT-2 124M, 16 x 1024 tokens, bf16
 TOK=$OUT/tokens.bin

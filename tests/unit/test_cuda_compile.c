@@ -20,11 +20,11 @@
 #include "runtime.h"
 #include "testutil.h"
 
-#include <dirent.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -147,6 +147,59 @@ static void check_geometry(const char *what, const CgPlan *pl, const CgCudaProgr
     }
 }
 
+/* The device arena of a program (CgCudaProgram.mem): bf16 buffers take 2
+ * bytes per element; storages live at the same time never overlap; the
+ * persistent region and every root's live range are the plan's; copies
+ * and host offsets agree with it. Returns the device arena's bytes. */
+static int64_t check_arena(const char *what, const CgPlan *pl, const CgCudaProgram *q)
+{
+    const Graph *g = pl->g;
+    const MemPlan *m = q->mem, *f = pl->mem;
+    if (!q->bf16 && m != f)
+        fail_msg("%s: an f32 program re-planned its arena", what);
+    if (m->persistent_bytes != f->persistent_bytes)
+        fail_msg("%s: persistent region %lld bytes, the plan's %lld", what,
+                 (long long)m->persistent_bytes, (long long)f->persistent_bytes);
+    for (int t = 0; t < g->t.n; t++) {
+        int64_t want = shape_numel(&g->t.v[t].s) * dtype_size(q->storage[t]);
+        if (m->bytes[t] != want || m->root[t] != f->root[t])
+            fail_msg("%s: tensor %d: %lld bytes (expected %lld), root %d (plan %d)", what, t,
+                     (long long)m->bytes[t], (long long)want, m->root[t], f->root[t]);
+        if (m->root[t] == t && (m->first[t] != f->first[t] || m->last[t] != f->last[t]))
+            fail_msg("%s: tensor %d: live range changed", what, t);
+        if (m->root[t] == t && m->offset[t] + m->bytes[t] > m->arena_bytes)
+            fail_msg("%s: tensor %d past the arena", what, t);
+    }
+    bool *mat = pass_fuse_materialised(g); /* the others get no storage */
+    for (int a = 0; a < g->t.n; a++) {
+        if (m->root[a] != a || m->persistent[a] || m->bytes[a] == 0 || !mat[a])
+            continue;
+        for (int b = a + 1; b < g->t.n; b++) {
+            if (m->root[b] != b || m->persistent[b] || m->bytes[b] == 0 || !mat[b])
+                continue;
+            bool live = m->first[a] <= m->last[b] && m->first[b] <= m->last[a];
+            bool meet = m->offset[a] < m->offset[b] + m->bytes[b] &&
+                        m->offset[b] < m->offset[a] + m->bytes[a];
+            if (live && meet && m->first[a] >= 0 && m->first[b] >= 0)
+                fail_msg("%s: tensors %d and %d are live together and overlap", what, a, b);
+        }
+    }
+    free(mat);
+    for (int i = 0; i < g->outs.n; i++) {
+        int t = g->outs.v[i].t;
+        if (cg_cuda_host_offset(q, f->offset[t], f->bytes[t]) != m->offset[t])
+            fail_msg("%s: output %s: host offset does not follow its storage", what,
+                     g->outs.v[i].name);
+    }
+    for (int s = 0; s < pl->steps.n; s++)
+        if (pl->steps.v[s].kind == CG_STEP_COPY && pl->steps.v[s].op >= 0) {
+            const Op *op = &g->ops.v[pl->steps.v[s].op];
+            if (q->copy[s].dst != m->offset[op->out] || q->copy[s].src != m->offset[op->in[0]])
+                fail_msg("%s: copy step %d not in the device arena's offsets", what, s);
+        }
+    return m->arena_bytes;
+}
+
 typedef struct {
     const char *src, *arch;
     bool ok;
@@ -166,9 +219,14 @@ static void *compile_job(void *arg)
 static void compile_plan(const char *what, const CgPlan *pl)
 {
     enum { NA = sizeof archs / sizeof archs[0] };
+    double secs[2] = {0, 0};
+    int64_t arena[2] = {0, 0};
     for (int bf = 0; bf < 2; bf++) {
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
         CgCudaProgram *q = cg_cuda_program(pl, bf != 0);
         check_geometry(what, pl, q);
+        arena[bf] = check_arena(what, pl, q);
         Job job[NA];
         pthread_t th[NA];
         for (int a = 0; a < NA; a++) {
@@ -179,6 +237,8 @@ static void compile_plan(const char *what, const CgPlan *pl)
         compile_job(&job[0]);
         for (int a = 1; a < NA; a++)
             pthread_join(th[a], NULL);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        secs[bf] = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
         for (int a = 0; a < NA; a++) {
             RtCudaBinary *b = &job[a].b;
             if (!job[a].ok)
@@ -208,8 +268,16 @@ static void compile_plan(const char *what, const CgPlan *pl)
             int nhalf = 0;
             for (int t = 0; t < pl->g->t.n; t++)
                 nhalf += q->storage[t] == DT_BF16;
-            fprintf(stderr, "  %s: %d functions, %d tensors stored as bf16\n", what, q->fn.n,
-                    nhalf);
+            fprintf(stderr,
+                    "  %s: %d functions, %d tensors stored as bf16; arena %.2f MiB (f32), "
+                    "%.2f MiB (bf16); NVRTC %.1f s (f32), %.1f s (bf16)%s\n",
+                    what, q->fn.n, nhalf, (double)arena[0] / 1048576.0,
+                    (double)arena[1] / 1048576.0, secs[0], secs[1],
+                    NA > 1 ? ", archs in parallel" : "");
+            /* bf16 activations must shrink the arena */
+            if (nhalf > 0 && arena[1] >= arena[0])
+                fail_msg("%s: the bf16 arena (%lld bytes) is not smaller than f32's (%lld)", what,
+                         (long long)arena[1], (long long)arena[0]);
         }
         cg_cuda_program_free(q);
     }
@@ -253,22 +321,11 @@ static void test_every_model(void **state)
     (void)state;
     if (!module_built())
         skip();
-    DIR *dir = opendir("models");
-    if (!dir)
-        fail_msg("no models/ directory (tests run from the source root)");
-    struct dirent *de;
+    char **models = model_paths();
     int nmodels = 0;
-    while ((de = readdir(dir))) {
-        size_t n = strlen(de->d_name);
-        if (n < 5 || strcmp(de->d_name + n - 4, ".lua") != 0)
-            continue;
-        char path[512];
-        snprintf(path, sizeof path, "models/%s", de->d_name);
-        compile_model(path, NULL, 0);
-        nmodels++;
-    }
-    closedir(dir);
-    assert_true(nmodels >= 4);
+    for (; models[nmodels]; nmodels++)
+        compile_model(models[nmodels], NULL, 0);
+    free_model_paths(models);
     const char *big[] = {"size=124M"};
     compile_model("models/gpt.lua", big, 1);
     fprintf(stderr, "%d models (+ gpt 124M): %d f32 functions, %d NVRTC compiles\n", nmodels,

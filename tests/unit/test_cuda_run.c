@@ -13,7 +13,6 @@
 #include "runtime.h"
 #include "testutil.h"
 
-#include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -136,22 +135,10 @@ static void test_every_model(void **state)
         fprintf(stderr, "skipped: %s\n", why);
         skip();
     }
-    DIR *dir = opendir("models");
-    if (!dir)
-        fail_msg("no models/ directory (tests run from the source root)");
-    struct dirent *de;
-    int n = 0;
-    while ((de = readdir(dir))) {
-        size_t len = strlen(de->d_name);
-        if (len < 5 || strcmp(de->d_name + len - 4, ".lua") != 0)
-            continue;
-        char path[512];
-        snprintf(path, sizeof path, "models/%s", de->d_name);
-        check_model(path);
-        n++;
-    }
-    closedir(dir);
-    assert_true(n >= 4);
+    char **models = model_paths();
+    for (int i = 0; models[i]; i++)
+        check_model(models[i]);
+    free_model_paths(models);
 }
 
 int main(void)

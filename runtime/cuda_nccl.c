@@ -1,0 +1,392 @@
+/* cuda_nccl.c - gradient all-reduces between GPU ranks through NCCL, part
+ * of the CUDA module (libkiln_cuda.so).
+ *
+ * NCCL (libnccl.so.2) is opened with dlopen the first time a plan with
+ * allreduce steps is set up, so the module loads, and one GPU trains,
+ * where NCCL is not installed. The unique id is made by rank 0 and
+ * broadcast through the caller's MPI (RtCommGroup.bcast); one communicator
+ * per plan, on the device of the backend's context.
+ *
+ * Per bucket, in stream order: a `ready` event on the compute stream after
+ * the bucket's last gradient; the communication stream waits on it, records
+ * `t0`, runs one NCCL group of in-place ncclAllReduce(ncclAvg) calls (one
+ * per tensor, f32) and records `done`; a wait step records `w` on the
+ * compute stream and makes it wait on `done`. Nothing here blocks the host
+ * until the statistics are read after the run (kc_comm_events).
+ *
+ * The driver functions used here are looked up in libcuda.so.1 again (the
+ * backend has opened it already; dlopen only counts a reference). */
+#include "cuda_nccl.h"
+
+#include <dlfcn.h>
+#include <nccl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* NCCL_VERSION(2,10,3): ncclAvg first appeared in NCCL 2.10.3 */
+enum { NCCL_MIN_VERSION = 21003 };
+
+#define STR_(x) #x
+#define STR(x) STR_(x)
+/* clang-format off */
+#define DRV_FUNCS(X)                                                           \
+    X(cuGetErrorString) X(cuCtxSetCurrent) X(cuEventCreate) X(cuEventDestroy)  \
+    X(cuEventRecord) X(cuEventSynchronize) X(cuEventElapsedTime)               \
+    X(cuStreamWaitEvent) X(cuStreamSynchronize)
+#define NCCL_FUNCS(X)                                                          \
+    X(ncclGetVersion) X(ncclGetUniqueId) X(ncclCommInitRank)                   \
+    X(ncclCommDestroy) X(ncclAllReduce) X(ncclGroupStart) X(ncclGroupEnd)      \
+    X(ncclGetErrorString)
+/* clang-format on */
+
+static struct {
+#define X(f) __typeof__(&f) f;
+    DRV_FUNCS(X)
+    NCCL_FUNCS(X)
+#undef X
+} fn;
+static int nccl_version;
+static char nccl_why[512]; /* why NCCL cannot be used ("" when it can) */
+
+double kc_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int kc_device_ordinal(void)
+{
+    const char *env = getenv("KILN_CUDA_DEVICE");
+    if (env && *env)
+        return atoi(env);
+    const char *lr = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+    if (lr && *lr && getenv("OMPI_COMM_WORLD_SIZE"))
+        return atoi(lr);
+    return 0;
+}
+
+/* Opens the driver's and NCCL's functions once; false with nccl_why set. */
+static bool nccl_open(void)
+{
+    static bool tried, ok;
+    if (tried)
+        return ok;
+    tried = true;
+    void *drv = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!drv) {
+        snprintf(nccl_why, sizeof nccl_why, "no CUDA driver on this machine (%s)", dlerror());
+        return false;
+    }
+    void *h = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        snprintf(nccl_why, sizeof nccl_why,
+                 "NCCL is not installed (%s) (expected libnccl.so.2, NCCL 2.10.3 or newer, "
+                 "where the dynamic loader finds it, e.g. beside the CUDA libraries or on "
+                 "LD_LIBRARY_PATH)",
+                 dlerror());
+        return false;
+    }
+#define X(f)                                                                               \
+    if (!(*(void **)&fn.f = dlsym(drv, STR(f)))) {                                         \
+        snprintf(nccl_why, sizeof nccl_why, "the CUDA driver lacks %s (driver too old?)", \
+                 STR(f));                                                                  \
+        return false;                                                                      \
+    }
+    DRV_FUNCS(X)
+#undef X
+#define X(f)                                                                            \
+    if (!(*(void **)&fn.f = dlsym(h, STR(f)))) {                                        \
+        snprintf(nccl_why, sizeof nccl_why, "libnccl.so.2 lacks %s (expected NCCL 2.10.3 " \
+                 "or newer)", STR(f));                                                  \
+        return false;                                                                   \
+    }
+    NCCL_FUNCS(X)
+#undef X
+    if (fn.ncclGetVersion(&nccl_version) != ncclSuccess || nccl_version < NCCL_MIN_VERSION) {
+        snprintf(nccl_why, sizeof nccl_why,
+                 "NCCL is too old (version code %d; expected NCCL 2.10.3 or newer, for ncclAvg)",
+                 nccl_version);
+        return false;
+    }
+    ok = true;
+    return true;
+}
+
+static void dmsg(Diag *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void dmsg(Diag *d, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(d->msg, sizeof d->msg, fmt, ap);
+    va_end(ap);
+}
+
+static bool drv_fail(CUresult r, const char *call, int line, Diag *d)
+{
+    const char *s = NULL;
+    fn.cuGetErrorString(r, &s);
+    dmsg(d, "%s:%d: %s failed: %s", __FILE__, line, call, s ? s : "unknown CUDA error");
+    return false;
+}
+
+static bool nccl_fail(ncclResult_t r, const char *call, int line, Diag *d)
+{
+    dmsg(d, "%s:%d: %s failed: %s", __FILE__, line, call, fn.ncclGetErrorString(r));
+    return false;
+}
+
+/* Checked calls: true on success, else d set naming the call and line. */
+#define DRV(call, d) ((r_drv = (call)) == CUDA_SUCCESS || drv_fail(r_drv, #call, __LINE__, (d)))
+#define NC(call, d) ((r_nc = (call)) == ncclSuccess || nccl_fail(r_nc, #call, __LINE__, (d)))
+static _Thread_local CUresult r_drv;
+static _Thread_local ncclResult_t r_nc;
+
+typedef struct {
+    int k;                   /* tensors */
+    CUdeviceptr *ptr;
+    size_t *count;           /* f32 elements */
+    int64_t bytes;
+    CUevent ready, t0, done, w;
+    bool started, waited;    /* in the current run */
+} Bucket;
+
+struct KcComm {
+    const CgPlan *p;
+    CUcontext ctx;
+    CUstream s, comm;
+    ncclComm_t nc;
+    int rank, size;
+    Bucket *b;
+    int nb;
+    bool pending;            /* a run's buckets not collected yet */
+};
+
+static bool make_events(Bucket *b, Diag *d)
+{
+    return DRV(fn.cuEventCreate(&b->ready, CU_EVENT_DISABLE_TIMING), d) &&
+           DRV(fn.cuEventCreate(&b->t0, CU_EVENT_DEFAULT), d) &&
+           DRV(fn.cuEventCreate(&b->done, CU_EVENT_DEFAULT), d) &&
+           DRV(fn.cuEventCreate(&b->w, CU_EVENT_DEFAULT), d);
+}
+
+/* Each bucket's tensors from its start step. */
+static bool setup_buckets(KcComm *k, const DType *storage, const int64_t *offset,
+                          CUdeviceptr arena, Diag *d)
+{
+    const CgPlan *p = k->p;
+    const Graph *g = p->g;
+    for (int s = 0; s < p->steps.n; s++)
+        if (p->steps.v[s].kind == CG_STEP_ALLREDUCE_START && p->steps.v[s].bucket + 1 > k->nb)
+            k->nb = p->steps.v[s].bucket + 1;
+    k->b = calloc((size_t)k->nb + 1, sizeof(Bucket));
+    if (!k->b) {
+        dmsg(d, "out of memory");
+        return false;
+    }
+    for (int s = 0; s < p->steps.n; s++) {
+        const CgStep *st = &p->steps.v[s];
+        if (st->kind != CG_STEP_ALLREDUCE_START)
+            continue;
+        Bucket *b = &k->b[st->bucket];
+        if (b->ptr) {
+            dmsg(d, "plan step %d: bucket %d is started twice in one step", s, st->bucket);
+            return false;
+        }
+        b->k = st->nargs;
+        b->ptr = calloc((size_t)b->k + 1, sizeof(CUdeviceptr));
+        b->count = calloc((size_t)b->k + 1, sizeof(size_t));
+        if (!b->ptr || !b->count) {
+            dmsg(d, "out of memory");
+            return false;
+        }
+        for (int i = 0; i < b->k; i++) {
+            int t = st->args[i];
+            const Tensor *x = &g->t.v[t];
+            if (x->s.dtype != DT_F32 || storage[t] != DT_F32) {
+                dmsg(d, "NCCL: bucket %d holds %s, a %s tensor (only f32 gradients are "
+                        "averaged over ranks)",
+                     st->bucket, x->name ? x->name : "?",
+                     storage[t] == DT_BF16 ? "bf16" : "non-f32");
+                return false;
+            }
+            size_t n = 1;
+            for (int r = 0; r < x->s.rank; r++)
+                n *= (size_t)x->s.dim[r];
+            b->ptr[i] = arena + (CUdeviceptr)offset[t];
+            b->count[i] = n;
+            b->bytes += (int64_t)(n * 4);
+        }
+        if (!make_events(b, d))
+            return false;
+    }
+    return true;
+}
+
+KcComm *kc_comm_open(const RtCommGroup *g, const CgPlan *p, const DType *storage,
+                     const int64_t *offset, CUdeviceptr arena, CUcontext ctx, CUstream compute,
+                     CUstream comm, Diag *d)
+{
+    if (!nccl_open()) {
+        dmsg(d, "--device cuda: the step averages gradients over %d rank%s on the GPU through "
+                "NCCL, but %s",
+             g->size, g->size == 1 ? "" : "s", nccl_why);
+        return NULL;
+    }
+    KcComm *k = calloc(1, sizeof *k);
+    if (!k) {
+        dmsg(d, "out of memory");
+        return NULL;
+    }
+    k->p = p;
+    k->ctx = ctx;
+    k->s = compute;
+    k->comm = comm;
+    k->rank = g->rank;
+    k->size = g->size;
+    if (!DRV(fn.cuCtxSetCurrent(ctx), d) || !setup_buckets(k, storage, offset, arena, d))
+        goto fail;
+    ncclUniqueId id;
+    memset(&id, 0, sizeof id);
+    if (g->rank == 0 && !NC(fn.ncclGetUniqueId(&id), d)) {
+        /* the other ranks wait in the broadcast: mpirun stops them when
+         * this rank exits (else comm_timeout does); d says why */
+        goto fail;
+    }
+    if (g->size > 1 && !(g->bcast && g->bcast(g->arg, &id, sizeof id))) {
+        dmsg(d, "NCCL: cannot broadcast the unique id from rank 0");
+        goto fail;
+    }
+    if (!NC(fn.ncclCommInitRank(&k->nc, g->size, id, g->rank), d)) {
+        k->nc = NULL;
+        goto fail;
+    }
+    return k;
+fail:
+    kc_comm_close(k);
+    return NULL;
+}
+
+void kc_comm_close(KcComm *k)
+{
+    if (!k)
+        return;
+    fn.cuCtxSetCurrent(k->ctx);
+    if (k->comm)
+        fn.cuStreamSynchronize(k->comm);
+    if (k->nc)
+        fn.ncclCommDestroy(k->nc);
+    for (int i = 0; k->b && i < k->nb; i++) {
+        Bucket *b = &k->b[i];
+        CUevent ev[] = {b->ready, b->t0, b->done, b->w};
+        for (int e = 0; e < 4; e++)
+            if (ev[e])
+                fn.cuEventDestroy(ev[e]);
+        free(b->ptr);
+        free(b->count);
+    }
+    free(k->b);
+    free(k);
+}
+
+/* A bucket of step s, checked. */
+static Bucket *bucket_of(KcComm *k, int s, CgStepKind kind, Diag *d)
+{
+    const CgStep *st = &k->p->steps.v[s];
+    if (st->kind != kind || st->bucket < 0 || st->bucket >= k->nb || !k->b[st->bucket].ptr) {
+        dmsg(d, "plan step %d is not an all-reduce step of a known bucket", s);
+        return NULL;
+    }
+    return &k->b[st->bucket];
+}
+
+void kc_comm_run_begins(KcComm *k)
+{
+    if (!k)
+        return;
+    for (int i = 0; i < k->nb; i++)
+        k->b[i].started = k->b[i].waited = false;
+    k->pending = false;
+}
+
+bool kc_allreduce_start(KcComm *k, int s, Diag *d)
+{
+    Bucket *b = bucket_of(k, s, CG_STEP_ALLREDUCE_START, d);
+    if (!b)
+        return false;
+    if (!DRV(fn.cuEventRecord(b->ready, k->s), d) ||
+        !DRV(fn.cuStreamWaitEvent(k->comm, b->ready, 0), d) ||
+        !DRV(fn.cuEventRecord(b->t0, k->comm), d) || !NC(fn.ncclGroupStart(), d))
+        return false;
+    bool ok = true;
+    for (int i = 0; i < b->k && ok; i++)
+        ok = NC(fn.ncclAllReduce((const void *)b->ptr[i], (void *)b->ptr[i], b->count[i],
+                                 ncclFloat32, ncclAvg, k->nc, (cudaStream_t)k->comm),
+                d);
+    Diag ignored;
+    if (!NC(fn.ncclGroupEnd(), ok ? d : &ignored) || !ok)
+        return false;
+    if (!DRV(fn.cuEventRecord(b->done, k->comm), d))
+        return false;
+    b->started = true;
+    b->waited = false;
+    return true;
+}
+
+bool kc_allreduce_wait(KcComm *k, int s, Diag *d)
+{
+    Bucket *b = bucket_of(k, s, CG_STEP_ALLREDUCE_WAIT, d);
+    if (!b)
+        return false;
+    if (!b->started) {
+        dmsg(d, "plan step %d waits for bucket %d, which this run has not started", s,
+             k->p->steps.v[s].bucket);
+        return false;
+    }
+    if (b->waited) /* the bucket's first wait already ordered the compute stream */
+        return true;
+    if (!DRV(fn.cuEventRecord(b->w, k->s), d) ||
+        !DRV(fn.cuStreamWaitEvent(k->s, b->done, 0), d))
+        return false;
+    b->waited = true;
+    k->pending = true;
+    return true;
+}
+
+/* Milliseconds from a to b, both recorded and finished; 0 when unknown. */
+static double elapsed_ms(CUevent a, CUevent b)
+{
+    float ms = 0;
+    if (fn.cuEventElapsedTime(&ms, a, b) != CUDA_SUCCESS)
+        return 0;
+    return (double)ms;
+}
+
+int kc_comm_events(KcComm *k, CUevent begin, double host_begin, RtCommEvent *ev, int max,
+                   double *exposed_s)
+{
+    *exposed_s = 0;
+    if (!k || !k->pending)
+        return 0;
+    fn.cuCtxSetCurrent(k->ctx);
+    int n = 0;
+    for (int i = 0; i < k->nb; i++) {
+        Bucket *b = &k->b[i];
+        if (!b->started || !b->waited)
+            continue;
+        if (fn.cuEventSynchronize(b->done) != CUDA_SUCCESS)
+            continue;
+        if (n < max) {
+            double t0 = elapsed_ms(begin, b->t0), t1 = elapsed_ms(begin, b->done);
+            ev[n++] = (RtCommEvent){i, b->bytes, host_begin + 1e-3 * t0, host_begin + 1e-3 * t1};
+        }
+        double x = elapsed_ms(b->w, b->done);
+        if (x > 0)
+            *exposed_s += 1e-3 * x;
+    }
+    k->pending = false;
+    return n;
+}

@@ -1,0 +1,138 @@
+/* test_comm_bcast.c - rt_comm_bcast across 2 MPI ranks (the NCCL unique id
+ * travels this way), in order with the other collectives; and the device
+ * collectives' source of statistics (rt_comm_set_source,
+ * rt_comm_add_events).
+ *
+ * The cmocka test starts this binary as 2 ranks through rt_launch (mpirun);
+ * under mpirun the process runs rank_main instead, whose exit status is the
+ * verdict. A second launch with KILN_TEST_BCAST_SKIP=1 (the ranks leave the
+ * broadcast out) must fail: the checks can fail. */
+#include "runtime.h"
+#include "testutil.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int nfail;
+
+#define CHECK(c, ...)                                                           \
+    do {                                                                        \
+        if (!(c)) {                                                             \
+            fprintf(stderr, "rank check failed at line %d: %s: ", __LINE__, #c); \
+            fprintf(stderr, __VA_ARGS__);                                       \
+            fputc('\n', stderr);                                                \
+            nfail++;                                                            \
+        }                                                                       \
+    } while (0)
+
+static unsigned char pattern(size_t i, int seed) { return (unsigned char)(i * 31u + 7u * (unsigned)seed); }
+
+/* n bytes from rank 0: rank 0 fills the pattern, the others 0xee. */
+static void one_bcast(RtComm *c, size_t n, int seed, bool skip)
+{
+    unsigned char *b = xmalloc(n + 1);
+    for (size_t i = 0; i < n; i++)
+        b[i] = rt_comm_rank(c) == 0 ? pattern(i, seed) : 0xee;
+    if (!skip)
+        rt_comm_bcast(c, b, n);
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++)
+        bad += b[i] != pattern(i, seed);
+    CHECK(bad == 0, "broadcast of %zu bytes (seed %d): %zu bytes differ from rank 0's", n, seed,
+          bad);
+    free(b);
+}
+
+static int npull;
+
+static void pull(void *arg, RtComm *c)
+{
+    (void)arg;
+    npull++;
+    RtCommEvent ev = {3, 64, 1.0, 1.25};
+    rt_comm_add_events(c, &ev, 1, 0.125);
+}
+
+static int rank_main(void)
+{
+    Diag d = {{0}};
+    RtComm *c = NULL;
+    if (!rt_comm_open(20, &c, &d) || !c) {
+        fprintf(stderr, "rank: rt_comm_open failed: %s\n", d.msg);
+        return 1;
+    }
+    bool skip = getenv("KILN_TEST_BCAST_SKIP") != NULL;
+    CHECK(rt_comm_size(c) == 2, "size %d", rt_comm_size(c));
+    CHECK(rt_comm_local_rank(c) == rt_comm_rank(c), "local rank %d, rank %d",
+          rt_comm_local_rank(c), rt_comm_rank(c));
+    /* an NCCL id's size, one byte, several MiB; between them a host
+     * all-reduce (the same queue keeps the order on every rank) */
+    one_bcast(c, 128, 1, skip);
+    double v = rt_comm_rank(c) + 1;
+    rt_comm_mean(c, &v, 1);
+    CHECK(v == 1.5, "mean %g", v);
+    one_bcast(c, 1, 2, skip);
+    one_bcast(c, (size_t)3 << 20, 3, skip);
+    rt_comm_bcast(c, NULL, 0); /* nothing */
+    one_bcast(c, 4096, 4, skip);
+
+    /* the device source: pulled by rt_comm_stats, added to the step's stats */
+    rt_comm_stats_reset(c);
+    int other;
+    rt_comm_set_source(c, pull, &npull);
+    RtCommStats st;
+    rt_comm_stats(c, &st);
+    CHECK(npull == 1, "pulled %d times", npull);
+    int found = 0;
+    for (int i = 0; i < st.nev; i++)
+        found += st.ev[i].bucket == 3 && st.ev[i].bytes == 64 && st.ev[i].end == 1.25;
+    CHECK(found == 1, "the pulled event is in the stats %d times", found);
+    CHECK(st.comm_s >= 0.25 - 1e-12 && st.exposed_s >= 0.125 - 1e-12, "comm %g exposed %g",
+          st.comm_s, st.exposed_s);
+    rt_comm_set_source(c, NULL, &other); /* another's: stays */
+    rt_comm_stats_reset(c);
+    rt_comm_stats(c, &st);
+    CHECK(npull == 2 && st.nev == 1, "pulled %d times, %d events", npull, st.nev);
+    rt_comm_set_source(c, NULL, &npull);
+    rt_comm_stats_reset(c);
+    rt_comm_stats(c, &st);
+    CHECK(npull == 2 && st.nev == 0 && st.exposed_s == 0, "after removal: pulled %d, %d events",
+          npull, st.nev);
+
+    /* every rank learns the verdict, so all close together */
+    double f = nfail;
+    rt_comm_mean(c, &f, 1);
+    int rc = f > 0 ? 1 : 0;
+    rt_rank_status("exit %d", rc);
+    rt_comm_close(c);
+    return rc;
+}
+
+static int g_argc;
+static char **g_argv;
+
+static void test_bcast_two_ranks(void **state)
+{
+    (void)state;
+    unsetenv("KILN_TEST_BCAST_SKIP");
+    int rc = rt_launch(2, g_argc, g_argv);
+    assert_int_equal(rc, 0);
+    /* without the broadcast the ranks see their own bytes: the checks fail */
+    setenv("KILN_TEST_BCAST_SKIP", "1", 1);
+    rc = rt_launch(2, g_argc, g_argv);
+    unsetenv("KILN_TEST_BCAST_SKIP");
+    assert_int_not_equal(rc, 0);
+}
+
+int main(int argc, char **argv)
+{
+    if (getenv("OMPI_COMM_WORLD_SIZE"))
+        return rank_main();
+    g_argc = argc;
+    g_argv = argv;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bcast_two_ranks),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

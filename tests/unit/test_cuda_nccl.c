@@ -1,0 +1,517 @@
+/* test_cuda_nccl.c - runtime/cuda_nccl.c (the CUDA module's NCCL
+ * all-reduces) against stand-ins for the CUDA driver and NCCL, so that its
+ * logic runs on machines without a GPU or NCCL.
+ *
+ * The test compiles, with the host C compiler and the CUDA toolkit's
+ * headers (skipped when there are none): a fake libcuda.so.1 (events get
+ * time stamps: 1 ms per record on the compute stream; each record on the
+ * communication stream comes 10 ms after the later of the last one there
+ * and the compute clock), a fake libnccl.so.2 (records its calls), and
+ * cuda_nccl.c itself as a shared object. Both fakes are loaded by path
+ * before cuda_nccl.c opens them by soname, and write one log of every call.
+ * Each case runs in a child process (cuda_nccl.c opens NCCL once).
+ *
+ * Checked on the plan of a 3-layer MLP for 2 ranks (several buckets): the
+ * unique id (made on rank 0, broadcast, handed to ncclCommInitRank with
+ * the rank and size), per bucket the stream order (ready event on the
+ * compute stream, the communication stream waits on it, start stamp, one
+ * NCCL group of in-place ncclAllReduce(f32, ncclAvg) over exactly the
+ * bucket's tensors at arena + their device offsets, done event; the first wait of a
+ * bucket records a stamp and makes the compute stream wait on done, later
+ * ones add nothing), the statistics (one busy interval per bucket, 10 ms
+ * each, the exposed time from the stamps), two runs, errors (a bf16
+ * gradient, NCCL too old, a wait before its start). */
+#include "codegen.h"
+#include "frontend.h"
+#include "runtime.h"
+#include "testutil.h"
+
+#include <dirent.h>
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#ifndef KILN_C_COMPILER
+#define KILN_C_COMPILER "cc"
+#endif
+
+static const char fake_cuda[] =
+    "#include <cuda.h>\n"
+    "#include <stdarg.h>\n"
+    "#include <stdint.h>\n"
+    "#include <stdio.h>\n"
+    "char fake_log[1 << 20];\n"
+    "int fake_len;\n"
+    "static double now_ms, comm_ms, stamp[4096];\n"
+    "static int nev;\n"
+    "void fake_say(const char *fmt, ...) {\n"
+    "  va_list ap; va_start(ap, fmt);\n"
+    "  fake_len += vsnprintf(fake_log + fake_len, sizeof fake_log - (size_t)fake_len, fmt, ap);\n"
+    "  va_end(ap);\n"
+    "}\n"
+    "double fake_stamp(int e) { return stamp[e]; }\n"
+    "static int id(CUevent e) { return (int)(uintptr_t)e; }\n"
+    "static int sid(CUstream s) { return (int)(uintptr_t)s; }\n"
+    "CUresult cuGetErrorString(CUresult r, const char **s) { (void)r; *s = \"fake\"; return CUDA_SUCCESS; }\n"
+    "CUresult cuCtxSetCurrent(CUcontext c) { (void)c; return CUDA_SUCCESS; }\n"
+    "CUresult cuEventCreate(CUevent *e, unsigned int f) {\n"
+    "  if (nev >= 4095) return CUDA_ERROR_OUT_OF_MEMORY;\n"
+    "  *e = (CUevent)(uintptr_t)(++nev);\n"
+    "  fake_say(\"create E%d%s\\n\", nev, f & CU_EVENT_DISABLE_TIMING ? \" notiming\" : \"\");\n"
+    "  return CUDA_SUCCESS;\n"
+    "}\n"
+    "CUresult cuEventDestroy(CUevent e) { fake_say(\"destroy E%d\\n\", id(e)); return CUDA_SUCCESS; }\n"
+    "CUresult cuEventRecord(CUevent e, CUstream s) {\n"
+    "  now_ms += 1;\n"
+    "  if (sid(s) == 2) { comm_ms = (comm_ms > now_ms ? comm_ms : now_ms) + 10; stamp[id(e)] = comm_ms; }\n"
+    "  else stamp[id(e)] = now_ms;\n"
+    "  fake_say(\"record E%d S%d\\n\", id(e), sid(s));\n"
+    "  return CUDA_SUCCESS;\n"
+    "}\n"
+    "CUresult cuEventSynchronize(CUevent e) { (void)e; return CUDA_SUCCESS; }\n"
+    "CUresult cuEventElapsedTime(float *ms, CUevent a, CUevent b) {\n"
+    "  *ms = (float)(stamp[id(b)] - stamp[id(a)]); return CUDA_SUCCESS;\n"
+    "}\n"
+    "CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned int f) {\n"
+    "  (void)f; fake_say(\"wait S%d E%d\\n\", sid(s), id(e)); return CUDA_SUCCESS;\n"
+    "}\n"
+    "CUresult cuStreamSynchronize(CUstream s) { fake_say(\"sync S%d\\n\", sid(s)); return CUDA_SUCCESS; }\n"
+    "CUevent fake_begin(void) { CUevent e; cuEventCreate(&e, 0); cuEventRecord(e, (CUstream)1); return e; }\n";
+
+static const char fake_nccl[] =
+    "#include <nccl.h>\n"
+    "#include <stdint.h>\n"
+    "#include <stdlib.h>\n"
+    "#include <string.h>\n"
+    "void fake_say(const char *fmt, ...);\n"
+    "ncclResult_t ncclGetVersion(int *v) {\n"
+    "  const char *e = getenv(\"FAKE_NCCL_VERSION\"); *v = e ? atoi(e) : 22809; return ncclSuccess;\n"
+    "}\n"
+    "ncclResult_t ncclGetUniqueId(ncclUniqueId *u) {\n"
+    "  for (int i = 0; i < NCCL_UNIQUE_ID_BYTES; i++) u->internal[i] = (char)(i * 3 + 1);\n"
+    "  fake_say(\"uniqueid\\n\"); return ncclSuccess;\n"
+    "}\n"
+    "ncclResult_t ncclCommInitRank(ncclComm_t *c, int n, ncclUniqueId u, int r) {\n"
+    "  *c = (ncclComm_t)(uintptr_t)0x77;\n"
+    "  fake_say(\"init n=%d rank=%d id=%d,%d\\n\", n, r, u.internal[0], u.internal[127]);\n"
+    "  return ncclSuccess;\n"
+    "}\n"
+    "ncclResult_t ncclCommDestroy(ncclComm_t c) { fake_say(\"commdestroy %d\\n\", (int)(uintptr_t)c); return ncclSuccess; }\n"
+    "ncclResult_t ncclAllReduce(const void *s, void *r, size_t n, ncclDataType_t t, ncclRedOp_t op,\n"
+    "                           ncclComm_t c, cudaStream_t st) {\n"
+    "  fake_say(\"allreduce %llu %llu %zu t=%d op=%d c=%d S%d\\n\", (unsigned long long)(uintptr_t)s,\n"
+    "           (unsigned long long)(uintptr_t)r, n, (int)t, (int)op, (int)(uintptr_t)c, (int)(uintptr_t)st);\n"
+    "  return ncclSuccess;\n"
+    "}\n"
+    "ncclResult_t ncclGroupStart(void) { fake_say(\"groupstart\\n\"); return ncclSuccess; }\n"
+    "ncclResult_t ncclGroupEnd(void) { fake_say(\"groupend\\n\"); return ncclSuccess; }\n"
+    "const char *ncclGetErrorString(ncclResult_t r) { (void)r; return \"fake nccl error\"; }\n";
+
+/* cuda_nccl.c's entry points, with CUDA's handle types spelled plainly
+ * (CUcontext, CUstream, CUevent are pointers; CUdeviceptr is unsigned long
+ * long on 64-bit Linux). */
+typedef struct KcComm KcComm;
+typedef KcComm *(*OpenFn)(const RtCommGroup *, const CgPlan *, const DType *, const int64_t *,
+                          unsigned long long, void *, void *, void *, Diag *);
+typedef void (*CloseFn)(KcComm *);
+typedef void (*BeginsFn)(KcComm *);
+typedef bool (*StepFn)(KcComm *, int, Diag *);
+typedef int (*EventsFn)(KcComm *, void *, double, RtCommEvent *, int, double *);
+
+static char *dir, *cuda_inc;
+static const unsigned long long ARENA = 0x10000000ull;
+
+static char *find_cuda_include(void)
+{
+    const char *home = getenv("CUDA_HOME");
+    char *c[8] = {0};
+    int n = 0;
+    if (home && *home)
+        c[n++] = xasprintf("%s/include", home);
+    c[n++] = xstrdup("/usr/local/cuda/include");
+    DIR *d = opendir("/usr/local");
+    struct dirent *e;
+    while (d && (e = readdir(d)) && n < 7)
+        if (strncmp(e->d_name, "cuda-", 5) == 0)
+            c[n++] = xasprintf("/usr/local/%s/include", e->d_name);
+    if (d)
+        closedir(d);
+    char *found = NULL;
+    for (int i = 0; i < n; i++) {
+        char *a = xasprintf("%s/cuda.h", c[i]), *b = xasprintf("%s/nccl.h", c[i]);
+        if (!found && access(a, R_OK) == 0 && access(b, R_OK) == 0)
+            found = xstrdup(c[i]);
+        free(a);
+        free(b);
+        free(c[i]);
+    }
+    return found;
+}
+
+static void compile(const char *what, const char *src, const char *extra)
+{
+    char *path = xasprintf("%s/%s.c", dir, what);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(src, f);
+    fclose(f);
+    char *cmd = xasprintf("'%s' -std=c11 -D_GNU_SOURCE -Wall -Werror -fPIC -shared -I'%s' %s "
+                          "-o '%s/%s' '%s' 2>&1",
+                          KILN_C_COMPILER, cuda_inc, extra, dir, what, path);
+    char *out = NULL;
+    int rc = run_cmd(cmd, &out);
+    if (rc != 0)
+        fail_msg("`%s` failed:\n%s", cmd, out ? out : "");
+    free(out);
+    free(cmd);
+    free(path);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    cuda_inc = find_cuda_include();
+    if (!cuda_inc)
+        return 0;
+    dir = scratch_dir("cuda-nccl");
+    compile("libcuda.so.1", fake_cuda, "-Wl,-soname,libcuda.so.1");
+    char *ln = xasprintf("'%s/libcuda.so.1' -Wl,-soname,libnccl.so.2 -Wl,-rpath,'%s'", dir, dir);
+    compile("libnccl.so.2", fake_nccl, ln);
+    free(ln);
+    char *src = read_file("runtime/cuda_nccl.c");
+    assert_non_null(src);
+    free(src);
+    char *cmd = xasprintf("'%s' -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wshadow "
+                          "-Wmissing-prototypes -Werror -fPIC -shared -Iir -Ipasses -Icodegen "
+                          "-Iruntime -I'%s' -o '%s/kcnccl.so' runtime/cuda_nccl.c -ldl 2>&1",
+                          KILN_C_COMPILER, cuda_inc, dir);
+    char *out = NULL;
+    int rc = run_cmd(cmd, &out);
+    if (rc != 0)
+        fail_msg("`%s` failed:\n%s", cmd, out ? out : "");
+    free(out);
+    free(cmd);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    if (dir) {
+        char *cmd = xasprintf("rm -rf '%s'", dir);
+        char *out = NULL;
+        run_cmd(cmd, &out);
+        free(out);
+        free(cmd);
+    }
+    free(dir);
+    free(cuda_inc);
+    return 0;
+}
+
+/* ---- in the child ---------------------------------------------------------- */
+
+static void *lib(const char *name, bool global)
+{
+    char *p = xasprintf("%s/%s", dir, name);
+    void *h = dlopen(p, RTLD_NOW | (global ? RTLD_GLOBAL : RTLD_LOCAL));
+    if (!h) {
+        fprintf(stderr, "dlopen %s: %s\n", p, dlerror());
+        _exit(3);
+    }
+    free(p);
+    return h;
+}
+
+static void *sym(void *h, const char *name)
+{
+    void *s = dlsym(h, name);
+    if (!s) {
+        fprintf(stderr, "no %s\n", name);
+        _exit(3);
+    }
+    return s;
+}
+
+#define EXPECT(c, ...)                                                        \
+    do {                                                                      \
+        if (!(c)) {                                                           \
+            fprintf(stderr, "line %d: %s: ", __LINE__, #c);                   \
+            fprintf(stderr, __VA_ARGS__);                                     \
+            fputc('\n', stderr);                                              \
+            _exit(1);                                                         \
+        }                                                                     \
+    } while (0)
+
+static const int64_t *dev_off; /* the device offsets handed to kc_comm_open */
+static char *log_text;
+static int *log_len;
+
+/* The next log line at *at (advanced); "" at the end. */
+static const char *next_line(int *at, char *buf, size_t n)
+{
+    buf[0] = 0;
+    if (*at >= *log_len)
+        return buf;
+    const char *s = log_text + *at, *e = strchr(s, '\n');
+    size_t k = e ? (size_t)(e - s) : strlen(s);
+    snprintf(buf, n, "%.*s", (int)k, s);
+    *at += (int)k + 1;
+    return buf;
+}
+
+static int bcast_calls;
+static bool fake_bcast(void *arg, void *buf, size_t n)
+{
+    (void)arg;
+    bcast_calls++;
+    EXPECT(n == 128, "broadcast of %zu bytes (an NCCL id is 128)", n);
+    for (size_t i = 0; i < n; i++)
+        ((char *)buf)[i] = (char)(i * 3 + 1); /* what rank 0's id holds */
+    return true;
+}
+
+static CgPlan *mlp_plan(void)
+{
+    char err[2048];
+    const char *sets[] = {"depth=3"};
+    Model *m = fe_load_model("models/mlp.lua", sets, 1, err, sizeof err);
+    EXPECT(m != NULL, "%s", err);
+    Graph *g = ir_clone(m->g);
+    PassOpts o;
+    pass_opts_default(&o);
+    o.nranks = 2;
+    o.bucket_bytes = 1024;
+    Diag d = {{0}};
+    EXPECT(pass_pipeline(g, &o, NULL, NULL, NULL, &d), "%s", d.msg);
+    CgPlan *p = cg_plan(g, &d);
+    EXPECT(p != NULL, "%s", d.msg);
+    return p;
+}
+
+/* Runs the plan's allreduce steps through kc, checking the log as it goes;
+ * returns the number of buckets. */
+static int run_once(void *kh, KcComm *k, const CgPlan *p, void *begin, double *exposed_want,
+                    double *stamp_sum)
+{
+    BeginsFn begins = (BeginsFn)sym(kh, "kc_comm_run_begins");
+    StepFn start = (StepFn)sym(kh, "kc_allreduce_start");
+    StepFn wait = (StepFn)sym(kh, "kc_allreduce_wait");
+    double (*stamp)(int) = (double (*)(int))sym(RTLD_DEFAULT, "fake_stamp");
+    begins(k);
+    Diag d = {{0}};
+    int nb = 0;
+    int done_of[256], w_of[256];
+    bool waited[256] = {0};
+    *exposed_want = 0;
+    *stamp_sum = 0;
+    char l[256];
+    for (int s = 0; s < p->steps.n; s++) {
+        const CgStep *st = &p->steps.v[s];
+        int at = *log_len;
+        if (st->kind == CG_STEP_ALLREDUCE_START) {
+            EXPECT(st->bucket < 256, "bucket %d", st->bucket);
+            EXPECT(start(k, s, &d), "start of step %d: %s", s, d.msg);
+            nb++;
+            int ready = -1, t0 = -1, e = -1, x = -1;
+            EXPECT(sscanf(next_line(&at, l, sizeof l), "record E%d S1", &ready) == 1, "%s", l);
+            EXPECT(sscanf(next_line(&at, l, sizeof l), "wait S2 E%d", &e) == 1 && e == ready,
+                   "%s (expected the comm stream to wait on E%d)", l, ready);
+            EXPECT(sscanf(next_line(&at, l, sizeof l), "record E%d S2", &t0) == 1, "%s", l);
+            EXPECT(strcmp(next_line(&at, l, sizeof l), "groupstart") == 0, "%s", l);
+            for (int i = 0; i < st->nargs; i++) {
+                int t = st->args[i];
+                unsigned long long sp, rp;
+                size_t cnt;
+                int ty, op, c, sid;
+                EXPECT(sscanf(next_line(&at, l, sizeof l), "allreduce %llu %llu %zu t=%d op=%d c=%d S%d",
+                              &sp, &rp, &cnt, &ty, &op, &c, &sid) == 7,
+                       "%s", l);
+                unsigned long long want = ARENA + (unsigned long long)dev_off[t];
+                EXPECT(sp == want && rp == want, "tensor %s at %llu/%llu, expected %llu in place",
+                       p->g->t.v[t].name, sp, rp, want);
+                EXPECT(cnt == (size_t)shape_numel(&p->g->t.v[t].s), "count %zu", cnt);
+                EXPECT(ty == 7 && op == 4 && c == 0x77 && sid == 2,
+                       "type %d op %d comm %d stream %d (expected f32=7, avg=4, 0x77, S2)", ty,
+                       op, c, sid);
+            }
+            EXPECT(strcmp(next_line(&at, l, sizeof l), "groupend") == 0, "%s", l);
+            EXPECT(sscanf(next_line(&at, l, sizeof l), "record E%d S2", &x) == 1, "%s", l);
+            done_of[st->bucket] = x;
+            *stamp_sum += stamp(x) - stamp(t0);
+            waited[st->bucket] = false;
+            EXPECT(at == *log_len, "more calls than expected: %s", log_text + at);
+        } else if (st->kind == CG_STEP_ALLREDUCE_WAIT) {
+            EXPECT(wait(k, s, &d), "wait of step %d: %s", s, d.msg);
+            if (waited[st->bucket]) {
+                EXPECT(at == *log_len, "a second wait of bucket %d did something: %s",
+                       st->bucket, log_text + at);
+                continue;
+            }
+            int w = -1, e = -1;
+            EXPECT(sscanf(next_line(&at, l, sizeof l), "record E%d S1", &w) == 1, "%s", l);
+            EXPECT(sscanf(next_line(&at, l, sizeof l), "wait S1 E%d", &e) == 1 &&
+                       e == done_of[st->bucket],
+                   "%s (expected the compute stream to wait on E%d)", l, done_of[st->bucket]);
+            EXPECT(at == *log_len, "more calls than expected: %s", log_text + at);
+            waited[st->bucket] = true;
+            w_of[st->bucket] = w;
+            double x = stamp(done_of[st->bucket]) - stamp(w);
+            if (x > 0)
+                *exposed_want += 1e-3 * x;
+        }
+    }
+    (void)w_of;
+    (void)begin;
+    return nb;
+}
+
+static int child(const char *which)
+{
+    void *ch = lib("libcuda.so.1", true);
+    void *nh = NULL;
+    nh = lib("libnccl.so.2", false);
+    (void)nh;
+    void *kh = lib("kcnccl.so", false);
+    log_text = sym(ch, "fake_log");
+    log_len = sym(ch, "fake_len");
+    OpenFn open = (OpenFn)sym(kh, "kc_comm_open");
+    CloseFn close_ = (CloseFn)sym(kh, "kc_comm_close");
+    EventsFn events = (EventsFn)sym(kh, "kc_comm_events");
+    StepFn wait = (StepFn)sym(kh, "kc_allreduce_wait");
+    void *(*begin_ev)(void) = (void *(*)(void))sym(ch, "fake_begin");
+    CgPlan *p = mlp_plan();
+    DType *storage = xmalloc(sizeof(DType) * (size_t)(p->g->t.n + 1));
+    for (int i = 0; i < p->g->t.n; i++)
+        storage[i] = p->g->t.v[i].s.dtype;
+    /* the device arena's own offsets (CgCudaProgram.mem), unlike the plan's */
+    int64_t *offset = xmalloc(sizeof(int64_t) * (size_t)(p->g->t.n + 1));
+    for (int i = 0; i < p->g->t.n; i++)
+        offset[i] = p->mem->offset[i] + 4096;
+    dev_off = offset;
+    Diag d = {{0}};
+    RtCommGroup g = {1, 2, 1, fake_bcast, NULL};
+    if (strcmp(which, "rank0") == 0)
+        g.rank = g.local_rank = 0;
+    if (strcmp(which, "bf16") == 0) {
+        for (int s = 0; s < p->steps.n; s++)
+            if (p->steps.v[s].kind == CG_STEP_ALLREDUCE_START)
+                storage[p->steps.v[s].args[0]] = DT_BF16;
+        KcComm *k = open(&g, p, storage, offset, ARENA, (void *)9, (void *)1, (void *)2, &d);
+        EXPECT(!k && strstr(d.msg, "only f32"), "bf16 gradient: %s", d.msg);
+        return 0;
+    }
+    if (strcmp(which, "old") == 0) {
+        KcComm *k = open(&g, p, storage, offset, ARENA, (void *)9, (void *)1, (void *)2, &d);
+        EXPECT(!k && strstr(d.msg, "NCCL is too old") && strstr(d.msg, "2 ranks"),
+               "old NCCL: %s", d.msg);
+        return 0;
+    }
+    int at = *log_len;
+    KcComm *k = open(&g, p, storage, offset, ARENA, (void *)9, (void *)1, (void *)2, &d);
+    EXPECT(k != NULL, "kc_comm_open: %s", d.msg);
+    /* the id: made on rank 0 only, broadcast, handed to ncclCommInitRank */
+    bool made = strstr(log_text + at, "uniqueid\n") != NULL;
+    EXPECT(made == (g.rank == 0), "rank %d %s the unique id", g.rank, made ? "made" : "did not make");
+    EXPECT(bcast_calls == 1, "%d broadcasts", bcast_calls);
+    char want[64];
+    snprintf(want, sizeof want, "init n=2 rank=%d id=1,126\n", g.rank); /* (char)(127*3+1) */
+    EXPECT(strstr(log_text + at, want), "no `%s` in:\n%s", want, log_text + at);
+    /* a wait before any start is an error */
+    int wstep = -1;
+    for (int s = 0; s < p->steps.n && wstep < 0; s++)
+        if (p->steps.v[s].kind == CG_STEP_ALLREDUCE_WAIT)
+            wstep = s;
+    EXPECT(wstep >= 0, "no wait step");
+    EXPECT(!wait(k, wstep, &d) && strstr(d.msg, "has not started"), "early wait: %s", d.msg);
+    for (int run = 0; run < 2; run++) {
+        void *begin = begin_ev();
+        double exposed_want, busy;
+        int nb = run_once(kh, k, p, begin, &exposed_want, &busy);
+        EXPECT(nb >= 3, "%d buckets (expected several)", nb);
+        RtCommEvent ev[64];
+        double exposed = -1;
+        int n = events(k, begin, 100.0, ev, 64, &exposed);
+        EXPECT(n == nb, "%d events for %d buckets", n, nb);
+        double sum = 0;
+        for (int i = 0; i < n; i++) {
+            EXPECT(ev[i].start >= 100.0 && ev[i].end > ev[i].start, "event %d: %g..%g", i,
+                   ev[i].start, ev[i].end);
+            EXPECT(ev[i].end - ev[i].start > 0.0099 && ev[i].end - ev[i].start < 0.0101,
+                   "bucket %d busy %g s (expected 10 ms)", ev[i].bucket,
+                   ev[i].end - ev[i].start);
+            EXPECT(i == 0 || ev[i].start >= ev[i - 1].end - 1e-9, "overlapping busy intervals");
+            sum += ev[i].end - ev[i].start;
+        }
+        EXPECT(sum > 1e-3 * busy - 1e-6 && sum < 1e-3 * busy + 1e-6, "busy %g vs %g", sum,
+               1e-3 * busy);
+        EXPECT(exposed > exposed_want - 1e-6 && exposed < exposed_want + 1e-6 &&
+                   exposed_want > 0,
+               "exposed %g s, expected %g s", exposed, exposed_want);
+        EXPECT(events(k, begin, 100.0, ev, 64, &exposed) == 0 && exposed == 0,
+               "the same run collected twice");
+    }
+    at = *log_len;
+    close_(k);
+    EXPECT(strstr(log_text + at, "sync S2\n") && strstr(log_text + at, "commdestroy 119\n"),
+           "close: %s", log_text + at);
+    return 0;
+}
+
+static void run_child(const char *which, const char *env)
+{
+    if (!cuda_inc)
+        skip();
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        if (env)
+            putenv((char *)env);
+        _exit(child(which));
+    }
+    int ws = 0;
+    waitpid(pid, &ws, 0);
+    if (!WIFEXITED(ws) || WEXITSTATUS(ws) != 0)
+        fail_msg("case %s failed (status %d)", which, ws);
+}
+
+static void test_rank1(void **state)
+{
+    (void)state;
+    run_child("rank1", NULL);
+}
+
+static void test_rank0(void **state)
+{
+    (void)state;
+    run_child("rank0", NULL);
+}
+
+static void test_bf16_refused(void **state)
+{
+    (void)state;
+    run_child("bf16", NULL);
+}
+
+static void test_old_nccl(void **state)
+{
+    (void)state;
+    run_child("old", "FAKE_NCCL_VERSION=20907");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_rank1),
+        cmocka_unit_test(test_rank0),
+        cmocka_unit_test(test_bf16_refused),
+        cmocka_unit_test(test_old_nccl),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
