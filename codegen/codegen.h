@@ -372,6 +372,17 @@ bool cg_match_dgelu(const Graph *g, int t, int *x, int *grad);
  * mat: pass_fuse_materialised(p->g). */
 void cg_plan_epilogues(CgPlan *p, const bool *mat);
 const char *cg_epilogue_name(CgEpilogue e); /* "bias", "gelu_aux_bias", ... */
+/* Whether GEMM step s may write its epilogue's d (and, with bgrad, its
+ * bias gradient) at the GEMM under memory plan m (another arena of the same
+ * storages and live ranges, such as a backend's bf16 one): no other storage
+ * sharing those bytes is live in between. cg_plan_epilogues checks this on
+ * p->mem. */
+bool cg_epilogue_safe(const CgPlan *p, const MemPlan *m, int s, bool bgrad);
+/* Whether an epilogue computes a bias gradient (DGELU_BGRAD, BGRAD_A/B). */
+static inline bool cg_epilogue_has_bgrad(CgEpilogue e)
+{
+    return e == CG_EPI_DGELU_BGRAD || e == CG_EPI_BGRAD_A || e == CG_EPI_BGRAD_B;
+}
 /* One line "gemm epilogues: N kind, ..." (or "none"); with `each`, then one
  * line per GEMM step that carries one (step, op, shape, kind, tensors). */
 void cg_plan_print_epilogues(const CgPlan *p, FILE *f, bool each);
@@ -433,7 +444,25 @@ typedef struct CgCudaProgram {
      * outputs' plan offsets (src) and device offsets (dst), bytes = size */
     CgCudaCopy *outs;
     int nouts;
+    /* Per plan step: the epilogue the GEMM applies on the device (see
+     * cg_cuda_program), CG_EPI_NONE for none and for other steps. */
+    CgEpilogue *epi;
 } CgCudaProgram;
+
+/* Whether plan step s is replaced by the epilogue its GEMM (by_epilogue)
+ * applies, given the epilogue each GEMM step applies (epi[], as
+ * CgCudaProgram.epi after a backend's own refusals): a bias-gradient
+ * reduction only when the applied epilogue computes the bias gradient. */
+static inline bool cg_cuda_step_replaced(const struct CgPlan *p, const CgEpilogue *epi, int s)
+{
+    int by = p->steps.v[s].by_epilogue;
+    if (by < 0 || epi[by] == CG_EPI_NONE)
+        return false;
+    CgEpilogue planned = p->steps.v[by].gemm.epilogue;
+    bool bgrad_step = planned == CG_EPI_BGRAD_A || planned == CG_EPI_BGRAD_B ||
+                      (planned == CG_EPI_DGELU_BGRAD && s != by + 1);
+    return !bgrad_step || cg_epilogue_has_bgrad(epi[by]);
+}
 
 /* The device arena offset of host access [off, off + bytes) given in the
  * plan's offsets: the persistent region is the same in both; a graph output
@@ -449,7 +478,15 @@ static inline int64_t cg_cuda_host_offset(const CgCudaProgram *q, int64_t off, i
     return -1;
 }
 
-/* Prints every kernel the plan's steps launch. bf16: store float temps that
+/* Prints every kernel the plan's steps launch, and decides the GEMM
+ * epilogues the device applies (CgCudaProgram.epi): the plan's, where c, d
+ * and aux share D's storage type (f32, or bf16: the backend then passes a
+ * bf16 copy of the f32 bias, cuBLASLt's bias having D's type), the GELU
+ * input's leading dimension is a multiple of 8, and the writes are safe in
+ * the device arena (cg_epilogue_safe); a bias gradient only into an f32 D
+ * (in bf16 DGELU_BGRAD becomes DGELU and the f32 reduction runs as planned,
+ * so the gradient is not rounded to bf16); pairs both or neither.
+ * bf16: store float temps that
  * are activations (not reduce results, scatter results, values computed
  * from constants and indices only, graph outputs, update values, optimizer
  * inputs or anything sharing storage with them) as bf16; kernels shared by

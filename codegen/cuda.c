@@ -812,6 +812,45 @@ static void device_arena(const CgPlan *p, CgCudaProgram *q, bool resized)
     }
 }
 
+/* The epilogue GEMM step s applies on the device, before pairing (see
+ * cg_cuda_program). */
+static CgEpilogue device_epilogue(const CgPlan *p, const CgCudaProgram *q, int s)
+{
+    const CgGemm *m = &p->steps.v[s].gemm;
+    CgEpilogue e = m->epilogue;
+    if (e == CG_EPI_NONE)
+        return e;
+    DType dt = q->storage[m->d >= 0 ? m->d : m->c];
+    int same[] = {m->c, m->d, m->aux};
+    for (int i = 0; i < 3; i++)
+        if (same[i] >= 0 && q->storage[same[i]] != dt)
+            return CG_EPI_NONE;
+    if ((dt != DT_F32 && dt != DT_BF16) || (m->bias >= 0 && q->storage[m->bias] != DT_F32) ||
+        (m->aux >= 0 && m->ldc % 8 != 0))
+        return CG_EPI_NONE;
+    if (cg_epilogue_has_bgrad(e) && (dt != DT_F32 || q->storage[m->bgrad] != DT_F32)) {
+        if (e != CG_EPI_DGELU_BGRAD)
+            return CG_EPI_NONE;
+        e = CG_EPI_DGELU;
+    }
+    if (q->mem != p->mem && !cg_epilogue_safe(p, q->mem, s, cg_epilogue_has_bgrad(e)))
+        return CG_EPI_NONE;
+    return e;
+}
+
+static void device_epilogues(const CgPlan *p, CgCudaProgram *q)
+{
+    q->epi = xcalloc((size_t)p->steps.n + 1, sizeof(CgEpilogue));
+    for (int s = 0; s < p->steps.n; s++)
+        if (p->steps.v[s].kind == CG_STEP_GEMM)
+            q->epi[s] = device_epilogue(p, q, s);
+    for (int s = 0; s < p->steps.n; s++) {
+        int pr = p->steps.v[s].kind == CG_STEP_GEMM ? p->steps.v[s].gemm.pair : -1;
+        if (pr >= 0 && (q->epi[s] == CG_EPI_NONE || q->epi[pr] == CG_EPI_NONE))
+            q->epi[s] = q->epi[pr] = CG_EPI_NONE;
+    }
+}
+
 typedef struct {
     int kernel;
     DType *st; /* per param */
@@ -854,6 +893,7 @@ CgCudaProgram *cg_cuda_program(const CgPlan *p, bool bf16)
     }
     free(half);
     device_arena(p, q, any);
+    device_epilogues(p, q);
     q->step_fn = xmalloc(sizeof(int) * (size_t)(p->steps.n + 1));
     q->step_nfn = xcalloc((size_t)p->steps.n + 1, sizeof(int));
     CgBuf b = {0};
@@ -934,6 +974,7 @@ void cg_cuda_program_free(CgCudaProgram *q)
     free(q->source);
     free(q->copy);
     free(q->outs);
+    free(q->epi);
     if (q->mem != q->plan->mem)
         pass_memplan_free(q->mem);
     free(q);

@@ -365,9 +365,8 @@ static bool read_after(const Ctx *c, int t, int q, int depth)
  * writes it at t's own op: no other temporary storage sharing those bytes is
  * live between the two (memplan reuses bytes only between storages whose
  * live ranges do not meet). */
-static bool safe_write(const Ctx *c, int t, int q)
+static bool safe_write_in(const MemPlan *mp, int t, int q)
 {
-    const MemPlan *mp = c->p->mem;
     int r = mp->root[t];
     if (mp->persistent[r])
         return true;
@@ -382,6 +381,17 @@ static bool safe_write(const Ctx *c, int t, int q)
             return false;
     }
     return true;
+}
+
+static bool safe_write(const Ctx *c, int t, int q) { return safe_write_in(c->p->mem, t, q); }
+
+bool cg_epilogue_safe(const CgPlan *p, const MemPlan *m, int s, bool bgrad)
+{
+    const CgStep *st = &p->steps.v[s];
+    const CgGemm *g = &st->gemm;
+    if (g->d >= 0 && !safe_write_in(m, g->d, st->op))
+        return false;
+    return !bgrad || g->bgrad < 0 || safe_write_in(m, g->bgrad, st->op);
 }
 
 /* A bias-gradient reduction of tensor y: a reduce_sum over every axis but

@@ -409,9 +409,12 @@ typedef struct {
     CUdeviceptr *ptr;
     int gemm;           /* GEMM steps: index in gemms */
     bool cast_a, cast_b; /* bf16: f32 operand cast into scratch first */
+    cudaDataType_t at, ct; /* GEMM: operand and D types as planned */
+    CUdeviceptr bias16;  /* GEMM with a bias epilogue and bf16 D: the bias's bf16 copy,
+                            cast from the f32 bias right before the GEMM */
     CUdeviceptr a, b, c; /* GEMM operands as used (c: cuBLASLt's D, the epilogue's d
                             when it writes one) */
-    bool epi;            /* GEMM: applies its epilogue (see CgEpilogue) */
+    bool epi;            /* GEMM: applies an epilogue (BackendCtx.epi) */
     bool skip;           /* kernel: computed by an applied epilogue (CgStep.by_epilogue) */
     char label[96];      /* NVTX range: the step's kernel name, or the GEMM's shape */
 } CuStep;
@@ -432,6 +435,10 @@ struct BackendCtx {
     struct KcComm *nccl;     /* device collectives (cuda_nccl.c) */
     CUdeviceptr arena, rs, scratch;
     int64_t scratch_half;    /* bytes of each of the two bf16 operand areas */
+    CUdeviceptr bias16;      /* bf16 copies of biases (CuStep.bias16) */
+    CgEpilogue *epi;         /* per step: the epilogue its GEMM applies: the
+                                program's (CgCudaProgram.epi) unless cuBLASLt
+                                has no algorithm for it (then its pair's too) */
     unsigned char *stage;    /* pinned host staging */
     size_t stage_cap, stage_used;
     uint64_t *rs_host;       /* pinned {seed, step} */
@@ -482,6 +489,8 @@ static void cuda_destroy(BackendCtx *c)
             cu.cuMemFree(c->ws);
         if (c->scratch)
             cu.cuMemFree(c->scratch);
+        if (c->bias16)
+            cu.cuMemFree(c->bias16);
         if (c->stage)
             cu.cuMemFreeHost(c->stage);
         if (c->rs_host)
@@ -505,6 +514,7 @@ static void cuda_destroy(BackendCtx *c)
             free(c->st[i].ptr);
         }
     free(c->st);
+    free(c->epi);
     free(c->fns);
     free(c->gemms);
     if (c->q)
@@ -598,9 +608,9 @@ static int gemm_plan(BackendCtx *c, const CgGemm *m, cudaDataType_t at, cudaData
     if (k.epi) {
         /* kiln's vectors along C's last dim (N) are per-row vectors of the
          * column-major C^T[N,M] (cuBLASLt's bias has D's row count; batch
-         * stride 0: one bias for all); f32, as D */
+         * stride 0: one bias for all), in D's type */
         uint32_t epi = k.epi;
-        int32_t bt = CUDA_R_32F;
+        int32_t bt = (int32_t)ct; /* bias and bias-gradient vectors have D's type */
         const void *bp = (const void *)k.bias, *xp = (const void *)k.aux;
         if (!LT(cublasLtMatmulDescSetAttribute(k.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi,
                                                sizeof epi),
@@ -702,47 +712,49 @@ static int gemm_plan(BackendCtx *c, const CgGemm *m, cudaDataType_t at, cudaData
     return c->ngemms++;
 }
 
-/* Whether GEMM step st applies its planned epilogue (see CgEpilogue), and
- * its cuBLASLt form in *e: f32 operands (never in bf16 mode: cuBLASLt's bias
- * and bias-gradient vectors have D's type, kiln's are f32 parameters and
- * gradients) and f32 storage for every tensor it touches; the GELU input
- * matrix's leading dimension (N) a multiple of 8. kiln's BGRAD_B (op(B)
- * summed over K) is cuBLASLt's BGRADA, since cuBLASLt's A is kiln's B. */
-static bool gemm_epilogue(const BackendCtx *c, const CgStep *st, cudaDataType_t at, GemmEpi *e)
+/* The cuBLASLt form of epilogue e on GEMM step st (see CgEpilogue): kiln's
+ * BGRAD_B (op(B) summed over K) is cuBLASLt's BGRADA, since cuBLASLt's A is
+ * kiln's B. The bias is read from cs->bias16 when D is bf16 (cuBLASLt's bias
+ * has D's type). */
+static void epi_form(const BackendCtx *c, const CgStep *st, const CuStep *cs, CgEpilogue e,
+                     GemmEpi *f)
 {
     const CgGemm *m = &st->gemm;
-    const DType *sto = c->q->storage;
-    memset(e, 0, sizeof *e);
-    if (m->epilogue == CG_EPI_NONE || at != CUDA_R_32F)
-        return false;
-    if (c->q->mem != c->p->mem) /* the plan checked its writes on its own arena */
-        return false;
-    int t[] = {m->a, m->b, m->c, m->d, m->bias, m->aux, m->bgrad};
-    for (int i = 0; i < (int)(sizeof t / sizeof t[0]); i++)
-        if (t[i] >= 0 && sto[t[i]] != DT_F32)
-            return false;
-    if (m->aux >= 0 && m->ldc % 8 != 0)
-        return false;
-    switch (m->epilogue) {
-    case CG_EPI_NONE: return false;
-    case CG_EPI_BIAS: e->epi = CUBLASLT_EPILOGUE_BIAS; break;
-    case CG_EPI_GELU_BIAS: e->epi = CUBLASLT_EPILOGUE_GELU_BIAS; break;
-    case CG_EPI_GELU_AUX_BIAS: e->epi = CUBLASLT_EPILOGUE_GELU_AUX_BIAS; break;
-    case CG_EPI_DGELU: e->epi = CUBLASLT_EPILOGUE_DGELU; break;
-    case CG_EPI_DGELU_BGRAD: e->epi = CUBLASLT_EPILOGUE_DGELU_BGRAD; break;
-    case CG_EPI_BGRAD_A: e->epi = CUBLASLT_EPILOGUE_BGRADB; break;
-    case CG_EPI_BGRAD_B: e->epi = CUBLASLT_EPILOGUE_BGRADA; break;
-    case CG_EPI__COUNT: return false;
+    memset(f, 0, sizeof *f);
+    switch (e) {
+    case CG_EPI_NONE:
+    case CG_EPI__COUNT: return;
+    case CG_EPI_BIAS: f->epi = CUBLASLT_EPILOGUE_BIAS; break;
+    case CG_EPI_GELU_BIAS: f->epi = CUBLASLT_EPILOGUE_GELU_BIAS; break;
+    case CG_EPI_GELU_AUX_BIAS: f->epi = CUBLASLT_EPILOGUE_GELU_AUX_BIAS; break;
+    case CG_EPI_DGELU: f->epi = CUBLASLT_EPILOGUE_DGELU; break;
+    case CG_EPI_DGELU_BGRAD: f->epi = CUBLASLT_EPILOGUE_DGELU_BGRAD; break;
+    case CG_EPI_BGRAD_A: f->epi = CUBLASLT_EPILOGUE_BGRADB; break;
+    case CG_EPI_BGRAD_B: f->epi = CUBLASLT_EPILOGUE_BGRADA; break;
     }
-    if (m->bias >= 0)
-        e->bias = dptr(c, m->bias);
-    if (m->bgrad >= 0)
-        e->bias = dptr(c, m->bgrad);
+    if (m->bias >= 0 && e != CG_EPI_DGELU && e != CG_EPI_DGELU_BGRAD)
+        f->bias = cs->bias16 ? cs->bias16 : dptr(c, m->bias);
+    if (cg_epilogue_has_bgrad(e))
+        f->bias = dptr(c, m->bgrad);
     if (m->aux >= 0) {
-        e->aux = dptr(c, m->aux);
-        e->auxld = m->ldc;
+        f->aux = dptr(c, m->aux);
+        f->auxld = m->ldc;
     }
-    return true;
+}
+
+/* Plans GEMM step s with epilogue e (CG_EPI_NONE: plain); -2 when cuBLASLt
+ * has no algorithm for the epilogue. */
+static int plan_step_gemm(BackendCtx *c, int s, CgEpilogue e, Diag *d)
+{
+    const CgStep *st = &c->p->steps.v[s];
+    const CgGemm *m = &st->gemm;
+    CuStep *cs = &c->st[s];
+    bool writes_d = e == CG_EPI_BIAS || e == CG_EPI_GELU_BIAS || e == CG_EPI_GELU_AUX_BIAS ||
+                    e == CG_EPI_DGELU || e == CG_EPI_DGELU_BGRAD;
+    cs->c = dptr(c, writes_d ? m->d : m->c);
+    GemmEpi f;
+    epi_form(c, st, cs, e, &f);
+    return gemm_plan(c, m, cs->at, cs->ct, cs->a, cs->b, cs->c, e != CG_EPI_NONE ? &f : NULL, d);
 }
 
 static bool setup_steps(BackendCtx *c, Diag *d)
@@ -751,7 +763,17 @@ static bool setup_steps(BackendCtx *c, Diag *d)
     const struct CgCudaProgram *q = c->q;
     const Graph *g = p->g;
     c->st = zalloc(sizeof(CuStep) * (size_t)(p->steps.n + 1));
-    int64_t need = 0;
+    c->epi = zalloc(sizeof(CgEpilogue) * (size_t)(p->steps.n + 1));
+    int64_t need = 0, bias16 = 0;
+    for (int s = 0; s < p->steps.n; s++) {
+        const CgGemm *m = &p->steps.v[s].gemm;
+        if (p->steps.v[s].kind == CG_STEP_GEMM && q->epi[s] != CG_EPI_NONE && m->bias >= 0 &&
+            q->storage[m->d >= 0 ? m->d : m->c] == DT_BF16)
+            bias16 += (m->N * 2 + 255) / 256 * 256;
+    }
+    if (bias16 > 0 && !CU(cu.cuMemAlloc(&c->bias16, (size_t)bias16), d))
+        return false;
+    bias16 = 0;
     for (int s = 0; s < p->steps.n; s++) {
         const CgStep *st = &p->steps.v[s];
         CuStep *cs = &c->st[s];
@@ -788,9 +810,10 @@ static bool setup_steps(BackendCtx *c, Diag *d)
                 dmsg(d, "gemm of op %d: only f32 and bf16 matrices are supported", st->op);
                 return false;
             }
-            cudaDataType_t at = CUDA_R_32F;
+            cs->at = CUDA_R_32F;
+            cs->ct = sc == DT_BF16 ? CUDA_R_16BF : CUDA_R_32F;
             if (c->bf16 || sa == DT_BF16 || sb == DT_BF16) {
-                at = CUDA_R_16BF;
+                cs->at = CUDA_R_16BF;
                 cs->cast_a = sa != DT_BF16;
                 cs->cast_b = sb != DT_BF16;
             }
@@ -802,53 +825,57 @@ static bool setup_steps(BackendCtx *c, Diag *d)
             cs->a = dptr(c, m->a);
             cs->b = dptr(c, m->b);
             cs->c = dptr(c, m->c);
-            GemmEpi e;
-            cs->epi = gemm_epilogue(c, st, at, &e);
-            if (cs->epi) {
-                if (m->d >= 0)
-                    cs->c = dptr(c, m->d);
-                cs->gemm = gemm_plan(c, m, at, CUDA_R_32F, cs->a, cs->b, cs->c, &e, d);
-                if (cs->gemm == -2) { /* no algorithm: the planned kernels instead */
-                    cs->epi = false;
-                    cs->c = dptr(c, m->c);
+            c->epi[s] = q->epi[s];
+            if (c->epi[s] != CG_EPI_NONE) {
+                /* D's type; a bias (f32) is copied to bf16 for a bf16 D */
+                cs->ct = q->storage[m->d >= 0 ? m->d : m->c] == DT_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+                if (m->bias >= 0 && cs->ct == CUDA_R_16BF) {
+                    cs->bias16 = c->bias16 + (CUdeviceptr)bias16;
+                    bias16 += (m->N * 2 + 255) / 256 * 256;
                 }
             }
-            if (!cs->epi)
-                cs->gemm = gemm_plan(c, m, at, sc == DT_BF16 ? CUDA_R_16BF : CUDA_R_32F, cs->a,
-                                     cs->b, cs->c, NULL, d);
-            if (cs->gemm < 0)
-                return false;
         }
     }
-    /* a GELU_AUX_BIAS / DGELU pair runs both epilogues or neither; then the
-     * steps an applied epilogue replaces are skipped */
-    for (int s = 0; s < p->steps.n; s++) {
-        const CgStep *st = &p->steps.v[s];
-        CuStep *cs = &c->st[s];
-        if (st->kind != CG_STEP_GEMM || !cs->epi || st->gemm.pair < 0 ||
-            c->st[st->gemm.pair].epi)
-            continue;
-        const CgGemm *m = &st->gemm;
-        cs->epi = false;
-        cs->c = dptr(c, m->c);
-        cs->gemm = gemm_plan(c, m, CUDA_R_32F, CUDA_R_32F, cs->a, cs->b, cs->c, NULL, d);
-        if (cs->gemm < 0)
-            return false;
-    }
-    for (int s = 0; s < p->steps.n; s++) {
-        int by = p->steps.v[s].by_epilogue;
-        c->st[s].skip = by >= 0 && c->st[by].epi;
-    }
+    /* scratch before planning: the heuristic sees the pointers it will get */
     if (need > 0) {
         c->scratch_half = (need + 255) / 256 * 256;
         if (!CU(cu.cuMemAlloc(&c->scratch, (size_t)(2 * c->scratch_half)), d))
             return false;
-        for (int s = 0; s < p->steps.n; s++) {
-            if (c->st[s].cast_a)
-                c->st[s].a = c->scratch;
-            if (c->st[s].cast_b)
-                c->st[s].b = c->scratch + (CUdeviceptr)c->scratch_half;
+    }
+    for (int s = 0; s < p->steps.n; s++) {
+        CuStep *cs = &c->st[s];
+        if (cs->cast_a)
+            cs->a = c->scratch;
+        if (cs->cast_b)
+            cs->b = c->scratch + (CUdeviceptr)c->scratch_half;
+    }
+    for (int s = 0; s < p->steps.n; s++) {
+        if (p->steps.v[s].kind != CG_STEP_GEMM)
+            continue;
+        int k = plan_step_gemm(c, s, c->epi[s], d);
+        if (k == -2) { /* no algorithm for the epilogue: the planned kernels instead */
+            c->epi[s] = CG_EPI_NONE;
+            k = plan_step_gemm(c, s, CG_EPI_NONE, d);
         }
+        if (k < 0)
+            return false;
+        c->st[s].gemm = k;
+    }
+    /* a GELU_AUX_BIAS / DGELU pair runs both epilogues or neither */
+    for (int s = 0; s < p->steps.n; s++) {
+        const CgStep *st = &p->steps.v[s];
+        if (st->kind != CG_STEP_GEMM || c->epi[s] == CG_EPI_NONE || st->gemm.pair < 0 ||
+            c->epi[st->gemm.pair] != CG_EPI_NONE)
+            continue;
+        c->epi[s] = CG_EPI_NONE;
+        if ((c->st[s].gemm = plan_step_gemm(c, s, CG_EPI_NONE, d)) < 0)
+            return false;
+    }
+    for (int s = 0; s < p->steps.n; s++) {
+        c->st[s].epi = c->epi[s] != CG_EPI_NONE;
+        c->st[s].skip = cg_cuda_step_replaced(p, c->epi, s);
+        if (!c->st[s].epi)
+            c->st[s].bias16 = 0;
     }
     return true;
 }
@@ -1022,6 +1049,8 @@ static bool run_gemm(BackendCtx *c, const CgStep *st, const CuStep *cs, Diag *d)
     if (cs->cast_a && !cast_bf16(c, dptr(c, m->a), cs->a, numel(c->p->g, m->a), d))
         return false;
     if (cs->cast_b && !cast_bf16(c, dptr(c, m->b), cs->b, numel(c->p->g, m->b), d))
+        return false;
+    if (cs->bias16 && !cast_bf16(c, dptr(c, m->bias), cs->bias16, m->N, d))
         return false;
     const float one = 1.0f, zero = 0.0f;
     /* a batch sharing B runs as one product per batch (k->batch is 1) */

@@ -34,7 +34,7 @@ typedef struct {
     unsigned char **ptr; /* per kernel param: its buffer */
     int64_t *bytes; /* per param: bytes of its buffer (storage dtype) */
     bool cast_a, cast_b;
-    bool epi;  /* GEMM: applies its epilogue (CgGemm.epilogue) */
+    bool epi;  /* GEMM: applies an epilogue (BackendCtx.epi) */
     bool skip; /* kernel: computed by an applied epilogue (CgStep.by_epilogue) */
 } EStep;
 
@@ -47,6 +47,7 @@ struct BackendCtx {
     EStep *st;
     bool bf16;
     int nepi[CG_EPI__COUNT]; /* GEMM steps applying each epilogue */
+    CgEpilogue *epi;         /* per step: the epilogue its GEMM applies */
     char *src; /* the source actually compiled (after cfg.edit) */
 };
 
@@ -60,6 +61,7 @@ static void emu_destroy(BackendCtx *c)
             free(c->st[s].bytes);
         }
     free(c->st);
+    free(c->epi);
     emu_free(c->m);
     if (c->q)
         cg_cuda_program_free(c->q);
@@ -75,41 +77,28 @@ static unsigned char *tptr(const BackendCtx *c, int tensor)
     return c->arena + c->q->mem->offset[tensor]; /* the device arena (CgCudaProgram.mem) */
 }
 
-/* Which GEMM steps apply their epilogue, as the CUDA backend decides: f32
- * operands and storage for every tensor the epilogue touches (never in
- * bf16 mode), an algorithm from the (emulated) heuristic, and both GEMMs of
- * a pair or neither. Marks the steps they replace. */
-static bool epi_eligible(const BackendCtx *c, int s)
-{
-    const CgGemm *m = &c->p->steps.v[s].gemm;
-    if (m->epilogue == CG_EPI_NONE || c->bf16 || (cfg.refuse_epilogues >> m->epilogue) & 1u)
-        return false;
-    if (c->q->mem != c->p->mem) /* the plan checked its writes on its own arena */
-        return false;
-    if (m->aux >= 0 && m->ldc % 8 != 0) /* cuBLASLt: aux ld a multiple of 8 */
-        return false;
-    int t[] = {m->a, m->b, m->c, m->d, m->bias, m->aux, m->bgrad};
-    for (int i = 0; i < (int)(sizeof t / sizeof t[0]); i++)
-        if (t[i] >= 0 && c->q->storage[t[i]] != DT_F32)
-            return false;
-    return true;
-}
-
+/* Which epilogue each GEMM step applies, as the CUDA backend decides: the
+ * program's (CgCudaProgram.epi), unless the (emulated) heuristic has no
+ * algorithm for it (EmuBackendCfg.refuse_epilogues), then neither it nor
+ * its pair; marks the steps they replace. */
 static void plan_epilogues(BackendCtx *c)
 {
     const CgPlan *p = c->p;
     for (int s = 0; s < p->steps.n; s++) {
-        const CgGemm *m = &p->steps.v[s].gemm;
-        if (p->steps.v[s].kind == CG_STEP_GEMM && epi_eligible(c, s) &&
-            (m->pair < 0 || epi_eligible(c, m->pair)))
-            c->st[s].epi = true;
+        c->epi[s] = c->q->epi[s];
+        if ((cfg.refuse_epilogues >> c->epi[s]) & 1u)
+            c->epi[s] = CG_EPI_NONE;
     }
     for (int s = 0; s < p->steps.n; s++) {
-        int by = p->steps.v[s].by_epilogue;
-        if (by >= 0 && c->st[by].epi)
-            c->st[s].skip = true;
+        int pr = p->steps.v[s].kind == CG_STEP_GEMM ? p->steps.v[s].gemm.pair : -1;
+        if (pr >= 0 && (c->epi[s] == CG_EPI_NONE || c->epi[pr] == CG_EPI_NONE))
+            c->epi[s] = c->epi[pr] = CG_EPI_NONE;
+    }
+    for (int s = 0; s < p->steps.n; s++) {
+        c->st[s].epi = c->epi[s] != CG_EPI_NONE;
+        c->st[s].skip = cg_cuda_step_replaced(p, c->epi, s);
         if (c->st[s].epi)
-            c->nepi[p->steps.v[s].gemm.epilogue]++;
+            c->nepi[c->epi[s]]++;
     }
 }
 
@@ -146,6 +135,7 @@ static BackendCtx *emu_create(const CgPlan *p, const ExecOpts *o, Diag *d)
     if (!c->m)
         goto fail;
     c->st = xcalloc((size_t)p->steps.n + 1, sizeof(EStep));
+    c->epi = xcalloc((size_t)p->steps.n + 1, sizeof(CgEpilogue));
     for (int s = 0; s < p->steps.n; s++) {
         const CgStep *st = &p->steps.v[s];
         EStep *es = &c->st[s];
@@ -292,17 +282,25 @@ static bool run_gemm(BackendCtx *c, int s, Diag *d)
         B = cb;
         bbf = true;
     }
-    CgEpilogue e = es->epi ? m->epilogue : CG_EPI_NONE;
+    CgEpilogue e = c->epi[s];
     bool gelu_e = e == CG_EPI_GELU_BIAS || e == CG_EPI_GELU_AUX_BIAS;
     bool dgelu_e = e == CG_EPI_DGELU || e == CG_EPI_DGELU_BGRAD;
     unsigned char *C = tptr(c, e == CG_EPI_BIAS || gelu_e || dgelu_e ? m->d : m->c);
-    const float *bias = e == CG_EPI_BIAS || gelu_e ? (const float *)tptr(c, m->bias) : NULL;
-    float *aux = e == CG_EPI_GELU_AUX_BIAS ? (float *)tptr(c, m->aux) : NULL;
-    const float *pre = dgelu_e ? (const float *)tptr(c, m->aux) : NULL;
+    /* D's type (c, d and aux share it, CgCudaProgram.epi); cuBLASLt's bias
+     * has D's type: a bf16 D reads the f32 bias rounded to bf16, as the
+     * backend's copy */
+    DType sd = c->q->storage[e == CG_EPI_BIAS || gelu_e || dgelu_e ? m->d : m->c];
+    float *bias = NULL;
+    if (e == CG_EPI_BIAS || gelu_e) {
+        bias = xmalloc(sizeof(float) * (size_t)(m->N + 1));
+        const float *b32 = (const float *)tptr(c, m->bias);
+        for (int64_t j = 0; j < m->N; j++)
+            bias[j] = sd == DT_BF16 ? bf2f(f2bf(b32[j])) : b32[j];
+    }
+    unsigned char *aux = e == CG_EPI_GELU_AUX_BIAS ? tptr(c, m->aux) : NULL;
+    const unsigned char *pre = dgelu_e ? tptr(c, m->aux) : NULL;
     int64_t nbg = e == CG_EPI_BGRAD_A ? m->M : m->N;
-    double *bg = e == CG_EPI_DGELU_BGRAD || e == CG_EPI_BGRAD_A || e == CG_EPI_BGRAD_B
-                     ? xcalloc((size_t)nbg + 1, sizeof(double))
-                     : NULL;
+    double *bg = cg_epilogue_has_bgrad(e) ? xcalloc((size_t)nbg + 1, sizeof(double)) : NULL;
     /* bias gradients: every row (k, or m), but the last one under the fault */
     int64_t lastrow = cfg.epi_fault == EMU_EPI_BGRAD_SHORT ? 1 : 0;
     for (int64_t b = 0; b < m->batch; b++)
@@ -317,33 +315,40 @@ static bool run_gemm(BackendCtx *c, int s, Diag *d)
                     acc += x * y;
                 }
                 int64_t ic = b * m->sc + i * m->ldc + j;
-                /* epilogues act on the f32 accumulator */
+                /* epilogues act on the f32 accumulator; aux is stored in D's
+                 * type and read back from it */
                 if (e == CG_EPI_BIAS) {
                     acc = (double)(float)acc + (double)bias[j];
                 } else if (gelu_e) {
                     float x = (float)((double)(float)acc +
                                       (cfg.epi_fault == EMU_EPI_NO_BIAS ? 0.0 : (double)bias[j]));
-                    if (aux)
-                        aux[ic] = x;
+                    if (aux && sd == DT_BF16)
+                        ((uint16_t *)aux)[ic] = f2bf(x);
+                    else if (aux)
+                        ((float *)aux)[ic] = x;
                     acc = gelu(x);
                 } else if (dgelu_e) {
-                    acc = (double)(float)acc * dgelu(pre[ic]);
+                    double x = sd == DT_BF16 ? bf2f(((const uint16_t *)pre)[ic])
+                                             : ((const float *)pre)[ic];
+                    acc = (double)(float)acc * dgelu(x);
                 }
-                if (sc == DT_BF16)
+                if (sd == DT_BF16)
                     ((uint16_t *)C)[ic] = f2bf((float)acc);
                 else
                     ((float *)C)[ic] = (float)acc;
                 if (e == CG_EPI_DGELU_BGRAD && i < m->M - lastrow)
                     bg[j] += (double)(float)acc;
             }
-    /* BGRAD_B: op(B) = B stored [K, N]; BGRAD_A: op(A) = A^T, A stored [K, M]
-     * (f32: the epilogue is never applied to bf16 operands) */
+    /* BGRAD_B: op(B) = B stored [K, N]; BGRAD_A: op(A) = A^T, A stored [K, M];
+     * the operand as the GEMM reads it (bf16 in mixed precision) */
     if (e == CG_EPI_BGRAD_B || e == CG_EPI_BGRAD_A) {
-        const float *X = e == CG_EPI_BGRAD_B ? (const float *)B : (const float *)A;
+        const void *X = e == CG_EPI_BGRAD_B ? B : A;
+        bool xbf = e == CG_EPI_BGRAD_B ? bbf : abf;
         int64_t ld = e == CG_EPI_BGRAD_B ? m->ldb : m->lda;
         for (int64_t k = 0; k < m->K - lastrow; k++)
             for (int64_t j = 0; j < nbg; j++)
-                bg[j] += (double)X[k * ld + j];
+                bg[j] += xbf ? (double)bf2f(((const uint16_t *)X)[k * ld + j])
+                             : (double)((const float *)X)[k * ld + j];
     }
     if (bg) {
         float *out = (float *)tptr(c, m->bgrad);
@@ -351,6 +356,7 @@ static bool run_gemm(BackendCtx *c, int s, Diag *d)
             out[j] = (float)bg[j];
         free(bg);
     }
+    free(bias);
     free(ca);
     free(cb);
     return true;
