@@ -444,13 +444,9 @@ static int cmd_compile(int argc, char **argv)
         fe_print_settings(m, stdout);
 
     PassOpts po;
-    pass_opts_default(&po);
-    po.beta1 = m->train.beta1;
-    po.beta2 = m->train.beta2;
-    po.eps = m->train.eps;
-    po.weight_decay = m->train.weight_decay;
-    po.grad_clip = m->train.grad_clip;
-    po.memory_budget = a.memory_budget >= 0 ? a.memory_budget : m->train.memory_budget;
+    rt_pass_opts(&m->train, &po);
+    if (a.memory_budget >= 0)
+        po.memory_budget = a.memory_budget;
     po.remat = a.remat;
     po.nranks = a.nproc > 0 ? a.nproc : 1;
     po.no_overlap = a.no_overlap;

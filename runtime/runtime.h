@@ -427,6 +427,10 @@ typedef struct {
 
 /* Returns the process exit code: 0, or 1 after printing the error. */
 int rt_train(Model *m, const TrainOpts *o);
+/* Pass options from a model's training settings: the defaults, then the
+ * optimizer's (beta1, beta2, eps, weight_decay, grad_clip) and the memory
+ * budget. */
+void rt_pass_opts(const TrainCfg *c, PassOpts *po);
 /* Learning rate after `step` steps of `steps`: linear warmup over
  * c->warmup steps to c->lr, then cosine to c->min_lr at the last step. */
 double rt_lr_at(const TrainCfg *c, int64_t step, int64_t steps);

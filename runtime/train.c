@@ -502,16 +502,21 @@ static void progress(Run *r, float loss)
     fflush(stdout);
 }
 
+void rt_pass_opts(const TrainCfg *c, PassOpts *po)
+{
+    pass_opts_default(po);
+    po->beta1 = c->beta1;
+    po->beta2 = c->beta2;
+    po->eps = c->eps;
+    po->weight_decay = c->weight_decay;
+    po->grad_clip = c->grad_clip;
+    po->memory_budget = c->memory_budget;
+}
+
 static bool build(Run *r, Diag *d)
 {
     PassOpts po;
-    pass_opts_default(&po);
-    po.beta1 = r->c.beta1;
-    po.beta2 = r->c.beta2;
-    po.eps = r->c.eps;
-    po.weight_decay = r->c.weight_decay;
-    po.grad_clip = r->c.grad_clip;
-    po.memory_budget = r->c.memory_budget;
+    rt_pass_opts(&r->c, &po);
     po.remat = r->o->remat;
     po.no_fuse = r->o->no_fuse;
     rt_dp_pass_opts(r->dp, &r->c, r->o->no_overlap, &po);

@@ -150,17 +150,9 @@ static int remat_policy = REMAT_DEFAULT; /* for the next load_case */
 static Case load_case(const char *path, const char *const *sets, int nsets)
 {
     Case c = {path, NULL, NULL, {0}};
-    char err[1024];
-    c.m = fe_load_model(path, sets, nsets, err, sizeof err);
-    if (!c.m)
-        fail_msg("%s: %s", path, err);
+    c.m = load_model(path, sets, nsets);
     PassOpts po;
-    pass_opts_default(&po);
-    po.beta1 = c.m->train.beta1;
-    po.beta2 = c.m->train.beta2;
-    po.eps = c.m->train.eps;
-    po.weight_decay = c.m->train.weight_decay;
-    po.grad_clip = c.m->train.grad_clip;
+    rt_pass_opts(&c.m->train, &po);
     po.remat = remat_policy;
     Diag d = {{0}};
     if (!pipeline(c.m->g, &po, fused, &d))

@@ -504,17 +504,9 @@ static void test_models(void **state)
     char **paths = model_paths();
     for (char **pp = paths; *pp; pp++) {
         const char *path = *pp;
-        char err[1024];
-        Model *m = fe_load_model(path, NULL, 0, err, sizeof err);
-        if (!m)
-            fail_msg("%s: %s", path, err);
+        Model *m = load_model(path, NULL, 0);
         PassOpts po;
-        pass_opts_default(&po);
-        po.beta1 = m->train.beta1;
-        po.beta2 = m->train.beta2;
-        po.eps = m->train.eps;
-        po.weight_decay = m->train.weight_decay;
-        po.grad_clip = m->train.grad_clip;
+        rt_pass_opts(&m->train, &po);
         Diag d = {{0}};
         if (!pass_pipeline(m->g, &po, NULL, NULL, NULL, &d))
             fail_msg("%s: pipeline: %s", path, d.msg);

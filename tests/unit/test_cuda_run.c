@@ -66,10 +66,7 @@ static void free_out(const Graph *g, float **o)
 
 static void check_model(const char *path)
 {
-    char err[1024];
-    Model *m = fe_load_model(path, NULL, 0, err, sizeof err);
-    if (!m)
-        fail_msg("%s: %s", path, err);
+    Model *m = load_model(path, NULL, 0);
     PassOpts po;
     pass_opts_default(&po);
     Diag d = {{0}};

@@ -223,10 +223,7 @@ static void test_dgelu_near_misses(void **state)
  * share aux), and the summary line kiln compile prints. */
 static void gpt_plan(int remat, bool fuse, int *n, int *layers, char **line)
 {
-    char err[1024];
-    Model *m = fe_load_model("models/gpt.lua", NULL, 0, err, sizeof err);
-    if (!m)
-        fail_msg("%s", err);
+    Model *m = load_model("models/gpt.lua", NULL, 0);
     PassOpts po;
     pass_opts_default(&po);
     po.grad_clip = m->train.grad_clip;

@@ -7,15 +7,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static Model *load(const char *path, const char *const *sets, int nsets)
-{
-    char err[2048];
-    Model *m = fe_load_model(path, sets, nsets, err, sizeof err);
-    if (!m)
-        fail_msg("%s: %s", path, err);
-    return m;
-}
-
 static int count_random(const Graph *g)
 {
     int n = 0;
@@ -60,8 +51,8 @@ static void test_dropout_off_in_eval(void **state)
 {
     (void)state;
     const char *drop[] = {"dropout=0.1"}, *none[] = {"dropout=0"};
-    Model *m = load("models/gpt.lua", drop, 1);
-    Model *m0 = load("models/gpt.lua", none, 1);
+    Model *m = load_model("models/gpt.lua", drop, 1);
+    Model *m0 = load_model("models/gpt.lua", none, 1);
     assert_non_null(m->eval_g);
     assert_true(count_random(m->g) > 0);
     assert_int_equal(count_random(m->eval_g), 0);

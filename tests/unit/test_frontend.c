@@ -12,15 +12,6 @@
 
 #include "frontend.h"
 
-static Model *load_ok(const char *path, const char *const *sets, int nsets)
-{
-    char err[2048];
-    Model *m = fe_load_model(path, sets, nsets, err, sizeof err);
-    if (!m)
-        fail_msg("%s: %s", path, err);
-    return m;
-}
-
 /* Loads and expects failure; returns the message (static). */
 static const char *load_err(const char *path, const char *const *sets, int nsets)
 {
@@ -62,7 +53,7 @@ static void test_every_model_loads(void **state)
     (void)state;
     char **paths = model_paths();
     for (char **pp = paths; *pp; pp++) {
-        Model *m = load_ok(*pp, NULL, 0);
+        Model *m = load_model(*pp, NULL, 0);
         check_forward_graph(m);
         assert_true(m->nconfig > 0);
         assert_non_null(m->train.data);
@@ -86,7 +77,7 @@ static void test_model_outputs(void **state)
     static const char *with_logits[] = {"models/gpt.lua", "models/addition.lua",
                                         "models/llama.lua", "models/mlp.lua"};
     for (int i = 0; i < 4; i++) {
-        Model *m = load_ok(with_logits[i], NULL, 0);
+        Model *m = load_model(with_logits[i], NULL, 0);
         int t = ir_find_output(m->g, "logits");
         if (t < 0)
             fail_msg("%s has no logits output", with_logits[i]);
@@ -94,7 +85,7 @@ static void test_model_outputs(void **state)
     }
     /* the addition task's layout: T = 3n + 3, V = 14, a mask input */
     const char *sets[] = {"digits=5"};
-    Model *m = load_ok("models/addition.lua", sets, 1);
+    Model *m = load_model("models/addition.lua", sets, 1);
     const Shape *lg = &m->g->t.v[ir_find_output(m->g, "logits")].s;
     assert_int_equal(lg->rank, 3);
     assert_int_equal(lg->dim[1], 18);
@@ -114,7 +105,7 @@ static void test_gpt2_124m(void **state)
     const char *sets[] = {"size=124M"};
     struct timespec a, b;
     clock_gettime(CLOCK_MONOTONIC, &a);
-    Model *m = load_ok("models/gpt.lua", sets, 1);
+    Model *m = load_model("models/gpt.lua", sets, 1);
     clock_gettime(CLOCK_MONOTONIC, &b);
     double s = (double)(b.tv_sec - a.tv_sec) + (double)(b.tv_nsec - a.tv_nsec) * 1e-9;
     if (s >= 0.3)
@@ -133,7 +124,7 @@ static void test_gpt2_124m(void **state)
 
     /* explicit keys win over the preset */
     const char *sets2[] = {"size=124M", "L=2"};
-    m = load_ok("models/gpt.lua", sets2, 2);
+    m = load_model("models/gpt.lua", sets2, 2);
     assert_string_equal(fe_config_get(m, "L"), "2");
     assert_string_equal(fe_config_get(m, "C"), "768");
     assert_true(ir_find_tensor(m->g, "h.2.ln_1.weight") < 0);
@@ -149,7 +140,7 @@ static void test_set_overrides(void **state)
 {
     (void)state;
     const char *path = "tests/data/bad/config_set.lua";
-    Model *m = load_ok(path, NULL, 0);
+    Model *m = load_model(path, NULL, 0);
     assert_string_equal(fe_config_get(m, "width"), "8");
     assert_string_equal(fe_config_get(m, "name"), "tiny");
     assert_string_equal(fe_config_get(m, "flag"), "true");
@@ -158,7 +149,7 @@ static void test_set_overrides(void **state)
 
     const char *sets[] = {"width=16", "name=big", "flag=false", "lr=0.25", "steps=7",
                           "memory_budget=512MiB", "data=text", "seed=42"};
-    m = load_ok(path, sets, 8);
+    m = load_model(path, sets, 8);
     assert_string_equal(fe_config_get(m, "width"), "16");
     assert_string_equal(fe_config_get(m, "name"), "big");
     assert_string_equal(fe_config_get(m, "flag"), "false");
@@ -172,7 +163,7 @@ static void test_set_overrides(void **state)
 
     /* a --set of a train key beats the script's train{} */
     const char *lr[] = {"lr=0.125", "steps=3"};
-    m = load_ok("models/gpt.lua", lr, 2);
+    m = load_model("models/gpt.lua", lr, 2);
     assert_true(m->train.lr == 0.125);
     assert_int_equal(m->train.steps, 3); /* a config key of gpt.lua, passed to train{} */
     fe_model_free(m);
@@ -264,7 +255,7 @@ static void test_settings_printed(void **state)
 {
     (void)state;
     const char *sets[] = {"memory_budget=2GiB"};
-    Model *m = load_ok("models/gpt.lua", sets, 1);
+    Model *m = load_model("models/gpt.lua", sets, 1);
     char *buf = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
@@ -358,7 +349,7 @@ static void test_numerics(void **state)
     assert_non_null(f);
     fputs(numeric_script, f);
     fclose(f);
-    Model *mod = load_ok(path, NULL, 0);
+    Model *mod = load_model(path, NULL, 0);
     Graph *g = mod->g;
     double **val = ir_interp_alloc(g);
     double x[24], t[6] = {0, 3, 1, 2, 2, 0}, m[6] = {1, 0, 1, 1, 0, 1}, w[4] = {1, 2, -1, 0.5},
@@ -517,7 +508,7 @@ static void test_dropout(void **state)
           "minimize(x:sum())\n",
           f);
     fclose(f);
-    Model *mod = load_ok(path, NULL, 0);
+    Model *mod = load_model(path, NULL, 0);
     Graph *g = mod->g;
     int keys[2], nk = 0;
     for (int i = 0; i < g->ops.n; i++)

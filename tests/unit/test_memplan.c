@@ -211,10 +211,7 @@ static void test_models(void **state)
     char **paths = model_paths();
     for (char **pp = paths; *pp; pp++) {
         const char *path = *pp;
-        char err[1024];
-        Model *md = fe_load_model(path, NULL, 0, err, sizeof err);
-        if (!md)
-            fail_msg("%s: %s", path, err);
+        Model *md = load_model(path, NULL, 0);
         PassOpts po;
         pass_opts_default(&po);
         Diag d = {{0}};

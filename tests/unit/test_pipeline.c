@@ -12,15 +12,6 @@
 #include "frontend.h"
 #include "passes.h"
 
-static Model *load(const char *path, const char *const *sets, int nsets)
-{
-    char err[2048];
-    Model *m = fe_load_model(path, sets, nsets, err, sizeof err);
-    if (!m)
-        fail_msg("%s", err);
-    return m;
-}
-
 static void check_round_trip(const char *what, const Graph *g)
 {
     char err[1024];
@@ -53,7 +44,7 @@ static void round_trip_hook(const char *pass, const Graph *g, double seconds, vo
 
 static void round_trip_model(const char *path, const char *const *sets, int nsets)
 {
-    Model *m = load(path, sets, nsets);
+    Model *m = load_model(path, sets, nsets);
     char what[256];
     snprintf(what, sizeof what, "%s after frontend", path);
     check_round_trip(what, m->g);
@@ -110,7 +101,7 @@ static void fill_init(const Tensor *t, double *v)
 static void test_gpt_tiny_trains_under_interpreter(void **state)
 {
     (void)state;
-    Model *m = load("models/gpt.lua", NULL, 0);
+    Model *m = load_model("models/gpt.lua", NULL, 0);
     Graph *g = ir_clone(m->g);
     PassOpts o;
     pass_opts_default(&o);

@@ -14,15 +14,6 @@
 #include "passes.h"
 #include "runtime.h"
 
-static Model *load(const char *path, const char *const *sets, int nsets)
-{
-    char err[1024];
-    Model *m = fe_load_model(path, sets, nsets, err, sizeof err);
-    if (!m)
-        fail_msg("%s: %s", path, err);
-    return m;
-}
-
 static void opts_for(const Model *m, PassOpts *po)
 {
     pass_opts_default(po);
@@ -275,7 +266,7 @@ static void test_same_numbers(void **state)
     char **paths = model_paths();
     for (char **pp = paths; *pp; pp++) {
         const char *path = *pp;
-        Model *m = load(path, NULL, 0);
+        Model *m = load_model(path, NULL, 0);
         Graph *g0 = compile_ok(m, REMAT_NONE, 0, NULL);
         assert_int_equal(count_recompute(g0), 0);
         Snapshot ref = run_steps(g0);
@@ -326,7 +317,7 @@ static void test_same_numbers(void **state)
  * no fixed policy offers. */
 static void sweep_model(const char *const *sets, int nsets, int npoints)
 {
-    Model *m = load("models/gpt.lua", sets, nsets);
+    Model *m = load_model("models/gpt.lua", sets, nsets);
     const int pol[] = {REMAT_NONE, REMAT_SELECTIVE, REMAT_FULL};
     int64_t fpeak[3];
     double fflops[3];
@@ -405,7 +396,7 @@ static void test_heuristic_gap(void **state)
     const char *models[] = {"models/gpt.lua", "models/mlp.lua", "models/llama.lua"};
     int checked = 0;
     for (int k = 0; k < 3; k++) {
-        Model *m = load(models[k], NULL, 0);
+        Model *m = load_model(models[k], NULL, 0);
         PassOpts po;
         opts_for(m, &po);
         Diag d = {{0}};
@@ -464,7 +455,7 @@ static void test_dropout(void **state)
 {
     (void)state;
     const char *sets[] = {"dropout=0.2"};
-    Model *m = load("models/gpt.lua", sets, 1);
+    Model *m = load_model("models/gpt.lua", sets, 1);
     Graph *g0 = compile_ok(m, REMAT_NONE, 0, NULL);
     int nrandom = 0;
     for (int i = 0; i < g0->ops.n; i++)
@@ -497,7 +488,7 @@ static void test_dropout(void **state)
 static void test_infeasible(void **state)
 {
     (void)state;
-    Model *m = load("models/gpt.lua", NULL, 0);
+    Model *m = load_model("models/gpt.lua", NULL, 0);
     Diag d = {{0}};
     RematReport rr;
     assert_null(compile(m, REMAT_DEFAULT, 1 << 20, &rr, &d));
@@ -525,7 +516,7 @@ static void test_infeasible(void **state)
 static void test_dump(void **state)
 {
     (void)state;
-    Model *m = load("models/gpt.lua", NULL, 0);
+    Model *m = load_model("models/gpt.lua", NULL, 0);
     Graph *g = compile_ok(m, REMAT_FULL, 0, NULL);
     char *txt = ir_print_str(g);
     assert_non_null(strstr(txt, " !recompute"));

@@ -162,3 +162,12 @@ void free_model_paths(char **paths)
         free(*p);
     free(paths);
 }
+
+Model *load_model(const char *path, const char *const *sets, int nsets)
+{
+    char err[2048];
+    Model *m = fe_load_model(path, sets, nsets, err, sizeof err);
+    if (!m)
+        fail_msg("%s: %s", path, err);
+    return m;
+}

@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "frontend.h"
 #include "ir.h"
 
 /* ||a - b|| / ||b|| over n values; NaN or Inf anywhere gives INFINITY. */
@@ -32,4 +33,7 @@ void **random_model_inputs(const Graph *g);
  * models/ directory, or a partial checkout. Free with free_model_paths. */
 char **model_paths(void);
 void free_model_paths(char **paths);
+/* Runs a model script (fe_load_model); fails the test with the frontend's
+ * message on error. */
+Model *load_model(const char *path, const char *const *sets, int nsets);
 #endif
