@@ -125,6 +125,17 @@ static const Backend *cuda_backend(Diag *d)
                  "GPU and its driver; use --device cpu)", why);
         return NULL;
     }
+    /* each local rank takes the device of its rank on the machine (unless
+     * KILN_CUDA_DEVICE names one): every rank needs its own */
+    const char *ls = getenv("OMPI_COMM_WORLD_LOCAL_SIZE"), *pick = getenv("KILN_CUDA_DEVICE");
+    int local = ls && atoi(ls) > 0 ? atoi(ls) : 1;
+    if (local > n && !(pick && *pick)) {
+        snprintf(d->msg, sizeof d->msg,
+                 "--device cuda: %d ranks on this machine need %d GPUs, the driver sees %d "
+                 "(expected at most one rank per GPU: fewer --nproc, or --device cpu)",
+                 local, local, n);
+        return NULL;
+    }
     const Backend *be = table(&host);
     if (!be)
         snprintf(d->msg, sizeof d->msg,

@@ -67,7 +67,9 @@ static const char fake_module[] =
     "const Backend *kiln_cuda_backend(const RtCudaHost *h);\n"
     "const Backend *kiln_cuda_backend(const RtCudaHost *h) { (void)h; return &be; }\n"
     "int kiln_cuda_device_count(char *why, size_t n);\n"
-    "int kiln_cuda_device_count(char *why, size_t n) { (void)why; (void)n; return 1; }\n";
+    "int kiln_cuda_device_count(char *why, size_t n) {\n"
+    "  (void)why; (void)n; const char *e = getenv(\"KILN_FAKE_NDEV\"); return e ? atoi(e) : 1;\n"
+    "}\n";
 
 static char *dir;
 static char *log_text;
@@ -224,11 +226,39 @@ static void test_no_collectives(void **state)
     ir_free(g);
 }
 
+/* Every local rank needs a GPU of its own: with 2 ranks on a machine whose
+ * driver sees 1 GPU, --device cuda is a clear error and --device auto
+ * trains on the CPU (every rank alike); with 2 GPUs both take the GPU. */
+static void test_ranks_per_gpu(void **state)
+{
+    (void)state;
+    setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "2", 1);
+    setenv("KILN_FAKE_NDEV", "1", 1);
+    Diag d = {{0}};
+    assert_null(rt_backend_select("cuda", false, &d));
+    print_message("%s\n", d.msg);
+    assert_non_null(strstr(d.msg, "2 ranks on this machine need 2 GPUs, the driver sees 1"));
+    assert_ptr_equal(rt_backend_select("auto", false, &d), &rt_backend_cpu);
+    setenv("KILN_FAKE_NDEV", "2", 1);
+    const Backend *be = rt_backend_select("auto", false, &d);
+    assert_non_null(be);
+    assert_string_equal(be->name, "fake-cuda");
+    setenv("KILN_FAKE_NDEV", "1", 1);
+    setenv("KILN_CUDA_DEVICE", "0", 1); /* an explicit device: the user's choice */
+    be = rt_backend_select("cuda", false, &d);
+    assert_non_null(be);
+    assert_string_equal(be->name, "fake-cuda");
+    unsetenv("KILN_CUDA_DEVICE");
+    unsetenv("KILN_FAKE_NDEV");
+    unsetenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_device_collectives),
         cmocka_unit_test(test_no_collectives),
+        cmocka_unit_test(test_ranks_per_gpu),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
