@@ -460,6 +460,19 @@ static void destroy_timing(BackendCtx *c);
 static bool run_begins(BackendCtx *c, Diag *d);
 static bool step_done(BackendCtx *c, int s, Diag *d);
 
+/* Every host wait on the device. With NCCL all-reduces in the step they poll
+ * and are bounded (kc_wait_stream: a hung peer stops every rank with a
+ * message); without, they block. */
+static CUresult wait_stream(BackendCtx *c, CUstream s)
+{
+    return c->nccl ? kc_wait_stream(c->nccl, s) : cu.cuStreamSynchronize(s);
+}
+
+static CUresult wait_event(BackendCtx *c, CUevent e)
+{
+    return c->nccl ? kc_wait_event(c->nccl, e) : cu.cuEventSynchronize(e);
+}
+
 static void cuda_destroy(BackendCtx *c)
 {
     if (!c)
@@ -467,7 +480,7 @@ static void cuda_destroy(BackendCtx *c)
     if (c->ctx_held) {
         cu.cuCtxSetCurrent(c->ctx);
         if (c->s)
-            cu.cuStreamSynchronize(c->s);
+            wait_stream(c, c->s);
         destroy_timing(c); /* NCCL first: it waits for the communication stream */
         if (c->gexec)
             cu.cuGraphExecDestroy(c->gexec);
@@ -995,7 +1008,7 @@ static void cuda_write(BackendCtx *c, int64_t off, const void *src, int64_t byte
     while (bytes > 0) {
         size_t n = (size_t)bytes < c->stage_cap ? (size_t)bytes : c->stage_cap;
         if (c->stage_used + n > c->stage_cap) {
-            (void)CU(cu.cuStreamSynchronize(c->s), NULL);
+            (void)CU(wait_stream(c, c->s), NULL);
             c->stage_used = 0;
         }
         memcpy(c->stage + c->stage_used, s, n);
@@ -1013,12 +1026,12 @@ static void cuda_read(BackendCtx *c, int64_t off, void *dst, int64_t bytes)
     off = host_offset(c, off, bytes);
     cu.cuCtxSetCurrent(c->ctx);
     unsigned char *t = dst;
-    (void)CU(cu.cuStreamSynchronize(c->s), NULL);
+    (void)CU(wait_stream(c, c->s), NULL);
     c->stage_used = 0;
     while (bytes > 0) {
         size_t n = (size_t)bytes < c->stage_cap ? (size_t)bytes : c->stage_cap;
         (void)CU(cu.cuMemcpyDtoHAsync(c->stage, c->arena + (CUdeviceptr)off, n, c->s), NULL);
-        (void)CU(cu.cuStreamSynchronize(c->s), NULL);
+        (void)CU(wait_stream(c, c->s), NULL);
         memcpy(t, c->stage, n);
         t += n;
         off += (int64_t)n;
@@ -1114,7 +1127,7 @@ static bool cuda_run_step(BackendCtx *c, int s, uint64_t seed, int64_t step, Dia
     if (!CU(cu.cuCtxSetCurrent(c->ctx), d))
         return false;
     if (s == 0) {
-        if (!CU(cu.cuEventSynchronize(c->rs_done), d))
+        if (!CU(wait_event(c, c->rs_done), d))
             return false;
         if (!run_begins(c, d))
             return false;
@@ -1161,7 +1174,7 @@ static bool cuda_run_step(BackendCtx *c, int s, uint64_t seed, int64_t step, Dia
 static void cuda_sync(BackendCtx *c)
 {
     cu.cuCtxSetCurrent(c->ctx);
-    (void)CU(cu.cuStreamSynchronize(c->s), NULL);
+    (void)CU(wait_stream(c, c->s), NULL);
 }
 
 /* ---- device timing and collectives (BackendExt) ------------------------------
@@ -1226,7 +1239,7 @@ static double cuda_run_seconds(BackendCtx *c)
 {
     float ms = 0;
     cu.cuCtxSetCurrent(c->ctx);
-    if (!c->ran || cu.cuEventSynchronize(c->ev_end) != CUDA_SUCCESS ||
+    if (!c->ran || wait_event(c, c->ev_end) != CUDA_SUCCESS ||
         cu.cuEventElapsedTime(&ms, c->ev_begin, c->ev_end) != CUDA_SUCCESS)
         return -1;
     return 1e-3 * (double)ms;
@@ -1237,7 +1250,7 @@ static bool cuda_step_times(BackendCtx *c, double *start, double *end)
     int n = c->p->steps.n;
     cu.cuCtxSetCurrent(c->ctx);
     if (!c->ev_step || !c->ran || n < 1 ||
-        cu.cuEventSynchronize(c->ev_step[n - 1]) != CUDA_SUCCESS)
+        wait_event(c, c->ev_step[n - 1]) != CUDA_SUCCESS)
         return false;
     for (int s = 0; s < n; s++) {
         float ms = 0;

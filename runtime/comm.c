@@ -24,7 +24,8 @@
 
 enum { TAG_PING = 101, TAG_PONG = 102 };
 
-enum { JOB_HOST = -1, JOB_BCAST = -2 }; /* Job.bucket of a non-bucket job */
+/* Job.bucket of a non-bucket job; JOB_LOST: a device collective timed out */
+enum { JOB_HOST = -1, JOB_BCAST = -2, JOB_LOST = -3 };
 
 typedef struct {
     int bucket;               /* JOB_HOST: host doubles; JOB_BCAST: bytes from rank 0 */
@@ -37,6 +38,7 @@ typedef struct {
     void *buf;                /* bcast */
     size_t nbuf;
     bool *done;               /* host collective, bcast: set when finished */
+    const char *what;         /* JOB_LOST: the collective */
 } Job;
 
 struct RtComm {
@@ -193,6 +195,8 @@ static void bcast(RtComm *c, void *buf, size_t n, const char *what)
 
 static void run_job(RtComm *c, Job *j)
 {
+    if (j->bucket == JOB_LOST)
+        lost(c, j->what);
     char what[64];
     double t0 = now();
     int64_t bytes = 0;
@@ -425,6 +429,32 @@ void rt_comm_bcast(RtComm *c, void *buf, size_t n)
     while (!done)
         pthread_cond_wait(&c->cv, &c->mu);
     pthread_mutex_unlock(&c->mu);
+}
+
+double rt_comm_timeout(const RtComm *c) { return c ? c->timeout : 0; }
+
+/* lost() runs on the communication thread, the only one that answers pings
+ * (two threads probing for the same ping could block each other). */
+void rt_comm_lost(RtComm *c, const char *what)
+{
+    if (!c) {
+        fprintf(stderr, "kiln: %s did not finish in time; stopping\n", what);
+        _exit(1);
+    }
+    push_job(c, (Job){.bucket = JOB_LOST, .what = xstrdup(what)});
+    /* the thread is stuck in a collective of its own: it stops the job
+     * itself within its timeout; this is the last resort */
+    double t0 = now();
+    while (now() - t0 < c->timeout + 10)
+        nap(10000000);
+    fprintf(stderr,
+            "kiln: rank %d: %s did not finish within %g s (comm_timeout); stopping every "
+            "rank\n",
+            c->rank, what, c->timeout);
+    fflush(stderr);
+    rt_rank_status("lost ?");
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    _exit(1);
 }
 
 void rt_comm_set_source(RtComm *c, void (*pull)(void *arg, RtComm *c), void *arg)

@@ -14,6 +14,13 @@
  * compute stream and makes it wait on `done`. Nothing here blocks the host
  * until the statistics are read after the run (kc_comm_events).
  *
+ * Host waits on the device (kc_wait_stream, kc_wait_event) poll instead of
+ * blocking, so that a peer that hangs (its NCCL kernel never finishes here)
+ * is noticed: when an all-reduce has been running on the communication
+ * stream for the group's timeout with no bucket finishing, the communicator
+ * is aborted and the group's lost callback names the lost rank and stops
+ * every rank (comm.c, as on the CPU).
+ *
  * The driver functions used here are looked up in libcuda.so.1 again (the
  * backend has opened it already; dlopen only counts a reference). */
 #include "cuda_nccl.h"
@@ -35,11 +42,11 @@ enum { NCCL_MIN_VERSION = 21003 };
 #define DRV_FUNCS(X)                                                           \
     X(cuGetErrorString) X(cuCtxSetCurrent) X(cuEventCreate) X(cuEventDestroy)  \
     X(cuEventRecord) X(cuEventSynchronize) X(cuEventElapsedTime)               \
-    X(cuStreamWaitEvent) X(cuStreamSynchronize)
+    X(cuStreamWaitEvent) X(cuStreamSynchronize) X(cuStreamQuery) X(cuEventQuery)
 #define NCCL_FUNCS(X)                                                          \
     X(ncclGetVersion) X(ncclGetUniqueId) X(ncclCommInitRank)                   \
-    X(ncclCommDestroy) X(ncclAllReduce) X(ncclGroupStart) X(ncclGroupEnd)      \
-    X(ncclGetErrorString)
+    X(ncclCommDestroy) X(ncclCommAbort) X(ncclAllReduce) X(ncclGroupStart)     \
+    X(ncclGroupEnd) X(ncclGetErrorString)
 /* clang-format on */
 
 static struct {
@@ -163,6 +170,9 @@ struct KcComm {
     Bucket *b;
     int nb;
     bool pending;            /* a run's buckets not collected yet */
+    double timeout;          /* seconds (RtCommGroup.timeout); 0: waits are unbounded */
+    void (*lost)(void *arg, const char *what);
+    void *lost_arg;
 };
 
 static bool make_events(Bucket *b, Diag *d)
@@ -247,6 +257,11 @@ KcComm *kc_comm_open(const RtCommGroup *g, const CgPlan *p, const DType *storage
     k->comm = comm;
     k->rank = g->rank;
     k->size = g->size;
+    if (g->lost && g->timeout > 0) {
+        k->timeout = g->timeout;
+        k->lost = g->lost;
+        k->lost_arg = g->arg;
+    }
     if (!DRV(fn.cuCtxSetCurrent(ctx), d) || !setup_buckets(k, storage, offset, arena, d))
         goto fail;
     ncclUniqueId id;
@@ -275,8 +290,8 @@ void kc_comm_close(KcComm *k)
     if (!k)
         return;
     fn.cuCtxSetCurrent(k->ctx);
-    if (k->comm)
-        fn.cuStreamSynchronize(k->comm);
+    if (k->comm && k->nc)
+        kc_wait_stream(k, k->comm);
     if (k->nc)
         fn.ncclCommDestroy(k->nc);
     for (int i = 0; k->b && i < k->nb; i++) {
@@ -377,7 +392,7 @@ int kc_comm_events(KcComm *k, CUevent begin, double host_begin, RtCommEvent *ev,
         Bucket *b = &k->b[i];
         if (!b->started || !b->waited)
             continue;
-        if (fn.cuEventSynchronize(b->done) != CUDA_SUCCESS)
+        if (kc_wait_event(k, b->done) != CUDA_SUCCESS)
             continue;
         if (n < max) {
             double t0 = elapsed_ms(begin, b->t0), t1 = elapsed_ms(begin, b->done);
@@ -389,4 +404,73 @@ int kc_comm_events(KcComm *k, CUevent begin, double host_begin, RtCommEvent *ev,
     }
     k->pending = false;
     return n;
+}
+
+/* Counts the finished start and done events of this run's buckets; *stuck:
+ * the first bucket whose all-reduce has begun on the communication stream
+ * (start event finished) and not finished, else -1. */
+static int progress(KcComm *k, int *stuck)
+{
+    int n = 0;
+    *stuck = -1;
+    for (int i = 0; i < k->nb; i++) {
+        Bucket *b = &k->b[i];
+        if (!b->started)
+            continue;
+        bool began = fn.cuEventQuery(b->t0) == CUDA_SUCCESS;
+        bool done = began && fn.cuEventQuery(b->done) == CUDA_SUCCESS;
+        n += began + done;
+        if (began && !done && *stuck < 0)
+            *stuck = i;
+    }
+    return n;
+}
+
+/* Polls stream s (or, s NULL, event e) until it has finished: sleeps of
+ * 50 us doubling to 1 ms, 10 ms after the first second. Past k->timeout
+ * seconds with an all-reduce begun and unfinished and no bucket event
+ * finishing: aborts the communicator and calls k->lost, which stops the
+ * process; if it returns (tests), CUDA_ERROR_LAUNCH_TIMEOUT. */
+static CUresult poll_until(KcComm *k, CUstream s, CUevent e)
+{
+    double t0 = kc_now(), last = t0;
+    int stuck = -1, seen = k->nc ? progress(k, &stuck) : 0;
+    long ns = 50000;
+    for (;;) {
+        CUresult r = s ? fn.cuStreamQuery(s) : fn.cuEventQuery(e);
+        if (r != CUDA_ERROR_NOT_READY)
+            return r;
+        double t = kc_now();
+        if (k->nc && k->lost) {
+            int now_seen = progress(k, &stuck);
+            if (now_seen != seen || stuck < 0) {
+                seen = now_seen;
+                last = t;
+            } else if (t - last > k->timeout) {
+                char what[128];
+                snprintf(what, sizeof what, "the NCCL all-reduce of bucket %d on the GPU",
+                         stuck);
+                fn.ncclCommAbort(k->nc);
+                k->nc = NULL;
+                k->lost(k->lost_arg, what);
+                return CUDA_ERROR_LAUNCH_TIMEOUT;
+            }
+        }
+        struct timespec ts = {0, t - t0 > 1 ? 10000000 : ns};
+        nanosleep(&ts, NULL);
+        if (ns < 1000000)
+            ns *= 2;
+    }
+}
+
+CUresult kc_wait_stream(KcComm *k, CUstream s)
+{
+    fn.cuCtxSetCurrent(k->ctx);
+    return poll_until(k, s, NULL);
+}
+
+CUresult kc_wait_event(KcComm *k, CUevent e)
+{
+    fn.cuCtxSetCurrent(k->ctx);
+    return poll_until(k, NULL, e);
 }

@@ -47,5 +47,16 @@ bool kc_allreduce_wait(KcComm *k, int s, Diag *d);
  * before its bucket was done. Waits for those events. */
 int kc_comm_events(KcComm *k, CUevent begin, double host_begin, RtCommEvent *ev, int max,
                    double *exposed_s);
+/* The host waits until stream s (or event e) of k's context has finished,
+ * polling (sleeps from 50 us to 10 ms) instead of blocking. With a lost
+ * callback and timeout in the group (RtCommGroup): when an all-reduce of
+ * this run has begun on the communication stream and, with no bucket
+ * finishing, has not finished for timeout seconds (a peer hangs or died),
+ * aborts the communicator (ncclCommAbort) and calls lost(arg, what), which
+ * names the lost rank and stops every rank; should it return,
+ * CUDA_ERROR_LAUNCH_TIMEOUT. Long compute with no all-reduce in flight
+ * never times out. */
+CUresult kc_wait_stream(KcComm *k, CUstream s);
+CUresult kc_wait_event(KcComm *k, CUevent e);
 
 #endif

@@ -112,6 +112,11 @@ static bool bcast_ranks(void *arg, void *buf, size_t n)
     return true;
 }
 
+static void lost_ranks(void *arg, const char *what)
+{
+    rt_comm_lost(arg, what);
+}
+
 /* RtComm's source of device collectives (rt_comm_set_source). */
 static void pull_comm(void *arg, RtComm *c)
 {
@@ -139,8 +144,14 @@ static bool setup_comm(Exec *e, Diag *d)
     if (!any || !x || !x->comm_setup)
         return true;
     RtComm *c = e->o.comm;
-    RtCommGroup g = {rt_comm_rank(c), rt_comm_size(c), rt_comm_local_rank(c),
-                     rt_comm_size(c) > 1 ? bcast_ranks : NULL, c};
+    bool many = rt_comm_size(c) > 1;
+    RtCommGroup g = {.rank = rt_comm_rank(c),
+                     .size = rt_comm_size(c),
+                     .local_rank = rt_comm_local_rank(c),
+                     .bcast = many ? bcast_ranks : NULL,
+                     .arg = c,
+                     .timeout = many ? rt_comm_timeout(c) : 0,
+                     .lost = many ? lost_ranks : NULL};
     if (!x->comm_setup(e->ctx, &g, d))
         return false;
     e->dev_comm = true;

@@ -24,6 +24,12 @@ typedef struct {
      * size is 1. */
     bool (*bcast)(void *arg, void *buf, size_t n);
     void *arg;
+    /* comm_timeout in seconds (0: none, as with one rank) */
+    double timeout;
+    /* A device collective has not finished within timeout: names the lost
+     * rank (pings over MPI, as comm.c does for its own collectives) and stops
+     * every rank; never returns. NULL when size is 1. */
+    void (*lost)(void *arg, const char *what);
 } RtCommGroup;
 
 /* One collective: a gradient bucket's all-reduce or a host one. */
@@ -182,6 +188,11 @@ void rt_comm_bcast(RtComm *c, void *buf, size_t n);
 void rt_comm_set_source(RtComm *c, void (*pull)(void *arg, RtComm *c), void *arg);
 void rt_comm_add_events(RtComm *c, const RtCommEvent *ev, int n, double exposed_s);
 int rt_comm_local_rank(const RtComm *c); /* rank on this machine; 0 for NULL */
+double rt_comm_timeout(const RtComm *c);  /* seconds; 0 for NULL */
+/* A collective run outside RtComm (on the device) did not finish within the
+ * timeout: finds whom we lost, says so and stops every rank (MPI_Abort), as
+ * for RtComm's own collectives; `what` names the collective. */
+_Noreturn void rt_comm_lost(RtComm *c, const char *what);
 
 /* ---- launch.c: starting local ranks ---------------------------------------
  * `kiln train --nproc N ...`: runs mpirun with N copies of this binary and the

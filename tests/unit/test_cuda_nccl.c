@@ -20,7 +20,15 @@
  * bucket records a stamp and makes the compute stream wait on done, later
  * ones add nothing), the statistics (one busy interval per bucket, 10 ms
  * each, the exposed time from the stamps), two runs, errors (a bf16
- * gradient, NCCL too old, a wait before its start). */
+ * gradient, NCCL too old, a wait before its start).
+ *
+ * Bounded host waits (kc_wait_stream, kc_wait_event): the fake stream
+ * finishes after a set number of cuStreamQuery calls (or never), an event
+ * has finished when its stamp is at or before a set clock. An all-reduce
+ * begun and never finished (a hung peer) makes a wait give up after the
+ * group's timeout (0.2 s here), abort the communicator and call the group's
+ * lost callback naming the bucket; a stream that finishes after a few polls,
+ * or long compute with no all-reduce in flight, does not time out. */
 #include "codegen.h"
 #include "frontend.h"
 #include "runtime.h"
@@ -28,11 +36,13 @@
 
 #include <dirent.h>
 #include <dlfcn.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #ifndef KILN_C_COMPILER
@@ -80,6 +90,16 @@ static const char fake_cuda[] =
     "  (void)f; fake_say(\"wait S%d E%d\\n\", sid(s), id(e)); return CUDA_SUCCESS;\n"
     "}\n"
     "CUresult cuStreamSynchronize(CUstream s) { fake_say(\"sync S%d\\n\", sid(s)); return CUDA_SUCCESS; }\n"
+    "double fake_clock = 1e30;\n"
+    "int fake_stream_busy, fake_queries;\n"
+    "CUresult cuStreamQuery(CUstream s) {\n"
+    "  fake_queries++;\n"
+    "  if (fake_stream_busy != 0) { if (fake_stream_busy > 0) fake_stream_busy--; return CUDA_ERROR_NOT_READY; }\n"
+    "  fake_say(\"query S%d done\\n\", sid(s)); return CUDA_SUCCESS;\n"
+    "}\n"
+    "CUresult cuEventQuery(CUevent e) {\n"
+    "  fake_queries++; return stamp[id(e)] <= fake_clock ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;\n"
+    "}\n"
     "CUevent fake_begin(void) { CUevent e; cuEventCreate(&e, 0); cuEventRecord(e, (CUstream)1); return e; }\n";
 
 static const char fake_nccl[] =
@@ -101,6 +121,7 @@ static const char fake_nccl[] =
     "  return ncclSuccess;\n"
     "}\n"
     "ncclResult_t ncclCommDestroy(ncclComm_t c) { fake_say(\"commdestroy %d\\n\", (int)(uintptr_t)c); return ncclSuccess; }\n"
+    "ncclResult_t ncclCommAbort(ncclComm_t c) { fake_say(\"commabort %d\\n\", (int)(uintptr_t)c); return ncclSuccess; }\n"
     "ncclResult_t ncclAllReduce(const void *s, void *r, size_t n, ncclDataType_t t, ncclRedOp_t op,\n"
     "                           ncclComm_t c, cudaStream_t st) {\n"
     "  fake_say(\"allreduce %llu %llu %zu t=%d op=%d c=%d S%d\\n\", (unsigned long long)(uintptr_t)s,\n"
@@ -121,6 +142,7 @@ typedef void (*CloseFn)(KcComm *);
 typedef void (*BeginsFn)(KcComm *);
 typedef bool (*StepFn)(KcComm *, int, Diag *);
 typedef int (*EventsFn)(KcComm *, void *, double, RtCommEvent *, int, double *);
+typedef int (*WaitFn)(KcComm *, void *); /* CUresult kc_wait_stream/kc_wait_event */
 
 static char *dir, *cuda_inc;
 static const unsigned long long ARENA = 0x10000000ull;
@@ -275,6 +297,24 @@ static bool fake_bcast(void *arg, void *buf, size_t n)
     return true;
 }
 
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int lost_calls;
+static char lost_what[256];
+static void fake_lost(void *arg, const char *what)
+{
+    (void)arg;
+    lost_calls++;
+    snprintf(lost_what, sizeof lost_what, "%s", what);
+}
+
+static int first_bucket = -1, first_t0 = -1, last_done = -1; /* of the last run_once */
+
 static CgPlan *mlp_plan(void)
 {
     char err[2048];
@@ -342,6 +382,11 @@ static int run_once(void *kh, KcComm *k, const CgPlan *p, void *begin, double *e
             EXPECT(strcmp(next_line(&at, l, sizeof l), "groupend") == 0, "%s", l);
             EXPECT(sscanf(next_line(&at, l, sizeof l), "record E%d S2", &x) == 1, "%s", l);
             done_of[st->bucket] = x;
+            if (nb == 1) {
+                first_bucket = st->bucket;
+                first_t0 = t0;
+            }
+            last_done = x;
             *stamp_sum += stamp(x) - stamp(t0);
             waited[st->bucket] = false;
             EXPECT(at == *log_len, "more calls than expected: %s", log_text + at);
@@ -394,7 +439,7 @@ static int child(const char *which)
         offset[i] = p->mem->offset[i] + 4096;
     dev_off = offset;
     Diag d = {{0}};
-    RtCommGroup g = {1, 2, 1, fake_bcast, NULL};
+    RtCommGroup g = {.rank = 1, .size = 2, .local_rank = 1, .bcast = fake_bcast};
     if (strcmp(which, "rank0") == 0)
         g.rank = g.local_rank = 0;
     if (strcmp(which, "bf16") == 0) {
@@ -457,8 +502,84 @@ static int child(const char *which)
     }
     at = *log_len;
     close_(k);
-    EXPECT(strstr(log_text + at, "sync S2\n") && strstr(log_text + at, "commdestroy 119\n"),
+    EXPECT(strstr(log_text + at, "query S2 done\n") && strstr(log_text + at, "commdestroy 119\n"),
            "close: %s", log_text + at);
+    return 0;
+}
+
+/* A run's all-reduces enqueued, then one bounded wait (`which`: hang_stream,
+ * hang_event, slow, compute) with the group's timeout of 0.2 s. */
+static int child_wait(const char *which)
+{
+    void *ch = lib("libcuda.so.1", true);
+    lib("libnccl.so.2", false);
+    void *kh = lib("kcnccl.so", false);
+    log_text = sym(ch, "fake_log");
+    log_len = sym(ch, "fake_len");
+    double *clock = sym(ch, "fake_clock");
+    int *busy = sym(ch, "fake_stream_busy"), *queries = sym(ch, "fake_queries");
+    double (*stamp)(int) = (double (*)(int))sym(ch, "fake_stamp");
+    OpenFn open = (OpenFn)sym(kh, "kc_comm_open");
+    WaitFn wait_stream = (WaitFn)sym(kh, "kc_wait_stream");
+    WaitFn wait_event = (WaitFn)sym(kh, "kc_wait_event");
+    void *(*begin_ev)(void) = (void *(*)(void))sym(ch, "fake_begin");
+    CgPlan *p = mlp_plan();
+    DType *storage = xmalloc(sizeof(DType) * (size_t)(p->g->t.n + 1));
+    int64_t *offset = xmalloc(sizeof(int64_t) * (size_t)(p->g->t.n + 1));
+    for (int i = 0; i < p->g->t.n; i++) {
+        storage[i] = p->g->t.v[i].s.dtype;
+        offset[i] = p->mem->offset[i] + 4096;
+    }
+    dev_off = offset;
+    Diag d = {{0}};
+    RtCommGroup g = {.rank = 1, .size = 2, .local_rank = 1, .bcast = fake_bcast,
+                     .timeout = 0.2, .lost = fake_lost};
+    KcComm *k = open(&g, p, storage, offset, ARENA, (void *)9, (void *)1, (void *)2, &d);
+    EXPECT(k != NULL, "kc_comm_open: %s", d.msg);
+    double exposed, busy_ms;
+    run_once(kh, k, p, begin_ev(), &exposed, &busy_ms);
+    EXPECT(first_t0 > 0 && last_done > first_t0 && stamp(last_done) > stamp(first_t0) + 5,
+           "stamps: t0 E%d, last done E%d", first_t0, last_done);
+    int at = *log_len;
+    alarm(5); /* a wait that never gives up fails the case */
+    double t0 = now_s();
+    int r;
+    if (strcmp(which, "compute") == 0) {
+        /* every all-reduce finished; the compute stream busy for 400 polls
+         * (at least 1 ms apart after the first few: past the timeout) */
+        int q0 = *queries;
+        *busy = 400;
+        r = wait_stream(k, (void *)1);
+        EXPECT(r == 0 && lost_calls == 0 && !strstr(log_text + at, "commabort"),
+               "long compute timed out (r %d, lost %d): %s", r, lost_calls, lost_what);
+        EXPECT(now_s() - t0 > 0.3, "the wait lasted %g s (expected past the timeout)",
+               now_s() - t0);
+        EXPECT(*queries - q0 >= 400, "%d queries", *queries - q0);
+        return 0;
+    }
+    /* bucket first_bucket has begun on the communication stream, none done */
+    *clock = stamp(first_t0) + 5;
+    if (strcmp(which, "slow") == 0) {
+        *busy = 5;
+        r = wait_stream(k, (void *)1);
+        EXPECT(r == 0 && lost_calls == 0 && !strstr(log_text + at, "commabort"),
+               "a stream done after 5 polls timed out (r %d): %s", r, lost_what);
+        EXPECT(*busy == 0 && strstr(log_text + at, "query S1 done\n") &&
+                   !strstr(log_text + at, "sync S1"),
+               "expected polls, then done: %s", log_text + at);
+        return 0;
+    }
+    *busy = -1;
+    r = strcmp(which, "hang_event") == 0 ? wait_event(k, (void *)(uintptr_t)last_done)
+                                         : wait_stream(k, (void *)1);
+    double t = now_s() - t0;
+    EXPECT(r == 702, "wait returned %d (expected CUDA_ERROR_LAUNCH_TIMEOUT, 702)", r);
+    EXPECT(t >= 0.2 && t < 2, "gave up after %g s (timeout 0.2 s)", t);
+    EXPECT(strstr(log_text + at, "commabort 119\n"), "no ncclCommAbort: %s", log_text + at);
+    char want[64];
+    snprintf(want, sizeof want, "bucket %d ", first_bucket);
+    EXPECT(lost_calls == 1 && strstr(lost_what, want) && strstr(lost_what, "NCCL"),
+           "lost called %d times: %s (expected %s)", lost_calls, lost_what, want);
     return 0;
 }
 
@@ -473,7 +594,7 @@ static void run_child(const char *which, const char *env)
     if (pid == 0) {
         if (env)
             putenv((char *)env);
-        _exit(child(which));
+        _exit(strncmp(which, "wait_", 5) == 0 ? child_wait(which + 5) : child(which));
     }
     int ws = 0;
     waitpid(pid, &ws, 0);
@@ -505,9 +626,61 @@ static void test_old_nccl(void **state)
     run_child("old", "FAKE_NCCL_VERSION=20907");
 }
 
+static void test_hung_peer_stream(void **state)
+{
+    (void)state;
+    run_child("wait_hang_stream", NULL);
+}
+
+static void test_hung_peer_event(void **state)
+{
+    (void)state;
+    run_child("wait_hang_event", NULL);
+}
+
+static void test_slow_stream(void **state)
+{
+    (void)state;
+    run_child("wait_slow", NULL);
+}
+
+static void test_long_compute(void **state)
+{
+    (void)state;
+    run_child("wait_compute", NULL);
+}
+
+/* Every host wait of the CUDA backend goes through its bounded helpers
+ * (wait_stream, wait_event: kc_wait_* when the step has NCCL all-reduces):
+ * the only direct blocking waits in backend_cuda.c are theirs. */
+static void test_backend_waits_bounded(void **state)
+{
+    (void)state;
+    char *src = read_file("runtime/backend_cuda.c");
+    assert_non_null(src);
+    const char *direct[] = {"cu.cuStreamSynchronize(", "cu.cuEventSynchronize("};
+    const char *helper[] = {"c->nccl ? kc_wait_stream(c->nccl, s) : cu.cuStreamSynchronize(s)",
+                            "c->nccl ? kc_wait_event(c->nccl, e) : cu.cuEventSynchronize(e)"};
+    for (int i = 0; i < 2; i++) {
+        int n = 0;
+        for (const char *at = src; (at = strstr(at, direct[i])); at++)
+            n++;
+        if (n != 1 || !strstr(src, helper[i]))
+            fail_msg("backend_cuda.c: %d direct %s... (expected 1, in `%s`): a host wait that "
+                     "a hung peer would block forever",
+                     n, direct[i], helper[i]);
+    }
+    free(src);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_hung_peer_stream),
+        cmocka_unit_test(test_hung_peer_event),
+        cmocka_unit_test(test_slow_stream),
+        cmocka_unit_test(test_long_compute),
+        cmocka_unit_test(test_backend_waits_bounded),
         cmocka_unit_test(test_rank1),
         cmocka_unit_test(test_rank0),
         cmocka_unit_test(test_bf16_refused),
