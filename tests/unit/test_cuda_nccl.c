@@ -322,6 +322,7 @@ static CgPlan *mlp_plan(void)
     Model *m = fe_load_model("models/mlp.lua", sets, 1, err, sizeof err);
     EXPECT(m != NULL, "%s", err);
     Graph *g = ir_clone(m->g);
+    fe_model_free(m);
     PassOpts o;
     pass_opts_default(&o);
     o.nranks = 2;

@@ -121,12 +121,10 @@ static int teardown(void **state)
 
 static Graph *mlp_graph(int nranks)
 {
-    char err[2048];
     const char *sets[] = {"depth=3"};
-    Model *m = fe_load_model("models/mlp.lua", sets, 1, err, sizeof err);
-    if (!m)
-        fail_msg("%s", err);
+    Model *m = load_model("models/mlp.lua", sets, 1);
     Graph *g = ir_clone(m->g);
+    fe_model_free(m);
     PassOpts o;
     pass_opts_default(&o);
     o.nranks = nranks;
