@@ -19,6 +19,10 @@
 # and prints one table. Exit status: non-zero when a check fails.
 #
 #   tests/gpu/run.sh [--quick]      (--quick: skip the PyTorch rows)
+#
+# The lent machine has no package registry: first run tests/gpu/carry-debs.sh
+# here (fills .debs/ with the build's Debian packages, ~21 MB) and name
+# `.debs` in the device call's carry; tests/gpu/kit.sh unpacks them there.
 set -u
 cd "$(dirname "$0")/../.."
 ROOT=$(pwd)
@@ -38,9 +42,12 @@ echo "== machine"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 nproc
 
+# the build's Debian packages, when the call carries them (.debs/)
+source "$ROOT/tests/gpu/kit.sh"
+
 echo "== build"
 t0=$(date +%s)
-if ! { cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release >"$OUT/cmake.log" 2>&1 &&
+if ! { cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release "${KIT_CMAKE_ARGS[@]}" >"$OUT/cmake.log" 2>&1 &&
        make -C "$B" -j"$(nproc)" kiln kiln_cuda test_cuda_run test_cuda_compile >"$OUT/make.log" 2>&1; }; then
     tail -30 "$OUT/cmake.log" "$OUT/make.log"
     echo "build failed"; exit 1
