@@ -57,6 +57,10 @@ static struct {
 } fn;
 static int nccl_version;
 static char nccl_why[512]; /* why NCCL cannot be used ("" when it can) */
+/* NCCL 2.14 and newer: a non-blocking communicator, so that its setup (which
+ * waits for every peer) is bounded like the all-reduces; NULL before. */
+static __typeof__(&ncclCommInitRankConfig) init_config;
+static __typeof__(&ncclCommGetAsyncError) async_error;
 
 double kc_now(void)
 {
@@ -113,6 +117,8 @@ static bool nccl_open(void)
     }
     NCCL_FUNCS(X)
 #undef X
+    *(void **)&init_config = dlsym(h, "ncclCommInitRankConfig");
+    *(void **)&async_error = dlsym(h, "ncclCommGetAsyncError");
     if (fn.ncclGetVersion(&nccl_version) != ncclSuccess || nccl_version < NCCL_MIN_VERSION) {
         snprintf(nccl_why, sizeof nccl_why,
                  "NCCL is too old (version code %d; expected NCCL 2.10.3 or newer, for ncclAvg)",
@@ -173,6 +179,7 @@ struct KcComm {
     double timeout;          /* seconds (RtCommGroup.timeout); 0: waits are unbounded */
     void (*lost)(void *arg, const char *what);
     void *lost_arg;
+    bool nonblocking;        /* the communicator is non-blocking (init_nonblocking) */
 };
 
 static bool make_events(Bucket *b, Diag *d)
@@ -236,6 +243,53 @@ static bool setup_buckets(KcComm *k, const DType *storage, const int64_t *offset
     return true;
 }
 
+/* Polls the communicator until its pending NCCL work has been issued
+ * (non-blocking mode: setup, or a group's connections). Past the timeout
+ * with no answer, the communicator is aborted and the lost callback names
+ * the lost rank; false with d set. */
+static bool settle(KcComm *k, const char *what, Diag *d)
+{
+    double t0 = kc_now();
+    long ns = 50000;
+    for (;;) {
+        ncclResult_t st = ncclInProgress;
+        if (!NC(async_error(k->nc, &st), d))
+            return false;
+        if (st == ncclSuccess)
+            return true;
+        if (st != ncclInProgress)
+            return nccl_fail(st, what, __LINE__, d);
+        if (kc_now() - t0 > k->timeout) {
+            fn.ncclCommAbort(k->nc);
+            k->nc = NULL;
+            k->lost(k->lost_arg, what);
+            dmsg(d, "%s did not finish within %g s (comm_timeout)", what, k->timeout);
+            return false;
+        }
+        struct timespec ts = {0, ns};
+        nanosleep(&ts, NULL);
+        if (ns < 10000000)
+            ns *= 2;
+    }
+}
+
+/* ncclCommInitRankConfig with blocking = 0, then settle(): a peer that never
+ * joins is noticed within the timeout, as a hung all-reduce is. Every later
+ * call on the communicator is non-blocking too (kc_allreduce_start settles
+ * after its group). */
+static bool init_nonblocking(KcComm *k, ncclUniqueId id, Diag *d)
+{
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 0;
+    ncclResult_t r = init_config(&k->nc, k->size, id, k->rank, &cfg);
+    if (r != ncclSuccess && r != ncclInProgress) {
+        k->nc = NULL;
+        return nccl_fail(r, "ncclCommInitRankConfig", __LINE__, d);
+    }
+    k->nonblocking = true;
+    return settle(k, "the NCCL communicator setup (ncclCommInitRankConfig)", d);
+}
+
 KcComm *kc_comm_open(const RtCommGroup *g, const CgPlan *p, const DType *storage,
                      const int64_t *offset, CUdeviceptr arena, CUcontext ctx, CUstream compute,
                      CUstream comm, Diag *d)
@@ -275,7 +329,10 @@ KcComm *kc_comm_open(const RtCommGroup *g, const CgPlan *p, const DType *storage
         dmsg(d, "NCCL: cannot broadcast the unique id from rank 0");
         goto fail;
     }
-    if (!NC(fn.ncclCommInitRank(&k->nc, g->size, id, g->rank), d)) {
+    if (k->lost && init_config && async_error) {
+        if (!init_nonblocking(k, id, d))
+            goto fail;
+    } else if (!NC(fn.ncclCommInitRank(&k->nc, g->size, id, g->rank), d)) {
         k->nc = NULL;
         goto fail;
     }
@@ -342,8 +399,16 @@ bool kc_allreduce_start(KcComm *k, int s, Diag *d)
                                  ncclFloat32, ncclAvg, k->nc, (cudaStream_t)k->comm),
                 d);
     Diag ignored;
-    if (!NC(fn.ncclGroupEnd(), ok ? d : &ignored) || !ok)
+    ncclResult_t ge = fn.ncclGroupEnd();
+    if (ge == ncclInProgress && k->nonblocking && ok) {
+        char what[96];
+        snprintf(what, sizeof what, "issuing the NCCL all-reduce of bucket %d",
+                 k->p->steps.v[s].bucket);
+        if (!settle(k, what, d))
+            return false;
+    } else if (!NC(ge, ok ? d : &ignored) || !ok) {
         return false;
+    }
     if (!DRV(fn.cuEventRecord(b->done, k->comm), d))
         return false;
     b->started = true;

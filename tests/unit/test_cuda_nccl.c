@@ -120,6 +120,20 @@ static const char fake_nccl[] =
     "  fake_say(\"init n=%d rank=%d id=%d,%d\\n\", n, r, u.internal[0], u.internal[127]);\n"
     "  return ncclSuccess;\n"
     "}\n"
+    /* non-blocking setup (NCCL 2.14): in progress for FAKE_NCCL_SETUP_POLLS
+     * polls (-1: forever, a peer that never joins) */
+    "static int setup_left;\n"
+    "ncclResult_t ncclCommInitRankConfig(ncclComm_t *c, int n, ncclUniqueId u, int r, ncclConfig_t *cf) {\n"
+    "  *c = (ncclComm_t)(uintptr_t)0x77;\n"
+    "  const char *e = getenv(\"FAKE_NCCL_SETUP_POLLS\"); setup_left = e ? atoi(e) : 2;\n"
+    "  fake_say(\"init n=%d rank=%d id=%d,%d blocking=%d\\n\", n, r, u.internal[0], u.internal[127], cf->blocking);\n"
+    "  return ncclInProgress;\n"
+    "}\n"
+    "ncclResult_t ncclCommGetAsyncError(ncclComm_t c, ncclResult_t *st) {\n"
+    "  (void)c; if (setup_left == 0) { *st = ncclSuccess; return ncclSuccess; }\n"
+    "  if (setup_left > 0) setup_left--;\n"
+    "  *st = ncclInProgress; return ncclSuccess;\n"
+    "}\n"
     "ncclResult_t ncclCommDestroy(ncclComm_t c) { fake_say(\"commdestroy %d\\n\", (int)(uintptr_t)c); return ncclSuccess; }\n"
     "ncclResult_t ncclCommAbort(ncclComm_t c) { fake_say(\"commabort %d\\n\", (int)(uintptr_t)c); return ncclSuccess; }\n"
     "ncclResult_t ncclAllReduce(const void *s, void *r, size_t n, ncclDataType_t t, ncclRedOp_t op,\n"
@@ -535,8 +549,29 @@ static int child_wait(const char *which)
     Diag d = {{0}};
     RtCommGroup g = {.rank = 1, .size = 2, .local_rank = 1, .bcast = fake_bcast,
                      .timeout = 0.2, .lost = fake_lost};
+    if (strcmp(which, "setup") == 0) {
+        /* a peer that never joins: the non-blocking setup gives up */
+        setenv("FAKE_NCCL_SETUP_POLLS", "-1", 1);
+        int at0 = *log_len;
+        alarm(5);
+        double s0 = now_s();
+        KcComm *k0 = open(&g, p, storage, offset, ARENA, (void *)9, (void *)1, (void *)2, &d);
+        double t = now_s() - s0;
+        EXPECT(k0 == NULL, "setup with a peer that never joins succeeded");
+        EXPECT(t >= 0.2 && t < 2, "gave up after %g s (timeout 0.2 s)", t);
+        EXPECT(strstr(log_text + at0, "blocking=0\n") && strstr(log_text + at0, "commabort 119\n"),
+               "expected a non-blocking init, then ncclCommAbort: %s", log_text + at0);
+        EXPECT(lost_calls == 1 && strstr(lost_what, "communicator setup"),
+               "lost called %d times: %s", lost_calls, lost_what);
+        EXPECT(strstr(d.msg, "comm_timeout"), "message: %s", d.msg);
+        return 0;
+    }
+    int at_open = *log_len;
     KcComm *k = open(&g, p, storage, offset, ARENA, (void *)9, (void *)1, (void *)2, &d);
     EXPECT(k != NULL, "kc_comm_open: %s", d.msg);
+    /* with a timeout, the communicator is set up non-blocking and settled */
+    EXPECT(strstr(log_text + at_open, "blocking=0\n") && lost_calls == 0,
+           "expected a non-blocking init: %s", log_text + at_open);
     double exposed, busy_ms;
     run_once(kh, k, p, begin_ev(), &exposed, &busy_ms);
     EXPECT(first_t0 > 0 && last_done > first_t0 && stamp(last_done) > stamp(first_t0) + 5,
@@ -627,6 +662,14 @@ static void test_old_nccl(void **state)
     run_child("old", "FAKE_NCCL_VERSION=20907");
 }
 
+/* A peer that never joins the communicator: setup stops within the bound,
+ * aborts and names the lost rank through the callback. */
+static void test_hung_setup(void **state)
+{
+    (void)state;
+    run_child("wait_setup", NULL);
+}
+
 static void test_hung_peer_stream(void **state)
 {
     (void)state;
@@ -677,6 +720,7 @@ static void test_backend_waits_bounded(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_hung_setup),
         cmocka_unit_test(test_hung_peer_stream),
         cmocka_unit_test(test_hung_peer_event),
         cmocka_unit_test(test_slow_stream),
