@@ -295,6 +295,8 @@ int64_t rt_exec_arena_bytes(const Exec *e)
 
 const struct CgPlan *rt_exec_plan(const Exec *e) { return e->plan; }
 
+const char *rt_exec_device(const Exec *e) { return e->be->name; }
+
 static int cmp_row(const void *a, const void *b)
 {
     const RtProfRow *x = a, *y = b;

@@ -66,6 +66,8 @@ int64_t rt_exec_arena_bytes(const Exec *e);
 bool rt_dump_kernels(const Graph *g, const char *dir, Diag *d);
 /* The compiled plan (steps, kernels, memory plan); owned by the Exec. */
 const struct CgPlan *rt_exec_plan(const Exec *e);
+/* The backend's name: "cpu", "cuda". */
+const char *rt_exec_device(const Exec *e);
 
 /* Profile (ExecOpts.profile): time per plan step accumulated over runs,
  * one row per kernel name (kernels shared by several ops aggregate), per

@@ -549,6 +549,12 @@ static bool build(Run *r, Diag *d)
     eo.profile = false;
     if (!(r->ee = rt_exec_create(r->eg, &eo, d)))
         return false;
+    /* settings only the GPU reads: say so rather than ignore them silently */
+    if (strcmp(rt_exec_device(r->te), "cpu") == 0 && rt_dp_rank(r->dp) == 0 &&
+        ((r->c.precision && strcmp(r->c.precision, "bf16") == 0) || eo.tf32 || eo.cuda_graph))
+        fprintf(stderr,
+                "kiln: note: precision=bf16, tf32 and cuda_graph apply to --device cuda; the "
+                "CPU backend computes in f32 and runs steps one by one\n");
     r->flops = ir_graph_flops(r->tg);
     rt_trace_event(r->trace, "compile", "train", 1e6 * (t_start - r->t0),
                    1e6 * (now_s() - t_start), 0);

@@ -33,4 +33,10 @@ echo "--device cuda: $(head -1 "$dir/err.log")"
 
 train --device auto > "$dir/auto.log" 2>&1 || fail "--device auto failed: $(cat "$dir/auto.log")"
 train --device cpu > "$dir/cpu.log" 2>&1 || fail "--device cpu failed: $(cat "$dir/cpu.log")"
+grep -q "apply to --device cuda" "$dir/cpu.log" && fail "a note without GPU settings: $(cat "$dir/cpu.log")"
+# GPU-only settings on the CPU: trained, with a note rather than silence
+train --device auto --set precision=bf16 > "$dir/bf16.log" 2>&1 ||
+    fail "precision=bf16 on the CPU failed: $(cat "$dir/bf16.log")"
+grep -q "precision=bf16, tf32 and cuda_graph apply to --device cuda" "$dir/bf16.log" ||
+    fail "no note that precision=bf16 is for the GPU: $(cat "$dir/bf16.log")"
 echo "ok"
