@@ -74,15 +74,6 @@ static uint64_t fnv(const void *p, size_t n, uint64_t h)
     return h;
 }
 
-static void dmsg(Diag *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void dmsg(Diag *d, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(d->msg, sizeof d->msg, fmt, ap);
-    va_end(ap);
-}
-
 /* ---- the driver API, opened with dlopen ------------------------------------ */
 
 /* Symbols by the names cuda.h maps them to (cuMemAlloc -> cuMemAlloc_v2). */
@@ -157,7 +148,7 @@ static bool cu_fail(CUresult r, const char *call, const char *file, int line, Di
         cu.cuGetErrorString(r, &s);
     }
     if (d)
-        dmsg(d, "%s:%d: %s failed: %s (%s)", file, line, call, name ? name : "?", s ? s : "?");
+        kc_dmsg(d, "%s:%d: %s failed: %s (%s)", file, line, call, name ? name : "?", s ? s : "?");
     else
         fatal("%s:%d: %s failed: %s (%s)", file, line, call, name ? name : "?", s ? s : "?");
     return false;
@@ -166,7 +157,7 @@ static bool cu_fail(CUresult r, const char *call, const char *file, int line, Di
 static bool lt_fail(cublasStatus_t r, const char *call, const char *file, int line, Diag *d)
 {
     if (d)
-        dmsg(d, "%s:%d: %s failed: cuBLAS status %d", file, line, call, (int)r);
+        kc_dmsg(d, "%s:%d: %s failed: cuBLAS status %d", file, line, call, (int)r);
     else
         fatal("%s:%d: %s failed: cuBLAS status %d", file, line, call, (int)r);
     return false;
@@ -174,7 +165,7 @@ static bool lt_fail(cublasStatus_t r, const char *call, const char *file, int li
 
 static bool rtc_fail(nvrtcResult r, const char *call, const char *file, int line, Diag *d)
 {
-    dmsg(d, "%s:%d: %s failed: %s", file, line, call, nvrtcGetErrorString(r));
+    kc_dmsg(d, "%s:%d: %s failed: %s", file, line, call, nvrtcGetErrorString(r));
     return false;
 }
 
@@ -330,7 +321,7 @@ EXPORT bool kiln_cuda_compile(const char *src, const char *arch, const char *cac
         print_failure(src, log, arch);
         char first[512];
         first_error(log, first, sizeof first);
-        dmsg(d, "NVRTC failed to compile the CUDA kernels for %s (%s): %s", arch,
+        kc_dmsg(d, "NVRTC failed to compile the CUDA kernels for %s (%s): %s", arch,
              nvrtcGetErrorString(cr), first);
         free(log);
         nvrtcDestroyProgram(&prog);
@@ -339,7 +330,7 @@ EXPORT bool kiln_cuda_compile(const char *src, const char *arch, const char *cac
     size_t cn = 0;
     if (!RTC(nvrtcGetCUBINSize(prog, &cn), d) || cn == 0) {
         if (cn == 0)
-            dmsg(d, "NVRTC produced no cubin for %s", arch);
+            kc_dmsg(d, "NVRTC produced no cubin for %s", arch);
         free(log);
         nvrtcDestroyProgram(&prog);
         return false;
@@ -711,7 +702,7 @@ static int gemm_plan(BackendCtx *c, const CgGemm *m, cudaDataType_t at, cudaData
         return -1;
     }
     if (nres < 1) {
-        dmsg(d, "cuBLASLt has no algorithm for a %lldx%lldx%lld GEMM (batch %lld, ta %d, tb %d)",
+        kc_dmsg(d, "cuBLASLt has no algorithm for a %lldx%lldx%lld GEMM (batch %lld, ta %d, tb %d)",
              (long long)m->M, (long long)m->N, (long long)m->K, (long long)m->batch, m->ta,
              m->tb);
         return -1;
@@ -820,7 +811,7 @@ static bool setup_steps(BackendCtx *c, Diag *d)
             DType sa = q->storage[m->a], sb = q->storage[m->b], sc = q->storage[m->c];
             if ((sa != DT_F32 && sa != DT_BF16) || (sb != DT_F32 && sb != DT_BF16) ||
                 (sc != DT_F32 && sc != DT_BF16)) {
-                dmsg(d, "gemm of op %d: only f32 and bf16 matrices are supported", st->op);
+                kc_dmsg(d, "gemm of op %d: only f32 and bf16 matrices are supported", st->op);
                 return false;
             }
             cs->at = CUDA_R_32F;
@@ -914,7 +905,7 @@ static bool load_module(BackendCtx *c, const ExecOpts *o, Diag *d)
 static BackendCtx *cuda_create(const CgPlan *p, const ExecOpts *o, Diag *d)
 {
     if (!cu_open()) {
-        dmsg(d, "--device cuda: %s", cu_why);
+        kc_dmsg(d, "--device cuda: %s", cu_why);
         return NULL;
     }
     BackendCtx *c = zalloc(sizeof *c);
@@ -928,7 +919,7 @@ static BackendCtx *cuda_create(const CgPlan *p, const ExecOpts *o, Diag *d)
         goto fail;
     ord = kc_device_ordinal(); /* KILN_CUDA_DEVICE, else the local rank */
     if (ndev < 1 || ord < 0 || ord >= ndev) {
-        dmsg(d, "--device cuda: no CUDA device %d (the driver sees %d; each rank on a machine "
+        kc_dmsg(d, "--device cuda: no CUDA device %d (the driver sees %d; each rank on a machine "
                 "uses the device of its local rank unless KILN_CUDA_DEVICE is set)", ord, ndev);
         goto fail;
     }
@@ -941,8 +932,8 @@ static BackendCtx *cuda_create(const CgPlan *p, const ExecOpts *o, Diag *d)
         goto fail;
     snprintf(c->arch, sizeof c->arch, "sm_%d%d", maj, min);
     if (maj < 8) {
-        dmsg(d, "--device cuda: compute capability %d.%d is too old (expected 8.0 or newer)", maj,
-             min);
+        kc_dmsg(d, "--device cuda: compute capability %d.%d is too old (expected 8.0 or newer)",
+                maj, min);
         goto fail;
     }
     if (!CU(cu.cuDevicePrimaryCtxRetain(&c->ctx, c->dev), d))

@@ -129,8 +129,7 @@ static bool nccl_open(void)
     return true;
 }
 
-static void dmsg(Diag *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void dmsg(Diag *d, const char *fmt, ...)
+void kc_dmsg(Diag *d, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -142,13 +141,13 @@ static bool drv_fail(CUresult r, const char *call, int line, Diag *d)
 {
     const char *s = NULL;
     fn.cuGetErrorString(r, &s);
-    dmsg(d, "%s:%d: %s failed: %s", __FILE__, line, call, s ? s : "unknown CUDA error");
+    kc_dmsg(d, "%s:%d: %s failed: %s", __FILE__, line, call, s ? s : "unknown CUDA error");
     return false;
 }
 
 static bool nccl_fail(ncclResult_t r, const char *call, int line, Diag *d)
 {
-    dmsg(d, "%s:%d: %s failed: %s", __FILE__, line, call, fn.ncclGetErrorString(r));
+    kc_dmsg(d, "%s:%d: %s failed: %s", __FILE__, line, call, fn.ncclGetErrorString(r));
     return false;
 }
 
@@ -201,7 +200,7 @@ static bool setup_buckets(KcComm *k, const DType *storage, const int64_t *offset
             k->nb = p->steps.v[s].bucket + 1;
     k->b = calloc((size_t)k->nb + 1, sizeof(Bucket));
     if (!k->b) {
-        dmsg(d, "out of memory");
+        kc_dmsg(d, "out of memory");
         return false;
     }
     for (int s = 0; s < p->steps.n; s++) {
@@ -210,21 +209,21 @@ static bool setup_buckets(KcComm *k, const DType *storage, const int64_t *offset
             continue;
         Bucket *b = &k->b[st->bucket];
         if (b->ptr) {
-            dmsg(d, "plan step %d: bucket %d is started twice in one step", s, st->bucket);
+            kc_dmsg(d, "plan step %d: bucket %d is started twice in one step", s, st->bucket);
             return false;
         }
         b->k = st->nargs;
         b->ptr = calloc((size_t)b->k + 1, sizeof(CUdeviceptr));
         b->count = calloc((size_t)b->k + 1, sizeof(size_t));
         if (!b->ptr || !b->count) {
-            dmsg(d, "out of memory");
+            kc_dmsg(d, "out of memory");
             return false;
         }
         for (int i = 0; i < b->k; i++) {
             int t = st->args[i];
             const Tensor *x = &g->t.v[t];
             if (x->s.dtype != DT_F32 || storage[t] != DT_F32) {
-                dmsg(d, "NCCL: bucket %d holds %s, a %s tensor (only f32 gradients are "
+                kc_dmsg(d, "NCCL: bucket %d holds %s, a %s tensor (only f32 gradients are "
                         "averaged over ranks)",
                      st->bucket, x->name ? x->name : "?",
                      storage[t] == DT_BF16 ? "bf16" : "non-f32");
@@ -263,7 +262,7 @@ static bool settle(KcComm *k, const char *what, Diag *d)
             fn.ncclCommAbort(k->nc);
             k->nc = NULL;
             k->lost(k->lost_arg, what);
-            dmsg(d, "%s did not finish within %g s (comm_timeout)", what, k->timeout);
+            kc_dmsg(d, "%s did not finish within %g s (comm_timeout)", what, k->timeout);
             return false;
         }
         struct timespec ts = {0, ns};
@@ -295,14 +294,14 @@ KcComm *kc_comm_open(const RtCommGroup *g, const CgPlan *p, const DType *storage
                      CUstream comm, Diag *d)
 {
     if (!nccl_open()) {
-        dmsg(d, "--device cuda: the step averages gradients over %d rank%s on the GPU through "
+        kc_dmsg(d, "--device cuda: the step averages gradients over %d rank%s on the GPU through "
                 "NCCL, but %s",
              g->size, g->size == 1 ? "" : "s", nccl_why);
         return NULL;
     }
     KcComm *k = calloc(1, sizeof *k);
     if (!k) {
-        dmsg(d, "out of memory");
+        kc_dmsg(d, "out of memory");
         return NULL;
     }
     k->p = p;
@@ -326,7 +325,7 @@ KcComm *kc_comm_open(const RtCommGroup *g, const CgPlan *p, const DType *storage
         goto fail;
     }
     if (g->size > 1 && !(g->bcast && g->bcast(g->arg, &id, sizeof id))) {
-        dmsg(d, "NCCL: cannot broadcast the unique id from rank 0");
+        kc_dmsg(d, "NCCL: cannot broadcast the unique id from rank 0");
         goto fail;
     }
     if (k->lost && init_config && async_error) {
@@ -369,7 +368,7 @@ static Bucket *bucket_of(KcComm *k, int s, CgStepKind kind, Diag *d)
 {
     const CgStep *st = &k->p->steps.v[s];
     if (st->kind != kind || st->bucket < 0 || st->bucket >= k->nb || !k->b[st->bucket].ptr) {
-        dmsg(d, "plan step %d is not an all-reduce step of a known bucket", s);
+        kc_dmsg(d, "plan step %d is not an all-reduce step of a known bucket", s);
         return NULL;
     }
     return &k->b[st->bucket];
@@ -422,7 +421,7 @@ bool kc_allreduce_wait(KcComm *k, int s, Diag *d)
     if (!b)
         return false;
     if (!b->started) {
-        dmsg(d, "plan step %d waits for bucket %d, which this run has not started", s,
+        kc_dmsg(d, "plan step %d waits for bucket %d, which this run has not started", s,
              k->p->steps.v[s].bucket);
         return false;
     }

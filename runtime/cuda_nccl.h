@@ -17,6 +17,8 @@ int kc_device_ordinal(void);
 
 /* CLOCK_MONOTONIC seconds. */
 double kc_now(void);
+/* Formats the message of d (the module's errors). */
+void kc_dmsg(Diag *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* One NCCL communicator over g's ranks on the device of ctx (every rank
  * calls it, in the same order). libnccl.so.2 is opened with dlopen here, on
