@@ -23,7 +23,8 @@ static int op2(Graph *g, Opcode c, int a, int b)
 static int64_t al(int64_t b) { return (b + MEMPLAN_ALIGN - 1) / MEMPLAN_ALIGN * MEMPLAN_ALIGN; }
 
 /* Checks the plan's invariants against an independent recomputation. */
-static void check_invariants(const Graph *g, const MemPlan *m)
+/* storage: per tensor, the dtype its buffer holds (NULL: its own). */
+static void check_storage_invariants(const Graph *g, const MemPlan *m, const DType *storage)
 {
     int nt = g->t.n, n = g->ops.n;
     int64_t pers = 0;
@@ -31,7 +32,8 @@ static void check_invariants(const Graph *g, const MemPlan *m)
         const Tensor *x = &g->t.v[t];
         assert_true(m->offset[t] % MEMPLAN_ALIGN == 0);
         assert_true(m->offset[t] + m->bytes[t] <= m->arena_bytes);
-        assert_int_equal(m->bytes[t], shape_numel(&x->s) * dtype_size(x->s.dtype));
+        assert_int_equal(m->bytes[t],
+                         shape_numel(&x->s) * dtype_size(storage ? storage[t] : x->s.dtype));
         if (x->op < 0) {
             assert_true(m->offset[t] + m->bytes[t] <= m->persistent_bytes);
             pers += al(m->bytes[t] ? m->bytes[t] : 1);
@@ -107,6 +109,47 @@ static void check_invariants(const Graph *g, const MemPlan *m)
     free(glo);
     free(ghi);
     free(mat);
+}
+
+static void check_invariants(const Graph *g, const MemPlan *m)
+{
+    check_storage_invariants(g, m, NULL);
+}
+
+/* pass_memplan_storage with every float temporary stored as bf16 (as the
+ * CUDA backend's mixed precision does): the same storages and live ranges,
+ * the plan's invariants at 2 bytes per element, a smaller arena. */
+static void check_bf16_storage(const char *path, const Graph *g, const MemPlan *m)
+{
+    int nt = g->t.n;
+    bool *half = xmalloc(sizeof(bool) * (size_t)(nt + 1));
+    for (int t = 0; t < nt; t++)
+        half[t] = !m->persistent[m->root[t]];
+    for (int t = 0; t < nt; t++)
+        if (g->t.v[t].s.dtype != DT_F32)
+            half[m->root[t]] = false; /* a storage holds one dtype */
+    DType *st = xmalloc(sizeof(DType) * (size_t)(nt + 1));
+    int n = 0;
+    for (int t = 0; t < nt; t++) {
+        st[t] = half[m->root[t]] ? DT_BF16 : g->t.v[t].s.dtype;
+        n += st[t] == DT_BF16;
+    }
+    Diag d = {{0}};
+    MemPlan *h = pass_memplan_storage(g, st, &d);
+    check_storage_invariants(g, h, st);
+    assert_int_equal(h->persistent_bytes, m->persistent_bytes);
+    for (int t = 0; t < nt; t++) {
+        assert_int_equal(h->root[t], m->root[t]);
+        if (m->root[t] == t)
+            assert_true(h->first[t] == m->first[t] && h->last[t] == m->last[t]);
+    }
+    fprintf(stderr, "%s: %d tensors as bf16, arena %lld -> %lld bytes\n", path, n,
+            (long long)m->arena_bytes, (long long)h->arena_bytes);
+    assert_true(n > 0);
+    assert_true(h->arena_bytes < m->arena_bytes);
+    pass_memplan_free(h);
+    free(st);
+    free(half);
 }
 
 static void test_hand_example(void **state)
@@ -225,6 +268,7 @@ static void test_models(void **state)
                 path, md->g->ops.n, (long long)m->persistent_bytes, (long long)m->peak_live,
                 (long long)m->arena_bytes, inplace, md->g->upd.n);
         check_invariants(md->g, m);
+        check_bf16_storage(path, md->g, m);
         pass_memplan_free(m);
         fe_model_free(md);
     }
