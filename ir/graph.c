@@ -57,6 +57,8 @@ int64_t shape_numel(const Shape *s)
     return n;
 }
 
+int64_t shape_bytes(const Shape *s) { return shape_numel(s) * dtype_size(s->dtype); }
+
 bool shape_eq(const Shape *a, const Shape *b)
 {
     if (a->dtype != b->dtype || a->rank != b->rank)

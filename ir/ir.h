@@ -302,6 +302,7 @@ Graph *ir_new(void);
 void ir_free(Graph *g);
 Graph *ir_clone(const Graph *g);
 int64_t shape_numel(const Shape *s);
+int64_t shape_bytes(const Shape *s); /* numel x the dtype's size */
 bool shape_eq(const Shape *a, const Shape *b); /* dtype and dims */
 bool shape_dims_eq(const Shape *a, const Shape *b); /* dims only */
 Shape shape_make(DType dt, int rank, const int64_t *dim);

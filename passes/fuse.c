@@ -28,263 +28,14 @@
  * comes back, so each group can run as one kernel at one point of the
  * schedule (pass_schedule keeps the members of a group together).
  *
- * The statistics of a grouping (launches, bytes moved) and the group lines
- * of the --dump-after=fuse dump are in fuse_dump.c.
+ * The loop domain of a group and the materialised tensors are computed in
+ * fuse_domain.c; the statistics of a grouping (launches, bytes moved) and
+ * the group lines of the --dump-after=fuse dump are in fuse_dump.c.
  */
-#include "passes.h"
+#include "fuse_internal.h"
 
 #include <stdlib.h>
 #include <string.h>
-
-/* ---- shared analysis: domains, materialisation, counts ------------------ */
-
-static bool is_reduce(const Op *op) { return op->code == OP_REDUCE_SUM || op->code == OP_REDUCE_MAX; }
-
-/* Reduction axes pattern: FUSE_ROW with k = first axis for trailing axes,
- * FUSE_COL with k = count for leading axes; -1 for anything else. */
-static int reduce_pattern(const Graph *g, const Op *op, int *k)
-{
-    int r = g->t.v[op->in[0]].s.rank, n = op->attr.nia;
-    if (n == 0 || r == 0)
-        return -1;
-    bool trailing = op->attr.ia[n - 1] == r - 1, leading = op->attr.ia[0] == 0;
-    for (int i = 1; i < n; i++)
-        if (op->attr.ia[i] != op->attr.ia[i - 1] + 1)
-            return -1;
-    if (trailing) {
-        *k = (int)op->attr.ia[0];
-        return FUSE_ROW;
-    }
-    if (leading) {
-        *k = n;
-        return FUSE_COL;
-    }
-    return -1;
-}
-
-bool pass_fuse_op_fusable(const Graph *g, const Op *op)
-{
-    int k;
-    switch (ir_opinfo[op->code].cls) {
-    case OC_ELEMWISE:
-    case OC_RANDOM: return true;
-    case OC_GEMM: return true;
-    case OC_REDUCE: return reduce_pattern(g, op, &k) >= 0;
-    case OC_MOVE: return op->code == OP_BROADCAST;
-    default: return false;
-    }
-}
-
-Shape pass_fuse_oshape(const FuseDomain *d)
-{
-    Shape s = d->S;
-    for (int a = 0; a < s.rank; a++)
-        if ((d->kind == FUSE_ROW && a >= d->k) || (d->kind == FUSE_COL && a < d->k))
-            s.dim[a] = 1;
-    return s;
-}
-
-/* Membership lookup for one candidate op set: mark[op] == stamp. */
-typedef struct {
-    int *mark;
-    int stamp;
-} Marks;
-
-static bool in_set(const Graph *g, const Marks *m, int t)
-{
-    int p = g->t.v[t].op;
-    return p >= 0 && m->mark[p] == m->stamp;
-}
-
-static bool domain_of(const Graph *g, const int *ops, int n, const Marks *m, FuseDomain *d,
-                      char *err, size_t errlen)
-{
-    memset(d, 0, sizeof *d);
-    d->kind = FUSE_ELEM;
-    d->k = -1;
-    bool have = false;
-    /* reductions fix the domain */
-    for (int i = 0; i < n; i++) {
-        const Op *op = &g->ops.v[ops[i]];
-        if (!is_reduce(op))
-            continue;
-        int k, kind = reduce_pattern(g, op, &k);
-        const Shape *in = &g->t.v[op->in[0]].s;
-        if (kind < 0) {
-            snprintf(err, errlen, "op %d: %s over axes that are neither leading nor trailing",
-                     ops[i], ir_opinfo[op->code].name);
-            return false;
-        }
-        if (!have) {
-            d->kind = (FuseKind)kind;
-            d->S = *in;
-            d->k = k;
-            have = true;
-        } else if (d->kind != (FuseKind)kind || d->k != k || !shape_dims_eq(&d->S, in)) {
-            snprintf(err, errlen, "op %d: reduction does not match the group's other reductions",
-                     ops[i]);
-            return false;
-        }
-    }
-    if (!have) {
-        /* no reduction: the largest result is the domain */
-        int64_t best = -1;
-        for (int i = 0; i < n; i++) {
-            const Op *op = &g->ops.v[ops[i]];
-            if (op->code == OP_CONST)
-                continue;
-            const Shape *s = &g->t.v[op->out].s;
-            if (shape_numel(s) > best) {
-                best = shape_numel(s);
-                d->S = *s;
-            }
-        }
-        if (best < 0) { /* only consts */
-            d->S = g->t.v[g->ops.v[ops[0]].out].s;
-            return true;
-        }
-        /* a row -> full broadcast inside the group makes it a ROW domain */
-        for (int i = 0; i < n; i++) {
-            const Op *op = &g->ops.v[ops[i]];
-            if (op->code != OP_BROADCAST || !in_set(g, m, op->in[0]) ||
-                g->ops.v[g->t.v[op->in[0]].op].code == OP_CONST)
-                continue;
-            const Shape *r = &g->t.v[op->in[0]].s;
-            if (r->rank != d->S.rank)
-                continue;
-            int k = 0;
-            while (k < r->rank && r->dim[k] == d->S.dim[k])
-                k++;
-            d->kind = FUSE_ROW;
-            d->k = k;
-            break;
-        }
-    }
-    d->S.dtype = DT_F32; /* dims only: members may differ in dtype */
-    return true;
-}
-
-static bool fits(const FuseDomain *d, const Shape *s, bool *row)
-{
-    Shape o = pass_fuse_oshape(d);
-    if (shape_dims_eq(s, &d->S)) {
-        *row = false;
-        return true;
-    }
-    if (d->kind != FUSE_ELEM && shape_dims_eq(s, &o)) {
-        *row = true;
-        return true;
-    }
-    return false;
-}
-
-/* Checks that every member of the op set fits the domain (see the header). */
-static bool check_members(const Graph *g, const int *ops, int n, const Marks *m,
-                          const FuseDomain *d, char *err, size_t errlen)
-{
-    int gemms = 0;
-    for (int i = 0; i < n; i++) {
-        const Op *op = &g->ops.v[ops[i]];
-        const Shape *os = &g->t.v[op->out].s;
-        bool row;
-        if (!pass_fuse_op_fusable(g, op)) {
-            snprintf(err, errlen, "op %d: %s cannot be fused", ops[i], ir_opinfo[op->code].name);
-            return false;
-        }
-        if (op->code == OP_CONST)
-            continue;
-        if (op->code == OP_MATMUL) {
-            gemms++;
-            for (int j = 0; j < 2; j++)
-                if (in_set(g, m, op->in[j])) {
-                    snprintf(err, errlen, "op %d: matmul operand computed in its own group",
-                             ops[i]);
-                    return false;
-                }
-            if (!shape_dims_eq(os, &d->S)) {
-                snprintf(err, errlen, "op %d: matmul result is not the group's domain", ops[i]);
-                return false;
-            }
-            continue;
-        }
-        if (is_reduce(op)) {
-            if (op->code == OP_REDUCE_MAX && d->kind == FUSE_COL) {
-                snprintf(err, errlen, "op %d: reduce_max over leading axes is not fused", ops[i]);
-                return false;
-            }
-            continue; /* domain_of checked the pattern */
-        }
-        if (!fits(d, os, &row)) {
-            snprintf(err, errlen, "op %d: result shape does not fit the group's domain", ops[i]);
-            return false;
-        }
-        if (op->code == OP_BROADCAST && in_set(g, m, op->in[0]) &&
-            g->ops.v[g->t.v[op->in[0]].op].code != OP_CONST) {
-            bool irow;
-            if (row || !fits(d, &g->t.v[op->in[0]].s, &irow) || !irow) {
-                snprintf(err, errlen, "op %d: broadcast inside a group must go from row to full "
-                                      "shape", ops[i]);
-                return false;
-            }
-        }
-        if (op->code == OP_IOTA && d->kind == FUSE_COL && row) {
-            snprintf(err, errlen, "op %d: per-column iota is not fused", ops[i]);
-            return false;
-        }
-    }
-    if (gemms > 1) {
-        snprintf(err, errlen, "a group may hold one matmul (got %d)", gemms);
-        return false;
-    }
-    return true;
-}
-
-bool pass_fuse_domain(const Graph *g, const int *ops, int n, FuseDomain *d, char *err,
-                      size_t errlen)
-{
-    if (n <= 0) {
-        snprintf(err, errlen, "empty group");
-        return false;
-    }
-    Marks m = {xcalloc((size_t)g->ops.n + 1, sizeof(int)), 1};
-    for (int i = 0; i < n; i++)
-        m.mark[ops[i]] = 1;
-    bool ok = domain_of(g, ops, n, &m, d, err, errlen) &&
-              check_members(g, ops, n, &m, d, err, errlen);
-    free(m.mark);
-    return ok;
-}
-
-bool *pass_fuse_materialised(const Graph *g)
-{
-    int nt = g->t.n;
-    bool *mat = xcalloc((size_t)nt + 1, sizeof(bool));
-    for (int t = 0; t < nt; t++)
-        if (g->t.v[t].op < 0 || g->ops.v[g->t.v[t].op].group < 0 ||
-            g->ops.v[g->t.v[t].op].code == OP_MATMUL)
-            mat[t] = true;
-    for (int i = 0; i < g->ops.n; i++) {
-        const Op *op = &g->ops.v[i];
-        for (int j = 0; j < op->nin; j++) {
-            const Tensor *x = &g->t.v[op->in[j]];
-            if (x->op < 0)
-                continue;
-            int pg = g->ops.v[x->op].group;
-            if (pg < 0 || pg != op->group || op->code == OP_MATMUL)
-                mat[x->id] = true;
-        }
-    }
-    for (int i = 0; i < g->outs.n; i++)
-        mat[g->outs.v[i].t] = true;
-    for (int i = 0; i < g->upd.n; i++)
-        mat[g->upd.v[i].value] = true;
-    return mat;
-}
-
-static double tbytes(const Graph *g, int t)
-{
-    return (double)shape_numel(&g->t.v[t].s) * dtype_size(g->t.v[t].s.dtype);
-}
 
 /* ---- the pass -------------------------------------------------------------- */
 
@@ -299,7 +50,7 @@ typedef struct {
     int *gof;          /* op -> group index, -1: unfused */
     int *vis_op, *vis_gr, stamp;
     VEC(int) stack;
-    Marks mk;
+    FuseMarks mk;
     char err[256];
     const int *uoff, *ucons; /* use lists of the graph being grouped */
     int upto;               /* ops [0, upto) have been visited by the main loop */
@@ -542,20 +293,20 @@ static bool col_ok(Fuser *f, const int *ops, int n)
     Graph *g = f->g;
     for (int i = 0; i < n; i++) {
         const Op *r = &g->ops.v[ops[i]];
-        if (!is_reduce(r))
+        if (!pass_fuse_is_reduce(r))
             continue;
         f->stamp++;
         f->stack.n = 0;
         vec_push(&f->stack, r->in[0]);
         while (f->stack.n) {
             int t = f->stack.v[--f->stack.n];
-            if (!in_set(g, &f->mk, t))
+            if (!pass_fuse_in_set(g, &f->mk, t))
                 continue;
             int p = g->t.v[t].op;
             if (f->vis_op[p] == f->stamp)
                 continue;
             f->vis_op[p] = f->stamp;
-            if (is_reduce(&g->ops.v[p]))
+            if (pass_fuse_is_reduce(&g->ops.v[p]))
                 return false;
             for (int j = 0; j < g->ops.v[p].nin; j++)
                 vec_push(&f->stack, g->ops.v[p].in[j]);
@@ -575,8 +326,8 @@ static bool union_ok(Fuser *f, int A, int B)
     for (int i = 0; i < n; i++)
         f->mk.mark[ops[i]] = f->mk.stamp;
     FuseDomain d;
-    bool ok = domain_of(f->g, ops, n, &f->mk, &d, f->err, sizeof f->err) &&
-              check_members(f->g, ops, n, &f->mk, &d, f->err, sizeof f->err);
+    bool ok = pass_fuse_domain_of(f->g, ops, n, &f->mk, &d, f->err, sizeof f->err) &&
+              pass_fuse_check_members(f->g, ops, n, &f->mk, &d, f->err, sizeof f->err);
     if (ok && d.kind == FUSE_COL)
         ok = col_ok(f, ops, n);
     free(ops);
@@ -662,15 +413,15 @@ static void split_col(Fuser *f)
         for (int i = 0; i < gr->ops.n; i++)
             f->mk.mark[gr->ops.v[i]] = f->mk.stamp;
         FuseDomain d;
-        if (!domain_of(g, gr->ops.v, gr->ops.n, &f->mk, &d, f->err, sizeof f->err) ||
+        if (!pass_fuse_domain_of(g, gr->ops.v, gr->ops.n, &f->mk, &d, f->err, sizeof f->err) ||
             d.kind != FUSE_COL)
             continue;
         bool bad = false;
         for (int i = 0; i < gr->ops.n; i++) {
             const Op *op = &g->ops.v[gr->ops.v[i]];
             bool row;
-            if (op->code != OP_MATMUL && op->code != OP_CONST && !is_reduce(op) &&
-                fits(&d, &g->t.v[op->out].s, &row) && !row && mat[op->out])
+            if (op->code != OP_MATMUL && op->code != OP_CONST && !pass_fuse_is_reduce(op) &&
+                pass_fuse_fits(&d, &g->t.v[op->out].s, &row) && !row && mat[op->out])
                 bad = true;
         }
         if (!bad)
@@ -680,7 +431,7 @@ static void split_col(Fuser *f)
         for (int i = 0; i < gr->ops.n; i++) { /* members are in program order */
             int o = gr->ops.v[i];
             const Op *op = &g->ops.v[o];
-            bool d2 = is_reduce(op);
+            bool d2 = pass_fuse_is_reduce(op);
             for (int j = 0; j < op->nin && !d2; j++) {
                 int p = g->t.v[op->in[j]].op;
                 d2 = p >= 0 && f->gof[p] == G && down[p];
@@ -741,7 +492,7 @@ static bool col_group(Fuser *f, int G)
     for (int i = 0; i < gr->ops.n; i++)
         f->mk.mark[gr->ops.v[i]] = f->mk.stamp;
     FuseDomain d;
-    return domain_of(f->g, gr->ops.v, gr->ops.n, &f->mk, &d, f->err, sizeof f->err) &&
+    return pass_fuse_domain_of(f->g, gr->ops.v, gr->ops.n, &f->mk, &d, f->err, sizeof f->err) &&
            d.kind == FUSE_COL;
 }
 
@@ -830,9 +581,9 @@ static void pull_col(Fuser *f)
                     for (int q = 0; q < c2->ops.n; q++)
                         f->mk.mark[c2->ops.v[q]] = f->mk.stamp;
                     FuseDomain d;
-                    bool fit = domain_of(g, c2->ops.v, c2->ops.n, &f->mk, &d, f->err,
+                    bool fit = pass_fuse_domain_of(g, c2->ops.v, c2->ops.n, &f->mk, &d, f->err,
                                          sizeof f->err) &&
-                               check_members(g, c2->ops.v, c2->ops.n, &f->mk, &d, f->err,
+                               pass_fuse_check_members(g, c2->ops.v, c2->ops.n, &f->mk, &d, f->err,
                                              sizeof f->err) &&
                                d.kind == FUSE_COL && col_ok(f, c2->ops.v, c2->ops.n);
                     if (!fit) { /* undo */
@@ -896,13 +647,13 @@ static void merge_siblings(Fuser *f)
                 f->mk.stamp++;
                 for (int i = 0; i < f->gr.v[A].ops.n; i++)
                     f->mk.mark[f->gr.v[A].ops.v[i]] = f->mk.stamp;
-                if (!domain_of(g, f->gr.v[A].ops.v, f->gr.v[A].ops.n, &f->mk, &da, f->err,
+                if (!pass_fuse_domain_of(g, f->gr.v[A].ops.v, f->gr.v[A].ops.n, &f->mk, &da, f->err,
                                sizeof f->err))
                     continue;
                 f->mk.stamp++;
                 for (int i = 0; i < f->gr.v[B].ops.n; i++)
                     f->mk.mark[f->gr.v[B].ops.v[i]] = f->mk.stamp;
-                if (!domain_of(g, f->gr.v[B].ops.v, f->gr.v[B].ops.n, &f->mk, &db, f->err,
+                if (!pass_fuse_domain_of(g, f->gr.v[B].ops.v, f->gr.v[B].ops.n, &f->mk, &db, f->err,
                                sizeof f->err))
                     continue;
                 if (da.kind != db.kind || da.k != db.k || !shape_dims_eq(&da.S, &db.S))
@@ -931,13 +682,13 @@ static int optim_kind(Fuser *f, int G)
             return -1;
         if (op->code == OP_MATMUL)
             return -1;
-        red |= is_reduce(op);
+        red |= pass_fuse_is_reduce(op);
     }
     f->mk.stamp++;
     for (int i = 0; i < gr->ops.n; i++)
         f->mk.mark[gr->ops.v[i]] = f->mk.stamp;
     FuseDomain d;
-    if (!domain_of(g, gr->ops.v, gr->ops.n, &f->mk, &d, f->err, sizeof f->err))
+    if (!pass_fuse_domain_of(g, gr->ops.v, gr->ops.n, &f->mk, &d, f->err, sizeof f->err))
         return -1;
     if (!red && d.kind == FUSE_ELEM && d.S.rank >= 1)
         return 0;
@@ -1026,7 +777,7 @@ static void chain_walk(Chain *c, int t)
     c->seen[t] = c->stamp;
     int p = g->t.v[t].op;
     const Op *op = p >= 0 ? &g->ops.v[p] : NULL;
-    bool leaf = !op || op->group != c->G || op->code == OP_MATMUL || is_reduce(op) ||
+    bool leaf = !op || op->group != c->G || op->code == OP_MATMUL || pass_fuse_is_reduce(op) ||
                 (c->pinned[t] && op->code != OP_CONST);
     if (leaf) {
         vec_push(&c->leaves, t);
@@ -1106,7 +857,8 @@ static void recompute_cheap(Graph *g)
             if (r < 0 || g->ops.v[r].group == G)
                 continue;
             const Op *ro = &g->ops.v[r];
-            if (ro->group < 0 || !(ir_opinfo[ro->code].cls == OC_ELEMWISE || is_reduce(ro)))
+            if (ro->group < 0 ||
+                !(ir_opinfo[ro->code].cls == OC_ELEMWISE || pass_fuse_is_reduce(ro)))
                 ok = false;
             readers[nr++] = r;
         }
@@ -1122,7 +874,7 @@ static void recompute_cheap(Graph *g)
             continue;
         /* bytes: full-size leaves each reader group does not read yet, vs
          * writing t once and reading it once per reader group */
-        double tb = tbytes(g, t), cost = 0;
+        double tb = (double)shape_bytes(&g->t.v[t].s), cost = 0;
         int ngr = 0;
         for (int a = 0; a < nr; a++) {
             int H = g->ops.v[readers[a]].group;
@@ -1134,11 +886,11 @@ static void recompute_cheap(Graph *g)
             ngr++;
             for (int l = 0; l < c.leaves.n; l++) {
                 int x = c.leaves.v[l];
-                if (tbytes(g, x) < tb / 4)
+                if ((double)shape_bytes(&g->t.v[x].s) < tb / 4)
                     continue; /* per-row values and params are cheap */
                 uint64_t key = (uint64_t)(uint32_t)H << 32 | (uint32_t)x;
                 if (!bsearch(&key, rd.v, (size_t)rd.n, sizeof(uint64_t), cmp_u64))
-                    cost += tbytes(g, x);
+                    cost += (double)shape_bytes(&g->t.v[x].s);
             }
         }
         if (cost > tb * (1 + ngr))
@@ -1289,7 +1041,7 @@ bool pass_fuse(Graph *g, const PassOpts *o, Diag *d)
          * consumer, which pulls them (and their producers) in */
         int k;
         if (op->code == OP_MATMUL || op->code == OP_CONST || op->code == OP_BROADCAST ||
-            (is_reduce(op) && reduce_pattern(g, op, &k) == FUSE_COL))
+            (pass_fuse_is_reduce(op) && pass_fuse_reduce_pattern(g, op, &k) == FUSE_COL))
             continue; /* COL reductions take their prologue later (pull_col) */
         for (int j = 0; j < op->nin; j++) {
             int p = g->t.v[op->in[j]].op;

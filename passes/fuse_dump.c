@@ -7,10 +7,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static double tbytes(const Graph *g, int t)
-{
-    return (double)shape_numel(&g->t.v[t].s) * dtype_size(g->t.v[t].s.dtype);
-}
 
 double pass_fuse_group_bytes(const Graph *g, const int *ops, int n, const bool *mat)
 {
@@ -27,11 +23,11 @@ double pass_fuse_group_bytes(const Graph *g, const int *ops, int n, const bool *
             bool inside = p >= 0 && g->ops.v[p].group == op->group && g->ops.v[p].code != OP_MATMUL;
             if (!inside && !seen[t]) {
                 seen[t] = 1;
-                b += tbytes(g, t);
+                b += (double)shape_bytes(&g->t.v[t].s);
             }
         }
         if (mat[op->out])
-            b += tbytes(g, op->out);
+            b += (double)shape_bytes(&g->t.v[op->out].s);
     }
     free(seen);
     return b;

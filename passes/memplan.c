@@ -11,8 +11,6 @@
 
 static int64_t align_up(int64_t x) { return (x + MEMPLAN_ALIGN - 1) / MEMPLAN_ALIGN * MEMPLAN_ALIGN; }
 
-static int64_t tensor_bytes(const Tensor *t) { return shape_numel(&t->s) * dtype_size(t->s.dtype); }
-
 typedef struct {
     int t;
     int64_t off, size;
@@ -68,7 +66,7 @@ MemPlan *pass_memplan_storage(const Graph *g, const DType *storage, Diag *d)
     for (int t = 0; t < nt; t++) {
         const Tensor *x = &g->t.v[t];
         m->root[t] = t;
-        m->bytes[t] = storage ? shape_numel(&x->s) * dtype_size(storage[t]) : tensor_bytes(x);
+        m->bytes[t] = storage ? shape_numel(&x->s) * dtype_size(storage[t]) : shape_bytes(&x->s);
         m->first[t] = m->last[t] = -1;
         m->persistent[t] = x->op < 0;
     }

@@ -57,10 +57,6 @@ enum { L_NONE = -1, L_TAIL = 1 << 29 };
 
 static int64_t align_up(int64_t x) { return (x + MEMPLAN_ALIGN - 1) / MEMPLAN_ALIGN * MEMPLAN_ALIGN; }
 
-static int64_t tbytes(const Graph *g, int t)
-{
-    return shape_numel(&g->t.v[t].s) * dtype_size(g->t.v[t].s.dtype);
-}
 
 static bool is_fwd(const Op *op)
 {
@@ -85,7 +81,8 @@ static double op_time(const Graph *g, const Op *op, bool materialized)
         double a = f / REMAT_FLOPS, b = ir_op_bytes(g, op) / REMAT_BW;
         return a > b ? a : b;
     }
-    return f / REMAT_FLOPS + (materialized ? (double)tbytes(g, op->out) / REMAT_BW : 0);
+    double bytes = materialized ? (double)shape_bytes(&g->t.v[op->out].s) : 0;
+    return f / REMAT_FLOPS + bytes / REMAT_BW;
 }
 
 /* The layer key of a param name: its length up to the first all-digit
@@ -280,7 +277,8 @@ static Prob *prob_new(const Graph *g)
         OpClass c = ir_opinfo[op->code].cls;
         P->can_r[v] = c != OC_RANDOM && c != OC_COLLECTIVE;
         P->can_k[v] = op->code != OP_RESHAPE;
-        P->bytes[v] = P->can_k[v] ? align_up(tbytes(g, t) ? tbytes(g, t) : 1) : 0;
+        int64_t tb = shape_bytes(&g->t.v[t].s);
+        P->bytes[v] = P->can_k[v] ? align_up(tb ? tb : 1) : 0;
         P->cost[v] = op_time(g, op, mat[t]);
         P->flops[v] = ir_op_flops(g, op);
         P->in_off[v] = ins.n;

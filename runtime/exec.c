@@ -219,7 +219,7 @@ void rt_exec_destroy(Exec *e)
 static int64_t nbytes(const Exec *e, int t)
 {
     const Tensor *x = &e->g->t.v[t];
-    return shape_numel(&x->s) * dtype_size(x->s.dtype);
+    return shape_bytes(&x->s);
 }
 
 void rt_exec_write(Exec *e, int tensor, const void *src)

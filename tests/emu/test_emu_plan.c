@@ -99,7 +99,7 @@ static bool run_one_step(const Graph *g, const Backend *be, const ExecOpts *o, v
         for (int t = 0; t < g->t.n; t++)
             if (host[t])
                 be->write(ctx, cg_offset(p, t),
-                          host[t], shape_numel(&g->t.v[t].s) * dtype_size(g->t.v[t].s.dtype));
+                          host[t], shape_bytes(&g->t.v[t].s));
         for (int s = 0; s < p->steps.n && ok; s++)
             ok = be->run_step(ctx, s, 7, 0, d);
         if (ok)

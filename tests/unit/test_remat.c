@@ -157,7 +157,7 @@ typedef struct {
 
 static void snap_add(Snapshot *s, const char *name, Exec *e, const Tensor *x)
 {
-    int64_t b = shape_numel(&x->s) * dtype_size(x->s.dtype);
+    int64_t b = shape_bytes(&x->s);
     s->name = xrealloc(s->name, sizeof(char *) * (size_t)(s->n + 1));
     s->data = xrealloc(s->data, sizeof(void *) * (size_t)(s->n + 1));
     s->bytes = xrealloc(s->bytes, sizeof(int64_t) * (size_t)(s->n + 1));
