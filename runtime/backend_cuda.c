@@ -13,66 +13,25 @@
  * stream, so preparing the next batch overlaps the step. A second
  * (communication) stream and events exist for collectives.
  *
- * Every driver, NVRTC and cuBLASLt call goes through a checking macro that
- * names the call, the file and the line.
+ * Every driver and cuBLASLt call goes through a checking macro that names
+ * the call, the file and the line. NVRTC and the cubin cache are in
+ * cuda_nvrtc.c; the module's shared helpers in cuda_module.c.
  *
  * This module links nothing of kilncore: what it needs from kiln comes
  * through RtCudaHost; codegen.h and runtime.h are read for types only. */
 #include "codegen.h"
 #include "runtime.h"
+#include "cuda_module.h"
 #include "cuda_nccl.h"
 
 #include <cublasLt.h>
 #include <cuda.h>
 #include <dlfcn.h>
-#include <errno.h>
 #include <nvrtc.h>
 #include <nvtx3/nvToolsExt.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#define EXPORT __attribute__((visibility("default")))
-
-/* ---- small helpers (the module has no kilncore) --------------------------- */
-
-static _Noreturn void fatal(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void fatal(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fputs("kiln: cuda: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-    abort();
-}
-
-static void *zalloc(size_t n)
-{
-    void *p = calloc(1, n ? n : 1);
-    if (!p)
-        fatal("out of memory (%zu bytes)", n);
-    return p;
-}
-
-static char *dupstr(const char *s)
-{
-    char *p = zalloc(strlen(s) + 1);
-    strcpy(p, s);
-    return p;
-}
-
-static uint64_t fnv(const void *p, size_t n, uint64_t h)
-{
-    const unsigned char *c = p;
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ c[i]) * 0x100000001b3ull;
-    return h;
-}
 
 /* ---- the driver API, opened with dlopen ------------------------------------ */
 
@@ -150,7 +109,7 @@ static bool cu_fail(CUresult r, const char *call, const char *file, int line, Di
     if (d)
         kc_dmsg(d, "%s:%d: %s failed: %s (%s)", file, line, call, name ? name : "?", s ? s : "?");
     else
-        fatal("%s:%d: %s failed: %s (%s)", file, line, call, name ? name : "?", s ? s : "?");
+        kc_fatal("%s:%d: %s failed: %s (%s)", file, line, call, name ? name : "?", s ? s : "?");
     return false;
 }
 
@@ -159,207 +118,18 @@ static bool lt_fail(cublasStatus_t r, const char *call, const char *file, int li
     if (d)
         kc_dmsg(d, "%s:%d: %s failed: cuBLAS status %d", file, line, call, (int)r);
     else
-        fatal("%s:%d: %s failed: cuBLAS status %d", file, line, call, (int)r);
+        kc_fatal("%s:%d: %s failed: cuBLAS status %d", file, line, call, (int)r);
     return false;
 }
 
-static bool rtc_fail(nvrtcResult r, const char *call, const char *file, int line, Diag *d)
-{
-    kc_dmsg(d, "%s:%d: %s failed: %s", file, line, call, nvrtcGetErrorString(r));
-    return false;
-}
-
-/* Checked calls: CU/LT/RTC evaluate to true on success; on failure they set
+/* Checked calls: CU and LT evaluate to true on success; on failure they set
  * d (when not NULL) or stop the process, naming the call, file and line. */
 #define CU(call, d) \
     ((r_cu = (call)) == CUDA_SUCCESS || cu_fail(r_cu, #call, __FILE__, __LINE__, (d)))
 #define LT(call, d) \
     ((r_lt = (call)) == CUBLAS_STATUS_SUCCESS || lt_fail(r_lt, #call, __FILE__, __LINE__, (d)))
-#define RTC(call, d) \
-    ((r_rtc = (call)) == NVRTC_SUCCESS || rtc_fail(r_rtc, #call, __FILE__, __LINE__, (d)))
 static _Thread_local CUresult r_cu;
 static _Thread_local cublasStatus_t r_lt;
-static _Thread_local nvrtcResult r_rtc;
-
-/* ---- NVRTC and the cubin cache --------------------------------------------- */
-
-static char *cache_root(const char *cache_dir)
-{
-    const char *base = cache_dir && *cache_dir ? cache_dir : getenv("KILN_CACHE_DIR");
-    char buf[4096];
-    if (base && *base) {
-        snprintf(buf, sizeof buf, "%s/cuda", base);
-    } else {
-        const char *home = getenv("HOME");
-        snprintf(buf, sizeof buf, "%s/.cache/kiln/cuda", home && *home ? home : "/tmp");
-    }
-    for (char *s = buf + 1; *s; s++)
-        if (*s == '/') {
-            *s = 0;
-            mkdir(buf, 0777);
-            *s = '/';
-        }
-    mkdir(buf, 0777);
-    return dupstr(buf);
-}
-
-static char *read_all(const char *path, size_t *n)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    size_t cap = 1 << 16, len = 0, k;
-    char *s = zalloc(cap);
-    while ((k = fread(s + len, 1, cap - len - 1, f)) > 0) {
-        len += k;
-        if (cap - len < 2) {
-            char *t = realloc(s, cap *= 2);
-            if (!t)
-                fatal("out of memory");
-            s = t;
-        }
-    }
-    fclose(f);
-    s[len] = 0;
-    *n = len;
-    return s;
-}
-
-/* Writes atomically (temp + rename); a failure only costs the cache entry. */
-static void write_all(const char *path, const void *p, size_t n)
-{
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp%d", path, (int)getpid());
-    FILE *f = fopen(tmp, "wb");
-    if (!f)
-        return;
-    bool ok = fwrite(p, 1, n, f) == n;
-    ok = fclose(f) == 0 && ok;
-    if (!ok || rename(tmp, path) != 0)
-        unlink(tmp);
-}
-
-/* The numbered source, then the log, to stderr. */
-static void print_failure(const char *src, const char *log, const char *arch)
-{
-    fprintf(stderr, "kiln: NVRTC failed to compile the CUDA kernels for %s; the source:\n", arch);
-    int line = 1;
-    for (const char *p = src; *p; line++) {
-        const char *e = strchr(p, '\n');
-        int len = e ? (int)(e - p) : (int)strlen(p);
-        fprintf(stderr, "%6d | %.*s\n", line, len, p);
-        if (!e)
-            break;
-        p = e + 1;
-    }
-    fprintf(stderr, "kiln: NVRTC log:\n%s\n", log);
-}
-
-/* The first "error" line of an NVRTC log, for the one-line diagnostic. */
-static void first_error(const char *log, char *out, size_t n)
-{
-    const char *e = strstr(log, "error");
-    if (!e) {
-        snprintf(out, n, "see the log above");
-        return;
-    }
-    const char *s = e;
-    while (s > log && s[-1] != '\n')
-        s--;
-    const char *t = strchr(e, '\n');
-    snprintf(out, n, "%.*s", (int)(t ? t - s : (long)strlen(s)), s);
-}
-
-EXPORT bool kiln_cuda_compile(const char *src, const char *arch, const char *cache_dir,
-                              bool verbose, RtCudaBinary *b, Diag *d);
-EXPORT bool kiln_cuda_compile(const char *src, const char *arch, const char *cache_dir,
-                              bool verbose, RtCudaBinary *b, Diag *d)
-{
-    memset(b, 0, sizeof *b);
-    char archopt[64];
-    snprintf(archopt, sizeof archopt, "--gpu-architecture=%s", arch);
-    const char *opts[] = {archopt, "--std=c++17", "--ptxas-options=-v", "-lineinfo",
-                          "--device-as-default-execution-space"};
-    int nopts = (int)(sizeof opts / sizeof opts[0]);
-    if (!RTC(nvrtcVersion(&b->nvrtc_major, &b->nvrtc_minor), d))
-        return false;
-    uint64_t h = fnv(src, strlen(src), 0xcbf29ce484222325ull);
-    for (int i = 0; i < nopts; i++)
-        h = fnv(opts[i], strlen(opts[i]) + 1, h);
-    int ver[2] = {b->nvrtc_major, b->nvrtc_minor};
-    h = fnv(ver, sizeof ver, h);
-    h = fnv(arch, strlen(arch), h);
-    char *dir = cache_root(cache_dir);
-    char cpath[4200], lpath[4200];
-    snprintf(cpath, sizeof cpath, "%s/%016llx-%s.cubin", dir, (unsigned long long)h, arch);
-    snprintf(lpath, sizeof lpath, "%s/%016llx-%s.log", dir, (unsigned long long)h, arch);
-    free(dir);
-    size_t n = 0, ln = 0;
-    char *cub = read_all(cpath, &n);
-    if (cub && n > 0) {
-        char *log = read_all(lpath, &ln);
-        b->cubin = cub;
-        b->size = n;
-        b->log = log ? log : dupstr("");
-        b->cached = true;
-        if (verbose)
-            fprintf(stderr, "kiln: cuda: cubin cache hit %s\n", cpath);
-        return true;
-    }
-    free(cub);
-
-    nvrtcProgram prog;
-    if (!RTC(nvrtcCreateProgram(&prog, src, "kiln.cu", 0, NULL, NULL), d))
-        return false;
-    nvrtcResult cr = nvrtcCompileProgram(prog, nopts, opts);
-    size_t logn = 0;
-    nvrtcGetProgramLogSize(prog, &logn);
-    char *log = zalloc(logn + 1);
-    if (logn)
-        nvrtcGetProgramLog(prog, log);
-    if (cr != NVRTC_SUCCESS) {
-        print_failure(src, log, arch);
-        char first[512];
-        first_error(log, first, sizeof first);
-        kc_dmsg(d, "NVRTC failed to compile the CUDA kernels for %s (%s): %s", arch,
-             nvrtcGetErrorString(cr), first);
-        free(log);
-        nvrtcDestroyProgram(&prog);
-        return false;
-    }
-    size_t cn = 0;
-    if (!RTC(nvrtcGetCUBINSize(prog, &cn), d) || cn == 0) {
-        if (cn == 0)
-            kc_dmsg(d, "NVRTC produced no cubin for %s", arch);
-        free(log);
-        nvrtcDestroyProgram(&prog);
-        return false;
-    }
-    cub = zalloc(cn);
-    if (!RTC(nvrtcGetCUBIN(prog, cub), d)) {
-        free(cub);
-        free(log);
-        nvrtcDestroyProgram(&prog);
-        return false;
-    }
-    nvrtcDestroyProgram(&prog);
-    write_all(lpath, log, strlen(log));
-    write_all(cpath, cub, cn);
-    if (verbose)
-        fprintf(stderr, "kiln: cuda: compiled %zu-byte cubin for %s into %s\n", cn, arch, cpath);
-    b->cubin = cub;
-    b->size = cn;
-    b->log = log;
-    return true;
-}
-
-EXPORT void kiln_cuda_binary_free(RtCudaBinary *b);
-EXPORT void kiln_cuda_binary_free(RtCudaBinary *b)
-{
-    free(b->cubin);
-    free(b->log);
-    memset(b, 0, sizeof *b);
-}
 
 /* ---- the backend ------------------------------------------------------------ */
 
@@ -710,7 +480,7 @@ static int gemm_plan(BackendCtx *c, const CgGemm *m, cudaDataType_t at, cudaData
     k.algo = res.algo;
     GemmPlan *ng = realloc(c->gemms, sizeof(GemmPlan) * (size_t)(c->ngemms + 1));
     if (!ng)
-        fatal("out of memory");
+        kc_fatal("out of memory");
     c->gemms = ng;
     c->gemms[c->ngemms] = k;
     return c->ngemms++;
@@ -766,8 +536,8 @@ static bool setup_steps(BackendCtx *c, Diag *d)
     const CgPlan *p = c->p;
     const struct CgCudaProgram *q = c->q;
     const Graph *g = p->g;
-    c->st = zalloc(sizeof(CuStep) * (size_t)(p->steps.n + 1));
-    c->epi = zalloc(sizeof(CgEpilogue) * (size_t)(p->steps.n + 1));
+    c->st = kc_zalloc(sizeof(CuStep) * (size_t)(p->steps.n + 1));
+    c->epi = kc_zalloc(sizeof(CgEpilogue) * (size_t)(p->steps.n + 1));
     int64_t need = 0, bias16 = 0;
     for (int s = 0; s < p->steps.n; s++) {
         const CgGemm *m = &p->steps.v[s].gemm;
@@ -790,17 +560,17 @@ static bool setup_steps(BackendCtx *c, Diag *d)
         if (st->kind == CG_STEP_KERNEL) {
             const CgKernel *k = p->kernels.v[st->kernel];
             cs->nfn = q->step_nfn[s];
-            cs->fn = zalloc(sizeof(CUfunction) * (size_t)(cs->nfn + 1));
+            cs->fn = kc_zalloc(sizeof(CUfunction) * (size_t)(cs->nfn + 1));
             cs->geo = &q->fn.v[q->step_fn[s]];
             for (int f = 0; f < cs->nfn; f++)
                 cs->fn[f] = c->fns[q->step_fn[s] + f];
-            cs->ptr = zalloc(sizeof(CUdeviceptr) * (size_t)(k->params.n + 1));
+            cs->ptr = kc_zalloc(sizeof(CUdeviceptr) * (size_t)(k->params.n + 1));
             for (int a = 0; a < k->params.n; a++)
                 cs->ptr[a] = dptr(c, st->args[a]);
-            cs->argv = zalloc(sizeof(void **) * (size_t)(cs->nfn + 1));
+            cs->argv = kc_zalloc(sizeof(void **) * (size_t)(cs->nfn + 1));
             for (int f = 0; f < cs->nfn; f++) {
                 const CgCudaFn *fn = &cs->geo[f];
-                cs->argv[f] = zalloc(sizeof(void *) * (size_t)(fn->nparam + 2));
+                cs->argv[f] = kc_zalloc(sizeof(void *) * (size_t)(fn->nparam + 2));
                 for (int j = 0; j < fn->nparam; j++)
                     cs->argv[f][j] = &cs->ptr[fn->param[j]];
                 if (fn->rand)
@@ -893,7 +663,7 @@ static bool load_module(BackendCtx *c, const ExecOpts *o, Diag *d)
     kiln_cuda_binary_free(&bin);
     if (!ok)
         return false;
-    c->fns = zalloc(sizeof(CUfunction) * (size_t)(c->q->fn.n + 1));
+    c->fns = kc_zalloc(sizeof(CUfunction) * (size_t)(c->q->fn.n + 1));
     for (int i = 0; i < c->q->fn.n; i++)
         if (!CU(cu.cuModuleGetFunction(&c->fns[i], c->mod, c->q->fn.v[i].name), d))
             return false;
@@ -908,7 +678,7 @@ static BackendCtx *cuda_create(const CgPlan *p, const ExecOpts *o, Diag *d)
         kc_dmsg(d, "--device cuda: %s", cu_why);
         return NULL;
     }
-    BackendCtx *c = zalloc(sizeof *c);
+    BackendCtx *c = kc_zalloc(sizeof *c);
     c->p = p;
     c->verbose = o->verbose;
     c->tf32 = o->tf32;
@@ -982,7 +752,7 @@ static int64_t host_offset(const BackendCtx *c, int64_t off, int64_t bytes)
 {
     int64_t o = cg_cuda_host_offset(c->q, off, bytes);
     if (o < 0)
-        fatal("host access to [%lld, +%lld) of the plan's arena: not a param, input, state or "
+        kc_fatal("host access to [%lld, +%lld) of the plan's arena: not a param, input, state or "
               "graph output",
               (long long)off, (long long)bytes);
     return o;
@@ -1092,7 +862,7 @@ static bool enqueue(BackendCtx *c, int s, Diag *d)
             int64_t lo = cp->dst < cp->src ? cp->dst : cp->src;
             int64_t hi = cp->dst < cp->src ? cp->src : cp->dst;
             if (hi - lo < cp->bytes)
-                fatal("copy step %d: overlapping regions [%lld,+%lld) and [%lld,+%lld)", s,
+                kc_fatal("copy step %d: overlapping regions [%lld,+%lld) and [%lld,+%lld)", s,
                       (long long)cp->src, (long long)cp->bytes, (long long)cp->dst,
                       (long long)cp->bytes);
             ok = CU(cu.cuMemcpyDtoDAsync(c->arena + (CUdeviceptr)cp->dst,
@@ -1182,7 +952,7 @@ static bool create_timing(BackendCtx *c, bool profile, Diag *d)
         return false;
     if (!profile)
         return true;
-    c->ev_step = zalloc(sizeof(CUevent) * (size_t)(c->p->steps.n + 1));
+    c->ev_step = kc_zalloc(sizeof(CUevent) * (size_t)(c->p->steps.n + 1));
     for (int s = 0; s < c->p->steps.n; s++)
         if (!CU(cu.cuEventCreate(&c->ev_step[s], CU_EVENT_DEFAULT), d))
             return false;
@@ -1305,8 +1075,8 @@ static const Backend backend_cuda = {
 };
 
 /* The backend table, or NULL when kiln and the module disagree on the ABI. */
-EXPORT const Backend *kiln_cuda_backend(const RtCudaHost *h);
-EXPORT const Backend *kiln_cuda_backend(const RtCudaHost *h)
+KC_EXPORT const Backend *kiln_cuda_backend(const RtCudaHost *h);
+KC_EXPORT const Backend *kiln_cuda_backend(const RtCudaHost *h)
 {
     if (!h || h->abi != RT_CUDA_ABI)
         return NULL;
@@ -1315,8 +1085,8 @@ EXPORT const Backend *kiln_cuda_backend(const RtCudaHost *h)
 }
 
 /* Number of CUDA devices; -1 with why set when the driver is unusable. */
-EXPORT int kiln_cuda_device_count(char *why, size_t n);
-EXPORT int kiln_cuda_device_count(char *why, size_t n)
+KC_EXPORT int kiln_cuda_device_count(char *why, size_t n);
+KC_EXPORT int kiln_cuda_device_count(char *why, size_t n)
 {
     if (!cu_open()) {
         snprintf(why, n, "%s", cu_why);

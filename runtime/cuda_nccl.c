@@ -62,13 +62,6 @@ static char nccl_why[512]; /* why NCCL cannot be used ("" when it can) */
 static __typeof__(&ncclCommInitRankConfig) init_config;
 static __typeof__(&ncclCommGetAsyncError) async_error;
 
-double kc_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 int kc_device_ordinal(void)
 {
     const char *env = getenv("KILN_CUDA_DEVICE");
@@ -127,14 +120,6 @@ static bool nccl_open(void)
     }
     ok = true;
     return true;
-}
-
-void kc_dmsg(Diag *d, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(d->msg, sizeof d->msg, fmt, ap);
-    va_end(ap);
 }
 
 static bool drv_fail(CUresult r, const char *call, int line, Diag *d)

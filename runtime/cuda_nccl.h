@@ -4,8 +4,7 @@
 #ifndef KILN_CUDA_NCCL_H
 #define KILN_CUDA_NCCL_H
 
-#include "codegen.h"
-#include "runtime.h"
+#include "cuda_module.h"
 
 #include <cuda.h>
 
@@ -15,10 +14,6 @@ typedef struct KcComm KcComm;
  * local rank on its machine ($OMPI_COMM_WORLD_LOCAL_RANK), else 0. */
 int kc_device_ordinal(void);
 
-/* CLOCK_MONOTONIC seconds. */
-double kc_now(void);
-/* Formats the message of d (the module's errors). */
-void kc_dmsg(Diag *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* One NCCL communicator over g's ranks on the device of ctx (every rank
  * calls it, in the same order). libnccl.so.2 is opened with dlopen here, on

@@ -7,8 +7,9 @@
  * time stamps: 1 ms per record on the compute stream; each record on the
  * communication stream comes 10 ms after the later of the last one there
  * and the compute clock), a fake libnccl.so.2 (records its calls), and
- * cuda_nccl.c itself as a shared object. Both fakes are loaded by path
- * before cuda_nccl.c opens them by soname, and write one log of every call.
+ * cuda_nccl.c itself (with the module's helpers, cuda_module.c) as a
+ * shared object. Both fakes are loaded by path before cuda_nccl.c opens them
+ * by soname, and write one log of every call.
  * Each case runs in a child process (cuda_nccl.c opens NCCL once).
  *
  * Checked on the plan of a 3-layer MLP for 2 ranks (several buckets): the
@@ -223,7 +224,8 @@ static int setup(void **state)
     free(src);
     char *cmd = xasprintf("'%s' -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wshadow "
                           "-Wmissing-prototypes -Werror -fPIC -shared -Iir -Ipasses -Icodegen "
-                          "-Iruntime -I'%s' -o '%s/kcnccl.so' runtime/cuda_nccl.c -ldl 2>&1",
+                          "-Iruntime -I'%s' -o '%s/kcnccl.so' runtime/cuda_nccl.c runtime/cuda_module.c "
+                          "-ldl 2>&1",
                           KILN_C_COMPILER, cuda_inc, dir);
     char *out = NULL;
     int rc = run_cmd(cmd, &out);
