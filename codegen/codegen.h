@@ -449,6 +449,18 @@ typedef struct CgCudaProgram {
     CgEpilogue *epi;
 } CgCudaProgram;
 
+/* A GELU_AUX_BIAS / DGELU* pair (CgGemm.pair) runs both epilogues or
+ * neither: drops the one whose partner is dropped (epi[] per plan step,
+ * CG_EPI_NONE: none). */
+static inline void cg_cuda_pair_epilogues(const struct CgPlan *p, CgEpilogue *epi)
+{
+    for (int s = 0; s < p->steps.n; s++) {
+        int pr = p->steps.v[s].kind == CG_STEP_GEMM ? p->steps.v[s].gemm.pair : -1;
+        if (pr >= 0 && (epi[s] == CG_EPI_NONE || epi[pr] == CG_EPI_NONE))
+            epi[s] = epi[pr] = CG_EPI_NONE;
+    }
+}
+
 /* Whether plan step s is replaced by the epilogue its GEMM (by_epilogue)
  * applies, given the epilogue each GEMM step applies (epi[], as
  * CgCudaProgram.epi after a backend's own refusals): a bias-gradient

@@ -844,11 +844,7 @@ static void device_epilogues(const CgPlan *p, CgCudaProgram *q)
     for (int s = 0; s < p->steps.n; s++)
         if (p->steps.v[s].kind == CG_STEP_GEMM)
             q->epi[s] = device_epilogue(p, q, s);
-    for (int s = 0; s < p->steps.n; s++) {
-        int pr = p->steps.v[s].kind == CG_STEP_GEMM ? p->steps.v[s].gemm.pair : -1;
-        if (pr >= 0 && (q->epi[s] == CG_EPI_NONE || q->epi[pr] == CG_EPI_NONE))
-            q->epi[s] = q->epi[pr] = CG_EPI_NONE;
-    }
+    cg_cuda_pair_epilogues(p, q->epi);
 }
 
 typedef struct {

@@ -635,16 +635,16 @@ static bool setup_steps(BackendCtx *c, Diag *d)
             return false;
         c->st[s].gemm = k;
     }
-    /* a GELU_AUX_BIAS / DGELU pair runs both epilogues or neither */
-    for (int s = 0; s < p->steps.n; s++) {
-        const CgStep *st = &p->steps.v[s];
-        if (st->kind != CG_STEP_GEMM || c->epi[s] == CG_EPI_NONE || st->gemm.pair < 0 ||
-            c->epi[st->gemm.pair] != CG_EPI_NONE)
-            continue;
-        c->epi[s] = CG_EPI_NONE;
-        if ((c->st[s].gemm = plan_step_gemm(c, s, CG_EPI_NONE, d)) < 0)
+    /* a pair whose partner fell back falls back too: planned again plain */
+    CgEpilogue *before = kc_zalloc(sizeof(CgEpilogue) * (size_t)(p->steps.n + 1));
+    memcpy(before, c->epi, sizeof(CgEpilogue) * (size_t)p->steps.n);
+    cg_cuda_pair_epilogues(p, c->epi);
+    for (int s = 0; s < p->steps.n; s++)
+        if (before[s] != c->epi[s] && (c->st[s].gemm = plan_step_gemm(c, s, CG_EPI_NONE, d)) < 0) {
+            free(before);
             return false;
-    }
+        }
+    free(before);
     for (int s = 0; s < p->steps.n; s++) {
         c->st[s].epi = c->epi[s] != CG_EPI_NONE;
         c->st[s].skip = cg_cuda_step_replaced(p, c->epi, s);

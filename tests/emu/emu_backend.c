@@ -89,11 +89,7 @@ static void plan_epilogues(BackendCtx *c)
         if ((cfg.refuse_epilogues >> c->epi[s]) & 1u)
             c->epi[s] = CG_EPI_NONE;
     }
-    for (int s = 0; s < p->steps.n; s++) {
-        int pr = p->steps.v[s].kind == CG_STEP_GEMM ? p->steps.v[s].gemm.pair : -1;
-        if (pr >= 0 && (c->epi[s] == CG_EPI_NONE || c->epi[pr] == CG_EPI_NONE))
-            c->epi[s] = c->epi[pr] = CG_EPI_NONE;
-    }
+    cg_cuda_pair_epilogues(p, c->epi);
     for (int s = 0; s < p->steps.n; s++) {
         c->st[s].epi = c->epi[s] != CG_EPI_NONE;
         c->st[s].skip = cg_cuda_step_replaced(p, c->epi, s);
