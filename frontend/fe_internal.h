@@ -1,0 +1,70 @@
+/* fe_internal.h - what frontend.c (the model runner) and ops.c (the tensor
+ * primitives) share; not for other layers (their header is frontend.h). */
+#ifndef KILN_FE_INTERNAL_H
+#define KILN_FE_INTERNAL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <lua.h>
+
+#include "frontend.h"
+
+/* Metatable of param initializers: userdata holding a ParamInit. */
+#define INIT_MT "kiln.init"
+
+/* One run of a script; the Lua state's extra space points at it. */
+typedef struct {
+    Graph *g;
+    Model *m;
+    const char *path;  /* interned script path */
+    char chunk[1024];  /* "@path": the chunk name of the script */
+    const char *const *sets;
+    int nsets;
+    bool *set_used;    /* consumed by config{} */
+    int config_ref;    /* registry ref of config{}'s table, LUA_NOREF if none */
+    int loss;          /* tensor id, -1 before minimize() */
+    int loss_line;
+    int train_line;    /* last train{} call, 0 if none */
+    int next_key;      /* random op keys */
+} Fe;
+
+static inline Fe *fe_get(lua_State *L) { return *(Fe **)lua_getextraspace(L); }
+
+/* A shape as text for messages, e.g. "f32[4,64]"; needs lua_State *L in scope. */
+#define SSTR(s) shape_str(fe_get(L)->g, (s), (char[160]){0}, 160)
+
+/* ---- frontend.c ----------------------------------------------------------- */
+
+/* The nearest stack frame that belongs to the user's script. */
+SrcLoc fe_user_loc(lua_State *L);
+/* Raises "FILE:LINE: msg" at the user's line. */
+int fe_error(lua_State *L, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* ---- ops.c ---------------------------------------------------------------- */
+
+/* Pushes a tensor userdata for tensor id of the graph. */
+void fe_push_tensor(lua_State *L, int id);
+/* The tensor id at idx; raises "fn: argument idx must be a tensor (got ...)"
+ * when it is not a tensor. */
+int fe_check_tensor(lua_State *L, int idx, const char *fn);
+Shape fe_tshape(lua_State *L, int id);
+/* The dtype named at idx; def when idx is none or nil. */
+int fe_parse_dtype(lua_State *L, int idx, DType def, const char *fn);
+/* A shape argument: a table of positive integers (or names declared with
+ * sym{}). Returns the rank. */
+int fe_parse_shape(lua_State *L, int idx, int64_t *dim, const char *fn);
+
+/* A global fe_open_ops registers for the runner: f, with one integer upvalue
+ * when up >= 0. */
+typedef struct {
+    const char *name;
+    lua_CFunction f;
+    int up;
+} FeGlobal;
+/* Registers the tensor primitives as globals (and as tensor methods), then
+ * extra's globals in order (up to a NULL name), then select/where and the
+ * tensor and init metatables. Leaves the stack as it found it. */
+void fe_open_ops(lua_State *L, const FeGlobal *extra);
+
+#endif
