@@ -134,10 +134,7 @@ static void test_plan_compiles(void **state)
     assert_int_equal(gs->gemm.K, 8);
     char *dir = scratch_dir("codegen");
     char *path = xasprintf("%s/k.c", dir);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fputs(pl->source, f);
-    fclose(f);
+    write_file(path, pl->source);
     char *cmd = xasprintf("%s -std=c11 -Wall -Werror -c -o %s/k.o %s", KILN_C_COMPILER, dir, path);
     char *outp = NULL;
     int rc = run_cmd(cmd, &outp);

@@ -192,10 +192,7 @@ static char *find_cuda_include(void)
 static void compile(const char *what, const char *src, const char *extra)
 {
     char *path = xasprintf("%s/%s.c", dir, what);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fputs(src, f);
-    fclose(f);
+    write_file(path, src);
     char *cmd = xasprintf("'%s' -std=c11 -D_GNU_SOURCE -Wall -Werror -fPIC -shared -I'%s' %s "
                           "-o '%s/%s' '%s' 2>&1",
                           KILN_C_COMPILER, cuda_inc, extra, dir, what, path);

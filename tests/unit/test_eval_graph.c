@@ -75,13 +75,9 @@ static void test_interface_mismatch(void **state)
     char *dir = scratch_dir("evalgraph");
     char path[4096];
     snprintf(path, sizeof path, "%s/bad.lua", dir);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fputs("local x = input(\"x\", {4, 3}, \"f32\")\n"
-          "local w = param(nn.training and \"w\" or \"v\", {3, 2}, normal(0.1))\n"
-          "minimize(nn.dropout(x:matmul(w), 0.5):sum())\n",
-          f);
-    fclose(f);
+    write_file(path, "local x = input(\"x\", {4, 3}, \"f32\")\n"
+                     "local w = param(nn.training and \"w\" or \"v\", {3, 2}, normal(0.1))\n"
+                     "minimize(nn.dropout(x:matmul(w), 0.5):sum())\n");
     char err[2048] = "";
     Model *m = fe_load_model(path, NULL, 0, err, sizeof err);
     print_message("%s\n", err);

@@ -80,10 +80,7 @@ static int setup(void **state)
     (void)state;
     dir = scratch_dir("exec-ext");
     char *src = xasprintf("%s/fake.c", dir);
-    FILE *f = fopen(src, "w");
-    assert_non_null(f);
-    fputs(fake_module, f);
-    fclose(f);
+    write_file(src, fake_module);
     char *so = xasprintf("%s/libkiln_cuda.so", dir);
     char *cmd = xasprintf("'%s' -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -fPIC -shared -Iir "
                           "-Ipasses -Icodegen -Iruntime -o '%s' '%s' 2>&1",

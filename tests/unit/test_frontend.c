@@ -349,10 +349,7 @@ static void test_numerics(void **state)
     char *dir = scratch_dir("fe");
     char path[512];
     snprintf(path, sizeof path, "%s/numeric.lua", dir);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fputs(numeric_script, f);
-    fclose(f);
+    write_file(path, numeric_script);
     Model *mod = load_model(path, NULL, 0);
     Graph *g = mod->g;
     double **val = ir_interp_alloc(g);
@@ -502,16 +499,12 @@ static void test_dropout(void **state)
     char *dir = scratch_dir("fe");
     char path[512];
     snprintf(path, sizeof path, "%s/drop.lua", dir);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fputs("local x = input('x', {64, 64})\n"
-          "assert(nn.dropout(x, 0) == x)\n"
-          "output('a', nn.dropout(x, 0.25))\n"
-          "output('b', nn.dropout(x, 0.25))\n"
-          "assert(select('#', 1, 2, 3) == 3)\n" /* Lua's own select still works */
-          "minimize(x:sum())\n",
-          f);
-    fclose(f);
+    write_file(path, "local x = input('x', {64, 64})\n"
+                     "assert(nn.dropout(x, 0) == x)\n"
+                     "output('a', nn.dropout(x, 0.25))\n"
+                     "output('b', nn.dropout(x, 0.25))\n"
+                     "assert(select('#', 1, 2, 3) == 3)\n" /* Lua's own select still works */
+                     "minimize(x:sum())\n");
     Model *mod = load_model(path, NULL, 0);
     Graph *g = mod->g;
     int keys[2], nk = 0;

@@ -171,3 +171,10 @@ Model *load_model(const char *path, const char *const *sets, int nsets)
         fail_msg("%s: %s", path, err);
     return m;
 }
+
+void write_file(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    if (!f || fputs(text, f) == EOF || fclose(f) != 0)
+        fail_msg("cannot write %s", path);
+}

@@ -17,6 +17,8 @@ double rel_err_f32(const float *a, const float *b, int64_t n);
 char *read_file(const char *path);
 /* Parse IR text; fails the test with the parser's message on error. */
 Graph *parse_or_fail(const char *text);
+/* Writes text to path; fails the test when it cannot. */
+void write_file(const char *path, const char *text);
 /* Runs `cmd` through the shell, capturing stdout+stderr into a malloc'd
  * string (*out), returning the exit status (or -1). */
 int run_cmd(const char *cmd, char **out);
