@@ -3,6 +3,7 @@
  * then seed and step for kernels that draw random numbers). */
 #include "codegen.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 const char cg_c_prelude[] =
@@ -87,20 +88,26 @@ static void print_lets(CgBuf *b, const CgKernel *k, const CgPhase *ph, int depth
     }
 }
 
+/* acc <- fold(acc, x) where x is the C text val */
+static void print_fold_text(CgBuf *b, const CgPhase *ph, const char *acc, const char *val,
+                            int depth)
+{
+    cg_indent(b, depth);
+    if (ph->rop == CG_RED_SUM)
+        cg_printf(b, "%s += %s;\n", acc, val);
+    else
+        cg_printf(b, "{ const %s x_ = %s; %s = (x_ != x_ || x_ > %s) ? x_ : %s; }\n",
+                  cg_ctype(ph->adt), val, acc, acc, acc);
+}
+
 /* acc <- fold(acc, value) */
 static void print_fold(CgBuf *b, const CgKernel *k, const CgPhase *ph, const char *acc,
                        int depth)
 {
-    cg_indent(b, depth);
-    if (ph->rop == CG_RED_SUM) {
-        cg_printf(b, "%s += ", acc);
-        cg_print_expr(b, k, ph->value, &cg_target_c);
-        cg_puts(b, ";\n");
-    } else {
-        cg_printf(b, "{ const %s x_ = ", cg_ctype(ph->adt));
-        cg_print_expr(b, k, ph->value, &cg_target_c);
-        cg_printf(b, "; %s = (x_ != x_ || x_ > %s) ? x_ : %s; }\n", acc, acc, acc);
-    }
+    CgBuf val = {0};
+    cg_print_expr(&val, k, ph->value, &cg_target_c);
+    print_fold_text(b, ph, acc, val.s, depth);
+    free(val.s);
 }
 
 static void print_stores(CgBuf *b, const CgKernel *k, const CgPhase *ph, int depth)
@@ -138,6 +145,10 @@ enum { LANES = 8, COLBLOCK = 256 };
  * to the phase's type once, as the reduction's value a<acc>, before any
  * use. */
 enum { RED_LANES_MIN = 4 * LANES };
+
+/* A single reduced dim is computed RED_TILE values at a time (a multiple
+ * of LANES; the order above is unchanged). */
+enum { RED_TILE = 256 };
 
 static const char *red_aty(const CgPhase *ph)
 {
@@ -241,18 +252,38 @@ static void print_reduction(CgBuf *b, const CgKernel *k, const CgPhase *ph, int 
     cg_print_red_init(b, ph);
     cg_puts(b, ";\n");
     if (ph->ndim == 1) {
+        /* in tiles: the values into t<acc>[] (a plain loop, which vectorises
+         * whatever the value computes), then folded into the partials */
         int v = ph->dim[0].var;
-        int64_t nv = n / LANES * LANES;
+        int64_t nv = n / LANES * LANES, tile = nv < RED_TILE ? nv : RED_TILE;
         cg_indent(b, depth);
-        cg_printf(b, "for (int64_t c%d = 0; c%d < %lld; c%d += %d) {\n", v, v, (long long)nv, v,
-                  LANES);
+        cg_printf(b, "for (int64_t c%d = 0; c%d < %lld; c%d += %lld) {\n", v, v, (long long)nv, v,
+                  (long long)tile);
         cg_indent(b, depth + 1);
-        cg_printf(b, "for (int64_t v%d = c%d; v%d < c%d + %d; v%d++) {\n", v, v, v, v, LANES, v);
+        if (nv % tile == 0)
+            cg_printf(b, "const int64_t e%d = c%d + %lld;\n", v, v, (long long)tile);
+        else
+            cg_printf(b, "const int64_t e%d = c%d + %lld < %lld ? c%d + %lld : %lld;\n", v, v,
+                      (long long)tile, (long long)nv, v, (long long)tile, (long long)nv);
+        cg_indent(b, depth + 1);
+        cg_printf(b, "%s t%d[%lld];\n", cg_ctype(ph->adt), ph->acc, (long long)tile);
+        cg_indent(b, depth + 1);
+        cg_printf(b, "for (int64_t v%d = c%d; v%d < e%d; v%d++) {\n", v, v, v, v, v);
         print_lets(b, k, ph, depth + 2);
-        snprintf(acc, sizeof acc, "l%d[v%d - c%d]", ph->acc, v, v);
-        print_fold(b, k, ph, acc, depth + 2);
+        cg_indent(b, depth + 2);
+        cg_printf(b, "t%d[v%d - c%d] = ", ph->acc, v, v);
+        cg_print_expr(b, k, ph->value, &cg_target_c);
+        cg_puts(b, ";\n");
         cg_indent(b, depth + 1);
         cg_puts(b, "}\n");
+        cg_indent(b, depth + 1);
+        cg_printf(b, "for (int64_t j_ = 0; j_ < e%d - c%d; j_ += %d)\n", v, v, LANES);
+        cg_indent(b, depth + 2);
+        cg_printf(b, "for (int q_ = 0; q_ < %d; q_++)\n", LANES);
+        snprintf(acc, sizeof acc, "l%d[q_]", ph->acc);
+        char val[64];
+        snprintf(val, sizeof val, "t%d[j_ + q_]", ph->acc);
+        print_fold_text(b, ph, acc, val, depth + 3);
         cg_indent(b, depth);
         cg_puts(b, "}\n");
         if (nv < n) {
