@@ -148,6 +148,9 @@ bool cg_lower_op(const Graph *g, int i, CgKernel *k, Diag *d)
         case OP_CAST:
             val = cg_cast(k, os->dtype, in[0]);
             break;
+        case OP_STOP_GRADIENT: /* simplify removes it; the identity if not */
+            val = in[0];
+            break;
         case OP_SELECT:
             val = cg_select(k, in[0], in[1], in[2]);
             break;
@@ -487,6 +490,9 @@ static int lg_gen(Lg *L, int t, int lv)
         }
         case OP_CAST:
             e = cg_cast(k, ts->dtype, lg_gen(L, op->in[0], my));
+            break;
+        case OP_STOP_GRADIENT:
+            e = lg_gen(L, op->in[0], my);
             break;
         case OP_SELECT:
             for (int j = 0; j < 3; j++)

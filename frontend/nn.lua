@@ -73,15 +73,19 @@ end
 
 function nn.silu(x) return x * sigmoid(x) end
 
+-- softmax and log_softmax subtract the row max for range only: the result
+-- does not depend on it, so it is a stop_gradient (its gradient is zero
+-- analytically; differentiating it would only add rounding noise, a
+-- reduction and a saved argmax mask to backward).
 function nn.softmax(x, axis)
   axis = axis or -1
-  local e = exp(x - x:max(axis, true))
+  local e = exp(x - stop_gradient(x:max(axis, true)))
   return e / e:sum(axis, true)
 end
 
 function nn.log_softmax(x, axis)
   axis = axis or -1
-  local z = x - x:max(axis, true)
+  local z = x - stop_gradient(x:max(axis, true))
   return z - log(exp(z):sum(axis, true))
 end
 

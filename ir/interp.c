@@ -183,6 +183,9 @@ static void eval(const Graph *g, const Op *op, double **val, const InterpOpts *o
         for (int64_t i = 0; i < n; i++)
             r[i] = unary(op->code, x[i]);
         break;
+    case OP_STOP_GRADIENT:
+        memcpy(r, x, sizeof(double) * (size_t)n);
+        break;
     case OP_CAST:
         if (dtype_is_float(os->dtype) || os->dtype == DT_U8)
             memcpy(r, x, sizeof(double) * (size_t)n);

@@ -120,6 +120,7 @@ typedef enum {
     X(RELU,        "relu",        1, OC_ELEMWISE,   AK_NONE,  1)         \
     X(ABS,         "abs",         1, OC_ELEMWISE,   AK_NONE,  1)         \
     X(CAST,        "cast",        1, OC_ELEMWISE,   AK_NONE,  0)         \
+    X(STOP_GRADIENT, "stop_gradient", 1, OC_ELEMWISE, AK_NONE, 0)         \
     X(ADD,         "add",         2, OC_ELEMWISE,   AK_NONE,  1)         \
     X(SUB,         "sub",         2, OC_ELEMWISE,   AK_NONE,  1)         \
     X(MUL,         "mul",         2, OC_ELEMWISE,   AK_NONE,  1)         \

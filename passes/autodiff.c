@@ -142,6 +142,7 @@ static bool diff_operand(Opcode code, int i)
     case OP_CONST: case OP_IOTA: case OP_RANDOM:
     case OP_LT: case OP_LE: case OP_GT: case OP_GE: case OP_EQ: case OP_NE:
     case OP_ALLREDUCE_START: case OP_ALLREDUCE_WAIT: /* placed after autodiff */
+    case OP_STOP_GRADIENT: /* the point of it */
         return false;
     case OP_SELECT: return i > 0;
     case OP_GATHER: return i == 0;
@@ -333,6 +334,8 @@ static void vjp(AD *ad, const Op *op, const bool *live)
     }
     case OP_ALLREDUCE:
         accumulate(ad, x, gy);
+        break;
+    case OP_STOP_GRADIENT: /* no cotangent for its operand */
         break;
     default:
         die("autodiff: no gradient rule for %s", ir_opinfo[op->code].name);

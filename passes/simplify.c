@@ -17,6 +17,8 @@
  * Identities (only where the replacement has the op's exact type):
  *   x*1, 1*x, x/1, x+0, 0+x, x-0 -> x   (x+0 with x = -0.0 gives +0.0: the only
  *     difference, and harmless; x*0 is never folded: inf*0 and nan*0 are nan)
+ *   stop_gradient(x) -> x (simplify runs after autodiff, which is the only
+ *     pass it means anything to);
  *   neg(neg(x)) -> x; reshape(reshape(x)) -> reshape(x); reshape, broadcast
  *   to the operand's own shape -> x; permute by the identity -> x
  * CSE: same opcode, operands (either order for commutative binaries), result
@@ -192,6 +194,9 @@ static bool fold(Ctx *c, int i)
     }
 
     switch (op->code) {
+    case OP_STOP_GRADIENT: /* autodiff has run: now the identity */
+        replace(c, i, in[0]);
+        return true;
     case OP_SELECT: {
         double m;
         if (const_value(g, in[0], &m)) {

@@ -210,6 +210,26 @@ static void test_no_gradient_through_compare(void **state)
                     "output \"grad.w\" %4\n");
 }
 
+/* loss = w * stop_gradient(w): the gradient is stop_gradient(w) alone, the
+ * term through the stop_gradient is not formed. */
+static void test_stop_gradient(void **state)
+{
+    (void)state;
+    expect_autodiff("kiln-ir v1\n"
+                    "%0:f32[] = param \"w\" zeros\n"
+                    "%1:f32[] = stop_gradient %0   # m.lua:1\n"
+                    "%2:f32[] = mul %0, %1   # m.lua:2\n"
+                    "output \"loss\" %2\n",
+                    "kiln-ir v1\n"
+                    "%0:f32[] = param \"w\" zeros\n"
+                    "%1:f32[] = stop_gradient %0   # m.lua:1\n"
+                    "%2:f32[] = mul %0, %1   # m.lua:2\n"
+                    "%3:f32[] = const {value=1} !backward   # m.lua:2\n"
+                    "%4:f32[] = mul %3, %1 !backward   # m.lua:2\n"
+                    "output \"loss\" %2\n"
+                    "output \"grad.w\" %4\n");
+}
+
 /* A deep chain (tens of thousands of ops) differentiates in linear time and
  * gives a valid graph with one gradient per param. */
 static void test_large_graph(void **state)
@@ -258,6 +278,7 @@ int main(void)
         cmocka_unit_test(test_matmul_bias_relu_max),
         cmocka_unit_test(test_loss_errors),
         cmocka_unit_test(test_no_gradient_through_compare),
+        cmocka_unit_test(test_stop_gradient),
         cmocka_unit_test(test_large_graph),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

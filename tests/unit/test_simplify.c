@@ -186,6 +186,7 @@ static void test_identity_binary(void **state)
         "%r4:f32[2,3] = neg %r3\n",
         "%r:f32[2,3] = reshape %x\n",
         "%r:f32[2,3] = broadcast %x\n",
+        "%r:f32[2,3] = stop_gradient %x\n",
         "%r:f32[2,3] = permute %x {perm=[0,1]}\n",
         "%p:f32[3,2] = permute %x {perm=[1,0]}\n%r:f32[3,2] = permute %p {perm=[0,1]}\n"
         "%q:f32[2,3] = permute %r {perm=[1,0]}\n",
