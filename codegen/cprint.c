@@ -194,8 +194,9 @@ static void red_narrow(CgBuf *b, const CgPhase *ph, const char *src, int depth)
     cg_printf(b, "const %s a%d = (%s)%s;\n", cg_ctype(ph->adt), ph->acc, cg_ctype(ph->adt), src);
 }
 
-/* <red_name> = init; fold lanes[0..LANES) into it in order. */
-static void red_combine(CgBuf *b, const CgPhase *ph, const char *lanes, int depth)
+/* <red_name> = init; fold part[0..LANES) into it in order; part is the C
+ * text of partial q_ (l<acc>[q_], or A<acc>[q_][col] in a column loop). */
+static void red_combine(CgBuf *b, const CgPhase *ph, const char *part, int depth)
 {
     char w[32];
     red_name(w, sizeof w, ph);
@@ -204,23 +205,8 @@ static void red_combine(CgBuf *b, const CgPhase *ph, const char *lanes, int dept
     cg_print_red_init(b, ph);
     cg_puts(b, ";\n");
     cg_indent(b, depth);
-    cg_printf(b, "for (int q_ = 0; q_ < %d; q_++) ", LANES);
-    if (ph->rop == CG_RED_SUM)
-        cg_printf(b, "%s += %s[q_];\n", w, lanes);
-    else
-        cg_printf(b, "%s = (%s[q_] != %s[q_] || %s[q_] > %s) ? %s[q_] : %s;\n", w, lanes, lanes,
-                  lanes, w, lanes, w);
-}
-
-/* red_combine for a column loop's partials A<acc>[q][col]. */
-static void red_combine_col(CgBuf *b, const CgPhase *ph, const char *col, int depth)
-{
-    char w[32];
-    red_name(w, sizeof w, ph);
-    cg_indent(b, depth);
-    cg_printf(b, "%s %s = 0;\n", red_aty(ph), w);
-    cg_indent(b, depth);
-    cg_printf(b, "for (int q_ = 0; q_ < %d; q_++) %s += A%d[q_][%s];\n", LANES, w, ph->acc, col);
+    cg_printf(b, "for (int q_ = 0; q_ < %d; q_++)\n", LANES);
+    print_fold_text(b, ph, w, part, depth + 1);
 }
 
 /* A reduction phase, in the order above. A single reduced dim folds in
@@ -231,7 +217,7 @@ static void print_reduction(CgBuf *b, const CgKernel *k, const CgPhase *ph, int 
     int64_t n = red_count(ph);
     char acc[600], w[32], lanes[32];
     red_name(w, sizeof w, ph);
-    snprintf(lanes, sizeof lanes, "l%d", ph->acc);
+    snprintf(lanes, sizeof lanes, "l%d[q_]", ph->acc);
     if (n < RED_LANES_MIN) {
         cg_indent(b, depth);
         cg_printf(b, "%s %s = ", aty, w);
@@ -434,8 +420,8 @@ static void print_col_loop(CgBuf *b, const CgKernel *k, const CgLoop *l, int dep
         const CgPhase *ph = &l->ph.v[i];
         char src[64];
         if (lanes) {
-            snprintf(src, sizeof src, "v%d - c%d", v, v);
-            red_combine_col(b, ph, src, depth + 1);
+            snprintf(src, sizeof src, "A%d[q_][v%d - c%d]", ph->acc, v, v);
+            red_combine(b, ph, src, depth + 1);
             red_name(src, sizeof src, ph);
         } else {
             snprintf(src, sizeof src, "A%d[v%d - c%d]", ph->acc, v, v);
