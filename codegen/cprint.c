@@ -262,10 +262,12 @@ static void print_reduction(CgBuf *b, const CgKernel *k, const CgPhase *ph, int 
         cg_puts(b, ";\n");
         cg_indent(b, depth + 1);
         cg_puts(b, "}\n");
+        /* lane-major: each lane folds its values in increasing j_ (the
+         * order above), and the q_ loop vectorises across the lanes */
         cg_indent(b, depth + 1);
-        cg_printf(b, "for (int64_t j_ = 0; j_ < e%d - c%d; j_ += %d)\n", v, v, LANES);
-        cg_indent(b, depth + 2);
         cg_printf(b, "for (int q_ = 0; q_ < %d; q_++)\n", LANES);
+        cg_indent(b, depth + 2);
+        cg_printf(b, "for (int64_t j_ = 0; j_ < e%d - c%d; j_ += %d)\n", v, v, LANES);
         snprintf(acc, sizeof acc, "l%d[q_]", ph->acc);
         char val[64];
         snprintf(val, sizeof val, "t%d[j_ + q_]", ph->acc);
