@@ -7,10 +7,15 @@
  * takes a share of each loop's outer rows (the generated code splits
  * them); a GEMM is split into independent row, column or batch blocks,
  * each a single-threaded OpenBLAS call. OpenBLAS's own pool is held at one
- * thread, so no two pools ever compete for the cores. Idle workers sleep on
- * a condition variable after a short spin (a few microseconds), so they
- * never hold a core while nothing runs. Small steps run on the calling
- * thread alone. */
+ * thread, so no two pools ever compete for the cores. Idle workers spin
+ * for SPIN_NS, then sleep on a condition variable, so they hold a core for
+ * at most that long while nothing runs. The spin spans the serial kernels
+ * between two parallel steps: a worker that has gone to sleep costs a
+ * wake-up (tens of microseconds on a virtual machine) per step, more than
+ * the parallel part saves (gpt tiny: 0.68 ms/step with a 20 us spin, 0.55
+ * with 300 us). Small steps run on the calling thread alone: a kernel
+ * below MIN_KERNEL_WORK element-operations (kernel_work), a GEMM below
+ * MIN_GEMM_FLOPS. */
 #include "codegen.h"
 #include "runtime.h"
 
@@ -21,6 +26,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 typedef struct {
@@ -28,7 +34,7 @@ typedef struct {
     ffi_type **types;
     void (*fn)(void);
     int nargs;      /* buffers [+ seed, step] */
-    int64_t work;   /* elements the loops touch (to decide threading) */
+    int64_t work;   /* element-operations of a call (kernel_work; decides threading) */
 } CpuKernel;
 
 typedef struct {
@@ -65,13 +71,22 @@ struct BackendCtx {
     Pool pool;
 };
 
-enum { SPIN = 20000, MIN_KERNEL_WORK = 32768 };
+/* MIN_KERNEL_WORK: 32768 elements of an add (2 loads, the add: cost 4) */
+enum { MIN_KERNEL_WORK = 4 * 32768 };
+static const int64_t SPIN_NS = 300000;
 static const double MIN_GEMM_FLOPS = 4e6;
 
 typedef struct {
     Pool *pool;
     int id; /* 1..nth */
 } Worker;
+
+static int64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
 
 static void *worker_main(void *arg)
 {
@@ -80,8 +95,11 @@ static void *worker_main(void *arg)
     unsigned long long seen = 0;
     for (;;) {
         unsigned long long g = atomic_load(&pl->gen);
-        for (int i = 0; g == seen && i < SPIN; i++)
+        for (int64_t t0 = now_ns(), i = 1; g == seen; i++) {
+            if (i % 256 == 0 && now_ns() - t0 > SPIN_NS)
+                break;
             g = atomic_load(&pl->gen);
+        }
         if (g == seen) {
             pthread_mutex_lock(&pl->mu);
             while ((g = atomic_load(&pl->gen)) == seen && !pl->quit)
@@ -157,8 +175,9 @@ static void pool_run(Pool *pl, int nparts, void (*fn)(void *, int), void *ctx)
     pthread_cond_broadcast(&pl->go);
     pthread_mutex_unlock(&pl->mu);
     fn(ctx, 0);
-    for (int i = 0; atomic_load(&pl->pending) > 0 && i < SPIN; i++)
-        ;
+    for (int64_t t0 = now_ns(), i = 1; atomic_load(&pl->pending) > 0; i++)
+        if (i % 256 == 0 && now_ns() - t0 > SPIN_NS)
+            break;
     if (atomic_load(&pl->pending) > 0) {
         pthread_mutex_lock(&pl->mu);
         while (atomic_load(&pl->pending) > 0)
@@ -167,6 +186,39 @@ static void pool_run(Pool *pl, int nparts, void (*fn)(void *, int), void *ctx)
     }
 }
 
+/* Rough cost of computing one element of a phase: its bound expressions,
+ * a call-like one (exp, tanh, ...: about 20 vector instructions in the
+ * prelude) as 16, a division or square root as 4, anything else as 1. */
+static int64_t phase_cost(const CgKernel *k, const CgPhase *ph)
+{
+    int64_t c = 1;
+    for (int i = 0; i < ph->lets.n; i++) {
+        const CgExpr *e = &k->ex.v[ph->lets.v[i]];
+        if (e->kind == CGX_RAND) {
+            c += 16;
+            continue;
+        }
+        if (e->kind != CGX_OP) {
+            c += 1;
+            continue;
+        }
+        switch (e->op) {
+        case CG_EXP: case CG_LOG: case CG_SIN: case CG_COS: case CG_TANH: case CG_SIGMOID:
+        case CG_POW:
+            c += 16;
+            break;
+        case CG_DIV: case CG_SQRT: case CG_RSQRT:
+            c += 4;
+            break;
+        default:
+            c += 1;
+        }
+    }
+    return c;
+}
+
+/* Element-operations of a call: per loop, its outer extent times the sum
+ * over phases of inner extent x phase_cost. */
 static int64_t kernel_work(const CgKernel *k)
 {
     int64_t w = 0;
@@ -179,7 +231,7 @@ static int64_t kernel_work(const CgKernel *k)
             int64_t x = 1;
             for (int d = 0; d < l->ph.v[p].ndim; d++)
                 x *= l->ph.v[p].dim[d].n;
-            inner += x;
+            inner += x * phase_cost(k, &l->ph.v[p]);
         }
         w += outer * (inner ? inner : 1);
     }
