@@ -331,6 +331,36 @@ static void test_reduce(void **state)
     ir_free(g);
 }
 
+/* Rows long enough for the C printer's lanes and tiles (cprint.c): 40 (five
+ * chunks of 8, one tile), 300 (a tile of 256, a partial tile of 40 and a
+ * tail of 4 outside the lanes) and 1000 (three tiles and a partial one);
+ * sums and NaN-propagating maxima, f32 and i32. */
+static void test_reduce_long(void **state)
+{
+    (void)state;
+    Graph *g = ir_new();
+    int64_t lens[3] = {40, 300, 1000};
+    OpAttr last = {.nia = 1, .ia = {1}};
+    for (int i = 0; i < 3; i++) {
+        int64_t d[2] = {3, lens[i]};
+        char name[32];
+        snprintf(name, sizeof name, "x%lld", (long long)lens[i]);
+        int x = in_t(g, TK_INPUT, name, DT_F32, 2, d);
+        snprintf(name, sizeof name, "xi%lld", (long long)lens[i]);
+        int xi = in_t(g, TK_INPUT, name, DT_I32, 2, d);
+        snprintf(name, sizeof name, "sum%lld", (long long)lens[i]);
+        out(g, name, opa(g, OP_REDUCE_SUM, &x, 1, last));
+        snprintf(name, sizeof name, "max%lld", (long long)lens[i]);
+        out(g, name, opa(g, OP_REDUCE_MAX, &x, 1, last));
+        snprintf(name, sizeof name, "isum%lld", (long long)lens[i]);
+        out(g, name, opa(g, OP_REDUCE_SUM, &xi, 1, last));
+        snprintf(name, sizeof name, "imax%lld", (long long)lens[i]);
+        out(g, name, opa(g, OP_REDUCE_MAX, &xi, 1, last));
+    }
+    check_graph(g, 1e-6);
+    ir_free(g);
+}
+
 static void test_matmul(void **state)
 {
     (void)state;
@@ -524,7 +554,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_elementwise_f32), cmocka_unit_test(test_elementwise_int),
         cmocka_unit_test(test_sources),         cmocka_unit_test(test_moves),
-        cmocka_unit_test(test_reduce),          cmocka_unit_test(test_matmul),
+        cmocka_unit_test(test_reduce),          cmocka_unit_test(test_reduce_long),          cmocka_unit_test(test_matmul),
         cmocka_unit_test(test_updates),         cmocka_unit_test(test_cache),
         cmocka_unit_test(test_compile_failure), cmocka_unit_test(test_profile),
         cmocka_unit_test(test_models),
