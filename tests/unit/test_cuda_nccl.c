@@ -637,60 +637,30 @@ static void run_child(const char *which, const char *env)
         fail_msg("case %s failed (status %d)", which, ws);
 }
 
-static void test_rank1(void **state)
-{
-    (void)state;
-    run_child("rank1", NULL);
-}
+/* The cases, each run in a child (child(), or child_wait() for "wait_*"),
+ * with an extra environment entry. */
+typedef struct {
+    const char *name, *which, *env;
+} ChildCase;
+static const ChildCase child_cases[] = {
+    /* a peer that never joins the communicator: setup stops within the
+     * bound, aborts and names the lost rank through the callback */
+    {"hung_setup", "wait_setup", NULL},
+    {"hung_peer_stream", "wait_hang_stream", NULL},
+    {"hung_peer_event", "wait_hang_event", NULL},
+    {"slow_stream", "wait_slow", NULL},
+    {"long_compute", "wait_compute", NULL},
+    {"rank1", "rank1", NULL},
+    {"rank0", "rank0", NULL},
+    {"bf16_refused", "bf16", NULL},
+    {"old_nccl", "old", "FAKE_NCCL_VERSION=20907"},
+};
+enum { NCHILD = sizeof child_cases / sizeof child_cases[0] };
 
-static void test_rank0(void **state)
+static void test_child(void **state)
 {
-    (void)state;
-    run_child("rank0", NULL);
-}
-
-static void test_bf16_refused(void **state)
-{
-    (void)state;
-    run_child("bf16", NULL);
-}
-
-static void test_old_nccl(void **state)
-{
-    (void)state;
-    run_child("old", "FAKE_NCCL_VERSION=20907");
-}
-
-/* A peer that never joins the communicator: setup stops within the bound,
- * aborts and names the lost rank through the callback. */
-static void test_hung_setup(void **state)
-{
-    (void)state;
-    run_child("wait_setup", NULL);
-}
-
-static void test_hung_peer_stream(void **state)
-{
-    (void)state;
-    run_child("wait_hang_stream", NULL);
-}
-
-static void test_hung_peer_event(void **state)
-{
-    (void)state;
-    run_child("wait_hang_event", NULL);
-}
-
-static void test_slow_stream(void **state)
-{
-    (void)state;
-    run_child("wait_slow", NULL);
-}
-
-static void test_long_compute(void **state)
-{
-    (void)state;
-    run_child("wait_compute", NULL);
+    const ChildCase *c = *state;
+    run_child(c->which, c->env);
 }
 
 /* Every host wait of the CUDA backend goes through its bounded helpers
@@ -718,17 +688,10 @@ static void test_backend_waits_bounded(void **state)
 
 int main(void)
 {
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_hung_setup),
-        cmocka_unit_test(test_hung_peer_stream),
-        cmocka_unit_test(test_hung_peer_event),
-        cmocka_unit_test(test_slow_stream),
-        cmocka_unit_test(test_long_compute),
-        cmocka_unit_test(test_backend_waits_bounded),
-        cmocka_unit_test(test_rank1),
-        cmocka_unit_test(test_rank0),
-        cmocka_unit_test(test_bf16_refused),
-        cmocka_unit_test(test_old_nccl),
-    };
+    struct CMUnitTest tests[NCHILD + 1];
+    for (int i = 0; i < NCHILD; i++)
+        tests[i] = (struct CMUnitTest){child_cases[i].name, test_child, NULL, NULL,
+                                       (void *)&child_cases[i]};
+    tests[NCHILD] = (struct CMUnitTest)cmocka_unit_test(test_backend_waits_bounded);
     return cmocka_run_group_tests(tests, setup, teardown);
 }
