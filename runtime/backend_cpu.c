@@ -7,8 +7,10 @@
  * takes a share of each loop's outer rows (the generated code splits
  * them); a GEMM is split into independent row, column or batch blocks,
  * each a single-threaded OpenBLAS call. OpenBLAS's own pool is held at one
- * thread, so no two pools ever compete for the cores. Idle workers spin
- * for SPIN_NS, then sleep on a condition variable, so they hold a core for
+ * thread, so no two pools ever compete for the cores. The parts of a step
+ * go to whichever thread claims them first (Pool): a worker that has not
+ * come yet (its core busy with another process) leaves them to the caller
+ * instead of holding the step up. Idle workers spin for SPIN_NS, then sleep on a condition variable, so they hold a core for
  * at most that long while nothing runs. The spin spans the serial kernels
  * between two parallel steps: a worker that has gone to sleep costs a
  * wake-up (tens of microseconds on a virtual machine) per step, more than
@@ -44,17 +46,26 @@ typedef struct {
     int nparts;   /* parts this step runs in */
 } CpuStep;
 
-/* A job for the pool: fn(ctx, part) for part in [0, nparts). */
+/* A job for the pool: fn(ctx, part) for part in [0, nparts), each part run
+ * once, by whichever thread claims it first. claim packs the job's number
+ * (bits 32..63), its part count (16..31) and the next unclaimed part
+ * (0..15): a thread claims a part with one compare-and-swap, so a worker
+ * that wakes late (its core busy with another process) leaves its parts to
+ * the others instead of holding the step up, and a claim never lands in a
+ * job other than the one whose fn/ctx the thread read (the caller replaces
+ * them only after every part of the last job has finished, and a new job
+ * has a new number). */
+typedef void (*PoolFn)(void *ctx, int part);
 typedef struct {
     pthread_t *th;
     int nth;                  /* workers */
     pthread_mutex_t mu;
     pthread_cond_t go, done;
-    atomic_ullong gen;        /* bumped per job */
-    atomic_int pending;       /* workers still running the job */
-    void (*fn)(void *ctx, int part);
-    void *ctx;
-    int nparts;
+    atomic_ullong gen;        /* bumped per job: wakes the workers */
+    atomic_ullong claim;      /* job << 32 | nparts << 16 | next part */
+    atomic_int finished;      /* parts of the current job done */
+    _Atomic(PoolFn) fn;       /* atomic: a late worker may read them while */
+    void *_Atomic ctx;        /* the caller sets up the next job */
     bool quit;
 } Pool;
 
@@ -73,7 +84,7 @@ struct BackendCtx {
 
 /* MIN_KERNEL_WORK: 32768 elements of an add (2 loads, the add: cost 4) */
 enum { MIN_KERNEL_WORK = 4 * 32768 };
-static const int64_t SPIN_NS = 300000;
+static const int64_t SPIN_NS = 300000, STEAL_NS = 100000;
 static const double MIN_GEMM_FLOPS = 4e6;
 
 typedef struct {
@@ -86,6 +97,35 @@ static int64_t now_ns(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* Claims and runs parts of the current job until none is left, or after
+ * the first when once; true when this thread finished the job's last part. */
+static bool pool_work(Pool *pl, bool once)
+{
+    bool last = false;
+    unsigned long long w = atomic_load(&pl->claim);
+    for (;;) {
+        int np = (int)(w >> 16 & 0xffff), part = (int)(w & 0xffff);
+        if (part >= np)
+            return last;
+        PoolFn fn = atomic_load(&pl->fn);
+        void *ctx = atomic_load(&pl->ctx);
+        if (!atomic_compare_exchange_weak(&pl->claim, &w, w + 1))
+            continue; /* w now holds the current word */
+        fn(ctx, part);
+        last = atomic_fetch_add(&pl->finished, 1) + 1 == np;
+        if (once)
+            return last;
+        w = atomic_load(&pl->claim);
+    }
+}
+
+/* True once every part of the current job is claimed. */
+static bool pool_claimed(Pool *pl)
+{
+    unsigned long long w = atomic_load(&pl->claim);
+    return (w & 0xffff) >= (w >> 16 & 0xffff);
 }
 
 static void *worker_main(void *arg)
@@ -109,9 +149,7 @@ static void *worker_main(void *arg)
         if (pl->quit)
             break;
         seen = g;
-        if (w->id < pl->nparts)
-            pl->fn(pl->ctx, w->id);
-        if (atomic_fetch_sub(&pl->pending, 1) == 1) {
+        if (pool_work(pl, false)) {
             pthread_mutex_lock(&pl->mu);
             pthread_cond_signal(&pl->done);
             pthread_mutex_unlock(&pl->mu);
@@ -158,29 +196,39 @@ static void pool_stop(Pool *pl)
     pthread_cond_destroy(&pl->done);
 }
 
-/* Runs fn(ctx, 0..nparts-1): part 0 on the caller, the rest on workers. */
-static void pool_run(Pool *pl, int nparts, void (*fn)(void *, int), void *ctx)
+/* Runs fn(ctx, 0..nparts-1) on the caller and whichever workers come. */
+static void pool_run(Pool *pl, int nparts, PoolFn fn, void *ctx)
 {
     if (nparts <= 1 || pl->nth == 0) {
         for (int i = 0; i < nparts; i++)
             fn(ctx, i);
         return;
     }
-    pl->fn = fn;
-    pl->ctx = ctx;
-    pl->nparts = nparts;
-    atomic_store(&pl->pending, pl->nth);
+    if (nparts > 0xffff)
+        die("cpu backend: %d parts in one job", nparts);
+    atomic_store(&pl->fn, fn);
+    atomic_store(&pl->ctx, ctx);
+    atomic_store(&pl->finished, 0);
+    unsigned long long job = (atomic_load(&pl->claim) >> 32) + 1;
+    atomic_store(&pl->claim, job << 32 | (unsigned long long)nparts << 16);
     pthread_mutex_lock(&pl->mu);
     atomic_fetch_add(&pl->gen, 1);
     pthread_cond_broadcast(&pl->go);
     pthread_mutex_unlock(&pl->mu);
-    fn(ctx, 0);
-    for (int64_t t0 = now_ns(), i = 1; atomic_load(&pl->pending) > 0; i++)
+    /* one part, then the workers get STEAL_NS to claim theirs (an awake
+     * worker does within a microsecond; one woken from sleep within tens)
+     * before the caller takes what is left */
+    pool_work(pl, true);
+    for (int64_t t0 = now_ns(), i = 1; !pool_claimed(pl); i++)
+        if (i % 64 == 0 && now_ns() - t0 > STEAL_NS)
+            break;
+    pool_work(pl, false);
+    for (int64_t t0 = now_ns(), i = 1; atomic_load(&pl->finished) < nparts; i++)
         if (i % 256 == 0 && now_ns() - t0 > SPIN_NS)
             break;
-    if (atomic_load(&pl->pending) > 0) {
+    if (atomic_load(&pl->finished) < nparts) {
         pthread_mutex_lock(&pl->mu);
-        while (atomic_load(&pl->pending) > 0)
+        while (atomic_load(&pl->finished) < nparts)
             pthread_cond_wait(&pl->done, &pl->mu);
         pthread_mutex_unlock(&pl->mu);
     }
