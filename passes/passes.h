@@ -31,6 +31,9 @@ typedef struct {
     int grad_accum;        /* micro-batches per step (<= 1: none) */
     /* fuse */
     bool no_fuse;          /* --no-fuse: every op its own kernel */
+    /* pass_pipeline: where an invalid graph's IR is written (NULL: $TMPDIR,
+     * else /tmp) */
+    const char *dump_dir;
 } PassOpts;
 
 void pass_opts_default(PassOpts *o);

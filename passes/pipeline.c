@@ -1,8 +1,12 @@
 /* pipeline.c - the flat list of passes and the driver that runs them. */
 #include "passes.h"
 
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 void pass_opts_default(PassOpts *o)
 {
@@ -41,13 +45,49 @@ static double now(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* The verifier's complaint about g (after pass `after`, or "frontend"),
+ * with g's IR written to a file for the report: DIR/invalid-after-PASS.ir
+ * with a dump directory, else a fresh $TMPDIR/kiln-invalid-after-PASS-*.ir. */
+static void invalid_graph(const Graph *g, const char *after, const char *err,
+                          const PassOpts *o, Diag *d)
+{
+    char path[1024];
+    FILE *f = NULL;
+    if (o->dump_dir) {
+        snprintf(path, sizeof path, "%s/invalid-after-%s.ir", o->dump_dir, after);
+        f = fopen(path, "w");
+    } else {
+        const char *tmp = getenv("TMPDIR");
+        snprintf(path, sizeof path, "%s/kiln-invalid-after-%s-XXXXXX.ir",
+                 tmp && *tmp ? tmp : "/tmp", after);
+        int fd = mkstemps(path, 3);
+        f = fd >= 0 ? fdopen(fd, "w") : NULL;
+    }
+    bool ok = f != NULL;
+    if (f) {
+        ir_print(g, f);
+        ok = fclose(f) == 0;
+    }
+    char what[128];
+    if (strcmp(after, "frontend") == 0)
+        snprintf(what, sizeof what, "the frontend's graph is invalid");
+    else
+        snprintf(what, sizeof what, "the graph is invalid after pass %s", after);
+    if (ok)
+        snprintf(d->msg, sizeof d->msg, "internal error: %s: %s (its IR is in %s)", what, err,
+                 path);
+    else
+        snprintf(d->msg, sizeof d->msg,
+                 "internal error: %s: %s (its IR could not be written to %s: %s)", what, err,
+                 path, strerror(errno));
+}
+
 bool pass_pipeline(Graph *g, const PassOpts *o, const char *last, PassHook hook,
                    void *ctx, Diag *d)
 {
     char err[1024];
     if (!ir_verify(g, err, sizeof err)) {
-        snprintf(d->msg, sizeof d->msg, "internal error: the frontend's graph is invalid: %s",
-                 err);
+        invalid_graph(g, "frontend", err, o, d);
         return false;
     }
     for (int i = 0; i < pass_count; i++) {
@@ -56,9 +96,7 @@ bool pass_pipeline(Graph *g, const PassOpts *o, const char *last, PassHook hook,
             return false;
         double dt = now() - t0;
         if (!ir_verify(g, err, sizeof err)) {
-            snprintf(d->msg, sizeof d->msg,
-                     "internal error: the graph is invalid after pass %s: %s",
-                     pass_list[i].name, err);
+            invalid_graph(g, pass_list[i].name, err, o, d);
             return false;
         }
         if (hook)

@@ -451,6 +451,7 @@ static int cmd_compile(int argc, char **argv)
     po.nranks = a.nproc > 0 ? a.nproc : 1;
     po.no_overlap = a.no_overlap;
     po.no_fuse = a.no_fuse;
+    po.dump_dir = a.dump_dir;
     po.grad_accum = (int)m->train.grad_accum;
     po.bucket_bytes = (int64_t)(m->train.bucket_mb * 1048576.0);
     RematReport rr;

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "frontend.h"
 #include "passes.h"
@@ -156,9 +157,62 @@ static void test_gpt_tiny_trains_under_interpreter(void **state)
     fe_model_free(m);
 }
 
+/* A graph the verifier rejects stops the pipeline with "internal error",
+ * the pass (here: the frontend's graph) and where its IR was written: into
+ * the dump directory when there is one, else a fresh file under $TMPDIR. */
+static void test_invalid_graph_written(void **state)
+{
+    (void)state;
+    char *dir = scratch_dir("invalid");
+    const char *tmp0 = getenv("TMPDIR");
+    char *saved = tmp0 ? strdup(tmp0) : NULL;
+    for (int with_dir = 1; with_dir >= 0; with_dir--) {
+        Graph *g = parse_or_fail("kiln-ir v1\n"
+                                 "%0:f32[4] = param \"w\" zeros\n"
+                                 "%1:f32[4] = exp %0\n"
+                                 "%2:f32[1] = reduce_sum %1 {axes=[0]}\n"
+                                 "%3:f32[] = reshape %2\n"
+                                 "output \"loss\" %3\n");
+        g->t.v[1].s.dim[0] = 5; /* exp's result no longer matches its operand */
+        PassOpts o;
+        pass_opts_default(&o);
+        if (with_dir)
+            o.dump_dir = dir;
+        else
+            setenv("TMPDIR", dir, 1);
+        Diag d = {{0}};
+        assert_false(pass_pipeline(g, &o, NULL, NULL, NULL, &d));
+        assert_non_null(strstr(d.msg, "internal error: the frontend's graph is invalid: "));
+        const char *at = strstr(d.msg, "(its IR is in ");
+        if (!at)
+            fail_msg("no IR path in: %s", d.msg);
+        char path[1024];
+        snprintf(path, sizeof path, "%s", at + strlen("(its IR is in "));
+        path[strlen(path) - 1] = 0; /* the closing parenthesis */
+        assert_int_equal(strncmp(path, dir, strlen(dir)), 0);
+        assert_non_null(strstr(path, with_dir ? "/invalid-after-frontend.ir"
+                                              : "/kiln-invalid-after-frontend-"));
+        char *text = read_file(path);
+        assert_non_null(text);
+        assert_non_null(strstr(text, "kiln-ir v1\n"));
+        assert_non_null(strstr(text, "%1:f32[5] = exp %0"));
+        free(text);
+        unlink(path);
+        ir_free(g);
+    }
+    if (saved)
+        setenv("TMPDIR", saved, 1);
+    else
+        unsetenv("TMPDIR");
+    free(saved);
+    rmdir(dir);
+    free(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_invalid_graph_written),
         cmocka_unit_test(test_round_trip_every_model),
         cmocka_unit_test(test_round_trip_gpt2_124m),
         cmocka_unit_test(test_gpt_tiny_trains_under_interpreter),
