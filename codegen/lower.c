@@ -105,6 +105,24 @@ static CgOp elem_op(Opcode c)
     }
 }
 
+/* Every operand and the result of op have a C type (f32, i32, i64, u8);
+ * else d names the op's line. */
+static bool dtypes_supported(const Graph *g, const Op *op, Diag *d)
+{
+    for (int j = -1; j < op->nin; j++) {
+        DType dt = g->t.v[j < 0 ? op->out : op->in[j]].s.dtype;
+        if (!cg_ctype(dt)) {
+            snprintf(d->msg, sizeof d->msg,
+                     "%s:%d: %s on %s is not supported by the CPU backend yet (expected "
+                     "f32, i32, i64 or u8)",
+                     op->loc.file ? op->loc.file : "?", op->loc.line, ir_opinfo[op->code].name,
+                     dtype_name(dt));
+            return false;
+        }
+    }
+    return true;
+}
+
 bool cg_lower_op(const Graph *g, int i, CgKernel *k, Diag *d)
 {
     const Op *op = &g->ops.v[i];
@@ -118,16 +136,8 @@ bool cg_lower_op(const Graph *g, int i, CgKernel *k, Diag *d)
     k->group = -1;
     k->noalias = true;
     k->parallel = op->code != OP_SCATTER_ADD;
-    for (int j = -1; j < op->nin; j++) {
-        DType dt = g->t.v[j < 0 ? op->out : op->in[j]].s.dtype;
-        if (!cg_ctype(dt)) {
-            snprintf(d->msg, sizeof d->msg,
-                     "%s:%d: %s on %s is not supported by the CPU backend yet (expected "
-                     "f32, i32, i64 or u8)",
-                     op->loc.file ? op->loc.file : "?", op->loc.line, name, dtype_name(dt));
-            return false;
-        }
-    }
+    if (!dtypes_supported(g, op, d))
+        return false;
     int po = add_param(k, g, op->out, true);
     int vars[IR_MAX_RANK] = {0}, idx[IR_MAX_RANK] = {0};
     int64_t numel = shape_numel(os);
@@ -661,20 +671,9 @@ bool cg_lower_group(const Graph *g, const int *ops, int n, const bool *mat, CgKe
     k->group = g->ops.v[ops[0]].group;
     k->noalias = true;
     k->parallel = true;
-    for (int i = 0; i < n; i++) {
-        const Op *op = &g->ops.v[ops[i]];
-        for (int j = -1; j < op->nin; j++) {
-            DType dt = g->t.v[j < 0 ? op->out : op->in[j]].s.dtype;
-            if (!cg_ctype(dt)) {
-                snprintf(d->msg, sizeof d->msg,
-                         "%s:%d: %s on %s is not supported by the CPU backend yet (expected "
-                         "f32, i32, i64 or u8)",
-                         op->loc.file ? op->loc.file : "?", op->loc.line,
-                         ir_opinfo[op->code].name, dtype_name(dt));
-                return false;
-            }
-        }
-    }
+    for (int i = 0; i < n; i++)
+        if (!dtypes_supported(g, &g->ops.v[ops[i]], d))
+            return false;
     /* connected parts by in-group edges (union-find over member positions) */
     int *pos = xmalloc(sizeof(int) * (size_t)(nops + 1));
     for (int i = 0; i < nops; i++)

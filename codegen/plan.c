@@ -16,6 +16,19 @@ static bool overlap(const MemPlan *m, int a, int b)
     return a0 < b1 && b0 < a1;
 }
 
+/* GEMMs run in f32 (OpenBLAS sgemm; cuBLASLt takes bf16 only through the
+ * CUDA backend's storage types); else d names the op's line. */
+static bool gemm_supported(const Graph *g, const Op *op, Diag *d)
+{
+    DType dt = g->t.v[op->out].s.dtype;
+    if (dt == DT_F32)
+        return true;
+    snprintf(d->msg, sizeof d->msg,
+             "%s:%d: matmul on %s is not supported by the CPU backend yet (expected f32)",
+             op->loc.file ? op->loc.file : "?", op->loc.line, dtype_name(dt));
+    return false;
+}
+
 static CgGemm plan_gemm(const Graph *g, const Op *op)
 {
     const Shape *A = &g->t.v[op->in[0]].s, *B = &g->t.v[op->in[1]].s,
@@ -178,14 +191,8 @@ CgPlan *cg_plan(const Graph *g, Diag *d)
                 const Op *mo = &g->ops.v[q];
                 if (mo->code != OP_MATMUL)
                     continue;
-                if (g->t.v[mo->out].s.dtype != DT_F32) {
-                    snprintf(d->msg, sizeof d->msg,
-                             "%s:%d: matmul on %s is not supported by the CPU backend yet "
-                             "(expected f32)",
-                             mo->loc.file ? mo->loc.file : "?", mo->loc.line,
-                             dtype_name(g->t.v[mo->out].s.dtype));
+                if (!gemm_supported(g, mo, d))
                     goto fail;
-                }
                 CgStep gs = {.kind = CG_STEP_GEMM, .op = q, .kernel = -1, .group = gid};
                 gs.gemm = plan_gemm(g, mo);
                 gs.name = intern("gemm");
@@ -235,14 +242,8 @@ CgPlan *cg_plan(const Graph *g, Diag *d)
             continue;
         }
         if (op->code == OP_MATMUL) {
-            if (g->t.v[op->out].s.dtype != DT_F32) {
-                snprintf(d->msg, sizeof d->msg,
-                         "%s:%d: matmul on %s is not supported by the CPU backend yet "
-                         "(expected f32)",
-                         op->loc.file ? op->loc.file : "?", op->loc.line,
-                         dtype_name(g->t.v[op->out].s.dtype));
+            if (!gemm_supported(g, op, d))
                 goto fail;
-            }
             st.kind = CG_STEP_GEMM;
             st.gemm = plan_gemm(g, op);
             st.name = intern("gemm");

@@ -139,6 +139,16 @@ static SrcLoc loc_of(const Graph *g, int t)
     return op >= 0 ? g->ops.v[op].loc : (SrcLoc){NULL, 0};
 }
 
+/* The zero-initialised state accum.P that sums gradient g's micro-batches. */
+static int add_accum(Graph *g, const Grad *gr)
+{
+    char *nm = xasprintf("accum.%s", gr->name);
+    int acc = ir_add_input(g, TK_STATE, intern(nm), g->t.v[gr->t].s,
+                           (ParamInit){INIT_ZEROS, 0, 0});
+    free(nm);
+    return acc;
+}
+
 /* grad <- (grad + accum.P) / K, right after the gradient's producer. */
 static void accumulate(Graph *g, int K)
 {
@@ -148,11 +158,8 @@ static void accumulate(Graph *g, int K)
     for (int i = 0; i < g->ops.n; i++)
         place(&p, i, i, 0);
     for (int k = 0; k < n; k++) {
-        const Tensor *t = &g->t.v[gr[k].t];
-        Shape s = t->s;
-        char *nm = xasprintf("accum.%s", gr[k].name);
-        int acc = ir_add_input(g, TK_STATE, intern(nm), s, (ParamInit){INIT_ZEROS, 0, 0});
-        free(nm);
+        Shape s = g->t.v[gr[k].t].s;
+        int acc = add_accum(g, &gr[k]);
         SrcLoc loc = loc_of(g, gr[k].t);
         int at = gr[k].ready;
         int sum = add_op(&p, OP_ADD, (int[]){gr[k].t, acc}, 2, &(OpAttr){0}, loc, at, 1);
@@ -331,11 +338,7 @@ bool pass_comm_micro(Graph *g, Diag *d)
     Grad *gr;
     int n = collect_grads(g, &gr);
     for (int k = 0; k < n; k++) {
-        const Tensor *t = &g->t.v[gr[k].t];
-        Shape s = t->s;
-        char *nm = xasprintf("accum.%s", gr[k].name);
-        int acc = ir_add_input(g, TK_STATE, intern(nm), s, (ParamInit){INIT_ZEROS, 0, 0});
-        free(nm);
+        int acc = add_accum(g, &gr[k]);
         int sum = ir_op_x(g, OP_ADD, (int[]){acc, gr[k].t}, 2, &(OpAttr){0},
                           loc_of(g, gr[k].t));
         ir_add_update(g, acc, sum);
