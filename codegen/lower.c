@@ -588,7 +588,12 @@ static bool lower_loop(const Graph *g, const int *ops, int n, const FuseDomain *
             lv = LV_ROW;
         } else if (dom->kind != FUSE_ELEM && shape_dims_eq(s, &osh)) {
             lv = LV_ROW;
-            if (shape_dims_eq(s, S)) { /* degenerate: row and full shapes agree */
+            /* degenerate: row and full shapes agree (every reduced extent
+             * is 1). A row loop computes everything at row level (a full
+             * value would be bound inside a fold's loop, out of reach of
+             * the row values that use it); a column loop keeps values full
+             * unless they read a row value. */
+            if (L->col && shape_dims_eq(s, S)) {
                 lv = LV_FULL;
                 for (int j = 0; j < op->nin; j++) {
                     int q = g->t.v[op->in[j]].op;
