@@ -530,6 +530,7 @@ static bool finish(lua_State *L, Fe *fe, char *err, size_t errlen)
             return false;
         }
     collect_config(L, fe);
+    m->train_line = fe->train_line;
     ir_compact(g);
     char verr[1024];
     if (!ir_verify(g, verr, sizeof verr))

@@ -51,6 +51,7 @@ typedef struct Model {
                           owned; NULL when g draws no random numbers (g serves);
                           declares exactly g's params, inputs and state */
     TrainCfg train;
+    int train_line;    /* the script's train{} call; 0 if none */
     FeConfigItem *config; /* config{} keys sorted by name, final values */
     int nconfig;
     void *owned_;      /* private: strings the model owns */

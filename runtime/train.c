@@ -197,9 +197,10 @@ static bool check_input(const Graph *g, const char *name, DType dt, int rank,
     return true;
 }
 
-/* Works out the data source from the graph's inputs and the train config,
- * checks every input of g is one the source (or the loop) provides. */
-static bool open_data(Run *r, Diag *d)
+/* Works out the data source from the graph's inputs and the train config
+ * into *dc, and checks every input of g is one the source (or the loop)
+ * provides. */
+static bool data_cfg(Run *r, DataCfg *dcp, Diag *d)
 {
     const Graph *g = r->m->g;
     const char *kind = r->c.data;
@@ -208,8 +209,7 @@ static bool open_data(Run *r, Diag *d)
         kind = x ? "blobs" : NULL;
     if (!kind) {
         snprintf(d->msg, sizeof d->msg,
-                 "%s: train{data=...} is not set (expected addition, text, tokens or blobs)",
-                 r->m->path ? r->m->path : "model");
+                 "train{data=...} is not set (expected addition, text, tokens or blobs)");
         return false;
     }
     r->blobs = strcmp(kind, "blobs") == 0;
@@ -279,6 +279,31 @@ static bool open_data(Run *r, Diag *d)
                      kind, r->blobs ? "x, y" : "tokens, targets, mask");
             return false;
         }
+    }
+    if (r->blobs && (dc.dim < 1 || dc.classes < 2)) {
+        snprintf(d->msg, sizeof d->msg,
+                 "data blobs needs at least 1 feature and 2 classes (got x with %d, logits "
+                 "with %d)",
+                 dc.dim, dc.classes);
+        return false;
+    }
+    *dcp = dc;
+    return true;
+}
+
+/* The data source; a mismatch between the model and its data names the
+ * script and its train{} line. */
+static bool open_data(Run *r, Diag *d)
+{
+    DataCfg dc;
+    if (!data_cfg(r, &dc, d)) {
+        char msg[sizeof d->msg];
+        snprintf(msg, sizeof msg, "%s", d->msg);
+        if (r->m->train_line > 0)
+            snprintf(d->msg, sizeof d->msg, "%s:%d: %.1900s", r->m->path, r->m->train_line, msg);
+        else
+            snprintf(d->msg, sizeof d->msg, "%s: %.1900s", r->m->path, msg);
+        return false;
     }
     r->ds = rt_data_open(&dc, d);
     return r->ds != NULL;

@@ -45,6 +45,15 @@ expect_error "$dir/magic.bin" "magic 20240520" -- \
 head -c 300 "$dir/good.bin" > "$dir/short.bin"
 expect_error "$dir/short.bin" "header" -- gpt --set data=tokens --set data_path="$dir/short.bin"
 
+# data that does not fit the model: the script and its train{} line
+gline=$(grep -n '^train{' models/gpt.lua | cut -d: -f1)
+mline=$(grep -n '^train{' models/mlp.lua | cut -d: -f1)
+[ -n "$gline" ] && [ -n "$mline" ] || fail "no train{} line in models/gpt.lua or models/mlp.lua"
+expect_error "models/gpt.lua:$gline: data addition needs a vocabulary of at least 14" -- \
+    gpt --set V=2 --set data=addition
+expect_error "models/mlp.lua:$mline: data blobs needs at least 1 feature and 2 classes" -- \
+    "$KILN" train models/mlp.lua --steps 2 --set classes=1
+
 # unwritable output paths: an error, and nothing written there
 expect_error "$dir/no/such/dir/w.safetensors" "cannot write" -- \
     "$KILN" train models/mlp.lua --steps 2 --save-weights "$dir/no/such/dir/w.safetensors"
