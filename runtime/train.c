@@ -609,6 +609,13 @@ static bool init_state(Run *r, Diag *d)
         if (m.seed != r->c.seed && !r->o->quiet)
             printf("resume: using the checkpoint's seed %llu (the model says %llu)\n",
                    (unsigned long long)m.seed, (unsigned long long)r->c.seed);
+        if (m.step > r->steps) {
+            snprintf(d->msg, sizeof d->msg,
+                     "%s: the checkpoint is at step %lld, past the run's end (expected "
+                     "--steps or train.steps >= %lld, got %lld)",
+                     r->o->resume, (long long)m.step, (long long)m.step, (long long)r->steps);
+            return false;
+        }
         r->c.seed = m.seed;
         r->step = m.step;
         r->data_pos = m.data_pos;
@@ -807,7 +814,11 @@ int rt_train(Model *m, const TrainOpts *o)
     qsort(ms, (size_t)nms, sizeof *ms, cmp_double);
     double med = nms ? (nms % 2 ? ms[nms / 2] : 0.5 * (ms[nms / 2 - 1] + ms[nms / 2])) : 0;
     free(ms);
-    printf("final: step %lld | train loss %.9g", (long long)r.step, (double)loss);
+    /* no step ran (resumed at the end): nothing to report as training loss */
+    if (isnan(loss) && r.step == first)
+        printf("final: step %lld | train loss n/a (no step ran)", (long long)r.step);
+    else
+        printf("final: step %lld | train loss %.9g", (long long)r.step, (double)loss);
     if (r.have_val)
         printf(" | val loss %.9g", r.last_val_loss);
     if (r.have_acc)

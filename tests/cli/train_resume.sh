@@ -83,3 +83,16 @@ if close "$dir/k1b8.log" "$dir/k1.log"; then
     echo "FAIL: the loss comparison cannot fail"; exit 1
 fi
 echo "grad_accum: resume across 1 and 2 ok"
+
+# resuming at the run's end evaluates and trains nothing; before it, an error
+"$KILN" train $ADD --set batch=16 --steps 10 --resume "$dir/k1.step10.safetensors" \
+    > "$dir/end.log" 2>&1 || { echo "FAIL: resume at the end: $(cat "$dir/end.log")"; exit 1; }
+grep -q 'final: step 10 | train loss n/a (no step ran)' "$dir/end.log" ||
+    { echo "FAIL: resume at the end: $(cat "$dir/end.log")"; exit 1; }
+if "$KILN" train $ADD --set batch=16 --steps 5 --resume "$dir/k1.step10.safetensors" \
+    > "$dir/past.log" 2>&1; then
+    echo "FAIL: --steps before the checkpoint's step was accepted"; exit 1
+fi
+grep -q 'at step 10, past the run.s end (expected --steps or train.steps >= 10, got 5)' \
+    "$dir/past.log" || { echo "FAIL: $(cat "$dir/past.log")"; exit 1; }
+echo "resume at or past the end ok"
