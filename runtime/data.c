@@ -7,6 +7,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 typedef enum { SRC_ADDITION, SRC_TEXT, SRC_TOKENS, SRC_BLOBS } SrcKind;
 
@@ -146,8 +147,16 @@ static bool slurp(const char *path, uint8_t **data, int64_t *n, Diag *d)
 {
     FILE *f = fopen(path, "rb");
     if (!f) {
-        snprintf(d->msg, sizeof d->msg, "%s: cannot open data file: %s", path,
-                 strerror(errno));
+        int err = errno;
+        char cwd[1024];
+        if (path[0] != '/' && getcwd(cwd, sizeof cwd))
+            snprintf(d->msg, sizeof d->msg,
+                     "%s: cannot open data file: %s (a relative data_path is taken from the "
+                     "current directory, %s; pass --set data_path=PATH)",
+                     path, strerror(err), cwd);
+        else
+            snprintf(d->msg, sizeof d->msg, "%s: cannot open data file: %s", path,
+                     strerror(err));
         return false;
     }
     if (fseek(f, 0, SEEK_END) != 0 || ftell(f) < 0) {
