@@ -2,12 +2,23 @@
  *
  * Cache key: hash of source, `cc --version` output and flags. The object is
  * compiled to a temporary name in the cache directory and renamed into
- * place, so a reader never sees a half-written object. */
+ * place, so a reader never sees a half-written object.
+ *
+ * Size: the kiln-* files of the directory are kept under KILN_CACHE_MAX
+ * bytes (default 1 GiB; 0: no limit). A hit refreshes its object's mtime;
+ * after a compile adds an entry, the files least recently used go until the
+ * total is under three quarters of the limit. A file touched in the last
+ * minute stays (another process may be compiling or loading it). */
 #include "runtime.h"
 
+#include "frontend.h"
+
+#include <dirent.h>
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -135,6 +146,90 @@ static int first_error_line(const char *log, const char *cfile)
     return 0;
 }
 
+enum { CACHE_GRACE_S = 60 };
+
+/* The cache limit in bytes from KILN_CACHE_MAX ("2GiB", "500MB", bytes; 0:
+ * none); the default, with a warning, when it does not parse. */
+static int64_t cache_max(void)
+{
+    const int64_t def = (int64_t)1 << 30;
+    const char *e = getenv("KILN_CACHE_MAX");
+    if (!e || !*e)
+        return def;
+    int64_t v = fe_parse_bytes(e);
+    if (v < 0) {
+        static bool warned;
+        if (!warned)
+            fprintf(stderr, "kiln: KILN_CACHE_MAX: expected a size such as 2GiB or 0 (no "
+                            "limit), got '%s'; using 1GiB\n", e);
+        warned = true;
+        return def;
+    }
+    return v;
+}
+
+typedef struct {
+    char *name;
+    int64_t size;
+    time_t mtime;
+} CacheFile;
+
+static int by_mtime(const void *a, const void *b)
+{
+    const CacheFile *x = a, *y = b;
+    return x->mtime < y->mtime ? -1 : x->mtime > y->mtime ? 1 : strcmp(x->name, y->name);
+}
+
+/* Removes the least recently used kiln-* files of dir until they total
+ * under 3/4 of the limit; never `keep`, never a file of the last minute. */
+static void cache_prune(const char *dir, const char *keep, bool verbose)
+{
+    int64_t max = cache_max();
+    if (max <= 0)
+        return;
+    DIR *dp = opendir(dir);
+    if (!dp)
+        return;
+    CacheFile *f = NULL;
+    size_t n = 0, cap = 0;
+    int64_t total = 0;
+    struct dirent *de;
+    while ((de = readdir(dp))) {
+        if (strncmp(de->d_name, "kiln-", 5) != 0)
+            continue;
+        char *path = xasprintf("%s/%s", dir, de->d_name);
+        struct stat st;
+        if (stat(path, &st) != 0 || !S_ISREG(st.st_mode)) {
+            free(path);
+            continue;
+        }
+        if (n == cap)
+            f = xrealloc(f, sizeof *f * (cap = cap ? 2 * cap : 64));
+        f[n++] = (CacheFile){path, (int64_t)st.st_size, st.st_mtime};
+        total += (int64_t)st.st_size;
+    }
+    closedir(dp);
+    if (total > max) {
+        qsort(f, n, sizeof *f, by_mtime);
+        time_t now_t = time(NULL);
+        int removed = 0;
+        for (size_t i = 0; i < n && total > max / 4 * 3; i++) {
+            if (strcmp(f[i].name, keep) == 0 || now_t - f[i].mtime < CACHE_GRACE_S)
+                continue;
+            if (unlink(f[i].name) == 0) {
+                total -= f[i].size;
+                removed++;
+            }
+        }
+        if (verbose)
+            fprintf(stderr, "kiln: cc: cache over %lld bytes: removed %d least recently used "
+                            "files\n", (long long)max, removed);
+    }
+    for (size_t i = 0; i < n; i++)
+        free(f[i].name);
+    free(f);
+}
+
 char *rt_cc_compile(const char *source, const char *cache_dir, bool verbose, Diag *d)
 {
     char *src = NULL;
@@ -156,6 +251,7 @@ char *rt_cc_compile(const char *source, const char *cache_dir, bool verbose, Dia
     char *so = xasprintf("%s/kiln-%016llx%016llx.so", dir, (unsigned long long)h1,
                          (unsigned long long)h2);
     if (access(so, R_OK) == 0) {
+        utimensat(AT_FDCWD, so, NULL, 0); /* used now: last to go (best effort) */
         stats.cache_hits++;
         if (verbose)
             fprintf(stderr, "kiln: cc: cache hit %s (%d compiles, %d hits)\n", so,
@@ -222,6 +318,7 @@ char *rt_cc_compile(const char *source, const char *cache_dir, bool verbose, Dia
     free(cfile);
     free(tmp);
     free(src);
+    cache_prune(dir, so, verbose);
     free(dir);
     return so;
 fail:

@@ -8,6 +8,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "codegen.h"
 #include "frontend.h"
@@ -458,6 +462,64 @@ static void test_cache(void **state)
     free(dir);
 }
 
+/* KILN_CACHE_MAX bounds the cache: a compile that adds an entry removes
+ * the least recently used kiln-* files (old mtimes here) until the total is
+ * under 3/4 of the limit, and keeps what it just compiled and anything
+ * touched in the last minute. */
+static void test_cache_bound(void **state)
+{
+    (void)state;
+    char *dir = scratch_dir("cachemax");
+    char *blob = xcalloc(1, 100000);
+    time_t now_t = time(NULL);
+    for (int i = 0; i < 6; i++) {
+        char *path = xasprintf("%s/kiln-%032d.so", dir, i);
+        FILE *f = fopen(path, "wb");
+        assert_non_null(f);
+        assert_int_equal(fwrite(blob, 1, 100000, f), 100000);
+        fclose(f);
+        /* 0 is the oldest; 5 was used a moment ago */
+        struct timespec ts[2] = {{now_t - 86400 + i * 600, 0}, {now_t - 86400 + i * 600, 0}};
+        if (i == 5)
+            ts[0].tv_sec = ts[1].tv_sec = now_t - 5;
+        assert_int_equal(utimensat(AT_FDCWD, path, ts, 0), 0);
+        free(path);
+    }
+    free(blob);
+    setenv("KILN_CACHE_MAX", "400000", 1);
+    Graph *g = small_graph(0.61f);
+    ExecOpts o = {.threads = 1, .cache_dir = dir};
+    Diag d = {{0}};
+    Exec *e = rt_exec_create(g, &o, &d);
+    unsetenv("KILN_CACHE_MAX");
+    if (!e)
+        fail_msg("%s", d.msg);
+    rt_exec_destroy(e);
+    bool present[6];
+    for (int i = 0; i < 6; i++) {
+        char *path = xasprintf("%s/kiln-%032d.so", dir, i);
+        present[i] = access(path, F_OK) == 0;
+        free(path);
+    }
+    /* 600 kB of old entries plus the new one, limit 400 kB: the oldest go
+     * until under 300 kB, the one used 5 s ago stays whatever its age */
+    assert_false(present[0]);
+    assert_false(present[1]);
+    assert_false(present[2]);
+    assert_true(present[5]);
+    char *cmd = xasprintf("ls '%s' | grep -c '\\.so$'", dir);
+    char *outp = NULL;
+    run_cmd(cmd, &outp);
+    assert_true(atoi(outp) >= 2); /* the new object and entry 5 at least */
+    free(outp);
+    free(cmd);
+    cmd = xasprintf("rm -rf '%s'", dir);
+    assert_int_equal(run_cmd(cmd, NULL), 0);
+    free(cmd);
+    free(dir);
+    ir_free(g);
+}
+
 static void test_compile_failure(void **state)
 {
     (void)state;
@@ -552,11 +614,18 @@ static void test_models(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_elementwise_f32), cmocka_unit_test(test_elementwise_int),
-        cmocka_unit_test(test_sources),         cmocka_unit_test(test_moves),
-        cmocka_unit_test(test_reduce),          cmocka_unit_test(test_reduce_long),          cmocka_unit_test(test_matmul),
-        cmocka_unit_test(test_updates),         cmocka_unit_test(test_cache),
-        cmocka_unit_test(test_compile_failure), cmocka_unit_test(test_profile),
+        cmocka_unit_test(test_elementwise_f32),
+        cmocka_unit_test(test_elementwise_int),
+        cmocka_unit_test(test_sources),
+        cmocka_unit_test(test_moves),
+        cmocka_unit_test(test_reduce),
+        cmocka_unit_test(test_reduce_long),
+        cmocka_unit_test(test_matmul),
+        cmocka_unit_test(test_updates),
+        cmocka_unit_test(test_cache),
+        cmocka_unit_test(test_cache_bound),
+        cmocka_unit_test(test_compile_failure),
+        cmocka_unit_test(test_profile),
         cmocka_unit_test(test_models),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
