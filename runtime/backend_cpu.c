@@ -328,7 +328,7 @@ static BackendCtx *cpu_create(const CgPlan *p, const ExecOpts *o, Diag *d)
 
     c->k = xcalloc((size_t)p->kernels.n + 1, sizeof(CpuKernel));
     if (p->kernels.n) {
-        char *so = rt_cc_compile(p->source, o->cache_dir, o->verbose, d);
+        char *so = rt_cc_compile(p->source, o->cache_dir, c->threads, o->verbose, d);
         if (!so)
             goto fail;
         c->so = dlopen(so, RTLD_NOW | RTLD_LOCAL);

@@ -230,7 +230,154 @@ static void cache_prune(const char *dir, const char *keep, bool verbose)
     free(f);
 }
 
-char *rt_cc_compile(const char *source, const char *cache_dir, bool verbose, Diag *d)
+enum { MAX_PARTS = 16, MIN_FUNCS_PER_PART = 4 };
+
+/* Splits src for `jobs` compilers: the text before the first top-level
+ * function ("\nvoid " at column 0; kernel bodies are indented) is a prelude
+ * every part repeats, and the functions are dealt out in order, about the
+ * same number of bytes to each part. One part (src itself) when jobs <= 1
+ * or there are too few functions to be worth a link. */
+static int split_source(const char *src, int jobs, char **parts)
+{
+    const char *first = strstr(src, "\nvoid ");
+    int nf = 0;
+    for (const char *q = first; q; q = strstr(q + 1, "\nvoid "))
+        nf++;
+    int np = nf / MIN_FUNCS_PER_PART;
+    np = np < jobs ? np : jobs;
+    np = np < MAX_PARTS ? np : MAX_PARTS;
+    if (np <= 1) {
+        parts[0] = xstrdup(src);
+        return 1;
+    }
+    size_t len = strlen(src), pre = (size_t)(first - src) + 1;
+    const char *at = first + 1, *end_all = src + len;
+    for (int i = 0; i < np; i++) {
+        const char *end = end_all;
+        if (i < np - 1) {
+            const char *target = src + pre + (len - pre) * (size_t)(i + 1) / (size_t)np;
+            const char *nl = strstr(target > at ? target - 1 : at, "\nvoid ");
+            end = nl ? nl + 1 : end_all;
+        }
+        parts[i] = xasprintf("%.*s%.*s", (int)pre, src, (int)(end - at), at);
+        at = end;
+    }
+    return np;
+}
+
+/* "kernel compilation failed ..." into d: the kept source file, the lines
+ * around the compiler's first error in it, and the compiler's output. */
+static void compile_failed(const char *cfile, const char *text, int rc, const char *log,
+                           Diag *d)
+{
+    int line = first_error_line(log, cfile);
+    snprintf(d->msg, sizeof d->msg,
+             "kernel compilation failed (%s, exit status %d); source kept in %s\n",
+             KILN_C_COMPILER, rc, cfile);
+    if (line > 0)
+        add_numbered(d->msg, sizeof d->msg, text, line - 3, line + 2);
+    size_t k = strlen(d->msg);
+    snprintf(d->msg + k, sizeof d->msg - k, "compiler says:\n%s", log);
+}
+
+static bool write_text(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    bool ok = f && fputs(text, f) >= 0;
+    return f && fclose(f) == 0 && ok;
+}
+
+/* Compiles src's parts (split_source) side by side, one compiler process
+ * each, then links them into tmp. stem: the per-process file name prefix.
+ * On failure d is set; the failing part's source is kept, nothing else. */
+static bool compile_parts(const char *src, const char *stem, const char *tmp, int jobs,
+                          Diag *d)
+{
+    char *parts[MAX_PARTS];
+    int np = split_source(src, jobs, parts);
+    char *cfile[MAX_PARTS] = {0}, *obj[MAX_PARTS] = {0}, *log[MAX_PARTS] = {0};
+    FILE *pipe[MAX_PARTS] = {0};
+    int rc[MAX_PARTS];
+    bool ok = true;
+    for (int i = 0; i < np; i++) {
+        cfile[i] = np == 1 ? xasprintf("%s.c", stem) : xasprintf("%s.%d.c", stem, i);
+        obj[i] = xasprintf("%s.%d.o", stem, i);
+        if (!write_text(cfile[i], parts[i])) {
+            snprintf(d->msg, sizeof d->msg, "%s: cannot write kernel source: %s", cfile[i],
+                     strerror(errno));
+            ok = false;
+            break;
+        }
+    }
+    /* every compiler starts before any output is read: they run together */
+    for (int i = 0; ok && i < np; i++) {
+        char *cmd = np == 1 ? xasprintf("'%s' %s -o '%s' '%s' -lm 2>&1", KILN_C_COMPILER,
+                                        cc_flags, tmp, cfile[i])
+                            : xasprintf("'%s' %s -c -o '%s' '%s' 2>&1", KILN_C_COMPILER,
+                                        cc_flags, obj[i], cfile[i]);
+        pipe[i] = popen(cmd, "r");
+        free(cmd);
+    }
+    for (int i = 0; ok && i < np; i++) {
+        size_t n = 0, cap = 4096, k;
+        char *t = xmalloc(cap);
+        while (pipe[i] && (k = fread(t + n, 1, cap - n - 1, pipe[i])) > 0) {
+            n += k;
+            if (cap - n < 2)
+                t = xrealloc(t, cap *= 2);
+        }
+        t[n] = 0;
+        log[i] = t;
+        int st = pipe[i] ? pclose(pipe[i]) : -1;
+        rc[i] = st == -1 ? -1 : WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    }
+    int bad = -1;
+    for (int i = 0; ok && i < np && bad < 0; i++)
+        if (rc[i] != 0)
+            bad = i;
+    if (ok && bad >= 0) {
+        compile_failed(cfile[bad], parts[bad], rc[bad], log[bad], d);
+        ok = false;
+    }
+    if (ok && np > 1) {
+        size_t cap = 256;
+        for (int i = 0; i < np; i++)
+            cap += strlen(obj[i]) + 4;
+        char *objs = xcalloc(1, cap);
+        for (int i = 0; i < np; i++) {
+            strcat(objs, " '");
+            strcat(objs, obj[i]);
+            strcat(objs, "'");
+        }
+        char *cmd = xasprintf("'%s' %s -o '%s'%s -lm", KILN_C_COMPILER, cc_flags, tmp, objs);
+        char *llog = NULL;
+        int lrc = run_capture(cmd, &llog);
+        if (lrc != 0) {
+            snprintf(d->msg, sizeof d->msg,
+                     "linking the compiled kernels failed (%s, exit status %d):\n%s",
+                     KILN_C_COMPILER, lrc, llog);
+            ok = false;
+        }
+        free(llog);
+        free(objs);
+        free(cmd);
+    }
+    for (int i = 0; i < np; i++) {
+        if (np > 1)
+            unlink(obj[i]);
+        if (i != bad && cfile[i])
+            unlink(cfile[i]);
+        free(cfile[i]);
+        free(obj[i]);
+        free(log[i]);
+        free(parts[i]);
+    }
+    if (!ok)
+        unlink(tmp);
+    return ok;
+}
+
+char *rt_cc_compile(const char *source, const char *cache_dir, int jobs, bool verbose, Diag *d)
 {
     char *src = NULL;
     const char *inj = getenv("KILN_CC_INJECT_ERROR");
@@ -266,56 +413,32 @@ char *rt_cc_compile(const char *source, const char *cache_dir, bool verbose, Dia
         goto fail;
     }
     /* per-process names: concurrent compiles of one program never share a file */
-    char *cfile = xasprintf("%s/kiln-%016llx%016llx.%ld.c", dir, (unsigned long long)h1,
-                            (unsigned long long)h2, (long)getpid());
+    char *stem = xasprintf("%s/kiln-%016llx%016llx.%ld", dir, (unsigned long long)h1,
+                           (unsigned long long)h2, (long)getpid());
     char *tmp = xasprintf("%s.tmp.%ld", so, (long)getpid());
-    FILE *f = fopen(cfile, "w");
-    if (!f || fputs(src, f) < 0 || fclose(f) != 0) {
-        snprintf(d->msg, sizeof d->msg, "%s: cannot write kernel source: %s", cfile,
-                 strerror(errno));
-        free(cfile);
-        free(tmp);
-        goto fail;
-    }
-    char *cmd = xasprintf("'%s' %s -o '%s' '%s' -lm", KILN_C_COMPILER, cc_flags, tmp, cfile);
     double t0 = now();
-    char *log = NULL;
-    int rc = run_capture(cmd, &log);
+    bool ok = compile_parts(src, stem, tmp, jobs, d);
     stats.compiles++;
     stats.compile_seconds += now() - t0;
     if (verbose)
         fprintf(stderr, "kiln: cc: compiled %s in %.2fs (%d compiles, %d hits)\n", so,
                 now() - t0, stats.compiles, stats.cache_hits);
-    free(cmd);
-    if (rc != 0) {
-        unlink(tmp);
-        int line = first_error_line(log, cfile);
-        snprintf(d->msg, sizeof d->msg,
-                 "kernel compilation failed (%s, exit status %d); source kept in %s\n",
-                 KILN_C_COMPILER, rc, cfile);
-        if (line > 0)
-            add_numbered(d->msg, sizeof d->msg, src, line - 3, line + 2);
-        size_t k = strlen(d->msg);
-        snprintf(d->msg + k, sizeof d->msg - k, "compiler says:\n%s", log);
-        free(log);
-        free(cfile);
+    free(stem);
+    if (!ok) {
         free(tmp);
         goto fail;
     }
-    free(log);
     char *keep = xasprintf("%s/kiln-%016llx%016llx.c", dir, (unsigned long long)h1,
                            (unsigned long long)h2);
-    rename(cfile, keep); /* the source beside its object, for reading; best effort */
+    write_text(keep, src); /* the source beside its object, for reading; best effort */
     free(keep);
     if (rename(tmp, so) != 0) {
         snprintf(d->msg, sizeof d->msg, "%s: cannot move the compiled kernels into place: %s",
                  so, strerror(errno));
         unlink(tmp);
-        free(cfile);
         free(tmp);
         goto fail;
     }
-    free(cfile);
     free(tmp);
     free(src);
     cache_prune(dir, so, verbose);

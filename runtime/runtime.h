@@ -259,8 +259,10 @@ typedef struct {
     double compile_seconds;
 } RtCcStats;
 RtCcStats rt_cc_stats(void);
-/* Returns the malloc'd path of the shared object, or NULL with d set. */
-char *rt_cc_compile(const char *source, const char *cache_dir, bool verbose, Diag *d);
+/* Returns the malloc'd path of the shared object, or NULL with d set. A
+ * compile runs up to `jobs` compiler processes side by side, on parts of
+ * the source (each with the prelude), and links them. */
+char *rt_cc_compile(const char *source, const char *cache_dir, int jobs, bool verbose, Diag *d);
 
 /* ---- data.c: training data sources ---------------------------------------
  * A source fills a model's data inputs by name: tokens i32[B,T], targets

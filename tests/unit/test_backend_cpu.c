@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -520,6 +521,71 @@ static void test_cache_bound(void **state)
     ir_free(g);
 }
 
+/* A source of 12 functions compiled by 3 compilers side by side (parts with
+ * the prelude, then one link): every function is in the object and right;
+ * no part file is left. With an error in it: the failing part's source is
+ * kept and shown around the error line, and no object is made. */
+static void test_parallel_compile(void **state)
+{
+    (void)state;
+    char *dir = scratch_dir("ccpar");
+    CgBuf src = {0};
+    cg_puts(&src, "#include <stdint.h>\nstatic inline float twice(float x) { return 2.0f * x; }\n");
+    for (int i = 0; i < 12; i++)
+        cg_printf(&src, "\nvoid f%d(float *p)\n{\n    p[%d] = twice(%d.0f);\n}\n", i, i, i);
+    Diag d = {{0}};
+    RtCcStats before = rt_cc_stats();
+    char *so = rt_cc_compile(src.s, dir, 3, false, &d);
+    if (!so)
+        fail_msg("%s", d.msg);
+    assert_int_equal(rt_cc_stats().compiles, before.compiles + 1);
+    void *h = dlopen(so, RTLD_NOW | RTLD_LOCAL);
+    assert_non_null(h);
+    float out[12] = {0};
+    for (int i = 0; i < 12; i++) {
+        char name[8];
+        snprintf(name, sizeof name, "f%d", i);
+        void *sym = dlsym(h, name);
+        assert_non_null(sym);
+        void (*fn)(float *);
+        memcpy(&fn, &sym, sizeof fn);
+        fn(out);
+    }
+    for (int i = 0; i < 12; i++)
+        assert_true(out[i] == 2.0f * (float)i);
+    dlclose(h);
+    free(so);
+    char *cmd = xasprintf("ls '%s' | grep -c '\\.[0-9]*\\.c$\\|\\.o$'", dir);
+    char *outp = NULL;
+    run_cmd(cmd, &outp);
+    assert_int_equal(atoi(outp), 0);
+    free(outp);
+    free(cmd);
+
+    setenv("KILN_CC_INJECT_ERROR", "1", 1);
+    so = rt_cc_compile(src.s, dir, 3, false, &d);
+    unsetenv("KILN_CC_INJECT_ERROR");
+    assert_null(so);
+    assert_non_null(strstr(d.msg, "kernel compilation failed"));
+    assert_non_null(strstr(d.msg, "| kiln_injected_error(;"));
+    const char *kept = strstr(d.msg, "source kept in ");
+    assert_non_null(kept);
+    char path[1024];
+    sscanf(kept + strlen("source kept in "), "%1023s", path);
+    char *text = read_file(path);
+    assert_non_null(text);
+    assert_non_null(strstr(text, "kiln_injected_error(;"));
+    assert_non_null(strstr(text, "static inline float twice")); /* the prelude too */
+    free(text);
+    cmd = xasprintf("ls '%s' | grep -c '\\.so$\\|\\.o$'; rm -rf '%s'", dir, dir);
+    run_cmd(cmd, &outp);
+    assert_int_equal(atoi(outp), 1); /* the first compile's object only */
+    free(outp);
+    free(cmd);
+    free(src.s);
+    free(dir);
+}
+
 static void test_compile_failure(void **state)
 {
     (void)state;
@@ -624,6 +690,7 @@ int main(void)
         cmocka_unit_test(test_updates),
         cmocka_unit_test(test_cache),
         cmocka_unit_test(test_cache_bound),
+        cmocka_unit_test(test_parallel_compile),
         cmocka_unit_test(test_compile_failure),
         cmocka_unit_test(test_profile),
         cmocka_unit_test(test_models),
