@@ -637,6 +637,17 @@ static void fmt_bytes(int64_t b, char *buf, size_t n)
     snprintf(buf, n, i ? "%.2f %s" : "%.0f %s", x, u[i]);
 }
 
+/* A predicted time in s, ms or us, 4 significant digits. */
+static void fmt_secs(double s, char *buf, size_t n)
+{
+    if (s >= 1)
+        snprintf(buf, n, "%.4g s", s);
+    else if (s >= 1e-3)
+        snprintf(buf, n, "%.4g ms", s * 1e3);
+    else
+        snprintf(buf, n, "%.4g us", s * 1e6);
+}
+
 typedef struct {
     Sol s;
     int64_t peak;
@@ -999,13 +1010,14 @@ bool pass_remat_sweep(const Graph *g, const PassOpts *o, int npoints, FILE *f, D
         return false;
     }
     double base = pass_remat_step_seconds(g), step_flops = ir_graph_flops(g);
-    char b0[32], b1[32];
+    char b0[32], b1[32], t0[32];
     int nsaved = 0;
     for (int v = 0; v < P->nv; v++)
         nsaved += P->saved[v];
+    fmt_secs(base, t0, sizeof t0);
     fprintf(f, "remat sweep: %d activations, %d saved for backward, %d layers; cost model "
-               "%.0f GFLOP/s, %.0f GB/s; predicted step without remat %.4g s\n",
-            P->nv, nsaved, P->nlayers, REMAT_FLOPS / 1e9, REMAT_BW / 1e9, base);
+               "%.0f GFLOP/s, %.0f GB/s; predicted step without remat %s\n",
+            P->nv, nsaved, P->nlayers, REMAT_FLOPS / 1e9, REMAT_BW / 1e9, t0);
     fprintf(f, "fixed policies: ");
     for (int k = 0; k < 3; k++) {
         fmt_bytes(fpeak[k], b0, sizeof b0);
@@ -1026,8 +1038,9 @@ bool pass_remat_sweep(const Graph *g, const PassOpts *o, int npoints, FILE *f, D
             char what[32];
             snprintf(what, sizeof what, "auto%s%s", c.policy == REMAT_AUTO ? "" : "=",
                      c.policy == REMAT_AUTO ? "" : pass_remat_policy_name(c.policy));
-            fprintf(f, "%-12s %-15s %-5s %14s %11.2f%% %14.4g s\n", b0, what, "yes", b1,
-                    100 * c.s.flops / step_flops, base + c.s.cost);
+            fmt_secs(base + c.s.cost, t0, sizeof t0);
+            fprintf(f, "%-12s %-15s %-5s %14s %11.2f%% %16s\n", b0, what, "yes", b1,
+                    100 * c.s.flops / step_flops, t0);
         } else {
             fprintf(f, "%-12s %-15s %-5s %14s %12s %16s\n", b0, "auto", "no", "-", "-", "-");
         }
@@ -1035,10 +1048,11 @@ bool pass_remat_sweep(const Graph *g, const PassOpts *o, int npoints, FILE *f, D
         for (int k = 0; k < 3; k++) {
             bool fk = fpeak[k] >= 0 && fpeak[k] <= budget;
             fmt_bytes(fpeak[k], b1, sizeof b1);
+            fmt_secs(base + fcost[k], t0, sizeof t0);
             if (fk)
-                fprintf(f, "%-12s %-15s %-5s %14s %11.2f%% %14.4g s\n", "",
+                fprintf(f, "%-12s %-15s %-5s %14s %11.2f%% %16s\n", "",
                         pass_remat_policy_name(fixed[k]), "yes", b1,
-                        100 * fflops[k] / step_flops, base + fcost[k]);
+                        100 * fflops[k] / step_flops, t0);
             else
                 fprintf(f, "%-12s %-15s %-5s %14s %12s %16s\n", "",
                         pass_remat_policy_name(fixed[k]), "no", b1, "-", "-");
