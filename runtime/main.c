@@ -218,6 +218,14 @@ static void human_count(double x, char *buf, size_t n)
         snprintf(buf, n, "%.0f", x);
 }
 
+/* "32.057 MFLOP", "237 FLOP" */
+static void human_flops(double x, char *buf, size_t n)
+{
+    char c[32];
+    human_count(x, c, sizeof c);
+    snprintf(buf, n, "%s%sFLOP", c, x >= 1e3 ? "" : " ");
+}
+
 /* --memory-budget SIZE: bytes, or -1 after printing the error. */
 static int64_t parse_budget(const char *cmd, const char *v)
 {
@@ -253,8 +261,8 @@ static void print_remat(const RematReport *r, const Graph *g, int64_t budget)
     printf("  activations saved for backward: %d; kept %d (%s), recomputed %d (%s)\n",
            r->nsaved, r->nkept, b0, r->nrecomputed, b1);
     double step = ir_graph_flops(g);
-    human_count(r->extra_flops, b2, sizeof b2);
-    printf("  recompute ops: %d; extra %sFLOP per step (%.2f%% of the step's FLOPs)\n",
+    human_flops(r->extra_flops, b2, sizeof b2);
+    printf("  recompute ops: %d; extra %s per step (%.2f%% of the step's FLOPs)\n",
            r->nrecompute_ops, b2, step > 0 ? 100 * r->extra_flops / step : 0.0);
 }
 
@@ -301,9 +309,9 @@ static void print_summary(const Model *m, const Graph *fwd_g, const Graph *g, co
     double bytes = 0;
     for (int i = 0; i < g->ops.n; i++)
         bytes += ir_op_bytes(g, &g->ops.v[i]);
-    human_count(step_flops, b0, sizeof b0);
-    human_count(fwd_flops, b1, sizeof b1);
-    printf("flops per step: %sFLOP (forward %sFLOP)\n", b0, b1);
+    human_flops(step_flops, b0, sizeof b0);
+    human_flops(fwd_flops, b1, sizeof b1);
+    printf("flops per step: %s (forward %s)\n", b0, b1);
     human_bytes(bytes, b0, sizeof b0);
     printf("bytes moved per step (unfused, IR counts): %s\n", b0);
     if (mp) {
