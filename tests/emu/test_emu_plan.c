@@ -482,6 +482,16 @@ static void test_gpt_dropout(void **state)
     check_model("models/gpt.lua", sets, 1);
 }
 
+/* One-token sequences: row kernels whose reduced extents are all 1 (the
+ * lowering's degenerate case), on the emulated device against the CPU. */
+static void test_one_token(void **state)
+{
+    (void)state;
+    const char *sets[] = {"T=1"};
+    check_model("models/gpt.lua", sets, 1);
+    check_model("models/llama.lua", sets, 1);
+}
+
 /* ---- negative controls ------------------------------------------------------ */
 
 /* Replaces the first occurrence of `from` after the first occurrence of
@@ -630,6 +640,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_models_unfused),
         cmocka_unit_test(test_models),
         cmocka_unit_test(test_gpt_dropout),
+        cmocka_unit_test(test_one_token),
         cmocka_unit_test(test_bias_epilogue),
         cmocka_unit_test(test_gpt_epilogues),
         cmocka_unit_test(test_epilogue_negative_controls),
