@@ -1,5 +1,5 @@
 /* test_cuda_compile.c - the CUDA backend without a GPU: every kernel of
- * every model in models/ (their own configs, and gpt at size=124M), for the
+ * every model in models/ (their own configs, gpt at size=124M and at T=1), for the
  * training step and the evaluation graph, printed by the CUDA printer in f32
  * and in bf16 mixed precision, compiled through the CUDA module's own NVRTC
  * path for sm_90 and sm_80. Fails on any compile error, on any warning in
@@ -326,10 +326,11 @@ static void test_every_model(void **state)
     for (; models[nmodels]; nmodels++)
         compile_model(models[nmodels], NULL, 0);
     free_model_paths(models);
-    const char *big[] = {"size=124M"};
+    const char *big[] = {"size=124M"}, *one[] = {"T=1"};
     compile_model("models/gpt.lua", big, 1);
-    fprintf(stderr, "%d models (+ gpt 124M): %d f32 functions, %d NVRTC compiles\n", nmodels,
-            nkernels, ncompiles);
+    compile_model("models/gpt.lua", one, 1); /* row kernels with reduced extents of 1 */
+    fprintf(stderr, "%d models (+ gpt 124M, gpt T=1): %d f32 functions, %d NVRTC compiles\n",
+            nmodels, nkernels, ncompiles);
 }
 
 static void test_error_and_cache(void **state)
