@@ -4,11 +4,14 @@
  * compiled to a temporary name in the cache directory and renamed into
  * place, so a reader never sees a half-written object.
  *
- * Size: the kiln-* files of the directory are kept under KILN_CACHE_MAX
- * bytes (default 1 GiB; 0: no limit). A hit refreshes its object's mtime;
- * after a compile adds an entry, the files least recently used go until the
- * total is under three quarters of the limit. A file touched in the last
- * minute stays (another process may be compiling or loading it). */
+ * Size: the kiln-* files of the directory, and separately the CUDA
+ * module's cubins in its cuda/ subdirectory (rt_cache_prune from the
+ * executor), are kept under KILN_CACHE_MAX bytes (default 1 GiB; 0: no
+ * limit). A hit refreshes its object's mtime (a cubin's read refreshes its
+ * atime, where the file system keeps one); after a compile adds an entry,
+ * the files least recently used go until the total is under three quarters
+ * of the limit. A file touched in the last minute stays (another process
+ * may be compiling or loading it). */
 #include "runtime.h"
 
 #include "frontend.h"
@@ -100,7 +103,7 @@ static bool mkdir_p(const char *path)
     return ok;
 }
 
-static char *cache_path(const char *cache_dir)
+char *rt_cache_path(const char *cache_dir)
 {
     if (cache_dir && *cache_dir)
         return xstrdup(cache_dir);
@@ -180,9 +183,11 @@ static int by_mtime(const void *a, const void *b)
     return x->mtime < y->mtime ? -1 : x->mtime > y->mtime ? 1 : strcmp(x->name, y->name);
 }
 
-/* Removes the least recently used kiln-* files of dir until they total
- * under 3/4 of the limit; never `keep`, never a file of the last minute. */
-static void cache_prune(const char *dir, const char *keep, bool verbose)
+/* Removes the least recently used files of dir whose names start with
+ * prefix until they total under 3/4 of the limit; never `keep` (may be
+ * NULL), never a file of the last minute. Recency: the later of mtime and
+ * atime. */
+void rt_cache_prune(const char *dir, const char *prefix, const char *keep, bool verbose)
 {
     int64_t max = cache_max();
     if (max <= 0)
@@ -195,7 +200,7 @@ static void cache_prune(const char *dir, const char *keep, bool verbose)
     int64_t total = 0;
     struct dirent *de;
     while ((de = readdir(dp))) {
-        if (strncmp(de->d_name, "kiln-", 5) != 0)
+        if (strncmp(de->d_name, prefix, strlen(prefix)) != 0 || de->d_name[0] == '.')
             continue;
         char *path = xasprintf("%s/%s", dir, de->d_name);
         struct stat st;
@@ -205,7 +210,8 @@ static void cache_prune(const char *dir, const char *keep, bool verbose)
         }
         if (n == cap)
             f = xrealloc(f, sizeof *f * (cap = cap ? 2 * cap : 64));
-        f[n++] = (CacheFile){path, (int64_t)st.st_size, st.st_mtime};
+        time_t used = st.st_atime > st.st_mtime ? st.st_atime : st.st_mtime;
+        f[n++] = (CacheFile){path, (int64_t)st.st_size, used};
         total += (int64_t)st.st_size;
     }
     closedir(dp);
@@ -214,7 +220,7 @@ static void cache_prune(const char *dir, const char *keep, bool verbose)
         time_t now_t = time(NULL);
         int removed = 0;
         for (size_t i = 0; i < n && total > max / 4 * 3; i++) {
-            if (strcmp(f[i].name, keep) == 0 || now_t - f[i].mtime < CACHE_GRACE_S)
+            if ((keep && strcmp(f[i].name, keep) == 0) || now_t - f[i].mtime < CACHE_GRACE_S)
                 continue;
             if (unlink(f[i].name) == 0) {
                 total -= f[i].size;
@@ -222,8 +228,8 @@ static void cache_prune(const char *dir, const char *keep, bool verbose)
             }
         }
         if (verbose)
-            fprintf(stderr, "kiln: cc: cache over %lld bytes: removed %d least recently used "
-                            "files\n", (long long)max, removed);
+            fprintf(stderr, "kiln: cache %s over %lld bytes: removed %d least recently used "
+                            "files\n", dir, (long long)max, removed);
     }
     for (size_t i = 0; i < n; i++)
         free(f[i].name);
@@ -394,7 +400,7 @@ char *rt_cc_compile(const char *source, const char *cache_dir, int jobs, bool ve
     h2 = hash_bytes(ver, strlen(ver), h2);
     h2 = hash_bytes(cc_flags, sizeof cc_flags, h2);
 
-    char *dir = cache_path(cache_dir);
+    char *dir = rt_cache_path(cache_dir);
     char *so = xasprintf("%s/kiln-%016llx%016llx.so", dir, (unsigned long long)h1,
                          (unsigned long long)h2);
     if (access(so, R_OK) == 0) {
@@ -441,7 +447,7 @@ char *rt_cc_compile(const char *source, const char *cache_dir, int jobs, bool ve
     }
     free(tmp);
     free(src);
-    cache_prune(dir, so, verbose);
+    rt_cache_prune(dir, "kiln-", so, verbose);
     free(dir);
     return so;
 fail:

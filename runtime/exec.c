@@ -181,6 +181,12 @@ Exec *rt_exec_create(const Graph *g, const ExecOpts *o, Diag *d)
     e->ctx = be->create(e->plan, o, d);
     if (!e->ctx)
         goto fail;
+    if (strcmp(be->name, "cpu") != 0) { /* the CUDA module's cubins */
+        char *root = rt_cache_path(o->cache_dir), *cubins = xasprintf("%s/cuda", root);
+        rt_cache_prune(cubins, "", NULL, o->verbose);
+        free(cubins);
+        free(root);
+    }
     if (!setup_comm(e, d))
         goto fail;
     if (o->profile)

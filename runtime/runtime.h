@@ -259,6 +259,11 @@ typedef struct {
     double compile_seconds;
 } RtCcStats;
 RtCcStats rt_cc_stats(void);
+/* The kernel cache directory (malloc'd): cache_dir, else $KILN_CACHE_DIR,
+ * else ~/.cache/kiln. */
+char *rt_cache_path(const char *cache_dir);
+/* Keeps dir's files named prefix* under KILN_CACHE_MAX (see cc.c). */
+void rt_cache_prune(const char *dir, const char *prefix, const char *keep, bool verbose);
 /* Returns the malloc'd path of the shared object, or NULL with d set. A
  * compile runs up to `jobs` compiler processes side by side, on parts of
  * the source (each with the prelude), and links them. */

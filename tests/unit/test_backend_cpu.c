@@ -525,6 +525,52 @@ static void test_cache_bound(void **state)
  * the prelude, then one link): every function is in the object and right;
  * no part file is left. With an error in it: the failing part's source is
  * kept and shown around the error line, and no object is made. */
+/* The same bound on the CUDA module's cubin directory (every file but dot
+ * files; the executor calls it after creating a CUDA backend): recency is
+ * the later of mtime and atime, so a cubin read recently stays. */
+static void test_cache_bound_cubins(void **state)
+{
+    (void)state;
+    char *dir = scratch_dir("cubins");
+    char *blob = xcalloc(1, 100000);
+    time_t now_t = time(NULL);
+    const char *names[] = {"a-sm_90.cubin", "b-sm_90.cubin", "c-sm_90.cubin", "d-sm_90.cubin",
+                           ".hidden"};
+    for (int i = 0; i < 5; i++) {
+        char *path = xasprintf("%s/%s", dir, names[i]);
+        FILE *f = fopen(path, "wb");
+        assert_non_null(f);
+        assert_int_equal(fwrite(blob, 1, 100000, f), 100000);
+        fclose(f);
+        /* written a day ago, a first; c read an hour ago */
+        time_t w = now_t - 86400 + i * 60, a = i == 2 ? now_t - 3600 : w;
+        struct timespec ts[2] = {{a, 0}, {w, 0}};
+        assert_int_equal(utimensat(AT_FDCWD, path, ts, 0), 0);
+        free(path);
+    }
+    free(blob);
+    setenv("KILN_CACHE_MAX", "250000", 1);
+    rt_cache_prune(dir, "", NULL, false);
+    unsetenv("KILN_CACHE_MAX");
+    bool present[5];
+    for (int i = 0; i < 5; i++) {
+        char *path = xasprintf("%s/%s", dir, names[i]);
+        present[i] = access(path, F_OK) == 0;
+        free(path);
+    }
+    /* 400 kB counted (not the dot file), limit 250 kB: down to 187.5 kB by
+     * recency a, b, d, c: a, b and d go, c (read an hour ago) stays */
+    assert_false(present[0]);
+    assert_false(present[1]);
+    assert_true(present[2]);
+    assert_false(present[3]);
+    assert_true(present[4]);
+    char *cmd = xasprintf("rm -rf '%s'", dir);
+    assert_int_equal(run_cmd(cmd, NULL), 0);
+    free(cmd);
+    free(dir);
+}
+
 static void test_parallel_compile(void **state)
 {
     (void)state;
@@ -690,6 +736,7 @@ int main(void)
         cmocka_unit_test(test_updates),
         cmocka_unit_test(test_cache),
         cmocka_unit_test(test_cache_bound),
+        cmocka_unit_test(test_cache_bound_cubins),
         cmocka_unit_test(test_parallel_compile),
         cmocka_unit_test(test_compile_failure),
         cmocka_unit_test(test_profile),
