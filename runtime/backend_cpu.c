@@ -10,8 +10,9 @@
  * thread, so no two pools ever compete for the cores. The parts of a step
  * go to whichever thread claims them first (Pool): a worker that has not
  * come yet (its core busy with another process) leaves them to the caller
- * instead of holding the step up. Idle workers spin for SPIN_NS, then sleep on a condition variable, so they hold a core for
- * at most that long while nothing runs. The spin spans the serial kernels
+ * instead of holding the step up. Idle workers spin for SPIN_NS, then sleep
+ * on a condition variable, so they hold a core for at most that long while
+ * nothing runs. The spin spans the serial kernels
  * between two parallel steps: a worker that has gone to sleep costs a
  * wake-up (tens of microseconds on a virtual machine) per step, more than
  * the parallel part saves (gpt tiny: 0.68 ms/step with a 20 us spin, 0.55
