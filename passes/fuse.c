@@ -397,6 +397,34 @@ static bool *cur_materialised(Fuser *f)
     return pass_fuse_materialised(g);
 }
 
+/* Whether group G is a COL group that would have to write a full-shape
+ * tensor (a member's result needed outside it): a column-order kernel
+ * stores per-column results only (codegen/lower.c). Consts count when
+ * with_consts. */
+static bool col_stores_full(Fuser *f, int G, const bool *mat, bool with_consts)
+{
+    Graph *g = f->g;
+    FGroup *gr = &f->gr.v[G];
+    if (gr->dead || gr->multi)
+        return false;
+    f->mk.stamp++;
+    for (int i = 0; i < gr->ops.n; i++)
+        f->mk.mark[gr->ops.v[i]] = f->mk.stamp;
+    FuseDomain d;
+    if (!pass_fuse_domain_of(g, gr->ops.v, gr->ops.n, &f->mk, &d, f->err, sizeof f->err) ||
+        d.kind != FUSE_COL)
+        return false;
+    for (int i = 0; i < gr->ops.n; i++) {
+        const Op *op = &g->ops.v[gr->ops.v[i]];
+        bool row;
+        if (op->code != OP_MATMUL && (with_consts || op->code != OP_CONST) &&
+            !pass_fuse_is_reduce(op) && pass_fuse_fits(&d, &g->t.v[op->out].s, &row) && !row &&
+            mat[op->out])
+            return true;
+    }
+    return false;
+}
+
 /* A COL group whose prologue is also needed elsewhere would have to write
  * full-shape tensors from a column-order kernel: split its reductions (and
  * what follows them) into a group of their own. */
@@ -406,26 +434,9 @@ static void split_col(Fuser *f)
     bool *mat = cur_materialised(f);
     int ngr = f->gr.n;
     for (int G = 0; G < ngr; G++) {
+        if (!col_stores_full(f, G, mat, false))
+            continue;
         FGroup *gr = &f->gr.v[G];
-        if (gr->dead || gr->multi)
-            continue;
-        f->mk.stamp++;
-        for (int i = 0; i < gr->ops.n; i++)
-            f->mk.mark[gr->ops.v[i]] = f->mk.stamp;
-        FuseDomain d;
-        if (!pass_fuse_domain_of(g, gr->ops.v, gr->ops.n, &f->mk, &d, f->err, sizeof f->err) ||
-            d.kind != FUSE_COL)
-            continue;
-        bool bad = false;
-        for (int i = 0; i < gr->ops.n; i++) {
-            const Op *op = &g->ops.v[gr->ops.v[i]];
-            bool row;
-            if (op->code != OP_MATMUL && op->code != OP_CONST && !pass_fuse_is_reduce(op) &&
-                pass_fuse_fits(&d, &g->t.v[op->out].s, &row) && !row && mat[op->out])
-                bad = true;
-        }
-        if (!bad)
-            continue;
         /* the reductions and everything downstream of them move out */
         bool *down = xcalloc((size_t)g->ops.n + 1, sizeof(bool));
         for (int i = 0; i < gr->ops.n; i++) { /* members are in program order */
@@ -664,6 +675,25 @@ static void merge_siblings(Fuser *f)
         }
     }
     uses_free(&u);
+}
+
+/* The last word on COL groups: one that still has to write a full-shape
+ * tensor (one downstream of its reductions that others read, which
+ * split_col does not separate, or one a sibling merge brought in) is not
+ * fused; its ops run as kernels of their own. */
+static void drop_col_full_stores(Fuser *f)
+{
+    bool *mat = cur_materialised(f);
+    for (int G = 0; G < f->gr.n; G++) {
+        if (!col_stores_full(f, G, mat, true))
+            continue;
+        FGroup *gr = &f->gr.v[G];
+        for (int i = 0; i < gr->ops.n; i++)
+            f->gof[gr->ops.v[i]] = -1;
+        gr->ops.n = 0;
+        gr->dead = true;
+    }
+    free(mat);
 }
 
 /* One group's ops all come from the optimizer and it writes update values
@@ -1064,6 +1094,7 @@ bool pass_fuse(Graph *g, const PassOpts *o, Diag *d)
     pull_col(&f);
     merge_siblings(&f);
     merge_multi(&f);
+    drop_col_full_stores(&f);
 
     /* dense ids in order of first member; a lone matmul is a plain GEMM */
     int *id = xmalloc(sizeof(int) * (size_t)(f.gr.n + 1));

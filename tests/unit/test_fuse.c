@@ -595,6 +595,16 @@ static void test_models_one_token(void **state)
     check_model("models/llama.lua", one, 1);
 }
 
+/* A column reduction beside values downstream of another one that other
+ * kernels read: no column kernel may have to store a full-shape tensor
+ * (the fused plan used to fail to lower), and the fused step still agrees
+ * with the interpreter. */
+static void test_col_full_store(void **state)
+{
+    (void)state;
+    check_model("tests/data/col_store.lua", NULL, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -605,6 +615,7 @@ int main(void)
         cmocka_unit_test(test_gemm_epilogue),       cmocka_unit_test(test_needed_outside),
         cmocka_unit_test(test_adamw_multi_tensor),  cmocka_unit_test(test_models_fused_unfused),
         cmocka_unit_test(test_models_one_token),
+        cmocka_unit_test(test_col_full_store),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
