@@ -398,10 +398,9 @@ static bool *cur_materialised(Fuser *f)
 }
 
 /* Whether group G is a COL group that would have to write a full-shape
- * tensor (a member's result needed outside it): a column-order kernel
- * stores per-column results only (codegen/lower.c). Consts count when
- * with_consts. */
-static bool col_stores_full(Fuser *f, int G, const bool *mat, bool with_consts)
+ * tensor (a non-const member's result needed outside it): a column-order
+ * kernel stores per-column results only (codegen/lower.c). */
+static bool col_stores_full(Fuser *f, int G, const bool *mat)
 {
     Graph *g = f->g;
     FGroup *gr = &f->gr.v[G];
@@ -417,9 +416,8 @@ static bool col_stores_full(Fuser *f, int G, const bool *mat, bool with_consts)
     for (int i = 0; i < gr->ops.n; i++) {
         const Op *op = &g->ops.v[gr->ops.v[i]];
         bool row;
-        if (op->code != OP_MATMUL && (with_consts || op->code != OP_CONST) &&
-            !pass_fuse_is_reduce(op) && pass_fuse_fits(&d, &g->t.v[op->out].s, &row) && !row &&
-            mat[op->out])
+        if (op->code != OP_MATMUL && op->code != OP_CONST && !pass_fuse_is_reduce(op) &&
+            pass_fuse_fits(&d, &g->t.v[op->out].s, &row) && !row && mat[op->out])
             return true;
     }
     return false;
@@ -434,7 +432,7 @@ static void split_col(Fuser *f)
     bool *mat = cur_materialised(f);
     int ngr = f->gr.n;
     for (int G = 0; G < ngr; G++) {
-        if (!col_stores_full(f, G, mat, false))
+        if (!col_stores_full(f, G, mat))
             continue;
         FGroup *gr = &f->gr.v[G];
         /* the reductions and everything downstream of them move out */
@@ -677,23 +675,99 @@ static void merge_siblings(Fuser *f)
     uses_free(&u);
 }
 
-/* The last word on COL groups: one that still has to write a full-shape
- * tensor (one downstream of its reductions that others read, which
- * split_col does not separate, or one a sibling merge brought in) is not
- * fused; its ops run as kernels of their own. */
-static void drop_col_full_stores(Fuser *f)
+/* Whether group G lowers to one kernel as codegen/lower.c builds it: each
+ * connected part (in-group edges; a GEMM's consumers hang off it but the
+ * GEMM is no part's member) has one domain (pass_fuse_domain), and a
+ * column part stores per-column results only. */
+static bool group_lowers(Fuser *f, int G, const bool *mat, int *pos)
 {
-    bool *mat = cur_materialised(f);
-    for (int G = 0; G < f->gr.n; G++) {
-        if (!col_stores_full(f, G, mat, true))
-            continue;
-        FGroup *gr = &f->gr.v[G];
-        for (int i = 0; i < gr->ops.n; i++)
-            f->gof[gr->ops.v[i]] = -1;
-        gr->ops.n = 0;
-        gr->dead = true;
+    Graph *g = f->g;
+    FGroup *gr = &f->gr.v[G];
+    int n = gr->ops.n;
+    if (gr->dead || !n)
+        return true;
+    const int *ops = gr->ops.v;
+    int *uf = xmalloc(sizeof(int) * (size_t)n), *part = xmalloc(sizeof(int) * (size_t)n);
+    for (int i = 0; i < n; i++) {
+        uf[i] = i;
+        pos[ops[i]] = i;
     }
-    free(mat);
+    for (int i = 0; i < n; i++) {
+        const Op *op = &g->ops.v[ops[i]];
+        if (op->code == OP_MATMUL)
+            continue;
+        for (int j = 0; j < op->nin; j++) {
+            int p = g->t.v[op->in[j]].op;
+            if (p < 0 || pos[p] < 0)
+                continue;
+            int x = pos[p], y = i;
+            while (uf[x] != x)
+                x = uf[x];
+            while (uf[y] != y)
+                y = uf[y];
+            uf[x] = y;
+        }
+    }
+    bool ok = true;
+    for (int r = 0; r < n && ok; r++) {
+        int m = 0;
+        for (int i = 0; i < n; i++) {
+            int x = i;
+            while (uf[x] != x)
+                x = uf[x];
+            if (x == r && g->ops.v[ops[i]].code != OP_MATMUL)
+                part[m++] = ops[i];
+        }
+        if (!m)
+            continue;
+        FuseDomain d;
+        char err[256];
+        if (!pass_fuse_domain(g, part, m, &d, err, sizeof err)) {
+            ok = false;
+            break;
+        }
+        for (int i = 0; i < m && d.kind == FUSE_COL; i++) {
+            const Op *op = &g->ops.v[part[i]];
+            bool row;
+            if (!pass_fuse_is_reduce(op) && pass_fuse_fits(&d, &g->t.v[op->out].s, &row) &&
+                !row && mat[op->out])
+                ok = false;
+        }
+    }
+    for (int i = 0; i < n; i++)
+        pos[ops[i]] = -1;
+    free(uf);
+    free(part);
+    return ok;
+}
+
+/* The last word: a group that would not lower to one kernel is not fused,
+ * its ops run as kernels of their own. The grouping steps keep this from
+ * happening in the models; it catches what they miss (a column group that
+ * would have to write a full-shape tensor downstream of its reductions, a
+ * sibling merge that leaves a column max in a part of its own). */
+static void drop_unlowerable(Fuser *f)
+{
+    int *pos = xmalloc(sizeof(int) * (size_t)(f->g->ops.n + 1));
+    for (int i = 0; i < f->g->ops.n; i++)
+        pos[i] = -1;
+    /* a dropped group changes what the others must write: until none drops */
+    for (bool changed = true; changed;) {
+        changed = false;
+        bool *mat = cur_materialised(f);
+        for (int G = 0; G < f->gr.n && !changed; G++) {
+            if (group_lowers(f, G, mat, pos))
+                continue;
+            FGroup *gr = &f->gr.v[G];
+            for (int i = 0; i < gr->ops.n; i++)
+                f->gof[gr->ops.v[i]] = -1;
+            gr->ops.n = 0;
+            gr->dead = true;
+            changed = true;
+        }
+        free(mat);
+    }
+    free(pos);
 }
 
 /* One group's ops all come from the optimizer and it writes update values
@@ -1094,7 +1168,7 @@ bool pass_fuse(Graph *g, const PassOpts *o, Diag *d)
     pull_col(&f);
     merge_siblings(&f);
     merge_multi(&f);
-    drop_col_full_stores(&f);
+    drop_unlowerable(&f);
 
     /* dense ids in order of first member; a lone matmul is a plain GEMM */
     int *id = xmalloc(sizeof(int) * (size_t)(f.gr.n + 1));

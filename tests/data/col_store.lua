@@ -1,7 +1,7 @@
 -- A model whose column reduction (sum over axes 0 and 2 of c * r) sits next to
 -- a reduction over axis 0 whose downstream full-shape values other kernels
 -- read: the fuse pass once made a column kernel that would have had to store
--- them (test_fuse.c, test_col_full_store).
+-- them (test_fuse.c, test_unlowerable_groups).
 local x = input("x", {2, 7, 33})
 local w = param("w", {33, 33}, normal(0.1))
 local h = x:matmul(w)
