@@ -679,37 +679,14 @@ bool cg_lower_group(const Graph *g, const int *ops, int n, const bool *mat, CgKe
     for (int i = 0; i < n; i++)
         if (!dtypes_supported(g, &g->ops.v[ops[i]], d))
             return false;
-    /* connected parts by in-group edges (union-find over member positions) */
+    /* connected parts by in-group edges; pos: member position, -1 outside */
+    int *uf = xmalloc(sizeof(int) * (size_t)(n + 1));
+    pass_fuse_parts(g, ops, n, uf);
     int *pos = xmalloc(sizeof(int) * (size_t)(nops + 1));
     for (int i = 0; i < nops; i++)
         pos[i] = -1;
     for (int i = 0; i < n; i++)
         pos[ops[i]] = i;
-    int *uf = xmalloc(sizeof(int) * (size_t)(n + 1));
-    for (int i = 0; i < n; i++)
-        uf[i] = i;
-    for (int i = 0; i < n; i++) {
-        const Op *op = &g->ops.v[ops[i]];
-        if (op->code == OP_MATMUL)
-            continue;
-        for (int j = 0; j < op->nin; j++) {
-            int p = g->t.v[op->in[j]].op;
-            if (p < 0 || pos[p] < 0)
-                continue;
-            int a = pos[p], b = i;
-            while (uf[a] != a)
-                a = uf[a] = uf[uf[a]];
-            while (uf[b] != b)
-                b = uf[b] = uf[uf[b]];
-            uf[a] = b;
-        }
-    }
-    for (int i = 0; i < n; i++) {
-        int a = i;
-        while (uf[a] != a)
-            a = uf[a];
-        uf[i] = a;
-    }
     /* domain per part; parts with one domain share a loop */
     FuseDomain *dom = xcalloc((size_t)n + 1, sizeof(FuseDomain));
     int *part = xmalloc(sizeof(int) * (size_t)(n + 1));

@@ -397,6 +397,20 @@ static bool *cur_materialised(Fuser *f)
     return pass_fuse_materialised(g);
 }
 
+/* Whether group G (live, not multi-tensor) is one COL loop nest; its
+ * domain in *d. */
+static bool col_group(Fuser *f, int G, FuseDomain *d)
+{
+    FGroup *gr = &f->gr.v[G];
+    if (gr->dead || gr->multi)
+        return false;
+    f->mk.stamp++;
+    for (int i = 0; i < gr->ops.n; i++)
+        f->mk.mark[gr->ops.v[i]] = f->mk.stamp;
+    return pass_fuse_domain_of(f->g, gr->ops.v, gr->ops.n, &f->mk, d, f->err, sizeof f->err) &&
+           d->kind == FUSE_COL;
+}
+
 /* Whether group G is a COL group that would have to write a full-shape
  * tensor (a non-const member's result needed outside it): a column-order
  * kernel stores per-column results only (codegen/lower.c). */
@@ -404,14 +418,8 @@ static bool col_stores_full(Fuser *f, int G, const bool *mat)
 {
     Graph *g = f->g;
     FGroup *gr = &f->gr.v[G];
-    if (gr->dead || gr->multi)
-        return false;
-    f->mk.stamp++;
-    for (int i = 0; i < gr->ops.n; i++)
-        f->mk.mark[gr->ops.v[i]] = f->mk.stamp;
     FuseDomain d;
-    if (!pass_fuse_domain_of(g, gr->ops.v, gr->ops.n, &f->mk, &d, f->err, sizeof f->err) ||
-        d.kind != FUSE_COL)
+    if (!col_group(f, G, &d))
         return false;
     for (int i = 0; i < gr->ops.n; i++) {
         const Op *op = &g->ops.v[gr->ops.v[i]];
@@ -492,18 +500,6 @@ static void split_col(Fuser *f)
     free(mat);
 }
 
-static bool col_group(Fuser *f, int G)
-{
-    FGroup *gr = &f->gr.v[G];
-    if (gr->dead || gr->multi)
-        return false;
-    f->mk.stamp++;
-    for (int i = 0; i < gr->ops.n; i++)
-        f->mk.mark[gr->ops.v[i]] = f->mk.stamp;
-    FuseDomain d;
-    return pass_fuse_domain_of(f->g, gr->ops.v, gr->ops.n, &f->mk, &d, f->err, sizeof f->err) &&
-           d.kind == FUSE_COL;
-}
 
 static void move_op(Fuser *f, int o, int to)
 {
@@ -536,7 +532,8 @@ static void pull_col(Fuser *f)
         keep[g->upd.v[i].value] = true;
     int ngr = f->gr.n;
     for (int C = 0; C < ngr; C++) {
-        if (!col_group(f, C))
+        FuseDomain dc;
+        if (!col_group(f, C, &dc))
             continue;
         bool changed = true;
         while (changed) {
@@ -679,7 +676,7 @@ static void merge_siblings(Fuser *f)
  * connected part (in-group edges; a GEMM's consumers hang off it but the
  * GEMM is no part's member) has one domain (pass_fuse_domain), and a
  * column part stores per-column results only. */
-static bool group_lowers(Fuser *f, int G, const bool *mat, int *pos)
+static bool group_lowers(Fuser *f, int G, const bool *mat)
 {
     Graph *g = f->g;
     FGroup *gr = &f->gr.v[G];
@@ -688,36 +685,13 @@ static bool group_lowers(Fuser *f, int G, const bool *mat, int *pos)
         return true;
     const int *ops = gr->ops.v;
     int *uf = xmalloc(sizeof(int) * (size_t)n), *part = xmalloc(sizeof(int) * (size_t)n);
-    for (int i = 0; i < n; i++) {
-        uf[i] = i;
-        pos[ops[i]] = i;
-    }
-    for (int i = 0; i < n; i++) {
-        const Op *op = &g->ops.v[ops[i]];
-        if (op->code == OP_MATMUL)
-            continue;
-        for (int j = 0; j < op->nin; j++) {
-            int p = g->t.v[op->in[j]].op;
-            if (p < 0 || pos[p] < 0)
-                continue;
-            int x = pos[p], y = i;
-            while (uf[x] != x)
-                x = uf[x];
-            while (uf[y] != y)
-                y = uf[y];
-            uf[x] = y;
-        }
-    }
+    pass_fuse_parts(g, ops, n, uf);
     bool ok = true;
     for (int r = 0; r < n && ok; r++) {
         int m = 0;
-        for (int i = 0; i < n; i++) {
-            int x = i;
-            while (uf[x] != x)
-                x = uf[x];
-            if (x == r && g->ops.v[ops[i]].code != OP_MATMUL)
+        for (int i = 0; i < n; i++)
+            if (uf[i] == r && g->ops.v[ops[i]].code != OP_MATMUL)
                 part[m++] = ops[i];
-        }
         if (!m)
             continue;
         FuseDomain d;
@@ -734,8 +708,6 @@ static bool group_lowers(Fuser *f, int G, const bool *mat, int *pos)
                 ok = false;
         }
     }
-    for (int i = 0; i < n; i++)
-        pos[ops[i]] = -1;
     free(uf);
     free(part);
     return ok;
@@ -748,15 +720,12 @@ static bool group_lowers(Fuser *f, int G, const bool *mat, int *pos)
  * sibling merge that leaves a column max in a part of its own). */
 static void drop_unlowerable(Fuser *f)
 {
-    int *pos = xmalloc(sizeof(int) * (size_t)(f->g->ops.n + 1));
-    for (int i = 0; i < f->g->ops.n; i++)
-        pos[i] = -1;
     /* a dropped group changes what the others must write: until none drops */
     for (bool changed = true; changed;) {
         changed = false;
         bool *mat = cur_materialised(f);
         for (int G = 0; G < f->gr.n && !changed; G++) {
-            if (group_lowers(f, G, mat, pos))
+            if (group_lowers(f, G, mat))
                 continue;
             FGroup *gr = &f->gr.v[G];
             for (int i = 0; i < gr->ops.n; i++)
@@ -767,7 +736,6 @@ static void drop_unlowerable(Fuser *f)
         }
         free(mat);
     }
-    free(pos);
 }
 
 /* One group's ops all come from the optimizer and it writes update values

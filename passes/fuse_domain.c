@@ -206,6 +206,41 @@ bool pass_fuse_check_members(const Graph *g, const int *ops, int n, const FuseMa
     return true;
 }
 
+void pass_fuse_parts(const Graph *g, const int *ops, int n, int *root)
+{
+    int nops = g->ops.n;
+    int *pos = xmalloc(sizeof(int) * (size_t)(nops + 1));
+    for (int i = 0; i < nops; i++)
+        pos[i] = -1;
+    for (int i = 0; i < n; i++) {
+        pos[ops[i]] = i;
+        root[i] = i;
+    }
+    for (int i = 0; i < n; i++) {
+        const Op *op = &g->ops.v[ops[i]];
+        if (op->code == OP_MATMUL)
+            continue;
+        for (int j = 0; j < op->nin; j++) {
+            int p = g->t.v[op->in[j]].op;
+            if (p < 0 || pos[p] < 0)
+                continue;
+            int a = pos[p], b = i;
+            while (root[a] != a)
+                a = root[a] = root[root[a]];
+            while (root[b] != b)
+                b = root[b] = root[root[b]];
+            root[a] = b;
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        int a = i;
+        while (root[a] != a)
+            a = root[a];
+        root[i] = a;
+    }
+    free(pos);
+}
+
 bool pass_fuse_domain(const Graph *g, const int *ops, int n, FuseDomain *d, char *err,
                       size_t errlen)
 {

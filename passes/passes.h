@@ -92,6 +92,11 @@ typedef struct {
 } FuseDomain;
 /* Domain of one loop nest made of ops[0..n) (one group, or one connected
  * part of a multi-tensor group); false with err when they do not form one. */
+/* Connected parts of a group's members ops[0..n) by in-group edges (a
+ * GEMM's consumers connect through it; it is no part's member when the
+ * loops are built): root[i] is the same for members of one part, and is
+ * the index of one of them. */
+void pass_fuse_parts(const Graph *g, const int *ops, int n, int *root);
 bool pass_fuse_domain(const Graph *g, const int *ops, int n, FuseDomain *d, char *err,
                       size_t errlen);
 Shape pass_fuse_oshape(const FuseDomain *d); /* the per-row (per-column) shape */
