@@ -12,11 +12,11 @@
  * come yet (its core busy with another process) leaves them to the caller
  * instead of holding the step up. Idle workers spin for SPIN_NS, then sleep
  * on a condition variable, so they hold a core for at most that long while
- * nothing runs. The spin spans the serial kernels
- * between two parallel steps: a worker that has gone to sleep costs a
- * wake-up (tens of microseconds on a virtual machine) per step, more than
- * the parallel part saves (gpt tiny: 0.68 ms/step with a 20 us spin, 0.55
- * with 300 us). Small steps run on the calling thread alone: a kernel
+ * nothing runs. The spin spans the serial kernels between two parallel
+ * steps: a worker that has gone to sleep costs a wake-up (tens of
+ * microseconds on a virtual machine) per step, more than the parallel part
+ * saves (gpt tiny, with kernel_work's weighting: 1.0 ms/step with a 20 us
+ * spin, 0.55 with 300 us). Small steps run on the calling thread alone: a kernel
  * below MIN_KERNEL_WORK element-operations (kernel_work), a GEMM below
  * MIN_GEMM_FLOPS. */
 #include "codegen.h"

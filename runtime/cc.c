@@ -50,8 +50,7 @@ static double now(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* Runs cmd through the shell; stdout+stderr into a malloc'd string. */
-static int run_capture(const char *cmd, char **out)
+int rt_run_capture(const char *cmd, char **out)
 {
     char *full = xasprintf("%s 2>&1", cmd);
     FILE *p = popen(full, "r");
@@ -79,7 +78,7 @@ static const char *compiler_version(void)
     static char *v;
     if (!v) {
         char *cmd = xasprintf("'%s' --version", KILN_C_COMPILER);
-        if (run_capture(cmd, &v) != 0) {
+        if (rt_run_capture(cmd, &v) != 0) {
             free(v);
             v = xstrdup("unknown");
         }
@@ -357,7 +356,7 @@ static bool compile_parts(const char *src, const char *stem, const char *tmp, in
         }
         char *cmd = xasprintf("'%s' %s -o '%s'%s -lm", KILN_C_COMPILER, cc_flags, tmp, objs);
         char *llog = NULL;
-        int lrc = run_capture(cmd, &llog);
+        int lrc = rt_run_capture(cmd, &llog);
         if (lrc != 0) {
             snprintf(d->msg, sizeof d->msg,
                      "linking the compiled kernels failed (%s, exit status %d):\n%s",

@@ -259,6 +259,10 @@ typedef struct {
     double compile_seconds;
 } RtCcStats;
 RtCcStats rt_cc_stats(void);
+/* Runs cmd through the shell, its stdout and stderr into a malloc'd *out;
+ * returns its exit status (128 + the signal when killed; -1 when it could
+ * not start, *out then says why). */
+int rt_run_capture(const char *cmd, char **out);
 /* The kernel cache directory (malloc'd): cache_dir, else $KILN_CACHE_DIR,
  * else ~/.cache/kiln. */
 char *rt_cache_path(const char *cache_dir);

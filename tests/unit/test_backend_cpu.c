@@ -457,9 +457,7 @@ static void test_cache(void **state)
     rt_exec_destroy(e);
     ir_free(g2);
     ir_free(g);
-    char *cmd = xasprintf("rm -rf '%s'", dir);
-    assert_int_equal(run_cmd(cmd, NULL), 0);
-    free(cmd);
+    assert_int_equal(remove_tree(dir), 0);
     free(dir);
 }
 
@@ -514,9 +512,7 @@ static void test_cache_bound(void **state)
     assert_true(atoi(outp) >= 2); /* the new object and entry 5 at least */
     free(outp);
     free(cmd);
-    cmd = xasprintf("rm -rf '%s'", dir);
-    assert_int_equal(run_cmd(cmd, NULL), 0);
-    free(cmd);
+    assert_int_equal(remove_tree(dir), 0);
     free(dir);
     ir_free(g);
 }
@@ -565,9 +561,7 @@ static void test_cache_bound_cubins(void **state)
     assert_true(present[2]);
     assert_false(present[3]);
     assert_true(present[4]);
-    char *cmd = xasprintf("rm -rf '%s'", dir);
-    assert_int_equal(run_cmd(cmd, NULL), 0);
-    free(cmd);
+    assert_int_equal(remove_tree(dir), 0);
     free(dir);
 }
 
@@ -623,11 +617,12 @@ static void test_parallel_compile(void **state)
     assert_non_null(strstr(text, "kiln_injected_error(;"));
     assert_non_null(strstr(text, "static inline float twice")); /* the prelude too */
     free(text);
-    cmd = xasprintf("ls '%s' | grep -c '\\.so$\\|\\.o$'; rm -rf '%s'", dir, dir);
+    cmd = xasprintf("ls '%s' | grep -c '\\.so$\\|\\.o$'", dir);
     run_cmd(cmd, &outp);
     assert_int_equal(atoi(outp), 1); /* the first compile's object only */
     free(outp);
     free(cmd);
+    remove_tree(dir);
     free(src.s);
     free(dir);
 }
@@ -647,12 +642,13 @@ static void test_compile_failure(void **state)
     assert_non_null(strstr(d.msg, "| kiln_injected_error(;")); /* the numbered source */
     assert_non_null(strstr(d.msg, "error"));                   /* the compiler's message */
     /* nothing half-written: no shared object in the cache */
-    char *cmd = xasprintf("ls '%s' | grep -c '\\.so' ; rm -rf '%s'", dir, dir);
+    char *cmd = xasprintf("ls '%s' | grep -c '\\.so'", dir);
     char *outp = NULL;
     run_cmd(cmd, &outp);
     assert_int_equal(atoi(outp), 0);
     free(outp);
     free(cmd);
+    remove_tree(dir);
     free(dir);
     ir_free(g);
 }

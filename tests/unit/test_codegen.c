@@ -142,9 +142,7 @@ static void test_plan_compiles(void **state)
         fail_msg("generated C does not compile:\n%s\n%s", outp, pl->source);
     free(outp);
     free(cmd);
-    cmd = xasprintf("rm -rf '%s'", dir);
-    run_cmd(cmd, NULL);
-    free(cmd);
+    remove_tree(dir);
     free(path);
     free(dir);
     cg_plan_free(pl);

@@ -71,12 +71,8 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     (void)state;
-    if (cache) {
-        char *cmd = xasprintf("rm -rf '%s'", cache), *out = NULL;
-        run_cmd(cmd, &out);
-        free(out);
-        free(cmd);
-    }
+    if (cache)
+        remove_tree(cache);
     return 0;
 }
 

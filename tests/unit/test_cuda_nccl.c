@@ -196,11 +196,7 @@ static void compile(const char *what, const char *src, const char *extra)
     char *cmd = xasprintf("'%s' -std=c11 -D_GNU_SOURCE -Wall -Werror -fPIC -shared -I'%s' %s "
                           "-o '%s/%s' '%s' 2>&1",
                           KILN_C_COMPILER, cuda_inc, extra, dir, what, path);
-    char *out = NULL;
-    int rc = run_cmd(cmd, &out);
-    if (rc != 0)
-        fail_msg("`%s` failed:\n%s", cmd, out ? out : "");
-    free(out);
+    run_or_fail(cmd);
     free(cmd);
     free(path);
 }
@@ -216,19 +212,12 @@ static int setup(void **state)
     char *ln = xasprintf("'%s/libcuda.so.1' -Wl,-soname,libnccl.so.2 -Wl,-rpath,'%s'", dir, dir);
     compile("libnccl.so.2", fake_nccl, ln);
     free(ln);
-    char *src = read_file("runtime/cuda_nccl.c");
-    assert_non_null(src);
-    free(src);
     char *cmd = xasprintf("'%s' -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wshadow "
                           "-Wmissing-prototypes -Werror -fPIC -shared -Iir -Ipasses -Icodegen "
                           "-Iruntime -I'%s' -o '%s/kcnccl.so' runtime/cuda_nccl.c runtime/cuda_module.c "
                           "-ldl 2>&1",
                           KILN_C_COMPILER, cuda_inc, dir);
-    char *out = NULL;
-    int rc = run_cmd(cmd, &out);
-    if (rc != 0)
-        fail_msg("`%s` failed:\n%s", cmd, out ? out : "");
-    free(out);
+    run_or_fail(cmd);
     free(cmd);
     return 0;
 }
@@ -236,13 +225,8 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     (void)state;
-    if (dir) {
-        char *cmd = xasprintf("rm -rf '%s'", dir);
-        char *out = NULL;
-        run_cmd(cmd, &out);
-        free(out);
-        free(cmd);
-    }
+    if (dir)
+        remove_tree(dir);
     free(dir);
     free(cuda_inc);
     return 0;

@@ -85,10 +85,7 @@ static int setup(void **state)
     char *cmd = xasprintf("'%s' -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -fPIC -shared -Iir "
                           "-Ipasses -Icodegen -Iruntime -o '%s' '%s' 2>&1",
                           KILN_C_COMPILER, so, src);
-    char *out = NULL;
-    if (run_cmd(cmd, &out) != 0)
-        fail_msg("`%s` failed:\n%s", cmd, out ? out : "");
-    free(out);
+    run_or_fail(cmd);
     free(cmd);
     setenv("KILN_CUDA_MODULE", so, 1);
     /* the executor's module handle is the one device.c opens: same path,
@@ -107,11 +104,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     (void)state;
-    char *cmd = xasprintf("rm -rf '%s'", dir);
-    char *out = NULL;
-    run_cmd(cmd, &out);
-    free(out);
-    free(cmd);
+    remove_tree(dir);
     free(dir);
     return 0;
 }

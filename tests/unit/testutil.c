@@ -1,12 +1,13 @@
 /* testutil.c - helpers shared by kiln's unit tests. */
 #include "testutil.h"
 
+#include "runtime.h"
+
 #include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 
 double rel_err(const double *a, const double *b, int64_t n)
 {
@@ -62,26 +63,30 @@ Graph *parse_or_fail(const char *text)
 
 int run_cmd(const char *cmd, char **out)
 {
-    char *full = xasprintf("%s 2>&1", cmd);
-    FILE *p = popen(full, "r");
-    free(full);
-    if (!p)
-        return -1;
-    size_t n = 0, cap = 4096;
-    char *s = xmalloc(cap);
-    size_t k;
-    while ((k = fread(s + n, 1, cap - n - 1, p)) > 0) {
-        n += k;
-        if (cap - n < 2)
-            s = xrealloc(s, cap *= 2);
-    }
-    s[n] = 0;
-    int st = pclose(p);
+    char *s = NULL;
+    int rc = rt_run_capture(cmd, &s);
     if (out)
         *out = s;
     else
         free(s);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return rc;
+}
+
+void run_or_fail(const char *cmd)
+{
+    char *out = NULL;
+    int rc = run_cmd(cmd, &out);
+    if (rc != 0)
+        fail_msg("`%s` failed (%d):\n%s", cmd, rc, out ? out : "");
+    free(out);
+}
+
+int remove_tree(const char *dir)
+{
+    char *cmd = xasprintf("rm -rf '%s'", dir);
+    int rc = run_cmd(cmd, NULL);
+    free(cmd);
+    return rc;
 }
 
 char *scratch_dir(const char *tag)

@@ -22,6 +22,10 @@ void write_file(const char *path, const char *text);
 /* Runs `cmd` through the shell, capturing stdout+stderr into a malloc'd
  * string (*out), returning the exit status (or -1). */
 int run_cmd(const char *cmd, char **out);
+/* run_cmd; fails the test, with the output, unless the exit status is 0. */
+void run_or_fail(const char *cmd);
+/* rm -rf dir (a scratch directory); its exit status. */
+int remove_tree(const char *dir);
 /* Fresh scratch directory under $TMPDIR (or /tmp); caller frees. */
 char *scratch_dir(const char *tag);
 /* Host data for every graph input of a model's step graph, indexed by tensor
