@@ -111,6 +111,24 @@ static int bad_flag(const char *cmd, const char *msg, const char *arg)
     return 2;
 }
 
+/* The ranges of the integer flags (docs/cli.md). */
+#define MAX_STEPS 1000000000 /* as train.steps */
+#define MAX_THREADS 256      /* the CPU backend's thread pool */
+#define MAX_NPROC 1024
+
+/* An integer flag's value from lo to hi into *out; false after printing
+ * "kiln CMD: FLAG: expected an integer from LO to HI, got V" (no
+ * wrap-around: 4294967297 is not 1). */
+static bool int_flag(const char *cmd, const char *flag, const char *v, int64_t lo, int64_t hi,
+                     int64_t *out)
+{
+    char why[256];
+    if (fe_parse_int(v, lo, hi, out, why, sizeof why))
+        return true;
+    fprintf(stderr, "kiln %s: %s: %s\n(see `kiln %s --help`)\n", cmd, flag, why, cmd);
+    return false;
+}
+
 /* Accepts "--flag VALUE" and "--flag=VALUE"; advances *i past the value. */
 static const char *flag_value(int argc, char **argv, int *i, const char *flag)
 {
@@ -406,10 +424,10 @@ static int cmd_compile(int argc, char **argv)
         } else if (strcmp(argv[i], "--time") == 0) {
             a.timing = true;
         } else if ((v = flag_value(argc, argv, &i, "--nproc"))) {
-            char *end;
-            a.nproc = (int)strtol(v, &end, 10);
-            if (*end || a.nproc <= 0)
-                return bad_flag("compile", "--nproc expects a positive integer, got", v);
+            int64_t n;
+            if (!int_flag("compile", "--nproc", v, 1, MAX_NPROC, &n))
+                return 2;
+            a.nproc = (int)n;
         } else if (strcmp(argv[i], "--no-overlap") == 0) {
             a.no_overlap = true;
         } else if (strcmp(argv[i], "--no-fuse") == 0) {
@@ -535,13 +553,15 @@ static int cmd_train(int argc, char **argv)
         } else if ((v = flag_value(argc, argv, &i, "--set"))) {
             vec_push(&sets, v);
         } else if ((v = flag_value(argc, argv, &i, "--steps"))) {
-            o.steps = strtoll(v, &end, 10);
-            if (*end || o.steps <= 0)
-                return bad_flag("train", "--steps expects a positive integer, got", v);
+            int64_t n;
+            if (!int_flag("train", "--steps", v, 1, MAX_STEPS, &n))
+                return 2;
+            o.steps = n;
         } else if ((v = flag_value(argc, argv, &i, "--threads"))) {
-            o.threads = (int)strtol(v, &end, 10);
-            if (*end || o.threads <= 0)
-                return bad_flag("train", "--threads expects a positive integer, got", v);
+            int64_t n;
+            if (!int_flag("train", "--threads", v, 1, MAX_THREADS, &n))
+                return 2;
+            o.threads = (int)n;
         } else if ((v = flag_value(argc, argv, &i, "--device"))) {
             if (strcmp(v, "cpu") != 0 && strcmp(v, "cuda") != 0 && strcmp(v, "auto") != 0)
                 return bad_flag("train", "--device expects cpu, cuda or auto, got", v);
@@ -560,7 +580,7 @@ static int cmd_train(int argc, char **argv)
             o.cache_dir = v;
         } else if ((v = flag_value(argc, argv, &i, "--peak-gflops"))) {
             o.peak_gflops = strtod(v, &end);
-            if (*end || !(o.peak_gflops > 0))
+            if (end == v || *end || !(o.peak_gflops > 0) || !isfinite(o.peak_gflops))
                 return bad_flag("train", "--peak-gflops expects a positive number, got", v);
         } else if ((v = flag_value(argc, argv, &i, "--memory-budget"))) {
             if ((budget = parse_budget("train", v)) < 0)
@@ -571,9 +591,10 @@ static int cmd_train(int argc, char **argv)
         } else if (strcmp(argv[i], "--profile") == 0) {
             o.profile = true;
         } else if ((v = flag_value(argc, argv, &i, "--nproc"))) {
-            nproc = (int)strtol(v, &end, 10);
-            if (*end || nproc <= 0)
-                return bad_flag("train", "--nproc expects a positive integer, got", v);
+            int64_t n;
+            if (!int_flag("train", "--nproc", v, 1, MAX_NPROC, &n))
+                return 2;
+            nproc = (int)n;
         } else if (strcmp(argv[i], "--no-overlap") == 0) {
             o.no_overlap = true;
         } else if (strcmp(argv[i], "--no-fuse") == 0) {
