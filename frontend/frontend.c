@@ -665,6 +665,14 @@ static void open_sandbox(lua_State *L)
     luaL_requiref(L, LUA_TABLIBNAME, luaopen_table, 1);
     luaL_requiref(L, LUA_UTF8LIBNAME, luaopen_utf8, 1);
     lua_settop(L, 0);
+    /* the same random numbers on every run (Lua seeds math.random from the
+     * clock): a script builds the same model each time, and its evaluation
+     * graph's run matches the training graph's */
+    lua_getglobal(L, "math");
+    lua_getfield(L, -1, "randomseed");
+    lua_pushinteger(L, 1337);
+    lua_call(L, 1, 0);
+    lua_pop(L, 1);
     wrap_global(L, "load", l_load);
     wrap_global(L, "setmetatable", l_setmetatable);
     push_denied(L, "dofile", no_files);
@@ -701,8 +709,8 @@ static bool sandbox_limits(int64_t *instr, size_t *mem, char *err, size_t errlen
     v = getenv("KILN_LUA_MEMORY");
     if (v) {
         int64_t b = fe_parse_bytes(v);
-        if (b < (1 << 20) || (uint64_t)b > (uint64_t)(SIZE_MAX / 4)) {
-            snprintf(err, errlen, "KILN_LUA_MEMORY: expected a size of at least 1MiB such as "
+        if (b < (1 << 16) || (uint64_t)b > (uint64_t)(SIZE_MAX / 4)) {
+            snprintf(err, errlen, "KILN_LUA_MEMORY: expected a size of at least 64KiB such as "
                      "512MiB or 4GiB, got '%s'", v);
             return false;
         }

@@ -355,7 +355,7 @@ static void test_sandbox(void **state)
     /* malformed bounds */
     setenv("KILN_LUA_MEMORY", "lots", 1);
     expect_has(load_err("models/mlp.lua", NULL, 0), "KILN_LUA_MEMORY: expected a size");
-    setenv("KILN_LUA_MEMORY", "1KiB", 1);
+    setenv("KILN_LUA_MEMORY", "1KiB", 1); /* below 64KiB */
     expect_has(load_err("models/mlp.lua", NULL, 0), "got '1KiB'");
     unsetenv("KILN_LUA_MEMORY");
     setenv("KILN_LUA_INSTRUCTIONS", "4294967297x", 1);
@@ -392,6 +392,37 @@ static void test_sandbox(void **state)
     expect_has(load_err(fifo, NULL, 0), "got a FIFO");
     remove_tree(dir);
     free(dir);
+}
+
+/* The memory bound crossed at every point of a real model's run: bounds
+ * from 64 KiB (less than the Lua state with its libraries holds) to 256 KiB
+ * (more than models/gpt.lua needs), so that the crossing falls in turn
+ * inside the script, inside nn.lua and inside the DSL's C functions. Each run
+ * builds the model or stops with the memory error at a line of the script;
+ * never a crash or a leak (the sanitizer build runs this too). */
+static void test_sandbox_memory_sweep(void **state)
+{
+    (void)state;
+    int built = 0, stopped = 0;
+    for (int limit = 65536; limit <= 262144; limit += 509) {
+        char v[32], err[2048];
+        snprintf(v, sizeof v, "%d", limit);
+        setenv("KILN_LUA_MEMORY", v, 1);
+        Model *m = fe_load_model("models/gpt.lua", NULL, 0, err, sizeof err);
+        if (m) {
+            built++;
+            check_forward_graph(m);
+            fe_model_free(m);
+            continue;
+        }
+        stopped++;
+        if (strncmp(err, "models/gpt.lua:", 15) != 0 || atoi(err + 15) <= 0 ||
+            !strstr(err, "KiB of Lua memory"))
+            fail_msg("bound %d: expected the memory error at a line of the script, got: %s",
+                     limit, err);
+    }
+    unsetenv("KILN_LUA_MEMORY");
+    assert_true(built > 0 && stopped > 0);
 }
 
 /* Integer settings never wrap around; numbers are finite and in range. */
@@ -722,6 +753,7 @@ int main(void)
         cmocka_unit_test(test_bad_scripts),
         cmocka_unit_test(test_settings_printed),
         cmocka_unit_test(test_sandbox),
+        cmocka_unit_test(test_sandbox_memory_sweep),
         cmocka_unit_test(test_setting_ranges),
         cmocka_unit_test(test_numerics),
         cmocka_unit_test(test_dropout),
