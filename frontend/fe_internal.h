@@ -34,6 +34,7 @@ typedef struct {
     size_t mem_limit;      /* bytes allowed once mem_armed (the script runs) */
     bool mem_armed, mem_over; /* mem_over: the script went past mem_limit */
     int64_t instr_limit;   /* Lua instructions the script may run */
+    int ops_limit;         /* ops the graph may hold (tensors: twice as many) */
     int64_t instr;         /* instructions run, counted per hook period */
     int hook_period;       /* instructions between two calls of the count hook */
     int last_line;         /* the user's line at the last call of the hook */

@@ -104,6 +104,27 @@ static int msgh(lua_State *L)
 }
 /* ---- graph inputs, params, outputs -------------------------------------- */
 
+/* Whether name is in the registry's set `set` (inputs and params, or
+ * outputs); with add, puts it there. A set, not a scan of the graph: a
+ * script may declare many thousands. */
+static bool name_in(lua_State *L, const char *set, const char *name, bool add)
+{
+    if (lua_getfield(L, LUA_REGISTRYINDEX, set) != LUA_TTABLE) {
+        lua_pop(L, 1);
+        lua_newtable(L);
+        lua_pushvalue(L, -1);
+        lua_setfield(L, LUA_REGISTRYINDEX, set);
+    }
+    bool had = lua_getfield(L, -1, name) != LUA_TNIL;
+    lua_pop(L, 1);
+    if (add) {
+        lua_pushboolean(L, 1);
+        lua_setfield(L, -2, name);
+    }
+    lua_pop(L, 1);
+    return had;
+}
+
 static void check_name(lua_State *L, int idx, const char *fn)
 {
     if (lua_type(L, idx) != LUA_TSTRING || !lua_rawlen(L, idx))
@@ -112,7 +133,7 @@ static void check_name(lua_State *L, int idx, const char *fn)
     if (strcmp(name, "lr") == 0 || strncmp(name, "adam.", 5) == 0 || strncmp(name, "grad.", 5) == 0)
         fe_error(L, "%s: the name '%s' is reserved for the optimizer (expected another name)", fn,
                  name);
-    if (ir_find_tensor(fe_get(L)->g, name) >= 0)
+    if (name_in(L, "kiln.names", name, false))
         fe_error(L, "%s: the name '%s' is already used by another input or param", fn,
                  lua_tostring(L, idx));
 }
@@ -126,6 +147,7 @@ static int l_input(lua_State *L)
     ParamInit none = {0};
     fe_push_tensor(L, ir_add_input(fe_get(L)->g, TK_INPUT, lua_tostring(L, 1),
                                 shape_make(dt, rank, dim), none));
+    name_in(L, "kiln.names", lua_tostring(L, 1), true);
     return 1;
 }
 
@@ -144,6 +166,7 @@ static int l_param(lua_State *L)
                  lua_tostring(L, 1), dtype_name(dt));
     fe_push_tensor(L, ir_add_input(fe_get(L)->g, TK_PARAM, lua_tostring(L, 1),
                                 shape_make(dt, rank, dim), init));
+    name_in(L, "kiln.names", lua_tostring(L, 1), true);
     return 1;
 }
 
@@ -235,9 +258,10 @@ static int l_output(lua_State *L)
     int t = fe_check_tensor(L, 2, "output");
     if (strcmp(name, "loss") == 0)
         fe_error(L, "output: the name 'loss' is reserved for minimize(loss)");
-    if (ir_find_output(fe->g, name) >= 0)
+    if (name_in(L, "kiln.outputs", name, false))
         fe_error(L, "output: the name '%s' is already used by another output", name);
     ir_add_output(fe->g, name, t);
+    name_in(L, "kiln.outputs", name, true);
     return 0;
 }
 
@@ -462,8 +486,16 @@ static void open_dsl(lua_State *L)
  * (kiln opens data, weights and checkpoints itself), load of text chunks
  * only (bytecode is never loaded: mutated bytecode is not checked by Lua),
  * no string.dump, no __gc finalizers (they would run after the script).
- * Its Lua memory and its instructions are bounded (FeLimits); past either
- * bound the script stops with an error at its line. */
+ * Its Lua memory, its instructions and the size of the graph it builds are
+ * bounded; past a bound the script stops with an error at its line. */
+
+typedef struct {
+    const char *text; /* the script's source, len bytes */
+    size_t len;
+    int64_t instr;    /* the bounds */
+    size_t mem;
+    int ops;
+} Script;
 
 #define HOOK_PERIOD 100 /* instructions between two calls of the count hook */
 
@@ -506,11 +538,11 @@ static void sandbox_hook(lua_State *L, lua_Debug *ar)
             fe->last_line = caller.currentline;
         return;
     }
-    bool over_instr = false;
+    bool over_graph = false;
     if (!fe->mem_over) {
         fe->instr += fe->hook_period;
-        over_instr = fe->instr > fe->instr_limit;
-        if (!over_instr) {
+        over_graph = fe->g->ops.n > fe->ops_limit || fe->g->t.n > 2 * fe->ops_limit;
+        if (fe->instr <= fe->instr_limit && !over_graph) {
             fe->last_line = fe_user_loc(L).line;
             return;
         }
@@ -524,6 +556,11 @@ static void sandbox_hook(lua_State *L, lua_Debug *ar)
     char msg[512];
     if (fe->mem_over)
         mem_message(fe, fe->stop_line, msg, sizeof msg);
+    else if (over_graph)
+        snprintf(msg, sizeof msg, "%s:%d: the script built a graph of more than %d ops or %d "
+                 "tensors (expected a model of at most that many forward ops; a loop that "
+                 "never ends? KILN_MAX_OPS raises the limit)", fe->path, fe->stop_line,
+                 fe->ops_limit, 2 * fe->ops_limit);
     else
         snprintf(msg, sizeof msg, "%s:%d: the script ran for more than %lld Lua instructions "
                  "(expected a model script that finishes; an endless loop? "
@@ -694,14 +731,23 @@ static void open_sandbox(lua_State *L)
     set_denied_lib(L, "debug", "not available to model scripts");
 }
 
-/* The bounds from the environment: KILN_LUA_INSTRUCTIONS (default 1e9) and
- * KILN_LUA_MEMORY (default 1GiB). False with err set when one is malformed. */
-static bool sandbox_limits(int64_t *instr, size_t *mem, char *err, size_t errlen)
+/* The bounds from the environment: KILN_LUA_INSTRUCTIONS (default 1e9),
+ * KILN_LUA_MEMORY (default 1GiB) and KILN_MAX_OPS (default 2^20 forward ops,
+ * about 0.5 GiB of graph). False with err set when one is malformed. */
+static bool sandbox_limits(Script *sc, char *err, size_t errlen)
 {
+    int64_t *instr = &sc->instr, ops = 1 << 20;
+    size_t *mem = &sc->mem;
     *instr = 1000000000;
     *mem = (size_t)1 << 30;
-    const char *v = getenv("KILN_LUA_INSTRUCTIONS");
+    const char *v = getenv("KILN_MAX_OPS");
     char why[256];
+    if (v && !fe_parse_int(v, 1000, 1 << 28, &ops, why, sizeof why)) {
+        snprintf(err, errlen, "KILN_MAX_OPS: %s", why);
+        return false;
+    }
+    sc->ops = (int)ops;
+    v = getenv("KILN_LUA_INSTRUCTIONS");
     if (v && !fe_parse_int(v, 1000, (int64_t)1 << 50, instr, why, sizeof why)) {
         snprintf(err, errlen, "KILN_LUA_INSTRUCTIONS: %s", why);
         return false;
@@ -817,13 +863,6 @@ static bool finish(lua_State *L, Fe *fe, char *err, size_t errlen)
     return true;
 }
 
-typedef struct {
-    const char *text; /* the script's source, len bytes */
-    size_t len;
-    int64_t instr;    /* the sandbox's bounds */
-    size_t mem;
-} Script;
-
 /* Runs the script once, with nn.training = training. */
 static Model *load_once(const char *path, const Script *sc, const char *const *sets, int nsets,
                         bool training, char *err, size_t errlen)
@@ -834,7 +873,7 @@ static Model *load_once(const char *path, const Script *sc, const char *const *s
     fe_train_defaults(&m->train);
     Fe fe = {.g = m->g, .m = m, .path = m->path, .sets = sets, .nsets = nsets,
              .config_ref = LUA_NOREF, .loss = -1, .mem_limit = sc->mem,
-             .instr_limit = sc->instr, .hook_period = HOOK_PERIOD};
+             .instr_limit = sc->instr, .ops_limit = sc->ops, .hook_period = HOOK_PERIOD};
     snprintf(fe.chunk, sizeof fe.chunk, "@%s", path);
     fe.set_used = xcalloc((size_t)(nsets ? nsets : 1), sizeof(bool));
 
@@ -989,7 +1028,7 @@ Model *fe_load_model_text(const char *path, const char *text, size_t len,
                           const char *const *sets, int nsets, char *err, size_t errlen)
 {
     Script sc = {.text = text, .len = len};
-    if (!sandbox_limits(&sc.instr, &sc.mem, err, errlen))
+    if (!sandbox_limits(&sc, err, errlen))
         return NULL;
     return load_script(path, &sc, sets, nsets, err, errlen);
 }
@@ -1041,8 +1080,8 @@ static char *read_script(const char *path, size_t max, size_t *len, char *err, s
 Model *fe_load_model(const char *path, const char *const *sets, int nsets, char *err,
                      size_t errlen)
 {
-    Script sc;
-    if (!sandbox_limits(&sc.instr, &sc.mem, err, errlen))
+    Script sc = {0};
+    if (!sandbox_limits(&sc, err, errlen))
         return NULL;
     char *text = read_script(path, sc.mem, &sc.len, err, errlen);
     if (!text)

@@ -1,7 +1,8 @@
 #!/bin/bash
 # hostile model scripts: bytecode through load (string, mode "b", reader), string.dump
 # no file or OS access: dofile, loadfile, io, os, require, package.loadlib; a FIFO as script
-# bounds: an endless loop (KILN_LUA_INSTRUCTIONS), a table bomb (KILN_LUA_MEMORY), bad bounds
+# bounds: an endless loop (KILN_LUA_INSTRUCTIONS), a table bomb (KILN_LUA_MEMORY), a graph
+#   without end (KILN_MAX_OPS), bad bounds; a name declared twice after a caught failure
 # integer flags: --threads, --nproc (train, compile), --steps out of range or not integers
 # integer settings: --set grad_accum, steps, eval_batches, seed; train{} values at their line
 set -u
@@ -48,6 +49,10 @@ expect_error -t 60 "$B/sandbox_bomb.lua:6: the script used more than 8 MiB of Lu
     env KILN_LUA_MEMORY=8MiB "$KILN" train "$B/sandbox_bomb.lua"
 expect_error -t 60 "$B/sandbox_bigstring.lua:3: the script used more than 8 MiB of Lua memory" -- \
     "${fast[@]}" "$KILN" compile "$B/sandbox_bigstring.lua"
+expect_error -t 60 "$B/sandbox_graph.lua:5: the script built a graph of more than 10000 ops" -- \
+    env KILN_MAX_OPS=10000 "$KILN" compile "$B/sandbox_graph.lua"
+expect_error "$B/dup_name.lua:5: param: the name 'w' is already used" -- \
+    "$KILN" compile "$B/dup_name.lua"
 expect_error "KILN_LUA_MEMORY: expected a size of at least 64KiB" "got 'lots'" -- \
     env KILN_LUA_MEMORY=lots "$KILN" compile models/mlp.lua
 expect_error "KILN_LUA_INSTRUCTIONS: expected an integer from 1000 to" "got 1e99" -- \

@@ -330,6 +330,7 @@ static void test_sandbox(void **state)
         {"sandbox_pcall_loop", {"ran for more than 1000000 Lua instructions", NULL}},
         {"train_wrap", {"grad_accum", "expected an integer from 1 to 1024", "4294967297"}},
         {"train_fraction", {"steps", "expected an integer from 0 to", "2.5"}},
+        {"dup_name", {"param:", "'w' is already used", NULL}},
     };
     setenv("KILN_LUA_INSTRUCTIONS", "1000000", 1);
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
@@ -341,10 +342,21 @@ static void test_sandbox(void **state)
     expect_at_marked_line("sandbox_bomb", mem_words, 2);
     expect_at_marked_line("sandbox_pcall_bomb", mem_words, 2);
     expect_at_marked_line("sandbox_bigstring", mem_words, 2); /* one allocation of 1 GiB */
+    unsetenv("KILN_LUA_MEMORY");
+    /* the graph bound */
+    setenv("KILN_MAX_OPS", "10000", 1);
+    static const char *ops_words[] = {"built a graph of more than 10000 ops", "KILN_MAX_OPS"};
+    expect_at_marked_line("sandbox_graph", ops_words, 2);
+    setenv("KILN_MAX_OPS", "100", 1);
+    expect_has(load_err("models/mlp.lua", NULL, 0), "KILN_MAX_OPS: expected an integer from 1000");
+    unsetenv("KILN_MAX_OPS");
+    setenv("KILN_LUA_MEMORY", "8MiB", 1);
 
     /* every model, GPT-2 124M included, is far inside the bounds (the
-     * defaults are 1e9 instructions and 1 GiB: 100x and 128x these) */
+     * defaults are 1e9 instructions, 1 GiB and 2^20 ops: 100x, 128x and 100x
+     * these) */
     setenv("KILN_LUA_INSTRUCTIONS", "10000000", 1);
+    setenv("KILN_MAX_OPS", "10000", 1);
     char **paths = model_paths();
     for (char **pp = paths; *pp; pp++)
         fe_model_free(load_model(*pp, NULL, 0));
@@ -352,6 +364,7 @@ static void test_sandbox(void **state)
     const char *big[] = {"size=124M"};
     fe_model_free(load_model("models/gpt.lua", big, 1));
 
+    unsetenv("KILN_MAX_OPS");
     /* malformed bounds */
     setenv("KILN_LUA_MEMORY", "lots", 1);
     expect_has(load_err("models/mlp.lua", NULL, 0), "KILN_LUA_MEMORY: expected a size");
