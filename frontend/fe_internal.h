@@ -27,6 +27,18 @@ typedef struct {
     int loss_line;
     int train_line;    /* last train{} call, 0 if none */
     int next_key;      /* random op keys */
+    /* the sandbox (frontend.c): Lua's own allocations and instructions are
+     * bounded; kiln's graph memory is not Lua's and is not counted */
+    lua_State *L;
+    size_t mem_used;       /* bytes Lua's allocator holds */
+    size_t mem_limit;      /* bytes allowed once mem_armed (the script runs) */
+    bool mem_armed, mem_over; /* mem_over: the script went past mem_limit */
+    int64_t instr_limit;   /* Lua instructions the script may run */
+    int ops_limit;         /* ops the graph may hold (tensors: twice as many) */
+    int64_t instr;         /* instructions run, counted per hook period */
+    int hook_period;       /* instructions between two calls of the count hook */
+    int last_line;         /* the user's line at the last call of the hook */
+    int stop_line;         /* the user's line where a bound was crossed; 0: none yet */
 } Fe;
 
 static inline Fe *fe_get(lua_State *L) { return *(Fe **)lua_getextraspace(L); }

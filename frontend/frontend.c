@@ -9,12 +9,16 @@
  * their files. */
 #include "fe_internal.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <lauxlib.h>
 #include <lua.h>
@@ -74,6 +78,7 @@ static int set_error(lua_State *L, const char *key, const char *fmt, ...)
 static int msgh(lua_State *L)
 {
     Fe *fe = fe_get(L);
+    fe->mem_armed = false; /* the run is over: the message must not fail */
     const char *msg = lua_tostring(L, 1);
     if (!msg)
         msg = lua_pushfstring(L, "error object is a %s value", luaL_typename(L, 1));
@@ -99,6 +104,27 @@ static int msgh(lua_State *L)
 }
 /* ---- graph inputs, params, outputs -------------------------------------- */
 
+/* Whether name is in the registry's set `set` (inputs and params, or
+ * outputs); with add, puts it there. A set, not a scan of the graph: a
+ * script may declare many thousands. */
+static bool name_in(lua_State *L, const char *set, const char *name, bool add)
+{
+    if (lua_getfield(L, LUA_REGISTRYINDEX, set) != LUA_TTABLE) {
+        lua_pop(L, 1);
+        lua_newtable(L);
+        lua_pushvalue(L, -1);
+        lua_setfield(L, LUA_REGISTRYINDEX, set);
+    }
+    bool had = lua_getfield(L, -1, name) != LUA_TNIL;
+    lua_pop(L, 1);
+    if (add) {
+        lua_pushboolean(L, 1);
+        lua_setfield(L, -2, name);
+    }
+    lua_pop(L, 1);
+    return had;
+}
+
 static void check_name(lua_State *L, int idx, const char *fn)
 {
     if (lua_type(L, idx) != LUA_TSTRING || !lua_rawlen(L, idx))
@@ -107,7 +133,7 @@ static void check_name(lua_State *L, int idx, const char *fn)
     if (strcmp(name, "lr") == 0 || strncmp(name, "adam.", 5) == 0 || strncmp(name, "grad.", 5) == 0)
         fe_error(L, "%s: the name '%s' is reserved for the optimizer (expected another name)", fn,
                  name);
-    if (ir_find_tensor(fe_get(L)->g, name) >= 0)
+    if (name_in(L, "kiln.names", name, false))
         fe_error(L, "%s: the name '%s' is already used by another input or param", fn,
                  lua_tostring(L, idx));
 }
@@ -121,6 +147,7 @@ static int l_input(lua_State *L)
     ParamInit none = {0};
     fe_push_tensor(L, ir_add_input(fe_get(L)->g, TK_INPUT, lua_tostring(L, 1),
                                 shape_make(dt, rank, dim), none));
+    name_in(L, "kiln.names", lua_tostring(L, 1), true);
     return 1;
 }
 
@@ -139,6 +166,7 @@ static int l_param(lua_State *L)
                  lua_tostring(L, 1), dtype_name(dt));
     fe_push_tensor(L, ir_add_input(fe_get(L)->g, TK_PARAM, lua_tostring(L, 1),
                                 shape_make(dt, rank, dim), init));
+    name_in(L, "kiln.names", lua_tostring(L, 1), true);
     return 1;
 }
 
@@ -230,9 +258,10 @@ static int l_output(lua_State *L)
     int t = fe_check_tensor(L, 2, "output");
     if (strcmp(name, "loss") == 0)
         fe_error(L, "output: the name 'loss' is reserved for minimize(loss)");
-    if (ir_find_output(fe->g, name) >= 0)
+    if (name_in(L, "kiln.outputs", name, false))
         fe_error(L, "output: the name '%s' is already used by another output", name);
     ir_add_output(fe->g, name, t);
+    name_in(L, "kiln.outputs", name, true);
     return 0;
 }
 
@@ -295,9 +324,12 @@ static void apply_set(lua_State *L, Fe *fe, int i)
     if (t == LUA_TNUMBER) {
         if (!lua_stringtonumber(L, val))
             set_error(L, key, "expected a number (the default is a number), got '%s'", val);
+        if (!lua_isinteger(L, -1) && !isfinite(lua_tonumber(L, -1)))
+            set_error(L, key, "expected a finite number, got '%s'", val);
         if (isint && !lua_isinteger(L, -1)) {
             lua_Number d = lua_tonumber(L, -1);
-            if (d != floor(d))
+            /* -2^63 <= d < 2^63: d fits a Lua integer (no wrap-around) */
+            if (d != floor(d) || !(d >= -9223372036854775808.0 && d < 9223372036854775808.0))
                 set_error(L, key, "expected an integer (the default is an integer), got '%s'", val);
             lua_pop(L, 1);
             lua_pushinteger(L, (lua_Integer)d);
@@ -405,7 +437,9 @@ static int l_train(lua_State *L)
         char why[512];
         bool ok;
         int t = lua_type(L, -1);
-        if (t == LUA_TNUMBER)
+        if (lua_isinteger(L, -1))
+            ok = fe_train_store_int(&fe->m->train, k, lua_tointeger(L, -1), why, sizeof why);
+        else if (t == LUA_TNUMBER)
             ok = fe_train_store_num(&fe->m->train, k, lua_tonumber(L, -1), why, sizeof why);
         else if (t == LUA_TSTRING)
             ok = fe_train_store_text(fe->m, &fe->m->train, k, lua_tostring(L, -1), false, why,
@@ -443,6 +477,297 @@ static void open_dsl(lua_State *L)
         {NULL, NULL, 0},
     };
     fe_open_ops(L, runner);
+}
+
+/* ---- the sandbox ----------------------------------------------------------
+ * A model script only builds a graph. It gets the base, math, string, table
+ * and utf8 libraries and the DSL, and nothing that reaches outside the Lua
+ * state: no io, os, package or debug library, no dofile, loadfile or require
+ * (kiln opens data, weights and checkpoints itself), load of text chunks
+ * only (bytecode is never loaded: mutated bytecode is not checked by Lua),
+ * no string.dump, no __gc finalizers (they would run after the script).
+ * Its Lua memory, its instructions and the size of the graph it builds are
+ * bounded; past a bound the script stops with an error at its line. */
+
+typedef struct {
+    const char *text; /* the script's source, len bytes */
+    size_t len;
+    int64_t instr;    /* the bounds */
+    size_t mem;
+    int ops;
+} Script;
+
+#define HOOK_PERIOD 100 /* instructions between two calls of the count hook */
+
+static void human_size(double b, char *buf, size_t n)
+{
+    const char *u[] = {"bytes", "KiB", "MiB", "GiB", "TiB"};
+    int i = 0;
+    while (b >= 1024 && i < 4) {
+        b /= 1024;
+        i++;
+    }
+    snprintf(buf, n, b == floor(b) ? "%.0f %s" : "%.1f %s", b, u[i]);
+}
+
+static void mem_message(const Fe *fe, int line, char *buf, size_t n)
+{
+    char b[32];
+    human_size((double)fe->mem_limit, b, sizeof b);
+    snprintf(buf, n, "%s:%d: the script used more than %s of Lua memory (expected a model "
+             "script that builds its graph in less; a table that grows without end? "
+             "KILN_LUA_MEMORY raises the limit)", fe->path, line, b);
+}
+
+/* The hook (count and call events): the instruction bound, the memory bound
+ * (reported at the first instruction after the allocation that crossed it),
+ * and the user's line for a memory error that Lua raises itself (one
+ * allocation far past the bound). Once a bound is crossed it runs at every
+ * instruction and raises the same error, naming the line where the bound was
+ * crossed, so that a script catching the error with pcall stops at its next
+ * instruction outside the pcall. */
+static void sandbox_hook(lua_State *L, lua_Debug *ar)
+{
+    Fe *fe = fe_get(L);
+    if (ar->event == LUA_HOOKCALL) {
+        /* a C function may make one allocation past the bound (string.rep)
+         * that Lua reports without a line: remember the caller's */
+        lua_Debug caller;
+        if (lua_getstack(L, 1, &caller) && lua_getinfo(L, "Sl", &caller) &&
+            caller.currentline > 0 && strcmp(caller.source, fe->chunk) == 0)
+            fe->last_line = caller.currentline;
+        return;
+    }
+    bool over_graph = false;
+    if (!fe->mem_over) {
+        fe->instr += fe->hook_period;
+        over_graph = fe->g->ops.n > fe->ops_limit || fe->g->t.n > 2 * fe->ops_limit;
+        if (fe->instr <= fe->instr_limit && !over_graph) {
+            fe->last_line = fe_user_loc(L).line;
+            return;
+        }
+    }
+    if (fe->hook_period != 1) {
+        fe->hook_period = 1;
+        lua_sethook(L, sandbox_hook, LUA_MASKCOUNT, 1);
+    }
+    if (!fe->stop_line)
+        fe->stop_line = fe_user_loc(L).line;
+    char msg[512];
+    if (fe->mem_over)
+        mem_message(fe, fe->stop_line, msg, sizeof msg);
+    else if (over_graph)
+        snprintf(msg, sizeof msg, "%s:%d: the script built a graph of more than %d ops or %d "
+                 "tensors (expected a model of at most that many forward ops; a loop that "
+                 "never ends? KILN_MAX_OPS raises the limit)", fe->path, fe->stop_line,
+                 fe->ops_limit, 2 * fe->ops_limit);
+    else
+        snprintf(msg, sizeof msg, "%s:%d: the script ran for more than %lld Lua instructions "
+                 "(expected a model script that finishes; an endless loop? "
+                 "KILN_LUA_INSTRUCTIONS raises the limit)", fe->path, fe->stop_line,
+                 (long long)fe->instr_limit);
+    lua_pushstring(L, msg);
+    lua_error(L);
+}
+
+/* Lua's allocator: counts the bytes Lua holds. Past mem_limit it marks the
+ * run (the hook raises the error at the script's line) and still allows a
+ * quarter more, so the error can be built; beyond that it fails and Lua
+ * raises its own memory error. Shrinking never fails. */
+static void *sandbox_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
+{
+    Fe *fe = ud;
+    size_t old = ptr ? osize : 0;
+    if (nsize == 0) {
+        free(ptr);
+        fe->mem_used -= old;
+        return NULL;
+    }
+    if (nsize > old && fe->mem_armed) {
+        size_t grow = nsize - old, hard = fe->mem_limit + fe->mem_limit / 4;
+        if (grow > fe->mem_limit - fe->mem_used || fe->mem_used > fe->mem_limit) {
+            if (!fe->mem_over) {
+                fe->mem_over = true;
+                fe->hook_period = 1;
+                lua_sethook(fe->L, sandbox_hook, LUA_MASKCOUNT, 1);
+            }
+            if (fe->mem_used > hard || grow > hard - fe->mem_used)
+                return NULL;
+        }
+    }
+    void *p = realloc(ptr, nsize);
+    if (p)
+        fe->mem_used = fe->mem_used - old + nsize;
+    return p;
+}
+
+static int l_denied(lua_State *L)
+{
+    return fe_error(L, "%s: %s", lua_tostring(L, lua_upvalueindex(1)),
+                    lua_tostring(L, lua_upvalueindex(2)));
+}
+
+static const char no_files[] =
+    "model scripts have no file access (expected a script that builds its model with the "
+    "DSL; kiln opens the data (train.data_path), weights and checkpoints itself)";
+static const char no_os[] =
+    "model scripts have no access to the operating system (no programs, environment, clock "
+    "or files: a script builds the same model on every run)";
+
+static void push_denied(lua_State *L, const char *name, const char *why)
+{
+    lua_pushstring(L, name);
+    lua_pushstring(L, why);
+    lua_pushcclosure(L, l_denied, 2);
+}
+
+/* __index of the stand-ins for io, os and package: every field is a function
+ * that raises the library's reason ("io.open: model scripts have no ..."). */
+static int l_denied_index(lua_State *L)
+{
+    lua_pushfstring(L, "%s.%s", lua_tostring(L, lua_upvalueindex(1)), luaL_tolstring(L, 2, NULL));
+    push_denied(L, lua_tostring(L, -1), lua_tostring(L, lua_upvalueindex(2)));
+    return 1;
+}
+
+static void set_denied_lib(lua_State *L, const char *name, const char *why)
+{
+    lua_newtable(L);
+    lua_newtable(L);
+    lua_pushstring(L, name);
+    lua_pushstring(L, why);
+    lua_pushcclosure(L, l_denied_index, 2);
+    lua_setfield(L, -2, "__index");
+    lua_pushstring(L, "locked");
+    lua_setfield(L, -2, "__metatable");
+    lua_setmetatable(L, -2);
+    lua_setglobal(L, name);
+}
+
+/* load(chunk [, name [, mode [, env]]]) with mode "t" always: a binary chunk
+ * (or a mode other than "t") is an error at the script's line. */
+static int l_load(lua_State *L)
+{
+    int n = lua_gettop(L);
+    if (n >= 3 && !lua_isnil(L, 3) &&
+        (lua_type(L, 3) != LUA_TSTRING || strcmp(lua_tostring(L, 3), "t") != 0))
+        return fe_error(L, "load: model scripts may load text chunks only (expected mode \"t\", "
+                           "got \"%s\")", luaL_tolstring(L, 3, NULL));
+    lua_pushvalue(L, lua_upvalueindex(1));
+    lua_insert(L, 1);
+    if (n < 3)
+        lua_settop(L, 4);
+    lua_pushliteral(L, "t");
+    lua_replace(L, 4);
+    lua_call(L, n > 3 ? n : 3, 2);
+    if (lua_isnil(L, -2) && lua_type(L, -1) == LUA_TSTRING &&
+        strstr(lua_tostring(L, -1), "attempt to load a binary chunk"))
+        return fe_error(L, "load: model scripts may load text chunks only (expected Lua "
+                           "source, got a binary chunk)");
+    return 2;
+}
+
+/* setmetatable without __gc: a finalizer would run Lua code after the
+ * script, while kiln reads or frees its graph. */
+static int l_setmetatable(lua_State *L)
+{
+    if (lua_istable(L, 2)) {
+        lua_pushliteral(L, "__gc");
+        bool gc = lua_rawget(L, 2) != LUA_TNIL;
+        lua_pop(L, 1);
+        if (gc)
+            return fe_error(L, "setmetatable: __gc finalizers are not available to model "
+                               "scripts (expected a metatable without __gc)");
+    }
+    lua_pushvalue(L, lua_upvalueindex(1));
+    lua_insert(L, 1);
+    lua_call(L, lua_gettop(L) - 1, 1);
+    return 1;
+}
+
+/* Replaces the global (or string.) function name with f, which gets the
+ * original as its upvalue. */
+static void wrap_global(lua_State *L, const char *name, lua_CFunction f)
+{
+    lua_getglobal(L, name);
+    lua_pushcclosure(L, f, 1);
+    lua_setglobal(L, name);
+}
+
+static void open_sandbox(lua_State *L)
+{
+    luaL_requiref(L, LUA_GNAME, luaopen_base, 1);
+    luaL_requiref(L, LUA_MATHLIBNAME, luaopen_math, 1);
+    luaL_requiref(L, LUA_STRLIBNAME, luaopen_string, 1);
+    luaL_requiref(L, LUA_TABLIBNAME, luaopen_table, 1);
+    luaL_requiref(L, LUA_UTF8LIBNAME, luaopen_utf8, 1);
+    lua_settop(L, 0);
+    /* the same random numbers on every run (Lua seeds math.random from the
+     * clock): a script builds the same model each time, and its evaluation
+     * graph's run matches the training graph's */
+    lua_getglobal(L, "math");
+    lua_getfield(L, -1, "randomseed");
+    lua_pushinteger(L, 1337);
+    lua_call(L, 1, 0);
+    lua_pop(L, 1);
+    wrap_global(L, "load", l_load);
+    wrap_global(L, "setmetatable", l_setmetatable);
+    push_denied(L, "dofile", no_files);
+    lua_setglobal(L, "dofile");
+    push_denied(L, "loadfile", no_files);
+    lua_setglobal(L, "loadfile");
+    push_denied(L, "require", "model scripts cannot load modules (no file access; the nn "
+                              "library is built in as the global nn)");
+    lua_setglobal(L, "require");
+    lua_getglobal(L, "string");
+    push_denied(L, "string.dump", "not available to model scripts (kiln loads text chunks "
+                                  "only, never bytecode)");
+    lua_setfield(L, -2, "dump");
+    lua_pop(L, 1);
+    set_denied_lib(L, "io", no_files);
+    set_denied_lib(L, "os", no_os);
+    set_denied_lib(L, "package", "model scripts cannot load modules or C libraries (no file "
+                                 "access)");
+    set_denied_lib(L, "debug", "not available to model scripts");
+}
+
+/* The bounds from the environment: KILN_LUA_INSTRUCTIONS (default 1e9),
+ * KILN_LUA_MEMORY (default 1GiB) and KILN_MAX_OPS (default 2^20 forward ops,
+ * about 0.5 GiB of graph). False with err set when one is malformed. */
+static bool sandbox_limits(Script *sc, char *err, size_t errlen)
+{
+    int64_t *instr = &sc->instr, ops = 1 << 20;
+    size_t *mem = &sc->mem;
+    *instr = 1000000000;
+    *mem = (size_t)1 << 30;
+    const char *v = getenv("KILN_MAX_OPS");
+    char why[256];
+    if (v && !fe_parse_int(v, 1000, 1 << 28, &ops, why, sizeof why)) {
+        snprintf(err, errlen, "KILN_MAX_OPS: %s", why);
+        return false;
+    }
+    sc->ops = (int)ops;
+    v = getenv("KILN_LUA_INSTRUCTIONS");
+    if (v && !fe_parse_int(v, 1000, (int64_t)1 << 50, instr, why, sizeof why)) {
+        snprintf(err, errlen, "KILN_LUA_INSTRUCTIONS: %s", why);
+        return false;
+    }
+    v = getenv("KILN_LUA_MEMORY");
+    if (v) {
+        int64_t b = fe_parse_bytes(v);
+        if (b < (1 << 16) || (uint64_t)b > (uint64_t)(SIZE_MAX / 4)) {
+            snprintf(err, errlen, "KILN_LUA_MEMORY: expected a size of at least 64KiB such as "
+                     "512MiB or 4GiB, got '%s'", v);
+            return false;
+        }
+        *mem = (size_t)b;
+    }
+    return true;
+}
+
+static int panic(lua_State *L)
+{
+    die("Lua panic: %s", lua_tostring(L, -1) ? lua_tostring(L, -1) : "(no message)");
 }
 
 /* ---- loading a model ------------------------------------------------------ */
@@ -539,28 +864,26 @@ static bool finish(lua_State *L, Fe *fe, char *err, size_t errlen)
 }
 
 /* Runs the script once, with nn.training = training. */
-static Model *load_once(const char *path, const char *const *sets, int nsets, bool training,
-                        char *err, size_t errlen)
+static Model *load_once(const char *path, const Script *sc, const char *const *sets, int nsets,
+                        bool training, char *err, size_t errlen)
 {
     Model *m = xcalloc(1, sizeof *m);
     m->path = intern(path);
     m->g = ir_new();
     fe_train_defaults(&m->train);
     Fe fe = {.g = m->g, .m = m, .path = m->path, .sets = sets, .nsets = nsets,
-             .config_ref = LUA_NOREF, .loss = -1};
+             .config_ref = LUA_NOREF, .loss = -1, .mem_limit = sc->mem,
+             .instr_limit = sc->instr, .ops_limit = sc->ops, .hook_period = HOOK_PERIOD};
     snprintf(fe.chunk, sizeof fe.chunk, "@%s", path);
     fe.set_used = xcalloc((size_t)(nsets ? nsets : 1), sizeof(bool));
 
-    lua_State *L = luaL_newstate();
+    lua_State *L = lua_newstate(sandbox_alloc, &fe);
     if (!L)
         die("cannot create a Lua state");
+    fe.L = L;
+    lua_atpanic(L, panic);
     *(Fe **)lua_getextraspace(L) = &fe;
-    luaL_requiref(L, LUA_GNAME, luaopen_base, 1);
-    luaL_requiref(L, LUA_MATHLIBNAME, luaopen_math, 1);
-    luaL_requiref(L, LUA_STRLIBNAME, luaopen_string, 1);
-    luaL_requiref(L, LUA_TABLIBNAME, luaopen_table, 1);
-    luaL_requiref(L, LUA_UTF8LIBNAME, luaopen_utf8, 1);
-    lua_settop(L, 0);
+    open_sandbox(L);
     open_dsl(L);
     lua_pushcfunction(L, msgh);
     int h = lua_gettop(L);
@@ -582,12 +905,38 @@ static Model *load_once(const char *path, const char *const *sets, int nsets, bo
         lua_setfield(L, -2, "training");
     }
     lua_pop(L, 1);
-    int st = luaL_loadfilex(L, path, "t");
+    /* the script: a text chunk, with its first line skipped when it starts
+     * with '#' (as lua does; its newline stays, so lines keep their numbers) */
+    const char *text = sc->text;
+    size_t len = sc->len;
+    if (len >= 3 && memcmp(text, "\xEF\xBB\xBF", 3) == 0)
+        text += 3, len -= 3;
+    if (len && text[0] == '#') {
+        const char *nl = memchr(text, '\n', len);
+        len = nl ? len - (size_t)(nl - text) : 0;
+        text = nl ? nl : text + len;
+    }
+    fe.mem_armed = true;
+    lua_sethook(L, sandbox_hook, LUA_MASKCOUNT | LUA_MASKCALL, HOOK_PERIOD);
+    int st = luaL_loadbufferx(L, text, len, fe.chunk, "t");
     if (st == LUA_OK)
         st = lua_pcall(L, 0, 0, h);
-    if (st != LUA_OK) {
-        const char *msg = lua_tostring(L, -1);
-        snprintf(err, errlen, "%s", msg ? msg : "unknown error");
+    lua_sethook(L, NULL, 0, 0);
+    fe.mem_armed = false;
+    if (st != LUA_OK || fe.mem_over) {
+        char b[32];
+        human_size((double)fe.mem_limit, b, sizeof b);
+        if (st == LUA_ERRRUN || st == LUA_ERRSYNTAX)
+            snprintf(err, errlen, "%s", lua_tostring(L, -1) ? lua_tostring(L, -1) : "unknown error");
+        else if (fe.mem_over)
+            mem_message(&fe, fe.stop_line ? fe.stop_line : fe.last_line, err, errlen);
+        else if (st == LUA_ERRMEM)
+            snprintf(err, errlen, "%s:%d: out of memory in Lua (the machine could not give the "
+                     "script more; it held %s)", fe.path, fe.last_line,
+                     (human_size((double)fe.mem_used, b, sizeof b), b));
+        else
+            snprintf(err, errlen, "%s:%d: %s", fe.path, fe.last_line,
+                     lua_tostring(L, -1) ? lua_tostring(L, -1) : "error in error handling");
         ok = false;
     }
     if (ok)
@@ -647,8 +996,10 @@ static bool same_interface(const Graph *a, const Graph *b, const char *path, cha
     return true;
 }
 
-Model *fe_load_model(const char *path, const char *const *sets, int nsets, char *err,
-                     size_t errlen)
+/* Runs the script text (read from path, or given) once, or twice with an
+ * evaluation graph. */
+static Model *load_script(const char *path, const Script *sc, const char *const *sets,
+                          int nsets, char *err, size_t errlen)
 {
     for (int i = 0; i < nsets; i++) {
         char key[256];
@@ -657,11 +1008,11 @@ Model *fe_load_model(const char *path, const char *const *sets, int nsets, char 
             return NULL;
         }
     }
-    Model *m = load_once(path, sets, nsets, true, err, errlen);
+    Model *m = load_once(path, sc, sets, nsets, true, err, errlen);
     if (!m || !has_random(m->g))
         return m;
     /* random numbers (dropout): build the evaluation graph without them */
-    Model *e = load_once(path, sets, nsets, false, err, errlen);
+    Model *e = load_once(path, sc, sets, nsets, false, err, errlen);
     if (!e || !same_interface(m->g, e->g, path, err, errlen)) {
         fe_model_free(e);
         fe_model_free(m);
@@ -670,5 +1021,73 @@ Model *fe_load_model(const char *path, const char *const *sets, int nsets, char 
     m->eval_g = e->g;
     e->g = NULL;
     fe_model_free(e);
+    return m;
+}
+
+Model *fe_load_model_text(const char *path, const char *text, size_t len,
+                          const char *const *sets, int nsets, char *err, size_t errlen)
+{
+    Script sc = {.text = text, .len = len};
+    if (!sandbox_limits(&sc, err, errlen))
+        return NULL;
+    return load_script(path, &sc, sets, nsets, err, errlen);
+}
+
+/* Reads a regular file of at most max bytes (never blocks on a FIFO). NULL
+ * with err set otherwise. */
+static char *read_script(const char *path, size_t max, size_t *len, char *err, size_t errlen)
+{
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0) {
+        snprintf(err, errlen, "%s: cannot open the model script: %s", path, strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        return NULL;
+    }
+    if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size > max) {
+        if (!S_ISREG(st.st_mode))
+            snprintf(err, errlen, "%s: cannot read the model script (expected a Lua file, got %s)",
+                     path, S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a FIFO" :
+                     "a file that is not a regular file");
+        else
+            snprintf(err, errlen, "%s: the model script is %lld bytes (expected at most %zu, the "
+                     "Lua memory limit; KILN_LUA_MEMORY raises it)", path,
+                     (long long)st.st_size, max);
+        close(fd);
+        return NULL;
+    }
+    char *buf = xmalloc((size_t)st.st_size + 1);
+    size_t got = 0;
+    while (got < (size_t)st.st_size) {
+        ssize_t r = read(fd, buf + got, (size_t)st.st_size - got);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0) {
+            snprintf(err, errlen, "%s: cannot read the model script: %s", path,
+                     r < 0 ? strerror(errno) : "it became shorter while being read");
+            free(buf);
+            close(fd);
+            return NULL;
+        }
+        got += (size_t)r;
+    }
+    close(fd);
+    *len = got;
+    return buf;
+}
+
+Model *fe_load_model(const char *path, const char *const *sets, int nsets, char *err,
+                     size_t errlen)
+{
+    Script sc = {0};
+    if (!sandbox_limits(&sc, err, errlen))
+        return NULL;
+    char *text = read_script(path, sc.mem, &sc.len, err, errlen);
+    if (!text)
+        return NULL;
+    sc.text = text;
+    Model *m = load_script(path, &sc, sets, nsets, err, errlen);
+    free(text);
     return m;
 }

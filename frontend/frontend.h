@@ -12,6 +12,7 @@
 #ifndef KILN_FRONTEND_H
 #define KILN_FRONTEND_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -57,13 +58,20 @@ typedef struct Model {
     void *owned_;      /* private: strings the model owns */
 } Model;
 
-/* Runs the model script. sets are "key=value" strings from --set: a config{}
+/* Runs the model script in a sandbox (docs/dsl.md#sandbox): no file or OS
+ * access, text chunks only, its Lua memory and instructions bounded by
+ * KILN_LUA_MEMORY (default 1GiB) and KILN_LUA_INSTRUCTIONS (default 1e9).
+ * sets are "key=value" strings from --set: a config{}
  * key overrides the script's default (typed: number, string, boolean as in
  * the default); otherwise a TrainCfg key overrides train{}; anything else is
  * an error. NULL on error with err = "FILE:LINE: what is wrong (expected ...,
  * got ...)" (or "--set KEY: ..." for a bad --set). */
 Model *fe_load_model(const char *path, const char *const *sets, int nsets, char *err,
                      size_t errlen);
+/* The same for a script given as text (len bytes; path names it in
+ * messages and op locations). */
+Model *fe_load_model_text(const char *path, const char *text, size_t len,
+                          const char *const *sets, int nsets, char *err, size_t errlen);
 void fe_model_free(Model *m);
 void fe_train_defaults(TrainCfg *t);
 /* Print the config and train settings, one "key = value" per line, for
@@ -74,6 +82,13 @@ const char *fe_config_get(const Model *m, const char *key);
 /* "512MiB", "2GiB", "1.5GB", "1000000" -> bytes; -1 if malformed. Suffixes
  * K/M/G/T (powers of 1000, optional B) and KiB/MiB/GiB/TiB (powers of 1024). */
 int64_t fe_parse_bytes(const char *s);
+/* An integer flag or setting: decimal digits with an optional sign ("12",
+ * "-3"), or a number in exponent form that is an exact integer ("1e6").
+ * True with *out set when s is such an integer from lo to hi; otherwise false
+ * with why = "expected an integer from LO to HI, got 'S'" (no wrap-around:
+ * "4294967297" is out of range, not 1; "1.5", "4x", "", "nan", "inf" are
+ * not integers). */
+bool fe_parse_int(const char *s, int64_t lo, int64_t hi, int64_t *out, char *why, size_t n);
 
 /* ---- settings.c: the TrainCfg key table, shared by train{}, --set and
  * printing (frontend.c reads it; not for other layers) ------------------- */
@@ -85,6 +100,9 @@ typedef struct {
     size_t off;
     const char *def; /* default as text; NULL: none (strings only) */
     const char *oneof; /* strings: the allowed values, comma-separated; NULL: any */
+    double lo, hi;   /* FE_TT_INT: the integers lo..hi; FE_TT_DBL: finite numbers from
+                        lo to hi (+-INFINITY: unbounded), an end excluded where */
+    bool lo_open, hi_open; /* lo_open / hi_open say so */
 } FeTrainKey;
 const FeTrainKey *fe_train_key(const char *name); /* NULL if unknown */
 const char *fe_train_key_list(void);             /* "steps, lr, ..." */
@@ -92,6 +110,8 @@ const char *fe_train_key_list(void);             /* "steps, lr, ..." */
  * false with `why` set when it does not fit the key's type. Text values are
  * copied into storage m owns. */
 bool fe_train_store_num(TrainCfg *t, const FeTrainKey *k, double d, char *why, size_t n);
+/* The same for an exact integer (a Lua integer). */
+bool fe_train_store_int(TrainCfg *t, const FeTrainKey *k, int64_t v, char *why, size_t n);
 bool fe_train_store_text(Model *m, TrainCfg *t, const FeTrainKey *k, const char *s,
                          bool from_set, char *why, size_t n);
 

@@ -2,6 +2,7 @@
  * train{}, --set and printing; byte sizes; the Model's owned strings. */
 #include "frontend.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <stddef.h>
@@ -10,39 +11,48 @@
 
 /* ---- TrainCfg: one table drives train{}, --set and printing ------------- */
 
-#define TK(name, type, def) {#name, type, offsetof(TrainCfg, name), def, NULL}
-#define TKS(name, def, oneof) {#name, FE_TT_STR, offsetof(TrainCfg, name), def, oneof}
+/* Ranges: integers from lo to hi; numbers from lo to hi, an end excluded
+ * where lo_open / hi_open say so (INFINITY: no bound, but always finite). */
+#define BIG 1e9 /* steps and step counts: a billion steps is past any real run */
+#define TKI(name, def, lo, hi) {#name, FE_TT_INT, offsetof(TrainCfg, name), def, NULL, lo, hi, 0, 0}
+#define TKD(name, def, lo, hi, lo_open, hi_open)                                              \
+    {#name, FE_TT_DBL, offsetof(TrainCfg, name), def, NULL, lo, hi, lo_open, hi_open}
+#define TK(name, type, def) {#name, type, offsetof(TrainCfg, name), def, NULL, 0, 0, 0, 0}
+#define TKS(name, def, oneof) {#name, FE_TT_STR, offsetof(TrainCfg, name), def, oneof, 0, 0, 0, 0}
 static const FeTrainKey train_keys[] = {
-    TK(steps, FE_TT_INT, "1000"),
-    TK(lr, FE_TT_DBL, "0.001"),
-    TK(min_lr, FE_TT_DBL, "0"),
-    TK(warmup, FE_TT_INT, "0"),
-    TK(beta1, FE_TT_DBL, "0.9"),
-    TK(beta2, FE_TT_DBL, "0.95"),
-    TK(eps, FE_TT_DBL, "1e-08"),
-    TK(weight_decay, FE_TT_DBL, "0"),
-    TK(grad_clip, FE_TT_DBL, "1"),
+    TKI(steps, "1000", 0, BIG),
+    TKD(lr, "0.001", 0, INFINITY, 0, 0),
+    TKD(min_lr, "0", 0, INFINITY, 0, 0),
+    TKI(warmup, "0", 0, BIG),
+    TKD(beta1, "0.9", 0, 1, 0, 1),
+    TKD(beta2, "0.95", 0, 1, 0, 1),
+    TKD(eps, "1e-08", 0, INFINITY, 0, 0),
+    TKD(weight_decay, "0", 0, INFINITY, 0, 0),
+    TKD(grad_clip, "1", -INFINITY, INFINITY, 0, 0),
     TK(seed, FE_TT_U64, "1337"),
-    TK(batch, FE_TT_INT, "0"),
+    TKI(batch, "0", 0, BIG),
     TKS(data, NULL, "addition, text, tokens, blobs"),
     TK(data_path, FE_TT_STR, NULL),
-    TK(digits, FE_TT_INT, "3"),
-    TK(val_fraction, FE_TT_DBL, "0.1"),
-    TK(eval_every, FE_TT_INT, "0"),
-    TK(eval_batches, FE_TT_INT, "10"),
-    TK(log_every, FE_TT_INT, "1"),
-    TK(checkpoint_every, FE_TT_INT, "0"),
+    TKI(digits, "3", 1, 9),
+    TKD(val_fraction, "0.1", 0, 1, 0, 1),
+    TKI(eval_every, "0", 0, BIG),
+    TKI(eval_batches, "10", 1, 1000000),
+    TKI(log_every, "1", 0, BIG),
+    TKI(checkpoint_every, "0", 0, BIG),
     TK(checkpoint, FE_TT_STR, NULL),
     TK(memory_budget, FE_TT_BYTES, "0"),
     TKS(precision, "f32", "f32, bf16"),
     TKS(tf32, "false", "true, false"),
     TKS(cuda_graph, "false", "true, false"),
-    TK(bucket_mb, FE_TT_DBL, "4"),
-    TK(grad_accum, FE_TT_INT, "1"),
-    TK(comm_timeout, FE_TT_DBL, "60"),
+    TKD(bucket_mb, "4", 0, 1048576, 1, 0),
+    TKI(grad_accum, "1", 1, 1024),
+    TKD(comm_timeout, "60", 0, 1e6, 1, 0),
 };
 #undef TK
 #undef TKS
+#undef TKI
+#undef TKD
+#undef BIG
 #define NTRAIN_KEYS ((int)(sizeof train_keys / sizeof train_keys[0]))
 
 const FeTrainKey *fe_train_key(const char *name)
@@ -118,47 +128,147 @@ static const char *own_str(Model *m, const char *s)
     return o->s;
 }
 
+bool fe_parse_int(const char *s, int64_t lo, int64_t hi, int64_t *out, char *why, size_t n)
+{
+    bool ok = false;
+    int64_t v = 0;
+    if (s && *s && !isspace((unsigned char)*s)) {
+        char *end;
+        errno = 0;
+        long long x = strtoll(s, &end, 10);
+        if (!*end) {
+            ok = errno == 0; /* ERANGE: beyond int64, so beyond hi or lo */
+            v = x;
+        } else if (!strpbrk(s, "xXpP")) { /* "1e6", "2.0"; not hex */
+            errno = 0;
+            double d = strtod(s, &end);
+            if (!*end && !errno && isfinite(d) && d == floor(d) && fabs(d) < 9.2e18) {
+                ok = true;
+                v = (int64_t)d;
+            }
+        }
+    }
+    if (ok && v >= lo && v <= hi) {
+        *out = v;
+        return true;
+    }
+    if (s && *s)
+        snprintf(why, n, "expected an integer from %lld to %lld, got %s", (long long)lo,
+                 (long long)hi, s);
+    else
+        snprintf(why, n, "expected an integer from %lld to %lld, got an empty value",
+                 (long long)lo, (long long)hi);
+    return false;
+}
+
+#define U64_MAX_TEXT "18446744073709551615"
+
+/* What key k accepts, for messages: "an integer from 1 to 1024", "a number
+ * in [0, 1)", "a finite number >= 0". */
+static const char *range_text(const FeTrainKey *k, char *buf, size_t n)
+{
+    switch (k->type) {
+    case FE_TT_INT:
+        snprintf(buf, n, "an integer from %.0f to %.0f", k->lo, k->hi);
+        break;
+    case FE_TT_U64:
+        snprintf(buf, n, "an integer from 0 to " U64_MAX_TEXT);
+        break;
+    case FE_TT_BYTES:
+        snprintf(buf, n, "a byte count such as 512MiB or 2GiB (a whole number >= 0)");
+        break;
+    case FE_TT_DBL:
+        if (isinf(k->lo) && isinf(k->hi))
+            snprintf(buf, n, "a finite number");
+        else if (isinf(k->hi))
+            snprintf(buf, n, "a finite number %s %.10g", k->lo_open ? ">" : ">=", k->lo);
+        else
+            snprintf(buf, n, "a number in %c%.10g, %.10g%c", k->lo_open ? '(' : '[', k->lo, k->hi,
+                     k->hi_open ? ')' : ']');
+        break;
+    case FE_TT_STR:
+        snprintf(buf, n, "a string");
+        break;
+    }
+    return buf;
+}
+
+static bool dbl_in_range(const FeTrainKey *k, double d)
+{
+    return isfinite(d) && (k->lo_open ? d > k->lo : d >= k->lo) &&
+           (k->hi_open ? d < k->hi : d <= k->hi);
+}
+
 /* Stores a number into key k. Returns false with why set. */
 bool fe_train_store_num(TrainCfg *t, const FeTrainKey *k, double d, char *why, size_t n)
 {
-    char *p = (char *)t + k->off;
+    char *p = (char *)t + k->off, r[128];
     switch (k->type) {
     case FE_TT_INT:
+        if (d != floor(d) || !(d >= k->lo && d <= k->hi))
+            break;
+        *(int64_t *)p = (int64_t)d;
+        return true;
     case FE_TT_BYTES:
-        if (d != floor(d) || fabs(d) > 9e18) {
-            snprintf(why, n, "expected an integer, got %g", d);
-            return false;
-        }
-        if (d < 0) {
-            snprintf(why, n, "expected a non-negative integer, got %g", d);
-            return false;
-        }
+        if (d != floor(d) || !(d >= 0 && d <= 9.2e18))
+            break;
         *(int64_t *)p = (int64_t)d;
         return true;
     case FE_TT_U64:
-        if (d != floor(d) || d < 0 || d > 1.8e19) {
-            snprintf(why, n, "expected a non-negative integer, got %g", d);
-            return false;
-        }
+        if (d != floor(d) || !(d >= 0 && d < 18446744073709551616.0))
+            break;
         *(uint64_t *)p = (uint64_t)d;
         return true;
     case FE_TT_DBL:
+        if (!dbl_in_range(k, d))
+            break;
         *(double *)p = d;
         return true;
     case FE_TT_STR:
-        snprintf(why, n, "expected a string, got the number %g", d);
+        snprintf(why, n, "expected a string, got the number %.17g", d);
         return false;
     }
+    snprintf(why, n, "expected %s, got %.17g", range_text(k, r, sizeof r), d);
+    return false;
+}
+
+bool fe_train_store_int(TrainCfg *t, const FeTrainKey *k, int64_t v, char *why, size_t n)
+{
+    char *p = (char *)t + k->off, r[128];
+    switch (k->type) {
+    case FE_TT_INT:
+        if (!((double)v >= k->lo && (double)v <= k->hi))
+            break;
+        *(int64_t *)p = v;
+        return true;
+    case FE_TT_BYTES:
+        if (v < 0)
+            break;
+        *(int64_t *)p = v;
+        return true;
+    case FE_TT_U64:
+        if (v < 0)
+            break;
+        *(uint64_t *)p = (uint64_t)v;
+        return true;
+    case FE_TT_DBL:
+        return fe_train_store_num(t, k, (double)v, why, n);
+    case FE_TT_STR:
+        snprintf(why, n, "expected a string, got the number %lld", (long long)v);
+        return false;
+    }
+    snprintf(why, n, "expected %s, got %lld", range_text(k, r, sizeof r), (long long)v);
     return false;
 }
 
 /* Stores text (from --set, or a Lua string) into key k. from_set: numeric
  * keys parse the text as a number; otherwise only string and byte-size keys
- * take strings. */
+ * take strings. Integers never wrap: a value out of the key's range is an
+ * error, as are "1.5", "4x", "", "nan" and "inf" for an integer. */
 bool fe_train_store_text(Model *m, TrainCfg *t, const FeTrainKey *k, const char *s, bool from_set,
                              char *why, size_t n)
 {
-    char *p = (char *)t + k->off;
+    char *p = (char *)t + k->off, r[128];
     if (k->type == FE_TT_STR) {
         if (k->oneof) {
             size_t len = strlen(s);
@@ -187,25 +297,45 @@ bool fe_train_store_text(Model *m, TrainCfg *t, const FeTrainKey *k, const char 
         snprintf(why, n, "expected a number, got the string '%s'", s);
         return false;
     }
-    char *end;
-    errno = 0;
-    double d;
-    if (k->type == FE_TT_U64 || k->type == FE_TT_INT) {
-        long long v = strtoll(s, &end, 0);
-        d = (double)v;
-        if (k->type == FE_TT_U64 && *s != '-' && end != s && !*end) {
-            *(uint64_t *)p = strtoull(s, NULL, 0);
-            return true;
-        }
-    } else {
-        d = strtod(s, &end);
+    if (k->type == FE_TT_INT) {
+        int64_t v;
+        if (!fe_parse_int(s, (int64_t)k->lo, (int64_t)k->hi, &v, why, n))
+            return false;
+        *(int64_t *)p = v;
+        return true;
     }
-    if (end == s || *end || errno) {
-        snprintf(why, n, "expected %s, got '%s'", k->type == FE_TT_DBL ? "a number" : "an integer",
-                 s);
+    char *end;
+    if (k->type == FE_TT_U64) {
+        int64_t v;
+        errno = 0;
+        if (isdigit((unsigned char)*s)) {
+            unsigned long long u = strtoull(s, &end, 10);
+            if (!*end && !errno) {
+                *(uint64_t *)p = u;
+                return true;
+            }
+        }
+        if (!fe_parse_int(s, 0, INT64_MAX, &v, why, n)) {
+            snprintf(why, n, "expected %s, got %s", range_text(k, r, sizeof r),
+                     *s ? s : "an empty value");
+            return false;
+        }
+        *(uint64_t *)p = (uint64_t)v;
+        return true;
+    }
+    errno = 0;
+    double d = strtod(s, &end);
+    if (end == s || *end || isspace((unsigned char)*s)) {
+        snprintf(why, n, "expected %s, got %s", range_text(k, r, sizeof r),
+                 *s ? s : "an empty value");
         return false;
     }
-    return fe_train_store_num(t, k, d, why, n);
+    if (!dbl_in_range(k, d)) {
+        snprintf(why, n, "expected %s, got %s", range_text(k, r, sizeof r), s);
+        return false;
+    }
+    *(double *)p = d;
+    return true;
 }
 
 void fe_train_defaults(TrainCfg *t)

@@ -63,10 +63,11 @@ static const char usage_train[] =
     "printing one line per step and a summary.\n"
     "\n"
     "options:\n"
-    "  --steps N            total number of steps (overrides train.steps)\n"
+    "  --steps N            total number of steps, 1..1e9 (overrides train.steps)\n"
     "  --set KEY=VALUE      override a config{} or train{} setting (repeatable)\n"
     "  --device DEV         cpu (default), cuda (an NVIDIA GPU), auto (cuda if present)\n"
-    "  --threads N          CPU threads for kernels and BLAS (default: one per core)\n"
+    "  --threads N          CPU threads for kernels and BLAS, 1..256 (default: one\n"
+    "                       per core)\n"
     "  --resume CKPT        continue from a checkpoint exactly\n"
     "  --checkpoint PREFIX  write PREFIX.stepN.safetensors every\n"
     "                       train.checkpoint_every steps and at the end\n"
@@ -76,9 +77,10 @@ static const char usage_train[] =
     "  --trace FILE         write a Chrome trace (chrome://tracing, Perfetto)\n"
     "  --peak-gflops X      MFU denominator in GFLOP/s (default: n/a)\n"
     "  --memory-budget SIZE recompute activations to fit SIZE (see kiln compile)\n"
-    "  --nproc N            train on N local ranks (processes, through mpirun); each\n"
-    "                       reads its own share of the batch (global batch = N x\n"
-    "                       the model's); gradients are averaged in buckets\n"
+    "  --nproc N            train on N local ranks, 1..1024 (processes, through\n"
+    "                       mpirun); each reads its own share of the batch\n"
+    "                       (global batch = N x the model's); gradients are\n"
+    "                       averaged in buckets\n"
     "                       (train.bucket_mb, grad_accum, comm_timeout: --set)\n"
     "  --no-overlap         start every gradient all-reduce after backward (the\n"
     "                       baseline the comm pass's placement is measured against)\n"
@@ -109,6 +111,24 @@ static int bad_flag(const char *cmd, const char *msg, const char *arg)
 {
     fprintf(stderr, "kiln %s: %s: %s\n(see `kiln %s --help`)\n", cmd, msg, arg, cmd);
     return 2;
+}
+
+/* The ranges of the integer flags (docs/cli.md). */
+#define MAX_STEPS 1000000000 /* as train.steps */
+#define MAX_THREADS 256      /* the CPU backend's thread pool */
+#define MAX_NPROC 1024
+
+/* An integer flag's value from lo to hi into *out; false after printing
+ * "kiln CMD: FLAG: expected an integer from LO to HI, got V" (no
+ * wrap-around: 4294967297 is not 1). */
+static bool int_flag(const char *cmd, const char *flag, const char *v, int64_t lo, int64_t hi,
+                     int64_t *out)
+{
+    char why[256];
+    if (fe_parse_int(v, lo, hi, out, why, sizeof why))
+        return true;
+    fprintf(stderr, "kiln %s: %s: %s\n(see `kiln %s --help`)\n", cmd, flag, why, cmd);
+    return false;
 }
 
 /* Accepts "--flag VALUE" and "--flag=VALUE"; advances *i past the value. */
@@ -406,10 +426,10 @@ static int cmd_compile(int argc, char **argv)
         } else if (strcmp(argv[i], "--time") == 0) {
             a.timing = true;
         } else if ((v = flag_value(argc, argv, &i, "--nproc"))) {
-            char *end;
-            a.nproc = (int)strtol(v, &end, 10);
-            if (*end || a.nproc <= 0)
-                return bad_flag("compile", "--nproc expects a positive integer, got", v);
+            int64_t n;
+            if (!int_flag("compile", "--nproc", v, 1, MAX_NPROC, &n))
+                return 2;
+            a.nproc = (int)n;
         } else if (strcmp(argv[i], "--no-overlap") == 0) {
             a.no_overlap = true;
         } else if (strcmp(argv[i], "--no-fuse") == 0) {
@@ -535,13 +555,15 @@ static int cmd_train(int argc, char **argv)
         } else if ((v = flag_value(argc, argv, &i, "--set"))) {
             vec_push(&sets, v);
         } else if ((v = flag_value(argc, argv, &i, "--steps"))) {
-            o.steps = strtoll(v, &end, 10);
-            if (*end || o.steps <= 0)
-                return bad_flag("train", "--steps expects a positive integer, got", v);
+            int64_t n;
+            if (!int_flag("train", "--steps", v, 1, MAX_STEPS, &n))
+                return 2;
+            o.steps = n;
         } else if ((v = flag_value(argc, argv, &i, "--threads"))) {
-            o.threads = (int)strtol(v, &end, 10);
-            if (*end || o.threads <= 0)
-                return bad_flag("train", "--threads expects a positive integer, got", v);
+            int64_t n;
+            if (!int_flag("train", "--threads", v, 1, MAX_THREADS, &n))
+                return 2;
+            o.threads = (int)n;
         } else if ((v = flag_value(argc, argv, &i, "--device"))) {
             if (strcmp(v, "cpu") != 0 && strcmp(v, "cuda") != 0 && strcmp(v, "auto") != 0)
                 return bad_flag("train", "--device expects cpu, cuda or auto, got", v);
@@ -560,7 +582,7 @@ static int cmd_train(int argc, char **argv)
             o.cache_dir = v;
         } else if ((v = flag_value(argc, argv, &i, "--peak-gflops"))) {
             o.peak_gflops = strtod(v, &end);
-            if (*end || !(o.peak_gflops > 0))
+            if (end == v || *end || !(o.peak_gflops > 0) || !isfinite(o.peak_gflops))
                 return bad_flag("train", "--peak-gflops expects a positive number, got", v);
         } else if ((v = flag_value(argc, argv, &i, "--memory-budget"))) {
             if ((budget = parse_budget("train", v)) < 0)
@@ -571,9 +593,10 @@ static int cmd_train(int argc, char **argv)
         } else if (strcmp(argv[i], "--profile") == 0) {
             o.profile = true;
         } else if ((v = flag_value(argc, argv, &i, "--nproc"))) {
-            nproc = (int)strtol(v, &end, 10);
-            if (*end || nproc <= 0)
-                return bad_flag("train", "--nproc expects a positive integer, got", v);
+            int64_t n;
+            if (!int_flag("train", "--nproc", v, 1, MAX_NPROC, &n))
+                return 2;
+            nproc = (int)n;
         } else if (strcmp(argv[i], "--no-overlap") == 0) {
             o.no_overlap = true;
         } else if (strcmp(argv[i], "--no-fuse") == 0) {

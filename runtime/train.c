@@ -488,6 +488,24 @@ static bool writable_dir(const char *path, Diag *d)
     return ok;
 }
 
+/* Step times for the median, in memory that does not grow with --steps: at
+ * most STEP_TIMES_MAX are kept; when full, every other one is dropped and
+ * from then on only every 2nd (4th, ...) step is recorded, an even sample of
+ * the whole run. */
+#define STEP_TIMES_MAX ((int64_t)1 << 16)
+static void step_time_add(double *ms, int64_t *nms, int64_t *stride, int64_t *seen, double x)
+{
+    if ((*seen)++ % *stride)
+        return;
+    if (*nms == STEP_TIMES_MAX) {
+        for (int64_t i = 0; i < *nms / 2; i++)
+            ms[i] = ms[2 * i];
+        *nms /= 2;
+        *stride *= 2;
+    }
+    ms[(*nms)++] = x;
+}
+
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -712,8 +730,8 @@ int rt_train(Model *m, const TrainOpts *o)
     const Tensor *lr_t = lr_id >= 0 ? &r.tg->t.v[lr_id] : NULL;
     bool tty = rt_stdout_tty() && !o->quiet;
     int64_t tokens = r.B * r.T * rt_dp_rows_factor(r.dp), first = r.step;
-    double *ms = xcalloc((size_t)(r.steps > first ? r.steps - first : 1), sizeof *ms);
-    int64_t nms = 0;
+    int64_t nms = 0, ms_stride = 1, ms_seen = 0;
+    double *ms = xcalloc((size_t)STEP_TIMES_MAX, sizeof *ms);
     float loss = NAN;
     double loop0 = now_s();
     while (r.step < r.steps) {
@@ -746,7 +764,7 @@ int rt_train(Model *m, const TrainOpts *o)
         double dev_s = rt_exec_device_seconds(r.te);
         if (dev_s >= 0 && rt_dp_rows_factor(r.dp) == rt_dp_size(r.dp))
             step_ms = 1e3 * dev_s;
-        ms[nms++] = step_ms;
+        step_time_add(ms, &nms, &ms_stride, &ms_seen, step_ms);
         if (!isfinite(loss)) {
             snprintf(d.msg, sizeof d.msg,
                      "training diverged: loss is %g at step %lld (try a lower lr or grad_clip)",

@@ -52,7 +52,9 @@ done
 # bad settings are messages, not crashes
 "$KILN" train models/mlp.lua --steps 1 --set grad_accum=0 >"$T/out" 2>&1 &&
     fail "grad_accum=0 accepted"
-grep -q "grad_accum must be at least 1" "$T/out" || fail "no grad_accum message"
+grep -q "grad_accum: expected an integer from 1 to 1024, got 0" "$T/out" ||
+    fail "no grad_accum message"
 "$KILN" train models/mlp.lua --nproc 0 >"$T/out" 2>&1 && fail "--nproc 0 accepted"
-grep -q "nproc expects a positive integer" "$T/out" || fail "no --nproc message"
+grep -q -- "--nproc: expected an integer from 1 to 1024, got 0" "$T/out" ||
+    fail "no --nproc message"
 echo ok

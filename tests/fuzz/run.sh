@@ -20,10 +20,12 @@ for bin in "$build"/tests/fuzz/fuzz_*; do
     name=$(basename "$bin"); short=${name#fuzz_}
     n=$((n + 1))
     mkdir -p "$scratch/$short"
+    dict=() # tests/fuzz/NAME.dict: the reader's tokens, for libFuzzer's mutations
+    [ -f "$src/$short.dict" ] && dict=("-dict=$src/$short.dict")
     echo "== $name: ${secs} s"
     if ! KILN_CACHE_DIR="$scratch/cache" "$bin" -max_total_time="$secs" -timeout=20 \
            -rss_limit_mb=3072 -max_len=65536 -print_final_stats=1 \
-           -artifact_prefix="$build/fuzz-artifacts/$short-" \
+           -artifact_prefix="$build/fuzz-artifacts/$short-" "${dict[@]}" \
            "$scratch/$short" "$src/corpus/$short" > "$scratch/$short.log" 2>&1; then
         echo "FAIL: $name"; tail -60 "$scratch/$short.log"
         status=1

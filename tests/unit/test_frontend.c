@@ -8,6 +8,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "frontend.h"
@@ -287,6 +288,224 @@ static void test_settings_printed(void **state)
     assert_int_equal(fe_parse_bytes("-1"), -1);
 }
 
+/* ---- the sandbox ------------------------------------------------------------
+ * Hostile scripts of tests/data/bad/sandbox_*.lua stop at the marked line
+ * with a message; the bounds (KILN_LUA_INSTRUCTIONS, KILN_LUA_MEMORY) are
+ * small here so that each case runs in well under a second. */
+static void expect_at_marked_line(const char *file, const char *const *words, int nwords)
+{
+    char path[256], prefix[300];
+    snprintf(path, sizeof path, "tests/data/bad/%s.lua", file);
+    int line = marked_line(path);
+    if (line <= 0)
+        fail_msg("%s: no -- ERROR mark", path);
+    const char *msg = load_err(path, NULL, 0);
+    snprintf(prefix, sizeof prefix, "%s:%d: ", path, line);
+    if (strncmp(msg, prefix, strlen(prefix)) != 0)
+        fail_msg("expected the message to start with '%s', got: %s", prefix, msg);
+    for (int k = 0; k < nwords && words[k]; k++)
+        expect_has(msg, words[k]);
+}
+
+static void test_sandbox(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *file;
+        const char *words[3];
+    } cases[] = {
+        {"sandbox_load_binary", {"load:", "text chunks only", "binary chunk"}},
+        {"sandbox_load_mode", {"load:", "text chunks only", "got \"b\""}},
+        {"sandbox_load_reader", {"load:", "text chunks only", "binary chunk"}},
+        {"sandbox_dump", {"string.dump:", "not available", NULL}},
+        {"sandbox_dofile", {"dofile:", "no file access", NULL}},
+        {"sandbox_loadfile", {"loadfile:", "no file access", NULL}},
+        {"sandbox_io", {"io.open:", "no file access", NULL}},
+        {"sandbox_os", {"os.execute:", "operating system", NULL}},
+        {"sandbox_require", {"require:", "cannot load modules", NULL}},
+        {"sandbox_loadlib", {"package.loadlib:", "cannot load modules", NULL}},
+        {"sandbox_gc", {"setmetatable:", "__gc", NULL}},
+        {"sandbox_loop", {"ran for more than 1000000 Lua instructions", "endless loop",
+                          "KILN_LUA_INSTRUCTIONS"}},
+        {"sandbox_pcall_loop", {"ran for more than 1000000 Lua instructions", NULL}},
+        {"train_wrap", {"grad_accum", "expected an integer from 1 to 1024", "4294967297"}},
+        {"train_fraction", {"steps", "expected an integer from 0 to", "2.5"}},
+        {"dup_name", {"param:", "'w' is already used", NULL}},
+    };
+    setenv("KILN_LUA_INSTRUCTIONS", "1000000", 1);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        expect_at_marked_line(cases[i].file, cases[i].words, 3);
+    /* the memory bound; instructions enough to reach it */
+    setenv("KILN_LUA_INSTRUCTIONS", "100000000", 1);
+    setenv("KILN_LUA_MEMORY", "8MiB", 1);
+    static const char *mem_words[] = {"used more than 8 MiB of Lua memory", "KILN_LUA_MEMORY"};
+    expect_at_marked_line("sandbox_bomb", mem_words, 2);
+    expect_at_marked_line("sandbox_pcall_bomb", mem_words, 2);
+    expect_at_marked_line("sandbox_bigstring", mem_words, 2); /* one allocation of 1 GiB */
+    unsetenv("KILN_LUA_MEMORY");
+    /* the graph bound */
+    setenv("KILN_MAX_OPS", "10000", 1);
+    static const char *ops_words[] = {"built a graph of more than 10000 ops", "KILN_MAX_OPS"};
+    expect_at_marked_line("sandbox_graph", ops_words, 2);
+    setenv("KILN_MAX_OPS", "100", 1);
+    expect_has(load_err("models/mlp.lua", NULL, 0), "KILN_MAX_OPS: expected an integer from 1000");
+    unsetenv("KILN_MAX_OPS");
+    setenv("KILN_LUA_MEMORY", "8MiB", 1);
+
+    /* every model, GPT-2 124M included, is far inside the bounds (the
+     * defaults are 1e9 instructions, 1 GiB and 2^20 ops: 100x, 128x and 100x
+     * these) */
+    setenv("KILN_LUA_INSTRUCTIONS", "10000000", 1);
+    setenv("KILN_MAX_OPS", "10000", 1);
+    char **paths = model_paths();
+    for (char **pp = paths; *pp; pp++)
+        fe_model_free(load_model(*pp, NULL, 0));
+    free_model_paths(paths);
+    const char *big[] = {"size=124M"};
+    fe_model_free(load_model("models/gpt.lua", big, 1));
+
+    unsetenv("KILN_MAX_OPS");
+    /* malformed bounds */
+    setenv("KILN_LUA_MEMORY", "lots", 1);
+    expect_has(load_err("models/mlp.lua", NULL, 0), "KILN_LUA_MEMORY: expected a size");
+    setenv("KILN_LUA_MEMORY", "1KiB", 1); /* below 64KiB */
+    expect_has(load_err("models/mlp.lua", NULL, 0), "got '1KiB'");
+    unsetenv("KILN_LUA_MEMORY");
+    setenv("KILN_LUA_INSTRUCTIONS", "4294967297x", 1);
+    expect_has(load_err("models/mlp.lua", NULL, 0),
+               "KILN_LUA_INSTRUCTIONS: expected an integer from 1000 to");
+    unsetenv("KILN_LUA_INSTRUCTIONS");
+
+    /* what scripts may still do: load text, with an environment; pcall */
+    static const char ok[] =
+        "local f = load('return 1 + ...', 'chunk', 't')\n"
+        "assert(f(2) == 3)\n"
+        "local g = load('return y', 'chunk', nil, {y = 5})\n"
+        "assert(g() == 5)\n"
+        "assert(not pcall(error, 'x'))\n"
+        "assert(setmetatable({}, {__index = {a = 1}}).a == 1)\n"
+        "local x = input('x', {4, 8})\n"
+        "minimize(x:sum())\n";
+    Model *m = fe_load_model_text("ok.lua", ok, sizeof ok - 1, NULL, 0, (char[512]){0}, 512);
+    assert_non_null(m);
+    fe_model_free(m);
+    /* a first line starting with '#' is skipped, and lines keep their numbers */
+    static const char shebang[] = "#!/usr/bin/env kiln\nlocal x = input('x', {4})\nerror('here')\n";
+    char err[512];
+    assert_null(fe_load_model_text("s.lua", shebang, sizeof shebang - 1, NULL, 0, err, sizeof err));
+    expect_has(err, "s.lua:3: here");
+
+    /* the script must be a regular file: a directory or a FIFO is an error,
+     * not a hang */
+    char *dir = scratch_dir("fe-sandbox");
+    expect_has(load_err(dir, NULL, 0), "got a directory");
+    char fifo[512];
+    snprintf(fifo, sizeof fifo, "%s/model.lua", dir);
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    expect_has(load_err(fifo, NULL, 0), "got a FIFO");
+    remove_tree(dir);
+    free(dir);
+}
+
+/* The memory bound crossed at every point of a real model's run: bounds
+ * from 64 KiB (less than the Lua state with its libraries holds) to 256 KiB
+ * (more than models/gpt.lua needs), so that the crossing falls in turn
+ * inside the script, inside nn.lua and inside the DSL's C functions. Each run
+ * builds the model or stops with the memory error at a line of the script;
+ * never a crash or a leak (the sanitizer build runs this too). */
+static void test_sandbox_memory_sweep(void **state)
+{
+    (void)state;
+    int built = 0, stopped = 0;
+    for (int limit = 65536; limit <= 262144; limit += 509) {
+        char v[32], err[2048];
+        snprintf(v, sizeof v, "%d", limit);
+        setenv("KILN_LUA_MEMORY", v, 1);
+        Model *m = fe_load_model("models/gpt.lua", NULL, 0, err, sizeof err);
+        if (m) {
+            built++;
+            check_forward_graph(m);
+            fe_model_free(m);
+            continue;
+        }
+        stopped++;
+        if (strncmp(err, "models/gpt.lua:", 15) != 0 || atoi(err + 15) <= 0 ||
+            !strstr(err, "KiB of Lua memory"))
+            fail_msg("bound %d: expected the memory error at a line of the script, got: %s",
+                     limit, err);
+    }
+    unsetenv("KILN_LUA_MEMORY");
+    assert_true(built > 0 && stopped > 0);
+}
+
+/* Integer settings never wrap around; numbers are finite and in range. */
+static void test_setting_ranges(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *set, *want;
+    } bad[] = {
+        {"grad_accum=4294967297", "--set grad_accum: expected an integer from 1 to 1024, got 4294967297"},
+        {"grad_accum=0", "--set grad_accum: expected an integer from 1 to 1024, got 0"},
+        {"steps=1e12", "--set steps: expected an integer from 0 to 1000000000, got 1e12"},
+        {"steps=-1", "--set steps: expected an integer from 0 to 1000000000, got -1"},
+        {"steps=1.5", "--set steps: expected an integer from 0 to 1000000000, got 1.5"},
+        {"steps=4x", "got 4x"},
+        {"steps=", "got an empty value"},
+        {"steps=nan", "got nan"},
+        {"steps=0x10", "got 0x10"},
+        {"steps=99999999999999999999", "got 99999999999999999999"},
+        {"eval_batches=1000000000", "--set eval_batches: expected an integer from 1 to 1000000"},
+        {"eval_every=-5", "--set eval_every: expected an integer from 0 to"},
+        {"log_every=1e10", "--set log_every: expected an integer from 0 to"},
+        {"checkpoint_every=2.5", "--set checkpoint_every: expected an integer from 0 to"},
+        {"warmup=inf", "--set warmup: expected an integer from 0 to"},
+        {"digits=4294967299", "--set digits: expected an integer from 1 to 9"},
+        {"batch=-4", "--set batch: expected an integer from 0 to"},
+        {"seed=-1", "--set seed: expected an integer from 0 to 18446744073709551615, got -1"},
+        {"seed=18446744073709551616", "got 18446744073709551616"},
+        {"seed=7x", "got 7x"},
+        {"lr=nan", "--set lr: expected a finite number >= 0, got nan"},
+        {"lr=-1", "--set lr: expected a finite number >= 0, got -1"},
+        {"beta1=1", "--set beta1: expected a number in [0, 1), got 1"},
+        {"val_fraction=inf", "--set val_fraction: expected a number in [0, 1), got inf"},
+        {"bucket_mb=0", "--set bucket_mb: expected a number in (0, 1048576], got 0"},
+        {"bucket_mb=nan", "--set bucket_mb: expected a number in (0, 1048576], got nan"},
+        {"comm_timeout=1e400", "--set comm_timeout: expected a number in (0, 1000000], got 1e400"},
+        {"grad_clip=inf", "--set grad_clip: expected a finite number, got inf"},
+        {"memory_budget=-1", "--set memory_budget: expected a byte count"},
+    };
+    const char *path = "tests/data/bad/config_set.lua";
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        expect_has(load_err(path, &bad[i].set, 1), bad[i].want);
+    /* config{} numbers: finite, integers within int64 */
+    const char *wide[] = {"width=1e30"};
+    expect_has(load_err(path, wide, 1), "--set width: expected an integer");
+
+    const char *good[] = {"steps=1e3", "grad_accum=1024", "seed=18446744073709551615",
+                          "eval_batches=1000000", "beta2=0", "warmup=1000000000"};
+    Model *m = load_model(path, good, 6);
+    assert_int_equal(m->train.steps, 1000);
+    assert_int_equal(m->train.grad_accum, 1024);
+    assert_true(m->train.seed == UINT64_MAX);
+    assert_int_equal(m->train.eval_batches, 1000000);
+    assert_int_equal(m->train.warmup, 1000000000);
+    fe_model_free(m);
+
+    int64_t v;
+    char why[256];
+    assert_true(fe_parse_int("42", 1, 100, &v, why, sizeof why) && v == 42);
+    assert_true(fe_parse_int("-3", -5, 5, &v, why, sizeof why) && v == -3);
+    assert_true(fe_parse_int("2e3", 1, 5000, &v, why, sizeof why) && v == 2000);
+    assert_false(fe_parse_int("4294967297", 1, 1024, &v, why, sizeof why));
+    assert_string_equal(why, "expected an integer from 1 to 1024, got 4294967297");
+    static const char *not_ints[] = {"1.5", "4x", "", " 4", "nan", "inf", "-inf", "0x10",
+                                     "1e400", "9223372036854775808", "--1"};
+    for (size_t i = 0; i < sizeof not_ints / sizeof not_ints[0]; i++)
+        if (fe_parse_int(not_ints[i], INT64_MIN, INT64_MAX, &v, why, sizeof why))
+            fail_msg("fe_parse_int accepted '%s' as %lld", not_ints[i], (long long)v);
+}
+
 /* ---- numerics: nn and the primitives against plain C --------------------- */
 
 static const char *numeric_script =
@@ -546,6 +765,9 @@ int main(void)
         cmocka_unit_test(test_set_overrides),
         cmocka_unit_test(test_bad_scripts),
         cmocka_unit_test(test_settings_printed),
+        cmocka_unit_test(test_sandbox),
+        cmocka_unit_test(test_sandbox_memory_sweep),
+        cmocka_unit_test(test_setting_ranges),
         cmocka_unit_test(test_numerics),
         cmocka_unit_test(test_dropout),
     };
