@@ -40,9 +40,58 @@ static bool saved_kind(const Tensor *t, bool with_state)
     return t->kind == TK_PARAM || (with_state && t->kind == TK_STATE && !is_accumulator(t));
 }
 
+/* Index of the first NaN or Inf among the n elements at p when dt is a
+ * float dtype (F32, BF16, F16), else -1; *what is "NaN", "+Inf" or "-Inf".
+ * Reads the bits: no conversion, any alignment. */
+static int64_t first_nonfinite(DType dt, const void *p, int64_t n, const char **what)
+{
+    int sz = dtype_size(dt), mant;
+    uint32_t expo;
+    switch (dt) {
+    case DT_F32: expo = 0xffu, mant = 23; break;
+    case DT_BF16: expo = 0xffu, mant = 7; break;
+    case DT_F16: expo = 0x1fu, mant = 10; break;
+    default: return -1;
+    }
+    const uint8_t *b = p;
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t x = 0;
+        if (sz == 4) {
+            uint32_t v;
+            memcpy(&v, b + 4 * i, 4);
+            x = v;
+        } else {
+            uint16_t v;
+            memcpy(&v, b + 2 * i, 2);
+            x = v;
+        }
+        if (((x >> mant) & expo) != expo)
+            continue;
+        *what = x & ((1u << mant) - 1) ? "NaN" : x >> (8 * sz - 1) ? "-Inf" : "+Inf";
+        return i;
+    }
+    return -1;
+}
+
 static bool save(const char *path, const Graph *g, void *const *vals, const CkptMeta *m,
                  Diag *d)
 {
+    /* never write a non-finite value: a diverged run's file would only fail
+     * later, at --resume or --init-from */
+    for (int i = 0; i < g->t.n; i++) {
+        const Tensor *t = &g->t.v[i];
+        const char *what;
+        int64_t k;
+        if (saved_kind(t, m != NULL) &&
+            (k = first_nonfinite(t->s.dtype, vals[i], shape_numel(&t->s), &what)) >= 0) {
+            snprintf(d->msg, sizeof d->msg,
+                     "%s: not written: %s \"%s\" holds %s at index %lld (expected finite "
+                     "values; the run has diverged)",
+                     path, t->kind == TK_PARAM ? "param" : "optimizer state", t->name, what,
+                     (long long)k);
+            return false;
+        }
+    }
     StTensor *ts = xcalloc((size_t)g->t.n + 1, sizeof *ts);
     int n = 0;
     for (int i = 0; i < g->t.n; i++) {
@@ -84,13 +133,26 @@ bool rt_weights_save(const char *path, const Graph *g, void *const *vals, Diag *
 }
 
 /* Checks that f has every param (and state) of g by name with its dtype and
- * shape; when vals is not NULL, then copies them into vals (all or none).
+ * shape; when vals is not NULL, checks that they are finite, then copies
+ * them into vals (all or none).
  * With state, accumulators are zeroed (and any in the file ignored). */
 static bool restore(const char *path, const StFile *f, const Graph *g, void **vals,
                     bool with_state, Diag *d)
 {
     if (vals && !restore(path, f, g, NULL, with_state, d))
         return false;
+    for (int i = 0; vals && i < g->t.n; i++) { /* every value it restores finite */
+        const Tensor *t = &g->t.v[i];
+        const StTensor *s = saved_kind(t, with_state) ? rt_st_find(f, t->name) : NULL;
+        const char *what;
+        int64_t k;
+        if (s && (k = first_nonfinite(s->dtype, s->data, shape_numel(&t->s), &what)) >= 0) {
+            snprintf(d->msg, sizeof d->msg,
+                     "%s: tensor \"%s\" holds %s at index %lld (expected finite values)", path,
+                     t->name, what, (long long)k);
+            return false;
+        }
+    }
     for (int i = 0; i < g->t.n; i++) {
         const Tensor *t = &g->t.v[i];
         if (vals && with_state && is_accumulator(t))
@@ -191,4 +253,19 @@ bool rt_weights_load(const char *path, const Graph *g, void **vals, Diag *d)
     bool ok = restore(path, &f, g, vals, false, d);
     rt_st_free(&f);
     return ok;
+}
+
+int rt_ckpt_sweep_tmp(const char *prefix, const char *weights)
+{
+    int n = weights ? rt_tmp_sweep(weights, NULL) : 0;
+    if (prefix) { /* the names train.c gives: PREFIX.stepN.safetensors */
+        const char *ext = ".safetensors";
+        size_t l = strlen(prefix), e = strlen(ext);
+        if (l > e && strcmp(prefix + l - e, ext) == 0)
+            l -= e;
+        char *head = xasprintf("%.*s.step", (int)l, prefix);
+        n += rt_tmp_sweep(head, ext);
+        free(head);
+    }
+    return n;
 }

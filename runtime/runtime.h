@@ -348,8 +348,10 @@ typedef struct {
     int nmeta;
 } StFile;
 
-/* Reads and validates the whole file; on any defect returns false with
- * "PATH: what is wrong" in d and *f empty. */
+/* Reads and validates the whole file (a regular file; tensor names,
+ * __metadata__ and its keys each once; shapes, offsets and spans checked
+ * before anything is allocated for them); on any defect returns false with
+ * "PATH: what is wrong (expected ..., got ...)" in d and *f empty. */
 bool rt_st_read(const char *path, StFile *f, Diag *d);
 void rt_st_free(StFile *f);
 const StTensor *rt_st_find(const StFile *f, const char *name);
@@ -359,10 +361,15 @@ const char *rt_st_meta(const StFile *f, const char *key); /* NULL if absent */
 bool rt_st_write(const char *path, const StTensor *t, int n, const char *const *key,
                  const char *const *val, int nmeta, Diag *d);
 const char *rt_st_dtype_name(DType t); /* "F32", ... */
-/* Writes the n chunks to path atomically (temp file in the same directory,
- * fsync, rename); on failure "PATH: cannot write: reason" and no file. */
+/* Writes the n chunks to path atomically (temp file PATH.tmp.PID.XXXXXX in
+ * the same directory, fsync, rename); on failure "PATH: cannot write:
+ * reason" and no file. */
 bool rt_write_atomic(const char *path, const void *const *chunk, const size_t *len, int n,
                      Diag *d);
+/* Removes the temp files that rt_write_atomic left (killed mid-write) for
+ * the final path HEAD (tail NULL) or HEAD<digits>TAIL, but only those whose
+ * writer process is gone (kill(pid, 0) fails with ESRCH); returns how many. */
+int rt_tmp_sweep(const char *head, const char *tail);
 
 /* ---- checkpoint.c: checkpoints and weights --------------------------------
  * vals[id] is host data (the tensor's dtype) for every param and state
@@ -384,8 +391,14 @@ bool rt_ckpt_save(const char *path, const Graph *g, void *const *vals, const Ckp
  * zeroes them, so a checkpoint resumes with any grad_accum. */
 bool rt_ckpt_load(const char *path, const Graph *g, void **vals, CkptMeta *m, Diag *d);
 bool rt_weights_save(const char *path, const Graph *g, void *const *vals, Diag *d);
-/* Loads every param of g by name from a weights or checkpoint file. */
+/* Loads every param of g by name from a weights or checkpoint file. Loading
+ * refuses a NaN or Inf in any tensor it restores, and saving refuses to
+ * write one (nothing written): "PATH: tensor "NAME" holds NaN at index K". */
 bool rt_weights_load(const char *path, const Graph *g, void **vals, Diag *d);
+/* Removes the temp files an interrupted write of a checkpoint of prefix
+ * (PREFIX.stepN.safetensors) or of the weights file `weights` left behind,
+ * when their writer is gone (either may be NULL); returns how many. */
+int rt_ckpt_sweep_tmp(const char *prefix, const char *weights);
 
 /* ---- report.c: Chrome trace and per-kernel profile table ------------------
  * The trace collects complete events ("ph":"X", microseconds) in memory and

@@ -1,9 +1,13 @@
-/* safetensors.c - safetensors files: a validating reader and an atomic
- * writer (temp file in the same directory, fsync, rename). */
+/* safetensors.c - safetensors files: a validating reader that bounds what a
+ * header can make kiln allocate, and an atomic writer (temp file
+ * PATH.tmp.PID.XXXXXX in the same directory, fsync, rename) whose temp
+ * files an interrupted run leaves are swept by the next (rt_tmp_sweep). */
 #include "runtime.h"
 
 #include <cjson/cJSON.h>
+#include <dirent.h>
 #include <errno.h>
+#include <signal.h>
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,6 +64,17 @@ const char *rt_st_meta(const StFile *f, const char *key)
     return NULL;
 }
 
+/* What a header may make kiln allocate. The header cap is the safetensors
+ * format's own (the reference reader refuses more); the JSON value cap
+ * bounds what cJSON builds from it (about 64 bytes a value) well above any
+ * real file (a tensor entry is at most 15 values). */
+#define ST_MAX_HEADER 100000000ull
+#define ST_MAX_VALUES (1 << 21)
+#define ST_MAX_TENSORS 65536
+#define ST_MAX_META 65536
+#define ST_MAX_NAME 4096
+#define ST_MAX_EXACT 9007199254740992.0 /* 2^53: doubles hold every integer below */
+
 typedef struct {
     uint64_t begin, end;
     const char *name;
@@ -71,11 +86,64 @@ static int span_cmp(const void *a, const void *b)
     return x->begin < y->begin ? -1 : x->begin > y->begin;
 }
 
-/* Parses one tensor entry into t (data not yet read). */
-static bool parse_entry(const char *path, const cJSON *e, StTensor *t, uint64_t *begin,
-                        uint64_t *end, Diag *d)
+static int str_cmp(const void *a, const void *b)
 {
-    const char *nm = e->string;
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* A name from the file, quoted for a message: at most 64 bytes, anything
+ * not printable ASCII as '?' (a hostile name must not drive the terminal). */
+static const char *show(const char *s, char out[80])
+{
+    size_t n = 0;
+    for (; s[n] && n < 64; n++)
+        out[n] = s[n] >= 0x20 && s[n] < 0x7f ? s[n] : '?';
+    if (s[n])
+        out[n++] = '.', out[n++] = '.', out[n++] = '.';
+    out[n] = 0;
+    return out;
+}
+
+/* An upper bound on the JSON values in s[0..n): every value but the root
+ * follows an opening bracket or a comma outside a string. */
+static size_t json_values_bound(const char *s, size_t n)
+{
+    size_t v = 1;
+    bool in_str = false;
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        if (in_str) {
+            if (c == '\\')
+                i++;
+            else if (c == '"')
+                in_str = false;
+        } else if (c == '"') {
+            in_str = true;
+        } else if (c == ',' || c == '[' || c == '{') {
+            v++;
+        }
+    }
+    return v;
+}
+
+/* v in decimal; UINT64_MAX (a saturated product) as "over 2^64" */
+static const char *u64_str(uint64_t v, char out[32])
+{
+    if (v == UINT64_MAX)
+        snprintf(out, 32, "over 2^64");
+    else
+        snprintf(out, 32, "%llu", (unsigned long long)v);
+    return out;
+}
+
+/* Parses one tensor entry into t (data not yet read); [begin, end) is its
+ * span of the data section (dlen bytes), checked against dtype x shape and
+ * against dlen. */
+static bool parse_entry(const char *path, const cJSON *e, StTensor *t, uint64_t dlen,
+                        uint64_t *begin, uint64_t *end, Diag *d)
+{
+    char nm[80];
+    show(e->string, nm);
     const cJSON *dt = cJSON_GetObjectItemCaseSensitive(e, "dtype");
     const cJSON *sh = cJSON_GetObjectItemCaseSensitive(e, "shape");
     const cJSON *off = cJSON_GetObjectItemCaseSensitive(e, "data_offsets");
@@ -89,181 +157,371 @@ static bool parse_entry(const char *path, const cJSON *e, StTensor *t, uint64_t 
     }
     int dtype = st_dtype_parse(dt->valuestring);
     if (dtype < 0) {
+        char got[80];
         snprintf(d->msg, sizeof d->msg,
                  "%s: tensor \"%s\" has unsupported dtype (expected F32, BF16, F16, I32, I64 "
                  "or U8, got %s)",
-                 path, nm, dt->valuestring);
+                 path, nm, show(dt->valuestring, got));
         return false;
     }
     int rank = cJSON_GetArraySize(sh);
     if (rank > IR_MAX_RANK) {
-        snprintf(d->msg, sizeof d->msg, "%s: tensor \"%s\" has rank %d (at most %d supported)",
-                 path, nm, rank, IR_MAX_RANK);
+        snprintf(d->msg, sizeof d->msg,
+                 "%s: tensor \"%s\" has too many dimensions (expected at most %d, got %d)",
+                 path, nm, IR_MAX_RANK, rank);
         return false;
     }
     t->dtype = (DType)dtype;
     t->rank = rank;
+    /* numel saturates at UINT64_MAX on overflow: then it matches no span */
     uint64_t numel = 1;
+    bool zero = false;
     for (int i = 0; i < rank; i++) {
         const cJSON *x = cJSON_GetArrayItem(sh, i);
-        if (!cJSON_IsNumber(x) || x->valuedouble < 0 || x->valuedouble > 1e15 ||
+        if (!cJSON_IsNumber(x) || !(x->valuedouble >= 0) || x->valuedouble >= ST_MAX_EXACT ||
             x->valuedouble != (double)(int64_t)x->valuedouble) {
             snprintf(d->msg, sizeof d->msg,
-                     "%s: tensor \"%s\" has a bad shape (dim %d is not a non-negative integer)",
+                     "%s: tensor \"%s\" has a bad shape (expected non-negative integers below "
+                     "2^53, dim %d is not one)",
                      path, nm, i);
             return false;
         }
         t->dim[i] = (int64_t)x->valuedouble;
-        numel *= (uint64_t)t->dim[i];
+        zero |= t->dim[i] == 0;
+        if (numel != UINT64_MAX && __builtin_mul_overflow(numel, (uint64_t)t->dim[i], &numel))
+            numel = UINT64_MAX;
     }
-    double o[2];
+    if (zero)
+        numel = 0;
+    uint64_t o[2];
     for (int i = 0; i < 2; i++) {
         const cJSON *x = cJSON_GetArrayItem(off, i);
-        if (!cJSON_IsNumber(x) || x->valuedouble < 0 || x->valuedouble > 9e15) {
+        if (!cJSON_IsNumber(x) || !(x->valuedouble >= 0) || x->valuedouble >= ST_MAX_EXACT ||
+            x->valuedouble != (double)(int64_t)x->valuedouble) {
             snprintf(d->msg, sizeof d->msg,
-                     "%s: tensor \"%s\" has bad data_offsets (not non-negative integers)", path,
-                     nm);
+                     "%s: tensor \"%s\" has bad data_offsets (expected non-negative integers "
+                     "below 2^53)",
+                     path, nm);
             return false;
         }
-        o[i] = x->valuedouble;
+        o[i] = (uint64_t)x->valuedouble;
     }
-    *begin = (uint64_t)o[0];
-    *end = (uint64_t)o[1];
-    uint64_t want = numel * (uint64_t)dtype_size(t->dtype);
+    *begin = o[0];
+    *end = o[1];
+    uint64_t want;
+    if (__builtin_mul_overflow(numel, (uint64_t)dtype_size(t->dtype), &want))
+        want = UINT64_MAX;
     if (*end < *begin || *end - *begin != want) {
+        char wants[32], numels[32];
+        u64_str(want, wants);
+        u64_str(numel, numels);
         snprintf(d->msg, sizeof d->msg,
                  "%s: tensor \"%s\": data_offsets [%llu, %llu] do not match its dtype and "
-                 "shape (expected %llu bytes for %s x %llu elements, got %lld)",
+                 "shape (expected %s bytes for %s x %s elements, got %s%llu)",
+                 path, nm, (unsigned long long)*begin, (unsigned long long)*end, wants,
+                 st_names[t->dtype], numels, *end < *begin ? "-" : "",
+                 (unsigned long long)(*end < *begin ? *begin - *end : *end - *begin));
+        return false;
+    }
+    if (*end > dlen) {
+        snprintf(d->msg, sizeof d->msg,
+                 "%s: corrupt safetensors file: tensor \"%s\" data_offsets [%llu, %llu] "
+                 "out of range (expected at most the data section's %llu bytes)",
                  path, nm, (unsigned long long)*begin, (unsigned long long)*end,
-                 (unsigned long long)want, st_names[t->dtype], (unsigned long long)numel,
-                 (long long)(*end - *begin));
+                 (unsigned long long)dlen);
         return false;
     }
     t->nbytes = (size_t)want;
     return true;
 }
+/* Reads n bytes at off; false on an error or a short read. */
+static bool read_at(int fd, void *p, size_t n, uint64_t off)
+{
+    uint8_t *c = p;
+    while (n > 0) {
+        ssize_t k = pread(fd, c, n, (off_t)off);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            return false;
+        c += k;
+        n -= (size_t)k;
+        off += (uint64_t)k;
+    }
+    return true;
+}
 
+static const char *file_kind(mode_t m)
+{
+    return S_ISDIR(m)    ? "a directory"
+           : S_ISFIFO(m) ? "a FIFO"
+           : S_ISCHR(m)  ? "a character device"
+           : S_ISBLK(m)  ? "a block device"
+           : S_ISSOCK(m) ? "a socket"
+                         : "not a regular file";
+}
+
+/* Sorts the n names and reports the first one that appears twice; what
+ * names them in the message (NULL: the header's top-level keys). */
+static bool unique_names(const char *path, const char *what, const char **nm, int n, Diag *d)
+{
+    qsort(nm, (size_t)n, sizeof *nm, str_cmp);
+    for (int i = 1; i < n; i++)
+        if (strcmp(nm[i - 1], nm[i]) == 0) {
+            char s[80];
+            snprintf(d->msg, sizeof d->msg,
+                     "%s: corrupt safetensors header: %s \"%s\" appears twice (expected each "
+                     "once)",
+                     path,
+                     what                                    ? what
+                     : strcmp(nm[i], "__metadata__") == 0 ? "key"
+                                                             : "tensor",
+                     show(nm[i], s));
+            return false;
+        }
+    return true;
+}
+
+/* The header's __metadata__ object: at most ST_MAX_META distinct keys, each
+ * value a string; copied into f. */
+static bool read_meta(const char *path, const cJSON *e, StFile *f, Diag *d)
+{
+    if (!cJSON_IsObject(e)) {
+        snprintf(d->msg, sizeof d->msg,
+                 "%s: corrupt safetensors header: __metadata__ is not an object (expected "
+                 "{\"key\": \"value\", ...})",
+                 path);
+        return false;
+    }
+    int m = cJSON_GetArraySize(e);
+    if (m > ST_MAX_META) {
+        snprintf(d->msg, sizeof d->msg,
+                 "%s: corrupt safetensors header: __metadata__ has %d entries (expected at "
+                 "most %d)",
+                 path, m, ST_MAX_META);
+        return false;
+    }
+    const char **keys = xcalloc((size_t)m + 1, sizeof *keys);
+    const cJSON *kv;
+    int k = 0;
+    bool ok = true;
+    cJSON_ArrayForEach(kv, e)
+    {
+        char s[80];
+        if (!cJSON_IsString(kv)) {
+            snprintf(d->msg, sizeof d->msg,
+                     "%s: corrupt safetensors header: __metadata__ value \"%s\" is not a "
+                     "string",
+                     path, show(kv->string, s));
+            ok = false;
+            break;
+        }
+        if (strlen(kv->string) > ST_MAX_NAME) {
+            snprintf(d->msg, sizeof d->msg,
+                     "%s: corrupt safetensors header: __metadata__ key \"%s\" is too long "
+                     "(expected at most %d bytes, got %zu)",
+                     path, show(kv->string, s), ST_MAX_NAME, strlen(kv->string));
+            ok = false;
+            break;
+        }
+        keys[k++] = kv->string;
+    }
+    ok = ok && unique_names(path, "__metadata__ key", keys, k, d);
+    free(keys);
+    if (!ok)
+        return false;
+    f->key = xcalloc((size_t)m + 1, sizeof *f->key);
+    f->val = xcalloc((size_t)m + 1, sizeof *f->val);
+    cJSON_ArrayForEach(kv, e)
+    {
+        f->key[f->nmeta] = xstrdup(kv->string);
+        f->val[f->nmeta++] = xstrdup(kv->valuestring);
+    }
+    return true;
+}
+
+/* Validates the whole header before allocating anything it sizes: every
+ * name unique (tensors and __metadata__ alike), every span inside the data
+ * section and none overlapping; then reads each tensor's bytes. What the
+ * file can make kiln allocate is bounded by the file's size and the ST_MAX_
+ * limits above. */
 bool rt_st_read(const char *path, StFile *f, Diag *d)
 {
     memset(f, 0, sizeof *f);
-    FILE *fp = fopen(path, "rb");
-    if (!fp) {
+    /* O_NONBLOCK: opening a FIFO must not wait for a writer */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
         snprintf(d->msg, sizeof d->msg, "%s: cannot open: %s", path, strerror(errno));
         return false;
     }
-    fseek(fp, 0, SEEK_END);
-    long flen = ftell(fp);
-    fseek(fp, 0, SEEK_SET);
-    uint8_t *buf = NULL;
+    char *hdr = NULL;
+    const char **names = NULL;
     cJSON *root = NULL;
     Span *spans = NULL;
-    if (flen < 0) {
-        snprintf(d->msg, sizeof d->msg, "%s: cannot read (not a regular file?)", path);
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        snprintf(d->msg, sizeof d->msg, "%s: cannot read: %s", path, strerror(errno));
         goto fail;
     }
-    buf = xmalloc((size_t)flen + 1);
-    if (fread(buf, 1, (size_t)flen, fp) != (size_t)flen) {
-        snprintf(d->msg, sizeof d->msg, "%s: read error", path);
-        goto fail;
-    }
-    if (flen < 8) {
+    if (!S_ISREG(st.st_mode)) {
         snprintf(d->msg, sizeof d->msg,
-                 "%s: not a safetensors file (expected an 8-byte header length, file has %ld "
+                 "%s: not a safetensors file (expected a regular file, got %s)", path,
+                 file_kind(st.st_mode));
+        goto fail;
+    }
+    uint64_t flen = (uint64_t)st.st_size;
+    uint8_t len8[8];
+    if (flen < 8 || !read_at(fd, len8, 8, 0)) {
+        snprintf(d->msg, sizeof d->msg,
+                 "%s: not a safetensors file (expected an 8-byte header length, file has %llu "
                  "bytes)",
-                 path, flen);
+                 path, (unsigned long long)flen);
         goto fail;
     }
     uint64_t hlen = 0;
     for (int i = 7; i >= 0; i--)
-        hlen = hlen << 8 | buf[i];
-    if (hlen > (uint64_t)flen - 8) {
+        hlen = hlen << 8 | len8[i];
+    if (hlen > flen - 8) {
         snprintf(d->msg, sizeof d->msg,
-                 "%s: corrupt safetensors file: header length %llu exceeds the file (%ld bytes "
+                 "%s: corrupt safetensors file: header length %llu exceeds the file (%llu bytes "
                  "after the length)",
-                 path, (unsigned long long)hlen, flen - 8);
+                 path, (unsigned long long)hlen, (unsigned long long)(flen - 8));
         goto fail;
     }
-    root = cJSON_ParseWithLength((const char *)buf + 8, (size_t)hlen);
+    if (hlen > ST_MAX_HEADER) {
+        snprintf(d->msg, sizeof d->msg,
+                 "%s: corrupt safetensors file: header length %llu is too large (expected at "
+                 "most %llu bytes, the format's limit)",
+                 path, (unsigned long long)hlen, ST_MAX_HEADER);
+        goto fail;
+    }
+    hdr = xmalloc((size_t)hlen + 1);
+    errno = 0;
+    if (!read_at(fd, hdr, (size_t)hlen, 8)) {
+        snprintf(d->msg, sizeof d->msg, "%s: read error in the header: %s", path,
+                 errno ? strerror(errno) : "the file is shorter than it was");
+        goto fail;
+    }
+    hdr[hlen] = 0;
+    size_t nval = json_values_bound(hdr, (size_t)hlen);
+    if (nval > ST_MAX_VALUES) {
+        snprintf(d->msg, sizeof d->msg,
+                 "%s: corrupt safetensors header: too many JSON values (expected at most %d, "
+                 "got up to %zu)",
+                 path, ST_MAX_VALUES, nval);
+        goto fail;
+    }
+    const char *jend = NULL;
+    root = cJSON_ParseWithLengthOpts(hdr, (size_t)hlen, &jend, false);
+    if (root && jend)
+        for (const char *c = jend; c < hdr + hlen; c++)
+            if (*c != ' ' && *c != '\t' && *c != '\n' && *c != '\r') {
+                snprintf(d->msg, sizeof d->msg,
+                         "%s: corrupt safetensors file: the header has bytes after its JSON "
+                         "object (expected space padding, got byte 0x%02x at offset %zu)",
+                         path, (unsigned)(uint8_t)*c, (size_t)(c - hdr) + 8);
+                goto fail;
+            }
     if (!cJSON_IsObject(root)) {
         snprintf(d->msg, sizeof d->msg,
                  "%s: corrupt safetensors file: the header is not a JSON object", path);
         goto fail;
     }
-    uint64_t dlen = (uint64_t)flen - 8 - hlen;
-    const uint8_t *data = buf + 8 + hlen;
-    int n = 0;
+    uint64_t dlen = flen - 8 - hlen, data0 = 8 + hlen;
+    int nkeys = cJSON_GetArraySize(root);
+    if (nkeys > ST_MAX_TENSORS + 1) {
+        snprintf(d->msg, sizeof d->msg,
+                 "%s: corrupt safetensors header: %d entries (expected at most %d tensors and "
+                 "__metadata__)",
+                 path, nkeys, ST_MAX_TENSORS);
+        goto fail;
+    }
+    names = xcalloc((size_t)nkeys + 1, sizeof *names);
+    int nn = 0;
     const cJSON *e;
-    cJSON_ArrayForEach(e, root) n++;
-    f->t = xcalloc((size_t)n + 1, sizeof *f->t);
-    spans = xcalloc((size_t)n + 1, sizeof *spans);
+    cJSON_ArrayForEach(e, root)
+    {
+        size_t l = strlen(e->string);
+        if (l > ST_MAX_NAME) {
+            char s[80];
+            snprintf(d->msg, sizeof d->msg,
+                     "%s: corrupt safetensors header: tensor name \"%s\" is too long (expected "
+                     "at most %d bytes, got %zu)",
+                     path, show(e->string, s), ST_MAX_NAME, l);
+            goto fail;
+        }
+        names[nn++] = e->string;
+    }
+    if (!unique_names(path, NULL, names, nn, d))
+        goto fail;
+    f->t = xcalloc((size_t)nkeys + 1, sizeof *f->t);
+    spans = xcalloc((size_t)nkeys + 1, sizeof *spans);
     int ns = 0;
     cJSON_ArrayForEach(e, root)
     {
         if (strcmp(e->string, "__metadata__") == 0) {
-            if (!cJSON_IsObject(e)) {
-                snprintf(d->msg, sizeof d->msg,
-                         "%s: corrupt safetensors header: __metadata__ is not an object", path);
+            if (!read_meta(path, e, f, d))
                 goto fail;
-            }
-            int m = cJSON_GetArraySize(e);
-            f->key = xcalloc((size_t)m + 1, sizeof *f->key);
-            f->val = xcalloc((size_t)m + 1, sizeof *f->val);
-            const cJSON *kv;
-            cJSON_ArrayForEach(kv, e)
-            {
-                if (!cJSON_IsString(kv)) {
-                    snprintf(d->msg, sizeof d->msg,
-                             "%s: corrupt safetensors header: __metadata__ value \"%s\" is not "
-                             "a string",
-                             path, kv->string);
-                    goto fail;
-                }
-                f->key[f->nmeta] = xstrdup(kv->string);
-                f->val[f->nmeta++] = xstrdup(kv->valuestring);
-            }
             continue;
-        }
-        if (rt_st_find(f, e->string)) {
-            snprintf(d->msg, sizeof d->msg, "%s: tensor \"%s\" appears twice", path,
-                     e->string);
-            goto fail;
         }
         StTensor *t = &f->t[f->n];
         uint64_t b, en;
-        if (!parse_entry(path, e, t, &b, &en, d))
+        if (!parse_entry(path, e, t, dlen, &b, &en, d))
             goto fail;
-        if (en > dlen) {
-            snprintf(d->msg, sizeof d->msg,
-                     "%s: corrupt safetensors file: tensor \"%s\" data_offsets [%llu, %llu] "
-                     "out of range (the data section has %llu bytes)",
-                     path, e->string, (unsigned long long)b, (unsigned long long)en,
-                     (unsigned long long)dlen);
-            goto fail;
-        }
         t->name = xstrdup(e->string);
-        t->data = xmalloc(t->nbytes);
-        memcpy(t->data, data + b, t->nbytes);
         f->n++;
-        spans[ns++] = (Span){b, en, t->name};
+        if (en > b)
+            spans[ns++] = (Span){b, en, t->name};
     }
+    /* no two tensors share a byte: the data read below is at most dlen */
     qsort(spans, (size_t)ns, sizeof *spans, span_cmp);
     for (int i = 1; i < ns; i++)
         if (spans[i].begin < spans[i - 1].end) {
+            char s1[80], s2[80];
             snprintf(d->msg, sizeof d->msg,
-                     "%s: corrupt safetensors file: tensors \"%s\" and \"%s\" overlap", path,
-                     spans[i - 1].name, spans[i].name);
+                     "%s: corrupt safetensors file: tensors \"%s\" [%llu, %llu] and \"%s\" "
+                     "[%llu, %llu] overlap (expected disjoint data_offsets)",
+                     path, show(spans[i - 1].name, s1), (unsigned long long)spans[i - 1].begin,
+                     (unsigned long long)spans[i - 1].end, show(spans[i].name, s2),
+                     (unsigned long long)spans[i].begin, (unsigned long long)spans[i].end);
             goto fail;
         }
+    int ti = 0;
+    cJSON_ArrayForEach(e, root)
+    {
+        if (strcmp(e->string, "__metadata__") == 0)
+            continue;
+        StTensor *t = &f->t[ti++];
+        const cJSON *off = cJSON_GetObjectItemCaseSensitive(e, "data_offsets");
+        uint64_t b = (uint64_t)cJSON_GetArrayItem(off, 0)->valuedouble;
+        t->data = malloc(t->nbytes ? t->nbytes : 1);
+        if (!t->data) {
+            char s[80];
+            snprintf(d->msg, sizeof d->msg, "%s: cannot allocate %zu bytes for tensor \"%s\"",
+                     path, t->nbytes, show(t->name, s));
+            goto fail;
+        }
+        errno = 0;
+        if (!read_at(fd, t->data, t->nbytes, data0 + b)) {
+            char s[80];
+            snprintf(d->msg, sizeof d->msg, "%s: read error in tensor \"%s\": %s", path,
+                     show(t->name, s),
+                     errno ? strerror(errno) : "the file is shorter than it was");
+            goto fail;
+        }
+    }
     free(spans);
+    free(names);
     cJSON_Delete(root);
-    free(buf);
-    fclose(fp);
+    free(hdr);
+    close(fd);
     return true;
 fail:
     free(spans);
+    free(names);
     cJSON_Delete(root);
-    free(buf);
-    fclose(fp);
+    free(hdr);
+    close(fd);
     rt_st_free(f);
     return false;
 }
@@ -287,7 +545,8 @@ static bool write_all(int fd, const void *p, size_t n)
 bool rt_write_atomic(const char *path, const void *const *chunk, const size_t *len, int n,
                      Diag *d)
 {
-    char *tmp = xasprintf("%s.tmp.XXXXXX", path);
+    /* the writer's pid in the name: rt_tmp_sweep tells a dead writer's file */
+    char *tmp = xasprintf("%s.tmp.%ld.XXXXXX", path, (long)getpid());
     int fd = mkstemp(tmp);
     if (fd < 0) {
         snprintf(d->msg, sizeof d->msg, "%s: cannot write: %s", path, strerror(errno));
@@ -322,6 +581,62 @@ bool rt_write_atomic(const char *path, const void *const *chunk, const size_t *l
     }
     free(tmp);
     return ok;
+}
+
+/* s[0..) is DIGITS then `after`; returns the rest (NULL: no match).
+ * *num gets the digits' value (saturating). */
+static const char *digits_then(const char *s, const char *after, long long *num)
+{
+    long long v = 0;
+    const char *c = s;
+    for (; *c >= '0' && *c <= '9'; c++)
+        v = v > 100000000000LL ? v : v * 10 + (*c - '0');
+    if (c == s || strncmp(c, after, strlen(after)) != 0)
+        return NULL;
+    if (num)
+        *num = v;
+    return c + strlen(after);
+}
+
+int rt_tmp_sweep(const char *head, const char *tail)
+{
+    char *dir = xstrdup(head);
+    char *slash = strrchr(dir, '/');
+    const char *base = slash ? head + (slash - dir) + 1 : head;
+    if (slash)
+        slash[slash == dir] = 0; /* keep "/" for a file in the root */
+    DIR *dd = opendir(slash ? dir : ".");
+    int removed = 0;
+    size_t bl = strlen(base);
+    struct dirent *e;
+    while (dd && (e = readdir(dd))) {
+        const char *s = e->d_name;
+        long long pid = 0;
+        if (bl == 0 || strncmp(s, base, bl) != 0)
+            continue;
+        s += bl;
+        if (tail && !(s = digits_then(s, tail, NULL)))
+            continue;
+        if (strncmp(s, ".tmp.", 5) != 0 || !(s = digits_then(s + 5, ".", &pid)))
+            continue;
+        size_t k = 0;
+        while (s[k] && ((s[k] >= '0' && s[k] <= '9') || (s[k] >= 'a' && s[k] <= 'z') ||
+                        (s[k] >= 'A' && s[k] <= 'Z')))
+            k++;
+        if (k != 6 || s[k] || pid <= 0 || pid > INT32_MAX || pid == (long long)getpid())
+            continue;
+        if (kill((pid_t)pid, 0) == 0 || errno != ESRCH)
+            continue; /* alive (or not ours to signal: alive too) */
+        char *p = xasprintf("%s/%s", slash ? dir : ".", e->d_name);
+        struct stat st;
+        if (lstat(p, &st) == 0 && S_ISREG(st.st_mode) && unlink(p) == 0)
+            removed++;
+        free(p);
+    }
+    if (dd)
+        closedir(dd);
+    free(dir);
+    return removed;
 }
 
 bool rt_st_write(const char *path, const StTensor *t, int n, const char *const *key,

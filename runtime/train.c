@@ -722,6 +722,12 @@ int rt_train(Model *m, const TrainOpts *o)
         r.c.steps = o->steps;
     r.steps = r.c.steps;
     const char *ckpt = o->checkpoint ? o->checkpoint : r.c.checkpoint;
+    if (rt_dp_rank(r.dp) == 0) { /* the writer: sweep what a killed one left */
+        int swept = rt_ckpt_sweep_tmp(ckpt, o->save_weights);
+        if (swept > 0 && !o->quiet)
+            printf("removed %d stale temp file%s of an interrupted write\n", swept,
+                   swept > 1 ? "s" : "");
+    }
     if (!writable_dir(o->save_weights, &d) || !writable_dir(ckpt, &d) ||
         !writable_dir(o->trace, &d) || !open_data(&r, &d) || !build(&r, &d) ||
         !init_state(&r, &d))

@@ -1,5 +1,6 @@
 /* test_checkpoint.c - checkpoints and weights: exact round trip, model
- * fingerprint, shape and missing-tensor errors. */
+ * fingerprint, shape and missing-tensor errors, non-finite values refused
+ * both ways, stale temp files swept. */
 #include "testutil.h"
 
 #include <stdlib.h>
@@ -254,6 +255,144 @@ static void test_accumulators(void **state)
     free(dir);
 }
 
+static int entries(const char *dir)
+{
+    char *cmd = xasprintf("ls -A '%s' | wc -l", dir), *out;
+    assert_int_equal(run_cmd(cmd, &out), 0);
+    int n = atoi(out);
+    free(out);
+    free(cmd);
+    return n;
+}
+
+static void set_bits(void *p, int64_t k, uint32_t bits)
+{
+    memcpy((uint8_t *)p + 4 * k, &bits, 4);
+}
+
+/* Issue 13: a NaN or Inf is never written (nothing is, not even a temp
+ * file), and a file holding one is refused by name and first index, for
+ * weights and for a checkpoint's optimizer state; nothing is loaded. */
+static void test_nonfinite(void **state)
+{
+    (void)state;
+    char *dir = scratch_dir("ckpt");
+    char *p = xasprintf("%s/w.safetensors", dir);
+    Graph *g = model(5, NULL);
+    int w1 = ir_find_tensor(g, "w1"), m1 = ir_find_tensor(g, "adam.m.w1");
+    void **a = alloc_vals(g, 1.0f), **b = alloc_vals(g, 2.0f), **keep = alloc_vals(g, 2.0f);
+    Diag d;
+    CkptMeta m = {.step = 3, .data_pos = 3, .seed = 1}, r;
+
+    set_bits(a[w1], 4, 0x7fc00000u); /* NaN */
+    set_bits(a[w1], 6, 0x7f800000u); /* +Inf */
+    assert_false(rt_weights_save(p, g, a, &d));
+    if (!strstr(d.msg, p) || !strstr(d.msg, "not written: param \"w1\" holds NaN at index 4"))
+        fail_msg("unclear message: %s", d.msg);
+    assert_false(rt_ckpt_save(p, g, a, &m, &d));
+    assert_int_equal(entries(dir), 0);
+    set_bits(a[w1], 4, 0x3f800000u);
+    set_bits(a[w1], 6, 0x3f800000u);
+    set_bits(a[m1], 2, 0xff800000u); /* -Inf in the optimizer state */
+    assert_true(rt_weights_save(p, g, a, &d)); /* params only: finite */
+    unlink(p);
+    assert_false(rt_ckpt_save(p, g, a, &m, &d));
+    if (!strstr(d.msg, "optimizer state \"adam.m.w1\" holds -Inf at index 2"))
+        fail_msg("unclear message: %s", d.msg);
+    assert_int_equal(entries(dir), 0);
+
+    /* such files (written around the guard) are refused, nothing loaded */
+    StTensor ts[4];
+    int n = 0;
+    for (int i = 0; i < g->t.n; i++) {
+        const Tensor *t = &g->t.v[i];
+        if (t->kind != TK_PARAM && t->kind != TK_STATE)
+            continue;
+        assert_true(n < 4);
+        ts[n] = (StTensor){.name = (char *)t->name, .dtype = t->s.dtype, .rank = t->s.rank,
+                           .data = a[i], .nbytes = (size_t)shape_numel(&t->s) * 4};
+        memcpy(ts[n].dim, t->s.dim, sizeof ts[n].dim);
+        n++;
+    }
+    assert_int_equal(n, 4);
+    char fp[32];
+    snprintf(fp, sizeof fp, "%016llx", (unsigned long long)rt_model_fingerprint(g));
+    const char *k[] = {"kiln.kind", "kiln.fingerprint", "kiln.step", "kiln.data_pos",
+                       "kiln.seed"};
+    const char *v[] = {"checkpoint", fp, "3", "3", "1"};
+    assert_true(rt_st_write(p, ts, n, k, v, 5, &d));
+    assert_true(rt_weights_load(p, g, b, &d)); /* weights: params only, finite */
+    assert_false(rt_ckpt_load(p, g, b, &r, &d));
+    if (!strstr(d.msg, p) || !strstr(d.msg, "tensor \"adam.m.w1\" holds -Inf at index 2"))
+        fail_msg("unclear message: %s", d.msg);
+    free_vals(g, b);
+    b = alloc_vals(g, 2.0f);
+    set_bits(a[w1], 0, 0x7f800001u); /* a NaN with a low mantissa bit */
+    assert_true(rt_st_write(p, ts, n, k, v, 5, &d));
+    assert_false(rt_weights_load(p, g, b, &d));
+    if (!strstr(d.msg, "tensor \"w1\" holds NaN at index 0 (expected finite values)"))
+        fail_msg("unclear message: %s", d.msg);
+    assert_true(same_vals(g, b, keep, false)); /* all or none */
+
+    /* bf16 and f16 by their bits: the largest finite values pass */
+    Graph *h = ir_new();
+    ParamInit z = {INIT_ZEROS, 0, 0};
+    ir_add_input(h, TK_PARAM, "hb", shape_make(DT_BF16, 1, (int64_t[]){3}), z);
+    ir_add_input(h, TK_PARAM, "hf", shape_make(DT_F16, 1, (int64_t[]){3}), z);
+    uint16_t hb[3] = {0x7f7f, 0xff7f, 0x0001}, hf[3] = {0x7bff, 0xfbff, 0x0001};
+    void *hv[2] = {hb, hf};
+    assert_true(rt_weights_save(p, h, hv, &d));
+    hb[1] = 0xff80; /* bf16 -Inf */
+    assert_false(rt_weights_save(p, h, hv, &d));
+    assert_non_null(strstr(d.msg, "\"hb\" holds -Inf at index 1"));
+    hb[1] = 0xff7f;
+    hf[2] = 0x7e00; /* f16 NaN */
+    assert_false(rt_weights_save(p, h, hv, &d));
+    assert_non_null(strstr(d.msg, "\"hf\" holds NaN at index 2"));
+    ir_free(h);
+
+    unlink(p);
+    free_vals(g, a);
+    free_vals(g, b);
+    free_vals(g, keep);
+    ir_free(g);
+    free(p);
+    rmdir(dir);
+    free(dir);
+}
+
+/* Issue 13 item 9: the temp files of a checkpoint of PREFIX (any step) and
+ * of the weights file whose writer is gone are removed; a trailing
+ * .safetensors on PREFIX is dropped, as train.c names the files. */
+static void test_sweep_tmp(void **state)
+{
+    (void)state;
+    char *dir = scratch_dir("ckpt");
+    const char *gone[] = {"ck.step12.safetensors.tmp.999999999.abcdef",
+                          "ck.step3.safetensors.tmp.999999998.ABCDEF",
+                          "w.safetensors.tmp.999999997.a1b2c3"};
+    char live[96];
+    snprintf(live, sizeof live, "ck.step4.safetensors.tmp.%ld.abcdef", (long)getppid());
+    const char *keep[] = {live, "ck.step12.safetensors", "ck2.step1.safetensors.tmp.999999999.abcdef"};
+    for (int i = 0; i < 3; i++) {
+        char *q = xasprintf("%s/%s", dir, gone[i]);
+        write_file(q, "x");
+        free(q);
+        q = xasprintf("%s/%s", dir, keep[i]);
+        write_file(q, "x");
+        free(q);
+    }
+    char *prefix = xasprintf("%s/ck.safetensors", dir), *w = xasprintf("%s/w.safetensors", dir);
+    assert_int_equal(rt_ckpt_sweep_tmp(prefix, w), 3);
+    assert_int_equal(entries(dir), 3);
+    assert_int_equal(rt_ckpt_sweep_tmp(prefix, NULL), 0);
+    assert_int_equal(rt_ckpt_sweep_tmp(NULL, NULL), 0);
+    assert_int_equal(remove_tree(dir), 0);
+    free(prefix);
+    free(w);
+    free(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -261,6 +400,8 @@ int main(void)
         cmocka_unit_test(test_weights),
         cmocka_unit_test(test_other_model),
         cmocka_unit_test(test_accumulators),
+        cmocka_unit_test(test_nonfinite),
+        cmocka_unit_test(test_sweep_tmp),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -2,9 +2,13 @@
 #include "testutil.h"
 
 #include <dirent.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "runtime.h"
@@ -173,6 +177,305 @@ static void test_corrupt(void **state)
     free(dir);
 }
 
+/* a growing string for generated headers */
+typedef struct {
+    char *p;
+    size_t n, cap;
+} Buf;
+
+static void buf_add(Buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void buf_add(Buf *b, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    if (b->n + (size_t)k + 1 > b->cap) {
+        b->cap = 2 * (b->n + (size_t)k + 1);
+        b->p = realloc(b->p, b->cap);
+        assert_non_null(b->p);
+    }
+    va_start(ap, fmt);
+    vsnprintf(b->p + b->n, (size_t)k + 1, fmt, ap);
+    va_end(ap);
+    b->n += (size_t)k;
+}
+
+/* Issue 13: __metadata__ given twice (the first with many keys) wrote past
+ * the second's key array; every duplicate key is now refused. */
+static void test_duplicates(void **state)
+{
+    (void)state;
+    char *dir = scratch_dir("st");
+    char *p = xasprintf("%s/dup.safetensors", dir);
+    float x[4] = {1, 2, 3, 4};
+    const char *a = "\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}";
+
+    Buf b = {0};
+    buf_add(&b, "{\"__metadata__\":{");
+    for (int i = 0; i < 400; i++)
+        buf_add(&b, "%s\"k%d\":\"%050d\"", i ? "," : "", i, i);
+    buf_add(&b, "},\"__metadata__\":{\"a\":\"b\"},\"__metadata__\":{\"c\":\"d\"},%s}", a);
+    write_raw(p, b.p, 0, x, sizeof x);
+    expect_corrupt(p, "key \"__metadata__\" appears twice");
+    /* the same the other way round: the short one first */
+    b.n = 0;
+    buf_add(&b, "{\"__metadata__\":{\"a\":\"b\"},%s,\"__metadata__\":{", a);
+    for (int i = 0; i < 400; i++)
+        buf_add(&b, "%s\"k%d\":\"v\"", i ? "," : "", i);
+    buf_add(&b, "}}");
+    write_raw(p, b.p, 0, x, sizeof x);
+    expect_corrupt(p, "key \"__metadata__\" appears twice");
+    free(b.p);
+
+    char *j = xasprintf("{%s,\"b\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[0,0]},%s}", a,
+                        a);
+    write_raw(p, j, 0, x, sizeof x);
+    expect_corrupt(p, "tensor \"a\" appears twice");
+    free(j);
+    j = xasprintf("{\"__metadata__\":{\"x\":\"1\",\"y\":\"2\",\"x\":\"3\"},%s}", a);
+    write_raw(p, j, 0, x, sizeof x);
+    expect_corrupt(p, "__metadata__ key \"x\" appears twice");
+    free(j);
+    /* distinct names that escape the same way are the same name */
+    j = xasprintf("{%s,\"\\u0061\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[0,0]}}", a);
+    write_raw(p, j, 0, x, sizeof x);
+    expect_corrupt(p, "tensor \"a\" appears twice");
+    free(j);
+    unlink(p);
+    rmdir(dir);
+    free(p);
+    free(dir);
+}
+
+/* What a header can make the reader allocate is bounded: the header's size,
+ * its JSON values, its tensors and metadata entries, name lengths, rank,
+ * the dims product, the data offsets. */
+static void test_bounds(void **state)
+{
+    (void)state;
+    char *dir = scratch_dir("st");
+    char *p = xasprintf("%s/b.safetensors", dir);
+    float x[4] = {1, 2, 3, 4};
+    Buf b = {0};
+
+    /* a header length over the format's 100 MB cap, inside a (sparse) file */
+    write_raw(p, "{}", 150000000, NULL, 0);
+    assert_int_equal(truncate(p, 200000000), 0);
+    expect_corrupt(p, "header length 150000000 is too large (expected at most 100000000");
+
+    /* over 2^21 JSON values */
+    buf_add(&b, "{\"a\":[");
+    for (int i = 0; i < (1 << 21) + 1; i++)
+        buf_add(&b, "%s0", i ? "," : "");
+    buf_add(&b, "]}");
+    write_raw(p, b.p, 0, NULL, 0);
+    expect_corrupt(p, "too many JSON values");
+
+    /* over 65536 tensors; over 65536 metadata entries */
+    b.n = 0;
+    buf_add(&b, "{");
+    for (int i = 0; i < 65538; i++)
+        buf_add(&b, "%s\"t%d\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[0,0]}",
+                i ? "," : "", i);
+    buf_add(&b, "}");
+    write_raw(p, b.p, 0, NULL, 0);
+    expect_corrupt(p, "65538 entries (expected at most 65536 tensors");
+    b.n = 0;
+    buf_add(&b, "{\"__metadata__\":{");
+    for (int i = 0; i < 65537; i++)
+        buf_add(&b, "%s\"k%d\":\"\"", i ? "," : "", i);
+    buf_add(&b, "}}");
+    write_raw(p, b.p, 0, NULL, 0);
+    expect_corrupt(p, "__metadata__ has 65537 entries (expected at most 65536)");
+
+    /* names over 4096 bytes (a tensor's, a metadata key) */
+    char *longname = xmalloc(5001);
+    memset(longname, 'n', 5000);
+    longname[5000] = 0;
+    char *j = xasprintf("{\"%s\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[0,0]}}",
+                        longname);
+    write_raw(p, j, 0, NULL, 0);
+    expect_corrupt(p, "is too long (expected at most 4096 bytes, got 5000)");
+    free(j);
+    j = xasprintf("{\"__metadata__\":{\"%s\":\"v\"}}", longname);
+    write_raw(p, j, 0, NULL, 0);
+    expect_corrupt(p, "__metadata__ key");
+    free(j);
+    free(longname);
+
+    /* rank, the dims product, dims and offsets that are not exact integers */
+    write_raw(p, "{\"a\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1,1,1],\"data_offsets\":[0,4]}}",
+              0, x, sizeof x);
+    expect_corrupt(p, "too many dimensions (expected at most 8, got 9)");
+    write_raw(p,
+              "{\"a\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296,16],"
+              "\"data_offsets\":[0,16]}}",
+              0, x, sizeof x);
+    expect_corrupt(p, "expected over 2^64 bytes for F32 x over 2^64 elements");
+    write_raw(p,
+              "{\"a\":{\"dtype\":\"I64\",\"shape\":[4294967296,1073741824],"
+              "\"data_offsets\":[0,16]}}",
+              0, x, sizeof x);
+    expect_corrupt(p, "expected over 2^64 bytes for I64 x 4611686018427387904 elements");
+    write_raw(p, "{\"a\":{\"dtype\":\"F32\",\"shape\":[1.5],\"data_offsets\":[0,4]}}", 0, x,
+              sizeof x);
+    expect_corrupt(p, "bad shape");
+    write_raw(p, "{\"a\":{\"dtype\":\"F32\",\"shape\":[9007199254740992],\"data_offsets\":[0,4]}}",
+              0, x, sizeof x);
+    expect_corrupt(p, "bad shape");
+    write_raw(p, "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0.5,4.5]}}", 0, x,
+              sizeof x);
+    expect_corrupt(p, "bad data_offsets");
+    write_raw(p, "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,4]}}", 0, x,
+              sizeof x);
+    expect_corrupt(p, "got -4)");
+    write_raw(p,
+              "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":"
+              "[9007199254740000,9007199254740004]}}",
+              0, x, sizeof x);
+    expect_corrupt(p, "out of range (expected at most the data section's 16 bytes)");
+
+    /* bytes after the JSON object (space padding is fine) */
+    write_raw(p, "{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}  x", 0, x,
+              sizeof x);
+    expect_corrupt(p, "bytes after its JSON object (expected space padding, got byte 0x78");
+
+    /* empty tensors take no bytes: inside another's span, and with a huge
+     * dim beside a zero one */
+    write_raw(p,
+              "{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]},"
+              "\"z\":{\"dtype\":\"F32\",\"shape\":[0,9007199254740991],\"data_offsets\":[8,8]}}  ",
+              0, x, sizeof x);
+    StFile f;
+    Diag d;
+    if (!rt_st_read(p, &f, &d))
+        fail_msg("%s", d.msg);
+    assert_int_equal(f.n, 2);
+    assert_int_equal(rt_st_find(&f, "z")->nbytes, 0);
+    rt_st_free(&f);
+    free(b.p);
+    unlink(p);
+    rmdir(dir);
+    free(p);
+    free(dir);
+}
+
+/* Issue 13 item 4: a directory, a FIFO or a device is an error, not an
+ * allocation of "the file's size" (a directory's ftell) or a hang. */
+static void test_not_regular(void **state)
+{
+    (void)state;
+    char *dir = scratch_dir("st");
+    expect_corrupt(dir, "expected a regular file, got a directory");
+    char *fifo = xasprintf("%s/fifo", dir);
+    assert_int_equal(mkfifo(fifo, 0644), 0);
+    expect_corrupt(fifo, "expected a regular file, got a FIFO");
+    expect_corrupt("/dev/zero", "expected a regular file, got a character device");
+    unlink(fifo);
+    rmdir(dir);
+    free(fifo);
+    free(dir);
+}
+
+static bool exists(const char *dir, const char *name)
+{
+    char *p = xasprintf("%s/%s", dir, name);
+    bool e = access(p, F_OK) == 0;
+    free(p);
+    return e;
+}
+
+static void touch(const char *dir, const char *name)
+{
+    char *p = xasprintf("%s/%s", dir, name);
+    write_bytes(p, "x", 1);
+    free(p);
+}
+
+/* Issue 13 item 9: the temp files a killed writer left are removed, those
+ * of a live writer and other names are kept. A pid above the kernel's
+ * pid_max (at most 2^22) names no process. */
+static void test_sweep(void **state)
+{
+    (void)state;
+    char *dir = scratch_dir("st");
+    char live[64], mine[64];
+    snprintf(live, sizeof live, "w.safetensors.tmp.%ld.abcDEF", (long)getppid());
+    snprintf(mine, sizeof mine, "w.safetensors.tmp.%ld.abcDEF", (long)getpid());
+    const char *gone[] = {"w.safetensors.tmp.999999999.abcDEF", "w.safetensors.tmp.2000000000.Z9z9Z9"};
+    const char *keep[] = {
+        live,
+        mine,
+        "w.safetensors.tmp.999999999.abcDE",   /* not 6 characters */
+        "w.safetensors.tmp.999999999.abcDEFG", /* nor 7 */
+        "w.safetensors.tmp.abcDEF",            /* no pid (an older kiln's name) */
+        "w.safetensors.tmp.99999999999999999999999.abcDEF", /* no pid either */
+        "w.safetensors",
+        "xw.safetensors.tmp.999999999.abcDEF",
+        "w.safetensors.tmp.999999999.abc-EF",
+    };
+    for (size_t i = 0; i < sizeof gone / sizeof *gone; i++)
+        touch(dir, gone[i]);
+    for (size_t i = 0; i < sizeof keep / sizeof *keep; i++)
+        touch(dir, keep[i]);
+    char *head = xasprintf("%s/w.safetensors", dir);
+    assert_int_equal(rt_tmp_sweep(head, NULL), 2);
+    for (size_t i = 0; i < sizeof gone / sizeof *gone; i++)
+        assert_false(exists(dir, gone[i]));
+    for (size_t i = 0; i < sizeof keep / sizeof *keep; i++)
+        if (!exists(dir, keep[i]))
+            fail_msg("removed %s", keep[i]);
+    assert_int_equal(rt_tmp_sweep(head, NULL), 0);
+    free(head);
+
+    /* HEAD<digits>TAIL: checkpoints' step numbers */
+    touch(dir, "ck.step12.safetensors.tmp.999999999.qwerty");
+    touch(dir, "ck.step.safetensors.tmp.999999999.qwerty");
+    touch(dir, "ck.step1x.safetensors.tmp.999999999.qwerty");
+    head = xasprintf("%s/ck.step", dir);
+    assert_int_equal(rt_tmp_sweep(head, ".safetensors"), 1);
+    assert_false(exists(dir, "ck.step12.safetensors.tmp.999999999.qwerty"));
+    assert_true(exists(dir, "ck.step.safetensors.tmp.999999999.qwerty"));
+    assert_true(exists(dir, "ck.step1x.safetensors.tmp.999999999.qwerty"));
+    free(head);
+
+    /* a writer killed mid-write (SIGXFSZ past a 4 KiB file size limit)
+     * leaves PATH.tmp.PID.XXXXXX with its pid; the sweep removes it */
+    char *p = xasprintf("%s/big.safetensors", dir);
+    static float v[4096];
+    StTensor t = {.name = "a", .dtype = DT_F32, .rank = 1, .dim = {4096}, .data = v,
+                  .nbytes = sizeof v};
+    fflush(NULL);
+    pid_t child = fork();
+    assert_true(child >= 0);
+    if (child == 0) {
+        struct rlimit lim = {4096, 4096}, core = {0, 0};
+        setrlimit(RLIMIT_CORE, &core);
+        setrlimit(RLIMIT_FSIZE, &lim);
+        Diag d;
+        rt_st_write(p, &t, 1, NULL, NULL, 0, &d);
+        _exit(0); /* not reached: SIGXFSZ */
+    }
+    int status;
+    assert_int_equal(waitpid(child, &status, 0), child);
+    assert_true(WIFSIGNALED(status) && WTERMSIG(status) == SIGXFSZ);
+    char left[128];
+    snprintf(left, sizeof left, "big.safetensors.tmp.%ld.", (long)child);
+    DIR *dd = opendir(dir);
+    int found = 0;
+    struct dirent *e;
+    while ((e = readdir(dd)))
+        found += strncmp(e->d_name, left, strlen(left)) == 0 && strlen(e->d_name) == strlen(left) + 6;
+    closedir(dd);
+    assert_int_equal(found, 1);
+    assert_int_equal(rt_tmp_sweep(p, NULL), 1);
+    assert_int_equal(count_entries(dir), sizeof keep / sizeof *keep + 2);
+    assert_int_equal(remove_tree(dir), 0);
+    free(p);
+    free(dir);
+}
+
 static void test_unwritable(void **state)
 {
     (void)state;
@@ -219,6 +522,10 @@ int main(void)
         cmocka_unit_test(test_round_trip),
         cmocka_unit_test(test_corrupt),
         cmocka_unit_test(test_unwritable),
+        cmocka_unit_test(test_duplicates),
+        cmocka_unit_test(test_bounds),
+        cmocka_unit_test(test_not_regular),
+        cmocka_unit_test(test_sweep),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
