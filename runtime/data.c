@@ -368,6 +368,22 @@ static void fill_blobs(DataSource *s, DataSplit split, int64_t index)
     }
 }
 
+/* A batch of rows x cols values of `each` bytes fits in this machine's
+ * memory; else false with d set, before anything is allocated. */
+static bool batch_fits(int64_t rows, int64_t cols, int64_t each, Diag *d)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), psize = sysconf(_SC_PAGESIZE);
+    double mem = pages > 0 && psize > 0 ? (double)pages * (double)psize : 0;
+    double need = (double)rows * (double)cols * (double)each;
+    if (need <= 9e18 && (mem <= 0 || need <= mem))
+        return true;
+    snprintf(d->msg, sizeof d->msg,
+             "data: a batch of %lld x %lld needs %.4g bytes, more than this machine's memory "
+             "(%.4g bytes)",
+             (long long)rows, (long long)cols, need, mem);
+    return false;
+}
+
 /* ---- the interface ---- */
 
 DataSource *rt_data_open(const DataCfg *c, Diag *d)
@@ -454,18 +470,19 @@ DataSource *rt_data_open(const DataCfg *c, Diag *d)
         Rng g = rng_for(c->seed, 7, -1, -1);
         for (int64_t i = 0; i < (int64_t)c->classes * c->dim; i++)
             s->centers[i] = (float)(3.0 * rng_normal(&g));
-        if (b->B > INT64_MAX / 8 / b->D ||
-            !(b->x = calloc((size_t)(b->B * b->D), sizeof *b->x)) ||
+        if (!batch_fits(b->B, b->D + 1, 4, d))
+            goto fail;
+        if (!(b->x = calloc((size_t)(b->B * b->D), sizeof *b->x)) ||
             !(b->y = calloc((size_t)b->B, sizeof *b->y))) {
-            snprintf(d->msg, sizeof d->msg,
-                     "blobs: cannot allocate a batch of %lld x %lld features", (long long)b->B,
-                     (long long)b->D);
+            snprintf(d->msg, sizeof d->msg, "blobs: cannot allocate a batch of %lld x %lld features",
+                     (long long)b->B, (long long)b->D);
             goto fail;
         }
         return s;
     }
-    if (b->B > INT64_MAX / 16 / b->T ||
-        !(b->tokens = calloc((size_t)(b->B * b->T), sizeof *b->tokens)) ||
+    if (!batch_fits(b->B, b->T, 12, d))
+        goto fail;
+    if (!(b->tokens = calloc((size_t)(b->B * b->T), sizeof *b->tokens)) ||
         !(b->targets = calloc((size_t)(b->B * b->T), sizeof *b->targets)) ||
         !(b->mask = calloc((size_t)(b->B * b->T), sizeof *b->mask))) {
         snprintf(d->msg, sizeof d->msg,
