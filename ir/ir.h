@@ -186,7 +186,8 @@ const char *ir_class_name(OpClass c);
  * slice      result[i] = in[i + start]; lengths attr.shape
  * pad        result[i + lo] = in[i], zero elsewhere; result shape attr.shape
  * concat     along axis ia[0]; other dims equal
- * gather     gather(table[V, R...], idx[I...] int) -> [I..., R...]
+ * gather     gather(table[V, R...], idx[I...] int) -> [I..., R...]; an index
+ *            outside [0, V) gives a row of zeros
  * scatter_add scatter_add(idx[I...] int, src[I..., R...]) -> [V, R...] (attr.shape)
  *            result[idx[i]] += src[i]; out-of-range indices are dropped
  * reduce_*   over axes ia[0..nia); reduced dims kept as 1

@@ -4,9 +4,12 @@
 #include "runtime.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 typedef enum { SRC_ADDITION, SRC_TEXT, SRC_TOKENS, SRC_BLOBS } SrcKind;
@@ -15,9 +18,11 @@ struct DataSource {
     SrcKind kind;
     DataCfg c;
     char *path;
-    /* text: bytes; tokens: uint16 */
-    uint8_t *bytes;
-    uint16_t *toks;
+    /* text and tokens: the file, mapped read-only (NULL when empty) */
+    void *map;
+    size_t maplen;
+    const uint8_t *bytes; /* text: the symbols */
+    const uint8_t *toks;  /* tokens: the symbols, little-endian uint16 */
     int64_t n;          /* symbols in the file */
     int64_t ntrain;     /* the first ntrain symbols are training data */
     float *centers;     /* blobs: [classes, dim] */
@@ -121,7 +126,47 @@ static void fill_addition(DataSource *s, DataSplit split, int64_t index)
     }
 }
 
+/* Both splits hold a problem, and the rejection sampler of fill_addition
+ * draws one of either in under 10^6 tries per row on average: val_fraction
+ * in [1e-6, 1 - 1e-6], and for up to 3 digits (10^6 pairs, counted here)
+ * at least one pair on each side. */
+static bool addition_splits(const DataCfg *c, Diag *d)
+{
+    double f = c->val_fraction;
+    int n = c->digits;
+    if (f < 1e-6 || f > 1 - 1e-6) {
+        snprintf(d->msg, sizeof d->msg,
+                 "addition: val_fraction %g leaves the %s split almost empty (expected a "
+                 "value in [1e-06, 0.999999])",
+                 f, f < 1e-6 ? "validation" : "training");
+        return false;
+    }
+    if (n > 3)
+        return true;
+    int64_t lim = pow10i(n), nval = 0;
+    for (int64_t a = 0; a < lim; a++)
+        for (int64_t b = 0; b < lim; b++)
+            nval += rt_addition_is_val(n, a, b, f);
+    if (nval == 0 || nval == lim * lim) {
+        snprintf(d->msg, sizeof d->msg,
+                 "addition: with %d digits and val_fraction %g the %s split holds none of the "
+                 "%lld problems (expected at least 1 in each of the train and validation "
+                 "splits)",
+                 n, f, nval == 0 ? "validation" : "training", (long long)(lim * lim));
+        return false;
+    }
+    return true;
+}
+
 /* ---- text and tokens ---- */
+
+/* Symbol i of a text or tokens file (0 <= i < n). */
+static int32_t symbol_at(const DataSource *s, int64_t i)
+{
+    if (s->bytes)
+        return s->bytes[i];
+    return (int32_t)(s->toks[2 * i] | s->toks[2 * i + 1] << 8);
+}
 
 static void fill_windows(DataSource *s, DataSplit split, int64_t index)
 {
@@ -130,23 +175,47 @@ static void fill_windows(DataSource *s, DataSplit split, int64_t index)
     int64_t lo = split == DATA_TRAIN ? 0 : s->ntrain;
     int64_t hi = split == DATA_TRAIN ? s->ntrain : s->n;
     int64_t starts = hi - lo - T; /* window [p, p+T] must fit: p in [lo, hi-T-1] */
+    if (starts <= 0)
+        die("fill_windows: split of %lld symbols for windows of %lld", (long long)(hi - lo),
+            (long long)T + 1);
     for (int64_t r = 0; r < b->B; r++) {
         Rng g = rng_for(s->c.seed, (int)split, index, r);
         int64_t p = lo + rng_below(&g, starts);
         for (int64_t t = 0; t < T; t++) {
-            int64_t i = p + t;
-            b->tokens[r * T + t] = s->bytes ? s->bytes[i] : s->toks[i];
-            b->targets[r * T + t] = s->bytes ? s->bytes[i + 1] : s->toks[i + 1];
+            b->tokens[r * T + t] = symbol_at(s, p + t);
+            b->targets[r * T + t] = symbol_at(s, p + t + 1);
             b->mask[r * T + t] = 1.0f;
         }
     }
 }
 
-/* Reads the whole file; false with d set when it cannot be read. */
-static bool slurp(const char *path, uint8_t **data, int64_t *n, Diag *d)
+static const char *file_kind(mode_t m)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
+    return S_ISDIR(m)    ? "a directory"
+           : S_ISFIFO(m) ? "a FIFO"
+           : S_ISSOCK(m) ? "a socket"
+           : S_ISCHR(m)  ? "a character device"
+           : S_ISBLK(m)  ? "a block device"
+                         : "not a regular file";
+}
+
+/* Maps the regular file s->path read-only into s->map (NULL when empty),
+ * its length into s->maplen; false with d set for anything else (a missing
+ * file, a directory, a FIFO, a device, a socket). Never blocks: the file is
+ * opened with O_NONBLOCK and checked with fstat before it is read. */
+static bool map_file(DataSource *s, Diag *d)
+{
+    const char *path = s->path;
+    struct stat st;
+    int fd = -1;
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
+        snprintf(d->msg, sizeof d->msg,
+                 "%s: not a data file (expected a regular file, got %s)", path,
+                 file_kind(st.st_mode));
+        return false;
+    }
+    fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
         int err = errno;
         char cwd[1024];
         if (path[0] != '/' && getcwd(cwd, sizeof cwd))
@@ -159,24 +228,32 @@ static bool slurp(const char *path, uint8_t **data, int64_t *n, Diag *d)
                      strerror(err));
         return false;
     }
-    if (fseek(f, 0, SEEK_END) != 0 || ftell(f) < 0) {
-        snprintf(d->msg, sizeof d->msg, "%s: cannot read data file (not a regular file?)",
-                 path);
-        fclose(f);
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        snprintf(d->msg, sizeof d->msg,
+                 "%s: not a data file (expected a regular file, got %s)", path,
+                 file_kind(st.st_mode));
+        close(fd);
         return false;
     }
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    uint8_t *p = xmalloc((size_t)len + 1);
-    if (fread(p, 1, (size_t)len, f) != (size_t)len) {
-        snprintf(d->msg, sizeof d->msg, "%s: read error", path);
-        free(p);
-        fclose(f);
+    if ((uint64_t)st.st_size > (uint64_t)SIZE_MAX / 2) {
+        snprintf(d->msg, sizeof d->msg, "%s: data file too large to map (%lld bytes)", path,
+                 (long long)st.st_size);
+        close(fd);
         return false;
     }
-    fclose(f);
-    *data = p;
-    *n = len;
+    s->maplen = (size_t)st.st_size;
+    s->map = NULL;
+    if (s->maplen > 0) {
+        void *m = mmap(NULL, s->maplen, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (m == MAP_FAILED) {
+            snprintf(d->msg, sizeof d->msg, "%s: cannot read data file: %s", path,
+                     strerror(errno));
+            close(fd);
+            return false;
+        }
+        s->map = m;
+    }
+    close(fd);
     return true;
 }
 
@@ -185,30 +262,30 @@ static uint32_t le32(const uint8_t *p)
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
+/* Checks the llm.c header of the mapped file and points s->toks at its
+ * tokens. */
 static bool open_tokens(DataSource *s, Diag *d)
 {
-    uint8_t *raw;
-    int64_t len;
-    if (!slurp(s->path, &raw, &len, d))
-        return false;
+    const uint8_t *raw = s->map;
+    int64_t len = (int64_t)s->maplen;
     const char *p = s->path;
     if (len < 1024) {
         snprintf(d->msg, sizeof d->msg,
                  "%s: truncated token file (expected a 1024-byte header, got %lld bytes)", p,
                  (long long)len);
-        goto fail;
+        return false;
     }
     uint32_t magic = le32(raw), version = le32(raw + 4), count = le32(raw + 8);
     if (magic != 20240520u) {
         snprintf(d->msg, sizeof d->msg,
                  "%s: not an llm.c token file (expected magic 20240520, got %u)", p, magic);
-        goto fail;
+        return false;
     }
     if (version != 1) {
         snprintf(d->msg, sizeof d->msg,
                  "%s: unsupported token file version (expected 1 (uint16 tokens), got %u)", p,
                  version);
-        goto fail;
+        return false;
     }
     int64_t want = 1024 + 2 * (int64_t)count;
     if (len != want) {
@@ -216,24 +293,41 @@ static bool open_tokens(DataSource *s, Diag *d)
                  "%s: %s token file (header says %u tokens: expected %lld bytes, got %lld)", p,
                  len < want ? "truncated" : "malformed", count, (long long)want,
                  (long long)len);
-        goto fail;
+        return false;
     }
     s->n = count;
-    s->toks = xmalloc(2 * (size_t)count + 2);
-    for (int64_t i = 0; i < (int64_t)count; i++) {
-        s->toks[i] = (uint16_t)(raw[1024 + 2 * i] | raw[1024 + 2 * i + 1] << 8);
-        if (s->c.vocab > 0 && s->toks[i] >= s->c.vocab) {
+    s->toks = raw + 1024;
+    return true;
+}
+
+/* Every symbol of a text or tokens file is below the model's limits: the
+ * rows of the table the tokens index, and the classes of the targets. */
+static bool check_symbols(const DataSource *s, Diag *d)
+{
+    const char *what = s->kind == SRC_TEXT ? "byte" : "token";
+    const char *at = s->kind == SRC_TEXT ? "offset" : "position";
+    int64_t rows = s->c.rows, vocab = s->c.vocab;
+    if (rows <= 0 && vocab <= 0)
+        return true;
+    for (int64_t i = 0; i < s->n; i++) {
+        int32_t v = symbol_at(s, i);
+        if (rows > 0 && v >= rows) {
             snprintf(d->msg, sizeof d->msg,
-                     "%s: token %u at position %lld is out of range (expected < vocab %d)", p,
-                     s->toks[i], (long long)i, s->c.vocab);
-            goto fail;
+                     "%s: %s %d at %s %lld is out of range (expected < %lld, the rows of the "
+                     "embedding table %s)",
+                     s->path, what, v, at, (long long)i, (long long)rows,
+                     s->c.rows_name ? s->c.rows_name : "the tokens index");
+            return false;
+        }
+        if (vocab > 0 && v >= vocab) {
+            snprintf(d->msg, sizeof d->msg,
+                     "%s: %s %d at %s %lld is out of range (expected < %lld, the model's "
+                     "vocabulary: the classes of its logits)",
+                     s->path, what, v, at, (long long)i, (long long)vocab);
+            return false;
         }
     }
-    free(raw);
     return true;
-fail:
-    free(raw);
-    return false;
 }
 
 /* Splits s->n symbols into train and validation; both must hold a window. */
@@ -247,11 +341,11 @@ static bool split_windows(DataSource *s, Diag *d)
     int64_t nval = (int64_t)floor((double)s->n * s->c.val_fraction);
     s->ntrain = s->n - nval;
     int64_t need = s->c.seq + 1;
-    if (s->ntrain < need || (nval > 0 && nval < need)) {
+    if (s->ntrain < need || (s->c.val_fraction > 0 && nval < need)) {
         snprintf(d->msg, sizeof d->msg,
-                 "%s: too little data (expected at least %lld %s in each of the train and "
-                 "validation splits (T+1), got %lld train and %lld validation %s of %lld, "
-                 "val_fraction %g)",
+                 "%s: too little data (expected at least %lld %s, one window of T+1, in "
+                 "each of the train and validation splits, got %lld train and %lld "
+                 "validation %s of %lld with val_fraction %g)",
                  s->path, (long long)need, unit, (long long)s->ntrain, (long long)nval, unit,
                  (long long)s->n, s->c.val_fraction);
         return false;
@@ -272,6 +366,22 @@ static void fill_blobs(DataSource *s, DataSplit split, int64_t index)
         for (int k = 0; k < D; k++)
             b->x[r * D + k] = (float)(s->centers[c * D + k] + rng_normal(&g));
     }
+}
+
+/* A batch of rows x cols values of `each` bytes fits in this machine's
+ * memory; else false with d set, before anything is allocated. */
+static bool batch_fits(int64_t rows, int64_t cols, int64_t each, Diag *d)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), psize = sysconf(_SC_PAGESIZE);
+    double mem = pages > 0 && psize > 0 ? (double)pages * (double)psize : 0;
+    double need = (double)rows * (double)cols * (double)each;
+    if (need <= 9e18 && (mem <= 0 || need <= mem))
+        return true;
+    snprintf(d->msg, sizeof d->msg,
+             "data: a batch of %lld x %lld needs %.4g bytes, more than this machine's memory "
+             "(%.4g bytes)",
+             (long long)rows, (long long)cols, need, mem);
+    return false;
 }
 
 /* ---- the interface ---- */
@@ -327,6 +437,8 @@ DataSource *rt_data_open(const DataCfg *c, Diag *d)
                      c->val_fraction);
             goto fail;
         }
+        if (!addition_splits(c, d))
+            goto fail;
         break;
     case SRC_TEXT:
     case SRC_TOKENS:
@@ -335,13 +447,15 @@ DataSource *rt_data_open(const DataCfg *c, Diag *d)
                      kinds[kind]);
             goto fail;
         }
+        if (!map_file(s, d))
+            goto fail;
         if (s->kind == SRC_TEXT) {
-            if (!slurp(s->path, &s->bytes, &s->n, d))
-                goto fail;
+            s->bytes = s->map;
+            s->n = (int64_t)s->maplen;
         } else if (!open_tokens(s, d)) {
             goto fail;
         }
-        if (!split_windows(s, d))
+        if (!split_windows(s, d) || !check_symbols(s, d))
             goto fail;
         break;
     case SRC_BLOBS:
@@ -354,15 +468,28 @@ DataSource *rt_data_open(const DataCfg *c, Diag *d)
         b->D = c->dim;
         s->centers = xmalloc((size_t)c->classes * (size_t)c->dim * sizeof *s->centers);
         Rng g = rng_for(c->seed, 7, -1, -1);
-        for (int i = 0; i < c->classes * c->dim; i++)
+        for (int64_t i = 0; i < (int64_t)c->classes * c->dim; i++)
             s->centers[i] = (float)(3.0 * rng_normal(&g));
-        b->x = xcalloc((size_t)(b->B * b->D), sizeof *b->x);
-        b->y = xcalloc((size_t)b->B, sizeof *b->y);
+        if (!batch_fits(b->B, b->D + 1, 4, d))
+            goto fail;
+        if (!(b->x = calloc((size_t)(b->B * b->D), sizeof *b->x)) ||
+            !(b->y = calloc((size_t)b->B, sizeof *b->y))) {
+            snprintf(d->msg, sizeof d->msg, "blobs: cannot allocate a batch of %lld x %lld features",
+                     (long long)b->B, (long long)b->D);
+            goto fail;
+        }
         return s;
     }
-    b->tokens = xcalloc((size_t)(b->B * b->T), sizeof *b->tokens);
-    b->targets = xcalloc((size_t)(b->B * b->T), sizeof *b->targets);
-    b->mask = xcalloc((size_t)(b->B * b->T), sizeof *b->mask);
+    if (!batch_fits(b->B, b->T, 12, d))
+        goto fail;
+    if (!(b->tokens = calloc((size_t)(b->B * b->T), sizeof *b->tokens)) ||
+        !(b->targets = calloc((size_t)(b->B * b->T), sizeof *b->targets)) ||
+        !(b->mask = calloc((size_t)(b->B * b->T), sizeof *b->mask))) {
+        snprintf(d->msg, sizeof d->msg,
+                 "data %s: cannot allocate a batch of %lld x %lld tokens (12 bytes each)",
+                 kinds[kind], (long long)b->B, (long long)b->T);
+        goto fail;
+    }
     return s;
 fail:
     rt_data_close(s);
@@ -374,8 +501,8 @@ void rt_data_close(DataSource *s)
     if (!s)
         return;
     free(s->path);
-    free(s->bytes);
-    free(s->toks);
+    if (s->map)
+        munmap(s->map, s->maplen);
     free(s->centers);
     free(s->b.tokens);
     free(s->b.targets);

@@ -287,10 +287,15 @@ char *rt_cc_compile(const char *source, const char *cache_dir, int jobs, bool ve
  *   past the end), T >= 3n+3. mask = 1 exactly where the target is an answer
  *   digit or the end token (t in 2n+1..3n+2). Held-out problems: the (a,b)
  *   pairs whose hash (independent of the seed) falls below val_fraction.
- * text: bytes of any file (vocab 256); the last val_fraction of the file is
- *   validation; random windows of T+1 bytes.
+ * text: bytes of any regular file (vocab 256); the last val_fraction of the
+ *   file is validation; random windows of T+1 bytes.
  * tokens: llm.c .bin (256 x int32 header: magic 20240520, version 1, count;
  *   then uint16 tokens); split like text.
+ * text and tokens files are mapped, not copied; rt_data_open refuses
+ *   anything but a regular file, a split (train, and validation when
+ *   val_fraction > 0) shorter than one window of T+1 symbols, and a symbol
+ *   at or above vocab or rows. addition: each split must hold a problem and
+ *   be drawn in under 10^6 tries per row (val_fraction in [1e-6, 1-1e-6]).
  * blobs: `classes` Gaussian clusters in `dim` dimensions, centres fixed by
  *   the seed; validation points come from their own random stream. */
 typedef enum { DATA_TRAIN, DATA_VAL } DataSplit;
@@ -304,7 +309,11 @@ typedef struct {
     int64_t batch, seq;  /* B, T (blobs: seq unused) */
     int digits;          /* addition: 1..9 */
     double val_fraction; /* [0, 1); addition needs > 0 */
-    int vocab;           /* tokens: every token must be < vocab (0: no check) */
+    int vocab;           /* text, tokens, addition: every symbol must be < vocab,
+                            the model's classes (0: no check) */
+    int64_t rows;        /* and < rows, the rows of the table the tokens index
+                            (gather; 0: no check) */
+    const char *rows_name; /* that table's name, for messages */
     int dim, classes;    /* blobs */
 } DataCfg;
 

@@ -197,11 +197,50 @@ static bool check_input(const Graph *g, const char *name, DType dt, int rank,
     return true;
 }
 
+/* The fewest rows of a table that input `tok` (or a reshape, cast, permute,
+ * slice or broadcast of it) indexes with gather, naming that table and the
+ * gather's line into name[n]; 0 when no gather reads it. */
+static int64_t gather_rows(const Graph *g, int tok, char *name, size_t n)
+{
+    bool *from = xcalloc((size_t)g->t.n + 1, sizeof *from);
+    from[tok] = true;
+    int64_t rows = 0;
+    for (int i = 0; i < g->ops.n; i++) {
+        const Op *op = &g->ops.v[i];
+        switch (op->code) {
+        case OP_RESHAPE:
+        case OP_CAST:
+        case OP_PERMUTE:
+        case OP_SLICE:
+        case OP_BROADCAST:
+            from[op->out] |= from[op->in[0]];
+            break;
+        case OP_GATHER: {
+            const Tensor *t = &g->t.v[op->in[0]];
+            if (!from[op->in[1]] || (rows > 0 && t->s.dim[0] >= rows))
+                break;
+            rows = t->s.dim[0];
+            snprintf(name, n, "%s%s%s (gather at %s:%d)", t->name ? "\"" : "",
+                     t->name ? t->name : "", t->name ? "\"" : "",
+                     op->loc.file ? op->loc.file : "?", op->loc.line);
+            break;
+        }
+        default: break;
+        }
+    }
+    free(from);
+    return rows;
+}
+
+/* Largest train{eval_batches}: an evaluation reads this many batches. */
+enum { MAX_EVAL_BATCHES = 1000000 };
+
 /* Works out the data source from the graph's inputs and the train config
  * into *dc, and checks every input of g is one the source (or the loop)
  * provides. */
 static bool data_cfg(Run *r, DataCfg *dcp, Diag *d)
 {
+    static char rows_name[512];
     const Graph *g = r->m->g;
     const char *kind = r->c.data;
     const Tensor *tok = input_named(g, "tokens"), *x = input_named(g, "x");
@@ -246,17 +285,33 @@ static bool data_cfg(Run *r, DataCfg *dcp, Diag *d)
         dc.seq = r->T;
         if (logits)
             dc.vocab = (int)logits->s.dim[logits->s.rank - 1];
+        dc.rows = gather_rows(g, tok->id, rows_name, sizeof rows_name);
+        dc.rows_name = rows_name;
         if (!check_input(g, "tokens", DT_I32, 2, tok->s.dim, d) ||
             !check_input(g, "targets", DT_I32, 2, tok->s.dim, d) ||
             !check_input(g, "mask", DT_F32, 2, tok->s.dim, d))
             return false;
-        int need = r->addition ? ADD_VOCAB : strcmp(kind, "text") == 0 ? 256 : 0;
-        if (logits && need && dc.vocab < need) {
+        /* text and tokens files are checked symbol by symbol when opened */
+        if (r->addition && logits && dc.vocab < ADD_VOCAB) {
             snprintf(d->msg, sizeof d->msg,
                      "data %s needs a vocabulary of at least %d (the model's logits have %d)",
-                     kind, need, dc.vocab);
+                     kind, ADD_VOCAB, dc.vocab);
             return false;
         }
+        if (r->addition && dc.rows > 0 && dc.rows < ADD_VOCAB) {
+            snprintf(d->msg, sizeof d->msg,
+                     "data %s needs an embedding table of at least %d rows (the tokens index "
+                     "%s with %lld)",
+                     kind, ADD_VOCAB, rows_name, (long long)dc.rows);
+            return false;
+        }
+    }
+    if (r->c.eval_batches > MAX_EVAL_BATCHES) {
+        snprintf(d->msg, sizeof d->msg,
+                 "train{eval_batches=%lld} is too large (expected at most %d validation "
+                 "batches per evaluation)",
+                 (long long)r->c.eval_batches, MAX_EVAL_BATCHES);
+        return false;
     }
     if (r->c.batch > 0 && r->c.batch != r->B) {
         snprintf(d->msg, sizeof d->msg,

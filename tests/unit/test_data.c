@@ -1,9 +1,14 @@
 /* test_data.c - data sources: addition format and held-out split, token file
- * validation, text split, determinism. */
+ * validation, text split, determinism; what rt_data_open refuses: splits
+ * shorter than a window, files that are not regular files, symbols beyond
+ * the model's table or vocabulary, batches too large to allocate. */
 #include "testutil.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "runtime.h"
 
@@ -270,6 +275,193 @@ static void test_text_split(void **state)
     free(dir);
 }
 
+/* A split that cannot hold one window of T+1 symbols is refused when the
+ * source opens, naming the file and both split sizes: a 50-byte file with
+ * val_fraction 0.01 has a validation split of 0 bytes (it used to pass and
+ * crash in the final evaluation). */
+static void test_split_too_small(void **state)
+{
+    (void)state;
+    char *dir = scratch_dir("data");
+    uint8_t buf[50];
+    for (int i = 0; i < 50; i++)
+        buf[i] = (uint8_t)('a' + i % 26);
+    char *path = write_tmp(dir, "t50.txt", buf, sizeof buf);
+    DataCfg c = {.kind = "text", .path = path, .seed = 1, .batch = 2, .seq = 8,
+                 .val_fraction = 0.01};
+    Diag d;
+    assert_null(rt_data_open(&c, &d));
+    assert_non_null(strstr(d.msg, "t50.txt"));
+    assert_non_null(strstr(d.msg, "at least 9 bytes"));
+    assert_non_null(strstr(d.msg, "50 train and 0 validation"));
+    /* val_fraction 0: no validation split, nothing to check there */
+    c.val_fraction = 0;
+    DataSource *s = rt_data_open(&c, &d);
+    assert_non_null(s);
+    assert_false(rt_data_has_val(s));
+    rt_data_close(s);
+    /* 0.2: 10 validation bytes hold a window of 9 */
+    c.val_fraction = 0.2;
+    s = rt_data_open(&c, &d);
+    assert_non_null(s);
+    const DataBatch *b = rt_data_batch(s, DATA_VAL, 0);
+    for (int64_t i = 0; i < b->B * b->T; i++)
+        assert_true(b->tokens[i] >= 'a' + 14 && b->tokens[i] <= 'a' + 23);
+    rt_data_close(s);
+    /* the training split too small: 0.9 leaves 5 bytes */
+    c.val_fraction = 0.9;
+    assert_null(rt_data_open(&c, &d));
+    assert_non_null(strstr(d.msg, "5 train and 45 validation"));
+    free(path);
+    free(dir);
+}
+
+/* Anything but a regular file is refused before it is read: a directory
+ * (used to ask for 2^63 bytes), a FIFO with no writer (used to hang), a
+ * character device. */
+static void test_not_regular(void **state)
+{
+    (void)state;
+    char *dir = scratch_dir("data");
+    char *fifo = xasprintf("%s/fifo", dir);
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    const char *paths[] = {dir, fifo, "/dev/zero", "/dev/null"};
+    const char *kinds[] = {"a directory", "a FIFO", "a character device", "a character device"};
+    for (int i = 0; i < 4; i++)
+        for (int k = 0; k < 2; k++) {
+            DataCfg c = {.kind = k ? "tokens" : "text", .path = paths[i], .seed = 1,
+                         .batch = 2, .seq = 8, .val_fraction = 0.1};
+            Diag d;
+            assert_null(rt_data_open(&c, &d));
+            assert_non_null(strstr(d.msg, paths[i]));
+            assert_non_null(strstr(d.msg, "expected a regular file"));
+            assert_non_null(strstr(d.msg, kinds[i]));
+        }
+    unlink(fifo);
+    free(fifo);
+    free(dir);
+}
+
+/* Every symbol is checked against the rows of the table the tokens index
+ * and against the classes of the targets; the message names the file, the
+ * first bad value, its position and the limit. */
+static void test_symbols_in_range(void **state)
+{
+    (void)state;
+    char *dir = scratch_dir("data");
+    size_t len;
+    uint8_t *p = token_file(20240520, 1, 1000, 1000, &len); /* tokens 0..49 */
+    char *good = write_tmp(dir, "good.bin", p, len);
+    DataCfg c = {.kind = "tokens", .path = good, .seed = 1, .batch = 4, .seq = 16,
+                 .val_fraction = 0.1, .vocab = 50, .rows = 50, .rows_name = "\"wte\""};
+    Diag d;
+    DataSource *s = rt_data_open(&c, &d);
+    assert_non_null(s);
+    rt_data_close(s);
+    /* the first token >= 30 is 30 = 25 + 905 % 25, at position 905 */
+    c.rows = 30;
+    assert_null(rt_data_open(&c, &d));
+    assert_non_null(strstr(d.msg, "good.bin: token 30 at position 905 is out of range"));
+    assert_non_null(strstr(d.msg, "expected < 30, the rows of the embedding table \"wte\""));
+    c.rows = 0;
+    c.vocab = 26; /* the first >= 26 is 25 + 901 % 25, at position 901 */
+    assert_null(rt_data_open(&c, &d));
+    assert_non_null(strstr(d.msg, "token 26 at position 901 is out of range"));
+    assert_non_null(strstr(d.msg, "expected < 26, the model's vocabulary"));
+    /* 0xffff, the largest uint16 */
+    p[1024 + 2 * 7] = 0xff;
+    p[1024 + 2 * 7 + 1] = 0xff;
+    char *big = write_tmp(dir, "big.bin", p, len);
+    c.path = big;
+    c.vocab = 50;
+    assert_null(rt_data_open(&c, &d));
+    assert_non_null(strstr(d.msg, "token 65535 at position 7"));
+
+    /* text: bytes against a vocabulary under 256 */
+    char text[200];
+    for (int i = 0; i < 200; i++)
+        text[i] = (char)('a' + i % 26);
+    text[150] = (char)0xc3;
+    char *tp = write_tmp(dir, "t.txt", text, sizeof text);
+    DataCfg t = {.kind = "text", .path = tp, .seed = 1, .batch = 2, .seq = 8,
+                 .val_fraction = 0.1, .vocab = 128, .rows = 128};
+    assert_null(rt_data_open(&t, &d));
+    assert_non_null(strstr(d.msg, "t.txt: byte 195 at offset 150 is out of range"));
+    text[150] = 'x';
+    char *tp2 = write_tmp(dir, "t2.txt", text, sizeof text);
+    t.path = tp2;
+    s = rt_data_open(&t, &d); /* ASCII text fits a 128-symbol vocabulary */
+    assert_non_null(s);
+    rt_data_close(s);
+    free(p);
+    free(good);
+    free(big);
+    free(tp);
+    free(tp2);
+    free(dir);
+}
+
+/* A header that claims far more tokens than the file holds is an error
+ * that allocates nothing (the count is checked against the file size). */
+static void test_tokens_huge_count(void **state)
+{
+    (void)state;
+    char *dir = scratch_dir("data");
+    size_t len;
+    uint8_t *p = token_file(20240520, 1, UINT32_MAX, 100, &len);
+    char *path = write_tmp(dir, "huge.bin", p, len);
+    DataCfg c = {.kind = "tokens", .path = path, .seed = 1, .batch = 4, .seq = 16,
+                 .val_fraction = 0.1};
+    Diag d;
+    assert_null(rt_data_open(&c, &d));
+    assert_non_null(strstr(d.msg, "huge.bin: truncated token file (header says 4294967295"));
+    free(p);
+    free(path);
+    free(dir);
+}
+
+/* addition: each split must hold a problem; 1 digit has only 100 pairs. */
+static void test_addition_splits(void **state)
+{
+    (void)state;
+    DataCfg c = {.kind = "addition", .seed = 5, .batch = 8, .seq = 6, .digits = 1,
+                 .val_fraction = 0.001};
+    Diag d;
+    assert_null(rt_data_open(&c, &d));
+    assert_non_null(strstr(d.msg, "validation split holds none of the 100 problems"));
+    c.val_fraction = 0.99999;
+    assert_null(rt_data_open(&c, &d));
+    assert_non_null(strstr(d.msg, "training split holds none of the 100 problems"));
+    c.digits = 5;
+    c.seq = 18;
+    c.val_fraction = 1e-9;
+    assert_null(rt_data_open(&c, &d));
+    assert_non_null(strstr(d.msg, "val_fraction 1e-09 leaves the validation split"));
+    c.val_fraction = 0.1;
+    DataSource *s = rt_data_open(&c, &d);
+    assert_non_null(s);
+    rt_data_close(s);
+}
+
+/* A batch larger than the machine's memory is an error before anything is
+ * allocated, not an abort in xmalloc. */
+static void test_batch_too_large(void **state)
+{
+    (void)state;
+    DataCfg c = {.kind = "addition", .seed = 5, .batch = INT64_MAX / 4, .seq = 13,
+                 .digits = 3, .val_fraction = 0.1};
+    Diag d;
+    assert_null(rt_data_open(&c, &d));
+    assert_non_null(strstr(d.msg, "more than this machine's memory"));
+    c.batch = (int64_t)1 << 40; /* no overflow, but 156 TiB */
+    assert_null(rt_data_open(&c, &d));
+    assert_non_null(strstr(d.msg, "a batch of 1099511627776 x 13 needs 1.715e+14 bytes"));
+    DataCfg b = {.kind = "blobs", .seed = 3, .batch = (int64_t)1 << 50, .dim = 4,
+                 .classes = 3, .val_fraction = 0.1};
+    assert_null(rt_data_open(&b, &d));
+    assert_non_null(strstr(d.msg, "more than this machine's memory"));
+}
+
 static void test_blobs(void **state)
 {
     (void)state;
@@ -314,6 +506,12 @@ int main(void)
         cmocka_unit_test(test_tokens),
         cmocka_unit_test(test_text_split),
         cmocka_unit_test(test_blobs),
+        cmocka_unit_test(test_split_too_small),
+        cmocka_unit_test(test_not_regular),
+        cmocka_unit_test(test_symbols_in_range),
+        cmocka_unit_test(test_tokens_huge_count),
+        cmocka_unit_test(test_addition_splits),
+        cmocka_unit_test(test_batch_too_large),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
