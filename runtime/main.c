@@ -278,7 +278,7 @@ static void print_summary(const Model *m, const Graph *fwd_g, const Graph *g, co
         if (t->kind != TK_PARAM)
             continue;
         ntensors++;
-        nparams += shape_numel(&t->s);
+        nparams = ir_add_sat(nparams, shape_numel(&t->s));
         printf("  %-32s %s\n", t->name, shape_str(g, &t->s, sb, sizeof sb));
     }
     human_count((double)nparams, b0, sizeof b0);
