@@ -445,6 +445,8 @@ static int cmd_compile(int argc, char **argv)
     Model *m = fe_load_model(model, a.sets.v, a.sets.n, err, sizeof err);
     if (!m) {
         fprintf(stderr, "%s\n", err);
+        vec_free(&a.sets);
+        vec_free(&a.dumps);
         return 1;
     }
     dump_graph(&a, "frontend", m->g);
