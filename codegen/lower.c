@@ -123,6 +123,18 @@ static bool dtypes_supported(const Graph *g, const Op *op, Diag *d)
     return true;
 }
 
+/* The value of operand j of a concat for the j in [lo, hi) whose window
+ * [start[j], start[j+1]) holds the axis index v: ld[j] is operand j's load. */
+static int concat_tree(CgKernel *k, int v, const int64_t *start, const int *ld, int lo, int hi)
+{
+    if (hi - lo == 1)
+        return ld[lo];
+    int mid = lo + (hi - lo) / 2;
+    int below = cg_binop(k, CG_LT, v, cg_const_i(k, DT_I64, start[mid]));
+    return cg_select(k, below, concat_tree(k, v, start, ld, lo, mid),
+                     concat_tree(k, v, start, ld, mid, hi));
+}
+
 bool cg_lower_op(const Graph *g, int i, CgKernel *k, Diag *d)
 {
     const Op *op = &g->ops.v[i];
@@ -291,29 +303,29 @@ bool cg_lower_op(const Graph *g, int i, CgKernel *k, Diag *d)
         break;
     }
     case OP_CONCAT: {
+        /* any number of operands: a balanced tree of selects on the axis
+         * index picks the one operand each element reads (depth log2 n, and
+         * each select is a conditional, so no other operand is read) */
         int ax = (int)op->attr.ia[0];
-        int64_t start[64];
-        int64_t s = 0;
         int n = op->nin;
-        if (n > 64) {
-            snprintf(d->msg, sizeof d->msg, "concat of %d tensors is not supported (at most 64)", n);
-            return false;
-        }
+        int64_t *start = xmalloc(sizeof(int64_t) * (size_t)(n + 1));
+        int *ld = xmalloc(sizeof(int) * (size_t)n);
+        int64_t s = 0;
         for (int j = 0; j < n; j++) {
             start[j] = s;
-            s += g->t.v[op->in[j]].s.dim[ax];
+            s += g->t.v[op->in[j]].s.dim[ax]; /* <= the result's dim: no overflow */
         }
-        for (int j = n - 1; j >= 0; j--) {
+        start[n] = s;
+        for (int j = 0; j < n; j++) {
             const Shape *is = &g->t.v[op->in[j]].s;
             for (int a = 0; a < os->rank; a++)
                 idx[a] = a == ax ? cg_binop(k, CG_SUB, vars[a], cg_const_i(k, DT_I64, start[j]))
                                  : vars[a];
-            int ld = cg_load(k, add_param(k, g, op->in[j], false), flat_index(k, is, idx));
-            val = val < 0 ? ld
-                          : cg_select(k, cg_binop(k, CG_LT, vars[ax],
-                                                  cg_const_i(k, DT_I64, start[j + 1])),
-                                      ld, val);
+            ld[j] = cg_load(k, add_param(k, g, op->in[j], false), flat_index(k, is, idx));
         }
+        val = concat_tree(k, vars[ax], start, ld, 0, n);
+        free(start);
+        free(ld);
         break;
     }
     case OP_GATHER: {

@@ -11,8 +11,8 @@ int64_t cg_offset(const CgPlan *p, int tensor) { return p->mem->offset[tensor]; 
 
 static bool overlap(const MemPlan *m, int a, int b)
 {
-    int64_t a0 = m->offset[a], a1 = a0 + m->bytes[a];
-    int64_t b0 = m->offset[b], b1 = b0 + m->bytes[b];
+    int64_t a0 = m->offset[a], a1 = ir_add_sat(a0, m->bytes[a]);
+    int64_t b0 = m->offset[b], b1 = ir_add_sat(b0, m->bytes[b]);
     return a0 < b1 && b0 < a1;
 }
 

@@ -66,6 +66,9 @@ int fe_parse_dtype(lua_State *L, int idx, DType def, const char *fn);
 /* A shape argument: a table of positive integers (or names declared with
  * sym{}). Returns the rank. */
 int fe_parse_shape(lua_State *L, int idx, int64_t *dim, const char *fn);
+/* shape_make(dt, rank, dim), or an error at the script's line when the
+ * shape is too large (ir_shape_check). */
+Shape fe_checked_shape(lua_State *L, DType dt, int rank, const int64_t *dim, const char *fn);
 
 /* A global fe_open_ops registers for the runner: f, with one integer upvalue
  * when up >= 0. */

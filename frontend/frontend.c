@@ -146,7 +146,7 @@ static int l_input(lua_State *L)
     DType dt = (DType)fe_parse_dtype(L, 3, DT_F32, "input");
     ParamInit none = {0};
     fe_push_tensor(L, ir_add_input(fe_get(L)->g, TK_INPUT, lua_tostring(L, 1),
-                                shape_make(dt, rank, dim), none));
+                                fe_checked_shape(L, dt, rank, dim, "input"), none));
     name_in(L, "kiln.names", lua_tostring(L, 1), true);
     return 1;
 }
@@ -165,7 +165,7 @@ static int l_param(lua_State *L)
         fe_error(L, "param '%s': params must be float (expected f32, bf16 or f16, got %s)",
                  lua_tostring(L, 1), dtype_name(dt));
     fe_push_tensor(L, ir_add_input(fe_get(L)->g, TK_PARAM, lua_tostring(L, 1),
-                                shape_make(dt, rank, dim), init));
+                                fe_checked_shape(L, dt, rank, dim, "param"), init));
     name_in(L, "kiln.names", lua_tostring(L, 1), true);
     return 1;
 }

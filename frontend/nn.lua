@@ -92,6 +92,12 @@ end
 -- Mean over tokens of -log p(target). logits [..., V] float, targets [...]
 -- i32/i64. With mask [...] (f32, 1 = counts): sum(mask*nll) / sum(mask).
 function nn.cross_entropy(logits, targets, mask)
+  -- float targets would be compared for equality with the class index
+  if targets.dtype ~= "i32" and targets.dtype ~= "i64" then
+    error(string.format("nn.cross_entropy: targets must be an integer tensor of class " ..
+                        "indices (expected i32/i64, got %s[%s])", targets.dtype,
+                        table.concat(targets.shape, ",")), 2)
+  end
   local lsm = nn.log_softmax(logits, -1)
   local ts = targets.shape
   ts[#ts + 1] = 1

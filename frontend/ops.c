@@ -99,6 +99,15 @@ int fe_parse_shape(lua_State *L, int idx, int64_t *dim, const char *fn)
     return n;
 }
 
+Shape fe_checked_shape(lua_State *L, DType dt, int rank, const int64_t *dim, const char *fn)
+{
+    Shape s = shape_make(dt, rank, dim);
+    char err[400];
+    if (!ir_shape_check(fe_get(L)->g, &s, err, sizeof err))
+        fe_error(L, "%s: %s", fn, err);
+    return s;
+}
+
 static int norm_axis(lua_State *L, lua_Integer ax, const Shape *s, const char *fn)
 {
     int r = s->rank;
@@ -335,10 +344,13 @@ static int l_reshape(lua_State *L)
                      luaL_tolstring(L, -1, NULL));
         } else {
             dim[i] = v;
-            known *= v;
+            if (!ir_mul_ok(known, v, &known))
+                known = INT64_MAX;
         }
         lua_pop(L, 1);
     }
+    if (known > IR_MAX_NUMEL)
+        fe_checked_shape(L, s.dtype, n, dim, "reshape"); /* raises: too many elements */
     int64_t numel = shape_numel(&s);
     if (infer >= 0 && known > 0 && numel % known == 0)
         dim[infer] = numel / known, known = numel;

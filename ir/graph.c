@@ -53,11 +53,54 @@ int64_t shape_numel(const Shape *s)
 {
     int64_t n = 1;
     for (int i = 0; i < s->rank; i++)
-        n *= s->dim[i];
+        if (!ir_mul_ok(n, s->dim[i], &n))
+            return INT64_MAX;
     return n;
 }
 
-int64_t shape_bytes(const Shape *s) { return shape_numel(s) * dtype_size(s->dtype); }
+int64_t shape_bytes(const Shape *s)
+{
+    int64_t b;
+    return ir_mul_ok(shape_numel(s), dtype_size(s->dtype), &b) ? b : INT64_MAX;
+}
+
+bool ir_shape_check(const Graph *g, const Shape *s, char *err, size_t errlen)
+{
+    (void)g; /* dims print as numbers: the user sees the values, not the names */
+    char b0[200];
+    int64_t n = 1;
+    double approx = 1; /* the true count, for the message */
+    bool over = false;
+    for (int i = 0; i < s->rank; i++) {
+        if (s->dim[i] < 1) {
+            if (err)
+                snprintf(err, errlen, "dimension %d of the shape %s must be positive "
+                         "(expected >= 1, got %lld)", i, shape_str(NULL, s, b0, sizeof b0),
+                         (long long)s->dim[i]);
+            return false;
+        }
+        approx *= (double)s->dim[i];
+        if (!over && (!ir_mul_ok(n, s->dim[i], &n) || n > IR_MAX_NUMEL))
+            over = true;
+    }
+    if (over) {
+        if (err)
+            snprintf(err, errlen, "the shape %s has more than 2^62 elements (expected at "
+                     "most %lld, got %.4g)", shape_str(NULL, s, b0, sizeof b0),
+                     (long long)IR_MAX_NUMEL, approx);
+        return false;
+    }
+    int64_t bytes;
+    if (!ir_mul_ok(n, dtype_size(s->dtype), &bytes) || bytes > IR_MAX_NUMEL) {
+        if (err)
+            snprintf(err, errlen, "the shape %s takes more than 2^62 bytes (expected at "
+                     "most %lld, got %lld elements of %d bytes)",
+                     shape_str(NULL, s, b0, sizeof b0), (long long)IR_MAX_NUMEL,
+                     (long long)n, dtype_size(s->dtype));
+        return false;
+    }
+    return true;
+}
 
 bool shape_eq(const Shape *a, const Shape *b)
 {
@@ -509,12 +552,16 @@ bool ir_infer(const Graph *g, Opcode code, const int *in, int nin, const OpAttr 
                      s[0]->rank, a->nia);
             const Shape *big = code == OP_SLICE ? s[0] : &r;
             const Shape *small = code == OP_SLICE ? &r : s[0];
-            for (int i = 0; i < r.rank; i++)
-                if (a->ia[i] < 0 || a->ia[i] + small->dim[i] > big->dim[i])
+            for (int i = 0; i < r.rank; i++) {
+                int64_t end;
+                if (!ir_add_ok(a->ia[i], small->dim[i], &end))
+                    end = INT64_MAX;
+                if (a->ia[i] < 0 || end > big->dim[i])
                     FAIL("%s: range [%lld, %lld) out of bounds on axis %d (expected within "
                          "0..%lld)",
-                         info->name, (long long)a->ia[i],
-                         (long long)(a->ia[i] + small->dim[i]), i, (long long)big->dim[i]);
+                         info->name, (long long)a->ia[i], (long long)end, i,
+                         (long long)big->dim[i]);
+            }
             break;
         }
         case OP_CONCAT: {
@@ -531,7 +578,9 @@ bool ir_infer(const Graph *g, Opcode code, const int *in, int nin, const OpAttr 
                 if (!shape_eq(&x, &y))
                     FAIL("concat: operand %d does not match (expected %s, got %s)", i,
                          shape_str(g, s[0], b0, sizeof b0), shape_str(g, si, b1, sizeof b1));
-                r.dim[ax] += si->dim[ax];
+                if (!ir_add_ok(r.dim[ax], si->dim[ax], &r.dim[ax]))
+                    FAIL("concat: the result has more than 2^62 elements along axis %d "
+                         "(expected at most %lld)", ax, (long long)IR_MAX_NUMEL);
             }
             break;
         }
@@ -577,6 +626,9 @@ bool ir_infer(const Graph *g, Opcode code, const int *in, int nin, const OpAttr 
     default:
         FAIL("%s: no typing rule", info->name);
     }
+    char serr[400];
+    if (!ir_shape_check(g, &r, serr, sizeof serr))
+        FAIL("%s: %s", info->name, serr);
     *out = r;
     return true;
 }

@@ -53,6 +53,14 @@ _Noreturn void die(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Interned string: equal contents give the same pointer; lives forever. */
 const char *intern(const char *s);
 uint64_t hash_bytes(const void *p, size_t n, uint64_t seed); /* FNV-1a 64 */
+/* Checked int64 arithmetic: *r = a * b (a + b); false on overflow (*r is
+ * then unspecified). Every product of dims, byte count and FLOP count that a
+ * user's shape can make large goes through these. */
+bool ir_mul_ok(int64_t a, int64_t b, int64_t *r);
+bool ir_add_ok(int64_t a, int64_t b, int64_t *r);
+/* a + b and a * b for a, b >= 0, saturating at INT64_MAX. */
+int64_t ir_add_sat(int64_t a, int64_t b);
+int64_t ir_mul_sat(int64_t a, int64_t b);
 
 /* Growable array of T: `VEC(int) xs = {0}; vec_push(&xs, 3); xs.v[0]` */
 #define VEC(T) struct { T *v; int n, cap; }
@@ -303,8 +311,20 @@ typedef struct Graph {
 Graph *ir_new(void);
 void ir_free(Graph *g);
 Graph *ir_clone(const Graph *g);
+/* The largest tensor kiln accepts: at most IR_MAX_NUMEL elements and
+ * IR_MAX_NUMEL bytes, so that numel, bytes and their sums over a few tensors
+ * stay far from int64 overflow. Every tensor of a graph (inputs, params and
+ * op results) is checked against it where it is made (frontend, parser,
+ * ir_infer, ir_verify). */
+#define IR_MAX_NUMEL ((int64_t)1 << 62)
+/* numel and bytes saturate at INT64_MAX; for a shape that passed
+ * ir_shape_check they are exact. */
 int64_t shape_numel(const Shape *s);
 int64_t shape_bytes(const Shape *s); /* numel x the dtype's size */
+/* False, with "the shape f32[...] has more than 2^62 elements (expected ...,
+ * got ...)" in err, when s has a dim < 1 or exceeds IR_MAX_NUMEL elements or
+ * bytes. */
+bool ir_shape_check(const Graph *g, const Shape *s, char *err, size_t errlen);
 bool shape_eq(const Shape *a, const Shape *b); /* dtype and dims */
 bool shape_dims_eq(const Shape *a, const Shape *b); /* dims only */
 Shape shape_make(DType dt, int rank, const int64_t *dim);

@@ -321,7 +321,6 @@ static bool parse_type(P *ps, Shape *s)
     ps->p++;
     if (accept(ps, ']'))
         return true;
-    int64_t numel = 1;
     for (;;) {
         int64_t d;
         skip_ws(ps);
@@ -342,14 +341,15 @@ static bool parse_type(P *ps, Shape *s)
         if (d < 1)
             return perr(ps, "dimension %d must be positive (expected >= 1, got %lld)",
                         s->rank, (long long)d);
-        if (d > ((int64_t)1 << 62) / numel)
-            return perr(ps, "type has too many elements (expected at most 2^62)");
-        numel *= d;
         if (s->rank == IR_MAX_RANK)
             return perr(ps, "too many dimensions (expected at most %d)", IR_MAX_RANK);
         s->dim[s->rank++] = d;
-        if (accept(ps, ']'))
+        if (accept(ps, ']')) {
+            char serr[400];
+            if (!ir_shape_check(ps->g, s, serr, sizeof serr))
+                return perr(ps, "%s", serr);
             return true;
+        }
         if (!expect(ps, ',', "',' or ']' in a type"))
             return false;
     }

@@ -59,6 +59,28 @@ _Noreturn void die(const char *fmt, ...)
     abort();
 }
 
+bool ir_mul_ok(int64_t a, int64_t b, int64_t *r)
+{
+    return !__builtin_mul_overflow(a, b, r);
+}
+
+bool ir_add_ok(int64_t a, int64_t b, int64_t *r)
+{
+    return !__builtin_add_overflow(a, b, r);
+}
+
+int64_t ir_add_sat(int64_t a, int64_t b)
+{
+    int64_t r;
+    return ir_add_ok(a, b, &r) ? r : INT64_MAX;
+}
+
+int64_t ir_mul_sat(int64_t a, int64_t b)
+{
+    int64_t r;
+    return ir_mul_ok(a, b, &r) ? r : INT64_MAX;
+}
+
 uint64_t hash_bytes(const void *p, size_t n, uint64_t seed)
 {
     const unsigned char *b = p;

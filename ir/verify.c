@@ -6,7 +6,8 @@
  * defined before use in program order; result types and attributes agree
  * with ir_infer; const ops produce const tensors and other ops temp ones;
  * outputs and updates name existing tensors; each update target is a
- * param/state tensor of the same type as its value, updated at most once.
+ * param/state tensor of the same type as its value, updated at most once;
+ * every tensor within ir_shape_check's limits.
  */
 #include "ir.h"
 
@@ -67,6 +68,9 @@ bool ir_verify(const Graph *g, char *err, size_t errlen)
         if (x->s.rank < 0 || x->s.rank > IR_MAX_RANK || (unsigned)x->s.dtype >= DT__COUNT)
             FAIL("tensor %%%d has a bad type (rank %d, dtype %d)", t, x->s.rank,
                  (int)x->s.dtype);
+        char serr[400];
+        if (!ir_shape_check(g, &x->s, serr, sizeof serr))
+            FAIL("tensor %%%d: %s", t, serr);
         if (x->op == -1) {
             if (x->kind != TK_INPUT && x->kind != TK_PARAM && x->kind != TK_STATE)
                 FAIL("tensor %%%d has no producing op but kind %s (expected input, param "

@@ -280,7 +280,7 @@ bool pass_comm(Graph *g, const PassOpts *o, Diag *d)
         int k1 = k0;
         while (k1 < n && (k1 == k0 || bytes < cap)) {
             const Tensor *t = &g->t.v[gr[k1].t];
-            bytes += shape_bytes(&t->s);
+            bytes = ir_add_sat(bytes, shape_bytes(&t->s));
             k1++;
         }
         /* members k0..k1-1; duplicates (one tensor, two params) reduce once */
@@ -371,7 +371,7 @@ void pass_comm_print(const Graph *g, FILE *f)
         fprintf(f, "# bucket %lld:", (long long)op->attr.ia[0]);
         for (int j = 0; j < op->nin; j++) {
             const Tensor *t = &g->t.v[op->in[j]];
-            bytes += shape_bytes(&t->s);
+            bytes = ir_add_sat(bytes, shape_bytes(&t->s));
             const char *name = NULL;
             for (int k = 0; k < g->outs.n && !name; k++) {
                 int w = g->outs.v[k].t;

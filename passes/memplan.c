@@ -9,7 +9,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int64_t align_up(int64_t x) { return (x + MEMPLAN_ALIGN - 1) / MEMPLAN_ALIGN * MEMPLAN_ALIGN; }
+/* Sizes and offsets saturate at INT64_MAX (a plan of more than 8 EiB, which
+ * the runtime refuses before allocating anything); below that they are exact. */
+static int64_t align_up(int64_t x)
+{
+    return x > INT64_MAX - MEMPLAN_ALIGN ? INT64_MAX
+                                         : (x + MEMPLAN_ALIGN - 1) / MEMPLAN_ALIGN * MEMPLAN_ALIGN;
+}
 
 typedef struct {
     int t;
@@ -66,7 +72,8 @@ MemPlan *pass_memplan_storage(const Graph *g, const DType *storage, Diag *d)
     for (int t = 0; t < nt; t++) {
         const Tensor *x = &g->t.v[t];
         m->root[t] = t;
-        m->bytes[t] = storage ? shape_numel(&x->s) * dtype_size(storage[t]) : shape_bytes(&x->s);
+        m->bytes[t] = storage ? ir_mul_sat(shape_numel(&x->s), dtype_size(storage[t]))
+                              : shape_bytes(&x->s);
         m->first[t] = m->last[t] = -1;
         m->persistent[t] = x->op < 0;
     }
@@ -168,7 +175,7 @@ MemPlan *pass_memplan_storage(const Graph *g, const DType *storage, Diag *d)
     for (int t = 0; t < nt; t++)
         if (m->root[t] == t && m->persistent[t]) {
             m->offset[t] = off;
-            off += align_up(m->bytes[t] ? m->bytes[t] : 1);
+            off = ir_add_sat(off, align_up(m->bytes[t] ? m->bytes[t] : 1));
         }
     m->persistent_bytes = off;
 
@@ -204,22 +211,22 @@ MemPlan *pass_memplan_storage(const Graph *g, const DType *storage, Diag *d)
                 best = pos;
                 best_gap = gap;
             }
-            if (conf[q].off + conf[q].size > pos)
-                pos = conf[q].off + conf[q].size;
+            if (ir_add_sat(conf[q].off, conf[q].size) > pos)
+                pos = ir_add_sat(conf[q].off, conf[q].size);
         }
         if (best < 0)
             best = pos;
         placed[nplaced++] = (Placed){t, best, size};
-        m->offset[t] = m->persistent_bytes + best;
-        if (best + size > high)
-            high = best + size;
+        m->offset[t] = ir_add_sat(m->persistent_bytes, best);
+        if (ir_add_sat(best, size) > high)
+            high = ir_add_sat(best, size);
     }
-    m->arena_bytes = m->persistent_bytes + high;
+    m->arena_bytes = ir_add_sat(m->persistent_bytes, high);
     for (int t = 0; t < nt; t++)
         m->offset[t] = m->offset[m->root[t]];
 
     /* timeline: bytes live while each op runs */
-    int64_t *delta = xcalloc((size_t)n + 2, sizeof(int64_t));
+    __int128 *delta = xcalloc((size_t)n + 2, sizeof *delta); /* sums of saturated sizes */
     for (int k = 0; k < ntemps; k++) {
         int t = temps[k];
         int64_t size = align_up(m->bytes[t] ? m->bytes[t] : 1);
@@ -229,14 +236,14 @@ MemPlan *pass_memplan_storage(const Graph *g, const DType *storage, Diag *d)
         delta[a] += size;
         delta[b + 1] -= size;
     }
-    int64_t cur = m->persistent_bytes;
-    m->peak_live = cur;
+    __int128 cur = m->persistent_bytes;
+    m->peak_live = m->persistent_bytes;
     m->peak_op = -1;
     for (int i = 0; i < n; i++) {
         cur += delta[i];
-        m->live[i] = cur;
-        if (cur > m->peak_live) {
-            m->peak_live = cur;
+        m->live[i] = cur > INT64_MAX ? INT64_MAX : (int64_t)cur;
+        if (m->live[i] > m->peak_live) {
+            m->peak_live = m->live[i];
             m->peak_op = i;
         }
     }

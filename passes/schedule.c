@@ -111,11 +111,11 @@ bool pass_schedule(Graph *g, const PassOpts *o, Diag *d)
         for (int q = s.ustart[u]; q < s.ustart[u + 1]; q++) {
             const Op *op = &g->ops.v[s.uops[q]];
             const Tensor *r = &g->t.v[op->out];
-            out += shape_bytes(&r->s);
+            out = ir_add_sat(out, shape_bytes(&r->s));
             for (int j = 0; j < op->nin; j++) {
                 const Tensor *x = &g->t.v[op->in[j]];
                 if (x->op >= 0 && s.unit[x->op] != u)
-                    freed += shape_bytes(&x->s);
+                    freed = ir_add_sat(freed, shape_bytes(&x->s));
             }
         }
         s.deferred[u] = out > freed;

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 struct Exec {
     Graph *g; /* own copy: the plan borrows it */
@@ -163,6 +164,42 @@ static bool setup_comm(Exec *e, Diag *d)
     return true;
 }
 
+/* "4.0 TiB": bytes in the largest binary unit that keeps the number >= 1. */
+static void human_size(double b, char *buf, size_t n)
+{
+    static const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+    int u = 0;
+    while (b >= 1024 && u < 6)
+        b /= 1024, u++;
+    snprintf(buf, n, u ? "%.1f %s" : "%.0f %s", b, unit[u]);
+}
+
+/* False, with both sizes in d, when the plan's arena (persistent buffers and
+ * temporaries) is larger than this machine's physical memory: checked before
+ * the backend allocates anything. On the CPU only, whose arena is host
+ * memory; a GPU backend reports its own allocation failure. */
+static bool arena_fits(const Backend *be, const CgPlan *p, Diag *d)
+{
+    if (strcmp(be->name, "cpu") != 0)
+        return true;
+    long pages = sysconf(_SC_PHYS_PAGES), psize = sysconf(_SC_PAGE_SIZE);
+    if (pages <= 0 || psize <= 0)
+        return true; /* unknown: let the allocation decide */
+    int64_t mem = ir_mul_sat(pages, psize);
+    if (p->arena_bytes <= mem)
+        return true;
+    char need[64], have[64];
+    human_size((double)p->arena_bytes, need, sizeof need);
+    human_size((double)mem, have, sizeof have);
+    snprintf(d->msg, sizeof d->msg,
+             "the plan needs %s%s but this machine has %s of memory (expected an arena of at "
+             "most %lld bytes, got %lld: make the model or batch smaller, or set "
+             "--memory-budget)",
+             p->arena_bytes == INT64_MAX ? "more than " : "", need, have, (long long)mem,
+             (long long)p->arena_bytes);
+    return false;
+}
+
 Exec *rt_exec_create(const Graph *g, const ExecOpts *o, Diag *d)
 {
     static const ExecOpts defaults;
@@ -176,7 +213,7 @@ Exec *rt_exec_create(const Graph *g, const ExecOpts *o, Diag *d)
     e->g = ir_clone(g);
     e->be = be;
     e->plan = cg_plan(e->g, d);
-    if (!e->plan)
+    if (!e->plan || !arena_fits(be, e->plan, d))
         goto fail;
     e->ctx = be->create(e->plan, o, d);
     if (!e->ctx)

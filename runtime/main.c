@@ -298,7 +298,7 @@ static void print_summary(const Model *m, const Graph *fwd_g, const Graph *g, co
         if (t->kind != TK_PARAM)
             continue;
         ntensors++;
-        nparams += shape_numel(&t->s);
+        nparams = ir_add_sat(nparams, shape_numel(&t->s));
         printf("  %-32s %s\n", t->name, shape_str(g, &t->s, sb, sizeof sb));
     }
     human_count((double)nparams, b0, sizeof b0);
@@ -465,6 +465,8 @@ static int cmd_compile(int argc, char **argv)
     Model *m = fe_load_model(model, a.sets.v, a.sets.n, err, sizeof err);
     if (!m) {
         fprintf(stderr, "%s\n", err);
+        vec_free(&a.sets);
+        vec_free(&a.dumps);
         return 1;
     }
     dump_graph(&a, "frontend", m->g);

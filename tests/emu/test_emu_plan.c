@@ -317,6 +317,15 @@ static void print_epi(const char *what)
     print_message("\n");
 }
 
+/* A concat of 100 operands (tests/data/concat_many.lua): the CUDA plan's
+ * concat kernel takes every operand and matches the CPU backend. */
+static void test_concat_many(void **state)
+{
+    (void)state;
+    fused = true;
+    check_model("tests/data/concat_many.lua", NULL, 0);
+}
+
 /* A linear layer without activation: its group (matmul, bias broadcast, add)
  * becomes a GEMM with the bias epilogue; its weight gradient x^T dh carries
  * its bias gradient (dh summed over the batch) as BGRAD_B (the head's bias
@@ -709,6 +718,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_one_token),
         cmocka_unit_test(test_gather_out_of_range),
         cmocka_unit_test(test_bias_epilogue),
+        cmocka_unit_test(test_concat_many),
         cmocka_unit_test(test_gpt_epilogues),
         cmocka_unit_test(test_epilogue_negative_controls),
         cmocka_unit_test(test_negative_controls),

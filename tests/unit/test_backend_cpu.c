@@ -791,6 +791,29 @@ static void test_models(void **state)
     free_model_paths(paths);
 }
 
+/* A concat of 100 operands (an RNN unrolled past 64 steps; the lowering
+ * once refused more than 64): the step, gradients and updates match the
+ * interpreter. */
+static void test_concat_many(void **state)
+{
+    (void)state;
+    Model *m = load_model("tests/data/concat_many.lua", NULL, 0);
+    int widest = 0;
+    for (int i = 0; i < m->g->ops.n; i++)
+        if (m->g->ops.v[i].code == OP_CONCAT && m->g->ops.v[i].nin > widest)
+            widest = m->g->ops.v[i].nin;
+    assert_int_equal(widest, 100);
+    PassOpts po;
+    rt_pass_opts(&m->train, &po);
+    Diag d = {{0}};
+    if (!pass_pipeline(m->g, &po, NULL, NULL, NULL, &d))
+        fail_msg("pipeline: %s", d.msg);
+    model_inputs = true;
+    check_graph_opts(m->g, 1e-4, NULL);
+    model_inputs = false;
+    fe_model_free(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -810,6 +833,7 @@ int main(void)
         cmocka_unit_test(test_compile_failure),
         cmocka_unit_test(test_profile),
         cmocka_unit_test(test_models),
+        cmocka_unit_test(test_concat_many),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
