@@ -97,7 +97,7 @@ struct BackendCtx {
 /* MIN_KERNEL_WORK: 32768 elements of an add (2 loads, the add: cost 4) */
 enum { MIN_KERNEL_WORK = 4 * 32768 };
 static const int64_t SPIN_NS = 300000, STEAL_NS = 100000;
-static const double MIN_GEMM_FLOPS = 2.5e5, GEMM_PART_FLOPS = 1e6;
+static const double MIN_GEMM_FLOPS = 2.5e5, GEMM_PART_FLOPS = 8e6;
 enum { GEMM_MAX_PARTS = 64 };
 
 typedef struct {
