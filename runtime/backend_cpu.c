@@ -6,7 +6,18 @@
  * calling thread) runs every large step in parts: a kernel's part p of n
  * takes a share of each loop's outer rows (the generated code splits
  * them); a GEMM is split into independent row, column or batch blocks,
- * each a single-threaded OpenBLAS call. OpenBLAS's own pool is held at one
+ * each a single-threaded OpenBLAS call.
+ *
+ * Results do not depend on the thread count, bit for bit. A kernel's parts
+ * (one per thread) own whole outer rows, or whole columns of a column
+ * loop: every reduction runs inside one part, in an order fixed by its
+ * element count (cprint.c), and every element is computed by the same code
+ * whichever part owns it, so the split changes no value. A GEMM's blocks
+ * are a function of its shape alone (gemm_nparts), since OpenBLAS's result
+ * for an element depends on the block's size; the threads only choose
+ * which blocks they run.
+ *
+ * OpenBLAS's own pool is held at one
  * thread, so no two pools ever compete for the cores. The parts of a step
  * go to whichever thread claims them first (Pool): a worker that has not
  * come yet (its core busy with another process) leaves them to the caller
@@ -86,7 +97,8 @@ struct BackendCtx {
 /* MIN_KERNEL_WORK: 32768 elements of an add (2 loads, the add: cost 4) */
 enum { MIN_KERNEL_WORK = 4 * 32768 };
 static const int64_t SPIN_NS = 300000, STEAL_NS = 100000;
-static const double MIN_GEMM_FLOPS = 2.5e5;
+static const double MIN_GEMM_FLOPS = 2.5e5, GEMM_PART_FLOPS = 8e6;
+enum { GEMM_MAX_PARTS = 64 };
 
 typedef struct {
     Pool *pool;
@@ -287,6 +299,33 @@ static int64_t kernel_work(const CgKernel *k)
     return w;
 }
 
+/* A GEMM's parts. Part p of n is whole batch entries when there are n or
+ * more of them, else a band of rows or columns (the longer side) in
+ * multiples of 16; each is one single-threaded OpenBLAS call over the whole
+ * K. n is a function of the shape alone, never of the thread count: the
+ * threads only choose which parts they run, so every call, and every
+ * result bit, is the same for any --threads. (Splitting by the thread
+ * count changed results: OpenBLAS picks its kernel, and with it the order
+ * of the sum over K, by the call's M, N and K; 0.3.21 on AVX-512 sums small
+ * A x B^T products in another order than large ones.) n is 1 below
+ * MIN_GEMM_FLOPS, else the power of two at or below one part per
+ * GEMM_PART_FLOPS, at least 2 and at most GEMM_MAX_PARTS (powers of two
+ * share evenly among 2, 4, 8 .. threads), and at most one part per batch
+ * entry or 16-wide band. */
+static int gemm_nparts(const CgGemm *m)
+{
+    double fl = 2.0 * (double)m->batch * (double)m->M * (double)m->N * (double)m->K;
+    if (fl < MIN_GEMM_FLOPS)
+        return 1;
+    int n = 2;
+    while (n < GEMM_MAX_PARTS && fl >= 2.0 * n * GEMM_PART_FLOPS)
+        n *= 2;
+    int64_t len = m->M >= m->N ? m->M : m->N, units = (len + 15) / 16;
+    if (m->batch < n && units < n)
+        n = (int)(m->batch > units ? m->batch : units);
+    return n;
+}
+
 static void cpu_destroy(BackendCtx *c)
 {
     if (!c)
@@ -372,10 +411,7 @@ static BackendCtx *cpu_create(const CgPlan *p, const ExecOpts *o, Diag *d)
         CpuStep *cs = &c->s[i];
         cs->nparts = 1;
         if (st->kind == CG_STEP_GEMM) {
-            const CgGemm *m = &st->gemm;
-            double fl = 2.0 * (double)m->batch * (double)m->M * (double)m->N * (double)m->K;
-            if (fl >= MIN_GEMM_FLOPS)
-                cs->nparts = c->threads;
+            cs->nparts = gemm_nparts(&st->gemm);
             continue;
         }
         if (st->kind != CG_STEP_KERNEL)
@@ -447,8 +483,7 @@ typedef struct {
     int nparts;
 } GemmJob;
 
-/* Part p of n: whole batch entries when there are enough of them, else a
- * band of rows or columns (the longer side), in multiples of 16. */
+/* Part p of j->nparts (gemm_nparts). */
 static void gemm_part(void *ctx, int p)
 {
     GemmJob *j = ctx;
