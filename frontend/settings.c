@@ -40,6 +40,7 @@ static const FeTrainKey train_keys[] = {
     TK(bucket_mb, FE_TT_DBL, "4"),
     TK(grad_accum, FE_TT_INT, "1"),
     TK(comm_timeout, FE_TT_DBL, "60"),
+    TKS(on_nonfinite, "stop", "stop, skip"),
 };
 #undef TK
 #undef TKS
