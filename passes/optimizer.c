@@ -118,11 +118,30 @@ static int keep_unless(B *b, int ok, int x, int old)
     return t;
 }
 
+/* Moves ops [from, ops.n) to right after op `after` (-1: to the front),
+ * keeping their order; they must read nothing defined after `after`. */
+static void move_ops_after(Graph *g, int from, int after)
+{
+    int n = g->ops.n, k = n - from;
+    if (k <= 0 || after + 1 >= from)
+        return;
+    Op *tail = xmalloc(sizeof(Op) * (size_t)k);
+    memcpy(tail, &g->ops.v[from], sizeof(Op) * (size_t)k);
+    memmove(&g->ops.v[after + 1 + k], &g->ops.v[after + 1],
+            sizeof(Op) * (size_t)(from - after - 1));
+    memcpy(&g->ops.v[after + 1], tail, sizeof(Op) * (size_t)k);
+    free(tail);
+    for (int i = after + 1; i < n; i++)
+        g->t.v[g->ops.v[i].out].op = i;
+}
+
 /* The gradient of the param with the fewest elements becomes
  * grad * (loss0 + 1) (loss0: loss * 0), everywhere the pass reads it and as
  * the output "grad.P" that the comm pass all-reduces: bit for bit the
- * gradient while the loss is finite, NaN when it is not. */
-static void poison_smallest(B *b, ParamGrad *ps, int n, int loss0)
+ * gradient while the loss is finite, NaN when it is not. The ops from
+ * chain0 on (loss0's) and the poisoning go right after the gradient's
+ * producer, so the gradient is ready for its all-reduce bucket where it was. */
+static void poison_smallest(B *b, ParamGrad *ps, int n, int loss0, int chain0)
 {
     Graph *g = b->g;
     int k = 0;
@@ -139,6 +158,8 @@ static void poison_smallest(B *b, ParamGrad *ps, int n, int loss0)
         if (strcmp(g->outs.v[o].name, name) == 0)
             g->outs.v[o].t = pg;
     ps[k].grad = pg;
+    int after = g->t.v[gr].op, lop = g->t.v[ir_find_output(g, "loss")].op;
+    move_ops_after(g, chain0, after > lop ? after : lop);
 }
 
 bool pass_optimizer(Graph *g, const PassOpts *o, Diag *d)
@@ -187,14 +208,14 @@ bool pass_optimizer(Graph *g, const PassOpts *o, Diag *d)
     ParamInit zeros = {.kind = INIT_ZEROS};
     int lr = ir_add_input(g, TK_INPUT, "lr", scalar, (ParamInit){0});
     int step = ir_add_input(g, TK_STATE, "adam.step", scalar, zeros);
-    int loss = ir_find_output(g, "loss");
+    int loss = ir_find_output(g, "loss"), chain0 = g->ops.n;
     if (g->t.v[loss].s.dtype != DT_F32) {
         OpAttr a = {.dtype = DT_F32};
         loss = emit(&b, OP_CAST, loss, -1, &a);
     }
     int zero = cst_f32(&b, 0.0);
     int loss0 = bin(&b, OP_MUL, loss, zero); /* 0, or NaN for a non-finite loss */
-    poison_smallest(&b, ps.v, ps.n, loss0);
+    poison_smallest(&b, ps.v, ps.n, loss0, chain0);
 
     /* global gradient norm, before clipping */
     int total = -1;
