@@ -37,6 +37,8 @@ typedef struct TrainCfg {
     double bucket_mb;         /* comm: gradient bucket size cap in MiB */
     int64_t grad_accum;       /* micro-batches per step (>= 1); only the last reduces */
     double comm_timeout;      /* seconds a collective may take before the ranks stop */
+    const char *on_nonfinite; /* "stop" (default) or "skip": a step whose loss or
+                                 gradient norm is not finite (never applied) */
 } TrainCfg;
 
 typedef struct {

@@ -14,6 +14,20 @@
  * PyTorch's AdamW (decoupled weight decay applied to the old P) up to the
  * order of floating-point operations. "lr" is a graph input f32[] so the
  * runtime can schedule it; the step counter is f32 state.
+ *
+ * Non-finite steps change nothing. Every update is conditional:
+ *   ok     = (n*0 + loss*0 + lr*0 == 0)    false iff one of them is inf/NaN
+ *   P <- ok ? P' : P,  m, v, adam.step likewise
+ * so a step whose loss, gradient norm or lr is not finite leaves params and
+ * optimizer state bit-identical (the runtime then stops or counts a skip;
+ * it tells the two cases apart from the outputs "loss" and "grad_norm").
+ * The sum of squares under n is non-finite iff some gradient element is (or
+ * the squares overflow). So that the verdict is the same on every rank and
+ * covers the loss of each rank, the gradient of the smallest param is
+ * multiplied by (loss*0 + 1), exactly 1 for a finite loss and NaN otherwise,
+ * before the comm pass all-reduces it: a non-finite loss on any rank makes
+ * n NaN on all of them. (With grad_accum > 1 the runtime does the same for
+ * the earlier micro-batches' losses through their accumulator.)
  */
 #include "passes.h"
 
@@ -88,6 +102,66 @@ typedef struct {
     int p, grad;
 } ParamGrad;
 
+/* ok ? x : old, with ok a u8 scalar and x, old of one type */
+static int keep_unless(B *b, int ok, int x, int old)
+{
+    const Shape *s = &b->g->t.v[x].s;
+    int m = ok;
+    if (s->rank > 0) {
+        OpAttr a = {.rank = s->rank};
+        memcpy(a.shape, s->dim, sizeof a.shape);
+        m = emit(b, OP_BROADCAST, ok, -1, &a);
+    }
+    int in[3] = {m, x, old};
+    int t = ir_op_x(b->g, OP_SELECT, in, 3, NULL, b->loc);
+    b->g->ops.v[b->g->t.v[t].op].flags |= OPF_OPTIM;
+    return t;
+}
+
+/* Moves ops [from, ops.n) to right after op `after` (-1: to the front),
+ * keeping their order; they must read nothing defined after `after`. */
+static void move_ops_after(Graph *g, int from, int after)
+{
+    int n = g->ops.n, k = n - from;
+    if (k <= 0 || after + 1 >= from)
+        return;
+    Op *tail = xmalloc(sizeof(Op) * (size_t)k);
+    memcpy(tail, &g->ops.v[from], sizeof(Op) * (size_t)k);
+    memmove(&g->ops.v[after + 1 + k], &g->ops.v[after + 1],
+            sizeof(Op) * (size_t)(from - after - 1));
+    memcpy(&g->ops.v[after + 1], tail, sizeof(Op) * (size_t)k);
+    free(tail);
+    for (int i = after + 1; i < n; i++)
+        g->t.v[g->ops.v[i].out].op = i;
+}
+
+/* The gradient of the param with the fewest elements becomes
+ * grad * (loss0 + 1) (loss0: loss * 0), everywhere the pass reads it and as
+ * the output "grad.P" that the comm pass all-reduces: bit for bit the
+ * gradient while the loss is finite, NaN when it is not. The ops from
+ * chain0 on (loss0's) and the poisoning go right after the gradient's
+ * producer, so the gradient is ready for its all-reduce bucket where it was. */
+static void poison_smallest(B *b, ParamGrad *ps, int n, int loss0, int chain0)
+{
+    Graph *g = b->g;
+    int k = 0;
+    for (int i = 1; i < n; i++)
+        if (shape_numel(&g->t.v[ps[i].p].s) < shape_numel(&g->t.v[ps[k].p].s))
+            k = i;
+    int gr = ps[k].grad;
+    Shape s = g->t.v[gr].s;
+    int f = splat(b, bin(b, OP_ADD, loss0, cst_f32(b, 1.0)), &s);
+    int pg = bin(b, OP_MUL, gr, f);
+    char name[512];
+    snprintf(name, sizeof name, "grad.%s", g->t.v[ps[k].p].name);
+    for (int o = 0; o < g->outs.n; o++)
+        if (strcmp(g->outs.v[o].name, name) == 0)
+            g->outs.v[o].t = pg;
+    ps[k].grad = pg;
+    int after = g->t.v[gr].op, lop = g->t.v[ir_find_output(g, "loss")].op;
+    move_ops_after(g, chain0, after > lop ? after : lop);
+}
+
 bool pass_optimizer(Graph *g, const PassOpts *o, Diag *d)
 {
     if (ir_find_output(g, "loss") < 0) {
@@ -134,6 +208,14 @@ bool pass_optimizer(Graph *g, const PassOpts *o, Diag *d)
     ParamInit zeros = {.kind = INIT_ZEROS};
     int lr = ir_add_input(g, TK_INPUT, "lr", scalar, (ParamInit){0});
     int step = ir_add_input(g, TK_STATE, "adam.step", scalar, zeros);
+    int loss = ir_find_output(g, "loss"), chain0 = g->ops.n;
+    if (g->t.v[loss].s.dtype != DT_F32) {
+        OpAttr a = {.dtype = DT_F32};
+        loss = emit(&b, OP_CAST, loss, -1, &a);
+    }
+    int zero = cst_f32(&b, 0.0);
+    int loss0 = bin(&b, OP_MUL, loss, zero); /* 0, or NaN for a non-finite loss */
+    poison_smallest(&b, ps.v, ps.n, loss0, chain0);
 
     /* global gradient norm, before clipping */
     int total = -1;
@@ -144,6 +226,9 @@ bool pass_optimizer(Graph *g, const PassOpts *o, Diag *d)
     }
     int norm = un(&b, OP_SQRT, total);
     ir_add_output(g, "grad_norm", norm);
+    int chk = bin(&b, OP_ADD, bin(&b, OP_ADD, bin(&b, OP_MUL, total, zero), loss0),
+                  bin(&b, OP_MUL, lr, zero));
+    int ok = bin(&b, OP_EQ, chk, zero); /* u8[] */
     int scale = -1;
     if (o->grad_clip > 0) {
         int den = bin(&b, OP_ADD, norm, cst_f32(&b, 1e-6));
@@ -178,11 +263,11 @@ bool pass_optimizer(Graph *g, const PassOpts *o, Diag *d)
         if (s.rank >= 2 && o->weight_decay != 0)
             u = bin(&b, OP_ADD, u, bin(&b, OP_MUL, cst(&b, &s, o->weight_decay), p));
         int p1 = bin(&b, OP_SUB, p, bin(&b, OP_MUL, splat(&b, lr, &s), u));
-        ir_add_update(g, p, p1);
-        ir_add_update(g, m, m1);
-        ir_add_update(g, v, v1);
+        ir_add_update(g, p, keep_unless(&b, ok, p1, p));
+        ir_add_update(g, m, keep_unless(&b, ok, m1, m));
+        ir_add_update(g, v, keep_unless(&b, ok, v1, v));
     }
-    ir_add_update(g, step, t);
+    ir_add_update(g, step, keep_unless(&b, ok, t, step));
     vec_free(&ps);
     ir_compact(g);
     return true;

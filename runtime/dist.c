@@ -252,9 +252,20 @@ bool rt_dp_step(RtDp *dp, Exec *te, const Graph *tg, const DataBatch *global, ui
                 dp->nmicro++;
             }
         }
+        int acc = -1;
         for (int i = 0; i < tg->t.n; i++)
-            if (dp->param_pair[i] >= 0 && tg->t.v[i].kind == TK_STATE)
+            if (dp->param_pair[i] >= 0 && tg->t.v[i].kind == TK_STATE) {
                 copy_tensor(dp->me, dp->param_pair[i], te, i, dp->mg, &buf, &cap);
+                acc = i;
+            }
+        /* a micro-batch whose loss is not finite: NaN in an accumulated
+         * gradient (all ones bits: NaN in every float dtype), so the step's
+         * gradient norm is NaN on every rank and the optimizer applies no
+         * update (passes/optimizer.c) */
+        if (acc >= 0 && !isfinite(dp->micro_loss)) {
+            memset(buf, 0xff, cap);
+            rt_exec_write(te, acc, buf);
+        }
         free(buf);
     }
     feed_rows(te, tg, global, base + (int64_t)(dp->K - 1) * b);

@@ -160,6 +160,7 @@ typedef struct {
     bool have_val, have_acc;
     RtDp *dp;             /* ranks and micro-batches (dist.c) */
     RtComm *comm;         /* its ranks; NULL: one rank */
+    int64_t skipped;      /* steps not applied (on_nonfinite = "skip") */
 } Run;
 
 enum { PH_DATA, PH_STEP, PH_EVAL, PH_CKPT, PH__N };
@@ -389,6 +390,50 @@ static float read_loss(Exec *e, const Graph *g)
     return v;
 }
 
+/* Why the step just run left params and optimizer state as they were, into
+ * why ("loss is nan", "gradient norm is inf", "lr is inf"); false for a step
+ * that updated. The optimizer pass applies a step only when the loss, the
+ * global gradient norm (from the all-reduced gradients; a non-finite loss on
+ * any rank or micro-batch makes it NaN) and lr are finite, so every rank
+ * reaches the same verdict; loss is the mean over ranks and micro-batches. */
+static bool step_not_applied(Run *r, float loss, float lr, char *why, size_t n)
+{
+    int id = ir_find_output(r->tg, "grad_norm");
+    float norm = 0;
+    if (id >= 0)
+        read_f32(r->te, &r->tg->t.v[id], &norm);
+    const char *what = !isfinite(loss) ? "loss" : !isfinite(norm) ? "gradient norm" : "lr";
+    float v = !isfinite(loss) ? loss : !isfinite(norm) ? norm : lr;
+    if (isfinite(v))
+        return false;
+    snprintf(why, n, "%s is %s", what, isnan(v) ? "nan" : v > 0 ? "inf" : "-inf");
+    return true;
+}
+
+/* The first param or optimizer state (host copies) holding a non-finite
+ * value, or NULL. */
+static const char *nonfinite_state(const Run *r)
+{
+    for (int i = 0; i < r->tg->t.n; i++) {
+        const Tensor *t = &r->tg->t.v[i];
+        if (!r->vals[i] || (t->kind != TK_PARAM && t->kind != TK_STATE))
+            continue;
+        int64_t n = shape_numel(&t->s);
+        for (int64_t k = 0; k < n; k++) {
+            float f;
+            if (t->s.dtype == DT_F32)
+                memcpy(&f, (const char *)r->vals[i] + 4 * k, 4);
+            else if (t->s.dtype == DT_BF16)
+                f = bf16_to_f32(((const uint16_t *)r->vals[i])[k]);
+            else
+                break;
+            if (!isfinite(f))
+                return t->name;
+        }
+    }
+    return NULL;
+}
+
 /* Host copies of tg's params and state <- the training executor. */
 static void pull_state(Run *r)
 {
@@ -515,6 +560,14 @@ static bool save_checkpoint(Run *r, const char *prefix, Diag *d)
         return true; /* every rank holds the same params */
     double t_start = now_s();
     pull_state(r);
+    const char *bad = nonfinite_state(r);
+    if (bad) {
+        snprintf(d->msg, sizeof d->msg,
+                 "training diverged by step %lld: \"%s\" is not finite (an update "
+                 "overflowed: try a lower lr); no checkpoint written",
+                 (long long)r->step, bad);
+        return false;
+    }
     char *p = ckpt_path(prefix, r->step);
     CkptMeta m = {.step = r->step, .data_pos = r->data_pos, .seed = r->c.seed};
     bool ok = rt_ckpt_save(p, r->tg, r->vals, &m, d);
@@ -794,6 +847,7 @@ int rt_train(Model *m, const TrainOpts *o)
     int64_t nms = 0, ms_stride = 1, ms_seen = 0;
     double *ms = xcalloc((size_t)STEP_TIMES_MAX, sizeof *ms);
     float loss = NAN;
+    bool skip = r.c.on_nonfinite && strcmp(r.c.on_nonfinite, "skip") == 0;
     double loop0 = now_s();
     while (r.step < r.steps) {
         double t_a = now_s();
@@ -802,8 +856,9 @@ int rt_train(Model *m, const TrainOpts *o)
             free(ms);
             goto out;
         }
+        float lr = 0;
         if (lr_t) {
-            float lr = (float)rt_lr_at(&r.c, r.step, r.steps);
+            lr = (float)rt_lr_at(&r.c, r.step, r.steps);
             write_f32(r.te, lr_t, &lr);
         }
         double t_b = now_s();
@@ -826,24 +881,40 @@ int rt_train(Model *m, const TrainOpts *o)
         if (dev_s >= 0 && rt_dp_rows_factor(r.dp) == rt_dp_size(r.dp))
             step_ms = 1e3 * dev_s;
         step_time_add(ms, &nms, &ms_stride, &ms_seen, step_ms);
-        if (!isfinite(loss)) {
-            snprintf(d.msg, sizeof d.msg,
-                     "training diverged: loss is %g at step %lld (try a lower lr or grad_clip)",
-                     (double)loss, (long long)r.step);
+        /* a step with a non-finite loss or gradient norm changed nothing
+         * (passes/optimizer.c): stop, or go on without it */
+        char why[64], skipped[128] = "";
+        bool bad = step_not_applied(&r, loss, lr, why, sizeof why);
+        if (bad && !skip) {
+            pull_state(&r);
+            const char *st = nonfinite_state(&r);
+            if (st)
+                snprintf(d.msg, sizeof d.msg,
+                         "training diverged at step %lld: %s; \"%s\" was already not finite "
+                         "(an earlier update overflowed: try a lower lr)",
+                         (long long)r.step, why, st);
+            else
+                snprintf(d.msg, sizeof d.msg,
+                         "training diverged at step %lld: %s; params are those of step %lld "
+                         "(not updated; try a lower lr or grad_clip, or on_nonfinite=skip)",
+                         (long long)r.step, why, (long long)r.step - 1);
             free(ms);
             goto out;
         }
+        if (bad)
+            snprintf(skipped, sizeof skipped, " | skipped: %s, update not applied (%lld so far)",
+                     why, (long long)++r.skipped);
         bool log = !o->quiet && (r.c.log_every <= 0 || r.step % r.c.log_every == 0 ||
-                                 r.step == first + 1 || r.step == r.steps);
+                                 r.step == first + 1 || r.step == r.steps || bad);
         if (log) {
             char mfu[64], mem[32];
             fmt_mfu(mfu, sizeof mfu, r.flops, r.tg, step_ms, o->peak_gflops);
             fmt_bytes(mem, sizeof mem, (double)rt_exec_arena_bytes(r.te));
             printf("%sstep %5lld/%lld | loss %.6f | lr %.3e | %8.2f ms | %9.0f tok/s | %s | "
-                   "mem %s\n",
+                   "mem %s%s\n",
                    tty ? "\r\033[K" : "", (long long)r.step, (long long)r.steps,
                    (double)loss, lr_t ? rt_lr_at(&r.c, r.step - 1, r.steps) : 0.0, step_ms,
-                   (double)tokens / (step_ms * 1e-3), mfu, mem);
+                   (double)tokens / (step_ms * 1e-3), mfu, mem, skipped);
             fflush(stdout);
         }
         if (r.c.eval_every > 0 && r.step % r.c.eval_every == 0 && r.step < r.steps &&
@@ -882,7 +953,13 @@ int rt_train(Model *m, const TrainOpts *o)
     }
     if (o->save_weights && rt_dp_rank(r.dp) == 0) {
         pull_state(&r);
-        if (!rt_weights_save(o->save_weights, r.tg, r.vals, &d)) {
+        const char *bad = nonfinite_state(&r);
+        if (bad)
+            snprintf(d.msg, sizeof d.msg,
+                     "training diverged by step %lld: \"%s\" is not finite (an update "
+                     "overflowed: try a lower lr); no weights written",
+                     (long long)r.step, bad);
+        if (bad || !rt_weights_save(o->save_weights, r.tg, r.vals, &d)) {
             free(ms);
             goto out;
         }
@@ -911,7 +988,11 @@ int rt_train(Model *m, const TrainOpts *o)
     }
     char mem[32];
     fmt_bytes(mem, sizeof mem, (double)rt_exec_arena_bytes(r.te));
-    printf(" | peak mem %s\n", mem);
+    printf(" | peak mem %s", mem);
+    if (r.skipped)
+        printf(" | skipped %lld of %lld steps (loss or gradient norm not finite)",
+               (long long)r.skipped, (long long)(r.step - first));
+    printf("\n");
     rt_dp_summary(r.dp, stdout);
     if (o->profile)
         print_profile(&r, loop_ms, r.step - first);

@@ -1,6 +1,8 @@
 /* test_optimizer.c - pass_optimizer against a plain C AdamW with global-norm
  * clipping: three steps through the reference interpreter, params, moments
- * and the step counter compared with relative error < 1e-12. */
+ * and the step counter compared with relative error < 1e-12; steps whose
+ * loss, gradient norm or lr is not finite leave params, moments and the step
+ * counter bit-identical, and the next finite step is the reference's next. */
 #include "testutil.h"
 
 #include "passes.h"
@@ -23,12 +25,13 @@ static const SrcLoc noloc = {NULL, 0};
 
 /* A graph whose gradients are graph inputs "d.P", exposed as outputs
  * "grad.P" (what autodiff produces), so each step's gradients are chosen by
- * the test; loss = sum(W*W) + sum(b) + s. */
+ * the test; loss = x + sum(W*W) + sum(b) + s, with x an input f32[] (the
+ * test makes the loss NaN or Inf through it, gradients staying finite). */
 static Graph *hand_graph(void)
 {
     Graph *g = ir_new();
     ParamInit none = {0};
-    int loss = -1;
+    int loss = ir_add_input(g, TK_INPUT, "x", shape_make(DT_F32, 0, NULL), none);
     for (int i = 0; i < NP; i++) {
         Shape s = pshape(i);
         int p = ir_add_input(g, TK_PARAM, pname[i], s, (ParamInit){.kind = INIT_NORMAL, .a = 1});
@@ -46,7 +49,7 @@ static Graph *hand_graph(void)
             OpAttr sc = {.rank = 0};
             x = ir_op_x(g, OP_RESHAPE, &x, 1, &sc, noloc);
         }
-        loss = loss < 0 ? x : ir_op_x(g, OP_ADD, (int[]){loss, x}, 2, NULL, noloc);
+        loss = ir_op_x(g, OP_ADD, (int[]){loss, x}, 2, NULL, noloc);
     }
     ir_add_output(g, "loss", loss);
     return g;
@@ -105,10 +108,16 @@ static int tensor(const Graph *g, const char *fmt, const char *p)
     return t;
 }
 
-/* Runs STEPS steps of the optimized graph in the interpreter and of the C
- * reference from the same params and gradients (gradient size gscale), and
- * compares. Returns the largest global norm seen. */
-static double run_case(const PassOpts *o, double gscale, bool simplify)
+/* What a step of run_case feeds: finite values, or one non-finite value. */
+enum { OK, LOSS_NAN, LOSS_INF, GRAD_INF, GRAD_NAN, LR_INF };
+
+/* Runs nsteps steps (STEPS when kinds is NULL, else kinds[s] says what step
+ * s feeds) of the optimized graph in the interpreter and of the C reference
+ * from the same params and gradients (gradient size gscale), and compares.
+ * A non-finite step must leave params, moments and adam.step bit-identical
+ * and the reference skips it. Returns the largest global norm seen. */
+static double run_steps(const PassOpts *o, double gscale, bool simplify, const int *kinds,
+                        int nsteps)
 {
     Graph *g = hand_graph();
     Diag d = {{0}};
@@ -143,28 +152,61 @@ static double run_case(const PassOpts *o, double gscale, bool simplify)
         val[tensor(g, "adam.v.%s", pname[i])] = xcalloc((size_t)n, sizeof(double));
     }
     val[tensor(g, "%s", "adam.step")] = xcalloc(1, sizeof(double));
-    int lr_t = tensor(g, "%s", "lr");
+    int lr_t = tensor(g, "%s", "lr"), x_t = tensor(g, "%s", "x");
     double maxnorm = 0;
-    for (int s = 0; s < STEPS; s++) {
-        double lr = 1e-2 * (s + 1);
+    for (int s = 0; s < nsteps; s++) {
+        int kind = kinds ? kinds[s] : OK;
+        double lr = kind == LR_INF ? INFINITY : 1e-2 * (s + 1);
         double *grad[NP];
         for (int i = 0; i < NP; i++) {
             int64_t n = numel(i);
             grad[i] = xmalloc(sizeof(double) * (size_t)n);
             for (int64_t k = 0; k < n; k++)
                 grad[i][k] = gscale * ((double)rand() / RAND_MAX - 0.5);
+            if ((kind == GRAD_INF && i == 0) || (kind == GRAD_NAN && i == 1))
+                grad[i][n - 1] = kind == GRAD_INF ? -INFINITY : NAN;
             int dt = tensor(g, "d.%s", pname[i]);
             free(val[dt]);
             val[dt] = dup(grad[i], n);
         }
         free(val[lr_t]);
         val[lr_t] = dup(&lr, 1);
+        double x = kind == LOSS_NAN ? NAN : kind == LOSS_INF ? INFINITY : 0.25;
+        free(val[x_t]);
+        val[x_t] = dup(&x, 1);
 
         ir_interp(g, val, &(InterpOpts){.seed = 1, .step = s});
-        double norm = ref_step(&st, grad, o, lr);
-        maxnorm = fmax(maxnorm, norm);
         int gn = ir_find_output(g, "grad_norm");
         assert_true(gn >= 0);
+        if (kind != OK) {
+            /* a NaN loss makes the norm NaN (the poisoned gradient); an
+             * infinite lr leaves it finite */
+            double n = val[gn][0];
+            assert_true(kind == LR_INF ? isfinite(n)
+                        : kind == GRAD_INF ? isinf(n) : isnan(n));
+            double *before[NP][3], step0 = val[tensor(g, "%s", "adam.step")][0];
+            for (int i = 0; i < NP; i++) {
+                before[i][0] = dup(val[tensor(g, "%s", pname[i])], numel(i));
+                before[i][1] = dup(val[tensor(g, "adam.m.%s", pname[i])], numel(i));
+                before[i][2] = dup(val[tensor(g, "adam.v.%s", pname[i])], numel(i));
+            }
+            ir_interp_apply_updates(g, val);
+            for (int i = 0; i < NP; i++) {
+                size_t nb = sizeof(double) * (size_t)numel(i);
+                if (memcmp(val[tensor(g, "%s", pname[i])], before[i][0], nb) ||
+                    memcmp(val[tensor(g, "adam.m.%s", pname[i])], before[i][1], nb) ||
+                    memcmp(val[tensor(g, "adam.v.%s", pname[i])], before[i][2], nb))
+                    fail_msg("step %d (kind %d): param %s or its moments changed", s, kind,
+                             pname[i]);
+                for (int k = 0; k < 3; k++)
+                    free(before[i][k]);
+                free(grad[i]);
+            }
+            assert_true(val[tensor(g, "%s", "adam.step")][0] == step0);
+            continue;
+        }
+        double norm = ref_step(&st, grad, o, lr);
+        maxnorm = fmax(maxnorm, norm);
         assert_true(rel_err(val[gn], &norm, 1) < 1e-12);
         ir_interp_apply_updates(g, val);
 
@@ -188,6 +230,11 @@ static double run_case(const PassOpts *o, double gscale, bool simplify)
     ir_interp_free(g, val);
     ir_free(g);
     return maxnorm;
+}
+
+static double run_case(const PassOpts *o, double gscale, bool simplify)
+{
+    return run_steps(o, gscale, simplify, NULL, STEPS);
 }
 
 static void test_clip_active(void **state)
@@ -230,6 +277,69 @@ static void test_after_simplify(void **state)
     pass_opts_default(&o);
     o.grad_clip = 0.5;
     run_case(&o, 4.0, true);
+}
+
+/* Non-finite steps between finite ones, with and without clipping and
+ * simplify: each leaves params, m, v and adam.step bit-identical (what both
+ * on_nonfinite = "stop" and "skip" rely on: the graph is the same, the
+ * runtime only decides whether to go on), and the finite steps around them
+ * are the reference's consecutive steps (bias correction counts only the
+ * steps applied). */
+static void test_nonfinite_steps_change_nothing(void **state)
+{
+    (void)state;
+    static const int kinds[] = {LOSS_NAN, OK, LOSS_INF, GRAD_INF, OK, GRAD_NAN, LR_INF, OK};
+    int n = (int)(sizeof kinds / sizeof kinds[0]);
+    PassOpts o;
+    pass_opts_default(&o);
+    o.weight_decay = 0.3;
+    for (int simplify = 0; simplify < 2; simplify++) {
+        o.grad_clip = 0.5;
+        run_steps(&o, 4.0, simplify, kinds, n);
+        o.grad_clip = 0;
+        run_steps(&o, 4.0, simplify, kinds, n);
+    }
+}
+
+/* The smallest param's gradient output is what the comm pass all-reduces:
+ * bit for bit the gradient while the loss is finite, NaN when it is not (so
+ * that a NaN loss on one rank stops the update on every rank); the other
+ * gradients are untouched. */
+static void test_loss_poisons_smallest_gradient(void **state)
+{
+    (void)state;
+    PassOpts o;
+    pass_opts_default(&o);
+    Graph *g = hand_graph();
+    Diag d = {{0}};
+    assert_true(pass_optimizer(g, &o, &d));
+    assert_true(pass_simplify(g, &o, &d));
+    double **val = ir_interp_alloc(g);
+    for (int i = 0; i < g->t.n; i++)
+        if (g->t.v[i].op < 0 && g->t.v[i].kind != TK_CONST) {
+            int64_t n = shape_numel(&g->t.v[i].s);
+            val[i] = xcalloc((size_t)n, sizeof(double));
+            for (int64_t k = 0; k < n; k++)
+                val[i][k] = -0.375 + 0.125 * (double)k;
+        }
+    val[tensor(g, "%s", "d.s")][0] = -0.0;
+    for (int bad = 0; bad < 2; bad++) {
+        val[tensor(g, "%s", "x")][0] = bad ? NAN : 1.5;
+        ir_interp(g, val, NULL);
+        for (int i = 0; i < NP; i++) {
+            char nm[32];
+            snprintf(nm, sizeof nm, "grad.%s", pname[i]);
+            const double *out = val[ir_find_output(g, nm)];
+            const double *in = val[tensor(g, "d.%s", pname[i])];
+            bool smallest = i == 2; /* s: 1 element */
+            for (int64_t k = 0; k < numel(i); k++)
+                if (bad && smallest ? !isnan(out[k]) : memcmp(&out[k], &in[k], sizeof *out))
+                    fail_msg("loss %s: grad.%s[%lld] = %g (d.%s = %g)", bad ? "nan" : "finite",
+                             pname[i], (long long)k, out[k], pname[i], in[k]);
+        }
+    }
+    ir_interp_free(g, val);
+    ir_free(g);
 }
 
 static void test_state_and_flags(void **state)
@@ -383,6 +493,8 @@ int main(void)
         cmocka_unit_test(test_clip_inactive),
         cmocka_unit_test(test_no_clip_other_betas),
         cmocka_unit_test(test_after_simplify),
+        cmocka_unit_test(test_nonfinite_steps_change_nothing),
+        cmocka_unit_test(test_loss_poisons_smallest_gradient),
         cmocka_unit_test(test_state_and_flags),
         cmocka_unit_test(test_diagnostics),
         cmocka_unit_test(test_with_autodiff),
