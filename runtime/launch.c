@@ -89,7 +89,10 @@ void rt_stop_on_signals(void)
     sigaction(SIGTERM, &sa, NULL);
 }
 
-/* A rank's crash: "signal NAME" into its status, then the default action. */
+static struct sigaction crash_old[32]; /* the handlers on_crash replaced */
+
+/* A rank's crash: "signal NAME" into its status, then the handler it
+ * replaced (MPI's backtrace, a sanitizer's report) or the default action. */
 static void on_crash(int sig)
 {
     if (!status_final) {
@@ -102,8 +105,8 @@ static void on_crash(int sig)
         buf[k + m + 1] = 0;
         write_status(buf);
     }
-    signal(sig, SIG_DFL);
-    raise(sig);
+    sigaction(sig, &crash_old[sig], NULL);
+    raise(sig); /* pending until this handler returns; a fault then recurs */
 }
 
 void rt_rank_status(const char *fmt, ...)
@@ -116,16 +119,14 @@ void rt_rank_status(const char *fmt, ...)
         snprintf(stop_path, sizeof stop_path, "%s/stop", dir);
         snprintf(status_path, sizeof status_path, "%s/rank%s", dir, rank);
         rt_stop_on_signals();
-        /* crashes by name, where nothing else (a sanitizer) handles them */
+        /* crashes by name (then whatever handled them before) */
         static const int crash[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT};
         for (size_t i = 0; i < sizeof crash / sizeof crash[0]; i++) {
-            struct sigaction old, sa;
-            if (sigaction(crash[i], NULL, &old) != 0 || old.sa_handler != SIG_DFL ||
-                (old.sa_flags & SA_SIGINFO))
-                continue;
+            struct sigaction sa;
             memset(&sa, 0, sizeof sa);
             sa.sa_handler = on_crash;
-            sigaction(crash[i], &sa, NULL);
+            sigemptyset(&sa.sa_mask);
+            sigaction(crash[i], &sa, &crash_old[crash[i]]);
         }
     }
     char buf[512];
