@@ -64,9 +64,10 @@ static void invalid_graph(const Graph *g, const char *after, const char *err,
         f = fd >= 0 ? fdopen(fd, "w") : NULL;
     }
     bool ok = f != NULL;
-    if (f) {
+    if (f) { /* a write error (a full disk) counts: ferror, then fclose */
         ir_print(g, f);
-        ok = fclose(f) == 0;
+        ok = !ferror(f);
+        ok = fclose(f) == 0 && ok;
     }
     char what[128];
     if (strcmp(after, "frontend") == 0)

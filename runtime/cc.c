@@ -2,7 +2,17 @@
  *
  * Cache key: hash of source, `cc --version` output and flags. The object is
  * compiled to a temporary name in the cache directory and renamed into
- * place, so a reader never sees a half-written object.
+ * place, so a reader never sees a half-written object. Each object ends in
+ * a trailer (its size and FNV-1a hash, then a magic; the dynamic loader
+ * ignores bytes past the ELF image): a cache hit is verified before it is
+ * loaded, and an entry that is truncated, overwritten or lacks the trailer
+ * is compiled again (a truncated object would SIGBUS in dlopen).
+ *
+ * Temp files carry their writer's pid (kiln-H.PID.c, kiln-H.PID.N.o,
+ * kiln-H.so.tmp.PID; the CUDA module's NAME.tmp.PID): a file whose writer
+ * is gone (kill(pid, 0) fails with ESRCH), or any one older than a day, is
+ * removed when the directory is next pruned (also once at a process's first
+ * compile), never a live writer's.
  *
  * Size: the kiln-* files of the directory, and separately the CUDA
  * module's cubins in its cuda/ subdirectory (rt_cache_prune from the
@@ -17,6 +27,7 @@
 #include "frontend.h"
 
 #include <dirent.h>
+#include <signal.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -98,6 +109,11 @@ static bool mkdir_p(const char *path)
         *s = '/';
     }
     bool ok = mkdir(p, 0777) == 0 || errno == EEXIST;
+    struct stat st;
+    if (ok && (stat(p, &st) != 0 || !S_ISDIR(st.st_mode))) /* a file of that name */
+        ok = false, errno = ENOTDIR;
+    else if (ok && access(p, W_OK | X_OK) != 0)
+        ok = false;
     free(p);
     return ok;
 }
@@ -148,7 +164,7 @@ static int first_error_line(const char *log, const char *cfile)
     return 0;
 }
 
-enum { CACHE_GRACE_S = 60 };
+enum { CACHE_GRACE_S = 60, STALE_TMP_S = 86400 };
 
 /* The cache limit in bytes from KILN_CACHE_MAX ("2GiB", "500MB", bytes; 0:
  * none); the default, with a warning, when it does not parse. */
@@ -182,21 +198,61 @@ static int by_mtime(const void *a, const void *b)
     return x->mtime < y->mtime ? -1 : x->mtime > y->mtime ? 1 : strcmp(x->name, y->name);
 }
 
-/* Removes the least recently used files of dir whose names start with
- * prefix until they total under 3/4 of the limit; never `keep` (may be
- * NULL), never a file of the last minute. Recency: the later of mtime and
- * atime. */
+/* The pid of the writer of temp file `name` (see the top of this file), or
+ * 0 when name is no temp file. */
+static long temp_writer(const char *name)
+{
+    const char *t = strstr(name, ".tmp");
+    while (t && strstr(t + 1, ".tmp"))
+        t = strstr(t + 1, ".tmp");
+    if (t) { /* NAME.tmp.PID (NAME.tmpPID: cubins before the trailer) */
+        const char *p = t + 4 + (t[4] == '.');
+        char *end;
+        long pid = strtol(p, &end, 10);
+        return *p >= '0' && *p <= '9' && !*end && pid > 0 ? pid : 0;
+    }
+    /* kiln-<32 hex>.PID.c, .PID.N.c, .PID.N.o */
+    if (strncmp(name, "kiln-", 5) != 0 || strlen(name) < 5 + 32 + 3)
+        return 0;
+    for (int i = 5; i < 5 + 32; i++)
+        if (!strchr("0123456789abcdef", name[i]))
+            return 0;
+    const char *p = name + 5 + 32;
+    if (*p++ != '.' || *p < '0' || *p > '9')
+        return 0;
+    char *end;
+    long pid = strtol(p, &end, 10);
+    if (*end == '.' && end[1] >= '0' && end[1] <= '9') {
+        strtol(end + 1, &end, 10);
+        return pid > 0 && (strcmp(end, ".c") == 0 || strcmp(end, ".o") == 0) ? pid : 0;
+    }
+    return pid > 0 && strcmp(end, ".c") == 0 ? pid : 0;
+}
+
+/* Whether temp file path (writer pid, modified at mtime) is left over from
+ * a writer that is gone: its process no longer exists, or it is older than
+ * STALE_TMP_S (a pid reused since, or a writer on another machine). */
+static bool temp_stale(long pid, time_t mtime)
+{
+    if (time(NULL) - mtime > STALE_TMP_S)
+        return true;
+    return pid != (long)getpid() && kill((pid_t)pid, 0) != 0 && errno == ESRCH;
+}
+
+/* Removes dir's stale temp files (temp_stale), then the least recently
+ * used files of dir whose names start with prefix until they total under
+ * 3/4 of the limit; never `keep` (may be NULL), never a file of the last
+ * minute. Recency: the later of mtime and atime. */
 void rt_cache_prune(const char *dir, const char *prefix, const char *keep, bool verbose)
 {
     int64_t max = cache_max();
-    if (max <= 0)
-        return;
     DIR *dp = opendir(dir);
     if (!dp)
         return;
     CacheFile *f = NULL;
     size_t n = 0, cap = 0;
     int64_t total = 0;
+    int stale = 0;
     struct dirent *de;
     while ((de = readdir(dp))) {
         if (strncmp(de->d_name, prefix, strlen(prefix)) != 0 || de->d_name[0] == '.')
@@ -207,6 +263,17 @@ void rt_cache_prune(const char *dir, const char *prefix, const char *keep, bool 
             free(path);
             continue;
         }
+        long pid = temp_writer(de->d_name);
+        if (pid > 0 && temp_stale(pid, st.st_mtime)) {
+            if (unlink(path) == 0)
+                stale++;
+            free(path);
+            continue;
+        }
+        if (max <= 0) {
+            free(path);
+            continue;
+        }
         if (n == cap)
             f = xrealloc(f, sizeof *f * (cap = cap ? 2 * cap : 64));
         time_t used = st.st_atime > st.st_mtime ? st.st_atime : st.st_mtime;
@@ -214,7 +281,10 @@ void rt_cache_prune(const char *dir, const char *prefix, const char *keep, bool 
         total += (int64_t)st.st_size;
     }
     closedir(dp);
-    if (total > max) {
+    if (verbose && stale)
+        fprintf(stderr, "kiln: cache %s: removed %d temp files left by writers that are gone\n",
+                dir, stale);
+    if (max > 0 && total > max) {
         qsort(f, n, sizeof *f, by_mtime);
         time_t now_t = time(NULL);
         int removed = 0;
@@ -270,19 +340,30 @@ static int split_source(const char *src, int jobs, char **parts)
     return np;
 }
 
-/* "kernel compilation failed ..." into d: the kept source file, the lines
- * around the compiler's first error in it, and the compiler's output. */
-static void compile_failed(const char *cfile, const char *text, int rc, const char *log,
-                           Diag *d)
+/* "kernel compilation failed ..." into d: the kept source file (kept; it
+ * was compiled as cfile), the lines around the compiler's first error in
+ * it, and the compiler's output. */
+static void compile_failed(const char *cfile, const char *kept, const char *text, int rc,
+                           const char *log, Diag *d)
 {
     int line = first_error_line(log, cfile);
     snprintf(d->msg, sizeof d->msg,
              "kernel compilation failed (%s, exit status %d); source kept in %s\n",
-             KILN_C_COMPILER, rc, cfile);
+             KILN_C_COMPILER, rc, kept);
     if (line > 0)
         add_numbered(d->msg, sizeof d->msg, text, line - 3, line + 2);
     size_t k = strlen(d->msg);
     snprintf(d->msg + k, sizeof d->msg - k, "compiler says:\n%s", log);
+}
+
+/* A stop was requested (SIGINT, SIGTERM: rt_stop_signal): d says so. */
+static bool stop_requested(Diag *d)
+{
+    int sig = rt_stop_signal();
+    if (sig)
+        snprintf(d->msg, sizeof d->msg, "stopped by %s while compiling kernels",
+                 sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "a signal");
+    return sig != 0;
 }
 
 static bool write_text(const char *path, const char *text)
@@ -294,9 +375,11 @@ static bool write_text(const char *path, const char *text)
 
 /* Compiles src's parts (split_source) side by side, one compiler process
  * each, then links them into tmp. stem: the per-process file name prefix.
- * On failure d is set; the failing part's source is kept, nothing else. */
-static bool compile_parts(const char *src, const char *stem, const char *tmp, int jobs,
-                          Diag *d)
+ * On failure d is set; the failing part's source is kept as `failed`,
+ * nothing else (nothing at all when a stop was requested: the compilers
+ * were most likely interrupted). */
+static bool compile_parts(const char *src, const char *stem, const char *tmp,
+                          const char *failed, int jobs, Diag *d)
 {
     char *parts[MAX_PARTS];
     int np = split_source(src, jobs, parts);
@@ -341,7 +424,9 @@ static bool compile_parts(const char *src, const char *stem, const char *tmp, in
         if (rc[i] != 0)
             bad = i;
     if (ok && bad >= 0) {
-        compile_failed(cfile[bad], parts[bad], rc[bad], log[bad], d);
+        bool kept = !rt_stop_signal() && rename(cfile[bad], failed) == 0;
+        compile_failed(cfile[bad], kept ? failed : "(nowhere)", parts[bad], rc[bad], log[bad],
+                       d);
         ok = false;
     }
     if (ok && np > 1) {
@@ -370,8 +455,8 @@ static bool compile_parts(const char *src, const char *stem, const char *tmp, in
     for (int i = 0; i < np; i++) {
         if (np > 1)
             unlink(obj[i]);
-        if (i != bad && cfile[i])
-            unlink(cfile[i]);
+        if (cfile[i])
+            unlink(cfile[i]); /* the failing part's was renamed to `failed` */
         free(cfile[i]);
         free(obj[i]);
         free(log[i]);
@@ -380,6 +465,94 @@ static bool compile_parts(const char *src, const char *stem, const char *tmp, in
     if (!ok)
         unlink(tmp);
     return ok;
+}
+
+/* The trailer of a cached object: the size and the FNV-1a hash of the
+ * bytes before it (native byte order: a cache serves one machine), then
+ * the magic. */
+enum { TRAILER_BYTES = 24 };
+static const char trailer_magic[8] = {'K', 'I', 'L', 'N', 'S', 'O', '0', '1'};
+
+static uint64_t fnv1a(uint64_t h, const unsigned char *b, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ b[i]) * 0x100000001b3ull;
+    return h;
+}
+
+/* FNV-1a of the first n bytes of fd (from offset 0); false on a short read. */
+static bool hash_fd(int fd, uint64_t n, uint64_t *h)
+{
+    unsigned char buf[1 << 16];
+    *h = 0xcbf29ce484222325ull;
+    uint64_t off = 0;
+    while (off < n) {
+        size_t want = n - off < sizeof buf ? (size_t)(n - off) : sizeof buf;
+        ssize_t k = pread(fd, buf, want, (off_t)off);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            return false;
+        *h = fnv1a(*h, buf, (size_t)k);
+        off += (uint64_t)k;
+    }
+    return true;
+}
+
+/* Appends the trailer to the object at path; false with errno set. */
+static bool add_trailer(const char *path)
+{
+    int fd = open(path, O_RDWR);
+    if (fd < 0)
+        return false;
+    struct stat st;
+    uint64_t h, size;
+    bool ok = fstat(fd, &st) == 0 && hash_fd(fd, size = (uint64_t)st.st_size, &h);
+    if (ok) {
+        unsigned char t[TRAILER_BYTES];
+        memcpy(t, &size, 8);
+        memcpy(t + 8, &h, 8);
+        memcpy(t + 16, trailer_magic, 8);
+        ok = pwrite(fd, t, sizeof t, (off_t)size) == (ssize_t)sizeof t;
+    }
+    int err = errno;
+    if (close(fd) != 0 && ok)
+        return false;
+    errno = err;
+    return ok;
+}
+
+/* Whether the cached object at path is whole: 0 yes, 1 absent, 2 damaged
+ * (why says how). */
+static int check_object(const char *path, char *why, size_t n)
+{
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) {
+        if (errno == ENOENT)
+            return 1;
+        snprintf(why, n, "cannot open it: %s", strerror(errno));
+        return 2;
+    }
+    struct stat st;
+    unsigned char t[TRAILER_BYTES];
+    uint64_t size = 0, want = 0, h = 0;
+    int rc = 2;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+        snprintf(why, n, "not a regular file");
+    else if (st.st_size <= TRAILER_BYTES ||
+             pread(fd, t, sizeof t, st.st_size - TRAILER_BYTES) != (ssize_t)sizeof t ||
+             memcmp(t + 16, trailer_magic, 8) != 0)
+        snprintf(why, n, "%lld bytes without the size and checksum trailer: truncated or "
+                 "overwritten", (long long)st.st_size);
+    else if (memcpy(&size, t, 8), size != (uint64_t)st.st_size - TRAILER_BYTES)
+        snprintf(why, n, "%lld bytes, the trailer says %llu", (long long)st.st_size - TRAILER_BYTES,
+                 (unsigned long long)size);
+    else if (memcpy(&want, t + 8, 8), !hash_fd(fd, size, &h) || h != want)
+        snprintf(why, n, "checksum mismatch");
+    else
+        rc = 0;
+    close(fd);
+    return rc;
 }
 
 char *rt_cc_compile(const char *source, const char *cache_dir, int jobs, bool verbose, Diag *d)
@@ -400,9 +573,22 @@ char *rt_cc_compile(const char *source, const char *cache_dir, int jobs, bool ve
     h2 = hash_bytes(cc_flags, sizeof cc_flags, h2);
 
     char *dir = rt_cache_path(cache_dir);
+    static bool swept; /* once per process: temp files left by writers that are gone */
+    if (!swept) {
+        swept = true;
+        rt_cache_prune(dir, "kiln-", NULL, verbose);
+    }
     char *so = xasprintf("%s/kiln-%016llx%016llx.so", dir, (unsigned long long)h1,
                          (unsigned long long)h2);
-    if (access(so, R_OK) == 0) {
+    char why[160];
+    int have = check_object(so, why, sizeof why);
+    if (have == 2) {
+        if (verbose)
+            fprintf(stderr, "kiln: cc: cache entry %s is damaged (%s); compiling it again\n", so,
+                    why);
+        unlink(so);
+    }
+    if (have == 0) {
         utimensat(AT_FDCWD, so, NULL, 0); /* used now: last to go (best effort) */
         stats.cache_hits++;
         if (verbose)
@@ -421,8 +607,21 @@ char *rt_cc_compile(const char *source, const char *cache_dir, int jobs, bool ve
     char *stem = xasprintf("%s/kiln-%016llx%016llx.%ld", dir, (unsigned long long)h1,
                            (unsigned long long)h2, (long)getpid());
     char *tmp = xasprintf("%s.tmp.%ld", so, (long)getpid());
+    char *failed = xasprintf("%s/kiln-%016llx%016llx.failed.c", dir, (unsigned long long)h1,
+                             (unsigned long long)h2);
     double t0 = now();
-    bool ok = compile_parts(src, stem, tmp, jobs, d);
+    bool ok = !stop_requested(d) && compile_parts(src, stem, tmp, failed, jobs, d);
+    free(failed);
+    if (ok && !add_trailer(tmp)) {
+        snprintf(d->msg, sizeof d->msg, "%s: cannot write the compiled kernels: %s", tmp,
+                 strerror(errno));
+        unlink(tmp);
+        ok = false;
+    }
+    if (stop_requested(d)) { /* the compilers may have been interrupted too */
+        unlink(tmp);
+        ok = false;
+    }
     stats.compiles++;
     stats.compile_seconds += now() - t0;
     if (verbose)
@@ -435,7 +634,11 @@ char *rt_cc_compile(const char *source, const char *cache_dir, int jobs, bool ve
     }
     char *keep = xasprintf("%s/kiln-%016llx%016llx.c", dir, (unsigned long long)h1,
                            (unsigned long long)h2);
-    write_text(keep, src); /* the source beside its object, for reading; best effort */
+    /* the source beside its object, for reading; best effort */
+    char *keep_tmp = xasprintf("%s.tmp.%ld", keep, (long)getpid());
+    if (!write_text(keep_tmp, src) || rename(keep_tmp, keep) != 0)
+        unlink(keep_tmp);
+    free(keep_tmp);
     free(keep);
     if (rename(tmp, so) != 0) {
         snprintf(d->msg, sizeof d->msg, "%s: cannot move the compiled kernels into place: %s",

@@ -2,7 +2,9 @@
  * by NVRTC for one architecture, cubins cached on disk by a hash of the
  * source, the options, NVRTC's version and the architecture (the log beside
  * each cubin); a failure prints the numbered source and the log. Needs no
- * driver and no GPU. */
+ * driver and no GPU. A cached cubin ends in a trailer (its size and FNV-1a
+ * hash, then a magic), checked when it is read: a truncated or overwritten
+ * one is compiled again. */
 #include "cuda_module.h"
 
 #include <nvrtc.h>
@@ -73,18 +75,53 @@ static char *read_all(const char *path, size_t *n)
     return s;
 }
 
-/* Writes atomically (temp + rename); a failure only costs the cache entry. */
-static void write_all(const char *path, const void *p, size_t n)
+/* A cubin's trailer: its size and FNV-1a hash, then the magic. */
+enum { TRAILER_BYTES = 24 };
+static const char trailer_magic[8] = {'K', 'I', 'L', 'N', 'C', 'U', '0', '1'};
+
+/* Writes atomically (temp NAME.tmp.PID + rename: the kernel cache removes
+ * such files once their writer is gone); with_trailer: the cubin's trailer
+ * after the bytes. A failure only costs the cache entry. */
+static void write_all(const char *path, const void *p, size_t n, bool with_trailer)
 {
     char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp%d", path, (int)getpid());
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
     FILE *f = fopen(tmp, "wb");
     if (!f)
         return;
     bool ok = fwrite(p, 1, n, f) == n;
+    if (with_trailer) {
+        uint64_t size = n, h = fnv(p, n, 0xcbf29ce484222325ull);
+        ok = ok && fwrite(&size, 8, 1, f) == 1 && fwrite(&h, 8, 1, f) == 1 &&
+             fwrite(trailer_magic, 8, 1, f) == 1;
+    }
     ok = fclose(f) == 0 && ok;
     if (!ok || rename(tmp, path) != 0)
         unlink(tmp);
+}
+
+/* The length of the cubin before its trailer when s[0..n) is a whole
+ * cached cubin; else 0 with why set. */
+static size_t check_cubin(const char *s, size_t n, char *why, size_t wn)
+{
+    uint64_t size, h;
+    if (n <= TRAILER_BYTES || memcmp(s + n - 8, trailer_magic, 8) != 0) {
+        snprintf(why, wn, "%zu bytes without the size and checksum trailer: truncated or "
+                 "overwritten", n);
+        return 0;
+    }
+    memcpy(&size, s + n - TRAILER_BYTES, 8);
+    memcpy(&h, s + n - 16, 8);
+    if (size != n - TRAILER_BYTES) {
+        snprintf(why, wn, "%zu bytes, the trailer says %llu", n - TRAILER_BYTES,
+                 (unsigned long long)size);
+        return 0;
+    }
+    if (fnv(s, size, 0xcbf29ce484222325ull) != h) {
+        snprintf(why, wn, "checksum mismatch");
+        return 0;
+    }
+    return (size_t)size;
 }
 
 /* The numbered source, then the log, to stderr. */
@@ -141,11 +178,15 @@ KC_EXPORT bool kiln_cuda_compile(const char *src, const char *arch, const char *
     snprintf(lpath, sizeof lpath, "%s/%016llx-%s.log", dir, (unsigned long long)h, arch);
     free(dir);
     size_t n = 0, ln = 0;
-    char *cub = read_all(cpath, &n);
-    if (cub && n > 0) {
+    char *cub = read_all(cpath, &n), why[160];
+    size_t whole = cub ? check_cubin(cub, n, why, sizeof why) : 0;
+    if (cub && !whole && verbose)
+        fprintf(stderr, "kiln: cuda: cached cubin %s is damaged (%s); compiling it again\n",
+                cpath, why);
+    if (whole) {
         char *log = read_all(lpath, &ln);
         b->cubin = cub;
-        b->size = n;
+        b->size = whole;
         b->log = log ? log : kc_dupstr("");
         b->cached = true;
         if (verbose)
@@ -189,8 +230,8 @@ KC_EXPORT bool kiln_cuda_compile(const char *src, const char *arch, const char *
         return false;
     }
     nvrtcDestroyProgram(&prog);
-    write_all(lpath, log, strlen(log));
-    write_all(cpath, cub, cn);
+    write_all(lpath, log, strlen(log), false);
+    write_all(cpath, cub, cn, true);
     if (verbose)
         fprintf(stderr, "kiln: cuda: compiled %zu-byte cubin for %s into %s\n", cn, arch, cpath);
     b->cubin = cub;

@@ -13,6 +13,7 @@
 #include "runtime.h"
 
 #include <math.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -32,6 +33,7 @@ struct RtDp {
     VEC(double) exposed_ms;
     bool have_comm;
     char *trace_path;
+    int stop; /* agreed at the last rt_dp_loss (several ranks) */
 };
 
 bool rt_dp_open(const TrainCfg *c, RtDp **out, Diag *d)
@@ -274,9 +276,17 @@ bool rt_dp_step(RtDp *dp, Exec *te, const Graph *tg, const DataBatch *global, ui
 
 float rt_dp_loss(RtDp *dp, float last)
 {
-    double v = ((double)last + dp->micro_loss) / (double)(dp->nmicro + 1);
-    rt_comm_mean(dp->comm, &v, 1);
-    return (float)v;
+    int sig = rt_stop_signal();
+    double v[3] = {((double)last + dp->micro_loss) / (double)(dp->nmicro + 1),
+                   sig == SIGINT, sig != 0 && sig != SIGINT};
+    rt_comm_mean(dp->comm, v, dp->size > 1 ? 3 : 1);
+    dp->stop = v[2] > 0 ? SIGTERM : v[1] > 0 ? SIGINT : 0;
+    return (float)v[0];
+}
+
+int rt_dp_stop(const RtDp *dp)
+{
+    return !dp || dp->size <= 1 ? rt_stop_signal() : dp->stop;
 }
 
 void rt_dp_after_step(RtDp *dp, Trace *trace, double t0, bool trace_events)

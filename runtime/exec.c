@@ -398,12 +398,18 @@ bool rt_dump_kernels(const Graph *g, const char *dir, Diag *d)
             }
             char *path = xasprintf("%s/%s.%s", kd, k->name, cuda ? "cu" : "c");
             FILE *f = fopen(path, "w");
-            if (!f || fputs(b.s, f) == EOF) {
-                snprintf(d->msg, sizeof d->msg, "%s: cannot write: %s", path, strerror(errno));
+            bool wrote = f && fputs(b.s, f) != EOF;
+            int err = errno;
+            if (f && fclose(f) != 0 && wrote)
+                wrote = false, err = errno;
+            if (!wrote) { /* a full disk: say so, leave no truncated file */
+                snprintf(d->msg, sizeof d->msg, "%s: cannot write: %s", path,
+                         strerror(err ? err : EIO));
+                struct stat st;
+                if (f && lstat(path, &st) == 0 && S_ISREG(st.st_mode))
+                    unlink(path);
                 ok = false;
             }
-            if (f)
-                fclose(f);
             free(path);
             free(b.s);
         }

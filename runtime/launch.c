@@ -4,9 +4,17 @@
  * The launcher makes a status directory (KILN_RANK_STATUS_DIR), runs mpirun
  * with this binary and waits. Each rank writes DIR/rankR: "running PID" when
  * it starts, then "exit CODE", "lost R1, R2" (it stopped the job because it
- * lost those ranks) or "stopped" (mpirun terminated it because another rank
- * failed). A rank still "running" after mpirun returned vanished: killed or
- * crashed; the launcher names it. */
+ * lost those ranks), "stopped" (mpirun terminated it because another rank
+ * failed) or "signal NAME" (it crashed: SIGSEGV, SIGBUS, SIGFPE, SIGILL,
+ * SIGABRT). A rank still "running" after mpirun returned vanished: killed
+ * or crashed; the launcher names it.
+ *
+ * Stopping on request: SIGINT and SIGTERM only record the signal
+ * (rt_stop_signal); the training loop stops after its current step and the
+ * compile driver after its compile, so nothing is left half-written. The
+ * launcher, when it gets one, creates DIR/stop and sends the signal to
+ * every rank itself; a rank's SIGTERM without DIR/stop is mpirun stopping
+ * the job because another rank failed, and ends the rank at once. */
 #include "runtime.h"
 
 #include <errno.h>
@@ -19,8 +27,29 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-static char status_path[4096];
+static char status_path[4096], stop_path[4096];
 static volatile sig_atomic_t status_final;
+static volatile sig_atomic_t stop_sig;
+
+int rt_stop_signal(void) { return stop_sig; }
+
+const char *rt_signal_name(int sig)
+{
+    switch (sig) {
+    case SIGINT: return "SIGINT";
+    case SIGTERM: return "SIGTERM";
+    case SIGKILL: return "SIGKILL";
+    case SIGSEGV: return "SIGSEGV";
+    case SIGBUS: return "SIGBUS";
+    case SIGFPE: return "SIGFPE";
+    case SIGILL: return "SIGILL";
+    case SIGABRT: return "SIGABRT";
+    case SIGHUP: return "SIGHUP";
+    case SIGPIPE: return "SIGPIPE";
+    case SIGQUIT: return "SIGQUIT";
+    default: return "a signal";
+    }
+}
 
 static void write_status(const char *text)
 {
@@ -32,17 +61,52 @@ static void write_status(const char *text)
     close(fd);
 }
 
-static void on_term(int sig)
+/* SIGINT, SIGTERM: records the signal; see the top of this file. */
+static void on_stop(int sig)
 {
-    (void)sig;
+    if (sig == SIGTERM && status_path[0] && access(stop_path, F_OK) != 0) {
+        if (!status_final) {
+            status_final = 1;
+            write_status("stopped\n");
+        }
+        static const char msg[] = "kiln: stopped by mpirun (another rank failed)\n";
+        ssize_t w = write(2, msg, sizeof msg - 1);
+        (void)w;
+        _exit(143);
+    }
+    if (!stop_sig)
+        stop_sig = sig;
+}
+
+void rt_stop_on_signals(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop;
+    sa.sa_flags = SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+}
+
+static struct sigaction crash_old[32]; /* the handlers on_crash replaced */
+
+/* A rank's crash: "signal NAME" into its status, then the handler it
+ * replaced (MPI's backtrace, a sanitizer's report) or the default action. */
+static void on_crash(int sig)
+{
     if (!status_final) {
         status_final = 1;
-        write_status("stopped\n");
+        char buf[32] = "signal ";
+        const char *n = rt_signal_name(sig);
+        size_t k = strlen(buf), m = strlen(n);
+        memcpy(buf + k, n, m);
+        buf[k + m] = '\n';
+        buf[k + m + 1] = 0;
+        write_status(buf);
     }
-    static const char msg[] = "kiln: stopped by mpirun (another rank failed)\n";
-    ssize_t w = write(2, msg, sizeof msg - 1);
-    (void)w;
-    _exit(143);
+    sigaction(sig, &crash_old[sig], NULL);
+    raise(sig); /* pending until this handler returns; a fault then recurs */
 }
 
 void rt_rank_status(const char *fmt, ...)
@@ -52,11 +116,18 @@ void rt_rank_status(const char *fmt, ...)
     if (!dir || !rank)
         return;
     if (!status_path[0]) {
+        snprintf(stop_path, sizeof stop_path, "%s/stop", dir);
         snprintf(status_path, sizeof status_path, "%s/rank%s", dir, rank);
-        struct sigaction sa;
-        memset(&sa, 0, sizeof sa);
-        sa.sa_handler = on_term;
-        sigaction(SIGTERM, &sa, NULL);
+        rt_stop_on_signals();
+        /* crashes by name (then whatever handled them before) */
+        static const int crash[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT};
+        for (size_t i = 0; i < sizeof crash / sizeof crash[0]; i++) {
+            struct sigaction sa;
+            memset(&sa, 0, sizeof sa);
+            sa.sa_handler = on_crash;
+            sigemptyset(&sa.sa_mask);
+            sigaction(crash[i], &sa, &crash_old[crash[i]]);
+        }
     }
     char buf[512];
     va_list ap;
@@ -73,14 +144,13 @@ void rt_rank_status(const char *fmt, ...)
     write_status(buf);
 }
 
-static pid_t launched;
-static volatile sig_atomic_t interrupted;
+static volatile sig_atomic_t interrupted, ninterrupts;
 
-static void forward(int sig)
+static void on_launcher_signal(int sig)
 {
-    interrupted = 1;
-    if (launched > 0)
-        kill(launched, sig);
+    if (!interrupted)
+        interrupted = sig;
+    ninterrupts++;
 }
 
 static char *read_small(const char *path)
@@ -95,6 +165,32 @@ static char *read_small(const char *path)
     while (n && (buf[n - 1] == '\n' || buf[n - 1] == ' '))
         buf[--n] = 0;
     return xstrdup(buf);
+}
+
+/* The launcher got sig: DIR/stop, then sig to every rank that has started
+ * (they stop after their current step, together); to mpirun when a rank
+ * has not started yet. */
+static void stop_ranks(const char *dir, int nproc, pid_t mpirun, int sig)
+{
+    char *stop = xasprintf("%s/stop", dir);
+    int fd = open(stop, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0)
+        close(fd);
+    free(stop);
+    bool all = true;
+    for (int r = 0; r < nproc; r++) {
+        char *path = xasprintf("%s/rank%d", dir, r);
+        char *st = read_small(path);
+        long pid = 0;
+        if (st && sscanf(st, "running %ld", &pid) == 1 && pid > 0)
+            kill((pid_t)pid, sig);
+        else
+            all = false;
+        free(st);
+        free(path);
+    }
+    if (!all)
+        kill(mpirun, sig);
 }
 
 int rt_launch(int nproc, int argc, char **argv)
@@ -153,15 +249,24 @@ int rt_launch(int nproc, int argc, char **argv)
                         "openmpi-bin)\n", strerror(errno));
         _exit(127);
     }
-    launched = pid;
     struct sigaction sa, old_int, old_term;
     memset(&sa, 0, sizeof sa);
-    sa.sa_handler = forward;
+    sa.sa_handler = on_launcher_signal;
     sigaction(SIGINT, &sa, &old_int);
     sigaction(SIGTERM, &sa, &old_term);
-    int ws = 0;
-    while (waitpid(pid, &ws, 0) < 0 && errno == EINTR)
-        ;
+    int ws = 0, forwarded = 0;
+    for (;;) { /* polls: a signal may come at any moment, waitpid included */
+        pid_t w = waitpid(pid, &ws, WNOHANG);
+        if (w == pid || (w < 0 && errno != EINTR))
+            break;
+        if (interrupted && forwarded == 0)
+            stop_ranks(dir, nproc, pid, interrupted);
+        else if (ninterrupts > 1 && forwarded == 1)
+            kill(pid, SIGTERM); /* asked twice: mpirun ends the job now */
+        if (interrupted)
+            forwarded = ninterrupts > 1 ? 2 : 1;
+        usleep(20000);
+    }
     sigaction(SIGINT, &old_int, NULL);
     sigaction(SIGTERM, &old_term, NULL);
     vec_free(&av);
@@ -178,6 +283,10 @@ int rt_launch(int nproc, int argc, char **argv)
             snprintf(b, sizeof b, "%s%d", vanished.n ? ", " : "", r);
             for (char *c = b; *c; c++)
                 vec_push(&vanished, *c);
+        } else if (strncmp(st, "signal ", 7) == 0) {
+            all_ok = false;
+            fprintf(stderr, "kiln: lost rank %d: it was killed by %s; the other ranks were "
+                            "stopped\n", r, st + 7);
         } else if (strcmp(st, "exit 0") != 0) {
             all_ok = false;
         }
@@ -185,12 +294,21 @@ int rt_launch(int nproc, int argc, char **argv)
         unlink(path);
         free(path);
     }
+    char *stop = xasprintf("%s/stop", dir);
+    unlink(stop);
+    free(stop);
     rmdir(dir);
     free(dir);
-    if (vanished.n && interrupted) {
-        fprintf(stderr, "kiln: interrupted; every rank was stopped\n");
-    } else if (vanished.n) {
-        vec_push(&vanished, 0);
+    vec_push(&vanished, 0);
+    if (interrupted) {
+        if (vanished.n > 1)
+            fprintf(stderr, "kiln: stopped by %s; rank %s ended before it could stop cleanly\n",
+                    rt_signal_name(interrupted), vanished.v);
+        else
+            fprintf(stderr, "kiln: stopped by %s; every rank stopped cleanly\n",
+                    rt_signal_name(interrupted));
+        rc = 128 + interrupted;
+    } else if (vanished.n > 1) {
         fprintf(stderr,
                 "kiln: lost rank %s: it ended without finishing (killed or crashed); the "
                 "other ranks were stopped\n",

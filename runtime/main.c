@@ -6,6 +6,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "codegen.h"
 #include "frontend.h"
@@ -163,6 +164,8 @@ static bool known_dump(const char *name)
            strcmp(name, "memplan") == 0 || pass_find(name) != NULL;
 }
 
+static FILE *dump_fopen(const char *path, bool *error);
+
 /* Opens the dump file for `pass` (or stdout); prints the fixed header. */
 static FILE *dump_open(CompileArgs *a, const char *pass, const char *ext, char **path)
 {
@@ -172,21 +175,44 @@ static FILE *dump_open(CompileArgs *a, const char *pass, const char *ext, char *
         return stdout;
     }
     *path = xasprintf("%s/%02d-%s.%s", a->dump_dir, a->ndump_written++, pass, ext);
-    FILE *f = fopen(*path, "w");
+    return dump_fopen(*path, &a->dump_error);
+}
+
+/* Opens the dump file path; on failure says so and sets *error. */
+static FILE *dump_fopen(const char *path, bool *error)
+{
+    FILE *f = fopen(path, "w");
     if (!f) {
-        fprintf(stderr, "kiln: %s: cannot write: %s\n", *path, strerror(errno));
-        a->dump_error = true;
-        free(*path);
-        *path = NULL;
+        fprintf(stderr, "kiln: %s: cannot write: %s\n", path, strerror(errno));
+        *error = true;
     }
+    errno = 0;
     return f;
 }
 
-static void dump_close(FILE *f, char *path)
+/* Closes a dump file (stdout: nothing to do) and frees path. A write error
+ * (a full disk) is reported, sets *error, and removes the truncated file
+ * (a regular one: never what a symlink points at). */
+static void dump_fclose(FILE *f, char *path, bool *error)
 {
-    if (f && f != stdout)
-        fclose(f);
+    if (f && f != stdout) {
+        int err = ferror(f) ? (errno ? errno : EIO) : 0;
+        if (fclose(f) != 0 && !err)
+            err = errno ? errno : EIO;
+        if (err) {
+            fprintf(stderr, "kiln: %s: cannot write: %s\n", path, strerror(err));
+            *error = true;
+            struct stat st;
+            if (lstat(path, &st) == 0 && S_ISREG(st.st_mode))
+                unlink(path);
+        }
+    }
     free(path);
+}
+
+static void dump_close(CompileArgs *a, FILE *f, char *path)
+{
+    dump_fclose(f, path, &a->dump_error);
 }
 
 static void dump_graph(CompileArgs *a, const char *pass, const Graph *g)
@@ -202,7 +228,7 @@ static void dump_graph(CompileArgs *a, const char *pass, const Graph *g)
         pass_comm_print(g, f);
     if (strcmp(pass, "fuse") == 0)
         pass_fuse_print(g, f);
-    dump_close(f, path);
+    dump_close(a, f, path);
 }
 
 static void pass_hook(const char *pass, const Graph *g, double seconds, void *ctx)
@@ -381,8 +407,8 @@ static bool print_fusion(const Model *m, const Graph *g, const PassOpts *po)
 
 /* The cuBLASLt epilogues the plan records for its GEMMs (codegen/
  * epilogue.c): one summary line; with --dump-dir, one line per GEMM that
- * carries one in DIR/epilogues.txt. */
-static void print_epilogues(const Graph *g, const char *dump_dir)
+ * carries one in DIR/epilogues.txt (a write error sets *error). */
+static void print_epilogues(const Graph *g, const char *dump_dir, bool *error)
 {
     Diag d = {{0}};
     CgPlan *p = cg_plan(g, &d);
@@ -393,12 +419,10 @@ static void print_epilogues(const Graph *g, const char *dump_dir)
     cg_plan_print_epilogues(p, stdout, false);
     if (dump_dir) {
         char *path = xasprintf("%s/epilogues.txt", dump_dir);
-        FILE *f = fopen(path, "w");
-        if (f) {
+        FILE *f = dump_fopen(path, error);
+        if (f)
             cg_plan_print_epilogues(p, f, true);
-            fclose(f);
-        }
-        free(path);
+        dump_fclose(f, path, error);
     }
     cg_plan_free(p);
 }
@@ -516,13 +540,13 @@ static int cmd_compile(int argc, char **argv)
         FILE *f = dump_open(&a, "memplan", "txt", &path);
         if (f)
             pass_memplan_print(g, mp, f);
-        dump_close(f, path);
+        dump_close(&a, f, path);
     }
     print_summary(m, m->g, g, mp);
     print_remat(&rr, g, po.memory_budget);
     if (!print_fusion(m, g, &po))
         rc = 1;
-    print_epilogues(g, a.dump_dir);
+    print_epilogues(g, a.dump_dir, &a.dump_error);
     if (a.dump_dir && (wants_dump(&a, "fuse") || wants_dump(&a, "kernels")) &&
         !rt_dump_kernels(g, a.dump_dir, &d)) {
         fprintf(stderr, "%s\n", d.msg);
@@ -632,9 +656,25 @@ static int cmd_train(int argc, char **argv)
         fe_model_free(m);
         return rt_launch(nproc, argc, argv);
     }
+    rt_stop_on_signals(); /* SIGINT, SIGTERM: stop after the current step */
     int rc = rt_train(m, &o);
     fe_model_free(m);
     return rc;
+}
+
+/* rc, or 1 when standard output could not be written (a full disk, a
+ * closed pipe): a summary or dump cut short must not exit 0. */
+static int check_stdout(int rc)
+{
+    int err = errno; /* an earlier failed write's reason, most likely */
+    if (fflush(stdout) != 0)
+        err = errno;
+    else if (!ferror(stdout))
+        return rc;
+    if (err != ENOSPC && err != EDQUOT && err != EFBIG && err != EPIPE && err != EBADF)
+        err = EIO;
+    fprintf(stderr, "kiln: cannot write standard output: %s\n", strerror(err));
+    return rc ? rc : 1;
 }
 
 int main(int argc, char **argv)
@@ -645,9 +685,9 @@ int main(int argc, char **argv)
         return argc < 2 ? 2 : 0;
     }
     if (strcmp(argv[1], "compile") == 0)
-        return cmd_compile(argc, argv);
+        return check_stdout(cmd_compile(argc, argv));
     if (strcmp(argv[1], "train") == 0)
-        return cmd_train(argc, argv);
+        return check_stdout(cmd_train(argc, argv));
     fprintf(stderr, "kiln: unknown command '%s' (expected compile or train; see kiln --help)\n",
             argv[1]);
     return 2;

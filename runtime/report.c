@@ -2,8 +2,11 @@
  * (chrome://tracing, Perfetto) and the per-kernel profile table. */
 #include "runtime.h"
 
+#include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 typedef struct {
     const char *name, *cat; /* interned */
@@ -117,7 +120,25 @@ bool rt_trace_close(Trace *t, bool write, Diag *d)
     }
     append(&buf, &n, &cap, "\n]}\n");
     const void *chunk[1] = {buf};
-    bool ok = rt_write_atomic(t->path, chunk, &n, 1, d);
+    bool ok;
+    struct stat st;
+    if (stat(t->path, &st) == 0 && !S_ISREG(st.st_mode)) {
+        /* a device or a pipe (/dev/stdout): written in place, never
+         * replaced by a file; every write checked */
+        FILE *f = fopen(t->path, "w");
+        int err = errno;
+        ok = f && fwrite(buf, 1, n, f) == n;
+        if (f) {
+            err = errno;
+            if (fclose(f) != 0 && ok)
+                ok = false, err = errno;
+        }
+        if (!ok)
+            snprintf(d->msg, sizeof d->msg, "%s: cannot write: %s", t->path,
+                     strerror(err ? err : EIO));
+    } else {
+        ok = rt_write_atomic(t->path, chunk, &n, 1, d);
+    }
     free(buf);
     vec_free(&t->ev);
     free(t->path);

@@ -205,6 +205,13 @@ int rt_launch(int nproc, int argc, char **argv);
 /* In a rank started by rt_launch: records "running" (at start), how it
  * ended, or the rank it lost; no-op otherwise. */
 void rt_rank_status(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* SIGINT and SIGTERM then only record the signal, which rt_stop_signal
+ * returns (0: none yet): the training loop stops after its current step
+ * and the compile driver after its compile, with nothing half-written
+ * (exit 128 + the signal). rt_launch forwards both to its ranks. */
+void rt_stop_on_signals(void);
+int rt_stop_signal(void);
+const char *rt_signal_name(int sig); /* "SIGINT", ... */
 
 /* ---- backend_cpu.c: generated C via the host compiler, GEMMs via OpenBLAS */
 extern const Backend rt_backend_cpu;
@@ -509,8 +516,13 @@ bool rt_dp_build(RtDp *dp, const Graph *model, const PassOpts *po, const ExecOpt
  * rank's last micro-batch of the global batch. */
 bool rt_dp_step(RtDp *dp, Exec *te, const Graph *tg, const DataBatch *global, uint64_t seed,
                 int64_t step, Diag *d);
-/* The step's loss: mean over micro-batches and ranks (last: te's loss). */
+/* The step's loss: mean over micro-batches and ranks (last: te's loss).
+ * The same collective agrees on a stop (rt_stop_signal on any rank). */
 float rt_dp_loss(RtDp *dp, float last);
+/* The signal that stops the run after this step, 0: none. One rank: its
+ * rt_stop_signal; several: the one any rank had at the last rt_dp_loss,
+ * so that every rank stops after the same step. */
+int rt_dp_stop(const RtDp *dp);
 /* After a step: records its communication and exposed time; with
  * trace_events, its collectives on the trace's tid 2 (times from t0). */
 void rt_dp_after_step(RtDp *dp, Trace *trace, double t0, bool trace_events);

@@ -161,6 +161,7 @@ typedef struct {
     RtDp *dp;             /* ranks and micro-batches (dist.c) */
     RtComm *comm;         /* its ranks; NULL: one rank */
     int64_t skipped;      /* steps not applied (on_nonfinite = "skip") */
+    int64_t ckpt_step;    /* the last checkpoint written (-1: none) */
 } Run;
 
 enum { PH_DATA, PH_STEP, PH_EVAL, PH_CKPT, PH__N };
@@ -571,6 +572,8 @@ static bool save_checkpoint(Run *r, const char *prefix, Diag *d)
     char *p = ckpt_path(prefix, r->step);
     CkptMeta m = {.step = r->step, .data_pos = r->data_pos, .seed = r->c.seed};
     bool ok = rt_ckpt_save(p, r->tg, r->vals, &m, d);
+    if (ok)
+        r->ckpt_step = r->step;
     if (ok && !r->o->quiet)
         printf("checkpoint: %s\n", p);
     free(p);
@@ -618,6 +621,39 @@ static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
+}
+
+/* The run was stopped by sig (rt_dp_stop) after its current step: the
+ * summary line into d (rank 0; empty on the others). */
+static void stop_summary(Run *r, int sig, float loss, double *ms, int64_t nms,
+                         int64_t tokens, const char *ckpt, Diag *d)
+{
+    d->msg[0] = 0;
+    if (rt_dp_rank(r->dp) != 0)
+        return;
+    char *p = d->msg;
+    size_t n = sizeof d->msg, k;
+    k = (size_t)snprintf(p, n, "kiln: stopped by %s at step %lld/%lld", rt_signal_name(sig),
+                         (long long)r->step, (long long)r->steps);
+    if (nms && isfinite(loss))
+        k += (size_t)snprintf(p + k, n - k, ": train loss %.9g", (double)loss);
+    else
+        k += (size_t)snprintf(p + k, n - k, ": no step ran");
+    if (nms) {
+        qsort(ms, (size_t)nms, sizeof *ms, cmp_double);
+        double med = nms % 2 ? ms[nms / 2] : 0.5 * (ms[nms / 2 - 1] + ms[nms / 2]);
+        k += (size_t)snprintf(p + k, n - k, " | median %.2f ms/step | %.0f tok/s", med,
+                              (double)tokens / (med * 1e-3));
+    }
+    if (r->have_val)
+        k += (size_t)snprintf(p + k, n - k, " | last val loss %.9g", r->last_val_loss);
+    if (ckpt && r->ckpt_step >= 0) {
+        char *path = ckpt_path(ckpt, r->ckpt_step);
+        snprintf(p + k, n - k, " | last checkpoint %s", path);
+        free(path);
+    } else if (ckpt) {
+        snprintf(p + k, n - k, " | no checkpoint written");
+    }
 }
 
 static void fmt_bytes(char *buf, size_t n, double b)
@@ -814,7 +850,7 @@ static void trace_kernels(Run *r, double t_start, int64_t nth)
 
 int rt_train(Model *m, const TrainOpts *o)
 {
-    Run r = {.m = m, .o = o, .c = m->train};
+    Run r = {.m = m, .o = o, .c = m->train, .ckpt_step = -1};
     Diag d = {{0}};
     int rc = 1;
     r.t0 = now_s();
@@ -849,7 +885,8 @@ int rt_train(Model *m, const TrainOpts *o)
     float loss = NAN;
     bool skip = r.c.on_nonfinite && strcmp(r.c.on_nonfinite, "skip") == 0;
     double loop0 = now_s();
-    while (r.step < r.steps) {
+    int stop = 0; /* SIGINT, SIGTERM: stop after the current step (rt_dp_stop) */
+    while (r.step < r.steps && !(stop = rt_dp_stop(r.dp))) {
         double t_a = now_s();
         if (!rt_dp_step(r.dp, r.te, r.tg, rt_data_batch(r.ds, DATA_TRAIN, r.data_pos),
                         r.c.seed, r.step, &d)) {
@@ -943,6 +980,14 @@ int rt_train(Model *m, const TrainOpts *o)
     }
     if (tty)
         printf("\r\033[K");
+    if (!stop) /* a signal during the last step */
+        stop = rt_dp_stop(r.dp);
+    if (stop) {
+        stop_summary(&r, stop, loss, ms, nms, tokens, ckpt, &d);
+        free(ms);
+        rc = 128 + stop;
+        goto out;
+    }
     if (rt_data_has_val(r.ds) && !evaluate(&r, &d)) {
         free(ms);
         goto out;
@@ -1004,7 +1049,9 @@ int rt_train(Model *m, const TrainOpts *o)
     }
     rc = 0;
 out:
-    if (rc != 0) {
+    if (rc == 1 && rt_stop_signal()) /* e.g. "stopped by SIGINT while compiling kernels" */
+        rc = 128 + rt_stop_signal();
+    if (rc != 0 && d.msg[0]) {
         fflush(stdout);
         fprintf(stderr, "%s\n", d.msg);
     }

@@ -11,6 +11,7 @@
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -637,6 +638,76 @@ static void test_cache_bound_cubins(void **state)
     free(dir);
 }
 
+/* Temp files whose writer is gone (its pid no longer exists, or older than
+ * a day) are removed when the cache is pruned, whatever KILN_CACHE_MAX;
+ * a live writer's stay, and so do entries and kept failed sources. */
+static void test_cache_stale_temps(void **state)
+{
+    (void)state;
+    char *dir = scratch_dir("stale");
+    pid_t dead = fork();
+    if (dead == 0)
+        _exit(0);
+    waitpid(dead, NULL, 0); /* a pid that no longer exists */
+    long me = (long)getpid();
+    const char *h = "0123456789abcdef0123456789abcdef";
+    char *names[] = {
+        xasprintf("kiln-%s.so.tmp.%ld", h, (long)dead),   /* gone */
+        xasprintf("kiln-%s.%ld.c", h, (long)dead),        /* gone */
+        xasprintf("kiln-%s.%ld.3.o", h, (long)dead),      /* gone */
+        xasprintf("kiln-%s.%ld.3.c", h, (long)dead),      /* gone */
+        xasprintf("kiln-%s.c.tmp.%ld", h, (long)dead),    /* gone */
+        xasprintf("kiln-%s.so.tmp.%ld", h, me),           /* live writer */
+        xasprintf("kiln-%s.%ld.c", h, me),                /* live writer */
+        xasprintf("kiln-%s.so.tmp.1", h),                 /* live writer, a day old */
+        xasprintf("kiln-%s.so", h),                       /* entries */
+        xasprintf("kiln-%s.c", h),
+        xasprintf("kiln-%s.failed.c", h),
+    };
+    int n = (int)(sizeof names / sizeof names[0]);
+    time_t now_t = time(NULL);
+    for (int i = 0; i < n; i++) {
+        char *path = xasprintf("%s/%s", dir, names[i]);
+        FILE *f = fopen(path, "w");
+        assert_non_null(f);
+        fputs("x", f);
+        fclose(f);
+        struct timespec ts[2] = {{now_t - 2 * 86400, 0}, {now_t - 2 * 86400, 0}};
+        if (i == 7)
+            assert_int_equal(utimensat(AT_FDCWD, path, ts, 0), 0);
+        free(path);
+    }
+    /* the CUDA module's temp names in its own directory */
+    char *cu = xasprintf("%s/cuda", dir);
+    mkdir(cu, 0777);
+    char *cut = xasprintf("%s/0123-sm_90.cubin.tmp.%ld", cu, (long)dead);
+    char *cul = xasprintf("%s/0123-sm_90.cubin.tmp.%ld", cu, me);
+    for (int i = 0; i < 2; i++) {
+        FILE *f = fopen(i ? cul : cut, "w");
+        assert_non_null(f);
+        fclose(f);
+    }
+    setenv("KILN_CACHE_MAX", "0", 1);
+    rt_cache_prune(dir, "kiln-", NULL, false);
+    rt_cache_prune(cu, "", NULL, false);
+    unsetenv("KILN_CACHE_MAX");
+    for (int i = 0; i < n; i++) {
+        char *path = xasprintf("%s/%s", dir, names[i]);
+        bool gone = i < 5 || i == 7;
+        if (gone != (access(path, F_OK) != 0))
+            fail_msg("%s: expected %s", names[i], gone ? "removed" : "kept");
+        free(path);
+        free(names[i]);
+    }
+    assert_int_not_equal(access(cut, F_OK), 0);
+    assert_int_equal(access(cul, F_OK), 0);
+    free(cut);
+    free(cul);
+    free(cu);
+    assert_int_equal(remove_tree(dir), 0);
+    free(dir);
+}
+
 static void test_parallel_compile(void **state)
 {
     (void)state;
@@ -829,6 +900,7 @@ int main(void)
         cmocka_unit_test(test_cache),
         cmocka_unit_test(test_cache_bound),
         cmocka_unit_test(test_cache_bound_cubins),
+        cmocka_unit_test(test_cache_stale_temps),
         cmocka_unit_test(test_parallel_compile),
         cmocka_unit_test(test_compile_failure),
         cmocka_unit_test(test_profile),

@@ -364,6 +364,68 @@ static void test_error_and_cache(void **state)
     rt_cuda_binary_free(&b);
 }
 
+/* The only file ending in .cubin under dir/cuda (malloc'd), or NULL. */
+static char *only_cubin(const char *dir)
+{
+    char *cmd = xasprintf("ls '%s'/cuda/*.cubin", dir), *out = NULL;
+    run_cmd(cmd, &out);
+    free(cmd);
+    char *nl = out ? strchr(out, '\n') : NULL;
+    if (!nl || nl[1]) {
+        free(out);
+        return NULL;
+    }
+    *nl = 0;
+    return out;
+}
+
+/* A damaged cached cubin (truncated, overwritten with garbage, one byte
+ * changed: its size and checksum trailer no longer match) is compiled
+ * again, and the next compile is a hit on the new entry. */
+static void test_cubin_damaged(void **state)
+{
+    (void)state;
+    if (!module_built())
+        skip();
+    char *dir = scratch_dir("cubin-damaged");
+    char good[256];
+    snprintf(good, sizeof good,
+             "extern \"C\" __global__ void dmg_%d(float *p) { p[threadIdx.x] += 1.0f; }\n",
+             (int)getpid());
+    RtCudaBinary b;
+    Diag d = {{0}};
+    assert_true(rt_cuda_compile(good, "sm_90", dir, false, &b, &d));
+    assert_false(b.cached);
+    char *want = xmalloc(b.size);
+    size_t n = b.size;
+    memcpy(want, b.cubin, n);
+    rt_cuda_binary_free(&b);
+    char *path = only_cubin(dir);
+    assert_non_null(path);
+    static const char *damage[] = {"truncate -s %zu '%s'",
+                                   "head -c %zu /dev/urandom > '%s'",
+                                   "printf X | dd of='%s' bs=1 seek=%zu conv=notrunc 2>/dev/null"};
+    for (int k = 0; k < 3; k++) {
+        char *cmd = k < 2 ? xasprintf(damage[k], n / 2, path) : xasprintf(damage[k], path, n / 2);
+        assert_int_equal(system(cmd), 0);
+        free(cmd);
+        assert_true(rt_cuda_compile(good, "sm_90", dir, false, &b, &d));
+        if (b.cached)
+            fail_msg("damage %d: the damaged cubin was used", k);
+        assert_int_equal(b.size, n);
+        assert_memory_equal(b.cubin, want, n);
+        rt_cuda_binary_free(&b);
+        assert_true(rt_cuda_compile(good, "sm_90", dir, false, &b, &d));
+        assert_true(b.cached);
+        assert_int_equal(b.size, n);
+        rt_cuda_binary_free(&b);
+    }
+    free(path);
+    free(want);
+    remove_tree(dir);
+    free(dir);
+}
+
 /* The checks of compile_plan see what they look for: an NVRTC warning and
  * a kernel that spills registers (96 live floats under a 32-register
  * budget). */
@@ -399,6 +461,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_error_and_cache),
+        cmocka_unit_test(test_cubin_damaged),
         cmocka_unit_test(test_checks_bite),
         cmocka_unit_test(test_every_model),
     };
