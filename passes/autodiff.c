@@ -315,11 +315,17 @@ static void vjp(AD *ad, const Op *op, const bool *live)
         accumulate(ad, x, emit(ad, OP_BROADCAST, &gy, 1, &a));
         break;
     }
-    case OP_REDUCE_MAX: { /* to every element equal to the max */
-        OpAttr a = shape_attr(&xs);
+    case OP_REDUCE_MAX: {
+        /* split evenly over the elements equal to the max, as PyTorch's amax:
+         * each of the k tied elements gets gy / k, so they sum to gy. (NaN:
+         * no element equals the max, k = 0, and the select gives zeros.) */
+        OpAttr a = shape_attr(&xs), cf = {.dtype = xs.dtype};
         int ym = emit(ad, OP_BROADCAST, &y, 1, &a);
-        int gb = emit(ad, OP_BROADCAST, &gy, 1, &a);
         int m = bin(ad, OP_EQ, x, ym);
+        int mf = emit(ad, OP_CAST, &m, 1, &cf);
+        int k = emit(ad, OP_REDUCE_SUM, &mf, 1, &op->attr);
+        int share = bin(ad, OP_DIV, gy, k);
+        int gb = emit(ad, OP_BROADCAST, &share, 1, &a);
         accumulate(ad, x, sel(ad, m, gb, fill(ad, 0.0, &xs)));
         break;
     }

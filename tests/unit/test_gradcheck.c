@@ -498,6 +498,128 @@ static void test_every_vjp_rule_checked(void **state)
     assert_int_equal(missing, 0);
 }
 
+/* ---- ties (finite differences are not defined there) ------------------- */
+
+/* Differentiates c's graph (its output "loss" already set) and returns the
+ * interpreter's value of grad.NAME (numel n), malloc'd. */
+static double *grad_of(Ctx *c, const char *name, int64_t n)
+{
+    Graph *gb = ir_clone(c->g);
+    PassOpts o;
+    pass_opts_default(&o);
+    Diag d = {{0}};
+    if (!pass_autodiff(gb, &o, &d))
+        fail_msg("autodiff failed: %s", d.msg);
+    char err[1024];
+    if (!ir_verify(gb, err, sizeof err))
+        fail_msg("graph invalid after autodiff: %s", err);
+    double **val = bind(gb, c);
+    ir_interp(gb, val, NULL);
+    char *gname = xasprintf("grad.%s", name);
+    int gt = ir_find_output(gb, gname);
+    assert_true(gt >= 0);
+    assert_int_equal(shape_numel(&gb->t.v[gt].s), n);
+    double *r = xmalloc(sizeof(double) * (size_t)n);
+    memcpy(r, val[gt], sizeof(double) * (size_t)n);
+    free(gname);
+    ir_interp_free(gb, val);
+    ir_free(gb);
+    return r;
+}
+
+static int scalar_loss(Ctx *c, int r)
+{
+    Shape rs = c->g->t.v[r].s;
+    OpAttr all = {.nia = rs.rank};
+    for (int i = 0; i < rs.rank; i++)
+        all.ia[i] = i;
+    int sum = rs.rank ? op1(c, OP_REDUCE_SUM, r, &all) : r;
+    OpAttr scalar = {.rank = 0};
+    int loss = op1(c, OP_RESHAPE, sum, &scalar);
+    ir_add_output(c->g, "loss", loss);
+    return loss;
+}
+
+static void expect_grad(const double *got, const double *want, int64_t n, const char *what)
+{
+    for (int64_t i = 0; i < n; i++)
+        if (fabs(got[i] - want[i]) > 1e-12)
+            fail_msg("%s: gradient[%lld] is %.10g (expected %.10g)", what, (long long)i, got[i],
+                     want[i]);
+}
+
+/* max (and min, which the frontend builds as -max(-x)) over axes with tied
+ * elements: the incoming gradient is split evenly over the tied elements,
+ * so they sum to it (issue 13, item 12); untied and non-max elements get
+ * exactly what they did before. */
+static void test_max_ties(void **state)
+{
+    (void)state;
+    /* rows of x [2,4] reduced over axis 1, weighted 2 and -3: row 0 has a
+     * two-way tie, row 1 a three-way tie */
+    static const double xv[8] = {1, 3, 3, 2, 5, 5, 5, 0};
+    static const double wv[2] = {2, -3};
+    for (int mn = 0; mn < 2; mn++) {
+        Ctx c = {.g = ir_new()};
+        double *x0 = xmalloc(sizeof xv);
+        for (int i = 0; i < 8; i++)
+            x0[i] = mn ? -xv[i] : xv[i]; /* min of -x ties where max of x does */
+        int x = add_named(&c, TK_PARAM, "x", F32(2, 2, 4), x0);
+        OpAttr ax = {.nia = 1, .ia = {1}};
+        int r = mn ? op1(&c, OP_NEG, op1(&c, OP_REDUCE_MAX, op1(&c, OP_NEG, x, NULL), &ax), NULL)
+                   : op1(&c, OP_REDUCE_MAX, x, &ax);
+        int W = input_vals(&c, "W", F32(2, 2, 1), wv);
+        scalar_loss(&c, op2(&c, OP_MUL, r, W));
+        double *g = grad_of(&c, "x", 8);
+        const double want[8] = {0, 1, 1, 0, -1, -1, -1, 0};
+        expect_grad(g, want, 8, mn ? "min over axis 1" : "max over axis 1");
+        assert_true(fabs(g[1] + g[2] - wv[0]) < 1e-12 && fabs(g[4] + g[5] + g[6] - wv[1]) < 1e-12);
+        free(g);
+        free_ctx(&c);
+    }
+
+    /* x [2,2,3] reduced over axes 0 and 2: per middle index j, the max of
+     * six elements, tied twice for j = 0 and four times for j = 1 */
+    {
+        static const double v[12] = {7, 1, 7, 4, 4, 0, /* i = 0: j = 0, j = 1 */
+                                     2, 3, 6, 4, 4, -1};
+        Ctx c = {.g = ir_new()};
+        double *x0 = xmalloc(sizeof v);
+        memcpy(x0, v, sizeof v);
+        int x = add_named(&c, TK_PARAM, "x", F32(3, 2, 2, 3), x0);
+        OpAttr ax = {.nia = 2, .ia = {0, 2}};
+        int r = op1(&c, OP_REDUCE_MAX, x, &ax); /* [1,2,1] */
+        static const double wv2[2] = {1, 0.5};
+        int W = input_vals(&c, "W", F32(3, 1, 2, 1), wv2);
+        scalar_loss(&c, op2(&c, OP_MUL, r, W));
+        double *g = grad_of(&c, "x", 12);
+        const double want[12] = {0.5, 0, 0.5, 0.125, 0.125, 0, 0, 0, 0, 0.125, 0.125, 0};
+        expect_grad(g, want, 12, "max over axes 0 and 2");
+        free(g);
+        free_ctx(&c);
+    }
+
+    /* the issue's reproduction: w = 1, loss = max(concat(w, w)) - 1.5 sum(w):
+     * d(loss)/dw = 0.5 + 0.5 - 1.5 = -0.5, so gradient descent raises w (the
+     * old rule gave 1 + 1 - 1.5 = +0.5) */
+    {
+        Ctx c = {.g = ir_new()};
+        double *w0 = xmalloc(sizeof(double));
+        w0[0] = 1;
+        int w = add_named(&c, TK_PARAM, "w", F32(1, 1), w0);
+        OpAttr cat = {.nia = 1, .ia = {0}}, ax = {.nia = 1, .ia = {0}};
+        int ww = ir_op_x(c.g, OP_CONCAT, (int[]){w, w}, 2, &cat, here(__LINE__));
+        int mx = op1(&c, OP_REDUCE_MAX, ww, &ax);
+        int k = input_vals(&c, "k", F32(1, 1), (const double[]){1.5});
+        int sw = op1(&c, OP_REDUCE_SUM, w, &ax);
+        scalar_loss(&c, op2(&c, OP_SUB, mx, op2(&c, OP_MUL, k, sw)));
+        double *g = grad_of(&c, "w", 1);
+        expect_grad(g, (const double[]){-0.5}, 1, "max(concat(w, w)) - 1.5 w");
+        free(g);
+        free_ctx(&c);
+    }
+}
+
 /* A loss that is not a scalar float is a user error naming its source line. */
 static void test_loss_must_be_scalar(void **state)
 {
@@ -521,6 +643,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cases),
         cmocka_unit_test(test_every_vjp_rule_checked),
+        cmocka_unit_test(test_max_ties),
         cmocka_unit_test(test_loss_must_be_scalar),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
