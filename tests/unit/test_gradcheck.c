@@ -215,6 +215,68 @@ static int b_slice(Ctx *c, int v)
     return op1(c, OP_SLICE, x, &a);
 }
 
+/* slice(x) on axis ax at [lo, lo + len), the other axes whole */
+static int slice_ax(Ctx *c, int x, int ax, int64_t lo, int64_t len)
+{
+    Shape s = c->g->t.v[x].s;
+    OpAttr a = shape_attr(s);
+    a.nia = s.rank;
+    a.ia[ax] = lo;
+    a.shape[ax] = len;
+    return op1(c, OP_SLICE, x, &a);
+}
+
+/* joins parts[0..n) flattened, in order: one result for the harness */
+static int join_flat(Ctx *c, const int *parts, int n)
+{
+    int flat[128];
+    assert_true(n <= 128);
+    for (int i = 0; i < n; i++) {
+        int64_t k = shape_numel(&c->g->t.v[parts[i]].s);
+        OpAttr a = shape_attr(F32(1, k));
+        flat[i] = op1(c, OP_RESHAPE, parts[i], &a);
+    }
+    OpAttr cat = {.nia = 1, .ia = {0}};
+    return ir_op_x(c->g, OP_CONCAT, flat, n, &cat, here(__LINE__));
+}
+
+/* Many slices of one tensor, whose cotangents autodiff places side by side
+ * with concat (issue 13, item 14). Variant 0: along axis 1 of x[2,12,3],
+ * windows with gaps, touching, overlapping (a second layer) and out of
+ * order; a slice along axis 2, one restricting two axes, and x also used
+ * whole. Variant 1: 70 one-step slices, taken last step first (a tree of
+ * concats, AD_CONCAT_MAX = 64), and one covering all but the ends. Variant 2:
+ * slices of slices, as a GRU takes its gates out of one step's row. */
+static int b_slices(Ctx *c, int v)
+{
+    int parts[128], n = 0;
+    if (v == 0) {
+        int x = param(c, "x", F32(3, 2, 12, 3));
+        static const int64_t win[][2] = {{4, 3}, {0, 2}, {3, 1}, {5, 1}, {9, 3}, {5, 4}};
+        for (int i = 0; i < 6; i++)
+            parts[n++] = slice_ax(c, x, 1, win[i][0], win[i][1]);
+        parts[n++] = slice_ax(c, x, 2, 1, 2);
+        OpAttr a = shape_attr(F32(3, 1, 3, 2));
+        a.nia = 3, a.ia[0] = 1, a.ia[1] = 6, a.ia[2] = 0;
+        parts[n++] = op1(c, OP_SLICE, x, &a);
+        parts[n++] = op1(c, OP_EXP, x, NULL);
+    } else if (v == 1) {
+        int x = param(c, "x", F32(3, 2, 72, 2));
+        for (int t = 70; t >= 1; t--)
+            parts[n++] = slice_ax(c, x, 1, t, 1);
+        parts[n++] = op1(c, OP_TANH, slice_ax(c, x, 1, 1, 70), NULL);
+    } else {
+        int x = param(c, "x", F32(3, 2, 4, 6));
+        for (int t = 0; t < 4; t++) {
+            int row = slice_ax(c, x, 1, t, 1);
+            for (int k = 0; k < 3; k++)
+                parts[n++] = op2(c, OP_MUL, slice_ax(c, row, 2, 2 * k, 2),
+                                 slice_ax(c, row, 2, 2 * ((k + 1) % 3), 2));
+        }
+    }
+    return join_flat(c, parts, n);
+}
+
 static int b_pad(Ctx *c, int v)
 {
     int x = param(c, "x", F32(2, 2, 3));
@@ -312,7 +374,8 @@ static const Case cases[] = {
     {"reuse", b_reuse, 2, D_ANY},      {"cast", b_cast, 1, D_ANY},
     {"select", b_select, 1, D_ANY},    {"broadcast", b_broadcast, 5, D_ANY},
     {"reshape", b_reshape, 2, D_ANY},  {"permute", b_permute, 2, D_ANY},
-    {"slice", b_slice, 2, D_ANY},      {"pad", b_pad, 2, D_ANY},
+    {"slice", b_slice, 2, D_ANY},      {"slices", b_slices, 3, D_ANY},
+    {"pad", b_pad, 2, D_ANY},
     {"concat", b_concat, 2, D_ANY},    {"gather", b_gather, 1, D_ANY},
     {"scatter_add", b_scatter, 1, D_ANY}, {"reduce", b_reduce, 4, D_ANY},
     {"matmul", b_matmul, 16, D_ANY},   {"xent", b_xent, 2, D_ANY},
