@@ -5,17 +5,43 @@
  * on a float param through differentiable operands, and the reverse sweep in
  * program order visits only ops whose result already has a cotangent (so the
  * loss depends on it); every cotangent is complete before it is read. Cotangents of tensors used several
- * times are summed with `add`. Cost is linear in the number of ops. */
+ * times are summed with `add`. Cost is linear in the number of ops.
+ *
+ * Slices are the exception (issue 13, item 14): a slice's cotangent is not
+ * padded to its operand's shape and added at once. The slices of a tensor
+ * wait (pending, below) until the sweep reaches the tensor's definition; then
+ * the slices along one axis whose windows do not overlap are placed side by
+ * side with one concat (zeros in the gaps), and only what is left (windows
+ * overlapping those, slices restricting several axes) is padded and added.
+ * A value sliced into T steps (an unrolled RNN) then needs cotangent memory
+ * linear in T and no full-size pad and add per step; padding each step's
+ * cotangent to the full tensor made the planned peak quadratic in T, because
+ * fusion joins the chain of adds into one kernel that reads every padded
+ * copy, so all of them are live at once. */
 #include "passes.h"
 
 #include <stdlib.h>
 #include <string.h>
 
+/* A slice's cotangent waiting to be placed into its operand's cotangent. */
+typedef struct {
+    int g;                      /* the cotangent, of the slice's shape */
+    int64_t start[IR_MAX_RANK]; /* the slice's start per axis */
+    SrcLoc loc;                 /* of the slice */
+    int seq;                    /* arrival order: sorts stay deterministic */
+} Piece;
+typedef VEC(Piece) Pieces;
+
 typedef struct {
     Graph *g;
-    SrcLoc loc; /* of the forward op being differentiated */
-    int *grad;  /* cotangent tensor per forward tensor id, -1 when none */
+    SrcLoc loc;     /* of the forward op being differentiated */
+    int *grad;      /* cotangent tensor per forward tensor id, -1 when none */
+    Pieces *pend;   /* per forward tensor id: its slices' pending cotangents */
 } AD;
+
+/* Operands of one concat at most: codegen lowers a concat as one kernel
+ * with at most 64 inputs (codegen/lower.c); more are joined in a tree. */
+#define AD_CONCAT_MAX 64
 
 static int emit(AD *ad, Opcode code, const int *in, int nin, const OpAttr *a)
 {
@@ -133,6 +159,148 @@ static void accumulate(AD *ad, int x, int c)
         ad->grad[x] = c;
     else
         ad->grad[x] = bin(ad, OP_ADD, ad->grad[x], c);
+}
+
+/* ---- slice cotangents ------------------------------------------------------ */
+
+/* The one axis on which piece p (of tensor shape xs) is narrower than xs;
+ * -1 when it is narrower on none or on several. */
+static int piece_axis(AD *ad, const Piece *p, const Shape *xs)
+{
+    Shape ps = shape_of(ad, p->g);
+    int ax = -1;
+    for (int i = 0; i < xs->rank; i++)
+        if (ps.dim[i] != xs->dim[i]) {
+            if (ax >= 0)
+                return -1;
+            ax = i;
+        }
+    return ax;
+}
+
+/* p's cotangent padded with zeros to shape xs. */
+static int pad_piece(AD *ad, const Piece *p, const Shape *xs)
+{
+    Shape ps = shape_of(ad, p->g);
+    if (shape_dims_eq(&ps, xs))
+        return p->g;
+    OpAttr a = shape_attr(xs);
+    a.nia = xs->rank;
+    memcpy(a.ia, p->start, sizeof(int64_t) * (size_t)xs->rank);
+    return emit(ad, OP_PAD, &p->g, 1, &a);
+}
+
+/* concat of parts[0..n) along ax, as a tree of concats of at most
+ * AD_CONCAT_MAX operands each. */
+static int concat_parts(AD *ad, int *parts, int n, int ax)
+{
+    if (n == 1)
+        return parts[0];
+    OpAttr a = {.nia = 1, .ia = {ax}};
+    if (n <= AD_CONCAT_MAX)
+        return emit(ad, OP_CONCAT, parts, n, &a);
+    int m = 0;
+    for (int i = 0; i < n; i += AD_CONCAT_MAX) {
+        int k = n - i < AD_CONCAT_MAX ? n - i : AD_CONCAT_MAX;
+        parts[m++] = concat_parts(ad, parts + i, k, ax); /* m <= i: no overlap */
+    }
+    return concat_parts(ad, parts, m, ax);
+}
+
+/* One cotangent of shape xs from pieces p[0..n) that restrict axis ax and
+ * do not overlap, sorted by start: the pieces side by side, zeros in the
+ * gaps between them, padded with zeros outside the first and the last. */
+static int place_layer(AD *ad, Piece *const *p, int n, const Shape *xs, int ax)
+{
+    if (n == 1)
+        return pad_piece(ad, p[0], xs);
+    int *parts = xmalloc(sizeof(int) * (size_t)(2 * n));
+    int np = 0;
+    int64_t lo = p[0]->start[ax], at = lo;
+    for (int i = 0; i < n; i++) {
+        if (p[i]->start[ax] > at) {
+            Shape z = *xs;
+            z.dim[ax] = p[i]->start[ax] - at;
+            parts[np++] = fill(ad, 0.0, &z);
+        }
+        parts[np++] = p[i]->g;
+        at = p[i]->start[ax] + shape_of(ad, p[i]->g).dim[ax];
+    }
+    int span = concat_parts(ad, parts, np, ax);
+    free(parts);
+    Piece whole = {.g = span};
+    whole.start[ax] = lo;
+    return pad_piece(ad, &whole, xs);
+}
+
+/* qsort has no context argument in C11: the axis being sorted on. */
+static int sort_axis;
+
+static int cmp_piece(const void *a, const void *b)
+{
+    const Piece *x = *(Piece *const *)a, *y = *(Piece *const *)b;
+    if (x->start[sort_axis] != y->start[sort_axis])
+        return x->start[sort_axis] < y->start[sort_axis] ? -1 : 1;
+    return x->seq < y->seq ? -1 : x->seq > y->seq;
+}
+
+/* Adds x's pending slice cotangents into grad[x] (see the top of the file).
+ * Per axis, the pieces sorted by start go greedily into layers of
+ * non-overlapping windows (one layer when the windows are disjoint); each
+ * layer becomes one tensor, and the layers are added. */
+static void flush_slices(AD *ad, int x)
+{
+    Pieces *pv = &ad->pend[x];
+    if (!pv->n)
+        return;
+    Shape xs = shape_of(ad, x);
+    SrcLoc saved = ad->loc;
+    int n = pv->n;
+    Piece **axp = xmalloc(sizeof(Piece *) * (size_t)n);
+    int64_t *end = xmalloc(sizeof(int64_t) * (size_t)n);
+    int *layer = xmalloc(sizeof(int) * (size_t)n);
+    Piece **lp = xmalloc(sizeof(Piece *) * (size_t)n);
+    for (int ax = -1; ax < xs.rank; ax++) {
+        int m = 0;
+        for (int i = 0; i < n; i++)
+            if (piece_axis(ad, &pv->v[i], &xs) == ax)
+                axp[m++] = &pv->v[i];
+        if (!m)
+            continue;
+        if (ax < 0) { /* full or restricting several axes: pad each */
+            for (int i = 0; i < m; i++) {
+                ad->loc = axp[i]->loc;
+                accumulate(ad, x, pad_piece(ad, axp[i], &xs));
+            }
+            continue;
+        }
+        sort_axis = ax;
+        qsort(axp, (size_t)m, sizeof(Piece *), cmp_piece);
+        int nl = 0;
+        for (int i = 0; i < m; i++) {
+            int l = 0;
+            while (l < nl && end[l] > axp[i]->start[ax])
+                l++;
+            if (l == nl)
+                nl++;
+            layer[i] = l;
+            end[l] = axp[i]->start[ax] + shape_of(ad, axp[i]->g).dim[ax];
+        }
+        for (int l = 0; l < nl; l++) {
+            int k = 0;
+            for (int i = 0; i < m; i++)
+                if (layer[i] == l)
+                    lp[k++] = axp[i];
+            ad->loc = lp[0]->loc;
+            accumulate(ad, x, place_layer(ad, lp, k, &xs, ax));
+        }
+    }
+    free(axp);
+    free(end);
+    free(layer);
+    free(lp);
+    vec_free(pv);
+    ad->loc = saved;
 }
 
 /* Whether operand i of op can carry a gradient (when it is a float tensor). */
@@ -276,12 +444,17 @@ static void vjp(AD *ad, const Op *op, const bool *live)
         accumulate(ad, x, emit(ad, OP_PERMUTE, &gy, 1, &a));
         break;
     }
-    case OP_SLICE:
+    case OP_SLICE: { /* placed by flush_slices once x's uses are all seen */
+        Piece p = {.g = gy, .loc = ad->loc, .seq = ad->pend[x].n};
+        memcpy(p.start, op->attr.ia, sizeof(int64_t) * (size_t)xs.rank);
+        vec_push(&ad->pend[x], p);
+        break;
+    }
     case OP_PAD: {
         OpAttr a = shape_attr(&xs);
         a.nia = xs.rank;
         memcpy(a.ia, op->attr.ia, sizeof(int64_t) * (size_t)xs.rank);
-        accumulate(ad, x, emit(ad, op->code == OP_SLICE ? OP_PAD : OP_SLICE, &gy, 1, &a));
+        accumulate(ad, x, emit(ad, OP_SLICE, &gy, 1, &a));
         break;
     }
     case OP_CONCAT: {
@@ -315,11 +488,17 @@ static void vjp(AD *ad, const Op *op, const bool *live)
         accumulate(ad, x, emit(ad, OP_BROADCAST, &gy, 1, &a));
         break;
     }
-    case OP_REDUCE_MAX: { /* to every element equal to the max */
-        OpAttr a = shape_attr(&xs);
+    case OP_REDUCE_MAX: {
+        /* split evenly over the elements equal to the max, as PyTorch's amax:
+         * each of the k tied elements gets gy / k, so they sum to gy. (NaN:
+         * no element equals the max, k = 0, and the select gives zeros.) */
+        OpAttr a = shape_attr(&xs), cf = {.dtype = xs.dtype};
         int ym = emit(ad, OP_BROADCAST, &y, 1, &a);
-        int gb = emit(ad, OP_BROADCAST, &gy, 1, &a);
         int m = bin(ad, OP_EQ, x, ym);
+        int mf = emit(ad, OP_CAST, &m, 1, &cf);
+        int k = emit(ad, OP_REDUCE_SUM, &mf, 1, &op->attr);
+        int share = bin(ad, OP_DIV, gy, k);
+        int gb = emit(ad, OP_BROADCAST, &share, 1, &a);
         accumulate(ad, x, sel(ad, m, gb, fill(ad, 0.0, &xs)));
         break;
     }
@@ -377,13 +556,14 @@ bool pass_autodiff(Graph *g, const PassOpts *o, Diag *d)
                 live[op->out] = true;
     }
 
-    AD ad = {.g = g, .grad = grad};
+    AD ad = {.g = g, .grad = grad, .pend = xcalloc((size_t)nt, sizeof(Pieces))};
     if (live[loss]) {
         ad.loc = lt->op >= 0 ? g->ops.v[lt->op].loc : (SrcLoc){0};
         Shape ls = lt->s;
         grad[loss] = fill(&ad, 1.0, &ls);
         for (int i = nops - 1; i >= 0; i--) {
             Op op = g->ops.v[i]; /* copy: emitting reallocates g->ops */
+            flush_slices(&ad, op.out); /* every use of op.out is behind us */
             if (grad[op.out] < 0 || !live[op.out])
                 continue;
             ad.loc = op.loc;
@@ -394,6 +574,7 @@ bool pass_autodiff(Graph *g, const PassOpts *o, Diag *d)
         if (g->t.v[i].kind != TK_PARAM)
             continue;
         Shape ps = g->t.v[i].s;
+        flush_slices(&ad, i);
         int gt = grad[i];
         if (gt < 0) {
             ad.loc = (SrcLoc){0};
@@ -403,6 +584,9 @@ bool pass_autodiff(Graph *g, const PassOpts *o, Diag *d)
         ir_add_output(g, name, gt);
         free(name);
     }
+    for (int i = 0; i < nt; i++)
+        vec_free(&ad.pend[i]);
+    free(ad.pend);
     free(live);
     free(grad);
     ir_compact(g);

@@ -607,6 +607,17 @@ static void test_unlowerable_groups(void **state)
     check_model("tests/data/col_max.lua", NULL, 0);
 }
 
+/* An RNN unrolled by slicing one [B,T,3H] projection per step: autodiff
+ * places the slices' cotangents with concats (a tree of them past 64 steps,
+ * T = 65), and the fused step agrees with the interpreter. */
+static void test_sliced_rnn(void **state)
+{
+    (void)state;
+    const char *t65[] = {"T=65"};
+    check_model("tests/data/gru_slices.lua", NULL, 0);
+    check_model("tests/data/gru_slices.lua", t65, 1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -618,6 +629,7 @@ int main(void)
         cmocka_unit_test(test_adamw_multi_tensor),  cmocka_unit_test(test_models_fused_unfused),
         cmocka_unit_test(test_models_one_token),
         cmocka_unit_test(test_unlowerable_groups),
+        cmocka_unit_test(test_sliced_rnn),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

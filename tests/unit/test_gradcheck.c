@@ -215,6 +215,68 @@ static int b_slice(Ctx *c, int v)
     return op1(c, OP_SLICE, x, &a);
 }
 
+/* slice(x) on axis ax at [lo, lo + len), the other axes whole */
+static int slice_ax(Ctx *c, int x, int ax, int64_t lo, int64_t len)
+{
+    Shape s = c->g->t.v[x].s;
+    OpAttr a = shape_attr(s);
+    a.nia = s.rank;
+    a.ia[ax] = lo;
+    a.shape[ax] = len;
+    return op1(c, OP_SLICE, x, &a);
+}
+
+/* joins parts[0..n) flattened, in order: one result for the harness */
+static int join_flat(Ctx *c, const int *parts, int n)
+{
+    int flat[128];
+    assert_true(n <= 128);
+    for (int i = 0; i < n; i++) {
+        int64_t k = shape_numel(&c->g->t.v[parts[i]].s);
+        OpAttr a = shape_attr(F32(1, k));
+        flat[i] = op1(c, OP_RESHAPE, parts[i], &a);
+    }
+    OpAttr cat = {.nia = 1, .ia = {0}};
+    return ir_op_x(c->g, OP_CONCAT, flat, n, &cat, here(__LINE__));
+}
+
+/* Many slices of one tensor, whose cotangents autodiff places side by side
+ * with concat (issue 13, item 14). Variant 0: along axis 1 of x[2,12,3],
+ * windows with gaps, touching, overlapping (a second layer) and out of
+ * order; a slice along axis 2, one restricting two axes, and x also used
+ * whole. Variant 1: 70 one-step slices, taken last step first (a tree of
+ * concats, AD_CONCAT_MAX = 64), and one covering all but the ends. Variant 2:
+ * slices of slices, as a GRU takes its gates out of one step's row. */
+static int b_slices(Ctx *c, int v)
+{
+    int parts[128], n = 0;
+    if (v == 0) {
+        int x = param(c, "x", F32(3, 2, 12, 3));
+        static const int64_t win[][2] = {{4, 3}, {0, 2}, {3, 1}, {5, 1}, {9, 3}, {5, 4}};
+        for (int i = 0; i < 6; i++)
+            parts[n++] = slice_ax(c, x, 1, win[i][0], win[i][1]);
+        parts[n++] = slice_ax(c, x, 2, 1, 2);
+        OpAttr a = shape_attr(F32(3, 1, 3, 2));
+        a.nia = 3, a.ia[0] = 1, a.ia[1] = 6, a.ia[2] = 0;
+        parts[n++] = op1(c, OP_SLICE, x, &a);
+        parts[n++] = op1(c, OP_EXP, x, NULL);
+    } else if (v == 1) {
+        int x = param(c, "x", F32(3, 2, 72, 2));
+        for (int t = 70; t >= 1; t--)
+            parts[n++] = slice_ax(c, x, 1, t, 1);
+        parts[n++] = op1(c, OP_TANH, slice_ax(c, x, 1, 1, 70), NULL);
+    } else {
+        int x = param(c, "x", F32(3, 2, 4, 6));
+        for (int t = 0; t < 4; t++) {
+            int row = slice_ax(c, x, 1, t, 1);
+            for (int k = 0; k < 3; k++)
+                parts[n++] = op2(c, OP_MUL, slice_ax(c, row, 2, 2 * k, 2),
+                                 slice_ax(c, row, 2, 2 * ((k + 1) % 3), 2));
+        }
+    }
+    return join_flat(c, parts, n);
+}
+
 static int b_pad(Ctx *c, int v)
 {
     int x = param(c, "x", F32(2, 2, 3));
@@ -312,7 +374,8 @@ static const Case cases[] = {
     {"reuse", b_reuse, 2, D_ANY},      {"cast", b_cast, 1, D_ANY},
     {"select", b_select, 1, D_ANY},    {"broadcast", b_broadcast, 5, D_ANY},
     {"reshape", b_reshape, 2, D_ANY},  {"permute", b_permute, 2, D_ANY},
-    {"slice", b_slice, 2, D_ANY},      {"pad", b_pad, 2, D_ANY},
+    {"slice", b_slice, 2, D_ANY},      {"slices", b_slices, 3, D_ANY},
+    {"pad", b_pad, 2, D_ANY},
     {"concat", b_concat, 2, D_ANY},    {"gather", b_gather, 1, D_ANY},
     {"scatter_add", b_scatter, 1, D_ANY}, {"reduce", b_reduce, 4, D_ANY},
     {"matmul", b_matmul, 16, D_ANY},   {"xent", b_xent, 2, D_ANY},
@@ -498,6 +561,128 @@ static void test_every_vjp_rule_checked(void **state)
     assert_int_equal(missing, 0);
 }
 
+/* ---- ties (finite differences are not defined there) ------------------- */
+
+/* Differentiates c's graph (its output "loss" already set) and returns the
+ * interpreter's value of grad.NAME (numel n), malloc'd. */
+static double *grad_of(Ctx *c, const char *name, int64_t n)
+{
+    Graph *gb = ir_clone(c->g);
+    PassOpts o;
+    pass_opts_default(&o);
+    Diag d = {{0}};
+    if (!pass_autodiff(gb, &o, &d))
+        fail_msg("autodiff failed: %s", d.msg);
+    char err[1024];
+    if (!ir_verify(gb, err, sizeof err))
+        fail_msg("graph invalid after autodiff: %s", err);
+    double **val = bind(gb, c);
+    ir_interp(gb, val, NULL);
+    char *gname = xasprintf("grad.%s", name);
+    int gt = ir_find_output(gb, gname);
+    assert_true(gt >= 0);
+    assert_int_equal(shape_numel(&gb->t.v[gt].s), n);
+    double *r = xmalloc(sizeof(double) * (size_t)n);
+    memcpy(r, val[gt], sizeof(double) * (size_t)n);
+    free(gname);
+    ir_interp_free(gb, val);
+    ir_free(gb);
+    return r;
+}
+
+static int scalar_loss(Ctx *c, int r)
+{
+    Shape rs = c->g->t.v[r].s;
+    OpAttr all = {.nia = rs.rank};
+    for (int i = 0; i < rs.rank; i++)
+        all.ia[i] = i;
+    int sum = rs.rank ? op1(c, OP_REDUCE_SUM, r, &all) : r;
+    OpAttr scalar = {.rank = 0};
+    int loss = op1(c, OP_RESHAPE, sum, &scalar);
+    ir_add_output(c->g, "loss", loss);
+    return loss;
+}
+
+static void expect_grad(const double *got, const double *want, int64_t n, const char *what)
+{
+    for (int64_t i = 0; i < n; i++)
+        if (fabs(got[i] - want[i]) > 1e-12)
+            fail_msg("%s: gradient[%lld] is %.10g (expected %.10g)", what, (long long)i, got[i],
+                     want[i]);
+}
+
+/* max (and min, which the frontend builds as -max(-x)) over axes with tied
+ * elements: the incoming gradient is split evenly over the tied elements,
+ * so they sum to it (issue 13, item 12); untied and non-max elements get
+ * exactly what they did before. */
+static void test_max_ties(void **state)
+{
+    (void)state;
+    /* rows of x [2,4] reduced over axis 1, weighted 2 and -3: row 0 has a
+     * two-way tie, row 1 a three-way tie */
+    static const double xv[8] = {1, 3, 3, 2, 5, 5, 5, 0};
+    static const double wv[2] = {2, -3};
+    for (int mn = 0; mn < 2; mn++) {
+        Ctx c = {.g = ir_new()};
+        double *x0 = xmalloc(sizeof xv);
+        for (int i = 0; i < 8; i++)
+            x0[i] = mn ? -xv[i] : xv[i]; /* min of -x ties where max of x does */
+        int x = add_named(&c, TK_PARAM, "x", F32(2, 2, 4), x0);
+        OpAttr ax = {.nia = 1, .ia = {1}};
+        int r = mn ? op1(&c, OP_NEG, op1(&c, OP_REDUCE_MAX, op1(&c, OP_NEG, x, NULL), &ax), NULL)
+                   : op1(&c, OP_REDUCE_MAX, x, &ax);
+        int W = input_vals(&c, "W", F32(2, 2, 1), wv);
+        scalar_loss(&c, op2(&c, OP_MUL, r, W));
+        double *g = grad_of(&c, "x", 8);
+        const double want[8] = {0, 1, 1, 0, -1, -1, -1, 0};
+        expect_grad(g, want, 8, mn ? "min over axis 1" : "max over axis 1");
+        assert_true(fabs(g[1] + g[2] - wv[0]) < 1e-12 && fabs(g[4] + g[5] + g[6] - wv[1]) < 1e-12);
+        free(g);
+        free_ctx(&c);
+    }
+
+    /* x [2,2,3] reduced over axes 0 and 2: per middle index j, the max of
+     * six elements, tied twice for j = 0 and four times for j = 1 */
+    {
+        static const double v[12] = {7, 1, 7, 4, 4, 0, /* i = 0: j = 0, j = 1 */
+                                     2, 3, 6, 4, 4, -1};
+        Ctx c = {.g = ir_new()};
+        double *x0 = xmalloc(sizeof v);
+        memcpy(x0, v, sizeof v);
+        int x = add_named(&c, TK_PARAM, "x", F32(3, 2, 2, 3), x0);
+        OpAttr ax = {.nia = 2, .ia = {0, 2}};
+        int r = op1(&c, OP_REDUCE_MAX, x, &ax); /* [1,2,1] */
+        static const double wv2[2] = {1, 0.5};
+        int W = input_vals(&c, "W", F32(3, 1, 2, 1), wv2);
+        scalar_loss(&c, op2(&c, OP_MUL, r, W));
+        double *g = grad_of(&c, "x", 12);
+        const double want[12] = {0.5, 0, 0.5, 0.125, 0.125, 0, 0, 0, 0, 0.125, 0.125, 0};
+        expect_grad(g, want, 12, "max over axes 0 and 2");
+        free(g);
+        free_ctx(&c);
+    }
+
+    /* the issue's reproduction: w = 1, loss = max(concat(w, w)) - 1.5 sum(w):
+     * d(loss)/dw = 0.5 + 0.5 - 1.5 = -0.5, so gradient descent raises w (the
+     * old rule gave 1 + 1 - 1.5 = +0.5) */
+    {
+        Ctx c = {.g = ir_new()};
+        double *w0 = xmalloc(sizeof(double));
+        w0[0] = 1;
+        int w = add_named(&c, TK_PARAM, "w", F32(1, 1), w0);
+        OpAttr cat = {.nia = 1, .ia = {0}}, ax = {.nia = 1, .ia = {0}};
+        int ww = ir_op_x(c.g, OP_CONCAT, (int[]){w, w}, 2, &cat, here(__LINE__));
+        int mx = op1(&c, OP_REDUCE_MAX, ww, &ax);
+        int k = input_vals(&c, "k", F32(1, 1), (const double[]){1.5});
+        int sw = op1(&c, OP_REDUCE_SUM, w, &ax);
+        scalar_loss(&c, op2(&c, OP_SUB, mx, op2(&c, OP_MUL, k, sw)));
+        double *g = grad_of(&c, "w", 1);
+        expect_grad(g, (const double[]){-0.5}, 1, "max(concat(w, w)) - 1.5 w");
+        free(g);
+        free_ctx(&c);
+    }
+}
+
 /* A loss that is not a scalar float is a user error naming its source line. */
 static void test_loss_must_be_scalar(void **state)
 {
@@ -521,6 +706,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cases),
         cmocka_unit_test(test_every_vjp_rule_checked),
+        cmocka_unit_test(test_max_ties),
         cmocka_unit_test(test_loss_must_be_scalar),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -328,7 +328,10 @@ static void sweep_model(const char *const *sets, int nsets, int npoints)
         fflops[k] = pass_remat_flops(g);
         ir_free(g);
     }
-    assert_true(fpeak[2] < fpeak[1] && fpeak[1] < fpeak[0]);
+    /* both recompute policies plan less than none; full is not always below
+     * selective (gpt tiny: selective 1461056 bytes, full 1478464, since
+     * slice backward stopped padding q, k and v's gradients to [B,T,3C]) */
+    assert_true(fpeak[1] < fpeak[0] && fpeak[2] < fpeak[0]);
     assert_true(fflops[0] == 0 && fflops[1] > 0 && fflops[2] > fflops[1]);
     /* the smallest feasible budget, from the infeasible-budget error */
     Diag d = {{0}};
@@ -340,7 +343,7 @@ static void sweep_model(const char *const *sets, int nsets, int npoints)
     p = strchr(p, '(');
     assert_non_null(p);
     int64_t smallest = strtoll(p + 1, NULL, 10);
-    assert_true(smallest > 0 && smallest <= fpeak[2]);
+    assert_true(smallest > 0 && smallest <= fpeak[1] && smallest <= fpeak[2]);
     int novel = 0;
     for (int i = 0; i < npoints; i++) {
         int64_t budget = smallest + (fpeak[0] - smallest) * i / (npoints - 1);
