@@ -129,12 +129,13 @@ expect_error -t 30 "$dir/fifo" "expected a regular file, got a FIFO" -- "${mlp[@
 expect_error -t 30 "/dev/zero" "expected a regular file, got a character device" -- \
     "${mlp[@]}" --resume /dev/zero
 
-# a diverged run (lr past f32's range: the first update makes the params
-# infinite) writes neither weights nor checkpoint
-expect_error "$dir/inf-w.safetensors: not written" 'holds +Inf' "expected finite values" -- \
+# a diverged run (lr past f32's range) writes neither weights nor
+# checkpoint: the loop stops first (tests/cli/diverge.sh); the writers'
+# own refusal of non-finite values is tested in test_checkpoint
+expect_error "training diverged at step 1" -- \
     "${mlp[@]}" --steps 1 --set lr=1e41 --save-weights "$dir/inf-w.safetensors"
 [ -e "$dir/inf-w.safetensors" ] && fail "a non-finite weights file was written"
-expect_error "$dir/inf-ck.step1.safetensors: not written" "expected finite values" -- \
+expect_error "training diverged at step 1" -- \
     "${mlp[@]}" --set lr=1e41 --checkpoint "$dir/inf-ck" --set checkpoint_every=1
 [ -e "$dir/inf-ck.step1.safetensors" ] && fail "a non-finite checkpoint was written"
 
