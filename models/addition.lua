@@ -24,11 +24,11 @@
 --   digits 3        digits per operand (n)
 --   L 2, H 4, C 128 layers, heads, channels
 --   batch 64        sequences per step (B)
---   steps 3000, lr 1e-3
+--   steps 3000, lr 3e-3
 --
 -- Inputs:  tokens i32[B,T], targets i32[B,T], mask f32[B,T].
 -- Outputs: loss (masked mean cross-entropy), logits f32[B,T,V].
-local cfg = config{digits = 3, L = 2, H = 4, C = 128, batch = 64, steps = 3000, lr = 1e-3,
+local cfg = config{digits = 3, L = 2, H = 4, C = 128, batch = 64, steps = 3000, lr = 3e-3,
                    dropout = 0.0}
 local n = cfg.digits
 local B, T, C, V, L, H = cfg.batch, 3 * n + 3, cfg.C, 14, cfg.L, cfg.H
