@@ -189,16 +189,6 @@ static void fill_windows(DataSource *s, DataSplit split, int64_t index)
     }
 }
 
-static const char *file_kind(mode_t m)
-{
-    return S_ISDIR(m)    ? "a directory"
-           : S_ISFIFO(m) ? "a FIFO"
-           : S_ISSOCK(m) ? "a socket"
-           : S_ISCHR(m)  ? "a character device"
-           : S_ISBLK(m)  ? "a block device"
-                         : "not a regular file";
-}
-
 /* Maps the regular file s->path read-only into s->map (NULL when empty),
  * its length into s->maplen; false with d set for anything else (a missing
  * file, a directory, a FIFO, a device, a socket). Never blocks: the file is
@@ -211,7 +201,7 @@ static bool map_file(DataSource *s, Diag *d)
     if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
         snprintf(d->msg, sizeof d->msg,
                  "%s: not a data file (expected a regular file, got %s)", path,
-                 file_kind(st.st_mode));
+                 rt_file_kind(st.st_mode));
         return false;
     }
     fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
@@ -231,7 +221,7 @@ static bool map_file(DataSource *s, Diag *d)
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
         snprintf(d->msg, sizeof d->msg,
                  "%s: not a data file (expected a regular file, got %s)", path,
-                 file_kind(st.st_mode));
+                 rt_file_kind(st.st_mode));
         close(fd);
         return false;
     }

@@ -6,6 +6,8 @@
 #ifndef KILN_RUNTIME_H
 #define KILN_RUNTIME_H
 
+#include <sys/types.h>
+
 #include "ir.h"
 #include "passes.h"
 
@@ -377,6 +379,9 @@ const char *rt_st_meta(const StFile *f, const char *key); /* NULL if absent */
 bool rt_st_write(const char *path, const StTensor *t, int n, const char *const *key,
                  const char *const *val, int nmeta, Diag *d);
 const char *rt_st_dtype_name(DType t); /* "F32", ... */
+/* "a directory", "a FIFO", ...: what a path that is not a regular file is,
+ * for messages (data files and safetensors files are regular files only) */
+const char *rt_file_kind(mode_t m);
 /* Writes the n chunks to path atomically (temp file PATH.tmp.PID.XXXXXX in
  * the same directory, fsync, rename); on failure "PATH: cannot write:
  * reason" and no file. */

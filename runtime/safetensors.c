@@ -251,7 +251,7 @@ static bool read_at(int fd, void *p, size_t n, uint64_t off)
     return true;
 }
 
-static const char *file_kind(mode_t m)
+const char *rt_file_kind(mode_t m)
 {
     return S_ISDIR(m)    ? "a directory"
            : S_ISFIFO(m) ? "a FIFO"
@@ -366,7 +366,7 @@ bool rt_st_read(const char *path, StFile *f, Diag *d)
     if (!S_ISREG(st.st_mode)) {
         snprintf(d->msg, sizeof d->msg,
                  "%s: not a safetensors file (expected a regular file, got %s)", path,
-                 file_kind(st.st_mode));
+                 rt_file_kind(st.st_mode));
         goto fail;
     }
     uint64_t flen = (uint64_t)st.st_size;
