@@ -3,6 +3,7 @@
  * module links NVRTC and cuBLASLt and opens the driver itself. */
 #include "codegen.h"
 #include "runtime.h"
+#include "cpu.h"
 
 #include <dlfcn.h>
 #include <limits.h>

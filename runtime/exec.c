@@ -7,6 +7,7 @@
  * synchronisation after every step. */
 #include "codegen.h"
 #include "runtime.h"
+#include "dist.h"
 
 #include <errno.h>
 #include <stdlib.h>

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Bad training data (runtime/data.c, checked before the first step):
+# Bad training data (runtime/train/data.c, checked before the first step):
 # splits shorter than one window (validation of 0 bytes, a tiny training split),
 # data_path that is not a regular file (directory, FIFO, /dev/zero, socket),
 # token files with a token past the embedding, a huge count, a wrong version,

@@ -24,6 +24,8 @@
 #include "frontend.h"
 #include "passes.h"
 #include "runtime.h"
+#include "train.h"
+#include "cpu.h"
 
 static void free_all(void **v, int n)
 {

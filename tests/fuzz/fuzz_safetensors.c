@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "runtime.h"
+#include "train.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

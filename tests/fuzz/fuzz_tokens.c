@@ -1,4 +1,4 @@
-/* fuzz_tokens.c - the data file readers of runtime/data.c through their
+/* fuzz_tokens.c - the data file readers of runtime/train/data.c through their
  * normal open path (rt_data_open on a path): the input's bytes are written
  * to a memfd and opened as an llm.c token file, then as a text file. Any
  * bytes give a source or a message naming the file, never a crash; an open
@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "runtime.h"
+#include "train.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -7,6 +7,7 @@
 
 #include "passes.h"
 #include "runtime.h"
+#include "train.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -19,6 +19,8 @@
 #include "frontend.h"
 #include "passes.h"
 #include "runtime.h"
+#include "train.h"
+#include "cpu.h"
 
 static const SrcLoc here = {"test", 1};
 

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "runtime.h"
+#include "train.h"
 
 static Graph *model(int64_t hidden, const char *extra)
 {

@@ -8,6 +8,7 @@
 #include "frontend.h"
 #include "passes.h"
 #include "runtime.h"
+#include "train.h"
 
 #include <math.h>
 #include <stdio.h>

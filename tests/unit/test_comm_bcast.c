@@ -8,6 +8,7 @@
  * verdict. A second launch with KILN_TEST_BCAST_SKIP=1 (the ranks leave the
  * broadcast out) must fail: the checks can fail. */
 #include "runtime.h"
+#include "dist.h"
 #include "testutil.h"
 
 #include <stdio.h>

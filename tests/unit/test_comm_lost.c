@@ -1,4 +1,4 @@
-/* test_comm_lost.c - rt_comm_lost (runtime/comm.c): a collective run outside
+/* test_comm_lost.c - rt_comm_lost (runtime/dist/mpi.c): a collective run outside
  * RtComm (a GPU's NCCL all-reduce) reports that it timed out; the rank
  * names the lost rank through RtComm's liveness pings and stops every rank.
  *
@@ -7,6 +7,7 @@
  * Checked: mpirun ends within the bound with a failure status, and the
  * message names rank 1, the collective and comm_timeout. */
 #include "runtime.h"
+#include "dist.h"
 #include "testutil.h"
 
 #include <signal.h>

@@ -1,4 +1,4 @@
-/* test_cuda_nccl.c - runtime/cuda_nccl.c (the CUDA module's NCCL
+/* test_cuda_nccl.c - runtime/cuda/cuda_nccl.c (the CUDA module's NCCL
  * all-reduces) against stand-ins for the CUDA driver and NCCL, so that its
  * logic runs on machines without a GPU or NCCL.
  *
@@ -214,7 +214,7 @@ static int setup(void **state)
     free(ln);
     char *cmd = xasprintf("'%s' -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wshadow "
                           "-Wmissing-prototypes -Werror -fPIC -shared -Iir -Ipasses -Icodegen "
-                          "-Iruntime -I'%s' -o '%s/kcnccl.so' runtime/cuda_nccl.c runtime/cuda_module.c "
+                          "-Iruntime -Iruntime/cuda -I'%s' -o '%s/kcnccl.so' runtime/cuda/cuda_nccl.c runtime/cuda/cuda_module.c "
                           "-ldl 2>&1",
                           KILN_C_COMPILER, cuda_inc, dir);
     run_or_fail(cmd);
@@ -653,7 +653,7 @@ static void test_child(void **state)
 static void test_backend_waits_bounded(void **state)
 {
     (void)state;
-    char *src = read_file("runtime/backend_cuda.c");
+    char *src = read_file("runtime/cuda/backend_cuda.c");
     assert_non_null(src);
     const char *direct[] = {"cu.cuStreamSynchronize(", "cu.cuEventSynchronize("};
     const char *helper[] = {"c->nccl ? kc_wait_stream(c->nccl, s) : cu.cuStreamSynchronize(s)",

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "runtime.h"
+#include "train.h"
 
 static char *write_tmp(const char *dir, const char *name, const void *p, size_t n)
 {

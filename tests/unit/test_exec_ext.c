@@ -13,6 +13,8 @@
 #include "codegen.h"
 #include "frontend.h"
 #include "runtime.h"
+#include "train.h"
+#include "cpu.h"
 #include "testutil.h"
 
 #include <dlfcn.h>

@@ -13,6 +13,7 @@
 #include "frontend.h"
 #include "passes.h"
 #include "runtime.h"
+#include "train.h"
 
 /* ---- IR-text pattern tests ------------------------------------------------ */
 

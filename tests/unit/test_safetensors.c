@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "runtime.h"
+#include "train.h"
 
 static void write_bytes(const char *path, const void *p, size_t n)
 {

@@ -2,6 +2,7 @@
 #include "testutil.h"
 
 #include "runtime.h"
+#include "cpu.h"
 
 #include <dirent.h>
 #include <math.h>

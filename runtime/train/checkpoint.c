@@ -8,7 +8,7 @@
  * step: the runtime refills them before every step reads them, so they
  * carry nothing from one step to the next. A checkpoint does not hold them
  * and loading one zeroes them, so a run resumes with any grad_accum. */
-#include "runtime.h"
+#include "train.h"
 
 #include <inttypes.h>
 #include <stdlib.h>

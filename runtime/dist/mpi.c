@@ -1,4 +1,4 @@
-/* comm.c - ranks and collectives between CPU processes through MPI.
+/* mpi.c - ranks and collectives between CPU processes through MPI.
  *
  * One communication thread per rank runs the collectives in the order they
  * were queued (every rank queues the same collectives in the same order, so
@@ -12,7 +12,7 @@
  * NCCL id) take the same queue. Buckets that a GPU reduces itself (NCCL) are
  * not seen here; their times come in through rt_comm_set_source. */
 #include "codegen.h"
-#include "runtime.h"
+#include "dist.h"
 
 #include <mpi.h>
 #include <pthread.h>

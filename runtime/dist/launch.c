@@ -15,7 +15,7 @@
  * launcher, when it gets one, creates DIR/stop and sends the signal to
  * every rank itself; a rank's SIGTERM without DIR/stop is mpirun stopping
  * the job because another rank failed, and ends the rank at once. */
-#include "runtime.h"
+#include "dist.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -9,20 +9,10 @@
  * is compiled again (a truncated object would SIGBUS in dlopen).
  *
  * Temp files carry their writer's pid (kiln-H.PID.c, kiln-H.PID.N.o,
- * kiln-H.so.tmp.PID; the CUDA module's NAME.tmp.PID): a file whose writer
- * is gone (kill(pid, 0) fails with ESRCH), or any one older than a day, is
- * removed when the directory is next pruned (also once at a process's first
- * compile), never a live writer's.
- *
- * Size: the kiln-* files of the directory, and separately the CUDA
- * module's cubins in its cuda/ subdirectory (rt_cache_prune from the
- * executor), are kept under KILN_CACHE_MAX bytes (default 1 GiB; 0: no
- * limit). A hit refreshes its object's mtime (a cubin's read refreshes its
- * atime, where the file system keeps one); after a compile adds an entry,
- * the files least recently used go until the total is under three quarters
- * of the limit. A file touched in the last minute stays (another process
- * may be compiling or loading it). */
-#include "runtime.h"
+ * kiln-H.so.tmp.PID): the cache's pruning (rt_cache_prune, runtime/files.c,
+ * also run once at a process's first compile) removes those whose writer
+ * is gone and keeps the directory under KILN_CACHE_MAX. */
+#include "cpu.h"
 
 #include "frontend.h"
 
@@ -98,37 +88,6 @@ static const char *compiler_version(void)
     return v;
 }
 
-static bool mkdir_p(const char *path)
-{
-    char *p = xstrdup(path);
-    for (char *s = p + 1; *s; s++) {
-        if (*s != '/')
-            continue;
-        *s = 0;
-        mkdir(p, 0777);
-        *s = '/';
-    }
-    bool ok = mkdir(p, 0777) == 0 || errno == EEXIST;
-    struct stat st;
-    if (ok && (stat(p, &st) != 0 || !S_ISDIR(st.st_mode))) /* a file of that name */
-        ok = false, errno = ENOTDIR;
-    else if (ok && access(p, W_OK | X_OK) != 0)
-        ok = false;
-    free(p);
-    return ok;
-}
-
-char *rt_cache_path(const char *cache_dir)
-{
-    if (cache_dir && *cache_dir)
-        return xstrdup(cache_dir);
-    const char *e = getenv("KILN_CACHE_DIR");
-    if (e && *e)
-        return xstrdup(e);
-    const char *home = getenv("HOME");
-    return xasprintf("%s/.cache/kiln", home && *home ? home : "/tmp");
-}
-
 /* Appends "LINE | text" for source lines [lo, hi] to the diagnostic. */
 static void add_numbered(char *msg, size_t cap, const char *src, int lo, int hi)
 {
@@ -162,147 +121,6 @@ static int first_error_line(const char *log, const char *cfile)
             return line;
     }
     return 0;
-}
-
-enum { CACHE_GRACE_S = 60, STALE_TMP_S = 86400 };
-
-/* The cache limit in bytes from KILN_CACHE_MAX ("2GiB", "500MB", bytes; 0:
- * none); the default, with a warning, when it does not parse. */
-static int64_t cache_max(void)
-{
-    const int64_t def = (int64_t)1 << 30;
-    const char *e = getenv("KILN_CACHE_MAX");
-    if (!e || !*e)
-        return def;
-    int64_t v = fe_parse_bytes(e);
-    if (v < 0) {
-        static bool warned;
-        if (!warned)
-            fprintf(stderr, "kiln: KILN_CACHE_MAX: expected a size such as 2GiB or 0 (no "
-                            "limit), got '%s'; using 1GiB\n", e);
-        warned = true;
-        return def;
-    }
-    return v;
-}
-
-typedef struct {
-    char *name;
-    int64_t size;
-    time_t mtime;
-} CacheFile;
-
-static int by_mtime(const void *a, const void *b)
-{
-    const CacheFile *x = a, *y = b;
-    return x->mtime < y->mtime ? -1 : x->mtime > y->mtime ? 1 : strcmp(x->name, y->name);
-}
-
-/* The pid of the writer of temp file `name` (see the top of this file), or
- * 0 when name is no temp file. */
-static long temp_writer(const char *name)
-{
-    const char *t = strstr(name, ".tmp");
-    while (t && strstr(t + 1, ".tmp"))
-        t = strstr(t + 1, ".tmp");
-    if (t) { /* NAME.tmp.PID (NAME.tmpPID: cubins before the trailer) */
-        const char *p = t + 4 + (t[4] == '.');
-        char *end;
-        long pid = strtol(p, &end, 10);
-        return *p >= '0' && *p <= '9' && !*end && pid > 0 ? pid : 0;
-    }
-    /* kiln-<32 hex>.PID.c, .PID.N.c, .PID.N.o */
-    if (strncmp(name, "kiln-", 5) != 0 || strlen(name) < 5 + 32 + 3)
-        return 0;
-    for (int i = 5; i < 5 + 32; i++)
-        if (!strchr("0123456789abcdef", name[i]))
-            return 0;
-    const char *p = name + 5 + 32;
-    if (*p++ != '.' || *p < '0' || *p > '9')
-        return 0;
-    char *end;
-    long pid = strtol(p, &end, 10);
-    if (*end == '.' && end[1] >= '0' && end[1] <= '9') {
-        strtol(end + 1, &end, 10);
-        return pid > 0 && (strcmp(end, ".c") == 0 || strcmp(end, ".o") == 0) ? pid : 0;
-    }
-    return pid > 0 && strcmp(end, ".c") == 0 ? pid : 0;
-}
-
-/* Whether temp file path (writer pid, modified at mtime) is left over from
- * a writer that is gone: its process no longer exists, or it is older than
- * STALE_TMP_S (a pid reused since, or a writer on another machine). */
-static bool temp_stale(long pid, time_t mtime)
-{
-    if (time(NULL) - mtime > STALE_TMP_S)
-        return true;
-    return pid != (long)getpid() && kill((pid_t)pid, 0) != 0 && errno == ESRCH;
-}
-
-/* Removes dir's stale temp files (temp_stale), then the least recently
- * used files of dir whose names start with prefix until they total under
- * 3/4 of the limit; never `keep` (may be NULL), never a file of the last
- * minute. Recency: the later of mtime and atime. */
-void rt_cache_prune(const char *dir, const char *prefix, const char *keep, bool verbose)
-{
-    int64_t max = cache_max();
-    DIR *dp = opendir(dir);
-    if (!dp)
-        return;
-    CacheFile *f = NULL;
-    size_t n = 0, cap = 0;
-    int64_t total = 0;
-    int stale = 0;
-    struct dirent *de;
-    while ((de = readdir(dp))) {
-        if (strncmp(de->d_name, prefix, strlen(prefix)) != 0 || de->d_name[0] == '.')
-            continue;
-        char *path = xasprintf("%s/%s", dir, de->d_name);
-        struct stat st;
-        if (stat(path, &st) != 0 || !S_ISREG(st.st_mode)) {
-            free(path);
-            continue;
-        }
-        long pid = temp_writer(de->d_name);
-        if (pid > 0 && temp_stale(pid, st.st_mtime)) {
-            if (unlink(path) == 0)
-                stale++;
-            free(path);
-            continue;
-        }
-        if (max <= 0) {
-            free(path);
-            continue;
-        }
-        if (n == cap)
-            f = xrealloc(f, sizeof *f * (cap = cap ? 2 * cap : 64));
-        time_t used = st.st_atime > st.st_mtime ? st.st_atime : st.st_mtime;
-        f[n++] = (CacheFile){path, (int64_t)st.st_size, used};
-        total += (int64_t)st.st_size;
-    }
-    closedir(dp);
-    if (verbose && stale)
-        fprintf(stderr, "kiln: cache %s: removed %d temp files left by writers that are gone\n",
-                dir, stale);
-    if (max > 0 && total > max) {
-        qsort(f, n, sizeof *f, by_mtime);
-        time_t now_t = time(NULL);
-        int removed = 0;
-        for (size_t i = 0; i < n && total > max / 4 * 3; i++) {
-            if ((keep && strcmp(f[i].name, keep) == 0) || now_t - f[i].mtime < CACHE_GRACE_S)
-                continue;
-            if (unlink(f[i].name) == 0) {
-                total -= f[i].size;
-                removed++;
-            }
-        }
-        if (verbose)
-            fprintf(stderr, "kiln: cache %s over %lld bytes: removed %d least recently used "
-                            "files\n", dir, (long long)max, removed);
-    }
-    for (size_t i = 0; i < n; i++)
-        free(f[i].name);
-    free(f);
 }
 
 enum { MAX_PARTS = 16, MIN_FUNCS_PER_PART = 4 };
@@ -598,7 +416,7 @@ char *rt_cc_compile(const char *source, const char *cache_dir, int jobs, bool ve
         free(dir);
         return so;
     }
-    if (!mkdir_p(dir)) {
+    if (!rt_mkdir_p(dir)) {
         snprintf(d->msg, sizeof d->msg, "%s: cannot create the kernel cache directory: %s", dir,
                  strerror(errno));
         goto fail;

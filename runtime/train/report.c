@@ -1,6 +1,6 @@
 /* report.c - what a run reports beyond its step lines: a Chrome trace
  * (chrome://tracing, Perfetto) and the per-kernel profile table. */
-#include "runtime.h"
+#include "train.h"
 
 #include <errno.h>
 #include <stdio.h>

@@ -1,4 +1,4 @@
-/* dist.c - data parallelism and gradient accumulation inside the training
+/* dp.c - data parallelism and gradient accumulation inside the training
  * loop: which rows of a global batch each rank and micro-batch trains on,
  * the micro-batch executor, the loss averaged over ranks, and the per-step
  * communication report.
@@ -10,7 +10,7 @@
  * backward, accum.P += grad.P); the last runs the training step, which
  * starts from accum.P (pass_comm). */
 #include "codegen.h"
-#include "runtime.h"
+#include "dist.h"
 
 #include <math.h>
 #include <signal.h>

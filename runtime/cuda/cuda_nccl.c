@@ -19,7 +19,7 @@
  * is noticed: when an all-reduce has been running on the communication
  * stream for the group's timeout with no bucket finishing, the communicator
  * is aborted and the group's lost callback names the lost rank and stops
- * every rank (comm.c, as on the CPU).
+ * every rank (dist/mpi.c, as on the CPU).
  *
  * The driver functions used here are looked up in libcuda.so.1 again (the
  * backend has opened it already; dlopen only counts a reference). */

@@ -1,7 +1,7 @@
 /* data.c - training data sources: synthetic addition, byte-level text, llm.c
  * token files, Gaussian blobs. Every batch is a pure function of
  * (seed, split, index), so a run is deterministic and resumes exactly. */
-#include "runtime.h"
+#include "train.h"
 
 #include <errno.h>
 #include <fcntl.h>

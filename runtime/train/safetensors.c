@@ -2,7 +2,7 @@
  * header can make kiln allocate, and an atomic writer (temp file
  * PATH.tmp.PID.XXXXXX in the same directory, fsync, rename) whose temp
  * files an interrupted run leaves are swept by the next (rt_tmp_sweep). */
-#include "runtime.h"
+#include "train.h"
 
 #include <cjson/cJSON.h>
 #include <dirent.h>
@@ -249,16 +249,6 @@ static bool read_at(int fd, void *p, size_t n, uint64_t off)
         off += (uint64_t)k;
     }
     return true;
-}
-
-const char *rt_file_kind(mode_t m)
-{
-    return S_ISDIR(m)    ? "a directory"
-           : S_ISFIFO(m) ? "a FIFO"
-           : S_ISCHR(m)  ? "a character device"
-           : S_ISBLK(m)  ? "a block device"
-           : S_ISSOCK(m) ? "a socket"
-                         : "not a regular file";
 }
 
 /* Sorts the n names and reports the first one that appears twice; what
@@ -524,119 +514,6 @@ fail:
     close(fd);
     rt_st_free(f);
     return false;
-}
-
-static bool write_all(int fd, const void *p, size_t n)
-{
-    const uint8_t *c = p;
-    while (n > 0) {
-        ssize_t k = write(fd, c, n);
-        if (k < 0) {
-            if (errno == EINTR)
-                continue;
-            return false;
-        }
-        c += k;
-        n -= (size_t)k;
-    }
-    return true;
-}
-
-bool rt_write_atomic(const char *path, const void *const *chunk, const size_t *len, int n,
-                     Diag *d)
-{
-    /* the writer's pid in the name: rt_tmp_sweep tells a dead writer's file */
-    char *tmp = xasprintf("%s.tmp.%ld.XXXXXX", path, (long)getpid());
-    int fd = mkstemp(tmp);
-    if (fd < 0) {
-        snprintf(d->msg, sizeof d->msg, "%s: cannot write: %s", path, strerror(errno));
-        free(tmp);
-        return false;
-    }
-    bool ok = true;
-    for (int i = 0; ok && i < n; i++)
-        ok = write_all(fd, chunk[i], len[i]);
-    int err = ok ? 0 : errno;
-    if (ok && (fchmod(fd, 0644) != 0 || fsync(fd) != 0))
-        ok = false, err = errno;
-    if (close(fd) != 0 && ok)
-        ok = false, err = errno;
-    if (ok && rename(tmp, path) != 0)
-        ok = false, err = errno;
-    if (!ok) {
-        snprintf(d->msg, sizeof d->msg, "%s: cannot write: %s", path, strerror(err));
-        unlink(tmp);
-    } else {
-        /* make the rename durable */
-        char *dir = xstrdup(path);
-        char *slash = strrchr(dir, '/');
-        if (slash)
-            slash[slash == dir] = 0; /* keep "/" for a file in the root */
-        int dfd = open(slash ? dir : ".", O_RDONLY | O_DIRECTORY);
-        if (dfd >= 0) {
-            fsync(dfd);
-            close(dfd);
-        }
-        free(dir);
-    }
-    free(tmp);
-    return ok;
-}
-
-/* s[0..) is DIGITS then `after`; returns the rest (NULL: no match).
- * *num gets the digits' value (saturating). */
-static const char *digits_then(const char *s, const char *after, long long *num)
-{
-    long long v = 0;
-    const char *c = s;
-    for (; *c >= '0' && *c <= '9'; c++)
-        v = v > 100000000000LL ? v : v * 10 + (*c - '0');
-    if (c == s || strncmp(c, after, strlen(after)) != 0)
-        return NULL;
-    if (num)
-        *num = v;
-    return c + strlen(after);
-}
-
-int rt_tmp_sweep(const char *head, const char *tail)
-{
-    char *dir = xstrdup(head);
-    char *slash = strrchr(dir, '/');
-    const char *base = slash ? head + (slash - dir) + 1 : head;
-    if (slash)
-        slash[slash == dir] = 0; /* keep "/" for a file in the root */
-    DIR *dd = opendir(slash ? dir : ".");
-    int removed = 0;
-    size_t bl = strlen(base);
-    struct dirent *e;
-    while (dd && (e = readdir(dd))) {
-        const char *s = e->d_name;
-        long long pid = 0;
-        if (bl == 0 || strncmp(s, base, bl) != 0)
-            continue;
-        s += bl;
-        if (tail && !(s = digits_then(s, tail, NULL)))
-            continue;
-        if (strncmp(s, ".tmp.", 5) != 0 || !(s = digits_then(s + 5, ".", &pid)))
-            continue;
-        size_t k = 0;
-        while (s[k] && ((s[k] >= '0' && s[k] <= '9') || (s[k] >= 'a' && s[k] <= 'z') ||
-                        (s[k] >= 'A' && s[k] <= 'Z')))
-            k++;
-        if (k != 6 || s[k] || pid <= 0 || pid > INT32_MAX || pid == (long long)getpid())
-            continue;
-        if (kill((pid_t)pid, 0) == 0 || errno != ESRCH)
-            continue; /* alive (or not ours to signal: alive too) */
-        char *p = xasprintf("%s/%s", slash ? dir : ".", e->d_name);
-        struct stat st;
-        if (lstat(p, &st) == 0 && S_ISREG(st.st_mode) && unlink(p) == 0)
-            removed++;
-        free(p);
-    }
-    if (dd)
-        closedir(dd);
-    free(dir);
-    return removed;
 }
 
 bool rt_st_write(const char *path, const StTensor *t, int n, const char *const *key,

@@ -1,7 +1,8 @@
 /* train.c - the training loop: build the training and evaluation graphs,
  * initialise or restore params, feed data, set the learning rate, run steps,
  * evaluate, checkpoint and report. */
-#include "runtime.h"
+#include "train.h"
+#include "dist.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -158,7 +159,7 @@ typedef struct {
     double last_val_loss, last_acc;
     int64_t acc_right, acc_total;
     bool have_val, have_acc;
-    RtDp *dp;             /* ranks and micro-batches (dist.c) */
+    RtDp *dp;             /* ranks and micro-batches (dist/dp.c) */
     RtComm *comm;         /* its ranks; NULL: one rank */
     int64_t skipped;      /* steps not applied (on_nonfinite = "skip") */
     int64_t ckpt_step;    /* the last checkpoint written (-1: none) */

@@ -1,0 +1,28 @@
+/*
+ * cli.h - the `kiln` command (runtime/cli/): main.c parses the commands
+ * and their flags and drives the compiler and the training loop;
+ * summary.c prints what `kiln compile` reports.
+ */
+#ifndef KILN_CLI_H
+#define KILN_CLI_H
+
+#include <stddef.h>
+
+#include "frontend.h"
+#include "passes.h"
+
+/* "1.50 MiB", "12.000 M", "32.057 MFLOP" */
+void cli_human_bytes(double b, char *buf, size_t n);
+void cli_human_count(double x, char *buf, size_t n);
+void cli_human_flops(double x, char *buf, size_t n);
+/* The recompute set remat chose (r), against the step's FLOPs (g). */
+void cli_print_remat(const RematReport *r, const Graph *g, int64_t budget);
+/* Params, ops per class (forward, backward, optimizer, recompute), FLOPs
+ * per step and of the forward graph, bytes moved, the planned peak (mp may
+ * be NULL). */
+void cli_print_summary(const Model *m, const Graph *fwd_g, const Graph *g, const MemPlan *mp);
+/* Kernel launches and bytes moved per step, unfused (the same pipeline
+ * with --no-fuse) and fused (g); false after printing a pipeline error. */
+bool cli_print_fusion(const Model *m, const Graph *g, const PassOpts *po);
+
+#endif

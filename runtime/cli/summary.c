@@ -1,0 +1,163 @@
+/* summary.c - what `kiln compile` prints about a compiled step: params, ops
+ * per class, FLOPs, bytes moved, the planned peak, the recompute set and
+ * the fusion counts. */
+#include <stdio.h>
+
+#include "cli.h"
+#include "codegen.h"
+
+void cli_human_bytes(double b, char *buf, size_t n)
+{
+    const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int i = 0;
+    while (b >= 1024 && i < 4) {
+        b /= 1024;
+        i++;
+    }
+    snprintf(buf, n, i ? "%.2f %s" : "%.0f %s", b, u[i]);
+}
+
+void cli_human_count(double x, char *buf, size_t n)
+{
+    if (x >= 1e12)
+        snprintf(buf, n, "%.3f T", x / 1e12);
+    else if (x >= 1e9)
+        snprintf(buf, n, "%.3f G", x / 1e9);
+    else if (x >= 1e6)
+        snprintf(buf, n, "%.3f M", x / 1e6);
+    else if (x >= 1e3)
+        snprintf(buf, n, "%.3f K", x / 1e3);
+    else
+        snprintf(buf, n, "%.0f", x);
+}
+
+/* "32.057 MFLOP", "237 FLOP" */
+void cli_human_flops(double x, char *buf, size_t n)
+{
+    char c[32];
+    cli_human_count(x, c, sizeof c);
+    snprintf(buf, n, "%s%sFLOP", c, x >= 1e3 ? "" : " ");
+}
+
+void cli_print_remat(const RematReport *r, const Graph *g, int64_t budget)
+{
+    char b0[64], b1[64], b2[64];
+    if (r->policy == REMAT_NONE && budget <= 0) {
+        printf("remat: none (no --memory-budget)\n");
+        return;
+    }
+    printf("remat: policy %s", pass_remat_policy_name(r->policy));
+    if (r->policy == REMAT_AUTO)
+        printf(" (chose %s%s)", r->chosen == REMAT_AUTO ? "its own plan" :
+                                 pass_remat_policy_name(r->chosen),
+               r->chosen != REMAT_AUTO ? "" : r->exact ? ", exact solver" : ", heuristic");
+    if (r->chosen == REMAT_AUTO && !r->exact && r->gap >= 0)
+        printf(", within %.2f%% of the LP bound", 100 * r->gap);
+    if (budget > 0) {
+        cli_human_bytes((double)budget, b0, sizeof b0);
+        printf(", budget %s", b0);
+    }
+    printf("\n");
+    cli_human_bytes((double)r->kept_bytes, b0, sizeof b0);
+    cli_human_bytes((double)r->recomputed_bytes, b1, sizeof b1);
+    printf("  activations saved for backward: %d; kept %d (%s), recomputed %d (%s)\n",
+           r->nsaved, r->nkept, b0, r->nrecomputed, b1);
+    double step = ir_graph_flops(g);
+    cli_human_flops(r->extra_flops, b2, sizeof b2);
+    printf("  recompute ops: %d; extra %s per step (%.2f%% of the step's FLOPs)\n",
+           r->nrecompute_ops, b2, step > 0 ? 100 * r->extra_flops / step : 0.0);
+}
+
+void cli_print_summary(const Model *m, const Graph *fwd_g, const Graph *g, const MemPlan *mp)
+{
+    char b0[64], b1[64], sb[256];
+    int64_t nparams = 0;
+    int ntensors = 0;
+    printf("model %s\n", m->path);
+    printf("params:\n");
+    for (int i = 0; i < g->t.n; i++) {
+        const Tensor *t = &g->t.v[i];
+        if (t->kind != TK_PARAM)
+            continue;
+        ntensors++;
+        nparams = ir_add_sat(nparams, shape_numel(&t->s));
+        printf("  %-32s %s\n", t->name, shape_str(g, &t->s, sb, sizeof sb));
+    }
+    cli_human_count((double)nparams, b0, sizeof b0);
+    printf("  %d tensors, %lld params (%s)\n", ntensors, (long long)nparams, b0);
+
+    int per_class[OC__COUNT] = {0}, fwd_ops = 0, bwd_ops = 0, opt_ops = 0, rec_ops = 0;
+    for (int i = 0; i < g->ops.n; i++) {
+        const Op *op = &g->ops.v[i];
+        per_class[ir_opinfo[op->code].cls]++;
+        if (op->flags & OPF_RECOMPUTE)
+            rec_ops++;
+        else if (op->flags & OPF_OPTIM)
+            opt_ops++;
+        else if (op->flags & OPF_BACKWARD)
+            bwd_ops++;
+        else
+            fwd_ops++;
+    }
+    printf("ops: %d (forward %d, backward %d, optimizer %d", g->ops.n, fwd_ops, bwd_ops,
+           opt_ops);
+    if (rec_ops)
+        printf(", recompute %d", rec_ops);
+    printf(")\n");
+    for (int c = 0; c < OC__COUNT; c++)
+        if (per_class[c])
+            printf("  %-12s %d\n", ir_class_name((OpClass)c), per_class[c]);
+    double step_flops = ir_graph_flops(g), fwd_flops = ir_graph_flops(fwd_g);
+    double bytes = 0;
+    for (int i = 0; i < g->ops.n; i++)
+        bytes += ir_op_bytes(g, &g->ops.v[i]);
+    cli_human_flops(step_flops, b0, sizeof b0);
+    cli_human_flops(fwd_flops, b1, sizeof b1);
+    printf("flops per step: %s (forward %s)\n", b0, b1);
+    cli_human_bytes(bytes, b0, sizeof b0);
+    printf("bytes moved per step (unfused, IR counts): %s\n", b0);
+    if (mp) {
+        cli_human_bytes((double)mp->arena_bytes, b0, sizeof b0);
+        cli_human_bytes((double)mp->persistent_bytes, b1, sizeof b1);
+        printf("planned peak: %s (%lld bytes; persistent %s, temporaries %s)\n", b0,
+               (long long)mp->arena_bytes, b1,
+               (cli_human_bytes((double)(mp->arena_bytes - mp->persistent_bytes), sb, sizeof sb), sb));
+    }
+}
+
+/* Kernel launches and bytes moved per step, unfused (the same pipeline with
+ * --no-fuse) and fused (g). */
+bool cli_print_fusion(const Model *m, const Graph *g, const PassOpts *po)
+{
+    FuseStats after, before;
+    pass_fuse_stats(g, &after);
+    PassOpts nf = *po;
+    nf.no_fuse = true;
+    nf.remat_report = NULL;
+    /* unfused temporaries need not fit the budget: compare without it (a
+     * fixed remat policy still applies) */
+    nf.memory_budget = 0;
+    Graph *u = ir_clone(m->g);
+    Diag d = {{0}};
+    if (!pass_pipeline(u, &nf, NULL, NULL, NULL, &d)) {
+        fprintf(stderr, "%s\n", d.msg);
+        ir_free(u);
+        return false;
+    }
+    pass_fuse_stats(u, &before);
+    ir_free(u);
+    char b0[64], b1[64];
+    cli_human_bytes(before.bytes, b0, sizeof b0);
+    cli_human_bytes(after.bytes, b1, sizeof b1);
+    if (po->no_fuse) {
+        printf("fusion: off (--no-fuse): %d kernels + %d GEMMs, %s moved per step\n",
+               before.kernels, before.gemms, b0);
+        return true;
+    }
+    printf("fusion: kernels %d -> %d (+ %d -> %d GEMMs), bytes moved per step %s -> %s "
+           "(%.2fx less)\n",
+           before.kernels, after.kernels, before.gemms, after.gemms, b0, b1,
+           after.bytes > 0 ? before.bytes / after.bytes : 0.0);
+    return true;
+}
+

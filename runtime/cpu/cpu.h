@@ -1,0 +1,70 @@
+/*
+ * cpu.h - the CPU backend (runtime/cpu/): generated C compiled by the host
+ * compiler and loaded with dlopen, GEMMs through OpenBLAS, work split over
+ * a thread pool into parts fixed by shape alone (results do not depend on
+ * the thread count).
+ */
+#ifndef KILN_CPU_H
+#define KILN_CPU_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "runtime.h"
+
+/* ---- backend_cpu.c: generated C via the host compiler, GEMMs via OpenBLAS */
+extern const Backend rt_backend_cpu;
+
+/* ---- cc.c: the host C compiler and its on-disk cache ----------------------
+ * Shared objects are cached by a hash of source, compiler version and flags
+ * in cache_dir (NULL: $KILN_CACHE_DIR, else ~/.cache/kiln). With
+ * KILN_CC_INJECT_ERROR=1 an invalid line is appended to the source (tests).
+ * On failure d holds the compiler's message and the numbered source around
+ * the error. */
+typedef struct {
+    int compiles;       /* compiler invocations */
+    int cache_hits;
+    double compile_seconds;
+} RtCcStats;
+RtCcStats rt_cc_stats(void);
+/* Runs cmd through the shell, its stdout and stderr into a malloc'd *out;
+ * returns its exit status (128 + the signal when killed; -1 when it could
+ * not start, *out then says why). */
+int rt_run_capture(const char *cmd, char **out);
+/* Returns the malloc'd path of the shared object, or NULL with d set. A
+ * compile runs up to `jobs` compiler processes side by side, on parts of
+ * the source (each with the prelude), and links them. */
+char *rt_cc_compile(const char *source, const char *cache_dir, int jobs, bool verbose, Diag *d);
+
+/* ---- pool.c: the backend's thread pool ----------------------------------- */
+/* A job for the pool: fn(ctx, part) for part in [0, nparts), each part run
+ * once, by whichever thread claims it first. claim packs the job's number
+ * (bits 32..63), its part count (16..31) and the next unclaimed part
+ * (0..15): a thread claims a part with one compare-and-swap, so a worker
+ * that wakes late (its core busy with another process) leaves its parts to
+ * the others instead of holding the step up, and a claim never lands in a
+ * job other than the one whose fn/ctx the thread read (the caller replaces
+ * them only after every part of the last job has finished, and a new job
+ * has a new number). */
+typedef void (*PoolFn)(void *ctx, int part);
+typedef struct {
+    pthread_t *th;
+    int nth;                  /* workers */
+    pthread_mutex_t mu;
+    pthread_cond_t go, done;
+    atomic_ullong gen;        /* bumped per job: wakes the workers */
+    atomic_ullong claim;      /* job << 32 | nparts << 16 | next part */
+    atomic_int finished;      /* parts of the current job done */
+    _Atomic(PoolFn) fn;       /* atomic: a late worker may read them while */
+    void *_Atomic ctx;        /* the caller sets up the next job */
+    bool quit;
+} Pool;
+
+/* Starts nth workers (fewer when a thread cannot be created: pl->nth). */
+void pool_start(Pool *pl, int nth);
+void pool_stop(Pool *pl); /* joins the workers; nothing when never started */
+/* Runs fn(ctx, 0..nparts-1) on the caller and whichever workers come;
+ * returns when every part has finished. */
+void pool_run(Pool *pl, int nparts, PoolFn fn, void *ctx);
+
+#endif

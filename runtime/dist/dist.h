@@ -1,0 +1,117 @@
+/*
+ * dist.h - several ranks (runtime/dist/): MPI collectives on a
+ * communication thread (mpi.c), the `--nproc` launcher (launch.c), and data
+ * parallelism and gradient accumulation inside the training loop (dp.c).
+ */
+#ifndef KILN_DIST_H
+#define KILN_DIST_H
+
+#include "runtime.h"
+#include "train.h"
+
+/* ---- mpi.c: ranks and collectives (MPI) ---------------------------------
+ * One RtComm per process when it runs as one of several ranks (started by
+ * mpirun, or by `kiln train --nproc N`, which runs mpirun). A communication
+ * thread runs every collective, in the order they were started: buckets of
+ * f32 gradients (mean over ranks, in place, read and written through the
+ * backend) and host collectives. A collective that does not finish within
+ * the timeout stops this rank, and through MPI_Abort every rank, with a
+ * message naming the lost rank (the one that no longer answers, or the one
+ * that never joined); the functions below therefore never fail. On a GPU
+ * the buckets run on the device instead (BackendExt): RtComm then only
+ * broadcasts the NCCL id and collects the device's statistics. */
+
+/* *c = NULL (one rank, no MPI) unless this process was started by an MPI
+ * launcher (OMPI_COMM_WORLD_SIZE in the environment); false with d set when
+ * MPI cannot start. timeout_s > 0. */
+bool rt_comm_open(double timeout_s, RtComm **c, Diag *d);
+void rt_comm_close(RtComm *c); /* NULL: nothing */
+int rt_comm_rank(const RtComm *c);       /* 0 for NULL */
+int rt_comm_size(const RtComm *c);       /* 1 for NULL */
+int rt_comm_local_size(const RtComm *c); /* ranks on this machine; 1 for NULL */
+/* Plan step s (CG_STEP_ALLREDUCE_START) of p: queues its bucket. */
+void rt_comm_start(RtComm *c, const struct CgPlan *p, int s, const Backend *be,
+                   BackendCtx *ctx);
+/* Blocks until the bucket's last start has finished (at once if done). */
+void rt_comm_wait(RtComm *c, int bucket);
+/* Mean over ranks of n host doubles, in place (blocking). */
+void rt_comm_mean(RtComm *c, double *v, int n);
+/* Per step: communication time (the comm thread's busy time), exposed time
+ * (compute blocked in waits), and the events since the last reset. */
+typedef struct {
+    double comm_s, exposed_s;
+    int nev;
+    const RtCommEvent *ev;
+} RtCommStats;
+void rt_comm_stats(RtComm *c, RtCommStats *st); /* st->ev valid until the next call */
+void rt_comm_stats_reset(RtComm *c);
+/* Copies n bytes at buf from rank 0 to every rank (blocking; through the
+ * communication thread, in order with the other collectives). */
+void rt_comm_bcast(RtComm *c, void *buf, size_t n);
+/* Collectives run by the device (BackendExt.comm_setup): rt_comm_stats
+ * first calls pull(arg, c), which adds the device's finished collectives
+ * with rt_comm_add_events. pull NULL removes the source registered with
+ * arg (if it is still the current one). */
+void rt_comm_set_source(RtComm *c, void (*pull)(void *arg, RtComm *c), void *arg);
+void rt_comm_add_events(RtComm *c, const RtCommEvent *ev, int n, double exposed_s);
+int rt_comm_local_rank(const RtComm *c); /* rank on this machine; 0 for NULL */
+double rt_comm_timeout(const RtComm *c);  /* seconds; 0 for NULL */
+/* A collective run outside RtComm (on the device) did not finish within the
+ * timeout: finds whom we lost, says so and stops every rank (MPI_Abort), as
+ * for RtComm's own collectives; `what` names the collective. */
+_Noreturn void rt_comm_lost(RtComm *c, const char *what);
+
+/* ---- launch.c: starting local ranks ---------------------------------------
+ * `kiln train --nproc N ...`: runs mpirun with N copies of this binary and the
+ * same arguments (without --nproc), waits, and returns the exit code. Each
+ * rank records how it ended in a status directory; a rank that vanished
+ * (killed or crashed) is named in the message. */
+int rt_launch(int nproc, int argc, char **argv);
+/* In a rank started by rt_launch: records "running" (at start), how it
+ * ended, or the rank it lost; no-op otherwise. */
+void rt_rank_status(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* ---- dp.c: data parallelism and gradient accumulation in the loop -------
+ * The loop opens its data with the global batch (rt_dp_rows_factor x the
+ * model's batch b); rank r, micro-batch k trains on rows [(r*K + k)*b, +b).
+ * With one rank and grad_accum 1 every call is an identity or no-op. */
+typedef struct RtDp RtDp;
+/* Opens the ranks (rt_comm_open) from train{comm_timeout}, checks
+ * grad_accum and bucket_mb; ranks other than 0 print nothing on stdout.
+ * *dp is set even on failure (close it). */
+bool rt_dp_open(const TrainCfg *c, RtDp **dp, Diag *d);
+void rt_dp_close(RtDp *dp, int rc); /* records rc as the rank's status */
+int rt_dp_rank(const RtDp *dp);
+int rt_dp_size(const RtDp *dp);
+int64_t rt_dp_rows_factor(const RtDp *dp); /* ranks x grad_accum */
+/* Rank 0: path; rank r: path with ".rankR" before its extension. */
+const char *rt_dp_trace_path(RtDp *dp, const char *path);
+void rt_dp_pass_opts(const RtDp *dp, const TrainCfg *c, bool no_overlap, PassOpts *po);
+/* The comm handle; threads default to the cores shared among local ranks. */
+void rt_dp_exec_opts(const RtDp *dp, ExecOpts *eo);
+/* Checks every gradient tg reduces is f32 (a message otherwise); with
+ * grad_accum > 1 builds the micro-batch graph (pass_comm_micro) and its
+ * executor. */
+bool rt_dp_build(RtDp *dp, const Graph *model, const PassOpts *po, const ExecOpts *eo,
+                 const Graph *tg, Diag *d);
+/* Before a training step: runs micro-batches 0..K-2 (params copied in from
+ * te), hands their summed gradients to te's accum.P, and feeds te this
+ * rank's last micro-batch of the global batch. */
+bool rt_dp_step(RtDp *dp, Exec *te, const Graph *tg, const DataBatch *global, uint64_t seed,
+                int64_t step, Diag *d);
+/* The step's loss: mean over micro-batches and ranks (last: te's loss).
+ * The same collective agrees on a stop (rt_stop_signal on any rank). */
+float rt_dp_loss(RtDp *dp, float last);
+/* The signal that stops the run after this step, 0: none. One rank: its
+ * rt_stop_signal; several: the one any rank had at the last rt_dp_loss,
+ * so that every rank stops after the same step. */
+int rt_dp_stop(const RtDp *dp);
+/* After a step: records its communication and exposed time; with
+ * trace_events, its collectives on the trace's tid 2 (times from t0). */
+void rt_dp_after_step(RtDp *dp, Trace *trace, double t0, bool trace_events);
+/* "comm: ..." line: median per step of communication, exposed time, overlap. */
+void rt_dp_summary(const RtDp *dp, FILE *f);
+/* Whether standard output is a terminal; a rank (whose output mpirun always
+ * passes through a pseudo-terminal) asks the launcher's KILN_STDOUT_TTY. */
+bool rt_stdout_tty(void);
+
+#endif

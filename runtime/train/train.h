@@ -1,0 +1,211 @@
+/*
+ * train.h - training (runtime/train/): the loop, its data sources,
+ * checkpoints and weights in safetensors files, the trace and profile
+ * reports.
+ */
+#ifndef KILN_TRAIN_H
+#define KILN_TRAIN_H
+
+#include <stdio.h>
+
+#include "runtime.h"
+
+/* ---- data.c: training data sources ---------------------------------------
+ * A source fills a model's data inputs by name: tokens i32[B,T], targets
+ * i32[B,T] (tokens shifted by one), mask f32[B,T] (1 where the target counts);
+ * blobs: x f32[B,D], y i32[B]. A batch is a pure function of (seed, split,
+ * index): the train split's next index is the data position that
+ * checkpoints save; evaluation reads validation batches 0..n-1 every time.
+ *
+ * addition (n digits; as models/addition.lua: vocabulary 0-9 digits,
+ *   10 '+', 11 '=', 12 pad, 13 end): a+b= with a, b zero-padded to n digits,
+ *   then the sum's n+1 digits reversed (least significant first), then end.
+ *   Length 3n+4; tokens are its first T symbols, targets the next T (pad
+ *   past the end), T >= 3n+3. mask = 1 exactly where the target is an answer
+ *   digit or the end token (t in 2n+1..3n+2). Held-out problems: the (a,b)
+ *   pairs whose hash (independent of the seed) falls below val_fraction.
+ * text: bytes of any regular file (vocab 256); the last val_fraction of the
+ *   file is validation; random windows of T+1 bytes.
+ * tokens: llm.c .bin (256 x int32 header: magic 20240520, version 1, count;
+ *   then uint16 tokens); split like text.
+ * text and tokens files are mapped, not copied; rt_data_open refuses
+ *   anything but a regular file, a split (train, and validation when
+ *   val_fraction > 0) shorter than one window of T+1 symbols, and a symbol
+ *   at or above vocab or rows. addition: each split must hold a problem and
+ *   be drawn in under 10^6 tries per row (val_fraction in [1e-6, 1-1e-6]).
+ * blobs: `classes` Gaussian clusters in `dim` dimensions, centres fixed by
+ *   the seed; validation points come from their own random stream. */
+typedef enum { DATA_TRAIN, DATA_VAL } DataSplit;
+
+enum { ADD_PLUS = 10, ADD_EQ = 11, ADD_PAD = 12, ADD_END = 13, ADD_VOCAB = 14 };
+
+typedef struct {
+    const char *kind;    /* "addition", "text", "tokens", "blobs" */
+    const char *path;    /* text, tokens */
+    uint64_t seed;
+    int64_t batch, seq;  /* B, T (blobs: seq unused) */
+    int digits;          /* addition: 1..9 */
+    double val_fraction; /* [0, 1); addition needs > 0 */
+    int vocab;           /* text, tokens, addition: every symbol must be < vocab,
+                            the model's classes (0: no check) */
+    int64_t rows;        /* and < rows, the rows of the table the tokens index
+                            (gather; 0: no check) */
+    const char *rows_name; /* that table's name, for messages */
+    int dim, classes;    /* blobs */
+} DataCfg;
+
+typedef struct {
+    int64_t B, T, D;
+    int32_t *tokens, *targets; /* [B,T] */
+    float *mask;               /* [B,T] */
+    float *x;                  /* blobs: [B,D] */
+    int32_t *y;                /* blobs: [B] */
+} DataBatch;
+
+typedef struct DataSource DataSource;
+/* NULL with d set ("PATH: what is wrong ...") on a bad config or file. */
+DataSource *rt_data_open(const DataCfg *c, Diag *d);
+void rt_data_close(DataSource *s);
+/* Batch `index` of `split`; the buffers belong to the source and are
+ * overwritten by the next call. */
+const DataBatch *rt_data_batch(DataSource *s, DataSplit split, int64_t index);
+bool rt_data_has_val(const DataSource *s);
+/* addition: writes the 3n+4 symbols of a+b (see above) into seq. */
+void rt_addition_encode(int digits, int64_t a, int64_t b, int32_t *seq);
+bool rt_addition_is_val(int digits, int64_t a, int64_t b, double val_fraction);
+
+/* ---- safetensors.c: reading and writing safetensors files ---------------
+ * Format: u64 little-endian header length N, N bytes of JSON
+ * {"NAME": {"dtype": "F32", "shape": [..], "data_offsets": [begin, end]},
+ *  "__metadata__": {"k": "v"}}, then the data (offsets relative to it). */
+typedef struct {
+    char *name;
+    DType dtype;
+    int rank;
+    int64_t dim[IR_MAX_RANK];
+    void *data;    /* numel * dtype_size bytes */
+    size_t nbytes;
+} StTensor;
+
+typedef struct {
+    StTensor *t;
+    int n;
+    char **key, **val; /* __metadata__ */
+    int nmeta;
+} StFile;
+
+/* Reads and validates the whole file (a regular file; tensor names,
+ * __metadata__ and its keys each once; shapes, offsets and spans checked
+ * before anything is allocated for them); on any defect returns false with
+ * "PATH: what is wrong (expected ..., got ...)" in d and *f empty. */
+bool rt_st_read(const char *path, StFile *f, Diag *d);
+void rt_st_free(StFile *f);
+const StTensor *rt_st_find(const StFile *f, const char *name);
+const char *rt_st_meta(const StFile *f, const char *key); /* NULL if absent */
+/* Writes atomically (temp file beside path, fsync, rename); on failure
+ * nothing is left behind. meta: nmeta key/value pairs (may be 0). */
+bool rt_st_write(const char *path, const StTensor *t, int n, const char *const *key,
+                 const char *const *val, int nmeta, Diag *d);
+const char *rt_st_dtype_name(DType t); /* "F32", ... */
+/* ---- checkpoint.c: checkpoints and weights --------------------------------
+ * vals[id] is host data (the tensor's dtype) for every param and state
+ * tensor id of g. A checkpoint holds every param and state tensor plus
+ * metadata; a weights file holds params only. */
+typedef struct {
+    int64_t step;     /* steps completed */
+    int64_t data_pos; /* next train batch index */
+    uint64_t seed;
+} CkptMeta;
+
+/* Hash of the params' names, dtypes and shapes (order-independent). */
+uint64_t rt_model_fingerprint(const Graph *g);
+bool rt_ckpt_save(const char *path, const Graph *g, void *const *vals, const CkptMeta *m,
+                  Diag *d);
+/* Restores every param and state tensor; refuses a checkpoint of another
+ * model (fingerprint) or with a missing/mis-shaped tensor. Gradient
+ * accumulators ("accum.*" state) are neither saved nor required: loading
+ * zeroes them, so a checkpoint resumes with any grad_accum. */
+bool rt_ckpt_load(const char *path, const Graph *g, void **vals, CkptMeta *m, Diag *d);
+bool rt_weights_save(const char *path, const Graph *g, void *const *vals, Diag *d);
+/* Loads every param of g by name from a weights or checkpoint file. Loading
+ * refuses a NaN or Inf in any tensor it restores, and saving refuses to
+ * write one (nothing written): "PATH: tensor "NAME" holds NaN at index K". */
+bool rt_weights_load(const char *path, const Graph *g, void **vals, Diag *d);
+/* Removes the temp files an interrupted write of a checkpoint of prefix
+ * (PREFIX.stepN.safetensors) or of the weights file `weights` left behind,
+ * when their writer is gone (either may be NULL); returns how many. */
+int rt_ckpt_sweep_tmp(const char *prefix, const char *weights);
+
+/* ---- report.c: Chrome trace and per-kernel profile table ------------------
+ * The trace collects complete events ("ph":"X", microseconds) in memory and
+ * writes {"traceEvents": [...]} atomically at close; chrome://tracing and
+ * Perfetto open it. */
+typedef struct Trace Trace;
+Trace *rt_trace_open(const char *path);
+/* No-op when t is NULL. */
+void rt_trace_event(Trace *t, const char *name, const char *cat, double ts_us, double dur_us,
+                    int tid);
+void rt_trace_thread_name(Trace *t, int tid, const char *name); /* tid 0..7 */
+/* Writes the file (when `write`) and frees t (NULL: nothing to do). */
+bool rt_trace_close(Trace *t, bool write, Diag *d);
+
+typedef struct {
+    const char *name;
+    int64_t calls;
+    double ms;           /* total over all calls */
+    double flops, bytes; /* total over all calls, from the IR's counts (0: unknown) */
+} ProfRow;
+/* Sorts rows by time and prints: name, calls, total ms, % of total_ms,
+ * achieved GFLOP/s and GB/s; past max_rows (> 0) the rest share one row. */
+void rt_profile_print(FILE *f, ProfRow *rows, int n, double total_ms, int max_rows);
+
+/* ---- train.c: the training loop -------------------------------------------
+ * `kiln train` maps its flags 1:1 onto TrainOpts. The loop builds the
+ * training graph (pass_pipeline) and an evaluation graph (the forward graph
+ * after simplify and schedule; params copied in before each evaluation),
+ * initialises params from their ParamInit with a stream seeded by the train
+ * seed and the param's name, then each step: data -> inputs, "lr" from the
+ * schedule, one step, loss. Checkpoints go to PREFIX.stepN.safetensors
+ * (PREFIX without a trailing .safetensors) every checkpoint_every steps and
+ * at the end. The same seed gives bit-identical losses; N steps, then
+ * --resume and the rest, equal the whole run straight. */
+typedef struct Model Model;
+typedef struct TrainCfg TrainCfg;
+
+typedef struct {
+    float final_loss;  /* last training step's loss */
+    double val_loss;   /* NaN when no validation split */
+    double accuracy;   /* exact match on held-out data; NaN when n/a */
+    double median_ms;  /* per step */
+} TrainResult;
+
+typedef struct {
+    int64_t steps;            /* --steps: > 0 overrides train.steps (the total) */
+    const char *device;       /* --device (NULL: cpu) */
+    int threads;              /* --threads (0: one per core) */
+    const char *resume;       /* --resume CKPT */
+    const char *init_from;    /* --init-from W */
+    const char *save_weights; /* --save-weights W: params at the end */
+    const char *checkpoint;   /* --checkpoint PREFIX: overrides train.checkpoint */
+    bool profile;             /* --profile */
+    const char *trace;        /* --trace FILE */
+    double peak_gflops;       /* --peak-gflops: MFU denominator; 0: "n/a" */
+    int remat;                /* --remat: RematPolicy (REMAT_DEFAULT: auto with a budget) */
+    bool verbose, quiet;      /* -v, -q */
+    const char *cache_dir;    /* kernel cache (NULL: executor default) */
+    TrainResult *result;      /* optional out */
+    bool no_overlap;          /* --no-overlap: every allreduce starts after backward */
+    bool no_fuse;             /* --no-fuse: every op its own kernel */
+} TrainOpts;
+
+/* Returns the process exit code: 0, or 1 after printing the error. */
+int rt_train(Model *m, const TrainOpts *o);
+/* Pass options from a model's training settings: the defaults, then the
+ * optimizer's (beta1, beta2, eps, weight_decay, grad_clip) and the memory
+ * budget. */
+void rt_pass_opts(const TrainCfg *c, PassOpts *po);
+/* Learning rate after `step` steps of `steps`: linear warmup over
+ * c->warmup steps to c->lr, then cosine to c->min_lr at the last step. */
+double rt_lr_at(const TrainCfg *c, int64_t step, int64_t steps);
+
+#endif
