@@ -513,4 +513,84 @@ void cg_print_cuda_kernel(CgBuf *b, const CgKernel *k, const char *name, const D
 extern const char cg_cuda_prelude[];
 extern const CgTarget cg_target_cuda;
 
+/* ---- cpu_work.c: how the CPU backend splits a step over threads ---------- */
+/* A kernel below CG_MIN_KERNEL_WORK element-operations runs on the calling
+ * thread alone (32768 elements of an add: 2 loads, the add: cost 4); a
+ * GEMM below CG_MIN_GEMM_FLOPS is one part. */
+enum { CG_MIN_KERNEL_WORK = 4 * 32768, CG_GEMM_MAX_PARTS = 64 };
+#define CG_MIN_GEMM_FLOPS 2.5e5
+#define CG_GEMM_PART_FLOPS 8e6
+/* Element-operations of one call of k (a rough instruction count). */
+int64_t cg_kernel_work(const CgKernel *k);
+/* The parts a GEMM is split into (1..CG_GEMM_MAX_PARTS; shape alone). */
+int cg_gemm_parts(const CgGemm *m);
+/* Part p of n: batch entries [b0, b1), rows [m0, m1), columns [n0, n1). */
+void cg_gemm_part(const CgGemm *m, int n, int p, int64_t *b0, int64_t *b1, int64_t *m0,
+                  int64_t *m1, int64_t *n0, int64_t *n1);
+
+/* ---- predict.c: a cost model of a plan on a device ------------------------
+ * (docs/cost.md: the equations and where the figures come from) */
+typedef struct {
+    const char *name;          /* "h200", ...; "cpu" for this machine */
+    const char *title;
+    bool gpu;
+    int units;                 /* SMs, or threads on the CPU */
+    double bf16, tf32, f32;    /* dense peaks, FLOP/s (f32: CUDA cores / FMA) */
+    double gemm;               /* CPU: measured sgemm rate on all units, FLOP/s */
+    double bw;                 /* memory bandwidth, bytes/s */
+    double l2;                 /* bytes */
+    double launch_s;           /* per launch (CPU: per plan step) */
+    double graph_s;            /* per node of a replayed CUDA graph */
+    int max_threads_unit, max_blocks_unit; /* resident per SM */
+    double bw1;                /* CPU: one thread's bandwidth, bytes/s */
+    double work;               /* CPU: element-operations (cg_kernel_work) per
+                                  second of one thread in generated kernels */
+    double gemm1[4];           /* CPU: one thread's sgemm FLOP/s for a band of
+                                  16, 64, 256, 512 rows x 512 x 512 */
+} CgDevice;
+extern const CgDevice cg_devices[]; /* the GPUs; the CPU's is measured */
+extern const int cg_ndevices;
+const CgDevice *cg_device_find(const char *name); /* NULL: not a GPU of the table */
+
+typedef enum { CG_LIMIT_MEMORY, CG_LIMIT_COMPUTE, CG_LIMIT_BLOCKS, CG_LIMIT_LAUNCH } CgLimit;
+const char *cg_limit_name(CgLimit l); /* "memory", "compute", "blocks", "launch" */
+
+typedef struct {
+    bool bf16;       /* precision bf16 (GPU) */
+    bool tf32;       /* f32 GEMMs on TF32 tensor cores (GPU) */
+    bool cuda_graph; /* launches replayed from a CUDA graph (GPU) */
+} CgPredictOpts;
+
+typedef struct {
+    int step;         /* plan step */
+    const char *name; /* CUDA function or kernel name, "gemm", "copy", "cast_f32_bf16" */
+    double flops, bytes;
+    double s;         /* predicted seconds, launch overhead included */
+    CgLimit limit;
+    int64_t blocks;   /* grid (GEMM: 128 x 128 tiles; CPU: threads used) */
+    int threads;      /* block size (0: n/a) */
+} CgPredRow;
+
+typedef struct {
+    const CgDevice *dev;
+    double step_s, gemm_s, kernel_s, copy_s, launch_s;
+    int launches;
+    double flops, gemm_flops; /* the step's (recomputation included) */
+    double peak;              /* the MFU denominator, FLOP/s */
+    const char *peak_name;
+    VEC(CgPredRow) rows;      /* one per launch, in step order */
+} CgPrediction;
+
+/* Predicts every launch of plan p on dev: with q (cg_cuda_program) the CUDA
+ * program's functions, grids and storage types; q NULL: the CPU backend's
+ * kernels and GEMMs. */
+CgPrediction *cg_predict(const CgPlan *p, const CgCudaProgram *q, const CgDevice *dev,
+                         const CgPredictOpts *o);
+void cg_prediction_free(CgPrediction *r);
+/* The step, its parts, MFU of model_flops (the step without recomputation),
+ * tokens/s when tokens > 0, and the `top` costliest kernels (launches of one
+ * kernel summed) with what limits each. */
+void cg_prediction_print(const CgPrediction *r, const CgPlan *p, double model_flops,
+                         double tokens, int top, FILE *f);
+
 #endif

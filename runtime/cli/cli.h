@@ -25,4 +25,11 @@ void cli_print_summary(const Model *m, const Graph *fwd_g, const Graph *g, const
  * with --no-fuse) and fused (g); false after printing a pipeline error. */
 bool cli_print_fusion(const Model *m, const Graph *g, const PassOpts *po);
 
+/* --target DEVICE (a GPU of cg_devices, or "cpu": this machine, measured
+ * once on `threads` threads): the cost model's prediction of the step g
+ * (after every pass), with the model's precision, tf32 and cuda_graph
+ * settings; false after printing why it cannot. */
+bool cli_print_prediction(const Model *m, const Graph *g, const char *target, int threads,
+                          const char *cache_dir, bool remeasure);
+
 #endif

@@ -58,6 +58,12 @@ static const char usage_compile[] =
     "                       feasible to the no-recompute peak, auto and each\n"
     "                       fixed policy\n"
     "  --no-fuse            no fusion: every op its own kernel (same results)\n"
+    "  --target DEVICE      predict the step on DEVICE: a100, h100, h200, b200 (with\n"
+    "                       the model's precision, tf32, cuda_graph), or cpu (this\n"
+    "                       machine, measured once and cached); see docs/cost.md\n"
+    "  --threads N          --target cpu: threads (default: one per core)\n"
+    "  --remeasure          --target cpu: measure this machine again\n"
+    "  --cache-dir DIR      kernel cache, where the cpu measurement is kept\n"
     "  -h, --help           this text\n";
 
 static const char usage_train[] =
@@ -107,6 +113,10 @@ typedef struct {
     int nproc;             /* --nproc: compile for N data-parallel ranks */
     bool no_overlap;       /* --no-overlap */
     bool no_fuse;          /* --no-fuse */
+    const char *target;    /* --target DEVICE: the cost model's prediction */
+    int threads;           /* --threads (--target cpu; 0: one per core) */
+    const char *cache_dir; /* --cache-dir */
+    bool remeasure;        /* --remeasure: measure the CPU again */
     int ndump_written;
     bool dump_error;
 } CompileArgs;
@@ -275,6 +285,12 @@ static void print_epilogues(const Graph *g, const char *dump_dir, bool *error)
     cg_plan_free(p);
 }
 
+static int online_cores(void)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 && n <= MAX_THREADS ? (int)n : 1;
+}
+
 static int cmd_compile(int argc, char **argv)
 {
     CompileArgs a = {0};
@@ -315,6 +331,20 @@ static int cmd_compile(int argc, char **argv)
                                 v);
         } else if (strcmp(argv[i], "--remat-sweep") == 0) {
             a.remat_sweep = true;
+        } else if ((v = flag_value(argc, argv, &i, "--target"))) {
+            if (strcmp(v, "cpu") != 0 && !cg_device_find(v))
+                return bad_flag("compile", "--target expects cpu, a100, h100, h200 or b200, got",
+                                v);
+            a.target = v;
+        } else if ((v = flag_value(argc, argv, &i, "--threads"))) {
+            int64_t n;
+            if (!int_flag("compile", "--threads", v, 1, MAX_THREADS, &n))
+                return 2;
+            a.threads = (int)n;
+        } else if ((v = flag_value(argc, argv, &i, "--cache-dir"))) {
+            a.cache_dir = v;
+        } else if (strcmp(argv[i], "--remeasure") == 0) {
+            a.remeasure = true;
         } else if (argv[i][0] == '-') {
             return bad_flag("compile", "unknown option", argv[i]);
         } else if (!model) {
@@ -395,6 +425,10 @@ static int cmd_compile(int argc, char **argv)
     if (!cli_print_fusion(m, g, &po))
         rc = 1;
     print_epilogues(g, a.dump_dir, &a.dump_error);
+    if (a.target &&
+        !cli_print_prediction(m, g, a.target, a.threads > 0 ? a.threads : online_cores(),
+                              a.cache_dir, a.remeasure))
+        rc = 1;
     if (a.dump_dir && (wants_dump(&a, "fuse") || wants_dump(&a, "kernels")) &&
         !rt_dump_kernels(g, a.dump_dir, &d)) {
         fprintf(stderr, "%s\n", d.msg);

@@ -2,9 +2,11 @@
  * per class, FLOPs, bytes moved, the planned peak, the recompute set and
  * the fusion counts. */
 #include <stdio.h>
+#include <string.h>
 
 #include "cli.h"
 #include "codegen.h"
+#include "cpu.h"
 
 void cli_human_bytes(double b, char *buf, size_t n)
 {
@@ -161,3 +163,63 @@ bool cli_print_fusion(const Model *m, const Graph *g, const PassOpts *po)
     return true;
 }
 
+
+/* The graph input `tokens` (i32[B,T]): tokens per step; 0 without one. */
+static double step_tokens(const Graph *g)
+{
+    for (int i = 0; i < g->t.n; i++) {
+        const Tensor *t = &g->t.v[i];
+        if (t->kind == TK_INPUT && t->name && strcmp(t->name, "tokens") == 0)
+            return (double)shape_numel(&t->s);
+    }
+    return 0;
+}
+
+static bool is_true(const char *s) { return s && strcmp(s, "true") == 0; }
+
+bool cli_print_prediction(const Model *m, const Graph *g, const char *target, int threads,
+                          const char *cache_dir, bool remeasure)
+{
+    CgDevice cpu;
+    const CgDevice *dev = cg_device_find(target);
+    Diag d = {{0}};
+    if (!dev) { /* "cpu": checked by the caller */
+        if (!rt_cpu_device(threads, cache_dir, remeasure, false, &cpu, &d)) {
+            fprintf(stderr, "kiln: --target cpu: %s\n", d.msg);
+            return false;
+        }
+        dev = &cpu;
+    }
+    CgPlan *p = cg_plan(g, &d);
+    if (!p) {
+        fprintf(stderr, "kiln: --target %s: %s\n", target, d.msg);
+        return false;
+    }
+    CgPredictOpts o = {
+        .bf16 = dev->gpu && m->train.precision && strcmp(m->train.precision, "bf16") == 0,
+        .tf32 = dev->gpu && is_true(m->train.tf32),
+        .cuda_graph = dev->gpu && is_true(m->train.cuda_graph),
+    };
+    CgCudaProgram *q = dev->gpu ? cg_cuda_program(p, o.bf16) : NULL;
+    CgPrediction *r = cg_predict(p, q, dev, &o);
+    double model = ir_graph_flops(g) - pass_remat_flops(g);
+    if (dev->gpu)
+        printf("device %s: %d SMs, %.0f / %.0f / %.1f TFLOP/s bf16 / TF32 / f32, %.2f TB/s, "
+               "launch %.1f us (graph node %.1f us)%s%s%s\n", dev->name, dev->units,
+               dev->bf16 / 1e12, dev->tf32 / 1e12, dev->f32 / 1e12, dev->bw / 1e12,
+               dev->launch_s * 1e6, dev->graph_s * 1e6, o.bf16 ? "; precision bf16" : "",
+               o.tf32 ? "; tf32" : "", o.cuda_graph ? "; cuda_graph" : "");
+    else
+        printf("device cpu (%s): FMA peak %.1f GFLOP/s, sgemm %.1f GFLOP/s (one thread, bands "
+               "of 16/64/256/512 rows: %.1f/%.1f/%.1f/%.1f), generated code %.2f G "
+               "element-ops/s per thread, bandwidth %.1f GB/s (one thread %.1f), dispatch %.1f "
+               "us per step\n", dev->title, dev->f32 / 1e9, dev->gemm / 1e9,
+               dev->gemm1[0] / 1e9, dev->gemm1[1] / 1e9, dev->gemm1[2] / 1e9,
+               dev->gemm1[3] / 1e9, dev->work / 1e9, dev->bw / 1e9, dev->bw1 / 1e9,
+               dev->launch_s * 1e6);
+    cg_prediction_print(r, p, model, step_tokens(g), 10, stdout);
+    cg_prediction_free(r);
+    cg_cuda_program_free(q);
+    cg_plan_free(p);
+    return true;
+}

@@ -13,7 +13,7 @@
  * loop: every reduction runs inside one part, in an order fixed by its
  * element count (cprint.c), and every element is computed by the same code
  * whichever part owns it, so the split changes no value. A GEMM's blocks
- * are a function of its shape alone (gemm_nparts), since OpenBLAS's result
+ * are a function of its shape alone (cg_gemm_parts), since OpenBLAS's result
  * for an element depends on the block's size; the threads only choose
  * which blocks they run.
  *
@@ -21,8 +21,8 @@
  * for the cores; the parts of a step go to whichever thread of kiln's pool
  * claims them first (pool.c). Small steps run on the calling thread alone:
  * a kernel
- * below MIN_KERNEL_WORK element-operations (kernel_work), a GEMM below
- * MIN_GEMM_FLOPS. */
+ * below CG_MIN_KERNEL_WORK element-operations (cg_kernel_work), a GEMM below
+ * CG_MIN_GEMM_FLOPS (codegen/cpu_work.c). */
 #include "codegen.h"
 #include "cpu.h"
 
@@ -39,7 +39,7 @@ typedef struct {
     ffi_type **types;
     void (*fn)(void);
     int nargs;      /* buffers [+ seed, step] */
-    int64_t work;   /* element-operations of a call (kernel_work; decides threading) */
+    int64_t work;   /* element-operations of a call (cg_kernel_work; decides threading) */
 } CpuKernel;
 
 typedef struct {
@@ -62,89 +62,6 @@ struct BackendCtx {
     Pool pool;
 };
 
-/* MIN_KERNEL_WORK: 32768 elements of an add (2 loads, the add: cost 4) */
-enum { MIN_KERNEL_WORK = 4 * 32768 };
-static const double MIN_GEMM_FLOPS = 2.5e5, GEMM_PART_FLOPS = 8e6;
-enum { GEMM_MAX_PARTS = 64 };
-
-/* Rough cost of computing one element of a phase: its bound expressions,
- * a call-like one (exp, tanh, ...: about 20 vector instructions in the
- * prelude) as 16, a division or square root as 4, anything else as 1. */
-static int64_t phase_cost(const CgKernel *k, const CgPhase *ph)
-{
-    int64_t c = 1;
-    for (int i = 0; i < ph->lets.n; i++) {
-        const CgExpr *e = &k->ex.v[ph->lets.v[i]];
-        if (e->kind == CGX_RAND) {
-            c += 16;
-            continue;
-        }
-        if (e->kind != CGX_OP) {
-            c += 1;
-            continue;
-        }
-        switch (e->op) {
-        case CG_EXP: case CG_LOG: case CG_SIN: case CG_COS: case CG_TANH: case CG_SIGMOID:
-        case CG_POW:
-            c += 16;
-            break;
-        case CG_DIV: case CG_SQRT: case CG_RSQRT:
-            c += 4;
-            break;
-        default:
-            c += 1;
-        }
-    }
-    return c;
-}
-
-/* Element-operations of a call: per loop, its outer extent times the sum
- * over phases of inner extent x phase_cost. */
-static int64_t kernel_work(const CgKernel *k)
-{
-    int64_t w = 0;
-    for (int i = 0; i < k->loops.n; i++) {
-        const CgLoop *l = &k->loops.v[i];
-        int64_t outer = 1, inner = 0;
-        for (int d = 0; d < l->ndim; d++)
-            outer *= l->dim[d].n;
-        for (int p = 0; p < l->ph.n; p++) {
-            int64_t x = 1;
-            for (int d = 0; d < l->ph.v[p].ndim; d++)
-                x *= l->ph.v[p].dim[d].n;
-            inner += x * phase_cost(k, &l->ph.v[p]);
-        }
-        w += outer * (inner ? inner : 1);
-    }
-    return w;
-}
-
-/* A GEMM's parts. Part p of n is whole batch entries when there are n or
- * more of them, else a band of rows or columns (the longer side) in
- * multiples of 16; each is one single-threaded OpenBLAS call over the whole
- * K. n is a function of the shape alone, never of the thread count: the
- * threads only choose which parts they run, so every call, and every
- * result bit, is the same for any --threads. (Splitting by the thread
- * count changed results: OpenBLAS picks its kernel, and with it the order
- * of the sum over K, by the call's M, N and K; 0.3.21 on AVX-512 sums small
- * A x B^T products in another order than large ones.) n is 1 below
- * MIN_GEMM_FLOPS, else the power of two at or below one part per
- * GEMM_PART_FLOPS, at least 2 and at most GEMM_MAX_PARTS (powers of two
- * share evenly among 2, 4, 8 .. threads), and at most one part per batch
- * entry or 16-wide band. */
-static int gemm_nparts(const CgGemm *m)
-{
-    double fl = 2.0 * (double)m->batch * (double)m->M * (double)m->N * (double)m->K;
-    if (fl < MIN_GEMM_FLOPS)
-        return 1;
-    int n = 2;
-    while (n < GEMM_MAX_PARTS && fl >= 2.0 * n * GEMM_PART_FLOPS)
-        n *= 2;
-    int64_t len = m->M >= m->N ? m->M : m->N, units = (len + 15) / 16;
-    if (m->batch < n && units < n)
-        n = (int)(m->batch > units ? m->batch : units);
-    return n;
-}
 
 static void cpu_destroy(BackendCtx *c)
 {
@@ -205,7 +122,7 @@ static BackendCtx *cpu_create(const CgPlan *p, const ExecOpts *o, Diag *d)
         CpuKernel *ck = &c->k[i];
         int n = k->params.n + (k->rand ? 2 : 0);
         ck->nargs = n;
-        ck->work = kernel_work(k);
+        ck->work = cg_kernel_work(k);
         ck->types = xmalloc(sizeof(ffi_type *) * (size_t)(n + 3));
         for (int a = 0; a < k->params.n; a++)
             ck->types[a] = &ffi_type_pointer;
@@ -231,14 +148,14 @@ static BackendCtx *cpu_create(const CgPlan *p, const ExecOpts *o, Diag *d)
         CpuStep *cs = &c->s[i];
         cs->nparts = 1;
         if (st->kind == CG_STEP_GEMM) {
-            cs->nparts = gemm_nparts(&st->gemm);
+            cs->nparts = cg_gemm_parts(&st->gemm);
             continue;
         }
         if (st->kind != CG_STEP_KERNEL)
             continue;
         const CgKernel *k = p->kernels.v[st->kernel];
         const CpuKernel *ck = &c->k[st->kernel];
-        if (k->parallel && ck->work >= MIN_KERNEL_WORK)
+        if (k->parallel && ck->work >= CG_MIN_KERNEL_WORK)
             cs->nparts = c->threads;
         int n = k->params.n, na = ck->nargs + 2;
         cs->ptrs = xmalloc(sizeof(void *) * (size_t)(n + 1));
@@ -303,25 +220,15 @@ typedef struct {
     int nparts;
 } GemmJob;
 
-/* Part p of j->nparts (gemm_nparts). */
+/* Part p of j->nparts (cg_gemm_parts). */
 static void gemm_part(void *ctx, int p)
 {
     GemmJob *j = ctx;
     const CgGemm *m = j->m;
     int n = j->nparts;
-    if (m->batch >= n) {
-        gemm_block(j->c, m, m->batch * p / n, m->batch * (p + 1) / n, 0, m->M, 0, m->N);
-        return;
-    }
-    bool rows = m->M >= m->N;
-    int64_t len = rows ? m->M : m->N, units = (len + 15) / 16;
-    int64_t lo = units * p / n * 16, hi = units * (p + 1) / n * 16;
-    if (hi > len)
-        hi = len;
-    if (rows)
-        gemm_block(j->c, m, 0, m->batch, lo, hi, 0, m->N);
-    else
-        gemm_block(j->c, m, 0, m->batch, 0, m->M, lo, hi);
+    int64_t b0, b1, m0, m1, n0, n1;
+    cg_gemm_part(m, n, p, &b0, &b1, &m0, &m1, &n0, &n1);
+    gemm_block(j->c, m, b0, b1, m0, m1, n0, n1);
 }
 
 typedef struct {

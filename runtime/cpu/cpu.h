@@ -10,6 +10,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
+#include "codegen.h"
 #include "runtime.h"
 
 /* ---- backend_cpu.c: generated C via the host compiler, GEMMs via OpenBLAS */
@@ -66,5 +67,14 @@ void pool_stop(Pool *pl); /* joins the workers; nothing when never started */
 /* Runs fn(ctx, 0..nparts-1) on the caller and whichever workers come;
  * returns when every part has finished. */
 void pool_run(Pool *pl, int nparts, PoolFn fn, void *ctx);
+
+/* ---- measure.c: this machine as a device of the cost model ---------------
+ * The `cpu` CgDevice for `threads` threads: FMA peak, sgemm rate,
+ * bandwidth (all threads, and one), per-step dispatch; measured once
+ * (about ten seconds) and cached in the kernel cache directory, keyed by
+ * the CPU's model name; remeasure: measure again. False with d set when
+ * the measurement kernel cannot be compiled. */
+bool rt_cpu_device(int threads, const char *cache_dir, bool remeasure, bool verbose,
+                   CgDevice *dev, Diag *d);
 
 #endif

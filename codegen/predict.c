@@ -1,0 +1,393 @@
+/* predict.c - a cost model of a compiled step on a named device: the time
+ * of every launch, the step, and what limits each launch. docs/cost.md
+ * gives the equations; in short:
+ *
+ *   kernel (one CUDA function, or one CPU kernel step):
+ *     t = max(flops / (peak_f32 * fill), bytes / (bandwidth * fill)) + launch
+ *     fill = min(1, blocks / units), then / wave efficiency
+ *   GEMM:
+ *     t = max(2 batch M N K / (peak * GEMM_EFF * tile_eff), bytes / bandwidth)
+ *         + launch
+ *     peak: bf16 when an operand is bf16 (or precision bf16), TF32 with tf32,
+ *     else f32; tile_eff: wave quantisation of 128 x 128 output tiles
+ *   copy: 2 bytes / bandwidth + launch
+ *
+ * bytes: each buffer a launch reads or writes, once, at its storage dtype
+ * (a fused kernel's intermediates stay in registers); flops: the IR's counts
+ * of the step's ops. launch: the device's per-launch overhead, the smaller
+ * per-node cost with a CUDA graph. Occupancy (blocks resident per unit)
+ * comes from the block size alone: registers and shared memory are not
+ * known before NVRTC runs, so the model can be optimistic for kernels that
+ * are register-bound. Collectives are not costed (one device).
+ *
+ * On the CPU a kernel step is one "launch": its parts run on `units`
+ * threads when the kernel is parallel (one otherwise), a GEMM on all of them
+ * at the device's measured GEMM rate. */
+#include "codegen.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Datasheet figures (dense, SXM parts) are leads, not measurements: see
+ * docs/cost.md for the sources. TF32/bf16 are tensor-core peaks; f32 is
+ * the CUDA cores' FMA rate, which elementwise kernels and f32 GEMMs
+ * without TF32 use. Launch overhead: the gap between two dependent kernel
+ * launches on one stream (a few microseconds), and about 1 us per node of
+ * a replayed CUDA graph. */
+const CgDevice cg_devices[] = {
+    {"a100", "NVIDIA A100 SXM4 80GB", true, 108, 312e12, 156e12, 19.5e12, 0, 2.039e12,
+     40.0 * (1 << 20), 4e-6, 1e-6, 2048, 32, 0, 0, {0}},
+    {"h100", "NVIDIA H100 SXM5 80GB", true, 132, 989.4e12, 494.7e12, 66.9e12, 0, 3.35e12,
+     50.0 * (1 << 20), 4e-6, 1e-6, 2048, 32, 0, 0, {0}},
+    {"h200", "NVIDIA H200 SXM 141GB", true, 132, 989.4e12, 494.7e12, 66.9e12, 0, 4.8e12,
+     50.0 * (1 << 20), 4e-6, 1e-6, 2048, 32, 0, 0, {0}},
+    {"b200", "NVIDIA B200 (HGX, 1000 W)", true, 148, 2250e12, 1100e12, 75e12, 0, 8.0e12,
+     126.0 * (1 << 20), 4e-6, 1e-6, 2048, 32, 0, 0, {0}},
+};
+const int cg_ndevices = (int)(sizeof cg_devices / sizeof cg_devices[0]);
+
+const CgDevice *cg_device_find(const char *name)
+{
+    for (int i = 0; i < cg_ndevices; i++)
+        if (strcmp(cg_devices[i].name, name) == 0)
+            return &cg_devices[i];
+    return NULL;
+}
+
+/* GEMM_EFF: the share of the tensor-core peak a large GEMM reaches
+ * (cuBLASLt bf16 8192^3 on an H200 of this workplace: 769-798 of 989
+ * TFLOP/s, about 0.8); on the CPU the measured rate already is the GEMM's.
+ * Tiles: 128 x 128 outputs per block, the usual large cuBLASLt tile. */
+static const double GEMM_EFF = 0.8;
+enum { GEMM_TILE = 128 };
+
+const char *cg_limit_name(CgLimit l)
+{
+    switch (l) {
+    case CG_LIMIT_MEMORY: return "memory";
+    case CG_LIMIT_COMPUTE: return "compute";
+    case CG_LIMIT_BLOCKS: return "blocks";
+    case CG_LIMIT_LAUNCH: return "launch";
+    }
+    return "?";
+}
+
+static double tensor_bytes(const Graph *g, int t, const DType *storage)
+{
+    DType dt = storage ? storage[t] : g->t.v[t].s.dtype;
+    return (double)shape_numel(&g->t.v[t].s) * (double)dtype_size(dt);
+}
+
+/* Fraction of the device a grid of `blocks` blocks of `threads` threads
+ * keeps busy: below one block per unit the rest idle; past the resident
+ * limit the last wave runs partly empty. */
+static double grid_efficiency(const CgDevice *dev, int64_t blocks, int threads)
+{
+    if (blocks <= 0)
+        return 1;
+    int per_unit = dev->max_threads_unit / (threads > 0 ? threads : 1);
+    if (per_unit > dev->max_blocks_unit)
+        per_unit = dev->max_blocks_unit;
+    if (per_unit < 1)
+        per_unit = 1;
+    if (blocks < dev->units)
+        return (double)blocks / dev->units;
+    double resident = (double)dev->units * per_unit;
+    double waves = ceil((double)blocks / resident);
+    /* a partial last wave costs as much as a full one only when a block
+     * needs the whole unit; with several blocks per unit it is about the
+     * share of units it occupies */
+    double last = (double)blocks - (waves - 1) * resident;
+    double last_units = ceil(last / per_unit);
+    return (waves - 1 + last_units / dev->units) > 0
+               ? (double)blocks / resident / (waves - 1 + last_units / dev->units)
+               : 1;
+}
+
+static void add_row(CgPrediction *r, int step, const char *name, double flops, double bytes,
+                    double t_comp, double t_mem, double launch, int64_t blocks, int threads,
+                    bool few_blocks)
+{
+    double body = t_comp > t_mem ? t_comp : t_mem;
+    CgLimit lim = launch > body            ? CG_LIMIT_LAUNCH
+                  : few_blocks             ? CG_LIMIT_BLOCKS
+                  : t_comp > t_mem         ? CG_LIMIT_COMPUTE
+                                           : CG_LIMIT_MEMORY;
+    CgPredRow row = {step, name, flops, bytes, body + launch, lim, blocks, threads};
+    vec_push(&r->rows, row);
+    r->step_s += body + launch;
+    r->launch_s += launch;
+    r->launches++;
+}
+
+/* One thread's sgemm rate for a block whose smallest side is s:
+ * log-linear between the measured bands (16, 64, 256, 512). */
+static double cpu_gemm_rate(const CgDevice *dev, double s)
+{
+    static const double at[4] = {16, 64, 256, 512};
+    if (s <= at[0])
+        return dev->gemm1[0] * s / at[0];
+    for (int i = 1; i < 4; i++)
+        if (s <= at[i]) {
+            double f = log(s / at[i - 1]) / log(at[i] / at[i - 1]);
+            return dev->gemm1[i - 1] + f * (dev->gemm1[i] - dev->gemm1[i - 1]);
+        }
+    return dev->gemm1[3];
+}
+
+/* A GEMM on the CPU: its parts (cg_gemm_parts), each one single-threaded
+ * OpenBLAS call, in waves over the threads. */
+static double cpu_gemm_seconds(const CgDevice *dev, const CgGemm *m, int64_t *parts_out)
+{
+    int n = cg_gemm_parts(m);
+    int64_t b0, b1, m0, m1, n0, n1;
+    cg_gemm_part(m, n, 0, &b0, &b1, &m0, &m1, &n0, &n1);
+    double rows = (double)(m1 - m0), cols = (double)(n1 - n0), k = (double)m->K;
+    double s = rows < cols ? rows : cols;
+    s = s < k ? s : k;
+    double part = 2.0 * (double)(b1 - b0) * rows * cols * k / cpu_gemm_rate(dev, s);
+    *parts_out = n;
+    return part * ceil((double)n / dev->units);
+}
+
+static void predict_gemm(CgPrediction *r, const CgPlan *p, const CgCudaProgram *q,
+                         const CgDevice *dev, const CgPredictOpts *o, int s)
+{
+    const Graph *g = p->g;
+    const CgStep *st = &p->steps.v[s];
+    const CgGemm *m = &st->gemm;
+    const DType *storage = q ? q->storage : NULL;
+    CgEpilogue epi = q ? q->epi[s] : CG_EPI_NONE;
+    double launch = o->cuda_graph ? dev->graph_s : dev->launch_s;
+    bool half = dev->gpu && (o->bf16 || (storage && (storage[m->a] == DT_BF16 ||
+                                                     storage[m->b] == DT_BF16)));
+    /* bf16 from f32 operands: the backend casts them first (one launch each) */
+    if (half && storage)
+        for (int k = 0; k < 2; k++) {
+            int t = k ? m->b : m->a;
+            if (storage[t] == DT_BF16)
+                continue;
+            double n = (double)shape_numel(&g->t.v[t].s);
+            double bytes = 6 * n;
+            int64_t blocks = (int64_t)ceil(n / 256 / 4);
+            double fill = grid_efficiency(dev, blocks, 256);
+            add_row(r, s, "cast_f32_bf16", 0, bytes, 0, bytes / (dev->bw * fill), launch, blocks,
+                    256, fill < 0.5);
+            r->kernel_s += r->rows.v[r->rows.n - 1].s;
+        }
+    double flops = 2.0 * (double)m->batch * (double)m->M * (double)m->N * (double)m->K;
+    double peak = !dev->gpu ? dev->gemm : half ? dev->bf16 : o->tf32 ? dev->tf32 : dev->f32;
+    double eff = dev->gpu ? GEMM_EFF : 1;
+    int64_t tiles = m->batch * ((m->M + GEMM_TILE - 1) / GEMM_TILE) *
+                    ((m->N + GEMM_TILE - 1) / GEMM_TILE);
+    double tile_eff = 1;
+    if (dev->gpu) {
+        double waves = ceil((double)tiles / dev->units);
+        tile_eff = (double)tiles / (waves * dev->units);
+    }
+    int wt = m->d >= 0 ? m->d : m->c;
+    double bytes = tensor_bytes(g, m->a, storage) * (half && storage && storage[m->a] != DT_BF16
+                                                         ? 0.5 : 1) +
+                   tensor_bytes(g, m->b, storage) * (half && storage && storage[m->b] != DT_BF16
+                                                         ? 0.5 : 1) +
+                   tensor_bytes(g, wt, storage);
+    if (epi == CG_EPI_GELU_AUX_BIAS)
+        bytes += tensor_bytes(g, m->c, storage);
+    if (epi == CG_EPI_DGELU || epi == CG_EPI_DGELU_BGRAD)
+        bytes += tensor_bytes(g, m->aux, storage);
+    double t_comp = dev->gpu ? flops / (peak * eff * tile_eff)
+                             : cpu_gemm_seconds(dev, m, &tiles);
+    double t_mem = bytes / dev->bw;
+    add_row(r, s, "gemm", flops, bytes, t_comp, t_mem, launch, tiles, 0,
+            dev->gpu && tiles < dev->units);
+    r->gemm_s += r->rows.v[r->rows.n - 1].s;
+    r->gemm_flops += flops;
+}
+
+/* A kernel step on a GPU: one row per CUDA function it launches. */
+static void predict_cuda_kernel(CgPrediction *r, const CgPlan *p, const CgCudaProgram *q,
+                                const CgDevice *dev, const CgPredictOpts *o, int s)
+{
+    const Graph *g = p->g;
+    const CgStep *st = &p->steps.v[s];
+    const CgKernel *k = p->kernels.v[st->kernel];
+    double launch = o->cuda_graph ? dev->graph_s : dev->launch_s;
+    int nfn = q->step_nfn[s];
+    double total_bytes = 0;
+    double *fb = xcalloc((size_t)nfn + 1, sizeof *fb);
+    for (int f = 0; f < nfn; f++) {
+        const CgCudaFn *fn = &q->fn.v[q->step_fn[s] + f];
+        for (int j = 0; j < fn->nparam; j++)
+            fb[f] += tensor_bytes(g, st->args[fn->param[j]], q->storage);
+        total_bytes += fb[f];
+    }
+    (void)k;
+    for (int f = 0; f < nfn; f++) {
+        const CgCudaFn *fn = &q->fn.v[q->step_fn[s] + f];
+        double flops = total_bytes > 0 ? st->flops * fb[f] / total_bytes : st->flops / nfn;
+        double fill = grid_efficiency(dev, fn->blocks, fn->threads);
+        double t_comp = flops / (dev->f32 * fill), t_mem = fb[f] / (dev->bw * fill);
+        add_row(r, s, fn->name, flops, fb[f], t_comp, t_mem, launch, fn->blocks, fn->threads,
+                fn->blocks < dev->units && fill < 0.67);
+        r->kernel_s += r->rows.v[r->rows.n - 1].s;
+    }
+    free(fb);
+}
+
+/* A kernel step on the CPU: its element-operations (cg_kernel_work) at
+ * the measured rate of generated code, over the threads when the backend
+ * splits it (parallel and at least CG_MIN_KERNEL_WORK), and its bytes at
+ * the bandwidth of the threads it runs on. */
+static void predict_cpu_kernel(CgPrediction *r, const CgPlan *p, const CgDevice *dev, int s)
+{
+    const CgStep *st = &p->steps.v[s];
+    const CgKernel *k = p->kernels.v[st->kernel];
+    double work = (double)cg_kernel_work(k);
+    bool split = k->parallel && work >= CG_MIN_KERNEL_WORK && dev->units > 1;
+    int used = split ? dev->units : 1;
+    double t_comp = work / (dev->work * used);
+    double t_mem = st->bytes_moved / (split ? dev->bw : dev->bw1);
+    add_row(r, s, k->name, st->flops, st->bytes_moved, t_comp, t_mem, dev->launch_s, used, 0,
+            false);
+    r->kernel_s += r->rows.v[r->rows.n - 1].s;
+}
+
+CgPrediction *cg_predict(const CgPlan *p, const CgCudaProgram *q, const CgDevice *dev,
+                         const CgPredictOpts *o)
+{
+    CgPrediction *r = xcalloc(1, sizeof *r);
+    r->dev = dev;
+    r->peak = !dev->gpu ? dev->f32 : o->bf16 ? dev->bf16 : o->tf32 ? dev->tf32 : dev->f32;
+    r->peak_name = !dev->gpu ? "f32 FMA peak, measured" : o->bf16 ? "dense bf16 peak"
+                   : o->tf32 ? "dense TF32 peak" : "f32 peak";
+    for (int s = 0; s < p->steps.n; s++) {
+        const CgStep *st = &p->steps.v[s];
+        r->flops += st->flops;
+        switch (st->kind) {
+        case CG_STEP_KERNEL:
+            if (q && cg_cuda_step_replaced(p, q->epi, s))
+                break; /* its GEMM's epilogue computes it */
+            if (q)
+                predict_cuda_kernel(r, p, q, dev, o, s);
+            else
+                predict_cpu_kernel(r, p, dev, s);
+            break;
+        case CG_STEP_GEMM: predict_gemm(r, p, q, dev, o, s); break;
+        case CG_STEP_COPY: {
+            double bytes = 2.0 * (double)st->bytes;
+            double launch = !dev->gpu ? dev->launch_s : o->cuda_graph ? dev->graph_s
+                                                                        : dev->launch_s;
+            add_row(r, s, "copy", 0, bytes, 0, bytes / dev->bw, launch, 0, 0, false);
+            r->copy_s += r->rows.v[r->rows.n - 1].s;
+            break;
+        }
+        case CG_STEP_ALLREDUCE_START:
+        case CG_STEP_ALLREDUCE_WAIT: break; /* one device: no collective */
+        }
+    }
+    return r;
+}
+
+void cg_prediction_free(CgPrediction *r)
+{
+    if (!r)
+        return;
+    vec_free(&r->rows);
+    free(r);
+}
+
+typedef struct {
+    const char *name;
+    int step;
+    int launches;
+    double s, flops, bytes;
+    CgLimit limit;
+    int64_t blocks;
+    int threads;
+} Agg;
+
+static int by_time(const void *a, const void *b, void *ctx)
+{
+    (void)ctx;
+    const Agg *x = a, *y = b;
+    return x->s > y->s ? -1 : x->s < y->s ? 1 : x->step - y->step;
+}
+
+static void fmt_time(char *buf, size_t n, double s)
+{
+    if (s >= 1)
+        snprintf(buf, n, "%.3f s", s);
+    else if (s >= 1e-3)
+        snprintf(buf, n, "%.2f ms", s * 1e3);
+    else
+        snprintf(buf, n, "%.1f us", s * 1e6);
+}
+
+void cg_prediction_print(const CgPrediction *r, const CgPlan *p, double model_flops,
+                         double tokens, int top, FILE *f)
+{
+    const CgDevice *dev = r->dev;
+    char a[32], b[32], c[32], d[32];
+    fmt_time(a, sizeof a, r->step_s);
+    fprintf(f, "predicted step on %s (%s): %s\n", dev->name, dev->title, a);
+    fmt_time(a, sizeof a, r->gemm_s);
+    fmt_time(b, sizeof b, r->kernel_s);
+    fmt_time(c, sizeof c, r->copy_s);
+    fmt_time(d, sizeof d, r->launch_s);
+    fprintf(f, "  GEMMs %s, kernels %s, copies %s; %d launches, %s of launch overhead\n", a, b,
+            c, r->launches, d);
+    double peak = r->peak > 0 ? r->peak : dev->f32;
+    if (r->step_s > 0) {
+        fprintf(f, "  MFU %.1f%% of %.1f %s (%s; model FLOPs %.4g per step)",
+                100.0 * model_flops / r->step_s / peak, dev->gpu ? peak / 1e12 : peak / 1e9,
+                dev->gpu ? "TFLOP/s" : "GFLOP/s", r->peak_name, model_flops);
+        if (tokens > 0)
+            fprintf(f, "; %.4g tokens/s", tokens / r->step_s);
+        fprintf(f, "\n");
+    }
+    /* launches of one kernel name in one step add up: a name's total */
+    Agg *g = xcalloc((size_t)r->rows.n + 1, sizeof *g);
+    int n = 0;
+    for (int i = 0; i < r->rows.n; i++) {
+        const CgPredRow *w = &r->rows.v[i];
+        bool gemm = strcmp(w->name, "gemm") == 0 || strcmp(w->name, "copy") == 0;
+        int j = 0;
+        if (!gemm) /* kernels are named by content: one name, one kernel */
+            for (j = 0; j < n && strcmp(g[j].name, w->name) != 0; j++)
+                ;
+        else
+            j = n;
+        if (j == n)
+            g[n++] = (Agg){w->name, w->step, 0, 0, 0, 0, w->limit, w->blocks, w->threads};
+        g[j].launches++;
+        g[j].s += w->s;
+        g[j].flops += w->flops;
+        g[j].bytes += w->bytes;
+    }
+    qsort_r(g, (size_t)n, sizeof *g, by_time, NULL);
+    fprintf(f, "  costliest launches (total over the step):\n");
+    fprintf(f, "    %-28s %6s %10s %6s  %-8s %8s %7s  %s\n", "kernel", "calls", "time", "%",
+            "limit", "blocks", "threads", "op");
+    for (int i = 0; i < n && i < top; i++) {
+        fmt_time(a, sizeof a, g[i].s);
+        const CgStep *st = &p->steps.v[g[i].step];
+        const Op *op = st->op >= 0 ? &p->g->ops.v[st->op] : NULL;
+        char where[160] = "", name[64];
+        if (op && op->loc.file)
+            snprintf(where, sizeof where, "%s at %s:%d", ir_opinfo[op->code].name, op->loc.file,
+                     op->loc.line);
+        else if (op)
+            snprintf(where, sizeof where, "%s", ir_opinfo[op->code].name);
+        if (st->kind == CG_STEP_GEMM && strcmp(g[i].name, "gemm") == 0)
+            snprintf(name, sizeof name, "gemm %lldx%lldx%lld%s", (long long)st->gemm.M,
+                     (long long)st->gemm.N, (long long)st->gemm.K,
+                     st->gemm.batch > 1 ? " batched" : "");
+        else
+            snprintf(name, sizeof name, "%s", g[i].name);
+        fprintf(f, "    %-28.28s %6d %10s %5.1f%%  %-8s %8lld %7d  %s\n", name,
+                g[i].launches, a, r->step_s > 0 ? 100 * g[i].s / r->step_s : 0.0,
+                cg_limit_name(g[i].limit), (long long)g[i].blocks, g[i].threads, where);
+    }
+    free(g);
+}

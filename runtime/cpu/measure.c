@@ -1,0 +1,370 @@
+/* measure.c - the `cpu` entry of the cost model's device table, measured on
+ * this machine once and cached beside the kernel cache
+ * (CACHE/cpu-device-T.txt for T threads, keyed by the CPU's model name):
+ *
+ *   f32     FMA peak: T threads each running fmaf chains (8 x 16 floats,
+ *           independent) compiled like the kernels (-O3 -march=native,
+ *           through rt_cc_compile), 2 FLOPs per fmaf;
+ *   gemm    OpenBLAS sgemm (one thread each, as the backend runs it) on T
+ *           threads at once, 512 x 512 x 512, the sum of their rates;
+ *   bw      T threads copying 64 MiB each (bytes read + bytes written);
+ *   bw1     the same on one thread;
+ *   gemm1   one thread's sgemm on bands of 16, 64, 256 and 512 rows of a
+ *           512 x 512 x 512 product (the backend splits GEMMs into bands);
+ *   launch  one plan step's dispatch: the thread pool running an empty
+ *           part on every thread (pool_run), per call;
+ *   work    a generated kernel (tanh, exp, products over 2M elements)
+ *           through the executor: element-operations (cg_kernel_work) per
+ *           second per thread.
+ *
+ * Each figure is the best of a few repetitions (the machine is shared:
+ * the best is the closest to what it can do). */
+#include "cpu.h"
+
+#include <cblas.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* 12 independent accumulators in vector registers (FMA latency 4-5
+ * cycles, two ports: at least 10 in flight), the widest FMA the compiler
+ * targets with -march=native; returns the FLOPs it did. */
+static const char fma_src[] =
+    "#include <immintrin.h>\n"
+    "#if defined(__AVX512F__)\n"
+    "typedef __m512 V;\n"
+    "#define SET _mm512_set1_ps\n"
+    "#define FMA(a, m, c) _mm512_fmadd_ps(a, m, c)\n"
+    "#define STORE _mm512_storeu_ps\n"
+    "enum { LANES = 16, OPS = 2 };\n"
+    "#elif defined(__FMA__)\n"
+    "typedef __m256 V;\n"
+    "#define SET _mm256_set1_ps\n"
+    "#define FMA(a, m, c) _mm256_fmadd_ps(a, m, c)\n"
+    "#define STORE _mm256_storeu_ps\n"
+    "enum { LANES = 8, OPS = 2 };\n"
+    "#else\n"
+    "typedef __m128 V;\n"
+    "#define SET _mm_set1_ps\n"
+    "#define FMA(a, m, c) _mm_add_ps(_mm_mul_ps(a, m), c)\n"
+    "#define STORE _mm_storeu_ps\n"
+    "enum { LANES = 4, OPS = 2 };\n"
+    "#endif\n"
+    "double kiln_measure_fma(long iters, float *out)\n"
+    "{\n"
+    "    V m = SET(0.999f), c = SET(1e-3f);\n"
+    "    V a0 = SET(1), a1 = SET(2), a2 = SET(3), a3 = SET(4), a4 = SET(5), a5 = SET(6);\n"
+    "    V a6 = SET(7), a7 = SET(8), a8 = SET(9), a9 = SET(10), a10 = SET(11), a11 = SET(12);\n"
+    "    for (long i = 0; i < iters; i++) {\n"
+    "        a0 = FMA(a0, m, c); a1 = FMA(a1, m, c); a2 = FMA(a2, m, c);\n"
+    "        a3 = FMA(a3, m, c); a4 = FMA(a4, m, c); a5 = FMA(a5, m, c);\n"
+    "        a6 = FMA(a6, m, c); a7 = FMA(a7, m, c); a8 = FMA(a8, m, c);\n"
+    "        a9 = FMA(a9, m, c); a10 = FMA(a10, m, c); a11 = FMA(a11, m, c);\n"
+    "    }\n"
+    "    float s[LANES];\n"
+    "    STORE(s, a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7 + a8 + a9 + a10 + a11);\n"
+    "    *out = s[0];\n"
+    "    return (double)iters * 12 * LANES * OPS;\n"
+    "}\n";
+
+enum { REPS = 3, COPY_BYTES = 64 << 20, GEMM_N = 512 };
+static const long FMA_ITERS = 5000000; /* 1.9e9 FLOPs per thread with AVX-512 */
+
+typedef double (*FmaFn)(long, float *);
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+typedef struct {
+    int what; /* 0 fma, 1 gemm (bands of `rows`), 2 copy */
+    int rows;
+    FmaFn fma;
+    float *a, *b, *c;
+    char *src, *dst;
+    double seconds, flops;
+    float sink;
+} Job;
+
+static void run_job(Job *j)
+{
+    double t0 = now_s();
+    if (j->what == 0)
+        j->flops = j->fma(FMA_ITERS, &j->sink);
+    else if (j->what == 1)
+        for (int r = 0; r < GEMM_N / j->rows; r++) /* the same FLOPs for every band */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, j->rows, GEMM_N, GEMM_N, 1.0f,
+                        j->a + (size_t)r * j->rows * GEMM_N, GEMM_N, j->b, GEMM_N, 0.0f,
+                        j->c + (size_t)r * j->rows * GEMM_N, GEMM_N);
+    else
+        memcpy(j->dst, j->src, COPY_BYTES);
+    j->seconds = now_s() - t0;
+}
+
+static void *job_thread(void *arg)
+{
+    run_job(arg);
+    return NULL;
+}
+
+/* Runs `what` on n threads at once (the caller is one); the slowest
+ * thread's time, best of REPS. */
+static double timed(Job *jobs, int n)
+{
+    double best = INFINITY;
+    for (int r = 0; r < REPS; r++) {
+        pthread_t *th = xcalloc((size_t)n, sizeof *th);
+        for (int i = 1; i < n; i++)
+            if (pthread_create(&th[i], NULL, job_thread, &jobs[i]) != 0)
+                jobs[i].seconds = -1;
+        run_job(&jobs[0]);
+        double worst = jobs[0].seconds;
+        for (int i = 1; i < n; i++) {
+            if (jobs[i].seconds >= 0)
+                pthread_join(th[i], NULL);
+            worst = jobs[i].seconds > worst ? jobs[i].seconds : worst;
+        }
+        free(th);
+        best = worst < best ? worst : best;
+    }
+    return best;
+}
+
+static void empty_part(void *ctx, int part)
+{
+    (void)ctx;
+    (void)part;
+}
+
+static char *cpu_model(void)
+{
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    char line[512];
+    while (f && fgets(line, sizeof line, f)) {
+        char *c = strchr(line, ':');
+        if (strncmp(line, "model name", 10) == 0 && c) {
+            fclose(f);
+            c += 1 + (c[1] == ' ');
+            c[strcspn(c, "\n")] = 0;
+            return xstrdup(c);
+        }
+    }
+    if (f)
+        fclose(f);
+    return xstrdup("unknown CPU");
+}
+
+/* One generated kernel of the kind the CPU backend runs (tanh, exp, two
+ * products and a sum over 2M elements, fused into one loop), through the
+ * executor on `threads` threads: its element-operations (cg_kernel_work)
+ * per second per thread. */
+static const char work_ir[] =
+    "kiln-ir v1\n"
+    "%0:f32[2048,1024] = input \"x\"\n"
+    "%1:f32[2048,1024] = tanh %0\n"
+    "%2:f32[2048,1024] = mul %1, %0\n"
+    "%3:f32[] = const {value=0.5}\n"
+    "%4:f32[2048,1024] = broadcast %3\n"
+    "%5:f32[2048,1024] = mul %0, %4\n"
+    "%6:f32[2048,1024] = exp %5\n"
+    "%7:f32[2048,1024] = add %2, %6\n"
+    "output \"y\" %7\n";
+
+static bool measure_work(int threads, const char *cache_dir, bool verbose, CgDevice *dev,
+                         Diag *d)
+{
+    char err[512];
+    Graph *g = ir_parse(work_ir, "cpu measurement", err, sizeof err);
+    if (!g)
+        die("cpu measurement graph: %s", err);
+    PassOpts po;
+    pass_opts_default(&po);
+    ExecOpts eo = {.device = "cpu", .threads = threads, .cache_dir = cache_dir,
+                   .verbose = verbose};
+    Exec *e = NULL;
+    bool ok = pass_simplify(g, &po, d) && pass_fuse(g, &po, d) && pass_schedule(g, &po, d) &&
+              (e = rt_exec_create(g, &eo, d));
+    if (!ok) {
+        ir_free(g);
+        return false;
+    }
+    int64_t n = 2048 * 1024;
+    float *x = xmalloc(sizeof(float) * (size_t)n);
+    for (int64_t i = 0; i < n; i++)
+        x[i] = (float)(i % 2001) * 1e-3f - 1.0f;
+    rt_exec_write(e, 0, x);
+    free(x);
+    const CgPlan *p = rt_exec_plan(e);
+    double work = 0;
+    int split = 1;
+    for (int s = 0; s < p->steps.n; s++)
+        if (p->steps.v[s].kind == CG_STEP_KERNEL) {
+            const CgKernel *k = p->kernels.v[p->steps.v[s].kernel];
+            double w = (double)cg_kernel_work(k);
+            work += w;
+            if (k->parallel && w >= CG_MIN_KERNEL_WORK)
+                split = threads;
+        }
+    double best = INFINITY;
+    for (int r = 0; r < 2 * REPS && ok; r++) {
+        double t0 = now_s();
+        ok = rt_exec_run(e, 1, r, d);
+        double t = now_s() - t0;
+        best = t < best ? t : best;
+    }
+    rt_exec_destroy(e);
+    ir_free(g);
+    dev->work = work / (best * split);
+    return ok;
+}
+
+static bool measure(int threads, const char *cache_dir, bool verbose, CgDevice *dev, Diag *d)
+{
+    char *so = rt_cc_compile(fma_src, cache_dir, 1, verbose, d);
+    if (!so)
+        return false;
+    void *h = dlopen(so, RTLD_NOW | RTLD_LOCAL);
+    free(so);
+    FmaFn fma = h ? (FmaFn)dlsym(h, "kiln_measure_fma") : NULL;
+    if (!fma) {
+        snprintf(d->msg, sizeof d->msg, "cpu measurement: cannot load its kernel: %s", dlerror());
+        if (h)
+            dlclose(h);
+        return false;
+    }
+    openblas_set_num_threads(1);
+    Job *jobs = xcalloc((size_t)threads, sizeof *jobs);
+    size_t gn = (size_t)GEMM_N * GEMM_N;
+    for (int i = 0; i < threads; i++) {
+        jobs[i].fma = fma;
+        jobs[i].a = xmalloc(3 * gn * sizeof(float));
+        jobs[i].b = jobs[i].a + gn;
+        jobs[i].c = jobs[i].b + gn;
+        for (size_t k = 0; k < 2 * gn; k++)
+            jobs[i].a[k] = (float)((k * 2654435761u) % 1000) * 1e-3f - 0.5f;
+        jobs[i].src = xmalloc(COPY_BYTES);
+        jobs[i].dst = xmalloc(COPY_BYTES);
+        memset(jobs[i].src, 1, COPY_BYTES);
+        memset(jobs[i].dst, 2, COPY_BYTES);
+    }
+    for (int i = 0; i < threads; i++)
+        jobs[i].what = 0;
+    double t_fma = timed(jobs, threads);
+    dev->f32 = jobs[0].flops * threads / t_fma;
+    for (int i = 0; i < threads; i++)
+        jobs[i].what = 1, jobs[i].rows = GEMM_N;
+    double t_gemm = timed(jobs, threads);
+    static const int band[4] = {16, 64, 256, 512};
+    for (int b = 0; b < 4; b++) {
+        jobs[0].rows = band[b];
+        dev->gemm1[b] = 2.0 * GEMM_N * GEMM_N * (double)GEMM_N / timed(jobs, 1);
+    }
+    for (int i = 0; i < threads; i++)
+        jobs[i].what = 2;
+    double t_bw = timed(jobs, threads), t_bw1 = timed(jobs, 1);
+    Pool pool;
+    pool_start(&pool, threads - 1);
+    double t_launch = INFINITY;
+    for (int r = 0; r < REPS; r++) {
+        enum { CALLS = 2000 };
+        double t0 = now_s();
+        for (int i = 0; i < CALLS; i++)
+            pool_run(&pool, threads, empty_part, NULL);
+        double t = (now_s() - t0) / CALLS;
+        t_launch = t < t_launch ? t : t_launch;
+    }
+    pool_stop(&pool);
+    for (int i = 0; i < threads; i++) {
+        free(jobs[i].a);
+        free(jobs[i].src);
+        free(jobs[i].dst);
+    }
+    free(jobs);
+    dlclose(h);
+    dev->gemm = 2.0 * GEMM_N * GEMM_N * (double)GEMM_N * threads / t_gemm;
+    dev->bw = 2.0 * COPY_BYTES * threads / t_bw;
+    dev->bw1 = 2.0 * COPY_BYTES / t_bw1;
+    dev->launch_s = t_launch;
+    return measure_work(threads, cache_dir, verbose, dev, d);
+}
+
+static bool read_cached(const char *path, const char *model, CgDevice *dev)
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return false;
+    char line[600];
+    bool same = false;
+    int got = 0;
+    while (fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = 0;
+        double v;
+        if (strncmp(line, "model=", 6) == 0)
+            same = strcmp(line + 6, model) == 0;
+        else if (sscanf(line, "f32=%lf", &v) == 1 && v > 0)
+            dev->f32 = v, got |= 1;
+        else if (sscanf(line, "gemm=%lf", &v) == 1 && v > 0)
+            dev->gemm = v, got |= 2;
+        else if (sscanf(line, "bw=%lf", &v) == 1 && v > 0)
+            dev->bw = v, got |= 4;
+        else if (sscanf(line, "bw1=%lf", &v) == 1 && v > 0)
+            dev->bw1 = v, got |= 8;
+        else if (sscanf(line, "launch=%lf", &v) == 1 && v > 0)
+            dev->launch_s = v, got |= 16;
+        else if (sscanf(line, "work=%lf", &v) == 1 && v > 0)
+            dev->work = v, got |= 32;
+        else if (sscanf(line, "gemm1=%lf,%lf,%lf,%lf", &dev->gemm1[0], &dev->gemm1[1],
+                        &dev->gemm1[2], &dev->gemm1[3]) == 4 && dev->gemm1[0] > 0)
+            got |= 64;
+    }
+    fclose(f);
+    return same && got == 127;
+}
+
+bool rt_cpu_device(int threads, const char *cache_dir, bool remeasure, bool verbose,
+                   CgDevice *dev, Diag *d)
+{
+    static char title[300];
+    char *model = cpu_model();
+    memset(dev, 0, sizeof *dev);
+    dev->name = "cpu";
+    snprintf(title, sizeof title, "%s, %d thread%s, measured", model, threads,
+             threads == 1 ? "" : "s");
+    dev->title = title;
+    dev->gpu = false;
+    dev->units = threads;
+    char *dir = rt_cache_path(cache_dir);
+    char *path = xasprintf("%s/cpu-device-%d.txt", dir, threads);
+    bool ok = !remeasure && read_cached(path, model, dev);
+    if (!ok) {
+        fprintf(stderr, "kiln: measuring this CPU for the cost model (%d threads, once; cached "
+                        "in %s)\n", threads, path);
+        ok = measure(threads, cache_dir, verbose, dev, d);
+        if (ok && rt_mkdir_p(dir)) {
+            char *text = xasprintf("model=%s\nthreads=%d\nf32=%.6g\ngemm=%.6g\nbw=%.6g\n"
+                                   "bw1=%.6g\nlaunch=%.6g\nwork=%.6g\n"
+                                   "gemm1=%.6g,%.6g,%.6g,%.6g\n", model, threads, dev->f32,
+                                   dev->gemm, dev->bw, dev->bw1, dev->launch_s, dev->work,
+                                   dev->gemm1[0], dev->gemm1[1], dev->gemm1[2], dev->gemm1[3]);
+            const void *chunk[1] = {text};
+            size_t len[1] = {strlen(text)};
+            Diag wd = {{0}};
+            if (!rt_write_atomic(path, chunk, len, 1, &wd) && verbose)
+                fprintf(stderr, "kiln: %s\n", wd.msg); /* not cached: measured again next time */
+            free(text);
+        }
+    }
+    dev->bf16 = dev->tf32 = 0;
+    dev->graph_s = dev->launch_s;
+    free(path);
+    free(dir);
+    free(model);
+    return ok;
+}

@@ -1,0 +1,44 @@
+#!/bin/bash
+# kiln compile --target DEVICE: the cost model's prediction for a GPU of the
+# table (no GPU needed) and for this CPU (measured once into the cache,
+# read back the second time); a device it does not know is exit 2.
+set -u
+: "${KILN:?}"
+dir=$(mktemp -d "${TMPDIR:-/tmp}/kiln-predict-XXXXXX")
+trap 'rm -rf "$dir"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+
+out=$("$KILN" compile models/gpt.lua --set size=124M --set batch=2 --set precision=bf16 \
+      --target h200 2>&1) || fail "--target h200: $out"
+echo "$out" | grep -q '^device h200: 132 SMs' || fail "no device line: $out"
+echo "$out" | grep -qE '^predicted step on h200 .*: [0-9.]+ (ms|s|us)$' || fail "no step: $out"
+echo "$out" | grep -qE '^  MFU [0-9.]+% of 989.4 TFLOP/s \(dense bf16 peak' || fail "no MFU: $out"
+echo "$out" | grep -qE '^    gemm [0-9]+x[0-9]+x[0-9]+ ' || fail "no GEMM row: $out"
+rows=$(echo "$out" | sed -n '/costliest launches/,$p' | tail -n +3 | grep -cE ' (memory|compute|blocks|launch) ')
+[ "$rows" -eq 10 ] || fail "expected the 10 costliest launches, got $rows: $out"
+# the same model on an older GPU is slower, and a CUDA graph is never slower
+t() { echo "$1" | sed -n 's/^predicted step on .*: \([0-9.]*\) ms$/\1/p'; }
+a100=$("$KILN" compile models/gpt.lua --set size=124M --set batch=2 --set precision=bf16 --target a100)
+graph=$("$KILN" compile models/gpt.lua --set size=124M --set batch=2 --set precision=bf16 \
+        --set cuda_graph=true --target h200)
+awk -v h="$(t "$out")" -v a="$(t "$a100")" -v g="$(t "$graph")" \
+    'BEGIN { exit !(h > 0 && a > h && g > 0 && g <= h) }' ||
+    fail "h200 $(t "$out") ms, a100 $(t "$a100") ms, h200 graph $(t "$graph") ms"
+
+"$KILN" compile models/gpt.lua --target h300 >"$dir/err" 2>&1
+rc=$?
+[ $rc -eq 2 ] || fail "--target h300 exited $rc (expected 2)"
+grep -q -- "--target expects cpu, a100, h100, h200 or b200, got: h300" "$dir/err" ||
+    fail "message: $(cat "$dir/err")"
+
+# cpu: measured into the cache the first time, read from it after
+export KILN_CACHE_DIR=$dir/cache
+out=$("$KILN" compile models/gpt.lua --target cpu --threads 1 2>&1) || fail "--target cpu: $out"
+echo "$out" | grep -q 'measuring this CPU' || fail "no measurement the first time: $out"
+[ -s "$dir/cache/cpu-device-1.txt" ] || fail "no cached measurement"
+echo "$out" | grep -qE '^device cpu \(.*1 thread, measured\): FMA peak [0-9.]+ GFLOP/s' ||
+    fail "no cpu device line: $out"
+echo "$out" | grep -qE '^predicted step on cpu' || fail "no cpu prediction: $out"
+out=$("$KILN" compile models/gpt.lua --target cpu --threads 1 2>&1) || fail "second run: $out"
+echo "$out" | grep -q 'measuring this CPU' && fail "measured again despite the cache: $out"
+echo "predict: ok"

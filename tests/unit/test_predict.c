@@ -1,0 +1,248 @@
+/* test_predict.c - the cost model (codegen/predict.c) on graphs whose
+ * answer is known by hand: a large elementwise kernel is memory-bound at
+ * the device's bandwidth, a full reduction in one block is limited by its
+ * blocks, a one-element kernel by launch overhead (less with a CUDA graph),
+ * a large GEMM by compute at the precision's peak; more bandwidth is never
+ * slower; the CPU model splits what the backend splits. */
+#include "testutil.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "codegen.h"
+#include "passes.h"
+
+typedef struct {
+    Graph *g;
+    CgPlan *p;
+    CgCudaProgram *q;
+} Compiled;
+
+/* IR text -> simplify, fuse, schedule -> plan (and the CUDA program). */
+static Compiled compile(const char *ir, bool bf16)
+{
+    Compiled c = {parse_or_fail(ir), NULL, NULL};
+    PassOpts po;
+    pass_opts_default(&po);
+    Diag d = {{0}};
+    if (!pass_simplify(c.g, &po, &d) || !pass_fuse(c.g, &po, &d) ||
+        !pass_schedule(c.g, &po, &d))
+        fail_msg("passes: %s", d.msg);
+    c.p = cg_plan(c.g, &d);
+    if (!c.p)
+        fail_msg("cg_plan: %s", d.msg);
+    c.q = cg_cuda_program(c.p, bf16);
+    return c;
+}
+
+static void release(Compiled *c)
+{
+    cg_cuda_program_free(c->q);
+    cg_plan_free(c->p);
+    ir_free(c->g);
+}
+
+static const CgDevice *dev(const char *name)
+{
+    const CgDevice *d = cg_device_find(name);
+    if (!d)
+        fail_msg("device %s missing from the table", name);
+    return d;
+}
+
+static void near(double got, double want, double rel, const char *what)
+{
+    if (!(fabs(got - want) <= rel * fabs(want)))
+        fail_msg("%s: %g (expected %g within %.0f%%)", what, got, want, 100 * rel);
+}
+
+static void test_table(void **state)
+{
+    (void)state;
+    const char *need[] = {"a100", "h100", "h200", "b200"};
+    for (int i = 0; i < 4; i++) {
+        const CgDevice *d = dev(need[i]);
+        assert_true(d->gpu && d->units > 0 && d->bf16 > d->tf32 && d->tf32 > d->f32 &&
+                    d->f32 > 0 && d->bw > 0 && d->l2 > 0 && d->launch_s > d->graph_s &&
+                    d->graph_s > 0 && d->max_threads_unit >= 1024 && d->max_blocks_unit > 0);
+    }
+    assert_null(cg_device_find("cpu")); /* measured, never from the table */
+    assert_null(cg_device_find("h300"));
+}
+
+static const char elementwise[] = /* 16M f32: read 64 MiB, write 64 MiB */
+    "kiln-ir v1\n"
+    "%0:f32[4096,4096] = input \"x\"\n"
+    "%1:f32[4096,4096] = neg %0\n"
+    "output \"y\" %1\n";
+
+static void test_memory_bound(void **state)
+{
+    (void)state;
+    Compiled c = compile(elementwise, false);
+    CgPredictOpts o = {0};
+    const CgDevice *h200 = dev("h200"), *h100 = dev("h100");
+    CgPrediction *a = cg_predict(c.p, c.q, h200, &o), *b = cg_predict(c.p, c.q, h100, &o);
+    assert_int_equal(a->rows.n, 1);
+    const CgPredRow *r = &a->rows.v[0];
+    assert_int_equal(r->limit, CG_LIMIT_MEMORY);
+    near(r->bytes, 2.0 * 4096 * 4096 * 4, 1e-9, "bytes");
+    near(r->s, r->bytes / h200->bw + h200->launch_s, 0.02, "h200 seconds");
+    /* memory-bound: the time scales with 1 / bandwidth */
+    near(b->rows.v[0].s - h100->launch_s, (r->s - h200->launch_s) * h200->bw / h100->bw, 0.02,
+         "h100 seconds");
+    assert_true(b->step_s > a->step_s);
+    cg_prediction_free(a);
+    cg_prediction_free(b);
+    release(&c);
+}
+
+static const char full_sum[] = /* one scalar out of 16M: one block */
+    "kiln-ir v1\n"
+    "%0:f32[4096,4096] = input \"x\"\n"
+    "%1:f32[1,1] = reduce_sum %0 {axes=[0,1]}\n"
+    "%2:f32[] = reshape %1\n"
+    "output \"y\" %2\n";
+
+static void test_too_few_blocks(void **state)
+{
+    (void)state;
+    Compiled c = compile(full_sum, false);
+    CgPredictOpts o = {0};
+    const CgDevice *h200 = dev("h200");
+    CgPrediction *a = cg_predict(c.p, c.q, h200, &o);
+    const CgPredRow *worst = NULL;
+    for (int i = 0; i < a->rows.n; i++)
+        if (!worst || a->rows.v[i].s > worst->s)
+            worst = &a->rows.v[i];
+    assert_non_null(worst);
+    if (worst->blocks >= h200->units)
+        skip(); /* the reduction is split over blocks: the limit no longer applies */
+    assert_int_equal(worst->limit, CG_LIMIT_BLOCKS);
+    /* its bytes through blocks / units of the bandwidth */
+    near(worst->s - h200->launch_s,
+         worst->bytes / (h200->bw * (double)worst->blocks / h200->units), 0.02, "seconds");
+    cg_prediction_free(a);
+    release(&c);
+}
+
+static const char tiny[] =
+    "kiln-ir v1\n"
+    "%0:f32[4] = input \"x\"\n"
+    "%1:f32[4] = neg %0\n"
+    "output \"y\" %1\n";
+
+static void test_launch_bound(void **state)
+{
+    (void)state;
+    Compiled c = compile(tiny, false);
+    const CgDevice *h100 = dev("h100");
+    CgPredictOpts plain = {0}, graph = {.cuda_graph = true};
+    CgPrediction *a = cg_predict(c.p, c.q, h100, &plain), *b = cg_predict(c.p, c.q, h100, &graph);
+    assert_int_equal(a->rows.v[0].limit, CG_LIMIT_LAUNCH);
+    near(a->launch_s, h100->launch_s * a->launches, 1e-9, "launch overhead");
+    near(b->launch_s, h100->graph_s * b->launches, 1e-9, "graph overhead");
+    assert_true(b->step_s < a->step_s);
+    cg_prediction_free(a);
+    cg_prediction_free(b);
+    release(&c);
+}
+
+static const char gemm[] =
+    "kiln-ir v1\n"
+    "%0:f32[4096,4096] = input \"a\"\n"
+    "%1:f32[4096,4096] = input \"b\"\n"
+    "%2:f32[4096,4096] = matmul %0, %1 {ta=0,tb=0}\n"
+    "output \"c\" %2\n";
+
+static void test_gemm_compute_bound(void **state)
+{
+    (void)state;
+    Compiled f = compile(gemm, false), h = compile(gemm, true);
+    const CgDevice *h200 = dev("h200");
+    CgPredictOpts f32 = {0}, tf32 = {.tf32 = true}, bf16 = {.bf16 = true};
+    CgPrediction *a = cg_predict(f.p, f.q, h200, &f32), *b = cg_predict(f.p, f.q, h200, &tf32),
+                 *c = cg_predict(h.p, h.q, h200, &bf16);
+    double flops = 2.0 * 4096 * 4096 * 4096;
+    near(a->gemm_flops, flops, 1e-12, "GEMM FLOPs");
+    /* 32 x 32 = 1024 tiles over 132 SMs: 8 waves, the last 100/132 full */
+    double tiles = 1024, waves = ceil(tiles / h200->units);
+    double tile_eff = tiles / (waves * h200->units);
+    const CgPredRow *g = NULL;
+    for (int i = 0; i < a->rows.n; i++)
+        if (strcmp(a->rows.v[i].name, "gemm") == 0)
+            g = &a->rows.v[i];
+    assert_non_null(g);
+    assert_int_equal(g->limit, CG_LIMIT_COMPUTE);
+    near(g->s - h200->launch_s, flops / (h200->f32 * 0.8 * tile_eff), 1e-6, "f32 GEMM");
+    near(b->gemm_s - h200->launch_s, flops / (h200->tf32 * 0.8 * tile_eff), 1e-6, "TF32 GEMM");
+    assert_true(c->gemm_s < b->gemm_s && b->gemm_s < a->gemm_s);
+    /* bf16 from f32 inputs: the two casts are launches of their own */
+    int casts = 0;
+    for (int i = 0; i < c->rows.n; i++)
+        casts += strcmp(c->rows.v[i].name, "cast_f32_bf16") == 0;
+    assert_int_equal(casts, 2);
+    /* the report names the costliest launch and its limit */
+    char *text = NULL;
+    size_t n = 0;
+    FILE *m = open_memstream(&text, &n);
+    cg_prediction_print(a, f.p, a->flops, 0, 10, m);
+    fclose(m);
+    if (!strstr(text, "predicted step on h200") || !strstr(text, "compute") ||
+        !strstr(text, "MFU"))
+        fail_msg("report:\n%s", text);
+    free(text);
+    cg_prediction_free(a);
+    cg_prediction_free(b);
+    cg_prediction_free(c);
+    release(&f);
+    release(&h);
+}
+
+/* The CPU model, with figures given here (no measurement): a large
+ * elementwise kernel is split over the threads, so two threads take half
+ * the compute time of one; a GEMM's parts run in waves over the threads. */
+static void test_cpu_model(void **state)
+{
+    (void)state;
+    Compiled c = compile(elementwise, false);
+    CgDevice one = {.name = "cpu", .title = "test", .units = 1, .f32 = 1e11, .gemm = 5e10,
+                    .bw = 1e13, .bw1 = 1e13, .launch_s = 1e-6, .graph_s = 1e-6, .work = 1e9,
+                    .gemm1 = {1e10, 2e10, 4e10, 5e10}};
+    CgDevice two = one;
+    two.units = 2;
+    CgPredictOpts o = {0};
+    CgPrediction *a = cg_predict(c.p, NULL, &one, &o), *b = cg_predict(c.p, NULL, &two, &o);
+    assert_int_equal(a->rows.n, 1);
+    assert_int_equal(a->rows.v[0].limit, CG_LIMIT_COMPUTE); /* 10 TB/s: never memory */
+    near(b->rows.v[0].s - two.launch_s, (a->rows.v[0].s - one.launch_s) / 2, 1e-9, "2 threads");
+    cg_prediction_free(a);
+    cg_prediction_free(b);
+    release(&c);
+    Compiled g = compile(gemm, false);
+    a = cg_predict(g.p, NULL, &one, &o);
+    b = cg_predict(g.p, NULL, &two, &o);
+    /* 4096^3 is split into 64 bands of 64 rows: 2 x 64 x 4096 x 4096 each
+     * at the 64-row rate, 64 waves on one thread, 32 on two */
+    double part = 2.0 * 64 * 4096 * 4096 / 2e10;
+    near(a->gemm_s - one.launch_s, 64 * part, 1e-9, "GEMM, 1 thread");
+    near(b->gemm_s - two.launch_s, 32 * part, 1e-9, "GEMM, 2 threads");
+    cg_prediction_free(a);
+    cg_prediction_free(b);
+    release(&g);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_table),
+        cmocka_unit_test(test_memory_bound),
+        cmocka_unit_test(test_too_few_blocks),
+        cmocka_unit_test(test_launch_bound),
+        cmocka_unit_test(test_gemm_compute_bound),
+        cmocka_unit_test(test_cpu_model),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
