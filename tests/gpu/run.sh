@@ -101,6 +101,19 @@ finish() {
             echo "== top kernels (kiln --profile, 124M bf16)"
             sed -n '/^profile: per kernel/,/^$/p' "$LOGS/profile.log" | head -25
         fi
+        if [ -s "$LOGS/predict.log" ] && [ -s "$LOGS/profile.log" ]; then
+            echo "== predicted (cost model, h200) vs measured per step, the predicted top 10"
+            steps=$(sed -n 's/^profile: per kernel over \([0-9]*\) training steps.*/\1/p' "$LOGS/profile.log")
+            awk -v steps="${steps:-1}" '
+                FNR == NR { if ($1 != "" && $2 ~ /^[0-9]+$/) meas[$1] = $3 / steps; next }
+                /costliest launches/ { on = 1; next }
+                on && $1 == "kernel" { next }
+                on && NF >= 6 { n = $1; sub(/_l[0-9]+$/, "", n); t = $3; u = $4
+                    ms = (u == "ms") ? t : (u == "us") ? t / 1e3 : t * 1e3
+                    m = (n in meas) ? sprintf("%.3f", meas[n]) : "?"
+                    printf "  %-30s predicted %9.3f ms  measured %9s ms\n", $1, ms, m }
+            ' "$LOGS/profile.log" "$LOGS/predict.log" | head -10
+        fi
     } >"$OUT/summary.txt"
     tar czf "$OUT/gpu-logs.tar.gz" -C "$(dirname "$LOGS")" "$(basename "$LOGS")" 2>/dev/null
     echo
@@ -256,6 +269,10 @@ speed() { # label, file, extra args...
 }
 if part 3; then
     if timeout 30 python3 "$ROOT/tests/gpu/make_tokens.py" "$TOK" 2000000 50257; then
+        # the cost model's prediction, to set beside the measured profile
+        timeout 60 "$KILN" compile models/gpt.lua --set size=124M --set batch=16 --set precision=bf16 \
+            --target h200 >"$LOGS/predict.log" 2>&1
+        row "predicted (kiln compile --target h200)" "$(grep '^predicted step' "$LOGS/predict.log" | sed 's/.*: //')"
         speed "kiln GPT-2 124M bf16 (--profile)" profile --profile
         speed "kiln GPT-2 124M bf16 + CUDA graph" speed_graph --set cuda_graph=true
     else
