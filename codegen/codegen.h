@@ -547,6 +547,9 @@ typedef struct {
                                   second of one thread in generated kernels */
     double gemm1[4];           /* CPU: one thread's sgemm FLOP/s for a band of
                                   16, 64, 256, 512 rows x 512 x 512 */
+    double mem;                /* device memory, bytes */
+    double intra_bw, inter_bw; /* per GPU, one direction, bytes/s: inside a node
+                                  (NVLink), between nodes (InfiniBand) */
 } CgDevice;
 extern const CgDevice cg_devices[]; /* the GPUs; the CPU's is measured */
 extern const int cg_ndevices;
@@ -592,5 +595,46 @@ void cg_prediction_free(CgPrediction *r);
  * kernel summed) with what limits each. */
 void cg_prediction_print(const CgPrediction *r, const CgPlan *p, double model_flops,
                          double tokens, int top, FILE *f);
+
+/* ---- cluster.c: a run at cluster scale (kiln plan) ------------------------
+ * (docs/plan.md: the equations) */
+typedef struct {
+    double nparams;
+    int64_t seq_len, d_model, layers, micro_batch; /* T, C, L, sequences */
+    double act_dtype_bytes;   /* TP collectives move activations of this size */
+    double param_bytes, grad_bytes, opt_bytes; /* the whole model's */
+    double act_bytes;         /* one micro-batch's activations and temporaries */
+    double fwd_bwd_s, forward_s, opt_s; /* one device, the whole model, one micro-batch */
+    double backward_end_s;    /* when the step's last gradient is ready */
+    int nbuckets;
+    const double *bucket_bytes, *bucket_ready_s; /* per DP bucket, step order */
+} CgClusterModel;
+
+typedef struct {
+    int gpus, gpus_per_node, tp, pp, dp, zero, micro_batches;
+    double intra_bw, inter_bw; /* bytes/s */
+    double alpha_s;            /* latency per ring hop */
+    double peak;               /* per GPU, FLOP/s (MFU) */
+    double tokens, goodput, target_days; /* 0: not given */
+    double step_time;          /* > 0: a measured step replaces the prediction */
+    bool no_overlap;
+} CgClusterOpts;
+
+typedef struct {
+    double sequences, tokens_per_step;
+    double mem_params, mem_grads, mem_opt, mem_act, mem_total; /* per GPU */
+    double t_mb, t_tp_mb, bubble, t_pipeline, t_bubble, t_opt; /* seconds */
+    double dp_bw, t_dp, t_dp_exposed;
+    double step_predicted, step;
+    double tokens_per_s, mfu, mfu_attn;
+    int64_t steps;            /* whole steps to the token budget */
+    double days, days_goodput, step_for_target;
+} CgClusterPlan;
+
+double cg_ring_allreduce(double bytes, int n, double bw, double alpha);
+double cg_ring_half(double bytes, int n, double bw, double alpha);
+/* False with why set when the layout does not add up. */
+bool cg_cluster_project(const CgClusterModel *m, const CgClusterOpts *o, CgClusterPlan *p,
+                        char *why, size_t nwhy);
 
 #endif

@@ -4,6 +4,11 @@
 -- (embed_tokens.weight, layers.0.self_attn.q_proj.weight [C,C], ...).
 --
 -- Config keys (change with --set key=value):
+--   size "tiny"      preset: "tiny" (the defaults below) or "500B" (a
+--                    500B-class dense decoder for `kiln plan`, shapes only:
+--                    L=92, H=144, C=18432, SwiGLU hidden 73728, V=128256,
+--                    T=8192, batch 1, bf16; docs/plan.md gives its exact
+--                    parameter count); other --set keys override the preset
 --   L 2, H 4, C 64   layers, heads, channels (C divisible by H; C/H even)
 --   hidden 0         SwiGLU hidden size; 0 means Llama's rule:
 --                    8C/3 rounded up to a multiple of 32
@@ -15,9 +20,12 @@
 --
 -- Inputs:  tokens i32[B,T], targets i32[B,T].
 -- Outputs: loss (mean cross-entropy per token), logits f32[B,T,V].
-local cfg = config{L = 2, H = 4, C = 64, hidden = 0, V = 256, T = 32, batch = 8,
-                   rope_base = 10000.0, eps = 1e-5, data = "text",
-                   data_path = "tests/data/tiny.txt", steps = 200, lr = 1e-3}
+local cfg = config({size = "tiny", L = 2, H = 4, C = 64, hidden = 0, V = 256, T = 32,
+                    batch = 8, rope_base = 10000.0, eps = 1e-5, data = "text",
+                    data_path = "tests/data/tiny.txt", steps = 200, lr = 1e-3},
+                   {size = {["500B"] = {L = 92, H = 144, C = 18432, hidden = 73728,
+                                        V = 128256, T = 8192, batch = 1, data = "tokens",
+                                        precision = "bf16", rope_base = 500000.0}}})
 local B, T, C, V, L, H = cfg.batch, cfg.T, cfg.C, cfg.V, cfg.L, cfg.H
 assert(C % H == 0 and (C // H) % 2 == 0, "C/H must be an even integer")
 local hidden = cfg.hidden

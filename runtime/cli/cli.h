@@ -32,4 +32,7 @@ bool cli_print_fusion(const Model *m, const Graph *g, const PassOpts *po);
 bool cli_print_prediction(const Model *m, const Graph *g, const char *target, int threads,
                           const char *cache_dir, bool remeasure);
 
+/* `kiln plan MODEL.lua [options]` (plan.c): the exit code. */
+int cli_plan(int argc, char **argv);
+
 #endif

@@ -26,6 +26,7 @@ static const char usage_main[] =
     "commands:\n"
     "  compile   compile only: print a summary, write pass dumps\n"
     "  train     compile and train on the CPU\n"
+    "  plan      project a run at cluster scale: memory per GPU, step, end date\n"
     "\n"
     "`kiln COMMAND --help` lists the command's options. Documentation: README.md,\n"
     "docs/cli.md, docs/dsl.md, docs/ir.md.\n";
@@ -570,7 +571,9 @@ int main(int argc, char **argv)
         return check_stdout(cmd_compile(argc, argv));
     if (strcmp(argv[1], "train") == 0)
         return check_stdout(cmd_train(argc, argv));
-    fprintf(stderr, "kiln: unknown command '%s' (expected compile or train; see kiln --help)\n",
+    if (strcmp(argv[1], "plan") == 0)
+        return check_stdout(cli_plan(argc, argv));
+    fprintf(stderr, "kiln: unknown command '%s' (expected compile, train or plan; see kiln --help)\n",
             argv[1]);
     return 2;
 }

@@ -1,0 +1,127 @@
+/* cluster.c - a training run at cluster scale, projected from one compiled
+ * step (`kiln plan`): memory per GPU, the step's critical path, throughput
+ * and the end date. Pure arithmetic on what the CLI measured of the model
+ * (CgClusterModel: params, shapes, the cost model's times, the comm pass's
+ * buckets); docs/plan.md gives every equation and where it comes from.
+ *
+ * Layout: TP innermost (inside a node when tp <= gpus per node), then DP,
+ * then PP (Megatron's order). Each GPU computes 1/(tp x pp) of the model's
+ * step (an ideal split), runs 1F1B over the micro-batches, all-reduces its
+ * gradients over DP in the comm pass's buckets (reduce-scatter with ZeRO-1,
+ * then an all-gather of the updated params that the next forward hides).
+ * Collectives: ring alpha-beta, all-reduce 2(n-1) alpha + 2(n-1)/n bytes /
+ * bw; reduce-scatter and all-gather half of each term. */
+#include "codegen.h"
+
+#include <math.h>
+#include <string.h>
+
+/* seconds of a ring all-reduce of `bytes` over n ranks */
+double cg_ring_allreduce(double bytes, int n, double bw, double alpha)
+{
+    if (n <= 1 || bytes <= 0)
+        return 0;
+    return 2.0 * (n - 1) * alpha + 2.0 * (n - 1) / n * bytes / bw;
+}
+
+/* seconds of a ring reduce-scatter (or all-gather) of `bytes` in all */
+double cg_ring_half(double bytes, int n, double bw, double alpha)
+{
+    if (n <= 1 || bytes <= 0)
+        return 0;
+    return (double)(n - 1) * alpha + (double)(n - 1) / n * bytes / bw;
+}
+
+/* The DP collectives of one step after the last micro-batch's backward:
+ * the comm stream runs the buckets in order, each from when its gradients
+ * are ready (or all after backward without overlap); exposed: how long the
+ * comm stream runs past the end of backward. */
+static void dp_comm(const CgClusterModel *m, const CgClusterOpts *o, double scale, double bw,
+                    double *total, double *exposed)
+{
+    double comm = 0, busy_until = 0;
+    double end = m->backward_end_s * scale;
+    for (int i = 0; i < m->nbuckets; i++) {
+        double bytes = m->bucket_bytes[i] * scale;
+        double t = o->zero ? cg_ring_half(bytes, o->dp, bw, o->alpha_s)
+                           : cg_ring_allreduce(bytes, o->dp, bw, o->alpha_s);
+        double ready = o->no_overlap ? end : m->bucket_ready_s[i] * scale;
+        double start = ready > busy_until ? ready : busy_until;
+        busy_until = start + t;
+        comm += t;
+    }
+    *total = comm;
+    *exposed = busy_until > end ? busy_until - end : 0;
+}
+
+bool cg_cluster_project(const CgClusterModel *m, const CgClusterOpts *o, CgClusterPlan *p,
+                        char *why, size_t nwhy)
+{
+    memset(p, 0, sizeof *p);
+    if (o->tp < 1 || o->pp < 1 || o->dp < 1 || (int64_t)o->tp * o->pp * o->dp != o->gpus) {
+        snprintf(why, nwhy, "--tp %d x --pp %d x --dp %d must equal --gpus %d", o->tp, o->pp,
+                 o->dp, o->gpus);
+        return false;
+    }
+    if (o->micro_batches < 1 || m->micro_batch < 1 || m->seq_len < 1) {
+        snprintf(why, nwhy, "need at least one micro-batch of at least one sequence");
+        return false;
+    }
+    double split = (double)o->tp * o->pp;
+    p->sequences = (double)m->micro_batch * o->micro_batches * o->dp;
+    p->tokens_per_step = p->sequences * (double)m->seq_len;
+
+    /* memory per GPU */
+    p->mem_params = m->param_bytes / split;
+    p->mem_grads = m->grad_bytes / split;
+    p->mem_opt = m->opt_bytes / split / (o->zero ? o->dp : 1);
+    p->mem_act = m->act_bytes / o->tp; /* 1F1B: pp micro-batches of 1/pp of the layers */
+    p->mem_total = p->mem_params + p->mem_grads + p->mem_opt + p->mem_act;
+
+    /* compute: one micro-batch's forward and backward per stage */
+    p->t_mb = m->fwd_bwd_s / split;
+    p->bubble = o->pp > 1 ? (double)(o->pp - 1) / (o->micro_batches + o->pp - 1) : 0;
+    /* TP: per layer two all-reduces of the activations forward, two
+     * backward (Megatron's MLP and attention), on the micro-batch */
+    double tp_bw = o->tp <= o->gpus_per_node ? o->intra_bw : o->inter_bw;
+    double act = (double)m->micro_batch * m->seq_len * m->d_model * m->act_dtype_bytes;
+    p->t_tp_mb = o->tp > 1 ? 4.0 * m->layers / o->pp * cg_ring_allreduce(act, o->tp, tp_bw,
+                                                                          o->alpha_s)
+                           : 0;
+    double slots = (double)o->micro_batches + o->pp - 1;
+    p->t_pipeline = slots * (p->t_mb + p->t_tp_mb);
+    p->t_bubble = (o->pp - 1) * (p->t_mb + p->t_tp_mb);
+    p->t_opt = m->opt_s / split / (o->zero ? o->dp : 1);
+
+    /* DP: the last micro-batch's backward is what the buckets overlap */
+    bool dp_inside = (int64_t)o->tp * o->dp <= o->gpus_per_node;
+    p->dp_bw = dp_inside ? o->intra_bw : o->inter_bw;
+    double scale = 1.0 / split;
+    dp_comm(m, o, scale, p->dp_bw, &p->t_dp, &p->t_dp_exposed);
+    if (o->zero) { /* the params' all-gather, hidden by the next forward's compute */
+        double gather = cg_ring_half(m->param_bytes * scale, o->dp, p->dp_bw, o->alpha_s);
+        double hide = m->forward_s * scale;
+        p->t_dp += gather;
+        p->t_dp_exposed += gather > hide ? gather - hide : 0;
+    }
+    p->step_predicted = p->t_pipeline + p->t_dp_exposed + p->t_opt;
+    p->step = o->step_time > 0 ? o->step_time : p->step_predicted;
+
+    /* throughput */
+    p->tokens_per_s = p->tokens_per_step / p->step;
+    double peak = o->peak * o->gpus;
+    p->mfu = peak > 0 ? 6.0 * m->nparams * p->tokens_per_step / p->step / peak : 0;
+    p->mfu_attn = peak > 0 ? (6.0 * m->nparams + 12.0 * m->layers * m->d_model * m->seq_len) *
+                                 p->tokens_per_step / p->step / peak
+                           : 0;
+
+    /* end date */
+    if (o->tokens > 0) {
+        p->steps = (int64_t)floor(o->tokens / p->tokens_per_step);
+        p->days = (double)p->steps * p->step / 86400.0;
+        p->days_goodput = p->days / o->goodput;
+        if (o->target_days > 0 && p->steps > 0)
+            p->step_for_target = o->target_days * 86400.0 * o->goodput / (double)p->steps;
+    }
+    return true;
+}

@@ -1,0 +1,613 @@
+/* plan.c - `kiln plan MODEL.lua [options]`: the step time, memory per GPU
+ * and end date of a training run at cluster scale, from the compiled step
+ * (codegen/cluster.c has the arithmetic, docs/plan.md the equations).
+ *
+ * The model is compiled once per variant (shapes only): as given, with the
+ * comm pass's buckets for --dp ranks; then for the what-if rows with other
+ * bucket sizes and each remat policy. The cost model (predict.c) times the
+ * step on the device; the comm pass says where each bucket becomes ready. */
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "codegen.h"
+#include "cpu.h"
+#include "train.h"
+
+static const char usage_plan[] =
+    "usage: kiln plan MODEL.lua [options]\n"
+    "\n"
+    "Projects a training run at cluster scale from the compiled step: memory per\n"
+    "GPU, the step's critical path (compute per pipeline stage, TP collectives,\n"
+    "the 1F1B bubble, DP gradient communication and what of it is exposed),\n"
+    "throughput, MFU and the end date. See docs/plan.md.\n"
+    "\n"
+    "options:\n"
+    "  --set KEY=VALUE      override a config{} or train{} setting (repeatable);\n"
+    "                       the model's batch is the micro-batch (sequences)\n"
+    "  --device DEV         a100, h100, h200 (default), b200, or cpu (measured)\n"
+    "  --gpus N             GPUs in all (default: tp x pp x dp)\n"
+    "  --gpus-per-node N    default 8\n"
+    "  --intra-bw GB/s      per-GPU bandwidth inside a node (default: the device's)\n"
+    "  --inter-bw GB/s      per-GPU bandwidth between nodes (default: the device's)\n"
+    "  --tp N, --pp N, --dp N   the parallel layout (tp x pp x dp = gpus; dp\n"
+    "                       defaults to gpus / (tp x pp))\n"
+    "  --zero 0|1           1: sharded optimizer state (ZeRO-1)\n"
+    "  --micro-batches N    micro-batches per step and rank (default 1)\n"
+    "  --global-batch N     sequences per step (sets the micro-batches)\n"
+    "  --tokens N           the token budget: 10T, 300G, 1.5e12\n"
+    "  --goodput F          share of calendar time spent in steps (default 1)\n"
+    "  --target-days D      the step time that finishes in D calendar days\n"
+    "  --step-time S        a measured step in seconds; replaces the prediction\n"
+    "  --no-overlap         every DP collective after backward\n"
+    "  --json               one JSON object instead of the table\n"
+    "  --threads N          --device cpu: threads (default: one per core)\n"
+    "  -h, --help           this text\n";
+
+typedef struct {
+    VEC(const char *) sets;
+    const char *device;
+    int gpus, gpus_per_node, tp, pp, dp, zero, micro_batches, threads;
+    int64_t global_batch;
+    double intra_bw, inter_bw, tokens, goodput, target_days, step_time;
+    bool no_overlap, json;
+} PlanArgs;
+
+/* A compiled variant's measurements, owning the bucket arrays. */
+typedef struct {
+    CgClusterModel m;
+    double *bytes, *ready;
+    double arena, persistent;
+} Variant;
+
+static int plan_error(const char *fmt, const char *a, const char *b)
+{
+    fprintf(stderr, "kiln plan: ");
+    fprintf(stderr, fmt, a, b);
+    fprintf(stderr, " (see `kiln plan --help`)\n");
+    return 2;
+}
+
+/* "10T", "300G", "1.5e12", "2M": a positive count. */
+static bool parse_count(const char *s, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (end == s || errno || !isfinite(v) || v <= 0)
+        return false;
+    double mul = 1;
+    if (*end) {
+        const char *u = "KMGTP";
+        const char *c = strchr(u, *end);
+        if (!c || end[1])
+            return false;
+        mul = pow(1e3, (double)(c - u + 1));
+    }
+    *out = v * mul;
+    return isfinite(*out);
+}
+
+static bool parse_pos(const char *s, double lo, double hi, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (end == s || *end || errno || !isfinite(v) || v < lo || v > hi)
+        return false;
+    *out = v;
+    return true;
+}
+
+static const Tensor *input_named(const Graph *g, const char *name)
+{
+    for (int i = 0; i < g->t.n; i++)
+        if (g->t.v[i].kind == TK_INPUT && g->t.v[i].name && strcmp(g->t.v[i].name, name) == 0)
+            return &g->t.v[i];
+    return NULL;
+}
+
+static int64_t config_int(const Model *m, const char *key)
+{
+    const char *v = fe_config_get(m, key);
+    return v ? strtoll(v, NULL, 10) : 0;
+}
+
+/* Compiles m's step with po (shapes only) and measures it on dev. */
+static bool measure(const Model *m, const PassOpts *po, const CgDevice *dev, Variant *v,
+                    Diag *d)
+{
+    memset(v, 0, sizeof *v);
+    Graph *g = ir_clone(m->g);
+    MemPlan *mp = NULL;
+    CgPlan *p = NULL;
+    CgCudaProgram *q = NULL;
+    CgPrediction *r = NULL;
+    bool ok = pass_pipeline(g, po, NULL, NULL, NULL, d) && (mp = pass_memplan(g, d)) &&
+              (p = cg_plan(g, d));
+    if (!ok)
+        goto out;
+    bool bf16 = m->train.precision && strcmp(m->train.precision, "bf16") == 0;
+    q = dev->gpu ? cg_cuda_program(p, bf16) : NULL;
+    CgPredictOpts o = {.bf16 = dev->gpu && bf16,
+                       .tf32 = dev->gpu && m->train.tf32 && strcmp(m->train.tf32, "true") == 0,
+                       .cuda_graph = dev->gpu && m->train.cuda_graph &&
+                                     strcmp(m->train.cuda_graph, "true") == 0};
+    r = cg_predict(p, q, dev, &o);
+    CgClusterModel *c = &v->m;
+    for (int i = 0; i < g->t.n; i++) {
+        const Tensor *t = &g->t.v[i];
+        double bytes = (double)shape_numel(&t->s) * (double)dtype_size(t->s.dtype);
+        if (t->kind == TK_PARAM) {
+            c->nparams += (double)shape_numel(&t->s);
+            c->param_bytes += bytes;
+            c->grad_bytes += (double)shape_numel(&t->s) * 4; /* f32 gradients */
+        } else if (t->kind == TK_STATE) {
+            c->opt_bytes += bytes;
+        }
+    }
+    const Tensor *tok = input_named(g, "tokens");
+    c->micro_batch = tok && tok->s.rank == 2 ? tok->s.dim[0] : 1;
+    c->seq_len = tok && tok->s.rank == 2 ? tok->s.dim[1] : 1;
+    c->d_model = config_int(m, "C");
+    c->layers = config_int(m, "L");
+    c->act_dtype_bytes = bf16 ? 2 : 4;
+    v->arena = (double)mp->arena_bytes;
+    v->persistent = (double)mp->persistent_bytes;
+    c->act_bytes = v->arena - v->persistent;
+    /* the times of the step's launches in order: compute, optimizer, and
+     * when each bucket's all-reduce may start */
+    double t = 0;
+    int row = 0;
+    v->bytes = xcalloc((size_t)p->steps.n + 1, sizeof(double));
+    v->ready = xcalloc((size_t)p->steps.n + 1, sizeof(double));
+    for (int s = 0; s < p->steps.n; s++) {
+        const CgStep *st = &p->steps.v[s];
+        unsigned flags = st->op >= 0 ? g->ops.v[st->op].flags : OPF_OPTIM; /* update copies */
+        for (; row < r->rows.n && r->rows.v[row].step == s; row++) {
+            double x = r->rows.v[row].s;
+            if (flags & OPF_OPTIM) {
+                c->opt_s += x;
+                continue;
+            }
+            t += x;
+            c->fwd_bwd_s += x;
+            if (!(flags & (OPF_BACKWARD | OPF_RECOMPUTE)))
+                c->forward_s += x;
+            c->backward_end_s = t;
+        }
+        if (st->kind == CG_STEP_ALLREDUCE_START) {
+            double b = 0;
+            for (int a = 0; a < st->nargs; a++) {
+                const Tensor *x = &g->t.v[st->args[a]];
+                b += (double)shape_numel(&x->s) * (double)dtype_size(x->s.dtype);
+            }
+            v->bytes[c->nbuckets] = b;
+            v->ready[c->nbuckets++] = t;
+        }
+    }
+    c->bucket_bytes = v->bytes;
+    c->bucket_ready_s = v->ready;
+out:
+    cg_prediction_free(r);
+    cg_cuda_program_free(q);
+    cg_plan_free(p);
+    pass_memplan_free(mp);
+    ir_free(g);
+    return ok;
+}
+
+static void variant_free(Variant *v)
+{
+    free(v->bytes);
+    free(v->ready);
+}
+
+static void fmt_bytes(char *b, size_t n, double x)
+{
+    const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+    int i = 0;
+    while (x >= 1024 && i < 5)
+        x /= 1024, i++;
+    snprintf(b, n, i ? "%.2f %s" : "%.0f %s", x, u[i]);
+}
+
+static void fmt_s(char *b, size_t n, double s)
+{
+    if (s >= 1)
+        snprintf(b, n, "%.3f s", s);
+    else if (s >= 1e-3)
+        snprintf(b, n, "%.3f ms", s * 1e3);
+    else
+        snprintf(b, n, "%.1f us", s * 1e6);
+}
+
+static void print_plan(const PlanArgs *a, const CgDevice *dev, const CgClusterOpts *o,
+                       const Variant *v, const CgClusterPlan *p)
+{
+    char x[32], y[32], z[32], w[32];
+    const CgClusterModel *m = &v->m;
+    printf("plan: %d x %s (%d per node), tp %d x pp %d x dp %d, zero %d, %d micro-batch%s of %lld "
+           "sequence%s per rank\n", o->gpus, dev->name, o->gpus_per_node, o->tp, o->pp, o->dp,
+           o->zero, o->micro_batches, o->micro_batches == 1 ? "" : "es",
+           (long long)m->micro_batch, m->micro_batch == 1 ? "" : "s");
+    printf("  links: %.0f GB/s inside a node, %.0f GB/s between nodes%s; alpha %.0f us per hop\n",
+           o->intra_bw / 1e9, o->inter_bw / 1e9,
+           a->intra_bw > 0 || a->inter_bw > 0 ? "" : " (the device's defaults)",
+           o->alpha_s * 1e6);
+    printf("model: %.4g params, T %lld, C %lld, L %lld\n", m->nparams, (long long)m->seq_len,
+           (long long)m->d_model, (long long)m->layers);
+    printf("memory per GPU:\n");
+    fmt_bytes(x, sizeof x, p->mem_params);
+    fmt_bytes(y, sizeof y, p->mem_grads);
+    fmt_bytes(z, sizeof z, p->mem_opt);
+    fmt_bytes(w, sizeof w, p->mem_act);
+    printf("  params %s, grads %s, optimizer state %s, activations %s\n", x, y, z, w);
+    fmt_bytes(x, sizeof x, p->mem_total);
+    if (dev->mem > 0) {
+        fmt_bytes(y, sizeof y, dev->mem);
+        printf("  total %s of %s: %s\n", x, y,
+               p->mem_total <= dev->mem ? "fits" : "does NOT fit (see the remat rows)");
+    } else {
+        printf("  total %s\n", x);
+    }
+    printf("step (critical path per GPU):\n");
+    fmt_s(x, sizeof x, p->t_mb);
+    fmt_s(y, sizeof y, p->t_tp_mb);
+    printf("  compute per micro-batch and stage %s, TP collectives %s\n", x, y);
+    fmt_s(x, sizeof x, p->t_pipeline);
+    fmt_s(y, sizeof y, p->t_bubble);
+    printf("  pipeline (1F1B) %s, of which bubble %s (%.1f%%)\n", x, y, 100 * p->bubble);
+    fmt_s(x, sizeof x, p->t_dp);
+    fmt_s(y, sizeof y, p->t_dp_exposed);
+    printf("  DP gradient communication %s in %d buckets at %.0f GB/s, exposed %s%s\n", x,
+           m->nbuckets, p->dp_bw / 1e9, y, o->no_overlap ? " (--no-overlap)" : "");
+    fmt_s(x, sizeof x, p->t_opt);
+    fmt_s(y, sizeof y, p->step_predicted);
+    printf("  optimizer %s; predicted step %s\n", x, y);
+    fmt_s(x, sizeof x, p->step);
+    if (o->step_time > 0)
+        printf("  step %s (--step-time; replaces the prediction)\n", x);
+    printf("throughput: %.0f tokens per step, %.0f tokens/s", p->tokens_per_step,
+           p->tokens_per_s);
+    if (o->peak > 0)
+        printf(", MFU %.1f%% (6N), %.1f%% with attention", 100 * p->mfu, 100 * p->mfu_attn);
+    printf("\n");
+    if (o->tokens > 0) {
+        printf("end date: %lld steps to %.4g tokens; %.2f days of steps, %.2f days at goodput "
+               "%.2f\n", (long long)p->steps, o->tokens, p->days, p->days_goodput, o->goodput);
+        if (o->target_days > 0)
+            printf("  to finish in %.2f days: %.2f s per step\n", o->target_days,
+                   p->step_for_target);
+    }
+}
+
+static cJSON *plan_json(const CgDevice *dev, const CgClusterOpts *o, const Variant *v,
+                        const CgClusterPlan *p)
+{
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "device", dev->name);
+    cJSON_AddNumberToObject(j, "gpus", o->gpus);
+    cJSON_AddNumberToObject(j, "tp", o->tp);
+    cJSON_AddNumberToObject(j, "pp", o->pp);
+    cJSON_AddNumberToObject(j, "dp", o->dp);
+    cJSON_AddNumberToObject(j, "zero", o->zero);
+    cJSON_AddNumberToObject(j, "micro_batches", o->micro_batches);
+    cJSON_AddNumberToObject(j, "params", v->m.nparams);
+    cJSON *mem = cJSON_AddObjectToObject(j, "memory_per_gpu");
+    cJSON_AddNumberToObject(mem, "params", p->mem_params);
+    cJSON_AddNumberToObject(mem, "grads", p->mem_grads);
+    cJSON_AddNumberToObject(mem, "optimizer", p->mem_opt);
+    cJSON_AddNumberToObject(mem, "activations", p->mem_act);
+    cJSON_AddNumberToObject(mem, "total", p->mem_total);
+    cJSON_AddNumberToObject(mem, "device", dev->mem);
+    cJSON *s = cJSON_AddObjectToObject(j, "step");
+    cJSON_AddNumberToObject(s, "compute_per_microbatch_s", p->t_mb);
+    cJSON_AddNumberToObject(s, "tp_per_microbatch_s", p->t_tp_mb);
+    cJSON_AddNumberToObject(s, "pipeline_s", p->t_pipeline);
+    cJSON_AddNumberToObject(s, "bubble_s", p->t_bubble);
+    cJSON_AddNumberToObject(s, "bubble_fraction", p->bubble);
+    cJSON_AddNumberToObject(s, "dp_comm_s", p->t_dp);
+    cJSON_AddNumberToObject(s, "dp_exposed_s", p->t_dp_exposed);
+    cJSON_AddNumberToObject(s, "dp_buckets", v->m.nbuckets);
+    cJSON_AddNumberToObject(s, "optimizer_s", p->t_opt);
+    cJSON_AddNumberToObject(s, "predicted_s", p->step_predicted);
+    cJSON_AddNumberToObject(s, "step_s", p->step);
+    cJSON_AddNumberToObject(j, "tokens_per_step", p->tokens_per_step);
+    cJSON_AddNumberToObject(j, "tokens_per_s", p->tokens_per_s);
+    cJSON_AddNumberToObject(j, "mfu", p->mfu);
+    cJSON_AddNumberToObject(j, "mfu_attention", p->mfu_attn);
+    if (o->tokens > 0) {
+        cJSON_AddNumberToObject(j, "token_budget", o->tokens);
+        cJSON_AddNumberToObject(j, "steps", (double)p->steps);
+        cJSON_AddNumberToObject(j, "days", p->days);
+        cJSON_AddNumberToObject(j, "days_at_goodput", p->days_goodput);
+        cJSON_AddNumberToObject(j, "goodput", o->goodput);
+        if (o->target_days > 0)
+            cJSON_AddNumberToObject(j, "step_s_for_target_days", p->step_for_target);
+    }
+    return j;
+}
+
+int cli_plan(int argc, char **argv)
+{
+    PlanArgs a = {0};
+    a.device = "h200";
+    a.gpus_per_node = 8;
+    a.tp = a.pp = 1;
+    a.goodput = 1;
+    const char *model = NULL;
+    int rc = 2;
+    for (int i = 2; i < argc; i++) {
+        const char *s = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        double d;
+        int64_t n;
+        char why[128];
+#define INT_FLAG(name, field, lo, hi)                                                     \
+    if (strcmp(s, name) == 0) {                                                          \
+        if (!v || !fe_parse_int(v, lo, hi, &n, why, sizeof why)) {                        \
+            rc = plan_error("%s expects an integer %s", name, v ? why : "(missing)");     \
+            goto out;                                                                     \
+        }                                                                                 \
+        a.field = (int)n;                                                                 \
+        i++;                                                                              \
+        continue;                                                                         \
+    }
+        if (strcmp(s, "-h") == 0 || strcmp(s, "--help") == 0) {
+            fputs(usage_plan, stdout);
+            rc = 0;
+            goto out;
+        }
+        if (strcmp(s, "--set") == 0 && v) {
+            vec_push(&a.sets, v);
+            i++;
+            continue;
+        }
+        if (strcmp(s, "--device") == 0 && v) {
+            if (strcmp(v, "cpu") != 0 && !cg_device_find(v)) {
+                rc = plan_error("--device expects cpu, a100, h100, h200 or b200, got '%s'%s", v,
+                                "");
+                goto out;
+            }
+            a.device = v;
+            i++;
+            continue;
+        }
+        INT_FLAG("--gpus", gpus, 1, 1 << 24)
+        INT_FLAG("--gpus-per-node", gpus_per_node, 1, 1024)
+        INT_FLAG("--tp", tp, 1, 1 << 20)
+        INT_FLAG("--pp", pp, 1, 1 << 20)
+        INT_FLAG("--dp", dp, 1, 1 << 24)
+        INT_FLAG("--zero", zero, 0, 1)
+        INT_FLAG("--micro-batches", micro_batches, 1, 1 << 24)
+        INT_FLAG("--threads", threads, 1, 256)
+        if (strcmp(s, "--global-batch") == 0) {
+            if (!v || !fe_parse_int(v, 1, (int64_t)1 << 40, &n, why, sizeof why)) {
+                rc = plan_error("--global-batch expects a count of sequences %s",
+                                v ? why : "(missing)", "");
+                goto out;
+            }
+            a.global_batch = n;
+            i++;
+            continue;
+        }
+        struct {
+            const char *name;
+            double *field, lo, hi, scale;
+        } num[] = {
+            {"--intra-bw", &a.intra_bw, 1e-3, 1e6, 1e9},
+            {"--inter-bw", &a.inter_bw, 1e-3, 1e6, 1e9},
+            {"--goodput", &a.goodput, 1e-3, 1, 1},
+            {"--target-days", &a.target_days, 1e-3, 1e6, 1},
+            {"--step-time", &a.step_time, 1e-9, 1e9, 1},
+        };
+        bool done = false;
+        for (size_t k = 0; k < sizeof num / sizeof num[0] && !done; k++) {
+            if (strcmp(s, num[k].name) != 0)
+                continue;
+            if (!v || !parse_pos(v, num[k].lo, num[k].hi, &d)) {
+                rc = plan_error("%s expects a positive number in range, got '%s'", s,
+                                v ? v : "(missing)");
+                goto out;
+            }
+            *num[k].field = d * num[k].scale;
+            i++;
+            done = true;
+        }
+        if (done)
+            continue;
+        if (strcmp(s, "--tokens") == 0) {
+            if (!v || !parse_count(v, &a.tokens)) {
+                rc = plan_error("--tokens expects a count such as 10T, 300G or 1.5e12, got '%s'%s",
+                                v ? v : "(missing)", "");
+                goto out;
+            }
+            i++;
+            continue;
+        }
+        if (strcmp(s, "--no-overlap") == 0) {
+            a.no_overlap = true;
+            continue;
+        }
+        if (strcmp(s, "--json") == 0) {
+            a.json = true;
+            continue;
+        }
+        if (s[0] == '-') {
+            rc = plan_error("unknown option '%s'%s", s, "");
+            goto out;
+        }
+        if (model) {
+            rc = plan_error("more than one model given: '%s'%s", s, "");
+            goto out;
+        }
+        model = s;
+#undef INT_FLAG
+    }
+    if (!model) {
+        rc = plan_error("missing argument: MODEL.lua%s%s", "", "");
+        goto out;
+    }
+    if (a.dp == 0) {
+        int64_t tpp = (int64_t)a.tp * a.pp;
+        a.dp = a.gpus > 0 ? (int)(a.gpus / tpp) : 1;
+        if (a.gpus > 0 && (a.dp < 1 || a.gpus % tpp != 0)) {
+            char g[64], t[64];
+            snprintf(g, sizeof g, "%d", a.gpus);
+            snprintf(t, sizeof t, "%lld", (long long)tpp);
+            rc = plan_error("--gpus %s is not a multiple of --tp x --pp = %s", g, t);
+            goto out;
+        }
+    }
+    if (a.gpus == 0)
+        a.gpus = (int)((int64_t)a.tp * a.pp * a.dp);
+
+    char err[2048];
+    Model *m = fe_load_model(model, a.sets.v, a.sets.n, err, sizeof err);
+    if (!m) {
+        fprintf(stderr, "%s\n", err);
+        rc = 1;
+        goto out;
+    }
+    CgDevice cpu;
+    const CgDevice *dev = cg_device_find(a.device);
+    Diag d = {{0}};
+    if (!dev) {
+        long nc = sysconf(_SC_NPROCESSORS_ONLN);
+        if (!rt_cpu_device(a.threads > 0 ? a.threads : (nc > 0 ? (int)nc : 1), NULL, false,
+                           false, &cpu, &d)) {
+            fprintf(stderr, "kiln plan: --device cpu: %s\n", d.msg);
+            fe_model_free(m);
+            rc = 1;
+            goto out;
+        }
+        cpu.intra_bw = cpu.bw / 2; /* ranks on one machine share its memory */
+        cpu.inter_bw = 1.25e9;     /* 10 Gb/s Ethernet */
+        dev = &cpu;
+    }
+    CgClusterOpts o = {
+        .gpus = a.gpus, .gpus_per_node = a.gpus_per_node, .tp = a.tp, .pp = a.pp, .dp = a.dp,
+        .zero = a.zero, .micro_batches = a.micro_batches > 0 ? a.micro_batches : 1,
+        .intra_bw = a.intra_bw > 0 ? a.intra_bw : dev->intra_bw,
+        .inter_bw = a.inter_bw > 0 ? a.inter_bw : dev->inter_bw, .alpha_s = 5e-6,
+        .tokens = a.tokens, .goodput = a.goodput, .target_days = a.target_days,
+        .step_time = a.step_time, .no_overlap = a.no_overlap,
+    };
+    bool bf16 = m->train.precision && strcmp(m->train.precision, "bf16") == 0;
+    o.peak = !dev->gpu ? dev->f32 : bf16 ? dev->bf16
+             : m->train.tf32 && strcmp(m->train.tf32, "true") == 0 ? dev->tf32 : dev->f32;
+    PassOpts po;
+    rt_pass_opts(&m->train, &po);
+    po.nranks = a.dp;
+    po.no_overlap = a.no_overlap;
+    po.bucket_bytes = (int64_t)(m->train.bucket_mb * 1048576.0);
+    Variant v;
+    if (!measure(m, &po, dev, &v, &d)) {
+        fprintf(stderr, "%s\n", d.msg);
+        fe_model_free(m);
+        rc = 1;
+        goto out;
+    }
+    if (a.global_batch > 0) {
+        int64_t per = v.m.micro_batch * a.dp;
+        if (a.global_batch % per != 0 || (a.micro_batches > 0 &&
+                                          a.global_batch / per != a.micro_batches)) {
+            fprintf(stderr, "kiln plan: --global-batch %lld is not --dp %d x the model's batch "
+                            "%lld x --micro-batches (expected a multiple of %lld)\n",
+                    (long long)a.global_batch, a.dp, (long long)v.m.micro_batch,
+                    (long long)per);
+            variant_free(&v);
+            fe_model_free(m);
+            rc = 2;
+            goto out;
+        }
+        o.micro_batches = (int)(a.global_batch / per);
+    }
+    CgClusterPlan p;
+    char why[256];
+    if (!cg_cluster_project(&v.m, &o, &p, why, sizeof why)) {
+        fprintf(stderr, "kiln plan: %s\n", why);
+        variant_free(&v);
+        fe_model_free(m);
+        rc = 2;
+        goto out;
+    }
+    cJSON *j = a.json ? plan_json(dev, &o, &v, &p) : NULL;
+    if (!a.json)
+        print_plan(&a, dev, &o, &v, &p);
+
+    /* what-if rows: overlap, two other bucket sizes, each remat policy */
+    cJSON *rows = j ? cJSON_AddArrayToObject(j, "what_if") : NULL;
+    if (!a.json)
+        printf("what if (step; memory per GPU):\n");
+    struct {
+        char name[64];
+        bool recompile;
+        PassOpts po;
+        bool no_overlap;
+    } w[6];
+    int nw = 0;
+    snprintf(w[nw].name, sizeof w[nw].name, "%s", a.no_overlap ? "overlap" : "no overlap");
+    w[nw].recompile = false, w[nw].no_overlap = !a.no_overlap, nw++;
+    for (int k = 0; k < 2; k++) {
+        double mb = m->train.bucket_mb * (k ? 4 : 0.25);
+        snprintf(w[nw].name, sizeof w[nw].name, "bucket_mb=%g", mb);
+        w[nw].po = po, w[nw].po.bucket_bytes = (int64_t)(mb * 1048576.0);
+        w[nw].recompile = true, w[nw].no_overlap = a.no_overlap, nw++;
+    }
+    const int pol[3] = {REMAT_NONE, REMAT_SELECTIVE, REMAT_FULL};
+    for (int k = 0; k < 3; k++) {
+        snprintf(w[nw].name, sizeof w[nw].name, "remat=%s", pass_remat_policy_name(pol[k]));
+        w[nw].po = po, w[nw].po.remat = pol[k], w[nw].po.memory_budget = 0;
+        w[nw].recompile = true, w[nw].no_overlap = a.no_overlap, nw++;
+    }
+    for (int k = 0; k < nw; k++) {
+        Variant vw;
+        CgClusterOpts ow = o;
+        ow.no_overlap = w[k].no_overlap;
+        ow.step_time = 0; /* what-ifs are predictions */
+        bool ok = w[k].recompile ? measure(m, &w[k].po, dev, &vw, &d) : true;
+        const Variant *use = w[k].recompile ? &vw : &v;
+        CgClusterPlan pw;
+        if (ok)
+            ok = cg_cluster_project(&use->m, &ow, &pw, why, sizeof why);
+        char x[32], y[32], e[32];
+        if (ok) {
+            fmt_s(x, sizeof x, pw.step_predicted);
+            fmt_s(e, sizeof e, pw.t_dp_exposed);
+            fmt_bytes(y, sizeof y, pw.mem_total);
+            if (!a.json)
+                printf("  %-22s step %s (exposed DP %s), %s per GPU\n", w[k].name, x, e, y);
+            else {
+                cJSON *r = cJSON_CreateObject();
+                cJSON_AddStringToObject(r, "name", w[k].name);
+                cJSON_AddNumberToObject(r, "step_s", pw.step_predicted);
+                cJSON_AddNumberToObject(r, "dp_exposed_s", pw.t_dp_exposed);
+                cJSON_AddNumberToObject(r, "memory_per_gpu", pw.mem_total);
+                cJSON_AddItemToArray(rows, r);
+            }
+        } else if (!a.json) {
+            printf("  %-22s cannot compile: %s\n", w[k].name, d.msg);
+        }
+        if (w[k].recompile && ok)
+            variant_free(&vw);
+    }
+    if (j) {
+        char *text = cJSON_Print(j);
+        printf("%s\n", text);
+        free(text);
+        cJSON_Delete(j);
+    }
+    variant_free(&v);
+    fe_model_free(m);
+    rc = 0;
+out:
+    vec_free(&a.sets);
+    return rc;
+}

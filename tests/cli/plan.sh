@@ -1,0 +1,49 @@
+#!/bin/bash
+# kiln plan: issue 17's worked example through the command line (1,920 x
+# 8,192 tokens per step, a 10T budget, goodput 0.9, --step-time 12 and 10,
+# --target-days 76), --json, the what-if rows, and a layout that does not
+# add up (exit 2, a message naming the flags).
+set -u
+: "${KILN:?}"
+dir=$(mktemp -d "${TMPDIR:-/tmp}/kiln-plan-XXXXXX")
+trap 'rm -rf "$dir"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+common=(models/gpt.lua --set T=8192 --set batch=1 --device b200 --gpus 5120 --tp 8 --pp 8
+        --global-batch 1920 --tokens 10T --goodput 0.9 --target-days 76)
+
+out=$("$KILN" plan "${common[@]}" --step-time 12 2>&1) || fail "plan: $out"
+echo "$out"
+echo "$out" | grep -q '^plan: 5120 x b200 (8 per node), tp 8 x pp 8 x dp 80, zero 0, 24 micro-batches' ||
+    fail "layout line"
+echo "$out" | grep -q '^throughput: 15728640 tokens per step, 1310720 tokens/s' || fail "throughput at 12 s"
+echo "$out" | grep -q '^end date: 635782 steps to 1e+13 tokens; 88.30 days of steps, 98.11 days at goodput 0.90' ||
+    fail "end date at 12 s"
+echo "$out" | grep -q '^  to finish in 76.00 days: 9.30 s per step' || fail "target days"
+echo "$out" | grep -q '^  step 12.000 s (--step-time; replaces the prediction)' || fail "step line"
+for w in "no overlap" "bucket_mb=1 " "bucket_mb=16 " "remat=none" "remat=selective" "remat=full"; do
+    echo "$out" | grep -q "^  $w *step [0-9.]* \(ms\|s\|us\) (exposed DP" || fail "what-if row '$w'"
+done
+out=$("$KILN" plan "${common[@]}" --step-time 10 2>&1) || fail "plan at 10 s: $out"
+echo "$out" | grep -q '1572864 tokens/s' || fail "tokens/s at 10 s"
+echo "$out" | grep -q '73.59 days of steps, 81.76 days at goodput 0.90' || fail "end date at 10 s"
+
+"$KILN" plan "${common[@]}" --step-time 12 --json >"$dir/plan.json" 2>&1 || fail "--json: $(cat "$dir/plan.json")"
+for kv in '"steps":	635782' '"tokens_per_step":	15728640' '"tp":	8' '"dp":	80' '"what_if":'; do
+    grep -qF "$kv" "$dir/plan.json" || fail "--json lacks $kv: $(head -c 800 "$dir/plan.json")"
+done
+if command -v python3 >/dev/null; then
+    python3 -c "import json,sys; d=json.load(open(sys.argv[1])); assert abs(d['days']-88.3031)<1e-3, d['days']" \
+        "$dir/plan.json" || fail "--json is not valid JSON with the right days"
+fi
+
+"$KILN" plan models/gpt.lua --gpus 64 --tp 8 --pp 8 --dp 2 >"$dir/err" 2>&1
+rc=$?
+[ $rc -eq 2 ] || fail "a layout that does not add up exited $rc (expected 2)"
+grep -q -- '--tp 8 x --pp 8 x --dp 2 must equal --gpus 64' "$dir/err" || fail "message: $(cat "$dir/err")"
+"$KILN" plan models/gpt.lua --set batch=1 --dp 8 --global-batch 12 >"$dir/err" 2>&1
+rc=$?
+[ $rc -eq 2 ] || fail "--global-batch 12 over dp 8 exited $rc (expected 2)"
+grep -q 'expected a multiple of 8' "$dir/err" || fail "message: $(cat "$dir/err")"
+"$KILN" plan models/gpt.lua --tokens lots >"$dir/err" 2>&1
+[ $? -eq 2 ] && grep -q -- "--tokens expects a count such as 10T" "$dir/err" || fail "--tokens lots: $(cat "$dir/err")"
+echo "plan: ok"

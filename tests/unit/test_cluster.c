@@ -1,0 +1,182 @@
+/* test_cluster.c - the cluster projection behind `kiln plan`
+ * (codegen/cluster.c): the worked example of issue 17 to the printed
+ * digit, and the invariants any such model must keep (more bandwidth is
+ * never slower, overlap never slower than none, memory per GPU falls as
+ * TP, PP and ZeRO grow). */
+#include "testutil.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "codegen.h"
+
+/* A model with numbers of the right order for a 500B-class decoder: the
+ * figures are inputs, not the subject of the test. */
+static const double bucket_bytes[4] = {4e9, 4e9, 4e9, 4e9};
+static const double bucket_ready[4] = {30, 60, 90, 118};
+
+static CgClusterModel model(void)
+{
+    return (CgClusterModel){
+        .nparams = 5e11, .seq_len = 8192, .d_model = 16384, .layers = 96, .micro_batch = 1,
+        .act_dtype_bytes = 2, .param_bytes = 2e12, .grad_bytes = 2e12, .opt_bytes = 4e12,
+        .act_bytes = 6e12, .fwd_bwd_s = 120, .forward_s = 40, .opt_s = 3,
+        .backward_end_s = 120, .nbuckets = 4, .bucket_bytes = bucket_bytes,
+        .bucket_ready_s = bucket_ready};
+}
+
+static CgClusterOpts layout(void)
+{
+    return (CgClusterOpts){.gpus = 5120, .gpus_per_node = 8, .tp = 8, .pp = 8, .dp = 80,
+                           .micro_batches = 24, .intra_bw = 900e9, .inter_bw = 50e9,
+                           .alpha_s = 5e-6, .peak = 2250e12, .tokens = 10e12, .goodput = 0.9};
+}
+
+static CgClusterPlan project(const CgClusterModel *m, const CgClusterOpts *o)
+{
+    CgClusterPlan p;
+    char why[256];
+    if (!cg_cluster_project(m, o, &p, why, sizeof why))
+        fail_msg("cg_cluster_project: %s", why);
+    return p;
+}
+
+static void digits(double got, const char *fmt, const char *want, const char *what)
+{
+    char buf[64];
+    snprintf(buf, sizeof buf, fmt, got);
+    if (strcmp(buf, want) != 0)
+        fail_msg("%s: %s (expected %s)", what, buf, want);
+}
+
+/* 1,920 x 8,192 tokens per step, a 10T budget, goodput 0.9 */
+static void test_worked_example(void **state)
+{
+    (void)state;
+    CgClusterModel m = model();
+    CgClusterOpts o = layout();
+    o.step_time = 12;
+    o.target_days = 76;
+    CgClusterPlan p = project(&m, &o);
+    digits(p.tokens_per_step, "%.0f", "15728640", "tokens per step");
+    assert_int_equal(p.steps, 635782);
+    digits(p.tokens_per_s, "%.0f", "1310720", "tokens/s at 12 s");
+    digits(p.days, "%.2f", "88.30", "days at 12 s");
+    digits(p.days_goodput, "%.2f", "98.11", "days at 12 s, goodput 0.9");
+    digits(p.step_for_target, "%.2f", "9.30", "step for 76 days");
+    o.step_time = 10;
+    CgClusterPlan q = project(&m, &o);
+    digits(q.tokens_per_s, "%.0f", "1572864", "tokens/s at 10 s");
+    digits(100 * (q.tokens_per_s / p.tokens_per_s - 1), "%.0f", "20", "gain, %");
+    digits(q.days, "%.2f", "73.59", "days at 10 s");
+    digits(q.days_goodput, "%.2f", "81.76", "days at 10 s, goodput 0.9");
+}
+
+static void test_layout_checked(void **state)
+{
+    (void)state;
+    CgClusterModel m = model();
+    CgClusterOpts o = layout();
+    o.dp = 79;
+    CgClusterPlan p;
+    char why[256] = "";
+    assert_false(cg_cluster_project(&m, &o, &p, why, sizeof why));
+    assert_non_null(strstr(why, "must equal --gpus 5120"));
+}
+
+static void test_bandwidth_never_slower(void **state)
+{
+    (void)state;
+    CgClusterModel m = model();
+    CgClusterOpts o = layout();
+    double last = INFINITY;
+    for (double bw = 12.5e9; bw <= 800e9; bw *= 2) {
+        o.inter_bw = bw;
+        CgClusterPlan p = project(&m, &o);
+        if (!(p.step_predicted <= last))
+            fail_msg("inter-node %g B/s: step %g s, slower than %g s at half of it", bw,
+                     p.step_predicted, last);
+        last = p.step_predicted;
+    }
+    o = layout();
+    last = INFINITY;
+    for (double bw = 50e9; bw <= 3200e9; bw *= 2) {
+        o.intra_bw = bw;
+        CgClusterPlan p = project(&m, &o);
+        assert_true(p.step_predicted <= last);
+        last = p.step_predicted;
+    }
+}
+
+static void test_overlap_never_slower(void **state)
+{
+    (void)state;
+    CgClusterModel m = model();
+    for (int zero = 0; zero <= 1; zero++)
+        for (double bw = 5e9; bw <= 500e9; bw *= 10) {
+            CgClusterOpts o = layout();
+            o.zero = zero;
+            o.inter_bw = bw;
+            CgClusterPlan on = project(&m, &o);
+            o.no_overlap = true;
+            CgClusterPlan off = project(&m, &o);
+            if (!(on.step_predicted <= off.step_predicted && on.t_dp_exposed <= off.t_dp_exposed))
+                fail_msg("zero %d, %g B/s: overlap %g s, no overlap %g s", zero, bw,
+                         on.step_predicted, off.step_predicted);
+            /* without overlap every byte waits for backward to end */
+            if (!zero)
+                assert_true(fabs(off.t_dp_exposed - off.t_dp) <= 1e-12 * off.t_dp);
+        }
+}
+
+static void test_memory_falls(void **state)
+{
+    (void)state;
+    CgClusterModel m = model();
+    CgClusterOpts o = layout();
+    o.tp = 1, o.pp = 1, o.dp = 5120;
+    double last = project(&m, &o).mem_total;
+    const int tp[] = {2, 4, 8};
+    for (int i = 0; i < 3; i++) {
+        o.tp = tp[i], o.dp = 5120 / tp[i];
+        double now = project(&m, &o).mem_total;
+        if (!(now < last))
+            fail_msg("tp %d: %g bytes per GPU, not below %g", tp[i], now, last);
+        last = now;
+    }
+    for (int pp = 2; pp <= 8; pp *= 2) {
+        o.pp = pp, o.dp = 5120 / (o.tp * pp);
+        double now = project(&m, &o).mem_total;
+        if (!(now < last))
+            fail_msg("pp %d: %g bytes per GPU, not below %g", pp, now, last);
+        last = now;
+    }
+    CgClusterPlan z0 = project(&m, &o);
+    o.zero = 1;
+    CgClusterPlan z1 = project(&m, &o);
+    assert_true(z1.mem_total < z0.mem_total);
+    assert_true(fabs(z1.mem_opt * o.dp - z0.mem_opt) <= 1e-9 * z0.mem_opt);
+}
+
+static void test_ring(void **state)
+{
+    (void)state;
+    /* 2(n-1) alpha + 2(n-1)/n bytes / bw */
+    assert_true(fabs(cg_ring_allreduce(1e9, 4, 1e9, 1e-6) - (6e-6 + 1.5)) < 1e-12);
+    assert_true(fabs(cg_ring_half(1e9, 4, 1e9, 1e-6) - (3e-6 + 0.75)) < 1e-12);
+    assert_true(cg_ring_allreduce(1e9, 1, 1e9, 1e-6) == 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_worked_example),
+        cmocka_unit_test(test_layout_checked),
+        cmocka_unit_test(test_bandwidth_never_slower),
+        cmocka_unit_test(test_overlap_never_slower),
+        cmocka_unit_test(test_memory_falls),
+        cmocka_unit_test(test_ring),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
