@@ -19,7 +19,7 @@
  *
  * This module links nothing of kilncore: what it needs from kiln comes
  * through RtCudaHost; codegen.h and runtime.h are read for types only. */
-#include "codegen.h"
+#include "cg_cuda.h"
 #include "runtime.h"
 #include "cuda_module.h"
 #include "cuda_nccl.h"

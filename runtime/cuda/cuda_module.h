@@ -5,7 +5,7 @@
 #ifndef KILN_CUDA_MODULE_H
 #define KILN_CUDA_MODULE_H
 
-#include "codegen.h"
+#include "cg_cuda.h"
 #include "runtime.h"
 
 #include <stddef.h>

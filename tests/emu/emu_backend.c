@@ -9,7 +9,7 @@
  * Allreduce steps are identities (one rank). */
 #include "emu_backend.h"
 
-#include "codegen.h"
+#include "cg_cuda.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -15,7 +15,7 @@
  * The module (libkiln_cuda.so) is found beside $KILN_BIN. Where no CUDA
  * toolkit is installed the module is not built and the test is skipped; on
  * a machine with the toolkit a missing module fails. */
-#include "codegen.h"
+#include "cg_cuda.h"
 #include "frontend.h"
 #include "runtime.h"
 #include "testutil.h"
