@@ -2,7 +2,8 @@
  * codegen.h - from a scheduled graph and its memory plan to a Plan: buffers
  * (arena offsets), kernels (a target-neutral description plus printed
  * source) and steps (kernel launch, GEMM, copy). The public header of
- * codegen/.
+ * codegen/; its CUDA half (the CUDA C printer and a plan's CUDA program) is
+ * cg_cuda.h.
  *
  * A kernel description (CgKernel) is what every printer reads: the C printer
  * here and the CUDA C printer share the expression printer (cg_print_expr)
@@ -201,7 +202,7 @@ typedef struct {
     const char *const *iover;
 } CgTarget;
 /* Whether cg_print_expr prints let-bound expressions as locals for target t
- * (the C target does; any other prints them inline). */
+ * (the C and CUDA targets do; any other prints them inline). */
 bool cg_target_lets(const CgTarget *t);
 extern const CgTarget cg_target_c;
 /* Appends the expression's source to *buf (a growable string). */
@@ -387,132 +388,6 @@ static inline bool cg_epilogue_has_bgrad(CgEpilogue e)
  * line per GEMM step that carries one (step, op, shape, kind, tensors). */
 void cg_plan_print_epilogues(const CgPlan *p, FILE *f, bool each);
 
-/* ---- cuda.c: the CUDA C printer (NVRTC) --------------------------------
- * Each CgLoop of a kernel becomes one __global__ function NAME_lI, launched
- * in order. A loop whose inner dims are large (a reduction over many
- * elements, stores over a long row) runs one block per outer index (threads
- * share the inner dims, block-wide tree reductions, results broadcast to
- * every thread); a column loop (CgLoop.col) with long columns runs in tiles
- * of 32 columns by 8 row groups (partials meet in shared memory); any other
- * loop runs one thread per outer index with the inner dims as plain loops.
- * Buffers stored as bf16 are computed in f32 and rounded when stored;
- * accumulators are f32 (never bf16). Accumulating stores are atomic. Phase
- * lets are locals; in a store phase each store follows the lets it needs
- * (lets that read a buffer come before any store to it). Kernels that draw random
- * numbers take a device pointer to {seed, step} after the buffers (so a
- * captured CUDA graph sees each step's values). The source is
- * self-contained: no headers, no include path. */
-typedef struct {
-    char *name;       /* __global__ function */
-    int kernel;       /* plan kernel index */
-    bool rows;        /* one block per outer index */
-    bool cols;        /* column tiles: 32 outer indices x 8 row groups per block;
-                         neither: one thread per outer index */
-    int64_t n;        /* outer iterations */
-    int threads;      /* block size */
-    int64_t blocks;   /* grid size (grid-stride loops cover n) */
-    int nparam;       /* the function takes pointers to the buffers of kernel
-                         params param[0..nparam) (ascending: the params its
-                         loop reads or writes), then, when rand, the
-                         {seed, step} pointer */
-    int *param;
-    bool rand;
-} CgCudaFn;
-
-/* A copy step in the device arena's terms (CgCudaProgram.copy). */
-typedef struct {
-    int64_t dst, src, bytes;
-} CgCudaCopy;
-
-typedef struct CgCudaProgram {
-    const struct CgPlan *plan; /* borrowed */
-    char *source;      /* the whole translation unit */
-    VEC(CgCudaFn) fn;
-    int *step_fn;      /* per plan step: first fn of a kernel step (its fns are
-                          consecutive), -1 for other steps */
-    int *step_nfn;     /* per plan step: number of fns */
-    DType *storage;    /* per tensor id: dtype of its buffer in device memory */
-    bool bf16;         /* mixed precision: eligible activations stored as bf16 */
-    /* The device arena: plan->mem when every buffer keeps its dtype, else
-     * (bf16) the same storages and live ranges re-planned with the storage
-     * dtypes' sizes (pass_memplan_storage), so bf16 activations take half
-     * the bytes. Offsets of params, state and inputs are the plan's; graph
-     * outputs and other temps may move. */
-    MemPlan *mem;
-    CgCudaCopy *copy;  /* per plan step: a CG_STEP_COPY in mem's offsets */
-    /* Host reads and writes name plan offsets (cg_offset): the graph
-     * outputs' plan offsets (src) and device offsets (dst), bytes = size */
-    CgCudaCopy *outs;
-    int nouts;
-    /* Per plan step: the epilogue the GEMM applies on the device (see
-     * cg_cuda_program), CG_EPI_NONE for none and for other steps. */
-    CgEpilogue *epi;
-} CgCudaProgram;
-
-/* A GELU_AUX_BIAS / DGELU* pair (CgGemm.pair) runs both epilogues or
- * neither: drops the one whose partner is dropped (epi[] per plan step,
- * CG_EPI_NONE: none). */
-static inline void cg_cuda_pair_epilogues(const struct CgPlan *p, CgEpilogue *epi)
-{
-    for (int s = 0; s < p->steps.n; s++) {
-        int pr = p->steps.v[s].kind == CG_STEP_GEMM ? p->steps.v[s].gemm.pair : -1;
-        if (pr >= 0 && (epi[s] == CG_EPI_NONE || epi[pr] == CG_EPI_NONE))
-            epi[s] = epi[pr] = CG_EPI_NONE;
-    }
-}
-
-/* Whether plan step s is replaced by the epilogue its GEMM (by_epilogue)
- * applies, given the epilogue each GEMM step applies (epi[], as
- * CgCudaProgram.epi after a backend's own refusals): a bias-gradient
- * reduction only when the applied epilogue computes the bias gradient. */
-static inline bool cg_cuda_step_replaced(const struct CgPlan *p, const CgEpilogue *epi, int s)
-{
-    int by = p->steps.v[s].by_epilogue;
-    if (by < 0 || epi[by] == CG_EPI_NONE)
-        return false;
-    CgEpilogue planned = p->steps.v[by].gemm.epilogue;
-    bool bgrad_step = planned == CG_EPI_BGRAD_A || planned == CG_EPI_BGRAD_B ||
-                      (planned == CG_EPI_DGELU_BGRAD && s != by + 1);
-    return !bgrad_step || cg_epilogue_has_bgrad(epi[by]);
-}
-
-/* The device arena offset of host access [off, off + bytes) given in the
- * plan's offsets: the persistent region is the same in both; a graph output
- * moves with its storage; -1 for anything else. Inline: the CUDA module
- * links nothing of kiln's own libraries. */
-static inline int64_t cg_cuda_host_offset(const CgCudaProgram *q, int64_t off, int64_t bytes)
-{
-    if (off + bytes <= q->mem->persistent_bytes)
-        return off;
-    for (int i = 0; i < q->nouts; i++)
-        if (off >= q->outs[i].src && off + bytes <= q->outs[i].src + q->outs[i].bytes)
-            return q->outs[i].dst + (off - q->outs[i].src);
-    return -1;
-}
-
-/* Prints every kernel the plan's steps launch, and decides the GEMM
- * epilogues the device applies (CgCudaProgram.epi): the plan's, where c, d
- * and aux share D's storage type (f32, or bf16: the backend then passes a
- * bf16 copy of the f32 bias, cuBLASLt's bias having D's type), the GELU
- * input's leading dimension is a multiple of 8, and the writes are safe in
- * the device arena (cg_epilogue_safe); a bias gradient only into an f32 D
- * (in bf16 DGELU_BGRAD becomes DGELU and the f32 reduction runs as planned,
- * so the gradient is not rounded to bf16); pairs both or neither.
- * bf16: store float temps that
- * are activations (not reduce results, scatter results, values computed
- * from constants and indices only, graph outputs, update values, optimizer
- * inputs or anything sharing storage with them) as bf16; kernels shared by
- * steps with different storage or aliasing get one variant each. Also emits
- * kiln_cast_f32_bf16(const float*, bf16*, n) for GEMM operands. */
-CgCudaProgram *cg_cuda_program(const CgPlan *p, bool bf16);
-void cg_cuda_program_free(CgCudaProgram *q);
-/* Appends kernel k's functions (storage[i]: dtype of param i in memory;
- * NULL: the params' own), filling fn (k->loops.n entries). */
-void cg_print_cuda_kernel(CgBuf *b, const CgKernel *k, const char *name, const DType *storage,
-                          CgCudaFn *fn);
-extern const char cg_cuda_prelude[];
-extern const CgTarget cg_target_cuda;
-
 /* ---- cpu_work.c: how the CPU backend splits a step over threads ---------- */
 /* A kernel below CG_MIN_KERNEL_WORK element-operations runs on the calling
  * thread alone (32768 elements of an add: 2 loads, the add: cost 4); a
@@ -587,7 +462,8 @@ typedef struct {
 /* Predicts every launch of plan p on dev: with q (cg_cuda_program) the CUDA
  * program's functions, grids and storage types; q NULL: the CPU backend's
  * kernels and GEMMs. */
-CgPrediction *cg_predict(const CgPlan *p, const CgCudaProgram *q, const CgDevice *dev,
+struct CgCudaProgram; /* cg_cuda.h */
+CgPrediction *cg_predict(const CgPlan *p, const struct CgCudaProgram *q, const CgDevice *dev,
                          const CgPredictOpts *o);
 void cg_prediction_free(CgPrediction *r);
 /* The step, its parts, MFU of model_flops (the step without recomputation),

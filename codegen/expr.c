@@ -1,6 +1,7 @@
 /* expr.c - kernel expressions: builders, the table of op spellings, and the
  * expression printer every target shares. */
 #include "codegen.h"
+#include "cg_cuda.h" /* cg_target_cuda */
 
 #include <math.h>
 #include <stdlib.h>

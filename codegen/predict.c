@@ -23,6 +23,7 @@
  * On the CPU a kernel step is one "launch": its parts run on `units`
  * threads when the kernel is parallel (one otherwise), a GEMM on all of them
  * at the device's measured GEMM rate. */
+#include "cg_cuda.h"
 #include "codegen.h"
 
 #include <math.h>

@@ -1,7 +1,7 @@
 /* device.c - choosing a backend by --device, and loading the CUDA backend
  * module (libkiln_cuda.so) with dlopen. kiln links no CUDA library: the
  * module links NVRTC and cuBLASLt and opens the driver itself. */
-#include "codegen.h"
+#include "cg_cuda.h"
 #include "runtime.h"
 #include "cpu.h"
 

@@ -6,6 +6,7 @@
  * backend's device events where it records them, else on the host with a
  * synchronisation after every step. */
 #include "codegen.h"
+#include "cg_cuda.h" /* rt_dump_kernels: the CUDA C of each kernel */
 #include "runtime.h"
 #include "dist.h"
 

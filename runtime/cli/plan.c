@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "cg_cuda.h"
 #include "codegen.h"
 #include "cpu.h"
 #include "train.h"

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "cg_cuda.h"
 #include "codegen.h"
 #include "cpu.h"
 

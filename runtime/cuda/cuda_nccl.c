@@ -23,7 +23,7 @@
  *
  * The driver functions used here are looked up in libcuda.so.1 again (the
  * backend has opened it already; dlopen only counts a reference). */
-#include "cuda_nccl.h"
+#include "cuda_module.h"
 
 #include <dlfcn.h>
 #include <nccl.h>

@@ -34,7 +34,8 @@ void emu_opts_default(EmuOpts *o);
 /* Call first in main(): when the process lacks the AddressSanitizer runtime
  * that sanitized kernel modules need, re-executes it with libasan preloaded
  * (ASAN_OPTIONS=detect_leaks=0 unless set); then removes LD_PRELOAD from the
- * environment so that compilers started later run without it. */
+ * environment so that compilers started later run without it. Exits 77
+ * (skipped) when the host C++ compiler (KILN_EMU_CXX) does not run. */
 void emu_init(char **argv);
 
 /* Compiles and loads source; on failure NULL with the compiler's output in

@@ -6,10 +6,18 @@
  * program's own kiln_cast_f32_bf16 kernel first) and f32 or bf16 results
  * rounded to nearest even, and the GEMM epilogues the CUDA backend applies
  * (same rules; computed as cuBLASLt defines them, see CgEpilogue).
- * Allreduce steps are identities (one rank). */
+ * Allreduce steps are identities (one rank).
+ *
+ * What the backend decides is not restated here: the GEMM's operand and
+ * result types, the casts, the tensor each epilogue writes and reads, which
+ * epilogues apply (with their pairs and the steps they replace) and where a
+ * host access lands come from runtime/cuda/gemm_plan.c, the file the CUDA
+ * module links; only cuBLASLt's refusals are the emulator's own
+ * (EmuBackendCfg.refuse_epilogues). */
 #include "emu_backend.h"
 
-#include "codegen.h"
+#include "cg_cuda.h"
+#include "gemm_plan.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -33,9 +41,7 @@ void emu_backend_configure(const EmuBackendCfg *c)
 typedef struct {
     unsigned char **ptr; /* per kernel param: its buffer */
     int64_t *bytes; /* per param: bytes of its buffer (storage dtype) */
-    bool cast_a, cast_b;
-    bool epi;  /* GEMM: applies an epilogue (BackendCtx.epi) */
-    bool skip; /* kernel: computed by an applied epilogue (CgStep.by_epilogue) */
+    KcGemmForm form; /* GEMM: how it runs with the epilogue it applies */
 } EStep;
 
 struct BackendCtx {
@@ -48,6 +54,7 @@ struct BackendCtx {
     bool bf16;
     int nepi[CG_EPI__COUNT]; /* GEMM steps applying each epilogue */
     CgEpilogue *epi;         /* per step: the epilogue its GEMM applies */
+    bool *skip;              /* per step: computed by an applied epilogue */
     char *src; /* the source actually compiled (after cfg.edit) */
 };
 
@@ -62,6 +69,7 @@ static void emu_destroy(BackendCtx *c)
         }
     free(c->st);
     free(c->epi);
+    free(c->skip);
     emu_free(c->m);
     if (c->q)
         cg_cuda_program_free(c->q);
@@ -77,11 +85,12 @@ static unsigned char *tptr(const BackendCtx *c, int tensor)
     return c->arena + c->q->mem->offset[tensor]; /* the device arena (CgCudaProgram.mem) */
 }
 
-/* Which epilogue each GEMM step applies, as the CUDA backend decides: the
- * program's (CgCudaProgram.epi), unless the (emulated) heuristic has no
- * algorithm for it (EmuBackendCfg.refuse_epilogues), then neither it nor
- * its pair; marks the steps they replace. */
-static void plan_epilogues(BackendCtx *c)
+/* Which epilogue each GEMM step applies, as the CUDA backend decides
+ * (kc_gemm_settle): the program's (CgCudaProgram.epi), unless the
+ * (emulated) heuristic has no algorithm for it
+ * (EmuBackendCfg.refuse_epilogues), then neither it nor its pair; marks the
+ * steps they replace. Then each GEMM's form with it (kc_gemm_form). */
+static bool plan_gemms(BackendCtx *c, Diag *d)
 {
     const CgPlan *p = c->p;
     for (int s = 0; s < p->steps.n; s++) {
@@ -89,13 +98,16 @@ static void plan_epilogues(BackendCtx *c)
         if ((cfg.refuse_epilogues >> c->epi[s]) & 1u)
             c->epi[s] = CG_EPI_NONE;
     }
-    cg_cuda_pair_epilogues(p, c->epi);
+    kc_gemm_settle(p, c->epi, c->skip);
     for (int s = 0; s < p->steps.n; s++) {
-        c->st[s].epi = c->epi[s] != CG_EPI_NONE;
-        c->st[s].skip = cg_cuda_step_replaced(p, c->epi, s);
-        if (c->st[s].epi)
+        if (p->steps.v[s].kind != CG_STEP_GEMM)
+            continue;
+        if (!kc_gemm_form(c->q, s, c->epi[s], &c->st[s].form, d->msg, sizeof d->msg))
+            return false;
+        if (c->epi[s] != CG_EPI_NONE)
             c->nepi[c->epi[s]]++;
     }
+    return true;
 }
 
 static BackendCtx *emu_create(const CgPlan *p, const ExecOpts *o, Diag *d)
@@ -132,6 +144,7 @@ static BackendCtx *emu_create(const CgPlan *p, const ExecOpts *o, Diag *d)
         goto fail;
     c->st = xcalloc((size_t)p->steps.n + 1, sizeof(EStep));
     c->epi = xcalloc((size_t)p->steps.n + 1, sizeof(CgEpilogue));
+    c->skip = xcalloc((size_t)p->steps.n + 1, sizeof(bool));
     for (int s = 0; s < p->steps.n; s++) {
         const CgStep *st = &p->steps.v[s];
         EStep *es = &c->st[s];
@@ -154,16 +167,10 @@ static BackendCtx *emu_create(const CgPlan *p, const ExecOpts *o, Diag *d)
                     goto fail;
                 }
             }
-        } else if (st->kind == CG_STEP_GEMM) {
-            const CgGemm *m = &st->gemm;
-            DType sa = c->q->storage[m->a], sb = c->q->storage[m->b];
-            if (c->bf16 || sa == DT_BF16 || sb == DT_BF16) {
-                es->cast_a = sa != DT_BF16;
-                es->cast_b = sb != DT_BF16;
-            }
         }
     }
-    plan_epilogues(c);
+    if (!plan_gemms(c, d))
+        goto fail;
     return c;
 fail:
     emu_destroy(c);
@@ -171,14 +178,13 @@ fail:
 }
 
 /* Host accesses name plan offsets; as the CUDA backend, they are moved to the
- * device arena's (cg_cuda_host_offset) and anything else is a bug. */
+ * device arena's (kc_host_offset) and anything else is a bug. */
 static int64_t host_offset(const BackendCtx *c, int64_t off, int64_t bytes)
 {
-    int64_t o = cg_cuda_host_offset(c->q, off, bytes);
+    char why[256];
+    int64_t o = kc_host_offset(c->q, off, bytes, why, sizeof why);
     if (o < 0)
-        die("emu: host access to [%lld, +%lld) of the plan's arena: not a param, input, state "
-            "or graph output",
-            (long long)off, (long long)bytes);
+        die("emu: %s", why);
     return o;
 }
 
@@ -247,56 +253,49 @@ static double dgelu(double x)
 }
 
 /* C = op(A) op(B), row-major, batched; products and sums in double, the
- * result rounded to C's storage type; an applied epilogue as cuBLASLt
- * defines it (see CgEpilogue), on the product rounded to f32. */
+ * result rounded to D's storage type; an applied epilogue as cuBLASLt
+ * defines it (see CgEpilogue), on the product rounded to f32. The form
+ * (types, casts, the tensors written and read) is the backend's
+ * (kc_gemm_form). */
 static bool run_gemm(BackendCtx *c, int s, Diag *d)
 {
     const CgStep *st = &c->p->steps.v[s];
-    const EStep *es = &c->st[s];
+    const KcGemmForm *f = &c->st[s].form;
     const CgGemm *m = &st->gemm;
     const Graph *g = c->p->g;
-    DType sa = c->q->storage[m->a], sb = c->q->storage[m->b], sc = c->q->storage[m->c];
-    if ((sa != DT_F32 && sa != DT_BF16) || (sb != DT_F32 && sb != DT_BF16) ||
-        (sc != DT_F32 && sc != DT_BF16)) {
-        snprintf(d->msg, sizeof d->msg, "emu: gemm of op %d: only f32 and bf16 matrices", st->op);
-        return false;
-    }
     const void *A = tptr(c, m->a), *B = tptr(c, m->b);
     uint16_t *ca = NULL, *cb = NULL;
-    bool abf = sa == DT_BF16, bbf = sb == DT_BF16;
-    if (es->cast_a) {
+    bool abf = f->bf16_in, bbf = f->bf16_in;
+    if (f->cast_a) {
         if (!(ca = cast_bf16(c, A, numel(g, m->a), d)))
             return false;
         A = ca;
-        abf = true;
     }
-    if (es->cast_b) {
+    if (f->cast_b) {
         if (!(cb = cast_bf16(c, B, numel(g, m->b), d))) {
             free(ca);
             return false;
         }
         B = cb;
-        bbf = true;
     }
     CgEpilogue e = c->epi[s];
     bool gelu_e = e == CG_EPI_GELU_BIAS || e == CG_EPI_GELU_AUX_BIAS;
     bool dgelu_e = e == CG_EPI_DGELU || e == CG_EPI_DGELU_BGRAD;
-    unsigned char *C = tptr(c, e == CG_EPI_BIAS || gelu_e || dgelu_e ? m->d : m->c);
-    /* D's type (c, d and aux share it, CgCudaProgram.epi); cuBLASLt's bias
-     * has D's type: a bf16 D reads the f32 bias rounded to bf16, as the
-     * backend's copy */
-    DType sd = c->q->storage[e == CG_EPI_BIAS || gelu_e || dgelu_e ? m->d : m->c];
+    unsigned char *C = tptr(c, f->out);
+    /* D's type (c, d and aux share it, CgCudaProgram.epi); a bf16 D reads
+     * the f32 bias rounded to bf16, as the backend's copy (bias16) */
+    DType sd = f->out_bf16 ? DT_BF16 : DT_F32;
     float *bias = NULL;
-    if (e == CG_EPI_BIAS || gelu_e) {
+    if (f->bias >= 0) {
         bias = xmalloc(sizeof(float) * (size_t)(m->N + 1));
-        const float *b32 = (const float *)tptr(c, m->bias);
+        const float *b32 = (const float *)tptr(c, f->bias);
         for (int64_t j = 0; j < m->N; j++)
-            bias[j] = sd == DT_BF16 ? bf2f(f2bf(b32[j])) : b32[j];
+            bias[j] = f->bias16 ? bf2f(f2bf(b32[j])) : b32[j];
     }
-    unsigned char *aux = e == CG_EPI_GELU_AUX_BIAS ? tptr(c, m->aux) : NULL;
-    const unsigned char *pre = dgelu_e ? tptr(c, m->aux) : NULL;
+    unsigned char *aux = e == CG_EPI_GELU_AUX_BIAS ? tptr(c, f->aux) : NULL;
+    const unsigned char *pre = dgelu_e ? tptr(c, f->aux) : NULL;
     int64_t nbg = e == CG_EPI_BGRAD_A ? m->M : m->N;
-    double *bg = cg_epilogue_has_bgrad(e) ? xcalloc((size_t)nbg + 1, sizeof(double)) : NULL;
+    double *bg = f->bgrad >= 0 ? xcalloc((size_t)nbg + 1, sizeof(double)) : NULL;
     /* bias gradients: every row (k, or m), but the last one under the fault */
     int64_t lastrow = cfg.epi_fault == EMU_EPI_BGRAD_SHORT ? 1 : 0;
     for (int64_t b = 0; b < m->batch; b++)
@@ -347,7 +346,7 @@ static bool run_gemm(BackendCtx *c, int s, Diag *d)
                              : (double)((const float *)X)[k * ld + j];
     }
     if (bg) {
-        float *out = (float *)tptr(c, m->bgrad);
+        float *out = (float *)tptr(c, f->bgrad);
         for (int64_t j = 0; j < nbg; j++)
             out[j] = (float)bg[j];
         free(bg);
@@ -367,7 +366,7 @@ static bool emu_run_step(BackendCtx *c, int s, uint64_t seed, int64_t step, Diag
     }
     switch (st->kind) {
     case CG_STEP_KERNEL: {
-        if (c->st[s].skip)
+        if (c->skip[s])
             return true;
         /* While a function runs, only the buffers it takes (and {seed,
          * step}) are addressable: a kernel that strays into a neighbour in

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cg_cuda.h"
 #include "codegen.h"
 #include "passes.h"
 

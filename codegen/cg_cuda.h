@@ -1,0 +1,171 @@
+/*
+ * cg_cuda.h - codegen's CUDA half: the CUDA C printer (cuda_print.c) and the
+ * CUDA program of a plan (cuda_plan.c: storage types, the device arena, the
+ * GEMM epilogues the device applies, kernel variants), read by the CUDA
+ * module (runtime/cuda/), the emulated device (tests/emu) and the kernel
+ * dumps. codegen.h holds what the C printer, the plan and the executor
+ * share; this header adds what only a CUDA target needs.
+ *
+ * Named cg_cuda.h, not cuda.h: codegen/ is on the CUDA module's include
+ * path, where a codegen/cuda.h would hide the toolkit's <cuda.h>.
+ *
+ * The inline helpers at the end are inline on purpose: the CUDA module
+ * links nothing of kilncore (libkiln_cuda.so is built with
+ * -Wl,--no-undefined against NVRTC and cuBLASLt only), yet it must decide
+ * exactly as cg_cuda_program and the emulator do.
+ */
+#ifndef KILN_CG_CUDA_H
+#define KILN_CG_CUDA_H
+
+#include "codegen.h"
+
+/* ---- cuda_print.c: the CUDA C printer (NVRTC) ----------------------------
+ * Each CgLoop of a kernel becomes one __global__ function NAME_lI, launched
+ * in order. A loop whose inner dims are large (a reduction over many
+ * elements, stores over a long row) runs one block per outer index (threads
+ * share the inner dims, block-wide tree reductions, results broadcast to
+ * every thread); a column loop (CgLoop.col) with long columns runs in tiles
+ * of 32 columns by 8 row groups (partials meet in shared memory); any other
+ * loop runs one thread per outer index with the inner dims as plain loops.
+ * Buffers stored as bf16 are computed in f32 and rounded when stored;
+ * accumulators are f32 (never bf16). Accumulating stores are atomic. Phase
+ * lets are locals; in a store phase each store follows the lets it needs
+ * (lets that read a buffer come before any store to it). Kernels that draw random
+ * numbers take a device pointer to {seed, step} after the buffers (so a
+ * captured CUDA graph sees each step's values). The source is
+ * self-contained: no headers, no include path. */
+typedef struct {
+    char *name;       /* __global__ function */
+    int kernel;       /* plan kernel index */
+    bool rows;        /* one block per outer index */
+    bool cols;        /* column tiles: 32 outer indices x 8 row groups per block;
+                         neither: one thread per outer index */
+    int64_t n;        /* outer iterations */
+    int threads;      /* block size */
+    int64_t blocks;   /* grid size (grid-stride loops cover n) */
+    int nparam;       /* the function takes pointers to the buffers of kernel
+                         params param[0..nparam) (ascending: the params its
+                         loop reads or writes), then, when rand, the
+                         {seed, step} pointer */
+    int *param;
+    bool rand;
+} CgCudaFn;
+
+/* Which params of one printed variant of a kernel share a buffer:
+ * cls[i] == cls[j] when params i and j are the same buffer; `all` when some
+ * buffers overlap partially (then every pair conflicts). A store phase
+ * prints, before each store, every let still to come that reads a buffer
+ * the store may write. */
+typedef struct {
+    const int *cls;
+    bool all;
+} CgCudaAlias;
+
+extern const char cg_cuda_prelude[];
+extern const CgTarget cg_target_cuda;
+/* kiln_cast_f32_bf16(const float *x, kiln_bf16 *y, int64_t n): the cast of
+ * GEMM operands a bf16 program appends after the prelude (grid-stride,
+ * 256 threads per block). */
+extern const char cg_cuda_cast_kernel[];
+/* Appends kernel k's functions (storage[i]: dtype of param i in memory;
+ * NULL: the params' own), filling fn (k->loops.n entries). Params conflict
+ * when they name the same tensor or the kernel is not noalias. */
+void cg_print_cuda_kernel(CgBuf *b, const CgKernel *k, const char *name, const DType *storage,
+                          CgCudaFn *fn);
+/* The same for one variant whose params' buffers are known (al). */
+void cg_print_cuda_variant(CgBuf *b, const CgKernel *k, const char *name, const DType *storage,
+                           const CgCudaAlias *al, CgCudaFn *fn);
+
+/* ---- cuda_plan.c: the CUDA program of a plan ---------------------------- */
+
+/* A copy step in the device arena's terms (CgCudaProgram.copy). */
+typedef struct {
+    int64_t dst, src, bytes;
+} CgCudaCopy;
+
+typedef struct CgCudaProgram {
+    const struct CgPlan *plan; /* borrowed */
+    char *source;      /* the whole translation unit */
+    VEC(CgCudaFn) fn;
+    int *step_fn;      /* per plan step: first fn of a kernel step (its fns are
+                          consecutive), -1 for other steps */
+    int *step_nfn;     /* per plan step: number of fns */
+    DType *storage;    /* per tensor id: dtype of its buffer in device memory */
+    bool bf16;         /* mixed precision: eligible activations stored as bf16 */
+    /* The device arena: plan->mem when every buffer keeps its dtype, else
+     * (bf16) the same storages and live ranges re-planned with the storage
+     * dtypes' sizes (pass_memplan_storage), so bf16 activations take half
+     * the bytes. Offsets of params, state and inputs are the plan's; graph
+     * outputs and other temps may move. */
+    MemPlan *mem;
+    CgCudaCopy *copy;  /* per plan step: a CG_STEP_COPY in mem's offsets */
+    /* Host reads and writes name plan offsets (cg_offset): the graph
+     * outputs' plan offsets (src) and device offsets (dst), bytes = size */
+    CgCudaCopy *outs;
+    int nouts;
+    /* Per plan step: the epilogue the GEMM applies on the device (see
+     * cg_cuda_program), CG_EPI_NONE for none and for other steps. */
+    CgEpilogue *epi;
+} CgCudaProgram;
+
+/* Decides the storage, the arena and the epilogues, then prints every kernel
+ * the plan's steps launch.
+ * Epilogues the device applies (CgCudaProgram.epi): the plan's, where c, d
+ * and aux share D's storage type (f32, or bf16: the backend then passes a
+ * bf16 copy of the f32 bias, cuBLASLt's bias having D's type), the GELU
+ * input's leading dimension is a multiple of 8, and the writes are safe in
+ * the device arena (cg_epilogue_safe); a bias gradient only into an f32 D
+ * (in bf16 DGELU_BGRAD becomes DGELU and the f32 reduction runs as planned,
+ * so the gradient is not rounded to bf16); pairs both or neither.
+ * bf16: store float temps that
+ * are activations (not reduce results, scatter results, values computed
+ * from constants and indices only, graph outputs, update values, optimizer
+ * inputs or anything sharing storage with them) as bf16; kernels shared by
+ * steps with different storage or aliasing get one variant each. Also emits
+ * kiln_cast_f32_bf16(const float*, bf16*, n) for GEMM operands. */
+CgCudaProgram *cg_cuda_program(const CgPlan *p, bool bf16);
+void cg_cuda_program_free(CgCudaProgram *q);
+
+/* ---- inline: what the CUDA module decides as cuda_plan.c does ----------- */
+
+/* A GELU_AUX_BIAS / DGELU* pair (CgGemm.pair) runs both epilogues or
+ * neither: drops the one whose partner is dropped (epi[] per plan step,
+ * CG_EPI_NONE: none). */
+static inline void cg_cuda_pair_epilogues(const struct CgPlan *p, CgEpilogue *epi)
+{
+    for (int s = 0; s < p->steps.n; s++) {
+        int pr = p->steps.v[s].kind == CG_STEP_GEMM ? p->steps.v[s].gemm.pair : -1;
+        if (pr >= 0 && (epi[s] == CG_EPI_NONE || epi[pr] == CG_EPI_NONE))
+            epi[s] = epi[pr] = CG_EPI_NONE;
+    }
+}
+
+/* Whether plan step s is replaced by the epilogue its GEMM (by_epilogue)
+ * applies, given the epilogue each GEMM step applies (epi[], as
+ * CgCudaProgram.epi after a backend's own refusals): a bias-gradient
+ * reduction only when the applied epilogue computes the bias gradient. */
+static inline bool cg_cuda_step_replaced(const struct CgPlan *p, const CgEpilogue *epi, int s)
+{
+    int by = p->steps.v[s].by_epilogue;
+    if (by < 0 || epi[by] == CG_EPI_NONE)
+        return false;
+    CgEpilogue planned = p->steps.v[by].gemm.epilogue;
+    bool bgrad_step = planned == CG_EPI_BGRAD_A || planned == CG_EPI_BGRAD_B ||
+                      (planned == CG_EPI_DGELU_BGRAD && s != by + 1);
+    return !bgrad_step || cg_epilogue_has_bgrad(epi[by]);
+}
+
+/* The device arena offset of host access [off, off + bytes) given in the
+ * plan's offsets: the persistent region is the same in both; a graph output
+ * moves with its storage; -1 for anything else. */
+static inline int64_t cg_cuda_host_offset(const CgCudaProgram *q, int64_t off, int64_t bytes)
+{
+    if (off + bytes <= q->mem->persistent_bytes)
+        return off;
+    for (int i = 0; i < q->nouts; i++)
+        if (off >= q->outs[i].src && off + bytes <= q->outs[i].src + q->outs[i].bytes)
+            return q->outs[i].dst + (off - q->outs[i].src);
+    return -1;
+}
+
+#endif
