@@ -26,7 +26,34 @@
 #include "cuda_module.h"
 
 #include <dlfcn.h>
+#ifndef KILN_NO_NCCL
 #include <nccl.h>
+#else
+/* Built without nccl.h (CMake found none; see docs/cuda.md): nccl_open
+ * always fails with that reason, so nothing below calls NCCL; these
+ * stand-ins only let the code compile. */
+typedef struct ncclComm *ncclComm_t;
+typedef enum { ncclSuccess = 0, ncclInProgress = 7 } ncclResult_t;
+typedef struct { char internal[128]; } ncclUniqueId;
+typedef enum { ncclFloat32 = 7 } ncclDataType_t;
+typedef enum { ncclAvg = 4 } ncclRedOp_t;
+typedef struct { int blocking; } ncclConfig_t;
+#define NCCL_CONFIG_INITIALIZER {0}
+typedef struct CUstream_st *cudaStream_t;
+ncclResult_t ncclGetVersion(int *version);
+ncclResult_t ncclGetUniqueId(ncclUniqueId *id);
+ncclResult_t ncclCommInitRank(ncclComm_t *comm, int n, ncclUniqueId id, int rank);
+ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int n, ncclUniqueId id, int rank,
+                                    ncclConfig_t *config);
+ncclResult_t ncclCommDestroy(ncclComm_t comm);
+ncclResult_t ncclCommAbort(ncclComm_t comm);
+ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *state);
+ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataType_t type,
+                           ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclGroupStart(void);
+ncclResult_t ncclGroupEnd(void);
+const char *ncclGetErrorString(ncclResult_t r);
+#endif
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -76,6 +103,12 @@ int kc_device_ordinal(void)
 /* Opens the driver's and NCCL's functions once; false with nccl_why set. */
 static bool nccl_open(void)
 {
+#ifdef KILN_NO_NCCL
+    snprintf(nccl_why, sizeof nccl_why,
+             "this libkiln_cuda.so was built without NCCL (nccl.h was not found at build "
+             "time; configure with -DKILN_NCCL_INCLUDE_DIR=DIR)");
+    return false;
+#endif
     static bool tried, ok;
     if (tried)
         return ok;
