@@ -81,9 +81,6 @@ void fe_train_defaults(TrainCfg *t);
 void fe_print_settings(const Model *m, FILE *f);
 /* The final value of a config{} key as text, NULL if the script has none. */
 const char *fe_config_get(const Model *m, const char *key);
-/* "512MiB", "2GiB", "1.5GB", "1000000" -> bytes; -1 if malformed. Suffixes
- * K/M/G/T (powers of 1000, optional B) and KiB/MiB/GiB/TiB (powers of 1024). */
-int64_t fe_parse_bytes(const char *s);
 /* An integer flag or setting: decimal digits with an optional sign ("12",
  * "-3"), or a number in exponent form that is an exact integer ("1e6").
  * True with *out set when s is such an integer from lo to hi; otherwise false

@@ -76,44 +76,6 @@ const char *fe_train_key_list(void)
     return buf;
 }
 
-int64_t fe_parse_bytes(const char *s)
-{
-    if (!s)
-        return -1;
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (end == s || errno || v < 0 || !isfinite(v))
-        return -1;
-    while (*end == ' ')
-        end++;
-    static const struct {
-        const char *suf;
-        double mul;
-    } sufs[] = {{"", 1},
-                {"B", 1},
-                {"K", 1e3},
-                {"KB", 1e3},
-                {"M", 1e6},
-                {"MB", 1e6},
-                {"G", 1e9},
-                {"GB", 1e9},
-                {"T", 1e12},
-                {"TB", 1e12},
-                {"KiB", 1024.0},
-                {"MiB", 1024.0 * 1024},
-                {"GiB", 1024.0 * 1024 * 1024},
-                {"TiB", 1024.0 * 1024 * 1024 * 1024}};
-    for (size_t i = 0; i < sizeof sufs / sizeof sufs[0]; i++)
-        if (strcmp(end, sufs[i].suf) == 0) {
-            double b = v * sufs[i].mul;
-            if (b > 9.2e18)
-                return -1;
-            return (int64_t)llround(b);
-        }
-    return -1;
-}
-
 typedef struct Owned {
     struct Owned *next;
     char s[];
@@ -286,7 +248,7 @@ bool fe_train_store_text(Model *m, TrainCfg *t, const FeTrainKey *k, const char 
         return true;
     }
     if (k->type == FE_TT_BYTES) {
-        int64_t b = fe_parse_bytes(s);
+        int64_t b = ir_parse_bytes(s);
         if (b < 0) {
             snprintf(why, n, "expected a byte count such as 512MiB or 2GiB, got '%s'", s);
             return false;

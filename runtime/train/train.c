@@ -7,17 +7,9 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "frontend.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 double rt_lr_at(const TrainCfg *c, int64_t step, int64_t steps)
 {
@@ -463,7 +455,7 @@ static void push_state(Run *r)
  * sum(mask*nll) / max(sum(mask), 1) gives. Accuracy counts are summed. */
 static bool evaluate(Run *r, Diag *d)
 {
-    double t_start = now_s();
+    double t_start = ir_now();
     pull_state(r);
     for (int i = 0; i < r->eg->t.n; i++) {
         const Tensor *t = &r->eg->t.v[i];
@@ -542,7 +534,7 @@ static bool evaluate(Run *r, Diag *d)
         r->last_acc = (double)r->acc_right / (double)r->acc_total;
     }
     free(v);
-    phase(r, PH_EVAL, t_start, now_s());
+    phase(r, PH_EVAL, t_start, ir_now());
     return true;
 }
 
@@ -560,7 +552,7 @@ static bool save_checkpoint(Run *r, const char *prefix, Diag *d)
 {
     if (rt_dp_rank(r->dp) != 0)
         return true; /* every rank holds the same params */
-    double t_start = now_s();
+    double t_start = ir_now();
     pull_state(r);
     const char *bad = nonfinite_state(r);
     if (bad) {
@@ -578,7 +570,7 @@ static bool save_checkpoint(Run *r, const char *prefix, Diag *d)
     if (ok && !r->o->quiet)
         printf("checkpoint: %s\n", p);
     free(p);
-    phase(r, PH_CKPT, t_start, now_s());
+    phase(r, PH_CKPT, t_start, ir_now());
     return ok;
 }
 
@@ -618,12 +610,6 @@ static void step_time_add(double *ms, int64_t *nms, int64_t *stride, int64_t *se
     ms[(*nms)++] = x;
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 /* The run was stopped by sig (rt_dp_stop) after its current step: the
  * summary line into d (rank 0; empty on the others). */
 static void stop_summary(Run *r, int sig, float loss, double *ms, int64_t nms,
@@ -641,8 +627,7 @@ static void stop_summary(Run *r, int sig, float loss, double *ms, int64_t nms,
     else
         k += (size_t)snprintf(p + k, n - k, ": no step ran");
     if (nms) {
-        qsort(ms, (size_t)nms, sizeof *ms, cmp_double);
-        double med = nms % 2 ? ms[nms / 2] : 0.5 * (ms[nms / 2 - 1] + ms[nms / 2]);
+        double med = ir_median(ms, nms);
         k += (size_t)snprintf(p + k, n - k, " | median %.2f ms/step | %.0f tok/s", med,
                               (double)tokens / (med * 1e-3));
     }
@@ -655,16 +640,6 @@ static void stop_summary(Run *r, int sig, float loss, double *ms, int64_t nms,
     } else if (ckpt) {
         snprintf(p + k, n - k, " | no checkpoint written");
     }
-}
-
-static void fmt_bytes(char *buf, size_t n, double b)
-{
-    if (b >= 1 << 30)
-        snprintf(buf, n, "%.2f GiB", b / (1 << 30));
-    else if (b >= 1 << 20)
-        snprintf(buf, n, "%.2f MiB", b / (1 << 20));
-    else
-        snprintf(buf, n, "%.1f KiB", b / 1024);
 }
 
 /* MFU counts the model's FLOPs (the step without recomputation), HFU the
@@ -713,7 +688,7 @@ static bool build(Run *r, Diag *d)
     const char *one = getenv("KILN_COMM_ONE_RANK");
     if (po.nranks == 1 && one && strcmp(one, "1") == 0)
         po.nranks = 2;
-    double t_start = now_s();
+    double t_start = ir_now();
     r->tg = ir_clone(r->m->g);
     if (!pass_pipeline(r->tg, &po, NULL, NULL, NULL, d))
         return false;
@@ -745,11 +720,11 @@ static bool build(Run *r, Diag *d)
                 "CPU backend computes in f32 and runs steps one by one\n");
     r->flops = ir_graph_flops(r->tg);
     rt_trace_event(r->trace, "compile", "train", 1e6 * (t_start - r->t0),
-                   1e6 * (now_s() - t_start), 0);
+                   1e6 * (ir_now() - t_start), 0);
     if (r->o->verbose)
         printf("compiled: training step %d ops, %.3g FLOP/step; evaluation %d ops; "
                "%.1f s\n",
-               r->tg->ops.n, r->flops, r->eg->ops.n, now_s() - t_start);
+               r->tg->ops.n, r->flops, r->eg->ops.n, ir_now() - t_start);
     return true;
 }
 
@@ -800,22 +775,21 @@ static void print_profile(Run *r, double loop_ms, int64_t nsteps)
 {
     const RtProfRow *pr;
     int n = rt_exec_profile(r->te, &pr);
-    ProfRow *rows = xcalloc((size_t)n + PH__N, sizeof *rows);
-    for (int i = 0; i < n; i++)
-        rows[i] = (ProfRow){pr[i].name, pr[i].calls, 1e3 * pr[i].seconds, pr[i].flops,
-                            pr[i].bytes};
+    RtProfRow *rows = xcalloc((size_t)n + PH__N, sizeof *rows);
+    if (n)
+        memcpy(rows, pr, sizeof *rows * (size_t)n);
     printf("\nprofile: per kernel over %lld training steps (%.1f ms in steps):\n",
            (long long)nsteps, r->ph_ms[PH_STEP]);
     rt_profile_print(stdout, rows, n, r->ph_ms[PH_STEP], 25);
     /* by kind: the share of the step in GEMMs versus generated kernels */
     static const char *kinds[] = {"gemm", "kernel", "copy"};
-    ProfRow by_kind[3] = {{0}};
+    RtProfRow by_kind[3] = {{0}};
     for (int k = 0; k < 3; k++) {
-        by_kind[k].name = kinds[k];
+        by_kind[k].name = by_kind[k].kind = kinds[k];
         for (int i = 0; i < n; i++)
             if (pr[i].kind && strcmp(pr[i].kind, kinds[k]) == 0) {
                 by_kind[k].calls += pr[i].calls;
-                by_kind[k].ms += 1e3 * pr[i].seconds;
+                by_kind[k].seconds += pr[i].seconds;
                 by_kind[k].flops += pr[i].flops;
                 by_kind[k].bytes += pr[i].bytes;
             }
@@ -825,8 +799,8 @@ static void print_profile(Run *r, double loop_ms, int64_t nsteps)
     n = 0;
     for (int i = 0; i < PH__N; i++)
         if (r->ph_calls[i])
-            rows[n++] = (ProfRow){ph_names[i], r->ph_calls[i], r->ph_ms[i],
-                                  i == PH_STEP ? r->flops * (double)r->ph_calls[i] : 0, 0};
+            rows[n++] = (RtProfRow){ph_names[i], "phase", r->ph_calls[i], 1e-3 * r->ph_ms[i],
+                                    i == PH_STEP ? r->flops * (double)r->ph_calls[i] : 0, 0};
     printf("\nprofile: training loop, with the final evaluation and saves (%.1f ms):\n",
            loop_ms);
     rt_profile_print(stdout, rows, n, loop_ms, 0);
@@ -854,7 +828,7 @@ int rt_train(Model *m, const TrainOpts *o)
     Run r = {.m = m, .o = o, .c = m->train, .ckpt_step = -1};
     Diag d = {{0}};
     int rc = 1;
-    r.t0 = now_s();
+    r.t0 = ir_now();
     if (!rt_dp_open(&m->train, &r.dp, &d))
         goto out;
     if (o->trace) {
@@ -885,10 +859,10 @@ int rt_train(Model *m, const TrainOpts *o)
     double *ms = xcalloc((size_t)STEP_TIMES_MAX, sizeof *ms);
     float loss = NAN;
     bool skip = r.c.on_nonfinite && strcmp(r.c.on_nonfinite, "skip") == 0;
-    double loop0 = now_s();
+    double loop0 = ir_now();
     int stop = 0; /* SIGINT, SIGTERM: stop after the current step (rt_dp_stop) */
     while (r.step < r.steps && !(stop = rt_dp_stop(r.dp))) {
-        double t_a = now_s();
+        double t_a = ir_now();
         if (!rt_dp_step(r.dp, r.te, r.tg, rt_data_batch(r.ds, DATA_TRAIN, r.data_pos),
                         r.c.seed, r.step, &d)) {
             free(ms);
@@ -899,13 +873,13 @@ int rt_train(Model *m, const TrainOpts *o)
             lr = (float)rt_lr_at(&r.c, r.step, r.steps);
             write_f32(r.te, lr_t, &lr);
         }
-        double t_b = now_s();
+        double t_b = ir_now();
         if (!rt_exec_run(r.te, r.c.seed, r.step, &d)) {
             free(ms);
             goto out;
         }
         loss = rt_dp_loss(r.dp, read_loss(r.te, r.tg));
-        double t_c = now_s();
+        double t_c = ir_now();
         rt_dp_after_step(r.dp, r.trace, r.t0, r.step - first < TRACE_KERNEL_STEPS);
         phase(&r, PH_DATA, t_a, t_b);
         phase(&r, PH_STEP, t_b, t_c);
@@ -947,7 +921,7 @@ int rt_train(Model *m, const TrainOpts *o)
         if (log) {
             char mfu[64], mem[32];
             fmt_mfu(mfu, sizeof mfu, r.flops, r.tg, step_ms, o->peak_gflops);
-            fmt_bytes(mem, sizeof mem, (double)rt_exec_arena_bytes(r.te));
+            ir_fmt_bytes((double)rt_exec_arena_bytes(r.te), 2, mem, sizeof mem);
             printf("%sstep %5lld/%lld | loss %.6f | lr %.3e | %8.2f ms | %9.0f tok/s | %s | "
                    "mem %s%s\n",
                    tty ? "\r\033[K" : "", (long long)r.step, (long long)r.steps,
@@ -1012,9 +986,8 @@ int rt_train(Model *m, const TrainOpts *o)
         if (!o->quiet)
             printf("weights: %s\n", o->save_weights);
     }
-    double loop_ms = 1e3 * (now_s() - loop0);
-    qsort(ms, (size_t)nms, sizeof *ms, cmp_double);
-    double med = nms ? (nms % 2 ? ms[nms / 2] : 0.5 * (ms[nms / 2 - 1] + ms[nms / 2])) : 0;
+    double loop_ms = 1e3 * (ir_now() - loop0);
+    double med = ir_median(ms, nms);
     free(ms);
     /* no step ran (resumed at the end): nothing to report as training loss */
     if (isnan(loss) && r.step == first)
@@ -1033,7 +1006,7 @@ int rt_train(Model *m, const TrainOpts *o)
                mfu);
     }
     char mem[32];
-    fmt_bytes(mem, sizeof mem, (double)rt_exec_arena_bytes(r.te));
+    ir_fmt_bytes((double)rt_exec_arena_bytes(r.te), 2, mem, sizeof mem);
     printf(" | peak mem %s", mem);
     if (r.skipped)
         printf(" | skipped %lld of %lld steps (loss or gradient norm not finite)",

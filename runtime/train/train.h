@@ -149,15 +149,11 @@ void rt_trace_thread_name(Trace *t, int tid, const char *name); /* tid 0..7 */
 /* Writes the file (when `write`) and frees t (NULL: nothing to do). */
 bool rt_trace_close(Trace *t, bool write, Diag *d);
 
-typedef struct {
-    const char *name;
-    int64_t calls;
-    double ms;           /* total over all calls */
-    double flops, bytes; /* total over all calls, from the IR's counts (0: unknown) */
-} ProfRow;
-/* Sorts rows by time and prints: name, calls, total ms, % of total_ms,
- * achieved GFLOP/s and GB/s; past max_rows (> 0) the rest share one row. */
-void rt_profile_print(FILE *f, ProfRow *rows, int n, double total_ms, int max_rows);
+/* Sorts rows (the executor's RtProfRow, runtime.h: totals over all calls;
+ * flops and bytes 0 where unknown) by time, then name, and prints: name,
+ * calls, total ms, % of total_ms, achieved GFLOP/s and GB/s; past max_rows
+ * (> 0) the rest share one row. */
+void rt_profile_print(FILE *f, RtProfRow *rows, int n, double total_ms, int max_rows);
 
 /* ---- train.c: the training loop -------------------------------------------
  * `kiln train` maps its flags 1:1 onto TrainOpts. The loop builds the

@@ -65,7 +65,7 @@ static const char fake_module[] =
     "  say(\"times\\n\"); return true;\n"
     "}\n"
     "static const BackendExt ext = {setup, ar_start, ar_wait, events, secs, times, NULL};\n"
-    "static const Backend be = {\"fake-cuda\", create, destroy, wr, rd, run, sync_, &ext};\n"
+    "static const Backend be = {\"fake-cuda\", create, destroy, wr, rd, run, sync_, &ext, false};\n"
     "const Backend *kiln_cuda_backend(const RtCudaHost *h);\n"
     "const Backend *kiln_cuda_backend(const RtCudaHost *h) { (void)h; return &be; }\n"
     "int kiln_cuda_device_count(char *why, size_t n);\n"

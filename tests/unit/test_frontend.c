@@ -285,12 +285,6 @@ static void test_settings_printed(void **state)
     fe_train_defaults(&t);
     assert_string_equal(t.precision, "f32");
     assert_true(t.beta1 == 0.9);
-    assert_int_equal(fe_parse_bytes("512MiB"), 512LL << 20);
-    assert_int_equal(fe_parse_bytes("2GiB"), 2LL << 30);
-    assert_int_equal(fe_parse_bytes("1.5GB"), 1500000000LL);
-    assert_int_equal(fe_parse_bytes("1000"), 1000);
-    assert_int_equal(fe_parse_bytes("12 parsecs"), -1);
-    assert_int_equal(fe_parse_bytes("-1"), -1);
 }
 
 /* ---- the sandbox ------------------------------------------------------------
