@@ -130,6 +130,16 @@ static bool init_tensor(const Tensor *t, uint64_t seed, void *dst, Diag *d)
 
 /* ---- the run ---- */
 
+/* Step times for the median, in memory that does not grow with --steps: at
+ * most STEP_TIMES_MAX are kept; when full, every other one is dropped and
+ * from then on only every 2nd (4th, ...) step is recorded, an even sample of
+ * the whole run. */
+#define STEP_TIMES_MAX ((int64_t)1 << 16)
+typedef struct {
+    double *ms;              /* STEP_TIMES_MAX entries once a step ran; NULL before */
+    int64_t n, stride, seen; /* kept; record every stride-th; steps seen */
+} StepTimes;
+
 typedef struct {
     Model *m;
     const TrainOpts *o;
@@ -155,6 +165,7 @@ typedef struct {
     RtComm *comm;         /* its ranks; NULL: one rank */
     int64_t skipped;      /* steps not applied (on_nonfinite = "skip") */
     int64_t ckpt_step;    /* the last checkpoint written (-1: none) */
+    StepTimes times;      /* per step, ms */
 } Run;
 
 enum { PH_DATA, PH_STEP, PH_EVAL, PH_CKPT, PH__N };
@@ -592,28 +603,25 @@ static bool writable_dir(const char *path, Diag *d)
     return ok;
 }
 
-/* Step times for the median, in memory that does not grow with --steps: at
- * most STEP_TIMES_MAX are kept; when full, every other one is dropped and
- * from then on only every 2nd (4th, ...) step is recorded, an even sample of
- * the whole run. */
-#define STEP_TIMES_MAX ((int64_t)1 << 16)
-static void step_time_add(double *ms, int64_t *nms, int64_t *stride, int64_t *seen, double x)
+static void step_time_add(StepTimes *t, double x)
 {
-    if ((*seen)++ % *stride)
+    if (t->seen++ % t->stride)
         return;
-    if (*nms == STEP_TIMES_MAX) {
-        for (int64_t i = 0; i < *nms / 2; i++)
-            ms[i] = ms[2 * i];
-        *nms /= 2;
-        *stride *= 2;
+    if (!t->ms)
+        t->ms = xcalloc((size_t)STEP_TIMES_MAX, sizeof *t->ms);
+    if (t->n == STEP_TIMES_MAX) {
+        for (int64_t i = 0; i < t->n / 2; i++)
+            t->ms[i] = t->ms[2 * i];
+        t->n /= 2;
+        t->stride *= 2;
     }
-    ms[(*nms)++] = x;
+    t->ms[t->n++] = x;
 }
 
 /* The run was stopped by sig (rt_dp_stop) after its current step: the
  * summary line into d (rank 0; empty on the others). */
-static void stop_summary(Run *r, int sig, float loss, double *ms, int64_t nms,
-                         int64_t tokens, const char *ckpt, Diag *d)
+static void stop_summary(Run *r, int sig, float loss, int64_t tokens, const char *ckpt,
+                         Diag *d)
 {
     d->msg[0] = 0;
     if (rt_dp_rank(r->dp) != 0)
@@ -622,12 +630,12 @@ static void stop_summary(Run *r, int sig, float loss, double *ms, int64_t nms,
     size_t n = sizeof d->msg, k;
     k = (size_t)snprintf(p, n, "kiln: stopped by %s at step %lld/%lld", rt_signal_name(sig),
                          (long long)r->step, (long long)r->steps);
-    if (nms && isfinite(loss))
+    if (r->times.n && isfinite(loss))
         k += (size_t)snprintf(p + k, n - k, ": train loss %.9g", (double)loss);
     else
         k += (size_t)snprintf(p + k, n - k, ": no step ran");
-    if (nms) {
-        double med = ir_median(ms, nms);
+    if (r->times.n) {
+        double med = ir_median(r->times.ms, r->times.n);
         k += (size_t)snprintf(p + k, n - k, " | median %.2f ms/step | %.0f tok/s", med,
                               (double)tokens / (med * 1e-3));
     }
@@ -823,9 +831,33 @@ static void trace_kernels(Run *r, double t_start, int64_t nth)
                        1);
 }
 
+/* Everything a run holds but its ranks (rt_dp_close, last); any part may be
+ * missing (the run failed before making it). */
+static void run_free(Run *r)
+{
+    if (r->vals) {
+        for (int i = 0; i < r->tg->t.n; i++)
+            free(r->vals[i]);
+        free(r->vals);
+    }
+    if (r->te)
+        rt_exec_destroy(r->te);
+    if (r->ee)
+        rt_exec_destroy(r->ee);
+    if (r->tg)
+        ir_free(r->tg);
+    if (r->eg)
+        ir_free(r->eg);
+    rt_data_close(r->ds);
+    free(r->times.ms);
+}
+
+/* Every failure after the ranks are open goes to `out` with d set (or a
+ * stop signal recorded): the one exit, which reports, closes the trace and
+ * frees the run. */
 int rt_train(Model *m, const TrainOpts *o)
 {
-    Run r = {.m = m, .o = o, .c = m->train, .ckpt_step = -1};
+    Run r = {.m = m, .o = o, .c = m->train, .ckpt_step = -1, .times = {.stride = 1}};
     Diag d = {{0}};
     int rc = 1;
     r.t0 = ir_now();
@@ -855,8 +887,6 @@ int rt_train(Model *m, const TrainOpts *o)
     const Tensor *lr_t = lr_id >= 0 ? &r.tg->t.v[lr_id] : NULL;
     bool tty = rt_stdout_tty() && !o->quiet;
     int64_t tokens = r.B * r.T * rt_dp_rows_factor(r.dp), first = r.step;
-    int64_t nms = 0, ms_stride = 1, ms_seen = 0;
-    double *ms = xcalloc((size_t)STEP_TIMES_MAX, sizeof *ms);
     float loss = NAN;
     bool skip = r.c.on_nonfinite && strcmp(r.c.on_nonfinite, "skip") == 0;
     double loop0 = ir_now();
@@ -864,20 +894,16 @@ int rt_train(Model *m, const TrainOpts *o)
     while (r.step < r.steps && !(stop = rt_dp_stop(r.dp))) {
         double t_a = ir_now();
         if (!rt_dp_step(r.dp, r.te, r.tg, rt_data_batch(r.ds, DATA_TRAIN, r.data_pos),
-                        r.c.seed, r.step, &d)) {
-            free(ms);
+                        r.c.seed, r.step, &d))
             goto out;
-        }
         float lr = 0;
         if (lr_t) {
             lr = (float)rt_lr_at(&r.c, r.step, r.steps);
             write_f32(r.te, lr_t, &lr);
         }
         double t_b = ir_now();
-        if (!rt_exec_run(r.te, r.c.seed, r.step, &d)) {
-            free(ms);
+        if (!rt_exec_run(r.te, r.c.seed, r.step, &d))
             goto out;
-        }
         loss = rt_dp_loss(r.dp, read_loss(r.te, r.tg));
         double t_c = ir_now();
         rt_dp_after_step(r.dp, r.trace, r.t0, r.step - first < TRACE_KERNEL_STEPS);
@@ -892,7 +918,7 @@ int rt_train(Model *m, const TrainOpts *o)
         double dev_s = rt_exec_device_seconds(r.te);
         if (dev_s >= 0 && rt_dp_rows_factor(r.dp) == rt_dp_size(r.dp))
             step_ms = 1e3 * dev_s;
-        step_time_add(ms, &nms, &ms_stride, &ms_seen, step_ms);
+        step_time_add(&r.times, step_ms);
         /* a step with a non-finite loss or gradient norm changed nothing
          * (passes/optimizer.c): stop, or go on without it */
         char why[64], skipped[128] = "";
@@ -910,7 +936,6 @@ int rt_train(Model *m, const TrainOpts *o)
                          "training diverged at step %lld: %s; params are those of step %lld "
                          "(not updated; try a lower lr or grad_clip, or on_nonfinite=skip)",
                          (long long)r.step, why, (long long)r.step - 1);
-            free(ms);
             goto out;
         }
         if (bad)
@@ -931,10 +956,8 @@ int rt_train(Model *m, const TrainOpts *o)
         }
         if (r.c.eval_every > 0 && r.step % r.c.eval_every == 0 && r.step < r.steps &&
             rt_data_has_val(r.ds)) {
-            if (!evaluate(&r, &d)) {
-                free(ms);
+            if (!evaluate(&r, &d))
                 goto out;
-            }
             if (!o->quiet) {
                 printf("%seval  %5lld | val loss %.6f", tty ? "\r\033[K" : "",
                        (long long)r.step, r.last_val_loss);
@@ -946,10 +969,8 @@ int rt_train(Model *m, const TrainOpts *o)
             }
         }
         if (ckpt && r.c.checkpoint_every > 0 && r.step % r.c.checkpoint_every == 0 &&
-            r.step < r.steps && !save_checkpoint(&r, ckpt, &d)) {
-            free(ms);
+            r.step < r.steps && !save_checkpoint(&r, ckpt, &d))
             goto out;
-        }
         if (tty)
             progress(&r, loss);
     }
@@ -958,19 +979,14 @@ int rt_train(Model *m, const TrainOpts *o)
     if (!stop) /* a signal during the last step */
         stop = rt_dp_stop(r.dp);
     if (stop) {
-        stop_summary(&r, stop, loss, ms, nms, tokens, ckpt, &d);
-        free(ms);
+        stop_summary(&r, stop, loss, tokens, ckpt, &d);
         rc = 128 + stop;
         goto out;
     }
-    if (rt_data_has_val(r.ds) && !evaluate(&r, &d)) {
-        free(ms);
+    if (rt_data_has_val(r.ds) && !evaluate(&r, &d))
         goto out;
-    }
-    if (ckpt && !save_checkpoint(&r, ckpt, &d)) {
-        free(ms);
+    if (ckpt && !save_checkpoint(&r, ckpt, &d))
         goto out;
-    }
     if (o->save_weights && rt_dp_rank(r.dp) == 0) {
         pull_state(&r);
         const char *bad = nonfinite_state(&r);
@@ -979,16 +995,13 @@ int rt_train(Model *m, const TrainOpts *o)
                      "training diverged by step %lld: \"%s\" is not finite (an update "
                      "overflowed: try a lower lr); no weights written",
                      (long long)r.step, bad);
-        if (bad || !rt_weights_save(o->save_weights, r.tg, r.vals, &d)) {
-            free(ms);
+        if (bad || !rt_weights_save(o->save_weights, r.tg, r.vals, &d))
             goto out;
-        }
         if (!o->quiet)
             printf("weights: %s\n", o->save_weights);
     }
     double loop_ms = 1e3 * (ir_now() - loop0);
-    double med = ir_median(ms, nms);
-    free(ms);
+    double med = ir_median(r.times.ms, r.times.n);
     /* no step ran (resumed at the end): nothing to report as training loss */
     if (isnan(loss) && r.step == first)
         printf("final: step %lld | train loss n/a (no step ran)", (long long)r.step);
@@ -1036,20 +1049,7 @@ out:
     } else if (rc == 0 && o->trace && !o->quiet) {
         printf("trace: %s\n", o->trace);
     }
-    if (r.vals) {
-        for (int i = 0; i < r.tg->t.n; i++)
-            free(r.vals[i]);
-        free(r.vals);
-    }
-    if (r.te)
-        rt_exec_destroy(r.te);
-    if (r.ee)
-        rt_exec_destroy(r.ee);
-    if (r.tg)
-        ir_free(r.tg);
-    if (r.eg)
-        ir_free(r.eg);
-    rt_data_close(r.ds);
+    run_free(&r);
     fflush(stdout);
     rt_dp_close(r.dp, rc);
     return rc;
