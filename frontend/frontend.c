@@ -787,22 +787,22 @@ static void collect_config(lua_State *L, Fe *fe)
     lua_rawgeti(L, LUA_REGISTRYINDEX, fe->config_ref);
     int t = lua_gettop(L);
     int cap = 16;
-    fe->m->config = xmalloc(sizeof(FeConfigItem) * (size_t)cap);
+    fe->m->priv->config = xmalloc(sizeof(FeConfigItem) * (size_t)cap);
     lua_pushnil(L);
     while (lua_next(L, t)) {
         if (lua_type(L, -2) == LUA_TSTRING) {
             char *v = value_text(L, -1);
             if (v) {
-                if (fe->m->nconfig == cap)
-                    fe->m->config = xrealloc(fe->m->config, sizeof(FeConfigItem) * (size_t)(cap *= 2));
-                fe->m->config[fe->m->nconfig++] =
+                if (fe->m->priv->nconfig == cap)
+                    fe->m->priv->config = xrealloc(fe->m->priv->config, sizeof(FeConfigItem) * (size_t)(cap *= 2));
+                fe->m->priv->config[fe->m->priv->nconfig++] =
                     (FeConfigItem){xstrdup(lua_tostring(L, -2)), v};
             }
         }
         lua_pop(L, 1);
     }
     lua_pop(L, 1);
-    qsort(fe->m->config, (size_t)fe->m->nconfig, sizeof(FeConfigItem), cmp_item);
+    qsort(fe->m->priv->config, (size_t)fe->m->priv->nconfig, sizeof(FeConfigItem), cmp_item);
 }
 
 /* Checks after the script ran; returns false with err set. */
@@ -857,6 +857,7 @@ static Model *load_once(const char *path, const Script *sc, const char *const *s
                         bool training, char *err, size_t errlen)
 {
     Model *m = xcalloc(1, sizeof *m);
+    m->priv = xcalloc(1, sizeof *m->priv);
     m->path = intern(path);
     m->g = ir_new();
     fe_train_defaults(&m->train);

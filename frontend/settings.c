@@ -1,6 +1,6 @@
 /* settings.c - the training settings: one table of TrainCfg keys drives
- * train{}, --set and printing; byte sizes; the Model's owned strings. */
-#include "frontend.h"
+ * train{}, --set and printing; the Model's owned strings. */
+#include "fe_internal.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -76,18 +76,18 @@ const char *fe_train_key_list(void)
     return buf;
 }
 
-typedef struct Owned {
-    struct Owned *next;
+typedef struct FeOwned {
+    struct FeOwned *next;
     char s[];
-} Owned;
+} FeOwned;
 
 static const char *own_str(Model *m, const char *s)
 {
     size_t n = strlen(s);
-    Owned *o = xmalloc(sizeof(Owned) + n + 1);
+    FeOwned *o = xmalloc(sizeof(FeOwned) + n + 1);
     memcpy(o->s, s, n + 1);
-    o->next = m->owned_;
-    m->owned_ = o;
+    o->next = m->priv->owned;
+    m->priv->owned = o;
     return o->s;
 }
 
@@ -340,8 +340,8 @@ static void print_train_value(const TrainCfg *t, const FeTrainKey *k, FILE *f)
 void fe_print_settings(const Model *m, FILE *f)
 {
     fprintf(f, "# config\n");
-    for (int i = 0; i < m->nconfig; i++)
-        fprintf(f, "%s = %s\n", m->config[i].key, m->config[i].value);
+    for (int i = 0; m->priv && i < m->priv->nconfig; i++)
+        fprintf(f, "%s = %s\n", m->priv->config[i].key, m->priv->config[i].value);
     fprintf(f, "# train\n");
     for (int i = 0; i < NTRAIN_KEYS; i++) {
         fprintf(f, "%s = ", train_keys[i].name);
@@ -352,9 +352,9 @@ void fe_print_settings(const Model *m, FILE *f)
 
 const char *fe_config_get(const Model *m, const char *key)
 {
-    for (int i = 0; i < m->nconfig; i++)
-        if (strcmp(m->config[i].key, key) == 0)
-            return m->config[i].value;
+    for (int i = 0; m->priv && i < m->priv->nconfig; i++)
+        if (strcmp(m->priv->config[i].key, key) == 0)
+            return m->priv->config[i].value;
     return NULL;
 }
 
@@ -364,14 +364,18 @@ void fe_model_free(Model *m)
         return;
     ir_free(m->g);
     ir_free(m->eval_g);
-    for (int i = 0; i < m->nconfig; i++) {
-        free((char *)m->config[i].key);
-        free((char *)m->config[i].value);
-    }
-    free(m->config);
-    for (Owned *o = m->owned_, *next; o; o = next) {
-        next = o->next;
-        free(o);
+    struct ModelPriv *p = m->priv;
+    if (p) {
+        for (int i = 0; i < p->nconfig; i++) {
+            free((char *)p->config[i].key);
+            free((char *)p->config[i].value);
+        }
+        free(p->config);
+        for (FeOwned *o = p->owned, *next; o; o = next) {
+            next = o->next;
+            free(o);
+        }
+        free(p);
     }
     free(m);
 }

@@ -18,8 +18,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "frontend.h"
-
 struct RtDp {
     RtComm *comm;
     int rank, size, K;

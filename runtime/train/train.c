@@ -9,7 +9,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "frontend.h"
 
 double rt_lr_at(const TrainCfg *c, int64_t step, int64_t steps)
 {
@@ -141,7 +140,7 @@ typedef struct {
 } StepTimes;
 
 typedef struct {
-    Model *m;
+    const Model *m;
     const TrainOpts *o;
     TrainCfg c;
     Graph *tg, *eg;       /* training step; evaluation (forward) */
@@ -855,7 +854,7 @@ static void run_free(Run *r)
 /* Every failure after the ranks are open goes to `out` with d set (or a
  * stop signal recorded): the one exit, which reports, closes the trace and
  * frees the run. */
-int rt_train(Model *m, const TrainOpts *o)
+int rt_train(const Model *m, const TrainOpts *o)
 {
     Run r = {.m = m, .o = o, .c = m->train, .ckpt_step = -1, .times = {.stride = 1}};
     Diag d = {{0}};

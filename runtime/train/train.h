@@ -1,7 +1,8 @@
 /*
  * train.h - training (runtime/train/): the loop, its data sources,
  * checkpoints and weights in safetensors files, the trace and profile
- * reports.
+ * reports, and what the loop trains (train_cfg.h: TrainCfg and Model, the
+ * types the frontend fills).
  */
 #ifndef KILN_TRAIN_H
 #define KILN_TRAIN_H
@@ -9,6 +10,7 @@
 #include <stdio.h>
 
 #include "runtime.h"
+#include "train_cfg.h"
 
 /* ---- data.c: training data sources ---------------------------------------
  * A source fills a model's data inputs by name: tokens i32[B,T], targets
@@ -165,9 +167,6 @@ void rt_profile_print(FILE *f, RtProfRow *rows, int n, double total_ms, int max_
  * (PREFIX without a trailing .safetensors) every checkpoint_every steps and
  * at the end. The same seed gives bit-identical losses; N steps, then
  * --resume and the rest, equal the whole run straight. */
-typedef struct Model Model;
-typedef struct TrainCfg TrainCfg;
-
 typedef struct {
     float final_loss;  /* last training step's loss */
     double val_loss;   /* NaN when no validation split */
@@ -195,7 +194,7 @@ typedef struct {
 } TrainOpts;
 
 /* Returns the process exit code: 0, or 1 after printing the error. */
-int rt_train(Model *m, const TrainOpts *o);
+int rt_train(const Model *m, const TrainOpts *o);
 /* Pass options from a model's training settings: the defaults, then the
  * optimizer's (beta1, beta2, eps, weight_decay, grad_clip) and the memory
  * budget. */

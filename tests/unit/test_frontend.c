@@ -56,7 +56,14 @@ static void test_every_model_loads(void **state)
     for (char **pp = paths; *pp; pp++) {
         Model *m = load_model(*pp, NULL, 0);
         check_forward_graph(m);
-        assert_true(m->nconfig > 0);
+        /* at least one config{} key: a line between "# config" and "# train" */
+        char *buf = NULL;
+        size_t len = 0;
+        FILE *f = open_memstream(&buf, &len);
+        fe_print_settings(m, f);
+        fclose(f);
+        assert_true(strncmp(buf, "# config\n", 9) == 0 && strncmp(buf + 9, "# train", 7) != 0);
+        free(buf);
         assert_non_null(m->train.data);
         fe_model_free(m);
     }
