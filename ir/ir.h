@@ -1,7 +1,10 @@
 /*
  * ir.h - kiln's graph IR: tensors, ops, the opcode table, and everything that
  * reads a graph without changing its meaning (verifier, printer, parser, cost
- * counts, reference interpreter). The public header of the ir/ layer.
+ * counts, reference interpreter). The public header of the ir/ layer, the
+ * bottom one: every other layer includes it, so it also holds what they all
+ * share (Diag; util.c: allocation, byte sizes read and printed, the clock,
+ * the median) and includes nothing of theirs.
  *
  * A Graph is SSA: every tensor is defined once, either as a graph input
  * (kind input/param/state: no producing op) or as the single output of one op.
