@@ -23,13 +23,6 @@ typedef struct {
     int n;
 } Stages;
 
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static void add(Stages *s, const char *name, double t)
 {
     if (s->n < MAX_STAGES) {
@@ -76,13 +69,13 @@ int main(int argc, char **argv)
         Stages *s = &runs[r];
         char err[2048];
         Diag d;
-        double t0 = now();
+        double t0 = ir_now();
         Model *m = fe_load_model(model, sets, nsets, err, sizeof err);
         if (!m) {
             fprintf(stderr, "%s\n", err);
             return 1;
         }
-        add(s, "frontend", now() - t0);
+        add(s, "frontend", ir_now() - t0);
         PassOpts o;
         pass_opts_default(&o);
         o.memory_budget = m->train.memory_budget;
@@ -91,21 +84,21 @@ int main(int argc, char **argv)
             fprintf(stderr, "%s\n", d.msg);
             return 1;
         }
-        double t1 = now();
+        double t1 = ir_now();
         MemPlan *mp = pass_memplan(g, &d);
         if (!mp) {
             fprintf(stderr, "%s\n", d.msg);
             return 1;
         }
-        add(s, "memplan", now() - t1);
-        t1 = now();
+        add(s, "memplan", ir_now() - t1);
+        t1 = ir_now();
         CgPlan *p = cg_plan(g, &d);
         if (!p) {
             fprintf(stderr, "%s\n", d.msg);
             return 1;
         }
-        add(s, "codegen", now() - t1);
-        add(s, "total", now() - t0);
+        add(s, "codegen", ir_now() - t1);
+        add(s, "total", ir_now() - t0);
         nops = g->ops.n;
         nkernels = p->kernels.n;
         cg_plan_free(p);

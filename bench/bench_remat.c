@@ -14,13 +14,6 @@
 #include "frontend.h"
 #include "passes.h"
 
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static Graph *prepare(const Model *m, PassOpts *po)
 {
     pass_opts_default(po);
@@ -48,14 +41,14 @@ static int64_t peak_with(const Graph *g0, const PassOpts *base, int policy, int6
     po.remat_report = rr;
     Graph *g = ir_clone(g0);
     Diag d = {{0}};
-    double t0 = now();
+    double t0 = ir_now();
     clock_t c0 = clock();
     if (!pass_remat(g, &po, &d)) {
         fprintf(stderr, "%s\n", d.msg);
         exit(1);
     }
     if (seconds) {
-        seconds[0] = now() - t0;
+        seconds[0] = ir_now() - t0;
         seconds[1] = (double)(clock() - c0) / CLOCKS_PER_SEC;
     }
     bool after = false;
@@ -126,12 +119,12 @@ int main(int argc, char **argv)
     printf("\n");
     if (sweep) {
         Diag d = {{0}};
-        double t0 = now();
+        double t0 = ir_now();
         if (!pass_remat_sweep(g, &po, 8, stdout, &d)) {
             fprintf(stderr, "%s\n", d.msg);
             return 1;
         }
-        printf("sweep: %.2f s\n", now() - t0);
+        printf("sweep: %.2f s\n", ir_now() - t0);
     }
     ir_free(g);
     fe_model_free(m);

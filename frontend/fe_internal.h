@@ -1,5 +1,6 @@
-/* fe_internal.h - what frontend.c (the model runner) and ops.c (the tensor
- * primitives) share; not for other layers (their header is frontend.h). */
+/* fe_internal.h - what frontend.c (the model runner), ops.c (the tensor
+ * primitives) and settings.c (the train{} keys) share; not for other layers
+ * (their header is frontend.h). */
 #ifndef KILN_FE_INTERNAL_H
 #define KILN_FE_INTERNAL_H
 
@@ -9,6 +10,18 @@
 #include <lua.h>
 
 #include "frontend.h"
+
+/* The frontend's part of a Model (Model.priv): the config{} values and the
+ * strings the model owns (TrainCfg's text values). */
+typedef struct {
+    const char *key;   /* config{} key */
+    const char *value; /* its final value, as text ("2", "0.1", "tiny", "true") */
+} FeConfigItem;
+struct ModelPriv {
+    FeConfigItem *config; /* sorted by key */
+    int nconfig;
+    struct FeOwned *owned; /* settings.c */
+};
 
 /* Metatable of param initializers: userdata holding a ParamInit. */
 #define INIT_MT "kiln.init"

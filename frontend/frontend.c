@@ -499,21 +499,10 @@ typedef struct {
 
 #define HOOK_PERIOD 100 /* instructions between two calls of the count hook */
 
-static void human_size(double b, char *buf, size_t n)
-{
-    const char *u[] = {"bytes", "KiB", "MiB", "GiB", "TiB"};
-    int i = 0;
-    while (b >= 1024 && i < 4) {
-        b /= 1024;
-        i++;
-    }
-    snprintf(buf, n, b == floor(b) ? "%.0f %s" : "%.1f %s", b, u[i]);
-}
-
 static void mem_message(const Fe *fe, int line, char *buf, size_t n)
 {
     char b[32];
-    human_size((double)fe->mem_limit, b, sizeof b);
+    ir_fmt_bytes((double)fe->mem_limit, -1, b, sizeof b);
     snprintf(buf, n, "%s:%d: the script used more than %s of Lua memory (expected a model "
              "script that builds its graph in less; a table that grows without end? "
              "KILN_LUA_MEMORY raises the limit)", fe->path, line, b);
@@ -754,7 +743,7 @@ static bool sandbox_limits(Script *sc, char *err, size_t errlen)
     }
     v = getenv("KILN_LUA_MEMORY");
     if (v) {
-        int64_t b = fe_parse_bytes(v);
+        int64_t b = ir_parse_bytes(v);
         if (b < (1 << 16) || (uint64_t)b > (uint64_t)(SIZE_MAX / 4)) {
             snprintf(err, errlen, "KILN_LUA_MEMORY: expected a size of at least 64KiB such as "
                      "512MiB or 4GiB, got '%s'", v);
@@ -798,22 +787,22 @@ static void collect_config(lua_State *L, Fe *fe)
     lua_rawgeti(L, LUA_REGISTRYINDEX, fe->config_ref);
     int t = lua_gettop(L);
     int cap = 16;
-    fe->m->config = xmalloc(sizeof(FeConfigItem) * (size_t)cap);
+    fe->m->priv->config = xmalloc(sizeof(FeConfigItem) * (size_t)cap);
     lua_pushnil(L);
     while (lua_next(L, t)) {
         if (lua_type(L, -2) == LUA_TSTRING) {
             char *v = value_text(L, -1);
             if (v) {
-                if (fe->m->nconfig == cap)
-                    fe->m->config = xrealloc(fe->m->config, sizeof(FeConfigItem) * (size_t)(cap *= 2));
-                fe->m->config[fe->m->nconfig++] =
+                if (fe->m->priv->nconfig == cap)
+                    fe->m->priv->config = xrealloc(fe->m->priv->config, sizeof(FeConfigItem) * (size_t)(cap *= 2));
+                fe->m->priv->config[fe->m->priv->nconfig++] =
                     (FeConfigItem){xstrdup(lua_tostring(L, -2)), v};
             }
         }
         lua_pop(L, 1);
     }
     lua_pop(L, 1);
-    qsort(fe->m->config, (size_t)fe->m->nconfig, sizeof(FeConfigItem), cmp_item);
+    qsort(fe->m->priv->config, (size_t)fe->m->priv->nconfig, sizeof(FeConfigItem), cmp_item);
 }
 
 /* Checks after the script ran; returns false with err set. */
@@ -868,6 +857,7 @@ static Model *load_once(const char *path, const Script *sc, const char *const *s
                         bool training, char *err, size_t errlen)
 {
     Model *m = xcalloc(1, sizeof *m);
+    m->priv = xcalloc(1, sizeof *m->priv);
     m->path = intern(path);
     m->g = ir_new();
     fe_train_defaults(&m->train);
@@ -925,7 +915,7 @@ static Model *load_once(const char *path, const Script *sc, const char *const *s
     fe.mem_armed = false;
     if (st != LUA_OK || fe.mem_over) {
         char b[32];
-        human_size((double)fe.mem_limit, b, sizeof b);
+        ir_fmt_bytes((double)fe.mem_limit, -1, b, sizeof b);
         if (st == LUA_ERRRUN || st == LUA_ERRSYNTAX)
             snprintf(err, errlen, "%s", lua_tostring(L, -1) ? lua_tostring(L, -1) : "unknown error");
         else if (fe.mem_over)
@@ -933,7 +923,7 @@ static Model *load_once(const char *path, const Script *sc, const char *const *s
         else if (st == LUA_ERRMEM)
             snprintf(err, errlen, "%s:%d: out of memory in Lua (the machine could not give the "
                      "script more; it held %s)", fe.path, fe.last_line,
-                     (human_size((double)fe.mem_used, b, sizeof b), b));
+                     ir_fmt_bytes((double)fe.mem_used, -1, b, sizeof b));
         else
             snprintf(err, errlen, "%s:%d: %s", fe.path, fe.last_line,
                      lua_tostring(L, -1) ? lua_tostring(L, -1) : "error in error handling");

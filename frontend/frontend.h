@@ -17,48 +17,13 @@
 #include <stdio.h>
 
 #include "ir.h"
+#include "train_cfg.h"
 
-/* ---- frontend.c: training settings ----------------------------------------
- * Every key is one row of a table (name, type, offset, default) that train{}
- * parsing, --set and printing all read. */
-typedef struct TrainCfg {
-    int64_t steps; double lr, min_lr; int64_t warmup;   /* lr schedule: linear warmup then cosine to min_lr */
-    double beta1, beta2, eps, weight_decay, grad_clip;
-    uint64_t seed; int64_t batch;                        /* batch: informative, must equal the inputs' leading dim when given */
-    const char *data;      /* "addition", "text", "tokens", "blobs" */
-    const char *data_path; /* file for text/tokens */
-    int64_t digits;        /* addition task: digits per operand */
-    double val_fraction; int64_t eval_every, eval_batches, log_every, checkpoint_every;
-    const char *checkpoint;   /* path prefix for checkpoints, NULL: none */
-    int64_t memory_budget;    /* bytes, 0 none; accepts "512MiB", "2GiB" strings too */
-    const char *precision;    /* "f32" (default) or "bf16" */
-    const char *tf32;         /* "true": f32 GEMMs on TF32 tensor cores (cuda) */
-    const char *cuda_graph;   /* "true": replay the step as a CUDA graph (cuda) */
-    double bucket_mb;         /* comm: gradient bucket size cap in MiB */
-    int64_t grad_accum;       /* micro-batches per step (>= 1); only the last reduces */
-    double comm_timeout;      /* seconds a collective may take before the ranks stop */
-    const char *on_nonfinite; /* "stop" (default) or "skip": a step whose loss or
-                                 gradient norm is not finite (never applied) */
-} TrainCfg;
-
-typedef struct {
-    const char *key;   /* config{} key */
-    const char *value; /* its final value, as text ("2", "0.1", "tiny", "true") */
-} FeConfigItem;
-
-typedef struct Model {
-    const char *path;  /* the script, as given */
-    Graph *g;          /* the forward graph; owned */
-    Graph *eval_g;     /* the forward graph for evaluation, built by a second run
-                          of the script with nn.training = false (dropout off);
-                          owned; NULL when g draws no random numbers (g serves);
-                          declares exactly g's params, inputs and state */
-    TrainCfg train;
-    int train_line;    /* the script's train{} call; 0 if none */
-    FeConfigItem *config; /* config{} keys sorted by name, final values */
-    int nconfig;
-    void *owned_;      /* private: strings the model owns */
-} Model;
+/* ---- frontend.c: running a model script ----------------------------------
+ * The result is a Model with its TrainCfg: types of runtime/train
+ * (train_cfg.h), which the training loop owns and the frontend fills. Every
+ * TrainCfg key is one row of a table (name, type, offset, default) that
+ * train{} parsing, --set and printing all read (settings.c). */
 
 /* Runs the model script in a sandbox (docs/dsl.md#sandbox): no file or OS
  * access, text chunks only, its Lua memory and instructions bounded by
@@ -81,9 +46,6 @@ void fe_train_defaults(TrainCfg *t);
 void fe_print_settings(const Model *m, FILE *f);
 /* The final value of a config{} key as text, NULL if the script has none. */
 const char *fe_config_get(const Model *m, const char *key);
-/* "512MiB", "2GiB", "1.5GB", "1000000" -> bytes; -1 if malformed. Suffixes
- * K/M/G/T (powers of 1000, optional B) and KiB/MiB/GiB/TiB (powers of 1024). */
-int64_t fe_parse_bytes(const char *s);
 /* An integer flag or setting: decimal digits with an optional sign ("12",
  * "-3"), or a number in exponent form that is an exact integer ("1e6").
  * True with *out set when s is such an integer from lo to hi; otherwise false

@@ -1,6 +1,6 @@
 /* settings.c - the training settings: one table of TrainCfg keys drives
- * train{}, --set and printing; byte sizes; the Model's owned strings. */
-#include "frontend.h"
+ * train{}, --set and printing; the Model's owned strings. */
+#include "fe_internal.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -76,56 +76,18 @@ const char *fe_train_key_list(void)
     return buf;
 }
 
-int64_t fe_parse_bytes(const char *s)
-{
-    if (!s)
-        return -1;
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (end == s || errno || v < 0 || !isfinite(v))
-        return -1;
-    while (*end == ' ')
-        end++;
-    static const struct {
-        const char *suf;
-        double mul;
-    } sufs[] = {{"", 1},
-                {"B", 1},
-                {"K", 1e3},
-                {"KB", 1e3},
-                {"M", 1e6},
-                {"MB", 1e6},
-                {"G", 1e9},
-                {"GB", 1e9},
-                {"T", 1e12},
-                {"TB", 1e12},
-                {"KiB", 1024.0},
-                {"MiB", 1024.0 * 1024},
-                {"GiB", 1024.0 * 1024 * 1024},
-                {"TiB", 1024.0 * 1024 * 1024 * 1024}};
-    for (size_t i = 0; i < sizeof sufs / sizeof sufs[0]; i++)
-        if (strcmp(end, sufs[i].suf) == 0) {
-            double b = v * sufs[i].mul;
-            if (b > 9.2e18)
-                return -1;
-            return (int64_t)llround(b);
-        }
-    return -1;
-}
-
-typedef struct Owned {
-    struct Owned *next;
+typedef struct FeOwned {
+    struct FeOwned *next;
     char s[];
-} Owned;
+} FeOwned;
 
 static const char *own_str(Model *m, const char *s)
 {
     size_t n = strlen(s);
-    Owned *o = xmalloc(sizeof(Owned) + n + 1);
+    FeOwned *o = xmalloc(sizeof(FeOwned) + n + 1);
     memcpy(o->s, s, n + 1);
-    o->next = m->owned_;
-    m->owned_ = o;
+    o->next = m->priv->owned;
+    m->priv->owned = o;
     return o->s;
 }
 
@@ -286,7 +248,7 @@ bool fe_train_store_text(Model *m, TrainCfg *t, const FeTrainKey *k, const char 
         return true;
     }
     if (k->type == FE_TT_BYTES) {
-        int64_t b = fe_parse_bytes(s);
+        int64_t b = ir_parse_bytes(s);
         if (b < 0) {
             snprintf(why, n, "expected a byte count such as 512MiB or 2GiB, got '%s'", s);
             return false;
@@ -378,8 +340,8 @@ static void print_train_value(const TrainCfg *t, const FeTrainKey *k, FILE *f)
 void fe_print_settings(const Model *m, FILE *f)
 {
     fprintf(f, "# config\n");
-    for (int i = 0; i < m->nconfig; i++)
-        fprintf(f, "%s = %s\n", m->config[i].key, m->config[i].value);
+    for (int i = 0; m->priv && i < m->priv->nconfig; i++)
+        fprintf(f, "%s = %s\n", m->priv->config[i].key, m->priv->config[i].value);
     fprintf(f, "# train\n");
     for (int i = 0; i < NTRAIN_KEYS; i++) {
         fprintf(f, "%s = ", train_keys[i].name);
@@ -390,9 +352,9 @@ void fe_print_settings(const Model *m, FILE *f)
 
 const char *fe_config_get(const Model *m, const char *key)
 {
-    for (int i = 0; i < m->nconfig; i++)
-        if (strcmp(m->config[i].key, key) == 0)
-            return m->config[i].value;
+    for (int i = 0; m->priv && i < m->priv->nconfig; i++)
+        if (strcmp(m->priv->config[i].key, key) == 0)
+            return m->priv->config[i].value;
     return NULL;
 }
 
@@ -402,14 +364,18 @@ void fe_model_free(Model *m)
         return;
     ir_free(m->g);
     ir_free(m->eval_g);
-    for (int i = 0; i < m->nconfig; i++) {
-        free((char *)m->config[i].key);
-        free((char *)m->config[i].value);
-    }
-    free(m->config);
-    for (Owned *o = m->owned_, *next; o; o = next) {
-        next = o->next;
-        free(o);
+    struct ModelPriv *p = m->priv;
+    if (p) {
+        for (int i = 0; i < p->nconfig; i++) {
+            free((char *)p->config[i].key);
+            free((char *)p->config[i].value);
+        }
+        free(p->config);
+        for (FeOwned *o = p->owned, *next; o; o = next) {
+            next = o->next;
+            free(o);
+        }
+        free(p);
     }
     free(m);
 }

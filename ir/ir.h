@@ -1,7 +1,10 @@
 /*
  * ir.h - kiln's graph IR: tensors, ops, the opcode table, and everything that
  * reads a graph without changing its meaning (verifier, printer, parser, cost
- * counts, reference interpreter). The public header of the ir/ layer.
+ * counts, reference interpreter). The public header of the ir/ layer, the
+ * bottom one: every other layer includes it, so it also holds what they all
+ * share (Diag; util.c: allocation, byte sizes read and printed, the clock,
+ * the median) and includes nothing of theirs.
  *
  * A Graph is SSA: every tensor is defined once, either as a graph input
  * (kind input/param/state: no producing op) or as the single output of one op.
@@ -37,10 +40,19 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <time.h>
 
 #define IR_MAX_RANK 8
 
-/* ---- util.c: allocation, dying, strings, hashing ---------------------- */
+/* ---- diagnostics -----------------------------------------------------------
+ * A user-level error, filled by whichever layer found it (a pass, codegen,
+ * the runtime) and printed once by whoever called it: "what is wrong
+ * (expected ..., got ...)", with a file:line in front where there is one. */
+typedef struct {
+    char msg[2048];
+} Diag;
+
+/* ---- util.c: allocation, dying, strings, hashing, sizes, numbers ------- */
 
 void *xmalloc(size_t n);
 void *xcalloc(size_t n, size_t size);
@@ -61,6 +73,29 @@ bool ir_add_ok(int64_t a, int64_t b, int64_t *r);
 /* a + b and a * b for a, b >= 0, saturating at INT64_MAX. */
 int64_t ir_add_sat(int64_t a, int64_t b);
 int64_t ir_mul_sat(int64_t a, int64_t b);
+/* "512MiB", "2GiB", "1.5GB", "1000000" -> bytes; -1 if malformed (or
+ * negative, or past 9.2e18). Suffixes K/M/G/T (powers of 1000, optional B)
+ * and KiB/MiB/GiB/TiB (powers of 1024); spaces may come between number and
+ * suffix. Every size a user gives (--memory-budget, train{memory_budget},
+ * KILN_CACHE_MAX, KILN_LUA_MEMORY) is read by this one parser. */
+int64_t ir_parse_bytes(const char *s);
+/* A byte count for people, into buf (returned): "512 B" below 1 KiB, else
+ * the largest binary unit (KiB ... EiB) that keeps the number >= 1, with
+ * `decimals` digits after the point ("1.50 MiB" for 2); decimals < 0: none
+ * for a whole number, else one ("8 MiB", "1.5 GiB"). */
+const char *ir_fmt_bytes(double bytes, int decimals, char *buf, size_t n);
+/* The median of v[0..n-1] (the mean of the middle two for even n); 0 when
+ * n is 0. v is left as it was. */
+double ir_median(const double *v, int64_t n);
+/* Seconds on the CLOCK_MONOTONIC clock: every duration kiln measures, and
+ * the time base of its trace and communication events. Inline so that the
+ * CUDA module, which links nothing of kilncore, reads the same clock. */
+static inline double ir_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 /* Growable array of T: `VEC(int) xs = {0}; vec_push(&xs, 3); xs.v[0]` */
 #define VEC(T) struct { T *v; int n, cap; }

@@ -1,6 +1,10 @@
-/* util.c - allocation that never returns NULL, die(), interned strings, hashing. */
+/* util.c - allocation that never returns NULL, die(), interned strings,
+ * hashing, and the small helpers every layer shares: checked arithmetic,
+ * byte sizes read and printed, a median. */
 #include "ir.h"
 
+#include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -79,6 +83,75 @@ int64_t ir_mul_sat(int64_t a, int64_t b)
 {
     int64_t r;
     return ir_mul_ok(a, b, &r) ? r : INT64_MAX;
+}
+
+int64_t ir_parse_bytes(const char *s)
+{
+    if (!s)
+        return -1;
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (end == s || errno || v < 0 || !isfinite(v))
+        return -1;
+    while (*end == ' ')
+        end++;
+    static const struct {
+        const char *suf;
+        double mul;
+    } sufs[] = {{"", 1},
+                {"B", 1},
+                {"K", 1e3},
+                {"KB", 1e3},
+                {"M", 1e6},
+                {"MB", 1e6},
+                {"G", 1e9},
+                {"GB", 1e9},
+                {"T", 1e12},
+                {"TB", 1e12},
+                {"KiB", 1024.0},
+                {"MiB", 1024.0 * 1024},
+                {"GiB", 1024.0 * 1024 * 1024},
+                {"TiB", 1024.0 * 1024 * 1024 * 1024}};
+    for (size_t i = 0; i < sizeof sufs / sizeof sufs[0]; i++)
+        if (strcmp(end, sufs[i].suf) == 0) {
+            double b = v * sufs[i].mul;
+            if (b > 9.2e18)
+                return -1;
+            return (int64_t)llround(b);
+        }
+    return -1;
+}
+
+const char *ir_fmt_bytes(double b, int decimals, char *buf, size_t n)
+{
+    static const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+    int u = 0;
+    while (b >= 1024 && u < 6)
+        b /= 1024, u++;
+    if (u == 0 || (decimals < 0 && b == floor(b)))
+        snprintf(buf, n, "%.0f %s", b, unit[u]);
+    else
+        snprintf(buf, n, "%.*f %s", decimals < 0 ? 1 : decimals, b, unit[u]);
+    return buf;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+double ir_median(const double *v, int64_t n)
+{
+    if (n <= 0)
+        return 0;
+    double *c = xmalloc(sizeof(double) * (size_t)n);
+    memcpy(c, v, sizeof(double) * (size_t)n);
+    qsort(c, (size_t)n, sizeof(double), cmp_double);
+    double m = n % 2 ? c[n / 2] : 0.5 * (c[n / 2 - 1] + c[n / 2]);
+    free(c);
+    return m;
 }
 
 uint64_t hash_bytes(const void *p, size_t n, uint64_t seed)

@@ -3,17 +3,13 @@
  * list (pipeline.c) with ir_verify() after each. The public header of passes/.
  *
  * A pass gets the graph and the options, and either succeeds or fills a
- * diagnostic. Passes that change the graph leave it compacted (ir_compact)
- * and valid for ir_verify.
+ * diagnostic (Diag, ir.h). Passes that change the graph leave it compacted
+ * (ir_compact) and valid for ir_verify.
  */
 #ifndef KILN_PASSES_H
 #define KILN_PASSES_H
 
 #include "ir.h"
-
-typedef struct {
-    char msg[2048];
-} Diag;
 
 typedef struct {
     /* optimizer (AdamW + global-norm clipping); defaults from pass_opts_default */

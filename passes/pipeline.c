@@ -38,13 +38,6 @@ const Pass *pass_find(const char *name)
     return NULL;
 }
 
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* The verifier's complaint about g (after pass `after`, or "frontend"),
  * with g's IR written to a file for the report: DIR/invalid-after-PASS.ir
  * with a dump directory, else a fresh $TMPDIR/kiln-invalid-after-PASS-*.ir. */
@@ -92,10 +85,10 @@ bool pass_pipeline(Graph *g, const PassOpts *o, const char *last, PassHook hook,
         return false;
     }
     for (int i = 0; i < pass_count; i++) {
-        double t0 = now();
+        double t0 = ir_now();
         if (!pass_list[i].run(g, o, d))
             return false;
-        double dt = now() - t0;
+        double dt = ir_now() - t0;
         if (!ir_verify(g, err, sizeof err)) {
             invalid_graph(g, pass_list[i].name, err, o, d);
             return false;

@@ -627,14 +627,7 @@ static int64_t eval_peak(const Graph *g, const Prob *P, const Sol *s, const Pass
 
 static void fmt_bytes(int64_t b, char *buf, size_t n)
 {
-    const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    double x = (double)b;
-    int i = 0;
-    while (x >= 1024 && i < 4) {
-        x /= 1024;
-        i++;
-    }
-    snprintf(buf, n, i ? "%.2f %s" : "%.0f %s", x, u[i]);
+    ir_fmt_bytes((double)b, 2, buf, n);
 }
 
 /* A predicted time in s, ms or us, 4 significant digits. */

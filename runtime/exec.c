@@ -14,7 +14,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 struct Exec {
@@ -36,13 +35,6 @@ struct Exec {
     RtCommEvent *cev;     /* room for one run's bucket events */
     int ncev;
 };
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static const char *step_kind(CgStepKind k)
 {
@@ -166,23 +158,14 @@ static bool setup_comm(Exec *e, Diag *d)
     return true;
 }
 
-/* "4.0 TiB": bytes in the largest binary unit that keeps the number >= 1. */
-static void human_size(double b, char *buf, size_t n)
-{
-    static const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
-    int u = 0;
-    while (b >= 1024 && u < 6)
-        b /= 1024, u++;
-    snprintf(buf, n, u ? "%.1f %s" : "%.0f %s", b, unit[u]);
-}
-
 /* False, with both sizes in d, when the plan's arena (persistent buffers and
  * temporaries) is larger than this machine's physical memory: checked before
- * the backend allocates anything. On the CPU only, whose arena is host
- * memory; a GPU backend reports its own allocation failure. */
+ * the backend allocates anything. Only for a backend whose arena is host
+ * memory (Backend.host); a device backend reports its own allocation
+ * failure. */
 static bool arena_fits(const Backend *be, const CgPlan *p, Diag *d)
 {
-    if (strcmp(be->name, "cpu") != 0)
+    if (!be->host)
         return true;
     long pages = sysconf(_SC_PHYS_PAGES), psize = sysconf(_SC_PAGE_SIZE);
     if (pages <= 0 || psize <= 0)
@@ -191,8 +174,8 @@ static bool arena_fits(const Backend *be, const CgPlan *p, Diag *d)
     if (p->arena_bytes <= mem)
         return true;
     char need[64], have[64];
-    human_size((double)p->arena_bytes, need, sizeof need);
-    human_size((double)mem, have, sizeof have);
+    ir_fmt_bytes((double)p->arena_bytes, 1, need, sizeof need);
+    ir_fmt_bytes((double)mem, 1, have, sizeof have);
     snprintf(d->msg, sizeof d->msg,
              "the plan needs %s%s but this machine has %s of memory (expected an arena of at "
              "most %lld bytes, got %lld: make the model or batch smaller, or set "
@@ -220,7 +203,7 @@ Exec *rt_exec_create(const Graph *g, const ExecOpts *o, Diag *d)
     e->ctx = be->create(e->plan, o, d);
     if (!e->ctx)
         goto fail;
-    if (strcmp(be->name, "cpu") != 0) { /* the CUDA module's cubins */
+    if (!be->host) { /* a device backend's code: the CUDA module's cubins */
         char *root = rt_cache_path(o->cache_dir), *cubins = xasprintf("%s/cuda", root);
         rt_cache_prune(cubins, "", NULL, o->verbose);
         free(cubins);
@@ -314,13 +297,13 @@ bool rt_exec_run(Exec *e, uint64_t seed, int64_t step, Diag *d)
         }
         return true;
     }
-    double t0 = now();
+    double t0 = ir_now();
     for (int s = 0; s < p->steps.n; s++) {
-        double a = now();
+        double a = ir_now();
         if (!run_step(e, s, seed, step, d))
             return false;
         e->be->sync(e->ctx);
-        double b = now();
+        double b = ir_now();
         account(e, s, a - t0, b - t0);
     }
     return true;

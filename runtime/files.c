@@ -14,8 +14,6 @@
  * the last minute stays (another process may be compiling or loading it). */
 #include "runtime.h"
 
-#include "frontend.h"
-
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -191,7 +189,7 @@ static int64_t cache_max(void)
     const char *e = getenv("KILN_CACHE_MAX");
     if (!e || !*e)
         return def;
-    int64_t v = fe_parse_bytes(e);
+    int64_t v = ir_parse_bytes(e);
     if (v < 0) {
         static bool warned;
         if (!warned)

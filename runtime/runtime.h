@@ -92,7 +92,8 @@ const char *rt_exec_device(const Exec *e);
  * time, largest first; they belong to the Exec. */
 typedef struct {
     const char *name;
-    const char *kind;   /* "kernel", "gemm", "copy" */
+    const char *kind;   /* "kernel", "gemm", "copy" (the training loop's
+                           report adds its phases: "phase") */
     int64_t calls;
     double seconds;
     double flops, bytes;
@@ -128,6 +129,15 @@ typedef struct {
     void (*sync)(BackendCtx *c); /* waits for queued work (profiling) */
     /* optional extensions (NULL: none, as on the CPU) */
     const struct BackendExt *ext;
+    /* True for a backend that runs on the host (the CPU): its arena is host
+     * memory, so the executor checks the plan's arena against the machine's
+     * memory before create; and it compiles and caches its kernels itself
+     * (runtime/cpu/cc.c prunes that cache). False (the default of a table
+     * that leaves it out: a device backend such as the CUDA module): the
+     * device reports its own allocation failure, and the executor prunes
+     * the device code cache (CACHE/cuda, written by the module, which links
+     * nothing of kilncore) after create. */
+    bool host;
 } Backend;
 
 /* A backend's optional extensions; each hook may be NULL. */
@@ -169,7 +179,8 @@ typedef struct BackendExt {
 struct CgCudaProgram; /* codegen.h */
 
 /* What the module needs from kiln (it links nothing of kilncore). */
-#define RT_CUDA_ABI 3 /* 2: Backend.ext; 3: BackendExt.arena_bytes, CgCudaProgram.mem */
+#define RT_CUDA_ABI 4 /* 2: Backend.ext; 3: BackendExt.arena_bytes, CgCudaProgram.mem;
+                         4: Backend.host */
 typedef struct {
     int abi; /* RT_CUDA_ABI */
     struct CgCudaProgram *(*program)(const struct CgPlan *p, bool bf16);

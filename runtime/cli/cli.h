@@ -11,8 +11,7 @@
 #include "frontend.h"
 #include "passes.h"
 
-/* "1.50 MiB", "12.000 M", "32.057 MFLOP" */
-void cli_human_bytes(double b, char *buf, size_t n);
+/* "12.000 M", "32.057 MFLOP" (byte counts: ir_fmt_bytes with 2 decimals) */
 void cli_human_count(double x, char *buf, size_t n);
 void cli_human_flops(double x, char *buf, size_t n);
 /* The recompute set remat chose (r), against the step's FLOPs (g). */

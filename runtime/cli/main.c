@@ -256,7 +256,7 @@ static void pass_hook(const char *pass, const Graph *g, double seconds, void *ct
 /* --memory-budget SIZE: bytes, or -1 after printing the error. */
 static int64_t parse_budget(const char *cmd, const char *v)
 {
-    int64_t b = fe_parse_bytes(v);
+    int64_t b = ir_parse_bytes(v);
     if (b <= 0) {
         bad_flag(cmd, "--memory-budget expects a size like 512MiB, 2GiB or 1000000, got", v);
         return -1;

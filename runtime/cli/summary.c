@@ -9,17 +9,6 @@
 #include "codegen.h"
 #include "cpu.h"
 
-void cli_human_bytes(double b, char *buf, size_t n)
-{
-    const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    int i = 0;
-    while (b >= 1024 && i < 4) {
-        b /= 1024;
-        i++;
-    }
-    snprintf(buf, n, i ? "%.2f %s" : "%.0f %s", b, u[i]);
-}
-
 void cli_human_count(double x, char *buf, size_t n)
 {
     if (x >= 1e12)
@@ -57,12 +46,12 @@ void cli_print_remat(const RematReport *r, const Graph *g, int64_t budget)
     if (r->chosen == REMAT_AUTO && !r->exact && r->gap >= 0)
         printf(", within %.2f%% of the LP bound", 100 * r->gap);
     if (budget > 0) {
-        cli_human_bytes((double)budget, b0, sizeof b0);
+        ir_fmt_bytes((double)budget, 2, b0, sizeof b0);
         printf(", budget %s", b0);
     }
     printf("\n");
-    cli_human_bytes((double)r->kept_bytes, b0, sizeof b0);
-    cli_human_bytes((double)r->recomputed_bytes, b1, sizeof b1);
+    ir_fmt_bytes((double)r->kept_bytes, 2, b0, sizeof b0);
+    ir_fmt_bytes((double)r->recomputed_bytes, 2, b1, sizeof b1);
     printf("  activations saved for backward: %d; kept %d (%s), recomputed %d (%s)\n",
            r->nsaved, r->nkept, b0, r->nrecomputed, b1);
     double step = ir_graph_flops(g);
@@ -117,14 +106,14 @@ void cli_print_summary(const Model *m, const Graph *fwd_g, const Graph *g, const
     cli_human_flops(step_flops, b0, sizeof b0);
     cli_human_flops(fwd_flops, b1, sizeof b1);
     printf("flops per step: %s (forward %s)\n", b0, b1);
-    cli_human_bytes(bytes, b0, sizeof b0);
+    ir_fmt_bytes(bytes, 2, b0, sizeof b0);
     printf("bytes moved per step (unfused, IR counts): %s\n", b0);
     if (mp) {
-        cli_human_bytes((double)mp->arena_bytes, b0, sizeof b0);
-        cli_human_bytes((double)mp->persistent_bytes, b1, sizeof b1);
+        ir_fmt_bytes((double)mp->arena_bytes, 2, b0, sizeof b0);
+        ir_fmt_bytes((double)mp->persistent_bytes, 2, b1, sizeof b1);
         printf("planned peak: %s (%lld bytes; persistent %s, temporaries %s)\n", b0,
                (long long)mp->arena_bytes, b1,
-               (cli_human_bytes((double)(mp->arena_bytes - mp->persistent_bytes), sb, sizeof sb), sb));
+               ir_fmt_bytes((double)(mp->arena_bytes - mp->persistent_bytes), 2, sb, sizeof sb));
     }
 }
 
@@ -150,8 +139,8 @@ bool cli_print_fusion(const Model *m, const Graph *g, const PassOpts *po)
     pass_fuse_stats(u, &before);
     ir_free(u);
     char b0[64], b1[64];
-    cli_human_bytes(before.bytes, b0, sizeof b0);
-    cli_human_bytes(after.bytes, b1, sizeof b1);
+    ir_fmt_bytes(before.bytes, 2, b0, sizeof b0);
+    ir_fmt_bytes(after.bytes, 2, b1, sizeof b1);
     if (po->no_fuse) {
         printf("fusion: off (--no-fuse): %d kernels + %d GEMMs, %s moved per step\n",
                before.kernels, before.gemms, b0);

@@ -276,5 +276,5 @@ static bool cpu_run_step(BackendCtx *c, int s, uint64_t seed, int64_t step, Diag
 static void cpu_sync(BackendCtx *c) { (void)c; }
 
 const Backend rt_backend_cpu = {
-    "cpu", cpu_create, cpu_destroy, cpu_write, cpu_read, cpu_run_step, cpu_sync, NULL,
+    "cpu", cpu_create, cpu_destroy, cpu_write, cpu_read, cpu_run_step, cpu_sync, NULL, true,
 };

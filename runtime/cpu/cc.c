@@ -14,8 +14,6 @@
  * is gone and keeps the directory under KILN_CACHE_MAX. */
 #include "cpu.h"
 
-#include "frontend.h"
-
 #include <dirent.h>
 #include <signal.h>
 #include <errno.h>
@@ -25,7 +23,6 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #ifndef KILN_C_COMPILER
@@ -43,13 +40,6 @@ static const char cc_flags[] =
 static RtCcStats stats;
 
 RtCcStats rt_cc_stats(void) { return stats; }
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 int rt_run_capture(const char *cmd, char **out)
 {
@@ -427,7 +417,7 @@ char *rt_cc_compile(const char *source, const char *cache_dir, int jobs, bool ve
     char *tmp = xasprintf("%s.tmp.%ld", so, (long)getpid());
     char *failed = xasprintf("%s/kiln-%016llx%016llx.failed.c", dir, (unsigned long long)h1,
                              (unsigned long long)h2);
-    double t0 = now();
+    double t0 = ir_now();
     bool ok = !stop_requested(d) && compile_parts(src, stem, tmp, failed, jobs, d);
     free(failed);
     if (ok && !add_trailer(tmp)) {
@@ -441,10 +431,10 @@ char *rt_cc_compile(const char *source, const char *cache_dir, int jobs, bool ve
         ok = false;
     }
     stats.compiles++;
-    stats.compile_seconds += now() - t0;
+    stats.compile_seconds += ir_now() - t0;
     if (verbose)
         fprintf(stderr, "kiln: cc: compiled %s in %.2fs (%d compiles, %d hits)\n", so,
-                now() - t0, stats.compiles, stats.cache_hits);
+                ir_now() - t0, stats.compiles, stats.cache_hits);
     free(stem);
     if (!ok) {
         free(tmp);

@@ -76,12 +76,7 @@ static const long FMA_ITERS = 5000000; /* 1.9e9 FLOPs per thread with AVX-512 */
 
 typedef double (*FmaFn)(long, float *);
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+
 
 typedef struct {
     int what; /* 0 fma, 1 gemm (bands of `rows`), 2 copy */
@@ -95,7 +90,7 @@ typedef struct {
 
 static void run_job(Job *j)
 {
-    double t0 = now_s();
+    double t0 = ir_now();
     if (j->what == 0)
         j->flops = j->fma(FMA_ITERS, &j->sink);
     else if (j->what == 1)
@@ -105,7 +100,7 @@ static void run_job(Job *j)
                         j->c + (size_t)r * j->rows * GEMM_N, GEMM_N);
     else
         memcpy(j->dst, j->src, COPY_BYTES);
-    j->seconds = now_s() - t0;
+    j->seconds = ir_now() - t0;
 }
 
 static void *job_thread(void *arg)
@@ -214,9 +209,9 @@ static bool measure_work(int threads, const char *cache_dir, bool verbose, CgDev
         }
     double best = INFINITY;
     for (int r = 0; r < 2 * REPS && ok; r++) {
-        double t0 = now_s();
+        double t0 = ir_now();
         ok = rt_exec_run(e, 1, r, d);
-        double t = now_s() - t0;
+        double t = ir_now() - t0;
         best = t < best ? t : best;
     }
     rt_exec_destroy(e);
@@ -274,10 +269,10 @@ static bool measure(int threads, const char *cache_dir, bool verbose, CgDevice *
     double t_launch = INFINITY;
     for (int r = 0; r < REPS; r++) {
         enum { CALLS = 2000 };
-        double t0 = now_s();
+        double t0 = ir_now();
         for (int i = 0; i < CALLS; i++)
             pool_run(&pool, threads, empty_part, NULL);
-        double t = (now_s() - t0) / CALLS;
+        double t = (ir_now() - t0) / CALLS;
         t_launch = t < t_launch ? t : t_launch;
     }
     pool_stop(&pool);

@@ -4,7 +4,7 @@
  * The parts of a job go to whichever thread claims them first: a worker
  * that has not come yet (its core busy with another process) leaves them
  * to the caller instead of holding the step up. Idle workers spin for
- * SPIN_NS, then sleep on a condition variable, so they hold a core for at
+ * SPIN_S, then sleep on a condition variable, so they hold a core for at
  * most that long while nothing runs. The spin spans the serial kernels
  * between two parallel steps: a worker that has gone to sleep costs a
  * wake-up (tens of microseconds on a virtual machine) per step, more than
@@ -14,21 +14,13 @@
 
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
-static const int64_t SPIN_NS = 300000, STEAL_NS = 100000;
+static const double SPIN_S = 300e-6, STEAL_S = 100e-6;
 
 typedef struct {
     Pool *pool;
     int id; /* 1..nth */
 } Worker;
-
-static int64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
 
 /* Claims and runs parts of the current job until none is left, or after
  * the first when once; true when this thread finished the job's last part. */
@@ -66,8 +58,9 @@ static void *worker_main(void *arg)
     unsigned long long seen = 0;
     for (;;) {
         unsigned long long g = atomic_load(&pl->gen);
-        for (int64_t t0 = now_ns(), i = 1; g == seen; i++) {
-            if (i % 256 == 0 && now_ns() - t0 > SPIN_NS)
+        double t0 = ir_now();
+        for (int64_t i = 1; g == seen; i++) {
+            if (i % 256 == 0 && ir_now() - t0 > SPIN_S)
                 break;
             g = atomic_load(&pl->gen);
         }
@@ -146,16 +139,18 @@ void pool_run(Pool *pl, int nparts, PoolFn fn, void *ctx)
     atomic_fetch_add(&pl->gen, 1);
     pthread_cond_broadcast(&pl->go);
     pthread_mutex_unlock(&pl->mu);
-    /* one part, then the workers get STEAL_NS to claim theirs (an awake
+    /* one part, then the workers get STEAL_S to claim theirs (an awake
      * worker does within a microsecond; one woken from sleep within tens)
      * before the caller takes what is left */
     pool_work(pl, true);
-    for (int64_t t0 = now_ns(), i = 1; !pool_claimed(pl); i++)
-        if (i % 64 == 0 && now_ns() - t0 > STEAL_NS)
+    double t0 = ir_now();
+    for (int64_t i = 1; !pool_claimed(pl); i++)
+        if (i % 64 == 0 && ir_now() - t0 > STEAL_S)
             break;
     pool_work(pl, false);
-    for (int64_t t0 = now_ns(), i = 1; atomic_load(&pl->finished) < nparts; i++)
-        if (i % 256 == 0 && now_ns() - t0 > SPIN_NS)
+    t0 = ir_now();
+    for (int64_t i = 1; atomic_load(&pl->finished) < nparts; i++)
+        if (i % 256 == 0 && ir_now() - t0 > SPIN_S)
             break;
     if (atomic_load(&pl->finished) < nparts) {
         pthread_mutex_lock(&pl->mu);

@@ -18,8 +18,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "frontend.h"
-
 struct RtDp {
     RtComm *comm;
     int rank, size, K;
@@ -315,30 +313,12 @@ void rt_dp_after_step(RtDp *dp, Trace *trace, double t0, bool trace_events)
     }
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n)
-{
-    if (n == 0)
-        return 0;
-    double *c = xmalloc(sizeof(double) * (size_t)n);
-    memcpy(c, v, sizeof(double) * (size_t)n);
-    qsort(c, (size_t)n, sizeof(double), cmp_double);
-    double m = n % 2 ? c[n / 2] : 0.5 * (c[n / 2 - 1] + c[n / 2]);
-    free(c);
-    return m;
-}
-
 void rt_dp_summary(const RtDp *dp, FILE *f)
 {
     if (!dp || dp->size == 1)
         return;
     int n = dp->comm_ms.n;
-    double comm = median(dp->comm_ms.v, n), exposed = median(dp->exposed_ms.v, n);
+    double comm = ir_median(dp->comm_ms.v, n), exposed = ir_median(dp->exposed_ms.v, n);
     double overlap = comm > 0 ? 100.0 * (1.0 - exposed / comm) : 0;
     if (overlap < 0)
         overlap = 0;

@@ -65,13 +65,6 @@ struct RtComm {
     void *pull_arg;
 };
 
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static void nap(long ns)
 {
     struct timespec ts = {0, ns};
@@ -111,9 +104,9 @@ static _Noreturn void lost(RtComm *c, const char *what)
         MPI_Irecv(&their[r], 1, MPI_INT64_T, r, TAG_PONG, c->pc, &rq[r]);
         MPI_Isend(&mine, 1, MPI_INT64_T, r, TAG_PING, c->pc, &sq[r]);
     }
-    double grace = c->timeout < 2 ? c->timeout : 2, t0 = now();
+    double grace = c->timeout < 2 ? c->timeout : 2, t0 = ir_now();
     int pending = n - 1;
-    while (pending > 0 && now() - t0 < grace) {
+    while (pending > 0 && ir_now() - t0 < grace) {
         for (int r = 0; r < n; r++) {
             if (r == c->rank || got[r])
                 continue;
@@ -157,7 +150,7 @@ static _Noreturn void lost(RtComm *c, const char *what)
 /* Waits for rq, polling with a deadline. */
 static void finish(RtComm *c, MPI_Request rq, const char *what)
 {
-    double deadline = now() + c->timeout;
+    double deadline = ir_now() + c->timeout;
     for (int spins = 0;; spins++) {
         int flag = 0;
         if (MPI_Test(&rq, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS)
@@ -166,7 +159,7 @@ static void finish(RtComm *c, MPI_Request rq, const char *what)
             return;
         if ((spins & 63) == 63) {
             answer_pings(c);
-            if (now() > deadline)
+            if (ir_now() > deadline)
                 lost(c, what);
         }
         if (spins > 64)
@@ -198,7 +191,7 @@ static void run_job(RtComm *c, Job *j)
     if (j->bucket == JOB_LOST)
         lost(c, j->what);
     char what[64];
-    double t0 = now();
+    double t0 = ir_now();
     int64_t bytes = 0;
     c->started++;
     if (j->bucket >= 0) {
@@ -236,7 +229,7 @@ static void run_job(RtComm *c, Job *j)
         for (int i = 0; i < j->nhost; i++)
             j->host[i] /= c->size;
     }
-    double t1 = now();
+    double t1 = ir_now();
     pthread_mutex_lock(&c->mu);
     c->comm_s += t1 - t0;
     RtCommEvent e = {j->bucket < 0 ? -1 : j->bucket, bytes, t0, t1};
@@ -393,7 +386,7 @@ void rt_comm_wait(RtComm *c, int bucket)
 {
     if (!c || c->size == 1)
         return;
-    double t0 = now();
+    double t0 = ir_now();
     bool waited = false;
     pthread_mutex_lock(&c->mu);
     while (bucket < c->nbuckets && c->bucket_busy[bucket] > 0) {
@@ -401,7 +394,7 @@ void rt_comm_wait(RtComm *c, int bucket)
         pthread_cond_wait(&c->cv, &c->mu);
     }
     if (waited)
-        c->exposed_s += now() - t0;
+        c->exposed_s += ir_now() - t0;
     pthread_mutex_unlock(&c->mu);
 }
 
@@ -444,8 +437,8 @@ void rt_comm_lost(RtComm *c, const char *what)
     push_job(c, (Job){.bucket = JOB_LOST, .what = xstrdup(what)});
     /* the thread is stuck in a collective of its own: it stops the job
      * itself within its timeout; this is the last resort */
-    double t0 = now();
-    while (now() - t0 < c->timeout + 10)
+    double t0 = ir_now();
+    while (ir_now() - t0 < c->timeout + 10)
         nap(10000000);
     fprintf(stderr,
             "kiln: rank %d: %s did not finish within %g s (comm_timeout); stopping every "

@@ -148,11 +148,11 @@ bool rt_trace_close(Trace *t, bool write, Diag *d)
 
 static int row_cmp(const void *a, const void *b)
 {
-    const ProfRow *x = a, *y = b;
-    return x->ms < y->ms ? 1 : x->ms > y->ms ? -1 : strcmp(x->name, y->name);
+    const RtProfRow *x = a, *y = b;
+    return x->seconds < y->seconds ? 1 : x->seconds > y->seconds ? -1 : strcmp(x->name, y->name);
 }
 
-void rt_profile_print(FILE *f, ProfRow *rows, int n, double total_ms, int max_rows)
+void rt_profile_print(FILE *f, RtProfRow *rows, int n, double total_ms, int max_rows)
 {
     qsort(rows, (size_t)n, sizeof *rows, row_cmp);
     int w = 6;
@@ -164,11 +164,11 @@ void rt_profile_print(FILE *f, ProfRow *rows, int n, double total_ms, int max_ro
     fprintf(f, "%-*s %8s %10s %7s %10s %9s\n", w, "kernel", "calls", "total ms", "% step",
             "GFLOP/s", "GB/s");
     double sum = 0;
-    ProfRow rest = {"", 0, 0, 0, 0};
+    RtProfRow rest = {0};
     int shown = max_rows > 0 && n > max_rows ? max_rows - 1 : n;
     for (int i = shown; i < n; i++) {
         rest.calls += rows[i].calls;
-        rest.ms += rows[i].ms;
+        rest.seconds += rows[i].seconds;
         rest.flops += rows[i].flops;
         rest.bytes += rows[i].bytes;
     }
@@ -178,17 +178,16 @@ void rt_profile_print(FILE *f, ProfRow *rows, int n, double total_ms, int max_ro
     for (int i = 0; i <= shown; i++) {
         if (i == shown && shown == n)
             break;
-        const ProfRow *r = i < shown ? &rows[i] : &rest;
-        double s = r->ms * 1e-3;
+        const RtProfRow *r = i < shown ? &rows[i] : &rest;
+        double s = r->seconds, ms = 1e3 * s;
         char gf[32] = "-", gb[32] = "-";
         if (s > 0 && r->flops > 0)
             snprintf(gf, sizeof gf, "%.2f", r->flops / s * 1e-9);
         if (s > 0 && r->bytes > 0)
             snprintf(gb, sizeof gb, "%.2f", r->bytes / s * 1e-9);
         fprintf(f, "%-*.*s %8lld %10.3f %6.1f%% %10s %9s\n", w, w, r->name,
-                (long long)r->calls, r->ms, total_ms > 0 ? 100.0 * r->ms / total_ms : 0.0, gf,
-                gb);
-        sum += r->ms;
+                (long long)r->calls, ms, total_ms > 0 ? 100.0 * ms / total_ms : 0.0, gf, gb);
+        sum += ms;
     }
     fprintf(f, "%-*s %8s %10.3f %6.1f%%\n", w, "total", "", sum,
             total_ms > 0 ? 100.0 * sum / total_ms : 0.0);

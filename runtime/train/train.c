@@ -7,17 +7,8 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
-#include "frontend.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 double rt_lr_at(const TrainCfg *c, int64_t step, int64_t steps)
 {
@@ -138,8 +129,18 @@ static bool init_tensor(const Tensor *t, uint64_t seed, void *dst, Diag *d)
 
 /* ---- the run ---- */
 
+/* Step times for the median, in memory that does not grow with --steps: at
+ * most STEP_TIMES_MAX are kept; when full, every other one is dropped and
+ * from then on only every 2nd (4th, ...) step is recorded, an even sample of
+ * the whole run. */
+#define STEP_TIMES_MAX ((int64_t)1 << 16)
 typedef struct {
-    Model *m;
+    double *ms;              /* STEP_TIMES_MAX entries once a step ran; NULL before */
+    int64_t n, stride, seen; /* kept; record every stride-th; steps seen */
+} StepTimes;
+
+typedef struct {
+    const Model *m;
     const TrainOpts *o;
     TrainCfg c;
     Graph *tg, *eg;       /* training step; evaluation (forward) */
@@ -163,6 +164,7 @@ typedef struct {
     RtComm *comm;         /* its ranks; NULL: one rank */
     int64_t skipped;      /* steps not applied (on_nonfinite = "skip") */
     int64_t ckpt_step;    /* the last checkpoint written (-1: none) */
+    StepTimes times;      /* per step, ms */
 } Run;
 
 enum { PH_DATA, PH_STEP, PH_EVAL, PH_CKPT, PH__N };
@@ -463,7 +465,7 @@ static void push_state(Run *r)
  * sum(mask*nll) / max(sum(mask), 1) gives. Accuracy counts are summed. */
 static bool evaluate(Run *r, Diag *d)
 {
-    double t_start = now_s();
+    double t_start = ir_now();
     pull_state(r);
     for (int i = 0; i < r->eg->t.n; i++) {
         const Tensor *t = &r->eg->t.v[i];
@@ -542,7 +544,7 @@ static bool evaluate(Run *r, Diag *d)
         r->last_acc = (double)r->acc_right / (double)r->acc_total;
     }
     free(v);
-    phase(r, PH_EVAL, t_start, now_s());
+    phase(r, PH_EVAL, t_start, ir_now());
     return true;
 }
 
@@ -560,7 +562,7 @@ static bool save_checkpoint(Run *r, const char *prefix, Diag *d)
 {
     if (rt_dp_rank(r->dp) != 0)
         return true; /* every rank holds the same params */
-    double t_start = now_s();
+    double t_start = ir_now();
     pull_state(r);
     const char *bad = nonfinite_state(r);
     if (bad) {
@@ -578,7 +580,7 @@ static bool save_checkpoint(Run *r, const char *prefix, Diag *d)
     if (ok && !r->o->quiet)
         printf("checkpoint: %s\n", p);
     free(p);
-    phase(r, PH_CKPT, t_start, now_s());
+    phase(r, PH_CKPT, t_start, ir_now());
     return ok;
 }
 
@@ -600,34 +602,25 @@ static bool writable_dir(const char *path, Diag *d)
     return ok;
 }
 
-/* Step times for the median, in memory that does not grow with --steps: at
- * most STEP_TIMES_MAX are kept; when full, every other one is dropped and
- * from then on only every 2nd (4th, ...) step is recorded, an even sample of
- * the whole run. */
-#define STEP_TIMES_MAX ((int64_t)1 << 16)
-static void step_time_add(double *ms, int64_t *nms, int64_t *stride, int64_t *seen, double x)
+static void step_time_add(StepTimes *t, double x)
 {
-    if ((*seen)++ % *stride)
+    if (t->seen++ % t->stride)
         return;
-    if (*nms == STEP_TIMES_MAX) {
-        for (int64_t i = 0; i < *nms / 2; i++)
-            ms[i] = ms[2 * i];
-        *nms /= 2;
-        *stride *= 2;
+    if (!t->ms)
+        t->ms = xcalloc((size_t)STEP_TIMES_MAX, sizeof *t->ms);
+    if (t->n == STEP_TIMES_MAX) {
+        for (int64_t i = 0; i < t->n / 2; i++)
+            t->ms[i] = t->ms[2 * i];
+        t->n /= 2;
+        t->stride *= 2;
     }
-    ms[(*nms)++] = x;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
+    t->ms[t->n++] = x;
 }
 
 /* The run was stopped by sig (rt_dp_stop) after its current step: the
  * summary line into d (rank 0; empty on the others). */
-static void stop_summary(Run *r, int sig, float loss, double *ms, int64_t nms,
-                         int64_t tokens, const char *ckpt, Diag *d)
+static void stop_summary(Run *r, int sig, float loss, int64_t tokens, const char *ckpt,
+                         Diag *d)
 {
     d->msg[0] = 0;
     if (rt_dp_rank(r->dp) != 0)
@@ -636,13 +629,12 @@ static void stop_summary(Run *r, int sig, float loss, double *ms, int64_t nms,
     size_t n = sizeof d->msg, k;
     k = (size_t)snprintf(p, n, "kiln: stopped by %s at step %lld/%lld", rt_signal_name(sig),
                          (long long)r->step, (long long)r->steps);
-    if (nms && isfinite(loss))
+    if (r->times.n && isfinite(loss))
         k += (size_t)snprintf(p + k, n - k, ": train loss %.9g", (double)loss);
     else
         k += (size_t)snprintf(p + k, n - k, ": no step ran");
-    if (nms) {
-        qsort(ms, (size_t)nms, sizeof *ms, cmp_double);
-        double med = nms % 2 ? ms[nms / 2] : 0.5 * (ms[nms / 2 - 1] + ms[nms / 2]);
+    if (r->times.n) {
+        double med = ir_median(r->times.ms, r->times.n);
         k += (size_t)snprintf(p + k, n - k, " | median %.2f ms/step | %.0f tok/s", med,
                               (double)tokens / (med * 1e-3));
     }
@@ -655,16 +647,6 @@ static void stop_summary(Run *r, int sig, float loss, double *ms, int64_t nms,
     } else if (ckpt) {
         snprintf(p + k, n - k, " | no checkpoint written");
     }
-}
-
-static void fmt_bytes(char *buf, size_t n, double b)
-{
-    if (b >= 1 << 30)
-        snprintf(buf, n, "%.2f GiB", b / (1 << 30));
-    else if (b >= 1 << 20)
-        snprintf(buf, n, "%.2f MiB", b / (1 << 20));
-    else
-        snprintf(buf, n, "%.1f KiB", b / 1024);
 }
 
 /* MFU counts the model's FLOPs (the step without recomputation), HFU the
@@ -713,7 +695,7 @@ static bool build(Run *r, Diag *d)
     const char *one = getenv("KILN_COMM_ONE_RANK");
     if (po.nranks == 1 && one && strcmp(one, "1") == 0)
         po.nranks = 2;
-    double t_start = now_s();
+    double t_start = ir_now();
     r->tg = ir_clone(r->m->g);
     if (!pass_pipeline(r->tg, &po, NULL, NULL, NULL, d))
         return false;
@@ -745,11 +727,11 @@ static bool build(Run *r, Diag *d)
                 "CPU backend computes in f32 and runs steps one by one\n");
     r->flops = ir_graph_flops(r->tg);
     rt_trace_event(r->trace, "compile", "train", 1e6 * (t_start - r->t0),
-                   1e6 * (now_s() - t_start), 0);
+                   1e6 * (ir_now() - t_start), 0);
     if (r->o->verbose)
         printf("compiled: training step %d ops, %.3g FLOP/step; evaluation %d ops; "
                "%.1f s\n",
-               r->tg->ops.n, r->flops, r->eg->ops.n, now_s() - t_start);
+               r->tg->ops.n, r->flops, r->eg->ops.n, ir_now() - t_start);
     return true;
 }
 
@@ -800,22 +782,21 @@ static void print_profile(Run *r, double loop_ms, int64_t nsteps)
 {
     const RtProfRow *pr;
     int n = rt_exec_profile(r->te, &pr);
-    ProfRow *rows = xcalloc((size_t)n + PH__N, sizeof *rows);
-    for (int i = 0; i < n; i++)
-        rows[i] = (ProfRow){pr[i].name, pr[i].calls, 1e3 * pr[i].seconds, pr[i].flops,
-                            pr[i].bytes};
+    RtProfRow *rows = xcalloc((size_t)n + PH__N, sizeof *rows);
+    if (n)
+        memcpy(rows, pr, sizeof *rows * (size_t)n);
     printf("\nprofile: per kernel over %lld training steps (%.1f ms in steps):\n",
            (long long)nsteps, r->ph_ms[PH_STEP]);
     rt_profile_print(stdout, rows, n, r->ph_ms[PH_STEP], 25);
     /* by kind: the share of the step in GEMMs versus generated kernels */
     static const char *kinds[] = {"gemm", "kernel", "copy"};
-    ProfRow by_kind[3] = {{0}};
+    RtProfRow by_kind[3] = {{0}};
     for (int k = 0; k < 3; k++) {
-        by_kind[k].name = kinds[k];
+        by_kind[k].name = by_kind[k].kind = kinds[k];
         for (int i = 0; i < n; i++)
             if (pr[i].kind && strcmp(pr[i].kind, kinds[k]) == 0) {
                 by_kind[k].calls += pr[i].calls;
-                by_kind[k].ms += 1e3 * pr[i].seconds;
+                by_kind[k].seconds += pr[i].seconds;
                 by_kind[k].flops += pr[i].flops;
                 by_kind[k].bytes += pr[i].bytes;
             }
@@ -825,8 +806,8 @@ static void print_profile(Run *r, double loop_ms, int64_t nsteps)
     n = 0;
     for (int i = 0; i < PH__N; i++)
         if (r->ph_calls[i])
-            rows[n++] = (ProfRow){ph_names[i], r->ph_calls[i], r->ph_ms[i],
-                                  i == PH_STEP ? r->flops * (double)r->ph_calls[i] : 0, 0};
+            rows[n++] = (RtProfRow){ph_names[i], "phase", r->ph_calls[i], 1e-3 * r->ph_ms[i],
+                                    i == PH_STEP ? r->flops * (double)r->ph_calls[i] : 0, 0};
     printf("\nprofile: training loop, with the final evaluation and saves (%.1f ms):\n",
            loop_ms);
     rt_profile_print(stdout, rows, n, loop_ms, 0);
@@ -849,12 +830,36 @@ static void trace_kernels(Run *r, double t_start, int64_t nth)
                        1);
 }
 
-int rt_train(Model *m, const TrainOpts *o)
+/* Everything a run holds but its ranks (rt_dp_close, last); any part may be
+ * missing (the run failed before making it). */
+static void run_free(Run *r)
 {
-    Run r = {.m = m, .o = o, .c = m->train, .ckpt_step = -1};
+    if (r->vals) {
+        for (int i = 0; i < r->tg->t.n; i++)
+            free(r->vals[i]);
+        free(r->vals);
+    }
+    if (r->te)
+        rt_exec_destroy(r->te);
+    if (r->ee)
+        rt_exec_destroy(r->ee);
+    if (r->tg)
+        ir_free(r->tg);
+    if (r->eg)
+        ir_free(r->eg);
+    rt_data_close(r->ds);
+    free(r->times.ms);
+}
+
+/* Every failure after the ranks are open goes to `out` with d set (or a
+ * stop signal recorded): the one exit, which reports, closes the trace and
+ * frees the run. */
+int rt_train(const Model *m, const TrainOpts *o)
+{
+    Run r = {.m = m, .o = o, .c = m->train, .ckpt_step = -1, .times = {.stride = 1}};
     Diag d = {{0}};
     int rc = 1;
-    r.t0 = now_s();
+    r.t0 = ir_now();
     if (!rt_dp_open(&m->train, &r.dp, &d))
         goto out;
     if (o->trace) {
@@ -881,31 +886,25 @@ int rt_train(Model *m, const TrainOpts *o)
     const Tensor *lr_t = lr_id >= 0 ? &r.tg->t.v[lr_id] : NULL;
     bool tty = rt_stdout_tty() && !o->quiet;
     int64_t tokens = r.B * r.T * rt_dp_rows_factor(r.dp), first = r.step;
-    int64_t nms = 0, ms_stride = 1, ms_seen = 0;
-    double *ms = xcalloc((size_t)STEP_TIMES_MAX, sizeof *ms);
     float loss = NAN;
     bool skip = r.c.on_nonfinite && strcmp(r.c.on_nonfinite, "skip") == 0;
-    double loop0 = now_s();
+    double loop0 = ir_now();
     int stop = 0; /* SIGINT, SIGTERM: stop after the current step (rt_dp_stop) */
     while (r.step < r.steps && !(stop = rt_dp_stop(r.dp))) {
-        double t_a = now_s();
+        double t_a = ir_now();
         if (!rt_dp_step(r.dp, r.te, r.tg, rt_data_batch(r.ds, DATA_TRAIN, r.data_pos),
-                        r.c.seed, r.step, &d)) {
-            free(ms);
+                        r.c.seed, r.step, &d))
             goto out;
-        }
         float lr = 0;
         if (lr_t) {
             lr = (float)rt_lr_at(&r.c, r.step, r.steps);
             write_f32(r.te, lr_t, &lr);
         }
-        double t_b = now_s();
-        if (!rt_exec_run(r.te, r.c.seed, r.step, &d)) {
-            free(ms);
+        double t_b = ir_now();
+        if (!rt_exec_run(r.te, r.c.seed, r.step, &d))
             goto out;
-        }
         loss = rt_dp_loss(r.dp, read_loss(r.te, r.tg));
-        double t_c = now_s();
+        double t_c = ir_now();
         rt_dp_after_step(r.dp, r.trace, r.t0, r.step - first < TRACE_KERNEL_STEPS);
         phase(&r, PH_DATA, t_a, t_b);
         phase(&r, PH_STEP, t_b, t_c);
@@ -918,7 +917,7 @@ int rt_train(Model *m, const TrainOpts *o)
         double dev_s = rt_exec_device_seconds(r.te);
         if (dev_s >= 0 && rt_dp_rows_factor(r.dp) == rt_dp_size(r.dp))
             step_ms = 1e3 * dev_s;
-        step_time_add(ms, &nms, &ms_stride, &ms_seen, step_ms);
+        step_time_add(&r.times, step_ms);
         /* a step with a non-finite loss or gradient norm changed nothing
          * (passes/optimizer.c): stop, or go on without it */
         char why[64], skipped[128] = "";
@@ -936,7 +935,6 @@ int rt_train(Model *m, const TrainOpts *o)
                          "training diverged at step %lld: %s; params are those of step %lld "
                          "(not updated; try a lower lr or grad_clip, or on_nonfinite=skip)",
                          (long long)r.step, why, (long long)r.step - 1);
-            free(ms);
             goto out;
         }
         if (bad)
@@ -947,7 +945,7 @@ int rt_train(Model *m, const TrainOpts *o)
         if (log) {
             char mfu[64], mem[32];
             fmt_mfu(mfu, sizeof mfu, r.flops, r.tg, step_ms, o->peak_gflops);
-            fmt_bytes(mem, sizeof mem, (double)rt_exec_arena_bytes(r.te));
+            ir_fmt_bytes((double)rt_exec_arena_bytes(r.te), 2, mem, sizeof mem);
             printf("%sstep %5lld/%lld | loss %.6f | lr %.3e | %8.2f ms | %9.0f tok/s | %s | "
                    "mem %s%s\n",
                    tty ? "\r\033[K" : "", (long long)r.step, (long long)r.steps,
@@ -957,10 +955,8 @@ int rt_train(Model *m, const TrainOpts *o)
         }
         if (r.c.eval_every > 0 && r.step % r.c.eval_every == 0 && r.step < r.steps &&
             rt_data_has_val(r.ds)) {
-            if (!evaluate(&r, &d)) {
-                free(ms);
+            if (!evaluate(&r, &d))
                 goto out;
-            }
             if (!o->quiet) {
                 printf("%seval  %5lld | val loss %.6f", tty ? "\r\033[K" : "",
                        (long long)r.step, r.last_val_loss);
@@ -972,10 +968,8 @@ int rt_train(Model *m, const TrainOpts *o)
             }
         }
         if (ckpt && r.c.checkpoint_every > 0 && r.step % r.c.checkpoint_every == 0 &&
-            r.step < r.steps && !save_checkpoint(&r, ckpt, &d)) {
-            free(ms);
+            r.step < r.steps && !save_checkpoint(&r, ckpt, &d))
             goto out;
-        }
         if (tty)
             progress(&r, loss);
     }
@@ -984,19 +978,14 @@ int rt_train(Model *m, const TrainOpts *o)
     if (!stop) /* a signal during the last step */
         stop = rt_dp_stop(r.dp);
     if (stop) {
-        stop_summary(&r, stop, loss, ms, nms, tokens, ckpt, &d);
-        free(ms);
+        stop_summary(&r, stop, loss, tokens, ckpt, &d);
         rc = 128 + stop;
         goto out;
     }
-    if (rt_data_has_val(r.ds) && !evaluate(&r, &d)) {
-        free(ms);
+    if (rt_data_has_val(r.ds) && !evaluate(&r, &d))
         goto out;
-    }
-    if (ckpt && !save_checkpoint(&r, ckpt, &d)) {
-        free(ms);
+    if (ckpt && !save_checkpoint(&r, ckpt, &d))
         goto out;
-    }
     if (o->save_weights && rt_dp_rank(r.dp) == 0) {
         pull_state(&r);
         const char *bad = nonfinite_state(&r);
@@ -1005,17 +994,13 @@ int rt_train(Model *m, const TrainOpts *o)
                      "training diverged by step %lld: \"%s\" is not finite (an update "
                      "overflowed: try a lower lr); no weights written",
                      (long long)r.step, bad);
-        if (bad || !rt_weights_save(o->save_weights, r.tg, r.vals, &d)) {
-            free(ms);
+        if (bad || !rt_weights_save(o->save_weights, r.tg, r.vals, &d))
             goto out;
-        }
         if (!o->quiet)
             printf("weights: %s\n", o->save_weights);
     }
-    double loop_ms = 1e3 * (now_s() - loop0);
-    qsort(ms, (size_t)nms, sizeof *ms, cmp_double);
-    double med = nms ? (nms % 2 ? ms[nms / 2] : 0.5 * (ms[nms / 2 - 1] + ms[nms / 2])) : 0;
-    free(ms);
+    double loop_ms = 1e3 * (ir_now() - loop0);
+    double med = ir_median(r.times.ms, r.times.n);
     /* no step ran (resumed at the end): nothing to report as training loss */
     if (isnan(loss) && r.step == first)
         printf("final: step %lld | train loss n/a (no step ran)", (long long)r.step);
@@ -1033,7 +1018,7 @@ int rt_train(Model *m, const TrainOpts *o)
                mfu);
     }
     char mem[32];
-    fmt_bytes(mem, sizeof mem, (double)rt_exec_arena_bytes(r.te));
+    ir_fmt_bytes((double)rt_exec_arena_bytes(r.te), 2, mem, sizeof mem);
     printf(" | peak mem %s", mem);
     if (r.skipped)
         printf(" | skipped %lld of %lld steps (loss or gradient norm not finite)",
@@ -1063,20 +1048,7 @@ out:
     } else if (rc == 0 && o->trace && !o->quiet) {
         printf("trace: %s\n", o->trace);
     }
-    if (r.vals) {
-        for (int i = 0; i < r.tg->t.n; i++)
-            free(r.vals[i]);
-        free(r.vals);
-    }
-    if (r.te)
-        rt_exec_destroy(r.te);
-    if (r.ee)
-        rt_exec_destroy(r.ee);
-    if (r.tg)
-        ir_free(r.tg);
-    if (r.eg)
-        ir_free(r.eg);
-    rt_data_close(r.ds);
+    run_free(&r);
     fflush(stdout);
     rt_dp_close(r.dp, rc);
     return rc;

@@ -1,7 +1,8 @@
 /*
  * train.h - training (runtime/train/): the loop, its data sources,
  * checkpoints and weights in safetensors files, the trace and profile
- * reports.
+ * reports, and what the loop trains (train_cfg.h: TrainCfg and Model, the
+ * types the frontend fills).
  */
 #ifndef KILN_TRAIN_H
 #define KILN_TRAIN_H
@@ -9,6 +10,7 @@
 #include <stdio.h>
 
 #include "runtime.h"
+#include "train_cfg.h"
 
 /* ---- data.c: training data sources ---------------------------------------
  * A source fills a model's data inputs by name: tokens i32[B,T], targets
@@ -149,15 +151,11 @@ void rt_trace_thread_name(Trace *t, int tid, const char *name); /* tid 0..7 */
 /* Writes the file (when `write`) and frees t (NULL: nothing to do). */
 bool rt_trace_close(Trace *t, bool write, Diag *d);
 
-typedef struct {
-    const char *name;
-    int64_t calls;
-    double ms;           /* total over all calls */
-    double flops, bytes; /* total over all calls, from the IR's counts (0: unknown) */
-} ProfRow;
-/* Sorts rows by time and prints: name, calls, total ms, % of total_ms,
- * achieved GFLOP/s and GB/s; past max_rows (> 0) the rest share one row. */
-void rt_profile_print(FILE *f, ProfRow *rows, int n, double total_ms, int max_rows);
+/* Sorts rows (the executor's RtProfRow, runtime.h: totals over all calls;
+ * flops and bytes 0 where unknown) by time, then name, and prints: name,
+ * calls, total ms, % of total_ms, achieved GFLOP/s and GB/s; past max_rows
+ * (> 0) the rest share one row. */
+void rt_profile_print(FILE *f, RtProfRow *rows, int n, double total_ms, int max_rows);
 
 /* ---- train.c: the training loop -------------------------------------------
  * `kiln train` maps its flags 1:1 onto TrainOpts. The loop builds the
@@ -169,9 +167,6 @@ void rt_profile_print(FILE *f, ProfRow *rows, int n, double total_ms, int max_ro
  * (PREFIX without a trailing .safetensors) every checkpoint_every steps and
  * at the end. The same seed gives bit-identical losses; N steps, then
  * --resume and the rest, equal the whole run straight. */
-typedef struct Model Model;
-typedef struct TrainCfg TrainCfg;
-
 typedef struct {
     float final_loss;  /* last training step's loss */
     double val_loss;   /* NaN when no validation split */
@@ -199,7 +194,7 @@ typedef struct {
 } TrainOpts;
 
 /* Returns the process exit code: 0, or 1 after printing the error. */
-int rt_train(Model *m, const TrainOpts *o);
+int rt_train(const Model *m, const TrainOpts *o);
 /* Pass options from a model's training settings: the defaults, then the
  * optimizer's (beta1, beta2, eps, weight_decay, grad_clip) and the memory
  * budget. */

@@ -419,7 +419,7 @@ static bool emu_run_step(BackendCtx *c, int s, uint64_t seed, int64_t step, Diag
 static void emu_sync(BackendCtx *c) { (void)c; }
 
 const Backend emu_backend_cuda = {
-    "cuda-emu", emu_create, emu_destroy, emu_write, emu_read, emu_run_step, emu_sync, NULL,
+    "cuda-emu", emu_create, emu_destroy, emu_write, emu_read, emu_run_step, emu_sync, NULL, false,
 };
 
 const CgCudaProgram *emu_backend_program(const BackendCtx *c) { return c->q; }

@@ -9,7 +9,8 @@
  * to run_step) and every other step to run_step, in plan order; --profile
  * takes the per-step times from step_times without synchronising per step;
  * rt_exec_device_seconds returns run_seconds; a plan without allreduce
- * steps calls no comm_setup; the CPU backend has no extensions (-1). */
+ * steps calls no comm_setup; the CPU backend has no extensions (-1);
+ * Backend.host decides which backend's code cache the executor prunes. */
 #include "codegen.h"
 #include "frontend.h"
 #include "runtime.h"
@@ -21,6 +22,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #ifndef KILN_C_COMPILER
 #define KILN_C_COMPILER "cc"
@@ -65,7 +68,7 @@ static const char fake_module[] =
     "  say(\"times\\n\"); return true;\n"
     "}\n"
     "static const BackendExt ext = {setup, ar_start, ar_wait, events, secs, times, NULL};\n"
-    "static const Backend be = {\"fake-cuda\", create, destroy, wr, rd, run, sync_, &ext};\n"
+    "static const Backend be = {\"fake-cuda\", create, destroy, wr, rd, run, sync_, &ext, false};\n"
     "const Backend *kiln_cuda_backend(const RtCudaHost *h);\n"
     "const Backend *kiln_cuda_backend(const RtCudaHost *h) { (void)h; return &be; }\n"
     "int kiln_cuda_device_count(char *why, size_t n);\n"
@@ -216,6 +219,48 @@ static void test_no_collectives(void **state)
     ir_free(g);
 }
 
+/* Backend.host: after creating a device backend (host false: the fake
+ * module, like the CUDA module) the executor prunes the device code cache
+ * (CACHE/cuda), whose writer links no kilncore; a host backend (the CPU)
+ * caches its own kernels and leaves CACHE/cuda alone. What a prune removes
+ * first: a temp file whose writer is gone. */
+static void test_host_capability(void **state)
+{
+    (void)state;
+    assert_true(rt_backend_cpu.host);
+    Diag d = {{0}};
+    const Backend *be = rt_backend_select("cuda", false, &d);
+    assert_non_null(be);
+    assert_false(be->host);
+    char *cache = xasprintf("%s/cache", dir), *cu = xasprintf("%s/cuda", cache);
+    assert_true(rt_mkdir_p(cu));
+    pid_t pid = fork(); /* a writer that is gone: a child that has exited */
+    if (pid == 0)
+        _exit(0);
+    assert_true(pid > 0 && waitpid(pid, NULL, 0) == pid);
+    char *tmp = xasprintf("%s/k.cubin.tmp.%ld", cu, (long)pid);
+    write_file(tmp, "half a cubin");
+    Graph *g = mlp_graph(1);
+    ExecOpts eo = {.device = "cpu", .cache_dir = cache};
+    Exec *e = rt_exec_create(g, &eo, &d);
+    if (!e)
+        fail_msg("%s", d.msg);
+    rt_exec_destroy(e);
+    if (access(tmp, F_OK) != 0)
+        fail_msg("the CPU backend's executor pruned %s", tmp);
+    eo.device = "cuda";
+    e = rt_exec_create(g, &eo, &d);
+    if (!e)
+        fail_msg("%s", d.msg);
+    rt_exec_destroy(e);
+    if (access(tmp, F_OK) == 0)
+        fail_msg("the device backend's executor left %s", tmp);
+    ir_free(g);
+    free(tmp);
+    free(cu);
+    free(cache);
+}
+
 /* Every local rank needs a GPU of its own: with 2 ranks on a machine whose
  * driver sees 1 GPU, --device cuda is a clear error and --device auto
  * trains on the CPU (every rank alike); with 2 GPUs both take the GPU. */
@@ -248,6 +293,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_device_collectives),
         cmocka_unit_test(test_no_collectives),
+        cmocka_unit_test(test_host_capability),
         cmocka_unit_test(test_ranks_per_gpu),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

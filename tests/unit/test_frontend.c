@@ -9,7 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 
 #include "frontend.h"
 
@@ -56,7 +55,14 @@ static void test_every_model_loads(void **state)
     for (char **pp = paths; *pp; pp++) {
         Model *m = load_model(*pp, NULL, 0);
         check_forward_graph(m);
-        assert_true(m->nconfig > 0);
+        /* at least one config{} key: a line between "# config" and "# train" */
+        char *buf = NULL;
+        size_t len = 0;
+        FILE *f = open_memstream(&buf, &len);
+        fe_print_settings(m, f);
+        fclose(f);
+        assert_true(strncmp(buf, "# config\n", 9) == 0 && strncmp(buf + 9, "# train", 7) != 0);
+        free(buf);
         assert_non_null(m->train.data);
         fe_model_free(m);
     }
@@ -104,11 +110,9 @@ static void test_gpt2_124m(void **state)
 {
     (void)state;
     const char *sets[] = {"size=124M"};
-    struct timespec a, b;
-    clock_gettime(CLOCK_MONOTONIC, &a);
+    double t0 = ir_now();
     Model *m = load_model("models/gpt.lua", sets, 1);
-    clock_gettime(CLOCK_MONOTONIC, &b);
-    double s = (double)(b.tv_sec - a.tv_sec) + (double)(b.tv_nsec - a.tv_nsec) * 1e-9;
+    double s = ir_now() - t0;
     if (s >= 0.3)
         fail_msg("loading GPT-2 124M took %.3f s (expected well under 0.3 s)", s);
     check_forward_graph(m);
@@ -285,12 +289,6 @@ static void test_settings_printed(void **state)
     fe_train_defaults(&t);
     assert_string_equal(t.precision, "f32");
     assert_true(t.beta1 == 0.9);
-    assert_int_equal(fe_parse_bytes("512MiB"), 512LL << 20);
-    assert_int_equal(fe_parse_bytes("2GiB"), 2LL << 30);
-    assert_int_equal(fe_parse_bytes("1.5GB"), 1500000000LL);
-    assert_int_equal(fe_parse_bytes("1000"), 1000);
-    assert_int_equal(fe_parse_bytes("12 parsecs"), -1);
-    assert_int_equal(fe_parse_bytes("-1"), -1);
 }
 
 /* ---- the sandbox ------------------------------------------------------------

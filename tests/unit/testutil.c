@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 double rel_err(const double *a, const double *b, int64_t n)
 {
@@ -183,4 +184,21 @@ void write_file(const char *path, const char *text)
     FILE *f = fopen(path, "w");
     if (!f || fputs(text, f) == EOF || fclose(f) != 0)
         fail_msg("cannot write %s", path);
+}
+
+bool have_command(const char *name)
+{
+    const char *path = getenv("PATH");
+    if (!path || !*path)
+        return false;
+    char *dirs = xstrdup(path), *save = NULL;
+    bool found = false;
+    for (char *dir = strtok_r(dirs, ":", &save); dir && !found;
+         dir = strtok_r(NULL, ":", &save)) {
+        char *p = xasprintf("%s/%s", *dir ? dir : ".", name);
+        found = access(p, X_OK) == 0;
+        free(p);
+    }
+    free(dirs);
+    return found;
 }

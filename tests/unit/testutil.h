@@ -42,4 +42,9 @@ void free_model_paths(char **paths);
 /* Runs a model script (fe_load_model); fails the test with the frontend's
  * message on error. */
 Model *load_model(const char *path, const char *const *sets, int nsets);
+/* What main returns when a tool the test needs is absent: ctest reports the
+ * test Skipped, not Passed (SKIP_RETURN_CODE, tests/CMakeLists.txt). */
+#define TEST_SKIPPED 77
+/* True when name is an executable file in a directory of $PATH. */
+bool have_command(const char *name);
 #endif

@@ -1,0 +1,59 @@
+/*
+ * train_cfg.h - what the training loop trains: its settings (TrainCfg) and
+ * the model (Model: the forward and evaluation graphs, the settings, and
+ * where they came from). These types belong to runtime/train (train.h
+ * includes this header, and rt_train, rt_pass_opts, rt_lr_at and
+ * dist/dp.c read them); the frontend fills them (fe_load_model, from a
+ * model script's train{} and --set) and includes this header alone of the
+ * runtime's, so the frontend depends on the runtime's types and never the
+ * other way round. Depends on ir.h only.
+ */
+#ifndef KILN_TRAIN_CFG_H
+#define KILN_TRAIN_CFG_H
+
+#include <stdint.h>
+
+#include "ir.h"
+
+/* The training settings. The frontend's key table (frontend/settings.c:
+ * name, type, offset, default, range) fills every field from train{} and
+ * --set and prints them; a field added here needs its row there. */
+typedef struct TrainCfg {
+    int64_t steps; double lr, min_lr; int64_t warmup;   /* lr schedule: linear warmup then cosine to min_lr */
+    double beta1, beta2, eps, weight_decay, grad_clip;
+    uint64_t seed; int64_t batch;                        /* batch: informative, must equal the inputs' leading dim when given */
+    const char *data;      /* "addition", "text", "tokens", "blobs" */
+    const char *data_path; /* file for text/tokens */
+    int64_t digits;        /* addition task: digits per operand */
+    double val_fraction; int64_t eval_every, eval_batches, log_every, checkpoint_every;
+    const char *checkpoint;   /* path prefix for checkpoints, NULL: none */
+    int64_t memory_budget;    /* bytes, 0 none; accepts "512MiB", "2GiB" strings too */
+    const char *precision;    /* "f32" (default) or "bf16" */
+    const char *tf32;         /* "true": f32 GEMMs on TF32 tensor cores (cuda) */
+    const char *cuda_graph;   /* "true": replay the step as a CUDA graph (cuda) */
+    double bucket_mb;         /* comm: gradient bucket size cap in MiB */
+    int64_t grad_accum;       /* micro-batches per step (>= 1); only the last reduces */
+    double comm_timeout;      /* seconds a collective may take before the ranks stop */
+    const char *on_nonfinite; /* "stop" (default) or "skip": a step whose loss or
+                                 gradient norm is not finite (never applied) */
+} TrainCfg;
+
+/* A model to train. Whoever fills it owns it and frees it (the frontend:
+ * fe_model_free); the loop only reads it. */
+typedef struct Model {
+    const char *path;  /* the script, as given: messages name it */
+    Graph *g;          /* the forward graph: output "loss" (a scalar float) and
+                          any named outputs */
+    Graph *eval_g;     /* the forward graph for evaluation, built by a second run
+                          of the script with nn.training = false (dropout off);
+                          NULL when g draws no random numbers (g serves);
+                          declares exactly g's params, inputs and state */
+    TrainCfg train;
+    int train_line;    /* the line of path that set train (train{}); 0 if none:
+                          the loop's settings errors point there */
+    struct ModelPriv *priv; /* the producer's own data (the frontend's config{}
+                               values and the strings it owns); the runtime
+                               never reads it */
+} Model;
+
+#endif
