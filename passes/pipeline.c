@@ -1,4 +1,7 @@
-/* pipeline.c - the flat list of passes and the driver that runs them. */
+/* pipeline.c - the flat list of passes, the driver that runs them with the
+ * verifier between them, and the dump each pass leaves (--dump-after, kiln
+ * opt). The driver tells each pass which passes follow it (o->after): remat
+ * plans through them; no pass reads pass_list. */
 #include "passes.h"
 
 #include <errno.h>
@@ -27,6 +30,7 @@ const Pass pass_list[] = {
     {"fuse", pass_fuse},
     {"comm", pass_comm},
     {"schedule", pass_schedule},
+    {"memplan", pass_memplan_run},
 };
 const int pass_count = (int)(sizeof pass_list / sizeof pass_list[0]);
 
@@ -36,6 +40,36 @@ const Pass *pass_find(const char *name)
         if (strcmp(pass_list[i].name, name) == 0)
             return &pass_list[i];
     return NULL;
+}
+
+void pass_opts_after(PassOpts *o, const char *pass)
+{
+    o->after = NULL;
+    o->nafter = 0;
+    const Pass *p = pass_find(pass);
+    if (p && p + 1 < pass_list + pass_count) {
+        o->after = p + 1;
+        o->nafter = (int)(pass_list + pass_count - (p + 1));
+    }
+}
+
+const char *pass_dump_ext(const char *pass)
+{
+    return strcmp(pass, "memplan") == 0 ? "txt" : "ir";
+}
+
+void pass_dump(const char *pass, const Graph *g, const MemPlan *mp, FILE *f)
+{
+    if (strcmp(pass, "memplan") == 0) {
+        if (mp)
+            pass_memplan_print(g, mp, f);
+        return;
+    }
+    ir_print(g, f);
+    if (strcmp(pass, "comm") == 0)
+        pass_comm_print(g, f);
+    if (strcmp(pass, "fuse") == 0)
+        pass_fuse_print(g, f);
 }
 
 static double now(void)
@@ -83,27 +117,40 @@ static void invalid_graph(const Graph *g, const char *after, const char *err,
                  path, strerror(errno));
 }
 
-bool pass_pipeline(Graph *g, const PassOpts *o, const char *last, PassHook hook,
-                   void *ctx, Diag *d)
+bool pass_run(Graph *g, const Pass *const *passes, int n, const PassOpts *o, PassHook hook,
+              void *ctx, Diag *d)
 {
     char err[1024];
     if (!ir_verify(g, err, sizeof err)) {
         invalid_graph(g, "frontend", err, o, d);
         return false;
     }
-    for (int i = 0; i < pass_count; i++) {
+    PassOpts po = *o;
+    for (int i = 0; i < n; i++) {
+        pass_opts_after(&po, passes[i]->name);
         double t0 = now();
-        if (!pass_list[i].run(g, o, d))
+        if (!passes[i]->run(g, &po, d))
             return false;
         double dt = now() - t0;
         if (!ir_verify(g, err, sizeof err)) {
-            invalid_graph(g, pass_list[i].name, err, o, d);
+            invalid_graph(g, passes[i]->name, err, o, d);
             return false;
         }
         if (hook)
-            hook(pass_list[i].name, g, dt, ctx);
+            hook(passes[i]->name, g, dt, ctx);
+    }
+    return true;
+}
+
+bool pass_pipeline(Graph *g, const PassOpts *o, const char *last, PassHook hook,
+                   void *ctx, Diag *d)
+{
+    const Pass *passes[sizeof pass_list / sizeof pass_list[0]];
+    int n = 0;
+    for (int i = 0; i < pass_count; i++) {
+        passes[n++] = &pass_list[i];
         if (last && strcmp(last, pass_list[i].name) == 0)
             break;
     }
-    return true;
+    return pass_run(g, passes, n, o, hook, ctx, d);
 }

@@ -109,6 +109,7 @@ typedef struct {
     bool no_fuse;          /* --no-fuse */
     int ndump_written;
     bool dump_error;
+    MemPlan *mp;           /* the memplan pass's plan (its dump reads it) */
 } CompileArgs;
 
 static int bad_flag(const char *cmd, const char *msg, const char *arg)
@@ -223,14 +224,10 @@ static void dump_graph(CompileArgs *a, const char *pass, const Graph *g)
     if (!wants_dump(a, pass))
         return;
     char *path;
-    FILE *f = dump_open(a, pass, "ir", &path);
+    FILE *f = dump_open(a, pass, pass_dump_ext(pass), &path);
     if (!f)
         return;
-    ir_print(g, f);
-    if (strcmp(pass, "comm") == 0)
-        pass_comm_print(g, f);
-    if (strcmp(pass, "fuse") == 0)
-        pass_fuse_print(g, f);
+    pass_dump(pass, g, a->mp, f);
     dump_close(a, f, path);
 }
 
@@ -346,27 +343,23 @@ static int cmd_compile(int argc, char **argv)
         fe_print_settings(m, stdout);
 
     PassOpts po;
-    rt_pass_opts(&m->train, &po);
-    if (a.memory_budget >= 0)
-        po.memory_budget = a.memory_budget;
-    po.remat = a.remat;
-    po.nranks = a.nproc > 0 ? a.nproc : 1;
-    po.no_overlap = a.no_overlap;
-    po.no_fuse = a.no_fuse;
+    RtGraphFlags gf = {.memory_budget = a.memory_budget, .remat = a.remat, .nranks = a.nproc,
+                       .no_overlap = a.no_overlap, .no_fuse = a.no_fuse};
+    rt_pass_opts(&m->train, &gf, &po);
     po.dump_dir = a.dump_dir;
-    po.grad_accum = (int)m->train.grad_accum;
-    po.bucket_bytes = (int64_t)(m->train.bucket_mb * 1048576.0);
     RematReport rr;
     memset(&rr, 0, sizeof rr);
     po.remat_report = &rr;
+    po.memplan = &a.mp;
 
     Graph *g = ir_clone(m->g);
     Diag d = {{0}};
     int rc = 0;
-    MemPlan *mp = NULL;
     if (a.remat_sweep) {
+        PassOpts so = po;
+        pass_opts_after(&so, "remat");
         if (!pass_pipeline(g, &po, "simplify", NULL, NULL, &d) ||
-            !pass_remat_sweep(g, &po, 8, stdout, &d)) {
+            !pass_remat_sweep(g, &so, 8, stdout, &d)) {
             fprintf(stderr, "%s\n", d.msg);
             rc = 1;
         }
@@ -377,19 +370,9 @@ static int cmd_compile(int argc, char **argv)
         rc = 1;
         goto out;
     }
-    mp = pass_memplan(g, &d);
-    if (!mp) {
-        fprintf(stderr, "%s\n", d.msg);
-        rc = 1;
-        goto out;
-    }
-    if (wants_dump(&a, "memplan")) {
-        char *path;
-        FILE *f = dump_open(&a, "memplan", "txt", &path);
-        if (f)
-            pass_memplan_print(g, mp, f);
-        dump_close(&a, f, path);
-    }
+    const MemPlan *mp = a.mp; /* the memplan pass ends the pipeline */
+    if (!mp)
+        die("kiln compile: the pipeline left no memory plan");
     cli_print_summary(m, m->g, g, mp);
     cli_print_remat(&rr, g, po.memory_budget);
     if (!cli_print_fusion(m, g, &po))
@@ -405,7 +388,7 @@ static int cmd_compile(int argc, char **argv)
     if (a.dump_error)
         rc = 1;
 out:
-    pass_memplan_free(mp);
+    pass_memplan_free(a.mp);
     ir_free(g);
     fe_model_free(m);
     vec_free(&a.sets);

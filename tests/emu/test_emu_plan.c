@@ -155,7 +155,7 @@ static Case load_case(const char *path, const char *const *sets, int nsets)
     Case c = {path, NULL, NULL, {0}};
     c.m = load_model(path, sets, nsets);
     PassOpts po;
-    rt_pass_opts(&c.m->train, &po);
+    rt_pass_opts(&c.m->train, NULL, &po);
     po.remat = remat_policy;
     Diag d = {{0}};
     if (!pipeline(c.m->g, &po, fused, &d))

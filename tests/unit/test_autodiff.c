@@ -219,7 +219,7 @@ static int64_t gru_peak(int T)
     const char *sets[1] = {set};
     Model *m = load_model("tests/data/gru_slices.lua", sets, 1);
     PassOpts po;
-    rt_pass_opts(&m->train, &po);
+    rt_pass_opts(&m->train, NULL, &po);
     Diag d = {{0}};
     if (!pass_pipeline(m->g, &po, NULL, NULL, NULL, &d))
         fail_msg("gru_slices.lua T=%d: %s", T, d.msg);
