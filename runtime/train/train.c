@@ -725,6 +725,15 @@ static bool build(Run *r, Diag *d)
     r->tg = ir_clone(r->m->g);
     if (!pass_pipeline(r->tg, &po, NULL, NULL, NULL, d))
         return false;
+    if (r->o->dump_ir && rt_dp_rank(r->dp) == 0) { /* the graph kiln compile builds */
+        char *ir = ir_print_str(r->tg);
+        const void *chunk = ir;
+        size_t len = strlen(ir);
+        bool ok = rt_write_atomic(r->o->dump_ir, &chunk, &len, 1, d);
+        free(ir);
+        if (!ok)
+            return false;
+    }
     r->eg = ir_clone(r->m->eval_g ? r->m->eval_g : r->m->g); /* dropout off */
     if (!pass_simplify(r->eg, &po, d) || !pass_fuse(r->eg, &po, d) ||
         !pass_schedule(r->eg, &po, d))

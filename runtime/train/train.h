@@ -196,6 +196,8 @@ typedef struct {
     TrainResult *result;      /* optional out */
     bool no_overlap;          /* --no-overlap: every allreduce starts after backward */
     bool no_fuse;             /* --no-fuse: every op its own kernel */
+    const char *dump_ir;      /* --dump-ir FILE: the training step's IR after the
+                                 pipeline (rank 0), as kiln compile's schedule dump */
 } TrainOpts;
 
 /* Returns the process exit code: 0, or 1 after printing the error. */
