@@ -79,11 +79,42 @@ static double now(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* o as `kiln opt` flags (every setting a pass reads), into buf. */
+static void opts_flags(const PassOpts *o, char *buf, size_t n)
+{
+    size_t k = 0;
+    char v[5][40];
+#define ADD(...) (k += (size_t)snprintf(buf + k, k < n ? n - k : 0, __VA_ARGS__))
+    ADD("--set beta1=%s --set beta2=%s --set eps=%s --set weight_decay=%s --set grad_clip=%s "
+        "--set grad_accum=%d",
+        ir_fmt_double(o->beta1, v[0], sizeof v[0]), ir_fmt_double(o->beta2, v[1], sizeof v[1]),
+        ir_fmt_double(o->eps, v[2], sizeof v[2]),
+        ir_fmt_double(o->weight_decay, v[3], sizeof v[3]),
+        ir_fmt_double(o->grad_clip, v[4], sizeof v[4]), o->grad_accum > 1 ? o->grad_accum : 1);
+    if (o->bucket_bytes > 0)
+        ADD(" --set bucket_mb=%s",
+            ir_fmt_double((double)o->bucket_bytes / 1048576.0, v[0], sizeof v[0]));
+    if (o->memory_budget > 0)
+        ADD(" --memory-budget %lld", (long long)o->memory_budget);
+    if (o->remat != REMAT_DEFAULT)
+        ADD(" --remat=%s", pass_remat_policy_name(o->remat));
+    if (o->nranks > 1)
+        ADD(" --nproc %d", o->nranks);
+    if (o->no_overlap)
+        ADD(" --no-overlap");
+    if (o->no_fuse)
+        ADD(" --no-fuse");
+#undef ADD
+}
+
 /* The verifier's complaint about g (after pass `after`, or "frontend"),
  * with g's IR written to a file for the report: DIR/invalid-after-PASS.ir
- * with a dump directory, else a fresh $TMPDIR/kiln-invalid-after-PASS-*.ir. */
-static void invalid_graph(const Graph *g, const char *after, const char *err,
-                          const PassOpts *o, Diag *d)
+ * with a dump directory, else a fresh $TMPDIR/kiln-invalid-after-PASS-*.ir.
+ * The file opens with comment lines: the complaint, the pass options as
+ * `kiln opt` flags, and how to replay the pass (`before`: the pass whose
+ * output it ran on). */
+static void invalid_graph(const Graph *g, const char *after, const char *before,
+                          const char *err, const PassOpts *o, Diag *d)
 {
     char path[1024];
     FILE *f = NULL;
@@ -99,6 +130,16 @@ static void invalid_graph(const Graph *g, const char *after, const char *err,
     }
     bool ok = f != NULL;
     if (f) { /* a write error (a full disk) counts: ferror, then fclose */
+        char flags[1024];
+        opts_flags(o, flags, sizeof flags);
+        fprintf(f, "# kiln: the graph is invalid after %s: %s\n", after, err);
+        fprintf(f, "# pass options: %s\n", flags);
+        if (before)
+            fprintf(f,
+                    "# replay: kiln opt BEFORE.ir --passes=%s %s\n"
+                    "#   BEFORE.ir: the IR %s ran on (kiln compile MODEL --dump-after=%s\n"
+                    "#   with the same flags)\n",
+                    after, flags, after, before);
         ir_print(g, f);
         ok = !ferror(f);
         ok = fclose(f) == 0 && ok;
@@ -122,7 +163,7 @@ bool pass_run(Graph *g, const Pass *const *passes, int n, const PassOpts *o, Pas
 {
     char err[1024];
     if (!ir_verify(g, err, sizeof err)) {
-        invalid_graph(g, "frontend", err, o, d);
+        invalid_graph(g, "frontend", NULL, err, o, d);
         return false;
     }
     PassOpts po = *o;
@@ -133,7 +174,8 @@ bool pass_run(Graph *g, const Pass *const *passes, int n, const PassOpts *o, Pas
             return false;
         double dt = now() - t0;
         if (!ir_verify(g, err, sizeof err)) {
-            invalid_graph(g, passes[i]->name, err, o, d);
+            invalid_graph(g, passes[i]->name, i > 0 ? passes[i - 1]->name : "frontend", err, o,
+                          d);
             return false;
         }
         if (hook)

@@ -503,11 +503,11 @@ static int cmd_train(int argc, char **argv)
 static const char usage_opt[] =
     "usage: kiln opt FILE.ir --passes=P1,P2,... [options]\n"
     "\n"
-    "Reads IR text (a --dump-after dump, an invalid-after-PASS.ir report, a\n"
-    "pass test's input; - reads standard input), runs the named passes in\n"
-    "order with the verifier after each, and prints what --dump-after prints\n"
-    "after the last one: the IR (with fuse's group and comm's bucket lines as\n"
-    "comments), or memplan's memory timeline.\n"
+    "Reads IR text (a --dump-after dump, an invalid-after-PASS.ir report, or a\n"
+    "pass test, whose input ends at the line \"# >>> ...\"; - reads standard\n"
+    "input), runs the named passes in order with the verifier after each, and\n"
+    "prints what --dump-after prints after the last one: the IR (with fuse's\n"
+    "group and comm's bucket lines as comments), or memplan's memory timeline.\n"
     "\n"
     "options:\n"
     "  --passes=P1,P2,...   autodiff, optimizer, simplify, remat, fuse, comm,\n"
@@ -595,6 +595,16 @@ static char *opt_read(const char *path)
                 path);
         free(buf);
         return NULL;
+    }
+    /* a pass test (tests/passes) is its own input: the IR ends at the line
+     * "# >>> ..." that starts the expected output */
+    for (char *l = buf; *l; l++) {
+        if (strncmp(l, "# >>>", 5) == 0) {
+            *l = 0;
+            break;
+        }
+        if (!(l = strchr(l, '\n')))
+            break;
     }
     return buf;
 }
