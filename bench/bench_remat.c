@@ -13,21 +13,20 @@
 
 #include "frontend.h"
 #include "passes.h"
+#include "runtime.h"
+#include "train.h"
 
 static Graph *prepare(const Model *m, PassOpts *po)
 {
-    pass_opts_default(po);
-    po->beta1 = m->train.beta1;
-    po->beta2 = m->train.beta2;
-    po->eps = m->train.eps;
-    po->weight_decay = m->train.weight_decay;
-    po->grad_clip = m->train.grad_clip;
+    rt_pass_opts(&m->train, NULL, po);
+    po->memory_budget = 0; /* set per measurement */
     Graph *g = ir_clone(m->g);
     Diag d = {{0}};
     if (!pass_pipeline(g, po, "simplify", NULL, NULL, &d)) {
         fprintf(stderr, "%s\n", d.msg);
         exit(1);
     }
+    pass_opts_after(po, "remat"); /* remat plans through the later passes */
     return g;
 }
 
@@ -51,16 +50,15 @@ static int64_t peak_with(const Graph *g0, const PassOpts *base, int policy, int6
         seconds[0] = ir_now() - t0;
         seconds[1] = (double)(clock() - c0) / CLOCKS_PER_SEC;
     }
-    bool after = false;
-    for (int i = 0; i < pass_count; i++) {
-        if (after && !pass_list[i].run(g, &po, &d)) {
+    MemPlan *mp = NULL; /* the later passes end with memplan, which hands its plan here */
+    po.memplan = &mp;
+    for (int i = 0; i < po.nafter; i++)
+        if (!po.after[i].run(g, &po, &d)) {
             fprintf(stderr, "%s\n", d.msg);
             exit(1);
         }
-        if (strcmp(pass_list[i].name, "remat") == 0)
-            after = true;
-    }
-    MemPlan *mp = pass_memplan(g, &d);
+    if (!mp)
+        die("bench_remat: memplan is not after remat in the pipeline");
     int64_t a = mp->arena_bytes;
     pass_memplan_free(mp);
     ir_free(g);

@@ -402,6 +402,9 @@ bool ir_verify(const Graph *g, char *err, size_t errlen);
 /* print.c / parse.c */
 void ir_print(const Graph *g, FILE *f);
 char *ir_print_str(const Graph *g); /* malloc'd */
+/* v in the shortest form strtod reads back to the same double ("0.9",
+ * "1e-08", "-0", "inf", "nan"), as the printer writes numbers; returns buf. */
+const char *ir_fmt_double(double v, char *buf, size_t n);
 /* Parses the text form. On error returns NULL and writes "NAME:LINE: ..." */
 Graph *ir_parse(const char *text, const char *name, char *err, size_t errlen);
 

@@ -13,7 +13,7 @@
 #include <string.h>
 
 /* Shortest "%.Ng" that strtod reads back to the same double. */
-static const char *fmt_double(double v, char *buf, size_t n)
+const char *ir_fmt_double(double v, char *buf, size_t n)
 {
     if (isnan(v)) {
         snprintf(buf, n, "nan");
@@ -57,10 +57,10 @@ static void print_init(FILE *f, const ParamInit *in)
     case INIT_NONE: fputs("none", f); break;
     case INIT_ZEROS: fputs("zeros", f); break;
     case INIT_ONES: fputs("ones", f); break;
-    case INIT_NORMAL: fprintf(f, "normal(%s)", fmt_double(in->a, a, sizeof a)); break;
+    case INIT_NORMAL: fprintf(f, "normal(%s)", ir_fmt_double(in->a, a, sizeof a)); break;
     case INIT_UNIFORM:
-        fprintf(f, "uniform(%s,%s)", fmt_double(in->a, a, sizeof a),
-                fmt_double(in->b, b, sizeof b));
+        fprintf(f, "uniform(%s,%s)", ir_fmt_double(in->a, a, sizeof a),
+                ir_fmt_double(in->b, b, sizeof b));
         break;
     default: fprintf(f, "init%d", (int)in->kind); break;
     }
@@ -80,7 +80,7 @@ static void print_attrs(FILE *f, const Op *op)
     const OpAttr *a = &op->attr;
     char d[40];
     switch (ir_opinfo[op->code].attr) {
-    case AK_VALUE: fprintf(f, " {value=%s}", fmt_double(a->f, d, sizeof d)); break;
+    case AK_VALUE: fprintf(f, " {value=%s}", ir_fmt_double(a->f, d, sizeof d)); break;
     case AK_AXIS: fprintf(f, " {axis=%lld}", (long long)(a->nia ? a->ia[0] : -1)); break;
     case AK_AXES: fputs(" {", f); print_list(f, "axes", a->ia, a->nia); fputc('}', f); break;
     case AK_PERM: fputs(" {", f); print_list(f, "perm", a->ia, a->nia); fputc('}', f); break;

@@ -293,3 +293,15 @@ void pass_memplan_print(const Graph *g, const MemPlan *m, FILE *f)
     }
     fprintf(f, "peak %lld bytes\n", (long long)m->peak_live);
 }
+
+bool pass_memplan_run(Graph *g, const PassOpts *o, Diag *d)
+{
+    MemPlan *m = pass_memplan(g, d);
+    if (!m)
+        return false;
+    if (o->memplan)
+        *o->memplan = m;
+    else
+        pass_memplan_free(m);
+    return true;
+}

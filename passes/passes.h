@@ -3,8 +3,10 @@
  * list (pipeline.c) with ir_verify() after each. The public header of passes/.
  *
  * A pass gets the graph and the options, and either succeeds or fills a
- * diagnostic (Diag, ir.h). Passes that change the graph leave it compacted
- * (ir_compact) and valid for ir_verify.
+ * diagnostic (Diag, ir.h). Passes that change the graph leave it compacted (ir_compact)
+ * and valid for ir_verify. Every pass is deterministic: the same graph text
+ * and options give the same result, so a dump after one pass, parsed back
+ * and run through the next (`kiln opt`), gives the pipeline's own next dump.
  */
 #ifndef KILN_PASSES_H
 #define KILN_PASSES_H
@@ -30,27 +32,55 @@ typedef struct {
     /* pass_pipeline: where an invalid graph's IR is written (NULL: $TMPDIR,
      * else /tmp) */
     const char *dump_dir;
+    /* memplan: optional out: the plan of the final schedule (the caller
+     * frees it with pass_memplan_free; NULL: the pass frees it) */
+    struct MemPlan **memplan;
+    /* Set by the driver (pass_run) before each pass: the passes that run
+     * after it in the pipeline, in order. remat plans its candidates through
+     * them; no pass searches pass_list itself. */
+    const struct Pass *after;
+    int nafter;
 } PassOpts;
 
 void pass_opts_default(PassOpts *o);
 
 typedef bool (*PassFn)(Graph *g, const PassOpts *o, Diag *d);
-typedef struct {
+typedef struct Pass {
     const char *name;
     PassFn run;
 } Pass;
 
-/* pipeline.c */
+/* ---- pipeline.c: the pass list and its driver -----------------------------
+ * The pipeline: autodiff, optimizer, simplify, remat, fuse, comm, schedule,
+ * memplan. */
 extern const Pass pass_list[];
 extern const int pass_count;
 const Pass *pass_find(const char *name);
+/* Sets o->after / o->nafter to the passes pass_list runs after `pass` (none
+ * when it is the last or not in the list). pass_run does this before each
+ * pass; a caller that runs a pass by hand (pass_remat_sweep) does it first. */
+void pass_opts_after(PassOpts *o, const char *pass);
 /* Called after each pass with the graph; for dumps and timing. */
 typedef void (*PassHook)(const char *pass, const Graph *g, double seconds, void *ctx);
-/* Runs every pass in pass_list from the first through `last` (NULL: all),
- * verifying after each. Returns false with d set on the first failure; an
- * internal verifier failure names the pass. */
+/* The driver: runs passes[0..n) in order on g, verifying g first (as the
+ * frontend's graph) and after each pass; each pass gets o with `after` set
+ * by pass_opts_after (the pipeline's later passes, whatever n is).
+ * Returns false with d set on the first failure; an internal verifier
+ * failure names the pass and writes the IR to invalid-after-PASS.ir (in
+ * o->dump_dir, else a fresh file in $TMPDIR or /tmp), which `kiln opt`
+ * replays. */
+bool pass_run(Graph *g, const Pass *const *passes, int n, const PassOpts *o, PassHook hook,
+              void *ctx, Diag *d);
+/* pass_run over pass_list from the first pass through `last` (NULL: all). */
 bool pass_pipeline(Graph *g, const PassOpts *o, const char *last, PassHook hook,
                    void *ctx, Diag *d);
+/* The text `kiln compile --dump-after=PASS` writes for g after `pass`: the
+ * IR (ir_print), then for fuse the group lines and for comm the bucket lines
+ * (comments, so the dump parses back); for memplan the memory timeline of
+ * mp. `kiln opt` prints the same text. */
+void pass_dump(const char *pass, const Graph *g, const struct MemPlan *mp, FILE *f);
+/* The dump file's extension: "txt" for memplan, else "ir". */
+const char *pass_dump_ext(const char *pass);
 
 /* autodiff.c: reverse mode from the graph output "loss" (a scalar float).
  * Adds one output "grad.NAME" per param NAME (zeros when the loss does not
@@ -130,7 +160,7 @@ bool pass_schedule(Graph *g, const PassOpts *o, Diag *d);
  * do not meet. Graph outputs and update values live to the end of the step
  * (last = nops). Offsets and sizes are multiples of MEMPLAN_ALIGN. */
 #define MEMPLAN_ALIGN 64
-typedef struct {
+typedef struct MemPlan {
     int nt, nops;
     int *root;             /* per tensor: the tensor that owns its storage */
     int64_t *offset;       /* per tensor: byte offset of its data in the arena */
@@ -145,6 +175,9 @@ typedef struct {
     int peak_op;
 } MemPlan;
 MemPlan *pass_memplan(const Graph *g, Diag *d);
+/* The pass in the list: plans g (unchanged) and hands the plan to
+ * *o->memplan, or frees it. Fails as pass_memplan does. */
+bool pass_memplan_run(Graph *g, const PassOpts *o, Diag *d);
 /* The same plan for buffers stored as storage[t] (per tensor id) instead of
  * each tensor's own dtype (the CUDA backend's bf16 activations). Storage
  * sharing (views, in-place updates) and live ranges do not depend on sizes:
@@ -160,8 +193,9 @@ void pass_memplan_print(const Graph *g, const MemPlan *m, FILE *f);
  * read by backward or optimizer ops are kept or recomputed; recomputations
  * are clones flagged OPF_RECOMPUTE, inserted just before the first backward
  * op that reads them. Random ops and collectives are never recomputed. With a
- * budget, the plan after every later pass (pass_memplan's arena_bytes) is
- * within it, or the pass fails naming the smallest feasible budget found.
+ * budget, the plan after the later passes (o->after, set by the driver;
+ * then pass_memplan's arena_bytes unless memplan is among them) is within
+ * it, or the pass fails naming the smallest feasible budget found.
  * Policies: none keeps every saved activation; full keeps each layer's
  * inputs (layers from param name prefixes such as "h.3.") and recomputes the
  * rest of the layer; selective recomputes attention internals (between the
@@ -196,7 +230,8 @@ bool pass_remat_solve(const Graph *g, int64_t kept_limit, int solver, double *co
                       int64_t *kept, bool *exact);
 /* Prints the budget sweep table for g (after simplify): npoints budgets from
  * the smallest feasible to the no-recompute peak; per budget auto and each
- * fixed policy: fits, planned peak, extra FLOPs %, predicted step time. */
+ * fixed policy: fits, planned peak, extra FLOPs %, predicted step time.
+ * Plans through o->after as pass_remat does (pass_opts_after(o, "remat")). */
 bool pass_remat_sweep(const Graph *g, const PassOpts *o, int npoints, FILE *f, Diag *d);
 
 /* comm.c: data-parallel gradient averaging, when o->nranks > 1 or

@@ -1,4 +1,7 @@
-/* pipeline.c - the flat list of passes and the driver that runs them. */
+/* pipeline.c - the flat list of passes, the driver that runs them with the
+ * verifier between them, and the dump each pass leaves (--dump-after, kiln
+ * opt). The driver tells each pass which passes follow it (o->after): remat
+ * plans through them; no pass reads pass_list. */
 #include "passes.h"
 
 #include <errno.h>
@@ -27,6 +30,7 @@ const Pass pass_list[] = {
     {"fuse", pass_fuse},
     {"comm", pass_comm},
     {"schedule", pass_schedule},
+    {"memplan", pass_memplan_run},
 };
 const int pass_count = (int)(sizeof pass_list / sizeof pass_list[0]);
 
@@ -38,11 +42,72 @@ const Pass *pass_find(const char *name)
     return NULL;
 }
 
+void pass_opts_after(PassOpts *o, const char *pass)
+{
+    o->after = NULL;
+    o->nafter = 0;
+    const Pass *p = pass_find(pass);
+    if (p && p + 1 < pass_list + pass_count) {
+        o->after = p + 1;
+        o->nafter = (int)(pass_list + pass_count - (p + 1));
+    }
+}
+
+const char *pass_dump_ext(const char *pass)
+{
+    return strcmp(pass, "memplan") == 0 ? "txt" : "ir";
+}
+
+void pass_dump(const char *pass, const Graph *g, const MemPlan *mp, FILE *f)
+{
+    if (strcmp(pass, "memplan") == 0) {
+        if (mp)
+            pass_memplan_print(g, mp, f);
+        return;
+    }
+    ir_print(g, f);
+    if (strcmp(pass, "comm") == 0)
+        pass_comm_print(g, f);
+    if (strcmp(pass, "fuse") == 0)
+        pass_fuse_print(g, f);
+}
+
+/* o as `kiln opt` flags (every setting a pass reads), into buf. */
+static void opts_flags(const PassOpts *o, char *buf, size_t n)
+{
+    size_t k = 0;
+    char v[5][40];
+#define ADD(...) (k += (size_t)snprintf(buf + k, k < n ? n - k : 0, __VA_ARGS__))
+    ADD("--set beta1=%s --set beta2=%s --set eps=%s --set weight_decay=%s --set grad_clip=%s "
+        "--set grad_accum=%d",
+        ir_fmt_double(o->beta1, v[0], sizeof v[0]), ir_fmt_double(o->beta2, v[1], sizeof v[1]),
+        ir_fmt_double(o->eps, v[2], sizeof v[2]),
+        ir_fmt_double(o->weight_decay, v[3], sizeof v[3]),
+        ir_fmt_double(o->grad_clip, v[4], sizeof v[4]), o->grad_accum > 1 ? o->grad_accum : 1);
+    if (o->bucket_bytes > 0)
+        ADD(" --set bucket_mb=%s",
+            ir_fmt_double((double)o->bucket_bytes / 1048576.0, v[0], sizeof v[0]));
+    if (o->memory_budget > 0)
+        ADD(" --memory-budget %lld", (long long)o->memory_budget);
+    if (o->remat != REMAT_DEFAULT)
+        ADD(" --remat=%s", pass_remat_policy_name(o->remat));
+    if (o->nranks > 1)
+        ADD(" --nproc %d", o->nranks);
+    if (o->no_overlap)
+        ADD(" --no-overlap");
+    if (o->no_fuse)
+        ADD(" --no-fuse");
+#undef ADD
+}
+
 /* The verifier's complaint about g (after pass `after`, or "frontend"),
  * with g's IR written to a file for the report: DIR/invalid-after-PASS.ir
- * with a dump directory, else a fresh $TMPDIR/kiln-invalid-after-PASS-*.ir. */
-static void invalid_graph(const Graph *g, const char *after, const char *err,
-                          const PassOpts *o, Diag *d)
+ * with a dump directory, else a fresh $TMPDIR/kiln-invalid-after-PASS-*.ir.
+ * The file opens with comment lines: the complaint, the pass options as
+ * `kiln opt` flags, and how to replay the pass (`before`: the pass whose
+ * output it ran on). */
+static void invalid_graph(const Graph *g, const char *after, const char *before,
+                          const char *err, const PassOpts *o, Diag *d)
 {
     char path[1024];
     FILE *f = NULL;
@@ -58,6 +123,16 @@ static void invalid_graph(const Graph *g, const char *after, const char *err,
     }
     bool ok = f != NULL;
     if (f) { /* a write error (a full disk) counts: ferror, then fclose */
+        char flags[1024];
+        opts_flags(o, flags, sizeof flags);
+        fprintf(f, "# kiln: the graph is invalid after %s: %s\n", after, err);
+        fprintf(f, "# pass options: %s\n", flags);
+        if (before)
+            fprintf(f,
+                    "# replay: kiln opt BEFORE.ir --passes=%s %s\n"
+                    "#   BEFORE.ir: the IR %s ran on (kiln compile MODEL --dump-after=%s\n"
+                    "#   with the same flags)\n",
+                    after, flags, after, before);
         ir_print(g, f);
         ok = !ferror(f);
         ok = fclose(f) == 0 && ok;
@@ -76,27 +151,41 @@ static void invalid_graph(const Graph *g, const char *after, const char *err,
                  path, strerror(errno));
 }
 
-bool pass_pipeline(Graph *g, const PassOpts *o, const char *last, PassHook hook,
-                   void *ctx, Diag *d)
+bool pass_run(Graph *g, const Pass *const *passes, int n, const PassOpts *o, PassHook hook,
+              void *ctx, Diag *d)
 {
     char err[1024];
     if (!ir_verify(g, err, sizeof err)) {
-        invalid_graph(g, "frontend", err, o, d);
+        invalid_graph(g, "frontend", NULL, err, o, d);
         return false;
     }
-    for (int i = 0; i < pass_count; i++) {
+    PassOpts po = *o;
+    for (int i = 0; i < n; i++) {
+        pass_opts_after(&po, passes[i]->name);
         double t0 = ir_now();
-        if (!pass_list[i].run(g, o, d))
+        if (!passes[i]->run(g, &po, d))
             return false;
         double dt = ir_now() - t0;
         if (!ir_verify(g, err, sizeof err)) {
-            invalid_graph(g, pass_list[i].name, err, o, d);
+            invalid_graph(g, passes[i]->name, i > 0 ? passes[i - 1]->name : "frontend", err, o,
+                          d);
             return false;
         }
         if (hook)
-            hook(pass_list[i].name, g, dt, ctx);
+            hook(passes[i]->name, g, dt, ctx);
+    }
+    return true;
+}
+
+bool pass_pipeline(Graph *g, const PassOpts *o, const char *last, PassHook hook,
+                   void *ctx, Diag *d)
+{
+    const Pass *passes[sizeof pass_list / sizeof pass_list[0]];
+    int n = 0;
+    for (int i = 0; i < pass_count; i++) {
+        passes[n++] = &pass_list[i];
         if (last && strcmp(last, pass_list[i].name) == 0)
             break;
     }
-    return true;
+    return pass_run(g, passes, n, o, hook, ctx, d);
 }

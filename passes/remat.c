@@ -22,9 +22,10 @@
  * remat_solve.c; the model they share (Prob, Sol) in remat_internal.h.
  *
  * The budget is checked against the real plan: a candidate is applied to a
- * copy of the graph, every pass after remat in pass_list (fuse, comm,
- * schedule) runs on it, and pass_memplan's arena_bytes (what the runtime
- * allocates) is compared with the budget. The auto policy bisects M over
+ * copy of the graph, the passes the driver says run after remat (o->after:
+ * fuse, comm, schedule, memplan in the pipeline) run on it, and the final
+ * plan's arena_bytes (what the runtime allocates) is compared with the
+ * budget. The auto policy bisects M over
  * such real plans, and also considers the fixed policies, taking the
  * cheapest candidate that fits: its plan is exactly the final one because
  * the later passes are deterministic.
@@ -589,38 +590,30 @@ static void apply(Graph *g, const Prob *P, const Sol *s)
 
 /* ---- evaluation on the real plan -------------------------------------------- */
 
-/* The passes that run after remat (everything after "remat" in pass_list;
- * only schedule when remat is not in the list). */
-static bool run_later(Graph *g, const PassOpts *o, Diag *d)
-{
-    int at = -1;
-    for (int i = 0; i < pass_count; i++)
-        if (strcmp(pass_list[i].name, "remat") == 0)
-            at = i;
-    if (at < 0)
-        return pass_schedule(g, o, d);
-    for (int i = at + 1; i < pass_count; i++)
-        if (!pass_list[i].run(g, o, d))
-            return false;
-    return true;
-}
-
 /* The arena the runtime would allocate with solution s: s applied to a
- * copy of g, every later pass run, then pass_memplan; -1 on failure. */
+ * copy of g, the later passes (o->after) run, and the plan the memplan pass
+ * among them hands back (pass_memplan when none does); -1 on failure. */
 static int64_t eval_peak(const Graph *g, const Prob *P, const Sol *s, const PassOpts *o)
 {
     Graph *c = ir_clone(g);
     apply(c, P, s);
     Diag d = {{0}};
     int64_t peak = -1;
+    MemPlan *m = NULL;
     PassOpts po = *o;
     po.remat_report = NULL;
-    if (run_later(c, &po, &d)) {
-        MemPlan *m = pass_memplan(c, &d);
-        if (m)
-            peak = m->arena_bytes;
-        pass_memplan_free(m);
+    po.memplan = &m;
+    bool ok = true;
+    for (int i = 0; ok && i < o->nafter; i++) {
+        po.after = o->after + i + 1;
+        po.nafter = o->nafter - i - 1;
+        ok = o->after[i].run(c, &po, &d);
     }
+    if (ok && !m)
+        m = pass_memplan(c, &d);
+    if (ok && m)
+        peak = m->arena_bytes;
+    pass_memplan_free(m);
     ir_free(c);
     return peak;
 }

@@ -1,4 +1,4 @@
-/* main.c - the kiln command line: `kiln compile` and `kiln train`. */
+/* main.c - the kiln command line: `kiln compile`, `kiln train` and `kiln opt`. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -19,6 +19,7 @@
 
 static const char usage_main[] =
     "usage: kiln COMMAND MODEL.lua [options]\n"
+    "       kiln opt FILE.ir --passes=P1,P2,... [options]\n"
     "\n"
     "kiln compiles a model's whole training step (forward, backward, optimizer\n"
     "update) into one graph and runs it.\n"
@@ -27,6 +28,7 @@ static const char usage_main[] =
     "  compile   compile only: print a summary, write pass dumps\n"
     "  train     compile and train on the CPU\n"
     "  plan      project a run at cluster scale: memory per GPU, step, end date\n"
+    "  opt       run passes on an IR file (a dump, a bug report, a pass test)\n"
     "\n"
     "`kiln COMMAND --help` lists the command's options. Documentation: README.md,\n"
     "docs/cli.md, docs/dsl.md, docs/ir.md.\n";
@@ -99,6 +101,9 @@ static const char usage_train[] =
     "  --no-fuse            no fusion: every op its own kernel (same results)\n"
     "  --cache-dir DIR      compiled-kernel cache (default: $KILN_CACHE_DIR or\n"
     "                       ~/.cache/kiln)\n"
+    "  --dump-ir FILE       write the training step's IR after every pass to FILE\n"
+    "                       (what kiln compile --dump-after=schedule writes for\n"
+    "                       the same model and flags)\n"
     "  -v, --verbose        log compilation details\n"
     "  -q, --quiet          print only the summary\n"
     "  -h, --help           this text\n";
@@ -120,6 +125,7 @@ typedef struct {
     bool remeasure;        /* --remeasure: measure the CPU again */
     int ndump_written;
     bool dump_error;
+    MemPlan *mp;           /* the memplan pass's plan (its dump reads it) */
 } CompileArgs;
 
 static int bad_flag(const char *cmd, const char *msg, const char *arg)
@@ -234,14 +240,10 @@ static void dump_graph(CompileArgs *a, const char *pass, const Graph *g)
     if (!wants_dump(a, pass))
         return;
     char *path;
-    FILE *f = dump_open(a, pass, "ir", &path);
+    FILE *f = dump_open(a, pass, pass_dump_ext(pass), &path);
     if (!f)
         return;
-    ir_print(g, f);
-    if (strcmp(pass, "comm") == 0)
-        pass_comm_print(g, f);
-    if (strcmp(pass, "fuse") == 0)
-        pass_fuse_print(g, f);
+    pass_dump(pass, g, a->mp, f);
     dump_close(a, f, path);
 }
 
@@ -377,27 +379,23 @@ static int cmd_compile(int argc, char **argv)
         fe_print_settings(m, stdout);
 
     PassOpts po;
-    rt_pass_opts(&m->train, &po);
-    if (a.memory_budget >= 0)
-        po.memory_budget = a.memory_budget;
-    po.remat = a.remat;
-    po.nranks = a.nproc > 0 ? a.nproc : 1;
-    po.no_overlap = a.no_overlap;
-    po.no_fuse = a.no_fuse;
+    RtGraphFlags gf = {.memory_budget = a.memory_budget, .remat = a.remat, .nranks = a.nproc,
+                       .no_overlap = a.no_overlap, .no_fuse = a.no_fuse};
+    rt_pass_opts(&m->train, &gf, &po);
     po.dump_dir = a.dump_dir;
-    po.grad_accum = (int)m->train.grad_accum;
-    po.bucket_bytes = (int64_t)(m->train.bucket_mb * 1048576.0);
     RematReport rr;
     memset(&rr, 0, sizeof rr);
     po.remat_report = &rr;
+    po.memplan = &a.mp;
 
     Graph *g = ir_clone(m->g);
     Diag d = {{0}};
     int rc = 0;
-    MemPlan *mp = NULL;
     if (a.remat_sweep) {
+        PassOpts so = po;
+        pass_opts_after(&so, "remat");
         if (!pass_pipeline(g, &po, "simplify", NULL, NULL, &d) ||
-            !pass_remat_sweep(g, &po, 8, stdout, &d)) {
+            !pass_remat_sweep(g, &so, 8, stdout, &d)) {
             fprintf(stderr, "%s\n", d.msg);
             rc = 1;
         }
@@ -408,19 +406,9 @@ static int cmd_compile(int argc, char **argv)
         rc = 1;
         goto out;
     }
-    mp = pass_memplan(g, &d);
-    if (!mp) {
-        fprintf(stderr, "%s\n", d.msg);
-        rc = 1;
-        goto out;
-    }
-    if (wants_dump(&a, "memplan")) {
-        char *path;
-        FILE *f = dump_open(&a, "memplan", "txt", &path);
-        if (f)
-            pass_memplan_print(g, mp, f);
-        dump_close(&a, f, path);
-    }
+    const MemPlan *mp = a.mp; /* the memplan pass ends the pipeline */
+    if (!mp)
+        die("kiln compile: the pipeline left no memory plan");
     cli_print_summary(m, m->g, g, mp);
     cli_print_remat(&rr, g, po.memory_budget);
     if (!cli_print_fusion(m, g, &po))
@@ -440,7 +428,7 @@ static int cmd_compile(int argc, char **argv)
     if (a.dump_error)
         rc = 1;
 out:
-    pass_memplan_free(mp);
+    pass_memplan_free(a.mp);
     ir_free(g);
     fe_model_free(m);
     vec_free(&a.sets);
@@ -489,6 +477,8 @@ static int cmd_train(int argc, char **argv)
             o.trace = v;
         } else if ((v = flag_value(argc, argv, &i, "--cache-dir"))) {
             o.cache_dir = v;
+        } else if ((v = flag_value(argc, argv, &i, "--dump-ir"))) {
+            o.dump_ir = v;
         } else if ((v = flag_value(argc, argv, &i, "--peak-gflops"))) {
             o.peak_gflops = strtod(v, &end);
             if (end == v || *end || !(o.peak_gflops > 0) || !isfinite(o.peak_gflops))
@@ -545,6 +535,231 @@ static int cmd_train(int argc, char **argv)
     return rc;
 }
 
+static const char usage_opt[] =
+    "usage: kiln opt FILE.ir --passes=P1,P2,... [options]\n"
+    "\n"
+    "Reads IR text (a --dump-after dump, an invalid-after-PASS.ir report, or a\n"
+    "pass test, whose input ends at the line \"# >>> ...\"; - reads standard\n"
+    "input), runs the named passes in order with the verifier after each, and\n"
+    "prints what --dump-after prints after the last one: the IR (with fuse's\n"
+    "group and comm's bucket lines as comments), or memplan's memory timeline.\n"
+    "\n"
+    "options:\n"
+    "  --passes=P1,P2,...   autodiff, optimizer, simplify, remat, fuse, comm,\n"
+    "                       schedule, memplan (required)\n"
+    "  --memory-budget SIZE remat's budget (as kiln compile)\n"
+    "  --remat=POLICY       none, full, selective or auto (as kiln compile)\n"
+    "  --nproc N            comm: N data-parallel ranks (as kiln compile)\n"
+    "  --no-overlap         comm: every all-reduce starts after backward\n"
+    "  --no-fuse            fuse: every op its own kernel\n"
+    "  --set KEY=VALUE      a train{} setting the passes read: beta1, beta2, eps,\n"
+    "                       weight_decay, grad_clip (optimizer), grad_accum,\n"
+    "                       bucket_mb (comm), memory_budget (remat); repeatable\n"
+    "  -h, --help           this text\n"
+    "\n"
+    "remat plans through the passes the pipeline runs after it (fuse, comm,\n"
+    "schedule, memplan), whatever --passes lists, so that a replay matches\n"
+    "kiln compile.\n";
+
+/* The train{} keys kiln opt's --set accepts: those rt_pass_opts reads. */
+static const char *const opt_keys[] = {"beta1",     "beta2",      "eps",
+                                       "weight_decay", "grad_clip", "grad_accum",
+                                       "bucket_mb", "memory_budget"};
+
+/* --set KEY=VALUE into c; false after printing the error. */
+static bool opt_set(TrainCfg *c, const char *kv)
+{
+    const char *eq = strchr(kv, '=');
+    char key[64];
+    size_t n = eq ? (size_t)(eq - kv) : 0;
+    if (!eq || n == 0 || n >= sizeof key) {
+        bad_flag("opt", "--set expects KEY=VALUE, got", kv);
+        return false;
+    }
+    memcpy(key, kv, n);
+    key[n] = 0;
+    const FeTrainKey *k = NULL;
+    for (size_t i = 0; i < sizeof opt_keys / sizeof opt_keys[0]; i++)
+        if (strcmp(key, opt_keys[i]) == 0)
+            k = fe_train_key(key);
+    if (!k) {
+        bad_flag("opt", "--set: not a setting the passes read (expected beta1, beta2, eps, "
+                        "weight_decay, grad_clip, grad_accum, bucket_mb or memory_budget), got",
+                 key);
+        return false;
+    }
+    char why[256];
+    if (!fe_train_store_text(NULL, c, k, eq + 1, true, why, sizeof why)) {
+        fprintf(stderr, "kiln opt: --set %s: %s\n(see `kiln opt --help`)\n", key, why);
+        return false;
+    }
+    return true;
+}
+
+/* The whole of path ("-": standard input), NUL-terminated; NULL after
+ * printing why. */
+static char *opt_read(const char *path)
+{
+    FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "kiln opt: %s: cannot read: %s\n", path, strerror(errno));
+        return NULL;
+    }
+    size_t n = 0, cap = 1 << 16;
+    char *buf = xmalloc(cap);
+    for (;;) {
+        if (cap - n < 2)
+            buf = xrealloc(buf, cap *= 2);
+        size_t got = fread(buf + n, 1, cap - n - 1, f);
+        n += got;
+        if (got == 0)
+            break;
+    }
+    bool err = ferror(f);
+    int e = errno;
+    if (f != stdin)
+        fclose(f);
+    if (err) {
+        fprintf(stderr, "kiln opt: %s: cannot read: %s\n", path, strerror(e));
+        free(buf);
+        return NULL;
+    }
+    buf[n] = 0;
+    if (memchr(buf, 0, n)) {
+        fprintf(stderr, "kiln opt: %s: not IR text (expected kiln-ir v1 text, got a NUL byte)\n",
+                path);
+        free(buf);
+        return NULL;
+    }
+    /* a pass test (tests/passes) is its own input: the IR ends at the line
+     * "# >>> ..." that starts the expected output */
+    for (char *l = buf; *l; l++) {
+        if (strncmp(l, "# >>>", 5) == 0) {
+            *l = 0;
+            break;
+        }
+        if (!(l = strchr(l, '\n')))
+            break;
+    }
+    return buf;
+}
+
+/* --passes=P1,P2,...: the passes into out (at most max); the count, or -1
+ * after printing the error. */
+static int opt_passes(const char *list, const Pass **out, int max)
+{
+    int n = 0;
+    const char *p = list;
+    for (;;) {
+        const char *e = strchr(p, ',');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        char name[64];
+        if (len == 0 || len >= sizeof name) {
+            bad_flag("opt", "--passes expects P1,P2,... (autodiff, optimizer, simplify, remat, "
+                            "fuse, comm, schedule, memplan), got",
+                     list);
+            return -1;
+        }
+        memcpy(name, p, len);
+        name[len] = 0;
+        const Pass *ps = pass_find(name);
+        if (!ps) {
+            bad_flag("opt", "unknown pass in --passes (expected autodiff, optimizer, simplify, "
+                            "remat, fuse, comm, schedule or memplan)",
+                     name);
+            return -1;
+        }
+        if (n == max) {
+            bad_flag("opt", "too many passes in --passes", list);
+            return -1;
+        }
+        out[n++] = ps;
+        if (!e)
+            return n;
+        p = e + 1;
+    }
+}
+
+static int cmd_opt(int argc, char **argv)
+{
+    const char *file = NULL, *plist = NULL;
+    RtGraphFlags gf = {.memory_budget = -1};
+    TrainCfg c;
+    fe_train_defaults(&c);
+    for (int i = 2; i < argc; i++) {
+        const char *v;
+        if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
+            fputs(usage_opt, stdout);
+            return 0;
+        } else if ((v = flag_value(argc, argv, &i, "--passes"))) {
+            plist = v;
+        } else if ((v = flag_value(argc, argv, &i, "--set"))) {
+            if (!opt_set(&c, v))
+                return 2;
+        } else if ((v = flag_value(argc, argv, &i, "--nproc"))) {
+            int64_t n;
+            if (!int_flag("opt", "--nproc", v, 1, MAX_NPROC, &n))
+                return 2;
+            gf.nranks = (int)n;
+        } else if (strcmp(argv[i], "--no-overlap") == 0) {
+            gf.no_overlap = true;
+        } else if (strcmp(argv[i], "--no-fuse") == 0) {
+            gf.no_fuse = true;
+        } else if ((v = flag_value(argc, argv, &i, "--memory-budget"))) {
+            if ((gf.memory_budget = parse_budget("opt", v)) < 0)
+                return 2;
+        } else if ((v = flag_value(argc, argv, &i, "--remat"))) {
+            if ((gf.remat = pass_remat_parse_policy(v)) < 0)
+                return bad_flag("opt", "--remat expects none, full, selective or auto, got", v);
+        } else if (argv[i][0] == '-' && argv[i][1] != 0) {
+            return bad_flag("opt", "unknown option", argv[i]);
+        } else if (!file) {
+            file = argv[i];
+        } else {
+            return bad_flag("opt", "more than one IR file given", argv[i]);
+        }
+    }
+    if (!file)
+        return bad_flag("opt", "missing argument", "FILE.ir");
+    if (!plist)
+        return bad_flag("opt", "missing option", "--passes=P1,P2,...");
+    const Pass *passes[64];
+    int np = opt_passes(plist, passes, 64);
+    if (np < 0)
+        return 2;
+    char *text = opt_read(file);
+    if (!text)
+        return 1;
+    const char *name = strcmp(file, "-") == 0 ? "<stdin>" : file;
+    char err[2048];
+    Graph *g = ir_parse(text, name, err, sizeof err);
+    free(text);
+    if (!g) {
+        fprintf(stderr, "%s\n", err);
+        return 1;
+    }
+    if (!ir_verify(g, err, sizeof err)) {
+        fprintf(stderr, "%s: invalid IR: %s\n", name, err);
+        ir_free(g);
+        return 1;
+    }
+    PassOpts po;
+    rt_pass_opts(&c, &gf, &po);
+    MemPlan *mp = NULL;
+    po.memplan = &mp;
+    Diag d = {{0}};
+    int rc = 0;
+    if (pass_run(g, passes, np, &po, NULL, NULL, &d))
+        pass_dump(passes[np - 1]->name, g, mp, stdout);
+    else {
+        fprintf(stderr, "%s\n", d.msg);
+        rc = 1;
+    }
+    pass_memplan_free(mp);
+    ir_free(g);
+    return rc;
+}
+
 /* rc, or 1 when standard output could not be written (a full disk, a
  * closed pipe): a summary or dump cut short must not exit 0. */
 static int check_stdout(int rc)
@@ -573,7 +788,10 @@ int main(int argc, char **argv)
         return check_stdout(cmd_train(argc, argv));
     if (strcmp(argv[1], "plan") == 0)
         return check_stdout(cli_plan(argc, argv));
-    fprintf(stderr, "kiln: unknown command '%s' (expected compile, train or plan; see kiln --help)\n",
+    if (strcmp(argv[1], "opt") == 0)
+        return check_stdout(cmd_opt(argc, argv));
+    fprintf(stderr,
+            "kiln: unknown command '%s' (expected compile, train, plan or opt; see kiln --help)\n",
             argv[1]);
     return 2;
 }

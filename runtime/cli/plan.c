@@ -129,8 +129,10 @@ static bool measure(const Model *m, const PassOpts *po, const CgDevice *dev, Var
     CgPlan *p = NULL;
     CgCudaProgram *q = NULL;
     CgPrediction *r = NULL;
-    bool ok = pass_pipeline(g, po, NULL, NULL, NULL, d) && (mp = pass_memplan(g, d)) &&
-              (p = cg_plan(g, d));
+    PassOpts o1 = *po;
+    o1.memplan = &mp; /* memplan ends the pipeline and hands its plan back */
+    o1.remat_report = NULL;
+    bool ok = pass_pipeline(g, &o1, NULL, NULL, NULL, d) && mp && (p = cg_plan(g, d));
     if (!ok)
         goto out;
     bool bf16 = m->train.precision && strcmp(m->train.precision, "bf16") == 0;
@@ -504,10 +506,8 @@ int cli_plan(int argc, char **argv)
     o.peak = !dev->gpu ? dev->f32 : bf16 ? dev->bf16
              : m->train.tf32 && strcmp(m->train.tf32, "true") == 0 ? dev->tf32 : dev->f32;
     PassOpts po;
-    rt_pass_opts(&m->train, &po);
-    po.nranks = a.dp;
-    po.no_overlap = a.no_overlap;
-    po.bucket_bytes = (int64_t)(m->train.bucket_mb * 1048576.0);
+    RtGraphFlags gf = {.memory_budget = -1, .nranks = a.dp, .no_overlap = a.no_overlap};
+    rt_pass_opts(&m->train, &gf, &po);
     Variant v;
     if (!measure(m, &po, dev, &v, &d)) {
         fprintf(stderr, "%s\n", d.msg);

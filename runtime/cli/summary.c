@@ -126,6 +126,7 @@ bool cli_print_fusion(const Model *m, const Graph *g, const PassOpts *po)
     PassOpts nf = *po;
     nf.no_fuse = true;
     nf.remat_report = NULL;
+    nf.memplan = NULL;
     /* unfused temporaries need not fit the budget: compare without it (a
      * fixed remat policy still applies) */
     nf.memory_budget = 0;

@@ -85,7 +85,6 @@ int rt_dp_size(const RtDp *dp);
 int64_t rt_dp_rows_factor(const RtDp *dp); /* ranks x grad_accum */
 /* Rank 0: path; rank r: path with ".rankR" before its extension. */
 const char *rt_dp_trace_path(RtDp *dp, const char *path);
-void rt_dp_pass_opts(const RtDp *dp, const TrainCfg *c, bool no_overlap, PassOpts *po);
 /* The comm handle; threads default to the cores shared among local ranks. */
 void rt_dp_exec_opts(const RtDp *dp, ExecOpts *eo);
 /* Checks every gradient tg reduces is f32 (a message otherwise); with

@@ -102,14 +102,6 @@ const char *rt_dp_trace_path(RtDp *dp, const char *path)
     return dp->trace_path;
 }
 
-void rt_dp_pass_opts(const RtDp *dp, const TrainCfg *c, bool no_overlap, PassOpts *po)
-{
-    po->nranks = dp->size;
-    po->grad_accum = dp->K;
-    po->bucket_bytes = (int64_t)(c->bucket_mb * 1048576.0);
-    po->no_overlap = no_overlap;
-}
-
 void rt_dp_exec_opts(const RtDp *dp, ExecOpts *eo)
 {
     eo->comm = dp->comm;

@@ -672,33 +672,50 @@ static void progress(Run *r, float loss)
     fflush(stdout);
 }
 
-void rt_pass_opts(const TrainCfg *c, PassOpts *po)
+void rt_pass_opts(const TrainCfg *c, const RtGraphFlags *f, PassOpts *po)
 {
+    static const RtGraphFlags none = {.memory_budget = -1};
+    if (!f)
+        f = &none;
     pass_opts_default(po);
     po->beta1 = c->beta1;
     po->beta2 = c->beta2;
     po->eps = c->eps;
     po->weight_decay = c->weight_decay;
     po->grad_clip = c->grad_clip;
-    po->memory_budget = c->memory_budget;
+    po->memory_budget = f->memory_budget >= 0 ? f->memory_budget : c->memory_budget;
+    po->remat = f->remat;
+    po->nranks = f->nranks > 1 ? f->nranks : 1;
+    po->grad_accum = (int)c->grad_accum;
+    po->bucket_bytes = (int64_t)(c->bucket_mb * 1048576.0);
+    po->no_overlap = f->no_overlap;
+    po->no_fuse = f->no_fuse;
+    /* KILN_COMM_ONE_RANK=1 (tests): buckets and all-reduces on one rank too
+     * (means over that one rank), so one GPU runs the collective path */
+    const char *one = getenv("KILN_COMM_ONE_RANK");
+    if (po->nranks == 1 && one && strcmp(one, "1") == 0)
+        po->nranks = 2;
 }
 
 static bool build(Run *r, Diag *d)
 {
     PassOpts po;
-    rt_pass_opts(&r->c, &po);
-    po.remat = r->o->remat;
-    po.no_fuse = r->o->no_fuse;
-    rt_dp_pass_opts(r->dp, &r->c, r->o->no_overlap, &po);
-    /* KILN_COMM_ONE_RANK=1 (tests): buckets and all-reduces on one rank too
-     * (means over that one rank), so one GPU runs the collective path */
-    const char *one = getenv("KILN_COMM_ONE_RANK");
-    if (po.nranks == 1 && one && strcmp(one, "1") == 0)
-        po.nranks = 2;
+    RtGraphFlags gf = {.memory_budget = -1, .remat = r->o->remat, .nranks = rt_dp_size(r->dp),
+                       .no_overlap = r->o->no_overlap, .no_fuse = r->o->no_fuse};
+    rt_pass_opts(&r->c, &gf, &po);
     double t_start = ir_now();
     r->tg = ir_clone(r->m->g);
     if (!pass_pipeline(r->tg, &po, NULL, NULL, NULL, d))
         return false;
+    if (r->o->dump_ir && rt_dp_rank(r->dp) == 0) { /* the graph kiln compile builds */
+        char *ir = ir_print_str(r->tg);
+        const void *chunk = ir;
+        size_t len = strlen(ir);
+        bool ok = rt_write_atomic(r->o->dump_ir, &chunk, &len, 1, d);
+        free(ir);
+        if (!ok)
+            return false;
+    }
     r->eg = ir_clone(r->m->eval_g ? r->m->eval_g : r->m->g); /* dropout off */
     if (!pass_simplify(r->eg, &po, d) || !pass_fuse(r->eg, &po, d) ||
         !pass_schedule(r->eg, &po, d))

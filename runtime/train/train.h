@@ -191,14 +191,32 @@ typedef struct {
     TrainResult *result;      /* optional out */
     bool no_overlap;          /* --no-overlap: every allreduce starts after backward */
     bool no_fuse;             /* --no-fuse: every op its own kernel */
+    const char *dump_ir;      /* --dump-ir FILE: the training step's IR after the
+                                 pipeline (rank 0), as kiln compile's schedule dump */
 } TrainOpts;
 
 /* Returns the process exit code: 0, or 1 after printing the error. */
 int rt_train(const Model *m, const TrainOpts *o);
-/* Pass options from a model's training settings: the defaults, then the
- * optimizer's (beta1, beta2, eps, weight_decay, grad_clip) and the memory
- * budget. */
-void rt_pass_opts(const TrainCfg *c, PassOpts *po);
+/* The command-line flags that shape the training graph: kiln compile's
+ * and kiln train's --memory-budget, --remat, --nproc, --no-overlap and
+ * --no-fuse (kiln opt's too). A zeroed struct with memory_budget -1 means
+ * none given. */
+typedef struct {
+    int64_t memory_budget; /* --memory-budget; < 0: train.memory_budget */
+    int remat;             /* --remat: RematPolicy; REMAT_DEFAULT: not given */
+    int nranks;            /* --nproc, or the ranks running the step; <= 1: one */
+    bool no_overlap;       /* --no-overlap */
+    bool no_fuse;          /* --no-fuse */
+} RtGraphFlags;
+/* The one map from a model's training settings and those flags to pass
+ * options: the defaults, the optimizer's settings (beta1, beta2, eps,
+ * weight_decay, grad_clip), the memory budget, remat policy, ranks,
+ * grad_accum, bucket_mb, overlap and fusion. kiln compile, kiln train
+ * (every rank) and kiln opt all build their PassOpts here, so the same model
+ * and flags give the same graph. f NULL: no flags. KILN_COMM_ONE_RANK=1 (a
+ * testing knob) compiles one rank as two: buckets and all-reduces on one
+ * rank. */
+void rt_pass_opts(const TrainCfg *c, const RtGraphFlags *f, PassOpts *po);
 /* Learning rate after `step` steps of `steps`: linear warmup over
  * c->warmup steps to c->lr, then cosine to c->min_lr at the last step. */
 double rt_lr_at(const TrainCfg *c, int64_t step, int64_t steps);

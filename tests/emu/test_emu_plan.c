@@ -133,18 +133,12 @@ static bool pipeline(Graph *g, const PassOpts *po, bool fuse, Diag *d)
 {
     if (fuse)
         return pass_pipeline(g, po, NULL, NULL, NULL, d);
-    for (int i = 0; i < pass_count; i++) {
-        if (strcmp(pass_list[i].name, "fuse") == 0)
-            continue;
-        char err[1024];
-        if (!pass_list[i].run(g, po, d))
-            return false;
-        if (!ir_verify(g, err, sizeof err)) {
-            snprintf(d->msg, sizeof d->msg, "after %s: %s", pass_list[i].name, err);
-            return false;
-        }
-    }
-    return true;
+    const Pass *list[16];
+    int n = 0;
+    for (int i = 0; i < pass_count && n < 16; i++)
+        if (strcmp(pass_list[i].name, "fuse") != 0)
+            list[n++] = &pass_list[i];
+    return pass_run(g, list, n, po, NULL, NULL, d);
 }
 
 static bool fused = true;
@@ -155,7 +149,7 @@ static Case load_case(const char *path, const char *const *sets, int nsets)
     Case c = {path, NULL, NULL, {0}};
     c.m = load_model(path, sets, nsets);
     PassOpts po;
-    rt_pass_opts(&c.m->train, &po);
+    rt_pass_opts(&c.m->train, NULL, &po);
     po.remat = remat_policy;
     Diag d = {{0}};
     if (!pipeline(c.m->g, &po, fused, &d))

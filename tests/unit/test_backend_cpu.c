@@ -851,7 +851,7 @@ static void test_models(void **state)
         const char *path = *pp;
         Model *m = load_model(path, NULL, 0);
         PassOpts po;
-        rt_pass_opts(&m->train, &po);
+        rt_pass_opts(&m->train, NULL, &po);
         Diag d = {{0}};
         if (!pass_pipeline(m->g, &po, NULL, NULL, NULL, &d))
             fail_msg("%s: pipeline: %s", path, d.msg);
@@ -877,7 +877,7 @@ static void test_concat_many(void **state)
             widest = m->g->ops.v[i].nin;
     assert_int_equal(widest, 100);
     PassOpts po;
-    rt_pass_opts(&m->train, &po);
+    rt_pass_opts(&m->train, NULL, &po);
     Diag d = {{0}};
     if (!pass_pipeline(m->g, &po, NULL, NULL, NULL, &d))
         fail_msg("pipeline: %s", d.msg);

@@ -1,8 +1,9 @@
-/* test_comm.c - the comm pass on IR text (where starts and waits land,
- * buckets, --no-overlap, gradient accumulation), its place in the whole
- * pipeline for a model, and data-parallel equivalence: 2 ranks at batch b
- * (through `kiln train --nproc 2`) against 1 rank at batch 2b after 10
- * steps, with and without grad_accum and --no-overlap. */
+/* test_comm.c - the comm pass's place in the whole pipeline for a model,
+ * and data-parallel equivalence: 2 ranks at batch b (through `kiln train
+ * --nproc 2`) against 1 rank at batch 2b after 10 steps, with and without
+ * grad_accum and --no-overlap. The comm pass on IR text (where starts and
+ * waits land, buckets, --no-overlap, gradient accumulation) is
+ * tests/passes/comm_*.ir. */
 #include "testutil.h"
 
 #include "frontend.h"
@@ -14,165 +15,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static char *canon(const char *text)
-{
-    Graph *g = parse_or_fail(text);
-    char *s = ir_print_str(g);
-    ir_free(g);
-    return s;
-}
-
-/* b's gradient is ready first (op 0), a's last (op 2); each is read only by
- * its update. */
-static const char two_grads[] =
-    "kiln-ir v1\n"
-    "%0:f32[4] = param \"a\" zeros\n"
-    "%1:f32[4] = param \"b\" zeros\n"
-    "%2:f32[4] = input \"x\"\n"
-    "%3:f32[4] = mul %2, %1 !backward\n"
-    "%4:f32[4] = exp %2 !backward\n"
-    "%5:f32[4] = mul %4, %0 !backward\n"
-    "%6:f32[4] = sub %1, %3 !optim\n"
-    "%7:f32[4] = sub %0, %5 !optim\n"
-    "output \"grad.b\" %3\n"
-    "output \"grad.a\" %5\n"
-    "update %1 <- %6\n"
-    "update %0 <- %7\n";
-
-static void check(const char *in, int nranks, int64_t bucket_bytes, bool no_overlap, int accum,
-                  const char *expect)
-{
-    Graph *g = parse_or_fail(in);
-    PassOpts o;
-    pass_opts_default(&o);
-    o.nranks = nranks;
-    o.bucket_bytes = bucket_bytes;
-    o.no_overlap = no_overlap;
-    o.grad_accum = accum;
-    Diag d = {{0}};
-    if (!pass_comm(g, &o, &d))
-        fail_msg("comm failed: %s", d.msg);
-    char err[1024];
-    if (!ir_verify(g, err, sizeof err))
-        fail_msg("invalid after comm: %s", err);
-    char *got = ir_print_str(g);
-    char *want = canon(expect);
-    if (strcmp(got, want) != 0)
-        fail_msg("comm: got\n%s\nexpected\n%s", got, want);
-    free(got);
-    free(want);
-    ir_free(g);
-}
-
-/* One gradient per bucket: b's bucket starts right after b's gradient, before
- * a's backward ops; each wait sits right before the update reading it. */
-static void test_place_overlap(void **state)
-{
-    (void)state;
-    check(two_grads, 2, 16, false, 1,
-          "kiln-ir v1\n"
-          "%0:f32[4] = param \"a\" zeros\n"
-          "%1:f32[4] = param \"b\" zeros\n"
-          "%2:f32[4] = input \"x\"\n"
-          "%3:f32[4] = mul %2, %1 !backward\n"
-          "%4:u8[] = allreduce_start %3 {bucket=0}\n"
-          "%5:f32[4] = exp %2 !backward\n"
-          "%6:f32[4] = mul %5, %0 !backward\n"
-          "%7:u8[] = allreduce_start %6 {bucket=1}\n"
-          "%8:f32[4] = allreduce_wait %4, %3 {bucket=0}\n"
-          "%9:f32[4] = sub %1, %8 !optim\n"
-          "%10:f32[4] = allreduce_wait %7, %6 {bucket=1}\n"
-          "%11:f32[4] = sub %0, %10 !optim\n"
-          "output \"grad.b\" %8\n"
-          "output \"grad.a\" %10\n"
-          "update %1 <- %9\n"
-          "update %0 <- %11\n");
-}
-
-/* --no-overlap: both starts after the last backward op. */
-static void test_place_no_overlap(void **state)
-{
-    (void)state;
-    check(two_grads, 2, 16, true, 1,
-          "kiln-ir v1\n"
-          "%0:f32[4] = param \"a\" zeros\n"
-          "%1:f32[4] = param \"b\" zeros\n"
-          "%2:f32[4] = input \"x\"\n"
-          "%3:f32[4] = mul %2, %1 !backward\n"
-          "%4:f32[4] = exp %2 !backward\n"
-          "%5:f32[4] = mul %4, %0 !backward\n"
-          "%6:u8[] = allreduce_start %3 {bucket=0}\n"
-          "%7:u8[] = allreduce_start %5 {bucket=1}\n"
-          "%8:f32[4] = allreduce_wait %6, %3 {bucket=0}\n"
-          "%9:f32[4] = sub %1, %8 !optim\n"
-          "%10:f32[4] = allreduce_wait %7, %5 {bucket=1}\n"
-          "%11:f32[4] = sub %0, %10 !optim\n"
-          "output \"grad.b\" %8\n"
-          "output \"grad.a\" %10\n"
-          "update %1 <- %9\n"
-          "update %0 <- %11\n");
-}
-
-/* A cap of two gradients: one bucket, in readiness order (b then a),
- * started after a's gradient, waited for before the first update. */
-static void test_place_one_bucket(void **state)
-{
-    (void)state;
-    check(two_grads, 2, 32, false, 1,
-          "kiln-ir v1\n"
-          "%0:f32[4] = param \"a\" zeros\n"
-          "%1:f32[4] = param \"b\" zeros\n"
-          "%2:f32[4] = input \"x\"\n"
-          "%3:f32[4] = mul %2, %1 !backward\n"
-          "%4:f32[4] = exp %2 !backward\n"
-          "%5:f32[4] = mul %4, %0 !backward\n"
-          "%6:u8[] = allreduce_start %3, %5 {bucket=0}\n"
-          "%7:f32[4] = allreduce_wait %6, %3 {bucket=0}\n"
-          "%8:f32[4] = allreduce_wait %6, %5 {bucket=0}\n"
-          "%9:f32[4] = sub %1, %7 !optim\n"
-          "%10:f32[4] = sub %0, %8 !optim\n"
-          "output \"grad.b\" %7\n"
-          "output \"grad.a\" %8\n"
-          "update %1 <- %9\n"
-          "update %0 <- %10\n");
-}
-
-/* grad_accum=2 on one rank: (grad + accum) / 2 right after each gradient;
- * no collective. */
-static void test_accum_one_rank(void **state)
-{
-    (void)state;
-    check(two_grads, 1, 16, false, 2,
-          "kiln-ir v1\n"
-          "%0:f32[4] = param \"a\" zeros\n"
-          "%1:f32[4] = param \"b\" zeros\n"
-          "%2:f32[4] = input \"x\"\n"
-          "%3:f32[4] = state \"accum.b\" zeros\n"
-          "%4:f32[4] = state \"accum.a\" zeros\n"
-          "%5:f32[4] = mul %2, %1 !backward\n"
-          "%6:f32[4] = add %5, %3 !backward\n"
-          "%7:f32[4] = const {value=0.5} !backward\n"
-          "%8:f32[4] = mul %6, %7 !backward\n"
-          "%9:f32[4] = exp %2 !backward\n"
-          "%10:f32[4] = mul %9, %0 !backward\n"
-          "%11:f32[4] = add %10, %4 !backward\n"
-          "%12:f32[4] = const {value=0.5} !backward\n"
-          "%13:f32[4] = mul %11, %12 !backward\n"
-          "%14:f32[4] = sub %1, %8 !optim\n"
-          "%15:f32[4] = sub %0, %13 !optim\n"
-          "output \"grad.b\" %8\n"
-          "output \"grad.a\" %13\n"
-          "update %1 <- %14\n"
-          "update %0 <- %15\n");
-}
-
-/* One rank, no accumulation: nothing changes. */
-static void test_one_rank_unchanged(void **state)
-{
-    (void)state;
-    check(two_grads, 1, 16, false, 1, two_grads);
-}
 
 /* The whole pipeline on the MLP (3 layers) for 2 ranks, small buckets: in
  * the final schedule the first bucket starts before backward ends, every
@@ -344,11 +186,6 @@ static void test_equivalence(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_place_overlap),
-        cmocka_unit_test(test_place_no_overlap),
-        cmocka_unit_test(test_place_one_bucket),
-        cmocka_unit_test(test_accum_one_rank),
-        cmocka_unit_test(test_one_rank_unchanged),
         cmocka_unit_test(test_pipeline_mlp),
         cmocka_unit_test(test_equivalence),
     };

@@ -429,7 +429,7 @@ static Graph *build(const char *path, const char *const *sets, int nsets, bool n
 {
     Model *m = load_model(path, sets, nsets);
     PassOpts po;
-    rt_pass_opts(&m->train, &po);
+    rt_pass_opts(&m->train, NULL, &po);
     po.no_fuse = no_fuse;
     Diag d = {{0}};
     if (!pass_pipeline(m->g, &po, NULL, NULL, NULL, &d))

@@ -1,7 +1,8 @@
 /* test_pipeline.c - the whole compiler front half on every model in models/:
  * print -> parse -> print is identical after the frontend and after every
  * pass; and the training step of gpt.lua (tiny), evaluated by the reference
- * interpreter, lowers the loss over 20 AdamW steps on a fixed batch. */
+ * interpreter, lowers the loss over 20 AdamW steps on a fixed batch; an
+ * invalid graph is written as a bug report that kiln opt replays. */
 #include "testutil.h"
 
 #include <math.h>
@@ -209,10 +210,112 @@ static void test_invalid_graph_written(void **state)
     free(dir);
 }
 
+/* A pass that leaves the graph invalid (a stand-in for a bug in a pass). */
+static bool break_graph(Graph *g, const PassOpts *o, Diag *d)
+{
+    (void)o;
+    (void)d;
+    g->t.v[g->t.n - 1].s.dim[0] += 1;
+    return true;
+}
+
+/* The invalid-after-PASS.ir file is a bug report that replays: it opens
+ * with the complaint, the pass options as kiln opt flags and the command
+ * that replays the pass; those flags, given to `kiln opt`, reproduce the
+ * options: comm run in process with them and comm run by kiln opt with the
+ * flags print the same dump. */
+static void test_invalid_report_replays(void **state)
+{
+    (void)state;
+    const char *kiln = getenv("KILN_BIN");
+    if (!kiln)
+        skip();
+    char *dir = scratch_dir("report");
+    static const char in[] = "kiln-ir v1\n"
+                             "%0:f32[4] = param \"a\" zeros\n"
+                             "%1:f32[4] = param \"b\" zeros\n"
+                             "%2:f32[4] = input \"x\"\n"
+                             "%3:f32[4] = mul %2, %1 !backward\n"
+                             "%4:f32[4] = exp %2 !backward\n"
+                             "%5:f32[4] = mul %4, %0 !backward\n"
+                             "%6:f32[4] = sub %1, %3 !optim\n"
+                             "%7:f32[4] = sub %0, %5 !optim\n"
+                             "output \"grad.b\" %3\n"
+                             "output \"grad.a\" %5\n"
+                             "update %1 <- %6\n"
+                             "update %0 <- %7\n";
+    PassOpts o;
+    pass_opts_default(&o);
+    o.nranks = 3;
+    o.bucket_bytes = 16;
+    o.no_overlap = true;
+    o.grad_accum = 2;
+    o.weight_decay = 0.25;
+    o.remat = REMAT_SELECTIVE;
+    o.memory_budget = 1 << 20;
+    o.dump_dir = dir;
+    /* the report */
+    const Pass breaker = {"breaker", break_graph};
+    const Pass *list[] = {pass_find("comm"), &breaker};
+    Graph *g = parse_or_fail(in);
+    Diag d = {{0}};
+    assert_false(pass_run(g, list, 2, &o, NULL, NULL, &d));
+    assert_non_null(strstr(d.msg, "internal error: the graph is invalid after pass breaker: "));
+    char *path = xasprintf("%s/invalid-after-breaker.ir", dir);
+    char *text = read_file(path);
+    assert_non_null(text);
+    assert_non_null(strstr(text, "# kiln: the graph is invalid after breaker: "));
+    const char *flags = strstr(text, "\n# pass options: ");
+    assert_non_null(flags);
+    flags += strlen("\n# pass options: ");
+    char opts[1024];
+    snprintf(opts, sizeof opts, "%.*s", (int)(strchr(flags, '\n') - flags), flags);
+    char *replay = xasprintf("# replay: kiln opt BEFORE.ir --passes=breaker %s\n", opts);
+    assert_non_null(strstr(text, replay));
+    assert_non_null(strstr(text, "kiln compile MODEL --dump-after=comm"));
+    assert_non_null(strstr(text, "\nkiln-ir v1\n"));
+    /* the flags reproduce the options */
+    Graph *h = parse_or_fail(in);
+    assert_true(pass_comm(h, &o, &d));
+    char *want = xasprintf("%s/want.ir", dir), *input = xasprintf("%s/in.ir", dir);
+    FILE *f = fopen(want, "w");
+    pass_dump("comm", h, NULL, f);
+    fclose(f);
+    f = fopen(input, "w");
+    fputs(in, f);
+    fclose(f);
+    char *cmd = xasprintf("'%s' opt '%s' --passes=comm %s", kiln, input, opts);
+    char *out = NULL;
+    int rc = run_cmd(cmd, &out);
+    if (rc != 0)
+        fail_msg("%s: exit %d: %s", cmd, rc, out);
+    char *w = read_file(want);
+    if (strcmp(out, w) != 0)
+        fail_msg("kiln opt with the report's flags (%s) printed\n%s\nexpected\n%s", opts, out, w);
+    assert_non_null(strstr(w, "allreduce_start")); /* the options did something */
+    assert_non_null(strstr(w, "\"accum.a\""));
+    unlink(path);
+    unlink(want);
+    unlink(input);
+    rmdir(dir);
+    free(w);
+    free(out);
+    free(cmd);
+    free(want);
+    free(input);
+    free(replay);
+    free(text);
+    free(path);
+    free(dir);
+    ir_free(h);
+    ir_free(g);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_invalid_graph_written),
+        cmocka_unit_test(test_invalid_report_replays),
         cmocka_unit_test(test_round_trip_every_model),
         cmocka_unit_test(test_round_trip_gpt2_124m),
         cmocka_unit_test(test_gpt_tiny_trains_under_interpreter),
