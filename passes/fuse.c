@@ -154,12 +154,21 @@ static void clone_cheap(Graph *g, int which)
             before[g->ops.n - 1] = c;
         }
     }
+    /* drop originals nothing reads any more */
+    int *uc = ir_use_counts(g);
+    int n = g->ops.n;
+    bool *drop = xcalloc((size_t)n + 1, sizeof(bool));
+    for (int i = 0; i < n; i++) {
+        const Op *op = &g->ops.v[i];
+        drop[i] = is_clonable(op, which) && op->out < nt0 && !uc[op->out] && !keep[op->out];
+    }
+    int *order = xmalloc(sizeof(int) * (size_t)(n + 1));
+    int k = 0;
     if (clones.n) {
         /* clones of clonable ops read only earlier tensors, so placing each
          * right before its consumer keeps program order valid; a clone of a
          * broadcast whose operand is itself cloned later is fine because the
          * operand's producer precedes the original broadcast */
-        int n = g->ops.n;
         int *cnt = xcalloc((size_t)n0 + 1, sizeof(int));
         for (int q = 0; q < clones.n; q++)
             cnt[before[clones.v[q]]]++;
@@ -172,36 +181,24 @@ static void clone_cheap(Graph *g, int which)
             int c = before[clones.v[q]];
             byc[start[c] + fill[c]++] = clones.v[q];
         }
-        Op *ops = xmalloc(sizeof(Op) * (size_t)n);
-        int k = 0;
         for (int i = 0; i < n0; i++) {
             for (int q = start[i]; q < start[i + 1]; q++)
-                ops[k++] = g->ops.v[byc[q]];
-            ops[k++] = g->ops.v[i];
+                order[k++] = byc[q]; /* clones are never dropped */
+            if (!drop[i])
+                order[k++] = i;
         }
-        memcpy(g->ops.v, ops, sizeof(Op) * (size_t)n);
-        for (int i = 0; i < n; i++)
-            g->t.v[g->ops.v[i].out].op = i;
-        free(ops);
         free(fill);
         free(byc);
         free(start);
         free(cnt);
+    } else {
+        for (int i = 0; i < n; i++)
+            if (!drop[i])
+                order[k++] = i;
     }
-    /* drop originals nothing reads any more */
-    int *uc = ir_use_counts(g);
-    int w = 0;
-    for (int i = 0; i < g->ops.n; i++) {
-        Op *op = &g->ops.v[i];
-        if (is_clonable(op, which) && op->out < nt0 && !uc[op->out] && !keep[op->out]) {
-            free(op->in);
-            continue;
-        }
-        g->ops.v[w] = *op;
-        g->t.v[op->out].op = w;
-        w++;
-    }
-    g->ops.n = w;
+    ir_reorder_ops(g, order, k);
+    free(order);
+    free(drop);
     free(uc);
     vec_free(&clones);
     free(before);
@@ -816,10 +813,11 @@ static int cmp_u64(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-static const double *sort_key; /* qsort has no context argument */
-static int cmp_key(const void *a, const void *b)
+/* ctx: the sort key, by op index */
+static int cmp_key(const void *a, const void *b, void *ctx)
 {
-    double x = sort_key[*(const int *)a], y = sort_key[*(const int *)b];
+    const double *key = ctx;
+    double x = key[*(const int *)a], y = key[*(const int *)b];
     return x < y ? -1 : x > y;
 }
 
@@ -1024,11 +1022,10 @@ static void recompute_cheap(Graph *g)
         int *byk = xmalloc(sizeof(int) * (size_t)(n + 1));
         for (int i = 0; i < n; i++)
             byk[i] = i;
-        sort_key = key;
-        qsort(byk, (size_t)n, sizeof(int), cmp_key);
+        qsort_r(byk, (size_t)n, sizeof(int), cmp_key, key);
         bool *done = xcalloc((size_t)n + 1, sizeof(bool));
         int *stack = xmalloc(sizeof(int) * (size_t)(2 * n + 2));
-        Op *ops = xmalloc(sizeof(Op) * (size_t)n);
+        int *order = xmalloc(sizeof(int) * (size_t)(n + 1));
         int k = 0;
         for (int q = 0; q < n; q++) {
             int sp = 0;
@@ -1051,13 +1048,11 @@ static void recompute_cheap(Graph *g)
                     continue;
                 sp--;
                 done[i] = true;
-                ops[k++] = g->ops.v[i];
+                order[k++] = i;
             }
         }
-        memcpy(g->ops.v, ops, sizeof(Op) * (size_t)n);
-        for (int i = 0; i < n; i++)
-            g->t.v[g->ops.v[i].out].op = i;
-        free(ops);
+        ir_reorder_ops(g, order, k);
+        free(order);
         free(stack);
         free(done);
         free(byk);

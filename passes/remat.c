@@ -559,25 +559,11 @@ static void apply(Graph *g, const Prob *P, const Sol *s)
                 uses[op->in[j]]--;
         }
     }
-    Op *ops = xmalloc(sizeof(Op) * (size_t)(n + 1));
     int m = 0;
-    for (int k = 0; k < n; k++) {
-        int i = order[k];
-        if (dead[i]) {
-            free(g->ops.v[i].in);
-            /* an unused input tensor without an op: ir_compact drops it */
-            g->t.v[g->ops.v[i].out].op = -1;
-            g->t.v[g->ops.v[i].out].kind = TK_INPUT;
-            continue;
-        }
-        ops[m++] = g->ops.v[i];
-    }
-    for (int k = 0; k < m; k++) {
-        g->ops.v[k] = ops[k];
-        g->t.v[ops[k].out].op = k;
-    }
-    g->ops.n = m;
-    free(ops);
+    for (int k = 0; k < n; k++)
+        if (!dead[order[k]])
+            order[m++] = order[k];
+    ir_reorder_ops(g, order, m); /* drops the dead ones */
     free(uses);
     free(dead);
     free(order);
