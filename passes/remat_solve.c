@@ -560,3 +560,28 @@ bool pass_remat_solve_model(const Prob *P, int64_t M, int solver, Sol *s, bool *
     }
     return solve_heuristic(P, M, s);
 }
+
+/* ---- the selection problem alone (tests, bench) ---------------------------- */
+
+bool pass_remat_solve(const Graph *g, int64_t kept_limit, int solver, double *cost,
+                      int64_t *kept, bool *exact)
+{
+    Prob *P = pass_remat_prob_new(g);
+    Sol s = pass_remat_sol_new(P);
+    bool ok;
+    *exact = false;
+    if (solver == REMAT_SOLVER_EXACT) {
+        int r = pass_remat_solve_exact(P, kept_limit, &s, false);
+        ok = r == 1;
+        *exact = ok;
+        if (r == -1)
+            die("remat: the exact solver did not finish on a test graph");
+    } else {
+        ok = pass_remat_solve_model(P, kept_limit, solver, &s, exact);
+    }
+    *cost = s.cost;
+    *kept = s.mem;
+    pass_remat_sol_free(&s);
+    pass_remat_prob_free(P);
+    return ok;
+}
