@@ -276,6 +276,15 @@ int pass_fuse_new_group(Fuser *f, int op)
     return f->gr.n - 1;
 }
 
+bool pass_fuse_group_domain(Fuser *f, int G, FuseDomain *d)
+{
+    const FGroup *gr = &f->gr.v[G];
+    f->mk.stamp++;
+    for (int i = 0; i < gr->ops.n; i++)
+        f->mk.mark[gr->ops.v[i]] = f->mk.stamp;
+    return pass_fuse_domain_of(f->g, gr->ops.v, gr->ops.n, &f->mk, d, f->err, sizeof f->err);
+}
+
 /* Materialised set of the current grouping (gof), by tensor. */
 bool *pass_fuse_cur_materialised(Fuser *f)
 {
@@ -311,17 +320,7 @@ static void merge_siblings(Fuser *f)
                     continue;
                 /* the same kind of group only: COL with COL, etc. */
                 FuseDomain da, db;
-                f->mk.stamp++;
-                for (int i = 0; i < f->gr.v[A].ops.n; i++)
-                    f->mk.mark[f->gr.v[A].ops.v[i]] = f->mk.stamp;
-                if (!pass_fuse_domain_of(g, f->gr.v[A].ops.v, f->gr.v[A].ops.n, &f->mk, &da, f->err,
-                               sizeof f->err))
-                    continue;
-                f->mk.stamp++;
-                for (int i = 0; i < f->gr.v[B].ops.n; i++)
-                    f->mk.mark[f->gr.v[B].ops.v[i]] = f->mk.stamp;
-                if (!pass_fuse_domain_of(g, f->gr.v[B].ops.v, f->gr.v[B].ops.n, &f->mk, &db, f->err,
-                               sizeof f->err))
+                if (!pass_fuse_group_domain(f, A, &da) || !pass_fuse_group_domain(f, B, &db))
                     continue;
                 if (da.kind != db.kind || da.k != db.k || !shape_dims_eq(&da.S, &db.S))
                     continue;

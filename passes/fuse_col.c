@@ -23,11 +23,7 @@ static bool col_group(Fuser *f, int G, FuseDomain *d)
     FGroup *gr = &f->gr.v[G];
     if (gr->dead || gr->multi)
         return false;
-    f->mk.stamp++;
-    for (int i = 0; i < gr->ops.n; i++)
-        f->mk.mark[gr->ops.v[i]] = f->mk.stamp;
-    return pass_fuse_domain_of(f->g, gr->ops.v, gr->ops.n, &f->mk, d, f->err, sizeof f->err) &&
-           d->kind == FUSE_COL;
+    return pass_fuse_group_domain(f, G, d) && d->kind == FUSE_COL;
 }
 
 /* Whether group G is a COL group that would have to write a full-shape

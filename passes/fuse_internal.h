@@ -89,6 +89,9 @@ void pass_fuse_do_union(Fuser *f, int A, int B);
 /* COL op set ops[0..n) (marked in f->mk): no reduction's input depends on
  * another reduction of the set (the kernel walks all rows once). */
 bool pass_fuse_col_ok(Fuser *f, const int *ops, int n);
+/* The loop domain of group G's members (pass_fuse_domain_of, err in
+ * f->err); leaves f->mk marking them. */
+bool pass_fuse_group_domain(Fuser *f, int G, FuseDomain *d);
 /* The materialised set of the current grouping (gof), by tensor; sets
  * Op.group to gof. Caller frees. */
 bool *pass_fuse_cur_materialised(Fuser *f);

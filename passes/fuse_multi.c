@@ -27,11 +27,8 @@ static int optim_kind(Fuser *f, int G)
             return -1;
         red |= pass_fuse_is_reduce(op);
     }
-    f->mk.stamp++;
-    for (int i = 0; i < gr->ops.n; i++)
-        f->mk.mark[gr->ops.v[i]] = f->mk.stamp;
     FuseDomain d;
-    if (!pass_fuse_domain_of(g, gr->ops.v, gr->ops.n, &f->mk, &d, f->err, sizeof f->err))
+    if (!pass_fuse_group_domain(f, G, &d))
         return -1;
     if (!red && d.kind == FUSE_ELEM && d.S.rank >= 1)
         return 0;
