@@ -233,7 +233,8 @@ bool cg_lower_op(const Graph *g, int i, CgKernel *k, Diag *d);
 /* Describes the kernel of fuse group ops[0..n) (program order; a member
  * matmul runs before as a GEMM and its result is read from memory). mat:
  * pass_fuse_materialised. One loop per distinct domain among the group's
- * connected parts. Returns false with d set on a group that is not one. */
+ * connected parts. Returns false with d set on a group that is not one
+ * (pass_fuse_lowers: the check the fuse pass applies). */
 bool cg_lower_group(const Graph *g, const int *ops, int n, const bool *mat, CgKernel *k,
                     Diag *d);
 

@@ -657,10 +657,9 @@ static bool lower_loop(const Graph *g, const int *ops, int n, const FuseDomain *
         }
         if (op->code == OP_CONST)
             lv = shape_dims_eq(s, S) ? LV_FULL : LV_ROW;
-        if (L->col && lv == LV_FULL) {
-            lg_fail(L, "a column-reduction kernel cannot store full-shape results", ops[i]);
-            break;
-        }
+        if (L->col && lv == LV_FULL) /* pass_fuse_lowers rejects such groups */
+            die("codegen: column loop of group %d stores op %d at full shape",
+                g->ops.v[ops[i]].group, ops[i]);
         int v = lg_gen(L, t, lv);
         int po = add_param(k, g, t, true);
         CgStore st = {po, lg_flat(L, s, lv == LV_ROW ? L->ridx : L->oidx, lv), v, false, -1};
@@ -691,35 +690,25 @@ bool cg_lower_group(const Graph *g, const int *ops, int n, const bool *mat, CgKe
     for (int i = 0; i < n; i++)
         if (!dtypes_supported(g, &g->ops.v[ops[i]], d))
             return false;
-    /* connected parts by in-group edges; pos: member position, -1 outside */
+    /* connected parts by in-group edges and a domain per part (the fuse
+     * pass's own check: pass_fuse_lowers); parts with one domain share a
+     * loop. pos: member position, -1 outside */
     int *uf = xmalloc(sizeof(int) * (size_t)(n + 1));
-    pass_fuse_parts(g, ops, n, uf);
+    FuseDomain *dom = xcalloc((size_t)n + 1, sizeof(FuseDomain));
+    int bad = ops[0];
+    char err[256];
+    bool ok = pass_fuse_lowers(g, ops, n, mat, uf, dom, &bad, err, sizeof err);
+    if (!ok) {
+        const Op *op = &g->ops.v[bad];
+        snprintf(d->msg, sizeof d->msg, "%s:%d: group %d cannot be one kernel: %s",
+                 op->loc.file ? op->loc.file : "?", op->loc.line, op->group, err);
+    }
     int *pos = xmalloc(sizeof(int) * (size_t)(nops + 1));
     for (int i = 0; i < nops; i++)
         pos[i] = -1;
     for (int i = 0; i < n; i++)
         pos[ops[i]] = i;
-    /* domain per part; parts with one domain share a loop */
-    FuseDomain *dom = xcalloc((size_t)n + 1, sizeof(FuseDomain));
     int *part = xmalloc(sizeof(int) * (size_t)(n + 1));
-    bool ok = true;
-    for (int i = 0; i < n && ok; i++) {
-        if (uf[i] != i)
-            continue;
-        int m = 0;
-        for (int j = 0; j < n; j++)
-            if (uf[j] == i && g->ops.v[ops[j]].code != OP_MATMUL)
-                part[m++] = ops[j];
-        if (!m)
-            continue;
-        char err[256];
-        if (!pass_fuse_domain(g, part, m, &dom[i], err, sizeof err)) {
-            const Op *op = &g->ops.v[part[0]];
-            snprintf(d->msg, sizeof d->msg, "%s:%d: group %d cannot be one kernel: %s",
-                     op->loc.file ? op->loc.file : "?", op->loc.line, op->group, err);
-            ok = false;
-        }
-    }
     Lg L = {.g = g, .k = k, .mat = mat, .d = d};
     L.mark = xcalloc((size_t)nops + 1, sizeof(int));
     L.lvl = xcalloc((size_t)nops + 1, sizeof(int));

@@ -277,6 +277,37 @@ int *ir_use_counts(const Graph *g)
 
 void ir_compact(Graph *g) { ir_renumber(g, true); }
 
+void ir_reorder_ops(Graph *g, const int *order, int n)
+{
+    int n0 = g->ops.n;
+    if (n < 0 || n > n0)
+        die("ir_reorder_ops: %d ops ordered, the graph has %d", n, n0);
+    bool *kept = xcalloc((size_t)n0 + 1, sizeof(bool));
+    Op *ops = xmalloc(sizeof(Op) * (size_t)(n + 1));
+    for (int k = 0; k < n; k++) {
+        int i = order[k];
+        if (i < 0 || i >= n0 || kept[i])
+            die("ir_reorder_ops: op %d named twice or out of range", i);
+        kept[i] = true;
+        ops[k] = g->ops.v[i];
+    }
+    for (int i = 0; i < n0; i++) {
+        if (kept[i])
+            continue;
+        Op *op = &g->ops.v[i];
+        free(op->in);
+        g->t.v[op->out].op = -1;
+        g->t.v[op->out].kind = TK_INPUT;
+    }
+    for (int k = 0; k < n; k++) {
+        g->ops.v[k] = ops[k];
+        g->t.v[ops[k].out].op = k;
+    }
+    g->ops.n = n;
+    free(ops);
+    free(kept);
+}
+
 void ir_renumber(Graph *g, bool drop_unused_inputs)
 {
     int n = g->t.n;

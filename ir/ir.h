@@ -390,6 +390,15 @@ void ir_compact(Graph *g);
 void ir_renumber(Graph *g, bool drop_unused_inputs);
 /* use counts per tensor id (caller frees) */
 int *ir_use_counts(const Graph *g);
+/* Puts g's ops in a new order: op k becomes old op order[k], k in [0, n),
+ * and each kept op's result tensor points back at its new index. Ops that
+ * order does not name are dropped: their operand lists are freed and their
+ * results become unused inputs, which ir_compact removes (nothing may still
+ * read them). order names each op at most once (dies otherwise); it must
+ * put producers before readers for the graph to verify. Tensor ids do not
+ * change: passes call ir_compact afterwards. The passes' one way to reorder
+ * (comm, schedule, fuse, remat, optimizer, simplify). */
+void ir_reorder_ops(Graph *g, const int *order, int n);
 
 /* verify.c */
 /* Checks SSA (each tensor defined once, by the op whose `out` it is),

@@ -233,11 +233,10 @@ static int place_layer(AD *ad, Piece *const *p, int n, const Shape *xs, int ax)
     return pad_piece(ad, &whole, xs);
 }
 
-/* qsort has no context argument in C11: the axis being sorted on. */
-static int sort_axis;
-
-static int cmp_piece(const void *a, const void *b)
+/* ctx: the axis being sorted on (an int). */
+static int cmp_piece(const void *a, const void *b, void *ctx)
 {
+    int sort_axis = *(const int *)ctx;
     const Piece *x = *(Piece *const *)a, *y = *(Piece *const *)b;
     if (x->start[sort_axis] != y->start[sort_axis])
         return x->start[sort_axis] < y->start[sort_axis] ? -1 : 1;
@@ -274,8 +273,7 @@ static void flush_slices(AD *ad, int x)
             }
             continue;
         }
-        sort_axis = ax;
-        qsort(axp, (size_t)m, sizeof(Piece *), cmp_piece);
+        qsort_r(axp, (size_t)m, sizeof(Piece *), cmp_piece, &ax);
         int nl = 0;
         for (int i = 0; i < m; i++) {
             int l = 0;

@@ -31,11 +31,11 @@ static void place(Placer *p, int op, int at, int slot)
         p->nkey = op + 1;
 }
 
-static const Key *sort_keys;
-
-static int cmp_key(const void *a, const void *b)
+/* ctx: the Key array, by op index */
+static int cmp_key(const void *a, const void *b, void *ctx)
 {
-    const Key *x = &sort_keys[*(const int *)a], *y = &sort_keys[*(const int *)b];
+    const Key *keys = ctx;
+    const Key *x = &keys[*(const int *)a], *y = &keys[*(const int *)b];
     if (x->at != y->at)
         return x->at < y->at ? -1 : 1;
     if (x->slot != y->slot)
@@ -51,16 +51,8 @@ static void reorder(Placer *p)
     int *ord = xmalloc(sizeof(int) * (size_t)(n + 1));
     for (int i = 0; i < n; i++)
         ord[i] = i;
-    sort_keys = p->key;
-    qsort(ord, (size_t)n, sizeof(int), cmp_key);
-    Op *ops = xmalloc(sizeof(Op) * (size_t)(n + 1));
-    for (int k = 0; k < n; k++)
-        ops[k] = g->ops.v[ord[k]];
-    for (int k = 0; k < n; k++) {
-        g->ops.v[k] = ops[k];
-        g->t.v[ops[k].out].op = k;
-    }
-    free(ops);
+    qsort_r(ord, (size_t)n, sizeof(int), cmp_key, p->key);
+    ir_reorder_ops(g, ord, n);
     free(ord);
     ir_compact(g);
 }

@@ -1,7 +1,7 @@
 /* fuse_domain.c - the loop domain of a fuse group (FuseDomain: a full shape
  * split at an axis into outer and inner parts, ELEM, ROW or COL), whether
  * an op set fits one, and which tensors a grouping materialises. The fuse
- * pass (fuse.c) asks these while it groups; codegen and memplan read the
+ * pass (fuse*.c) asks these while it groups; codegen and memplan read the
  * exported ones (passes.h). */
 #include "fuse_internal.h"
 

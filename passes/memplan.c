@@ -22,13 +22,11 @@ typedef struct {
     int64_t off, size;
 } Placed;
 
-/* qsort has no context argument in C11: the plan being sorted. */
-static const MemPlan *sort_plan;
-
-/* Larger storages first; ties by definition time, then id (deterministic). */
-static int cmp_by_size(const void *a, const void *b)
+/* Larger storages first; ties by definition time, then id (deterministic).
+ * ctx: the MemPlan. */
+static int cmp_by_size(const void *a, const void *b, void *ctx)
 {
-    const MemPlan *m = sort_plan;
+    const MemPlan *m = ctx;
     int x = *(const int *)a, y = *(const int *)b;
     int64_t sx = align_up(m->bytes[x]), sy = align_up(m->bytes[y]);
     if (sx != sy)
@@ -188,8 +186,7 @@ MemPlan *pass_memplan_storage(const Graph *g, const DType *storage, Diag *d)
                 m->last[t] = m->first[t];
             temps[ntemps++] = t;
         }
-    sort_plan = m;
-    qsort(temps, (size_t)ntemps, sizeof(int), cmp_by_size);
+    qsort_r(temps, (size_t)ntemps, sizeof(int), cmp_by_size, m);
     Placed *placed = xmalloc(sizeof(Placed) * (size_t)(ntemps + 1));
     Placed *conf = xmalloc(sizeof(Placed) * (size_t)(ntemps + 1));
     int nplaced = 0;

@@ -125,14 +125,16 @@ static void move_ops_after(Graph *g, int from, int after)
     int n = g->ops.n, k = n - from;
     if (k <= 0 || after + 1 >= from)
         return;
-    Op *tail = xmalloc(sizeof(Op) * (size_t)k);
-    memcpy(tail, &g->ops.v[from], sizeof(Op) * (size_t)k);
-    memmove(&g->ops.v[after + 1 + k], &g->ops.v[after + 1],
-            sizeof(Op) * (size_t)(from - after - 1));
-    memcpy(&g->ops.v[after + 1], tail, sizeof(Op) * (size_t)k);
-    free(tail);
-    for (int i = after + 1; i < n; i++)
-        g->t.v[g->ops.v[i].out].op = i;
+    int *order = xmalloc(sizeof(int) * (size_t)n);
+    int m = 0;
+    for (int i = 0; i <= after; i++)
+        order[m++] = i;
+    for (int i = from; i < n; i++)
+        order[m++] = i;
+    for (int i = after + 1; i < from; i++)
+        order[m++] = i;
+    ir_reorder_ops(g, order, n);
+    free(order);
 }
 
 /* The gradient of the param with the fewest elements becomes

@@ -101,10 +101,11 @@ bool pass_optimizer(Graph *g, const PassOpts *o, Diag *d);
 bool pass_simplify(Graph *g, const PassOpts *o, Diag *d);
 
 /* fuse.c: groups ops into kernels (Op.group; -1: the op is its own
- * kernel). See the file's header for the kinds of groups. Every tensor a
- * group's kernel writes is "materialised": read outside its group, a graph
- * output or an update value; the others never reach memory. Leaves every
- * group == -1 when o->no_fuse. */
+ * kernel). See the file's header for the kinds of groups and the steps
+ * (one file each, listed in fuse_internal.h). Every tensor a group's kernel
+ * writes is "materialised": read outside its group, a graph output or an
+ * update value; the others never reach memory. Leaves every group == -1
+ * when o->no_fuse. */
 bool pass_fuse(Graph *g, const PassOpts *o, Diag *d);
 /* The loop domain of a group: full shape S (dims only), split at axis k.
  * FUSE_ELEM: k = -1; FUSE_ROW: reductions over axes k..rank-1, per-row
@@ -116,13 +117,14 @@ typedef struct {
     Shape S;
     int k;
 } FuseDomain;
-/* Domain of one loop nest made of ops[0..n) (one group, or one connected
- * part of a multi-tensor group); false with err when they do not form one. */
+/* fuse_domain.c: loop domains. */
 /* Connected parts of a group's members ops[0..n) by in-group edges (a
  * GEMM's consumers connect through it; it is no part's member when the
  * loops are built): root[i] is the same for members of one part, and is
- * the index of one of them. */
+ * the index of one of them (root[r] == r for that one). */
 void pass_fuse_parts(const Graph *g, const int *ops, int n, int *root);
+/* Domain of one loop nest made of ops[0..n) (one group, or one connected
+ * part of a multi-tensor group); false with err when they do not form one. */
 bool pass_fuse_domain(const Graph *g, const int *ops, int n, FuseDomain *d, char *err,
                       size_t errlen);
 Shape pass_fuse_oshape(const FuseDomain *d); /* the per-row (per-column) shape */
@@ -130,6 +132,18 @@ bool pass_fuse_op_fusable(const Graph *g, const Op *op);
 /* Per tensor id (caller frees): true when its value is written to memory
  * under the graph's current grouping. */
 bool *pass_fuse_materialised(const Graph *g);
+/* fuse_lower.c: whether group ops[0..n) (program order) lowers to one
+ * kernel as codegen builds it (cg_lower_group): every connected part
+ * (pass_fuse_parts; a member matmul runs first as a GEMM and is no part's
+ * member) has one domain (pass_fuse_domain), and a part over a column
+ * domain stores per-column results only (mat: pass_fuse_materialised). The
+ * one check both the fuse pass (which leaves a group that fails unfused)
+ * and codegen (which reports it) call. Fills root[0..n) as pass_fuse_parts
+ * does and dom[r] for each part root r with members other than a matmul
+ * (both arrays of n, the caller's). False at the first part that fails, in
+ * order of root index: err says why and *bad is the op to blame. */
+bool pass_fuse_lowers(const Graph *g, const int *ops, int n, const bool *mat, int *root,
+                      FuseDomain *dom, int *bad, char *err, size_t errlen);
 /* fuse_dump.c: statistics of a grouping and the dump's group lines. */
 /* Bytes a group's kernel moves: each tensor read from outside once, each
  * materialised result written once (a member GEMM counts its own reads and
@@ -188,7 +202,9 @@ void pass_memplan_free(MemPlan *m);
 /* The per-op memory timeline: op index, opcode, result, live bytes, and the peak. */
 void pass_memplan_print(const Graph *g, const MemPlan *m, FILE *f);
 
-/* remat.c: recomputation under a memory budget (o->memory_budget, o->remat).
+/* remat.c (entry point; remat_model.c, remat_solve.c, remat_search.c,
+ * remat_rewrite.c and remat_report.c define the rest of this section):
+ * recomputation under a memory budget (o->memory_budget, o->remat).
  * Activations (forward results that are neither outputs nor update values)
  * read by backward or optimizer ops are kept or recomputed; recomputations
  * are clones flagged OPF_RECOMPUTE, inserted just before the first backward

@@ -167,10 +167,6 @@ static bool greedy(const Prob *P, int64_t M, Sol *s, int protect, double alpha)
     return s->mem <= M;
 }
 
-/* Local-search effort left for one start, in trial moves: a count, not a
- * time, so that the same graph always gives the same plan. */
-static long work_left;
-
 /* Re-keep recomputed activations, most expensive per byte first, while the
  * plan still fits M and gets cheaper. */
 static void rekeep(const Prob *P, int64_t M, Sol *s)
@@ -217,9 +213,11 @@ static void rekeep(const Prob *P, int64_t M, Sol *s)
 /* Add-then-repair moves: keep one of the most expensive recomputed
  * activations (every one on small graphs, REMAT_SWAPS on large ones),
  * drop others greedily until the plan fits again;
- * accept when cheaper; repeat while something improves. */
+ * accept when cheaper; repeat while something improves. work_left: the
+ * local-search effort for this start, in trial moves (a count, not a time,
+ * so that the same graph always gives the same plan). */
 #define REMAT_SWAPS 4
-static void improve(const Prob *P, int64_t M, Sol *s)
+static void improve(const Prob *P, int64_t M, Sol *s, long work_left)
 {
     int nv = P->nv, G = P->ngroups;
     Sol t = pass_remat_sol_new(P);
@@ -335,7 +333,6 @@ static bool solve_heuristic(const Prob *P, int64_t M, Sol *s)
     bool small = P->nv <= REMAT_EXACT_MAX;
     /* local search effort per start (13 starts on small graphs, 2 on large) */
     long per_start = small ? REMAT_WORK_SMALL / 13 : REMAT_WORK_LARGE / 2;
-    work_left = per_start;
     const int starts[] = {REMAT_NONE, REMAT_FULL, REMAT_SELECTIVE};
     Sol t = pass_remat_sol_new(P), second = pass_remat_sol_new(P);
     bool found = false, have2 = false;
@@ -363,8 +360,7 @@ static bool solve_heuristic(const Prob *P, int64_t M, Sol *s)
             greedy(P, (int64_t)((double)M * (1 - 0.04 * a)), &t, -1, 1.0);
         if (t.mem <= M) {
             rekeep(P, M, &t);
-            work_left = per_start;
-            improve(P, M, &t);
+            improve(P, M, &t, per_start);
             OFFER();
         }
     }
@@ -383,8 +379,7 @@ static bool solve_heuristic(const Prob *P, int64_t M, Sol *s)
         }
         if (ok) {
             rekeep(P, M, &t);
-            work_left = per_start;
-            improve(P, M, &t);
+            improve(P, M, &t, per_start);
             OFFER();
         } else if (!found && (k == 0 || t.mem < s->mem)) {
             pass_remat_sol_copy(P, s, &t); /* the least memory reached */
@@ -564,4 +559,29 @@ bool pass_remat_solve_model(const Prob *P, int64_t M, int solver, Sol *s, bool *
             return false;
     }
     return solve_heuristic(P, M, s);
+}
+
+/* ---- the selection problem alone (tests, bench) ---------------------------- */
+
+bool pass_remat_solve(const Graph *g, int64_t kept_limit, int solver, double *cost,
+                      int64_t *kept, bool *exact)
+{
+    Prob *P = pass_remat_prob_new(g);
+    Sol s = pass_remat_sol_new(P);
+    bool ok;
+    *exact = false;
+    if (solver == REMAT_SOLVER_EXACT) {
+        int r = pass_remat_solve_exact(P, kept_limit, &s, false);
+        ok = r == 1;
+        *exact = ok;
+        if (r == -1)
+            die("remat: the exact solver did not finish on a test graph");
+    } else {
+        ok = pass_remat_solve_model(P, kept_limit, solver, &s, exact);
+    }
+    *cost = s.cost;
+    *kept = s.mem;
+    pass_remat_sol_free(&s);
+    pass_remat_prob_free(P);
+    return ok;
 }

@@ -130,15 +130,7 @@ bool pass_schedule(Graph *g, const PassOpts *o, Diag *d)
         if (last[s.unit[i]] == i && !s.emitted[s.unit[i]])
             emit(&s, s.unit[i]);
 
-    /* permute ops into the new order */
-    Op *ops = xmalloc(sizeof(Op) * (size_t)n);
-    for (int k = 0; k < n; k++)
-        ops[k] = g->ops.v[s.order[k]];
-    for (int k = 0; k < n; k++) {
-        g->ops.v[k] = ops[k];
-        g->t.v[ops[k].out].op = k;
-    }
-    free(ops);
+    ir_reorder_ops(g, s.order, n);
     free(s.order);
     free(s.emitted);
     free(s.deferred);

@@ -450,18 +450,16 @@ static void dce(Ctx *c, bool *dead)
         for (int k = 0; k < op->nin; k++)
             live[op->in[k]] = true;
     }
+    int *order = xmalloc(sizeof(int) * (size_t)(g->ops.n + 1));
     int n = 0;
     for (int i = 0; i < g->ops.n; i++) {
-        if (dead[i]) {
-            free(g->ops.v[i].in);
+        if (dead[i])
             c->changed = true;
-            continue;
-        }
-        g->ops.v[n] = g->ops.v[i];
-        g->t.v[g->ops.v[n].out].op = n;
-        n++;
+        else
+            order[n++] = i;
     }
-    g->ops.n = n;
+    ir_reorder_ops(g, order, n);
+    free(order);
     free(live);
 }
 

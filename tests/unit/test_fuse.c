@@ -1,7 +1,8 @@
 /* test_fuse.c - the fuse pass on IR text (one test per fusion pattern, and
  * that a tensor read outside its group stays in memory), the fused step of
  * every model in models/ against the reference interpreter with and without
- * fusion, and the compile summary's counts. */
+ * fusion, the compile summary's counts, and that the fuse pass and codegen
+ * judge a group's lowerability by one check (pass_fuse_lowers). */
 #include "testutil.h"
 
 #include <math.h>
@@ -608,6 +609,54 @@ static void test_unlowerable_groups(void **state)
     check_model("tests/data/col_max.lua", NULL, 0);
 }
 
+/* pass_fuse_lowers, the lowerability check the fuse pass and codegen
+ * share: a column group whose full-shape prologue value is needed outside
+ * it (an output) does not lower, and cg_lower_group refuses it with the same
+ * reason and op; without that output both accept it as one column loop. */
+static void lowers(const char *extra, bool expect)
+{
+    char *text = xasprintf("kiln-ir v1\n"
+                           "sym B=2 T=4 C=8\n"
+                           "%%0:f32[B,T,C] = input \"dy\"\n"
+                           "%%1:f32[B,T,C] = input \"xhat\"\n"
+                           "%%2:f32[B,T,C] = mul %%0, %%1 !group=0\n"
+                           "%%3:f32[1,1,C] = reduce_sum %%2 {axes=[0,1]} !group=0\n"
+                           "output \"g\" %%3\n%s",
+                           extra);
+    Graph *g = parse_or_fail(text);
+    free(text);
+    bool *mat = pass_fuse_materialised(g);
+    int ops[] = {0, 1}, root[2], bad = -1;
+    FuseDomain dom[2];
+    char err[256] = "";
+    bool ok = pass_fuse_lowers(g, ops, 2, mat, root, dom, &bad, err, sizeof err);
+    CgKernel *k = xcalloc(1, sizeof *k);
+    Diag d = {{0}};
+    bool cg = cg_lower_group(g, ops, 2, mat, k, &d);
+    cg_kernel_free(k);
+    assert_int_equal(ok, expect);
+    assert_int_equal(cg, expect);
+    if (expect) {
+        assert_int_equal(root[0], root[1]);
+        assert_int_equal(dom[root[0]].kind, FUSE_COL);
+        assert_int_equal(dom[root[0]].k, 2);
+    } else {
+        assert_int_equal(bad, 0); /* the mul */
+        if (!strstr(err, "column-reduction kernel") || !strstr(d.msg, err) ||
+            !strstr(d.msg, "group 0 cannot be one kernel"))
+            fail_msg("fuse said \"%s\", codegen \"%s\"", err, d.msg);
+    }
+    free(mat);
+    ir_free(g);
+}
+
+static void test_lowers_shared(void **state)
+{
+    (void)state;
+    lowers("output \"p\" %2\n", false);
+    lowers("", true);
+}
+
 /* An RNN unrolled by slicing one [B,T,3H] projection per step: autodiff
  * places the slices' cotangents with concats (a tree of them past 64 steps,
  * T = 65), and the fused step agrees with the interpreter. */
@@ -630,6 +679,7 @@ int main(void)
         cmocka_unit_test(test_adamw_multi_tensor),  cmocka_unit_test(test_models_fused_unfused),
         cmocka_unit_test(test_models_one_token),
         cmocka_unit_test(test_unlowerable_groups),
+        cmocka_unit_test(test_lowers_shared),
         cmocka_unit_test(test_sliced_rnn),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,5 +1,7 @@
 /* test_verify.c - ir_verify: a small valid graph passes; each test corrupts
- * exactly one invariant and checks the verifier rejects it by name. */
+ * exactly one invariant and checks the verifier rejects it by name. Also
+ * ir_reorder_ops, the passes' one way to reorder ops, against the same
+ * verifier. */
 #include "testutil.h"
 
 #include <stdlib.h>
@@ -267,6 +269,41 @@ static void test_update_twice(void **state)
     rejects(g, "update 1: target %1 \"w\" is updated twice", NULL);
 }
 
+/* ir_reorder_ops: the new order with every back-link (Tensor.op) fixed,
+ * unnamed ops dropped (ir_compact removes their results), and an order that
+ * puts a reader first left for the verifier to reject. */
+static void test_reorder_ops(void **state)
+{
+    (void)state;
+    Graph *g = build();
+    SrcLoc nl = {NULL, 0};
+    int dead = ir_op_x(g, OP_NEG, (int[]){Z}, 1, NULL, nl); /* nothing reads it */
+    /* mul w,w first; the unread neg dropped */
+    int order[] = {OPW2, OPC, OPY, OPB, OPZ, OPS};
+    ir_reorder_ops(g, order, 6);
+    assert_int_equal(g->ops.n, 6);
+    assert_int_equal(g->ops.v[0].code, OP_MUL);
+    assert_int_equal(g->ops.v[5].code, OP_REDUCE_SUM);
+    for (int i = 0; i < g->ops.n; i++)
+        assert_int_equal(g->t.v[g->ops.v[i].out].op, i);
+    assert_int_equal(g->t.v[dead].op, -1);
+    int nt = g->t.n;
+    ir_compact(g);
+    assert_int_equal(g->t.n, nt - 1);
+    char err[1024] = "";
+    if (!ir_verify(g, err, sizeof err))
+        fail_msg("reordered graph does not verify: %s", err);
+    assert_int_equal(g->ops.v[0].code, OP_MUL);
+    ir_free(g);
+    /* the add before the broadcast it reads */
+    g = build();
+    int bad[] = {OPC, OPY, OPZ, OPB, OPS, OPW2};
+    ir_reorder_ops(g, bad, 6);
+    assert_int_equal(g->t.v[B].op, 3);
+    assert_int_equal(g->t.v[Z].op, 2);
+    rejects(g, "is used before it is defined", NULL);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -294,6 +331,7 @@ int main(void)
         cmocka_unit_test(test_update_target_kind),
         cmocka_unit_test(test_update_type),
         cmocka_unit_test(test_update_twice),
+        cmocka_unit_test(test_reorder_ops),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
