@@ -7,6 +7,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 
@@ -602,6 +603,23 @@ static bool writable_dir(const char *path, Diag *d)
     return ok;
 }
 
+/* " | ends 14:05 UTC (in 1h02m)": the projected end of the run's own
+ * steps at the median step time so far (several ranks: runs are long). */
+static void fmt_eta(char *buf, size_t n, double median_ms, int64_t left)
+{
+    double s = median_ms * 1e-3 * (double)left;
+    time_t end = time(NULL) + (time_t)s;
+    struct tm tm;
+    char at[32] = "?";
+    if (gmtime_r(&end, &tm))
+        strftime(at, sizeof at, s >= 86400 ? "%Y-%m-%d %H:%M UTC" : "%H:%M UTC", &tm);
+    long long m = (long long)(s / 60);
+    if (m >= 60)
+        snprintf(buf, n, " | ends %s (in %lldh%02lldm)", at, m / 60, m % 60);
+    else
+        snprintf(buf, n, " | ends %s (in %lldm%02llds)", at, m, (long long)s % 60);
+}
+
 static void step_time_add(StepTimes *t, double x)
 {
     if (t->seen++ % t->stride)
@@ -963,11 +981,14 @@ int rt_train(const Model *m, const TrainOpts *o)
             char mfu[64], mem[32];
             fmt_mfu(mfu, sizeof mfu, r.flops, r.tg, step_ms, o->peak_gflops);
             ir_fmt_bytes((double)rt_exec_arena_bytes(r.te), 2, mem, sizeof mem);
+            char eta[96] = "";
+            if (rt_dp_size(r.dp) > 1)
+                fmt_eta(eta, sizeof eta, ir_median(r.times.ms, r.times.n), r.steps - r.step);
             printf("%sstep %5lld/%lld | loss %.6f | lr %.3e | %8.2f ms | %9.0f tok/s | %s | "
-                   "mem %s%s\n",
+                   "mem %s%s%s\n",
                    tty ? "\r\033[K" : "", (long long)r.step, (long long)r.steps,
                    (double)loss, lr_t ? rt_lr_at(&r.c, r.step - 1, r.steps) : 0.0, step_ms,
-                   (double)tokens / (step_ms * 1e-3), mfu, mem, skipped);
+                   (double)tokens / (step_ms * 1e-3), mfu, mem, eta, skipped);
             fflush(stdout);
         }
         if (r.c.eval_every > 0 && r.step % r.c.eval_every == 0 && r.step < r.steps &&

@@ -41,6 +41,9 @@ grep -q "allreduce_start" "$T/out" && fail "one rank got collectives"
 grep -Eq "^comm: 2 ranks x 1 micro-batch \| per step \(median of 4, rank 0\): communication [0-9.]+ ms \| exposed [0-9.]+ ms \| overlap [0-9.]+%" "$T/out" ||
     fail "no comm summary line"
 [ "$(grep -c '^final:' "$T/out")" -eq 1 ] || fail "expected one final line (rank 0 only)"
+# several ranks: each step line projects the end of the run's own steps
+grep -Eq '^step +[0-9]+/4 \|.* \| ends [0-9]{2}:[0-9]{2} UTC \(in [0-9]+m[0-9]{2}s\)$' "$T/out" ||
+    fail "no projected end on the step lines: $(grep '^step' "$T/out" | head -2)"
 for f in "$T/tr.json" "$T/tr.rank1.json"; do
     [ -f "$f" ] || fail "no trace $f"
     grep -q '"name":"allreduce bucket 0","cat":"comm"' "$f" || fail "$f: no comm events"
