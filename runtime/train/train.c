@@ -2,6 +2,7 @@
  * initialise or restore params, feed data, set the learning rate, run steps,
  * evaluate, checkpoint and report. */
 #include "train.h"
+#include "cpu.h"
 #include "dist.h"
 
 #include <math.h>
@@ -166,6 +167,7 @@ typedef struct {
     int64_t skipped;      /* steps not applied (on_nonfinite = "skip") */
     int64_t ckpt_step;    /* the last checkpoint written (-1: none) */
     StepTimes times;      /* per step, ms */
+    double peak_gflops;   /* MFU's denominator (0: unknown) */
 } Run;
 
 enum { PH_DATA, PH_STEP, PH_EVAL, PH_CKPT, PH__N };
@@ -678,7 +680,7 @@ static void fmt_mfu(char *buf, size_t n, double flops, const Graph *g, double ms
                  100.0 * model / (ms * 1e-3) / (peak_gflops * 1e9), peak_gflops,
                  100.0 * flops / (ms * 1e-3) / (peak_gflops * 1e9));
     else
-        snprintf(buf, n, "MFU n/a (no --peak-gflops), HFU n/a");
+        snprintf(buf, n, "MFU n/a (no known peak: --peak-gflops), HFU n/a");
 }
 
 static void progress(Run *r, float loss)
@@ -761,6 +763,23 @@ static bool build(Run *r, Diag *d)
                 "kiln: note: precision=bf16, tf32 and cuda_graph apply to --device cuda; the "
                 "CPU backend computes in f32 and runs steps one by one\n");
     r->flops = ir_graph_flops(r->tg);
+    /* MFU's denominator: --peak-gflops, else on the CPU the measured FMA
+     * peak of the threads this rank runs (runtime/cpu/measure.c, cached) */
+    r->peak_gflops = r->o->peak_gflops;
+    if (r->peak_gflops <= 0 && strcmp(rt_exec_device(r->te), "cpu") == 0) {
+        long nc = sysconf(_SC_NPROCESSORS_ONLN);
+        int th = eo.threads > 0 ? eo.threads : nc > 0 ? (int)nc : 1;
+        CgDevice cpu;
+        Diag md = {{0}};
+        if (rt_cpu_device(th, r->o->cache_dir, false, r->o->verbose, &cpu, &md)) {
+            r->peak_gflops = cpu.f32 / 1e9;
+            if (rt_dp_rank(r->dp) == 0 && !r->o->quiet)
+                printf("MFU against %.0f GFLOP/s: the measured FMA peak of %d thread%s "
+                       "(--peak-gflops overrides)\n", r->peak_gflops, th, th == 1 ? "" : "s");
+        } else if (r->o->verbose) {
+            fprintf(stderr, "kiln: no measured CPU peak for MFU: %s\n", md.msg);
+        }
+    }
     rt_trace_event(r->trace, "compile", "train", 1e6 * (t_start - r->t0),
                    1e6 * (ir_now() - t_start), 0);
     if (r->o->verbose)
@@ -979,7 +998,7 @@ int rt_train(const Model *m, const TrainOpts *o)
                                  r.step == first + 1 || r.step == r.steps || bad);
         if (log) {
             char mfu[64], mem[32];
-            fmt_mfu(mfu, sizeof mfu, r.flops, r.tg, step_ms, o->peak_gflops);
+            fmt_mfu(mfu, sizeof mfu, r.flops, r.tg, step_ms, r.peak_gflops);
             ir_fmt_bytes((double)rt_exec_arena_bytes(r.te), 2, mem, sizeof mem);
             char eta[96] = "";
             if (rt_dp_size(r.dp) > 1)
@@ -1051,7 +1070,7 @@ int rt_train(const Model *m, const TrainOpts *o)
                (long long)r.acc_right, (long long)r.acc_total);
     if (med > 0) {
         char mfu[64];
-        fmt_mfu(mfu, sizeof mfu, r.flops, r.tg, med, o->peak_gflops);
+        fmt_mfu(mfu, sizeof mfu, r.flops, r.tg, med, r.peak_gflops);
         printf(" | median %.2f ms/step | %.0f tok/s | %s", med, (double)tokens / (med * 1e-3),
                mfu);
     }

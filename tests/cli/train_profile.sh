@@ -1,5 +1,5 @@
 #!/bin/bash
-# Reporting: step lines with MFU against the stated peak (or "n/a"), peak
+# Reporting: step lines with MFU against the stated peak (or the CPU's measured one), peak
 # memory, the final summary, the --profile per-kernel table and a --trace
 # file in Chrome's trace-event JSON.
 set -u
@@ -11,7 +11,11 @@ fail() { echo "FAIL: $*"; exit 1; }
 "$KILN" train models/mlp.lua --steps 6 --set log_every=1 > "$dir/plain.log" 2>&1 ||
     fail "train failed: $(cat "$dir/plain.log")"
 [ "$(grep -c '^step ' "$dir/plain.log")" = 6 ] || fail "expected 6 step lines: $(cat "$dir/plain.log")"
-grep -q 'MFU n/a' "$dir/plain.log" || fail "MFU without a peak must be n/a"
+# no --peak-gflops: MFU against this CPU's measured FMA peak, named once
+grep -Eq '^MFU against [0-9]+ GFLOP/s: the measured FMA peak of [0-9]+ threads? \(--peak-gflops overrides\)$' \
+    "$dir/plain.log" || fail "MFU without --peak-gflops does not name the measured peak"
+grep -Eq '^step +1/6 .*\| MFU [0-9.]+% of [0-9]+ GFLOP/s, HFU [0-9.]+%' "$dir/plain.log" ||
+    fail "no MFU against the measured peak on the step lines"
 grep -q '| mem [0-9.]* [KMG]iB' "$dir/plain.log" || fail "no peak memory"
 grep -q '^final: step 6 | train loss .* | val loss .* | accuracy .* | median .* ms/step' \
     "$dir/plain.log" || fail "no final summary: $(cat "$dir/plain.log")"
