@@ -71,7 +71,7 @@ static const char fma_src[] =
     "    return (double)iters * 12 * LANES * OPS;\n"
     "}\n";
 
-enum { REPS = 3, COPY_BYTES = 64 << 20, GEMM_N = 512 };
+enum { REPS = 5, COPY_BYTES = 64 << 20, GEMM_N = 512 };
 static const long FMA_ITERS = 5000000; /* 1.9e9 FLOPs per thread with AVX-512 */
 
 typedef double (*FmaFn)(long, float *);
