@@ -873,7 +873,8 @@ int rt_train(Model *m, const TrainOpts *o)
             printf("removed %d stale temp file%s of an interrupted write\n", swept,
                    swept > 1 ? "s" : "");
     }
-    if (!writable_dir(o->save_weights, &d) || !writable_dir(ckpt, &d) ||
+    if (!writable_dir(o->save_weights, &d) ||
+        (o->save_weights && !rt_output_check(o->save_weights, &d)) || !writable_dir(ckpt, &d) ||
         !writable_dir(o->trace, &d) || !open_data(&r, &d) || !build(&r, &d) ||
         !init_state(&r, &d))
         goto out;

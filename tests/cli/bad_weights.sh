@@ -6,6 +6,8 @@
 # product that overflows, too many dims, an unknown dtype;
 # files that do not fit the model (dtype, shape); NaN and Inf in weights and in a
 # checkpoint's optimizer state; a directory, a FIFO or a device as the file;
+# a directory, a FIFO or a symlink to a device as an output (weights,
+# checkpoint, trace) refused, never replaced;
 # a diverged run's params are never written (weights or checkpoint);
 # stale temp files of a killed writer are removed at start, a live writer's kept.
 set -u
@@ -128,6 +130,31 @@ mkfifo "$dir/fifo"
 expect_error -t 30 "$dir/fifo" "expected a regular file, got a FIFO" -- "${mlp[@]}" --init-from "$dir/fifo"
 expect_error -t 30 "/dev/zero" "expected a regular file, got a character device" -- \
     "${mlp[@]}" --resume /dev/zero
+
+# not a regular file as an output (--save-weights, --checkpoint, --trace): a
+# symlink to a device, a FIFO, a directory are refused, never replaced by a
+# file (the rename would replace a device node when run as root); weights
+# are refused before training
+ln -s /dev/full "$dir/wdev"
+expect_error "$dir/wdev: cannot write (expected a regular file, got a character device)" -- \
+    "${mlp[@]}" --save-weights "$dir/wdev"
+grep -q "final:" "$dir/err.log" && fail "--save-weights to a device trained before refusing it"
+[ -L "$dir/wdev" ] && [ -c /dev/full ] || fail "--save-weights replaced a symlink to a device"
+expect_error -t 30 "$dir/fifo: cannot write (expected a regular file, got a FIFO)" -- \
+    "${mlp[@]}" --save-weights "$dir/fifo"
+[ -p "$dir/fifo" ] || fail "--save-weights replaced a FIFO"
+expect_error "$dir/adir: cannot write (expected a regular file, got a directory)" -- \
+    "${mlp[@]}" --save-weights "$dir/adir"
+mkdir "$dir/ckd.step1.safetensors"
+expect_error "$dir/ckd.step1.safetensors: cannot write (expected a regular file, got a directory)" -- \
+    "${mlp[@]}" --checkpoint "$dir/ckd" --set checkpoint_every=1
+ln -s /dev/full "$dir/ckl.step2.safetensors"
+expect_error "$dir/ckl.step2.safetensors: cannot write (expected a regular file, got a character device)" -- \
+    "${mlp[@]}" --checkpoint "$dir/ckl"
+[ -L "$dir/ckl.step2.safetensors" ] || fail "--checkpoint replaced a symlink to a device"
+expect_error "$dir/adir: cannot write (expected a regular file, got a directory)" -- \
+    "${mlp[@]}" --trace "$dir/adir"
+[ -d "$dir/adir" ] || fail "--trace replaced a directory"
 
 # a diverged run (lr past f32's range) writes neither weights nor
 # checkpoint: the loop stops first (tests/cli/diverge.sh); the writers'
