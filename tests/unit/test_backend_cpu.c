@@ -325,42 +325,15 @@ static void test_moves(void **state)
 static void test_gather_out_of_range(void **state)
 {
     (void)state;
-    enum { V = 5, R = 3, NI = 6 };
-    Graph *g = ir_new();
-    int64_t dt[2] = {V, R}, dv[1] = {V}, di[2] = {2, 3}, ds[3] = {2, 3, R};
-    int tab = in_t(g, TK_INPUT, "tab", DT_F32, 2, dt);
-    int vec = in_t(g, TK_INPUT, "vec", DT_F32, 1, dv);
-    int idx = in_t(g, TK_INPUT, "idx", DT_I32, 2, di);
-    int src = in_t(g, TK_INPUT, "src", DT_F32, 3, ds);
-    int gi[2] = {tab, idx}, gv[2] = {vec, idx}, si[2] = {idx, src};
-    out(g, "gather", ir_op_x(g, OP_GATHER, gi, 2, NULL, here));
-    out(g, "gvec", ir_op_x(g, OP_GATHER, gv, 2, NULL, here));
-    OpAttr sa = {.rank = 2, .shape = {V, R}};
-    out(g, "scatter", opa(g, OP_SCATTER_ADD, si, 2, sa));
-    const int32_t ix[NI] = {-1, V, V + 1000, 2, INT32_MAX, INT32_MIN};
-    float ftab[V * R], fvec[V], fsrc[NI * R];
-    for (int i = 0; i < V * R; i++)
-        ftab[i] = 1.0f + (float)i;
-    for (int i = 0; i < V; i++)
-        fvec[i] = 100.0f + (float)i;
-    for (int i = 0; i < NI * R; i++)
-        fsrc[i] = 0.5f + (float)i;
-    /* expected: only index 2 (position 3) is in range */
-    float wg[NI * R] = {0}, wv[NI] = {0}, ws[V * R] = {0};
-    for (int k = 0; k < R; k++) {
-        wg[3 * R + k] = ftab[2 * R + k];
-        ws[2 * R + k] = fsrc[3 * R + k];
-    }
-    wv[3] = fvec[2];
-
+    GatherOor c;
+    gather_oor_build(&c);
+    Graph *g = c.g;
     double **val = ir_interp_alloc(g);
-    const void *host[4] = {ftab, fvec, ix, fsrc};
-    const int ids[4] = {tab, vec, idx, src};
-    const int64_t lens[4] = {V * R, V, NI, NI * R};
     for (int j = 0; j < 4; j++) {
-        val[ids[j]] = xmalloc(sizeof(double) * (size_t)lens[j]);
-        for (int64_t i = 0; i < lens[j]; i++)
-            val[ids[j]][i] = j == 2 ? ix[i] : ((const float *)host[j])[i];
+        val[c.in[j]] = xmalloc(sizeof(double) * (size_t)c.len[j]);
+        for (int64_t i = 0; i < c.len[j]; i++)
+            val[c.in[j]][i] = j == 2 ? ((const int32_t *)c.host[j])[i]
+                                     : ((const float *)c.host[j])[i];
     }
     InterpOpts io = {.seed = 7};
     ir_interp(g, val, &io);
@@ -370,24 +343,23 @@ static void test_gather_out_of_range(void **state)
     if (!e)
         fail_msg("rt_exec_create: %s", d.msg);
     for (int j = 0; j < 4; j++)
-        rt_exec_write(e, ids[j], host[j]);
+        rt_exec_write(e, c.in[j], c.host[j]);
     if (!rt_exec_run(e, 7, 0, &d))
         fail_msg("rt_exec_run: %s", d.msg);
-    const float *want[3] = {wg, wv, ws};
-    const int64_t wn[3] = {NI * R, NI, V * R};
     for (int k = 0; k < 3; k++) {
         int t = g->outs.v[k].t;
-        float got[NI * R];
+        float got[OOR_NI * OOR_R];
+        assert_true(c.nwant[k] <= OOR_NI * OOR_R);
         rt_exec_read(e, t, got);
-        for (int64_t i = 0; i < wn[k]; i++) {
-            if (got[i] != want[k][i] || val[t][i] != want[k][i])
+        for (int64_t i = 0; i < c.nwant[k]; i++) {
+            if (got[i] != c.want[k][i] || val[t][i] != c.want[k][i])
                 fail_msg("%s[%lld]: cpu %g, interpreter %g, expected %g", g->outs.v[k].name,
-                         (long long)i, got[i], val[t][i], want[k][i]);
+                         (long long)i, got[i], val[t][i], c.want[k][i]);
         }
     }
     rt_exec_destroy(e);
     ir_interp_free(g, val);
-    ir_free(g);
+    gather_oor_free(&c);
 }
 
 static void test_reduce(void **state)
