@@ -1079,6 +1079,6 @@ out:
         ir_free(r.eg);
     rt_data_close(r.ds);
     fflush(stdout);
-    rt_dp_close(r.dp, rc);
-    return rc;
+    /* 0 for a rank that rt_launch stopped: the launcher gives 128 + sig */
+    return rt_dp_close(r.dp, rc);
 }

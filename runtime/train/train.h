@@ -198,7 +198,9 @@ typedef struct {
     bool no_fuse;             /* --no-fuse: every op its own kernel */
 } TrainOpts;
 
-/* Returns the process exit code: 0, or 1 after printing the error. */
+/* Returns the process exit code: 0, 1 after printing the error, or 128 +
+ * the signal for a run stopped by SIGINT or SIGTERM (0 in a rank that
+ * rt_launch stopped: rt_dp_close). */
 int rt_train(Model *m, const TrainOpts *o);
 /* Pass options from a model's training settings: the defaults, then the
  * optimizer's (beta1, beta2, eps, weight_decay, grad_clip) and the memory

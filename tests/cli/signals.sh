@@ -3,9 +3,10 @@
 # current step, a "stopped by SIG... at step N" summary line, exit 130 or
 # 143, no temp file left in the checkpoint directory or the kernel cache
 # (a checkpoint is written every step, so the signal often lands in one).
-# The same with --nproc 2 and SIGTERM to the launcher (it forwards the
-# signal, every rank stops after the same step, it names the signal), and a
-# rank that crashes is named with its signal. A signal during the kernel
+# The same with --nproc 2: SIGTERM or SIGINT to the launcher (it forwards
+# the signal), SIGINT to the process group (Ctrl-C): every rank stops after
+# the same step, none is killed mid-write, the launcher names the signal;
+# and a rank that crashes is named with its signal. A signal during the kernel
 # compile stops when the compile ends. kill -9 during a compile leaves temp
 # files in the cache; the next run removes them.
 set -u
@@ -96,30 +97,44 @@ stop() {
 stop INT 130
 stop TERM 143
 
-# --nproc 2: SIGTERM to the launcher
-rm -rf "$T/ck" && mkdir "$T/ck"
-"$KILN" train models/mlp.lua --steps 100000000 --nproc 2 --set log_every=1 \
-    --set checkpoint_every=1 --checkpoint "$T/ck/run" --cache-dir "$T/cache" > "$T/out" 2>&1 &
-L=$!
-wait_for "step  *3/" "$T/out" || fail "nproc: training did not start"
-M=$(pgrep -P "$L" mpirun)
-[ -n "$M" ] || fail "nproc: no mpirun under the launcher"
-R0=$(rank_pid "$M" 0)
-R1=$(rank_pid "$M" 1)
-kill -TERM "$L"
-wait_exit "$L" "nproc"
-[ "$rc" -eq 143 ] || fail "nproc: exit $rc, expected 143"
-grep -q "stopped by SIGTERM at step [0-9]*/100000000: train loss" "$T/out" ||
-    fail "nproc: no summary line from rank 0"
-grep -q "kiln: stopped by SIGTERM; every rank stopped cleanly" "$T/out" ||
-    fail "nproc: the launcher does not name the signal"
-grep -q "another rank failed\|lost rank" "$T/out" && fail "nproc: a rank is said to have failed"
-no_temps "nproc" "$T/ck" "$T/cache"
-sleep 0.5
-for p in "$M" $R0 $R1; do
-    alive "$p" && fail "nproc: process $p is still running"
-done
-echo "nproc 2, SIGTERM: exit $rc; $(grep -o 'kiln: stopped by SIGTERM;.*' "$T/out")"
+# stop_nproc SIG CODE launcher|group: --nproc 2 with checkpoints of 25 MB
+# (rank 0 is still writing one when rank 1 has stopped), the signal to the
+# launcher (it forwards it) or to the whole process group as Ctrl-C sends
+# it (the launcher, mpirun and both ranks get it). Every rank stops after
+# the same step, rank 0 prints its summary (mpirun did not end the job
+# early: no "mpirun detected" banner), the launcher names the signal.
+stop_nproc() {
+    local sig=$1 code=$2 how=$3 what="nproc 2, SIG$1 to the $3"
+    rm -rf "$T/ck" && mkdir "$T/ck"
+    setsid "$KILN" train models/mlp.lua --steps 100000000 --nproc 2 --set hidden=1024 \
+        --set depth=3 --set log_every=1 --set checkpoint_every=1 --checkpoint "$T/ck/run" \
+        --cache-dir "$T/cache" > "$T/out" 2>&1 &
+    L=$!
+    wait_for "checkpoint: .*step2\." "$T/out" || fail "$what: training did not start"
+    M=$(pgrep -P "$L" mpirun)
+    [ -n "$M" ] || fail "$what: no mpirun under the launcher"
+    R0=$(rank_pid "$M" 0)
+    R1=$(rank_pid "$M" 1)
+    [ -n "$R0" ] && [ -n "$R1" ] || fail "$what: ranks not found under mpirun $M"
+    if [ "$how" = group ]; then kill "-$sig" -- "-$L"; else kill "-$sig" "$L"; fi
+    wait_exit "$L" "$what"
+    [ "$rc" -eq "$code" ] || fail "$what: exit $rc, expected $code"
+    grep -q "stopped by SIG$sig at step [0-9]*/100000000: train loss" "$T/out" ||
+        fail "$what: no summary line from rank 0"
+    grep -q "kiln: stopped by SIG$sig; every rank stopped cleanly" "$T/out" ||
+        fail "$what: the launcher does not name the signal"
+    grep -q "another rank failed\|lost rank\|mpirun detected\|exiting improperly" "$T/out" &&
+        fail "$what: a rank is said to have failed"
+    no_temps "$what" "$T/ck" "$T/cache"
+    sleep 0.5
+    for p in "$M" "$R0" "$R1"; do
+        alive "$p" && fail "$what: process $p is still running"
+    done
+    echo "$what: exit $rc; $(grep -o "kiln: stopped by SIG$sig;.*" "$T/out")"
+}
+stop_nproc TERM 143 launcher
+stop_nproc INT 130 launcher
+stop_nproc INT 130 group
 
 # a rank that crashes is named with its signal
 "$KILN" train models/mlp.lua --steps 100000000 --nproc 2 --set log_every=1 \
