@@ -10,6 +10,7 @@
 #include <string.h>
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -360,6 +361,128 @@ static void test_gather_out_of_range(void **state)
     rt_exec_destroy(e);
     ir_interp_free(g, val);
     gather_oor_free(&c);
+}
+
+/* Calls plan kernel `name` (pointer params bound to ptr[tensor id] through
+ * step st's args; no random state) on the whole range. */
+static void call_kernel(void *so, const CgPlan *pl, const CgStep *st, void **ptr)
+{
+    const CgKernel *k = pl->kernels.v[st->kernel];
+    void *sym = dlsym(so, k->name);
+    if (!sym)
+        fail_msg("no kernel %s in the compiled plan", k->name);
+    void *a[3] = {0};
+    assert_true(k->params.n <= 3 && !k->rand);
+    for (int i = 0; i < k->params.n; i++)
+        a[i] = ptr[st->args[i]];
+    if (k->params.n == 2) {
+        void (*fn)(void *, void *, int64_t, int64_t);
+        memcpy(&fn, &sym, sizeof fn);
+        fn(a[0], a[1], 0, 1);
+    } else {
+        void (*fn)(void *, void *, void *, int64_t, int64_t);
+        memcpy(&fn, &sym, sizeof fn);
+        fn(a[0], a[1], a[2], 0, 1);
+    }
+}
+
+/* Tensors of more than 2^32 elements (issue 13: the 32-bit index audit):
+ * the generated C computes every index and size in int64_t. A slice and a
+ * gather read 4 and 16 elements past 2^32 of two 16 GiB inputs, mapped
+ * without backing (MAP_NORESERVE: only the pages written are real), so
+ * an index truncated to 32 bits reads the wrong place or faults. */
+static void test_index_past_2g(void **state)
+{
+    (void)state;
+    const int64_t N = (int64_t)1 << 30, V = (int64_t)1 << 28, R = 16;
+    Graph *g = ir_new();
+    int64_t dx[2] = {4, N}, dt[2] = {V, R}, di[1] = {2};
+    int x = in_t(g, TK_INPUT, "x", DT_F32, 2, dx);
+    int tab = in_t(g, TK_INPUT, "tab", DT_F32, 2, dt);
+    int idx = in_t(g, TK_INPUT, "idx", DT_I32, 1, di);
+    OpAttr sa = {.rank = 2, .shape = {1, 4}, .nia = 2, .ia = {3, N - 4}};
+    int sl = opa(g, OP_SLICE, &x, 1, sa);
+    out(g, "slice", sl);
+    int gi[2] = {tab, idx};
+    int ga = ir_op_x(g, OP_GATHER, gi, 2, NULL, here);
+    out(g, "gather", ga);
+    Diag d = {{0}};
+    CgPlan *pl = cg_plan(g, &d);
+    if (!pl)
+        fail_msg("cg_plan: %s", d.msg);
+    /* no 32-bit index variable or cast anywhere in the kernels */
+    static const char *const narrow[] = {"(int)", "int v", "int c", "int e", "int h",
+                                         "int r", "int i", "int j", "unsigned "};
+    for (size_t i = 0; i < sizeof narrow / sizeof *narrow; i++)
+        if (strstr(pl->source, narrow[i]))
+            fail_msg("generated C has \"%s\":\n%s", narrow[i], pl->source);
+    /* nor in the CUDA C kernels (after its prelude, whose warp and block
+     * helpers count lanes in int) */
+    CgCudaProgram *cu = cg_cuda_program(pl, false);
+    const char *kernels = strstr(cu->source, "extern \"C\" __global__");
+    assert_non_null(kernels);
+    for (size_t i = 0; i < sizeof narrow / sizeof *narrow; i++)
+        if (strstr(kernels, narrow[i]))
+            fail_msg("generated CUDA C has \"%s\":\n%s", narrow[i], kernels);
+    cg_cuda_program_free(cu);
+
+    size_t xb = sizeof(float) * (size_t)(4 * N), tb = sizeof(float) * (size_t)(V * R);
+    float *xm = mmap(NULL, xb, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    float *tm = mmap(NULL, tb, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (xm == MAP_FAILED || tm == MAP_FAILED) {
+        print_message("skipped: cannot map 2 x 16 GiB of address space\n");
+        cg_plan_free(pl);
+        ir_free(g);
+        skip();
+    }
+    for (int j = 0; j < 4; j++)
+        xm[3 * N + N - 4 + j] = 1.0f + (float)j;
+    for (int k = 0; k < R; k++) {
+        tm[(V - 1) * R + k] = 10.0f + (float)k;
+        tm[5 * R + k] = 100.0f + (float)k;
+    }
+    int32_t ix[2] = {(int32_t)(V - 1), 5};
+    float got_s[4] = {0}, got_g[2 * 16] = {0};
+    void **ptr = xcalloc((size_t)g->t.n, sizeof(void *));
+    ptr[x] = xm;
+    ptr[tab] = tm;
+    ptr[idx] = ix;
+    ptr[sl] = got_s;
+    ptr[ga] = got_g;
+
+    char *dir = scratch_dir("idx2g");
+    char *so = rt_cc_compile(pl->source, dir, 1, false, &d);
+    if (!so)
+        fail_msg("%s", d.msg);
+    void *h = dlopen(so, RTLD_NOW | RTLD_LOCAL);
+    assert_non_null(h);
+    int ran = 0;
+    for (int s = 0; s < pl->steps.n; s++) {
+        const CgStep *st = &pl->steps.v[s];
+        if (st->kind == CG_STEP_KERNEL && (st->op >= 0)) {
+            call_kernel(h, pl, st, ptr);
+            ran++;
+        }
+    }
+    assert_int_equal(ran, 2);
+    for (int j = 0; j < 4; j++)
+        if (got_s[j] != 1.0f + (float)j)
+            fail_msg("slice[%d] past 2^32: got %g, expected %g", j, got_s[j], 1.0 + j);
+    for (int k = 0; k < R; k++)
+        if (got_g[k] != 10.0f + (float)k || got_g[R + k] != 100.0f + (float)k)
+            fail_msg("gather rows %lld and 5, column %d: got %g and %g", (long long)(V - 1), k,
+                     got_g[k], got_g[R + k]);
+    dlclose(h);
+    free(so);
+    remove_tree(dir);
+    free(dir);
+    free(ptr);
+    munmap(xm, xb);
+    munmap(tm, tb);
+    cg_plan_free(pl);
+    ir_free(g);
 }
 
 static void test_reduce(void **state)
@@ -880,6 +1003,7 @@ int main(void)
         cmocka_unit_test(test_profile),
         cmocka_unit_test(test_models),
         cmocka_unit_test(test_concat_many),
+        cmocka_unit_test(test_index_past_2g),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
