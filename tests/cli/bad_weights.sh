@@ -168,7 +168,6 @@ expect_error "training diverged at step 1" -- \
 
 # stale temp files: a killed writer's (no such pid) are removed at start; a
 # live writer's (this shell) and unrelated names are kept
-bad_cases=$((bad_cases + 1))
 mkdir "$dir/sw"
 dead1=$dir/sw/ck.step4.safetensors.tmp.999999999.AbC123
 dead2=$dir/sw/w.safetensors.tmp.999999998.x1Y2z3
@@ -181,6 +180,7 @@ grep -q "removed 2 stale temp files of an interrupted write" "$dir/sw.log" ||
     fail "no note of the removed temp files: $(cat "$dir/sw.log")"
 [ -e "$dead1" ] || [ -e "$dead2" ] && fail "a dead writer's temp file was left"
 [ -e "$live" ] && [ -e "$other" ] || fail "a live writer's or an unrelated file was removed"
+case_recovered "stale temp files of a killed writer are removed at start"
 rm -r "$dir/sw"
 
 bad_input_done

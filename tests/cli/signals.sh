@@ -13,7 +13,12 @@ set -u
 : "${KILN:?KILN must point at the kiln binary}"
 T=$(mktemp -d "${TMPDIR:-/tmp}/kiln-signals.XXXXXX")
 trap 'rm -rf "$T"' EXIT
+. tests/cli/lib/cases.sh # case_log, for lib/count_cases.sh
 fail() {
+    case "$*" in
+    *"still running"*) case_log signals hang "$*" ;;
+    *) case_log signals unclear "$*" ;;
+    esac
     echo "FAIL: $*"
     echo "--- output:"
     cat "$T/out" 2> /dev/null
@@ -79,6 +84,7 @@ stop() {
         --steps "$(($(sed 's/.*step\([0-9]*\)\.safetensors/\1/' <<< "$ck") + 1))" -q \
         > "$T/resume.log" 2>&1 || { cat "$T/resume.log"; fail "$sig: cannot resume from $ck"; }
     echo "$sig: exit $rc; $(grep -o 'stopped by.*' "$T/out" | cut -c1-80)"
+    case_log signals clear "SIG$sig to one process: exit $rc, summary, no temp file, resumes"
 }
 
 stop INT 130
@@ -118,6 +124,7 @@ stop_nproc() {
         alive "$p" && fail "$what: process $p is still running"
     done
     echo "$what: exit $rc; $(grep -o "kiln: stopped by SIG$sig;.*" "$T/out")"
+    case_log signals clear "$what: exit $rc, every rank stopped, none left running"
 }
 stop_nproc TERM 143 launcher
 stop_nproc INT 130 launcher
@@ -136,6 +143,7 @@ wait_exit "$L" "crash"
 [ "$rc" -ne 0 ] || fail "crash: exit 0"
 grep -q "lost rank 1: it was killed by SIGSEGV" "$T/out" || fail "crash: rank 1's signal not named"
 echo "rank 1 SIGSEGV: exit $rc; $(grep -o 'lost rank 1.*' "$T/out")"
+case_log signals clear "rank 1 of 2 killed by SIGSEGV: named with its signal"
 
 # SIGINT during the kernel compile (fresh cache): stops when it ends
 GPT=(models/gpt.lua --set L=1 --set C=16 --set T=8 --set batch=2)
@@ -152,6 +160,7 @@ wait_exit "$pid" "compile INT"
 grep -q "stopped by SIGINT" "$T/out" || fail "compile INT: no message"
 no_temps "compile INT" "$T/cache2"
 echo "SIGINT while compiling: exit $rc; $(grep -o 'stopped by SIGINT.*' "$T/out" | head -1)"
+case_log signals clear "SIGINT during the kernel compile: exit $rc, nothing left in the cache"
 
 # kill -9 of the whole process group during the compile: temp files stay,
 # the next run removes them (their writer is gone) and succeeds
@@ -179,4 +188,5 @@ left=$(find "$T/cache3" -name '*.tmp*' -o -name 'kiln-*.[0-9]*.[co]' | wc -l)
     fail "kill -9: the rerun failed"
 no_temps "kill -9 rerun" "$T/cache3"
 echo "kill -9 while compiling: $left temp files, none after the rerun"
+case_log signals clear "kill -9 during the compile: the next run removes the temp files"
 echo "ok"
