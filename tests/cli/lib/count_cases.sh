@@ -39,6 +39,25 @@ for t in tests/cli/bad_*.sh tests/cli/train_bad_data.sh tests/cli/train_weights.
     fi
 done
 
+# outcome RC OUT [NAMES]: hang, crash, or (RC 0) clear; with NAMES (a
+# string a clear error names), clear only for exit 1 naming it, accepted
+# for exit 0
+outcome() {
+    if [ "$1" -eq 137 ]; then
+        echo hang
+    elif [ "$1" -gt 128 ] || grep -q "internal error\|Sanitizer\|runtime error:" "$2"; then
+        echo crash
+    elif [ $# -lt 3 ]; then
+        if [ "$1" -eq 0 ]; then echo clear; else echo unclear; fi
+    elif [ "$1" -eq 0 ]; then
+        echo accepted
+    elif [ "$1" -eq 1 ] && grep -qF -- "$3" "$2"; then
+        echo clear
+    else
+        echo unclear
+    fi
+}
+
 # fuzz corpora: one replay per file; bad Lua scripts through kiln compile
 for d in tests/fuzz/corpus/*/; do
     name=$(basename "$d")
@@ -50,30 +69,14 @@ for d in tests/fuzz/corpus/*/; do
     for f in "$d"*; do
         timeout -s KILL 60 "$replay" "$f" > "$T/replay.out" 2>&1
         rc=$?
-        outcome=clear
-        if [ "$rc" -eq 137 ]; then
-            outcome=hang
-        elif [ "$rc" -gt 128 ] || grep -q "Sanitizer\|runtime error:" "$T/replay.out"; then
-            outcome=crash
-        elif [ "$rc" -ne 0 ]; then
-            outcome=unclear
-        fi
-        printf 'corpus/%s (replay)\t%s\t%s\n' "$name" "$outcome" "$f" >> "$log"
+        printf 'corpus/%s (replay)\t%s\t%s\n' "$name" "$(outcome $rc "$T/replay.out")" "$f" \
+            >> "$log"
         case "$name/$(basename "$f")" in
         lua/bad_*.lua)
             timeout -s KILL 60 "$KILN" compile "$f" > "$T/compile.out" 2>&1 < /dev/null
             rc=$?
-            outcome=unclear
-            if [ "$rc" -eq 137 ]; then
-                outcome=hang
-            elif [ "$rc" -gt 128 ] || grep -q "internal error\|Sanitizer" "$T/compile.out"; then
-                outcome=crash
-            elif [ "$rc" -eq 0 ]; then
-                outcome=accepted
-            elif [ "$rc" -eq 1 ] && grep -qF "$f:" "$T/compile.out"; then
-                outcome=clear
-            fi
-            printf 'kiln compile corpus/lua/bad_*\t%s\t%s: %s\n' "$outcome" "$f" \
+            printf 'kiln compile corpus/lua/bad_*\t%s\t%s: %s\n' \
+                "$(outcome $rc "$T/compile.out" "$f:")" "$f" \
                 "$(head -1 "$T/compile.out" | cut -c1-200)" >> "$log"
             ;;
         esac
