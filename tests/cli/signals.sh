@@ -66,6 +66,7 @@ stop() {
     local sig=$1 code=$2
     shift 2
     rm -rf "$T/ck" && mkdir "$T/ck"
+    rm -f "$T/out" # wait_for must not see the last case's output
     "$KILN" train models/mlp.lua --steps 100000000 --set log_every=1 --set checkpoint_every=1 \
         --checkpoint "$T/ck/run" --cache-dir "$T/cache" "$@" > "$T/out" 2>&1 &
     local pid=$!
@@ -99,6 +100,7 @@ stop TERM 143
 stop_nproc() {
     local sig=$1 code=$2 how=$3 what="nproc 2, SIG$1 to the $3"
     rm -rf "$T/ck" && mkdir "$T/ck"
+    rm -f "$T/out" # wait_for must not see the last case's output
     setsid "$KILN" train models/mlp.lua --steps 100000000 --nproc 2 --set hidden=1024 \
         --set depth=3 --set log_every=1 --set checkpoint_every=1 --checkpoint "$T/ck/run" \
         --cache-dir "$T/cache" > "$T/out" 2>&1 &
@@ -131,6 +133,7 @@ stop_nproc INT 130 launcher
 stop_nproc INT 130 group
 
 # a rank that crashes is named with its signal
+rm -f "$T/out" # wait_for must not see the last case's output
 "$KILN" train models/mlp.lua --steps 100000000 --nproc 2 --set log_every=1 \
     --cache-dir "$T/cache" > "$T/out" 2>&1 &
 L=$!
@@ -148,6 +151,7 @@ case_log signals clear "rank 1 of 2 killed by SIGSEGV: named with its signal"
 # SIGINT during the kernel compile (fresh cache): stops when it ends
 GPT=(models/gpt.lua --set L=1 --set C=16 --set T=8 --set batch=2)
 rm -rf "$T/cache2"
+rm -f "$T/out" # wait_for must not see the last case's output
 "$KILN" train "${GPT[@]}" --steps 100000000 --cache-dir "$T/cache2" > "$T/out" 2>&1 &
 pid=$!
 for i in $(seq 1200); do
