@@ -39,10 +39,6 @@ typedef struct {
     Pieces *pend;   /* per forward tensor id: its slices' pending cotangents */
 } AD;
 
-/* Operands of one concat at most: codegen lowers a concat as one kernel
- * with at most 64 inputs (codegen/lower.c); more are joined in a tree. */
-#define AD_CONCAT_MAX 64
-
 static int emit(AD *ad, Opcode code, const int *in, int nin, const OpAttr *a)
 {
     int t = ir_op_x(ad->g, code, in, nin, a, ad->loc);
@@ -190,21 +186,14 @@ static int pad_piece(AD *ad, const Piece *p, const Shape *xs)
     return emit(ad, OP_PAD, &p->g, 1, &a);
 }
 
-/* concat of parts[0..n) along ax, as a tree of concats of at most
- * AD_CONCAT_MAX operands each. */
-static int concat_parts(AD *ad, int *parts, int n, int ax)
+/* concat of parts[0..n) along ax: one concat of any number of operands
+ * (codegen lowers it as one kernel: codegen/lower.c, concat_tree). */
+static int concat_parts(AD *ad, const int *parts, int n, int ax)
 {
     if (n == 1)
         return parts[0];
     OpAttr a = {.nia = 1, .ia = {ax}};
-    if (n <= AD_CONCAT_MAX)
-        return emit(ad, OP_CONCAT, parts, n, &a);
-    int m = 0;
-    for (int i = 0; i < n; i += AD_CONCAT_MAX) {
-        int k = n - i < AD_CONCAT_MAX ? n - i : AD_CONCAT_MAX;
-        parts[m++] = concat_parts(ad, parts + i, k, ax); /* m <= i: no overlap */
-    }
-    return concat_parts(ad, parts, m, ax);
+    return emit(ad, OP_CONCAT, parts, n, &a);
 }
 
 /* One cotangent of shape xs from pieces p[0..n) that restrict axis ax and

@@ -51,9 +51,23 @@ static bool write_all(int fd, const void *p, size_t n)
     return true;
 }
 
+bool rt_output_check(const char *path, Diag *d)
+{
+    struct stat st;
+    if (stat(path, &st) != 0 || S_ISREG(st.st_mode))
+        return true;
+    snprintf(d->msg, sizeof d->msg, "%s: cannot write (expected a regular file, got %s)", path,
+             rt_file_kind(st.st_mode));
+    return false;
+}
+
 bool rt_write_atomic(const char *path, const void *const *chunk, const size_t *len, int n,
                      Diag *d)
 {
+    /* the rename would replace a device node, a FIFO or (through a symlink)
+     * what it names with a file: refused before anything is written */
+    if (!rt_output_check(path, d))
+        return false;
     /* the writer's pid in the name: rt_tmp_sweep tells a dead writer's file */
     char *tmp = xasprintf("%s.tmp.%ld.XXXXXX", path, (long)getpid());
     int fd = mkstemp(tmp);

@@ -214,9 +214,14 @@ void rt_cuda_binary_free(RtCudaBinary *b);
 /* "a directory", "a FIFO", ...: what a path that is not a regular file is,
  * for messages (data files and safetensors files are regular files only) */
 const char *rt_file_kind(mode_t m);
+/* False with "PATH: cannot write (expected a regular file, got a
+ * character device)" when path exists (after symlinks) and is not a
+ * regular file; true when it is one or is missing. */
+bool rt_output_check(const char *path, Diag *d);
 /* Writes the n chunks to path atomically (temp file PATH.tmp.PID.XXXXXX in
  * the same directory, fsync, rename); on failure "PATH: cannot write:
- * reason" and no file. */
+ * reason" and no file. A path that exists and is not a regular file
+ * (rt_output_check) is refused before anything is written. */
 bool rt_write_atomic(const char *path, const void *const *chunk, const size_t *len, int n,
                      Diag *d);
 /* Removes the temp files that rt_write_atomic left (killed mid-write) for

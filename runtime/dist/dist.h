@@ -70,6 +70,9 @@ int rt_launch(int nproc, int argc, char **argv);
 /* In a rank started by rt_launch: records "running" (at start), how it
  * ended, or the rank it lost; no-op otherwise. */
 void rt_rank_status(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* In a rank started by rt_launch: true once the launcher asked every rank
+ * to stop (it got SIGINT or SIGTERM); false otherwise. */
+bool rt_rank_stop_requested(void);
 /* ---- dp.c: data parallelism and gradient accumulation in the loop -------
  * The loop opens its data with the global batch (rt_dp_rows_factor x the
  * model's batch b); rank r, micro-batch k trains on rows [(r*K + k)*b, +b).
@@ -79,7 +82,13 @@ typedef struct RtDp RtDp;
  * grad_accum and bucket_mb; ranks other than 0 print nothing on stdout.
  * *dp is set even on failure (close it). */
 bool rt_dp_open(const TrainCfg *c, RtDp **dp, Diag *d);
-void rt_dp_close(RtDp *dp, int rc); /* records rc as the rank's status */
+/* Records rc as the rank's status and returns the process's exit status:
+ * rc, except 0 for a rank that stopped on rt_launch's request after the
+ * step every rank agreed on (rc 128 + rt_dp_stop): that rank finalizes MPI
+ * like a finished run, so mpirun waits for every rank (a non-zero exit
+ * would make it kill the others, mid-checkpoint or before rank 0's
+ * summary); the launcher exits 128 + the signal itself. */
+int rt_dp_close(RtDp *dp, int rc);
 int rt_dp_rank(const RtDp *dp);
 int rt_dp_size(const RtDp *dp);
 int64_t rt_dp_rows_factor(const RtDp *dp); /* ranks x grad_accum */

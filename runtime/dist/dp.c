@@ -66,11 +66,14 @@ bool rt_dp_open(const TrainCfg *c, RtDp **out, Diag *d)
     return true;
 }
 
-void rt_dp_close(RtDp *dp, int rc)
+int rt_dp_close(RtDp *dp, int rc)
 {
     if (!dp)
-        return;
+        return rc;
     rt_rank_status("exit %d", rc);
+    /* every rank left the loop after the same step (rt_dp_loss): each
+     * reaches the closing collective */
+    bool agreed_stop = dp->size > 1 && dp->stop && rc == 128 + dp->stop;
     if (dp->me)
         rt_exec_destroy(dp->me);
     if (dp->mg)
@@ -79,9 +82,10 @@ void rt_dp_close(RtDp *dp, int rc)
     vec_free(&dp->comm_ms);
     vec_free(&dp->exposed_ms);
     free(dp->trace_path);
-    if (rc == 0)
+    if (rc == 0 || agreed_stop)
         rt_comm_close(dp->comm);
     free(dp);
+    return agreed_stop && rt_rank_stop_requested() ? 0 : rc;
 }
 
 int rt_dp_rank(const RtDp *dp) { return dp ? dp->rank : 0; }

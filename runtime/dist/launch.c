@@ -144,6 +144,11 @@ void rt_rank_status(const char *fmt, ...)
     write_status(buf);
 }
 
+bool rt_rank_stop_requested(void)
+{
+    return status_path[0] && access(stop_path, F_OK) == 0;
+}
+
 static volatile sig_atomic_t interrupted, ninterrupts;
 
 static void on_launcher_signal(int sig)

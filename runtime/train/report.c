@@ -122,9 +122,10 @@ bool rt_trace_close(Trace *t, bool write, Diag *d)
     const void *chunk[1] = {buf};
     bool ok;
     struct stat st;
-    if (stat(t->path, &st) == 0 && !S_ISREG(st.st_mode)) {
+    if (stat(t->path, &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) {
         /* a device or a pipe (/dev/stdout): written in place, never
-         * replaced by a file; every write checked */
+         * replaced by a file; every write checked (a directory: refused
+         * by rt_write_atomic) */
         FILE *f = fopen(t->path, "w");
         int err = errno;
         ok = f && fwrite(buf, 1, n, f) == n;

@@ -240,8 +240,10 @@ static int64_t gather_rows(const Graph *g, int tok, char *name, size_t n)
     return rows;
 }
 
-/* Largest train{eval_batches}: an evaluation reads this many batches. */
-enum { MAX_EVAL_BATCHES = 1000000 };
+/* Largest train{eval_batches} (the settings' bound, as for steps). An
+ * evaluation streams its batches and sums them over ranks EVAL_CHUNK at a
+ * time, so its memory does not grow with eval_batches. */
+enum { MAX_EVAL_BATCHES = 1000000000, EVAL_CHUNK = 4096 };
 
 /* Works out the data source from the graph's inputs and the train config
  * into *dc, and checks every input of g is one the source (or the loop)
@@ -465,7 +467,10 @@ static void push_state(Run *r)
  * rank at batch N*K*b reports. A piece's loss is a mean over its tokens
  * (nn.cross_entropy): with a "mask" input it is weighted by its mask sum,
  * else by its rows; a batch whose weights sum to 0 has loss 0, as
- * sum(mask*nll) / max(sum(mask), 1) gives. Accuracy counts are summed. */
+ * sum(mask*nll) / max(sum(mask), 1) gives. Accuracy counts are summed.
+ * Batches are read one at a time; their sums go over the ranks EVAL_CHUNK
+ * batches at a time (the same values, added in the same order, as all at
+ * once). */
 static bool evaluate(Run *r, Diag *d)
 {
     double t_start = ir_now();
@@ -488,10 +493,15 @@ static bool evaluate(Run *r, Diag *d)
     int64_t nb = r->c.eval_batches > 0 ? r->c.eval_batches : 1;
     int64_t K = rt_dp_rows_factor(r->dp) / rt_dp_size(r->dp);
     int64_t base = (int64_t)rt_dp_rank(r->dp) * K * r->B;
-    /* v: per batch the weighted loss sum and the weight sum, then right and
-     * total; summed over ranks below */
-    double *v = xcalloc((size_t)(2 * nb + 2), sizeof *v);
+    int n = rt_dp_size(r->dp);
+    int64_t cn = nb < EVAL_CHUNK ? nb : EVAL_CHUNK;
+    /* v: per batch of the chunk (slot j) the weighted loss sum and the
+     * weight sum, then right and total; summed over ranks at its end */
+    double *v = xcalloc((size_t)(2 * cn + 2), sizeof *v);
+    double loss = 0;
+    int64_t right = 0, total = 0;
     for (int64_t k = 0; k < nb; k++) {
+        int64_t j = k % cn;
         const DataBatch *b = rt_data_batch(r->ds, DATA_VAL, k);
         for (int64_t piece = 0; piece < K; piece++) {
             int64_t row0 = base + piece * r->B;
@@ -508,8 +518,8 @@ static bool evaluate(Run *r, Diag *d)
                     w += b->mask[row0 * r->T + i];
             }
             if (w > 0)
-                v[2 * k] += w * read_loss(r->ee, r->eg);
-            v[2 * k + 1] += w;
+                v[2 * j] += w * read_loss(r->ee, r->eg);
+            v[2 * j + 1] += w;
             if (!acc)
                 continue;
             read_f32(r->ee, lt, logits);
@@ -527,23 +537,26 @@ static bool evaluate(Run *r, Diag *d)
                             best = c;
                     ok = best == want;
                 }
-                v[2 * nb] += ok;
-                v[2 * nb + 1]++;
+                v[2 * cn] += ok;
+                v[2 * cn + 1]++;
             }
+        }
+        if (j == cn - 1 || k == nb - 1) { /* the chunk's end */
+            rt_comm_mean(r->comm, v, (int)(2 * cn + 2));
+            for (int64_t i = 0; i <= j; i++)
+                loss += v[2 * i + 1] > 0 ? v[2 * i] / v[2 * i + 1] : 0;
+            right += llround(v[2 * cn] * n);
+            total += llround(v[2 * cn + 1] * n);
+            memset(v, 0, sizeof *v * (size_t)(2 * cn + 2));
         }
     }
     free(logits);
-    int n = rt_dp_size(r->dp);
-    rt_comm_mean(r->comm, v, (int)(2 * nb + 2));
-    double loss = 0;
-    for (int64_t k = 0; k < nb; k++)
-        loss += v[2 * k + 1] > 0 ? v[2 * k] / v[2 * k + 1] : 0;
     r->last_val_loss = loss / (double)nb;
     r->have_val = true;
     if (acc) {
         r->have_acc = true;
-        r->acc_right = llround(v[2 * nb] * n);
-        r->acc_total = llround(v[2 * nb + 1] * n);
+        r->acc_right = right;
+        r->acc_total = total;
         r->last_acc = (double)r->acc_right / (double)r->acc_total;
     }
     free(v);
@@ -932,7 +945,8 @@ int rt_train(const Model *m, const TrainOpts *o)
             printf("removed %d stale temp file%s of an interrupted write\n", swept,
                    swept > 1 ? "s" : "");
     }
-    if (!writable_dir(o->save_weights, &d) || !writable_dir(ckpt, &d) ||
+    if (!writable_dir(o->save_weights, &d) ||
+        (o->save_weights && !rt_output_check(o->save_weights, &d)) || !writable_dir(ckpt, &d) ||
         !writable_dir(o->trace, &d) || !open_data(&r, &d) || !build(&r, &d) ||
         !init_state(&r, &d))
         goto out;
@@ -1107,6 +1121,6 @@ out:
     }
     run_free(&r);
     fflush(stdout);
-    rt_dp_close(r.dp, rc);
-    return rc;
+    /* 0 for a rank that rt_launch stopped: the launcher gives 128 + sig */
+    return rt_dp_close(r.dp, rc);
 }

@@ -195,7 +195,9 @@ typedef struct {
                                  pipeline (rank 0), as kiln compile's schedule dump */
 } TrainOpts;
 
-/* Returns the process exit code: 0, or 1 after printing the error. */
+/* Returns the process exit code: 0, 1 after printing the error, or 128 +
+ * the signal for a run stopped by SIGINT or SIGTERM (0 in a rank that
+ * rt_launch stopped: rt_dp_close). */
 int rt_train(const Model *m, const TrainOpts *o);
 /* The command-line flags that shape the training graph: kiln compile's
  * and kiln train's --memory-budget, --remat, --nproc, --no-overlap and

@@ -94,7 +94,13 @@ expect_error "$dir/ok.bin: byte 136 at offset 0 is out of range (expected < 128"
 # 13. addition whose validation split holds no problem (1 digit: 100 pairs)
 expect_error "addition: with 1 digits and val_fraction 0.001 the validation split holds none" -- \
     "$KILN" train models/addition.lua --steps 2 --set digits=1 --set val_fraction=0.001
-# 14. eval_batches past the limit (used to abort allocating 16 GB)
-expect_error "--set eval_batches: expected an integer from 1 to 1000000, got 1000000000" \
-    -- "${gpt[@]}" --set eval_batches=1000000000
+# 14. eval_batches past the limit (used to abort allocating 16 GB; now
+# evaluation streams its batches, so the limit is the settings' 10^9); past
+# one chunk of 4096 batches every held-out row is counted
+expect_error "--set eval_batches: expected an integer from 1 to 1000000000, got 1000000001" \
+    -- "${gpt[@]}" --set eval_batches=1000000001
+"$KILN" train models/mlp.lua --steps 1 -q --set eval_batches=8197 > "$dir/eval.log" 2>&1 ||
+    fail "eval_batches=8197: $(cat "$dir/eval.log")"
+grep -q "(.*/$((8197 * 64)) held-out)" "$dir/eval.log" ||
+    fail "eval_batches=8197 does not count 8197 batches of 64: $(cat "$dir/eval.log")"
 bad_input_done

@@ -61,8 +61,10 @@ fi
 
 # A damaged cache entry is compiled again (a -v line says why) and the run
 # succeeds; before: SIGBUS in dlopen (truncated) or an error on every run.
+# (--peak-gflops: no CPU measurement, whose kernels a later run never loads,
+# so the cache holds the model's objects only)
 rm -rf "$cache"
-"${train[@]}" --cache-dir "$cache" > /dev/null || fail "the first run failed"
+"${train[@]}" --peak-gflops 100 --cache-dir "$cache" > /dev/null || fail "the first run failed"
 objs=$(ls "$cache"/kiln-*.so)
 [ -n "$objs" ] || fail "no cached object in $cache"
 damage() { # how, file
@@ -80,16 +82,17 @@ for how in truncate garbage byte empty; do
         cp "$so" "$dir/before.so"
         damage "$how" "$so"
         cmp -s "$so" "$dir/before.so" && fail "$how: the object did not change"
-        timeout -s KILL 120 "$KILN" train "$M" --steps 2 -v --cache-dir "$cache" > "$dir/run.log" 2>&1
+        timeout -s KILL 120 "$KILN" train "$M" --steps 2 -v --peak-gflops 100 --cache-dir "$cache" \
+            > "$dir/run.log" 2>&1
         rc=$?
         [ "$rc" -eq 0 ] || fail "$how: exit $rc after damaging $so ($(tail -3 "$dir/run.log"))"
         grep -q "cache entry $so is damaged" "$dir/run.log" || \
             fail "$how: no -v line saying $so was rebuilt ($(grep 'cc:' "$dir/run.log"))"
         # the next run is a hit
-        "$KILN" train "$M" --steps 2 -v --cache-dir "$cache" > "$dir/run.log" 2>&1 || \
+        "$KILN" train "$M" --steps 2 -v --peak-gflops 100 --cache-dir "$cache" > "$dir/run.log" 2>&1 || \
             fail "$how: the run after the rebuild failed"
         grep -q "cache hit $so" "$dir/run.log" || fail "$how: no cache hit after the rebuild"
-        bad_cases=$((bad_cases + 1))
+        case_recovered "a damaged cache entry ($how) is rebuilt"
     done
 done
 find "$cache" -name '*.tmp*' | grep -q . && fail "temp files left in the cache"

@@ -6,6 +6,8 @@
 # product that overflows, too many dims, an unknown dtype;
 # files that do not fit the model (dtype, shape); NaN and Inf in weights and in a
 # checkpoint's optimizer state; a directory, a FIFO or a device as the file;
+# a directory, a FIFO or a symlink to a device as an output (weights,
+# checkpoint, trace) refused, never replaced;
 # a diverged run's params are never written (weights or checkpoint);
 # stale temp files of a killed writer are removed at start, a live writer's kept.
 set -u
@@ -129,6 +131,31 @@ expect_error -t 30 "$dir/fifo" "expected a regular file, got a FIFO" -- "${mlp[@
 expect_error -t 30 "/dev/zero" "expected a regular file, got a character device" -- \
     "${mlp[@]}" --resume /dev/zero
 
+# not a regular file as an output (--save-weights, --checkpoint, --trace): a
+# symlink to a device, a FIFO, a directory are refused, never replaced by a
+# file (the rename would replace a device node when run as root); weights
+# are refused before training
+ln -s /dev/full "$dir/wdev"
+expect_error "$dir/wdev: cannot write (expected a regular file, got a character device)" -- \
+    "${mlp[@]}" --save-weights "$dir/wdev"
+grep -q "final:" "$dir/err.log" && fail "--save-weights to a device trained before refusing it"
+[ -L "$dir/wdev" ] && [ -c /dev/full ] || fail "--save-weights replaced a symlink to a device"
+expect_error -t 30 "$dir/fifo: cannot write (expected a regular file, got a FIFO)" -- \
+    "${mlp[@]}" --save-weights "$dir/fifo"
+[ -p "$dir/fifo" ] || fail "--save-weights replaced a FIFO"
+expect_error "$dir/adir: cannot write (expected a regular file, got a directory)" -- \
+    "${mlp[@]}" --save-weights "$dir/adir"
+mkdir "$dir/ckd.step1.safetensors"
+expect_error "$dir/ckd.step1.safetensors: cannot write (expected a regular file, got a directory)" -- \
+    "${mlp[@]}" --checkpoint "$dir/ckd" --set checkpoint_every=1
+ln -s /dev/full "$dir/ckl.step2.safetensors"
+expect_error "$dir/ckl.step2.safetensors: cannot write (expected a regular file, got a character device)" -- \
+    "${mlp[@]}" --checkpoint "$dir/ckl"
+[ -L "$dir/ckl.step2.safetensors" ] || fail "--checkpoint replaced a symlink to a device"
+expect_error "$dir/adir: cannot write (expected a regular file, got a directory)" -- \
+    "${mlp[@]}" --trace "$dir/adir"
+[ -d "$dir/adir" ] || fail "--trace replaced a directory"
+
 # a diverged run (lr past f32's range) writes neither weights nor
 # checkpoint: the loop stops first (tests/cli/diverge.sh); the writers'
 # own refusal of non-finite values is tested in test_checkpoint
@@ -141,7 +168,6 @@ expect_error "training diverged at step 1" -- \
 
 # stale temp files: a killed writer's (no such pid) are removed at start; a
 # live writer's (this shell) and unrelated names are kept
-bad_cases=$((bad_cases + 1))
 mkdir "$dir/sw"
 dead1=$dir/sw/ck.step4.safetensors.tmp.999999999.AbC123
 dead2=$dir/sw/w.safetensors.tmp.999999998.x1Y2z3
@@ -154,6 +180,7 @@ grep -q "removed 2 stale temp files of an interrupted write" "$dir/sw.log" ||
     fail "no note of the removed temp files: $(cat "$dir/sw.log")"
 [ -e "$dead1" ] || [ -e "$dead2" ] && fail "a dead writer's temp file was left"
 [ -e "$live" ] && [ -e "$other" ] || fail "a live writer's or an unrelated file was removed"
+case_recovered "stale temp files of a killed writer are removed at start"
 rm -r "$dir/sw"
 
 bad_input_done

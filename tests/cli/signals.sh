@@ -3,16 +3,22 @@
 # current step, a "stopped by SIG... at step N" summary line, exit 130 or
 # 143, no temp file left in the checkpoint directory or the kernel cache
 # (a checkpoint is written every step, so the signal often lands in one).
-# The same with --nproc 2 and SIGTERM to the launcher (it forwards the
-# signal, every rank stops after the same step, it names the signal), and a
-# rank that crashes is named with its signal. A signal during the kernel
+# The same with --nproc 2: SIGTERM or SIGINT to the launcher (it forwards
+# the signal), SIGINT to the process group (Ctrl-C): every rank stops after
+# the same step, none is killed mid-write, the launcher names the signal;
+# and a rank that crashes is named with its signal. A signal during the kernel
 # compile stops when the compile ends. kill -9 during a compile leaves temp
 # files in the cache; the next run removes them.
 set -u
 : "${KILN:?KILN must point at the kiln binary}"
 T=$(mktemp -d "${TMPDIR:-/tmp}/kiln-signals.XXXXXX")
 trap 'rm -rf "$T"' EXIT
+. tests/cli/lib/cases.sh # case_log, for lib/count_cases.sh
 fail() {
+    case "$*" in
+    *"still running"*) case_log signals hang "$*" ;;
+    *) case_log signals unclear "$*" ;;
+    esac
     echo "FAIL: $*"
     echo "--- output:"
     cat "$T/out" 2> /dev/null
@@ -53,26 +59,14 @@ wait_exit() {
     rc=$?
 }
 
-alive() { # running, not a zombie
-    [ -e "/proc/$1" ] && ! awk '{exit $3 != "Z"}' "/proc/$1/stat" 2> /dev/null
-}
-
-# pid of rank $2 among the children of process $1 (mpirun)
-rank_pid() {
-    local p
-    for p in $(pgrep -P "$1"); do
-        if tr '\0' '\n' < "/proc/$p/environ" 2> /dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2"; then
-            echo "$p"
-            return
-        fi
-    done
-}
+. tests/cli/lib/ranks.sh # rank_pid, alive
 
 # stop SIG CODE [extra args]: one process, signalled after its third step
 stop() {
     local sig=$1 code=$2
     shift 2
     rm -rf "$T/ck" && mkdir "$T/ck"
+    rm -f "$T/out" # wait_for must not see the last case's output
     "$KILN" train models/mlp.lua --steps 100000000 --set log_every=1 --set checkpoint_every=1 \
         --checkpoint "$T/ck/run" --cache-dir "$T/cache" "$@" > "$T/out" 2>&1 &
     local pid=$!
@@ -91,37 +85,55 @@ stop() {
         --steps "$(($(sed 's/.*step\([0-9]*\)\.safetensors/\1/' <<< "$ck") + 1))" -q \
         > "$T/resume.log" 2>&1 || { cat "$T/resume.log"; fail "$sig: cannot resume from $ck"; }
     echo "$sig: exit $rc; $(grep -o 'stopped by.*' "$T/out" | cut -c1-80)"
+    case_log signals clear "SIG$sig to one process: exit $rc, summary, no temp file, resumes"
 }
 
 stop INT 130
 stop TERM 143
 
-# --nproc 2: SIGTERM to the launcher
-rm -rf "$T/ck" && mkdir "$T/ck"
-"$KILN" train models/mlp.lua --steps 100000000 --nproc 2 --set log_every=1 \
-    --set checkpoint_every=1 --checkpoint "$T/ck/run" --cache-dir "$T/cache" > "$T/out" 2>&1 &
-L=$!
-wait_for "step  *3/" "$T/out" || fail "nproc: training did not start"
-M=$(pgrep -P "$L" mpirun)
-[ -n "$M" ] || fail "nproc: no mpirun under the launcher"
-R0=$(rank_pid "$M" 0)
-R1=$(rank_pid "$M" 1)
-kill -TERM "$L"
-wait_exit "$L" "nproc"
-[ "$rc" -eq 143 ] || fail "nproc: exit $rc, expected 143"
-grep -q "stopped by SIGTERM at step [0-9]*/100000000: train loss" "$T/out" ||
-    fail "nproc: no summary line from rank 0"
-grep -q "kiln: stopped by SIGTERM; every rank stopped cleanly" "$T/out" ||
-    fail "nproc: the launcher does not name the signal"
-grep -q "another rank failed\|lost rank" "$T/out" && fail "nproc: a rank is said to have failed"
-no_temps "nproc" "$T/ck" "$T/cache"
-sleep 0.5
-for p in "$M" $R0 $R1; do
-    alive "$p" && fail "nproc: process $p is still running"
-done
-echo "nproc 2, SIGTERM: exit $rc; $(grep -o 'kiln: stopped by SIGTERM;.*' "$T/out")"
+# stop_nproc SIG CODE launcher|group: --nproc 2 with checkpoints of 25 MB
+# (rank 0 is still writing one when rank 1 has stopped), the signal to the
+# launcher (it forwards it) or to the whole process group as Ctrl-C sends
+# it (the launcher, mpirun and both ranks get it). Every rank stops after
+# the same step, rank 0 prints its summary (mpirun did not end the job
+# early: no "mpirun detected" banner), the launcher names the signal.
+stop_nproc() {
+    local sig=$1 code=$2 how=$3 what="nproc 2, SIG$1 to the $3"
+    rm -rf "$T/ck" && mkdir "$T/ck"
+    rm -f "$T/out" # wait_for must not see the last case's output
+    setsid "$KILN" train models/mlp.lua --steps 100000000 --nproc 2 --set hidden=1024 \
+        --set depth=3 --set log_every=1 --set checkpoint_every=1 --checkpoint "$T/ck/run" \
+        --cache-dir "$T/cache" > "$T/out" 2>&1 &
+    L=$!
+    wait_for "checkpoint: .*step2\." "$T/out" || fail "$what: training did not start"
+    M=$(pgrep -P "$L" mpirun)
+    [ -n "$M" ] || fail "$what: no mpirun under the launcher"
+    R0=$(rank_pid "$M" 0)
+    R1=$(rank_pid "$M" 1)
+    [ -n "$R0" ] && [ -n "$R1" ] || fail "$what: ranks not found under mpirun $M"
+    if [ "$how" = group ]; then kill "-$sig" -- "-$L"; else kill "-$sig" "$L"; fi
+    wait_exit "$L" "$what"
+    [ "$rc" -eq "$code" ] || fail "$what: exit $rc, expected $code"
+    grep -q "stopped by SIG$sig at step [0-9]*/100000000: train loss" "$T/out" ||
+        fail "$what: no summary line from rank 0"
+    grep -q "kiln: stopped by SIG$sig; every rank stopped cleanly" "$T/out" ||
+        fail "$what: the launcher does not name the signal"
+    grep -q "another rank failed\|lost rank\|mpirun detected\|exiting improperly" "$T/out" &&
+        fail "$what: a rank is said to have failed"
+    no_temps "$what" "$T/ck" "$T/cache"
+    sleep 0.5
+    for p in "$M" "$R0" "$R1"; do
+        alive "$p" && fail "$what: process $p is still running"
+    done
+    echo "$what: exit $rc; $(grep -o "kiln: stopped by SIG$sig;.*" "$T/out")"
+    case_log signals clear "$what: exit $rc, every rank stopped, none left running"
+}
+stop_nproc TERM 143 launcher
+stop_nproc INT 130 launcher
+stop_nproc INT 130 group
 
 # a rank that crashes is named with its signal
+rm -f "$T/out" # wait_for must not see the last case's output
 "$KILN" train models/mlp.lua --steps 100000000 --nproc 2 --set log_every=1 \
     --cache-dir "$T/cache" > "$T/out" 2>&1 &
 L=$!
@@ -134,10 +146,12 @@ wait_exit "$L" "crash"
 [ "$rc" -ne 0 ] || fail "crash: exit 0"
 grep -q "lost rank 1: it was killed by SIGSEGV" "$T/out" || fail "crash: rank 1's signal not named"
 echo "rank 1 SIGSEGV: exit $rc; $(grep -o 'lost rank 1.*' "$T/out")"
+case_log signals clear "rank 1 of 2 killed by SIGSEGV: named with its signal"
 
 # SIGINT during the kernel compile (fresh cache): stops when it ends
 GPT=(models/gpt.lua --set L=1 --set C=16 --set T=8 --set batch=2)
 rm -rf "$T/cache2"
+rm -f "$T/out" # wait_for must not see the last case's output
 "$KILN" train "${GPT[@]}" --steps 100000000 --cache-dir "$T/cache2" > "$T/out" 2>&1 &
 pid=$!
 for i in $(seq 1200); do
@@ -150,6 +164,7 @@ wait_exit "$pid" "compile INT"
 grep -q "stopped by SIGINT" "$T/out" || fail "compile INT: no message"
 no_temps "compile INT" "$T/cache2"
 echo "SIGINT while compiling: exit $rc; $(grep -o 'stopped by SIGINT.*' "$T/out" | head -1)"
+case_log signals clear "SIGINT during the kernel compile: exit $rc, nothing left in the cache"
 
 # kill -9 of the whole process group during the compile: temp files stay,
 # the next run removes them (their writer is gone) and succeeds
@@ -177,4 +192,5 @@ left=$(find "$T/cache3" -name '*.tmp*' -o -name 'kiln-*.[0-9]*.[co]' | wc -l)
     fail "kill -9: the rerun failed"
 no_temps "kill -9 rerun" "$T/cache3"
 echo "kill -9 while compiling: $left temp files, none after the rerun"
+case_log signals clear "kill -9 during the compile: the next run removes the temp files"
 echo "ok"

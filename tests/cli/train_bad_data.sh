@@ -4,25 +4,13 @@
 # message naming the file, a non-zero exit, and no half-written output.
 set -u
 : "${KILN:?}"
-dir=$(mktemp -d "${TMPDIR:-/tmp}/kiln-baddata-XXXXXX")
-trap 'rm -rf "$dir"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
+. tests/cli/lib/bad_input.sh # $dir, fail, expect_error
 
-expect_error() { # pattern... -- command...
-    local pats=()
-    while [ "$1" != "--" ]; do pats+=("$1"); shift; done
-    shift
-    "$@" > "$dir/err.log" 2>&1 && fail "expected failure: $* ($(cat "$dir/err.log"))"
-    grep -q "internal error\|Segmentation\|Aborted" "$dir/err.log" && fail "crash: $(cat "$dir/err.log")"
-    for p in "${pats[@]}"; do
-        grep -qF -- "$p" "$dir/err.log" || fail "message lacks '$p': $(cat "$dir/err.log")"
-    done
-}
-gpt() { "$KILN" train models/gpt.lua --steps 2 "$@"; }
+gpt=("$KILN" train models/gpt.lua --steps 2)
 
-expect_error "$dir/missing.txt" "cannot open" -- gpt --set data_path="$dir/missing.txt"
+expect_error "$dir/missing.txt" "cannot open" -- "${gpt[@]}" --set data_path="$dir/missing.txt"
 : > "$dir/empty.txt"
-expect_error "$dir/empty.txt" "empty" -- gpt --set data_path="$dir/empty.txt"
+expect_error "$dir/empty.txt" "empty" -- "${gpt[@]}" --set data_path="$dir/empty.txt"
 
 # a valid token file: header (magic 20240520, version 1, 4096 tokens), then
 # uint16 tokens a..z repeated
@@ -34,23 +22,23 @@ pattern=$(for c in a b c d e f g h i j k l m n o p q r s t u v w x y z; do print
     for i in $(seq 160); do printf "$pattern"; done | head -c 8192
 } > "$dir/good.bin"
 [ "$(stat -c %s "$dir/good.bin")" = $((1024 + 8192)) ] || fail "could not build a token file"
-gpt --set data=tokens --set data_path="$dir/good.bin" > "$dir/ok.log" 2>&1 || \
+"${gpt[@]}" --set data=tokens --set data_path="$dir/good.bin" > "$dir/ok.log" 2>&1 || \
     fail "a valid token file failed: $(cat "$dir/ok.log")"
 
 head -c 5000 "$dir/good.bin" > "$dir/trunc.bin"
-expect_error "$dir/trunc.bin" "truncated" -- gpt --set data=tokens --set data_path="$dir/trunc.bin"
+expect_error "$dir/trunc.bin" "truncated" -- "${gpt[@]}" --set data=tokens --set data_path="$dir/trunc.bin"
 { le32 12345; tail -c +5 "$dir/good.bin"; } > "$dir/magic.bin"
 expect_error "$dir/magic.bin" "magic 20240520" -- \
-    gpt --set data=tokens --set data_path="$dir/magic.bin"
+    "${gpt[@]}" --set data=tokens --set data_path="$dir/magic.bin"
 head -c 300 "$dir/good.bin" > "$dir/short.bin"
-expect_error "$dir/short.bin" "header" -- gpt --set data=tokens --set data_path="$dir/short.bin"
+expect_error "$dir/short.bin" "header" -- "${gpt[@]}" --set data=tokens --set data_path="$dir/short.bin"
 
 # data that does not fit the model: the script and its train{} line
 gline=$(grep -n '^train{' models/gpt.lua | cut -d: -f1)
 mline=$(grep -n '^train{' models/mlp.lua | cut -d: -f1)
 [ -n "$gline" ] && [ -n "$mline" ] || fail "no train{} line in models/gpt.lua or models/mlp.lua"
 expect_error "models/gpt.lua:$gline: data addition needs a vocabulary of at least 14" -- \
-    gpt --set V=2 --set data=addition
+    "${gpt[@]}" --set V=2 --set data=addition
 expect_error "models/mlp.lua:$mline: data blobs needs at least 1 feature and 2 classes" -- \
     "$KILN" train models/mlp.lua --steps 2 --set classes=1
 
@@ -65,3 +53,4 @@ ls "$dir" | grep -q '\.tmp\.' && fail "a temp file was left behind"
 expect_error "cannot write" -- \
     "$KILN" train models/mlp.lua --steps 2 --trace "$dir/no/such/dir/t.json"
 echo "bad data ok"
+bad_input_done

@@ -4,9 +4,7 @@
 # corrupt file are clear errors with a non-zero exit.
 set -u
 : "${KILN:?}"
-dir=$(mktemp -d "${TMPDIR:-/tmp}/kiln-weights-XXXXXX")
-trap 'rm -rf "$dir"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
+. tests/cli/lib/bad_input.sh # $dir, fail, expect_error
 m=models/mlp.lua
 
 "$KILN" train $m --steps 30 --save-weights "$dir/w.safetensors" --checkpoint "$dir/ck" \
@@ -22,17 +20,6 @@ grep -q "initialised params from" "$dir/b.log" || fail "no init-from note"
 val_b=$(grep -o 'val loss [^ ]*' "$dir/b.log" | tail -1)
 [ "$val_a" = "$val_b" ] || fail "val loss after --init-from differs: '$val_a' vs '$val_b'"
 cmp -s "$dir/w.safetensors" "$dir/w2.safetensors" || fail "params changed with lr 0"
-
-expect_error() { # pattern... -- command...
-    local pats=()
-    while [ "$1" != "--" ]; do pats+=("$1"); shift; done
-    shift
-    "$@" > "$dir/err.log" 2>&1 && fail "expected failure: $* ($(cat "$dir/err.log"))"
-    grep -q "internal error\|Segmentation\|Aborted" "$dir/err.log" && fail "crash: $(cat "$dir/err.log")"
-    for p in "${pats[@]}"; do
-        grep -qF -- "$p" "$dir/err.log" || fail "message lacks '$p': $(cat "$dir/err.log")"
-    done
-}
 
 # wrong shape: names the tensor and both shapes
 expect_error "w.safetensors" '"fc1.weight"' "has the wrong shape" "[2,64]" "[2,128]" -- \
@@ -56,3 +43,4 @@ expect_error "junk.safetensors" "corrupt" -- \
 expect_error "nothere.safetensors" "cannot open" -- \
     "$KILN" train $m --steps 1 --init-from "$dir/nothere.safetensors"
 echo "weights ok"
+bad_input_done

@@ -575,43 +575,12 @@ static void test_one_token(void **state)
 static void test_gather_out_of_range(void **state)
 {
     (void)state;
-    enum { V = 5, R = 3, NI = 6 };
-    static const SrcLoc here = {"test", 1};
-    Graph *g = ir_new();
-    int64_t dt[2] = {V, R}, dv[1] = {V}, di[2] = {2, 3}, ds[3] = {2, 3, R};
-    ParamInit none = {0};
-    int tab = ir_add_input(g, TK_INPUT, "tab", shape_make(DT_F32, 2, dt), none);
-    int vec = ir_add_input(g, TK_INPUT, "vec", shape_make(DT_F32, 1, dv), none);
-    int idx = ir_add_input(g, TK_INPUT, "idx", shape_make(DT_I32, 2, di), none);
-    int src = ir_add_input(g, TK_INPUT, "src", shape_make(DT_F32, 3, ds), none);
-    int gi[2] = {tab, idx}, gv[2] = {vec, idx}, si[2] = {idx, src};
-    ir_add_output(g, "gather", ir_op_x(g, OP_GATHER, gi, 2, NULL, here));
-    ir_add_output(g, "gvec", ir_op_x(g, OP_GATHER, gv, 2, NULL, here));
-    OpAttr sa = {.rank = 2, .shape = {V, R}};
-    ir_add_output(g, "scatter", ir_op_x(g, OP_SCATTER_ADD, si, 2, &sa, here));
-    const int32_t ix[NI] = {-1, V, V + 1000, 2, INT32_MAX, INT32_MIN};
-    float *ftab = xmalloc(sizeof(float) * V * R), *fvec = xmalloc(sizeof(float) * V),
-          *fsrc = xmalloc(sizeof(float) * NI * R);
-    int32_t *fix = xmalloc(sizeof ix);
-    memcpy(fix, ix, sizeof ix);
-    for (int i = 0; i < V * R; i++)
-        ftab[i] = 1.0f + (float)i;
-    for (int i = 0; i < V; i++)
-        fvec[i] = 100.0f + (float)i;
-    for (int i = 0; i < NI * R; i++)
-        fsrc[i] = 0.5f + (float)i;
-    /* expected: only index 2 (position 3) is in range */
-    double wg[NI * R] = {0}, wv[NI] = {0}, ws[V * R] = {0};
-    for (int k = 0; k < R; k++) {
-        wg[3 * R + k] = ftab[2 * R + k];
-        ws[2 * R + k] = fsrc[3 * R + k];
-    }
-    wv[3] = fvec[2];
+    GatherOor c;
+    gather_oor_build(&c);
+    Graph *g = c.g;
     void **host = xcalloc((size_t)g->t.n, sizeof(void *));
-    host[tab] = ftab;
-    host[vec] = fvec;
-    host[idx] = fix;
-    host[src] = fsrc;
+    for (int j = 0; j < 4; j++)
+        host[c.in[j]] = c.host[j];
     EmuBackendCfg cfg = default_cfg();
     emu_backend_configure(&cfg);
     ExecOpts o = {.threads = 1};
@@ -619,18 +588,16 @@ static void test_gather_out_of_range(void **state)
     Diag d = {{0}};
     if (!run_one_step(g, &emu_backend_cuda, &o, host, &r, &d))
         fail_msg("emulated CUDA plan: %s", d.msg);
-    const double *want[3] = {wg, wv, ws};
-    const int64_t wn[3] = {NI * R, NI, V * R};
     for (int k = 0; k < 3; k++) {
-        assert_int_equal(r.len[k], wn[k]);
-        for (int64_t i = 0; i < wn[k]; i++)
-            if (r.v[k][i] != want[k][i])
+        assert_int_equal(r.len[k], c.nwant[k]);
+        for (int64_t i = 0; i < c.nwant[k]; i++)
+            if (r.v[k][i] != c.want[k][i])
                 fail_msg("%s[%lld]: emulated CUDA %g, expected %g", g->outs.v[k].name,
-                         (long long)i, r.v[k][i], want[k][i]);
+                         (long long)i, r.v[k][i], (double)c.want[k][i]);
     }
     results_free(&r);
-    free_all(host, g->t.n);
-    ir_free(g);
+    free(host);
+    gather_oor_free(&c);
 }
 
 /* ---- negative controls ------------------------------------------------------ */

@@ -12,6 +12,59 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The graph of IR text `in` after pass_autodiff, verified. */
+static Graph *autodiff_or_fail(const char *in)
+{
+    Graph *g = parse_or_fail(in);
+    PassOpts o;
+    pass_opts_default(&o);
+    Diag d = {{0}};
+    if (!pass_autodiff(g, &o, &d))
+        fail_msg("autodiff failed: %s", d.msg);
+    char err[1024];
+    if (!ir_verify(g, err, sizeof err))
+        fail_msg("invalid after autodiff: %s", err);
+    return g;
+}
+
+/* 100 one-row slices of x, read in reverse (an RNN unrolled past 64 steps):
+ * their cotangents meet in one backward concat of 100 operands, which is
+ * grad.x itself (no tree of concats: concat takes any count). */
+static void test_slices_concat_many(void **state)
+{
+    (void)state;
+    enum { N = 100 };
+    size_t cap = 64 * (size_t)N + 256, n = 0;
+    char *ir = xmalloc(cap);
+    n += (size_t)snprintf(ir + n, cap - n, "kiln-ir v1\n%%0:f32[%d,3] = param \"x\" zeros\n", N);
+    for (int i = 0; i < N; i++)
+        n += (size_t)snprintf(ir + n, cap - n, "%%%d:f32[1,3] = slice %%0 {start=[%d,0]}\n",
+                              i + 1, N - 1 - i);
+    n += (size_t)snprintf(ir + n, cap - n, "%%%d:f32[%d,3] = concat", N + 1, N);
+    for (int i = 0; i < N; i++)
+        n += (size_t)snprintf(ir + n, cap - n, "%s %%%d", i ? "," : "", i + 1);
+    snprintf(ir + n, cap - n,
+             " {axis=0}\n%%%d:f32[1,1] = reduce_sum %%%d {axes=[0,1]}\n"
+             "%%%d:f32[] = reshape %%%d\noutput \"loss\" %%%d\n",
+             N + 2, N + 1, N + 3, N + 2, N + 3);
+    Graph *g = autodiff_or_fail(ir);
+    free(ir);
+    int concats = 0, grad = -1;
+    for (int i = 0; i < g->outs.n; i++)
+        if (strcmp(g->outs.v[i].name, "grad.x") == 0)
+            grad = g->outs.v[i].t;
+    for (int i = 0; i < g->ops.n; i++) {
+        const Op *op = &g->ops.v[i];
+        if (op->code != OP_CONCAT || !(op->flags & OPF_BACKWARD))
+            continue;
+        concats++;
+        assert_int_equal(op->nin, N);
+        assert_int_equal(op->out, grad);
+    }
+    assert_int_equal(concats, 1);
+    ir_free(g);
+}
+
 /* The planned peak of tests/data/gru_slices.lua (a GRU unrolled by slicing
  * one [B,T,3H] projection per step) compiled with T steps. */
 static int64_t gru_peak(int T)
@@ -89,6 +142,7 @@ static void test_large_graph(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_slices_concat_many),
         cmocka_unit_test(test_slice_memory_linear),
         cmocka_unit_test(test_large_graph),
     };

@@ -10,11 +10,13 @@
 #include <string.h>
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "cg_cuda.h"
 #include "codegen.h"
 #include "frontend.h"
 #include "passes.h"
@@ -325,42 +327,15 @@ static void test_moves(void **state)
 static void test_gather_out_of_range(void **state)
 {
     (void)state;
-    enum { V = 5, R = 3, NI = 6 };
-    Graph *g = ir_new();
-    int64_t dt[2] = {V, R}, dv[1] = {V}, di[2] = {2, 3}, ds[3] = {2, 3, R};
-    int tab = in_t(g, TK_INPUT, "tab", DT_F32, 2, dt);
-    int vec = in_t(g, TK_INPUT, "vec", DT_F32, 1, dv);
-    int idx = in_t(g, TK_INPUT, "idx", DT_I32, 2, di);
-    int src = in_t(g, TK_INPUT, "src", DT_F32, 3, ds);
-    int gi[2] = {tab, idx}, gv[2] = {vec, idx}, si[2] = {idx, src};
-    out(g, "gather", ir_op_x(g, OP_GATHER, gi, 2, NULL, here));
-    out(g, "gvec", ir_op_x(g, OP_GATHER, gv, 2, NULL, here));
-    OpAttr sa = {.rank = 2, .shape = {V, R}};
-    out(g, "scatter", opa(g, OP_SCATTER_ADD, si, 2, sa));
-    const int32_t ix[NI] = {-1, V, V + 1000, 2, INT32_MAX, INT32_MIN};
-    float ftab[V * R], fvec[V], fsrc[NI * R];
-    for (int i = 0; i < V * R; i++)
-        ftab[i] = 1.0f + (float)i;
-    for (int i = 0; i < V; i++)
-        fvec[i] = 100.0f + (float)i;
-    for (int i = 0; i < NI * R; i++)
-        fsrc[i] = 0.5f + (float)i;
-    /* expected: only index 2 (position 3) is in range */
-    float wg[NI * R] = {0}, wv[NI] = {0}, ws[V * R] = {0};
-    for (int k = 0; k < R; k++) {
-        wg[3 * R + k] = ftab[2 * R + k];
-        ws[2 * R + k] = fsrc[3 * R + k];
-    }
-    wv[3] = fvec[2];
-
+    GatherOor c;
+    gather_oor_build(&c);
+    Graph *g = c.g;
     double **val = ir_interp_alloc(g);
-    const void *host[4] = {ftab, fvec, ix, fsrc};
-    const int ids[4] = {tab, vec, idx, src};
-    const int64_t lens[4] = {V * R, V, NI, NI * R};
     for (int j = 0; j < 4; j++) {
-        val[ids[j]] = xmalloc(sizeof(double) * (size_t)lens[j]);
-        for (int64_t i = 0; i < lens[j]; i++)
-            val[ids[j]][i] = j == 2 ? ix[i] : ((const float *)host[j])[i];
+        val[c.in[j]] = xmalloc(sizeof(double) * (size_t)c.len[j]);
+        for (int64_t i = 0; i < c.len[j]; i++)
+            val[c.in[j]][i] = j == 2 ? ((const int32_t *)c.host[j])[i]
+                                     : ((const float *)c.host[j])[i];
     }
     InterpOpts io = {.seed = 7};
     ir_interp(g, val, &io);
@@ -370,23 +345,144 @@ static void test_gather_out_of_range(void **state)
     if (!e)
         fail_msg("rt_exec_create: %s", d.msg);
     for (int j = 0; j < 4; j++)
-        rt_exec_write(e, ids[j], host[j]);
+        rt_exec_write(e, c.in[j], c.host[j]);
     if (!rt_exec_run(e, 7, 0, &d))
         fail_msg("rt_exec_run: %s", d.msg);
-    const float *want[3] = {wg, wv, ws};
-    const int64_t wn[3] = {NI * R, NI, V * R};
     for (int k = 0; k < 3; k++) {
         int t = g->outs.v[k].t;
-        float got[NI * R];
+        float got[OOR_NI * OOR_R];
+        assert_true(c.nwant[k] <= OOR_NI * OOR_R);
         rt_exec_read(e, t, got);
-        for (int64_t i = 0; i < wn[k]; i++) {
-            if (got[i] != want[k][i] || val[t][i] != want[k][i])
+        for (int64_t i = 0; i < c.nwant[k]; i++) {
+            if (got[i] != c.want[k][i] || val[t][i] != c.want[k][i])
                 fail_msg("%s[%lld]: cpu %g, interpreter %g, expected %g", g->outs.v[k].name,
-                         (long long)i, got[i], val[t][i], want[k][i]);
+                         (long long)i, got[i], val[t][i], c.want[k][i]);
         }
     }
     rt_exec_destroy(e);
     ir_interp_free(g, val);
+    gather_oor_free(&c);
+}
+
+/* Calls plan kernel `name` (pointer params bound to ptr[tensor id] through
+ * step st's args; no random state) on the whole range. */
+static void call_kernel(void *so, const CgPlan *pl, const CgStep *st, void **ptr)
+{
+    const CgKernel *k = pl->kernels.v[st->kernel];
+    void *sym = dlsym(so, k->name);
+    if (!sym)
+        fail_msg("no kernel %s in the compiled plan", k->name);
+    void *a[3] = {0};
+    assert_true(k->params.n <= 3 && !k->rand);
+    for (int i = 0; i < k->params.n; i++)
+        a[i] = ptr[st->args[i]];
+    if (k->params.n == 2) {
+        void (*fn)(void *, void *, int64_t, int64_t);
+        memcpy(&fn, &sym, sizeof fn);
+        fn(a[0], a[1], 0, 1);
+    } else {
+        void (*fn)(void *, void *, void *, int64_t, int64_t);
+        memcpy(&fn, &sym, sizeof fn);
+        fn(a[0], a[1], a[2], 0, 1);
+    }
+}
+
+/* Tensors of more than 2^32 elements (issue 13: the 32-bit index audit):
+ * the generated C computes every index and size in int64_t. A slice and a
+ * gather read 4 and 16 elements past 2^32 of two 16 GiB inputs, mapped
+ * without backing (MAP_NORESERVE: only the pages written are real), so
+ * an index truncated to 32 bits reads the wrong place or faults. */
+static void test_index_past_2g(void **state)
+{
+    (void)state;
+    const int64_t N = (int64_t)1 << 30, V = (int64_t)1 << 28, R = 16;
+    Graph *g = ir_new();
+    int64_t dx[2] = {4, N}, dt[2] = {V, R}, di[1] = {2};
+    int x = in_t(g, TK_INPUT, "x", DT_F32, 2, dx);
+    int tab = in_t(g, TK_INPUT, "tab", DT_F32, 2, dt);
+    int idx = in_t(g, TK_INPUT, "idx", DT_I32, 1, di);
+    OpAttr sa = {.rank = 2, .shape = {1, 4}, .nia = 2, .ia = {3, N - 4}};
+    int sl = opa(g, OP_SLICE, &x, 1, sa);
+    out(g, "slice", sl);
+    int gi[2] = {tab, idx};
+    int ga = ir_op_x(g, OP_GATHER, gi, 2, NULL, here);
+    out(g, "gather", ga);
+    Diag d = {{0}};
+    CgPlan *pl = cg_plan(g, &d);
+    if (!pl)
+        fail_msg("cg_plan: %s", d.msg);
+    /* no 32-bit index variable or cast anywhere in the kernels */
+    static const char *const narrow[] = {"(int)", "int v", "int c", "int e", "int h",
+                                         "int r", "int i", "int j", "unsigned "};
+    for (size_t i = 0; i < sizeof narrow / sizeof *narrow; i++)
+        if (strstr(pl->source, narrow[i]))
+            fail_msg("generated C has \"%s\":\n%s", narrow[i], pl->source);
+    /* nor in the CUDA C kernels (after its prelude, whose warp and block
+     * helpers count lanes in int) */
+    CgCudaProgram *cu = cg_cuda_program(pl, false);
+    const char *kernels = strstr(cu->source, "extern \"C\" __global__");
+    assert_non_null(kernels);
+    for (size_t i = 0; i < sizeof narrow / sizeof *narrow; i++)
+        if (strstr(kernels, narrow[i]))
+            fail_msg("generated CUDA C has \"%s\":\n%s", narrow[i], kernels);
+    cg_cuda_program_free(cu);
+
+    size_t xb = sizeof(float) * (size_t)(4 * N), tb = sizeof(float) * (size_t)(V * R);
+    float *xm = mmap(NULL, xb, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    float *tm = mmap(NULL, tb, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (xm == MAP_FAILED || tm == MAP_FAILED) {
+        print_message("skipped: cannot map 2 x 16 GiB of address space\n");
+        cg_plan_free(pl);
+        ir_free(g);
+        skip();
+    }
+    for (int j = 0; j < 4; j++)
+        xm[3 * N + N - 4 + j] = 1.0f + (float)j;
+    for (int k = 0; k < R; k++) {
+        tm[(V - 1) * R + k] = 10.0f + (float)k;
+        tm[5 * R + k] = 100.0f + (float)k;
+    }
+    int32_t ix[2] = {(int32_t)(V - 1), 5};
+    float got_s[4] = {0}, got_g[2 * 16] = {0};
+    void **ptr = xcalloc((size_t)g->t.n, sizeof(void *));
+    ptr[x] = xm;
+    ptr[tab] = tm;
+    ptr[idx] = ix;
+    ptr[sl] = got_s;
+    ptr[ga] = got_g;
+
+    char *dir = scratch_dir("idx2g");
+    char *so = rt_cc_compile(pl->source, dir, 1, false, &d);
+    if (!so)
+        fail_msg("%s", d.msg);
+    void *h = dlopen(so, RTLD_NOW | RTLD_LOCAL);
+    assert_non_null(h);
+    int ran = 0;
+    for (int s = 0; s < pl->steps.n; s++) {
+        const CgStep *st = &pl->steps.v[s];
+        if (st->kind == CG_STEP_KERNEL && (st->op >= 0)) {
+            call_kernel(h, pl, st, ptr);
+            ran++;
+        }
+    }
+    assert_int_equal(ran, 2);
+    for (int j = 0; j < 4; j++)
+        if (got_s[j] != 1.0f + (float)j)
+            fail_msg("slice[%d] past 2^32: got %g, expected %g", j, got_s[j], 1.0 + j);
+    for (int k = 0; k < R; k++)
+        if (got_g[k] != 10.0f + (float)k || got_g[R + k] != 100.0f + (float)k)
+            fail_msg("gather rows %lld and 5, column %d: got %g and %g", (long long)(V - 1), k,
+                     got_g[k], got_g[R + k]);
+    dlclose(h);
+    free(so);
+    remove_tree(dir);
+    free(dir);
+    free(ptr);
+    munmap(xm, xb);
+    munmap(tm, tb);
+    cg_plan_free(pl);
     ir_free(g);
 }
 
@@ -908,6 +1004,7 @@ int main(void)
         cmocka_unit_test(test_profile),
         cmocka_unit_test(test_models),
         cmocka_unit_test(test_concat_many),
+        cmocka_unit_test(test_index_past_2g),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

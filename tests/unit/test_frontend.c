@@ -458,7 +458,7 @@ static void test_setting_ranges(void **state)
         {"steps=nan", "got nan"},
         {"steps=0x10", "got 0x10"},
         {"steps=99999999999999999999", "got 99999999999999999999"},
-        {"eval_batches=1000000000", "--set eval_batches: expected an integer from 1 to 1000000"},
+        {"eval_batches=1000000001", "--set eval_batches: expected an integer from 1 to 1000000000"},
         {"eval_every=-5", "--set eval_every: expected an integer from 0 to"},
         {"log_every=1e10", "--set log_every: expected an integer from 0 to"},
         {"checkpoint_every=2.5", "--set checkpoint_every: expected an integer from 0 to"},

@@ -120,6 +120,14 @@ static void expect_corrupt(const char *path, const char *what)
         fail_msg("expected \"%s\" naming %s, got: %s", what, path, d.msg);
 }
 
+/* writes path with the JSON header and data, then expect_corrupt */
+static void expect_bad_header(const char *path, const char *json, const void *data, size_t n,
+                              const char *what)
+{
+    write_raw(path, json, 0, data, n);
+    expect_corrupt(path, what);
+}
+
 static void test_corrupt(void **state)
 {
     (void)state;
@@ -133,16 +141,14 @@ static void test_corrupt(void **state)
     write_raw(p, "{}", 1000000, NULL, 0);
     expect_corrupt(p, "header length 1000000 exceeds the file");
 
-    write_raw(p, "{\"a\": {\"dtype\": \"F32\", \"shape\": [4], ", 0, x, sizeof x);
-    expect_corrupt(p, "not a JSON object");
+    expect_bad_header(p, "{\"a\": {\"dtype\": \"F32\", \"shape\": [4], ",
+                      x, sizeof x, "not a JSON object");
 
-    write_raw(p, "{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,32]}}", 0, x,
-              sizeof x);
-    expect_corrupt(p, "do not match its dtype and shape");
+    expect_bad_header(p, "{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,32]}}",
+                      x, sizeof x, "do not match its dtype and shape");
 
-    write_raw(p, "{\"a\":{\"dtype\":\"F32\",\"shape\":[8],\"data_offsets\":[0,32]}}", 0, x,
-              sizeof x);
-    expect_corrupt(p, "out of range");
+    expect_bad_header(p, "{\"a\":{\"dtype\":\"F32\",\"shape\":[8],\"data_offsets\":[0,32]}}",
+                      x, sizeof x, "out of range");
 
     write_raw(p, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,16]}}", 0, x,
               sizeof x);
@@ -152,22 +158,18 @@ static void test_corrupt(void **state)
     assert_true(((float *)f.t[0].data)[0] == 3.0f);
     rt_st_free(&f);
 
-    write_raw(p,
-              "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
-              "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}",
-              0, x, sizeof x);
-    expect_corrupt(p, "overlap");
+    expect_bad_header(p,
+                      "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+                      "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}",
+                      x, sizeof x, "overlap");
 
-    write_raw(p, "{\"a\":{\"dtype\":\"F64\",\"shape\":[2],\"data_offsets\":[0,16]}}", 0, x,
-              sizeof x);
-    expect_corrupt(p, "unsupported dtype");
+    expect_bad_header(p, "{\"a\":{\"dtype\":\"F64\",\"shape\":[2],\"data_offsets\":[0,16]}}",
+                      x, sizeof x, "unsupported dtype");
 
-    write_raw(p, "{\"a\":{\"dtype\":\"F32\",\"shape\":[-2],\"data_offsets\":[0,8]}}", 0, x,
-              sizeof x);
-    expect_corrupt(p, "bad shape");
+    expect_bad_header(p, "{\"a\":{\"dtype\":\"F32\",\"shape\":[-2],\"data_offsets\":[0,8]}}",
+                      x, sizeof x, "bad shape");
 
-    write_raw(p, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2]}}", 0, x, sizeof x);
-    expect_corrupt(p, "data_offsets");
+    expect_bad_header(p, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2]}}", x, sizeof x, "data_offsets");
 
     char *missing = xasprintf("%s/none.safetensors", dir);
     expect_corrupt(missing, "cannot open");
@@ -306,41 +308,38 @@ static void test_bounds(void **state)
     free(longname);
 
     /* rank, the dims product, dims and offsets that are not exact integers */
-    write_raw(p, "{\"a\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1,1,1],\"data_offsets\":[0,4]}}",
-              0, x, sizeof x);
-    expect_corrupt(p, "too many dimensions (expected at most 8, got 9)");
-    write_raw(p,
-              "{\"a\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296,16],"
-              "\"data_offsets\":[0,16]}}",
-              0, x, sizeof x);
-    expect_corrupt(p, "expected over 2^64 bytes for F32 x over 2^64 elements");
-    write_raw(p,
-              "{\"a\":{\"dtype\":\"I64\",\"shape\":[4294967296,1073741824],"
-              "\"data_offsets\":[0,16]}}",
-              0, x, sizeof x);
-    expect_corrupt(p, "expected over 2^64 bytes for I64 x 4611686018427387904 elements");
-    write_raw(p, "{\"a\":{\"dtype\":\"F32\",\"shape\":[1.5],\"data_offsets\":[0,4]}}", 0, x,
-              sizeof x);
-    expect_corrupt(p, "bad shape");
-    write_raw(p, "{\"a\":{\"dtype\":\"F32\",\"shape\":[9007199254740992],\"data_offsets\":[0,4]}}",
-              0, x, sizeof x);
-    expect_corrupt(p, "bad shape");
-    write_raw(p, "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0.5,4.5]}}", 0, x,
-              sizeof x);
-    expect_corrupt(p, "bad data_offsets");
-    write_raw(p, "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,4]}}", 0, x,
-              sizeof x);
-    expect_corrupt(p, "got -4)");
-    write_raw(p,
-              "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":"
-              "[9007199254740000,9007199254740004]}}",
-              0, x, sizeof x);
-    expect_corrupt(p, "out of range (expected at most the data section's 16 bytes)");
+    expect_bad_header(p,
+                      "{\"a\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1,1,1],"
+                      "\"data_offsets\":[0,4]}}",
+                      x, sizeof x, "too many dimensions (expected at most 8, got 9)");
+    expect_bad_header(p,
+                      "{\"a\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296,16],"
+                      "\"data_offsets\":[0,16]}}",
+                      x, sizeof x, "expected over 2^64 bytes for F32 x over 2^64 elements");
+    expect_bad_header(p,
+                      "{\"a\":{\"dtype\":\"I64\",\"shape\":[4294967296,1073741824],"
+                      "\"data_offsets\":[0,16]}}",
+                      x, sizeof x,
+                      "expected over 2^64 bytes for I64 x 4611686018427387904 elements");
+    expect_bad_header(p, "{\"a\":{\"dtype\":\"F32\",\"shape\":[1.5],\"data_offsets\":[0,4]}}",
+                      x, sizeof x, "bad shape");
+    expect_bad_header(p,
+                      "{\"a\":{\"dtype\":\"F32\",\"shape\":[9007199254740992],"
+                      "\"data_offsets\":[0,4]}}",
+                      x, sizeof x, "bad shape");
+    expect_bad_header(p, "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0.5,4.5]}}",
+                      x, sizeof x, "bad data_offsets");
+    expect_bad_header(p, "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,4]}}",
+                      x, sizeof x, "got -4)");
+    expect_bad_header(p,
+                      "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":"
+                      "[9007199254740000,9007199254740004]}}",
+                      x, sizeof x, "out of range (expected at most the data section's 16 bytes)");
 
     /* bytes after the JSON object (space padding is fine) */
-    write_raw(p, "{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}  x", 0, x,
-              sizeof x);
-    expect_corrupt(p, "bytes after its JSON object (expected space padding, got byte 0x78");
+    expect_bad_header(p, "{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}} x",
+                      x, sizeof x,
+                      "bytes after its JSON object (expected space padding, got byte 0x78");
 
     /* empty tensors take no bytes: inside another's span, and with a huge
      * dim beside a zero one */

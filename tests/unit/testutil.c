@@ -202,3 +202,58 @@ bool have_command(const char *name)
     free(dirs);
     return found;
 }
+
+void gather_oor_build(GatherOor *c)
+{
+    enum { V = OOR_V, R = OOR_R, NI = OOR_NI };
+    static const SrcLoc here = {"test", 1};
+    Graph *g = ir_new();
+    const int64_t dt[2] = {V, R}, dv[1] = {V}, di[2] = {2, 3}, ds[3] = {2, 3, R};
+    const Shape sh[4] = {shape_make(DT_F32, 2, dt), shape_make(DT_F32, 1, dv),
+                         shape_make(DT_I32, 2, di), shape_make(DT_F32, 3, ds)};
+    static const char *const name[4] = {"tab", "vec", "idx", "src"};
+    ParamInit none = {0};
+    for (int j = 0; j < 4; j++)
+        c->in[j] = ir_add_input(g, TK_INPUT, name[j], sh[j], none);
+    int gi[2] = {c->in[0], c->in[2]}, gv[2] = {c->in[1], c->in[2]},
+        si[2] = {c->in[2], c->in[3]};
+    ir_add_output(g, "gather", ir_op_x(g, OP_GATHER, gi, 2, NULL, here));
+    ir_add_output(g, "gvec", ir_op_x(g, OP_GATHER, gv, 2, NULL, here));
+    OpAttr sa = {.rank = 2, .shape = {V, R}};
+    ir_add_output(g, "scatter", ir_op_x(g, OP_SCATTER_ADD, si, 2, &sa, here));
+    c->g = g;
+
+    static const int32_t ix[NI] = {-1, V, V + 1000, 2, INT32_MAX, INT32_MIN};
+    const int64_t len[4] = {V * R, V, NI, NI * R}, nwant[3] = {NI * R, NI, V * R};
+    for (int j = 0; j < 4; j++) {
+        c->len[j] = len[j];
+        c->host[j] = xmalloc(4 * (size_t)len[j]);
+    }
+    for (int k = 0; k < 3; k++) {
+        c->nwant[k] = nwant[k];
+        c->want[k] = xcalloc((size_t)nwant[k], sizeof(float));
+    }
+    float *tab = c->host[0], *vec = c->host[1], *src = c->host[3];
+    memcpy(c->host[2], ix, sizeof ix);
+    for (int i = 0; i < V * R; i++)
+        tab[i] = 1.0f + (float)i;
+    for (int i = 0; i < V; i++)
+        vec[i] = 100.0f + (float)i;
+    for (int i = 0; i < NI * R; i++)
+        src[i] = 0.5f + (float)i;
+    /* only index 2 (position 3) is in range */
+    for (int k = 0; k < R; k++) {
+        c->want[0][3 * R + k] = tab[2 * R + k];
+        c->want[2][2 * R + k] = src[3 * R + k];
+    }
+    c->want[1][3] = vec[2];
+}
+
+void gather_oor_free(GatherOor *c)
+{
+    for (int j = 0; j < 4; j++)
+        free(c->host[j]);
+    for (int k = 0; k < 3; k++)
+        free(c->want[k]);
+    ir_free(c->g);
+}

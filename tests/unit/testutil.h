@@ -47,4 +47,22 @@ Model *load_model(const char *path, const char *const *sets, int nsets);
 #define TEST_SKIPPED 77
 /* True when name is an executable file in a directory of $PATH. */
 bool have_command(const char *name);
+
+/* Out-of-range gather indices (docs/dsl.md: an index outside the table
+ * reads zeros; scatter_add drops it), for every backend's test: inputs
+ * tab f32[5,3], vec f32[5], idx i32[2,3] = {-1, 5, 1005, 2, INT32_MAX,
+ * INT32_MIN} (only position 3, index 2, is in range), src f32[2,3,3];
+ * outputs gather = tab[idx] f32[2,3,3], gvec = vec[idx] f32[2,3] and
+ * scatter = scatter_add(idx, src) f32[5,3], in that order. */
+enum { OOR_V = 5, OOR_R = 3, OOR_NI = 6 };
+typedef struct {
+    Graph *g;
+    int in[4];       /* tab, vec, idx, src: tensor ids */
+    void *host[4];   /* their data (f32, f32, i32, f32; malloc'd) */
+    int64_t len[4];  /* their element counts */
+    float *want[3];  /* the outputs' expected values (malloc'd) */
+    int64_t nwant[3];
+} GatherOor;
+void gather_oor_build(GatherOor *c);
+void gather_oor_free(GatherOor *c); /* the graph, host and want */
 #endif
