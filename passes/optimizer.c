@@ -198,9 +198,20 @@ bool pass_optimizer(Graph *g, const PassOpts *o, Diag *d)
         vec_push(&ps, pg);
     }
     if (ps.n == 0) {
-        snprintf(d->msg, sizeof d->msg,
-                 "optimizer: the model has no parameters to train (expected at least one "
-                 "param, got none)");
+        /* the script line that made the loss: where the user can fix it */
+        SrcLoc at = {NULL, 0};
+        for (int i = 0; i < g->outs.n; i++)
+            if (strcmp(g->outs.v[i].name, "loss") == 0 && g->t.v[g->outs.v[i].t].op >= 0)
+                at = g->ops.v[g->t.v[g->outs.v[i].t].op].loc;
+        if (at.file)
+            snprintf(d->msg, sizeof d->msg,
+                     "%s:%d: the loss depends on no parameter, so there is nothing to train "
+                     "(expected at least one param() on the loss's path, got none)",
+                     at.file, at.line);
+        else
+            snprintf(d->msg, sizeof d->msg,
+                     "optimizer: the model has no parameters to train (expected at least one "
+                     "param, got none)");
         vec_free(&ps);
         return false;
     }

@@ -5,6 +5,7 @@
 #   without end (KILN_MAX_OPS), bad bounds; a name declared twice after a caught failure
 # integer flags: --threads, --nproc (train, compile), --steps out of range or not integers
 # integer settings: --set grad_accum, steps, eval_batches, seed; train{} values at their line
+# a model without params (the minimize line)
 set -u
 : "${KILN:?}"
 . tests/cli/lib/bad_input.sh
@@ -93,4 +94,7 @@ expect_error "$B/train_wrap.lua:3: train: bad value for 'grad_accum' (expected a
     "got 4294967297" -- "$KILN" train "$B/train_wrap.lua"
 expect_error "$B/train_fraction.lua:3: train: bad value for 'steps'" "got 2.5" -- \
     "$KILN" compile "$B/train_fraction.lua"
+# a model with no param at all: the minimize line, not the optimizer pass
+expect_error "$B/no_params.lua:3: the loss depends on no parameter, so there is nothing to train" -- \
+    "$KILN" compile "$B/no_params.lua"
 bad_input_done
