@@ -15,6 +15,8 @@
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <pthread.h>
+#include <time.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -487,7 +489,11 @@ static void open_dsl(lua_State *L)
  * only (bytecode is never loaded: mutated bytecode is not checked by Lua),
  * no string.dump, no __gc finalizers (they would run after the script).
  * Its Lua memory, its instructions and the size of the graph it builds are
- * bounded; past a bound the script stops with an error at its line. */
+ * bounded; past a bound the script stops with an error at its line. One
+ * library call (a string pattern that backtracks) runs no Lua instruction
+ * the count hook could stop, so a watchdog thread also bounds the script's
+ * wall-clock time (KILN_LUA_SECONDS): past it the process exits 1 with a
+ * message naming the script and its last line. */
 
 typedef struct {
     const char *text; /* the script's source, len bytes */
@@ -495,6 +501,7 @@ typedef struct {
     int64_t instr;    /* the bounds */
     size_t mem;
     int ops;
+    int64_t seconds;  /* wall clock: KILN_LUA_SECONDS */
 } Script;
 
 #define HOOK_PERIOD 100 /* instructions between two calls of the count hook */
@@ -721,6 +728,7 @@ static void open_sandbox(lua_State *L)
 }
 
 /* The bounds from the environment: KILN_LUA_INSTRUCTIONS (default 1e9),
+ * KILN_LUA_SECONDS (default 300 s of wall clock),
  * KILN_LUA_MEMORY (default 1GiB) and KILN_MAX_OPS (default 2^20 forward ops,
  * about 0.5 GiB of graph). False with err set when one is malformed. */
 static bool sandbox_limits(Script *sc, char *err, size_t errlen)
@@ -729,6 +737,7 @@ static bool sandbox_limits(Script *sc, char *err, size_t errlen)
     size_t *mem = &sc->mem;
     *instr = 1000000000;
     *mem = (size_t)1 << 30;
+    sc->seconds = 300;
     const char *v = getenv("KILN_MAX_OPS");
     char why[256];
     if (v && !fe_parse_int(v, 1000, 1 << 28, &ops, why, sizeof why)) {
@@ -739,6 +748,11 @@ static bool sandbox_limits(Script *sc, char *err, size_t errlen)
     v = getenv("KILN_LUA_INSTRUCTIONS");
     if (v && !fe_parse_int(v, 1000, (int64_t)1 << 50, instr, why, sizeof why)) {
         snprintf(err, errlen, "KILN_LUA_INSTRUCTIONS: %s", why);
+        return false;
+    }
+    v = getenv("KILN_LUA_SECONDS");
+    if (v && !fe_parse_int(v, 1, 1000000, &sc->seconds, why, sizeof why)) {
+        snprintf(err, errlen, "KILN_LUA_SECONDS: %s", why);
         return false;
     }
     v = getenv("KILN_LUA_MEMORY");
@@ -752,6 +766,40 @@ static bool sandbox_limits(Script *sc, char *err, size_t errlen)
         *mem = (size_t)b;
     }
     return true;
+}
+
+/* The wall-clock bound: a thread that waits for the script to finish and
+ * ends the process when it does not in time (see the top of the sandbox). */
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool done;
+    int64_t seconds;
+    const char *path;
+    volatile int *last_line;
+} Watchdog;
+
+static void *watchdog_main(void *arg)
+{
+    Watchdog *w = arg;
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += (time_t)w->seconds;
+    pthread_mutex_lock(&w->mu);
+    int rc = 0;
+    while (!w->done && rc != ETIMEDOUT)
+        rc = pthread_cond_timedwait(&w->cv, &w->mu, &until);
+    bool late = !w->done;
+    pthread_mutex_unlock(&w->mu);
+    if (late) {
+        fprintf(stderr, "%s:%d: the model script ran for more than %lld s and was stopped "
+                "(expected it to build its graph in time; KILN_LUA_SECONDS raises the limit; "
+                "a string pattern that backtracks is the usual cause)\n", w->path,
+                *w->last_line, (long long)w->seconds);
+        fflush(stderr);
+        _exit(1);
+    }
+    return NULL;
 }
 
 static int panic(lua_State *L)
@@ -907,11 +955,25 @@ static Model *load_once(const char *path, const Script *sc, const char *const *s
         text = nl ? nl : text + len;
     }
     fe.mem_armed = true;
+    Watchdog wd = {.seconds = sc->seconds, .path = fe.path, .last_line = &fe.last_line};
+    pthread_mutex_init(&wd.mu, NULL);
+    pthread_cond_init(&wd.cv, NULL);
+    pthread_t wt;
+    bool watched = pthread_create(&wt, NULL, watchdog_main, &wd) == 0;
     lua_sethook(L, sandbox_hook, LUA_MASKCOUNT | LUA_MASKCALL, HOOK_PERIOD);
     int st = luaL_loadbufferx(L, text, len, fe.chunk, "t");
     if (st == LUA_OK)
         st = lua_pcall(L, 0, 0, h);
     lua_sethook(L, NULL, 0, 0);
+    if (watched) {
+        pthread_mutex_lock(&wd.mu);
+        wd.done = true;
+        pthread_cond_signal(&wd.cv);
+        pthread_mutex_unlock(&wd.mu);
+        pthread_join(wt, NULL);
+    }
+    pthread_cond_destroy(&wd.cv);
+    pthread_mutex_destroy(&wd.mu);
     fe.mem_armed = false;
     if (st != LUA_OK || fe.mem_over) {
         char b[32];

@@ -1,7 +1,7 @@
 #!/bin/bash
 # hostile model scripts: bytecode through load (string, mode "b", reader), string.dump
 # no file or OS access: dofile, loadfile, io, os, require, package.loadlib; a FIFO as script
-# bounds: an endless loop (KILN_LUA_INSTRUCTIONS), a table bomb (KILN_LUA_MEMORY), a graph
+# bounds: an endless loop (KILN_LUA_INSTRUCTIONS), a pattern that backtracks (KILN_LUA_SECONDS), a table bomb (KILN_LUA_MEMORY), a graph
 #   without end (KILN_MAX_OPS), bad bounds; a name declared twice after a caught failure
 # integer flags: --threads, --nproc (train, compile), --steps out of range or not integers
 # integer settings: --set grad_accum, steps, eval_batches, seed; train{} values at their line
@@ -94,7 +94,12 @@ expect_error "$B/train_wrap.lua:3: train: bad value for 'grad_accum' (expected a
     "got 4294967297" -- "$KILN" train "$B/train_wrap.lua"
 expect_error "$B/train_fraction.lua:3: train: bad value for 'steps'" "got 2.5" -- \
     "$KILN" compile "$B/train_fraction.lua"
-# a model with no param at all: the minimize line, not the optimizer pass
+# one library call that never returns (a backtracking pattern): the
+# wall-clock bound stops it, naming the script's line
+expect_error -t 30 "$B/pattern_hang.lua:4: the model script ran for more than 2 s and was stopped" -- \
+    env KILN_LUA_SECONDS=2 "$KILN" compile "$B/pattern_hang.lua"
+expect_error "KILN_LUA_SECONDS: " -- env KILN_LUA_SECONDS=0 "$KILN" compile models/mlp.lua
+# a model with no param at all: the loss's line, not the optimizer pass
 expect_error "$B/no_params.lua:3: the loss depends on no parameter, so there is nothing to train" -- \
     "$KILN" compile "$B/no_params.lua"
 bad_input_done
