@@ -45,7 +45,7 @@
     X(cuDeviceGetName) X(cuDeviceTotalMem)                                     \
     X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease) X(cuCtxSetCurrent)\
     X(cuMemAlloc) X(cuMemFree) X(cuMemAllocHost) X(cuMemFreeHost)              \
-    X(cuMemsetD8) X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync)                    \
+    X(cuMemsetD8Async) X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync)               \
     X(cuMemcpyDtoDAsync)                                                       \
     X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamSynchronize)                \
     X(cuStreamWaitEvent) X(cuStreamBeginCapture) X(cuStreamEndCapture)         \
@@ -211,6 +211,7 @@ struct BackendCtx {
     GemmPlan *gemms;
     int ngemms;
     bool tf32, bf16, graph_on, capturing, replaying;
+    bool warm;               /* a run has completed: the next may be captured */
     CUgraph graph;
     CUgraphExec gexec;
     bool verbose;
@@ -727,8 +728,10 @@ static BackendCtx *cuda_create(const CgPlan *p, const ExecOpts *o, Diag *d)
     /* one allocation: the arena (bf16 activations at their own size), then
      * {seed, step} */
     size_t arena = (size_t)(c->q->mem->arena_bytes + 255) / 256 * 256;
+    /* zeroed on the compute stream, ahead of the parameter upload there (the
+     * legacy stream would not be ordered with this non-blocking stream) */
     if (!CU(cu.cuMemAlloc(&c->arena, arena + 256), d) ||
-        !CU(cu.cuMemsetD8(c->arena, 0, arena + 256), d))
+        !CU(cu.cuMemsetD8Async(c->arena, 0, arena + 256, c->s), d))
         goto fail;
     c->rs = c->arena + arena;
     c->stage_cap = STAGE_BYTES;
@@ -880,8 +883,9 @@ static bool enqueue(BackendCtx *c, int s, Diag *d)
 }
 
 /* Step 0 sets {seed, step} (read by random kernels from device memory);
- * with a CUDA graph the first run is captured and every later run replays
- * it at step 0, the other steps being part of the graph. */
+ * with a CUDA graph the first run is a plain warm-up (first launches and
+ * GEMMs outside any capture), the second is captured and every later run
+ * replays it at step 0, the other steps being part of the graph. */
 static bool cuda_run_step(BackendCtx *c, int s, uint64_t seed, int64_t step, Diag *d)
 {
     int last = c->p->steps.n - 1;
@@ -906,7 +910,7 @@ static bool cuda_run_step(BackendCtx *c, int s, uint64_t seed, int64_t step, Dia
             c->replaying = last > 0;
             return ok;
         }
-        if (c->graph_on) {
+        if (c->graph_on && c->warm) {
             if (!CU(cu.cuStreamBeginCapture(c->s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), d))
                 return false;
             c->capturing = true;
@@ -929,6 +933,8 @@ static bool cuda_run_step(BackendCtx *c, int s, uint64_t seed, int64_t step, Dia
             fprintf(stderr, "kiln: cuda: step captured into a CUDA graph (%d plan steps)\n",
                     c->p->steps.n);
     }
+    if (s == last)
+        c->warm = true;
     return step_done(c, s, d);
 }
 
