@@ -241,6 +241,13 @@ static void cuda_destroy(BackendCtx *c)
         return;
     if (c->ctx_held) {
         cu.cuCtxSetCurrent(c->ctx);
+        if (c->capturing) { /* a step failed inside the capture: end it first */
+            CUgraph g = NULL;
+            cu.cuStreamEndCapture(c->s, &g);
+            if (g)
+                cu.cuGraphDestroy(g);
+            c->capturing = false;
+        }
         if (c->s)
             wait_stream(c, c->s);
         destroy_timing(c); /* NCCL first: it waits for the communication stream */
