@@ -11,6 +11,10 @@
 #   bf16, bf16_graph  precision=bf16: losses within 1e-2
 #   nproc2            --nproc 2 on both devices (the fake NCCL between the
 #                     two ranks): losses and parameters within 1e-4
+#   profile           --profile (an event after every plan step, read after
+#                     the step): within 1e-4, and the per-kernel table printed
+#   accum             grad_accum=2 (the micro-batches on a second executor):
+#                     within 1e-4
 #   nccl1             KILN_COMM_ONE_RANK=1: the NCCL path (communication
 #                     stream, events) on one rank: within 1e-4
 #   neg_wait1, neg_wait2   negative controls: nccl1 with the 1st / 2nd
@@ -26,7 +30,7 @@
 #   neg_hostptr       f32 with a kernel's pointer argument replaced by a host
 #                     pointer: the run must stop with the fake's report
 # Every run: 3 steps (the graph cases: a warm-up run, the captured run, a
-# replay), evaluation off, AdamW's eps 1e-6 instead of 1e-8: Adam divides a
+# replay), one evaluation batch at the end, AdamW's eps 1e-6 instead of 1e-8: Adam divides a
 # gradient by its own magnitude plus eps, so a gradient that is exactly zero
 # in exact arithmetic (a key bias in attention) becomes +-lr from rounding
 # noise in either backend; eps 1e-6 leaves such noise small and real
@@ -45,7 +49,8 @@ trap 'rm -rf "$T"' EXIT
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 
 steps=3
-args=(--steps "$steps" --set log_every=1 --set eval_every=1000000 --set eps=1e-6)
+args=(--steps "$steps" --set log_every=1 --set eval_every=1000000 --set eval_batches=1
+      --set eps=1e-6)
 [ "$model" = addition ] && args+=(--set batch=8)
 ltol=1e-4 wtol=1e-4 negative="" cuda_env=() both_env=()
 case $case in
@@ -54,6 +59,8 @@ f32_graph) args+=(--set cuda_graph=true) ;;
 bf16) args+=(--set precision=bf16); ltol=1e-2 wtol="" ;;
 bf16_graph) args+=(--set precision=bf16 --set cuda_graph=true); ltol=1e-2 wtol="" ;;
 nproc2) args+=(--nproc 2) ;;
+profile) args+=(--profile) ;;
+accum) args+=(--set grad_accum=2) ;;
 nccl1) both_env=(KILN_COMM_ONE_RANK=1) ;;
 neg_wait1) both_env=(KILN_COMM_ONE_RANK=1); cuda_env=(FAKE_CUDA_DROP_WAIT=1); negative=race ;;
 neg_wait2) both_env=(KILN_COMM_ONE_RANK=1); cuda_env=(FAKE_CUDA_DROP_WAIT=2); negative=race ;;
@@ -115,6 +122,7 @@ case $case in
 *_graph) grep -q "step captured into a CUDA graph" "$T/cuda.log" || fail "no CUDA graph was captured" ;;
 nproc2) grep -q "NCCL all-reduces, rank 0 of 2" "$T/cuda.log" || fail "the run did not use NCCL on 2 ranks" ;;
 nccl1) grep -q "NCCL all-reduces, rank 0 of 1" "$T/cuda.log" || fail "the run did not use NCCL" ;;
+profile) grep -qi "kernel" "$T/cuda.log" && grep -q "ms" "$T/cuda.log" || fail "no profile table" ;;
 esac
 out=$(cmp_losses) || fail "losses differ: $out; cpu: $(losses "$T/cpu.log" | tr '\n' ' ') cuda: $(losses "$T/cuda.log" | tr '\n' ' ')"
 echo "$model $case: $out"
