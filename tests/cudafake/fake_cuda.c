@@ -71,6 +71,7 @@
 #include "emu.h"
 
 #include <elf.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -483,7 +484,10 @@ static void diff_writes(FOp *o, const Alloc *a, const unsigned char *s)
         uint64_t j = i;
         while (j < n && p[j] != s[j])
             j++;
-        if (o->nacc && o->acc[o->nacc - 1].write && o->acc[o->nacc - 1].hi == a->lo + i)
+        /* changed bytes at most 8 apart are one range (an f32 store whose
+         * high byte did not change; no buffer fits in such a gap) */
+        if (o->nacc && o->acc[o->nacc - 1].write && o->acc[o->nacc - 1].hi + 8 >= a->lo + i &&
+            o->acc[o->nacc - 1].lo >= a->lo)
             o->acc[o->nacc - 1].hi = a->lo + j;
         else
             add_acc(o, a->lo + i, a->lo + j, true);
@@ -621,6 +625,39 @@ static void drain(void)
     }
 }
 
+/* A fault inside the device range (past an allocation's end into its guard
+ * page, or in freed memory) is reported; any other fault crashes as it
+ * would without the fake. */
+static void on_fault(int sig, siginfo_t *si, void *uc)
+{
+    (void)uc;
+    uint64_t p = (uint64_t)(uintptr_t)si->si_addr;
+    if (M.init && in_dev_range(p)) {
+        char msg[200];
+        int n = snprintf(msg, sizeof msg,
+                         "fake CUDA: access to inaccessible device memory at 0x%llx (past the "
+                         "end of an allocation, freed, or never allocated)\n",
+                         (unsigned long long)p);
+        if (write(2, msg, (size_t)n) < 0)
+            _exit(86);
+        _exit(86);
+    }
+    signal(sig, SIG_DFL);
+}
+
+static void catch_faults(void)
+{
+    static char alt[1 << 16];
+    stack_t ss = {.ss_sp = alt, .ss_size = sizeof alt};
+    sigaltstack(&ss, NULL);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_fault;
+    sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
+    sigaction(SIGSEGV, &sa, NULL);
+    sigaction(SIGBUS, &sa, NULL);
+}
+
 /* ---- the driver API ---------------------------------------------------------- */
 
 static char ctx_dummy;
@@ -642,6 +679,7 @@ CUresult cuInit(unsigned int flags)
     e = getenv("FAKE_CUDA_HOSTPTR_LAUNCH");
     hostptr_launch = e && *e ? atol(e) : -1;
     S[0].live = true;
+    catch_faults();
     M.init = true;
     return CUDA_SUCCESS;
 }
