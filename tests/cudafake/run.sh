@@ -13,6 +13,8 @@
 #                     two ranks): losses and parameters within 1e-4
 #   profile           --profile (an event after every plan step, read after
 #                     the step): within 1e-4, and the per-kernel table printed
+#   remat_full        --remat=full (recomputed forwards: more epilogue kinds):
+#                     within 1e-4
 #   accum             grad_accum=2 (the micro-batches on a second executor):
 #                     within 1e-4
 #   nccl1             KILN_COMM_ONE_RANK=1: the NCCL path (communication
@@ -60,6 +62,7 @@ bf16) args+=(--set precision=bf16); ltol=1e-2 wtol="" ;;
 bf16_graph) args+=(--set precision=bf16 --set cuda_graph=true); ltol=1e-2 wtol="" ;;
 nproc2) args+=(--nproc 2) ;;
 profile) args+=(--profile) ;;
+remat_full) args+=(--remat=full) ;;
 accum) args+=(--set grad_accum=2) ;;
 nccl1) both_env=(KILN_COMM_ONE_RANK=1) ;;
 neg_wait1) both_env=(KILN_COMM_ONE_RANK=1); cuda_env=(FAKE_CUDA_DROP_WAIT=1); negative=race ;;
