@@ -39,9 +39,11 @@
  *   ranges of copies, memsets, cuBLASLt GEMMs and NCCL all-reduces. For a
  *   kernel: its writes are the bytes that changed in the allocations its
  *   pointer arguments point into (a write of the value already there is not
- *   seen); its reads are the first byte of each pointer argument (a read of
- *   a buffer's later bytes that another stream writes, with the buffer's
- *   first byte untouched, is not seen). The report names both ops.
+ *   seen); its reads reach from each pointer argument to the next buffer
+ *   start the fake has been given by any call (a launch, copy, memset, GEMM
+ *   or all-reduce), or the allocation's end: a buffer no call names that
+ *   sits right after one the kernel reads counts as read too. The report
+ *   names both ops.
  * - Host races. The source of a cuMemcpyHtoDAsync is snapshotted when it is
  *   enqueued and compared when the copy runs (the host wrote pinned memory
  *   a pending copy reads); the destination of a cuMemcpyDtoHAsync is filled
@@ -431,13 +433,64 @@ static bool ready(const FOp *o)
 /* a ordered before b (a ran before b was checked) */
 static bool before(const FOp *a, const FOp *b) { return a->seq <= b->vc[a->stream]; }
 
+/* Every device address a launch, copy, memset, GEMM or all-reduce was given
+ * as the start of what it touches: the starts of the buffers, sorted. */
+static uint64_t *starts;
+static int nstarts, capstarts;
+
+static void note_start(uint64_t p)
+{
+    int lo = 0, hi = nstarts;
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (starts[mid] < p)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo < nstarts && starts[lo] == p)
+        return;
+    if (nstarts == capstarts) {
+        capstarts = capstarts ? 2 * capstarts : 256;
+        starts = realloc(starts, sizeof(uint64_t) * (size_t)capstarts);
+        if (!starts)
+            fakecu_die("out of memory");
+    }
+    memmove(starts + lo + 1, starts + lo, sizeof(uint64_t) * (size_t)(nstarts - lo));
+    starts[lo] = p;
+    nstarts++;
+}
+
+/* The end of a kernel's read through pointer argument p: the next buffer
+ * start after p (note_start), or the end of p's allocation. */
+static uint64_t read_end(uint64_t p)
+{
+    Alloc *a = find_alloc(p);
+    uint64_t end = a ? a->hi : p + 1;
+    int lo = 0, hi = nstarts;
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (starts[mid] <= p)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo < nstarts && starts[lo] < end)
+        end = starts[lo];
+    return end;
+}
+
+/* A range of o: a kernel's read through a pointer argument is stored as
+ * {p, 0} and reaches to read_end(p). */
+static uint64_t acc_hi(const FakeRange *r) { return r->hi ? r->hi : read_end(r->lo); }
+
 static const FakeRange *conflict(const FOp *w, const FOp *o)
 {
     for (int i = 0; i < w->nacc; i++) {
         if (!w->acc[i].write)
             continue;
         for (int j = 0; j < o->nacc; j++)
-            if (w->acc[i].lo < o->acc[j].hi && o->acc[j].lo < w->acc[i].hi)
+            if (w->acc[i].lo < acc_hi(&o->acc[j]) && o->acc[j].lo < w->acc[i].hi)
                 return &w->acc[i];
     }
     return NULL;
@@ -848,6 +901,7 @@ CUresult cuMemFreeHost(void *p)
 static CUresult memset_on(CUdeviceptr p, unsigned char v, size_t n, int s, const char *call)
 {
     fakecu_check_dev(p, n, call, "dstDevice");
+    note_start(p);
     FOp *o = new_op(OP_MEMSET, "%s(0x%llx, %u, %zu) on stream %d", call, (unsigned long long)p,
                    v, n, s);
     o->dst = p;
@@ -873,6 +927,7 @@ CUresult cuMemcpyHtoDAsync(CUdeviceptr dst, const void *src, size_t n, CUstream 
     int i = sidx(s, "cuMemcpyHtoDAsync");
     fakecu_check_dev(dst, n, "cuMemcpyHtoDAsync", "dstDevice");
     check_host(src, n, "cuMemcpyHtoDAsync", "srcHost");
+    note_start(dst);
     FOp *o = new_op(OP_HTOD, "cuMemcpyHtoDAsync(0x%llx, %p, %zu) on stream %d",
                    (unsigned long long)dst, src, n, i);
     o->dst = dst;
@@ -893,6 +948,7 @@ CUresult cuMemcpyDtoHAsync(void *dst, CUdeviceptr src, size_t n, CUstream s)
     int i = sidx(s, "cuMemcpyDtoHAsync");
     fakecu_check_dev(src, n, "cuMemcpyDtoHAsync", "srcDevice");
     check_host(dst, n, "cuMemcpyDtoHAsync", "dstHost");
+    note_start(src);
     FOp *o = new_op(OP_DTOH, "cuMemcpyDtoHAsync(%p, 0x%llx, %zu) on stream %d", dst,
                    (unsigned long long)src, n, i);
     o->dst = (uint64_t)(uintptr_t)dst;
@@ -909,6 +965,8 @@ CUresult cuMemcpyDtoDAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream 
     int i = sidx(s, "cuMemcpyDtoDAsync");
     fakecu_check_dev(dst, n, "cuMemcpyDtoDAsync", "dstDevice");
     fakecu_check_dev(src, n, "cuMemcpyDtoDAsync", "srcDevice");
+    note_start(dst);
+    note_start(src);
     FOp *o = new_op(OP_DTOD, "cuMemcpyDtoDAsync(0x%llx, 0x%llx, %zu) on stream %d",
                    (unsigned long long)dst, (unsigned long long)src, n, i);
     o->dst = dst;
@@ -1194,7 +1252,15 @@ CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, uns
         char what[32];
         snprintf(what, sizeof what, "argument %d", k);
         fakecu_check_dev(p, 1, call, what);
-        add_acc(o, p, p + 1, false);
+        note_start(p);
+        /* read up to the next buffer's start (read_end) */
+        if (o->nacc == o->cap) {
+            o->cap = o->cap ? 2 * o->cap : 8;
+            o->acc = realloc(o->acc, sizeof(FakeRange) * (size_t)o->cap);
+            if (!o->acc)
+                fakecu_die("out of memory");
+        }
+        o->acc[o->nacc++] = (FakeRange){p, 0, false};
     }
     return enqueue(o, i, call);
 }
@@ -1210,6 +1276,7 @@ CUresult fakecu_enqueue(CUstream s, const char *desc, const FakeRange *r, int nr
     o->arg = arg;
     for (int k = 0; k < nr; k++) {
         fakecu_check_dev(r[k].lo, r[k].hi - r[k].lo, desc, r[k].write ? "an output" : "an input");
+        note_start(r[k].lo);
         add_acc(o, r[k].lo, r[k].hi, r[k].write);
     }
     return enqueue(o, i, desc);

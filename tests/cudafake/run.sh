@@ -17,11 +17,12 @@
 #                     within 1e-4
 #   accum             grad_accum=2 (the micro-batches on a second executor):
 #                     within 1e-4
-#   nccl1             KILN_COMM_ONE_RANK=1: the NCCL path (communication
-#                     stream, events) on one rank: within 1e-4
-#   neg_wait1, neg_wait2   negative controls: nccl1 with the 1st / 2nd
-#                     cuStreamWaitEvent ignored by the fake driver: the run
-#                     must stop with the fake's race report
+#   nccl1             KILN_COMM_ONE_RANK=1 and bucket_mb=0.01: the NCCL path
+#                     (communication stream, events, several buckets in
+#                     flight during backward) on one rank: within 1e-4
+#   neg_wait1, neg_wait2, neg_wait5   negative controls: nccl1 with the
+#                     1st / 2nd / 5th cuStreamWaitEvent ignored by the fake
+#                     driver: the run must stop with the fake's race report
 #   neg_transa        f32 with TRANSA flipped by the fake cuBLASLt on square
 #                     A: the comparison must fail
 #   neg_lda           f32 with A read with lda + 1: the run must fail (an
@@ -64,9 +65,11 @@ nproc2) args+=(--nproc 2) ;;
 profile) args+=(--profile) ;;
 remat_full) args+=(--remat=full) ;;
 accum) args+=(--set grad_accum=2) ;;
-nccl1) both_env=(KILN_COMM_ONE_RANK=1) ;;
+nccl1) both_env=(KILN_COMM_ONE_RANK=1); args+=(--set bucket_mb=0.01) ;;
 neg_wait1) both_env=(KILN_COMM_ONE_RANK=1); cuda_env=(FAKE_CUDA_DROP_WAIT=1); negative=race ;;
 neg_wait2) both_env=(KILN_COMM_ONE_RANK=1); cuda_env=(FAKE_CUDA_DROP_WAIT=2); negative=race ;;
+neg_wait5) both_env=(KILN_COMM_ONE_RANK=1); args+=(--set bucket_mb=0.01)
+           cuda_env=(FAKE_CUDA_DROP_WAIT=5); negative=race ;;
 neg_transa) cuda_env=(FAKE_CUBLASLT_FLIP_TRANSA=1); negative=mismatch ;;
 neg_lda) cuda_env=(FAKE_CUBLASLT_LDA_SKEW=1); negative=any ;;
 neg_capture_sync) args+=(--set cuda_graph=true); cuda_env=(FAKE_CUBLASLT_SYNC=1); negative=capture ;;
