@@ -679,8 +679,10 @@ static void drain(void)
 }
 
 /* A fault inside the device range (past an allocation's end into its guard
- * page, or in freed memory) is reported; any other fault crashes as it
- * would without the fake. */
+ * page, or in freed memory) is reported; any other fault goes to the
+ * handler there was before (a sanitizer's, or the default crash). */
+static struct sigaction old_segv, old_bus;
+
 static void on_fault(int sig, siginfo_t *si, void *uc)
 {
     (void)uc;
@@ -695,7 +697,7 @@ static void on_fault(int sig, siginfo_t *si, void *uc)
             _exit(86);
         _exit(86);
     }
-    signal(sig, SIG_DFL);
+    sigaction(sig, sig == SIGSEGV ? &old_segv : &old_bus, NULL); /* the fault repeats there */
 }
 
 static void catch_faults(void)
@@ -707,8 +709,8 @@ static void catch_faults(void)
     memset(&sa, 0, sizeof sa);
     sa.sa_sigaction = on_fault;
     sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
-    sigaction(SIGSEGV, &sa, NULL);
-    sigaction(SIGBUS, &sa, NULL);
+    sigaction(SIGSEGV, &sa, &old_segv);
+    sigaction(SIGBUS, &sa, &old_bus);
 }
 
 /* ---- the driver API ---------------------------------------------------------- */
