@@ -79,6 +79,7 @@ struct BackendCtx {
     CuStep *st;
     KcLt *lt;                /* cuBLASLt (cublaslt.c) */
     bool tf32, bf16, graph_on, capturing, replaying;
+    bool warm;               /* a run has completed: the next may be captured */
     CUgraph graph;
     CUgraphExec gexec;
     bool verbose;
@@ -108,6 +109,13 @@ static void cuda_destroy(BackendCtx *c)
         return;
     if (c->ctx_held) {
         kc_cu.cuCtxSetCurrent(c->ctx);
+        if (c->capturing) { /* a step failed inside the capture: end it first */
+            CUgraph g = NULL;
+            kc_cu.cuStreamEndCapture(c->s, &g);
+            if (g)
+                kc_cu.cuGraphDestroy(g);
+            c->capturing = false;
+        }
         if (c->s)
             wait_stream(c, c->s);
         destroy_timing(c); /* NCCL first: it waits for the communication stream */
@@ -372,8 +380,10 @@ static BackendCtx *cuda_create(const CgPlan *p, const ExecOpts *o, Diag *d)
     /* one allocation: the arena (bf16 activations at their own size), then
      * {seed, step} */
     size_t arena = (size_t)(c->q->mem->arena_bytes + 255) / 256 * 256;
+    /* zeroed on the compute stream, ahead of the parameter upload there (the
+     * legacy stream would not be ordered with this non-blocking stream) */
     if (!CU(kc_cu.cuMemAlloc(&c->arena, arena + 256), d) ||
-        !CU(kc_cu.cuMemsetD8(c->arena, 0, arena + 256), d))
+        !CU(kc_cu.cuMemsetD8Async(c->arena, 0, arena + 256, c->s), d))
         goto fail;
     c->rs = c->arena + arena;
     c->stage_cap = STAGE_BYTES;
@@ -513,8 +523,9 @@ static bool enqueue(BackendCtx *c, int s, Diag *d)
 }
 
 /* Step 0 sets {seed, step} (read by random kernels from device memory);
- * with a CUDA graph the first run is captured and every later run replays
- * it at step 0, the other steps being part of the graph. */
+ * with a CUDA graph the first run is a plain warm-up (first launches and
+ * GEMMs outside any capture), the second is captured and every later run
+ * replays it at step 0, the other steps being part of the graph. */
 static bool cuda_run_step(BackendCtx *c, int s, uint64_t seed, int64_t step, Diag *d)
 {
     int last = c->p->steps.n - 1;
@@ -539,7 +550,7 @@ static bool cuda_run_step(BackendCtx *c, int s, uint64_t seed, int64_t step, Dia
             c->replaying = last > 0;
             return ok;
         }
-        if (c->graph_on) {
+        if (c->graph_on && c->warm) {
             if (!CU(kc_cu.cuStreamBeginCapture(c->s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), d))
                 return false;
             c->capturing = true;
@@ -562,6 +573,8 @@ static bool cuda_run_step(BackendCtx *c, int s, uint64_t seed, int64_t step, Dia
             fprintf(stderr, "kiln: cuda: step captured into a CUDA graph (%d plan steps)\n",
                     c->p->steps.n);
     }
+    if (s == last)
+        c->warm = true;
     return step_done(c, s, d);
 }
 

@@ -53,7 +53,7 @@ double kc_now(void); /* CLOCK_MONOTONIC seconds */
     X(cuDeviceGetName) X(cuDeviceTotalMem)                                     \
     X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease) X(cuCtxSetCurrent)\
     X(cuMemAlloc) X(cuMemFree) X(cuMemAllocHost) X(cuMemFreeHost)              \
-    X(cuMemsetD8) X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync)                    \
+    X(cuMemsetD8Async) X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync)               \
     X(cuMemcpyDtoDAsync)                                                       \
     X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamSynchronize)                \
     X(cuStreamWaitEvent) X(cuStreamBeginCapture) X(cuStreamEndCapture)         \

@@ -560,6 +560,16 @@ int emu_kernel_nparams(const EmuModule *m, const char *name)
     return k ? k->nparams : -1;
 }
 
+size_t emu_kernel_param(const EmuModule *m, const char *name, int i, bool *is_ptr)
+{
+    EmuKernel *k = find_kernel(m, name);
+    *is_ptr = false;
+    if (!k || i < 0 || i >= k->nparams)
+        return 0;
+    *is_ptr = k->types[i] == &ffi_type_pointer || k->types[i] == &ptr_struct_type;
+    return k->types[i]->size;
+}
+
 typedef struct {
     EmuKernel *k;
     void **args;

@@ -56,4 +56,8 @@ bool emu_launch(EmuModule *m, const char *name, const unsigned grid[3], const un
 /* Number of parameters of kernel `name`, -1 if there is no such kernel. */
 int emu_kernel_nparams(const EmuModule *m, const char *name);
 
+/* Parameter i of kernel `name`: its size in bytes (0 when there is no such
+ * kernel or parameter); *is_ptr: a pointer or a struct of one pointer. */
+size_t emu_kernel_param(const EmuModule *m, const char *name, int i, bool *is_ptr);
+
 #endif

@@ -139,7 +139,7 @@ static const char fake_cuda[] =
     "CUresult cuMemFree(CUdeviceptr p) { (void)p; return CUDA_SUCCESS; }\n"
     "CUresult cuMemAllocHost(void **p, size_t n) { *p = calloc(1, n); return *p ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY; }\n"
     "CUresult cuMemFreeHost(void *p) { free(p); return CUDA_SUCCESS; }\n"
-    "CUresult cuMemsetD8(CUdeviceptr p, unsigned char v, size_t n) { (void)p; (void)v; (void)n; return CUDA_SUCCESS; }\n"
+    "CUresult cuMemsetD8Async(CUdeviceptr p, unsigned char v, size_t n, CUstream s) { (void)p; (void)v; (void)n; (void)s; return CUDA_SUCCESS; }\n"
     "CUresult cuMemcpyHtoDAsync(CUdeviceptr d, const void *s, size_t n, CUstream st) {\n"
     "  (void)d; (void)s; (void)n; (void)st; return CUDA_SUCCESS;\n"
     "}\n"

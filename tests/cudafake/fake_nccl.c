@@ -1,0 +1,169 @@
+/* fake_nccl.c - a stand-in libnccl.so.2 for tests/cudafake: the NCCL calls
+ * kiln's CUDA module makes (runtime/cuda/cuda_nccl.c), between the ranks'
+ * processes on one machine, over the fake driver (fake_cuda.h).
+ *
+ * ncclGetUniqueId makes a name; the ranks that ncclCommInitRank with it map
+ * one shared-memory file (/dev/shm/kiln-fake-nccl-NAME: a barrier counter
+ * and one slot of FAKE_NCCL_SLOT bytes per rank). ncclAllReduce (f32,
+ * ncclSum or ncclAvg, in place or not) is one op on its stream (ordered and
+ * race-checked by the fake driver, reading and writing the buffers' exact
+ * ranges): when the stream runs it, the rank copies its buffer into its
+ * slot, waits for every rank (barrier), sums the slots in rank order (then
+ * divides by the rank count for ncclAvg), writes the result and waits again.
+ * Every rank runs its all-reduces in the same order, so the ops meet. A
+ * barrier that waits more than 120 s stops the process (a rank that never
+ * came). Groups (ncclGroupStart/End) change nothing. The non-blocking
+ * ncclCommInitRankConfig is not offered (cuda_nccl.c falls back to
+ * ncclCommInitRank). */
+#include "fake_cuda.h"
+
+#include <fcntl.h>
+#include <nccl.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#define NC_API __attribute__((visibility("default")))
+
+enum { SLOT = 64 << 20, HEADER = 4096 };
+
+typedef struct {
+    _Atomic uint64_t arrived;
+} Shared;
+
+struct ncclComm {
+    int rank, size;
+    Shared *sh;
+    unsigned char *slots;
+    uint64_t barriers; /* this rank's barrier count */
+    char name[96];
+};
+
+typedef struct {
+    struct ncclComm *c;
+    uint64_t send, recv;
+    size_t count;
+    bool avg;
+} Reduce;
+
+NC_API ncclResult_t ncclGetVersion(int *v)
+{
+    *v = 22809;
+    return ncclSuccess;
+}
+
+NC_API const char *ncclGetErrorString(ncclResult_t r)
+{
+    (void)r;
+    return "fake NCCL error";
+}
+
+NC_API ncclResult_t ncclGetUniqueId(ncclUniqueId *u)
+{
+    memset(u, 0, sizeof *u);
+    snprintf(u->internal, sizeof u->internal, "%d-%llx", (int)getpid(),
+             (unsigned long long)fakecu_random());
+    return ncclSuccess;
+}
+
+NC_API ncclResult_t ncclCommInitRank(ncclComm_t *comm, int n, ncclUniqueId id, int rank)
+{
+    if (n < 1 || rank < 0 || rank >= n || !id.internal[0])
+        return ncclInvalidArgument;
+    struct ncclComm *c = calloc(1, sizeof *c);
+    c->rank = rank;
+    c->size = n;
+    snprintf(c->name, sizeof c->name, "/kiln-fake-nccl-%.60s", id.internal);
+    int fd = shm_open(c->name, O_CREAT | O_RDWR, 0600);
+    if (fd < 0)
+        fakecu_die("ncclCommInitRank: shm_open %s failed", c->name);
+    size_t bytes = HEADER + (size_t)n * SLOT;
+    if (ftruncate(fd, (off_t)bytes) != 0)
+        fakecu_die("ncclCommInitRank: ftruncate %s failed", c->name);
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED)
+        fakecu_die("ncclCommInitRank: mmap %s failed", c->name);
+    c->sh = p;
+    c->slots = (unsigned char *)p + HEADER;
+    *comm = c;
+    return ncclSuccess;
+}
+
+static void barrier(struct ncclComm *c, const char *what)
+{
+    uint64_t want = ++c->barriers * (uint64_t)c->size;
+    atomic_fetch_add(&c->sh->arrived, 1);
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    while (atomic_load(&c->sh->arrived) < want) {
+        struct timespec ts = {0, 100000};
+        nanosleep(&ts, NULL);
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        if (t.tv_sec - t0.tv_sec > 120)
+            fakecu_die("fake NCCL: rank %d waited 120 s for its peers in %s", c->rank, what);
+    }
+}
+
+static void reduce(void *arg)
+{
+    Reduce *r = arg;
+    struct ncclComm *c = r->c;
+    size_t bytes = r->count * 4;
+    memcpy(c->slots + (size_t)c->rank * SLOT, (void *)(uintptr_t)r->send, bytes);
+    barrier(c, "ncclAllReduce");
+    float *out = (float *)(uintptr_t)r->recv;
+    for (size_t i = 0; i < r->count; i++) {
+        float s = 0;
+        for (int k = 0; k < c->size; k++)
+            s += ((const float *)(c->slots + (size_t)k * SLOT))[i];
+        out[i] = r->avg ? s / (float)c->size : s;
+    }
+    barrier(c, "ncclAllReduce");
+}
+
+NC_API ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count,
+                                  ncclDataType_t type, ncclRedOp_t op, ncclComm_t comm,
+                                  cudaStream_t stream)
+{
+    if (type != ncclFloat32 || (op != ncclSum && op != ncclAvg))
+        fakecu_die("fake NCCL: ncclAllReduce of type %d, op %d is not modelled", (int)type,
+                   (int)op);
+    if (count * 4 > SLOT)
+        fakecu_die("fake NCCL: ncclAllReduce of %zu elements (the fake holds %d bytes)", count,
+                   (int)SLOT);
+    Reduce *r = calloc(1, sizeof *r);
+    *r = (Reduce){comm, (uint64_t)(uintptr_t)send, (uint64_t)(uintptr_t)recv, count,
+                  op == ncclAvg};
+    FakeRange rg[2] = {{r->send, r->send + count * 4, false}, {r->recv, r->recv + count * 4, true}};
+    char desc[96];
+    snprintf(desc, sizeof desc, "ncclAllReduce(%zu floats, rank %d of %d)", count, comm->rank,
+             comm->size);
+    return fakecu_enqueue((CUstream)stream, desc, rg, 2, reduce, r) == CUDA_SUCCESS
+               ? ncclSuccess
+               : ncclUnhandledCudaError;
+}
+
+NC_API ncclResult_t ncclGroupStart(void);
+NC_API ncclResult_t ncclGroupEnd(void);
+
+NC_API ncclResult_t ncclGroupStart(void) { return ncclSuccess; }
+
+NC_API ncclResult_t ncclGroupEnd(void) { return ncclSuccess; }
+
+NC_API ncclResult_t ncclCommDestroy(ncclComm_t c)
+{
+    if (!c)
+        return ncclSuccess;
+    munmap(c->sh, HEADER + (size_t)c->size * SLOT);
+    if (c->rank == 0)
+        shm_unlink(c->name);
+    free(c);
+    return ncclSuccess;
+}
+
+NC_API ncclResult_t ncclCommAbort(ncclComm_t c) { return ncclCommDestroy(c); }
