@@ -6,7 +6,8 @@
 set -u
 : "${KILN:?KILN must point at the kiln binary}"
 T=$(mktemp -d "${TMPDIR:-/tmp}/kiln-dp-failure.XXXXXX")
-trap 'rm -rf "$T"' EXIT
+. tests/cli/lib/ranks.sh # rank_pid, alive, launched, kill_launched
+trap 'kill_launched; rm -rf "$T"' EXIT
 fail() {
     echo "FAIL: $*"
     echo "--- output:"
@@ -14,7 +15,6 @@ fail() {
     exit 1
 }
 
-. tests/cli/lib/ranks.sh # rank_pid, alive
 
 lose_rank() { # signal, bound in seconds, extra args
     local sig=$1 bound=$2
@@ -22,6 +22,7 @@ lose_rank() { # signal, bound in seconds, extra args
     "$KILN" train models/mlp.lua --steps 100000000 --nproc 2 --set log_every=1 "$@" \
         >"$T/out" 2>&1 &
     local L=$! M="" R0="" R1="" i
+    launched "$L"
     for i in $(seq 1200); do
         grep -q "step  *3/" "$T/out" && break
         sleep 0.1

@@ -12,7 +12,8 @@
 set -u
 : "${KILN:?KILN must point at the kiln binary}"
 T=$(mktemp -d "${TMPDIR:-/tmp}/kiln-signals.XXXXXX")
-trap 'rm -rf "$T"' EXIT
+. tests/cli/lib/ranks.sh # rank_pid, alive, launched, kill_launched
+trap 'kill_launched; rm -rf "$T"' EXIT
 . tests/cli/lib/cases.sh # case_log, for lib/count_cases.sh
 fail() {
     case "$*" in
@@ -59,7 +60,6 @@ wait_exit() {
     rc=$?
 }
 
-. tests/cli/lib/ranks.sh # rank_pid, alive
 
 # stop SIG CODE [extra args]: one process, signalled after its third step
 stop() {
@@ -105,6 +105,7 @@ stop_nproc() {
         --set depth=3 --set log_every=1 --set checkpoint_every=1 --checkpoint "$T/ck/run" \
         --cache-dir "$T/cache" > "$T/out" 2>&1 &
     L=$!
+    launched "$L"
     wait_for "checkpoint: .*step2\." "$T/out" || fail "$what: training did not start"
     M=$(pgrep -P "$L" mpirun)
     [ -n "$M" ] || fail "$what: no mpirun under the launcher"
@@ -137,6 +138,7 @@ rm -f "$T/out" # wait_for must not see the last case's output
 "$KILN" train models/mlp.lua --steps 100000000 --nproc 2 --set log_every=1 \
     --cache-dir "$T/cache" > "$T/out" 2>&1 &
 L=$!
+launched "$L"
 wait_for "step  *3/" "$T/out" || fail "crash: training did not start"
 M=$(pgrep -P "$L" mpirun)
 R1=$(rank_pid "$M" 1)
@@ -154,6 +156,7 @@ rm -rf "$T/cache2"
 rm -f "$T/out" # wait_for must not see the last case's output
 "$KILN" train "${GPT[@]}" --steps 100000000 --cache-dir "$T/cache2" > "$T/out" 2>&1 &
 pid=$!
+launched "$pid"
 for i in $(seq 1200); do
     ls "$T/cache2" 2> /dev/null | grep -q '\.[0-9]*\.c$\|\.[0-9]*\.0\.c$' && break
     sleep 0.01
@@ -171,6 +174,7 @@ case_log signals clear "SIGINT during the kernel compile: exit $rc, nothing left
 rm -rf "$T/cache3"
 setsid "$KILN" train "${GPT[@]}" --steps 1 --cache-dir "$T/cache3" > "$T/out" 2>&1 &
 pid=$!
+launched "$pid"
 found=
 for i in $(seq 3000); do
     if ls "$T/cache3" 2> /dev/null | grep -q '\.[0-9]*\.c$\|\.[0-9]*\.0\.c$'; then
