@@ -27,6 +27,11 @@
  * every thread); a column loop (CgLoop.col) with long columns runs in tiles
  * of 32 columns by 8 row groups (partials meet in shared memory); any other
  * loop runs one thread per outer index with the inner dims as plain loops.
+ * A block or tile loop with few outer indices (tiles) over long inner
+ * extents is split: several blocks per outer index (tile), in stages
+ * NAME_lI_sK; reductions write per-block partials into the partials
+ * scratch, and the next stage combines them in a fixed order (no float
+ * atomics: deterministic). docs/cuda.md, Kernels.
  * Buffers stored as bf16 are computed in f32 and rounded when stored;
  * accumulators are f32 (never bf16). Accumulating stores are atomic. Phase
  * lets are locals; in a store phase each store follows the lets it needs

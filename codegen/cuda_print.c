@@ -1,15 +1,17 @@
 /* cuda_print.c - the CUDA C printer: kernel descriptions to NVRTC source
  * (cg_cuda.h). Decides per loop only what the printed code depends on: the
  * launch mode and geometry (one block per outer index, column tiles, or one
- * thread per outer index; block and grid size) and the buffers each
- * __global__ function takes (CgCudaFn). It decides nothing about storage or
+ * thread per outer index; block and grid size; a split over several blocks
+ * per outer index or tile, in stages) and the buffers each __global__
+ * function takes (CgCudaFn). It decides nothing about storage or
  * memory: the dtype each param is stored as and which params share a buffer
  * come from the caller (cuda_plan.c for a plan's program, NULL for the
  * kernel dumps).
  *
  * Contract of the printed source: self-contained (the prelude declares every
  * type and helper; no headers), one `extern "C" __global__` function per
- * loop, named NAME_lI; a param stored as bf16 is computed in f32 and rounded
+ * loop, named NAME_lI (a split loop: one per stage, NAME_lI_sK, launched in
+ * order; partials one stage writes are read only by later ones); a param stored as bf16 is computed in f32 and rounded
  * to nearest even when stored; accumulating stores are atomic; a store phase
  * reads everything it needs before it writes a buffer those reads may
  * alias. */
