@@ -279,6 +279,19 @@ static void print_lets(CgBuf *b, const CgKernel *k, const CgPhase *ph, int depth
     }
 }
 
+/* A row phase's lets in a split stage: the stage that evaluates them may
+ * not read them all (a later stage does), so each is marked used. */
+static void print_row_lets(CgBuf *b, const CgKernel *k, const CgPhase *ph, int depth)
+{
+    print_lets(b, k, ph, depth);
+    if (!cg_target_lets(tgt))
+        return;
+    for (int i = 0; i < ph->lets.n; i++) {
+        cg_indent(b, depth);
+        cg_printf(b, "(void)x%d;\n", ph->lets.v[i]);
+    }
+}
+
 /* Whether params a and b may be the same buffer (al: CgCudaAlias; NULL:
  * when they name the same tensor or the kernel is not noalias). */
 static bool conflict(const CgKernel *k, const CgCudaAlias *al, int a, int b)
@@ -1003,7 +1016,7 @@ static void print_stage(CgBuf *b, const CgKernel *k, const CgLoop *l, const DTyp
                 print_combine(b, k, ph, f, sp, p, depth);
             continue;
         }
-        print_lets(b, k, ph, depth);
+        print_row_lets(b, k, ph, depth);
         if (ph->acc >= 0) {
             cg_indent(b, depth);
             cg_printf(b, "%s a%d = ", acc_type(ph->adt), ph->acc);
@@ -1017,7 +1030,7 @@ static void print_stage(CgBuf *b, const CgKernel *k, const CgLoop *l, const DTyp
         int64_t inner = dims_numel(ph->dim, ph->ndim);
         bool more = p + 1 < sp->st0[s + 1];
         if (ph->ndim == 0) {
-            print_lets(b, k, ph, depth);
+            print_row_lets(b, k, ph, depth);
             if (ph->acc >= 0) {
                 cg_indent(b, depth);
                 cg_printf(b, "%s a%d = ", acc_type(ph->adt), ph->acc);
@@ -1039,14 +1052,19 @@ static void print_stage(CgBuf *b, const CgKernel *k, const CgLoop *l, const DTyp
             }
             continue;
         }
-        /* chunk c of [0, inner) */
+        /* chunk c of [0, inner): an offset with a constant bound (a
+         * bound computed from c made ptxas spill), the last chunk cut
+         * short when the chunks overshoot */
         int64_t ch = (inner + parts - 1) / parts;
         char range[320];
-        snprintf(range, sizeof range,
-                 "for (int64_t je = (c + 1) * %lldLL < %lldLL ? (c + 1) * %lldLL : %lldLL, "
-                 "j = c * %lldLL + %s; j < je; j += %s) {\n",
-                 (long long)ch, (long long)inner, (long long)ch, (long long)inner, (long long)ch,
-                 j0, js);
+        int n = snprintf(range, sizeof range,
+                         "for (int64_t jj = %s; jj < %lldLL; jj += %s) {\n", j0, (long long)ch,
+                         js);
+        n += snprintf(range + n, sizeof range - (size_t)n, "%*sconst int64_t j = c * %lldLL + jj;\n",
+                      4 * (depth + 1), "", (long long)ch);
+        if (ch * parts > inner)
+            snprintf(range + n, sizeof range - (size_t)n, "%*sif (j >= %lldLL)\n%*sbreak;\n",
+                     4 * (depth + 1), "", (long long)inner, 4 * (depth + 2), "");
         if (ph->acc >= 0) {
             cg_indent(b, depth);
             cg_printf(b, "%s a%d = ", acc_type(ph->adt), ph->acc);

@@ -17,6 +17,7 @@ local s = param("s", {cfg.dim}, normal(0.5))
 local p = nn.softmax(a * s)
 local b = nn.LayerNorm("lnb", cfg.cols)(z * 3.0)
 local v = param("v", {cfg.cols}, normal(0.5))
-local loss = mean(tanh(a) * p) * 100.0 + mean(tanh(b * v)) + mean(b * b) + max(x * s) * 0.01
+local loss = mean(tanh(a) * p) * 100.0 + mean(a * a) + mean(tanh(b * v)) + mean(b * b) +
+             max(x * s) * 0.01
 minimize(loss)
 train{data = "blobs", batch = cfg.rows, steps = 1, lr = 1e-2, grad_clip = 1}

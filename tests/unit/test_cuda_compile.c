@@ -337,6 +337,10 @@ static void test_every_model(void **state)
     const char *big[] = {"size=124M"}, *one[] = {"T=1"};
     compile_model("models/gpt.lua", big, 1);
     compile_model("models/gpt.lua", one, 1); /* row kernels with reduced extents of 1 */
+    /* split loops in stages (LayerNorm, softmax, full and column reductions) */
+    const char *tiny[] = {"rows=1", "dim=1024", "n=128", "cols=1"};
+    compile_model("tests/emu/split_reduce.lua", NULL, 0);
+    compile_model("tests/emu/split_reduce.lua", tiny, 4);
     fprintf(stderr, "%d models (+ gpt 124M, gpt T=1): %d f32 functions, %d NVRTC compiles\n",
             nmodels, nkernels, ncompiles);
 }
