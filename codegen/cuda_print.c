@@ -989,8 +989,14 @@ static void print_stage(CgBuf *b, const CgKernel *k, const CgLoop *l, const DTyp
     const char *j0 = f->rows ? "threadIdx.x" : "(threadIdx.x >> 5)";
     const char *js = f->rows ? "blockDim.x" : "8";
     const char *one = f->rows ? "threadIdx.x == 0" : "live && threadIdx.x < 32";
-    cg_printf(b, "    for (int64_t bi = blockIdx.x; bi < %lldLL; bi += gridDim.x) {\n",
-              (long long)(units * (chunked ? parts : 1)));
+    /* one block per (outer index, chunk): the grid is exactly that
+     * (f->blocks; a grid-stride loop here made ptxas spill on sm_80) */
+    int64_t total = units * (chunked ? parts : 1);
+    if (total <= MAX_BLOCKS)
+        cg_puts(b, "    {\n        const int64_t bi = blockIdx.x;\n");
+    else
+        cg_printf(b, "    for (int64_t bi = blockIdx.x; bi < %lldLL; bi += gridDim.x) {\n",
+                  (long long)total);
     if (chunked)
         cg_printf(b, "        const int64_t u = bi / %lldLL, c = bi %% %lldLL;\n",
                   (long long)parts, (long long)parts);
