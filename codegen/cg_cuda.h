@@ -27,6 +27,11 @@
  * every thread); a column loop (CgLoop.col) with long columns runs in tiles
  * of 32 columns by 8 row groups (partials meet in shared memory); any other
  * loop runs one thread per outer index with the inner dims as plain loops.
+ * A block or tile loop with few outer indices (tiles) over long inner
+ * extents is split: several blocks per outer index (tile), in stages
+ * NAME_lI_sK; reductions write per-block partials into the partials
+ * scratch, and the next stage combines them in a fixed order (no float
+ * atomics: deterministic). docs/cuda.md, Kernels.
  * Buffers stored as bf16 are computed in f32 and rounded when stored;
  * accumulators are f32 (never bf16). Accumulating stores are atomic. Phase
  * lets are locals; in a store phase each store follows the lets it needs
@@ -37,18 +42,26 @@
 typedef struct {
     char *name;       /* __global__ function */
     int kernel;       /* plan kernel index */
-    bool rows;        /* one block per outer index */
-    bool cols;        /* column tiles: 32 outer indices x 8 row groups per block;
-                         neither: one thread per outer index */
+    int loop;         /* the kernel's loop it computes (a split loop: several
+                         functions in a row, one per stage) */
+    bool rows;        /* one block per outer index (split: `split` blocks) */
+    bool cols;        /* column tiles: 32 outer indices x 8 row groups per block
+                         (split: `split` blocks per tile, each a share of the
+                         rows); neither: one thread per outer index */
     int64_t n;        /* outer iterations */
+    int64_t split;    /* blocks sharing one outer index (rows) or one tile
+                         (cols); 1: a whole one per block */
     int threads;      /* block size */
-    int64_t blocks;   /* grid size (grid-stride loops cover n) */
+    int64_t blocks;   /* grid size (grid-stride loops cover n * split) */
     int nparam;       /* the function takes pointers to the buffers of kernel
                          params param[0..nparam) (ascending: the params its
                          loop reads or writes), then, when rand, the
-                         {seed, step} pointer */
+                         {seed, step} pointer, then, when part, the partials
+                         scratch */
     int *param;
     bool rand;
+    bool part;        /* takes the partials scratch (unsigned char *) last */
+    int64_t part_bytes; /* bytes of the scratch it reads or writes, from 0 */
 } CgCudaFn;
 
 /* Which params of one printed variant of a kernel share a buffer:
@@ -68,13 +81,16 @@ extern const CgTarget cg_target_cuda;
  * 256 threads per block). */
 extern const char cg_cuda_cast_kernel[];
 /* Appends kernel k's functions (storage[i]: dtype of param i in memory;
- * NULL: the params' own), filling fn (k->loops.n entries). Params conflict
- * when they name the same tensor or the kernel is not noalias. */
-void cg_print_cuda_kernel(CgBuf *b, const CgKernel *k, const char *name, const DType *storage,
-                          CgCudaFn *fn);
+ * NULL: the params' own); returns how many, in launch order, in *fn
+ * (allocated; free with cg_cuda_fns_free). Params conflict when they name
+ * the same tensor or the kernel is not noalias. */
+int cg_print_cuda_kernel(CgBuf *b, const CgKernel *k, const char *name, const DType *storage,
+                         CgCudaFn **fn);
 /* The same for one variant whose params' buffers are known (al). */
-void cg_print_cuda_variant(CgBuf *b, const CgKernel *k, const char *name, const DType *storage,
-                           const CgCudaAlias *al, CgCudaFn *fn);
+int cg_print_cuda_variant(CgBuf *b, const CgKernel *k, const char *name, const DType *storage,
+                          const CgCudaAlias *al, CgCudaFn **fn);
+/* Frees the names and param lists of fn[0..n) and fn itself. */
+void cg_cuda_fns_free(CgCudaFn *fn, int n);
 
 /* ---- cuda_plan.c: the CUDA program of a plan ---------------------------- */
 
@@ -91,6 +107,11 @@ typedef struct CgCudaProgram {
                           consecutive), -1 for other steps */
     int *step_nfn;     /* per plan step: number of fns */
     DType *storage;    /* per tensor id: dtype of its buffer in device memory */
+    /* Bytes of the partials scratch (CgCudaFn.part): one device buffer the
+     * backend allocates beside the arena, shared by every function that
+     * takes it (launches on one stream run one after another; a split
+     * loop's stages use disjoint parts of it); 0: none needed. */
+    int64_t part_bytes;
     bool bf16;         /* mixed precision: eligible activations stored as bf16 */
     /* The device arena: plan->mem when every buffer keeps its dtype, else
      * (bf16) the same storages and live ranges re-planned with the storage

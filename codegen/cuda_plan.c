@@ -190,7 +190,7 @@ typedef struct {
     DType *st; /* per param */
     int *cls;  /* per param: buffer class (CgCudaAlias) */
     bool all;
-    int fn0;
+    int fn0, nfn; /* its functions: q->fn.v[fn0 .. fn0 + nfn) */
 } Variant;
 
 /* The buffer classes of step st's params (CgCudaAlias). */
@@ -258,15 +258,17 @@ CgCudaProgram *cg_cuda_program(const CgPlan *p, bool bf16)
         }
         if (found < 0) {
             char *name = nv ? xasprintf("%s_v%d", k->name, nv) : xstrdup(k->name);
-            Variant nvar = {st->kernel, sd, cls, all, q->fn.n};
-            for (int li = 0; li < k->loops.n; li++) {
-                CgCudaFn f = {0};
-                vec_push(&q->fn, f);
-            }
+            Variant nvar = {st->kernel, sd, cls, all, q->fn.n, 0};
             CgCudaAlias al = {cls, all};
-            cg_print_cuda_variant(&b, k, name, sd, &al, &q->fn.v[nvar.fn0]);
-            for (int li = 0; li < k->loops.n; li++)
-                q->fn.v[nvar.fn0 + li].kernel = st->kernel;
+            CgCudaFn *fns = NULL;
+            nvar.nfn = cg_print_cuda_variant(&b, k, name, sd, &al, &fns);
+            for (int i = 0; i < nvar.nfn; i++) {
+                fns[i].kernel = st->kernel;
+                if (fns[i].part_bytes > q->part_bytes)
+                    q->part_bytes = fns[i].part_bytes;
+                vec_push(&q->fn, fns[i]);
+            }
+            free(fns);
             free(name);
             vec_push(&var, nvar);
             found = var.n - 1;
@@ -275,7 +277,7 @@ CgCudaProgram *cg_cuda_program(const CgPlan *p, bool bf16)
             free(cls);
         }
         q->step_fn[s] = var.v[found].fn0;
-        q->step_nfn[s] = k->loops.n;
+        q->step_nfn[s] = var.v[found].nfn;
     }
     for (int v = 0; v < var.n; v++) {
         free(var.v[v].st);

@@ -1,15 +1,17 @@
 /* cuda_print.c - the CUDA C printer: kernel descriptions to NVRTC source
  * (cg_cuda.h). Decides per loop only what the printed code depends on: the
  * launch mode and geometry (one block per outer index, column tiles, or one
- * thread per outer index; block and grid size) and the buffers each
- * __global__ function takes (CgCudaFn). It decides nothing about storage or
+ * thread per outer index; block and grid size; a split over several blocks
+ * per outer index or tile, in stages) and the buffers each __global__
+ * function takes (CgCudaFn). It decides nothing about storage or
  * memory: the dtype each param is stored as and which params share a buffer
  * come from the caller (cuda_plan.c for a plan's program, NULL for the
  * kernel dumps).
  *
  * Contract of the printed source: self-contained (the prelude declares every
  * type and helper; no headers), one `extern "C" __global__` function per
- * loop, named NAME_lI; a param stored as bf16 is computed in f32 and rounded
+ * loop, named NAME_lI (a split loop: one per stage, NAME_lI_sK, launched in
+ * order; partials one stage writes are read only by later ones); a param stored as bf16 is computed in f32 and rounded
  * to nearest even when stored; accumulating stores are atomic; a store phase
  * reads everything it needs before it writes a buffer those reads may
  * alias. */
@@ -274,6 +276,19 @@ static void print_lets(CgBuf *b, const CgKernel *k, const CgPhase *ph, int depth
     for (int i = 0; i < ph->lets.n; i++) {
         cg_indent(b, depth);
         cg_print_let(b, k, ph->lets.v[i], tgt);
+    }
+}
+
+/* A row phase's lets in a split stage: the stage that evaluates them may
+ * not read them all (a later stage does), so each is marked used. */
+static void print_row_lets(CgBuf *b, const CgKernel *k, const CgPhase *ph, int depth)
+{
+    print_lets(b, k, ph, depth);
+    if (!cg_target_lets(tgt))
+        return;
+    for (int i = 0; i < ph->lets.n; i++) {
+        cg_indent(b, depth);
+        cg_printf(b, "(void)x%d;\n", ph->lets.v[i]);
     }
 }
 
@@ -666,35 +681,539 @@ static void print_loop(CgBuf *b, const CgKernel *k, const CgLoop *l, const DType
     free(used);
 }
 
-static void print_kernel(CgBuf *b, const CgKernel *k, const char *name, const DType *storage,
-                         const CgCudaAlias *al, CgCudaFn *fn)
+/* ---- split loops: many blocks per outer index ------------------------------
+ * A row loop with few outer indices (n < SPLIT_BELOW blocks) over long
+ * inner dims, and a column loop with few tiles over many rows, would leave
+ * most of the device idle (a full reduction: one block). Such a loop runs
+ * with `parts` blocks per outer index (rows) or per tile (cols), block c
+ * taking chunk c of every phase's inner range, in stages, one __global__
+ * function (NAME_lI_sK) each:
+ *   - a reduction phase folds its chunk, reduces across the block and
+ *     writes one partial per (outer index, chunk) into the partials scratch
+ *     (its own region of it, at Split.off);
+ *   - a phase that reads such a result (its accumulator) starts the next
+ *     stage, whose blocks first combine the partials of every earlier
+ *     reduction in chunk order (each block the same way: a fixed order, so
+ *     the result does not depend on the run or the block), and evaluate the
+ *     earlier row phases' lets again;
+ *   - so does a phase that reads a buffer an earlier phase of its stage
+ *     wrote, or writes one an earlier phase of its stage read (other blocks
+ *     may not have got there: launches order them instead of barriers);
+ *   - row-phase stores are made by chunk 0; a stage of row phases only runs
+ *     one block per outer index (tile).
+ * Not split (one block per outer index, as before) when a row phase's lets
+ * evaluated again in a later stage would read a buffer the loop writes. */
+enum {
+    SPLIT_BELOW = 512,   /* split when the grid would have fewer blocks */
+    SPLIT_TARGET = 1024, /* blocks a split grid aims at (devices up to ~200 SMs,
+                            several blocks per SM) */
+    SPLIT_MIN_ROWS = 512, /* rows mode: fewest inner elements per chunk */
+    SPLIT_MIN_COLS = 64,  /* cols mode: fewest rows per chunk */
+};
+
+typedef VEC(CgCudaFn) FnVec;
+
+typedef struct {
+    int64_t parts;  /* chunks per outer index (tile); < 2: not split */
+    int nst;        /* stages */
+    int *st0;       /* per stage: its first phase; st0[nst] = ph.n */
+    int64_t *off;   /* per phase: byte offset of its partials (inner reductions) */
+    int64_t bytes;  /* partials scratch of the loop */
+} Split;
+
+static void split_free(Split *sp)
+{
+    free(sp->st0);
+    free(sp->off);
+}
+
+static bool uses_acc(const CgKernel *k, int e, const bool *pending)
+{
+    if (e < 0)
+        return false;
+    const CgExpr *x = &k->ex.v[e];
+    if (x->kind == CGX_ACC)
+        return pending[x->var];
+    int n = x->kind == CGX_OP ? cg_opinfo[x->op].arity
+            : x->kind == CGX_SELECT ? 3
+            : (x->kind == CGX_LOAD || x->kind == CGX_CAST || x->kind == CGX_RAND) ? 1
+                                                                                  : 0;
+    for (int i = 0; i < n; i++)
+        if (uses_acc(k, x->a[i], pending))
+            return true;
+    return false;
+}
+
+static bool phase_uses_acc(const CgKernel *k, const CgPhase *ph, const bool *pending)
+{
+    if (ph->acc >= 0 && uses_acc(k, ph->value, pending))
+        return true;
+    for (int i = 0; i < ph->lets.n; i++)
+        if (uses_acc(k, ph->lets.v[i], pending))
+            return true;
+    for (int i = 0; i < ph->st.n; i++)
+        if (uses_acc(k, ph->st.v[i].index, pending) || uses_acc(k, ph->st.v[i].value, pending) ||
+            uses_acc(k, ph->st.v[i].guard, pending))
+            return true;
+    return false;
+}
+
+/* The params phase ph loads (lets, fold value, store operands): ld[];
+ * the params it stores: st[] (either may be NULL). */
+static void phase_access(const CgKernel *k, const CgPhase *ph, bool *ld, bool *st, bool *rand)
+{
+    bool r = false;
+    if (ld) {
+        if (ph->acc >= 0)
+            mark_loads(k, ph->value, ld, &r);
+        for (int i = 0; i < ph->lets.n; i++)
+            mark_loads(k, ph->lets.v[i], ld, &r);
+        for (int i = 0; i < ph->st.n; i++) {
+            mark_loads(k, ph->st.v[i].index, ld, &r);
+            mark_loads(k, ph->st.v[i].value, ld, &r);
+            mark_loads(k, ph->st.v[i].guard, ld, &r);
+        }
+    }
+    if (st)
+        for (int i = 0; i < ph->st.n; i++)
+            st[ph->st.v[i].param] = true;
+    if (rand)
+        *rand |= r;
+}
+
+/* Whether some param marked in a conflicts with one marked in b. */
+static bool any_conflict(const CgKernel *k, const CgCudaAlias *al, const bool *a, const bool *b)
+{
+    for (int i = 0; i < k->params.n; i++)
+        for (int j = 0; a[i] && j < k->params.n; j++)
+            if (b[j] && conflict(k, al, i, j))
+                return true;
+    return false;
+}
+
+/* How loop l (geometry f: rows or cols) is split; sp->parts < 2: not. */
+static void split_plan(const CgKernel *k, const CgLoop *l, const CgCudaAlias *al,
+                       const CgCudaFn *f, Split *sp)
+{
+    memset(sp, 0, sizeof *sp);
+    if (!f->rows && !f->cols)
+        return;
+    int64_t units = f->rows ? f->n : (f->n + 31) / 32, inner = 0;
+    for (int i = 0; i < l->ph.n; i++) {
+        int64_t n = dims_numel(l->ph.v[i].dim, l->ph.v[i].ndim);
+        inner = n > inner ? n : inner;
+    }
+    int64_t min_chunk = f->rows ? SPLIT_MIN_ROWS : SPLIT_MIN_COLS;
+    if (units >= SPLIT_BELOW || inner < 2 * min_chunk)
+        return;
+    int64_t parts = (SPLIT_TARGET + units - 1) / units, most = inner / min_chunk;
+    parts = parts < most ? parts : most;
+    if (parts < 2)
+        return;
+    int np = l->ph.n, npar = k->params.n;
+    bool *pending = xcalloc((size_t)k->naccs + 1, sizeof(bool));
+    bool *ld = xcalloc((size_t)npar + 1, sizeof(bool)), *st = xcalloc((size_t)npar + 1, 1);
+    bool *pl = xcalloc((size_t)npar + 1, sizeof(bool)), *ps = xcalloc((size_t)npar + 1, 1);
+    bool *all_st = xcalloc((size_t)npar + 1, sizeof(bool));
+    sp->st0 = xmalloc(sizeof(int) * (size_t)(np + 2));
+    sp->off = xcalloc((size_t)np + 1, sizeof(int64_t));
+    sp->st0[sp->nst++] = 0;
+    for (int p = 0; p < np; p++) {
+        const CgPhase *ph = &l->ph.v[p];
+        memset(pl, 0, (size_t)npar);
+        memset(ps, 0, (size_t)npar);
+        phase_access(k, ph, pl, ps, NULL);
+        phase_access(k, ph, NULL, all_st, NULL);
+        if (p > 0 && (phase_uses_acc(k, ph, pending) || any_conflict(k, al, pl, st) ||
+                      any_conflict(k, al, ps, ld))) {
+            sp->st0[sp->nst++] = p;
+            memset(pending, 0, (size_t)k->naccs + 1);
+            memset(ld, 0, (size_t)npar);
+            memset(st, 0, (size_t)npar);
+        }
+        for (int i = 0; i < npar; i++) {
+            ld[i] |= pl[i];
+            st[i] |= ps[i];
+        }
+        if (ph->acc >= 0 && ph->ndim > 0) {
+            pending[ph->acc] = true;
+            int64_t slots = f->rows ? f->n * parts : parts * f->n;
+            int64_t sz = (int64_t)(ph->adt == DT_I64 ? 8 : 4);
+            sp->off[p] = sp->bytes;
+            sp->bytes += (slots * sz + 255) / 256 * 256;
+        }
+    }
+    sp->st0[sp->nst] = np;
+    sp->parts = parts;
+    /* row phases evaluated again in later stages read no buffer the loop writes */
+    for (int p = 0; p < np && sp->parts; p++) {
+        const CgPhase *ph = &l->ph.v[p];
+        if (ph->ndim > 0 || p >= sp->st0[sp->nst - 1])
+            continue;
+        memset(pl, 0, (size_t)npar);
+        if (ph->acc >= 0)
+            mark_loads(k, ph->value, pl, &(bool){false});
+        for (int i = 0; i < ph->lets.n; i++)
+            mark_loads(k, ph->lets.v[i], pl, &(bool){false});
+        if (any_conflict(k, al, pl, all_st))
+            sp->parts = 0;
+    }
+    if (sp->parts < 2) {
+        split_free(sp);
+        memset(sp, 0, sizeof *sp);
+    }
+    free(pending);
+    free(ld);
+    free(st);
+    free(pl);
+    free(ps);
+    free(all_st);
+}
+
+/* The partials of reduction phase p, as an lvalue-able array expression. */
+static void print_part(CgBuf *b, const CgPhase *ph, const Split *sp, int p)
+{
+    cg_printf(b, "((%s *)(kiln_part + %lldLL))", acc_type(ph->adt), (long long)sp->off[p]);
+}
+
+/* Folds the partials of phase p (an earlier stage's reduction) into a<acc>,
+ * chunk by chunk in a fixed order, then across the block. */
+static void print_combine(CgBuf *b, const CgKernel *k, const CgPhase *ph, const CgCudaFn *f,
+                          const Split *sp, int p, int depth)
+{
+    (void)k;
+    const char *t = acc_type(ph->adt);
+    bool max = ph->rop == CG_RED_MAX;
+    cg_indent(b, depth);
+    cg_printf(b, "%s a%d = ", t, ph->acc);
+    cg_print_red_init(b, ph);
+    cg_puts(b, ";\n");
+    cg_indent(b, depth);
+    if (f->rows)
+        cg_printf(b, "for (int64_t q = threadIdx.x; q < %lldLL; q += blockDim.x) {\n",
+                  (long long)sp->parts);
+    else
+        cg_printf(b, "for (int64_t q = (threadIdx.x >> 5); q < %lldLL; q += 8) {\n",
+                  (long long)sp->parts);
+    cg_indent(b, depth + 1);
+    cg_printf(b, "const %s w = ", t);
+    print_part(b, ph, sp, p);
+    if (f->rows)
+        cg_printf(b, "[i * %lldLL + q];\n", (long long)sp->parts);
+    else
+        cg_printf(b, "[q * %lldLL + i];\n", (long long)f->n);
+    cg_indent(b, depth + 1);
+    if (max)
+        cg_printf(b, "a%d = kiln_max2<%s>(a%d, w);\n", ph->acc, t, ph->acc);
+    else
+        cg_printf(b, "a%d += w;\n", ph->acc);
+    cg_indent(b, depth);
+    cg_puts(b, "}\n");
+    cg_indent(b, depth);
+    if (f->rows) {
+        cg_printf(b, "a%d = kiln_block_reduce<%s, %s>(a%d, ", ph->acc, t, max ? "true" : "false",
+                  ph->acc);
+        cg_print_red_init(b, ph);
+        cg_puts(b, ");\n");
+    } else {
+        cg_printf(b, "a%d = kiln_col_reduce<%s, %s>(a%d);\n", ph->acc, t, max ? "true" : "false",
+                  ph->acc);
+    }
+}
+
+/* The used loop variables, params and randomness of stage s: its own
+ * phases, and the earlier phases it evaluates again (row phases' lets and
+ * folds; combined reductions read only the scratch). */
+static void stage_uses(const CgKernel *k, const CgLoop *l, const Split *sp, int s, bool *var,
+                       bool *par, bool *rand)
+{
+    for (int p = 0; p < sp->st0[s + 1]; p++) {
+        const CgPhase *ph = &l->ph.v[p];
+        bool own = p >= sp->st0[s];
+        if (!own && ph->ndim > 0)
+            continue;
+        if (ph->acc >= 0) {
+            mark_used(k, ph->value, var);
+            mark_loads(k, ph->value, par, rand);
+        }
+        for (int i = 0; i < ph->lets.n; i++) {
+            mark_used(k, ph->lets.v[i], var);
+            mark_loads(k, ph->lets.v[i], par, rand);
+        }
+        if (!own)
+            continue;
+        for (int i = 0; i < ph->st.n; i++) {
+            const CgStore *st = &ph->st.v[i];
+            par[st->param] = true;
+            mark_used(k, st->index, var);
+            mark_used(k, st->value, var);
+            mark_used(k, st->guard, var);
+            mark_loads(k, st->index, par, rand);
+            mark_loads(k, st->value, par, rand);
+            mark_loads(k, st->guard, par, rand);
+        }
+    }
+}
+
+/* Whether stage s has phases with inner dims (then it runs `parts` blocks
+ * per outer index or tile). */
+static bool stage_chunked(const CgLoop *l, const Split *sp, int s)
+{
+    for (int p = sp->st0[s]; p < sp->st0[s + 1]; p++)
+        if (l->ph.v[p].ndim > 0)
+            return true;
+    return false;
+}
+
+/* Stage s of split loop l as one __global__ function (f: its geometry and
+ * params, filled by the caller). */
+static void print_stage(CgBuf *b, const CgKernel *k, const CgLoop *l, const DType *storage,
+                        const CgCudaAlias *al, const CgCudaFn *f, const Split *sp, int s,
+                        const bool *used)
+{
+    bool chunked = f->split > 1;
+    int64_t parts = sp->parts;
+    cg_printf(b, "extern \"C\" __global__ void __launch_bounds__(%d) %s(", f->threads, f->name);
+    print_params(b, k, storage, f);
+    if (f->part)
+        cg_printf(b, "%sunsigned char *__restrict__ kiln_part",
+                  f->nparam || f->rand ? ", " : "");
+    if (!f->nparam && !f->rand && !f->part)
+        cg_puts(b, "void");
+    cg_puts(b, ")\n{\n");
+    if (f->rand)
+        cg_puts(b, "    const uint64_t seed = kiln_rs[0];\n"
+                   "    const int64_t step = (int64_t)kiln_rs[1];\n");
+    int depth = 2;
+    int64_t units = f->rows ? f->n : (f->n + 31) / 32;
+    const char *j0 = f->rows ? "threadIdx.x" : "(threadIdx.x >> 5)";
+    const char *js = f->rows ? "blockDim.x" : "8";
+    const char *one = f->rows ? "threadIdx.x == 0" : "live && threadIdx.x < 32";
+    /* one block per (outer index, chunk): the grid is exactly that
+     * (f->blocks; a grid-stride loop here made ptxas spill on sm_80) */
+    int64_t total = units * (chunked ? parts : 1);
+    if (total <= MAX_BLOCKS)
+        cg_puts(b, "    {\n        const int64_t bi = blockIdx.x;\n");
+    else
+        cg_printf(b, "    for (int64_t bi = blockIdx.x; bi < %lldLL; bi += gridDim.x) {\n",
+                  (long long)total);
+    if (chunked)
+        cg_printf(b, "        const int64_t u = bi / %lldLL, c = bi %% %lldLL;\n",
+                  (long long)parts, (long long)parts);
+    else
+        cg_puts(b, "        const int64_t u = bi;\n");
+    if (f->rows) {
+        cg_puts(b, "        const int64_t i = u;\n");
+    } else {
+        cg_printf(b,
+                  "        const int64_t t0 = u * 32;\n"
+                  "        const bool live = t0 + (threadIdx.x & 31) < %lldLL;\n"
+                  "        const int64_t i = live ? t0 + (threadIdx.x & 31) : %lldLL;\n"
+                  "        (void)live;\n",
+                  (long long)f->n, (long long)f->n - 1);
+    }
+    cg_puts(b, chunked ? "        (void)i;\n        (void)c;\n" : "        (void)i;\n");
+    decompose(b, l->dim, l->ndim, "i", used, depth);
+    /* earlier stages: combined reductions, row phases again */
+    for (int p = 0; p < sp->st0[s]; p++) {
+        const CgPhase *ph = &l->ph.v[p];
+        if (ph->ndim > 0) {
+            if (ph->acc >= 0)
+                print_combine(b, k, ph, f, sp, p, depth);
+            continue;
+        }
+        print_row_lets(b, k, ph, depth);
+        if (ph->acc >= 0) {
+            cg_indent(b, depth);
+            cg_printf(b, "%s a%d = ", acc_type(ph->adt), ph->acc);
+            cg_print_red_init(b, ph);
+            cg_puts(b, ";\n");
+            print_fold(b, k, ph, depth);
+        }
+    }
+    for (int p = sp->st0[s]; p < sp->st0[s + 1]; p++) {
+        const CgPhase *ph = &l->ph.v[p];
+        int64_t inner = dims_numel(ph->dim, ph->ndim);
+        bool more = p + 1 < sp->st0[s + 1];
+        if (ph->ndim == 0) {
+            print_row_lets(b, k, ph, depth);
+            if (ph->acc >= 0) {
+                cg_indent(b, depth);
+                cg_printf(b, "%s a%d = ", acc_type(ph->adt), ph->acc);
+                cg_print_red_init(b, ph);
+                cg_puts(b, ";\n");
+                print_fold(b, k, ph, depth);
+            }
+            if (ph->st.n) {
+                cg_indent(b, depth);
+                cg_printf(b, "if (%s%s) {\n", chunked ? "c == 0 && " : "", one);
+                for (int si = 0; si < ph->st.n; si++)
+                    print_store(b, k, &ph->st.v[si], storage, depth + 1);
+                cg_indent(b, depth);
+                cg_puts(b, "}\n");
+                if (more) {
+                    cg_indent(b, depth);
+                    cg_puts(b, "__syncthreads();\n");
+                }
+            }
+            continue;
+        }
+        /* chunk c of [0, inner): an offset with a constant bound (a
+         * bound computed from c made ptxas spill), the last chunk cut
+         * short when the chunks overshoot */
+        int64_t ch = (inner + parts - 1) / parts;
+        char range[320];
+        int n = snprintf(range, sizeof range,
+                         "for (int64_t jj = %s; jj < %lldLL; jj += %s) {\n", j0, (long long)ch,
+                         js);
+        n += snprintf(range + n, sizeof range - (size_t)n, "%*sconst int64_t j = c * %lldLL + jj;\n",
+                      4 * (depth + 1), "", (long long)ch);
+        if (ch * parts > inner)
+            snprintf(range + n, sizeof range - (size_t)n, "%*sif (j >= %lldLL)\n%*sbreak;\n",
+                     4 * (depth + 1), "", (long long)inner, 4 * (depth + 2), "");
+        if (ph->acc >= 0) {
+            cg_indent(b, depth);
+            cg_printf(b, "%s a%d = ", acc_type(ph->adt), ph->acc);
+            cg_print_red_init(b, ph);
+            cg_puts(b, ";\n");
+            cg_indent(b, depth);
+            cg_puts(b, range);
+            decompose(b, ph->dim, ph->ndim, "j", used, depth + 1);
+            print_lets(b, k, ph, depth + 1);
+            print_fold(b, k, ph, depth + 1);
+            cg_indent(b, depth);
+            cg_puts(b, "}\n");
+            cg_indent(b, depth);
+            bool max = ph->rop == CG_RED_MAX;
+            if (f->rows) {
+                cg_printf(b, "a%d = kiln_block_reduce<%s, %s>(a%d, ", ph->acc,
+                          acc_type(ph->adt), max ? "true" : "false", ph->acc);
+                cg_print_red_init(b, ph);
+                cg_puts(b, ");\n");
+            } else {
+                cg_printf(b, "a%d = kiln_col_reduce<%s, %s>(a%d);\n", ph->acc,
+                          acc_type(ph->adt), max ? "true" : "false", ph->acc);
+            }
+            cg_indent(b, depth);
+            cg_printf(b, "if (%s)\n", one);
+            cg_indent(b, depth + 1);
+            print_part(b, ph, sp, p);
+            if (f->rows)
+                cg_printf(b, "[i * %lldLL + c] = a%d;\n", (long long)parts, ph->acc);
+            else
+                cg_printf(b, "[c * %lldLL + i] = a%d;\n", (long long)f->n, ph->acc);
+            continue;
+        }
+        cg_indent(b, depth);
+        if (f->cols) {
+            cg_puts(b, "if (live)\n");
+            cg_indent(b, depth);
+        }
+        cg_puts(b, range);
+        decompose(b, ph->dim, ph->ndim, "j", used, depth + 1);
+        print_store_phase(b, k, ph, storage, al, depth + 1);
+        cg_indent(b, depth);
+        cg_puts(b, "}\n");
+        if (more) {
+            cg_indent(b, depth);
+            cg_puts(b, "__syncthreads();\n");
+        }
+    }
+    cg_puts(b, "    }\n}\n");
+}
+
+/* Appends the functions of split loop li (geometry g from geometry()). */
+static void print_split(CgBuf *b, const CgKernel *k, const CgKernel *v, int li, const char *name,
+                        const DType *storage, const CgCudaAlias *al, const CgCudaFn *g,
+                        const Split *sp, FnVec *out)
+{
+    const CgLoop *l = &k->loops.v[li];
+    for (int s = 0; s < sp->nst; s++) {
+        CgCudaFn f = *g;
+        f.name = sp->nst > 1 ? xasprintf("%s_l%d_s%d", name, li, s) : xasprintf("%s_l%d", name, li);
+        f.loop = li;
+        bool chunked = stage_chunked(l, sp, s);
+        f.split = chunked ? sp->parts : 1;
+        int64_t units = f.rows ? f.n : (f.n + 31) / 32, total = units * f.split;
+        f.blocks = total < 1 ? 1 : total < MAX_BLOCKS ? total : MAX_BLOCKS;
+        bool *var = xcalloc((size_t)k->nvars + 1, sizeof(bool));
+        bool *par = xcalloc((size_t)k->params.n + 1, sizeof(bool));
+        bool rand = false;
+        stage_uses(k, l, sp, s, var, par, &rand);
+        f.param = xmalloc(sizeof(int) * (size_t)(k->params.n + 1));
+        f.nparam = 0;
+        for (int i = 0; i < k->params.n; i++)
+            if (par[i])
+                f.param[f.nparam++] = i;
+        f.rand = rand && k->rand;
+        /* scratch: written by this stage's reductions, read for earlier ones */
+        f.part = false;
+        f.part_bytes = 0;
+        for (int p = 0; p < sp->st0[s + 1]; p++) {
+            const CgPhase *ph = &l->ph.v[p];
+            if (ph->acc >= 0 && ph->ndim > 0) {
+                f.part = true;
+                f.part_bytes = sp->bytes;
+            }
+        }
+        cg_puts(b, "\n");
+        print_stage(b, v, l, storage, al, &f, sp, s, var);
+        vec_push(out, f);
+        free(var);
+        free(par);
+    }
+}
+
+static int print_kernel(CgBuf *b, const CgKernel *k, const char *name, const DType *storage,
+                        const CgCudaAlias *al, CgCudaFn **fn)
 {
     DType *st = xmalloc(sizeof(DType) * (size_t)(k->params.n + 1));
     for (int i = 0; i < k->params.n; i++)
         st[i] = storage ? storage[i] : k->params.v[i].dt;
     CgKernel v = f32_view(k);
+    FnVec out = {0};
     for (int li = 0; li < k->loops.n; li++) {
-        CgCudaFn *f = &fn[li];
-        memset(f, 0, sizeof *f);
-        f->name = xasprintf("%s_l%d", name, li);
-        geometry(&k->loops.v[li], f);
-        loop_params(k, &k->loops.v[li], f);
+        CgCudaFn f;
+        memset(&f, 0, sizeof f);
+        f.loop = li;
+        f.split = 1;
+        geometry(&k->loops.v[li], &f);
+        Split sp;
+        split_plan(k, &k->loops.v[li], al, &f, &sp);
+        if (sp.parts >= 2) {
+            print_split(b, k, &v, li, name, st, al, &f, &sp, &out);
+            split_free(&sp);
+            continue;
+        }
+        f.name = xasprintf("%s_l%d", name, li);
+        loop_params(k, &k->loops.v[li], &f);
         cg_puts(b, "\n");
-        print_loop(b, &v, &k->loops.v[li], st, al, f);
+        print_loop(b, &v, &k->loops.v[li], st, al, &f);
+        vec_push(&out, f);
     }
     free(v.ex.v);
     free(st);
+    *fn = out.v;
+    return out.n;
 }
 
-void cg_print_cuda_kernel(CgBuf *b, const CgKernel *k, const char *name, const DType *storage,
-                          CgCudaFn *fn)
+int cg_print_cuda_kernel(CgBuf *b, const CgKernel *k, const char *name, const DType *storage,
+                         CgCudaFn **fn)
 {
-    print_kernel(b, k, name, storage, NULL, fn);
+    return print_kernel(b, k, name, storage, NULL, fn);
 }
 
-void cg_print_cuda_variant(CgBuf *b, const CgKernel *k, const char *name, const DType *storage,
-                           const CgCudaAlias *al, CgCudaFn *fn)
+int cg_print_cuda_variant(CgBuf *b, const CgKernel *k, const char *name, const DType *storage,
+                          const CgCudaAlias *al, CgCudaFn **fn)
 {
-    print_kernel(b, k, name, storage, al, fn);
+    return print_kernel(b, k, name, storage, al, fn);
 }
 
+void cg_cuda_fns_free(CgCudaFn *fn, int n)
+{
+    for (int i = 0; fn && i < n; i++) {
+        free(fn[i].name);
+        free(fn[i].param);
+    }
+    free(fn);
+}

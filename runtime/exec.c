@@ -372,14 +372,10 @@ bool rt_dump_kernels(const Graph *g, const char *dir, Diag *d)
                 cg_puts(&b, cg_c_prelude);
                 cg_print_c_kernel(&b, k);
             } else {
-                CgCudaFn *fn = xcalloc((size_t)k->loops.n + 1, sizeof(CgCudaFn));
+                CgCudaFn *fn = NULL;
                 cg_puts(&b, cg_cuda_prelude);
-                cg_print_cuda_kernel(&b, k, k->name, NULL, fn);
-                for (int f = 0; f < k->loops.n; f++) {
-                    free(fn[f].name);
-                    free(fn[f].param);
-                }
-                free(fn);
+                int nfn = cg_print_cuda_kernel(&b, k, k->name, NULL, &fn);
+                cg_cuda_fns_free(fn, nfn);
             }
             char *path = xasprintf("%s/%s.%s", kd, k->name, cuda ? "cu" : "c");
             FILE *f = fopen(path, "w");

@@ -64,6 +64,8 @@ struct BackendCtx {
     bool ran;                /* ev_begin and ev_end recorded */
     struct KcComm *nccl;     /* device collectives (cuda_nccl.c) */
     CUdeviceptr arena, rs, scratch;
+    CUdeviceptr part;        /* the partials scratch of split loops
+                                (CgCudaProgram.part_bytes; CgCudaFn.part) */
     int64_t scratch_half;    /* bytes of each of the two bf16 operand areas */
     CUdeviceptr bias16;      /* bf16 copies of biases (CuStep.bias16) */
     CgEpilogue *epi;         /* per step: the epilogue its GEMM applies: the
@@ -130,6 +132,8 @@ static void cuda_destroy(BackendCtx *c)
             kc_cu.cuMemFree(c->arena);
         if (c->scratch)
             kc_cu.cuMemFree(c->scratch);
+        if (c->part)
+            kc_cu.cuMemFree(c->part);
         if (c->bias16)
             kc_cu.cuMemFree(c->bias16);
         if (c->stage)
@@ -204,6 +208,9 @@ static bool setup_steps(BackendCtx *c, Diag *d)
     c->st = kc_zalloc(sizeof(CuStep) * (size_t)(p->steps.n + 1));
     c->epi = kc_zalloc(sizeof(CgEpilogue) * (size_t)(p->steps.n + 1));
     c->skip = kc_zalloc(sizeof(bool) * (size_t)(p->steps.n + 1));
+    /* split loops' partials: written before they are read, never cleared */
+    if (q->part_bytes > 0 && !CU(kc_cu.cuMemAlloc(&c->part, (size_t)q->part_bytes), d))
+        return false;
     /* each GEMM's form with the program's epilogue: its casts, and the
      * bf16 bias copy a bias epilogue into a bf16 D reads */
     int64_t need = 0, bias16 = 0;
@@ -240,11 +247,13 @@ static bool setup_steps(BackendCtx *c, Diag *d)
             cs->argv = kc_zalloc(sizeof(void **) * (size_t)(cs->nfn + 1));
             for (int f = 0; f < cs->nfn; f++) {
                 const CgCudaFn *fn = &cs->geo[f];
-                cs->argv[f] = kc_zalloc(sizeof(void *) * (size_t)(fn->nparam + 2));
+                cs->argv[f] = kc_zalloc(sizeof(void *) * (size_t)(fn->nparam + 3));
                 for (int j = 0; j < fn->nparam; j++)
                     cs->argv[f][j] = &cs->ptr[fn->param[j]];
                 if (fn->rand)
                     cs->argv[f][fn->nparam] = &c->rs;
+                if (fn->part)
+                    cs->argv[f][fn->nparam + (fn->rand ? 1 : 0)] = &c->part;
             }
         } else if (st->kind == CG_STEP_GEMM) {
             const CgGemm *m = &st->gemm;

@@ -49,6 +49,7 @@ struct BackendCtx {
     CgCudaProgram *q;
     EmuModule *m;
     unsigned char *arena, *rs; /* rs: {seed, step} */
+    unsigned char *part;       /* the partials scratch (CgCudaProgram.part_bytes) */
     size_t arena_bytes;
     EStep *st;
     bool bf16;
@@ -74,6 +75,7 @@ static void emu_destroy(BackendCtx *c)
     if (c->q)
         cg_cuda_program_free(c->q);
     free(c->arena);
+    free(c->part);
     free(c->src);
     free(c);
 }
@@ -126,6 +128,14 @@ static BackendCtx *emu_create(const CgPlan *p, const ExecOpts *o, Diag *d)
     }
     memset(c->arena, 0, c->arena_bytes + 16);
     c->rs = c->arena + c->arena_bytes;
+    /* the partials scratch: filled with NaN (0xff bytes), so a stage that
+     * reads partials nothing wrote gives NaN instead of a plausible sum */
+    c->part = malloc((size_t)c->q->part_bytes + 16);
+    if (!c->part) {
+        snprintf(d->msg, sizeof d->msg, "emu: cannot allocate the partials scratch");
+        goto fail;
+    }
+    memset(c->part, 0xff, (size_t)c->q->part_bytes + 16);
     c->src = cfg.edit ? cfg.edit(c->q->source, cfg.edit_ctx) : xstrdup(c->q->source);
     if (!c->src) {
         snprintf(d->msg, sizeof d->msg, "emu: the source edit did not apply");
@@ -159,11 +169,12 @@ static BackendCtx *emu_create(const CgPlan *p, const ExecOpts *o, Diag *d)
             for (int f = 0; f < c->q->step_nfn[s]; f++) {
                 const CgCudaFn *fn = &c->q->fn.v[c->q->step_fn[s] + f];
                 int np = emu_kernel_nparams(c->m, fn->name);
-                if (np != fn->nparam + (fn->rand ? 1 : 0)) {
+                if (np != fn->nparam + (fn->rand ? 1 : 0) + (fn->part ? 1 : 0)) {
                     snprintf(d->msg, sizeof d->msg,
                              "emu: step %d: function %s takes %d parameters (the program says "
-                             "%d buffers%s)",
-                             s, fn->name, np, fn->nparam, fn->rand ? " and {seed, step}" : "");
+                             "%d buffers%s%s)",
+                             s, fn->name, np, fn->nparam, fn->rand ? " and {seed, step}" : "",
+                             fn->part ? " and the partials scratch" : "");
                     goto fail;
                 }
             }
@@ -376,11 +387,13 @@ static bool emu_run_step(BackendCtx *c, int s, uint64_t seed, int64_t step, Diag
         bool ok = true;
         for (int f = 0; f < c->q->step_nfn[s] && ok; f++) {
             const CgCudaFn *fn = &c->q->fn.v[c->q->step_fn[s] + f];
-            void **argv = xcalloc((size_t)fn->nparam + 2, sizeof(void *));
+            void **argv = xcalloc((size_t)fn->nparam + 3, sizeof(void *));
             for (int j = 0; j < fn->nparam; j++)
                 argv[j] = &c->st[s].ptr[fn->param[j]];
             if (fn->rand)
                 argv[fn->nparam] = &c->rs;
+            if (fn->part)
+                argv[fn->nparam + (fn->rand ? 1 : 0)] = &c->part;
             if (poison) {
                 __asan_poison_memory_region(c->arena, c->arena_bytes + 16);
                 for (int j = 0; j < fn->nparam; j++)

@@ -8,6 +8,7 @@
  * shuffle over wrong lanes, an index shifted) must fail, and a loop bound
  * off by one must end in a sanitizer report. */
 #include "emu_backend.h"
+#include "cg_cuda.h"
 #include "testutil.h"
 
 #include <dirent.h>
@@ -737,6 +738,75 @@ static void test_negative_controls(void **state)
     free_case(&c);
 }
 
+/* ---- split loops (issue 16) ------------------------------------------------ */
+
+/* The functions of g's CUDA program that split a loop over many blocks:
+ * rows mode, cols mode, and stages that combine partials. */
+static void split_counts(const Graph *g, bool bf16, int *rows, int *cols, int *combine)
+{
+    Diag d = {{0}};
+    CgPlan *p = cg_plan(g, &d);
+    if (!p)
+        fail_msg("plan: %s", d.msg);
+    CgCudaProgram *q = cg_cuda_program(p, bf16);
+    *rows = *cols = *combine = 0;
+    for (int i = 0; i < q->fn.n; i++) {
+        const CgCudaFn *f = &q->fn.v[i];
+        *rows += f->rows && f->split > 1;
+        *cols += f->cols && f->split > 1;
+        *combine += f->part && strstr(f->name, "_s") && strstr(f->name, "_s0") == NULL;
+    }
+    cg_cuda_program_free(q);
+    cg_plan_free(p);
+}
+
+/* The combine of the first split row loop skips chunk 0's partial. */
+static char *skip_partial(const char *src, void *ctx)
+{
+    (void)ctx;
+    return replace_first(src, NULL, "for (int64_t q = threadIdx.x;",
+                         "for (int64_t q = threadIdx.x + 1;");
+}
+
+/* The combine of the first split column loop skips row block 0's partial. */
+static char *skip_col_partial(const char *src, void *ctx)
+{
+    (void)ctx;
+    return replace_first(src, NULL, "for (int64_t q = (threadIdx.x >> 5);",
+                         "for (int64_t q = (threadIdx.x >> 5) + 1;");
+}
+
+/* Row loops with few rows over long ones (LayerNorm, softmax, full
+ * reductions) and column reductions over many rows run split over blocks
+ * in stages (codegen/cuda_print.c): on the emulated device against the CPU
+ * backend, f32 and bf16, at sizes that are not multiples of the chunks and
+ * at the smallest sizes that split (tests/emu/split_reduce.lua); the
+ * program must contain such functions, and a combine that drops one
+ * partial must be caught. */
+static void test_split_loops(void **state)
+{
+    (void)state;
+    const char *path = "tests/emu/split_reduce.lua";
+    const char *tiny[] = {"rows=1", "dim=1024", "n=128", "cols=1"};
+    for (int t = 0; t < 2; t++) {
+        Case c = load_case(path, t ? tiny : NULL, t ? 4 : 0);
+        for (int bf = 0; bf < 2; bf++) {
+            int rows, cols, combine;
+            split_counts(c.m->g, bf, &rows, &cols, &combine);
+            print_message("%s%s %s: %d split row functions, %d split column functions, %d "
+                          "combining stages\n",
+                          path, t ? " (tiny)" : "", bf ? "bf16" : "f32", rows, cols, combine);
+            assert_true(rows > 0 && cols > 0 && combine > 0);
+        }
+        if (!t) {
+            expect_caught(&c, skip_partial, "a split row combine skips a partial");
+            expect_caught(&c, skip_col_partial, "a split column combine skips a partial");
+        }
+        free_case(&c);
+        check_model(path, t ? tiny : NULL, t ? 4 : 0);
+    }
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -752,6 +822,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_one_token),
         cmocka_unit_test(test_gather_out_of_range),
         cmocka_unit_test(test_bias_epilogue),
+        cmocka_unit_test(test_split_loops),
         cmocka_unit_test(test_concat_many),
         cmocka_unit_test(test_gpt_epilogues),
         cmocka_unit_test(test_epilogue_negative_controls),

@@ -1,5 +1,6 @@
 /* test_cuda_compile.c - the CUDA backend without a GPU: every kernel of
- * every model in models/ (their own configs, gpt at size=124M and at T=1), for the
+ * every model in models/ (their own configs, gpt at size=124M and at T=1;
+ * tests/emu/split_reduce.lua's split loops), for the
  * training step and the evaluation graph, printed by the CUDA printer in f32
  * and in bf16 mixed precision, compiled through the CUDA module's own NVRTC
  * path for sm_90 and sm_80. Fails on any compile error, on any warning in
@@ -128,11 +129,20 @@ static void check_geometry(const char *what, const CgPlan *pl, const CgCudaProgr
             assert_int_equal(q->step_fn[s], -1);
             continue;
         }
-        if (q->step_nfn[s] != pl->kernels.v[st->kernel]->loops.n)
-            fail_msg("%s: step %d has %d functions for %d loops", what, s, q->step_nfn[s],
-                     pl->kernels.v[st->kernel]->loops.n);
+        /* every loop in order, one function each or (a split loop) several */
+        int nl = pl->kernels.v[st->kernel]->loops.n, next = 0;
         for (int f = 0; f < q->step_nfn[s]; f++) {
             const CgCudaFn *fn = &q->fn.v[q->step_fn[s] + f];
+            if (fn->loop == next)
+                next++;
+            else if (fn->loop != next - 1)
+                fail_msg("%s: step %d: function %s computes loop %d after loop %d", what, s,
+                         fn->name, fn->loop, next - 1);
+            if (fn->split < 1 || (fn->split > 1 && !fn->rows && !fn->cols) ||
+                (fn->part && q->part_bytes < fn->part_bytes))
+                fail_msg("%s: %s: bad split (%lld blocks per outer index, %lld scratch bytes of "
+                         "%lld)", what, fn->name, (long long)fn->split,
+                         (long long)fn->part_bytes, (long long)q->part_bytes);
             if (fn->kernel != st->kernel || fn->threads % 32 || fn->threads < 32 ||
                 fn->threads > 1024 || fn->blocks < 1 || (fn->cols && fn->threads != 256) ||
                 (fn->rows && fn->cols))
@@ -141,6 +151,8 @@ static void check_geometry(const char *what, const CgPlan *pl, const CgCudaProgr
                          what, fn->name, fn->kernel, fn->threads, (long long)fn->blocks, fn->rows,
                          fn->cols);
         }
+        if (next != nl)
+            fail_msg("%s: step %d has functions for %d of %d loops", what, s, next, nl);
     }
 }
 
@@ -326,7 +338,11 @@ static void test_every_model(void **state)
     const char *big[] = {"size=124M"}, *one[] = {"T=1"};
     compile_model("models/gpt.lua", big, 1);
     compile_model("models/gpt.lua", one, 1); /* row kernels with reduced extents of 1 */
-    fprintf(stderr, "%d models (+ gpt 124M, gpt T=1): %d f32 functions, %d NVRTC compiles\n",
+    /* split loops in stages (LayerNorm, softmax, full and column reductions;
+     * the tiny sizes run in test_emu_plan: their bf16 arena is no smaller) */
+    compile_model("tests/emu/split_reduce.lua", NULL, 0);
+    fprintf(stderr, "%d models (+ gpt 124M, gpt T=1, split_reduce): %d f32 functions, %d NVRTC "
+                    "compiles\n",
             nmodels, nkernels, ncompiles);
 }
 
