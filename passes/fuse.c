@@ -99,12 +99,258 @@ void pass_fuse_sort_members(Fuser *f, int G)
     pass_fuse_sort_ints(gr->ops.v, gr->ops.n);
 }
 
+/* ---- the topological order of the contracted graph ----
+ * Node ids: an ungrouped op is node op, group G is node nops + G. */
+static int node_of(const Fuser *f, int q)
+{
+    return f->gof[q] >= 0 ? f->g->ops.n + f->gof[q] : q;
+}
+
+static int *ord_at(Fuser *f, int v)
+{
+    int n = f->g->ops.n;
+    return v >= n ? &f->ord_gr[v - n] : &f->ord_op[v];
+}
+
+static int *vis_at(Fuser *f, int v)
+{
+    int n = f->g->ops.n;
+    return v >= n ? &f->vis_gr[v - n] : &f->vis_op[v];
+}
+
+/* The ops of node v: *n of them from the returned array. */
+static const int *node_ops(const Fuser *f, const int *v, int *n)
+{
+    int nops = f->g->ops.n;
+    if (*v >= nops) {
+        *n = f->gr.v[*v - nops].ops.n;
+        return f->gr.v[*v - nops].ops.v;
+    }
+    *n = 1;
+    return v;
+}
+
+void pass_fuse_order_free(Fuser *f)
+{
+    free(f->ord_gr);
+    free(f->ord_op);
+    f->ord_gr = f->ord_op = NULL;
+    vec_free(&f->fwd);
+    vec_free(&f->bwd);
+}
+
+void pass_fuse_order_build(Fuser *f)
+{
+    const Graph *g = f->g;
+    int n = g->ops.n, nn = n + f->gr.n;
+    f->ord_op = xcalloc((size_t)n + 1, sizeof(int));
+    f->ord_gr = xcalloc((size_t)f->gr.n + 1, sizeof(int));
+    int *indeg = xcalloc((size_t)nn + 1, sizeof(int));
+    for (int q = 0; q < n; q++) {
+        int t = g->ops.v[q].out, u = node_of(f, q);
+        for (int k = f->uoff[t]; k < f->uoff[t + 1]; k++)
+            if (f->ucons[k] >= 0 && node_of(f, f->ucons[k]) != u)
+                indeg[node_of(f, f->ucons[k])]++;
+    }
+    /* Kahn's algorithm over the live nodes */
+    VEC(int) ready = {0};
+    int live = 0, next = 0;
+    for (int v = 0; v < nn; v++) {
+        bool ok = v < n ? f->gof[v] < 0 : !f->gr.v[v - n].dead && f->gr.v[v - n].ops.n > 0;
+        if (!ok)
+            continue;
+        live++;
+        if (!indeg[v])
+            vec_push(&ready, v);
+    }
+    while (ready.n) {
+        int u = ready.v[--ready.n], m;
+        *ord_at(f, u) = next++;
+        const int *ops = node_ops(f, &u, &m);
+        for (int i = 0; i < m; i++) {
+            int t = g->ops.v[ops[i]].out;
+            for (int k = f->uoff[t]; k < f->uoff[t + 1]; k++) {
+                int c = f->ucons[k];
+                if (c < 0 || node_of(f, c) == u)
+                    continue;
+                if (--indeg[node_of(f, c)] == 0)
+                    vec_push(&ready, node_of(f, c));
+            }
+        }
+    }
+    vec_free(&ready);
+    free(indeg);
+    if (next != live) /* a cycle: no order, no pruning */
+        pass_fuse_order_free(f);
+}
+
+typedef struct {
+    int ord, node;
+} OrdNode;
+
+static int cmp_ordnode(const void *a, const void *b)
+{
+    int x = ((const OrdNode *)a)->ord, y = ((const OrdNode *)b)->ord;
+    return x < y ? -1 : x > y;
+}
+
+/* Pearce-Kelly: A and B become one node. With lo ordered before hi, the
+ * nodes after lo that lo reaches (fwd, bounded by hi's position) and the
+ * nodes before hi that reach hi (bwd, bounded by lo's position) are
+ * disjoint (the union is convex); their positions are reassigned bwd
+ * first, then fwd, and the merged node takes hi's new position: all its
+ * predecessors come before it, all its successors after it. */
+void pass_fuse_order_merge(Fuser *f, int A, int B)
+{
+    const Graph *g = f->g;
+    int n = g->ops.n;
+    int lo = n + A, hi = n + B;
+    if (f->ord_gr[A] > f->ord_gr[B])
+        lo = n + B, hi = n + A;
+    int lb = *ord_at(f, lo), ub = *ord_at(f, hi);
+    int sf = ++f->stamp, sb = ++f->stamp;
+    f->fwd.n = f->bwd.n = 0;
+    f->stack.n = 0;
+    vec_push(&f->stack, lo);
+    *vis_at(f, lo) = sf;
+    while (f->stack.n) {
+        int u = f->stack.v[--f->stack.n], m;
+        vec_push(&f->fwd, u);
+        const int *ops = node_ops(f, &u, &m);
+        for (int i = 0; i < m; i++) {
+            int t = g->ops.v[ops[i]].out;
+            for (int k = f->uoff[t]; k < f->uoff[t + 1]; k++) {
+                int c = f->ucons[k];
+                if (c < 0)
+                    continue;
+                int v = node_of(f, c);
+                if (v == u || v == hi || *vis_at(f, v) == sf || *ord_at(f, v) > ub)
+                    continue;
+                *vis_at(f, v) = sf;
+                vec_push(&f->stack, v);
+            }
+        }
+    }
+    vec_push(&f->stack, hi);
+    *vis_at(f, hi) = sb;
+    while (f->stack.n) {
+        int u = f->stack.v[--f->stack.n], m;
+        vec_push(&f->bwd, u);
+        const int *ops = node_ops(f, &u, &m);
+        for (int i = 0; i < m; i++) {
+            const Op *op = &g->ops.v[ops[i]];
+            for (int j = 0; j < op->nin; j++) {
+                int p = g->t.v[op->in[j]].op;
+                if (p < 0)
+                    continue;
+                int v = node_of(f, p);
+                if (v == u || v == lo || *vis_at(f, v) == sb || *ord_at(f, v) < lb)
+                    continue;
+                if (*vis_at(f, v) == sf) /* a path lo -> v -> hi: not convex */
+                    die("fuse: merging groups %d and %d that are not convex", A, B);
+                *vis_at(f, v) = sb;
+                vec_push(&f->stack, v);
+            }
+        }
+    }
+    int nf = f->fwd.n, nb = f->bwd.n;
+    OrdNode *w = xmalloc(sizeof(OrdNode) * (size_t)(nf + nb));
+    int *pos = xmalloc(sizeof(int) * (size_t)(nf + nb));
+    for (int i = 0; i < nb; i++)
+        w[i] = (OrdNode){*ord_at(f, f->bwd.v[i]), f->bwd.v[i]};
+    for (int i = 0; i < nf; i++)
+        w[nb + i] = (OrdNode){*ord_at(f, f->fwd.v[i]), f->fwd.v[i]};
+    qsort(w, (size_t)nb, sizeof(OrdNode), cmp_ordnode);
+    qsort(w + nb, (size_t)nf, sizeof(OrdNode), cmp_ordnode);
+    for (int i = 0; i < nf + nb; i++)
+        pos[i] = w[i].ord;
+    pass_fuse_sort_ints(pos, nf + nb);
+    for (int i = 0; i < nf + nb; i++)
+        *ord_at(f, w[i].node) = pos[i];
+    /* hi is the last of bwd (the largest position there) */
+    int merged = *ord_at(f, hi);
+    f->ord_gr[A] = f->ord_gr[B] = merged;
+    free(w);
+    free(pos);
+}
+
+/* Min-heap of nodes by position, in f->stack. */
+static void heap_push(Fuser *f, int v)
+{
+    vec_push(&f->stack, v);
+    int *h = f->stack.v, i = f->stack.n - 1, key = *ord_at(f, v);
+    while (i > 0 && *ord_at(f, h[(i - 1) / 2]) > key) {
+        h[i] = h[(i - 1) / 2];
+        i = (i - 1) / 2;
+    }
+    h[i] = v;
+}
+
+static int heap_pop(Fuser *f)
+{
+    int *h = f->stack.v, top = h[0], v = h[--f->stack.n], n = f->stack.n, i = 0;
+    int key = *ord_at(f, v);
+    for (;;) {
+        int c = 2 * i + 1;
+        if (c >= n)
+            break;
+        if (c + 1 < n && *ord_at(f, h[c + 1]) < *ord_at(f, h[c]))
+            c++;
+        if (*ord_at(f, h[c]) >= key)
+            break;
+        h[i] = h[c];
+        i = c;
+    }
+    if (n)
+        h[i] = v;
+    return top;
+}
+
+/* reaches() with the order of the contracted graph: only nodes ordered
+ * after T can depend on it, and the search takes the node ordered first
+ * next, so that it walks straight down towards T. */
+static bool reaches_ordered(Fuser *f, int p, int T)
+{
+    const Graph *g = f->g;
+    int target = g->ops.n + T, lo = f->ord_gr[T];
+    f->stack.n = 0;
+    int v0 = node_of(f, p);
+    if (v0 == target)
+        return true;
+    if (*ord_at(f, v0) < lo || *vis_at(f, v0) == f->stamp)
+        return false;
+    *vis_at(f, v0) = f->stamp;
+    heap_push(f, v0);
+    while (f->stack.n) {
+        int u = heap_pop(f), m;
+        const int *ops = node_ops(f, &u, &m);
+        for (int i = 0; i < m; i++) {
+            const Op *op = &g->ops.v[ops[i]];
+            for (int j = 0; j < op->nin; j++) {
+                int pp = g->t.v[op->in[j]].op;
+                if (pp < 0)
+                    continue;
+                int v = node_of(f, pp);
+                if (v == target)
+                    return true;
+                if (*ord_at(f, v) < lo || *vis_at(f, v) == f->stamp)
+                    continue;
+                *vis_at(f, v) = f->stamp;
+                heap_push(f, v);
+            }
+        }
+    }
+    return false;
+}
+
 /* True when op p depends on group T (through any path, where a path may
  * enter a group at one member and leave it from another: groups run as one
  * kernel). Visited marks persist within one stamp. */
 static bool reaches(Fuser *f, int p, int T)
 {
     Graph *g = f->g;
+    if (f->ord_gr)
+        return reaches_ordered(f, p, T);
     f->stack.n = 0;
     vec_push(&f->stack, p);
     while (f->stack.n) {
@@ -263,6 +509,8 @@ bool pass_fuse_try_merge(Fuser *f, int A, int B)
         return false;
     if (!union_ok(f, A, B) || !pass_fuse_convex_union(f, A, B))
         return false;
+    if (f->ord_gr)
+        pass_fuse_order_merge(f, A, B);
     pass_fuse_do_union(f, A, B);
     return true;
 }
@@ -388,8 +636,12 @@ bool pass_fuse(Graph *g, const PassOpts *o, Diag *d)
     f.upto = n;
     pass_fuse_split_col(&f);
     pass_fuse_pull_col(&f);
+    if (g->ops.n != n)
+        die("fuse: the op count changed during grouping");
+    pass_fuse_order_build(&f);
     merge_siblings(&f);
     pass_fuse_merge_multi(&f);
+    pass_fuse_order_free(&f);
     pass_fuse_drop_unlowerable(&f);
 
     /* dense ids in order of first member; a lone matmul is a plain GEMM */
