@@ -542,17 +542,156 @@ bool *pass_fuse_cur_materialised(Fuser *f)
     return pass_fuse_materialised(g);
 }
 
+/* The reader groups of one tensor in topological order, H[0..m), with
+ * which of them each depends on: anc[i] has bit j when H[i] depends on
+ * H[j] (a path H[j] -> H[i], direct or not), desc[j] has bit i then. When
+ * some H[z] lies on a path H[x] -> H[z] -> H[y], that path runs through a
+ * group other than H[x] and H[y], so their union is not convex
+ * (pass_fuse_convex_union would say no). pos[G]: G's index in H, -1 for
+ * other groups (reset by chain_clear). Built by one pass over the nodes
+ * ordered between H[0] and H[m-1], with bit sets of m bits per node. */
+typedef struct {
+    VEC(int) H;
+    int *pos, *inv;         /* inv[position] = node, -1 */
+    int ninv, W;            /* W: 64-bit words per set */
+    uint64_t *nanc, *anc, *desc; /* per node; per reader (m x W each) */
+    size_t cap_nanc, cap_hd;
+    bool valid;
+} Chain;
+
+static int cmp_ord(const void *a, const void *b, void *ctx)
+{
+    const int *ord = ctx;
+    int x = ord[*(const int *)a], y = ord[*(const int *)b];
+    return x < y ? -1 : x > y;
+}
+
+static void chain_clear(Chain *c)
+{
+    for (int i = 0; i < c->H.n; i++)
+        c->pos[c->H.v[i]] = -1;
+    c->H.n = 0;
+    c->valid = false;
+}
+
+static void *grow(void *p, size_t *cap, size_t need)
+{
+    if (need <= *cap)
+        return p;
+    free(p);
+    *cap = need;
+    return xmalloc(need);
+}
+
+static void chain_build(Fuser *f, Chain *c, const Uses *u, int t)
+{
+    const Graph *g = f->g;
+    int n = g->ops.n, nn = n + f->gr.n;
+    chain_clear(c);
+    for (int a = u->off[t]; a < u->off[t + 1]; a++) {
+        int ca = u->cons[a];
+        if (ca < 0 || f->gof[ca] < 0 || c->pos[f->gof[ca]] >= 0)
+            continue;
+        c->pos[f->gof[ca]] = 0;
+        vec_push(&c->H, f->gof[ca]);
+    }
+    int m = c->H.n, W = (m + 63) / 64;
+    c->W = W;
+    c->valid = true;
+    if (m == 0)
+        return;
+    qsort_r(c->H.v, (size_t)m, sizeof(int), cmp_ord, f->ord_gr);
+    for (int i = 0; i < m; i++)
+        c->pos[c->H.v[i]] = i;
+    /* nodes by position */
+    if (c->ninv < nn) {
+        free(c->inv);
+        c->inv = xmalloc(sizeof(int) * (size_t)nn);
+        c->ninv = nn;
+    }
+    for (int v = 0; v < nn; v++)
+        c->inv[v] = -1;
+    for (int v = 0; v < nn; v++) {
+        bool live = v < n ? f->gof[v] < 0 : !f->gr.v[v - n].dead && f->gr.v[v - n].ops.n > 0;
+        if (live)
+            c->inv[*ord_at(f, v)] = v;
+    }
+    c->nanc = grow(c->nanc, &c->cap_nanc, sizeof(uint64_t) * (size_t)nn * (size_t)W);
+    c->anc = grow(c->anc, &c->cap_hd, sizeof(uint64_t) * (size_t)m * (size_t)W * 2);
+    c->desc = c->anc + (size_t)m * (size_t)W;
+    int lo = f->ord_gr[c->H.v[0]], hi = f->ord_gr[c->H.v[m - 1]];
+    for (int o = lo; o <= hi; o++) {
+        int v = c->inv[o], k;
+        if (v < 0)
+            continue;
+        uint64_t *av = c->nanc + (size_t)v * (size_t)W;
+        memset(av, 0, sizeof(uint64_t) * (size_t)W);
+        const int *ops = node_ops(f, &v, &k);
+        for (int i = 0; i < k; i++) {
+            const Op *op = &g->ops.v[ops[i]];
+            for (int j = 0; j < op->nin; j++) {
+                int p = g->t.v[op->in[j]].op;
+                if (p < 0)
+                    continue;
+                int w = node_of(f, p);
+                if (w == v || *ord_at(f, w) < lo)
+                    continue;
+                const uint64_t *aw = c->nanc + (size_t)w * (size_t)W;
+                for (int q = 0; q < W; q++)
+                    av[q] |= aw[q];
+                if (w >= n && c->pos[w - n] >= 0)
+                    av[c->pos[w - n] / 64] |= 1ull << (c->pos[w - n] % 64);
+            }
+        }
+    }
+    memset(c->anc, 0, sizeof(uint64_t) * (size_t)m * (size_t)W * 2);
+    for (int i = 0; i < m; i++) {
+        const uint64_t *av = c->nanc + (size_t)(n + c->H.v[i]) * (size_t)W;
+        memcpy(c->anc + (size_t)i * (size_t)W, av, sizeof(uint64_t) * (size_t)W);
+        for (int j = 0; j < m; j++)
+            if (av[j / 64] >> (j % 64) & 1)
+                c->desc[(size_t)j * (size_t)W + (size_t)(i / 64)] |= 1ull << (i % 64);
+    }
+}
+
+/* True when the chain proves the union of A and B not convex: some
+ * reader lies on a path between them. */
+static bool chain_blocks(const Chain *c, int A, int B)
+{
+    int x = c->pos[A], y = c->pos[B];
+    if (x < 0 || y < 0)
+        return false;
+    if (x > y) {
+        int tmp = x;
+        x = y;
+        y = tmp;
+    }
+    const uint64_t *ay = c->anc + (size_t)y * (size_t)c->W,
+                   *dx = c->desc + (size_t)x * (size_t)c->W;
+    for (int q = 0; q < c->W; q++)
+        if (ay[q] & dx[q])
+            return true;
+    return false;
+}
+
 /* Groups that read the same tensor and share a domain: one kernel reads
- * it once (multi-output). */
+ * it once (multi-output). Every pair of readers is considered, in use
+ * order; for a tensor with many readers (the rope tables, read by every
+ * layer) the pairs that the Chain proves non-convex are skipped without a
+ * search (the answer would be no). */
 static void merge_siblings(Fuser *f)
 {
     Graph *g = f->g;
     Uses u = pass_fuse_uses_build(g);
+    Chain ch = {.pos = xmalloc(sizeof(int) * (size_t)(f->gr.n + 1))};
+    for (int G = 0; G < f->gr.n; G++)
+        ch.pos[G] = -1;
     for (int t = 0; t < g->t.n; t++) {
         int p = g->t.v[t].op;
         int pg = p >= 0 ? f->gof[p] : -1;
         if (shape_numel(&g->t.v[t].s) <= 1)
             continue; /* scalars (lr, clip scale) are read by every update */
+        bool use_chain = f->ord_gr && u.off[t + 1] - u.off[t] >= 8;
         for (int a = u.off[t]; a < u.off[t + 1]; a++) {
             int ca = u.cons[a];
             if (ca < 0 || f->gof[ca] < 0)
@@ -566,17 +705,31 @@ static void merge_siblings(Fuser *f)
                     continue;
                 if (g->ops.v[ca].code == OP_MATMUL || g->ops.v[cb].code == OP_MATMUL)
                     continue;
+                if (use_chain && f->ord_gr) {
+                    if (!ch.valid)
+                        chain_build(f, &ch, &u, t);
+                    if (chain_blocks(&ch, A, B))
+                        continue;
+                }
                 /* the same kind of group only: COL with COL, etc. */
                 FuseDomain da, db;
                 if (!pass_fuse_group_domain(f, A, &da) || !pass_fuse_group_domain(f, B, &db))
                     continue;
                 if (da.kind != db.kind || da.k != db.k || !shape_dims_eq(&da.S, &db.S))
                     continue;
-                if (pass_fuse_try_merge(f, A, B))
+                if (pass_fuse_try_merge(f, A, B)) {
                     pass_fuse_sort_members(f, A);
+                    chain_clear(&ch); /* groups changed: rebuild when needed */
+                }
             }
         }
+        chain_clear(&ch);
     }
+    vec_free(&ch.H);
+    free(ch.pos);
+    free(ch.inv);
+    free(ch.nanc);
+    free(ch.anc);
     pass_fuse_uses_free(&u);
 }
 
