@@ -88,9 +88,30 @@ static int cmp_int(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+/* Groups grow by appending another group's (sorted) members: two sorted
+ * runs are merged in O(n); anything else is sorted in full. */
 void pass_fuse_sort_ints(int *v, int n)
 {
-    qsort(v, (size_t)n, sizeof(int), cmp_int);
+    int k = 1;
+    while (k < n && v[k - 1] <= v[k])
+        k++;
+    if (k >= n)
+        return;
+    int e = k + 1;
+    while (e < n && v[e - 1] <= v[e])
+        e++;
+    if (e < n) {
+        qsort(v, (size_t)n, sizeof(int), cmp_int);
+        return;
+    }
+    int *a = xmalloc(sizeof(int) * (size_t)k);
+    memcpy(a, v, sizeof(int) * (size_t)k);
+    int i = 0, j = k, w = 0;
+    while (i < k && j < n)
+        v[w++] = a[i] <= v[j] ? a[i++] : v[j++];
+    while (i < k)
+        v[w++] = a[i++];
+    free(a);
 }
 
 void pass_fuse_sort_members(Fuser *f, int G)
@@ -554,7 +575,8 @@ typedef struct {
     VEC(int) H;
     int *pos, *inv;         /* inv[position] = node, -1 */
     int ninv, W;            /* W: 64-bit words per set */
-    uint64_t *nanc, *anc, *desc; /* per node; per reader (m x W each) */
+    uint64_t *nanc, *anc, *desc, *self; /* per node; per reader (m x W each);
+                                         * self: the readers merged into it */
     size_t cap_nanc, cap_hd;
     bool valid;
 } Chain;
@@ -617,8 +639,9 @@ static void chain_build(Fuser *f, Chain *c, const Uses *u, int t)
             c->inv[*ord_at(f, v)] = v;
     }
     c->nanc = grow(c->nanc, &c->cap_nanc, sizeof(uint64_t) * (size_t)nn * (size_t)W);
-    c->anc = grow(c->anc, &c->cap_hd, sizeof(uint64_t) * (size_t)m * (size_t)W * 2);
+    c->anc = grow(c->anc, &c->cap_hd, sizeof(uint64_t) * (size_t)m * (size_t)W * 3);
     c->desc = c->anc + (size_t)m * (size_t)W;
+    c->self = c->desc + (size_t)m * (size_t)W;
     int lo = f->ord_gr[c->H.v[0]], hi = f->ord_gr[c->H.v[m - 1]];
     for (int o = lo; o <= hi; o++) {
         int v = c->inv[o], k;
@@ -644,14 +667,25 @@ static void chain_build(Fuser *f, Chain *c, const Uses *u, int t)
             }
         }
     }
-    memset(c->anc, 0, sizeof(uint64_t) * (size_t)m * (size_t)W * 2);
+    memset(c->anc, 0, sizeof(uint64_t) * (size_t)m * (size_t)W * 3);
     for (int i = 0; i < m; i++) {
+        c->self[(size_t)i * (size_t)W + (size_t)(i / 64)] |= 1ull << (i % 64);
         const uint64_t *av = c->nanc + (size_t)(n + c->H.v[i]) * (size_t)W;
         memcpy(c->anc + (size_t)i * (size_t)W, av, sizeof(uint64_t) * (size_t)W);
         for (int j = 0; j < m; j++)
             if (av[j / 64] >> (j % 64) & 1)
                 c->desc[(size_t)j * (size_t)W + (size_t)(i / 64)] |= 1ull << (i % 64);
     }
+}
+
+static bool rows_meet(const Chain *c, int x, int y)
+{
+    const uint64_t *ay = c->anc + (size_t)y * (size_t)c->W,
+                   *dx = c->desc + (size_t)x * (size_t)c->W;
+    for (int q = 0; q < c->W; q++)
+        if (ay[q] & dx[q])
+            return true;
+    return false;
 }
 
 /* True when the chain proves the union of A and B not convex: some
@@ -661,17 +695,31 @@ static bool chain_blocks(const Chain *c, int A, int B)
     int x = c->pos[A], y = c->pos[B];
     if (x < 0 || y < 0)
         return false;
-    if (x > y) {
-        int tmp = x;
-        x = y;
-        y = tmp;
+    return rows_meet(c, x, y) || rows_meet(c, y, x);
+}
+
+/* After B merged into A: A's sets become the union of both without the
+ * readers now inside A; everything else stays true (paths survive merges,
+ * and a path through A or B now runs through the merged group, outside
+ * any other pair). B leaves the chain. */
+static void chain_merged(Chain *c, int A, int B)
+{
+    int a = c->pos[A], b = c->pos[B];
+    if (a < 0 || b < 0) {
+        if (a >= 0)
+            c->pos[A] = -1; /* no sets for the union: checked in full */
+        return;
     }
-    const uint64_t *ay = c->anc + (size_t)y * (size_t)c->W,
-                   *dx = c->desc + (size_t)x * (size_t)c->W;
+    uint64_t *sa = c->self + (size_t)a * (size_t)c->W, *sb = c->self + (size_t)b * (size_t)c->W;
     for (int q = 0; q < c->W; q++)
-        if (ay[q] & dx[q])
-            return true;
-    return false;
+        sa[q] |= sb[q];
+    uint64_t *r[2] = {c->anc, c->desc};
+    for (int s = 0; s < 2; s++) {
+        uint64_t *ra = r[s] + (size_t)a * (size_t)c->W, *rb = r[s] + (size_t)b * (size_t)c->W;
+        for (int q = 0; q < c->W; q++)
+            ra[q] = (ra[q] | rb[q]) & ~sa[q];
+    }
+    c->pos[B] = -1;
 }
 
 /* Groups that read the same tensor and share a domain: one kernel reads
@@ -719,7 +767,8 @@ static void merge_siblings(Fuser *f)
                     continue;
                 if (pass_fuse_try_merge(f, A, B)) {
                     pass_fuse_sort_members(f, A);
-                    chain_clear(&ch); /* groups changed: rebuild when needed */
+                    if (ch.valid)
+                        chain_merged(&ch, A, B);
                 }
             }
         }
