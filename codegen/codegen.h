@@ -237,6 +237,13 @@ bool cg_lower_op(const Graph *g, int i, CgKernel *k, Diag *d);
  * (pass_fuse_lowers: the check the fuse pass applies). */
 bool cg_lower_group(const Graph *g, const int *ops, int n, const bool *mat, CgKernel *k,
                     Diag *d);
+/* Scratch for lowering many groups of one graph: cg_lower_group_ws costs
+ * O(group) instead of O(ops + tensors) per call. */
+typedef struct CgLowerWs CgLowerWs;
+CgLowerWs *cg_lower_ws_new(const Graph *g);
+void cg_lower_ws_free(CgLowerWs *w);
+bool cg_lower_group_ws(CgLowerWs *w, const Graph *g, const int *ops, int n, const bool *mat,
+                       CgKernel *k, Diag *d);
 
 /* ---- cprint.c: the C printer -------------------------------------------- */
 

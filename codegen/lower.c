@@ -380,6 +380,7 @@ typedef struct {
     int loop;           /* index in k->loops */
     int fph, rph;       /* current full / row phase indices (-1 none) */
     bool row_in_full;   /* COL before its folds: row values live in the fold */
+    VEC(int) rset;      /* tensors whose rcache is set */
 } Lg;
 
 static bool lg_member(const Lg *L, int t)
@@ -534,6 +535,8 @@ static int lg_gen(Lg *L, int t, int lv)
     }
     e = lg_bind(L, e, phase);
     if (rowc) {
+        if (L->rcache[t] < 0)
+            vec_push(&L->rset, t);
         L->rcache[t] = e;
     } else {
         L->fcache[t] = e;
@@ -679,10 +682,65 @@ static bool lower_loop(const Graph *g, const int *ops, int n, const FuseDomain *
     return !L->fail;
 }
 
+/* Per-graph scratch, left clean after every call: pos[] and readby[] back
+ * at their idle values, rcache[]/accx[] at -1 (the touched tensors are
+ * listed), mark[]/fstamp[] compared against stamps that only grow. */
+struct CgLowerWs {
+    int nops, nt;
+    int *pos, *mark, *lvl, *fcache, *fstamp, *rcache, *accx, *readby;
+    int stamp, phase_id;
+};
+
+CgLowerWs *cg_lower_ws_new(const Graph *g)
+{
+    CgLowerWs *w = xcalloc(1, sizeof *w);
+    int nt = g->t.n, nops = g->ops.n;
+    w->nops = nops;
+    w->nt = nt;
+    w->pos = xmalloc(sizeof(int) * (size_t)(nops + 1));
+    for (int i = 0; i < nops; i++)
+        w->pos[i] = -1;
+    w->mark = xcalloc((size_t)nops + 1, sizeof(int));
+    w->lvl = xcalloc((size_t)nops + 1, sizeof(int));
+    w->fcache = xmalloc(sizeof(int) * (size_t)(nt + 1));
+    w->fstamp = xcalloc((size_t)nt + 1, sizeof(int));
+    w->rcache = xmalloc(sizeof(int) * (size_t)(nt + 1));
+    w->accx = xmalloc(sizeof(int) * (size_t)(nt + 1));
+    w->readby = xcalloc((size_t)nt + 1, sizeof(int));
+    for (int t = 0; t < nt; t++)
+        w->rcache[t] = w->accx[t] = -1;
+    return w;
+}
+
+void cg_lower_ws_free(CgLowerWs *w)
+{
+    if (!w)
+        return;
+    free(w->pos);
+    free(w->mark);
+    free(w->lvl);
+    free(w->fcache);
+    free(w->fstamp);
+    free(w->rcache);
+    free(w->accx);
+    free(w->readby);
+    free(w);
+}
+
 bool cg_lower_group(const Graph *g, const int *ops, int n, const bool *mat, CgKernel *k,
                     Diag *d)
 {
-    int nt = g->t.n, nops = g->ops.n;
+    CgLowerWs *w = cg_lower_ws_new(g);
+    bool ok = cg_lower_group_ws(w, g, ops, n, mat, k, d);
+    cg_lower_ws_free(w);
+    return ok;
+}
+
+bool cg_lower_group_ws(CgLowerWs *w, const Graph *g, const int *ops, int n, const bool *mat,
+                       CgKernel *k, Diag *d)
+{
+    if (w->nops != g->ops.n || w->nt != g->t.n)
+        die("codegen: lowering workspace built for another graph");
     k->op = ops[0];
     k->group = g->ops.v[ops[0]].group;
     k->noalias = true;
@@ -703,23 +761,33 @@ bool cg_lower_group(const Graph *g, const int *ops, int n, const bool *mat, CgKe
         snprintf(d->msg, sizeof d->msg, "%s:%d: group %d cannot be one kernel: %s",
                  op->loc.file ? op->loc.file : "?", op->loc.line, op->group, err);
     }
-    int *pos = xmalloc(sizeof(int) * (size_t)(nops + 1));
-    for (int i = 0; i < nops; i++)
-        pos[i] = -1;
+    int *pos = w->pos;
     for (int i = 0; i < n; i++)
         pos[ops[i]] = i;
     int *part = xmalloc(sizeof(int) * (size_t)(n + 1));
     Lg L = {.g = g, .k = k, .mat = mat, .d = d};
-    L.mark = xcalloc((size_t)nops + 1, sizeof(int));
-    L.lvl = xcalloc((size_t)nops + 1, sizeof(int));
-    L.fcache = xmalloc(sizeof(int) * (size_t)(nt + 1));
-    L.fstamp = xcalloc((size_t)nt + 1, sizeof(int));
-    L.rcache = xmalloc(sizeof(int) * (size_t)(nt + 1));
-    L.accx = xmalloc(sizeof(int) * (size_t)(nt + 1));
-    for (int t = 0; t < nt; t++)
-        L.rcache[t] = L.accx[t] = -1;
+    L.mark = w->mark;
+    L.stamp = w->stamp;
+    L.lvl = w->lvl;
+    L.fcache = w->fcache;
+    L.fstamp = w->fstamp;
+    L.phase_id = w->phase_id;
+    L.rcache = w->rcache;
+    L.accx = w->accx;
     bool *done = xcalloc((size_t)n + 1, sizeof(bool));
-    int *readby = xcalloc((size_t)nt + 1, sizeof(int)); /* tensor -> loop (i + 1) reading it */
+    int *readby = w->readby; /* tensor -> loop (i + 1) reading it */
+    VEC(int) rd = {0};       /* tensors readby marks */
+    /* the members of each part root, in member order: mem[moff[r] ..) */
+    int *moff = xcalloc((size_t)n + 2, sizeof(int));
+    int *mem = xmalloc(sizeof(int) * (size_t)(n + 1));
+    for (int j = 0; j < n; j++)
+        moff[uf[j] + 1]++;
+    for (int r = 0; r < n; r++)
+        moff[r + 1] += moff[r];
+    for (int j = 0, *fill = part; j < n; j++) /* part: fill counts for now */
+        fill[j] = 0;
+    for (int j = 0; j < n; j++)
+        mem[moff[uf[j]] + part[uf[j]]++] = j;
     for (int i = 0; i < n && ok; i++) {
         if (uf[i] != i || done[i] || g->ops.v[ops[i]].code == OP_MATMUL)
             continue;
@@ -734,10 +802,8 @@ bool cg_lower_group(const Graph *g, const int *ops, int n, const bool *mat, CgKe
              * multi-output kernel reads it once); independent parts (the
              * multi-tensor update) get loops of their own */
             bool shares = r == i;
-            for (int j = 0; j < n && !shares; j++) {
-                if (uf[j] != r)
-                    continue;
-                const Op *op = &g->ops.v[ops[j]];
+            for (int q2 = moff[r]; q2 < moff[r + 1] && !shares; q2++) {
+                const Op *op = &g->ops.v[ops[mem[q2]]];
                 for (int q = 0; q < op->nin; q++)
                     if (readby[op->in[q]] == i + 1)
                         shares = true;
@@ -745,17 +811,22 @@ bool cg_lower_group(const Graph *g, const int *ops, int n, const bool *mat, CgKe
             if (!shares)
                 continue;
             done[r] = true;
-            for (int j = 0; j < n; j++)
-                if (uf[j] == r && g->ops.v[ops[j]].code != OP_MATMUL) {
-                    part[m++] = ops[j];
-                    const Op *op = &g->ops.v[ops[j]];
-                    for (int q = 0; q < op->nin; q++) {
-                        int x = op->in[q], pp = g->t.v[x].op;
-                        bool inside = pp >= 0 && pos[pp] >= 0 && g->ops.v[pp].code != OP_MATMUL;
-                        if (!inside && shape_numel(&g->t.v[x].s) > 1)
-                            readby[x] = i + 1;
+            for (int q2 = moff[r]; q2 < moff[r + 1]; q2++) {
+                int j = mem[q2];
+                if (g->ops.v[ops[j]].code == OP_MATMUL)
+                    continue;
+                part[m++] = ops[j];
+                const Op *op = &g->ops.v[ops[j]];
+                for (int q = 0; q < op->nin; q++) {
+                    int x = op->in[q], pp = g->t.v[x].op;
+                    bool inside = pp >= 0 && pos[pp] >= 0 && g->ops.v[pp].code != OP_MATMUL;
+                    if (!inside && shape_numel(&g->t.v[x].s) > 1) {
+                        if (!readby[x])
+                            vec_push(&rd, x);
+                        readby[x] = i + 1;
                     }
                 }
+            }
         }
         /* program order within the loop */
         for (int a = 1; a < m; a++)
@@ -766,17 +837,25 @@ bool cg_lower_group(const Graph *g, const int *ops, int n, const bool *mat, CgKe
             }
         ok = lower_loop(g, part, m, &dom[i], mat, k, &L);
     }
+    /* leave the workspace clean */
+    for (int i = 0; i < n; i++) {
+        pos[ops[i]] = -1;
+        int t = g->ops.v[ops[i]].out;
+        w->rcache[t] = w->accx[t] = -1;
+    }
+    for (int i = 0; i < rd.n; i++)
+        readby[rd.v[i]] = 0;
+    for (int i = 0; i < L.rset.n; i++)
+        w->rcache[L.rset.v[i]] = -1;
+    vec_free(&L.rset);
+    vec_free(&rd);
+    w->stamp = L.stamp;
+    w->phase_id = L.phase_id;
+    free(moff);
+    free(mem);
     free(done);
-    free(readby);
-    free(L.mark);
-    free(L.lvl);
-    free(L.fcache);
-    free(L.fstamp);
-    free(L.rcache);
-    free(L.accx);
     free(dom);
     free(part);
     free(uf);
-    free(pos);
     return ok;
 }

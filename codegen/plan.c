@@ -166,6 +166,7 @@ CgPlan *cg_plan(const Graph *g, Diag *d)
     cg_puts(&src, cg_c_prelude);
     BodySet seen = {0};
     bool *mat = pass_fuse_materialised(g);
+    CgLowerWs *lws = cg_lower_ws_new(g);
     int ngroups = 0;
     for (int i = 0; i < g->ops.n; i++)
         if (g->ops.v[i].group >= ngroups)
@@ -204,7 +205,7 @@ CgPlan *cg_plan(const Graph *g, Diag *d)
             if (!n)
                 continue;
             CgKernel *k = xcalloc(1, sizeof *k);
-            if (!cg_lower_group(g, members, n, mat, k, d)) {
+            if (!cg_lower_group_ws(lws, g, members, n, mat, k, d)) {
                 cg_kernel_free(k);
                 goto fail;
             }
@@ -267,7 +268,7 @@ CgPlan *cg_plan(const Graph *g, Diag *d)
             pass_fuse_op_fusable(g, op)) {
             Diag d2 = {{0}};
             int one = i;
-            lowered = cg_lower_group(g, &one, 1, mat, k, &d2);
+            lowered = cg_lower_group_ws(lws, g, &one, 1, mat, k, &d2);
             if (lowered) {
                 char nb[128];
                 snprintf(nb, sizeof nb, "k%d_%s", i, ir_opinfo[op->code].name);
@@ -326,6 +327,7 @@ CgPlan *cg_plan(const Graph *g, Diag *d)
         free(seen.v[s].body);
     vec_free(&seen);
     free(mat);
+    cg_lower_ws_free(lws);
     free(gdone);
     free(members);
     p->source = src.s ? src.s : xstrdup("");
@@ -335,6 +337,7 @@ fail:
         free(seen.v[s].body);
     vec_free(&seen);
     free(mat);
+    cg_lower_ws_free(lws);
     free(gdone);
     free(members);
     free(src.s);

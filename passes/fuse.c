@@ -88,9 +88,30 @@ static int cmp_int(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+/* Groups grow by appending another group's (sorted) members: two sorted
+ * runs are merged in O(n); anything else is sorted in full. */
 void pass_fuse_sort_ints(int *v, int n)
 {
-    qsort(v, (size_t)n, sizeof(int), cmp_int);
+    int k = 1;
+    while (k < n && v[k - 1] <= v[k])
+        k++;
+    if (k >= n)
+        return;
+    int e = k + 1;
+    while (e < n && v[e - 1] <= v[e])
+        e++;
+    if (e < n) {
+        qsort(v, (size_t)n, sizeof(int), cmp_int);
+        return;
+    }
+    int *a = xmalloc(sizeof(int) * (size_t)k);
+    memcpy(a, v, sizeof(int) * (size_t)k);
+    int i = 0, j = k, w = 0;
+    while (i < k && j < n)
+        v[w++] = a[i] <= v[j] ? a[i++] : v[j++];
+    while (i < k)
+        v[w++] = a[i++];
+    free(a);
 }
 
 void pass_fuse_sort_members(Fuser *f, int G)
@@ -99,12 +120,258 @@ void pass_fuse_sort_members(Fuser *f, int G)
     pass_fuse_sort_ints(gr->ops.v, gr->ops.n);
 }
 
+/* ---- the topological order of the contracted graph ----
+ * Node ids: an ungrouped op is node op, group G is node nops + G. */
+static int node_of(const Fuser *f, int q)
+{
+    return f->gof[q] >= 0 ? f->g->ops.n + f->gof[q] : q;
+}
+
+static int *ord_at(Fuser *f, int v)
+{
+    int n = f->g->ops.n;
+    return v >= n ? &f->ord_gr[v - n] : &f->ord_op[v];
+}
+
+static int *vis_at(Fuser *f, int v)
+{
+    int n = f->g->ops.n;
+    return v >= n ? &f->vis_gr[v - n] : &f->vis_op[v];
+}
+
+/* The ops of node v: *n of them from the returned array. */
+static const int *node_ops(const Fuser *f, const int *v, int *n)
+{
+    int nops = f->g->ops.n;
+    if (*v >= nops) {
+        *n = f->gr.v[*v - nops].ops.n;
+        return f->gr.v[*v - nops].ops.v;
+    }
+    *n = 1;
+    return v;
+}
+
+void pass_fuse_order_free(Fuser *f)
+{
+    free(f->ord_gr);
+    free(f->ord_op);
+    f->ord_gr = f->ord_op = NULL;
+    vec_free(&f->fwd);
+    vec_free(&f->bwd);
+}
+
+void pass_fuse_order_build(Fuser *f)
+{
+    const Graph *g = f->g;
+    int n = g->ops.n, nn = n + f->gr.n;
+    f->ord_op = xcalloc((size_t)n + 1, sizeof(int));
+    f->ord_gr = xcalloc((size_t)f->gr.n + 1, sizeof(int));
+    int *indeg = xcalloc((size_t)nn + 1, sizeof(int));
+    for (int q = 0; q < n; q++) {
+        int t = g->ops.v[q].out, u = node_of(f, q);
+        for (int k = f->uoff[t]; k < f->uoff[t + 1]; k++)
+            if (f->ucons[k] >= 0 && node_of(f, f->ucons[k]) != u)
+                indeg[node_of(f, f->ucons[k])]++;
+    }
+    /* Kahn's algorithm over the live nodes */
+    VEC(int) ready = {0};
+    int live = 0, next = 0;
+    for (int v = 0; v < nn; v++) {
+        bool ok = v < n ? f->gof[v] < 0 : !f->gr.v[v - n].dead && f->gr.v[v - n].ops.n > 0;
+        if (!ok)
+            continue;
+        live++;
+        if (!indeg[v])
+            vec_push(&ready, v);
+    }
+    while (ready.n) {
+        int u = ready.v[--ready.n], m;
+        *ord_at(f, u) = next++;
+        const int *ops = node_ops(f, &u, &m);
+        for (int i = 0; i < m; i++) {
+            int t = g->ops.v[ops[i]].out;
+            for (int k = f->uoff[t]; k < f->uoff[t + 1]; k++) {
+                int c = f->ucons[k];
+                if (c < 0 || node_of(f, c) == u)
+                    continue;
+                if (--indeg[node_of(f, c)] == 0)
+                    vec_push(&ready, node_of(f, c));
+            }
+        }
+    }
+    vec_free(&ready);
+    free(indeg);
+    if (next != live) /* a cycle: no order, no pruning */
+        pass_fuse_order_free(f);
+}
+
+typedef struct {
+    int ord, node;
+} OrdNode;
+
+static int cmp_ordnode(const void *a, const void *b)
+{
+    int x = ((const OrdNode *)a)->ord, y = ((const OrdNode *)b)->ord;
+    return x < y ? -1 : x > y;
+}
+
+/* Pearce-Kelly: A and B become one node. With lo ordered before hi, the
+ * nodes after lo that lo reaches (fwd, bounded by hi's position) and the
+ * nodes before hi that reach hi (bwd, bounded by lo's position) are
+ * disjoint (the union is convex); their positions are reassigned bwd
+ * first, then fwd, and the merged node takes hi's new position: all its
+ * predecessors come before it, all its successors after it. */
+void pass_fuse_order_merge(Fuser *f, int A, int B)
+{
+    const Graph *g = f->g;
+    int n = g->ops.n;
+    int lo = n + A, hi = n + B;
+    if (f->ord_gr[A] > f->ord_gr[B])
+        lo = n + B, hi = n + A;
+    int lb = *ord_at(f, lo), ub = *ord_at(f, hi);
+    int sf = ++f->stamp, sb = ++f->stamp;
+    f->fwd.n = f->bwd.n = 0;
+    f->stack.n = 0;
+    vec_push(&f->stack, lo);
+    *vis_at(f, lo) = sf;
+    while (f->stack.n) {
+        int u = f->stack.v[--f->stack.n], m;
+        vec_push(&f->fwd, u);
+        const int *ops = node_ops(f, &u, &m);
+        for (int i = 0; i < m; i++) {
+            int t = g->ops.v[ops[i]].out;
+            for (int k = f->uoff[t]; k < f->uoff[t + 1]; k++) {
+                int c = f->ucons[k];
+                if (c < 0)
+                    continue;
+                int v = node_of(f, c);
+                if (v == u || v == hi || *vis_at(f, v) == sf || *ord_at(f, v) > ub)
+                    continue;
+                *vis_at(f, v) = sf;
+                vec_push(&f->stack, v);
+            }
+        }
+    }
+    vec_push(&f->stack, hi);
+    *vis_at(f, hi) = sb;
+    while (f->stack.n) {
+        int u = f->stack.v[--f->stack.n], m;
+        vec_push(&f->bwd, u);
+        const int *ops = node_ops(f, &u, &m);
+        for (int i = 0; i < m; i++) {
+            const Op *op = &g->ops.v[ops[i]];
+            for (int j = 0; j < op->nin; j++) {
+                int p = g->t.v[op->in[j]].op;
+                if (p < 0)
+                    continue;
+                int v = node_of(f, p);
+                if (v == u || v == lo || *vis_at(f, v) == sb || *ord_at(f, v) < lb)
+                    continue;
+                if (*vis_at(f, v) == sf) /* a path lo -> v -> hi: not convex */
+                    die("fuse: merging groups %d and %d that are not convex", A, B);
+                *vis_at(f, v) = sb;
+                vec_push(&f->stack, v);
+            }
+        }
+    }
+    int nf = f->fwd.n, nb = f->bwd.n;
+    OrdNode *w = xmalloc(sizeof(OrdNode) * (size_t)(nf + nb));
+    int *pos = xmalloc(sizeof(int) * (size_t)(nf + nb));
+    for (int i = 0; i < nb; i++)
+        w[i] = (OrdNode){*ord_at(f, f->bwd.v[i]), f->bwd.v[i]};
+    for (int i = 0; i < nf; i++)
+        w[nb + i] = (OrdNode){*ord_at(f, f->fwd.v[i]), f->fwd.v[i]};
+    qsort(w, (size_t)nb, sizeof(OrdNode), cmp_ordnode);
+    qsort(w + nb, (size_t)nf, sizeof(OrdNode), cmp_ordnode);
+    for (int i = 0; i < nf + nb; i++)
+        pos[i] = w[i].ord;
+    pass_fuse_sort_ints(pos, nf + nb);
+    for (int i = 0; i < nf + nb; i++)
+        *ord_at(f, w[i].node) = pos[i];
+    /* hi is the last of bwd (the largest position there) */
+    int merged = *ord_at(f, hi);
+    f->ord_gr[A] = f->ord_gr[B] = merged;
+    free(w);
+    free(pos);
+}
+
+/* Min-heap of nodes by position, in f->stack. */
+static void heap_push(Fuser *f, int v)
+{
+    vec_push(&f->stack, v);
+    int *h = f->stack.v, i = f->stack.n - 1, key = *ord_at(f, v);
+    while (i > 0 && *ord_at(f, h[(i - 1) / 2]) > key) {
+        h[i] = h[(i - 1) / 2];
+        i = (i - 1) / 2;
+    }
+    h[i] = v;
+}
+
+static int heap_pop(Fuser *f)
+{
+    int *h = f->stack.v, top = h[0], v = h[--f->stack.n], n = f->stack.n, i = 0;
+    int key = *ord_at(f, v);
+    for (;;) {
+        int c = 2 * i + 1;
+        if (c >= n)
+            break;
+        if (c + 1 < n && *ord_at(f, h[c + 1]) < *ord_at(f, h[c]))
+            c++;
+        if (*ord_at(f, h[c]) >= key)
+            break;
+        h[i] = h[c];
+        i = c;
+    }
+    if (n)
+        h[i] = v;
+    return top;
+}
+
+/* reaches() with the order of the contracted graph: only nodes ordered
+ * after T can depend on it, and the search takes the node ordered first
+ * next, so that it walks straight down towards T. */
+static bool reaches_ordered(Fuser *f, int p, int T)
+{
+    const Graph *g = f->g;
+    int target = g->ops.n + T, lo = f->ord_gr[T];
+    f->stack.n = 0;
+    int v0 = node_of(f, p);
+    if (v0 == target)
+        return true;
+    if (*ord_at(f, v0) < lo || *vis_at(f, v0) == f->stamp)
+        return false;
+    *vis_at(f, v0) = f->stamp;
+    heap_push(f, v0);
+    while (f->stack.n) {
+        int u = heap_pop(f), m;
+        const int *ops = node_ops(f, &u, &m);
+        for (int i = 0; i < m; i++) {
+            const Op *op = &g->ops.v[ops[i]];
+            for (int j = 0; j < op->nin; j++) {
+                int pp = g->t.v[op->in[j]].op;
+                if (pp < 0)
+                    continue;
+                int v = node_of(f, pp);
+                if (v == target)
+                    return true;
+                if (*ord_at(f, v) < lo || *vis_at(f, v) == f->stamp)
+                    continue;
+                *vis_at(f, v) = f->stamp;
+                heap_push(f, v);
+            }
+        }
+    }
+    return false;
+}
+
 /* True when op p depends on group T (through any path, where a path may
  * enter a group at one member and leave it from another: groups run as one
  * kernel). Visited marks persist within one stamp. */
 static bool reaches(Fuser *f, int p, int T)
 {
     Graph *g = f->g;
+    if (f->ord_gr)
+        return reaches_ordered(f, p, T);
     f->stack.n = 0;
     vec_push(&f->stack, p);
     while (f->stack.n) {
@@ -263,6 +530,8 @@ bool pass_fuse_try_merge(Fuser *f, int A, int B)
         return false;
     if (!union_ok(f, A, B) || !pass_fuse_convex_union(f, A, B))
         return false;
+    if (f->ord_gr)
+        pass_fuse_order_merge(f, A, B);
     pass_fuse_do_union(f, A, B);
     return true;
 }
@@ -294,17 +563,183 @@ bool *pass_fuse_cur_materialised(Fuser *f)
     return pass_fuse_materialised(g);
 }
 
+/* The reader groups of one tensor in topological order, H[0..m), with
+ * which of them each depends on: anc[i] has bit j when H[i] depends on
+ * H[j] (a path H[j] -> H[i], direct or not), desc[j] has bit i then. When
+ * some H[z] lies on a path H[x] -> H[z] -> H[y], that path runs through a
+ * group other than H[x] and H[y], so their union is not convex
+ * (pass_fuse_convex_union would say no). pos[G]: G's index in H, -1 for
+ * other groups (reset by chain_clear). Built by one pass over the nodes
+ * ordered between H[0] and H[m-1], with bit sets of m bits per node. */
+typedef struct {
+    VEC(int) H;
+    int *pos, *inv;         /* inv[position] = node, -1 */
+    int ninv, W;            /* W: 64-bit words per set */
+    uint64_t *nanc, *anc, *desc, *self; /* per node; per reader (m x W each);
+                                         * self: the readers merged into it */
+    size_t cap_nanc, cap_hd;
+    bool valid;
+} Chain;
+
+static int cmp_ord(const void *a, const void *b, void *ctx)
+{
+    const int *ord = ctx;
+    int x = ord[*(const int *)a], y = ord[*(const int *)b];
+    return x < y ? -1 : x > y;
+}
+
+static void chain_clear(Chain *c)
+{
+    for (int i = 0; i < c->H.n; i++)
+        c->pos[c->H.v[i]] = -1;
+    c->H.n = 0;
+    c->valid = false;
+}
+
+static void *grow(void *p, size_t *cap, size_t need)
+{
+    if (need <= *cap)
+        return p;
+    free(p);
+    *cap = need;
+    return xmalloc(need);
+}
+
+static void chain_build(Fuser *f, Chain *c, const Uses *u, int t)
+{
+    const Graph *g = f->g;
+    int n = g->ops.n, nn = n + f->gr.n;
+    chain_clear(c);
+    for (int a = u->off[t]; a < u->off[t + 1]; a++) {
+        int ca = u->cons[a];
+        if (ca < 0 || f->gof[ca] < 0 || c->pos[f->gof[ca]] >= 0)
+            continue;
+        c->pos[f->gof[ca]] = 0;
+        vec_push(&c->H, f->gof[ca]);
+    }
+    int m = c->H.n, W = (m + 63) / 64;
+    c->W = W;
+    c->valid = true;
+    if (m == 0)
+        return;
+    qsort_r(c->H.v, (size_t)m, sizeof(int), cmp_ord, f->ord_gr);
+    for (int i = 0; i < m; i++)
+        c->pos[c->H.v[i]] = i;
+    /* nodes by position */
+    if (c->ninv < nn) {
+        free(c->inv);
+        c->inv = xmalloc(sizeof(int) * (size_t)nn);
+        c->ninv = nn;
+    }
+    for (int v = 0; v < nn; v++)
+        c->inv[v] = -1;
+    for (int v = 0; v < nn; v++) {
+        bool live = v < n ? f->gof[v] < 0 : !f->gr.v[v - n].dead && f->gr.v[v - n].ops.n > 0;
+        if (live)
+            c->inv[*ord_at(f, v)] = v;
+    }
+    c->nanc = grow(c->nanc, &c->cap_nanc, sizeof(uint64_t) * (size_t)nn * (size_t)W);
+    c->anc = grow(c->anc, &c->cap_hd, sizeof(uint64_t) * (size_t)m * (size_t)W * 3);
+    c->desc = c->anc + (size_t)m * (size_t)W;
+    c->self = c->desc + (size_t)m * (size_t)W;
+    int lo = f->ord_gr[c->H.v[0]], hi = f->ord_gr[c->H.v[m - 1]];
+    for (int o = lo; o <= hi; o++) {
+        int v = c->inv[o], k;
+        if (v < 0)
+            continue;
+        uint64_t *av = c->nanc + (size_t)v * (size_t)W;
+        memset(av, 0, sizeof(uint64_t) * (size_t)W);
+        const int *ops = node_ops(f, &v, &k);
+        for (int i = 0; i < k; i++) {
+            const Op *op = &g->ops.v[ops[i]];
+            for (int j = 0; j < op->nin; j++) {
+                int p = g->t.v[op->in[j]].op;
+                if (p < 0)
+                    continue;
+                int w = node_of(f, p);
+                if (w == v || *ord_at(f, w) < lo)
+                    continue;
+                const uint64_t *aw = c->nanc + (size_t)w * (size_t)W;
+                for (int q = 0; q < W; q++)
+                    av[q] |= aw[q];
+                if (w >= n && c->pos[w - n] >= 0)
+                    av[c->pos[w - n] / 64] |= 1ull << (c->pos[w - n] % 64);
+            }
+        }
+    }
+    memset(c->anc, 0, sizeof(uint64_t) * (size_t)m * (size_t)W * 3);
+    for (int i = 0; i < m; i++) {
+        c->self[(size_t)i * (size_t)W + (size_t)(i / 64)] |= 1ull << (i % 64);
+        const uint64_t *av = c->nanc + (size_t)(n + c->H.v[i]) * (size_t)W;
+        memcpy(c->anc + (size_t)i * (size_t)W, av, sizeof(uint64_t) * (size_t)W);
+        for (int j = 0; j < m; j++)
+            if (av[j / 64] >> (j % 64) & 1)
+                c->desc[(size_t)j * (size_t)W + (size_t)(i / 64)] |= 1ull << (i % 64);
+    }
+}
+
+static bool rows_meet(const Chain *c, int x, int y)
+{
+    const uint64_t *ay = c->anc + (size_t)y * (size_t)c->W,
+                   *dx = c->desc + (size_t)x * (size_t)c->W;
+    for (int q = 0; q < c->W; q++)
+        if (ay[q] & dx[q])
+            return true;
+    return false;
+}
+
+/* True when the chain proves the union of A and B not convex: some
+ * reader lies on a path between them. */
+static bool chain_blocks(const Chain *c, int A, int B)
+{
+    int x = c->pos[A], y = c->pos[B];
+    if (x < 0 || y < 0)
+        return false;
+    return rows_meet(c, x, y) || rows_meet(c, y, x);
+}
+
+/* After B merged into A: A's sets become the union of both without the
+ * readers now inside A; everything else stays true (paths survive merges,
+ * and a path through A or B now runs through the merged group, outside
+ * any other pair). B leaves the chain. */
+static void chain_merged(Chain *c, int A, int B)
+{
+    int a = c->pos[A], b = c->pos[B];
+    if (a < 0 || b < 0) {
+        if (a >= 0)
+            c->pos[A] = -1; /* no sets for the union: checked in full */
+        return;
+    }
+    uint64_t *sa = c->self + (size_t)a * (size_t)c->W, *sb = c->self + (size_t)b * (size_t)c->W;
+    for (int q = 0; q < c->W; q++)
+        sa[q] |= sb[q];
+    uint64_t *r[2] = {c->anc, c->desc};
+    for (int s = 0; s < 2; s++) {
+        uint64_t *ra = r[s] + (size_t)a * (size_t)c->W, *rb = r[s] + (size_t)b * (size_t)c->W;
+        for (int q = 0; q < c->W; q++)
+            ra[q] = (ra[q] | rb[q]) & ~sa[q];
+    }
+    c->pos[B] = -1;
+}
+
 /* Groups that read the same tensor and share a domain: one kernel reads
- * it once (multi-output). */
+ * it once (multi-output). Every pair of readers is considered, in use
+ * order; for a tensor with many readers (the rope tables, read by every
+ * layer) the pairs that the Chain proves non-convex are skipped without a
+ * search (the answer would be no). */
 static void merge_siblings(Fuser *f)
 {
     Graph *g = f->g;
     Uses u = pass_fuse_uses_build(g);
+    Chain ch = {.pos = xmalloc(sizeof(int) * (size_t)(f->gr.n + 1))};
+    for (int G = 0; G < f->gr.n; G++)
+        ch.pos[G] = -1;
     for (int t = 0; t < g->t.n; t++) {
         int p = g->t.v[t].op;
         int pg = p >= 0 ? f->gof[p] : -1;
         if (shape_numel(&g->t.v[t].s) <= 1)
             continue; /* scalars (lr, clip scale) are read by every update */
+        bool use_chain = f->ord_gr && u.off[t + 1] - u.off[t] >= 8;
         for (int a = u.off[t]; a < u.off[t + 1]; a++) {
             int ca = u.cons[a];
             if (ca < 0 || f->gof[ca] < 0)
@@ -318,17 +753,32 @@ static void merge_siblings(Fuser *f)
                     continue;
                 if (g->ops.v[ca].code == OP_MATMUL || g->ops.v[cb].code == OP_MATMUL)
                     continue;
+                if (use_chain && f->ord_gr) {
+                    if (!ch.valid)
+                        chain_build(f, &ch, &u, t);
+                    if (chain_blocks(&ch, A, B))
+                        continue;
+                }
                 /* the same kind of group only: COL with COL, etc. */
                 FuseDomain da, db;
                 if (!pass_fuse_group_domain(f, A, &da) || !pass_fuse_group_domain(f, B, &db))
                     continue;
                 if (da.kind != db.kind || da.k != db.k || !shape_dims_eq(&da.S, &db.S))
                     continue;
-                if (pass_fuse_try_merge(f, A, B))
+                if (pass_fuse_try_merge(f, A, B)) {
                     pass_fuse_sort_members(f, A);
+                    if (ch.valid)
+                        chain_merged(&ch, A, B);
+                }
             }
         }
+        chain_clear(&ch);
     }
+    vec_free(&ch.H);
+    free(ch.pos);
+    free(ch.inv);
+    free(ch.nanc);
+    free(ch.anc);
     pass_fuse_uses_free(&u);
 }
 
@@ -388,8 +838,12 @@ bool pass_fuse(Graph *g, const PassOpts *o, Diag *d)
     f.upto = n;
     pass_fuse_split_col(&f);
     pass_fuse_pull_col(&f);
+    if (g->ops.n != n)
+        die("fuse: the op count changed during grouping");
+    pass_fuse_order_build(&f);
     merge_siblings(&f);
     pass_fuse_merge_multi(&f);
+    pass_fuse_order_free(&f);
     pass_fuse_drop_unlowerable(&f);
 
     /* dense ids in order of first member; a lone matmul is a plain GEMM */

@@ -46,6 +46,13 @@ typedef struct {
     char err[256];
     const int *uoff, *ucons; /* use lists of the graph being grouped */
     int upto;               /* ops [0, upto) have been visited by the main loop */
+    /* A topological order of the contracted graph (each live group one
+     * node, each ungrouped op one node), or NULL: ord_gr[G], ord_op[op]
+     * (for ungrouped ops). While set, every merge keeps it valid
+     * (pass_fuse_order_merge) and the convexity check visits only nodes
+     * ordered after the group it looks for. */
+    int *ord_gr, *ord_op;
+    VEC(int) fwd, bwd;      /* pass_fuse_order_merge's work lists */
 } Fuser;
 
 /* Use lists: consumers of tensor t are cons[off[t] .. off[t+1]); an op
@@ -84,6 +91,14 @@ int pass_fuse_new_group(Fuser *f, int op);    /* a group of op alone; its index 
 bool pass_fuse_try_merge(Fuser *f, int A, int B);
 /* No path from A to B or B to A through ops outside A and B. */
 bool pass_fuse_convex_union(Fuser *f, int A, int B);
+/* Computes the topological order of the contracted graph (ord_gr,
+ * ord_op); leaves them NULL when the contracted graph has a cycle. */
+void pass_fuse_order_build(Fuser *f);
+void pass_fuse_order_free(Fuser *f);
+/* Before pass_fuse_do_union(f, A, B) of a union that passed
+ * pass_fuse_convex_union: reorders the nodes between A and B so that the
+ * order stays topological once A and B are one node. */
+void pass_fuse_order_merge(Fuser *f, int A, int B);
 /* Moves B's members into A (B dead; A multi when B was). */
 void pass_fuse_do_union(Fuser *f, int A, int B);
 /* COL op set ops[0..n) (marked in f->mk): no reduction's input depends on

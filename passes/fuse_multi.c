@@ -69,6 +69,8 @@ void pass_fuse_merge_multi(Fuser *f)
             }
             if (dep)
                 continue;
+            if (f->ord_gr)
+                pass_fuse_order_merge(f, M, G);
             pass_fuse_do_union(f, M, G);
             f->gr.v[M].multi = true;
             pass_fuse_sort_members(f, M);

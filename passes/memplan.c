@@ -42,6 +42,89 @@ static int cmp_off(const void *a, const void *b)
     return x->off < y->off ? -1 : x->off > y->off;
 }
 
+/* The live ranges of all temps, for "which ranges meet [a, b]": those
+ * that contain a (stab: a segment tree over positions 0..n keeps each
+ * range at its O(log n) canonical nodes; the nodes from leaf a up to the
+ * root list every range containing a), and those that start in (a, b]
+ * (by_first, sorted by first). A query costs O(log n + answers) instead of
+ * a scan of every placed temp. */
+typedef struct {
+    int leaves;       /* power of two > n */
+    int *soff, *stab; /* node v lists stab[soff[v] .. soff[v + 1]) */
+    int *by_first;
+} Overlaps;
+
+static int cmp_first(const void *a, const void *b, void *ctx)
+{
+    const MemPlan *m = ctx;
+    int x = *(const int *)a, y = *(const int *)b;
+    if (m->first[x] != m->first[y])
+        return m->first[x] < m->first[y] ? -1 : 1;
+    return x < y ? -1 : x > y;
+}
+
+/* Calls fn on the canonical nodes of [a, b] (inclusive). */
+#define FOR_CANON(ov, a, b, body)                                                  \
+    for (int lo_ = (a) + (ov)->leaves, hi_ = (b) + (ov)->leaves + 1; lo_ < hi_;    \
+         lo_ /= 2, hi_ /= 2) {                                                     \
+        if (lo_ & 1) {                                                             \
+            int v = lo_++;                                                         \
+            body;                                                                  \
+        }                                                                          \
+        if (hi_ & 1) {                                                             \
+            int v = --hi_;                                                         \
+            body;                                                                  \
+        }                                                                          \
+    }
+
+static Overlaps overlaps_build(const MemPlan *m, const int *temps, int ntemps, int n)
+{
+    Overlaps ov;
+    ov.leaves = 1;
+    while (ov.leaves <= n + 1)
+        ov.leaves *= 2;
+    int nodes = 2 * ov.leaves;
+    ov.soff = xcalloc((size_t)nodes + 2, sizeof(int));
+    for (int k = 0; k < ntemps; k++) {
+        int t = temps[k];
+        FOR_CANON(&ov, m->first[t], m->last[t], ov.soff[v + 1]++);
+    }
+    for (int v = 0; v <= nodes; v++)
+        ov.soff[v + 1] += ov.soff[v];
+    ov.stab = xmalloc(sizeof(int) * (size_t)(ov.soff[nodes] + 1));
+    int *fill = xcalloc((size_t)nodes + 1, sizeof(int));
+    for (int k = 0; k < ntemps; k++) {
+        int t = temps[k];
+        FOR_CANON(&ov, m->first[t], m->last[t], ov.stab[ov.soff[v] + fill[v]++] = t);
+    }
+    free(fill);
+    ov.by_first = xmalloc(sizeof(int) * (size_t)(ntemps + 1));
+    memcpy(ov.by_first, temps, sizeof(int) * (size_t)ntemps);
+    qsort_r(ov.by_first, (size_t)ntemps, sizeof(int), cmp_first, (void *)m);
+    return ov;
+}
+
+static void overlaps_free(Overlaps *ov)
+{
+    free(ov->soff);
+    free(ov->stab);
+    free(ov->by_first);
+}
+
+/* The first index of by_first whose range starts after a. */
+static int first_after(const MemPlan *m, const int *by_first, int n, int a)
+{
+    int lo = 0, hi = n;
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2;
+        if (m->first[by_first[mid]] <= a)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
 /* True when op reads its operands at its own flat output index only. */
 static bool same_index_op(const Op *op)
 {
@@ -187,19 +270,30 @@ MemPlan *pass_memplan_storage(const Graph *g, const DType *storage, Diag *d)
             temps[ntemps++] = t;
         }
     qsort_r(temps, (size_t)ntemps, sizeof(int), cmp_by_size, m);
-    Placed *placed = xmalloc(sizeof(Placed) * (size_t)(ntemps + 1));
     Placed *conf = xmalloc(sizeof(Placed) * (size_t)(ntemps + 1));
-    int nplaced = 0;
+    Overlaps ov = overlaps_build(m, temps, ntemps, n);
+    bool *isplaced = xcalloc((size_t)nt + 1, sizeof(bool));
+    int64_t *poff = xcalloc((size_t)nt + 1, sizeof(int64_t));
     int64_t high = 0;
     for (int k = 0; k < ntemps; k++) {
         int t = temps[k];
         int64_t size = align_up(m->bytes[t] ? m->bytes[t] : 1);
-        int nc = 0;
-        for (int q = 0; q < nplaced; q++) {
-            int u = placed[q].t;
-            if (m->first[u] <= m->last[t] && m->first[t] <= m->last[u])
-                conf[nc++] = placed[q];
+        /* the placed storages whose live ranges meet t's */
+        int nc = 0, a = m->first[t], b = m->last[t];
+        for (int v = ov.leaves + a; v >= 1; v /= 2)
+            for (int q = ov.soff[v]; q < ov.soff[v + 1]; q++) {
+                int u = ov.stab[q];
+                if (isplaced[u])
+                    conf[nc++] = (Placed){u, poff[u], align_up(m->bytes[u] ? m->bytes[u] : 1)};
+            }
+        for (int q = first_after(m, ov.by_first, ntemps, a); q < ntemps; q++) {
+            int u = ov.by_first[q];
+            if (m->first[u] > b)
+                break;
+            if (isplaced[u])
+                conf[nc++] = (Placed){u, poff[u], align_up(m->bytes[u] ? m->bytes[u] : 1)};
         }
+        /* equal offsets may come in any order: the scan's result is the same */
         qsort(conf, (size_t)nc, sizeof(Placed), cmp_off);
         int64_t best = -1, best_gap = INT64_MAX, pos = 0;
         for (int q = 0; q < nc; q++) {
@@ -213,11 +307,15 @@ MemPlan *pass_memplan_storage(const Graph *g, const DType *storage, Diag *d)
         }
         if (best < 0)
             best = pos;
-        placed[nplaced++] = (Placed){t, best, size};
+        isplaced[t] = true;
+        poff[t] = best;
         m->offset[t] = ir_add_sat(m->persistent_bytes, best);
         if (ir_add_sat(best, size) > high)
             high = ir_add_sat(best, size);
     }
+    free(isplaced);
+    free(poff);
+    overlaps_free(&ov);
     m->arena_bytes = ir_add_sat(m->persistent_bytes, high);
     for (int t = 0; t < nt; t++)
         m->offset[t] = m->offset[m->root[t]];
@@ -246,7 +344,6 @@ MemPlan *pass_memplan_storage(const Graph *g, const DType *storage, Diag *d)
     }
     free(delta);
     free(temps);
-    free(placed);
     free(conf);
     free(gfirst);
     free(glast);
