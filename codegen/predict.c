@@ -315,27 +315,17 @@ static int by_time(const void *a, const void *b, void *ctx)
     return x->s > y->s ? -1 : x->s < y->s ? 1 : x->step - y->step;
 }
 
-static void fmt_time(char *buf, size_t n, double s)
-{
-    if (s >= 1)
-        snprintf(buf, n, "%.3f s", s);
-    else if (s >= 1e-3)
-        snprintf(buf, n, "%.2f ms", s * 1e3);
-    else
-        snprintf(buf, n, "%.1f us", s * 1e6);
-}
-
 void cg_prediction_print(const CgPrediction *r, const CgPlan *p, double model_flops,
                          double tokens, int top, FILE *f)
 {
     const CgDevice *dev = r->dev;
     char a[32], b[32], c[32], d[32];
-    fmt_time(a, sizeof a, r->step_s);
+    ir_fmt_seconds(r->step_s, a, sizeof a);
     fprintf(f, "predicted step on %s (%s): %s\n", dev->name, dev->title, a);
-    fmt_time(a, sizeof a, r->gemm_s);
-    fmt_time(b, sizeof b, r->kernel_s);
-    fmt_time(c, sizeof c, r->copy_s);
-    fmt_time(d, sizeof d, r->launch_s);
+    ir_fmt_seconds(r->gemm_s, a, sizeof a);
+    ir_fmt_seconds(r->kernel_s, b, sizeof b);
+    ir_fmt_seconds(r->copy_s, c, sizeof c);
+    ir_fmt_seconds(r->launch_s, d, sizeof d);
     fprintf(f, "  GEMMs %s, kernels %s, copies %s; %d launches, %s of launch overhead\n", a, b,
             c, r->launches, d);
     double peak = r->peak > 0 ? r->peak : dev->f32;
@@ -371,7 +361,7 @@ void cg_prediction_print(const CgPrediction *r, const CgPlan *p, double model_fl
     fprintf(f, "    %-28s %6s %10s %6s  %-8s %8s %7s  %s\n", "kernel", "calls", "time", "%",
             "limit", "blocks", "threads", "op");
     for (int i = 0; i < n && i < top; i++) {
-        fmt_time(a, sizeof a, g[i].s);
+        ir_fmt_seconds(g[i].s, a, sizeof a);
         const CgStep *st = &p->steps.v[g[i].step];
         const Op *op = st->op >= 0 ? &p->g->ops.v[st->op] : NULL;
         char where[160] = "", name[64];

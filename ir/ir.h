@@ -84,6 +84,9 @@ int64_t ir_parse_bytes(const char *s);
  * `decimals` digits after the point ("1.50 MiB" for 2); decimals < 0: none
  * for a whole number, else one ("8 MiB", "1.5 GiB"). */
 const char *ir_fmt_bytes(double bytes, int decimals, char *buf, size_t n);
+/* A duration for people, into buf (returned): "1.234 s", "12.35 ms",
+ * "4.2 us" (the largest unit that keeps the number >= 1, us below 1 ms). */
+const char *ir_fmt_seconds(double s, char *buf, size_t n);
 /* The median of v[0..n-1] (the mean of the middle two for even n); 0 when
  * n is 0. v is left as it was. */
 double ir_median(const double *v, int64_t n);

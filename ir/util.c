@@ -136,6 +136,17 @@ const char *ir_fmt_bytes(double b, int decimals, char *buf, size_t n)
     return buf;
 }
 
+const char *ir_fmt_seconds(double s, char *buf, size_t n)
+{
+    if (s >= 1)
+        snprintf(buf, n, "%.3f s", s);
+    else if (s >= 1e-3)
+        snprintf(buf, n, "%.2f ms", s * 1e3);
+    else
+        snprintf(buf, n, "%.1f us", s * 1e6);
+    return buf;
+}
+
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;

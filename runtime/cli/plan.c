@@ -211,25 +211,6 @@ static void variant_free(Variant *v)
     free(v->ready);
 }
 
-static void fmt_bytes(char *b, size_t n, double x)
-{
-    const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-    int i = 0;
-    while (x >= 1024 && i < 5)
-        x /= 1024, i++;
-    snprintf(b, n, i ? "%.2f %s" : "%.0f %s", x, u[i]);
-}
-
-static void fmt_s(char *b, size_t n, double s)
-{
-    if (s >= 1)
-        snprintf(b, n, "%.3f s", s);
-    else if (s >= 1e-3)
-        snprintf(b, n, "%.3f ms", s * 1e3);
-    else
-        snprintf(b, n, "%.1f us", s * 1e6);
-}
-
 static void print_plan(const PlanArgs *a, const CgDevice *dev, const CgClusterOpts *o,
                        const Variant *v, const CgClusterPlan *p)
 {
@@ -246,34 +227,34 @@ static void print_plan(const PlanArgs *a, const CgDevice *dev, const CgClusterOp
     printf("model: %.4g params, T %lld, C %lld, L %lld\n", m->nparams, (long long)m->seq_len,
            (long long)m->d_model, (long long)m->layers);
     printf("memory per GPU:\n");
-    fmt_bytes(x, sizeof x, p->mem_params);
-    fmt_bytes(y, sizeof y, p->mem_grads);
-    fmt_bytes(z, sizeof z, p->mem_opt);
-    fmt_bytes(w, sizeof w, p->mem_act);
+    ir_fmt_bytes(p->mem_params, 2, x, sizeof x);
+    ir_fmt_bytes(p->mem_grads, 2, y, sizeof y);
+    ir_fmt_bytes(p->mem_opt, 2, z, sizeof z);
+    ir_fmt_bytes(p->mem_act, 2, w, sizeof w);
     printf("  params %s, grads %s, optimizer state %s, activations %s\n", x, y, z, w);
-    fmt_bytes(x, sizeof x, p->mem_total);
+    ir_fmt_bytes(p->mem_total, 2, x, sizeof x);
     if (dev->mem > 0) {
-        fmt_bytes(y, sizeof y, dev->mem);
+        ir_fmt_bytes(dev->mem, 2, y, sizeof y);
         printf("  total %s of %s: %s\n", x, y,
                p->mem_total <= dev->mem ? "fits" : "does NOT fit (see the remat rows)");
     } else {
         printf("  total %s\n", x);
     }
     printf("step (critical path per GPU):\n");
-    fmt_s(x, sizeof x, p->t_mb);
-    fmt_s(y, sizeof y, p->t_tp_mb);
+    ir_fmt_seconds(p->t_mb, x, sizeof x);
+    ir_fmt_seconds(p->t_tp_mb, y, sizeof y);
     printf("  compute per micro-batch and stage %s, TP collectives %s\n", x, y);
-    fmt_s(x, sizeof x, p->t_pipeline);
-    fmt_s(y, sizeof y, p->t_bubble);
+    ir_fmt_seconds(p->t_pipeline, x, sizeof x);
+    ir_fmt_seconds(p->t_bubble, y, sizeof y);
     printf("  pipeline (1F1B) %s, of which bubble %s (%.1f%%)\n", x, y, 100 * p->bubble);
-    fmt_s(x, sizeof x, p->t_dp);
-    fmt_s(y, sizeof y, p->t_dp_exposed);
+    ir_fmt_seconds(p->t_dp, x, sizeof x);
+    ir_fmt_seconds(p->t_dp_exposed, y, sizeof y);
     printf("  DP gradient communication %s in %d buckets at %.0f GB/s, exposed %s%s\n", x,
            m->nbuckets, p->dp_bw / 1e9, y, o->no_overlap ? " (--no-overlap)" : "");
-    fmt_s(x, sizeof x, p->t_opt);
-    fmt_s(y, sizeof y, p->step_predicted);
+    ir_fmt_seconds(p->t_opt, x, sizeof x);
+    ir_fmt_seconds(p->step_predicted, y, sizeof y);
     printf("  optimizer %s; predicted step %s\n", x, y);
-    fmt_s(x, sizeof x, p->step);
+    ir_fmt_seconds(p->step, x, sizeof x);
     if (o->step_time > 0)
         printf("  step %s (--step-time; replaces the prediction)\n", x);
     printf("throughput: %.0f tokens per step, %.0f tokens/s", p->tokens_per_step,
@@ -580,9 +561,9 @@ int cli_plan(int argc, char **argv)
             ok = cg_cluster_project(&use->m, &ow, &pw, why, sizeof why);
         char x[32], y[32], e[32];
         if (ok) {
-            fmt_s(x, sizeof x, pw.step_predicted);
-            fmt_s(e, sizeof e, pw.t_dp_exposed);
-            fmt_bytes(y, sizeof y, pw.mem_total);
+            ir_fmt_seconds(pw.step_predicted, x, sizeof x);
+            ir_fmt_seconds(pw.t_dp_exposed, e, sizeof e);
+            ir_fmt_bytes(pw.mem_total, 2, y, sizeof y);
             if (!a.json)
                 printf("  %-22s step %s (exposed DP %s), %s per GPU\n", w[k].name, x, e, y);
             else {

@@ -69,6 +69,21 @@ static void test_fmt_bytes(void **state)
     assert_int_equal(ir_parse_bytes(ir_fmt_bytes(512, 2, b, sizeof b)), 512);
 }
 
+/* the unit that keeps the number >= 1 (us below 1 ms), fixed digits */
+static void test_fmt_seconds(void **state)
+{
+    (void)state;
+    static const struct {
+        double s;
+        const char *want;
+    } c[] = {{12, "12.000 s"}, {1, "1.000 s"}, {0.999, "999.00 ms"}, {0.0425, "42.50 ms"},
+             {1e-3, "1.00 ms"}, {2.5e-6, "2.5 us"}, {0, "0.0 us"}};
+    char b[32];
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++)
+        if (strcmp(ir_fmt_seconds(c[i].s, b, sizeof b), c[i].want) != 0)
+            fail_msg("ir_fmt_seconds(%g) = '%s', expected '%s'", c[i].s, b, c[i].want);
+}
+
 static void test_median(void **state)
 {
     (void)state;
@@ -102,6 +117,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_parse_bytes),
         cmocka_unit_test(test_fmt_bytes),
+        cmocka_unit_test(test_fmt_seconds),
         cmocka_unit_test(test_median),
         cmocka_unit_test(test_now),
     };
