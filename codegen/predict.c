@@ -212,7 +212,6 @@ static void predict_cuda_kernel(CgPrediction *r, const CgPlan *p, const CgCudaPr
 {
     const Graph *g = p->g;
     const CgStep *st = &p->steps.v[s];
-    const CgKernel *k = p->kernels.v[st->kernel];
     double launch = o->cuda_graph ? dev->graph_s : dev->launch_s;
     int nfn = q->step_nfn[s];
     double total_bytes = 0;
@@ -223,7 +222,6 @@ static void predict_cuda_kernel(CgPrediction *r, const CgPlan *p, const CgCudaPr
             fb[f] += tensor_bytes(g, st->args[fn->param[j]], q->storage);
         total_bytes += fb[f];
     }
-    (void)k;
     for (int f = 0; f < nfn; f++) {
         const CgCudaFn *fn = &q->fn.v[q->step_fn[s] + f];
         double flops = total_bytes > 0 ? st->flops * fb[f] / total_bytes : st->flops / nfn;

@@ -8,6 +8,7 @@
 
 #include <stddef.h>
 
+#include "codegen.h"
 #include "frontend.h"
 #include "passes.h"
 
@@ -28,6 +29,9 @@ bool cli_print_fusion(const Model *m, const Graph *g, const PassOpts *po);
  * once on `threads` threads): the cost model's prediction of the step g
  * (after every pass), with the model's precision, tf32 and cuda_graph
  * settings; false after printing why it cannot. */
+/* The cost model's options from the model's train settings (precision,
+ * tf32, cuda_graph; all off on the CPU). */
+CgPredictOpts cli_predict_opts(const Model *m, const CgDevice *dev);
 bool cli_print_prediction(const Model *m, const Graph *g, const char *target, int threads,
                           const char *cache_dir, bool remeasure);
 

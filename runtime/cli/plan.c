@@ -105,13 +105,6 @@ static bool parse_pos(const char *s, double lo, double hi, double *out)
     return true;
 }
 
-static const Tensor *input_named(const Graph *g, const char *name)
-{
-    for (int i = 0; i < g->t.n; i++)
-        if (g->t.v[i].kind == TK_INPUT && g->t.v[i].name && strcmp(g->t.v[i].name, name) == 0)
-            return &g->t.v[i];
-    return NULL;
-}
 
 static int64_t config_int(const Model *m, const char *key)
 {
@@ -135,12 +128,8 @@ static bool measure(const Model *m, const PassOpts *po, const CgDevice *dev, Var
     bool ok = pass_pipeline(g, &o1, NULL, NULL, NULL, d) && mp && (p = cg_plan(g, d));
     if (!ok)
         goto out;
-    bool bf16 = m->train.precision && strcmp(m->train.precision, "bf16") == 0;
-    q = dev->gpu ? cg_cuda_program(p, bf16) : NULL;
-    CgPredictOpts o = {.bf16 = dev->gpu && bf16,
-                       .tf32 = dev->gpu && m->train.tf32 && strcmp(m->train.tf32, "true") == 0,
-                       .cuda_graph = dev->gpu && m->train.cuda_graph &&
-                                     strcmp(m->train.cuda_graph, "true") == 0};
+    CgPredictOpts o = cli_predict_opts(m, dev);
+    q = dev->gpu ? cg_cuda_program(p, o.bf16) : NULL;
     r = cg_predict(p, q, dev, &o);
     CgClusterModel *c = &v->m;
     for (int i = 0; i < g->t.n; i++) {
@@ -154,12 +143,13 @@ static bool measure(const Model *m, const PassOpts *po, const CgDevice *dev, Var
             c->opt_bytes += bytes;
         }
     }
-    const Tensor *tok = input_named(g, "tokens");
+    int ti = ir_find_tensor(g, "tokens");
+    const Tensor *tok = ti >= 0 && g->t.v[ti].kind == TK_INPUT ? &g->t.v[ti] : NULL;
     c->micro_batch = tok && tok->s.rank == 2 ? tok->s.dim[0] : 1;
     c->seq_len = tok && tok->s.rank == 2 ? tok->s.dim[1] : 1;
     c->d_model = config_int(m, "C");
     c->layers = config_int(m, "L");
-    c->act_dtype_bytes = bf16 ? 2 : 4;
+    c->act_dtype_bytes = o.bf16 ? 2 : 4;
     v->arena = (double)mp->arena_bytes;
     v->persistent = (double)mp->persistent_bytes;
     c->act_bytes = v->arena - v->persistent;
@@ -483,9 +473,8 @@ int cli_plan(int argc, char **argv)
         .tokens = a.tokens, .goodput = a.goodput, .target_days = a.target_days,
         .step_time = a.step_time, .no_overlap = a.no_overlap,
     };
-    bool bf16 = m->train.precision && strcmp(m->train.precision, "bf16") == 0;
-    o.peak = !dev->gpu ? dev->f32 : bf16 ? dev->bf16
-             : m->train.tf32 && strcmp(m->train.tf32, "true") == 0 ? dev->tf32 : dev->f32;
+    CgPredictOpts po_dev = cli_predict_opts(m, dev);
+    o.peak = !dev->gpu ? dev->f32 : po_dev.bf16 ? dev->bf16 : po_dev.tf32 ? dev->tf32 : dev->f32;
     PassOpts po;
     RtGraphFlags gf = {.memory_budget = -1, .nranks = a.dp, .no_overlap = a.no_overlap};
     rt_pass_opts(&m->train, &gf, &po);

@@ -158,15 +158,19 @@ bool cli_print_fusion(const Model *m, const Graph *g, const PassOpts *po)
 /* The graph input `tokens` (i32[B,T]): tokens per step; 0 without one. */
 static double step_tokens(const Graph *g)
 {
-    for (int i = 0; i < g->t.n; i++) {
-        const Tensor *t = &g->t.v[i];
-        if (t->kind == TK_INPUT && t->name && strcmp(t->name, "tokens") == 0)
-            return (double)shape_numel(&t->s);
-    }
-    return 0;
+    int t = ir_find_tensor(g, "tokens");
+    return t >= 0 && g->t.v[t].kind == TK_INPUT ? (double)shape_numel(&g->t.v[t].s) : 0;
 }
 
-static bool is_true(const char *s) { return s && strcmp(s, "true") == 0; }
+CgPredictOpts cli_predict_opts(const Model *m, const CgDevice *dev)
+{
+    const TrainCfg *c = &m->train;
+    return (CgPredictOpts){
+        .bf16 = dev->gpu && c->precision && strcmp(c->precision, "bf16") == 0,
+        .tf32 = dev->gpu && c->tf32 && strcmp(c->tf32, "true") == 0,
+        .cuda_graph = dev->gpu && c->cuda_graph && strcmp(c->cuda_graph, "true") == 0,
+    };
+}
 
 bool cli_print_prediction(const Model *m, const Graph *g, const char *target, int threads,
                           const char *cache_dir, bool remeasure)
@@ -186,11 +190,7 @@ bool cli_print_prediction(const Model *m, const Graph *g, const char *target, in
         fprintf(stderr, "kiln: --target %s: %s\n", target, d.msg);
         return false;
     }
-    CgPredictOpts o = {
-        .bf16 = dev->gpu && m->train.precision && strcmp(m->train.precision, "bf16") == 0,
-        .tf32 = dev->gpu && is_true(m->train.tf32),
-        .cuda_graph = dev->gpu && is_true(m->train.cuda_graph),
-    };
+    CgPredictOpts o = cli_predict_opts(m, dev);
     CgCudaProgram *q = dev->gpu ? cg_cuda_program(p, o.bf16) : NULL;
     CgPrediction *r = cg_predict(p, q, dev, &o);
     double model = ir_graph_flops(g) - pass_remat_flops(g);
