@@ -269,6 +269,17 @@ static void print_fold(CgBuf *b, const CgKernel *k, const CgPhase *ph, int depth
     }
 }
 
+/* A row phase's reduction: its accumulator declared at the identity, then
+ * folded over the phase (print_fold). */
+static void print_row_acc(CgBuf *b, const CgKernel *k, const CgPhase *ph, int depth)
+{
+    cg_indent(b, depth);
+    cg_printf(b, "%s a%d = ", acc_type(ph->adt), ph->acc);
+    cg_print_red_init(b, ph);
+    cg_puts(b, ";\n");
+    print_fold(b, k, ph, depth);
+}
+
 static void print_lets(CgBuf *b, const CgKernel *k, const CgPhase *ph, int depth)
 {
     if (!cg_target_lets(tgt))
@@ -594,13 +605,8 @@ static void print_loop(CgBuf *b, const CgKernel *k, const CgLoop *l, const DType
             /* a row phase: every thread evaluates it (its lets stay visible
              * to later phases); in a block, one thread stores */
             print_lets(b, k, ph, depth);
-            if (ph->acc >= 0) {
-                cg_indent(b, depth);
-                cg_printf(b, "%s a%d = ", acc_type(ph->adt), ph->acc);
-                cg_print_red_init(b, ph);
-                cg_puts(b, ";\n");
-                print_fold(b, k, ph, depth);
-            }
+            if (ph->acc >= 0)
+                print_row_acc(b, k, ph, depth);
             if (ph->st.n) {
                 int d2 = depth;
                 if (coop) {
@@ -1037,13 +1043,8 @@ static void print_stage(CgBuf *b, const CgKernel *k, const CgLoop *l, const DTyp
         bool more = p + 1 < sp->st0[s + 1];
         if (ph->ndim == 0) {
             print_row_lets(b, k, ph, depth);
-            if (ph->acc >= 0) {
-                cg_indent(b, depth);
-                cg_printf(b, "%s a%d = ", acc_type(ph->adt), ph->acc);
-                cg_print_red_init(b, ph);
-                cg_puts(b, ";\n");
-                print_fold(b, k, ph, depth);
-            }
+            if (ph->acc >= 0)
+                print_row_acc(b, k, ph, depth);
             if (ph->st.n) {
                 cg_indent(b, depth);
                 cg_printf(b, "if (%s%s) {\n", chunked ? "c == 0 && " : "", one);
