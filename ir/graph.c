@@ -21,8 +21,8 @@ int ir_opcode_parse(const char *name)
 
 const char *ir_class_name(OpClass c)
 {
-    static const char *n[OC__COUNT] = {"elementwise", "reduce", "gemm",
-                                       "move", "collective", "random"};
+    static const char *n[OC__COUNT] = {"elementwise", "reduce",     "gemm",     "move",
+                                       "collective",  "random",     "attention"};
     return (unsigned)c < OC__COUNT ? n[c] : "?";
 }
 
@@ -378,6 +378,68 @@ void ir_renumber(Graph *g, bool drop_unused_inputs)
 
 static bool is_int(DType t) { return t == DT_I32 || t == DT_I64; }
 
+/* The attention family's typing (ir.h states the semantics): q k v share one
+ * float dtype and the batch dims; lse and delta are f32 [..., Tq, 1]. */
+static bool infer_attention(const Graph *g, Opcode code, const Shape *const *s,
+                            const OpAttr *a, Shape *out, char *err, size_t errlen)
+{
+    char b0[160], b1[160], b2[160];
+    const char *name = ir_opinfo[code].name;
+    if (a->nia != 1 || (a->ia[0] != 0 && a->ia[0] != 1))
+        FAIL("%s: needs causal=0 or causal=1 (got %lld)", name,
+             (long long)(a->nia ? a->ia[0] : -1));
+    if (!(a->f > 0) || a->f > 1e30)
+        FAIL("%s: scale must be positive and finite (got %g)", name, a->f);
+    const Shape *q = s[0], *k = s[1], *v = code == OP_ATTENTION_LSE ? NULL : s[2];
+    int rk = q->rank;
+    if (rk < 2 || k->rank != rk || (v && v->rank != rk))
+        FAIL("%s: q, k and v need one rank >= 2 (got %s, %s%s%s)", name,
+             shape_str(g, q, b0, sizeof b0), shape_str(g, k, b1, sizeof b1), v ? " and " : "",
+             v ? shape_str(g, v, b2, sizeof b2) : "");
+    if (!dtype_is_float(q->dtype) || k->dtype != q->dtype || (v && v->dtype != q->dtype))
+        FAIL("%s: q, k and v need one float dtype (got %s, %s%s%s)", name,
+             dtype_name(q->dtype), dtype_name(k->dtype), v ? " and " : "",
+             v ? dtype_name(v->dtype) : "");
+    for (int i = 0; i < rk - 2; i++)
+        if (k->dim[i] != q->dim[i] || (v && v->dim[i] != q->dim[i]))
+            FAIL("%s: batch dimensions differ (got %s, %s%s%s)", name,
+                 shape_str(g, q, b0, sizeof b0), shape_str(g, k, b1, sizeof b1),
+                 v ? " and " : "", v ? shape_str(g, v, b2, sizeof b2) : "");
+    int64_t Tq = q->dim[rk - 2], D = q->dim[rk - 1], Tk = k->dim[rk - 2];
+    if (k->dim[rk - 1] != D)
+        FAIL("%s: q and k head sizes differ (expected %lld, got %lld)", name, (long long)D,
+             (long long)k->dim[rk - 1]);
+    if (v && v->dim[rk - 2] != Tk)
+        FAIL("%s: k and v lengths differ (expected %lld, got %lld)", name, (long long)Tk,
+             (long long)v->dim[rk - 2]);
+    if (a->ia[0] && Tq != Tk)
+        FAIL("%s: causal attention needs Tq == Tk (got %lld and %lld)", name, (long long)Tq,
+             (long long)Tk);
+    Shape row = *q; /* f32 [..., Tq, 1] */
+    row.dtype = DT_F32;
+    row.dim[rk - 1] = 1;
+    if (code == OP_ATTENTION_LSE) {
+        *out = row;
+        return true;
+    }
+    Shape o = *q;
+    o.dim[rk - 1] = v->dim[rk - 1];
+    if (code == OP_ATTENTION) {
+        *out = o;
+        return true;
+    }
+    const Shape *dO = s[3], *lse = s[4], *delta = s[5];
+    if (!shape_eq(dO, &o))
+        FAIL("%s: dO must have the output's type (expected %s, got %s)", name,
+             shape_str(g, &o, b0, sizeof b0), shape_str(g, dO, b1, sizeof b1));
+    if (!shape_eq(lse, &row) || !shape_eq(delta, &row))
+        FAIL("%s: lse and delta must be %s (got %s and %s)", name,
+             shape_str(g, &row, b0, sizeof b0), shape_str(g, lse, b1, sizeof b1),
+             shape_str(g, delta, b2, sizeof b2));
+    *out = code == OP_ATTENTION_DQ ? *q : code == OP_ATTENTION_DK ? *k : *v;
+    return true;
+}
+
 bool ir_infer(const Graph *g, Opcode code, const int *in, int nin, const OpAttr *a,
               Shape *out, char *err, size_t errlen)
 {
@@ -507,6 +569,10 @@ bool ir_infer(const Graph *g, Opcode code, const int *in, int nin, const OpAttr 
             FAIL("%s: cannot reduce a u8 mask (expected a numeric type, got u8)", info->name);
         break;
     }
+    case OC_ATTN:
+        if (!infer_attention(g, code, s, a, &r, err, errlen))
+            return false;
+        break;
     case OC_GEMM: {
         const Shape *A = s[0], *B = s[1];
         if (A->rank < 2 || B->rank < 2)

@@ -132,6 +132,7 @@ typedef enum {
     OC_MOVE,       /* data movement: reshape, permute, slice, broadcast, ... */
     OC_COLLECTIVE, /* all-reduce: never recomputed */
     OC_RANDOM,     /* random numbers: never recomputed */
+    OC_ATTN,       /* fused scaled-dot-product attention: one kernel of its own */
     OC__COUNT
 } OpClass;
 
@@ -147,6 +148,7 @@ typedef enum {
     AK_KEY,   /* random: ia[0] = key (distinct per random op); attr.shape */
     AK_SHAPE, /* reshape, broadcast, scatter_add: result shape in attr.shape */
     AK_BUCKET, /* allreduce_start/_wait: ia[0] = bucket id (comm pass) */
+    AK_ATTN,   /* attention*: ia[0] = causal (0 or 1), f = scale */
     AK__COUNT
 } IrAttrKind;
 
@@ -195,7 +197,12 @@ typedef enum {
     X(RANDOM,      "random",      0, OC_RANDOM,     AK_KEY,   4)         \
     X(ALLREDUCE,   "allreduce",   1, OC_COLLECTIVE, AK_NONE,  1)         \
     X(ALLREDUCE_START, "allreduce_start", -1, OC_COLLECTIVE, AK_BUCKET, 0) \
-    X(ALLREDUCE_WAIT,  "allreduce_wait",   2, OC_COLLECTIVE, AK_BUCKET, 0)
+    X(ALLREDUCE_WAIT,  "allreduce_wait",   2, OC_COLLECTIVE, AK_BUCKET, 0) \
+    X(ATTENTION,     "attention",     3, OC_ATTN,   AK_ATTN,  0)         \
+    X(ATTENTION_LSE, "attention_lse", 2, OC_ATTN,   AK_ATTN,  0)         \
+    X(ATTENTION_DQ,  "attention_dq",  6, OC_ATTN,   AK_ATTN,  0)         \
+    X(ATTENTION_DK,  "attention_dk",  6, OC_ATTN,   AK_ATTN,  0)         \
+    X(ATTENTION_DV,  "attention_dv",  6, OC_ATTN,   AK_ATTN,  0)
 /* clang-format on */
 
 typedef enum {
@@ -248,6 +255,20 @@ const char *ir_class_name(OpClass c);
  *            stream, in place in their buffers (placed by the comm pass)
  * allreduce_wait(token, gi) {bucket}  -> gi's type: the mean over ranks of gi
  *            (identity on one rank); waits for the bucket; a view of gi
+ * attention family {causal=c, scale=s}: fused scaled-dot-product attention.
+ *            q [..., Tq, D], k [..., Tk, D], v [..., Tk, Dv], one float dtype,
+ *            equal batch dims ("..."); causal needs Tq == Tk. Row i of the
+ *            scores S = s * q k^T keeps column j when !c or j <= i; P =
+ *            softmax over the kept columns of S (f32 arithmetic).
+ * attention(q, k, v) -> [..., Tq, Dv] (q's dtype): P v
+ * attention_lse(q, k) -> f32 [..., Tq, 1]: log sum_j exp(S_ij) over kept j
+ * attention_dq/dk/dv(q, k, v, dO, lse, delta) -> the gradients of q, k and v
+ *            (their shapes and dtype) of attention(q, k, v) given dO [..., Tq,
+ *            Dv] (q's dtype), lse = attention_lse(q, k) and delta = f32
+ *            [..., Tq, 1] = sum over the last axis of dO * attention(q, k, v)
+ *            (in f32): with P_ij = exp(S_ij - lse_i) on kept j (else 0),
+ *            dV = P^T dO, dS = P * (dO v^T - delta), dQ = s dS k, dK = s dS^T q.
+ *            attention_dv reads neither v nor delta.
  */
 
 /* Counter-based uniform random numbers: the same function is emitted into

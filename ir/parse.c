@@ -456,6 +456,7 @@ static bool build_attr(P *ps, Opcode code, const RawAttr *ra, int nra, const Sha
     case AK_GEMM: keys[0] = "ta", keys[1] = "tb"; break;
     case AK_KEY: keys[0] = "key"; break;
     case AK_BUCKET: keys[0] = "bucket"; break;
+    case AK_ATTN: keys[0] = "causal", keys[1] = "scale"; break;
     default: break;
     }
     const RawAttr *found[2] = {NULL, NULL};
@@ -501,6 +502,11 @@ static bool build_attr(P *ps, Opcode code, const RawAttr *ra, int nra, const Sha
     case AK_GEMM:
         a->nia = 2;
         if (!attr_int(ps, found[0], &a->ia[0]) || !attr_int(ps, found[1], &a->ia[1]))
+            return false;
+        break;
+    case AK_ATTN:
+        a->nia = 1;
+        if (!attr_int(ps, found[0], &a->ia[0]) || !attr_double(ps, found[1], &a->f))
             return false;
         break;
     default: break;

@@ -95,6 +95,10 @@ static void print_attrs(FILE *f, const Op *op)
         break;
     case AK_KEY: fprintf(f, " {key=%lld}", (long long)(a->nia ? a->ia[0] : -1)); break;
     case AK_BUCKET: fprintf(f, " {bucket=%lld}", (long long)(a->nia ? a->ia[0] : -1)); break;
+    case AK_ATTN:
+        fprintf(f, " {causal=%lld,scale=%s}", (long long)(a->nia ? a->ia[0] : 0),
+                ir_fmt_double(a->f, d, sizeof d));
+        break;
     default: break;
     }
 }
