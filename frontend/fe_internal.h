@@ -26,6 +26,11 @@ struct ModelPriv {
 /* Metatable of param initializers: userdata holding a ParamInit. */
 #define INIT_MT "kiln.init"
 
+/* A param's tensor id (before ir_compact) and its param() line. */
+typedef struct {
+    int t, line;
+} FeParamLine;
+
 /* One run of a script; the Lua state's extra space points at it. */
 typedef struct {
     Graph *g;
@@ -52,6 +57,7 @@ typedef struct {
     int hook_period;       /* instructions between two calls of the count hook */
     int last_line;         /* the user's line at the last call of the hook */
     int stop_line;         /* the user's line where a bound was crossed; 0: none yet */
+    VEC(FeParamLine) params; /* each param's tensor and script line */
 } Fe;
 
 static inline Fe *fe_get(lua_State *L) { return *(Fe **)lua_getextraspace(L); }

@@ -73,6 +73,109 @@ static int set_error(lua_State *L, const char *key, const char *fmt, ...)
     return lua_error(L);
 }
 
+/* Edit distance between a and b (optimal string alignment: insertions,
+ * deletions, substitutions and swaps of neighbours cost 1), capped at 9. */
+static int name_distance(const char *a, const char *b)
+{
+    size_t na = strlen(a), nb = strlen(b);
+    if (na > 30 || nb > 30)
+        return 9;
+    int d[32][32];
+    for (size_t i = 0; i <= na; i++)
+        d[i][0] = (int)i;
+    for (size_t j = 0; j <= nb; j++)
+        d[0][j] = (int)j;
+    for (size_t i = 1; i <= na; i++)
+        for (size_t j = 1; j <= nb; j++) {
+            int c = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
+            if (d[i - 1][j] + 1 < c)
+                c = d[i - 1][j] + 1;
+            if (d[i][j - 1] + 1 < c)
+                c = d[i][j - 1] + 1;
+            if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] &&
+                d[i - 2][j - 2] + 1 < c)
+                c = d[i - 2][j - 2] + 1;
+            d[i][j] = c;
+        }
+    return d[na][nb] < 9 ? d[na][nb] : 9;
+}
+
+/* Appends to buf the (up to three) function names in the table at the top of
+ * the stack (nn's when kd_nn) closest to name: those within a third of its length (at least
+ * 2 edits), or that start with it or it with them. The table is left. */
+static void closest_names(lua_State *L, const char *name, bool kd_nn, char *buf, size_t n)
+{
+    const char *best[3] = {NULL, NULL, NULL};
+    int bd[3] = {99, 99, 99};
+    size_t nl = strlen(name);
+    int limit = nl / 3 > 2 ? (int)(nl / 3) : 2;
+    lua_pushnil(L);
+    while (lua_next(L, -2)) {
+        if (lua_type(L, -2) == LUA_TSTRING && lua_isfunction(L, -1)) {
+            const char *k = lua_tostring(L, -2);
+            size_t kl = strlen(k);
+            int dist = name_distance(name, k);
+            if (dist > limit && nl >= 3 && kl >= 3 &&
+                (strncmp(k, name, nl < kl ? nl : kl) == 0))
+                dist = limit; /* a prefix: softmax for soft, log for log_softmax */
+            /* keep the three nearest, ties in name order so the message is stable */
+            for (int i = 0; i < 3 && dist <= limit; i++)
+                if (dist < bd[i] || (dist == bd[i] && best[i] && strcmp(k, best[i]) < 0)) {
+                    for (int j = 2; j > i; j--)
+                        best[j] = best[j - 1], bd[j] = bd[j - 1];
+                    best[i] = k, bd[i] = dist;
+                    break;
+                }
+        }
+        lua_pop(L, 1);
+    }
+    size_t k = strlen(buf);
+    for (int i = 0; i < 3 && best[i]; i++)
+        k += (size_t)snprintf(buf + k, k < n ? n - k : 0, "%s%s", i ? ", " : (kd_nn ? "; closest in nn: " : "; closest: "),
+                              best[i]);
+}
+
+/* Lua's "attempt to call a nil value (global 'erf')" for a function kiln does
+ * not have, said plainly with the closest names kiln has: globals for a
+ * global, nn's functions for nn.NAME, tensor methods for x:NAME(). The
+ * message stays as Lua wrote it for anything else. Pushes the message. */
+static const char *explain_missing(lua_State *L, const char *msg)
+{
+    static const char *const kinds[] = {"global", "field", "method"};
+    for (int kd = 0; kd < 3; kd++) {
+        char pat[48];
+        snprintf(pat, sizeof pat, "attempt to call a nil value (%s '", kinds[kd]);
+        const char *at = strstr(msg, pat);
+        if (!at)
+            continue;
+        const char *nm = at + strlen(pat), *end = strchr(nm, '\'');
+        if (!end || end == nm || end - nm > 60 || strcmp(end, "')") != 0)
+            return msg;
+        char name[64];
+        snprintf(name, sizeof name, "%.*s", (int)(end - nm), nm);
+        char hint[256] = "";
+        bool found = true;
+        if (kd == 0)
+            lua_pushglobaltable(L);
+        else if (kd == 1)
+            found = lua_getglobal(L, "nn") == LUA_TTABLE;
+        else {
+            found = luaL_getmetatable(L, "kiln.tensor") == LUA_TTABLE &&
+                    lua_getfield(L, -1, "__index") == LUA_TFUNCTION &&
+                    lua_getupvalue(L, -1, 1) && lua_istable(L, -1);
+        }
+        if (found)
+            closest_names(L, name, kd == 1, hint, sizeof hint);
+        lua_settop(L, 1);
+        const char *what = kd == 0 ? "is not a kiln function or a global of this script"
+                           : kd == 1 ? "is nil where it is called (nn has no such function)"
+                                     : "is not a tensor method";
+        return lua_pushfstring(L, "%s'%s' %s%s", lua_pushlstring(L, msg, (size_t)(at - msg)) ?
+                               lua_tostring(L, -1) : "", name, what, hint);
+    }
+    return msg;
+}
+
 /* Message handler: every error names the user's file and line. Errors raised
  * by the DSL already do; Lua's own errors in the script carry the chunk's
  * short name, which is replaced by the full path; errors inside embedded
@@ -84,6 +187,8 @@ static int msgh(lua_State *L)
     const char *msg = lua_tostring(L, 1);
     if (!msg)
         msg = lua_pushfstring(L, "error object is a %s value", luaL_typename(L, 1));
+    else
+        msg = explain_missing(L, msg);
     size_t pl = strlen(fe->path);
     if ((strncmp(msg, fe->path, pl) == 0 && msg[pl] == ':') || strncmp(msg, "--set ", 6) == 0) {
         lua_pushstring(L, msg);
@@ -166,9 +271,12 @@ static int l_param(lua_State *L)
     if (!dtype_is_float(dt))
         fe_error(L, "param '%s': params must be float (expected f32, bf16 or f16, got %s)",
                  lua_tostring(L, 1), dtype_name(dt));
-    fe_push_tensor(L, ir_add_input(fe_get(L)->g, TK_PARAM, lua_tostring(L, 1),
-                                fe_checked_shape(L, dt, rank, dim, "param"), init));
+    Fe *fe = fe_get(L);
+    int t = ir_add_input(fe->g, TK_PARAM, lua_tostring(L, 1),
+                         fe_checked_shape(L, dt, rank, dim, "param"), init);
+    fe_push_tensor(L, t);
     name_in(L, "kiln.names", lua_tostring(L, 1), true);
+    vec_push(&fe->params, ((FeParamLine){t, fe_user_loc(L).line}));
     return 1;
 }
 
@@ -854,6 +962,52 @@ static void collect_config(lua_State *L, Fe *fe)
 }
 
 /* Checks after the script ran; returns false with err set. */
+/* A param that no op reads, or that the loss does not depend on, trains to
+ * nothing (its gradient is zero: weight decay alone moves it): most often a
+ * layer built and never called. Each becomes a warning at its param() line
+ * in m->warnings. Runs before ir_compact: fe->params holds tensor ids. */
+static void warn_unused_params(Fe *fe)
+{
+    const Graph *g = fe->g;
+    if (!fe->params.n || fe->loss < 0)
+        return;
+    uint8_t *read = xcalloc((size_t)g->t.n, 1), *live = xcalloc((size_t)g->t.n, 1);
+    for (int i = 0; i < g->ops.n; i++)
+        for (int j = 0; j < g->ops.v[i].nin; j++)
+            read[g->ops.v[i].in[j]] = 1;
+    /* ops are in creation order, so one backward sweep finds what the loss reads */
+    live[fe->loss] = 1;
+    for (int i = g->ops.n - 1; i >= 0; i--) {
+        const Op *op = &g->ops.v[i];
+        if (live[op->out])
+            for (int j = 0; j < op->nin; j++)
+                live[op->in[j]] = 1;
+    }
+    size_t len = 0, cap = 0;
+    char *w = NULL;
+    for (int i = 0; i < fe->params.n; i++) {
+        int t = fe->params.v[i].t;
+        if (live[t])
+            continue;
+        char line[512];
+        int n = snprintf(line, sizeof line, "%s:%d: warning: param '%s' %s (its gradient is "
+                         "zero; check that the layer it belongs to is called)\n", fe->path,
+                         fe->params.v[i].line, g->t.v[t].name,
+                         read[t] ? "does not affect the loss" : "is never used");
+        if (n < 0)
+            continue;
+        if (len + (size_t)n + 1 > cap) {
+            cap = 2 * cap + (size_t)n + 1;
+            w = xrealloc(w, cap);
+        }
+        memcpy(w + len, line, (size_t)n + 1);
+        len += (size_t)n;
+    }
+    fe->m->warnings = w;
+    free(read);
+    free(live);
+}
+
 static bool finish(lua_State *L, Fe *fe, char *err, size_t errlen)
 {
     Model *m = fe->m;
@@ -893,6 +1047,7 @@ static bool finish(lua_State *L, Fe *fe, char *err, size_t errlen)
         }
     collect_config(L, fe);
     m->train_line = fe->train_line;
+    warn_unused_params(fe);
     ir_compact(g);
     char verr[1024];
     if (!ir_verify(g, verr, sizeof verr))
@@ -995,6 +1150,7 @@ static Model *load_once(const char *path, const Script *sc, const char *const *s
         ok = finish(L, &fe, err, errlen);
     lua_close(L);
     free(fe.set_used);
+    vec_free(&fe.params);
     if (!ok) {
         fe_model_free(m);
         return NULL;

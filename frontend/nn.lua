@@ -149,12 +149,34 @@ function nn.causal_mask(T)
   return iota({T, T}, 0):ge(iota({T, T}, 1))
 end
 
--- Scaled dot-product attention. q, k, v [B, H, T, D] -> [B, H, T, D].
--- opts: causal (default true), dropout (probability on the weights).
+local function tensor_str(t)
+  if type(t) ~= "userdata" or not t.rank then return type(t) end
+  return t.dtype .. "[" .. table.concat(t.shape, ",") .. "]"
+end
+
+-- Scaled dot-product attention. q [..., Tq, D], k [..., Tk, D], v [..., Tk, Dv]
+-- -> [..., Tq, Dv]; usually [B, H, T, D]. opts: causal (default true; needs
+-- Tq == Tk), dropout (probability on the weights).
 function nn.attention(q, k, v, opts)
   opts = opts or {}
-  local s = q.shape
-  local T, D = s[3], s[4]
+  local names = {"q", "k", "v"}
+  for i, t in ipairs({q, k, v}) do
+    if type(t) ~= "userdata" or not t.rank or t.rank < 2 then
+      error(string.format("nn.attention: %s must be a tensor [..., T, D] of rank >= 2 " ..
+                          "(expected e.g. [B, H, T, D], got %s)", names[i], tensor_str(t)), 2)
+    end
+  end
+  local s, ks, vs = q.shape, k.shape, v.shape
+  local T, D = s[#s - 1], s[#s]
+  if k.rank ~= q.rank or v.rank ~= q.rank or ks[#ks] ~= D or vs[#vs - 1] ~= ks[#ks - 1] then
+    error(string.format("nn.attention: q [..., Tq, D], k [..., Tk, D] and v [..., Tk, Dv] " ..
+                        "must agree (got q %s, k %s, v %s)", tensor_str(q), tensor_str(k),
+                        tensor_str(v)), 2)
+  end
+  if opts.causal ~= false and ks[#ks - 1] ~= T then
+    error(string.format("nn.attention: causal attention needs as many keys as queries " ..
+                        "(expected Tk = %d, got k %s)", T, tensor_str(k)), 2)
+  end
   local att = matmul(q, k, {tb = true}) * (1 / math.sqrt(D))
   if opts.causal ~= false then
     att = select(nn.causal_mask(T), att, -1e9)

@@ -35,6 +35,10 @@ CgPredictOpts cli_predict_opts(const Model *m, const CgDevice *dev);
 bool cli_print_prediction(const Model *m, const Graph *g, const char *target, int threads,
                           const char *cache_dir, bool remeasure);
 
+/* The frontend's warnings about m (unused params, ...) on stderr: once per
+ * run, so not in --nproc ranks other than rank 0. */
+void cli_print_warnings(const Model *m);
+
 /* `kiln plan MODEL.lua [options]` (plan.c): the exit code. */
 int cli_plan(int argc, char **argv);
 

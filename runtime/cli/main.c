@@ -374,6 +374,7 @@ static int cmd_compile(int argc, char **argv)
         vec_free(&a.dumps);
         return 1;
     }
+    cli_print_warnings(m);
     dump_graph(&a, "frontend", m->g);
     if (a.settings)
         fe_print_settings(m, stdout);
@@ -529,6 +530,7 @@ static int cmd_train(int argc, char **argv)
         fe_model_free(m);
         return rt_launch(nproc, argc, argv);
     }
+    cli_print_warnings(m);
     rt_stop_on_signals(); /* SIGINT, SIGTERM: stop after the current step */
     int rc = rt_train(m, &o);
     fe_model_free(m);

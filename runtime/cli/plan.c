@@ -449,6 +449,7 @@ int cli_plan(int argc, char **argv)
         rc = 1;
         goto out;
     }
+    cli_print_warnings(m);
     CgDevice cpu;
     const CgDevice *dev = cg_device_find(a.device);
     Diag d = {{0}};

@@ -2,12 +2,20 @@
  * per class, FLOPs, bytes moved, the planned peak, the recompute set and
  * the fusion counts. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
 #include "cg_cuda.h"
 #include "codegen.h"
 #include "cpu.h"
+
+void cli_print_warnings(const Model *m)
+{
+    const char *rank = getenv("OMPI_COMM_WORLD_RANK");
+    if (m->warnings && (!rank || strcmp(rank, "0") == 0))
+        fputs(m->warnings, stderr);
+}
 
 void cli_human_count(double x, char *buf, size_t n)
 {

@@ -51,6 +51,8 @@ typedef struct Model {
     TrainCfg train;
     int train_line;    /* the line of path that set train (train{}); 0 if none:
                           the loop's settings errors point there */
+    char *warnings;    /* lines for the user ("FILE:LINE: warning: ...\n" each),
+                          NULL when none; the command line prints them once */
     struct ModelPriv *priv; /* the producer's own data (the frontend's config{}
                                values and the strings it owns); the runtime
                                never reads it */

@@ -102,4 +102,24 @@ expect_error "KILN_LUA_SECONDS: " -- env KILN_LUA_SECONDS=0 "$KILN" compile mode
 # a model with no param at all: the loss's line, not the optimizer pass
 expect_error "$B/no_params.lua:3: the loss depends on no parameter, so there is nothing to train" -- \
     "$KILN" compile "$B/no_params.lua"
+# a function kiln does not have: said plainly, with the closest names
+expect_error "$B/missing_function.lua:3: 'erf' is not a kiln function or a global of this script; closest: eq, exp" -- \
+    "$KILN" compile "$B/missing_function.lua"
+expect_error "$B/missing_nn_function.lua:4: 'softmx' is nil where it is called (nn has no such function); closest in nn: softmax" -- \
+    "$KILN" compile "$B/missing_nn_function.lua"
+# nn.attention checks its arguments and reports at the caller's line
+expect_error "$B/attention_rank.lua:3: nn.attention: q must be a tensor [..., T, D] of rank >= 2 (expected e.g. [B, H, T, D], got f32[8])" -- \
+    "$KILN" compile "$B/attention_rank.lua"
+expect_error "$B/attention_causal_lengths.lua:5: nn.attention: causal attention needs as many keys as queries (expected Tk = 4, got k f32[2,5,8])" -- \
+    "$KILN" compile "$B/attention_causal_lengths.lua"
+# params the loss never reaches are warnings at their param() line, once
+"$KILN" compile tests/data/unused_params.lua > "$dir/out.log" 2> "$dir/warn.log" ||
+    fail "unused_params.lua: compile failed: $(cat "$dir/warn.log")"
+grep -qF "tests/data/unused_params.lua:4: warning: param 'unused' is never used" "$dir/warn.log" ||
+    fail "no warning for the unused param: $(cat "$dir/warn.log")"
+grep -qF "tests/data/unused_params.lua:5: warning: param 'side' does not affect the loss" "$dir/warn.log" ||
+    fail "no warning for the param outside the loss: $(cat "$dir/warn.log")"
+[ "$(grep -c warning "$dir/warn.log")" = 2 ] || fail "expected two warnings: $(cat "$dir/warn.log")"
+"$KILN" compile models/gpt.lua > /dev/null 2> "$dir/warn.log" || fail "gpt.lua failed"
+[ ! -s "$dir/warn.log" ] || fail "gpt.lua warns: $(cat "$dir/warn.log")"
 bad_input_done
