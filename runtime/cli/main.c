@@ -67,6 +67,9 @@ static const char usage_compile[] =
     "  --threads N          --target cpu: threads (default: one per core)\n"
     "  --remeasure          --target cpu: measure this machine again\n"
     "  --cache-dir DIR      kernel cache, where the cpu measurement is kept\n"
+    "  --dot FILE           write the compiled graph for Graphviz: fused kernels\n"
+    "                       as clusters, recomputed ops dashed, comm buckets red\n"
+    "                       (`dot -Tsvg FILE -o graph.svg`)\n"
     "  -h, --help           this text\n";
 
 static const char usage_train[] =
@@ -123,6 +126,7 @@ typedef struct {
     int threads;           /* --threads (--target cpu; 0: one per core) */
     const char *cache_dir; /* --cache-dir */
     bool remeasure;        /* --remeasure: measure the CPU again */
+    const char *dot;       /* --dot FILE: the compiled graph for Graphviz */
     int ndump_written;
     bool dump_error;
     MemPlan *mp;           /* the memplan pass's plan (its dump reads it) */
@@ -288,6 +292,29 @@ static void print_epilogues(const Graph *g, const char *dump_dir, bool *error)
     cg_plan_free(p);
 }
 
+/* --dot FILE: the compiled graph g for Graphviz, written atomically (no
+ * half-written file on a full disk); false after saying why not. */
+static bool write_dot(const Graph *g, const char *path)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    if (!f)
+        die("open_memstream: out of memory");
+    pass_dot_print(g, f);
+    if (fclose(f) != 0)
+        die("open_memstream: out of memory");
+    Diag d = {{0}};
+    const void *chunk[1] = {buf};
+    bool ok = rt_write_atomic(path, chunk, &len, 1, &d);
+    if (!ok)
+        fprintf(stderr, "kiln: %s\n", d.msg);
+    else
+        printf("graph written to %s (Graphviz: dot -Tsvg %s -o graph.svg)\n", path, path);
+    free(buf);
+    return ok;
+}
+
 static int online_cores(void)
 {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
@@ -334,6 +361,10 @@ static int cmd_compile(int argc, char **argv)
                                 v);
         } else if (strcmp(argv[i], "--remat-sweep") == 0) {
             a.remat_sweep = true;
+        } else if ((v = flag_value(argc, argv, &i, "--dot"))) {
+            if (!*v)
+                return bad_flag("compile", "--dot expects a file name, got", "an empty value");
+            a.dot = v;
         } else if ((v = flag_value(argc, argv, &i, "--target"))) {
             if (strcmp(v, "cpu") != 0 && !cg_device_find(v))
                 return bad_flag("compile", "--target expects cpu, a100, h100, h200 or b200, got",
@@ -424,6 +455,8 @@ static int cmd_compile(int argc, char **argv)
         fprintf(stderr, "%s\n", d.msg);
         a.dump_error = true;
     }
+    if (a.dot && !write_dot(g, a.dot))
+        rc = 1;
     if (a.dump_dir && !a.dump_error)
         printf("dumps written to %s/\n", a.dump_dir);
     if (a.dump_error)
