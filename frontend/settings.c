@@ -37,7 +37,7 @@ static const FeTrainKey train_keys[] = {
     TKD(val_fraction, "0.1", 0, 1, 0, 1),
     TKI(eval_every, "0", 0, BIG),
     TKI(eval_batches, "10", 1, BIG),
-    TKI(log_every, "1", 0, BIG),
+    TKI(log_every, "0", 0, BIG),
     TKI(checkpoint_every, "0", 0, BIG),
     TK(checkpoint, FE_TT_STR, NULL),
     TK(memory_budget, FE_TT_BYTES, "0"),

@@ -106,9 +106,13 @@ bool rt_dp_build(RtDp *dp, const Graph *model, const PassOpts *po, const ExecOpt
  * rank's last micro-batch of the global batch. */
 bool rt_dp_step(RtDp *dp, Exec *te, const Graph *tg, const DataBatch *global, uint64_t seed,
                 int64_t step, Diag *d);
-/* The step's loss: mean over micro-batches and ranks (last: te's loss).
- * The same collective agrees on a stop (rt_stop_signal on any rank). */
-float rt_dp_loss(RtDp *dp, float last);
+/* The model's extra scalar outputs (f32; names stay owned by the caller):
+ * rt_dp_step sums them over micro-batches, rt_dp_loss averages them. */
+void rt_dp_set_scalars(RtDp *dp, const char *const *names, int n);
+/* The step's loss: mean over micro-batches and ranks (last: te's loss);
+ * extra[i] likewise for the extra scalars (extra_last: te's values). The
+ * same collective agrees on a stop (rt_stop_signal on any rank). */
+float rt_dp_loss(RtDp *dp, float last, const float *extra_last, float *extra);
 /* The signal that stops the run after this step, 0: none. One rank: its
  * rt_stop_signal; several: the one any rank had at the last rt_dp_loss,
  * so that every rank stops after the same step. */
@@ -121,5 +125,7 @@ void rt_dp_summary(const RtDp *dp, FILE *f);
 /* Whether standard output is a terminal; a rank (whose output mpirun always
  * passes through a pseudo-terminal) asks the launcher's KILN_STDOUT_TTY. */
 bool rt_stdout_tty(void);
+/* The terminal's width in columns (80 when unknown). */
+int rt_stdout_columns(void);
 
 #endif

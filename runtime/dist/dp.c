@@ -16,6 +16,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <unistd.h>
 
 struct RtDp {
@@ -27,6 +28,9 @@ struct RtDp {
     int ntg;
     double micro_loss; /* sum over this step's micro-batches */
     int nmicro;
+    const char **scalar; /* the extra scalar outputs (rt_dp_set_scalars) */
+    int nscalar;
+    double *micro_scalar; /* their sums over this step's micro-batches */
     VEC(double) comm_ms;
     VEC(double) exposed_ms;
     bool have_comm;
@@ -79,6 +83,8 @@ int rt_dp_close(RtDp *dp, int rc)
     if (dp->mg)
         ir_free(dp->mg);
     free(dp->param_pair);
+    free(dp->scalar);
+    free(dp->micro_scalar);
     vec_free(&dp->comm_ms);
     vec_free(&dp->exposed_ms);
     free(dp->trace_path);
@@ -212,6 +218,8 @@ bool rt_dp_step(RtDp *dp, Exec *te, const Graph *tg, const DataBatch *global, ui
     rt_comm_stats_reset(dp->comm);
     dp->micro_loss = 0;
     dp->nmicro = 0;
+    for (int i = 0; i < dp->nscalar; i++)
+        dp->micro_scalar[i] = 0;
     if (dp->K > 1) {
         void *buf = NULL;
         size_t cap = 0;
@@ -247,6 +255,13 @@ bool rt_dp_step(RtDp *dp, Exec *te, const Graph *tg, const DataBatch *global, ui
                 dp->micro_loss += l;
                 dp->nmicro++;
             }
+            for (int i = 0; i < dp->nscalar; i++) {
+                int st = ir_find_output(dp->mg, dp->scalar[i]);
+                if (st >= 0 && dp->mg->t.v[st].s.dtype == DT_F32) {
+                    rt_exec_read(dp->me, st, &l);
+                    dp->micro_scalar[i] += l;
+                }
+            }
         }
         int acc = -1;
         for (int i = 0; i < tg->t.n; i++)
@@ -268,14 +283,34 @@ bool rt_dp_step(RtDp *dp, Exec *te, const Graph *tg, const DataBatch *global, ui
     return true;
 }
 
-float rt_dp_loss(RtDp *dp, float last)
+void rt_dp_set_scalars(RtDp *dp, const char *const *names, int n)
 {
-    int sig = rt_stop_signal();
-    double v[3] = {((double)last + dp->micro_loss) / (double)(dp->nmicro + 1),
-                   sig == SIGINT, sig != 0 && sig != SIGINT};
-    rt_comm_mean(dp->comm, v, dp->size > 1 ? 3 : 1);
-    dp->stop = v[2] > 0 ? SIGTERM : v[1] > 0 ? SIGINT : 0;
-    return (float)v[0];
+    free(dp->scalar);
+    free(dp->micro_scalar);
+    dp->scalar = xcalloc((size_t)n + 1, sizeof *dp->scalar);
+    dp->micro_scalar = xcalloc((size_t)n + 1, sizeof *dp->micro_scalar);
+    for (int i = 0; i < n; i++)
+        dp->scalar[i] = names[i];
+    dp->nscalar = n;
+}
+
+float rt_dp_loss(RtDp *dp, float last, const float *extra_last, float *extra)
+{
+    int sig = rt_stop_signal(), n = dp->nscalar;
+    double *v = xmalloc(sizeof(double) * (size_t)(n + 3));
+    double div = (double)(dp->nmicro + 1);
+    v[0] = ((double)last + dp->micro_loss) / div;
+    for (int i = 0; i < n; i++)
+        v[1 + i] = ((double)extra_last[i] + (dp->nmicro ? dp->micro_scalar[i] : 0)) / div;
+    v[n + 1] = sig == SIGINT;
+    v[n + 2] = sig != 0 && sig != SIGINT;
+    rt_comm_mean(dp->comm, v, dp->size > 1 ? n + 3 : n + 1);
+    dp->stop = v[n + 2] > 0 ? SIGTERM : v[n + 1] > 0 ? SIGINT : 0;
+    float loss = (float)v[0];
+    for (int i = 0; i < n; i++)
+        extra[i] = (float)v[1 + i];
+    free(v);
+    return loss;
 }
 
 int rt_dp_stop(const RtDp *dp)
@@ -330,4 +365,14 @@ bool rt_stdout_tty(void)
     if (v && getenv("OMPI_COMM_WORLD_SIZE"))
         return strcmp(v, "1") == 0;
     return isatty(1);
+}
+
+int rt_stdout_columns(void)
+{
+    struct winsize ws;
+    if (ioctl(1, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0)
+        return ws.ws_col;
+    const char *c = getenv("COLUMNS");
+    int n = c ? atoi(c) : 0;
+    return n > 0 && n < 10000 ? n : 80;
 }

@@ -168,6 +168,13 @@ typedef struct {
     int64_t ckpt_step;    /* the last checkpoint written (-1: none) */
     StepTimes times;      /* per step, ms */
     double peak_gflops;   /* MFU's denominator (0: unknown) */
+    /* the model's extra scalar outputs (an auxiliary loss, a cross-entropy
+     * term): shown on the step, eval and final lines */
+    int nx;
+    const char **x_name;  /* output names (the model graph's strings) */
+    int *x_t, *x_e;       /* tensor ids in tg and eg (-1: eg lacks it) */
+    float *x_val;         /* last step's values (mean over ranks, micro-batches) */
+    double *x_eval;       /* last evaluation's means */
 } Run;
 
 enum { PH_DATA, PH_STEP, PH_EVAL, PH_CKPT, PH__N };
@@ -471,6 +478,45 @@ static void push_state(Run *r)
  * Batches are read one at a time; their sums go over the ranks EVAL_CHUNK
  * batches at a time (the same values, added in the same order, as all at
  * once). */
+/* The model's outputs other than "loss" that are float scalars (one
+ * element, f32 or bf16), in declaration order: an auxiliary loss, the terms
+ * of a total. Registered with dp so micro-batches and ranks average them. */
+static void find_extra_scalars(Run *r)
+{
+    const Graph *g = r->m->g;
+    r->x_name = xcalloc((size_t)g->outs.n + 1, sizeof *r->x_name);
+    r->x_t = xcalloc((size_t)g->outs.n + 1, sizeof *r->x_t);
+    r->x_e = xcalloc((size_t)g->outs.n + 1, sizeof *r->x_e);
+    for (int i = 0; i < g->outs.n; i++) {
+        const char *name = g->outs.v[i].name;
+        const Shape *s = &g->t.v[g->outs.v[i].t].s;
+        if (strcmp(name, "loss") == 0 || shape_numel(s) != 1 ||
+            (s->dtype != DT_F32 && s->dtype != DT_BF16))
+            continue;
+        int t = ir_find_output(r->tg, name);
+        if (t < 0)
+            continue;
+        r->x_name[r->nx] = name;
+        r->x_t[r->nx] = t;
+        r->x_e[r->nx] = r->eg ? ir_find_output(r->eg, name) : -1;
+        r->nx++;
+    }
+    r->x_val = xcalloc((size_t)r->nx + 1, sizeof *r->x_val);
+    r->x_eval = xcalloc((size_t)r->nx + 1, sizeof *r->x_eval);
+    rt_dp_set_scalars(r->dp, r->x_name, r->nx);
+}
+
+/* " | NAME VALUE" for each extra scalar (vals: floats, or doubles when
+ * dv), into buf. */
+static void fmt_extras(const Run *r, const float *fv, const double *dv, char *buf, size_t n)
+{
+    size_t k = 0;
+    buf[0] = 0;
+    for (int i = 0; i < r->nx && k < n; i++)
+        k += (size_t)snprintf(buf + k, n - k, " | %s %.6f", r->x_name[i],
+                              dv ? dv[i] : (double)fv[i]);
+}
+
 static bool evaluate(Run *r, Diag *d)
 {
     double t_start = ir_now();
@@ -498,6 +544,7 @@ static bool evaluate(Run *r, Diag *d)
     /* v: per batch of the chunk (slot j) the weighted loss sum and the
      * weight sum, then right and total; summed over ranks at its end */
     double *v = xcalloc((size_t)(2 * cn + 2), sizeof *v);
+    double *xs = xcalloc((size_t)r->nx + 1, sizeof *xs); /* extra scalars' sums */
     double loss = 0;
     int64_t right = 0, total = 0;
     for (int64_t k = 0; k < nb; k++) {
@@ -509,6 +556,7 @@ static bool evaluate(Run *r, Diag *d)
             if (!rt_exec_run(r->ee, r->c.seed, r->step, d)) {
                 free(logits);
                 free(v);
+                free(xs);
                 return false;
             }
             double w = (double)r->B;
@@ -520,6 +568,12 @@ static bool evaluate(Run *r, Diag *d)
             if (w > 0)
                 v[2 * j] += w * read_loss(r->ee, r->eg);
             v[2 * j + 1] += w;
+            for (int i = 0; i < r->nx; i++) {
+                float x = NAN;
+                if (r->x_e[i] >= 0)
+                    read_f32(r->ee, &r->eg->t.v[r->x_e[i]], &x);
+                xs[i] += x;
+            }
             if (!acc)
                 continue;
             read_f32(r->ee, lt, logits);
@@ -553,6 +607,12 @@ static bool evaluate(Run *r, Diag *d)
     free(logits);
     r->last_val_loss = loss / (double)nb;
     r->have_val = true;
+    if (r->nx) { /* means over batches, pieces and ranks */
+        rt_comm_mean(r->comm, xs, r->nx);
+        for (int i = 0; i < r->nx; i++)
+            r->x_eval[i] = xs[i] / (double)(nb * K);
+    }
+    free(xs);
     if (acc) {
         r->have_acc = true;
         r->acc_right = right;
@@ -696,13 +756,48 @@ static void fmt_mfu(char *buf, size_t n, double flops, const Graph *g, double ms
         snprintf(buf, n, "MFU n/a (no known peak: --peak-gflops), HFU n/a");
 }
 
-static void progress(Run *r, float loss)
+/* The status line on a terminal, rewritten in place (at most ten times a
+ * second): step/total, loss and the extra scalars, then tokens/s, MFU and
+ * the time left at the median step time so far, cut to the terminal's
+ * width. */
+static void progress(Run *r, float loss, const char *extras, int64_t tokens)
 {
-    int w = 30;
-    int k = r->steps > 0 ? (int)(w * r->step / r->steps) : w;
-    printf("\r[%.*s%*s] %lld/%lld loss %.4f", k, "##############################", w - k, "",
-           (long long)r->step, (long long)r->steps, (double)loss);
+    char mfu[64], line[1024], left[48];
+    double step_ms = ir_median(r->times.ms, r->times.n);
+    fmt_mfu(mfu, sizeof mfu, r->flops, r->tg, step_ms, r->peak_gflops);
+    char *paren = strstr(mfu, " of "); /* "MFU 4.1%" is enough here */
+    if (paren)
+        *paren = 0;
+    double s = step_ms * 1e-3 * (double)(r->steps - r->step);
+    long long m = (long long)(s / 60);
+    if (m >= 60)
+        snprintf(left, sizeof left, "%lldh%02lldm left", m / 60, m % 60);
+    else
+        snprintf(left, sizeof left, "%lldm%02llds left", m, (long long)s % 60);
+    int n = snprintf(line, sizeof line, "step %lld/%lld | loss %.4f%s | %.0f tok/s | %s | %s",
+                     (long long)r->step, (long long)r->steps, (double)loss, extras,
+                     (double)tokens / (step_ms * 1e-3), mfu, left);
+    int cols = rt_stdout_columns();
+    if (n > cols - 1 && cols > 1)
+        line[cols - 1] = 0;
+    printf("\r\033[K%s", line);
     fflush(stdout);
+}
+
+/* Steps between two step lines in a log: log_every when set, else about
+ * 30 lines per run (a 1-2-5 step: 100 for 3000 steps, 1 for 30). */
+static int64_t log_interval(const TrainCfg *c, int64_t steps)
+{
+    if (c->log_every > 0)
+        return c->log_every;
+    double want = (double)steps / 30.0;
+    int64_t step = 1;
+    for (int64_t p = 1; p <= INT64_MAX / 10; p *= 10) {
+        if ((double)p >= want) { step = p; break; }
+        if ((double)(2 * p) >= want) { step = 2 * p; break; }
+        if ((double)(5 * p) >= want) { step = 5 * p; break; }
+    }
+    return step;
 }
 
 void rt_pass_opts(const TrainCfg *c, const RtGraphFlags *f, PassOpts *po)
@@ -901,6 +996,11 @@ static void trace_kernels(Run *r, double t_start, int64_t nth)
  * missing (the run failed before making it). */
 static void run_free(Run *r)
 {
+    free(r->x_name);
+    free(r->x_t);
+    free(r->x_e);
+    free(r->x_val);
+    free(r->x_eval);
     if (r->vals) {
         for (int i = 0; i < r->tg->t.n; i++)
             free(r->vals[i]);
@@ -953,6 +1053,9 @@ int rt_train(const Model *m, const TrainOpts *o)
     int lr_id = ir_find_tensor(r.tg, "lr");
     const Tensor *lr_t = lr_id >= 0 ? &r.tg->t.v[lr_id] : NULL;
     bool tty = rt_stdout_tty() && !o->quiet;
+    int64_t log_every = log_interval(&r.c, r.c.steps - r.step);
+    double last_status = 0; /* when the status line was last rewritten (10 per s at most) */
+    find_extra_scalars(&r);
     int64_t tokens = r.B * r.T * rt_dp_rows_factor(r.dp), first = r.step;
     float loss = NAN;
     bool skip = r.c.on_nonfinite && strcmp(r.c.on_nonfinite, "skip") == 0;
@@ -971,7 +1074,9 @@ int rt_train(const Model *m, const TrainOpts *o)
         double t_b = ir_now();
         if (!rt_exec_run(r.te, r.c.seed, r.step, &d))
             goto out;
-        loss = rt_dp_loss(r.dp, read_loss(r.te, r.tg));
+        for (int i = 0; i < r.nx; i++)
+            read_f32(r.te, &r.tg->t.v[r.x_t[i]], &r.x_val[i]);
+        loss = rt_dp_loss(r.dp, read_loss(r.te, r.tg), r.x_val, r.x_val);
         double t_c = ir_now();
         rt_dp_after_step(r.dp, r.trace, r.t0, r.step - first < TRACE_KERNEL_STEPS);
         phase(&r, PH_DATA, t_a, t_b);
@@ -1008,8 +1113,12 @@ int rt_train(const Model *m, const TrainOpts *o)
         if (bad)
             snprintf(skipped, sizeof skipped, " | skipped: %s, update not applied (%lld so far)",
                      why, (long long)++r.skipped);
-        bool log = !o->quiet && (r.c.log_every <= 0 || r.step % r.c.log_every == 0 ||
-                                 r.step == first + 1 || r.step == r.steps || bad);
+        /* a terminal gets one status line (below); a log gets the first
+         * and last steps, every log_every-th and every skipped one */
+        bool log = !o->quiet && (!tty || o->verbose || bad) &&
+                   (r.step % log_every == 0 || r.step == first + 1 || r.step == r.steps || bad);
+        char extras[512];
+        fmt_extras(&r, r.x_val, NULL, extras, sizeof extras);
         if (log) {
             char mfu[64], mem[32];
             fmt_mfu(mfu, sizeof mfu, r.flops, r.tg, step_ms, r.peak_gflops);
@@ -1017,11 +1126,11 @@ int rt_train(const Model *m, const TrainOpts *o)
             char eta[96] = "";
             if (rt_dp_size(r.dp) > 1)
                 fmt_eta(eta, sizeof eta, ir_median(r.times.ms, r.times.n), r.steps - r.step);
-            printf("%sstep %5lld/%lld | loss %.6f | lr %.3e | %8.2f ms | %9.0f tok/s | %s | "
+            printf("%sstep %5lld/%lld | loss %.6f%s | lr %.3e | %8.2f ms | %9.0f tok/s | %s | "
                    "mem %s%s%s\n",
                    tty ? "\r\033[K" : "", (long long)r.step, (long long)r.steps,
-                   (double)loss, lr_t ? rt_lr_at(&r.c, r.step - 1, r.steps) : 0.0, step_ms,
-                   (double)tokens / (step_ms * 1e-3), mfu, mem, eta, skipped);
+                   (double)loss, extras, lr_t ? rt_lr_at(&r.c, r.step - 1, r.steps) : 0.0,
+                   step_ms, (double)tokens / (step_ms * 1e-3), mfu, mem, eta, skipped);
             fflush(stdout);
         }
         if (r.c.eval_every > 0 && r.step % r.c.eval_every == 0 && r.step < r.steps &&
@@ -1029,8 +1138,10 @@ int rt_train(const Model *m, const TrainOpts *o)
             if (!evaluate(&r, &d))
                 goto out;
             if (!o->quiet) {
-                printf("%seval  %5lld | val loss %.6f", tty ? "\r\033[K" : "",
-                       (long long)r.step, r.last_val_loss);
+                char ex[512];
+                fmt_extras(&r, NULL, r.x_eval, ex, sizeof ex);
+                printf("%seval  %5lld | val loss %.6f%s", tty ? "\r\033[K" : "",
+                       (long long)r.step, r.last_val_loss, ex);
                 if (r.have_acc)
                     printf(" | accuracy %.2f%% (%lld/%lld)", 100 * r.last_acc,
                            (long long)r.acc_right, (long long)r.acc_total);
@@ -1041,8 +1152,11 @@ int rt_train(const Model *m, const TrainOpts *o)
         if (ckpt && r.c.checkpoint_every > 0 && r.step % r.c.checkpoint_every == 0 &&
             r.step < r.steps && !save_checkpoint(&r, ckpt, &d))
             goto out;
-        if (tty)
-            progress(&r, loss);
+        double now = ir_now();
+        if (tty && (now - last_status >= 0.1 || r.step == r.steps)) {
+            progress(&r, loss, extras, tokens);
+            last_status = now;
+        }
     }
     if (tty)
         printf("\r\033[K");
@@ -1077,8 +1191,12 @@ int rt_train(const Model *m, const TrainOpts *o)
         printf("final: step %lld | train loss n/a (no step ran)", (long long)r.step);
     else
         printf("final: step %lld | train loss %.9g", (long long)r.step, (double)loss);
+    for (int i = 0; i < r.nx && r.step > first; i++)
+        printf(" | %s %.9g", r.x_name[i], (double)r.x_val[i]);
     if (r.have_val)
         printf(" | val loss %.9g", r.last_val_loss);
+    for (int i = 0; i < r.nx && r.have_val; i++)
+        printf(" | val %s %.9g", r.x_name[i], r.x_eval[i]);
     if (r.have_acc)
         printf(" | accuracy %.2f%% (%lld/%lld held-out)", 100 * r.last_acc,
                (long long)r.acc_right, (long long)r.acc_total);
