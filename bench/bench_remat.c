@@ -118,7 +118,7 @@ int main(int argc, char **argv)
     if (sweep) {
         Diag d = {{0}};
         double t0 = ir_now();
-        if (!pass_remat_sweep(g, &po, 8, stdout, &d)) {
+        if (!pass_remat_sweep(g, &po, 8, stdout, NULL, &d)) {
             fprintf(stderr, "%s\n", d.msg);
             return 1;
         }

@@ -251,7 +251,16 @@ bool pass_remat_solve(const Graph *g, int64_t kept_limit, int solver, double *co
  * the smallest feasible to the no-recompute peak; per budget auto and each
  * fixed policy: fits, planned peak, extra FLOPs %, predicted step time.
  * Plans through o->after as pass_remat does (pass_opts_after(o, "remat")). */
-bool pass_remat_sweep(const Graph *g, const PassOpts *o, int npoints, FILE *f, Diag *d);
+/* One budget of the sweep: auto's choice there (fits false: none fits). */
+typedef struct {
+    int64_t budget, peak;
+    bool fits;
+    double extra_flops; /* share of the step's FLOPs recomputed */
+    double step_seconds; /* the cost model's predicted step */
+} RematSweepPoint;
+/* The table on f (NULL: not printed); with pts, auto's npoints rows there. */
+bool pass_remat_sweep(const Graph *g, const PassOpts *o, int npoints, FILE *f,
+                      RematSweepPoint *pts, Diag *d);
 
 /* comm.c: data-parallel gradient averaging, when o->nranks > 1 or
  * o->grad_accum > 1 (otherwise the graph is unchanged). Runs after the

@@ -61,8 +61,13 @@ double pass_remat_flops(const Graph *g)
     return f;
 }
 
-bool pass_remat_sweep(const Graph *g, const PassOpts *o, int npoints, FILE *f, Diag *d)
+bool pass_remat_sweep(const Graph *g, const PassOpts *o, int npoints, FILE *out,
+                      RematSweepPoint *pts, Diag *d)
 {
+    /* without a table to print, print it nowhere */
+    FILE *f = out ? out : fopen("/dev/null", "w");
+    if (!f)
+        die("remat sweep: cannot open /dev/null");
     Prob *P = pass_remat_prob_new(g);
     Evals E = {g, P, o, {0}, 0, 0, 0};
     const int fixed[] = {REMAT_NONE, REMAT_SELECTIVE, REMAT_FULL};
@@ -80,6 +85,8 @@ bool pass_remat_sweep(const Graph *g, const PassOpts *o, int npoints, FILE *f, D
     if (smallest == INT64_MAX || fpeak[0] < 0) {
         snprintf(d->msg, sizeof d->msg, "remat sweep: no plan could be built");
         pass_remat_prob_free(P);
+        if (!out)
+            fclose(f);
         return false;
     }
     double base = pass_remat_step_seconds(g), step_flops = ir_graph_flops(g);
@@ -105,6 +112,10 @@ bool pass_remat_sweep(const Graph *g, const PassOpts *o, int npoints, FILE *f, D
         int64_t budget = smallest + (int64_t)((double)(fpeak[0] - smallest) * i / (npoints - 1));
         Choice c;
         bool fits = pass_remat_search(&E, budget, o->remat_solver, &c);
+        if (pts)
+            pts[i] = (RematSweepPoint){budget, fits ? c.peak : -1, fits,
+                                       fits ? c.s.flops / step_flops : 0,
+                                       fits ? base + c.s.cost : 0};
         pass_remat_fmt_bytes(budget, b0, sizeof b0);
         if (fits) {
             pass_remat_fmt_bytes(c.peak, b1, sizeof b1);
@@ -132,5 +143,7 @@ bool pass_remat_sweep(const Graph *g, const PassOpts *o, int npoints, FILE *f, D
         }
     }
     pass_remat_prob_free(P);
+    if (!out)
+        fclose(f);
     return true;
 }

@@ -67,6 +67,7 @@ static const char usage_compile[] =
     "  --threads N          --target cpu: threads (default: one per core)\n"
     "  --remeasure          --target cpu: measure this machine again\n"
     "  --cache-dir DIR      kernel cache, where the cpu measurement is kept\n"
+    "  --log-dir DIR        write DIR/report.html: memory timeline, remat sweep\n"
     "  --dot FILE           write the compiled graph for Graphviz: fused kernels\n"
     "                       as clusters, recomputed ops dashed, comm buckets red\n"
     "                       (`dot -Tsvg FILE -o graph.svg`)\n"
@@ -91,6 +92,8 @@ static const char usage_train[] =
     "  --save-weights W     write the params to W at the end\n"
     "  --profile            print a per-kernel time table at the end\n"
     "  --trace FILE         write a Chrome trace (chrome://tracing, Perfetto)\n"
+    "  --log-dir DIR        write DIR/metrics.jsonl (per step), DIR/eval.jsonl and\n"
+    "                       DIR/report.html (plots; one file, no network)\n"
     "  --peak-gflops X      MFU denominator in GFLOP/s (default: n/a)\n"
     "  --memory-budget SIZE recompute activations to fit SIZE (see kiln compile)\n"
     "  --nproc N            train on N local ranks, 1..1024 (processes, through\n"
@@ -127,6 +130,7 @@ typedef struct {
     const char *cache_dir; /* --cache-dir */
     bool remeasure;        /* --remeasure: measure the CPU again */
     const char *dot;       /* --dot FILE: the compiled graph for Graphviz */
+    const char *log_dir;   /* --log-dir DIR: report.html */
     int ndump_written;
     bool dump_error;
     MemPlan *mp;           /* the memplan pass's plan (its dump reads it) */
@@ -315,6 +319,42 @@ static bool write_dot(const Graph *g, const char *path)
     return ok;
 }
 
+/* --log-dir DIR for kiln compile: report.html with the memory timeline of
+ * the compiled step g and the remat sweep of the model (8 budgets; the
+ * pipeline up to simplify run again on a copy, as --remat-sweep does). */
+static bool write_compile_report(const Model *m, const PassOpts *po, const Graph *g,
+                                 const MemPlan *mp, const char *dir)
+{
+    Diag d = {{0}};
+    char title[512];
+    snprintf(title, sizeof title, "kiln compile %s", m->path);
+    RunLog *l = rt_runlog_open(dir, title, false, &d);
+    bool ok = l != NULL;
+    if (ok) {
+        rt_runlog_memory(l, g, mp);
+        Graph *sg = ir_clone(m->g);
+        PassOpts so = *po;
+        so.memplan = NULL;
+        so.remat_report = NULL;
+        pass_opts_after(&so, "remat");
+        RematSweepPoint pts[8];
+        if (pass_pipeline(sg, po, "simplify", NULL, NULL, &d) &&
+            pass_remat_sweep(sg, &so, 8, NULL, pts, &d))
+            rt_runlog_sweep(l, pts, 8);
+        else
+            fprintf(stderr, "kiln: note: no remat sweep in the report (%s)\n", d.msg);
+        ir_free(sg);
+        d.msg[0] = 0;
+        ok = rt_runlog_close(l, &d);
+        rt_runlog_free(l);
+    }
+    if (!ok)
+        fprintf(stderr, "kiln: %s\n", d.msg);
+    else
+        printf("report: %s/report.html\n", dir);
+    return ok;
+}
+
 static int online_cores(void)
 {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
@@ -361,6 +401,11 @@ static int cmd_compile(int argc, char **argv)
                                 v);
         } else if (strcmp(argv[i], "--remat-sweep") == 0) {
             a.remat_sweep = true;
+        } else if ((v = flag_value(argc, argv, &i, "--log-dir"))) {
+            if (!*v)
+                return bad_flag("compile", "--log-dir expects a directory, got",
+                                "an empty value");
+            a.log_dir = v;
         } else if ((v = flag_value(argc, argv, &i, "--dot"))) {
             if (!*v)
                 return bad_flag("compile", "--dot expects a file name, got", "an empty value");
@@ -427,7 +472,7 @@ static int cmd_compile(int argc, char **argv)
         PassOpts so = po;
         pass_opts_after(&so, "remat");
         if (!pass_pipeline(g, &po, "simplify", NULL, NULL, &d) ||
-            !pass_remat_sweep(g, &so, 8, stdout, &d)) {
+            !pass_remat_sweep(g, &so, 8, stdout, NULL, &d)) {
             fprintf(stderr, "%s\n", d.msg);
             rc = 1;
         }
@@ -456,6 +501,8 @@ static int cmd_compile(int argc, char **argv)
         a.dump_error = true;
     }
     if (a.dot && !write_dot(g, a.dot))
+        rc = 1;
+    if (a.log_dir && !write_compile_report(m, &po, g, mp, a.log_dir))
         rc = 1;
     if (a.dump_dir && !a.dump_error)
         printf("dumps written to %s/\n", a.dump_dir);
@@ -509,6 +556,10 @@ static int cmd_train(int argc, char **argv)
             o.save_weights = v;
         } else if ((v = flag_value(argc, argv, &i, "--trace"))) {
             o.trace = v;
+        } else if ((v = flag_value(argc, argv, &i, "--log-dir"))) {
+            if (!*v)
+                return bad_flag("train", "--log-dir expects a directory, got", "an empty value");
+            o.log_dir = v;
         } else if ((v = flag_value(argc, argv, &i, "--cache-dir"))) {
             o.cache_dir = v;
         } else if ((v = flag_value(argc, argv, &i, "--dump-ir"))) {

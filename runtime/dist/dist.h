@@ -120,6 +120,9 @@ int rt_dp_stop(const RtDp *dp);
 /* After a step: records its communication and exposed time; with
  * trace_events, its collectives on the trace's tid 2 (times from t0). */
 void rt_dp_after_step(RtDp *dp, Trace *trace, double t0, bool trace_events);
+/* The last step's bucket all-reduces (rank 0's view; valid until the next
+ * rt_dp_after_step); their count. */
+int rt_dp_last_events(const RtDp *dp, const RtCommEvent **ev);
 /* "comm: ..." line: median per step of communication, exposed time, overlap. */
 void rt_dp_summary(const RtDp *dp, FILE *f);
 /* Whether standard output is a terminal; a rank (whose output mpirun always

@@ -31,6 +31,7 @@ struct RtDp {
     const char **scalar; /* the extra scalar outputs (rt_dp_set_scalars) */
     int nscalar;
     double *micro_scalar; /* their sums over this step's micro-batches */
+    VEC(RtCommEvent) last_ev; /* the last step's collectives */
     VEC(double) comm_ms;
     VEC(double) exposed_ms;
     bool have_comm;
@@ -85,6 +86,7 @@ int rt_dp_close(RtDp *dp, int rc)
     free(dp->param_pair);
     free(dp->scalar);
     free(dp->micro_scalar);
+    vec_free(&dp->last_ev);
     vec_free(&dp->comm_ms);
     vec_free(&dp->exposed_ms);
     free(dp->trace_path);
@@ -283,10 +285,17 @@ bool rt_dp_step(RtDp *dp, Exec *te, const Graph *tg, const DataBatch *global, ui
     return true;
 }
 
+int rt_dp_last_events(const RtDp *dp, const RtCommEvent **ev)
+{
+    *ev = dp ? dp->last_ev.v : NULL;
+    return dp ? dp->last_ev.n : 0;
+}
+
 void rt_dp_set_scalars(RtDp *dp, const char *const *names, int n)
 {
     free(dp->scalar);
     free(dp->micro_scalar);
+    vec_free(&dp->last_ev);
     dp->scalar = xcalloc((size_t)n + 1, sizeof *dp->scalar);
     dp->micro_scalar = xcalloc((size_t)n + 1, sizeof *dp->micro_scalar);
     for (int i = 0; i < n; i++)
@@ -329,6 +338,10 @@ void rt_dp_after_step(RtDp *dp, Trace *trace, double t0, bool trace_events)
         if (st.ev[i].bucket >= 0)
             ms += 1e3 * (st.ev[i].end - st.ev[i].start);
     dp->have_comm = true;
+    dp->last_ev.n = 0;
+    for (int i = 0; i < st.nev; i++)
+        if (st.ev[i].bucket >= 0)
+            vec_push(&dp->last_ev, st.ev[i]);
     vec_push(&dp->comm_ms, ms);
     vec_push(&dp->exposed_ms, 1e3 * st.exposed_s);
     if (!trace || !trace_events)

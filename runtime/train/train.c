@@ -175,6 +175,9 @@ typedef struct {
     int *x_t, *x_e;       /* tensor ids in tg and eg (-1: eg lacks it) */
     float *x_val;         /* last step's values (mean over ranks, micro-batches) */
     double *x_eval;       /* last evaluation's means */
+    RunLog *log;          /* --log-dir (rank 0), else NULL */
+    MemPlan *mp;          /* the step's memory plan, kept for the report */
+    int grad_norm_t;      /* tg's "grad_norm" output, -1: none */
 } Run;
 
 enum { PH_DATA, PH_STEP, PH_EVAL, PH_CKPT, PH__N };
@@ -620,6 +623,8 @@ static bool evaluate(Run *r, Diag *d)
         r->last_acc = (double)r->acc_right / (double)r->acc_total;
     }
     free(v);
+    rt_runlog_eval(r->log, r->step, r->last_val_loss, r->x_name, r->x_eval, r->nx,
+                   acc ? r->last_acc : NAN);
     phase(r, PH_EVAL, t_start, ir_now());
     return true;
 }
@@ -833,6 +838,8 @@ static bool build(Run *r, Diag *d)
     rt_pass_opts(&r->c, &gf, &po);
     double t_start = ir_now();
     r->tg = ir_clone(r->m->g);
+    if (r->o->log_dir)
+        po.memplan = &r->mp; /* the report's memory timeline */
     if (!pass_pipeline(r->tg, &po, NULL, NULL, NULL, d))
         return false;
     if (r->o->dump_ir && rt_dp_rank(r->dp) == 0) { /* the graph kiln compile builds */
@@ -852,7 +859,8 @@ static bool build(Run *r, Diag *d)
     if (!ir_verify(r->eg, err, sizeof err))
         die("evaluation graph invalid after simplify/schedule: %s", err);
     ExecOpts eo = {.device = r->o->device, .threads = r->o->threads,
-                   .profile = r->o->profile || r->o->trace, .cache_dir = r->o->cache_dir,
+                   .profile = r->o->profile || r->o->trace || r->o->log_dir,
+                   .cache_dir = r->o->cache_dir,
                    .verbose = r->o->verbose, .precision = r->c.precision,
                    .tf32 = r->c.tf32 && strcmp(r->c.tf32, "true") == 0,
                    .cuda_graph = r->c.cuda_graph && strcmp(r->c.cuda_graph, "true") == 0};
@@ -996,6 +1004,8 @@ static void trace_kernels(Run *r, double t_start, int64_t nth)
  * missing (the run failed before making it). */
 static void run_free(Run *r)
 {
+    rt_runlog_free(r->log);
+    pass_memplan_free(r->mp);
     free(r->x_name);
     free(r->x_t);
     free(r->x_e);
@@ -1056,6 +1066,14 @@ int rt_train(const Model *m, const TrainOpts *o)
     int64_t log_every = log_interval(&r.c, r.c.steps - r.step);
     double last_status = 0; /* when the status line was last rewritten (10 per s at most) */
     find_extra_scalars(&r);
+    r.grad_norm_t = ir_find_output(r.tg, "grad_norm");
+    if (o->log_dir && rt_dp_rank(r.dp) == 0) {
+        char title[512];
+        snprintf(title, sizeof title, "kiln train %s", r.m->path);
+        if (!(r.log = rt_runlog_open(o->log_dir, title, true, &d)))
+            goto out;
+    }
+    double last_b = 0, last_c = 0; /* the last step's compute interval */
     int64_t tokens = r.B * r.T * rt_dp_rows_factor(r.dp), first = r.step;
     float loss = NAN;
     bool skip = r.c.on_nonfinite && strcmp(r.c.on_nonfinite, "skip") == 0;
@@ -1081,6 +1099,7 @@ int rt_train(const Model *m, const TrainOpts *o)
         rt_dp_after_step(r.dp, r.trace, r.t0, r.step - first < TRACE_KERNEL_STEPS);
         phase(&r, PH_DATA, t_a, t_b);
         phase(&r, PH_STEP, t_b, t_c);
+        last_b = t_b, last_c = t_c;
         trace_kernels(&r, t_b, r.step - first);
         r.data_pos++;
         r.step++;
@@ -1119,6 +1138,20 @@ int rt_train(const Model *m, const TrainOpts *o)
                    (r.step % log_every == 0 || r.step == first + 1 || r.step == r.steps || bad);
         char extras[512];
         fmt_extras(&r, r.x_val, NULL, extras, sizeof extras);
+        if (r.log) {
+            float gn = NAN;
+            if (r.grad_norm_t >= 0)
+                read_f32(r.te, &r.tg->t.v[r.grad_norm_t], &gn);
+            double model = r.flops - pass_remat_flops(r.tg), peak = r.peak_gflops * 1e9;
+            RtStepRecord rec = {
+                .step = r.step, .loss = loss, .extra_name = r.x_name, .extra = r.x_val,
+                .nextra = r.nx, .lr = lr_t ? rt_lr_at(&r.c, r.step - 1, r.steps) : NAN,
+                .grad_norm = gn, .ms = step_ms, .tokens_per_s = (double)tokens / (step_ms * 1e-3),
+                .mfu = peak > 0 ? model / (step_ms * 1e-3) / peak : NAN,
+                .hfu = peak > 0 ? r.flops / (step_ms * 1e-3) / peak : NAN,
+                .mem_bytes = rt_exec_arena_bytes(r.te)};
+            rt_runlog_step(r.log, &rec);
+        }
         if (log) {
             char mfu[64], mem[32];
             fmt_mfu(mfu, sizeof mfu, r.flops, r.tg, step_ms, r.peak_gflops);
@@ -1216,6 +1249,20 @@ int rt_train(const Model *m, const TrainOpts *o)
     rt_dp_summary(r.dp, stdout);
     if (o->profile)
         print_profile(&r, loop_ms, r.step - first);
+    if (r.log) {
+        const RtProfRow *pr;
+        int np = rt_exec_profile(r.te, &pr);
+        rt_runlog_profile(r.log, pr, np, med, r.step - first);
+        rt_runlog_memory(r.log, r.tg, r.mp);
+        const RtCommEvent *ev;
+        int nev = rt_dp_last_events(r.dp, &ev);
+        rt_runlog_comm(r.log, rt_dp_size(r.dp), last_b, last_c, ev, nev);
+        if (!rt_runlog_close(r.log, &d))
+            goto out;
+        if (!o->quiet)
+            printf("report: %s/report.html, %s/metrics.jsonl, %s/eval.jsonl\n", o->log_dir,
+                   o->log_dir, o->log_dir);
+    }
     if (o->result) {
         o->result->final_loss = loss;
         o->result->val_loss = r.have_val ? r.last_val_loss : NAN;

@@ -138,6 +138,38 @@ bool rt_weights_load(const char *path, const Graph *g, void **vals, Diag *d);
  * when their writer is gone (either may be NULL); returns how many. */
 int rt_ckpt_sweep_tmp(const char *prefix, const char *weights);
 
+/* ---- runlog.c: --log-dir: metrics.jsonl, eval.jsonl and report.html -------
+ * The JSON lines are written as the run goes; report.html once, at
+ * rt_runlog_close, from the series and the sections handed in before. */
+typedef struct RunLog RunLog;
+typedef struct {
+    int64_t step;
+    double loss;
+    const char *const *extra_name; /* the model's extra scalar outputs */
+    const float *extra;
+    int nextra;
+    double lr, grad_norm, ms, tokens_per_s, mfu, hfu; /* nan: unknown */
+    int64_t mem_bytes;
+} RtStepRecord;
+/* Creates dir if needed; with training, opens its metrics.jsonl and
+ * eval.jsonl. NULL with d set when it cannot. */
+RunLog *rt_runlog_open(const char *dir, const char *title, bool training, Diag *d);
+void rt_runlog_step(RunLog *l, const RtStepRecord *s);
+void rt_runlog_eval(RunLog *l, int64_t step, double val_loss, const char *const *names,
+                    const double *vals, int n, double accuracy /* nan: none */);
+/* Report sections, in the order called: the profile (rows of
+ * rt_exec_profile over `steps` steps), memplan's memory timeline with the
+ * recomputed ops, rank 0's compute and communication in one step (several
+ * ranks), the remat sweep (kiln compile). */
+void rt_runlog_profile(RunLog *l, const RtProfRow *rows, int n, double step_ms, int64_t steps);
+void rt_runlog_memory(RunLog *l, const Graph *g, const MemPlan *mp);
+void rt_runlog_comm(RunLog *l, int nranks, double step_start, double step_end,
+                    const RtCommEvent *ev, int nev);
+void rt_runlog_sweep(RunLog *l, const RematSweepPoint *p, int n);
+/* Writes DIR/report.html (atomically); false with d set on a write error. */
+bool rt_runlog_close(RunLog *l, Diag *d);
+void rt_runlog_free(RunLog *l);
+
 /* ---- report.c: Chrome trace and per-kernel profile table ------------------
  * The trace collects complete events ("ph":"X", microseconds) in memory and
  * writes {"traceEvents": [...]} atomically at close; chrome://tracing and
@@ -184,6 +216,7 @@ typedef struct {
     const char *checkpoint;   /* --checkpoint PREFIX: overrides train.checkpoint */
     bool profile;             /* --profile */
     const char *trace;        /* --trace FILE */
+    const char *log_dir;      /* --log-dir DIR: metrics, eval log, report.html */
     double peak_gflops;       /* --peak-gflops: MFU denominator; 0: "n/a" */
     int remat;                /* --remat: RematPolicy (REMAT_DEFAULT: auto with a budget) */
     bool verbose, quiet;      /* -v, -q */
