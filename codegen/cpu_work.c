@@ -22,7 +22,7 @@ static int64_t phase_cost(const CgKernel *k, const CgPhase *ph)
         }
         switch (e->op) {
         case CG_EXP: case CG_LOG: case CG_SIN: case CG_COS: case CG_TANH: case CG_SIGMOID:
-        case CG_POW:
+        case CG_POW: case CG_ERF:
             c += 16;
             break;
         case CG_DIV: case CG_SQRT: case CG_RSQRT:

@@ -88,6 +88,8 @@ static CgOp elem_op(Opcode c)
     case OP_SIGMOID: return CG_SIGMOID;
     case OP_RELU: return CG_RELU;
     case OP_ABS: return CG_ABS;
+    case OP_ERF: return CG_ERF;
+    case OP_FLOOR: return CG_FLOOR;
     case OP_ADD: return CG_ADD;
     case OP_SUB: return CG_SUB;
     case OP_MUL: return CG_MUL;

@@ -73,6 +73,158 @@ end
 
 function nn.silu(x) return x * sigmoid(x) end
 
+-- GELU, exact: x * Phi(x) = 0.5 x (1 + erf(x / sqrt 2)).
+function nn.gelu_exact(x)
+  return 0.5 * x * (1 + erf(x * (1 / math.sqrt(2))))
+end
+
+-- softplus(x) = log(1 + exp(x)), in a form that neither overflows nor
+-- loses small values: max(x, 0) + log(1 + exp(-|x|)).
+function nn.softplus(x)
+  return relu(x) + log(1 + exp(-abs(x)))
+end
+
+local function axis_of(x, axis)
+  axis = axis or -1
+  local a = axis < 0 and x.rank + axis or axis
+  if a < 0 or a >= x.rank then
+    error(string.format("axis %d out of range for a tensor of rank %d", axis, x.rank), 3)
+  end
+  return a
+end
+
+-- log(sum(exp(x))) over axis (default -1), reduced axis kept with keepdim.
+function nn.logsumexp(x, axis, keepdim)
+  local a = axis_of(x, axis)
+  local m = stop_gradient(x:max(a, true))
+  local r = log(exp(x - m):sum(a, true)) + m
+  if keepdim then return r end
+  local s = r.shape
+  table.remove(s, a + 1)
+  return r:reshape(s)
+end
+
+-- Lua's // and % for tensors (the operators call these): floor division
+-- and the remainder with the divisor's sign; integers stay integers.
+function nn.floor_div(a, b)
+  local t = type(a) == "userdata" and a or b
+  if t.dtype ~= "i32" and t.dtype ~= "i64" then
+    return floor(a / b)
+  end
+  local q = a / b                        -- integer division truncates
+  local r = a - q * b
+  local neg_r = type(r) == "userdata" and r:lt(0) or nil
+  local neg_b = type(b) == "userdata" and b:lt(0) or (b < 0 and 1 or 0)
+  -- q - 1 where the remainder is nonzero and its sign differs from b's
+  local off
+  if type(neg_b) == "number" then
+    off = neg_b == 1 and r:gt(0) or r:lt(0)
+  else
+    off = r:ne(0) * neg_r:ne(neg_b)
+  end
+  return q - off:cast(q.dtype)
+end
+
+function nn.floor_mod(a, b)
+  return a - nn.floor_div(a, b) * b
+end
+
+-- One-hot encoding: integer idx [...] -> [..., n] of dtype (default f32).
+function nn.one_hot(idx, n, dtype)
+  local s = idx.shape
+  s[#s + 1] = 1
+  local full = idx.shape
+  full[#full + 1] = n
+  return iota(full, -1, idx.dtype):eq(idx:reshape(s)):cast(dtype or "f32")
+end
+
+-- Index of the largest element along axis (default -1; the first one on
+-- ties), i32; the axis is dropped unless keepdim.
+function nn.argmax(x, axis, keepdim)
+  local a = axis_of(x, axis)
+  local n = x.shape[a + 1]
+  local idx = iota(x.shape, a, "i32")
+  local cand = select(x:eq(x:max(a, true)), idx, n)
+  return cand:min(a, keepdim)
+end
+
+-- The k largest elements along the last axis and their indices (i32), in
+-- descending order: values [..., k] (differentiable), indices [..., k].
+function nn.topk(x, k)
+  local n = x.shape[x.rank]
+  if type(k) ~= "number" or k < 1 or k > n or k ~= math.floor(k) then
+    error(string.format("nn.topk: k must be an integer in 1..%d (got %s)", n, tostring(k)), 2)
+  end
+  local vals, idxs, rest = {}, {}, x
+  local col = iota(x.shape, x.rank - 1, "i32")
+  for _ = 1, k do
+    local i = nn.argmax(rest, -1, true)
+    local hot = col:eq(i)
+    vals[#vals + 1] = select(hot, x, 0):sum(-1, true)
+    idxs[#idxs + 1] = i
+    rest = select(hot, -math.huge, rest)
+  end
+  return concat(vals, -1), concat(idxs, -1)
+end
+
+-- Inclusive cumulative sum along axis (default -1): log2(n) shifted adds
+-- (Hillis-Steele), so the graph is O(n log n) work and differentiable.
+function nn.cumsum(x, axis)
+  local a = axis_of(x, axis)
+  local n = x.shape[a + 1]
+  local shift = 1
+  while shift < n do
+    x = x + x:slice(a, 0, n - shift):pad(a, shift, 0)
+    shift = shift * 2
+  end
+  return x
+end
+
+-- Pieces of x along axis: split(x, {sizes}, axis) or split(x, size, axis)
+-- (pieces of `size`, the last one shorter); returns a table.
+function nn.split(x, sizes, axis)
+  local a = axis_of(x, axis)
+  local n = x.shape[a + 1]
+  if type(sizes) == "number" then
+    local s = {}
+    for at = 0, n - 1, sizes do s[#s + 1] = math.min(sizes, n - at) end
+    sizes = s
+  end
+  local out, at = {}, 0
+  for _, len in ipairs(sizes) do
+    out[#out + 1] = x:slice(a, at, at + len)
+    at = at + len
+  end
+  if at ~= n then
+    error(string.format("nn.split: sizes add up to %d (expected %d, the axis' length)", at, n), 2)
+  end
+  return out
+end
+
+-- n pieces of (nearly) equal size along axis, as torch.chunk.
+function nn.chunk(x, n, axis)
+  local len = x.shape[axis_of(x, axis) + 1]
+  return nn.split(x, math.ceil(len / n), axis)
+end
+
+-- Drop a size-1 axis / insert one at axis.
+function nn.squeeze(x, axis)
+  local a = axis_of(x, axis)
+  local s = x.shape
+  if s[a + 1] ~= 1 then
+    error(string.format("nn.squeeze: axis %d has size %d (expected 1)", a, s[a + 1]), 2)
+  end
+  table.remove(s, a + 1)
+  return x:reshape(s)
+end
+
+function nn.unsqueeze(x, axis)
+  local a = axis < 0 and x.rank + 1 + axis or axis
+  local s = x.shape
+  table.insert(s, a + 1, 1)
+  return x:reshape(s)
+end
+
 -- softmax and log_softmax subtract the row max for range only: the result
 -- does not depend on it, so it is a stop_gradient (its gradient is zero
 -- analytically; differentiating it would only add rounding noise, a

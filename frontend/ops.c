@@ -455,6 +455,63 @@ static int l_slice(lua_State *L)
     return 1;
 }
 
+/* pad(x, axis, lo, hi, value): lo and hi elements of value (default 0)
+ * before and after x along axis. A nonzero value is pad(x - value) + value,
+ * so the gradient is the pad op's (a slice). */
+static int l_pad(lua_State *L)
+{
+    int x = fe_check_tensor(L, 1, "pad");
+    Shape s = fe_tshape(L, x);
+    int ax = norm_axis(L, check_int(L, 2, "pad", "axis"), &s, "pad");
+    int64_t lo = check_int(L, 3, "pad", "lo");
+    int64_t hi = lua_isnoneornil(L, 4) ? 0 : check_int(L, 4, "pad", "hi");
+    if (!lua_isnoneornil(L, 5) && lua_type(L, 5) != LUA_TNUMBER)
+        fe_error(L, "pad: value must be a number (got %s)", luaL_typename(L, 5));
+    double v = lua_isnoneornil(L, 5) ? 0 : lua_tonumber(L, 5);
+    if (lo < 0 || hi < 0 || lo > ((int64_t)1 << 40) || hi > ((int64_t)1 << 40))
+        fe_error(L, "pad: lo and hi must be counts of elements (expected 0 .. 2^40, got %lld "
+                    "and %lld)", (long long)lo, (long long)hi);
+    if (lo == 0 && hi == 0) {
+        lua_settop(L, 1);
+        return 1;
+    }
+    if (v != 0 && !dtype_is_float(s.dtype))
+        fe_error(L, "pad: a nonzero value needs a float tensor (got %s)", SSTR(&s));
+    int src = x;
+    if (v != 0) {
+        int c = scalar_const(L, 5, s.dtype, "pad");
+        int in[2] = {x, bcast_to(L, c, &s)};
+        src = emit(L, OP_SUB, in, 2, NULL);
+    }
+    OpAttr a = {.nia = s.rank, .rank = s.rank};
+    memcpy(a.shape, s.dim, sizeof a.shape);
+    a.ia[ax] = lo;
+    a.shape[ax] = s.dim[ax] + lo + hi;
+    Shape r = fe_checked_shape(L, s.dtype, s.rank, a.shape, "pad");
+    int y = emit(L, OP_PAD, &src, 1, &a);
+    if (v != 0) {
+        int c = scalar_const(L, 5, s.dtype, "pad");
+        int in[2] = {y, bcast_to(L, c, &r)};
+        y = emit(L, OP_ADD, in, 2, NULL);
+    }
+    fe_push_tensor(L, y);
+    return 1;
+}
+
+/* a // b and a % b on tensors: Lua's floor division and modulo (the
+ * remainder has the divisor's sign), written by nn.floor_div / nn.floor_mod
+ * in nn.lua with the primitives (so autodiff needs no rule). */
+static int l_floor_op(lua_State *L)
+{
+    const char *fn = lua_tostring(L, lua_upvalueindex(1));
+    if (lua_getglobal(L, "nn") != LUA_TTABLE || lua_getfield(L, -1, fn) != LUA_TFUNCTION)
+        fe_error(L, "nn.%s is missing (the nn library was replaced?)", fn);
+    lua_pushvalue(L, 1);
+    lua_pushvalue(L, 2);
+    lua_call(L, 2, 1);
+    return 1;
+}
+
 static int l_concat(lua_State *L)
 {
     if (!lua_istable(L, 1))
@@ -690,7 +747,8 @@ void fe_open_ops(lua_State *L, const FeGlobal *extra)
     } unary[] = {{"exp", OP_EXP},         {"log", OP_LOG},   {"sin", OP_SIN},
                  {"cos", OP_COS},         {"tanh", OP_TANH}, {"sqrt", OP_SQRT},
                  {"rsqrt", OP_RSQRT},     {"sigmoid", OP_SIGMOID}, {"relu", OP_RELU},
-                 {"abs", OP_ABS},         {"neg", OP_NEG},
+                 {"abs", OP_ABS},         {"neg", OP_NEG},   {"erf", OP_ERF},
+                 {"floor", OP_FLOOR},
                  {"stop_gradient", OP_STOP_GRADIENT}},
       binaryops[] = {{"add", OP_ADD},     {"sub", OP_SUB},  {"mul", OP_MUL},
                      {"div", OP_DIV},     {"pow", OP_POW},  {"maximum", OP_MAX},
@@ -712,6 +770,7 @@ void fe_open_ops(lua_State *L, const FeGlobal *extra)
     reg(L, methods, "permute", l_permute, -1, true);
     reg(L, methods, "transpose", l_transpose, -1, true);
     reg(L, methods, "slice", l_slice, -1, true);
+    reg(L, methods, "pad", l_pad, -1, true);
     reg(L, methods, "broadcast_to", l_broadcast_to, -1, true);
     reg(L, methods, "gather", l_gather, -1, true);
     reg(L, methods, "embedding", l_gather, -1, false);
@@ -750,6 +809,12 @@ void fe_open_ops(lua_State *L, const FeGlobal *extra)
     lua_pushinteger(L, OP_NEG);
     lua_pushcclosure(L, l_unary, 1);
     lua_setfield(L, -2, "__unm");
+    lua_pushstring(L, "floor_div");
+    lua_pushcclosure(L, l_floor_op, 1);
+    lua_setfield(L, -2, "__idiv");
+    lua_pushstring(L, "floor_mod");
+    lua_pushcclosure(L, l_floor_op, 1);
+    lua_setfield(L, -2, "__mod");
     lua_pushcfunction(L, l_no_compare);
     lua_setfield(L, -2, "__lt");
     lua_pushcfunction(L, l_no_compare);

@@ -503,6 +503,7 @@ bool ir_infer(const Graph *g, Opcode code, const int *in, int nin, const OpAttr 
         }
         if (nin == 1) {
             if (!dtype_is_float(s[0]->dtype) && code != OP_NEG && code != OP_ABS &&
+                code != OP_FLOOR &&
                 code != OP_RELU && code != OP_STOP_GRADIENT)
                 FAIL("%s: needs a float tensor (expected f32/bf16/f16, got %s)", info->name,
                      dtype_name(s[0]->dtype));

@@ -92,6 +92,8 @@ static double unary(Opcode c, double x)
     case OP_SIGMOID: return 1.0 / (1.0 + exp(-x));
     case OP_RELU: return x > 0 ? x : 0.0;
     case OP_ABS: return fabs(x);
+    case OP_ERF: return erf(x);
+    case OP_FLOOR: return floor(x);
     default: die("interp: %s is not unary", ir_opinfo[c].name);
     }
 }
@@ -179,7 +181,8 @@ static void eval(const Graph *g, const Op *op, double **val, const InterpOpts *o
         break;
     }
     case OP_NEG: case OP_EXP: case OP_LOG: case OP_SIN: case OP_COS: case OP_TANH:
-    case OP_SQRT: case OP_RSQRT: case OP_SIGMOID: case OP_RELU: case OP_ABS:
+    case OP_SQRT: case OP_RSQRT: case OP_SIGMOID: case OP_RELU: case OP_ABS: case OP_ERF:
+    case OP_FLOOR:
         for (int64_t i = 0; i < n; i++)
             r[i] = unary(op->code, x[i]);
         break;

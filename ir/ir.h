@@ -167,6 +167,8 @@ typedef enum {
     X(SIGMOID,     "sigmoid",     1, OC_ELEMWISE,   AK_NONE,  4)         \
     X(RELU,        "relu",        1, OC_ELEMWISE,   AK_NONE,  1)         \
     X(ABS,         "abs",         1, OC_ELEMWISE,   AK_NONE,  1)         \
+    X(ERF,         "erf",         1, OC_ELEMWISE,   AK_NONE,  8)         \
+    X(FLOOR,       "floor",       1, OC_ELEMWISE,   AK_NONE,  1)         \
     X(CAST,        "cast",        1, OC_ELEMWISE,   AK_NONE,  0)         \
     X(STOP_GRADIENT, "stop_gradient", 1, OC_ELEMWISE, AK_NONE, 0)         \
     X(ADD,         "add",         2, OC_ELEMWISE,   AK_NONE,  1)         \
@@ -227,7 +229,8 @@ const char *ir_class_name(OpClass c);
 /* Semantics of each opcode (the interpreter is the normative definition):
  * const      result filled with attr.f, dtype attr.dtype, shape attr.shape
  * iota       result[i...] = index along attr axis ia[0], dtype attr.dtype
- * unary      same shape & dtype; relu(x)=max(x,0); rsqrt=1/sqrt
+ * unary      same shape & dtype; relu(x)=max(x,0); rsqrt=1/sqrt; erf the
+ *            error function; floor rounds toward -inf (identity on integers)
  * cast       result dtype attr.dtype
  * binary     same shape & dtype; pow(a,b)=a^b; max/min elementwise
  * compare    lt..ne: same shape & dtype in, u8 out (1 or 0)

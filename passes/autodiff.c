@@ -358,6 +358,13 @@ static void vjp(AD *ad, const Op *op, const bool *live)
         accumulate(ad, x, sel(ad, m, un(ad, OP_NEG, gy), gy));
         break;
     }
+    case OP_ERF: /* 2/sqrt(pi) exp(-x^2) */
+        c = bin(ad, OP_MUL, fill(ad, 1.1283791670955126, &xs),
+                un(ad, OP_EXP, un(ad, OP_NEG, bin(ad, OP_MUL, x, x))));
+        accumulate(ad, x, bin(ad, OP_MUL, gy, c));
+        break;
+    case OP_FLOOR: /* piecewise constant: zero almost everywhere, as for compares */
+        break;
     case OP_CAST: {
         OpAttr a = {.dtype = xs.dtype};
         accumulate(ad, x, xs.dtype == ys.dtype ? gy : emit(ad, OP_CAST, &gy, 1, &a));

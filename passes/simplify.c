@@ -123,6 +123,8 @@ static bool eval_elem(Opcode c, DType idt, const double *x, double *r)
     case OP_SIGMOID: *r = 1.0 / (1.0 + exp(-a)); return flt;
     case OP_RELU: *r = a > 0 ? a : 0; return true;
     case OP_ABS: *r = fabs(a); return true;
+    case OP_ERF: *r = erf(a); return flt;
+    case OP_FLOOR: *r = floor(a); return true;
     case OP_CAST: *r = a; return true;
     case OP_ADD: *r = a + b; return true;
     case OP_SUB: *r = a - b; return true;

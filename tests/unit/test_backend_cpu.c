@@ -213,7 +213,7 @@ static void test_elementwise_f32(void **state)
     out(g, "max", op2(g, OP_MAX, x, y));
     out(g, "min", op2(g, OP_MIN, x, y));
     static const Opcode un[] = {OP_NEG, OP_EXP, OP_SIN, OP_COS, OP_TANH,
-                                OP_SIGMOID, OP_RELU, OP_ABS};
+                                OP_SIGMOID, OP_RELU, OP_ABS, OP_ERF, OP_FLOOR};
     for (size_t i = 0; i < sizeof un / sizeof un[0]; i++)
         out(g, ir_opinfo[un[i]].name, op1(g, un[i], x));
     out(g, "log", op1(g, OP_LOG, ax1));

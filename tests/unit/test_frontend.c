@@ -230,7 +230,7 @@ static void test_bad_scripts(void **state)
         {"train_key", {"train", "unknown key", "stepz", NULL}},
         {"minimize_nonscalar", {"minimize", "scalar", "f32[4,8]", NULL}},
         {"syntax", {"unexpected symbol", NULL}},
-        {"runtime", {"attempt to call a nil value", "undefined_layer", NULL}},
+        {"runtime", {"'undefined_layer' is not a kiln function", NULL}},
         {"bad_init", {"param 'w'", "init must be", "number", NULL}},
         {"nn_shape", {"matmul", "inner dimensions", "f32[4,8]", "f32[16,4]"}},
         {"ce_float_targets", {"nn.cross_entropy", "expected i32/i64", "got f32[4]", NULL}},
@@ -713,6 +713,119 @@ static void test_numerics(void **state)
     free(dir);
 }
 
+/* The ops of issue 19 built from the primitives (nn.lua) and the new
+ * primitives (erf, floor, pad, // and % on tensors), against values
+ * computed here; ties in argmax/topk pick the first index. */
+static const char new_ops_script[] =
+    "local x = input('x', {2, 6}, 'f32')\n"
+    "local n = input('n', {2, 6}, 'i32')\n"
+    "local w = param('w', {6}, ones())\n"
+    "output('gelu', nn.gelu_exact(x))\n"
+    "output('softplus', nn.softplus(x * 30))\n"
+    "output('lse', nn.logsumexp(x, -1))\n"
+    "output('fdiv', n // 4)\n"
+    "output('fmod', n % 4)\n"
+    "output('fdivn', n // -4)\n"
+    "output('fmodn', n % -4)\n"
+    "output('ndivn', n // (n * 0 + 3))\n"
+    "output('xf', x // 0.5)\n"
+    "output('xm', x % 0.5)\n"
+    "output('hot', nn.one_hot(n:slice(1, 0, 1):reshape({2}) % 6, 6))\n"
+    "output('am', nn.argmax(x))\n"
+    "local v, i = nn.topk(x, 3)\n"
+    "output('tv', v)\n"
+    "output('ti', i)\n"
+    "output('cs', nn.cumsum(x))\n"
+    "output('s2', nn.split(x, {2, 4}, -1)[2])\n"
+    "output('ch', nn.chunk(x, 4, -1)[3])\n"
+    "output('pd', x:pad(1, 1, 2, -1))\n"
+    "output('sq', nn.squeeze(nn.unsqueeze(x, 0), 0))\n"
+    "minimize((x * w):sum())\n";
+
+static void test_new_ops(void **state)
+{
+    (void)state;
+    char *dir = scratch_dir("fe");
+    char path[512];
+    snprintf(path, sizeof path, "%s/new_ops.lua", dir);
+    write_file(path, new_ops_script);
+    Model *mod = load_model(path, NULL, 0);
+    Graph *g = mod->g;
+    double **val = ir_interp_alloc(g);
+    double x[12] = {0.3, -1.2, 2.5, 2.5, -0.75, 0.1, -2.0, 1.0, 0.0, 3.25, -0.2, 1.0};
+    double n[12] = {7, -7, 8, -8, 0, 1, 3, -1, 13, -13, 5, 2};
+    set_input(g, val, "x", x);
+    set_input(g, val, "n", n);
+    set_input(g, val, "w", n);
+    InterpOpts o = {1, 0};
+    ir_interp(g, val, &o);
+    double gelu[12], sp[12], lse[2] = {0, 0}, fdiv[12], fmod_[12], fdivn[12], fmodn[12],
+        ndivn[12], xf[12], xm[12], hot[12] = {0}, am[2], tv[6], ti[6], cs[12], s2[8], ch[4],
+        pd[18];
+    for (int e = 0; e < 12; e++) {
+        double v = x[e], z = 30 * v, k = n[e];
+        gelu[e] = 0.5 * v * (1 + erf(v / sqrt(2)));
+        sp[e] = z > 0 ? z + log1p(exp(-z)) : log1p(exp(z));
+        fdiv[e] = floor(k / 4), fmod_[e] = k - 4 * floor(k / 4);
+        fdivn[e] = floor(k / -4), fmodn[e] = k + 4 * floor(k / -4);
+        ndivn[e] = floor(k / 3);
+        xf[e] = floor(v / 0.5), xm[e] = v - 0.5 * floor(v / 0.5);
+    }
+    for (int r = 0; r < 2; r++) {
+        const double *v = x + 6 * r;
+        double m = -INFINITY, s = 0, c = 0;
+        for (int k = 0; k < 6; k++)
+            m = fmax(m, v[k]);
+        for (int k = 0; k < 6; k++)
+            s += exp(v[k] - m);
+        lse[r] = m + log(s);
+        int nn0 = (int)n[6 * r];
+        hot[6 * r + ((nn0 % 6) + 6) % 6] = 1;
+        bool used[6] = {false};
+        for (int j = 0; j < 3; j++) { /* topk: the first of equal values first */
+            int b = -1;
+            for (int k = 0; k < 6; k++)
+                if (!used[k] && (b < 0 || v[k] > v[b]))
+                    b = k;
+            used[b] = true;
+            tv[3 * r + j] = v[b], ti[3 * r + j] = b;
+        }
+        am[r] = ti[3 * r];
+        for (int k = 0; k < 6; k++) {
+            c += v[k];
+            cs[6 * r + k] = c;
+        }
+        for (int k = 0; k < 4; k++)
+            s2[4 * r + k] = v[2 + k];
+        ch[2 * r] = v[4], ch[2 * r + 1] = v[5]; /* chunk 4 of 6: pieces of 2, the third */
+        pd[9 * r] = -1, pd[9 * r + 7] = -1, pd[9 * r + 8] = -1;
+        for (int k = 0; k < 6; k++)
+            pd[9 * r + 1 + k] = v[k];
+    }
+    numeric_expect(g, val, "gelu", gelu, 12);
+    numeric_expect(g, val, "softplus", sp, 12);
+    numeric_expect(g, val, "lse", lse, 2);
+    numeric_expect(g, val, "fdiv", fdiv, 12);
+    numeric_expect(g, val, "fmod", fmod_, 12);
+    numeric_expect(g, val, "fdivn", fdivn, 12);
+    numeric_expect(g, val, "fmodn", fmodn, 12);
+    numeric_expect(g, val, "ndivn", ndivn, 12);
+    numeric_expect(g, val, "xf", xf, 12);
+    numeric_expect(g, val, "xm", xm, 12);
+    numeric_expect(g, val, "hot", hot, 12);
+    numeric_expect(g, val, "am", am, 2);
+    numeric_expect(g, val, "tv", tv, 6);
+    numeric_expect(g, val, "ti", ti, 6);
+    numeric_expect(g, val, "cs", cs, 12);
+    numeric_expect(g, val, "s2", s2, 8);
+    numeric_expect(g, val, "pd", pd, 18);
+    numeric_expect(g, val, "sq", x, 12);
+    numeric_expect(g, val, "ch", ch, 4);
+    ir_interp_free(g, val);
+    fe_model_free(mod);
+    free(dir);
+}
+
 /* dropout: p = 0 adds nothing; p > 0 adds one random op per call, each with
  * its own key, and keeps about 1-p of the elements scaled by 1/(1-p). */
 static void test_dropout(void **state)
@@ -772,6 +885,7 @@ int main(void)
         cmocka_unit_test(test_sandbox_memory_sweep),
         cmocka_unit_test(test_setting_ranges),
         cmocka_unit_test(test_numerics),
+        cmocka_unit_test(test_new_ops),
         cmocka_unit_test(test_dropout),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

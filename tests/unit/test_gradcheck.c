@@ -128,8 +128,9 @@ typedef struct {
     Domain dom;
 } Case;
 
-static Opcode unary_ops[] = {OP_NEG, OP_EXP, OP_LOG, OP_SIN, OP_COS, OP_TANH,
-                             OP_SQRT, OP_RSQRT, OP_SIGMOID, OP_RELU, OP_ABS, OP_ALLREDUCE};
+static Opcode unary_ops[] = {OP_NEG,     OP_EXP,  OP_LOG, OP_SIN, OP_COS,
+                             OP_TANH,    OP_SQRT, OP_RSQRT, OP_SIGMOID, OP_RELU,
+                             OP_ABS,     OP_ERF,  OP_ALLREDUCE};
 
 static int b_unary(Ctx *c, int v)
 {
@@ -370,7 +371,7 @@ static int b_xent(Ctx *c, int v)
 }
 
 static const Case cases[] = {
-    {"unary", b_unary, 12, D_ANY},     {"binary", b_binary, 14, D_ANY},
+    {"unary", b_unary, 13, D_ANY},     {"binary", b_binary, 14, D_ANY},
     {"reuse", b_reuse, 2, D_ANY},      {"cast", b_cast, 1, D_ANY},
     {"select", b_select, 1, D_ANY},    {"broadcast", b_broadcast, 5, D_ANY},
     {"reshape", b_reshape, 2, D_ANY},  {"permute", b_permute, 2, D_ANY},
@@ -384,7 +385,7 @@ static const Case cases[] = {
 
 /* Opcodes with no gradient by design. Every other opcode must be covered. */
 static const Opcode no_grad_ops[] = {OP_CONST, OP_IOTA, OP_LT, OP_LE, OP_GT,
-                                     OP_GE,    OP_EQ,   OP_NE, OP_RANDOM,
+                                     OP_GE,    OP_EQ,   OP_NE, OP_RANDOM, OP_FLOOR,
                                      OP_ALLREDUCE_START, OP_ALLREDUCE_WAIT};
 
 /* ---- harness -------------------------------------------------------------- */

@@ -52,7 +52,8 @@ static Graph *build_all(void)
                 ((OpAttr){.f = 2.5, .dtype = DT_F32, .rank = 3, .shape = {2, 3, 4}}));
     OP0(g, OP_IOTA, ((OpAttr){.ia = {1}, .nia = 1, .dtype = DT_I32, .rank = 2, .shape = {2, 3}}));
     Opcode un[] = {OP_NEG, OP_EXP, OP_LOG, OP_SIN, OP_COS, OP_TANH,
-                   OP_SQRT, OP_RSQRT, OP_SIGMOID, OP_RELU, OP_ABS, OP_STOP_GRADIENT,
+                   OP_SQRT, OP_RSQRT, OP_SIGMOID, OP_RELU, OP_ABS, OP_ERF, OP_FLOOR,
+                   OP_STOP_GRADIENT,
                    OP_ALLREDUCE};
     for (int i = 0; i < (int)(sizeof un / sizeof un[0]); i++)
         OP(g, un[i], (OpAttr){0}, x);
