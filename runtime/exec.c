@@ -325,6 +325,13 @@ const struct CgPlan *rt_exec_plan(const Exec *e) { return e->plan; }
 
 const char *rt_exec_device(const Exec *e) { return e->be->name; }
 
+bool rt_exec_device_info(const Exec *e, RtDeviceInfo *out)
+{
+    const BackendExt *x = e->be->ext;
+    memset(out, 0, sizeof *out);
+    return x && x->device_info && x->device_info(e->ctx, out);
+}
+
 static int cmp_row(const void *a, const void *b)
 {
     const RtProfRow *x = a, *y = b;

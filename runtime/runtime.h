@@ -48,6 +48,14 @@ typedef struct {
     void (*lost)(void *arg, const char *what);
 } RtCommGroup;
 
+/* A GPU as its driver describes it. */
+typedef struct {
+    char name[128];        /* "NVIDIA H200" */
+    int cc_major, cc_minor;
+    int sms;
+    double clock_hz;       /* the SMs' peak clock */
+} RtDeviceInfo;
+
 /* One collective: a gradient bucket's all-reduce or a host one. */
 typedef struct {
     int bucket;        /* -1: a host collective */
@@ -84,6 +92,8 @@ bool rt_dump_kernels(const Graph *g, const char *dir, Diag *d);
 const struct CgPlan *rt_exec_plan(const Exec *e);
 /* The backend's name: "cpu", "cuda". */
 const char *rt_exec_device(const Exec *e);
+/* The GPU e runs on; false on the CPU or when the backend cannot say. */
+bool rt_exec_device_info(const Exec *e, RtDeviceInfo *out);
 
 /* Profile (ExecOpts.profile): time per plan step accumulated over runs,
  * one row per kernel name (kernels shared by several ops aggregate), per
@@ -168,6 +178,8 @@ typedef struct BackendExt {
     /* Bytes of the backend's own arena when it differs from the plan's
      * (CUDA with bf16 activations re-plans it with 2-byte buffers). */
     int64_t (*arena_bytes)(const BackendCtx *c);
+    /* The device the context runs on (MFU's peak); false: unknown. */
+    bool (*device_info)(BackendCtx *c, RtDeviceInfo *out);
 } BackendExt;
 
 /* ---- device.c: choosing a backend; the CUDA module ----------------------

@@ -718,10 +718,27 @@ static int cuda_comm_events(BackendCtx *c, RtCommEvent *ev, int max, double *exp
 
 static int64_t cuda_arena_bytes(const BackendCtx *c) { return c->q->mem->arena_bytes; }
 
+static bool cuda_device_info(BackendCtx *c, RtDeviceInfo *out)
+{
+    int clock_khz = 0;
+    Diag d;
+    if (kc_cu.cuDeviceGetName(out->name, (int)sizeof out->name, c->dev) != CUDA_SUCCESS ||
+        !CU(kc_cu.cuDeviceGetAttribute(&out->cc_major,
+                                       CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, c->dev), &d) ||
+        !CU(kc_cu.cuDeviceGetAttribute(&out->cc_minor,
+                                       CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, c->dev), &d) ||
+        !CU(kc_cu.cuDeviceGetAttribute(&out->sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+                                       c->dev), &d) ||
+        !CU(kc_cu.cuDeviceGetAttribute(&clock_khz, CU_DEVICE_ATTRIBUTE_CLOCK_RATE, c->dev), &d))
+        return false;
+    out->clock_hz = 1e3 * clock_khz;
+    return true;
+}
+
 static const BackendExt backend_cuda_ext = {
     cuda_comm_setup,  cuda_allreduce_start, cuda_allreduce_wait,
     cuda_comm_events, cuda_run_seconds,     cuda_step_times,
-    cuda_arena_bytes,
+    cuda_arena_bytes, cuda_device_info,
 };
 
 static const Backend backend_cuda = {

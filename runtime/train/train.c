@@ -830,6 +830,46 @@ void rt_pass_opts(const TrainCfg *c, const RtGraphFlags *f, PassOpts *po)
         po->nranks = 2;
 }
 
+/* MFU's peak on a GPU without --peak-gflops, FLOP/s (0: unknown), for the
+ * step's precision (bf16 tensor cores; f32 with tf32: TF32 tensor cores;
+ * else the CUDA cores' f32 FMA rate); what it is, into why. A GPU of the
+ * cost model's table (codegen/predict.c, by the name the driver gives) uses
+ * its datasheet figure; another uses the per-architecture dense rate per SM
+ * and clock x SMs x the driver's peak clock. */
+static double gpu_peak(const RtDeviceInfo *di, bool bf16, bool tf32, char *why, size_t n)
+{
+    static const struct {
+        const char *key, *dev;
+    } named[] = {{"H200", "h200"}, {"H100", "h100"}, {"A100", "a100"}, {"B200", "b200"}};
+    const char *what = bf16 ? "bf16 dense" : tf32 ? "TF32 dense" : "f32 (CUDA cores)";
+    for (size_t i = 0; i < sizeof named / sizeof named[0]; i++)
+        if (strstr(di->name, named[i].key)) {
+            const CgDevice *dv = cg_device_find(named[i].dev);
+            snprintf(why, n, "the %s peak of %s (datasheet figure of kiln's %s entry)", what,
+                     di->name, dv->name);
+            return bf16 ? dv->bf16 : tf32 ? dv->tf32 : dv->f32;
+        }
+    /* FLOP per clock per SM, dense: bf16, tf32, f32 */
+    static const struct {
+        int major, minor;
+        double bf16, tf32, f32;
+    } arch[] = {{8, 0, 2048, 1024, 128}, {8, 6, 1024, 512, 256}, {8, 7, 1024, 512, 256},
+                {8, 9, 1024, 512, 256},  {9, 0, 4096, 2048, 256}, {10, 0, 8192, 4096, 256},
+                {12, 0, 2048, 1024, 256}};
+    for (size_t i = 0; i < sizeof arch / sizeof arch[0]; i++)
+        if (arch[i].major == di->cc_major && arch[i].minor == di->cc_minor && di->sms > 0 &&
+            di->clock_hz > 0) {
+            double per = bf16 ? arch[i].bf16 : tf32 ? arch[i].tf32 : arch[i].f32;
+            snprintf(why, n, "the %s peak of %s: %d SMs x %.0f MHz x %.0f FLOP/clock (sm_%d%d)",
+                     what, di->name, di->sms, di->clock_hz / 1e6, per, di->cc_major,
+                     di->cc_minor);
+            return per * di->sms * di->clock_hz;
+        }
+    snprintf(why, n, "%s (sm_%d%d) is not in kiln's table", di->name, di->cc_major,
+             di->cc_minor);
+    return 0;
+}
+
 static bool build(Run *r, Diag *d)
 {
     PassOpts po;
@@ -894,6 +934,19 @@ static bool build(Run *r, Diag *d)
                        "(--peak-gflops overrides)\n", r->peak_gflops, th, th == 1 ? "" : "s");
         } else if (r->o->verbose) {
             fprintf(stderr, "kiln: no measured CPU peak for MFU: %s\n", md.msg);
+        }
+    }
+    RtDeviceInfo di;
+    if (r->peak_gflops <= 0 && rt_exec_device_info(r->te, &di)) {
+        char why[320];
+        bool bf16 = r->c.precision && strcmp(r->c.precision, "bf16") == 0;
+        r->peak_gflops = gpu_peak(&di, bf16, eo.tf32, why, sizeof why) / 1e9;
+        if (rt_dp_rank(r->dp) == 0 && !r->o->quiet) {
+            if (r->peak_gflops > 0)
+                printf("MFU against %.0f GFLOP/s: %s (--peak-gflops overrides)\n",
+                       r->peak_gflops, why);
+            else
+                printf("MFU n/a: %s (--peak-gflops gives the peak)\n", why);
         }
     }
     rt_trace_event(r->trace, "compile", "train", 1e6 * (t_start - r->t0),

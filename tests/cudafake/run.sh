@@ -124,6 +124,13 @@ fail() { echo "--- cuda log (tail)"; tail -30 "$T/cuda.log"; echo "FAIL: $*"; ex
 [ $rc -eq 0 ] || fail "the CUDA run on the fakes failed (exit $rc)"
 grep -q "^fake " "$T/cuda.log" && fail "a fake library complained: $(grep '^fake ' "$T/cuda.log" | head -3)"
 grep -q "no cuBLASLt algorithm for epilogue" "$T/cuda.log" && fail "cuBLASLt refused an epilogue"
+# MFU's peak from the device (the fake says "fake H200 ...": the table's
+# H200 figure for the run's precision)
+case $case in
+bf16*) peak="MFU against 989400 GFLOP/s: the bf16 dense peak of fake H200" ;;
+*) peak="MFU against 66900 GFLOP/s: the f32 (CUDA cores) peak of fake H200" ;;
+esac
+grep -qF "$peak" "$T/cuda.log" || fail "no device peak line (expected '$peak')"
 case $case in
 *_graph) grep -q "step captured into a CUDA graph" "$T/cuda.log" || fail "no CUDA graph was captured" ;;
 nproc2) grep -q "NCCL all-reduces, rank 0 of 2" "$T/cuda.log" || fail "the run did not use NCCL on 2 ranks" ;;
