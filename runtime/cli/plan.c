@@ -359,7 +359,7 @@ static void print_plan(const PlanArgs *a, const CgDevice *dev, const CgClusterOp
     printf("  pipeline (1F1B) %s, of which bubble %s (%.1f%%)\n", x, y, 100 * p->bubble);
     ir_fmt_seconds(p->t_dp, x, sizeof x);
     ir_fmt_seconds(p->t_dp_exposed, y, sizeof y);
-    printf("  DP gradient communication %s in %d buckets at %.0f GB/s, exposed %s%s\n", x,
+    printf("  DP gradient communication %s in %d buckets at %.3g GB/s, exposed %s%s\n", x,
            m->nbuckets, p->dp_bw / 1e9, y, o->no_overlap ? " (--no-overlap)" : "");
     ir_fmt_seconds(p->t_opt, x, sizeof x);
     ir_fmt_seconds(p->step_predicted, y, sizeof y);
@@ -617,6 +617,7 @@ int cli_plan(int argc, char **argv)
         cpu.mem = pages > 0 && psize > 0 ? (double)pages * (double)psize / local : 0;
         dev = &cpu;
     }
+    double stage_bw = cpu_link ? cpu.bw1 : 0; /* mpi.c stages buckets on one thread */
     CgDevice dv = *dev; /* the device as this plan sees it (--memory) */
     if (a.memory > 0)
         dv.mem = a.memory;
@@ -625,7 +626,7 @@ int cli_plan(int argc, char **argv)
         .gpus = a.gpus, .gpus_per_node = a.gpus_per_node, .tp = a.tp, .pp = a.pp, .dp = a.dp,
         .zero = a.zero, .micro_batches = a.micro_batches > 0 ? a.micro_batches : 1,
         .intra_bw = a.intra_bw > 0 ? a.intra_bw : dev->intra_bw,
-        .inter_bw = a.inter_bw > 0 ? a.inter_bw : dev->inter_bw, .alpha_s = alpha,
+        .inter_bw = a.inter_bw > 0 ? a.inter_bw : dev->inter_bw, .alpha_s = alpha, .stage_bw = stage_bw,
         .tokens = a.tokens, .goodput = a.goodput, .target_days = a.target_days,
         .step_time = a.step_time, .no_overlap = a.no_overlap,
     };
