@@ -89,4 +89,31 @@ PY
     python3 -c "import json,sys; r=json.load(open(sys.argv[1]))['remat_at_memory']; assert r['fits'], r" \
         "$dir/least.json" || fail "the least memory named ($least bytes) does not fit"
 fi
+# --device cpu with 2 ranks: the MPI link between them is measured once
+# through kiln's own transport (under mpirun), cached, and is the plan's link
+if command -v mpirun >/dev/null; then
+    mkdir -p "$dir/cache"
+    cp "${KILN_CACHE_DIR:-/nonexistent}"/cpu-device-*.txt "$dir/cache/" 2>/dev/null
+    cpu=(models/gpt.lua --device cpu --dp 2)
+    KILN_CACHE_DIR="$dir/cache" "$KILN" plan "${cpu[@]}" >"$dir/out" 2>"$dir/err" ||
+        fail "plan --device cpu --dp 2: $(cat "$dir/err")"
+    grep -q "measuring MPI between 2 local ranks" "$dir/err" || fail "no MPI measurement: $(cat "$dir/err")"
+    f="$dir/cache/cpu-mpi-2.txt"
+    [ -f "$f" ] || fail "no $f"
+    grep -q '^ranks=2$' "$f" || fail "$f: $(cat "$f")"
+    bw=$(sed -n 's/^bw=//p' "$f")
+    alpha=$(sed -n 's/^alpha=//p' "$f")
+    awk -v b="$bw" -v a="$alpha" 'BEGIN { exit !(b > 1e6 && a > 0 && a < 1) }' ||
+        fail "$f: implausible bw $bw, alpha $alpha"
+    want=$(awk -v b="$bw" -v a="$alpha" 'BEGIN { printf "links: %.3g GB/s inside a node, 1.25 GB/s between nodes (inside: MPI between local ranks, measured); alpha %.3g us per hop", b / 1e9, a * 1e6 }')
+    grep -qF "  $want" "$dir/out" || fail "links line is not the measured link ($want): $(grep links "$dir/out")"
+    KILN_CACHE_DIR="$dir/cache" "$KILN" plan "${cpu[@]}" >"$dir/out" 2>"$dir/err" || fail "plan again"
+    grep -q "measuring MPI" "$dir/err" && fail "measured again although cached"
+    grep -qF "  $want" "$dir/out" || fail "cached link not used: $(grep links "$dir/out")"
+    sed -i 's/^model=.*/model=another CPU/' "$f"
+    KILN_CACHE_DIR="$dir/cache" "$KILN" plan "${cpu[@]}" >"$dir/out" 2>"$dir/err" || fail "plan, other CPU"
+    grep -q "measuring MPI" "$dir/err" || fail "a cache for another CPU was used"
+else
+    echo "plan: no mpirun; the cpu MPI link is not checked"
+fi
 echo "plan: ok"
