@@ -7,7 +7,8 @@
 # OPENBLAS_NUM_THREADS = THREADS and GOMP_SPINCOUNT=0. The two run
 # interleaved, ROUNDS times each, so that a busy machine slows both alike;
 # each run's median ms/step is taken, then the median over rounds, and the
-# ratio PyTorch / kiln (the goal: at least 1.6).
+# ratio PyTorch / kiln (the goal: at least 1.6), with the ratio of each
+# round's back-to-back pair and their median.
 #
 #   bench/vs_pytorch.sh [KILN] [THREADS] [STEPS] [ROUNDS]
 #
@@ -53,5 +54,8 @@ if [ -z "$py" ]; then
 fi
 t=$(median <"$tmp/torch")
 printf '%-44s %12.2f   (runs: %s)\n' "PyTorch $torch_version (tuned threads)" "$t" "$(tr '\n' ' ' <"$tmp/torch")"
-awk -v k="$k" -v t="$t" 'BEGIN { printf "kiln is %.2fx faster than PyTorch (goal 1.6x)\n", t / k }'
+awk -v k="$k" -v t="$t" 'BEGIN { printf "kiln is %.2fx faster than PyTorch (ratio of the medians; goal 1.6x)\n", t / k }'
+r=$(paste "$tmp/kiln" "$tmp/torch" | awk '{ if ($1 > 0) print $2 / $1 }' | median)
+echo "per round (each pair run back to back): $(paste "$tmp/kiln" "$tmp/torch" |
+    awk '{ if ($1 > 0) printf "%.2fx ", $2 / $1 }')median ${r}x"
 echo "medians of $rounds interleaved runs of $steps steps each; load average at end: $(cut -d' ' -f1-3 /proc/loadavg)"
