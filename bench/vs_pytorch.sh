@@ -57,5 +57,5 @@ printf '%-44s %12.2f   (runs: %s)\n' "PyTorch $torch_version (tuned threads)" "$
 awk -v k="$k" -v t="$t" 'BEGIN { printf "kiln is %.2fx faster than PyTorch (ratio of the medians; goal 1.6x)\n", t / k }'
 r=$(paste "$tmp/kiln" "$tmp/torch" | awk '{ if ($1 > 0) print $2 / $1 }' | median)
 echo "per round (each pair run back to back): $(paste "$tmp/kiln" "$tmp/torch" |
-    awk '{ if ($1 > 0) printf "%.2fx ", $2 / $1 }')median ${r}x"
+    awk '{ if ($1 > 0) printf "%.2fx ", $2 / $1 }')median $(printf %.2f "$r")x"
 echo "medians of $rounds interleaved runs of $steps steps each; load average at end: $(cut -d' ' -f1-3 /proc/loadavg)"
