@@ -10,7 +10,9 @@
  * gradients over DP in the comm pass's buckets (reduce-scatter with ZeRO-1,
  * then an all-gather of the updated params that the next forward hides).
  * Collectives: ring alpha-beta, all-reduce 2(n-1) alpha + 2(n-1)/n bytes /
- * bw; reduce-scatter and all-gather half of each term. */
+ * bw; reduce-scatter and all-gather half of each term. A DP bucket staged
+ * through host memory (the CPU transport, runtime/dist/mpi.c) adds its
+ * three copies: 6 x bytes / stage_bw. */
 #include "codegen.h"
 
 #include <math.h>
@@ -45,6 +47,8 @@ static void dp_comm(const CgClusterModel *m, const CgClusterOpts *o, double scal
         double bytes = m->bucket_bytes[i] * scale;
         double t = o->zero ? cg_ring_half(bytes, o->dp, bw, o->alpha_s)
                            : cg_ring_allreduce(bytes, o->dp, bw, o->alpha_s);
+        if (o->stage_bw > 0 && o->dp > 1) /* pack, scale by 1/n, unpack: read + write each */
+            t += 6.0 * bytes / o->stage_bw;
         double ready = o->no_overlap ? end : m->bucket_ready_s[i] * scale;
         double start = ready > busy_until ? ready : busy_until;
         busy_until = start + t;

@@ -500,6 +500,9 @@ typedef struct {
     int gpus, gpus_per_node, tp, pp, dp, zero, micro_batches;
     double intra_bw, inter_bw; /* bytes/s */
     double alpha_s;            /* latency per ring hop */
+    double stage_bw;           /* > 0: a DP bucket is staged through host memory
+                                  (the CPU transport: packed, scaled, unpacked,
+                                  6 x bytes moved at this bandwidth); 0: in place */
     double peak;               /* per GPU, FLOP/s (MFU) */
     double tokens, goodput, target_days; /* 0: not given */
     double step_time;          /* > 0: a measured step replaces the prediction */

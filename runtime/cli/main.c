@@ -876,6 +876,8 @@ int main(int argc, char **argv)
         return check_stdout(cli_plan(argc, argv));
     if (strcmp(argv[1], "opt") == 0)
         return check_stdout(cmd_opt(argc, argv));
+    if (strcmp(argv[1], "__measure-mpi") == 0) /* kiln plan's MPI measurement, one rank */
+        return rt_mpi_measure_main(argc, argv);
     fprintf(stderr,
             "kiln: unknown command '%s' (expected compile, train, plan or opt; see kiln --help)\n",
             argv[1]);

@@ -18,6 +18,7 @@
 #include "cg_cuda.h"
 #include "codegen.h"
 #include "cpu.h"
+#include "dist.h"
 #include "train.h"
 
 static const char usage_plan[] =
@@ -46,6 +47,8 @@ static const char usage_plan[] =
     "  --target-days D      the step time that finishes in D calendar days\n"
     "  --step-time S        a measured step in seconds; replaces the prediction\n"
     "  --no-overlap         every DP collective after backward\n"
+    "  --memory SIZE        device memory per GPU, e.g. 80GiB (default: the device's;\n"
+    "                       cpu: this machine's memory over its ranks)\n"
     "  --json               one JSON object instead of the table\n"
     "  --threads N          --device cpu: threads (default: one per core)\n"
     "  -h, --help           this text\n";
@@ -55,7 +58,7 @@ typedef struct {
     const char *device;
     int gpus, gpus_per_node, tp, pp, dp, zero, micro_batches, threads;
     int64_t global_batch;
-    double intra_bw, inter_bw, tokens, goodput, target_days, step_time;
+    double intra_bw, inter_bw, tokens, goodput, target_days, step_time, memory;
     bool no_overlap, json;
 } PlanArgs;
 
@@ -114,7 +117,7 @@ static int64_t config_int(const Model *m, const char *key)
 
 /* Compiles m's step with po (shapes only) and measures it on dev. */
 static bool measure(const Model *m, const PassOpts *po, const CgDevice *dev, Variant *v,
-                    Diag *d)
+                    RematReport *rr, Diag *d)
 {
     memset(v, 0, sizeof *v);
     Graph *g = ir_clone(m->g);
@@ -124,7 +127,7 @@ static bool measure(const Model *m, const PassOpts *po, const CgDevice *dev, Var
     CgPrediction *r = NULL;
     PassOpts o1 = *po;
     o1.memplan = &mp; /* memplan ends the pipeline and hands its plan back */
-    o1.remat_report = NULL;
+    o1.remat_report = rr;
     bool ok = pass_pipeline(g, &o1, NULL, NULL, NULL, d) && mp && (p = cg_plan(g, d));
     if (!ok)
         goto out;
@@ -201,8 +204,122 @@ static void variant_free(Variant *v)
     free(v->ready);
 }
 
+/* The remat choice at the device's memory: the remat pass (auto) compiles
+ * the step with the arena budget that leaves each GPU room for its params,
+ * grads and optimizer state (as the projection splits them) and at most
+ * budget_act of activations (activations per GPU = the step's temporaries
+ * / tp). */
+typedef struct {
+    bool ran;          /* the memory is known and the params, grads and state fit it */
+    bool fits;         /* the remat pass found a plan within the budget */
+    double budget_act; /* activation bytes per GPU the memory leaves */
+    double act, total; /* the chosen plan's activations and memory per GPU */
+    double step;       /* its predicted step */
+    double least;      /* !fits: the least memory per GPU the pass found feasible; 0: unknown */
+    RematReport rr;
+    char why[256];
+} RematChoice;
+
+static void remat_at_memory(const Model *m, const PassOpts *po, const CgDevice *dev,
+                            const CgClusterOpts *o, const Variant *v, const CgClusterPlan *p,
+                            RematChoice *rc)
+{
+    memset(rc, 0, sizeof *rc);
+    rc->budget_act = dev->mem - (p->mem_params + p->mem_grads + p->mem_opt);
+    if (dev->mem <= 0 || rc->budget_act <= 0)
+        return;
+    rc->ran = true;
+    double budget = v->persistent + rc->budget_act * o->tp;
+    PassOpts pr = *po;
+    pr.remat = REMAT_AUTO;
+    pr.memory_budget = budget < 4e18 ? (int64_t)budget : (int64_t)4e18;
+    Variant vc;
+    Diag d = {{0}};
+    if (!measure(m, &pr, dev, &vc, &rc->rr, &d)) {
+        /* the pass names the least arena it found feasible (">= BYTES"):
+         * in memory per GPU, the projection's split of it */
+        const char *ge = strstr(d.msg, ">= ");
+        long long least = 0;
+        if (ge && sscanf(ge + 3, "%lld", &least) == 1 && least > 0)
+            rc->least = dev->mem - rc->budget_act + ((double)least - v->persistent) / o->tp;
+        snprintf(rc->why, sizeof rc->why, "%.200s", d.msg);
+        return;
+    }
+    CgClusterPlan pc;
+    CgClusterOpts oc = *o;
+    oc.step_time = 0;
+    rc->fits = cg_cluster_project(&vc.m, &oc, &pc, rc->why, sizeof rc->why);
+    rc->act = pc.mem_act;
+    rc->total = pc.mem_total;
+    rc->step = pc.step_predicted;
+    variant_free(&vc);
+}
+
+static void print_remat_choice(const CgDevice *dev, const RematChoice *c)
+{
+    char x[32], y[32], z[32];
+    ir_fmt_bytes(dev->mem, 2, x, sizeof x);
+    if (dev->mem <= 0)
+        return;
+    if (!c->ran) {
+        printf("  remat at %s: params, grads and optimizer state alone do not fit\n", x);
+        return;
+    }
+    ir_fmt_bytes(c->budget_act, 2, y, sizeof y);
+    printf("  remat at %s (room for %s of activations per GPU): ", x, y);
+    if (!c->fits && c->least > 0) {
+        ir_fmt_bytes(c->least, 2, z, sizeof z);
+        printf("no plan fits; the least memory per GPU the remat pass found is %s\n", z);
+        return;
+    }
+    if (!c->fits) {
+        printf("no plan fits: %s\n", c->why);
+        return;
+    }
+    const RematReport *r = &c->rr;
+    ir_fmt_bytes(c->act, 2, x, sizeof x);
+    ir_fmt_seconds(c->step, y, sizeof y);
+    if (r->nrecomputed == 0) {
+        printf("auto keeps all %d saved activations (remat none): activations %s, step %s\n",
+               r->nsaved, x, y);
+        return;
+    }
+    ir_fmt_bytes((double)r->recomputed_bytes, 2, z, sizeof z);
+    printf("auto recomputes %d of %d saved activations (%s; %s): activations %s, step %s\n",
+           r->nrecomputed, r->nsaved, z,
+           r->chosen == REMAT_AUTO ? "its own plan"
+                                   : pass_remat_policy_name(r->chosen),
+           x, y);
+}
+
+static void remat_choice_json(cJSON *j, const CgDevice *dev, const RematChoice *c)
+{
+    cJSON *r = cJSON_AddObjectToObject(j, "remat_at_memory");
+    cJSON_AddNumberToObject(r, "memory", dev->mem);
+    cJSON_AddBoolToObject(r, "static_fits", c->ran);
+    cJSON_AddBoolToObject(r, "fits", c->fits);
+    cJSON_AddNumberToObject(r, "activation_budget", c->budget_act);
+    if (!c->fits) {
+        if (c->least > 0)
+            cJSON_AddNumberToObject(r, "least_memory", c->least);
+        return;
+    }
+    cJSON_AddStringToObject(r, "chosen", c->rr.nrecomputed == 0 ? "none"
+                                         : c->rr.chosen == REMAT_AUTO
+                                             ? "auto"
+                                             : pass_remat_policy_name(c->rr.chosen));
+    cJSON_AddNumberToObject(r, "saved", c->rr.nsaved);
+    cJSON_AddNumberToObject(r, "recomputed", c->rr.nrecomputed);
+    cJSON_AddNumberToObject(r, "recomputed_bytes", (double)c->rr.recomputed_bytes);
+    cJSON_AddNumberToObject(r, "extra_flops", c->rr.extra_flops);
+    cJSON_AddNumberToObject(r, "activations", c->act);
+    cJSON_AddNumberToObject(r, "total", c->total);
+    cJSON_AddNumberToObject(r, "step_s", c->step);
+}
+
 static void print_plan(const PlanArgs *a, const CgDevice *dev, const CgClusterOpts *o,
-                       const Variant *v, const CgClusterPlan *p)
+                       const Variant *v, const CgClusterPlan *p, bool measured_link,
+                       const RematChoice *rc)
 {
     char x[32], y[32], z[32], w[32];
     const CgClusterModel *m = &v->m;
@@ -210,9 +327,11 @@ static void print_plan(const PlanArgs *a, const CgDevice *dev, const CgClusterOp
            "sequence%s per rank\n", o->gpus, dev->name, o->gpus_per_node, o->tp, o->pp, o->dp,
            o->zero, o->micro_batches, o->micro_batches == 1 ? "" : "es",
            (long long)m->micro_batch, m->micro_batch == 1 ? "" : "s");
-    printf("  links: %.0f GB/s inside a node, %.0f GB/s between nodes%s; alpha %.0f us per hop\n",
+    printf("  links: %.3g GB/s inside a node, %.3g GB/s between nodes%s; alpha %.3g us per hop\n",
            o->intra_bw / 1e9, o->inter_bw / 1e9,
-           a->intra_bw > 0 || a->inter_bw > 0 ? "" : " (the device's defaults)",
+           a->intra_bw > 0 || a->inter_bw > 0 ? ""
+           : measured_link ? " (inside: MPI between local ranks, measured)"
+                           : " (the device's defaults)",
            o->alpha_s * 1e6);
     printf("model: %.4g params, T %lld, C %lld, L %lld\n", m->nparams, (long long)m->seq_len,
            (long long)m->d_model, (long long)m->layers);
@@ -230,6 +349,7 @@ static void print_plan(const PlanArgs *a, const CgDevice *dev, const CgClusterOp
     } else {
         printf("  total %s\n", x);
     }
+    print_remat_choice(dev, rc);
     printf("step (critical path per GPU):\n");
     ir_fmt_seconds(p->t_mb, x, sizeof x);
     ir_fmt_seconds(p->t_tp_mb, y, sizeof y);
@@ -239,7 +359,7 @@ static void print_plan(const PlanArgs *a, const CgDevice *dev, const CgClusterOp
     printf("  pipeline (1F1B) %s, of which bubble %s (%.1f%%)\n", x, y, 100 * p->bubble);
     ir_fmt_seconds(p->t_dp, x, sizeof x);
     ir_fmt_seconds(p->t_dp_exposed, y, sizeof y);
-    printf("  DP gradient communication %s in %d buckets at %.0f GB/s, exposed %s%s\n", x,
+    printf("  DP gradient communication %s in %d buckets at %.3g GB/s, exposed %s%s\n", x,
            m->nbuckets, p->dp_bw / 1e9, y, o->no_overlap ? " (--no-overlap)" : "");
     ir_fmt_seconds(p->t_opt, x, sizeof x);
     ir_fmt_seconds(p->step_predicted, y, sizeof y);
@@ -396,6 +516,17 @@ int cli_plan(int argc, char **argv)
         }
         if (done)
             continue;
+        if (strcmp(s, "--memory") == 0) {
+            int64_t b = v ? ir_parse_bytes(v) : -1;
+            if (b <= 0) {
+                rc = plan_error("--memory expects a size such as 80GiB or 141GB, got '%s'%s",
+                                v ? v : "(missing)", "");
+                goto out;
+            }
+            a.memory = (double)b;
+            i++;
+            continue;
+        }
         if (strcmp(s, "--tokens") == 0) {
             if (!v || !parse_count(v, &a.tokens)) {
                 rc = plan_error("--tokens expects a count such as 10T, 300G or 1.5e12, got '%s'%s",
@@ -451,26 +582,52 @@ int cli_plan(int argc, char **argv)
     }
     cli_print_warnings(m);
     CgDevice cpu;
+    bool cpu_link = false; /* the cpu's local link was measured */
     const CgDevice *dev = cg_device_find(a.device);
     Diag d = {{0}};
+    double alpha = 5e-6;
     if (!dev) {
+        /* the ranks on one machine share its cores, as `kiln train --nproc`
+         * shares them (rt_dp_exec_opts) */
         long nc = sysconf(_SC_NPROCESSORS_ONLN);
-        if (!rt_cpu_device(a.threads > 0 ? a.threads : (nc > 0 ? (int)nc : 1), NULL, false,
-                           false, &cpu, &d)) {
+        int local = a.gpus < a.gpus_per_node ? a.gpus : a.gpus_per_node;
+        int th = (int)((nc > 0 ? nc : 1) / (local > 0 ? local : 1));
+        if (!rt_cpu_device(a.threads > 0 ? a.threads : th > 0 ? th : 1, NULL, false, false,
+                           &cpu, &d)) {
             fprintf(stderr, "kiln plan: --device cpu: %s\n", d.msg);
             fe_model_free(m);
             rc = 1;
             goto out;
         }
-        cpu.intra_bw = cpu.bw / 2; /* ranks on one machine share its memory */
-        cpu.inter_bw = 1.25e9;     /* 10 Gb/s Ethernet */
+        /* inside the machine: MPI between local ranks, measured once (the
+         * ring's 2-rank figures); 10 Gb/s Ethernet between machines */
+        RtMpiLink link;
+        Diag ld = {{0}};
+        if (local > 1 && rt_mpi_link(local, NULL, false, &link, &ld)) {
+            cpu.intra_bw = link.bw;
+            alpha = link.alpha_s;
+            cpu_link = true;
+        } else {
+            if (local > 1)
+                fprintf(stderr, "kiln plan: --device cpu: %s; assuming half the memory "
+                                "bandwidth between local ranks\n", ld.msg);
+            cpu.intra_bw = cpu.bw / 2;
+        }
+        cpu.inter_bw = 1.25e9;
+        long pages = sysconf(_SC_PHYS_PAGES), psize = sysconf(_SC_PAGESIZE);
+        cpu.mem = pages > 0 && psize > 0 ? (double)pages * (double)psize / local : 0;
         dev = &cpu;
     }
+    double stage_bw = cpu_link ? cpu.bw1 : 0; /* mpi.c stages buckets on one thread */
+    CgDevice dv = *dev; /* the device as this plan sees it (--memory) */
+    if (a.memory > 0)
+        dv.mem = a.memory;
+    dev = &dv;
     CgClusterOpts o = {
         .gpus = a.gpus, .gpus_per_node = a.gpus_per_node, .tp = a.tp, .pp = a.pp, .dp = a.dp,
         .zero = a.zero, .micro_batches = a.micro_batches > 0 ? a.micro_batches : 1,
         .intra_bw = a.intra_bw > 0 ? a.intra_bw : dev->intra_bw,
-        .inter_bw = a.inter_bw > 0 ? a.inter_bw : dev->inter_bw, .alpha_s = 5e-6,
+        .inter_bw = a.inter_bw > 0 ? a.inter_bw : dev->inter_bw, .alpha_s = alpha, .stage_bw = stage_bw,
         .tokens = a.tokens, .goodput = a.goodput, .target_days = a.target_days,
         .step_time = a.step_time, .no_overlap = a.no_overlap,
     };
@@ -480,7 +637,7 @@ int cli_plan(int argc, char **argv)
     RtGraphFlags gf = {.memory_budget = -1, .nranks = a.dp, .no_overlap = a.no_overlap};
     rt_pass_opts(&m->train, &gf, &po);
     Variant v;
-    if (!measure(m, &po, dev, &v, &d)) {
+    if (!measure(m, &po, dev, &v, NULL, &d)) {
         fprintf(stderr, "%s\n", d.msg);
         fe_model_free(m);
         rc = 1;
@@ -510,9 +667,13 @@ int cli_plan(int argc, char **argv)
         rc = 2;
         goto out;
     }
+    RematChoice rchoice;
+    remat_at_memory(m, &po, dev, &o, &v, &p, &rchoice);
     cJSON *j = a.json ? plan_json(dev, &o, &v, &p) : NULL;
+    if (j)
+        remat_choice_json(j, dev, &rchoice);
     if (!a.json)
-        print_plan(&a, dev, &o, &v, &p);
+        print_plan(&a, dev, &o, &v, &p, cpu_link, &rchoice);
 
     /* what-if rows: overlap, two other bucket sizes, each remat policy */
     cJSON *rows = j ? cJSON_AddArrayToObject(j, "what_if") : NULL;
@@ -544,7 +705,7 @@ int cli_plan(int argc, char **argv)
         CgClusterOpts ow = o;
         ow.no_overlap = w[k].no_overlap;
         ow.step_time = 0; /* what-ifs are predictions */
-        bool ok = w[k].recompile ? measure(m, &w[k].po, dev, &vw, &d) : true;
+        bool ok = w[k].recompile ? measure(m, &w[k].po, dev, &vw, NULL, &d) : true;
         const Variant *use = w[k].recompile ? &vw : &v;
         CgClusterPlan pw;
         if (ok)

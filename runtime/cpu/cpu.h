@@ -76,5 +76,8 @@ void pool_run(Pool *pl, int nparts, PoolFn fn, void *ctx);
  * the measurement kernel cannot be compiled. */
 bool rt_cpu_device(int threads, const char *cache_dir, bool remeasure, bool verbose,
                    CgDevice *dev, Diag *d);
+/* The CPU's model name (/proc/cpuinfo; "unknown CPU"), malloc'd: the key of
+ * the cached measurements. */
+char *rt_cpu_model(void);
 
 #endif

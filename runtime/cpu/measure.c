@@ -138,7 +138,7 @@ static void empty_part(void *ctx, int part)
     (void)part;
 }
 
-static char *cpu_model(void)
+char *rt_cpu_model(void)
 {
     FILE *f = fopen("/proc/cpuinfo", "r");
     char line[512];
@@ -327,7 +327,7 @@ bool rt_cpu_device(int threads, const char *cache_dir, bool remeasure, bool verb
                    CgDevice *dev, Diag *d)
 {
     static char title[300];
-    char *model = cpu_model();
+    char *model = rt_cpu_model();
     memset(dev, 0, sizeof *dev);
     dev->name = "cpu";
     snprintf(title, sizeof title, "%s, %d thread%s, measured", model, threads,

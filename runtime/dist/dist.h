@@ -131,4 +131,18 @@ bool rt_stdout_tty(void);
 /* The terminal's width in columns (80 when unknown). */
 int rt_stdout_columns(void);
 
+/* ---- measure_mpi.c: the MPI link between local ranks, measured ----------
+ * The ring alpha-beta figures of an all-reduce between nranks ranks on this
+ * machine through RtComm (alpha per hop, bw in bytes/s), measured once
+ * under mpirun (rt_launch) and cached as CACHE/cpu-mpi-N.txt, keyed by the
+ * CPU's model name; remeasure: measure again. False with d set when mpirun
+ * or MPI fails. */
+typedef struct {
+    double alpha_s, bw;
+} RtMpiLink;
+bool rt_mpi_link(int nranks, const char *cache_dir, bool remeasure, RtMpiLink *l, Diag *d);
+/* `kiln __measure-mpi PATH`: one rank of that measurement (rank 0 writes
+ * PATH); the exit status. */
+int rt_mpi_measure_main(int argc, char **argv);
+
 #endif

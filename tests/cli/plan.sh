@@ -46,4 +46,74 @@ rc=$?
 grep -q 'expected a multiple of 8' "$dir/err" || fail "message: $(cat "$dir/err")"
 "$KILN" plan models/gpt.lua --tokens lots >"$dir/err" 2>&1
 [ $? -eq 2 ] && grep -q -- "--tokens expects a count such as 10T" "$dir/err" || fail "--tokens lots: $(cat "$dir/err")"
+# the remat choice at the device's memory (--memory): more memory never
+# recomputes more; a chosen plan fits the memory; too little memory names the
+# least that fits, and that much fits
+small=(models/gpt.lua --set L=4 --set C=128 --set T=128 --set batch=8)
+out=$("$KILN" plan "${small[@]}" --memory 60MiB 2>&1) || fail "plan --memory: $out"
+echo "$out" | grep -Eq '^  remat at 60.00 MiB \(room for [0-9.]+ MiB of activations per GPU\): auto recomputes [0-9]+ of [0-9]+ saved activations' ||
+    fail "no remat line at 60 MiB: $out"
+out=$("$KILN" plan "${small[@]}" --memory 1GiB 2>&1) || fail "plan --memory 1GiB: $out"
+echo "$out" | grep -q '^  remat at 1.00 GiB .*: auto keeps all [0-9]* saved activations (remat none)' ||
+    fail "1 GiB should keep every activation: $out"
+"$KILN" plan "${small[@]}" --memory lots >"$dir/err" 2>&1
+[ $? -eq 2 ] && grep -q -- "--memory expects a size" "$dir/err" || fail "--memory lots: $(cat "$dir/err")"
+if command -v python3 >/dev/null; then
+    for mem in 30MiB 56MiB 58MiB 60MiB 62MiB 64MiB 70MiB 1GiB; do
+        "$KILN" plan "${small[@]}" --memory "$mem" --json >"$dir/m-$mem.json" 2>&1 ||
+            fail "--memory $mem --json: $(cat "$dir/m-$mem.json")"
+    done
+    python3 - "$dir" <<'PY' || fail "remat at memory invariants"
+import json, sys
+d = sys.argv[1]
+mems = ["30MiB", "56MiB", "58MiB", "60MiB", "62MiB", "64MiB", "70MiB", "1GiB"]
+rows = [json.load(open(f"{d}/m-{m}.json"))["remat_at_memory"] for m in mems]
+prev = None
+for m, r in zip(mems, rows):
+    print(m, r)
+    if not r["fits"]:
+        assert prev is None, f"{m}: no plan fits although less memory had one"
+        assert r["least_memory"] > r["memory"], f"{m}: least feasible {r['least_memory']} <= memory"
+        continue
+    assert r["total"] <= r["memory"] * (1 + 1e-9), f"{m}: chosen plan {r['total']} > memory"
+    assert r["activations"] <= r["activation_budget"] * (1 + 1e-9), f"{m}: activations over budget"
+    if prev is not None:
+        assert r["extra_flops"] <= prev["extra_flops"], f"{m}: more memory recomputes more"
+    prev = r
+assert not rows[0]["fits"], "30 MiB should not fit"
+assert rows[-1]["chosen"] == "none" and rows[-1]["recomputed"] == 0, "1 GiB recomputes"
+assert any(r["fits"] and r["recomputed"] > 0 for r in rows), "no row recomputes"
+PY
+    least=$(python3 -c "import json,sys,math; print(math.ceil(json.load(open(sys.argv[1]))['remat_at_memory']['least_memory']))" "$dir/m-30MiB.json")
+    "$KILN" plan "${small[@]}" --memory "$least" --json >"$dir/least.json" 2>&1 || fail "--memory $least"
+    python3 -c "import json,sys; r=json.load(open(sys.argv[1]))['remat_at_memory']; assert r['fits'], r" \
+        "$dir/least.json" || fail "the least memory named ($least bytes) does not fit"
+fi
+# --device cpu with 2 ranks: the MPI link between them is measured once
+# through kiln's own transport (under mpirun), cached, and is the plan's link
+if command -v mpirun >/dev/null; then
+    mkdir -p "$dir/cache"
+    cp "${KILN_CACHE_DIR:-/nonexistent}"/cpu-device-*.txt "$dir/cache/" 2>/dev/null
+    cpu=(models/gpt.lua --device cpu --dp 2)
+    KILN_CACHE_DIR="$dir/cache" "$KILN" plan "${cpu[@]}" >"$dir/out" 2>"$dir/err" ||
+        fail "plan --device cpu --dp 2: $(cat "$dir/err")"
+    grep -q "measuring MPI between 2 local ranks" "$dir/err" || fail "no MPI measurement: $(cat "$dir/err")"
+    f="$dir/cache/cpu-mpi-2.txt"
+    [ -f "$f" ] || fail "no $f"
+    grep -q '^ranks=2$' "$f" || fail "$f: $(cat "$f")"
+    bw=$(sed -n 's/^bw=//p' "$f")
+    alpha=$(sed -n 's/^alpha=//p' "$f")
+    awk -v b="$bw" -v a="$alpha" 'BEGIN { exit !(b > 1e6 && a > 0 && a < 1) }' ||
+        fail "$f: implausible bw $bw, alpha $alpha"
+    want=$(awk -v b="$bw" -v a="$alpha" 'BEGIN { printf "links: %.3g GB/s inside a node, 1.25 GB/s between nodes (inside: MPI between local ranks, measured); alpha %.3g us per hop", b / 1e9, a * 1e6 }')
+    grep -qF "  $want" "$dir/out" || fail "links line is not the measured link ($want): $(grep links "$dir/out")"
+    KILN_CACHE_DIR="$dir/cache" "$KILN" plan "${cpu[@]}" >"$dir/out" 2>"$dir/err" || fail "plan again"
+    grep -q "measuring MPI" "$dir/err" && fail "measured again although cached"
+    grep -qF "  $want" "$dir/out" || fail "cached link not used: $(grep links "$dir/out")"
+    sed -i 's/^model=.*/model=another CPU/' "$f"
+    KILN_CACHE_DIR="$dir/cache" "$KILN" plan "${cpu[@]}" >"$dir/out" 2>"$dir/err" || fail "plan, other CPU"
+    grep -q "measuring MPI" "$dir/err" || fail "a cache for another CPU was used"
+else
+    echo "plan: no mpirun; the cpu MPI link is not checked"
+fi
 echo "plan: ok"

@@ -1,10 +1,14 @@
 #!/usr/bin/env python3
-"""torch_gpt2.py - the peer for kiln's GPT-2 124M speed row: the same model as
-models/gpt.lua at size=124M (learned token and position embeddings, pre-LN
-blocks with causal self-attention and a GELU MLP, final LayerNorm, head tied
-to the token embedding; dropout 0), trained with AdamW on random tokens, in
-bf16 autocast (f32 master weights), eager or torch.compile. Prints per-step
-times, then one summary line:
+"""torch_gpt2.py - the PyTorch peer of models/gpt.lua: the same model (learned
+token and position embeddings, pre-LN blocks with causal self-attention and
+a GELU MLP, final LayerNorm, head tied to the token embedding; dropout 0),
+trained with AdamW (betas 0.9, 0.95, weight decay 0.1, gradient clipping at
+1) on random tokens. Two users:
+  - tests/gpu/run.sh: GPT-2 124M (the defaults) on CUDA in bf16 autocast
+    (f32 master weights), eager or torch.compile;
+  - bench/vs_pytorch.sh: gpt.lua small on the CPU in f32 (--device cpu
+    --dtype f32 --L 4 --C 256 --H 4 --V 512 --seq 256 --batch 8 --threads 2).
+Prints per-step times, then one summary line:
     median X ms/step | Y tok/s | MFU Z% (FLOPs 6N + 12 L T C per token)
 """
 import argparse
@@ -32,7 +36,12 @@ class Block(nn.Module):
         B, T, C = x.shape
         q, k, v = self.c_attn(self.ln_1(x)).split(C, dim=2)
         q, k, v = (t.view(B, T, self.H, C // self.H).transpose(1, 2) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if hasattr(F, "scaled_dot_product_attention"):  # torch >= 2.0
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:  # Debian's torch 1.13: the same attention, written out
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+            mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+            y = att.masked_fill(~mask, float("-inf")).softmax(dim=-1) @ v
         x = x + self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
         return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
 
@@ -44,6 +53,11 @@ class GPT(nn.Module):
         self.wpe = nn.Embedding(T, C)
         self.h = nn.ModuleList(Block(C, H) for _ in range(L))
         self.ln_f = nn.LayerNorm(C)
+        for m in self.modules():  # GPT-2's init, as gpt.lua's (the loss starts near ln V)
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(m.weight, std=0.02)
+            if isinstance(m, nn.Linear):
+                nn.init.zeros_(m.bias)
 
     def forward(self, idx, targets):
         T = idx.shape[1]
@@ -61,15 +75,26 @@ def main():
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--peak-gflops", type=float, default=989000.0)
+    ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    ap.add_argument("--dtype", choices=["bf16", "f32"], default="bf16")
+    ap.add_argument("--L", type=int, default=12)
+    ap.add_argument("--H", type=int, default=12)
+    ap.add_argument("--C", type=int, default=768)
+    ap.add_argument("--V", type=int, default=50257)
+    ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (CPU)")
     a = ap.parse_args()
-    V, T, C, L, H = 50257, a.seq, 768, 12, 12
+    V, T, C, L, H = a.V, a.seq, a.C, a.L, a.H
+    if a.threads > 0:
+        torch.set_num_threads(a.threads)
     torch.manual_seed(1337)
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
-    dev = "cuda"
+    dev = a.device
+    cuda = dev == "cuda"
     model = GPT(V, T, C, L, H).to(dev)
     nparams = sum(p.numel() for p in model.parameters()) - model.wpe.weight.numel()
-    opt = torch.optim.AdamW(model.parameters(), lr=6e-4, betas=(0.9, 0.95), fused=True)
+    opt = torch.optim.AdamW(model.parameters(), lr=6e-4, betas=(0.9, 0.95), weight_decay=0.1,
+                            **({"fused": True} if cuda else {}))
     step_fn = model
     if a.mode == "compile":
         step_fn = torch.compile(model)
@@ -78,9 +103,10 @@ def main():
     for s in range(a.steps):
         idx = torch.randint(0, V, (a.batch, T), device=dev, generator=g)
         tgt = torch.randint(0, V, (a.batch, T), device=dev, generator=g)
-        torch.cuda.synchronize()
+        if cuda:
+            torch.cuda.synchronize()
         t0 = time.perf_counter()
-        with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
+        with torch.autocast(device_type=dev, dtype=torch.bfloat16, enabled=a.dtype == "bf16"):
             loss = step_fn(idx, tgt)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

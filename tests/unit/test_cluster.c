@@ -168,6 +168,35 @@ static void test_ring(void **state)
     assert_true(cg_ring_allreduce(1e9, 1, 1e9, 1e-6) == 0);
 }
 
+/* Two CPU ranks (the CPU transport stages each bucket through host memory):
+ * with no overlap every bucket waits for the end of backward, so the
+ * exposed time is the sum of the all-reduces, each 2 alpha + bytes / bw
+ * (ring of 2) + 6 bytes / stage_bw; no staging without DP. */
+static void test_cpu_staging(void **state)
+{
+    (void)state;
+    static const double bytes[2] = {4e6, 8e6}, ready[2] = {0.010, 0.020};
+    CgClusterModel m = {.nparams = 3e6, .seq_len = 32, .d_model = 256, .layers = 2,
+                        .micro_batch = 2, .act_dtype_bytes = 4, .param_bytes = 12e6,
+                        .grad_bytes = 12e6, .opt_bytes = 24e6, .act_bytes = 30e6,
+                        .fwd_bwd_s = 0.020, .forward_s = 0.008, .opt_s = 0.005,
+                        .backward_end_s = 0.020, .nbuckets = 2, .bucket_bytes = bytes,
+                        .bucket_ready_s = ready};
+    CgClusterOpts o = {.gpus = 2, .gpus_per_node = 2, .tp = 1, .pp = 1, .dp = 2,
+                       .micro_batches = 1, .intra_bw = 1e9, .inter_bw = 1e9, .alpha_s = 1e-4,
+                       .stage_bw = 12e9, .goodput = 1, .no_overlap = true};
+    CgClusterPlan p = project(&m, &o);
+    double want = 2 * 2e-4 + 12e6 / 1e9 + 6 * 12e6 / 12e9;
+    assert_true(fabs(p.t_dp_exposed - want) < 1e-12);
+    assert_true(fabs(p.step_predicted - (0.020 + want + 0.005)) < 1e-12);
+    o.stage_bw = 0;
+    assert_true(fabs(project(&m, &o).t_dp_exposed - (want - 6 * 12e6 / 12e9)) < 1e-12);
+    o.stage_bw = 12e9, o.no_overlap = false; /* bucket 0 runs before backward ends */
+    double b0 = 2e-4 + 4e6 / 1e9 + 6 * 4e6 / 12e9, b1 = 2e-4 + 8e6 / 1e9 + 6 * 8e6 / 12e9;
+    assert_true(fabs(project(&m, &o).t_dp_exposed - (fmax(0.010 + b0, 0.020) + b1 - 0.020)) <
+                1e-12);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -177,6 +206,7 @@ int main(void)
         cmocka_unit_test(test_overlap_never_slower),
         cmocka_unit_test(test_memory_falls),
         cmocka_unit_test(test_ring),
+        cmocka_unit_test(test_cpu_staging),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
