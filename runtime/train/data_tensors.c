@@ -70,12 +70,15 @@ static bool match(const char *path, const StFile *f, const DataCfg *c, const StT
         char a[128], b[128];
         if (!t) {
             char names[512];
+            size_t k = (size_t)snprintf(a, sizeof a, "%s[N", dtype_name(w->dtype));
+            for (int j = 0; j < w->rank && k < sizeof a; j++)
+                k += (size_t)snprintf(a + k, sizeof a - k, ",%lld", (long long)w->dim[j]);
+            if (k < sizeof a)
+                snprintf(a + k, sizeof a - k, "]");
             snprintf(d->msg, sizeof d->msg,
-                     "%s: no array \"%s\" for the model input of that name (expected %s "
-                     "examples of %s, got arrays: %s)",
-                     path, w->name, w->rank ? "an array of" : "one value per",
-                     arr_str(w->dtype, w->rank, w->dim, a, sizeof a),
-                     names_of(f, names, sizeof names));
+                     "%s: no array \"%s\" for the model input of that name (expected %s %s "
+                     "for N examples, got arrays: %s)",
+                     path, w->name, w->name, a, names_of(f, names, sizeof names));
             return false;
         }
         bool ok = t->dtype == w->dtype && t->rank == w->rank + 1;
