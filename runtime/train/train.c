@@ -247,18 +247,19 @@ static int64_t gather_rows(const Graph *g, int tok, char *name, size_t n)
  * time, so its memory does not grow with eval_batches. */
 enum { MAX_EVAL_BATCHES = 1000000000, EVAL_CHUNK = 4096 };
 
-/* data tensors: every input of the model is an array of the file, one
- * example per row of its batch dimension (the first, the same B for all);
- * integer inputs a gather indexes stay below its table's rows, and y or
- * targets below the classes of logits. Accuracy is reported (r->rowy) for
- * logits [B,classes] and y i32[B]. dc->want is allocated (open_data frees
- * it). */
 static void free_want(DataWant *w, int n)
 {
     for (int i = 0; i < n; i++)
         free((void *)w[i].limit_what);
     free(w);
 }
+
+/* data tensors: every input of the model is an array of the file, one
+ * example per row of its batch dimension (the first, the same B for all);
+ * integer inputs a gather indexes stay below its table's rows, and y or
+ * targets below the classes of logits. Accuracy is reported (r->rowy) for
+ * logits [B,classes] and y i32[B]. dc->want is allocated (open_data frees
+ * it); its names are the graph's. */
 
 static bool tensors_cfg(Run *r, const Tensor *logits, DataCfg *dc, Diag *d)
 {

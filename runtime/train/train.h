@@ -63,7 +63,9 @@ typedef struct {
     bool in_order;       /* text, tokens, tensors: no shuffle (see above) */
     const char *val_path;       /* tensors: the validation arrays (NULL: the last
                                    val_fraction of path's examples) */
-    const struct DataWant *want; /* tensors: the model's inputs, nwant of them */
+    const struct DataWant *want; /* tensors: the model's inputs, nwant of them; read
+                                    by rt_data_open, but their names must outlive
+                                    the source (its batches name the inputs) */
     int nwant;
 } DataCfg;
 
