@@ -176,18 +176,7 @@ static const Tensor *input_named(const Graph *g, const char *name)
 /* Writes rows [row0, row0 + b) of the global batch into g's data inputs. */
 static void feed_rows(Exec *e, const Graph *g, const DataBatch *b, int64_t row0)
 {
-    const Tensor *t;
-    int64_t T = b->T, D = b->D;
-    if ((t = input_named(g, "tokens")))
-        rt_exec_write(e, t->id, b->tokens + row0 * T);
-    if ((t = input_named(g, "targets")))
-        rt_exec_write(e, t->id, b->targets + row0 * T);
-    if ((t = input_named(g, "mask")))
-        rt_exec_write(e, t->id, b->mask + row0 * T);
-    if ((t = input_named(g, "x")))
-        rt_exec_write(e, t->id, b->x + row0 * D);
-    if ((t = input_named(g, "y")))
-        rt_exec_write(e, t->id, b->y + row0);
+    rt_data_feed(e, g, b, row0);
 }
 
 static int64_t model_rows(const Graph *g)

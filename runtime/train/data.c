@@ -1,5 +1,6 @@
 /* data.c - training data sources: synthetic addition, byte-level text, llm.c
- * token files, Gaussian blobs. Every batch is a pure function of
+ * token files, Gaussian blobs, and the user's arrays (tensors, in
+ * data_tensors.c). Every batch is a pure function of
  * (seed, split, index), so a run is deterministic and resumes exactly. */
 #include "train.h"
 
@@ -12,7 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-typedef enum { SRC_ADDITION, SRC_TEXT, SRC_TOKENS, SRC_BLOBS } SrcKind;
+typedef enum { SRC_ADDITION, SRC_TEXT, SRC_TOKENS, SRC_BLOBS, SRC_TENSORS } SrcKind;
 
 struct DataSource {
     SrcKind kind;
@@ -26,6 +27,7 @@ struct DataSource {
     int64_t n;          /* symbols in the file */
     int64_t ntrain;     /* the first ntrain symbols are training data */
     float *centers;     /* blobs: [classes, dim] */
+    TensorSource *ts;   /* tensors */
     DataBatch b;
 };
 
@@ -178,9 +180,13 @@ static void fill_windows(DataSource *s, DataSplit split, int64_t index)
     if (starts <= 0)
         die("fill_windows: split of %lld symbols for windows of %lld", (long long)(hi - lo),
             (long long)T + 1);
+    int64_t nwin = (hi - lo - 1) / T; /* in_order: consecutive windows */
     for (int64_t r = 0; r < b->B; r++) {
         Rng g = rng_for(s->c.seed, (int)split, index, r);
-        int64_t p = lo + rng_below(&g, starts);
+        int64_t p = s->c.in_order
+                        ? lo + (int64_t)(((uint64_t)index * (uint64_t)b->B + (uint64_t)r) %
+                                         (uint64_t)nwin) * T
+                        : lo + rng_below(&g, starts);
         for (int64_t t = 0; t < T; t++) {
             b->tokens[r * T + t] = symbol_at(s, p + t);
             b->targets[r * T + t] = symbol_at(s, p + t + 1);
@@ -378,18 +384,18 @@ static bool batch_fits(int64_t rows, int64_t cols, int64_t each, Diag *d)
 
 DataSource *rt_data_open(const DataCfg *c, Diag *d)
 {
-    static const char *kinds[] = {"addition", "text", "tokens", "blobs"};
+    static const char *kinds[] = {"addition", "text", "tokens", "blobs", "tensors"};
     int kind = -1;
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 5; i++)
         if (c->kind && strcmp(c->kind, kinds[i]) == 0)
             kind = i;
     if (kind < 0) {
         snprintf(d->msg, sizeof d->msg,
-                 "unknown data source (expected addition, text, tokens or blobs, got %s)",
+                 "unknown data source (expected addition, text, tokens, blobs or tensors, got %s)",
                  c->kind ? c->kind : "none");
         return NULL;
     }
-    if (c->batch <= 0 || (kind != SRC_BLOBS && c->seq <= 0)) {
+    if (c->batch <= 0 || (kind != SRC_BLOBS && kind != SRC_TENSORS && c->seq <= 0)) {
         snprintf(d->msg, sizeof d->msg,
                  "data %s: batch and sequence length must be positive (got B=%lld, T=%lld)",
                  kinds[kind], (long long)c->batch, (long long)c->seq);
@@ -409,6 +415,12 @@ DataSource *rt_data_open(const DataCfg *c, Diag *d)
     b->B = c->batch;
     b->T = kind == SRC_BLOBS ? 0 : c->seq;
     switch (s->kind) {
+    case SRC_TENSORS:
+        if (!(s->ts = rt_tensors_open(c, b, d)))
+            goto fail;
+        s->c.want = NULL; /* the caller's: not kept */
+        s->c.nwant = 0;
+        return s;
     case SRC_ADDITION:
         if (c->digits < 1 || c->digits > 9) {
             snprintf(d->msg, sizeof d->msg, "addition: digits must be in 1..9 (got %d)",
@@ -490,6 +502,8 @@ void rt_data_close(DataSource *s)
 {
     if (!s)
         return;
+    if (s->kind == SRC_TENSORS)
+        rt_tensors_close(s->ts, &s->b);
     free(s->path);
     if (s->map)
         munmap(s->map, s->maplen);
@@ -504,7 +518,34 @@ void rt_data_close(DataSource *s)
 
 bool rt_data_has_val(const DataSource *s)
 {
-    return s->c.val_fraction > 0;
+    return s->kind == SRC_TENSORS ? rt_tensors_has_val(s->ts) : s->c.val_fraction > 0;
+}
+
+void rt_data_feed(Exec *e, const Graph *g, const DataBatch *b, int64_t row0)
+{
+    for (int i = 0; i < g->t.n; i++) {
+        const Tensor *t = &g->t.v[i];
+        if (t->kind != TK_INPUT)
+            continue;
+        const void *src = NULL;
+        if (b->narr) {
+            for (int k = 0; k < b->narr; k++)
+                if (strcmp(b->arr[k].name, t->name) == 0)
+                    src = b->arr[k].data + row0 * b->arr[k].row_bytes;
+        } else if (strcmp(t->name, "tokens") == 0 && b->tokens) {
+            src = b->tokens + row0 * b->T;
+        } else if (strcmp(t->name, "targets") == 0 && b->targets) {
+            src = b->targets + row0 * b->T;
+        } else if (strcmp(t->name, "mask") == 0 && b->mask) {
+            src = b->mask + row0 * b->T;
+        } else if (strcmp(t->name, "x") == 0 && b->x) {
+            src = b->x + row0 * b->D;
+        } else if (strcmp(t->name, "y") == 0 && b->y) {
+            src = b->y + row0;
+        }
+        if (src)
+            rt_exec_write(e, t->id, src);
+    }
 }
 
 const DataBatch *rt_data_batch(DataSource *s, DataSplit split, int64_t index)
@@ -512,6 +553,7 @@ const DataBatch *rt_data_batch(DataSource *s, DataSplit split, int64_t index)
     if (split == DATA_VAL && !rt_data_has_val(s))
         die("rt_data_batch: validation batch requested with val_fraction 0");
     switch (s->kind) {
+    case SRC_TENSORS: rt_tensors_fill(s->ts, &s->b, split, index); break;
     case SRC_ADDITION: fill_addition(s, split, index); break;
     case SRC_TEXT:
     case SRC_TOKENS: fill_windows(s, split, index); break;

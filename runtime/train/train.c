@@ -149,8 +149,10 @@ typedef struct {
     Exec *te, *ee;
     void **vals;          /* host copies of tg's params and state, by id */
     DataSource *ds;
-    bool blobs, addition;
-    int64_t B, T;         /* T = 1 for blobs */
+    bool blobs, addition, tensors;
+    bool rowy;            /* accuracy per row against input y i32[B] (blobs; tensors
+                             with logits [B,classes]) */
+    int64_t B, T;         /* T = 1 for blobs and tensors */
     int64_t steps, step;  /* total; completed */
     int64_t data_pos;
     Trace *trace;
@@ -255,6 +257,78 @@ static int64_t gather_rows(const Graph *g, int tok, char *name, size_t n)
  * time, so its memory does not grow with eval_batches. */
 enum { MAX_EVAL_BATCHES = 1000000000, EVAL_CHUNK = 4096 };
 
+static void free_want(DataWant *w, int n)
+{
+    for (int i = 0; i < n; i++)
+        free((void *)w[i].limit_what);
+    free(w);
+}
+
+/* data tensors: every input of the model is an array of the file, one
+ * example per row of its batch dimension (the first, the same B for all);
+ * integer inputs a gather indexes stay below its table's rows, and y or
+ * targets below the classes of logits. Accuracy is reported (r->rowy) for
+ * logits [B,classes] and y i32[B]. dc->want is allocated (open_data frees
+ * it); its names are the graph's. */
+
+static bool tensors_cfg(Run *r, const Tensor *logits, DataCfg *dc, Diag *d)
+{
+    const Graph *g = r->m->g;
+    DataWant *w = xcalloc((size_t)g->t.n + 1, sizeof *w);
+    int n = 0;
+    r->B = -1;
+    r->T = 1;
+    for (int i = 0; i < g->t.n; i++) {
+        const Tensor *t = &g->t.v[i];
+        if (t->kind != TK_INPUT)
+            continue;
+        if (t->s.rank < 1 || (r->B >= 0 && t->s.dim[0] != r->B)) {
+            char a[96];
+            snprintf(d->msg, sizeof d->msg,
+                     "data tensors needs every model input batched along its first "
+                     "dimension (expected %s[%lld,...], got input %s %s)",
+                     dtype_name(t->s.dtype), (long long)(r->B >= 0 ? r->B : 1), t->name,
+                     shape_str(NULL, &t->s, a, sizeof a));
+            free_want(w, n);
+            return false;
+        }
+        r->B = t->s.dim[0];
+        DataWant *x = &w[n++];
+        x->name = t->name;
+        x->dtype = t->s.dtype;
+        x->rank = t->s.rank - 1;
+        memcpy(x->dim, t->s.dim + 1, (size_t)x->rank * sizeof *x->dim);
+        if (x->dtype == DT_I32 || x->dtype == DT_I64 || x->dtype == DT_U8) {
+            char nm[512], what[600];
+            int64_t rows = gather_rows(g, t->id, nm, sizeof nm);
+            if (rows > 0) {
+                snprintf(what, sizeof what, "the rows of the table %s", nm);
+                x->limit = rows;
+                x->limit_what = xstrdup(what);
+            }
+            bool target = strcmp(t->name, "y") == 0 || strcmp(t->name, "targets") == 0;
+            int64_t V = logits ? logits->s.dim[logits->s.rank - 1] : 0;
+            if (target && V > 0 && (x->limit == 0 || V < x->limit)) {
+                x->limit = V;
+                free((void *)x->limit_what);
+                x->limit_what = xstrdup("the classes of the model's logits");
+            }
+        }
+    }
+    if (n == 0) {
+        snprintf(d->msg, sizeof d->msg, "data tensors needs a model input to feed (got none)");
+        free_want(w, n);
+        return false;
+    }
+    const Tensor *y = input_named(g, "y");
+    r->rowy = logits && logits->s.rank == 2 && logits->s.dim[0] == r->B && y &&
+              y->s.dtype == DT_I32 && y->s.rank == 1;
+    dc->batch = r->B * rt_dp_rows_factor(r->dp);
+    dc->want = w;
+    dc->nwant = n;
+    return true;
+}
+
 /* Works out the data source from the graph's inputs and the train config
  * into *dc, and checks every input of g is one the source (or the loop)
  * provides. */
@@ -268,16 +342,38 @@ static bool data_cfg(Run *r, DataCfg *dcp, Diag *d)
         kind = x ? "blobs" : NULL;
     if (!kind) {
         snprintf(d->msg, sizeof d->msg,
-                 "train{data=...} is not set (expected addition, text, tokens or blobs)");
+                 "train{data=...} is not set (expected addition, text, tokens, blobs or "
+                 "tensors)");
         return false;
     }
     r->blobs = strcmp(kind, "blobs") == 0;
     r->addition = strcmp(kind, "addition") == 0;
+    r->tensors = strcmp(kind, "tensors") == 0;
+    r->rowy = r->blobs;
     int lid = ir_find_output(g, "logits");
     const Tensor *logits = lid >= 0 ? &g->t.v[lid] : NULL;
+    bool in_order = r->c.shuffle && strcmp(r->c.shuffle, "false") == 0;
     DataCfg dc = {.kind = kind, .path = r->c.data_path, .seed = r->c.seed,
-                  .digits = (int)r->c.digits, .val_fraction = r->c.val_fraction};
-    if (r->blobs) {
+                  .digits = (int)r->c.digits, .val_fraction = r->c.val_fraction,
+                  .in_order = in_order, .val_path = r->c.val_path};
+    if (in_order && (r->blobs || r->addition)) {
+        snprintf(d->msg, sizeof d->msg,
+                 "train{shuffle=false} does not apply to data %s (expected data text, tokens "
+                 "or tensors, whose examples have an order; %s draws every batch at random)",
+                 kind, kind);
+        return false;
+    }
+    if (r->c.val_path && !r->tensors) {
+        snprintf(d->msg, sizeof d->msg,
+                 "train{val_path} does not apply to data %s (expected data tensors; %s "
+                 "splits off val_fraction)",
+                 kind, kind);
+        return false;
+    }
+    if (r->tensors) {
+        if (!tensors_cfg(r, logits, &dc, d))
+            return false;
+    } else if (r->blobs) {
         const Tensor *y = input_named(g, "y");
         if (!x || !y || x->s.rank != 2 || !logits) {
             snprintf(d->msg, sizeof d->msg,
@@ -331,13 +427,13 @@ static bool data_cfg(Run *r, DataCfg *dcp, Diag *d)
                  "train{eval_batches=%lld} is too large (expected at most %d validation "
                  "batches per evaluation)",
                  (long long)r->c.eval_batches, MAX_EVAL_BATCHES);
-        return false;
+        goto fail;
     }
     if (r->c.batch > 0 && r->c.batch != r->B) {
         snprintf(d->msg, sizeof d->msg,
                  "train{batch=%lld} does not match the model's inputs (batch %lld)",
                  (long long)r->c.batch, (long long)r->B);
-        return false;
+        goto fail;
     }
     for (int i = 0; i < g->t.n; i++) {
         const Tensor *t = &g->t.v[i];
@@ -348,11 +444,12 @@ static bool data_cfg(Run *r, DataCfg *dcp, Diag *d)
         bool found = false;
         for (const char **n = r->blobs ? ok_blob : ok_tok; *n; n++)
             found |= strcmp(*n, t->name) == 0;
+        found |= r->tensors; /* every input is an array of the file */
         if (!found) {
             snprintf(d->msg, sizeof d->msg,
                      "model input \"%s\" is not provided by data %s (expected %s)", t->name,
                      kind, r->blobs ? "x, y" : "tokens, targets, mask");
-            return false;
+            goto fail;
         }
     }
     if (r->blobs && (dc.dim < 1 || dc.classes < 2)) {
@@ -360,10 +457,13 @@ static bool data_cfg(Run *r, DataCfg *dcp, Diag *d)
                  "data blobs needs at least 1 feature and 2 classes (got x with %d, logits "
                  "with %d)",
                  dc.dim, dc.classes);
-        return false;
+        goto fail;
     }
     *dcp = dc;
     return true;
+fail:
+    free_want((DataWant *)dc.want, dc.nwant);
+    return false;
 }
 
 /* The data source; a mismatch between the model and its data names the
@@ -381,6 +481,15 @@ static bool open_data(Run *r, Diag *d)
         return false;
     }
     r->ds = rt_data_open(&dc, d);
+    free_want((DataWant *)dc.want, dc.nwant);
+    if (!r->ds && r->tensors) { /* the arrays do not fit the model: at train{} too */
+        char msg[sizeof d->msg];
+        snprintf(msg, sizeof msg, "%s", d->msg);
+        if (r->m->train_line > 0)
+            snprintf(d->msg, sizeof d->msg, "%s:%d: %.1900s", r->m->path, r->m->train_line, msg);
+        else
+            snprintf(d->msg, sizeof d->msg, "%s: %.1900s", r->m->path, msg);
+    }
     return r->ds != NULL;
 }
 
@@ -388,17 +497,7 @@ static bool open_data(Run *r, Diag *d)
  * inputs of graph g on exec e. */
 static void feed(Exec *e, const Graph *g, const DataBatch *b, int64_t row0)
 {
-    const Tensor *t;
-    if ((t = input_named(g, "tokens")))
-        rt_exec_write(e, t->id, b->tokens + row0 * b->T);
-    if ((t = input_named(g, "targets")))
-        rt_exec_write(e, t->id, b->targets + row0 * b->T);
-    if ((t = input_named(g, "mask")))
-        rt_exec_write(e, t->id, b->mask + row0 * b->T);
-    if ((t = input_named(g, "x")))
-        rt_exec_write(e, t->id, b->x + row0 * b->D);
-    if ((t = input_named(g, "y")))
-        rt_exec_write(e, t->id, b->y + row0);
+    rt_data_feed(e, g, b, row0);
 }
 
 static float read_loss(Exec *e, const Graph *g)
@@ -535,8 +634,8 @@ static bool evaluate(Run *r, Diag *d)
     }
     int lid = ir_find_output(r->eg, "logits");
     const Tensor *lt = lid >= 0 ? &r->eg->t.v[lid] : NULL;
-    bool acc = lt && (r->addition || r->blobs);
-    bool masked = input_named(r->eg, "mask") != NULL;
+    bool acc = lt && (r->addition || r->rowy);
+    bool masked = input_named(r->eg, "mask") != NULL && !r->tensors;
     int64_t V = lt ? lt->s.dim[lt->s.rank - 1] : 0;
     float *logits = acc ? xmalloc((size_t)shape_numel(&lt->s) * sizeof *logits) : NULL;
     int64_t nb = r->c.eval_batches > 0 ? r->c.eval_batches : 1;
@@ -584,8 +683,8 @@ static bool evaluate(Run *r, Diag *d)
                 bool ok = true;
                 for (int64_t t = 0; t < r->T && ok; t++) {
                     int64_t at = row * r->T + t, gat = row0 * r->T + at;
-                    int32_t want = r->blobs ? b->y[row0 + row] : b->targets[gat];
-                    if (!r->blobs && b->mask[gat] == 0)
+                    int32_t want = r->rowy ? b->y[row0 + row] : b->targets[gat];
+                    if (!r->rowy && b->mask[gat] == 0)
                         continue;
                     const float *l = logits + at * V;
                     int64_t best = 0;

@@ -36,7 +36,13 @@
  *   at or above vocab or rows. addition: each split must hold a problem and
  *   be drawn in under 10^6 tries per row (val_fraction in [1e-6, 1-1e-6]).
  * blobs: `classes` Gaussian clusters in `dim` dimensions, centres fixed by
- *   the seed; validation points come from their own random stream. */
+ *   the seed; validation points come from their own random stream.
+ * tensors (data_tensors.c): the user's arrays, one per model input, from a
+ *   safetensors file or a directory of NAME.npy files; see there.
+ * in_order (train{shuffle = false}): text and tokens read consecutive
+ *   windows, window w = (index*B + row) mod W starting at symbol w*T of the
+ *   split (W = (split length - 1) / T windows); tensors read examples in
+ *   file order. */
 typedef enum { DATA_TRAIN, DATA_VAL } DataSplit;
 
 enum { ADD_PLUS = 10, ADD_EQ = 11, ADD_PAD = 12, ADD_END = 13, ADD_VOCAB = 14 };
@@ -54,14 +60,41 @@ typedef struct {
                             (gather; 0: no check) */
     const char *rows_name; /* that table's name, for messages */
     int dim, classes;    /* blobs */
+    bool in_order;       /* text, tokens, tensors: no shuffle (see above) */
+    const char *val_path;       /* tensors: the validation arrays (NULL: the last
+                                   val_fraction of path's examples) */
+    const struct DataWant *want; /* tensors: the model's inputs, nwant of them; read
+                                    by rt_data_open, but their names must outlive
+                                    the source (its batches name the inputs) */
+    int nwant;
 } DataCfg;
+
+/* tensors: one model input, as one example of it (its shape after the batch
+ * dimension), which an array of [N, dim...] of this dtype provides. */
+typedef struct DataWant {
+    const char *name;
+    DType dtype;
+    int rank;                 /* the input's rank - 1 */
+    int64_t dim[IR_MAX_RANK];
+    int64_t limit;            /* integer arrays: every value in [0, limit) (0: none) */
+    const char *limit_what;   /* what limit is, for messages */
+} DataWant;
+
+/* tensors: one model input's rows of a batch, [B, row_bytes]. */
+typedef struct {
+    const char *name;
+    int64_t row_bytes;
+    uint8_t *data;
+} DataArr;
 
 typedef struct {
     int64_t B, T, D;
     int32_t *tokens, *targets; /* [B,T] */
     float *mask;               /* [B,T] */
     float *x;                  /* blobs: [B,D] */
-    int32_t *y;                /* blobs: [B] */
+    int32_t *y;                /* blobs, and tensors with an i32 y: [B] */
+    DataArr *arr;              /* tensors: every model input's rows */
+    int narr;
 } DataBatch;
 
 typedef struct DataSource DataSource;
@@ -72,6 +105,9 @@ void rt_data_close(DataSource *s);
  * overwritten by the next call. */
 const DataBatch *rt_data_batch(DataSource *s, DataSplit split, int64_t index);
 bool rt_data_has_val(const DataSource *s);
+/* Writes rows [row0, row0 + the input's batch) of b into g's data inputs
+ * on e (those of b's source that g declares). */
+void rt_data_feed(Exec *e, const Graph *g, const DataBatch *b, int64_t row0);
 /* addition: writes the 3n+4 symbols of a+b (see above) into seq. */
 void rt_addition_encode(int digits, int64_t a, int64_t b, int32_t *seq);
 bool rt_addition_is_val(int digits, int64_t a, int64_t b, double val_fraction);
@@ -109,6 +145,29 @@ const char *rt_st_meta(const StFile *f, const char *key); /* NULL if absent */
 bool rt_st_write(const char *path, const StTensor *t, int n, const char *const *key,
                  const char *const *val, int nmeta, Diag *d);
 const char *rt_st_dtype_name(DType t); /* "F32", ... */
+/* ---- data_tensors.c: the tensors source (rt_data_open's part) -----------
+ * Arrays are matched to c->want by name: each must exist with the want's
+ * dtype and shape [N, dim...], every array of a file the same N >= 1, and
+ * integer values within limit; "PATH: ... (expected ..., got ...)" in d
+ * otherwise. Train row i of batch k is example (k*B + i) mod N of the
+ * training arrays, through a permutation per epoch (seed, epoch) unless
+ * in_order; validation batches are always in order. */
+typedef struct TensorSource TensorSource;
+TensorSource *rt_tensors_open(const DataCfg *c, DataBatch *b, Diag *d);
+void rt_tensors_fill(TensorSource *s, DataBatch *b, DataSplit split, int64_t index);
+bool rt_tensors_has_val(const TensorSource *s);
+void rt_tensors_close(TensorSource *s, DataBatch *b);
+
+/* ---- npy.c: NumPy .npy files, into the safetensors types --------------------
+ * Versions 1.0, 2.0 and 3.0; C order, little-endian f4, f2, i4, i8, u1
+ * (kiln's f32, f16, i32, i64, u8). On any defect false with "PATH: what is
+ * wrong (expected ..., got ...)" in d and *t empty. */
+bool rt_npy_parse(const char *path, const uint8_t *buf, size_t n, StTensor *t, Diag *d);
+bool rt_npy_read(const char *path, StTensor *t, Diag *d);
+/* Every NAME.npy of dir (sorted by name) as tensor NAME; free with
+ * rt_st_free. No .npy file is an error. */
+bool rt_npy_read_dir(const char *dir, StFile *f, Diag *d);
+
 /* ---- checkpoint.c: checkpoints and weights --------------------------------
  * vals[id] is host data (the tensor's dtype) for every param and state
  * tensor id of g. A checkpoint holds every param and state tensor plus

@@ -22,8 +22,11 @@ typedef struct TrainCfg {
     int64_t steps; double lr, min_lr; int64_t warmup;   /* lr schedule: linear warmup then cosine to min_lr */
     double beta1, beta2, eps, weight_decay, grad_clip;
     uint64_t seed; int64_t batch;                        /* batch: informative, must equal the inputs' leading dim when given */
-    const char *data;      /* "addition", "text", "tokens", "blobs" */
-    const char *data_path; /* file for text/tokens */
+    const char *data;      /* "addition", "text", "tokens", "blobs", "tensors" */
+    const char *data_path; /* file for text/tokens; file or .npy directory for tensors */
+    const char *val_path;  /* tensors: the validation split's file or directory */
+    const char *shuffle;   /* "true" (default) or "false": text, tokens and tensors
+                              read in order (data.c: in_order) */
     int64_t digits;        /* addition task: digits per operand */
     double val_fraction; int64_t eval_every, eval_batches, log_every, checkpoint_every;
     const char *checkpoint;   /* path prefix for checkpoints, NULL: none */

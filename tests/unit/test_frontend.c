@@ -184,7 +184,7 @@ static void test_set_overrides(void **state)
         {"memory_budget=lots", {"--set memory_budget:", "512MiB", "lots"}},
         {"widthonly", {"--set widthonly:", "key=value", NULL}},
         {"precision=f8", {"--set precision:", "f32, bf16", "f8"}},
-        {"data=mnist", {"--set data:", "addition, text, tokens, blobs", "mnist"}},
+        {"data=mnist", {"--set data:", "addition, text, tokens, blobs, tensors", "mnist"}},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         const char *msg = load_err(path, &bad[i].set, 1);
