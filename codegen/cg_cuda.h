@@ -44,6 +44,9 @@ typedef struct {
     int kernel;       /* plan kernel index */
     int loop;         /* the kernel's loop it computes (a split loop: several
                          functions in a row, one per stage) */
+    int nloops;       /* horizontal (cuda_multi.c): loops [loop, loop + nloops)
+                         in one function, one block per chunk of the chunk
+                         table; 0 or 1: the one loop */
     bool rows;        /* one block per outer index (split: `split` blocks) */
     bool cols;        /* column tiles: 32 outer indices x 8 row groups per block
                          (split: `split` blocks per tile, each a share of the

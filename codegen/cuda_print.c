@@ -16,6 +16,7 @@
  * reads everything it needs before it writes a buffer those reads may
  * alias. */
 #include "cg_cuda.h"
+#include "cuda_internal.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -717,7 +718,7 @@ enum {
     SPLIT_MIN_COLS = 64,  /* cols mode: fewest rows per chunk */
 };
 
-typedef VEC(CgCudaFn) FnVec;
+typedef CgCudaFnVec FnVec;
 
 typedef struct {
     int64_t parts;  /* chunks per outer index (tile); < 2: not split */
@@ -1173,7 +1174,12 @@ static int print_kernel(CgBuf *b, const CgKernel *k, const char *name, const DTy
         st[i] = storage ? storage[i] : k->params.v[i].dt;
     CgKernel v = f32_view(k);
     FnVec out = {0};
-    for (int li = 0; li < k->loops.n; li++) {
+    int li0 = 0; /* a horizontal kernel: every loop in cuda_multi.c's functions */
+    if (cg_cuda_horizontal(k)) {
+        cg_cuda_print_horizontal(b, k, &v, name, st, al, &out);
+        li0 = k->loops.n;
+    }
+    for (int li = li0; li < k->loops.n; li++) {
         CgCudaFn f;
         memset(&f, 0, sizeof f);
         f.loop = li;
@@ -1217,4 +1223,25 @@ void cg_cuda_fns_free(CgCudaFn *fn, int n)
         free(fn[i].param);
     }
     free(fn);
+}
+
+/* ---- lent to the other CUDA printers (cuda_internal.h) ------------------- */
+
+void cg_cuda_mark_used(const CgKernel *k, int e, bool *var) { mark_used(k, e, var); }
+
+void cg_cuda_decompose(CgBuf *b, const CgDim *dim, int n, const char *lin, const bool *used,
+                       int depth)
+{
+    decompose(b, dim, n, lin, used, depth);
+}
+
+void cg_cuda_store_phase(CgBuf *b, const CgKernel *k, const CgPhase *ph, const DType *storage,
+                         const CgCudaAlias *al, int depth)
+{
+    print_store_phase(b, k, ph, storage, al, depth);
+}
+
+void cg_cuda_print_params(CgBuf *b, const CgKernel *k, const DType *storage, const CgCudaFn *f)
+{
+    print_params(b, k, storage, f);
 }
