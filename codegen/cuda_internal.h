@@ -21,17 +21,29 @@ void cg_cuda_decompose(CgBuf *b, const CgDim *dim, int n, const char *lin, const
  * it writes). */
 void cg_cuda_store_phase(CgBuf *b, const CgKernel *k, const CgPhase *ph, const DType *storage,
                          const CgCudaAlias *al, int depth);
+/* A reduction phase's fold of one element into a<acc>. */
+void cg_cuda_fold(CgBuf *b, const CgKernel *k, const CgPhase *ph, int depth);
+/* A phase's lets as locals. */
+void cg_cuda_lets(CgBuf *b, const CgKernel *k, const CgPhase *ph, int depth);
+/* One store. */
+void cg_cuda_store(CgBuf *b, const CgKernel *k, const CgStore *s, const DType *storage, int depth);
+/* The register type of an accumulator of dtype dt. */
+const char *cg_cuda_acc_type(DType dt);
 /* The parameter list of f (buffers f->param, then {seed, step}). */
 void cg_cuda_print_params(CgBuf *b, const CgKernel *k, const DType *storage, const CgCudaFn *f);
 
 /* ---- cuda_multi.c: horizontal functions ---------------------------------- */
 
-/* Whether kernel k runs all its loops as horizontal functions (docs/cuda.md,
- * Multi-tensor kernels): several independent elementwise loops. */
-bool cg_cuda_horizontal(const CgKernel *k);
-/* Appends k's loops as horizontal functions NAME_hI (v: k's f32 view,
- * st: storage per param) to out. */
+/* How many loops of k from loop li on (at least 2) run as one horizontal
+ * function (docs/cuda.md, Multi-tensor kernels: independent loops, each
+ * elementwise or a full reduction followed by the stores of its result);
+ * 0: loop li is printed on its own. */
+int cg_cuda_horizontal_run(const CgKernel *k, int li);
+/* Appends loops [lo, hi) of k (a run cg_cuda_horizontal_run found) as the
+ * horizontal function NAME_hLO to out (v: k's f32 view, st: storage per
+ * param). */
 void cg_cuda_print_horizontal(CgBuf *b, const CgKernel *k, const CgKernel *v, const char *name,
-                              const DType *st, const CgCudaAlias *al, CgCudaFnVec *out);
+                              int lo, int hi, const DType *st, const CgCudaAlias *al,
+                              CgCudaFnVec *out);
 
 #endif
