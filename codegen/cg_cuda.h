@@ -44,6 +44,9 @@ typedef struct {
     int kernel;       /* plan kernel index */
     int loop;         /* the kernel's loop it computes (a split loop: several
                          functions in a row, one per stage) */
+    int nloops;       /* horizontal (cuda_multi.c): loops [loop, loop + nloops)
+                         in one function, one block per chunk of the chunk
+                         table; 0 or 1: the one loop */
     bool rows;        /* one block per outer index (split: `split` blocks) */
     bool cols;        /* column tiles: 32 outer indices x 8 row groups per block
                          (split: `split` blocks per tile, each a share of the
@@ -61,6 +64,10 @@ typedef struct {
     int *param;
     bool rand;
     bool part;        /* takes the partials scratch (unsigned char *) last */
+    bool ticket;      /* split in two stages run as one launch: the last block
+                         of an outer index (tile) to finish, counted by the
+                         ticket at kiln_part[u] (unsigned int), combines the
+                         partials and runs the second stage */
     int64_t part_bytes; /* bytes of the scratch it reads or writes, from 0 */
 } CgCudaFn;
 
@@ -98,6 +105,13 @@ void cg_cuda_fns_free(CgCudaFn *fn, int n);
 typedef struct {
     int64_t dst, src, bytes;
 } CgCudaCopy;
+
+/* The partials scratch starts with the ticket counters of split
+ * reductions (CgCudaFn.ticket): one unsigned int per outer index or tile,
+ * zero when the backend allocates the scratch and set back to zero by the
+ * block that finishes last, so every launch (and graph replay) finds them
+ * zero. Partials follow. */
+enum { CG_CUDA_TICKET_BYTES = 2048 };
 
 typedef struct CgCudaProgram {
     const struct CgPlan *plan; /* borrowed */

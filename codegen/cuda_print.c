@@ -16,6 +16,7 @@
  * reads everything it needs before it writes a buffer those reads may
  * alias. */
 #include "cg_cuda.h"
+#include "cuda_internal.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -717,7 +718,7 @@ enum {
     SPLIT_MIN_COLS = 64,  /* cols mode: fewest rows per chunk */
 };
 
-typedef VEC(CgCudaFn) FnVec;
+typedef CgCudaFnVec FnVec;
 
 typedef struct {
     int64_t parts;  /* chunks per outer index (tile); < 2: not split */
@@ -824,6 +825,7 @@ static void split_plan(const CgKernel *k, const CgLoop *l, const CgCudaAlias *al
     sp->st0 = xmalloc(sizeof(int) * (size_t)(np + 2));
     sp->off = xcalloc((size_t)np + 1, sizeof(int64_t));
     sp->st0[sp->nst++] = 0;
+    sp->bytes = CG_CUDA_TICKET_BYTES; /* the scratch starts with the tickets */
     for (int p = 0; p < np; p++) {
         const CgPhase *ph = &l->ph.v[p];
         memset(pl, 0, (size_t)npar);
@@ -971,8 +973,13 @@ static bool stage_chunked(const CgLoop *l, const Split *sp, int s)
     return false;
 }
 
+static void print_stage_phases(CgBuf *b, const CgKernel *k, const CgLoop *l, const DType *storage,
+                               const CgCudaAlias *al, const CgCudaFn *f, const Split *sp, int s,
+                               const bool *used, bool chunked);
+
 /* Stage s of split loop l as one __global__ function (f: its geometry and
- * params, filled by the caller). */
+ * params, filled by the caller); with f->ticket, stage 0 and then, in the
+ * last block to finish, stage 1. */
 static void print_stage(CgBuf *b, const CgKernel *k, const CgLoop *l, const DType *storage,
                         const CgCudaAlias *al, const CgCudaFn *f, const Split *sp, int s,
                         const bool *used)
@@ -992,9 +999,6 @@ static void print_stage(CgBuf *b, const CgKernel *k, const CgLoop *l, const DTyp
                    "    const int64_t step = (int64_t)kiln_rs[1];\n");
     int depth = 2;
     int64_t units = f->rows ? f->n : (f->n + 31) / 32;
-    const char *j0 = f->rows ? "threadIdx.x" : "(threadIdx.x >> 5)";
-    const char *js = f->rows ? "blockDim.x" : "8";
-    const char *one = f->rows ? "threadIdx.x == 0" : "live && threadIdx.x < 32";
     /* one block per (outer index, chunk): the grid is exactly that
      * (f->blocks; a grid-stride loop here made ptxas spill on sm_80) */
     int64_t total = units * (chunked ? parts : 1);
@@ -1020,6 +1024,47 @@ static void print_stage(CgBuf *b, const CgKernel *k, const CgLoop *l, const DTyp
     }
     cg_puts(b, chunked ? "        (void)i;\n        (void)c;\n" : "        (void)i;\n");
     decompose(b, l->dim, l->ndim, "i", used, depth);
+    print_stage_phases(b, k, l, storage, al, f, sp, s, used, chunked);
+    if (f->ticket) {
+        /* the last block of outer index (tile) u to finish combines: every
+         * block's partials are written and fenced before it takes its
+         * ticket; the last one resets the counter for the next launch (or
+         * graph replay) and runs stage 1 alone */
+        cg_printf(b,
+                  "        __threadfence();\n"
+                  "        __syncthreads();\n"
+                  "        __shared__ bool kiln_last;\n"
+                  "        if (threadIdx.x == 0) {\n"
+                  "            unsigned int *kiln_tk = (unsigned int *)kiln_part;\n"
+                  "            kiln_last = atomicAdd(&kiln_tk[u], 1u) == %lldu;\n"
+                  "            if (kiln_last)\n"
+                  "                kiln_tk[u] = 0u; /* reset for the next launch */\n"
+                  "        }\n"
+                  "        __syncthreads();\n"
+                  "        if (!kiln_last)\n"
+                  "            return;\n"
+                  "        __threadfence();\n"
+                  "        {\n",
+                  (long long)(parts - 1));
+        /* its own scope: stage 1 declares its accumulators again */
+        print_stage_phases(b, k, l, storage, al, f, sp, 1, used, false);
+        cg_puts(b, "        }\n");
+    }
+    cg_puts(b, "    }\n}\n");
+}
+
+/* Stage s's phases (after the block's indices): the earlier stages'
+ * reductions combined and row phases evaluated again, then its own.
+ * chunked: the block takes chunk c of the inner ranges. */
+static void print_stage_phases(CgBuf *b, const CgKernel *k, const CgLoop *l, const DType *storage,
+                               const CgCudaAlias *al, const CgCudaFn *f, const Split *sp, int s,
+                               const bool *used, bool chunked)
+{
+    int depth = 2;
+    int64_t parts = sp->parts;
+    const char *j0 = f->rows ? "threadIdx.x" : "(threadIdx.x >> 5)";
+    const char *js = f->rows ? "blockDim.x" : "8";
+    const char *one = f->rows ? "threadIdx.x == 0" : "live && threadIdx.x < 32";
     /* earlier stages: combined reductions, row phases again */
     for (int p = 0; p < sp->st0[s]; p++) {
         const CgPhase *ph = &l->ph.v[p];
@@ -1120,7 +1165,6 @@ static void print_stage(CgBuf *b, const CgKernel *k, const CgLoop *l, const DTyp
             cg_puts(b, "__syncthreads();\n");
         }
     }
-    cg_puts(b, "    }\n}\n");
 }
 
 /* Appends the functions of split loop li (geometry g from geometry()). */
@@ -1129,10 +1173,19 @@ static void print_split(CgBuf *b, const CgKernel *k, const CgKernel *v, int li, 
                         const Split *sp, FnVec *out)
 {
     const CgLoop *l = &k->loops.v[li];
-    for (int s = 0; s < sp->nst; s++) {
+    /* two stages, the second one block per outer index (tile: a full
+     * reduction and what reads its result): one function, the second stage
+     * run by the last block to finish (a ticket per outer index) */
+    int64_t units0 = g->rows ? g->n : (g->n + 31) / 32;
+    bool ticket = sp->nst == 2 && stage_chunked(l, sp, 0) && !stage_chunked(l, sp, 1) &&
+                  units0 * sp->parts <= MAX_BLOCKS &&
+                  units0 * 4 <= CG_CUDA_TICKET_BYTES;
+    for (int s = 0; s < (ticket ? 1 : sp->nst); s++) {
         CgCudaFn f = *g;
-        f.name = sp->nst > 1 ? xasprintf("%s_l%d_s%d", name, li, s) : xasprintf("%s_l%d", name, li);
+        f.name = sp->nst > 1 && !ticket ? xasprintf("%s_l%d_s%d", name, li, s)
+                                        : xasprintf("%s_l%d", name, li);
         f.loop = li;
+        f.ticket = ticket;
         bool chunked = stage_chunked(l, sp, s);
         f.split = chunked ? sp->parts : 1;
         int64_t units = f.rows ? f.n : (f.n + 31) / 32, total = units * f.split;
@@ -1141,6 +1194,8 @@ static void print_split(CgBuf *b, const CgKernel *k, const CgKernel *v, int li, 
         bool *par = xcalloc((size_t)k->params.n + 1, sizeof(bool));
         bool rand = false;
         stage_uses(k, l, sp, s, var, par, &rand);
+        if (ticket)
+            stage_uses(k, l, sp, 1, var, par, &rand);
         f.param = xmalloc(sizeof(int) * (size_t)(k->params.n + 1));
         f.nparam = 0;
         for (int i = 0; i < k->params.n; i++)
@@ -1150,7 +1205,7 @@ static void print_split(CgBuf *b, const CgKernel *k, const CgKernel *v, int li, 
         /* scratch: written by this stage's reductions, read for earlier ones */
         f.part = false;
         f.part_bytes = 0;
-        for (int p = 0; p < sp->st0[s + 1]; p++) {
+        for (int p = 0; p < sp->st0[ticket ? 2 : s + 1]; p++) {
             const CgPhase *ph = &l->ph.v[p];
             if (ph->acc >= 0 && ph->ndim > 0) {
                 f.part = true;
@@ -1174,6 +1229,13 @@ static int print_kernel(CgBuf *b, const CgKernel *k, const char *name, const DTy
     CgKernel v = f32_view(k);
     FnVec out = {0};
     for (int li = 0; li < k->loops.n; li++) {
+        /* a run of independent loops: one horizontal function (cuda_multi.c) */
+        int run = cg_cuda_horizontal_run(k, li);
+        if (run >= 2) {
+            cg_cuda_print_horizontal(b, k, &v, name, li, li + run, st, al, &out);
+            li += run - 1;
+            continue;
+        }
         CgCudaFn f;
         memset(&f, 0, sizeof f);
         f.loop = li;
@@ -1218,3 +1280,41 @@ void cg_cuda_fns_free(CgCudaFn *fn, int n)
     }
     free(fn);
 }
+
+/* ---- lent to the other CUDA printers (cuda_internal.h) ------------------- */
+
+void cg_cuda_mark_used(const CgKernel *k, int e, bool *var) { mark_used(k, e, var); }
+
+void cg_cuda_decompose(CgBuf *b, const CgDim *dim, int n, const char *lin, const bool *used,
+                       int depth)
+{
+    decompose(b, dim, n, lin, used, depth);
+}
+
+void cg_cuda_store_phase(CgBuf *b, const CgKernel *k, const CgPhase *ph, const DType *storage,
+                         const CgCudaAlias *al, int depth)
+{
+    print_store_phase(b, k, ph, storage, al, depth);
+}
+
+void cg_cuda_print_params(CgBuf *b, const CgKernel *k, const DType *storage, const CgCudaFn *f)
+{
+    print_params(b, k, storage, f);
+}
+
+void cg_cuda_fold(CgBuf *b, const CgKernel *k, const CgPhase *ph, int depth)
+{
+    print_fold(b, k, ph, depth);
+}
+
+void cg_cuda_lets(CgBuf *b, const CgKernel *k, const CgPhase *ph, int depth)
+{
+    print_lets(b, k, ph, depth);
+}
+
+void cg_cuda_store(CgBuf *b, const CgKernel *k, const CgStore *s, const DType *storage, int depth)
+{
+    print_store(b, k, s, storage, depth);
+}
+
+const char *cg_cuda_acc_type(DType dt) { return acc_type(dt); }

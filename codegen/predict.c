@@ -20,6 +20,10 @@
  * known before NVRTC runs, so the model can be optimistic for kernels that
  * are register-bound. Collectives are not costed (one device).
  *
+ * A split reduction whose last block combines (CgCudaFn.ticket) and a
+ * horizontal multi-tensor function (CgCudaFn.nloops, the AdamW update) are
+ * one CUDA function each, so one launch each.
+ *
  * On the CPU a kernel step is one "launch": its parts run on `units`
  * threads when the kernel is parallel (one otherwise), a GEMM on all of them
  * at the device's measured GEMM rate. */

@@ -33,7 +33,7 @@ bool cli_print_fusion(const Model *m, const Graph *g, const PassOpts *po);
  * tf32, cuda_graph; all off on the CPU). */
 CgPredictOpts cli_predict_opts(const Model *m, const CgDevice *dev);
 bool cli_print_prediction(const Model *m, const Graph *g, const char *target, int threads,
-                          const char *cache_dir, bool remeasure);
+                          const char *cache_dir, bool remeasure, int top);
 
 /* The frontend's warnings about m (unused params, ...) on stderr: once per
  * run, so not in --nproc ranks other than rank 0. */

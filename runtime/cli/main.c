@@ -66,6 +66,7 @@ static const char usage_compile[] =
     "                       machine, measured once and cached); see docs/cost.md\n"
     "  --threads N          --target cpu: threads (default: one per core)\n"
     "  --remeasure          --target cpu: measure this machine again\n"
+    "  --top N              --target: list the N costliest kernels (default 10)\n"
     "  --cache-dir DIR      kernel cache, where the cpu measurement is kept\n"
     "  --log-dir DIR        write DIR/report.html: memory timeline, remat sweep\n"
     "  --dot FILE           write the compiled graph for Graphviz: fused kernels\n"
@@ -131,6 +132,7 @@ typedef struct {
     bool remeasure;        /* --remeasure: measure the CPU again */
     const char *dot;       /* --dot FILE: the compiled graph for Graphviz */
     const char *log_dir;   /* --log-dir DIR: report.html */
+    int top;               /* --top N: costliest kernels listed (0: 10) */
     int ndump_written;
     bool dump_error;
     MemPlan *mp;           /* the memplan pass's plan (its dump reads it) */
@@ -424,6 +426,11 @@ static int cmd_compile(int argc, char **argv)
             a.cache_dir = v;
         } else if (strcmp(argv[i], "--remeasure") == 0) {
             a.remeasure = true;
+        } else if ((v = flag_value(argc, argv, &i, "--top"))) {
+            int64_t n;
+            if (!int_flag("compile", "--top", v, 1, 100000, &n))
+                return 2;
+            a.top = (int)n;
         } else if (argv[i][0] == '-') {
             return bad_flag("compile", "unknown option", argv[i]);
         } else if (!model) {
@@ -493,7 +500,7 @@ static int cmd_compile(int argc, char **argv)
     print_epilogues(g, a.dump_dir, &a.dump_error);
     if (a.target &&
         !cli_print_prediction(m, g, a.target, a.threads > 0 ? a.threads : online_cores(),
-                              a.cache_dir, a.remeasure))
+                              a.cache_dir, a.remeasure, a.top > 0 ? a.top : 10))
         rc = 1;
     if (a.dump_dir && (wants_dump(&a, "fuse") || wants_dump(&a, "kernels")) &&
         !rt_dump_kernels(g, a.dump_dir, &d)) {

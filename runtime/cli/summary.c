@@ -181,7 +181,7 @@ CgPredictOpts cli_predict_opts(const Model *m, const CgDevice *dev)
 }
 
 bool cli_print_prediction(const Model *m, const Graph *g, const char *target, int threads,
-                          const char *cache_dir, bool remeasure)
+                          const char *cache_dir, bool remeasure, int top)
 {
     CgDevice cpu;
     const CgDevice *dev = cg_device_find(target);
@@ -216,7 +216,7 @@ bool cli_print_prediction(const Model *m, const Graph *g, const char *target, in
                dev->gemm1[0] / 1e9, dev->gemm1[1] / 1e9, dev->gemm1[2] / 1e9,
                dev->gemm1[3] / 1e9, dev->work / 1e9, dev->bw / 1e9, dev->bw1 / 1e9,
                dev->launch_s * 1e6);
-    cg_prediction_print(r, p, model, step_tokens(g), 10, stdout);
+    cg_prediction_print(r, p, model, step_tokens(g), top, stdout);
     cg_prediction_free(r);
     cg_cuda_program_free(q);
     cg_plan_free(p);

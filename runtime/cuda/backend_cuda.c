@@ -208,8 +208,12 @@ static bool setup_steps(BackendCtx *c, Diag *d)
     c->st = kc_zalloc(sizeof(CuStep) * (size_t)(p->steps.n + 1));
     c->epi = kc_zalloc(sizeof(CgEpilogue) * (size_t)(p->steps.n + 1));
     c->skip = kc_zalloc(sizeof(bool) * (size_t)(p->steps.n + 1));
-    /* split loops' partials: written before they are read, never cleared */
-    if (q->part_bytes > 0 && !CU(kc_cu.cuMemAlloc(&c->part, (size_t)q->part_bytes), d))
+    /* split loops' partials: written before they are read, never cleared;
+     * the ticket counters in front of them start at zero (the launch that
+     * counts them sets them back: CG_CUDA_TICKET_BYTES) */
+    if (q->part_bytes > 0 &&
+        (!CU(kc_cu.cuMemAlloc(&c->part, (size_t)q->part_bytes), d) ||
+         !CU(kc_cu.cuMemsetD8Async(c->part, 0, CG_CUDA_TICKET_BYTES, c->s), d)))
         return false;
     /* each GEMM's form with the program's epilogue: its casts, and the
      * bf16 bias copy a bias epilogue into a bf16 D reads */

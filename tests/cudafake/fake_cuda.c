@@ -551,9 +551,12 @@ static void diff_writes(FOp *o, const Alloc *a, const unsigned char *s)
 static void run_kernel(FOp *o)
 {
     Func *f = o->f;
-    void *argv[64];
-    Alloc *al[64];
-    unsigned char *snap[64];
+    /* as many as the function takes (a horizontal function: hundreds) */
+    void **argv = calloc((size_t)f->nparams + 1, sizeof(void *));
+    Alloc **al = calloc((size_t)f->nparams + 1, sizeof(Alloc *));
+    unsigned char **snap = calloc((size_t)f->nparams + 1, sizeof(unsigned char *));
+    if (!argv || !al || !snap)
+        fakecu_die("out of memory");
     int nal = 0;
     size_t off = 0;
     for (int i = 0; i < f->nparams; i++) {
@@ -586,6 +589,9 @@ static void run_kernel(FOp *o)
         diff_writes(o, al[k], snap[k]);
         free(snap[k]);
     }
+    free(argv);
+    free(al);
+    free(snap);
 }
 
 /* ---- the worker ------------------------------------------------------------ */
@@ -1199,13 +1205,20 @@ CUresult cuModuleGetFunction(CUfunction *f, CUmodule mod, const char *name)
     fn->name = strdup(name);
     fn->nparams = np;
     fn->psize = calloc((size_t)np + 1, sizeof(size_t));
+    size_t total = 0;
     fn->isptr = calloc((size_t)np + 1, sizeof(bool));
     for (int i = 0; i < np; i++) {
         fn->psize[i] = emu_kernel_param(m->emu, name, i, &fn->isptr[i]);
         if (fn->psize[i] == 0 || fn->psize[i] > 8)
             fakecu_die("cuModuleGetFunction(%s): parameter %d of %zu bytes is not modelled",
                        name, i, fn->psize[i]);
+        total += (fn->psize[i] + 7) / 8 * 8;
     }
+    /* the kernel parameter space: 32764 bytes since CUDA 12.1 (sm_70 and
+     * later; kiln builds for sm_80 and sm_90), 4096 before */
+    if (total > 32764)
+        fakecu_die("cuModuleGetFunction(%s): %zu bytes of parameters (at most 32764)", name,
+                   total);
     *f = (CUfunction)fn;
     return CUDA_SUCCESS;
 }

@@ -129,12 +129,13 @@ static void check_geometry(const char *what, const CgPlan *pl, const CgCudaProgr
             assert_int_equal(q->step_fn[s], -1);
             continue;
         }
-        /* every loop in order, one function each or (a split loop) several */
+        /* every loop in order, one function each, several (a split loop) or
+         * one for several (horizontal) */
         int nl = pl->kernels.v[st->kernel]->loops.n, next = 0;
         for (int f = 0; f < q->step_nfn[s]; f++) {
             const CgCudaFn *fn = &q->fn.v[q->step_fn[s] + f];
             if (fn->loop == next)
-                next++;
+                next += fn->nloops > 1 ? fn->nloops : 1; /* horizontal: several loops */
             else if (fn->loop != next - 1)
                 fail_msg("%s: step %d: function %s computes loop %d after loop %d", what, s,
                          fn->name, fn->loop, next - 1);

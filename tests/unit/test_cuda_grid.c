@@ -8,7 +8,11 @@
  * writes at their storage dtypes); GEMMs are cuBLASLt's and are left out.
  * Also: the full reductions and column reductions of the step are split
  * (their stages and scratch are there), so the check cannot pass by a
- * model that lost them. */
+ * model that lost them; no launch of one block only combines a full
+ * reduction's partials (the last block to finish does: CgCudaFn.ticket),
+ * and the AdamW
+ * update of all 148 parameter tensors (one horizontal function,
+ * codegen/cuda_multi.c), the cost model counting each as one launch. */
 #include "testutil.h"
 
 #include <stdio.h>
@@ -54,11 +58,20 @@ static void test_gpt124m_grids(void **state)
         }
     }
     /* split loops are there: full reductions (rows) and column reductions */
-    int split_rows = 0, split_cols = 0;
+    int split_rows = 0, split_cols = 0, one_launch = 0, staged = 0, update = 0;
+    const char *update_fn = "";
     for (int i = 0; i < q->fn.n; i++) {
         const CgCudaFn *f = &q->fn.v[i];
         split_rows += f->rows && f->split > 1 && f->n < 2;
         split_cols += f->cols && f->split > 1;
+        one_launch += f->rows && f->split > 1 && f->n < 2 && f->ticket;
+        /* a launch of one block that only combines a full reduction's
+         * partials (its last block does that now) */
+        staged += f->n < 2 && f->split == 1 && f->part && !f->nloops;
+        if (f->nloops > update) {
+            update = f->nloops;
+            update_fn = f->name;
+        }
         if (f->part && (f->part_bytes <= 0 || f->part_bytes > q->part_bytes))
             fail_msg("%s: partials of %lld bytes in a scratch of %lld", f->name,
                      (long long)f->part_bytes, (long long)q->part_bytes);
@@ -71,6 +84,17 @@ static void test_gpt124m_grids(void **state)
     assert_true(checked > 100);
     assert_int_equal(bad, 0);
     assert_true(split_rows > 0 && split_cols > 0 && q->part_bytes > 0);
+    print_message("full reductions in one launch (last block combines): %d; launches that only "
+                  "combine: %d; the largest horizontal function: %d loops; %d launches\n",
+                  one_launch, staged, update, r->launches);
+    assert_true(one_launch > 0);
+    assert_int_equal(staged, 0);
+    assert_int_equal(update, 148); /* gpt 124M's parameter tensors */
+    int update_rows = 0; /* the cost model: the update is one launch */
+    for (int i = 0; i < r->rows.n; i++)
+        update_rows += strcmp(r->rows.v[i].name, update_fn) == 0;
+    assert_int_equal(update_rows, 1);
+    assert_int_equal(r->rows.n, r->launches);
     cg_prediction_free(r);
     cg_cuda_program_free(q);
     cg_plan_free(p);

@@ -1,0 +1,49 @@
+/*
+ * cuda_internal.h - what the CUDA C printer (cuda_print.c) lends the other
+ * printers of codegen/ (cuda_multi.c: the horizontal multi-tensor
+ * function). Not part of codegen's public header: the names and the
+ * contracts are cuda_print.c's, documented there.
+ */
+#ifndef KILN_CUDA_INTERNAL_H
+#define KILN_CUDA_INTERNAL_H
+
+#include "cg_cuda.h"
+
+typedef VEC(CgCudaFn) CgCudaFnVec;
+
+/* Marks in var[] the loop variables expression e reads. */
+void cg_cuda_mark_used(const CgKernel *k, int e, bool *var);
+/* Declares the used variables of dim[0..n) from the flat row-major index
+ * named `lin`. */
+void cg_cuda_decompose(CgBuf *b, const CgDim *dim, int n, const char *lin, const bool *used,
+                       int depth);
+/* A store phase's lets and stores (a store phase reads everything before
+ * it writes). */
+void cg_cuda_store_phase(CgBuf *b, const CgKernel *k, const CgPhase *ph, const DType *storage,
+                         const CgCudaAlias *al, int depth);
+/* A reduction phase's fold of one element into a<acc>. */
+void cg_cuda_fold(CgBuf *b, const CgKernel *k, const CgPhase *ph, int depth);
+/* A phase's lets as locals. */
+void cg_cuda_lets(CgBuf *b, const CgKernel *k, const CgPhase *ph, int depth);
+/* One store. */
+void cg_cuda_store(CgBuf *b, const CgKernel *k, const CgStore *s, const DType *storage, int depth);
+/* The register type of an accumulator of dtype dt. */
+const char *cg_cuda_acc_type(DType dt);
+/* The parameter list of f (buffers f->param, then {seed, step}). */
+void cg_cuda_print_params(CgBuf *b, const CgKernel *k, const DType *storage, const CgCudaFn *f);
+
+/* ---- cuda_multi.c: horizontal functions ---------------------------------- */
+
+/* How many loops of k from loop li on (at least 2) run as one horizontal
+ * function (docs/cuda.md, Multi-tensor kernels: independent loops, each
+ * elementwise or a full reduction followed by the stores of its result);
+ * 0: loop li is printed on its own. */
+int cg_cuda_horizontal_run(const CgKernel *k, int li);
+/* Appends loops [lo, hi) of k (a run cg_cuda_horizontal_run found) as the
+ * horizontal function NAME_hLO to out (v: k's f32 view, st: storage per
+ * param). */
+void cg_cuda_print_horizontal(CgBuf *b, const CgKernel *k, const CgKernel *v, const char *name,
+                              int lo, int hi, const DType *st, const CgCudaAlias *al,
+                              CgCudaFnVec *out);
+
+#endif
