@@ -62,6 +62,9 @@ typedef struct {
     bool rand;
     bool part;        /* takes the partials scratch (unsigned char *) last */
     int64_t part_bytes; /* bytes of the scratch it reads or writes, from 0 */
+    /* ptxas' figures (cg_cuda_ptxas; regs 0: not known): registers per
+     * thread, static shared memory per block, spill stores + loads, bytes */
+    int regs, smem, spill;
 } CgCudaFn;
 
 /* Which params of one printed variant of a kernel share a buffer:
@@ -127,6 +130,7 @@ typedef struct CgCudaProgram {
     /* Per plan step: the epilogue the GEMM applies on the device (see
      * cg_cuda_program), CG_EPI_NONE for none and for other steps. */
     CgEpilogue *epi;
+    int ptxas_fns;     /* functions with ptxas' figures (cg_cuda_ptxas) */
 } CgCudaProgram;
 
 /* Decides the storage, the arena and the epilogues, then prints every kernel
@@ -146,6 +150,19 @@ typedef struct CgCudaProgram {
  * kiln_cast_f32_bf16(const float*, bf16*, n) for GEMM operands. */
 CgCudaProgram *cg_cuda_program(const CgPlan *p, bool bf16);
 void cg_cuda_program_free(CgCudaProgram *q);
+
+/* ---- cuda_occupancy.c: blocks resident per SM ---------------------------- */
+
+/* Blocks of `threads` threads resident on one SM of dev: the thread and
+ * block limits, and when known (> 0) the registers per thread (64K per SM,
+ * allocated per warp in units of 256) and static shared memory per block
+ * (dev->smem_unit per SM, 1 KB reserved per block); at least 1. */
+int cg_cuda_blocks_per_unit(const CgDevice *dev, int threads, int regs, int smem);
+/* Reads ptxas' report in an NVRTC log (--ptxas-options=-v): per entry
+ * function of q, its registers, shared memory and spills (CgCudaFn.regs,
+ * smem, spill); sets q->ptxas_fns. Returns how many functions it newly
+ * filled. */
+int cg_cuda_ptxas(CgCudaProgram *q, const char *log);
 
 /* ---- inline: what the CUDA module decides as cuda_plan.c does ----------- */
 
