@@ -75,6 +75,8 @@ typedef struct {
 typedef struct {
     const int *cls;
     bool all;
+    const bool *a16; /* per param: its buffer starts 16-byte aligned (NULL:
+                        not known; then no 16-byte accesses) */
 } CgCudaAlias;
 
 extern const char cg_cuda_prelude[];
@@ -94,6 +96,31 @@ int cg_print_cuda_variant(CgBuf *b, const CgKernel *k, const char *name, const D
                           const CgCudaAlias *al, CgCudaFn **fn);
 /* Frees the names and param lists of fn[0..n) and fn itself. */
 void cg_cuda_fns_free(CgCudaFn *fn, int n);
+
+/* ---- cuda_row.c: 16-byte accesses in row loops (the printer's) ----------
+ * A phase of a row loop (one block per outer index) whose params are read
+ * or written a vector of `vec` consecutive elements at a time (see
+ * cuda_row.c for when a param qualifies). */
+typedef struct {
+    int vec;     /* elements per thread and vector: 4 (f32 only) or 8 */
+    int var;     /* the phase's innermost loop var */
+    int n;       /* vector params */
+    int *param;  /* [n] their indices */
+    bool *ld, *st; /* [n] loaded, stored by the phase */
+    int *index;  /* [n] an index expression of one of its accesses: the
+                    vector's first element when var is its first */
+} CgCudaVec;
+/* Whether phase ph (storage: params' dtypes in memory; al: the variant's
+ * buffers) has vector params; fills v (free with cg_cuda_vec_free). */
+bool cg_cuda_vec_plan(const CgKernel *k, const CgPhase *ph, const DType *storage,
+                      const CgCudaAlias *al, CgCudaVec *v);
+void cg_cuda_vec_free(CgCudaVec *v);
+/* Around the phase's scalar body, inside a loop whose vars are declared at
+ * the vector's first element: the loads and the element loop's head
+ * (the body goes at depth + 1), then its end and the stores. */
+void cg_cuda_vec_open(CgBuf *b, const CgKernel *k, const CgCudaVec *v, const DType *storage,
+                      int depth);
+void cg_cuda_vec_close(CgBuf *b, const CgCudaVec *v, const DType *storage, int depth);
 
 /* ---- cuda_plan.c: the CUDA program of a plan ---------------------------- */
 
