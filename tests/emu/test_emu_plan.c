@@ -644,14 +644,21 @@ static char *wrong_lanes(const char *src, void *ctx)
 }
 
 /* The block-strided loop of the first generated kernel that sums rows with
- * kiln_block_reduce, with `from` (a part of the loop header) replaced. */
+ * kiln_block_reduce (over elements, or over 16-byte vectors of them), with
+ * `from` (a part of the loop header) replaced. */
 static char *edit_row_sum_loop(const char *src, const char *from, const char *to)
 {
-    const char *loop = "for (int64_t j = threadIdx.x;";
+    static const char *const loops[] = {"for (int64_t j = threadIdx.x;", "for (int j = threadIdx.x;",
+                                        "for (int jv = threadIdx.x;"};
     for (const char *k = strstr(src, "__global__"); k; k = strstr(k + 1, "__global__")) {
         const char *next = strstr(k + 1, "__global__");
         const char *red = strstr(k, "kiln_block_reduce<float, false>(");
-        const char *j = strstr(k, loop);
+        const char *j = NULL;
+        for (int i = 0; i < 3; i++) {
+            const char *h = strstr(k, loops[i]);
+            if (h && (!j || h < j))
+                j = h;
+        }
         if (red && j && j < red && (!next || red < next)) {
             const char *f = strstr(j, from);
             const char *eol = strchr(j, '\n');
@@ -663,18 +670,20 @@ static char *edit_row_sum_loop(const char *src, const char *from, const char *to
     return NULL;
 }
 
-/* The loop starts one element late: thread 0 skips element 0 of every row. */
+/* The loop starts one element (or vector) late: thread 0 skips the first of
+ * every row. */
 static char *shift_index(const char *src, void *ctx)
 {
     (void)ctx;
-    return edit_row_sum_loop(src, "j = threadIdx.x;", "j = threadIdx.x + 1;");
+    return edit_row_sum_loop(src, " = threadIdx.x;", " = threadIdx.x + 1;");
 }
 
-/* The loop runs one element too far: the last row reads past its buffer. */
+/* The loop runs one element (or vector) too far: the last row reads past
+ * its buffer. */
 static char *overrun(const char *src, void *ctx)
 {
     (void)ctx;
-    return edit_row_sum_loop(src, "; j < ", "; j <= ");
+    return edit_row_sum_loop(src, " < ", " <= ");
 }
 
 static void expect_caught(const Case *c, char *(*edit)(const char *, void *), const char *what)
