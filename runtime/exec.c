@@ -401,11 +401,11 @@ bool rt_dump_kernels(const Graph *g, const char *dir, Diag *d)
             free(b.s);
         }
     }
-    /* the CUDA program as the device compiles it: every variant, f32 and
-     * bf16 storage */
+    /* the CUDA program as the device compiles it (every variant, f32 and
+     * bf16 storage), beside kernels/ (one source per kernel there) */
     for (int bf = 0; bf < 2 && ok; bf++) {
         CgCudaProgram *q = cg_cuda_program(p, bf != 0);
-        char *path = xasprintf("%s/program%s.cu", kd, bf ? "-bf16" : "");
+        char *path = xasprintf("%s/program%s.cu", dir, bf ? "-bf16" : "");
         ok = dump_file(path, q->source, d);
         free(path);
         cg_cuda_program_free(q);
