@@ -69,6 +69,9 @@ typedef struct {
                          ticket at kiln_part[u] (unsigned int), combines the
                          partials and runs the second stage */
     int64_t part_bytes; /* bytes of the scratch it reads or writes, from 0 */
+    /* ptxas' figures (cg_cuda_ptxas; regs 0: not known): registers per
+     * thread, static shared memory per block, spill stores + loads, bytes */
+    int regs, smem, spill;
 } CgCudaFn;
 
 /* Which params of one printed variant of a kernel share a buffer:
@@ -79,6 +82,8 @@ typedef struct {
 typedef struct {
     const int *cls;
     bool all;
+    const bool *a16; /* per param: its buffer starts 16-byte aligned (NULL:
+                        not known; then no 16-byte accesses) */
 } CgCudaAlias;
 
 extern const char cg_cuda_prelude[];
@@ -98,6 +103,31 @@ int cg_print_cuda_variant(CgBuf *b, const CgKernel *k, const char *name, const D
                           const CgCudaAlias *al, CgCudaFn **fn);
 /* Frees the names and param lists of fn[0..n) and fn itself. */
 void cg_cuda_fns_free(CgCudaFn *fn, int n);
+
+/* ---- cuda_row.c: 16-byte accesses in row loops (the printer's) ----------
+ * A phase of a row loop (one block per outer index) whose params are read
+ * or written a vector of `vec` consecutive elements at a time (see
+ * cuda_row.c for when a param qualifies). */
+typedef struct {
+    int vec;     /* elements per thread and vector: 4 (f32 only) or 8 */
+    int var;     /* the phase's innermost loop var */
+    int n;       /* vector params */
+    int *param;  /* [n] their indices */
+    bool *ld, *st; /* [n] loaded, stored by the phase */
+    int *index;  /* [n] an index expression of one of its accesses: the
+                    vector's first element when var is its first */
+} CgCudaVec;
+/* Whether phase ph (storage: params' dtypes in memory; al: the variant's
+ * buffers) has vector params; fills v (free with cg_cuda_vec_free). */
+bool cg_cuda_vec_plan(const CgKernel *k, const CgPhase *ph, const DType *storage,
+                      const CgCudaAlias *al, CgCudaVec *v);
+void cg_cuda_vec_free(CgCudaVec *v);
+/* Around the phase's scalar body, inside a loop whose vars are declared at
+ * the vector's first element: the loads and the element loop's head
+ * (the body goes at depth + 1), then its end and the stores. */
+void cg_cuda_vec_open(CgBuf *b, const CgKernel *k, const CgCudaVec *v, const DType *storage,
+                      int depth);
+void cg_cuda_vec_close(CgBuf *b, const CgCudaVec *v, const DType *storage, int depth);
 
 /* ---- cuda_plan.c: the CUDA program of a plan ---------------------------- */
 
@@ -141,6 +171,7 @@ typedef struct CgCudaProgram {
     /* Per plan step: the epilogue the GEMM applies on the device (see
      * cg_cuda_program), CG_EPI_NONE for none and for other steps. */
     CgEpilogue *epi;
+    int ptxas_fns;     /* functions with ptxas' figures (cg_cuda_ptxas) */
 } CgCudaProgram;
 
 /* Decides the storage, the arena and the epilogues, then prints every kernel
@@ -160,6 +191,19 @@ typedef struct CgCudaProgram {
  * kiln_cast_f32_bf16(const float*, bf16*, n) for GEMM operands. */
 CgCudaProgram *cg_cuda_program(const CgPlan *p, bool bf16);
 void cg_cuda_program_free(CgCudaProgram *q);
+
+/* ---- cuda_occupancy.c: blocks resident per SM ---------------------------- */
+
+/* Blocks of `threads` threads resident on one SM of dev: the thread and
+ * block limits, and when known (> 0) the registers per thread (64K per SM,
+ * allocated per warp in units of 256) and static shared memory per block
+ * (dev->smem_unit per SM, 1 KB reserved per block); at least 1. */
+int cg_cuda_blocks_per_unit(const CgDevice *dev, int threads, int regs, int smem);
+/* Reads ptxas' report in an NVRTC log (--ptxas-options=-v): per entry
+ * function of q, its registers, shared memory and spills (CgCudaFn.regs,
+ * smem, spill); sets q->ptxas_fns. Returns how many functions it newly
+ * filled. */
+int cg_cuda_ptxas(CgCudaProgram *q, const char *log);
 
 /* ---- inline: what the CUDA module decides as cuda_plan.c does ----------- */
 

@@ -435,6 +435,8 @@ typedef struct {
     double mem;                /* device memory, bytes */
     double intra_bw, inter_bw; /* per GPU, one direction, bytes/s: inside a node
                                   (NVLink), between nodes (InfiniBand) */
+    int smem_unit;             /* GPU: shared memory per SM, bytes */
+    const char *arch;          /* GPU: NVRTC's architecture ("sm_90") */
 } CgDevice;
 extern const CgDevice cg_devices[]; /* the GPUs; the CPU's is measured */
 extern const int cg_ndevices;

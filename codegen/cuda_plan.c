@@ -190,6 +190,7 @@ typedef struct {
     DType *st; /* per param */
     int *cls;  /* per param: buffer class (CgCudaAlias) */
     bool all;
+    bool *a16; /* per param: buffer 16-byte aligned in the device arena */
     int fn0, nfn; /* its functions: q->fn.v[fn0 .. fn0 + nfn) */
 } Variant;
 
@@ -246,6 +247,10 @@ CgCudaProgram *cg_cuda_program(const CgPlan *p, bool bf16)
             sd[i] = q->storage[st->args[i]] == DT_BF16 ? DT_BF16 : k->params.v[i].dt;
         int *cls = xmalloc(sizeof(int) * (size_t)(k->params.n + 1));
         bool all = alias_classes(q->mem, st, k->params.n, cls);
+        /* the arena itself is at least 256-byte aligned (cuMemAlloc) */
+        bool *a16 = xmalloc(sizeof(bool) * (size_t)(k->params.n + 1));
+        for (int i = 0; i < k->params.n; i++)
+            a16[i] = q->mem->offset[st->args[i]] % 16 == 0;
         int found = -1, nv = 0;
         for (int v = 0; v < var.n && found < 0; v++) {
             if (var.v[v].kernel != st->kernel)
@@ -253,13 +258,14 @@ CgCudaProgram *cg_cuda_program(const CgPlan *p, bool bf16)
             nv++;
             if (memcmp(var.v[v].st, sd, sizeof(DType) * (size_t)k->params.n) == 0 &&
                 memcmp(var.v[v].cls, cls, sizeof(int) * (size_t)k->params.n) == 0 &&
+                memcmp(var.v[v].a16, a16, sizeof(bool) * (size_t)k->params.n) == 0 &&
                 var.v[v].all == all)
                 found = v;
         }
         if (found < 0) {
             char *name = nv ? xasprintf("%s_v%d", k->name, nv) : xstrdup(k->name);
-            Variant nvar = {st->kernel, sd, cls, all, q->fn.n, 0};
-            CgCudaAlias al = {cls, all};
+            Variant nvar = {st->kernel, sd, cls, all, a16, q->fn.n, 0};
+            CgCudaAlias al = {cls, all, a16};
             CgCudaFn *fns = NULL;
             nvar.nfn = cg_print_cuda_variant(&b, k, name, sd, &al, &fns);
             for (int i = 0; i < nvar.nfn; i++) {
@@ -275,6 +281,7 @@ CgCudaProgram *cg_cuda_program(const CgPlan *p, bool bf16)
         } else {
             free(sd);
             free(cls);
+            free(a16);
         }
         q->step_fn[s] = var.v[found].fn0;
         q->step_nfn[s] = var.v[found].nfn;
@@ -282,6 +289,7 @@ CgCudaProgram *cg_cuda_program(const CgPlan *p, bool bf16)
     for (int v = 0; v < var.n; v++) {
         free(var.v[v].st);
         free(var.v[v].cls);
+        free(var.v[v].a16);
     }
     vec_free(&var);
     q->source = b.s ? b.s : xstrdup("");

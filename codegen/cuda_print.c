@@ -66,6 +66,35 @@ const char cg_cuda_prelude[] =
     "    kiln_bf16 *p;\n"
     "    __device__ __forceinline__ float operator[](int64_t i) const { return kiln_bf2f(p[i]); }\n"
     "};\n"
+    "/* 16-byte accesses of row loops (cuda_row.c): a vector in registers, and\n"
+    " * locals standing for element u of it where a param is indexed */\n"
+    "union kiln_vec4 { uint4 u[1]; float f[4]; kiln_bf16 h[8]; };\n"
+    "union kiln_vec8 { uint4 u[2]; float f[8]; kiln_bf16 h[16]; };\n"
+    "/* a vector's 16 bytes from 32-bit words (a store of them stays one\n"
+    " * 16-byte store) */\n"
+    "__device__ __forceinline__ uint4 kiln_pack_h(const kiln_bf16 *h)\n"
+    "{\n"
+    "    return make_uint4((uint32_t)h[0] | ((uint32_t)h[1] << 16), (uint32_t)h[2] | ((uint32_t)h[3] << 16),\n"
+    "                      (uint32_t)h[4] | ((uint32_t)h[5] << 16), (uint32_t)h[6] | ((uint32_t)h[7] << 16));\n"
+    "}\n"
+    "__device__ __forceinline__ uint4 kiln_pack_f(const float *f)\n"
+    "{\n"
+    "    return make_uint4(__float_as_uint(f[0]), __float_as_uint(f[1]), __float_as_uint(f[2]),\n"
+    "                      __float_as_uint(f[3]));\n"
+    "}\n"
+    "struct kiln_vf {\n"
+    "    float *e;\n"
+    "    __device__ __forceinline__ float &operator[](int64_t) const { return *e; }\n"
+    "};\n"
+    "struct kiln_vh {\n"
+    "    kiln_bf16 *e;\n"
+    "    __device__ __forceinline__ kiln_bf16 &operator[](int64_t) const { return *e; }\n"
+    "};\n"
+    "struct kiln_vbf {\n"
+    "    const kiln_bf16 *l;\n"
+    "    kiln_vh p;\n"
+    "    __device__ __forceinline__ float operator[](int64_t) const { return kiln_bf2f(*l); }\n"
+    "};\n"
     "__device__ __forceinline__ void kiln_atomic_add(float *p, float v) { atomicAdd(p, v); }\n"
     "__device__ __forceinline__ void kiln_atomic_add(int32_t *p, int32_t v) { atomicAdd(p, v); }\n"
     "__device__ __forceinline__ void kiln_atomic_add(int64_t *p, int64_t v)\n"
@@ -205,10 +234,13 @@ static int64_t dims_numel(const CgDim *d, int n)
 }
 
 /* Declares the used variables of dims[0..n) from the flat row-major index
- * `lin`. */
+ * `lin` (in [0, product of the extents)); divisions by the constant
+ * strides are 32-bit when that range fits (a 64-bit division per element
+ * costs tens of instructions). */
 static void decompose(CgBuf *b, const CgDim *dim, int n, const char *lin, const bool *used,
                       int depth)
 {
+    bool narrow = dims_numel(dim, n) <= INT32_MAX;
     int64_t stride = 1;
     for (int i = n - 1; i >= 0; i--) {
         if (used[dim[i].var]) {
@@ -216,6 +248,13 @@ static void decompose(CgBuf *b, const CgDim *dim, int n, const char *lin, const 
             cg_printf(b, "const int64_t v%d = ", dim[i].var);
             if (stride == 1 && i == 0)
                 cg_printf(b, "%s;\n", lin);
+            else if (narrow && stride == 1)
+                cg_printf(b, "(int64_t)((uint32_t)%s %% %lldu);\n", lin, (long long)dim[i].n);
+            else if (narrow && i == 0)
+                cg_printf(b, "(int64_t)((uint32_t)%s / %lldu);\n", lin, (long long)stride);
+            else if (narrow)
+                cg_printf(b, "(int64_t)(((uint32_t)%s / %lldu) %% %lldu);\n", lin,
+                          (long long)stride, (long long)dim[i].n);
             else if (stride == 1)
                 cg_printf(b, "%s %% %lld;\n", lin, (long long)dim[i].n);
             else if (i == 0)
@@ -459,6 +498,27 @@ static void geometry(const CgLoop *l, CgCudaFn *f)
     }
 }
 
+/* Block size of an unsplit row loop: one thread per element of its
+ * longest phase, or per vector where the phase has 16-byte accesses
+ * (cuda_row.c), in warps, up to ROW_THREADS_MAX. */
+static int row_threads(const CgKernel *k, const CgLoop *l, const DType *storage,
+                       const CgCudaAlias *al)
+{
+    int64_t work = 1;
+    for (int i = 0; i < l->ph.n; i++) {
+        const CgPhase *ph = &l->ph.v[i];
+        int64_t n = dims_numel(ph->dim, ph->ndim);
+        CgCudaVec v;
+        if (cg_cuda_vec_plan(k, ph, storage, al, &v)) {
+            n /= v.vec;
+            cg_cuda_vec_free(&v);
+        }
+        work = n > work ? n : work;
+    }
+    int64_t t = (work + 31) / 32 * 32;
+    return (int)(t < ROW_THREADS_MAX ? t : ROW_THREADS_MAX);
+}
+
 /* The kernel with every bf16/f16 expression typed f32 (computation in f32). */
 static CgKernel f32_view(const CgKernel *k)
 {
@@ -547,6 +607,45 @@ static void print_params(CgBuf *b, const CgKernel *k, const DType *storage, cons
         cg_printf(b, "%sconst uint64_t *__restrict__ kiln_rs", f->nparam ? ", " : "");
 }
 
+/* The head of a cooperative loop over phase ph's `inner` elements (threads
+ * from j0 in steps of js), its vars declared; in a row loop whose phase
+ * has vector params (cuda_row.c) each thread takes v->vec elements a time
+ * and the head ends inside the element loop. Returns the body's depth;
+ * coop_close ends it. */
+static int coop_open(CgBuf *b, const CgKernel *k, const CgPhase *ph, const CgCudaFn *f,
+                     const DType *storage, const CgCudaAlias *al, const char *j0, const char *js,
+                     const bool *used, int depth, CgCudaVec *v)
+{
+    int64_t inner = dims_numel(ph->dim, ph->ndim);
+    bool narrow = inner + f->threads <= INT32_MAX;
+    if (!f->rows || !cg_cuda_vec_plan(k, ph, storage, al, v)) {
+        memset(v, 0, sizeof *v);
+        cg_indent(b, depth);
+        cg_printf(b, "for (%s j = %s; j < %lld; j += %s) {\n", narrow ? "int" : "int64_t", j0,
+                  (long long)inner, js);
+        decompose(b, ph->dim, ph->ndim, "j", used, depth + 1);
+        return depth + 1;
+    }
+    cg_indent(b, depth);
+    cg_printf(b, "for (%s jv = %s; jv < %lld; jv += %s) {\n", narrow ? "int" : "int64_t", j0,
+              (long long)(inner / v->vec), js);
+    cg_indent(b, depth + 1);
+    cg_printf(b, "const %s j = jv * %d;\n", narrow ? "int" : "int64_t", v->vec);
+    decompose(b, ph->dim, ph->ndim, "j", used, depth + 1);
+    cg_cuda_vec_open(b, k, v, storage, depth + 1);
+    return depth + 2;
+}
+
+static void coop_close(CgBuf *b, CgCudaVec *v, const DType *storage, int depth)
+{
+    if (v->vec) {
+        cg_cuda_vec_close(b, v, storage, depth + 1);
+        cg_cuda_vec_free(v);
+    }
+    cg_indent(b, depth);
+    cg_puts(b, "}\n");
+}
+
 static void print_loop(CgBuf *b, const CgKernel *k, const CgLoop *l, const DType *storage,
                        const CgCudaAlias *al, const CgCudaFn *f)
 {
@@ -575,11 +674,17 @@ static void print_loop(CgBuf *b, const CgKernel *k, const CgLoop *l, const DType
      * at j0 with stride js; barriers are reached by every thread */
     bool coop = f->rows || f->cols;
     const char *j0 = f->rows ? "threadIdx.x" : "(threadIdx.x >> 5)";
-    const char *js = f->rows ? "blockDim.x" : "8";
+    char js[24]; /* block sizes are literals: the compiler knows the strides */
+    snprintf(js, sizeof js, "%d", f->rows ? f->threads : 8);
     const char *one = f->rows ? "threadIdx.x == 0" : "live && threadIdx.x < 32";
     if (f->rows) {
-        cg_printf(b, "    for (int64_t i = blockIdx.x; i < %lldLL; i += gridDim.x) {\n",
-                  (long long)f->n);
+        /* one block per row when the grid holds them all (a grid-stride
+         * loop there kept NVVM from merging 16-byte stores) */
+        if (f->blocks == f->n)
+            cg_puts(b, "    {\n        const int64_t i = blockIdx.x;\n");
+        else
+            cg_printf(b, "    for (int64_t i = blockIdx.x; i < %lldLL; i += gridDim.x) {\n",
+                      (long long)f->n);
     } else if (f->cols) {
         /* 32 columns per tile, 8 row groups; a thread past the last column
          * computes the last column again (its reads stay in bounds) and
@@ -593,14 +698,13 @@ static void print_loop(CgBuf *b, const CgKernel *k, const CgLoop *l, const DType
                   (long long)f->n, (long long)f->n, (long long)f->n - 1);
     } else {
         cg_printf(b,
-                  "    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < "
-                  "%lldLL;\n         i += (int64_t)gridDim.x * blockDim.x) {\n",
-                  (long long)f->n);
+                  "    for (int64_t i = (int64_t)blockIdx.x * %d + threadIdx.x; i < "
+                  "%lldLL;\n         i += (int64_t)gridDim.x * %d) {\n",
+                  f->threads, (long long)f->n, f->threads);
     }
     decompose(b, l->dim, l->ndim, "i", used, depth);
     for (int pi = 0; pi < l->ph.n; pi++) {
         const CgPhase *ph = &l->ph.v[pi];
-        int64_t inner = dims_numel(ph->dim, ph->ndim);
         bool more = pi + 1 < l->ph.n;
         if (ph->ndim == 0) {
             /* a row phase: every thread evaluates it (its lets stay visible
@@ -634,14 +738,11 @@ static void print_loop(CgBuf *b, const CgKernel *k, const CgLoop *l, const DType
             cg_print_red_init(b, ph);
             cg_puts(b, ";\n");
             if (coop) {
-                cg_indent(b, depth);
-                cg_printf(b, "for (int64_t j = %s; j < %lldLL; j += %s) {\n", j0,
-                          (long long)inner, js);
-                decompose(b, ph->dim, ph->ndim, "j", used, depth + 1);
-                print_lets(b, k, ph, depth + 1);
-                print_fold(b, k, ph, depth + 1);
-                cg_indent(b, depth);
-                cg_puts(b, "}\n");
+                CgCudaVec v;
+                int d2 = coop_open(b, k, ph, f, storage, al, j0, js, used, depth, &v);
+                print_lets(b, k, ph, d2);
+                print_fold(b, k, ph, d2);
+                coop_close(b, &v, storage, depth);
                 cg_indent(b, depth);
                 if (f->rows) {
                     cg_printf(b, "a%d = kiln_block_reduce<%s, %s>(a%d, ", ph->acc,
@@ -663,17 +764,20 @@ static void print_loop(CgBuf *b, const CgKernel *k, const CgLoop *l, const DType
             continue;
         }
         if (coop) {
-            cg_indent(b, depth);
             if (f->cols) {
-                cg_puts(b, "if (live)\n");
                 cg_indent(b, depth);
+                cg_puts(b, "if (live) {\n");
+                depth++;
             }
-            cg_printf(b, "for (int64_t j = %s; j < %lldLL; j += %s) {\n", j0, (long long)inner,
-                      js);
-            decompose(b, ph->dim, ph->ndim, "j", used, depth + 1);
-            print_store_phase(b, k, ph, storage, al, depth + 1);
-            cg_indent(b, depth);
-            cg_puts(b, "}\n");
+            CgCudaVec v;
+            int d2 = coop_open(b, k, ph, f, storage, al, j0, js, used, depth, &v);
+            print_store_phase(b, k, ph, storage, al, d2);
+            coop_close(b, &v, storage, depth);
+            if (f->cols) {
+                depth--;
+                cg_indent(b, depth);
+                cg_puts(b, "}\n");
+            }
             if (more) {
                 cg_indent(b, depth);
                 cg_puts(b, "__syncthreads();\n");
@@ -1248,6 +1352,8 @@ static int print_kernel(CgBuf *b, const CgKernel *k, const char *name, const DTy
             split_free(&sp);
             continue;
         }
+        if (f.rows)
+            f.threads = row_threads(k, &k->loops.v[li], st, al);
         f.name = xasprintf("%s_l%d", name, li);
         loop_params(k, &k->loops.v[li], &f);
         cg_puts(b, "\n");

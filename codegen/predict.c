@@ -15,10 +15,10 @@
  * bytes: each buffer a launch reads or writes, once, at its storage dtype
  * (a fused kernel's intermediates stay in registers); flops: the IR's counts
  * of the step's ops. launch: the device's per-launch overhead, the smaller
- * per-node cost with a CUDA graph. Occupancy (blocks resident per unit)
- * comes from the block size alone: registers and shared memory are not
- * known before NVRTC runs, so the model can be optimistic for kernels that
- * are register-bound. Collectives are not costed (one device).
+ * per-node cost with a CUDA graph. Occupancy (blocks resident per unit):
+ * cg_cuda_blocks_per_unit, from ptxas' registers and shared memory where
+ * the program carries them (cg_cuda_ptxas), else from the block size alone
+ * (optimistic for register-bound kernels). Collectives are not costed (one device).
  *
  * A split reduction whose last block combines (CgCudaFn.ticket) and a
  * horizontal multi-tensor function (CgCudaFn.nloops, the AdamW update) are
@@ -42,13 +42,13 @@
  * a replayed CUDA graph. */
 const CgDevice cg_devices[] = {
     {"a100", "NVIDIA A100 SXM4 80GB", true, 108, 312e12, 156e12, 19.5e12, 0, 2.039e12,
-     40.0 * (1 << 20), 4e-6, 1e-6, 2048, 32, 0, 0, {0}, 80e9, 300e9, 25e9},
+     40.0 * (1 << 20), 4e-6, 1e-6, 2048, 32, 0, 0, {0}, 80e9, 300e9, 25e9, 164 * 1024, "sm_80"},
     {"h100", "NVIDIA H100 SXM5 80GB", true, 132, 989.4e12, 494.7e12, 66.9e12, 0, 3.35e12,
-     50.0 * (1 << 20), 4e-6, 1e-6, 2048, 32, 0, 0, {0}, 80e9, 450e9, 50e9},
+     50.0 * (1 << 20), 4e-6, 1e-6, 2048, 32, 0, 0, {0}, 80e9, 450e9, 50e9, 228 * 1024, "sm_90"},
     {"h200", "NVIDIA H200 SXM 141GB", true, 132, 989.4e12, 494.7e12, 66.9e12, 0, 4.8e12,
-     50.0 * (1 << 20), 4e-6, 1e-6, 2048, 32, 0, 0, {0}, 141e9, 450e9, 50e9},
+     50.0 * (1 << 20), 4e-6, 1e-6, 2048, 32, 0, 0, {0}, 141e9, 450e9, 50e9, 228 * 1024, "sm_90"},
     {"b200", "NVIDIA B200 (HGX, 1000 W)", true, 148, 2250e12, 1100e12, 75e12, 0, 8.0e12,
-     126.0 * (1 << 20), 4e-6, 1e-6, 2048, 32, 0, 0, {0}, 192e9, 900e9, 50e9},
+     126.0 * (1 << 20), 4e-6, 1e-6, 2048, 32, 0, 0, {0}, 192e9, 900e9, 50e9, 228 * 1024, "sm_100"},
 };
 const int cg_ndevices = (int)(sizeof cg_devices / sizeof cg_devices[0]);
 
@@ -84,18 +84,14 @@ static double tensor_bytes(const Graph *g, int t, const DType *storage)
     return (double)shape_numel(&g->t.v[t].s) * (double)dtype_size(dt);
 }
 
-/* Fraction of the device a grid of `blocks` blocks of `threads` threads
- * keeps busy: below one block per unit the rest idle; past the resident
- * limit the last wave runs partly empty. */
-static double grid_efficiency(const CgDevice *dev, int64_t blocks, int threads)
+/* Fraction of the device a grid of `blocks` blocks keeps busy, with
+ * per_unit of them resident per unit (cg_cuda_blocks_per_unit): below one
+ * block per unit the rest idle; past the resident limit the last wave runs
+ * partly empty. */
+static double grid_efficiency(const CgDevice *dev, int64_t blocks, int per_unit)
 {
     if (blocks <= 0)
         return 1;
-    int per_unit = dev->max_threads_unit / (threads > 0 ? threads : 1);
-    if (per_unit > dev->max_blocks_unit)
-        per_unit = dev->max_blocks_unit;
-    if (per_unit < 1)
-        per_unit = 1;
     if (blocks < dev->units)
         return (double)blocks / dev->units;
     double resident = (double)dev->units * per_unit;
@@ -108,6 +104,17 @@ static double grid_efficiency(const CgDevice *dev, int64_t blocks, int threads)
     return (waves - 1 + last_units / dev->units) > 0
                ? (double)blocks / resident / (waves - 1 + last_units / dev->units)
                : 1;
+}
+
+/* The share of the bandwidth an SM reaches with per_unit blocks of
+ * `threads` resident: full from OCC_THREADS resident threads, in
+ * proportion below (fewer loads in flight hide less of the memory
+ * latency; docs/cost.md, Occupancy). */
+enum { OCC_THREADS = 1024 };
+static double latency_share(int threads, int per_unit)
+{
+    double r = (double)threads * per_unit / OCC_THREADS;
+    return r < 1 ? r : 1;
 }
 
 static void add_row(CgPrediction *r, int step, const char *name, double flops, double bytes,
@@ -176,7 +183,7 @@ static void predict_gemm(CgPrediction *r, const CgPlan *p, const CgCudaProgram *
             double n = (double)shape_numel(&g->t.v[t].s);
             double bytes = 6 * n;
             int64_t blocks = (int64_t)ceil(n / 256 / 4);
-            double fill = grid_efficiency(dev, blocks, 256);
+            double fill = grid_efficiency(dev, blocks, cg_cuda_blocks_per_unit(dev, 256, 0, 0));
             add_row(r, s, "cast_f32_bf16", 0, bytes, 0, bytes / (dev->bw * fill), launch, blocks,
                     256, fill < 0.5);
             r->kernel_s += r->rows.v[r->rows.n - 1].s;
@@ -229,8 +236,10 @@ static void predict_cuda_kernel(CgPrediction *r, const CgPlan *p, const CgCudaPr
     for (int f = 0; f < nfn; f++) {
         const CgCudaFn *fn = &q->fn.v[q->step_fn[s] + f];
         double flops = total_bytes > 0 ? st->flops * fb[f] / total_bytes : st->flops / nfn;
-        double fill = grid_efficiency(dev, fn->blocks, fn->threads);
-        double t_comp = flops / (dev->f32 * fill), t_mem = fb[f] / (dev->bw * fill);
+        int per_unit = cg_cuda_blocks_per_unit(dev, fn->threads, fn->regs, fn->smem);
+        double fill = grid_efficiency(dev, fn->blocks, per_unit);
+        double t_comp = flops / (dev->f32 * fill),
+               t_mem = fb[f] / (dev->bw * fill * latency_share(fn->threads, per_unit));
         add_row(r, s, fn->name, flops, fb[f], t_comp, t_mem, launch, fn->blocks, fn->threads,
                 fn->blocks < dev->units && fill < 0.67);
         r->kernel_s += r->rows.v[r->rows.n - 1].s;

@@ -152,6 +152,8 @@ typedef struct {
     int stamp;
     int flops;
     int nt0;            /* tensors before this pass's clones */
+    int start;          /* the tensor whose chain is walked */
+    const bool *kept;   /* stays in memory (decided for tensors < start) */
     bool ok;
 } Chain;
 
@@ -168,8 +170,12 @@ static void chain_walk(Chain *c, int t)
     c->seen[t] = c->stamp;
     int p = g->t.v[t].op;
     const Op *op = p >= 0 ? &g->ops.v[p] : NULL;
+    /* a value an earlier decision keeps in memory is read, not recomputed
+     * (the LayerNorm input: its centred and normalised values are then
+     * recomputed from it and the row statistics) */
+    bool kept = t < c->start && c->kept[t];
     bool leaf = !op || op->group != c->G || op->code == OP_MATMUL || pass_fuse_is_reduce(op) ||
-                (c->pinned[t] && op->code != OP_CONST);
+                (c->pinned[t] && op->code != OP_CONST) || kept;
     if (leaf) {
         vec_push(&c->leaves, t);
         return;
@@ -218,7 +224,11 @@ void pass_fuse_recompute_cheap(Graph *g)
     int *hval = xmalloc(sizeof(int) * (size_t)hcap);
     for (int i = 0; i < hcap; i++)
         hkey_op[i] = -1;
-    Chain c = {.g = g, .pinned = pinned, .nt0 = nt0};
+    /* kept[t]: t stays in memory; candidates are decided in id order
+     * (producers first), an accepted one is no longer kept */
+    bool *kept = xmalloc(sizeof(bool) * (size_t)(nt0 + 1));
+    memcpy(kept, mat, sizeof(bool) * (size_t)nt0);
+    Chain c = {.g = g, .pinned = pinned, .nt0 = nt0, .kept = kept};
     c.seen = xcalloc((size_t)nt0 + 1, sizeof(int));
     Uses u = pass_fuse_uses_build(g);
     VEC(int) before = {0}; /* per new op: the op it goes before */
@@ -259,6 +269,7 @@ void pass_fuse_recompute_cheap(Graph *g)
         c.chain.n = c.leaves.n = 0;
         c.flops = 0;
         c.G = G;
+        c.start = t;
         c.ok = true;
         chain_walk(&c, t);
         if (!c.ok)
@@ -286,6 +297,7 @@ void pass_fuse_recompute_cheap(Graph *g)
         }
         if (cost > tb * (1 + ngr))
             continue;
+        kept[t] = false;
         /* clone the chain into each reader's group, producers first */
         pass_fuse_sort_ints(c.chain.v, c.chain.n);
         for (int a = 0; a < nr; a++) {
@@ -390,6 +402,7 @@ void pass_fuse_recompute_cheap(Graph *g)
     free(hkey_g);
     free(hval);
     free(pinned);
+    free(kept);
     free(mat);
     ir_compact(g);
 }

@@ -363,6 +363,24 @@ int rt_exec_trace(const Exec *e, const RtTraceEvent **ev)
     return e->trace ? e->plan->steps.n : 0;
 }
 
+/* Writes text to path; on a failure (a full disk) says so in d and leaves
+ * no truncated file. */
+static bool dump_file(const char *path, const char *text, Diag *d)
+{
+    FILE *f = fopen(path, "w");
+    bool wrote = f && fputs(text, f) != EOF;
+    int err = errno;
+    if (f && fclose(f) != 0 && wrote)
+        wrote = false, err = errno;
+    if (!wrote) {
+        snprintf(d->msg, sizeof d->msg, "%s: cannot write: %s", path, strerror(err ? err : EIO));
+        struct stat st;
+        if (f && lstat(path, &st) == 0 && S_ISREG(st.st_mode))
+            unlink(path);
+    }
+    return wrote;
+}
+
 bool rt_dump_kernels(const Graph *g, const char *dir, Diag *d)
 {
     CgPlan *p = cg_plan(g, d);
@@ -385,22 +403,19 @@ bool rt_dump_kernels(const Graph *g, const char *dir, Diag *d)
                 cg_cuda_fns_free(fn, nfn);
             }
             char *path = xasprintf("%s/%s.%s", kd, k->name, cuda ? "cu" : "c");
-            FILE *f = fopen(path, "w");
-            bool wrote = f && fputs(b.s, f) != EOF;
-            int err = errno;
-            if (f && fclose(f) != 0 && wrote)
-                wrote = false, err = errno;
-            if (!wrote) { /* a full disk: say so, leave no truncated file */
-                snprintf(d->msg, sizeof d->msg, "%s: cannot write: %s", path,
-                         strerror(err ? err : EIO));
-                struct stat st;
-                if (f && lstat(path, &st) == 0 && S_ISREG(st.st_mode))
-                    unlink(path);
-                ok = false;
-            }
+            ok = dump_file(path, b.s, d);
             free(path);
             free(b.s);
         }
+    }
+    /* the CUDA program as the device compiles it (every variant, f32 and
+     * bf16 storage), beside kernels/ (one source per kernel there) */
+    for (int bf = 0; bf < 2 && ok; bf++) {
+        CgCudaProgram *q = cg_cuda_program(p, bf != 0);
+        char *path = xasprintf("%s/program%s.cu", dir, bf ? "-bf16" : "");
+        ok = dump_file(path, q->source, d);
+        free(path);
+        cg_cuda_program_free(q);
     }
     free(kd);
     cg_plan_free(p);

@@ -180,6 +180,32 @@ CgPredictOpts cli_predict_opts(const Model *m, const CgDevice *dev)
     };
 }
 
+/* ptxas' registers and shared memory of every function of q, from NVRTC
+ * (the kernel cache keeps the log beside the cubin: a second run compiles
+ * nothing); what was used, in words, into occ. Without NVRTC the cost
+ * model falls back to block sizes alone. */
+static void occupancy_figures(CgCudaProgram *q, const CgDevice *dev, const char *cache_dir,
+                              char *occ, size_t n)
+{
+    RtCudaBinary b;
+    Diag d = {{0}};
+    if (!dev->arch || !rt_cuda_compile(q->source, dev->arch, cache_dir, false, &b, &d)) {
+        snprintf(occ, n, "from block sizes alone (no ptxas figures: %.400s)",
+                 dev->arch ? d.msg : "no architecture for this device");
+        return;
+    }
+    cg_cuda_ptxas(q, b.log);
+    int regs = 0, spill = 0;
+    for (int i = 0; i < q->fn.n; i++) {
+        regs = q->fn.v[i].regs > regs ? q->fn.v[i].regs : regs;
+        spill += q->fn.v[i].spill;
+    }
+    snprintf(occ, n, "ptxas figures (NVRTC %d.%d, %s%s) for %d of %d functions: at most %d "
+             "registers per thread, %d bytes spilled", b.nvrtc_major, b.nvrtc_minor, dev->arch,
+             b.cached ? ", cached" : "", q->ptxas_fns, q->fn.n, regs, spill);
+    rt_cuda_binary_free(&b);
+}
+
 bool cli_print_prediction(const Model *m, const Graph *g, const char *target, int threads,
                           const char *cache_dir, bool remeasure, int top)
 {
@@ -200,6 +226,9 @@ bool cli_print_prediction(const Model *m, const Graph *g, const char *target, in
     }
     CgPredictOpts o = cli_predict_opts(m, dev);
     CgCudaProgram *q = dev->gpu ? cg_cuda_program(p, o.bf16) : NULL;
+    char occ[600] = "";
+    if (q)
+        occupancy_figures(q, dev, cache_dir, occ, sizeof occ);
     CgPrediction *r = cg_predict(p, q, dev, &o);
     double model = ir_graph_flops(g) - pass_remat_flops(g);
     if (dev->gpu)
@@ -216,6 +245,8 @@ bool cli_print_prediction(const Model *m, const Graph *g, const char *target, in
                dev->gemm1[0] / 1e9, dev->gemm1[1] / 1e9, dev->gemm1[2] / 1e9,
                dev->gemm1[3] / 1e9, dev->work / 1e9, dev->bw / 1e9, dev->bw1 / 1e9,
                dev->launch_s * 1e6);
+    if (q)
+        printf("occupancy: %s\n", occ);
     cg_prediction_print(r, p, model, step_tokens(g), top, stdout);
     cg_prediction_free(r);
     cg_cuda_program_free(q);

@@ -1,6 +1,7 @@
 #!/bin/bash
 # kiln compile --target DEVICE: the cost model's prediction for a GPU of the
-# table (no GPU needed) and for this CPU (measured once into the cache,
+# table (no GPU needed; occupancy from ptxas through NVRTC where the CUDA
+# module is built) and for this CPU (measured once into the cache,
 # read back the second time); a device it does not know is exit 2.
 set -u
 : "${KILN:?}"
@@ -14,6 +15,14 @@ echo "$out" | grep -q '^device h200: 132 SMs' || fail "no device line: $out"
 echo "$out" | grep -qE '^predicted step on h200 .*: [0-9.]+ (ms|s|us)$' || fail "no step: $out"
 echo "$out" | grep -qE '^  MFU [0-9.]+% of 989.4 TFLOP/s \(dense bf16 peak' || fail "no MFU: $out"
 echo "$out" | grep -qE '^    gemm [0-9]+x[0-9]+x[0-9]+ ' || fail "no GEMM row: $out"
+# occupancy from ptxas' figures where kiln has its CUDA module (NVRTC),
+# else from block sizes, and the output says which
+if [ -e "$(dirname "$KILN")/libkiln_cuda.so" ]; then
+    echo "$out" | grep -qE '^occupancy: ptxas figures \(NVRTC [0-9.]+, sm_90(, cached)?\) for ([0-9]+) of \2 functions' ||
+        fail "no ptxas figures for every function: $out"
+else
+    echo "$out" | grep -q '^occupancy: from block sizes alone' || fail "no occupancy line: $out"
+fi
 rows=$(echo "$out" | sed -n '/costliest launches/,$p' | tail -n +3 | grep -cE ' (memory|compute|blocks|launch) ')
 [ "$rows" -eq 10 ] || fail "expected the 10 costliest launches, got $rows: $out"
 # the same model on an older GPU is slower, and a CUDA graph is never slower

@@ -5,8 +5,8 @@
  * (the CUDA issue's tolerance); all of it under AddressSanitizer, each
  * kernel confined to its own buffers in the arena. Negative controls: the
  * same comparison with one generated kernel broken (a barrier dropped, a
- * shuffle over wrong lanes, an index shifted) must fail, and a loop bound
- * off by one must end in a sanitizer report. */
+ * shuffle over wrong lanes, an index shifted, a vector element swapped) must
+ * fail, and a loop bound off by one must end in a sanitizer report. */
 #include "emu_backend.h"
 #include "cg_cuda.h"
 #include "testutil.h"
@@ -685,14 +685,21 @@ static char *wrong_lanes(const char *src, void *ctx)
 }
 
 /* The block-strided loop of the first generated kernel that sums rows with
- * kiln_block_reduce, with `from` (a part of the loop header) replaced. */
+ * kiln_block_reduce (over elements, or over 16-byte vectors of them), with
+ * `from` (a part of the loop header) replaced. */
 static char *edit_row_sum_loop(const char *src, const char *from, const char *to)
 {
-    const char *loop = "for (int64_t j = threadIdx.x;";
+    static const char *const loops[] = {"for (int64_t j = threadIdx.x;", "for (int j = threadIdx.x;",
+                                        "for (int jv = threadIdx.x;"};
     for (const char *k = strstr(src, "__global__"); k; k = strstr(k + 1, "__global__")) {
         const char *next = strstr(k + 1, "__global__");
         const char *red = strstr(k, "kiln_block_reduce<float, false>(");
-        const char *j = strstr(k, loop);
+        const char *j = NULL;
+        for (int i = 0; i < 3; i++) {
+            const char *h = strstr(k, loops[i]);
+            if (h && (!j || h < j))
+                j = h;
+        }
         if (red && j && j < red && (!next || red < next)) {
             const char *f = strstr(j, from);
             const char *eol = strchr(j, '\n');
@@ -704,11 +711,12 @@ static char *edit_row_sum_loop(const char *src, const char *from, const char *to
     return NULL;
 }
 
-/* The loop starts one element late: thread 0 skips element 0 of every row. */
+/* The loop starts one element (or vector) late: thread 0 skips the first of
+ * every row. */
 static char *shift_index(const char *src, void *ctx)
 {
     (void)ctx;
-    return edit_row_sum_loop(src, "j = threadIdx.x;", "j = threadIdx.x + 1;");
+    return edit_row_sum_loop(src, " = threadIdx.x;", " = threadIdx.x + 1;");
 }
 
 /* The horizontal AdamW update (codegen/cuda_multi.c): block 0 leaves its
@@ -720,11 +728,12 @@ static char *skip_chunk(const char *src, void *ctx)
                          "if (bi == 0) return; const int64_t f0 = (bi - ");
 }
 
-/* The loop runs one element too far: the last row reads past its buffer. */
+/* The loop runs one element (or vector) too far: the last row reads past
+ * its buffer. */
 static char *overrun(const char *src, void *ctx)
 {
     (void)ctx;
-    return edit_row_sum_loop(src, "; j < ", "; j <= ");
+    return edit_row_sum_loop(src, " < ", " <= ");
 }
 
 static void expect_caught(const Case *c, char *(*edit)(const char *, void *), const char *what)
@@ -871,6 +880,82 @@ static void test_split_loops(void **state)
     }
 }
 
+/* ---- 16-byte accesses in row loops (issue 16) ------------------------------ */
+
+/* Functions of g's CUDA program with vector accesses of `vec` elements. */
+static int vec_functions(const Graph *g, bool bf16, int vec)
+{
+    Diag d = {{0}};
+    CgPlan *p = cg_plan(g, &d);
+    if (!p)
+        fail_msg("plan: %s", d.msg);
+    CgCudaProgram *q = cg_cuda_program(p, bf16);
+    char *pat = xasprintf("kiln_vec%d w", vec);
+    int n = 0;
+    for (const char *s = q->source; (s = strstr(s, "extern \"C\" __global__"));) {
+        const char *e = strstr(s + 1, "extern \"C\" __global__");
+        const char *h = strstr(s, pat);
+        n += h && (!e || h < e);
+        s = e ? e : s + 1;
+    }
+    free(pat);
+    cg_cuda_program_free(q);
+    cg_plan_free(p);
+    return n;
+}
+
+/* Every vector param the program stores (its local points into the store
+ * vector s<i>) writes each element into its neighbour's place. */
+static char *swap_elements(const char *src, void *ctx)
+{
+    (void)ctx;
+    static const char from[] = "[kiln_u]", to[] = "[kiln_u ^ 1]";
+    CgBuf b = {0};
+    const char *p = src, *s;
+    while ((s = strstr(p, "{&s")) && (s = strstr(s, from))) {
+        cg_printf(&b, "%.*s%s", (int)(s - p), p, to);
+        p = s + strlen(from);
+    }
+    if (p == src)
+        return NULL; /* no vector store: the printer's output changed */
+    cg_puts(&b, p);
+    return b.s;
+}
+
+/* Row loops read and write their params 16 bytes at a time where the row
+ * length and alignment allow (codegen/cuda_row.c): LayerNorm and softmax
+ * with their gradients (tests/emu/row_vectors.lua) at a row length that
+ * is a multiple of 8, one of 4 only and one of neither, on the emulated
+ * device against the CPU backend in f32 and bf16; the programs have (or
+ * lack) such functions as the row length says, and a vector that maps an
+ * element to its neighbour must be caught. */
+static void test_row_vectors(void **state)
+{
+    (void)state;
+    fused = true;
+    const char *path = "tests/emu/row_vectors.lua";
+    const char *d12[] = {"dim=12"}, *d7[] = {"dim=7"};
+    const char *const *sets[] = {NULL, d12, d7};
+    for (int t = 0; t < 3; t++) {
+        Case c = load_case(path, sets[t], sets[t] ? 1 : 0);
+        int f4 = vec_functions(c.m->g, false, 4), b8 = vec_functions(c.m->g, true, 8),
+            b4 = vec_functions(c.m->g, true, 4);
+        print_message("%s %s: %d f32 functions with float4 accesses; bf16: %d with 8-element, "
+                      "%d with 4-element ones\n",
+                      path, sets[t] ? sets[t][0] : "dim=64", f4, b8, b4);
+        if (t == 0)
+            assert_true(f4 > 2 && b8 > 0);
+        else if (t == 1)
+            assert_true(f4 > 2 && b4 > 0);
+        else
+            assert_true(f4 == 0 && b8 == 0 && b4 == 0);
+        if (t == 0)
+            expect_caught(&c, swap_elements, "vector elements stored in swapped places");
+        free_case(&c);
+        check_model(path, sets[t], sets[t] ? 1 : 0);
+    }
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -887,6 +972,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_gather_out_of_range),
         cmocka_unit_test(test_bias_epilogue),
         cmocka_unit_test(test_split_loops),
+        cmocka_unit_test(test_row_vectors),
         cmocka_unit_test(test_concat_many),
         cmocka_unit_test(test_gpt_epilogues),
         cmocka_unit_test(test_epilogue_negative_controls),

@@ -5,7 +5,8 @@
  * and in bf16 mixed precision, compiled through the CUDA module's own NVRTC
  * path for sm_90 and sm_80. Fails on any compile error, on any warning in
  * the NVRTC log, on any register spill ptxas reports (--ptxas-options=-v),
- * and on a function the cubin lacks. Also: a broken kernel reports the
+ * and on a function the cubin lacks or whose registers the log does not
+ * report (cg_cuda_ptxas: the cost model's occupancy). Also: a broken kernel reports the
  * NVRTC error; the second compile of the same source is a cache hit; every
  * function's launch geometry is one the backend can use.
  *
@@ -267,6 +268,13 @@ static void compile_plan(const char *what, const CgPlan *pl)
             for (int i = 0; i < q->fn.n; i++)
                 if (!contains(b->cubin, b->size, q->fn.v[i].name))
                     fail_msg("%s: the cubin lacks %s", what, q->fn.v[i].name);
+            /* the cost model's occupancy figures: every function's */
+            for (int i = 0; i < q->fn.n; i++)
+                q->fn.v[i].regs = 0;
+            cg_cuda_ptxas(q, b->log);
+            if (q->ptxas_fns != q->fn.n)
+                fail_msg("%s (%s): ptxas figures for %d of %d functions", what, archs[a],
+                         q->ptxas_fns, q->fn.n);
             if (bf && !contains(b->cubin, b->size, "kiln_cast_f32_bf16"))
                 fail_msg("%s: the bf16 cubin lacks kiln_cast_f32_bf16", what);
             ncompiles++;

@@ -45,9 +45,14 @@ static void test_gpt124m_grids(void **state)
     CgPredictOpts o = {.bf16 = true};
     CgPrediction *r = cg_predict(p, q, h200, &o);
     int64_t need = 2 * (int64_t)h200->units;
-    int checked = 0, bad = 0;
+    int checked = 0, bad = 0, kernels = 0;
+    double kbytes = 0;
     for (int i = 0; i < r->rows.n; i++) {
         const CgPredRow *w = &r->rows.v[i];
+        if (strcmp(w->name, "gemm") != 0 && strcmp(w->name, "copy") != 0) {
+            kernels++;
+            kbytes += w->bytes;
+        }
         if (strcmp(w->name, "gemm") == 0 || w->bytes <= 1e6)
             continue;
         checked++;
@@ -76,10 +81,11 @@ static void test_gpt124m_grids(void **state)
             fail_msg("%s: partials of %lld bytes in a scratch of %lld", f->name,
                      (long long)f->part_bytes, (long long)q->part_bytes);
     }
-    print_message("gpt 124M bf16 on h200: %d launches move more than 1 MB, %d of them with "
-                  "fewer than %lld blocks; %d split full reductions, %d split column "
-                  "reductions; partials scratch %lld bytes; predicted step %.2f ms\n",
-                  checked, bad, (long long)need, split_rows, split_cols,
+    print_message("gpt 124M bf16 on h200: %d kernel launches moving %.2f GB; %d move more "
+                  "than 1 MB, %d of them with fewer than %lld blocks; %d split full "
+                  "reductions, %d split column reductions; partials scratch %lld bytes; "
+                  "predicted step %.2f ms\n",
+                  kernels, kbytes / 1e9, checked, bad, (long long)need, split_rows, split_cols,
                   (long long)q->part_bytes, 1e3 * r->step_s);
     assert_true(checked > 100);
     assert_int_equal(bad, 0);

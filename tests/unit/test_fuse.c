@@ -597,6 +597,52 @@ static void test_models_one_token(void **state)
     check_model("models/llama.lua", one, 1);
 }
 
+/* LayerNorm in gpt.lua's training step, its input the residual sum its
+ * own kernel computes: besides its GEMM's result, the kernel writes full
+ * rows of only that sum and its output (x - mean and x-hat are recomputed by the backward from the
+ * sum and the per-row statistics, fuse_recompute.c), and at least one
+ * such kernel writes the sum. */
+static void test_layernorm_stores(void **state)
+{
+    (void)state;
+    Model *m = load_model("models/gpt.lua", NULL, 0);
+    PassOpts po;
+    rt_pass_opts(&m->train, NULL, &po);
+    Diag d = {{0}};
+    if (!pass_pipeline(m->g, &po, NULL, NULL, NULL, &d))
+        fail_msg("pipeline: %s", d.msg);
+    Graph *g = m->g;
+    bool *mat = pass_fuse_materialised(g);
+    int nln = 0, with_sum = 0;
+    for (int i = 0; i < g->ops.n; i++) {
+        const Op *op = &g->ops.v[i];
+        if (op->code != OP_RSQRT || op->group < 0 || (op->flags & OPF_BACKWARD))
+            continue;
+        int64_t row = 0;
+        int full = 0;
+        for (int j = 0; j < g->ops.n; j++)
+            if (g->ops.v[j].group == op->group) {
+                int64_t n = shape_numel(&g->t.v[g->ops.v[j].out].s);
+                row = n > row ? n : row;
+            }
+        for (int j = 0; j < g->ops.n; j++) {
+            const Op *o = &g->ops.v[j];
+            if (o->group == op->group && o->code != OP_MATMUL && mat[o->out] &&
+                shape_numel(&g->t.v[o->out].s) == row)
+                full++; /* (the GEMM of the projection before it writes its own) */
+        }
+        if (full > 2)
+            fail_msg("LayerNorm kernel (group %d) writes %d full tensors", op->group, full);
+        with_sum += full == 2;
+        nln++;
+    }
+    print_message("gpt.lua: %d LayerNorm forward kernels, %d of them also write the residual "
+                  "sum\n", nln, with_sum);
+    assert_true(nln > 0 && with_sum > 0);
+    free(mat);
+    fe_model_free(m);
+}
+
 /* Models whose first grouping did not lower (found with made-up models):
  * a column reduction beside values downstream of another one that other
  * kernels read (a column kernel would have had to store a full-shape
@@ -681,6 +727,7 @@ int main(void)
         cmocka_unit_test(test_unlowerable_groups),
         cmocka_unit_test(test_lowers_shared),
         cmocka_unit_test(test_sliced_rnn),
+        cmocka_unit_test(test_layernorm_stores),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -3,7 +3,9 @@
  * the device's bandwidth, a full reduction is split over many blocks and
  * is memory-bound too, a one-element kernel by launch overhead (less with a CUDA graph),
  * a large GEMM by compute at the precision's peak; more bandwidth is never
- * slower; the CPU model splits what the backend splits. */
+ * slower; the CPU model splits what the backend splits; ptxas' registers
+ * and shared memory (read from an NVRTC log) set the blocks per SM, and a
+ * register-bound kernel is predicted slower. */
 #include "testutil.h"
 
 #include <math.h>
@@ -210,6 +212,58 @@ static void test_gemm_compute_bound(void **state)
     release(&h);
 }
 
+/* Blocks per SM by hand (64K registers in units of 256 per warp, 228 KB
+ * of shared memory on an H200), and ptxas' report read into the program:
+ * the elementwise kernel at 255 registers per thread keeps one block of
+ * 256 threads per SM, a quarter of the 1024 threads the model wants for
+ * full bandwidth, so it is predicted 4x slower; at 32 registers nothing
+ * changes. Names the program lacks are ignored. */
+static void test_ptxas_occupancy(void **state)
+{
+    (void)state;
+    const CgDevice *h200 = dev("h200");
+    assert_int_equal(cg_cuda_blocks_per_unit(h200, 256, 0, 0), 8);
+    assert_int_equal(cg_cuda_blocks_per_unit(h200, 256, 32, 0), 8);
+    assert_int_equal(cg_cuda_blocks_per_unit(h200, 256, 64, 0), 4);
+    assert_int_equal(cg_cuda_blocks_per_unit(h200, 256, 65, 0), 3); /* 72 per thread */
+    assert_int_equal(cg_cuda_blocks_per_unit(h200, 256, 255, 0), 1);
+    assert_int_equal(cg_cuda_blocks_per_unit(h200, 128, 16, 100 * 1024), 2);
+    assert_int_equal(cg_cuda_blocks_per_unit(h200, 32, 16, 0), 32); /* block limit */
+    Compiled c = compile(elementwise, false);
+    assert_int_equal(c.q->fn.n, 1);
+    CgPredictOpts o = {0};
+    CgPrediction *a = cg_predict(c.p, c.q, h200, &o);
+    const char *name = c.q->fn.v[0].name;
+    char log[2048];
+    snprintf(log, sizeof log,
+             "ptxas info    : 0 bytes gmem\n"
+             "ptxas info    : Compiling entry function 'other_l0' for 'sm_90'\n"
+             "ptxas info    : Function properties for other_l0\n"
+             "ptxas         .     0 bytes stack frame, 8 bytes spill stores, 8 bytes spill loads\n"
+             "ptxas info    : Used 7 registers, used 0 barriers\n"
+             "ptxas info    : Compiling entry function '%s' for 'sm_90'\n"
+             "ptxas info    : Function properties for %s\n"
+             "ptxas         .     0 bytes stack frame, 4 bytes spill stores, 12 bytes spill loads\n"
+             "ptxas info    : Used 255 registers, used 1 barriers, 128 bytes smem\n"
+             "ptxas info    : Compile time = 1.0 ms\n",
+             name, name);
+    assert_int_equal(cg_cuda_ptxas(c.q, log), 1);
+    assert_int_equal(c.q->ptxas_fns, 1);
+    assert_int_equal(c.q->fn.v[0].regs, 255);
+    assert_int_equal(c.q->fn.v[0].smem, 128);
+    assert_int_equal(c.q->fn.v[0].spill, 16);
+    CgPrediction *b = cg_predict(c.p, c.q, h200, &o);
+    near(b->rows.v[0].s - h200->launch_s, 4 * (a->rows.v[0].s - h200->launch_s), 0.02,
+         "255 registers");
+    cg_prediction_free(b);
+    c.q->fn.v[0].regs = 32;
+    b = cg_predict(c.p, c.q, h200, &o);
+    near(b->rows.v[0].s, a->rows.v[0].s, 1e-9, "32 registers");
+    cg_prediction_free(b);
+    cg_prediction_free(a);
+    release(&c);
+}
+
 /* The CPU model, with figures given here (no measurement): a large
  * elementwise kernel is split over the threads, so two threads take half
  * the compute time of one; a GEMM's parts run in waves over the threads. */
@@ -252,6 +306,7 @@ int main(void)
         cmocka_unit_test(test_launch_bound),
         cmocka_unit_test(test_gemm_compute_bound),
         cmocka_unit_test(test_cpu_model),
+        cmocka_unit_test(test_ptxas_occupancy),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
