@@ -295,29 +295,32 @@ void pass_fuse_order_merge(Fuser *f, int A, int B)
     free(pos);
 }
 
-/* Min-heap of nodes by position, in f->stack. */
-static void heap_push(Fuser *f, int v)
+/* Heap of nodes in f->stack keyed by sign * position: sign 1 pops the node
+ * ordered first, sign -1 the node ordered last. */
+static int hkey(Fuser *f, int v, int sign) { return sign * *ord_at(f, v); }
+
+static void heap_push(Fuser *f, int v, int sign)
 {
     vec_push(&f->stack, v);
-    int *h = f->stack.v, i = f->stack.n - 1, key = *ord_at(f, v);
-    while (i > 0 && *ord_at(f, h[(i - 1) / 2]) > key) {
+    int *h = f->stack.v, i = f->stack.n - 1, key = hkey(f, v, sign);
+    while (i > 0 && hkey(f, h[(i - 1) / 2], sign) > key) {
         h[i] = h[(i - 1) / 2];
         i = (i - 1) / 2;
     }
     h[i] = v;
 }
 
-static int heap_pop(Fuser *f)
+static int heap_pop(Fuser *f, int sign)
 {
     int *h = f->stack.v, top = h[0], v = h[--f->stack.n], n = f->stack.n, i = 0;
-    int key = *ord_at(f, v);
+    int key = hkey(f, v, sign);
     for (;;) {
         int c = 2 * i + 1;
         if (c >= n)
             break;
-        if (c + 1 < n && *ord_at(f, h[c + 1]) < *ord_at(f, h[c]))
+        if (c + 1 < n && hkey(f, h[c + 1], sign) < hkey(f, h[c], sign))
             c++;
-        if (*ord_at(f, h[c]) >= key)
+        if (hkey(f, h[c], sign) >= key)
             break;
         h[i] = h[c];
         i = c;
@@ -341,9 +344,9 @@ static bool reaches_ordered(Fuser *f, int p, int T)
     if (*ord_at(f, v0) < lo || *vis_at(f, v0) == f->stamp)
         return false;
     *vis_at(f, v0) = f->stamp;
-    heap_push(f, v0);
+    heap_push(f, v0, 1);
     while (f->stack.n) {
-        int u = heap_pop(f), m;
+        int u = heap_pop(f, 1), m;
         const int *ops = node_ops(f, &u, &m);
         for (int i = 0; i < m; i++) {
             const Op *op = &g->ops.v[ops[i]];
@@ -357,11 +360,52 @@ static bool reaches_ordered(Fuser *f, int p, int T)
                 if (*ord_at(f, v) < lo || *vis_at(f, v) == f->stamp)
                     continue;
                 *vis_at(f, v) = f->stamp;
-                heap_push(f, v);
+                heap_push(f, v, 1);
             }
         }
     }
     return false;
+}
+
+/* With the order: whether a path leaves group Y through a node outside X
+ * and Y and comes to X. The search runs forward from Y's readers over the
+ * nodes ordered before X, the one ordered last first (towards X); the
+ * counterpart of reaches_ordered for a Y smaller than X. */
+static bool reaches_fwd(Fuser *f, int Y, int X)
+{
+    const Graph *g = f->g;
+    int n = g->ops.n, x = n + X, y = n + Y, hi = f->ord_gr[X];
+    f->stamp++;
+    f->stack.n = 0;
+    for (int src = 1;; src = 0) {
+        int u = y, m;
+        if (!src) {
+            if (!f->stack.n)
+                return false;
+            u = heap_pop(f, -1);
+        }
+        const int *ops = node_ops(f, &u, &m);
+        for (int i = 0; i < m; i++) {
+            int t = g->ops.v[ops[i]].out;
+            for (int k = f->uoff[t]; k < f->uoff[t + 1]; k++) {
+                int c = f->ucons[k];
+                if (c < 0)
+                    continue;
+                int v = node_of(f, c);
+                if (v == u || v == y)
+                    continue;
+                if (v == x) {
+                    if (src)
+                        continue; /* an edge Y -> X, no path through outside */
+                    return true;
+                }
+                if (*ord_at(f, v) > hi || *vis_at(f, v) == f->stamp)
+                    continue;
+                *vis_at(f, v) = f->stamp;
+                heap_push(f, v, -1);
+            }
+        }
+    }
 }
 
 /* True when op p depends on group T (through any path, where a path may
@@ -422,9 +466,23 @@ bool pass_fuse_convex_union(Fuser *f, int A, int B)
     Graph *g = f->g;
     for (int side = 0; side < 2; side++) {
         int X = side ? B : A, Y = side ? A : B;
-        /* a path from Y to X leaves Y through a reader of Y's results */
-        if (!has_dependents(f, Y, X))
+        if (f->ord_gr) {
+            /* a path Y -> X needs Y ordered before X; the search starts
+             * from the smaller side (has_dependents scans all of Y) */
+            if (f->ord_gr[Y] > f->ord_gr[X])
+                continue;
+            int ny = f->gr.v[Y].ops.n, nx = f->gr.v[X].ops.n;
+            if (ny <= nx && !has_dependents(f, Y, X))
+                continue;
+            if (ny < nx) {
+                if (reaches_fwd(f, Y, X))
+                    return false;
+                continue;
+            }
+        } else if (!has_dependents(f, Y, X)) {
+            /* a path from Y to X leaves Y through a reader of Y's results */
             continue;
+        }
         f->stamp++;
         FGroup *gx = &f->gr.v[X];
         for (int i = 0; i < gx->ops.n; i++) {
@@ -542,6 +600,8 @@ int pass_fuse_new_group(Fuser *f, int op)
     vec_push(&gr.ops, op);
     vec_push(&f->gr, gr);
     f->gof[op] = f->gr.n - 1;
+    if (f->ord_gr) /* the op's node becomes the group's */
+        f->ord_gr[f->gr.n - 1] = f->ord_op[op];
     return f->gr.n - 1;
 }
 
@@ -804,6 +864,12 @@ bool pass_fuse(Graph *g, const PassOpts *o, Diag *d)
         f.gof[i] = -1;
     int grcap = 2 * n + 2; /* groups: one per op, plus splits */
     f.vis_gr = xcalloc((size_t)grcap, sizeof(int));
+    /* program order is a topological order of the ops; each merge keeps
+     * it one of the contracted graph, which bounds the convexity checks */
+    f.ord_op = xmalloc(sizeof(int) * (size_t)(n + 1));
+    f.ord_gr = xmalloc(sizeof(int) * (size_t)grcap);
+    for (int i = 0; i < n; i++)
+        f.ord_op[i] = i;
 
     for (int i = 0; i < n; i++) {
         const Op *op = &g->ops.v[i];
@@ -836,6 +902,7 @@ bool pass_fuse(Graph *g, const PassOpts *o, Diag *d)
         pass_fuse_sort_members(&f, G);
     }
     f.upto = n;
+    pass_fuse_order_free(&f); /* split_col makes groups the order lacks */
     pass_fuse_split_col(&f);
     pass_fuse_pull_col(&f);
     if (g->ops.n != n)

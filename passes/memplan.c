@@ -125,6 +125,66 @@ static int first_after(const MemPlan *m, const int *by_first, int n, int a)
     return lo;
 }
 
+/* The placed temps in offset order, as a list of sorted blocks of at most
+ * 2 * OFF_BLOCK ids (insertion costs O(blocks + OFF_BLOCK), a walk in order
+ * O(placed)). A temp whose live range meets many placed ones (a backward
+ * temp while every saved activation is live) gets its conflicts in offset
+ * order from one walk instead of a sort. */
+enum { OFF_BLOCK = 256 };
+
+typedef struct {
+    int **blk;    /* blk[i][0 .. nb[i]) ascending by offset */
+    int *nb, n, cap;
+    int placed;
+} ByOffset;
+
+static void byoff_insert(ByOffset *o, const int64_t *poff, int t)
+{
+    if (!o->n) {
+        o->cap = 16;
+        o->blk = xmalloc(sizeof(int *) * (size_t)o->cap);
+        o->nb = xmalloc(sizeof(int) * (size_t)o->cap);
+        o->blk[0] = xmalloc(sizeof(int) * 2 * OFF_BLOCK);
+        o->nb[0] = 0;
+        o->n = 1;
+    }
+    int i = 0; /* the first block whose last offset is above t's, else the last */
+    while (i < o->n - 1 && (o->nb[i] == 0 || poff[o->blk[i][o->nb[i] - 1]] <= poff[t]))
+        i++;
+    int *b = o->blk[i], lo = 0, hi = o->nb[i];
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2;
+        if (poff[b[mid]] <= poff[t])
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    memmove(b + lo + 1, b + lo, sizeof(int) * (size_t)(o->nb[i] - lo));
+    b[lo] = t;
+    o->placed++;
+    if (++o->nb[i] < 2 * OFF_BLOCK)
+        return;
+    if (o->n == o->cap) { /* split a full block in two */
+        o->cap *= 2;
+        o->blk = xrealloc(o->blk, sizeof(int *) * (size_t)o->cap);
+        o->nb = xrealloc(o->nb, sizeof(int) * (size_t)o->cap);
+    }
+    memmove(o->blk + i + 2, o->blk + i + 1, sizeof(int *) * (size_t)(o->n - i - 1));
+    memmove(o->nb + i + 2, o->nb + i + 1, sizeof(int) * (size_t)(o->n - i - 1));
+    o->blk[i + 1] = xmalloc(sizeof(int) * 2 * OFF_BLOCK);
+    memcpy(o->blk[i + 1], b + OFF_BLOCK, sizeof(int) * OFF_BLOCK);
+    o->nb[i] = o->nb[i + 1] = OFF_BLOCK;
+    o->n++;
+}
+
+static void byoff_free(ByOffset *o)
+{
+    for (int i = 0; i < o->n; i++)
+        free(o->blk[i]);
+    free(o->blk);
+    free(o->nb);
+}
+
 /* True when op reads its operands at its own flat output index only. */
 static bool same_index_op(const Op *op)
 {
@@ -275,6 +335,7 @@ MemPlan *pass_memplan_storage(const Graph *g, const DType *storage, Diag *d)
     bool *isplaced = xcalloc((size_t)nt + 1, sizeof(bool));
     int64_t *poff = xcalloc((size_t)nt + 1, sizeof(int64_t));
     int64_t high = 0;
+    ByOffset byoff = {0};
     for (int k = 0; k < ntemps; k++) {
         int t = temps[k];
         int64_t size = align_up(m->bytes[t] ? m->bytes[t] : 1);
@@ -293,8 +354,22 @@ MemPlan *pass_memplan_storage(const Graph *g, const DType *storage, Diag *d)
             if (isplaced[u])
                 conf[nc++] = (Placed){u, poff[u], align_up(m->bytes[u] ? m->bytes[u] : 1)};
         }
-        /* equal offsets may come in any order: the scan's result is the same */
-        qsort(conf, (size_t)nc, sizeof(Placed), cmp_off);
+        /* in offset order: sorted when they are few, else (a sort would cost
+         * more than a walk) the same set from a walk of every placed temp in
+         * offset order. Equal offsets may come in any order: the scan's
+         * result is the same. */
+        if ((int64_t)nc * 16 < byoff.placed) {
+            qsort(conf, (size_t)nc, sizeof(Placed), cmp_off);
+        } else {
+            nc = 0;
+            for (int i = 0; i < byoff.n; i++)
+                for (int j = 0; j < byoff.nb[i]; j++) {
+                    int u = byoff.blk[i][j];
+                    if (m->first[u] <= b && m->last[u] >= a)
+                        conf[nc++] =
+                            (Placed){u, poff[u], align_up(m->bytes[u] ? m->bytes[u] : 1)};
+                }
+        }
         int64_t best = -1, best_gap = INT64_MAX, pos = 0;
         for (int q = 0; q < nc; q++) {
             int64_t gap = conf[q].off - pos;
@@ -309,12 +384,14 @@ MemPlan *pass_memplan_storage(const Graph *g, const DType *storage, Diag *d)
             best = pos;
         isplaced[t] = true;
         poff[t] = best;
+        byoff_insert(&byoff, poff, t);
         m->offset[t] = ir_add_sat(m->persistent_bytes, best);
         if (ir_add_sat(best, size) > high)
             high = ir_add_sat(best, size);
     }
     free(isplaced);
     free(poff);
+    byoff_free(&byoff);
     overlaps_free(&ov);
     m->arena_bytes = ir_add_sat(m->persistent_bytes, high);
     for (int t = 0; t < nt; t++)
