@@ -216,11 +216,15 @@ static int cmp_ordnode(const void *a, const void *b)
 }
 
 /* Pearce-Kelly: A and B become one node. With lo ordered before hi, the
- * nodes after lo that lo reaches (fwd, bounded by hi's position) and the
- * nodes before hi that reach hi (bwd, bounded by lo's position) are
- * disjoint (the union is convex); their positions are reassigned bwd
- * first, then fwd, and the merged node takes hi's new position: all its
- * predecessors come before it, all its successors after it. */
+ * nodes before hi that reach hi (bwd, bounded by lo's position) and the
+ * nodes after lo that lo reaches (fwd, bounded by hi's position) are
+ * disjoint (the union is convex). When bwd is hi alone, no predecessor of
+ * hi lies between them and the merged node takes lo's position; when fwd
+ * is lo alone, hi's; both without a move (and the optimizer's merges with
+ * a weight gradient's GEMM, whose fwd is all of backward, need no fwd
+ * search). Otherwise their positions are reassigned bwd first, then fwd,
+ * and the merged node takes hi's new position: all its predecessors come
+ * before it, all its successors after it. */
 void pass_fuse_order_merge(Fuser *f, int A, int B)
 {
     const Graph *g = f->g;
@@ -229,29 +233,9 @@ void pass_fuse_order_merge(Fuser *f, int A, int B)
     if (f->ord_gr[A] > f->ord_gr[B])
         lo = n + B, hi = n + A;
     int lb = *ord_at(f, lo), ub = *ord_at(f, hi);
-    int sf = ++f->stamp, sb = ++f->stamp;
+    int sb = ++f->stamp, sf = ++f->stamp;
     f->fwd.n = f->bwd.n = 0;
     f->stack.n = 0;
-    vec_push(&f->stack, lo);
-    *vis_at(f, lo) = sf;
-    while (f->stack.n) {
-        int u = f->stack.v[--f->stack.n], m;
-        vec_push(&f->fwd, u);
-        const int *ops = node_ops(f, &u, &m);
-        for (int i = 0; i < m; i++) {
-            int t = g->ops.v[ops[i]].out;
-            for (int k = f->uoff[t]; k < f->uoff[t + 1]; k++) {
-                int c = f->ucons[k];
-                if (c < 0)
-                    continue;
-                int v = node_of(f, c);
-                if (v == u || v == hi || *vis_at(f, v) == sf || *ord_at(f, v) > ub)
-                    continue;
-                *vis_at(f, v) = sf;
-                vec_push(&f->stack, v);
-            }
-        }
-    }
     vec_push(&f->stack, hi);
     *vis_at(f, hi) = sb;
     while (f->stack.n) {
@@ -267,12 +251,40 @@ void pass_fuse_order_merge(Fuser *f, int A, int B)
                 int v = node_of(f, p);
                 if (v == u || v == lo || *vis_at(f, v) == sb || *ord_at(f, v) < lb)
                     continue;
-                if (*vis_at(f, v) == sf) /* a path lo -> v -> hi: not convex */
-                    die("fuse: merging groups %d and %d that are not convex", A, B);
                 *vis_at(f, v) = sb;
                 vec_push(&f->stack, v);
             }
         }
+    }
+    if (f->bwd.n == 1) {
+        f->ord_gr[A] = f->ord_gr[B] = lb;
+        return;
+    }
+    vec_push(&f->stack, lo);
+    *vis_at(f, lo) = sf;
+    while (f->stack.n) {
+        int u = f->stack.v[--f->stack.n], m;
+        vec_push(&f->fwd, u);
+        const int *ops = node_ops(f, &u, &m);
+        for (int i = 0; i < m; i++) {
+            int t = g->ops.v[ops[i]].out;
+            for (int k = f->uoff[t]; k < f->uoff[t + 1]; k++) {
+                int c = f->ucons[k];
+                if (c < 0)
+                    continue;
+                int v = node_of(f, c);
+                if (v == u || v == hi || *vis_at(f, v) == sf || *ord_at(f, v) > ub)
+                    continue;
+                if (*vis_at(f, v) == sb) /* a path lo -> v -> hi: not convex */
+                    die("fuse: merging groups %d and %d that are not convex", A, B);
+                *vis_at(f, v) = sf;
+                vec_push(&f->stack, v);
+            }
+        }
+    }
+    if (f->fwd.n == 1) {
+        f->ord_gr[A] = f->ord_gr[B] = ub;
+        return;
     }
     int nf = f->fwd.n, nb = f->bwd.n;
     OrdNode *w = xmalloc(sizeof(OrdNode) * (size_t)(nf + nb));
@@ -299,10 +311,10 @@ void pass_fuse_order_merge(Fuser *f, int A, int B)
  * ordered first, sign -1 the node ordered last. */
 static int hkey(Fuser *f, int v, int sign) { return sign * *ord_at(f, v); }
 
-static void heap_push(Fuser *f, int v, int sign)
+/* Sifts h[i] up / takes h[0] out of the heap h[0..*n). */
+static void heap_up(Fuser *f, int *h, int i, int sign)
 {
-    vec_push(&f->stack, v);
-    int *h = f->stack.v, i = f->stack.n - 1, key = hkey(f, v, sign);
+    int v = h[i], key = hkey(f, v, sign);
     while (i > 0 && hkey(f, h[(i - 1) / 2], sign) > key) {
         h[i] = h[(i - 1) / 2];
         i = (i - 1) / 2;
@@ -310,9 +322,9 @@ static void heap_push(Fuser *f, int v, int sign)
     h[i] = v;
 }
 
-static int heap_pop(Fuser *f, int sign)
+static int heap_take(Fuser *f, int *h, int *np, int sign)
 {
-    int *h = f->stack.v, top = h[0], v = h[--f->stack.n], n = f->stack.n, i = 0;
+    int top = h[0], v = h[--*np], n = *np, i = 0;
     int key = hkey(f, v, sign);
     for (;;) {
         int c = 2 * i + 1;
@@ -328,6 +340,111 @@ static int heap_pop(Fuser *f, int sign)
     if (n)
         h[i] = v;
     return top;
+}
+
+static void heap_push(Fuser *f, int v, int sign)
+{
+    vec_push(&f->stack, v);
+    heap_up(f, f->stack.v, f->stack.n - 1, sign);
+}
+
+static int heap_pop(Fuser *f, int sign) { return heap_take(f, f->stack.v, &f->stack.n, sign); }
+
+/* With the order: whether a path leaves group Y through a node outside X
+ * and Y and comes to X (Y ordered before X). Two searches take turns: one
+ * forward from Y's readers over the nodes ordered before X, the one
+ * ordered last first (in f->stack), one backward from X's operands over
+ * the nodes ordered after Y, the one ordered first first (in f->bwd). A
+ * node both reach, or the other group, is a path; a search that runs out
+ * proves there is none. Each side costs at most twice the cheaper one:
+ * a weight gradient's GEMM reaches an optimizer op through the clip scale
+ * in a few steps forward, while the backward search from the clip scale
+ * would walk most of backward. */
+static bool path_between(Fuser *f, int Y, int X)
+{
+    const Graph *g = f->g;
+    int n = g->ops.n, x = n + X, y = n + Y, lo = f->ord_gr[Y], hi = f->ord_gr[X];
+    int sf = ++f->stamp, sb = ++f->stamp;
+    f->stack.n = f->bwd.n = 0;
+    /* a side much larger than the other is not searched from (seeding it
+     * would cost its size: the multi-tensor group against one update) */
+    int ny = f->gr.v[Y].ops.n, nx = f->gr.v[X].ops.n;
+    bool use_f = ny <= 8 * nx + 64, use_b = nx <= 8 * ny + 64;
+    /* seeds: the outside readers of Y, the outside producers of X's operands */
+    for (int i = 0; i < (use_f ? ny : 0); i++) {
+        int t = g->ops.v[f->gr.v[Y].ops.v[i]].out;
+        for (int k = f->uoff[t]; k < f->uoff[t + 1]; k++) {
+            int c = f->ucons[k];
+            if (c < 0)
+                continue;
+            int v = node_of(f, c);
+            if (v == x || v == y || *ord_at(f, v) > hi || *vis_at(f, v) == sf)
+                continue;
+            *vis_at(f, v) = sf;
+            heap_push(f, v, -1);
+        }
+    }
+    for (int i = 0; i < (use_b ? nx : 0); i++) {
+        const Op *op = &g->ops.v[f->gr.v[X].ops.v[i]];
+        for (int j = 0; j < op->nin; j++) {
+            int p = g->t.v[op->in[j]].op;
+            if (p < 0)
+                continue;
+            int v = node_of(f, p);
+            if (v == x || v == y || *ord_at(f, v) < lo || *vis_at(f, v) == sb)
+                continue;
+            if (*vis_at(f, v) == sf)
+                return true;
+            *vis_at(f, v) = sb;
+            vec_push(&f->bwd, v);
+            heap_up(f, f->bwd.v, f->bwd.n - 1, 1);
+        }
+    }
+    while ((!use_f || f->stack.n) && (!use_b || f->bwd.n)) {
+        int u, m;
+        const int *ops;
+        if (!use_f)
+            goto backward;
+        u = heap_pop(f, -1);
+        ops = node_ops(f, &u, &m);
+        for (int i = 0; i < m; i++) {
+            int t = g->ops.v[ops[i]].out;
+            for (int k = f->uoff[t]; k < f->uoff[t + 1]; k++) {
+                int c = f->ucons[k];
+                if (c < 0)
+                    continue;
+                int v = node_of(f, c);
+                if (v == x || *vis_at(f, v) == sb)
+                    return true;
+                if (v == u || *ord_at(f, v) > hi || *vis_at(f, v) == sf)
+                    continue;
+                *vis_at(f, v) = sf;
+                heap_push(f, v, -1);
+            }
+        }
+        if (!use_b)
+            continue;
+    backward:
+        u = heap_take(f, f->bwd.v, &f->bwd.n, 1);
+        ops = node_ops(f, &u, &m);
+        for (int i = 0; i < m; i++) {
+            const Op *op = &g->ops.v[ops[i]];
+            for (int j = 0; j < op->nin; j++) {
+                int p = g->t.v[op->in[j]].op;
+                if (p < 0)
+                    continue;
+                int v = node_of(f, p);
+                if (v == y || *vis_at(f, v) == sf)
+                    return true;
+                if (v == u || *ord_at(f, v) < lo || *vis_at(f, v) == sb)
+                    continue;
+                *vis_at(f, v) = sb;
+                vec_push(&f->bwd, v);
+                heap_up(f, f->bwd.v, f->bwd.n - 1, 1);
+            }
+        }
+    }
+    return false;
 }
 
 /* reaches() with the order of the contracted graph: only nodes ordered
@@ -365,47 +482,6 @@ static bool reaches_ordered(Fuser *f, int p, int T)
         }
     }
     return false;
-}
-
-/* With the order: whether a path leaves group Y through a node outside X
- * and Y and comes to X. The search runs forward from Y's readers over the
- * nodes ordered before X, the one ordered last first (towards X); the
- * counterpart of reaches_ordered for a Y smaller than X. */
-static bool reaches_fwd(Fuser *f, int Y, int X)
-{
-    const Graph *g = f->g;
-    int n = g->ops.n, x = n + X, y = n + Y, hi = f->ord_gr[X];
-    f->stamp++;
-    f->stack.n = 0;
-    for (int src = 1;; src = 0) {
-        int u = y, m;
-        if (!src) {
-            if (!f->stack.n)
-                return false;
-            u = heap_pop(f, -1);
-        }
-        const int *ops = node_ops(f, &u, &m);
-        for (int i = 0; i < m; i++) {
-            int t = g->ops.v[ops[i]].out;
-            for (int k = f->uoff[t]; k < f->uoff[t + 1]; k++) {
-                int c = f->ucons[k];
-                if (c < 0)
-                    continue;
-                int v = node_of(f, c);
-                if (v == u || v == y)
-                    continue;
-                if (v == x) {
-                    if (src)
-                        continue; /* an edge Y -> X, no path through outside */
-                    return true;
-                }
-                if (*ord_at(f, v) > hi || *vis_at(f, v) == f->stamp)
-                    continue;
-                *vis_at(f, v) = f->stamp;
-                heap_push(f, v, -1);
-            }
-        }
-    }
 }
 
 /* True when op p depends on group T (through any path, where a path may
@@ -467,22 +543,14 @@ bool pass_fuse_convex_union(Fuser *f, int A, int B)
     for (int side = 0; side < 2; side++) {
         int X = side ? B : A, Y = side ? A : B;
         if (f->ord_gr) {
-            /* a path Y -> X needs Y ordered before X; the search starts
-             * from the smaller side (has_dependents scans all of Y) */
-            if (f->ord_gr[Y] > f->ord_gr[X])
-                continue;
-            int ny = f->gr.v[Y].ops.n, nx = f->gr.v[X].ops.n;
-            if (ny <= nx && !has_dependents(f, Y, X))
-                continue;
-            if (ny < nx) {
-                if (reaches_fwd(f, Y, X))
-                    return false;
-                continue;
-            }
-        } else if (!has_dependents(f, Y, X)) {
-            /* a path from Y to X leaves Y through a reader of Y's results */
+            /* a path Y -> X needs Y ordered before X */
+            if (f->ord_gr[Y] < f->ord_gr[X] && path_between(f, Y, X))
+                return false;
             continue;
         }
+        /* a path from Y to X leaves Y through a reader of Y's results */
+        if (!has_dependents(f, Y, X))
+            continue;
         f->stamp++;
         FGroup *gx = &f->gr.v[X];
         for (int i = 0; i < gx->ops.n; i++) {
