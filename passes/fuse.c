@@ -225,41 +225,13 @@ static int cmp_ordnode(const void *a, const void *b)
  * search). Otherwise their positions are reassigned bwd first, then fwd,
  * and the merged node takes hi's new position: all its predecessors come
  * before it, all its successors after it. */
-void pass_fuse_order_merge(Fuser *f, int A, int B)
+/* The nodes after lb that lo reaches, bounded by ub (into f->fwd, marked
+ * sf), and the nodes before ub that reach hi, bounded by lb (f->bwd, sb);
+ * a node in both is a path lo -> v -> hi (not convex). */
+static void order_fwd(Fuser *f, int lo, int hi, int ub, int sf, int sb)
 {
     const Graph *g = f->g;
-    int n = g->ops.n;
-    int lo = n + A, hi = n + B;
-    if (f->ord_gr[A] > f->ord_gr[B])
-        lo = n + B, hi = n + A;
-    int lb = *ord_at(f, lo), ub = *ord_at(f, hi);
-    int sb = ++f->stamp, sf = ++f->stamp;
-    f->fwd.n = f->bwd.n = 0;
-    f->stack.n = 0;
-    vec_push(&f->stack, hi);
-    *vis_at(f, hi) = sb;
-    while (f->stack.n) {
-        int u = f->stack.v[--f->stack.n], m;
-        vec_push(&f->bwd, u);
-        const int *ops = node_ops(f, &u, &m);
-        for (int i = 0; i < m; i++) {
-            const Op *op = &g->ops.v[ops[i]];
-            for (int j = 0; j < op->nin; j++) {
-                int p = g->t.v[op->in[j]].op;
-                if (p < 0)
-                    continue;
-                int v = node_of(f, p);
-                if (v == u || v == lo || *vis_at(f, v) == sb || *ord_at(f, v) < lb)
-                    continue;
-                *vis_at(f, v) = sb;
-                vec_push(&f->stack, v);
-            }
-        }
-    }
-    if (f->bwd.n == 1) {
-        f->ord_gr[A] = f->ord_gr[B] = lb;
-        return;
-    }
+    f->fwd.n = f->stack.n = 0;
     vec_push(&f->stack, lo);
     *vis_at(f, lo) = sf;
     while (f->stack.n) {
@@ -275,16 +247,69 @@ void pass_fuse_order_merge(Fuser *f, int A, int B)
                 int v = node_of(f, c);
                 if (v == u || v == hi || *vis_at(f, v) == sf || *ord_at(f, v) > ub)
                     continue;
-                if (*vis_at(f, v) == sb) /* a path lo -> v -> hi: not convex */
-                    die("fuse: merging groups %d and %d that are not convex", A, B);
+                if (*vis_at(f, v) == sb)
+                    die("fuse: merging groups that are not convex");
                 *vis_at(f, v) = sf;
                 vec_push(&f->stack, v);
             }
         }
     }
-    if (f->fwd.n == 1) {
-        f->ord_gr[A] = f->ord_gr[B] = ub;
-        return;
+}
+
+static void order_bwd(Fuser *f, int lo, int hi, int lb, int sf, int sb)
+{
+    const Graph *g = f->g;
+    f->bwd.n = f->stack.n = 0;
+    vec_push(&f->stack, hi);
+    *vis_at(f, hi) = sb;
+    while (f->stack.n) {
+        int u = f->stack.v[--f->stack.n], m;
+        vec_push(&f->bwd, u);
+        const int *ops = node_ops(f, &u, &m);
+        for (int i = 0; i < m; i++) {
+            const Op *op = &g->ops.v[ops[i]];
+            for (int j = 0; j < op->nin; j++) {
+                int p = g->t.v[op->in[j]].op;
+                if (p < 0)
+                    continue;
+                int v = node_of(f, p);
+                if (v == u || v == lo || *vis_at(f, v) == sb || *ord_at(f, v) < lb)
+                    continue;
+                if (*vis_at(f, v) == sf)
+                    die("fuse: merging groups that are not convex");
+                *vis_at(f, v) = sb;
+                vec_push(&f->stack, v);
+            }
+        }
+    }
+}
+
+void pass_fuse_order_merge(Fuser *f, int A, int B)
+{
+    int n = f->g->ops.n;
+    int lo = n + A, hi = n + B;
+    if (f->ord_gr[A] > f->ord_gr[B])
+        lo = n + B, hi = n + A;
+    int lb = *ord_at(f, lo), ub = *ord_at(f, hi);
+    int sb = ++f->stamp, sf = ++f->stamp;
+    /* the search from the smaller group first: the other is not needed
+     * when it finds its start alone */
+    bool bwd_first = f->gr.v[hi - n].ops.n <= f->gr.v[lo - n].ops.n;
+    f->fwd.n = f->bwd.n = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        if (bwd_first == (pass == 0)) {
+            order_bwd(f, lo, hi, lb, sf, sb);
+            if (f->bwd.n == 1) {
+                f->ord_gr[A] = f->ord_gr[B] = lb;
+                return;
+            }
+        } else {
+            order_fwd(f, lo, hi, ub, sf, sb);
+            if (f->fwd.n == 1) {
+                f->ord_gr[A] = f->ord_gr[B] = ub;
+                return;
+            }
+        }
     }
     int nf = f->fwd.n, nb = f->bwd.n;
     OrdNode *w = xmalloc(sizeof(OrdNode) * (size_t)(nf + nb));
