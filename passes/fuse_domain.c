@@ -159,12 +159,14 @@ bool pass_fuse_domain_of(const Graph *g, const int *ops, int n, const FuseMarks 
 
 bool pass_fuse_fits(const FuseDomain *d, const Shape *s, bool *row)
 {
-    Shape o = pass_fuse_oshape(d);
     if (shape_dims_eq(s, &d->S)) {
         *row = false;
         return true;
     }
-    if (d->kind != FUSE_ELEM && shape_dims_eq(s, &o)) {
+    if (d->kind == FUSE_ELEM)
+        return false;
+    Shape o = pass_fuse_oshape(d); /* only when the full shape does not fit */
+    if (shape_dims_eq(s, &o)) {
         *row = true;
         return true;
     }
