@@ -442,8 +442,6 @@ static int lg_flat(Lg *L, const Shape *s, const int *idx, int lv)
     return flat_index(k, s, idx);
 }
 
-static int lg_gen(Lg *L, int t, int lv);
-
 static int lg_const(Lg *L, const Op *op)
 {
     const Shape *os = &L->g->t.v[op->out].s;
@@ -451,33 +449,90 @@ static int lg_const(Lg *L, const Op *op)
                                      : cg_const_i(L->k, os->dtype, (int64_t)op->attr.f);
 }
 
-/* Value of tensor t at the current point, at level lv (the consumer's). */
-static int lg_gen(Lg *L, int t, int lv)
+/* lg_gen without recursion: a chain of fused ops as long as the group (a
+ * group of 50,000 chained adds) must not grow the C stack. Each pending
+ * value is a frame: lg_start does what comes before its operands (caches,
+ * loads, values that need none), the operands are produced one after the
+ * other in operand order by frames of their own, and lg_build and
+ * lg_finish make and bind the value: the same calls, in the same order, as
+ * the recursive form, so the kernels are the same. */
+enum { LGK_ID, LGK_CAST, LGK_SELECT, LGK_ELEM };
+
+typedef struct {
+    int t, p, my, phase;
+    bool rowc;
+    int kind, need, got;
+    int ct[3], clv[3], in[3];
+} LgFrame;
+
+static int lg_finish(Lg *L, const LgFrame *fr, int e)
+{
+    e = lg_bind(L, e, fr->phase);
+    if (fr->rowc) {
+        if (L->rcache[fr->t] < 0)
+            vec_push(&L->rset, fr->t);
+        L->rcache[fr->t] = e;
+    } else {
+        L->fcache[fr->t] = e;
+        L->fstamp[fr->t] = L->phase_id;
+    }
+    return e;
+}
+
+/* The value of a frame whose operands are all in fr->in. */
+static int lg_build(Lg *L, const LgFrame *fr)
+{
+    CgKernel *k = L->k;
+    const Op *op = &L->g->ops.v[fr->p];
+    switch (fr->kind) {
+    case LGK_ID: return fr->in[0];
+    case LGK_CAST: return cg_cast(k, L->g->t.v[fr->t].s.dtype, fr->in[0]);
+    case LGK_SELECT: return cg_select(k, fr->in[0], fr->in[1], fr->in[2]);
+    default:
+        return op->nin == 1 ? cg_unop(k, elem_op(op->code), fr->in[0])
+                            : cg_binop(k, elem_op(op->code), fr->in[0], fr->in[1]);
+    }
+}
+
+/* True with *val when t's value needs no operand value; else fr holds
+ * the operands to produce (fr->need >= 1). */
+static bool lg_start(Lg *L, int t, int lv, LgFrame *fr, int *val)
 {
     const Graph *g = L->g;
     CgKernel *k = L->k;
-    if (L->fail)
-        return cg_const_f(k, DT_F32, 0);
+    if (L->fail) {
+        *val = cg_const_f(k, DT_F32, 0);
+        return true;
+    }
     int p = g->t.v[t].op;
     bool mem = lg_member(L, t) && g->ops.v[p].code != OP_MATMUL;
-    if (mem && g->ops.v[p].code == OP_CONST)
-        return lg_const(L, &g->ops.v[p]);
+    if (mem && g->ops.v[p].code == OP_CONST) {
+        *val = lg_const(L, &g->ops.v[p]);
+        return true;
+    }
     if (mem && (g->ops.v[p].code == OP_REDUCE_SUM || g->ops.v[p].code == OP_REDUCE_MAX)) {
         if (L->accx[t] < 0)
             lg_fail(L, "reduction result used before its reduction", p);
-        return L->accx[t] < 0 ? cg_const_f(k, DT_F32, 0) : L->accx[t];
+        *val = L->accx[t] < 0 ? cg_const_f(k, DT_F32, 0) : L->accx[t];
+        return true;
     }
     int my = mem ? L->lvl[p] : lv;
     bool rowc = my == LV_ROW && !L->row_in_full;
-    if (rowc && L->rcache[t] >= 0)
-        return L->rcache[t];
-    if (!rowc && L->fstamp[t] == L->phase_id)
-        return L->fcache[t];
+    if (rowc && L->rcache[t] >= 0) {
+        *val = L->rcache[t];
+        return true;
+    }
+    if (!rowc && L->fstamp[t] == L->phase_id) {
+        *val = L->fcache[t];
+        return true;
+    }
     int phase = rowc ? L->rph : L->fph;
     if (phase < 0) {
         lg_fail(L, "value needed where no phase can hold it", p);
-        return cg_const_f(k, DT_F32, 0);
+        *val = cg_const_f(k, DT_F32, 0);
+        return true;
     }
+    *fr = (LgFrame){.t = t, .p = p, .my = my, .phase = phase, .rowc = rowc};
     const int *idx = my == LV_ROW ? L->ridx : L->oidx;
     const Shape *ts = &g->t.v[t].s;
     int e;
@@ -486,12 +541,12 @@ static int lg_gen(Lg *L, int t, int lv)
         Shape o = pass_fuse_oshape(&L->dom);
         if (!(my == LV_FULL ? shape_dims_eq(ts, &L->dom.S) : shape_dims_eq(ts, &o))) {
             lg_fail(L, "operand read from memory does not fit the kernel's domain", p);
-            return cg_const_f(k, DT_F32, 0);
+            *val = cg_const_f(k, DT_F32, 0);
+            return true;
         }
         e = cg_load(k, add_param(k, g, t, false), lg_flat(L, ts, idx, my));
     } else {
         const Op *op = &g->ops.v[p];
-        int in[3] = {0};
         switch (op->code) {
         case OP_IOTA:
             e = cg_cast(k, ts->dtype, idx[op->attr.ia[0]]);
@@ -503,8 +558,11 @@ static int lg_gen(Lg *L, int t, int lv)
             int x = op->in[0];
             const Shape *is = &g->t.v[x].s;
             if (lg_member(L, x)) {
-                e = lg_gen(L, x, LV_ROW);
-                break;
+                fr->kind = LGK_ID;
+                fr->need = 1;
+                fr->ct[0] = x;
+                fr->clv[0] = LV_ROW;
+                return false;
             }
             int bi[IR_MAX_RANK];
             int off = ts->rank - is->rank;
@@ -513,38 +571,67 @@ static int lg_gen(Lg *L, int t, int lv)
             e = cg_load(k, add_param(k, g, x, false), flat_index(k, is, bi));
             break;
         }
-        case OP_CAST:
-            e = cg_cast(k, ts->dtype, lg_gen(L, op->in[0], my));
-            break;
-        case OP_STOP_GRADIENT:
-            e = lg_gen(L, op->in[0], my);
-            break;
-        case OP_SELECT:
-            for (int j = 0; j < 3; j++)
-                in[j] = lg_gen(L, op->in[j], my);
-            e = cg_select(k, in[0], in[1], in[2]);
-            break;
         default:
-            if (ir_opinfo[op->code].cls != OC_ELEMWISE) {
+            if (op->code != OP_CAST && op->code != OP_STOP_GRADIENT &&
+                op->code != OP_SELECT && ir_opinfo[op->code].cls != OC_ELEMWISE) {
                 lg_fail(L, "op cannot be part of a fused kernel", p);
-                return cg_const_f(k, DT_F32, 0);
+                *val = cg_const_f(k, DT_F32, 0);
+                return true;
             }
-            for (int j = 0; j < op->nin; j++)
-                in[j] = lg_gen(L, op->in[j], my);
-            e = op->nin == 1 ? cg_unop(k, elem_op(op->code), in[0])
-                             : cg_binop(k, elem_op(op->code), in[0], in[1]);
+            fr->kind = op->code == OP_CAST             ? LGK_CAST
+                       : op->code == OP_STOP_GRADIENT ? LGK_ID
+                       : op->code == OP_SELECT        ? LGK_SELECT
+                                                      : LGK_ELEM;
+            fr->need = fr->kind == LGK_SELECT ? 3
+                       : fr->kind == LGK_ELEM ? op->nin
+                                              : 1;
+            for (int j = 0; j < fr->need; j++) {
+                fr->ct[j] = op->in[j];
+                fr->clv[j] = my;
+            }
+            if (fr->need > 0)
+                return false;
+            e = lg_build(L, fr);
         }
     }
-    e = lg_bind(L, e, phase);
-    if (rowc) {
-        if (L->rcache[t] < 0)
-            vec_push(&L->rset, t);
-        L->rcache[t] = e;
-    } else {
-        L->fcache[t] = e;
-        L->fstamp[t] = L->phase_id;
+    *val = lg_finish(L, fr, e);
+    return true;
+}
+
+/* Value of tensor t at the current point, at level lv (the consumer's). */
+static int lg_gen(Lg *L, int t, int lv)
+{
+    LgFrame buf[16], *st = buf;
+    int n = 0, cap = 16, val;
+    if (lg_start(L, t, lv, &st[0], &val))
+        return val;
+    n = 1;
+    while (n > 0) {
+        LgFrame *fr = &st[n - 1];
+        if (fr->got < fr->need) {
+            if (n == cap) {
+                LgFrame *bigger = xmalloc(sizeof(LgFrame) * (size_t)cap * 2);
+                memcpy(bigger, st, sizeof(LgFrame) * (size_t)cap);
+                if (st != buf)
+                    free(st);
+                st = bigger;
+                cap *= 2;
+                fr = &st[n - 1];
+            }
+            int ct = fr->ct[fr->got], clv = fr->clv[fr->got];
+            if (lg_start(L, ct, clv, &st[n], &val))
+                st[n - 1].in[st[n - 1].got++] = val;
+            else
+                n++;
+            continue;
+        }
+        val = lg_finish(L, fr, lg_build(L, fr));
+        if (--n > 0)
+            st[n - 1].in[st[n - 1].got++] = val;
     }
-    return e;
+    if (st != buf)
+        free(st);
+    return val;
 }
 
 /* Decomposes flat var v over dims S[a0..a1) into idx[a0..a1). */

@@ -216,22 +216,22 @@ static int cmp_ordnode(const void *a, const void *b)
 }
 
 /* Pearce-Kelly: A and B become one node. With lo ordered before hi, the
- * nodes after lo that lo reaches (fwd, bounded by hi's position) and the
- * nodes before hi that reach hi (bwd, bounded by lo's position) are
- * disjoint (the union is convex); their positions are reassigned bwd
- * first, then fwd, and the merged node takes hi's new position: all its
- * predecessors come before it, all its successors after it. */
-void pass_fuse_order_merge(Fuser *f, int A, int B)
+ * nodes before hi that reach hi (bwd, bounded by lo's position) and the
+ * nodes after lo that lo reaches (fwd, bounded by hi's position) are
+ * disjoint (the union is convex). When bwd is hi alone, no predecessor of
+ * hi lies between them and the merged node takes lo's position; when fwd
+ * is lo alone, hi's; both without a move (and the optimizer's merges with
+ * a weight gradient's GEMM, whose fwd is all of backward, need no fwd
+ * search). Otherwise their positions are reassigned bwd first, then fwd,
+ * and the merged node takes hi's new position: all its predecessors come
+ * before it, all its successors after it. */
+/* The nodes after lb that lo reaches, bounded by ub (into f->fwd, marked
+ * sf), and the nodes before ub that reach hi, bounded by lb (f->bwd, sb);
+ * a node in both is a path lo -> v -> hi (not convex). */
+static void order_fwd(Fuser *f, int lo, int hi, int ub, int sf, int sb)
 {
     const Graph *g = f->g;
-    int n = g->ops.n;
-    int lo = n + A, hi = n + B;
-    if (f->ord_gr[A] > f->ord_gr[B])
-        lo = n + B, hi = n + A;
-    int lb = *ord_at(f, lo), ub = *ord_at(f, hi);
-    int sf = ++f->stamp, sb = ++f->stamp;
-    f->fwd.n = f->bwd.n = 0;
-    f->stack.n = 0;
+    f->fwd.n = f->stack.n = 0;
     vec_push(&f->stack, lo);
     *vis_at(f, lo) = sf;
     while (f->stack.n) {
@@ -247,11 +247,19 @@ void pass_fuse_order_merge(Fuser *f, int A, int B)
                 int v = node_of(f, c);
                 if (v == u || v == hi || *vis_at(f, v) == sf || *ord_at(f, v) > ub)
                     continue;
+                if (*vis_at(f, v) == sb)
+                    die("fuse: merging groups that are not convex");
                 *vis_at(f, v) = sf;
                 vec_push(&f->stack, v);
             }
         }
     }
+}
+
+static void order_bwd(Fuser *f, int lo, int hi, int lb, int sf, int sb)
+{
+    const Graph *g = f->g;
+    f->bwd.n = f->stack.n = 0;
     vec_push(&f->stack, hi);
     *vis_at(f, hi) = sb;
     while (f->stack.n) {
@@ -267,10 +275,39 @@ void pass_fuse_order_merge(Fuser *f, int A, int B)
                 int v = node_of(f, p);
                 if (v == u || v == lo || *vis_at(f, v) == sb || *ord_at(f, v) < lb)
                     continue;
-                if (*vis_at(f, v) == sf) /* a path lo -> v -> hi: not convex */
-                    die("fuse: merging groups %d and %d that are not convex", A, B);
+                if (*vis_at(f, v) == sf)
+                    die("fuse: merging groups that are not convex");
                 *vis_at(f, v) = sb;
                 vec_push(&f->stack, v);
+            }
+        }
+    }
+}
+
+void pass_fuse_order_merge(Fuser *f, int A, int B)
+{
+    int n = f->g->ops.n;
+    int lo = n + A, hi = n + B;
+    if (f->ord_gr[A] > f->ord_gr[B])
+        lo = n + B, hi = n + A;
+    int lb = *ord_at(f, lo), ub = *ord_at(f, hi);
+    int sb = ++f->stamp, sf = ++f->stamp;
+    /* the search from the smaller group first: the other is not needed
+     * when it finds its start alone */
+    bool bwd_first = f->gr.v[hi - n].ops.n <= f->gr.v[lo - n].ops.n;
+    f->fwd.n = f->bwd.n = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        if (bwd_first == (pass == 0)) {
+            order_bwd(f, lo, hi, lb, sf, sb);
+            if (f->bwd.n == 1) {
+                f->ord_gr[A] = f->ord_gr[B] = lb;
+                return;
+            }
+        } else {
+            order_fwd(f, lo, hi, ub, sf, sb);
+            if (f->fwd.n == 1) {
+                f->ord_gr[A] = f->ord_gr[B] = ub;
+                return;
             }
         }
     }
@@ -295,29 +332,32 @@ void pass_fuse_order_merge(Fuser *f, int A, int B)
     free(pos);
 }
 
-/* Min-heap of nodes by position, in f->stack. */
-static void heap_push(Fuser *f, int v)
+/* Heap of nodes in f->stack keyed by sign * position: sign 1 pops the node
+ * ordered first, sign -1 the node ordered last. */
+static int hkey(Fuser *f, int v, int sign) { return sign * *ord_at(f, v); }
+
+/* Sifts h[i] up / takes h[0] out of the heap h[0..*n). */
+static void heap_up(Fuser *f, int *h, int i, int sign)
 {
-    vec_push(&f->stack, v);
-    int *h = f->stack.v, i = f->stack.n - 1, key = *ord_at(f, v);
-    while (i > 0 && *ord_at(f, h[(i - 1) / 2]) > key) {
+    int v = h[i], key = hkey(f, v, sign);
+    while (i > 0 && hkey(f, h[(i - 1) / 2], sign) > key) {
         h[i] = h[(i - 1) / 2];
         i = (i - 1) / 2;
     }
     h[i] = v;
 }
 
-static int heap_pop(Fuser *f)
+static int heap_take(Fuser *f, int *h, int *np, int sign)
 {
-    int *h = f->stack.v, top = h[0], v = h[--f->stack.n], n = f->stack.n, i = 0;
-    int key = *ord_at(f, v);
+    int top = h[0], v = h[--*np], n = *np, i = 0;
+    int key = hkey(f, v, sign);
     for (;;) {
         int c = 2 * i + 1;
         if (c >= n)
             break;
-        if (c + 1 < n && *ord_at(f, h[c + 1]) < *ord_at(f, h[c]))
+        if (c + 1 < n && hkey(f, h[c + 1], sign) < hkey(f, h[c], sign))
             c++;
-        if (*ord_at(f, h[c]) >= key)
+        if (hkey(f, h[c], sign) >= key)
             break;
         h[i] = h[c];
         i = c;
@@ -325,6 +365,111 @@ static int heap_pop(Fuser *f)
     if (n)
         h[i] = v;
     return top;
+}
+
+static void heap_push(Fuser *f, int v, int sign)
+{
+    vec_push(&f->stack, v);
+    heap_up(f, f->stack.v, f->stack.n - 1, sign);
+}
+
+static int heap_pop(Fuser *f, int sign) { return heap_take(f, f->stack.v, &f->stack.n, sign); }
+
+/* With the order: whether a path leaves group Y through a node outside X
+ * and Y and comes to X (Y ordered before X). Two searches take turns: one
+ * forward from Y's readers over the nodes ordered before X, the one
+ * ordered last first (in f->stack), one backward from X's operands over
+ * the nodes ordered after Y, the one ordered first first (in f->bwd). A
+ * node both reach, or the other group, is a path; a search that runs out
+ * proves there is none. Each side costs at most twice the cheaper one:
+ * a weight gradient's GEMM reaches an optimizer op through the clip scale
+ * in a few steps forward, while the backward search from the clip scale
+ * would walk most of backward. */
+static bool path_between(Fuser *f, int Y, int X)
+{
+    const Graph *g = f->g;
+    int n = g->ops.n, x = n + X, y = n + Y, lo = f->ord_gr[Y], hi = f->ord_gr[X];
+    int sf = ++f->stamp, sb = ++f->stamp;
+    f->stack.n = f->bwd.n = 0;
+    /* a side much larger than the other is not searched from (seeding it
+     * would cost its size: the multi-tensor group against one update) */
+    int ny = f->gr.v[Y].ops.n, nx = f->gr.v[X].ops.n;
+    bool use_f = ny <= 8 * nx + 64, use_b = nx <= 8 * ny + 64;
+    /* seeds: the outside readers of Y, the outside producers of X's operands */
+    for (int i = 0; i < (use_f ? ny : 0); i++) {
+        int t = g->ops.v[f->gr.v[Y].ops.v[i]].out;
+        for (int k = f->uoff[t]; k < f->uoff[t + 1]; k++) {
+            int c = f->ucons[k];
+            if (c < 0)
+                continue;
+            int v = node_of(f, c);
+            if (v == x || v == y || *ord_at(f, v) > hi || *vis_at(f, v) == sf)
+                continue;
+            *vis_at(f, v) = sf;
+            heap_push(f, v, -1);
+        }
+    }
+    for (int i = 0; i < (use_b ? nx : 0); i++) {
+        const Op *op = &g->ops.v[f->gr.v[X].ops.v[i]];
+        for (int j = 0; j < op->nin; j++) {
+            int p = g->t.v[op->in[j]].op;
+            if (p < 0)
+                continue;
+            int v = node_of(f, p);
+            if (v == x || v == y || *ord_at(f, v) < lo || *vis_at(f, v) == sb)
+                continue;
+            if (*vis_at(f, v) == sf)
+                return true;
+            *vis_at(f, v) = sb;
+            vec_push(&f->bwd, v);
+            heap_up(f, f->bwd.v, f->bwd.n - 1, 1);
+        }
+    }
+    while ((!use_f || f->stack.n) && (!use_b || f->bwd.n)) {
+        int u, m;
+        const int *ops;
+        if (!use_f)
+            goto backward;
+        u = heap_pop(f, -1);
+        ops = node_ops(f, &u, &m);
+        for (int i = 0; i < m; i++) {
+            int t = g->ops.v[ops[i]].out;
+            for (int k = f->uoff[t]; k < f->uoff[t + 1]; k++) {
+                int c = f->ucons[k];
+                if (c < 0)
+                    continue;
+                int v = node_of(f, c);
+                if (v == x || *vis_at(f, v) == sb)
+                    return true;
+                if (v == u || *ord_at(f, v) > hi || *vis_at(f, v) == sf)
+                    continue;
+                *vis_at(f, v) = sf;
+                heap_push(f, v, -1);
+            }
+        }
+        if (!use_b)
+            continue;
+    backward:
+        u = heap_take(f, f->bwd.v, &f->bwd.n, 1);
+        ops = node_ops(f, &u, &m);
+        for (int i = 0; i < m; i++) {
+            const Op *op = &g->ops.v[ops[i]];
+            for (int j = 0; j < op->nin; j++) {
+                int p = g->t.v[op->in[j]].op;
+                if (p < 0)
+                    continue;
+                int v = node_of(f, p);
+                if (v == y || *vis_at(f, v) == sf)
+                    return true;
+                if (v == u || *ord_at(f, v) < lo || *vis_at(f, v) == sb)
+                    continue;
+                *vis_at(f, v) = sb;
+                vec_push(&f->bwd, v);
+                heap_up(f, f->bwd.v, f->bwd.n - 1, 1);
+            }
+        }
+    }
+    return false;
 }
 
 /* reaches() with the order of the contracted graph: only nodes ordered
@@ -341,9 +486,9 @@ static bool reaches_ordered(Fuser *f, int p, int T)
     if (*ord_at(f, v0) < lo || *vis_at(f, v0) == f->stamp)
         return false;
     *vis_at(f, v0) = f->stamp;
-    heap_push(f, v0);
+    heap_push(f, v0, 1);
     while (f->stack.n) {
-        int u = heap_pop(f), m;
+        int u = heap_pop(f, 1), m;
         const int *ops = node_ops(f, &u, &m);
         for (int i = 0; i < m; i++) {
             const Op *op = &g->ops.v[ops[i]];
@@ -357,7 +502,7 @@ static bool reaches_ordered(Fuser *f, int p, int T)
                 if (*ord_at(f, v) < lo || *vis_at(f, v) == f->stamp)
                     continue;
                 *vis_at(f, v) = f->stamp;
-                heap_push(f, v);
+                heap_push(f, v, 1);
             }
         }
     }
@@ -422,6 +567,12 @@ bool pass_fuse_convex_union(Fuser *f, int A, int B)
     Graph *g = f->g;
     for (int side = 0; side < 2; side++) {
         int X = side ? B : A, Y = side ? A : B;
+        if (f->ord_gr) {
+            /* a path Y -> X needs Y ordered before X */
+            if (f->ord_gr[Y] < f->ord_gr[X] && path_between(f, Y, X))
+                return false;
+            continue;
+        }
         /* a path from Y to X leaves Y through a reader of Y's results */
         if (!has_dependents(f, Y, X))
             continue;
@@ -542,6 +693,8 @@ int pass_fuse_new_group(Fuser *f, int op)
     vec_push(&gr.ops, op);
     vec_push(&f->gr, gr);
     f->gof[op] = f->gr.n - 1;
+    if (f->ord_gr) /* the op's node becomes the group's */
+        f->ord_gr[f->gr.n - 1] = f->ord_op[op];
     return f->gr.n - 1;
 }
 
@@ -804,6 +957,12 @@ bool pass_fuse(Graph *g, const PassOpts *o, Diag *d)
         f.gof[i] = -1;
     int grcap = 2 * n + 2; /* groups: one per op, plus splits */
     f.vis_gr = xcalloc((size_t)grcap, sizeof(int));
+    /* program order is a topological order of the ops; each merge keeps
+     * it one of the contracted graph, which bounds the convexity checks */
+    f.ord_op = xmalloc(sizeof(int) * (size_t)(n + 1));
+    f.ord_gr = xmalloc(sizeof(int) * (size_t)grcap);
+    for (int i = 0; i < n; i++)
+        f.ord_op[i] = i;
 
     for (int i = 0; i < n; i++) {
         const Op *op = &g->ops.v[i];
@@ -836,6 +995,7 @@ bool pass_fuse(Graph *g, const PassOpts *o, Diag *d)
         pass_fuse_sort_members(&f, G);
     }
     f.upto = n;
+    pass_fuse_order_free(&f); /* split_col makes groups the order lacks */
     pass_fuse_split_col(&f);
     pass_fuse_pull_col(&f);
     if (g->ops.n != n)

@@ -90,10 +90,8 @@ void pass_fuse_split_col(Fuser *f)
             const Op *op = &g->ops.v[o];
             bool mv = false;
             if (op->code == OP_CONST)
-                for (int q = 0; q < g->ops.n && !mv; q++)
-                    for (int j = 0; j < g->ops.v[q].nin; j++)
-                        if (g->ops.v[q].in[j] == op->out && f->gof[q] == NG)
-                            mv = true;
+                for (int q = f->uoff[op->out]; q < f->uoff[op->out + 1] && !mv; q++)
+                    mv = f->ucons[q] >= 0 && f->gof[f->ucons[q]] == NG;
             if (mv) {
                 vec_push(&f->gr.v[NG].ops, o);
                 f->gof[o] = NG;
@@ -127,6 +125,23 @@ static void move_op(Fuser *f, int o, int to)
     f->gof[o] = to;
 }
 
+/* Whether tensor t is materialised under the current grouping (gof):
+ * what pass_fuse_materialised says of it, from t's readers alone. keep:
+ * graph outputs and update values. */
+static bool mat_now(const Fuser *f, const Uses *u, const bool *keep, int t)
+{
+    const Graph *g = f->g;
+    int p = g->t.v[t].op;
+    if (p < 0 || f->gof[p] < 0 || g->ops.v[p].code == OP_MATMUL || keep[t])
+        return true;
+    for (int q = u->off[t]; q < u->off[t + 1]; q++) {
+        int c = u->cons[q];
+        if (c >= 0 && (f->gof[c] != f->gof[p] || g->ops.v[c].code == OP_MATMUL))
+            return true;
+    }
+    return false;
+}
+
 /* A COL reduction takes over the elementwise ops that only it reads (the
  * prologue, e.g. dy * xhat of a LayerNorm weight gradient) from their
  * groups, when everything those ops read is in memory anyway: the product
@@ -148,7 +163,9 @@ void pass_fuse_pull_col(Fuser *f)
         bool changed = true;
         while (changed) {
             changed = false;
-            bool *mat = pass_fuse_cur_materialised(f);
+            /* the grouping only changes when a pull succeeds, which ends
+             * this round: materialised tensors are asked of gof directly
+             * (was the whole graph's set per round) */
             FGroup *cg = &f->gr.v[C];
             for (int i = 0; i < cg->ops.n && !changed; i++) {
                 const Op *y = &g->ops.v[cg->ops.v[i]];
@@ -170,7 +187,7 @@ void pass_fuse_pull_col(Fuser *f)
                     bool ok = true;
                     for (int a = 0; a < xo->nin && ok; a++) {
                         int p = g->t.v[xo->in[a]].op;
-                        if (p >= 0 && f->gof[p] == G && !mat[xo->in[a]] &&
+                        if (p >= 0 && f->gof[p] == G && !mat_now(f, &u, keep, xo->in[a]) &&
                             g->ops.v[p].code != OP_CONST)
                             ok = false;
                     }
@@ -215,7 +232,6 @@ void pass_fuse_pull_col(Fuser *f)
                     pass_fuse_sort_members(f, C);
                 }
             }
-            free(mat);
         }
     }
     free(keep);

@@ -60,7 +60,33 @@ Shape pass_fuse_oshape(const FuseDomain *d)
 bool pass_fuse_in_set(const Graph *g, const FuseMarks *m, int t)
 {
     int p = g->t.v[t].op;
-    return p >= 0 && m->mark[p] == m->stamp;
+    if (p < 0)
+        return false;
+    if (m->mark)
+        return m->mark[p] == m->stamp;
+    return pass_fuse_find_sorted(m->sorted, m->nsorted, p) >= 0;
+}
+
+int pass_fuse_find_sorted(const int *v, int n, int x)
+{
+    int lo = 0, hi = n;
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2;
+        if (v[mid] < x)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < n && v[lo] == x ? lo : -1;
+}
+
+/* Whether ops[0..n) is strictly ascending. */
+static bool ascending(const int *ops, int n)
+{
+    for (int i = 1; i < n; i++)
+        if (ops[i - 1] >= ops[i])
+            return false;
+    return true;
 }
 
 bool pass_fuse_domain_of(const Graph *g, const int *ops, int n, const FuseMarks *m,
@@ -133,12 +159,14 @@ bool pass_fuse_domain_of(const Graph *g, const int *ops, int n, const FuseMarks 
 
 bool pass_fuse_fits(const FuseDomain *d, const Shape *s, bool *row)
 {
-    Shape o = pass_fuse_oshape(d);
     if (shape_dims_eq(s, &d->S)) {
         *row = false;
         return true;
     }
-    if (d->kind != FUSE_ELEM && shape_dims_eq(s, &o)) {
+    if (d->kind == FUSE_ELEM)
+        return false;
+    Shape o = pass_fuse_oshape(d); /* only when the full shape does not fit */
+    if (shape_dims_eq(s, &o)) {
         *row = true;
         return true;
     }
@@ -206,25 +234,31 @@ bool pass_fuse_check_members(const Graph *g, const int *ops, int n, const FuseMa
     return true;
 }
 
+/* Member ops[0..n) in program order (the groups' invariant) are found by
+ * binary search: no array as large as the graph per group. */
 void pass_fuse_parts(const Graph *g, const int *ops, int n, int *root)
 {
     int nops = g->ops.n;
-    int *pos = xmalloc(sizeof(int) * (size_t)(nops + 1));
-    for (int i = 0; i < nops; i++)
-        pos[i] = -1;
-    for (int i = 0; i < n; i++) {
-        pos[ops[i]] = i;
-        root[i] = i;
+    bool asc = ascending(ops, n);
+    int *pos = NULL;
+    if (!asc) {
+        pos = xmalloc(sizeof(int) * (size_t)(nops + 1));
+        for (int i = 0; i < nops; i++)
+            pos[i] = -1;
+        for (int i = 0; i < n; i++)
+            pos[ops[i]] = i;
     }
+    for (int i = 0; i < n; i++)
+        root[i] = i;
     for (int i = 0; i < n; i++) {
         const Op *op = &g->ops.v[ops[i]];
         if (op->code == OP_MATMUL)
             continue;
         for (int j = 0; j < op->nin; j++) {
             int p = g->t.v[op->in[j]].op;
-            if (p < 0 || pos[p] < 0)
+            int a = p < 0 ? -1 : asc ? pass_fuse_find_sorted(ops, n, p) : pos[p], b = i;
+            if (a < 0)
                 continue;
-            int a = pos[p], b = i;
             while (root[a] != a)
                 a = root[a] = root[root[a]];
             while (root[b] != b)
@@ -248,9 +282,12 @@ bool pass_fuse_domain(const Graph *g, const int *ops, int n, FuseDomain *d, char
         snprintf(err, errlen, "empty group");
         return false;
     }
-    FuseMarks m = {xcalloc((size_t)g->ops.n + 1, sizeof(int)), 1};
-    for (int i = 0; i < n; i++)
-        m.mark[ops[i]] = 1;
+    FuseMarks m = {.stamp = 1, .sorted = ops, .nsorted = n};
+    if (!ascending(ops, n)) {
+        m.mark = xcalloc((size_t)g->ops.n + 1, sizeof(int));
+        for (int i = 0; i < n; i++)
+            m.mark[ops[i]] = 1;
+    }
     bool ok = pass_fuse_domain_of(g, ops, n, &m, d, err, errlen) &&
               pass_fuse_check_members(g, ops, n, &m, d, err, errlen);
     free(m.mark);

@@ -25,10 +25,14 @@
 #include "passes.h"
 
 /* Membership lookup for one candidate op set: mark[op] == stamp (the pass
- * keeps one array and bumps the stamp per candidate). */
+ * keeps one array and bumps the stamp per candidate), or, with mark NULL,
+ * a binary search of the ascending op list sorted[0..nsorted) (no array
+ * as large as the graph for one group). */
 typedef struct {
     int *mark;
     int stamp;
+    const int *sorted;
+    int nsorted;
 } FuseMarks;
 
 typedef struct {
@@ -66,6 +70,8 @@ bool pass_fuse_is_reduce(const Op *op); /* reduce_sum or reduce_max */
 /* Reduction axes pattern: FUSE_ROW with *k = first axis for trailing axes,
  * FUSE_COL with *k = count for leading axes; -1 for anything else. */
 int pass_fuse_reduce_pattern(const Graph *g, const Op *op, int *k);
+/* The index of x in ascending v[0..n), or -1. */
+int pass_fuse_find_sorted(const int *v, int n, int x);
 /* Whether tensor t is the result of an op of the set. */
 bool pass_fuse_in_set(const Graph *g, const FuseMarks *m, int t);
 /* The loop domain of op set ops[0..n) (marked in m); false with err set

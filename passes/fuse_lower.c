@@ -26,14 +26,24 @@ bool pass_fuse_lowers(const Graph *g, const int *ops, int n, const bool *mat, in
 {
     int *part = xmalloc(sizeof(int) * (size_t)(n + 1));
     pass_fuse_parts(g, ops, n, root);
+    /* members by part (each part in member order): start[r] .. start[r+1) */
+    int *start = xcalloc((size_t)n + 2, sizeof(int)), *byp = xmalloc(sizeof(int) * (size_t)(n + 1));
+    for (int i = 0; i < n; i++)
+        if (g->ops.v[ops[i]].code != OP_MATMUL)
+            start[root[i] + 1]++;
+    for (int r = 0; r < n; r++)
+        start[r + 1] += start[r];
+    int *fill = xcalloc((size_t)n + 1, sizeof(int));
+    for (int i = 0; i < n; i++)
+        if (g->ops.v[ops[i]].code != OP_MATMUL)
+            byp[start[root[i]] + fill[root[i]]++] = ops[i];
+    free(fill);
     bool ok = true;
     for (int r = 0; r < n && ok; r++) {
         if (root[r] != r)
             continue;
-        int m = 0;
-        for (int i = 0; i < n; i++)
-            if (root[i] == r && g->ops.v[ops[i]].code != OP_MATMUL)
-                part[m++] = ops[i];
+        int m = start[r + 1] - start[r];
+        memcpy(part, byp + start[r], sizeof(int) * (size_t)m);
         if (!m)
             continue;
         if (!pass_fuse_domain(g, part, m, &dom[r], err, errlen)) {
@@ -55,6 +65,8 @@ bool pass_fuse_lowers(const Graph *g, const int *ops, int n, const bool *mat, in
         }
     }
     free(part);
+    free(start);
+    free(byp);
     return ok;
 }
 

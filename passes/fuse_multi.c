@@ -52,28 +52,32 @@ void pass_fuse_merge_multi(Fuser *f)
             }
             if (!pass_fuse_convex_union(f, M, G))
                 continue;
-            /* independent: neither reads the other */
+            /* independent: neither reads the other (asked of G's operands
+             * and readers, not of all of M) */
             bool dep = false;
             Graph *g = f->g;
-            for (int s = 0; s < 2 && !dep; s++) {
-                FGroup *x = &f->gr.v[s ? M : G];
-                int Y = s ? G : M;
-                for (int i = 0; i < x->ops.n && !dep; i++) {
-                    const Op *op = &g->ops.v[x->ops.v[i]];
-                    for (int j = 0; j < op->nin; j++) {
-                        int p = g->t.v[op->in[j]].op;
-                        if (p >= 0 && f->gof[p] == Y)
-                            dep = true;
-                    }
+            FGroup *x = &f->gr.v[G];
+            for (int i = 0; i < x->ops.n && !dep; i++) {
+                const Op *op = &g->ops.v[x->ops.v[i]];
+                for (int j = 0; j < op->nin; j++) {
+                    int p = g->t.v[op->in[j]].op;
+                    if (p >= 0 && f->gof[p] == M)
+                        dep = true;
                 }
+                for (int k = f->uoff[op->out]; k < f->uoff[op->out + 1]; k++)
+                    if (f->ucons[k] >= 0 && f->gof[f->ucons[k]] == M)
+                        dep = true;
             }
             if (dep)
                 continue;
             if (f->ord_gr)
                 pass_fuse_order_merge(f, M, G);
+            int na = f->gr.v[M].ops.n;
             pass_fuse_do_union(f, M, G);
             f->gr.v[M].multi = true;
-            pass_fuse_sort_members(f, M);
+            /* both runs are in program order: sorted unless they interleave */
+            if (na && f->gr.v[M].ops.v[na - 1] > f->gr.v[M].ops.v[na])
+                pass_fuse_sort_members(f, M);
         }
     }
 }

@@ -125,6 +125,95 @@ static int first_after(const MemPlan *m, const int *by_first, int n, int a)
     return lo;
 }
 
+/* The placed temps in offset order, as a list of sorted blocks of at most
+ * 2 * OFF_BLOCK ids (insertion costs O(blocks + OFF_BLOCK), a walk in order
+ * O(placed)). A temp whose live range meets many placed ones (a backward
+ * temp while every saved activation is live) gets its conflicts in offset
+ * order from one walk instead of a sort. */
+enum { OFF_BLOCK = 256 };
+
+typedef struct {
+    int **blk;    /* blk[i][0 .. nb[i]) ascending by offset */
+    int *nb, n, cap;
+    int *lo, *hi; /* per block: the earliest first use, the latest last use */
+    int placed;
+} ByOffset;
+
+static void byoff_bounds(ByOffset *o, const MemPlan *m, int i)
+{
+    o->lo[i] = INT32_MAX;
+    o->hi[i] = INT32_MIN;
+    for (int j = 0; j < o->nb[i]; j++) {
+        int u = o->blk[i][j];
+        if (m->first[u] < o->lo[i])
+            o->lo[i] = m->first[u];
+        if (m->last[u] > o->hi[i])
+            o->hi[i] = m->last[u];
+    }
+}
+
+static void byoff_insert(ByOffset *o, const MemPlan *m, const int64_t *poff, int t)
+{
+    if (!o->n) {
+        o->cap = 16;
+        o->blk = xmalloc(sizeof(int *) * (size_t)o->cap);
+        o->nb = xmalloc(sizeof(int) * (size_t)o->cap);
+        o->lo = xmalloc(sizeof(int) * (size_t)o->cap);
+        o->hi = xmalloc(sizeof(int) * (size_t)o->cap);
+        o->blk[0] = xmalloc(sizeof(int) * 2 * OFF_BLOCK);
+        o->nb[0] = 0;
+        o->n = 1;
+    }
+    int i = 0; /* the first block whose last offset is above t's, else the last */
+    while (i < o->n - 1 && (o->nb[i] == 0 || poff[o->blk[i][o->nb[i] - 1]] <= poff[t]))
+        i++;
+    int *b = o->blk[i], lo = 0, hi = o->nb[i];
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2;
+        if (poff[b[mid]] <= poff[t])
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    memmove(b + lo + 1, b + lo, sizeof(int) * (size_t)(o->nb[i] - lo));
+    b[lo] = t;
+    o->placed++;
+    if (o->nb[i] == 0 || m->first[t] < o->lo[i])
+        o->lo[i] = m->first[t];
+    if (o->nb[i] == 0 || m->last[t] > o->hi[i])
+        o->hi[i] = m->last[t];
+    if (++o->nb[i] < 2 * OFF_BLOCK)
+        return;
+    if (o->n == o->cap) { /* split a full block in two */
+        o->cap *= 2;
+        o->blk = xrealloc(o->blk, sizeof(int *) * (size_t)o->cap);
+        o->nb = xrealloc(o->nb, sizeof(int) * (size_t)o->cap);
+        o->lo = xrealloc(o->lo, sizeof(int) * (size_t)o->cap);
+        o->hi = xrealloc(o->hi, sizeof(int) * (size_t)o->cap);
+    }
+    size_t tail = (size_t)(o->n - i - 1);
+    memmove(o->blk + i + 2, o->blk + i + 1, sizeof(int *) * tail);
+    memmove(o->nb + i + 2, o->nb + i + 1, sizeof(int) * tail);
+    memmove(o->lo + i + 2, o->lo + i + 1, sizeof(int) * tail);
+    memmove(o->hi + i + 2, o->hi + i + 1, sizeof(int) * tail);
+    o->blk[i + 1] = xmalloc(sizeof(int) * 2 * OFF_BLOCK);
+    memcpy(o->blk[i + 1], b + OFF_BLOCK, sizeof(int) * OFF_BLOCK);
+    o->nb[i] = o->nb[i + 1] = OFF_BLOCK;
+    o->n++;
+    byoff_bounds(o, m, i);
+    byoff_bounds(o, m, i + 1);
+}
+
+static void byoff_free(ByOffset *o)
+{
+    for (int i = 0; i < o->n; i++)
+        free(o->blk[i]);
+    free(o->blk);
+    free(o->nb);
+    free(o->lo);
+    free(o->hi);
+}
+
 /* True when op reads its operands at its own flat output index only. */
 static bool same_index_op(const Op *op)
 {
@@ -275,26 +364,50 @@ MemPlan *pass_memplan_storage(const Graph *g, const DType *storage, Diag *d)
     bool *isplaced = xcalloc((size_t)nt + 1, sizeof(bool));
     int64_t *poff = xcalloc((size_t)nt + 1, sizeof(int64_t));
     int64_t high = 0;
+    ByOffset byoff = {0};
+    int64_t *asize = xmalloc(sizeof(int64_t) * (size_t)(nt + 1)); /* aligned sizes */
+    for (int k = 0; k < ntemps; k++)
+        asize[temps[k]] = align_up(m->bytes[temps[k]] ? m->bytes[temps[k]] : 1);
     for (int k = 0; k < ntemps; k++) {
         int t = temps[k];
         int64_t size = align_up(m->bytes[t] ? m->bytes[t] : 1);
         /* the placed storages whose live ranges meet t's */
         int nc = 0, a = m->first[t], b = m->last[t];
+        /* how many temps, placed or not, meet t's range: O(log n) */
+        int64_t meet = 0;
         for (int v = ov.leaves + a; v >= 1; v /= 2)
+            meet += ov.soff[v + 1] - ov.soff[v];
+        int fa = first_after(m, ov.by_first, ntemps, a);
+        meet += first_after(m, ov.by_first, ntemps, b) - fa;
+        for (int v = ov.leaves + a; v >= 1 && meet * 16 < byoff.placed; v /= 2)
             for (int q = ov.soff[v]; q < ov.soff[v + 1]; q++) {
                 int u = ov.stab[q];
                 if (isplaced[u])
-                    conf[nc++] = (Placed){u, poff[u], align_up(m->bytes[u] ? m->bytes[u] : 1)};
+                    conf[nc++] = (Placed){u, poff[u], asize[u]};
             }
-        for (int q = first_after(m, ov.by_first, ntemps, a); q < ntemps; q++) {
-            int u = ov.by_first[q];
-            if (m->first[u] > b)
-                break;
-            if (isplaced[u])
-                conf[nc++] = (Placed){u, poff[u], align_up(m->bytes[u] ? m->bytes[u] : 1)};
+        /* in offset order: sorted when they are few, else (a sort would cost
+         * more than a walk) the same set from a walk of every placed temp in
+         * offset order. Equal offsets may come in any order: the scan's
+         * result is the same. */
+        if (meet * 16 < byoff.placed) {
+            for (int q = fa; q < ntemps; q++) {
+                int u = ov.by_first[q];
+                if (m->first[u] > b)
+                    break;
+                if (isplaced[u])
+                    conf[nc++] = (Placed){u, poff[u], asize[u]};
+            }
+            qsort(conf, (size_t)nc, sizeof(Placed), cmp_off);
+        } else {
+            nc = 0;
+            for (int i = 0; i < byoff.n; i++)
+                for (int j = byoff.lo[i] > b || byoff.hi[i] < a ? byoff.nb[i] : 0;
+                     j < byoff.nb[i]; j++) {
+                    int u = byoff.blk[i][j];
+                    if (m->first[u] <= b && m->last[u] >= a)
+                        conf[nc++] = (Placed){u, poff[u], asize[u]};
+                }
         }
-        /* equal offsets may come in any order: the scan's result is the same */
-        qsort(conf, (size_t)nc, sizeof(Placed), cmp_off);
         int64_t best = -1, best_gap = INT64_MAX, pos = 0;
         for (int q = 0; q < nc; q++) {
             int64_t gap = conf[q].off - pos;
@@ -309,12 +422,15 @@ MemPlan *pass_memplan_storage(const Graph *g, const DType *storage, Diag *d)
             best = pos;
         isplaced[t] = true;
         poff[t] = best;
+        byoff_insert(&byoff, m, poff, t);
         m->offset[t] = ir_add_sat(m->persistent_bytes, best);
         if (ir_add_sat(best, size) > high)
             high = ir_add_sat(best, size);
     }
     free(isplaced);
     free(poff);
+    byoff_free(&byoff);
+    free(asize);
     overlaps_free(&ov);
     m->arena_bytes = ir_add_sat(m->persistent_bytes, high);
     for (int t = 0; t < nt; t++)

@@ -54,6 +54,42 @@ static void test_elementwise_source(void **state)
     ir_free(g);
 }
 
+/* One fused group of 50,000 chained adds lowers and prints: lowering keeps
+ * no C stack frame per op (a recursive lowering overflowed an 8 MiB stack
+ * here). The kernel computes x + 50000 * w: every add is in it (a few more
+ * " + " are the loop bounds'). */
+static void test_long_chain(void **state)
+{
+    (void)state;
+    enum { N = 50000 };
+    Graph *g = ir_new();
+    int64_t d[1] = {64};
+    int x = in_f32(g, "x", 1, d), w = in_f32(g, "w", 1, d), h = x;
+    int *ops = xmalloc(sizeof(int) * N);
+    for (int i = 0; i < N; i++) {
+        h = ir_op_x(g, OP_ADD, (int[]){h, w}, 2, NULL, here);
+        ops[i] = g->t.v[h].op;
+        g->ops.v[ops[i]].group = 0;
+    }
+    ir_add_output(g, "h", h);
+    bool *mat = pass_fuse_materialised(g);
+    CgKernel *k = xcalloc(1, sizeof *k);
+    Diag dg = {{0}};
+    if (!cg_lower_group(g, ops, N, mat, k, &dg))
+        fail_msg("%s", dg.msg);
+    CgBuf b = {0};
+    cg_print_c_kernel(&b, k);
+    int adds = 0;
+    for (const char *q = b.s; (q = strstr(q, " + ")); q++)
+        adds++;
+    assert_true(adds >= N && adds <= N + 8); /* and the loop header's */
+    free(b.s);
+    cg_kernel_free(k);
+    free(mat);
+    free(ops);
+    ir_free(g);
+}
+
 static void test_reduce_random_source(void **state)
 {
     (void)state;
@@ -168,6 +204,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_elementwise_source), cmocka_unit_test(test_reduce_random_source),
+        cmocka_unit_test(test_long_chain),
         cmocka_unit_test(test_target_override),    cmocka_unit_test(test_plan_compiles),
         cmocka_unit_test(test_unsupported_dtype),
     };

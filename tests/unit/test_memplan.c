@@ -111,9 +111,76 @@ static void check_storage_invariants(const Graph *g, const MemPlan *m, const DTy
     free(mat);
 }
 
+/* The greedy best fit of pass_memplan written plainly: temps largest
+ * first (ties by first use, then id), each at the smallest gap (the lowest
+ * one among equal gaps) between the placed temps whose live ranges meet
+ * its own, found by a scan of every placed temp and a sort by offset; else
+ * above them. The plan's offsets must be these (its overlap index and
+ * offset-ordered walk only make the search cheaper). */
+static int ref_by_size(const void *a, const void *b, void *ctx)
+{
+    const MemPlan *m = ctx;
+    int x = *(const int *)a, y = *(const int *)b;
+    int64_t sx = al(m->bytes[x] ? m->bytes[x] : 1), sy = al(m->bytes[y] ? m->bytes[y] : 1);
+    if (sx != sy)
+        return sx > sy ? -1 : 1;
+    if (m->first[x] != m->first[y])
+        return m->first[x] < m->first[y] ? -1 : 1;
+    return x < y ? -1 : x > y;
+}
+
+static int ref_by_off(const void *a, const void *b)
+{
+    const int64_t *x = a, *y = b;
+    return x[0] < y[0] ? -1 : x[0] > y[0];
+}
+
+static void check_best_fit(const Graph *g, const MemPlan *m)
+{
+    int nt = g->t.n, nn = 0;
+    bool *mat = pass_fuse_materialised(g);
+    int *temps = xmalloc(sizeof(int) * (size_t)(nt + 1));
+    for (int t = 0; t < nt; t++)
+        if (m->root[t] == t && !m->persistent[t] && mat[t])
+            temps[nn++] = t;
+    qsort_r(temps, (size_t)nn, sizeof(int), ref_by_size, (void *)m);
+    int64_t *off = xmalloc(sizeof(int64_t) * (size_t)(nt + 1));
+    int64_t(*conf)[2] = xmalloc(sizeof *conf * (size_t)(nn + 1));
+    for (int k = 0; k < nn; k++) {
+        int t = temps[k], nc = 0;
+        int64_t size = al(m->bytes[t] ? m->bytes[t] : 1);
+        for (int q = 0; q < k; q++) {
+            int u = temps[q];
+            if (m->first[u] <= m->last[t] && m->first[t] <= m->last[u]) {
+                conf[nc][0] = off[u];
+                conf[nc++][1] = off[u] + al(m->bytes[u] ? m->bytes[u] : 1);
+            }
+        }
+        qsort(conf, (size_t)nc, sizeof *conf, ref_by_off);
+        int64_t best = -1, best_gap = INT64_MAX, pos = 0;
+        for (int q = 0; q < nc; q++) {
+            if (conf[q][0] - pos >= size && conf[q][0] - pos < best_gap) {
+                best = pos;
+                best_gap = conf[q][0] - pos;
+            }
+            if (conf[q][1] > pos)
+                pos = conf[q][1];
+        }
+        off[t] = best < 0 ? pos : best;
+        if (m->persistent_bytes + off[t] != m->offset[t])
+            fail_msg("temp %%%d: offset %lld, the plain best fit gives %lld", t,
+                     (long long)m->offset[t], (long long)(m->persistent_bytes + off[t]));
+    }
+    free(conf);
+    free(off);
+    free(temps);
+    free(mat);
+}
+
 static void check_invariants(const Graph *g, const MemPlan *m)
 {
     check_storage_invariants(g, m, NULL);
+    check_best_fit(g, m);
 }
 
 /* pass_memplan_storage with every float temporary stored as bf16 (as the
@@ -275,9 +342,32 @@ static void test_models(void **state)
     free_model_paths(paths);
 }
 
+/* Deeper models: some temps meet many placed ones (the offset-ordered
+ * walk), others few (the sorted overlap query); both must give the plain
+ * best fit's offsets. */
+static void test_deep(void **state)
+{
+    (void)state;
+    const char *cases[][2] = {{"models/gpt.lua", "L=12"}, {"models/llama.lua", "L=8"}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const char *set[1] = {cases[c][1]};
+        Model *md = load_model(cases[c][0], set, 1);
+        PassOpts po;
+        pass_opts_default(&po);
+        Diag d = {{0}};
+        if (!pass_pipeline(md->g, &po, NULL, NULL, NULL, &d))
+            fail_msg("%s: %s", cases[c][0], d.msg);
+        MemPlan *m = pass_memplan(md->g, &d);
+        check_best_fit(md->g, m);
+        pass_memplan_free(m);
+        fe_model_free(md);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_deep),
         cmocka_unit_test(test_hand_example),
         cmocka_unit_test(test_views_and_inplace),
         cmocka_unit_test(test_schedule_sinks),
