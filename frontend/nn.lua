@@ -89,8 +89,10 @@ function nn.log_softmax(x, axis)
   return z - log(exp(z):sum(axis, true))
 end
 
--- Mean over tokens of -log p(target). logits [..., V] float, targets [...]
--- i32/i64. With mask [...] (f32, 1 = counts): sum(mask*nll) / sum(mask).
+-- Mean over tokens of -log p(target) = logsumexp(logits) - logits[target].
+-- logits [..., V] float, targets [...] i32/i64 (a target outside [0, V)
+-- reads logit 0). With mask [...] (f32, 1 = counts): sum(mask*nll) /
+-- sum(mask).
 function nn.cross_entropy(logits, targets, mask)
   -- float targets would be compared for equality with the class index
   if targets.dtype ~= "i32" and targets.dtype ~= "i64" then
@@ -98,11 +100,10 @@ function nn.cross_entropy(logits, targets, mask)
                         "indices (expected i32/i64, got %s[%s])", targets.dtype,
                         table.concat(targets.shape, ",")), 2)
   end
-  local lsm = nn.log_softmax(logits, -1)
-  local ts = targets.shape
-  ts[#ts + 1] = 1
-  local hot = iota(logits.shape, -1, targets.dtype):eq(targets:reshape(ts))
-  local nll = -select(hot, lsm, 0):sum(-1)
+  -- one pass over each row (an online max and sum) and one load of the
+  -- target logit; the backward is softmax minus one-hot, one elementwise
+  -- kernel
+  local nll = logits:logsumexp(-1) - take_along(logits, targets)
   if mask then
     local m = mask:cast(nll.dtype)
     return (m * nll):sum() / maximum(m:sum(), 1)
