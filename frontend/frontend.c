@@ -262,8 +262,19 @@ static int l_output(lua_State *L)
         fe_error(L, "output: the name 'loss' is reserved for minimize(loss)");
     if (name_in(L, "kiln.outputs", name, false))
         fe_error(L, "output: the name '%s' is already used by another output", name);
+    bool train = false;
+    if (!lua_isnoneornil(L, 3)) {
+        if (!lua_istable(L, 3))
+            fe_error(L, "output: options must be a table like {train = true} (got %s)",
+                     luaL_typename(L, 3));
+        lua_getfield(L, 3, "train");
+        train = lua_toboolean(L, -1);
+        lua_pop(L, 1);
+    }
     ir_add_output(fe->g, name, t);
     name_in(L, "kiln.outputs", name, true);
+    if (train)
+        vec_push(&fe->m->priv->train_outs, intern(name));
     return 0;
 }
 
@@ -1048,6 +1059,39 @@ static bool same_interface(const Graph *a, const Graph *b, const char *path, cha
     return true;
 }
 
+/* Whether the training step keeps output o: "loss", scalars (grad_norm)
+ * and outputs declared with {train = true}. */
+static bool train_output(const Model *m, const GraphOutput *o)
+{
+    if (strcmp(o->name, "loss") == 0 || shape_numel(&m->g->t.v[o->t].s) == 1)
+        return true;
+    for (int i = 0; i < m->priv->train_outs.n; i++)
+        if (m->priv->train_outs.v[i] == intern(o->name))
+            return true;
+    return false;
+}
+
+/* Other named outputs (logits) belong to evaluation: the evaluation graph
+ * keeps them (m->g's copy when the script drew no second graph) and the
+ * training step drops them, so it stores no logits (they stay temporaries:
+ * freed after their last reader, bf16 under mixed precision). */
+static void eval_only_outputs(Model *m)
+{
+    Graph *g = m->g;
+    int k = 0;
+    for (int i = 0; i < g->outs.n; i++)
+        k += train_output(m, &g->outs.v[i]);
+    if (k == g->outs.n)
+        return;
+    if (!m->eval_g)
+        m->eval_g = ir_clone(g);
+    k = 0;
+    for (int i = 0; i < g->outs.n; i++)
+        if (train_output(m, &g->outs.v[i]))
+            g->outs.v[k++] = g->outs.v[i];
+    g->outs.n = k;
+}
+
 /* Runs the script text (read from path, or given) once, or twice with an
  * evaluation graph. */
 static Model *load_script(const char *path, const Script *sc, const char *const *sets,
@@ -1061,6 +1105,8 @@ static Model *load_script(const char *path, const Script *sc, const char *const 
         }
     }
     Model *m = load_once(path, sc, sets, nsets, true, err, errlen);
+    if (m && !has_random(m->g))
+        eval_only_outputs(m);
     if (!m || !has_random(m->g))
         return m;
     /* random numbers (dropout): build the evaluation graph without them */
@@ -1073,6 +1119,7 @@ static Model *load_script(const char *path, const Script *sc, const char *const 
     m->eval_g = e->g;
     e->g = NULL;
     fe_model_free(e);
+    eval_only_outputs(m);
     return m;
 }
 

@@ -371,6 +371,7 @@ void fe_model_free(Model *m)
             free((char *)p->config[i].value);
         }
         free(p->config);
+        vec_free(&p->train_outs);
         for (FeOwned *o = p->owned, *next; o; o = next) {
             next = o->next;
             free(o);

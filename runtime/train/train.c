@@ -263,8 +263,9 @@ static bool data_cfg(Run *r, DataCfg *dcp, Diag *d)
     }
     r->blobs = strcmp(kind, "blobs") == 0;
     r->addition = strcmp(kind, "addition") == 0;
-    int lid = ir_find_output(g, "logits");
-    const Tensor *logits = lid >= 0 ? &g->t.v[lid] : NULL;
+    const Graph *eg = r->m->eval_g ? r->m->eval_g : g; /* logits are evaluation's */
+    int lid = ir_find_output(eg, "logits");
+    const Tensor *logits = lid >= 0 ? &eg->t.v[lid] : NULL;
     DataCfg dc = {.kind = kind, .path = r->c.data_path, .seed = r->c.seed,
                   .digits = (int)r->c.digits, .val_fraction = r->c.val_fraction};
     if (r->blobs) {

@@ -42,11 +42,14 @@ typedef struct TrainCfg {
  * fe_model_free); the loop only reads it. */
 typedef struct Model {
     const char *path;  /* the script, as given: messages name it */
-    Graph *g;          /* the forward graph: output "loss" (a scalar float) and
-                          any named outputs */
-    Graph *eval_g;     /* the forward graph for evaluation, built by a second run
-                          of the script with nn.training = false (dropout off);
-                          NULL when g draws no random numbers (g serves);
+    Graph *g;          /* the forward graph of the training step: output "loss"
+                          (a scalar float) and the named scalar outputs */
+    Graph *eval_g;     /* the forward graph for evaluation, with every named
+                          output (logits): built by a second run of the script
+                          with nn.training = false (dropout off) when g draws
+                          random numbers, else g before its outputs of more
+                          than one element were dropped; NULL when g draws no
+                          random numbers and has no such output (g serves);
                           declares exactly g's params, inputs and state */
     TrainCfg train;
     int train_line;    /* the line of path that set train (train{}); 0 if none:
