@@ -251,6 +251,30 @@ static int l_minimize(lua_State *L)
     return 0;
 }
 
+/* padded_rows(w, n): rows [n, rows of w) of param w are padding (a
+ * vocabulary padded to a multiple); the script masks them out of its loss,
+ * kiln pads imported weights of n rows. Returns w. */
+static int l_padded_rows(lua_State *L)
+{
+    Fe *fe = fe_get(L);
+    int t = fe_check_tensor(L, 1, "padded_rows");
+    const Tensor *x = &fe->g->t.v[t];
+    if (x->kind != TK_PARAM || x->s.rank < 1)
+        fe_error(L, "padded_rows: needs a param (got a %s %s)", ir_kind_name(x->kind),
+                 SSTR(&x->s));
+    if (!lua_isinteger(L, 2) || lua_tointeger(L, 2) < 1 || lua_tointeger(L, 2) > x->s.dim[0])
+        fe_error(L, "padded_rows: the real rows of %s must be an integer in [1, %lld] (got %s)",
+                 x->name, (long long)x->s.dim[0], luaL_tolstring(L, 2, NULL));
+    Model *m = fe->m;
+    for (int i = 0; i < m->npads; i++)
+        if (m->pads[i].param == x->name)
+            fe_error(L, "padded_rows: %s is already padded", x->name);
+    m->pads = xrealloc(m->pads, sizeof *m->pads * (size_t)(m->npads + 1));
+    m->pads[m->npads++] = (ModelRowPad){x->name, (int64_t)lua_tointeger(L, 2)};
+    lua_pushvalue(L, 1);
+    return 1;
+}
+
 static int l_output(lua_State *L)
 {
     Fe *fe = fe_get(L);
@@ -485,6 +509,7 @@ static void open_dsl(lua_State *L)
         {"sym", l_sym, -1},
         {"minimize", l_minimize, -1},
         {"output", l_output, -1},
+        {"padded_rows", l_padded_rows, -1},
         {"config", l_config, -1},
         {"train", l_train, -1},
         {NULL, NULL, 0},

@@ -364,6 +364,7 @@ void fe_model_free(Model *m)
         return;
     ir_free(m->g);
     ir_free(m->eval_g);
+    free(m->pads);
     struct ModelPriv *p = m->priv;
     if (p) {
         for (int i = 0; i < p->nconfig; i++) {

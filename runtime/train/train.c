@@ -835,7 +835,7 @@ static bool init_state(Run *r, Diag *d)
         if (!r->o->quiet)
             printf("resumed from %s at step %lld\n", r->o->resume, (long long)r->step);
     } else if (r->o->init_from) {
-        if (!rt_weights_load(r->o->init_from, g, r->vals, d))
+        if (!rt_weights_import(r->o->init_from, g, r->m->pads, r->m->npads, r->vals, d))
             return false;
         if (!r->o->quiet)
             printf("initialised params from %s\n", r->o->init_from);
