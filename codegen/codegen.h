@@ -134,7 +134,13 @@ typedef struct {
     int64_t n;   /* extent: the variable runs over [0, n) */
 } CgDim;
 
-typedef enum { CG_RED_SUM, CG_RED_MAX } CgRedOp;
+/* CG_RED_LSE: log(sum(exp(value))) with an online (max, sum) accumulator
+ * pair, one pass over the values: fold x: m' = max(m, x), s' = s exp(m -
+ * m') + exp(x - m'); merge of partials the same with s exp(m2 - m');
+ * result m + log(s) (m = +-inf: m). Printers hold the pair as kiln_lse
+ * (each prelude defines it, KILN_LSE_ID, kiln_lse_fold, kiln_lse_merge
+ * and kiln_lse_val); reading the accumulator (CGX_ACC) gives the result. */
+typedef enum { CG_RED_SUM, CG_RED_MAX, CG_RED_LSE } CgRedOp;
 
 typedef struct {
     int param;       /* output param */

@@ -69,6 +69,33 @@ const char cg_c_prelude[] =
     "    t = x < 0.0f ? -t : t;\n"
     "    return x == x ? t : x;\n"
     "}\n"
+    "/* logsumexp's online accumulator (codegen.h, CG_RED_LSE): the running max m\n"
+    " * and the sum s of exp(x - m) */\n"
+    "typedef struct { float m, s; } kiln_lse;\n"
+    "#define KILN_LSE_ID ((kiln_lse){-KILN_INF, 0.0f})\n"
+    "static inline kiln_lse kiln_lse_fold(kiln_lse a, float x)\n"
+    "{\n"
+    "    if (x > a.m) {\n"
+    "        a.s = a.s * kiln_expf(a.m - x) + 1.0f;\n"
+    "        a.m = x;\n"
+    "    } else if (x == x) {\n"
+    "        a.s += x == a.m ? 1.0f : kiln_expf(x - a.m);\n"
+    "    } else {\n"
+    "        a.m = x;\n"
+    "    }\n"
+    "    return a;\n"
+    "}\n"
+    "static inline kiln_lse kiln_lse_merge(kiln_lse a, kiln_lse b)\n"
+    "{\n"
+    "    if (b.m > a.m) {\n"
+    "        const kiln_lse t = a;\n"
+    "        a = b;\n"
+    "        b = t;\n"
+    "    }\n"
+    "    a.s += b.m == a.m ? b.s : b.s * kiln_expf(b.m - a.m);\n"
+    "    return a;\n"
+    "}\n"
+    "static inline float kiln_lse_val(kiln_lse a) { return a.m - a.m != 0.0f ? a.m : a.m + logf(a.s); }\n"
     "\n";
 
 /* The C target's spellings that differ from the shared table: the
@@ -88,12 +115,15 @@ static void print_lets(CgBuf *b, const CgKernel *k, const CgPhase *ph, int depth
     }
 }
 
-/* acc <- fold(acc, x) where x is the C text val */
+/* acc <- fold(acc, x) where x is the C text val (merge: val is a partial
+ * accumulator, which only a logsumexp pair folds differently) */
 static void print_fold_text(CgBuf *b, const CgPhase *ph, const char *acc, const char *val,
-                            int depth)
+                            bool merge, int depth)
 {
     cg_indent(b, depth);
-    if (ph->rop == CG_RED_SUM)
+    if (ph->rop == CG_RED_LSE)
+        cg_printf(b, "%s = kiln_lse_%s(%s, %s);\n", acc, merge ? "merge" : "fold", acc, val);
+    else if (ph->rop == CG_RED_SUM)
         cg_printf(b, "%s += %s;\n", acc, val);
     else
         cg_printf(b, "{ const %s x_ = %s; %s = (x_ != x_ || x_ > %s) ? x_ : %s; }\n",
@@ -106,7 +136,7 @@ static void print_fold(CgBuf *b, const CgKernel *k, const CgPhase *ph, const cha
 {
     CgBuf val = {0};
     cg_print_expr(&val, k, ph->value, &cg_target_c);
-    print_fold_text(b, ph, acc, val.s, depth);
+    print_fold_text(b, ph, acc, val.s, false, depth);
     free(val.s);
 }
 
@@ -152,7 +182,13 @@ enum { RED_TILE = 256 };
 
 static const char *red_aty(const CgPhase *ph)
 {
-    return ph->wide ? "double" : cg_ctype(ph->adt);
+    return ph->rop == CG_RED_LSE ? "kiln_lse" : ph->wide ? "double" : cg_ctype(ph->adt);
+}
+
+/* The type of the LANES partials: the phase's type (a logsumexp pair). */
+static const char *red_lty(const CgPhase *ph)
+{
+    return ph->rop == CG_RED_LSE ? "kiln_lse" : cg_ctype(ph->adt);
 }
 
 static int64_t red_count(const CgPhase *ph)
@@ -179,7 +215,7 @@ static void red_flat(char *buf, size_t size, const CgDim *dim, int n)
  * phase's type (then red_narrow defines a<acc>), else a<acc> itself. */
 static void red_name(char *buf, size_t size, const CgPhase *ph)
 {
-    snprintf(buf, size, "%c%d", ph->wide ? 'w' : 'a', ph->acc);
+    snprintf(buf, size, "%c%d", ph->wide || ph->rop == CG_RED_LSE ? 'w' : 'a', ph->acc);
 }
 
 /* a<acc> from src: "const T a<acc> = (T)src;" when wide; nothing when src
@@ -191,7 +227,11 @@ static void red_narrow(CgBuf *b, const CgPhase *ph, const char *src, int depth)
     if (strcmp(src, a) == 0)
         return;
     cg_indent(b, depth);
-    cg_printf(b, "const %s a%d = (%s)%s;\n", cg_ctype(ph->adt), ph->acc, cg_ctype(ph->adt), src);
+    if (ph->rop == CG_RED_LSE)
+        cg_printf(b, "const %s a%d = kiln_lse_val(%s);\n", cg_ctype(ph->adt), ph->acc, src);
+    else
+        cg_printf(b, "const %s a%d = (%s)%s;\n", cg_ctype(ph->adt), ph->acc, cg_ctype(ph->adt),
+                  src);
 }
 
 /* <red_name> = init; fold part[0..LANES) into it in order; part is the C
@@ -206,7 +246,7 @@ static void red_combine(CgBuf *b, const CgPhase *ph, const char *part, int depth
     cg_puts(b, ";\n");
     cg_indent(b, depth);
     cg_printf(b, "for (int q_ = 0; q_ < %d; q_++)\n", LANES);
-    print_fold_text(b, ph, w, part, depth + 1);
+    print_fold_text(b, ph, w, part, true, depth + 1);
 }
 
 /* A reduction phase, in the order above. A single reduced dim folds in
@@ -232,7 +272,7 @@ static void print_reduction(CgBuf *b, const CgKernel *k, const CgPhase *ph, int 
         return;
     }
     cg_indent(b, depth);
-    cg_printf(b, "%s l%d[%d];\n", cg_ctype(ph->adt), ph->acc, LANES);
+    cg_printf(b, "%s l%d[%d];\n", red_lty(ph), ph->acc, LANES);
     cg_indent(b, depth);
     cg_printf(b, "for (int q_ = 0; q_ < %d; q_++) l%d[q_] = ", LANES, ph->acc);
     cg_print_red_init(b, ph);
@@ -271,7 +311,7 @@ static void print_reduction(CgBuf *b, const CgKernel *k, const CgPhase *ph, int 
         snprintf(acc, sizeof acc, "l%d[q_]", ph->acc);
         char val[64];
         snprintf(val, sizeof val, "t%d[j_ + q_]", ph->acc);
-        print_fold_text(b, ph, acc, val, depth + 3);
+        print_fold_text(b, ph, acc, val, false, depth + 3);
         cg_indent(b, depth);
         cg_puts(b, "}\n");
         if (nv < n) {

@@ -49,6 +49,7 @@ static bool *bf16_storage(const CgPlan *p)
         switch (op->code) {
         case OP_REDUCE_SUM:
         case OP_REDUCE_MAX:
+        case OP_REDUCE_LOGSUMEXP:
         case OP_SCATTER_ADD:
         case OP_CONST:
         case OP_IOTA:

@@ -129,13 +129,59 @@ const char cg_cuda_prelude[] =
     "{\n"
     "    return (b != b || b > a) ? b : a;\n"
     "}\n"
+    "/* logsumexp's online accumulator (codegen.h, CG_RED_LSE): the running max m\n"
+    " * and the sum s of exp(x - m); + merges two, reading one gives m + log(s) */\n"
+    "struct kiln_lse {\n"
+    "    float m, s;\n"
+    "    __device__ __forceinline__ operator float() const\n"
+    "    {\n"
+    "        return m - m != 0.0f ? m : m + logf(s);\n"
+    "    }\n"
+    "};\n"
+    "#define KILN_LSE_ID (kiln_lse{-KILN_INF, 0.0f})\n"
+    "__device__ __forceinline__ kiln_lse kiln_lse_fold(kiln_lse a, float x)\n"
+    "{\n"
+    "    if (x > a.m) {\n"
+    "        a.s = a.s * expf(a.m - x) + 1.0f;\n"
+    "        a.m = x;\n"
+    "    } else if (x == x) {\n"
+    "        a.s += x == a.m ? 1.0f : expf(x - a.m);\n"
+    "    } else {\n"
+    "        a.m = x;\n"
+    "    }\n"
+    "    return a;\n"
+    "}\n"
+    "__device__ __forceinline__ kiln_lse operator+(kiln_lse a, kiln_lse b)\n"
+    "{\n"
+    "    if (b.m > a.m) {\n"
+    "        const kiln_lse t = a;\n"
+    "        a = b;\n"
+    "        b = t;\n"
+    "    }\n"
+    "    a.s += b.m == a.m ? b.s : b.s * expf(b.m - a.m);\n"
+    "    return a;\n"
+    "}\n"
+    "__device__ __forceinline__ kiln_lse &operator+=(kiln_lse &a, kiln_lse b) { return a = a + b; }\n"
+    "template <typename T> __device__ __forceinline__ T kiln_shfl_xor(T v, int o)\n"
+    "{\n"
+    "    return __shfl_xor_sync(0xffffffffu, v, o);\n"
+    "}\n"
+    "__device__ __forceinline__ kiln_lse kiln_shfl_xor(kiln_lse v, int o)\n"
+    "{\n"
+    "    return kiln_lse{__shfl_xor_sync(0xffffffffu, v.m, o), __shfl_xor_sync(0xffffffffu, v.s, o)};\n"
+    "}\n"
+    "/* never called: kiln_lse reduces with + (MAX false), the template names both */\n"
+    "template <> __device__ __forceinline__ kiln_lse kiln_max2<kiln_lse>(kiln_lse a, kiln_lse b)\n"
+    "{\n"
+    "    return a + b;\n"
+    "}\n"
     "/* Block-wide reduction (blockDim.x a multiple of 32, called by every thread);\n"
     " * every thread gets the result. */\n"
     "template <typename T, bool MAX> __device__ T kiln_block_reduce(T v, T id)\n"
     "{\n"
     "    __shared__ T sh[32];\n"
     "    for (int o = 16; o > 0; o >>= 1) {\n"
-    "        const T w = __shfl_xor_sync(0xffffffffu, v, o);\n"
+    "        const T w = kiln_shfl_xor(v, o);\n"
     "        v = MAX ? kiln_max2(v, w) : v + w;\n"
     "    }\n"
     "    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;\n"
@@ -145,7 +191,7 @@ const char cg_cuda_prelude[] =
     "    __syncthreads();\n"
     "    v = lane < nw ? sh[lane] : id;\n"
     "    for (int o = 16; o > 0; o >>= 1) {\n"
-    "        const T w = __shfl_xor_sync(0xffffffffu, v, o);\n"
+    "        const T w = kiln_shfl_xor(v, o);\n"
     "        v = MAX ? kiln_max2(v, w) : v + w;\n"
     "    }\n"
     "    return v;\n"
@@ -201,6 +247,11 @@ static const char *reg_type(DType dt)
 }
 
 static const char *acc_type(DType dt) { return dt == DT_U8 ? "int32_t" : reg_type(dt); }
+/* A reduction phase's accumulator type (logsumexp: the kiln_lse pair). */
+static const char *ph_acc_type(const CgPhase *ph)
+{
+    return ph->rop == CG_RED_LSE ? "kiln_lse" : acc_type(ph->adt);
+}
 
 static void mark_used(const CgKernel *k, int e, bool *var)
 {
@@ -302,8 +353,12 @@ static void print_fold(CgBuf *b, const CgKernel *k, const CgPhase *ph, int depth
         cg_printf(b, "a%d += ", ph->acc);
         cg_print_expr(b, k, ph->value, t);
         cg_puts(b, ";\n");
+    } else if (ph->rop == CG_RED_LSE) {
+        cg_printf(b, "a%d = kiln_lse_fold(a%d, ", ph->acc, ph->acc);
+        cg_print_expr(b, k, ph->value, t);
+        cg_puts(b, ");\n");
     } else {
-        cg_printf(b, "a%d = kiln_max2<%s>(a%d, ", ph->acc, acc_type(ph->adt), ph->acc);
+        cg_printf(b, "a%d = kiln_max2<%s>(a%d, ", ph->acc, ph_acc_type(ph), ph->acc);
         cg_print_expr(b, k, ph->value, t);
         cg_puts(b, ");\n");
     }
@@ -314,7 +369,7 @@ static void print_fold(CgBuf *b, const CgKernel *k, const CgPhase *ph, int depth
 static void print_row_acc(CgBuf *b, const CgKernel *k, const CgPhase *ph, int depth)
 {
     cg_indent(b, depth);
-    cg_printf(b, "%s a%d = ", acc_type(ph->adt), ph->acc);
+    cg_printf(b, "%s a%d = ", ph_acc_type(ph), ph->acc);
     cg_print_red_init(b, ph);
     cg_puts(b, ";\n");
     print_fold(b, k, ph, depth);
@@ -734,7 +789,7 @@ static void print_loop(CgBuf *b, const CgKernel *k, const CgLoop *l, const DType
         }
         if (ph->acc >= 0) {
             cg_indent(b, depth);
-            cg_printf(b, "%s a%d = ", acc_type(ph->adt), ph->acc);
+            cg_printf(b, "%s a%d = ", ph_acc_type(ph), ph->acc);
             cg_print_red_init(b, ph);
             cg_puts(b, ";\n");
             if (coop) {
@@ -746,13 +801,13 @@ static void print_loop(CgBuf *b, const CgKernel *k, const CgLoop *l, const DType
                 cg_indent(b, depth);
                 if (f->rows) {
                     cg_printf(b, "a%d = kiln_block_reduce<%s, %s>(a%d, ", ph->acc,
-                              acc_type(ph->adt), ph->rop == CG_RED_MAX ? "true" : "false",
+                              ph_acc_type(ph), ph->rop == CG_RED_MAX ? "true" : "false",
                               ph->acc);
                     cg_print_red_init(b, ph);
                     cg_puts(b, ");\n");
                 } else {
                     cg_printf(b, "a%d = kiln_col_reduce<%s, %s>(a%d);\n", ph->acc,
-                              acc_type(ph->adt), ph->rop == CG_RED_MAX ? "true" : "false",
+                              ph_acc_type(ph), ph->rop == CG_RED_MAX ? "true" : "false",
                               ph->acc);
                 }
             } else {
@@ -950,7 +1005,7 @@ static void split_plan(const CgKernel *k, const CgLoop *l, const CgCudaAlias *al
         if (ph->acc >= 0 && ph->ndim > 0) {
             pending[ph->acc] = true;
             int64_t slots = f->rows ? f->n * parts : parts * f->n;
-            int64_t sz = (int64_t)(ph->adt == DT_I64 ? 8 : 4);
+            int64_t sz = (int64_t)(ph->adt == DT_I64 || ph->rop == CG_RED_LSE ? 8 : 4);
             sp->off[p] = sp->bytes;
             sp->bytes += (slots * sz + 255) / 256 * 256;
         }
@@ -985,7 +1040,7 @@ static void split_plan(const CgKernel *k, const CgLoop *l, const CgCudaAlias *al
 /* The partials of reduction phase p, as an lvalue-able array expression. */
 static void print_part(CgBuf *b, const CgPhase *ph, const Split *sp, int p)
 {
-    cg_printf(b, "((%s *)(kiln_part + %lldLL))", acc_type(ph->adt), (long long)sp->off[p]);
+    cg_printf(b, "((%s *)(kiln_part + %lldLL))", ph_acc_type(ph), (long long)sp->off[p]);
 }
 
 /* Folds the partials of phase p (an earlier stage's reduction) into a<acc>,
@@ -994,7 +1049,7 @@ static void print_combine(CgBuf *b, const CgKernel *k, const CgPhase *ph, const 
                           const Split *sp, int p, int depth)
 {
     (void)k;
-    const char *t = acc_type(ph->adt);
+    const char *t = ph_acc_type(ph);
     bool max = ph->rop == CG_RED_MAX;
     cg_indent(b, depth);
     cg_printf(b, "%s a%d = ", t, ph->acc);
@@ -1180,7 +1235,7 @@ static void print_stage_phases(CgBuf *b, const CgKernel *k, const CgLoop *l, con
         print_row_lets(b, k, ph, depth);
         if (ph->acc >= 0) {
             cg_indent(b, depth);
-            cg_printf(b, "%s a%d = ", acc_type(ph->adt), ph->acc);
+            cg_printf(b, "%s a%d = ", ph_acc_type(ph), ph->acc);
             cg_print_red_init(b, ph);
             cg_puts(b, ";\n");
             print_fold(b, k, ph, depth);
@@ -1223,7 +1278,7 @@ static void print_stage_phases(CgBuf *b, const CgKernel *k, const CgLoop *l, con
                      4 * (depth + 1), "", (long long)inner, 4 * (depth + 2), "");
         if (ph->acc >= 0) {
             cg_indent(b, depth);
-            cg_printf(b, "%s a%d = ", acc_type(ph->adt), ph->acc);
+            cg_printf(b, "%s a%d = ", ph_acc_type(ph), ph->acc);
             cg_print_red_init(b, ph);
             cg_puts(b, ";\n");
             cg_indent(b, depth);
@@ -1237,12 +1292,12 @@ static void print_stage_phases(CgBuf *b, const CgKernel *k, const CgLoop *l, con
             bool max = ph->rop == CG_RED_MAX;
             if (f->rows) {
                 cg_printf(b, "a%d = kiln_block_reduce<%s, %s>(a%d, ", ph->acc,
-                          acc_type(ph->adt), max ? "true" : "false", ph->acc);
+                          ph_acc_type(ph), max ? "true" : "false", ph->acc);
                 cg_print_red_init(b, ph);
                 cg_puts(b, ");\n");
             } else {
                 cg_printf(b, "a%d = kiln_col_reduce<%s, %s>(a%d);\n", ph->acc,
-                          acc_type(ph->adt), max ? "true" : "false", ph->acc);
+                          ph_acc_type(ph), max ? "true" : "false", ph->acc);
             }
             cg_indent(b, depth);
             cg_printf(b, "if (%s)\n", one);

@@ -317,7 +317,9 @@ void cg_close_loops(CgBuf *b, int n, int *depth)
 
 void cg_print_red_init(CgBuf *b, const CgPhase *ph)
 {
-    if (ph->rop == CG_RED_SUM)
+    if (ph->rop == CG_RED_LSE)
+        cg_puts(b, "KILN_LSE_ID");
+    else if (ph->rop == CG_RED_SUM)
         cg_puts(b, dtype_is_float(ph->adt) ? "0.0f" : "0");
     else if (dtype_is_float(ph->adt))
         cg_puts(b, "(-KILN_INF)");

@@ -64,6 +64,16 @@ static int zero_of(CgKernel *k, DType dt)
     return dtype_is_float(dt) ? cg_const_f(k, dt, 0.0) : cg_const_i(k, dt, 0);
 }
 
+static bool is_reduce(Opcode c)
+{
+    return c == OP_REDUCE_SUM || c == OP_REDUCE_MAX || c == OP_REDUCE_LOGSUMEXP;
+}
+
+static CgRedOp red_op(Opcode c)
+{
+    return c == OP_REDUCE_SUM ? CG_RED_SUM : c == OP_REDUCE_MAX ? CG_RED_MAX : CG_RED_LSE;
+}
+
 static int guard_and(CgKernel *k, int g, int c) { return g < 0 ? c : cg_binop(k, CG_AND, g, c); }
 
 /* 0 <= e < n as a u8 condition */
@@ -196,7 +206,7 @@ bool cg_lower_op(const Graph *g, int i, CgKernel *k, Diag *d)
         add_store(k, l, po, vars[0], cg_load(k, p, vars[0]), false, -1);
         return true;
     }
-    if (op->code == OP_REDUCE_SUM || op->code == OP_REDUCE_MAX) {
+    if (is_reduce(op->code)) {
         const Shape *is = &g->t.v[op->in[0]].s;
         bool red[IR_MAX_RANK] = {0};
         for (int j = 0; j < op->attr.nia; j++)
@@ -211,8 +221,7 @@ bool cg_lower_op(const Graph *g, int i, CgKernel *k, Diag *d)
         }
         int ov[IR_MAX_RANK];
         CgLoop *l = new_loop(k, no, odims, ov);
-        CgPhase ph = {.ndim = nr, .acc = k->naccs++, .adt = os->dtype,
-                      .rop = op->code == OP_REDUCE_SUM ? CG_RED_SUM : CG_RED_MAX};
+        CgPhase ph = {.ndim = nr, .acc = k->naccs++, .adt = os->dtype, .rop = red_op(op->code)};
         ph.wide = ph.rop == CG_RED_SUM && dtype_is_float(os->dtype);
         int rv[IR_MAX_RANK], oi[IR_MAX_RANK];
         for (int j = 0; j < nr; j++) {
@@ -339,6 +348,17 @@ bool cg_lower_op(const Graph *g, int i, CgKernel *k, Diag *d)
             idx[a] = vars[ix->rank + a - 1];
         int ld = cg_load(k, add_param(k, g, op->in[0], false), flat_index(k, ts, idx));
         val = cg_select(k, in_range(k, row, ts->dim[0]), ld, zero_of(k, os->dtype));
+        break;
+    }
+    case OP_TAKE_ALONG: {
+        const Shape *xs = &g->t.v[op->in[0]].s, *ix = &g->t.v[op->in[1]].s;
+        int64_t V = xs->dim[xs->rank - 1];
+        int col = cg_cast(k, DT_I64, cg_load(k, add_param(k, g, op->in[1], false),
+                                             flat_index(k, ix, vars)));
+        int row = flat_index(k, os, vars);
+        int at = cg_binop(k, CG_ADD, cg_binop(k, CG_MUL, row, cg_const_i(k, DT_I64, V)), col);
+        int ld = cg_load(k, add_param(k, g, op->in[0], false), at);
+        val = cg_select(k, in_range(k, col, V), ld, zero_of(k, os->dtype));
         break;
     }
     default:
@@ -510,7 +530,7 @@ static bool lg_start(Lg *L, int t, int lv, LgFrame *fr, int *val)
         *val = lg_const(L, &g->ops.v[p]);
         return true;
     }
-    if (mem && (g->ops.v[p].code == OP_REDUCE_SUM || g->ops.v[p].code == OP_REDUCE_MAX)) {
+    if (mem && is_reduce(g->ops.v[p].code)) {
         if (L->accx[t] < 0)
             lg_fail(L, "reduction result used before its reduction", p);
         *val = L->accx[t] < 0 ? cg_const_f(k, DT_F32, 0) : L->accx[t];
@@ -688,7 +708,7 @@ static bool lower_loop(const Graph *g, const int *ops, int n, const FuseDomain *
         const Op *op = &g->ops.v[ops[i]];
         const Shape *s = &g->t.v[op->out].s;
         int lv = LV_FULL;
-        if (op->code == OP_REDUCE_SUM || op->code == OP_REDUCE_MAX) {
+        if (is_reduce(op->code)) {
             lv = LV_ROW;
         } else if (dom->kind != FUSE_ELEM && shape_dims_eq(s, &osh)) {
             lv = LV_ROW;
@@ -713,7 +733,7 @@ static bool lower_loop(const Graph *g, const int *ops, int n, const FuseDomain *
     L->rph = L->fph = -1;
     for (int i = 0; i < n && !L->fail; i++) {
         const Op *op = &g->ops.v[ops[i]];
-        if (op->code != OP_REDUCE_SUM && op->code != OP_REDUCE_MAX)
+        if (!is_reduce(op->code))
             continue;
         L->row_in_full = L->col;
         L->rph = L->col ? -1 : lg_new_phase(L, false);
@@ -724,7 +744,7 @@ static bool lower_loop(const Graph *g, const int *ops, int n, const FuseDomain *
         DType dt = g->t.v[op->out].s.dtype;
         CgPhase *ph = lg_phase(L, fold);
         ph->acc = k->naccs++;
-        ph->rop = op->code == OP_REDUCE_SUM ? CG_RED_SUM : CG_RED_MAX;
+        ph->rop = red_op(op->code);
         ph->adt = dt;
         ph->wide = ph->rop == CG_RED_SUM && dtype_is_float(dt);
         ph->value = v;

@@ -264,8 +264,7 @@ CgPlan *cg_plan(const Graph *g, Diag *d)
         /* a lone reduction still gets the fused lowering: vectorised row
          * folds, and column sums that walk rows contiguously */
         bool lowered = false;
-        if ((op->code == OP_REDUCE_SUM || op->code == OP_REDUCE_MAX) &&
-            pass_fuse_op_fusable(g, op)) {
+        if (ir_opinfo[op->code].cls == OC_REDUCE && pass_fuse_op_fusable(g, op)) {
             Diag d2 = {{0}};
             int one = i;
             lowered = cg_lower_group_ws(lws, g, &one, 1, mat, k, &d2);

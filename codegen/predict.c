@@ -13,7 +13,11 @@
  *   copy: 2 bytes / bandwidth + launch
  *
  * bytes: each buffer a launch reads or writes, once, at its storage dtype
- * (a fused kernel's intermediates stay in registers); flops: the IR's counts
+ * (a fused kernel's intermediates stay in registers); a buffer read only at
+ * one index per outer iteration (a row's target logit) costs one 32-byte
+ * sector per iteration when that is less, and one read in several passes
+ * over rows too long for L2 to keep (the resident blocks' rows) costs each
+ * pass (param_bytes); flops: the IR's counts
  * of the step's ops. launch: the device's per-launch overhead, the smaller
  * per-node cost with a CUDA graph. Occupancy (blocks resident per unit):
  * cg_cuda_blocks_per_unit, from ptxas' registers and shared memory where
@@ -217,6 +221,115 @@ static void predict_gemm(CgPrediction *r, const CgPlan *p, const CgCudaProgram *
     r->gemm_flops += flops;
 }
 
+/* Whether expression e loads param `param` at an index that depends on a
+ * variable other than the outer ones (outer[v]); *loads: whether it loads
+ * the param at all. Walks the expression DAG (seen[] marks visited). */
+static bool loads_inner(const CgKernel *k, int e, int param, const bool *outer, bool *seen,
+                        bool *loads)
+{
+    if (e < 0 || seen[e])
+        return false;
+    seen[e] = true;
+    const CgExpr *x = &k->ex.v[e];
+    int n = x->kind == CGX_OP       ? cg_opinfo[x->op].arity
+            : x->kind == CGX_SELECT ? 3
+            : x->kind == CGX_LOAD || x->kind == CGX_CAST || x->kind == CGX_RAND ? 1
+                                                                                 : 0;
+    if (x->kind == CGX_LOAD && x->param == param) {
+        *loads = true;
+        /* the index's variables: any inner one makes the load full */
+        bool *s2 = xcalloc((size_t)k->ex.n + 1, sizeof(bool));
+        VEC(int) st = {0};
+        bool inner = false;
+        vec_push(&st, x->a[0]);
+        while (st.n && !inner) {
+            int i = st.v[--st.n];
+            if (i < 0 || s2[i])
+                continue;
+            s2[i] = true;
+            const CgExpr *y = &k->ex.v[i];
+            if (y->kind == CGX_VAR && !outer[y->var])
+                inner = true;
+            if (y->kind == CGX_ACC)
+                continue;
+            int m = y->kind == CGX_OP       ? cg_opinfo[y->op].arity
+                    : y->kind == CGX_SELECT ? 3
+                    : y->kind == CGX_LOAD || y->kind == CGX_CAST || y->kind == CGX_RAND ? 1
+                                                                                         : 0;
+            for (int j = 0; j < m; j++)
+                vec_push(&st, y->a[j]);
+        }
+        vec_free(&st);
+        free(s2);
+        if (inner)
+            return true;
+    }
+    for (int j = 0; j < n; j++)
+        if (loads_inner(k, x->a[j], param, outer, seen, loads))
+            return true;
+    return false;
+}
+
+/* The phases of loop l that read param j at indices varying inside an
+ * outer iteration (passes over its rows); *loads: whether l reads j. */
+static int param_passes(const CgKernel *k, const CgLoop *l, int j, bool *loads)
+{
+    bool *outer = xcalloc((size_t)k->nvars + 1, sizeof(bool));
+    bool *seen = xcalloc((size_t)k->ex.n + 1, sizeof(bool));
+    for (int i = 0; i < l->ndim; i++)
+        outer[l->dim[i].var] = true;
+    int passes = 0;
+    for (int pi = 0; pi < l->ph.n; pi++) {
+        const CgPhase *ph = &l->ph.v[pi];
+        bool inner = false;
+        memset(seen, 0, (size_t)k->ex.n + 1);
+        if (ph->acc >= 0)
+            inner |= loads_inner(k, ph->value, j, outer, seen, loads);
+        for (int i = 0; i < ph->lets.n; i++)
+            inner |= loads_inner(k, ph->lets.v[i], j, outer, seen, loads);
+        for (int i = 0; i < ph->st.n; i++) {
+            const CgStore *st = &ph->st.v[i];
+            inner |= loads_inner(k, st->index, j, outer, seen, loads);
+            inner |= loads_inner(k, st->value, j, outer, seen, loads);
+            inner |= loads_inner(k, st->guard, j, outer, seen, loads);
+        }
+        passes += inner;
+    }
+    free(outer);
+    free(seen);
+    return passes;
+}
+
+/* Bytes function fn moves for kernel param j (whole: its buffer's bytes):
+ *   - written: the whole buffer;
+ *   - read only at indices fixed per outer iteration (take_along's target
+ *     logit, a per-row gather): one 32-byte sector per outer iteration, if
+ *     that is less than the buffer;
+ *   - read in P > 1 passes over each outer iteration's slice (a fused row
+ *     kernel's fold, then its stores): the later passes come from L2 when
+ *     the slices of the resident blocks fit in it, else from memory again,
+ *     and then cost P times the buffer. */
+static double param_bytes(const CgKernel *k, const CgCudaFn *fn, const CgDevice *dev, int j,
+                          double whole)
+{
+    if (!k || fn->loop < 0 || fn->loop >= k->loops.n || k->params.v[j].out)
+        return whole;
+    bool loads = false;
+    int passes = param_passes(k, &k->loops.v[fn->loop], j, &loads);
+    double rows = 32.0 * (double)fn->n;
+    if (loads && !passes)
+        return rows < whole ? rows : whole;
+    if (passes > 1 && fn->rows && fn->n > 0) {
+        int per_unit = dev->max_threads_unit / (fn->threads > 0 ? fn->threads : 1);
+        per_unit = per_unit > dev->max_blocks_unit ? dev->max_blocks_unit : per_unit;
+        double resident = (double)dev->units * (per_unit < 1 ? 1 : per_unit);
+        double blocks = (double)fn->blocks < resident ? (double)fn->blocks : resident;
+        if (whole / (double)fn->n * blocks > dev->l2)
+            return whole * passes;
+    }
+    return whole;
+}
+
 /* A kernel step on a GPU: one row per CUDA function it launches. */
 static void predict_cuda_kernel(CgPrediction *r, const CgPlan *p, const CgCudaProgram *q,
                                 const CgDevice *dev, const CgPredictOpts *o, int s)
@@ -229,8 +342,10 @@ static void predict_cuda_kernel(CgPrediction *r, const CgPlan *p, const CgCudaPr
     double *fb = xcalloc((size_t)nfn + 1, sizeof *fb);
     for (int f = 0; f < nfn; f++) {
         const CgCudaFn *fn = &q->fn.v[q->step_fn[s] + f];
+        const CgKernel *k = p->kernels.v[st->kernel];
         for (int j = 0; j < fn->nparam; j++)
-            fb[f] += tensor_bytes(g, st->args[fn->param[j]], q->storage);
+            fb[f] += param_bytes(k, fn, dev, fn->param[j],
+                                 tensor_bytes(g, st->args[fn->param[j]], q->storage));
         total_bytes += fb[f];
     }
     for (int f = 0; f < nfn; f++) {

@@ -21,6 +21,8 @@ struct ModelPriv {
     FeConfigItem *config; /* sorted by key */
     int nconfig;
     struct FeOwned *owned; /* settings.c */
+    VEC(const char *) train_outs; /* output(name, t, {train = true}): interned names
+                                     the training step keeps however large */
 };
 
 /* Metatable of param initializers: userdata holding a ParamInit. */

@@ -359,6 +359,30 @@ static int l_minimize(lua_State *L)
     return 0;
 }
 
+/* padded_rows(w, n): rows [n, rows of w) of param w are padding (a
+ * vocabulary padded to a multiple); the script masks them out of its loss,
+ * kiln pads imported weights of n rows. Returns w. */
+static int l_padded_rows(lua_State *L)
+{
+    Fe *fe = fe_get(L);
+    int t = fe_check_tensor(L, 1, "padded_rows");
+    const Tensor *x = &fe->g->t.v[t];
+    if (x->kind != TK_PARAM || x->s.rank < 1)
+        fe_error(L, "padded_rows: needs a param (got a %s %s)", ir_kind_name(x->kind),
+                 SSTR(&x->s));
+    if (!lua_isinteger(L, 2) || lua_tointeger(L, 2) < 1 || lua_tointeger(L, 2) > x->s.dim[0])
+        fe_error(L, "padded_rows: the real rows of %s must be an integer in [1, %lld] (got %s)",
+                 x->name, (long long)x->s.dim[0], luaL_tolstring(L, 2, NULL));
+    Model *m = fe->m;
+    for (int i = 0; i < m->npads; i++)
+        if (m->pads[i].param == x->name)
+            fe_error(L, "padded_rows: %s is already padded", x->name);
+    m->pads = xrealloc(m->pads, sizeof *m->pads * (size_t)(m->npads + 1));
+    m->pads[m->npads++] = (ModelRowPad){x->name, (int64_t)lua_tointeger(L, 2)};
+    lua_pushvalue(L, 1);
+    return 1;
+}
+
 static int l_output(lua_State *L)
 {
     Fe *fe = fe_get(L);
@@ -370,8 +394,19 @@ static int l_output(lua_State *L)
         fe_error(L, "output: the name 'loss' is reserved for minimize(loss)");
     if (name_in(L, "kiln.outputs", name, false))
         fe_error(L, "output: the name '%s' is already used by another output", name);
+    bool train = false;
+    if (!lua_isnoneornil(L, 3)) {
+        if (!lua_istable(L, 3))
+            fe_error(L, "output: options must be a table like {train = true} (got %s)",
+                     luaL_typename(L, 3));
+        lua_getfield(L, 3, "train");
+        train = lua_toboolean(L, -1);
+        lua_pop(L, 1);
+    }
     ir_add_output(fe->g, name, t);
     name_in(L, "kiln.outputs", name, true);
+    if (train)
+        vec_push(&fe->m->priv->train_outs, intern(name));
     return 0;
 }
 
@@ -582,6 +617,7 @@ static void open_dsl(lua_State *L)
         {"sym", l_sym, -1},
         {"minimize", l_minimize, -1},
         {"output", l_output, -1},
+        {"padded_rows", l_padded_rows, -1},
         {"config", l_config, -1},
         {"train", l_train, -1},
         {NULL, NULL, 0},
@@ -1204,6 +1240,39 @@ static bool same_interface(const Graph *a, const Graph *b, const char *path, cha
     return true;
 }
 
+/* Whether the training step keeps output o: "loss", scalars (grad_norm)
+ * and outputs declared with {train = true}. */
+static bool train_output(const Model *m, const GraphOutput *o)
+{
+    if (strcmp(o->name, "loss") == 0 || shape_numel(&m->g->t.v[o->t].s) == 1)
+        return true;
+    for (int i = 0; i < m->priv->train_outs.n; i++)
+        if (m->priv->train_outs.v[i] == intern(o->name))
+            return true;
+    return false;
+}
+
+/* Other named outputs (logits) belong to evaluation: the evaluation graph
+ * keeps them (m->g's copy when the script drew no second graph) and the
+ * training step drops them, so it stores no logits (they stay temporaries:
+ * freed after their last reader, bf16 under mixed precision). */
+static void eval_only_outputs(Model *m)
+{
+    Graph *g = m->g;
+    int k = 0;
+    for (int i = 0; i < g->outs.n; i++)
+        k += train_output(m, &g->outs.v[i]);
+    if (k == g->outs.n)
+        return;
+    if (!m->eval_g)
+        m->eval_g = ir_clone(g);
+    k = 0;
+    for (int i = 0; i < g->outs.n; i++)
+        if (train_output(m, &g->outs.v[i]))
+            g->outs.v[k++] = g->outs.v[i];
+    g->outs.n = k;
+}
+
 /* Runs the script text (read from path, or given) once, or twice with an
  * evaluation graph. */
 static Model *load_script(const char *path, const Script *sc, const char *const *sets,
@@ -1217,6 +1286,8 @@ static Model *load_script(const char *path, const Script *sc, const char *const 
         }
     }
     Model *m = load_once(path, sc, sets, nsets, true, err, errlen);
+    if (m && !has_random(m->g))
+        eval_only_outputs(m);
     if (!m || !has_random(m->g))
         return m;
     /* random numbers (dropout): build the evaluation graph without them */
@@ -1229,6 +1300,7 @@ static Model *load_script(const char *path, const Script *sc, const char *const 
     m->eval_g = e->g;
     e->g = NULL;
     fe_model_free(e);
+    eval_only_outputs(m);
     return m;
 }
 

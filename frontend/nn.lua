@@ -241,20 +241,30 @@ function nn.log_softmax(x, axis)
   return z - log(exp(z):sum(axis, true))
 end
 
--- Mean over tokens of -log p(target). logits [..., V] float, targets [...]
--- i32/i64. With mask [...] (f32, 1 = counts): sum(mask*nll) / sum(mask).
-function nn.cross_entropy(logits, targets, mask)
+-- Mean over tokens of -log p(target) = logsumexp(logits) - logits[target].
+-- logits [..., V] float, targets [...] i32/i64 (a target outside [0, V)
+-- reads logit 0). With mask [...] (f32, 1 = counts): sum(mask*nll) /
+-- sum(mask).
+-- opts.classes: the real classes when the last axis of logits is padded
+-- (nn.pad_vocab): columns from classes on are masked to -inf, so they add
+-- nothing to the loss and get no gradient.
+function nn.cross_entropy(logits, targets, mask, opts)
   -- float targets would be compared for equality with the class index
   if targets.dtype ~= "i32" and targets.dtype ~= "i64" then
     error(string.format("nn.cross_entropy: targets must be an integer tensor of class " ..
                         "indices (expected i32/i64, got %s[%s])", targets.dtype,
                         table.concat(targets.shape, ",")), 2)
   end
-  local lsm = nn.log_softmax(logits, -1)
-  local ts = targets.shape
-  ts[#ts + 1] = 1
-  local hot = iota(logits.shape, -1, targets.dtype):eq(targets:reshape(ts))
-  local nll = -select(hot, lsm, 0):sum(-1)
+  -- one pass over each row (an online max and sum) and one load of the
+  -- target logit; the backward is softmax minus one-hot, one elementwise
+  -- kernel
+  local V, all = logits.shape[#logits.shape], logits
+  if opts and opts.classes and opts.classes < V then
+    all = nn.mask_classes(logits, opts.classes)
+  end
+  -- the target logit from the unmasked logits (a target is a real class),
+  -- so the masked ones stay inside the loss kernel
+  local nll = all:logsumexp(-1) - take_along(logits, targets)
   if mask then
     local m = mask:cast(nll.dtype)
     return (m * nll):sum() / maximum(m:sum(), 1)
@@ -262,13 +272,33 @@ function nn.cross_entropy(logits, targets, mask)
   return nll:mean()
 end
 
+-- Vocabulary padding: n rounded up to a multiple of `multiple` (nil, 0 or
+-- 1: n itself). GEMMs over a padded vocabulary get aligned leading
+-- dimensions (50257 -> 50304 for 64).
+function nn.pad_vocab(n, multiple)
+  if not multiple or multiple <= 1 then return n end
+  return (n + multiple - 1) // multiple * multiple
+end
+
+-- logits [..., Vp] with columns from `classes` on set to -inf (padding):
+-- no probability, no gradient.
+function nn.mask_classes(logits, classes)
+  local keep = iota(logits.shape, -1):lt(classes)
+  return select(keep, logits, -math.huge)
+end
+
 -- table [V, C], idx [...] integer -> [..., C]
 function nn.embedding(tbl, idx) return gather(tbl, idx) end
 
+-- opts.pad: pad the rows to a multiple (nn.pad_vocab); rows from n on are
+-- padding (padded_rows: weights of n rows import into it), and the
+-- layer's .rows is the padded count, .n the real one.
 function nn.Embedding(name, n, dim, opts)
   opts = opts or {}
-  local w = param(name .. ".weight", {n, dim}, opts.init or normal(opts.std or 0.02))
-  return layer({w = w}, function(idx) return gather(w, idx) end)
+  local rows = nn.pad_vocab(n, opts.pad)
+  local w = param(name .. ".weight", {rows, dim}, opts.init or normal(opts.std or 0.02))
+  if rows > n then padded_rows(w, n) end
+  return layer({w = w, n = n, rows = rows}, function(idx) return gather(w, idx) end)
 end
 
 -- Inverted dropout: keeps each element with probability 1-p, scaled by

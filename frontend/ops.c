@@ -537,12 +537,13 @@ static int l_concat(lua_State *L)
     return 1;
 }
 
-enum { RED_SUM, RED_MAX, RED_MIN, RED_MEAN };
+enum { RED_SUM, RED_MAX, RED_MIN, RED_MEAN, RED_LSE };
 
-/* sum/max/min/mean(x, axes, keepdims): axes nil (all), a number or a table. */
+/* sum/max/min/mean/logsumexp(x, axes, keepdims): axes nil (all), a number
+ * or a table. */
 static int l_reduce(lua_State *L)
 {
-    static const char *names[] = {"sum", "max", "min", "mean"};
+    static const char *names[] = {"sum", "max", "min", "mean", "logsumexp"};
     int kind = (int)lua_tointeger(L, lua_upvalueindex(1));
     const char *fn = names[kind];
     int x = fe_check_tensor(L, 1, fn);
@@ -565,8 +566,8 @@ static int l_reduce(lua_State *L)
     } else {
         red[norm_axis(L, check_int(L, 2, fn, "axis"), &s, fn)] = true;
     }
-    if (kind == RED_MEAN && !dtype_is_float(s.dtype))
-        fe_error(L, "mean: needs a float tensor (expected f32/bf16/f16, got %s)", SSTR(&s));
+    if ((kind == RED_MEAN || kind == RED_LSE) && !dtype_is_float(s.dtype))
+        fe_error(L, "%s: needs a float tensor (expected f32/bf16/f16, got %s)", fn, SSTR(&s));
     if (s.dtype == DT_U8)
         fe_error(L, "%s: cannot reduce a u8 mask; cast it first (expected a numeric tensor, got "
                     "%s)", fn, SSTR(&s));
@@ -585,8 +586,10 @@ static int l_reduce(lua_State *L)
     if (a.nia) {
         if (kind == RED_MIN)
             r = emit(L, OP_NEG, &r, 1, NULL);
-        r = emit(L, kind == RED_SUM || kind == RED_MEAN ? OP_REDUCE_SUM : OP_REDUCE_MAX, &r, 1,
-                 &a);
+        r = emit(L, kind == RED_SUM || kind == RED_MEAN ? OP_REDUCE_SUM
+                    : kind == RED_LSE                   ? OP_REDUCE_LOGSUMEXP
+                                                        : OP_REDUCE_MAX,
+                 &r, 1, &a);
         if (kind == RED_MIN)
             r = emit(L, OP_NEG, &r, 1, NULL);
         if (kind == RED_MEAN) {
@@ -646,6 +649,19 @@ static int l_gather(lua_State *L)
                  SSTR(&si), SSTR(&st));
     int in[2] = {t, i};
     fe_push_tensor(L, emit(L, OP_GATHER, in, 2, NULL));
+    return 1;
+}
+
+/* take_along(x[..., V], idx[...]) -> [...]: x[i, idx[i]] (0 out of range) */
+static int l_take_along(lua_State *L)
+{
+    int x = fe_check_tensor(L, 1, "take_along"), i = fe_check_tensor(L, 2, "take_along");
+    Shape si = fe_tshape(L, i);
+    if (si.dtype != DT_I32 && si.dtype != DT_I64)
+        fe_error(L, "take_along: indices must be integers (expected i32 or i64, got %s)",
+                 SSTR(&si));
+    int in[2] = {x, i};
+    fe_push_tensor(L, emit(L, OP_TAKE_ALONG, in, 2, NULL));
     return 1;
 }
 
@@ -761,8 +777,8 @@ void fe_open_ops(lua_State *L, const FeGlobal *extra)
         reg(L, methods, unary[i].name, l_unary, unary[i].code, true);
     for (size_t i = 0; i < sizeof binaryops / sizeof binaryops[0]; i++)
         reg(L, methods, binaryops[i].name, l_binary, binaryops[i].code, true);
-    static const char *rnames[] = {"sum", "max", "min", "mean"};
-    for (int i = 0; i < 4; i++)
+    static const char *rnames[] = {"sum", "max", "min", "mean", "logsumexp"};
+    for (int i = 0; i < 5; i++)
         reg(L, methods, rnames[i], l_reduce, i, true);
     reg(L, methods, "cast", l_cast, -1, true);
     reg(L, methods, "matmul", l_matmul, -1, true);
@@ -774,6 +790,7 @@ void fe_open_ops(lua_State *L, const FeGlobal *extra)
     reg(L, methods, "broadcast_to", l_broadcast_to, -1, true);
     reg(L, methods, "gather", l_gather, -1, true);
     reg(L, methods, "embedding", l_gather, -1, false);
+    reg(L, methods, "take_along", l_take_along, -1, true);
     reg(L, methods, "concat", l_concat, -1, false);
     reg(L, methods, "iota", l_iota, -1, false);
     reg(L, methods, "const", l_const, -1, false);

@@ -367,6 +367,7 @@ void fe_model_free(Model *m)
     ir_free(m->g);
     ir_free(m->eval_g);
     free(m->warnings);
+    free(m->pads);
     struct ModelPriv *p = m->priv;
     if (p) {
         for (int i = 0; i < p->nconfig; i++) {
@@ -374,6 +375,7 @@ void fe_model_free(Model *m)
             free((char *)p->config[i].value);
         }
         free(p->config);
+        vec_free(&p->train_outs);
         for (FeOwned *o = p->owned, *next; o; o = next) {
             next = o->next;
             free(o);

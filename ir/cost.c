@@ -50,6 +50,7 @@ double ir_op_bytes(const Graph *g, const Op *op)
     case OP_IOTA:
     case OP_RANDOM: return out;
     case OP_SLICE: return 2 * out;
+    case OP_TAKE_ALONG: /* one element of x per row */
     case OP_GATHER: {
         const Tensor *table = &g->t.v[op->in[0]];
         double read = numel(g, op->out) * (double)dtype_size(table->s.dtype);

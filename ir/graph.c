@@ -568,6 +568,8 @@ bool ir_infer(const Graph *g, Opcode code, const int *in, int nin, const OpAttr 
         }
         if (s[0]->dtype == DT_U8)
             FAIL("%s: cannot reduce a u8 mask (expected a numeric type, got u8)", info->name);
+        if (code == OP_REDUCE_LOGSUMEXP && !dtype_is_float(s[0]->dtype))
+            FAIL("reduce_logsumexp: needs a float tensor (got %s)", dtype_name(s[0]->dtype));
         break;
     }
     case OC_ATTN:
@@ -695,6 +697,25 @@ bool ir_infer(const Graph *g, Opcode code, const int *in, int nin, const OpAttr 
                 r.dim[i] = I->dim[i];
             for (int i = 1; i < T->rank; i++)
                 r.dim[I->rank + i - 1] = T->dim[i];
+            break;
+        }
+        case OP_TAKE_ALONG: {
+            const Shape *X = s[0], *I = s[1];
+            if (!is_int(I->dtype))
+                FAIL("take_along: indices must be integers (expected i32/i64, got %s)",
+                     dtype_name(I->dtype));
+            if (!dtype_is_float(X->dtype))
+                FAIL("take_along: needs a float tensor (got %s)", dtype_name(X->dtype));
+            if (X->rank != I->rank + 1)
+                FAIL("take_along: indices %s do not match %s (expected rank %d)",
+                     shape_str(g, I, b0, sizeof b0), shape_str(g, X, b1, sizeof b1),
+                     X->rank - 1);
+            for (int i = 0; i < I->rank; i++)
+                if (I->dim[i] != X->dim[i])
+                    FAIL("take_along: indices %s do not match %s (expected its leading dims)",
+                         shape_str(g, I, b0, sizeof b0), shape_str(g, X, b1, sizeof b1));
+            r = *I;
+            r.dtype = X->dtype;
             break;
         }
         case OP_SCATTER_ADD: {

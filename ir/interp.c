@@ -303,28 +303,50 @@ static void eval(const Graph *g, const Op *op, double **val, const InterpOpts *o
         break;
     }
     case OP_REDUCE_SUM:
-    case OP_REDUCE_MAX: {
-        bool mx = op->code == OP_REDUCE_MAX;
-        int64_t m = shape_numel(s0), idx[IR_MAX_RANK] = {0}, off = 0, rst[IR_MAX_RANK];
+    case OP_REDUCE_MAX:
+    case OP_REDUCE_LOGSUMEXP: {
+        /* logsumexp: pass 1 the max m (as reduce_max), pass 2 the sum of
+         * exp(x - m), then m + log(sum); m = +-inf is the result itself */
+        bool lse = op->code == OP_REDUCE_LOGSUMEXP;
+        int64_t m = shape_numel(s0), rst[IR_MAX_RANK];
         strides_of(os, ost);
         for (int i = 0; i < os->rank; i++)
             rst[i] = os->dim[i] == 1 ? 0 : ost[i];
-        for (int64_t i = 0; i < n; i++)
-            r[i] = mx ? -INFINITY : 0.0;
-        for (int64_t j = 0; j < m; j++) {
-            if (mx) {
-                if (x[j] > r[off] || isnan(x[j]))
-                    r[off] = x[j];
-            } else {
-                r[off] += x[j];
+        double *mxv = lse ? xmalloc(sizeof(double) * (size_t)n) : NULL;
+        for (int pass = 0; pass < (lse ? 2 : 1); pass++) {
+            bool mx = op->code == OP_REDUCE_MAX || (lse && pass == 0);
+            int64_t idx[IR_MAX_RANK] = {0}, off = 0;
+            for (int64_t i = 0; i < n; i++)
+                r[i] = mx ? -INFINITY : 0.0;
+            for (int64_t j = 0; j < m; j++) {
+                if (mx) {
+                    if (x[j] > r[off] || isnan(x[j]))
+                        r[off] = x[j];
+                } else {
+                    r[off] += lse ? (isinf(mxv[off]) ? 0.0 : exp(x[j] - mxv[off])) : x[j];
+                }
+                for (int d = s0->rank - 1; d >= 0; d--) {
+                    off += rst[d];
+                    if (++idx[d] < s0->dim[d])
+                        break;
+                    off -= rst[d] * s0->dim[d];
+                    idx[d] = 0;
+                }
             }
-            for (int d = s0->rank - 1; d >= 0; d--) {
-                off += rst[d];
-                if (++idx[d] < s0->dim[d])
-                    break;
-                off -= rst[d] * s0->dim[d];
-                idx[d] = 0;
-            }
+            if (lse && pass == 0)
+                memcpy(mxv, r, sizeof(double) * (size_t)n);
+        }
+        if (lse)
+            for (int64_t i = 0; i < n; i++)
+                r[i] = isinf(mxv[i]) ? mxv[i] : mxv[i] + log(r[i]);
+        free(mxv);
+        break;
+    }
+    case OP_TAKE_ALONG: {
+        int64_t V = s0->dim[s0->rank - 1];
+        for (int64_t i = 0; i < n; i++) {
+            int64_t v = index_of(y[i], V);
+            r[i] = v < 0 ? 0.0 : x[i * V + v];
         }
         break;
     }

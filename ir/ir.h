@@ -193,8 +193,10 @@ typedef enum {
     X(CONCAT,      "concat",     -1, OC_MOVE,       AK_AXIS,  0)         \
     X(GATHER,      "gather",      2, OC_MOVE,       AK_NONE,  0)         \
     X(SCATTER_ADD, "scatter_add", 2, OC_MOVE,       AK_SHAPE, 1)         \
+    X(TAKE_ALONG,  "take_along",  2, OC_MOVE,       AK_NONE,  0)         \
     X(REDUCE_SUM,  "reduce_sum",  1, OC_REDUCE,     AK_AXES,  1)         \
     X(REDUCE_MAX,  "reduce_max",  1, OC_REDUCE,     AK_AXES,  1)         \
+    X(REDUCE_LOGSUMEXP, "reduce_logsumexp", 1, OC_REDUCE, AK_AXES, 6)     \
     X(MATMUL,      "matmul",      2, OC_GEMM,       AK_GEMM,  0)         \
     X(RANDOM,      "random",      0, OC_RANDOM,     AK_KEY,   4)         \
     X(ALLREDUCE,   "allreduce",   1, OC_COLLECTIVE, AK_NONE,  1)         \
@@ -246,7 +248,13 @@ const char *ir_class_name(OpClass c);
  *            outside [0, V) gives a row of zeros
  * scatter_add scatter_add(idx[I...] int, src[I..., R...]) -> [V, R...] (attr.shape)
  *            result[idx[i]] += src[i]; out-of-range indices are dropped
+ * take_along take_along(x[..., V] float, idx[...] int) -> [...] (x's dtype):
+ *            result[i] = x[i, idx[i]]; an index outside [0, V) gives 0. Reads
+ *            one element per row (cross-entropy's target logit).
  * reduce_*   over axes ia[0..nia); reduced dims kept as 1
+ * reduce_logsumexp  log(sum(exp(x))) over the axes, float only: m + log(sum
+ *            exp(x - m)) with m the max (-inf when every element is -inf;
+ *            +inf when one is +inf; NaN when one is NaN)
  * matmul     A[..., M, K] (or [..., K, M] if ta) x B[..., K, N] (or [..., N, K] if tb)
  *            -> [..., M, N]; batch dims of A and B equal, or B has rank 2
  *            (shared across A's batch)

@@ -9,18 +9,23 @@
 --                    lr 6e-4); other --set keys override the preset's values
 --   L 2, H 2, C 32   layers, heads, channels (C divisible by H)
 --   V 256            vocabulary (256: bytes, for data = "text")
+--   vocab_pad 1      pad the vocabulary (wte rows, head columns) to a multiple
+--                    (124M: 64, 50257 -> 50304); the padding is masked out of
+--                    the loss and cut from the logits output, tokens never
+--                    index it
 --   T 32, batch 4    sequence length and batch (B)
 --   dropout 0        dropout probability (attention weights, residual branches)
 --   data "text", data_path "tests/data/tiny.txt"
 --   steps 2000, lr 3e-3  training length and peak learning rate
 --
 -- Inputs:  tokens i32[B,T], targets i32[B,T] (tokens shifted by one).
--- Outputs: loss (mean cross-entropy per token), logits f32[B,T,V].
+-- Outputs: loss (mean cross-entropy per token); evaluation also logits
+-- f32[B,T,V] (the real vocabulary).
 local cfg = config({size = "tiny", L = 2, H = 2, C = 32, V = 256, T = 32, batch = 4,
                    dropout = 0.0, data = "text", data_path = "tests/data/tiny.txt",
-                   steps = 2000, lr = 3e-3},
+                   steps = 2000, lr = 3e-3, vocab_pad = 1},
                   {size = {["124M"] = {L = 12, H = 12, C = 768, V = 50257, T = 1024,
-                                       data = "tokens", lr = 6e-4}}})
+                                       data = "tokens", lr = 6e-4, vocab_pad = 64}}})
 assert(cfg.C % cfg.H == 0, "C must be divisible by H")
 
 local B, T, C, V, L, H = cfg.batch, cfg.T, cfg.C, cfg.V, cfg.L, cfg.H
@@ -29,7 +34,7 @@ sym{B = B, T = T, C = C, V = V}
 local tokens = input("tokens", {B, T}, "i32")
 local targets = input("targets", {B, T}, "i32")
 
-local wte = nn.Embedding("wte", V, C, {std = 0.02})
+local wte = nn.Embedding("wte", V, C, {std = 0.02, pad = cfg.vocab_pad})
 local wpe = nn.Embedding("wpe", T, C, {std = 0.01})
 local proj_std = 0.02 / math.sqrt(2 * L)   -- GPT-2's scaled init of residual projections
 
@@ -46,10 +51,10 @@ for i = 0, L - 1 do
   x = x + mlp(ln2(x))
 end
 x = nn.LayerNorm("ln_f", C)(x)
-local logits = matmul(x, wte.w, {tb = true})   -- tied head: [B,T,C] x [V,C]^T
+local logits = matmul(x, wte.w, {tb = true})   -- tied head: [B,T,C] x [Vp,C]^T
 
-minimize(nn.cross_entropy(logits, targets))
-output("logits", logits)
+minimize(nn.cross_entropy(logits, targets, nil, {classes = V}))
+output("logits", wte.rows > V and logits:slice(-1, 0, V) or logits)
 train{data = cfg.data, data_path = cfg.data_path, batch = B, steps = cfg.steps,
       lr = cfg.lr, min_lr = cfg.lr / 10, warmup = math.min(100, cfg.steps // 10),
       weight_decay = 0.1, grad_clip = 1.0, eval_every = 100}

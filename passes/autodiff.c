@@ -301,6 +301,7 @@ static bool diff_operand(Opcode code, int i)
         return false;
     case OP_SELECT: return i > 0;
     case OP_GATHER: return i == 0;
+    case OP_TAKE_ALONG: return i == 0;
     case OP_SCATTER_ADD: return i == 1;
     default: return true;
     }
@@ -470,6 +471,31 @@ static void vjp(AD *ad, const Op *op, const bool *live)
         OpAttr a = shape_attr(&xs);
         int in[2] = {op->in[1], gy};
         accumulate(ad, x, emit(ad, OP_SCATTER_ADD, in, 2, &a));
+        break;
+    }
+    case OP_TAKE_ALONG: {
+        /* the one-hot of idx along the last axis, times gy: elementwise, so
+         * it fuses with the other cotangents of x (cross-entropy: softmax
+         * minus one-hot in one kernel) */
+        Shape is = shape_of(ad, op->in[1]), cs = is;
+        cs.dim[cs.rank++] = 1;
+        OpAttr ia = {.nia = 1, .ia = {xs.rank - 1}, .dtype = is.dtype, .rank = xs.rank};
+        memcpy(ia.shape, xs.dim, sizeof(int64_t) * (size_t)xs.rank);
+        int io = emit(ad, OP_IOTA, NULL, 0, &ia);
+        OpAttr b = shape_attr(&xs);
+        int ib = reshape(ad, op->in[1], &cs);
+        ib = emit(ad, OP_BROADCAST, &ib, 1, &b);
+        cs.dtype = xs.dtype;
+        int gb = reshape(ad, gy, &cs);
+        gb = emit(ad, OP_BROADCAST, &gb, 1, &b);
+        accumulate(ad, x, sel(ad, bin(ad, OP_EQ, io, ib), gb, fill(ad, 0.0, &xs)));
+        break;
+    }
+    case OP_REDUCE_LOGSUMEXP: { /* softmax over the axes, times gy */
+        OpAttr a = shape_attr(&xs);
+        int yb = emit(ad, OP_BROADCAST, &y, 1, &a);
+        int gb = emit(ad, OP_BROADCAST, &gy, 1, &a);
+        accumulate(ad, x, bin(ad, OP_MUL, un(ad, OP_EXP, bin(ad, OP_SUB, x, yb)), gb));
         break;
     }
     case OP_SCATTER_ADD: {

@@ -10,7 +10,8 @@
 
 bool pass_fuse_is_reduce(const Op *op)
 {
-    return op->code == OP_REDUCE_SUM || op->code == OP_REDUCE_MAX;
+    return op->code == OP_REDUCE_SUM || op->code == OP_REDUCE_MAX ||
+           op->code == OP_REDUCE_LOGSUMEXP;
 }
 
 /* Reduction axes pattern: FUSE_ROW with k = first axis for trailing axes,
@@ -42,7 +43,11 @@ bool pass_fuse_op_fusable(const Graph *g, const Op *op)
     case OC_ELEMWISE:
     case OC_RANDOM: return true;
     case OC_GEMM: return true;
-    case OC_REDUCE: return pass_fuse_reduce_pattern(g, op, &k) >= 0;
+    case OC_REDUCE: {
+        int kind = pass_fuse_reduce_pattern(g, op, &k);
+        /* logsumexp over leading axes runs as its own kernel */
+        return kind == FUSE_ROW || (kind == FUSE_COL && op->code != OP_REDUCE_LOGSUMEXP);
+    }
     case OC_MOVE: return op->code == OP_BROADCAST;
     default: return false;
     }
@@ -203,8 +208,9 @@ bool pass_fuse_check_members(const Graph *g, const int *ops, int n, const FuseMa
             continue;
         }
         if (pass_fuse_is_reduce(op)) {
-            if (op->code == OP_REDUCE_MAX && d->kind == FUSE_COL) {
-                snprintf(err, errlen, "op %d: reduce_max over leading axes is not fused", ops[i]);
+            if (op->code != OP_REDUCE_SUM && d->kind == FUSE_COL) {
+                snprintf(err, errlen, "op %d: %s over leading axes is not fused", ops[i],
+                         ir_opinfo[op->code].name);
                 return false;
             }
             continue; /* pass_fuse_domain_of checked the pattern */

@@ -66,7 +66,7 @@ typedef struct {
 } Uses;
 
 /* ---- fuse_domain.c ---- */
-bool pass_fuse_is_reduce(const Op *op); /* reduce_sum or reduce_max */
+bool pass_fuse_is_reduce(const Op *op); /* reduce_sum, reduce_max or reduce_logsumexp */
 /* Reduction axes pattern: FUSE_ROW with *k = first axis for trailing axes,
  * FUSE_COL with *k = count for leading axes; -1 for anything else. */
 int pass_fuse_reduce_pattern(const Graph *g, const Op *op, int *k);

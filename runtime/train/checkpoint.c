@@ -132,21 +132,45 @@ bool rt_weights_save(const char *path, const Graph *g, void *const *vals, Diag *
     return save(path, g, vals, NULL, d);
 }
 
-/* Checks that f has every param (and state) of g by name with its dtype and
- * shape; when vals is not NULL, checks that they are finite, then copies
- * them into vals (all or none).
- * With state, accumulators are zeroed (and any in the file ignored). */
-static bool restore(const char *path, const StFile *f, const Graph *g, void **vals,
-                    bool with_state, Diag *d)
+/* The real rows of param t when pads name it (padded_rows), else -1. */
+static int64_t pad_rows(const Tensor *t, const ModelRowPad *pads, int npads)
 {
-    if (vals && !restore(path, f, g, NULL, with_state, d))
+    for (int i = 0; i < npads; i++)
+        if (t->name && strcmp(pads[i].param, t->name) == 0)
+            return pads[i].rows;
+    return -1;
+}
+
+/* Whether file tensor fs fits t as its real rows: t is padded to more rows
+ * than its real ones and fs has exactly those, with t's dtype and other
+ * dims. */
+static bool fits_padded(const Shape *fs, const Tensor *t, int64_t real)
+{
+    if (real < 0 || fs->dtype != t->s.dtype || fs->rank != t->s.rank || fs->dim[0] != real)
+        return false;
+    for (int i = 1; i < fs->rank; i++)
+        if (fs->dim[i] != t->s.dim[i])
+            return false;
+    return true;
+}
+
+/* Checks that f has every param (and state) of g by name with its dtype and
+ * shape (a padded param, pads: its real rows, the rest zeroed); when vals is
+ * not NULL, checks that they are finite, then copies them into vals (all
+ * or none).
+ * With state, accumulators are zeroed (and any in the file ignored). */
+static bool restore(const char *path, const StFile *f, const Graph *g, const ModelRowPad *pads,
+                    int npads, void **vals, bool with_state, Diag *d)
+{
+    if (vals && !restore(path, f, g, pads, npads, NULL, with_state, d))
         return false;
     for (int i = 0; vals && i < g->t.n; i++) { /* every value it restores finite */
         const Tensor *t = &g->t.v[i];
         const StTensor *s = saved_kind(t, with_state) ? rt_st_find(f, t->name) : NULL;
         const char *what;
         int64_t k;
-        if (s && (k = first_nonfinite(s->dtype, s->data, shape_numel(&t->s), &what)) >= 0) {
+        if (s && (k = first_nonfinite(s->dtype, s->data,
+                                      (int64_t)s->nbytes / dtype_size(s->dtype), &what)) >= 0) {
             snprintf(d->msg, sizeof d->msg,
                      "%s: tensor \"%s\" holds %s at index %lld (expected finite values)", path,
                      t->name, what, (long long)k);
@@ -169,6 +193,13 @@ static bool restore(const char *path, const StFile *f, const Graph *g, void **va
             return false;
         }
         Shape fs = shape_make(s->dtype, s->rank, s->dim);
+        if (!shape_eq(&fs, &t->s) && fits_padded(&fs, t, pad_rows(t, pads, npads))) {
+            if (vals) { /* the real rows, then zeros in the padding */
+                memcpy(vals[i], s->data, s->nbytes);
+                memset((char *)vals[i] + s->nbytes, 0, (size_t)shape_bytes(&t->s) - s->nbytes);
+            }
+            continue;
+        }
         if (!shape_eq(&fs, &t->s)) {
             char w2[128];
             shape_str(NULL, &t->s, w2, sizeof w2);
@@ -219,7 +250,7 @@ bool rt_ckpt_load(const char *path, const Graph *g, void **vals, CkptMeta *m, Di
         /* name the first difference when we can */
         Diag why;
         why.msg[0] = 0;
-        restore(path, &f, g, NULL, false, &why);
+        restore(path, &f, g, NULL, 0, NULL, false, &why);
         snprintf(d->msg, sizeof d->msg,
                  "%s: checkpoint is from a different model (fingerprint %s, this model %s)%s%.900s",
                  path, fp, mine, why.msg[0] ? ": " : "", why.msg);
@@ -234,7 +265,7 @@ bool rt_ckpt_load(const char *path, const Graph *g, void **vals, CkptMeta *m, Di
                  path);
         goto done;
     }
-    if (!restore(path, &f, g, vals, true, d))
+    if (!restore(path, &f, g, NULL, 0, vals, true, d))
         goto done;
     m->step = step;
     m->data_pos = pos;
@@ -245,12 +276,23 @@ done:
     return ok;
 }
 
+bool rt_weights_import(const char *path, const Graph *g, const ModelRowPad *pads, int npads,
+                       void **vals, Diag *d)
+{
+    StFile f;
+    if (!rt_st_read(path, &f, d))
+        return false;
+    bool ok = restore(path, &f, g, pads, npads, vals, false, d);
+    rt_st_free(&f);
+    return ok;
+}
+
 bool rt_weights_load(const char *path, const Graph *g, void **vals, Diag *d)
 {
     StFile f;
     if (!rt_st_read(path, &f, d))
         return false;
-    bool ok = restore(path, &f, g, vals, false, d);
+    bool ok = restore(path, &f, g, NULL, 0, vals, false, d);
     rt_st_free(&f);
     return ok;
 }

@@ -350,8 +350,9 @@ static bool data_cfg(Run *r, DataCfg *dcp, Diag *d)
     r->addition = strcmp(kind, "addition") == 0;
     r->tensors = strcmp(kind, "tensors") == 0;
     r->rowy = r->blobs;
-    int lid = ir_find_output(g, "logits");
-    const Tensor *logits = lid >= 0 ? &g->t.v[lid] : NULL;
+    const Graph *eg = r->m->eval_g ? r->m->eval_g : g; /* logits are evaluation's */
+    int lid = ir_find_output(eg, "logits");
+    const Tensor *logits = lid >= 0 ? &eg->t.v[lid] : NULL;
     bool in_order = r->c.shuffle && strcmp(r->c.shuffle, "false") == 0;
     DataCfg dc = {.kind = kind, .path = r->c.data_path, .seed = r->c.seed,
                   .digits = (int)r->c.digits, .val_fraction = r->c.val_fraction,
@@ -1089,7 +1090,7 @@ static bool init_state(Run *r, Diag *d)
         if (!r->o->quiet)
             printf("resumed from %s at step %lld\n", r->o->resume, (long long)r->step);
     } else if (r->o->init_from) {
-        if (!rt_weights_load(r->o->init_from, g, r->vals, d))
+        if (!rt_weights_import(r->o->init_from, g, r->m->pads, r->m->npads, r->vals, d))
             return false;
         if (!r->o->quiet)
             printf("initialised params from %s\n", r->o->init_from);

@@ -192,6 +192,12 @@ bool rt_weights_save(const char *path, const Graph *g, void *const *vals, Diag *
  * refuses a NaN or Inf in any tensor it restores, and saving refuses to
  * write one (nothing written): "PATH: tensor "NAME" holds NaN at index K". */
 bool rt_weights_load(const char *path, const Graph *g, void **vals, Diag *d);
+/* rt_weights_load for --init-from: a param padded to more rows (pads:
+ * padded_rows of the model) also loads from a tensor of exactly its real
+ * rows (GPT-2's wte.weight [50257, C] into [50304, C]): the real rows are
+ * copied, the padding zeroed. Saving writes the padded shape. */
+bool rt_weights_import(const char *path, const Graph *g, const ModelRowPad *pads, int npads,
+                       void **vals, Diag *d);
 /* Removes the temp files an interrupted write of a checkpoint of prefix
  * (PREFIX.stepN.safetensors) or of the weights file `weights` left behind,
  * when their writer is gone (either may be NULL); returns how many. */

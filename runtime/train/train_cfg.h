@@ -41,16 +41,30 @@ typedef struct TrainCfg {
                                  gradient norm is not finite (never applied) */
 } TrainCfg;
 
+/* A param whose rows [rows, dim 0) are padding (padded_rows() in a model
+ * script: a vocabulary padded to a multiple, docs/dsl.md): nothing reads
+ * them into the loss, and importing weights of `rows` rows fills the real
+ * rows and zeroes the rest. */
+typedef struct {
+    const char *param; /* interned name */
+    int64_t rows;      /* real rows */
+} ModelRowPad;
+
 /* A model to train. Whoever fills it owns it and frees it (the frontend:
  * fe_model_free); the loop only reads it. */
 typedef struct Model {
     const char *path;  /* the script, as given: messages name it */
-    Graph *g;          /* the forward graph: output "loss" (a scalar float) and
-                          any named outputs */
-    Graph *eval_g;     /* the forward graph for evaluation, built by a second run
-                          of the script with nn.training = false (dropout off);
-                          NULL when g draws no random numbers (g serves);
+    Graph *g;          /* the forward graph of the training step: output "loss"
+                          (a scalar float) and the named scalar outputs */
+    Graph *eval_g;     /* the forward graph for evaluation, with every named
+                          output (logits): built by a second run of the script
+                          with nn.training = false (dropout off) when g draws
+                          random numbers, else g before its outputs of more
+                          than one element were dropped; NULL when g draws no
+                          random numbers and has no such output (g serves);
                           declares exactly g's params, inputs and state */
+    ModelRowPad *pads; /* padded params (padded_rows), npads of them */
+    int npads;
     TrainCfg train;
     int train_line;    /* the line of path that set train (train{}); 0 if none:
                           the loop's settings errors point there */

@@ -848,6 +848,34 @@ static char *keep_ticket(const char *src, void *ctx)
     return replace_first(src, NULL, "kiln_tk[u] = 0u;", "(void)0;");
 }
 
+/* The first split combine after a logsumexp accumulator skips chunk 0. */
+static char *skip_lse_partial(const char *src, void *ctx)
+{
+    (void)ctx;
+    return replace_first(src, "    kiln_lse a", "for (int64_t q = threadIdx.x;",
+                         "for (int64_t q = threadIdx.x + 1;");
+}
+
+/* reduce_logsumexp and nn.cross_entropy (tests/emu/logsumexp.lua): the
+ * online (max, sum) pairs, folded per thread, merged across warps and
+ * blocks and, over few long rows, across the stages of a split loop, on
+ * the emulated device against the CPU backend (f32 and bf16); the program
+ * must merge split partial pairs, and a combine that drops one must be
+ * caught. */
+static void test_logsumexp(void **state)
+{
+    (void)state;
+    const char *path = "tests/emu/logsumexp.lua";
+    Case c = load_case(path, NULL, 0);
+    int rows, cols, combine;
+    split_counts(c.m->g, false, &rows, &cols, &combine);
+    print_message("%s: %d split row functions, %d combining stages\n", path, rows, combine);
+    assert_true(rows > 0 && combine > 0);
+    expect_caught(&c, skip_lse_partial, "a split logsumexp combine skips a partial");
+    free_case(&c);
+    check_model(path, NULL, 0);
+}
+
 /* Row loops with few rows over long ones (LayerNorm, softmax, full
  * reductions) and column reductions over many rows run split over blocks
  * in stages (codegen/cuda_print.c): on the emulated device against the CPU
@@ -973,6 +1001,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_bias_epilogue),
         cmocka_unit_test(test_split_loops),
         cmocka_unit_test(test_row_vectors),
+        cmocka_unit_test(test_logsumexp),
         cmocka_unit_test(test_concat_many),
         cmocka_unit_test(test_gpt_epilogues),
         cmocka_unit_test(test_epilogue_negative_controls),

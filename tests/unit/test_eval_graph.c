@@ -56,7 +56,12 @@ static void test_dropout_off_in_eval(void **state)
     assert_non_null(m->eval_g);
     assert_true(count_random(m->g) > 0);
     assert_int_equal(count_random(m->eval_g), 0);
-    assert_null(m0->eval_g); /* no random numbers: the forward graph serves */
+    /* no random numbers: the evaluation graph is the forward graph with the
+     * logits output, which the training step does not have */
+    assert_non_null(m0->eval_g);
+    assert_int_equal(count_random(m0->eval_g), 0);
+    assert_true(ir_find_output(m0->eval_g, "logits") >= 0);
+    assert_true(ir_find_output(m0->g, "logits") < 0);
     double train = loss_of(m->g), eval = loss_of(m->eval_g), ref = loss_of(m0->g);
     print_message("loss: training graph with dropout %.9f, evaluation graph %.9f, "
                   "dropout 0 %.9f\n",

@@ -85,15 +85,18 @@ static void test_model_outputs(void **state)
                                         "models/llama.lua", "models/mlp.lua"};
     for (int i = 0; i < 4; i++) {
         Model *m = load_model(with_logits[i], NULL, 0);
-        int t = ir_find_output(m->g, "logits");
+        /* logits are evaluation's: the training step does not output them */
+        int t = m->eval_g ? ir_find_output(m->eval_g, "logits") : -1;
         if (t < 0)
-            fail_msg("%s has no logits output", with_logits[i]);
+            fail_msg("%s has no logits output in its evaluation graph", with_logits[i]);
+        if (ir_find_output(m->g, "logits") >= 0)
+            fail_msg("%s: the training step outputs the logits", with_logits[i]);
         fe_model_free(m);
     }
     /* the addition task's layout: T = 3n + 3, V = 14, a mask input */
     const char *sets[] = {"digits=5"};
     Model *m = load_model("models/addition.lua", sets, 1);
-    const Shape *lg = &m->g->t.v[ir_find_output(m->g, "logits")].s;
+    const Shape *lg = &m->eval_g->t.v[ir_find_output(m->eval_g, "logits")].s;
     assert_int_equal(lg->rank, 3);
     assert_int_equal(lg->dim[1], 18);
     assert_int_equal(lg->dim[2], 14);
@@ -116,9 +119,15 @@ static void test_gpt2_124m(void **state)
     if (s >= 0.3)
         fail_msg("loading GPT-2 124M took %.3f s (expected well under 0.3 s)", s);
     check_forward_graph(m);
-    /* GPT-2 small with tied embeddings has 124,439,808 parameters */
-    assert_int_equal(param_count(m->g), 124439808);
-    const Shape *lg = &m->g->t.v[ir_find_output(m->g, "logits")].s;
+    /* GPT-2 small with tied embeddings has 124,439,808 parameters; kiln's
+     * pads the vocabulary to 50304 rows (47 x 768 more, never trained) */
+    assert_int_equal(param_count(m->g), 124439808 + 47 * 768);
+    int wte = ir_find_tensor(m->g, "wte.weight");
+    assert_int_equal(m->g->t.v[wte].s.dim[0], 50304);
+    assert_int_equal(m->npads, 1);
+    assert_string_equal(m->pads[0].param, "wte.weight");
+    assert_int_equal(m->pads[0].rows, 50257);
+    const Shape *lg = &m->eval_g->t.v[ir_find_output(m->eval_g, "logits")].s;
     assert_int_equal(lg->dim[0], 4);
     assert_int_equal(lg->dim[1], 1024);
     assert_int_equal(lg->dim[2], 50257);
@@ -525,6 +534,8 @@ static const char *numeric_script =
     "output('rms', nn.rmsnorm(x, w, 1e-5))\n"
     "output('gelu', nn.gelu(x))\n"
     "output('ce', nn.cross_entropy(x, t))\n"
+    "output('lse', x:logsumexp(-1))\n"
+    "output('tk', take_along(x, t))\n"
     "output('cem', nn.cross_entropy(x, t, m))\n"
     "output('mm', x:matmul(W))\n"
     "output('mmb', matmul(x, Y))\n"
@@ -573,7 +584,9 @@ static void test_numerics(void **state)
     snprintf(path, sizeof path, "%s/numeric.lua", dir);
     write_file(path, numeric_script);
     Model *mod = load_model(path, NULL, 0);
-    Graph *g = mod->g;
+    Graph *g = mod->eval_g; /* the outputs are evaluation's; the step keeps the loss */
+    assert_non_null(g);
+    assert_true(ir_find_output(mod->g, "softmax") < 0 && ir_find_output(mod->g, "ce") >= 0);
     double **val = ir_interp_alloc(g);
     double x[24], t[6] = {0, 3, 1, 2, 2, 0}, m[6] = {1, 0, 1, 1, 0, 1}, w[4] = {1, 2, -1, 0.5},
            b[4] = {0, 0.1, 0.2, -0.3}, W[20], Y[20];
@@ -595,7 +608,7 @@ static void test_numerics(void **state)
 
     double sm[24], lsm1[24], ln[24], rms[24], gelu[24], mm[30], mmb[30], mmt[18], tr[24], sl[12],
         cat[30], mx[3], mn[8], sel[24], arith[24], rope[24], att[24];
-    double ce = 0, cem = 0, msum = 0;
+    double ce = 0, cem = 0, msum = 0, lse[6], tk[6];
     for (int r = 0; r < 6; r++) { /* rows of the last axis */
         const double *v = x + 4 * r;
         double mxv = -INFINITY, s = 0, mu = 0, var = 0, ms = 0;
@@ -608,6 +621,8 @@ static void test_numerics(void **state)
             ln[4 * r + k] = (v[k] - mu) / sqrt(var + 1e-5) * w[k] + b[k];
             rms[4 * r + k] = v[k] / sqrt(ms + 1e-5) * w[k];
         }
+        lse[r] = mxv + log(s);
+        tk[r] = v[(int)t[r]];
         double nll = -(v[(int)t[r]] - mxv - log(s));
         ce += nll / 6;
         cem += m[r] * nll;
@@ -695,6 +710,8 @@ static void test_numerics(void **state)
     numeric_expect(g, val, "rms", rms, 24);
     numeric_expect(g, val, "gelu", gelu, 24);
     numeric_expect(g, val, "ce", &ce, 1);
+    numeric_expect(g, val, "lse", lse, 6);
+    numeric_expect(g, val, "tk", tk, 6);
     numeric_expect(g, val, "cem", &cem, 1);
     numeric_expect(g, val, "mm", mm, 30);
     numeric_expect(g, val, "mmb", mmb, 30);
@@ -836,8 +853,8 @@ static void test_dropout(void **state)
     snprintf(path, sizeof path, "%s/drop.lua", dir);
     write_file(path, "local x = input('x', {64, 64})\n"
                      "assert(nn.dropout(x, 0) == x)\n"
-                     "output('a', nn.dropout(x, 0.25))\n"
-                     "output('b', nn.dropout(x, 0.25))\n"
+                     "output('a', nn.dropout(x, 0.25), {train = true})\n"
+                     "output('b', nn.dropout(x, 0.25), {train = true})\n"
                      "assert(select('#', 1, 2, 3) == 3)\n" /* Lua's own select still works */
                      "minimize(x:sum())\n");
     Model *mod = load_model(path, NULL, 0);

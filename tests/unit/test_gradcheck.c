@@ -370,7 +370,52 @@ static int b_xent(Ctx *c, int v)
     return op2(c, OP_GATHER, rows, op2(c, OP_ADD, t, o));
 }
 
+/* reduce_logsumexp: over the last axis, over two axes (v 1), and with a
+ * row that has a large shift (v 2: exp would overflow without the max) */
+static int b_logsumexp(Ctx *c, int v)
+{
+    int x = param(c, "x", F32(3, 2, 3, 4));
+    if (v == 2) {
+        double big[24];
+        for (int i = 0; i < 24; i++)
+            big[i] = 100.0 + 0.1 * i;
+        x = op2(c, OP_ADD, x, input_vals(c, "shift", F32(3, 2, 3, 4), big));
+    }
+    OpAttr a = {.nia = v == 1 ? 2 : 1, .ia = {v == 1 ? 1 : 2, 2}};
+    return op1(c, OP_REDUCE_LOGSUMEXP, x, &a);
+}
+
+/* take_along: repeated, out-of-range and negative indices (their rows get
+ * no gradient) */
+static int b_take_along(Ctx *c, int v)
+{
+    (void)v;
+    double idx[6] = {1, 4, 1, 7, 0, -1};
+    int x = param(c, "x", F32(3, 2, 3, 5));
+    int i = input_vals(c, "idx", shp(DT_I32, 2, S(2, 3)), idx);
+    return op2(c, OP_TAKE_ALONG, x, i);
+}
+
+/* cross-entropy as nn.cross_entropy spells it: logsumexp minus the target
+ * logit, the mean over rows */
+static int b_xent_lse(Ctx *c, int v)
+{
+    (void)v;
+    double tg[3] = {1, 3, 0};
+    int x = param(c, "x", F32(2, 3, 4));
+    OpAttr ax = {.nia = 1, .ia = {1}};
+    int lse = op1(c, OP_REDUCE_LOGSUMEXP, x, &ax);
+    OpAttr flat = shape_attr(F32(1, 3));
+    lse = op1(c, OP_RESHAPE, lse, &flat);
+    int t = input_vals(c, "tgt", shp(DT_I32, 1, S(3)), tg);
+    int nll = op2(c, OP_SUB, lse, op2(c, OP_TAKE_ALONG, x, t));
+    OpAttr all = {.nia = 1, .ia = {0}};
+    return op1(c, OP_REDUCE_SUM, nll, &all);
+}
+
 static const Case cases[] = {
+    {"logsumexp", b_logsumexp, 3, D_ANY}, {"take_along", b_take_along, 1, D_ANY},
+    {"xent_lse", b_xent_lse, 1, D_ANY},
     {"unary", b_unary, 13, D_ANY},     {"binary", b_binary, 14, D_ANY},
     {"reuse", b_reuse, 2, D_ANY},      {"cast", b_cast, 1, D_ANY},
     {"select", b_select, 1, D_ANY},    {"broadcast", b_broadcast, 5, D_ANY},

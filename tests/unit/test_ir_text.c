@@ -78,6 +78,8 @@ static Graph *build_all(void)
     last_op(g)->flags = OPF_BACKWARD;
     last_op(g)->loc = (SrcLoc){intern("dir with space/f:x.lua"), 7};
     OP(g, OP_REDUCE_MAX, ((OpAttr){.ia = {2}, .nia = 1}), x);
+    OP(g, OP_REDUCE_LOGSUMEXP, ((OpAttr){.ia = {1, 2}, .nia = 2}), x);
+    OP(g, OP_TAKE_ALONG, (OpAttr){0}, x, tok);
     int loss = OP(g, OP_REDUCE_SUM, ((OpAttr){.ia = {0, 1, 2}, .nia = 3}), x);
     OP(g, OP_MATMUL, ((OpAttr){.ia = {0, 0}, .nia = 2}), x, xp);
     OP(g, OP_MATMUL, ((OpAttr){.ia = {0, 1}, .nia = 2}), x, wte);
