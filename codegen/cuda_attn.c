@@ -111,7 +111,7 @@ const char cg_cuda_attn_lib[] =
     "#ifdef KILN_CUDA_EMU_H\n"
     "        kiln_mma_shfl<kiln_mma_t<kiln_bf16> >(c, a, b);\n"
     "#else\n"
-    "        asm volatile(\"mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 \"\n"
+    "        asm(\"mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 \"\n"
     "                     \"{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\\n\"\n"
     "                     : \"+f\"(c[0]), \"+f\"(c[1]), \"+f\"(c[2]), \"+f\"(c[3])\n"
     "                     : \"r\"(a[0]), \"r\"(a[1]), \"r\"(a[2]), \"r\"(a[3]), \"r\"(b[0]), "
@@ -195,7 +195,7 @@ const char cg_cuda_attn_lib[] =
     "/* Rows [r0, r0 + R) of x [T, W] (row-major) into S [R][LD], zero where\n"
     " * r >= T or the column >= W (the padding up to LD's used width WP). */\n"
     "template <class E, int R, int W, int WP, int LD, int NTH>\n"
-    "__device__ __forceinline__ void kiln_attn_tile(E *S, const E *x, int64_t r0, int64_t T)\n"
+    "__device__ __forceinline__ void kiln_attn_tile(E *S, const E *x, int r0, int T)\n"
     "{\n"
     "    for (int i = threadIdx.x; i < R * WP; i += NTH) {\n"
     "        const int r = i / WP, c = i % WP;\n"
@@ -209,7 +209,7 @@ const char cg_cuda_attn_lib[] =
     " * BR = 16 * NW query rows per block, BC keys per tile. */\n"
     "template <class E, int D, int DV, int NW, int BC, bool CAUSAL, bool O, bool LSE>\n"
     "__device__ __forceinline__ void kiln_attn_fwd(const E *q, const E *k, const E *v, E *o,\n"
-    "                                              float *lse, int64_t Tq, int64_t Tk,\n"
+    "                                              float *lse, int Tq, int Tk,\n"
     "                                              float scale)\n"
     "{\n"
     "    enum { BR = 16 * NW, NTH = 32 * NW, DP = (D + 15) / 16 * 16, DVP = (DV + 15) / 16 * 16,\n"
@@ -217,24 +217,28 @@ const char cg_cuda_attn_lib[] =
     "    __shared__ E Qs[BR * LDK];\n"
     "    __shared__ E Ks[BC * LDK];\n"
     "    __shared__ E Vs[O ? BC * LDV : 1];\n"
-    "    const int64_t nqt = (Tq + BR - 1) / BR, nkt = (Tk + BC - 1) / BC;\n"
-    "    const int64_t qt = nqt - 1 - (int64_t)blockIdx.x % nqt, bh = (int64_t)blockIdx.x / nqt;\n"
+    "    const int nqt = (Tq + BR - 1) / BR, nkt = (Tk + BC - 1) / BC;\n"
+    "    const int qt = nqt - 1 - (int)blockIdx.x % nqt, bh = (int)blockIdx.x / nqt;\n"
     "    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;\n"
-    "    q += bh * Tq * D;\n"
-    "    k += bh * Tk * D;\n"
+    "    q += (int64_t)bh * Tq * D;\n"
+    "    k += (int64_t)bh * Tk * D;\n"
     "    if (O)\n"
-    "        v += bh * Tk * DV;\n"
+    "        v += (int64_t)bh * Tk * DV;\n"
+    "    if (O)\n"
+    "        o += (int64_t)bh * Tq * DV;\n"
+    "    if (LSE)\n"
+    "        lse += (int64_t)bh * Tq;\n"
     "    kiln_attn_tile<E, BR, D, DP, LDK, NTH>(Qs, q, qt * BR, Tq);\n"
-    "    const int64_t row0 = qt * BR + 16 * w + g, row1 = row0 + 8;\n"
+    "    const int row0 = qt * BR + 16 * w + g, row1 = row0 + 8;\n"
     "    float m[2] = {-KILN_INF, -KILN_INF}, l[2] = {0.0f, 0.0f};\n"
     "    float acc[NO][4];\n"
     "#pragma unroll\n"
     "    for (int j = 0; j < NO; j++)\n"
     "        acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;\n"
     "    /* causal: the last key a row of this tile keeps is its last row */\n"
-    "    const int64_t kend = CAUSAL ? ((qt + 1) * BR < Tk ? (qt + 1) * BR : Tk) : Tk;\n"
-    "    const int64_t ntiles = CAUSAL ? (kend + BC - 1) / BC : nkt;\n"
-    "    for (int64_t kt = 0; kt < ntiles; kt++) {\n"
+    "    const int kend = CAUSAL ? ((qt + 1) * BR < Tk ? (qt + 1) * BR : Tk) : Tk;\n"
+    "    const int ntiles = CAUSAL ? (kend + BC - 1) / BC : nkt;\n"
+    "    for (int kt = 0; kt < ntiles; kt++) {\n"
     "        __syncthreads();\n"
     "        kiln_attn_tile<E, BC, D, DP, LDK, NTH>(Ks, k, kt * BC, Tk);\n"
     "        if (O)\n"
@@ -254,8 +258,8 @@ const char cg_cuda_attn_lib[] =
     "            for (int e = 0; e < 4; e++) {\n"
     "                float x = s[j][e] * scale;\n"
     "                if (edge) {\n"
-    "                    const int64_t col = kt * BC + 8 * j + 2 * t + (e & 1);\n"
-    "                    const int64_t row = e < 2 ? row0 : row1;\n"
+    "                    const int col = kt * BC + 8 * j + 2 * t + (e & 1);\n"
+    "                    const int row = e < 2 ? row0 : row1;\n"
     "                    if (col >= Tk || (CAUSAL && col > row))\n"
     "                        x = -KILN_INF;\n"
     "                }\n"
@@ -299,11 +303,11 @@ const char cg_cuda_attn_lib[] =
     "    }\n"
     "#pragma unroll\n"
     "    for (int h = 0; h < 2; h++) {\n"
-    "        const int64_t row = h ? row1 : row0;\n"
+    "        const int row = h ? row1 : row0;\n"
     "        if (row >= Tq)\n"
     "            continue;\n"
     "        if (LSE && t == 0)\n"
-    "            lse[bh * Tq + row] = m[h] + logf(l[h]);\n"
+    "            lse[row] = m[h] + logf(l[h]);\n"
     "        if (O) {\n"
     "            const float inv = 1.0f / l[h];\n"
     "#pragma unroll\n"
@@ -312,7 +316,7 @@ const char cg_cuda_attn_lib[] =
     "                for (int e = 0; e < 2; e++) {\n"
     "                    const int c = 8 * j + 2 * t + e;\n"
     "                    if (c < DV)\n"
-    "                        kiln_attn_st(o, (bh * Tq + row) * DV + c, acc[j][2 * h + e] * inv);\n"
+    "                        kiln_attn_st(o, row * DV + c, acc[j][2 * h + e] * inv);\n"
     "                }\n"
     "        }\n"
     "    }\n"
@@ -321,8 +325,8 @@ const char cg_cuda_attn_lib[] =
     "template <class E, int D, int DV, int NW, int BC, bool CAUSAL>\n"
     "__device__ __forceinline__ void kiln_attn_dq(const E *q, const E *k, const E *v,\n"
     "                                             const E *dO, const float *lse,\n"
-    "                                             const float *delta, E *dq, int64_t Tq,\n"
-    "                                             int64_t Tk, float scale)\n"
+    "                                             const float *delta, E *dq, int Tq,\n"
+    "                                             int Tk, float scale)\n"
     "{\n"
     "    enum { BR = 16 * NW, NTH = 32 * NW, DP = (D + 15) / 16 * 16, DVP = (DV + 15) / 16 * 16,\n"
     "           LDK = DP + 8, LDV = DVP + 8, NS = BC / 8, NQ = DP / 8 };\n"
@@ -330,27 +334,30 @@ const char cg_cuda_attn_lib[] =
     "    __shared__ E Os[BR * LDV];\n"
     "    __shared__ E Ks[BC * LDK];\n"
     "    __shared__ E Vs[BC * LDV];\n"
-    "    const int64_t nqt = (Tq + BR - 1) / BR, nkt = (Tk + BC - 1) / BC;\n"
-    "    const int64_t qt = nqt - 1 - (int64_t)blockIdx.x % nqt, bh = (int64_t)blockIdx.x / nqt;\n"
+    "    const int nqt = (Tq + BR - 1) / BR, nkt = (Tk + BC - 1) / BC;\n"
+    "    const int qt = nqt - 1 - (int)blockIdx.x % nqt, bh = (int)blockIdx.x / nqt;\n"
     "    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;\n"
-    "    q += bh * Tq * D;\n"
-    "    dO += bh * Tq * DV;\n"
-    "    k += bh * Tk * D;\n"
-    "    v += bh * Tk * DV;\n"
+    "    q += (int64_t)bh * Tq * D;\n"
+    "    dO += (int64_t)bh * Tq * DV;\n"
+    "    k += (int64_t)bh * Tk * D;\n"
+    "    v += (int64_t)bh * Tk * DV;\n"
     "    kiln_attn_tile<E, BR, D, DP, LDK, NTH>(Qs, q, qt * BR, Tq);\n"
+    "    lse += (int64_t)bh * Tq;\n"
+    "    delta += (int64_t)bh * Tq;\n"
+    "    dq += (int64_t)bh * Tq * D;\n"
     "    kiln_attn_tile<E, BR, DV, DVP, LDV, NTH>(Os, dO, qt * BR, Tq);\n"
-    "    const int64_t row0 = qt * BR + 16 * w + g, row1 = row0 + 8;\n"
-    "    const float ls[2] = {row0 < Tq ? lse[bh * Tq + row0] : 0.0f,\n"
-    "                         row1 < Tq ? lse[bh * Tq + row1] : 0.0f};\n"
-    "    const float dl[2] = {row0 < Tq ? delta[bh * Tq + row0] : 0.0f,\n"
-    "                         row1 < Tq ? delta[bh * Tq + row1] : 0.0f};\n"
+    "    const int row0 = qt * BR + 16 * w + g, row1 = row0 + 8;\n"
+    "    const float ls[2] = {row0 < Tq ? lse[row0] : 0.0f,\n"
+    "                         row1 < Tq ? lse[row1] : 0.0f};\n"
+    "    const float dl[2] = {row0 < Tq ? delta[row0] : 0.0f,\n"
+    "                         row1 < Tq ? delta[row1] : 0.0f};\n"
     "    float acc[NQ][4];\n"
     "#pragma unroll\n"
     "    for (int j = 0; j < NQ; j++)\n"
     "        acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;\n"
-    "    const int64_t kend = CAUSAL ? ((qt + 1) * BR < Tk ? (qt + 1) * BR : Tk) : Tk;\n"
-    "    const int64_t ntiles = CAUSAL ? (kend + BC - 1) / BC : nkt;\n"
-    "    for (int64_t kt = 0; kt < ntiles; kt++) {\n"
+    "    const int kend = CAUSAL ? ((qt + 1) * BR < Tk ? (qt + 1) * BR : Tk) : Tk;\n"
+    "    const int ntiles = CAUSAL ? (kend + BC - 1) / BC : nkt;\n"
+    "    for (int kt = 0; kt < ntiles; kt++) {\n"
     "        __syncthreads();\n"
     "        kiln_attn_tile<E, BC, D, DP, LDK, NTH>(Ks, k, kt * BC, Tk);\n"
     "        kiln_attn_tile<E, BC, DV, DVP, LDV, NTH>(Vs, v, kt * BC, Tk);\n"
@@ -368,10 +375,10 @@ const char cg_cuda_attn_lib[] =
     "        for (int j = 0; j < NS; j++)\n"
     "#pragma unroll\n"
     "            for (int e = 0; e < 4; e++) {\n"
-    "                const int64_t row = e < 2 ? row0 : row1;\n"
+    "                const int row = e < 2 ? row0 : row1;\n"
     "                float p = expf(s[j][e] * scale - ls[e >> 1]);\n"
     "                if (edge) {\n"
-    "                    const int64_t col = kt * BC + 8 * j + 2 * t + (e & 1);\n"
+    "                    const int col = kt * BC + 8 * j + 2 * t + (e & 1);\n"
     "                    if (col >= Tk || (CAUSAL && col > row))\n"
     "                        p = 0.0f;\n"
     "                }\n"
@@ -383,7 +390,7 @@ const char cg_cuda_attn_lib[] =
     "    }\n"
     "#pragma unroll\n"
     "    for (int h = 0; h < 2; h++) {\n"
-    "        const int64_t row = h ? row1 : row0;\n"
+    "        const int row = h ? row1 : row0;\n"
     "        if (row >= Tq)\n"
     "            continue;\n"
     "#pragma unroll\n"
@@ -392,7 +399,7 @@ const char cg_cuda_attn_lib[] =
     "            for (int e = 0; e < 2; e++) {\n"
     "                const int c = 8 * j + 2 * t + e;\n"
     "                if (c < D)\n"
-    "                    kiln_attn_st(dq, (bh * Tq + row) * D + c, acc[j][2 * h + e] * scale);\n"
+    "                    kiln_attn_st(dq, row * D + c, acc[j][2 * h + e] * scale);\n"
     "            }\n"
     "    }\n"
     "}\n"
@@ -402,7 +409,7 @@ const char cg_cuda_attn_lib[] =
     "__device__ __forceinline__ void kiln_attn_dkdv(const E *q, const E *k, const E *v,\n"
     "                                               const E *dO, const float *lse,\n"
     "                                               const float *delta, E *dk, E *dv,\n"
-    "                                               int64_t Tq, int64_t Tk, float scale)\n"
+    "                                               int Tq, int Tk, float scale)\n"
     "{\n"
     "    enum { BC = 16 * NW, NTH = 32 * NW, DP = (D + 15) / 16 * 16, DVP = (DV + 15) / 16 * 16,\n"
     "           LDK = DP + 8, LDV = DVP + 8, NS = BQ / 8, NK = DP / 8, NV = DVP / 8 };\n"
@@ -411,18 +418,25 @@ const char cg_cuda_attn_lib[] =
     "    __shared__ E Qs[BQ * LDK];\n"
     "    __shared__ E Os[BQ * LDV];\n"
     "    __shared__ float Ls[BQ], Dl[BQ];\n"
-    "    const int64_t nkt = (Tk + BC - 1) / BC, nqt = (Tq + BQ - 1) / BQ;\n"
-    "    const int64_t kt = (int64_t)blockIdx.x % nkt, bh = (int64_t)blockIdx.x / nkt;\n"
+    "    const int nkt = (Tk + BC - 1) / BC, nqt = (Tq + BQ - 1) / BQ;\n"
+    "    const int kt = (int)blockIdx.x % nkt, bh = (int)blockIdx.x / nkt;\n"
     "    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;\n"
-    "    q += bh * Tq * D;\n"
-    "    dO += bh * Tq * DV;\n"
-    "    k += bh * Tk * D;\n"
+    "    q += (int64_t)bh * Tq * D;\n"
+    "    dO += (int64_t)bh * Tq * DV;\n"
+    "    k += (int64_t)bh * Tk * D;\n"
     "    if (DK)\n"
-    "        v += bh * Tk * DV;\n"
+    "        v += (int64_t)bh * Tk * DV;\n"
     "    kiln_attn_tile<E, BC, D, DP, LDK, NTH>(Ks, k, kt * BC, Tk);\n"
     "    if (DK)\n"
     "        kiln_attn_tile<E, BC, DV, DVP, LDV, NTH>(Vs, v, kt * BC, Tk);\n"
-    "    const int64_t key0 = kt * BC + 16 * w + g, key1 = key0 + 8;\n"
+    "    lse += (int64_t)bh * Tq;\n"
+    "    if (DK) {\n"
+    "        delta += (int64_t)bh * Tq;\n"
+    "        dk += (int64_t)bh * Tk * D;\n"
+    "    }\n"
+    "    if (DVW)\n"
+    "        dv += (int64_t)bh * Tk * DV;\n"
+    "    const int key0 = kt * BC + 16 * w + g, key1 = key0 + 8;\n"
     "    float ak[DK ? NK : 1][4], av[DVW ? NV : 1][4];\n"
     "#pragma unroll\n"
     "    for (int j = 0; j < (DK ? NK : 1); j++)\n"
@@ -431,15 +445,15 @@ const char cg_cuda_attn_lib[] =
     "    for (int j = 0; j < (DVW ? NV : 1); j++)\n"
     "        av[j][0] = av[j][1] = av[j][2] = av[j][3] = 0.0f;\n"
     "    /* causal: queries before the tile's first key keep none of its keys */\n"
-    "    const int64_t qt0 = CAUSAL ? kt * BC / BQ : 0;\n"
-    "    for (int64_t qt = qt0; qt < nqt; qt++) {\n"
+    "    const int qt0 = CAUSAL ? kt * BC / BQ : 0;\n"
+    "    for (int qt = qt0; qt < nqt; qt++) {\n"
     "        __syncthreads();\n"
     "        kiln_attn_tile<E, BQ, D, DP, LDK, NTH>(Qs, q, qt * BQ, Tq);\n"
     "        kiln_attn_tile<E, BQ, DV, DVP, LDV, NTH>(Os, dO, qt * BQ, Tq);\n"
     "        for (int i = threadIdx.x; i < BQ; i += NTH) {\n"
-    "            const int64_t r = qt * BQ + i;\n"
-    "            Ls[i] = r < Tq ? lse[bh * Tq + r] : 0.0f;\n"
-    "            Dl[i] = r < Tq && DK ? delta[bh * Tq + r] : 0.0f;\n"
+    "            const int r = qt * BQ + i;\n"
+    "            Ls[i] = r < Tq ? lse[r] : 0.0f;\n"
+    "            Dl[i] = r < Tq && DK ? delta[r] : 0.0f;\n"
     "        }\n"
     "        __syncthreads();\n"
     "        /* transposed scores: rows are this warp's keys, columns queries */\n"
@@ -456,7 +470,7 @@ const char cg_cuda_attn_lib[] =
     "                const int c = 8 * j + 2 * t + (e & 1);\n"
     "                float p = expf(s[j][e] * scale - Ls[c]);\n"
     "                if (edge) {\n"
-    "                    const int64_t col = qt * BQ + c, key = e < 2 ? key0 : key1;\n"
+    "                    const int col = qt * BQ + c, key = e < 2 ? key0 : key1;\n"
     "                    if (col >= Tq || (CAUSAL && key > col))\n"
     "                        p = 0.0f;\n"
     "                }\n"
@@ -480,7 +494,7 @@ const char cg_cuda_attn_lib[] =
     "    }\n"
     "#pragma unroll\n"
     "    for (int h = 0; h < 2; h++) {\n"
-    "        const int64_t key = h ? key1 : key0;\n"
+    "        const int key = h ? key1 : key0;\n"
     "        if (key >= Tk)\n"
     "            continue;\n"
     "        if (DK)\n"
@@ -490,7 +504,7 @@ const char cg_cuda_attn_lib[] =
     "                for (int e = 0; e < 2; e++) {\n"
     "                    const int c = 8 * j + 2 * t + e;\n"
     "                    if (c < D)\n"
-    "                        kiln_attn_st(dk, (bh * Tk + key) * D + c, ak[j][2 * h + e] * scale);\n"
+    "                        kiln_attn_st(dk, key * D + c, ak[j][2 * h + e] * scale);\n"
     "                }\n"
     "        if (DVW)\n"
     "#pragma unroll\n"
@@ -499,7 +513,7 @@ const char cg_cuda_attn_lib[] =
     "                for (int e = 0; e < 2; e++) {\n"
     "                    const int c = 8 * j + 2 * t + e;\n"
     "                    if (c < DV)\n"
-    "                        kiln_attn_st(dv, (bh * Tk + key) * DV + c, av[j][2 * h + e]);\n"
+    "                        kiln_attn_st(dv, key * DV + c, av[j][2 * h + e]);\n"
     "                }\n"
     "    }\n"
     "}\n"
@@ -510,22 +524,22 @@ static int64_t pad16(int64_t x) { return (x + 15) / 16 * 16; }
 /* Tile sizes: the largest (warps, second tile) whose static shared memory
  * fits in 48 KiB, preferring 4 warps; false when even one warp of 16 rows
  * does not fit (head sizes of several hundred). */
-bool cg_attn_tiles(const CgAttnDesc *a, int *nw, int *bt)
+bool cg_cuda_attn_tiles(const CgCudaAttn *a, int *nw, int *bt)
 {
     int64_t es = a->dt == DT_BF16 ? 2 : 4;
     int64_t ldk = pad16(a->d) + 8, ldv = pad16(a->dv) + 8;
     static const int cand[][2] = {{4, 64}, {4, 32}, {2, 32}, {2, 16}, {1, 16}};
     for (size_t i = 0; i < sizeof cand / sizeof cand[0]; i++) {
         int64_t r = 16 * cand[i][0], c = cand[i][1], bytes;
-        if (a->kind == CG_ATTN_FWD)
+        if (a->kind == CG_CUDA_ATTN_FWD)
             bytes = es * (r * ldk + c * ldk + (a->want_o ? c * ldv : 1));
-        else if (a->kind == CG_ATTN_DQ)
+        else if (a->kind == CG_CUDA_ATTN_DQ)
             bytes = es * (r * ldk + r * ldv + c * ldk + c * ldv);
         else
             bytes = es * (r * ldk + (a->want_dk ? r * ldv : 1) + c * ldk + c * ldv) + 8 * c;
         /* registers: the second tile's accumulators grow with it; past
          * head size 64 a backward warp keeps its tiles at 32 columns */
-        if (a->kind != CG_ATTN_FWD && c > 32 && (a->d > 64 || a->dv > 64))
+        if (a->kind != CG_CUDA_ATTN_FWD && c > 32 && (a->d > 64 || a->dv > 64))
             continue;
         if (bytes <= 48 * 1024) {
             *nw = cand[i][0];
@@ -536,20 +550,75 @@ bool cg_attn_tiles(const CgAttnDesc *a, int *nw, int *bt)
     return false;
 }
 
-int64_t cg_attn_blocks(const CgAttnDesc *a, int nw)
+int64_t cg_cuda_attn_blocks(const CgCudaAttn *a, int nw)
 {
-    int64_t rows = a->kind == CG_ATTN_DKDV ? a->tk : a->tq;
+    int64_t rows = a->kind == CG_CUDA_ATTN_DKDV ? a->tk : a->tq;
     return a->bh * ((rows + 16 * nw - 1) / (16 * nw));
 }
 
-bool cg_print_cuda_attn(CgBuf *b, const CgAttnDesc *a, const char *name, CgCudaFn *fn, Diag *d)
+void cg_cuda_attn_cost(const CgCudaAttn *a, int nw, int bt, double *flops, double *bytes)
+{
+    int64_t es = a->dt == DT_BF16 ? 2 : 4, D = a->d, DV = a->dv;
+    bool fwd = a->kind == CG_CUDA_ATTN_FWD, dkdv = a->kind == CG_CUDA_ATTN_DKDV;
+    /* own: the block's tile (queries; keys for dk/dv); other: visited tiles */
+    int64_t br = fwd || !dkdv ? 16 * nw : bt, bc = dkdv ? 16 * nw : bt;
+    int64_t nq = (a->tq + br - 1) / br;
+    double pairs = 0, other = 0; /* kept tile cells, visited other-operand rows */
+    for (int64_t qt = 0; qt < nq && !dkdv; qt++) {
+        int64_t r0 = qt * br, r1 = r0 + br < a->tq ? r0 + br : a->tq;
+        int64_t kend = a->causal ? (r1 < a->tk ? r1 : a->tk) : a->tk;
+        /* keys of the visited tiles (whole tiles, the last one ragged) */
+        int64_t kv = (kend + bc - 1) / bc * bc;
+        if (kv > a->tk)
+            kv = a->tk;
+        pairs += (double)(r1 - r0) * (double)kv;
+        other += (double)kv;
+    }
+    if (dkdv) /* each key tile reads the query tiles from its diagonal on */
+        for (int64_t kt = 0; kt * bc < a->tk; kt++) {
+            int64_t q0 = a->causal ? kt * bc / br * br : 0;
+            int64_t keys = (kt + 1) * bc < a->tk ? bc : a->tk - kt * bc;
+            other += (double)(a->tq - q0);
+            pairs += (double)keys * (double)(a->tq - q0);
+        }
+    double f = 0, b = 0;
+    if (fwd) {
+        f = 2.0 * pairs * (double)(D + (a->want_o ? DV : 0));
+        b = (double)(a->tq * D * es) + other * (double)(D + (a->want_o ? DV : 0)) * es +
+            (a->want_o ? (double)(a->tq * DV * es) : 0) + (a->want_lse ? 4.0 * a->tq : 0);
+    } else if (!dkdv) {
+        f = 2.0 * pairs * (double)(2 * D + DV);
+        b = (double)(a->tq * (D + DV) * es) + other * (double)(D + DV) * es + 8.0 * a->tq +
+            (double)(a->tq * D * es);
+    } else {
+        f = 2.0 * pairs * (double)(D + DV + (a->want_dk ? D + DV : 0));
+        b = (double)(a->tk * (D + (a->want_dk ? DV : 0)) * es) +
+            other * ((double)(D + DV) * es + (a->want_dk ? 8.0 : 4.0)) +
+            (double)(a->tk * ((a->want_dk ? D : 0) + (a->want_dv ? DV : 0)) * es);
+    }
+    *flops = f * (double)a->bh;
+    *bytes = b * (double)a->bh;
+}
+
+bool cg_print_cuda_attn(CgBuf *b, const CgCudaAttn *a, const char *name, CgCudaFn *fn, Diag *d)
 {
     int nw, bt;
-    if (!(a->dt == DT_F32 || a->dt == DT_BF16) || !cg_attn_tiles(a, &nw, &bt)) {
+    if (!(a->dt == DT_F32 || a->dt == DT_BF16) || !cg_cuda_attn_tiles(a, &nw, &bt)) {
         snprintf(d->msg, sizeof d->msg,
                  "attention kernel %s: head sizes %lld/%lld in %s do not fit the CUDA tiles "
                  "(expected f32 or bf16, head sizes up to about 256)",
                  name, (long long)a->d, (long long)a->dv, dtype_name(a->dt));
+        return false;
+    }
+    /* in-head indices are 32-bit (registers), head offsets 64-bit */
+    int64_t lim = (int64_t)1 << 31;
+    if (a->tq * (a->d > a->dv ? a->d : a->dv) >= lim || a->tk * (a->d > a->dv ? a->d : a->dv) >= lim ||
+        cg_cuda_attn_blocks(a, nw) >= lim) {
+        snprintf(d->msg, sizeof d->msg,
+                 "attention kernel %s: %lld x %lld positions of head size %lld do not fit the "
+                 "kernels' 32-bit in-head indices",
+                 name, (long long)a->bh, (long long)(a->tq > a->tk ? a->tq : a->tk),
+                 (long long)a->d);
         return false;
     }
     const char *E = a->dt == DT_BF16 ? "kiln_bf16" : "float";
@@ -558,29 +627,29 @@ bool cg_print_cuda_attn(CgBuf *b, const CgAttnDesc *a, const char *name, CgCudaF
     cg_printf(b, "extern \"C\" __global__ void __launch_bounds__(%d) %s(", 32 * nw, name);
     /* the signature: only the buffers this function reads or writes */
     switch (a->kind) {
-    case CG_ATTN_FWD:
+    case CG_CUDA_ATTN_FWD:
         cg_printf(b, "const %s *__restrict__ q, const %s *__restrict__ k", E, E);
         if (a->want_o)
             cg_printf(b, ", const %s *__restrict__ v, %s *__restrict__ o", E, E);
         if (a->want_lse)
             cg_puts(b, ", float *__restrict__ lse");
         cg_printf(b, ")\n{\n    typedef %s kiln_attn_E;\n    kiln_attn_fwd<%s, %lld, %lld, %d, %d, %s, %s, %s>(q, k, %s, %s, %s, "
-                     "%lldLL, %lldLL, %.9ef);\n}\n",
+                     "%d, %d, %.9ef);\n}\n",
                   E, E, D, DV, nw, bt, C, a->want_o ? "true" : "false",
                   a->want_lse ? "true" : "false", a->want_o ? "v" : "(const kiln_attn_E *)0",
                   a->want_o ? "o" : "(kiln_attn_E *)0", a->want_lse ? "lse" : "(float *)0",
-                  (long long)a->tq, (long long)a->tk, a->scale);
+                  (int)a->tq, (int)a->tk, a->scale);
         break;
-    case CG_ATTN_DQ:
+    case CG_CUDA_ATTN_DQ:
         cg_printf(b,
                   "const %s *__restrict__ q, const %s *__restrict__ k, const %s *__restrict__ v, "
                   "const %s *__restrict__ dO, const float *__restrict__ lse, const float "
                   "*__restrict__ delta, %s *__restrict__ dq)\n{\n    kiln_attn_dq<%s, %lld, %lld, "
-                  "%d, %d, %s>(q, k, v, dO, lse, delta, dq, %lldLL, %lldLL, %.9ef);\n}\n",
-                  E, E, E, E, E, E, D, DV, nw, bt, C, (long long)a->tq, (long long)a->tk,
+                  "%d, %d, %s>(q, k, v, dO, lse, delta, dq, %d, %d, %.9ef);\n}\n",
+                  E, E, E, E, E, E, D, DV, nw, bt, C, (int)a->tq, (int)a->tk,
                   a->scale);
         break;
-    case CG_ATTN_DKDV:
+    case CG_CUDA_ATTN_DKDV:
         cg_printf(b, "const %s *__restrict__ q, const %s *__restrict__ k, ", E, E);
         if (a->want_dk)
             cg_printf(b, "const %s *__restrict__ v, ", E);
@@ -591,11 +660,11 @@ bool cg_print_cuda_attn(CgBuf *b, const CgAttnDesc *a, const char *name, CgCudaF
             cg_printf(b, ", %s *__restrict__ dv", E);
         cg_printf(b,
                   ")\n{\n    typedef %s kiln_attn_E;\n    kiln_attn_dkdv<%s, %lld, %lld, %d, %d, %s, %s, %s>(q, k, %s, dO, lse, "
-                  "%s, %s, %s, %lldLL, %lldLL, %.9ef);\n}\n",
+                  "%s, %s, %s, %d, %d, %.9ef);\n}\n",
                   E, E, D, DV, nw, bt, C, a->want_dk ? "true" : "false",
                   a->want_dv ? "true" : "false", a->want_dk ? "v" : "(const kiln_attn_E *)0",
                   a->want_dk ? "delta" : "(const float *)0", a->want_dk ? "dk" : "(kiln_attn_E *)0",
-                  a->want_dv ? "dv" : "(kiln_attn_E *)0", (long long)a->tq, (long long)a->tk,
+                  a->want_dv ? "dv" : "(kiln_attn_E *)0", (int)a->tq, (int)a->tk,
                   a->scale);
         break;
     }
@@ -603,8 +672,11 @@ bool cg_print_cuda_attn(CgBuf *b, const CgAttnDesc *a, const char *name, CgCudaF
         fn->rows = fn->cols = false;
         fn->split = 1;
         fn->threads = 32 * nw;
-        fn->blocks = cg_attn_blocks(a, nw);
+        fn->blocks = cg_cuda_attn_blocks(a, nw);
         fn->n = fn->blocks;
+        fn->attn = true;
+        fn->mma = a->dt == DT_BF16;
+        cg_cuda_attn_cost(a, nw, bt, &fn->flops, &fn->bytes);
     }
     return true;
 }

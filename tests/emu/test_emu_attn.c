@@ -161,9 +161,9 @@ static void reference(const Case *c, const double *q, const double *k, const dou
     free(dP);
 }
 
-static CgAttnDesc desc(const Case *c, CgAttnKind kind)
+static CgCudaAttn desc(const Case *c, CgCudaAttnKind kind)
 {
-    CgAttnDesc a = {.kind = kind, .causal = c->causal, .scale = c->scale,
+    CgCudaAttn a = {.kind = kind, .causal = c->causal, .scale = c->scale,
                     .dt = c->bf16 ? DT_BF16 : DT_F32, .bh = c->bh, .tq = c->tq, .tk = c->tk,
                     .d = c->d, .dv = c->dv, .want_o = true, .want_lse = true, .want_dk = true,
                     .want_dv = true};
@@ -179,7 +179,7 @@ static char *program(const char *edit_from, const char *edit_to)
     for (int i = 0; i < NCASES; i++) {
         static const char *kn[] = {"fwd", "dq", "dkdv"};
         for (int kd = 0; kd < 3; kd++) {
-            CgAttnDesc a = desc(&cases[i], (CgAttnKind)kd);
+            CgCudaAttn a = desc(&cases[i], (CgCudaAttnKind)kd);
             char name[64];
             snprintf(name, sizeof name, "attn%d_%s", i, kn[kd]);
             Diag d = {{0}};
@@ -202,11 +202,11 @@ static char *program(const char *edit_from, const char *edit_to)
     return b.s;
 }
 
-static void launch(EmuModule *m, const char *name, const CgAttnDesc *a, void **args)
+static void launch(EmuModule *m, const char *name, const CgCudaAttn *a, void **args)
 {
     int nw, bt;
-    assert_true(cg_attn_tiles(a, &nw, &bt));
-    unsigned grid[3] = {(unsigned)cg_attn_blocks(a, nw), 1, 1}, block[3] = {32u * nw, 1, 1};
+    assert_true(cg_cuda_attn_tiles(a, &nw, &bt));
+    unsigned grid[3] = {(unsigned)cg_cuda_attn_blocks(a, nw), 1, 1}, block[3] = {32u * nw, 1, 1};
     Diag d = {{0}};
     if (!emu_launch(m, name, grid, block, 0, args, &d))
         fail_msg("%s: %s", name, d.msg);
@@ -231,7 +231,7 @@ static double run_case(EmuModule *m, int i, bool quiet)
            *rdv = malloc(sizeof(double) * (size_t)(nk * c->dv));
     reference(c, q.x, k.x, v.x, dO.x, ro, rl, rd, rdq, rdk, rdv);
     char name[64];
-    CgAttnDesc a = desc(c, CG_ATTN_FWD);
+    CgCudaAttn a = desc(c, CG_CUDA_ATTN_FWD);
     snprintf(name, sizeof name, "attn%d_fwd", i);
     void *fa[] = {&q.p, &k.p, &v.p, &o.p, &lse};
     launch(m, name, &a, fa);
@@ -239,11 +239,11 @@ static double run_case(EmuModule *m, int i, bool quiet)
      * from dO and o in f32) */
     for (int64_t r = 0; r < nq; r++)
         delta[r] = (float)rd[r];
-    a = desc(c, CG_ATTN_DQ);
+    a = desc(c, CG_CUDA_ATTN_DQ);
     snprintf(name, sizeof name, "attn%d_dq", i);
     void *qa[] = {&q.p, &k.p, &v.p, &dO.p, &lse, &delta, &dq.p};
     launch(m, name, &a, qa);
-    a = desc(c, CG_ATTN_DKDV);
+    a = desc(c, CG_CUDA_ATTN_DKDV);
     snprintf(name, sizeof name, "attn%d_dkdv", i);
     void *ka[] = {&q.p, &k.p, &v.p, &dO.p, &lse, &delta, &dk.p, &dv.p};
     launch(m, name, &a, ka);
