@@ -335,15 +335,15 @@ static void test_negative_controls(void **state)
              "const typename M::R a0 = M::shfl(a[1], sa), a1 = M::shfl(a[0], sa);", bfc, 2);
     /* the forward skips its last key tile */
     static const int fw[] = {1, 3};
-    negative("for (int64_t kt = 0; kt < ntiles; kt++) {\n        __syncthreads();\n        "
+    negative("for (int kt = 0; kt < ntiles; kt++) {\n        __syncthreads();\n        "
              "kiln_attn_tile<E, BC, D, DP, LDK, NTH>(Ks, k, kt * BC, Tk);\n        if (O)",
-             "for (int64_t kt = 0; kt + 1 < ntiles; kt++) {\n        __syncthreads();\n        "
+             "for (int kt = 0; kt + 1 < ntiles; kt++) {\n        __syncthreads();\n        "
              "kiln_attn_tile<E, BC, D, DP, LDK, NTH>(Ks, k, kt * BC, Tk);\n        if (O)",
              fw, 2);
     /* dk/dv starts one query tile late under the causal mask */
     static const int ca[] = {0, 10};
-    negative("const int64_t qt0 = CAUSAL ? kt * BC / BQ : 0;",
-             "const int64_t qt0 = CAUSAL ? kt * BC / BQ + 1 : 0;", ca, 2);
+    negative("const int qt0 = CAUSAL ? kt * BC / BQ : 0;",
+             "const int qt0 = CAUSAL ? kt * BC / BQ + 1 : 0;", ca, 2);
 }
 
 int main(int argc, char **argv)
