@@ -9,7 +9,9 @@
  *     Dv != D), causal and not, T = 1, T not a multiple of the tiles (32
  *     query rows, 64 keys), head sizes 32, 64 and 128; one thread and two;
  *   - the plan runs attention + attention_lse as one kernel and
- *     attention_dk + attention_dv as one.
+ *     attention_dk + attention_dv as one;
+ *   - gpt.lua's training step on the CPU backend: loss and every gradient
+ *     with the attention pass on equal those with it off (1e-5).
  * (The CPU backend is f32 only: bf16 is checked on the interpreter.) */
 #include "testutil.h"
 
@@ -21,6 +23,7 @@
 #include "codegen.h"
 #include "passes.h"
 #include "runtime.h"
+#include "train.h"
 
 static uint64_t rng = 99;
 static double urand(void)
@@ -378,6 +381,76 @@ static void test_cost(void **state)
     ir_free(g);
 }
 
+/* gpt.lua (tiny, and a longer T with D=32 heads) compiled with the attention
+ * pass on and off: one CPU step from the same inputs gives the same loss
+ * and gradients to f32 rounding. */
+static void test_gpt_step_on_off(void **state)
+{
+    (void)state;
+    static const char *const sets[][4] = {{"T=32", "C=32", "H=2", "L=2"},
+                                          {"T=70", "C=64", "H=2", "L=1"}};
+    for (int c = 0; c < 2; c++) {
+        Model *m = load_model("models/gpt.lua", sets[c], 4);
+        Graph *g[2];
+        Exec *e[2];
+        void **host = NULL;
+        for (int on = 0; on < 2; on++) {
+            RtGraphFlags gf = {.memory_budget = -1, .no_fuse_attention = !on};
+            PassOpts po;
+            rt_pass_opts(&m->train, &gf, &po);
+            assert_int_equal(po.attention, on);
+            g[on] = ir_clone(m->g);
+            Diag d = {{0}};
+            if (!pass_pipeline(g[on], &po, NULL, NULL, NULL, &d))
+                fail_msg("pipeline: %s", d.msg);
+            assert_int_equal(count_code(g[on], OP_ATTENTION) > 0, on);
+            ExecOpts eo = {.threads = 2};
+            if (!(e[on] = rt_exec_create(g[on], &eo, &d)))
+                fail_msg("rt_exec_create: %s", d.msg);
+            if (!on)
+                host = random_model_inputs(g[0]);
+            for (int t = 0; t < g[0]->t.n; t++) { /* the same inputs, by name */
+                const Tensor *x = &g[0]->t.v[t];
+                if (!host[t] || !x->name)
+                    continue;
+                int u = on ? ir_find_tensor(g[1], x->name) : t;
+                assert_true(u >= 0);
+                rt_exec_write(e[on], u, host[t]);
+            }
+            if (!rt_exec_run(e[on], 1, 0, &d))
+                fail_msg("rt_exec_run: %s", d.msg);
+        }
+        int checked = 0;
+        for (int k = 0; k < g[0]->outs.n; k++) {
+            const char *name = g[0]->outs.v[k].name;
+            if (strcmp(name, "loss") != 0 && strncmp(name, "grad.", 5) != 0)
+                continue;
+            int t0 = g[0]->outs.v[k].t, t1 = ir_find_output(g[1], name);
+            assert_true(t1 >= 0);
+            int64_t n = shape_numel(&g[0]->t.v[t0].s);
+            float *a = xmalloc(sizeof(float) * (size_t)n), *b = xmalloc(sizeof(float) * (size_t)n);
+            rt_exec_read(e[0], t0, a);
+            rt_exec_read(e[1], t1, b);
+            double re = rel_err_f32(b, a, n);
+            if (!(re <= 1e-5))
+                fail_msg("gpt %s: %s differs with the attention pass: relative error %g",
+                         sets[c][0], name, re);
+            checked++;
+            free(a);
+            free(b);
+        }
+        assert_true(checked > 4);
+        for (int t = 0; t < g[0]->t.n; t++)
+            free(host[t]);
+        free(host);
+        for (int on = 0; on < 2; on++) {
+            rt_exec_destroy(e[on]);
+            ir_free(g[on]);
+        }
+        fe_model_free(m);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -386,6 +459,7 @@ int main(void)
         cmocka_unit_test(test_backend_training_graph),
         cmocka_unit_test(test_backend_ops),
         cmocka_unit_test(test_cost),
+        cmocka_unit_test(test_gpt_step_on_off),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
