@@ -4,10 +4,10 @@
  * Forward (CG_ATTN_FWD), per (batch entry, tile of A_BQ query rows): walk
  * the key tiles of A_BK keys (causal: only tiles with a key <= the tile's
  * last row; per row, only the kept keys), S = scale q k^T for the tile
- * (k transposed into a local [D][BK] block so the products vectorise over
- * keys), online softmax (running max m and sum l per row, the accumulator
- * rescaled by exp(m_old - m_new)), accumulate P v; at the end o = acc / l
- * and lse = m + log l.
+ * (k transposed into a local [D][BK] block), online softmax (running max m
+ * and sum l per row, the accumulator rescaled by exp(m_old - m_new)),
+ * accumulate P v; at the end o = acc / l and lse = m + log l. Every product
+ * of tiles is kiln_attn_mm, a 4 x 16 register-blocked loop (attn_helpers).
  * Backward recomputes P_ij = exp(S_ij - lse_i) from lse: CG_ATTN_DQ per
  * (batch entry, query tile) accumulates dq_i += s dS_ij k_j with dS_ij =
  * P_ij (dO_i . v_j - delta_i); CG_ATTN_DKV per (batch entry, key tile)
@@ -19,8 +19,6 @@
  * result does not depend on the number of parts. f32 only (the C backend's
  * GEMMs and kernels are f32). */
 #include "codegen.h"
-
-#include <string.h>
 
 enum { A_BQ = 32, A_BK = 64 };
 
@@ -126,6 +124,81 @@ int64_t cg_attn_work(const CgAttn *a)
     return a->batch * pairs * (2 * a->D + 2 * a->Dv + 20);
 }
 
+/* The helpers every attention kernel's C uses, printed once per file (a
+ * guard macro): kiln_attn_mm, C[m][n] += sum_k A(m, k) B[k][n] in a 4 x 16
+ * register block (the block's 8 accumulators stay in vector registers), and
+ * the sum over k in ascending order for every element. */
+static const char attn_helpers[] =
+    "#ifndef KILN_ATTN_HELPERS\n"
+    "#define KILN_ATTN_HELPERS\n"
+    "/* C[m*ldc + n] += sum_{k<K} A[m*sam + k*sak] * B[k*ldb + n], m < M, n < N */\n"
+    "static inline void kiln_attn_mm(float *restrict C, int64_t ldc, const float *restrict A,\n"
+    "                                int64_t sam, int64_t sak, const float *restrict B,\n"
+    "                                int64_t ldb, int64_t M, int64_t N, int64_t K)\n"
+    "{\n"
+    "    int64_t m = 0;\n"
+    "    for (; m + 4 <= M; m += 4) {\n"
+    "        int64_t n = 0;\n"
+    "        for (; n + 16 <= N; n += 16) {\n"
+    "            float c0[16], c1[16], c2[16], c3[16];\n"
+    "            for (int l = 0; l < 16; l++) {\n"
+    "                c0[l] = C[m * ldc + n + l];\n"
+    "                c1[l] = C[(m + 1) * ldc + n + l];\n"
+    "                c2[l] = C[(m + 2) * ldc + n + l];\n"
+    "                c3[l] = C[(m + 3) * ldc + n + l];\n"
+    "            }\n"
+    "            for (int64_t k = 0; k < K; k++) {\n"
+    "                const float *b = B + k * ldb + n;\n"
+    "                float a0 = A[m * sam + k * sak], a1 = A[(m + 1) * sam + k * sak];\n"
+    "                float a2 = A[(m + 2) * sam + k * sak], a3 = A[(m + 3) * sam + k * sak];\n"
+    "                for (int l = 0; l < 16; l++) {\n"
+    "                    c0[l] += a0 * b[l];\n"
+    "                    c1[l] += a1 * b[l];\n"
+    "                    c2[l] += a2 * b[l];\n"
+    "                    c3[l] += a3 * b[l];\n"
+    "                }\n"
+    "            }\n"
+    "            for (int l = 0; l < 16; l++) {\n"
+    "                C[m * ldc + n + l] = c0[l];\n"
+    "                C[(m + 1) * ldc + n + l] = c1[l];\n"
+    "                C[(m + 2) * ldc + n + l] = c2[l];\n"
+    "                C[(m + 3) * ldc + n + l] = c3[l];\n"
+    "            }\n"
+    "        }\n"
+    "        for (int64_t i = m; i < m + 4; i++)\n"
+    "            for (int64_t k = 0; k < K; k++) {\n"
+    "                float a = A[i * sam + k * sak];\n"
+    "                for (int64_t j = n; j < N; j++)\n"
+    "                    C[i * ldc + j] += a * B[k * ldb + j];\n"
+    "            }\n"
+    "    }\n"
+    "    for (; m < M; m++)\n"
+    "        for (int64_t k = 0; k < K; k++) {\n"
+    "            float a = A[m * sam + k * sak];\n"
+    "            for (int64_t j = 0; j < N; j++)\n"
+    "                C[m * ldc + j] += a * B[k * ldb + j];\n"
+    "        }\n"
+    "}\n"
+    "#endif\n";
+
+/* kt[x][jj] = k[j0 + jj][x] (and vt from v when `v`), jj < nk: the key
+ * tile transposed, the B operand of S = q k^T (dP = dO v^T). */
+static void print_transpose(CgBuf *b, bool k, bool v, const char *ind)
+{
+    cg_printf(b, "%sfor (int64_t jj = 0; jj < nk; jj++) {\n", ind);
+    if (k)
+        cg_printf(b,
+                  "%s    for (int64_t x = 0; x < A_D; x++)\n"
+                  "%s        kt[x][jj] = kb[(j0 + jj) * A_D + x];\n",
+                  ind, ind);
+    if (v)
+        cg_printf(b,
+                  "%s    for (int64_t x = 0; x < A_DV; x++)\n"
+                  "%s        vt[x][jj] = vb[(j0 + jj) * A_DV + x];\n",
+                  ind, ind);
+    cg_printf(b, "%s}\n", ind);
+}
+
 static void print_fwd(CgBuf *b, const CgAttn *a)
 {
     cg_puts(b, "    const int64_t nt = (A_TQ + A_BQ - 1) / A_BQ;\n"
@@ -138,30 +211,27 @@ static void print_fwd(CgBuf *b, const CgAttn *a)
         cg_printf(b, "        const float *vb = p%d + bb * A_TK * A_DV;\n"
                      "        float acc[A_BQ][A_DV] = {{0}};\n",
                   a->v);
-    cg_puts(b, "        float m[A_BQ], l[A_BQ];\n"
+    cg_puts(b, "        float m[A_BQ], l[A_BQ], S[A_BQ][A_BK], kt[A_D][A_BK];\n"
                "        for (int64_t r = 0; r < A_BQ; r++) {\n"
                "            m[r] = -KILN_INF;\n"
                "            l[r] = 0.0f;\n"
                "        }\n"
                "        int64_t kend = A_CAUSAL ? i0 + nq : A_TK;\n"
                "        for (int64_t j0 = 0; j0 < kend; j0 += A_BK) {\n"
-               "            int64_t nk = kend - j0 < A_BK ? kend - j0 : A_BK;\n"
-               "            float kt[A_D][A_BK];\n"
-               "            for (int64_t jj = 0; jj < nk; jj++)\n"
-               "                for (int64_t x = 0; x < A_D; x++)\n"
-               "                    kt[x][jj] = kb[(j0 + jj) * A_D + x];\n"
+               "            int64_t nk = kend - j0 < A_BK ? kend - j0 : A_BK;\n");
+    print_transpose(b, true, false, "            ");
+    cg_puts(b, "            for (int64_t r = 0; r < nq; r++)\n"
+               "                for (int64_t jj = 0; jj < nk; jj++)\n"
+               "                    S[r][jj] = 0.0f;\n"
+               "            kiln_attn_mm(&S[0][0], A_BK, qb, A_D, 1, &kt[0][0], A_BK, nq, nk, A_D);\n"
                "            for (int64_t r = 0; r < nq; r++) {\n"
+               "                float *s = S[r];\n"
                "                int64_t ne = A_CAUSAL ? i0 + r - j0 + 1 : nk;\n"
                "                ne = ne < nk ? ne : nk;\n"
-               "                if (ne <= 0)\n"
+               "                if (ne <= 0) {\n"
+               "                    for (int64_t jj = 0; jj < nk; jj++)\n"
+               "                        s[jj] = 0.0f;\n"
                "                    continue;\n"
-               "                float s[A_BK];\n"
-               "                for (int64_t jj = 0; jj < ne; jj++)\n"
-               "                    s[jj] = 0.0f;\n"
-               "                for (int64_t x = 0; x < A_D; x++) {\n"
-               "                    float qx = qb[r * A_D + x];\n"
-               "                    for (int64_t jj = 0; jj < ne; jj++)\n"
-               "                        s[jj] += qx * kt[x][jj];\n"
                "                }\n"
                "                float mx = m[r];\n"
                "                for (int64_t jj = 0; jj < ne; jj++) {\n"
@@ -170,6 +240,8 @@ static void print_fwd(CgBuf *b, const CgAttn *a)
                "                }\n"
                "                for (int64_t jj = 0; jj < ne; jj++)\n"
                "                    s[jj] = kiln_expf(s[jj] - mx);\n"
+               "                for (int64_t jj = ne; jj < nk; jj++)\n"
+               "                    s[jj] = 0.0f;\n"
                "                float sum = 0.0f;\n"
                "                for (int64_t jj = 0; jj < ne; jj++)\n"
                "                    sum += s[jj];\n"
@@ -177,17 +249,13 @@ static void print_fwd(CgBuf *b, const CgAttn *a)
                "                l[r] = l[r] * alpha + sum;\n"
                "                m[r] = mx;\n");
     if (a->o >= 0)
-        cg_puts(b, "                float *ar = acc[r];\n"
-                   "                for (int64_t x = 0; x < A_DV; x++)\n"
-                   "                    ar[x] *= alpha;\n"
-                   "                for (int64_t jj = 0; jj < ne; jj++) {\n"
-                   "                    float pj = s[jj];\n"
-                   "                    const float *vr = vb + (j0 + jj) * A_DV;\n"
-                   "                    for (int64_t x = 0; x < A_DV; x++)\n"
-                   "                        ar[x] += pj * vr[x];\n"
-                   "                }\n");
-    cg_puts(b, "            }\n"
-               "        }\n"
+        cg_puts(b, "                for (int64_t x = 0; x < A_DV; x++)\n"
+                   "                    acc[r][x] *= alpha;\n");
+    cg_puts(b, "            }\n");
+    if (a->o >= 0)
+        cg_puts(b, "            kiln_attn_mm(&acc[0][0], A_DV, &S[0][0], A_BK, 1, vb + j0 * A_DV, "
+                   "A_DV, nq, A_DV, nk);\n");
+    cg_puts(b, "        }\n"
                "        for (int64_t r = 0; r < nq; r++) {\n");
     if (a->o >= 0)
         cg_printf(b, "            float inv = 1.0f / l[r];\n"
@@ -201,32 +269,37 @@ static void print_fwd(CgBuf *b, const CgAttn *a)
                "    }\n");
 }
 
-/* s[jj] = q_row . k_j and (with dp) dp[jj] = dO_row . v_j over ne keys of
- * the tile, from the transposed blocks kt and vt. */
-static void print_scores(CgBuf *b, const char *qrow, const char *orow, bool dp, int ind)
+/* For rows r < nq of a tile at query row i0 and keys jj < nk at key j0:
+ * S = q k^T (kt), P = exp(scale S - lse) on kept (i, j) else 0, in S; with
+ * dp, dP = dO v^T (vt) and then S = dS = P (dP - delta) scale. */
+static void print_p_ds(CgBuf *b, bool ds, const char *ind)
 {
-    char pad[32];
-    memset(pad, ' ', sizeof pad);
-    pad[ind < 31 ? ind : 31] = 0;
     cg_printf(b,
-              "%sfor (int64_t jj = 0; jj < ne; jj++)\n"
-              "%s    s[jj] = 0.0f;\n"
-              "%sfor (int64_t x = 0; x < A_D; x++) {\n"
-              "%s    float qx = %s[x];\n"
+              "%sfor (int64_t r = 0; r < nq; r++)\n"
+              "%s    for (int64_t jj = 0; jj < nk; jj++)\n"
+              "%s        S[r][jj] = 0.0f%s;\n"
+              "%skiln_attn_mm(&S[0][0], A_BK, qt, A_D, 1, &kt[0][0], A_BK, nq, nk, A_D);\n",
+              ind, ind, ind, ds ? ", dP[r][jj] = 0.0f" : "", ind);
+    if (ds)
+        cg_printf(b, "%skiln_attn_mm(&dP[0][0], A_BK, gt, A_DV, 1, &vt[0][0], A_BK, nq, nk, A_DV);\n",
+                  ind);
+    cg_printf(b,
+              "%sfor (int64_t r = 0; r < nq; r++) {\n"
+              "%s    int64_t ne = A_CAUSAL ? i0 + r - j0 + 1 : nk;\n"
+              "%s    ne = ne < 0 ? 0 : ne < nk ? ne : nk;\n"
+              "%s    float L = lt[r];\n"
               "%s    for (int64_t jj = 0; jj < ne; jj++)\n"
-              "%s        s[jj] += qx * kt[x][jj];\n"
-              "%s}\n",
-              pad, pad, pad, pad, qrow, pad, pad, pad);
-    if (dp)
+              "%s        S[r][jj] = kiln_expf(S[r][jj] * A_SCALE - L);\n"
+              "%s    for (int64_t jj = ne; jj < nk; jj++)\n"
+              "%s        S[r][jj] = 0.0f;\n",
+              ind, ind, ind, ind, ind, ind, ind, ind);
+    if (ds)
         cg_printf(b,
-                  "%sfor (int64_t jj = 0; jj < ne; jj++)\n"
-                  "%s    dp[jj] = 0.0f;\n"
-                  "%sfor (int64_t x = 0; x < A_DV; x++) {\n"
-                  "%s    float gx = %s[x];\n"
-                  "%s    for (int64_t jj = 0; jj < ne; jj++)\n"
-                  "%s        dp[jj] += gx * vt[x][jj];\n"
-                  "%s}\n",
-                  pad, pad, pad, pad, orow, pad, pad, pad);
+                  "%s    float De = dt[r];\n"
+                  "%s    for (int64_t jj = 0; jj < nk; jj++)\n"
+                  "%s        dP[r][jj] = S[r][jj] * (dP[r][jj] - De) * A_SCALE;\n",
+                  ind, ind, ind);
+    cg_printf(b, "%s}\n", ind);
 }
 
 static void print_dq(CgBuf *b, const CgAttn *a)
@@ -236,42 +309,22 @@ static void print_dq(CgBuf *b, const CgAttn *a)
                "        int64_t bb = w / nt, i0 = (w % nt) * A_BQ;\n"
                "        int64_t nq = A_TQ - i0 < A_BQ ? A_TQ - i0 : A_BQ;\n");
     cg_printf(b,
-              "        const float *qb = p%d + (bb * A_TQ + i0) * A_D;\n"
+              "        const float *qt = p%d + (bb * A_TQ + i0) * A_D;\n"
               "        const float *kb = p%d + bb * A_TK * A_D;\n"
               "        const float *vb = p%d + bb * A_TK * A_DV;\n"
-              "        const float *gb = p%d + (bb * A_TQ + i0) * A_DV;\n"
-              "        const float *lb = p%d + bb * A_TQ + i0;\n"
-              "        const float *db = p%d + bb * A_TQ + i0;\n",
+              "        const float *gt = p%d + (bb * A_TQ + i0) * A_DV;\n"
+              "        const float *lt = p%d + bb * A_TQ + i0;\n"
+              "        const float *dt = p%d + bb * A_TQ + i0;\n",
               a->q, a->k, a->v, a->dO, a->lse, a->delta);
     cg_puts(b, "        float acc[A_BQ][A_D] = {{0}};\n"
+               "        float S[A_BQ][A_BK], dP[A_BQ][A_BK], kt[A_D][A_BK], vt[A_DV][A_BK];\n"
                "        int64_t kend = A_CAUSAL ? i0 + nq : A_TK;\n"
                "        for (int64_t j0 = 0; j0 < kend; j0 += A_BK) {\n"
-               "            int64_t nk = kend - j0 < A_BK ? kend - j0 : A_BK;\n"
-               "            float kt[A_D][A_BK], vt[A_DV][A_BK];\n"
-               "            for (int64_t jj = 0; jj < nk; jj++) {\n"
-               "                for (int64_t x = 0; x < A_D; x++)\n"
-               "                    kt[x][jj] = kb[(j0 + jj) * A_D + x];\n"
-               "                for (int64_t x = 0; x < A_DV; x++)\n"
-               "                    vt[x][jj] = vb[(j0 + jj) * A_DV + x];\n"
-               "            }\n"
-               "            for (int64_t r = 0; r < nq; r++) {\n"
-               "                int64_t ne = A_CAUSAL ? i0 + r - j0 + 1 : nk;\n"
-               "                ne = ne < nk ? ne : nk;\n"
-               "                if (ne <= 0)\n"
-               "                    continue;\n"
-               "                float s[A_BK], dp[A_BK];\n");
-    print_scores(b, "(qb + r * A_D)", "(gb + r * A_DV)", true, 16);
-    cg_puts(b, "                float L = lb[r], De = db[r];\n"
-               "                for (int64_t jj = 0; jj < ne; jj++)\n"
-               "                    s[jj] = kiln_expf(s[jj] * A_SCALE - L) * (dp[jj] - De) * A_SCALE;\n"
-               "                float *ar = acc[r];\n"
-               "                for (int64_t jj = 0; jj < ne; jj++) {\n"
-               "                    float ds = s[jj];\n"
-               "                    const float *kr = kb + (j0 + jj) * A_D;\n"
-               "                    for (int64_t x = 0; x < A_D; x++)\n"
-               "                        ar[x] += ds * kr[x];\n"
-               "                }\n"
-               "            }\n"
+               "            int64_t nk = kend - j0 < A_BK ? kend - j0 : A_BK;\n");
+    print_transpose(b, true, true, "            ");
+    print_p_ds(b, true, "            ");
+    cg_puts(b, "            kiln_attn_mm(&acc[0][0], A_D, &dP[0][0], A_BK, 1, kb + j0 * A_D, A_D, "
+               "nq, A_D, nk);\n"
                "        }\n");
     cg_printf(b,
               "        for (int64_t r = 0; r < nq; r++)\n"
@@ -298,40 +351,24 @@ static void print_dkv(CgBuf *b, const CgAttn *a)
         cg_printf(b,
                   "        const float *vb = p%d + bb * A_TK * A_DV;\n"
                   "        const float *db = p%d + bb * A_TQ;\n"
-                  "        float vt[A_DV][A_BK], adk[A_BK][A_D] = {{0}};\n",
+                  "        float vt[A_DV][A_BK], dP[A_BQ][A_BK], adk[A_BK][A_D] = {{0}};\n",
                   a->v, a->delta);
     if (dv)
         cg_puts(b, "        float adv[A_BK][A_DV] = {{0}};\n");
-    cg_puts(b, "        float kt[A_D][A_BK];\n"
-               "        for (int64_t jj = 0; jj < nk; jj++) {\n"
-               "            for (int64_t x = 0; x < A_D; x++)\n"
-               "                kt[x][jj] = kb[(j0 + jj) * A_D + x];\n");
+    cg_puts(b, "        float kt[A_D][A_BK], S[A_BQ][A_BK];\n");
+    print_transpose(b, true, dk, "        ");
+    cg_puts(b, "        for (int64_t i0 = A_CAUSAL ? j0 / A_BQ * A_BQ : 0; i0 < A_TQ; i0 += A_BQ) {\n"
+               "            int64_t nq = A_TQ - i0 < A_BQ ? A_TQ - i0 : A_BQ;\n"
+               "            const float *qt = qb + i0 * A_D, *gt = gb + i0 * A_DV, *lt = lb + i0;\n");
     if (dk)
-        cg_puts(b, "            for (int64_t x = 0; x < A_DV; x++)\n"
-                   "                vt[x][jj] = vb[(j0 + jj) * A_DV + x];\n");
-    cg_puts(b, "        }\n"
-               "        for (int64_t i = A_CAUSAL ? j0 : 0; i < A_TQ; i++) {\n"
-               "            int64_t ne = A_CAUSAL ? i - j0 + 1 : nk;\n"
-               "            ne = ne < nk ? ne : nk;\n"
-               "            float s[A_BK], dp[A_BK];\n"
-               "            const float *qi = qb + i * A_D, *gi = gb + i * A_DV;\n");
-    print_scores(b, "qi", "gi", dk, 12);
-    cg_puts(b, "            float L = lb[i];\n"
-               "            for (int64_t jj = 0; jj < ne; jj++)\n"
-               "                s[jj] = kiln_expf(s[jj] * A_SCALE - L);\n");
+        cg_puts(b, "            const float *dt = db + i0;\n");
+    print_p_ds(b, dk, "            ");
     if (dv)
-        cg_puts(b, "            for (int64_t jj = 0; jj < ne; jj++) {\n"
-                   "                float pj = s[jj];\n"
-                   "                for (int64_t x = 0; x < A_DV; x++)\n"
-                   "                    adv[jj][x] += pj * gi[x];\n"
-                   "            }\n");
+        cg_puts(b, "            kiln_attn_mm(&adv[0][0], A_DV, &S[0][0], 1, A_BK, gt, A_DV, nk, "
+                   "A_DV, nq);\n");
     if (dk)
-        cg_puts(b, "            float De = db[i];\n"
-                   "            for (int64_t jj = 0; jj < ne; jj++) {\n"
-                   "                float ds = s[jj] * (dp[jj] - De) * A_SCALE;\n"
-                   "                for (int64_t x = 0; x < A_D; x++)\n"
-                   "                    adk[jj][x] += ds * qi[x];\n"
-                   "            }\n");
+        cg_puts(b, "            kiln_attn_mm(&adk[0][0], A_D, &dP[0][0], 1, A_BK, qt, A_D, nk, A_D, "
+                   "nq);\n");
     cg_puts(b, "        }\n"
                "        for (int64_t jj = 0; jj < nk; jj++) {\n");
     if (dk)
@@ -349,6 +386,7 @@ static void print_dkv(CgBuf *b, const CgAttn *a)
 void cg_print_c_attn(CgBuf *b, const CgKernel *k)
 {
     const CgAttn *a = &k->attn;
+    cg_puts(b, attn_helpers);
     cg_printf(b,
               "#define A_NB %lldLL\n#define A_TQ %lldLL\n#define A_TK %lldLL\n"
               "#define A_D %lldLL\n#define A_DV %lldLL\n#define A_BQ %d\n#define A_BK %d\n"
