@@ -6,7 +6,9 @@
  *
  * Choices the header leaves open: an out-of-range gather index reads zeros;
  * integer division truncates toward zero (x/0 gives 0); a cast of a float to
- * an integer truncates toward zero, to u8 gives (x != 0). */
+ * an integer truncates toward zero, to u8 gives (x != 0). The attention
+ * family computes in double like every op (its "f32 arithmetic" is at least
+ * f32) and rounds only its result. */
 #include "ir.h"
 
 #include <math.h>
