@@ -44,6 +44,7 @@ bool pass_fuse_op_fusable(const Graph *g, const Op *op)
     case OC_GEMM: return true;
     case OC_REDUCE: return pass_fuse_reduce_pattern(g, op, &k) >= 0;
     case OC_MOVE: return op->code == OP_BROADCAST;
+    case OC_ATTN: return false; /* its own kernels (codegen/cattn.c) */
     default: return false;
     }
 }

@@ -366,7 +366,8 @@ bool rt_dump_kernels(const Graph *g, const char *dir, Diag *d)
     bool ok = true;
     for (int i = 0; i < p->kernels.n && ok; i++) {
         const CgKernel *k = p->kernels.v[i];
-        for (int cuda = 0; cuda < 2 && ok; cuda++) {
+        /* attention kernels have no CUDA C yet (rt_backend_attention) */
+        for (int cuda = 0; cuda < (k->attn.kind == CG_ATTN_NONE ? 2 : 1) && ok; cuda++) {
             CgBuf b = {0};
             if (!cuda) {
                 cg_puts(&b, cg_c_prelude);

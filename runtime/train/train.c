@@ -705,6 +705,12 @@ static void progress(Run *r, float loss)
     fflush(stdout);
 }
 
+bool rt_backend_attention(bool cuda)
+{
+    /* the CUDA backend: false until codegen/cuda_attn.c's kernels are in */
+    return !cuda;
+}
+
 void rt_pass_opts(const TrainCfg *c, const RtGraphFlags *f, PassOpts *po)
 {
     static const RtGraphFlags none = {.memory_budget = -1};
@@ -723,6 +729,7 @@ void rt_pass_opts(const TrainCfg *c, const RtGraphFlags *f, PassOpts *po)
     po->bucket_bytes = (int64_t)(c->bucket_mb * 1048576.0);
     po->no_overlap = f->no_overlap;
     po->no_fuse = f->no_fuse;
+    po->attention = !f->no_fuse_attention && rt_backend_attention(f->cuda);
     /* KILN_COMM_ONE_RANK=1 (tests): buckets and all-reduces on one rank too
      * (means over that one rank), so one GPU runs the collective path */
     const char *one = getenv("KILN_COMM_ONE_RANK");
@@ -734,7 +741,10 @@ static bool build(Run *r, Diag *d)
 {
     PassOpts po;
     RtGraphFlags gf = {.memory_budget = -1, .remat = r->o->remat, .nranks = rt_dp_size(r->dp),
-                       .no_overlap = r->o->no_overlap, .no_fuse = r->o->no_fuse};
+                       .no_overlap = r->o->no_overlap, .no_fuse = r->o->no_fuse,
+                       .no_fuse_attention = r->o->no_fuse_attention,
+                       /* auto may pick CUDA: attention as for CUDA */
+                       .cuda = r->o->device && strcmp(r->o->device, "cpu") != 0};
     rt_pass_opts(&r->c, &gf, &po);
     double t_start = ir_now();
     r->tg = ir_clone(r->m->g);
@@ -750,7 +760,8 @@ static bool build(Run *r, Diag *d)
             return false;
     }
     r->eg = ir_clone(r->m->eval_g ? r->m->eval_g : r->m->g); /* dropout off */
-    if (!pass_simplify(r->eg, &po, d) || !pass_fuse(r->eg, &po, d) ||
+    if (!pass_attention(r->eg, &po, d) || !pass_simplify(r->eg, &po, d) ||
+        !pass_fuse(r->eg, &po, d) ||
         !pass_schedule(r->eg, &po, d))
         return false;
     char err[1024];

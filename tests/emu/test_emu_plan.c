@@ -150,7 +150,8 @@ static Case load_case(const char *path, const char *const *sets, int nsets)
     Case c = {path, NULL, NULL, {0}};
     c.m = load_model(path, sets, nsets);
     PassOpts po;
-    rt_pass_opts(&c.m->train, NULL, &po);
+    RtGraphFlags gf = {.memory_budget = -1, .cuda = true}; /* the CUDA backend's graph */
+    rt_pass_opts(&c.m->train, &gf, &po);
     po.remat = remat_policy;
     Diag d = {{0}};
     if (!pipeline(c.m->g, &po, fused, &d))
