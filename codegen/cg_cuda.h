@@ -131,6 +131,14 @@ void cg_cuda_attn_cost(const CgCudaAttn *a, int nw, int bt, double *flops, doubl
  * name or params) when fn is not NULL. False with d set for an
  * unsupported dtype or head size. */
 bool cg_print_cuda_attn(CgBuf *b, const CgCudaAttn *a, const char *name, CgCudaFn *fn, Diag *d);
+/* A plan's attention kernel (k->attn.kind != CG_ATTN_NONE, codegen.h's
+ * CgAttn) as one function: cg_print_cuda_kernel and _variant print it
+ * through this (storage: each param's dtype in memory; al: its buffer
+ * classes, or NULL). Returns 1 with *fn allocated (name, params, geometry,
+ * cost). Dies when its tensors do not share one storage type (lse and
+ * delta f32), an output shares a buffer, or the head size does not fit. */
+int cg_print_cuda_attn_kernel(CgBuf *b, const CgKernel *k, const char *name,
+                              const DType *storage, const CgCudaAlias *al, CgCudaFn **fn);
 
 /* ---- cuda_plan.c: the CUDA program of a plan ---------------------------- */
 

@@ -680,3 +680,78 @@ bool cg_print_cuda_attn(CgBuf *b, const CgCudaAttn *a, const char *name, CgCudaF
     }
     return true;
 }
+
+/* The CUDA function of plan kernel k (k->attn.kind != CG_ATTN_NONE, its
+ * params stored as storage[i]): maps the kernel's CgAttn onto a CgCudaAttn
+ * and prints it (al: the variant's buffer classes, NULL: params alias only
+ * when they name one tensor); dies when its tensors do not share one storage type (see
+ * cuda_plan.c, which keeps them together) or the head size does not fit. */
+int cg_print_cuda_attn_kernel(CgBuf *b, const CgKernel *k, const char *name,
+                              const DType *storage, const CgCudaAlias *al, CgCudaFn **fn)
+{
+    const CgAttn *a = &k->attn;
+    CgCudaAttn c = {.causal = a->causal, .scale = a->scale, .dt = storage[a->q], .bh = a->batch,
+                    .tq = a->Tq, .tk = a->Tk, .d = a->D, .dv = a->Dv};
+    int order[8], n = 0;
+    order[n++] = a->q;
+    order[n++] = a->k;
+    switch (a->kind) {
+    case CG_ATTN_FWD:
+        c.kind = CG_CUDA_ATTN_FWD;
+        c.want_o = a->o >= 0;
+        c.want_lse = a->lse >= 0;
+        if (c.want_o) {
+            order[n++] = a->v;
+            order[n++] = a->o;
+        }
+        if (c.want_lse)
+            order[n++] = a->lse;
+        break;
+    case CG_ATTN_DQ:
+        c.kind = CG_CUDA_ATTN_DQ;
+        order[n++] = a->v;
+        order[n++] = a->dO;
+        order[n++] = a->lse;
+        order[n++] = a->delta;
+        order[n++] = a->dq;
+        break;
+    default:
+        c.kind = CG_CUDA_ATTN_DKDV;
+        c.want_dk = a->dk >= 0;
+        c.want_dv = a->dv >= 0;
+        if (c.want_dk)
+            order[n++] = a->v;
+        order[n++] = a->dO;
+        order[n++] = a->lse;
+        if (c.want_dk) {
+            order[n++] = a->delta;
+            order[n++] = a->dk;
+        }
+        if (c.want_dv)
+            order[n++] = a->dv;
+        break;
+    }
+    for (int i = 0; i < n; i++) {
+        int p = order[i];
+        bool stat = p == a->lse || p == a->delta;
+        if (p < 0 || storage[p] != (stat ? DT_F32 : c.dt))
+            die("cuda: attention kernel %s: param %d stored as %s (expected %s)", name, p,
+                p < 0 ? "nothing" : dtype_name(storage[p]), dtype_name(stat ? DT_F32 : c.dt));
+        /* the kernels read inputs of other tiles after writing their own
+         * outputs: an output must not share a buffer with anything */
+        for (int j = 0; j < n && k->params.v[p].out; j++)
+            if (j != i && (al ? al->all || al->cls[order[j]] == al->cls[p]
+                              : k->params.v[order[j]].tensor == k->params.v[p].tensor))
+                die("cuda: attention kernel %s: an output shares its buffer", name);
+    }
+    CgCudaFn *f = xcalloc(1, sizeof *f);
+    f->name = xstrdup(name);
+    f->param = xmalloc(sizeof(int) * (size_t)n);
+    memcpy(f->param, order, sizeof(int) * (size_t)n);
+    f->nparam = n;
+    Diag d = {{0}};
+    if (!cg_print_cuda_attn(b, &c, name, f, &d))
+        die("cuda: %s", d.msg);
+    *fn = f;
+    return 1;
+}

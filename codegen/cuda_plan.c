@@ -254,6 +254,11 @@ CgCudaProgram *cg_cuda_program(const CgPlan *p, bool bf16)
     cg_puts(&b, cg_cuda_prelude);
     if (bf16)
         cg_puts(&b, cg_cuda_cast_kernel);
+    for (int i = 0; i < p->kernels.n; i++)
+        if (p->kernels.v[i]->attn.kind != CG_ATTN_NONE) {
+            cg_puts(&b, cg_cuda_attn_lib); /* the attention kernels' templates */
+            break;
+        }
     VEC(Variant) var = {0};
     for (int s = 0; s < p->steps.n; s++) {
         const CgStep *st = &p->steps.v[s];

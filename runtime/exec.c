@@ -366,8 +366,7 @@ bool rt_dump_kernels(const Graph *g, const char *dir, Diag *d)
     bool ok = true;
     for (int i = 0; i < p->kernels.n && ok; i++) {
         const CgKernel *k = p->kernels.v[i];
-        /* attention kernels have no CUDA C yet (rt_backend_attention) */
-        for (int cuda = 0; cuda < (k->attn.kind == CG_ATTN_NONE ? 2 : 1) && ok; cuda++) {
+        for (int cuda = 0; cuda < 2 && ok; cuda++) {
             CgBuf b = {0};
             if (!cuda) {
                 cg_puts(&b, cg_c_prelude);
@@ -375,6 +374,8 @@ bool rt_dump_kernels(const Graph *g, const char *dir, Diag *d)
             } else {
                 CgCudaFn *fn = NULL;
                 cg_puts(&b, cg_cuda_prelude);
+                if (k->attn.kind != CG_ATTN_NONE)
+                    cg_puts(&b, cg_cuda_attn_lib);
                 int nfn = cg_print_cuda_kernel(&b, k, k->name, NULL, &fn);
                 cg_cuda_fns_free(fn, nfn);
             }

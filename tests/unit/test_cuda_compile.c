@@ -130,7 +130,9 @@ static void check_geometry(const char *what, const CgPlan *pl, const CgCudaProgr
             continue;
         }
         /* every loop in order, one function each or (a split loop) several */
-        int nl = pl->kernels.v[st->kernel]->loops.n, next = 0;
+        /* an attention kernel (no loops) is one function */
+        const CgKernel *kk = pl->kernels.v[st->kernel];
+        int nl = kk->attn.kind != CG_ATTN_NONE ? 1 : kk->loops.n, next = 0;
         for (int f = 0; f < q->step_nfn[s]; f++) {
             const CgCudaFn *fn = &q->fn.v[q->step_fn[s] + f];
             if (fn->loop == next)
