@@ -225,9 +225,10 @@ typedef struct {
  * rank. */
 void rt_pass_opts(const TrainCfg *c, const RtGraphFlags *f, PassOpts *po);
 /* Whether the backend runs the attention op family (ir.h) so the attention
- * pass may emit it: the CPU backend does (codegen/cattn.c); the CUDA backend
- * (cuda = true) not yet. THE switch to flip when its kernels land
- * (train.c); rt_pass_opts sets PassOpts.attention from it. */
+ * pass may emit it: the CPU backend does (codegen/cattn.c), the CUDA
+ * backend (cuda = true) too (codegen/cuda_attn.c). THE switch for a backend
+ * without the kernels (train.c); rt_pass_opts sets PassOpts.attention from
+ * it. */
 bool rt_backend_attention(bool cuda);
 /* Learning rate after `step` steps of `steps`: linear warmup over
  * c->warmup steps to c->lr, then cosine to c->min_lr at the last step. */
