@@ -72,6 +72,9 @@ typedef struct {
     /* ptxas' figures (cg_cuda_ptxas; regs 0: not known): registers per
      * thread, static shared memory per block, spill stores + loads, bytes */
     int regs, smem, spill;
+    bool attn;        /* a fused attention function (cuda_attn.c), costed by: */
+    double flops, bytes; /* attn: FLOPs of the tiles it visits, bytes it moves */
+    bool mma;         /* attn: its products run on tensor cores (bf16) */
 } CgCudaFn;
 
 /* Which params of one printed variant of a kernel share a buffer:
@@ -128,6 +131,50 @@ void cg_cuda_vec_free(CgCudaVec *v);
 void cg_cuda_vec_open(CgBuf *b, const CgKernel *k, const CgCudaVec *v, const DType *storage,
                       int depth);
 void cg_cuda_vec_close(CgBuf *b, const CgCudaVec *v, const DType *storage, int depth);
+/* ---- cuda_attn.c: the fused attention kernels (OC_ATTN) -----------------
+ * Flash-attention style (docs/cuda.md, Attention): a forward kernel writing o
+ * and/or lse, a dq kernel, and one kernel writing dk and/or dv; no T x T
+ * tensor in memory, causal tiles skipped, bf16 products on tensor cores
+ * (mma.sync m16n8k16), f32 with FMAs; deterministic (no atomics). */
+typedef enum { CG_CUDA_ATTN_FWD, CG_CUDA_ATTN_DQ, CG_CUDA_ATTN_DKDV } CgCudaAttnKind;
+typedef struct {
+    CgCudaAttnKind kind;
+    bool causal;
+    double scale;
+    DType dt;                /* storage of q, k, v, dO and the outputs: f32 or bf16 */
+    int64_t bh, tq, tk, d, dv; /* batch*heads, lengths, head sizes */
+    bool want_o, want_lse;   /* FWD: which it writes (at least one) */
+    bool want_dk, want_dv;   /* DKDV: which it writes (at least one) */
+} CgCudaAttn;
+/* The device templates every attention function calls; a program prints
+ * it once, after cg_cuda_prelude, before its attention functions. */
+extern const char cg_cuda_attn_lib[];
+/* Warps per block (nw; 16 rows each) and the other tile's length (bt: keys
+ * of a forward/dq tile, queries of a dk/dv tile) for a: false when even
+ * the smallest tiles do not fit 48 KiB of shared memory. */
+bool cg_cuda_attn_tiles(const CgCudaAttn *a, int *nw, int *bt);
+/* Grid size: batch*heads x query tiles (FWD, DQ) or key tiles (DKDV). */
+int64_t cg_cuda_attn_blocks(const CgCudaAttn *a, int nw);
+/* What the function of a does with tiles (nw, bt): the FLOPs of the
+ * products over the tile pairs it visits (causal: the diagonal and below),
+ * and the bytes it moves: its own tile once per block, the other operand's
+ * tiles once per visit, outputs once (storage dtypes). */
+void cg_cuda_attn_cost(const CgCudaAttn *a, int nw, int bt, double *flops, double *bytes);
+/* Appends `extern "C" __global__ void NAME(...)` computing a. Parameters,
+ * in this order, only those used: FWD (q, k, [v, o], [lse]); DQ (q, k, v,
+ * dO, lse, delta, dq); DKDV (q, k, [v], dO, lse, [delta, dk], [dv]) (v
+ * and delta only with dk). Fills fn's geometry (threads, blocks; not its
+ * name or params) when fn is not NULL. False with d set for an
+ * unsupported dtype or head size. */
+bool cg_print_cuda_attn(CgBuf *b, const CgCudaAttn *a, const char *name, CgCudaFn *fn, Diag *d);
+/* A plan's attention kernel (k->attn.kind != CG_ATTN_NONE, codegen.h's
+ * CgAttn) as one function: cg_print_cuda_kernel and _variant print it
+ * through this (storage: each param's dtype in memory; al: its buffer
+ * classes, or NULL). Returns 1 with *fn allocated (name, params, geometry,
+ * cost). Dies when its tensors do not share one storage type (lse and
+ * delta f32), an output shares a buffer, or the head size does not fit. */
+int cg_print_cuda_attn_kernel(CgBuf *b, const CgKernel *k, const char *name,
+                              const DType *storage, const CgCudaAlias *al, CgCudaFn **fn);
 
 /* ---- cuda_plan.c: the CUDA program of a plan ---------------------------- */
 

@@ -169,6 +169,33 @@ typedef struct {
     bool col;        /* outer dims are columns; reductions run over rows */
 } CgLoop;
 
+/* An attention kernel (cattn.c): the attention op family runs as
+ * hand-written tiled kernels, not as loops (CgKernel.loops is empty).
+ * kind says which; the fields name the kernel params (index into
+ * CgKernel.params, -1 when absent):
+ *   CG_ATTN_FWD  reads q, k (and v when o is written); writes o and/or lse
+ *                (an attention op and its sibling attention_lse of the
+ *                same q, k and attrs, or either alone)
+ *   CG_ATTN_DQ   reads q, k, v, dO, lse, delta; writes dq
+ *   CG_ATTN_DKV  reads q, k, v (when dk is written), dO, lse, delta (when dk
+ *                is written); writes dk and/or dv (attention_dk and
+ *                attention_dv of the same operands and attrs, or one)
+ * Shapes: q [batch, Tq, D], k [batch, Tk, D], v [batch, Tk, Dv], o and dO
+ * [batch, Tq, Dv], lse and delta f32 [batch, Tq] (batch: the product of
+ * the batch dims). Semantics: ir.h's attention family, in f32. Parallel over
+ * (batch, query tiles) (FWD, DQ) or (batch, key tiles) (DKV): every tile
+ * is computed by one part, so results do not depend on the split. */
+typedef enum { CG_ATTN_NONE, CG_ATTN_FWD, CG_ATTN_DQ, CG_ATTN_DKV } CgAttnKind;
+typedef struct {
+    CgAttnKind kind;
+    int64_t batch, Tq, Tk, D, Dv;
+    bool causal;
+    double scale;
+    DType dt;          /* q, k, v, o, dO and the gradients' dtype */
+    int q, k, v, o, lse, dO, delta, dq, dk, dv; /* params, -1: absent */
+    int ops[2], nops;  /* the IR ops it computes */
+} CgAttn;
+
 typedef struct {
     char *name;
     int op;            /* IR op index it computes (first op when fused); -1 */
@@ -182,6 +209,7 @@ typedef struct {
                           across threads (no accumulating stores, loops
                           independent) */
     int group;         /* fuse group it computes; -1 for a single op */
+    CgAttn attn;       /* attn.kind != CG_ATTN_NONE: an attention kernel */
 } CgKernel;
 
 /* Builders: each returns the new expression's index in k->ex. Integer
@@ -263,6 +291,23 @@ extern const char cg_c_prelude[];
  * `part` of `nparts` (a share of every loop's first outer dim when
  * k->parallel; part 0 does everything otherwise). */
 void cg_print_c_kernel(CgBuf *b, const CgKernel *k);
+
+/* ---- cattn.c: the attention kernels (see CgAttn) ------------------------- */
+
+/* The attention op partnered with op i in one kernel: attention with its
+ * sibling attention_lse (same q, k and attrs), attention_dk with
+ * attention_dv (same six operands and attrs); -1 when none. The first one
+ * found in program order. */
+int cg_attn_partner(const Graph *g, int i);
+/* Describes the kernel of attention ops ops[0..n) (n 1 or 2: one op, or an
+ * op and its cg_attn_partner). False with d set when the dtype is not f32
+ * (the C printer's only type here). */
+bool cg_lower_attn(const Graph *g, const int *ops, int n, CgKernel *k, Diag *d);
+/* Appends an attention kernel's C function (cg_print_c_kernel's signature). */
+void cg_print_c_attn(CgBuf *b, const CgKernel *k);
+/* Element-operations of one call (cg_kernel_work for an attention kernel):
+ * the kept (i, j) pairs times the work per pair. */
+int64_t cg_attn_work(const CgAttn *a);
 
 /* ---- plan.c: the Plan --------------------------------------------------- */
 

@@ -481,6 +481,10 @@ static void print_col_loop(CgBuf *b, const CgKernel *k, const CgLoop *l, int dep
 
 void cg_print_c_kernel(CgBuf *b, const CgKernel *k)
 {
+    if (k->attn.kind != CG_ATTN_NONE) {
+        cg_print_c_attn(b, k);
+        return;
+    }
     const char *restrict_ = k->noalias ? "restrict " : "";
     cg_printf(b, "void %s(", k->name);
     for (int i = 0; i < k->params.n; i++) {

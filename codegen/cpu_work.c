@@ -39,6 +39,8 @@ static int64_t phase_cost(const CgKernel *k, const CgPhase *ph)
  * over phases of inner extent x phase_cost. */
 int64_t cg_kernel_work(const CgKernel *k)
 {
+    if (k->attn.kind != CG_ATTN_NONE)
+        return cg_attn_work(&k->attn);
     int64_t w = 0;
     for (int i = 0; i < k->loops.n; i++) {
         const CgLoop *l = &k->loops.v[i];

@@ -54,6 +54,7 @@ static bool *bf16_storage(const CgPlan *p)
         case OP_CONST:
         case OP_IOTA:
         case OP_RANDOM:
+        case OP_ATTENTION_LSE: /* lse and delta stay f32 (the attention kernels' contract) */
             continue;
         default:
             break;
@@ -88,6 +89,25 @@ static bool *bf16_storage(const CgPlan *p)
                 ok[a] = ok[c] = false;
                 changed = true;
             }
+        }
+        /* an attention op's q, k, v, dO and result share one storage type
+         * (its kernels take one element type; lse and delta are f32) */
+        for (int i = 0; i < g->ops.n; i++) {
+            const Op *op = &g->ops.v[i];
+            if (ir_opinfo[op->code].cls != OC_ATTN || op->code == OP_ATTENTION_LSE)
+                continue;
+            int ts[5], n = 0; /* q, k, v, dO (the first four inputs), the result */
+            for (int j = 0; j < op->nin && j < 4; j++)
+                ts[n++] = op->in[j];
+            ts[n++] = op->out;
+            bool all = true;
+            for (int j = 0; j < n; j++)
+                all &= ok[m->root[ts[j]]] && elig[ts[j]];
+            for (int j = 0; j < n && !all; j++)
+                if (ok[m->root[ts[j]]]) {
+                    ok[m->root[ts[j]]] = false;
+                    changed = true;
+                }
         }
     }
     bool *res = xcalloc((size_t)nt + 1, sizeof(bool));
@@ -236,6 +256,11 @@ CgCudaProgram *cg_cuda_program(const CgPlan *p, bool bf16)
     cg_puts(&b, cg_cuda_prelude);
     if (bf16)
         cg_puts(&b, cg_cuda_cast_kernel);
+    for (int i = 0; i < p->kernels.n; i++)
+        if (p->kernels.v[i]->attn.kind != CG_ATTN_NONE) {
+            cg_puts(&b, cg_cuda_attn_lib); /* the attention kernels' templates */
+            break;
+        }
     VEC(Variant) var = {0};
     for (int s = 0; s < p->steps.n; s++) {
         const CgStep *st = &p->steps.v[s];

@@ -1385,6 +1385,11 @@ static int print_kernel(CgBuf *b, const CgKernel *k, const char *name, const DTy
     DType *st = xmalloc(sizeof(DType) * (size_t)(k->params.n + 1));
     for (int i = 0; i < k->params.n; i++)
         st[i] = storage ? storage[i] : k->params.v[i].dt;
+    if (k->attn.kind != CG_ATTN_NONE) { /* its own kernels: cuda_attn.c */
+        int n = cg_print_cuda_attn_kernel(b, k, name, st, al, fn);
+        free(st);
+        return n;
+    }
     CgKernel v = f32_view(k);
     FnVec out = {0};
     for (int li = 0; li < k->loops.n; li++) {

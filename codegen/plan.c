@@ -29,6 +29,51 @@ static bool gemm_supported(const Graph *g, const Op *op, Diag *d)
     return false;
 }
 
+/* Whether attention ops a and b (partners, cg_attn_partner) may run as one
+ * kernel at the later of the two: both must name each other, and no op in
+ * between reads the earlier one's result. */
+static bool attn_pair_ok(const Graph *g, int a, int b)
+{
+    if (b < 0 || cg_attn_partner(g, b) != a)
+        return false;
+    int lo = a < b ? a : b, hi = a < b ? b : a, t = g->ops.v[lo].out;
+    for (int i = lo + 1; i < hi; i++)
+        for (int j = 0; j < g->ops.v[i].nin; j++)
+            if (g->ops.v[i].in[j] == t)
+                return false;
+    return true;
+}
+
+/* The step of attention op i (and its partner, run as one kernel at the
+ * later of the two: *skip when i is the earlier one). */
+static bool plan_attn(const Graph *g, int i, CgKernel *k, CgStep *st, bool *skip, Diag *d)
+{
+    int ops[2] = {i, -1}, n = 1, j = cg_attn_partner(g, i);
+    *skip = false;
+    if (attn_pair_ok(g, i, j)) {
+        if (j > i) {
+            *skip = true;
+            return true;
+        }
+        ops[0] = j;
+        ops[1] = i;
+        n = 2;
+    }
+    if (!cg_lower_attn(g, ops, n, k, d))
+        return false;
+    char nb[128];
+    snprintf(nb, sizeof nb, "k%d_%s%s", i, ir_opinfo[g->ops.v[ops[0]].code].name,
+             n == 2 ? "_pair" : "");
+    k->name = xstrdup(nb);
+    st->flops = 0;
+    for (int x = 0; x < n; x++)
+        st->flops += ir_op_flops(g, &g->ops.v[ops[x]]);
+    st->bytes_moved = 0;
+    for (int x = 0; x < k->params.n; x++)
+        st->bytes_moved += (double)shape_bytes(&g->t.v[k->params.v[x].tensor].s);
+    return true;
+}
+
 static CgGemm plan_gemm(const Graph *g, const Op *op)
 {
     const Shape *A = &g->t.v[op->in[0]].s, *B = &g->t.v[op->in[1]].s,
@@ -115,7 +160,8 @@ static void merge_inplace_params(const MemPlan *m, CgKernel *k)
 static bool add_kernel(CgPlan *p, CgKernel *k, BodySet *seen, CgBuf *src, CgStep *st)
 {
     const MemPlan *m = p->mem;
-    merge_inplace_params(m, k);
+    if (k->attn.kind == CG_ATTN_NONE) /* CgAttn names its params by index */
+        merge_inplace_params(m, k);
     for (int a = 0; a < k->params.n; a++)
         for (int b = 0; b < k->params.n; b++)
             if (a != b && k->params.v[a].out &&
@@ -218,6 +264,21 @@ CgPlan *cg_plan(const Graph *g, Diag *d)
             for (int q = 0; q < n; q++)
                 st.flops += ir_op_flops(g, &g->ops.v[members[q]]);
             st.bytes_moved = pass_fuse_group_bytes(g, members, n, mat);
+            if (!add_kernel(p, k, &seen, &src, &st))
+                goto fail;
+            continue;
+        }
+        if (ir_opinfo[op->code].cls == OC_ATTN) {
+            CgKernel *k = xcalloc(1, sizeof *k);
+            bool skip;
+            if (!plan_attn(g, i, k, &st, &skip, d)) {
+                cg_kernel_free(k);
+                goto fail;
+            }
+            if (skip) {
+                cg_kernel_free(k);
+                continue;
+            }
             if (!add_kernel(p, k, &seen, &src, &st))
                 goto fail;
             continue;

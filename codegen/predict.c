@@ -11,6 +11,9 @@
  *     peak: bf16 when an operand is bf16 (or precision bf16), TF32 with tf32,
  *     else f32; tile_eff: wave quantisation of 128 x 128 output tiles
  *   copy: 2 bytes / bandwidth + launch
+ *   fused attention (cuda_attn.c): as a kernel, with its own FLOPs (the
+ *     tile pairs it visits) and bytes (tiles re-read per visit), computed
+ *     at ATTN_EFF of the bf16 tensor-core peak (f32: of the FMA peak)
  *
  * bytes: each buffer a launch reads or writes, once, at its storage dtype
  * (a fused kernel's intermediates stay in registers); a buffer read only at
@@ -70,6 +73,12 @@ const CgDevice *cg_device_find(const char *name)
  * Tiles: 128 x 128 outputs per block, the usual large cuBLASLt tile. */
 static const double GEMM_EFF = 0.8;
 enum { GEMM_TILE = 128 };
+/* ATTN_EFF: the share of the peak (tensor cores in bf16, FMAs in f32) the
+ * fused attention kernels (cuda_attn.c) are costed at: an estimate, not a
+ * measurement (no GPU has run them yet). They issue mma.sync from shared
+ * memory without ldmatrix or a copy pipeline; FlashAttention-2 reaches
+ * 50-70% of the A100's peak with both, so a third is assumed. */
+static const double ATTN_EFF = 0.33;
 
 const char *cg_limit_name(CgLimit l)
 {
@@ -353,8 +362,14 @@ static void predict_cuda_kernel(CgPrediction *r, const CgPlan *p, const CgCudaPr
         double flops = total_bytes > 0 ? st->flops * fb[f] / total_bytes : st->flops / nfn;
         int per_unit = cg_cuda_blocks_per_unit(dev, fn->threads, fn->regs, fn->smem);
         double fill = grid_efficiency(dev, fn->blocks, per_unit);
-        double t_comp = flops / (dev->f32 * fill),
-               t_mem = fb[f] / (dev->bw * fill * latency_share(fn->threads, per_unit));
+        double share = latency_share(fn->threads, per_unit);
+        double t_comp = flops / (dev->f32 * fill), t_mem = fb[f] / (dev->bw * fill * share);
+        if (fn->attn) { /* the tiles it visits, at ATTN_EFF of its unit's peak */
+            flops = fn->flops;
+            fb[f] = fn->bytes;
+            t_comp = flops / ((fn->mma ? dev->bf16 : dev->f32) * ATTN_EFF * fill);
+            t_mem = fb[f] / (dev->bw * fill * share);
+        }
         add_row(r, s, fn->name, flops, fb[f], t_comp, t_mem, launch, fn->blocks, fn->threads,
                 fn->blocks < dev->units && fill < 0.67);
         r->kernel_s += r->rows.v[r->rows.n - 1].s;

@@ -3,7 +3,12 @@
  * FLOPs: elementwise and random ops count numel(result) * flops_per_elem;
  * reductions numel(input) * flops_per_elem; matmul 2*M*N*K per batch entry;
  * data movement 0, except scatter_add (one add per source element);
- * collectives 0 (they are communication, not compute).
+ * collectives 0 (they are communication, not compute). The attention family
+ * counts only the kept (i, j) pairs (causal: sum over rows i of min(i+1, Tk),
+ * per batch entry), per pair: S = q.k 2D, its softmax 4, P v 2Dv (attention);
+ * S and its exp (attention_lse); the gradients recompute S and P, then
+ * attention_dq/dk add dO.v 2Dv, dS 2 and dS k (or dS q) 2D, attention_dv
+ * adds P dO 2Dv. Bytes: the default (each operand once, the result once).
  *
  * Bytes: what an unfused kernel for the op reads plus what it writes.
  * By default every operand is read once and the result written once.
@@ -18,6 +23,37 @@ static double numel(const Graph *g, int t) { return (double)shape_numel(&g->t.v[
 static double bytes_of(const Graph *g, int t)
 {
     return numel(g, t) * (double)dtype_size(g->t.v[t].s.dtype);
+}
+
+/* Kept (i, j) pairs of an attention op over all batch entries. */
+static double attention_pairs(const Graph *g, const Op *op)
+{
+    const Shape *q = &g->t.v[op->in[0]].s, *k = &g->t.v[op->in[1]].s;
+    int rk = q->rank;
+    double Tq = (double)q->dim[rk - 2], Tk = (double)k->dim[rk - 2];
+    double TD = Tq * (double)q->dim[rk - 1];
+    double B = TD > 0 ? numel(g, op->in[0]) / TD : 0;
+    if (!op->attr.ia[0])
+        return B * Tq * Tk;
+    /* sum_{i<Tq} min(i+1, Tk) */
+    double full = Tq < Tk ? Tq : Tk;
+    return B * (full * (full + 1) / 2 + (Tq - full) * Tk);
+}
+
+static double attention_flops(const Graph *g, const Op *op)
+{
+    const Shape *q = &g->t.v[op->in[0]].s;
+    double D = (double)q->dim[q->rank - 1];
+    double Dv = op->code == OP_ATTENTION_LSE ? 0
+                                              : (double)g->t.v[op->in[2]].s.dim[q->rank - 1];
+    double per;
+    switch (op->code) {
+    case OP_ATTENTION: per = 2 * D + 4 + 2 * Dv; break;
+    case OP_ATTENTION_LSE: per = 2 * D + 4; break;
+    case OP_ATTENTION_DV: per = 2 * D + 4 + 2 * Dv; break;
+    default: per = 2 * D + 4 + 2 * Dv + 2 + 2 * D; break; /* dq, dk */
+    }
+    return attention_pairs(g, op) * per;
 }
 
 double ir_op_flops(const Graph *g, const Op *op)
@@ -38,6 +74,7 @@ double ir_op_flops(const Graph *g, const Op *op)
         if (op->code == OP_SCATTER_ADD)
             return numel(g, op->in[1]) * info->flops_per_elem;
         return 0;
+    case OC_ATTN: return attention_flops(g, op);
     default: return 0;
     }
 }

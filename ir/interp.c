@@ -6,7 +6,9 @@
  *
  * Choices the header leaves open: an out-of-range gather index reads zeros;
  * integer division truncates toward zero (x/0 gives 0); a cast of a float to
- * an integer truncates toward zero, to u8 gives (x != 0). */
+ * an integer truncates toward zero, to u8 gives (x != 0). The attention
+ * family computes in double like every op (its "f32 arithmetic" is at least
+ * f32) and rounds only its result. */
 #include "ir.h"
 
 #include <math.h>
@@ -149,6 +151,87 @@ static int64_t index_of(double v, int64_t n)
     if (!(v >= 0) || v >= (double)n)
         return -1;
     return (int64_t)v;
+}
+
+/* The attention family (ir.h): per batch entry, S = scale * q k^T over the
+ * kept (i, j) (j <= i when causal), in double. attention writes P v,
+ * attention_lse the row's log-sum-exp; the gradients take P from the given
+ * lse (P_ij = exp(S_ij - lse_i)) and delta as given, as the kernels do. */
+static void attention_eval(const Graph *g, const Op *op, double **val, double *r)
+{
+    const Shape *qs = &g->t.v[op->in[0]].s, *ks = &g->t.v[op->in[1]].s;
+    int rk = qs->rank;
+    int64_t Tq = qs->dim[rk - 2], D = qs->dim[rk - 1], Tk = ks->dim[rk - 2];
+    int64_t Dv = op->code == OP_ATTENTION_LSE ? 0 : g->t.v[op->in[2]].s.dim[rk - 1];
+    int64_t B = shape_numel(qs) / (Tq * D); /* dims are >= 1 (ir_shape_check) */
+    bool causal = op->attr.ia[0] != 0;
+    double sc = op->attr.f;
+    const double *Q = val[op->in[0]], *K = val[op->in[1]];
+    const double *V = op->nin > 2 ? val[op->in[2]] : NULL;
+    const double *dO = op->nin > 3 ? val[op->in[3]] : NULL;
+    const double *L = op->nin > 4 ? val[op->in[4]] : NULL;
+    const double *De = op->nin > 5 ? val[op->in[5]] : NULL;
+    int64_t n = shape_numel(&g->t.v[op->out].s);
+    memset(r, 0, sizeof(double) * (size_t)n);
+    double *srow = xmalloc(sizeof(double) * (size_t)(Tk + 1));
+    for (int64_t b = 0; b < B; b++) {
+        const double *q = Q + b * Tq * D, *k = K + b * Tk * D;
+        const double *v = V ? V + b * Tk * Dv : NULL;
+        for (int64_t i = 0; i < Tq; i++) {
+            int64_t nj = causal ? (i + 1 < Tk ? i + 1 : Tk) : Tk;
+            double m = -INFINITY;
+            for (int64_t j = 0; j < nj; j++) {
+                double s = 0;
+                for (int64_t d = 0; d < D; d++)
+                    s += q[i * D + d] * k[j * D + d];
+                srow[j] = sc * s;
+                if (srow[j] > m)
+                    m = srow[j];
+            }
+            if (op->code == OP_ATTENTION || op->code == OP_ATTENTION_LSE) {
+                double sum = 0;
+                for (int64_t j = 0; j < nj; j++)
+                    sum += exp(srow[j] - m);
+                if (op->code == OP_ATTENTION_LSE) {
+                    r[b * Tq + i] = m + log(sum);
+                    continue;
+                }
+                double *o = r + (b * Tq + i) * Dv;
+                for (int64_t j = 0; j < nj; j++) {
+                    double p = exp(srow[j] - m) / sum;
+                    for (int64_t d = 0; d < Dv; d++)
+                        o[d] += p * v[j * Dv + d];
+                }
+                continue;
+            }
+            /* gradients: P from lse, dS = P (dO v^T - delta) */
+            const double *go = dO + (b * Tq + i) * Dv;
+            double lse = L[b * Tq + i], delta = De[b * Tq + i];
+            for (int64_t j = 0; j < nj; j++) {
+                double p = exp(srow[j] - lse);
+                if (op->code == OP_ATTENTION_DV) {
+                    double *dv = r + (b * Tk + j) * Dv;
+                    for (int64_t d = 0; d < Dv; d++)
+                        dv[d] += p * go[d];
+                    continue;
+                }
+                double dp = 0;
+                for (int64_t d = 0; d < Dv; d++)
+                    dp += go[d] * v[j * Dv + d];
+                double ds = sc * p * (dp - delta);
+                if (op->code == OP_ATTENTION_DQ) {
+                    double *dq = r + (b * Tq + i) * D;
+                    for (int64_t d = 0; d < D; d++)
+                        dq[d] += ds * k[j * D + d];
+                } else {
+                    double *dk = r + (b * Tk + j) * D;
+                    for (int64_t d = 0; d < D; d++)
+                        dk[d] += ds * q[i * D + d];
+                }
+            }
+        }
+    }
+    free(srow);
 }
 
 static void eval(const Graph *g, const Op *op, double **val, const InterpOpts *o)
@@ -367,6 +450,10 @@ static void eval(const Graph *g, const Op *op, double **val, const InterpOpts *o
     case OP_RANDOM:
         for (int64_t i = 0; i < n; i++)
             r[i] = ir_rand_u01(o->seed, (uint64_t)a->ia[0], (uint64_t)o->step, (uint64_t)i);
+        break;
+    case OP_ATTENTION: case OP_ATTENTION_LSE: case OP_ATTENTION_DQ: case OP_ATTENTION_DK:
+    case OP_ATTENTION_DV:
+        attention_eval(g, op, val, r);
         break;
     default:
         die("interp: no rule for opcode %d", (int)op->code);

@@ -37,6 +37,8 @@ typedef struct {
     SrcLoc loc;     /* of the forward op being differentiated */
     int *grad;      /* cotangent tensor per forward tensor id, -1 when none */
     Pieces *pend;   /* per forward tensor id: its slices' pending cotangents */
+    VEC(int) lse;   /* pairs (attention op, its attention_lse op): the lse op
+                       moves next to the forward op at the end */
 } AD;
 
 static int emit(AD *ad, Opcode code, const int *in, int nin, const OpAttr *a)
@@ -290,6 +292,36 @@ static void flush_slices(AD *ad, int x)
     ad->loc = saved;
 }
 
+/* attention(q, k, v) {causal, scale}: its sibling lse = attention_lse(q, k)
+ * (same attrs) is a forward op (no OPF_BACKWARD: remat sees a small saved
+ * activation, and the CPU backend writes it from the forward kernel), delta
+ * = reduce_sum(f32(dO) * f32(o)) over the last axis, then one
+ * attention_dq/dk/dv per operand that needs a gradient (ir.h). */
+static void vjp_attention(AD *ad, const Op *op, int gy, const bool *need)
+{
+    if (!need[0] && !need[1] && !need[2])
+        return;
+    int lse = emit(ad, OP_ATTENTION_LSE, op->in, 2, &op->attr);
+    ad->g->ops.v[ad->g->ops.n - 1].flags &= ~(unsigned)OPF_BACKWARD;
+    vec_push(&ad->lse, ad->g->t.v[op->out].op);
+    vec_push(&ad->lse, ad->g->ops.n - 1);
+    Shape os = shape_of(ad, op->out);
+    int go = gy, o = op->out;
+    if (os.dtype != DT_F32) {
+        OpAttr cf = {.dtype = DT_F32};
+        go = emit(ad, OP_CAST, &go, 1, &cf);
+        o = emit(ad, OP_CAST, &o, 1, &cf);
+    }
+    OpAttr last = {.nia = 1, .ia = {os.rank - 1}};
+    int prod = bin(ad, OP_MUL, go, o);
+    int delta = emit(ad, OP_REDUCE_SUM, &prod, 1, &last);
+    int in[6] = {op->in[0], op->in[1], op->in[2], gy, lse, delta};
+    static const Opcode code[3] = {OP_ATTENTION_DQ, OP_ATTENTION_DK, OP_ATTENTION_DV};
+    for (int i = 0; i < 3; i++)
+        if (need[i])
+            accumulate(ad, op->in[i], emit(ad, code[i], in, 6, &op->attr));
+}
+
 /* Whether operand i of op can carry a gradient (when it is a float tensor). */
 static bool diff_operand(Opcode code, int i)
 {
@@ -531,6 +563,9 @@ static void vjp(AD *ad, const Op *op, const bool *live)
             accumulate(ad, op->in[1], gb);
         break;
     }
+    case OP_ATTENTION:
+        vjp_attention(ad, op, gy, need);
+        break;
     case OP_ALLREDUCE:
         accumulate(ad, x, gy);
         break;
@@ -604,6 +639,32 @@ bool pass_autodiff(Graph *g, const PassOpts *o, Diag *d)
         ir_add_output(g, name, gt);
         free(name);
     }
+    if (ad.lse.n) {
+        /* each attention_lse right after its attention op (it reads only q
+         * and k, defined before): one forward kernel writes both */
+        int n = g->ops.n;
+        int *after = xmalloc(sizeof(int) * (size_t)(n + 1)), *order = xmalloc(sizeof(int) * (size_t)(n + 1));
+        bool *moved = xcalloc((size_t)n + 1, sizeof(bool));
+        for (int i = 0; i < n; i++)
+            after[i] = -1;
+        for (int i = 0; i < ad.lse.n; i += 2) {
+            after[ad.lse.v[i]] = ad.lse.v[i + 1];
+            moved[ad.lse.v[i + 1]] = true;
+        }
+        int k = 0;
+        for (int i = 0; i < n; i++) {
+            if (moved[i])
+                continue;
+            order[k++] = i;
+            if (after[i] >= 0)
+                order[k++] = after[i];
+        }
+        ir_reorder_ops(g, order, k);
+        free(after);
+        free(order);
+        free(moved);
+    }
+    vec_free(&ad.lse);
     for (int i = 0; i < nt; i++)
         vec_free(&ad.pend[i]);
     free(ad.pend);

@@ -49,6 +49,7 @@ bool pass_fuse_op_fusable(const Graph *g, const Op *op)
         return kind == FUSE_ROW || (kind == FUSE_COL && op->code != OP_REDUCE_LOGSUMEXP);
     }
     case OC_MOVE: return op->code == OP_BROADCAST;
+    case OC_ATTN: return false; /* its own kernels (codegen/cattn.c) */
     default: return false;
     }
 }

@@ -27,6 +27,10 @@ typedef struct {
     int64_t bucket_bytes;  /* bucket size cap; <= 0: PASS_COMM_BUCKET_DEFAULT */
     bool no_overlap;       /* every allreduce_start after the last backward op */
     int grad_accum;        /* micro-batches per step (<= 1: none) */
+    /* attention: rewrite attention written in primitives to the fused
+     * attention op (pass_attention). false by default: rt_pass_opts turns it
+     * on for a backend that runs the attention ops (rt_backend_attention) */
+    bool attention;
     /* fuse */
     bool no_fuse;          /* --no-fuse: every op its own kernel */
     /* pass_pipeline: where an invalid graph's IR is written (NULL: $TMPDIR,
@@ -51,8 +55,8 @@ typedef struct Pass {
 } Pass;
 
 /* ---- pipeline.c: the pass list and its driver -----------------------------
- * The pipeline: autodiff, optimizer, simplify, remat, fuse, comm, schedule,
- * memplan. */
+ * The pipeline: attention, autodiff, optimizer, simplify, remat, fuse, comm,
+ * schedule, memplan. */
 extern const Pass pass_list[];
 extern const int pass_count;
 const Pass *pass_find(const char *name);
@@ -81,6 +85,13 @@ bool pass_pipeline(Graph *g, const PassOpts *o, const char *last, PassHook hook,
 void pass_dump(const char *pass, const Graph *g, const struct MemPlan *mp, FILE *f);
 /* The dump file's extension: "txt" for memplan, else "ir". */
 const char *pass_dump_ext(const char *pass);
+
+/* attention.c: when o->attention, rewrites scaled-dot-product attention
+ * written in primitives (nn.attention's form, and hand-written variants:
+ * see the file's header and docs/fusion.md) to one `attention` op, only
+ * where that is exact (no other users of the intermediates, an exactly
+ * causal mask or none, no dropout on the weights). Otherwise unchanged. */
+bool pass_attention(Graph *g, const PassOpts *o, Diag *d);
 
 /* autodiff.c: reverse mode from the graph output "loss" (a scalar float).
  * Adds one output "grad.NAME" per param NAME (zeros when the loss does not

@@ -23,6 +23,7 @@ void pass_opts_default(PassOpts *o)
 }
 
 const Pass pass_list[] = {
+    {"attention", pass_attention},
     {"autodiff", pass_autodiff},
     {"optimizer", pass_optimizer},
     {"simplify", pass_simplify},
@@ -97,6 +98,8 @@ static void opts_flags(const PassOpts *o, char *buf, size_t n)
         ADD(" --no-overlap");
     if (o->no_fuse)
         ADD(" --no-fuse");
+    if (!o->attention)
+        ADD(" --no-fuse-attention");
 #undef ADD
 }
 

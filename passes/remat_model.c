@@ -43,10 +43,16 @@ bool pass_remat_is_fwd(const Op *op)
     return !(op->flags & (OPF_BACKWARD | OPF_OPTIM | OPF_RECOMPUTE));
 }
 
+/* Attention ops (OC_ATTN) are their own kernels, like a GEMM: they read
+ * their operands from memory and cost max(FLOPs, bytes) time (their lse
+ * result is small: [..., T, 1]). With fused attention there are no
+ * attention internals for the selective policy: the scores and P never
+ * exist. */
 static bool unfusable_consumer(const Op *op)
 {
     OpClass c = ir_opinfo[op->code].cls;
-    return c == OC_GEMM || op->code == OP_GATHER || op->code == OP_SCATTER_ADD;
+    return c == OC_GEMM || c == OC_ATTN || op->code == OP_GATHER ||
+           op->code == OP_SCATTER_ADD;
 }
 
 /* Predicted time of one op (see the cost model at the top). materialized: some
@@ -57,7 +63,8 @@ static double op_time(const Graph *g, const Op *op, bool materialized)
     OpClass c = ir_opinfo[op->code].cls;
     if (op->code == OP_RESHAPE)
         return 0;
-    if (c == OC_GEMM || c == OC_REDUCE || op->code == OP_GATHER || op->code == OP_SCATTER_ADD) {
+    if (c == OC_GEMM || c == OC_ATTN || c == OC_REDUCE || op->code == OP_GATHER ||
+        op->code == OP_SCATTER_ADD) {
         double a = f / REMAT_FLOPS, b = ir_op_bytes(g, op) / REMAT_BW;
         return a > b ? a : b;
     }

@@ -9,7 +9,10 @@
  * consumer. Units that only feed graph outputs or updates sink to the end.
  * The members of a group come out contiguous, in program order. Sinking
  * shortens the result's live range and never lengthens a live range more
- * than the unit's own results would have been live. */
+ * than the unit's own results would have been live. Last, each
+ * attention_lse moves to right after its sibling attention op (same q, k and
+ * attrs), so the backend computes both in one kernel (codegen/plan.c); that
+ * lengthens only the lse's own small [..., T, 1] life. */
 #include "passes.h"
 
 #include <stdlib.h>
@@ -57,6 +60,46 @@ static void emit(Sched *s, int root)
         s->emitted[u] = true;
         for (int q = s->ustart[u]; q < s->ustart[u + 1]; q++)
             s->order[s->norder++] = s->uops[q];
+    }
+}
+
+static bool attn_siblings(const Op *a, const Op *l)
+{
+    return a->code == OP_ATTENTION && l->code == OP_ATTENTION_LSE && a->in[0] == l->in[0] &&
+           a->in[1] == l->in[1] && a->attr.ia[0] == l->attr.ia[0] && a->attr.f == l->attr.f;
+}
+
+/* Moves each attention_lse in order[0..n) to right after its sibling
+ * attention op, when no op between them reads the lse. */
+static void pair_attention(const Graph *g, int *order, int n)
+{
+    for (int pl = 0; pl < n; pl++) {
+        const Op *l = &g->ops.v[order[pl]];
+        if (l->code != OP_ATTENTION_LSE)
+            continue;
+        int pa = -1;
+        for (int k = 0; k < n && pa < 0; k++)
+            if (attn_siblings(&g->ops.v[order[k]], l))
+                pa = k;
+        if (pa < 0 || pa + 1 == pl)
+            continue;
+        int x = order[pl];
+        if (pa < pl) { /* up: its operands q, k precede the attention op */
+            for (int k = pl; k > pa + 1; k--)
+                order[k] = order[k - 1];
+            order[pa + 1] = x;
+            continue;
+        }
+        bool read = false; /* down: only past ops that do not read it */
+        for (int k = pl + 1; k <= pa && !read; k++)
+            for (int j = 0; j < g->ops.v[order[k]].nin; j++)
+                read |= g->ops.v[order[k]].in[j] == l->out;
+        if (read)
+            continue;
+        for (int k = pl; k < pa; k++)
+            order[k] = order[k + 1];
+        order[pa] = x;
+        pl--; /* the op now at pl is unvisited */
     }
 }
 
@@ -130,6 +173,7 @@ bool pass_schedule(Graph *g, const PassOpts *o, Diag *d)
         if (last[s.unit[i]] == i && !s.emitted[s.unit[i]])
             emit(&s, s.unit[i]);
 
+    pair_attention(g, s.order, n);
     ir_reorder_ops(g, s.order, n);
     free(s.order);
     free(s.emitted);

@@ -61,6 +61,8 @@ static const char usage_compile[] =
     "                       feasible to the no-recompute peak, auto and each\n"
     "                       fixed policy\n"
     "  --no-fuse            no fusion: every op its own kernel (same results)\n"
+    "  --no-fuse-attention  keep attention as written (no fused attention op; on\n"
+    "                       by default for the CPU, off for --target GPU)\n"
     "  --target DEVICE      predict the step on DEVICE: a100, h100, h200, b200 (with\n"
     "                       the model's precision, tf32, cuda_graph), or cpu (this\n"
     "                       machine, measured once and cached); see docs/cost.md\n"
@@ -106,6 +108,8 @@ static const char usage_train[] =
     "                       baseline the comm pass's placement is measured against)\n"
     "  --remat=POLICY       none, full, selective or auto (see kiln compile)\n"
     "  --no-fuse            no fusion: every op its own kernel (same results)\n"
+    "  --no-fuse-attention  keep attention as written (no fused attention kernels;\n"
+    "                       the CPU fuses it by default, --device cuda not yet)\n"
     "  --cache-dir DIR      compiled-kernel cache (default: $KILN_CACHE_DIR or\n"
     "                       ~/.cache/kiln)\n"
     "  --dump-ir FILE       write the training step's IR after every pass to FILE\n"
@@ -126,6 +130,7 @@ typedef struct {
     int nproc;             /* --nproc: compile for N data-parallel ranks */
     bool no_overlap;       /* --no-overlap */
     bool no_fuse;          /* --no-fuse */
+    bool no_fuse_attention; /* --no-fuse-attention */
     const char *target;    /* --target DEVICE: the cost model's prediction */
     int threads;           /* --threads (--target cpu; 0: one per core) */
     const char *cache_dir; /* --cache-dir */
@@ -394,6 +399,8 @@ static int cmd_compile(int argc, char **argv)
             a.no_overlap = true;
         } else if (strcmp(argv[i], "--no-fuse") == 0) {
             a.no_fuse = true;
+        } else if (strcmp(argv[i], "--no-fuse-attention") == 0) {
+            a.no_fuse_attention = true;
         } else if ((v = flag_value(argc, argv, &i, "--memory-budget"))) {
             if ((a.memory_budget = parse_budget("compile", v)) < 0)
                 return 2;
@@ -464,7 +471,9 @@ static int cmd_compile(int argc, char **argv)
 
     PassOpts po;
     RtGraphFlags gf = {.memory_budget = a.memory_budget, .remat = a.remat, .nranks = a.nproc,
-                       .no_overlap = a.no_overlap, .no_fuse = a.no_fuse};
+                       .no_overlap = a.no_overlap, .no_fuse = a.no_fuse,
+                       .no_fuse_attention = a.no_fuse_attention,
+                       .cuda = a.target && cg_device_find(a.target) != NULL};
     rt_pass_opts(&m->train, &gf, &po);
     po.dump_dir = a.dump_dir;
     RematReport rr;
@@ -592,6 +601,8 @@ static int cmd_train(int argc, char **argv)
             o.no_overlap = true;
         } else if (strcmp(argv[i], "--no-fuse") == 0) {
             o.no_fuse = true;
+        } else if (strcmp(argv[i], "--no-fuse-attention") == 0) {
+            o.no_fuse_attention = true;
         } else if (strcmp(argv[i], "-v") == 0 || strcmp(argv[i], "--verbose") == 0) {
             o.verbose = true;
         } else if (strcmp(argv[i], "-q") == 0 || strcmp(argv[i], "--quiet") == 0) {
@@ -645,6 +656,7 @@ static const char usage_opt[] =
     "  --nproc N            comm: N data-parallel ranks (as kiln compile)\n"
     "  --no-overlap         comm: every all-reduce starts after backward\n"
     "  --no-fuse            fuse: every op its own kernel\n"
+    "  --no-fuse-attention  attention: off (keep attention as written)\n"
     "  --set KEY=VALUE      a train{} setting the passes read: beta1, beta2, eps,\n"
     "                       weight_decay, grad_clip (optimizer), grad_accum,\n"
     "                       bucket_mb (comm), memory_budget (remat); repeatable\n"
@@ -798,6 +810,8 @@ static int cmd_opt(int argc, char **argv)
             gf.no_overlap = true;
         } else if (strcmp(argv[i], "--no-fuse") == 0) {
             gf.no_fuse = true;
+        } else if (strcmp(argv[i], "--no-fuse-attention") == 0) {
+            gf.no_fuse_attention = true;
         } else if ((v = flag_value(argc, argv, &i, "--memory-budget"))) {
             if ((gf.memory_budget = parse_budget("opt", v)) < 0)
                 return 2;

@@ -634,7 +634,8 @@ int cli_plan(int argc, char **argv)
     CgPredictOpts po_dev = cli_predict_opts(m, dev);
     o.peak = !dev->gpu ? dev->f32 : po_dev.bf16 ? dev->bf16 : po_dev.tf32 ? dev->tf32 : dev->f32;
     PassOpts po;
-    RtGraphFlags gf = {.memory_budget = -1, .nranks = a.dp, .no_overlap = a.no_overlap};
+    RtGraphFlags gf = {.memory_budget = -1, .nranks = a.dp, .no_overlap = a.no_overlap,
+                       .cuda = dev->gpu};
     rt_pass_opts(&m->train, &gf, &po);
     Variant v;
     if (!measure(m, &po, dev, &v, NULL, &d)) {

@@ -905,6 +905,13 @@ static int64_t log_interval(const TrainCfg *c, int64_t steps)
     return step;
 }
 
+bool rt_backend_attention(bool cuda)
+{
+    /* both backends have the kernels (codegen/cattn.c, codegen/cuda_attn.c) */
+    (void)cuda;
+    return true;
+}
+
 void rt_pass_opts(const TrainCfg *c, const RtGraphFlags *f, PassOpts *po)
 {
     static const RtGraphFlags none = {.memory_budget = -1};
@@ -923,6 +930,7 @@ void rt_pass_opts(const TrainCfg *c, const RtGraphFlags *f, PassOpts *po)
     po->bucket_bytes = (int64_t)(c->bucket_mb * 1048576.0);
     po->no_overlap = f->no_overlap;
     po->no_fuse = f->no_fuse;
+    po->attention = !f->no_fuse_attention && rt_backend_attention(f->cuda);
     /* KILN_COMM_ONE_RANK=1 (tests): buckets and all-reduces on one rank too
      * (means over that one rank), so one GPU runs the collective path */
     const char *one = getenv("KILN_COMM_ONE_RANK");
@@ -974,7 +982,10 @@ static bool build(Run *r, Diag *d)
 {
     PassOpts po;
     RtGraphFlags gf = {.memory_budget = -1, .remat = r->o->remat, .nranks = rt_dp_size(r->dp),
-                       .no_overlap = r->o->no_overlap, .no_fuse = r->o->no_fuse};
+                       .no_overlap = r->o->no_overlap, .no_fuse = r->o->no_fuse,
+                       .no_fuse_attention = r->o->no_fuse_attention,
+                       /* auto may pick CUDA: attention as for CUDA */
+                       .cuda = r->o->device && strcmp(r->o->device, "cpu") != 0};
     rt_pass_opts(&r->c, &gf, &po);
     double t_start = ir_now();
     r->tg = ir_clone(r->m->g);
@@ -992,7 +1003,8 @@ static bool build(Run *r, Diag *d)
             return false;
     }
     r->eg = ir_clone(r->m->eval_g ? r->m->eval_g : r->m->g); /* dropout off */
-    if (!pass_simplify(r->eg, &po, d) || !pass_fuse(r->eg, &po, d) ||
+    if (!pass_attention(r->eg, &po, d) || !pass_simplify(r->eg, &po, d) ||
+        !pass_fuse(r->eg, &po, d) ||
         !pass_schedule(r->eg, &po, d))
         return false;
     char err[1024];

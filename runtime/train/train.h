@@ -289,6 +289,7 @@ typedef struct {
     TrainResult *result;      /* optional out */
     bool no_overlap;          /* --no-overlap: every allreduce starts after backward */
     bool no_fuse;             /* --no-fuse: every op its own kernel */
+    bool no_fuse_attention;   /* --no-fuse-attention: no attention pass */
     const char *dump_ir;      /* --dump-ir FILE: the training step's IR after the
                                  pipeline (rank 0), as kiln compile's schedule dump */
 } TrainOpts;
@@ -307,16 +308,26 @@ typedef struct {
     int nranks;            /* --nproc, or the ranks running the step; <= 1: one */
     bool no_overlap;       /* --no-overlap */
     bool no_fuse;          /* --no-fuse */
+    bool no_fuse_attention; /* --no-fuse-attention */
+    bool cuda;             /* the step runs on (or is predicted for) the CUDA
+                              backend: rt_backend_attention */
 } RtGraphFlags;
 /* The one map from a model's training settings and those flags to pass
  * options: the defaults, the optimizer's settings (beta1, beta2, eps,
  * weight_decay, grad_clip), the memory budget, remat policy, ranks,
- * grad_accum, bucket_mb, overlap and fusion. kiln compile, kiln train
+ * grad_accum, bucket_mb, overlap, fusion and the attention pass (on when
+ * rt_backend_attention(f->cuda) and not --no-fuse-attention). kiln compile, kiln train
  * (every rank) and kiln opt all build their PassOpts here, so the same model
  * and flags give the same graph. f NULL: no flags. KILN_COMM_ONE_RANK=1 (a
  * testing knob) compiles one rank as two: buckets and all-reduces on one
  * rank. */
 void rt_pass_opts(const TrainCfg *c, const RtGraphFlags *f, PassOpts *po);
+/* Whether the backend runs the attention op family (ir.h) so the attention
+ * pass may emit it: the CPU backend does (codegen/cattn.c), the CUDA
+ * backend (cuda = true) too (codegen/cuda_attn.c). THE switch for a backend
+ * without the kernels (train.c); rt_pass_opts sets PassOpts.attention from
+ * it. */
+bool rt_backend_attention(bool cuda);
 /* Learning rate after `step` steps of `steps`: linear warmup over
  * c->warmup steps to c->lr, then cosine to c->min_lr at the last step. */
 double rt_lr_at(const TrainCfg *c, int64_t step, int64_t steps);

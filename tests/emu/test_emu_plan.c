@@ -171,7 +171,8 @@ static Case load_case(const char *path, const char *const *sets, int nsets)
     Case c = {path, NULL, NULL, {0}};
     c.m = load_model(path, sets, nsets);
     PassOpts po;
-    rt_pass_opts(&c.m->train, NULL, &po);
+    RtGraphFlags gf = {.memory_budget = -1, .cuda = true}; /* the CUDA backend's graph */
+    rt_pass_opts(&c.m->train, &gf, &po);
     po.remat = remat_policy;
     Diag d = {{0}};
     if (!pipeline(c.m->g, &po, fused, &d))
@@ -600,6 +601,24 @@ static void test_gpt_dropout(void **state)
     check_model("models/gpt.lua", sets, 1);
 }
 
+/* Fused attention on the device (codegen/cuda_attn.c): gpt with a sequence
+ * length no tile divides (37), whose step must hold the attention ops,
+ * against the CPU backend's fused attention (codegen/cattn.c). */
+static void test_gpt_attention(void **state)
+{
+    (void)state;
+    const char *sets[] = {"T=37"};
+    Case c = load_case("models/gpt.lua", sets, 1);
+    int nattn = 0;
+    for (int i = 0; i < c.m->g->ops.n; i++)
+        nattn += ir_opinfo[c.m->g->ops.v[i].code].cls == OC_ATTN;
+    free_case(&c);
+    if (nattn < 5)
+        fail_msg("gpt T=37: %d attention ops in the CUDA step (expected the attention pass)",
+                 nattn);
+    check_model("models/gpt.lua", sets, 1);
+}
+
 /* One-token sequences: row kernels whose reduced extents are all 1 (the
  * lowering's degenerate case), on the emulated device against the CPU. */
 static void test_one_token(void **state)
@@ -996,6 +1015,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_models_unfused),
         cmocka_unit_test(test_models),
         cmocka_unit_test(test_gpt_dropout),
+        cmocka_unit_test(test_gpt_attention),
         cmocka_unit_test(test_one_token),
         cmocka_unit_test(test_gather_out_of_range),
         cmocka_unit_test(test_bias_epilogue),

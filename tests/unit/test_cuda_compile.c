@@ -131,8 +131,10 @@ static void check_geometry(const char *what, const CgPlan *pl, const CgCudaProgr
             continue;
         }
         /* every loop in order, one function each, several (a split loop) or
-         * one for several (horizontal) */
-        int nl = pl->kernels.v[st->kernel]->loops.n, next = 0;
+         * one for several (horizontal); an attention kernel (no loops) is
+         * one function */
+        const CgKernel *kk = pl->kernels.v[st->kernel];
+        int nl = kk->attn.kind != CG_ATTN_NONE ? 1 : kk->loops.n, next = 0;
         for (int f = 0; f < q->step_nfn[s]; f++) {
             const CgCudaFn *fn = &q->fn.v[q->step_fn[s] + f];
             if (fn->loop == next)
@@ -483,14 +485,116 @@ static void test_checks_bite(void **state)
     rt_cuda_binary_free(&b);
 }
 
+/* Prints the name of every function whose ptxas report shows spills. */
+static void print_spilling(const char *log)
+{
+    const char *fn = NULL;
+    for (const char *l = log; *l;) {
+        const char *e = strchr(l, '\n');
+        size_t n = e ? (size_t)(e - l) : strlen(l);
+        const char *f = strstr(l, "Function properties for ");
+        if (f && f < l + n)
+            fn = f + 24;
+        const char *sp = strstr(l, "bytes spill stores");
+        if (sp && sp < l + n && fn) {
+            const char *c = strchr(l, ',');
+            if (c && c < sp && strtol(c + 1, NULL, 10) > 0)
+                fprintf(stderr, "spills: %.*s\n", (int)strcspn(fn, "\n"), fn);
+        }
+        l += n + (e ? 1 : 0);
+    }
+}
+
+/* The fused attention kernels (codegen/cuda_attn.c) on their own: forward
+ * (o and lse, o alone, lse alone), dq and dk+dv (both, dv alone), f32 and
+ * bf16, causal and not, head sizes 32, 64 and 128 and an odd one (40)
+ * (34 functions),
+ * compiled for sm_90 and sm_80: no error, no warning, no register spill,
+ * every function in the cubin. */
+static void test_attention_kernels(void **state)
+{
+    (void)state;
+    if (!module_built())
+        skip();
+    CgBuf b = {0};
+    cg_puts(&b, cg_cuda_prelude);
+    cg_puts(&b, cg_cuda_attn_lib);
+    /* causal forward (o and lse), dq, dk+dv at every head size; then the
+     * other forms: not causal, o alone, lse alone, dv alone */
+    static const struct {
+        int kind, d;
+        bool causal, o, lse, dk;
+    } forms[] = {
+        {0, 32, 1, 1, 1, 1},  {1, 32, 1, 1, 1, 1},  {2, 32, 1, 1, 1, 1},  {0, 64, 1, 1, 1, 1},
+        {1, 64, 1, 1, 1, 1},  {2, 64, 1, 1, 1, 1},  {0, 128, 1, 1, 1, 1}, {1, 128, 1, 1, 1, 1},
+        {2, 128, 1, 1, 1, 1}, {0, 40, 1, 1, 1, 1},  {1, 40, 1, 1, 1, 1},  {2, 40, 1, 1, 1, 1},
+        {0, 32, 0, 1, 1, 1},  {0, 64, 0, 1, 1, 1},  {0, 32, 0, 1, 0, 1},  {0, 64, 1, 0, 1, 1},
+        {2, 64, 1, 1, 1, 0},
+    };
+    VEC(char *) names = {0};
+    for (int bf = 0; bf < 2; bf++)
+        for (size_t i = 0; i < sizeof forms / sizeof forms[0]; i++) {
+            CgCudaAttn a = {.kind = (CgCudaAttnKind)forms[i].kind, .causal = forms[i].causal,
+                            .scale = 0.125, .dt = bf ? DT_BF16 : DT_F32, .bh = 12, .tq = 1024,
+                            .tk = 1024, .d = forms[i].d, .dv = forms[i].d, .want_o = forms[i].o,
+                            .want_lse = forms[i].lse, .want_dk = forms[i].dk, .want_dv = true};
+            char *name = xasprintf("attn_%s_%zu", bf ? "bf16" : "f32", i);
+            Diag d = {{0}};
+            assert_true(cg_print_cuda_attn(&b, &a, name, NULL, &d));
+            vec_push(&names, name);
+        }
+    enum { NA = sizeof archs / sizeof archs[0] };
+    Job job[NA];
+    /* the first compile loads the module; the others then run in parallel */
+    job[0] = (Job){.src = b.s, .arch = archs[0]};
+    compile_job(&job[0]);
+    pthread_t th[NA];
+    for (int a = 1; a < NA; a++) {
+        job[a] = (Job){.src = b.s, .arch = archs[a]};
+        if (pthread_create(&th[a], NULL, compile_job, &job[a]) != 0)
+            compile_job(&job[a]);
+    }
+    for (int a = 1; a < NA; a++)
+        pthread_join(th[a], NULL);
+    for (int a = 0; a < NA; a++) {
+        RtCudaBinary bin = job[a].b;
+        if (!job[a].ok)
+            fail_msg("attention kernels (%s): %s", archs[a], job[a].d.msg);
+        if (strstr(bin.log, "warning"))
+            fail_msg("attention kernels (%s): NVRTC warnings:\n%s", archs[a], bin.log);
+        char where[512] = "";
+        long sp = spills(bin.log, where, sizeof where);
+        if (sp > 0) {
+            print_spilling(bin.log);
+            fail_msg("attention kernels (%s): %ld bytes of register spills, first at:\n%s",
+                     archs[a], sp, where);
+        }
+        for (int i = 0; i < names.n; i++)
+            if (!contains(bin.cubin, bin.size, names.v[i]))
+                fail_msg("attention kernels: the cubin lacks %s", names.v[i]);
+        ncompiles++;
+        rt_cuda_binary_free(&bin);
+    }
+    fprintf(stderr, "attention: %d functions compiled for sm_90 and sm_80, no spills\n",
+            names.n);
+    for (int i = 0; i < names.n; i++)
+        free(names.v[i]);
+    vec_free(&names);
+    free(b.s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_error_and_cache),
         cmocka_unit_test(test_cubin_damaged),
         cmocka_unit_test(test_checks_bite),
+        cmocka_unit_test(test_attention_kernels),
         cmocka_unit_test(test_every_model),
     };
+    /* KILN_TEST_FILTER=PATTERN runs only the matching tests (while working) */
+    if (getenv("KILN_TEST_FILTER"))
+        cmocka_set_test_filter(getenv("KILN_TEST_FILTER"));
     int failed = cmocka_run_group_tests(tests, setup, teardown);
     /* 77: ctest reports the test as skipped (no CUDA toolkit), not as passed */
     return failed == 0 && !module_built() ? 77 : failed;

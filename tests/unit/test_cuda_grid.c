@@ -32,7 +32,8 @@ static void test_gpt124m_grids(void **state)
     const char *sets[] = {"size=124M", "batch=16", "precision=bf16"};
     Model *m = load_model("models/gpt.lua", sets, 3);
     PassOpts po;
-    rt_pass_opts(&m->train, NULL, &po);
+    RtGraphFlags gf = {.memory_budget = -1, .cuda = true}; /* the CUDA backend's graph */
+    rt_pass_opts(&m->train, &gf, &po);
     Diag d = {{0}};
     if (!pass_pipeline(m->g, &po, NULL, NULL, NULL, &d))
         fail_msg("pipeline: %s", d.msg);

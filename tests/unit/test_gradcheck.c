@@ -413,6 +413,25 @@ static int b_xent_lse(Ctx *c, int v)
     return op1(c, OP_REDUCE_SUM, nll, &all);
 }
 
+/* attention(q, k, v) {causal, scale 1/sqrt(D)} (the fused op): variant
+ * -> batch B, length T (Tk for keys), head size D, value size Dv, causal.
+ * T = 1; T = 37, not a multiple of the CPU kernels' tiles; D 32, 64, 128. */
+static int b_attention(Ctx *c, int v)
+{
+    static const struct {
+        int64_t B, T, Tk, D, Dv;
+        int causal;
+    } a[] = {{2, 5, 5, 32, 32, 1}, {2, 5, 5, 32, 32, 0}, {2, 1, 1, 32, 32, 1},
+             {1, 3, 3, 64, 64, 1}, {1, 2, 2, 128, 128, 1}, {2, 3, 4, 6, 5, 0},
+             {1, 37, 37, 4, 4, 1}};
+    int q = param(c, "q", F32(3, a[v].B, a[v].T, a[v].D));
+    int k = param(c, "k", F32(3, a[v].B, a[v].Tk, a[v].D));
+    int vv = param(c, "v", F32(3, a[v].B, a[v].Tk, a[v].Dv));
+    OpAttr at = {.nia = 1, .ia = {a[v].causal}, .f = 1 / sqrt((double)a[v].D)};
+    int in[3] = {q, k, vv};
+    return ir_op_x(c->g, OP_ATTENTION, in, 3, &at, here(__LINE__));
+}
+
 static const Case cases[] = {
     {"logsumexp", b_logsumexp, 3, D_ANY}, {"take_along", b_take_along, 1, D_ANY},
     {"xent_lse", b_xent_lse, 1, D_ANY},
@@ -425,13 +444,18 @@ static const Case cases[] = {
     {"concat", b_concat, 2, D_ANY},    {"gather", b_gather, 1, D_ANY},
     {"scatter_add", b_scatter, 1, D_ANY}, {"reduce", b_reduce, 4, D_ANY},
     {"matmul", b_matmul, 16, D_ANY},   {"xent", b_xent, 2, D_ANY},
+    {"attention", b_attention, 7, D_ANY},
 };
 #define NCASES ((int)(sizeof cases / sizeof cases[0]))
 
-/* Opcodes with no gradient by design. Every other opcode must be covered. */
+/* Opcodes with no gradient by design. Every other opcode must be covered.
+ * attention_lse and the attention gradients appear only in backward (no
+ * second derivatives). */
 static const Opcode no_grad_ops[] = {OP_CONST, OP_IOTA, OP_LT, OP_LE, OP_GT,
                                      OP_GE,    OP_EQ,   OP_NE, OP_RANDOM, OP_FLOOR,
-                                     OP_ALLREDUCE_START, OP_ALLREDUCE_WAIT};
+                                     OP_ALLREDUCE_START, OP_ALLREDUCE_WAIT,
+                                     OP_ATTENTION_LSE, OP_ATTENTION_DQ,
+                                     OP_ATTENTION_DK, OP_ATTENTION_DV};
 
 /* ---- harness -------------------------------------------------------------- */
 
@@ -527,9 +551,12 @@ static bool run_case(const Case *k, int variant)
         fail_msg("%s/%d: autodiff failed: %s", k->name, variant, d.msg);
     if (!ir_verify(gb, err, sizeof err))
         fail_msg("%s/%d: graph invalid after autodiff: %s", k->name, variant, err);
+    /* autodiff's ops are flagged backward, but for the forward sibling
+     * attention_lse it places next to its attention op */
+    int nfwd = 0;
     for (int i = 0; i < gb->ops.n; i++)
-        if (i >= c.g->ops.n)
-            assert_true(gb->ops.v[i].flags & OPF_BACKWARD);
+        nfwd += !(gb->ops.v[i].flags & OPF_BACKWARD) && gb->ops.v[i].code != OP_ATTENTION_LSE;
+    assert_int_equal(nfwd, c.g->ops.n);
 
     double **val = bind(gb, &c);
     ir_interp(gb, val, NULL);

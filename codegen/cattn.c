@@ -1,0 +1,412 @@
+/* cattn.c - the attention kernels of the C backend (CgAttn, codegen.h):
+ * flash-attention style, tiled, with no T x T tensor in memory.
+ *
+ * Forward (CG_ATTN_FWD), per (batch entry, tile of A_BQ query rows): walk
+ * the key tiles of A_BK keys (causal: only tiles with a key <= the tile's
+ * last row; per row, only the kept keys), S = scale q k^T for the tile
+ * (k transposed into a local [D][BK] block), online softmax (running max m
+ * and sum l per row, the accumulator rescaled by exp(m_old - m_new)),
+ * accumulate P v; at the end o = acc / l and lse = m + log l. Every product
+ * of tiles is kiln_attn_mm, a 4 x 16 register-blocked loop (attn_helpers).
+ * Backward recomputes P_ij = exp(S_ij - lse_i) from lse: CG_ATTN_DQ per
+ * (batch entry, query tile) accumulates dq_i += s dS_ij k_j with dS_ij =
+ * P_ij (dO_i . v_j - delta_i); CG_ATTN_DKV per (batch entry, key tile)
+ * walks the query rows that keep any of its keys and accumulates
+ * dv_j += P_ij dO_i and dk_j += s dS_ij q_i.
+ * Work items are spread over the parts round-robin (part, part + nparts,
+ * ...), which balances causal tiles of unequal cost; every output element
+ * is written by the one item that owns its tile, in a fixed order, so the
+ * result does not depend on the number of parts. f32 only (the C backend's
+ * GEMMs and kernels are f32). */
+#include "codegen.h"
+
+enum { A_BQ = 32, A_BK = 64 };
+
+int cg_attn_partner(const Graph *g, int i)
+{
+    const Op *a = &g->ops.v[i];
+    Opcode want;
+    int nsame;
+    switch (a->code) {
+    case OP_ATTENTION: want = OP_ATTENTION_LSE, nsame = 2; break;
+    case OP_ATTENTION_LSE: want = OP_ATTENTION, nsame = 2; break;
+    case OP_ATTENTION_DK: want = OP_ATTENTION_DV, nsame = 6; break;
+    case OP_ATTENTION_DV: want = OP_ATTENTION_DK, nsame = 6; break;
+    default: return -1;
+    }
+    for (int j = 0; j < g->ops.n; j++) {
+        const Op *b = &g->ops.v[j];
+        if (b->code != want || b->attr.ia[0] != a->attr.ia[0] || b->attr.f != a->attr.f)
+            continue;
+        bool same = true;
+        for (int x = 0; x < nsame && same; x++)
+            same = a->in[x] == b->in[x];
+        if (same)
+            return j;
+    }
+    return -1;
+}
+
+static int add_param(CgKernel *k, int t, DType dt, bool out)
+{
+    CgParam p = {.tensor = t, .dt = dt, .out = out};
+    vec_push(&k->params, p);
+    return k->params.n - 1;
+}
+
+bool cg_lower_attn(const Graph *g, const int *ops, int n, CgKernel *k, Diag *d)
+{
+    const Op *op = &g->ops.v[ops[0]];
+    const Shape *q = &g->t.v[op->in[0]].s, *ks = &g->t.v[op->in[1]].s;
+    if (q->dtype != DT_F32) {
+        snprintf(d->msg, sizeof d->msg,
+                 "%s:%d: %s on %s is not supported by the CPU backend yet (expected f32)",
+                 op->loc.file ? op->loc.file : "?", op->loc.line, ir_opinfo[op->code].name,
+                 dtype_name(q->dtype));
+        return false;
+    }
+    CgAttn *a = &k->attn;
+    int r = q->rank;
+    a->Tq = q->dim[r - 2];
+    a->D = q->dim[r - 1];
+    a->Tk = ks->dim[r - 2];
+    a->Dv = op->nin > 2 ? g->t.v[op->in[2]].s.dim[r - 1] : a->D;
+    a->batch = shape_numel(q) / (a->Tq * a->D);
+    a->causal = op->attr.ia[0] != 0;
+    a->scale = op->attr.f;
+    a->dt = q->dtype;
+    a->q = a->k = a->v = a->o = a->lse = a->dO = a->delta = a->dq = a->dk = a->dv = -1;
+    a->nops = n;
+    bool has[OP__COUNT] = {0};
+    int out[OP__COUNT];
+    for (int x = 0; x < n; x++) {
+        a->ops[x] = ops[x];
+        has[g->ops.v[ops[x]].code] = true;
+        out[g->ops.v[ops[x]].code] = g->ops.v[ops[x]].out;
+    }
+    const int *in = op->in;
+    a->q = add_param(k, in[0], a->dt, false);
+    a->k = add_param(k, in[1], a->dt, false);
+    if (has[OP_ATTENTION] || has[OP_ATTENTION_LSE]) {
+        a->kind = CG_ATTN_FWD;
+        if (has[OP_ATTENTION]) {
+            a->v = add_param(k, in[2], a->dt, false);
+            a->o = add_param(k, out[OP_ATTENTION], a->dt, true);
+        }
+        if (has[OP_ATTENTION_LSE])
+            a->lse = add_param(k, out[OP_ATTENTION_LSE], DT_F32, true);
+    } else {
+        a->kind = has[OP_ATTENTION_DQ] ? CG_ATTN_DQ : CG_ATTN_DKV;
+        bool need_v = !has[OP_ATTENTION_DV] || has[OP_ATTENTION_DK];
+        if (need_v)
+            a->v = add_param(k, in[2], a->dt, false);
+        a->dO = add_param(k, in[3], a->dt, false);
+        a->lse = add_param(k, in[4], DT_F32, false);
+        if (need_v)
+            a->delta = add_param(k, in[5], DT_F32, false);
+        if (has[OP_ATTENTION_DQ])
+            a->dq = add_param(k, out[OP_ATTENTION_DQ], a->dt, true);
+        if (has[OP_ATTENTION_DK])
+            a->dk = add_param(k, out[OP_ATTENTION_DK], a->dt, true);
+        if (has[OP_ATTENTION_DV])
+            a->dv = add_param(k, out[OP_ATTENTION_DV], a->dt, true);
+    }
+    k->op = ops[0];
+    k->group = -1;
+    k->parallel = true;
+    k->noalias = true;
+    return true;
+}
+
+int64_t cg_attn_work(const CgAttn *a)
+{
+    int64_t pairs = a->causal ? a->Tq * (a->Tq + 1) / 2 : a->Tq * a->Tk;
+    return a->batch * pairs * (2 * a->D + 2 * a->Dv + 20);
+}
+
+/* The helpers every attention kernel's C uses, printed once per file (a
+ * guard macro): kiln_attn_mm, C[m][n] += sum_k A(m, k) B[k][n] in a 4 x 16
+ * register block (the block's 8 accumulators stay in vector registers), and
+ * the sum over k in ascending order for every element. */
+static const char attn_helpers[] =
+    "#ifndef KILN_ATTN_HELPERS\n"
+    "#define KILN_ATTN_HELPERS\n"
+    "/* C[m*ldc + n] += sum_{k<K} A[m*sam + k*sak] * B[k*ldb + n], m < M, n < N */\n"
+    "static inline void kiln_attn_mm(float *restrict C, int64_t ldc, const float *restrict A,\n"
+    "                                int64_t sam, int64_t sak, const float *restrict B,\n"
+    "                                int64_t ldb, int64_t M, int64_t N, int64_t K)\n"
+    "{\n"
+    "    int64_t m = 0;\n"
+    "    for (; m + 4 <= M; m += 4) {\n"
+    "        int64_t n = 0;\n"
+    "        for (; n + 16 <= N; n += 16) {\n"
+    "            float c0[16], c1[16], c2[16], c3[16];\n"
+    "            for (int l = 0; l < 16; l++) {\n"
+    "                c0[l] = C[m * ldc + n + l];\n"
+    "                c1[l] = C[(m + 1) * ldc + n + l];\n"
+    "                c2[l] = C[(m + 2) * ldc + n + l];\n"
+    "                c3[l] = C[(m + 3) * ldc + n + l];\n"
+    "            }\n"
+    "            for (int64_t k = 0; k < K; k++) {\n"
+    "                const float *b = B + k * ldb + n;\n"
+    "                float a0 = A[m * sam + k * sak], a1 = A[(m + 1) * sam + k * sak];\n"
+    "                float a2 = A[(m + 2) * sam + k * sak], a3 = A[(m + 3) * sam + k * sak];\n"
+    "                for (int l = 0; l < 16; l++) {\n"
+    "                    c0[l] += a0 * b[l];\n"
+    "                    c1[l] += a1 * b[l];\n"
+    "                    c2[l] += a2 * b[l];\n"
+    "                    c3[l] += a3 * b[l];\n"
+    "                }\n"
+    "            }\n"
+    "            for (int l = 0; l < 16; l++) {\n"
+    "                C[m * ldc + n + l] = c0[l];\n"
+    "                C[(m + 1) * ldc + n + l] = c1[l];\n"
+    "                C[(m + 2) * ldc + n + l] = c2[l];\n"
+    "                C[(m + 3) * ldc + n + l] = c3[l];\n"
+    "            }\n"
+    "        }\n"
+    "        for (int64_t i = m; i < m + 4; i++)\n"
+    "            for (int64_t k = 0; k < K; k++) {\n"
+    "                float a = A[i * sam + k * sak];\n"
+    "                for (int64_t j = n; j < N; j++)\n"
+    "                    C[i * ldc + j] += a * B[k * ldb + j];\n"
+    "            }\n"
+    "    }\n"
+    "    for (; m < M; m++)\n"
+    "        for (int64_t k = 0; k < K; k++) {\n"
+    "            float a = A[m * sam + k * sak];\n"
+    "            for (int64_t j = 0; j < N; j++)\n"
+    "                C[m * ldc + j] += a * B[k * ldb + j];\n"
+    "        }\n"
+    "}\n"
+    "#endif\n";
+
+/* kt[x][jj] = k[j0 + jj][x] (and vt from v when `v`), jj < nk: the key
+ * tile transposed, the B operand of S = q k^T (dP = dO v^T). */
+static void print_transpose(CgBuf *b, bool k, bool v, const char *ind)
+{
+    cg_printf(b, "%sfor (int64_t jj = 0; jj < nk; jj++) {\n", ind);
+    if (k)
+        cg_printf(b,
+                  "%s    for (int64_t x = 0; x < A_D; x++)\n"
+                  "%s        kt[x][jj] = kb[(j0 + jj) * A_D + x];\n",
+                  ind, ind);
+    if (v)
+        cg_printf(b,
+                  "%s    for (int64_t x = 0; x < A_DV; x++)\n"
+                  "%s        vt[x][jj] = vb[(j0 + jj) * A_DV + x];\n",
+                  ind, ind);
+    cg_printf(b, "%s}\n", ind);
+}
+
+static void print_fwd(CgBuf *b, const CgAttn *a)
+{
+    cg_puts(b, "    const int64_t nt = (A_TQ + A_BQ - 1) / A_BQ;\n"
+               "    for (int64_t w = part; w < A_NB * nt; w += nparts) {\n"
+               "        int64_t bb = w / nt, i0 = (w % nt) * A_BQ;\n"
+               "        int64_t nq = A_TQ - i0 < A_BQ ? A_TQ - i0 : A_BQ;\n");
+    cg_printf(b, "        const float *qb = p%d + (bb * A_TQ + i0) * A_D;\n", a->q);
+    cg_printf(b, "        const float *kb = p%d + bb * A_TK * A_D;\n", a->k);
+    if (a->o >= 0)
+        cg_printf(b, "        const float *vb = p%d + bb * A_TK * A_DV;\n"
+                     "        float acc[A_BQ][A_DV] = {{0}};\n",
+                  a->v);
+    cg_puts(b, "        float m[A_BQ], l[A_BQ], S[A_BQ][A_BK], kt[A_D][A_BK];\n"
+               "        for (int64_t r = 0; r < A_BQ; r++) {\n"
+               "            m[r] = -KILN_INF;\n"
+               "            l[r] = 0.0f;\n"
+               "        }\n"
+               "        int64_t kend = A_CAUSAL ? i0 + nq : A_TK;\n"
+               "        for (int64_t j0 = 0; j0 < kend; j0 += A_BK) {\n"
+               "            int64_t nk = kend - j0 < A_BK ? kend - j0 : A_BK;\n");
+    print_transpose(b, true, false, "            ");
+    cg_puts(b, "            for (int64_t r = 0; r < nq; r++)\n"
+               "                for (int64_t jj = 0; jj < nk; jj++)\n"
+               "                    S[r][jj] = 0.0f;\n"
+               "            kiln_attn_mm(&S[0][0], A_BK, qb, A_D, 1, &kt[0][0], A_BK, nq, nk, A_D);\n"
+               "            for (int64_t r = 0; r < nq; r++) {\n"
+               "                float *s = S[r];\n"
+               "                int64_t ne = A_CAUSAL ? i0 + r - j0 + 1 : nk;\n"
+               "                ne = ne < nk ? ne : nk;\n"
+               "                if (ne <= 0) {\n"
+               "                    for (int64_t jj = 0; jj < nk; jj++)\n"
+               "                        s[jj] = 0.0f;\n"
+               "                    continue;\n"
+               "                }\n"
+               "                float mx = m[r];\n"
+               "                for (int64_t jj = 0; jj < ne; jj++) {\n"
+               "                    s[jj] *= A_SCALE;\n"
+               "                    mx = kiln_fmax(mx, s[jj]);\n"
+               "                }\n"
+               "                for (int64_t jj = 0; jj < ne; jj++)\n"
+               "                    s[jj] = kiln_expf(s[jj] - mx);\n"
+               "                for (int64_t jj = ne; jj < nk; jj++)\n"
+               "                    s[jj] = 0.0f;\n"
+               "                float sum = 0.0f;\n"
+               "                for (int64_t jj = 0; jj < ne; jj++)\n"
+               "                    sum += s[jj];\n"
+               "                float alpha = kiln_expf(m[r] - mx);\n"
+               "                l[r] = l[r] * alpha + sum;\n"
+               "                m[r] = mx;\n");
+    if (a->o >= 0)
+        cg_puts(b, "                for (int64_t x = 0; x < A_DV; x++)\n"
+                   "                    acc[r][x] *= alpha;\n");
+    cg_puts(b, "            }\n");
+    if (a->o >= 0)
+        cg_puts(b, "            kiln_attn_mm(&acc[0][0], A_DV, &S[0][0], A_BK, 1, vb + j0 * A_DV, "
+                   "A_DV, nq, A_DV, nk);\n");
+    cg_puts(b, "        }\n"
+               "        for (int64_t r = 0; r < nq; r++) {\n");
+    if (a->o >= 0)
+        cg_printf(b, "            float inv = 1.0f / l[r];\n"
+                     "            float *orow = p%d + (bb * A_TQ + i0 + r) * A_DV;\n"
+                     "            for (int64_t x = 0; x < A_DV; x++)\n"
+                     "                orow[x] = acc[r][x] * inv;\n",
+                  a->o);
+    if (a->lse >= 0)
+        cg_printf(b, "            p%d[bb * A_TQ + i0 + r] = m[r] + logf(l[r]);\n", a->lse);
+    cg_puts(b, "        }\n"
+               "    }\n");
+}
+
+/* For rows r < nq of a tile at query row i0 and keys jj < nk at key j0:
+ * S = q k^T (kt), P = exp(scale S - lse) on kept (i, j) else 0, in S; with
+ * dp, dP = dO v^T (vt) and then S = dS = P (dP - delta) scale. */
+static void print_p_ds(CgBuf *b, bool ds, const char *ind)
+{
+    cg_printf(b,
+              "%sfor (int64_t r = 0; r < nq; r++)\n"
+              "%s    for (int64_t jj = 0; jj < nk; jj++)\n"
+              "%s        S[r][jj] = 0.0f%s;\n"
+              "%skiln_attn_mm(&S[0][0], A_BK, qt, A_D, 1, &kt[0][0], A_BK, nq, nk, A_D);\n",
+              ind, ind, ind, ds ? ", dP[r][jj] = 0.0f" : "", ind);
+    if (ds)
+        cg_printf(b, "%skiln_attn_mm(&dP[0][0], A_BK, gt, A_DV, 1, &vt[0][0], A_BK, nq, nk, A_DV);\n",
+                  ind);
+    cg_printf(b,
+              "%sfor (int64_t r = 0; r < nq; r++) {\n"
+              "%s    int64_t ne = A_CAUSAL ? i0 + r - j0 + 1 : nk;\n"
+              "%s    ne = ne < 0 ? 0 : ne < nk ? ne : nk;\n"
+              "%s    float L = lt[r];\n"
+              "%s    for (int64_t jj = 0; jj < ne; jj++)\n"
+              "%s        S[r][jj] = kiln_expf(S[r][jj] * A_SCALE - L);\n"
+              "%s    for (int64_t jj = ne; jj < nk; jj++)\n"
+              "%s        S[r][jj] = 0.0f;\n",
+              ind, ind, ind, ind, ind, ind, ind, ind);
+    if (ds)
+        cg_printf(b,
+                  "%s    float De = dt[r];\n"
+                  "%s    for (int64_t jj = 0; jj < nk; jj++)\n"
+                  "%s        dP[r][jj] = S[r][jj] * (dP[r][jj] - De) * A_SCALE;\n",
+                  ind, ind, ind);
+    cg_printf(b, "%s}\n", ind);
+}
+
+static void print_dq(CgBuf *b, const CgAttn *a)
+{
+    cg_puts(b, "    const int64_t nt = (A_TQ + A_BQ - 1) / A_BQ;\n"
+               "    for (int64_t w = part; w < A_NB * nt; w += nparts) {\n"
+               "        int64_t bb = w / nt, i0 = (w % nt) * A_BQ;\n"
+               "        int64_t nq = A_TQ - i0 < A_BQ ? A_TQ - i0 : A_BQ;\n");
+    cg_printf(b,
+              "        const float *qt = p%d + (bb * A_TQ + i0) * A_D;\n"
+              "        const float *kb = p%d + bb * A_TK * A_D;\n"
+              "        const float *vb = p%d + bb * A_TK * A_DV;\n"
+              "        const float *gt = p%d + (bb * A_TQ + i0) * A_DV;\n"
+              "        const float *lt = p%d + bb * A_TQ + i0;\n"
+              "        const float *dt = p%d + bb * A_TQ + i0;\n",
+              a->q, a->k, a->v, a->dO, a->lse, a->delta);
+    cg_puts(b, "        float acc[A_BQ][A_D] = {{0}};\n"
+               "        float S[A_BQ][A_BK], dP[A_BQ][A_BK], kt[A_D][A_BK], vt[A_DV][A_BK];\n"
+               "        int64_t kend = A_CAUSAL ? i0 + nq : A_TK;\n"
+               "        for (int64_t j0 = 0; j0 < kend; j0 += A_BK) {\n"
+               "            int64_t nk = kend - j0 < A_BK ? kend - j0 : A_BK;\n");
+    print_transpose(b, true, true, "            ");
+    print_p_ds(b, true, "            ");
+    cg_puts(b, "            kiln_attn_mm(&acc[0][0], A_D, &dP[0][0], A_BK, 1, kb + j0 * A_D, A_D, "
+               "nq, A_D, nk);\n"
+               "        }\n");
+    cg_printf(b,
+              "        for (int64_t r = 0; r < nq; r++)\n"
+              "            for (int64_t x = 0; x < A_D; x++)\n"
+              "                p%d[(bb * A_TQ + i0 + r) * A_D + x] = acc[r][x];\n"
+              "    }\n",
+              a->dq);
+}
+
+static void print_dkv(CgBuf *b, const CgAttn *a)
+{
+    bool dk = a->dk >= 0, dv = a->dv >= 0;
+    cg_puts(b, "    const int64_t nt = (A_TK + A_BK - 1) / A_BK;\n"
+               "    for (int64_t w = part; w < A_NB * nt; w += nparts) {\n"
+               "        int64_t bb = w / nt, j0 = (w % nt) * A_BK;\n"
+               "        int64_t nk = A_TK - j0 < A_BK ? A_TK - j0 : A_BK;\n");
+    cg_printf(b,
+              "        const float *qb = p%d + bb * A_TQ * A_D;\n"
+              "        const float *kb = p%d + bb * A_TK * A_D;\n"
+              "        const float *gb = p%d + bb * A_TQ * A_DV;\n"
+              "        const float *lb = p%d + bb * A_TQ;\n",
+              a->q, a->k, a->dO, a->lse);
+    if (dk)
+        cg_printf(b,
+                  "        const float *vb = p%d + bb * A_TK * A_DV;\n"
+                  "        const float *db = p%d + bb * A_TQ;\n"
+                  "        float vt[A_DV][A_BK], dP[A_BQ][A_BK], adk[A_BK][A_D] = {{0}};\n",
+                  a->v, a->delta);
+    if (dv)
+        cg_puts(b, "        float adv[A_BK][A_DV] = {{0}};\n");
+    cg_puts(b, "        float kt[A_D][A_BK], S[A_BQ][A_BK];\n");
+    print_transpose(b, true, dk, "        ");
+    cg_puts(b, "        for (int64_t i0 = A_CAUSAL ? j0 / A_BQ * A_BQ : 0; i0 < A_TQ; i0 += A_BQ) {\n"
+               "            int64_t nq = A_TQ - i0 < A_BQ ? A_TQ - i0 : A_BQ;\n"
+               "            const float *qt = qb + i0 * A_D, *gt = gb + i0 * A_DV, *lt = lb + i0;\n");
+    if (dk)
+        cg_puts(b, "            const float *dt = db + i0;\n");
+    print_p_ds(b, dk, "            ");
+    if (dv)
+        cg_puts(b, "            kiln_attn_mm(&adv[0][0], A_DV, &S[0][0], 1, A_BK, gt, A_DV, nk, "
+                   "A_DV, nq);\n");
+    if (dk)
+        cg_puts(b, "            kiln_attn_mm(&adk[0][0], A_D, &dP[0][0], 1, A_BK, qt, A_D, nk, A_D, "
+                   "nq);\n");
+    cg_puts(b, "        }\n"
+               "        for (int64_t jj = 0; jj < nk; jj++) {\n");
+    if (dk)
+        cg_printf(b, "            for (int64_t x = 0; x < A_D; x++)\n"
+                     "                p%d[(bb * A_TK + j0 + jj) * A_D + x] = adk[jj][x];\n",
+                  a->dk);
+    if (dv)
+        cg_printf(b, "            for (int64_t x = 0; x < A_DV; x++)\n"
+                     "                p%d[(bb * A_TK + j0 + jj) * A_DV + x] = adv[jj][x];\n",
+                  a->dv);
+    cg_puts(b, "        }\n"
+               "    }\n");
+}
+
+void cg_print_c_attn(CgBuf *b, const CgKernel *k)
+{
+    const CgAttn *a = &k->attn;
+    cg_puts(b, attn_helpers);
+    cg_printf(b,
+              "#define A_NB %lldLL\n#define A_TQ %lldLL\n#define A_TK %lldLL\n"
+              "#define A_D %lldLL\n#define A_DV %lldLL\n#define A_BQ %d\n#define A_BK %d\n"
+              "#define A_CAUSAL %d\n#define A_SCALE %.9ef\n",
+              (long long)a->batch, (long long)a->Tq, (long long)a->Tk, (long long)a->D,
+              (long long)a->Dv, A_BQ, A_BK, a->causal ? 1 : 0, a->scale);
+    const char *restrict_ = k->noalias ? "restrict " : "";
+    cg_printf(b, "void %s(", k->name);
+    for (int i = 0; i < k->params.n; i++) {
+        const CgParam *p = &k->params.v[i];
+        cg_printf(b, "%s%sfloat *%sp%d", i ? ", " : "", p->out ? "" : "const ", restrict_, i);
+    }
+    cg_puts(b, ", int64_t part, int64_t nparts)\n{\n");
+    switch (a->kind) {
+    case CG_ATTN_FWD: print_fwd(b, a); break;
+    case CG_ATTN_DQ: print_dq(b, a); break;
+    case CG_ATTN_DKV: print_dkv(b, a); break;
+    default: die("cg_print_c_attn: kernel %s is no attention kernel", k->name);
+    }
+    cg_puts(b, "}\n"
+               "#undef A_NB\n#undef A_TQ\n#undef A_TK\n#undef A_D\n#undef A_DV\n#undef A_BQ\n"
+               "#undef A_BK\n#undef A_CAUSAL\n#undef A_SCALE\n");
+}

@@ -1,0 +1,757 @@
+/* cuda_attn.c - CUDA C for the fused attention ops (OC_ATTN: attention,
+ * attention_lse, attention_dq/dk/dv; semantics in ir/ir.h), flash-attention
+ * style: the scores are computed a tile at a time in registers and never
+ * stored.
+ *
+ * Three kernels (cg_print_cuda_attn), each a thin extern "C" wrapper around
+ * one template of cg_cuda_attn_lib:
+ *   forward  one block per (query tile, batch*head): the query tile's rows
+ *            walk the key tiles with an online softmax (running max m, sum
+ *            l, rescaled output accumulator) and write o and/or lse
+ *            (= m + log l); causal key tiles past the diagonal are never
+ *            visited, the diagonal tile and the ragged end (T not a multiple
+ *            of the tile) are masked;
+ *   dq       one block per (query tile, batch*head): recomputes P = exp(S -
+ *            lse) tile by tile, dS = P * (dO V^T - delta), dQ += scale dS K;
+ *   dk, dv   one block per (key tile, batch*head): walks the query tiles
+ *            (causal: from the diagonal on), P^T, dV += P^T dO, dS^T, dK +=
+ *            scale dS^T Q. No atomics: every output element has one writer
+ *            (deterministic, like the rest of kiln's CUDA path).
+ * Every product is a warp-level 16 x 8 x 16 tile product (kiln_mma_t::run):
+ * a warp owns 16 rows of its block's tile. In bf16 it is the tensor-core
+ * mma.sync.m16n8k16 (inline PTX, sm_80 and later); in f32 (and under the
+ * emulator, KILN_CUDA_EMU_H, which cannot run inline asm) the same fragment
+ * layout is reduced with warp shuffles and f32 FMAs, so the emulator checks
+ * the layout logic the PTX path relies on. Tiles sit in static shared memory
+ * with the head sizes padded to a multiple of 16 (zeros), so any head size
+ * works; the tile sizes are chosen so that the shared memory stays within
+ * 48 KiB (attn_tiles). Accumulation and softmax are f32; bf16 operands of
+ * the second product (P, dS) are rounded to bf16 as flash attention does.
+ *
+ * Grids are 1-D (the backend launches 1-D): block b takes tile
+ * (ntiles - 1 - b % ntiles) of batch*head b / ntiles, the longest causal
+ * tiles first. */
+#include "cg_cuda.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* The device library, appended once to a program that has attention
+ * kernels (after cg_cuda_prelude: uses kiln_bf16, kiln_bf2f, kiln_f2bf). */
+const char cg_cuda_attn_lib[] =
+    "/* ---- fused attention (codegen/cuda_attn.c) ---- */\n"
+    "__device__ __forceinline__ float kiln_attn_ld(const float *p, int64_t i) { return p[i]; }\n"
+    "__device__ __forceinline__ float kiln_attn_ld(const kiln_bf16 *p, int64_t i)\n"
+    "{\n"
+    "    return kiln_bf2f(p[i]);\n"
+    "}\n"
+    "__device__ __forceinline__ void kiln_attn_st(float *p, int64_t i, float v) { p[i] = v; }\n"
+    "__device__ __forceinline__ void kiln_attn_st(kiln_bf16 *p, int64_t i, float v)\n"
+    "{\n"
+    "    p[i] = kiln_f2bf(v);\n"
+    "}\n"
+    "/* Shared-memory element of storage type T: the bits as stored. */\n"
+    "__device__ __forceinline__ void kiln_attn_sh(float *d, const float *p, int64_t i)\n"
+    "{\n"
+    "    *d = p[i];\n"
+    "}\n"
+    "__device__ __forceinline__ void kiln_attn_sh(kiln_bf16 *d, const kiln_bf16 *p, int64_t i)\n"
+    "{\n"
+    "    *d = p[i];\n"
+    "}\n"
+    "template <class E> struct kiln_mma_t;\n"
+    "/* The m16n8k16 tile product of one warp, D = A B + C, on fragments laid\n"
+    " * out as the PTX ISA documents for mma.m16n8k16 (g = lane / 4, t = lane %\n"
+    " * 4; a register R holds two consecutive k, the lower index in x/low half):\n"
+    " *   A (16 x 16, row): a0 = (g, 2t..2t+1), a1 = (g+8, 2t..), a2 = (g, 2t+8..),\n"
+    " *                     a3 = (g+8, 2t+8..);\n"
+    " *   B (16 x 8, col):  b0 = (k 2t..2t+1, n g), b1 = (k 2t+8.., n g);\n"
+    " *   C, D (16 x 8):    c0, c1 = (g, 2t), (g, 2t+1); c2, c3 = (g+8, 2t), (g+8, 2t+1).\n"
+    " * This reduction reads the other lanes' fragments with shuffles and\n"
+    " * computes with f32 FMAs: the f32 path on the GPU, and the bf16 path\n"
+    " * under the emulator. Called by all 32 lanes. */\n"
+    "template <class M>\n"
+    "__device__ __forceinline__ void kiln_mma_shfl(float c[4], const typename M::R a[4],\n"
+    "                                              const typename M::R b[2])\n"
+    "{\n"
+    "    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;\n"
+    "    for (int j = 0; j < 4; j++) {\n"
+    "        const int sa = g * 4 + j, se = (2 * t) * 4 + j, so = (2 * t + 1) * 4 + j;\n"
+    "        const typename M::R a0 = M::shfl(a[0], sa), a1 = M::shfl(a[1], sa);\n"
+    "        const typename M::R a2 = M::shfl(a[2], sa), a3 = M::shfl(a[3], sa);\n"
+    "        const typename M::R e0 = M::shfl(b[0], se), e1 = M::shfl(b[1], se);\n"
+    "        const typename M::R o0 = M::shfl(b[0], so), o1 = M::shfl(b[1], so);\n"
+    "        c[0] += M::dot(a0, e0) + M::dot(a2, e1);\n"
+    "        c[1] += M::dot(a0, o0) + M::dot(a2, o1);\n"
+    "        c[2] += M::dot(a1, e0) + M::dot(a3, e1);\n"
+    "        c[3] += M::dot(a1, o0) + M::dot(a3, o1);\n"
+    "    }\n"
+    "}\n"
+    "template <> struct kiln_mma_t<kiln_bf16> {\n"
+    "    typedef uint32_t R; /* two bf16, the lower k in the low half */\n"
+    "    static __device__ __forceinline__ R pack(kiln_bf16 lo, kiln_bf16 hi)\n"
+    "    {\n"
+    "        return (uint32_t)lo | ((uint32_t)hi << 16);\n"
+    "    }\n"
+    "    static __device__ __forceinline__ R packf(float lo, float hi)\n"
+    "    {\n"
+    "        return pack(kiln_f2bf(lo), kiln_f2bf(hi));\n"
+    "    }\n"
+    "    static __device__ __forceinline__ R shfl(R r, int src)\n"
+    "    {\n"
+    "        return __shfl_sync(0xffffffffu, r, src);\n"
+    "    }\n"
+    "    static __device__ __forceinline__ float dot(R a, R b)\n"
+    "    {\n"
+    "        return kiln_bf2f((kiln_bf16)(a & 0xffffu)) * kiln_bf2f((kiln_bf16)(b & 0xffffu)) +\n"
+    "               kiln_bf2f((kiln_bf16)(a >> 16)) * kiln_bf2f((kiln_bf16)(b >> 16));\n"
+    "    }\n"
+    "    static __device__ __forceinline__ void run(float c[4], const R a[4], const R b[2])\n"
+    "    {\n"
+    "#ifdef KILN_CUDA_EMU_H\n"
+    "        kiln_mma_shfl<kiln_mma_t<kiln_bf16> >(c, a, b);\n"
+    "#else\n"
+    "        asm(\"mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 \"\n"
+    "                     \"{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\\n\"\n"
+    "                     : \"+f\"(c[0]), \"+f\"(c[1]), \"+f\"(c[2]), \"+f\"(c[3])\n"
+    "                     : \"r\"(a[0]), \"r\"(a[1]), \"r\"(a[2]), \"r\"(a[3]), \"r\"(b[0]), "
+    "\"r\"(b[1]));\n"
+    "#endif\n"
+    "    }\n"
+    "};\n"
+    "template <> struct kiln_mma_t<float> {\n"
+    "    struct R {\n"
+    "        float x, y; /* two consecutive k */\n"
+    "    };\n"
+    "    static __device__ __forceinline__ R pack(float lo, float hi)\n"
+    "    {\n"
+    "        R r;\n"
+    "        r.x = lo;\n"
+    "        r.y = hi;\n"
+    "        return r;\n"
+    "    }\n"
+    "    static __device__ __forceinline__ R packf(float lo, float hi) { return pack(lo, hi); }\n"
+    "    static __device__ __forceinline__ R shfl(R r, int src)\n"
+    "    {\n"
+    "        return pack(__shfl_sync(0xffffffffu, r.x, src), __shfl_sync(0xffffffffu, r.y, src));\n"
+    "    }\n"
+    "    static __device__ __forceinline__ float dot(R a, R b) { return a.x * b.x + a.y * b.y; }\n"
+    "    static __device__ __forceinline__ void run(float c[4], const R a[4], const R b[2])\n"
+    "    {\n"
+    "        kiln_mma_shfl<kiln_mma_t<float> >(c, a, b);\n"
+    "    }\n"
+    "};\n"
+    "/* acc[NT] (16 x 8*NT, C layout) += A B: A is 16 x KD at A[m * lda + k] (row\n"
+    " * major), B is KD x 8*NT at B[n * sn + k * sk]. KD a multiple of 16. */\n"
+    "template <class E, int KD, int NT>\n"
+    "__device__ __forceinline__ void kiln_warp_mm(float (*acc)[4], const E *A, int lda, const E *B,\n"
+    "                                             int sn, int sk)\n"
+    "{\n"
+    "    typedef kiln_mma_t<E> M;\n"
+    "    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;\n"
+    "#pragma unroll\n"
+    "    for (int k0 = 0; k0 < KD; k0 += 16) {\n"
+    "        typename M::R a[4];\n"
+    "        const E *r0 = A + g * lda + k0 + 2 * t, *r1 = r0 + 8 * lda;\n"
+    "        a[0] = M::pack(r0[0], r0[1]);\n"
+    "        a[1] = M::pack(r1[0], r1[1]);\n"
+    "        a[2] = M::pack(r0[8], r0[9]);\n"
+    "        a[3] = M::pack(r1[8], r1[9]);\n"
+    "#pragma unroll\n"
+    "        for (int j = 0; j < NT; j++) {\n"
+    "            typename M::R b[2];\n"
+    "            const E *c0 = B + (8 * j + g) * sn + (k0 + 2 * t) * sk;\n"
+    "            b[0] = M::pack(c0[0], c0[sk]);\n"
+    "            b[1] = M::pack(c0[8 * sk], c0[9 * sk]);\n"
+    "            M::run(acc[j], a, b);\n"
+    "        }\n"
+    "    }\n"
+    "}\n"
+    "/* acc[NT] += P B: P is 16 x 16*KT held in registers in the C layout\n"
+    " * (p[2*KT]: the result of a kiln_warp_mm), rounded to E; B as above. */\n"
+    "template <class E, int KT, int NT>\n"
+    "__device__ __forceinline__ void kiln_warp_pm(float (*acc)[4], const float (*p)[4], const E *B,\n"
+    "                                             int sn, int sk)\n"
+    "{\n"
+    "    typedef kiln_mma_t<E> M;\n"
+    "    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;\n"
+    "#pragma unroll\n"
+    "    for (int kk = 0; kk < KT; kk++) {\n"
+    "        typename M::R a[4];\n"
+    "        a[0] = M::packf(p[2 * kk][0], p[2 * kk][1]);\n"
+    "        a[1] = M::packf(p[2 * kk][2], p[2 * kk][3]);\n"
+    "        a[2] = M::packf(p[2 * kk + 1][0], p[2 * kk + 1][1]);\n"
+    "        a[3] = M::packf(p[2 * kk + 1][2], p[2 * kk + 1][3]);\n"
+    "#pragma unroll\n"
+    "        for (int j = 0; j < NT; j++) {\n"
+    "            typename M::R b[2];\n"
+    "            const E *c0 = B + (8 * j + g) * sn + (16 * kk + 2 * t) * sk;\n"
+    "            b[0] = M::pack(c0[0], c0[sk]);\n"
+    "            b[1] = M::pack(c0[8 * sk], c0[9 * sk]);\n"
+    "            M::run(acc[j], a, b);\n"
+    "        }\n"
+    "    }\n"
+    "}\n"
+    "/* Rows [r0, r0 + R) of x [T, W] (row-major) into S [R][LD], zero where\n"
+    " * r >= T or the column >= W (the padding up to LD's used width WP). */\n"
+    "template <class E, int R, int W, int WP, int LD, int NTH>\n"
+    "__device__ __forceinline__ void kiln_attn_tile(E *S, const E *x, int r0, int T)\n"
+    "{\n"
+    "    for (int i = threadIdx.x; i < R * WP; i += NTH) {\n"
+    "        const int r = i / WP, c = i % WP;\n"
+    "        E v = (E)0;\n"
+    "        if (r0 + r < T && c < W)\n"
+    "            kiln_attn_sh(&v, x, (r0 + r) * W + c);\n"
+    "        S[r * LD + c] = v;\n"
+    "    }\n"
+    "}\n"
+    "/* The forward pass (see codegen/cuda_attn.c). E: storage type of q, k, v, o.\n"
+    " * BR = 16 * NW query rows per block, BC keys per tile. */\n"
+    "template <class E, int D, int DV, int NW, int BC, bool CAUSAL, bool O, bool LSE>\n"
+    "__device__ __forceinline__ void kiln_attn_fwd(const E *q, const E *k, const E *v, E *o,\n"
+    "                                              float *lse, int Tq, int Tk,\n"
+    "                                              float scale)\n"
+    "{\n"
+    "    enum { BR = 16 * NW, NTH = 32 * NW, DP = (D + 15) / 16 * 16, DVP = (DV + 15) / 16 * 16,\n"
+    "           LDK = DP + 8, LDV = DVP + 8, NS = BC / 8, NO = DVP / 8 };\n"
+    "    __shared__ E Qs[BR * LDK];\n"
+    "    __shared__ E Ks[BC * LDK];\n"
+    "    __shared__ E Vs[O ? BC * LDV : 1];\n"
+    "    const int nqt = (Tq + BR - 1) / BR, nkt = (Tk + BC - 1) / BC;\n"
+    "    const int qt = nqt - 1 - (int)blockIdx.x % nqt, bh = (int)blockIdx.x / nqt;\n"
+    "    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;\n"
+    "    q += (int64_t)bh * Tq * D;\n"
+    "    k += (int64_t)bh * Tk * D;\n"
+    "    if (O)\n"
+    "        v += (int64_t)bh * Tk * DV;\n"
+    "    if (O)\n"
+    "        o += (int64_t)bh * Tq * DV;\n"
+    "    if (LSE)\n"
+    "        lse += (int64_t)bh * Tq;\n"
+    "    kiln_attn_tile<E, BR, D, DP, LDK, NTH>(Qs, q, qt * BR, Tq);\n"
+    "    const int row0 = qt * BR + 16 * w + g, row1 = row0 + 8;\n"
+    "    float m[2] = {-KILN_INF, -KILN_INF}, l[2] = {0.0f, 0.0f};\n"
+    "    float acc[NO][4];\n"
+    "#pragma unroll\n"
+    "    for (int j = 0; j < NO; j++)\n"
+    "        acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;\n"
+    "    /* causal: the last key a row of this tile keeps is its last row */\n"
+    "    const int kend = CAUSAL ? ((qt + 1) * BR < Tk ? (qt + 1) * BR : Tk) : Tk;\n"
+    "    const int ntiles = CAUSAL ? (kend + BC - 1) / BC : nkt;\n"
+    "    for (int kt = 0; kt < ntiles; kt++) {\n"
+    "        __syncthreads();\n"
+    "        kiln_attn_tile<E, BC, D, DP, LDK, NTH>(Ks, k, kt * BC, Tk);\n"
+    "        if (O)\n"
+    "            kiln_attn_tile<E, BC, DV, DVP, LDV, NTH>(Vs, v, kt * BC, Tk);\n"
+    "        __syncthreads();\n"
+    "        float s[NS][4];\n"
+    "#pragma unroll\n"
+    "        for (int j = 0; j < NS; j++)\n"
+    "            s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;\n"
+    "        kiln_warp_mm<E, DP, NS>(s, Qs + 16 * w * LDK, LDK, Ks, LDK, 1);\n"
+    "        /* mask only where a column can be dropped: the ragged end, the diagonal */\n"
+    "        const bool edge = (kt + 1) * BC > Tk || (CAUSAL && (kt + 1) * BC - 1 > qt * BR);\n"
+    "        float mx[2] = {-KILN_INF, -KILN_INF};\n"
+    "#pragma unroll\n"
+    "        for (int j = 0; j < NS; j++)\n"
+    "#pragma unroll\n"
+    "            for (int e = 0; e < 4; e++) {\n"
+    "                float x = s[j][e] * scale;\n"
+    "                if (edge) {\n"
+    "                    const int col = kt * BC + 8 * j + 2 * t + (e & 1);\n"
+    "                    const int row = e < 2 ? row0 : row1;\n"
+    "                    if (col >= Tk || (CAUSAL && col > row))\n"
+    "                        x = -KILN_INF;\n"
+    "                }\n"
+    "                s[j][e] = x;\n"
+    "                mx[e >> 1] = fmaxf(mx[e >> 1], x);\n"
+    "            }\n"
+    "        float base[2], corr[2], sum[2] = {0.0f, 0.0f};\n"
+    "#pragma unroll\n"
+    "        for (int h = 0; h < 2; h++) {\n"
+    "            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));\n"
+    "            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));\n"
+    "            const float mn = fmaxf(m[h], mx[h]);\n"
+    "            base[h] = mn == -KILN_INF ? 0.0f : mn; /* a row with nothing kept yet */\n"
+    "            corr[h] = expf(m[h] - base[h]);\n"
+    "            m[h] = mn;\n"
+    "        }\n"
+    "#pragma unroll\n"
+    "        for (int j = 0; j < NS; j++)\n"
+    "#pragma unroll\n"
+    "            for (int e = 0; e < 4; e++) {\n"
+    "                const float p = expf(s[j][e] - base[e >> 1]);\n"
+    "                s[j][e] = p;\n"
+    "                sum[e >> 1] += p;\n"
+    "            }\n"
+    "#pragma unroll\n"
+    "        for (int h = 0; h < 2; h++) {\n"
+    "            sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 1);\n"
+    "            sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 2);\n"
+    "            l[h] = l[h] * corr[h] + sum[h];\n"
+    "        }\n"
+    "        if (O) {\n"
+    "#pragma unroll\n"
+    "            for (int j = 0; j < NO; j++) {\n"
+    "                acc[j][0] *= corr[0];\n"
+    "                acc[j][1] *= corr[0];\n"
+    "                acc[j][2] *= corr[1];\n"
+    "                acc[j][3] *= corr[1];\n"
+    "            }\n"
+    "            kiln_warp_pm<E, BC / 16, NO>(acc, s, Vs, 1, LDV);\n"
+    "        }\n"
+    "    }\n"
+    "#pragma unroll\n"
+    "    for (int h = 0; h < 2; h++) {\n"
+    "        const int row = h ? row1 : row0;\n"
+    "        if (row >= Tq)\n"
+    "            continue;\n"
+    "        if (LSE && t == 0)\n"
+    "            lse[row] = m[h] + logf(l[h]);\n"
+    "        if (O) {\n"
+    "            const float inv = 1.0f / l[h];\n"
+    "#pragma unroll\n"
+    "            for (int j = 0; j < NO; j++)\n"
+    "#pragma unroll\n"
+    "                for (int e = 0; e < 2; e++) {\n"
+    "                    const int c = 8 * j + 2 * t + e;\n"
+    "                    if (c < DV)\n"
+    "                        kiln_attn_st(o, row * DV + c, acc[j][2 * h + e] * inv);\n"
+    "                }\n"
+    "        }\n"
+    "    }\n"
+    "}\n"
+    "/* dq (see codegen/cuda_attn.c): BR = 16 * NW query rows, BC keys a tile. */\n"
+    "template <class E, int D, int DV, int NW, int BC, bool CAUSAL>\n"
+    "__device__ __forceinline__ void kiln_attn_dq(const E *q, const E *k, const E *v,\n"
+    "                                             const E *dO, const float *lse,\n"
+    "                                             const float *delta, E *dq, int Tq,\n"
+    "                                             int Tk, float scale)\n"
+    "{\n"
+    "    enum { BR = 16 * NW, NTH = 32 * NW, DP = (D + 15) / 16 * 16, DVP = (DV + 15) / 16 * 16,\n"
+    "           LDK = DP + 8, LDV = DVP + 8, NS = BC / 8, NQ = DP / 8 };\n"
+    "    __shared__ E Qs[BR * LDK];\n"
+    "    __shared__ E Os[BR * LDV];\n"
+    "    __shared__ E Ks[BC * LDK];\n"
+    "    __shared__ E Vs[BC * LDV];\n"
+    "    const int nqt = (Tq + BR - 1) / BR, nkt = (Tk + BC - 1) / BC;\n"
+    "    const int qt = nqt - 1 - (int)blockIdx.x % nqt, bh = (int)blockIdx.x / nqt;\n"
+    "    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;\n"
+    "    q += (int64_t)bh * Tq * D;\n"
+    "    dO += (int64_t)bh * Tq * DV;\n"
+    "    k += (int64_t)bh * Tk * D;\n"
+    "    v += (int64_t)bh * Tk * DV;\n"
+    "    kiln_attn_tile<E, BR, D, DP, LDK, NTH>(Qs, q, qt * BR, Tq);\n"
+    "    lse += (int64_t)bh * Tq;\n"
+    "    delta += (int64_t)bh * Tq;\n"
+    "    dq += (int64_t)bh * Tq * D;\n"
+    "    kiln_attn_tile<E, BR, DV, DVP, LDV, NTH>(Os, dO, qt * BR, Tq);\n"
+    "    const int row0 = qt * BR + 16 * w + g, row1 = row0 + 8;\n"
+    "    const float ls[2] = {row0 < Tq ? lse[row0] : 0.0f,\n"
+    "                         row1 < Tq ? lse[row1] : 0.0f};\n"
+    "    const float dl[2] = {row0 < Tq ? delta[row0] : 0.0f,\n"
+    "                         row1 < Tq ? delta[row1] : 0.0f};\n"
+    "    float acc[NQ][4];\n"
+    "#pragma unroll\n"
+    "    for (int j = 0; j < NQ; j++)\n"
+    "        acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;\n"
+    "    const int kend = CAUSAL ? ((qt + 1) * BR < Tk ? (qt + 1) * BR : Tk) : Tk;\n"
+    "    const int ntiles = CAUSAL ? (kend + BC - 1) / BC : nkt;\n"
+    "    for (int kt = 0; kt < ntiles; kt++) {\n"
+    "        __syncthreads();\n"
+    "        kiln_attn_tile<E, BC, D, DP, LDK, NTH>(Ks, k, kt * BC, Tk);\n"
+    "        kiln_attn_tile<E, BC, DV, DVP, LDV, NTH>(Vs, v, kt * BC, Tk);\n"
+    "        __syncthreads();\n"
+    "        float s[NS][4], dp[NS][4];\n"
+    "#pragma unroll\n"
+    "        for (int j = 0; j < NS; j++)\n"
+    "#pragma unroll\n"
+    "            for (int e = 0; e < 4; e++)\n"
+    "                s[j][e] = dp[j][e] = 0.0f;\n"
+    "        kiln_warp_mm<E, DP, NS>(s, Qs + 16 * w * LDK, LDK, Ks, LDK, 1);\n"
+    "        kiln_warp_mm<E, DVP, NS>(dp, Os + 16 * w * LDV, LDV, Vs, LDV, 1);\n"
+    "        const bool edge = (kt + 1) * BC > Tk || (CAUSAL && (kt + 1) * BC - 1 > qt * BR);\n"
+    "#pragma unroll\n"
+    "        for (int j = 0; j < NS; j++)\n"
+    "#pragma unroll\n"
+    "            for (int e = 0; e < 4; e++) {\n"
+    "                const int row = e < 2 ? row0 : row1;\n"
+    "                float p = expf(s[j][e] * scale - ls[e >> 1]);\n"
+    "                if (edge) {\n"
+    "                    const int col = kt * BC + 8 * j + 2 * t + (e & 1);\n"
+    "                    if (col >= Tk || (CAUSAL && col > row))\n"
+    "                        p = 0.0f;\n"
+    "                }\n"
+    "                if (row >= Tq)\n"
+    "                    p = 0.0f;\n"
+    "                s[j][e] = p * (dp[j][e] - dl[e >> 1]);\n"
+    "            }\n"
+    "        kiln_warp_pm<E, BC / 16, NQ>(acc, s, Ks, 1, LDK);\n"
+    "    }\n"
+    "#pragma unroll\n"
+    "    for (int h = 0; h < 2; h++) {\n"
+    "        const int row = h ? row1 : row0;\n"
+    "        if (row >= Tq)\n"
+    "            continue;\n"
+    "#pragma unroll\n"
+    "        for (int j = 0; j < NQ; j++)\n"
+    "#pragma unroll\n"
+    "            for (int e = 0; e < 2; e++) {\n"
+    "                const int c = 8 * j + 2 * t + e;\n"
+    "                if (c < D)\n"
+    "                    kiln_attn_st(dq, row * D + c, acc[j][2 * h + e] * scale);\n"
+    "            }\n"
+    "    }\n"
+    "}\n"
+    "/* dk and dv (see codegen/cuda_attn.c): BC = 16 * NW keys per block, BQ\n"
+    " * queries a tile. DK, DVW: which of the two it writes. */\n"
+    "template <class E, int D, int DV, int NW, int BQ, bool CAUSAL, bool DK, bool DVW>\n"
+    "__device__ __forceinline__ void kiln_attn_dkdv(const E *q, const E *k, const E *v,\n"
+    "                                               const E *dO, const float *lse,\n"
+    "                                               const float *delta, E *dk, E *dv,\n"
+    "                                               int Tq, int Tk, float scale)\n"
+    "{\n"
+    "    enum { BC = 16 * NW, NTH = 32 * NW, DP = (D + 15) / 16 * 16, DVP = (DV + 15) / 16 * 16,\n"
+    "           LDK = DP + 8, LDV = DVP + 8, NS = BQ / 8, NK = DP / 8, NV = DVP / 8 };\n"
+    "    __shared__ E Ks[BC * LDK];\n"
+    "    __shared__ E Vs[DK ? BC * LDV : 1];\n"
+    "    __shared__ E Qs[BQ * LDK];\n"
+    "    __shared__ E Os[BQ * LDV];\n"
+    "    __shared__ float Ls[BQ], Dl[BQ];\n"
+    "    const int nkt = (Tk + BC - 1) / BC, nqt = (Tq + BQ - 1) / BQ;\n"
+    "    const int kt = (int)blockIdx.x % nkt, bh = (int)blockIdx.x / nkt;\n"
+    "    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;\n"
+    "    q += (int64_t)bh * Tq * D;\n"
+    "    dO += (int64_t)bh * Tq * DV;\n"
+    "    k += (int64_t)bh * Tk * D;\n"
+    "    if (DK)\n"
+    "        v += (int64_t)bh * Tk * DV;\n"
+    "    kiln_attn_tile<E, BC, D, DP, LDK, NTH>(Ks, k, kt * BC, Tk);\n"
+    "    if (DK)\n"
+    "        kiln_attn_tile<E, BC, DV, DVP, LDV, NTH>(Vs, v, kt * BC, Tk);\n"
+    "    lse += (int64_t)bh * Tq;\n"
+    "    if (DK) {\n"
+    "        delta += (int64_t)bh * Tq;\n"
+    "        dk += (int64_t)bh * Tk * D;\n"
+    "    }\n"
+    "    if (DVW)\n"
+    "        dv += (int64_t)bh * Tk * DV;\n"
+    "    const int key0 = kt * BC + 16 * w + g, key1 = key0 + 8;\n"
+    "    float ak[DK ? NK : 1][4], av[DVW ? NV : 1][4];\n"
+    "#pragma unroll\n"
+    "    for (int j = 0; j < (DK ? NK : 1); j++)\n"
+    "        ak[j][0] = ak[j][1] = ak[j][2] = ak[j][3] = 0.0f;\n"
+    "#pragma unroll\n"
+    "    for (int j = 0; j < (DVW ? NV : 1); j++)\n"
+    "        av[j][0] = av[j][1] = av[j][2] = av[j][3] = 0.0f;\n"
+    "    /* causal: queries before the tile's first key keep none of its keys */\n"
+    "    const int qt0 = CAUSAL ? kt * BC / BQ : 0;\n"
+    "    for (int qt = qt0; qt < nqt; qt++) {\n"
+    "        __syncthreads();\n"
+    "        kiln_attn_tile<E, BQ, D, DP, LDK, NTH>(Qs, q, qt * BQ, Tq);\n"
+    "        kiln_attn_tile<E, BQ, DV, DVP, LDV, NTH>(Os, dO, qt * BQ, Tq);\n"
+    "        for (int i = threadIdx.x; i < BQ; i += NTH) {\n"
+    "            const int r = qt * BQ + i;\n"
+    "            Ls[i] = r < Tq ? lse[r] : 0.0f;\n"
+    "            Dl[i] = r < Tq && DK ? delta[r] : 0.0f;\n"
+    "        }\n"
+    "        __syncthreads();\n"
+    "        /* transposed scores: rows are this warp's keys, columns queries */\n"
+    "        float s[NS][4];\n"
+    "#pragma unroll\n"
+    "        for (int j = 0; j < NS; j++)\n"
+    "            s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;\n"
+    "        kiln_warp_mm<E, DP, NS>(s, Ks + 16 * w * LDK, LDK, Qs, LDK, 1);\n"
+    "        const bool edge = (qt + 1) * BQ > Tq || (CAUSAL && qt * BQ < (kt + 1) * BC - 1);\n"
+    "#pragma unroll\n"
+    "        for (int j = 0; j < NS; j++)\n"
+    "#pragma unroll\n"
+    "            for (int e = 0; e < 4; e++) {\n"
+    "                const int c = 8 * j + 2 * t + (e & 1);\n"
+    "                float p = expf(s[j][e] * scale - Ls[c]);\n"
+    "                if (edge) {\n"
+    "                    const int col = qt * BQ + c, key = e < 2 ? key0 : key1;\n"
+    "                    if (col >= Tq || (CAUSAL && key > col))\n"
+    "                        p = 0.0f;\n"
+    "                }\n"
+    "                s[j][e] = p;\n"
+    "            }\n"
+    "        if (DVW)\n"
+    "            kiln_warp_pm<E, BQ / 16, NV>(av, s, Os, 1, LDV);\n"
+    "        if (DK) {\n"
+    "            float dp[NS][4];\n"
+    "#pragma unroll\n"
+    "            for (int j = 0; j < NS; j++)\n"
+    "                dp[j][0] = dp[j][1] = dp[j][2] = dp[j][3] = 0.0f;\n"
+    "            kiln_warp_mm<E, DVP, NS>(dp, Vs + 16 * w * LDV, LDV, Os, LDV, 1);\n"
+    "#pragma unroll\n"
+    "            for (int j = 0; j < NS; j++)\n"
+    "#pragma unroll\n"
+    "                for (int e = 0; e < 4; e++)\n"
+    "                    s[j][e] *= dp[j][e] - Dl[8 * j + 2 * t + (e & 1)];\n"
+    "            kiln_warp_pm<E, BQ / 16, NK>(ak, s, Qs, 1, LDK);\n"
+    "        }\n"
+    "    }\n"
+    "#pragma unroll\n"
+    "    for (int h = 0; h < 2; h++) {\n"
+    "        const int key = h ? key1 : key0;\n"
+    "        if (key >= Tk)\n"
+    "            continue;\n"
+    "        if (DK)\n"
+    "#pragma unroll\n"
+    "            for (int j = 0; j < NK; j++)\n"
+    "#pragma unroll\n"
+    "                for (int e = 0; e < 2; e++) {\n"
+    "                    const int c = 8 * j + 2 * t + e;\n"
+    "                    if (c < D)\n"
+    "                        kiln_attn_st(dk, key * D + c, ak[j][2 * h + e] * scale);\n"
+    "                }\n"
+    "        if (DVW)\n"
+    "#pragma unroll\n"
+    "            for (int j = 0; j < NV; j++)\n"
+    "#pragma unroll\n"
+    "                for (int e = 0; e < 2; e++) {\n"
+    "                    const int c = 8 * j + 2 * t + e;\n"
+    "                    if (c < DV)\n"
+    "                        kiln_attn_st(dv, key * DV + c, av[j][2 * h + e]);\n"
+    "                }\n"
+    "    }\n"
+    "}\n"
+    "\n";
+
+static int64_t pad16(int64_t x) { return (x + 15) / 16 * 16; }
+
+/* Tile sizes: the largest (warps, second tile) whose static shared memory
+ * fits in 48 KiB, preferring 4 warps; false when even one warp of 16 rows
+ * does not fit (head sizes of several hundred). */
+bool cg_cuda_attn_tiles(const CgCudaAttn *a, int *nw, int *bt)
+{
+    int64_t es = a->dt == DT_BF16 ? 2 : 4;
+    int64_t ldk = pad16(a->d) + 8, ldv = pad16(a->dv) + 8;
+    static const int cand[][2] = {{4, 64}, {4, 32}, {2, 32}, {2, 16}, {1, 16}};
+    for (size_t i = 0; i < sizeof cand / sizeof cand[0]; i++) {
+        int64_t r = 16 * cand[i][0], c = cand[i][1], bytes;
+        if (a->kind == CG_CUDA_ATTN_FWD)
+            bytes = es * (r * ldk + c * ldk + (a->want_o ? c * ldv : 1));
+        else if (a->kind == CG_CUDA_ATTN_DQ)
+            bytes = es * (r * ldk + r * ldv + c * ldk + c * ldv);
+        else
+            bytes = es * (r * ldk + (a->want_dk ? r * ldv : 1) + c * ldk + c * ldv) + 8 * c;
+        /* registers: the second tile's accumulators grow with it; past
+         * head size 64 a backward warp keeps its tiles at 32 columns */
+        if (a->kind != CG_CUDA_ATTN_FWD && c > 32 && (a->d > 64 || a->dv > 64))
+            continue;
+        if (bytes <= 48 * 1024) {
+            *nw = cand[i][0];
+            *bt = (int)c;
+            return true;
+        }
+    }
+    return false;
+}
+
+int64_t cg_cuda_attn_blocks(const CgCudaAttn *a, int nw)
+{
+    int64_t rows = a->kind == CG_CUDA_ATTN_DKDV ? a->tk : a->tq;
+    return a->bh * ((rows + 16 * nw - 1) / (16 * nw));
+}
+
+void cg_cuda_attn_cost(const CgCudaAttn *a, int nw, int bt, double *flops, double *bytes)
+{
+    int64_t es = a->dt == DT_BF16 ? 2 : 4, D = a->d, DV = a->dv;
+    bool fwd = a->kind == CG_CUDA_ATTN_FWD, dkdv = a->kind == CG_CUDA_ATTN_DKDV;
+    /* own: the block's tile (queries; keys for dk/dv); other: visited tiles */
+    int64_t br = fwd || !dkdv ? 16 * nw : bt, bc = dkdv ? 16 * nw : bt;
+    int64_t nq = (a->tq + br - 1) / br;
+    double pairs = 0, other = 0; /* kept tile cells, visited other-operand rows */
+    for (int64_t qt = 0; qt < nq && !dkdv; qt++) {
+        int64_t r0 = qt * br, r1 = r0 + br < a->tq ? r0 + br : a->tq;
+        int64_t kend = a->causal ? (r1 < a->tk ? r1 : a->tk) : a->tk;
+        /* keys of the visited tiles (whole tiles, the last one ragged) */
+        int64_t kv = (kend + bc - 1) / bc * bc;
+        if (kv > a->tk)
+            kv = a->tk;
+        pairs += (double)(r1 - r0) * (double)kv;
+        other += (double)kv;
+    }
+    if (dkdv) /* each key tile reads the query tiles from its diagonal on */
+        for (int64_t kt = 0; kt * bc < a->tk; kt++) {
+            int64_t q0 = a->causal ? kt * bc / br * br : 0;
+            int64_t keys = (kt + 1) * bc < a->tk ? bc : a->tk - kt * bc;
+            other += (double)(a->tq - q0);
+            pairs += (double)keys * (double)(a->tq - q0);
+        }
+    double f = 0, b = 0;
+    if (fwd) {
+        f = 2.0 * pairs * (double)(D + (a->want_o ? DV : 0));
+        b = (double)(a->tq * D * es) + other * (double)(D + (a->want_o ? DV : 0)) * es +
+            (a->want_o ? (double)(a->tq * DV * es) : 0) + (a->want_lse ? 4.0 * a->tq : 0);
+    } else if (!dkdv) {
+        f = 2.0 * pairs * (double)(2 * D + DV);
+        b = (double)(a->tq * (D + DV) * es) + other * (double)(D + DV) * es + 8.0 * a->tq +
+            (double)(a->tq * D * es);
+    } else {
+        f = 2.0 * pairs * (double)(D + DV + (a->want_dk ? D + DV : 0));
+        b = (double)(a->tk * (D + (a->want_dk ? DV : 0)) * es) +
+            other * ((double)(D + DV) * es + (a->want_dk ? 8.0 : 4.0)) +
+            (double)(a->tk * ((a->want_dk ? D : 0) + (a->want_dv ? DV : 0)) * es);
+    }
+    *flops = f * (double)a->bh;
+    *bytes = b * (double)a->bh;
+}
+
+bool cg_print_cuda_attn(CgBuf *b, const CgCudaAttn *a, const char *name, CgCudaFn *fn, Diag *d)
+{
+    int nw, bt;
+    if (!(a->dt == DT_F32 || a->dt == DT_BF16) || !cg_cuda_attn_tiles(a, &nw, &bt)) {
+        snprintf(d->msg, sizeof d->msg,
+                 "attention kernel %s: head sizes %lld/%lld in %s do not fit the CUDA tiles "
+                 "(expected f32 or bf16, head sizes up to about 256)",
+                 name, (long long)a->d, (long long)a->dv, dtype_name(a->dt));
+        return false;
+    }
+    /* in-head indices are 32-bit (registers), head offsets 64-bit */
+    int64_t lim = (int64_t)1 << 31;
+    if (a->tq * (a->d > a->dv ? a->d : a->dv) >= lim || a->tk * (a->d > a->dv ? a->d : a->dv) >= lim ||
+        cg_cuda_attn_blocks(a, nw) >= lim) {
+        snprintf(d->msg, sizeof d->msg,
+                 "attention kernel %s: %lld x %lld positions of head size %lld do not fit the "
+                 "kernels' 32-bit in-head indices",
+                 name, (long long)a->bh, (long long)(a->tq > a->tk ? a->tq : a->tk),
+                 (long long)a->d);
+        return false;
+    }
+    const char *E = a->dt == DT_BF16 ? "kiln_bf16" : "float";
+    const char *C = a->causal ? "true" : "false";
+    long long D = a->d, DV = a->dv;
+    cg_printf(b, "extern \"C\" __global__ void __launch_bounds__(%d) %s(", 32 * nw, name);
+    /* the signature: only the buffers this function reads or writes */
+    switch (a->kind) {
+    case CG_CUDA_ATTN_FWD:
+        cg_printf(b, "const %s *__restrict__ q, const %s *__restrict__ k", E, E);
+        if (a->want_o)
+            cg_printf(b, ", const %s *__restrict__ v, %s *__restrict__ o", E, E);
+        if (a->want_lse)
+            cg_puts(b, ", float *__restrict__ lse");
+        cg_printf(b, ")\n{\n    typedef %s kiln_attn_E;\n    kiln_attn_fwd<%s, %lld, %lld, %d, %d, %s, %s, %s>(q, k, %s, %s, %s, "
+                     "%d, %d, %.9ef);\n}\n",
+                  E, E, D, DV, nw, bt, C, a->want_o ? "true" : "false",
+                  a->want_lse ? "true" : "false", a->want_o ? "v" : "(const kiln_attn_E *)0",
+                  a->want_o ? "o" : "(kiln_attn_E *)0", a->want_lse ? "lse" : "(float *)0",
+                  (int)a->tq, (int)a->tk, a->scale);
+        break;
+    case CG_CUDA_ATTN_DQ:
+        cg_printf(b,
+                  "const %s *__restrict__ q, const %s *__restrict__ k, const %s *__restrict__ v, "
+                  "const %s *__restrict__ dO, const float *__restrict__ lse, const float "
+                  "*__restrict__ delta, %s *__restrict__ dq)\n{\n    kiln_attn_dq<%s, %lld, %lld, "
+                  "%d, %d, %s>(q, k, v, dO, lse, delta, dq, %d, %d, %.9ef);\n}\n",
+                  E, E, E, E, E, E, D, DV, nw, bt, C, (int)a->tq, (int)a->tk,
+                  a->scale);
+        break;
+    case CG_CUDA_ATTN_DKDV:
+        cg_printf(b, "const %s *__restrict__ q, const %s *__restrict__ k, ", E, E);
+        if (a->want_dk)
+            cg_printf(b, "const %s *__restrict__ v, ", E);
+        cg_printf(b, "const %s *__restrict__ dO, const float *__restrict__ lse", E);
+        if (a->want_dk)
+            cg_printf(b, ", const float *__restrict__ delta, %s *__restrict__ dk", E);
+        if (a->want_dv)
+            cg_printf(b, ", %s *__restrict__ dv", E);
+        cg_printf(b,
+                  ")\n{\n    typedef %s kiln_attn_E;\n    kiln_attn_dkdv<%s, %lld, %lld, %d, %d, %s, %s, %s>(q, k, %s, dO, lse, "
+                  "%s, %s, %s, %d, %d, %.9ef);\n}\n",
+                  E, E, D, DV, nw, bt, C, a->want_dk ? "true" : "false",
+                  a->want_dv ? "true" : "false", a->want_dk ? "v" : "(const kiln_attn_E *)0",
+                  a->want_dk ? "delta" : "(const float *)0", a->want_dk ? "dk" : "(kiln_attn_E *)0",
+                  a->want_dv ? "dv" : "(kiln_attn_E *)0", (int)a->tq, (int)a->tk,
+                  a->scale);
+        break;
+    }
+    if (fn) {
+        fn->rows = fn->cols = false;
+        fn->split = 1;
+        fn->threads = 32 * nw;
+        fn->blocks = cg_cuda_attn_blocks(a, nw);
+        fn->n = fn->blocks;
+        fn->attn = true;
+        fn->mma = a->dt == DT_BF16;
+        cg_cuda_attn_cost(a, nw, bt, &fn->flops, &fn->bytes);
+    }
+    return true;
+}
+
+/* The CUDA function of plan kernel k (k->attn.kind != CG_ATTN_NONE, its
+ * params stored as storage[i]): maps the kernel's CgAttn onto a CgCudaAttn
+ * and prints it (al: the variant's buffer classes, NULL: params alias only
+ * when they name one tensor); dies when its tensors do not share one storage type (see
+ * cuda_plan.c, which keeps them together) or the head size does not fit. */
+int cg_print_cuda_attn_kernel(CgBuf *b, const CgKernel *k, const char *name,
+                              const DType *storage, const CgCudaAlias *al, CgCudaFn **fn)
+{
+    const CgAttn *a = &k->attn;
+    CgCudaAttn c = {.causal = a->causal, .scale = a->scale, .dt = storage[a->q], .bh = a->batch,
+                    .tq = a->Tq, .tk = a->Tk, .d = a->D, .dv = a->Dv};
+    int order[8], n = 0;
+    order[n++] = a->q;
+    order[n++] = a->k;
+    switch (a->kind) {
+    case CG_ATTN_FWD:
+        c.kind = CG_CUDA_ATTN_FWD;
+        c.want_o = a->o >= 0;
+        c.want_lse = a->lse >= 0;
+        if (c.want_o) {
+            order[n++] = a->v;
+            order[n++] = a->o;
+        }
+        if (c.want_lse)
+            order[n++] = a->lse;
+        break;
+    case CG_ATTN_DQ:
+        c.kind = CG_CUDA_ATTN_DQ;
+        order[n++] = a->v;
+        order[n++] = a->dO;
+        order[n++] = a->lse;
+        order[n++] = a->delta;
+        order[n++] = a->dq;
+        break;
+    default:
+        c.kind = CG_CUDA_ATTN_DKDV;
+        c.want_dk = a->dk >= 0;
+        c.want_dv = a->dv >= 0;
+        if (c.want_dk)
+            order[n++] = a->v;
+        order[n++] = a->dO;
+        order[n++] = a->lse;
+        if (c.want_dk) {
+            order[n++] = a->delta;
+            order[n++] = a->dk;
+        }
+        if (c.want_dv)
+            order[n++] = a->dv;
+        break;
+    }
+    for (int i = 0; i < n; i++) {
+        int p = order[i];
+        bool stat = p == a->lse || p == a->delta;
+        if (p < 0 || storage[p] != (stat ? DT_F32 : c.dt))
+            die("cuda: attention kernel %s: param %d stored as %s (expected %s)", name, p,
+                p < 0 ? "nothing" : dtype_name(storage[p]), dtype_name(stat ? DT_F32 : c.dt));
+        /* the kernels read inputs of other tiles after writing their own
+         * outputs: an output must not share a buffer with anything */
+        for (int j = 0; j < n && k->params.v[p].out; j++)
+            if (j != i && (al ? al->all || al->cls[order[j]] == al->cls[p]
+                              : k->params.v[order[j]].tensor == k->params.v[p].tensor))
+                die("cuda: attention kernel %s: an output shares its buffer", name);
+    }
+    CgCudaFn *f = xcalloc(1, sizeof *f);
+    f->name = xstrdup(name);
+    f->param = xmalloc(sizeof(int) * (size_t)n);
+    memcpy(f->param, order, sizeof(int) * (size_t)n);
+    f->nparam = n;
+    Diag d = {{0}};
+    if (!cg_print_cuda_attn(b, &c, name, f, &d))
+        die("cuda: %s", d.msg);
+    *fn = f;
+    return 1;
+}

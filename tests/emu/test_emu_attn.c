@@ -1,0 +1,358 @@
+/* test_emu_attn.c - the fused attention kernels (codegen/cuda_attn.c) on the
+ * emulated device against a double-precision naive attention computed here
+ * from the same (stored) inputs: o, lse, dq, dk and dv, f32 and bf16 (the
+ * bf16 tensor-core path runs its documented m16n8k16 fragment layout through
+ * the emulator's shuffle implementation), causal and not, T = 1, T not a
+ * multiple of any tile, head sizes 32, 64, 128 and odd ones (24, 40), Tq !=
+ * Tk. The interpreter (ir/interp.c) does not implement the attention ops on
+ * this branch, so the reference is this file's own.
+ *
+ * Negative controls (each must make the comparison fail): the shuffle
+ * reduction reading A's rows g and g+8 swapped (a wrong fragment mapping),
+ * the forward skipping its last key tile, the dk/dv kernel starting one
+ * query tile late under the causal mask. */
+#include "cg_cuda.h"
+#include "emu.h"
+#include "testutil.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    bool bf16, causal;
+    int bh, tq, tk, d, dv;
+    double scale;
+} Case;
+
+static const Case cases[] = {
+    {false, true, 2, 70, 70, 32, 32, 0.17},   {false, false, 2, 70, 70, 64, 64, 0.125},
+    {false, true, 1, 1, 1, 64, 64, 0.125},    {false, true, 1, 83, 83, 128, 128, 0.088},
+    {false, false, 2, 19, 45, 24, 40, 0.2},   {true, true, 2, 70, 70, 32, 32, 0.17},
+    {true, false, 2, 70, 70, 64, 64, 0.125},  {true, true, 1, 1, 1, 64, 64, 0.125},
+    {true, true, 1, 83, 83, 128, 128, 0.088}, {true, false, 1, 19, 45, 24, 40, 0.2},
+    {true, true, 1, 130, 130, 64, 64, 0.125},
+};
+enum { NCASES = sizeof cases / sizeof cases[0] };
+
+static uint64_t rs = 99;
+static double rnd(void)
+{
+    rs = rs * 6364136223846793005ull + 1442695040888963407ull;
+    return (double)(rs >> 11) / 9007199254740992.0 * 2.0 - 1.0;
+}
+
+static uint16_t f2bf(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+static float bf2f(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* A tensor of n values as stored (f32 or bf16) and as the reference reads
+ * them (double). */
+typedef struct {
+    void *p;
+    double *x;
+    int64_t n;
+} Buf;
+
+static Buf buf_new(int64_t n, bool bf16, bool fill)
+{
+    Buf b = {calloc((size_t)n, bf16 ? 2 : 4), calloc((size_t)n, sizeof(double)), n};
+    for (int64_t i = 0; fill && i < n; i++) {
+        float v = (float)rnd();
+        if (bf16) {
+            ((uint16_t *)b.p)[i] = f2bf(v);
+            b.x[i] = bf2f(f2bf(v));
+        } else {
+            ((float *)b.p)[i] = v;
+            b.x[i] = v;
+        }
+    }
+    return b;
+}
+static double get(const Buf *b, bool bf16, int64_t i)
+{
+    return bf16 ? bf2f(((uint16_t *)b->p)[i]) : ((float *)b->p)[i];
+}
+static void buf_free(Buf *b)
+{
+    free(b->p);
+    free(b->x);
+}
+
+/* Relative error of the stored result against ref (NaN never passes). */
+static double err_of(const Buf *got, bool bf16, const double *ref, int64_t n)
+{
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double g = get(got, bf16, i), e = g - ref[i];
+        if (g != g)
+            return INFINITY;
+        num += e * e;
+        den += ref[i] * ref[i];
+    }
+    return sqrt(num) / (den > 0 ? sqrt(den) : 1.0);
+}
+
+/* Naive attention in double: o, lse, and given dO the gradients (ir.h). */
+static void reference(const Case *c, const double *q, const double *k, const double *v,
+                      const double *dO, double *o, double *lse, double *delta, double *dq,
+                      double *dk, double *dv)
+{
+    int Tq = c->tq, Tk = c->tk, D = c->d, DV = c->dv;
+    double *P = malloc(sizeof(double) * (size_t)Tk), *dP = malloc(sizeof(double) * (size_t)Tk);
+    memset(dq, 0, sizeof(double) * (size_t)(c->bh * Tq * D));
+    memset(dk, 0, sizeof(double) * (size_t)(c->bh * Tk * D));
+    memset(dv, 0, sizeof(double) * (size_t)(c->bh * Tk * DV));
+    for (int b = 0; b < c->bh; b++)
+        for (int i = 0; i < Tq; i++) {
+            const double *qi = q + ((int64_t)b * Tq + i) * D;
+            double mx = -INFINITY, sum = 0;
+            for (int j = 0; j < Tk; j++) {
+                P[j] = -INFINITY;
+                if (c->causal && j > i)
+                    continue;
+                double s = 0;
+                for (int e = 0; e < D; e++)
+                    s += qi[e] * k[((int64_t)b * Tk + j) * D + e];
+                P[j] = s * c->scale;
+                mx = fmax(mx, P[j]);
+            }
+            for (int j = 0; j < Tk; j++)
+                sum += P[j] == -INFINITY ? 0 : exp(P[j] - mx);
+            int64_t r = (int64_t)b * Tq + i;
+            lse[r] = mx + log(sum);
+            for (int j = 0; j < Tk; j++)
+                P[j] = P[j] == -INFINITY ? 0 : exp(P[j] - lse[r]);
+            double dl = 0;
+            for (int e = 0; e < DV; e++) {
+                double acc = 0;
+                for (int j = 0; j < Tk; j++)
+                    acc += P[j] * v[((int64_t)b * Tk + j) * DV + e];
+                o[r * DV + e] = acc;
+                dl += acc * dO[r * DV + e];
+            }
+            delta[r] = dl;
+            for (int j = 0; j < Tk; j++) {
+                double s = 0;
+                for (int e = 0; e < DV; e++)
+                    s += dO[r * DV + e] * v[((int64_t)b * Tk + j) * DV + e];
+                dP[j] = P[j] * (s - dl); /* dS */
+                for (int e = 0; e < DV; e++)
+                    dv[((int64_t)b * Tk + j) * DV + e] += P[j] * dO[r * DV + e];
+                for (int e = 0; e < D; e++) {
+                    dq[r * D + e] += c->scale * dP[j] * k[((int64_t)b * Tk + j) * D + e];
+                    dk[((int64_t)b * Tk + j) * D + e] += c->scale * dP[j] * qi[e];
+                }
+            }
+        }
+    free(P);
+    free(dP);
+}
+
+static CgCudaAttn desc(const Case *c, CgCudaAttnKind kind)
+{
+    CgCudaAttn a = {.kind = kind, .causal = c->causal, .scale = c->scale,
+                    .dt = c->bf16 ? DT_BF16 : DT_F32, .bh = c->bh, .tq = c->tq, .tk = c->tk,
+                    .d = c->d, .dv = c->dv, .want_o = true, .want_lse = true, .want_dk = true,
+                    .want_dv = true};
+    return a;
+}
+
+/* The program: the prelude, the library, three functions per case. */
+static char *program(const char *edit_from, const char *edit_to)
+{
+    CgBuf b = {0};
+    cg_puts(&b, cg_cuda_prelude);
+    cg_puts(&b, cg_cuda_attn_lib);
+    for (int i = 0; i < NCASES; i++) {
+        static const char *kn[] = {"fwd", "dq", "dkdv"};
+        for (int kd = 0; kd < 3; kd++) {
+            CgCudaAttn a = desc(&cases[i], (CgCudaAttnKind)kd);
+            char name[64];
+            snprintf(name, sizeof name, "attn%d_%s", i, kn[kd]);
+            Diag d = {{0}};
+            if (!cg_print_cuda_attn(&b, &a, name, NULL, &d))
+                fail_msg("%s", d.msg);
+        }
+    }
+    if (edit_from) {
+        char *at = strstr(b.s, edit_from);
+        if (!at)
+            fail_msg("negative control: \"%s\" is no longer in the attention library", edit_from);
+        size_t nf = strlen(edit_from), nt = strlen(edit_to), off = (size_t)(at - b.s);
+        char *s = malloc(b.n - nf + nt + 1);
+        memcpy(s, b.s, off);
+        memcpy(s + off, edit_to, nt);
+        strcpy(s + off + nt, at + nf);
+        free(b.s);
+        return s;
+    }
+    return b.s;
+}
+
+static void launch(EmuModule *m, const char *name, const CgCudaAttn *a, void **args)
+{
+    int nw, bt;
+    assert_true(cg_cuda_attn_tiles(a, &nw, &bt));
+    unsigned grid[3] = {(unsigned)cg_cuda_attn_blocks(a, nw), 1, 1}, block[3] = {32u * nw, 1, 1};
+    Diag d = {{0}};
+    if (!emu_launch(m, name, grid, block, 0, args, &d))
+        fail_msg("%s: %s", name, d.msg);
+}
+
+/* Runs case i on m; returns the worst relative error of o, lse, dq, dk, dv
+ * (each printed). */
+static double run_case(EmuModule *m, int i, bool quiet)
+{
+    const Case *c = &cases[i];
+    bool h = c->bf16;
+    int64_t nq = (int64_t)c->bh * c->tq, nk = (int64_t)c->bh * c->tk;
+    Buf q = buf_new(nq * c->d, h, true), k = buf_new(nk * c->d, h, true),
+        v = buf_new(nk * c->dv, h, true), dO = buf_new(nq * c->dv, h, true);
+    Buf o = buf_new(nq * c->dv, h, false), dq = buf_new(nq * c->d, h, false),
+        dk = buf_new(nk * c->d, h, false), dv = buf_new(nk * c->dv, h, false);
+    float *lse = calloc((size_t)nq, 4), *delta = calloc((size_t)nq, 4);
+    double *ro = malloc(sizeof(double) * (size_t)(nq * c->dv)),
+           *rl = malloc(sizeof(double) * (size_t)nq), *rd = malloc(sizeof(double) * (size_t)nq),
+           *rdq = malloc(sizeof(double) * (size_t)(nq * c->d)),
+           *rdk = malloc(sizeof(double) * (size_t)(nk * c->d)),
+           *rdv = malloc(sizeof(double) * (size_t)(nk * c->dv));
+    reference(c, q.x, k.x, v.x, dO.x, ro, rl, rd, rdq, rdk, rdv);
+    char name[64];
+    CgCudaAttn a = desc(c, CG_CUDA_ATTN_FWD);
+    snprintf(name, sizeof name, "attn%d_fwd", i);
+    void *fa[] = {&q.p, &k.p, &v.p, &o.p, &lse};
+    launch(m, name, &a, fa);
+    /* the backward takes the reference's delta (what the graph computes
+     * from dO and o in f32) */
+    for (int64_t r = 0; r < nq; r++)
+        delta[r] = (float)rd[r];
+    a = desc(c, CG_CUDA_ATTN_DQ);
+    snprintf(name, sizeof name, "attn%d_dq", i);
+    void *qa[] = {&q.p, &k.p, &v.p, &dO.p, &lse, &delta, &dq.p};
+    launch(m, name, &a, qa);
+    a = desc(c, CG_CUDA_ATTN_DKDV);
+    snprintf(name, sizeof name, "attn%d_dkdv", i);
+    void *ka[] = {&q.p, &k.p, &v.p, &dO.p, &lse, &delta, &dk.p, &dv.p};
+    launch(m, name, &a, ka);
+    Buf lb = {lse, NULL, nq};
+    double e[5] = {err_of(&o, h, ro, nq * c->dv), err_of(&lb, false, rl, nq),
+                   err_of(&dq, h, rdq, nq * c->d), err_of(&dk, h, rdk, nk * c->d),
+                   err_of(&dv, h, rdv, nk * c->dv)};
+    double worst = 0;
+    for (int j = 0; j < 5; j++)
+        worst = e[j] > worst || e[j] != e[j] ? e[j] : worst;
+    if (!quiet)
+        fprintf(stderr,
+                "case %2d %s %s bh=%d Tq=%d Tk=%d D=%d Dv=%d: o %.2e lse %.2e dq %.2e dk %.2e "
+                "dv %.2e\n",
+                i, h ? "bf16" : "f32 ", c->causal ? "causal" : "full  ", c->bh, c->tq, c->tk,
+                c->d, c->dv, e[0], e[1], e[2], e[3], e[4]);
+    buf_free(&q);
+    buf_free(&k);
+    buf_free(&v);
+    buf_free(&dO);
+    buf_free(&o);
+    buf_free(&dq);
+    buf_free(&dk);
+    buf_free(&dv);
+    free(lse);
+    free(delta);
+    free(ro);
+    free(rl);
+    free(rd);
+    free(rdq);
+    free(rdk);
+    free(rdv);
+    return worst;
+}
+
+static EmuModule *compile(const char *src, bool sanitize)
+{
+    EmuOpts o;
+    emu_opts_default(&o);
+    o.sanitize = sanitize;
+    Diag d = {{0}};
+    EmuModule *m = emu_compile(src, &o, &d);
+    if (!m)
+        fail_msg("%s", d.msg);
+    return m;
+}
+
+static void test_attention(void **state)
+{
+    (void)state;
+    char *src = program(NULL, NULL);
+    EmuModule *m = compile(src, true);
+    for (int i = 0; i < NCASES; i++) {
+        double worst = run_case(m, i, false);
+        /* f32: the CPU's accuracy; bf16: inputs, P and dS rounded to bf16
+         * for the tensor-core products, outputs stored in bf16 */
+        double tol = cases[i].bf16 ? 1e-2 : 1e-5;
+        if (!(worst < tol))
+            fail_msg("case %d: relative error %.3e over %.0e", i, worst, tol);
+    }
+    emu_free(m);
+    free(src);
+}
+
+/* Each broken variant must fail at least one case by far. */
+static void negative(const char *from, const char *to, const int *which, int n)
+{
+    char *src = program(from, to);
+    EmuModule *m = compile(src, false);
+    double worst = 0;
+    for (int j = 0; j < n; j++) {
+        double e = run_case(m, which[j], true);
+        worst = e > worst || e != e ? e : worst;
+    }
+    fprintf(stderr, "negative control \"%s\" -> \"%s\": worst relative error %.3e\n", from, to,
+            worst);
+    if (worst < 0.05)
+        fail_msg("the broken kernel \"%s\" passed (error %.3e)", to, worst);
+    emu_free(m);
+    free(src);
+}
+
+static void test_negative_controls(void **state)
+{
+    (void)state;
+    /* wrong fragment mapping: rows g and g+8 of A swapped */
+    static const int bfc[] = {6, 8};
+    negative("const typename M::R a0 = M::shfl(a[0], sa), a1 = M::shfl(a[1], sa);",
+             "const typename M::R a0 = M::shfl(a[1], sa), a1 = M::shfl(a[0], sa);", bfc, 2);
+    /* the forward skips its last key tile */
+    static const int fw[] = {1, 3};
+    negative("for (int kt = 0; kt < ntiles; kt++) {\n        __syncthreads();\n        "
+             "kiln_attn_tile<E, BC, D, DP, LDK, NTH>(Ks, k, kt * BC, Tk);\n        if (O)",
+             "for (int kt = 0; kt + 1 < ntiles; kt++) {\n        __syncthreads();\n        "
+             "kiln_attn_tile<E, BC, D, DP, LDK, NTH>(Ks, k, kt * BC, Tk);\n        if (O)",
+             fw, 2);
+    /* dk/dv starts one query tile late under the causal mask */
+    static const int ca[] = {0, 10};
+    negative("const int qt0 = CAUSAL ? kt * BC / BQ : 0;",
+             "const int qt0 = CAUSAL ? kt * BC / BQ + 1 : 0;", ca, 2);
+}
+
+int main(int argc, char **argv)
+{
+    (void)argc;
+    emu_init(argv);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_negative_controls),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,465 @@
+/* test_attention.c - the fused attention ops end to end:
+ *   - the interpreter's attention and attention_lse against the unfused
+ *     computation (matmul, scale, causal select, softmax, matmul) they
+ *     replace, f32 and bf16;
+ *   - the attention pass + autodiff (attention_lse, delta, attention_dq/dk/
+ *     dv) against autodiff of the unfused graph: loss and every gradient;
+ *   - the CPU backend's tiled kernels (codegen/cattn.c) against the
+ *     interpreter, on the training graph and on the ops alone (Tq != Tk,
+ *     Dv != D), causal and not, T = 1, T not a multiple of the tiles (32
+ *     query rows, 64 keys), head sizes 32, 64 and 128; one thread and two;
+ *   - the plan runs attention + attention_lse as one kernel and
+ *     attention_dk + attention_dv as one;
+ *   - gpt.lua's training step on the CPU backend: loss and every gradient
+ *     with the attention pass on equal those with it off (1e-5).
+ * (The CPU backend is f32 only: bf16 is checked on the interpreter.) */
+#include "testutil.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "codegen.h"
+#include "passes.h"
+#include "runtime.h"
+#include "train.h"
+
+static uint64_t rng = 99;
+static double urand(void)
+{
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (double)(rng >> 11) * (1.0 / 9007199254740992.0);
+}
+
+/* The unfused attention as nn.attention writes it, q k v params [B,H,T,D]
+ * of dtype dt, loss = sum(f32(o) * w) (w an f32 input). */
+static Graph *unfused(int B, int H, int T, int D, bool causal, const char *dt)
+{
+    char text[8192];
+    int n = snprintf(text, sizeof text,
+                     "kiln-ir v1\n"
+                     "%%q:%s[%d,%d,%d,%d] = param \"q\" zeros\n"
+                     "%%k:%s[%d,%d,%d,%d] = param \"k\" zeros\n"
+                     "%%v:%s[%d,%d,%d,%d] = param \"v\" zeros\n"
+                     "%%w:f32[%d,%d,%d,%d] = input \"w\"\n"
+                     "%%s0:%s[%d,%d,%d,%d] = matmul %%q, %%k {ta=0,tb=1}\n"
+                     "%%c:%s[] = const {value=%.17g}\n"
+                     "%%cb:%s[%d,%d,%d,%d] = broadcast %%c\n"
+                     "%%s:%s[%d,%d,%d,%d] = mul %%s0, %%cb\n",
+                     dt, B, H, T, D, dt, B, H, T, D, dt, B, H, T, D, B, H, T, D, dt, B, H, T, T,
+                     dt, 1 / sqrt(D), dt, B, H, T, T, dt, B, H, T, T);
+    const char *x = "%s";
+    if (causal) {
+        n += snprintf(text + n, sizeof text - (size_t)n,
+                      "%%i0:i32[%d,%d] = iota {axis=0}\n"
+                      "%%i1:i32[%d,%d] = iota {axis=1}\n"
+                      "%%m:u8[%d,%d] = ge %%i0, %%i1\n"
+                      "%%mb:u8[%d,%d,%d,%d] = broadcast %%m\n"
+                      "%%f:%s[] = const {value=-1e9}\n"
+                      "%%fb:%s[%d,%d,%d,%d] = broadcast %%f\n"
+                      "%%x:%s[%d,%d,%d,%d] = select %%mb, %%s, %%fb\n",
+                      T, T, T, T, T, T, B, H, T, T, dt, dt, B, H, T, T, dt, B, H, T, T);
+        x = "%x";
+    }
+    snprintf(text + n, sizeof text - (size_t)n,
+             "%%mx:%s[%d,%d,%d,1] = reduce_max %s {axes=[3]}\n"
+             "%%sg:%s[%d,%d,%d,1] = stop_gradient %%mx\n"
+             "%%mxb:%s[%d,%d,%d,%d] = broadcast %%sg\n"
+             "%%z:%s[%d,%d,%d,%d] = sub %s, %%mxb\n"
+             "%%e:%s[%d,%d,%d,%d] = exp %%z\n"
+             "%%sm:%s[%d,%d,%d,1] = reduce_sum %%e {axes=[3]}\n"
+             "%%smb:%s[%d,%d,%d,%d] = broadcast %%sm\n"
+             "%%p:%s[%d,%d,%d,%d] = div %%e, %%smb\n"
+             "%%o:%s[%d,%d,%d,%d] = matmul %%p, %%v {ta=0,tb=0}\n"
+             "%%of:f32[%d,%d,%d,%d] = cast %%o\n"
+             "%%ow:f32[%d,%d,%d,%d] = mul %%of, %%w\n"
+             "%%l4:f32[1,1,1,1] = reduce_sum %%ow {axes=[0,1,2,3]}\n"
+             "%%l:f32[] = reshape %%l4\n"
+             "output \"loss\" %%l\n"
+             "output \"o\" %%o\n",
+             dt, B, H, T, x, dt, B, H, T, dt, B, H, T, T, dt, B, H, T, T, x, dt, B, H, T, T, dt, B,
+             H, T, dt, B, H, T, T, dt, B, H, T, T, dt, B, H, T, D, B, H, T, D, B, H, T, D);
+    return parse_or_fail(text);
+}
+
+/* ||a - b|| / max(||b||, 1): relative, absolute near zero (dq and dk are
+ * exactly zero at T = 1, where the kernels leave rounding residue). */
+static double err_of(const double *a, const double *b, int64_t n)
+{
+    double d = 0, r = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (!isfinite(a[i]) || !isfinite(b[i]))
+            return INFINITY;
+        d += (a[i] - b[i]) * (a[i] - b[i]);
+        r += b[i] * b[i];
+    }
+    return sqrt(d) / fmax(sqrt(r), 1.0);
+}
+
+static int count_code(const Graph *g, Opcode c)
+{
+    int n = 0;
+    for (int i = 0; i < g->ops.n; i++)
+        n += g->ops.v[i].code == c;
+    return n;
+}
+
+/* Random values for g's inputs into val (and host f32 copies when host):
+ * params in [-2, 2) (rounded to their dtype by a cast in the interpreter's
+ * sense: bf16 values are made representable), w in [-1, 1). */
+static void fill_inputs(const Graph *g, double **val, float **host)
+{
+    for (int t = 0; t < g->t.n; t++) {
+        const Tensor *x = &g->t.v[t];
+        if (x->op >= 0)
+            continue;
+        int64_t n = shape_numel(&x->s);
+        val[t] = xmalloc(sizeof(double) * (size_t)n);
+        if (host)
+            host[t] = xmalloc(sizeof(float) * (size_t)n);
+        for (int64_t i = 0; i < n; i++) {
+            float f = (float)(x->kind == TK_PARAM ? 4 * urand() - 2 : 2 * urand() - 1);
+            if (x->s.dtype == DT_BF16) { /* truncate to 8 significant bits */
+                union { float f; uint32_t u; } c = {f};
+                c.u &= 0xffff0000u;
+                f = c.f;
+            }
+            val[t][i] = f;
+            if (host)
+                host[t][i] = f;
+        }
+    }
+}
+
+static double *named(const Graph *g, double **val, const char *name)
+{
+    int t = ir_find_output(g, name);
+    assert_true(t >= 0);
+    return val[t];
+}
+
+static int64_t nnamed(const Graph *g, const char *name)
+{
+    return shape_numel(&g->t.v[ir_find_output(g, name)].s);
+}
+
+/* g1 unfused; g2 = attention pass on g1. Both through autodiff; the
+ * interpreter's loss, o and gradients agree within tol. Returns g2 (after
+ * autodiff) for the backend checks. */
+static Graph *fused_vs_unfused(int B, int H, int T, int D, bool causal, const char *dt,
+                               double tol)
+{
+    Graph *g1 = unfused(B, H, T, D, causal, dt), *g2 = ir_clone(g1);
+    PassOpts o;
+    pass_opts_default(&o);
+    Diag d = {{0}};
+    assert_true(pass_attention(g1, &o, &d)); /* o.attention false: no change */
+    assert_int_equal(count_code(g1, OP_ATTENTION), 0);
+    o.attention = true;
+    assert_true(pass_attention(g2, &o, &d));
+    assert_int_equal(count_code(g2, OP_ATTENTION), 1);
+    assert_int_equal(count_code(g2, OP_MATMUL), 0);
+    assert_int_equal(count_code(g2, OP_EXP), 0);
+    const Op *at = NULL;
+    for (int i = 0; i < g2->ops.n; i++)
+        if (g2->ops.v[i].code == OP_ATTENTION)
+            at = &g2->ops.v[i];
+    assert_int_equal(at->attr.ia[0], causal);
+    assert_true(fabs(at->attr.f - 1 / sqrt(D)) < 1e-12);
+    if (!pass_autodiff(g1, &o, &d) || !pass_autodiff(g2, &o, &d))
+        fail_msg("autodiff: %s", d.msg);
+    assert_int_equal(count_code(g2, OP_ATTENTION_LSE), 1);
+    assert_int_equal(count_code(g2, OP_ATTENTION_DQ), 1);
+    assert_int_equal(count_code(g2, OP_ATTENTION_DK), 1);
+    assert_int_equal(count_code(g2, OP_ATTENTION_DV), 1);
+    char err[1024];
+    assert_true(ir_verify(g2, err, sizeof err));
+    double **v1 = ir_interp_alloc(g1), **v2 = ir_interp_alloc(g2);
+    fill_inputs(g1, v1, NULL);
+    for (int t = 0; t < g1->t.n; t++) /* same inputs (inputs keep their ids) */
+        if (g1->t.v[t].op < 0) {
+            int64_t n = shape_numel(&g1->t.v[t].s);
+            v2[t] = xmalloc(sizeof(double) * (size_t)n);
+            memcpy(v2[t], v1[t], sizeof(double) * (size_t)n);
+        }
+    ir_interp(g1, v1, NULL);
+    ir_interp(g2, v2, NULL);
+    static const char *const outs[] = {"loss", "o", "grad.q", "grad.k", "grad.v"};
+    for (int i = 0; i < 5; i++) {
+        double re = err_of(named(g2, v2, outs[i]), named(g1, v1, outs[i]), nnamed(g1, outs[i]));
+        if (!(re <= tol))
+            fail_msg("%s B=%d H=%d T=%d D=%d causal=%d: %s relative error %g (tol %g)", dt, B,
+                     H, T, D, causal, outs[i], re, tol);
+    }
+    ir_interp_free(g1, v1);
+    ir_interp_free(g2, v2);
+    ir_free(g1);
+    return g2;
+}
+
+/* Runs g (after the passes after autodiff) on the CPU backend with
+ * `threads` and compares every float output with the interpreter. */
+static void backend_vs_interp(Graph *g, int threads, double tol, const char *what)
+{
+    char err[1024];
+    if (!ir_verify(g, err, sizeof err))
+        fail_msg("verify: %s", err);
+    double **val = ir_interp_alloc(g);
+    float **host = xcalloc((size_t)g->t.n, sizeof(float *));
+    fill_inputs(g, val, host);
+    Diag d = {{0}};
+    ExecOpts eo = {.threads = threads};
+    Exec *e = rt_exec_create(g, &eo, &d);
+    if (!e)
+        fail_msg("rt_exec_create: %s", d.msg);
+    for (int t = 0; t < g->t.n; t++)
+        if (host[t])
+            rt_exec_write(e, t, host[t]);
+    ir_interp(g, val, NULL);
+    if (!rt_exec_run(e, 1, 0, &d))
+        fail_msg("rt_exec_run: %s", d.msg);
+    for (int k = 0; k < g->outs.n; k++) {
+        const Tensor *x = &g->t.v[g->outs.v[k].t];
+        if (x->s.dtype != DT_F32)
+            continue;
+        int64_t n = shape_numel(&x->s);
+        float *buf = xmalloc(sizeof(float) * (size_t)n);
+        double *got = xmalloc(sizeof(double) * (size_t)n);
+        rt_exec_read(e, x->id, buf);
+        for (int64_t i = 0; i < n; i++)
+            got[i] = buf[i];
+        double re = err_of(got, val[x->id], n);
+        if (!(re <= tol))
+            fail_msg("%s (%d threads): output %s relative error %g (tol %g)", what, threads,
+                     g->outs.v[k].name, re, tol);
+        free(buf);
+        free(got);
+    }
+    /* the plan: one forward kernel writes o and lse, one writes dk and dv */
+    const CgPlan *p = rt_exec_plan(e);
+    int fwd_both = 0, dkv_both = 0, lse_alone = 0;
+    for (int s = 0; s < p->steps.n; s++) {
+        if (p->steps.v[s].kind != CG_STEP_KERNEL)
+            continue;
+        const CgAttn *a = &p->kernels.v[p->steps.v[s].kernel]->attn;
+        fwd_both += a->kind == CG_ATTN_FWD && a->o >= 0 && a->lse >= 0;
+        lse_alone += a->kind == CG_ATTN_FWD && a->o < 0;
+        dkv_both += a->kind == CG_ATTN_DKV && a->dk >= 0 && a->dv >= 0;
+    }
+    if (count_code(g, OP_ATTENTION_LSE) && count_code(g, OP_ATTENTION)) {
+        assert_int_equal(lse_alone, 0);
+        assert_true(fwd_both >= 1);
+    }
+    if (count_code(g, OP_ATTENTION_DK) && count_code(g, OP_ATTENTION_DV))
+        assert_true(dkv_both >= 1);
+    rt_exec_destroy(e);
+    for (int t = 0; t < g->t.n; t++)
+        free(host[t]);
+    free(host);
+    ir_interp_free(g, val);
+}
+
+/* The passes after autodiff that the CPU backend needs (schedule). */
+static void finish(Graph *g)
+{
+    PassOpts o;
+    pass_opts_default(&o);
+    Diag d = {{0}};
+    if (!pass_simplify(g, &o, &d) || !pass_fuse(g, &o, &d) || !pass_schedule(g, &o, &d))
+        fail_msg("passes: %s", d.msg);
+}
+
+static const struct {
+    int B, H, T, D;
+} shapes[] = {
+    {2, 2, 1, 32},  /* T = 1 */
+    {1, 2, 37, 32}, /* T not a multiple of the 32-row tile */
+    {1, 2, 70, 64}, /* several key tiles, the last partial */
+    {1, 1, 9, 128},
+    {2, 1, 33, 64},
+};
+
+static void test_interp_fused_vs_unfused_f32(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        for (int c = 0; c < 2; c++) {
+            Graph *g = fused_vs_unfused(shapes[i].B, shapes[i].H, shapes[i].T, shapes[i].D, c,
+                                        "f32", 1e-9);
+            ir_free(g);
+        }
+}
+
+static void test_interp_fused_vs_unfused_bf16(void **state)
+{
+    (void)state;
+    /* the unfused graph rounds the scores, P and each partial result to
+     * bf16; the fused op rounds its result only: agreement to bf16's
+     * precision */
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        for (int c = 0; c < 2; c++) {
+            Graph *g = fused_vs_unfused(shapes[i].B, shapes[i].H, shapes[i].T, shapes[i].D, c,
+                                        "bf16", 6e-2);
+            ir_free(g);
+        }
+}
+
+static void test_backend_training_graph(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        for (int c = 0; c < 2; c++) {
+            Graph *g = fused_vs_unfused(shapes[i].B, shapes[i].H, shapes[i].T, shapes[i].D, c,
+                                        "f32", 1e-9);
+            finish(g);
+            char what[128];
+            snprintf(what, sizeof what, "B=%d H=%d T=%d D=%d causal=%d", shapes[i].B,
+                     shapes[i].H, shapes[i].T, shapes[i].D, c);
+            backend_vs_interp(g, 1, 2e-5, what);
+            backend_vs_interp(g, 2, 2e-5, what);
+            ir_free(g);
+        }
+}
+
+/* The five ops alone, inputs of any value: Tq != Tk (not causal), Dv != D. */
+static void test_backend_ops(void **state)
+{
+    (void)state;
+    static const struct {
+        int Tq, Tk, D, Dv, causal;
+    } c[] = {
+        {5, 9, 32, 16, 0}, {70, 70, 64, 64, 1}, {1, 1, 128, 128, 1}, {3, 100, 16, 48, 0},
+        {65, 65, 32, 8, 1},
+    };
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+        char text[4096];
+        int Tq = c[i].Tq, Tk = c[i].Tk, D = c[i].D, Dv = c[i].Dv;
+        snprintf(text, sizeof text,
+                 "kiln-ir v1\n"
+                 "%%q:f32[2,%d,%d] = input \"q\"\n"
+                 "%%k:f32[2,%d,%d] = input \"k\"\n"
+                 "%%v:f32[2,%d,%d] = input \"v\"\n"
+                 "%%g:f32[2,%d,%d] = input \"dO\"\n"
+                 "%%de:f32[2,%d,1] = input \"delta\"\n"
+                 "%%o:f32[2,%d,%d] = attention %%q, %%k, %%v {causal=%d,scale=0.3}\n"
+                 "%%l:f32[2,%d,1] = attention_lse %%q, %%k {causal=%d,scale=0.3}\n"
+                 "%%dq:f32[2,%d,%d] = attention_dq %%q, %%k, %%v, %%g, %%l, %%de "
+                 "{causal=%d,scale=0.3}\n"
+                 "%%dk:f32[2,%d,%d] = attention_dk %%q, %%k, %%v, %%g, %%l, %%de "
+                 "{causal=%d,scale=0.3}\n"
+                 "%%dv:f32[2,%d,%d] = attention_dv %%q, %%k, %%v, %%g, %%l, %%de "
+                 "{causal=%d,scale=0.3}\n"
+                 "output \"o\" %%o\noutput \"lse\" %%l\noutput \"dq\" %%dq\n"
+                 "output \"dk\" %%dk\noutput \"dv\" %%dv\n",
+                 Tq, D, Tk, D, Tk, Dv, Tq, Dv, Tq, Tq, Dv, c[i].causal, Tq, c[i].causal, Tq, D,
+                 c[i].causal, Tk, D, c[i].causal, Tk, Dv, c[i].causal);
+        Graph *g = parse_or_fail(text);
+        char what[128];
+        snprintf(what, sizeof what, "ops Tq=%d Tk=%d D=%d Dv=%d causal=%d", Tq, Tk, D, Dv,
+                 c[i].causal);
+        backend_vs_interp(g, 1, 2e-5, what);
+        backend_vs_interp(g, 2, 2e-5, what);
+        ir_free(g);
+    }
+}
+
+/* The FLOP count keeps only the kept pairs: causal is sum_i (i+1). */
+static void test_cost(void **state)
+{
+    (void)state;
+    Graph *g = parse_or_fail("kiln-ir v1\n"
+                             "%q:f32[3,10,8] = input \"q\"\n"
+                             "%k:f32[3,10,8] = input \"k\"\n"
+                             "%v:f32[3,10,4] = input \"v\"\n"
+                             "%o:f32[3,10,4] = attention %q, %k, %v {causal=1,scale=1}\n"
+                             "%p:f32[3,10,4] = attention %q, %k, %v {causal=0,scale=1}\n"
+                             "output \"o\" %o\noutput \"p\" %p\n");
+    double per = 2 * 8 + 4 + 2 * 4;
+    assert_true(fabs(ir_op_flops(g, &g->ops.v[0]) - 3 * 55 * per) < 1e-9);
+    assert_true(fabs(ir_op_flops(g, &g->ops.v[1]) - 3 * 100 * per) < 1e-9);
+    ir_free(g);
+}
+
+/* gpt.lua (tiny, and a longer T with D=32 heads) compiled with the attention
+ * pass on and off: one CPU step from the same inputs gives the same loss
+ * and gradients to f32 rounding. */
+static void test_gpt_step_on_off(void **state)
+{
+    (void)state;
+    static const char *const sets[][4] = {{"T=32", "C=32", "H=2", "L=2"},
+                                          {"T=70", "C=64", "H=2", "L=1"}};
+    for (int c = 0; c < 2; c++) {
+        Model *m = load_model("models/gpt.lua", sets[c], 4);
+        Graph *g[2];
+        Exec *e[2];
+        void **host = NULL;
+        for (int on = 0; on < 2; on++) {
+            RtGraphFlags gf = {.memory_budget = -1, .no_fuse_attention = !on};
+            PassOpts po;
+            rt_pass_opts(&m->train, &gf, &po);
+            assert_int_equal(po.attention, on);
+            g[on] = ir_clone(m->g);
+            Diag d = {{0}};
+            if (!pass_pipeline(g[on], &po, NULL, NULL, NULL, &d))
+                fail_msg("pipeline: %s", d.msg);
+            assert_int_equal(count_code(g[on], OP_ATTENTION) > 0, on);
+            ExecOpts eo = {.threads = 2};
+            if (!(e[on] = rt_exec_create(g[on], &eo, &d)))
+                fail_msg("rt_exec_create: %s", d.msg);
+            if (!on)
+                host = random_model_inputs(g[0]);
+            for (int t = 0; t < g[0]->t.n; t++) { /* the same inputs, by name */
+                const Tensor *x = &g[0]->t.v[t];
+                if (!host[t] || !x->name)
+                    continue;
+                int u = on ? ir_find_tensor(g[1], x->name) : t;
+                assert_true(u >= 0);
+                rt_exec_write(e[on], u, host[t]);
+            }
+            if (!rt_exec_run(e[on], 1, 0, &d))
+                fail_msg("rt_exec_run: %s", d.msg);
+        }
+        int checked = 0;
+        for (int k = 0; k < g[0]->outs.n; k++) {
+            const char *name = g[0]->outs.v[k].name;
+            if (strcmp(name, "loss") != 0 && strncmp(name, "grad.", 5) != 0)
+                continue;
+            int t0 = g[0]->outs.v[k].t, t1 = ir_find_output(g[1], name);
+            assert_true(t1 >= 0);
+            int64_t n = shape_numel(&g[0]->t.v[t0].s);
+            float *a = xmalloc(sizeof(float) * (size_t)n), *b = xmalloc(sizeof(float) * (size_t)n);
+            rt_exec_read(e[0], t0, a);
+            rt_exec_read(e[1], t1, b);
+            double re = rel_err_f32(b, a, n);
+            if (!(re <= 1e-5))
+                fail_msg("gpt %s: %s differs with the attention pass: relative error %g",
+                         sets[c][0], name, re);
+            checked++;
+            free(a);
+            free(b);
+        }
+        assert_true(checked > 4);
+        for (int t = 0; t < g[0]->t.n; t++)
+            free(host[t]);
+        free(host);
+        for (int on = 0; on < 2; on++) {
+            rt_exec_destroy(e[on]);
+            ir_free(g[on]);
+        }
+        fe_model_free(m);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_interp_fused_vs_unfused_f32),
+        cmocka_unit_test(test_interp_fused_vs_unfused_bf16),
+        cmocka_unit_test(test_backend_training_graph),
+        cmocka_unit_test(test_backend_ops),
+        cmocka_unit_test(test_cost),
+        cmocka_unit_test(test_gpt_step_on_off),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
