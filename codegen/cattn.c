@@ -7,7 +7,8 @@
  * (k transposed into a local [D][BK] block), online softmax (running max m
  * and sum l per row, the accumulator rescaled by exp(m_old - m_new)),
  * accumulate P v; at the end o = acc / l and lse = m + log l. Every product
- * of tiles is kiln_attn_mm, a 4 x 16 register-blocked loop (attn_helpers).
+ * of tiles is kiln_attn_mm, a 4 x 16 register-blocked loop
+ * (cg_c_attn_helpers, in the C prelude).
  * Backward recomputes P_ij = exp(S_ij - lse_i) from lse: CG_ATTN_DQ per
  * (batch entry, query tile) accumulates dq_i += s dS_ij k_j with dS_ij =
  * P_ij (dO_i . v_j - delta_i); CG_ATTN_DKV per (batch entry, key tile)
@@ -21,6 +22,64 @@
 #include "codegen.h"
 
 enum { A_BQ = 32, A_BK = 64 };
+
+/* The helper every attention kernel's C uses, part of the C prelude
+ * (after cg_c_prelude in every C file: the backend splits a file into parts at "\nvoid ", each
+ * with the prelude): kiln_attn_mm, C[m][n] += sum_k A(m, k) B[k][n] in a 4 x 16
+ * register block (the block's 8 accumulators stay in vector registers), and
+ * the sum over k in ascending order for every element. */
+const char cg_c_attn_helpers[] =
+    "#ifndef KILN_ATTN_HELPERS\n"
+    "#define KILN_ATTN_HELPERS\n"
+    "/* C[m*ldc + n] += sum_{k<K} A[m*sam + k*sak] * B[k*ldb + n], m < M, n < N */\n"
+    "static inline void kiln_attn_mm(float *restrict C, int64_t ldc, const float *restrict A,\n"
+    "                                int64_t sam, int64_t sak, const float *restrict B,\n"
+    "                                int64_t ldb, int64_t M, int64_t N, int64_t K)\n"
+    "{\n"
+    "    int64_t m = 0;\n"
+    "    for (; m + 4 <= M; m += 4) {\n"
+    "        int64_t n = 0;\n"
+    "        for (; n + 16 <= N; n += 16) {\n"
+    "            float c0[16], c1[16], c2[16], c3[16];\n"
+    "            for (int l = 0; l < 16; l++) {\n"
+    "                c0[l] = C[m * ldc + n + l];\n"
+    "                c1[l] = C[(m + 1) * ldc + n + l];\n"
+    "                c2[l] = C[(m + 2) * ldc + n + l];\n"
+    "                c3[l] = C[(m + 3) * ldc + n + l];\n"
+    "            }\n"
+    "            for (int64_t k = 0; k < K; k++) {\n"
+    "                const float *b = B + k * ldb + n;\n"
+    "                float a0 = A[m * sam + k * sak], a1 = A[(m + 1) * sam + k * sak];\n"
+    "                float a2 = A[(m + 2) * sam + k * sak], a3 = A[(m + 3) * sam + k * sak];\n"
+    "                for (int l = 0; l < 16; l++) {\n"
+    "                    c0[l] += a0 * b[l];\n"
+    "                    c1[l] += a1 * b[l];\n"
+    "                    c2[l] += a2 * b[l];\n"
+    "                    c3[l] += a3 * b[l];\n"
+    "                }\n"
+    "            }\n"
+    "            for (int l = 0; l < 16; l++) {\n"
+    "                C[m * ldc + n + l] = c0[l];\n"
+    "                C[(m + 1) * ldc + n + l] = c1[l];\n"
+    "                C[(m + 2) * ldc + n + l] = c2[l];\n"
+    "                C[(m + 3) * ldc + n + l] = c3[l];\n"
+    "            }\n"
+    "        }\n"
+    "        for (int64_t i = m; i < m + 4; i++)\n"
+    "            for (int64_t k = 0; k < K; k++) {\n"
+    "                float a = A[i * sam + k * sak];\n"
+    "                for (int64_t j = n; j < N; j++)\n"
+    "                    C[i * ldc + j] += a * B[k * ldb + j];\n"
+    "            }\n"
+    "    }\n"
+    "    for (; m < M; m++)\n"
+    "        for (int64_t k = 0; k < K; k++) {\n"
+    "            float a = A[m * sam + k * sak];\n"
+    "            for (int64_t j = 0; j < N; j++)\n"
+    "                C[m * ldc + j] += a * B[k * ldb + j];\n"
+    "        }\n"
+    "}\n"
+    "#endif\n";
 
 int cg_attn_partner(const Graph *g, int i)
 {
@@ -124,62 +183,6 @@ int64_t cg_attn_work(const CgAttn *a)
     return a->batch * pairs * (2 * a->D + 2 * a->Dv + 20);
 }
 
-/* The helpers every attention kernel's C uses, printed once per file (a
- * guard macro): kiln_attn_mm, C[m][n] += sum_k A(m, k) B[k][n] in a 4 x 16
- * register block (the block's 8 accumulators stay in vector registers), and
- * the sum over k in ascending order for every element. */
-static const char attn_helpers[] =
-    "#ifndef KILN_ATTN_HELPERS\n"
-    "#define KILN_ATTN_HELPERS\n"
-    "/* C[m*ldc + n] += sum_{k<K} A[m*sam + k*sak] * B[k*ldb + n], m < M, n < N */\n"
-    "static inline void kiln_attn_mm(float *restrict C, int64_t ldc, const float *restrict A,\n"
-    "                                int64_t sam, int64_t sak, const float *restrict B,\n"
-    "                                int64_t ldb, int64_t M, int64_t N, int64_t K)\n"
-    "{\n"
-    "    int64_t m = 0;\n"
-    "    for (; m + 4 <= M; m += 4) {\n"
-    "        int64_t n = 0;\n"
-    "        for (; n + 16 <= N; n += 16) {\n"
-    "            float c0[16], c1[16], c2[16], c3[16];\n"
-    "            for (int l = 0; l < 16; l++) {\n"
-    "                c0[l] = C[m * ldc + n + l];\n"
-    "                c1[l] = C[(m + 1) * ldc + n + l];\n"
-    "                c2[l] = C[(m + 2) * ldc + n + l];\n"
-    "                c3[l] = C[(m + 3) * ldc + n + l];\n"
-    "            }\n"
-    "            for (int64_t k = 0; k < K; k++) {\n"
-    "                const float *b = B + k * ldb + n;\n"
-    "                float a0 = A[m * sam + k * sak], a1 = A[(m + 1) * sam + k * sak];\n"
-    "                float a2 = A[(m + 2) * sam + k * sak], a3 = A[(m + 3) * sam + k * sak];\n"
-    "                for (int l = 0; l < 16; l++) {\n"
-    "                    c0[l] += a0 * b[l];\n"
-    "                    c1[l] += a1 * b[l];\n"
-    "                    c2[l] += a2 * b[l];\n"
-    "                    c3[l] += a3 * b[l];\n"
-    "                }\n"
-    "            }\n"
-    "            for (int l = 0; l < 16; l++) {\n"
-    "                C[m * ldc + n + l] = c0[l];\n"
-    "                C[(m + 1) * ldc + n + l] = c1[l];\n"
-    "                C[(m + 2) * ldc + n + l] = c2[l];\n"
-    "                C[(m + 3) * ldc + n + l] = c3[l];\n"
-    "            }\n"
-    "        }\n"
-    "        for (int64_t i = m; i < m + 4; i++)\n"
-    "            for (int64_t k = 0; k < K; k++) {\n"
-    "                float a = A[i * sam + k * sak];\n"
-    "                for (int64_t j = n; j < N; j++)\n"
-    "                    C[i * ldc + j] += a * B[k * ldb + j];\n"
-    "            }\n"
-    "    }\n"
-    "    for (; m < M; m++)\n"
-    "        for (int64_t k = 0; k < K; k++) {\n"
-    "            float a = A[m * sam + k * sak];\n"
-    "            for (int64_t j = 0; j < N; j++)\n"
-    "                C[m * ldc + j] += a * B[k * ldb + j];\n"
-    "        }\n"
-    "}\n"
-    "#endif\n";
 
 /* kt[x][jj] = k[j0 + jj][x] (and vt from v when `v`), jj < nk: the key
  * tile transposed, the B operand of S = q k^T (dP = dO v^T). */
@@ -386,13 +389,6 @@ static void print_dkv(CgBuf *b, const CgAttn *a)
 void cg_print_c_attn(CgBuf *b, const CgKernel *k)
 {
     const CgAttn *a = &k->attn;
-    cg_puts(b, attn_helpers);
-    cg_printf(b,
-              "#define A_NB %lldLL\n#define A_TQ %lldLL\n#define A_TK %lldLL\n"
-              "#define A_D %lldLL\n#define A_DV %lldLL\n#define A_BQ %d\n#define A_BK %d\n"
-              "#define A_CAUSAL %d\n#define A_SCALE %.9ef\n",
-              (long long)a->batch, (long long)a->Tq, (long long)a->Tk, (long long)a->D,
-              (long long)a->Dv, A_BQ, A_BK, a->causal ? 1 : 0, a->scale);
     const char *restrict_ = k->noalias ? "restrict " : "";
     cg_printf(b, "void %s(", k->name);
     for (int i = 0; i < k->params.n; i++) {
@@ -400,6 +396,14 @@ void cg_print_c_attn(CgBuf *b, const CgKernel *k)
         cg_printf(b, "%s%sfloat *%sp%d", i ? ", " : "", p->out ? "" : "const ", restrict_, i);
     }
     cg_puts(b, ", int64_t part, int64_t nparts)\n{\n");
+    /* the sizes as macros, defined inside the function: the backend splits
+     * a file at "\nvoid ", so nothing of a kernel may come before it */
+    cg_printf(b,
+              "#define A_NB %lldLL\n#define A_TQ %lldLL\n#define A_TK %lldLL\n"
+              "#define A_D %lldLL\n#define A_DV %lldLL\n#define A_BQ %d\n#define A_BK %d\n"
+              "#define A_CAUSAL %d\n#define A_SCALE %.9ef\n",
+              (long long)a->batch, (long long)a->Tq, (long long)a->Tk, (long long)a->D,
+              (long long)a->Dv, A_BQ, A_BK, a->causal ? 1 : 0, a->scale);
     switch (a->kind) {
     case CG_ATTN_FWD: print_fwd(b, a); break;
     case CG_ATTN_DQ: print_dq(b, a); break;

@@ -303,6 +303,8 @@ int cg_attn_partner(const Graph *g, int i);
  * op and its cg_attn_partner). False with d set when the dtype is not f32
  * (the C printer's only type here). */
 bool cg_lower_attn(const Graph *g, const int *ops, int n, CgKernel *k, Diag *d);
+/* C the prelude carries for the attention kernels (kiln_attn_mm). */
+extern const char cg_c_attn_helpers[];
 /* Appends an attention kernel's C function (cg_print_c_kernel's signature). */
 void cg_print_c_attn(CgBuf *b, const CgKernel *k);
 /* Element-operations of one call (cg_kernel_work for an attention kernel):

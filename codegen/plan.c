@@ -210,6 +210,7 @@ CgPlan *cg_plan(const Graph *g, Diag *d)
     const MemPlan *m = p->mem;
     CgBuf src = {0};
     cg_puts(&src, cg_c_prelude);
+    cg_puts(&src, cg_c_attn_helpers); /* the attention kernels' helper */
     BodySet seen = {0};
     bool *mat = pass_fuse_materialised(g);
     CgLowerWs *lws = cg_lower_ws_new(g);

@@ -395,6 +395,7 @@ bool rt_dump_kernels(const Graph *g, const char *dir, Diag *d)
             CgBuf b = {0};
             if (!cuda) {
                 cg_puts(&b, cg_c_prelude);
+                cg_puts(&b, cg_c_attn_helpers); /* the attention kernels' helper */
                 cg_print_c_kernel(&b, k);
             } else {
                 CgCudaFn *fn = NULL;

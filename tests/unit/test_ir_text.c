@@ -94,6 +94,13 @@ static Graph *build_all(void)
     OP(g, OP_ATTENTION_DV, at, x, x, x, ao, lse, lse);
     int m2 = OP(g, OP_ADD, (OpAttr){0}, m, sc);
     last_op(g)->flags = OPF_OPTIM;
+    /* the attention family: causal with a scale that needs all its digits */
+    OpAttr at = {.ia = {1}, .nia = 1, .f = 1.0 / 3.0};
+    OP(g, OP_ATTENTION, at, x, x, x);
+    int lse = OP(g, OP_ATTENTION_LSE, ((OpAttr){.ia = {0}, .nia = 1, .f = 0.125}), x, x);
+    OP(g, OP_ATTENTION_DQ, at, x, x, x, x, lse, lse);
+    OP(g, OP_ATTENTION_DK, at, x, x, x, x, lse, lse);
+    OP(g, OP_ATTENTION_DV, at, x, x, x, x, lse, lse);
     int tok_ar = OP(g, OP_ALLREDUCE_START, ((OpAttr){.ia = {3}, .nia = 1}), sc, x);
     OP(g, OP_ALLREDUCE_WAIT, ((OpAttr){.ia = {3}, .nia = 1}), tok_ar, sc);
     ir_add_output(g, "loss", loss);
