@@ -85,13 +85,6 @@ static Graph *build_all(void)
     OP(g, OP_MATMUL, ((OpAttr){.ia = {0, 1}, .nia = 2}), x, wte);
     OP(g, OP_MATMUL, ((OpAttr){.ia = {1, 0}, .nia = 2}), x, x);
     OP0(g, OP_RANDOM, ((OpAttr){.ia = {7}, .nia = 1, .rank = 2, .shape = {2, 3}}));
-    OpAttr at = {.ia = {1}, .nia = 1, .f = 0.5};
-    int ao = OP(g, OP_ATTENTION, at, x, x, x);
-    int lse = OP(g, OP_ATTENTION_LSE, at, x, x);
-    at.ia[0] = 0, at.f = 1.0 / 3.0;
-    OP(g, OP_ATTENTION_DQ, at, x, x, x, ao, lse, lse);
-    OP(g, OP_ATTENTION_DK, at, x, x, x, ao, lse, lse);
-    OP(g, OP_ATTENTION_DV, at, x, x, x, ao, lse, lse);
     int m2 = OP(g, OP_ADD, (OpAttr){0}, m, sc);
     last_op(g)->flags = OPF_OPTIM;
     /* the attention family: causal with a scale that needs all its digits */
