@@ -103,7 +103,7 @@ expect_error "KILN_LUA_SECONDS: " -- env KILN_LUA_SECONDS=0 "$KILN" compile mode
 expect_error "$B/no_params.lua:3: the loss depends on no parameter, so there is nothing to train" -- \
     "$KILN" compile "$B/no_params.lua"
 # a function kiln does not have: said plainly, with the closest names
-expect_error "$B/missing_function.lua:3: 'erf' is not a kiln function or a global of this script; closest: eq, exp" -- \
+expect_error "$B/missing_function.lua:3: 'cosh' is not a kiln function or a global of this script; closest: cos" -- \
     "$KILN" compile "$B/missing_function.lua"
 expect_error "$B/missing_nn_function.lua:4: 'softmx' is nil where it is called (nn has no such function); closest in nn: softmax" -- \
     "$KILN" compile "$B/missing_nn_function.lua"

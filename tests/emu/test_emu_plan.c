@@ -809,9 +809,14 @@ static void expect_asan(const Case *c, char *(*edit)(const char *, void *), cons
 static void test_negative_controls(void **state)
 {
     (void)state;
+    /* the block reduction's barriers matter only with several warps per
+     * block: rows of 256 f32 (64 threads, one per 16-byte vector) */
+    const char *wide[] = {"C=256"};
+    Case w = load_case("models/gpt.lua", wide, 1);
+    expect_caught(&w, drop_barrier, "barrier dropped in kiln_block_reduce");
+    expect_caught(&w, drop_first_barrier, "barrier before the partials' writes dropped");
+    free_case(&w);
     Case c = load_case("models/gpt.lua", NULL, 0);
-    expect_caught(&c, drop_barrier, "barrier dropped in kiln_block_reduce");
-    expect_caught(&c, drop_first_barrier, "barrier before the partials' writes dropped");
     expect_caught(&c, wrong_lanes, "shuffle over wrong lanes in kiln_block_reduce");
     expect_caught(&c, shift_index, "index shifted in the first row-sum kernel");
     expect_asan(&c, overrun, "loop bound off by one in the first row-sum kernel");
@@ -990,10 +995,13 @@ static void test_row_vectors(void **state)
         print_message("%s %s: %d f32 functions with float4 accesses; bf16: %d with 8-element, "
                       "%d with 4-element ones\n",
                       path, sets[t] ? sets[t][0] : "dim=64", f4, b8, b4);
+        /* the LayerNorm forward row function and the softmax/LayerNorm
+         * backward one; the AdamW update over [dim] vectors is one
+         * horizontal function (cuda_multi.c), which has no vector path */
         if (t == 0)
-            assert_true(f4 > 2 && b8 > 0);
+            assert_true(f4 >= 2 && b8 > 0);
         else if (t == 1)
-            assert_true(f4 > 2 && b4 > 0);
+            assert_true(f4 >= 2 && b4 > 0);
         else
             assert_true(f4 == 0 && b8 == 0 && b4 == 0);
         if (t == 0)

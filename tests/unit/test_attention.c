@@ -388,9 +388,12 @@ static void test_gpt_step_on_off(void **state)
 {
     (void)state;
     static const char *const sets[][4] = {{"T=32", "C=32", "H=2", "L=2"},
-                                          {"T=70", "C=64", "H=2", "L=1"}};
-    for (int c = 0; c < 2; c++) {
-        Model *m = load_model("models/gpt.lua", sets[c], 4);
+                                          {"T=70", "C=64", "H=2", "L=1"},
+                                          {"digits=3", "H=4", "C=128", "L=2"}};
+    static const char *const path[] = {"models/gpt.lua", "models/gpt.lua",
+                                       "models/addition.lua"};
+    for (int c = 0; c < 3; c++) {
+        Model *m = load_model(path[c], sets[c], 4);
         Graph *g[2];
         Exec *e[2];
         void **host = NULL;

@@ -67,7 +67,7 @@ static const char fake_module[] =
     "  for (int s = 0; s < c->p->steps.n; s++) { a[s] = 1e-3 * s; b[s] = 1e-3 * (s + 1); }\n"
     "  say(\"times\\n\"); return true;\n"
     "}\n"
-    "static const BackendExt ext = {setup, ar_start, ar_wait, events, secs, times, NULL};\n"
+    "static const BackendExt ext = {setup, ar_start, ar_wait, events, secs, times, NULL, NULL};\n"
     "static const Backend be = {\"fake-cuda\", create, destroy, wr, rd, run, sync_, &ext, false};\n"
     "const Backend *kiln_cuda_backend(const RtCudaHost *h);\n"
     "const Backend *kiln_cuda_backend(const RtCudaHost *h) { (void)h; return &be; }\n"
