@@ -1,6 +1,6 @@
 #!/bin/bash
 # The fused attention kernels on the CPU: ms/step of gpt.lua with the
-# attention pass on (the default) and off (--no-fuse-attention), each run
+# attention pass on (--fuse-attention; off by default on the CPU) and off, each run
 # ROUNDS times alternating, and the ratio of the medians.
 #
 #   bench/attention_cpu.sh [KILN] [STEPS] [ROUNDS]
@@ -30,7 +30,7 @@ for cfg in tiny small; do
     [ "$cfg" = small ] && flags+=(--set L=4 --set C=256 --set V=512 --set T=256 --set batch=8)
     on=() off=()
     for ((r = 0; r < rounds; r++)); do
-        on+=("$(run "${flags[@]}")")
+        on+=("$(run "${flags[@]}" --fuse-attention)")
         off+=("$(run "${flags[@]}" --no-fuse-attention)")
     done
     mon=$(printf '%s\n' "${on[@]}" | median)

@@ -98,8 +98,8 @@ static void opts_flags(const PassOpts *o, char *buf, size_t n)
         ADD(" --no-overlap");
     if (o->no_fuse)
         ADD(" --no-fuse");
-    if (!o->attention)
-        ADD(" --no-fuse-attention");
+    if (o->attention)
+        ADD(" --fuse-attention");
 #undef ADD
 }
 

@@ -61,8 +61,9 @@ static const char usage_compile[] =
     "                       feasible to the no-recompute peak, auto and each\n"
     "                       fixed policy\n"
     "  --no-fuse            no fusion: every op its own kernel (same results)\n"
+    "  --fuse-attention     fused attention on the CPU too (off there by default)\n"
     "  --no-fuse-attention  keep attention as written (no fused attention op; on\n"
-    "                       by default for the CPU, off for --target GPU)\n"
+    "                       by default for --target GPU, off for the CPU)\n"
     "  --target DEVICE      predict the step on DEVICE: a100, h100, h200, b200 (with\n"
     "                       the model's precision, tf32, cuda_graph), or cpu (this\n"
     "                       machine, measured once and cached); see docs/cost.md\n"
@@ -108,8 +109,9 @@ static const char usage_train[] =
     "                       baseline the comm pass's placement is measured against)\n"
     "  --remat=POLICY       none, full, selective or auto (see kiln compile)\n"
     "  --no-fuse            no fusion: every op its own kernel (same results)\n"
+    "  --fuse-attention     fused attention kernels on the CPU too (off by default)\n"
     "  --no-fuse-attention  keep attention as written (no fused attention kernels;\n"
-    "                       the CPU fuses it by default, --device cuda not yet)\n"
+    "                       --device cuda fuses it by default, the CPU does not)\n"
     "  --cache-dir DIR      compiled-kernel cache (default: $KILN_CACHE_DIR or\n"
     "                       ~/.cache/kiln)\n"
     "  --dump-ir FILE       write the training step's IR after every pass to FILE\n"
@@ -131,6 +133,7 @@ typedef struct {
     bool no_overlap;       /* --no-overlap */
     bool no_fuse;          /* --no-fuse */
     bool no_fuse_attention; /* --no-fuse-attention */
+    bool fuse_attention;    /* --fuse-attention */
     const char *target;    /* --target DEVICE: the cost model's prediction */
     int threads;           /* --threads (--target cpu; 0: one per core) */
     const char *cache_dir; /* --cache-dir */
@@ -401,6 +404,8 @@ static int cmd_compile(int argc, char **argv)
             a.no_fuse = true;
         } else if (strcmp(argv[i], "--no-fuse-attention") == 0) {
             a.no_fuse_attention = true;
+        } else if (strcmp(argv[i], "--fuse-attention") == 0) {
+            a.fuse_attention = true;
         } else if ((v = flag_value(argc, argv, &i, "--memory-budget"))) {
             if ((a.memory_budget = parse_budget("compile", v)) < 0)
                 return 2;
@@ -473,6 +478,7 @@ static int cmd_compile(int argc, char **argv)
     RtGraphFlags gf = {.memory_budget = a.memory_budget, .remat = a.remat, .nranks = a.nproc,
                        .no_overlap = a.no_overlap, .no_fuse = a.no_fuse,
                        .no_fuse_attention = a.no_fuse_attention,
+                       .fuse_attention = a.fuse_attention,
                        .cuda = a.target && cg_device_find(a.target) != NULL};
     rt_pass_opts(&m->train, &gf, &po);
     po.dump_dir = a.dump_dir;
@@ -603,6 +609,8 @@ static int cmd_train(int argc, char **argv)
             o.no_fuse = true;
         } else if (strcmp(argv[i], "--no-fuse-attention") == 0) {
             o.no_fuse_attention = true;
+        } else if (strcmp(argv[i], "--fuse-attention") == 0) {
+            o.fuse_attention = true;
         } else if (strcmp(argv[i], "-v") == 0 || strcmp(argv[i], "--verbose") == 0) {
             o.verbose = true;
         } else if (strcmp(argv[i], "-q") == 0 || strcmp(argv[i], "--quiet") == 0) {
@@ -656,6 +664,7 @@ static const char usage_opt[] =
     "  --nproc N            comm: N data-parallel ranks (as kiln compile)\n"
     "  --no-overlap         comm: every all-reduce starts after backward\n"
     "  --no-fuse            fuse: every op its own kernel\n"
+    "  --fuse-attention     attention: on (off by default, as on the CPU)\n"
     "  --no-fuse-attention  attention: off (keep attention as written)\n"
     "  --set KEY=VALUE      a train{} setting the passes read: beta1, beta2, eps,\n"
     "                       weight_decay, grad_clip (optimizer), grad_accum,\n"
@@ -812,6 +821,8 @@ static int cmd_opt(int argc, char **argv)
             gf.no_fuse = true;
         } else if (strcmp(argv[i], "--no-fuse-attention") == 0) {
             gf.no_fuse_attention = true;
+        } else if (strcmp(argv[i], "--fuse-attention") == 0) {
+            gf.fuse_attention = true;
         } else if ((v = flag_value(argc, argv, &i, "--memory-budget"))) {
             if ((gf.memory_budget = parse_budget("opt", v)) < 0)
                 return 2;

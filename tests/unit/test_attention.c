@@ -398,7 +398,8 @@ static void test_gpt_step_on_off(void **state)
         Exec *e[2];
         void **host = NULL;
         for (int on = 0; on < 2; on++) {
-            RtGraphFlags gf = {.memory_budget = -1, .no_fuse_attention = !on};
+            RtGraphFlags gf = {.memory_budget = -1, .no_fuse_attention = !on,
+                               .fuse_attention = on};
             PassOpts po;
             rt_pass_opts(&m->train, &gf, &po);
             assert_int_equal(po.attention, on);
