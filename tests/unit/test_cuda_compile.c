@@ -242,12 +242,15 @@ static void compile_plan(const char *what, const CgPlan *pl)
         arena[bf] = check_arena(what, pl, q);
         Job job[NA];
         pthread_t th[NA];
-        for (int a = 0; a < NA; a++) {
+        /* the first compile loads the CUDA module; then the other archs in
+         * threads (loading it from two threads at once races) */
+        job[0] = (Job){.src = q->source, .arch = archs[0]};
+        compile_job(&job[0]);
+        for (int a = 1; a < NA; a++) {
             job[a] = (Job){.src = q->source, .arch = archs[a]};
-            if (a > 0 && pthread_create(&th[a], NULL, compile_job, &job[a]) != 0)
+            if (pthread_create(&th[a], NULL, compile_job, &job[a]) != 0)
                 compile_job(&job[a]);
         }
-        compile_job(&job[0]);
         for (int a = 1; a < NA; a++)
             pthread_join(th[a], NULL);
         clock_gettime(CLOCK_MONOTONIC, &t1);
