@@ -469,28 +469,28 @@ fail:
 
 /* The data source; a mismatch between the model and its data names the
  * script and its train{} line. */
+/* d's message prefixed with the script and its train{} line (or the path). */
+static void at_train_line(const Run *r, Diag *d)
+{
+    char msg[sizeof d->msg];
+    snprintf(msg, sizeof msg, "%s", d->msg);
+    if (r->m->train_line > 0)
+        snprintf(d->msg, sizeof d->msg, "%s:%d: %.1900s", r->m->path, r->m->train_line, msg);
+    else
+        snprintf(d->msg, sizeof d->msg, "%s: %.1900s", r->m->path, msg);
+}
+
 static bool open_data(Run *r, Diag *d)
 {
     DataCfg dc;
     if (!data_cfg(r, &dc, d)) {
-        char msg[sizeof d->msg];
-        snprintf(msg, sizeof msg, "%s", d->msg);
-        if (r->m->train_line > 0)
-            snprintf(d->msg, sizeof d->msg, "%s:%d: %.1900s", r->m->path, r->m->train_line, msg);
-        else
-            snprintf(d->msg, sizeof d->msg, "%s: %.1900s", r->m->path, msg);
+        at_train_line(r, d);
         return false;
     }
     r->ds = rt_data_open(&dc, d);
     free_want((DataWant *)dc.want, dc.nwant);
-    if (!r->ds && r->tensors) { /* the arrays do not fit the model: at train{} too */
-        char msg[sizeof d->msg];
-        snprintf(msg, sizeof msg, "%s", d->msg);
-        if (r->m->train_line > 0)
-            snprintf(d->msg, sizeof d->msg, "%s:%d: %.1900s", r->m->path, r->m->train_line, msg);
-        else
-            snprintf(d->msg, sizeof d->msg, "%s: %.1900s", r->m->path, msg);
-    }
+    if (!r->ds && r->tensors) /* the arrays do not fit the model: at train{} too */
+        at_train_line(r, d);
     return r->ds != NULL;
 }
 
