@@ -57,14 +57,6 @@ enum {
     H_MAX_BLOCKS = 1 << 24,  /* as cuda_print.c's MAX_BLOCKS */
 };
 
-static int64_t numel(const CgDim *d, int n)
-{
-    int64_t p = 1;
-    for (int i = 0; i < n; i++)
-        p *= d[i].n;
-    return p;
-}
-
 static bool plain_stores(const CgPhase *ph)
 {
     if (ph->acc >= 0 || ph->st.n == 0)
@@ -83,7 +75,7 @@ static int loop_kind(const CgLoop *l)
     if (l->ph.n == 1)
         return plain_stores(&l->ph.v[0]) ? 1 : 0;
     const CgPhase *r = &l->ph.v[0];
-    if (l->ph.n == 2 && numel(l->dim, l->ndim) == 1 && r->acc >= 0 && r->ndim > 0 &&
+    if (l->ph.n == 2 && cg_cuda_numel(l->dim, l->ndim) == 1 && r->acc >= 0 && r->ndim > 0 &&
         r->st.n == 0 && (r->rop == CG_RED_SUM || r->rop == CG_RED_MAX) &&
         l->ph.v[1].ndim == 0 && plain_stores(&l->ph.v[1]))
         return 2;
@@ -93,7 +85,7 @@ static int loop_kind(const CgLoop *l)
 /* Elements of loop l (outer x the largest phase's inner extent). */
 static int64_t loop_elems(const CgLoop *l)
 {
-    return numel(l->dim, l->ndim) * numel(l->ph.v[0].dim, l->ph.v[0].ndim);
+    return cg_cuda_numel(l->dim, l->ndim) * cg_cuda_numel(l->ph.v[0].dim, l->ph.v[0].ndim);
 }
 
 /* Whether loop l may be an entry of a horizontal function: 1 elementwise,
@@ -165,7 +157,7 @@ static void print_red_entry(CgBuf *b, const CgKernel *v, int li, const Table *t,
 {
     const CgLoop *l = &v->loops.v[li];
     const CgPhase *r = &l->ph.v[0], *w = &l->ph.v[1];
-    int64_t n = numel(r->dim, r->ndim), parts = t->c0[e + 1] - t->c0[e];
+    int64_t n = cg_cuda_numel(r->dim, r->ndim), parts = t->c0[e + 1] - t->c0[e];
     const char *ty = cg_cuda_acc_type(r->adt);
     const char *mx = r->rop == CG_RED_MAX ? "true" : "false";
     bool *used = xcalloc((size_t)v->nvars + 1, sizeof(bool));
@@ -275,8 +267,8 @@ static void print_entry(CgBuf *b, const CgKernel *v, int li, const Table *t, int
     const int64_t *c0 = t->c0;
     const CgLoop *l = &v->loops.v[li];
     const CgPhase *ph = &l->ph.v[0];
-    int64_t n = numel(l->dim, l->ndim) * numel(ph->dim, ph->ndim);
-    int64_t inner = numel(ph->dim, ph->ndim);
+    int64_t n = cg_cuda_numel(l->dim, l->ndim) * cg_cuda_numel(ph->dim, ph->ndim);
+    int64_t inner = cg_cuda_numel(ph->dim, ph->ndim);
     bool *used = xcalloc((size_t)v->nvars + 1, sizeof(bool));
     mark_vars(v, l, used);
     cg_indent(b, depth);
