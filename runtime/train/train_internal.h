@@ -1,0 +1,72 @@
+/* train_internal.h - what train.c shares with the other files of the
+ * training loop (train_data.c). Not part of the runtime's interface. */
+#ifndef KILN_TRAIN_INTERNAL_H
+#define KILN_TRAIN_INTERNAL_H
+
+#include "train.h"
+#include "cpu.h"
+#include "dist.h"
+
+/* Step times for the median, in memory that does not grow with --steps: at
+ * most STEP_TIMES_MAX are kept; when full, every other one is dropped and
+ * from then on only every 2nd (4th, ...) step is recorded, an even sample of
+ * the whole run. */
+#define STEP_TIMES_MAX ((int64_t)1 << 16)
+typedef struct {
+    double *ms;              /* STEP_TIMES_MAX entries once a step ran; NULL before */
+    int64_t n, stride, seen; /* kept; record every stride-th; steps seen */
+} StepTimes;
+
+typedef struct {
+    const Model *m;
+    const TrainOpts *o;
+    TrainCfg c;
+    Graph *tg, *eg;       /* training step; evaluation (forward) */
+    Exec *te, *ee;
+    void **vals;          /* host copies of tg's params and state, by id */
+    DataSource *ds;
+    bool blobs, addition, tensors;
+    bool rowy;            /* accuracy per row against input y i32[B] (blobs; tensors
+                             with logits [B,classes]) */
+    int64_t B, T;         /* T = 1 for blobs and tensors */
+    int64_t steps, step;  /* total; completed */
+    int64_t data_pos;
+    Trace *trace;
+    double t0;            /* trace time origin */
+    double flops;         /* per training step */
+    /* profile: time per phase */
+    double ph_ms[5];
+    int64_t ph_calls[5];
+    double last_val_loss, last_acc;
+    int64_t acc_right, acc_total;
+    bool have_val, have_acc;
+    RtDp *dp;             /* ranks and micro-batches (dist/dp.c) */
+    RtComm *comm;         /* its ranks; NULL: one rank */
+    int64_t skipped;      /* steps not applied (on_nonfinite = "skip") */
+    int64_t ckpt_step;    /* the last checkpoint written (-1: none) */
+    StepTimes times;      /* per step, ms */
+    double peak_gflops;   /* MFU's denominator (0: unknown) */
+    /* the model's extra scalar outputs (an auxiliary loss, a cross-entropy
+     * term): shown on the step, eval and final lines */
+    int nx;
+    const char **x_name;  /* output names (the model graph's strings) */
+    int *x_t, *x_e;       /* tensor ids in tg and eg (-1: eg lacks it) */
+    float *x_val;         /* last step's values (mean over ranks, micro-batches) */
+    double *x_eval;       /* last evaluation's means */
+    RunLog *log;          /* --log-dir (rank 0), else NULL */
+    MemPlan *mp;          /* the step's memory plan, kept for the report */
+    int grad_norm_t;      /* tg's "grad_norm" output, -1: none */
+} Run;
+
+/* Largest train{eval_batches} (the settings' bound, as for steps). An
+ * evaluation streams its batches and sums them over ranks EVAL_CHUNK at a
+ * time, so its memory does not grow with eval_batches. */
+enum { MAX_EVAL_BATCHES = 1000000000, EVAL_CHUNK = 4096 };
+
+/* The model input NAME of g, NULL when g has no input of that name. */
+const Tensor *rt_train_input(const Graph *g, const char *name);
+/* Checks the train{} data settings against the model's inputs and opens
+ * r->ds for this rank (errors name the train{} line). */
+bool rt_train_open_data(Run *r, Diag *d);
+
+#endif
