@@ -310,6 +310,20 @@ static void check_model(const char *path, const char *const *sets, int nsets)
     if (!(loss_err < 1e-2))
         fail_msg("%s bf16: loss differs from the CPU backend by %g (tolerance 1e-2)", path,
                  loss_err);
+    /* bf16 rounds every stored activation (relative 2^-9); through a few
+     * layers and the cancellation in a mean over the batch the gradients
+     * end up a few times 1e-3 off (gpt, llama, addition: at most 0.009).
+     * mlp.lua's first layer is the worst: 0.065 fused, 0.124 unfused (every
+     * intermediate stored in bf16), its [2,128] gradient a sum over the
+     * batch of terms that mostly cancel at initialisation, the error
+     * growing layer by layer from the head (0.006) down. A kernel that
+     * computes a wrong gradient is off by order 1. */
+    if (!(e < 0.25))
+        fail_msg("%s bf16: a gradient differs from the CPU backend by %g (tolerance 0.25)", path,
+                 e);
+    if (!(param_err < 1e-2))
+        fail_msg("%s bf16: params after the update differ from the CPU backend's: %g "
+                 "(tolerance 1e-2)", path, param_err);
     free_case(&c);
 }
 
