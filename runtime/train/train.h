@@ -327,9 +327,8 @@ void rt_pass_opts(const TrainCfg *c, const RtGraphFlags *f, PassOpts *po);
 /* Whether the attention pass runs by default for a backend: the CUDA
  * backend (cuda = true; codegen/cuda_attn.c). The CPU backend has the
  * kernels too (codegen/cattn.c) but they are off unless --fuse-attention:
- * with them models/addition.lua's default run ends at 9.6% held-out
- * accuracy instead of 100% although one step's loss and gradients match
- * the unfused step (test_attention); not understood yet. rt_pass_opts sets
+ * they are not faster than the unfused step there yet (docs/fusion.md,
+ * "Attention", also for the training runs compared). rt_pass_opts sets
  * PassOpts.attention from it. */
 bool rt_backend_attention(bool cuda);
 /* Learning rate after `step` steps of `steps`: linear warmup over
