@@ -10,7 +10,9 @@
 #     simplify on, equal shapes let CSE merge ops, so the graphs differ);
 #  4. each dump parses back to the same text (kiln opt, comm on one rank
 #     changes nothing);
-#  5. a sym name keeps one value, and size() reads only declared names.
+#  5. names written in other ops' shapes (reshape, random, const, iota,
+#     broadcast_to) are kept;
+#  6. a sym name keeps one value, and size() reads only declared names.
 set -u
 : "${KILN:?}"
 dir=$(mktemp -d "${TMPDIR:-/tmp}/kiln-dims-XXXXXX")
@@ -69,7 +71,28 @@ for f in "$dir"/eq/*.ir; do
         fail "$(basename "$f") does not print back the same:
 $(diff <(grep -v '^# ' "$f") <(grep -v '^# ' "$dir/rt.ir") | head -10)"
 done
-# 5. a name has one value; size() reads a declared name only
+# 5. names written in reshape, random, const, iota and broadcast_to shapes;
+# a literal 4 (C's value) in a const prints as 4
+cat > "$dir/ops.lua" <<'LUA'
+sym{B = 2, T = 3, C = 4}
+local x = input("x", {"B", "T", "C"})
+local w = param("w", {"C"}, ones())
+local y = x:reshape{"B", 12}
+local z = y:reshape{"B", "T", "C"}
+local r = random({"B", 3, "C"})
+local c = const(1, {"B", "T", 4})
+local b = broadcast_to(iota({"T", "C"}, 0, "f32"), {"B", "T", "C"})
+minimize((z * r * c * w + b):sum())
+LUA
+"$KILN" compile "$dir/ops.lua" --dump-after=frontend --dump-dir "$dir/ops" > "$dir/ops.out" 2>&1 ||
+    fail "compile of ops.lua failed: $(cat "$dir/ops.out")"
+for want in ':f32[B,12] = reshape ' ':f32[B,T,C] = reshape ' ':f32[B,3,C] = random ' \
+            ':f32[B,T,4] = const ' ':f32[T,C] = iota ' ':f32[B,T,C] = broadcast '; do
+    sed 's/ *#.*//' "$dir"/ops/*-frontend.ir | grep -qF "$want" ||
+        fail "the ops.lua dump lacks '$want'"
+done
+
+# 6. a name has one value; size() reads a declared name only
 printf 'sym{C = 4}\nsym{C = 4, D = 2}\nsym{C = 5}\n' > "$dir/redecl.lua"
 "$KILN" compile "$dir/redecl.lua" > "$dir/err" 2>&1 && fail "sym{} redeclared with another value was accepted"
 grep -qF "$dir/redecl.lua:3: sym: C is already declared as 4 (expected that value again, got 5)" \
