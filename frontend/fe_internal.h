@@ -85,8 +85,9 @@ Shape fe_tshape(lua_State *L, int id);
 /* The dtype named at idx; def when idx is none or nil. */
 int fe_parse_dtype(lua_State *L, int idx, DType def, const char *fn);
 /* A shape argument: a table of positive integers (or names declared with
- * sym{}). Returns the rank. */
-int fe_parse_shape(lua_State *L, int idx, int64_t *dim, const char *fn);
+ * sym{}). Returns the rank; names[i] (when names is not NULL) is the
+ * interned sym name dim i was written as, or NULL for a number. */
+int fe_parse_shape(lua_State *L, int idx, int64_t *dim, const char **names, const char *fn);
 /* shape_make(dt, rank, dim), or an error at the script's line when the
  * shape is too large (ir_shape_check). */
 Shape fe_checked_shape(lua_State *L, DType dt, int rank, const int64_t *dim, const char *fn);

@@ -249,11 +249,13 @@ static int l_input(lua_State *L)
 {
     check_name(L, 1, "input");
     int64_t dim[IR_MAX_RANK];
-    int rank = fe_parse_shape(L, 2, dim, "input");
+    const char *dn[IR_MAX_RANK];
+    int rank = fe_parse_shape(L, 2, dim, dn, "input");
     DType dt = (DType)fe_parse_dtype(L, 3, DT_F32, "input");
     ParamInit none = {0};
-    fe_push_tensor(L, ir_add_input(fe_get(L)->g, TK_INPUT, lua_tostring(L, 1),
-                                fe_checked_shape(L, dt, rank, dim, "input"), none));
+    Shape s = fe_checked_shape(L, dt, rank, dim, "input");
+    memcpy(s.dname, dn, sizeof(const char *) * (size_t)rank);
+    fe_push_tensor(L, ir_add_input(fe_get(L)->g, TK_INPUT, lua_tostring(L, 1), s, none));
     name_in(L, "kiln.names", lua_tostring(L, 1), true);
     return 1;
 }
@@ -262,7 +264,8 @@ static int l_param(lua_State *L)
 {
     check_name(L, 1, "param");
     int64_t dim[IR_MAX_RANK];
-    int rank = fe_parse_shape(L, 2, dim, "param");
+    const char *dn[IR_MAX_RANK];
+    int rank = fe_parse_shape(L, 2, dim, dn, "param");
     if (!luaL_testudata(L, 3, INIT_MT))
         fe_error(L, "param '%s': init must be zeros(), ones(), normal(std) or uniform(a, b) "
                     "(got %s)", lua_tostring(L, 1), luaL_typename(L, 3));
@@ -272,8 +275,9 @@ static int l_param(lua_State *L)
         fe_error(L, "param '%s': params must be float (expected f32, bf16 or f16, got %s)",
                  lua_tostring(L, 1), dtype_name(dt));
     Fe *fe = fe_get(L);
-    int t = ir_add_input(fe->g, TK_PARAM, lua_tostring(L, 1),
-                         fe_checked_shape(L, dt, rank, dim, "param"), init);
+    Shape s = fe_checked_shape(L, dt, rank, dim, "param");
+    memcpy(s.dname, dn, sizeof(const char *) * (size_t)rank);
+    int t = ir_add_input(fe->g, TK_PARAM, lua_tostring(L, 1), s, init);
     fe_push_tensor(L, t);
     name_in(L, "kiln.names", lua_tostring(L, 1), true);
     vec_push(&fe->params, ((FeParamLine){t, fe_user_loc(L).line}));
@@ -335,9 +339,17 @@ static int l_sym(lua_State *L)
             names[j] = names[j - 1];
             names[j - 1] = t;
         }
+    Graph *g = fe_get(L)->g;
     for (int i = 0; i < n; i++) {
         lua_getfield(L, 1, names[i]);
-        ir_add_sym(fe_get(L)->g, names[i], lua_tointeger(L, -1));
+        /* dims already named keep their size: a name has one value */
+        for (int k = 0; k < g->syms.n; k++)
+            if (strcmp(g->syms.v[k].name, names[i]) == 0 &&
+                g->syms.v[k].value != lua_tointeger(L, -1))
+                fe_error(L, "sym: %s is already declared as %lld (expected that value again, "
+                            "got %lld)", names[i], (long long)g->syms.v[k].value,
+                         (long long)lua_tointeger(L, -1));
+        ir_add_sym(g, names[i], lua_tointeger(L, -1));
         lua_pop(L, 1);
     }
     return 0;

@@ -8,6 +8,9 @@
 --   local fc = nn.Linear("h.0.mlp.c_fc", C, 4*C)   -- params h.0.mlp.c_fc.weight/.bias
 --   local y = fc(x)
 -- Shapes: B batch, T time, C channels, H heads, D = C/H head size.
+-- A size argument (din, dout, dim, C, hidden, n) is a number or a name
+-- declared with sym{} ("C"): a name goes into the params' shapes as it is,
+-- so their dims print as that name; size(C) is its number (docs/dsl.md).
 
 local nn = {}
 
@@ -277,6 +280,7 @@ end
 -- dimensions (50257 -> 50304 for 64).
 function nn.pad_vocab(n, multiple)
   if not multiple or multiple <= 1 then return n end
+  n = size(n)
   return (n + multiple - 1) // multiple * multiple
 end
 
@@ -295,10 +299,11 @@ function nn.embedding(tbl, idx) return gather(tbl, idx) end
 -- layer's .rows is the padded count, .n the real one.
 function nn.Embedding(name, n, dim, opts)
   opts = opts or {}
-  local rows = nn.pad_vocab(n, opts.pad)
+  local rows, count = nn.pad_vocab(n, opts.pad), size(n)
+  -- padded rows are no longer n: the padded count prints as a number
   local w = param(name .. ".weight", {rows, dim}, opts.init or normal(opts.std or 0.02))
-  if rows > n then padded_rows(w, n) end
-  return layer({w = w, n = n, rows = rows}, function(idx) return gather(w, idx) end)
+  if size(rows) > count then padded_rows(w, count) end
+  return layer({w = w, n = count, rows = size(rows)}, function(idx) return gather(w, idx) end)
 end
 
 -- Inverted dropout: keeps each element with probability 1-p, scaled by
@@ -387,14 +392,15 @@ end
 -- opts: bias (true), std (0.02), proj_std (std of c_proj), dropout (0).
 function nn.CausalSelfAttention(name, C, H, opts)
   opts = opts or {}
-  local qkv = nn.Linear(name .. ".c_attn", C, 3 * C, {bias = opts.bias, std = opts.std})
+  local c = size(C)
+  local qkv = nn.Linear(name .. ".c_attn", C, 3 * c, {bias = opts.bias, std = opts.std})
   local proj = nn.Linear(name .. ".c_proj", C, C,
                          {bias = opts.bias, std = opts.proj_std or opts.std})
   return layer({c_attn = qkv, c_proj = proj}, function(x)
     local a = qkv(x)
-    local q = nn.split_heads(a:slice(-1, 0, C), H)
-    local k = nn.split_heads(a:slice(-1, C, 2 * C), H)
-    local v = nn.split_heads(a:slice(-1, 2 * C, 3 * C), H)
+    local q = nn.split_heads(a:slice(-1, 0, c), H)
+    local k = nn.split_heads(a:slice(-1, c, 2 * c), H)
+    local v = nn.split_heads(a:slice(-1, 2 * c, 3 * c), H)
     local y = nn.merge_heads(nn.attention(q, k, v, {dropout = opts.dropout}))
     return nn.dropout(proj(y), opts.dropout)
   end)

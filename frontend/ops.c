@@ -66,7 +66,38 @@ int fe_parse_dtype(lua_State *L, int idx, DType def, const char *fn)
     return d;
 }
 
-int fe_parse_shape(lua_State *L, int idx, int64_t *dim, const char *fn)
+/* The symbol sym{} declared as name: its value and interned name; NULL
+ * when there is none. */
+static const char *sym_lookup(const Graph *g, const char *name, int64_t *v)
+{
+    for (int k = 0; k < g->syms.n; k++)
+        if (strcmp(g->syms.v[k].name, name) == 0) {
+            *v = g->syms.v[k].value;
+            return g->syms.v[k].name;
+        }
+    return NULL;
+}
+
+/* size(d): d's number, for d a number or a name declared with sym{} (so
+ * that a layer given a size as a name can compute with it). */
+static int l_size(lua_State *L)
+{
+    int isnum;
+    lua_Integer v = lua_tointegerx(L, 1, &isnum);
+    if (isnum && lua_type(L, 1) == LUA_TNUMBER) {
+        lua_pushinteger(L, v);
+        return 1;
+    }
+    int64_t sv;
+    if (lua_type(L, 1) == LUA_TSTRING && sym_lookup(fe_get(L)->g, lua_tostring(L, 1), &sv)) {
+        lua_pushinteger(L, (lua_Integer)sv);
+        return 1;
+    }
+    return fe_error(L, "size: expected an integer or a name declared with sym{} (got %s)",
+                    lua_type(L, 1) == LUA_TSTRING ? lua_tostring(L, 1) : luaL_typename(L, 1));
+}
+
+int fe_parse_shape(lua_State *L, int idx, int64_t *dim, const char **names, const char *fn)
 {
     if (!lua_istable(L, idx))
         fe_error(L, "%s: shape must be a table of positive integers (got %s)", fn,
@@ -79,13 +110,12 @@ int fe_parse_shape(lua_State *L, int idx, int64_t *dim, const char *fn)
         lua_rawgeti(L, idx, i + 1);
         int isnum;
         lua_Integer v = lua_tointegerx(L, -1, &isnum);
+        const char *dn = NULL;
         if (!isnum && lua_type(L, -1) == LUA_TSTRING) {
             const char *name = lua_tostring(L, -1);
-            for (int k = 0; k < g->syms.n; k++)
-                if (strcmp(g->syms.v[k].name, name) == 0) {
-                    v = g->syms.v[k].value;
-                    isnum = 1;
-                }
+            int64_t sv;
+            if ((dn = sym_lookup(g, name, &sv)))
+                v = (lua_Integer)sv, isnum = 1;
             if (!isnum)
                 fe_error(L, "%s: dimension %d is '%s', which is not declared with sym{} "
                             "(expected a positive integer)", fn, i, name);
@@ -94,6 +124,8 @@ int fe_parse_shape(lua_State *L, int idx, int64_t *dim, const char *fn)
             fe_error(L, "%s: dimension %d must be a positive integer (got %s)", fn, i,
                      luaL_tolstring(L, -1, NULL));
         dim[i] = v;
+        if (names)
+            names[i] = dn;
         lua_pop(L, 1);
     }
     return n;
@@ -150,9 +182,12 @@ static bool bcast_shape(const Shape *a, const Shape *b, Shape *r)
     for (int i = 0; i < n; i++) {
         int ia = a->rank - n + i, ib = b->rank - n + i;
         int64_t da = ia >= 0 ? a->dim[ia] : 1, db = ib >= 0 ? b->dim[ib] : 1;
+        const char *na = ia >= 0 ? a->dname[ia] : NULL, *nb = ib >= 0 ? b->dname[ib] : NULL;
         if (da != db && da != 1 && db != 1)
             return false;
         r->dim[i] = da == 1 ? db : da;
+        /* the name of an operand axis of the result's length, a's first */
+        r->dname[i] = na && da == r->dim[i] ? na : nb && db == r->dim[i] ? nb : NULL;
     }
     return true;
 }
@@ -166,8 +201,8 @@ static int bcast_to(lua_State *L, int id, const Shape *target)
         same = s.dim[i] == target->dim[i];
     if (same)
         return id;
-    OpAttr a = {.rank = target->rank};
-    memcpy(a.shape, target->dim, sizeof a.shape);
+    OpAttr a = {0};
+    ir_attr_set_shape(&a, target);
     return emit(L, OP_BROADCAST, &id, 1, &a);
 }
 
@@ -313,11 +348,20 @@ static int l_matmul(lua_State *L)
     return 1;
 }
 
-static int do_reshape(lua_State *L, int x, int rank, const int64_t *dim)
+/* names: the dims' names (NULL: none, or no names at all) */
+static int do_reshape_named(lua_State *L, int x, int rank, const int64_t *dim,
+                            const char *const *names)
 {
     OpAttr a = {.rank = rank};
     memcpy(a.shape, dim, sizeof(int64_t) * (size_t)rank);
+    for (int i = 0; names && i < rank; i++)
+        a.dname[i] = names[i];
     return emit(L, OP_RESHAPE, &x, 1, &a);
+}
+
+static int do_reshape(lua_State *L, int x, int rank, const int64_t *dim)
+{
+    return do_reshape_named(L, x, rank, dim, NULL);
 }
 
 /* reshape(x, shape): one dimension may be -1 (inferred). */
@@ -330,12 +374,17 @@ static int l_reshape(lua_State *L)
                  luaL_typename(L, 2));
     int n = (int)lua_rawlen(L, 2), infer = -1;
     int64_t dim[IR_MAX_RANK], known = 1;
+    const char *dn[IR_MAX_RANK] = {0};
     if (n > IR_MAX_RANK)
         fe_error(L, "reshape: too many dimensions (expected at most %d, got %d)", IR_MAX_RANK, n);
     for (int i = 0; i < n; i++) {
         lua_rawgeti(L, 2, i + 1);
         int isnum;
         lua_Integer v = lua_tointegerx(L, -1, &isnum);
+        int64_t sv;
+        if (!isnum && lua_type(L, -1) == LUA_TSTRING &&
+            (dn[i] = sym_lookup(fe_get(L)->g, lua_tostring(L, -1), &sv)))
+            v = (lua_Integer)sv, isnum = 1;
         if (isnum && v == -1 && infer < 0) {
             infer = i;
             dim[i] = 1;
@@ -364,7 +413,7 @@ static int l_reshape(lua_State *L)
         fe_error(L, "reshape: element counts differ (cannot reshape %s with %lld elements to %s)",
                  SSTR(&s), (long long)numel, want);
     }
-    fe_push_tensor(L, do_reshape(L, x, n, dim));
+    fe_push_tensor(L, do_reshape_named(L, x, n, dim, dn));
     return 1;
 }
 
@@ -609,7 +658,7 @@ static int l_reduce(lua_State *L)
 static int l_iota(lua_State *L)
 {
     OpAttr a = {0};
-    a.rank = fe_parse_shape(L, 1, a.shape, "iota");
+    a.rank = fe_parse_shape(L, 1, a.shape, a.dname, "iota");
     Shape s = shape_make(DT_I32, a.rank, a.shape);
     a.nia = 1;
     a.ia[0] = norm_axis(L, lua_isnoneornil(L, 2) ? 0 : check_int(L, 2, "iota", "axis"), &s,
@@ -625,7 +674,7 @@ static int l_const(lua_State *L)
         fe_error(L, "const: value must be a number (got %s)", luaL_typename(L, 1));
     OpAttr a = {.f = lua_tonumber(L, 1)};
     if (!lua_isnoneornil(L, 2))
-        a.rank = fe_parse_shape(L, 2, a.shape, "const");
+        a.rank = fe_parse_shape(L, 2, a.shape, a.dname, "const");
     a.dtype = (DType)fe_parse_dtype(L, 3, DT_F32, "const");
     fe_push_tensor(L, emit(L, OP_CONST, NULL, 0, &a));
     return 1;
@@ -634,7 +683,7 @@ static int l_const(lua_State *L)
 static int l_random(lua_State *L)
 {
     OpAttr a = {.nia = 1};
-    a.rank = fe_parse_shape(L, 1, a.shape, "random");
+    a.rank = fe_parse_shape(L, 1, a.shape, a.dname, "random");
     a.ia[0] = ++fe_get(L)->next_key;
     fe_push_tensor(L, emit(L, OP_RANDOM, NULL, 0, &a));
     return 1;
@@ -669,7 +718,7 @@ static int l_broadcast_to(lua_State *L)
 {
     int x = fe_check_tensor(L, 1, "broadcast_to");
     Shape s = fe_tshape(L, x), r = s, chk;
-    r.rank = fe_parse_shape(L, 2, r.dim, "broadcast_to");
+    r.rank = fe_parse_shape(L, 2, r.dim, r.dname, "broadcast_to");
     if (!bcast_shape(&s, &r, &chk) || chk.rank != r.rank ||
         memcmp(chk.dim, r.dim, sizeof(int64_t) * (size_t)r.rank) != 0)
         fe_error(L, "broadcast_to: cannot broadcast %s to %s", SSTR(&s), SSTR(&r));
@@ -795,6 +844,7 @@ void fe_open_ops(lua_State *L, const FeGlobal *extra)
     reg(L, methods, "iota", l_iota, -1, false);
     reg(L, methods, "const", l_const, -1, false);
     reg(L, methods, "random", l_random, -1, false);
+    reg(L, methods, "size", l_size, -1, false);
     for (const FeGlobal *e = extra; e && e->name; e++)
         reg(L, methods, e->name, e->f, e->up, false);
     lua_getglobal(L, "select"); /* Lua's select(n, ...) stays reachable */

@@ -132,27 +132,12 @@ Shape shape_make(DType dt, int rank, const int64_t *dim)
     return s;
 }
 
-static const char *sym_for(const Graph *g, int64_t v)
-{
-    const char *found = NULL;
-    if (!g)
-        return NULL;
-    for (int i = 0; i < g->syms.n; i++) {
-        if (g->syms.v[i].value != v)
-            continue;
-        if (found)
-            return NULL; /* ambiguous: print the number */
-        found = g->syms.v[i].name;
-    }
-    return found;
-}
-
 const char *shape_str(const Graph *g, const Shape *s, char *buf, size_t n)
 {
     size_t k = 0;
     k += (size_t)snprintf(buf + k, k < n ? n - k : 0, "%s[", dtype_name(s->dtype));
     for (int i = 0; i < s->rank; i++) {
-        const char *sym = sym_for(g, s->dim[i]);
+        const char *sym = g ? s->dname[i] : NULL;
         const char *sep = i ? "," : "";
         if (sym)
             k += (size_t)snprintf(buf + k, k < n ? n - k : 0, "%s%s", sep, sym);
@@ -162,6 +147,15 @@ const char *shape_str(const Graph *g, const Shape *s, char *buf, size_t n)
     }
     snprintf(buf + k, k < n ? n - k : 0, "]");
     return buf;
+}
+
+void ir_attr_set_shape(OpAttr *a, const Shape *s)
+{
+    a->rank = s->rank;
+    for (int i = 0; i < IR_MAX_RANK; i++) {
+        a->shape[i] = i < s->rank ? s->dim[i] : 0;
+        a->dname[i] = i < s->rank ? s->dname[i] : NULL;
+    }
 }
 
 /* ---- graph ---------------------------------------------------------------- */
@@ -218,6 +212,7 @@ int ir_add_input(Graph *g, TensorKind kind, const char *name, Shape s, ParamInit
 {
     if (kind != TK_INPUT && kind != TK_PARAM && kind != TK_STATE)
         die("ir_add_input: kind %s", ir_kind_name(kind));
+    ir_check_names(g, &s);
     int id = new_tensor(g, s, kind, name, -1);
     g->t.v[id].init = init;
     return id;
@@ -748,6 +743,7 @@ bool ir_infer(const Graph *g, Opcode code, const int *in, int nin, const OpAttr 
     char serr[400];
     if (!ir_shape_check(g, &r, serr, sizeof serr))
         FAIL("%s: %s", info->name, serr);
+    ir_infer_names(g, code, in, nin, a, &r);
     *out = r;
     return true;
 }

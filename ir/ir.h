@@ -27,8 +27,11 @@
  *   output "loss" %50
  *   update %0 <- %120
  *
- * Dims print as a symbol's name when exactly one declared symbol has that
- * value, else as a number. Attributes print in braces in a fixed order per
+ * Dim names: a dim prints as a symbol's name only where it came from that
+ * name (Shape.dname): written so in the text or the script, or carried
+ * through ops by ir_infer (dimnames.c: the axis an op passes through keeps
+ * its name); any other dim prints as its number, even when a symbol has
+ * that value. Two symbols may share a value. Attributes print in braces in a fixed order per
  * attribute kind (see IrAttrKind). Recompute and group marks print as
  * trailing attributes (see Op.flags).
  */
@@ -313,11 +316,17 @@ typedef struct {
     int line;
 } SrcLoc;
 
+/* A type: dtype plus static dims; rank 0 is a scalar. dname[i] is the
+ * declared symbol (interned) that dim i came from, or NULL: a dim carries a
+ * name by provenance, never because its number equals a symbol's value (see
+ * "Dim names" above). Names are for printing only: shape_eq and every rule
+ * that checks types ignore them. */
 typedef struct {
     DType dtype;
     int rank;
     int64_t dim[IR_MAX_RANK];
-} Shape; /* a type: dtype plus static dims; rank 0 is a scalar */
+    const char *dname[IR_MAX_RANK];
+} Shape;
 
 typedef struct {
     int id;             /* index in g->t */
@@ -335,6 +344,7 @@ typedef struct {
     DType dtype;        /* const, iota, cast: result dtype */
     int rank;           /* result shape for const/iota/random/broadcast/reshape/ */
     int64_t shape[IR_MAX_RANK]; /* slice/pad/scatter_add */
+    const char *dname[IR_MAX_RANK]; /* shape's dim names (Shape.dname); NULL: none */
 } OpAttr;
 
 enum {
@@ -398,14 +408,31 @@ bool ir_shape_check(const Graph *g, const Shape *s, char *err, size_t errlen);
 bool shape_eq(const Shape *a, const Shape *b); /* dtype and dims */
 bool shape_dims_eq(const Shape *a, const Shape *b); /* dims only */
 Shape shape_make(DType dt, int rank, const int64_t *dim);
-/* "f32[4,8]" into buf (uses g's symbols for names when g is not NULL) */
+/* "f32[B,8]" into buf: a dim prints as its name (Shape.dname) when g is not
+ * NULL and it has one, else as its number */
 const char *shape_str(const Graph *g, const Shape *s, char *buf, size_t n);
+/* a's result shape (rank, shape, dname) set to s's dims and names */
+void ir_attr_set_shape(OpAttr *a, const Shape *s);
 int ir_add_input(Graph *g, TensorKind kind, const char *name, Shape s, ParamInit init);
 /* Infer an op's result type from its operands and attributes. On a user-level
  * mismatch returns false and writes "what is wrong (expected ..., got ...)"
  * into err. The verifier and every builder use this one set of rules. */
 bool ir_infer(const Graph *g, Opcode code, const int *in, int nin, const OpAttr *a,
               Shape *out, char *err, size_t errlen);
+/* dimnames.c: the names of r's dims (r->dname) for an op whose dims
+ * ir_infer has computed into r. A dim keeps the name of the operand axis
+ * it carries through (elementwise ops, reduce's kept axes, matmul's
+ * batch/M/N, permute, the matching leading and trailing axes of reshape,
+ * a slice's untouched axes, broadcast's kept axes, gather's index and row
+ * axes); attribute shapes (const, iota, random, broadcast, reshape, ...)
+ * give their own names (OpAttr.dname). Among operands the first named one
+ * wins. A name whose symbol is not declared in g or has another value is
+ * dropped, so a printed name always parses back to its dim. */
+void ir_infer_names(const Graph *g, Opcode code, const int *in, int nin, const OpAttr *a,
+                    Shape *r);
+/* s's names checked against g's symbols as ir_infer_names does: a name
+ * g does not declare with s's value there is dropped. */
+void ir_check_names(const Graph *g, Shape *s);
 /* Append an op; infers the result; on mismatch returns -1 with err set.
  * Returns the new tensor id. */
 int ir_op(Graph *g, Opcode code, const int *in, int nin, const OpAttr *a, SrcLoc loc,

@@ -6,7 +6,8 @@
  * comments and blank lines are ignored. Tensors get fresh dense ids: graph
  * inputs first in the order they appear, then op results in program order.
  * Ops are built with ir_op, so the typing rules are ir_infer's, and each
- * declared result type must equal the inferred one.
+ * declared result type must equal the inferred one; the dim names it writes
+ * are kept (the text is where a dim's name came from).
  *
  * Errors are "NAME:LINE: what is wrong (expected ..., got ...)"; the parser
  * never dies on bad input.
@@ -323,6 +324,7 @@ static bool parse_type(P *ps, Shape *s)
         return true;
     for (;;) {
         int64_t d;
+        const char *dn = NULL; /* the dim's name, when written as one */
         skip_ws(ps);
         if (is_ident_start((unsigned char)*ps->p)) {
             ident(ps, w, sizeof w);
@@ -335,6 +337,7 @@ static bool parse_type(P *ps, Shape *s)
                                 "declared on the sym line)",
                             w);
             d = ps->g->syms.v[k].value;
+            dn = ps->g->syms.v[k].name;
         } else if (!parse_int(ps, &d, "a dimension")) {
             return false;
         }
@@ -343,6 +346,7 @@ static bool parse_type(P *ps, Shape *s)
                         s->rank, (long long)d);
         if (s->rank == IR_MAX_RANK)
             return perr(ps, "too many dimensions (expected at most %d)", IR_MAX_RANK);
+        s->dname[s->rank] = dn;
         s->dim[s->rank++] = d;
         if (accept(ps, ']')) {
             char serr[400];
@@ -515,8 +519,7 @@ static bool build_attr(P *ps, Opcode code, const RawAttr *ra, int nra, const Sha
     bool has_shape = info->attr == AK_SHAPE || info->attr == AK_VALUE ||
                      info->attr == AK_KEY || info->attr == AK_START || code == OP_IOTA;
     if (has_shape) {
-        a->rank = res->rank;
-        memcpy(a->shape, res->dim, sizeof a->shape);
+        ir_attr_set_shape(a, res);
     }
     if (code == OP_CONST || code == OP_IOTA || code == OP_CAST)
         a->dtype = res->dtype;
@@ -743,6 +746,8 @@ static bool parse_def(P *ps, SrcLoc loc)
              w, shape_str(ps->g, inf, b0, sizeof b0), shape_str(ps->g, &s, b1, sizeof b1));
         goto out;
     }
+    /* the text says where each dim's name came from: keep its names */
+    memcpy(ps->g->t.v[id].s.dname, s.dname, sizeof s.dname);
     Op *op = &ps->g->ops.v[ps->g->ops.n - 1];
     op->flags = flags;
     op->group = group;

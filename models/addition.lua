@@ -34,26 +34,26 @@ local n = cfg.digits
 local B, T, C, V, L, H = cfg.batch, 3 * n + 3, cfg.C, 14, cfg.L, cfg.H
 sym{B = B, T = T, C = C, V = V}
 
-local tokens = input("tokens", {B, T}, "i32")
-local targets = input("targets", {B, T}, "i32")
-local mask = input("mask", {B, T}, "f32")
+local tokens = input("tokens", {"B", "T"}, "i32")
+local targets = input("targets", {"B", "T"}, "i32")
+local mask = input("mask", {"B", "T"}, "f32")
 
 local proj_std = 0.02 / math.sqrt(2 * L)
-local wte = nn.Embedding("wte", V, C, {std = 0.02})
-local wpe = nn.Embedding("wpe", T, C, {std = 0.02})
+local wte = nn.Embedding("wte", "V", "C", {std = 0.02})
+local wpe = nn.Embedding("wpe", "T", "C", {std = 0.02})
 
-local x = wte(tokens) + wpe(iota({T}, 0, "i32"))
+local x = wte(tokens) + wpe(iota({"T"}, 0, "i32"))
 for i = 0, L - 1 do
   local p = "h." .. i
-  local ln1, ln2 = nn.LayerNorm(p .. ".ln_1", C), nn.LayerNorm(p .. ".ln_2", C)
-  local attn = nn.CausalSelfAttention(p .. ".attn", C, H,
+  local ln1, ln2 = nn.LayerNorm(p .. ".ln_1", "C"), nn.LayerNorm(p .. ".ln_2", "C")
+  local attn = nn.CausalSelfAttention(p .. ".attn", "C", H,
                                       {proj_std = proj_std, dropout = cfg.dropout})
-  local mlp = nn.MLP(p .. ".mlp", C, 4 * C, {proj_std = proj_std, dropout = cfg.dropout})
+  local mlp = nn.MLP(p .. ".mlp", "C", 4 * C, {proj_std = proj_std, dropout = cfg.dropout})
   x = x + attn(ln1(x))
   x = x + mlp(ln2(x))
 end
-x = nn.LayerNorm("ln_f", C)(x)
-local logits = nn.Linear("lm_head", C, V, {bias = false})(x)
+x = nn.LayerNorm("ln_f", "C")(x)
+local logits = nn.Linear("lm_head", "C", "V", {bias = false})(x)
 
 minimize(nn.cross_entropy(logits, targets, mask))
 output("logits", logits)

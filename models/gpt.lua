@@ -29,28 +29,28 @@ local cfg = config({size = "tiny", L = 2, H = 2, C = 32, V = 256, T = 32, batch 
 assert(cfg.C % cfg.H == 0, "C must be divisible by H")
 
 local B, T, C, V, L, H = cfg.batch, cfg.T, cfg.C, cfg.V, cfg.L, cfg.H
-sym{B = B, T = T, C = C, V = V}
+sym{B = B, T = T, C = C, V = V}   -- shapes written with these names print them
 
-local tokens = input("tokens", {B, T}, "i32")
-local targets = input("targets", {B, T}, "i32")
+local tokens = input("tokens", {"B", "T"}, "i32")
+local targets = input("targets", {"B", "T"}, "i32")
 
-local wte = nn.Embedding("wte", V, C, {std = 0.02, pad = cfg.vocab_pad})
-local wpe = nn.Embedding("wpe", T, C, {std = 0.01})
+local wte = nn.Embedding("wte", "V", "C", {std = 0.02, pad = cfg.vocab_pad})
+local wpe = nn.Embedding("wpe", "T", "C", {std = 0.01})
 local proj_std = 0.02 / math.sqrt(2 * L)   -- GPT-2's scaled init of residual projections
 
-local x = wte(tokens) + wpe(iota({T}, 0, "i32"))
+local x = wte(tokens) + wpe(iota({"T"}, 0, "i32"))
 x = nn.dropout(x, cfg.dropout)
 for i = 0, L - 1 do
   local p = "h." .. i
-  local ln1 = nn.LayerNorm(p .. ".ln_1", C)
-  local attn = nn.CausalSelfAttention(p .. ".attn", C, H,
+  local ln1 = nn.LayerNorm(p .. ".ln_1", "C")
+  local attn = nn.CausalSelfAttention(p .. ".attn", "C", H,
                                       {proj_std = proj_std, dropout = cfg.dropout})
-  local ln2 = nn.LayerNorm(p .. ".ln_2", C)
-  local mlp = nn.MLP(p .. ".mlp", C, 4 * C, {proj_std = proj_std, dropout = cfg.dropout})
+  local ln2 = nn.LayerNorm(p .. ".ln_2", "C")
+  local mlp = nn.MLP(p .. ".mlp", "C", 4 * C, {proj_std = proj_std, dropout = cfg.dropout})
   x = x + attn(ln1(x))
   x = x + mlp(ln2(x))
 end
-x = nn.LayerNorm("ln_f", C)(x)
+x = nn.LayerNorm("ln_f", "C")(x)
 local logits = matmul(x, wte.w, {tb = true})   -- tied head: [B,T,C] x [Vp,C]^T
 
 minimize(nn.cross_entropy(logits, targets, nil, {classes = V}))

@@ -32,18 +32,18 @@ local hidden = cfg.hidden
 if hidden == 0 then hidden = ((8 * C // 3 + 31) // 32) * 32 end
 sym{B = B, T = T, C = C, V = V}
 
-local tokens = input("tokens", {B, T}, "i32")
-local targets = input("targets", {B, T}, "i32")
+local tokens = input("tokens", {"B", "T"}, "i32")
+local targets = input("targets", {"B", "T"}, "i32")
 
 local std = 0.02
 local proj_std = 0.02 / math.sqrt(2 * L)
-local embed = nn.Embedding("embed_tokens", V, C, {std = std})
+local embed = nn.Embedding("embed_tokens", "V", "C", {std = std})
 
 local function attention(p, x)
-  local q = param(p .. ".q_proj.weight", {C, C}, normal(std))
-  local k = param(p .. ".k_proj.weight", {C, C}, normal(std))
-  local v = param(p .. ".v_proj.weight", {C, C}, normal(std))
-  local o = param(p .. ".o_proj.weight", {C, C}, normal(proj_std))
+  local q = param(p .. ".q_proj.weight", {"C", "C"}, normal(std))
+  local k = param(p .. ".k_proj.weight", {"C", "C"}, normal(std))
+  local v = param(p .. ".v_proj.weight", {"C", "C"}, normal(std))
+  local o = param(p .. ".o_proj.weight", {"C", "C"}, normal(proj_std))
   local qh = nn.rope(nn.split_heads(x:matmul(q), H), cfg.rope_base)
   local kh = nn.rope(nn.split_heads(x:matmul(k), H), cfg.rope_base)
   local vh = nn.split_heads(x:matmul(v), H)
@@ -53,14 +53,14 @@ end
 local x = embed(tokens)
 for i = 0, L - 1 do
   local p = "layers." .. i
-  local n1 = nn.RMSNorm(p .. ".input_layernorm", C, {eps = cfg.eps})
-  local n2 = nn.RMSNorm(p .. ".post_attention_layernorm", C, {eps = cfg.eps})
-  local mlp = nn.SwiGLU(p .. ".mlp", C, hidden, {std = std, proj_std = proj_std})
+  local n1 = nn.RMSNorm(p .. ".input_layernorm", "C", {eps = cfg.eps})
+  local n2 = nn.RMSNorm(p .. ".post_attention_layernorm", "C", {eps = cfg.eps})
+  local mlp = nn.SwiGLU(p .. ".mlp", "C", hidden, {std = std, proj_std = proj_std})
   x = x + attention(p .. ".self_attn", n1(x))
   x = x + mlp(n2(x))
 end
-x = nn.RMSNorm("norm", C, {eps = cfg.eps})(x)
-local head = param("lm_head.weight", {C, V}, normal(std))
+x = nn.RMSNorm("norm", "C", {eps = cfg.eps})(x)
+local head = param("lm_head.weight", {"C", "V"}, normal(std))
 local logits = x:matmul(head)
 
 minimize(nn.cross_entropy(logits, targets))

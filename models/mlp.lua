@@ -14,16 +14,16 @@ local cfg = config{batch = 64, dim = 2, hidden = 128, depth = 2, classes = 4,
                    steps = 500, lr = 1e-2}
 sym{B = cfg.batch, D = cfg.dim, K = cfg.classes}
 
-local x = input("x", {cfg.batch, cfg.dim}, "f32")
-local y = input("y", {cfg.batch}, "i32")
+local x = input("x", {"B", "D"}, "f32")
+local y = input("y", {"B"}, "i32")
 
-local h, width = x, cfg.dim
+local h, width = x, "D"
 for i = 1, cfg.depth do
-  local fc = nn.Linear("fc" .. i, width, cfg.hidden, {std = math.sqrt(2 / width)})
+  local fc = nn.Linear("fc" .. i, width, cfg.hidden, {std = math.sqrt(2 / size(width))})
   h = relu(fc(h))
   width = cfg.hidden
 end
-local head = nn.Linear("head", width, cfg.classes, {std = 0.02})
+local head = nn.Linear("head", width, "K", {std = 0.02})
 local logits = head(h)
 
 minimize(nn.cross_entropy(logits, y))

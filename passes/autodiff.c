@@ -66,8 +66,8 @@ static int sel(AD *ad, int m, int x, int y)
 
 static OpAttr shape_attr(const Shape *s)
 {
-    OpAttr a = {.rank = s->rank};
-    memcpy(a.shape, s->dim, sizeof(int64_t) * (size_t)s->rank);
+    OpAttr a = {0};
+    ir_attr_set_shape(&a, s);
     return a;
 }
 
@@ -117,7 +117,9 @@ static int flatten2(AD *ad, int x)
     Shape f = s;
     f.rank = 2;
     f.dim[1] = s.dim[s.rank - 1];
+    f.dname[1] = s.dname[s.rank - 1];
     f.dim[0] = shape_numel(&s) / f.dim[1];
+    f.dname[0] = NULL; /* merged axes: no one name */
     return reshape(ad, x, &f);
 }
 
@@ -212,6 +214,7 @@ static int place_layer(AD *ad, Piece *const *p, int n, const Shape *xs, int ax)
         if (p[i]->start[ax] > at) {
             Shape z = *xs;
             z.dim[ax] = p[i]->start[ax] - at;
+            z.dname[ax] = NULL;
             parts[np++] = fill(ad, 0.0, &z);
         }
         parts[np++] = p[i]->g;
@@ -510,9 +513,10 @@ static void vjp(AD *ad, const Op *op, const bool *live)
          * it fuses with the other cotangents of x (cross-entropy: softmax
          * minus one-hot in one kernel) */
         Shape is = shape_of(ad, op->in[1]), cs = is;
+        cs.dname[cs.rank] = NULL;
         cs.dim[cs.rank++] = 1;
-        OpAttr ia = {.nia = 1, .ia = {xs.rank - 1}, .dtype = is.dtype, .rank = xs.rank};
-        memcpy(ia.shape, xs.dim, sizeof(int64_t) * (size_t)xs.rank);
+        OpAttr ia = {.nia = 1, .ia = {xs.rank - 1}, .dtype = is.dtype};
+        ir_attr_set_shape(&ia, &xs);
         int io = emit(ad, OP_IOTA, NULL, 0, &ia);
         OpAttr b = shape_attr(&xs);
         int ib = reshape(ad, op->in[1], &cs);

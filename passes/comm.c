@@ -155,8 +155,8 @@ static void accumulate(Graph *g, int K)
         SrcLoc loc = loc_of(g, gr[k].t);
         int at = gr[k].ready;
         int sum = add_op(&p, OP_ADD, (int[]){gr[k].t, acc}, 2, &(OpAttr){0}, loc, at, 1);
-        OpAttr ca = {.f = 1.0 / K, .dtype = s.dtype, .rank = s.rank};
-        memcpy(ca.shape, s.dim, sizeof ca.shape);
+        OpAttr ca = {.f = 1.0 / K, .dtype = s.dtype};
+        ir_attr_set_shape(&ca, &s);
         int c = add_op(&p, OP_CONST, NULL, 0, &ca, loc, at, 2);
         int mean = add_op(&p, OP_MUL, (int[]){sum, c}, 2, &(OpAttr){0}, loc, at, 3);
         for (int q = g->ops.n - 3; q < g->ops.n; q++)

@@ -59,7 +59,7 @@ Shape pass_fuse_oshape(const FuseDomain *d)
     Shape s = d->S;
     for (int a = 0; a < s.rank; a++)
         if ((d->kind == FUSE_ROW && a >= d->k) || (d->kind == FUSE_COL && a < d->k))
-            s.dim[a] = 1;
+            s.dim[a] = 1, s.dname[a] = NULL;
     return s;
 }
 

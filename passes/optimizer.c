@@ -54,8 +54,8 @@ static int un(B *b, Opcode c, int x) { return emit(b, c, x, -1, NULL); }
 /* const of type s filled with v */
 static int cst(B *b, const Shape *s, double v)
 {
-    OpAttr a = {.f = v, .dtype = s->dtype, .rank = s->rank};
-    memcpy(a.shape, s->dim, sizeof a.shape);
+    OpAttr a = {.f = v, .dtype = s->dtype};
+    ir_attr_set_shape(&a, s);
     return emit(b, OP_CONST, -1, -1, &a);
 }
 
@@ -74,8 +74,8 @@ static int splat(B *b, int x, const Shape *s)
     }
     if (s->rank == 0)
         return x;
-    OpAttr a = {.rank = s->rank};
-    memcpy(a.shape, s->dim, sizeof a.shape);
+    OpAttr a = {0};
+    ir_attr_set_shape(&a, s);
     return emit(b, OP_BROADCAST, x, -1, &a);
 }
 
@@ -108,8 +108,8 @@ static int keep_unless(B *b, int ok, int x, int old)
     const Shape *s = &b->g->t.v[x].s;
     int m = ok;
     if (s->rank > 0) {
-        OpAttr a = {.rank = s->rank};
-        memcpy(a.shape, s->dim, sizeof a.shape);
+        OpAttr a = {0};
+        ir_attr_set_shape(&a, s);
         m = emit(b, OP_BROADCAST, ok, -1, &a);
     }
     int in[3] = {m, x, old};

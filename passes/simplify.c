@@ -153,9 +153,7 @@ static void make_const(Ctx *c, int i, double f)
     memset(&op->attr, 0, sizeof op->attr);
     op->attr.f = f;
     op->attr.dtype = t->s.dtype;
-    op->attr.rank = t->s.rank;
-    for (int k = 0; k < t->s.rank; k++)
-        op->attr.shape[k] = t->s.dim[k];
+    ir_attr_set_shape(&op->attr, &t->s);
     t->kind = TK_CONST;
     c->changed = true;
 }

@@ -1,5 +1,6 @@
 /* test_ir_text.c - the IR text form: print -> parse -> print round trips over
- * every opcode and attribute kind, hand-written text, and malformed text. */
+ * every opcode and attribute kind (dim names included), hand-written text,
+ * malformed text, and dims named by provenance (ir/dimnames.c). */
 #include "testutil.h"
 
 #include <math.h>
@@ -21,6 +22,16 @@ static int op(Graph *g, Opcode c, const int *in, int nin, OpAttr a)
 
 static Op *last_op(Graph *g) { return &g->ops.v[g->ops.n - 1]; }
 
+/* s with its dims named n0, n1, ... (NULL: unnamed), as the frontend names
+ * a shape written with symbols */
+static Shape named(Shape s, const char *n0, const char *n1)
+{
+    s.dname[0] = n0 ? intern(n0) : NULL;
+    if (s.rank > 1)
+        s.dname[1] = n1 ? intern(n1) : NULL;
+    return s;
+}
+
 /* A graph that uses every opcode and attribute kind, symbols, flags, groups,
  * source locations, outputs and updates. B=2 T=3 C=4 V=5. */
 static Graph *build_all(void)
@@ -30,14 +41,16 @@ static Graph *build_all(void)
     ir_add_sym(g, "T", 3);
     ir_add_sym(g, "C", 4);
     ir_add_sym(g, "V", 5);
-    int wte = ir_add_input(g, TK_PARAM, "wte", SH(DT_F32, 5, 4),
+    int wte = ir_add_input(g, TK_PARAM, "wte", named(SH(DT_F32, 5, 4), "V", "C"),
                            (ParamInit){INIT_NORMAL, 0.02, 0});
-    int tok = ir_add_input(g, TK_INPUT, "tokens", SH(DT_I32, 2, 3), (ParamInit){0});
-    int m = ir_add_input(g, TK_STATE, "adam.m.wte", SH(DT_F32, 5, 4),
+    int tok = ir_add_input(g, TK_INPUT, "tokens", named(SH(DT_I32, 2, 3), "B", "T"),
+                           (ParamInit){0});
+    int m = ir_add_input(g, TK_STATE, "adam.m.wte", named(SH(DT_F32, 5, 4), "V", "C"),
                          (ParamInit){INIT_ZEROS, 0, 0});
-    int u = ir_add_input(g, TK_PARAM, "u \"q\"", SH(DT_F32, 4),
+    int u = ir_add_input(g, TK_PARAM, "u \"q\"", named(SH(DT_F32, 4), "C", NULL),
                          (ParamInit){INIT_UNIFORM, -0.1, 0.1});
-    int o1 = ir_add_input(g, TK_PARAM, "ones", SH(DT_F32, 4), (ParamInit){INIT_ONES, 0, 0});
+    int o1 = ir_add_input(g, TK_PARAM, "ones", named(SH(DT_F32, 4), "C", NULL),
+                          (ParamInit){INIT_ONES, 0, 0});
     ir_add_input(g, TK_PARAM, "nothing", SH(DT_BF16, 7), (ParamInit){INIT_NONE, 0, 0});
     (void)u;
     (void)o1;
@@ -74,7 +87,8 @@ static Graph *build_all(void)
     OP(g, OP_SLICE, ((OpAttr){.ia = {0, 1, 0}, .nia = 3, .rank = 3, .shape = {2, 2, 4}}), x);
     OP(g, OP_PAD, ((OpAttr){.ia = {0, 1, 2}, .nia = 3, .rank = 3, .shape = {2, 5, 7}}), x);
     OP(g, OP_CONCAT, ((OpAttr){.ia = {2}, .nia = 1}), x, x, y);
-    int sc = OP(g, OP_SCATTER_ADD, ((OpAttr){.rank = 2, .shape = {5, 4}}), tok, x);
+    int sc = OP(g, OP_SCATTER_ADD, ((OpAttr){.rank = 2, .shape = {5, 4}, .dname = {intern("V")}}),
+                tok, x);
     last_op(g)->flags = OPF_BACKWARD;
     last_op(g)->loc = (SrcLoc){intern("dir with space/f:x.lua"), 7};
     OP(g, OP_REDUCE_MAX, ((OpAttr){.ia = {2}, .nia = 1}), x);
@@ -84,7 +98,8 @@ static Graph *build_all(void)
     OP(g, OP_MATMUL, ((OpAttr){.ia = {0, 0}, .nia = 2}), x, xp);
     OP(g, OP_MATMUL, ((OpAttr){.ia = {0, 1}, .nia = 2}), x, wte);
     OP(g, OP_MATMUL, ((OpAttr){.ia = {1, 0}, .nia = 2}), x, x);
-    OP0(g, OP_RANDOM, ((OpAttr){.ia = {7}, .nia = 1, .rank = 2, .shape = {2, 3}}));
+    OP0(g, OP_RANDOM, ((OpAttr){.ia = {7}, .nia = 1, .rank = 2, .shape = {2, 3},
+                                .dname = {intern("B"), intern("T")}}));
     int m2 = OP(g, OP_ADD, (OpAttr){0}, m, sc);
     last_op(g)->flags = OPF_OPTIM;
     /* the attention family: causal with a scale that needs all its digits */
@@ -127,6 +142,8 @@ static void assert_graph_eq(const Graph *a, const Graph *b)
     for (int i = 0; i < a->t.n; i++) {
         const Tensor *x = &a->t.v[i], *y = &b->t.v[i];
         assert_true(shape_eq(&x->s, &y->s));
+        for (int k = 0; k < x->s.rank; k++) /* names are interned: the same pointer */
+            assert_ptr_equal(x->s.dname[k], y->s.dname[k]);
         assert_int_equal(x->kind, y->kind);
         assert_int_equal(x->op, y->op);
         assert_ptr_equal(x->name, y->name); /* interned */
@@ -213,9 +230,10 @@ static void test_print_format(void **state)
         "\n%5:bf16[7] = param \"nothing\" none\n",
         "\n%6:f32[B,T,C] = gather %0, %1   # models/gpt.lua:28\n",
         "\n%7:f32[] = const {value=0.1}\n",
-        "\n%8:f32[T] = const {value=-0}\n",
-        "\n%9:f32[T] = const {value=3}\n",
-        "\n%10:f32[T] = const {value=1e-08}\n",
+        /* a literal 3 prints as 3 although T=3: it did not come from T */
+        "\n%8:f32[3] = const {value=-0}\n",
+        "\n%9:f32[3] = const {value=3}\n",
+        "\n%10:f32[3] = const {value=1e-08}\n",
         "{value=inf}\n",
         "{value=-inf}\n",
         "{value=nan}\n",
@@ -224,10 +242,21 @@ static void test_print_format(void **state)
         "= iota {axis=1}\n",
         "= allreduce %6 !backward !recompute !group=3\n",
         ":bf16[B,T,C] = cast %6 !optim\n",
+        ":f32[B,T,C] = select %46, %6, %16\n", /* %16 is f32[2,3,4]: names from %6 */
+        "%48:f32[2,3,4] = broadcast %7\n",     /* numbers given as numbers */
+        ":f32[6,C] = reshape %6\n",            /* B,T merged: the trailing C kept */
+        ":f32[B,C,T] = permute %6 {perm=[0,2,1]}\n",
+        ":f32[B,2,C] = slice %6 {start=[0,1,0]}\n",
+        ":f32[B,T,1] = reduce_max %6 {axes=[2]}\n",
+        ":f32[B,T] = take_along %6, %1\n",
+        ":f32[B,T,T] = matmul %6, %50 {ta=0,tb=0}\n",
+        ":f32[B,C,C] = matmul %6, %6 {ta=1,tb=0}\n",
+        ":f32[B,T,1] = attention_lse %6, %6",
+        ":f32[V,C] = allreduce_wait %69, %54 {bucket=3}\n",
         "= ne %6, %16 !group=0\n",
         "= permute %6 {perm=[0,2,1]}\n",
         "= slice %6 {start=[0,1,0]}\n",
-        ":f32[B,V,7] = pad %6 {lo=[0,1,2]}\n",
+        ":f32[B,5,7] = pad %6 {lo=[0,1,2]}\n", /* 5 == V, but the axis is not V's */
         ":f32[B,T,12] = concat %6, %6, %16 {axis=2}\n",
         ":f32[V,C] = scatter_add %1, %6 !backward   # dir with space/f:x.lua:7\n",
         ":f32[1,1,1] = reduce_sum %6 {axes=[0,1,2]}\n",
@@ -310,7 +339,7 @@ static void test_hand_written(void **state)
                        "%2:f32[] = input \"late\"\n"
                        "%3:f32[B,C] = matmul %0, %1 {ta=0,tb=1}   # m.lua:3\n"
                        "%4:f32[1,1] = reduce_sum %3 {axes=[0,1]} !backward\n"
-                       "%5:f32[C,C] = mul %1, %1\n"
+                       "%5:f32[4,4] = mul %1, %1\n" /* the text's own numbers */
                        "output \"loss\" %4\n"
                        "update %1 <- %5\n";
     assert_string_equal(p, want);
@@ -379,6 +408,43 @@ static void test_malformed(void **state)
                  "matmul: operands need rank >= 2");
 }
 
+/* Two symbols of one value: the text's names are kept as written (a
+ * number stays a number), and ops built on the parsed graph name each dim
+ * after the axis it carries, never after its value. */
+static void test_dim_names_by_provenance(void **state)
+{
+    (void)state;
+    const char *text = "kiln-ir v1\n"
+                       "sym P=4 D=4\n"
+                       "%x:f32[P,D] = input \"x\"\n"
+                       "%w:f32[D,4] = param \"w\" zeros\n"
+                       "%t:f32[D,P] = permute %x {perm=[1,0]}\n"
+                       "%u:f32[4,4] = permute %x {perm=[1,0]}\n"
+                       "output \"t\" %t\n"
+                       "output \"u\" %u\n";
+    Graph *g = parse_or_fail(text);
+    char *p = ir_print_str(g);
+    assert_non_null(strstr(p, "%0:f32[P,D] = input \"x\"\n"));
+    assert_non_null(strstr(p, "%1:f32[D,4] = param \"w\" zeros\n"));
+    assert_non_null(strstr(p, "%2:f32[D,P] = permute %0 {perm=[1,0]}\n"));
+    assert_non_null(strstr(p, "%3:f32[4,4] = permute %0 {perm=[1,0]}\n"));
+    free(p);
+    int x = 0, w = 1, t = 2;
+    int y = OP(g, OP_MATMUL, ((OpAttr){.ia = {0, 0}, .nia = 2}), x, w); /* [P,D]x[D,4] */
+    int z = OP(g, OP_MATMUL, ((OpAttr){.ia = {1, 0}, .nia = 2}), t, t); /* [D,P]^T[D,P] */
+    int s = OP(g, OP_ADD, (OpAttr){0}, t, x);                           /* first operand */
+    int r = OP(g, OP_RESHAPE, ((OpAttr){.rank = 3, .shape = {2, 2, 4}}), x);
+    int c = OP0(g, OP_CONST, ((OpAttr){.f = 1, .dtype = DT_F32, .rank = 2, .shape = {4, 4}}));
+    char b[64];
+    assert_string_equal(shape_str(g, &g->t.v[y].s, b, sizeof b), "f32[P,4]");
+    assert_string_equal(shape_str(g, &g->t.v[z].s, b, sizeof b), "f32[P,P]");
+    assert_string_equal(shape_str(g, &g->t.v[s].s, b, sizeof b), "f32[D,P]");
+    assert_string_equal(shape_str(g, &g->t.v[r].s, b, sizeof b), "f32[2,2,D]");
+    assert_string_equal(shape_str(g, &g->t.v[c].s, b, sizeof b), "f32[4,4]");
+    assert_string_equal(shape_str(NULL, &g->t.v[y].s, b, sizeof b), "f32[4,4]");
+    ir_free(g);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -387,6 +453,7 @@ int main(void)
         cmocka_unit_test(test_round_trip_after_compact),
         cmocka_unit_test(test_hand_written),
         cmocka_unit_test(test_malformed),
+        cmocka_unit_test(test_dim_names_by_provenance),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
