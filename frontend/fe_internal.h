@@ -104,4 +104,31 @@ typedef struct {
  * tensor and init metatables. Leaves the stack as it found it. */
 void fe_open_ops(lua_State *L, const FeGlobal *extra);
 
+
+/* ---- sandbox.c: the Lua state a model script runs in ---------------------- */
+
+/* A script and its bounds (fe_sandbox_limits). */
+typedef struct {
+    const char *text; /* the script's source, len bytes */
+    size_t len;
+    int64_t instr;    /* the bounds */
+    size_t mem;
+    int ops;
+    int64_t seconds;  /* wall clock: KILN_LUA_SECONDS */
+} Script;
+
+#define FE_HOOK_PERIOD 100 /* instructions between two calls of the count hook */
+
+/* The bounds from the environment (KILN_LUA_INSTRUCTIONS, KILN_LUA_SECONDS,
+ * KILN_LUA_MEMORY, KILN_MAX_OPS); false with err set when one is malformed. */
+bool fe_sandbox_limits(Script *sc, char *err, size_t errlen);
+/* A new Lua state for fe (fe->L): the sandbox's allocator, panic handler
+ * and libraries, fe in its extra space. Dies when Lua cannot make one. */
+lua_State *fe_sandbox_new(Fe *fe);
+/* Runs the script text[0..len) under the sandbox's bounds (instructions,
+ * memory, graph size, wall clock) with message handler h; Lua's status. */
+int fe_sandbox_run(lua_State *L, Fe *fe, const Script *sc, const char *text, size_t len, int h);
+/* The error for a script past its memory bound at line. */
+void fe_mem_message(const Fe *fe, int line, char *buf, size_t n);
+
 #endif

@@ -4,9 +4,10 @@
  * minimize, output), config{} and --set, and train{} (whose key table lives
  * in settings.c). fe_load_model runs the script, and runs it again with
  * nn.training = false for the evaluation graph when it draws random numbers.
- * The tensor primitives are in ops.c. The nn library and the other Lua files
- * of frontend/ are embedded in the binary and loaded as globals named after
- * their files. */
+ * The tensor primitives are in ops.c, the sandbox (the Lua state's
+ * libraries and bounds) in sandbox.c. The nn library and the other Lua
+ * files of frontend/ are embedded in the binary and loaded as globals named
+ * after their files. */
 #include "fe_internal.h"
 
 #include <errno.h>
@@ -15,8 +16,6 @@
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
-#include <pthread.h>
-#include <time.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -637,332 +636,6 @@ static void open_dsl(lua_State *L)
     fe_open_ops(L, runner);
 }
 
-/* ---- the sandbox ----------------------------------------------------------
- * A model script only builds a graph. It gets the base, math, string, table
- * and utf8 libraries and the DSL, and nothing that reaches outside the Lua
- * state: no io, os, package or debug library, no dofile, loadfile or require
- * (kiln opens data, weights and checkpoints itself), load of text chunks
- * only (bytecode is never loaded: mutated bytecode is not checked by Lua),
- * no string.dump, no __gc finalizers (they would run after the script).
- * Its Lua memory, its instructions and the size of the graph it builds are
- * bounded; past a bound the script stops with an error at its line. One
- * library call (a string pattern that backtracks) runs no Lua instruction
- * the count hook could stop, so a watchdog thread also bounds the script's
- * wall-clock time (KILN_LUA_SECONDS): past it the process exits 1 with a
- * message naming the script and its last line. */
-
-typedef struct {
-    const char *text; /* the script's source, len bytes */
-    size_t len;
-    int64_t instr;    /* the bounds */
-    size_t mem;
-    int ops;
-    int64_t seconds;  /* wall clock: KILN_LUA_SECONDS */
-} Script;
-
-#define HOOK_PERIOD 100 /* instructions between two calls of the count hook */
-
-static void mem_message(const Fe *fe, int line, char *buf, size_t n)
-{
-    char b[32];
-    ir_fmt_bytes((double)fe->mem_limit, -1, b, sizeof b);
-    snprintf(buf, n, "%s:%d: the script used more than %s of Lua memory (expected a model "
-             "script that builds its graph in less; a table that grows without end? "
-             "KILN_LUA_MEMORY raises the limit)", fe->path, line, b);
-}
-
-/* The hook (count and call events): the instruction bound, the memory bound
- * (reported at the first instruction after the allocation that crossed it),
- * and the user's line for a memory error that Lua raises itself (one
- * allocation far past the bound). Once a bound is crossed it runs at every
- * instruction and raises the same error, naming the line where the bound was
- * crossed, so that a script catching the error with pcall stops at its next
- * instruction outside the pcall. */
-static void sandbox_hook(lua_State *L, lua_Debug *ar)
-{
-    Fe *fe = fe_get(L);
-    if (ar->event == LUA_HOOKCALL) {
-        /* a C function may make one allocation past the bound (string.rep)
-         * that Lua reports without a line: remember the caller's */
-        lua_Debug caller;
-        if (lua_getstack(L, 1, &caller) && lua_getinfo(L, "Sl", &caller) &&
-            caller.currentline > 0 && strcmp(caller.source, fe->chunk) == 0)
-            fe->last_line = caller.currentline;
-        return;
-    }
-    bool over_graph = false;
-    if (!fe->mem_over) {
-        fe->instr += fe->hook_period;
-        over_graph = fe->g->ops.n > fe->ops_limit || fe->g->t.n > 2 * fe->ops_limit;
-        if (fe->instr <= fe->instr_limit && !over_graph) {
-            fe->last_line = fe_user_loc(L).line;
-            return;
-        }
-    }
-    if (fe->hook_period != 1) {
-        fe->hook_period = 1;
-        lua_sethook(L, sandbox_hook, LUA_MASKCOUNT, 1);
-    }
-    if (!fe->stop_line)
-        fe->stop_line = fe_user_loc(L).line;
-    char msg[512];
-    if (fe->mem_over)
-        mem_message(fe, fe->stop_line, msg, sizeof msg);
-    else if (over_graph)
-        snprintf(msg, sizeof msg, "%s:%d: the script built a graph of more than %d ops or %d "
-                 "tensors (expected a model of at most that many forward ops; a loop that "
-                 "never ends? KILN_MAX_OPS raises the limit)", fe->path, fe->stop_line,
-                 fe->ops_limit, 2 * fe->ops_limit);
-    else
-        snprintf(msg, sizeof msg, "%s:%d: the script ran for more than %lld Lua instructions "
-                 "(expected a model script that finishes; an endless loop? "
-                 "KILN_LUA_INSTRUCTIONS raises the limit)", fe->path, fe->stop_line,
-                 (long long)fe->instr_limit);
-    lua_pushstring(L, msg);
-    lua_error(L);
-}
-
-/* Lua's allocator: counts the bytes Lua holds. Past mem_limit it marks the
- * run (the hook raises the error at the script's line) and still allows a
- * quarter more, so the error can be built; beyond that it fails and Lua
- * raises its own memory error. Shrinking never fails. */
-static void *sandbox_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
-{
-    Fe *fe = ud;
-    size_t old = ptr ? osize : 0;
-    if (nsize == 0) {
-        free(ptr);
-        fe->mem_used -= old;
-        return NULL;
-    }
-    if (nsize > old && fe->mem_armed) {
-        size_t grow = nsize - old, hard = fe->mem_limit + fe->mem_limit / 4;
-        if (grow > fe->mem_limit - fe->mem_used || fe->mem_used > fe->mem_limit) {
-            if (!fe->mem_over) {
-                fe->mem_over = true;
-                fe->hook_period = 1;
-                lua_sethook(fe->L, sandbox_hook, LUA_MASKCOUNT, 1);
-            }
-            if (fe->mem_used > hard || grow > hard - fe->mem_used)
-                return NULL;
-        }
-    }
-    void *p = realloc(ptr, nsize);
-    if (p)
-        fe->mem_used = fe->mem_used - old + nsize;
-    return p;
-}
-
-static int l_denied(lua_State *L)
-{
-    return fe_error(L, "%s: %s", lua_tostring(L, lua_upvalueindex(1)),
-                    lua_tostring(L, lua_upvalueindex(2)));
-}
-
-static const char no_files[] =
-    "model scripts have no file access (expected a script that builds its model with the "
-    "DSL; kiln opens the data (train.data_path), weights and checkpoints itself)";
-static const char no_os[] =
-    "model scripts have no access to the operating system (no programs, environment, clock "
-    "or files: a script builds the same model on every run)";
-
-static void push_denied(lua_State *L, const char *name, const char *why)
-{
-    lua_pushstring(L, name);
-    lua_pushstring(L, why);
-    lua_pushcclosure(L, l_denied, 2);
-}
-
-/* __index of the stand-ins for io, os and package: every field is a function
- * that raises the library's reason ("io.open: model scripts have no ..."). */
-static int l_denied_index(lua_State *L)
-{
-    lua_pushfstring(L, "%s.%s", lua_tostring(L, lua_upvalueindex(1)), luaL_tolstring(L, 2, NULL));
-    push_denied(L, lua_tostring(L, -1), lua_tostring(L, lua_upvalueindex(2)));
-    return 1;
-}
-
-static void set_denied_lib(lua_State *L, const char *name, const char *why)
-{
-    lua_newtable(L);
-    lua_newtable(L);
-    lua_pushstring(L, name);
-    lua_pushstring(L, why);
-    lua_pushcclosure(L, l_denied_index, 2);
-    lua_setfield(L, -2, "__index");
-    lua_pushstring(L, "locked");
-    lua_setfield(L, -2, "__metatable");
-    lua_setmetatable(L, -2);
-    lua_setglobal(L, name);
-}
-
-/* load(chunk [, name [, mode [, env]]]) with mode "t" always: a binary chunk
- * (or a mode other than "t") is an error at the script's line. */
-static int l_load(lua_State *L)
-{
-    int n = lua_gettop(L);
-    if (n >= 3 && !lua_isnil(L, 3) &&
-        (lua_type(L, 3) != LUA_TSTRING || strcmp(lua_tostring(L, 3), "t") != 0))
-        return fe_error(L, "load: model scripts may load text chunks only (expected mode \"t\", "
-                           "got \"%s\")", luaL_tolstring(L, 3, NULL));
-    lua_pushvalue(L, lua_upvalueindex(1));
-    lua_insert(L, 1);
-    if (n < 3)
-        lua_settop(L, 4);
-    lua_pushliteral(L, "t");
-    lua_replace(L, 4);
-    lua_call(L, n > 3 ? n : 3, 2);
-    if (lua_isnil(L, -2) && lua_type(L, -1) == LUA_TSTRING &&
-        strstr(lua_tostring(L, -1), "attempt to load a binary chunk"))
-        return fe_error(L, "load: model scripts may load text chunks only (expected Lua "
-                           "source, got a binary chunk)");
-    return 2;
-}
-
-/* setmetatable without __gc: a finalizer would run Lua code after the
- * script, while kiln reads or frees its graph. */
-static int l_setmetatable(lua_State *L)
-{
-    if (lua_istable(L, 2)) {
-        lua_pushliteral(L, "__gc");
-        bool gc = lua_rawget(L, 2) != LUA_TNIL;
-        lua_pop(L, 1);
-        if (gc)
-            return fe_error(L, "setmetatable: __gc finalizers are not available to model "
-                               "scripts (expected a metatable without __gc)");
-    }
-    lua_pushvalue(L, lua_upvalueindex(1));
-    lua_insert(L, 1);
-    lua_call(L, lua_gettop(L) - 1, 1);
-    return 1;
-}
-
-/* Replaces the global (or string.) function name with f, which gets the
- * original as its upvalue. */
-static void wrap_global(lua_State *L, const char *name, lua_CFunction f)
-{
-    lua_getglobal(L, name);
-    lua_pushcclosure(L, f, 1);
-    lua_setglobal(L, name);
-}
-
-static void open_sandbox(lua_State *L)
-{
-    luaL_requiref(L, LUA_GNAME, luaopen_base, 1);
-    luaL_requiref(L, LUA_MATHLIBNAME, luaopen_math, 1);
-    luaL_requiref(L, LUA_STRLIBNAME, luaopen_string, 1);
-    luaL_requiref(L, LUA_TABLIBNAME, luaopen_table, 1);
-    luaL_requiref(L, LUA_UTF8LIBNAME, luaopen_utf8, 1);
-    lua_settop(L, 0);
-    /* the same random numbers on every run (Lua seeds math.random from the
-     * clock): a script builds the same model each time, and its evaluation
-     * graph's run matches the training graph's */
-    lua_getglobal(L, "math");
-    lua_getfield(L, -1, "randomseed");
-    lua_pushinteger(L, 1337);
-    lua_call(L, 1, 0);
-    lua_pop(L, 1);
-    wrap_global(L, "load", l_load);
-    wrap_global(L, "setmetatable", l_setmetatable);
-    push_denied(L, "dofile", no_files);
-    lua_setglobal(L, "dofile");
-    push_denied(L, "loadfile", no_files);
-    lua_setglobal(L, "loadfile");
-    push_denied(L, "require", "model scripts cannot load modules (no file access; the nn "
-                              "library is built in as the global nn)");
-    lua_setglobal(L, "require");
-    lua_getglobal(L, "string");
-    push_denied(L, "string.dump", "not available to model scripts (kiln loads text chunks "
-                                  "only, never bytecode)");
-    lua_setfield(L, -2, "dump");
-    lua_pop(L, 1);
-    set_denied_lib(L, "io", no_files);
-    set_denied_lib(L, "os", no_os);
-    set_denied_lib(L, "package", "model scripts cannot load modules or C libraries (no file "
-                                 "access)");
-    set_denied_lib(L, "debug", "not available to model scripts");
-}
-
-/* The bounds from the environment: KILN_LUA_INSTRUCTIONS (default 1e9),
- * KILN_LUA_SECONDS (default 300 s of wall clock),
- * KILN_LUA_MEMORY (default 1GiB) and KILN_MAX_OPS (default 2^20 forward ops,
- * about 0.5 GiB of graph). False with err set when one is malformed. */
-static bool sandbox_limits(Script *sc, char *err, size_t errlen)
-{
-    int64_t *instr = &sc->instr, ops = 1 << 20;
-    size_t *mem = &sc->mem;
-    *instr = 1000000000;
-    *mem = (size_t)1 << 30;
-    sc->seconds = 300;
-    const char *v = getenv("KILN_MAX_OPS");
-    char why[256];
-    if (v && !fe_parse_int(v, 1000, 1 << 28, &ops, why, sizeof why)) {
-        snprintf(err, errlen, "KILN_MAX_OPS: %s", why);
-        return false;
-    }
-    sc->ops = (int)ops;
-    v = getenv("KILN_LUA_INSTRUCTIONS");
-    if (v && !fe_parse_int(v, 1000, (int64_t)1 << 50, instr, why, sizeof why)) {
-        snprintf(err, errlen, "KILN_LUA_INSTRUCTIONS: %s", why);
-        return false;
-    }
-    v = getenv("KILN_LUA_SECONDS");
-    if (v && !fe_parse_int(v, 1, 1000000, &sc->seconds, why, sizeof why)) {
-        snprintf(err, errlen, "KILN_LUA_SECONDS: %s", why);
-        return false;
-    }
-    v = getenv("KILN_LUA_MEMORY");
-    if (v) {
-        int64_t b = ir_parse_bytes(v);
-        if (b < (1 << 16) || (uint64_t)b > (uint64_t)(SIZE_MAX / 4)) {
-            snprintf(err, errlen, "KILN_LUA_MEMORY: expected a size of at least 64KiB such as "
-                     "512MiB or 4GiB, got '%s'", v);
-            return false;
-        }
-        *mem = (size_t)b;
-    }
-    return true;
-}
-
-/* The wall-clock bound: a thread that waits for the script to finish and
- * ends the process when it does not in time (see the top of the sandbox). */
-typedef struct {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    bool done;
-    int64_t seconds;
-    const char *path;
-    volatile int *last_line;
-} Watchdog;
-
-static void *watchdog_main(void *arg)
-{
-    Watchdog *w = arg;
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += (time_t)w->seconds;
-    pthread_mutex_lock(&w->mu);
-    int rc = 0;
-    while (!w->done && rc != ETIMEDOUT)
-        rc = pthread_cond_timedwait(&w->cv, &w->mu, &until);
-    bool late = !w->done;
-    pthread_mutex_unlock(&w->mu);
-    if (late) {
-        fprintf(stderr, "%s:%d: the model script ran for more than %lld s and was stopped "
-                "(expected it to build its graph in time; KILN_LUA_SECONDS raises the limit; "
-                "a string pattern that backtracks is the usual cause)\n", w->path,
-                *w->last_line, (long long)w->seconds);
-        fflush(stderr);
-        _exit(1);
-    }
-    return NULL;
-}
-
-static int panic(lua_State *L)
-{
-    die("Lua panic: %s", lua_tostring(L, -1) ? lua_tostring(L, -1) : "(no message)");
-}
-
 /* ---- loading a model ------------------------------------------------------ */
 
 static char *value_text(lua_State *L, int idx)
@@ -1114,17 +787,11 @@ static Model *load_once(const char *path, const Script *sc, const char *const *s
     fe_train_defaults(&m->train);
     Fe fe = {.g = m->g, .m = m, .path = m->path, .sets = sets, .nsets = nsets,
              .config_ref = LUA_NOREF, .loss = -1, .mem_limit = sc->mem,
-             .instr_limit = sc->instr, .ops_limit = sc->ops, .hook_period = HOOK_PERIOD};
+             .instr_limit = sc->instr, .ops_limit = sc->ops, .hook_period = FE_HOOK_PERIOD};
     snprintf(fe.chunk, sizeof fe.chunk, "@%s", path);
     fe.set_used = xcalloc((size_t)(nsets ? nsets : 1), sizeof(bool));
 
-    lua_State *L = lua_newstate(sandbox_alloc, &fe);
-    if (!L)
-        die("cannot create a Lua state");
-    fe.L = L;
-    lua_atpanic(L, panic);
-    *(Fe **)lua_getextraspace(L) = &fe;
-    open_sandbox(L);
+    lua_State *L = fe_sandbox_new(&fe);
     open_dsl(L);
     lua_pushcfunction(L, msgh);
     int h = lua_gettop(L);
@@ -1157,34 +824,14 @@ static Model *load_once(const char *path, const Script *sc, const char *const *s
         len = nl ? len - (size_t)(nl - text) : 0;
         text = nl ? nl : text + len;
     }
-    fe.mem_armed = true;
-    Watchdog wd = {.seconds = sc->seconds, .path = fe.path, .last_line = &fe.last_line};
-    pthread_mutex_init(&wd.mu, NULL);
-    pthread_cond_init(&wd.cv, NULL);
-    pthread_t wt;
-    bool watched = pthread_create(&wt, NULL, watchdog_main, &wd) == 0;
-    lua_sethook(L, sandbox_hook, LUA_MASKCOUNT | LUA_MASKCALL, HOOK_PERIOD);
-    int st = luaL_loadbufferx(L, text, len, fe.chunk, "t");
-    if (st == LUA_OK)
-        st = lua_pcall(L, 0, 0, h);
-    lua_sethook(L, NULL, 0, 0);
-    if (watched) {
-        pthread_mutex_lock(&wd.mu);
-        wd.done = true;
-        pthread_cond_signal(&wd.cv);
-        pthread_mutex_unlock(&wd.mu);
-        pthread_join(wt, NULL);
-    }
-    pthread_cond_destroy(&wd.cv);
-    pthread_mutex_destroy(&wd.mu);
-    fe.mem_armed = false;
+    int st = fe_sandbox_run(L, &fe, sc, text, len, h);
     if (st != LUA_OK || fe.mem_over) {
         char b[32];
         ir_fmt_bytes((double)fe.mem_limit, -1, b, sizeof b);
         if (st == LUA_ERRRUN || st == LUA_ERRSYNTAX)
             snprintf(err, errlen, "%s", lua_tostring(L, -1) ? lua_tostring(L, -1) : "unknown error");
         else if (fe.mem_over)
-            mem_message(&fe, fe.stop_line ? fe.stop_line : fe.last_line, err, errlen);
+            fe_mem_message(&fe, fe.stop_line ? fe.stop_line : fe.last_line, err, errlen);
         else if (st == LUA_ERRMEM)
             snprintf(err, errlen, "%s:%d: out of memory in Lua (the machine could not give the "
                      "script more; it held %s)", fe.path, fe.last_line,
@@ -1320,7 +967,7 @@ Model *fe_load_model_text(const char *path, const char *text, size_t len,
                           const char *const *sets, int nsets, char *err, size_t errlen)
 {
     Script sc = {.text = text, .len = len};
-    if (!sandbox_limits(&sc, err, errlen))
+    if (!fe_sandbox_limits(&sc, err, errlen))
         return NULL;
     return load_script(path, &sc, sets, nsets, err, errlen);
 }
@@ -1373,7 +1020,7 @@ Model *fe_load_model(const char *path, const char *const *sets, int nsets, char 
                      size_t errlen)
 {
     Script sc = {0};
-    if (!sandbox_limits(&sc, err, errlen))
+    if (!fe_sandbox_limits(&sc, err, errlen))
         return NULL;
     char *text = read_script(path, sc.mem, &sc.len, err, errlen);
     if (!text)
