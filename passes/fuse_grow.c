@@ -15,7 +15,9 @@
  *     whose check can change are checked: all of the smaller group, and
  *     the larger group's readers of the smaller one's results (the larger
  *     group's other members passed its own domain, and it is the union's
- *     too) or all of it when the union's domain differs;
+ *     too) and, after those, all of it when the union's domain differs
+ *     (a union that fails there fails at its first member that does not
+ *     fit: a group of scalars that every update reads costs one check);
  *   - a merge moves the smaller group's members (union by size), so the
  *     merged group may live at the larger one's index during the loop;
  *   - the broadcasts whose input another group computes are kept per group
@@ -99,7 +101,7 @@ static bool domain_eq(const FuseDomain *a, const FuseDomain *b)
 /* The union of A and B (both summaries ok) by its summaries: 1 when it is
  * one domain (*d) every member fits, 0 when not, -1 when the full check
  * must decide (a column domain). *bc: a broadcast input as GSum.bc, or
- * NULL. Leaves w->R holding the members it checked. */
+ * NULL. Leaves w->R holding the smaller group and its readers. */
 static int fast_union(Grow *w, int A, int B, FuseDomain *d, const Shape **bc)
 {
     Fuser *f = w->f;
@@ -168,14 +170,19 @@ static int fast_union(Grow *w, int A, int B, FuseDomain *d, const Shape **bc)
         return -1;
     if (a->nmm + b->nmm > 1)
         return 0;
-    if (!domain_eq(d, &w->s[L].d)) { /* the larger group's members again */
-        const FGroup *gl = &f->gr.v[L];
-        for (int i = 0; i < gl->ops.n; i++)
-            if (f->mk.mark[gl->ops.v[i]] != f->mk.stamp)
-                vec_push(&w->R, gl->ops.v[i]);
-    }
     FuseMarks m = {.gof = f->gof, .ga = A, .gb = B};
-    return pass_fuse_check_members(g, w->R.v, w->R.n, &m, d, f->err, sizeof f->err);
+    if (!pass_fuse_check_members(g, w->R.v, w->R.n, &m, d, f->err, sizeof f->err))
+        return 0;
+    /* the larger group's other members fit d as they fit their own domain
+     * unless d differs from it; an ELEM domain becoming ROW over the same
+     * shape keeps them fitting (they are all at full shape; no broadcast of
+     * theirs reads a member, or their own domain would be ROW) */
+    const FuseDomain *dl = &w->s[L].d;
+    if (domain_eq(d, dl) ||
+        (dl->kind == FUSE_ELEM && d->kind == FUSE_ROW && shape_dims_eq(&dl->S, &d->S)))
+        return 1;
+    const FGroup *gl = &f->gr.v[L]; /* checking a member twice changes nothing */
+    return pass_fuse_check_members(g, gl->ops.v, gl->ops.n, &m, d, f->err, sizeof f->err);
 }
 
 /* pass_fuse_try_merge of B into A by the summaries; the index of the
