@@ -974,6 +974,45 @@ static void merge_siblings(Fuser *f)
     pass_fuse_uses_free(&u);
 }
 
+void pass_fuse_fuser_init(Fuser *f, Graph *g)
+{
+    int n = g->ops.n;
+    memset(f, 0, sizeof *f);
+    f->g = g;
+    Uses fu = pass_fuse_uses_build(g);
+    f->uoff = fu.off;
+    f->ucons = fu.cons;
+    f->upto = n;
+    f->gof = xmalloc(sizeof(int) * (size_t)(n + 1));
+    f->vis_op = xcalloc((size_t)n + 1, sizeof(int));
+    f->mk.mark = xcalloc((size_t)n + 1, sizeof(int));
+    for (int i = 0; i < n; i++)
+        f->gof[i] = -1;
+    int grcap = 2 * n + 2; /* groups: one per op, plus splits */
+    f->vis_gr = xcalloc((size_t)grcap, sizeof(int));
+    /* program order is a topological order of the ops; each merge keeps
+     * it one of the contracted graph, which bounds the convexity checks */
+    f->ord_op = xmalloc(sizeof(int) * (size_t)(n + 1));
+    f->ord_gr = xmalloc(sizeof(int) * (size_t)grcap);
+    for (int i = 0; i < n; i++)
+        f->ord_op[i] = i;
+}
+
+void pass_fuse_fuser_free(Fuser *f)
+{
+    for (int G = 0; G < f->gr.n; G++)
+        vec_free(&f->gr.v[G].ops);
+    vec_free(&f->gr);
+    vec_free(&f->stack);
+    free(f->gof);
+    free(f->vis_op);
+    free(f->vis_gr);
+    free(f->mk.mark);
+    Uses u = {(int *)f->uoff, (int *)f->ucons};
+    pass_fuse_uses_free(&u);
+    pass_fuse_order_free(f);
+}
+
 bool pass_fuse(Graph *g, const PassOpts *o, Diag *d)
 {
     (void)d;
@@ -984,25 +1023,8 @@ bool pass_fuse(Graph *g, const PassOpts *o, Diag *d)
     pass_fuse_clone_cheap(g, 0);
     pass_fuse_clone_cheap(g, 1);
     int n = g->ops.n;
-    Fuser f = {.g = g};
-    Uses fu = pass_fuse_uses_build(g);
-    f.uoff = fu.off;
-    f.ucons = fu.cons;
-    f.upto = n;
-    f.gof = xmalloc(sizeof(int) * (size_t)(n + 1));
-    f.vis_op = xcalloc((size_t)n + 1, sizeof(int));
-    f.mk.mark = xcalloc((size_t)n + 1, sizeof(int));
-    for (int i = 0; i < n; i++)
-        f.gof[i] = -1;
-    int grcap = 2 * n + 2; /* groups: one per op, plus splits */
-    f.vis_gr = xcalloc((size_t)grcap, sizeof(int));
-    /* program order is a topological order of the ops; each merge keeps
-     * it one of the contracted graph, which bounds the convexity checks */
-    f.ord_op = xmalloc(sizeof(int) * (size_t)(n + 1));
-    f.ord_gr = xmalloc(sizeof(int) * (size_t)grcap);
-    for (int i = 0; i < n; i++)
-        f.ord_op[i] = i;
-
+    Fuser f;
+    pass_fuse_fuser_init(&f, g);
     pass_fuse_grow(&f); /* step 2: at most one group per op */
     f.upto = n;
     pass_fuse_order_free(&f); /* split_col makes groups the order lacks */
@@ -1036,15 +1058,7 @@ bool pass_fuse(Graph *g, const PassOpts *o, Diag *d)
         g->ops.v[i].group = id[G];
     }
     free(id);
-    for (int G = 0; G < f.gr.n; G++)
-        vec_free(&f.gr.v[G].ops);
-    vec_free(&f.gr);
-    vec_free(&f.stack);
-    free(f.gof);
-    free(f.vis_op);
-    free(f.vis_gr);
-    free(f.mk.mark);
-    pass_fuse_uses_free(&fu);
+    pass_fuse_fuser_free(&f);
     pass_fuse_recompute_cheap(g);
     return true;
 }

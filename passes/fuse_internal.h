@@ -90,6 +90,11 @@ bool pass_fuse_check_members(const Graph *g, const int *ops, int n, const FuseMa
                              const FuseDomain *d, char *err, size_t errlen);
 
 /* ---- fuse.c: the grouping ---- */
+/* A Fuser for g with no groups yet (every op ungrouped), its use lists,
+ * and the order of the ungrouped graph (program order): what step 2 needs.
+ * pass_fuse_fuser_free frees what it holds, not g. */
+void pass_fuse_fuser_init(Fuser *f, Graph *g);
+void pass_fuse_fuser_free(Fuser *f);
 Uses pass_fuse_uses_build(const Graph *g);
 void pass_fuse_uses_free(Uses *u);
 void pass_fuse_sort_ints(int *v, int n);      /* ascending */
