@@ -42,6 +42,7 @@ typedef struct {
     bool hasbc;         /* bc: the input of a member broadcast that a non-const */
     Shape bc;           /* member computes (all such inputs match when ok) */
     int nmm;            /* matmul members */
+    int64_t nout, nin;  /* the members' readers (use list entries), operands */
     bool fwd, rec;      /* forward ops / recomputations (remat_clash) */
     VEC(int) pend;      /* broadcast members whose input another group computes */
 } GSum;
@@ -68,6 +69,8 @@ static void sum_init(Grow *w, int G, int i)
     s->hasred = pass_fuse_is_reduce(op);
     s->hasnc = op->code != OP_CONST;
     s->nmm = op->code == OP_MATMUL;
+    s->nout = f->uoff[op->out + 1] - f->uoff[op->out];
+    s->nin = op->nin;
     s->rec = (op->flags & OPF_RECOMPUTE) != 0;
     s->fwd = !(op->flags & (OPF_RECOMPUTE | OPF_BACKWARD | OPF_OPTIM)) && op->code != OP_CONST &&
              op->code != OP_IOTA && op->code != OP_BROADCAST;
@@ -116,13 +119,31 @@ static int fast_union(Grow *w, int A, int B, FuseDomain *d, const Shape **bc)
         f->mk.mark[gs->ops.v[i]] = f->mk.stamp;
         vec_push(&w->R, gs->ops.v[i]);
     }
-    for (int i = 0; i < gs->ops.n; i++) {
-        int t = g->ops.v[gs->ops.v[i]].out;
-        for (int k = f->uoff[t]; k < f->uoff[t + 1]; k++) {
-            int c = f->ucons[k];
-            if (c >= 0 && f->gof[c] == L && f->mk.mark[c] != f->mk.stamp) {
-                f->mk.mark[c] = f->mk.stamp;
-                vec_push(&w->R, c);
+    /* from the smaller group's readers or from the larger group's
+     * operands, whichever are fewer (a group holding the clip scale, which
+     * every update reads, is tried against each update) */
+    if (w->s[S].nout <= w->s[L].nin) {
+        for (int i = 0; i < gs->ops.n; i++) {
+            int t = g->ops.v[gs->ops.v[i]].out;
+            for (int k = f->uoff[t]; k < f->uoff[t + 1]; k++) {
+                int c = f->ucons[k];
+                if (c >= 0 && f->gof[c] == L && f->mk.mark[c] != f->mk.stamp) {
+                    f->mk.mark[c] = f->mk.stamp;
+                    vec_push(&w->R, c);
+                }
+            }
+        }
+    } else {
+        const FGroup *gl = &f->gr.v[L];
+        for (int i = 0; i < gl->ops.n; i++) {
+            int c = gl->ops.v[i];
+            const Op *op = &g->ops.v[c];
+            for (int j = 0; j < op->nin && f->mk.mark[c] != f->mk.stamp; j++) {
+                int p = g->t.v[op->in[j]].op;
+                if (p >= 0 && f->gof[p] == S) {
+                    f->mk.mark[c] = f->mk.stamp;
+                    vec_push(&w->R, c);
+                }
             }
         }
     }
@@ -223,6 +244,8 @@ static int grow_merge(Grow *w, int A, int B)
               .hasbc = bc != NULL,
               .bc = bcs,
               .nmm = a->nmm + b->nmm,
+              .nout = a->nout + b->nout,
+              .nin = a->nin + b->nin,
               .fwd = a->fwd || b->fwd,
               .rec = a->rec || b->rec,
               .pend = a->pend};
