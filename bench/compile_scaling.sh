@@ -6,15 +6,18 @@
 # 10k and 20k, per pass and with the growth per doubling of n. Issue 17 asks
 # for near-linear passes and under 10 s for L=96.
 #
-# Times are the process's CPU time (bench_compile --cpu): steadier than wall
-# time on a machine that other jobs load. A stage's growth is printed as
-# "-" where it took under 5 ms at the smaller size (noise, not a trend).
+# Times are the process's CPU time (bench_compile --cpu), the median of REPS
+# compiles per size: steadier than wall time on a machine that other jobs
+# load. A stage's growth is printed as "-" where it took under 5 ms at the
+# smaller size (noise, not a trend).
 #
-#   bench/compile_scaling.sh [BUILD] [MAX_L] [MAX_N]   (defaults 96, 20000)
+#   bench/compile_scaling.sh [BUILD] [MAX_L] [MAX_N] [REPS]
+#                                         (defaults build, 96, 20000, 3)
 set -euo pipefail
 build=${1:-build}
 max=${2:-96}
 maxn=${3:-20000}
+reps=${4:-3}
 bin=$build/bench/bench_compile
 [ -x "$bin" ] || { echo "no $bin: build first (cmake --build $build)"; exit 1; }
 out=$(mktemp -d "${TMPDIR:-/tmp}/kiln-scaling-XXXXXX")
@@ -57,15 +60,15 @@ for L in 12 24 48 96; do
     [ "$L" -le "$max" ] || break
     Ls+=("$L")
     "$bin" models/llama.lua --set L="$L" --set H=128 --set C=16384 --set T=8192 --set batch=1 \
-        --set V=32000 --reps 1 --cpu >"$out/$L.txt"
+        --set V=32000 --reps "$reps" --cpu >"$out/$L.txt"
 done
-table "models/llama.lua, C=16384, T=8192, batch 1, V=32000 (shapes only)" L "${Ls[@]}"
+table "models/llama.lua, C=16384, T=8192, batch 1, V=32000 (shapes only; median of $reps)" L "${Ls[@]}"
 
 ns=()
 for n in 5000 10000 20000; do
     [ "$n" -le "$maxn" ] || break
     ns+=("$n")
-    "$bin" bench/add_chain.lua --set n="$n" --reps 1 --cpu >"$out/$n.txt"
+    "$bin" bench/add_chain.lua --set n="$n" --reps "$reps" --cpu >"$out/$n.txt"
 done
-[ "${#ns[@]}" -gt 0 ] && table "bench/add_chain.lua: a chain of n adds" n "${ns[@]}"
+[ "${#ns[@]}" -gt 0 ] && table "bench/add_chain.lua: a chain of n adds (median of $reps)" n "${ns[@]}"
 exit 0

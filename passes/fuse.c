@@ -621,7 +621,7 @@ bool pass_fuse_col_ok(Fuser *f, const int *ops, int n)
     return true;
 }
 
-static bool union_ok(Fuser *f, int A, int B)
+bool pass_fuse_union_ok(Fuser *f, int A, int B, FuseDomain *dout)
 {
     FGroup *a = &f->gr.v[A], *b = &f->gr.v[B];
     int n = a->ops.n + b->ops.n;
@@ -637,6 +637,8 @@ static bool union_ok(Fuser *f, int A, int B)
     if (ok && d.kind == FUSE_COL)
         ok = pass_fuse_col_ok(f, ops, n);
     free(ops);
+    if (ok && dout)
+        *dout = d;
     return ok;
 }
 
@@ -679,7 +681,7 @@ bool pass_fuse_try_merge(Fuser *f, int A, int B)
         return false;
     if (remat_clash(f, A, B))
         return false;
-    if (!union_ok(f, A, B) || !pass_fuse_convex_union(f, A, B))
+    if (!pass_fuse_union_ok(f, A, B, NULL) || !pass_fuse_convex_union(f, A, B))
         return false;
     if (f->ord_gr)
         pass_fuse_order_merge(f, A, B);
@@ -875,11 +877,25 @@ static void chain_merged(Chain *c, int A, int B)
     c->pos[B] = -1;
 }
 
+/* The domain of group G as pass_fuse_group_domain finds it, cached per
+ * group until the group changes (dstate[G]: 0 unknown, 1 ok, 2 none). */
+static bool sibling_domain(Fuser *f, FuseDomain *dom, char *dstate, int G, FuseDomain *d)
+{
+    if (!dstate[G])
+        dstate[G] = pass_fuse_group_domain(f, G, &dom[G]) ? 1 : 2;
+    *d = dom[G];
+    return dstate[G] == 1;
+}
+
 /* Groups that read the same tensor and share a domain: one kernel reads
  * it once (multi-output). Every pair of readers is considered, in use
  * order; for a tensor with many readers (the rope tables, read by every
  * layer) the pairs that the Chain proves non-convex are skipped without a
- * search (the answer would be no). */
+ * search (the answer would be no). A try depends only on the grouping,
+ * which changes only when a merge succeeds (epoch), so tries that would
+ * repeat a failed one are skipped: a pair of groups already tried for the
+ * same reader a, and a reader a whose group already had every later pair
+ * tried without a merge (one group read n times is n tries, not n^2). */
 static void merge_siblings(Fuser *f)
 {
     Graph *g = f->g;
@@ -887,25 +903,36 @@ static void merge_siblings(Fuser *f)
     Chain ch = {.pos = xmalloc(sizeof(int) * (size_t)(f->gr.n + 1))};
     for (int G = 0; G < f->gr.n; G++)
         ch.pos[G] = -1;
+    FuseDomain *dom = xmalloc(sizeof(FuseDomain) * (size_t)(f->gr.n + 1));
+    char *dstate = xcalloc((size_t)f->gr.n + 1, 1);
+    /* tried[B] == tok: (A, B) failed for this reader a in this epoch;
+     * done[A] == epoch + 1: reader groups A had all their pairs fail */
+    int *tried = xcalloc((size_t)f->gr.n + 1, sizeof(int));
+    int *done = xcalloc((size_t)f->gr.n + 1, sizeof(int));
+    int epoch = 0, tok = 0;
     for (int t = 0; t < g->t.n; t++) {
         int p = g->t.v[t].op;
         int pg = p >= 0 ? f->gof[p] : -1;
         if (shape_numel(&g->t.v[t].s) <= 1)
             continue; /* scalars (lr, clip scale) are read by every update */
         bool use_chain = f->ord_gr && u.off[t + 1] - u.off[t] >= 8;
+        epoch++; /* done[] is per tensor: a later b range differs */
         for (int a = u.off[t]; a < u.off[t + 1]; a++) {
             int ca = u.cons[a];
-            if (ca < 0 || f->gof[ca] < 0)
+            if (ca < 0 || f->gof[ca] < 0 || done[f->gof[ca]] == epoch)
                 continue;
+            int start = epoch;
+            tok++;
             for (int b = a + 1; b < u.off[t + 1]; b++) {
                 int cb = u.cons[b];
                 if (cb < 0 || f->gof[cb] < 0)
                     continue;
                 int A = f->gof[ca], B = f->gof[cb];
-                if (A == B || A == pg || B == pg)
+                if (A == B || A == pg || B == pg || tried[B] == tok)
                     continue;
                 if (g->ops.v[ca].code == OP_MATMUL || g->ops.v[cb].code == OP_MATMUL)
                     continue;
+                tried[B] = tok;
                 if (use_chain && f->ord_gr) {
                     if (!ch.valid)
                         chain_build(f, &ch, &u, t);
@@ -914,25 +941,76 @@ static void merge_siblings(Fuser *f)
                 }
                 /* the same kind of group only: COL with COL, etc. */
                 FuseDomain da, db;
-                if (!pass_fuse_group_domain(f, A, &da) || !pass_fuse_group_domain(f, B, &db))
+                if (!sibling_domain(f, dom, dstate, A, &da) ||
+                    !sibling_domain(f, dom, dstate, B, &db))
                     continue;
                 if (da.kind != db.kind || da.k != db.k || !shape_dims_eq(&da.S, &db.S))
                     continue;
                 if (pass_fuse_try_merge(f, A, B)) {
                     pass_fuse_sort_members(f, A);
+                    dstate[A] = 0;
+                    epoch++;
+                    tok++;
                     if (ch.valid)
                         chain_merged(&ch, A, B);
                 }
             }
+            /* a later reader of ca's group would try a subset of these
+             * pairs against the same grouping */
+            if (epoch == start && g->ops.v[ca].code != OP_MATMUL)
+                done[f->gof[ca]] = epoch;
         }
         chain_clear(&ch);
     }
+    free(dom);
+    free(dstate);
+    free(tried);
+    free(done);
     vec_free(&ch.H);
     free(ch.pos);
     free(ch.inv);
     free(ch.nanc);
     free(ch.anc);
     pass_fuse_uses_free(&u);
+}
+
+void pass_fuse_fuser_init(Fuser *f, Graph *g)
+{
+    int n = g->ops.n;
+    memset(f, 0, sizeof *f);
+    f->g = g;
+    Uses fu = pass_fuse_uses_build(g);
+    f->uoff = fu.off;
+    f->ucons = fu.cons;
+    f->upto = n;
+    f->gof = xmalloc(sizeof(int) * (size_t)(n + 1));
+    f->vis_op = xcalloc((size_t)n + 1, sizeof(int));
+    f->mk.mark = xcalloc((size_t)n + 1, sizeof(int));
+    for (int i = 0; i < n; i++)
+        f->gof[i] = -1;
+    int grcap = 2 * n + 2; /* groups: one per op, plus splits */
+    f->vis_gr = xcalloc((size_t)grcap, sizeof(int));
+    /* program order is a topological order of the ops; each merge keeps
+     * it one of the contracted graph, which bounds the convexity checks */
+    f->ord_op = xmalloc(sizeof(int) * (size_t)(n + 1));
+    f->ord_gr = xmalloc(sizeof(int) * (size_t)grcap);
+    for (int i = 0; i < n; i++)
+        f->ord_op[i] = i;
+}
+
+void pass_fuse_fuser_free(Fuser *f)
+{
+    for (int G = 0; G < f->gr.n; G++)
+        vec_free(&f->gr.v[G].ops);
+    vec_free(&f->gr);
+    vec_free(&f->stack);
+    free(f->gof);
+    free(f->vis_op);
+    free(f->vis_gr);
+    free(f->mk.mark);
+    Uses u = {(int *)f->uoff, (int *)f->ucons};
+    pass_fuse_uses_free(&u);
+    pass_fuse_order_free(f);
 }
 
 bool pass_fuse(Graph *g, const PassOpts *o, Diag *d)
@@ -945,55 +1023,9 @@ bool pass_fuse(Graph *g, const PassOpts *o, Diag *d)
     pass_fuse_clone_cheap(g, 0);
     pass_fuse_clone_cheap(g, 1);
     int n = g->ops.n;
-    Fuser f = {.g = g};
-    Uses fu = pass_fuse_uses_build(g);
-    f.uoff = fu.off;
-    f.ucons = fu.cons;
-    f.upto = n;
-    f.gof = xmalloc(sizeof(int) * (size_t)(n + 1));
-    f.vis_op = xcalloc((size_t)n + 1, sizeof(int));
-    f.mk.mark = xcalloc((size_t)n + 1, sizeof(int));
-    for (int i = 0; i < n; i++)
-        f.gof[i] = -1;
-    int grcap = 2 * n + 2; /* groups: one per op, plus splits */
-    f.vis_gr = xcalloc((size_t)grcap, sizeof(int));
-    /* program order is a topological order of the ops; each merge keeps
-     * it one of the contracted graph, which bounds the convexity checks */
-    f.ord_op = xmalloc(sizeof(int) * (size_t)(n + 1));
-    f.ord_gr = xmalloc(sizeof(int) * (size_t)grcap);
-    for (int i = 0; i < n; i++)
-        f.ord_op[i] = i;
-
-    for (int i = 0; i < n; i++) {
-        const Op *op = &g->ops.v[i];
-        f.upto = i + 1;
-        if (!pass_fuse_op_fusable(g, op))
-            continue;
-        int G = pass_fuse_new_group(&f, i);
-        if (f.gr.n >= grcap)
-            die("fuse: more groups than ops");
-        /* a GEMM heads its group; consts and broadcasts wait for their
-         * consumer, which pulls them (and their producers) in */
-        int k;
-        if (op->code == OP_MATMUL || op->code == OP_CONST || op->code == OP_BROADCAST ||
-            (pass_fuse_is_reduce(op) && pass_fuse_reduce_pattern(g, op, &k) == FUSE_COL))
-            continue; /* COL reductions take their prologue later (pass_fuse_pull_col) */
-        for (int j = 0; j < op->nin; j++) {
-            int p = g->t.v[op->in[j]].op;
-            if (p >= 0 && f.gof[p] >= 0)
-                pass_fuse_try_merge(&f, G, f.gof[p]);
-        }
-        /* producers of pulled-in broadcasts */
-        for (int q = 0; q < f.gr.v[G].ops.n; q++) {
-            const Op *b = &g->ops.v[f.gr.v[G].ops.v[q]];
-            if (b->code != OP_BROADCAST)
-                continue;
-            int p = g->t.v[b->in[0]].op;
-            if (p >= 0 && f.gof[p] >= 0 && f.gof[p] != G)
-                pass_fuse_try_merge(&f, G, f.gof[p]);
-        }
-        pass_fuse_sort_members(&f, G);
-    }
+    Fuser f;
+    pass_fuse_fuser_init(&f, g);
+    pass_fuse_grow(&f); /* step 2: at most one group per op */
     f.upto = n;
     pass_fuse_order_free(&f); /* split_col makes groups the order lacks */
     pass_fuse_split_col(&f);
@@ -1026,15 +1058,7 @@ bool pass_fuse(Graph *g, const PassOpts *o, Diag *d)
         g->ops.v[i].group = id[G];
     }
     free(id);
-    for (int G = 0; G < f.gr.n; G++)
-        vec_free(&f.gr.v[G].ops);
-    vec_free(&f.gr);
-    vec_free(&f.stack);
-    free(f.gof);
-    free(f.vis_op);
-    free(f.vis_gr);
-    free(f.mk.mark);
-    pass_fuse_uses_free(&fu);
+    pass_fuse_fuser_free(&f);
     pass_fuse_recompute_cheap(g);
     return true;
 }

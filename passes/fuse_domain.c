@@ -68,6 +68,8 @@ bool pass_fuse_in_set(const Graph *g, const FuseMarks *m, int t)
     int p = g->t.v[t].op;
     if (p < 0)
         return false;
+    if (m->gof)
+        return m->gof[p] >= 0 && (m->gof[p] == m->ga || m->gof[p] == m->gb);
     if (m->mark)
         return m->mark[p] == m->stamp;
     return pass_fuse_find_sorted(m->sorted, m->nsorted, p) >= 0;
@@ -241,6 +243,15 @@ bool pass_fuse_check_members(const Graph *g, const int *ops, int n, const FuseMa
     return true;
 }
 
+/* The root of x's tree in the forest root[], halving the path on the way
+ * (amortised near-constant: a chain of n ops is no n^2 walk). */
+static int find_root(int *root, int x)
+{
+    while (root[x] != x)
+        x = root[x] = root[root[x]];
+    return x;
+}
+
 /* Member ops[0..n) in program order (the groups' invariant) are found by
  * binary search: no array as large as the graph per group. */
 void pass_fuse_parts(const Graph *g, const int *ops, int n, int *root)
@@ -263,22 +274,15 @@ void pass_fuse_parts(const Graph *g, const int *ops, int n, int *root)
             continue;
         for (int j = 0; j < op->nin; j++) {
             int p = g->t.v[op->in[j]].op;
-            int a = p < 0 ? -1 : asc ? pass_fuse_find_sorted(ops, n, p) : pos[p], b = i;
+            int a = p < 0 ? -1 : asc ? pass_fuse_find_sorted(ops, n, p) : pos[p];
             if (a < 0)
                 continue;
-            while (root[a] != a)
-                a = root[a] = root[root[a]];
-            while (root[b] != b)
-                b = root[b] = root[root[b]];
-            root[a] = b;
+            int ra = find_root(root, a), rb = find_root(root, i);
+            root[ra] = rb;
         }
     }
-    for (int i = 0; i < n; i++) {
-        int a = i;
-        while (root[a] != a)
-            a = root[a];
-        root[i] = a;
-    }
+    for (int i = 0; i < n; i++)
+        root[i] = find_root(root, i);
     free(pos);
 }
 

@@ -1,8 +1,9 @@
 /* fuse_internal.h - what the files of the fuse pass share; not for other
  * passes (their interface is passes.h). The pass, one file per job:
- *   fuse.c            the entry point and the grouping: one group per fusable
- *                     op, merged with its producers' groups while the union
- *                     is one loop domain and stays convex; sibling merges
+ *   fuse.c            the entry point, merging two groups (the union is one
+ *                     loop domain and stays convex); sibling merges
+ *   fuse_grow.c       the first grouping: one group per fusable op, merged
+ *                     with its producers' groups, near-linear in the ops
  *   fuse_domain.c     loop domains (FuseDomain), whether an op set fits one,
  *                     materialised tensors
  *   fuse_col.c        column groups: splitting a column group that would
@@ -24,15 +25,18 @@
 
 #include "passes.h"
 
-/* Membership lookup for one candidate op set: mark[op] == stamp (the pass
- * keeps one array and bumps the stamp per candidate), or, with mark NULL,
- * a binary search of the ascending op list sorted[0..nsorted) (no array
- * as large as the graph for one group). */
+/* Membership lookup for one candidate op set: with gof set, the ops whose
+ * group gof[op] is ga or gb (the union of two groups, nothing to mark);
+ * else mark[op] == stamp (the pass keeps one array and bumps the stamp per
+ * candidate), or, with mark NULL, a binary search of the ascending op list
+ * sorted[0..nsorted) (no array as large as the graph for one group). */
 typedef struct {
     int *mark;
     int stamp;
     const int *sorted;
     int nsorted;
+    const int *gof;
+    int ga, gb;
 } FuseMarks;
 
 typedef struct {
@@ -86,6 +90,11 @@ bool pass_fuse_check_members(const Graph *g, const int *ops, int n, const FuseMa
                              const FuseDomain *d, char *err, size_t errlen);
 
 /* ---- fuse.c: the grouping ---- */
+/* A Fuser for g with no groups yet (every op ungrouped), its use lists,
+ * and the order of the ungrouped graph (program order): what step 2 needs.
+ * pass_fuse_fuser_free frees what it holds, not g. */
+void pass_fuse_fuser_init(Fuser *f, Graph *g);
+void pass_fuse_fuser_free(Fuser *f);
 Uses pass_fuse_uses_build(const Graph *g);
 void pass_fuse_uses_free(Uses *u);
 void pass_fuse_sort_ints(int *v, int n);      /* ascending */
@@ -95,6 +104,10 @@ int pass_fuse_new_group(Fuser *f, int op);    /* a group of op alone; its index 
  * one loop domain that every member fits, it keeps forward ops and
  * recomputations apart, and it is convex. */
 bool pass_fuse_try_merge(Fuser *f, int A, int B);
+/* Whether the union of groups A and B is one loop domain that every member
+ * fits (and, for a column domain, pass_fuse_col_ok); its domain into *d
+ * (may be NULL). Leaves f->mk marking the union. */
+bool pass_fuse_union_ok(Fuser *f, int A, int B, FuseDomain *d);
 /* No path from A to B or B to A through ops outside A and B. */
 bool pass_fuse_convex_union(Fuser *f, int A, int B);
 /* Computes the topological order of the contracted graph (ord_gr,
@@ -116,6 +129,14 @@ bool pass_fuse_group_domain(Fuser *f, int G, FuseDomain *d);
 /* The materialised set of the current grouping (gof), by tensor; sets
  * Op.group to gof. Caller frees. */
 bool *pass_fuse_cur_materialised(Fuser *f);
+
+/* ---- fuse_grow.c ---- */
+/* Step 2: in program order each fusable op starts a group and merges its
+ * producers' groups (pass_fuse_try_merge's rules), then the producers of
+ * the broadcasts it pulled in. Needs the order (ord_gr) built on the
+ * ungrouped graph; leaves the groups as pass_fuse_try_merge would, by
+ * index, with members in program order (ord_gr is stale: free it). */
+void pass_fuse_grow(Fuser *f);
 
 /* ---- fuse_col.c ---- */
 void pass_fuse_split_col(Fuser *f);

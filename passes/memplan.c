@@ -3,7 +3,12 @@
  * Persistent storages (graph inputs, params, state, in-place update values)
  * are laid out first in declaration order. Temp storages are placed greedily,
  * largest first, each at the best-fitting gap among the already-placed
- * storages whose live ranges meet its own. */
+ * storages whose live ranges meet its own (the smallest gap that holds it,
+ * the lowest of equal ones; else above them all). The gaps come from two
+ * segment trees over positions that keep unions of address ranges
+ * (Covers): O(log n) unions per temp instead of every temp it meets, so
+ * placing is near-linear in the temps where their live ranges nest (a deep
+ * model's saved activations) rather than quadratic. */
 #include "passes.h"
 
 #include <stdlib.h>
@@ -16,11 +21,6 @@ static int64_t align_up(int64_t x)
     return x > INT64_MAX - MEMPLAN_ALIGN ? INT64_MAX
                                          : (x + MEMPLAN_ALIGN - 1) / MEMPLAN_ALIGN * MEMPLAN_ALIGN;
 }
-
-typedef struct {
-    int t;
-    int64_t off, size;
-} Placed;
 
 /* Larger storages first; ties by definition time, then id (deterministic).
  * ctx: the MemPlan. */
@@ -36,36 +36,82 @@ static int cmp_by_size(const void *a, const void *b, void *ctx)
     return x < y ? -1 : x > y;
 }
 
-static int cmp_off(const void *a, const void *b)
-{
-    const Placed *x = a, *y = b;
-    return x->off < y->off ? -1 : x->off > y->off;
-}
+/* ---- where the placed temps lie in the address space over time ----
+ * A temp is a rectangle: live range [first, last] by address range
+ * [off, off + size). Placing temp t needs the gaps of the union of the
+ * address ranges of the placed temps whose live ranges meet [a, b] = t's.
+ * Those are the temps live at a (stab: a segment tree over positions, a
+ * temp at the O(log n) canonical nodes of its range, so the nodes from leaf
+ * a to the root hold every temp live at a) and the temps that start in
+ * (a, b] (start: a segment tree over first use, a temp at leaf first and
+ * every node above it, so the canonical nodes of (a, b] hold them). Each
+ * node keeps only the union of its temps' address ranges (Cover), and a
+ * query merges the O(log n) unions in address order, skipping at once the
+ * spans of a union that lie under what is covered already, instead of
+ * one step per temp that meets t (a backward temp meets every saved
+ * activation; touching ones merge into one span). Still not linear: the
+ * spans a query merges grow with the number of long-lived temps (about
+ * 140 per temp for a 96-layer Llama, 55 for 24 layers). The fit is the one
+ * the plain scan of every such temp in address order finds (test_memplan
+ * checks that it is). */
 
-/* The live ranges of all temps, for "which ranges meet [a, b]": those
- * that contain a (stab: a segment tree over positions 0..n keeps each
- * range at its O(log n) canonical nodes; the nodes from leaf a up to the
- * root list every range containing a), and those that start in (a, b]
- * (by_first, sorted by first). A query costs O(log n + answers) instead of
- * a scan of every placed temp. */
+/* A union of address ranges: disjoint, non-touching spans [s, e), sorted. */
 typedef struct {
-    int leaves;       /* power of two > n */
-    int *soff, *stab; /* node v lists stab[soff[v] .. soff[v + 1]) */
-    int *by_first;
-} Overlaps;
+    int64_t s, e;
+} Span;
 
-static int cmp_first(const void *a, const void *b, void *ctx)
+typedef struct {
+    Span *v;
+    int n, cap;
+} Cover;
+
+/* Adds [s, e) to c, merging the spans it overlaps or touches. */
+static void cover_add(Cover *c, int64_t s, int64_t e)
 {
-    const MemPlan *m = ctx;
-    int x = *(const int *)a, y = *(const int *)b;
-    if (m->first[x] != m->first[y])
-        return m->first[x] < m->first[y] ? -1 : 1;
-    return x < y ? -1 : x > y;
+    int lo = 0, hi = c->n; /* the first span that ends at or after s */
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2;
+        if (c->v[mid].e < s)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    int j = lo;
+    while (j < c->n && c->v[j].s <= e) {
+        if (c->v[j].s < s)
+            s = c->v[j].s;
+        if (c->v[j].e > e)
+            e = c->v[j].e;
+        j++;
+    }
+    if (j == lo) {
+        if (c->n == c->cap) {
+            c->cap = c->cap ? 2 * c->cap : 4;
+            c->v = xrealloc(c->v, sizeof(Span) * (size_t)c->cap);
+        }
+        memmove(c->v + lo + 1, c->v + lo, sizeof(Span) * (size_t)(c->n - lo));
+        c->n++;
+    } else {
+        memmove(c->v + lo + 1, c->v + j, sizeof(Span) * (size_t)(c->n - j));
+        c->n -= j - lo - 1;
+    }
+    c->v[lo] = (Span){s, e};
 }
 
-/* Calls fn on the canonical nodes of [a, b] (inclusive). */
-#define FOR_CANON(ov, a, b, body)                                                  \
-    for (int lo_ = (a) + (ov)->leaves, hi_ = (b) + (ov)->leaves + 1; lo_ < hi_;    \
+/* The spans of one union still to merge into a query: p .. end. */
+typedef struct {
+    const Span *p, *end;
+} Run;
+
+typedef struct {
+    int leaves;          /* power of two > every position */
+    Cover *stab, *start; /* 2 * leaves nodes each; node 1 the root */
+    VEC(Run) q;          /* a query's unions: a heap by next span start */
+} Covers;
+
+/* Calls body with v set to each canonical node of [a, b] (inclusive). */
+#define FOR_CANON(cv, a, b, body)                                                  \
+    for (int lo_ = (a) + (cv)->leaves, hi_ = (b) + (cv)->leaves + 1; lo_ < hi_;    \
          lo_ /= 2, hi_ /= 2) {                                                     \
         if (lo_ & 1) {                                                             \
             int v = lo_++;                                                         \
@@ -77,141 +123,123 @@ static int cmp_first(const void *a, const void *b, void *ctx)
         }                                                                          \
     }
 
-static Overlaps overlaps_build(const MemPlan *m, const int *temps, int ntemps, int n)
+static void covers_init(Covers *cv, int n)
 {
-    Overlaps ov;
-    ov.leaves = 1;
-    while (ov.leaves <= n + 1)
-        ov.leaves *= 2;
-    int nodes = 2 * ov.leaves;
-    ov.soff = xcalloc((size_t)nodes + 2, sizeof(int));
-    for (int k = 0; k < ntemps; k++) {
-        int t = temps[k];
-        FOR_CANON(&ov, m->first[t], m->last[t], ov.soff[v + 1]++);
-    }
-    for (int v = 0; v <= nodes; v++)
-        ov.soff[v + 1] += ov.soff[v];
-    ov.stab = xmalloc(sizeof(int) * (size_t)(ov.soff[nodes] + 1));
-    int *fill = xcalloc((size_t)nodes + 1, sizeof(int));
-    for (int k = 0; k < ntemps; k++) {
-        int t = temps[k];
-        FOR_CANON(&ov, m->first[t], m->last[t], ov.stab[ov.soff[v] + fill[v]++] = t);
-    }
-    free(fill);
-    ov.by_first = xmalloc(sizeof(int) * (size_t)(ntemps + 1));
-    memcpy(ov.by_first, temps, sizeof(int) * (size_t)ntemps);
-    qsort_r(ov.by_first, (size_t)ntemps, sizeof(int), cmp_first, (void *)m);
-    return ov;
+    memset(cv, 0, sizeof *cv);
+    cv->leaves = 1;
+    while (cv->leaves <= n + 1)
+        cv->leaves *= 2;
+    cv->stab = xcalloc((size_t)cv->leaves * 2, sizeof(Cover));
+    cv->start = xcalloc((size_t)cv->leaves * 2, sizeof(Cover));
 }
 
-static void overlaps_free(Overlaps *ov)
+static void covers_free(Covers *cv)
 {
-    free(ov->soff);
-    free(ov->stab);
-    free(ov->by_first);
+    for (int v = 0; v < 2 * cv->leaves; v++) {
+        free(cv->stab[v].v);
+        free(cv->start[v].v);
+    }
+    free(cv->stab);
+    free(cv->start);
+    vec_free(&cv->q);
 }
 
-/* The first index of by_first whose range starts after a. */
-static int first_after(const MemPlan *m, const int *by_first, int n, int a)
+/* A placed temp: live over [a, b], at [s, e). */
+static void covers_add(Covers *cv, int a, int b, int64_t s, int64_t e)
 {
-    int lo = 0, hi = n;
-    while (lo < hi) {
-        int mid = lo + (hi - lo) / 2;
-        if (m->first[by_first[mid]] <= a)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo;
+    FOR_CANON(cv, a, b, cover_add(&cv->stab[v], s, e));
+    for (int v = cv->leaves + a; v >= 1; v /= 2)
+        cover_add(&cv->start[v], s, e);
 }
 
-/* The placed temps in offset order, as a list of sorted blocks of at most
- * 2 * OFF_BLOCK ids (insertion costs O(blocks + OFF_BLOCK), a walk in order
- * O(placed)). A temp whose live range meets many placed ones (a backward
- * temp while every saved activation is live) gets its conflicts in offset
- * order from one walk instead of a sort. */
-enum { OFF_BLOCK = 256 };
-
-typedef struct {
-    int **blk;    /* blk[i][0 .. nb[i]) ascending by offset */
-    int *nb, n, cap;
-    int *lo, *hi; /* per block: the earliest first use, the latest last use */
-    int placed;
-} ByOffset;
-
-static void byoff_bounds(ByOffset *o, const MemPlan *m, int i)
+/* Adds c's spans to the query's heap. */
+static void covers_take(Covers *cv, const Cover *c)
 {
-    o->lo[i] = INT32_MAX;
-    o->hi[i] = INT32_MIN;
-    for (int j = 0; j < o->nb[i]; j++) {
-        int u = o->blk[i][j];
-        if (m->first[u] < o->lo[i])
-            o->lo[i] = m->first[u];
-        if (m->last[u] > o->hi[i])
-            o->hi[i] = m->last[u];
-    }
-}
-
-static void byoff_insert(ByOffset *o, const MemPlan *m, const int64_t *poff, int t)
-{
-    if (!o->n) {
-        o->cap = 16;
-        o->blk = xmalloc(sizeof(int *) * (size_t)o->cap);
-        o->nb = xmalloc(sizeof(int) * (size_t)o->cap);
-        o->lo = xmalloc(sizeof(int) * (size_t)o->cap);
-        o->hi = xmalloc(sizeof(int) * (size_t)o->cap);
-        o->blk[0] = xmalloc(sizeof(int) * 2 * OFF_BLOCK);
-        o->nb[0] = 0;
-        o->n = 1;
-    }
-    int i = 0; /* the first block whose last offset is above t's, else the last */
-    while (i < o->n - 1 && (o->nb[i] == 0 || poff[o->blk[i][o->nb[i] - 1]] <= poff[t]))
-        i++;
-    int *b = o->blk[i], lo = 0, hi = o->nb[i];
-    while (lo < hi) {
-        int mid = lo + (hi - lo) / 2;
-        if (poff[b[mid]] <= poff[t])
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    memmove(b + lo + 1, b + lo, sizeof(int) * (size_t)(o->nb[i] - lo));
-    b[lo] = t;
-    o->placed++;
-    if (o->nb[i] == 0 || m->first[t] < o->lo[i])
-        o->lo[i] = m->first[t];
-    if (o->nb[i] == 0 || m->last[t] > o->hi[i])
-        o->hi[i] = m->last[t];
-    if (++o->nb[i] < 2 * OFF_BLOCK)
+    if (!c->n)
         return;
-    if (o->n == o->cap) { /* split a full block in two */
-        o->cap *= 2;
-        o->blk = xrealloc(o->blk, sizeof(int *) * (size_t)o->cap);
-        o->nb = xrealloc(o->nb, sizeof(int) * (size_t)o->cap);
-        o->lo = xrealloc(o->lo, sizeof(int) * (size_t)o->cap);
-        o->hi = xrealloc(o->hi, sizeof(int) * (size_t)o->cap);
+    vec_push(&cv->q, ((Run){c->v, c->v + c->n}));
+    Run *h = cv->q.v;
+    for (int i = cv->q.n - 1; i > 0 && h[(i - 1) / 2].p->s > h[i].p->s; i = (i - 1) / 2) {
+        Run x = h[i];
+        h[i] = h[(i - 1) / 2];
+        h[(i - 1) / 2] = x;
     }
-    size_t tail = (size_t)(o->n - i - 1);
-    memmove(o->blk + i + 2, o->blk + i + 1, sizeof(int *) * tail);
-    memmove(o->nb + i + 2, o->nb + i + 1, sizeof(int) * tail);
-    memmove(o->lo + i + 2, o->lo + i + 1, sizeof(int) * tail);
-    memmove(o->hi + i + 2, o->hi + i + 1, sizeof(int) * tail);
-    o->blk[i + 1] = xmalloc(sizeof(int) * 2 * OFF_BLOCK);
-    memcpy(o->blk[i + 1], b + OFF_BLOCK, sizeof(int) * OFF_BLOCK);
-    o->nb[i] = o->nb[i + 1] = OFF_BLOCK;
-    o->n++;
-    byoff_bounds(o, m, i);
-    byoff_bounds(o, m, i + 1);
 }
 
-static void byoff_free(ByOffset *o)
+/* Restores the heap h[0..n) below its top. */
+static void runs_sift(Run *h, int n)
 {
-    for (int i = 0; i < o->n; i++)
-        free(o->blk[i]);
-    free(o->blk);
-    free(o->nb);
-    free(o->lo);
-    free(o->hi);
+    int i = 0;
+    for (;;) {
+        int c = 2 * i + 1;
+        if (c >= n)
+            break;
+        if (c + 1 < n && h[c + 1].p->s < h[c].p->s)
+            c++;
+        if (h[i].p->s <= h[c].p->s)
+            break;
+        Run x = h[i];
+        h[i] = h[c];
+        h[c] = x;
+        i = c;
+    }
+}
+
+/* The next span of the query in address order that ends above pos (the
+ * ones below it are covered already and change no gap), which it consumes;
+ * NULL when none is left. A union's spans under pos are skipped by one
+ * binary search: where the query's union is one long stretch, each union
+ * costs a search per stretch, not a step per span. */
+static const Span *covers_next(Covers *cv, int64_t pos)
+{
+    Run *h = cv->q.v;
+    while (cv->q.n) {
+        Run *r = &h[0];
+        if (r->p->e <= pos) {
+            const Span *lo = r->p, *hi = r->end;
+            while (lo < hi) {
+                const Span *mid = lo + (hi - lo) / 2;
+                if (mid->e <= pos)
+                    lo = mid + 1;
+                else
+                    hi = mid;
+            }
+            r->p = lo;
+        } else {
+            const Span *top = r->p++;
+            if (r->p == r->end)
+                h[0] = h[--cv->q.n];
+            runs_sift(h, cv->q.n);
+            return top;
+        }
+        if (r->p == r->end)
+            h[0] = h[--cv->q.n];
+        runs_sift(h, cv->q.n);
+    }
+    return NULL;
+}
+
+/* The best fit for size bytes among the temps placed so far whose live
+ * ranges meet [a, b]: the lowest of the smallest gaps of at least size
+ * between them, else the top of them (0 when there are none). */
+static int64_t covers_fit(Covers *cv, int a, int b, int64_t size)
+{
+    cv->q.n = 0;
+    for (int v = cv->leaves + a; v >= 1; v /= 2)
+        covers_take(cv, &cv->stab[v]);
+    if (a < b)
+        FOR_CANON(cv, a + 1, b, covers_take(cv, &cv->start[v]));
+    int64_t best = -1, best_gap = INT64_MAX, pos = 0;
+    for (const Span *x; (x = covers_next(cv, pos));) {
+        int64_t gap = x->s - pos;
+        if (gap >= size && gap < best_gap) {
+            best = pos;
+            best_gap = gap;
+        }
+        if (x->e > pos)
+            pos = x->e;
+    }
+    return best < 0 ? pos : best;
 }
 
 /* True when op reads its operands at its own flat output index only. */
@@ -359,79 +387,20 @@ MemPlan *pass_memplan_storage(const Graph *g, const DType *storage, Diag *d)
             temps[ntemps++] = t;
         }
     qsort_r(temps, (size_t)ntemps, sizeof(int), cmp_by_size, m);
-    Placed *conf = xmalloc(sizeof(Placed) * (size_t)(ntemps + 1));
-    Overlaps ov = overlaps_build(m, temps, ntemps, n);
-    bool *isplaced = xcalloc((size_t)nt + 1, sizeof(bool));
-    int64_t *poff = xcalloc((size_t)nt + 1, sizeof(int64_t));
+    Covers cv;
+    covers_init(&cv, n);
     int64_t high = 0;
-    ByOffset byoff = {0};
-    int64_t *asize = xmalloc(sizeof(int64_t) * (size_t)(nt + 1)); /* aligned sizes */
-    for (int k = 0; k < ntemps; k++)
-        asize[temps[k]] = align_up(m->bytes[temps[k]] ? m->bytes[temps[k]] : 1);
     for (int k = 0; k < ntemps; k++) {
         int t = temps[k];
         int64_t size = align_up(m->bytes[t] ? m->bytes[t] : 1);
-        /* the placed storages whose live ranges meet t's */
-        int nc = 0, a = m->first[t], b = m->last[t];
-        /* how many temps, placed or not, meet t's range: O(log n) */
-        int64_t meet = 0;
-        for (int v = ov.leaves + a; v >= 1; v /= 2)
-            meet += ov.soff[v + 1] - ov.soff[v];
-        int fa = first_after(m, ov.by_first, ntemps, a);
-        meet += first_after(m, ov.by_first, ntemps, b) - fa;
-        for (int v = ov.leaves + a; v >= 1 && meet * 16 < byoff.placed; v /= 2)
-            for (int q = ov.soff[v]; q < ov.soff[v + 1]; q++) {
-                int u = ov.stab[q];
-                if (isplaced[u])
-                    conf[nc++] = (Placed){u, poff[u], asize[u]};
-            }
-        /* in offset order: sorted when they are few, else (a sort would cost
-         * more than a walk) the same set from a walk of every placed temp in
-         * offset order. Equal offsets may come in any order: the scan's
-         * result is the same. */
-        if (meet * 16 < byoff.placed) {
-            for (int q = fa; q < ntemps; q++) {
-                int u = ov.by_first[q];
-                if (m->first[u] > b)
-                    break;
-                if (isplaced[u])
-                    conf[nc++] = (Placed){u, poff[u], asize[u]};
-            }
-            qsort(conf, (size_t)nc, sizeof(Placed), cmp_off);
-        } else {
-            nc = 0;
-            for (int i = 0; i < byoff.n; i++)
-                for (int j = byoff.lo[i] > b || byoff.hi[i] < a ? byoff.nb[i] : 0;
-                     j < byoff.nb[i]; j++) {
-                    int u = byoff.blk[i][j];
-                    if (m->first[u] <= b && m->last[u] >= a)
-                        conf[nc++] = (Placed){u, poff[u], asize[u]};
-                }
-        }
-        int64_t best = -1, best_gap = INT64_MAX, pos = 0;
-        for (int q = 0; q < nc; q++) {
-            int64_t gap = conf[q].off - pos;
-            if (gap >= size && gap < best_gap) {
-                best = pos;
-                best_gap = gap;
-            }
-            if (ir_add_sat(conf[q].off, conf[q].size) > pos)
-                pos = ir_add_sat(conf[q].off, conf[q].size);
-        }
-        if (best < 0)
-            best = pos;
-        isplaced[t] = true;
-        poff[t] = best;
-        byoff_insert(&byoff, m, poff, t);
+        int64_t best = covers_fit(&cv, m->first[t], m->last[t], size);
+        int64_t end = ir_add_sat(best, size);
+        covers_add(&cv, m->first[t], m->last[t], best, end);
         m->offset[t] = ir_add_sat(m->persistent_bytes, best);
-        if (ir_add_sat(best, size) > high)
-            high = ir_add_sat(best, size);
+        if (end > high)
+            high = end;
     }
-    free(isplaced);
-    free(poff);
-    byoff_free(&byoff);
-    free(asize);
-    overlaps_free(&ov);
+    covers_free(&cv);
     m->arena_bytes = ir_add_sat(m->persistent_bytes, high);
     for (int t = 0; t < nt; t++)
         m->offset[t] = m->offset[m->root[t]];
@@ -460,7 +429,6 @@ MemPlan *pass_memplan_storage(const Graph *g, const DType *storage, Diag *d)
     }
     free(delta);
     free(temps);
-    free(conf);
     free(gfirst);
     free(glast);
     free(internal);

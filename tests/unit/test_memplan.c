@@ -1,6 +1,6 @@
 /* test_memplan.c - the memory plan and the schedule: a hand-computed
- * example, in-place updates, and invariants on every model after the full
- * pipeline (no two simultaneously live temps overlap; the peak is the max
+ * example, in-place updates, a large random set of lifetimes, and
+ * invariants on every model after the full pipeline (no two simultaneously live temps overlap; the peak is the max
  * over time of live bytes; the persistent region holds inputs, params and
  * state). */
 #include "testutil.h"
@@ -364,9 +364,66 @@ static void test_deep(void **state)
     }
 }
 
+/* A large random set of lifetimes: 4000 elementwise ops over 8 sizes (64
+ * B to 8 KiB), each reading one or two earlier results of its size, most
+ * recent, some far back (long lives that many later temps meet), and 40
+ * results kept to the end. The plan must be valid (no two live temps share
+ * bytes, the timeline adds up) and be the plain best fit (so its arena is
+ * what the placement was before its overlap index changed). */
+static void test_random_lifetimes(void **state)
+{
+    (void)state;
+    enum { FAM = 8, NOPS = 4000 };
+    uint64_t rng = 0x9e3779b97f4a7c15ull;
+    Graph *g = ir_new();
+    VEC(int) fam[FAM] = {{0}};
+    for (int f = 0; f < FAM; f++) {
+        int64_t d[1] = {16ll << f};
+        char name[16];
+        snprintf(name, sizeof name, "x%d", f);
+        int x = ir_add_input(g, TK_INPUT, name, shape_make(DT_F32, 1, d), (ParamInit){0});
+        vec_push(&fam[f], x);
+    }
+    for (int i = 0; i < NOPS; i++) {
+        rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+        int f = (int)(rng % FAM), nf = fam[f].n;
+        int back = (rng >> 8) % 8 == 0 ? (int)((rng >> 16) % (uint64_t)nf) : (int)((rng >> 16) % 3);
+        int a = fam[f].v[nf - 1 - (back < nf ? back : nf - 1)];
+        int b = fam[f].v[nf - 1];
+        int t;
+        switch ((rng >> 32) % 4) {
+        case 0: t = op1(g, OP_EXP, a); break;
+        case 1: t = op1(g, OP_NEG, a); break;
+        case 2: t = op2(g, OP_ADD, a, b); break;
+        default: t = op2(g, OP_MUL, a, b); break;
+        }
+        vec_push(&fam[f], t);
+        if (i % 100 == 99) {
+            char name[16];
+            snprintf(name, sizeof name, "y%d", i);
+            ir_add_output(g, name, t);
+        }
+    }
+    Diag dg = {{0}};
+    MemPlan *m = pass_memplan(g, &dg);
+    int64_t sum = 0;
+    for (int t = 0; t < g->t.n; t++)
+        if (g->t.v[t].op >= 0)
+            sum += al(m->bytes[t]);
+    fprintf(stderr, "random lifetimes: %d ops, peak live %lld, arena %lld (temps %lld)\n",
+            g->ops.n, (long long)m->peak_live, (long long)m->arena_bytes, (long long)sum);
+    assert_true(m->arena_bytes - m->persistent_bytes < sum / 4); /* temps share bytes */
+    check_invariants(g, m);
+    pass_memplan_free(m);
+    for (int f = 0; f < FAM; f++)
+        vec_free(&fam[f]);
+    ir_free(g);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_random_lifetimes),
         cmocka_unit_test(test_deep),
         cmocka_unit_test(test_hand_example),
         cmocka_unit_test(test_views_and_inplace),
