@@ -43,11 +43,37 @@ static const char *step_kind(CgStepKind k)
     return k == CG_STEP_KERNEL ? "kernel" : k == CG_STEP_GEMM ? "gemm" : "copy";
 }
 
+/* A shard_pack step (ir.h): the result is this rank's part of the args'
+ * flat range, zero past it; through the backend's read and write, so any
+ * backend runs it (rank-dependent offsets: no kernel of its own). */
+static void shard_pack(Exec *e, const CgStep *st)
+{
+    const CgPlan *p = e->plan;
+    int64_t off, len, n = st->bytes / 4;
+    ir_shard_range(st->sh_total, st->sh_nranks, rt_comm_rank(e->o.comm), &off, &len);
+    float *buf = xcalloc((size_t)n + 1, sizeof(float));
+    int64_t f0 = st->sh_start;
+    for (int a = 0; a < st->nargs; a++) {
+        int64_t k = shape_numel(&p->g->t.v[st->args[a]].s);
+        int64_t lo = f0 > off ? f0 : off, hi = f0 + k < off + len ? f0 + k : off + len;
+        if (lo < hi)
+            e->be->read(e->ctx, cg_offset(p, st->args[a]) + (lo - f0) * 4, buf + (lo - off),
+                        (hi - lo) * 4);
+        f0 += k;
+    }
+    e->be->write(e->ctx, st->dst, buf, n * 4);
+    free(buf);
+}
+
 /* Plan step s: allreduce starts and waits go to the communication thread
  * (or the backend's device collectives), everything else to the backend. */
 static bool run_step(Exec *e, int s, uint64_t seed, int64_t step, Diag *d)
 {
     const CgStep *st = &e->plan->steps.v[s];
+    if (st->kind == CG_STEP_SHARD_PACK) {
+        shard_pack(e, st);
+        return true;
+    }
     if (st->kind == CG_STEP_ALLREDUCE_START) {
         if (e->dev_comm)
             return e->be->ext->allreduce_start(e->ctx, s, d);
@@ -129,6 +155,22 @@ static bool setup_comm(Exec *e, Diag *d)
     const CgPlan *p = e->plan;
     int nb = 0;
     bool any = false;
+    /* sharded steps (zero=1) need the plan's rank count, and run on the
+     * communication thread on every backend (through its read and write) */
+    for (int s = 0; s < p->steps.n; s++) {
+        const CgStep *st = &p->steps.v[s];
+        bool sharded = st->kind == CG_STEP_SHARD_PACK ||
+                       (st->kind == CG_STEP_ALLREDUCE_START && st->coll != CG_COLL_ALLREDUCE);
+        if (sharded && st->sh_nranks != rt_comm_size(e->o.comm)) {
+            snprintf(d->msg, sizeof d->msg,
+                     "the step shards the optimizer state over %d ranks (zero=1), but this "
+                     "run has %d (expected the same --nproc as the compiled step)",
+                     st->sh_nranks, rt_comm_size(e->o.comm));
+            return false;
+        }
+        if (sharded)
+            return true;
+    }
     for (int s = 0; s < p->steps.n; s++)
         if (p->steps.v[s].kind == CG_STEP_ALLREDUCE_START) {
             any = true;

@@ -39,6 +39,8 @@ typedef struct {
     size_t nbuf;
     bool *done;               /* host collective, bcast: set when finished */
     const char *what;         /* JOB_LOST: the collective */
+    CgColl coll;              /* bucket: all-reduce, reduce-scatter or all-gather */
+    int64_t sh_start, sh_total, sh_off; /* sharded: flat range start, total, shard offset */
 } Job;
 
 struct RtComm {
@@ -186,6 +188,73 @@ static void bcast(RtComm *c, void *buf, size_t n, const char *what)
     finish(c, rq, what);
 }
 
+/* Per rank: its part of the flat range [start, start + n) (counts, in
+ * rank order, summing to n) and where each begins in the range (displs);
+ * *lo: where this rank's part begins in its own shard. */
+static void shard_counts(const RtComm *c, const Job *j, int64_t n, int *counts, int *displs,
+                         int64_t *lo)
+{
+    int64_t at = 0;
+    for (int r = 0; r < c->size; r++) {
+        int64_t off, len;
+        ir_shard_range(j->sh_total, c->size, r, &off, &len);
+        int64_t a = j->sh_start > off ? j->sh_start : off;
+        int64_t b = j->sh_start + n < off + len ? j->sh_start + n : off + len;
+        counts[r] = b > a ? (int)(b - a) : 0;
+        displs[r] = (int)at;
+        at += counts[r];
+        if (r == c->rank)
+            *lo = b > a ? a - off : 0;
+    }
+}
+
+/* A reduce-scatter (mean) or all-gather bucket of ZeRO-1 (ir.h, AK_SHARD):
+ * the bucket's tensors are one flat range; each rank's part of it lies in
+ * that rank's shard. */
+static void run_sharded(RtComm *c, Job *j, int64_t n, const char *what)
+{
+    int *counts = xmalloc(sizeof(int) * (size_t)c->size);
+    int *displs = xmalloc(sizeof(int) * (size_t)c->size);
+    int64_t lo = 0;
+    shard_counts(c, j, n, counts, displs, &lo);
+    int mine = counts[c->rank];
+    float *part = xmalloc(sizeof(float) * (size_t)(mine + 1));
+    MPI_Request rq;
+    int rc;
+    if (j->coll == CG_COLL_REDUCE_SCATTER) {
+        int64_t at = 0;
+        for (int i = 0; i < j->k; i++) {
+            j->be->read(j->ctx, j->off[i], c->stage + at, j->bytes[i]);
+            at += j->bytes[i] / 4;
+        }
+        rc = MPI_Ireduce_scatter(c->stage, part, counts, MPI_FLOAT, MPI_SUM, c->cc, &rq);
+        if (rc != MPI_SUCCESS)
+            lost(c, what);
+        finish(c, rq, what);
+        float s = 1.0f / (float)c->size;
+        for (int i = 0; i < mine; i++)
+            part[i] *= s;
+        if (mine)
+            j->be->write(j->ctx, j->sh_off + lo * 4, part, (int64_t)mine * 4);
+    } else {
+        if (mine)
+            j->be->read(j->ctx, j->sh_off + lo * 4, part, (int64_t)mine * 4);
+        rc = MPI_Iallgatherv(part, mine, MPI_FLOAT, c->stage, counts, displs, MPI_FLOAT, c->cc,
+                             &rq);
+        if (rc != MPI_SUCCESS)
+            lost(c, what);
+        finish(c, rq, what);
+        int64_t at = 0;
+        for (int i = 0; i < j->k; i++) {
+            j->be->write(j->ctx, j->off[i], c->stage + at, j->bytes[i]);
+            at += j->bytes[i] / 4;
+        }
+    }
+    free(part);
+    free(counts);
+    free(displs);
+}
+
 static void run_job(RtComm *c, Job *j)
 {
     if (j->bucket == JOB_LOST)
@@ -195,7 +264,11 @@ static void run_job(RtComm *c, Job *j)
     int64_t bytes = 0;
     c->started++;
     if (j->bucket >= 0) {
-        snprintf(what, sizeof what, "the all-reduce of bucket %d", j->bucket);
+        snprintf(what, sizeof what, "the %s of bucket %d",
+                 j->coll == CG_COLL_REDUCE_SCATTER ? "reduce-scatter"
+                 : j->coll == CG_COLL_ALL_GATHER   ? "all-gather"
+                                                   : "all-reduce",
+                 j->bucket);
         for (int i = 0; i < j->k; i++)
             bytes += j->bytes[i];
         int64_t n = bytes / 4;
@@ -204,19 +277,23 @@ static void run_job(RtComm *c, Job *j)
             c->stage = xmalloc((size_t)n * sizeof(float));
             c->nstage = n;
         }
-        int64_t at = 0;
-        for (int i = 0; i < j->k; i++) {
-            j->be->read(j->ctx, j->off[i], c->stage + at, j->bytes[i]);
-            at += j->bytes[i] / 4;
-        }
-        allreduce(c, c->stage, n, MPI_FLOAT, what);
-        float s = 1.0f / (float)c->size;
-        for (int64_t i = 0; i < n; i++)
-            c->stage[i] *= s;
-        at = 0;
-        for (int i = 0; i < j->k; i++) {
-            j->be->write(j->ctx, j->off[i], c->stage + at, j->bytes[i]);
-            at += j->bytes[i] / 4;
+        if (j->coll != CG_COLL_ALLREDUCE) {
+            run_sharded(c, j, n, what);
+        } else {
+            int64_t at = 0;
+            for (int i = 0; i < j->k; i++) {
+                j->be->read(j->ctx, j->off[i], c->stage + at, j->bytes[i]);
+                at += j->bytes[i] / 4;
+            }
+            allreduce(c, c->stage, n, MPI_FLOAT, what);
+            float s = 1.0f / (float)c->size;
+            for (int64_t i = 0; i < n; i++)
+                c->stage[i] *= s;
+            at = 0;
+            for (int i = 0; i < j->k; i++) {
+                j->be->write(j->ctx, j->off[i], c->stage + at, j->bytes[i]);
+                at += j->bytes[i] / 4;
+            }
         }
     } else if (j->bucket == JOB_BCAST) {
         snprintf(what, sizeof what, "a broadcast from rank 0");
@@ -358,7 +435,15 @@ void rt_comm_start(RtComm *c, const CgPlan *p, int s, const Backend *be, Backend
     const CgStep *st = &p->steps.v[s];
     if (st->kind != CG_STEP_ALLREDUCE_START)
         die("rt_comm_start: plan step %d is not an allreduce start", s);
-    Job j = {.bucket = st->bucket, .k = st->nargs, .be = be, .ctx = ctx};
+    Job j = {.bucket = st->bucket, .k = st->nargs, .be = be, .ctx = ctx, .coll = st->coll};
+    if (st->coll != CG_COLL_ALLREDUCE) {
+        if (st->sh_nranks != c->size)
+            die("rt_comm_start: step %d is sharded over %d ranks, the run has %d", s,
+                st->sh_nranks, c->size);
+        j.sh_start = st->sh_start;
+        j.sh_total = st->sh_total;
+        j.sh_off = cg_offset(p, st->sh_buf);
+    }
     j.off = xmalloc(sizeof(int64_t) * (size_t)st->nargs);
     j.bytes = xmalloc(sizeof(int64_t) * (size_t)st->nargs);
     for (int i = 0; i < st->nargs; i++) {

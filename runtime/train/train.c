@@ -926,6 +926,7 @@ void rt_pass_opts(const TrainCfg *c, const RtGraphFlags *f, PassOpts *po)
     po->nranks = f->nranks > 1 ? f->nranks : 1;
     po->grad_accum = (int)c->grad_accum;
     po->bucket_bytes = (int64_t)(c->bucket_mb * 1048576.0);
+    po->zero = c->zero && po->nranks > 1; /* one rank holds the whole state anyway */
     po->no_overlap = f->no_overlap;
     po->no_fuse = f->no_fuse;
     po->attention =
