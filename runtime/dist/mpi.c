@@ -25,7 +25,7 @@
 enum { TAG_PING = 101, TAG_PONG = 102 };
 
 /* Job.bucket of a non-bucket job; JOB_LOST: a device collective timed out */
-enum { JOB_HOST = -1, JOB_BCAST = -2, JOB_LOST = -3 };
+enum { JOB_HOST = -1, JOB_BCAST = -2, JOB_LOST = -3, JOB_GATHER = -4 };
 
 typedef struct {
     int bucket;               /* JOB_HOST: host doubles; JOB_BCAST: bytes from rank 0 */
@@ -295,6 +295,15 @@ static void run_job(RtComm *c, Job *j)
                 at += j->bytes[i] / 4;
             }
         }
+    } else if (j->bucket == JOB_GATHER) {
+        snprintf(what, sizeof what, "an all-gather of optimizer state");
+        bytes = (int64_t)j->nbuf * 4 * c->size;
+        MPI_Request rq;
+        if (j->nbuf > 0x7fffffff || MPI_Iallgather(j->buf, (int)j->nbuf, MPI_FLOAT, j->host,
+                                                    (int)j->nbuf, MPI_FLOAT, c->cc,
+                                                    &rq) != MPI_SUCCESS)
+            lost(c, what);
+        finish(c, rq, what);
     } else if (j->bucket == JOB_BCAST) {
         snprintf(what, sizeof what, "a broadcast from rank 0");
         bytes = (int64_t)j->nbuf;
@@ -489,6 +498,23 @@ void rt_comm_mean(RtComm *c, double *v, int n)
         return;
     bool done = false;
     Job j = {.bucket = -1, .host = v, .nhost = n, .done = &done};
+    push_job(c, j);
+    pthread_mutex_lock(&c->mu);
+    while (!done)
+        pthread_cond_wait(&c->cv, &c->mu);
+    pthread_mutex_unlock(&c->mu);
+}
+
+void rt_comm_allgather(RtComm *c, const float *mine, int64_t n, float *all)
+{
+    if (!c || c->size == 1) {
+        memcpy(all, mine, sizeof(float) * (size_t)n);
+        return;
+    }
+    bool done = false;
+    /* host: the receive buffer (floats, not doubles: JOB_GATHER's own use) */
+    Job j = {.bucket = JOB_GATHER, .buf = (void *)mine, .nbuf = (size_t)n,
+             .host = (double *)(void *)all, .done = &done};
     push_job(c, j);
     pthread_mutex_lock(&c->mu);
     while (!done)

@@ -12,7 +12,9 @@
  * - through the binary (mpirun): `--nproc 2 --set zero=1` against
  *   `--nproc 2` and 1 rank at the combined batch, per step losses and every
  *   final param within 1e-5 relative, for mlp, gpt and llama with
- *   grad_accum 1 and 2. */
+ *   grad_accum 1 and 2;
+ * - checkpoints: the file of 2 sharded ranks is 1 rank's (moments too), and
+ *   resumes on 1 or 2 ranks without zero; 1 rank's resumes on 2 sharded. */
 #include "testutil.h"
 
 #include "frontend.h"
@@ -377,6 +379,52 @@ static void test_equivalence(void **state)
     free(dir);
 }
 
+static void params_close(const char *a, const char *b)
+{
+    char worst[256] = "";
+    double e = max_rel(a, b, NULL, worst, sizeof worst);
+    print_message("mlp: %s vs %s: largest tensor difference %.3g (%s)\n", a, b, e, worst);
+    if (!(e < 1e-5))
+        fail_msg("mlp: %s vs %s: %s differs by %.3g", a, b, worst, e);
+}
+
+/* Checkpoints hold the full optimizer state in the unsharded form: the
+ * file 2 sharded ranks write at step 6 is the one 1 rank writes (every
+ * param and adam.m.P / adam.v.P), and a checkpoint at step 3 resumes
+ * across rank counts and zero settings to the params of the straight run. */
+static void test_checkpoints(void **state)
+{
+    (void)state;
+    if (!have_command("mpirun")) {
+        print_message("skipped: no mpirun\n");
+        skip();
+    }
+    dir = scratch_dir("zero_ckpt");
+    const char *m = "models/mlp.lua";
+    char a[512];
+    snprintf(a, sizeof a, "--set batch=64 --set checkpoint_every=3 --checkpoint %s/ock", dir);
+    train(m, a, "one");
+    snprintf(a, sizeof a,
+             "--set batch=32 --nproc 2 --set zero=1 --set checkpoint_every=3 --checkpoint %s/zck",
+             dir);
+    train(m, a, "zero");
+    params_close("zck.step6", "ock.step6"); /* moments included */
+    /* sharded -> 1 rank, and -> 2 ranks without zero */
+    snprintf(a, sizeof a, "--set batch=64 --resume %s/zck.step3.safetensors", dir);
+    train(m, a, "r_one");
+    params_close("r_one", "one");
+    snprintf(a, sizeof a, "--set batch=32 --nproc 2 --resume %s/zck.step3.safetensors", dir);
+    train(m, a, "r_two");
+    params_close("r_two", "one");
+    /* unsharded (1 rank) -> 2 sharded ranks */
+    snprintf(a, sizeof a, "--set batch=32 --nproc 2 --set zero=1 --resume %s/ock.step3.safetensors",
+             dir);
+    train(m, a, "r_zero");
+    params_close("r_zero", "one");
+    remove_tree(dir);
+    free(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -384,6 +432,7 @@ int main(void)
         cmocka_unit_test(test_interp_one_rank),
         cmocka_unit_test(test_placement),
         cmocka_unit_test(test_equivalence),
+        cmocka_unit_test(test_checkpoints),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
