@@ -60,6 +60,8 @@ struct RtComm {
     int64_t nstage;
     /* stats since the last reset (under mu) */
     double comm_s, exposed_s;
+    double exposed_by[3];     /* exposed_s per CgColl of the bucket waited for */
+    int *bucket_coll;         /* per bucket: its CgColl (zero=1 has three kinds) */
     VEC(RtCommEvent) ev;
     RtCommEvent *ev_copy;
     /* collectives run by the device (rt_comm_set_source) */
@@ -318,7 +320,8 @@ static void run_job(RtComm *c, Job *j)
     double t1 = ir_now();
     pthread_mutex_lock(&c->mu);
     c->comm_s += t1 - t0;
-    RtCommEvent e = {j->bucket < 0 ? -1 : j->bucket, bytes, t0, t1};
+    RtCommEvent e = {j->bucket < 0 ? -1 : j->bucket, bytes, t0, t1,
+                     j->bucket < 0 ? 0 : (int)j->coll};
     vec_push(&c->ev, e);
     if (j->bucket >= 0)
         c->bucket_busy[j->bucket]--;
@@ -428,6 +431,7 @@ void rt_comm_close(RtComm *c)
     vec_free(&c->ev);
     free(c->ev_copy);
     free(c->bucket_busy);
+    free(c->bucket_coll);
     free(c->stage);
     free(c);
 }
@@ -467,11 +471,13 @@ void rt_comm_start(RtComm *c, const CgPlan *p, int s, const Backend *be, Backend
     if (st->bucket >= c->nbuckets) {
         int n = st->bucket + 1;
         c->bucket_busy = xrealloc(c->bucket_busy, sizeof(int) * (size_t)n);
+        c->bucket_coll = xrealloc(c->bucket_coll, sizeof(int) * (size_t)n);
         for (int b = c->nbuckets; b < n; b++)
-            c->bucket_busy[b] = 0;
+            c->bucket_busy[b] = c->bucket_coll[b] = 0;
         c->nbuckets = n;
     }
     c->bucket_busy[st->bucket]++;
+    c->bucket_coll[st->bucket] = (int)st->coll;
     pthread_mutex_unlock(&c->mu);
     push_job(c, j);
 }
@@ -487,8 +493,11 @@ void rt_comm_wait(RtComm *c, int bucket)
         waited = true;
         pthread_cond_wait(&c->cv, &c->mu);
     }
-    if (waited)
-        c->exposed_s += ir_now() - t0;
+    if (waited) {
+        double dt = ir_now() - t0;
+        c->exposed_s += dt;
+        c->exposed_by[c->bucket_coll[bucket]] += dt;
+    }
     pthread_mutex_unlock(&c->mu);
 }
 
@@ -600,6 +609,7 @@ void rt_comm_stats(RtComm *c, RtCommStats *st)
     pthread_mutex_lock(&c->mu);
     st->comm_s = c->comm_s;
     st->exposed_s = c->exposed_s;
+    memcpy(st->exposed_by, c->exposed_by, sizeof st->exposed_by);
     free(c->ev_copy);
     c->ev_copy = xmalloc(sizeof(RtCommEvent) * (size_t)(c->ev.n + 1));
     if (c->ev.n)
@@ -615,6 +625,7 @@ void rt_comm_stats_reset(RtComm *c)
         return;
     pthread_mutex_lock(&c->mu);
     c->comm_s = c->exposed_s = 0;
+    memset(c->exposed_by, 0, sizeof c->exposed_by);
     c->ev.n = 0;
     pthread_mutex_unlock(&c->mu);
 }

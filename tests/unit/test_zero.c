@@ -14,7 +14,9 @@
  *   final param within 1e-5 relative, for mlp, gpt and llama with
  *   grad_accum 1 and 2;
  * - checkpoints: the file of 2 sharded ranks is 1 rank's (moments too), and
- *   resumes on 1 or 2 ranks without zero; 1 rank's resumes on 2 sharded. */
+ *   resumes on 1 or 2 ranks without zero; 1 rank's resumes on 2 sharded;
+ * - the report line per collective and the reduce-scatter and all-gather
+ *   tracks of each rank's trace. */
 #include "testutil.h"
 
 #include "frontend.h"
@@ -425,6 +427,47 @@ static void test_checkpoints(void **state)
     free(dir);
 }
 
+/* The report and the trace per rank: reduce-scatter and all-gather tracks
+ * (tids 3 and 4) with their buckets, and the summary per collective. */
+static void test_report(void **state)
+{
+    (void)state;
+    if (!have_command("mpirun")) {
+        print_message("skipped: no mpirun\n");
+        skip();
+    }
+    dir = scratch_dir("zero_trace");
+    char *cmd = xasprintf("%s train models/mlp.lua --steps 3 -q --set batch=32 --nproc 2 "
+                          "--set zero=1 --set bucket_mb=0.02 --trace %s/t.json",
+                          getenv("KILN_BIN"), dir);
+    char *out = NULL;
+    int rc = run_cmd(cmd, &out);
+    if (rc != 0)
+        fail_msg("%s: exit %d: %s", cmd, rc, out);
+    assert_non_null(strstr(out, "comm by collective (zero=1"));
+    assert_non_null(strstr(out, "reduce-scatter "));
+    for (int r = 0; r < 2; r++) {
+        char *p = xasprintf("%s/t%s.json", dir, r ? ".rank1" : "");
+        char *t = read_file(p);
+        if (!t)
+            fail_msg("no trace %s", p);
+        assert_non_null(strstr(t, "\"tid\":3,\"args\":{\"name\":\"reduce-scatter"));
+        assert_non_null(strstr(t, "\"tid\":4,\"args\":{\"name\":\"all-gather"));
+        int rs = 0, ag = 0;
+        for (const char *q = t; (q = strstr(q, "\"name\":\"reduce-scatter bucket")); q++)
+            rs += strstr(q, "\"tid\":3}") != NULL;
+        for (const char *q = t; (q = strstr(q, "\"name\":\"all-gather bucket")); q++)
+            ag++;
+        assert_true(rs >= 3 && ag >= 3); /* 3 steps, a bucket or more each */
+        free(t);
+        free(p);
+    }
+    free(out);
+    free(cmd);
+    remove_tree(dir);
+    free(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -433,6 +476,7 @@ int main(void)
         cmocka_unit_test(test_placement),
         cmocka_unit_test(test_equivalence),
         cmocka_unit_test(test_checkpoints),
+        cmocka_unit_test(test_report),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
