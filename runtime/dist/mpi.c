@@ -41,6 +41,8 @@ typedef struct {
     const char *what;         /* JOB_LOST: the collective */
     CgColl coll;              /* bucket: all-reduce, reduce-scatter or all-gather */
     int64_t sh_start, sh_total, sh_off; /* sharded: flat range start, total, shard offset */
+    float *part;              /* all-gather: this rank's part, read at the start (the
+                                 shard's bytes may be reused before the job runs) */
 } Job;
 
 struct RtComm {
@@ -220,7 +222,7 @@ static void run_sharded(RtComm *c, Job *j, int64_t n, const char *what)
     int64_t lo = 0;
     shard_counts(c, j, n, counts, displs, &lo);
     int mine = counts[c->rank];
-    float *part = xmalloc(sizeof(float) * (size_t)(mine + 1));
+    float *part = j->part ? j->part : xmalloc(sizeof(float) * (size_t)(mine + 1));
     MPI_Request rq;
     int rc;
     if (j->coll == CG_COLL_REDUCE_SCATTER) {
@@ -239,8 +241,6 @@ static void run_sharded(RtComm *c, Job *j, int64_t n, const char *what)
         if (mine)
             j->be->write(j->ctx, j->sh_off + lo * 4, part, (int64_t)mine * 4);
     } else {
-        if (mine)
-            j->be->read(j->ctx, j->sh_off + lo * 4, part, (int64_t)mine * 4);
         rc = MPI_Iallgatherv(part, mine, MPI_FLOAT, c->stage, counts, displs, MPI_FLOAT, c->cc,
                              &rq);
         if (rc != MPI_SUCCESS)
@@ -456,6 +456,19 @@ void rt_comm_start(RtComm *c, const CgPlan *p, int s, const Backend *be, Backend
         j.sh_start = st->sh_start;
         j.sh_total = st->sh_total;
         j.sh_off = cg_offset(p, st->sh_buf);
+        if (st->coll == CG_COLL_ALL_GATHER) {
+            int64_t n = 0, lo = 0;
+            for (int i = 0; i < st->nargs; i++)
+                n += shape_numel(&p->g->t.v[st->args[i]].s);
+            int *counts = xmalloc(sizeof(int) * (size_t)c->size);
+            int *displs = xmalloc(sizeof(int) * (size_t)c->size);
+            shard_counts(c, &j, n, counts, displs, &lo);
+            j.part = xmalloc(sizeof(float) * (size_t)(counts[c->rank] + 1));
+            if (counts[c->rank])
+                be->read(ctx, j.sh_off + lo * 4, j.part, (int64_t)counts[c->rank] * 4);
+            free(counts);
+            free(displs);
+        }
     }
     j.off = xmalloc(sizeof(int64_t) * (size_t)st->nargs);
     j.bytes = xmalloc(sizeof(int64_t) * (size_t)st->nargs);
