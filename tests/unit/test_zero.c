@@ -468,10 +468,49 @@ static void test_report(void **state)
     free(dir);
 }
 
+/* The setting: 0 or 1, from train{} or --set; anything else is refused
+ * with the script's file and line (train{}) or the flag (--set). */
+static void test_setting(void **state)
+{
+    (void)state;
+    char *d = scratch_dir("zero_set"), *text = read_file("models/mlp.lua");
+    assert_non_null(text);
+    char *at = strstr(text, "\ntrain{");
+    assert_non_null(at);
+    int line = 2;
+    for (const char *q = text; q < at; q++)
+        line += *q == '\n';
+    *at = 0;
+    char *script = xasprintf("%s\ntrain{zero = 2, %s", text, at + 7);
+    char *path = xasprintf("%s/m.lua", d);
+    write_file(path, script);
+    const char *bin = getenv("KILN_BIN");
+    char *cmd = xasprintf("%s compile %s --nproc 2", bin, path), *out = NULL;
+    assert_int_not_equal(run_cmd(cmd, &out), 0);
+    char *want = xasprintf("%s:%d: train: bad value for 'zero' (expected an integer from 0 to "
+                           "1, got 2)", path, line);
+    if (!strstr(out, want))
+        fail_msg("expected \"%s\" in: %s", want, out);
+    free(out);
+    free(cmd);
+    cmd = xasprintf("%s compile models/mlp.lua --nproc 2 --set zero=yes", bin);
+    assert_int_not_equal(run_cmd(cmd, &out), 0);
+    assert_non_null(strstr(out, "--set zero: expected an integer from 0 to 1"));
+    free(out);
+    free(cmd);
+    free(want);
+    free(path);
+    free(script);
+    free(text);
+    remove_tree(d);
+    free(d);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_geometry),
+        cmocka_unit_test(test_setting),
         cmocka_unit_test(test_interp_one_rank),
         cmocka_unit_test(test_placement),
         cmocka_unit_test(test_equivalence),
