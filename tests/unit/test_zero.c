@@ -5,6 +5,8 @@
  * - the sharded step on the reference interpreter with one rank (the shard
  *   is the whole range) gives the params, optimizer step and norm of the
  *   unsharded step, for mlp, gpt and llama, with and without grad_accum;
+ * - remat under a budget between the two peaks recomputes with zero=0 and
+ *   not with zero=1 (it plans against the smaller persistent region);
  * - the comm pass for 2 ranks: reduce-scatter buckets start where their
  *   last gradient is finished (the first before backward ends), the waits
  *   chain through one shard buffer (memplan), one scalar all-reduce, the
@@ -247,6 +249,46 @@ static void test_placement(void **state)
     free(t2);
     ir_free(h);
     ir_free(g);
+}
+
+/* remat plans against the sharded step's smaller persistent region: for
+ * gpt at batch 8 over 8 ranks, a budget between the two peaks without
+ * recomputation (2.30 MiB and 2.05 MiB) needs recomputation with zero=0 and
+ * none with zero=1. */
+static void test_remat(void **state)
+{
+    (void)state;
+    const char *sets[] = {"batch=8"};
+    int64_t budget = 2200000;
+    int nrec[2];
+    for (int z = 0; z < 2; z++) {
+        Model *m = load_model("models/gpt.lua", sets, 1);
+        Graph *g = ir_clone(m->g);
+        PassOpts o;
+        rt_pass_opts(&m->train, NULL, &o);
+        o.nranks = 8;
+        o.zero = z;
+        o.memory_budget = budget;
+        RematReport rr;
+        memset(&rr, 0, sizeof rr);
+        o.remat_report = &rr;
+        MemPlan *mp = NULL;
+        o.memplan = &mp;
+        Diag d = {{0}};
+        if (!pass_pipeline(g, &o, NULL, NULL, NULL, &d))
+            fail_msg("zero=%d: %s", z, d.msg);
+        assert_non_null(mp);
+        assert_true(mp->arena_bytes <= budget);
+        nrec[z] = rr.nrecomputed;
+        print_message("zero=%d: persistent %lld bytes, peak %lld, %d activations recomputed\n", z,
+                      (long long)mp->persistent_bytes, (long long)mp->arena_bytes,
+                      rr.nrecomputed);
+        pass_memplan_free(mp);
+        ir_free(g);
+        fe_model_free(m);
+    }
+    assert_true(nrec[0] > 0);
+    assert_int_equal(nrec[1], 0);
 }
 
 /* ---- through the binary: 2 ranks with zero=1 against the references ---- */
@@ -513,6 +555,7 @@ int main(void)
         cmocka_unit_test(test_setting),
         cmocka_unit_test(test_interp_one_rank),
         cmocka_unit_test(test_placement),
+        cmocka_unit_test(test_remat),
         cmocka_unit_test(test_equivalence),
         cmocka_unit_test(test_checkpoints),
         cmocka_unit_test(test_report),
