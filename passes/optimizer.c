@@ -331,6 +331,17 @@ bool pass_optimizer(Graph *g, const PassOpts *o, Diag *d)
     int zero = cst_f32(&b, 0.0);
     int loss0 = bin(&b, OP_MUL, loss, zero); /* 0, or NaN for a non-finite loss */
     poison_smallest(&b, ps.v, ps.n, loss0, chain0);
+    for (int i = 0; o->zero && i < ps.n; i++) {
+        const Tensor *t = &g->t.v[ps.v[i].p];
+        if (t->s.dtype != DT_F32) {
+            snprintf(d->msg, sizeof d->msg,
+                     "optimizer: zero=1 shards f32 params only (expected param \"%s\" to be "
+                     "f32, got %s)",
+                     t->name, dtype_name(t->s.dtype));
+            vec_free(&ps);
+            return false;
+        }
+    }
     if (o->zero) {
         optimizer_zero(&b, o, ps.v, ps.n, lr, step, loss0, zero);
         vec_free(&ps);
