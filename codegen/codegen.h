@@ -322,7 +322,12 @@ typedef enum {
     CG_STEP_COPY,
     CG_STEP_ALLREDUCE_START,
     CG_STEP_ALLREDUCE_WAIT,
+    CG_STEP_SHARD_PACK, /* shard_pack: run by the executor (rank-dependent) */
 } CgStepKind;
+
+/* Which collective a CG_STEP_ALLREDUCE_START/_WAIT step runs (ZeRO-1 adds
+ * the two sharded ones; every start/wait pair is one bucket either way). */
+typedef enum { CG_COLL_ALLREDUCE, CG_COLL_REDUCE_SCATTER, CG_COLL_ALL_GATHER } CgColl;
 
 /* A GEMM epilogue: work the plan gives to the GEMM step on top of
  * C = op(A) op(B), as cuBLASLt can do it. The plan itself never relies on
@@ -392,7 +397,15 @@ typedef struct {
     bool update;   /* copy of an update value into its target */
     const char *name; /* kernel name, "gemm", "copy" (interned) */
     int bucket;    /* CG_STEP_ALLREDUCE_*: the comm pass's bucket id */
-    int nargs;     /* CG_STEP_ALLREDUCE_START: number of args */
+    int nargs;     /* CG_STEP_ALLREDUCE_START, SHARD_PACK: number of args */
+    CgColl coll;   /* CG_STEP_ALLREDUCE_*: which collective */
+    /* reduce-scatter and all-gather starts, shard_pack (ir.h, AK_SHARD): the
+     * args' flat range starts at sh_start of sh_total elements, sharded
+     * over sh_nranks; sh_buf is the shard tensor (reduce-scatter: written;
+     * all-gather: read; shard_pack: the acc operand, and dst the result's
+     * offset) */
+    int64_t sh_start, sh_total;
+    int sh_nranks, sh_buf;
     int group;     /* fuse group of the step's op(s); -1 for a single op */
     int by_epilogue; /* CG_STEP_KERNEL: -1, or the GEMM step whose epilogue
                         computes everything this step writes (see CgEpilogue) */

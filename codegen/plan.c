@@ -287,6 +287,40 @@ CgPlan *cg_plan(const Graph *g, Diag *d)
         if ((op->code == OP_RESHAPE || op->code == OP_ALLREDUCE) &&
             m->root[op->out] == m->root[op->in[0]])
             continue;
+        if (op->code == OP_REDUCE_SCATTER || op->code == OP_ALL_GATHER)
+            die("cg_plan: %s at op %d (the comm pass turns it into buckets)",
+                ir_opinfo[op->code].name, i);
+        if (op->code == OP_SHARD_PACK || op->code == OP_REDUCE_SCATTER_START ||
+            op->code == OP_REDUCE_SCATTER_WAIT || op->code == OP_ALL_GATHER_START ||
+            op->code == OP_ALL_GATHER_WAIT) {
+            bool pack = op->code == OP_SHARD_PACK;
+            bool start = op->code == OP_REDUCE_SCATTER_START || op->code == OP_ALL_GATHER_START;
+            bool rs = op->code == OP_REDUCE_SCATTER_START || op->code == OP_REDUCE_SCATTER_WAIT;
+            st.kind = pack ? CG_STEP_SHARD_PACK
+                           : start ? CG_STEP_ALLREDUCE_START : CG_STEP_ALLREDUCE_WAIT;
+            st.coll = rs ? CG_COLL_REDUCE_SCATTER : CG_COLL_ALL_GATHER;
+            st.bucket = (int)op->attr.ia[0];
+            st.sh_start = op->attr.ia[1];
+            st.sh_total = op->attr.ia[2];
+            st.sh_nranks = (int)op->attr.ia[3];
+            if (pack || start) {
+                st.sh_buf = pack ? op->out : op->in[0];
+                st.nargs = op->nin - !pack;
+                st.args = xmalloc(sizeof(int) * (size_t)op->nin);
+                for (int a = !pack; a < op->nin; a++)
+                    st.args[a - !pack] = op->in[a];
+            } else if (m->root[op->out] != m->root[op->in[rs ? 1 : 2]]) {
+                die("cg_plan: %s result %%%d is not a view of its buffer",
+                    ir_opinfo[op->code].name, op->out);
+            }
+            if (pack) {
+                st.dst = m->offset[op->out];
+                st.bytes = m->bytes[op->out];
+            }
+            st.name = intern(ir_opinfo[op->code].name);
+            vec_push(&p->steps, st);
+            continue;
+        }
         if (op->code == OP_ALLREDUCE_START || op->code == OP_ALLREDUCE_WAIT) {
             bool start = op->code == OP_ALLREDUCE_START;
             st.kind = start ? CG_STEP_ALLREDUCE_START : CG_STEP_ALLREDUCE_WAIT;

@@ -425,7 +425,8 @@ CgPrediction *cg_predict(const CgPlan *p, const CgCudaProgram *q, const CgDevice
             break;
         }
         case CG_STEP_ALLREDUCE_START:
-        case CG_STEP_ALLREDUCE_WAIT: break; /* one device: no collective */
+        case CG_STEP_ALLREDUCE_WAIT:
+        case CG_STEP_SHARD_PACK: break; /* one device: no collective */
         }
     }
     return r;

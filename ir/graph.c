@@ -435,6 +435,62 @@ static bool infer_attention(const Graph *g, Opcode code, const Shape *const *s,
     return true;
 }
 
+/* Result type of an AK_SHARD op (see ir.h): attributes in range, shard
+ * tensors f32[ir_shard_size], the operands' flat range inside total. */
+static bool shard_infer(const Graph *g, Opcode code, const int *in, int nin, const OpAttr *a,
+                        Shape *r, char *err, size_t errlen)
+{
+    const char *nm = ir_opinfo[code].name;
+    char b0[128];
+    bool async = code == OP_REDUCE_SCATTER_START || code == OP_REDUCE_SCATTER_WAIT ||
+                 code == OP_ALL_GATHER_START || code == OP_ALL_GATHER_WAIT;
+    if (a->nia != 4 || a->ia[0] < (async ? 0 : -1) || a->ia[1] < 0 || a->ia[2] < 1 ||
+        a->ia[3] < 1 || a->ia[1] >= a->ia[2])
+        FAIL("%s: needs {bucket=B,start=S,total=T,nranks=N} with %s, 0 <= S < T, N >= 1",
+             nm, async ? "B >= 0" : "B >= -1");
+    /* operands: [token] [shard] data... (shard_pack and reduce_scatter
+     * make their shard; the others read or write one) */
+    bool own = code == OP_SHARD_PACK || code == OP_REDUCE_SCATTER;
+    int tok = code == OP_REDUCE_SCATTER_WAIT || code == OP_ALL_GATHER_WAIT;
+    int data = tok + !own;
+    if (nin < data + 1 || (code == OP_ALL_GATHER && nin != 2) ||
+        (code == OP_ALL_GATHER_WAIT && nin != 3))
+        FAIL("%s: wrong number of operands (expected %s%d, got %d)", nm,
+             code == OP_ALL_GATHER || code == OP_ALL_GATHER_WAIT ? "" : "at least ", data + 1,
+             nin);
+    if (tok) {
+        const Shape *t = &g->t.v[in[0]].s;
+        if (t->dtype != DT_U8 || t->rank != 0)
+            FAIL("%s: operand 0 must be a start token (expected u8[], got %s)", nm,
+                 shape_str(g, t, b0, sizeof b0));
+    }
+    int64_t S = ir_shard_size(a->ia[2], a->ia[3]);
+    Shape ss = shape_make(DT_F32, 1, (int64_t[]){S});
+    if (!own) {
+        const Shape *sh = &g->t.v[in[tok]].s;
+        if (!shape_eq(sh, &ss))
+            FAIL("%s: operand %d must be a shard (expected f32[%lld], got %s)", nm, tok,
+                 (long long)S, shape_str(g, sh, b0, sizeof b0));
+    }
+    int64_t span = 0;
+    for (int i = data; i < nin; i++) {
+        const Shape *x = &g->t.v[in[i]].s;
+        if (x->dtype != DT_F32)
+            FAIL("%s: operand %d needs an f32 tensor (got %s)", nm, i, dtype_name(x->dtype));
+        span = ir_add_sat(span, shape_numel(x));
+    }
+    if (ir_add_sat(a->ia[1], span) > a->ia[2])
+        FAIL("%s: the operands' flat range [%lld, %lld) passes the total %lld", nm,
+             (long long)a->ia[1], (long long)ir_add_sat(a->ia[1], span), (long long)a->ia[2]);
+    if (code == OP_REDUCE_SCATTER_START || code == OP_ALL_GATHER_START)
+        *r = shape_make(DT_U8, 0, NULL);
+    else if (code == OP_ALL_GATHER || code == OP_ALL_GATHER_WAIT)
+        *r = g->t.v[in[nin - 1]].s;
+    else
+        *r = ss;
+    return true;
+}
+
 bool ir_infer(const Graph *g, Opcode code, const int *in, int nin, const OpAttr *a,
               Shape *out, char *err, size_t errlen)
 {
@@ -543,6 +599,11 @@ bool ir_infer(const Graph *g, Opcode code, const int *in, int nin, const OpAttr 
             if (!dtype_is_float(s[1]->dtype))
                 FAIL("allreduce_wait: needs a float tensor (got %s)", dtype_name(s[1]->dtype));
             r = *s[1];
+            break;
+        }
+        if (info->attr == AK_SHARD) {
+            if (!shard_infer(g, code, in, nin, a, &r, err, errlen))
+                return false;
             break;
         }
         if (!dtype_is_float(s[0]->dtype))

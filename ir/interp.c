@@ -234,6 +234,47 @@ static void attention_eval(const Graph *g, const Op *op, double **val, double *r
     free(srow);
 }
 
+/* The AK_SHARD ops as rank 0 and the only rank (ir.h): the mean over one
+ * rank is its own value, other ranks' parts are left as they are. */
+static void eval_shard(const Graph *g, const Op *op, double **val, double *r)
+{
+    const OpAttr *a = &op->attr;
+    int64_t off, len;
+    ir_shard_range(a->ia[2], a->ia[3], 0, &off, &len);
+    if (op->code == OP_REDUCE_SCATTER_START || op->code == OP_ALL_GATHER_START) {
+        r[0] = 0;
+        return;
+    }
+    if (op->code == OP_ALL_GATHER || op->code == OP_ALL_GATHER_WAIT) {
+        int p = op->in[op->nin - 1];
+        const double *sh = val[op->in[op->nin - 2]];
+        int64_t n = shape_numel(&g->t.v[p].s);
+        memcpy(r, val[p], sizeof(double) * (size_t)n);
+        for (int64_t i = 0; i < n; i++) {
+            int64_t f = a->ia[1] + i;
+            if (f >= off && f < off + len)
+                r[i] = sh[f - off];
+        }
+        return;
+    }
+    /* shard_pack, reduce_scatter (from zeros), reduce_scatter_wait (from
+     * acc): the rank's part replaced */
+    bool own = op->code == OP_SHARD_PACK || op->code == OP_REDUCE_SCATTER;
+    int64_t S = shape_numel(&g->t.v[op->out].s);
+    if (own)
+        memset(r, 0, sizeof(double) * (size_t)S);
+    else
+        memcpy(r, val[op->in[1]], sizeof(double) * (size_t)S);
+    int64_t f = a->ia[1];
+    for (int j = own ? 0 : 2; j < op->nin; j++) {
+        const double *x = val[op->in[j]];
+        int64_t n = shape_numel(&g->t.v[op->in[j]].s);
+        for (int64_t i = 0; i < n; i++, f++)
+            if (f >= off && f < off + len)
+                r[f - off] = x[i];
+    }
+}
+
 static void eval(const Graph *g, const Op *op, double **val, const InterpOpts *o)
 {
     const Shape *os = &g->t.v[op->out].s;
@@ -306,6 +347,11 @@ static void eval(const Graph *g, const Op *op, double **val, const InterpOpts *o
         break;
     case OP_ALLREDUCE_START:
         r[0] = 0;
+        break;
+    case OP_SHARD_PACK: case OP_REDUCE_SCATTER: case OP_REDUCE_SCATTER_START:
+    case OP_REDUCE_SCATTER_WAIT: case OP_ALL_GATHER: case OP_ALL_GATHER_START:
+    case OP_ALL_GATHER_WAIT:
+        eval_shard(g, op, val, r);
         break;
     case OP_ALLREDUCE_WAIT:
         memcpy(r, val[op->in[1]], sizeof(double) * (size_t)n);

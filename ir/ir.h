@@ -152,6 +152,10 @@ typedef enum {
     AK_SHAPE, /* reshape, broadcast, scatter_add: result shape in attr.shape */
     AK_BUCKET, /* allreduce_start/_wait: ia[0] = bucket id (comm pass) */
     AK_ATTN,   /* attention*: ia[0] = causal (0 or 1), f = scale */
+    AK_SHARD,  /* sharded optimizer ops: ia[0] = bucket (-1 before the comm pass
+                  places them), ia[1] = start (flat index of the first operand's
+                  first element), ia[2] = total (flat elements of all params),
+                  ia[3] = nranks; see ir_shard_range */
     AK__COUNT
 } IrAttrKind;
 
@@ -205,6 +209,13 @@ typedef enum {
     X(ALLREDUCE,   "allreduce",   1, OC_COLLECTIVE, AK_NONE,  1)         \
     X(ALLREDUCE_START, "allreduce_start", -1, OC_COLLECTIVE, AK_BUCKET, 0) \
     X(ALLREDUCE_WAIT,  "allreduce_wait",   2, OC_COLLECTIVE, AK_BUCKET, 0) \
+    X(SHARD_PACK,  "shard_pack",  -1, OC_COLLECTIVE, AK_SHARD, 0)        \
+    X(REDUCE_SCATTER, "reduce_scatter", -1, OC_COLLECTIVE, AK_SHARD, 0)  \
+    X(REDUCE_SCATTER_START, "reduce_scatter_start", -1, OC_COLLECTIVE, AK_SHARD, 0) \
+    X(REDUCE_SCATTER_WAIT,  "reduce_scatter_wait",  -1, OC_COLLECTIVE, AK_SHARD, 0) \
+    X(ALL_GATHER,  "all_gather",   2, OC_COLLECTIVE, AK_SHARD, 0)        \
+    X(ALL_GATHER_START, "all_gather_start", -1, OC_COLLECTIVE, AK_SHARD, 0) \
+    X(ALL_GATHER_WAIT,  "all_gather_wait",   3, OC_COLLECTIVE, AK_SHARD, 0) \
     X(ATTENTION,     "attention",     3, OC_ATTN,   AK_ATTN,  0)         \
     X(ATTENTION_LSE, "attention_lse", 2, OC_ATTN,   AK_ATTN,  0)         \
     X(ATTENTION_DQ,  "attention_dq",  6, OC_ATTN,   AK_ATTN,  0)         \
@@ -269,6 +280,35 @@ const char *ir_class_name(OpClass c);
  *            stream, in place in their buffers (placed by the comm pass)
  * allreduce_wait(token, gi) {bucket}  -> gi's type: the mean over ranks of gi
  *            (identity on one rank); waits for the bucket; a view of gi
+ * Sharded optimizer state (ZeRO-1; the optimizer pass with PassOpts.zero,
+ * placed by the comm pass). All params' elements, each param row-major, in
+ * one flat order of `total` elements; rank r of `nranks` owns the
+ * contiguous range [off_r, off_r + len_r) (ir_shard_range), held in shard
+ * tensors f32[S], S = ir_shard_size(total, nranks), whose elements past
+ * len_r are padding. {bucket=b,start=s,total=T,nranks=n} on each op; the
+ * flat range of operands x1..xk is [s, s + sum numel(xi)) (their
+ * concatenation, in operand order). The interpreter is rank 0 and the only
+ * rank: "mean over ranks" is the rank's own value, and parts of other
+ * ranks are left as they are; with n = 1 the shard is the whole range.
+ * shard_pack(x1..xk)             -> f32[S]: the rank's part of the flat
+ *            range holds the xi's elements, every other element is 0
+ * reduce_scatter(g1..gk)         -> f32[S]: the same with the mean over
+ *            ranks of the gi
+ * reduce_scatter_start(acc f32[S], g1..gk) -> u8[] token (value 0): starts
+ *            that reduction on the communication stream, writing the rank's
+ *            part into acc's buffer
+ * reduce_scatter_wait(token, acc, g1..gk) -> f32[S]: acc with the rank's
+ *            part of the range replaced by the mean over ranks of the gi;
+ *            waits for the bucket; a view of acc (in place), so buckets
+ *            chain through one shard buffer
+ * all_gather(shard f32[S], p)    -> p's type: p with every rank's part of
+ *            p's flat range [s, s + numel(p)) replaced by that rank's shard
+ *            values (rank r's element f is its shard[f - off_r])
+ * all_gather_start(shard, p1..pk) -> u8[] token: starts that gather for
+ *            the params p1..pk (contiguous from s), writing into their
+ *            buffers; nothing may read them after it but their waits
+ * all_gather_wait(token, shard, p) {start = p's own} -> all_gather's value;
+ *            waits for the bucket; a view of p (in place)
  * attention family {causal=c, scale=s}: fused scaled-dot-product attention.
  *            q [..., Tq, D], k [..., Tk, D], v [..., Tk, Dv], one float dtype,
  *            equal batch dims ("..."); causal needs Tq == Tk. Row i of the
@@ -284,6 +324,15 @@ const char *ir_class_name(OpClass c);
  *            dV = P^T dO, dS = P * (dO v^T - delta), dQ = s dS k, dK = s dS^T q.
  *            attention_dv reads neither v nor delta.
  */
+
+/* The shard geometry of AK_SHARD ops: the flat range of `total` elements
+ * is cut at multiples of IR_SHARD_ALIGN elements (64 bytes of f32) into
+ * nranks contiguous shards whose lengths differ by at most one alignment
+ * unit (the last one may be shorter by the tail). ir_shard_size is the
+ * longest, the length of every shard tensor. */
+#define IR_SHARD_ALIGN 16
+int64_t ir_shard_size(int64_t total, int64_t nranks);
+void ir_shard_range(int64_t total, int64_t nranks, int64_t rank, int64_t *off, int64_t *len);
 
 /* Counter-based uniform random numbers: the same function is emitted into
  * generated C and CUDA C so every backend draws the same numbers. */

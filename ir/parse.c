@@ -450,7 +450,7 @@ static bool build_attr(P *ps, Opcode code, const RawAttr *ra, int nra, const Sha
                        OpAttr *a)
 {
     const OpInfo *info = &ir_opinfo[code];
-    const char *keys[2] = {NULL, NULL};
+    const char *keys[4] = {NULL, NULL, NULL, NULL};
     switch (info->attr) {
     case AK_VALUE: keys[0] = "value"; break;
     case AK_AXIS: keys[0] = "axis"; break;
@@ -461,12 +461,15 @@ static bool build_attr(P *ps, Opcode code, const RawAttr *ra, int nra, const Sha
     case AK_KEY: keys[0] = "key"; break;
     case AK_BUCKET: keys[0] = "bucket"; break;
     case AK_ATTN: keys[0] = "causal", keys[1] = "scale"; break;
+    case AK_SHARD:
+        keys[0] = "bucket", keys[1] = "start", keys[2] = "total", keys[3] = "nranks";
+        break;
     default: break;
     }
-    const RawAttr *found[2] = {NULL, NULL};
+    const RawAttr *found[4] = {NULL, NULL, NULL, NULL};
     for (int i = 0; i < nra; i++) {
         int k = -1;
-        for (int j = 0; j < 2; j++)
+        for (int j = 0; j < 4; j++)
             if (keys[j] && strcmp(keys[j], ra[i].key) == 0)
                 k = j;
         if (k < 0) {
@@ -477,7 +480,7 @@ static bool build_attr(P *ps, Opcode code, const RawAttr *ra, int nra, const Sha
         }
         found[k] = &ra[i];
     }
-    for (int j = 0; j < 2; j++)
+    for (int j = 0; j < 4; j++)
         if (keys[j] && !found[j])
             return perr(ps, "%s: missing attribute '%s' (expected {%s=...})", info->name,
                         keys[j], keys[j]);
@@ -512,6 +515,12 @@ static bool build_attr(P *ps, Opcode code, const RawAttr *ra, int nra, const Sha
         a->nia = 1;
         if (!attr_int(ps, found[0], &a->ia[0]) || !attr_double(ps, found[1], &a->f))
             return false;
+        break;
+    case AK_SHARD:
+        a->nia = 4;
+        for (int j = 0; j < 4; j++)
+            if (!attr_int(ps, found[j], &a->ia[j]))
+                return false;
         break;
     default: break;
     }

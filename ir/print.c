@@ -95,6 +95,10 @@ static void print_attrs(FILE *f, const Op *op)
         break;
     case AK_KEY: fprintf(f, " {key=%lld}", (long long)(a->nia ? a->ia[0] : -1)); break;
     case AK_BUCKET: fprintf(f, " {bucket=%lld}", (long long)(a->nia ? a->ia[0] : -1)); break;
+    case AK_SHARD:
+        fprintf(f, " {bucket=%lld,start=%lld,total=%lld,nranks=%lld}", (long long)a->ia[0],
+                (long long)a->ia[1], (long long)a->ia[2], (long long)a->ia[3]);
+        break;
     case AK_ATTN:
         fprintf(f, " {causal=%lld,scale=%s}", (long long)(a->nia ? a->ia[0] : 0),
                 ir_fmt_double(a->f, d, sizeof d));

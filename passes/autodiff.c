@@ -332,6 +332,9 @@ static bool diff_operand(Opcode code, int i)
     case OP_CONST: case OP_IOTA: case OP_RANDOM:
     case OP_LT: case OP_LE: case OP_GT: case OP_GE: case OP_EQ: case OP_NE:
     case OP_ALLREDUCE_START: case OP_ALLREDUCE_WAIT: /* placed after autodiff */
+    case OP_SHARD_PACK: case OP_REDUCE_SCATTER: case OP_REDUCE_SCATTER_START:
+    case OP_REDUCE_SCATTER_WAIT: case OP_ALL_GATHER: case OP_ALL_GATHER_START:
+    case OP_ALL_GATHER_WAIT: /* the optimizer's (zero=1), after autodiff */
     case OP_STOP_GRADIENT: /* the point of it */
         return false;
     case OP_SELECT: return i > 0;

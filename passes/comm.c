@@ -43,19 +43,23 @@ static int cmp_key(const void *a, const void *b, void *ctx)
     return x->seq < y->seq ? -1 : x->seq > y->seq;
 }
 
-/* Puts g's ops in key order and compacts. */
-static void reorder(Placer *p)
+/* Puts g's ops in key order, without the ops drop[] marks (NULL: none),
+ * and compacts. */
+static void reorder_drop(Placer *p, const bool *drop)
 {
     Graph *g = p->g;
-    int n = g->ops.n;
+    int n = g->ops.n, m = 0;
     int *ord = xmalloc(sizeof(int) * (size_t)(n + 1));
     for (int i = 0; i < n; i++)
-        ord[i] = i;
-    qsort_r(ord, (size_t)n, sizeof(int), cmp_key, p->key);
-    ir_reorder_ops(g, ord, n);
+        if (!drop || !drop[i])
+            ord[m++] = i;
+    qsort_r(ord, (size_t)m, sizeof(int), cmp_key, p->key);
+    ir_reorder_ops(g, ord, m);
     free(ord);
     ir_compact(g);
 }
+
+static void reorder(Placer *p) { reorder_drop(p, NULL); }
 
 /* Appends an op and gives it a place. */
 static int add_op(Placer *p, Opcode code, const int *in, int nin, const OpAttr *a,
@@ -231,11 +235,225 @@ static int analyse(const Graph *g, Grad *gr, int n, int *first_use)
     return clash;
 }
 
+/* Where op i's kernel ends: the last op of its fuse group (or i). */
+static int kernel_end(const Graph *g, int i)
+{
+    int k = g->ops.v[i].group, last = i;
+    for (int q = i + 1; k >= 0 && q < g->ops.n; q++)
+        if (g->ops.v[q].group == k)
+            last = q;
+    return last;
+}
+
+static bool has_shard_ops(const Graph *g)
+{
+    for (int i = 0; i < g->ops.n; i++)
+        if (ir_opinfo[g->ops.v[i].code].attr == AK_SHARD)
+            return true;
+    return false;
+}
+
+static int cmp_gather(const void *a, const void *b, void *ctx)
+{
+    const Graph *g = ctx;
+    int64_t x = g->ops.v[*(const int *)a].attr.ia[1], y = g->ops.v[*(const int *)b].attr.ia[1];
+    return x < y ? -1 : x > y;
+}
+
+/* ZeRO-1 (the optimizer's reduce_scatter, allreduce and all_gather, see
+ * pass_optimizer): the reduce_scatter's gradients, in its (flat) order, are
+ * cut into buckets of about cap bytes; each bucket's reduce_scatter_start
+ * goes right after the kernel that finishes its last gradient (after
+ * backward with no_overlap) and its wait, chained through the shard, right
+ * before the reduce_scatter it replaces. The scalar allreduce (the shards'
+ * squared norms) becomes one allreduce bucket. The all_gathers are cut into
+ * buckets of consecutive params; each all_gather_start goes right after the
+ * kernel that writes the new shard, and each param's wait where its
+ * all_gather was. gready[t]: when gradient t is finished (kernel end). */
+static void comm_zero(Graph *g, const PassOpts *o, const int *gready, int last_bwd)
+{
+    int nops = g->ops.n;
+    int64_t cap = o->bucket_bytes > 0 ? o->bucket_bytes : PASS_COMM_BUCKET_DEFAULT;
+    Placer p = {g, NULL, 0, 0, 0};
+    for (int i = 0; i < nops; i++)
+        place(&p, i, i, 0);
+    bool *drop = xcalloc((size_t)nops + 1, sizeof(bool));
+    VEC(int) reps = {0}; /* pairs: old result, its replacement */
+    VEC(int) gathers = {0};
+    int bucket = 0;
+    for (int i = 0; i < nops; i++) {
+        if (g->ops.v[i].code == OP_ALL_GATHER)
+            vec_push(&gathers, i);
+        if (g->ops.v[i].code != OP_REDUCE_SCATTER)
+            continue;
+        Op R = g->ops.v[i]; /* copy: add_op grows g->ops */
+        int nm = R.nin;
+        const int *mem = R.in;
+        int64_t start = R.attr.ia[1], total = R.attr.ia[2], nr = R.attr.ia[3];
+        /* buckets: [k0, k1) of mem */
+        VEC(int) cut = {0};
+        for (int k0 = 0; k0 < nm;) {
+            int64_t bytes = 0;
+            int k1 = k0;
+            while (k1 < nm && (k1 == k0 || bytes < cap))
+                bytes = ir_add_sat(bytes, shape_bytes(&g->t.v[mem[k1++]].s));
+            vec_push(&cut, k0);
+            k0 = k1;
+        }
+        vec_push(&cut, nm);
+        int nb = cut.n - 1;
+        int *at = xmalloc(sizeof(int) * (size_t)(nb + 1));
+        int first_at = i;
+        for (int b = 0; b < nb; b++) {
+            int ready = -1;
+            for (int k = cut.v[b]; k < cut.v[b + 1]; k++)
+                if (gready[mem[k]] > ready)
+                    ready = gready[mem[k]];
+            if (o->no_overlap && last_bwd > ready)
+                ready = last_bwd;
+            at[b] = ready < i ? ready : i - 1;
+            if (at[b] < first_at)
+                first_at = at[b];
+        }
+        /* the shard the buckets are reduced into: a fresh zero buffer of
+         * its own (no other op may share it), before the first start */
+        Shape ss = g->t.v[R.out].s;
+        OpAttr ca = {.f = 0, .dtype = DT_F32, .rank = 1, .shape = {ss.dim[0]}};
+        int acc = first_at >= 0 ? add_op(&p, OP_CONST, NULL, 0, &ca, R.loc, first_at, 1)
+                                : add_op(&p, OP_CONST, NULL, 0, &ca, R.loc, 0, -2000000);
+        g->ops.v[g->ops.n - 1].flags |= OPF_OPTIM;
+        int prev = acc;
+        int64_t flat = start;
+        for (int b = 0; b < nb; b++) {
+            int k0 = cut.v[b], k1 = cut.v[b + 1];
+            OpAttr ba = {.ia = {bucket, flat, total, nr}, .nia = 4};
+            int *in = xmalloc(sizeof(int) * (size_t)(k1 - k0 + 2));
+            in[0] = acc;
+            for (int k = k0; k < k1; k++)
+                in[1 + k - k0] = mem[k];
+            int tok = at[b] >= 0 ? add_op(&p, OP_REDUCE_SCATTER_START, in, k1 - k0 + 1, &ba,
+                                          R.loc, at[b], 1 + bucket)
+                                 : add_op(&p, OP_REDUCE_SCATTER_START, in, k1 - k0 + 1, &ba,
+                                          R.loc, 0, -1000000 + bucket);
+            int *win = xmalloc(sizeof(int) * (size_t)(k1 - k0 + 3));
+            win[0] = tok;
+            win[1] = prev;
+            for (int k = k0; k < k1; k++)
+                win[2 + k - k0] = mem[k];
+            prev = add_op(&p, OP_REDUCE_SCATTER_WAIT, win, k1 - k0 + 2, &ba, R.loc, i,
+                          -1000 + bucket);
+            free(in);
+            free(win);
+            for (int k = k0; k < k1; k++)
+                flat += shape_numel(&g->t.v[mem[k]].s);
+            bucket++;
+        }
+        drop[i] = true;
+        vec_push(&reps, R.out);
+        vec_push(&reps, prev);
+        free(at);
+        vec_free(&cut);
+    }
+    /* the norm's scalar all-reduce */
+    for (int i = 0; i < nops; i++) {
+        if (g->ops.v[i].code != OP_ALLREDUCE)
+            continue;
+        Op A = g->ops.v[i];
+        int x = A.in[0], def = g->t.v[x].op;
+        int ready = def >= 0 ? kernel_end(g, def) : -1;
+        OpAttr ba = {.ia = {bucket}, .nia = 1};
+        int tok = ready >= 0 ? add_op(&p, OP_ALLREDUCE_START, &x, 1, &ba, A.loc, ready, 1)
+                             : add_op(&p, OP_ALLREDUCE_START, &x, 1, &ba, A.loc, 0, -1000000);
+        int w = add_op(&p, OP_ALLREDUCE_WAIT, (int[]){tok, x}, 2, &ba, A.loc, i, -1);
+        drop[i] = true;
+        vec_push(&reps, A.out);
+        vec_push(&reps, w);
+        bucket++;
+    }
+    /* the all-gathers, by flat start */
+    if (gathers.n)
+        qsort_r(gathers.v, (size_t)gathers.n, sizeof(int), cmp_gather, g);
+    int *last_read = xmalloc(sizeof(int) * (size_t)(g->t.n + 1));
+    for (int t = 0; t < g->t.n; t++)
+        last_read[t] = -1;
+    for (int i = 0; i < nops; i++)
+        for (int j = 0; j < g->ops.v[i].nin && g->ops.v[i].code != OP_ALL_GATHER; j++)
+            last_read[g->ops.v[i].in[j]] = kernel_end(g, i);
+    for (int k0 = 0; k0 < gathers.n;) {
+        int64_t bytes = 0;
+        int k1 = k0;
+        int shard = g->ops.v[gathers.v[k0]].in[0];
+        while (k1 < gathers.n && (k1 == k0 || bytes < cap) &&
+               g->ops.v[gathers.v[k1]].in[0] == shard)
+            bytes = ir_add_sat(bytes, shape_bytes(&g->t.v[g->ops.v[gathers.v[k1++]].out].s));
+        int def = g->t.v[shard].op;
+        int ready = def >= 0 ? kernel_end(g, def) : -1;
+        int *in = xmalloc(sizeof(int) * (size_t)(k1 - k0 + 2));
+        in[0] = shard;
+        for (int k = k0; k < k1; k++) {
+            const Op *G = &g->ops.v[gathers.v[k]];
+            in[1 + k - k0] = G->in[1];
+            if (last_read[G->in[1]] > ready)
+                die("comm: param %%%d is read at op %d, after its all_gather starts (op %d)",
+                    G->in[1], last_read[G->in[1]], ready);
+        }
+        Op G0 = g->ops.v[gathers.v[k0]];
+        OpAttr ba = G0.attr;
+        ba.ia[0] = bucket;
+        int tok = ready >= 0
+                      ? add_op(&p, OP_ALL_GATHER_START, in, k1 - k0 + 1, &ba, G0.loc, ready,
+                               1 + bucket)
+                      : add_op(&p, OP_ALL_GATHER_START, in, k1 - k0 + 1, &ba, G0.loc, 0,
+                               -1000000 + bucket);
+        free(in);
+        for (int k = k0; k < k1; k++) {
+            Op G = g->ops.v[gathers.v[k]];
+            OpAttr wa = G.attr;
+            wa.ia[0] = bucket;
+            int w = add_op(&p, OP_ALL_GATHER_WAIT, (int[]){tok, shard, G.in[1]}, 3, &wa, G.loc,
+                           gathers.v[k], -1);
+            drop[gathers.v[k]] = true;
+            vec_push(&reps, G.out);
+            vec_push(&reps, w);
+        }
+        bucket++;
+        k0 = k1;
+    }
+    free(last_read);
+    bool *is_comm = xcalloc((size_t)g->ops.n + 1, sizeof(bool));
+    for (int i = nops; i < g->ops.n; i++)
+        is_comm[i] = true;
+    for (int q = 0; q < reps.n; q += 2)
+        replace_uses(g, reps.v[q], reps.v[q + 1], is_comm);
+    free(is_comm);
+    vec_free(&reps);
+    vec_free(&gathers);
+    drop = xrealloc(drop, sizeof(bool) * (size_t)(g->ops.n + 1));
+    for (int i = nops; i < g->ops.n; i++)
+        drop[i] = false;
+    reorder_drop(&p, drop);
+    free(drop);
+    free(p.key);
+}
+
 bool pass_comm(Graph *g, const PassOpts *o, Diag *d)
 {
     (void)d;
-    if (o->grad_accum <= 1 && o->nranks <= 1)
+    bool zero = has_shard_ops(g);
+    if (o->grad_accum <= 1 && o->nranks <= 1 && !zero)
         return true;
+    /* the zeros that shard_pack reads for params without weight decay are
+     * optimizer ops: a kernel of backward that fuse gave one of them would
+     * end only after the optimizer begins, leaving its gradient no point
+     * for a start: they become kernels of their own */
+    for (int i = 0; zero && i < g->ops.n; i++) {
+        const Op *op = &g->ops.v[i];
+        for (int j = 0; op->code == OP_SHARD_PACK && j < op->nin; j++) {
+            int def = g->t.v[op->in[j]].op;
+            if (def >= 0 && g->ops.v[def].code == OP_CONST)
+                g->ops.v[def].group = -1;
+        }
+    }
     if (o->grad_accum > 1)
         accumulate(g, o->grad_accum);
     Grad *gr;
@@ -250,6 +468,19 @@ bool pass_comm(Graph *g, const PassOpts *o, Diag *d)
         for (int i = 0; i < nops; i++)
             if (g->ops.v[i].group == clash)
                 g->ops.v[i].group = -1;
+    if (zero) {
+        int *gready = xmalloc(sizeof(int) * (size_t)(g->t.n + 1));
+        int last = -1;
+        for (int t = 0; t < g->t.n; t++)
+            gready[t] = g->t.v[t].op >= 0 ? kernel_end(g, g->t.v[t].op) : -1;
+        for (int k = 0; k < n; k++)
+            last = gr[k].ready > last ? gr[k].ready : last;
+        comm_zero(g, o, gready, last);
+        free(gready);
+        free(first_use);
+        free(gr);
+        return true;
+    }
     if (o->nranks <= 1) {
         free(first_use);
         free(gr);
@@ -340,34 +571,49 @@ bool pass_comm_micro(Graph *g, Diag *d)
     return true;
 }
 
+static bool is_start(Opcode c)
+{
+    return c == OP_ALLREDUCE_START || c == OP_REDUCE_SCATTER_START || c == OP_ALL_GATHER_START;
+}
+
 void pass_comm_print(const Graph *g, FILE *f)
 {
     int nb = 0;
     for (int i = 0; i < g->ops.n; i++)
-        if (g->ops.v[i].code == OP_ALLREDUCE_START)
+        if (is_start(g->ops.v[i].code))
             nb++;
-    /* backward ends with the last gradient an allreduce_start reads */
+    /* backward ends with the last gradient an allreduce or reduce-scatter
+     * start reads */
     int last_bwd = -1;
+    bool rs = false; /* with reduce-scatters, an allreduce is the norm's */
+    for (int i = 0; i < g->ops.n; i++)
+        rs |= g->ops.v[i].code == OP_REDUCE_SCATTER_START;
     for (int i = 0; i < g->ops.n; i++) {
         const Op *op = &g->ops.v[i];
-        for (int j = 0; op->code == OP_ALLREDUCE_START && j < op->nin; j++)
-            if (g->t.v[op->in[j]].op > last_bwd)
+        bool grads = op->code == (rs ? OP_REDUCE_SCATTER_START : OP_ALLREDUCE_START);
+        for (int j = op->code == OP_REDUCE_SCATTER_START; grads && j < op->nin; j++)
+            if (g->t.v[op->in[j]].op > last_bwd && g->t.v[op->in[j]].kind != TK_CONST)
                 last_bwd = g->t.v[op->in[j]].op;
     }
     fprintf(f, "# comm: %d buckets; backward ends at op %d\n", nb, last_bwd);
     for (int i = 0; i < g->ops.n; i++) {
         const Op *op = &g->ops.v[i];
-        if (op->code != OP_ALLREDUCE_START)
+        if (!is_start(op->code))
             continue;
         int64_t bytes = 0;
-        fprintf(f, "# bucket %lld:", (long long)op->attr.ia[0]);
-        for (int j = 0; j < op->nin; j++) {
+        const char *kind = op->code == OP_ALLREDUCE_START        ? ""
+                           : op->code == OP_REDUCE_SCATTER_START ? " reduce-scatter"
+                                                                 : " all-gather";
+        fprintf(f, "# bucket %lld%s:", (long long)op->attr.ia[0], kind);
+        for (int j = op->code != OP_ALLREDUCE_START; j < op->nin; j++) {
             const Tensor *t = &g->t.v[op->in[j]];
             bytes = ir_add_sat(bytes, shape_bytes(&t->s));
-            const char *name = NULL;
+            const char *name = op->code == OP_ALL_GATHER_START ? t->name : NULL;
             for (int k = 0; k < g->outs.n && !name; k++) {
                 int w = g->outs.v[k].t;
                 const Op *wo = g->t.v[w].op >= 0 ? &g->ops.v[g->t.v[w].op] : NULL;
+                if (op->code == OP_REDUCE_SCATTER_START && w == op->in[j])
+                    name = g->outs.v[k].name;
                 if (wo && wo->code == OP_ALLREDUCE_WAIT && wo->in[1] == op->in[j])
                     name = g->outs.v[k].name;
             }
@@ -375,10 +621,14 @@ void pass_comm_print(const Graph *g, FILE *f)
         }
         int wait = -1;
         for (int k = i + 1; k < g->ops.n && wait < 0; k++)
-            if (g->ops.v[k].code == OP_ALLREDUCE_WAIT && g->ops.v[k].in[0] == op->out)
+            if (g->ops.v[k].nin > 0 && g->ops.v[k].in[0] == op->out)
                 wait = k;
-        fprintf(f, "\n#   %lld bytes; start: op %d (after op %d, %s); first wait: op %d\n",
-                (long long)bytes, i, i - 1, i > 0 ? ir_opinfo[g->ops.v[i - 1].code].name : "-",
-                wait);
+        fprintf(f, "\n#   %lld bytes", (long long)bytes);
+        if (op->code != OP_ALLREDUCE_START)
+            fprintf(f, " (flat [%lld, %lld) of %lld, %lld ranks)", (long long)op->attr.ia[1],
+                    (long long)(op->attr.ia[1] + bytes / 4), (long long)op->attr.ia[2],
+                    (long long)op->attr.ia[3]);
+        fprintf(f, "; start: op %d (after op %d, %s); first wait: op %d\n", i, i - 1,
+                i > 0 ? ir_opinfo[g->ops.v[i - 1].code].name : "-", wait);
     }
 }

@@ -282,8 +282,11 @@ MemPlan *pass_memplan_storage(const Graph *g, const DType *storage, Diag *d)
             m->root[op->out] = m->root[op->in[0]];
         /* the reduced gradient is the gradient's buffer, reduced in place:
          * the buffer stays live from the start through every reader */
-        if (op->code == OP_ALLREDUCE_WAIT)
+        if (op->code == OP_ALLREDUCE_WAIT || op->code == OP_REDUCE_SCATTER_WAIT)
             m->root[op->out] = m->root[op->in[1]];
+        /* a gathered param is the param's own buffer, written in place */
+        if (op->code == OP_ALL_GATHER_WAIT)
+            m->root[op->out] = m->root[op->in[2]];
     }
     /* fuse groups run as one kernel over their (contiguous) op range
      * [gfirst, glast]: everything the kernel reads or writes is live over the

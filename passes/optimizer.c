@@ -164,6 +164,108 @@ static void poison_smallest(B *b, ParamGrad *ps, int n, int loss0, int chain0)
     move_ops_after(g, chain0, after > lop ? after : lop);
 }
 
+static int cmp_ready(const void *a, const void *b, void *ctx)
+{
+    const Graph *g = ctx;
+    const ParamGrad *x = a, *y = b;
+    int rx = g->t.v[x->grad].op, ry = g->t.v[y->grad].op;
+    if (rx != ry)
+        return rx < ry ? -1 : 1;
+    return x->p < y->p ? -1 : x->p > y->p;
+}
+
+/* AK_SHARD attributes: bucket -1 (the comm pass places buckets) */
+static OpAttr shard_attr(int64_t start, int64_t total, int nranks)
+{
+    return (OpAttr){.ia = {-1, start, total, nranks}, .nia = 4};
+}
+
+static int emit_n(B *b, Opcode c, const int *in, int n, const OpAttr *a)
+{
+    int t = ir_op_x(b->g, c, in, n, a, b->loc);
+    b->g->ops.v[b->g->t.v[t].op].flags |= OPF_OPTIM;
+    return t;
+}
+
+/* The ZeRO-1 update (pass_optimizer with o->zero): the same AdamW on this
+ * rank's shard of the flat order (params by gradient readiness). */
+static void optimizer_zero(B *b, const PassOpts *o, ParamGrad *ps, int n, int lr, int step,
+                           int loss0, int zero)
+{
+    Graph *g = b->g;
+    qsort_r(ps, (size_t)n, sizeof *ps, cmp_ready, g);
+    int64_t total = 0;
+    for (int i = 0; i < n; i++)
+        total += shape_numel(&g->t.v[ps[i].p].s);
+    int nr = o->nranks > 1 ? o->nranks : 1;
+    int64_t S = ir_shard_size(total, nr);
+    Shape ss = shape_make(DT_F32, 1, (int64_t[]){S});
+    OpAttr sa = shard_attr(0, total, nr);
+    int *in = xmalloc(sizeof(int) * (size_t)(n + 1));
+    bool any_wd = false;
+    for (int i = 0; i < n; i++)
+        in[i] = ps[i].grad;
+    int gsh = emit_n(b, OP_REDUCE_SCATTER, in, n, &sa);
+    for (int i = 0; i < n; i++) {
+        in[i] = ps[i].p;
+        any_wd |= g->t.v[ps[i].p].s.rank >= 2;
+    }
+    int psh = emit_n(b, OP_SHARD_PACK, in, n, &sa);
+    int pwd = -1;
+    if (any_wd && o->weight_decay != 0) {
+        /* weight decay only on params of rank >= 2: the others pack as 0 */
+        for (int i = 0; i < n; i++) {
+            Shape s = g->t.v[ps[i].p].s;
+            in[i] = s.rank >= 2 ? ps[i].p : cst(b, &s, 0.0);
+        }
+        pwd = emit_n(b, OP_SHARD_PACK, in, n, &sa);
+    }
+    /* the global norm: each rank's shard squared, summed over ranks */
+    int part = sum_all_f32(b, bin(b, OP_MUL, gsh, gsh));
+    int total2 = bin(b, OP_MUL, emit(b, OP_ALLREDUCE, part, -1, NULL), cst_f32(b, (double)nr));
+    int norm = un(b, OP_SQRT, total2);
+    ir_add_output(g, "grad_norm", norm);
+    int chk = bin(b, OP_ADD, bin(b, OP_ADD, bin(b, OP_MUL, total2, zero), loss0),
+                  bin(b, OP_MUL, lr, zero));
+    int ok = bin(b, OP_EQ, chk, zero);
+    int gc = gsh;
+    if (o->grad_clip > 0) {
+        int den = bin(b, OP_ADD, norm, cst_f32(b, 1e-6));
+        int q = bin(b, OP_DIV, cst_f32(b, o->grad_clip), den);
+        gc = bin(b, OP_MUL, gsh, splat(b, bin(b, OP_MIN, cst_f32(b, 1.0), q), &ss));
+    }
+    int t = bin(b, OP_ADD, step, cst_f32(b, 1.0));
+    int bc1 = bin(b, OP_SUB, cst_f32(b, 1.0), bin(b, OP_POW, cst_f32(b, o->beta1), t));
+    int bc2 = bin(b, OP_SUB, cst_f32(b, 1.0), bin(b, OP_POW, cst_f32(b, o->beta2), t));
+    ParamInit zeros = {.kind = INIT_ZEROS};
+    int m = ir_add_input(g, TK_STATE, "adam.m", ss, zeros);
+    int v = ir_add_input(g, TK_STATE, "adam.v", ss, zeros);
+    int m1 = bin(b, OP_ADD, bin(b, OP_MUL, cst(b, &ss, o->beta1), m),
+                 bin(b, OP_MUL, cst(b, &ss, 1.0 - o->beta1), gc));
+    int v1 = bin(b, OP_ADD, bin(b, OP_MUL, cst(b, &ss, o->beta2), v),
+                 bin(b, OP_MUL, cst(b, &ss, 1.0 - o->beta2), bin(b, OP_MUL, gc, gc)));
+    int mhat = bin(b, OP_DIV, m1, splat(b, bc1, &ss));
+    int vhat = bin(b, OP_DIV, v1, splat(b, bc2, &ss));
+    int den = bin(b, OP_ADD, un(b, OP_SQRT, vhat), cst(b, &ss, o->eps));
+    int u = bin(b, OP_DIV, mhat, den);
+    if (pwd >= 0)
+        u = bin(b, OP_ADD, u, bin(b, OP_MUL, cst(b, &ss, o->weight_decay), pwd));
+    int p1 = bin(b, OP_SUB, psh, bin(b, OP_MUL, splat(b, lr, &ss), u));
+    int newsh = keep_unless(b, ok, p1, psh);
+    ir_add_update(g, m, keep_unless(b, ok, m1, m));
+    ir_add_update(g, v, keep_unless(b, ok, v1, v));
+    int64_t at = 0;
+    for (int i = 0; i < n; i++) {
+        OpAttr ga = shard_attr(at, total, nr);
+        int p = ps[i].p;
+        int np = emit_n(b, OP_ALL_GATHER, (int[]){newsh, p}, 2, &ga);
+        ir_add_update(g, p, np);
+        at += shape_numel(&g->t.v[p].s);
+    }
+    ir_add_update(g, step, keep_unless(b, ok, t, step));
+    free(in);
+}
+
 bool pass_optimizer(Graph *g, const PassOpts *o, Diag *d)
 {
     if (ir_find_output(g, "loss") < 0) {
@@ -229,6 +331,23 @@ bool pass_optimizer(Graph *g, const PassOpts *o, Diag *d)
     int zero = cst_f32(&b, 0.0);
     int loss0 = bin(&b, OP_MUL, loss, zero); /* 0, or NaN for a non-finite loss */
     poison_smallest(&b, ps.v, ps.n, loss0, chain0);
+    for (int i = 0; o->zero && i < ps.n; i++) {
+        const Tensor *t = &g->t.v[ps.v[i].p];
+        if (t->s.dtype != DT_F32) {
+            snprintf(d->msg, sizeof d->msg,
+                     "optimizer: zero=1 shards f32 params only (expected param \"%s\" to be "
+                     "f32, got %s)",
+                     t->name, dtype_name(t->s.dtype));
+            vec_free(&ps);
+            return false;
+        }
+    }
+    if (o->zero) {
+        optimizer_zero(&b, o, ps.v, ps.n, lr, step, loss0, zero);
+        vec_free(&ps);
+        ir_compact(g);
+        return true;
+    }
 
     /* global gradient norm, before clipping */
     int total = -1;

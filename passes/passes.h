@@ -27,6 +27,10 @@ typedef struct {
     int64_t bucket_bytes;  /* bucket size cap; <= 0: PASS_COMM_BUCKET_DEFAULT */
     bool no_overlap;       /* every allreduce_start after the last backward op */
     int grad_accum;        /* micro-batches per step (<= 1: none) */
+    /* optimizer + comm: 1 shards AdamW's state over the nranks ranks (ZeRO-1:
+     * reduce-scatter, update the shard, all-gather; see docs/distributed.md);
+     * 0 keeps every rank's full copy */
+    int zero;
     /* attention: rewrite attention written in primitives to the fused
      * attention op (pass_attention). false by default: rt_pass_opts turns it
      * on for a backend that runs the attention ops (rt_backend_attention) */
@@ -104,7 +108,14 @@ bool pass_autodiff(Graph *g, const PassOpts *o, Diag *d);
  * "adam.m.P", "adam.v.P" (zeros), and one "adam.step" f32[] (zeros).
  * Adds updates: P <- new P, m/v <- new m/v, adam.step <- step + 1; and the
  * output "grad_norm" (before clipping). Weight decay applies to params of
- * rank >= 2 only. Ops carry OPF_OPTIM. */
+ * rank >= 2 only. Ops carry OPF_OPTIM.
+ * With o->zero the update runs on this rank's shard (ir.h, AK_SHARD): the
+ * gradients are reduce_scatter'ed into a shard in the flat order of the
+ * params by readiness, the state is "adam.m" and "adam.v" f32[S] (the
+ * shard) instead of per param, the squared norm of the shard is summed
+ * over ranks by one scalar allreduce (mean, times nranks), and each param
+ * is updated by an all_gather of the new shard. The comm pass turns the
+ * reduce_scatter, allreduce and all_gather into buckets of start/wait. */
 bool pass_optimizer(Graph *g, const PassOpts *o, Diag *d);
 
 /* simplify.c: constant folding, common-subexpression elimination and

@@ -94,6 +94,8 @@ static void opts_flags(const PassOpts *o, char *buf, size_t n)
         ADD(" --remat=%s", pass_remat_policy_name(o->remat));
     if (o->nranks > 1)
         ADD(" --nproc %d", o->nranks);
+    if (o->zero)
+        ADD(" --set zero=%d", o->zero);
     if (o->no_overlap)
         ADD(" --no-overlap");
     if (o->no_fuse)

@@ -34,7 +34,110 @@ struct Exec {
     bool dev_comm;
     RtCommEvent *cev;     /* room for one run's bucket events */
     int ncev;
+    /* zero=1: all-gather waits carried into the next run (setup_defer) */
+    int nb;               /* buckets */
+    int *first_reader;    /* per bucket: plan step that first reads its params; -1:
+                             not deferred */
+    bool *deferred;       /* per step: an all-gather wait left to the next run */
+    bool *pending;        /* per bucket: its gather is in flight across runs */
+    int *root_bucket;     /* per tensor: the deferred bucket writing its storage, -1 */
 };
+
+/* zero=1: a deferred bucket's gather may still be writing its params. */
+static void wait_bucket(Exec *e, int b)
+{
+    if (e->pending && e->pending[b]) {
+        rt_comm_wait(e->o.comm, b);
+        e->pending[b] = false;
+    }
+}
+
+/* zero=1 on several CPU ranks: the all-gather waits at the end of the step
+ * (the step graph has no next step to put them in) are carried into the
+ * next run, right before the first plan step that reads one of the bucket's
+ * params, so the gathers overlap the next forward. Deferred only when no
+ * compute step follows the bucket's waits. Every read or write of a param
+ * from outside (rt_exec_read, rt_exec_write) and rt_exec_destroy wait for
+ * its bucket first, so nobody sees a param mid-gather. */
+static void setup_defer(Exec *e)
+{
+    const CgPlan *p = e->plan;
+    const Graph *g = e->g;
+    const MemPlan *m = p->mem;
+    int n = p->steps.n, last_compute = -1, nb = 0;
+    for (int s = 0; s < n; s++) {
+        const CgStep *st = &p->steps.v[s];
+        if (st->kind == CG_STEP_ALLREDUCE_START && st->bucket + 1 > nb)
+            nb = st->bucket + 1;
+        if (st->op >= 0 && st->kind != CG_STEP_ALLREDUCE_START &&
+            st->kind != CG_STEP_ALLREDUCE_WAIT)
+            last_compute = s;
+    }
+    e->nb = nb;
+    e->first_reader = xmalloc(sizeof(int) * (size_t)(nb + 1));
+    e->pending = xcalloc((size_t)nb + 1, sizeof(bool));
+    e->deferred = xcalloc((size_t)n + 1, sizeof(bool));
+    e->root_bucket = xmalloc(sizeof(int) * (size_t)(g->t.n + 1));
+    for (int t = 0; t < g->t.n; t++)
+        e->root_bucket[t] = -1;
+    bool *late = xcalloc((size_t)nb + 1, sizeof(bool)); /* every wait after last_compute */
+    for (int b = 0; b < nb; b++)
+        e->first_reader[b] = -1, late[b] = true;
+    for (int s = 0; s < n; s++) {
+        const CgStep *st = &p->steps.v[s];
+        if (st->kind == CG_STEP_ALLREDUCE_WAIT && s < last_compute)
+            late[st->bucket] = false;
+    }
+    for (int s = 0; s < n; s++) {
+        const CgStep *st = &p->steps.v[s];
+        if (st->kind != CG_STEP_ALLREDUCE_START || st->coll != CG_COLL_ALL_GATHER ||
+            !late[st->bucket])
+            continue;
+        for (int a = 0; a < st->nargs; a++)
+            e->root_bucket[m->root[st->args[a]]] = st->bucket;
+    }
+    /* the plan step of each op (a fused group's ops: its kernel's step) */
+    int ngroups = 0;
+    for (int i = 0; i < g->ops.n; i++)
+        if (g->ops.v[i].group + 1 > ngroups)
+            ngroups = g->ops.v[i].group + 1;
+    int *gstep = xmalloc(sizeof(int) * (size_t)(ngroups + 1));
+    int *ostep = xmalloc(sizeof(int) * (size_t)(g->ops.n + 1));
+    for (int k = 0; k < ngroups; k++)
+        gstep[k] = -1;
+    for (int i = 0; i < g->ops.n; i++)
+        ostep[i] = -1;
+    for (int s = 0; s < n; s++) {
+        int o = p->steps.v[s].op;
+        if (o < 0)
+            continue;
+        if (ostep[o] < 0)
+            ostep[o] = s;
+        int k = g->ops.v[o].group;
+        if (k >= 0 && gstep[k] < 0)
+            gstep[k] = s;
+    }
+    for (int i = 0; i < g->ops.n; i++) {
+        const Op *op = &g->ops.v[i];
+        int s = op->group >= 0 ? gstep[op->group] : ostep[i];
+        if (s < 0 || op->code == OP_ALL_GATHER_START || op->code == OP_ALL_GATHER_WAIT)
+            continue;
+        for (int j = 0; j < op->nin; j++) {
+            int b = e->root_bucket[m->root[op->in[j]]];
+            if (b >= 0 && (e->first_reader[b] < 0 || s < e->first_reader[b]))
+                e->first_reader[b] = s;
+        }
+    }
+    for (int s = 0; s < n; s++) {
+        const CgStep *st = &p->steps.v[s];
+        if (st->kind == CG_STEP_ALLREDUCE_WAIT && st->coll == CG_COLL_ALL_GATHER &&
+            e->first_reader[st->bucket] >= 0)
+            e->deferred[s] = true;
+    }
+    free(gstep);
+    free(ostep);
+    free(late);
+}
 
 static const char *step_kind(CgStepKind k)
 {
@@ -43,11 +146,44 @@ static const char *step_kind(CgStepKind k)
     return k == CG_STEP_KERNEL ? "kernel" : k == CG_STEP_GEMM ? "gemm" : "copy";
 }
 
+/* A shard_pack step (ir.h): the result is this rank's part of the args'
+ * flat range, zero past it; through the backend's read and write, so any
+ * backend runs it (rank-dependent offsets: no kernel of its own). */
+static void shard_pack(Exec *e, const CgStep *st)
+{
+    const CgPlan *p = e->plan;
+    int64_t off, len, n = st->bytes / 4;
+    ir_shard_range(st->sh_total, st->sh_nranks, rt_comm_rank(e->o.comm), &off, &len);
+    float *buf = xcalloc((size_t)n + 1, sizeof(float));
+    int64_t f0 = st->sh_start;
+    for (int a = 0; a < st->nargs; a++) {
+        int64_t k = shape_numel(&p->g->t.v[st->args[a]].s);
+        int64_t lo = f0 > off ? f0 : off, hi = f0 + k < off + len ? f0 + k : off + len;
+        if (lo < hi)
+            e->be->read(e->ctx, cg_offset(p, st->args[a]) + (lo - f0) * 4, buf + (lo - off),
+                        (hi - lo) * 4);
+        f0 += k;
+    }
+    e->be->write(e->ctx, st->dst, buf, n * 4);
+    free(buf);
+}
+
 /* Plan step s: allreduce starts and waits go to the communication thread
  * (or the backend's device collectives), everything else to the backend. */
 static bool run_step(Exec *e, int s, uint64_t seed, int64_t step, Diag *d)
 {
     const CgStep *st = &e->plan->steps.v[s];
+    for (int b = 0; e->pending && b < e->nb; b++)
+        if (e->first_reader[b] == s)
+            wait_bucket(e, b);
+    if (e->deferred && e->deferred[s]) { /* waited for by the next run's readers */
+        e->pending[st->bucket] = true;
+        return true;
+    }
+    if (st->kind == CG_STEP_SHARD_PACK) {
+        shard_pack(e, st);
+        return true;
+    }
     if (st->kind == CG_STEP_ALLREDUCE_START) {
         if (e->dev_comm)
             return e->be->ext->allreduce_start(e->ctx, s, d);
@@ -129,6 +265,33 @@ static bool setup_comm(Exec *e, Diag *d)
     const CgPlan *p = e->plan;
     int nb = 0;
     bool any = false;
+    /* sharded steps (zero=1) need the plan's rank count, and run on the
+     * communication thread on every backend (through its read and write) */
+    for (int s = 0; s < p->steps.n; s++) {
+        const CgStep *st = &p->steps.v[s];
+        bool sharded = st->kind == CG_STEP_SHARD_PACK ||
+                       (st->kind == CG_STEP_ALLREDUCE_START && st->coll != CG_COLL_ALLREDUCE);
+        if (sharded && st->sh_nranks != rt_comm_size(e->o.comm)) {
+            snprintf(d->msg, sizeof d->msg,
+                     "the step shards the optimizer state over %d ranks (zero=1), but this "
+                     "run has %d (expected the same --nproc as the compiled step)",
+                     st->sh_nranks, rt_comm_size(e->o.comm));
+            return false;
+        }
+        if (sharded && !e->be->host) {
+            snprintf(d->msg, sizeof d->msg,
+                     "zero=1 (sharded optimizer state) runs on CPU ranks only for now "
+                     "(expected --device cpu, got the %s backend; NCCL reduce-scatter and "
+                     "all-gather are not written yet)",
+                     e->be->name);
+            return false;
+        }
+        if (sharded) {
+            if (rt_comm_size(e->o.comm) > 1)
+                setup_defer(e);
+            return true;
+        }
+    }
     for (int s = 0; s < p->steps.n; s++)
         if (p->steps.v[s].kind == CG_STEP_ALLREDUCE_START) {
             any = true;
@@ -226,6 +389,12 @@ void rt_exec_destroy(Exec *e)
 {
     if (!e)
         return;
+    for (int b = 0; e->pending && b < e->nb; b++)
+        wait_bucket(e, b);
+    free(e->first_reader);
+    free(e->pending);
+    free(e->deferred);
+    free(e->root_bucket);
     if (e->cev)
         rt_comm_set_source(e->o.comm, NULL, e);
     if (e->ctx)
@@ -254,6 +423,8 @@ void rt_exec_write(Exec *e, int tensor, const void *src)
 {
     if (tensor < 0 || tensor >= e->g->t.n)
         die("rt_exec_write: no tensor %%%d", tensor);
+    if (e->root_bucket && e->root_bucket[e->plan->mem->root[tensor]] >= 0)
+        wait_bucket(e, e->root_bucket[e->plan->mem->root[tensor]]);
     e->be->write(e->ctx, cg_offset(e->plan, tensor), src, nbytes(e, tensor));
 }
 
@@ -261,6 +432,8 @@ void rt_exec_read(Exec *e, int tensor, void *dst)
 {
     if (tensor < 0 || tensor >= e->g->t.n)
         die("rt_exec_read: no tensor %%%d", tensor);
+    if (e->root_bucket && e->root_bucket[e->plan->mem->root[tensor]] >= 0)
+        wait_bucket(e, e->root_bucket[e->plan->mem->root[tensor]]);
     e->be->read(e->ctx, cg_offset(e->plan, tensor), dst, nbytes(e, tensor));
 }
 

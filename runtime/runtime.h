@@ -56,11 +56,13 @@ typedef struct {
     double clock_hz;       /* the SMs' peak clock */
 } RtDeviceInfo;
 
-/* One collective: a gradient bucket's all-reduce or a host one. */
+/* One collective: a gradient bucket's all-reduce (zero=1: reduce-scatter
+ * or all-gather) or a host one. */
 typedef struct {
     int bucket;        /* -1: a host collective */
     int64_t bytes;
     double start, end; /* CLOCK_MONOTONIC seconds */
+    int coll;          /* CgColl of a bucket: 0 all-reduce, 1 reduce-scatter, 2 all-gather */
 } RtCommEvent;
 
 typedef struct {

@@ -104,7 +104,8 @@ static const char usage_train[] =
     "                       mpirun); each reads its own share of the batch\n"
     "                       (global batch = N x the model's); gradients are\n"
     "                       averaged in buckets\n"
-    "                       (train.bucket_mb, grad_accum, comm_timeout: --set)\n"
+    "                       (train.bucket_mb, grad_accum, comm_timeout, zero: --set;\n"
+    "                       zero=1 shards the optimizer state over the ranks)\n"
     "  --no-overlap         start every gradient all-reduce after backward (the\n"
     "                       baseline the comm pass's placement is measured against)\n"
     "  --remat=POLICY       none, full, selective or auto (see kiln compile)\n"
@@ -668,7 +669,8 @@ static const char usage_opt[] =
     "  --no-fuse-attention  attention: off (keep attention as written)\n"
     "  --set KEY=VALUE      a train{} setting the passes read: beta1, beta2, eps,\n"
     "                       weight_decay, grad_clip (optimizer), grad_accum,\n"
-    "                       bucket_mb (comm), memory_budget (remat); repeatable\n"
+    "                       bucket_mb, zero (comm), memory_budget (remat);\n"
+    "                       repeatable\n"
     "  -h, --help           this text\n"
     "\n"
     "remat plans through the passes the pipeline runs after it (fuse, comm,\n"
@@ -678,7 +680,7 @@ static const char usage_opt[] =
 /* The train{} keys kiln opt's --set accepts: those rt_pass_opts reads. */
 static const char *const opt_keys[] = {"beta1",     "beta2",      "eps",
                                        "weight_decay", "grad_clip", "grad_accum",
-                                       "bucket_mb", "memory_budget"};
+                                       "bucket_mb", "memory_budget", "zero"};
 
 /* --set KEY=VALUE into c; false after printing the error. */
 static bool opt_set(TrainCfg *c, const char *kv)
@@ -698,7 +700,8 @@ static bool opt_set(TrainCfg *c, const char *kv)
             k = fe_train_key(key);
     if (!k) {
         bad_flag("opt", "--set: not a setting the passes read (expected beta1, beta2, eps, "
-                        "weight_decay, grad_clip, grad_accum, bucket_mb or memory_budget), got",
+                        "weight_decay, grad_clip, grad_accum, bucket_mb, memory_budget or "
+                        "zero), got",
                  key);
         return false;
     }

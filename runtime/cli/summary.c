@@ -122,6 +122,18 @@ void cli_print_summary(const Model *m, const Graph *fwd_g, const Graph *g, const
         printf("planned peak: %s (%lld bytes; persistent %s, temporaries %s)\n", b0,
                (long long)mp->arena_bytes, b1,
                ir_fmt_bytes((double)(mp->arena_bytes - mp->persistent_bytes), 2, sb, sizeof sb));
+        /* zero=1: say that the figures are one rank's, with its shard */
+        for (int i = 0; i < g->ops.n; i++) {
+            const Op *op = &g->ops.v[i];
+            if (ir_opinfo[op->code].attr != AK_SHARD)
+                continue;
+            int64_t S = ir_shard_size(op->attr.ia[2], op->attr.ia[3]);
+            ir_fmt_bytes(2.0 * 4.0 * (double)S, 2, b0, sizeof b0);
+            printf("zero: AdamW state sharded over %lld ranks: adam.m and adam.v f32[%lld] "
+                   "(%s) per rank; the planned peak is one rank's\n",
+                   (long long)op->attr.ia[3], (long long)S, b0);
+            break;
+        }
     }
 }
 

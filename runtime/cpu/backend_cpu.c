@@ -268,7 +268,8 @@ static bool cpu_run_step(BackendCtx *c, int s, uint64_t seed, int64_t step, Diag
         return true;
     case CG_STEP_ALLREDUCE_START:
     case CG_STEP_ALLREDUCE_WAIT:
-        break; /* the executor runs these on the communication thread */
+    case CG_STEP_SHARD_PACK:
+        break; /* the executor runs these (communication thread, shard copies) */
     }
     die("cpu backend: bad step kind %d", (int)st->kind);
 }

@@ -529,7 +529,8 @@ static bool enqueue(BackendCtx *c, int s, Diag *d)
     }
     case CG_STEP_ALLREDUCE_START:
     case CG_STEP_ALLREDUCE_WAIT:
-        break; /* the executor's communication thread runs these */
+    case CG_STEP_SHARD_PACK:
+        break; /* the executor runs these (communication thread, shard copies) */
     }
     nvtxRangePop();
     return ok;

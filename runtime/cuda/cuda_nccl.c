@@ -478,7 +478,7 @@ int kc_comm_events(KcComm *k, CUevent begin, double host_begin, RtCommEvent *ev,
             continue;
         if (n < max) {
             double t0 = elapsed_ms(begin, b->t0), t1 = elapsed_ms(begin, b->done);
-            ev[n++] = (RtCommEvent){i, b->bytes, host_begin + 1e-3 * t0, host_begin + 1e-3 * t1};
+            ev[n++] = (RtCommEvent){i, b->bytes, host_begin + 1e-3 * t0, host_begin + 1e-3 * t1, 0};
         }
         double x = elapsed_ms(b->w, b->done);
         if (x > 0)

@@ -40,11 +40,15 @@ void rt_comm_mean(RtComm *c, double *v, int n);
  * (compute blocked in waits), and the events since the last reset. */
 typedef struct {
     double comm_s, exposed_s;
+    double exposed_by[3]; /* exposed_s by the CgColl waited for (device: all in [0]) */
     int nev;
     const RtCommEvent *ev;
 } RtCommStats;
 void rt_comm_stats(RtComm *c, RtCommStats *st); /* st->ev valid until the next call */
 void rt_comm_stats_reset(RtComm *c);
+/* Every rank's n floats at mine, in rank order, into all[size * n] on
+ * every rank (blocking; through the communication thread). */
+void rt_comm_allgather(RtComm *c, const float *mine, int64_t n, float *all);
 /* Copies n bytes at buf from rank 0 to every rank (blocking; through the
  * communication thread, in order with the other collectives). */
 void rt_comm_bcast(RtComm *c, void *buf, size_t n);
@@ -130,6 +134,26 @@ void rt_dp_summary(const RtDp *dp, FILE *f);
 bool rt_stdout_tty(void);
 /* The terminal's width in columns (80 when unknown). */
 int rt_stdout_columns(void);
+
+/* ---- zero.c: checkpoints of a sharded step (zero=1) ----------------------
+ * The unsharded view of the step's optimizer state: a graph of inputs (the
+ * params, "adam.step", and "adam.m.P" / "adam.v.P" shaped like each param P)
+ * that the checkpoint writer and reader take in place of the step graph,
+ * so the file is the one an unsharded run writes. */
+typedef struct RtZero RtZero;
+/* NULL when tg's optimizer state is not sharded (no state "adam.m"). */
+RtZero *rt_zero_open(const Graph *tg);
+void rt_zero_close(RtZero *z);
+/* The full graph and its values: params and adam.step are vals' buffers
+ * (tg's, borrowed), the moments z's own (filled by rt_zero_gather or by a
+ * checkpoint reader). */
+const Graph *rt_zero_full(RtZero *z, void *const *vals, void ***full_vals);
+/* Collective (every rank, in the same order): the ranks' shards of
+ * adam.m and adam.v in vals (tg's) into the full moments. */
+void rt_zero_gather(RtZero *z, RtComm *c, void *const *vals);
+/* This rank's shards of adam.m and adam.v (into vals, tg's) from the full
+ * moments. */
+void rt_zero_scatter(RtZero *z, int rank, void **vals);
 
 /* ---- measure_mpi.c: the MPI link between local ranks, measured ----------
  * The ring alpha-beta figures of an all-reduce between nranks ranks on this

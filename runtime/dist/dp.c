@@ -34,6 +34,8 @@ struct RtDp {
     VEC(RtCommEvent) last_ev; /* the last step's collectives */
     VEC(double) comm_ms;
     VEC(double) exposed_ms;
+    VEC(double) coll_ms[3], coll_exposed_ms[3]; /* per CgColl (zero=1) */
+    bool sharded;         /* a step had reduce-scatters or all-gathers */
     bool have_comm;
     char *trace_path;
     int stop; /* agreed at the last rt_dp_loss (several ranks) */
@@ -89,6 +91,10 @@ int rt_dp_close(RtDp *dp, int rc)
     vec_free(&dp->last_ev);
     vec_free(&dp->comm_ms);
     vec_free(&dp->exposed_ms);
+    for (int k = 0; k < 3; k++) {
+        vec_free(&dp->coll_ms[k]);
+        vec_free(&dp->coll_exposed_ms[k]);
+    }
     free(dp->trace_path);
     if (rc == 0 || agreed_stop)
         rt_comm_close(dp->comm);
@@ -333,16 +339,35 @@ void rt_dp_after_step(RtDp *dp, Trace *trace, double t0, bool trace_events)
             vec_push(&dp->last_ev, st.ev[i]);
     vec_push(&dp->comm_ms, ms);
     vec_push(&dp->exposed_ms, 1e3 * st.exposed_s);
+    double by[3] = {0, 0, 0};
+    for (int i = 0; i < st.nev; i++)
+        if (st.ev[i].bucket >= 0 && st.ev[i].coll >= 0 && st.ev[i].coll < 3) {
+            by[st.ev[i].coll] += 1e3 * (st.ev[i].end - st.ev[i].start);
+            dp->sharded |= st.ev[i].coll != 0;
+        }
+    for (int k = 0; k < 3; k++) {
+        vec_push(&dp->coll_ms[k], by[k]);
+        vec_push(&dp->coll_exposed_ms[k], 1e3 * st.exposed_by[k]);
+    }
     if (!trace || !trace_events)
         return;
+    /* tracks: tid 2 all-reduces (and host collectives), 3 reduce-scatters,
+     * 4 all-gathers */
+    static const char *const kind[3] = {"allreduce", "reduce-scatter", "all-gather"};
+    if (dp->sharded) {
+        rt_trace_thread_name(trace, 3, "reduce-scatter (first steps)");
+        rt_trace_thread_name(trace, 4, "all-gather (first steps)");
+    }
     for (int i = 0; i < st.nev; i++) {
         char name[48];
+        int k = st.ev[i].bucket >= 0 && st.ev[i].coll > 0 && st.ev[i].coll < 3 ? st.ev[i].coll
+                                                                                : 0;
         if (st.ev[i].bucket >= 0)
-            snprintf(name, sizeof name, "allreduce bucket %d", st.ev[i].bucket);
+            snprintf(name, sizeof name, "%s bucket %d", kind[k], st.ev[i].bucket);
         else
             snprintf(name, sizeof name, "allreduce host");
         rt_trace_event(trace, name, "comm", 1e6 * (st.ev[i].start - t0),
-                       1e6 * (st.ev[i].end - st.ev[i].start), 2);
+                       1e6 * (st.ev[i].end - st.ev[i].start), 2 + k);
     }
 }
 
@@ -359,6 +384,15 @@ void rt_dp_summary(const RtDp *dp, FILE *f)
             "comm: %d ranks x %d micro-batch%s | per step (median of %d, rank 0): "
             "communication %.2f ms | exposed %.2f ms | overlap %.1f%%\n",
             dp->size, dp->K, dp->K == 1 ? "" : "es", n, comm, exposed, overlap);
+    if (dp->sharded) { /* zero=1: the same per collective */
+        static const char *const kind[3] = {"all-reduce", "reduce-scatter", "all-gather"};
+        fprintf(f, "comm by collective (zero=1, median per step):");
+        for (int k = 0; k < 3; k++)
+            fprintf(f, "%s %s %.2f ms, exposed %.2f ms", k ? " |" : "", kind[k],
+                    ir_median(dp->coll_ms[k].v, dp->coll_ms[k].n),
+                    ir_median(dp->coll_exposed_ms[k].v, dp->coll_exposed_ms[k].n));
+        fputc('\n', f);
+    }
 }
 
 bool rt_stdout_tty(void)

@@ -25,7 +25,7 @@
 enum { TAG_PING = 101, TAG_PONG = 102 };
 
 /* Job.bucket of a non-bucket job; JOB_LOST: a device collective timed out */
-enum { JOB_HOST = -1, JOB_BCAST = -2, JOB_LOST = -3 };
+enum { JOB_HOST = -1, JOB_BCAST = -2, JOB_LOST = -3, JOB_GATHER = -4 };
 
 typedef struct {
     int bucket;               /* JOB_HOST: host doubles; JOB_BCAST: bytes from rank 0 */
@@ -39,6 +39,10 @@ typedef struct {
     size_t nbuf;
     bool *done;               /* host collective, bcast: set when finished */
     const char *what;         /* JOB_LOST: the collective */
+    CgColl coll;              /* bucket: all-reduce, reduce-scatter or all-gather */
+    int64_t sh_start, sh_total, sh_off; /* sharded: flat range start, total, shard offset */
+    float *part;              /* all-gather: this rank's part, read at the start (the
+                                 shard's bytes may be reused before the job runs) */
 } Job;
 
 struct RtComm {
@@ -58,6 +62,8 @@ struct RtComm {
     int64_t nstage;
     /* stats since the last reset (under mu) */
     double comm_s, exposed_s;
+    double exposed_by[3];     /* exposed_s per CgColl of the bucket waited for */
+    int *bucket_coll;         /* per bucket: its CgColl (zero=1 has three kinds) */
     VEC(RtCommEvent) ev;
     RtCommEvent *ev_copy;
     /* collectives run by the device (rt_comm_set_source) */
@@ -186,6 +192,71 @@ static void bcast(RtComm *c, void *buf, size_t n, const char *what)
     finish(c, rq, what);
 }
 
+/* Per rank: its part of the flat range [start, start + n) (counts, in
+ * rank order, summing to n) and where each begins in the range (displs);
+ * *lo: where this rank's part begins in its own shard. */
+static void shard_counts(const RtComm *c, const Job *j, int64_t n, int *counts, int *displs,
+                         int64_t *lo)
+{
+    int64_t at = 0;
+    for (int r = 0; r < c->size; r++) {
+        int64_t off, len;
+        ir_shard_range(j->sh_total, c->size, r, &off, &len);
+        int64_t a = j->sh_start > off ? j->sh_start : off;
+        int64_t b = j->sh_start + n < off + len ? j->sh_start + n : off + len;
+        counts[r] = b > a ? (int)(b - a) : 0;
+        displs[r] = (int)at;
+        at += counts[r];
+        if (r == c->rank)
+            *lo = b > a ? a - off : 0;
+    }
+}
+
+/* A reduce-scatter (mean) or all-gather bucket of ZeRO-1 (ir.h, AK_SHARD):
+ * the bucket's tensors are one flat range; each rank's part of it lies in
+ * that rank's shard. */
+static void run_sharded(RtComm *c, Job *j, int64_t n, const char *what)
+{
+    int *counts = xmalloc(sizeof(int) * (size_t)c->size);
+    int *displs = xmalloc(sizeof(int) * (size_t)c->size);
+    int64_t lo = 0;
+    shard_counts(c, j, n, counts, displs, &lo);
+    int mine = counts[c->rank];
+    float *part = j->part ? j->part : xmalloc(sizeof(float) * (size_t)(mine + 1));
+    MPI_Request rq;
+    int rc;
+    if (j->coll == CG_COLL_REDUCE_SCATTER) {
+        int64_t at = 0;
+        for (int i = 0; i < j->k; i++) {
+            j->be->read(j->ctx, j->off[i], c->stage + at, j->bytes[i]);
+            at += j->bytes[i] / 4;
+        }
+        rc = MPI_Ireduce_scatter(c->stage, part, counts, MPI_FLOAT, MPI_SUM, c->cc, &rq);
+        if (rc != MPI_SUCCESS)
+            lost(c, what);
+        finish(c, rq, what);
+        float s = 1.0f / (float)c->size;
+        for (int i = 0; i < mine; i++)
+            part[i] *= s;
+        if (mine)
+            j->be->write(j->ctx, j->sh_off + lo * 4, part, (int64_t)mine * 4);
+    } else {
+        rc = MPI_Iallgatherv(part, mine, MPI_FLOAT, c->stage, counts, displs, MPI_FLOAT, c->cc,
+                             &rq);
+        if (rc != MPI_SUCCESS)
+            lost(c, what);
+        finish(c, rq, what);
+        int64_t at = 0;
+        for (int i = 0; i < j->k; i++) {
+            j->be->write(j->ctx, j->off[i], c->stage + at, j->bytes[i]);
+            at += j->bytes[i] / 4;
+        }
+    }
+    free(part);
+    free(counts);
+    free(displs);
+}
+
 static void run_job(RtComm *c, Job *j)
 {
     if (j->bucket == JOB_LOST)
@@ -195,7 +266,11 @@ static void run_job(RtComm *c, Job *j)
     int64_t bytes = 0;
     c->started++;
     if (j->bucket >= 0) {
-        snprintf(what, sizeof what, "the all-reduce of bucket %d", j->bucket);
+        snprintf(what, sizeof what, "the %s of bucket %d",
+                 j->coll == CG_COLL_REDUCE_SCATTER ? "reduce-scatter"
+                 : j->coll == CG_COLL_ALL_GATHER   ? "all-gather"
+                                                   : "all-reduce",
+                 j->bucket);
         for (int i = 0; i < j->k; i++)
             bytes += j->bytes[i];
         int64_t n = bytes / 4;
@@ -204,20 +279,33 @@ static void run_job(RtComm *c, Job *j)
             c->stage = xmalloc((size_t)n * sizeof(float));
             c->nstage = n;
         }
-        int64_t at = 0;
-        for (int i = 0; i < j->k; i++) {
-            j->be->read(j->ctx, j->off[i], c->stage + at, j->bytes[i]);
-            at += j->bytes[i] / 4;
+        if (j->coll != CG_COLL_ALLREDUCE) {
+            run_sharded(c, j, n, what);
+        } else {
+            int64_t at = 0;
+            for (int i = 0; i < j->k; i++) {
+                j->be->read(j->ctx, j->off[i], c->stage + at, j->bytes[i]);
+                at += j->bytes[i] / 4;
+            }
+            allreduce(c, c->stage, n, MPI_FLOAT, what);
+            float s = 1.0f / (float)c->size;
+            for (int64_t i = 0; i < n; i++)
+                c->stage[i] *= s;
+            at = 0;
+            for (int i = 0; i < j->k; i++) {
+                j->be->write(j->ctx, j->off[i], c->stage + at, j->bytes[i]);
+                at += j->bytes[i] / 4;
+            }
         }
-        allreduce(c, c->stage, n, MPI_FLOAT, what);
-        float s = 1.0f / (float)c->size;
-        for (int64_t i = 0; i < n; i++)
-            c->stage[i] *= s;
-        at = 0;
-        for (int i = 0; i < j->k; i++) {
-            j->be->write(j->ctx, j->off[i], c->stage + at, j->bytes[i]);
-            at += j->bytes[i] / 4;
-        }
+    } else if (j->bucket == JOB_GATHER) {
+        snprintf(what, sizeof what, "an all-gather of optimizer state");
+        bytes = (int64_t)j->nbuf * 4 * c->size;
+        MPI_Request rq;
+        if (j->nbuf > 0x7fffffff || MPI_Iallgather(j->buf, (int)j->nbuf, MPI_FLOAT, j->host,
+                                                    (int)j->nbuf, MPI_FLOAT, c->cc,
+                                                    &rq) != MPI_SUCCESS)
+            lost(c, what);
+        finish(c, rq, what);
     } else if (j->bucket == JOB_BCAST) {
         snprintf(what, sizeof what, "a broadcast from rank 0");
         bytes = (int64_t)j->nbuf;
@@ -232,7 +320,8 @@ static void run_job(RtComm *c, Job *j)
     double t1 = ir_now();
     pthread_mutex_lock(&c->mu);
     c->comm_s += t1 - t0;
-    RtCommEvent e = {j->bucket < 0 ? -1 : j->bucket, bytes, t0, t1};
+    RtCommEvent e = {j->bucket < 0 ? -1 : j->bucket, bytes, t0, t1,
+                     j->bucket < 0 ? 0 : (int)j->coll};
     vec_push(&c->ev, e);
     if (j->bucket >= 0)
         c->bucket_busy[j->bucket]--;
@@ -342,6 +431,7 @@ void rt_comm_close(RtComm *c)
     vec_free(&c->ev);
     free(c->ev_copy);
     free(c->bucket_busy);
+    free(c->bucket_coll);
     free(c->stage);
     free(c);
 }
@@ -358,7 +448,28 @@ void rt_comm_start(RtComm *c, const CgPlan *p, int s, const Backend *be, Backend
     const CgStep *st = &p->steps.v[s];
     if (st->kind != CG_STEP_ALLREDUCE_START)
         die("rt_comm_start: plan step %d is not an allreduce start", s);
-    Job j = {.bucket = st->bucket, .k = st->nargs, .be = be, .ctx = ctx};
+    Job j = {.bucket = st->bucket, .k = st->nargs, .be = be, .ctx = ctx, .coll = st->coll};
+    if (st->coll != CG_COLL_ALLREDUCE) {
+        if (st->sh_nranks != c->size)
+            die("rt_comm_start: step %d is sharded over %d ranks, the run has %d", s,
+                st->sh_nranks, c->size);
+        j.sh_start = st->sh_start;
+        j.sh_total = st->sh_total;
+        j.sh_off = cg_offset(p, st->sh_buf);
+        if (st->coll == CG_COLL_ALL_GATHER) {
+            int64_t n = 0, lo = 0;
+            for (int i = 0; i < st->nargs; i++)
+                n += shape_numel(&p->g->t.v[st->args[i]].s);
+            int *counts = xmalloc(sizeof(int) * (size_t)c->size);
+            int *displs = xmalloc(sizeof(int) * (size_t)c->size);
+            shard_counts(c, &j, n, counts, displs, &lo);
+            j.part = xmalloc(sizeof(float) * (size_t)(counts[c->rank] + 1));
+            if (counts[c->rank])
+                be->read(ctx, j.sh_off + lo * 4, j.part, (int64_t)counts[c->rank] * 4);
+            free(counts);
+            free(displs);
+        }
+    }
     j.off = xmalloc(sizeof(int64_t) * (size_t)st->nargs);
     j.bytes = xmalloc(sizeof(int64_t) * (size_t)st->nargs);
     for (int i = 0; i < st->nargs; i++) {
@@ -373,11 +484,13 @@ void rt_comm_start(RtComm *c, const CgPlan *p, int s, const Backend *be, Backend
     if (st->bucket >= c->nbuckets) {
         int n = st->bucket + 1;
         c->bucket_busy = xrealloc(c->bucket_busy, sizeof(int) * (size_t)n);
+        c->bucket_coll = xrealloc(c->bucket_coll, sizeof(int) * (size_t)n);
         for (int b = c->nbuckets; b < n; b++)
-            c->bucket_busy[b] = 0;
+            c->bucket_busy[b] = c->bucket_coll[b] = 0;
         c->nbuckets = n;
     }
     c->bucket_busy[st->bucket]++;
+    c->bucket_coll[st->bucket] = (int)st->coll;
     pthread_mutex_unlock(&c->mu);
     push_job(c, j);
 }
@@ -393,8 +506,11 @@ void rt_comm_wait(RtComm *c, int bucket)
         waited = true;
         pthread_cond_wait(&c->cv, &c->mu);
     }
-    if (waited)
-        c->exposed_s += ir_now() - t0;
+    if (waited) {
+        double dt = ir_now() - t0;
+        c->exposed_s += dt;
+        c->exposed_by[c->bucket_coll[bucket]] += dt;
+    }
     pthread_mutex_unlock(&c->mu);
 }
 
@@ -404,6 +520,23 @@ void rt_comm_mean(RtComm *c, double *v, int n)
         return;
     bool done = false;
     Job j = {.bucket = -1, .host = v, .nhost = n, .done = &done};
+    push_job(c, j);
+    pthread_mutex_lock(&c->mu);
+    while (!done)
+        pthread_cond_wait(&c->cv, &c->mu);
+    pthread_mutex_unlock(&c->mu);
+}
+
+void rt_comm_allgather(RtComm *c, const float *mine, int64_t n, float *all)
+{
+    if (!c || c->size == 1) {
+        memcpy(all, mine, sizeof(float) * (size_t)n);
+        return;
+    }
+    bool done = false;
+    /* host: the receive buffer (floats, not doubles: JOB_GATHER's own use) */
+    Job j = {.bucket = JOB_GATHER, .buf = (void *)mine, .nbuf = (size_t)n,
+             .host = (double *)(void *)all, .done = &done};
     push_job(c, j);
     pthread_mutex_lock(&c->mu);
     while (!done)
@@ -489,6 +622,7 @@ void rt_comm_stats(RtComm *c, RtCommStats *st)
     pthread_mutex_lock(&c->mu);
     st->comm_s = c->comm_s;
     st->exposed_s = c->exposed_s;
+    memcpy(st->exposed_by, c->exposed_by, sizeof st->exposed_by);
     free(c->ev_copy);
     c->ev_copy = xmalloc(sizeof(RtCommEvent) * (size_t)(c->ev.n + 1));
     if (c->ev.n)
@@ -504,6 +638,7 @@ void rt_comm_stats_reset(RtComm *c)
         return;
     pthread_mutex_lock(&c->mu);
     c->comm_s = c->exposed_s = 0;
+    memset(c->exposed_by, 0, sizeof c->exposed_by);
     c->ev.n = 0;
     pthread_mutex_unlock(&c->mu);
 }

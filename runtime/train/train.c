@@ -132,7 +132,6 @@ static bool init_tensor(const Tensor *t, uint64_t seed, void *dst, Diag *d)
 
 /* ---- the run ---- */
 
-
 enum { PH_DATA, PH_STEP, PH_EVAL, PH_CKPT, PH__N };
 static const char *ph_names[PH__N] = {"data + inputs", "step (exec)", "evaluation",
                                       "checkpoint"};
@@ -390,10 +389,18 @@ static char *ckpt_path(const char *prefix, int64_t step)
 
 static bool save_checkpoint(Run *r, const char *prefix, Diag *d)
 {
+    void **vals = r->vals;
+    const Graph *g = r->tg;
+    if (r->zero) { /* every rank's shard of the moments, to the file's form */
+        pull_state(r);
+        rt_zero_gather(r->zero, r->comm, r->vals);
+        g = rt_zero_full(r->zero, r->vals, &vals);
+    }
     if (rt_dp_rank(r->dp) != 0)
         return true; /* every rank holds the same params */
     double t_start = ir_now();
-    pull_state(r);
+    if (!r->zero)
+        pull_state(r);
     const char *bad = nonfinite_state(r);
     if (bad) {
         snprintf(d->msg, sizeof d->msg,
@@ -404,7 +411,7 @@ static bool save_checkpoint(Run *r, const char *prefix, Diag *d)
     }
     char *p = ckpt_path(prefix, r->step);
     CkptMeta m = {.step = r->step, .data_pos = r->data_pos, .seed = r->c.seed};
-    bool ok = rt_ckpt_save(p, r->tg, r->vals, &m, d);
+    bool ok = rt_ckpt_save(p, g, vals, &m, d);
     if (ok)
         r->ckpt_step = r->step;
     if (ok && !r->o->quiet)
@@ -575,6 +582,7 @@ void rt_pass_opts(const TrainCfg *c, const RtGraphFlags *f, PassOpts *po)
     po->nranks = f->nranks > 1 ? f->nranks : 1;
     po->grad_accum = (int)c->grad_accum;
     po->bucket_bytes = (int64_t)(c->bucket_mb * 1048576.0);
+    po->zero = c->zero && po->nranks > 1; /* one rank holds the whole state anyway */
     po->no_overlap = f->no_overlap;
     po->no_fuse = f->no_fuse;
     po->attention =
@@ -731,10 +739,15 @@ static bool init_state(Run *r, Diag *d)
         if (!init_tensor(t, r->c.seed, r->vals[i], d))
             return false;
     }
+    r->zero = rt_zero_open(g);
     if (r->o->resume) {
         CkptMeta m;
-        if (!rt_ckpt_load(r->o->resume, g, r->vals, &m, d))
+        void **vals = r->vals;
+        const Graph *fg = r->zero ? rt_zero_full(r->zero, r->vals, &vals) : g;
+        if (!rt_ckpt_load(r->o->resume, fg, vals, &m, d))
             return false;
+        if (r->zero) /* this rank's shard of the file's moments */
+            rt_zero_scatter(r->zero, rt_dp_rank(r->dp), r->vals);
         if (m.seed != r->c.seed && !r->o->quiet)
             printf("resume: using the checkpoint's seed %llu (the model says %llu)\n",
                    (unsigned long long)m.seed, (unsigned long long)r->c.seed);
@@ -818,6 +831,7 @@ static void trace_kernels(Run *r, double t_start, int64_t nth)
  * missing (the run failed before making it). */
 static void run_free(Run *r)
 {
+    rt_zero_close(r->zero);
     rt_runlog_free(r->log);
     pass_memplan_free(r->mp);
     free(r->x_name);

@@ -56,6 +56,7 @@ typedef struct {
     RunLog *log;          /* --log-dir (rank 0), else NULL */
     MemPlan *mp;          /* the step's memory plan, kept for the report */
     int grad_norm_t;      /* tg's "grad_norm" output, -1: none */
+    RtZero *zero;         /* zero=1: the unsharded view for checkpoints, else NULL */
 } Run;
 
 /* Largest train{eval_batches} (the settings' bound, as for steps). An

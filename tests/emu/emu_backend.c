@@ -426,7 +426,8 @@ static bool emu_run_step(BackendCtx *c, int s, uint64_t seed, int64_t step, Diag
         return true;
     }
     case CG_STEP_ALLREDUCE_START:
-    case CG_STEP_ALLREDUCE_WAIT: return true;
+    case CG_STEP_ALLREDUCE_WAIT:
+    case CG_STEP_SHARD_PACK: return true;
     }
     return true;
 }

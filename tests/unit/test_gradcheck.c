@@ -454,6 +454,9 @@ static const Case cases[] = {
 static const Opcode no_grad_ops[] = {OP_CONST, OP_IOTA, OP_LT, OP_LE, OP_GT,
                                      OP_GE,    OP_EQ,   OP_NE, OP_RANDOM, OP_FLOOR,
                                      OP_ALLREDUCE_START, OP_ALLREDUCE_WAIT,
+                                     OP_SHARD_PACK, OP_REDUCE_SCATTER,
+                                     OP_REDUCE_SCATTER_START, OP_REDUCE_SCATTER_WAIT,
+                                     OP_ALL_GATHER, OP_ALL_GATHER_START, OP_ALL_GATHER_WAIT,
                                      OP_ATTENTION_LSE, OP_ATTENTION_DQ,
                                      OP_ATTENTION_DK, OP_ATTENTION_DV};
 

@@ -111,6 +111,16 @@ static Graph *build_all(void)
     OP(g, OP_ATTENTION_DV, at, x, x, x, x, lse, lse);
     int tok_ar = OP(g, OP_ALLREDUCE_START, ((OpAttr){.ia = {3}, .nia = 1}), sc, x);
     OP(g, OP_ALLREDUCE_WAIT, ((OpAttr){.ia = {3}, .nia = 1}), tok_ar, sc);
+    /* ZeRO-1: wte and sc as one flat range of 40 over 2 ranks (shard f32[32]) */
+#define SHA(b, s) ((OpAttr){.ia = {b, s, 40, 2}, .nia = 4})
+    int sh = OP(g, OP_SHARD_PACK, SHA(-1, 0), wte, sc);
+    OP(g, OP_REDUCE_SCATTER, SHA(-1, 20), sc);
+    int tok_rs = OP(g, OP_REDUCE_SCATTER_START, SHA(4, 0), sh, wte, sc);
+    OP(g, OP_REDUCE_SCATTER_WAIT, SHA(4, 0), tok_rs, sh, wte, sc);
+    OP(g, OP_ALL_GATHER, SHA(-1, 0), sh, wte);
+    int tok_ag = OP(g, OP_ALL_GATHER_START, SHA(5, 0), sh, wte, sc);
+    OP(g, OP_ALL_GATHER_WAIT, SHA(5, 20), tok_ag, sh, sc);
+#undef SHA
     ir_add_output(g, "loss", loss);
     ir_add_output(g, "grad.wte", sc);
     ir_add_update(g, wte, sc);

@@ -1,0 +1,165 @@
+/* zero.c - checkpoints of a sharded step (zero=1, ZeRO-1): the unsharded
+ * view of its optimizer state.
+ *
+ * A sharded step holds AdamW's moments as state "adam.m" and "adam.v"
+ * f32[S], this rank's shard of the flat order of all params (ir.h,
+ * AK_SHARD; the flat order is the one its all_gather_wait ops name). A
+ * checkpoint holds what an unsharded step holds: every param, "adam.step"
+ * and "adam.m.P" / "adam.v.P" shaped like each param P, so a file written by
+ * N sharded ranks resumes on M ranks with or without zero, and the reverse.
+ * The full view is a graph of inputs only (the params, adam.step, and the
+ * per-param moments): the checkpoint writer and reader take it as they take
+ * a step graph. Invariant: its param and adam.step values are the step's own
+ * buffers (borrowed), its moments are owned here. */
+#include "dist.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+struct RtZero {
+    const Graph *tg;
+    int m, v;            /* tg's shard states */
+    int64_t total, S;
+    int nranks;
+    int n;               /* params in flat order */
+    int *param;          /* tg's tensor id, by flat position */
+    int64_t *start;      /* flat start, by flat position */
+    Graph *full;
+    int *full_of;        /* per tg tensor: the full graph's id (-1) */
+    int *fm, *fv;        /* full graph's adam.m.P / adam.v.P, by flat position */
+    void **vals;         /* per full tensor */
+};
+
+RtZero *rt_zero_open(const Graph *tg)
+{
+    int m = ir_find_tensor(tg, "adam.m"), v = ir_find_tensor(tg, "adam.v");
+    if (m < 0 || v < 0)
+        return NULL;
+    RtZero *z = xcalloc(1, sizeof *z);
+    z->tg = tg;
+    z->m = m;
+    z->v = v;
+    z->S = shape_numel(&tg->t.v[m].s);
+    z->param = xmalloc(sizeof(int) * (size_t)(tg->t.n + 1));
+    z->start = xmalloc(sizeof(int64_t) * (size_t)(tg->t.n + 1));
+    for (int i = 0; i < tg->ops.n; i++) {
+        const Op *op = &tg->ops.v[i];
+        if (op->code != OP_ALL_GATHER_WAIT && op->code != OP_ALL_GATHER)
+            continue;
+        int p = op->in[op->nin - 1], k = z->n++;
+        z->param[k] = p;
+        z->start[k] = op->attr.ia[1];
+        z->total = op->attr.ia[2];
+        z->nranks = (int)op->attr.ia[3];
+        for (; k > 0 && z->start[k - 1] > z->start[k]; k--) { /* by start */
+            int tp = z->param[k];
+            int64_t ts = z->start[k];
+            z->param[k] = z->param[k - 1], z->start[k] = z->start[k - 1];
+            z->param[k - 1] = tp, z->start[k - 1] = ts;
+        }
+    }
+    if (z->n == 0)
+        die("rt_zero_open: the step has sharded state but no all_gather");
+    /* the full view: params and adam.step as in tg, then the moments */
+    z->full = ir_new();
+    z->full_of = xmalloc(sizeof(int) * (size_t)(tg->t.n + 1));
+    VEC(void *) vals = {0};
+    for (int i = 0; i < tg->t.n; i++) {
+        const Tensor *t = &tg->t.v[i];
+        z->full_of[i] = -1;
+        if (t->op >= 0 || !(t->kind == TK_PARAM || (t->kind == TK_STATE && t->name &&
+                                                    strcmp(t->name, "adam.step") == 0)))
+            continue;
+        z->full_of[i] = ir_add_input(z->full, t->kind, t->name, t->s, t->init);
+        vec_push(&vals, NULL);
+    }
+    z->fm = xmalloc(sizeof(int) * (size_t)z->n);
+    z->fv = xmalloc(sizeof(int) * (size_t)z->n);
+    for (int k = 0; k < z->n; k++) {
+        const Tensor *p = &tg->t.v[z->param[k]];
+        for (int w = 0; w < 2; w++) {
+            char *nm = xasprintf("adam.%c.%s", w ? 'v' : 'm', p->name);
+            int id = ir_add_input(z->full, TK_STATE, intern(nm), p->s,
+                                  (ParamInit){INIT_ZEROS, 0, 0});
+            free(nm);
+            (w ? z->fv : z->fm)[k] = id;
+            vec_push(&vals, xcalloc((size_t)shape_numel(&p->s) + 1, sizeof(float)));
+        }
+    }
+    z->vals = vals.v;
+    return z;
+}
+
+void rt_zero_close(RtZero *z)
+{
+    if (!z)
+        return;
+    for (int k = 0; k < z->n; k++) {
+        free(z->vals[z->fm[k]]);
+        free(z->vals[z->fv[k]]);
+    }
+    free(z->vals);
+    ir_free(z->full);
+    free(z->full_of);
+    free(z->fm);
+    free(z->fv);
+    free(z->param);
+    free(z->start);
+    free(z);
+}
+
+const Graph *rt_zero_full(RtZero *z, void *const *vals, void ***full_vals)
+{
+    for (int i = 0; i < z->tg->t.n; i++)
+        if (z->full_of[i] >= 0)
+            z->vals[z->full_of[i]] = vals[i];
+    *full_vals = z->vals;
+    return z->full;
+}
+
+/* flat[0..total) <-> the full moments of flat order (dir 0: to flat) */
+static void moments(RtZero *z, const int *ids, float *flat, int dir)
+{
+    for (int k = 0; k < z->n; k++) {
+        int64_t n = shape_numel(&z->tg->t.v[z->param[k]].s);
+        float *x = z->vals[ids[k]];
+        if (dir == 0)
+            memcpy(flat + z->start[k], x, sizeof(float) * (size_t)n);
+        else
+            memcpy(x, flat + z->start[k], sizeof(float) * (size_t)n);
+    }
+}
+
+void rt_zero_gather(RtZero *z, RtComm *c, void *const *vals)
+{
+    int n = rt_comm_size(c);
+    if (n != z->nranks)
+        die("rt_zero_gather: the step is sharded over %d ranks, the run has %d", z->nranks, n);
+    float *all = xmalloc(sizeof(float) * (size_t)(z->S * n + 1));
+    float *flat = xmalloc(sizeof(float) * (size_t)(z->total + 1));
+    for (int w = 0; w < 2; w++) {
+        rt_comm_allgather(c, vals[w ? z->v : z->m], z->S, all);
+        for (int r = 0; r < n; r++) {
+            int64_t off, len;
+            ir_shard_range(z->total, n, r, &off, &len);
+            memcpy(flat + off, all + (int64_t)r * z->S, sizeof(float) * (size_t)len);
+        }
+        moments(z, w ? z->fv : z->fm, flat, 1);
+    }
+    free(all);
+    free(flat);
+}
+
+void rt_zero_scatter(RtZero *z, int rank, void **vals)
+{
+    int64_t off, len;
+    ir_shard_range(z->total, z->nranks, rank, &off, &len);
+    float *flat = xmalloc(sizeof(float) * (size_t)(z->total + 1));
+    for (int w = 0; w < 2; w++) {
+        moments(z, w ? z->fv : z->fm, flat, 0);
+        float *shard = vals[w ? z->v : z->m];
+        memset(shard, 0, sizeof(float) * (size_t)z->S);
+        memcpy(shard, flat + off, sizeof(float) * (size_t)len);
+    }
+    free(flat);
+}

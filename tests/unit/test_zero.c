@@ -1,0 +1,564 @@
+/* test_zero.c - ZeRO-1 (zero=1: AdamW's state sharded over the ranks).
+ *
+ * - the shard geometry (ir_shard_range): contiguous, covering, aligned,
+ *   lengths within one alignment unit;
+ * - the sharded step on the reference interpreter with one rank (the shard
+ *   is the whole range) gives the params, optimizer step and norm of the
+ *   unsharded step, for mlp, gpt and llama, with and without grad_accum;
+ * - remat under a budget between the two peaks recomputes with zero=0 and
+ *   not with zero=1 (it plans against the smaller persistent region);
+ * - the comm pass for 2 ranks: reduce-scatter buckets start where their
+ *   last gradient is finished (the first before backward ends), the waits
+ *   chain through one shard buffer (memplan), one scalar all-reduce, the
+ *   all-gathers after the new shard; the dump parses back to the same text;
+ * - through the binary (mpirun): `--nproc 2 --set zero=1` against
+ *   `--nproc 2` and 1 rank at the combined batch, per step losses and every
+ *   final param within 1e-5 relative, for mlp, gpt and llama with
+ *   grad_accum 1 and 2;
+ * - checkpoints: the file of 2 sharded ranks is 1 rank's (moments too), and
+ *   resumes on 1 or 2 ranks without zero; 1 rank's resumes on 2 sharded;
+ * - the report line per collective and the reduce-scatter and all-gather
+ *   tracks of each rank's trace. */
+#include "testutil.h"
+
+#include "frontend.h"
+#include "passes.h"
+#include "runtime.h"
+#include "train.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void test_geometry(void **state)
+{
+    (void)state;
+    const int64_t totals[] = {1, 15, 16, 17, 100, 1000, 17412, 124439808};
+    for (size_t k = 0; k < sizeof totals / sizeof totals[0]; k++)
+        for (int n = 1; n <= 9; n++) {
+            int64_t T = totals[k], S = ir_shard_size(T, n), end = 0, mn = T, mx = 0;
+            for (int r = 0; r < n; r++) {
+                int64_t off, len;
+                ir_shard_range(T, n, r, &off, &len);
+                assert_int_equal(off, end); /* contiguous, in rank order */
+                assert_true(len >= 0 && len <= S);
+                assert_true(off % IR_SHARD_ALIGN == 0 || len == 0);
+                end = off + len;
+                if (r < n - 1 || T % IR_SHARD_ALIGN == 0) {
+                    mn = len < mn ? len : mn;
+                    mx = len > mx ? len : mx;
+                }
+            }
+            assert_int_equal(end, T); /* covering */
+            if (mx >= mn)
+                assert_true(mx - mn <= IR_SHARD_ALIGN); /* balanced */
+            assert_true(S * n >= T && S * n < T + (int64_t)n * IR_SHARD_ALIGN);
+        }
+}
+
+/* The model's step graph through the pipeline up to `last`. */
+static Graph *step_graph(const char *model, const char *const *sets, int nsets, int nranks,
+                         int zero, int accum, const char *last)
+{
+    Model *m = load_model(model, sets, nsets);
+    Graph *g = ir_clone(m->g);
+    PassOpts o;
+    rt_pass_opts(&m->train, NULL, &o);
+    o.nranks = nranks;
+    o.zero = zero;
+    o.grad_accum = accum;
+    o.bucket_bytes = 4096;
+    Diag d = {{0}};
+    if (!pass_pipeline(g, &o, last, NULL, NULL, &d))
+        fail_msg("%s: %s", model, d.msg);
+    fe_model_free(m);
+    return g;
+}
+
+/* The value an update gives to the param or state `name`, after ir_interp. */
+static const double *updated(const Graph *g, double **val, const char *name)
+{
+    int t = ir_find_tensor(g, name);
+    assert_true(t >= 0);
+    for (int k = 0; k < g->upd.n; k++)
+        if (g->upd.v[k].target == t)
+            return val[g->upd.v[k].value];
+    fail_msg("no update of %s", name);
+    return NULL;
+}
+
+static double **run_interp(const Graph *g, void **host)
+{
+    double **val = ir_interp_alloc(g);
+    for (int i = 0; i < g->t.n; i++) {
+        const Tensor *t = &g->t.v[i];
+        if (t->op >= 0)
+            continue;
+        int64_t n = shape_numel(&t->s);
+        val[i] = xcalloc((size_t)n + 1, sizeof(double));
+        if (t->kind == TK_INPUT && strcmp(t->name, "lr") == 0)
+            val[i][0] = 1e-3;
+        else if (t->kind == TK_INPUT || t->kind == TK_PARAM)
+            for (int64_t e = 0; e < n; e++) {
+                const void *h = host[i];
+                val[i][e] = t->s.dtype == DT_F32   ? ((const float *)h)[e]
+                            : t->s.dtype == DT_I32 ? ((const int32_t *)h)[e]
+                                                   : 0;
+            }
+    }
+    InterpOpts io = {1, 0};
+    ir_interp(g, val, &io);
+    return val;
+}
+
+/* One rank: the sharded step (through comm) is the unsharded step. Inputs
+ * are the same host data by name (random_model_inputs of the plain graph). */
+static void check_one_rank(const char *model, int accum)
+{
+    const char *sets[] = {"batch=2"};
+    Graph *a = step_graph(model, sets, 1, 1, 0, accum, "comm");
+    Graph *b = step_graph(model, sets, 1, 1, 1, accum, "comm");
+    int rs = 0;
+    for (int i = 0; i < b->ops.n; i++)
+        rs += b->ops.v[i].code == OP_REDUCE_SCATTER_START;
+    assert_true(rs >= 1); /* the comm pass bucketed the sharded step */
+    void **ha = random_model_inputs(a);
+    void **hb = xcalloc((size_t)b->t.n + 1, sizeof(void *));
+    for (int i = 0; i < b->t.n; i++)
+        if (b->t.v[i].op < 0 && b->t.v[i].name && (b->t.v[i].kind == TK_PARAM ||
+                                                   b->t.v[i].kind == TK_INPUT)) {
+            int j = ir_find_tensor(a, b->t.v[i].name);
+            assert_true(j >= 0);
+            hb[i] = ha[j];
+        }
+    double **va = run_interp(a, ha), **vb = run_interp(b, hb);
+    int np = 0;
+    for (int i = 0; i < a->t.n; i++) {
+        const Tensor *t = &a->t.v[i];
+        if (t->kind != TK_PARAM)
+            continue;
+        int64_t n = shape_numel(&t->s);
+        double e = rel_err(updated(b, vb, t->name), updated(a, va, t->name), n);
+        if (!(e < 1e-9))
+            fail_msg("%s accum %d: param %s differs by %.3g", model, accum, t->name, e);
+        np++;
+    }
+    assert_true(np > 0);
+    double sa = updated(a, va, "adam.step")[0], sb = updated(b, vb, "adam.step")[0];
+    assert_true(sa == 1 && sb == 1);
+    int na = ir_find_output(a, "grad_norm"), nb = ir_find_output(b, "grad_norm");
+    assert_true(fabs(va[na][0] - vb[nb][0]) <= 1e-9 * fabs(va[na][0]));
+    ir_interp_free(a, va);
+    ir_interp_free(b, vb);
+    for (int i = 0; i < a->t.n; i++)
+        free(ha[i]);
+    free(ha);
+    free(hb);
+    ir_free(a);
+    ir_free(b);
+}
+
+static void test_interp_one_rank(void **state)
+{
+    (void)state;
+    const char *models[] = {"models/mlp.lua", "models/gpt.lua", "models/llama.lua"};
+    for (int k = 0; k < 3; k++)
+        for (int acc = 1; acc <= 2; acc++)
+            check_one_rank(models[k], acc);
+}
+
+/* 2 ranks, the final schedule of gpt: placement and the shard buffer. */
+static void test_placement(void **state)
+{
+    (void)state;
+    const char *sets[] = {"batch=2"};
+    Graph *g = step_graph("models/gpt.lua", sets, 1, 2, 1, 1, "schedule");
+    int last_bwd = -1, first_rs = -1, nrs = 0, nar = 0, nag = 0, first_ag = -1, last_rsw = -1;
+    int acc = -1;
+    for (int i = 0; i < g->ops.n; i++) {
+        const Op *op = &g->ops.v[i];
+        if (op->flags & OPF_BACKWARD)
+            last_bwd = i;
+        if (op->code == OP_REDUCE_SCATTER || op->code == OP_ALL_GATHER ||
+            op->code == OP_ALLREDUCE)
+            fail_msg("a synchronous %s is left after comm", ir_opinfo[op->code].name);
+        if (op->code == OP_REDUCE_SCATTER_START) {
+            nrs++;
+            if (first_rs < 0)
+                first_rs = i;
+            /* right after the kernel that finishes its last gradient */
+            int ready = -1;
+            for (int j = 1; j < op->nin; j++)
+                if (g->t.v[op->in[j]].op > ready)
+                    ready = g->t.v[op->in[j]].op;
+            for (int q = ready + 1; q < i; q++) {
+                Opcode c = g->ops.v[q].code;
+                bool ok = ir_opinfo[c].cls == OC_COLLECTIVE || c == OP_CONST ||
+                          g->ops.v[q].group == g->ops.v[ready].group ||
+                          g->ops.v[q].code == OP_RESHAPE;
+                if (!ok && g->ops.v[ready].group < 0)
+                    fail_msg("reduce_scatter_start at op %d is not right after its last "
+                             "gradient (op %d), op %d (%s) comes between",
+                             i, ready, q, ir_opinfo[c].name);
+            }
+            if (acc < 0)
+                acc = op->in[0];
+            assert_int_equal(op->in[0], acc); /* one shard buffer */
+        }
+        if (op->code == OP_REDUCE_SCATTER_WAIT)
+            last_rsw = i;
+        if (op->code == OP_ALLREDUCE_START)
+            nar++;
+        if (op->code == OP_ALL_GATHER_START) {
+            nag++;
+            if (first_ag < 0)
+                first_ag = i;
+        }
+    }
+    assert_true(nrs >= 3);
+    assert_true(first_rs < last_bwd); /* overlaps backward */
+    assert_int_equal(nar, 1);         /* the norm's scalar */
+    assert_true(nag >= 3 && first_ag > last_rsw);
+    /* every param is updated by the wait of its gather, in place */
+    Diag d = {{0}};
+    MemPlan *m = pass_memplan(g, &d);
+    assert_non_null(m);
+    for (int k = 0; k < g->upd.n; k++) {
+        const Tensor *t = &g->t.v[g->upd.v[k].target];
+        if (t->kind != TK_PARAM)
+            continue;
+        const Op *w = &g->ops.v[g->t.v[g->upd.v[k].value].op];
+        assert_int_equal(w->code, OP_ALL_GATHER_WAIT);
+        assert_int_equal(m->root[g->upd.v[k].value], m->root[t->id]);
+    }
+    for (int i = 0; i < g->ops.n; i++)
+        if (g->ops.v[i].code == OP_REDUCE_SCATTER_WAIT)
+            assert_int_equal(m->root[g->ops.v[i].out], m->root[acc]);
+    /* the shard buffer is live (unshared) from before the first start */
+    assert_true(m->first[m->root[acc]] <= first_rs);
+    pass_memplan_free(m);
+    /* the text form round-trips */
+    char *t1 = ir_print_str(g), err[512];
+    Graph *h = ir_parse(t1, "zero", err, sizeof err);
+    if (!h)
+        fail_msg("%s", err);
+    char *t2 = ir_print_str(h);
+    assert_string_equal(t1, t2);
+    free(t1);
+    free(t2);
+    ir_free(h);
+    ir_free(g);
+}
+
+/* remat plans against the sharded step's smaller persistent region: for
+ * gpt at batch 8 over 8 ranks, a budget between the two peaks without
+ * recomputation (2.30 MiB and 2.05 MiB) needs recomputation with zero=0 and
+ * none with zero=1. */
+static void test_remat(void **state)
+{
+    (void)state;
+    const char *sets[] = {"batch=8"};
+    int64_t budget = 2200000;
+    int nrec[2];
+    for (int z = 0; z < 2; z++) {
+        Model *m = load_model("models/gpt.lua", sets, 1);
+        Graph *g = ir_clone(m->g);
+        PassOpts o;
+        rt_pass_opts(&m->train, NULL, &o);
+        o.nranks = 8;
+        o.zero = z;
+        o.memory_budget = budget;
+        RematReport rr;
+        memset(&rr, 0, sizeof rr);
+        o.remat_report = &rr;
+        MemPlan *mp = NULL;
+        o.memplan = &mp;
+        Diag d = {{0}};
+        if (!pass_pipeline(g, &o, NULL, NULL, NULL, &d))
+            fail_msg("zero=%d: %s", z, d.msg);
+        assert_non_null(mp);
+        assert_true(mp->arena_bytes <= budget);
+        nrec[z] = rr.nrecomputed;
+        print_message("zero=%d: persistent %lld bytes, peak %lld, %d activations recomputed\n", z,
+                      (long long)mp->persistent_bytes, (long long)mp->arena_bytes,
+                      rr.nrecomputed);
+        pass_memplan_free(mp);
+        ir_free(g);
+        fe_model_free(m);
+    }
+    assert_true(nrec[0] > 0);
+    assert_int_equal(nrec[1], 0);
+}
+
+/* ---- through the binary: 2 ranks with zero=1 against the references ---- */
+
+static char *dir;
+
+static void train(const char *model, const char *args, const char *name)
+{
+    const char *bin = getenv("KILN_BIN");
+    if (!bin)
+        fail_msg("KILN_BIN is not set (run through ctest)");
+    char *cmd = xasprintf("%s train %s --steps 6 -q --set bucket_mb=0.02 --set lr=3e-3 "
+                          "--set warmup=0 %s --log-dir %s/%s --save-weights %s/%s.safetensors",
+                          bin, model, args, dir, name, dir, name);
+    run_or_fail(cmd);
+    free(cmd);
+}
+
+/* Per step losses of run `name` (metrics.jsonl), into v; their count. */
+static int losses(const char *name, double *v, int cap)
+{
+    char *p = xasprintf("%s/%s/metrics.jsonl", dir, name);
+    char *text = read_file(p);
+    if (!text)
+        fail_msg("no %s", p);
+    int n = 0;
+    for (const char *s = text; (s = strstr(s, "\"loss\":")) && n < cap; s += 7)
+        v[n++] = strtod(s + 7, NULL);
+    free(text);
+    free(p);
+    return n;
+}
+
+/* Largest per-tensor relative difference of run a from run b, over params
+ * not named in skip (NULL-terminated); *worst names the tensor. */
+static double max_rel(const char *a, const char *b, const char *const *skip, char *worst,
+                      size_t n)
+{
+    char *pa = xasprintf("%s/%s.safetensors", dir, a), *pb = xasprintf("%s/%s.safetensors", dir, b);
+    StFile fa, fb;
+    Diag d = {{0}};
+    if (!rt_st_read(pa, &fa, &d) || !rt_st_read(pb, &fb, &d))
+        fail_msg("%s", d.msg);
+    assert_true(fa.n == fb.n && fa.n > 0);
+    double e = 0;
+    for (int i = 0; i < fa.n; i++) {
+        const StTensor *x = &fa.t[i], *y = rt_st_find(&fb, x->name);
+        assert_non_null(y);
+        assert_int_equal(x->nbytes, y->nbytes);
+        bool skipped = false;
+        for (int k = 0; skip && skip[k]; k++)
+            skipped |= strcmp(skip[k], x->name) == 0;
+        if (skipped)
+            continue;
+        double r = rel_err_f32(x->data, y->data, (int64_t)(x->nbytes / 4));
+        if (!(r <= e)) {
+            e = r;
+            snprintf(worst, n, "%s", x->name);
+        }
+    }
+    rt_st_free(&fa);
+    rt_st_free(&fb);
+    free(pa);
+    free(pb);
+    return e;
+}
+
+static void compare(const char *model, const char *a, const char *b, const char *const *skip)
+{
+    double la[16], lb[16];
+    int na = losses(a, la, 16), nb = losses(b, lb, 16);
+    assert_true(na == 6 && nb == 6);
+    for (int i = 0; i < na; i++)
+        if (!(fabs(la[i] - lb[i]) <= 1e-5 * fabs(lb[i])))
+            fail_msg("%s: %s vs %s: step %d loss %.9g vs %.9g", model, a, b, i + 1, la[i],
+                     lb[i]);
+    char worst[256] = "";
+    double e = max_rel(a, b, skip, worst, sizeof worst);
+    char left[512] = "";
+    for (int k = 0; skip && skip[k]; k++)
+        snprintf(left + strlen(left), sizeof left - strlen(left), "%s%s",
+                 k ? ", " : "; left out (true gradient 0): ", skip[k]);
+    print_message("%s: %s vs %s: losses equal; largest param difference %.3g (%s)%s\n", model,
+                  a, b, e, worst, left);
+    if (!(e < 1e-5))
+        fail_msg("%s: %s vs %s: %s differs by %.3g", model, a, b, worst, e);
+}
+
+/* Params whose true gradient is zero (in part), left out of the param
+ * comparison (the losses still cover them): Adam divides the rounding
+ * noise of a zero gradient by its own magnitude, so they move by lr in
+ * directions that depend on summation order. gpt: the key third of each
+ * c_attn.bias (softmax is unchanged by a constant added to every key's
+ * score for one query, so d loss / d key bias is exactly 0). mlp and llama
+ * (no biases in attention) have none. */
+static const char *const gpt_no_grad[] = {"h.0.attn.c_attn.bias", "h.1.attn.c_attn.bias", NULL};
+
+static void equivalence(const char *model, const char *b, const char *half,
+                        const char *const *no_grad)
+{
+    char one[128], two[128], twoa[128], tw[128];
+    snprintf(one, sizeof one, "--set batch=%s", b);
+    snprintf(two, sizeof two, "--set batch=%s --nproc 2", half);
+    snprintf(tw, sizeof tw, "--set batch=%s --nproc 2 --set zero=1", half);
+    train(model, one, "one");
+    train(model, two, "two");
+    train(model, tw, "zero");
+    compare(model, "zero", "two", no_grad);
+    compare(model, "zero", "one", no_grad);
+    /* grad_accum 2: 2 ranks x 2 micro-batches of half/2 */
+    int q = atoi(half) / 2;
+    snprintf(twoa, sizeof twoa, "--set batch=%d --nproc 2 --set grad_accum=2", q);
+    train(model, twoa, "two_accum");
+    snprintf(tw, sizeof tw, "--set batch=%d --nproc 2 --set grad_accum=2 --set zero=1", q);
+    train(model, tw, "zero_accum");
+    compare(model, "zero_accum", "two_accum", no_grad);
+    compare(model, "zero_accum", "one", no_grad);
+}
+
+static void test_equivalence(void **state)
+{
+    (void)state;
+    if (!have_command("mpirun")) {
+        print_message("skipped: no mpirun\n");
+        skip();
+    }
+    dir = scratch_dir("zero");
+    equivalence("models/mlp.lua", "64", "32", NULL);
+    equivalence("models/gpt.lua", "8", "4", gpt_no_grad);
+    equivalence("models/llama.lua", "8", "4", NULL);
+    remove_tree(dir);
+    free(dir);
+}
+
+static void params_close(const char *a, const char *b)
+{
+    char worst[256] = "";
+    double e = max_rel(a, b, NULL, worst, sizeof worst);
+    print_message("mlp: %s vs %s: largest tensor difference %.3g (%s)\n", a, b, e, worst);
+    if (!(e < 1e-5))
+        fail_msg("mlp: %s vs %s: %s differs by %.3g", a, b, worst, e);
+}
+
+/* Checkpoints hold the full optimizer state in the unsharded form: the
+ * file 2 sharded ranks write at step 6 is the one 1 rank writes (every
+ * param and adam.m.P / adam.v.P), and a checkpoint at step 3 resumes
+ * across rank counts and zero settings to the params of the straight run. */
+static void test_checkpoints(void **state)
+{
+    (void)state;
+    if (!have_command("mpirun")) {
+        print_message("skipped: no mpirun\n");
+        skip();
+    }
+    dir = scratch_dir("zero_ckpt");
+    const char *m = "models/mlp.lua";
+    char a[512];
+    snprintf(a, sizeof a, "--set batch=64 --set checkpoint_every=3 --checkpoint %s/ock", dir);
+    train(m, a, "one");
+    snprintf(a, sizeof a,
+             "--set batch=32 --nproc 2 --set zero=1 --set checkpoint_every=3 --checkpoint %s/zck",
+             dir);
+    train(m, a, "zero");
+    params_close("zck.step6", "ock.step6"); /* moments included */
+    /* sharded -> 1 rank, and -> 2 ranks without zero */
+    snprintf(a, sizeof a, "--set batch=64 --resume %s/zck.step3.safetensors", dir);
+    train(m, a, "r_one");
+    params_close("r_one", "one");
+    snprintf(a, sizeof a, "--set batch=32 --nproc 2 --resume %s/zck.step3.safetensors", dir);
+    train(m, a, "r_two");
+    params_close("r_two", "one");
+    /* unsharded (1 rank) -> 2 sharded ranks */
+    snprintf(a, sizeof a, "--set batch=32 --nproc 2 --set zero=1 --resume %s/ock.step3.safetensors",
+             dir);
+    train(m, a, "r_zero");
+    params_close("r_zero", "one");
+    remove_tree(dir);
+    free(dir);
+}
+
+/* The report and the trace per rank: reduce-scatter and all-gather tracks
+ * (tids 3 and 4) with their buckets, and the summary per collective. */
+static void test_report(void **state)
+{
+    (void)state;
+    if (!have_command("mpirun")) {
+        print_message("skipped: no mpirun\n");
+        skip();
+    }
+    dir = scratch_dir("zero_trace");
+    char *cmd = xasprintf("%s train models/mlp.lua --steps 3 -q --set batch=32 --nproc 2 "
+                          "--set zero=1 --set bucket_mb=0.02 --trace %s/t.json",
+                          getenv("KILN_BIN"), dir);
+    char *out = NULL;
+    int rc = run_cmd(cmd, &out);
+    if (rc != 0)
+        fail_msg("%s: exit %d: %s", cmd, rc, out);
+    assert_non_null(strstr(out, "comm by collective (zero=1"));
+    assert_non_null(strstr(out, "reduce-scatter "));
+    for (int r = 0; r < 2; r++) {
+        char *p = xasprintf("%s/t%s.json", dir, r ? ".rank1" : "");
+        char *t = read_file(p);
+        if (!t)
+            fail_msg("no trace %s", p);
+        assert_non_null(strstr(t, "\"tid\":3,\"args\":{\"name\":\"reduce-scatter"));
+        assert_non_null(strstr(t, "\"tid\":4,\"args\":{\"name\":\"all-gather"));
+        int rs = 0, ag = 0;
+        for (const char *q = t; (q = strstr(q, "\"name\":\"reduce-scatter bucket")); q++)
+            rs += strstr(q, "\"tid\":3}") != NULL;
+        for (const char *q = t; (q = strstr(q, "\"name\":\"all-gather bucket")); q++)
+            ag++;
+        assert_true(rs >= 3 && ag >= 3); /* 3 steps, a bucket or more each */
+        free(t);
+        free(p);
+    }
+    free(out);
+    free(cmd);
+    remove_tree(dir);
+    free(dir);
+}
+
+/* The setting: 0 or 1, from train{} or --set; anything else is refused
+ * with the script's file and line (train{}) or the flag (--set). */
+static void test_setting(void **state)
+{
+    (void)state;
+    char *d = scratch_dir("zero_set"), *text = read_file("models/mlp.lua");
+    assert_non_null(text);
+    char *at = strstr(text, "\ntrain{");
+    assert_non_null(at);
+    int line = 2;
+    for (const char *q = text; q < at; q++)
+        line += *q == '\n';
+    *at = 0;
+    char *script = xasprintf("%s\ntrain{zero = 2, %s", text, at + 7);
+    char *path = xasprintf("%s/m.lua", d);
+    write_file(path, script);
+    const char *bin = getenv("KILN_BIN");
+    char *cmd = xasprintf("%s compile %s --nproc 2", bin, path), *out = NULL;
+    assert_int_not_equal(run_cmd(cmd, &out), 0);
+    char *want = xasprintf("%s:%d: train: bad value for 'zero' (expected an integer from 0 to "
+                           "1, got 2)", path, line);
+    if (!strstr(out, want))
+        fail_msg("expected \"%s\" in: %s", want, out);
+    free(out);
+    free(cmd);
+    cmd = xasprintf("%s compile models/mlp.lua --nproc 2 --set zero=yes", bin);
+    assert_int_not_equal(run_cmd(cmd, &out), 0);
+    assert_non_null(strstr(out, "--set zero: expected an integer from 0 to 1"));
+    free(out);
+    free(cmd);
+    free(want);
+    free(path);
+    free(script);
+    free(text);
+    remove_tree(d);
+    free(d);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_geometry),
+        cmocka_unit_test(test_setting),
+        cmocka_unit_test(test_interp_one_rank),
+        cmocka_unit_test(test_placement),
+        cmocka_unit_test(test_remat),
+        cmocka_unit_test(test_equivalence),
+        cmocka_unit_test(test_checkpoints),
+        cmocka_unit_test(test_report),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
