@@ -17,12 +17,14 @@
  *            (causal: from the diagonal on), P^T, dV += P^T dO, dS^T, dK +=
  *            scale dS^T Q. No atomics: every output element has one writer
  *            (deterministic, like the rest of kiln's CUDA path).
- * Every product is a warp-level 16 x 8 x 16 tile product (kiln_mma_t::run):
- * a warp owns 16 rows of its block's tile. In bf16 it is the tensor-core
- * mma.sync.m16n8k16 (inline PTX, sm_80 and later); in f32 (and under the
- * emulator, KILN_CUDA_EMU_H, which cannot run inline asm) the same fragment
- * layout is reduced with warp shuffles and f32 FMAs, so the emulator checks
- * the layout logic the PTX path relies on. Tiles sit in static shared memory
+ * Every product is a warp-level product into the 16 x 8 C-fragment layout of
+ * mma.m16n8k16: a warp owns 16 rows of its block's tile. In bf16 each 16 x 8
+ * x 16 tile is the tensor-core mma.sync.m16n8k16 (inline PTX, sm_80 and
+ * later, kiln_mma_t::run); under the emulator (KILN_CUDA_EMU_H, which cannot
+ * run inline asm) the same fragments are reduced with warp shuffles and f32
+ * FMAs (kiln_mma_shfl), so the emulator checks the layout logic the PTX path
+ * relies on. In f32 each lane computes its own C elements from shared memory
+ * (and from its quad's registers for P, dS): kiln_warp_mm_f32/pm_f32. Tiles sit in static shared memory
  * with the head sizes padded to a multiple of 16 (zeros), so any head size
  * works; the tile sizes are chosen so that the shared memory stays within
  * 48 KiB (attn_tiles). Accumulation and softmax are f32; bf16 operands of
@@ -68,8 +70,8 @@ const char cg_cuda_attn_lib[] =
     " *   B (16 x 8, col):  b0 = (k 2t..2t+1, n g), b1 = (k 2t+8.., n g);\n"
     " *   C, D (16 x 8):    c0, c1 = (g, 2t), (g, 2t+1); c2, c3 = (g+8, 2t), (g+8, 2t+1).\n"
     " * This reduction reads the other lanes' fragments with shuffles and\n"
-    " * computes with f32 FMAs: the f32 path on the GPU, and the bf16 path\n"
-    " * under the emulator. Called by all 32 lanes. */\n"
+    " * computes with f32 FMAs: the bf16 path under the emulator. Called by\n"
+    " * all 32 lanes. */\n"
     "template <class M>\n"
     "__device__ __forceinline__ void kiln_mma_shfl(float c[4], const typename M::R a[4],\n"
     "                                              const typename M::R b[2])\n"
@@ -89,6 +91,7 @@ const char cg_cuda_attn_lib[] =
     "}\n"
     "template <> struct kiln_mma_t<kiln_bf16> {\n"
     "    typedef uint32_t R; /* two bf16, the lower k in the low half */\n"
+    "    enum { DIRECT = 0 };\n"
     "    static __device__ __forceinline__ R pack(kiln_bf16 lo, kiln_bf16 hi)\n"
     "    {\n"
     "        return (uint32_t)lo | ((uint32_t)hi << 16);\n"
@@ -119,33 +122,78 @@ const char cg_cuda_attn_lib[] =
     "#endif\n"
     "    }\n"
     "};\n"
+    "/* f32 needs no fragments: kiln_warp_mm and kiln_warp_pm take the direct\n"
+    " * path below. */\n"
     "template <> struct kiln_mma_t<float> {\n"
-    "    struct R {\n"
-    "        float x, y; /* two consecutive k */\n"
-    "    };\n"
-    "    static __device__ __forceinline__ R pack(float lo, float hi)\n"
-    "    {\n"
-    "        R r;\n"
-    "        r.x = lo;\n"
-    "        r.y = hi;\n"
-    "        return r;\n"
-    "    }\n"
-    "    static __device__ __forceinline__ R packf(float lo, float hi) { return pack(lo, hi); }\n"
-    "    static __device__ __forceinline__ R shfl(R r, int src)\n"
-    "    {\n"
-    "        return pack(__shfl_sync(0xffffffffu, r.x, src), __shfl_sync(0xffffffffu, r.y, src));\n"
-    "    }\n"
-    "    static __device__ __forceinline__ float dot(R a, R b) { return a.x * b.x + a.y * b.y; }\n"
-    "    static __device__ __forceinline__ void run(float c[4], const R a[4], const R b[2])\n"
-    "    {\n"
-    "        kiln_mma_shfl<kiln_mma_t<float> >(c, a, b);\n"
-    "    }\n"
+    "    enum { DIRECT = 1 };\n"
     "};\n"
+    "/* The f32 products (kiln_mma_t<float>::DIRECT): each lane computes its own\n"
+    " * C elements (rows g, g + 8; columns 2t, 2t + 1 of every 8-column tile)\n"
+    " * with f32 FMAs over k in order, reading A and B straight from shared\n"
+    " * memory (kiln_warp_mm_f32), or, for P in registers, fetching the rows'\n"
+    " * 16 columns a k-tile from the 4 lanes of its quad (kiln_warp_pm_f32): 32\n"
+    " * shuffles a k-tile instead of 64 a 16 x 8 x 16 product. Same results as\n"
+    " * the fragment path up to the order of the f32 sums; ptxas compiles it in\n"
+    " * a fraction of the time (sm_80 took minutes a kernel on the shuffles). */\n"
+    "template <int KD, int NT>\n"
+    "__device__ __forceinline__ void kiln_warp_mm_f32(float (*acc)[4], const float *A, int lda,\n"
+    "                                                 const float *B, int sn, int sk)\n"
+    "{\n"
+    "    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;\n"
+    "    const float *r0 = A + g * lda, *r1 = r0 + 8 * lda, *c0 = B + 2 * t * sn;\n"
+    "#pragma unroll 4\n"
+    "    for (int k = 0; k < KD; k++) {\n"
+    "        const float x0 = r0[k], x1 = r1[k];\n"
+    "#pragma unroll\n"
+    "        for (int j = 0; j < NT; j++) {\n"
+    "            const float b0 = c0[8 * j * sn + k * sk], b1 = c0[(8 * j + 1) * sn + k * sk];\n"
+    "            acc[j][0] += x0 * b0;\n"
+    "            acc[j][1] += x0 * b1;\n"
+    "            acc[j][2] += x1 * b0;\n"
+    "            acc[j][3] += x1 * b1;\n"
+    "        }\n"
+    "    }\n"
+    "}\n"
+    "template <int KT, int NT>\n"
+    "__device__ __forceinline__ void kiln_warp_pm_f32(float (*acc)[4], const float (*p)[4],\n"
+    "                                                 const float *B, int sn, int sk)\n"
+    "{\n"
+    "    const int lane = threadIdx.x & 31, t = lane & 3;\n"
+    "    const float *c0 = B + 2 * t * sn;\n"
+    "#pragma unroll\n"
+    "    for (int kk = 0; kk < KT; kk++)\n"
+    "#pragma unroll\n"
+    "        for (int u = 0; u < 4; u++) {\n"
+    "            /* lane u of the quad holds columns 2u, 2u + 1, 2u + 8, 2u + 9 */\n"
+    "            const int src = (lane & ~3) | u;\n"
+    "            float x0[4], x1[4]; /* rows g, g + 8 at those four columns */\n"
+    "#pragma unroll\n"
+    "            for (int h = 0; h < 2; h++) {\n"
+    "                x0[2 * h] = __shfl_sync(0xffffffffu, p[2 * kk + h][0], src);\n"
+    "                x0[2 * h + 1] = __shfl_sync(0xffffffffu, p[2 * kk + h][1], src);\n"
+    "                x1[2 * h] = __shfl_sync(0xffffffffu, p[2 * kk + h][2], src);\n"
+    "                x1[2 * h + 1] = __shfl_sync(0xffffffffu, p[2 * kk + h][3], src);\n"
+    "            }\n"
+    "#pragma unroll\n"
+    "            for (int e = 0; e < 4; e++) {\n"
+    "                const int k = 16 * kk + 2 * u + (e & 1) + 8 * (e >> 1);\n"
+    "#pragma unroll\n"
+    "                for (int j = 0; j < NT; j++) {\n"
+    "                    const float b0 = c0[8 * j * sn + k * sk];\n"
+    "                    const float b1 = c0[(8 * j + 1) * sn + k * sk];\n"
+    "                    acc[j][0] += x0[e] * b0;\n"
+    "                    acc[j][1] += x0[e] * b1;\n"
+    "                    acc[j][2] += x1[e] * b0;\n"
+    "                    acc[j][3] += x1[e] * b1;\n"
+    "                }\n"
+    "            }\n"
+    "        }\n"
+    "}\n"
     "/* acc[NT] (16 x 8*NT, C layout) += A B: A is 16 x KD at A[m * lda + k] (row\n"
     " * major), B is KD x 8*NT at B[n * sn + k * sk]. KD a multiple of 16. */\n"
     "template <class E, int KD, int NT>\n"
-    "__device__ __forceinline__ void kiln_warp_mm(float (*acc)[4], const E *A, int lda, const E *B,\n"
-    "                                             int sn, int sk)\n"
+    "__device__ __forceinline__ void kiln_warp_mm_frag(float (*acc)[4], const E *A, int lda,\n"
+    "                                                  const E *B, int sn, int sk)\n"
     "{\n"
     "    typedef kiln_mma_t<E> M;\n"
     "    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;\n"
@@ -170,8 +218,8 @@ const char cg_cuda_attn_lib[] =
     "/* acc[NT] += P B: P is 16 x 16*KT held in registers in the C layout\n"
     " * (p[2*KT]: the result of a kiln_warp_mm), rounded to E; B as above. */\n"
     "template <class E, int KT, int NT>\n"
-    "__device__ __forceinline__ void kiln_warp_pm(float (*acc)[4], const float (*p)[4], const E *B,\n"
-    "                                             int sn, int sk)\n"
+    "__device__ __forceinline__ void kiln_warp_pm_frag(float (*acc)[4], const float (*p)[4],\n"
+    "                                                  const E *B, int sn, int sk)\n"
     "{\n"
     "    typedef kiln_mma_t<E> M;\n"
     "    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;\n"
@@ -191,6 +239,25 @@ const char cg_cuda_attn_lib[] =
     "            M::run(acc[j], a, b);\n"
     "        }\n"
     "    }\n"
+    "}\n"
+    "/* The products the kernels call: fragments (bf16) or the direct f32 path. */\n"
+    "template <class E, int KD, int NT>\n"
+    "__device__ __forceinline__ void kiln_warp_mm(float (*acc)[4], const E *A, int lda, const E *B,\n"
+    "                                             int sn, int sk)\n"
+    "{\n"
+    "    if constexpr (kiln_mma_t<E>::DIRECT)\n"
+    "        kiln_warp_mm_f32<KD, NT>(acc, A, lda, B, sn, sk);\n"
+    "    else\n"
+    "        kiln_warp_mm_frag<E, KD, NT>(acc, A, lda, B, sn, sk);\n"
+    "}\n"
+    "template <class E, int KT, int NT>\n"
+    "__device__ __forceinline__ void kiln_warp_pm(float (*acc)[4], const float (*p)[4], const E *B,\n"
+    "                                             int sn, int sk)\n"
+    "{\n"
+    "    if constexpr (kiln_mma_t<E>::DIRECT)\n"
+    "        kiln_warp_pm_f32<KT, NT>(acc, p, B, sn, sk);\n"
+    "    else\n"
+    "        kiln_warp_pm_frag<E, KT, NT>(acc, p, B, sn, sk);\n"
     "}\n"
     "/* Rows [r0, r0 + R) of x [T, W] (row-major) into S [R][LD], zero where\n"
     " * r >= T or the column >= W (the padding up to LD's used width WP). */\n"
@@ -624,7 +691,12 @@ bool cg_print_cuda_attn(CgBuf *b, const CgCudaAttn *a, const char *name, CgCudaF
     const char *E = a->dt == DT_BF16 ? "kiln_bf16" : "float";
     const char *C = a->causal ? "true" : "false";
     long long D = a->d, DV = a->dv;
-    cg_printf(b, "extern \"C\" __global__ void __launch_bounds__(%d) %s(", 32 * nw, name);
+    /* a forward of 4 warps asks for 3 blocks per SM: a register ceiling of
+     * 168 (65536 / 384). Left to itself ptxas aimed at 4 blocks (128
+     * registers) and spilled in the non-causal bf16 forward on sm_80. */
+    int minb = a->kind == CG_CUDA_ATTN_FWD && nw == 4 ? 3 : 1;
+    cg_printf(b, "extern \"C\" __global__ void __launch_bounds__(%d, %d) %s(", 32 * nw, minb,
+              name);
     /* the signature: only the buffers this function reads or writes */
     switch (a->kind) {
     case CG_CUDA_ATTN_FWD:
