@@ -694,9 +694,10 @@ bool cg_print_cuda_attn(CgBuf *b, const CgCudaAttn *a, const char *name, CgCudaF
     /* a forward of 4 warps asks for 3 blocks per SM: a register ceiling of
      * 168 (65536 / 384). Left to itself ptxas aimed at 4 blocks (128
      * registers) and spilled in the non-causal bf16 forward on sm_80. */
-    int minb = a->kind == CG_CUDA_ATTN_FWD && nw == 4 ? 3 : 1;
-    cg_printf(b, "extern \"C\" __global__ void __launch_bounds__(%d, %d) %s(", 32 * nw, minb,
-              name);
+    if (a->kind == CG_CUDA_ATTN_FWD && nw == 4)
+        cg_printf(b, "extern \"C\" __global__ void __launch_bounds__(%d, 3) %s(", 32 * nw, name);
+    else
+        cg_printf(b, "extern \"C\" __global__ void __launch_bounds__(%d) %s(", 32 * nw, name);
     /* the signature: only the buffers this function reads or writes */
     switch (a->kind) {
     case CG_CUDA_ATTN_FWD:
