@@ -61,6 +61,17 @@ const char cg_cuda_attn_lib[] =
     "{\n"
     "    *d = p[i];\n"
     "}\n"
+    "/* The __launch_bounds__ of a 4-warp forward (cg_print_cuda_attn), by\n"
+    " * architecture: left to itself ptxas spilled (f32 head size 40 on sm_90,\n"
+    " * bf16 non-causal head size 64 on sm_80). 3 blocks per SM: at most 168\n"
+    " * registers; 4: 128. */\n"
+    "#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900\n"
+    "#define KILN_ATTN_FWD4_BF16 128, 3\n"
+    "#define KILN_ATTN_FWD4_F32 128, 3\n"
+    "#else\n"
+    "#define KILN_ATTN_FWD4_BF16 128\n"
+    "#define KILN_ATTN_FWD4_F32 128, 4\n"
+    "#endif\n"
     "template <class E> struct kiln_mma_t;\n"
     "/* The m16n8k16 tile product of one warp, D = A B + C, on fragments laid\n"
     " * out as the PTX ISA documents for mma.m16n8k16 (g = lane / 4, t = lane %\n"
@@ -691,11 +702,10 @@ bool cg_print_cuda_attn(CgBuf *b, const CgCudaAttn *a, const char *name, CgCudaF
     const char *E = a->dt == DT_BF16 ? "kiln_bf16" : "float";
     const char *C = a->causal ? "true" : "false";
     long long D = a->d, DV = a->dv;
-    /* a forward of 4 warps asks for 3 blocks per SM: a register ceiling of
-     * 168 (65536 / 384). Left to itself ptxas aimed at 4 blocks (128
-     * registers) and spilled in the non-causal bf16 forward on sm_80. */
+    /* a forward of 4 warps: bounds by architecture (KILN_ATTN_FWD4_*) */
     if (a->kind == CG_CUDA_ATTN_FWD && nw == 4)
-        cg_printf(b, "extern \"C\" __global__ void __launch_bounds__(%d, 3) %s(", 32 * nw, name);
+        cg_printf(b, "extern \"C\" __global__ void __launch_bounds__(KILN_ATTN_FWD4_%s) %s(",
+                  a->dt == DT_BF16 ? "BF16" : "F32", name);
     else
         cg_printf(b, "extern \"C\" __global__ void __launch_bounds__(%d) %s(", 32 * nw, name);
     /* the signature: only the buffers this function reads or writes */
