@@ -2,13 +2,15 @@
  * emulated device against a double-precision naive attention computed here
  * from the same (stored) inputs: o, lse, dq, dk and dv, f32 and bf16 (the
  * bf16 tensor-core path runs its documented m16n8k16 fragment layout through
- * the emulator's shuffle implementation), causal and not, T = 1, T not a
- * multiple of any tile, head sizes 32, 64, 128 and odd ones (24, 40), Tq !=
- * Tk. The interpreter (ir/interp.c) does not implement the attention ops on
- * this branch, so the reference is this file's own.
+ * the emulator's shuffle implementation; f32 runs its own direct products),
+ * causal and not, T = 1, T not a multiple of any tile, head sizes 32, 64,
+ * 128 and odd ones (24, 40), Tq != Tk. The interpreter (ir/interp.c) does
+ * not implement the attention ops on this branch, so the reference is this
+ * file's own.
  *
  * Negative controls (each must make the comparison fail): the shuffle
  * reduction reading A's rows g and g+8 swapped (a wrong fragment mapping),
+ * the f32 product of P fetching its columns from the wrong lanes,
  * the forward skipping its last key tile, the dk/dv kernel starting one
  * query tile late under the causal mask. */
 #include "cg_cuda.h"
@@ -333,6 +335,10 @@ static void test_negative_controls(void **state)
     static const int bfc[] = {6, 8};
     negative("const typename M::R a0 = M::shfl(a[0], sa), a1 = M::shfl(a[1], sa);",
              "const typename M::R a0 = M::shfl(a[1], sa), a1 = M::shfl(a[0], sa);", bfc, 2);
+    /* f32: P's columns fetched from the wrong lanes of the quad */
+    static const int f32c[] = {1, 3};
+    negative("const int src = (lane & ~3) | u;", "const int src = (lane & ~3) | (3 - u);", f32c,
+             2);
     /* the forward skips its last key tile */
     static const int fw[] = {1, 3};
     negative("for (int kt = 0; kt < ntiles; kt++) {\n        __syncthreads();\n        "

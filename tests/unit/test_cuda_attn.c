@@ -110,6 +110,11 @@ static void test_cost(void **state)
     assert_true(cg_print_cuda_attn(&b, &a, "dq", &fn, &d));
     assert_true(fn.attn && fn.mma && fn.threads == 128 && fn.blocks == 192 * 16);
     assert_non_null(strstr(b.s, "extern \"C\" __global__ void __launch_bounds__(128) dq("));
+    /* a 4-warp forward takes its bounds by architecture (no spill on sm_90
+     * or sm_80, see cuda_attn.c) */
+    CgCudaAttn fa = gpt2(CG_CUDA_ATTN_FWD, false, DT_BF16);
+    assert_true(cg_print_cuda_attn(&b, &fa, "fwd", NULL, &d));
+    assert_non_null(strstr(b.s, "extern \"C\" __global__ void __launch_bounds__(KILN_ATTN_FWD4_BF16) fwd("));
     assert_non_null(strstr(b.s, "kiln_attn_dq<kiln_bf16, 64, 64, 4,"));
     double fq, bq;
     assert_true(cg_cuda_attn_tiles(&a, &nw, &bt));

@@ -457,9 +457,9 @@ static void test_cubin_damaged(void **state)
     free(dir);
 }
 
-/* The checks of compile_plan see what they look for: an NVRTC warning and
- * a kernel that spills registers (96 live floats under a 32-register
- * budget). */
+/* The checks of compile_plan and of the attention kernels see what they
+ * look for: an NVRTC warning and a kernel that spills registers (96 live
+ * floats under a 32-register budget), in the log and per function. */
 static void test_checks_bite(void **state)
 {
     (void)state;
@@ -485,35 +485,27 @@ static void test_checks_bite(void **state)
     long sp = spills(b.log, where, sizeof where);
     if (sp <= 0 || !strstr(where, "sp"))
         fail_msg("no spill found in:\n%s", b.log);
+    /* cg_cuda_ptxas (what the attention check reads per function) sees it */
+    CgCudaFn fns[2] = {{.name = "w"}, {.name = "sp"}};
+    CgCudaProgram q;
+    memset(&q, 0, sizeof q);
+    q.fn.v = fns;
+    q.fn.n = q.fn.cap = 2;
+    cg_cuda_ptxas(&q, b.log);
+    if (q.ptxas_fns != 2 || fns[1].spill <= 0 || fns[0].spill != 0 || fns[1].regs > 32)
+        fail_msg("cg_cuda_ptxas: %d functions, sp spills %d bytes in %d registers, w %d:\n%s",
+                 q.ptxas_fns, fns[1].spill, fns[1].regs, fns[0].spill, b.log);
     rt_cuda_binary_free(&b);
-}
-
-/* Prints the name of every function whose ptxas report shows spills. */
-static void print_spilling(const char *log)
-{
-    const char *fn = NULL;
-    for (const char *l = log; *l;) {
-        const char *e = strchr(l, '\n');
-        size_t n = e ? (size_t)(e - l) : strlen(l);
-        const char *f = strstr(l, "Function properties for ");
-        if (f && f < l + n)
-            fn = f + 24;
-        const char *sp = strstr(l, "bytes spill stores");
-        if (sp && sp < l + n && fn) {
-            const char *c = strchr(l, ',');
-            if (c && c < sp && strtol(c + 1, NULL, 10) > 0)
-                fprintf(stderr, "spills: %.*s\n", (int)strcspn(fn, "\n"), fn);
-        }
-        l += n + (e ? 1 : 0);
-    }
 }
 
 /* The fused attention kernels (codegen/cuda_attn.c) on their own: forward
  * (o and lse, o alone, lse alone), dq and dk+dv (both, dv alone), f32 and
  * bf16, causal and not, head sizes 32, 64 and 128 and an odd one (40)
- * (34 functions),
- * compiled for sm_90 and sm_80: no error, no warning, no register spill,
- * every function in the cubin. */
+ * (34 functions, no two alike), in one program compiled for sm_90 and
+ * sm_80 (in parallel): no error, no warning, every function in the cubin,
+ * ptxas' figures (registers, shared memory, spills: cg_cuda_ptxas, what the
+ * cost model reads) for every function, and no register spill in any of
+ * them on either architecture. */
 static void test_attention_kernels(void **state)
 {
     (void)state;
@@ -534,20 +526,24 @@ static void test_attention_kernels(void **state)
         {0, 32, 0, 1, 1, 1},  {0, 64, 0, 1, 1, 1},  {0, 32, 0, 1, 0, 1},  {0, 64, 1, 0, 1, 1},
         {2, 64, 1, 1, 1, 0},
     };
-    VEC(char *) names = {0};
+    enum { NF = sizeof forms / sizeof forms[0] };
+    CgCudaFn fns[2 * NF];
+    memset(fns, 0, sizeof fns);
     for (int bf = 0; bf < 2; bf++)
-        for (size_t i = 0; i < sizeof forms / sizeof forms[0]; i++) {
+        for (int i = 0; i < NF; i++) {
             CgCudaAttn a = {.kind = (CgCudaAttnKind)forms[i].kind, .causal = forms[i].causal,
                             .scale = 0.125, .dt = bf ? DT_BF16 : DT_F32, .bh = 12, .tq = 1024,
                             .tk = 1024, .d = forms[i].d, .dv = forms[i].d, .want_o = forms[i].o,
                             .want_lse = forms[i].lse, .want_dk = forms[i].dk, .want_dv = true};
-            char *name = xasprintf("attn_%s_%zu", bf ? "bf16" : "f32", i);
+            CgCudaFn *f = &fns[bf * NF + i];
+            f->name = xasprintf("attn_%s_%d", bf ? "bf16" : "f32", i);
             Diag d = {{0}};
-            assert_true(cg_print_cuda_attn(&b, &a, name, NULL, &d));
-            vec_push(&names, name);
+            assert_true(cg_print_cuda_attn(&b, &a, f->name, f, &d));
         }
     enum { NA = sizeof archs / sizeof archs[0] };
     Job job[NA];
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     /* the first compile loads the module; the others then run in parallel */
     job[0] = (Job){.src = b.s, .arch = archs[0]};
     compile_job(&job[0]);
@@ -559,36 +555,53 @@ static void test_attention_kernels(void **state)
     }
     for (int a = 1; a < NA; a++)
         pthread_join(th[a], NULL);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    /* the figures of every function, per architecture */
+    CgCudaProgram q;
+    memset(&q, 0, sizeof q);
+    q.fn.v = fns;
+    q.fn.n = q.fn.cap = 2 * NF;
     for (int a = 0; a < NA; a++) {
         RtCudaBinary bin = job[a].b;
         if (!job[a].ok)
             fail_msg("attention kernels (%s): %s", archs[a], job[a].d.msg);
         if (strstr(bin.log, "warning"))
             fail_msg("attention kernels (%s): NVRTC warnings:\n%s", archs[a], bin.log);
-        char where[512] = "";
-        long sp = spills(bin.log, where, sizeof where);
-        /* issue 16 asks sm_90 for no spills; sm_80 spills 8 bytes in one bf16
-         * forward kernel (attn_bf16_13): known, reported, not yet fixed */
-        if (sp > 0 && strcmp(archs[a], "sm_90") != 0) {
-            print_spilling(bin.log);
-            print_message("KNOWN: attention kernels (%s): %ld bytes of register spills\n",
-                          archs[a], sp);
-        } else if (sp > 0) {
-            print_spilling(bin.log);
-            fail_msg("attention kernels (%s): %ld bytes of register spills, first at:\n%s",
-                     archs[a], sp, where);
+        for (int i = 0; i < q.fn.n; i++)
+            if (!contains(bin.cubin, bin.size, fns[i].name))
+                fail_msg("attention kernels: the cubin lacks %s", fns[i].name);
+        for (int i = 0; i < q.fn.n; i++)
+            fns[i].regs = fns[i].smem = fns[i].spill = 0;
+        cg_cuda_ptxas(&q, bin.log);
+        if (q.ptxas_fns != q.fn.n)
+            fail_msg("attention kernels (%s): ptxas figures for %d of %d functions", archs[a],
+                     q.ptxas_fns, q.fn.n);
+        int maxregs = 0;
+        for (int i = 0; i < q.fn.n; i++) {
+            if (fns[i].spill > 0)
+                fail_msg("attention kernels (%s): %s spills %d bytes (ptxas: %d registers)",
+                         archs[a], fns[i].name, fns[i].spill, fns[i].regs);
+            if (fns[i].smem > 48 * 1024)
+                fail_msg("attention kernels (%s): %s uses %d bytes of static shared memory",
+                         archs[a], fns[i].name, fns[i].smem);
+            maxregs = fns[i].regs > maxregs ? fns[i].regs : maxregs;
         }
-        for (int i = 0; i < names.n; i++)
-            if (!contains(bin.cubin, bin.size, names.v[i]))
-                fail_msg("attention kernels: the cubin lacks %s", names.v[i]);
+        /* the log's own spill lines agree (the parse above is not blind) */
+        char where[512] = "";
+        if (spills(bin.log, where, sizeof where) > 0)
+            fail_msg("attention kernels (%s): register spills, first at:\n%s", archs[a], where);
+        fprintf(stderr, "attention (%s): %d functions, at most %d registers, no spills\n",
+                archs[a], q.fn.n, maxregs);
         ncompiles++;
         rt_cuda_binary_free(&bin);
     }
-    fprintf(stderr, "attention: %d functions compiled for sm_90 and sm_80, no spills\n",
-            names.n);
-    for (int i = 0; i < names.n; i++)
-        free(names.v[i]);
-    vec_free(&names);
+    fprintf(stderr, "attention: NVRTC %.1f s for sm_90 and sm_80%s\n",
+            (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec),
+            job[0].b.cached ? " (cached)" : "");
+    for (int i = 0; i < q.fn.n; i++) {
+        free(fns[i].name);
+        free(fns[i].param);
+    }
     free(b.s);
 }
 
