@@ -296,7 +296,8 @@ static void canonical_ids(Grow *w)
     for (int q = 0; q < f->g->ops.n; q++)
         if (f->gof[q] >= 0)
             f->gof[q] = to[f->gof[q]];
-    memcpy(f->gr.v, gr, sizeof(FGroup) * (size_t)ng);
+    if (ng)
+        memcpy(f->gr.v, gr, sizeof(FGroup) * (size_t)ng);
     free(gr);
     free(to);
 }
@@ -343,7 +344,8 @@ void pass_fuse_grow(Fuser *f)
                 s->pend.v[m++] = b;
         }
         s->pend.n = m;
-        qsort(s->pend.v, (size_t)m, sizeof(int), cmp_int);
+        if (m > 1) /* an empty list may have no array (qsort's pointer is nonnull) */
+            qsort(s->pend.v, (size_t)m, sizeof(int), cmp_int);
     }
     canonical_ids(&w);
     for (int G = 0; G < f->gr.n; G++)
