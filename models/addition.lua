@@ -1,6 +1,8 @@
 -- addition.lua - a small transformer that learns n-digit addition from
 -- character sequences (data = "addition"); trains to > 95% exact match in a
--- few minutes on 2 CPU cores with the defaults.
+-- few minutes on 2 CPU cores with the defaults (tests/cli/train_addition.sh
+-- checks it). Not every seed does: of seeds 1 to 5 at 3000 steps, seed 2
+-- ends at 87.7% (0.6% with --fuse-attention); docs/fusion.md has the runs.
 --
 -- Token alphabet (V = 14):
 --   0..9  the digits "0".."9"      10  "+"      11  "="
