@@ -326,8 +326,8 @@ static bool setup_comm(Exec *e, Diag *d)
         return false;
     e->dev_comm = true;
     if (x->comm_events && c) {
-        e->ncev = nb;
-        e->cev = xcalloc((size_t)nb + 1, sizeof(RtCommEvent));
+        e->ncev = 2 * nb; /* zero=1: a gather carried from the last run, too */
+        e->cev = xcalloc((size_t)e->ncev + 1, sizeof(RtCommEvent));
         rt_comm_set_source(c, pull_comm, e);
     }
     return true;

@@ -133,7 +133,8 @@ KcComm *kc_comm_open(const RtCommGroup *g, const CgPlan *p, const DType *storage
 /* Waits for the communication stream and frees everything (NULL: nothing). */
 void kc_comm_close(KcComm *k);
 /* A run begins (before its first plan step): forgets the last run's
- * buckets, except all-gathers started and not waited for (carried). */
+ * buckets, except all-gathers (one started in the last run may be waited
+ * for in this one, even before this call: the executor's setup_defer). */
 void kc_comm_run_begins(KcComm *k);
 /* Plan step s (CG_STEP_ALLREDUCE_START): event on the compute stream, the
  * communication stream waits on it, ncclAllReduce(ncclAvg) of every tensor

@@ -211,7 +211,11 @@ typedef struct {
     CUdeviceptr snap_src, snap_dst; /* all-gather: this rank's part of the shard, */
     size_t snap_bytes;               /* copied into the snapshot at the start */
     CUevent ready, t0, done, w;
-    bool started, waited;    /* in the current run (an all-gather: or carried) */
+    bool started, waited;    /* in the current run (an all-gather: since its start) */
+    bool counted;            /* reported by kc_comm_events since its start */
+    CUevent pt0, pdone, pw;  /* an all-gather's previous t0, done, w: waited for in the
+                                run after its start, not yet reported when it restarts */
+    bool prev;               /* pt0, pdone, pw await kc_comm_events */
 } Bucket;
 
 struct KcComm {
@@ -237,7 +241,11 @@ static bool make_events(Bucket *b, Diag *d)
     return DRV(fn.cuEventCreate(&b->ready, CU_EVENT_DISABLE_TIMING), d) &&
            DRV(fn.cuEventCreate(&b->t0, CU_EVENT_DEFAULT), d) &&
            DRV(fn.cuEventCreate(&b->done, CU_EVENT_DEFAULT), d) &&
-           DRV(fn.cuEventCreate(&b->w, CU_EVENT_DEFAULT), d);
+           DRV(fn.cuEventCreate(&b->w, CU_EVENT_DEFAULT), d) &&
+           (b->coll != CG_COLL_ALL_GATHER ||
+            (DRV(fn.cuEventCreate(&b->pt0, CU_EVENT_DEFAULT), d) &&
+             DRV(fn.cuEventCreate(&b->pdone, CU_EVENT_DEFAULT), d) &&
+             DRV(fn.cuEventCreate(&b->pw, CU_EVENT_DEFAULT), d)));
 }
 
 /* A sharded bucket (zero=1; ir.h, AK_SHARD) as NCCL calls: its tensors
@@ -486,8 +494,8 @@ void kc_comm_close(KcComm *k)
         fn.ncclCommDestroy(k->nc);
     for (int i = 0; k->b && i < k->nb; i++) {
         Bucket *b = &k->b[i];
-        CUevent ev[] = {b->ready, b->t0, b->done, b->w};
-        for (int e = 0; e < 4; e++)
+        CUevent ev[] = {b->ready, b->t0, b->done, b->w, b->pt0, b->pdone, b->pw};
+        for (int e = 0; e < 7; e++)
             if (ev[e])
                 fn.cuEventDestroy(ev[e]);
         free(b->ptr);
@@ -517,11 +525,12 @@ void kc_comm_run_begins(KcComm *k)
         return;
     for (int i = 0; i < k->nb; i++) {
         Bucket *b = &k->b[i];
-        if (b->coll == CG_COLL_ALL_GATHER && b->started && !b->waited)
-            continue; /* carried into this run (the executor's setup_defer) */
-        b->started = b->waited = false;
+        /* an all-gather keeps its state until its next start: one started in
+         * the last run may be waited for in this one (the executor's
+         * setup_defer), even before this call */
+        if (b->coll != CG_COLL_ALL_GATHER)
+            b->started = b->waited = false;
     }
-    k->pending = false;
 }
 
 bool kc_shard_pack(KcComm *k, int s, Diag *d)
@@ -564,6 +573,12 @@ bool kc_allreduce_start(KcComm *k, int s, Diag *d)
     Bucket *b = bucket_of(k, s, CG_STEP_ALLREDUCE_START, d);
     if (!b)
         return false;
+    if (b->coll == CG_COLL_ALL_GATHER && b->started && b->waited && !b->counted) {
+        CUevent t0 = b->t0, done = b->done, w = b->w; /* keep the last gather's times */
+        b->t0 = b->pt0, b->done = b->pdone, b->w = b->pw;
+        b->pt0 = t0, b->pdone = done, b->pw = w;
+        b->prev = true;
+    }
     /* an all-gather reads a snapshot of this rank's part, taken in compute
      * stream order: the shard's bytes may be reused before the gather ends */
     if (b->snap_bytes &&
@@ -607,7 +622,7 @@ bool kc_allreduce_start(KcComm *k, int s, Diag *d)
     if (!DRV(fn.cuEventRecord(b->done, k->comm), d))
         return false;
     b->started = true;
-    b->waited = false;
+    b->waited = b->counted = false;
     return true;
 }
 
@@ -650,17 +665,25 @@ int kc_comm_events(KcComm *k, CUevent begin, double host_begin, RtCommEvent *ev,
     int n = 0;
     for (int i = 0; i < k->nb; i++) {
         Bucket *b = &k->b[i];
-        if (!b->started || !b->waited)
-            continue;
-        if (kc_wait_event(k, b->done) != CUDA_SUCCESS)
-            continue;
-        if (n < max) {
-            double t0 = elapsed_ms(begin, b->t0), t1 = elapsed_ms(begin, b->done);
-            ev[n++] = (RtCommEvent){i, b->bytes, host_begin + 1e-3 * t0, host_begin + 1e-3 * t1, 0};
+        for (int prev = 1; prev >= 0; prev--) {
+            CUevent t0 = prev ? b->pt0 : b->t0, done = prev ? b->pdone : b->done;
+            CUevent w = prev ? b->pw : b->w;
+            if (prev ? !b->prev : !b->started || !b->waited || b->counted)
+                continue;
+            if (kc_wait_event(k, done) != CUDA_SUCCESS)
+                continue;
+            if (prev)
+                b->prev = false;
+            else
+                b->counted = true;
+            double x = elapsed_ms(w, done);
+            x = x > 0 ? 1e-3 * x : 0;
+            if (n < max) /* a carried gather began before `begin`: a negative offset */
+                ev[n++] = (RtCommEvent){i, b->bytes, host_begin + 1e-3 * elapsed_ms(begin, t0),
+                                        host_begin + 1e-3 * elapsed_ms(begin, done),
+                                        (int)b->coll, x};
+            *exposed_s += x;
         }
-        double x = elapsed_ms(b->w, b->done);
-        if (x > 0)
-            *exposed_s += 1e-3 * x;
     }
     k->pending = false;
     return n;

@@ -16,7 +16,10 @@
 #                   ignores a constant added to every key, so the key third
 #                   of it gets only rounding noise, which Adam turns into
 #                   steps; tests/unit/test_zero.c leaves them out, here eps
-#                   1e-6 keeps them within the tolerance).
+#                   1e-6 keeps them within the tolerance). accum1 also
+#                   asks for the trace's reduce-scatter and all-gather
+#                   tracks (tids 3, 4) on both ranks and the report's line
+#                   per collective, from the device's events.
 #   ckpt            checkpoints: the step-6 file of 2 sharded GPU ranks
 #                   (batch 32 each) equals the one 1 GPU rank writes at
 #                   batch 64, moments included, within 1e-5; 2 sharded GPU
@@ -105,7 +108,9 @@ accum1 | accum2 | neg_bcast)
     run cpu_z1 cpu "${args[@]}" --set zero=1 --threads 1
     run gpu_z0 cuda "${args[@]}"
     [ "$case" = neg_bcast ] && extra_env=FAKE_NCCL_DROP_BCAST=3
-    run gpu_z1 cuda "${args[@]}" --set zero=1
+    trace=()
+    [ "$case" = accum1 ] && trace=(--trace "$T/t.json")
+    run gpu_z1 cuda "${args[@]}" --set zero=1 "${trace[@]}"
     if [ "$case" = neg_bcast ]; then
         out=$(cmp_losses gpu_z1 gpu_z0; cmp_params gpu_z1 gpu_z0)
         rc=$?
@@ -116,6 +121,17 @@ accum1 | accum2 | neg_bcast)
     fi
     grep -q "rank 0 of 2 (zero=1: reduce-scatters as grouped ncclReduce" "$T/gpu_z1.log" ||
         { echo "FAIL: the GPU run did not take the NCCL zero=1 path"; exit 1; }
+    if [ "$case" = accum1 ]; then # the device's events on the per-collective tracks
+        for r in "" .rank1; do
+            for k in "3:reduce-scatter" "4:all-gather"; do
+                grep -q "\"name\":\"${k#*:} bucket [0-9]*\"[^}]*\"tid\":${k%%:*}}" "$T/t$r.json" ||
+                    { echo "FAIL: no ${k#*:} bucket on track ${k%%:*} of t$r.json"; exit 1; }
+            done
+        done
+        grep -q "^comm by collective (zero=1" "$T/gpu_z1.log" ||
+            { echo "FAIL: no per-collective report"; exit 1; }
+        grep "^comm by collective" "$T/gpu_z1.log"
+    fi
     ok=0
     cmp_losses gpu_z1 gpu_z0 || ok=1
     cmp_losses gpu_z1 cpu_z1 || ok=1
