@@ -88,7 +88,7 @@ enum { NCCL_MIN_VERSION = 21003 };
 #define NCCL_FUNCS(X)                                                          \
     X(ncclGetVersion) X(ncclGetUniqueId) X(ncclCommInitRank)                   \
     X(ncclCommDestroy) X(ncclCommAbort) X(ncclAllReduce) X(ncclGroupStart)     \
-    X(ncclGroupEnd) X(ncclGetErrorString) X(ncclReduce) X(ncclBroadcast)
+    X(ncclGroupEnd) X(ncclGetErrorString)
 /* clang-format on */
 
 static struct {
@@ -103,6 +103,10 @@ static char nccl_why[512]; /* why NCCL cannot be used ("" when it can) */
  * waits for every peer) is bounded like the all-reduces; NULL before. */
 static __typeof__(&ncclCommInitRankConfig) init_config;
 static __typeof__(&ncclCommGetAsyncError) async_error;
+/* zero=1's collectives (every NCCL 2.10.3 has them; looked up apart so that
+ * a library without them still all-reduces) */
+static __typeof__(&ncclReduce) nccl_reduce;
+static __typeof__(&ncclBroadcast) nccl_bcast;
 
 int kc_device_ordinal(void)
 {
@@ -160,6 +164,8 @@ static bool nccl_open(void)
 #undef X
     *(void **)&init_config = dlsym(h, "ncclCommInitRankConfig");
     *(void **)&async_error = dlsym(h, "ncclCommGetAsyncError");
+    *(void **)&nccl_reduce = dlsym(h, "ncclReduce");
+    *(void **)&nccl_bcast = dlsym(h, "ncclBroadcast");
     if (fn.ncclGetVersion(&nccl_version) != ncclSuccess || nccl_version < NCCL_MIN_VERSION) {
         snprintf(nccl_why, sizeof nccl_why,
                  "NCCL is too old (version code %d; expected NCCL 2.10.3 or newer, for ncclAvg)",
@@ -260,6 +266,11 @@ static bool make_events(Bucket *b, Diag *d)
 static bool shard_pieces(KcComm *k, const CgStep *st, Bucket *b, const DType *storage, Diag *d)
 {
     const Graph *g = k->p->g;
+    if (!nccl_reduce || !nccl_bcast) {
+        kc_dmsg(d, "zero=1 on the GPU: libnccl.so.2 lacks ncclReduce or ncclBroadcast "
+                "(expected NCCL 2.10.3 or newer)");
+        return false;
+    }
     if (st->sh_nranks != k->size) {
         kc_dmsg(d, "plan bucket %d is sharded over %d ranks, the NCCL group has %d", st->bucket,
                 st->sh_nranks, k->size);
@@ -597,11 +608,11 @@ bool kc_allreduce_start(KcComm *k, int s, Diag *d)
     for (int i = 0; i < b->npc && ok; i++) {
         const Piece *q = &b->pc[i];
         if (b->coll == CG_COLL_REDUCE_SCATTER)
-            ok = NC(fn.ncclReduce((const void *)q->send, (void *)q->recv, q->count, ncclFloat32,
+            ok = NC(nccl_reduce((const void *)q->send, (void *)q->recv, q->count, ncclFloat32,
                                   ncclAvg, q->root, k->nc, cs),
                     d);
         else
-            ok = NC(fn.ncclBroadcast((const void *)q->send, (void *)q->recv, q->count,
+            ok = NC(nccl_bcast((const void *)q->send, (void *)q->recv, q->count,
                                      ncclFloat32, q->root, k->nc, cs),
                     d);
     }
