@@ -26,6 +26,21 @@
 #                   ranks resumed from the 1-rank step-3 file, and 1 GPU rank
 #                   resumed from the sharded one, end at the straight run's
 #                   params within 1e-5.
+#   neg_wait1, neg_wait8  negative controls (mlp, bucket_mb=0.01): the fake
+#                   driver ignores the 1st / 8th cuStreamWaitEvent of the run
+#                   (FAKE_CUDA_DROP_WAIT): the communication stream no longer
+#                   waits for the work before the first reduce-scatter
+#                   (1st) or for the second all-gather bucket's snapshot copy
+#                   (8th); the run must stop with the fake's race report
+#                   naming ncclReduce / ncclBroadcast. (Dropping a carried
+#                   gather's wait, the 9th or 10th, is not noticed on the
+#                   fakes: the host's wait for the loss at the end of a run
+#                   also polls every started bucket's done event (the hang
+#                   detection of cuda_nccl.c), and a query that succeeds
+#                   orders the next run's ops after the gather. The 2nd,
+#                   the second reduce-scatter's, was reported in only 7 of 8
+#                   runs (the fake's stream choice is random), so it is not
+#                   a test.)
 #   neg_bcast       negative control: accum1 with the fake NCCL's 3rd
 #                   ncclBroadcast writing nothing (FAKE_NCCL_DROP_BCAST=3, a
 #                   lost param gather): the comparison must fail.
@@ -154,6 +169,19 @@ ckpt)
     run r_one cuda "${c[@]}" --set batch=64 --resume "$T/zck.step3.safetensors"
     cmp_params r_one one || ok=1
     [ $ok -eq 0 ] || { echo "FAIL: checkpoints of sharded GPU ranks differ"; exit 1; }
+    ;;
+neg_wait1 | neg_wait8)
+    n=${case#neg_wait}
+    want=ncclReduce
+    [ "$n" = 8 ] && want=ncclBroadcast
+    env LD_LIBRARY_PATH="$FAKE_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" FAKE_CUDA_DROP_WAIT="$n" \
+        timeout 500 "$KILN" train "models/$model.lua" "${base[@]}" --steps 3 --nproc 2 \
+        --set bucket_mb=0.01 --set zero=1 --device cuda >"$T/neg.log" 2>&1
+    rc=$?
+    grep -m1 "^fake CUDA: race: " "$T/neg.log"
+    [ $rc -ne 0 ] && grep -q "^fake CUDA: race: .*$want" "$T/neg.log" && exit 0
+    echo "FAIL: a dropped event wait of a $want bucket was not reported as a race"
+    exit 1
     ;;
 *) echo "unknown case $case"; exit 2 ;;
 esac
