@@ -332,7 +332,17 @@ const char *ir_class_name(OpClass c);
  * longest, the length of every shard tensor. */
 #define IR_SHARD_ALIGN 16
 int64_t ir_shard_size(int64_t total, int64_t nranks);
-void ir_shard_range(int64_t total, int64_t nranks, int64_t rank, int64_t *off, int64_t *len);
+/* inline: the CUDA module (which does not link kilncore) cuts the same
+ * shards */
+static inline void ir_shard_range(int64_t total, int64_t nranks, int64_t rank, int64_t *off,
+                                  int64_t *len)
+{
+    int64_t units = (total + IR_SHARD_ALIGN - 1) / IR_SHARD_ALIGN;
+    int64_t a = rank * units / nranks * IR_SHARD_ALIGN;
+    int64_t b = (rank + 1) * units / nranks * IR_SHARD_ALIGN;
+    *off = a < total ? a : total;
+    *len = (b < total ? b : total) - *off;
+}
 
 /* Counter-based uniform random numbers: the same function is emitted into
  * generated C and CUDA C so every backend draws the same numbers. */

@@ -91,17 +91,6 @@ int64_t ir_shard_size(int64_t total, int64_t nranks)
     return (units + nranks - 1) / nranks * IR_SHARD_ALIGN;
 }
 
-void ir_shard_range(int64_t total, int64_t nranks, int64_t rank, int64_t *off, int64_t *len)
-{
-    int64_t units = (total + IR_SHARD_ALIGN - 1) / IR_SHARD_ALIGN;
-    int64_t a = rank * units / nranks * IR_SHARD_ALIGN;
-    int64_t b = (rank + 1) * units / nranks * IR_SHARD_ALIGN;
-    a = a < total ? a : total;
-    b = b < total ? b : total;
-    *off = a;
-    *len = b - a;
-}
-
 int64_t ir_parse_bytes(const char *s)
 {
     if (!s)

@@ -43,12 +43,24 @@ struct Exec {
     int *root_bucket;     /* per tensor: the deferred bucket writing its storage, -1 */
 };
 
-/* zero=1: a deferred bucket's gather may still be writing its params. */
+/* zero=1: a deferred bucket's gather may still be writing its params. On
+ * the device (dev_comm) the compute stream waits for it (the backend's wait
+ * of one of the bucket's deferred steps), not the host. */
 static void wait_bucket(Exec *e, int b)
 {
     if (e->pending && e->pending[b]) {
-        rt_comm_wait(e->o.comm, b);
         e->pending[b] = false;
+        if (!e->dev_comm) {
+            rt_comm_wait(e->o.comm, b);
+            return;
+        }
+        for (int s = 0; s < e->plan->steps.n; s++)
+            if (e->deferred[s] && e->plan->steps.v[s].bucket == b) {
+                Diag d;
+                if (!e->be->ext->allreduce_wait(e->ctx, s, &d))
+                    die("zero=1: the deferred all-gather wait of bucket %d: %s", b, d.msg);
+                return;
+            }
     }
 }
 
@@ -169,7 +181,8 @@ static void shard_pack(Exec *e, const CgStep *st)
 }
 
 /* Plan step s: allreduce starts and waits go to the communication thread
- * (or the backend's device collectives), everything else to the backend. */
+ * (or the backend's device collectives, shard_pack included), everything
+ * else to the backend. */
 static bool run_step(Exec *e, int s, uint64_t seed, int64_t step, Diag *d)
 {
     const CgStep *st = &e->plan->steps.v[s];
@@ -178,9 +191,9 @@ static bool run_step(Exec *e, int s, uint64_t seed, int64_t step, Diag *d)
             wait_bucket(e, b);
     if (e->deferred && e->deferred[s]) { /* waited for by the next run's readers */
         e->pending[st->bucket] = true;
-        return true;
+        return e->dev_comm ? e->be->run_step(e->ctx, s, seed, step, d) : true; /* events */
     }
-    if (st->kind == CG_STEP_SHARD_PACK) {
+    if (st->kind == CG_STEP_SHARD_PACK && !e->dev_comm) {
         shard_pack(e, st);
         return true;
     }
@@ -278,18 +291,17 @@ static bool setup_comm(Exec *e, Diag *d)
                      st->sh_nranks, rt_comm_size(e->o.comm));
             return false;
         }
-        if (sharded && !e->be->host) {
+        if (sharded && !e->be->host && !(e->be->ext && e->be->ext->comm_setup)) {
             snprintf(d->msg, sizeof d->msg,
-                     "zero=1 (sharded optimizer state) runs on CPU ranks only for now "
-                     "(expected --device cpu, got the %s backend; NCCL reduce-scatter and "
-                     "all-gather are not written yet)",
+                     "zero=1 (sharded optimizer state) needs a backend that runs its "
+                     "collectives (expected --device cpu or cuda, got the %s backend)",
                      e->be->name);
             return false;
         }
         if (sharded) {
             if (rt_comm_size(e->o.comm) > 1)
                 setup_defer(e);
-            return true;
+            break; /* a device backend runs the sharded steps too (below) */
         }
     }
     for (int s = 0; s < p->steps.n; s++)
@@ -314,8 +326,8 @@ static bool setup_comm(Exec *e, Diag *d)
         return false;
     e->dev_comm = true;
     if (x->comm_events && c) {
-        e->ncev = nb;
-        e->cev = xcalloc((size_t)nb + 1, sizeof(RtCommEvent));
+        e->ncev = 2 * nb; /* zero=1: a gather carried from the last run, too */
+        e->cev = xcalloc((size_t)e->ncev + 1, sizeof(RtCommEvent));
         rt_comm_set_source(c, pull_comm, e);
     }
     return true;

@@ -63,6 +63,8 @@ typedef struct {
     int64_t bytes;
     double start, end; /* CLOCK_MONOTONIC seconds */
     int coll;          /* CgColl of a bucket: 0 all-reduce, 1 reduce-scatter, 2 all-gather */
+    double exposed;    /* device collectives (BackendExt.comm_events): seconds the compute
+                          stream stood at the bucket's wait; 0 from RtComm's own */
 } RtCommEvent;
 
 typedef struct {
@@ -193,8 +195,8 @@ typedef struct BackendExt {
 struct CgCudaProgram; /* codegen.h */
 
 /* What the module needs from kiln (it links nothing of kilncore). */
-#define RT_CUDA_ABI 4 /* 2: Backend.ext; 3: BackendExt.arena_bytes, CgCudaProgram.mem;
-                         4: Backend.host */
+#define RT_CUDA_ABI 5 /* 2: Backend.ext; 3: BackendExt.arena_bytes, CgCudaProgram.mem;
+                         4: Backend.host; 5: RtCommEvent.exposed */
 typedef struct {
     int abi; /* RT_CUDA_ABI */
     struct CgCudaProgram *(*program)(const struct CgPlan *p, bool bf16);

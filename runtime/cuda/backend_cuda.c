@@ -529,8 +529,11 @@ static bool enqueue(BackendCtx *c, int s, Diag *d)
     }
     case CG_STEP_ALLREDUCE_START:
     case CG_STEP_ALLREDUCE_WAIT:
+        break; /* the executor runs these (through cuda_allreduce_*); a wait it
+                  carries into the next run comes here for its events only */
     case CG_STEP_SHARD_PACK:
-        break; /* the executor runs these (communication thread, shard copies) */
+        ok = kc_shard_pack(c->nccl, s, d);
+        break;
     }
     nvtxRangePop();
     return ok;
@@ -697,8 +700,14 @@ static bool cuda_comm_setup(BackendCtx *c, const RtCommGroup *g, Diag *d)
     if (c->graph_on && c->verbose)
         fprintf(stderr, "kiln: cuda: no CUDA graph: the step has NCCL all-reduces\n");
     c->graph_on = false;
+    bool sharded = false;
+    for (int s = 0; s < c->p->steps.n; s++)
+        sharded |= c->p->steps.v[s].kind == CG_STEP_SHARD_PACK;
     if (c->verbose)
-        fprintf(stderr, "kiln: cuda: NCCL all-reduces, rank %d of %d\n", g->rank, g->size);
+        fprintf(stderr, "kiln: cuda: NCCL all-reduces, rank %d of %d%s\n", g->rank, g->size,
+                sharded ? " (zero=1: reduce-scatters as grouped ncclReduce, all-gathers as "
+                          "grouped ncclBroadcast)"
+                        : "");
     return true;
 }
 

@@ -133,12 +133,18 @@ KcComm *kc_comm_open(const RtCommGroup *g, const CgPlan *p, const DType *storage
 /* Waits for the communication stream and frees everything (NULL: nothing). */
 void kc_comm_close(KcComm *k);
 /* A run begins (before its first plan step): forgets the last run's
- * buckets. */
+ * buckets, except all-gathers (one started in the last run may be waited
+ * for in this one, even before this call: the executor's setup_defer). */
 void kc_comm_run_begins(KcComm *k);
 /* Plan step s (CG_STEP_ALLREDUCE_START): event on the compute stream, the
  * communication stream waits on it, ncclAllReduce(ncclAvg) of every tensor
- * of the bucket in place (one NCCL group), a done event. */
+ * of the bucket in place (one NCCL group), a done event. A reduce-scatter
+ * or all-gather bucket (zero=1): the grouped ncclReduce / ncclBroadcast of
+ * its pieces instead (cuda_nccl.c). */
 bool kc_allreduce_start(KcComm *k, int s, Diag *d);
+/* Plan step s (CG_STEP_SHARD_PACK) on the compute stream: the result (f32[S])
+ * zeroed, then this rank's part of the args' flat range copied in. */
+bool kc_shard_pack(KcComm *k, int s, Diag *d);
 /* Plan step s (CG_STEP_ALLREDUCE_WAIT): the compute stream waits on its
  * bucket's done event (the host does not). */
 bool kc_allreduce_wait(KcComm *k, int s, Diag *d);

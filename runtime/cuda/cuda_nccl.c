@@ -14,6 +14,16 @@
  * compute stream and makes it wait on `done`. Nothing here blocks the host
  * until the statistics are read after the run (kc_comm_events).
  *
+ * zero=1 (sharded optimizer state, docs/distributed.md): a reduce-scatter
+ * bucket is the same with one NCCL group of ncclReduce(ncclAvg) calls, one
+ * per piece (a tensor's part in one rank's shard) to the owning rank, into
+ * its shard; an all-gather bucket first copies this rank's part of the new
+ * shard into a snapshot buffer (f32[S], outside the planned arena) on the
+ * compute stream, then broadcasts each piece from its owner's snapshot into
+ * every rank's param (ncclBroadcast). An all-gather started in one run and
+ * not waited for is carried into the next (the executor's setup_defer).
+ * shard_pack runs here too: copies on the compute stream.
+ *
  * Host waits on the device (kc_wait_stream, kc_wait_event) poll instead of
  * blocking, so that a peer that hangs (its NCCL kernel never finishes here)
  * is noticed: when an all-reduce has been running on the communication
@@ -50,6 +60,10 @@ ncclResult_t ncclCommAbort(ncclComm_t comm);
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *state);
 ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataType_t type,
                            ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclReduce(const void *send, void *recv, size_t count, ncclDataType_t type,
+                        ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclBroadcast(const void *send, void *recv, size_t count, ncclDataType_t type,
+                           int root, ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclGroupStart(void);
 ncclResult_t ncclGroupEnd(void);
 const char *ncclGetErrorString(ncclResult_t r);
@@ -69,7 +83,8 @@ enum { NCCL_MIN_VERSION = 21003 };
 #define DRV_FUNCS(X)                                                           \
     X(cuGetErrorString) X(cuCtxSetCurrent) X(cuEventCreate) X(cuEventDestroy)  \
     X(cuEventRecord) X(cuEventSynchronize) X(cuEventElapsedTime)               \
-    X(cuStreamWaitEvent) X(cuStreamSynchronize) X(cuStreamQuery) X(cuEventQuery)
+    X(cuStreamWaitEvent) X(cuStreamSynchronize) X(cuStreamQuery) X(cuEventQuery)\
+    X(cuMemAlloc) X(cuMemFree) X(cuMemcpyDtoDAsync) X(cuMemsetD8Async)
 #define NCCL_FUNCS(X)                                                          \
     X(ncclGetVersion) X(ncclGetUniqueId) X(ncclCommInitRank)                   \
     X(ncclCommDestroy) X(ncclCommAbort) X(ncclAllReduce) X(ncclGroupStart)     \
@@ -88,6 +103,10 @@ static char nccl_why[512]; /* why NCCL cannot be used ("" when it can) */
  * waits for every peer) is bounded like the all-reduces; NULL before. */
 static __typeof__(&ncclCommInitRankConfig) init_config;
 static __typeof__(&ncclCommGetAsyncError) async_error;
+/* zero=1's collectives (every NCCL 2.10.3 has them; looked up apart so that
+ * a library without them still all-reduces) */
+static __typeof__(&ncclReduce) nccl_reduce;
+static __typeof__(&ncclBroadcast) nccl_bcast;
 
 int kc_device_ordinal(void)
 {
@@ -145,6 +164,8 @@ static bool nccl_open(void)
 #undef X
     *(void **)&init_config = dlsym(h, "ncclCommInitRankConfig");
     *(void **)&async_error = dlsym(h, "ncclCommGetAsyncError");
+    *(void **)&nccl_reduce = dlsym(h, "ncclReduce");
+    *(void **)&nccl_bcast = dlsym(h, "ncclBroadcast");
     if (fn.ncclGetVersion(&nccl_version) != ncclSuccess || nccl_version < NCCL_MIN_VERSION) {
         snprintf(nccl_why, sizeof nccl_why,
                  "NCCL is too old (version code %d; expected NCCL 2.10.3 or newer, for ncclAvg)",
@@ -175,13 +196,32 @@ static bool nccl_fail(ncclResult_t r, const char *call, int line, Diag *d)
 static _Thread_local CUresult r_drv;
 static _Thread_local ncclResult_t r_nc;
 
+/* One NCCL call of a sharded bucket: count f32 elements whose owner is
+ * rank `root`. Reduce: send (every rank's gradient piece) averaged into recv
+ * (the root's shard); broadcast: send (the root's snapshot of its shard)
+ * into recv (every rank's param). The pointer a rank does not use is 0. */
 typedef struct {
+    CUdeviceptr send, recv;
+    size_t count;
+    int root;
+} Piece;
+
+typedef struct {
+    CgColl coll;
     int k;                   /* tensors */
     CUdeviceptr *ptr;
     size_t *count;           /* f32 elements */
     int64_t bytes;
+    Piece *pc;               /* sharded buckets: one NCCL call each, in flat order */
+    int npc;
+    CUdeviceptr snap_src, snap_dst; /* all-gather: this rank's part of the shard, */
+    size_t snap_bytes;               /* copied into the snapshot at the start */
     CUevent ready, t0, done, w;
-    bool started, waited;    /* in the current run */
+    bool started, waited;    /* in the current run (an all-gather: since its start) */
+    bool counted;            /* reported by kc_comm_events since its start */
+    CUevent pt0, pdone, pw;  /* an all-gather's previous t0, done, w: waited for in the
+                                run after its start, not yet reported when it restarts */
+    bool prev;               /* pt0, pdone, pw await kc_comm_events */
 } Bucket;
 
 struct KcComm {
@@ -197,6 +237,9 @@ struct KcComm {
     void (*lost)(void *arg, const char *what);
     void *lost_arg;
     bool nonblocking;        /* the communicator is non-blocking (init_nonblocking) */
+    const int64_t *offset;   /* the device arena's offsets, per tensor (borrowed) */
+    CUdeviceptr arena;
+    CUdeviceptr snap;        /* zero=1: the all-gathers' source, f32[S] (0: none) */
 };
 
 static bool make_events(Bucket *b, Diag *d)
@@ -204,7 +247,86 @@ static bool make_events(Bucket *b, Diag *d)
     return DRV(fn.cuEventCreate(&b->ready, CU_EVENT_DISABLE_TIMING), d) &&
            DRV(fn.cuEventCreate(&b->t0, CU_EVENT_DEFAULT), d) &&
            DRV(fn.cuEventCreate(&b->done, CU_EVENT_DEFAULT), d) &&
-           DRV(fn.cuEventCreate(&b->w, CU_EVENT_DEFAULT), d);
+           DRV(fn.cuEventCreate(&b->w, CU_EVENT_DEFAULT), d) &&
+           (b->coll != CG_COLL_ALL_GATHER ||
+            (DRV(fn.cuEventCreate(&b->pt0, CU_EVENT_DEFAULT), d) &&
+             DRV(fn.cuEventCreate(&b->pdone, CU_EVENT_DEFAULT), d) &&
+             DRV(fn.cuEventCreate(&b->pw, CU_EVENT_DEFAULT), d)));
+}
+
+/* A sharded bucket (zero=1; ir.h, AK_SHARD) as NCCL calls: its tensors
+ * are one flat range from st->sh_start; each piece is one tensor's part
+ * inside one rank's shard (ir_shard_range), in flat order, the same on
+ * every rank. A reduce-scatter piece is an ncclReduce(ncclAvg) to the
+ * owner, into its shard (st->sh_buf) at the piece's place; an all-gather
+ * piece is an ncclBroadcast from the owner's snapshot of its shard (k->snap,
+ * the same layout) into every rank's param. No padding: NCCL's
+ * ReduceScatter and AllGather need equal counts per rank, and a bucket
+ * that lies in one rank's shard would move nranks times its size padded. */
+static bool shard_pieces(KcComm *k, const CgStep *st, Bucket *b, const DType *storage, Diag *d)
+{
+    const Graph *g = k->p->g;
+    if (!nccl_reduce || !nccl_bcast) {
+        kc_dmsg(d, "zero=1 on the GPU: libnccl.so.2 lacks ncclReduce or ncclBroadcast "
+                "(expected NCCL 2.10.3 or newer)");
+        return false;
+    }
+    if (st->sh_nranks != k->size) {
+        kc_dmsg(d, "plan bucket %d is sharded over %d ranks, the NCCL group has %d", st->bucket,
+                st->sh_nranks, k->size);
+        return false;
+    }
+    if (storage[st->sh_buf] != DT_F32) {
+        kc_dmsg(d, "zero=1 on the GPU: the shard %s is not stored as f32",
+                g->t.v[st->sh_buf].name ? g->t.v[st->sh_buf].name : "?");
+        return false;
+    }
+    CUdeviceptr shard = k->arena + (CUdeviceptr)k->offset[st->sh_buf];
+    int64_t S = 1;
+    for (int r = 0; r < g->t.v[st->sh_buf].s.rank; r++)
+        S *= g->t.v[st->sh_buf].s.dim[r];
+    if (st->coll == CG_COLL_ALL_GATHER && !k->snap &&
+        !DRV(fn.cuMemAlloc(&k->snap, (size_t)S * 4 + 4), d))
+        return false;
+    b->pc = calloc((size_t)(b->k + k->size) + 1, sizeof(Piece));
+    if (!b->pc) {
+        kc_dmsg(d, "out of memory");
+        return false;
+    }
+    int64_t f = st->sh_start, end = f, moff, mlen;
+    for (int i = 0; i < b->k; i++)
+        end += (int64_t)b->count[i];
+    ir_shard_range(st->sh_total, k->size, k->rank, &moff, &mlen);
+    int64_t a = f > moff ? f : moff, z = end < moff + mlen ? end : moff + mlen;
+    if (st->coll == CG_COLL_ALL_GATHER && a < z) {
+        b->snap_src = shard + (CUdeviceptr)((a - moff) * 4);
+        b->snap_dst = k->snap + (CUdeviceptr)((a - moff) * 4);
+        b->snap_bytes = (size_t)(z - a) * 4;
+    }
+    for (int i = 0; i < b->k; f += (int64_t)b->count[i], i++)
+        for (int r = 0; r < k->size; r++) {
+            int64_t off, len;
+            ir_shard_range(st->sh_total, k->size, r, &off, &len);
+            int64_t lo = f > off ? f : off;
+            int64_t hi = f + (int64_t)b->count[i] < off + len ? f + (int64_t)b->count[i] : off + len;
+            if (lo >= hi)
+                continue;
+            if (r == k->rank && (lo - off) + (hi - lo) > S) {
+                kc_dmsg(d, "plan bucket %d: rank %d's part ends past its shard", st->bucket, r);
+                return false;
+            }
+            CUdeviceptr in_t = b->ptr[i] + (CUdeviceptr)((lo - f) * 4);
+            CUdeviceptr in_s = (r == k->rank ? (st->coll == CG_COLL_REDUCE_SCATTER ? shard : k->snap)
+                                             : 0);
+            if (in_s)
+                in_s += (CUdeviceptr)((lo - off) * 4);
+            Piece *q = &b->pc[b->npc++];
+            q->count = (size_t)(hi - lo);
+            q->root = r;
+            q->send = st->coll == CG_COLL_REDUCE_SCATTER ? in_t : in_s;
+            q->recv = st->coll == CG_COLL_REDUCE_SCATTER ? in_s : in_t;
+        }
+    return true;
 }
 
 /* Each bucket's tensors from its start step. */
@@ -237,14 +359,23 @@ static bool setup_buckets(KcComm *k, const DType *storage, const int64_t *offset
             kc_dmsg(d, "out of memory");
             return false;
         }
+        b->coll = st->coll;
         for (int i = 0; i < b->k; i++) {
             int t = st->args[i];
             const Tensor *x = &g->t.v[t];
             if (x->s.dtype != DT_F32 || storage[t] != DT_F32) {
-                kc_dmsg(d, "NCCL: bucket %d holds %s, a %s tensor (only f32 gradients are "
-                        "averaged over ranks)",
-                     st->bucket, x->name ? x->name : "?",
-                     storage[t] == DT_BF16 ? "bf16" : "non-f32");
+                if (st->coll == CG_COLL_ALLREDUCE)
+                    kc_dmsg(d, "NCCL: bucket %d holds %s, a %s tensor (only f32 gradients are "
+                            "averaged over ranks)",
+                         st->bucket, x->name ? x->name : "?",
+                         storage[t] == DT_BF16 ? "bf16" : "non-f32");
+                else
+                    kc_dmsg(d, "zero=1 on the GPU: the %s bucket %d holds %s, a %s tensor "
+                            "(expected f32: the sharded optimizer reduces f32 gradients and "
+                            "gathers f32 params)",
+                         st->coll == CG_COLL_REDUCE_SCATTER ? "reduce-scatter" : "all-gather",
+                         st->bucket, x->name ? x->name : "?",
+                         storage[t] == DT_BF16 ? "bf16" : "non-f32");
                 return false;
             }
             size_t n = 1;
@@ -254,6 +385,8 @@ static bool setup_buckets(KcComm *k, const DType *storage, const int64_t *offset
             b->count[i] = n;
             b->bytes += (int64_t)(n * 4);
         }
+        if (st->coll != CG_COLL_ALLREDUCE && !shard_pieces(k, st, b, storage, d))
+            return false;
         if (!make_events(b, d))
             return false;
     }
@@ -328,6 +461,8 @@ KcComm *kc_comm_open(const RtCommGroup *g, const CgPlan *p, const DType *storage
     k->comm = comm;
     k->rank = g->rank;
     k->size = g->size;
+    k->offset = offset;
+    k->arena = arena;
     if (g->lost && g->timeout > 0) {
         k->timeout = g->timeout;
         k->lost = g->lost;
@@ -370,13 +505,16 @@ void kc_comm_close(KcComm *k)
         fn.ncclCommDestroy(k->nc);
     for (int i = 0; k->b && i < k->nb; i++) {
         Bucket *b = &k->b[i];
-        CUevent ev[] = {b->ready, b->t0, b->done, b->w};
-        for (int e = 0; e < 4; e++)
+        CUevent ev[] = {b->ready, b->t0, b->done, b->w, b->pt0, b->pdone, b->pw};
+        for (int e = 0; e < 7; e++)
             if (ev[e])
                 fn.cuEventDestroy(ev[e]);
         free(b->ptr);
         free(b->count);
+        free(b->pc);
     }
+    if (k->snap)
+        fn.cuMemFree(k->snap);
     free(k->b);
     free(k);
 }
@@ -386,7 +524,7 @@ static Bucket *bucket_of(KcComm *k, int s, CgStepKind kind, Diag *d)
 {
     const CgStep *st = &k->p->steps.v[s];
     if (st->kind != kind || st->bucket < 0 || st->bucket >= k->nb || !k->b[st->bucket].ptr) {
-        kc_dmsg(d, "plan step %d is not an all-reduce step of a known bucket", s);
+        kc_dmsg(d, "plan step %d is not a collective step of a known bucket", s);
         return NULL;
     }
     return &k->b[st->bucket];
@@ -396,9 +534,49 @@ void kc_comm_run_begins(KcComm *k)
 {
     if (!k)
         return;
-    for (int i = 0; i < k->nb; i++)
-        k->b[i].started = k->b[i].waited = false;
-    k->pending = false;
+    for (int i = 0; i < k->nb; i++) {
+        Bucket *b = &k->b[i];
+        /* an all-gather keeps its state until its next start: one started in
+         * the last run may be waited for in this one (the executor's
+         * setup_defer), even before this call */
+        if (b->coll != CG_COLL_ALL_GATHER)
+            b->started = b->waited = false;
+    }
+}
+
+bool kc_shard_pack(KcComm *k, int s, Diag *d)
+{
+    const CgStep *st = k ? &k->p->steps.v[s] : NULL;
+    if (!st || st->kind != CG_STEP_SHARD_PACK || st->op < 0 || st->sh_nranks != k->size) {
+        kc_dmsg(d, "plan step %d is not a shard_pack of this process's NCCL group", s);
+        return false;
+    }
+    const Graph *g = k->p->g;
+    const Tensor *y = &g->t.v[st->sh_buf];
+    int64_t S = 1;
+    for (int r = 0; r < y->s.rank; r++)
+        S *= y->s.dim[r];
+    CUdeviceptr out = k->arena + (CUdeviceptr)k->offset[st->sh_buf];
+    int64_t off, len, f = st->sh_start;
+    ir_shard_range(st->sh_total, st->sh_nranks, k->rank, &off, &len);
+    if (!DRV(fn.cuMemsetD8Async(out, 0, (size_t)S * 4, k->s), d))
+        return false;
+    for (int a = 0; a < st->nargs; a++) {
+        const Tensor *x = &g->t.v[st->args[a]];
+        int64_t n = 1;
+        for (int r = 0; r < x->s.rank; r++)
+            n *= x->s.dim[r];
+        int64_t lo = f > off ? f : off, hi = f + n < off + len ? f + n : off + len;
+        if (lo < hi &&
+            !DRV(fn.cuMemcpyDtoDAsync(out + (CUdeviceptr)((lo - off) * 4),
+                                      k->arena + (CUdeviceptr)k->offset[st->args[a]] +
+                                          (CUdeviceptr)((lo - f) * 4),
+                                      (size_t)(hi - lo) * 4, k->s),
+                 d))
+            return false;
+        f += n;
+    }
+    return true;
 }
 
 bool kc_allreduce_start(KcComm *k, int s, Diag *d)
@@ -406,20 +584,46 @@ bool kc_allreduce_start(KcComm *k, int s, Diag *d)
     Bucket *b = bucket_of(k, s, CG_STEP_ALLREDUCE_START, d);
     if (!b)
         return false;
+    if (b->coll == CG_COLL_ALL_GATHER && b->started && b->waited && !b->counted) {
+        CUevent t0 = b->t0, done = b->done, w = b->w; /* keep the last gather's times */
+        b->t0 = b->pt0, b->done = b->pdone, b->w = b->pw;
+        b->pt0 = t0, b->pdone = done, b->pw = w;
+        b->prev = true;
+    }
+    /* an all-gather reads a snapshot of this rank's part, taken in compute
+     * stream order: the shard's bytes may be reused before the gather ends */
+    if (b->snap_bytes &&
+        !DRV(fn.cuMemcpyDtoDAsync(b->snap_dst, b->snap_src, b->snap_bytes, k->s), d))
+        return false;
     if (!DRV(fn.cuEventRecord(b->ready, k->s), d) ||
         !DRV(fn.cuStreamWaitEvent(k->comm, b->ready, 0), d) ||
         !DRV(fn.cuEventRecord(b->t0, k->comm), d) || !NC(fn.ncclGroupStart(), d))
         return false;
     bool ok = true;
-    for (int i = 0; i < b->k && ok; i++)
+    cudaStream_t cs = (cudaStream_t)k->comm;
+    for (int i = 0; b->coll == CG_COLL_ALLREDUCE && i < b->k && ok; i++)
         ok = NC(fn.ncclAllReduce((const void *)b->ptr[i], (void *)b->ptr[i], b->count[i],
-                                 ncclFloat32, ncclAvg, k->nc, (cudaStream_t)k->comm),
+                                 ncclFloat32, ncclAvg, k->nc, cs),
                 d);
+    for (int i = 0; i < b->npc && ok; i++) {
+        const Piece *q = &b->pc[i];
+        if (b->coll == CG_COLL_REDUCE_SCATTER)
+            ok = NC(nccl_reduce((const void *)q->send, (void *)q->recv, q->count, ncclFloat32,
+                                  ncclAvg, q->root, k->nc, cs),
+                    d);
+        else
+            ok = NC(nccl_bcast((const void *)q->send, (void *)q->recv, q->count,
+                                     ncclFloat32, q->root, k->nc, cs),
+                    d);
+    }
     Diag ignored;
     ncclResult_t ge = fn.ncclGroupEnd();
     if (ge == ncclInProgress && k->nonblocking && ok) {
         char what[96];
-        snprintf(what, sizeof what, "issuing the NCCL all-reduce of bucket %d",
+        snprintf(what, sizeof what, "issuing the NCCL %s of bucket %d",
+                 b->coll == CG_COLL_REDUCE_SCATTER ? "reduce-scatter"
+                 : b->coll == CG_COLL_ALL_GATHER   ? "all-gather"
+                                                   : "all-reduce",
                  k->p->steps.v[s].bucket);
         if (!settle(k, what, d))
             return false;
@@ -429,7 +633,7 @@ bool kc_allreduce_start(KcComm *k, int s, Diag *d)
     if (!DRV(fn.cuEventRecord(b->done, k->comm), d))
         return false;
     b->started = true;
-    b->waited = false;
+    b->waited = b->counted = false;
     return true;
 }
 
@@ -472,17 +676,25 @@ int kc_comm_events(KcComm *k, CUevent begin, double host_begin, RtCommEvent *ev,
     int n = 0;
     for (int i = 0; i < k->nb; i++) {
         Bucket *b = &k->b[i];
-        if (!b->started || !b->waited)
-            continue;
-        if (kc_wait_event(k, b->done) != CUDA_SUCCESS)
-            continue;
-        if (n < max) {
-            double t0 = elapsed_ms(begin, b->t0), t1 = elapsed_ms(begin, b->done);
-            ev[n++] = (RtCommEvent){i, b->bytes, host_begin + 1e-3 * t0, host_begin + 1e-3 * t1, 0};
+        for (int prev = 1; prev >= 0; prev--) {
+            CUevent t0 = prev ? b->pt0 : b->t0, done = prev ? b->pdone : b->done;
+            CUevent w = prev ? b->pw : b->w;
+            if (prev ? !b->prev : !b->started || !b->waited || b->counted)
+                continue;
+            if (kc_wait_event(k, done) != CUDA_SUCCESS)
+                continue;
+            if (prev)
+                b->prev = false;
+            else
+                b->counted = true;
+            double x = elapsed_ms(w, done);
+            x = x > 0 ? 1e-3 * x : 0;
+            if (n < max) /* a carried gather began before `begin`: a negative offset */
+                ev[n++] = (RtCommEvent){i, b->bytes, host_begin + 1e-3 * elapsed_ms(begin, t0),
+                                        host_begin + 1e-3 * elapsed_ms(begin, done),
+                                        (int)b->coll, x};
+            *exposed_s += x;
         }
-        double x = elapsed_ms(b->w, b->done);
-        if (x > 0)
-            *exposed_s += 1e-3 * x;
     }
     k->pending = false;
     return n;

@@ -40,7 +40,7 @@ void rt_comm_mean(RtComm *c, double *v, int n);
  * (compute blocked in waits), and the events since the last reset. */
 typedef struct {
     double comm_s, exposed_s;
-    double exposed_by[3]; /* exposed_s by the CgColl waited for (device: all in [0]) */
+    double exposed_by[3]; /* exposed_s by the CgColl waited for (device: RtCommEvent.exposed) */
     int nev;
     const RtCommEvent *ev;
 } RtCommStats;

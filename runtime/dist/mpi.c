@@ -321,7 +321,7 @@ static void run_job(RtComm *c, Job *j)
     pthread_mutex_lock(&c->mu);
     c->comm_s += t1 - t0;
     RtCommEvent e = {j->bucket < 0 ? -1 : j->bucket, bytes, t0, t1,
-                     j->bucket < 0 ? 0 : (int)j->coll};
+                     j->bucket < 0 ? 0 : (int)j->coll, 0};
     vec_push(&c->ev, e);
     if (j->bucket >= 0)
         c->bucket_busy[j->bucket]--;
@@ -603,6 +603,8 @@ void rt_comm_add_events(RtComm *c, const RtCommEvent *ev, int n, double exposed_
     for (int i = 0; i < n; i++) {
         vec_push(&c->ev, ev[i]);
         c->comm_s += ev[i].end - ev[i].start;
+        if (ev[i].coll >= 0 && ev[i].coll < 3)
+            c->exposed_by[ev[i].coll] += ev[i].exposed;
     }
     c->exposed_s += exposed_s;
     pthread_mutex_unlock(&c->mu);

@@ -10,7 +10,10 @@
  * ranges): when the stream runs it, the rank copies its buffer into its
  * slot, waits for every rank (barrier), sums the slots in rank order (then
  * divides by the rank count for ncclAvg), writes the result and waits again.
- * Every rank runs its all-reduces in the same order, so the ops meet. A
+ * ncclReduce and ncclBroadcast (f32, a root rank; zero=1's sharded
+ * buckets) work the same way through the root's slot; FAKE_NCCL_DROP_BCAST=N
+ * makes this process's N-th broadcast write nothing (a negative control).
+ * Every rank runs its collectives in the same order, so the ops meet. A
  * barrier that waits more than 120 s stops the process (a rank that never
  * came). Groups (ncclGroupStart/End) change nothing. The non-blocking
  * ncclCommInitRankConfig is not offered (cuda_nccl.c falls back to
@@ -146,6 +149,101 @@ NC_API ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count,
     return fakecu_enqueue((CUstream)stream, desc, rg, 2, reduce, r) == CUDA_SUCCESS
                ? ncclSuccess
                : ncclUnhandledCudaError;
+}
+
+/* ncclReduce and ncclBroadcast: one op on the stream, like ncclAllReduce.
+ * Reduce: every rank copies its send into its slot; the root sums the slots
+ * in rank order (then divides for ncclAvg) into its recv. Broadcast: the
+ * root copies its send into its slot; every rank copies it into its recv. */
+typedef struct {
+    struct ncclComm *c;
+    uint64_t send, recv;
+    size_t count;
+    int root;
+    bool avg, bcast, drop; /* drop: FAKE_NCCL_DROP_BCAST's broadcast, a no-op */
+} Rooted;
+
+static void rooted(void *arg)
+{
+    Rooted *r = arg;
+    struct ncclComm *c = r->c;
+    size_t bytes = r->count * 4;
+    const char *what = r->bcast ? "ncclBroadcast" : "ncclReduce";
+    if (!r->bcast || c->rank == r->root)
+        memcpy(c->slots + (size_t)c->rank * SLOT, (void *)(uintptr_t)r->send, bytes);
+    barrier(c, what);
+    float *out = (float *)(uintptr_t)r->recv;
+    if (r->bcast && !r->drop)
+        memcpy(out, c->slots + (size_t)r->root * SLOT, bytes);
+    if (!r->bcast && c->rank == r->root)
+        for (size_t i = 0; i < r->count; i++) {
+            float s = 0;
+            for (int k = 0; k < c->size; k++)
+                s += ((const float *)(c->slots + (size_t)k * SLOT))[i];
+            out[i] = r->avg ? s / (float)c->size : s;
+        }
+    barrier(c, what);
+}
+
+/* The argument checks NCCL makes (ArgsCheck): the datatype and op, root in
+ * [0, nranks), and device pointers where the rank uses them: a reduce's
+ * recvbuff only on the root, a broadcast's sendbuff only on the root
+ * (in place on the root when they are equal). */
+static ncclResult_t enqueue_rooted(const char *what, const void *send, void *recv, size_t count,
+                                   ncclDataType_t type, ncclRedOp_t op, bool bcast, int root,
+                                   ncclComm_t comm, cudaStream_t stream)
+{
+    if (!comm || root < 0 || root >= comm->size) {
+        fprintf(stderr, "fake NCCL: %s: root %d outside [0, %d)\n", what, root,
+                comm ? comm->size : 0);
+        return ncclInvalidArgument;
+    }
+    if (type != ncclFloat32 || (!bcast && op != ncclSum && op != ncclAvg))
+        fakecu_die("fake NCCL: %s of type %d, op %d is not modelled", what, (int)type, (int)op);
+    if (count * 4 > SLOT)
+        fakecu_die("fake NCCL: %s of %zu elements (the fake holds %d bytes)", what, count,
+                   (int)SLOT);
+    if (count == 0)
+        return ncclSuccess;
+    bool me = comm->rank == root, reads = !bcast || me, writes = bcast || me;
+    if ((reads && !send) || (writes && !recv)) {
+        fprintf(stderr, "fake NCCL: %s: a NULL %s on rank %d (root %d)\n", what,
+                reads && !send ? "sendbuff" : "recvbuff", comm->rank, root);
+        return ncclInvalidArgument;
+    }
+    static long nbcast;
+    const char *drop = getenv("FAKE_NCCL_DROP_BCAST");
+    Rooted *r = calloc(1, sizeof *r);
+    *r = (Rooted){comm, (uint64_t)(uintptr_t)send, (uint64_t)(uintptr_t)recv, count, root,
+                  op == ncclAvg, bcast, bcast && drop && ++nbcast == atol(drop)};
+    FakeRange rg[2];
+    int nr = 0;
+    if (reads)
+        rg[nr++] = (FakeRange){r->send, r->send + count * 4, false};
+    if (writes && !(reads && r->send == r->recv))
+        rg[nr++] = (FakeRange){r->recv, r->recv + count * 4, true};
+    else if (writes)
+        rg[nr - 1].write = true; /* in place */
+    char desc[96];
+    snprintf(desc, sizeof desc, "%s(%zu floats, root %d, rank %d of %d)", what, count, root,
+             comm->rank, comm->size);
+    return fakecu_enqueue((CUstream)stream, desc, rg, nr, rooted, r) == CUDA_SUCCESS
+               ? ncclSuccess
+               : ncclUnhandledCudaError;
+}
+
+NC_API ncclResult_t ncclReduce(const void *send, void *recv, size_t count, ncclDataType_t type,
+                               ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream)
+{
+    return enqueue_rooted("ncclReduce", send, recv, count, type, op, false, root, comm, stream);
+}
+
+NC_API ncclResult_t ncclBroadcast(const void *send, void *recv, size_t count,
+                                  ncclDataType_t type, int root, ncclComm_t comm,
+                                  cudaStream_t stream)
+{
+    return enqueue_rooted("ncclBroadcast", send, recv, count, type, ncclSum, true, root, comm,
+                          stream);
 }
 
 NC_API ncclResult_t ncclGroupStart(void);

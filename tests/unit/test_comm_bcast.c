@@ -52,7 +52,7 @@ static void pull(void *arg, RtComm *c)
 {
     (void)arg;
     npull++;
-    RtCommEvent ev = {3, 64, 1.0, 1.25, 0};
+    RtCommEvent ev = {3, 64, 1.0, 1.25, 0, 0};
     rt_comm_add_events(c, &ev, 1, 0.125);
 }
 
