@@ -1,5 +1,6 @@
 /* zero.c - checkpoints of a sharded step (zero=1, ZeRO-1): the unsharded
- * view of its optimizer state.
+ * view of its optimizer state; and its full mean gradients, assembled from
+ * the ranks' "grad.shard" outputs (rt_zero_grads).
  *
  * A sharded step holds AdamW's moments as state "adam.m" and "adam.v"
  * f32[S], this rank's shard of the flat order of all params (ir.h,
@@ -162,4 +163,26 @@ void rt_zero_scatter(RtZero *z, int rank, void **vals)
         memcpy(shard, flat + off, sizeof(float) * (size_t)len);
     }
     free(flat);
+}
+
+void rt_zero_grads(RtZero *z, RtComm *c, const float *shard, float *const *dst)
+{
+    int n = rt_comm_size(c);
+    if (n != z->nranks)
+        die("rt_zero_grads: the step is sharded over %d ranks, the run has %d", z->nranks, n);
+    float *all = xmalloc(sizeof(float) * (size_t)(z->S * n + 1));
+    rt_comm_allgather(c, shard, z->S, all);
+    for (int k = 0; k < z->n; k++) {
+        float *d = dst[z->param[k]];
+        int64_t lo = z->start[k], hi = lo + shape_numel(&z->tg->t.v[z->param[k]].s);
+        for (int r = 0; d && r < n; r++) {
+            int64_t off, len;
+            ir_shard_range(z->total, n, r, &off, &len);
+            int64_t a = lo > off ? lo : off, b = hi < off + len ? hi : off + len;
+            if (a < b)
+                memcpy(d + (a - lo), all + (int64_t)r * z->S + (a - off),
+                       sizeof(float) * (size_t)(b - a));
+        }
+    }
+    free(all);
 }
