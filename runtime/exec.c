@@ -46,6 +46,8 @@ struct Exec {
     int *first_reader;    /* per bucket: plan step that first reads its params; -1:
                              not deferred */
     bool *deferred;       /* per step: an all-gather wait left to the next run */
+    int *wait_head;       /* per step: first bucket whose first reader it is, -1 */
+    int *wait_next;       /* per bucket: the next bucket of its first reader, -1 */
     bool *pending;        /* per bucket: its gather is in flight across runs */
     int *root_bucket;     /* per tensor: the deferred bucket writing its storage, -1 */
     /* rt_exec_before_read: callbacks before a plan step, per run */
@@ -157,6 +159,17 @@ static void setup_defer(Exec *e)
             e->first_reader[st->bucket] >= 0)
             e->deferred[s] = true;
     }
+    /* per step, the buckets it waits for first (run_step) */
+    e->wait_head = xmalloc(sizeof(int) * (size_t)(n + 1));
+    e->wait_next = xmalloc(sizeof(int) * (size_t)(nb + 1));
+    for (int s = 0; s < n; s++)
+        e->wait_head[s] = -1;
+    for (int b = 0; b < nb; b++) {
+        int s = e->first_reader[b];
+        e->wait_next[b] = s >= 0 ? e->wait_head[s] : -1;
+        if (s >= 0)
+            e->wait_head[s] = b;
+    }
     free(ostep);
     free(late);
 }
@@ -233,9 +246,8 @@ static bool run_step(Exec *e, int s, uint64_t seed, int64_t step, Diag *d)
     const CgStep *st = &e->plan->steps.v[s];
     for (int h = e->hook_at ? e->hook_at[s] : -1; h >= 0; h = e->hooks.v[h].next)
         e->hooks.v[h].fn(e->hooks.v[h].arg, e->hooks.v[h].id);
-    for (int b = 0; e->pending && b < e->nb; b++)
-        if (e->first_reader[b] == s)
-            wait_bucket(e, b);
+    for (int b = e->wait_head ? e->wait_head[s] : -1; b >= 0; b = e->wait_next[b])
+        wait_bucket(e, b);
     if (e->deferred && e->deferred[s]) { /* waited for by the next run's readers */
         e->pending[st->bucket] = true;
         return true;
@@ -346,6 +358,13 @@ static bool setup_comm(Exec *e, Diag *d)
                      e->be->name);
             return false;
         }
+        /* A sharded plan is settled here: every one of its collectives
+         * (the reduce-scatters, the norm's scalar all-reduce, the
+         * all-gathers) runs on the communication thread through the host
+         * backend's read and write (refused above on any other), so none is
+         * handed to device collectives below, and every sharded step of
+         * the plan carries the one rank count the optimizer pass gave them
+         * all (pass_optimizer: one flat order, one shard geometry). */
         if (sharded) {
             if (rt_comm_size(e->o.comm) > 1)
                 setup_defer(e);
@@ -455,6 +474,8 @@ void rt_exec_destroy(Exec *e)
     free(e->pending);
     free(e->deferred);
     free(e->root_bucket);
+    free(e->wait_head);
+    free(e->wait_next);
     vec_free(&e->hooks);
     free(e->hook_at);
     if (e->cev)
