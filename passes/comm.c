@@ -631,6 +631,7 @@ void pass_comm_print(const Graph *g, FILE *f)
         fprintf(f, "# bucket %lld%s:", (long long)op->attr.ia[0], kind);
         int64_t flat = op->attr.ia[1];
         for (int j = op->code != OP_ALLREDUCE_START; j < op->nin; j++) {
+            /* flat counts elements (a bf16 param's are 2 bytes) */
             const Tensor *t = &g->t.v[op->in[j]];
             bytes = ir_add_sat(bytes, shape_bytes(&t->s));
             const char *name = op->code == OP_ALL_GATHER_START ? t->name : NULL;
@@ -655,7 +656,7 @@ void pass_comm_print(const Graph *g, FILE *f)
         fprintf(f, "\n#   %lld bytes", (long long)bytes);
         if (op->code != OP_ALLREDUCE_START)
             fprintf(f, " (flat [%lld, %lld) of %lld, %lld ranks)", (long long)op->attr.ia[1],
-                    (long long)(op->attr.ia[1] + bytes / 4), (long long)op->attr.ia[2],
+                    (long long)flat, (long long)op->attr.ia[2],
                     (long long)op->attr.ia[3]);
         fprintf(f, "; start: op %d (after op %d, %s); first wait: op %d\n", i, i - 1,
                 i > 0 ? ir_opinfo[g->ops.v[i - 1].code].name : "-", wait);

@@ -149,6 +149,25 @@ bool rt_dp_build(RtDp *dp, const Graph *model, const PassOpts *po, const ExecOpt
 {
     for (int i = 0; i < tg->ops.n; i++) {
         const Op *op = &tg->ops.v[i];
+        /* zero=1: shard_pack, the reduce-scatters and the all-gathers move
+         * f32 elements (runtime/exec.c, mpi.c); a bf16 param's f32 master
+         * copy plans (passes/optimizer.c) but does not run. (On the CPU the
+         * backend refuses bf16 kernels before this.) */
+        bool sh = op->code == OP_SHARD_PACK || op->code == OP_REDUCE_SCATTER_START ||
+                  op->code == OP_ALL_GATHER_START;
+        for (int j = op->code == OP_SHARD_PACK ? 0 : 1; sh && j < op->nin; j++) {
+            const Tensor *t = &tg->t.v[op->in[j]];
+            if (t->s.dtype != DT_F32 && t->kind == TK_PARAM) {
+                snprintf(d->msg, sizeof d->msg,
+                         "%s:%d: zero=1 with %s params does not run yet: the ranks' "
+                         "reduce-scatter and all-gather move f32 only (expected param \"%s\" "
+                         "to be f32, got %s; `kiln compile --set zero=1` plans it, with its "
+                         "f32 master copy)",
+                         op->loc.file ? op->loc.file : "?", op->loc.line,
+                         dtype_name(t->s.dtype), t->name, dtype_name(t->s.dtype));
+                return false;
+            }
+        }
         for (int j = 0; op->code == OP_ALLREDUCE_START && j < op->nin; j++) {
             DType dt = tg->t.v[op->in[j]].s.dtype;
             if (dt != DT_F32) {
