@@ -3,42 +3,50 @@
 # zero=1 (issue 18's goal: zero=1 at most 1.2x zero=0), each run ROUNDS
 # times alternating, and the ratio of the medians.
 #
-#   bench/zero_cpu.sh [KILN] [STEPS] [ROUNDS]
+#   bench/zero_cpu.sh [KILN] [STEPS] [ROUNDS] [GRAD_ACCUM]
 #
 # gpt.lua at L=4 C=256 H=4 T=64 batch=4 bucket_mb=1 (3.2 M params, 13
-# buckets: the config docs/distributed.md measures overlap on), --nproc 2.
+# buckets: the config docs/distributed.md measures overlap on), --nproc 2,
+# grad_accum GRAD_ACCUM (default 1).
 # Per run: kiln train's summary line (median over its steps of exposed and
 # busy communication ms, step ms); zero=1 also prints the split per
-# collective. On a busy machine the numbers move a lot: compare the ratio,
-# and run again.
+# collective, and the last line gives the all-gathers' exposed ms per step
+# (they should hide behind the next forward: with GRAD_ACCUM > 1, the first
+# micro-batch's). On a busy machine the numbers move a lot: compare the
+# ratio, and run again.
 set -euo pipefail
 kiln=${1:-build/kiln}
 steps=${2:-20}
 rounds=${3:-3}
+accum=${4:-1}
 log=$(mktemp "${TMPDIR:-/tmp}/kiln-bench-zero-XXXXXX")
 trap 'rm -f "$log"' EXIT
 
 median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }'; }
 
-run() { # ZERO: one kiln train; prints "exposed busy step" (ms)
+run() { # ZERO: one kiln train; prints "exposed busy step all-gather-exposed" (ms; - for zero=0)
     "$kiln" train models/gpt.lua --steps "$steps" -q --nproc 2 --set L=4 --set C=256 \
-        --set H=4 --set T=64 --set batch=4 --set bucket_mb=1 --set zero="$1" >"$log" 2>&1 ||
+        --set H=4 --set T=64 --set batch=4 --set bucket_mb=1 --set grad_accum="$accum" \
+        --set zero="$1" >"$log" 2>&1 ||
         { cat "$log" >&2; exit 1; }
-    local ex busy st
+    local ex busy st ag
     ex=$(sed -n 's/^comm:.*| exposed \([0-9.]*\) ms.*/\1/p' "$log")
     busy=$(sed -n 's/^comm:.*communication \([0-9.]*\) ms.*/\1/p' "$log")
     st=$(sed -n 's/^final:.*median \([0-9.]*\) ms\/step.*/\1/p' "$log")
+    ag=$(sed -n 's/^comm by collective.*all-gather [0-9.]* ms, exposed \([0-9.]*\) ms.*/\1/p' "$log")
     grep '^comm by collective' "$log" >&2 || true
-    echo "$ex $busy $st"
+    echo "$ex $busy $st ${ag:--}"
 }
 
-echo "gpt.lua L=4 C=256 T=64 batch=4, 2 CPU ranks, $steps steps per run, $rounds runs each (load: $(cut -d' ' -f1-3 /proc/loadavg))"
+echo "gpt.lua L=4 C=256 T=64 batch=4 grad_accum=$accum, 2 CPU ranks, $steps steps per run, $rounds runs each (load: $(cut -d' ' -f1-3 /proc/loadavg))"
 printf '%-7s %22s %22s %18s\n' zero "exposed ms (runs)" "comm busy ms (runs)" "step ms (runs)"
 declare -A ex busy st
+ags=""
 for ((r = 0; r < rounds; r++)); do
     for z in 0 1; do
-        read -r e b s < <(run "$z")
+        read -r e b s a < <(run "$z")
         ex[$z]+="$e " busy[$z]+="$b " st[$z]+="$s "
+        [ "$z" = 1 ] && ags+="$a "
     done
 done
 for z in 0 1; do
@@ -47,3 +55,4 @@ done
 m0=$(printf '%s\n' ${ex[0]} | median)
 m1=$(printf '%s\n' ${ex[1]} | median)
 echo "median exposed: zero=0 $m0 ms, zero=1 $m1 ms; zero=1 / zero=0 = $(echo "$m1 / $m0" | bc -l | cut -c1-5)x (goal: <= 1.2x)"
+echo "zero=1 all-gather exposed per step (runs): $ags(median $(printf '%s\n' $ags | median) ms)"

@@ -10,7 +10,10 @@
  * gradients over DP in the comm pass's buckets (reduce-scatter with ZeRO-1,
  * then an all-gather of the updated params that the next forward hides).
  * Collectives: ring alpha-beta, all-reduce 2(n-1) alpha + 2(n-1)/n bytes /
- * bw; reduce-scatter and all-gather half of each term. A DP bucket staged
+ * bw; reduce-scatter and all-gather half of each term, each bucket costed
+ * by the kind the comm pass gave it (a step compiled with zero=1: the
+ * reduce-scatters where the all-reduces would be, the norm's scalar
+ * all-reduce, the all-gathers after the update). A DP bucket staged
  * through host memory (the CPU transport, runtime/dist/mpi.c) adds its
  * three copies: 6 x bytes / stage_bw. */
 #include "codegen.h"
@@ -34,21 +37,42 @@ double cg_ring_half(double bytes, int n, double bw, double alpha)
     return (double)(n - 1) * alpha + (double)(n - 1) / n * bytes / bw;
 }
 
+/* Bucket i's kind: the comm pass's (bucket_coll), or for a step compiled
+ * without zero, all-reduce, or reduce-scatter when o->zero asks for it. */
+static int bucket_kind(const CgClusterModel *m, const CgClusterOpts *o, int i)
+{
+    if (m->bucket_coll)
+        return m->bucket_coll[i];
+    return o->zero ? CG_COLL_REDUCE_SCATTER : CG_COLL_ALLREDUCE;
+}
+
+/* Seconds of one DP bucket of `bytes` (this GPU's) of kind k. */
+static double bucket_s(const CgClusterOpts *o, int k, double bytes, double bw)
+{
+    double t = k == CG_COLL_ALLREDUCE ? cg_ring_allreduce(bytes, o->dp, bw, o->alpha_s)
+                                      : cg_ring_half(bytes, o->dp, bw, o->alpha_s);
+    if (o->stage_bw > 0 && o->dp > 1) /* pack, scale by 1/n, unpack: read + write each */
+        t += 6.0 * bytes / o->stage_bw;
+    return t;
+}
+
 /* The DP collectives of one step after the last micro-batch's backward:
- * the comm stream runs the buckets in order, each from when its gradients
- * are ready (or all after backward without overlap); exposed: how long the
- * comm stream runs past the end of backward. */
+ * the comm stream runs the all-reduce and reduce-scatter buckets in order,
+ * each from when its gradients are ready (or all after backward without
+ * overlap); exposed: how long the comm stream runs past the end of
+ * backward. All-gather buckets (zero=1) are not on this path: see
+ * cg_cluster_project. */
 static void dp_comm(const CgClusterModel *m, const CgClusterOpts *o, double scale, double bw,
                     double *total, double *exposed)
 {
     double comm = 0, busy_until = 0;
     double end = m->backward_end_s * scale;
     for (int i = 0; i < m->nbuckets; i++) {
+        int k = bucket_kind(m, o, i);
+        if (k == CG_COLL_ALL_GATHER)
+            continue;
         double bytes = m->bucket_bytes[i] * scale;
-        double t = o->zero ? cg_ring_half(bytes, o->dp, bw, o->alpha_s)
-                           : cg_ring_allreduce(bytes, o->dp, bw, o->alpha_s);
-        if (o->stage_bw > 0 && o->dp > 1) /* pack, scale by 1/n, unpack: read + write each */
-            t += 6.0 * bytes / o->stage_bw;
+        double t = bucket_s(o, k, bytes, bw);
         double ready = o->no_overlap ? end : m->bucket_ready_s[i] * scale;
         double start = ready > busy_until ? ready : busy_until;
         busy_until = start + t;
@@ -78,7 +102,8 @@ bool cg_cluster_project(const CgClusterModel *m, const CgClusterOpts *o, CgClust
     /* memory per GPU */
     p->mem_params = m->param_bytes / split;
     p->mem_grads = m->grad_bytes / split;
-    p->mem_opt = m->opt_bytes / split / (o->zero ? o->dp : 1);
+    int zdiv = o->zero && !m->opt_sharded ? o->dp : 1; /* a sharded step is one rank's */
+    p->mem_opt = m->opt_bytes / split / zdiv;
     p->mem_act = m->act_bytes / o->tp; /* 1F1B: pp micro-batches of 1/pp of the layers */
     p->mem_total = p->mem_params + p->mem_grads + p->mem_opt + p->mem_act;
 
@@ -95,7 +120,7 @@ bool cg_cluster_project(const CgClusterModel *m, const CgClusterOpts *o, CgClust
     double slots = (double)o->micro_batches + o->pp - 1;
     p->t_pipeline = slots * (p->t_mb + p->t_tp_mb);
     p->t_bubble = (o->pp - 1) * (p->t_mb + p->t_tp_mb);
-    p->t_opt = m->opt_s / split / (o->zero ? o->dp : 1);
+    p->t_opt = m->opt_s / split / zdiv;
 
     /* DP: the last micro-batch's backward is what the buckets overlap */
     bool dp_inside = (int64_t)o->tp * o->dp <= o->gpus_per_node;
@@ -103,7 +128,12 @@ bool cg_cluster_project(const CgClusterModel *m, const CgClusterOpts *o, CgClust
     double scale = 1.0 / split;
     dp_comm(m, o, scale, p->dp_bw, &p->t_dp, &p->t_dp_exposed);
     if (o->zero) { /* the params' all-gather, hidden by the next forward's compute */
-        double gather = cg_ring_half(m->param_bytes * scale, o->dp, p->dp_bw, o->alpha_s);
+        double gather = 0;
+        for (int i = 0; m->bucket_coll && i < m->nbuckets; i++)
+            if (m->bucket_coll[i] == CG_COLL_ALL_GATHER)
+                gather += bucket_s(o, CG_COLL_ALL_GATHER, m->bucket_bytes[i] * scale, p->dp_bw);
+        if (!m->bucket_coll) /* compiled without zero: the params in one gather */
+            gather = bucket_s(o, CG_COLL_ALL_GATHER, m->param_bytes * scale, p->dp_bw);
         double hide = m->forward_s * scale;
         p->t_dp += gather;
         p->t_dp_exposed += gather > hide ? gather - hide : 0;

@@ -562,6 +562,9 @@ typedef struct {
     double backward_end_s;    /* when the step's last gradient is ready */
     int nbuckets;
     const double *bucket_bytes, *bucket_ready_s; /* per DP bucket, step order */
+    const int *bucket_coll;   /* per DP bucket: its CgColl; NULL: all all-reduces */
+    bool opt_sharded;         /* the step was compiled with zero=1 for dp ranks:
+                                 opt_bytes and opt_s are one DP rank's shard */
 } CgClusterModel;
 
 typedef struct {

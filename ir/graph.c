@@ -475,8 +475,8 @@ static bool shard_infer(const Graph *g, Opcode code, const int *in, int nin, con
     int64_t span = 0;
     for (int i = data; i < nin; i++) {
         const Shape *x = &g->t.v[in[i]].s;
-        if (x->dtype != DT_F32)
-            FAIL("%s: operand %d needs an f32 tensor (got %s)", nm, i, dtype_name(x->dtype));
+        if (!dtype_is_float(x->dtype)) /* packed as f32; gathered back rounded to its type */
+            FAIL("%s: operand %d needs a float tensor (got %s)", nm, i, dtype_name(x->dtype));
         span = ir_add_sat(span, shape_numel(x));
     }
     if (ir_add_sat(a->ia[1], span) > a->ia[2])

@@ -287,8 +287,10 @@ const char *ir_class_name(OpClass c);
  * tensors f32[S], S = ir_shard_size(total, nranks), whose elements past
  * len_r are padding. {bucket=b,start=s,total=T,nranks=n} on each op; the
  * flat range of operands x1..xk is [s, s + sum numel(xi)) (their
- * concatenation, in operand order). The interpreter is rank 0 and the only
- * rank: "mean over ranks" is the rank's own value, and parts of other
+ * concatenation, in operand order). Data operands may be any float type:
+ * shards hold their elements as f32, and all_gather rounds them back to
+ * p's type (the f32 master copy of bf16 params). The interpreter is rank 0
+ * and the only rank: "mean over ranks" is the rank's own value, and parts of other
  * ranks are left as they are; with n = 1 the shard is the whole range.
  * shard_pack(x1..xk)             -> f32[S]: the rank's part of the flat
  *            range holds the xi's elements, every other element is 0

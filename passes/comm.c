@@ -260,6 +260,28 @@ static int cmp_gather(const void *a, const void *b, void *ctx)
     return x < y ? -1 : x > y;
 }
 
+/* The outputs of a sharded step: each rank holds only its own gradients
+ * (never averaged in place, as zero=0's all-reduces do), so the "grad.P"
+ * outputs of params are dropped (the gradients then die at their bucket's
+ * wait) and "grad.shard" = `shard` (the last reduce_scatter_wait: this
+ * rank's f32[S] shard of the mean gradient, before clipping) is added; the
+ * runtime assembles the full mean gradient from the ranks' shards on
+ * request (rt_zero_grads). shard < 0: no reduce_scatter, nothing to do. */
+static void shard_grad_outputs(Graph *g, int shard)
+{
+    if (shard < 0)
+        return;
+    int k = 0;
+    for (int i = 0; i < g->outs.n; i++) {
+        const char *nm = g->outs.v[i].name;
+        int pid = strncmp(nm, "grad.", 5) == 0 ? ir_find_tensor(g, nm + 5) : -1;
+        if (pid < 0 || g->t.v[pid].kind != TK_PARAM)
+            g->outs.v[k++] = g->outs.v[i];
+    }
+    g->outs.n = k;
+    ir_add_output(g, "grad.shard", shard);
+}
+
 /* ZeRO-1 (the optimizer's reduce_scatter, allreduce and all_gather, see
  * pass_optimizer): the reduce_scatter's gradients, in its (flat) order, are
  * cut into buckets of about cap bytes; each bucket's reduce_scatter_start
@@ -280,7 +302,7 @@ static void comm_zero(Graph *g, const PassOpts *o, const int *gready, int last_b
     bool *drop = xcalloc((size_t)nops + 1, sizeof(bool));
     VEC(int) reps = {0}; /* pairs: old result, its replacement */
     VEC(int) gathers = {0};
-    int bucket = 0;
+    int bucket = 0, gshard = -1;
     for (int i = 0; i < nops; i++) {
         if (g->ops.v[i].code == OP_ALL_GATHER)
             vec_push(&gathers, i);
@@ -351,6 +373,7 @@ static void comm_zero(Graph *g, const PassOpts *o, const int *gready, int last_b
         drop[i] = true;
         vec_push(&reps, R.out);
         vec_push(&reps, prev);
+        gshard = prev;
         free(at);
         vec_free(&cut);
     }
@@ -426,6 +449,7 @@ static void comm_zero(Graph *g, const PassOpts *o, const int *gready, int last_b
     for (int q = 0; q < reps.n; q += 2)
         replace_uses(g, reps.v[q], reps.v[q + 1], is_comm);
     free(is_comm);
+    shard_grad_outputs(g, gshard);
     vec_free(&reps);
     vec_free(&gathers);
     drop = xrealloc(drop, sizeof(bool) * (size_t)(g->ops.n + 1));
@@ -605,19 +629,25 @@ void pass_comm_print(const Graph *g, FILE *f)
                            : op->code == OP_REDUCE_SCATTER_START ? " reduce-scatter"
                                                                  : " all-gather";
         fprintf(f, "# bucket %lld%s:", (long long)op->attr.ia[0], kind);
+        int64_t flat = op->attr.ia[1];
         for (int j = op->code != OP_ALLREDUCE_START; j < op->nin; j++) {
+            /* flat counts elements (a bf16 param's are 2 bytes) */
             const Tensor *t = &g->t.v[op->in[j]];
             bytes = ir_add_sat(bytes, shape_bytes(&t->s));
             const char *name = op->code == OP_ALL_GATHER_START ? t->name : NULL;
+            const char *pre = "";
+            /* a reduce-scatter's gradient: the param gathered at its flat start */
+            for (int k = 0; op->code == OP_REDUCE_SCATTER_START && !name && k < g->ops.n; k++)
+                if (g->ops.v[k].code == OP_ALL_GATHER_WAIT && g->ops.v[k].attr.ia[1] == flat)
+                    name = g->t.v[g->ops.v[k].in[2]].name, pre = "grad.";
             for (int k = 0; k < g->outs.n && !name; k++) {
                 int w = g->outs.v[k].t;
                 const Op *wo = g->t.v[w].op >= 0 ? &g->ops.v[g->t.v[w].op] : NULL;
-                if (op->code == OP_REDUCE_SCATTER_START && w == op->in[j])
-                    name = g->outs.v[k].name;
                 if (wo && wo->code == OP_ALLREDUCE_WAIT && wo->in[1] == op->in[j])
                     name = g->outs.v[k].name;
             }
-            fprintf(f, " %%%d%s%s", op->in[j], name ? "=" : "", name ? name : "");
+            fprintf(f, " %%%d%s%s%s", op->in[j], name ? "=" : "", pre, name ? name : "");
+            flat += shape_numel(&t->s);
         }
         int wait = -1;
         for (int k = i + 1; k < g->ops.n && wait < 0; k++)
@@ -626,7 +656,7 @@ void pass_comm_print(const Graph *g, FILE *f)
         fprintf(f, "\n#   %lld bytes", (long long)bytes);
         if (op->code != OP_ALLREDUCE_START)
             fprintf(f, " (flat [%lld, %lld) of %lld, %lld ranks)", (long long)op->attr.ia[1],
-                    (long long)(op->attr.ia[1] + bytes / 4), (long long)op->attr.ia[2],
+                    (long long)flat, (long long)op->attr.ia[2],
                     (long long)op->attr.ia[3]);
         fprintf(f, "; start: op %d (after op %d, %s); first wait: op %d\n", i, i - 1,
                 i > 0 ? ir_opinfo[g->ops.v[i - 1].code].name : "-", wait);

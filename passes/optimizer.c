@@ -200,6 +200,7 @@ static void optimizer_zero(B *b, const PassOpts *o, ParamGrad *ps, int n, int lr
     int nr = o->nranks > 1 ? o->nranks : 1;
     int64_t S = ir_shard_size(total, nr);
     Shape ss = shape_make(DT_F32, 1, (int64_t[]){S});
+    ParamInit zeros = {.kind = INIT_ZEROS};
     OpAttr sa = shard_attr(0, total, nr);
     int *in = xmalloc(sizeof(int) * (size_t)(n + 1));
     bool any_wd = false;
@@ -237,7 +238,6 @@ static void optimizer_zero(B *b, const PassOpts *o, ParamGrad *ps, int n, int lr
     int t = bin(b, OP_ADD, step, cst_f32(b, 1.0));
     int bc1 = bin(b, OP_SUB, cst_f32(b, 1.0), bin(b, OP_POW, cst_f32(b, o->beta1), t));
     int bc2 = bin(b, OP_SUB, cst_f32(b, 1.0), bin(b, OP_POW, cst_f32(b, o->beta2), t));
-    ParamInit zeros = {.kind = INIT_ZEROS};
     int m = ir_add_input(g, TK_STATE, "adam.m", ss, zeros);
     int v = ir_add_input(g, TK_STATE, "adam.v", ss, zeros);
     int m1 = bin(b, OP_ADD, bin(b, OP_MUL, cst(b, &ss, o->beta1), m),
@@ -250,8 +250,25 @@ static void optimizer_zero(B *b, const PassOpts *o, ParamGrad *ps, int n, int lr
     int u = bin(b, OP_DIV, mhat, den);
     if (pwd >= 0)
         u = bin(b, OP_ADD, u, bin(b, OP_MUL, cst(b, &ss, o->weight_decay), pwd));
-    int p1 = bin(b, OP_SUB, psh, bin(b, OP_MUL, splat(b, lr, &ss), u));
-    int newsh = keep_unless(b, ok, p1, psh);
+    /* params below f32 (bf16, f16): the update runs on an f32 master copy
+     * of the shard, state "adam.master", taken from the params at step 0
+     * (the packed params are then exact) and kept from then on; the
+     * gathers round it to each param's type */
+    int base = psh, master = -1;
+    for (int i = 0; i < n && master < 0; i++)
+        if (g->t.v[ps[i].p].s.dtype != DT_F32)
+            master = ir_add_input(g, TK_STATE, "adam.master", ss, zeros);
+    if (master >= 0) {
+        int first = bin(b, OP_EQ, step, cst_f32(b, 0.0));
+        OpAttr ba = {0};
+        ir_attr_set_shape(&ba, &ss);
+        int in3[3] = {emit(b, OP_BROADCAST, first, -1, &ba), psh, master};
+        base = emit_n(b, OP_SELECT, in3, 3, NULL);
+    }
+    int p1 = bin(b, OP_SUB, base, bin(b, OP_MUL, splat(b, lr, &ss), u));
+    int newsh = keep_unless(b, ok, p1, base);
+    if (master >= 0)
+        ir_add_update(g, master, newsh);
     ir_add_update(g, m, keep_unless(b, ok, m1, m));
     ir_add_update(g, v, keep_unless(b, ok, v1, v));
     int64_t at = 0;
@@ -331,17 +348,6 @@ bool pass_optimizer(Graph *g, const PassOpts *o, Diag *d)
     int zero = cst_f32(&b, 0.0);
     int loss0 = bin(&b, OP_MUL, loss, zero); /* 0, or NaN for a non-finite loss */
     poison_smallest(&b, ps.v, ps.n, loss0, chain0);
-    for (int i = 0; o->zero && i < ps.n; i++) {
-        const Tensor *t = &g->t.v[ps.v[i].p];
-        if (t->s.dtype != DT_F32) {
-            snprintf(d->msg, sizeof d->msg,
-                     "optimizer: zero=1 shards f32 params only (expected param \"%s\" to be "
-                     "f32, got %s)",
-                     t->name, dtype_name(t->s.dtype));
-            vec_free(&ps);
-            return false;
-        }
-    }
     if (o->zero) {
         optimizer_zero(&b, o, ps.v, ps.n, lr, step, loss0, zero);
         vec_free(&ps);

@@ -295,7 +295,11 @@ bool pass_remat_sweep(const Graph *g, const PassOpts *o, int npoints, FILE *f,
  * bucket's gradients right after the op producing its last gradient (with
  * o->no_overlap: after the last backward op) and one `allreduce_wait` per
  * gradient right before the first op that reads any gradient of the bucket;
- * every later reader and the "grad.P" output read the wait's result. */
+ * every later reader and the "grad.P" output read the wait's result.
+ * A sharded step (zero=1: the optimizer's reduce_scatter and all_gather)
+ * gets reduce-scatter and all-gather buckets instead (docs/distributed.md);
+ * its "grad.P" outputs are dropped (no rank holds a full mean gradient)
+ * and "grad.shard" f32[S], the rank's shard of the mean gradient, added. */
 #define PASS_COMM_BUCKET_DEFAULT ((int64_t)4 << 20)
 bool pass_comm(Graph *g, const PassOpts *o, Diag *d);
 /* The graph of one of the first K-1 micro-batches of a step, from a graph

@@ -16,6 +16,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+typedef struct {
+    void (*fn)(void *arg, int id);
+    void *arg;
+    int id;
+    int next; /* the step's next hook, -1 */
+} ExecHook;
+
 struct Exec {
     Graph *g; /* own copy: the plan borrows it */
     CgPlan *plan;
@@ -39,8 +46,13 @@ struct Exec {
     int *first_reader;    /* per bucket: plan step that first reads its params; -1:
                              not deferred */
     bool *deferred;       /* per step: an all-gather wait left to the next run */
+    int *wait_head;       /* per step: first bucket whose first reader it is, -1 */
+    int *wait_next;       /* per bucket: the next bucket of its first reader, -1 */
     bool *pending;        /* per bucket: its gather is in flight across runs */
     int *root_bucket;     /* per tensor: the deferred bucket writing its storage, -1 */
+    /* rt_exec_before_read: callbacks before a plan step, per run */
+    VEC(ExecHook) hooks;
+    int *hook_at;         /* per step: first hook (index in hooks), -1 */
 };
 
 /* zero=1: a deferred bucket's gather may still be writing its params. On
@@ -62,6 +74,39 @@ static void wait_bucket(Exec *e, int b)
                 return;
             }
     }
+}
+
+/* Per op of e->g: the plan step that runs it (a fused group's ops: their
+ * kernel's step), -1 for none. Caller frees. */
+static int *op_steps(const Exec *e)
+{
+    const CgPlan *p = e->plan;
+    const Graph *g = e->g;
+    int ngroups = 0;
+    for (int i = 0; i < g->ops.n; i++)
+        if (g->ops.v[i].group + 1 > ngroups)
+            ngroups = g->ops.v[i].group + 1;
+    int *gstep = xmalloc(sizeof(int) * (size_t)(ngroups + 1));
+    int *ostep = xmalloc(sizeof(int) * (size_t)(g->ops.n + 1));
+    for (int k = 0; k < ngroups; k++)
+        gstep[k] = -1;
+    for (int i = 0; i < g->ops.n; i++)
+        ostep[i] = -1;
+    for (int s = 0; s < p->steps.n; s++) {
+        int o = p->steps.v[s].op;
+        if (o < 0)
+            continue;
+        if (ostep[o] < 0)
+            ostep[o] = s;
+        int k = g->ops.v[o].group;
+        if (k >= 0 && gstep[k] < 0)
+            gstep[k] = s;
+    }
+    for (int i = 0; i < g->ops.n; i++)
+        if (g->ops.v[i].group >= 0)
+            ostep[i] = gstep[g->ops.v[i].group];
+    free(gstep);
+    return ostep;
 }
 
 /* zero=1 on several CPU ranks: the all-gather waits at the end of the step
@@ -108,30 +153,10 @@ static void setup_defer(Exec *e)
         for (int a = 0; a < st->nargs; a++)
             e->root_bucket[m->root[st->args[a]]] = st->bucket;
     }
-    /* the plan step of each op (a fused group's ops: its kernel's step) */
-    int ngroups = 0;
-    for (int i = 0; i < g->ops.n; i++)
-        if (g->ops.v[i].group + 1 > ngroups)
-            ngroups = g->ops.v[i].group + 1;
-    int *gstep = xmalloc(sizeof(int) * (size_t)(ngroups + 1));
-    int *ostep = xmalloc(sizeof(int) * (size_t)(g->ops.n + 1));
-    for (int k = 0; k < ngroups; k++)
-        gstep[k] = -1;
-    for (int i = 0; i < g->ops.n; i++)
-        ostep[i] = -1;
-    for (int s = 0; s < n; s++) {
-        int o = p->steps.v[s].op;
-        if (o < 0)
-            continue;
-        if (ostep[o] < 0)
-            ostep[o] = s;
-        int k = g->ops.v[o].group;
-        if (k >= 0 && gstep[k] < 0)
-            gstep[k] = s;
-    }
+    int *ostep = op_steps(e);
     for (int i = 0; i < g->ops.n; i++) {
         const Op *op = &g->ops.v[i];
-        int s = op->group >= 0 ? gstep[op->group] : ostep[i];
+        int s = ostep[i];
         if (s < 0 || op->code == OP_ALL_GATHER_START || op->code == OP_ALL_GATHER_WAIT)
             continue;
         for (int j = 0; j < op->nin; j++) {
@@ -146,9 +171,55 @@ static void setup_defer(Exec *e)
             e->first_reader[st->bucket] >= 0)
             e->deferred[s] = true;
     }
-    free(gstep);
+    /* per step, the buckets it waits for first (run_step) */
+    e->wait_head = xmalloc(sizeof(int) * (size_t)(n + 1));
+    e->wait_next = xmalloc(sizeof(int) * (size_t)(nb + 1));
+    for (int s = 0; s < n; s++)
+        e->wait_head[s] = -1;
+    for (int b = 0; b < nb; b++) {
+        int s = e->first_reader[b];
+        e->wait_next[b] = s >= 0 ? e->wait_head[s] : -1;
+        if (s >= 0)
+            e->wait_head[s] = b;
+    }
     free(ostep);
     free(late);
+}
+
+int rt_exec_gather_bucket(const Exec *e, int tensor)
+{
+    if (!e->root_bucket || tensor < 0 || tensor >= e->g->t.n)
+        return -1;
+    int b = e->root_bucket[e->plan->mem->root[tensor]];
+    return b >= 0 && e->first_reader[b] >= 0 ? b : -1;
+}
+
+void rt_exec_before_read(Exec *e, const int *tensors, int n, void (*fn)(void *arg, int id),
+                         void *arg, int id)
+{
+    const Graph *g = e->g;
+    const MemPlan *m = e->plan->mem;
+    bool *want = xcalloc((size_t)g->t.n + 1, sizeof(bool));
+    for (int k = 0; k < n; k++)
+        want[m->root[tensors[k]]] = true;
+    int *ostep = op_steps(e), first = -1;
+    for (int i = 0; i < g->ops.n; i++)
+        for (int j = 0; j < g->ops.v[i].nin; j++)
+            if (ostep[i] >= 0 && want[m->root[g->ops.v[i].in[j]]] &&
+                (first < 0 || ostep[i] < first))
+                first = ostep[i];
+    free(ostep);
+    free(want);
+    if (first < 0)
+        return;
+    if (!e->hook_at) {
+        e->hook_at = xmalloc(sizeof(int) * (size_t)(e->plan->steps.n + 1));
+        for (int s = 0; s < e->plan->steps.n; s++)
+            e->hook_at[s] = -1;
+    }
+    ExecHook h = {fn, arg, id, e->hook_at[first]};
+    vec_push(&e->hooks, h);
+    e->hook_at[first] = e->hooks.n - 1;
 }
 
 static const char *step_kind(CgStepKind k)
@@ -186,9 +257,10 @@ static void shard_pack(Exec *e, const CgStep *st)
 static bool run_step(Exec *e, int s, uint64_t seed, int64_t step, Diag *d)
 {
     const CgStep *st = &e->plan->steps.v[s];
-    for (int b = 0; e->pending && b < e->nb; b++)
-        if (e->first_reader[b] == s)
-            wait_bucket(e, b);
+    for (int h = e->hook_at ? e->hook_at[s] : -1; h >= 0; h = e->hooks.v[h].next)
+        e->hooks.v[h].fn(e->hooks.v[h].arg, e->hooks.v[h].id);
+    for (int b = e->wait_head ? e->wait_head[s] : -1; b >= 0; b = e->wait_next[b])
+        wait_bucket(e, b);
     if (e->deferred && e->deferred[s]) { /* waited for by the next run's readers */
         e->pending[st->bucket] = true;
         return e->dev_comm ? e->be->run_step(e->ctx, s, seed, step, d) : true; /* events */
@@ -298,6 +370,13 @@ static bool setup_comm(Exec *e, Diag *d)
                      e->be->name);
             return false;
         }
+        /* A sharded plan is settled here: every one of its collectives
+         * (the reduce-scatters, the norm's scalar all-reduce, the
+         * all-gathers) runs on the communication thread through the host
+         * backend's read and write (refused above on any other), so none is
+         * handed to device collectives below, and every sharded step of
+         * the plan carries the one rank count the optimizer pass gave them
+         * all (pass_optimizer: one flat order, one shard geometry). */
         if (sharded) {
             if (rt_comm_size(e->o.comm) > 1)
                 setup_defer(e);
@@ -407,6 +486,10 @@ void rt_exec_destroy(Exec *e)
     free(e->pending);
     free(e->deferred);
     free(e->root_bucket);
+    free(e->wait_head);
+    free(e->wait_next);
+    vec_free(&e->hooks);
+    free(e->hook_at);
     if (e->cev)
         rt_comm_set_source(e->o.comm, NULL, e);
     if (e->ctx)

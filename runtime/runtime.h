@@ -86,6 +86,16 @@ Exec *rt_exec_create(const Graph *g, const ExecOpts *o, Diag *d);
 void rt_exec_destroy(Exec *e);
 void rt_exec_write(Exec *e, int tensor, const void *src);
 void rt_exec_read(Exec *e, int tensor, void *dst);
+/* zero=1 on several ranks: the all-gather bucket whose gather, started by
+ * the last run, may still be writing `tensor` (a param) and that the next
+ * run waits for before its first reader (runtime/exec.c, setup_defer); -1
+ * for none. rt_exec_read and rt_exec_write wait for it themselves. */
+int rt_exec_gather_bucket(const Exec *e, int tensor);
+/* Calls fn(arg, id) in every run, right before the first plan step that
+ * reads one of tensors[0..n) (never, when no step reads them). The
+ * callback may call rt_exec_write on e for those tensors. */
+void rt_exec_before_read(Exec *e, const int *tensors, int n, void (*fn)(void *arg, int id),
+                         void *arg, int id);
 /* One step: every op, then every update (param/state <- new value). */
 bool rt_exec_run(Exec *e, uint64_t seed, int64_t step, Diag *d);
 int64_t rt_exec_arena_bytes(const Exec *e);

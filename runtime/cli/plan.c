@@ -66,6 +66,7 @@ typedef struct {
 typedef struct {
     CgClusterModel m;
     double *bytes, *ready;
+    int *coll;
     double arena, persistent;
 } Variant;
 
@@ -162,6 +163,7 @@ static bool measure(const Model *m, const PassOpts *po, const CgDevice *dev, Var
     int row = 0;
     v->bytes = xcalloc((size_t)p->steps.n + 1, sizeof(double));
     v->ready = xcalloc((size_t)p->steps.n + 1, sizeof(double));
+    v->coll = xcalloc((size_t)p->steps.n + 1, sizeof(int));
     for (int s = 0; s < p->steps.n; s++) {
         const CgStep *st = &p->steps.v[s];
         unsigned flags = st->op >= 0 ? g->ops.v[st->op].flags : OPF_OPTIM; /* update copies */
@@ -184,11 +186,14 @@ static bool measure(const Model *m, const PassOpts *po, const CgDevice *dev, Var
                 b += (double)shape_numel(&x->s) * (double)dtype_size(x->s.dtype);
             }
             v->bytes[c->nbuckets] = b;
+            v->coll[c->nbuckets] = (int)st->coll;
             v->ready[c->nbuckets++] = t;
         }
     }
     c->bucket_bytes = v->bytes;
     c->bucket_ready_s = v->ready;
+    c->bucket_coll = v->coll;
+    c->opt_sharded = ir_find_tensor(g, "adam.m") >= 0;
 out:
     cg_prediction_free(r);
     cg_cuda_program_free(q);
@@ -198,10 +203,19 @@ out:
     return ok;
 }
 
+/* DP buckets per CgColl */
+static void count_kinds(const CgClusterModel *m, int nk[3])
+{
+    nk[0] = nk[1] = nk[2] = 0;
+    for (int i = 0; i < m->nbuckets; i++)
+        nk[m->bucket_coll ? m->bucket_coll[i] : CG_COLL_ALLREDUCE]++;
+}
+
 static void variant_free(Variant *v)
 {
     free(v->bytes);
     free(v->ready);
+    free(v->coll);
 }
 
 /* The remat choice at the device's memory: the remat pass (auto) compiles
@@ -361,6 +375,12 @@ static void print_plan(const PlanArgs *a, const CgDevice *dev, const CgClusterOp
     ir_fmt_seconds(p->t_dp_exposed, y, sizeof y);
     printf("  DP gradient communication %s in %d buckets at %.3g GB/s, exposed %s%s\n", x,
            m->nbuckets, p->dp_bw / 1e9, y, o->no_overlap ? " (--no-overlap)" : "");
+    int nk[3];
+    count_kinds(m, nk);
+    if (nk[CG_COLL_REDUCE_SCATTER] + nk[CG_COLL_ALL_GATHER] > 0)
+        printf("    zero=1: %d reduce-scatter, %d all-reduce (the norm), %d all-gather buckets "
+               "(the gathers hide behind the next forward)\n",
+               nk[CG_COLL_REDUCE_SCATTER], nk[CG_COLL_ALLREDUCE], nk[CG_COLL_ALL_GATHER]);
     ir_fmt_seconds(p->t_opt, x, sizeof x);
     ir_fmt_seconds(p->step_predicted, y, sizeof y);
     printf("  optimizer %s; predicted step %s\n", x, y);
@@ -409,6 +429,11 @@ static cJSON *plan_json(const CgDevice *dev, const CgClusterOpts *o, const Varia
     cJSON_AddNumberToObject(s, "dp_comm_s", p->t_dp);
     cJSON_AddNumberToObject(s, "dp_exposed_s", p->t_dp_exposed);
     cJSON_AddNumberToObject(s, "dp_buckets", v->m.nbuckets);
+    int nk[3];
+    count_kinds(&v->m, nk);
+    cJSON_AddNumberToObject(s, "dp_allreduce_buckets", nk[CG_COLL_ALLREDUCE]);
+    cJSON_AddNumberToObject(s, "dp_reduce_scatter_buckets", nk[CG_COLL_REDUCE_SCATTER]);
+    cJSON_AddNumberToObject(s, "dp_all_gather_buckets", nk[CG_COLL_ALL_GATHER]);
     cJSON_AddNumberToObject(s, "optimizer_s", p->t_opt);
     cJSON_AddNumberToObject(s, "predicted_s", p->step_predicted);
     cJSON_AddNumberToObject(s, "step_s", p->step);
@@ -637,6 +662,12 @@ int cli_plan(int argc, char **argv)
     RtGraphFlags gf = {.memory_budget = -1, .nranks = a.dp, .no_overlap = a.no_overlap,
                        .cuda = dev->gpu};
     rt_pass_opts(&m->train, &gf, &po);
+    /* zero=1 (--zero 1 or the script's): the step compiled sharded, so the
+     * comm pass's reduce-scatter and all-gather buckets are costed */
+    if (a.zero && a.dp > 1)
+        po.zero = 1;
+    if (po.zero)
+        o.zero = 1;
     Variant v;
     if (!measure(m, &po, dev, &v, NULL, &d)) {
         fprintf(stderr, "%s\n", d.msg);

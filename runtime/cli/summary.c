@@ -128,10 +128,13 @@ void cli_print_summary(const Model *m, const Graph *fwd_g, const Graph *g, const
             if (ir_opinfo[op->code].attr != AK_SHARD)
                 continue;
             int64_t S = ir_shard_size(op->attr.ia[2], op->attr.ia[3]);
-            ir_fmt_bytes(2.0 * 4.0 * (double)S, 2, b0, sizeof b0);
-            printf("zero: AdamW state sharded over %lld ranks: adam.m and adam.v f32[%lld] "
+            bool master = ir_find_tensor(g, "adam.master") >= 0; /* bf16 params */
+            ir_fmt_bytes((master ? 3.0 : 2.0) * 4.0 * (double)S, 2, b0, sizeof b0);
+            printf("zero: AdamW state sharded over %lld ranks: adam.m%s f32[%lld] "
                    "(%s) per rank; the planned peak is one rank's\n",
-                   (long long)op->attr.ia[3], (long long)S, b0);
+                   (long long)op->attr.ia[3], master ? ", adam.v and the master copy adam.master"
+                                                     : " and adam.v",
+                   (long long)S, b0);
             break;
         }
     }

@@ -154,6 +154,12 @@ void rt_zero_gather(RtZero *z, RtComm *c, void *const *vals);
 /* This rank's shards of adam.m and adam.v (into vals, tg's) from the full
  * moments. */
 void rt_zero_scatter(RtZero *z, int rank, void **vals);
+/* Collective: the full mean gradient of each param, what the output
+ * "grad.P" of an unsharded step holds. A sharded step has no "grad.P"
+ * outputs (passes/comm.c); its output "grad.shard" is this rank's f32[S]
+ * shard of the mean gradient (`shard`: its value after a run). dst, per tg
+ * tensor: where to write that param's gradient (numel floats), or NULL. */
+void rt_zero_grads(RtZero *z, RtComm *c, const float *shard, float *const *dst);
 
 /* ---- measure_mpi.c: the MPI link between local ranks, measured ----------
  * The ring alpha-beta figures of an all-reduce between nranks ranks on this

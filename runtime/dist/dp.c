@@ -26,6 +26,16 @@ struct RtDp {
     Exec *me;
     int *param_pair; /* per tg tensor: the micro graph's tensor of the same name, -1 */
     int ntg;
+    /* zero=1: params whose gather the last step left in flight go into the
+     * micro executor in its first run, right before their first reader
+     * there (link_gathers) */
+    Exec *te;        /* the training step's executor, once linked */
+    const Graph *tg;
+    int *gbucket;    /* per tg tensor: its deferred gather bucket in te, -1 */
+    bool *copied;    /* per bucket: its params are in the micro executor this step */
+    int ngb;
+    void *buf;       /* staging for copies */
+    size_t cap;
     double micro_loss; /* sum over this step's micro-batches */
     int nmicro;
     const char **scalar; /* the extra scalar outputs (rt_dp_set_scalars) */
@@ -86,6 +96,9 @@ int rt_dp_close(RtDp *dp, int rc)
     if (dp->mg)
         ir_free(dp->mg);
     free(dp->param_pair);
+    free(dp->gbucket);
+    free(dp->copied);
+    free(dp->buf);
     free(dp->scalar);
     free(dp->micro_scalar);
     vec_free(&dp->last_ev);
@@ -136,6 +149,25 @@ bool rt_dp_build(RtDp *dp, const Graph *model, const PassOpts *po, const ExecOpt
 {
     for (int i = 0; i < tg->ops.n; i++) {
         const Op *op = &tg->ops.v[i];
+        /* zero=1: shard_pack, the reduce-scatters and the all-gathers move
+         * f32 elements (runtime/exec.c, mpi.c); a bf16 param's f32 master
+         * copy plans (passes/optimizer.c) but does not run. (On the CPU the
+         * backend refuses bf16 kernels before this.) */
+        bool sh = op->code == OP_SHARD_PACK || op->code == OP_REDUCE_SCATTER_START ||
+                  op->code == OP_ALL_GATHER_START;
+        for (int j = op->code == OP_SHARD_PACK ? 0 : 1; sh && j < op->nin; j++) {
+            const Tensor *t = &tg->t.v[op->in[j]];
+            if (t->s.dtype != DT_F32 && t->kind == TK_PARAM) {
+                snprintf(d->msg, sizeof d->msg,
+                         "%s:%d: zero=1 with %s params does not run yet: the ranks' "
+                         "reduce-scatter and all-gather move f32 only (expected param \"%s\" "
+                         "to be f32, got %s; `kiln compile --set zero=1` plans it, with its "
+                         "f32 master copy)",
+                         op->loc.file ? op->loc.file : "?", op->loc.line,
+                         dtype_name(t->s.dtype), t->name, dtype_name(t->s.dtype));
+                return false;
+            }
+        }
         for (int j = 0; op->code == OP_ALLREDUCE_START && j < op->nin; j++) {
             DType dt = tg->t.v[op->in[j]].s.dtype;
             if (dt != DT_F32) {
@@ -207,6 +239,48 @@ static void copy_tensor(Exec *from, int tf, Exec *to, int tt, const Graph *g, vo
     rt_exec_write(to, tt, *buf);
 }
 
+/* rt_exec_before_read's callback in the micro executor: bucket b's params,
+ * once per step, from the step's executor (waiting for their gather). */
+static void copy_bucket(void *arg, int b)
+{
+    RtDp *dp = arg;
+    if (dp->copied[b])
+        return;
+    dp->copied[b] = true;
+    for (int i = 0; i < dp->ntg; i++)
+        if (dp->gbucket[i] == b)
+            copy_tensor(dp->te, i, dp->me, dp->param_pair[i], dp->tg, &dp->buf, &dp->cap);
+}
+
+/* zero=1 with grad_accum > 1, once: the step executor's deferred gathers
+ * land in the first micro-batch where it first reads their params, not
+ * all before it (the gathers then overlap its forward, as with
+ * grad_accum 1 they overlap the step's own). */
+static void link_gathers(RtDp *dp, Exec *te, const Graph *tg)
+{
+    dp->te = te;
+    dp->tg = tg;
+    dp->gbucket = xmalloc(sizeof(int) * (size_t)(tg->t.n + 1));
+    for (int i = 0; i < tg->t.n; i++) {
+        dp->gbucket[i] = dp->param_pair[i] >= 0 && tg->t.v[i].kind == TK_PARAM
+                             ? rt_exec_gather_bucket(te, i)
+                             : -1;
+        if (dp->gbucket[i] + 1 > dp->ngb)
+            dp->ngb = dp->gbucket[i] + 1;
+    }
+    dp->copied = xcalloc((size_t)dp->ngb + 1, sizeof(bool));
+    int *mine = xmalloc(sizeof(int) * (size_t)(tg->t.n + 1));
+    for (int b = 0; b < dp->ngb; b++) {
+        int n = 0;
+        for (int i = 0; i < tg->t.n; i++)
+            if (dp->gbucket[i] == b)
+                mine[n++] = dp->param_pair[i];
+        if (n)
+            rt_exec_before_read(dp->me, mine, n, copy_bucket, dp, b);
+    }
+    free(mine);
+}
+
 bool rt_dp_step(RtDp *dp, Exec *te, const Graph *tg, const DataBatch *global, uint64_t seed,
                 int64_t step, Diag *d)
 {
@@ -218,18 +292,23 @@ bool rt_dp_step(RtDp *dp, Exec *te, const Graph *tg, const DataBatch *global, ui
     for (int i = 0; i < dp->nscalar; i++)
         dp->micro_scalar[i] = 0;
     if (dp->K > 1) {
+        if (!dp->gbucket)
+            link_gathers(dp, te, tg);
         void *buf = NULL;
         size_t cap = 0;
         int lt = ir_find_output(dp->mg, "loss");
-        /* params into the micro executor, its accumulators to zero */
+        /* params into the micro executor (those of a gather in flight: in
+         * its first run, copy_bucket), its accumulators to zero */
+        for (int k = 0; k < dp->ngb; k++)
+            dp->copied[k] = false;
         for (int i = 0; i < tg->t.n; i++) {
             int m = dp->param_pair[i];
             if (m < 0)
                 continue;
             const Tensor *t = &tg->t.v[i];
-            if (t->kind == TK_PARAM) {
+            if (t->kind == TK_PARAM && dp->gbucket[i] < 0) {
                 copy_tensor(te, i, dp->me, m, tg, &buf, &cap);
-            } else {
+            } else if (t->kind != TK_PARAM) {
                 size_t n = (size_t)shape_numel(&t->s) * (size_t)dtype_size(t->s.dtype);
                 if (n > cap) {
                     free(buf);
@@ -260,6 +339,8 @@ bool rt_dp_step(RtDp *dp, Exec *te, const Graph *tg, const DataBatch *global, ui
                 }
             }
         }
+        for (int k = 0; k < dp->ngb; k++) /* read by no micro-batch step */
+            copy_bucket(dp, k);
         int acc = -1;
         for (int i = 0; i < tg->t.n; i++)
             if (dp->param_pair[i] >= 0 && tg->t.v[i].kind == TK_STATE) {

@@ -9,8 +9,13 @@
  * answers liveness pings meanwhile; past the timeout it pings every rank, names
  * the one that does not answer (or, when all answer, the one that has not
  * reached this collective) and stops the job with MPI_Abort. Broadcasts (the
- * NCCL id) take the same queue. Buckets that a GPU reduces itself (NCCL) are
- * not seen here; their times come in through rt_comm_set_source. */
+ * NCCL id) take the same queue. A ZeRO-1 all-gather bucket is started in
+ * order but not waited for: it stays in flight while the thread runs later
+ * jobs (the loss's host all-reduce, the next step's buckets; MPI matches
+ * non-blocking collectives by issue order, the same on every rank) and lands
+ * when its request completes, so the gathers overlap the next forward and
+ * never hold up a host collective. Buckets that a GPU reduces itself (NCCL)
+ * are not seen here; their times come in through rt_comm_set_source. */
 #include "codegen.h"
 #include "dist.h"
 
@@ -38,12 +43,25 @@ typedef struct {
     void *buf;                /* bcast */
     size_t nbuf;
     bool *done;               /* host collective, bcast: set when finished */
+    double *began;            /* host collective, bcast: when the thread took it */
     const char *what;         /* JOB_LOST: the collective */
     CgColl coll;              /* bucket: all-reduce, reduce-scatter or all-gather */
     int64_t sh_start, sh_total, sh_off; /* sharded: flat range start, total, shard offset */
     float *part;              /* all-gather: this rank's part, read at the start (the
                                  shard's bytes may be reused before the job runs) */
 } Job;
+
+/* An all-gather bucket the thread started and has not finished: it stays
+ * in flight while later jobs run (the next step's collectives, a host
+ * all-reduce of the loss), and lands (unpacked into the params, its bucket
+ * no longer busy) when its request completes. */
+typedef struct {
+    MPI_Request rq;
+    Job j;
+    float *buf;          /* the bucket's flat range, every rank's part */
+    double t0, deadline;
+    int64_t bytes;
+} Flying;
 
 struct RtComm {
     int rank, size, local_size, local_rank;
@@ -60,6 +78,7 @@ struct RtComm {
     int nbuckets;
     float *stage;
     int64_t nstage;
+    VEC(Flying) fly;          /* the thread's own: all-gathers in flight */
     /* stats since the last reset (under mu) */
     double comm_s, exposed_s;
     double exposed_by[3];     /* exposed_s per CgColl of the bucket waited for */
@@ -153,7 +172,9 @@ static _Noreturn void lost(RtComm *c, const char *what)
     _exit(1);
 }
 
-/* Waits for rq, polling with a deadline. */
+static void poll_fly(RtComm *c);
+
+/* Waits for rq, polling with a deadline (and the all-gathers in flight). */
 static void finish(RtComm *c, MPI_Request rq, const char *what)
 {
     double deadline = ir_now() + c->timeout;
@@ -163,6 +184,7 @@ static void finish(RtComm *c, MPI_Request rq, const char *what)
             lost(c, what);
         if (flag)
             return;
+        poll_fly(c);
         if ((spins & 63) == 63) {
             answer_pings(c);
             if (ir_now() > deadline)
@@ -240,21 +262,61 @@ static void run_sharded(RtComm *c, Job *j, int64_t n, const char *what)
             part[i] *= s;
         if (mine)
             j->be->write(j->ctx, j->sh_off + lo * 4, part, (int64_t)mine * 4);
-    } else {
-        rc = MPI_Iallgatherv(part, mine, MPI_FLOAT, c->stage, counts, displs, MPI_FLOAT, c->cc,
-                             &rq);
+    } else { /* in flight until poll_fly lands it */
+        float *buf = xmalloc(sizeof(float) * (size_t)(n + 1));
+        rc = MPI_Iallgatherv(part, mine, MPI_FLOAT, buf, counts, displs, MPI_FLOAT, c->cc, &rq);
         if (rc != MPI_SUCCESS)
             lost(c, what);
-        finish(c, rq, what);
-        int64_t at = 0;
-        for (int i = 0; i < j->k; i++) {
-            j->be->write(j->ctx, j->off[i], c->stage + at, j->bytes[i]);
-            at += j->bytes[i] / 4;
-        }
+        j->part = part;
+        Flying f = {rq, *j, buf, ir_now(), ir_now() + c->timeout, n * 4};
+        vec_push(&c->fly, f);
+        part = NULL;
     }
     free(part);
     free(counts);
     free(displs);
+}
+
+/* An all-gather in flight has completed: into the params, then done. */
+static void land(RtComm *c, Flying *f)
+{
+    int64_t at = 0;
+    for (int i = 0; i < f->j.k; i++) {
+        f->j.be->write(f->j.ctx, f->j.off[i], f->buf + at, f->j.bytes[i]);
+        at += f->j.bytes[i] / 4;
+    }
+    double t1 = ir_now();
+    pthread_mutex_lock(&c->mu);
+    c->comm_s += t1 - f->t0;
+    RtCommEvent e = {f->j.bucket, f->bytes, f->t0, t1, (int)f->j.coll};
+    vec_push(&c->ev, e);
+    c->bucket_busy[f->j.bucket]--;
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+    free(f->buf);
+    free(f->j.part);
+    free(f->j.off);
+    free(f->j.bytes);
+}
+
+/* Lands the all-gathers in flight whose requests completed (in any order:
+ * each has its own buffers); past its deadline one stops the job. */
+static void poll_fly(RtComm *c)
+{
+    for (int i = 0; i < c->fly.n;) {
+        Flying *f = &c->fly.v[i];
+        int flag = 0;
+        if (MPI_Test(&f->rq, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS)
+            lost(c, "an all-gather of updated params");
+        if (!flag) {
+            if (ir_now() > f->deadline)
+                lost(c, "an all-gather of updated params");
+            i++;
+            continue;
+        }
+        land(c, f);
+        c->fly.v[i] = c->fly.v[--c->fly.n];
+    }
 }
 
 static void run_job(RtComm *c, Job *j)
@@ -265,6 +327,8 @@ static void run_job(RtComm *c, Job *j)
     double t0 = ir_now();
     int64_t bytes = 0;
     c->started++;
+    if (j->began)
+        *j->began = t0;
     if (j->bucket >= 0) {
         snprintf(what, sizeof what, "the %s of bucket %d",
                  j->coll == CG_COLL_REDUCE_SCATTER ? "reduce-scatter"
@@ -278,6 +342,10 @@ static void run_job(RtComm *c, Job *j)
             free(c->stage);
             c->stage = xmalloc((size_t)n * sizeof(float));
             c->nstage = n;
+        }
+        if (j->coll == CG_COLL_ALL_GATHER) {
+            run_sharded(c, j, n, what); /* in flight: poll_fly finishes it */
+            return;
         }
         if (j->coll != CG_COLL_ALLREDUCE) {
             run_sharded(c, j, n, what);
@@ -338,7 +406,15 @@ static void *comm_main(void *arg)
     RtComm *c = arg;
     pthread_mutex_lock(&c->mu);
     for (;;) {
-        while (c->qhead == c->q.n && !c->quit) {
+        while (c->qhead == c->q.n && (!c->quit || c->fly.n)) {
+            if (c->fly.n) { /* all-gathers in flight: poll them, briefly */
+                pthread_mutex_unlock(&c->mu);
+                poll_fly(c);
+                answer_pings(c);
+                nap(20000);
+                pthread_mutex_lock(&c->mu);
+                continue;
+            }
             struct timespec ts;
             clock_gettime(CLOCK_REALTIME, &ts);
             ts.tv_nsec += 20000000;
@@ -433,6 +509,7 @@ void rt_comm_close(RtComm *c)
     free(c->bucket_busy);
     free(c->bucket_coll);
     free(c->stage);
+    vec_free(&c->fly);
     free(c);
 }
 
@@ -514,17 +591,38 @@ void rt_comm_wait(RtComm *c, int bucket)
     pthread_mutex_unlock(&c->mu);
 }
 
+/* Queues host job j and waits for it. The time it spends behind bucket
+ * collectives still queued or running (zero=1's all-gathers, which outlive
+ * the step) is exposed time of those buckets: the host waits for them as it
+ * would in rt_comm_wait. Counted under the all-gathers' kind when one of
+ * them is busy. */
+static void host_job(RtComm *c, Job j)
+{
+    bool done = false;
+    double began = 0, t0 = ir_now();
+    j.done = &done;
+    j.began = &began;
+    pthread_mutex_lock(&c->mu);
+    int kind = -1;
+    for (int b = 0; b < c->nbuckets; b++)
+        if (c->bucket_busy[b] > 0 && (kind < 0 || c->bucket_coll[b] == CG_COLL_ALL_GATHER))
+            kind = c->bucket_coll[b];
+    vec_push(&c->q, j);
+    pthread_cond_broadcast(&c->cv);
+    while (!done)
+        pthread_cond_wait(&c->cv, &c->mu);
+    if (kind >= 0 && began > t0) {
+        c->exposed_s += began - t0;
+        c->exposed_by[kind] += began - t0;
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
 void rt_comm_mean(RtComm *c, double *v, int n)
 {
     if (!c || c->size == 1)
         return;
-    bool done = false;
-    Job j = {.bucket = -1, .host = v, .nhost = n, .done = &done};
-    push_job(c, j);
-    pthread_mutex_lock(&c->mu);
-    while (!done)
-        pthread_cond_wait(&c->cv, &c->mu);
-    pthread_mutex_unlock(&c->mu);
+    host_job(c, (Job){.bucket = -1, .host = v, .nhost = n});
 }
 
 void rt_comm_allgather(RtComm *c, const float *mine, int64_t n, float *all)
@@ -533,28 +631,16 @@ void rt_comm_allgather(RtComm *c, const float *mine, int64_t n, float *all)
         memcpy(all, mine, sizeof(float) * (size_t)n);
         return;
     }
-    bool done = false;
     /* host: the receive buffer (floats, not doubles: JOB_GATHER's own use) */
-    Job j = {.bucket = JOB_GATHER, .buf = (void *)mine, .nbuf = (size_t)n,
-             .host = (double *)(void *)all, .done = &done};
-    push_job(c, j);
-    pthread_mutex_lock(&c->mu);
-    while (!done)
-        pthread_cond_wait(&c->cv, &c->mu);
-    pthread_mutex_unlock(&c->mu);
+    host_job(c, (Job){.bucket = JOB_GATHER, .buf = (void *)mine, .nbuf = (size_t)n,
+                      .host = (double *)(void *)all});
 }
 
 void rt_comm_bcast(RtComm *c, void *buf, size_t n)
 {
     if (!c || c->size == 1 || n == 0)
         return;
-    bool done = false;
-    Job j = {.bucket = JOB_BCAST, .buf = buf, .nbuf = n, .done = &done};
-    push_job(c, j);
-    pthread_mutex_lock(&c->mu);
-    while (!done)
-        pthread_cond_wait(&c->cv, &c->mu);
-    pthread_mutex_unlock(&c->mu);
+    host_job(c, (Job){.bucket = JOB_BCAST, .buf = buf, .nbuf = n});
 }
 
 double rt_comm_timeout(const RtComm *c) { return c ? c->timeout : 0; }

@@ -1,5 +1,6 @@
 /* zero.c - checkpoints of a sharded step (zero=1, ZeRO-1): the unsharded
- * view of its optimizer state.
+ * view of its optimizer state; and its full mean gradients, assembled from
+ * the ranks' "grad.shard" outputs (rt_zero_grads).
  *
  * A sharded step holds AdamW's moments as state "adam.m" and "adam.v"
  * f32[S], this rank's shard of the flat order of all params (ir.h,
@@ -30,6 +31,17 @@ struct RtZero {
     void **vals;         /* per full tensor */
 };
 
+typedef struct {
+    int param;
+    int64_t start;
+} FlatPos;
+
+static int cmp_start(const void *a, const void *b)
+{
+    const FlatPos *x = a, *y = b;
+    return x->start < y->start ? -1 : x->start > y->start;
+}
+
 RtZero *rt_zero_open(const Graph *tg)
 {
     int m = ir_find_tensor(tg, "adam.m"), v = ir_find_tensor(tg, "adam.v");
@@ -42,22 +54,19 @@ RtZero *rt_zero_open(const Graph *tg)
     z->S = shape_numel(&tg->t.v[m].s);
     z->param = xmalloc(sizeof(int) * (size_t)(tg->t.n + 1));
     z->start = xmalloc(sizeof(int64_t) * (size_t)(tg->t.n + 1));
+    FlatPos *pos = xmalloc(sizeof(FlatPos) * (size_t)(tg->ops.n + 1));
     for (int i = 0; i < tg->ops.n; i++) {
         const Op *op = &tg->ops.v[i];
         if (op->code != OP_ALL_GATHER_WAIT && op->code != OP_ALL_GATHER)
             continue;
-        int p = op->in[op->nin - 1], k = z->n++;
-        z->param[k] = p;
-        z->start[k] = op->attr.ia[1];
+        pos[z->n++] = (FlatPos){op->in[op->nin - 1], op->attr.ia[1]};
         z->total = op->attr.ia[2];
         z->nranks = (int)op->attr.ia[3];
-        for (; k > 0 && z->start[k - 1] > z->start[k]; k--) { /* by start */
-            int tp = z->param[k];
-            int64_t ts = z->start[k];
-            z->param[k] = z->param[k - 1], z->start[k] = z->start[k - 1];
-            z->param[k - 1] = tp, z->start[k - 1] = ts;
-        }
     }
+    qsort(pos, (size_t)z->n, sizeof *pos, cmp_start); /* flat order: by start */
+    for (int k = 0; k < z->n; k++)
+        z->param[k] = pos[k].param, z->start[k] = pos[k].start;
+    free(pos);
     if (z->n == 0)
         die("rt_zero_open: the step has sharded state but no all_gather");
     /* the full view: params and adam.step as in tg, then the moments */
@@ -162,4 +171,26 @@ void rt_zero_scatter(RtZero *z, int rank, void **vals)
         memcpy(shard, flat + off, sizeof(float) * (size_t)len);
     }
     free(flat);
+}
+
+void rt_zero_grads(RtZero *z, RtComm *c, const float *shard, float *const *dst)
+{
+    int n = rt_comm_size(c);
+    if (n != z->nranks)
+        die("rt_zero_grads: the step is sharded over %d ranks, the run has %d", z->nranks, n);
+    float *all = xmalloc(sizeof(float) * (size_t)(z->S * n + 1));
+    rt_comm_allgather(c, shard, z->S, all);
+    for (int k = 0; k < z->n; k++) {
+        float *d = dst[z->param[k]];
+        int64_t lo = z->start[k], hi = lo + shape_numel(&z->tg->t.v[z->param[k]].s);
+        for (int r = 0; d && r < n; r++) {
+            int64_t off, len;
+            ir_shard_range(z->total, n, r, &off, &len);
+            int64_t a = lo > off ? lo : off, b = hi < off + len ? hi : off + len;
+            if (a < b)
+                memcpy(d + (a - lo), all + (int64_t)r * z->S + (a - off),
+                       sizeof(float) * (size_t)(b - a));
+        }
+    }
+    free(all);
 }

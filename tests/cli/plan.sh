@@ -117,3 +117,31 @@ else
     echo "plan: no mpirun; the cpu MPI link is not checked"
 fi
 echo "plan: ok"
+# --zero 1: the step compiled sharded for --dp ranks; its reduce-scatter,
+# all-reduce (the norm) and all-gather buckets, each costed by its kind:
+# memory per GPU falls, the step does not grow, nor the exposed DP time by
+# more than the norm's scalar all-reduce
+zargs=(models/gpt.lua --set L=4 --set C=256 --set T=256 --set batch=4 --device h100 --gpus 8)
+"$KILN" plan "${zargs[@]}" --json >"$dir/z0.json" 2>&1 || fail "zero 0: $(cat "$dir/z0.json")"
+"$KILN" plan "${zargs[@]}" --zero 1 --json >"$dir/z1.json" 2>&1 || fail "zero 1: $(cat "$dir/z1.json")"
+out=$("$KILN" plan "${zargs[@]}" --zero 1 2>&1) || fail "zero 1: $out"
+echo "$out" | grep -Eq '^    zero=1: [1-9][0-9]* reduce-scatter, 1 all-reduce \(the norm\), [1-9][0-9]* all-gather buckets' ||
+    fail "no zero=1 bucket line: $out"
+if command -v python3 >/dev/null; then
+    python3 - "$dir/z0.json" "$dir/z1.json" <<'PY' || fail "zero=1 against zero=0"
+import json, sys
+z0, z1 = (json.load(open(p)) for p in sys.argv[1:3])
+assert z0["zero"] == 0 and z1["zero"] == 1
+assert z0["step"]["dp_reduce_scatter_buckets"] == 0 and z0["step"]["dp_all_gather_buckets"] == 0
+assert z1["step"]["dp_reduce_scatter_buckets"] >= 1 and z1["step"]["dp_all_gather_buckets"] >= 1
+assert z1["step"]["dp_allreduce_buckets"] == 1, z1["step"]
+m0, m1 = z0["memory_per_gpu"], z1["memory_per_gpu"]
+assert m1["total"] < m0["total"] and abs(m1["optimizer"] * 8 - m0["optimizer"]) < 0.01 * m0["optimizer"], (m0, m1)
+# the norm's scalar all-reduce (2 (dp-1) alpha, ring of 8, 5 us a hop) may add its latency
+assert z1["step"]["dp_exposed_s"] <= z0["step"]["dp_exposed_s"] + 2 * 7 * 5e-6 + 1e-9, (z0["step"], z1["step"])
+assert z1["step"]["predicted_s"] <= z0["step"]["predicted_s"] * (1 + 1e-9), (z0["step"], z1["step"])
+print("zero=1 vs 0: memory %.4g -> %.4g B, exposed DP %.4g -> %.4g s, step %.4g -> %.4g s" % (
+    m0["total"], m1["total"], z0["step"]["dp_exposed_s"], z1["step"]["dp_exposed_s"],
+    z0["step"]["predicted_s"], z1["step"]["predicted_s"]))
+PY
+fi

@@ -159,6 +159,83 @@ static void test_memory_falls(void **state)
     assert_true(fabs(z1.mem_opt * o.dp - z0.mem_opt) <= 1e-9 * z0.mem_opt);
 }
 
+/* A step compiled with zero=1 for dp ranks (the comm pass's buckets): the
+ * reduce-scatters where the unsharded step's all-reduces are, the norm's
+ * scalar all-reduce at the end of backward, the all-gathers of the updated
+ * params; its optimizer state is one DP rank's shard. */
+static const double zb_bytes[7] = {4e9, 4e9, 4e9, 4e9, 4, 8e9, 8e9};
+static const double zb_ready[7] = {30, 60, 90, 118, 120, 120, 120};
+static const int zb_coll[7] = {CG_COLL_REDUCE_SCATTER, CG_COLL_REDUCE_SCATTER,
+                               CG_COLL_REDUCE_SCATTER, CG_COLL_REDUCE_SCATTER,
+                               CG_COLL_ALLREDUCE,      CG_COLL_ALL_GATHER,
+                               CG_COLL_ALL_GATHER};
+
+static CgClusterModel sharded(const CgClusterOpts *o)
+{
+    CgClusterModel m = model();
+    m.nbuckets = 7;
+    m.bucket_bytes = zb_bytes;
+    m.bucket_ready_s = zb_ready;
+    m.bucket_coll = zb_coll;
+    m.opt_sharded = true;
+    m.opt_bytes /= o->dp;
+    m.opt_s /= o->dp;
+    return m;
+}
+
+/* Each bucket costed by its kind (ring: reduce-scatter and all-gather
+ * (n-1) alpha + (n-1)/n bytes / bw, all-reduce twice that), placed where
+ * the comm pass put it; the all-gathers hidden by the next forward. Under
+ * the model zero=1's step is never above zero=0's, nor its exposed DP time
+ * by more than the norm's scalar all-reduce (which follows the last
+ * gradient, and which zero=0 does not need); without overlap it is below.
+ * Its memory per GPU is below. */
+static void test_zero_buckets(void **state)
+{
+    (void)state;
+    CgClusterModel m0 = model();
+    for (double bw = 5e9; bw <= 500e9; bw *= 10)
+        for (int ov = 0; ov < 2; ov++) {
+            CgClusterOpts o = layout();
+            o.inter_bw = bw;
+            o.no_overlap = ov;
+            CgClusterPlan z0 = project(&m0, &o);
+            o.zero = 1;
+            CgClusterModel m1 = sharded(&o);
+            CgClusterPlan z1 = project(&m1, &o);
+            /* the norm's scalar all-reduce follows the last gradient: zero=0
+             * has none, so it may add its latency, never more */
+            double norm = cg_ring_allreduce(4.0 / 64, o.dp, bw, o.alpha_s);
+            if (!(z1.t_dp_exposed <= z0.t_dp_exposed + norm * (1 + 1e-12) &&
+                  z1.step_predicted <= z0.step_predicted))
+                fail_msg("%g B/s, overlap %d: zero=1 exposes %g s (step %g), zero=0 %g s (%g)",
+                         bw, !ov, z1.t_dp_exposed, z1.step_predicted, z0.t_dp_exposed,
+                         z0.step_predicted);
+            if (ov) /* every bucket after backward: the reduce-scatters save half */
+                assert_true(z1.t_dp_exposed < z0.t_dp_exposed);
+            assert_true(z1.mem_total < z0.mem_total);
+            /* the state is one rank's shard already: not divided again */
+            assert_true(fabs(z1.mem_opt * o.dp - z0.mem_opt) <= 1e-9 * z0.mem_opt);
+            assert_true(fabs(z1.t_opt * o.dp - z0.t_opt) <= 1e-9 * z0.t_opt);
+            /* the sum, bucket by bucket: split 64, dp 80 between nodes */
+            double sc = 1.0 / 64, a = o.alpha_s, n = o.dp, rs = 0, ag = 0;
+            for (int i = 0; i < 4; i++)
+                rs += (n - 1) * a + (n - 1) / n * zb_bytes[i] * sc / bw;
+            double ar = 2 * (n - 1) * a + 2 * (n - 1) / n * 4 * sc / bw;
+            for (int i = 5; i < 7; i++)
+                ag += (n - 1) * a + (n - 1) / n * zb_bytes[i] * sc / bw;
+            if (!(fabs(z1.t_dp - (rs + ar + ag)) <= 1e-9 * z1.t_dp))
+                fail_msg("%g B/s: zero=1 DP time %.9g s, expected %.9g", bw, z1.t_dp,
+                         rs + ar + ag);
+            if (ov) { /* every reduce waits for backward; the gathers hide behind forward */
+                double hide = 40 * sc, want = rs + ar + (ag > hide ? ag - hide : 0);
+                if (!(fabs(z1.t_dp_exposed - want) <= 1e-9 * want))
+                    fail_msg("%g B/s no overlap: exposed %.9g s, expected %.9g", bw,
+                             z1.t_dp_exposed, want);
+            }
+        }
+}
+
 static void test_ring(void **state)
 {
     (void)state;
@@ -205,6 +282,7 @@ int main(void)
         cmocka_unit_test(test_bandwidth_never_slower),
         cmocka_unit_test(test_overlap_never_slower),
         cmocka_unit_test(test_memory_falls),
+        cmocka_unit_test(test_zero_buckets),
         cmocka_unit_test(test_ring),
         cmocka_unit_test(test_cpu_staging),
     };

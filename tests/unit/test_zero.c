@@ -291,6 +291,131 @@ static void test_remat(void **state)
     assert_int_equal(nrec[1], 0);
 }
 
+/* ---- bf16 params: the f32 master copy of the shard ---- */
+
+static const char bf16_model[] =
+    "local cfg = config{batch = 8, dim = 16, hidden = 64, classes = 4, lr = 1e-2}\n"
+    "sym{B = cfg.batch, D = cfg.dim, H = cfg.hidden, K = cfg.classes}\n"
+    "local x = input(\"x\", {\"B\", \"D\"}, \"f32\")\n"
+    "local y = input(\"y\", {\"B\"}, \"i32\")\n"
+    "local w1 = param(\"w1\", {\"D\", \"H\"}, normal(0.3), \"bf16\")\n"
+    "local b1 = param(\"b1\", {\"H\"}, zeros(), \"bf16\")\n"
+    "local w2 = param(\"w2\", {\"H\", \"K\"}, normal(0.3), \"bf16\")\n"
+    "local h = relu(matmul(cast(x, \"bf16\"), w1) + b1)\n"
+    "minimize(nn.cross_entropy(cast(matmul(h, w2), \"f32\"), y))\n"
+    "train{data = \"blobs\", batch = cfg.batch, steps = 10, lr = cfg.lr, "
+    "weight_decay = 0.1}\n";
+
+/* zero=1 with bf16 params plans an f32 master copy "adam.master" f32[S]
+ * beside adam.m and adam.v, in the persistent region (memplan: exactly
+ * 12 S bytes of state against zero=0's bf16 moments, 4 bytes per param);
+ * on the interpreter (one rank) the master takes the params at step 0 and
+ * keeps the updates that bf16 cannot hold: at a learning rate below bf16's
+ * resolution the params stay put while the master moves by lr per step. */
+static void test_bf16_master(void **state)
+{
+    (void)state;
+    char *d = scratch_dir("zero-bf16"), *path = xasprintf("%s/bf16.lua", d);
+    write_file(path, bf16_model);
+    int64_t pers[2], S = 0, N = 0;
+    for (int z = 0; z < 2; z++) {
+        Model *m = load_model(path, NULL, 0);
+        Graph *g = ir_clone(m->g);
+        PassOpts o;
+        rt_pass_opts(&m->train, NULL, &o);
+        o.nranks = 8;
+        o.zero = z;
+        MemPlan *mp = NULL;
+        o.memplan = &mp;
+        Diag dg = {{0}};
+        if (!pass_pipeline(g, &o, NULL, NULL, NULL, &dg))
+            fail_msg("zero=%d: %s", z, dg.msg);
+        int ms = ir_find_tensor(g, "adam.master");
+        if (z) {
+            assert_true(ms >= 0);
+            assert_int_equal(g->t.v[ms].s.dtype, DT_F32);
+            S = shape_numel(&g->t.v[ms].s);
+        } else {
+            assert_true(ms < 0);
+            for (int i = 0; i < g->t.n; i++)
+                if (g->t.v[i].kind == TK_PARAM)
+                    N += shape_numel(&g->t.v[i].s);
+        }
+        pers[z] = mp->persistent_bytes;
+        pass_memplan_free(mp);
+        ir_free(g);
+        fe_model_free(m);
+    }
+    print_message("bf16 params over 8 ranks: persistent %lld bytes (zero=0), %lld (zero=1)\n",
+                  (long long)pers[0], (long long)pers[1]);
+    assert_true(S == ir_shard_size(N, 8));
+    assert_int_equal(pers[1] - pers[0], 12 * S - 4 * N);
+    assert_true(pers[1] < pers[0]);
+
+    /* one rank, two steps at lr 1e-5 */
+    Model *m = load_model(path, NULL, 0);
+    Graph *g = ir_clone(m->g);
+    PassOpts o;
+    rt_pass_opts(&m->train, NULL, &o);
+    o.nranks = 1;
+    o.zero = 1;
+    Diag dg = {{0}};
+    if (!pass_pipeline(g, &o, "comm", NULL, NULL, &dg))
+        fail_msg("%s", dg.msg);
+    fe_model_free(m);
+    double **val = ir_interp_alloc(g);
+    uint64_t rng = 7;
+    for (int i = 0; i < g->t.n; i++) {
+        const Tensor *t = &g->t.v[i];
+        if (t->op >= 0)
+            continue;
+        int64_t n = shape_numel(&t->s);
+        val[i] = xcalloc((size_t)n + 1, sizeof(double));
+        for (int64_t e = 0; e < n; e++) {
+            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+            int r = (int)(rng >> 40) % 64; /* k/64 - 1/2: exact in bf16 */
+            if (t->kind == TK_PARAM || (t->kind == TK_INPUT && t->s.dtype == DT_F32))
+                val[i][e] = r / 64.0 - 0.5;
+            else if (t->kind == TK_INPUT && t->s.dtype == DT_I32)
+                val[i][e] = r % 4;
+        }
+        if (t->kind == TK_INPUT && strcmp(t->name, "lr") == 0)
+            val[i][0] = 1e-5;
+    }
+    int ms = ir_find_tensor(g, "adam.master"), w1 = ir_find_tensor(g, "w1");
+    assert_true(ms >= 0 && w1 >= 0);
+    int64_t nw = shape_numel(&g->t.v[w1].s), start = -1;
+    for (int i = 0; i < g->ops.n; i++)
+        if (g->ops.v[i].code == OP_ALL_GATHER_WAIT && g->ops.v[i].in[2] == w1)
+            start = g->ops.v[i].attr.ia[1];
+    assert_true(start >= 0);
+    double *p0 = xmalloc(sizeof(double) * (size_t)nw);
+    memcpy(p0, val[w1], sizeof(double) * (size_t)nw);
+    for (int k = 1; k <= 2; k++) {
+        InterpOpts io = {1, k - 1};
+        ir_interp(g, val, &io);
+        ir_interp_apply_updates(g, val);
+        int moved = 0;
+        for (int64_t e = 0; e < nw; e++) {
+            double mv = val[ms][start + e] - p0[e];
+            if (fabs(p0[e]) >= 1.0 / 64) /* bf16 cannot hold the step (its half ulp >= 6e-5) */
+                assert_true(val[w1][e] == p0[e]);
+            /* AdamW moves at most (1 - b1) / sqrt(1 - b2) lr a step, plus decay */
+            assert_true(fabs(mv) <= k * 1e-5 * 3.2);
+            moved += fabs(mv) > k * 0.6e-5; /* the 2nd step starts from the master */
+        }
+        print_message("step %d: %d of %lld elements of w1's master moved by more than 0.6 lr a step\n",
+                      k, moved, (long long)nw);
+        assert_true(moved > nw / 2);
+    }
+    free(p0);
+    ir_interp_free(g, val);
+    ir_free(g);
+    remove_tree(d);
+    free(path);
+    free(d);
+}
+
 /* ---- through the binary: 2 ranks with zero=1 against the references ---- */
 
 static char *dir;
@@ -556,6 +681,7 @@ int main(void)
         cmocka_unit_test(test_interp_one_rank),
         cmocka_unit_test(test_placement),
         cmocka_unit_test(test_remat),
+        cmocka_unit_test(test_bf16_master),
         cmocka_unit_test(test_equivalence),
         cmocka_unit_test(test_checkpoints),
         cmocka_unit_test(test_report),

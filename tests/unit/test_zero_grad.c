@@ -1,0 +1,204 @@
+/* test_zero_grad.c - what a sharded step (zero=1) gives for gradients, on
+ * 2 MPI ranks: it has no "grad.P" outputs (each rank holds only its own
+ * gradient, which zero=0's all-reduce would have averaged in place), and
+ * the full mean gradient assembled from the ranks' "grad.shard" outputs
+ * (rt_zero_grads) is the "grad.P" of the unsharded step on 2 ranks, within
+ * 1e-5 relative per param, for models/mlp.lua and models/gpt.lua. Each rank
+ * trains on different data, and the test checks that the rank's own
+ * gradient differs from the mean (so an unaveraged gradient would fail).
+ *
+ * The cmocka test starts this binary as 2 ranks through rt_launch (mpirun;
+ * without mpirun on PATH it exits 77, which ctest reports as Skipped);
+ * under mpirun the process runs rank_main, whose exit status is the
+ * verdict. */
+#include "testutil.h"
+
+#include "frontend.h"
+#include "passes.h"
+#include "runtime.h"
+#include "dist.h"
+#include "train.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int nfail;
+
+#define CHECK(c, ...)                                                           \
+    do {                                                                        \
+        if (!(c)) {                                                             \
+            fprintf(stderr, "rank check failed at line %d: %s: ", __LINE__, #c); \
+            fprintf(stderr, __VA_ARGS__);                                       \
+            fputc('\n', stderr);                                                \
+            nfail++;                                                            \
+        }                                                                       \
+    } while (0)
+
+/* The model's full training step for nranks ranks. */
+static Graph *step(const char *model, int nranks, int zero)
+{
+    const char *sets[] = {"batch=4"};
+    Model *m = load_model(model, sets, 1);
+    Graph *g = ir_clone(m->g);
+    PassOpts o;
+    rt_pass_opts(&m->train, NULL, &o);
+    o.nranks = nranks;
+    o.zero = zero;
+    o.bucket_bytes = 4096;
+    Diag d = {{0}};
+    if (!pass_pipeline(g, &o, NULL, NULL, NULL, &d)) {
+        fprintf(stderr, "%s: %s\n", model, d.msg);
+        exit(1);
+    }
+    fe_model_free(m);
+    return g;
+}
+
+/* One run of g's step on this rank: the params the same on every rank, the
+ * data inputs different per rank. Returns the executor (to read outputs). */
+static Exec *run(const Graph *g, RtComm *c, int rank)
+{
+    ExecOpts eo = {.device = "cpu", .threads = 1, .comm = c};
+    Diag d = {{0}};
+    Exec *e = rt_exec_create(g, &eo, &d);
+    if (!e) {
+        fprintf(stderr, "exec: %s\n", d.msg);
+        exit(1);
+    }
+    void **host = random_model_inputs(g);
+    for (int t = 0; t < g->t.n; t++) {
+        const Tensor *x = &g->t.v[t];
+        if (!host[t])
+            continue;
+        int64_t n = shape_numel(&x->s);
+        for (int64_t i = 0; x->kind == TK_INPUT && strcmp(x->name, "lr") != 0 && i < n; i++) {
+            if (x->s.dtype == DT_F32)
+                ((float *)host[t])[i] += 0.75f * (float)rank;
+            else if (x->s.dtype == DT_I32)
+                ((int32_t *)host[t])[i] = (((int32_t *)host[t])[i] + rank) % 4;
+        }
+        rt_exec_write(e, t, host[t]);
+        free(host[t]);
+    }
+    free(host);
+    if (!rt_exec_run(e, 1, 0, &d)) {
+        fprintf(stderr, "run: %s\n", d.msg);
+        exit(1);
+    }
+    return e;
+}
+
+static float *read_output(Exec *e, const Graph *g, const char *name)
+{
+    int t = ir_find_output(g, name);
+    if (t < 0)
+        return NULL;
+    float *v = xmalloc(sizeof(float) * (size_t)(shape_numel(&g->t.v[t].s) + 1));
+    rt_exec_read(e, t, v);
+    return v;
+}
+
+static void check_model(const char *model, RtComm *c, int rank)
+{
+    Graph *g0 = step(model, 2, 0), *g1 = step(model, 2, 1), *own = step(model, 1, 0);
+    Exec *e0 = run(g0, c, rank), *e1 = run(g1, c, rank), *eo = run(own, NULL, rank);
+    float *shard = read_output(e1, g1, "grad.shard");
+    CHECK(shard != NULL, "%s: the sharded step has no output grad.shard", model);
+    RtZero *z = rt_zero_open(g1);
+    CHECK(z != NULL, "%s: the sharded step has no sharded state", model);
+    if (!shard || !z) {
+        free(shard);
+        rt_zero_close(z);
+        return;
+    }
+    float **dst = xcalloc((size_t)g1->t.n + 1, sizeof(float *));
+    for (int t = 0; t < g1->t.n; t++)
+        if (g1->t.v[t].kind == TK_PARAM)
+            dst[t] = xmalloc(sizeof(float) * (size_t)(shape_numel(&g1->t.v[t].s) + 1));
+    rt_zero_grads(z, c, shard, dst);
+    int np = 0;
+    double worst = 0, apart = 0;
+    for (int t = 0; t < g1->t.n; t++) {
+        const Tensor *p = &g1->t.v[t];
+        if (p->kind != TK_PARAM)
+            continue;
+        char name[512];
+        snprintf(name, sizeof name, "grad.%s", p->name);
+        CHECK(ir_find_output(g1, name) < 0, "%s: the sharded step still outputs %s", model,
+              name);
+        float *ref = read_output(e0, g0, name), *mine = read_output(eo, own, name);
+        CHECK(ref && mine, "%s: no output %s without zero", model, name);
+        if (ref && mine) {
+            int64_t n = shape_numel(&p->s);
+            double e = rel_err_f32(dst[t], ref, n), d = rel_err_f32(mine, ref, n);
+            CHECK(e < 1e-5, "%s: %s assembled from the shards differs from the mean by %.3g",
+                  model, name, e);
+            worst = e > worst ? e : worst;
+            apart = d > apart ? d : apart;
+            np++;
+        }
+        free(ref);
+        free(mine);
+        free(dst[t]);
+    }
+    CHECK(np > 0, "%s: no params", model);
+    /* the ranks' data differ: the rank's own gradient is not the mean */
+    CHECK(apart > 1e-3, "%s: the rank's own gradient equals the mean (%.3g)", model, apart);
+    fprintf(stderr, "rank %d: %s: %d params, worst %.3g against the mean; own vs mean %.3g\n",
+            rank, model, np, worst, apart);
+    free(dst);
+    free(shard);
+    rt_zero_close(z);
+    rt_exec_destroy(e0);
+    rt_exec_destroy(e1);
+    rt_exec_destroy(eo);
+    ir_free(g0);
+    ir_free(g1);
+    ir_free(own);
+}
+
+static int rank_main(void)
+{
+    RtComm *c;
+    Diag d = {{0}};
+    if (!rt_comm_open(60, &c, &d)) {
+        fprintf(stderr, "%s\n", d.msg);
+        return 1;
+    }
+    int rank = rt_comm_rank(c);
+    check_model("models/mlp.lua", c, rank);
+    check_model("models/gpt.lua", c, rank);
+    /* every rank learns the verdict, so all close together */
+    double f = nfail;
+    rt_comm_mean(c, &f, 1);
+    int rc = f > 0 ? 1 : 0;
+    rt_rank_status("exit %d", rc);
+    rt_comm_close(c);
+    return rc;
+}
+
+static int g_argc;
+static char **g_argv;
+
+static void test_grads_two_ranks(void **state)
+{
+    (void)state;
+    assert_int_equal(rt_launch(2, g_argc, g_argv), 0);
+}
+
+int main(int argc, char **argv)
+{
+    if (getenv("OMPI_COMM_WORLD_SIZE"))
+        return rank_main();
+    if (!have_command("mpirun")) { /* rt_launch runs the ranks under mpirun */
+        printf("test_zero_grad: skipped: no mpirun on PATH\n");
+        return TEST_SKIPPED;
+    }
+    g_argc = argc;
+    g_argv = argv;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_grads_two_ranks),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
