@@ -288,7 +288,7 @@ static void land(RtComm *c, Flying *f)
     double t1 = ir_now();
     pthread_mutex_lock(&c->mu);
     c->comm_s += t1 - f->t0;
-    RtCommEvent e = {f->j.bucket, f->bytes, f->t0, t1, (int)f->j.coll};
+    RtCommEvent e = {f->j.bucket, f->bytes, f->t0, t1, (int)f->j.coll, 0};
     vec_push(&c->ev, e);
     c->bucket_busy[f->j.bucket]--;
     pthread_cond_broadcast(&c->cv);
