@@ -429,6 +429,14 @@ CgPlan *cg_plan(const Graph *g, Diag *d);
 void cg_plan_free(CgPlan *p);
 /* Byte offset of a tensor's data in the arena. */
 int64_t cg_offset(const CgPlan *p, int tensor);
+/* Whether some output param of k overlaps another of its params in m
+ * (bytes [offset, offset + bytes), empty ranges included: a0 < b1 &&
+ * b0 < a1); O(params log params). */
+bool cg_params_alias(const MemPlan *m, const CgKernel *k);
+/* Makes each input param of k whose buffer is exactly an output's (same
+ * offset, size and dtype; the first such output) that output's param, and
+ * renumbers the params densely; O(params log params). */
+void cg_merge_inplace_params(const MemPlan *m, CgKernel *k);
 
 /* ---- epilogue.c: GEMM epilogues (see CgEpilogue) ------------------------- */
 

@@ -9,15 +9,23 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Appends a param for tensor (no search). */
+static int push_param(CgKernel *k, const Graph *g, int tensor, bool out)
+{
+    CgParam p = {tensor, g->t.v[tensor].s.dtype, out};
+    vec_push(&k->params, p);
+    return k->params.n - 1;
+}
+
+/* The param of tensor: an input's first param when it has one, else a new
+ * one. O(params) per call: a fused group's lowering uses lg_param. */
 static int add_param(CgKernel *k, const Graph *g, int tensor, bool out)
 {
     if (!out)
         for (int i = 0; i < k->params.n; i++)
             if (k->params.v[i].tensor == tensor && !k->params.v[i].out)
                 return i;
-    CgParam p = {tensor, g->t.v[tensor].s.dtype, out};
-    vec_push(&k->params, p);
-    return k->params.n - 1;
+    return push_param(k, g, tensor, out);
 }
 
 /* Flat row-major index of idx[0..rank) in shape s. */
@@ -403,7 +411,16 @@ typedef struct {
     int fph, rph;       /* current full / row phase indices (-1 none) */
     bool row_in_full;   /* COL before its folds: row values live in the fold */
     VEC(int) rset;      /* tensors whose rcache is set */
+    int *pin;           /* per tensor: its input param (add_param's), -1 none */
 } Lg;
+
+/* add_param(L->k, L->g, t, false) in O(1): the first input param of t. */
+static int lg_param(Lg *L, int t)
+{
+    if (L->pin[t] < 0)
+        L->pin[t] = push_param(L->k, L->g, t, false);
+    return L->pin[t];
+}
 
 static bool lg_member(const Lg *L, int t)
 {
@@ -564,7 +581,7 @@ static bool lg_start(Lg *L, int t, int lv, LgFrame *fr, int *val)
             *val = cg_const_f(k, DT_F32, 0);
             return true;
         }
-        e = cg_load(k, add_param(k, g, t, false), lg_flat(L, ts, idx, my));
+        e = cg_load(k, lg_param(L, t), lg_flat(L, ts, idx, my));
     } else {
         const Op *op = &g->ops.v[p];
         switch (op->code) {
@@ -588,7 +605,7 @@ static bool lg_start(Lg *L, int t, int lv, LgFrame *fr, int *val)
             int off = ts->rank - is->rank;
             for (int a = 0; a < is->rank; a++)
                 bi[a] = is->dim[a] == 1 ? cg_const_i(k, DT_I64, 0) : idx[off + a];
-            e = cg_load(k, add_param(k, g, x, false), flat_index(k, is, bi));
+            e = cg_load(k, lg_param(L, x), flat_index(k, is, bi));
             break;
         }
         default:
@@ -792,11 +809,12 @@ static bool lower_loop(const Graph *g, const int *ops, int n, const FuseDomain *
 }
 
 /* Per-graph scratch, left clean after every call: pos[] and readby[] back
- * at their idle values, rcache[]/accx[] at -1 (the touched tensors are
- * listed), mark[]/fstamp[] compared against stamps that only grow. */
+ * at their idle values, rcache[]/accx[]/pin[] at -1 (the touched tensors
+ * are listed, or are the kernel's params), mark[]/fstamp[] compared against
+ * stamps that only grow. */
 struct CgLowerWs {
     int nops, nt;
-    int *pos, *mark, *lvl, *fcache, *fstamp, *rcache, *accx, *readby;
+    int *pos, *mark, *lvl, *fcache, *fstamp, *rcache, *accx, *readby, *pin;
     int stamp, phase_id;
 };
 
@@ -816,8 +834,9 @@ CgLowerWs *cg_lower_ws_new(const Graph *g)
     w->rcache = xmalloc(sizeof(int) * (size_t)(nt + 1));
     w->accx = xmalloc(sizeof(int) * (size_t)(nt + 1));
     w->readby = xcalloc((size_t)nt + 1, sizeof(int));
+    w->pin = xmalloc(sizeof(int) * (size_t)(nt + 1));
     for (int t = 0; t < nt; t++)
-        w->rcache[t] = w->accx[t] = -1;
+        w->rcache[t] = w->accx[t] = w->pin[t] = -1;
     return w;
 }
 
@@ -833,6 +852,7 @@ void cg_lower_ws_free(CgLowerWs *w)
     free(w->rcache);
     free(w->accx);
     free(w->readby);
+    free(w->pin);
     free(w);
 }
 
@@ -843,6 +863,51 @@ bool cg_lower_group(const Graph *g, const int *ops, int n, const bool *mat, CgKe
     bool ok = cg_lower_group_ws(w, g, ops, n, mat, k, d);
     cg_lower_ws_free(w);
     return ok;
+}
+
+static int cmp_int(const void *a, const void *b)
+{
+    int x = *(const int *)a, y = *(const int *)b;
+    return (x > y) - (x < y);
+}
+
+static int cmp_i64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+typedef VEC(int) IntHeap;
+
+/* A min-heap of ints. */
+static void heap_push(IntHeap *h, int x)
+{
+    vec_push(h, x);
+    for (int i = h->n - 1; i > 0 && h->v[(i - 1) / 2] > h->v[i]; i = (i - 1) / 2) {
+        int t = h->v[i];
+        h->v[i] = h->v[(i - 1) / 2];
+        h->v[(i - 1) / 2] = t;
+    }
+}
+
+static int heap_pop(IntHeap *h)
+{
+    int top = h->v[0];
+    h->v[0] = h->v[--h->n];
+    for (int i = 0;;) {
+        int c = 2 * i + 1;
+        if (c >= h->n)
+            break;
+        if (c + 1 < h->n && h->v[c + 1] < h->v[c])
+            c++;
+        if (h->v[i] <= h->v[c])
+            break;
+        int t = h->v[i];
+        h->v[i] = h->v[c];
+        h->v[c] = t;
+        i = c;
+    }
+    return top;
 }
 
 bool cg_lower_group_ws(CgLowerWs *w, const Graph *g, const int *ops, int n, const bool *mat,
@@ -883,6 +948,10 @@ bool cg_lower_group_ws(CgLowerWs *w, const Graph *g, const int *ops, int n, cons
     L.phase_id = w->phase_id;
     L.rcache = w->rcache;
     L.accx = w->accx;
+    L.pin = w->pin;
+    for (int i = k->params.n - 1; i >= 0; i--) /* the first input param wins */
+        if (!k->params.v[i].out)
+            L.pin[k->params.v[i].tensor] = i;
     bool *done = xcalloc((size_t)n + 1, sizeof(bool));
     int *readby = w->readby; /* tensor -> loop (i + 1) reading it */
     VEC(int) rd = {0};       /* tensors readby marks */
@@ -897,27 +966,36 @@ bool cg_lower_group_ws(CgLowerWs *w, const Graph *g, const int *ops, int n, cons
         fill[j] = 0;
     for (int j = 0; j < n; j++)
         mem[moff[uf[j]] + part[uf[j]]++] = j;
+    /* who reads what: (operand << 32 | part root) of every member, sorted */
+    int nrd = 0;
+    for (int j = 0; j < n; j++)
+        nrd += g->ops.v[ops[j]].nin;
+    int64_t *rdr = xmalloc(sizeof(int64_t) * (size_t)(nrd + 1));
+    nrd = 0;
+    for (int j = 0; j < n; j++)
+        for (int q = 0; q < g->ops.v[ops[j]].nin; q++)
+            rdr[nrd++] = (int64_t)g->ops.v[ops[j]].in[q] << 32 | uf[j];
+    qsort(rdr, (size_t)nrd, sizeof(int64_t), cmp_i64);
+    IntHeap heap = {0}; /* roots that read a tensor this loop reads */
     for (int i = 0; i < n && ok; i++) {
         if (uf[i] != i || done[i] || g->ops.v[ops[i]].code == OP_MATMUL)
             continue;
-        int m = 0;
-        for (int r = i; r < n; r++) {
-            if (uf[r] != r || done[r] || g->ops.v[ops[r]].code == OP_MATMUL)
+        /* the parts that join loop i, in root order: i, then each later
+         * part with i's domain that reads a tensor an earlier joined part
+         * reads (a multi-output kernel reads it once); independent parts
+         * (the multi-tensor update) get loops of their own. The roots
+         * come from a heap fed by the readers of each newly read tensor,
+         * not from a scan of every later part */
+        int m = 0, last = -1;
+        heap.n = 0;
+        heap_push(&heap, i);
+        while (heap.n) {
+            int r = heap_pop(&heap);
+            if (r == last || done[r] || g->ops.v[ops[r]].code == OP_MATMUL)
                 continue;
+            last = r;
             const FuseDomain *a = &dom[i], *b = &dom[r];
             if (a->kind != b->kind || a->k != b->k || !shape_dims_eq(&a->S, &b->S))
-                continue;
-            /* parts share a loop only when they read a common tensor (a
-             * multi-output kernel reads it once); independent parts (the
-             * multi-tensor update) get loops of their own */
-            bool shares = r == i;
-            for (int q2 = moff[r]; q2 < moff[r + 1] && !shares; q2++) {
-                const Op *op = &g->ops.v[ops[mem[q2]]];
-                for (int q = 0; q < op->nin; q++)
-                    if (readby[op->in[q]] == i + 1)
-                        shares = true;
-            }
-            if (!shares)
                 continue;
             done[r] = true;
             for (int q2 = moff[r]; q2 < moff[r + 1]; q2++) {
@@ -929,21 +1007,28 @@ bool cg_lower_group_ws(CgLowerWs *w, const Graph *g, const int *ops, int n, cons
                 for (int q = 0; q < op->nin; q++) {
                     int x = op->in[q], pp = g->t.v[x].op;
                     bool inside = pp >= 0 && pos[pp] >= 0 && g->ops.v[pp].code != OP_MATMUL;
-                    if (!inside && shape_numel(&g->t.v[x].s) > 1) {
-                        if (!readby[x])
-                            vec_push(&rd, x);
-                        readby[x] = i + 1;
+                    if (inside || shape_numel(&g->t.v[x].s) <= 1 || readby[x] == i + 1)
+                        continue;
+                    if (!readby[x])
+                        vec_push(&rd, x);
+                    readby[x] = i + 1;
+                    int64_t key = (int64_t)x << 32;
+                    int lo = 0, hi = nrd;
+                    while (lo < hi) {
+                        int mid = lo + (hi - lo) / 2;
+                        if (rdr[mid] < key)
+                            lo = mid + 1;
+                        else
+                            hi = mid;
                     }
+                    for (; lo < nrd && rdr[lo] >> 32 == x; lo++)
+                        if ((int)(rdr[lo] & 0xffffffff) > r)
+                            heap_push(&heap, (int)(rdr[lo] & 0xffffffff));
                 }
             }
         }
         /* program order within the loop */
-        for (int a = 1; a < m; a++)
-            for (int b = a; b > 0 && part[b - 1] > part[b]; b--) {
-                int tmp = part[b];
-                part[b] = part[b - 1];
-                part[b - 1] = tmp;
-            }
+        qsort(part, (size_t)m, sizeof(int), cmp_int);
         ok = lower_loop(g, part, m, &dom[i], mat, k, &L);
     }
     /* leave the workspace clean */
@@ -956,8 +1041,12 @@ bool cg_lower_group_ws(CgLowerWs *w, const Graph *g, const int *ops, int n, cons
         readby[rd.v[i]] = 0;
     for (int i = 0; i < L.rset.n; i++)
         w->rcache[L.rset.v[i]] = -1;
+    for (int i = 0; i < k->params.n; i++)
+        L.pin[k->params.v[i].tensor] = -1;
     vec_free(&L.rset);
     vec_free(&rd);
+    vec_free(&heap);
+    free(rdr);
     w->stamp = L.stamp;
     w->phase_id = L.phase_id;
     free(moff);

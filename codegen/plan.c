@@ -9,13 +9,6 @@
 
 int64_t cg_offset(const CgPlan *p, int tensor) { return p->mem->offset[tensor]; }
 
-static bool overlap(const MemPlan *m, int a, int b)
-{
-    int64_t a0 = m->offset[a], a1 = ir_add_sat(a0, m->bytes[a]);
-    int64_t b0 = m->offset[b], b1 = ir_add_sat(b0, m->bytes[b]);
-    return a0 < b1 && b0 < a1;
-}
-
 /* GEMMs run in f32 (OpenBLAS sgemm; cuBLASLt takes bf16 only through the
  * CUDA backend's storage types); else d names the op's line. */
 static bool gemm_supported(const Graph *g, const Op *op, Diag *d)
@@ -107,29 +100,64 @@ typedef struct {
 } BodyEntry;
 typedef VEC(BodyEntry) BodySet;
 
-/* Adds kernel k (owned from here) as step *st: reuses an earlier kernel with
- * the same body, else appends k to the plan and its source. */
+/* Params x and y of k by where they lie: offset, then size, then dtype. */
+static int param_place(const MemPlan *m, const CgKernel *k, int x, int y)
+{
+    int tx = k->params.v[x].tensor, ty = k->params.v[y].tensor;
+    if (m->offset[tx] != m->offset[ty])
+        return m->offset[tx] < m->offset[ty] ? -1 : 1;
+    if (m->bytes[tx] != m->bytes[ty])
+        return m->bytes[tx] < m->bytes[ty] ? -1 : 1;
+    DType dx = k->params.v[x].dt, dy = k->params.v[y].dt;
+    return (dx > dy) - (dx < dy);
+}
+
+typedef struct {
+    const MemPlan *m;
+    const CgKernel *k;
+} ParamCtx;
+
+/* By place, then index. ctx: ParamCtx. */
+static int cmp_param_place(const void *a, const void *b, void *ctx)
+{
+    const ParamCtx *c = ctx;
+    int x = *(const int *)a, y = *(const int *)b;
+    int p = param_place(c->m, c->k, x, y);
+    return p ? p : (x > y) - (x < y);
+}
+
 /* An input whose buffer is exactly an output's (an update computed in place)
  * becomes that output's param: the kernel then reads and writes through one
  * pointer, and its params never overlap (restrict holds). */
-static void merge_inplace_params(const MemPlan *m, CgKernel *k)
+void cg_merge_inplace_params(const MemPlan *m, CgKernel *k)
 {
     int n = k->params.n;
     int *to = xmalloc(sizeof(int) * (size_t)(n + 1));
+    /* each input maps to the first output with its dtype, offset and size:
+     * the outputs sorted by place, then index, and a binary search */
+    int *outs = xmalloc(sizeof(int) * (size_t)(n + 1));
+    int no = 0;
+    for (int b = 0; b < n; b++)
+        if (k->params.v[b].out)
+            outs[no++] = b;
+    ParamCtx pc = {m, k};
+    qsort_r(outs, (size_t)no, sizeof(int), cmp_param_place, &pc);
     for (int a = 0; a < n; a++) {
         to[a] = a;
-        const CgParam *pa = &k->params.v[a];
-        if (pa->out)
+        if (k->params.v[a].out)
             continue;
-        for (int b = 0; b < n; b++) {
-            const CgParam *pb = &k->params.v[b];
-            if (pb->out && pb->dt == pa->dt && m->offset[pb->tensor] == m->offset[pa->tensor] &&
-                m->bytes[pb->tensor] == m->bytes[pa->tensor]) {
-                to[a] = b;
-                break;
-            }
+        int lo = 0, hi = no;
+        while (lo < hi) {
+            int mid = lo + (hi - lo) / 2;
+            if (param_place(m, k, outs[mid], a) < 0)
+                lo = mid + 1;
+            else
+                hi = mid;
         }
+        if (lo < no && param_place(m, k, outs[lo], a) == 0)
+            to[a] = outs[lo];
     }
+    free(outs);
     /* renumber the surviving params densely */
     int *idx = xmalloc(sizeof(int) * (size_t)(n + 1));
     int w = 0;
@@ -157,16 +185,63 @@ static void merge_inplace_params(const MemPlan *m, CgKernel *k)
     free(to);
 }
 
+typedef struct {
+    int64_t s, e;
+    bool out;
+} Extent;
+
+static int cmp_extent(const void *a, const void *b)
+{
+    const Extent *x = a, *y = b;
+    return (x->s > y->s) - (x->s < y->s);
+}
+
+/* One sweep in address order: a pair that starts at different addresses
+ * overlaps when the later start lies below the earlier one's end; at one
+ * address, when both are non-empty. */
+bool cg_params_alias(const MemPlan *m, const CgKernel *k)
+{
+    int n = k->params.n;
+    Extent *x = xmalloc(sizeof(Extent) * (size_t)(n + 1));
+    for (int a = 0; a < n; a++) {
+        int t = k->params.v[a].tensor;
+        x[a] = (Extent){m->offset[t], ir_add_sat(m->offset[t], m->bytes[t]), k->params.v[a].out};
+    }
+    qsort(x, (size_t)n, sizeof(Extent), cmp_extent);
+    bool alias = false;
+    int64_t end_all = INT64_MIN, end_out = INT64_MIN; /* over starts before x[a]'s */
+    for (int a = 0; a < n && !alias;) {
+        int b = a, full = 0, full_out = 0;
+        for (; b < n && x[b].s == x[a].s; b++) {
+            if ((x[b].out && end_all > x[b].s) || end_out > x[b].s)
+                alias = true;
+            if (x[b].e > x[b].s) {
+                full++;
+                full_out += x[b].out;
+            }
+        }
+        if (full >= 2 && full_out > 0)
+            alias = true;
+        for (; a < b; a++) {
+            if (x[a].e > end_all)
+                end_all = x[a].e;
+            if (x[a].out && x[a].e > end_out)
+                end_out = x[a].e;
+        }
+    }
+    free(x);
+    return alias;
+}
+
+/* Adds kernel k (owned from here) as step *st: reuses an earlier kernel with
+ * the same body, else appends k to the plan and its source. */
 static bool add_kernel(CgPlan *p, CgKernel *k, BodySet *seen, CgBuf *src, CgStep *st)
 {
     const MemPlan *m = p->mem;
     if (k->attn.kind == CG_ATTN_NONE) /* CgAttn names its params by index */
-        merge_inplace_params(m, k);
-    for (int a = 0; a < k->params.n; a++)
-        for (int b = 0; b < k->params.n; b++)
-            if (a != b && k->params.v[a].out &&
-                overlap(m, k->params.v[a].tensor, k->params.v[b].tensor))
-                k->noalias = false;
+        cg_merge_inplace_params(m, k);
+    if (cg_params_alias(m, k))
+        k->noalias = false;
     char *full = k->name;
     k->name = xstrdup("KNAME");
     CgBuf body = {0};

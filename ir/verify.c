@@ -52,6 +52,34 @@ static bool op_fail(const Graph *g, int i, char *err, size_t errlen, const char 
         goto done;                                           \
     } while (0)
 
+/* Output indices by name, then index; unnamed ones first. ctx: the Graph. */
+static int cmp_out_name(const void *a, const void *b, void *ctx)
+{
+    const Graph *g = ctx;
+    int x = *(const int *)a, y = *(const int *)b;
+    const char *nx = g->outs.v[x].name, *ny = g->outs.v[y].name;
+    int c = !nx || !ny ? (nx != NULL) - (ny != NULL) : strcmp(nx, ny);
+    return c ? c : (x > y) - (x < y);
+}
+
+/* The lowest index k of a named output whose name an output before it has,
+ * or -1: sorted by name, in O(outputs log outputs). */
+static int first_repeat(const Graph *g)
+{
+    int n = g->outs.n, dup = -1;
+    int *ix = xmalloc(sizeof(int) * (size_t)(n + 1));
+    for (int k = 0; k < n; k++)
+        ix[k] = k;
+    qsort_r(ix, (size_t)n, sizeof(int), cmp_out_name, (void *)g);
+    for (int k = 1; k < n; k++) {
+        const char *a = g->outs.v[ix[k - 1]].name, *b = g->outs.v[ix[k]].name;
+        if (a && b && strcmp(a, b) == 0 && (dup < 0 || ix[k] < dup))
+            dup = ix[k];
+    }
+    free(ix);
+    return dup;
+}
+
 bool ir_verify(const Graph *g, char *err, size_t errlen)
 {
     int nt = g->t.n;
@@ -143,14 +171,14 @@ bool ir_verify(const Graph *g, char *err, size_t errlen)
             FAIL("tensor %%%d names op %d as its producer, but that op defines %%%d", t,
                  g->t.v[t].op, g->ops.v[g->t.v[t].op].out);
 
+    int dup = first_repeat(g); /* the first output named like an earlier one */
     for (int k = 0; k < g->outs.n; k++) {
         const GraphOutput *o = &g->outs.v[k];
         if (o->t < 0 || o->t >= nt || !defined[o->t])
             FAIL("output \"%s\" refers to %%%d, which is not a defined tensor",
                  o->name ? o->name : "?", o->t);
-        for (int m = 0; m < k; m++)
-            if (o->name && g->outs.v[m].name && strcmp(o->name, g->outs.v[m].name) == 0)
-                FAIL("output \"%s\" is declared twice", o->name);
+        if (k == dup)
+            FAIL("output \"%s\" is declared twice", o->name);
     }
     for (int k = 0; k < g->upd.n; k++) {
         const GraphUpdate *u = &g->upd.v[k];

@@ -11,7 +11,15 @@
 double pass_fuse_group_bytes(const Graph *g, const int *ops, int n, const bool *mat)
 {
     double b = 0;
-    int *seen = xcalloc((size_t)g->t.n + 1, sizeof(int));
+    /* seen: the operands counted so far, an open-addressing set of tensor
+     * ids (+1; 0 empty) at most half full: O(group), not O(graph) */
+    size_t cap = 2;
+    for (int i = 0; i < n; i++)
+        cap += (size_t)g->ops.v[ops[i]].nin;
+    size_t sz = 4;
+    while (sz < 2 * cap)
+        sz *= 2;
+    int *seen = xcalloc(sz, sizeof(int));
     for (int i = 0; i < n; i++) {
         const Op *op = &g->ops.v[ops[i]];
         if (op->code == OP_MATMUL) {
@@ -21,8 +29,13 @@ double pass_fuse_group_bytes(const Graph *g, const int *ops, int n, const bool *
         for (int j = 0; j < op->nin; j++) {
             int t = op->in[j], p = g->t.v[t].op;
             bool inside = p >= 0 && g->ops.v[p].group == op->group && g->ops.v[p].code != OP_MATMUL;
-            if (!inside && !seen[t]) {
-                seen[t] = 1;
+            if (inside)
+                continue;
+            size_t h = ((size_t)t * 0x9E3779B1u) & (sz - 1);
+            while (seen[h] && seen[h] != t + 1)
+                h = (h + 1) & (sz - 1);
+            if (!seen[h]) {
+                seen[h] = t + 1;
                 b += (double)shape_bytes(&g->t.v[t].s);
             }
         }

@@ -336,6 +336,7 @@ MemPlan *pass_memplan_storage(const Graph *g, const DType *storage, Diag *d)
      * nothing reads the target afterwards (the op itself may, at the same
      * index), and the target's old value is no other update's value */
     bool *is_value = xcalloc((size_t)nt + 1, sizeof(bool));
+    bool *taken = xcalloc((size_t)nt + 1, sizeof(bool)); /* the value of an in-place update */
     for (int k = 0; k < g->upd.n; k++)
         is_value[m->root[g->upd.v[k].value]] = true;
     for (int k = 0; k < g->upd.n; k++) {
@@ -343,11 +344,7 @@ MemPlan *pass_memplan_storage(const Graph *g, const DType *storage, Diag *d)
         const Tensor *v = &g->t.v[V];
         if (v->op < 0 || m->root[V] != V || m->persistent[V] || is_value[T])
             continue;
-        bool taken = false;
-        for (int q = 0; q < k; q++)
-            if (m->inplace[q] && g->upd.v[q].value == V)
-                taken = true;
-        if (taken)
+        if (taken[V])
             continue;
         int def = v->op, lr = m->last[T];
         /* a fused kernel reads all it needs at an index before writing it */
@@ -363,6 +360,7 @@ MemPlan *pass_memplan_storage(const Graph *g, const DType *storage, Diag *d)
         if (out_of_t)
             continue;
         m->inplace[k] = true;
+        taken[V] = true;
         m->root[V] = T;
         m->first[V] = m->last[V] = -1;
     }
@@ -370,6 +368,7 @@ MemPlan *pass_memplan_storage(const Graph *g, const DType *storage, Diag *d)
     for (int t = 0; t < nt; t++)
         m->root[t] = m->root[m->root[t]];
     free(is_value);
+    free(taken);
 
     /* persistent region */
     int64_t off = 0;

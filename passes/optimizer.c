@@ -283,6 +283,32 @@ static void optimizer_zero(B *b, const PassOpts *o, ParamGrad *ps, int n, int lr
     free(in);
 }
 
+/* Output indices by name, then index. ctx: the Graph. */
+static int cmp_out_name(const void *a, const void *b, void *ctx)
+{
+    const Graph *g = ctx;
+    int x = *(const int *)a, y = *(const int *)b;
+    int c = strcmp(g->outs.v[x].name, g->outs.v[y].name);
+    return c ? c : (x > y) - (x < y);
+}
+
+/* ir_find_output(g, name) over byname, the outputs sorted by cmp_out_name:
+ * the tensor of the first output called name, or -1. */
+static int find_output(const Graph *g, const int *byname, const char *name)
+{
+    int lo = 0, hi = g->outs.n;
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2;
+        if (strcmp(g->outs.v[byname[mid]].name, name) < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < g->outs.n && strcmp(g->outs.v[byname[lo]].name, name) == 0
+               ? g->outs.v[byname[lo]].t
+               : -1;
+}
+
 bool pass_optimizer(Graph *g, const PassOpts *o, Diag *d)
 {
     if (ir_find_output(g, "loss") < 0) {
@@ -298,24 +324,32 @@ bool pass_optimizer(Graph *g, const PassOpts *o, Diag *d)
         return false;
     }
     VEC(ParamGrad) ps = {0};
+    /* the outputs by name: each param's gradient by binary search, not a
+     * scan of every output (ir_find_output) per param */
+    int *byname = xmalloc(sizeof(int) * (size_t)(g->outs.n + 1));
+    for (int k = 0; k < g->outs.n; k++)
+        byname[k] = k;
+    qsort_r(byname, (size_t)g->outs.n, sizeof(int), cmp_out_name, g);
     for (int i = 0; i < g->t.n; i++) {
         const Tensor *t = &g->t.v[i];
         if (t->kind != TK_PARAM)
             continue;
         char name[512];
         snprintf(name, sizeof name, "grad.%s", t->name);
-        int gr = ir_find_output(g, name);
+        int gr = find_output(g, byname, name);
         if (gr < 0 || !shape_eq(&g->t.v[gr].s, &t->s) || !dtype_is_float(t->s.dtype)) {
             snprintf(d->msg, sizeof d->msg,
                      "optimizer: parameter \"%s\" has no gradient output \"%s\" of its type "
                      "(expected autodiff to have run, got %s)",
                      t->name, name, gr < 0 ? "no such output" : "a different type");
             vec_free(&ps);
+            free(byname);
             return false;
         }
         ParamGrad pg = {i, gr};
         vec_push(&ps, pg);
     }
+    free(byname);
     if (ps.n == 0) {
         /* the script line that made the loss: where the user can fix it */
         SrcLoc at = {NULL, 0};

@@ -345,22 +345,32 @@ void pass_remat_sol_copy(const Prob *P, Sol *dst, const Sol *src)
     dst->flops = src->flops;
 }
 
-/* Stage memory and totals of a solution whose keep and r are final. */
-static void totals(const Prob *P, Sol *s)
+static int cmp_i64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Stage memory and totals of a solution whose keep and r are final; set:
+ * its n entries of r, each v * ngroups + g, sorted (the sums run in the
+ * order a scan of v, then g, would take). O(nv + ngroups + n). */
+static void totals(const Prob *P, Sol *s, const int64_t *set, int n)
 {
     int nv = P->nv, G = P->ngroups;
     memset(s->memg, 0, sizeof(int64_t) * (size_t)G);
     s->cost = s->flops = 0;
-    for (int v = 0; v < nv; v++) {
-        if (s->keep[v])
-            for (int g = P->grp[v]; g < G; g++)
-                s->memg[g] += P->bytes[v];
-        for (int g = 0; g < G; g++)
-            if (s->r[g * nv + v]) {
-                s->memg[g] += P->bytes[v];
-                s->cost += P->cost[v];
-                s->flops += P->flops[v];
-            }
+    /* a kept v weighs on every stage from its group's on: a difference
+     * array over the stages, summed once */
+    for (int v = 0; v < nv; v++)
+        if (s->keep[v] && P->grp[v] < G)
+            s->memg[P->grp[v]] += P->bytes[v];
+    for (int g = 1; g < G; g++)
+        s->memg[g] += s->memg[g - 1];
+    for (int i = 0; i < n; i++) {
+        int v = (int)(set[i] / G), g = (int)(set[i] % G);
+        s->memg[g] += P->bytes[v];
+        s->cost += P->cost[v];
+        s->flops += P->flops[v];
     }
     s->mem = 0;
     for (int g = 0; g < G; g++)
@@ -376,6 +386,8 @@ void pass_remat_derive(const Prob *P, Sol *s)
 {
     int nv = P->nv, G = P->ngroups;
     int *stack = xmalloc(sizeof(int) * (size_t)(nv + 1));
+    VEC(int64_t) set = {0}; /* the entries of r set: v * G + g */
+    uint8_t *need = xcalloc((size_t)nv + 1, 1); /* read by a recomputation */
     memset(s->r, 0, (size_t)nv * (size_t)G);
     for (int v = 0; v < nv; v++)
         if (!P->can_k[v])
@@ -396,23 +408,22 @@ void pass_remat_derive(const Prob *P, Sol *s)
                 continue;
             }
             r[v] = 1;
-            for (int k = P->in_off[v]; k < P->in_off[v + 1]; k++)
+            vec_push(&set, (int64_t)v * G + g);
+            for (int k = P->in_off[v]; k < P->in_off[v + 1]; k++) {
+                need[P->in_v[k]] = 1;
                 if (!s->keep[P->in_v[k]] && !r[P->in_v[k]])
                     stack[sp++] = P->in_v[k];
+            }
         }
     }
-    uint8_t *need = xcalloc((size_t)nv + 1, 1);
-    for (int g = 0; g < G; g++)
-        for (int v = 0; v < nv; v++)
-            if (s->r[g * nv + v])
-                for (int k = P->in_off[v]; k < P->in_off[v + 1]; k++)
-                    need[P->in_v[k]] = 1;
     for (int v = 0; v < nv; v++)
         if (s->keep[v] && !P->saved[v] && !need[v])
             s->keep[v] = 0;
+    qsort(set.v, (size_t)set.n, sizeof(int64_t), cmp_i64);
+    totals(P, s, set.v, set.n);
+    vec_free(&set);
     free(need);
     free(stack);
-    totals(P, s);
 }
 
 void pass_remat_policy_keep(const Prob *P, int policy, Sol *s)

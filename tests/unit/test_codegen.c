@@ -1,6 +1,7 @@
 /* test_codegen.c - kernel descriptions and the C printer: what the generated
  * source says for a few ops, that it compiles, that the expression printer
- * takes target overrides, kernel sharing, GEMM steps, and unsupported dtypes. */
+ * takes target overrides, kernel sharing, GEMM steps, unsupported dtypes, and
+ * a kernel's aliasing params and in-place merges against the pairwise checks. */
 #include "testutil.h"
 
 #include <stdlib.h>
@@ -200,13 +201,100 @@ static void test_unsupported_dtype(void **state)
     ir_free(g);
 }
 
+/* The plain pairwise definitions cg_params_alias and
+ * cg_merge_inplace_params must agree with. */
+static bool alias_ref(const MemPlan *m, const CgKernel *k)
+{
+    for (int a = 0; a < k->params.n; a++)
+        for (int b = 0; b < k->params.n; b++) {
+            int ta = k->params.v[a].tensor, tb = k->params.v[b].tensor;
+            int64_t a0 = m->offset[ta], a1 = a0 + m->bytes[ta];
+            int64_t b0 = m->offset[tb], b1 = b0 + m->bytes[tb];
+            if (a != b && k->params.v[a].out && a0 < b1 && b0 < a1)
+                return true;
+        }
+    return false;
+}
+
+/* to[a]: the param input a becomes, before renumbering (itself if none) */
+static void merge_ref(const MemPlan *m, const CgKernel *k, int *to)
+{
+    for (int a = 0; a < k->params.n; a++) {
+        to[a] = a;
+        const CgParam *pa = &k->params.v[a];
+        for (int b = 0; b < k->params.n && !pa->out; b++) {
+            const CgParam *pb = &k->params.v[b];
+            if (pb->out && pb->dt == pa->dt && m->offset[pb->tensor] == m->offset[pa->tensor] &&
+                m->bytes[pb->tensor] == m->bytes[pa->tensor]) {
+                to[a] = b;
+                break;
+            }
+        }
+    }
+}
+
+/* Random params over a few offsets and sizes (empty ones too, and the same
+ * tensor twice): the sweep and the sorted merge give the pairwise answers. */
+static void test_params_alias_merge(void **state)
+{
+    (void)state;
+    enum { NT = 24 };
+    int64_t off[NT], bytes[NT];
+    MemPlan m = {.nt = NT, .offset = off, .bytes = bytes};
+    srand(7);
+    int hits = 0, merged = 0;
+    for (int round = 0; round < 3000; round++) {
+        int span = 1 + rand() % 64;
+        for (int t = 0; t < NT; t++) {
+            off[t] = rand() % span;
+            bytes[t] = rand() % 5 == 0 ? 0 : rand() % 24;
+        }
+        CgKernel k = {0};
+        int n = 1 + rand() % 12;
+        for (int a = 0; a < n; a++) {
+            CgParam p = {rand() % NT, rand() % 4 == 0 ? DT_BF16 : DT_F32, rand() % 3 == 0};
+            vec_push(&k.params, p);
+        }
+        for (int a = 0; a < n; a++) { /* a load of each param, to check the renumbering */
+            CgExpr e = {.kind = CGX_LOAD, .param = a};
+            vec_push(&k.ex, e);
+        }
+        bool want = alias_ref(&m, &k);
+        hits += want;
+        assert_int_equal(cg_params_alias(&m, &k), want);
+        int to[16];
+        merge_ref(&m, &k, to);
+        CgParam before[16];
+        memcpy(before, k.params.v, sizeof(CgParam) * (size_t)n);
+        cg_merge_inplace_params(&m, &k);
+        for (int a = 0, w = 0; a < n; a++) { /* survivors keep their order */
+            if (to[a] != a)
+                continue;
+            assert_true(w < k.params.n);
+            assert_int_equal(k.params.v[w].tensor, before[a].tensor);
+            assert_int_equal(k.params.v[w].out, before[a].out);
+            w++;
+        }
+        for (int a = 0; a < n; a++) {
+            const CgParam *p = &k.params.v[k.ex.v[a].param];
+            assert_int_equal(p->tensor, before[to[a]].tensor);
+            assert_int_equal(p->out, before[to[a]].out);
+            merged += to[a] != a;
+        }
+        vec_free(&k.params);
+        vec_free(&k.ex);
+    }
+    assert_true(hits > 300 && hits < 2700); /* both answers are exercised */
+    assert_true(merged > 100);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_elementwise_source), cmocka_unit_test(test_reduce_random_source),
         cmocka_unit_test(test_long_chain),
         cmocka_unit_test(test_target_override),    cmocka_unit_test(test_plan_compiles),
-        cmocka_unit_test(test_unsupported_dtype),
+        cmocka_unit_test(test_unsupported_dtype), cmocka_unit_test(test_params_alias_merge),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
