@@ -82,51 +82,116 @@ static int cmp_ready(const void *a, const void *b)
     const Grad *x = a, *y = b;
     if (x->ready != y->ready)
         return x->ready < y->ready ? -1 : 1;
-    return x->t < y->t ? -1 : x->t > y->t;
+    if (x->t != y->t)
+        return x->t < y->t ? -1 : 1;
+    return x->out < y->out ? -1 : x->out > y->out;
 }
 
-/* The graph's "grad.P" outputs of f32 params, in the order they are ready. */
+typedef struct {
+    const char *name;
+    int t;
+} Named;
+
+static int cmp_named(const void *a, const void *b)
+{
+    return strcmp(((const Named *)a)->name, ((const Named *)b)->name);
+}
+
+/* The graph's "grad.P" outputs of params, in the order they are ready, one
+ * per gradient tensor: when simplify has merged two params' gradients into
+ * one tensor (x + b1 + b2 gives b1 and b2 the same gradient), the first
+ * output (lowest index in g->outs) stands for both. Everything the pass
+ * does to that tensor (accumulate, all-reduce) reaches every output that
+ * names it, since outputs are rewritten by tensor, and the merged params'
+ * accumulators would hold equal values anyway. */
 static int collect_grads(const Graph *g, Grad **out)
 {
+    VEC(Named) params = {0}; /* by name: one sort instead of a scan per output */
+    for (int i = 0; i < g->t.n; i++)
+        if (g->t.v[i].kind == TK_PARAM && g->t.v[i].name) {
+            Named nm = {g->t.v[i].name, i};
+            vec_push(&params, nm);
+        }
+    if (params.n)
+        qsort(params.v, (size_t)params.n, sizeof(Named), cmp_named);
     VEC(Grad) v = {0};
     for (int k = 0; k < g->outs.n; k++) {
         const char *nm = g->outs.v[k].name;
-        if (strncmp(nm, "grad.", 5) != 0)
+        if (strncmp(nm, "grad.", 5) != 0 || params.n == 0)
             continue;
-        int pid = ir_find_tensor(g, nm + 5);
-        if (pid < 0 || g->t.v[pid].kind != TK_PARAM)
+        Named key = {nm + 5, -1};
+        if (!bsearch(&key, params.v, (size_t)params.n, sizeof(Named), cmp_named))
             continue;
         const Tensor *t = &g->t.v[g->outs.v[k].t];
         Grad gr = {nm + 5, k, t->id, t->op};
         vec_push(&v, gr);
     }
+    vec_free(&params);
     if (v.n)
         qsort(v.v, (size_t)v.n, sizeof(Grad), cmp_ready);
+    int n = 0;
+    for (int k = 0; k < v.n; k++)
+        if (n == 0 || v.v[n - 1].t != v.v[k].t)
+            v.v[n++] = v.v[k];
     *out = v.v;
-    return v.n;
+    return n;
 }
 
-/* Replaces operand `from` by `to` in every op except `skip` and the ops of
- * keep[] (NULL-free list of op indices given by a predicate), and in the
- * outputs. */
-static void replace_uses(Graph *g, int from, int to, const bool *is_comm)
+/* Replaces, for each pair (pairs[2q], pairs[2q+1]) = (from, to), operand
+ * `from` by `to` in every op except the ops with skip[i] set and the op
+ * that produces `to`, and in the outputs and updates: one sweep over the
+ * graph for all pairs. Each `from` appears once and no `to` is a `from`
+ * (the callers replace old tensors by new ones), so the order of the pairs
+ * does not matter. */
+static void replace_uses(Graph *g, const int *pairs, int npairs, const bool *skip)
 {
+    if (npairs == 0)
+        return;
+    int *to = xmalloc(sizeof(int) * (size_t)g->t.n);
+    for (int t = 0; t < g->t.n; t++)
+        to[t] = -1;
+    for (int q = 0; q < npairs; q++)
+        to[pairs[2 * q]] = pairs[2 * q + 1];
     for (int i = 0; i < g->ops.n; i++) {
         Op *op = &g->ops.v[i];
-        if (is_comm && i < g->ops.n && is_comm[i])
+        if (skip && skip[i])
             continue;
-        if (op->out == to)
-            continue;
-        for (int j = 0; j < op->nin; j++)
-            if (op->in[j] == from)
-                op->in[j] = to;
+        for (int j = 0; j < op->nin; j++) {
+            int r = op->in[j] >= 0 ? to[op->in[j]] : -1;
+            if (r >= 0 && op->out != r)
+                op->in[j] = r;
+        }
     }
     for (int k = 0; k < g->outs.n; k++)
-        if (g->outs.v[k].t == from)
-            g->outs.v[k].t = to;
+        if (to[g->outs.v[k].t] >= 0)
+            g->outs.v[k].t = to[g->outs.v[k].t];
     for (int k = 0; k < g->upd.n; k++)
-        if (g->upd.v[k].value == from)
-            g->upd.v[k].value = to;
+        if (to[g->upd.v[k].value] >= 0)
+            g->upd.v[k].value = to[g->upd.v[k].value];
+    free(to);
+}
+
+/* Per op (g->ops.n entries): whether its result flows into one of the
+ * gradients gr[0..n) (their producers and everything before them). Such
+ * an op must keep reading a gradient's local value: a gradient computed
+ * from another one (the optimizer's NaN guard multiplies the smallest
+ * param's gradient by (loss*0 + 1), and simplify may have merged that
+ * gradient with another param's) gets its own accumulation and all-reduce,
+ * and reading the other's reduced value instead would count it twice and
+ * make the all-reduce wait for itself. Caller frees. */
+static bool *grad_feeders(const Graph *g, const Grad *gr, int n)
+{
+    bool *f = xcalloc((size_t)g->ops.n + 1, sizeof(bool));
+    for (int k = 0; k < n; k++)
+        if (g->t.v[gr[k].t].op >= 0)
+            f[g->t.v[gr[k].t].op] = true;
+    for (int i = g->ops.n - 1; i >= 0; i--) {
+        const Op *op = &g->ops.v[i];
+        for (int j = 0; f[i] && j < op->nin; j++)
+            if (g->t.v[op->in[j]].op >= 0)
+                f[g->t.v[op->in[j]].op] = true;
+    }
+    return f;
 }
 
 static SrcLoc loc_of(const Graph *g, int t)
@@ -153,6 +218,10 @@ static void accumulate(Graph *g, int K)
     Placer p = {g, NULL, 0, 0, 0};
     for (int i = 0; i < g->ops.n; i++)
         place(&p, i, i, 0);
+    VEC(int) reps = {0}; /* pairs: gradient, its mean */
+    VEC(int) mine = {0}; /* the sums and means, which read the gradients */
+    bool *feeds = grad_feeders(g, gr, n);
+    int nold = g->ops.n;
     for (int k = 0; k < n; k++) {
         Shape s = g->t.v[gr[k].t].s;
         int acc = add_accum(g, &gr[k]);
@@ -165,12 +234,21 @@ static void accumulate(Graph *g, int K)
         int mean = add_op(&p, OP_MUL, (int[]){sum, c}, 2, &(OpAttr){0}, loc, at, 3);
         for (int q = g->ops.n - 3; q < g->ops.n; q++)
             g->ops.v[q].flags |= OPF_BACKWARD;
-        int nops = g->ops.n;
-        bool *mine = xcalloc((size_t)nops, sizeof(bool));
-        mine[g->t.v[sum].op] = mine[g->t.v[mean].op] = true;
-        replace_uses(g, gr[k].t, mean, mine);
-        free(mine);
+        vec_push(&reps, gr[k].t);
+        vec_push(&reps, mean);
+        vec_push(&mine, g->t.v[sum].op);
+        vec_push(&mine, g->t.v[mean].op);
     }
+    bool *skip = xcalloc((size_t)g->ops.n + 1, sizeof(bool));
+    for (int i = 0; i < nold; i++)
+        skip[i] = feeds[i];
+    for (int q = 0; q < mine.n; q++)
+        skip[mine.v[q]] = true;
+    replace_uses(g, reps.v, reps.n / 2, skip);
+    free(skip);
+    free(feeds);
+    vec_free(&reps);
+    vec_free(&mine);
     free(gr);
     if (n)
         reorder(&p);
@@ -182,7 +260,7 @@ static void accumulate(Graph *g, int K)
  * first op. Fills gr[].ready (sorted) and first_use[tensor]; returns a
  * group that reads a gradient and starts before the gradient is finished
  * (one holding its producer and a reader, say), or -1. */
-static int analyse(const Graph *g, Grad *gr, int n, int *first_use)
+static int analyse(const Graph *g, Grad *gr, int n, int *first_use, const bool *feeds)
 {
     int nops = g->ops.n, ngroups = 0;
     for (int i = 0; i < nops; i++)
@@ -211,7 +289,7 @@ static int analyse(const Graph *g, Grad *gr, int n, int *first_use)
     for (int i = nops - 1; i >= 0; i--) {
         const Op *op = &g->ops.v[i];
         int at = op->group >= 0 ? gfirst[op->group] : i;
-        for (int j = 0; j < op->nin; j++)
+        for (int j = 0; j < op->nin && !feeds[i]; j++)
             if (at < first_use[op->in[j]])
                 first_use[op->in[j]] = at;
     }
@@ -222,7 +300,7 @@ static int analyse(const Graph *g, Grad *gr, int n, int *first_use)
             continue;
         for (int i = 0; i < nops && clash < 0; i++) {
             const Op *op = &g->ops.v[i];
-            for (int j = 0; j < op->nin && clash < 0; j++)
+            for (int j = 0; j < op->nin && clash < 0 && !feeds[i]; j++)
                 if (op->in[j] == gr[k].t && op->group >= 0 && gfirst[op->group] <= gr[k].ready)
                     clash = op->group;
         }
@@ -446,8 +524,7 @@ static void comm_zero(Graph *g, const PassOpts *o, const int *gready, int last_b
     bool *is_comm = xcalloc((size_t)g->ops.n + 1, sizeof(bool));
     for (int i = nops; i < g->ops.n; i++)
         is_comm[i] = true;
-    for (int q = 0; q < reps.n; q += 2)
-        replace_uses(g, reps.v[q], reps.v[q + 1], is_comm);
+    replace_uses(g, reps.v, reps.n / 2, is_comm);
     free(is_comm);
     shard_grad_outputs(g, gshard);
     vec_free(&reps);
@@ -488,7 +565,8 @@ bool pass_comm(Graph *g, const PassOpts *o, Diag *d)
      * epilogue squares the gradient for the norm, once accumulate put the
      * mean in between) leaves no point for the all-reduce (and is no longer
      * one convex kernel): such a group is split back into single-op kernels */
-    for (int clash; (clash = analyse(g, gr, n, first_use)) >= 0;)
+    bool *feeds = grad_feeders(g, gr, n);
+    for (int clash; (clash = analyse(g, gr, n, first_use, feeds)) >= 0;)
         for (int i = 0; i < nops; i++)
             if (g->ops.v[i].group == clash)
                 g->ops.v[i].group = -1;
@@ -501,11 +579,13 @@ bool pass_comm(Graph *g, const PassOpts *o, Diag *d)
             last = gr[k].ready > last ? gr[k].ready : last;
         comm_zero(g, o, gready, last);
         free(gready);
+        free(feeds);
         free(first_use);
         free(gr);
         return true;
     }
     if (o->nranks <= 1) {
+        free(feeds);
         free(first_use);
         free(gr);
         return true;
@@ -530,15 +610,11 @@ bool pass_comm(Graph *g, const PassOpts *o, Diag *d)
             bytes = ir_add_sat(bytes, shape_bytes(&t->s));
             k1++;
         }
-        /* members k0..k1-1; duplicates (one tensor, two params) reduce once */
+        /* members k0..k1-1 (one per tensor: collect_grads) */
         VEC(int) mem = {0};
         int ready = -1, first = nops;
         for (int k = k0; k < k1; k++) {
-            bool dup = false;
-            for (int q = 0; q < mem.n; q++)
-                dup |= mem.v[q] == gr[k].t;
-            if (!dup)
-                vec_push(&mem, gr[k].t);
+            vec_push(&mem, gr[k].t);
             if (gr[k].ready > ready)
                 ready = gr[k].ready;
             if (first_use[gr[k].t] < first)
@@ -565,12 +641,12 @@ bool pass_comm(Graph *g, const PassOpts *o, Diag *d)
         bucket++;
         k0 = k1;
     }
-    bool *is_comm = xcalloc((size_t)g->ops.n + 1, sizeof(bool));
-    for (int i = nops; i < g->ops.n; i++)
-        is_comm[i] = true;
-    for (int q = 0; q < waits.n; q += 2)
-        replace_uses(g, waits.v[q], waits.v[q + 1], is_comm);
-    free(is_comm);
+    bool *skip = xcalloc((size_t)g->ops.n + 1, sizeof(bool));
+    for (int i = 0; i < g->ops.n; i++)
+        skip[i] = i >= nops || feeds[i]; /* the collectives, and ops before a gradient */
+    replace_uses(g, waits.v, waits.n / 2, skip);
+    free(skip);
+    free(feeds);
     vec_free(&waits);
     free(first_use);
     free(gr);
