@@ -704,7 +704,7 @@ static bool parse_def(P *ps, SrcLoc loc)
     }
     VEC(int) in = {0};
     bool ok = false;
-    RawAttr ra[4];
+    RawAttr ra[7]; /* at most 7 keys: AK_ATTN with its head layout */
     int nra = 0;
     skip_ws(ps);
     if (*ps->p == '%') {
@@ -717,7 +717,7 @@ static bool parse_def(P *ps, SrcLoc loc)
                 break;
         }
     }
-    if (accept(ps, '{') && !parse_attrs(ps, ra, &nra, 4))
+    if (accept(ps, '{') && !parse_attrs(ps, ra, &nra, 7))
         goto out;
     unsigned flags = 0;
     int group = -1;
