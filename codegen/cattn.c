@@ -18,7 +18,10 @@
  * ...), which balances causal tiles of unequal cost; every output element
  * is written by the one item that owns its tile, in a fixed order, so the
  * result does not depend on the number of parts. f32 only (the C backend's
- * GEMMs and kernels are f32). */
+ * GEMMs and kernels are f32). Every tensor is addressed through the op's
+ * IrAttnLayout (ir.h): work item bb = b * nh + h starts at A_xB(bb) and
+ * steps rows by A_xR, so the head layout's strided q/k/v rows and [B, T,
+ * H*D] outputs need no copies. */
 #include "codegen.h"
 
 enum { A_BQ = 32, A_BK = 64 };
@@ -118,7 +121,7 @@ static int add_param(CgKernel *k, int t, DType dt, bool out)
 bool cg_lower_attn(const Graph *g, const int *ops, int n, CgKernel *k, Diag *d)
 {
     const Op *op = &g->ops.v[ops[0]];
-    const Shape *q = &g->t.v[op->in[0]].s, *ks = &g->t.v[op->in[1]].s;
+    const Shape *q = &g->t.v[op->in[0]].s;
     if (q->dtype != DT_F32) {
         snprintf(d->msg, sizeof d->msg,
                  "%s:%d: %s on %s is not supported by the CPU backend yet (expected f32)",
@@ -127,7 +130,6 @@ bool cg_lower_attn(const Graph *g, const int *ops, int n, CgKernel *k, Diag *d)
         return false;
     }
     CgAttn *a = &k->attn;
-    (void)ks;
     ir_attn_layout(g, op, &a->lay);
     a->Tq = a->lay.Tq;
     a->D = a->lay.D;

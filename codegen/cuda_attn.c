@@ -30,6 +30,11 @@
  * 48 KiB (attn_tiles). Accumulation and softmax are f32; bf16 operands of
  * the second product (P, dS) are rounded to bf16 as flash attention does.
  *
+ * Every tensor is addressed through the op's IrAttnLayout (ir.h), printed
+ * into each wrapper as a literal kiln_attn_lay (per tensor: the offset of
+ * head bh's row 0 and the row stride), so the head layout reads q, k, v
+ * strided out of the qkv projection and writes [B, T, H*D] rows.
+ *
  * Grids are 1-D (the backend launches 1-D): block b takes tile
  * (ntiles - 1 - b % ntiles) of batch*head b / ntiles, the longest causal
  * tiles first. */
