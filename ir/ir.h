@@ -482,7 +482,8 @@ bool ir_infer(const Graph *g, Opcode code, const int *in, int nin, const OpAttr 
 /* Where element (b, h, i, d) of each tensor of an attention-family op sits
  * (flat index into its buffer): b*bs + h*hs + i*rs + d + off, for the
  * batch entry b < nb, head h < nh (the plain layout: nh = 1, the batch dims
- * flattened into b), row i and column d (0 for lse and delta). The one
+ * flattened into b; every hs is 0), row i and column d (0 for lse and
+ * delta). The one
  * description of both layouts that the interpreter and the kernels read. */
 typedef struct {
     int64_t bs, hs, rs, off;
