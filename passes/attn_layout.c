@@ -22,9 +22,13 @@
  *     dq, dk, dv; permute(lse') for lse. Readers of the old results are
  *     untouched; simplify cancels the permute pairs.
  *   - delta = reduce_sum(mul(a, b), axes=[3]) (autodiff's sum of dO * o,
- *     casts allowed on a and b) is recomputed as reduce_sum(mul(a', b'),
- *     axes=[3]) over [B, T, H, D] (a' = permute(a), through a cast); any
- *     other delta is permuted.
+ *     casts allowed on a and b) is recomputed as the sum over the last axis
+ *     of mul(a', b') [B*T, H, D], a' = reshape(reshape(permute(a))) (the
+ *     inner one to [B, T, H*D], through a cast), which simplify turns into
+ *     backward views of dO' and o'. ([B*T, H, D], not [B, T, H, D]: CSE
+ *     would merge that view with o's forward redefinition, and remat
+ *     would count the forward view as a saved activation.) Any other
+ *     delta is permuted.
  * Invariant: the graph computes the same values; the op order stays valid
  * (new ops are placed right before their first reader, each lse right
  * after its attention op). */
@@ -109,16 +113,20 @@ static int reshape(Ctx *c, int t, int rank, const int64_t *dim, unsigned flags)
     return add(c, OP_RESHAPE, &t, 1, &a, flags);
 }
 
-/* permute(t) with perm [0,2,1,3], through a cast (cast(permute(u))). */
-static int permuted(Ctx *c, int t, unsigned flags)
+/* t [B, H, T, D] as [B, T, H*D]: reshape(permute(t)), through a cast
+ * (cast(reshape(permute(u)))), so that simplify cancels it against a
+ * head split or the redefined o and no forward view is left for the
+ * backward to read. */
+static int merged(Ctx *c, int t, unsigned flags)
 {
     const Op *p = def(c->g, t);
     if (p && p->code == OP_CAST) {
         OpAttr a = p->attr;
-        int u = permuted(c, p->in[0], flags);
+        int u = merged(c, p->in[0], flags);
         return add(c, OP_CAST, &u, 1, &a, flags);
     }
-    return permute(c, t, flags);
+    int pt = permute(c, t, flags);
+    return reshape(c, pt, 3, (int64_t[]){c->B, c->T, c->H * c->D}, flags);
 }
 
 /* delta' [B, T, H, 1] for delta [B, H, T, 1]. */
@@ -129,11 +137,14 @@ static int delta_heads(Ctx *c, int delta, unsigned flags)
         const Op *m = def(c->g, rs->in[0]);
         if (m && m->code == OP_MUL && shape_dims_eq(&c->g->t.v[m->in[0]].s,
                                                     &c->g->t.v[m->in[1]].s)) {
-            int x = m->in[0], y = m->in[1];
-            int in[2] = {permuted(c, x, flags), permuted(c, y, flags)};
+            int64_t rhd[3] = {c->B * c->T, c->H, c->D};
+            int x = m->in[0], y = m->in[1]; /* m moves once ops are added */
+            int in[2] = {reshape(c, merged(c, x, flags), 3, rhd, flags),
+                         reshape(c, merged(c, y, flags), 3, rhd, flags)};
             int prod = add(c, OP_MUL, in, 2, &(OpAttr){0}, flags);
-            OpAttr ax = {.nia = 1, .ia = {3}};
-            return add(c, OP_REDUCE_SUM, &prod, 1, &ax, flags);
+            OpAttr ax = {.nia = 1, .ia = {2}};
+            int sum = add(c, OP_REDUCE_SUM, &prod, 1, &ax, flags);
+            return reshape(c, sum, 4, (int64_t[]){c->B, c->T, c->H, 1}, flags);
         }
     }
     return permute(c, delta, flags);
