@@ -18,7 +18,10 @@
  * ...), which balances causal tiles of unequal cost; every output element
  * is written by the one item that owns its tile, in a fixed order, so the
  * result does not depend on the number of parts. f32 only (the C backend's
- * GEMMs and kernels are f32). */
+ * GEMMs and kernels are f32). Every tensor is addressed through the op's
+ * IrAttnLayout (ir.h): work item bb = b * nh + h starts at A_xB(bb) and
+ * steps rows by A_xR, so the head layout's strided q/k/v rows and [B, T,
+ * H*D] outputs need no copies. */
 #include "codegen.h"
 
 enum { A_BQ = 32, A_BK = 64 };
@@ -95,9 +98,11 @@ int cg_attn_partner(const Graph *g, int i)
     }
     for (int j = 0; j < g->ops.n; j++) {
         const Op *b = &g->ops.v[j];
-        if (b->code != want || b->attr.ia[0] != a->attr.ia[0] || b->attr.f != a->attr.f)
+        if (b->code != want || b->attr.nia != a->attr.nia || b->attr.f != a->attr.f)
             continue;
         bool same = true;
+        for (int x = 0; x < a->attr.nia && same; x++)
+            same = a->attr.ia[x] == b->attr.ia[x];
         for (int x = 0; x < nsame && same; x++)
             same = a->in[x] == b->in[x];
         if (same)
@@ -116,7 +121,7 @@ static int add_param(CgKernel *k, int t, DType dt, bool out)
 bool cg_lower_attn(const Graph *g, const int *ops, int n, CgKernel *k, Diag *d)
 {
     const Op *op = &g->ops.v[ops[0]];
-    const Shape *q = &g->t.v[op->in[0]].s, *ks = &g->t.v[op->in[1]].s;
+    const Shape *q = &g->t.v[op->in[0]].s;
     if (q->dtype != DT_F32) {
         snprintf(d->msg, sizeof d->msg,
                  "%s:%d: %s on %s is not supported by the CPU backend yet (expected f32)",
@@ -125,12 +130,12 @@ bool cg_lower_attn(const Graph *g, const int *ops, int n, CgKernel *k, Diag *d)
         return false;
     }
     CgAttn *a = &k->attn;
-    int r = q->rank;
-    a->Tq = q->dim[r - 2];
-    a->D = q->dim[r - 1];
-    a->Tk = ks->dim[r - 2];
-    a->Dv = op->nin > 2 ? g->t.v[op->in[2]].s.dim[r - 1] : a->D;
-    a->batch = shape_numel(q) / (a->Tq * a->D);
+    ir_attn_layout(g, op, &a->lay);
+    a->Tq = a->lay.Tq;
+    a->D = a->lay.D;
+    a->Tk = a->lay.Tk;
+    a->Dv = a->lay.Dv;
+    a->batch = a->lay.nb * a->lay.nh;
     a->causal = op->attr.ia[0] != 0;
     a->scale = op->attr.f;
     a->dt = q->dtype;
@@ -192,12 +197,12 @@ static void print_transpose(CgBuf *b, bool k, bool v, const char *ind)
     if (k)
         cg_printf(b,
                   "%s    for (int64_t x = 0; x < A_D; x++)\n"
-                  "%s        kt[x][jj] = kb[(j0 + jj) * A_D + x];\n",
+                  "%s        kt[x][jj] = kb[(j0 + jj) * A_KR + x];\n",
                   ind, ind);
     if (v)
         cg_printf(b,
                   "%s    for (int64_t x = 0; x < A_DV; x++)\n"
-                  "%s        vt[x][jj] = vb[(j0 + jj) * A_DV + x];\n",
+                  "%s        vt[x][jj] = vb[(j0 + jj) * A_VR + x];\n",
                   ind, ind);
     cg_printf(b, "%s}\n", ind);
 }
@@ -208,10 +213,10 @@ static void print_fwd(CgBuf *b, const CgAttn *a)
                "    for (int64_t w = part; w < A_NB * nt; w += nparts) {\n"
                "        int64_t bb = w / nt, i0 = (w % nt) * A_BQ;\n"
                "        int64_t nq = A_TQ - i0 < A_BQ ? A_TQ - i0 : A_BQ;\n");
-    cg_printf(b, "        const float *qb = p%d + (bb * A_TQ + i0) * A_D;\n", a->q);
-    cg_printf(b, "        const float *kb = p%d + bb * A_TK * A_D;\n", a->k);
+    cg_printf(b, "        const float *qb = p%d + A_QB(bb) + i0 * A_QR;\n", a->q);
+    cg_printf(b, "        const float *kb = p%d + A_KB(bb);\n", a->k);
     if (a->o >= 0)
-        cg_printf(b, "        const float *vb = p%d + bb * A_TK * A_DV;\n"
+        cg_printf(b, "        const float *vb = p%d + A_VB(bb);\n"
                      "        float acc[A_BQ][A_DV] = {{0}};\n",
                   a->v);
     cg_puts(b, "        float m[A_BQ], l[A_BQ], S[A_BQ][A_BK], kt[A_D][A_BK];\n"
@@ -226,7 +231,7 @@ static void print_fwd(CgBuf *b, const CgAttn *a)
     cg_puts(b, "            for (int64_t r = 0; r < nq; r++)\n"
                "                for (int64_t jj = 0; jj < nk; jj++)\n"
                "                    S[r][jj] = 0.0f;\n"
-               "            kiln_attn_mm(&S[0][0], A_BK, qb, A_D, 1, &kt[0][0], A_BK, nq, nk, A_D);\n"
+               "            kiln_attn_mm(&S[0][0], A_BK, qb, A_QR, 1, &kt[0][0], A_BK, nq, nk, A_D);\n"
                "            for (int64_t r = 0; r < nq; r++) {\n"
                "                float *s = S[r];\n"
                "                int64_t ne = A_CAUSAL ? i0 + r - j0 + 1 : nk;\n"
@@ -256,18 +261,18 @@ static void print_fwd(CgBuf *b, const CgAttn *a)
                    "                    acc[r][x] *= alpha;\n");
     cg_puts(b, "            }\n");
     if (a->o >= 0)
-        cg_puts(b, "            kiln_attn_mm(&acc[0][0], A_DV, &S[0][0], A_BK, 1, vb + j0 * A_DV, "
-                   "A_DV, nq, A_DV, nk);\n");
+        cg_puts(b, "            kiln_attn_mm(&acc[0][0], A_DV, &S[0][0], A_BK, 1, vb + j0 * A_VR, "
+                   "A_VR, nq, A_DV, nk);\n");
     cg_puts(b, "        }\n"
                "        for (int64_t r = 0; r < nq; r++) {\n");
     if (a->o >= 0)
         cg_printf(b, "            float inv = 1.0f / l[r];\n"
-                     "            float *orow = p%d + (bb * A_TQ + i0 + r) * A_DV;\n"
+                     "            float *orow = p%d + A_OB(bb) + (i0 + r) * A_OR;\n"
                      "            for (int64_t x = 0; x < A_DV; x++)\n"
                      "                orow[x] = acc[r][x] * inv;\n",
                   a->o);
     if (a->lse >= 0)
-        cg_printf(b, "            p%d[bb * A_TQ + i0 + r] = m[r] + logf(l[r]);\n", a->lse);
+        cg_printf(b, "            p%d[A_SB(bb) + (i0 + r) * A_SR] = m[r] + logf(l[r]);\n", a->lse);
     cg_puts(b, "        }\n"
                "    }\n");
 }
@@ -281,16 +286,16 @@ static void print_p_ds(CgBuf *b, bool ds, const char *ind)
               "%sfor (int64_t r = 0; r < nq; r++)\n"
               "%s    for (int64_t jj = 0; jj < nk; jj++)\n"
               "%s        S[r][jj] = 0.0f%s;\n"
-              "%skiln_attn_mm(&S[0][0], A_BK, qt, A_D, 1, &kt[0][0], A_BK, nq, nk, A_D);\n",
+              "%skiln_attn_mm(&S[0][0], A_BK, qt, A_QR, 1, &kt[0][0], A_BK, nq, nk, A_D);\n",
               ind, ind, ind, ds ? ", dP[r][jj] = 0.0f" : "", ind);
     if (ds)
-        cg_printf(b, "%skiln_attn_mm(&dP[0][0], A_BK, gt, A_DV, 1, &vt[0][0], A_BK, nq, nk, A_DV);\n",
+        cg_printf(b, "%skiln_attn_mm(&dP[0][0], A_BK, gt, A_OR, 1, &vt[0][0], A_BK, nq, nk, A_DV);\n",
                   ind);
     cg_printf(b,
               "%sfor (int64_t r = 0; r < nq; r++) {\n"
               "%s    int64_t ne = A_CAUSAL ? i0 + r - j0 + 1 : nk;\n"
               "%s    ne = ne < 0 ? 0 : ne < nk ? ne : nk;\n"
-              "%s    float L = lt[r];\n"
+              "%s    float L = lt[r * A_SR];\n"
               "%s    for (int64_t jj = 0; jj < ne; jj++)\n"
               "%s        S[r][jj] = kiln_expf(S[r][jj] * A_SCALE - L);\n"
               "%s    for (int64_t jj = ne; jj < nk; jj++)\n"
@@ -298,7 +303,7 @@ static void print_p_ds(CgBuf *b, bool ds, const char *ind)
               ind, ind, ind, ind, ind, ind, ind, ind);
     if (ds)
         cg_printf(b,
-                  "%s    float De = dt[r];\n"
+                  "%s    float De = dt[r * A_SR];\n"
                   "%s    for (int64_t jj = 0; jj < nk; jj++)\n"
                   "%s        dP[r][jj] = S[r][jj] * (dP[r][jj] - De) * A_SCALE;\n",
                   ind, ind, ind);
@@ -312,12 +317,12 @@ static void print_dq(CgBuf *b, const CgAttn *a)
                "        int64_t bb = w / nt, i0 = (w % nt) * A_BQ;\n"
                "        int64_t nq = A_TQ - i0 < A_BQ ? A_TQ - i0 : A_BQ;\n");
     cg_printf(b,
-              "        const float *qt = p%d + (bb * A_TQ + i0) * A_D;\n"
-              "        const float *kb = p%d + bb * A_TK * A_D;\n"
-              "        const float *vb = p%d + bb * A_TK * A_DV;\n"
-              "        const float *gt = p%d + (bb * A_TQ + i0) * A_DV;\n"
-              "        const float *lt = p%d + bb * A_TQ + i0;\n"
-              "        const float *dt = p%d + bb * A_TQ + i0;\n",
+              "        const float *qt = p%d + A_QB(bb) + i0 * A_QR;\n"
+              "        const float *kb = p%d + A_KB(bb);\n"
+              "        const float *vb = p%d + A_VB(bb);\n"
+              "        const float *gt = p%d + A_OB(bb) + i0 * A_OR;\n"
+              "        const float *lt = p%d + A_SB(bb) + i0 * A_SR;\n"
+              "        const float *dt = p%d + A_SB(bb) + i0 * A_SR;\n",
               a->q, a->k, a->v, a->dO, a->lse, a->delta);
     cg_puts(b, "        float acc[A_BQ][A_D] = {{0}};\n"
                "        float S[A_BQ][A_BK], dP[A_BQ][A_BK], kt[A_D][A_BK], vt[A_DV][A_BK];\n"
@@ -326,13 +331,13 @@ static void print_dq(CgBuf *b, const CgAttn *a)
                "            int64_t nk = kend - j0 < A_BK ? kend - j0 : A_BK;\n");
     print_transpose(b, true, true, "            ");
     print_p_ds(b, true, "            ");
-    cg_puts(b, "            kiln_attn_mm(&acc[0][0], A_D, &dP[0][0], A_BK, 1, kb + j0 * A_D, A_D, "
+    cg_puts(b, "            kiln_attn_mm(&acc[0][0], A_D, &dP[0][0], A_BK, 1, kb + j0 * A_KR, A_KR, "
                "nq, A_D, nk);\n"
                "        }\n");
     cg_printf(b,
               "        for (int64_t r = 0; r < nq; r++)\n"
               "            for (int64_t x = 0; x < A_D; x++)\n"
-              "                p%d[(bb * A_TQ + i0 + r) * A_D + x] = acc[r][x];\n"
+              "                p%d[A_DQB(bb) + (i0 + r) * A_DQR + x] = acc[r][x];\n"
               "    }\n",
               a->dq);
 }
@@ -345,15 +350,15 @@ static void print_dkv(CgBuf *b, const CgAttn *a)
                "        int64_t bb = w / nt, j0 = (w % nt) * A_BK;\n"
                "        int64_t nk = A_TK - j0 < A_BK ? A_TK - j0 : A_BK;\n");
     cg_printf(b,
-              "        const float *qb = p%d + bb * A_TQ * A_D;\n"
-              "        const float *kb = p%d + bb * A_TK * A_D;\n"
-              "        const float *gb = p%d + bb * A_TQ * A_DV;\n"
-              "        const float *lb = p%d + bb * A_TQ;\n",
+              "        const float *qb = p%d + A_QB(bb);\n"
+              "        const float *kb = p%d + A_KB(bb);\n"
+              "        const float *gb = p%d + A_OB(bb);\n"
+              "        const float *lb = p%d + A_SB(bb);\n",
               a->q, a->k, a->dO, a->lse);
     if (dk)
         cg_printf(b,
-                  "        const float *vb = p%d + bb * A_TK * A_DV;\n"
-                  "        const float *db = p%d + bb * A_TQ;\n"
+                  "        const float *vb = p%d + A_VB(bb);\n"
+                  "        const float *db = p%d + A_SB(bb);\n"
                   "        float vt[A_DV][A_BK], dP[A_BQ][A_BK], adk[A_BK][A_D] = {{0}};\n",
                   a->v, a->delta);
     if (dv)
@@ -362,29 +367,33 @@ static void print_dkv(CgBuf *b, const CgAttn *a)
     print_transpose(b, true, dk, "        ");
     cg_puts(b, "        for (int64_t i0 = A_CAUSAL ? j0 / A_BQ * A_BQ : 0; i0 < A_TQ; i0 += A_BQ) {\n"
                "            int64_t nq = A_TQ - i0 < A_BQ ? A_TQ - i0 : A_BQ;\n"
-               "            const float *qt = qb + i0 * A_D, *gt = gb + i0 * A_DV, *lt = lb + i0;\n");
+               "            const float *qt = qb + i0 * A_QR, *gt = gb + i0 * A_OR;\n"
+               "            const float *lt = lb + i0 * A_SR;\n");
     if (dk)
-        cg_puts(b, "            const float *dt = db + i0;\n");
+        cg_puts(b, "            const float *dt = db + i0 * A_SR;\n");
     print_p_ds(b, dk, "            ");
     if (dv)
-        cg_puts(b, "            kiln_attn_mm(&adv[0][0], A_DV, &S[0][0], 1, A_BK, gt, A_DV, nk, "
+        cg_puts(b, "            kiln_attn_mm(&adv[0][0], A_DV, &S[0][0], 1, A_BK, gt, A_OR, nk, "
                    "A_DV, nq);\n");
     if (dk)
-        cg_puts(b, "            kiln_attn_mm(&adk[0][0], A_D, &dP[0][0], 1, A_BK, qt, A_D, nk, A_D, "
+        cg_puts(b, "            kiln_attn_mm(&adk[0][0], A_D, &dP[0][0], 1, A_BK, qt, A_QR, nk, A_D, "
                    "nq);\n");
     cg_puts(b, "        }\n"
                "        for (int64_t jj = 0; jj < nk; jj++) {\n");
     if (dk)
         cg_printf(b, "            for (int64_t x = 0; x < A_D; x++)\n"
-                     "                p%d[(bb * A_TK + j0 + jj) * A_D + x] = adk[jj][x];\n",
+                     "                p%d[A_DKB(bb) + (j0 + jj) * A_DKR + x] = adk[jj][x];\n",
                   a->dk);
     if (dv)
         cg_printf(b, "            for (int64_t x = 0; x < A_DV; x++)\n"
-                     "                p%d[(bb * A_TK + j0 + jj) * A_DV + x] = adv[jj][x];\n",
+                     "                p%d[A_DVB(bb) + (j0 + jj) * A_DVR + x] = adv[jj][x];\n",
                   a->dv);
     cg_puts(b, "        }\n"
                "    }\n");
 }
+
+/* The layout macros' tensors, in IrAttnLayout's order (q ... dv, st). */
+static const char *const lay_names[8] = {"Q", "K", "V", "O", "DQ", "DK", "DV", "S"};
 
 void cg_print_c_attn(CgBuf *b, const CgKernel *k)
 {
@@ -404,6 +413,16 @@ void cg_print_c_attn(CgBuf *b, const CgKernel *k)
               "#define A_CAUSAL %d\n#define A_SCALE %.9ef\n",
               (long long)a->batch, (long long)a->Tq, (long long)a->Tk, (long long)a->D,
               (long long)a->Dv, A_BQ, A_BK, a->causal ? 1 : 0, a->scale);
+    /* where (b, h, i, d) sits (IrAttnLayout): bb = b * A_NH + h; A_xB(bb) is
+     * the offset of row 0 of head h of batch entry b, A_xR the row stride */
+    const IrAttnLayout *L = &a->lay;
+    const IrAttnStride *st[8] = {&L->q, &L->k, &L->v, &L->o, &L->dq, &L->dk, &L->dv, &L->st};
+    cg_printf(b, "#define A_NH %lldLL\n", (long long)L->nh);
+    for (int x = 0; x < 8; x++)
+        cg_printf(b, "#define A_%sB(bb) (((bb) / A_NH) * %lldLL + ((bb) %% A_NH) * %lldLL + %lldLL)\n"
+                     "#define A_%sR %lldLL\n",
+                  lay_names[x], (long long)st[x]->bs, (long long)st[x]->hs,
+                  (long long)st[x]->off, lay_names[x], (long long)st[x]->rs);
     switch (a->kind) {
     case CG_ATTN_FWD: print_fwd(b, a); break;
     case CG_ATTN_DQ: print_dq(b, a); break;
@@ -412,5 +431,7 @@ void cg_print_c_attn(CgBuf *b, const CgKernel *k)
     }
     cg_puts(b, "}\n"
                "#undef A_NB\n#undef A_TQ\n#undef A_TK\n#undef A_D\n#undef A_DV\n#undef A_BQ\n"
-               "#undef A_BK\n#undef A_CAUSAL\n#undef A_SCALE\n");
+               "#undef A_BK\n#undef A_CAUSAL\n#undef A_SCALE\n#undef A_NH\n");
+    for (int x = 0; x < 8; x++)
+        cg_printf(b, "#undef A_%sB\n#undef A_%sR\n", lay_names[x], lay_names[x]);
 }

@@ -145,6 +145,8 @@ typedef struct {
     int64_t bh, tq, tk, d, dv; /* batch*heads, lengths, head sizes */
     bool want_o, want_lse;   /* FWD: which it writes (at least one) */
     bool want_dk, want_dv;   /* DKDV: which it writes (at least one) */
+    IrAttnLayout lay;        /* where each tensor's (b, h, i, d) sits (bh = nb * nh);
+                                lay.nh 0: the plain layout of bh, tq, tk, d, dv */
 } CgCudaAttn;
 /* The device templates every attention function calls; a program prints
  * it once, after cg_cuda_prelude, before its attention functions. */

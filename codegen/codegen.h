@@ -181,8 +181,9 @@ typedef struct {
  *                is written); writes dk and/or dv (attention_dk and
  *                attention_dv of the same operands and attrs, or one)
  * Shapes: q [batch, Tq, D], k [batch, Tk, D], v [batch, Tk, Dv], o and dO
- * [batch, Tq, Dv], lse and delta f32 [batch, Tq] (batch: the product of
- * the batch dims). Semantics: ir.h's attention family, in f32. Parallel over
+ * [batch, Tq, Dv], lse and delta f32 [batch, Tq] (batch: batch entries x
+ * heads), each tensor where `lay` puts it (IrAttnLayout: the plain layout,
+ * or the head layout's strided rows). Semantics: ir.h's attention family, in f32. Parallel over
  * (batch, query tiles) (FWD, DQ) or (batch, key tiles) (DKV): every tile
  * is computed by one part, so results do not depend on the split. */
 typedef enum { CG_ATTN_NONE, CG_ATTN_FWD, CG_ATTN_DQ, CG_ATTN_DKV } CgAttnKind;
@@ -194,6 +195,7 @@ typedef struct {
     DType dt;          /* q, k, v, o, dO and the gradients' dtype */
     int q, k, v, o, lse, dO, delta, dq, dk, dv; /* params, -1: absent */
     int ops[2], nops;  /* the IR ops it computes */
+    IrAttnLayout lay;  /* where each tensor's (b, h, i, d) sits; batch = nb * nh */
 } CgAttn;
 
 typedef struct {

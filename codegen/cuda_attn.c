@@ -30,6 +30,11 @@
  * 48 KiB (attn_tiles). Accumulation and softmax are f32; bf16 operands of
  * the second product (P, dS) are rounded to bf16 as flash attention does.
  *
+ * Every tensor is addressed through the op's IrAttnLayout (ir.h), printed
+ * into each wrapper as a literal kiln_attn_lay (per tensor: the offset of
+ * head bh's row 0 and the row stride), so the head layout reads q, k, v
+ * strided out of the qkv projection and writes [B, T, H*D] rows.
+ *
  * Grids are 1-D (the backend launches 1-D): block b takes tile
  * (ntiles - 1 - b % ntiles) of batch*head b / ntiles, the longest causal
  * tiles first. */
@@ -72,6 +77,20 @@ const char cg_cuda_attn_lib[] =
     "#define KILN_ATTN_FWD4_BF16 128\n"
     "#define KILN_ATTN_FWD4_F32 128, 4\n"
     "#endif\n"
+    "/* Where element (b, h, i, d) of each tensor sits (ir.h's IrAttnLayout):\n"
+    " * bh = b * nh + h; x[X] is the offset of head bh's row 0 of tensor X (q,\n"
+    " * k, v, o/dO, dq, dk, dv, lse/delta), rs[X] its row stride. The wrappers\n"
+    " * pass literal values, which fold once the templates are inlined. */\n"
+    "struct kiln_attn_lay {\n"
+    "    int nh;\n"
+    "    long long bs[8], hs[8], off[8];\n"
+    "    int rs[8];\n"
+    "};\n"
+    "enum { KILN_AQ, KILN_AK, KILN_AV, KILN_AO, KILN_ADQ, KILN_ADK, KILN_ADV, KILN_AS };\n"
+    "__device__ __forceinline__ long long kiln_attn_at(const kiln_attn_lay &L, int x, int bh)\n"
+    "{\n"
+    "    return (long long)(bh / L.nh) * L.bs[x] + (long long)(bh % L.nh) * L.hs[x] + L.off[x];\n"
+    "}\n"
     "template <class E> struct kiln_mma_t;\n"
     "/* The m16n8k16 tile product of one warp, D = A B + C, on fragments laid\n"
     " * out as the PTX ISA documents for mma.m16n8k16 (g = lane / 4, t = lane %\n"
@@ -270,16 +289,16 @@ const char cg_cuda_attn_lib[] =
     "    else\n"
     "        kiln_warp_pm_frag<E, KT, NT>(acc, p, B, sn, sk);\n"
     "}\n"
-    "/* Rows [r0, r0 + R) of x [T, W] (row-major) into S [R][LD], zero where\n"
-    " * r >= T or the column >= W (the padding up to LD's used width WP). */\n"
+    "/* Rows [r0, r0 + R) of x [T, W] (row i at x + i * ld) into S [R][LD], zero\n"
+    " * where r >= T or the column >= W (the padding up to LD's used width WP). */\n"
     "template <class E, int R, int W, int WP, int LD, int NTH>\n"
-    "__device__ __forceinline__ void kiln_attn_tile(E *S, const E *x, int r0, int T)\n"
+    "__device__ __forceinline__ void kiln_attn_tile(E *S, const E *x, int r0, int T, int ld)\n"
     "{\n"
     "    for (int i = threadIdx.x; i < R * WP; i += NTH) {\n"
     "        const int r = i / WP, c = i % WP;\n"
     "        E v = (E)0;\n"
     "        if (r0 + r < T && c < W)\n"
-    "            kiln_attn_sh(&v, x, (r0 + r) * W + c);\n"
+    "            kiln_attn_sh(&v, x, (r0 + r) * ld + c);\n"
     "        S[r * LD + c] = v;\n"
     "    }\n"
     "}\n"
@@ -288,7 +307,7 @@ const char cg_cuda_attn_lib[] =
     "template <class E, int D, int DV, int NW, int BC, bool CAUSAL, bool O, bool LSE>\n"
     "__device__ __forceinline__ void kiln_attn_fwd(const E *q, const E *k, const E *v, E *o,\n"
     "                                              float *lse, int Tq, int Tk,\n"
-    "                                              float scale)\n"
+    "                                              float scale, const kiln_attn_lay &L)\n"
     "{\n"
     "    enum { BR = 16 * NW, NTH = 32 * NW, DP = (D + 15) / 16 * 16, DVP = (DV + 15) / 16 * 16,\n"
     "           LDK = DP + 8, LDV = DVP + 8, NS = BC / 8, NO = DVP / 8 };\n"
@@ -298,15 +317,15 @@ const char cg_cuda_attn_lib[] =
     "    const int nqt = (Tq + BR - 1) / BR, nkt = (Tk + BC - 1) / BC;\n"
     "    const int qt = nqt - 1 - (int)blockIdx.x % nqt, bh = (int)blockIdx.x / nqt;\n"
     "    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;\n"
-    "    q += (int64_t)bh * Tq * D;\n"
-    "    k += (int64_t)bh * Tk * D;\n"
+    "    q += kiln_attn_at(L, KILN_AQ, bh);\n"
+    "    k += kiln_attn_at(L, KILN_AK, bh);\n"
     "    if (O)\n"
-    "        v += (int64_t)bh * Tk * DV;\n"
+    "        v += kiln_attn_at(L, KILN_AV, bh);\n"
     "    if (O)\n"
-    "        o += (int64_t)bh * Tq * DV;\n"
+    "        o += kiln_attn_at(L, KILN_AO, bh);\n"
     "    if (LSE)\n"
-    "        lse += (int64_t)bh * Tq;\n"
-    "    kiln_attn_tile<E, BR, D, DP, LDK, NTH>(Qs, q, qt * BR, Tq);\n"
+    "        lse += kiln_attn_at(L, KILN_AS, bh);\n"
+    "    kiln_attn_tile<E, BR, D, DP, LDK, NTH>(Qs, q, qt * BR, Tq, L.rs[KILN_AQ]);\n"
     "    const int row0 = qt * BR + 16 * w + g, row1 = row0 + 8;\n"
     "    float m[2] = {-KILN_INF, -KILN_INF}, l[2] = {0.0f, 0.0f};\n"
     "    float acc[NO][4];\n"
@@ -318,9 +337,9 @@ const char cg_cuda_attn_lib[] =
     "    const int ntiles = CAUSAL ? (kend + BC - 1) / BC : nkt;\n"
     "    for (int kt = 0; kt < ntiles; kt++) {\n"
     "        __syncthreads();\n"
-    "        kiln_attn_tile<E, BC, D, DP, LDK, NTH>(Ks, k, kt * BC, Tk);\n"
+    "        kiln_attn_tile<E, BC, D, DP, LDK, NTH>(Ks, k, kt * BC, Tk, L.rs[KILN_AK]);\n"
     "        if (O)\n"
-    "            kiln_attn_tile<E, BC, DV, DVP, LDV, NTH>(Vs, v, kt * BC, Tk);\n"
+    "            kiln_attn_tile<E, BC, DV, DVP, LDV, NTH>(Vs, v, kt * BC, Tk, L.rs[KILN_AV]);\n"
     "        __syncthreads();\n"
     "        float s[NS][4];\n"
     "#pragma unroll\n"
@@ -385,7 +404,7 @@ const char cg_cuda_attn_lib[] =
     "        if (row >= Tq)\n"
     "            continue;\n"
     "        if (LSE && t == 0)\n"
-    "            lse[row] = m[h] + logf(l[h]);\n"
+    "            lse[row * L.rs[KILN_AS]] = m[h] + logf(l[h]);\n"
     "        if (O) {\n"
     "            const float inv = 1.0f / l[h];\n"
     "#pragma unroll\n"
@@ -394,7 +413,7 @@ const char cg_cuda_attn_lib[] =
     "                for (int e = 0; e < 2; e++) {\n"
     "                    const int c = 8 * j + 2 * t + e;\n"
     "                    if (c < DV)\n"
-    "                        kiln_attn_st(o, row * DV + c, acc[j][2 * h + e] * inv);\n"
+    "                        kiln_attn_st(o, row * L.rs[KILN_AO] + c, acc[j][2 * h + e] * inv);\n"
     "                }\n"
     "        }\n"
     "    }\n"
@@ -404,7 +423,7 @@ const char cg_cuda_attn_lib[] =
     "__device__ __forceinline__ void kiln_attn_dq(const E *q, const E *k, const E *v,\n"
     "                                             const E *dO, const float *lse,\n"
     "                                             const float *delta, E *dq, int Tq,\n"
-    "                                             int Tk, float scale)\n"
+    "                                             int Tk, float scale, const kiln_attn_lay &L)\n"
     "{\n"
     "    enum { BR = 16 * NW, NTH = 32 * NW, DP = (D + 15) / 16 * 16, DVP = (DV + 15) / 16 * 16,\n"
     "           LDK = DP + 8, LDV = DVP + 8, NS = BC / 8, NQ = DP / 8 };\n"
@@ -415,20 +434,20 @@ const char cg_cuda_attn_lib[] =
     "    const int nqt = (Tq + BR - 1) / BR, nkt = (Tk + BC - 1) / BC;\n"
     "    const int qt = nqt - 1 - (int)blockIdx.x % nqt, bh = (int)blockIdx.x / nqt;\n"
     "    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;\n"
-    "    q += (int64_t)bh * Tq * D;\n"
-    "    dO += (int64_t)bh * Tq * DV;\n"
-    "    k += (int64_t)bh * Tk * D;\n"
-    "    v += (int64_t)bh * Tk * DV;\n"
-    "    kiln_attn_tile<E, BR, D, DP, LDK, NTH>(Qs, q, qt * BR, Tq);\n"
-    "    lse += (int64_t)bh * Tq;\n"
-    "    delta += (int64_t)bh * Tq;\n"
-    "    dq += (int64_t)bh * Tq * D;\n"
-    "    kiln_attn_tile<E, BR, DV, DVP, LDV, NTH>(Os, dO, qt * BR, Tq);\n"
-    "    const int row0 = qt * BR + 16 * w + g, row1 = row0 + 8;\n"
-    "    const float ls[2] = {row0 < Tq ? lse[row0] : 0.0f,\n"
-    "                         row1 < Tq ? lse[row1] : 0.0f};\n"
-    "    const float dl[2] = {row0 < Tq ? delta[row0] : 0.0f,\n"
-    "                         row1 < Tq ? delta[row1] : 0.0f};\n"
+    "    q += kiln_attn_at(L, KILN_AQ, bh);\n"
+    "    dO += kiln_attn_at(L, KILN_AO, bh);\n"
+    "    k += kiln_attn_at(L, KILN_AK, bh);\n"
+    "    v += kiln_attn_at(L, KILN_AV, bh);\n"
+    "    kiln_attn_tile<E, BR, D, DP, LDK, NTH>(Qs, q, qt * BR, Tq, L.rs[KILN_AQ]);\n"
+    "    lse += kiln_attn_at(L, KILN_AS, bh);\n"
+    "    delta += kiln_attn_at(L, KILN_AS, bh);\n"
+    "    dq += kiln_attn_at(L, KILN_ADQ, bh);\n"
+    "    kiln_attn_tile<E, BR, DV, DVP, LDV, NTH>(Os, dO, qt * BR, Tq, L.rs[KILN_AO]);\n"
+    "    const int row0 = qt * BR + 16 * w + g, row1 = row0 + 8, srs = L.rs[KILN_AS];\n"
+    "    const float ls[2] = {row0 < Tq ? lse[row0 * srs] : 0.0f,\n"
+    "                         row1 < Tq ? lse[row1 * srs] : 0.0f};\n"
+    "    const float dl[2] = {row0 < Tq ? delta[row0 * srs] : 0.0f,\n"
+    "                         row1 < Tq ? delta[row1 * srs] : 0.0f};\n"
     "    float acc[NQ][4];\n"
     "#pragma unroll\n"
     "    for (int j = 0; j < NQ; j++)\n"
@@ -437,8 +456,8 @@ const char cg_cuda_attn_lib[] =
     "    const int ntiles = CAUSAL ? (kend + BC - 1) / BC : nkt;\n"
     "    for (int kt = 0; kt < ntiles; kt++) {\n"
     "        __syncthreads();\n"
-    "        kiln_attn_tile<E, BC, D, DP, LDK, NTH>(Ks, k, kt * BC, Tk);\n"
-    "        kiln_attn_tile<E, BC, DV, DVP, LDV, NTH>(Vs, v, kt * BC, Tk);\n"
+    "        kiln_attn_tile<E, BC, D, DP, LDK, NTH>(Ks, k, kt * BC, Tk, L.rs[KILN_AK]);\n"
+    "        kiln_attn_tile<E, BC, DV, DVP, LDV, NTH>(Vs, v, kt * BC, Tk, L.rs[KILN_AV]);\n"
     "        __syncthreads();\n"
     "        float s[NS][4], dp[NS][4];\n"
     "#pragma unroll\n"
@@ -477,7 +496,7 @@ const char cg_cuda_attn_lib[] =
     "            for (int e = 0; e < 2; e++) {\n"
     "                const int c = 8 * j + 2 * t + e;\n"
     "                if (c < D)\n"
-    "                    kiln_attn_st(dq, row * D + c, acc[j][2 * h + e] * scale);\n"
+    "                    kiln_attn_st(dq, row * L.rs[KILN_ADQ] + c, acc[j][2 * h + e] * scale);\n"
     "            }\n"
     "    }\n"
     "}\n"
@@ -487,7 +506,8 @@ const char cg_cuda_attn_lib[] =
     "__device__ __forceinline__ void kiln_attn_dkdv(const E *q, const E *k, const E *v,\n"
     "                                               const E *dO, const float *lse,\n"
     "                                               const float *delta, E *dk, E *dv,\n"
-    "                                               int Tq, int Tk, float scale)\n"
+    "                                               int Tq, int Tk, float scale,\n"
+    "                                               const kiln_attn_lay &L)\n"
     "{\n"
     "    enum { BC = 16 * NW, NTH = 32 * NW, DP = (D + 15) / 16 * 16, DVP = (DV + 15) / 16 * 16,\n"
     "           LDK = DP + 8, LDV = DVP + 8, NS = BQ / 8, NK = DP / 8, NV = DVP / 8 };\n"
@@ -499,21 +519,21 @@ const char cg_cuda_attn_lib[] =
     "    const int nkt = (Tk + BC - 1) / BC, nqt = (Tq + BQ - 1) / BQ;\n"
     "    const int kt = (int)blockIdx.x % nkt, bh = (int)blockIdx.x / nkt;\n"
     "    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;\n"
-    "    q += (int64_t)bh * Tq * D;\n"
-    "    dO += (int64_t)bh * Tq * DV;\n"
-    "    k += (int64_t)bh * Tk * D;\n"
+    "    q += kiln_attn_at(L, KILN_AQ, bh);\n"
+    "    dO += kiln_attn_at(L, KILN_AO, bh);\n"
+    "    k += kiln_attn_at(L, KILN_AK, bh);\n"
     "    if (DK)\n"
-    "        v += (int64_t)bh * Tk * DV;\n"
-    "    kiln_attn_tile<E, BC, D, DP, LDK, NTH>(Ks, k, kt * BC, Tk);\n"
+    "        v += kiln_attn_at(L, KILN_AV, bh);\n"
+    "    kiln_attn_tile<E, BC, D, DP, LDK, NTH>(Ks, k, kt * BC, Tk, L.rs[KILN_AK]);\n"
     "    if (DK)\n"
-    "        kiln_attn_tile<E, BC, DV, DVP, LDV, NTH>(Vs, v, kt * BC, Tk);\n"
-    "    lse += (int64_t)bh * Tq;\n"
+    "        kiln_attn_tile<E, BC, DV, DVP, LDV, NTH>(Vs, v, kt * BC, Tk, L.rs[KILN_AV]);\n"
+    "    lse += kiln_attn_at(L, KILN_AS, bh);\n"
     "    if (DK) {\n"
-    "        delta += (int64_t)bh * Tq;\n"
-    "        dk += (int64_t)bh * Tk * D;\n"
+    "        delta += kiln_attn_at(L, KILN_AS, bh);\n"
+    "        dk += kiln_attn_at(L, KILN_ADK, bh);\n"
     "    }\n"
     "    if (DVW)\n"
-    "        dv += (int64_t)bh * Tk * DV;\n"
+    "        dv += kiln_attn_at(L, KILN_ADV, bh);\n"
     "    const int key0 = kt * BC + 16 * w + g, key1 = key0 + 8;\n"
     "    float ak[DK ? NK : 1][4], av[DVW ? NV : 1][4];\n"
     "#pragma unroll\n"
@@ -526,12 +546,12 @@ const char cg_cuda_attn_lib[] =
     "    const int qt0 = CAUSAL ? kt * BC / BQ : 0;\n"
     "    for (int qt = qt0; qt < nqt; qt++) {\n"
     "        __syncthreads();\n"
-    "        kiln_attn_tile<E, BQ, D, DP, LDK, NTH>(Qs, q, qt * BQ, Tq);\n"
-    "        kiln_attn_tile<E, BQ, DV, DVP, LDV, NTH>(Os, dO, qt * BQ, Tq);\n"
+    "        kiln_attn_tile<E, BQ, D, DP, LDK, NTH>(Qs, q, qt * BQ, Tq, L.rs[KILN_AQ]);\n"
+    "        kiln_attn_tile<E, BQ, DV, DVP, LDV, NTH>(Os, dO, qt * BQ, Tq, L.rs[KILN_AO]);\n"
     "        for (int i = threadIdx.x; i < BQ; i += NTH) {\n"
     "            const int r = qt * BQ + i;\n"
-    "            Ls[i] = r < Tq ? lse[r] : 0.0f;\n"
-    "            Dl[i] = r < Tq && DK ? delta[r] : 0.0f;\n"
+    "            Ls[i] = r < Tq ? lse[r * L.rs[KILN_AS]] : 0.0f;\n"
+    "            Dl[i] = r < Tq && DK ? delta[r * L.rs[KILN_AS]] : 0.0f;\n"
     "        }\n"
     "        __syncthreads();\n"
     "        /* transposed scores: rows are this warp's keys, columns queries */\n"
@@ -582,7 +602,7 @@ const char cg_cuda_attn_lib[] =
     "                for (int e = 0; e < 2; e++) {\n"
     "                    const int c = 8 * j + 2 * t + e;\n"
     "                    if (c < D)\n"
-    "                        kiln_attn_st(dk, key * D + c, ak[j][2 * h + e] * scale);\n"
+    "                        kiln_attn_st(dk, key * L.rs[KILN_ADK] + c, ak[j][2 * h + e] * scale);\n"
     "                }\n"
     "        if (DVW)\n"
     "#pragma unroll\n"
@@ -591,7 +611,7 @@ const char cg_cuda_attn_lib[] =
     "                for (int e = 0; e < 2; e++) {\n"
     "                    const int c = 8 * j + 2 * t + e;\n"
     "                    if (c < DV)\n"
-    "                        kiln_attn_st(dv, key * DV + c, av[j][2 * h + e]);\n"
+    "                        kiln_attn_st(dv, key * L.rs[KILN_ADV] + c, av[j][2 * h + e]);\n"
     "                }\n"
     "    }\n"
     "}\n"
@@ -678,6 +698,21 @@ void cg_cuda_attn_cost(const CgCudaAttn *a, int nw, int bt, double *flops, doubl
     *bytes = b * (double)a->bh;
 }
 
+/* a's layout: a->lay, or the plain one of bh, tq, tk, d, dv when a->lay.nh
+ * is 0 (ir.h's IrAttnLayout). */
+static IrAttnLayout attn_layout(const CgCudaAttn *a)
+{
+    if (a->lay.nh)
+        return a->lay;
+    IrAttnLayout L = {.nb = a->bh, .nh = 1, .Tq = a->tq, .Tk = a->tk, .D = a->d, .Dv = a->dv};
+    L.q = L.dq = (IrAttnStride){a->tq * a->d, 0, a->d, 0};
+    L.k = L.dk = (IrAttnStride){a->tk * a->d, 0, a->d, 0};
+    L.v = L.dv = (IrAttnStride){a->tk * a->dv, 0, a->dv, 0};
+    L.o = (IrAttnStride){a->tq * a->dv, 0, a->dv, 0};
+    L.st = (IrAttnStride){a->tq, 0, 1, 0};
+    return L;
+}
+
 bool cg_print_cuda_attn(CgBuf *b, const CgCudaAttn *a, const char *name, CgCudaFn *fn, Diag *d)
 {
     int nw, bt;
@@ -689,9 +724,15 @@ bool cg_print_cuda_attn(CgBuf *b, const CgCudaAttn *a, const char *name, CgCudaF
         return false;
     }
     /* in-head indices are 32-bit (registers), head offsets 64-bit */
-    int64_t lim = (int64_t)1 << 31;
-    if (a->tq * (a->d > a->dv ? a->d : a->dv) >= lim || a->tk * (a->d > a->dv ? a->d : a->dv) >= lim ||
-        cg_cuda_attn_blocks(a, nw) >= lim) {
+    IrAttnLayout L = attn_layout(a);
+    const IrAttnStride *st[8] = {&L.q, &L.k, &L.v, &L.o, &L.dq, &L.dk, &L.dv, &L.st};
+    int64_t lim = (int64_t)1 << 31, span = 0;
+    for (int x = 0; x < 8; x++) {
+        int64_t T = x == 1 || x == 2 || x == 5 || x == 6 ? a->tk : a->tq;
+        int64_t e = T * st[x]->rs;
+        span = e > span ? e : span;
+    }
+    if (span >= lim || cg_cuda_attn_blocks(a, nw) >= lim) {
         snprintf(d->msg, sizeof d->msg,
                  "attention kernel %s: %lld x %lld positions of head size %lld do not fit the "
                  "kernels' 32-bit in-head indices",
@@ -702,6 +743,15 @@ bool cg_print_cuda_attn(CgBuf *b, const CgCudaAttn *a, const char *name, CgCudaF
     const char *E = a->dt == DT_BF16 ? "kiln_bf16" : "float";
     const char *C = a->causal ? "true" : "false";
     long long D = a->d, DV = a->dv;
+    /* the layout as a literal the inlined templates fold */
+    CgBuf lay = {0};
+    cg_printf(&lay, "    const kiln_attn_lay L = {%lld, {", (long long)L.nh);
+    for (int f = 0; f < 4; f++)
+        for (int x = 0; x < 8; x++) {
+            const IrAttnStride *t = st[x];
+            long long v = f == 0 ? t->bs : f == 1 ? t->hs : f == 2 ? t->off : t->rs;
+            cg_printf(&lay, "%s%lldLL%s", x ? ", " : "", v, x < 7 ? "" : f < 3 ? "}, {" : "}};\n");
+        }
     /* a forward of 4 warps: bounds by architecture (KILN_ATTN_FWD4_*) */
     if (a->kind == CG_CUDA_ATTN_FWD && nw == 4)
         cg_printf(b, "extern \"C\" __global__ void __launch_bounds__(KILN_ATTN_FWD4_%s) %s(",
@@ -716,9 +766,9 @@ bool cg_print_cuda_attn(CgBuf *b, const CgCudaAttn *a, const char *name, CgCudaF
             cg_printf(b, ", const %s *__restrict__ v, %s *__restrict__ o", E, E);
         if (a->want_lse)
             cg_puts(b, ", float *__restrict__ lse");
-        cg_printf(b, ")\n{\n    typedef %s kiln_attn_E;\n    kiln_attn_fwd<%s, %lld, %lld, %d, %d, %s, %s, %s>(q, k, %s, %s, %s, "
-                     "%d, %d, %.9ef);\n}\n",
-                  E, E, D, DV, nw, bt, C, a->want_o ? "true" : "false",
+        cg_printf(b, ")\n{\n    typedef %s kiln_attn_E;\n%s    kiln_attn_fwd<%s, %lld, %lld, %d, %d, %s, %s, %s>(q, k, %s, %s, %s, "
+                     "%d, %d, %.9ef, L);\n}\n",
+                  E, lay.s, E, D, DV, nw, bt, C, a->want_o ? "true" : "false",
                   a->want_lse ? "true" : "false", a->want_o ? "v" : "(const kiln_attn_E *)0",
                   a->want_o ? "o" : "(kiln_attn_E *)0", a->want_lse ? "lse" : "(float *)0",
                   (int)a->tq, (int)a->tk, a->scale);
@@ -727,9 +777,9 @@ bool cg_print_cuda_attn(CgBuf *b, const CgCudaAttn *a, const char *name, CgCudaF
         cg_printf(b,
                   "const %s *__restrict__ q, const %s *__restrict__ k, const %s *__restrict__ v, "
                   "const %s *__restrict__ dO, const float *__restrict__ lse, const float "
-                  "*__restrict__ delta, %s *__restrict__ dq)\n{\n    kiln_attn_dq<%s, %lld, %lld, "
-                  "%d, %d, %s>(q, k, v, dO, lse, delta, dq, %d, %d, %.9ef);\n}\n",
-                  E, E, E, E, E, E, D, DV, nw, bt, C, (int)a->tq, (int)a->tk,
+                  "*__restrict__ delta, %s *__restrict__ dq)\n{\n%s    kiln_attn_dq<%s, %lld, %lld, "
+                  "%d, %d, %s>(q, k, v, dO, lse, delta, dq, %d, %d, %.9ef, L);\n}\n",
+                  E, E, E, E, E, lay.s, E, D, DV, nw, bt, C, (int)a->tq, (int)a->tk,
                   a->scale);
         break;
     case CG_CUDA_ATTN_DKDV:
@@ -742,15 +792,16 @@ bool cg_print_cuda_attn(CgBuf *b, const CgCudaAttn *a, const char *name, CgCudaF
         if (a->want_dv)
             cg_printf(b, ", %s *__restrict__ dv", E);
         cg_printf(b,
-                  ")\n{\n    typedef %s kiln_attn_E;\n    kiln_attn_dkdv<%s, %lld, %lld, %d, %d, %s, %s, %s>(q, k, %s, dO, lse, "
-                  "%s, %s, %s, %d, %d, %.9ef);\n}\n",
-                  E, E, D, DV, nw, bt, C, a->want_dk ? "true" : "false",
+                  ")\n{\n    typedef %s kiln_attn_E;\n%s    kiln_attn_dkdv<%s, %lld, %lld, %d, %d, %s, %s, %s>(q, k, %s, dO, lse, "
+                  "%s, %s, %s, %d, %d, %.9ef, L);\n}\n",
+                  E, lay.s, E, D, DV, nw, bt, C, a->want_dk ? "true" : "false",
                   a->want_dv ? "true" : "false", a->want_dk ? "v" : "(const kiln_attn_E *)0",
                   a->want_dk ? "delta" : "(const float *)0", a->want_dk ? "dk" : "(kiln_attn_E *)0",
                   a->want_dv ? "dv" : "(kiln_attn_E *)0", (int)a->tq, (int)a->tk,
                   a->scale);
         break;
     }
+    free(lay.s);
     if (fn) {
         fn->rows = fn->cols = false;
         fn->split = 1;
@@ -774,7 +825,7 @@ int cg_print_cuda_attn_kernel(CgBuf *b, const CgKernel *k, const char *name,
 {
     const CgAttn *a = &k->attn;
     CgCudaAttn c = {.causal = a->causal, .scale = a->scale, .dt = storage[a->q], .bh = a->batch,
-                    .tq = a->Tq, .tk = a->Tk, .d = a->D, .dv = a->Dv};
+                    .tq = a->Tq, .tk = a->Tk, .d = a->D, .dv = a->Dv, .lay = a->lay};
     int order[8], n = 0;
     order[n++] = a->q;
     order[n++] = a->k;

@@ -62,8 +62,16 @@ static bool plan_attn(const Graph *g, int i, CgKernel *k, CgStep *st, bool *skip
     for (int x = 0; x < n; x++)
         st->flops += ir_op_flops(g, &g->ops.v[ops[x]]);
     st->bytes_moved = 0;
-    for (int x = 0; x < k->params.n; x++)
-        st->bytes_moved += (double)shape_bytes(&g->t.v[k->params.v[x].tensor].s);
+    const CgAttn *a = &k->attn;
+    for (int x = 0; x < k->params.n; x++) {
+        const Shape *s = &g->t.v[k->params.v[x].tensor].s;
+        bool qkv = x == a->q || x == a->k || x == a->v;
+        /* the head layout reads only its heads' columns of q, k, v */
+        st->bytes_moved += qkv && a->lay.q.hs > 0
+                               ? (double)(a->lay.nb * (x == a->q ? a->Tq : a->Tk) * a->lay.nh *
+                                          a->D * dtype_size(s->dtype))
+                               : (double)shape_bytes(s);
+    }
     return true;
 }
 

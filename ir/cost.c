@@ -25,15 +25,11 @@ static double bytes_of(const Graph *g, int t)
     return numel(g, t) * (double)dtype_size(g->t.v[t].s.dtype);
 }
 
-/* Kept (i, j) pairs of an attention op over all batch entries. */
-static double attention_pairs(const Graph *g, const Op *op)
+/* Kept (i, j) pairs of an attention op over all batch entries and heads. */
+static double attention_pairs(const IrAttnLayout *L, bool causal)
 {
-    const Shape *q = &g->t.v[op->in[0]].s, *k = &g->t.v[op->in[1]].s;
-    int rk = q->rank;
-    double Tq = (double)q->dim[rk - 2], Tk = (double)k->dim[rk - 2];
-    double TD = Tq * (double)q->dim[rk - 1];
-    double B = TD > 0 ? numel(g, op->in[0]) / TD : 0;
-    if (!op->attr.ia[0])
+    double Tq = (double)L->Tq, Tk = (double)L->Tk, B = (double)L->nb * (double)L->nh;
+    if (!causal)
         return B * Tq * Tk;
     /* sum_{i<Tq} min(i+1, Tk) */
     double full = Tq < Tk ? Tq : Tk;
@@ -42,10 +38,9 @@ static double attention_pairs(const Graph *g, const Op *op)
 
 static double attention_flops(const Graph *g, const Op *op)
 {
-    const Shape *q = &g->t.v[op->in[0]].s;
-    double D = (double)q->dim[q->rank - 1];
-    double Dv = op->code == OP_ATTENTION_LSE ? 0
-                                              : (double)g->t.v[op->in[2]].s.dim[q->rank - 1];
+    IrAttnLayout L;
+    ir_attn_layout(g, op, &L);
+    double D = (double)L.D, Dv = op->code == OP_ATTENTION_LSE ? 0 : (double)L.Dv;
     double per;
     switch (op->code) {
     case OP_ATTENTION: per = 2 * D + 4 + 2 * Dv; break;
@@ -53,7 +48,7 @@ static double attention_flops(const Graph *g, const Op *op)
     case OP_ATTENTION_DV: per = 2 * D + 4 + 2 * Dv; break;
     default: per = 2 * D + 4 + 2 * Dv + 2 + 2 * D; break; /* dq, dk */
     }
-    return attention_pairs(g, op) * per;
+    return attention_pairs(&L, op->attr.ia[0] != 0) * per;
 }
 
 double ir_op_flops(const Graph *g, const Op *op)
@@ -97,6 +92,17 @@ double ir_op_bytes(const Graph *g, const Op *op)
         double rd = 0;
         for (int i = 0; i < op->nin; i++)
             rd += bytes_of(g, op->in[i]);
+        if (ir_opinfo[op->code].cls == OC_ATTN && ir_attn_heads(&op->attr)) {
+            /* the head layout reads its heads' columns of q, k, v only */
+            int n = op->nin < 3 ? op->nin : 3;
+            double es = (double)dtype_size(g->t.v[op->in[0]].s.dtype);
+            rd = 0;
+            for (int i = 0; i < n; i++)
+                rd += (double)g->t.v[op->in[i]].s.dim[0] * (double)g->t.v[op->in[i]].s.dim[1] *
+                      (double)(op->attr.ia[1] * op->attr.ia[2]) * es;
+            for (int i = n; i < op->nin; i++)
+                rd += bytes_of(g, op->in[i]);
+        }
         return rd + out;
     }
     }

@@ -373,6 +373,59 @@ void ir_renumber(Graph *g, bool drop_unused_inputs)
 
 static bool is_int(DType t) { return t == DT_I32 || t == DT_I64; }
 
+/* The head layout's typing (ir.h): q, k, v rank 3 [B, T, W] of one float
+ * dtype and B, each head's columns inside its rows; o, dO and the
+ * gradients [B, T, H*D]; lse and delta f32 [B, Tq, H, 1]. */
+static bool infer_attention_heads(const Graph *g, Opcode code, const Shape *const *s,
+                                  const OpAttr *a, Shape *out, char *err, size_t errlen)
+{
+    char b0[160], b1[160], b2[160];
+    const char *name = ir_opinfo[code].name;
+    int nqkv = code == OP_ATTENTION_LSE ? 2 : 3;
+    int64_t H = a->ia[1], D = a->ia[2], W;
+    if (H < 1 || D < 1 || !ir_mul_ok(H, D, &W))
+        FAIL("%s: heads and hd must be >= 1 (got heads=%lld, hd=%lld)", name, (long long)H,
+             (long long)D);
+    static const char *const opnd[3] = {"q", "k", "v"};
+    for (int x = 0; x < nqkv; x++) {
+        const Shape *t = s[x];
+        if (t->rank != 3 || !dtype_is_float(t->dtype) || t->dtype != s[0]->dtype ||
+            t->dim[0] != s[0]->dim[0])
+            FAIL("%s: the head layout needs q, k and v [B, T, W] of one float dtype and B "
+                 "(got %s %s)", name, opnd[x], shape_str(g, t, b0, sizeof b0));
+        int64_t off = a->ia[3 + x], end;
+        if (off < 0 || !ir_add_ok(off, W, &end) || end > t->dim[2])
+            FAIL("%s: %s's heads [%lld, %lld + %lld*%lld) must lie inside its rows (got %s)",
+                 name, opnd[x], (long long)off, (long long)off, (long long)H, (long long)D,
+                 shape_str(g, t, b0, sizeof b0));
+    }
+    int64_t B = s[0]->dim[0], Tq = s[0]->dim[1], Tk = s[1]->dim[1];
+    if (nqkv == 3 && s[2]->dim[1] != Tk)
+        FAIL("%s: k and v lengths differ (expected %lld, got %lld)", name, (long long)Tk,
+             (long long)s[2]->dim[1]);
+    if (a->ia[0] && Tq != Tk)
+        FAIL("%s: causal attention needs Tq == Tk (got %lld and %lld)", name, (long long)Tq,
+             (long long)Tk);
+    Shape row = shape_make(DT_F32, 4, (int64_t[]){B, Tq, H, 1});
+    Shape o = shape_make(s[0]->dtype, 3, (int64_t[]){B, Tq, W});
+    if (code == OP_ATTENTION_LSE || code == OP_ATTENTION) {
+        *out = code == OP_ATTENTION ? o : row;
+        return true;
+    }
+    const Shape *dO = s[3], *lse = s[4], *delta = s[5];
+    if (!shape_eq(dO, &o))
+        FAIL("%s: dO must have the output's type (expected %s, got %s)", name,
+             shape_str(g, &o, b0, sizeof b0), shape_str(g, dO, b1, sizeof b1));
+    if (!shape_eq(lse, &row) || !shape_eq(delta, &row))
+        FAIL("%s: lse and delta must be %s (got %s and %s)", name,
+             shape_str(g, &row, b0, sizeof b0), shape_str(g, lse, b1, sizeof b1),
+             shape_str(g, delta, b2, sizeof b2));
+    *out = o;
+    if (code != OP_ATTENTION_DQ)
+        out->dim[1] = Tk;
+    return true;
+}
+
 /* The attention family's typing (ir.h states the semantics): q k v share one
  * float dtype and the batch dims; lse and delta are f32 [..., Tq, 1]. */
 static bool infer_attention(const Graph *g, Opcode code, const Shape *const *s,
@@ -380,11 +433,13 @@ static bool infer_attention(const Graph *g, Opcode code, const Shape *const *s,
 {
     char b0[160], b1[160], b2[160];
     const char *name = ir_opinfo[code].name;
-    if (a->nia != 1 || (a->ia[0] != 0 && a->ia[0] != 1))
+    if ((a->nia != 1 && a->nia != 6) || (a->ia[0] != 0 && a->ia[0] != 1))
         FAIL("%s: needs causal=0 or causal=1 (got %lld)", name,
              (long long)(a->nia ? a->ia[0] : -1));
     if (!(a->f > 0) || a->f > 1e30)
         FAIL("%s: scale must be positive and finite (got %g)", name, a->f);
+    if (ir_attn_heads(a))
+        return infer_attention_heads(g, code, s, a, out, err, errlen);
     const Shape *q = s[0], *k = s[1], *v = code == OP_ATTENTION_LSE ? NULL : s[2];
     int rk = q->rank;
     if (rk < 2 || k->rank != rk || (v && v->rank != rk))

@@ -153,84 +153,88 @@ static int64_t index_of(double v, int64_t n)
     return (int64_t)v;
 }
 
-/* The attention family (ir.h): per batch entry, S = scale * q k^T over the
- * kept (i, j) (j <= i when causal), in double. attention writes P v,
- * attention_lse the row's log-sum-exp; the gradients take P from the given
- * lse (P_ij = exp(S_ij - lse_i)) and delta as given, as the kernels do. */
+/* The attention family (ir.h): per batch entry and head, S = scale * q k^T
+ * over the kept (i, j) (j <= i when causal), in double. attention writes
+ * P v, attention_lse the row's log-sum-exp; the gradients take P from the
+ * given lse (P_ij = exp(S_ij - lse_i)) and delta as given, as the kernels
+ * do. Every tensor is read and written where its layout (IrAttnLayout)
+ * puts element (b, h, i, d); what the layout leaves out stays 0. */
 static void attention_eval(const Graph *g, const Op *op, double **val, double *r)
 {
-    const Shape *qs = &g->t.v[op->in[0]].s, *ks = &g->t.v[op->in[1]].s;
-    int rk = qs->rank;
-    int64_t Tq = qs->dim[rk - 2], D = qs->dim[rk - 1], Tk = ks->dim[rk - 2];
-    int64_t Dv = op->code == OP_ATTENTION_LSE ? 0 : g->t.v[op->in[2]].s.dim[rk - 1];
-    int64_t B = shape_numel(qs) / (Tq * D); /* dims are >= 1 (ir_shape_check) */
+    IrAttnLayout L;
+    ir_attn_layout(g, op, &L);
+    int64_t Tq = L.Tq, Tk = L.Tk, D = L.D, Dv = L.Dv;
     bool causal = op->attr.ia[0] != 0;
     double sc = op->attr.f;
     const double *Q = val[op->in[0]], *K = val[op->in[1]];
     const double *V = op->nin > 2 ? val[op->in[2]] : NULL;
     const double *dO = op->nin > 3 ? val[op->in[3]] : NULL;
-    const double *L = op->nin > 4 ? val[op->in[4]] : NULL;
+    const double *Lse = op->nin > 4 ? val[op->in[4]] : NULL;
     const double *De = op->nin > 5 ? val[op->in[5]] : NULL;
     int64_t n = shape_numel(&g->t.v[op->out].s);
     memset(r, 0, sizeof(double) * (size_t)n);
     double *srow = xmalloc(sizeof(double) * (size_t)(Tk + 1));
-    for (int64_t b = 0; b < B; b++) {
-        const double *q = Q + b * Tq * D, *k = K + b * Tk * D;
-        const double *v = V ? V + b * Tk * Dv : NULL;
-        for (int64_t i = 0; i < Tq; i++) {
-            int64_t nj = causal ? (i + 1 < Tk ? i + 1 : Tk) : Tk;
-            double m = -INFINITY;
-            for (int64_t j = 0; j < nj; j++) {
-                double s = 0;
-                for (int64_t d = 0; d < D; d++)
-                    s += q[i * D + d] * k[j * D + d];
-                srow[j] = sc * s;
-                if (srow[j] > m)
-                    m = srow[j];
-            }
-            if (op->code == OP_ATTENTION || op->code == OP_ATTENTION_LSE) {
-                double sum = 0;
-                for (int64_t j = 0; j < nj; j++)
-                    sum += exp(srow[j] - m);
-                if (op->code == OP_ATTENTION_LSE) {
-                    r[b * Tq + i] = m + log(sum);
-                    continue;
-                }
-                double *o = r + (b * Tq + i) * Dv;
+#define AT(s, b, h) ((b) * (s).bs + (h) * (s).hs + (s).off)
+    for (int64_t b = 0; b < L.nb; b++)
+        for (int64_t h = 0; h < L.nh; h++) {
+            const double *q = Q + AT(L.q, b, h), *k = K + AT(L.k, b, h);
+            const double *v = V ? V + AT(L.v, b, h) : NULL;
+            int64_t st = AT(L.st, b, h), qr = L.q.rs, kr = L.k.rs, vr = L.v.rs;
+            for (int64_t i = 0; i < Tq; i++) {
+                int64_t nj = causal ? (i + 1 < Tk ? i + 1 : Tk) : Tk;
+                double m = -INFINITY;
                 for (int64_t j = 0; j < nj; j++) {
-                    double p = exp(srow[j] - m) / sum;
-                    for (int64_t d = 0; d < Dv; d++)
-                        o[d] += p * v[j * Dv + d];
+                    double s = 0;
+                    for (int64_t d = 0; d < D; d++)
+                        s += q[i * qr + d] * k[j * kr + d];
+                    srow[j] = sc * s;
+                    if (srow[j] > m)
+                        m = srow[j];
                 }
-                continue;
-            }
-            /* gradients: P from lse, dS = P (dO v^T - delta) */
-            const double *go = dO + (b * Tq + i) * Dv;
-            double lse = L[b * Tq + i], delta = De[b * Tq + i];
-            for (int64_t j = 0; j < nj; j++) {
-                double p = exp(srow[j] - lse);
-                if (op->code == OP_ATTENTION_DV) {
-                    double *dv = r + (b * Tk + j) * Dv;
-                    for (int64_t d = 0; d < Dv; d++)
-                        dv[d] += p * go[d];
+                if (op->code == OP_ATTENTION || op->code == OP_ATTENTION_LSE) {
+                    double sum = 0;
+                    for (int64_t j = 0; j < nj; j++)
+                        sum += exp(srow[j] - m);
+                    if (op->code == OP_ATTENTION_LSE) {
+                        r[st + i * L.st.rs] = m + log(sum);
+                        continue;
+                    }
+                    double *o = r + AT(L.o, b, h) + i * L.o.rs;
+                    for (int64_t j = 0; j < nj; j++) {
+                        double p = exp(srow[j] - m) / sum;
+                        for (int64_t d = 0; d < Dv; d++)
+                            o[d] += p * v[j * vr + d];
+                    }
                     continue;
                 }
-                double dp = 0;
-                for (int64_t d = 0; d < Dv; d++)
-                    dp += go[d] * v[j * Dv + d];
-                double ds = sc * p * (dp - delta);
-                if (op->code == OP_ATTENTION_DQ) {
-                    double *dq = r + (b * Tq + i) * D;
-                    for (int64_t d = 0; d < D; d++)
-                        dq[d] += ds * k[j * D + d];
-                } else {
-                    double *dk = r + (b * Tk + j) * D;
-                    for (int64_t d = 0; d < D; d++)
-                        dk[d] += ds * q[i * D + d];
+                /* gradients: P from lse, dS = P (dO v^T - delta) */
+                const double *go = dO + AT(L.o, b, h) + i * L.o.rs;
+                double lse = Lse[st + i * L.st.rs], delta = De[st + i * L.st.rs];
+                for (int64_t j = 0; j < nj; j++) {
+                    double p = exp(srow[j] - lse);
+                    if (op->code == OP_ATTENTION_DV) {
+                        double *dv = r + AT(L.dv, b, h) + j * L.dv.rs;
+                        for (int64_t d = 0; d < Dv; d++)
+                            dv[d] += p * go[d];
+                        continue;
+                    }
+                    double dp = 0;
+                    for (int64_t d = 0; d < Dv; d++)
+                        dp += go[d] * v[j * vr + d];
+                    double ds = sc * p * (dp - delta);
+                    if (op->code == OP_ATTENTION_DQ) {
+                        double *dq = r + AT(L.dq, b, h) + i * L.dq.rs;
+                        for (int64_t d = 0; d < D; d++)
+                            dq[d] += ds * k[j * kr + d];
+                    } else {
+                        double *dk = r + AT(L.dk, b, h) + j * L.dk.rs;
+                        for (int64_t d = 0; d < D; d++)
+                            dk[d] += ds * q[i * qr + d];
+                    }
                 }
             }
         }
-    }
+#undef AT
     free(srow);
 }
 

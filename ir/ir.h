@@ -151,7 +151,10 @@ typedef enum {
     AK_KEY,   /* random: ia[0] = key (distinct per random op); attr.shape */
     AK_SHAPE, /* reshape, broadcast, scatter_add: result shape in attr.shape */
     AK_BUCKET, /* allreduce_start/_wait: ia[0] = bucket id (comm pass) */
-    AK_ATTN,   /* attention*: ia[0] = causal (0 or 1), f = scale */
+    AK_ATTN,   /* attention*: ia[0] = causal (0 or 1), f = scale; nia = 1: the
+                  plain layout; nia = 6: the head layout, ia[1] = heads H,
+                  ia[2] = head size D, ia[3..5] = q, k, v column offsets
+                  (IrAttnLayout) */
     AK_SHARD,  /* sharded optimizer ops: ia[0] = bucket (-1 before the comm pass
                   places them), ia[1] = start (flat index of the first operand's
                   first element), ia[2] = total (flat elements of all params),
@@ -325,7 +328,15 @@ const char *ir_class_name(OpClass c);
  *            (in f32): with P_ij = exp(S_ij - lse_i) on kept j (else 0),
  *            dV = P^T dO, dS = P * (dO v^T - delta), dQ = s dS k, dK = s dS^T q.
  *            attention_dv reads neither v nor delta.
+ * The head layout {..., heads=H, hd=D, qoff=a, koff=b, voff=c} (attr.nia 6)
+ *            reads the same function from [B, T, H*D]-ordered tensors, as
+ *            a [B, T, 3C] qkv projection lays them out: q [B, Tq, Wq], k
+ *            [B, Tk, Wk], v [B, Tk, Wv] (rank 3, any widths W >= offset +
+ *            H*D), head h of q at q[b, i, a + h*D + d] (k at b, v at c), Dv
+ *            = D. o, dO, dq, dk, dv are [B, T, H*D] (element (b, h, i, d)
+ *            at [b, i, h*D + d]); lse and delta f32 [B, Tq, H, 1].
  */
+
 
 /* The shard geometry of AK_SHARD ops: the flat range of `total` elements
  * is cut at multiples of IR_SHARD_ALIGN elements (64 bytes of f32) into
@@ -480,6 +491,26 @@ int ir_add_input(Graph *g, TensorKind kind, const char *name, Shape s, ParamInit
  * into err. The verifier and every builder use this one set of rules. */
 bool ir_infer(const Graph *g, Opcode code, const int *in, int nin, const OpAttr *a,
               Shape *out, char *err, size_t errlen);
+/* Where element (b, h, i, d) of each tensor of an attention-family op sits
+ * (flat index into its buffer): b*bs + h*hs + i*rs + d + off, for the
+ * batch entry b < nb, head h < nh (the plain layout: nh = 1, the batch dims
+ * flattened into b; every hs is 0), row i and column d (0 for lse and
+ * delta). The one
+ * description of both layouts that the interpreter and the kernels read. */
+typedef struct {
+    int64_t bs, hs, rs, off;
+} IrAttnStride;
+typedef struct {
+    int64_t nb, nh, Tq, Tk, D, Dv;
+    IrAttnStride q, k, v; /* the operands */
+    IrAttnStride o;       /* o and dO */
+    IrAttnStride dq, dk, dv;
+    IrAttnStride st;      /* lse and delta */
+} IrAttnLayout;
+/* attn.c: op's layout from its operand types and attributes (op typed by
+ * ir_infer). */
+void ir_attn_layout(const Graph *g, const Op *op, IrAttnLayout *L);
+static inline bool ir_attn_heads(const OpAttr *a) { return a->nia == 6; }
 /* dimnames.c: the names of r's dims (r->dname) for an op whose dims
  * ir_infer has computed into r. A dim keeps the name of the operand axis
  * it carries through (elementwise ops, reduce's kept axes, matmul's

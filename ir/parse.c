@@ -450,7 +450,9 @@ static bool build_attr(P *ps, Opcode code, const RawAttr *ra, int nra, const Sha
                        OpAttr *a)
 {
     const OpInfo *info = &ir_opinfo[code];
-    const char *keys[4] = {NULL, NULL, NULL, NULL};
+    /* keys[nreq..] are optional: AK_ATTN's head layout, all or none */
+    const char *keys[7] = {NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+    int nreq = 4;
     switch (info->attr) {
     case AK_VALUE: keys[0] = "value"; break;
     case AK_AXIS: keys[0] = "axis"; break;
@@ -460,16 +462,19 @@ static bool build_attr(P *ps, Opcode code, const RawAttr *ra, int nra, const Sha
     case AK_GEMM: keys[0] = "ta", keys[1] = "tb"; break;
     case AK_KEY: keys[0] = "key"; break;
     case AK_BUCKET: keys[0] = "bucket"; break;
-    case AK_ATTN: keys[0] = "causal", keys[1] = "scale"; break;
+    case AK_ATTN:
+        keys[0] = "causal", keys[1] = "scale", keys[2] = "heads", keys[3] = "hd";
+        keys[4] = "qoff", keys[5] = "koff", keys[6] = "voff", nreq = 2;
+        break;
     case AK_SHARD:
         keys[0] = "bucket", keys[1] = "start", keys[2] = "total", keys[3] = "nranks";
         break;
     default: break;
     }
-    const RawAttr *found[4] = {NULL, NULL, NULL, NULL};
+    const RawAttr *found[7] = {NULL, NULL, NULL, NULL, NULL, NULL, NULL};
     for (int i = 0; i < nra; i++) {
         int k = -1;
-        for (int j = 0; j < 4; j++)
+        for (int j = 0; j < 7; j++)
             if (keys[j] && strcmp(keys[j], ra[i].key) == 0)
                 k = j;
         if (k < 0) {
@@ -480,8 +485,9 @@ static bool build_attr(P *ps, Opcode code, const RawAttr *ra, int nra, const Sha
         }
         found[k] = &ra[i];
     }
-    for (int j = 0; j < 4; j++)
-        if (keys[j] && !found[j])
+    for (int j = 0; j < 7; j++)
+        if (keys[j] && !found[j] && (j < nreq || found[2] || found[3] || found[4] ||
+                                     found[5] || found[6]))
             return perr(ps, "%s: missing attribute '%s' (expected {%s=...})", info->name,
                         keys[j], keys[j]);
     memset(a, 0, sizeof *a);
@@ -512,9 +518,12 @@ static bool build_attr(P *ps, Opcode code, const RawAttr *ra, int nra, const Sha
             return false;
         break;
     case AK_ATTN:
-        a->nia = 1;
+        a->nia = found[2] ? 6 : 1;
         if (!attr_int(ps, found[0], &a->ia[0]) || !attr_double(ps, found[1], &a->f))
             return false;
+        for (int j = 1; j < a->nia; j++)
+            if (!attr_int(ps, found[j + 1], &a->ia[j]))
+                return false;
         break;
     case AK_SHARD:
         a->nia = 4;
@@ -695,7 +704,7 @@ static bool parse_def(P *ps, SrcLoc loc)
     }
     VEC(int) in = {0};
     bool ok = false;
-    RawAttr ra[4];
+    RawAttr ra[7]; /* at most 7 keys: AK_ATTN with its head layout */
     int nra = 0;
     skip_ws(ps);
     if (*ps->p == '%') {
@@ -708,7 +717,7 @@ static bool parse_def(P *ps, SrcLoc loc)
                 break;
         }
     }
-    if (accept(ps, '{') && !parse_attrs(ps, ra, &nra, 4))
+    if (accept(ps, '{') && !parse_attrs(ps, ra, &nra, 7))
         goto out;
     unsigned flags = 0;
     int group = -1;

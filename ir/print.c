@@ -100,8 +100,13 @@ static void print_attrs(FILE *f, const Op *op)
                 (long long)a->ia[1], (long long)a->ia[2], (long long)a->ia[3]);
         break;
     case AK_ATTN:
-        fprintf(f, " {causal=%lld,scale=%s}", (long long)(a->nia ? a->ia[0] : 0),
+        fprintf(f, " {causal=%lld,scale=%s", (long long)(a->nia ? a->ia[0] : 0),
                 ir_fmt_double(a->f, d, sizeof d));
+        if (ir_attn_heads(a))
+            fprintf(f, ",heads=%lld,hd=%lld,qoff=%lld,koff=%lld,voff=%lld", (long long)a->ia[1],
+                    (long long)a->ia[2], (long long)a->ia[3], (long long)a->ia[4],
+                    (long long)a->ia[5]);
+        fputc('}', f);
         break;
     default: break;
     }

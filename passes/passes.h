@@ -96,6 +96,10 @@ const char *pass_dump_ext(const char *pass);
  * where that is exact (no other users of the intermediates, an exactly
  * causal mask or none, no dropout on the weights). Otherwise unchanged. */
 bool pass_attention(Graph *g, const PassOpts *o, Diag *d);
+/* attn_layout.c: after autodiff, puts each attention group whose q, k, v
+ * are head splits of [B, T, *] tensors into the head layout (ir.h), so that
+ * no copy runs around it; off unless o->attention. */
+bool pass_attention_layout(Graph *g, const PassOpts *o, Diag *d);
 
 /* autodiff.c: reverse mode from the graph output "loss" (a scalar float).
  * Adds one output "grad.NAME" per param NAME (zeros when the loss does not

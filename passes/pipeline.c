@@ -25,6 +25,7 @@ void pass_opts_default(PassOpts *o)
 const Pass pass_list[] = {
     {"attention", pass_attention},
     {"autodiff", pass_autodiff},
+    {"attnlayout", pass_attention_layout},
     {"optimizer", pass_optimizer},
     {"simplify", pass_simplify},
     {"remat", pass_remat},

@@ -5,8 +5,8 @@
  * tensor-id replacement map (rep), so a chain of rewrites settles in one
  * sweep; then dead code is dropped. Rewrites either redirect an op's result to
  * an existing tensor of the identical type (the op then dies), or change the
- * op in place (folded to a const, or a reshape of a reshape reading the inner
- * operand); survivors keep their source locations.
+ * op in place (folded to a const, a reshape of a reshape or a permute of a
+ * permute reading the inner operand); survivors keep their source locations.
  *
  * Folding:
  *   elementwise op with all-const operands -> const (evaluated in double,
@@ -19,7 +19,8 @@
  *     difference, and harmless; x*0 is never folded: inf*0 and nan*0 are nan)
  *   stop_gradient(x) -> x (simplify runs after autodiff, which is the only
  *     pass it means anything to);
- *   neg(neg(x)) -> x; reshape(reshape(x)) -> reshape(x); reshape, broadcast
+ *   neg(neg(x)) -> x; reshape(reshape(x)) -> reshape(x); permute(permute(x))
+ *   -> one permute (the composition); reshape, broadcast
  *   to the operand's own shape -> x; permute by the identity -> x
  * CSE: same opcode, operands (either order for commutative binaries), result
  * type, attributes of the op's attribute kind and OPF_RECOMPUTE flag. Random
@@ -250,6 +251,15 @@ static bool fold(Ctx *c, int i)
         }
         break;
     case OP_PERMUTE: {
+        const Op *p = producer(g, in[0]);
+        if (p && p->code == OP_PERMUTE) { /* out dim k = x dim pp[perm[k]] */
+            int64_t cmp[IR_MAX_RANK];
+            for (int k = 0; k < op->attr.nia; k++)
+                cmp[k] = p->attr.ia[op->attr.ia[k]];
+            memcpy(op->attr.ia, cmp, sizeof(int64_t) * (size_t)op->attr.nia);
+            in[0] = p->in[0];
+            c->changed = true;
+        }
         bool id = true;
         for (int k = 0; k < op->attr.nia; k++)
             id = id && op->attr.ia[k] == k;
@@ -331,7 +341,8 @@ static bool attr_eq(const Op *x, const Op *y)
     case AK_START:
     case AK_GEMM:
     case AK_KEY:
-        if (a->nia != b->nia)
+    case AK_ATTN:
+        if (a->nia != b->nia || f_bits(a->f) != f_bits(b->f))
             return false;
         for (int k = 0; k < a->nia && k < IR_MAX_RANK; k++)
             if (a->ia[k] != b->ia[k])

@@ -660,7 +660,8 @@ static bool build(Run *r, Diag *d)
             return false;
     }
     r->eg = ir_clone(r->m->eval_g ? r->m->eval_g : r->m->g); /* dropout off */
-    if (!pass_attention(r->eg, &po, d) || !pass_simplify(r->eg, &po, d) ||
+    if (!pass_attention(r->eg, &po, d) || !pass_attention_layout(r->eg, &po, d) ||
+        !pass_simplify(r->eg, &po, d) ||
         !pass_fuse(r->eg, &po, d) ||
         !pass_schedule(r->eg, &po, d))
         return false;

@@ -2,7 +2,7 @@
 # Every pass replays: kiln compile's dump after pass k, run through pass k+1
 # with `kiln opt FILE --passes=P(k+1)` and the same settings, is
 # byte-identical to the pipeline's own dump after pass k+1, for every pass
-# (attention .. memplan) and for three sets of flags in which remat
+# (attention .. memplan, attnlayout among them) and for three sets of flags in which remat
 # recomputes, comm places buckets and fuse groups. Then kiln opt's errors:
 # a parse error names FILE:LINE, a bad --passes or --set is refused.
 set -u
@@ -10,7 +10,7 @@ fail() { echo "FAIL: $*"; exit 1; }
 dir=$(mktemp -d "${TMPDIR:-/tmp}/kiln-replay.XXXXXX")
 trap 'rm -rf "$dir"' EXIT
 
-passes=(frontend attention autodiff optimizer simplify remat fuse comm schedule memplan)
+passes=(frontend attention autodiff attnlayout optimizer simplify remat fuse comm schedule memplan)
 peak() { sed -n 's/^planned peak: .*(\([0-9]*\) bytes.*/\1/p' "$1"; }
 $KILN compile models/gpt.lua --nproc 2 > "$dir/none.txt" 2>&1 || fail "compile: $(cat "$dir/none.txt")"
 $KILN compile models/gpt.lua --nproc 2 --remat=full > "$dir/full.txt" 2>&1 || fail "compile --remat=full"
@@ -26,9 +26,10 @@ replay() { # FLAGS...: compile with them, replay every pass with kiln opt
     # train{} defaults): say it to both
     $KILN compile models/gpt.lua --set weight_decay=0.1 "$@" --dump-dir "$d" > "$d.out" 2>&1 ||
         fail "compile $*: $(cat "$d.out")"
-    for k in $(seq 0 8); do
+    for k in $(seq 0 $((${#passes[@]} - 2))); do
         local p=${passes[$((k + 1))]}
-        local in=$(ls "$d"/0$k-${passes[$k]}.*) want=$(ls "$d"/0$((k + 1))-$p.*)
+        local in=$(ls "$d"/$(printf %02d $k)-${passes[$k]}.*)
+        local want=$(ls "$d"/$(printf %02d $((k + 1)))-$p.*)
         $KILN opt "$in" --passes="$p" --set weight_decay=0.1 "$@" > "$d.$p" 2> "$d.err" ||
             fail "kiln opt --passes=$p $*: $(cat "$d.err")"
         cmp -s "$d.$p" "$want" || {
@@ -40,16 +41,16 @@ replay() { # FLAGS...: compile with them, replay every pass with kiln opt
 }
 
 replay --nproc 2 --memory-budget "$budget"
-grep -q ' !recompute' "$dir/1/05-remat.ir" || fail "remat recomputed nothing (test too weak)"
-grep -q '= allreduce_start ' "$dir/1/07-comm.ir" || fail "comm placed no all-reduce (test too weak)"
-grep -q '^# group ' "$dir/1/06-fuse.ir" || fail "fuse made no group (test too weak)"
+grep -q ' !recompute' "$dir/1/06-remat.ir" || fail "remat recomputed nothing (test too weak)"
+grep -q '= allreduce_start ' "$dir/1/08-comm.ir" || fail "comm placed no all-reduce (test too weak)"
+grep -q '^# group ' "$dir/1/07-fuse.ir" || fail "fuse made no group (test too weak)"
 replay --nproc 2 --no-overlap --remat=selective --set grad_accum=2 --set bucket_mb=0.05
 replay --no-fuse --remat=full
 
 # several passes in one run equal the pipeline too
-$KILN opt "$dir/1/04-simplify.ir" --passes=remat,fuse,comm,schedule --set weight_decay=0.1 \
+$KILN opt "$dir/1/05-simplify.ir" --passes=remat,fuse,comm,schedule --set weight_decay=0.1 \
     --nproc 2 --memory-budget "$budget" > "$dir/chain" 2>&1 || fail "chain: $(cat "$dir/chain")"
-cmp -s "$dir/chain" "$dir/1/08-schedule.ir" || fail "remat..schedule in one kiln opt run differs"
+cmp -s "$dir/chain" "$dir/1/09-schedule.ir" || fail "remat..schedule in one kiln opt run differs"
 
 # errors: file:line, unknown pass, missing --passes, a bad --set, no file
 printf 'kiln-ir v1\n%%x:f32[4] = input "x"\n%%y:f32[4] = neg %%zz\noutput "loss" %%y\n' > "$dir/bad.ir"

@@ -4,7 +4,10 @@
  * bf16 tensor-core path runs its documented m16n8k16 fragment layout through
  * the emulator's shuffle implementation; f32 runs its own direct products),
  * causal and not, T = 1, T not a multiple of any tile, head sizes 32, 64,
- * 128 and odd ones (24, 40), Tq != Tk. The interpreter (ir/interp.c) does
+ * 128 and odd ones (24, 40), Tq != Tk; and in the head layout (ir.h: q, k,
+ * v strided out of one [B, T, 3*H*D + 7] buffer, outputs [B, T, H*D], lse
+ * and delta [B, T, H]), f32 and bf16, causal and not, T = 1 and 37/70/83,
+ * D 32/64/128. The interpreter (ir/interp.c) does
  * not implement the attention ops on this branch, so the reference is this
  * file's own.
  *
@@ -12,7 +15,8 @@
  * reduction reading A's rows g and g+8 swapped (a wrong fragment mapping),
  * the f32 product of P fetching its columns from the wrong lanes,
  * the forward skipping its last key tile, the dk/dv kernel starting one
- * query tile late under the causal mask. */
+ * query tile late under the causal mask, the head layout's tiles read with
+ * the plain row stride, dq stored with the plain row stride. */
 #include "cg_cuda.h"
 #include "emu.h"
 #include "testutil.h"
@@ -26,15 +30,22 @@ typedef struct {
     bool bf16, causal;
     int bh, tq, tk, d, dv;
     double scale;
+    int heads; /* > 0: the head layout (ir.h) with bh / heads batch entries:
+                  q, k, v read out of one [B, T, 3*H*D + 7] buffer at column
+                  offsets 3, 3 + H*D, 3 + 2*H*D; o, dO, the gradients [B, T,
+                  H*D]; lse, delta [B, T, H] (needs tq == tk, d == dv) */
 } Case;
 
 static const Case cases[] = {
-    {false, true, 2, 70, 70, 32, 32, 0.17},   {false, false, 2, 70, 70, 64, 64, 0.125},
-    {false, true, 1, 1, 1, 64, 64, 0.125},    {false, true, 1, 83, 83, 128, 128, 0.088},
-    {false, false, 2, 19, 45, 24, 40, 0.2},   {true, true, 2, 70, 70, 32, 32, 0.17},
-    {true, false, 2, 70, 70, 64, 64, 0.125},  {true, true, 1, 1, 1, 64, 64, 0.125},
-    {true, true, 1, 83, 83, 128, 128, 0.088}, {true, false, 1, 19, 45, 24, 40, 0.2},
-    {true, true, 1, 130, 130, 64, 64, 0.125},
+    {false, true, 2, 70, 70, 32, 32, 0.17, 0},   {false, false, 2, 70, 70, 64, 64, 0.125, 0},
+    {false, true, 1, 1, 1, 64, 64, 0.125, 0},    {false, true, 1, 83, 83, 128, 128, 0.088, 0},
+    {false, false, 2, 19, 45, 24, 40, 0.2, 0},   {true, true, 2, 70, 70, 32, 32, 0.17, 0},
+    {true, false, 2, 70, 70, 64, 64, 0.125, 0},  {true, true, 1, 1, 1, 64, 64, 0.125, 0},
+    {true, true, 1, 83, 83, 128, 128, 0.088, 0}, {true, false, 1, 19, 45, 24, 40, 0.2, 0},
+    {true, true, 1, 130, 130, 64, 64, 0.125, 0},
+    /* the head layout */
+    {false, true, 6, 70, 70, 32, 32, 0.17, 3},  {false, false, 2, 1, 1, 128, 128, 0.088, 2},
+    {true, true, 2, 83, 83, 64, 64, 0.125, 2},  {true, false, 4, 37, 37, 128, 128, 0.088, 2},
 };
 enum { NCASES = sizeof cases / sizeof cases[0] };
 
@@ -163,13 +174,49 @@ static void reference(const Case *c, const double *q, const double *k, const dou
     free(dP);
 }
 
+/* Case c's head layout (c->heads > 0). */
+static IrAttnLayout head_layout(const Case *c)
+{
+    int64_t H = c->heads, D = c->d, T = c->tq, W = 3 * H * D + 7;
+    IrAttnLayout L = {.nb = c->bh / H, .nh = H, .Tq = T, .Tk = T, .D = D, .Dv = D};
+    L.q = (IrAttnStride){T * W, D, W, 3};
+    L.k = (IrAttnStride){T * W, D, W, 3 + H * D};
+    L.v = (IrAttnStride){T * W, D, W, 3 + 2 * H * D};
+    L.o = L.dq = L.dk = L.dv = (IrAttnStride){T * H * D, D, H * D, 0};
+    L.st = (IrAttnStride){T * H, 1, H, 0};
+    return L;
+}
+
 static CgCudaAttn desc(const Case *c, CgCudaAttnKind kind)
 {
     CgCudaAttn a = {.kind = kind, .causal = c->causal, .scale = c->scale,
                     .dt = c->bf16 ? DT_BF16 : DT_F32, .bh = c->bh, .tq = c->tq, .tk = c->tk,
                     .d = c->d, .dv = c->dv, .want_o = true, .want_lse = true, .want_dk = true,
                     .want_dv = true};
+    if (c->heads)
+        a.lay = head_layout(c);
     return a;
+}
+
+/* Element (bh, i, d) of a [bh, T, D] tensor at its place under stride st
+ * (heads H): the flat index into the laid-out buffer. */
+static int64_t at(const IrAttnStride *st, int64_t H, int64_t bh, int64_t i, int64_t d)
+{
+    return bh / H * st->bs + bh % H * st->hs + i * st->rs + d + st->off;
+}
+
+/* Copies between the plain [bh, T, D] order and a laid-out buffer of
+ * element size es: plain[...] = laid[at(...)] (to_plain) or back. */
+static void relayout(void *plain, void *laid, int es, const IrAttnStride *st, int64_t H,
+                     int64_t bh, int64_t T, int64_t D, bool to_plain)
+{
+    for (int64_t b = 0; b < bh; b++)
+        for (int64_t i = 0; i < T; i++)
+            for (int64_t d = 0; d < D; d++) {
+                char *p = (char *)plain + ((b * T + i) * D + d) * es;
+                char *l = (char *)laid + at(st, H, b, i, d) * es;
+                memcpy(to_plain ? p : l, to_plain ? l : p, (size_t)es);
+            }
 }
 
 /* The program: the prelude, the library, three functions per case. */
@@ -232,23 +279,61 @@ static double run_case(EmuModule *m, int i, bool quiet)
            *rdk = malloc(sizeof(double) * (size_t)(nk * c->d)),
            *rdv = malloc(sizeof(double) * (size_t)(nk * c->dv));
     reference(c, q.x, k.x, v.x, dO.x, ro, rl, rd, rdq, rdk, rdv);
-    char name[64];
-    CgCudaAttn a = desc(c, CG_CUDA_ATTN_FWD);
-    snprintf(name, sizeof name, "attn%d_fwd", i);
-    void *fa[] = {&q.p, &k.p, &v.p, &o.p, &lse};
-    launch(m, name, &a, fa);
     /* the backward takes the reference's delta (what the graph computes
      * from dO and o in f32) */
     for (int64_t r = 0; r < nq; r++)
         delta[r] = (float)rd[r];
+    /* the head layout: the same values moved to their places (q, k, v in
+     * one buffer with gaps), outputs moved back to the plain order below */
+    IrAttnLayout L = c->heads ? head_layout(c) : (IrAttnLayout){0};
+    int es = h ? 2 : 4, H = c->heads;
+    void *qkv = NULL, *lo = NULL, *ldO = NULL, *ldq = NULL, *ldk = NULL, *ldv = NULL;
+    float *llse = NULL, *ldelta = NULL;
+    if (H) {
+        int64_t W = L.q.rs, no = nq * c->d;
+        qkv = calloc((size_t)(L.nb * c->tq * W), (size_t)es);
+        relayout(q.p, qkv, es, &L.q, H, c->bh, c->tq, c->d, false);
+        relayout(k.p, qkv, es, &L.k, H, c->bh, c->tk, c->d, false);
+        relayout(v.p, qkv, es, &L.v, H, c->bh, c->tk, c->d, false);
+        lo = calloc((size_t)no, (size_t)es), ldO = calloc((size_t)no, (size_t)es);
+        ldq = calloc((size_t)no, (size_t)es), ldk = calloc((size_t)no, (size_t)es);
+        ldv = calloc((size_t)no, (size_t)es);
+        llse = calloc((size_t)nq, 4), ldelta = calloc((size_t)nq, 4);
+        relayout(dO.p, ldO, es, &L.o, H, c->bh, c->tq, c->d, false);
+        relayout(delta, ldelta, 4, &L.st, H, c->bh, c->tq, 1, false);
+    }
+    void *pq = H ? qkv : q.p, *pk = H ? qkv : k.p, *pv = H ? qkv : v.p;
+    void *po = H ? lo : o.p, *pdO = H ? ldO : dO.p, *pdq = H ? ldq : dq.p;
+    void *pdk = H ? ldk : dk.p, *pdv = H ? ldv : dv.p;
+    float *plse = H ? llse : lse, *pdelta = H ? ldelta : delta;
+    char name[64];
+    CgCudaAttn a = desc(c, CG_CUDA_ATTN_FWD);
+    snprintf(name, sizeof name, "attn%d_fwd", i);
+    void *fa[] = {&pq, &pk, &pv, &po, &plse};
+    launch(m, name, &a, fa);
     a = desc(c, CG_CUDA_ATTN_DQ);
     snprintf(name, sizeof name, "attn%d_dq", i);
-    void *qa[] = {&q.p, &k.p, &v.p, &dO.p, &lse, &delta, &dq.p};
+    void *qa[] = {&pq, &pk, &pv, &pdO, &plse, &pdelta, &pdq};
     launch(m, name, &a, qa);
     a = desc(c, CG_CUDA_ATTN_DKDV);
     snprintf(name, sizeof name, "attn%d_dkdv", i);
-    void *ka[] = {&q.p, &k.p, &v.p, &dO.p, &lse, &delta, &dk.p, &dv.p};
+    void *ka[] = {&pq, &pk, &pv, &pdO, &plse, &pdelta, &pdk, &pdv};
     launch(m, name, &a, ka);
+    if (H) {
+        relayout(o.p, lo, es, &L.o, H, c->bh, c->tq, c->d, true);
+        relayout(dq.p, ldq, es, &L.dq, H, c->bh, c->tq, c->d, true);
+        relayout(dk.p, ldk, es, &L.dk, H, c->bh, c->tk, c->d, true);
+        relayout(dv.p, ldv, es, &L.dv, H, c->bh, c->tk, c->d, true);
+        relayout(lse, llse, 4, &L.st, H, c->bh, c->tq, 1, true);
+        free(qkv);
+        free(lo);
+        free(ldO);
+        free(ldq);
+        free(ldk);
+        free(ldv);
+        free(llse);
+        free(ldelta);
+    }
     Buf lb = {lse, NULL, nq};
     double e[5] = {err_of(&o, h, ro, nq * c->dv), err_of(&lb, false, rl, nq),
                    err_of(&dq, h, rdq, nq * c->d), err_of(&dk, h, rdk, nk * c->d),
@@ -258,10 +343,10 @@ static double run_case(EmuModule *m, int i, bool quiet)
         worst = e[j] > worst || e[j] != e[j] ? e[j] : worst;
     if (!quiet)
         fprintf(stderr,
-                "case %2d %s %s bh=%d Tq=%d Tk=%d D=%d Dv=%d: o %.2e lse %.2e dq %.2e dk %.2e "
+                "case %2d %s %s bh=%d Tq=%d Tk=%d D=%d Dv=%d%s: o %.2e lse %.2e dq %.2e dk %.2e "
                 "dv %.2e\n",
                 i, h ? "bf16" : "f32 ", c->causal ? "causal" : "full  ", c->bh, c->tq, c->tk,
-                c->d, c->dv, e[0], e[1], e[2], e[3], e[4]);
+                c->d, c->dv, c->heads ? " heads" : "", e[0], e[1], e[2], e[3], e[4]);
     buf_free(&q);
     buf_free(&k);
     buf_free(&v);
@@ -342,14 +427,23 @@ static void test_negative_controls(void **state)
     /* the forward skips its last key tile */
     static const int fw[] = {1, 3};
     negative("for (int kt = 0; kt < ntiles; kt++) {\n        __syncthreads();\n        "
-             "kiln_attn_tile<E, BC, D, DP, LDK, NTH>(Ks, k, kt * BC, Tk);\n        if (O)",
+             "kiln_attn_tile<E, BC, D, DP, LDK, NTH>(Ks, k, kt * BC, Tk, L.rs[KILN_AK]);\n"
+             "        if (O)",
              "for (int kt = 0; kt + 1 < ntiles; kt++) {\n        __syncthreads();\n        "
-             "kiln_attn_tile<E, BC, D, DP, LDK, NTH>(Ks, k, kt * BC, Tk);\n        if (O)",
+             "kiln_attn_tile<E, BC, D, DP, LDK, NTH>(Ks, k, kt * BC, Tk, L.rs[KILN_AK]);\n"
+             "        if (O)",
              fw, 2);
     /* dk/dv starts one query tile late under the causal mask */
     static const int ca[] = {0, 10};
     negative("const int qt0 = CAUSAL ? kt * BC / BQ : 0;",
              "const int qt0 = CAUSAL ? kt * BC / BQ + 1 : 0;", ca, 2);
+    /* the head layout: the tiles read with the head size as the row stride
+     * (the plain layout's), dq stored with the plain stride */
+    static const int hl[] = {11, 13};
+    negative("kiln_attn_sh(&v, x, (r0 + r) * ld + c);", "kiln_attn_sh(&v, x, (r0 + r) * W + c);",
+             hl, 2);
+    negative("kiln_attn_st(dq, row * L.rs[KILN_ADQ] + c,", "kiln_attn_st(dq, row * D + c,", hl,
+             2);
 }
 
 int main(int argc, char **argv)

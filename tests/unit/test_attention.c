@@ -10,6 +10,9 @@
  *     query rows, 64 keys), head sizes 32, 64 and 128; one thread and two;
  *   - the plan runs attention + attention_lse as one kernel and
  *     attention_dk + attention_dv as one;
+ *   - the attention layout pass on the split_heads / merge_heads chains:
+ *     no permute or slice left, the head layout's interpreter values equal
+ *     the plain layout's, the CPU kernels' strided reads and writes match;
  *   - gpt.lua's training step on the CPU backend: loss and every gradient
  *     with the attention pass on equal those with it off (1e-5).
  * (The CPU backend is f32 only: bf16 is checked on the interpreter.) */
@@ -364,6 +367,126 @@ static void test_backend_ops(void **state)
     }
 }
 
+/* nn.CausalSelfAttention's shape of attention after autodiff, written out:
+ * q, k, v head splits of one [2, T, 3C] input (k first, then v, then q),
+ * dO a head split of a [2, T, C] input, delta = sum(dO * o), the outputs
+ * merged back and dq, dk, dv concatenated. */
+static Graph *split_heads_graph(int T, int H, int D, int causal)
+{
+    int C = H * D, W = 3 * C;
+    char text[8192], at[64];
+    snprintf(at, sizeof at, "{causal=%d,scale=0.3}", causal);
+    int n = snprintf(text, sizeof text,
+                     "kiln-ir v1\n%%a:f32[2,%d,%d] = input \"qkv\"\n"
+                     "%%g:f32[2,%d,%d] = input \"dO\"\n",
+                     T, W, T, C);
+    static const char *const nm[3] = {"k", "v", "q"};
+    for (int x = 0; x < 3; x++)
+        n += snprintf(text + n, sizeof text - (size_t)n,
+                      "%%%ss:f32[2,%d,%d] = slice %%a {start=[0,0,%d]}\n"
+                      "%%%sr:f32[2,%d,%d,%d] = reshape %%%ss\n"
+                      "%%%s:f32[2,%d,%d,%d] = permute %%%sr {perm=[0,2,1,3]}\n",
+                      nm[x], T, C, x * C, nm[x], T, H, D, nm[x], nm[x], H, T, D, nm[x]);
+    n += snprintf(text + n, sizeof text - (size_t)n,
+                  "%%o:f32[2,%d,%d,%d] = attention %%q, %%k, %%v %s\n"
+                  "%%l:f32[2,%d,%d,1] = attention_lse %%q, %%k %s\n"
+                  "%%gr:f32[2,%d,%d,%d] = reshape %%g\n"
+                  "%%gp:f32[2,%d,%d,%d] = permute %%gr {perm=[0,2,1,3]}\n"
+                  "%%m:f32[2,%d,%d,%d] = mul %%gp, %%o\n"
+                  "%%de:f32[2,%d,%d,1] = reduce_sum %%m {axes=[3]}\n",
+                  H, T, D, at, H, T, at, T, H, D, H, T, D, H, T, D, H, T);
+    static const char *const gn[4] = {"o", "dq", "dk", "dv"};
+    for (int x = 0; x < 4; x++) {
+        if (x)
+            n += snprintf(text + n, sizeof text - (size_t)n,
+                          "%%%s:f32[2,%d,%d,%d] = attention_%s %%q, %%k, %%v, %%gp, %%l, %%de %s\n",
+                          gn[x], H, T, D, gn[x], at);
+        n += snprintf(text + n, sizeof text - (size_t)n,
+                      "%%%sp:f32[2,%d,%d,%d] = permute %%%s {perm=[0,2,1,3]}\n"
+                      "%%%sm:f32[2,%d,%d] = reshape %%%sp\n",
+                      gn[x], T, H, D, gn[x], gn[x], T, C, gn[x]);
+    }
+    snprintf(text + n, sizeof text - (size_t)n,
+             "%%dqkv:f32[2,%d,%d] = concat %%dqm, %%dkm, %%dvm {axis=2}\n"
+             "output \"o\" %%om\noutput \"dqkv\" %%dqkv\n",
+             T, W);
+    return parse_or_fail(text);
+}
+
+/* The attention layout pass (passes/attn_layout.c) on split_heads_graph:
+ * every permute and slice goes, the group is in the head layout (k at
+ * column 0, v at C, q at 2C), the interpreter gives the same o and
+ * gradients as before (the head layout's definition against the plain
+ * one's), and the CPU kernels (strided reads and writes) match the
+ * interpreter. */
+static void test_head_layout(void **state)
+{
+    (void)state;
+    static const struct {
+        int T, H, D, causal;
+    } c[] = {{1, 2, 32, 1}, {37, 2, 32, 1}, {70, 3, 64, 0}, {9, 1, 128, 1}, {33, 2, 64, 0}};
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+        Graph *g1 = split_heads_graph(c[i].T, c[i].H, c[i].D, c[i].causal), *g2 = ir_clone(g1);
+        PassOpts o;
+        pass_opts_default(&o);
+        Diag d = {{0}};
+        assert_true(pass_attention_layout(g2, &o, &d)); /* o.attention false: no change */
+        assert_false(ir_attn_heads(&g2->ops.v[g2->ops.n - 1].attr) &&
+                     ir_opinfo[g2->ops.v[g2->ops.n - 1].code].cls == OC_ATTN);
+        assert_int_equal(count_code(g2, OP_PERMUTE), count_code(g1, OP_PERMUTE));
+        o.attention = true;
+        if (!pass_attention_layout(g2, &o, &d) || !pass_simplify(g2, &o, &d))
+            fail_msg("passes: %s", d.msg);
+        char err[1024];
+        if (!ir_verify(g2, err, sizeof err))
+            fail_msg("verify: %s", err);
+        assert_int_equal(count_code(g2, OP_PERMUTE), 0);
+        assert_int_equal(count_code(g2, OP_SLICE), 0);
+        int nattn = 0, C = c[i].H * c[i].D;
+        for (int j = 0; j < g2->ops.n; j++) {
+            const Op *op = &g2->ops.v[j];
+            if (ir_opinfo[op->code].cls != OC_ATTN)
+                continue;
+            nattn++;
+            assert_true(ir_attn_heads(&op->attr));
+            assert_int_equal(op->attr.ia[1], c[i].H);
+            assert_int_equal(op->attr.ia[2], c[i].D);
+            assert_int_equal(op->attr.ia[3], 2 * C); /* q */
+            assert_int_equal(op->attr.ia[4], 0);     /* k */
+            assert_int_equal(op->attr.ia[5], C);     /* v */
+        }
+        assert_int_equal(nattn, 5);
+        double **v1 = ir_interp_alloc(g1), **v2 = ir_interp_alloc(g2);
+        fill_inputs(g1, v1, NULL);
+        for (int t = 0; t < g1->t.n; t++) /* same inputs (inputs keep their ids) */
+            if (g1->t.v[t].op < 0) {
+                int64_t n = shape_numel(&g1->t.v[t].s);
+                v2[t] = xmalloc(sizeof(double) * (size_t)n);
+                memcpy(v2[t], v1[t], sizeof(double) * (size_t)n);
+            }
+        ir_interp(g1, v1, NULL);
+        ir_interp(g2, v2, NULL);
+        static const char *const outs[] = {"o", "dqkv"};
+        for (int x = 0; x < 2; x++) {
+            double re = err_of(named(g2, v2, outs[x]), named(g1, v1, outs[x]),
+                               nnamed(g1, outs[x]));
+            if (!(re <= 1e-12))
+                fail_msg("T=%d H=%d D=%d causal=%d: %s relative error %g", c[i].T, c[i].H,
+                         c[i].D, c[i].causal, outs[x], re);
+        }
+        ir_interp_free(g1, v1);
+        ir_interp_free(g2, v2);
+        finish(g2);
+        char what[128];
+        snprintf(what, sizeof what, "head layout T=%d H=%d D=%d causal=%d", c[i].T, c[i].H,
+                 c[i].D, c[i].causal);
+        backend_vs_interp(g2, 1, 2e-5, what);
+        backend_vs_interp(g2, 2, 2e-5, what);
+        ir_free(g1);
+        ir_free(g2);
+    }
+}
+
 /* The FLOP count keeps only the kept pairs: causal is sum_i (i+1). */
 static void test_cost(void **state)
 {
@@ -462,6 +585,7 @@ int main(void)
         cmocka_unit_test(test_interp_fused_vs_unfused_bf16),
         cmocka_unit_test(test_backend_training_graph),
         cmocka_unit_test(test_backend_ops),
+        cmocka_unit_test(test_head_layout),
         cmocka_unit_test(test_cost),
         cmocka_unit_test(test_gpt_step_on_off),
     };

@@ -500,8 +500,9 @@ static void test_checks_bite(void **state)
 
 /* The fused attention kernels (codegen/cuda_attn.c) on their own: forward
  * (o and lse, o alone, lse alone), dq and dk+dv (both, dv alone), f32 and
- * bf16, causal and not, head sizes 32, 64 and 128 and an odd one (40)
- * (34 functions, no two alike), in one program compiled for sm_90 and
+ * bf16, causal and not, head sizes 32, 64 and 128 and an odd one (40),
+ * and in the head layout (strided q/k/v rows, ir.h) (42 functions, no two
+ * alike), in one program compiled for sm_90 and
  * sm_80 (in parallel): no error, no warning, every function in the cubin,
  * ptxas' figures (registers, shared memory, spills: cg_cuda_ptxas, what the
  * cost model reads) for every function, and no register spill in any of
@@ -526,8 +527,13 @@ static void test_attention_kernels(void **state)
         {0, 32, 0, 1, 1, 1},  {0, 64, 0, 1, 1, 1},  {0, 32, 0, 1, 0, 1},  {0, 64, 1, 0, 1, 1},
         {2, 64, 1, 1, 1, 0},
     };
-    enum { NF = sizeof forms / sizeof forms[0] };
-    CgCudaFn fns[2 * NF];
+    /* and the head layout (ir.h) of gpt 124M: 12 heads of 64 read out of
+     * [1, 1024, 2304] qkv rows; forward, dq, dk+dv, and a forward at 128 */
+    static const struct {
+        int kind, d;
+    } heads[] = {{0, 64}, {1, 64}, {2, 64}, {0, 128}};
+    enum { NF = sizeof forms / sizeof forms[0], NH = sizeof heads / sizeof heads[0] };
+    CgCudaFn fns[2 * (NF + NH)];
     memset(fns, 0, sizeof fns);
     for (int bf = 0; bf < 2; bf++)
         for (int i = 0; i < NF; i++) {
@@ -537,6 +543,24 @@ static void test_attention_kernels(void **state)
                             .want_lse = forms[i].lse, .want_dk = forms[i].dk, .want_dv = true};
             CgCudaFn *f = &fns[bf * NF + i];
             f->name = xasprintf("attn_%s_%d", bf ? "bf16" : "f32", i);
+            Diag d = {{0}};
+            assert_true(cg_print_cuda_attn(&b, &a, f->name, f, &d));
+        }
+    for (int bf = 0; bf < 2; bf++)
+        for (int i = 0; i < NH; i++) {
+            int64_t H = 12, D = heads[i].d, T = 1024, W = 3 * H * D;
+            CgCudaAttn a = {.kind = (CgCudaAttnKind)heads[i].kind, .causal = true,
+                            .scale = 0.125, .dt = bf ? DT_BF16 : DT_F32, .bh = H, .tq = T,
+                            .tk = T, .d = D, .dv = D, .want_o = true, .want_lse = true,
+                            .want_dk = true, .want_dv = true};
+            a.lay = (IrAttnLayout){.nb = 1, .nh = H, .Tq = T, .Tk = T, .D = D, .Dv = D};
+            a.lay.q = (IrAttnStride){T * W, D, W, 0};
+            a.lay.k = (IrAttnStride){T * W, D, W, H * D};
+            a.lay.v = (IrAttnStride){T * W, D, W, 2 * H * D};
+            a.lay.o = a.lay.dq = a.lay.dk = a.lay.dv = (IrAttnStride){T * H * D, D, H * D, 0};
+            a.lay.st = (IrAttnStride){T * H, 1, H, 0};
+            CgCudaFn *f = &fns[2 * NF + bf * NH + i];
+            f->name = xasprintf("attn_heads_%s_%d", bf ? "bf16" : "f32", i);
             Diag d = {{0}};
             assert_true(cg_print_cuda_attn(&b, &a, f->name, f, &d));
         }
@@ -560,7 +584,7 @@ static void test_attention_kernels(void **state)
     CgCudaProgram q;
     memset(&q, 0, sizeof q);
     q.fn.v = fns;
-    q.fn.n = q.fn.cap = 2 * NF;
+    q.fn.n = q.fn.cap = 2 * (NF + NH);
     for (int a = 0; a < NA; a++) {
         RtCudaBinary bin = job[a].b;
         if (!job[a].ok)

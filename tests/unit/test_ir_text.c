@@ -109,6 +109,13 @@ static Graph *build_all(void)
     OP(g, OP_ATTENTION_DQ, at, x, x, x, x, lse, lse);
     OP(g, OP_ATTENTION_DK, at, x, x, x, x, lse, lse);
     OP(g, OP_ATTENTION_DV, at, x, x, x, x, lse, lse);
+    /* the head layout: 2 heads of size 1 read out of x's rows of C = 4 */
+    OpAttr ah = {.ia = {1, 2, 1, 0, 1, 2}, .nia = 6, .f = 0.5};
+    int oh = OP(g, OP_ATTENTION, ah, x, x, x);
+    int lh = OP(g, OP_ATTENTION_LSE, ah, x, x);
+    OP(g, OP_ATTENTION_DQ, ah, x, x, x, oh, lh, lh);
+    OP(g, OP_ATTENTION_DK, ah, x, x, x, oh, lh, lh);
+    OP(g, OP_ATTENTION_DV, ah, x, x, x, oh, lh, lh);
     int tok_ar = OP(g, OP_ALLREDUCE_START, ((OpAttr){.ia = {3}, .nia = 1}), sc, x);
     OP(g, OP_ALLREDUCE_WAIT, ((OpAttr){.ia = {3}, .nia = 1}), tok_ar, sc);
     /* ZeRO-1: wte and sc as one flat range of 40 over 2 ranks (shard f32[32]) */
@@ -262,7 +269,9 @@ static void test_print_format(void **state)
         ":f32[B,T,T] = matmul %6, %50 {ta=0,tb=0}\n",
         ":f32[B,C,C] = matmul %6, %6 {ta=1,tb=0}\n",
         ":f32[B,T,1] = attention_lse %6, %6",
-        ":f32[V,C] = allreduce_wait %69, %54 {bucket=3}\n",
+        ":f32[B,T,2,1] = attention_lse %6, %6 {causal=1,scale=0.5,heads=2,hd=1,qoff=0,koff=1,"
+        "voff=2}",
+        ":f32[V,C] = allreduce_wait %74, %54 {bucket=3}\n",
         "= ne %6, %16 !group=0\n",
         "= permute %6 {perm=[0,2,1]}\n",
         "= slice %6 {start=[0,1,0]}\n",
@@ -396,6 +405,14 @@ static void test_malformed(void **state)
                  "unknown attribute 'axis'");
     expect_error(HDR "%b:f32[1] = reduce_sum %a {axes=[3]}\n", "t.ir:4: ",
                  "axis out of range");
+    /* the head layout: all five attributes or none; heads inside the rows */
+    expect_error("kiln-ir v1\n%q:f32[2,5,12] = input \"q\"\n"
+                 "%o:f32[2,5,8] = attention %q, %q, %q {causal=1,scale=0.5,heads=2,hd=4}\n",
+                 "t.ir:3: ", "attention: missing attribute 'qoff'");
+    expect_error("kiln-ir v1\n%q:f32[2,5,12] = input \"q\"\n"
+                 "%o:f32[2,5,8] = attention %q, %q, %q "
+                 "{causal=1,scale=0.5,heads=2,hd=4,qoff=0,koff=4,voff=8}\n",
+                 "t.ir:3: ", "attention: v's heads [8, 8 + 2*4) must lie inside its rows");
     expect_error(HDR "%b:f32[N] = neg %a {value=1}\n", "t.ir:4: ", "neg takes no attributes");
     expect_error(HDR "%b:f32[N] = neg %a !fast\n", "t.ir:4: ", "unknown flag '!fast'");
     expect_error(HDR "%b:f32[N] = neg %a %a\n", "t.ir:4: ", "expected end of line");
