@@ -67,4 +67,5 @@ minimize(nn.cross_entropy(logits, targets))
 output("logits", logits)
 train{data = cfg.data, data_path = cfg.data_path, batch = B, steps = cfg.steps,
       lr = cfg.lr, min_lr = cfg.lr / 10, warmup = math.min(100, cfg.steps // 10),
-      weight_decay = 0.1, grad_clip = 1.0, eval_every = 100}
+      weight_decay = 0.1, grad_clip = 1.0, eval_every = 100,
+      precision = cfg.precision}   -- the 500B preset's bf16; nil (f32) otherwise
