@@ -373,13 +373,29 @@ void ir_renumber(Graph *g, bool drop_unused_inputs)
 
 static bool is_int(DType t) { return t == DT_I32 || t == DT_I64; }
 
+/* A backward attention op's dO (the output's type o), lse and delta (row). */
+static bool attention_grad_operands(const Graph *g, const char *name, const Shape *const *s,
+                                    const Shape *o, const Shape *row, char *err, size_t errlen)
+{
+    char b0[160], b1[160], b2[160];
+    const Shape *dO = s[3], *lse = s[4], *delta = s[5];
+    if (!shape_eq(dO, o))
+        FAIL("%s: dO must have the output's type (expected %s, got %s)", name,
+             shape_str(g, o, b0, sizeof b0), shape_str(g, dO, b1, sizeof b1));
+    if (!shape_eq(lse, row) || !shape_eq(delta, row))
+        FAIL("%s: lse and delta must be %s (got %s and %s)", name,
+             shape_str(g, row, b0, sizeof b0), shape_str(g, lse, b1, sizeof b1),
+             shape_str(g, delta, b2, sizeof b2));
+    return true;
+}
+
 /* The head layout's typing (ir.h): q, k, v rank 3 [B, T, W] of one float
  * dtype and B, each head's columns inside its rows; o, dO and the
  * gradients [B, T, H*D]; lse and delta f32 [B, Tq, H, 1]. */
 static bool infer_attention_heads(const Graph *g, Opcode code, const Shape *const *s,
                                   const OpAttr *a, Shape *out, char *err, size_t errlen)
 {
-    char b0[160], b1[160], b2[160];
+    char b0[160];
     const char *name = ir_opinfo[code].name;
     int nqkv = code == OP_ATTENTION_LSE ? 2 : 3;
     int64_t H = a->ia[1], D = a->ia[2], W;
@@ -412,14 +428,8 @@ static bool infer_attention_heads(const Graph *g, Opcode code, const Shape *cons
         *out = code == OP_ATTENTION ? o : row;
         return true;
     }
-    const Shape *dO = s[3], *lse = s[4], *delta = s[5];
-    if (!shape_eq(dO, &o))
-        FAIL("%s: dO must have the output's type (expected %s, got %s)", name,
-             shape_str(g, &o, b0, sizeof b0), shape_str(g, dO, b1, sizeof b1));
-    if (!shape_eq(lse, &row) || !shape_eq(delta, &row))
-        FAIL("%s: lse and delta must be %s (got %s and %s)", name,
-             shape_str(g, &row, b0, sizeof b0), shape_str(g, lse, b1, sizeof b1),
-             shape_str(g, delta, b2, sizeof b2));
+    if (!attention_grad_operands(g, name, s, &o, &row, err, errlen))
+        return false;
     *out = o;
     if (code != OP_ATTENTION_DQ)
         out->dim[1] = Tk;
@@ -478,14 +488,8 @@ static bool infer_attention(const Graph *g, Opcode code, const Shape *const *s,
         *out = o;
         return true;
     }
-    const Shape *dO = s[3], *lse = s[4], *delta = s[5];
-    if (!shape_eq(dO, &o))
-        FAIL("%s: dO must have the output's type (expected %s, got %s)", name,
-             shape_str(g, &o, b0, sizeof b0), shape_str(g, dO, b1, sizeof b1));
-    if (!shape_eq(lse, &row) || !shape_eq(delta, &row))
-        FAIL("%s: lse and delta must be %s (got %s and %s)", name,
-             shape_str(g, &row, b0, sizeof b0), shape_str(g, lse, b1, sizeof b1),
-             shape_str(g, delta, b2, sizeof b2));
+    if (!attention_grad_operands(g, name, s, &o, &row, err, errlen))
+        return false;
     *out = code == OP_ATTENTION_DQ ? *q : code == OP_ATTENTION_DK ? *k : *v;
     return true;
 }
