@@ -419,7 +419,8 @@ void pass_remat_derive(const Prob *P, Sol *s)
     for (int v = 0; v < nv; v++)
         if (s->keep[v] && !P->saved[v] && !need[v])
             s->keep[v] = 0;
-    qsort(set.v, (size_t)set.n, sizeof(int64_t), cmp_i64);
+    if (set.n) /* an empty VEC has a null array, which qsort may not get */
+        qsort(set.v, (size_t)set.n, sizeof(int64_t), cmp_i64);
     totals(P, s, set.v, set.n);
     vec_free(&set);
     free(need);
