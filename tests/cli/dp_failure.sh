@@ -5,13 +5,14 @@
 # (SIGSTOP: the survivor's collective times out after comm_timeout).
 set -u
 : "${KILN:?KILN must point at the kiln binary}"
+OUT=/dev/null
 T=$(mktemp -d "${TMPDIR:-/tmp}/kiln-dp-failure.XXXXXX")
 . tests/cli/lib/ranks.sh # rank_pid, alive, launched, kill_launched
 trap 'kill_launched; rm -rf "$T"' EXIT
 fail() {
     echo "FAIL: $*"
     echo "--- output:"
-    cat "$T/out"
+    cat "$OUT"
     exit 1
 }
 
@@ -19,15 +20,18 @@ fail() {
 lose_rank() { # signal, bound in seconds, extra args
     local sig=$1 bound=$2
     shift 2
+    # one output file per run: nothing the earlier run left behind (a
+    # late write, the shell's report of its end) can be read as this one's
+    OUT="$T/out.$sig"
     "$KILN" train models/mlp.lua --steps 100000000 --nproc 2 --set log_every=1 "$@" \
-        >"$T/out" 2>&1 &
+        >"$OUT" 2>&1 &
     local L=$! M="" R0="" R1="" i
     launched "$L"
     for i in $(seq 1200); do
-        grep -q "step  *3/" "$T/out" && break
+        grep -q "step  *3/" "$OUT" && break
         sleep 0.1
     done
-    grep -q "step  *3/" "$T/out" || fail "$sig: training did not start"
+    grep -q "step  *3/" "$OUT" || fail "$sig: training did not start"
     M=$(pgrep -P "$L" mpirun)
     [ -n "$M" ] || fail "$sig: no mpirun under the launcher"
     R0=$(rank_pid "$M" 0)
@@ -43,7 +47,7 @@ lose_rank() { # signal, bound in seconds, extra args
     dt=$(awk -v a="$t0" -v b="$t1" 'BEGIN{printf "%.1f", b - a}')
     echo "$sig: exit $rc after ${dt} s"
     [ "$rc" -ne 0 ] || fail "$sig: exit status 0 after losing a rank"
-    grep -q "lost rank 1" "$T/out" || fail "$sig: no message naming rank 1"
+    grep -q "lost rank 1" "$OUT" || fail "$sig: no message naming rank 1"
     awk -v d="$dt" -v b="$bound" 'BEGIN{exit !(d < b)}' || fail "$sig: took ${dt} s (bound $bound s)"
     # gone within 5 s of the launcher's exit (a busy machine can take more
     # than the 0.5 s this waited before for mpirun to reap a stopped rank)
@@ -52,11 +56,11 @@ lose_rank() { # signal, bound in seconds, extra args
         alive "$i" && fail "$sig: process $i is still running 5 s after the launcher exited"
     done
     # the messages
-    grep "lost rank" "$T/out"
+    grep "lost rank" "$OUT"
 }
 
 lose_rank KILL 15
 # hang: comm_timeout=3 s, plus up to 2 s to ask the other ranks, plus slack
 lose_rank STOP 15 --set comm_timeout=3
-grep -q "comm_timeout=3" "$T/out" || fail "STOP: the message does not state the bound"
+grep -q "comm_timeout=3" "$T/out.STOP" || fail "STOP: the message does not state the bound"
 echo "ok"
