@@ -75,6 +75,9 @@ typedef struct {
     bool attn;        /* a fused attention function (cuda_attn.c), costed by: */
     double flops, bytes; /* attn: FLOPs of the tiles it visits, bytes it moves */
     bool mma;         /* attn: its products run on tensor cores (bf16) */
+    bool attn_fwd;    /* attn: the forward (costed at its own efficiency) */
+    double attn_reread, attn_head; /* attn: cg_cuda_attn_reuse's figures */
+    int64_t attn_tiles; /* attn: blocks per batch*head (consecutive blockIdx) */
 } CgCudaFn;
 
 /* Which params of one printed variant of a kernel share a buffer:
@@ -162,6 +165,12 @@ int64_t cg_cuda_attn_blocks(const CgCudaAttn *a, int nw);
  * and the bytes it moves: its own tile once per block, the other operand's
  * tiles once per visit, outputs once (storage dtypes). */
 void cg_cuda_attn_cost(const CgCudaAttn *a, int nw, int bt, double *flops, double *bytes);
+/* The part of cg_cuda_attn_cost's bytes that re-reads rows: *reread, the
+ * other operand's visits past the first of each row (every batch*head),
+ * which L2 serves while the head's rows stay cached, and *head, that
+ * operand's bytes in one batch*head (the working set one head's blocks
+ * share). Predict decides from the device's L2 which of them DRAM sees. */
+void cg_cuda_attn_reuse(const CgCudaAttn *a, int nw, int bt, double *reread, double *head);
 /* Appends `extern "C" __global__ void NAME(...)` computing a. Parameters,
  * in this order, only those used: FWD (q, k, [v, o], [lse]); DQ (q, k, v,
  * dO, lse, delta, dq); DKDV (q, k, [v], dO, lse, [delta, dk], [dv]) (v
@@ -253,6 +262,15 @@ int cg_cuda_blocks_per_unit(const CgDevice *dev, int threads, int regs, int smem
  * smem, spill); sets q->ptxas_fns. Returns how many functions it newly
  * filled. */
 int cg_cuda_ptxas(CgCudaProgram *q, const char *log);
+
+/* ---- predict.c: the attention kernels' DRAM bytes ------------------------- */
+
+/* The bytes fused attention function fn (CgCudaFn.attn) reads from and
+ * writes to DRAM on dev with per_unit of its blocks resident per SM: its
+ * re-reads (CgCudaFn.attn_reread) come from L2 when the heads in flight
+ * keep their re-read rows (attn_head each) in dev->l2, else from DRAM
+ * (docs/cost.md, Attention). fn->bytes when fn is not attention. */
+double cg_attn_dram_bytes(const CgCudaFn *fn, const CgDevice *dev, int per_unit);
 
 /* ---- inline: what the CUDA module decides as cuda_plan.c does ----------- */
 

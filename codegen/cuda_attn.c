@@ -654,14 +654,17 @@ int64_t cg_cuda_attn_blocks(const CgCudaAttn *a, int nw)
     return a->bh * ((rows + 16 * nw - 1) / (16 * nw));
 }
 
-void cg_cuda_attn_cost(const CgCudaAttn *a, int nw, int bt, double *flops, double *bytes)
+/* The tile pairs a's function visits with tiles (nw, bt): *pairs, the kept
+ * tile cells (query x key), and *other, the rows of the other operand it
+ * reads summed over its blocks (whole tiles, the last one ragged; causal:
+ * the diagonal and below), per batch*head. */
+static void attn_visits(const CgCudaAttn *a, int nw, int bt, double *pairs, double *other)
 {
-    int64_t es = a->dt == DT_BF16 ? 2 : 4, D = a->d, DV = a->dv;
     bool fwd = a->kind == CG_CUDA_ATTN_FWD, dkdv = a->kind == CG_CUDA_ATTN_DKDV;
     /* own: the block's tile (queries; keys for dk/dv); other: visited tiles */
     int64_t br = fwd || !dkdv ? 16 * nw : bt, bc = dkdv ? 16 * nw : bt;
     int64_t nq = (a->tq + br - 1) / br;
-    double pairs = 0, other = 0; /* kept tile cells, visited other-operand rows */
+    *pairs = *other = 0;
     for (int64_t qt = 0; qt < nq && !dkdv; qt++) {
         int64_t r0 = qt * br, r1 = r0 + br < a->tq ? r0 + br : a->tq;
         int64_t kend = a->causal ? (r1 < a->tk ? r1 : a->tk) : a->tk;
@@ -669,33 +672,64 @@ void cg_cuda_attn_cost(const CgCudaAttn *a, int nw, int bt, double *flops, doubl
         int64_t kv = (kend + bc - 1) / bc * bc;
         if (kv > a->tk)
             kv = a->tk;
-        pairs += (double)(r1 - r0) * (double)kv;
-        other += (double)kv;
+        *pairs += (double)(r1 - r0) * (double)kv;
+        *other += (double)kv;
     }
     if (dkdv) /* each key tile reads the query tiles from its diagonal on */
         for (int64_t kt = 0; kt * bc < a->tk; kt++) {
             int64_t q0 = a->causal ? kt * bc / br * br : 0;
             int64_t keys = (kt + 1) * bc < a->tk ? bc : a->tk - kt * bc;
-            other += (double)(a->tq - q0);
-            pairs += (double)keys * (double)(a->tq - q0);
+            *other += (double)(a->tq - q0);
+            *pairs += (double)keys * (double)(a->tq - q0);
         }
+}
+
+/* Bytes of one row of the operand a's blocks re-read (k [+ v] for the
+ * forward; k, v for dq; q, dO, lse [, delta] for dk/dv), and its rows per
+ * batch*head. */
+static double attn_other_row(const CgCudaAttn *a, int64_t *rows)
+{
+    int64_t es = a->dt == DT_BF16 ? 2 : 4;
+    switch (a->kind) {
+    case CG_CUDA_ATTN_FWD: *rows = a->tk; return (double)((a->d + (a->want_o ? a->dv : 0)) * es);
+    case CG_CUDA_ATTN_DQ: *rows = a->tk; return (double)((a->d + a->dv) * es);
+    case CG_CUDA_ATTN_DKDV: break;
+    }
+    *rows = a->tq;
+    return (double)((a->d + a->dv) * es) + (a->want_dk ? 8.0 : 4.0);
+}
+
+void cg_cuda_attn_cost(const CgCudaAttn *a, int nw, int bt, double *flops, double *bytes)
+{
+    int64_t es = a->dt == DT_BF16 ? 2 : 4, D = a->d, DV = a->dv, orows;
+    bool fwd = a->kind == CG_CUDA_ATTN_FWD, dkdv = a->kind == CG_CUDA_ATTN_DKDV;
+    double pairs, other, orow = attn_other_row(a, &orows);
+    attn_visits(a, nw, bt, &pairs, &other);
     double f = 0, b = 0;
     if (fwd) {
         f = 2.0 * pairs * (double)(D + (a->want_o ? DV : 0));
-        b = (double)(a->tq * D * es) + other * (double)(D + (a->want_o ? DV : 0)) * es +
-            (a->want_o ? (double)(a->tq * DV * es) : 0) + (a->want_lse ? 4.0 * a->tq : 0);
+        b = (double)(a->tq * D * es) + (a->want_o ? (double)(a->tq * DV * es) : 0) +
+            (a->want_lse ? 4.0 * a->tq : 0);
     } else if (!dkdv) {
         f = 2.0 * pairs * (double)(2 * D + DV);
-        b = (double)(a->tq * (D + DV) * es) + other * (double)(D + DV) * es + 8.0 * a->tq +
-            (double)(a->tq * D * es);
+        b = (double)(a->tq * (D + DV) * es) + 8.0 * a->tq + (double)(a->tq * D * es);
     } else {
         f = 2.0 * pairs * (double)(D + DV + (a->want_dk ? D + DV : 0));
         b = (double)(a->tk * (D + (a->want_dk ? DV : 0)) * es) +
-            other * ((double)(D + DV) * es + (a->want_dk ? 8.0 : 4.0)) +
             (double)(a->tk * ((a->want_dk ? D : 0) + (a->want_dv ? DV : 0)) * es);
     }
     *flops = f * (double)a->bh;
-    *bytes = b * (double)a->bh;
+    *bytes = (b + other * orow) * (double)a->bh;
+}
+
+void cg_cuda_attn_reuse(const CgCudaAttn *a, int nw, int bt, double *reread, double *head)
+{
+    int64_t orows;
+    double pairs, other, orow = attn_other_row(a, &orows);
+    attn_visits(a, nw, bt, &pairs, &other);
+    double again = other - (double)orows; /* every row is visited at least once */
+    *reread = (again > 0 ? again : 0) * orow * (double)a->bh;
+    *head = (double)orows * orow;
 }
 
 /* a's layout: a->lay, or the plain one of bh, tq, tk, d, dv when a->lay.nh
@@ -811,6 +845,9 @@ bool cg_print_cuda_attn(CgBuf *b, const CgCudaAttn *a, const char *name, CgCudaF
         fn->attn = true;
         fn->mma = a->dt == DT_BF16;
         cg_cuda_attn_cost(a, nw, bt, &fn->flops, &fn->bytes);
+        cg_cuda_attn_reuse(a, nw, bt, &fn->attn_reread, &fn->attn_head);
+        fn->attn_tiles = fn->blocks / (a->bh > 0 ? a->bh : 1);
+        fn->attn_fwd = a->kind == CG_CUDA_ATTN_FWD;
     }
     return true;
 }

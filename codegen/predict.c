@@ -12,8 +12,10 @@
  *     else f32; tile_eff: wave quantisation of 128 x 128 output tiles
  *   copy: 2 bytes / bandwidth + launch
  *   fused attention (cuda_attn.c): as a kernel, with its own FLOPs (the
- *     tile pairs it visits) and bytes (tiles re-read per visit), computed
- *     at ATTN_EFF of the bf16 tensor-core peak (f32: of the FMA peak)
+ *     tile pairs it visits) and bytes (tiles re-read per visit, or once
+ *     per head when the heads in flight keep them in L2:
+ *     cg_attn_dram_bytes), computed at ATTN_EFF_FWD / _BWD of the bf16
+ *     tensor-core peak (f32: of the FMA peak)
  *
  * bytes: each buffer a launch reads or writes, once, at its storage dtype
  * (a fused kernel's intermediates stay in registers); a buffer read only at
@@ -73,12 +75,18 @@ const CgDevice *cg_device_find(const char *name)
  * Tiles: 128 x 128 outputs per block, the usual large cuBLASLt tile. */
 static const double GEMM_EFF = 0.8;
 enum { GEMM_TILE = 128 };
-/* ATTN_EFF: the share of the peak (tensor cores in bf16, FMAs in f32) the
- * fused attention kernels (cuda_attn.c) are costed at: an estimate, not a
- * measurement (no GPU has run them yet). They issue mma.sync from shared
- * memory without ldmatrix or a copy pipeline; FlashAttention-2 reaches
- * 50-70% of the A100's peak with both, so a third is assumed. */
-static const double ATTN_EFF = 0.33;
+/* ATTN_EFF_FWD, ATTN_EFF_BWD: the share of the peak (tensor cores in bf16,
+ * FMAs in f32) the fused attention kernels (cuda_attn.c) are costed at,
+ * forward and backward (dq, dk/dv). Not measured on kiln's kernels (no GPU
+ * has run them); set from what FlashAttention-2, which adds ldmatrix and a
+ * cp.async copy pipeline to the same mma.sync, reaches on an H100 at
+ * gpt 124M's shape (causal, head size 64, T = 1024): 198 TFLOP/s forward
+ * (triton-lang/triton#2459), 0.20 of the dense bf16 peak; its backward runs
+ * at 0.81 of its forward rate at head size 64, T = 1024
+ * (Dao-AILab/flash-attention#2688: 239 / 295 TFLOP/s, not causal), so
+ * 0.16. kiln's kernels have neither ldmatrix nor cp.async, so these are
+ * upper bounds for them (docs/cost.md, Attention). */
+static const double ATTN_EFF_FWD = 0.20, ATTN_EFF_BWD = 0.16;
 
 const char *cg_limit_name(CgLimit l)
 {
@@ -339,6 +347,30 @@ static double param_bytes(const CgKernel *k, const CgCudaFn *fn, const CgDevice 
     return whole;
 }
 
+/* The DRAM bytes of fused attention function fn (cg_cuda_attn_reuse):
+ * block b works on batch*head b / attn_tiles, and the device runs blocks
+ * in blockIdx order as resident slots free up, so the resident blocks
+ * (units x per_unit, at most the grid) span about resident / attn_tiles + 1
+ * heads at once. When those heads' re-read rows (attn_head each) fit in
+ * L2, each row comes from DRAM once and its later visits from L2: the
+ * DRAM bytes are fn->bytes less the re-reads. Otherwise every visit is a
+ * DRAM read. The L2 traffic itself is not costed (docs/cost.md). */
+double cg_attn_dram_bytes(const CgCudaFn *fn, const CgDevice *dev, int per_unit)
+{
+    if (!fn->attn || fn->attn_tiles <= 0)
+        return fn->bytes;
+    double resident = (double)dev->units * (per_unit < 1 ? 1 : per_unit);
+    if (resident > (double)fn->blocks)
+        resident = (double)fn->blocks;
+    double heads = ceil(resident / (double)fn->attn_tiles) + 1;
+    double all = (double)fn->blocks / (double)fn->attn_tiles;
+    if (heads > all)
+        heads = all;
+    if (heads * fn->attn_head > dev->l2)
+        return fn->bytes;
+    return fn->bytes - fn->attn_reread;
+}
+
 /* A kernel step on a GPU: one row per CUDA function it launches. */
 static void predict_cuda_kernel(CgPrediction *r, const CgPlan *p, const CgCudaProgram *q,
                                 const CgDevice *dev, const CgPredictOpts *o, int s)
@@ -364,10 +396,11 @@ static void predict_cuda_kernel(CgPrediction *r, const CgPlan *p, const CgCudaPr
         double fill = grid_efficiency(dev, fn->blocks, per_unit);
         double share = latency_share(fn->threads, per_unit);
         double t_comp = flops / (dev->f32 * fill), t_mem = fb[f] / (dev->bw * fill * share);
-        if (fn->attn) { /* the tiles it visits, at ATTN_EFF of its unit's peak */
+        if (fn->attn) { /* the tiles it visits, at ATTN_EFF_* of its unit's peak */
             flops = fn->flops;
-            fb[f] = fn->bytes;
-            t_comp = flops / ((fn->mma ? dev->bf16 : dev->f32) * ATTN_EFF * fill);
+            fb[f] = cg_attn_dram_bytes(fn, dev, per_unit);
+            double eff = fn->attn_fwd ? ATTN_EFF_FWD : ATTN_EFF_BWD;
+            t_comp = flops / ((fn->mma ? dev->bf16 : dev->f32) * eff * fill);
             t_mem = fb[f] / (dev->bw * fill * share);
         }
         add_row(r, s, fn->name, flops, fb[f], t_comp, t_mem, launch, fn->blocks, fn->threads,

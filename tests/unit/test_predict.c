@@ -5,7 +5,8 @@
  * a large GEMM by compute at the precision's peak; more bandwidth is never
  * slower; the CPU model splits what the backend splits; ptxas' registers
  * and shared memory (read from an NVRTC log) set the blocks per SM, and a
- * register-bound kernel is predicted slower. */
+ * register-bound kernel is predicted slower; the fused attention kernels'
+ * re-reads cost DRAM bytes only when the heads in flight outgrow L2. */
 #include "testutil.h"
 
 #include <math.h>
@@ -297,6 +298,103 @@ static void test_cpu_model(void **state)
     release(&g);
 }
 
+/* A gpt 124M attention (192 batch*heads, head size 64, bf16, causal) of
+ * `kind` at T positions, printed so that fn carries its cost. */
+static CgCudaFn attn_fn(CgCudaAttnKind kind, int64_t T)
+{
+    CgCudaAttn a = {.kind = kind, .causal = true, .scale = 0.125, .dt = DT_BF16, .bh = 192,
+                    .tq = T, .tk = T, .d = 64, .dv = 64, .want_o = true, .want_lse = true,
+                    .want_dk = true, .want_dv = true};
+    CgCudaFn fn = {0};
+    CgBuf b = {0};
+    Diag d = {{0}};
+    if (!cg_print_cuda_attn(&b, &a, "attn", &fn, &d))
+        fail_msg("attention: %s", d.msg);
+    free(b.s);
+    return fn;
+}
+
+/* The attention kernels' re-reads (cg_attn_dram_bytes): 4 blocks per SM
+ * of an H200 are 528 resident blocks, 16 query tiles a head at T = 1024,
+ * so 34 heads in flight, whose k and v rows (256 KiB a head) fit in L2:
+ * DRAM sees each row once. With less L2 than 34 heads' rows, or T so long
+ * that the two heads in flight outgrow it, every visit is a DRAM read. */
+static void test_attn_l2(void **state)
+{
+    (void)state;
+    const CgDevice *h200 = dev("h200");
+    CgCudaFn f = attn_fn(CG_CUDA_ATTN_FWD, 1024);
+    assert_true(f.attn && f.attn_fwd && f.attn_tiles == 16 && f.blocks == 192 * 16);
+    /* q and o (bf16), lse (f32), and k, v once: the unique bytes */
+    double unique = 192.0 * (2 * 1024 * 64 * 2 + 4 * 1024 + 1024 * 128 * 2);
+    near(cg_attn_dram_bytes(&f, h200, 4), unique, 1e-12, "forward, L2 keeps k and v");
+    assert_true(f.bytes > 4 * unique); /* a key tile is visited 8.5 times on average */
+    near(f.attn_head, 1024 * 128 * 2, 1e-12, "one head's k and v");
+    /* the threshold: 34 heads x 256 KiB = 8.5 MiB */
+    CgDevice small = *h200;
+    small.l2 = 8.4 * (1 << 20);
+    near(cg_attn_dram_bytes(&f, &small, 4), f.bytes, 1e-12, "L2 under 34 heads");
+    small.l2 = 8.6 * (1 << 20);
+    near(cg_attn_dram_bytes(&f, &small, 4), unique, 1e-12, "L2 over 34 heads");
+    /* fewer blocks per SM, fewer heads in flight: 132 blocks, 10 heads, 2.5 MiB */
+    small.l2 = 2.6 * (1 << 20);
+    near(cg_attn_dram_bytes(&f, &small, 4), f.bytes, 1e-12, "4 blocks per SM");
+    near(cg_attn_dram_bytes(&f, &small, 1), unique, 1e-12, "1 block per SM");
+    /* T varied: 2 heads of 16 MiB fit in 50 MiB, 2 of 32 MiB do not */
+    for (int kind = 0; kind < 3; kind++) {
+        CgCudaAttnKind k = kind == 0 ? CG_CUDA_ATTN_FWD
+                           : kind == 1 ? CG_CUDA_ATTN_DQ : CG_CUDA_ATTN_DKDV;
+        CgCudaFn s = attn_fn(k, 65536), l = attn_fn(k, 131072);
+        assert_true(s.attn_reread > 0.9 * s.bytes && l.attn_reread > 0.9 * l.bytes);
+        near(cg_attn_dram_bytes(&s, h200, 4), s.bytes - s.attn_reread, 1e-12, "T = 65536");
+        near(cg_attn_dram_bytes(&l, h200, 4), l.bytes, 1e-12, "T = 131072");
+    }
+    /* dk/dv re-reads q, dO (bf16) and lse, delta (f32) */
+    CgCudaFn kv = attn_fn(CG_CUDA_ATTN_DKDV, 1024);
+    assert_false(kv.attn_fwd);
+    near(kv.attn_head, 1024 * (128 * 2 + 8), 1e-12, "one head's q, dO, lse, delta");
+    near(cg_attn_dram_bytes(&kv, h200, 4), kv.bytes - kv.attn_reread, 1e-12, "dk/dv");
+    /* non-attention functions keep their bytes */
+    CgCudaFn plain = {.bytes = 123};
+    near(cg_attn_dram_bytes(&plain, h200, 4), 123, 0, "not attention");
+}
+
+/* A whole prediction reads the rule: a compiled f32 attention over 16
+ * heads of T = 1024 (the heads' k and v rows, 8 MiB, fit in L2) is costed
+ * on the unique bytes, not on the visits. */
+static const char attention[] =
+    "kiln-ir v1\n"
+    "%0:f32[16,1024,64] = input \"q\"\n"
+    "%1:f32[16,1024,64] = attention %0, %0, %0 {causal=1,scale=0.125}\n"
+    "output \"o\" %1\n";
+
+static void test_attn_l2_predicted(void **state)
+{
+    (void)state;
+    const CgDevice *h200 = dev("h200");
+    Compiled c = compile(attention, false);
+    int at = -1;
+    for (int i = 0; i < c.q->fn.n; i++)
+        if (c.q->fn.v[i].attn)
+            at = i;
+    assert_true(at >= 0);
+    const CgCudaFn *fn = &c.q->fn.v[at];
+    CgPredictOpts o = {0};
+    CgPrediction *r = cg_predict(c.p, c.q, h200, &o);
+    int per_unit = cg_cuda_blocks_per_unit(h200, fn->threads, fn->regs, fn->smem);
+    double dram = cg_attn_dram_bytes(fn, h200, per_unit);
+    assert_true(dram < fn->bytes / 3);
+    bool seen = false;
+    for (int i = 0; i < r->rows.n; i++)
+        if (strcmp(r->rows.v[i].name, fn->name) == 0) {
+            near(r->rows.v[i].bytes, dram, 1e-12, "the attention row's bytes");
+            seen = true;
+        }
+    assert_true(seen);
+    cg_prediction_free(r);
+    release(&c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -307,6 +405,8 @@ int main(void)
         cmocka_unit_test(test_gemm_compute_bound),
         cmocka_unit_test(test_cpu_model),
         cmocka_unit_test(test_ptxas_occupancy),
+        cmocka_unit_test(test_attn_l2),
+        cmocka_unit_test(test_attn_l2_predicted),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
