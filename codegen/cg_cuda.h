@@ -230,6 +230,15 @@ typedef struct CgCudaProgram {
      * cg_cuda_program), CG_EPI_NONE for none and for other steps. */
     CgEpilogue *epi;
     int ptxas_fns;     /* functions with ptxas' figures (cg_cuda_ptxas) */
+    /* bf16 copies of f32 GEMM operands kept through a step (cuda_cast.c),
+     * per plan step s and operand o (0: a, 1: b) at [2 s + o]: cast_off,
+     * the operand's copy in the weight-copy buffer (cast_bytes bytes, one
+     * device buffer beside the arena), or -1: cast into the per-GEMM
+     * scratch; cast_now, whether step s casts it there (else the copy an
+     * earlier GEMM of the step cast is current). */
+    int64_t *cast_off;
+    bool *cast_now;
+    int64_t cast_bytes;
 } CgCudaProgram;
 
 /* Decides the storage, the arena and the epilogues, then prints every kernel
@@ -249,6 +258,14 @@ typedef struct CgCudaProgram {
  * kiln_cast_f32_bf16(const float*, bf16*, n) for GEMM operands. */
 CgCudaProgram *cg_cuda_program(const CgPlan *p, bool bf16);
 void cg_cuda_program_free(CgCudaProgram *q);
+
+/* ---- cuda_cast.c: bf16 copies of f32 GEMM operands ---------------------- */
+
+/* Fills q->cast_off, cast_now and cast_bytes (q's storage, mem and copy
+ * set): a tensor on persistent storage that two or more GEMM steps cast
+ * gets a slot; the first of them after each write to its storage casts
+ * into it, the others read it. */
+void cg_cuda_casts(CgCudaProgram *q);
 
 /* ---- cuda_occupancy.c: blocks resident per SM ---------------------------- */
 

@@ -319,6 +319,7 @@ CgCudaProgram *cg_cuda_program(const CgPlan *p, bool bf16)
     }
     vec_free(&var);
     q->source = b.s ? b.s : xstrdup("");
+    cg_cuda_casts(q);
     return q;
 }
 
@@ -338,6 +339,8 @@ void cg_cuda_program_free(CgCudaProgram *q)
     free(q->copy);
     free(q->outs);
     free(q->epi);
+    free(q->cast_off);
+    free(q->cast_now);
     if (q->mem != q->plan->mem)
         pass_memplan_free(q->mem);
     free(q);

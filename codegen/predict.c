@@ -195,11 +195,13 @@ static void predict_gemm(CgPrediction *r, const CgPlan *p, const CgCudaProgram *
     double launch = o->cuda_graph ? dev->graph_s : dev->launch_s;
     bool half = dev->gpu && (o->bf16 || (storage && (storage[m->a] == DT_BF16 ||
                                                      storage[m->b] == DT_BF16)));
-    /* bf16 from f32 operands: the backend casts them first (one launch each) */
+    /* bf16 from f32 operands: the backend casts them first (one launch
+     * each), except a weight whose bf16 copy an earlier GEMM of the step
+     * cast (cg_cuda_casts) */
     if (half && storage)
         for (int k = 0; k < 2; k++) {
             int t = k ? m->b : m->a;
-            if (storage[t] == DT_BF16)
+            if (storage[t] == DT_BF16 || (q->cast_now && !q->cast_now[2 * s + k]))
                 continue;
             double n = (double)shape_numel(&g->t.v[t].s);
             double bytes = 6 * n;

@@ -190,7 +190,8 @@ typedef struct BackendExt {
      * end. False: not measured (the executor then times on the host). */
     bool (*step_times)(BackendCtx *c, double *start, double *end);
     /* Bytes of the backend's own arena when it differs from the plan's
-     * (CUDA with bf16 activations re-plans it with 2-byte buffers). */
+     * (CUDA with bf16 activations re-plans it with 2-byte buffers; its
+     * bf16 weight copies, CgCudaProgram.cast_bytes, count too). */
     int64_t (*arena_bytes)(const BackendCtx *c);
     /* The device the context runs on (MFU's peak); false: unknown. */
     bool (*device_info)(BackendCtx *c, RtDeviceInfo *out);
@@ -205,8 +206,9 @@ typedef struct BackendExt {
 struct CgCudaProgram; /* codegen.h */
 
 /* What the module needs from kiln (it links nothing of kilncore). */
-#define RT_CUDA_ABI 5 /* 2: Backend.ext; 3: BackendExt.arena_bytes, CgCudaProgram.mem;
-                         4: Backend.host; 5: RtCommEvent.exposed */
+#define RT_CUDA_ABI 6 /* 2: Backend.ext; 3: BackendExt.arena_bytes, CgCudaProgram.mem;
+                         4: Backend.host; 5: RtCommEvent.exposed;
+                         6: CgCudaProgram.cast_off, cast_now, cast_bytes */
 typedef struct {
     int abi; /* RT_CUDA_ABI */
     struct CgCudaProgram *(*program)(const struct CgPlan *p, bool bf16);

@@ -260,8 +260,13 @@ bool cli_print_prediction(const Model *m, const Graph *g, const char *target, in
                dev->gemm1[0] / 1e9, dev->gemm1[1] / 1e9, dev->gemm1[2] / 1e9,
                dev->gemm1[3] / 1e9, dev->work / 1e9, dev->bw / 1e9, dev->bw1 / 1e9,
                dev->launch_s * 1e6);
-    if (q)
+    if (q) {
         printf("occupancy: %s\n", occ);
+        char ab[32], cb[32];
+        ir_fmt_bytes((double)q->mem->arena_bytes, 2, ab, sizeof ab);
+        ir_fmt_bytes((double)q->cast_bytes, 2, cb, sizeof cb);
+        printf("device memory: arena %s, bf16 weight copies %s (cast once per step)\n", ab, cb);
+    }
     cg_prediction_print(r, p, model, step_tokens(g), top, stdout);
     cg_prediction_free(r);
     cg_cuda_program_free(q);

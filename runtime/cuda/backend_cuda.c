@@ -42,6 +42,9 @@ typedef struct {
     CUdeviceptr *ptr;
     int gemm;           /* GEMM steps: the cuBLASLt plan (kc_lt_plan) */
     KcGemmForm form;    /* GEMM: how it runs with the epilogue it applies */
+    bool cast_a, cast_b; /* GEMM: casts that operand now (form.cast_* less the
+                            weights whose copy an earlier GEMM of the step
+                            cast: CgCudaProgram.cast_now) */
     CUdeviceptr bias16;  /* GEMM with a bias epilogue and bf16 D: the bias's bf16 copy,
                             cast from the f32 bias right before the GEMM */
     CUdeviceptr a, b, c; /* GEMM operands as used (c: cuBLASLt's D, the epilogue's d
@@ -68,6 +71,8 @@ struct BackendCtx {
                                 (CgCudaProgram.part_bytes; CgCudaFn.part) */
     int64_t scratch_half;    /* bytes of each of the two bf16 operand areas */
     CUdeviceptr bias16;      /* bf16 copies of biases (CuStep.bias16) */
+    CUdeviceptr wcopy;       /* bf16 copies of weights kept through a step
+                                (CgCudaProgram.cast_bytes, cast_off) */
     CgEpilogue *epi;         /* per step: the epilogue its GEMM applies: the
                                 program's (CgCudaProgram.epi) unless cuBLASLt
                                 has no algorithm for it (then its pair's too) */
@@ -136,6 +141,8 @@ static void cuda_destroy(BackendCtx *c)
             kc_cu.cuMemFree(c->part);
         if (c->bias16)
             kc_cu.cuMemFree(c->bias16);
+        if (c->wcopy)
+            kc_cu.cuMemFree(c->wcopy);
         if (c->stage)
             kc_cu.cuMemFreeHost(c->stage);
         if (c->rs_host)
@@ -262,9 +269,14 @@ static bool setup_steps(BackendCtx *c, Diag *d)
         } else if (st->kind == CG_STEP_GEMM) {
             const CgGemm *m = &st->gemm;
             int64_t na = numel(g, m->a) * 2, nb = numel(g, m->b) * 2;
-            if (cs->form.cast_a && na > need)
+            /* a weight with a copy kept through the step (cuda_cast.c) is
+             * cast by its first GEMM only, into its copy */
+            bool ka = q->cast_off[2 * s] >= 0, kb = q->cast_off[2 * s + 1] >= 0;
+            cs->cast_a = cs->form.cast_a && (!ka || q->cast_now[2 * s]);
+            cs->cast_b = cs->form.cast_b && (!kb || q->cast_now[2 * s + 1]);
+            if (cs->form.cast_a && !ka && na > need)
                 need = na;
-            if (cs->form.cast_b && nb > need)
+            if (cs->form.cast_b && !kb && nb > need)
                 need = nb;
             cs->a = dptr(c, m->a);
             cs->b = dptr(c, m->b);
@@ -276,6 +288,8 @@ static bool setup_steps(BackendCtx *c, Diag *d)
         }
     }
     /* scratch before planning: the heuristic sees the pointers it will get */
+    if (q->cast_bytes > 0 && !CU(kc_cu.cuMemAlloc(&c->wcopy, (size_t)q->cast_bytes), d))
+        return false;
     if (need > 0) {
         c->scratch_half = (need + 255) / 256 * 256;
         if (!CU(kc_cu.cuMemAlloc(&c->scratch, (size_t)(2 * c->scratch_half)), d))
@@ -286,9 +300,12 @@ static bool setup_steps(BackendCtx *c, Diag *d)
         if (p->steps.v[s].kind != CG_STEP_GEMM)
             continue;
         if (cs->form.cast_a)
-            cs->a = c->scratch;
+            cs->a = q->cast_off[2 * s] >= 0 ? c->wcopy + (CUdeviceptr)q->cast_off[2 * s]
+                                            : c->scratch;
         if (cs->form.cast_b)
-            cs->b = c->scratch + (CUdeviceptr)c->scratch_half;
+            cs->b = q->cast_off[2 * s + 1] >= 0
+                        ? c->wcopy + (CUdeviceptr)q->cast_off[2 * s + 1]
+                        : c->scratch + (CUdeviceptr)c->scratch_half;
     }
     for (int s = 0; s < p->steps.n; s++) {
         if (p->steps.v[s].kind != CG_STEP_GEMM)
@@ -485,13 +502,14 @@ static bool cast_bf16(BackendCtx *c, CUdeviceptr x, CUdeviceptr y, int64_t n, Di
 }
 
 /* The casts the GEMM's form asks for (f32 operands into scratch as bf16,
- * the bias into its bf16 copy), then the GEMM. */
+ * or a weight into its copy when this GEMM is the step's first reader since
+ * it changed; the bias into its bf16 copy), then the GEMM. */
 static bool run_gemm(BackendCtx *c, const CgStep *st, const CuStep *cs, Diag *d)
 {
     const CgGemm *m = &st->gemm;
-    if (cs->form.cast_a && !cast_bf16(c, dptr(c, m->a), cs->a, numel(c->p->g, m->a), d))
+    if (cs->cast_a && !cast_bf16(c, dptr(c, m->a), cs->a, numel(c->p->g, m->a), d))
         return false;
-    if (cs->form.cast_b && !cast_bf16(c, dptr(c, m->b), cs->b, numel(c->p->g, m->b), d))
+    if (cs->cast_b && !cast_bf16(c, dptr(c, m->b), cs->b, numel(c->p->g, m->b), d))
         return false;
     if (cs->bias16 && !cast_bf16(c, dptr(c, m->bias), cs->bias16, m->N, d))
         return false;
@@ -730,7 +748,11 @@ static int cuda_comm_events(BackendCtx *c, RtCommEvent *ev, int max, double *exp
                    : 0;
 }
 
-static int64_t cuda_arena_bytes(const BackendCtx *c) { return c->q->mem->arena_bytes; }
+/* The arena and the bf16 weight copies kept through a step (cuda_cast.c). */
+static int64_t cuda_arena_bytes(const BackendCtx *c)
+{
+    return c->q->mem->arena_bytes + c->q->cast_bytes;
+}
 
 static bool cuda_device_info(BackendCtx *c, RtDeviceInfo *out)
 {

@@ -50,6 +50,8 @@ struct BackendCtx {
     EmuModule *m;
     unsigned char *arena, *rs; /* rs: {seed, step} */
     unsigned char *part;       /* the partials scratch (CgCudaProgram.part_bytes) */
+    unsigned char *wcopy;      /* bf16 weight copies kept through a step
+                                  (CgCudaProgram.cast_bytes; NaN until cast) */
     size_t arena_bytes;
     EStep *st;
     bool bf16;
@@ -76,6 +78,7 @@ static void emu_destroy(BackendCtx *c)
         cg_cuda_program_free(c->q);
     free(c->arena);
     free(c->part);
+    free(c->wcopy);
     free(c->src);
     free(c);
 }
@@ -265,6 +268,22 @@ static double dgelu(double x)
            0.5 * x * (1.0 - t * t) * 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * x * x);
 }
 
+/* The weight-copy buffer, allocated on first use and filled with bf16 NaNs
+ * (0xffff), so a GEMM that reads a copy no cast wrote computes NaNs. */
+static bool wcopy_ready(BackendCtx *c, Diag *d)
+{
+    if (c->wcopy || c->q->cast_bytes <= 0)
+        return true;
+    c->wcopy = malloc((size_t)c->q->cast_bytes);
+    if (!c->wcopy) {
+        snprintf(d->msg, sizeof d->msg, "emu: no memory for %lld bytes of weight copies",
+                 (long long)c->q->cast_bytes);
+        return false;
+    }
+    memset(c->wcopy, 0xff, (size_t)c->q->cast_bytes);
+    return true;
+}
+
 /* C = op(A) op(B), row-major, batched; products and sums in double, the
  * result rounded to D's storage type; an applied epilogue as cuBLASLt
  * defines it (see CgEpilogue), on the product rounded to f32. The form
@@ -279,17 +298,35 @@ static bool run_gemm(BackendCtx *c, int s, Diag *d)
     const void *A = tptr(c, m->a), *B = tptr(c, m->b);
     uint16_t *ca = NULL, *cb = NULL;
     bool abf = f->bf16_in, bbf = f->bf16_in;
-    if (f->cast_a) {
-        if (!(ca = cast_bf16(c, A, numel(g, m->a), d)))
-            return false;
-        A = ca;
-    }
-    if (f->cast_b) {
-        if (!(cb = cast_bf16(c, B, numel(g, m->b), d))) {
+    /* a weight with a copy kept through the step (cuda_cast.c): cast into
+     * it by the step's first reader since it changed, read by the others */
+    if (!wcopy_ready(c, d))
+        return false;
+    for (int o = 0; o < 2; o++) {
+        if (!(o ? f->cast_b : f->cast_a))
+            continue;
+        int t = o ? m->b : m->a;
+        int64_t off = c->q->cast_off[2 * s + o], n = numel(g, t);
+        uint16_t *y = NULL;
+        if ((off < 0 || c->q->cast_now[2 * s + o]) &&
+            !(y = cast_bf16(c, o ? B : A, n, d))) {
             free(ca);
             return false;
         }
-        B = cb;
+        if (off >= 0) {
+            if (y)
+                memcpy(c->wcopy + off, y, (size_t)n * 2);
+            free(y);
+            y = NULL;
+        }
+        const void *use = off >= 0 ? (const void *)(c->wcopy + off) : (const void *)y;
+        if (o) {
+            cb = y;
+            B = use;
+        } else {
+            ca = y;
+            A = use;
+        }
     }
     CgEpilogue e = c->epi[s];
     bool gelu_e = e == CG_EPI_GELU_BIAS || e == CG_EPI_GELU_AUX_BIAS;

@@ -395,6 +395,46 @@ static void test_attn_l2_predicted(void **state)
     release(&c);
 }
 
+/* bf16 copies of weights (codegen/cuda_cast.c): w is read by two GEMMs of
+ * the step, so it gets a slot and only the first casts it; the prediction
+ * has one cast row for w, not two. An activation (x, f32 here because it
+ * is an input read once) keeps its cast into the per-GEMM scratch. */
+static const char two_gemms[] =
+    "kiln-ir v1\n"
+    "%0:f32[256,128] = param \"w\"\n"
+    "%1:f32[64,256] = input \"x\"\n"
+    "%2:f32[64,128] = matmul %1, %0 {ta=0,tb=0}\n"
+    "%3:f32[64,256] = matmul %2, %0 {ta=0,tb=1}\n"
+    "output \"y\" %3\n";
+
+static void test_weight_casts(void **state)
+{
+    (void)state;
+    Compiled c = compile(two_gemms, true);
+    int g[2], n = 0;
+    for (int s = 0; s < c.p->steps.n; s++)
+        if (c.p->steps.v[s].kind == CG_STEP_GEMM && n < 2)
+            g[n++] = s;
+    assert_int_equal(n, 2);
+    const CgGemm *m0 = &c.p->steps.v[g[0]].gemm, *m1 = &c.p->steps.v[g[1]].gemm;
+    assert_int_equal(m0->b, 0);
+    assert_int_equal(m1->b, 0);
+    /* w: one slot, cast by the first GEMM, read by the second */
+    assert_int_equal(c.q->cast_bytes, 256 * 128 * 2);
+    assert_true(c.q->cast_off[2 * g[0] + 1] == 0 && c.q->cast_now[2 * g[0] + 1]);
+    assert_true(c.q->cast_off[2 * g[1] + 1] == 0 && !c.q->cast_now[2 * g[1] + 1]);
+    /* x is read by one GEMM: no slot, cast before it */
+    assert_true(c.q->cast_off[2 * g[0]] == -1 && c.q->cast_now[2 * g[0]]);
+    CgPredictOpts o = {.bf16 = true};
+    CgPrediction *r = cg_predict(c.p, c.q, dev("h200"), &o);
+    int casts = 0;
+    for (int i = 0; i < r->rows.n; i++)
+        casts += strcmp(r->rows.v[i].name, "cast_f32_bf16") == 0;
+    assert_int_equal(casts, 2); /* x and w; not w again */
+    cg_prediction_free(r);
+    release(&c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -407,6 +447,7 @@ int main(void)
         cmocka_unit_test(test_ptxas_occupancy),
         cmocka_unit_test(test_attn_l2),
         cmocka_unit_test(test_attn_l2_predicted),
+        cmocka_unit_test(test_weight_casts),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
