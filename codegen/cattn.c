@@ -98,11 +98,9 @@ int cg_attn_partner(const Graph *g, int i)
     }
     for (int j = 0; j < g->ops.n; j++) {
         const Op *b = &g->ops.v[j];
-        if (b->code != want || b->attr.nia != a->attr.nia || b->attr.f != a->attr.f)
+        if (b->code != want || !ir_attn_same_attrs(&a->attr, &b->attr))
             continue;
         bool same = true;
-        for (int x = 0; x < a->attr.nia && same; x++)
-            same = a->attr.ia[x] == b->attr.ia[x];
         for (int x = 0; x < nsame && same; x++)
             same = a->in[x] == b->in[x];
         if (same)

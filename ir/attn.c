@@ -8,6 +8,14 @@
  * Invariant: op has been typed by ir_infer (the shapes fit the attrs). */
 #include "ir.h"
 
+#include <string.h>
+
+bool ir_attn_same_attrs(const OpAttr *a, const OpAttr *b)
+{
+    return a->nia == b->nia && a->f == b->f &&
+           memcmp(a->ia, b->ia, sizeof(int64_t) * (size_t)a->nia) == 0;
+}
+
 void ir_attn_layout(const Graph *g, const Op *op, IrAttnLayout *L)
 {
     const Shape *q = &g->t.v[op->in[0]].s, *k = &g->t.v[op->in[1]].s;

@@ -520,6 +520,10 @@ typedef struct {
  * ir_infer). */
 void ir_attn_layout(const Graph *g, const Op *op, IrAttnLayout *L);
 static inline bool ir_attn_heads(const OpAttr *a) { return a->nia == 6; }
+/* attn.c: whether two attention-family ops' attributes are all equal
+ * (causal, scale and, in the head layout, heads, hd and the offsets): the
+ * ops of one attention group, as the passes and codegen pair them. */
+bool ir_attn_same_attrs(const OpAttr *a, const OpAttr *b);
 /* dimnames.c: the names of r's dims (r->dname) for an op whose dims
  * ir_infer has computed into r. A dim keeps the name of the operand axis
  * it carries through (elementwise ops, reduce's kept axes, matmul's

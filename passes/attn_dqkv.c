@@ -28,12 +28,12 @@
 /* Whether attention ops a and b have the same operands and attributes. */
 static bool same_group(const Op *a, const Op *b)
 {
-    if (a->nin != b->nin || a->attr.nia != b->attr.nia || a->attr.f != b->attr.f)
+    if (a->nin != b->nin || !ir_attn_same_attrs(&a->attr, &b->attr))
         return false;
     for (int x = 0; x < a->nin; x++)
         if (a->in[x] != b->in[x])
             return false;
-    return memcmp(a->attr.ia, b->attr.ia, sizeof(int64_t) * (size_t)a->attr.nia) == 0;
+    return true;
 }
 
 /* The indices of the three gradient ops that concat op c joins, in operand
