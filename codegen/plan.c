@@ -1,5 +1,6 @@
 /* plan.c - the Plan of a scheduled graph: one step per op in schedule order
- * (views cost nothing), then the copies of updates not computed in place.
+ * (views cost nothing; attention_dqkv takes two, its dq and its dk/dv
+ * kernel), then the copies of updates not computed in place.
  * Ops whose kernels print to the same body share one kernel. GEMM epilogues
  * are recorded last (epilogue.c). */
 #include "codegen.h"

@@ -475,6 +475,8 @@ static bool infer_attention(const Graph *g, Opcode code, const Shape *const *s,
         FAIL("%s: scale must be positive and finite (got %g)", name, a->f);
     if (ir_attn_heads(a))
         return infer_attention_heads(g, code, s, a, out, err, errlen);
+    if (code == OP_ATTENTION_DQKV)
+        FAIL("attention_dqkv: needs the head layout (heads, hd, qoff, koff, voff)");
     const Shape *q = s[0], *k = s[1], *v = code == OP_ATTENTION_LSE ? NULL : s[2];
     int rk = q->rank;
     if (rk < 2 || k->rank != rk || (v && v->rank != rk))

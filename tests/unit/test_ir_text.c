@@ -417,6 +417,19 @@ static void test_malformed(void **state)
                  "%o:f32[2,5,8] = attention %q, %q, %q "
                  "{causal=1,scale=0.5,heads=2,hd=4,qoff=0,koff=4,voff=8}\n",
                  "t.ir:3: ", "attention: v's heads [8, 8 + 2*4) must lie inside its rows");
+    /* attention_dqkv: the head layout only, q/k/v ranges partitioning the row */
+#define DQKV_IN                                                                            \
+    "kiln-ir v1\n%q:f32[2,5,12] = input \"q\"\n%g:f32[2,5,4] = input \"g\"\n"             \
+    "%l:f32[2,5,2,1] = input \"l\"\n"
+    expect_error(DQKV_IN "%d:f32[2,5,12] = attention_dqkv %q, %q, %q, %g, %l, %l "
+                         "{causal=1,scale=0.5}\n",
+                 "t.ir:5: ", "attention_dqkv: needs the head layout");
+    expect_error(DQKV_IN "%d:f32[2,5,12] = attention_dqkv %q, %q, %q, %g, %l, %l "
+                         "{causal=1,scale=0.5,heads=2,hd=2,qoff=0,koff=2,voff=8}\n",
+                 "t.ir:5: ",
+                 "attention_dqkv: the q, k and v columns must not overlap (got qoff=0, "
+                 "koff=2, voff=8, heads*hd=4)");
+#undef DQKV_IN
     expect_error(HDR "%b:f32[N] = neg %a {value=1}\n", "t.ir:4: ", "neg takes no attributes");
     expect_error(HDR "%b:f32[N] = neg %a !fast\n", "t.ir:4: ", "unknown flag '!fast'");
     expect_error(HDR "%b:f32[N] = neg %a %a\n", "t.ir:4: ", "expected end of line");
