@@ -98,11 +98,9 @@ int cg_attn_partner(const Graph *g, int i)
     }
     for (int j = 0; j < g->ops.n; j++) {
         const Op *b = &g->ops.v[j];
-        if (b->code != want || b->attr.nia != a->attr.nia || b->attr.f != a->attr.f)
+        if (b->code != want || !ir_attn_same_attrs(&a->attr, &b->attr))
             continue;
         bool same = true;
-        for (int x = 0; x < a->attr.nia && same; x++)
-            same = a->attr.ia[x] == b->attr.ia[x];
         for (int x = 0; x < nsame && same; x++)
             same = a->in[x] == b->in[x];
         if (same)
@@ -118,7 +116,10 @@ static int add_param(CgKernel *k, int t, DType dt, bool out)
     return k->params.n - 1;
 }
 
-bool cg_lower_attn(const Graph *g, const int *ops, int n, CgKernel *k, Diag *d)
+/* cg_lower_attn and cg_lower_attn_dqkv: ops[0..n) as one kernel; part -1
+ * for ops of their own, 0 or 1 for the dq or the dk/dv kernel of
+ * attention_dqkv ops[0] (n 1), which writes its one result. */
+static bool lower(const Graph *g, const int *ops, int n, int part, CgKernel *k, Diag *d)
 {
     const Op *op = &g->ops.v[ops[0]];
     const Shape *q = &g->t.v[op->in[0]].s;
@@ -148,6 +149,12 @@ bool cg_lower_attn(const Graph *g, const int *ops, int n, CgKernel *k, Diag *d)
         has[g->ops.v[ops[x]].code] = true;
         out[g->ops.v[ops[x]].code] = g->ops.v[ops[x]].out;
     }
+    if (part >= 0) { /* attention_dqkv: its dq, or its dk and dv */
+        has[OP_ATTENTION_DQKV] = false;
+        Opcode c0 = part ? OP_ATTENTION_DK : OP_ATTENTION_DQ, c1 = part ? OP_ATTENTION_DV : c0;
+        has[c0] = has[c1] = true;
+        out[c0] = out[c1] = op->out;
+    }
     const int *in = op->in;
     a->q = add_param(k, in[0], a->dt, false);
     a->k = add_param(k, in[1], a->dt, false);
@@ -172,14 +179,26 @@ bool cg_lower_attn(const Graph *g, const int *ops, int n, CgKernel *k, Diag *d)
             a->dq = add_param(k, out[OP_ATTENTION_DQ], a->dt, true);
         if (has[OP_ATTENTION_DK])
             a->dk = add_param(k, out[OP_ATTENTION_DK], a->dt, true);
+        /* one param when dk and dv go to one tensor (attention_dqkv) */
         if (has[OP_ATTENTION_DV])
-            a->dv = add_param(k, out[OP_ATTENTION_DV], a->dt, true);
+            a->dv = part >= 0 && a->dk >= 0 ? a->dk
+                                            : add_param(k, out[OP_ATTENTION_DV], a->dt, true);
     }
     k->op = ops[0];
     k->group = -1;
     k->parallel = true;
     k->noalias = true;
     return true;
+}
+
+bool cg_lower_attn(const Graph *g, const int *ops, int n, CgKernel *k, Diag *d)
+{
+    return lower(g, ops, n, -1, k, d);
+}
+
+bool cg_lower_attn_dqkv(const Graph *g, int i, bool dkv, CgKernel *k, Diag *d)
+{
+    return lower(g, &i, 1, dkv, k, d);
 }
 
 int64_t cg_attn_work(const CgAttn *a)

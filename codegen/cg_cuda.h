@@ -148,6 +148,9 @@ typedef struct {
     int64_t bh, tq, tk, d, dv; /* batch*heads, lengths, head sizes */
     bool want_o, want_lse;   /* FWD: which it writes (at least one) */
     bool want_dk, want_dv;   /* DKDV: which it writes (at least one) */
+    bool one_dkv;            /* DKDV writing both: dk and dv are one buffer
+                                (attention_dqkv's; lay puts each at its
+                                columns), one param `dkv` */
     IrAttnLayout lay;        /* where each tensor's (b, h, i, d) sits (bh = nb * nh);
                                 lay.nh 0: the plain layout of bh, tq, tk, d, dv */
 } CgCudaAttn;
@@ -174,7 +177,7 @@ void cg_cuda_attn_reuse(const CgCudaAttn *a, int nw, int bt, double *reread, dou
 /* Appends `extern "C" __global__ void NAME(...)` computing a. Parameters,
  * in this order, only those used: FWD (q, k, [v, o], [lse]); DQ (q, k, v,
  * dO, lse, delta, dq); DKDV (q, k, [v], dO, lse, [delta, dk], [dv]) (v
- * and delta only with dk). Fills fn's geometry (threads, blocks; not its
+ * and delta only with dk; one_dkv: dk and dv as one param dkv). Fills fn's geometry (threads, blocks; not its
  * name or params) when fn is not NULL. False with d set for an
  * unsupported dtype or head size. */
 bool cg_print_cuda_attn(CgBuf *b, const CgCudaAttn *a, const char *name, CgCudaFn *fn, Diag *d);

@@ -179,7 +179,9 @@ typedef struct {
  *   CG_ATTN_DQ   reads q, k, v, dO, lse, delta; writes dq
  *   CG_ATTN_DKV  reads q, k, v (when dk is written), dO, lse, delta (when dk
  *                is written); writes dk and/or dv (attention_dk and
- *                attention_dv of the same operands and attrs, or one)
+ *                attention_dv of the same operands and attrs, or one; dk ==
+ *                dv, one param, for attention_dqkv, whose layout puts the
+ *                two at their own columns)
  * Shapes: q [batch, Tq, D], k [batch, Tk, D], v [batch, Tk, Dv], o and dO
  * [batch, Tq, Dv], lse and delta f32 [batch, Tq] (batch: batch entries x
  * heads), each tensor where `lay` puts it (IrAttnLayout: the plain layout,
@@ -305,6 +307,11 @@ int cg_attn_partner(const Graph *g, int i);
  * op and its cg_attn_partner). False with d set when the dtype is not f32
  * (the C printer's only type here). */
 bool cg_lower_attn(const Graph *g, const int *ops, int n, CgKernel *k, Diag *d);
+/* The same for one of the two kernels of attention_dqkv op i: its dq
+ * kernel (CG_ATTN_DQ), or with dkv its dk/dv kernel (CG_ATTN_DKV, dk and dv
+ * the one param of its result). Each writes only its own columns of the
+ * result; the two together write all of it. */
+bool cg_lower_attn_dqkv(const Graph *g, int i, bool dkv, CgKernel *k, Diag *d);
 /* C the prelude carries for the attention kernels (kiln_attn_mm). */
 extern const char cg_c_attn_helpers[];
 /* Appends an attention kernel's C function (cg_print_c_kernel's signature). */

@@ -822,16 +822,19 @@ bool cg_print_cuda_attn(CgBuf *b, const CgCudaAttn *a, const char *name, CgCudaF
             cg_printf(b, "const %s *__restrict__ v, ", E);
         cg_printf(b, "const %s *__restrict__ dO, const float *__restrict__ lse", E);
         if (a->want_dk)
-            cg_printf(b, ", const float *__restrict__ delta, %s *__restrict__ dk", E);
-        if (a->want_dv)
+            cg_printf(b, ", const float *__restrict__ delta, %s *__restrict__ %s", E,
+                      a->one_dkv ? "dkv" : "dk");
+        if (a->want_dv && !a->one_dkv)
             cg_printf(b, ", %s *__restrict__ dv", E);
         cg_printf(b,
                   ")\n{\n    typedef %s kiln_attn_E;\n%s    kiln_attn_dkdv<%s, %lld, %lld, %d, %d, %s, %s, %s>(q, k, %s, dO, lse, "
                   "%s, %s, %s, %d, %d, %.9ef, L);\n}\n",
                   E, lay.s, E, D, DV, nw, bt, C, a->want_dk ? "true" : "false",
                   a->want_dv ? "true" : "false", a->want_dk ? "v" : "(const kiln_attn_E *)0",
-                  a->want_dk ? "delta" : "(const float *)0", a->want_dk ? "dk" : "(kiln_attn_E *)0",
-                  a->want_dv ? "dv" : "(kiln_attn_E *)0", (int)a->tq, (int)a->tk,
+                  a->want_dk ? "delta" : "(const float *)0",
+                  a->one_dkv ? "dkv" : a->want_dk ? "dk" : "(kiln_attn_E *)0",
+                  a->one_dkv ? "dkv" : a->want_dv ? "dv" : "(kiln_attn_E *)0", (int)a->tq,
+                  (int)a->tk,
                   a->scale);
         break;
     }
@@ -894,11 +897,12 @@ int cg_print_cuda_attn_kernel(CgBuf *b, const CgKernel *k, const char *name,
             order[n++] = a->v;
         order[n++] = a->dO;
         order[n++] = a->lse;
+        c.one_dkv = c.want_dk && c.want_dv && a->dk == a->dv; /* attention_dqkv */
         if (c.want_dk) {
             order[n++] = a->delta;
             order[n++] = a->dk;
         }
-        if (c.want_dv)
+        if (c.want_dv && !c.one_dkv)
             order[n++] = a->dv;
         break;
     }

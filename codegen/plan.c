@@ -1,5 +1,6 @@
 /* plan.c - the Plan of a scheduled graph: one step per op in schedule order
- * (views cost nothing), then the copies of updates not computed in place.
+ * (views cost nothing; attention_dqkv takes two, its dq and its dk/dv
+ * kernel), then the copies of updates not computed in place.
  * Ops whose kernels print to the same body share one kernel. GEMM epilogues
  * are recorded last (epilogue.c). */
 #include "codegen.h"
@@ -38,11 +39,32 @@ static bool attn_pair_ok(const Graph *g, int a, int b)
 }
 
 /* The step of attention op i (and its partner, run as one kernel at the
- * later of the two: *skip when i is the earlier one). */
-static bool plan_attn(const Graph *g, int i, CgKernel *k, CgStep *st, bool *skip, Diag *d)
+ * later of the two: *skip when i is the earlier one); for attention_dqkv
+ * the step of its dq (part 0) or its dk/dv kernel (part 1). */
+static bool plan_attn(const Graph *g, int i, int part, CgKernel *k, CgStep *st, bool *skip,
+                      Diag *d)
 {
     int ops[2] = {i, -1}, n = 1, j = cg_attn_partner(g, i);
     *skip = false;
+    if (g->ops.v[i].code == OP_ATTENTION_DQKV) {
+        const Op *op = &g->ops.v[i];
+        if (!cg_lower_attn_dqkv(g, i, part, k, d))
+            return false;
+        char nb[128];
+        snprintf(nb, sizeof nb, "k%d_attention_dqkv_%s", i, part ? "dkv" : "dq");
+        k->name = xstrdup(nb);
+        st->flops = part ? ir_attn_flops(g, op, OP_ATTENTION_DK) +
+                               ir_attn_flops(g, op, OP_ATTENTION_DV)
+                         : ir_attn_flops(g, op, OP_ATTENTION_DQ);
+        /* the heads' columns of q, k, v read; its own columns written */
+        const CgAttn *a = &k->attn;
+        double es = (double)dtype_size(g->t.v[op->in[0]].s.dtype),
+               cols = (double)(a->lay.nb * a->Tq * a->lay.nh * a->D) * es;
+        st->bytes_moved = 3 * cols + (part ? 2 : 1) * cols;
+        for (int x = 3; x < op->nin; x++)
+            st->bytes_moved += (double)shape_bytes(&g->t.v[op->in[x]].s);
+        return true;
+    }
     if (attn_pair_ok(g, i, j)) {
         if (j > i) {
             *skip = true;
@@ -353,18 +375,23 @@ CgPlan *cg_plan(const Graph *g, Diag *d)
             continue;
         }
         if (ir_opinfo[op->code].cls == OC_ATTN) {
-            CgKernel *k = xcalloc(1, sizeof *k);
-            bool skip;
-            if (!plan_attn(g, i, k, &st, &skip, d)) {
-                cg_kernel_free(k);
-                goto fail;
+            /* attention_dqkv: two kernels (dq, then dk/dv) into its buffer */
+            int nparts = op->code == OP_ATTENTION_DQKV ? 2 : 1;
+            for (int part = 0; part < nparts; part++) {
+                CgKernel *k = xcalloc(1, sizeof *k);
+                CgStep ps = st;
+                bool skip;
+                if (!plan_attn(g, i, part, k, &ps, &skip, d)) {
+                    cg_kernel_free(k);
+                    goto fail;
+                }
+                if (skip) {
+                    cg_kernel_free(k);
+                    continue;
+                }
+                if (!add_kernel(p, k, &seen, &src, &ps))
+                    goto fail;
             }
-            if (skip) {
-                cg_kernel_free(k);
-                continue;
-            }
-            if (!add_kernel(p, k, &seen, &src, &st))
-                goto fail;
             continue;
         }
         if ((op->code == OP_RESHAPE || op->code == OP_ALLREDUCE) &&

@@ -2,10 +2,19 @@
  * element (b, h, i, d) of q, k, v, o, dO, the gradients, lse and delta sits
  * in its buffer, for the plain layout ([..., T, D] tensors, heads folded
  * into the batch dims) and the head layout ([B, T, H*D]-ordered tensors,
- * q/k/v read at column offsets out of wider rows). ir/interp.c, the C and
+ * q/k/v read at column offsets out of wider rows; attention_dqkv writes
+ * dq, dk, dv at q's, k's and v's places in one tensor of their type). ir/interp.c, the C and
  * the CUDA kernels all index through this one description.
  * Invariant: op has been typed by ir_infer (the shapes fit the attrs). */
 #include "ir.h"
+
+#include <string.h>
+
+bool ir_attn_same_attrs(const OpAttr *a, const OpAttr *b)
+{
+    return a->nia == b->nia && a->f == b->f &&
+           memcmp(a->ia, b->ia, sizeof(int64_t) * (size_t)a->nia) == 0;
+}
 
 void ir_attn_layout(const Graph *g, const Op *op, IrAttnLayout *L)
 {
@@ -39,5 +48,10 @@ void ir_attn_layout(const Graph *g, const Op *op, IrAttnLayout *L)
     L->v = v ? (IrAttnStride){L->Tk * v->dim[2], D, v->dim[2], a[5]} : L->k;
     L->o = L->dq = (IrAttnStride){L->Tq * W, D, W, 0};
     L->dk = L->dv = (IrAttnStride){L->Tk * W, D, W, 0};
+    if (op->code == OP_ATTENTION_DQKV) { /* the gradients where q, k, v sit */
+        L->dq = L->q;
+        L->dk = L->k;
+        L->dv = L->v;
+    }
     L->st = (IrAttnStride){L->Tq * H, 1, H, 0};
 }

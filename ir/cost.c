@@ -36,16 +36,19 @@ static double attention_pairs(const IrAttnLayout *L, bool causal)
     return B * (full * (full + 1) / 2 + (Tq - full) * Tk);
 }
 
-static double attention_flops(const Graph *g, const Op *op)
+double ir_attn_flops(const Graph *g, const Op *op, Opcode code)
 {
     IrAttnLayout L;
     ir_attn_layout(g, op, &L);
-    double D = (double)L.D, Dv = op->code == OP_ATTENTION_LSE ? 0 : (double)L.Dv;
+    double D = (double)L.D, Dv = code == OP_ATTENTION_LSE ? 0 : (double)L.Dv;
     double per;
-    switch (op->code) {
+    switch (code) {
     case OP_ATTENTION: per = 2 * D + 4 + 2 * Dv; break;
     case OP_ATTENTION_LSE: per = 2 * D + 4; break;
     case OP_ATTENTION_DV: per = 2 * D + 4 + 2 * Dv; break;
+    case OP_ATTENTION_DQKV: /* dq, dk and dv */
+        per = 2 * (2 * D + 4 + 2 * Dv + 2 + 2 * D) + 2 * D + 4 + 2 * Dv;
+        break;
     default: per = 2 * D + 4 + 2 * Dv + 2 + 2 * D; break; /* dq, dk */
     }
     return attention_pairs(&L, op->attr.ia[0] != 0) * per;
@@ -69,7 +72,7 @@ double ir_op_flops(const Graph *g, const Op *op)
         if (op->code == OP_SCATTER_ADD)
             return numel(g, op->in[1]) * info->flops_per_elem;
         return 0;
-    case OC_ATTN: return attention_flops(g, op);
+    case OC_ATTN: return ir_attn_flops(g, op, op->code);
     default: return 0;
     }
 }

@@ -112,7 +112,9 @@ void ir_infer_names(const Graph *g, Opcode code, const int *in, int nin, const O
     case OC_ATTN: {
         const Shape *q = x, *v = opnd(g, in, nin, 2);
         int rk = r->rank;
-        if (ir_attn_heads(a)) { /* [B, T, ...]: B from q, T from q (k for dk, dv) */
+        if (code == OP_ATTENTION_DQKV)
+            take_all(r, q);
+        else if (ir_attn_heads(a)) { /* [B, T, ...]: B from q, T from q (k for dk, dv) */
             take(r, 0, q, 0);
             take(r, 1, code == OP_ATTENTION_DK || code == OP_ATTENTION_DV ? y : q, 1);
         } else if (code == OP_ATTENTION_DK)

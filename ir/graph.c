@@ -389,6 +389,29 @@ static bool attention_grad_operands(const Graph *g, const char *name, const Shap
     return true;
 }
 
+/* attention_dqkv's typing past the head layout's (ir.h): q, k, v of one
+ * type [B, T, 3*H*D] whose three head ranges partition the columns. */
+static bool infer_attention_dqkv(const Graph *g, const Shape *const *s, const OpAttr *a,
+                                 Shape *out, char *err, size_t errlen)
+{
+    char b0[160], b1[160], b2[160];
+    int64_t W = a->ia[1] * a->ia[2];
+    if (!shape_eq(s[1], s[0]) || !shape_eq(s[2], s[0]) || s[0]->dim[2] / 3 != W ||
+        s[0]->dim[2] % 3)
+        FAIL("attention_dqkv: q, k and v must be one type [B, T, 3*%lld] (got %s, %s and %s)",
+             (long long)W, shape_str(g, s[0], b0, sizeof b0), shape_str(g, s[1], b1, sizeof b1),
+             shape_str(g, s[2], b2, sizeof b2));
+    const int64_t *off = &a->ia[3];
+    for (int x = 0; x < 3; x++)
+        for (int y = x + 1; y < 3; y++)
+            if (off[x] < off[y] + W && off[y] < off[x] + W)
+                FAIL("attention_dqkv: the q, k and v columns must not overlap (got qoff=%lld, "
+                     "koff=%lld, voff=%lld, heads*hd=%lld)",
+                     (long long)off[0], (long long)off[1], (long long)off[2], (long long)W);
+    *out = *s[0];
+    return true;
+}
+
 /* The head layout's typing (ir.h): q, k, v rank 3 [B, T, W] of one float
  * dtype and B, each head's columns inside its rows; o, dO and the
  * gradients [B, T, H*D]; lse and delta f32 [B, Tq, H, 1]. */
@@ -430,6 +453,8 @@ static bool infer_attention_heads(const Graph *g, Opcode code, const Shape *cons
     }
     if (!attention_grad_operands(g, name, s, &o, &row, err, errlen))
         return false;
+    if (code == OP_ATTENTION_DQKV)
+        return infer_attention_dqkv(g, s, a, out, err, errlen);
     *out = o;
     if (code != OP_ATTENTION_DQ)
         out->dim[1] = Tk;
@@ -450,6 +475,8 @@ static bool infer_attention(const Graph *g, Opcode code, const Shape *const *s,
         FAIL("%s: scale must be positive and finite (got %g)", name, a->f);
     if (ir_attn_heads(a))
         return infer_attention_heads(g, code, s, a, out, err, errlen);
+    if (code == OP_ATTENTION_DQKV)
+        FAIL("attention_dqkv: needs the head layout (heads, hd, qoff, koff, voff)");
     const Shape *q = s[0], *k = s[1], *v = code == OP_ATTENTION_LSE ? NULL : s[2];
     int rk = q->rank;
     if (rk < 2 || k->rank != rk || (v && v->rank != rk))

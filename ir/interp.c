@@ -210,23 +210,26 @@ static void attention_eval(const Graph *g, const Op *op, double **val, double *r
                 /* gradients: P from lse, dS = P (dO v^T - delta) */
                 const double *go = dO + AT(L.o, b, h) + i * L.o.rs;
                 double lse = Lse[st + i * L.st.rs], delta = De[st + i * L.st.rs];
+                bool all = op->code == OP_ATTENTION_DQKV; /* dq, dk and dv */
                 for (int64_t j = 0; j < nj; j++) {
                     double p = exp(srow[j] - lse);
-                    if (op->code == OP_ATTENTION_DV) {
+                    if (all || op->code == OP_ATTENTION_DV) {
                         double *dv = r + AT(L.dv, b, h) + j * L.dv.rs;
                         for (int64_t d = 0; d < Dv; d++)
                             dv[d] += p * go[d];
-                        continue;
+                        if (!all)
+                            continue;
                     }
                     double dp = 0;
                     for (int64_t d = 0; d < Dv; d++)
                         dp += go[d] * v[j * vr + d];
                     double ds = sc * p * (dp - delta);
-                    if (op->code == OP_ATTENTION_DQ) {
+                    if (all || op->code == OP_ATTENTION_DQ) {
                         double *dq = r + AT(L.dq, b, h) + i * L.dq.rs;
                         for (int64_t d = 0; d < D; d++)
                             dq[d] += ds * k[j * kr + d];
-                    } else {
+                    }
+                    if (all || op->code == OP_ATTENTION_DK) {
                         double *dk = r + AT(L.dk, b, h) + j * L.dk.rs;
                         for (int64_t d = 0; d < D; d++)
                             dk[d] += ds * q[i * qr + d];
@@ -502,7 +505,7 @@ static void eval(const Graph *g, const Op *op, double **val, const InterpOpts *o
             r[i] = ir_rand_u01(o->seed, (uint64_t)a->ia[0], (uint64_t)o->step, (uint64_t)i);
         break;
     case OP_ATTENTION: case OP_ATTENTION_LSE: case OP_ATTENTION_DQ: case OP_ATTENTION_DK:
-    case OP_ATTENTION_DV:
+    case OP_ATTENTION_DV: case OP_ATTENTION_DQKV:
         attention_eval(g, op, val, r);
         break;
     default:

@@ -223,7 +223,8 @@ typedef enum {
     X(ATTENTION_LSE, "attention_lse", 2, OC_ATTN,   AK_ATTN,  0)         \
     X(ATTENTION_DQ,  "attention_dq",  6, OC_ATTN,   AK_ATTN,  0)         \
     X(ATTENTION_DK,  "attention_dk",  6, OC_ATTN,   AK_ATTN,  0)         \
-    X(ATTENTION_DV,  "attention_dv",  6, OC_ATTN,   AK_ATTN,  0)
+    X(ATTENTION_DV,  "attention_dv",  6, OC_ATTN,   AK_ATTN,  0)         \
+    X(ATTENTION_DQKV, "attention_dqkv", 6, OC_ATTN,  AK_ATTN,  0)
 /* clang-format on */
 
 typedef enum {
@@ -335,6 +336,14 @@ const char *ir_class_name(OpClass c);
  *            H*D), head h of q at q[b, i, a + h*D + d] (k at b, v at c), Dv
  *            = D. o, dO, dq, dk, dv are [B, T, H*D] (element (b, h, i, d)
  *            at [b, i, h*D + d]); lse and delta f32 [B, Tq, H, 1].
+ * attention_dqkv(q, k, v, dO, lse, delta) {head layout only} -> q's type
+ *            [B, T, W]: dq, dk and dv side by side, as one [B, T, 3C] qkv
+ *            tensor's gradient: columns qoff + h*D + d hold dq (b, h, i, d),
+ *            koff + ... dk, voff + ... dv. q, k and v have one type [B, T,
+ *            W] with W = 3*H*D, and the three column ranges [off, off + H*D)
+ *            partition [0, W), so every element is defined. The attndqkv
+ *            pass makes it from concat(dq, dk, dv); it runs as the dq and
+ *            the dk/dv kernels, both writing its one buffer.
  */
 
 
@@ -511,6 +520,10 @@ typedef struct {
  * ir_infer). */
 void ir_attn_layout(const Graph *g, const Op *op, IrAttnLayout *L);
 static inline bool ir_attn_heads(const OpAttr *a) { return a->nia == 6; }
+/* attn.c: whether two attention-family ops' attributes are all equal
+ * (causal, scale and, in the head layout, heads, hd and the offsets): the
+ * ops of one attention group, as the passes and codegen pair them. */
+bool ir_attn_same_attrs(const OpAttr *a, const OpAttr *b);
 /* dimnames.c: the names of r's dims (r->dname) for an op whose dims
  * ir_infer has computed into r. A dim keeps the name of the operand axis
  * it carries through (elementwise ops, reduce's kept axes, matmul's
@@ -573,6 +586,10 @@ Graph *ir_parse(const char *text, const char *name, char *err, size_t errlen);
 
 /* cost.c: counts per op (the MFU report and cost models use them) */
 double ir_op_flops(const Graph *g, const Op *op);
+/* The FLOPs of attention-family op `code` on attention op op's operands
+ * and layout (code == op->code: ir_op_flops; attention_dqkv's kernels
+ * count their dq or dk and dv parts with it). */
+double ir_attn_flops(const Graph *g, const Op *op, Opcode code);
 double ir_op_bytes(const Graph *g, const Op *op); /* bytes read + written */
 double ir_graph_flops(const Graph *g);
 

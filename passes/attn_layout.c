@@ -252,9 +252,7 @@ static void visit(Topo *t, int i)
         for (int j = 0; j < t->g->ops.n; j++) {
             const Op *l = &t->g->ops.v[j];
             if (l->code == OP_ATTENTION_LSE && l->in[0] == op->in[0] && l->in[1] == op->in[1] &&
-                ir_attn_heads(&l->attr) &&
-                memcmp(l->attr.ia, op->attr.ia, sizeof(int64_t) * 6) == 0 &&
-                l->attr.f == op->attr.f)
+                ir_attn_same_attrs(&l->attr, &op->attr))
                 visit(t, j);
         }
 }

@@ -100,6 +100,10 @@ bool pass_attention(Graph *g, const PassOpts *o, Diag *d);
  * are head splits of [B, T, *] tensors into the head layout (ir.h), so that
  * no copy runs around it; off unless o->attention. */
 bool pass_attention_layout(Graph *g, const PassOpts *o, Diag *d);
+/* attn_dqkv.c: after simplify, turns concat(dq, dk, dv) of one head-layout
+ * attention group into one attention_dqkv op (ir.h) whose kernels write the
+ * [B, T, 3C] gradient in place of the concat; off unless o->attention. */
+bool pass_attention_dqkv(Graph *g, const PassOpts *o, Diag *d);
 
 /* autodiff.c: reverse mode from the graph output "loss" (a scalar float).
  * Adds one output "grad.NAME" per param NAME (zeros when the loss does not

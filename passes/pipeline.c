@@ -28,6 +28,7 @@ const Pass pass_list[] = {
     {"attnlayout", pass_attention_layout},
     {"optimizer", pass_optimizer},
     {"simplify", pass_simplify},
+    {"attndqkv", pass_attention_dqkv},
     {"remat", pass_remat},
     {"fuse", pass_fuse},
     {"comm", pass_comm},

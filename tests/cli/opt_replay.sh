@@ -2,7 +2,7 @@
 # Every pass replays: kiln compile's dump after pass k, run through pass k+1
 # with `kiln opt FILE --passes=P(k+1)` and the same settings, is
 # byte-identical to the pipeline's own dump after pass k+1, for every pass
-# (attention .. memplan, attnlayout among them) and for three sets of flags in which remat
+# (attention .. memplan, attnlayout and attndqkv among them) and for four sets of flags in which remat
 # recomputes, comm places buckets and fuse groups. Then kiln opt's errors:
 # a parse error names FILE:LINE, a bad --passes or --set is refused.
 set -u
@@ -10,7 +10,7 @@ fail() { echo "FAIL: $*"; exit 1; }
 dir=$(mktemp -d "${TMPDIR:-/tmp}/kiln-replay.XXXXXX")
 trap 'rm -rf "$dir"' EXIT
 
-passes=(frontend attention autodiff attnlayout optimizer simplify remat fuse comm schedule memplan)
+passes=(frontend attention autodiff attnlayout optimizer simplify attndqkv remat fuse comm schedule memplan)
 peak() { sed -n 's/^planned peak: .*(\([0-9]*\) bytes.*/\1/p' "$1"; }
 $KILN compile models/gpt.lua --nproc 2 > "$dir/none.txt" 2>&1 || fail "compile: $(cat "$dir/none.txt")"
 $KILN compile models/gpt.lua --nproc 2 --remat=full > "$dir/full.txt" 2>&1 || fail "compile --remat=full"
@@ -41,16 +41,20 @@ replay() { # FLAGS...: compile with them, replay every pass with kiln opt
 }
 
 replay --nproc 2 --memory-budget "$budget"
-grep -q ' !recompute' "$dir/1/06-remat.ir" || fail "remat recomputed nothing (test too weak)"
-grep -q '= allreduce_start ' "$dir/1/08-comm.ir" || fail "comm placed no all-reduce (test too weak)"
-grep -q '^# group ' "$dir/1/07-fuse.ir" || fail "fuse made no group (test too weak)"
+grep -q ' !recompute' "$dir/1/07-remat.ir" || fail "remat recomputed nothing (test too weak)"
+grep -q '= allreduce_start ' "$dir/1/09-comm.ir" || fail "comm placed no all-reduce (test too weak)"
+grep -q '^# group ' "$dir/1/08-fuse.ir" || fail "fuse made no group (test too weak)"
 replay --nproc 2 --no-overlap --remat=selective --set grad_accum=2 --set bucket_mb=0.05
 replay --no-fuse --remat=full
+# fused attention (off on the CPU by default): attnlayout and attndqkv rewrite
+replay --fuse-attention
+grep -q '= attention_dqkv ' "$dir/4/06-attndqkv.ir" ||
+    fail "attndqkv made no attention_dqkv (test too weak)"
 
 # several passes in one run equal the pipeline too
-$KILN opt "$dir/1/05-simplify.ir" --passes=remat,fuse,comm,schedule --set weight_decay=0.1 \
+$KILN opt "$dir/1/06-attndqkv.ir" --passes=remat,fuse,comm,schedule --set weight_decay=0.1 \
     --nproc 2 --memory-budget "$budget" > "$dir/chain" 2>&1 || fail "chain: $(cat "$dir/chain")"
-cmp -s "$dir/chain" "$dir/1/09-schedule.ir" || fail "remat..schedule in one kiln opt run differs"
+cmp -s "$dir/chain" "$dir/1/10-schedule.ir" || fail "remat..schedule in one kiln opt run differs"
 
 # errors: file:line, unknown pass, missing --passes, a bad --set, no file
 printf 'kiln-ir v1\n%%x:f32[4] = input "x"\n%%y:f32[4] = neg %%zz\noutput "loss" %%y\n' > "$dir/bad.ir"

@@ -7,7 +7,10 @@
  * 128 and odd ones (24, 40), Tq != Tk; and in the head layout (ir.h: q, k,
  * v strided out of one [B, T, 3*H*D + 7] buffer, outputs [B, T, H*D], lse
  * and delta [B, T, H]), f32 and bf16, causal and not, T = 1 and 37/70/83,
- * D 32/64/128. The interpreter (ir/interp.c) does
+ * D 32/64/128; and attention_dqkv's layout (dq, dk, dv written into one
+ * buffer of q/k/v's layout at q's, k's and v's columns, the dk/dv kernel's
+ * dk and dv one param), which must leave every other column as it was.
+ * The interpreter (ir/interp.c) does
  * not implement the attention ops on this branch, so the reference is this
  * file's own.
  *
@@ -16,7 +19,8 @@
  * the f32 product of P fetching its columns from the wrong lanes,
  * the forward skipping its last key tile, the dk/dv kernel starting one
  * query tile late under the causal mask, the head layout's tiles read with
- * the plain row stride, dq stored with the plain row stride. */
+ * the plain row stride, dq stored with the plain row stride, dv stored at
+ * dk's columns of the one dqkv buffer. */
 #include "cg_cuda.h"
 #include "emu.h"
 #include "testutil.h"
@@ -34,18 +38,32 @@ typedef struct {
                   q, k, v read out of one [B, T, 3*H*D + 7] buffer at column
                   offsets 3, 3 + H*D, 3 + 2*H*D; o, dO, the gradients [B, T,
                   H*D]; lse, delta [B, T, H] (needs tq == tk, d == dv) */
+    bool dqkv; /* with heads: the gradients go to one buffer laid out like
+                  q, k, v (attention_dqkv), dk and dv one param */
 } Case;
 
 static const Case cases[] = {
-    {false, true, 2, 70, 70, 32, 32, 0.17, 0},   {false, false, 2, 70, 70, 64, 64, 0.125, 0},
-    {false, true, 1, 1, 1, 64, 64, 0.125, 0},    {false, true, 1, 83, 83, 128, 128, 0.088, 0},
-    {false, false, 2, 19, 45, 24, 40, 0.2, 0},   {true, true, 2, 70, 70, 32, 32, 0.17, 0},
-    {true, false, 2, 70, 70, 64, 64, 0.125, 0},  {true, true, 1, 1, 1, 64, 64, 0.125, 0},
-    {true, true, 1, 83, 83, 128, 128, 0.088, 0}, {true, false, 1, 19, 45, 24, 40, 0.2, 0},
-    {true, true, 1, 130, 130, 64, 64, 0.125, 0},
+    {false, true, 2, 70, 70, 32, 32, 0.17, 0, false},
+    {false, false, 2, 70, 70, 64, 64, 0.125, 0, false},
+    {false, true, 1, 1, 1, 64, 64, 0.125, 0, false},
+    {false, true, 1, 83, 83, 128, 128, 0.088, 0, false},
+    {false, false, 2, 19, 45, 24, 40, 0.2, 0, false},
+    {true, true, 2, 70, 70, 32, 32, 0.17, 0, false},
+    {true, false, 2, 70, 70, 64, 64, 0.125, 0, false},
+    {true, true, 1, 1, 1, 64, 64, 0.125, 0, false},
+    {true, true, 1, 83, 83, 128, 128, 0.088, 0, false},
+    {true, false, 1, 19, 45, 24, 40, 0.2, 0, false},
+    {true, true, 1, 130, 130, 64, 64, 0.125, 0, false},
     /* the head layout */
-    {false, true, 6, 70, 70, 32, 32, 0.17, 3},  {false, false, 2, 1, 1, 128, 128, 0.088, 2},
-    {true, true, 2, 83, 83, 64, 64, 0.125, 2},  {true, false, 4, 37, 37, 128, 128, 0.088, 2},
+    {false, true, 6, 70, 70, 32, 32, 0.17, 3, false},
+    {false, false, 2, 1, 1, 128, 128, 0.088, 2, false},
+    {true, true, 2, 83, 83, 64, 64, 0.125, 2, false},
+    {true, false, 4, 37, 37, 128, 128, 0.088, 2, false},
+    /* attention_dqkv: the gradients into one qkv-shaped buffer */
+    {false, true, 4, 37, 37, 32, 32, 0.17, 2, true},
+    {false, false, 2, 1, 1, 128, 128, 0.088, 2, true},
+    {true, true, 2, 83, 83, 64, 64, 0.125, 2, true},
+    {true, false, 3, 70, 70, 128, 128, 0.088, 3, true},
 };
 enum { NCASES = sizeof cases / sizeof cases[0] };
 
@@ -195,6 +213,12 @@ static CgCudaAttn desc(const Case *c, CgCudaAttnKind kind)
                     .want_dv = true};
     if (c->heads)
         a.lay = head_layout(c);
+    if (c->dqkv) {
+        a.lay.dq = a.lay.q;
+        a.lay.dk = a.lay.k;
+        a.lay.dv = a.lay.v;
+        a.one_dkv = true;
+    }
     return a;
 }
 
@@ -306,6 +330,16 @@ static double run_case(EmuModule *m, int i, bool quiet)
     void *po = H ? lo : o.p, *pdO = H ? ldO : dO.p, *pdq = H ? ldq : dq.p;
     void *pdk = H ? ldk : dk.p, *pdv = H ? ldv : dv.p;
     float *plse = H ? llse : lse, *pdelta = H ? ldelta : delta;
+    /* attention_dqkv: one gradient buffer shaped like qkv, every byte 0x7f
+     * before the kernels (what they must not write stays so) */
+    unsigned char *gq = NULL;
+    int64_t gbytes = H ? L.nb * c->tq * L.q.rs * es : 0;
+    if (c->dqkv) {
+        L = desc(c, CG_CUDA_ATTN_DQ).lay;
+        gq = malloc((size_t)gbytes);
+        memset(gq, 0x7f, (size_t)gbytes);
+        pdq = pdk = pdv = gq;
+    }
     char name[64];
     CgCudaAttn a = desc(c, CG_CUDA_ATTN_FWD);
     snprintf(name, sizeof name, "attn%d_fwd", i);
@@ -318,12 +352,27 @@ static double run_case(EmuModule *m, int i, bool quiet)
     a = desc(c, CG_CUDA_ATTN_DKDV);
     snprintf(name, sizeof name, "attn%d_dkdv", i);
     void *ka[] = {&pq, &pk, &pv, &pdO, &plse, &pdelta, &pdk, &pdv};
-    launch(m, name, &a, ka);
+    launch(m, name, &a, ka); /* dqkv: one param dkv, the 7th */
+    double gap = 0; /* dqkv: the columns no gradient owns, changed: infinite */
+    if (c->dqkv) {
+        unsigned char *own = calloc((size_t)gbytes, 1), one = 1;
+        const IrAttnStride *gs[3] = {&L.dq, &L.dk, &L.dv};
+        for (int x = 0; x < 3; x++)
+            for (int64_t b = 0; b < c->bh; b++)
+                for (int64_t r = 0; r < c->tq; r++)
+                    for (int64_t d = 0; d < c->d; d++)
+                        for (int y = 0; y < es; y++)
+                            own[at(gs[x], H, b, r, d) * es + y] = one;
+        for (int64_t y = 0; y < gbytes; y++)
+            if (!own[y] && gq[y] != 0x7f)
+                gap = INFINITY;
+        free(own);
+    }
     if (H) {
         relayout(o.p, lo, es, &L.o, H, c->bh, c->tq, c->d, true);
-        relayout(dq.p, ldq, es, &L.dq, H, c->bh, c->tq, c->d, true);
-        relayout(dk.p, ldk, es, &L.dk, H, c->bh, c->tk, c->d, true);
-        relayout(dv.p, ldv, es, &L.dv, H, c->bh, c->tk, c->d, true);
+        relayout(dq.p, pdq, es, &L.dq, H, c->bh, c->tq, c->d, true);
+        relayout(dk.p, pdk, es, &L.dk, H, c->bh, c->tk, c->d, true);
+        relayout(dv.p, pdv, es, &L.dv, H, c->bh, c->tk, c->d, true);
         relayout(lse, llse, 4, &L.st, H, c->bh, c->tq, 1, true);
         free(qkv);
         free(lo);
@@ -333,20 +382,22 @@ static double run_case(EmuModule *m, int i, bool quiet)
         free(ldv);
         free(llse);
         free(ldelta);
+        free(gq);
     }
     Buf lb = {lse, NULL, nq};
     double e[5] = {err_of(&o, h, ro, nq * c->dv), err_of(&lb, false, rl, nq),
                    err_of(&dq, h, rdq, nq * c->d), err_of(&dk, h, rdk, nk * c->d),
                    err_of(&dv, h, rdv, nk * c->dv)};
-    double worst = 0;
+    double worst = gap;
     for (int j = 0; j < 5; j++)
         worst = e[j] > worst || e[j] != e[j] ? e[j] : worst;
     if (!quiet)
         fprintf(stderr,
                 "case %2d %s %s bh=%d Tq=%d Tk=%d D=%d Dv=%d%s: o %.2e lse %.2e dq %.2e dk %.2e "
-                "dv %.2e\n",
+                "dv %.2e%s\n",
                 i, h ? "bf16" : "f32 ", c->causal ? "causal" : "full  ", c->bh, c->tq, c->tk,
-                c->d, c->dv, c->heads ? " heads" : "", e[0], e[1], e[2], e[3], e[4]);
+                c->d, c->dv, c->dqkv ? " dqkv" : c->heads ? " heads" : "", e[0], e[1], e[2], e[3],
+                e[4], gap > 0 ? " (a column no gradient owns was written)" : "");
     buf_free(&q);
     buf_free(&k);
     buf_free(&v);
@@ -443,6 +494,10 @@ static void test_negative_controls(void **state)
     negative("kiln_attn_sh(&v, x, (r0 + r) * ld + c);", "kiln_attn_sh(&v, x, (r0 + r) * W + c);",
              hl, 2);
     negative("kiln_attn_st(dq, row * L.rs[KILN_ADQ] + c,", "kiln_attn_st(dq, row * D + c,", hl,
+             2);
+    /* attention_dqkv: dv stored at dk's columns of the one buffer */
+    static const int dqkv[] = {15, 17};
+    negative("dv += kiln_attn_at(L, KILN_ADV, bh);", "dv += kiln_attn_at(L, KILN_ADK, bh);", dqkv,
              2);
 }
 

@@ -241,7 +241,7 @@ static void backend_vs_interp(Graph *g, int threads, double tol, const char *wha
     }
     /* the plan: one forward kernel writes o and lse, one writes dk and dv */
     const CgPlan *p = rt_exec_plan(e);
-    int fwd_both = 0, dkv_both = 0, lse_alone = 0;
+    int fwd_both = 0, dkv_both = 0, lse_alone = 0, dqkv_parts = 0;
     for (int s = 0; s < p->steps.n; s++) {
         if (p->steps.v[s].kind != CG_STEP_KERNEL)
             continue;
@@ -249,7 +249,17 @@ static void backend_vs_interp(Graph *g, int threads, double tol, const char *wha
         fwd_both += a->kind == CG_ATTN_FWD && a->o >= 0 && a->lse >= 0;
         lse_alone += a->kind == CG_ATTN_FWD && a->o < 0;
         dkv_both += a->kind == CG_ATTN_DKV && a->dk >= 0 && a->dv >= 0;
+        /* attention_dqkv: a dq and a dk/dv kernel, each writing its result */
+        if (a->kind != CG_ATTN_NONE && g->ops.v[a->ops[0]].code == OP_ATTENTION_DQKV) {
+            int res = g->ops.v[a->ops[0]].out;
+            int w = a->kind == CG_ATTN_DQ ? a->dq : a->dk;
+            assert_true(w >= 0 && p->kernels.v[p->steps.v[s].kernel]->params.v[w].tensor == res);
+            if (a->kind == CG_ATTN_DKV)
+                assert_int_equal(a->dk, a->dv);
+            dqkv_parts += a->kind == CG_ATTN_DQ ? 1 : 10;
+        }
     }
+    assert_int_equal(dqkv_parts, 11 * count_code(g, OP_ATTENTION_DQKV));
     if (count_code(g, OP_ATTENTION_LSE) && count_code(g, OP_ATTENTION)) {
         assert_int_equal(lse_alone, 0);
         assert_true(fwd_both >= 1);
@@ -371,7 +381,10 @@ static void test_backend_ops(void **state)
  * q, k, v head splits of one [2, T, 3C] input (k first, then v, then q),
  * dO a head split of a [2, T, C] input, delta = sum(dO * o), the outputs
  * merged back and dq, dk, dv concatenated. */
-static Graph *split_heads_graph(int T, int H, int D, int causal)
+/* qkv_order: the gradient concat joins dk, dv, dq (the qkv tensor's
+ * order: its gradient, which attndqkv turns into attention_dqkv); else
+ * dq, dk, dv (a different tensor, which it must leave alone). */
+static Graph *split_heads_graph(int T, int H, int D, int causal, bool qkv_order)
 {
     int C = H * D, W = 3 * C;
     char text[8192], at[64];
@@ -407,9 +420,9 @@ static Graph *split_heads_graph(int T, int H, int D, int causal)
                       gn[x], T, H, D, gn[x], gn[x], T, C, gn[x]);
     }
     snprintf(text + n, sizeof text - (size_t)n,
-             "%%dqkv:f32[2,%d,%d] = concat %%dqm, %%dkm, %%dvm {axis=2}\n"
+             "%%dqkv:f32[2,%d,%d] = concat %s {axis=2}\n"
              "output \"o\" %%om\noutput \"dqkv\" %%dqkv\n",
-             T, W);
+             T, W, qkv_order ? "%dkm, %dvm, %dqm" : "%dqm, %dkm, %dvm");
     return parse_or_fail(text);
 }
 
@@ -425,8 +438,12 @@ static void test_head_layout(void **state)
     static const struct {
         int T, H, D, causal;
     } c[] = {{1, 2, 32, 1}, {37, 2, 32, 1}, {70, 3, 64, 0}, {9, 1, 128, 1}, {33, 2, 64, 0}};
-    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
-        Graph *g1 = split_heads_graph(c[i].T, c[i].H, c[i].D, c[i].causal), *g2 = ir_clone(g1);
+    size_t nc = sizeof c / sizeof c[0];
+    for (size_t r = 0; r < 2 * nc; r++) {
+        size_t i = r % nc;
+        bool qkv = r >= nc; /* the concat is qkv's gradient */
+        Graph *g1 = split_heads_graph(c[i].T, c[i].H, c[i].D, c[i].causal, qkv),
+              *g2 = ir_clone(g1);
         PassOpts o;
         pass_opts_default(&o);
         Diag d = {{0}};
@@ -435,11 +452,17 @@ static void test_head_layout(void **state)
                      ir_opinfo[g2->ops.v[g2->ops.n - 1].code].cls == OC_ATTN);
         assert_int_equal(count_code(g2, OP_PERMUTE), count_code(g1, OP_PERMUTE));
         o.attention = true;
-        if (!pass_attention_layout(g2, &o, &d) || !pass_simplify(g2, &o, &d))
+        if (!pass_attention_layout(g2, &o, &d) || !pass_simplify(g2, &o, &d) ||
+            !pass_attention_dqkv(g2, &o, &d))
             fail_msg("passes: %s", d.msg);
         char err[1024];
         if (!ir_verify(g2, err, sizeof err))
             fail_msg("verify: %s", err);
+        /* attndqkv: the concat becomes attention_dqkv only when it is qkv's
+         * gradient (dq, dk, dv at q's, k's and v's columns) */
+        assert_int_equal(count_code(g2, OP_ATTENTION_DQKV), qkv);
+        assert_int_equal(count_code(g2, OP_CONCAT), !qkv);
+        assert_int_equal(count_code(g2, OP_ATTENTION_DQ), !qkv);
         assert_int_equal(count_code(g2, OP_PERMUTE), 0);
         assert_int_equal(count_code(g2, OP_SLICE), 0);
         int nattn = 0, C = c[i].H * c[i].D;
@@ -455,7 +478,7 @@ static void test_head_layout(void **state)
             assert_int_equal(op->attr.ia[4], 0);     /* k */
             assert_int_equal(op->attr.ia[5], C);     /* v */
         }
-        assert_int_equal(nattn, 5);
+        assert_int_equal(nattn, qkv ? 3 : 5);
         double **v1 = ir_interp_alloc(g1), **v2 = ir_interp_alloc(g2);
         fill_inputs(g1, v1, NULL);
         for (int t = 0; t < g1->t.n; t++) /* same inputs (inputs keep their ids) */
@@ -531,6 +554,11 @@ static void test_gpt_step_on_off(void **state)
             if (!pass_pipeline(g[on], &po, NULL, NULL, NULL, &d))
                 fail_msg("pipeline: %s", d.msg);
             assert_int_equal(count_code(g[on], OP_ATTENTION) > 0, on);
+            if (c < 2) /* gpt: one attention_dqkv per layer, no concat left */
+                assert_int_equal(count_code(g[on], OP_ATTENTION_DQKV),
+                                 on ? atoi(sets[c][3] + 2) : 0);
+            if (c < 2 && on)
+                assert_int_equal(count_code(g[on], OP_CONCAT), 0);
             ExecOpts eo = {.threads = 2};
             if (!(e[on] = rt_exec_create(g[on], &eo, &d)))
                 fail_msg("rt_exec_create: %s", d.msg);
@@ -578,6 +606,89 @@ static void test_gpt_step_on_off(void **state)
     }
 }
 
+/* schedule puts each attention_lse right after its own attention op (the
+ * backends then run the two as one kernel), comparing every attribute: two
+ * head-layout groups reading one qkv tensor at different offsets share q,
+ * k, causal and scale, and must not be paired across. Both lse ops come
+ * after both attention ops, the second group's lse first. */
+static void test_schedule_pairs_by_layout(void **state)
+{
+    (void)state;
+    const char *a1 = "{causal=1,scale=0.5,heads=2,hd=2,qoff=0,koff=4,voff=8}",
+               *a2 = "{causal=1,scale=0.5,heads=2,hd=2,qoff=4,koff=0,voff=8}";
+    char text[2048];
+    snprintf(text, sizeof text,
+             "kiln-ir v1\n%%a:f32[1,5,12] = input \"qkv\"\n"
+             "%%o1:f32[1,5,4] = attention %%a, %%a, %%a %s\n"
+             "%%o2:f32[1,5,4] = attention %%a, %%a, %%a %s\n"
+             "%%l2:f32[1,5,2,1] = attention_lse %%a, %%a %s\n"
+             "%%l1:f32[1,5,2,1] = attention_lse %%a, %%a %s\n"
+             "output \"o1\" %%o1\noutput \"o2\" %%o2\noutput \"l1\" %%l1\n"
+             "output \"l2\" %%l2\n",
+             a1, a2, a2, a1);
+    Graph *g = parse_or_fail(text);
+    finish(g);
+    int paired = 0;
+    for (int i = 0; i < g->ops.n; i++) {
+        const Op *l = &g->ops.v[i];
+        if (l->code != OP_ATTENTION_LSE)
+            continue;
+        assert_true(i > 0);
+        const Op *a = &g->ops.v[i - 1];
+        if (a->code != OP_ATTENTION || !ir_attn_same_attrs(&a->attr, &l->attr))
+            fail_msg("attention_lse {qoff=%lld} at %d follows %s {qoff=%lld}",
+                     (long long)l->attr.ia[3], i, ir_opinfo[a->code].name,
+                     (long long)a->attr.ia[3]);
+        paired++;
+    }
+    assert_int_equal(paired, 2);
+    backend_vs_interp(g, 1, 2e-5, "two groups on one qkv");
+    ir_free(g);
+}
+
+/* gpt 124M (batch 16 x 1024, bf16) as the CUDA backend compiles it: the
+ * gradient of each layer's [B, T, 3C] qkv projection is one attention_dqkv
+ * op run as two kernels (dq, dk/dv) writing one buffer; no concat op and no
+ * concat kernel is left in the step (issue 16: the 12 concats of dq, dk,
+ * dv cost 0.43 ms of the predicted H200 step). */
+static void test_gpt124m_no_qkv_concat(void **state)
+{
+    (void)state;
+    const char *sets[] = {"size=124M", "batch=16", "precision=bf16"};
+    Model *m = load_model("models/gpt.lua", sets, 3);
+    PassOpts po;
+    RtGraphFlags gf = {.memory_budget = -1, .cuda = true};
+    rt_pass_opts(&m->train, &gf, &po);
+    Diag d = {{0}};
+    if (!pass_pipeline(m->g, &po, NULL, NULL, NULL, &d))
+        fail_msg("pipeline: %s", d.msg);
+    assert_int_equal(count_code(m->g, OP_CONCAT), 0);
+    assert_int_equal(count_code(m->g, OP_ATTENTION_DQKV), 12);
+    assert_int_equal(count_code(m->g, OP_ATTENTION_DQ) + count_code(m->g, OP_ATTENTION_DK) +
+                         count_code(m->g, OP_ATTENTION_DV),
+                     0);
+    CgPlan *p = cg_plan(m->g, &d);
+    if (!p)
+        fail_msg("plan: %s", d.msg);
+    int dq = 0, dkv = 0, concat = 0;
+    for (int s = 0; s < p->steps.n; s++) {
+        const CgStep *st = &p->steps.v[s];
+        if (st->kind != CG_STEP_KERNEL)
+            continue;
+        const CgKernel *k = p->kernels.v[st->kernel];
+        concat += m->g->ops.v[st->op].code == OP_CONCAT || strstr(st->name, "concat");
+        if (m->g->ops.v[st->op].code == OP_ATTENTION_DQKV) {
+            dq += k->attn.kind == CG_ATTN_DQ;
+            dkv += k->attn.kind == CG_ATTN_DKV;
+        }
+    }
+    assert_int_equal(concat, 0);
+    assert_int_equal(dq, 12);
+    assert_int_equal(dkv, 12);
+    cg_plan_free(p);
+    fe_model_free(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -588,6 +699,8 @@ int main(void)
         cmocka_unit_test(test_head_layout),
         cmocka_unit_test(test_cost),
         cmocka_unit_test(test_gpt_step_on_off),
+        cmocka_unit_test(test_schedule_pairs_by_layout),
+        cmocka_unit_test(test_gpt124m_no_qkv_concat),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -501,8 +501,8 @@ static void test_checks_bite(void **state)
 /* The fused attention kernels (codegen/cuda_attn.c) on their own: forward
  * (o and lse, o alone, lse alone), dq and dk+dv (both, dv alone), f32 and
  * bf16, causal and not, head sizes 32, 64 and 128 and an odd one (40),
- * and in the head layout (strided q/k/v rows, ir.h) (42 functions, no two
- * alike), in one program compiled for sm_90 and
+ * and in the head layout (strided q/k/v rows, ir.h), also as attention_dqkv's
+ * two kernels (46 functions, no two alike), in one program compiled for sm_90 and
  * sm_80 (in parallel): no error, no warning, every function in the cubin,
  * ptxas' figures (registers, shared memory, spills: cg_cuda_ptxas, what the
  * cost model reads) for every function, and no register spill in any of
@@ -528,10 +528,13 @@ static void test_attention_kernels(void **state)
         {2, 64, 1, 1, 1, 0},
     };
     /* and the head layout (ir.h) of gpt 124M: 12 heads of 64 read out of
-     * [1, 1024, 2304] qkv rows; forward, dq, dk+dv, and a forward at 128 */
+     * [1, 1024, 2304] qkv rows; forward, dq, dk+dv, and a forward at 128;
+     * then attention_dqkv's dq and dk+dv kernels, writing the gradients
+     * into one [1, 1024, 2304] buffer (dk and dv one param) */
     static const struct {
         int kind, d;
-    } heads[] = {{0, 64}, {1, 64}, {2, 64}, {0, 128}};
+        bool dqkv;
+    } heads[] = {{0, 64, 0}, {1, 64, 0}, {2, 64, 0}, {0, 128, 0}, {1, 64, 1}, {2, 64, 1}};
     enum { NF = sizeof forms / sizeof forms[0], NH = sizeof heads / sizeof heads[0] };
     CgCudaFn fns[2 * (NF + NH)];
     memset(fns, 0, sizeof fns);
@@ -559,6 +562,12 @@ static void test_attention_kernels(void **state)
             a.lay.v = (IrAttnStride){T * W, D, W, 2 * H * D};
             a.lay.o = a.lay.dq = a.lay.dk = a.lay.dv = (IrAttnStride){T * H * D, D, H * D, 0};
             a.lay.st = (IrAttnStride){T * H, 1, H, 0};
+            if (heads[i].dqkv) {
+                a.lay.dq = a.lay.q;
+                a.lay.dk = a.lay.k;
+                a.lay.dv = a.lay.v;
+                a.one_dkv = true;
+            }
             CgCudaFn *f = &fns[2 * NF + bf * NH + i];
             f->name = xasprintf("attn_heads_%s_%d", bf ? "bf16" : "f32", i);
             Diag d = {{0}};
@@ -616,6 +625,10 @@ static void test_attention_kernels(void **state)
             fail_msg("attention kernels (%s): register spills, first at:\n%s", archs[a], where);
         fprintf(stderr, "attention (%s): %d functions, at most %d registers, no spills\n",
                 archs[a], q.fn.n, maxregs);
+        for (int i = 2 * NF; i < q.fn.n; i++)
+            fprintf(stderr, "  %s (kind %d, D %d%s): %d registers\n", fns[i].name,
+                    heads[(i - 2 * NF) % NH].kind, heads[(i - 2 * NF) % NH].d,
+                    heads[(i - 2 * NF) % NH].dqkv ? ", dqkv" : "", fns[i].regs);
         ncompiles++;
         rt_cuda_binary_free(&bin);
     }

@@ -432,6 +432,33 @@ static int b_attention(Ctx *c, int v)
     return ir_op_x(c->g, OP_ATTENTION, in, 3, &at, here(__LINE__));
 }
 
+/* Self-attention as gpt.lua writes it: q, k, v head splits of one [B, T,
+ * 3C] param (slice, reshape, permute), o merged back to [B, T, C]. The
+ * harness also checks its gradient after attnlayout, simplify and
+ * attndqkv (post_attention_passes), where qkv's gradient is one
+ * attention_dqkv op (the one place that op is differentiated against
+ * finite differences). */
+static int b_attention_qkv(Ctx *c, int v)
+{
+    static const struct {
+        int64_t B, T, H, D;
+        int causal;
+    } a[] = {{2, 5, 2, 32, 1}, {1, 1, 2, 32, 1}, {1, 37, 1, 4, 1}, {1, 3, 2, 64, 0},
+             {1, 2, 1, 128, 1}};
+    int64_t B = a[v].B, T = a[v].T, H = a[v].H, D = a[v].D, C = H * D;
+    int qkv = param(c, "qkv", F32(3, B, T, 3 * C));
+    int in[3];
+    OpAttr perm = {.nia = 4, .ia = {0, 2, 1, 3}};
+    for (int x = 0; x < 3; x++) {
+        OpAttr r = shape_attr(F32(4, B, T, H, D));
+        in[x] = op1(c, OP_PERMUTE, op1(c, OP_RESHAPE, slice_ax(c, qkv, 2, x * C, C), &r), &perm);
+    }
+    OpAttr at = {.nia = 1, .ia = {a[v].causal}, .f = 1 / sqrt((double)D)};
+    int o = ir_op_x(c->g, OP_ATTENTION, in, 3, &at, here(__LINE__));
+    OpAttr m = shape_attr(F32(3, B, T, C));
+    return op1(c, OP_RESHAPE, op1(c, OP_PERMUTE, o, &perm), &m);
+}
+
 static const Case cases[] = {
     {"logsumexp", b_logsumexp, 3, D_ANY}, {"take_along", b_take_along, 1, D_ANY},
     {"xent_lse", b_xent_lse, 1, D_ANY},
@@ -445,6 +472,7 @@ static const Case cases[] = {
     {"scatter_add", b_scatter, 1, D_ANY}, {"reduce", b_reduce, 4, D_ANY},
     {"matmul", b_matmul, 16, D_ANY},   {"xent", b_xent, 2, D_ANY},
     {"attention", b_attention, 7, D_ANY},
+    {"attention_qkv", b_attention_qkv, 5, D_ANY},
 };
 #define NCASES ((int)(sizeof cases / sizeof cases[0]))
 
@@ -458,7 +486,7 @@ static const Opcode no_grad_ops[] = {OP_CONST, OP_IOTA, OP_LT, OP_LE, OP_GT,
                                      OP_REDUCE_SCATTER_START, OP_REDUCE_SCATTER_WAIT,
                                      OP_ALL_GATHER, OP_ALL_GATHER_START, OP_ALL_GATHER_WAIT,
                                      OP_ATTENTION_LSE, OP_ATTENTION_DQ,
-                                     OP_ATTENTION_DK, OP_ATTENTION_DV};
+                                     OP_ATTENTION_DK, OP_ATTENTION_DV, OP_ATTENTION_DQKV};
 
 /* ---- harness -------------------------------------------------------------- */
 
@@ -563,6 +591,30 @@ static bool run_case(const Case *k, int variant)
 
     double **val = bind(gb, &c);
     ir_interp(gb, val, NULL);
+    /* with attention: also the graph after the passes that rewrite its
+     * backward (the head layout, attention_dqkv) */
+    Graph *gl = NULL;
+    double **vall = NULL;
+    bool attn = false;
+    for (int i = 0; i < c.g->ops.n; i++)
+        attn |= c.g->ops.v[i].code == OP_ATTENTION;
+    if (attn) {
+        gl = ir_clone(gb);
+        PassOpts ol = o;
+        ol.attention = true;
+        if (!pass_attention_layout(gl, &ol, &d) || !pass_simplify(gl, &ol, &d) ||
+            !pass_attention_dqkv(gl, &ol, &d))
+            fail_msg("%s/%d: attention passes: %s", k->name, variant, d.msg);
+        if (!ir_verify(gl, err, sizeof err))
+            fail_msg("%s/%d: graph invalid after the attention passes: %s", k->name, variant,
+                     err);
+        int ndqkv = 0;
+        for (int i = 0; i < gl->ops.n; i++)
+            ndqkv += gl->ops.v[i].code == OP_ATTENTION_DQKV;
+        assert_int_equal(ndqkv, strcmp(k->name, "attention_qkv") == 0);
+        vall = bind(gl, &c);
+        ir_interp(gl, vall, NULL);
+    }
     assert_true(fabs(val[ir_find_output(gb, "loss")][0] - eval_loss(c.g, &c)) < 1e-12);
     for (int i = 0; i < c.nin; i++) {
         int t = ir_find_tensor(c.g, c.name[i]);
@@ -584,6 +636,15 @@ static bool run_case(const Case *k, int variant)
             fd[j] = (lp - lm) / (2 * h);
         }
         double e = rel_err(val[gt], fd, np);
+        if (gl) {
+            double el = rel_err(vall[ir_find_output(gl, gname)], fd, np);
+            if (!(el < 1e-6)) {
+                print_error("%s/%d: %s after the attention passes: relative error %.3g "
+                            "(expected < 1e-6)\n",
+                            k->name, variant, gname, el);
+                ok = false;
+            }
+        }
         if (!(e < 1e-6)) {
             for (int64_t j = 0; j < np; j++)
                 print_message("  %s[%lld]: autodiff %.10g, finite differences %.10g\n", gname,
@@ -597,6 +658,10 @@ static bool run_case(const Case *k, int variant)
     }
     ir_interp_free(gb, val);
     ir_free(gb);
+    if (gl) {
+        ir_interp_free(gl, vall);
+        ir_free(gl);
+    }
     free_ctx(&c);
     return ok;
 }

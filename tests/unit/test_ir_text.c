@@ -86,7 +86,7 @@ static Graph *build_all(void)
     int xp = OP(g, OP_PERMUTE, ((OpAttr){.ia = {0, 2, 1}, .nia = 3}), x);
     OP(g, OP_SLICE, ((OpAttr){.ia = {0, 1, 0}, .nia = 3, .rank = 3, .shape = {2, 2, 4}}), x);
     OP(g, OP_PAD, ((OpAttr){.ia = {0, 1, 2}, .nia = 3, .rank = 3, .shape = {2, 5, 7}}), x);
-    OP(g, OP_CONCAT, ((OpAttr){.ia = {2}, .nia = 1}), x, x, y);
+    int qkv = OP(g, OP_CONCAT, ((OpAttr){.ia = {2}, .nia = 1}), x, x, y);
     int sc = OP(g, OP_SCATTER_ADD, ((OpAttr){.rank = 2, .shape = {5, 4}, .dname = {intern("V")}}),
                 tok, x);
     last_op(g)->flags = OPF_BACKWARD;
@@ -128,6 +128,10 @@ static Graph *build_all(void)
     int tok_ag = OP(g, OP_ALL_GATHER_START, SHA(5, 0), sh, wte, sc);
     OP(g, OP_ALL_GATHER_WAIT, SHA(5, 20), tok_ag, sh, sc);
 #undef SHA
+    /* attention_dqkv (last: the ids printed above stay): 2 heads of size 2,
+     * q, k, v at columns 8, 0, 4 of qkv's 12 */
+    OpAttr ad = {.ia = {1, 2, 2, 8, 0, 4}, .nia = 6, .f = 0.5};
+    OP(g, OP_ATTENTION_DQKV, ad, qkv, qkv, qkv, x, lh, lh);
     ir_add_output(g, "loss", loss);
     ir_add_output(g, "grad.wte", sc);
     ir_add_update(g, wte, sc);
@@ -413,6 +417,19 @@ static void test_malformed(void **state)
                  "%o:f32[2,5,8] = attention %q, %q, %q "
                  "{causal=1,scale=0.5,heads=2,hd=4,qoff=0,koff=4,voff=8}\n",
                  "t.ir:3: ", "attention: v's heads [8, 8 + 2*4) must lie inside its rows");
+    /* attention_dqkv: the head layout only, q/k/v ranges partitioning the row */
+#define DQKV_IN                                                                            \
+    "kiln-ir v1\n%q:f32[2,5,12] = input \"q\"\n%g:f32[2,5,4] = input \"g\"\n"             \
+    "%l:f32[2,5,2,1] = input \"l\"\n"
+    expect_error(DQKV_IN "%d:f32[2,5,12] = attention_dqkv %q, %q, %q, %g, %l, %l "
+                         "{causal=1,scale=0.5}\n",
+                 "t.ir:5: ", "attention_dqkv: needs the head layout");
+    expect_error(DQKV_IN "%d:f32[2,5,12] = attention_dqkv %q, %q, %q, %g, %l, %l "
+                         "{causal=1,scale=0.5,heads=2,hd=2,qoff=0,koff=2,voff=8}\n",
+                 "t.ir:5: ",
+                 "attention_dqkv: the q, k and v columns must not overlap (got qoff=0, "
+                 "koff=2, voff=8, heads*hd=4)");
+#undef DQKV_IN
     expect_error(HDR "%b:f32[N] = neg %a {value=1}\n", "t.ir:4: ", "neg takes no attributes");
     expect_error(HDR "%b:f32[N] = neg %a !fast\n", "t.ir:4: ", "unknown flag '!fast'");
     expect_error(HDR "%b:f32[N] = neg %a %a\n", "t.ir:4: ", "expected end of line");
