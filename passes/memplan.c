@@ -8,7 +8,11 @@
  * segment trees over positions that keep unions of address ranges
  * (Covers): O(log n) unions per temp instead of every temp it meets, so
  * placing is near-linear in the temps where their live ranges nest (a deep
- * model's saved activations) rather than quadratic. */
+ * model's saved activations) rather than quadratic.
+ *
+ * The timeline (live bytes per op) is also split: params' gradients
+ * (live_grad), activations saved for backward (live_saved), the rest other
+ * temporaries; kiln plan's memory rows come from that split. */
 #include "passes.h"
 
 #include <stdlib.h>
