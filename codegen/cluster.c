@@ -82,6 +82,41 @@ static void dp_comm(const CgClusterModel *m, const CgClusterOpts *o, double scal
     *exposed = busy_until > end ? busy_until - end : 0;
 }
 
+/* Memory per GPU: params and gradients over tp x pp, optimizer state too
+ * (and over dp with ZeRO-1 unless the step was compiled sharded), the other
+ * temporaries over tp (1F1B: the first stage holds pp micro-batches of its
+ * 1/pp of the layers). With several micro-batches the gradients accumulate
+ * across them, so all of them are held for the whole step, beside the
+ * other temporaries' peak. With one, the step's own timeline: the op where
+ * gradients live / (tp pp) + other temporaries / tp is largest, split
+ * there, so nothing is counted twice (with tp = pp = 1 the temporaries of
+ * the memory plan's peak). */
+void cg_cluster_memory(const CgClusterModel *m, const CgClusterOpts *o, CgClusterPlan *p)
+{
+    double split = (double)o->tp * o->pp;
+    p->mem_params = m->param_bytes / split;
+    int zdiv = o->zero && !m->opt_sharded ? o->dp : 1; /* a sharded step is one rank's */
+    p->mem_opt = m->opt_bytes / split / zdiv;
+    p->grads_resident = o->micro_batches > 1 || m->mem_nops == 0;
+    p->mem_op = -1;
+    p->mem_grads = p->grads_resident ? m->grad_bytes / split : 0;
+    p->mem_act = m->mem_nops == 0 ? m->act_bytes / o->tp : 0;
+    p->mem_saved = 0;
+    double best = -1;
+    for (int i = 0; i < m->mem_nops; i++) {
+        double gr = p->grads_resident ? m->grad_bytes / split : m->mem_grad[i] / split;
+        double x = gr + m->mem_act[i] / o->tp;
+        if (x > best) {
+            best = x;
+            p->mem_op = i;
+            p->mem_grads = gr;
+            p->mem_act = m->mem_act[i] / o->tp;
+            p->mem_saved = m->mem_saved[i] / o->tp;
+        }
+    }
+    p->mem_total = p->mem_params + p->mem_grads + p->mem_opt + p->mem_act;
+}
+
 bool cg_cluster_project(const CgClusterModel *m, const CgClusterOpts *o, CgClusterPlan *p,
                         char *why, size_t nwhy)
 {
@@ -99,13 +134,8 @@ bool cg_cluster_project(const CgClusterModel *m, const CgClusterOpts *o, CgClust
     p->sequences = (double)m->micro_batch * o->micro_batches * o->dp;
     p->tokens_per_step = p->sequences * (double)m->seq_len;
 
-    /* memory per GPU */
-    p->mem_params = m->param_bytes / split;
-    p->mem_grads = m->grad_bytes / split;
+    cg_cluster_memory(m, o, p);
     int zdiv = o->zero && !m->opt_sharded ? o->dp : 1; /* a sharded step is one rank's */
-    p->mem_opt = m->opt_bytes / split / zdiv;
-    p->mem_act = m->act_bytes / o->tp; /* 1F1B: pp micro-batches of 1/pp of the layers */
-    p->mem_total = p->mem_params + p->mem_grads + p->mem_opt + p->mem_act;
 
     /* compute: one micro-batch's forward and backward per stage */
     p->t_mb = m->fwd_bwd_s / split;

@@ -573,8 +573,16 @@ typedef struct {
     double nparams;
     int64_t seq_len, d_model, layers, micro_batch; /* T, C, L, sequences */
     double act_dtype_bytes;   /* TP collectives move activations of this size */
-    double param_bytes, grad_bytes, opt_bytes; /* the whole model's */
-    double act_bytes;         /* one micro-batch's activations and temporaries */
+    double param_bytes, opt_bytes; /* the whole model's */
+    double grad_bytes;        /* the whole model's gradients (their storages) */
+    /* The step's memory timeline on one device for one micro-batch (the
+     * memory plan; docs/plan.md): per op, the bytes of gradients live
+     * (mem_grad), of the other temporaries (mem_act), and of those the
+     * activations saved for backward (mem_saved). mem_nops 0: no timeline,
+     * act_bytes is the other temporaries' peak. */
+    int mem_nops;
+    const double *mem_grad, *mem_act, *mem_saved;
+    double act_bytes;         /* without a timeline: the non-gradient temporaries' peak */
     double fwd_bwd_s, forward_s, opt_s; /* one device, the whole model, one micro-batch */
     double backward_end_s;    /* when the step's last gradient is ready */
     int nbuckets;
@@ -600,6 +608,10 @@ typedef struct {
 typedef struct {
     double sequences, tokens_per_step;
     double mem_params, mem_grads, mem_opt, mem_act, mem_total; /* per GPU */
+    double mem_saved;         /* of mem_act, the activations saved for backward */
+    bool grads_resident;      /* every gradient counted for the whole step (micro-batches
+                                 accumulate into them); else those live at mem_op */
+    int mem_op;               /* the timeline's op where mem_total peaks; -1: none */
     double t_mb, t_tp_mb, bubble, t_pipeline, t_bubble, t_opt; /* seconds */
     double dp_bw, t_dp, t_dp_exposed;
     double step_predicted, step;
@@ -608,6 +620,8 @@ typedef struct {
     double days, days_goodput, step_for_target;
 } CgClusterPlan;
 
+/* The memory rows of p (mem_*) alone, as cg_cluster_project sets them. */
+void cg_cluster_memory(const CgClusterModel *m, const CgClusterOpts *o, CgClusterPlan *p);
 double cg_ring_allreduce(double bytes, int n, double bw, double alpha);
 double cg_ring_half(double bytes, int n, double bw, double alpha);
 /* False with why set when the layout does not add up. */

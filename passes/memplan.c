@@ -8,7 +8,11 @@
  * segment trees over positions that keep unions of address ranges
  * (Covers): O(log n) unions per temp instead of every temp it meets, so
  * placing is near-linear in the temps where their live ranges nest (a deep
- * model's saved activations) rather than quadratic. */
+ * model's saved activations) rather than quadratic.
+ *
+ * The timeline (live bytes per op) is also split: params' gradients
+ * (live_grad), activations saved for backward (live_saved), the rest other
+ * temporaries; kiln plan's memory rows come from that split. */
 #include "passes.h"
 
 #include <stdlib.h>
@@ -249,6 +253,55 @@ static bool same_index_op(const Op *op)
            op->code != OP_IOTA;
 }
 
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* Per tensor: true for the roots that hold a param's gradient (the graph
+ * outputs "grad.P" of params P). Caller frees. */
+static bool *grad_roots(const Graph *g, const MemPlan *m)
+{
+    bool *is = xcalloc((size_t)g->t.n + 1, sizeof(bool));
+    VEC(const char *) params = {0}; /* sorted: one search per output */
+    for (int t = 0; t < g->t.n; t++)
+        if (g->t.v[t].kind == TK_PARAM && g->t.v[t].name)
+            vec_push(&params, g->t.v[t].name);
+    if (params.n)
+        qsort(params.v, (size_t)params.n, sizeof(const char *), cmp_str);
+    for (int k = 0; k < g->outs.n && params.n; k++) {
+        const char *nm = g->outs.v[k].name;
+        if (!nm || strncmp(nm, "grad.", 5) != 0)
+            continue;
+        const char *key = nm + 5;
+        if (bsearch(&key, params.v, (size_t)params.n, sizeof(const char *), cmp_str))
+            is[m->root[g->outs.v[k].t]] = true;
+    }
+    vec_free(&params);
+    return is;
+}
+
+/* Per tensor: true for the roots written by a forward op and read by a
+ * backward or optimizer op (through any tensor sharing the storage). Caller
+ * frees. */
+static bool *saved_roots(const Graph *g, const MemPlan *m)
+{
+    const unsigned later = OPF_BACKWARD | OPF_OPTIM;
+    bool *fwd = xcalloc((size_t)g->t.n + 1, sizeof(bool));
+    bool *read = xcalloc((size_t)g->t.n + 1, sizeof(bool));
+    for (int i = 0; i < g->ops.n; i++) {
+        const Op *op = &g->ops.v[i];
+        if (!(op->flags & (later | OPF_RECOMPUTE)))
+            fwd[m->root[op->out]] = true;
+        for (int j = 0; (op->flags & later) && j < op->nin; j++)
+            read[m->root[op->in[j]]] = true;
+    }
+    for (int t = 0; t < g->t.n; t++)
+        fwd[t] = fwd[t] && read[t];
+    free(read);
+    return fwd;
+}
+
 MemPlan *pass_memplan(const Graph *g, Diag *d) { return pass_memplan_storage(g, NULL, d); }
 
 MemPlan *pass_memplan_storage(const Graph *g, const DType *storage, Diag *d)
@@ -266,6 +319,8 @@ MemPlan *pass_memplan_storage(const Graph *g, const DType *storage, Diag *d)
     m->persistent = xcalloc((size_t)nt + 1, sizeof(bool));
     m->inplace = xcalloc((size_t)g->upd.n + 1, sizeof(bool));
     m->live = xcalloc((size_t)n + 1, sizeof(int64_t));
+    m->live_grad = xcalloc((size_t)n + 1, sizeof(int64_t));
+    m->live_saved = xcalloc((size_t)n + 1, sizeof(int64_t));
 
     for (int t = 0; t < nt; t++) {
         const Tensor *x = &g->t.v[t];
@@ -407,29 +462,47 @@ MemPlan *pass_memplan_storage(const Graph *g, const DType *storage, Diag *d)
     for (int t = 0; t < nt; t++)
         m->offset[t] = m->offset[m->root[t]];
 
-    /* timeline: bytes live while each op runs */
-    __int128 *delta = xcalloc((size_t)n + 2, sizeof *delta); /* sums of saturated sizes */
+    /* timeline: bytes live while each op runs, in all (0), in gradients (1)
+     * and in saved activations (2) */
+    bool *is_grad = grad_roots(g, m), *is_saved = saved_roots(g, m);
+    __int128 *delta = xcalloc(3 * ((size_t)n + 2), sizeof *delta); /* sums of saturated sizes */
+    __int128 grads = 0;
     for (int k = 0; k < ntemps; k++) {
         int t = temps[k];
         int64_t size = align_up(m->bytes[t] ? m->bytes[t] : 1);
         int a = m->first[t], b = m->last[t] >= n ? n - 1 : m->last[t];
         if (a < 0 || n == 0)
             continue;
-        delta[a] += size;
-        delta[b + 1] -= size;
+        __int128 *all = delta, *part = is_grad[t]    ? delta + (n + 2)
+                                       : is_saved[t] ? delta + 2 * (n + 2)
+                                                     : NULL;
+        all[a] += size;
+        all[b + 1] -= size;
+        if (part) {
+            part[a] += size;
+            part[b + 1] -= size;
+        }
+        if (is_grad[t])
+            grads += size;
     }
-    __int128 cur = m->persistent_bytes;
+    m->grad_bytes = grads > INT64_MAX ? INT64_MAX : (int64_t)grads;
+    __int128 cur[3] = {m->persistent_bytes, 0, 0};
+    int64_t *out[3] = {m->live, m->live_grad, m->live_saved};
     m->peak_live = m->persistent_bytes;
     m->peak_op = -1;
     for (int i = 0; i < n; i++) {
-        cur += delta[i];
-        m->live[i] = cur > INT64_MAX ? INT64_MAX : (int64_t)cur;
+        for (int q = 0; q < 3; q++) {
+            cur[q] += delta[q * (n + 2) + i];
+            out[q][i] = cur[q] > INT64_MAX ? INT64_MAX : (int64_t)cur[q];
+        }
         if (m->live[i] > m->peak_live) {
             m->peak_live = m->live[i];
             m->peak_op = i;
         }
     }
     free(delta);
+    free(is_grad);
+    free(is_saved);
     free(temps);
     free(gfirst);
     free(glast);
@@ -449,6 +522,8 @@ void pass_memplan_free(MemPlan *m)
     free(m->persistent);
     free(m->inplace);
     free(m->live);
+    free(m->live_grad);
+    free(m->live_saved);
     free(m);
 }
 

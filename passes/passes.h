@@ -13,6 +13,8 @@
 
 #include "ir.h"
 
+struct MemPlan; /* memplan.c */
+
 typedef struct {
     /* optimizer (AdamW + global-norm clipping); defaults from pass_opts_default */
     double beta1, beta2, eps, weight_decay;
@@ -22,6 +24,11 @@ typedef struct {
     int remat;             /* RematPolicy; REMAT_DEFAULT: auto with a budget, else none */
     int remat_solver;      /* RematSolver; 0: exact for small graphs, else heuristic */
     struct RematReport *remat_report; /* optional out: what remat chose */
+    /* remat: what a candidate's final plan (g after the later passes, m its
+     * memory plan) is checked against memory_budget with; NULL: m's
+     * arena_bytes. kiln plan measures memory per GPU with it. */
+    int64_t (*remat_measure)(const Graph *g, const struct MemPlan *m, const void *ctx);
+    const void *remat_measure_ctx;
     /* comm */
     int nranks;
     int64_t bucket_bytes;  /* bucket size cap; <= 0: PASS_COMM_BUCKET_DEFAULT */
@@ -220,6 +227,17 @@ typedef struct MemPlan {
     int64_t *live;         /* per op: bytes live while the op runs (aligned sizes) */
     int64_t peak_live;     /* max over ops of live[] */
     int peak_op;
+    /* What live[i] - persistent_bytes holds, per op (aligned sizes, as live):
+     * live_grad: params' gradients, the storages of the graph outputs
+     * "grad.P" of params P (the comm pass reduces each in place, so a
+     * gradient's storage stays live from its first write to the end of the
+     * step, with or without zero); live_saved: other storages written by a
+     * forward op (no OPF_BACKWARD, OPF_OPTIM or OPF_RECOMPUTE) and read by a
+     * backward or optimizer op, the activations saved for backward. The rest
+     * are other temporaries (recomputed activations, the intermediates of
+     * backward, the optimizer and forward). */
+    int64_t *live_grad, *live_saved;
+    int64_t grad_bytes;    /* every gradient storage (aligned) */
 } MemPlan;
 MemPlan *pass_memplan(const Graph *g, Diag *d);
 /* The pass in the list: plans g (unchanged) and hands the plan to

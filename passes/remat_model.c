@@ -345,15 +345,10 @@ void pass_remat_sol_copy(const Prob *P, Sol *dst, const Sol *src)
     dst->flops = src->flops;
 }
 
-static int cmp_i64(const void *a, const void *b)
-{
-    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-    return (x > y) - (x < y);
-}
-
 /* Stage memory and totals of a solution whose keep and r are final; set:
- * its n entries of r, each v * ngroups + g, sorted (the sums run in the
- * order a scan of v, then g, would take). O(nv + ngroups + n). */
+ * its n entries of r, each v * ngroups + g, in any order (the cost and
+ * FLOPs sums run in the order a scan of v, then g, would take: per v, its
+ * count of entries, so no sort). O(nv + ngroups + n). */
 static void totals(const Prob *P, Sol *s, const int64_t *set, int n)
 {
     int nv = P->nv, G = P->ngroups;
@@ -366,12 +361,18 @@ static void totals(const Prob *P, Sol *s, const int64_t *set, int n)
             s->memg[P->grp[v]] += P->bytes[v];
     for (int g = 1; g < G; g++)
         s->memg[g] += s->memg[g - 1];
+    int *cnt = xcalloc((size_t)nv + 1, sizeof(int)); /* entries of each v */
     for (int i = 0; i < n; i++) {
         int v = (int)(set[i] / G), g = (int)(set[i] % G);
         s->memg[g] += P->bytes[v];
-        s->cost += P->cost[v];
-        s->flops += P->flops[v];
+        cnt[v]++;
     }
+    for (int v = 0; v < nv; v++)
+        for (int k = 0; k < cnt[v]; k++) {
+            s->cost += P->cost[v];
+            s->flops += P->flops[v];
+        }
+    free(cnt);
     s->mem = 0;
     for (int g = 0; g < G; g++)
         if (s->memg[g] > s->mem)
@@ -419,8 +420,6 @@ void pass_remat_derive(const Prob *P, Sol *s)
     for (int v = 0; v < nv; v++)
         if (s->keep[v] && !P->saved[v] && !need[v])
             s->keep[v] = 0;
-    if (set.n) /* an empty VEC has a null array, which qsort may not get */
-        qsort(set.v, (size_t)set.n, sizeof(int64_t), cmp_i64);
     totals(P, s, set.v, set.n);
     vec_free(&set);
     free(need);

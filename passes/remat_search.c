@@ -19,9 +19,10 @@
 #define REMAT_BISECT_LARGE 8    /* bisection steps on large graphs (each a real plan) */
 #define REMAT_BISECT_SMALL 10   /* bisection steps where the integer program runs */
 
-/* The arena the runtime would allocate with solution s: s applied to a
- * copy of g, the later passes (o->after) run, and the plan the memplan pass
- * among them hands back (pass_memplan when none does); -1 on failure. */
+/* The arena the runtime would allocate with solution s (or what
+ * o->remat_measure makes of its plan): s applied to a copy of g, the later
+ * passes (o->after) run, and the plan the memplan pass among them hands
+ * back (pass_memplan when none does); -1 on failure. */
 static int64_t eval_peak(const Graph *g, const Prob *P, const Sol *s, const PassOpts *o)
 {
     Graph *c = ir_clone(g);
@@ -41,7 +42,7 @@ static int64_t eval_peak(const Graph *g, const Prob *P, const Sol *s, const Pass
     if (ok && !m)
         m = pass_memplan(c, &d);
     if (ok && m)
-        peak = m->arena_bytes;
+        peak = o->remat_measure ? o->remat_measure(c, m, o->remat_measure_ctx) : m->arena_bytes;
     pass_memplan_free(m);
     ir_free(c);
     return peak;

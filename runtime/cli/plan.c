@@ -62,13 +62,37 @@ typedef struct {
     bool no_overlap, json;
 } PlanArgs;
 
-/* A compiled variant's measurements, owning the bucket arrays. */
+/* A compiled variant's measurements, owning the bucket arrays and the
+ * memory timeline. */
 typedef struct {
     CgClusterModel m;
     double *bytes, *ready;
     int *coll;
-    double arena, persistent;
+    double *mem;
 } Variant;
+
+/* c's memory timeline from the memory plan mp: per op the gradients, the
+ * other temporaries and the saved activations live (into *own, 3 x ops,
+ * which the caller frees), all gradients, and the other temporaries' peak. */
+static void timeline(const MemPlan *mp, CgClusterModel *c, double **own)
+{
+    int n = mp->nops;
+    double *v = xcalloc(3 * (size_t)n + 1, sizeof(double));
+    c->mem_nops = n;
+    c->mem_grad = v;
+    c->mem_act = v + n;
+    c->mem_saved = v + 2 * n;
+    c->grad_bytes = (double)mp->grad_bytes;
+    c->act_bytes = 0;
+    for (int i = 0; i < n; i++) {
+        v[i] = (double)mp->live_grad[i];
+        v[n + i] = (double)(mp->live[i] - mp->persistent_bytes - mp->live_grad[i]);
+        v[2 * n + i] = (double)mp->live_saved[i];
+        if (v[n + i] > c->act_bytes)
+            c->act_bytes = v[n + i];
+    }
+    *own = v;
+}
 
 static int plan_error(const char *fmt, const char *a, const char *b)
 {
@@ -142,7 +166,6 @@ static bool measure(const Model *m, const PassOpts *po, const CgDevice *dev, Var
         if (t->kind == TK_PARAM) {
             c->nparams += (double)shape_numel(&t->s);
             c->param_bytes += bytes;
-            c->grad_bytes += (double)shape_numel(&t->s) * 4; /* f32 gradients */
         } else if (t->kind == TK_STATE) {
             c->opt_bytes += bytes;
         }
@@ -154,9 +177,7 @@ static bool measure(const Model *m, const PassOpts *po, const CgDevice *dev, Var
     c->d_model = config_int(m, "C");
     c->layers = config_int(m, "L");
     c->act_dtype_bytes = o.bf16 ? 2 : 4;
-    v->arena = (double)mp->arena_bytes;
-    v->persistent = (double)mp->persistent_bytes;
-    c->act_bytes = v->arena - v->persistent;
+    timeline(mp, c, &v->mem);
     /* the times of the step's launches in order: compute, optimizer, and
      * when each bucket's all-reduce may start */
     double t = 0;
@@ -216,17 +237,20 @@ static void variant_free(Variant *v)
     free(v->bytes);
     free(v->ready);
     free(v->coll);
+    free(v->mem);
 }
 
 /* The remat choice at the device's memory: the remat pass (auto) compiles
- * the step with the arena budget that leaves each GPU room for its params,
- * grads and optimizer state (as the projection splits them) and at most
- * budget_act of activations (activations per GPU = the step's temporaries
- * / tp). */
+ * the step with the device's memory as its budget, each candidate measured
+ * as the projection measures memory per GPU (cg_cluster_memory on the
+ * candidate's memory plan), so the plan it chooses is one whose memory per
+ * GPU fits, and the least feasible budget it names is memory per GPU. */
 typedef struct {
     bool ran;          /* the memory is known and the params, grads and state fit it */
-    bool fits;         /* the remat pass found a plan within the budget */
-    double budget_act; /* activation bytes per GPU the memory leaves */
+    bool fits;         /* the remat pass found a plan within the memory */
+    double budget_act; /* activation bytes per GPU the memory leaves beside the
+                          params, grads and optimizer state (the chosen plan's
+                          when one fits, else the plan as compiled) */
     double act, total; /* the chosen plan's activations and memory per GPU */
     double step;       /* its predicted step */
     double least;      /* !fits: the least memory per GPU the pass found feasible; 0: unknown */
@@ -234,28 +258,52 @@ typedef struct {
     char why[256];
 } RematChoice;
 
+/* What remat_measure_ctx points at: the compiled variant (params, state,
+ * sharding) and the layout. */
+typedef struct {
+    CgClusterModel m;
+    CgClusterOpts o;
+} MemCtx;
+
+/* remat_measure: memory per GPU of a candidate's plan, in whole bytes. */
+static int64_t memory_per_gpu(const Graph *g, const MemPlan *mp, const void *ctx)
+{
+    (void)g;
+    const MemCtx *x = ctx;
+    CgClusterModel m = x->m;
+    double *own;
+    timeline(mp, &m, &own);
+    CgClusterPlan p;
+    cg_cluster_memory(&m, &x->o, &p);
+    free(own);
+    return p.mem_total < 9e18 ? (int64_t)ceil(p.mem_total) : INT64_MAX;
+}
+
 static void remat_at_memory(const Model *m, const PassOpts *po, const CgDevice *dev,
                             const CgClusterOpts *o, const Variant *v, const CgClusterPlan *p,
                             RematChoice *rc)
 {
     memset(rc, 0, sizeof *rc);
+    double split = (double)o->tp * o->pp;
     rc->budget_act = dev->mem - (p->mem_params + p->mem_grads + p->mem_opt);
-    if (dev->mem <= 0 || rc->budget_act <= 0)
+    /* at the end of backward every gradient is live */
+    if (dev->mem <= 0 || dev->mem - (p->mem_params + v->m.grad_bytes / split + p->mem_opt) <= 0)
         return;
     rc->ran = true;
-    double budget = v->persistent + rc->budget_act * o->tp;
+    MemCtx ctx = {v->m, *o};
     PassOpts pr = *po;
     pr.remat = REMAT_AUTO;
-    pr.memory_budget = budget < 4e18 ? (int64_t)budget : (int64_t)4e18;
+    pr.memory_budget = dev->mem < 9e18 ? (int64_t)dev->mem : INT64_MAX;
+    pr.remat_measure = memory_per_gpu;
+    pr.remat_measure_ctx = &ctx;
     Variant vc;
     Diag d = {{0}};
     if (!measure(m, &pr, dev, &vc, &rc->rr, &d)) {
-        /* the pass names the least arena it found feasible (">= BYTES"):
-         * in memory per GPU, the projection's split of it */
+        /* the pass names the least memory per GPU it found feasible (">= BYTES") */
         const char *ge = strstr(d.msg, ">= ");
         long long least = 0;
         if (ge && sscanf(ge + 3, "%lld", &least) == 1 && least > 0)
-            rc->least = dev->mem - rc->budget_act + ((double)least - v->persistent) / o->tp;
+            rc->least = (double)least;
         snprintf(rc->why, sizeof rc->why, "%.200s", d.msg);
         return;
     }
@@ -263,6 +311,7 @@ static void remat_at_memory(const Model *m, const PassOpts *po, const CgDevice *
     CgClusterOpts oc = *o;
     oc.step_time = 0;
     rc->fits = cg_cluster_project(&vc.m, &oc, &pc, rc->why, sizeof rc->why);
+    rc->budget_act = dev->mem - (pc.mem_params + pc.mem_grads + pc.mem_opt);
     rc->act = pc.mem_act;
     rc->total = pc.mem_total;
     rc->step = pc.step_predicted;
@@ -355,6 +404,11 @@ static void print_plan(const PlanArgs *a, const CgDevice *dev, const CgClusterOp
     ir_fmt_bytes(p->mem_opt, 2, z, sizeof z);
     ir_fmt_bytes(p->mem_act, 2, w, sizeof w);
     printf("  params %s, grads %s, optimizer state %s, activations %s\n", x, y, z, w);
+    ir_fmt_bytes(p->mem_saved, 2, x, sizeof x);
+    ir_fmt_bytes(p->mem_act - p->mem_saved, 2, y, sizeof y);
+    printf("  activations: %s saved for backward, %s other temporaries; grads: %s\n", x, y,
+           p->grads_resident ? "all of them, accumulated over the micro-batches"
+                             : "those live where the step's memory peaks");
     ir_fmt_bytes(p->mem_total, 2, x, sizeof x);
     if (dev->mem > 0) {
         ir_fmt_bytes(dev->mem, 2, y, sizeof y);
@@ -418,6 +472,8 @@ static cJSON *plan_json(const CgDevice *dev, const CgClusterOpts *o, const Varia
     cJSON_AddNumberToObject(mem, "grads", p->mem_grads);
     cJSON_AddNumberToObject(mem, "optimizer", p->mem_opt);
     cJSON_AddNumberToObject(mem, "activations", p->mem_act);
+    cJSON_AddNumberToObject(mem, "activations_saved", p->mem_saved);
+    cJSON_AddBoolToObject(mem, "grads_resident", p->grads_resident);
     cJSON_AddNumberToObject(mem, "total", p->mem_total);
     cJSON_AddNumberToObject(mem, "device", dev->mem);
     cJSON *s = cJSON_AddObjectToObject(j, "step");

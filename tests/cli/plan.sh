@@ -48,46 +48,84 @@ grep -q 'expected a multiple of 8' "$dir/err" || fail "message: $(cat "$dir/err"
 [ $? -eq 2 ] && grep -q -- "--tokens expects a count such as 10T" "$dir/err" || fail "--tokens lots: $(cat "$dir/err")"
 # the remat choice at the device's memory (--memory): more memory never
 # recomputes more; a chosen plan fits the memory; too little memory names the
-# least that fits, and that much fits
+# least that fits, and that much fits. The memories swept lie between that
+# least and remat none's memory per GPU (the what-if row), where auto must
+# recompute.
 small=(models/gpt.lua --set L=4 --set C=128 --set T=128 --set batch=8)
-out=$("$KILN" plan "${small[@]}" --memory 52MiB 2>&1) || fail "plan --memory: $out"
-echo "$out" | grep -Eq '^  remat at 52.00 MiB \(room for [0-9.]+ MiB of activations per GPU\): auto recomputes [0-9]+ of [0-9]+ saved activations' ||
-    fail "no remat line at 52 MiB: $out"
+"$KILN" plan "${small[@]}" --memory lots >"$dir/err" 2>&1
+[ $? -eq 2 ] && grep -q -- "--memory expects a size" "$dir/err" || fail "--memory lots: $(cat "$dir/err")"
 out=$("$KILN" plan "${small[@]}" --memory 1GiB 2>&1) || fail "plan --memory 1GiB: $out"
 echo "$out" | grep -q '^  remat at 1.00 GiB .*: auto keeps all [0-9]* saved activations (remat none)' ||
     fail "1 GiB should keep every activation: $out"
-"$KILN" plan "${small[@]}" --memory lots >"$dir/err" 2>&1
-[ $? -eq 2 ] && grep -q -- "--memory expects a size" "$dir/err" || fail "--memory lots: $(cat "$dir/err")"
 if command -v python3 >/dev/null; then
-    for mem in 30MiB 50MiB 52MiB 53MiB 54MiB 56MiB 60MiB 1GiB; do
+    "$KILN" plan "${small[@]}" --memory 20MiB --json >"$dir/m-low.json" 2>&1 ||
+        fail "--memory 20MiB --json: $(cat "$dir/m-low.json")"
+    read -r least none < <(python3 -c "
+import json, sys, math
+d = json.load(open(sys.argv[1]))
+r = d['remat_at_memory']
+assert not r['fits'] and r['least_memory'] > r['memory'], r
+none = [w for w in d['what_if'] if w['name'] == 'remat=none'][0]['memory_per_gpu']
+assert r['least_memory'] < none, (r, none)
+print(math.ceil(r['least_memory']), math.floor(none))" "$dir/m-low.json") ||
+        fail "20 MiB: no least memory below remat none's"
+    mems="$least $(( (3 * least + none) / 4 )) $(( (least + none) / 2 )) $(( (least + 3 * none) / 4 )) $none 1073741824"
+    out=$("$KILN" plan "${small[@]}" --memory $(( (least + none) / 2 )) 2>&1) || fail "plan: $out"
+    echo "$out" | grep -Eq '^  remat at [0-9.]+ MiB \(room for [0-9.]+ MiB of activations per GPU\): auto recomputes [0-9]+ of [0-9]+ saved activations' ||
+        fail "no remat line between the least memory and remat none's: $out"
+    for mem in $mems; do
         "$KILN" plan "${small[@]}" --memory "$mem" --json >"$dir/m-$mem.json" 2>&1 ||
             fail "--memory $mem --json: $(cat "$dir/m-$mem.json")"
     done
-    python3 - "$dir" <<'PY' || fail "remat at memory invariants"
+    python3 - "$dir" $mems <<'PY' || fail "remat at memory invariants"
 import json, sys
-d = sys.argv[1]
-mems = ["30MiB", "50MiB", "52MiB", "53MiB", "54MiB", "56MiB", "60MiB", "1GiB"]
-rows = [json.load(open(f"{d}/m-{m}.json"))["remat_at_memory"] for m in mems]
+d, mems = sys.argv[1], sys.argv[2:]
+rows = [json.load(open(f"{d}/m-{m}.json")) for m in mems]
 prev = None
-for m, r in zip(mems, rows):
+for m, j in zip(mems, rows):
+    r, mem = j["remat_at_memory"], j["memory_per_gpu"]
     print(m, r)
-    if not r["fits"]:
-        assert prev is None, f"{m}: no plan fits although less memory had one"
-        assert r["least_memory"] > r["memory"], f"{m}: least feasible {r['least_memory']} <= memory"
-        continue
+    assert r["fits"], f"{m}: no plan fits at or above the least memory named"
     assert r["total"] <= r["memory"] * (1 + 1e-9), f"{m}: chosen plan {r['total']} > memory"
     assert r["activations"] <= r["activation_budget"] * (1 + 1e-9), f"{m}: activations over budget"
     if prev is not None:
         assert r["extra_flops"] <= prev["extra_flops"], f"{m}: more memory recomputes more"
     prev = r
-assert not rows[0]["fits"], "30 MiB should not fit"
-assert rows[-1]["chosen"] == "none" and rows[-1]["recomputed"] == 0, "1 GiB recomputes"
-assert any(r["fits"] and r["recomputed"] > 0 for r in rows), "no row recomputes"
+assert rows[-1]["remat_at_memory"]["chosen"] == "none" and rows[-1]["remat_at_memory"]["recomputed"] == 0, "1 GiB recomputes"
+assert rows[-2]["remat_at_memory"]["recomputed"] == 0, "remat none's own memory recomputes"
+assert any(j["remat_at_memory"]["recomputed"] > 0 for j in rows), "no row recomputes"
 PY
-    least=$(python3 -c "import json,sys,math; print(math.ceil(json.load(open(sys.argv[1]))['remat_at_memory']['least_memory']))" "$dir/m-30MiB.json")
-    "$KILN" plan "${small[@]}" --memory "$least" --json >"$dir/least.json" 2>&1 || fail "--memory $least"
-    python3 -c "import json,sys; r=json.load(open(sys.argv[1]))['remat_at_memory']; assert r['fits'], r" \
-        "$dir/least.json" || fail "the least memory named ($least bytes) does not fit"
+fi
+# memory per GPU counts each byte once: a model whose gradients dominate
+# (an MLP of 4 x 1024 hidden units, 4 examples) on one GPU, one
+# micro-batch: grads + activations are the temporaries at the memory
+# plan's peak (peak live - persistent, `kiln compile --dump-after=memplan`)
+# and params + optimizer state lie in its persistent region; with two
+# micro-batches every gradient is held beside the activations' own peak
+mlp=(models/mlp.lua --set hidden=1024 --set depth=4 --set batch=4)
+"$KILN" compile "${mlp[@]}" --target h200 --dump-after=memplan --dump-dir "$dir/mlp" >/dev/null 2>&1 ||
+    fail "compile mlp"
+read -r pers peak < <(sed -n 's/^memplan: persistent \([0-9]*\) bytes, peak live \([0-9]*\) bytes.*/\1 \2/p' "$dir"/mlp/*memplan.txt)
+[ -n "$peak" ] || fail "no memplan peak: $(head -1 "$dir"/mlp/*memplan.txt)"
+if command -v python3 >/dev/null; then
+    "$KILN" plan "${mlp[@]}" --json >"$dir/mlp1.json" 2>&1 || fail "plan mlp: $(cat "$dir/mlp1.json")"
+    "$KILN" plan "${mlp[@]}" --micro-batches 2 --json >"$dir/mlp2.json" 2>&1 ||
+        fail "plan mlp, 2 micro-batches: $(cat "$dir/mlp2.json")"
+    python3 - "$dir/mlp1.json" "$dir/mlp2.json" "$pers" "$peak" <<'PY' || fail "mlp memory rows"
+import json, sys
+m1, m2 = (json.load(open(p))["memory_per_gpu"] for p in sys.argv[1:3])
+pers, peak = int(sys.argv[3]), int(sys.argv[4])
+print("persistent", pers, "peak live", peak, m1, m2)
+temps = peak - pers
+assert m1["grads"] > 4 * m1["activations"], m1  # the gradients dominate
+assert not m1["grads_resident"] and m2["grads_resident"], (m1, m2)
+assert m1["grads"] + m1["activations"] == temps, (m1, temps)
+assert m1["params"] + m1["optimizer"] <= pers, (m1, pers)
+assert m1["total"] <= peak, (m1, peak)
+assert 0 <= m1["activations_saved"] <= m1["activations"], m1
+assert m2["grads"] + m2["activations"] >= temps and m2["grads"] <= temps, (m2, temps)
+assert m2["total"] <= peak + m2["activations"], (m2, peak)
+PY
 fi
 # --device cpu with 2 ranks: the MPI link between them is measured once
 # through kiln's own transport (under mpirun), cached, and is the plan's link

@@ -274,6 +274,54 @@ static void test_cpu_staging(void **state)
                 1e-12);
 }
 
+/* The memory timeline (one micro-batch on one device): gradients and
+ * other temporaries live per op. One micro-batch: the op where grads /
+ * (tp pp) + others / tp peaks, split there, so with tp = pp = 1 the rows
+ * add up to the timeline's peak, not to all gradients plus the peak again.
+ * Several micro-batches: every gradient held all step, beside the other
+ * temporaries' peak. */
+static void test_memory_timeline(void **state)
+{
+    (void)state;
+    /* forward builds activations, backward frees them as gradients appear */
+    const double grad[5] = {0, 0, 40, 80, 100}, act[5] = {30, 60, 50, 20, 5},
+                 saved[5] = {30, 60, 40, 10, 0};
+    CgClusterModel m = model();
+    m.grad_bytes = 100, m.param_bytes = 100, m.opt_bytes = 200;
+    m.mem_nops = 5, m.mem_grad = grad, m.mem_act = act, m.mem_saved = saved;
+    CgClusterOpts o = layout();
+    o.tp = 1, o.pp = 1, o.dp = 5120, o.micro_batches = 1;
+    CgClusterPlan p = project(&m, &o);
+    /* peak of grad + act: op 4 (105) */
+    assert_false(p.grads_resident);
+    assert_int_equal(p.mem_op, 4);
+    assert_true(p.mem_grads == 100 && p.mem_act == 5 && p.mem_saved == 0);
+    assert_true(p.mem_total == 100 + 200 + 105);
+    /* tp 2 x pp 2: grads / 4 + act / 2 peaks at op 2 (10 + 25 = 35) */
+    o.tp = 2, o.pp = 2, o.dp = 1280;
+    p = project(&m, &o);
+    assert_int_equal(p.mem_op, 2);
+    assert_true(p.mem_grads == 10 && p.mem_act == 25 && p.mem_saved == 20);
+    assert_true(p.mem_total == 25 + 50 + 35);
+    /* memory still falls as TP and PP grow */
+    double last = 1e300;
+    for (int tp = 1; tp <= 8; tp *= 2)
+        for (int pp = 1; pp <= 8; pp *= 2) {
+            o.tp = tp, o.pp = pp, o.dp = 5120 / (tp * pp);
+            double now = project(&m, &o).mem_total;
+            if (pp > 1 && !(now < last))
+                fail_msg("tp %d pp %d: %g bytes per GPU, not below %g", tp, pp, now, last);
+            last = now;
+        }
+    /* 24 micro-batches: gradients resident, activations at their own peak */
+    o.tp = 1, o.pp = 1, o.dp = 5120, o.micro_batches = 24;
+    p = project(&m, &o);
+    assert_true(p.grads_resident);
+    assert_int_equal(p.mem_op, 1);
+    assert_true(p.mem_grads == 100 && p.mem_act == 60 && p.mem_saved == 60);
+    assert_true(p.mem_total == 100 + 200 + 160);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -282,6 +330,7 @@ int main(void)
         cmocka_unit_test(test_bandwidth_never_slower),
         cmocka_unit_test(test_overlap_never_slower),
         cmocka_unit_test(test_memory_falls),
+        cmocka_unit_test(test_memory_timeline),
         cmocka_unit_test(test_zero_buckets),
         cmocka_unit_test(test_ring),
         cmocka_unit_test(test_cpu_staging),

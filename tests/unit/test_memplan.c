@@ -90,18 +90,56 @@ static void check_storage_invariants(const Graph *g, const MemPlan *m, const DTy
                          (long long)m->offset[b]);
         }
     }
+    /* the split of live bytes, classified plainly: a gradient is the
+     * storage of an output "grad.P" of a param P; a saved activation a
+     * storage some forward op writes and some backward or optimizer op
+     * reads */
+    bool *grad = xcalloc((size_t)nt + 1, sizeof(bool)), *saved = xcalloc((size_t)nt + 1, sizeof(bool));
+    for (int k = 0; k < g->outs.n; k++) {
+        const char *nm = g->outs.v[k].name;
+        int p = nm && strncmp(nm, "grad.", 5) == 0 ? ir_find_tensor(g, nm + 5) : -1;
+        if (p >= 0 && g->t.v[p].kind == TK_PARAM)
+            grad[m->root[g->outs.v[k].t]] = true;
+    }
+    for (int t = 0; t < nt; t++) {
+        bool w = false, r = false;
+        for (int i = 0; i < n; i++) {
+            const Op *op = &g->ops.v[i];
+            if (m->root[op->out] == t &&
+                !(op->flags & (OPF_BACKWARD | OPF_OPTIM | OPF_RECOMPUTE)))
+                w = true;
+            for (int j = 0; j < op->nin; j++)
+                if (m->root[op->in[j]] == t && (op->flags & (OPF_BACKWARD | OPF_OPTIM)))
+                    r = true;
+        }
+        saved[t] = w && r && !grad[t];
+    }
+    int64_t grads = 0;
+    for (int t = 0; t < nt; t++)
+        if (m->root[t] == t && !m->persistent[t] && mat[t] && grad[t])
+            grads += al(m->bytes[t] ? m->bytes[t] : 1);
+    assert_int_equal(grads, m->grad_bytes);
     /* the peak is the max over ops of live bytes */
     int64_t peak = m->persistent_bytes;
     for (int i = 0; i < n; i++) {
-        int64_t live = m->persistent_bytes;
+        int64_t live = m->persistent_bytes, lg = 0, ls = 0;
         for (int t = 0; t < nt; t++)
             if (m->root[t] == t && !m->persistent[t] && mat[t] && first[t] <= i &&
-                i <= (last[t] < first[t] ? first[t] : last[t]))
-                live += al(m->bytes[t]);
+                i <= (last[t] < first[t] ? first[t] : last[t])) {
+                int64_t b = al(m->bytes[t] ? m->bytes[t] : 1);
+                live += b;
+                lg += grad[t] ? b : 0;
+                ls += saved[t] ? b : 0;
+            }
         assert_int_equal(live, m->live[i]);
+        assert_int_equal(lg, m->live_grad[i]);
+        assert_int_equal(ls, m->live_saved[i]);
+        assert_true(lg + ls <= live - m->persistent_bytes);
         if (live > peak)
             peak = live;
     }
+    free(grad);
+    free(saved);
     assert_int_equal(peak, m->peak_live);
     assert_true(m->arena_bytes >= m->peak_live);
     free(first);
@@ -335,6 +373,13 @@ static void test_models(void **state)
                 path, md->g->ops.n, (long long)m->persistent_bytes, (long long)m->peak_live,
                 (long long)m->arena_bytes, inplace, md->g->upd.n);
         check_invariants(md->g, m);
+        /* a training step: at its last op every gradient is live, and
+         * forward results are saved for backward */
+        int64_t most_saved = 0;
+        for (int i = 0; i < m->nops; i++)
+            most_saved = m->live_saved[i] > most_saved ? m->live_saved[i] : most_saved;
+        assert_true(m->grad_bytes > 0 && most_saved > 0);
+        assert_int_equal(m->live_grad[m->nops - 1], m->grad_bytes);
         check_bf16_storage(path, md->g, m);
         pass_memplan_free(m);
         fe_model_free(md);
