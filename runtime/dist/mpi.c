@@ -11,7 +11,7 @@
  * reached this collective) and stops the job with MPI_Abort. Broadcasts (the
  * NCCL id) take the same queue. A ZeRO-1 all-gather bucket is started in
  * order but not waited for: it stays in flight while the thread runs later
- * jobs (the loss's host all-reduce, the next step's buckets; MPI matches
+ * jobs (host collectives, the next step's buckets; MPI matches
  * non-blocking collectives by issue order, the same on every rank) and lands
  * when its request completes, so the gathers overlap the next forward and
  * never hold up a host collective. An all-gather's start is held on the
@@ -182,7 +182,6 @@ static _Noreturn void lost(RtComm *c, const char *what)
 }
 
 static void poll_fly(RtComm *c);
-
 
 /* Waits for rq, polling with a deadline (and the all-gathers in flight). */
 static void finish(RtComm *c, MPI_Request rq, const char *what)
@@ -444,6 +443,8 @@ static void *comm_main(void *arg)
             c->qhead = c->q.n = 0;
         pthread_mutex_unlock(&c->mu);
         run_job(c, &j);
+        if (c->fly.n) /* between the gathers of a step: land the first ones early */
+            poll_fly(c);
         pthread_mutex_lock(&c->mu);
     }
     pthread_mutex_unlock(&c->mu);
@@ -636,29 +637,29 @@ static void host_job(RtComm *c, Job j)
     double t0 = ir_now();
     j.done = &done;
     pthread_mutex_lock(&c->mu);
-    bool *held = xcalloc((size_t)c->nbuckets + 1, sizeof(bool));
+    int *held = xcalloc((size_t)c->nbuckets + 1, sizeof(int)); /* per bucket */
     for (int i = 0; i < c->held.n; i++)
-        held[c->held.v[i].bucket] = true;
+        held[c->held.v[i].bucket]++;
     VEC(int) ahead = {0}; /* the busy buckets that j queues behind */
     int kind = -1;
     for (int b = 0; b < c->nbuckets; b++)
-        if (c->bucket_busy[b] > 0 && !held[b]) {
+        if (c->bucket_busy[b] > held[b]) {
             vec_push(&ahead, b);
             if (kind < 0 || c->bucket_coll[b] == CG_COLL_ALL_GATHER)
                 kind = c->bucket_coll[b];
         }
-    free(held);
     vec_push(&c->q, j);
     release_held(c);
     pthread_cond_broadcast(&c->cv);
     while (!done)
         pthread_cond_wait(&c->cv, &c->mu);
     double t1 = ir_now(), end = t0;
-    for (int i = 0; i < ahead.n; i++) {
+    for (int i = 0; i < ahead.n; i++) { /* the released ones of b run after j */
         int b = ahead.v[i];
-        double e = c->bucket_busy[b] > 0 ? t1 : c->bucket_done[b];
+        double e = c->bucket_busy[b] > held[b] ? t1 : c->bucket_done[b];
         end = e > end ? e : end;
     }
+    free(held);
     end = end < t1 ? end : t1;
     if (kind >= 0 && end > t0) {
         c->exposed_s += end - t0;
