@@ -12,47 +12,59 @@
 # busy communication ms, step ms); zero=1 also prints the split per
 # collective, and the last line gives the all-gathers' exposed ms per step
 # (they should hide behind the next forward: with GRAD_ACCUM > 1, the first
-# micro-batch's). On a busy machine the numbers move a lot: compare the
-# ratio, and run again.
+# micro-batch's). The last column is the median time of the loss's mean
+# over the ranks that `kiln train` runs after each step (rank 0's trace,
+# --trace): a wait no exposed figure counts, so a collective that delays it
+# (zero=1's all-gathers did, docs/distributed.md step 9) shows there. On a
+# busy machine the numbers move a lot: compare the ratio, and run again.
 set -euo pipefail
 kiln=${1:-build/kiln}
 steps=${2:-20}
 rounds=${3:-3}
 accum=${4:-1}
 log=$(mktemp "${TMPDIR:-/tmp}/kiln-bench-zero-XXXXXX")
-trap 'rm -f "$log"' EXIT
+tdir=$(mktemp -d "${TMPDIR:-/tmp}/kiln-bench-zero-trace-XXXXXX")
+trap 'rm -rf "$log" "$tdir"' EXIT
 
 median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }'; }
 
-run() { # ZERO: one kiln train; prints "exposed busy step all-gather-exposed" (ms; - for zero=0)
+run() { # ZERO: one kiln train; prints "exposed busy step all-gather-exposed loss-mean" (ms; - for zero=0)
     "$kiln" train models/gpt.lua --steps "$steps" -q --nproc 2 --set L=4 --set C=256 \
         --set H=4 --set T=64 --set batch=4 --set bucket_mb=1 --set grad_accum="$accum" \
-        --set zero="$1" >"$log" 2>&1 ||
+        --set zero="$1" --trace "$tdir/t.json" >"$log" 2>&1 ||
         { cat "$log" >&2; exit 1; }
     local ex busy st ag
     ex=$(sed -n 's/^comm:.*| exposed \([0-9.]*\) ms.*/\1/p' "$log")
     busy=$(sed -n 's/^comm:.*communication \([0-9.]*\) ms.*/\1/p' "$log")
     st=$(sed -n 's/^final:.*median \([0-9.]*\) ms\/step.*/\1/p' "$log")
     ag=$(sed -n 's/^comm by collective.*all-gather [0-9.]* ms, exposed \([0-9.]*\) ms.*/\1/p' "$log")
+    lm=$(grep '"name":"allreduce host"' "$tdir/t.json" |
+        sed -n 's/.*"dur":\([0-9.]*\).*/\1/p' | awk '{ print $1 / 1000 }' | median)
     grep '^comm by collective' "$log" >&2 || true
-    echo "$ex $busy $st ${ag:--}"
+    echo "$ex $busy $st ${ag:--} ${lm:--}"
 }
 
 echo "gpt.lua L=4 C=256 T=64 batch=4 grad_accum=$accum, 2 CPU ranks, $steps steps per run, $rounds runs each (load: $(cut -d' ' -f1-3 /proc/loadavg))"
-printf '%-7s %22s %22s %18s\n' zero "exposed ms (runs)" "comm busy ms (runs)" "step ms (runs)"
-declare -A ex busy st
+printf '%-7s %22s %22s %18s %22s\n' zero "exposed ms (runs)" "comm busy ms (runs)" "step ms (runs)" \
+    "loss mean ms (runs)"
+declare -A ex busy st lm
 ags=""
 for ((r = 0; r < rounds; r++)); do
     for z in 0 1; do
-        read -r e b s a < <(run "$z")
-        ex[$z]+="$e " busy[$z]+="$b " st[$z]+="$s "
+        read -r e b s a l < <(run "$z")
+        ex[$z]+="$e " busy[$z]+="$b " st[$z]+="$s " lm[$z]+="$l "
         [ "$z" = 1 ] && ags+="$a "
     done
 done
 for z in 0 1; do
-    printf '%-7s %22s %22s %18s\n' "$z" "${ex[$z]}" "${busy[$z]}" "${st[$z]}"
+    printf '%-7s %22s %22s %18s %22s\n' "$z" "${ex[$z]}" "${busy[$z]}" "${st[$z]}" "${lm[$z]}"
 done
 m0=$(printf '%s\n' ${ex[0]} | median)
 m1=$(printf '%s\n' ${ex[1]} | median)
 echo "median exposed: zero=0 $m0 ms, zero=1 $m1 ms; zero=1 / zero=0 = $(echo "$m1 / $m0" | bc -l | cut -c1-5)x (goal: <= 1.2x)"
 echo "zero=1 all-gather exposed per step (runs): $ags(median $(printf '%s\n' $ags | median) ms)"
+s0=$(printf '%s\n' ${st[0]} | median)
+s1=$(printf '%s\n' ${st[1]} | median)
+l0=$(printf '%s\n' ${lm[0]} | median)
+l1=$(printf '%s\n' ${lm[1]} | median)
+echo "median step: zero=0 $s0 ms, zero=1 $s1 ms; median loss mean: zero=0 $l0 ms, zero=1 $l1 ms"

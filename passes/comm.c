@@ -338,6 +338,20 @@ static int cmp_gather(const void *a, const void *b, void *ctx)
     return x < y ? -1 : x > y;
 }
 
+/* An all-gather bucket: gathers [k0, k1) of the flat-sorted list; first:
+ * the first op that reads one of its params (the forward's first use). */
+typedef struct {
+    int k0, k1, first;
+} GatherBucket;
+
+static int cmp_gather_bucket(const void *a, const void *b)
+{
+    const GatherBucket *x = a, *y = b;
+    if (x->first != y->first)
+        return x->first < y->first ? -1 : 1;
+    return x->k0 < y->k0 ? -1 : x->k0 > y->k0;
+}
+
 /* The outputs of a sharded step: each rank holds only its own gradients
  * (never averaged in place, as zero=0's all-reduces do), so the "grad.P"
  * outputs of params are dropped (the gradients then die at their bucket's
@@ -475,11 +489,18 @@ static void comm_zero(Graph *g, const PassOpts *o, const int *gready, int last_b
     if (gathers.n)
         qsort_r(gathers.v, (size_t)gathers.n, sizeof(int), cmp_gather, g);
     int *last_read = xmalloc(sizeof(int) * (size_t)(g->t.n + 1));
+    int *first_read = xmalloc(sizeof(int) * (size_t)(g->t.n + 1));
     for (int t = 0; t < g->t.n; t++)
-        last_read[t] = -1;
+        last_read[t] = -1, first_read[t] = nops;
     for (int i = 0; i < nops; i++)
-        for (int j = 0; j < g->ops.v[i].nin && g->ops.v[i].code != OP_ALL_GATHER; j++)
-            last_read[g->ops.v[i].in[j]] = kernel_end(g, i);
+        for (int j = 0; j < g->ops.v[i].nin && g->ops.v[i].code != OP_ALL_GATHER; j++) {
+            int t = g->ops.v[i].in[j];
+            last_read[t] = kernel_end(g, i);
+            if (i < first_read[t])
+                first_read[t] = i;
+        }
+    /* buckets of consecutive gathers (one shard), in flat order */
+    VEC(GatherBucket) gb = {0};
     for (int k0 = 0; k0 < gathers.n;) {
         int64_t bytes = 0;
         int k1 = k0;
@@ -487,6 +508,25 @@ static void comm_zero(Graph *g, const PassOpts *o, const int *gready, int last_b
         while (k1 < gathers.n && (k1 == k0 || bytes < cap) &&
                g->ops.v[gathers.v[k1]].in[0] == shard)
             bytes = ir_add_sat(bytes, shape_bytes(&g->t.v[g->ops.v[gathers.v[k1++]].out].s));
+        GatherBucket b = {k0, k1, nops};
+        for (int k = k0; k < k1; k++) {
+            int f = first_read[g->ops.v[gathers.v[k]].in[1]];
+            if (f < b.first)
+                b.first = f;
+        }
+        vec_push(&gb, b);
+        k0 = k1;
+    }
+    /* issued in the order the next step's forward first reads them (this
+     * step's forward reads the params in the same order): gpt's tied wte is
+     * read first and its gradient finished last, so in flat order its
+     * bucket would be gathered last and the next forward's first kernel
+     * would wait for every gather */
+    if (gb.n)
+        qsort(gb.v, (size_t)gb.n, sizeof(GatherBucket), cmp_gather_bucket);
+    for (int q = 0; q < gb.n; q++) {
+        int k0 = gb.v[q].k0, k1 = gb.v[q].k1;
+        int shard = g->ops.v[gathers.v[k0]].in[0];
         int def = g->t.v[shard].op;
         int ready = def >= 0 ? kernel_end(g, def) : -1;
         int *in = xmalloc(sizeof(int) * (size_t)(k1 - k0 + 2));
@@ -518,9 +558,10 @@ static void comm_zero(Graph *g, const PassOpts *o, const int *gready, int last_b
             vec_push(&reps, w);
         }
         bucket++;
-        k0 = k1;
     }
+    vec_free(&gb);
     free(last_read);
+    free(first_read);
     bool *is_comm = xcalloc((size_t)g->ops.n + 1, sizeof(bool));
     for (int i = nops; i < g->ops.n; i++)
         is_comm[i] = true;

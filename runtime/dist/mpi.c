@@ -11,10 +11,18 @@
  * reached this collective) and stops the job with MPI_Abort. Broadcasts (the
  * NCCL id) take the same queue. A ZeRO-1 all-gather bucket is started in
  * order but not waited for: it stays in flight while the thread runs later
- * jobs (the loss's host all-reduce, the next step's buckets; MPI matches
+ * jobs (host collectives, the next step's buckets; MPI matches
  * non-blocking collectives by issue order, the same on every rank) and lands
  * when its request completes, so the gathers overlap the next forward and
- * never hold up a host collective. Buckets that a GPU reduces itself (NCCL)
+ * never hold up a host collective. An all-gather's start is held on the
+ * calling thread until its next call into RtComm (a start, a wait, a host
+ * collective, the close): a host collective then goes to MPI before the
+ * held gathers, so the loss's mean that `kiln train` runs right after each
+ * step does not wait behind the step's gathers (a small message queued
+ * behind them in MPI completes only after their data), and the gathers
+ * overlap the next forward instead; the release points are the calling
+ * thread's program order, the same on every rank, so every rank issues the
+ * collectives in the same order. Buckets that a GPU reduces itself (NCCL)
  * are not seen here; their times come in through rt_comm_set_source. */
 #include "codegen.h"
 #include "dist.h"
@@ -43,7 +51,6 @@ typedef struct {
     void *buf;                /* bcast */
     size_t nbuf;
     bool *done;               /* host collective, bcast: set when finished */
-    double *began;            /* host collective, bcast: when the thread took it */
     const char *what;         /* JOB_LOST: the collective */
     CgColl coll;              /* bucket: all-reduce, reduce-scatter or all-gather */
     int64_t sh_start, sh_total, sh_off; /* sharded: flat range start, total, shard offset */
@@ -74,7 +81,9 @@ struct RtComm {
     int qhead;
     bool quit;
     int64_t started;          /* collectives begun by the thread */
-    int *bucket_busy;         /* per bucket: queued or running starts */
+    int *bucket_busy;         /* per bucket: held, queued or running starts */
+    double *bucket_done;      /* per bucket: when its last start finished (ir_now) */
+    VEC(Job) held;            /* all-gathers started, not yet queued (release_held) */
     int nbuckets;
     float *stage;
     int64_t nstage;
@@ -291,6 +300,7 @@ static void land(RtComm *c, Flying *f)
     RtCommEvent e = {f->j.bucket, f->bytes, f->t0, t1, (int)f->j.coll, 0};
     vec_push(&c->ev, e);
     c->bucket_busy[f->j.bucket]--;
+    c->bucket_done[f->j.bucket] = t1;
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
     free(f->buf);
@@ -327,8 +337,6 @@ static void run_job(RtComm *c, Job *j)
     double t0 = ir_now();
     int64_t bytes = 0;
     c->started++;
-    if (j->began)
-        *j->began = t0;
     if (j->bucket >= 0) {
         snprintf(what, sizeof what, "the %s of bucket %d",
                  j->coll == CG_COLL_REDUCE_SCATTER ? "reduce-scatter"
@@ -391,9 +399,10 @@ static void run_job(RtComm *c, Job *j)
     RtCommEvent e = {j->bucket < 0 ? -1 : j->bucket, bytes, t0, t1,
                      j->bucket < 0 ? 0 : (int)j->coll, 0};
     vec_push(&c->ev, e);
-    if (j->bucket >= 0)
+    if (j->bucket >= 0) {
         c->bucket_busy[j->bucket]--;
-    else
+        c->bucket_done[j->bucket] = t1;
+    } else
         *j->done = true;
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
@@ -434,10 +443,23 @@ static void *comm_main(void *arg)
             c->qhead = c->q.n = 0;
         pthread_mutex_unlock(&c->mu);
         run_job(c, &j);
+        if (c->fly.n) /* between the gathers of a step: land the first ones early */
+            poll_fly(c);
         pthread_mutex_lock(&c->mu);
     }
     pthread_mutex_unlock(&c->mu);
     return NULL;
+}
+
+/* Queues the held all-gathers, in the order they were started. Under mu. */
+static void release_held(RtComm *c)
+{
+    if (c->held.n == 0)
+        return;
+    for (int i = 0; i < c->held.n; i++)
+        vec_push(&c->q, c->held.v[i]);
+    c->held.n = 0;
+    pthread_cond_broadcast(&c->cv);
 }
 
 static void push_job(RtComm *c, Job j)
@@ -490,6 +512,7 @@ void rt_comm_close(RtComm *c)
     if (!c)
         return;
     pthread_mutex_lock(&c->mu);
+    release_held(c);
     c->quit = true;
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
@@ -507,7 +530,9 @@ void rt_comm_close(RtComm *c)
     vec_free(&c->ev);
     free(c->ev_copy);
     free(c->bucket_busy);
+    free(c->bucket_done);
     free(c->bucket_coll);
+    vec_free(&c->held);
     free(c->stage);
     vec_free(&c->fly);
     free(c);
@@ -561,15 +586,22 @@ void rt_comm_start(RtComm *c, const CgPlan *p, int s, const Backend *be, Backend
     if (st->bucket >= c->nbuckets) {
         int n = st->bucket + 1;
         c->bucket_busy = xrealloc(c->bucket_busy, sizeof(int) * (size_t)n);
+        c->bucket_done = xrealloc(c->bucket_done, sizeof(double) * (size_t)n);
         c->bucket_coll = xrealloc(c->bucket_coll, sizeof(int) * (size_t)n);
         for (int b = c->nbuckets; b < n; b++)
-            c->bucket_busy[b] = c->bucket_coll[b] = 0;
+            c->bucket_busy[b] = c->bucket_coll[b] = 0, c->bucket_done[b] = 0;
         c->nbuckets = n;
     }
     c->bucket_busy[st->bucket]++;
     c->bucket_coll[st->bucket] = (int)st->coll;
+    if (st->coll == CG_COLL_ALL_GATHER) { /* held until the next call (top of file) */
+        vec_push(&c->held, j);
+    } else {
+        release_held(c);
+        vec_push(&c->q, j);
+        pthread_cond_broadcast(&c->cv);
+    }
     pthread_mutex_unlock(&c->mu);
-    push_job(c, j);
 }
 
 void rt_comm_wait(RtComm *c, int bucket)
@@ -579,6 +611,7 @@ void rt_comm_wait(RtComm *c, int bucket)
     double t0 = ir_now();
     bool waited = false;
     pthread_mutex_lock(&c->mu);
+    release_held(c);
     while (bucket < c->nbuckets && c->bucket_busy[bucket] > 0) {
         waited = true;
         pthread_cond_wait(&c->cv, &c->mu);
@@ -591,30 +624,48 @@ void rt_comm_wait(RtComm *c, int bucket)
     pthread_mutex_unlock(&c->mu);
 }
 
-/* Queues host job j and waits for it. The time it spends behind bucket
- * collectives still queued or running (zero=1's all-gathers, which outlive
- * the step) is exposed time of those buckets: the host waits for them as it
- * would in rt_comm_wait. Counted under the all-gathers' kind when one of
- * them is busy. */
+/* Queues host job j ahead of the held all-gathers, releases them, and
+ * waits for j. Until the bucket collectives already queued, running or in
+ * flight when j was queued have all finished (zero=1's all-gathers outlive
+ * the step), the time j takes is exposed time of those buckets: the
+ * calling thread waits for them as it would in rt_comm_wait (MPI completes
+ * j after the data queued before it). Counted under the all-gathers' kind
+ * when one of them is among those buckets. */
 static void host_job(RtComm *c, Job j)
 {
     bool done = false;
-    double began = 0, t0 = ir_now();
+    double t0 = ir_now();
     j.done = &done;
-    j.began = &began;
     pthread_mutex_lock(&c->mu);
+    int *held = xcalloc((size_t)c->nbuckets + 1, sizeof(int)); /* per bucket */
+    for (int i = 0; i < c->held.n; i++)
+        held[c->held.v[i].bucket]++;
+    VEC(int) ahead = {0}; /* the busy buckets that j queues behind */
     int kind = -1;
     for (int b = 0; b < c->nbuckets; b++)
-        if (c->bucket_busy[b] > 0 && (kind < 0 || c->bucket_coll[b] == CG_COLL_ALL_GATHER))
-            kind = c->bucket_coll[b];
+        if (c->bucket_busy[b] > held[b]) {
+            vec_push(&ahead, b);
+            if (kind < 0 || c->bucket_coll[b] == CG_COLL_ALL_GATHER)
+                kind = c->bucket_coll[b];
+        }
     vec_push(&c->q, j);
+    release_held(c);
     pthread_cond_broadcast(&c->cv);
     while (!done)
         pthread_cond_wait(&c->cv, &c->mu);
-    if (kind >= 0 && began > t0) {
-        c->exposed_s += began - t0;
-        c->exposed_by[kind] += began - t0;
+    double t1 = ir_now(), end = t0;
+    for (int i = 0; i < ahead.n; i++) { /* the released ones of b run after j */
+        int b = ahead.v[i];
+        double e = c->bucket_busy[b] > held[b] ? t1 : c->bucket_done[b];
+        end = e > end ? e : end;
     }
+    free(held);
+    end = end < t1 ? end : t1;
+    if (kind >= 0 && end > t0) {
+        c->exposed_s += end - t0;
+        c->exposed_by[kind] += end - t0;
+    }
+    vec_free(&ahead);
     pthread_mutex_unlock(&c->mu);
 }
 

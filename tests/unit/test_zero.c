@@ -11,6 +11,8 @@
  *   last gradient is finished (the first before backward ends), the waits
  *   chain through one shard buffer (memplan), one scalar all-reduce, the
  *   all-gathers after the new shard; the dump parses back to the same text;
+ *   the all-gathers start in the order the forward first reads their
+ *   params (gpt's tied wte first);
  * - through the binary (mpirun): `--nproc 2 --set zero=1` against
  *   `--nproc 2` and 1 rank at the combined batch, per step losses and every
  *   final param within 1e-5 relative, for mlp, gpt and llama with
@@ -248,6 +250,47 @@ static void test_placement(void **state)
     free(t1);
     free(t2);
     ir_free(h);
+    ir_free(g);
+}
+
+/* The gathers start in the order the forward first reads their params
+ * (the next step's forward reads them in this step's order; checked on the
+ * comm pass's output, whose order schedule may permute a little): gpt's
+ * tied wte, read first and whose gradient is finished last (so it ends the
+ * flat order), is gathered first. */
+static void test_gather_order(void **state)
+{
+    (void)state;
+    const char *sets[] = {"batch=2"};
+    Graph *g = step_graph("models/gpt.lua", sets, 1, 2, 1, 1, "comm");
+    int *first_read = xmalloc(sizeof(int) * (size_t)(g->t.n + 1));
+    for (int t = 0; t < g->t.n; t++)
+        first_read[t] = g->ops.n;
+    for (int i = g->ops.n - 1; i >= 0; i--)
+        for (int j = 0; j < g->ops.v[i].nin; j++)
+            first_read[g->ops.v[i].in[j]] = i;
+    int wte = ir_find_tensor(g, "wte.weight"), prev_key = -1, nth = 0;
+    assert_true(wte >= 0);
+    for (int i = 0; i < g->ops.n; i++) {
+        const Op *op = &g->ops.v[i];
+        if (op->code != OP_ALL_GATHER_START)
+            continue;
+        int key = g->ops.n;
+        bool has_wte = false;
+        for (int j = 1; j < op->nin; j++) {
+            key = first_read[op->in[j]] < key ? first_read[op->in[j]] : key;
+            has_wte |= op->in[j] == wte;
+        }
+        if (key < prev_key)
+            fail_msg("all_gather_start at op %d (params first read at op %d) comes after one "
+                     "whose params are first read at op %d",
+                     i, key, prev_key);
+        prev_key = key;
+        if (nth++ == 0 && !has_wte)
+            fail_msg("the first all_gather_start (op %d) does not gather wte.weight", i);
+    }
+    assert_true(nth >= 3);
+    free(first_read);
     ir_free(g);
 }
 
@@ -623,6 +666,43 @@ static void test_checkpoints(void **state)
     free(dir);
 }
 
+/* The trace's collective events in t (a Chrome trace): per event its kind
+ * (0 host collective, 1 reduce-scatter, 2 all-gather, -1 other) and start
+ * (ts, us); returns how many, sorted by start. Caller frees *ev. */
+typedef struct {
+    double ts;
+    int kind;
+} CollEv;
+
+static int cmp_collev(const void *a, const void *b)
+{
+    const CollEv *x = a, *y = b;
+    return x->ts < y->ts ? -1 : x->ts > y->ts;
+}
+
+static int coll_events(const char *t, CollEv **ev)
+{
+    VEC(CollEv) v = {0};
+    for (const char *q = t; (q = strstr(q, "{\"name\":\"")); q++) {
+        const char *nm = q + 9, *ts = strstr(q, "\"ts\":"), *end = strchr(q, '}');
+        if (!ts || !end || ts > end)
+            continue;
+        CollEv e = {atof(ts + 5), -1};
+        if (strncmp(nm, "allreduce host", 14) == 0)
+            e.kind = 0;
+        else if (strncmp(nm, "reduce-scatter bucket", 21) == 0)
+            e.kind = 1;
+        else if (strncmp(nm, "all-gather bucket", 17) == 0)
+            e.kind = 2;
+        if (e.kind >= 0)
+            vec_push(&v, e);
+    }
+    if (v.n)
+        qsort(v.v, (size_t)v.n, sizeof(CollEv), cmp_collev);
+    *ev = v.v;
+    return v.n;
+}
+
 /* The report and the trace per rank: reduce-scatter and all-gather tracks
  * (tids 3 and 4) with their buckets, and the summary per collective. */
 static void test_report(void **state)
@@ -655,6 +735,20 @@ static void test_report(void **state)
         for (const char *q = t; (q = strstr(q, "\"name\":\"all-gather bucket")); q++)
             ag++;
         assert_true(rs >= 3 && ag >= 3); /* 3 steps, a bucket or more each */
+        /* a step's gathers go to MPI after the loss's mean that follows the
+         * step (mpi.c holds them), not before it: each all-gather starts
+         * after a host collective with no reduce-scatter in between */
+        CollEv *ev;
+        int nev = coll_events(t, &ev), last = -1;
+        for (int i = 0; i < nev; i++) {
+            if (ev[i].kind != 2)
+                last = ev[i].kind;
+            else if (last != 0)
+                fail_msg("rank %d: an all-gather starts at %.1f us after a %s, not after the "
+                         "loss's host all-reduce",
+                         r, ev[i].ts, last < 0 ? "step's start" : "reduce-scatter");
+        }
+        free(ev);
         free(t);
         free(p);
     }
@@ -709,6 +803,7 @@ int main(void)
         cmocka_unit_test(test_setting),
         cmocka_unit_test(test_interp_one_rank),
         cmocka_unit_test(test_placement),
+        cmocka_unit_test(test_gather_order),
         cmocka_unit_test(test_remat),
         cmocka_unit_test(test_bf16_master),
         cmocka_unit_test(test_equivalence),
