@@ -303,6 +303,16 @@ void ir_reorder_ops(Graph *g, const int *order, int n)
     free(kept);
 }
 
+void ir_drop_ops(Graph *g, const bool *drop)
+{
+    int *order = xmalloc(sizeof(int) * (size_t)(g->ops.n + 1)), n = 0;
+    for (int i = 0; i < g->ops.n; i++)
+        if (!drop[i])
+            order[n++] = i;
+    ir_reorder_ops(g, order, n);
+    free(order);
+}
+
 void ir_renumber(Graph *g, bool drop_unused_inputs)
 {
     int n = g->t.n;

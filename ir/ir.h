@@ -566,6 +566,9 @@ int *ir_use_counts(const Graph *g);
  * change: passes call ir_compact afterwards. The passes' one way to reorder
  * (comm, schedule, fuse, remat, optimizer, simplify). */
 void ir_reorder_ops(Graph *g, const int *order, int n);
+/* Drops the ops with drop[i] set, keeping the others in their order
+ * (ir_reorder_ops; passes call ir_compact afterwards). */
+void ir_drop_ops(Graph *g, const bool *drop);
 
 /* verify.c */
 /* Checks SSA (each tensor defined once, by the op whose `out` it is),

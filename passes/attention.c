@@ -267,7 +267,6 @@ bool pass_attention(Graph *g, const PassOpts *o, Diag *d)
     if (nmatch) {
         /* drop what the rewrites left unread: touched ops with no uses, and
          * the ops only they read, in reverse program order */
-        int *order = xmalloc(sizeof(int) * (size_t)(g->ops.n + 1));
         bool *drop = xcalloc((size_t)g->ops.n + 1, sizeof(bool));
         for (int i = g->ops.n - 1; i >= 0; i--) {
             Op *op = &g->ops.v[i];
@@ -280,13 +279,8 @@ bool pass_attention(Graph *g, const PassOpts *o, Diag *d)
                     touched[g->t.v[op->in[j]].op] = true;
             }
         }
-        int n = 0;
-        for (int i = 0; i < g->ops.n; i++)
-            if (!drop[i])
-                order[n++] = i;
-        ir_reorder_ops(g, order, n);
+        ir_drop_ops(g, drop);
         ir_compact(g);
-        free(order);
         free(drop);
     }
     free(touched);

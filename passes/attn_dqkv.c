@@ -94,13 +94,8 @@ bool pass_attention_dqkv(Graph *g, const PassOpts *o, Diag *d)
     }
     free(uses);
     if (ndrop) {
-        int *order = xmalloc(sizeof(int) * (size_t)(g->ops.n + 1)), n = 0;
-        for (int i = 0; i < g->ops.n; i++)
-            if (!drop[i])
-                order[n++] = i;
-        ir_reorder_ops(g, order, n);
+        ir_drop_ops(g, drop);
         ir_compact(g);
-        free(order);
     }
     free(drop);
     return true;
