@@ -260,6 +260,11 @@ typedef struct CgCudaProgram {
  * steps with different storage or aliasing get one variant each. Also emits
  * kiln_cast_f32_bf16(const float*, bf16*, n) for GEMM operands. */
 CgCudaProgram *cg_cuda_program(const CgPlan *p, bool bf16);
+/* Per tensor id (caller frees): the dtype its buffer has in device memory,
+ * as cg_cuda_program decides it for a plan of g with memory plan m (bf16:
+ * mixed precision); needs no CgPlan, so kiln plan can size the activations
+ * of every remat candidate as the device stores them. */
+DType *cg_cuda_storage(const Graph *g, const MemPlan *m, bool bf16);
 void cg_cuda_program_free(CgCudaProgram *q);
 
 /* ---- cuda_cast.c: bf16 copies of f32 GEMM operands ---------------------- */

@@ -20,11 +20,12 @@
 
 static bool is_float(DType dt) { return dt == DT_F32 || dt == DT_BF16; }
 
-/* Per tensor: may its buffer be stored as bf16 (see cg_cuda_program). */
-static bool *bf16_storage(const CgPlan *p)
+/* Per tensor: may its buffer be stored as bf16 (see cg_cuda_program). The
+ * copies that tie two storages to one type are the ops cg_plan makes copy
+ * steps of: ungrouped reshapes and synchronous all-reduces (a reshape shares
+ * its operand's root, so only an all-reduce into another buffer ties two). */
+static bool *bf16_storage(const Graph *g, const MemPlan *m)
 {
-    const Graph *g = p->g;
-    const MemPlan *m = p->mem;
     int nt = g->t.n;
     bool *elig = xcalloc((size_t)nt + 1, sizeof(bool));
     /* values computed from constants and indices only (positions, masks,
@@ -79,11 +80,10 @@ static bool *bf16_storage(const CgPlan *p)
     /* copies (reshape, allreduce) move bytes: both sides share one storage type */
     for (bool changed = true; changed;) {
         changed = false;
-        for (int s = 0; s < p->steps.n; s++) {
-            const CgStep *st = &p->steps.v[s];
-            if (st->kind != CG_STEP_COPY || st->op < 0)
+        for (int i = 0; i < g->ops.n; i++) {
+            const Op *op = &g->ops.v[i];
+            if (op->group >= 0 || (op->code != OP_RESHAPE && op->code != OP_ALLREDUCE))
                 continue;
-            const Op *op = &g->ops.v[st->op];
             int a = m->root[op->in[0]], c = m->root[op->out];
             if (ok[a] != ok[c]) {
                 ok[a] = ok[c] = false;
@@ -117,6 +117,16 @@ static bool *bf16_storage(const CgPlan *p)
     free(elig);
     free(fixed);
     return res;
+}
+
+DType *cg_cuda_storage(const Graph *g, const MemPlan *m, bool bf16)
+{
+    DType *st = xmalloc(sizeof(DType) * (size_t)(g->t.n + 1));
+    bool *half = bf16 ? bf16_storage(g, m) : NULL;
+    for (int t = 0; t < g->t.n; t++)
+        st[t] = half && half[t] ? DT_BF16 : g->t.v[t].s.dtype;
+    free(half);
+    return st;
 }
 
 /* The device arena (CgCudaProgram.mem) and the copy steps in its terms.
@@ -240,14 +250,10 @@ CgCudaProgram *cg_cuda_program(const CgPlan *p, bool bf16)
     const Graph *g = p->g;
     CgCudaProgram *q = xcalloc(1, sizeof *q);
     q->bf16 = bf16;
-    q->storage = xmalloc(sizeof(DType) * (size_t)(g->t.n + 1));
-    bool *half = bf16 ? bf16_storage(p) : NULL;
+    q->storage = cg_cuda_storage(g, p->mem, bf16);
     bool any = false;
-    for (int t = 0; t < g->t.n; t++) {
-        q->storage[t] = half && half[t] ? DT_BF16 : g->t.v[t].s.dtype;
+    for (int t = 0; t < g->t.n; t++)
         any |= q->storage[t] != g->t.v[t].s.dtype;
-    }
-    free(half);
     device_arena(p, q, any);
     device_epilogues(p, q);
     q->step_fn = xmalloc(sizeof(int) * (size_t)(p->steps.n + 1));

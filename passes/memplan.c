@@ -302,6 +302,54 @@ static bool *saved_roots(const Graph *g, const MemPlan *m)
     return fwd;
 }
 
+/* Fills m's timeline (live, live_grad, live_saved, grad_bytes, peak_live,
+ * peak_op) from the temps' live ranges and m->bytes. */
+static void fill_timeline(const Graph *g, MemPlan *m, const int *temps, int ntemps)
+{
+    int n = m->nops;
+    /* bytes live while each op runs, in all (0), in gradients (1) and in
+     * saved activations (2) */
+    bool *is_grad = grad_roots(g, m), *is_saved = saved_roots(g, m);
+    __int128 *delta = xcalloc(3 * ((size_t)n + 2), sizeof *delta); /* sums of saturated sizes */
+    __int128 grads = 0;
+    for (int k = 0; k < ntemps; k++) {
+        int t = temps[k];
+        int64_t size = align_up(m->bytes[t] ? m->bytes[t] : 1);
+        int a = m->first[t], b = m->last[t] >= n ? n - 1 : m->last[t];
+        if (a < 0 || n == 0)
+            continue;
+        __int128 *all = delta, *part = is_grad[t]    ? delta + (n + 2)
+                                       : is_saved[t] ? delta + 2 * (n + 2)
+                                                     : NULL;
+        all[a] += size;
+        all[b + 1] -= size;
+        if (part) {
+            part[a] += size;
+            part[b + 1] -= size;
+        }
+        if (is_grad[t])
+            grads += size;
+    }
+    m->grad_bytes = grads > INT64_MAX ? INT64_MAX : (int64_t)grads;
+    __int128 cur[3] = {m->persistent_bytes, 0, 0};
+    int64_t *out[3] = {m->live, m->live_grad, m->live_saved};
+    m->peak_live = m->persistent_bytes;
+    m->peak_op = -1;
+    for (int i = 0; i < n; i++) {
+        for (int q = 0; q < 3; q++) {
+            cur[q] += delta[q * (n + 2) + i];
+            out[q][i] = cur[q] > INT64_MAX ? INT64_MAX : (int64_t)cur[q];
+        }
+        if (m->live[i] > m->peak_live) {
+            m->peak_live = m->live[i];
+            m->peak_op = i;
+        }
+    }
+    free(delta);
+    free(is_grad);
+    free(is_saved);
+}
+
 MemPlan *pass_memplan(const Graph *g, Diag *d) { return pass_memplan_storage(g, NULL, d); }
 
 MemPlan *pass_memplan_storage(const Graph *g, const DType *storage, Diag *d)
@@ -462,52 +510,51 @@ MemPlan *pass_memplan_storage(const Graph *g, const DType *storage, Diag *d)
     for (int t = 0; t < nt; t++)
         m->offset[t] = m->offset[m->root[t]];
 
-    /* timeline: bytes live while each op runs, in all (0), in gradients (1)
-     * and in saved activations (2) */
-    bool *is_grad = grad_roots(g, m), *is_saved = saved_roots(g, m);
-    __int128 *delta = xcalloc(3 * ((size_t)n + 2), sizeof *delta); /* sums of saturated sizes */
-    __int128 grads = 0;
-    for (int k = 0; k < ntemps; k++) {
-        int t = temps[k];
-        int64_t size = align_up(m->bytes[t] ? m->bytes[t] : 1);
-        int a = m->first[t], b = m->last[t] >= n ? n - 1 : m->last[t];
-        if (a < 0 || n == 0)
-            continue;
-        __int128 *all = delta, *part = is_grad[t]    ? delta + (n + 2)
-                                       : is_saved[t] ? delta + 2 * (n + 2)
-                                                     : NULL;
-        all[a] += size;
-        all[b + 1] -= size;
-        if (part) {
-            part[a] += size;
-            part[b + 1] -= size;
-        }
-        if (is_grad[t])
-            grads += size;
-    }
-    m->grad_bytes = grads > INT64_MAX ? INT64_MAX : (int64_t)grads;
-    __int128 cur[3] = {m->persistent_bytes, 0, 0};
-    int64_t *out[3] = {m->live, m->live_grad, m->live_saved};
-    m->peak_live = m->persistent_bytes;
-    m->peak_op = -1;
-    for (int i = 0; i < n; i++) {
-        for (int q = 0; q < 3; q++) {
-            cur[q] += delta[q * (n + 2) + i];
-            out[q][i] = cur[q] > INT64_MAX ? INT64_MAX : (int64_t)cur[q];
-        }
-        if (m->live[i] > m->peak_live) {
-            m->peak_live = m->live[i];
-            m->peak_op = i;
-        }
-    }
-    free(delta);
-    free(is_grad);
-    free(is_saved);
+    fill_timeline(g, m, temps, ntemps);
     free(temps);
     free(gfirst);
     free(glast);
     free(internal);
     return m;
+}
+
+MemPlan *pass_memplan_counted(const Graph *g, const MemPlan *m, const DType *storage)
+{
+    int nt = m->nt, n = m->nops;
+    MemPlan *c = xcalloc(1, sizeof *c);
+    c->nt = nt;
+    c->nops = n;
+    c->root = xmalloc(sizeof(int) * (size_t)(nt + 1));
+    c->first = xmalloc(sizeof(int) * (size_t)(nt + 1));
+    c->last = xmalloc(sizeof(int) * (size_t)(nt + 1));
+    c->bytes = xcalloc((size_t)nt + 1, sizeof(int64_t));
+    c->persistent = xcalloc((size_t)nt + 1, sizeof(bool));
+    memcpy(c->root, m->root, sizeof(int) * (size_t)nt);
+    memcpy(c->first, m->first, sizeof(int) * (size_t)nt);
+    memcpy(c->last, m->last, sizeof(int) * (size_t)nt);
+    memcpy(c->persistent, m->persistent, sizeof(bool) * (size_t)nt);
+    c->live = xcalloc((size_t)n + 1, sizeof(int64_t));
+    c->live_grad = xcalloc((size_t)n + 1, sizeof(int64_t));
+    c->live_saved = xcalloc((size_t)n + 1, sizeof(int64_t));
+    bool *mat = pass_fuse_materialised(g);
+    int *temps = xmalloc(sizeof(int) * (size_t)(nt + 1));
+    int ntemps = 0;
+    for (int t = 0; t < nt; t++) {
+        const Tensor *x = &g->t.v[t];
+        c->bytes[t] = storage ? ir_mul_sat(shape_numel(&x->s), dtype_size(storage[t]))
+                              : shape_bytes(&x->s);
+        if (m->root[t] == t && !m->persistent[t] && mat[t])
+            temps[ntemps++] = t;
+    }
+    c->persistent_bytes = 0; /* as pass_memplan_storage lays them out */
+    for (int t = 0; t < nt; t++)
+        if (m->root[t] == t && m->persistent[t])
+            c->persistent_bytes =
+                ir_add_sat(c->persistent_bytes, align_up(c->bytes[t] ? c->bytes[t] : 1));
+    fill_timeline(g, c, temps, ntemps);
+    free(temps);
+    free(mat);
+    return c;
 }
 
 void pass_memplan_free(MemPlan *m)

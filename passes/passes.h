@@ -249,6 +249,12 @@ bool pass_memplan_run(Graph *g, const PassOpts *o, Diag *d);
  * only offsets and the arena change. Tensors sharing a storage must have
  * equal storage dtypes. */
 MemPlan *pass_memplan_storage(const Graph *g, const DType *storage, Diag *d);
+/* m's storages and live ranges counted with buffers stored as storage[t]
+ * (NULL: each tensor's dtype): bytes and the timeline (live, live_grad,
+ * live_saved, grad_bytes, peak_live, peak_op) equal pass_memplan_storage's,
+ * but nothing is placed (offset and inplace NULL, arena_bytes 0), so it
+ * costs O(ops + tensors). For counting memory, not for running. */
+MemPlan *pass_memplan_counted(const Graph *g, const MemPlan *m, const DType *storage);
 void pass_memplan_free(MemPlan *m);
 /* The per-op memory timeline: op index, opcode, result, live bytes, and the peak. */
 void pass_memplan_print(const Graph *g, const MemPlan *m, FILE *f);

@@ -177,7 +177,7 @@ static bool measure(const Model *m, const PassOpts *po, const CgDevice *dev, Var
     c->d_model = config_int(m, "C");
     c->layers = config_int(m, "L");
     c->act_dtype_bytes = o.bf16 ? 2 : 4;
-    timeline(mp, c, &v->mem);
+    timeline(q ? q->mem : mp, c, &v->mem); /* the device's storage sizes (bf16 activations) */
     /* the times of the step's launches in order: compute, optimizer, and
      * when each bucket's all-reduce may start */
     double t = 0;
@@ -259,20 +259,28 @@ typedef struct {
 } RematChoice;
 
 /* What remat_measure_ctx points at: the compiled variant (params, state,
- * sharding) and the layout. */
+ * sharding), the layout, and whether the device stores activations as bf16
+ * (mixed precision on a GPU: cg_cuda_storage sizes each candidate's). */
 typedef struct {
     CgClusterModel m;
     CgClusterOpts o;
+    bool bf16;
 } MemCtx;
 
 /* remat_measure: memory per GPU of a candidate's plan, in whole bytes. */
 static int64_t memory_per_gpu(const Graph *g, const MemPlan *mp, const void *ctx)
 {
-    (void)g;
     const MemCtx *x = ctx;
     CgClusterModel m = x->m;
     double *own;
-    timeline(mp, &m, &own);
+    MemPlan *counted = NULL;
+    if (x->bf16) {
+        DType *st = cg_cuda_storage(g, mp, true);
+        counted = pass_memplan_counted(g, mp, st);
+        free(st);
+    }
+    timeline(counted ? counted : mp, &m, &own);
+    pass_memplan_free(counted);
     CgClusterPlan p;
     cg_cluster_memory(&m, &x->o, &p);
     free(own);
@@ -290,7 +298,7 @@ static void remat_at_memory(const Model *m, const PassOpts *po, const CgDevice *
     if (dev->mem <= 0 || dev->mem - (p->mem_params + v->m.grad_bytes / split + p->mem_opt) <= 0)
         return;
     rc->ran = true;
-    MemCtx ctx = {v->m, *o};
+    MemCtx ctx = {v->m, *o, dev->gpu && cli_predict_opts(m, dev).bf16};
     PassOpts pr = *po;
     pr.remat = REMAT_AUTO;
     pr.memory_budget = dev->mem < 9e18 ? (int64_t)dev->mem : INT64_MAX;

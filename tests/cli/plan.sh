@@ -127,6 +127,35 @@ assert m2["grads"] + m2["activations"] >= temps and m2["grads"] <= temps, (m2, t
 assert m2["total"] <= peak + m2["activations"], (m2, peak)
 PY
 fi
+# mixed precision (precision=bf16 on a GPU): the activations are counted as
+# the CUDA backend stores them, as bf16 (half the f32 plan's saved bytes, a
+# few f32 buffers such as attention's lse aside), and the remat choice at the
+# device's memory measures each candidate the same way: at remat none's bf16
+# memory it recomputes nothing (counted at f32 it would have to)
+if command -v python3 >/dev/null; then
+    half=(models/gpt.lua --set L=4 --set C=256 --set T=256 --set batch=4 --device h100)
+    "$KILN" plan "${half[@]}" --json >"$dir/h32.json" 2>&1 || fail "f32: $(cat "$dir/h32.json")"
+    "$KILN" plan "${half[@]}" --set precision=bf16 --json >"$dir/h16.json" 2>&1 ||
+        fail "bf16: $(cat "$dir/h16.json")"
+    mem=$(python3 -c "
+import json, sys
+f, h = (json.load(open(p)) for p in sys.argv[1:3])
+a, b = f['memory_per_gpu'], h['memory_per_gpu']
+print('saved activations f32', a['activations_saved'], 'bf16', b['activations_saved'], file=sys.stderr)
+assert 0.45 * a['activations_saved'] <= b['activations_saved'] <= 0.55 * a['activations_saved'], (a, b)
+assert b['activations'] <= 0.55 * a['activations'], (a, b)
+none = [w for w in h['what_if'] if w['name'] == 'remat=none'][0]['memory_per_gpu']
+none32 = [w for w in f['what_if'] if w['name'] == 'remat=none'][0]['memory_per_gpu']
+assert none < 0.8 * none32, (none, none32)
+print(int(none * 1.01))" "$dir/h32.json" "$dir/h16.json") || fail "bf16 activations counted at f32 sizes"
+    "$KILN" plan "${half[@]}" --set precision=bf16 --memory "$mem" --json >"$dir/h16m.json" 2>&1 ||
+        fail "bf16 --memory $mem: $(cat "$dir/h16m.json")"
+    python3 -c "
+import json, sys
+r = json.load(open(sys.argv[1]))['remat_at_memory']
+assert r['fits'] and r['recomputed'] == 0 and r['total'] <= r['memory'], r" "$dir/h16m.json" ||
+        fail "bf16 at remat none's memory: $(cat "$dir/h16m.json")"
+fi
 # --device cpu with 2 ranks: the MPI link between them is measured once
 # through kiln's own transport (under mpirun), cached, and is the plan's link
 if command -v mpirun >/dev/null; then

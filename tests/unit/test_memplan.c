@@ -252,6 +252,24 @@ static void check_bf16_storage(const char *path, const Graph *g, const MemPlan *
             (long long)m->arena_bytes, (long long)h->arena_bytes);
     assert_true(n > 0);
     assert_true(h->arena_bytes < m->arena_bytes);
+    /* counted without placing: the same sizes and timeline */
+    for (int pass = 0; pass < 2; pass++) {
+        const MemPlan *want = pass ? h : m;
+        MemPlan *c = pass_memplan_counted(g, m, pass ? st : NULL);
+        assert_int_equal(c->nops, want->nops);
+        assert_int_equal(c->persistent_bytes, want->persistent_bytes);
+        assert_int_equal(c->grad_bytes, want->grad_bytes);
+        assert_int_equal(c->peak_live, want->peak_live);
+        assert_int_equal(c->peak_op, want->peak_op);
+        for (int t = 0; t < nt; t++)
+            assert_int_equal(c->bytes[t], want->bytes[t]);
+        for (int i = 0; i < m->nops; i++) {
+            assert_int_equal(c->live[i], want->live[i]);
+            assert_int_equal(c->live_grad[i], want->live_grad[i]);
+            assert_int_equal(c->live_saved[i], want->live_saved[i]);
+        }
+        pass_memplan_free(c);
+    }
     pass_memplan_free(h);
     free(st);
     free(half);
