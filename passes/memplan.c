@@ -6,9 +6,11 @@
  * storages whose live ranges meet its own (the smallest gap that holds it,
  * the lowest of equal ones; else above them all). The gaps come from two
  * segment trees over positions that keep unions of address ranges
- * (Covers): O(log n) unions per temp instead of every temp it meets, so
- * placing is near-linear in the temps where their live ranges nest (a deep
- * model's saved activations) rather than quadratic.
+ * (Covers): O(log n) unions per temp instead of every temp it meets, and
+ * redundant blocks (stacks of address-adjacent temps over the intersection
+ * of their live ranges) that merge the unions' interleaved spans, so
+ * placing is near-linear in the temps (a deep model's saved activations)
+ * rather than quadratic.
  *
  * The timeline (live bytes per op) is also split: params' gradients
  * (live_grad), activations saved for backward (live_saved), the rest other
@@ -53,11 +55,12 @@ static int cmp_by_size(const void *a, const void *b, void *ctx)
  * query merges the O(log n) unions in address order, skipping at once the
  * spans of a union that lie under what is covered already, instead of
  * one step per temp that meets t (a backward temp meets every saved
- * activation; touching ones merge into one span). Still not linear: the
- * spans a query merges grow with the number of long-lived temps (about
- * 140 per temp for a 96-layer Llama, 55 for 24 layers). The fit is the one
- * the plain scan of every such temp in address order finds (test_memplan
- * checks that it is). */
+ * activation; touching ones merge into one span). Temps stacked in address
+ * but with different live ranges sit in different nodes and would still
+ * interleave (a walk that grows with depth); the blocks below add each
+ * stack once more as one span, so a query walks about 13 to 15 spans per
+ * temp at any depth. The fit is the one the plain scan of every such temp
+ * in address order finds (test_memplan checks that it is). */
 
 /* A union of address ranges: disjoint, non-touching spans [s, e), sorted. */
 typedef struct {
@@ -244,6 +247,125 @@ static int64_t covers_fit(Covers *cv, int a, int b, int64_t size)
             pos = x->e;
     }
     return best < 0 ? pos : best;
+}
+
+/* ---- blocks: redundant rectangles that let the fit skip a stack ----
+ * A block is address-adjacent placed temps [s, e) taken together over the
+ * intersection [lo, hi] of their live ranges. Wherever a query's range
+ * meets [lo, hi], it meets every member's, so all of [s, e) is in the
+ * query's union anyway: adding the block to the Covers changes no union and
+ * no fit. It only makes one span of what were many spans in different
+ * unions (a deep model's saved activations of two sizes sit stacked in
+ * address, alternating, each in the node of its own live range), which
+ * covers_next then skips with one binary search per union instead of a
+ * heap step per span.
+ *
+ * A placed temp joins the widest rectangle (temp or block) that ends where
+ * it starts and the widest that starts where it ends, among the last
+ * BLOCK_SCAN of each, whose ranges meet its own and each other's: one new
+ * block per temp at most, found through hashes of start and end addresses. */
+enum { BLOCK_SCAN = 8 };
+
+typedef struct {
+    int64_t s, e;
+    int lo, hi;
+    int next[2]; /* the previous rectangle starting at s (0) or ending at e (1) */
+} Rect;
+
+typedef struct {
+    VEC(Rect) r;
+    size_t cap;      /* power of two, over twice the rectangles */
+    int64_t *key[2]; /* per hash (0: start, 1: end addresses): key and head */
+    int *head[2];    /* (-1: empty slot) */
+} Blocks;
+
+static void blocks_init(Blocks *b, int ntemps)
+{
+    memset(b, 0, sizeof *b);
+    b->cap = 16;
+    while (b->cap < 4 * (size_t)ntemps + 16)
+        b->cap *= 2;
+    for (int h = 0; h < 2; h++) {
+        b->key[h] = xmalloc(sizeof(int64_t) * b->cap);
+        b->head[h] = xmalloc(sizeof(int) * b->cap);
+        for (size_t i = 0; i < b->cap; i++)
+            b->head[h][i] = -1;
+    }
+}
+
+static void blocks_free(Blocks *b)
+{
+    vec_free(&b->r);
+    for (int h = 0; h < 2; h++) {
+        free(b->key[h]);
+        free(b->head[h]);
+    }
+}
+
+/* The slot of address x in hash h (its own, or the empty one to take). */
+static size_t blocks_slot(const Blocks *b, int h, int64_t x)
+{
+    size_t i = (size_t)((uint64_t)x * 0x9E3779B97F4A7C15ull >> 20) & (b->cap - 1);
+    while (b->head[h][i] >= 0 && b->key[h][i] != x)
+        i = (i + 1) & (b->cap - 1);
+    return i;
+}
+
+static void blocks_push(Blocks *b, Rect x)
+{
+    for (int h = 0; h < 2; h++) {
+        int64_t at = h ? x.e : x.s;
+        size_t i = blocks_slot(b, h, at);
+        x.next[h] = b->head[h][i];
+        b->key[h][i] = at;
+        b->head[h][i] = b->r.n;
+    }
+    vec_push(&b->r, x);
+}
+
+/* Of the rectangles starting (h 0) or ending (h 1) at x whose ranges meet
+ * [*lo, *hi], the one that leaves the longest intersection (the widest of
+ * those), to which it narrows [*lo, *hi]; -1: none. A stack's block is
+ * counted where its intersection meets a query: a long-lived block beats a
+ * wide one that something short-lived narrows. */
+static int blocks_join(const Blocks *b, int h, int64_t x, int *lo, int *hi)
+{
+    int pick = -1, best_len = -1;
+    size_t i = blocks_slot(b, h, x);
+    for (int r = b->head[h][i], seen = 0; r >= 0 && seen < BLOCK_SCAN;
+         r = b->r.v[r].next[h], seen++) {
+        const Rect *c = &b->r.v[r];
+        int len = (c->hi < *hi ? c->hi : *hi) - (c->lo > *lo ? c->lo : *lo);
+        if (len < 0)
+            continue;
+        if (pick < 0 || len > best_len ||
+            (len == best_len && c->e - c->s > b->r.v[pick].e - b->r.v[pick].s)) {
+            pick = r;
+            best_len = len;
+        }
+    }
+    if (pick >= 0) {
+        const Rect *c = &b->r.v[pick];
+        *lo = c->lo > *lo ? c->lo : *lo;
+        *hi = c->hi < *hi ? c->hi : *hi;
+    }
+    return pick;
+}
+
+/* Records the temp just placed over [a, z] at [s, e), and the block it
+ * makes (also added to cv), if any. */
+static void blocks_place(Blocks *b, Covers *cv, int a, int z, int64_t s, int64_t e)
+{
+    int lo = a, hi = z;
+    int below = blocks_join(b, 1, s, &lo, &hi);
+    int above = blocks_join(b, 0, e, &lo, &hi);
+    blocks_push(b, (Rect){s, e, a, z, {-1, -1}});
+    if (below < 0 && above < 0)
+        return;
+    Rect blk = {below >= 0 ? b->r.v[below].s : s, above >= 0 ? b->r.v[above].e : e, lo, hi,
+                {-1, -1}};
+    covers_add(cv, blk.lo, blk.hi, blk.s, blk.e);
+    blocks_push(b, blk);
 }
 
 /* True when op reads its operands at its own flat output index only. */
@@ -494,6 +616,8 @@ MemPlan *pass_memplan_storage(const Graph *g, const DType *storage, Diag *d)
     qsort_r(temps, (size_t)ntemps, sizeof(int), cmp_by_size, m);
     Covers cv;
     covers_init(&cv, n);
+    Blocks bl;
+    blocks_init(&bl, ntemps);
     int64_t high = 0;
     for (int k = 0; k < ntemps; k++) {
         int t = temps[k];
@@ -501,10 +625,12 @@ MemPlan *pass_memplan_storage(const Graph *g, const DType *storage, Diag *d)
         int64_t best = covers_fit(&cv, m->first[t], m->last[t], size);
         int64_t end = ir_add_sat(best, size);
         covers_add(&cv, m->first[t], m->last[t], best, end);
+        blocks_place(&bl, &cv, m->first[t], m->last[t], best, end);
         m->offset[t] = ir_add_sat(m->persistent_bytes, best);
         if (end > high)
             high = end;
     }
+    blocks_free(&bl);
     covers_free(&cv);
     m->arena_bytes = ir_add_sat(m->persistent_bytes, high);
     for (int t = 0; t < nt; t++)
