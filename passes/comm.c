@@ -313,6 +313,104 @@ static int analyse(const Graph *g, Grad *gr, int n, int *first_use, const bool *
     return clash;
 }
 
+/* Splits back into single-op kernels the groups that analyse reports, one
+ * at a time until none is left, exactly as calling analyse again after each
+ * split would (the same groups in the same order; gr[] and first_use[] end
+ * as its last call leaves them), but each split touches only the group's
+ * ops, the readers of what they read and the gradients: a step that
+ * accumulates micro-batches has one such group per param (the GEMM whose
+ * epilogue squares the gradient's mean for the norm), and a full analyse per
+ * split made the pass quadratic in depth. */
+static void split_clashes(Graph *g, Grad *gr, int n, int *first_use, const bool *feeds)
+{
+    int clash = analyse(g, gr, n, first_use, feeds);
+    if (clash < 0)
+        return;
+    int nops = g->ops.n, nt = g->t.n, ngroups = 0;
+    for (int i = 0; i < nops; i++)
+        if (g->ops.v[i].group >= ngroups)
+            ngroups = g->ops.v[i].group + 1;
+    int *gfirst = xmalloc(sizeof(int) * (size_t)(ngroups + 1));
+    int *glast = xmalloc(sizeof(int) * (size_t)(ngroups + 1));
+    int *mstart = xcalloc((size_t)ngroups + 2, sizeof(int)); /* members, by group */
+    int *mem = xmalloc(sizeof(int) * (size_t)(nops + 1));
+    int *rstart = xcalloc((size_t)nt + 2, sizeof(int)); /* readers (not feeders), by tensor */
+    int nreads = 0;
+    for (int k = 0; k < ngroups; k++)
+        gfirst[k] = nops, glast[k] = -1;
+    for (int i = 0; i < nops; i++) {
+        const Op *op = &g->ops.v[i];
+        if (op->group >= 0) {
+            gfirst[op->group] = i < gfirst[op->group] ? i : gfirst[op->group];
+            glast[op->group] = i;
+            mstart[op->group + 1]++;
+        }
+        for (int j = 0; j < op->nin && !feeds[i]; j++, nreads++)
+            rstart[op->in[j] + 1]++;
+    }
+    for (int k = 0; k < ngroups; k++)
+        mstart[k + 1] += mstart[k];
+    for (int t = 0; t < nt; t++)
+        rstart[t + 1] += rstart[t];
+    int *rd = xmalloc(sizeof(int) * (size_t)(nreads + 1));
+    int *mfill = xmalloc(sizeof(int) * (size_t)(ngroups + 1));
+    int *rfill = xmalloc(sizeof(int) * (size_t)(nt + 1));
+    memcpy(mfill, mstart, sizeof(int) * (size_t)ngroups);
+    memcpy(rfill, rstart, sizeof(int) * (size_t)nt);
+    for (int i = 0; i < nops; i++) {
+        const Op *op = &g->ops.v[i];
+        if (op->group >= 0)
+            mem[mfill[op->group]++] = i;
+        for (int j = 0; j < op->nin && !feeds[i]; j++)
+            rd[rfill[op->in[j]]++] = i;
+    }
+    free(mfill);
+    free(rfill);
+    while (clash >= 0) {
+        for (int q = mstart[clash]; q < mstart[clash + 1]; q++)
+            g->ops.v[mem[q]].group = -1;
+        /* the first reads of what the split ops read (analyse's first_use) */
+        for (int q = mstart[clash]; q < mstart[clash + 1]; q++) {
+            const Op *op = &g->ops.v[mem[q]];
+            for (int j = 0; j < op->nin && !feeds[mem[q]]; j++) {
+                int t = op->in[j], at = nops;
+                for (int r = rstart[t]; r < rstart[t + 1]; r++) {
+                    int k = g->ops.v[rd[r]].group, a = k >= 0 ? gfirst[k] : rd[r];
+                    at = a < at ? a : at;
+                }
+                first_use[t] = at;
+            }
+        }
+        for (int k = 0; k < n; k++) {
+            int op = g->t.v[gr[k].t].op;
+            gr[k].ready = op >= 0 && g->ops.v[op].group >= 0 ? glast[g->ops.v[op].group] : op;
+        }
+        if (n)
+            qsort(gr, (size_t)n, sizeof(Grad), cmp_ready);
+        /* analyse's clash: the first reading group (in op order) of the first
+         * gradient read before it is finished */
+        clash = -1;
+        for (int k = 0; k < n && clash < 0; k++) {
+            if (first_use[gr[k].t] > gr[k].ready)
+                continue;
+            for (int r = rstart[gr[k].t]; r < rstart[gr[k].t + 1] && clash < 0; r++) {
+                int grp = g->ops.v[rd[r]].group;
+                if (grp >= 0 && gfirst[grp] <= gr[k].ready)
+                    clash = grp;
+            }
+            if (clash < 0)
+                die("comm: grad.%s is read at op %d before it is finished (op %d)", gr[k].name,
+                    first_use[gr[k].t], gr[k].ready);
+        }
+    }
+    free(gfirst);
+    free(glast);
+    free(mstart);
+    free(mem);
+    free(rstart);
+    free(rd);
+}
+
 /* Where op i's kernel ends: the last op of its fuse group (or i). */
 static int kernel_end(const Graph *g, int i)
 {
@@ -607,10 +705,7 @@ bool pass_comm(Graph *g, const PassOpts *o, Diag *d)
      * mean in between) leaves no point for the all-reduce (and is no longer
      * one convex kernel): such a group is split back into single-op kernels */
     bool *feeds = grad_feeders(g, gr, n);
-    for (int clash; (clash = analyse(g, gr, n, first_use, feeds)) >= 0;)
-        for (int i = 0; i < nops; i++)
-            if (g->ops.v[i].group == clash)
-                g->ops.v[i].group = -1;
+    split_clashes(g, gr, n, first_use, feeds);
     if (zero) {
         int *gready = xmalloc(sizeof(int) * (size_t)(g->t.n + 1));
         int last = -1;
