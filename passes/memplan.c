@@ -114,6 +114,7 @@ typedef struct {
     int leaves;          /* power of two > every position */
     Cover *stab, *start; /* 2 * leaves nodes each; node 1 the root */
     VEC(Run) q;          /* a query's unions: a heap by next span start */
+    int64_t walked;      /* spans the queries consumed, in all (MemPlan.fit_spans) */
 } Covers;
 
 /* Calls body with v set to each canonical node of [a, b] (inclusive). */
@@ -214,6 +215,7 @@ static const Span *covers_next(Covers *cv, int64_t pos)
             r->p = lo;
         } else {
             const Span *top = r->p++;
+            cv->walked++;
             if (r->p == r->end)
                 h[0] = h[--cv->q.n];
             runs_sift(h, cv->q.n);
@@ -631,6 +633,7 @@ MemPlan *pass_memplan_storage(const Graph *g, const DType *storage, Diag *d)
             high = end;
     }
     blocks_free(&bl);
+    m->fit_spans = cv.walked;
     covers_free(&cv);
     m->arena_bytes = ir_add_sat(m->persistent_bytes, high);
     for (int t = 0; t < nt; t++)

@@ -238,6 +238,7 @@ typedef struct MemPlan {
      * backward, the optimizer and forward). */
     int64_t *live_grad, *live_saved;
     int64_t grad_bytes;    /* every gradient storage (aligned) */
+    int64_t fit_spans;     /* spans the best fit's queries merged, in all (its cost) */
 } MemPlan;
 MemPlan *pass_memplan(const Graph *g, Diag *d);
 /* The pass in the list: plans g (unchanged) and hands the plan to
