@@ -729,16 +729,24 @@ static void test_report(void **state)
             fail_msg("no trace %s", p);
         assert_non_null(strstr(t, "\"tid\":3,\"args\":{\"name\":\"reduce-scatter"));
         assert_non_null(strstr(t, "\"tid\":4,\"args\":{\"name\":\"all-gather"));
-        int rs = 0, ag = 0;
+        int rs = 0, ag = 0, per[64] = {0};
         for (const char *q = t; (q = strstr(q, "\"name\":\"reduce-scatter bucket")); q++)
             rs += strstr(q, "\"tid\":3}") != NULL;
-        for (const char *q = t; (q = strstr(q, "\"name\":\"all-gather bucket")); q++)
+        for (const char *q = t; (q = strstr(q, "\"name\":\"all-gather bucket ")); q++) {
+            int b = atoi(q + strlen("\"name\":\"all-gather bucket "));
+            assert_true(b >= 0 && b < 64);
+            per[b]++;
             ag++;
-        /* 3 steps, a bucket or more each. An all-gather that lands after
-         * its step's statistics were taken is in no step's events (a known
-         * gap, the last step's often): 3 to 6 gather events per rank in
-         * runs here, and fewer than 3 once in CI's sanitizer leg */
-        assert_true(rs >= 3 && ag >= 1);
+        }
+        /* 3 steps, a bucket or more each, and every step's gathers: each
+         * all-gather bucket 3 times (the ones that land after their step's
+         * figures were taken go into the next step's, the last step's into
+         * its own after the loop: rt_dp_after_last_step) */
+        assert_true(rs >= 3 && ag >= 3);
+        for (int b = 0; b < 64; b++)
+            if (per[b] && per[b] != 3)
+                fail_msg("rank %d: all-gather bucket %d is in the trace %d times, not once a "
+                         "step (3)", r, b, per[b]);
         /* a step's gathers go to MPI after the loss's mean that follows the
          * step (mpi.c holds them), not before it: each all-gather starts
          * after a host collective with no reduce-scatter in between */
