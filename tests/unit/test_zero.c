@@ -9,8 +9,9 @@
  *   not with zero=1 (it plans against the smaller persistent region);
  * - the comm pass for 2 ranks: reduce-scatter buckets start where their
  *   last gradient is finished (the first before backward ends), the waits
- *   chain through one shard buffer (memplan), one scalar all-reduce, the
- *   all-gathers after the new shard; the dump parses back to the same text;
+ *   chain through one shard buffer (memplan), one scalar all-reduce with
+ *   the shard_packs between its start and wait, the all-gathers after the
+ *   new shard; the dump parses back to the same text;
  *   the all-gathers start in the order the forward first reads their
  *   params (gpt's tied wte first);
  * - through the binary (mpirun): `--nproc 2 --set zero=1` against
@@ -177,7 +178,7 @@ static void test_placement(void **state)
     const char *sets[] = {"batch=2"};
     Graph *g = step_graph("models/gpt.lua", sets, 1, 2, 1, 1, "schedule");
     int last_bwd = -1, first_rs = -1, nrs = 0, nar = 0, nag = 0, first_ag = -1, last_rsw = -1;
-    int acc = -1;
+    int acc = -1, ar_start = -1, ar_wait = -1;
     for (int i = 0; i < g->ops.n; i++) {
         const Op *op = &g->ops.v[i];
         if (op->flags & OPF_BACKWARD)
@@ -211,7 +212,12 @@ static void test_placement(void **state)
         if (op->code == OP_REDUCE_SCATTER_WAIT)
             last_rsw = i;
         if (op->code == OP_ALLREDUCE_START)
-            nar++;
+            nar++, ar_start = i;
+        if (op->code == OP_ALLREDUCE_WAIT && ar_start >= 0 && ar_wait < 0)
+            ar_wait = i;
+        if (op->code == OP_SHARD_PACK && (ar_start < 0 || ar_wait >= 0))
+            fail_msg("shard_pack at op %d is not between the norm's allreduce_start and wait",
+                     i);
         if (op->code == OP_ALL_GATHER_START) {
             nag++;
             if (first_ag < 0)
@@ -221,6 +227,10 @@ static void test_placement(void **state)
     assert_true(nrs >= 3);
     assert_true(first_rs < last_bwd); /* overlaps backward */
     assert_int_equal(nar, 1);         /* the norm's scalar */
+    /* the shard_packs (which the norm does not need) run while it is
+     * reduced: after its start, before its wait (comm's sink_past_start,
+     * and schedule leaves them there) */
+    assert_true(ar_start >= 0 && ar_wait > ar_start + 2);
     assert_true(nag >= 3 && first_ag > last_rsw);
     /* every param is updated by the wait of its gather, in place */
     Diag d = {{0}};
