@@ -472,13 +472,55 @@ static void shard_grad_outputs(Graph *g, int shard)
     ir_add_output(g, "grad.shard", shard);
 }
 
+/* The norm's all-reduce start is placed right after `ready` (the kernel
+ * end of its operand). The ops of the old order between the
+ * reduce_scatter and `ready` that the operand does not need (zero=1: the
+ * shard_packs of the params and their zero consts, which the optimizer
+ * emits between the reduce_scatter and the squared norm) move to right
+ * after the start, in their order, so they run while the scalar is
+ * reduced instead of before it starts (docs/distributed.md, step 3).
+ * Fused ops stay with their kernel, and an op stays when a staying op
+ * reads it (found in one pass from `ready` down: readers come after what
+ * they read), so every op still follows what it reads; a moved op only
+ * goes later, before every reader it had after `ready`. */
+static void sink_past_start(Placer *p, int ready)
+{
+    Graph *g = p->g;
+    int lo = ready;
+    while (lo >= 0 && g->ops.v[lo].code != OP_REDUCE_SCATTER)
+        lo--;
+    int n = ready - lo; /* the window (lo, ready] */
+    if (lo < 0 || n <= 1)
+        return;
+    bool *need = xcalloc((size_t)n + 1, sizeof(bool)); /* op i: need[i - lo - 1] */
+    need[n - 1] = true;
+    for (int i = ready; i > lo; i--) {
+        const Op *op = &g->ops.v[i];
+        if (op->group >= 0 ||
+            (ir_opinfo[op->code].cls == OC_COLLECTIVE && op->code != OP_SHARD_PACK))
+            need[i - lo - 1] = true;
+        if (!need[i - lo - 1])
+            continue;
+        for (int j = 0; j < op->nin; j++) {
+            int d = g->t.v[op->in[j]].op;
+            if (d > lo && d <= ready)
+                need[d - lo - 1] = true;
+        }
+    }
+    for (int i = lo + 1; i <= ready; i++)
+        if (!need[i - lo - 1])
+            place(p, i, ready, 1); /* after the start (same key, later seq) */
+    free(need);
+}
+
 /* ZeRO-1 (the optimizer's reduce_scatter, allreduce and all_gather, see
  * pass_optimizer): the reduce_scatter's gradients, in its (flat) order, are
  * cut into buckets of about cap bytes; each bucket's reduce_scatter_start
  * goes right after the kernel that finishes its last gradient (after
  * backward with no_overlap) and its wait, chained through the shard, right
  * before the reduce_scatter it replaces. The scalar allreduce (the shards'
- * squared norms) becomes one allreduce bucket. The all_gathers are cut into
+ * squared norms) becomes one allreduce bucket, with the ops it does not
+ * need (the shard_packs) moved between its start and wait. The all_gathers are cut into
  * buckets of consecutive params; each all_gather_start goes right after the
  * kernel that writes the new shard, and each param's wait where its
  * all_gather was. gready[t]: when gradient t is finished (kernel end). */
@@ -578,6 +620,8 @@ static void comm_zero(Graph *g, const PassOpts *o, const int *gready, int last_b
         int tok = ready >= 0 ? add_op(&p, OP_ALLREDUCE_START, &x, 1, &ba, A.loc, ready, 1)
                              : add_op(&p, OP_ALLREDUCE_START, &x, 1, &ba, A.loc, 0, -1000000);
         int w = add_op(&p, OP_ALLREDUCE_WAIT, (int[]){tok, x}, 2, &ba, A.loc, i, -1);
+        if (ready >= 0)
+            sink_past_start(&p, ready);
         drop[i] = true;
         vec_push(&reps, A.out);
         vec_push(&reps, w);

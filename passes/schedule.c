@@ -9,7 +9,9 @@
  * consumer. Units that only feed graph outputs or updates sink to the end.
  * The members of a group come out contiguous, in program order. Sinking
  * shortens the result's live range and never lengthens a live range more
- * than the unit's own results would have been live. Last, each
+ * than the unit's own results would have been live. A unit between a
+ * scalar all-reduce's start and its wait does not sink: it hides the
+ * all-reduce (zero=1's global norm, passes/comm.c). Last, each
  * attention_lse moves to right after its sibling attention op (same q, k and
  * attrs), so the backend computes both in one kernel (codegen/plan.c); that
  * lengthens only the lse's own small [..., T, 1] life. */
@@ -165,6 +167,23 @@ bool pass_schedule(Graph *g, const PassOpts *o, Diag *d)
             }
         }
         s.deferred[u] = out > freed;
+    }
+    /* a unit that program order puts between a scalar all-reduce's start
+     * and its wait (zero=1: the shard_packs that the comm pass moves there)
+     * stays: it is the compute that hides the all-reduce (the optimizer's
+     * scalar only: zero=0's gradient buckets keep the sinking) */
+    for (int i = 0; i < n; i++) {
+        const Op *st = &g->ops.v[i];
+        int def = st->code == OP_ALLREDUCE_START && st->nin == 1 ? g->t.v[st->in[0]].op : -1;
+        if (def < 0 || !(g->ops.v[def].flags & OPF_OPTIM) ||
+            shape_numel(&g->t.v[st->in[0]].s) != 1)
+            continue;
+        for (int k = i + 1; k < n; k++) {
+            const Op *w = &g->ops.v[k];
+            if (w->code == OP_ALLREDUCE_WAIT && w->in[0] == st->out)
+                break;
+            s.deferred[s.unit[k]] = false;
+        }
     }
     for (int i = 0; i < n; i++) {
         int u = s.unit[i];

@@ -45,7 +45,13 @@ typedef struct {
     const RtCommEvent *ev;
 } RtCommStats;
 void rt_comm_stats(RtComm *c, RtCommStats *st); /* st->ev valid until the next call */
+/* Zeroes the figures and drops the events, except the all-gathers that
+ * landed after the last rt_comm_stats (ZeRO-1's gathers outlive their
+ * step): they are the first events of the next figures. */
 void rt_comm_stats_reset(RtComm *c);
+/* Waits until no bucket collective is held, queued, running or in flight
+ * (ZeRO-1's last all-gathers); counts no exposed time. */
+void rt_comm_drain(RtComm *c);
 /* Every rank's n floats at mine, in rank order, into all[size * n] on
  * every rank (blocking; through the communication thread). */
 void rt_comm_allgather(RtComm *c, const float *mine, int64_t n, float *all);
@@ -124,6 +130,10 @@ int rt_dp_stop(const RtDp *dp);
 /* After a step: records its communication and exposed time; with
  * trace_events, its collectives on the trace's tid 2 (times from t0). */
 void rt_dp_after_step(RtDp *dp, Trace *trace, double t0, bool trace_events);
+/* After the last step: waits for the collectives still in flight (ZeRO-1's
+ * all-gathers) and adds those that landed after rt_dp_after_step to the
+ * last step's figures, its events and (trace_events) the trace. */
+void rt_dp_after_last_step(RtDp *dp, Trace *trace, double t0, bool trace_events);
 /* The last step's bucket all-reduces (rank 0's view; valid until the next
  * rt_dp_after_step); their count. */
 int rt_dp_last_events(const RtDp *dp, const RtCommEvent **ev);

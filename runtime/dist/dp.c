@@ -403,6 +403,27 @@ int rt_dp_stop(const RtDp *dp)
     return !dp || dp->size <= 1 ? rt_stop_signal() : dp->stop;
 }
 
+/* ev[0..n) on the trace (times from t0): tid 2 all-reduces (and host
+ * collectives), 3 reduce-scatters, 4 all-gathers. */
+static void trace_comm(const RtDp *dp, Trace *trace, double t0, const RtCommEvent *ev, int n)
+{
+    static const char *const kind[3] = {"allreduce", "reduce-scatter", "all-gather"};
+    if (dp->sharded) {
+        rt_trace_thread_name(trace, 3, "reduce-scatter (first steps)");
+        rt_trace_thread_name(trace, 4, "all-gather (first steps)");
+    }
+    for (int i = 0; i < n; i++) {
+        char name[48];
+        int k = ev[i].bucket >= 0 && ev[i].coll > 0 && ev[i].coll < 3 ? ev[i].coll : 0;
+        if (ev[i].bucket >= 0)
+            snprintf(name, sizeof name, "%s bucket %d", kind[k], ev[i].bucket);
+        else
+            snprintf(name, sizeof name, "allreduce host");
+        rt_trace_event(trace, name, "comm", 1e6 * (ev[i].start - t0),
+                       1e6 * (ev[i].end - ev[i].start), 2 + k);
+    }
+}
+
 void rt_dp_after_step(RtDp *dp, Trace *trace, double t0, bool trace_events)
 {
     if (!dp->comm || dp->size == 1)
@@ -430,26 +451,32 @@ void rt_dp_after_step(RtDp *dp, Trace *trace, double t0, bool trace_events)
         vec_push(&dp->coll_ms[k], by[k]);
         vec_push(&dp->coll_exposed_ms[k], 1e3 * st.exposed_by[k]);
     }
-    if (!trace || !trace_events)
+    if (trace && trace_events)
+        trace_comm(dp, trace, t0, st.ev, st.nev);
+}
+
+void rt_dp_after_last_step(RtDp *dp, Trace *trace, double t0, bool trace_events)
+{
+    if (!dp->comm || dp->size == 1 || !dp->have_comm)
         return;
-    /* tracks: tid 2 all-reduces (and host collectives), 3 reduce-scatters,
-     * 4 all-gathers */
-    static const char *const kind[3] = {"allreduce", "reduce-scatter", "all-gather"};
-    if (dp->sharded) {
-        rt_trace_thread_name(trace, 3, "reduce-scatter (first steps)");
-        rt_trace_thread_name(trace, 4, "all-gather (first steps)");
-    }
+    rt_comm_drain(dp->comm);
+    rt_comm_stats_reset(dp->comm); /* keeps the gathers landed since the step */
+    RtCommStats st;
+    rt_comm_stats(dp->comm, &st);
+    if (st.nev == 0)
+        return;
+    int last = dp->comm_ms.n - 1;
     for (int i = 0; i < st.nev; i++) {
-        char name[48];
-        int k = st.ev[i].bucket >= 0 && st.ev[i].coll > 0 && st.ev[i].coll < 3 ? st.ev[i].coll
-                                                                                : 0;
-        if (st.ev[i].bucket >= 0)
-            snprintf(name, sizeof name, "%s bucket %d", kind[k], st.ev[i].bucket);
-        else
-            snprintf(name, sizeof name, "allreduce host");
-        rt_trace_event(trace, name, "comm", 1e6 * (st.ev[i].start - t0),
-                       1e6 * (st.ev[i].end - st.ev[i].start), 2 + k);
+        if (st.ev[i].bucket < 0)
+            continue;
+        double ms = 1e3 * (st.ev[i].end - st.ev[i].start);
+        dp->comm_ms.v[last] += ms;
+        if (st.ev[i].coll >= 0 && st.ev[i].coll < 3)
+            dp->coll_ms[st.ev[i].coll].v[last] += ms;
+        vec_push(&dp->last_ev, st.ev[i]);
     }
+    if (trace && trace_events)
+        trace_comm(dp, trace, t0, st.ev, st.nev);
 }
 
 void rt_dp_summary(const RtDp *dp, FILE *f)

@@ -93,6 +93,7 @@ struct RtComm {
     double exposed_by[3];     /* exposed_s per CgColl of the bucket waited for */
     int *bucket_coll;         /* per bucket: its CgColl (zero=1 has three kinds) */
     VEC(RtCommEvent) ev;
+    int ev_taken;             /* ev.n at the last rt_comm_stats */
     RtCommEvent *ev_copy;
     /* collectives run by the device (rt_comm_set_source) */
     void (*pull)(void *arg, RtComm *c);
@@ -768,6 +769,7 @@ void rt_comm_stats(RtComm *c, RtCommStats *st)
         memcpy(c->ev_copy, c->ev.v, sizeof(RtCommEvent) * (size_t)c->ev.n);
     st->nev = c->ev.n;
     st->ev = c->ev_copy;
+    c->ev_taken = c->ev.n;
     pthread_mutex_unlock(&c->mu);
 }
 
@@ -778,6 +780,27 @@ void rt_comm_stats_reset(RtComm *c)
     pthread_mutex_lock(&c->mu);
     c->comm_s = c->exposed_s = 0;
     memset(c->exposed_by, 0, sizeof c->exposed_by);
-    c->ev.n = 0;
+    /* all-gathers that landed after the last rt_comm_stats (they outlive
+     * their step) are in no figures yet: they stay, for the next ones */
+    int k = 0;
+    for (int i = c->ev_taken < c->ev.n ? c->ev_taken : c->ev.n; i < c->ev.n; i++)
+        if (c->ev.v[i].bucket >= 0 && c->ev.v[i].coll == CG_COLL_ALL_GATHER) {
+            c->ev.v[k++] = c->ev.v[i];
+            c->comm_s += c->ev.v[i].end - c->ev.v[i].start;
+        }
+    c->ev.n = k;
+    c->ev_taken = 0;
+    pthread_mutex_unlock(&c->mu);
+}
+
+void rt_comm_drain(RtComm *c)
+{
+    if (!c || c->size == 1)
+        return;
+    pthread_mutex_lock(&c->mu);
+    release_held(c);
+    for (int b = 0; b < c->nbuckets; b++)
+        while (c->bucket_busy[b] > 0)
+            pthread_cond_wait(&c->cv, &c->mu);
     pthread_mutex_unlock(&c->mu);
 }

@@ -1020,6 +1020,10 @@ int rt_train(const Model *m, const TrainOpts *o)
             last_status = now;
         }
     }
+    /* the last step's all-gathers (zero=1) land after its figures: into
+     * them and the trace */
+    if (r.step > first)
+        rt_dp_after_last_step(r.dp, r.trace, r.t0, r.step - 1 - first < TRACE_KERNEL_STEPS);
     if (tty)
         printf("\r\033[K");
     if (!stop) /* a signal during the last step */

@@ -9,8 +9,9 @@
  *   not with zero=1 (it plans against the smaller persistent region);
  * - the comm pass for 2 ranks: reduce-scatter buckets start where their
  *   last gradient is finished (the first before backward ends), the waits
- *   chain through one shard buffer (memplan), one scalar all-reduce, the
- *   all-gathers after the new shard; the dump parses back to the same text;
+ *   chain through one shard buffer (memplan), one scalar all-reduce with
+ *   the shard_packs between its start and wait, the all-gathers after the
+ *   new shard; the dump parses back to the same text;
  *   the all-gathers start in the order the forward first reads their
  *   params (gpt's tied wte first);
  * - through the binary (mpirun): `--nproc 2 --set zero=1` against
@@ -177,7 +178,7 @@ static void test_placement(void **state)
     const char *sets[] = {"batch=2"};
     Graph *g = step_graph("models/gpt.lua", sets, 1, 2, 1, 1, "schedule");
     int last_bwd = -1, first_rs = -1, nrs = 0, nar = 0, nag = 0, first_ag = -1, last_rsw = -1;
-    int acc = -1;
+    int acc = -1, ar_start = -1, ar_wait = -1;
     for (int i = 0; i < g->ops.n; i++) {
         const Op *op = &g->ops.v[i];
         if (op->flags & OPF_BACKWARD)
@@ -211,7 +212,12 @@ static void test_placement(void **state)
         if (op->code == OP_REDUCE_SCATTER_WAIT)
             last_rsw = i;
         if (op->code == OP_ALLREDUCE_START)
-            nar++;
+            nar++, ar_start = i;
+        if (op->code == OP_ALLREDUCE_WAIT && ar_start >= 0 && ar_wait < 0)
+            ar_wait = i;
+        if (op->code == OP_SHARD_PACK && (ar_start < 0 || ar_wait >= 0))
+            fail_msg("shard_pack at op %d is not between the norm's allreduce_start and wait",
+                     i);
         if (op->code == OP_ALL_GATHER_START) {
             nag++;
             if (first_ag < 0)
@@ -221,6 +227,10 @@ static void test_placement(void **state)
     assert_true(nrs >= 3);
     assert_true(first_rs < last_bwd); /* overlaps backward */
     assert_int_equal(nar, 1);         /* the norm's scalar */
+    /* the shard_packs (which the norm does not need) run while it is
+     * reduced: after its start, before its wait (comm's sink_past_start,
+     * and schedule leaves them there) */
+    assert_true(ar_start >= 0 && ar_wait > ar_start + 2);
     assert_true(nag >= 3 && first_ag > last_rsw);
     /* every param is updated by the wait of its gather, in place */
     Diag d = {{0}};
@@ -729,16 +739,24 @@ static void test_report(void **state)
             fail_msg("no trace %s", p);
         assert_non_null(strstr(t, "\"tid\":3,\"args\":{\"name\":\"reduce-scatter"));
         assert_non_null(strstr(t, "\"tid\":4,\"args\":{\"name\":\"all-gather"));
-        int rs = 0, ag = 0;
+        int rs = 0, ag = 0, per[64] = {0};
         for (const char *q = t; (q = strstr(q, "\"name\":\"reduce-scatter bucket")); q++)
             rs += strstr(q, "\"tid\":3}") != NULL;
-        for (const char *q = t; (q = strstr(q, "\"name\":\"all-gather bucket")); q++)
+        for (const char *q = t; (q = strstr(q, "\"name\":\"all-gather bucket ")); q++) {
+            int b = atoi(q + strlen("\"name\":\"all-gather bucket "));
+            assert_true(b >= 0 && b < 64);
+            per[b]++;
             ag++;
-        /* 3 steps, a bucket or more each. An all-gather that lands after
-         * its step's statistics were taken is in no step's events (a known
-         * gap, the last step's often): 3 to 6 gather events per rank in
-         * runs here, and fewer than 3 once in CI's sanitizer leg */
-        assert_true(rs >= 3 && ag >= 1);
+        }
+        /* 3 steps, a bucket or more each, and every step's gathers: each
+         * all-gather bucket 3 times (the ones that land after their step's
+         * figures were taken go into the next step's, the last step's into
+         * its own after the loop: rt_dp_after_last_step) */
+        assert_true(rs >= 3 && ag >= 3);
+        for (int b = 0; b < 64; b++)
+            if (per[b] && per[b] != 3)
+                fail_msg("rank %d: all-gather bucket %d is in the trace %d times, not once a "
+                         "step (3)", r, b, per[b]);
         /* a step's gathers go to MPI after the loss's mean that follows the
          * step (mpi.c holds them), not before it: each all-gather starts
          * after a host collective with no reduce-scatter in between */
