@@ -3,7 +3,7 @@
  * style: the scores are computed a tile at a time in registers and never
  * stored.
  *
- * Three kernels (cg_print_cuda_attn), each a thin extern "C" wrapper around
+ * Four kernels (cg_print_cuda_attn), each a thin extern "C" wrapper around
  * one template of cg_cuda_attn_lib:
  *   forward  one block per (query tile, batch*head): the query tile's rows
  *            walk the key tiles with an online softmax (running max m, sum
@@ -16,7 +16,11 @@
  *   dk, dv   one block per (key tile, batch*head): walks the query tiles
  *            (causal: from the diagonal on), P^T, dV += P^T dO, dS^T, dK +=
  *            scale dS^T Q. No atomics: every output element has one writer
- *            (deterministic, like the rest of kiln's CUDA path).
+ *            (deterministic, like the rest of kiln's CUDA path);
+ *   backward the fused dq, dk, dv of attention_dqkv (cuda_attn_bwd.c holds
+ *            its template and its contract): the dk/dv walk plus each
+ *            block's share of dq, summed in a fixed order; the plan's dq
+ *            kernel then prints nothing (cg_print_cuda_attn_kernel).
  * Every product is a warp-level product into the 16 x 8 C-fragment layout of
  * mma.m16n8k16: a warp owns 16 rows of its block's tile. In bf16 each 16 x 8
  * x 16 tile is the tensor-core mma.sync.m16n8k16 (inline PTX, sm_80 and
@@ -720,8 +724,8 @@ void cg_cuda_attn_cost(const CgCudaAttn *a, int nw, int bt, double *flops, doubl
         b = (double)(a->tk * (D + DV) * es) + (double)(a->tq * D * es) +
             (double)(a->tk * (D + DV) * es);
         /* dQ's f32 accumulator, read and written on every visit of a row
-         * but its first (stores) and its last (writes dq): DRAM traffic,
-         * not discounted by the L2 rule (cg_cuda_attn_reuse) */
+         * but its first (stores) and its last (writes dq); the L2 rule
+         * (cg_cuda_attn_reuse) discounts all but one write and one read */
         b += 8.0 * (double)pad16(D) * (other - (double)a->tq);
     } else if (!dkdv) {
         f = 2.0 * pairs * (double)(2 * D + DV);
@@ -743,6 +747,15 @@ void cg_cuda_attn_reuse(const CgCudaAttn *a, int nw, int bt, double *reread, dou
     double again = other - (double)orows; /* every row is visited at least once */
     *reread = (again > 0 ? again : 0) * orow * (double)a->bh;
     *head = (double)orows * orow;
+    if (a->kind == CG_CUDA_ATTN_BWD) {
+        /* dQ's accumulator, read and written by the same head's blocks:
+         * its rows join the head's working set, and when they stay in L2
+         * DRAM sees each row once written back and once read (8 x D
+         * padded bytes), its other visits from L2 */
+        double acc = 8.0 * (double)pad16(a->d), extra = again - (double)orows;
+        *reread += (extra > 0 ? extra : 0) * acc * (double)a->bh;
+        *head += (double)orows * acc / 2;
+    }
 }
 
 /* a's layout: a->lay, or the plain one of bh, tq, tk, d, dv when a->lay.nh

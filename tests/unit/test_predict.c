@@ -401,8 +401,9 @@ static void test_attn_l2_predicted(void **state)
  * program's scratch). Its FLOPs are the five products of every kept tile
  * pair, counted here from the tiles: 2 x (3 D + 2 Dv) per pair; its bytes
  * are the dk/dv kernel's plus dq once plus dQ's f32 read and write on
- * every visit of a query row but its first. The prediction has one
- * backward row for the op. */
+ * every visit of a query row but its first, of which L2 serves all but
+ * one write and one read of each row when the heads in flight fit. The
+ * prediction has one backward row for the op. */
 static const char dqkv[] =
     "kiln-ir v1\n"
     "%q:f32[2,1024,2304] = input \"qkv\"\n"
@@ -451,6 +452,12 @@ static void test_attn_bwd_fused(void **state)
     double es = 4, dkdv = 24 * (1024 * 128 * es + 1024 * 128 * es + visits * (128 * es + 8));
     double bytes = dkdv + 24 * (1024 * 64 * es + 8.0 * 64 * (visits - 1024));
     near(fn->bytes, bytes, 1e-12, "the dk/dv bytes, dq, the accumulator's traffic");
+    /* L2: q, dO, lse, delta past their first visit, and the accumulator's
+     * visits past one write and one read of each row; a head's working set
+     * holds its accumulator */
+    near(fn->attn_reread, 24 * ((visits - 1024) * (128 * es + 8) + 8.0 * 64 * (visits - 2048)),
+         1e-12, "the re-reads L2 serves");
+    near(fn->attn_head, 1024 * (128 * es + 8) + 1024 * 64 * 4.0, 1e-12, "one head's set");
     CgPredictOpts o = {0};
     CgPrediction *r = cg_predict(c.p, c.q, h200, &o);
     int rows = 0;
