@@ -398,6 +398,10 @@ static double run_case(EmuModule *m, int i, bool quiet, bool fused, bool twice)
             for (int64_t x = 0; x < nc * 4; x++)
                 if (part[x])
                     gap = INFINITY;
+            /* a counter left set: a second run would take tiles past the
+             * grid and write outside the buffers */
+            if (gap > 0)
+                break;
             for (int x = 0; x < 3; x++) {
                 int64_t n = c->dqkv ? gbytes : gb[x];
                 if (run == 0) {
