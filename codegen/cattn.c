@@ -142,6 +142,7 @@ static bool lower(const Graph *g, const int *ops, int n, int part, CgKernel *k, 
     a->dt = q->dtype;
     a->q = a->k = a->v = a->o = a->lse = a->dO = a->delta = a->dq = a->dk = a->dv = -1;
     a->nops = n;
+    a->dqkv = part >= 0;
     bool has[OP__COUNT] = {0};
     int out[OP__COUNT];
     for (int x = 0; x < n; x++) {

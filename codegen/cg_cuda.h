@@ -139,7 +139,9 @@ void cg_cuda_vec_close(CgBuf *b, const CgCudaVec *v, const DType *storage, int d
  * and/or lse, a dq kernel, and one kernel writing dk and/or dv; no T x T
  * tensor in memory, causal tiles skipped, bf16 products on tensor cores
  * (mma.sync m16n8k16), f32 with FMAs; deterministic (no atomics). */
-typedef enum { CG_CUDA_ATTN_FWD, CG_CUDA_ATTN_DQ, CG_CUDA_ATTN_DKDV } CgCudaAttnKind;
+/* BWD (cuda_attn_bwd.c): dq, dk and dv in one kernel, one block per key
+ * tile, dq summed over key tiles in a fixed order in the partials scratch. */
+typedef enum { CG_CUDA_ATTN_FWD, CG_CUDA_ATTN_DQ, CG_CUDA_ATTN_DKDV, CG_CUDA_ATTN_BWD } CgCudaAttnKind;
 typedef struct {
     CgCudaAttnKind kind;
     bool causal;
@@ -150,18 +152,33 @@ typedef struct {
     bool want_dk, want_dv;   /* DKDV: which it writes (at least one) */
     bool one_dkv;            /* DKDV writing both: dk and dv are one buffer
                                 (attention_dqkv's; lay puts each at its
-                                columns), one param `dkv` */
+                                columns), one param `dkv`; BWD: dq, dk and
+                                dv are one buffer, one param `dqkv` */
     IrAttnLayout lay;        /* where each tensor's (b, h, i, d) sits (bh = nb * nh);
                                 lay.nh 0: the plain layout of bh, tq, tk, d, dv */
 } CgCudaAttn;
 /* The device templates every attention function calls; a program prints
  * it once, after cg_cuda_prelude, before its attention functions. */
 extern const char cg_cuda_attn_lib[];
+/* The fused backward's template (cuda_attn_bwd.c), printed after
+ * cg_cuda_attn_lib. */
+extern const char cg_cuda_attn_bwd_lib[];
+/* The fused backward a (kind BWD) with tiles (nw 16-key warps, bt queries a
+ * tile): its counters (one unsigned each at the start of the partials
+ * scratch: the ticket, then one per batch*head and query tile) and the
+ * scratch bytes it uses (counters in the zeroed front, then the f32 dQ
+ * accumulator [bh, query tiles * bt, head size padded to 16] at
+ * CG_CUDA_SCRATCH_ZERO). */
+int64_t cg_cuda_attn_bwd_counters(const CgCudaAttn *a, int bt);
+int64_t cg_cuda_attn_bwd_scratch(const CgCudaAttn *a, int bt);
+/* Whether a (kind BWD) fits: dtype, tiles, counters within the zeroed
+ * front, a 32-bit grid. Else the plan's two kernels (dq, dk/dv) run. */
+bool cg_cuda_attn_bwd_fits(const CgCudaAttn *a);
 /* Warps per block (nw; 16 rows each) and the other tile's length (bt: keys
  * of a forward/dq tile, queries of a dk/dv tile) for a: false when even
  * the smallest tiles do not fit 48 KiB of shared memory. */
 bool cg_cuda_attn_tiles(const CgCudaAttn *a, int *nw, int *bt);
-/* Grid size: batch*heads x query tiles (FWD, DQ) or key tiles (DKDV). */
+/* Grid size: batch*heads x query tiles (FWD, DQ) or key tiles (DKDV, BWD). */
 int64_t cg_cuda_attn_blocks(const CgCudaAttn *a, int nw);
 /* What the function of a does with tiles (nw, bt): the FLOPs of the
  * products over the tile pairs it visits (causal: the diagonal and below),
@@ -177,7 +194,9 @@ void cg_cuda_attn_reuse(const CgCudaAttn *a, int nw, int bt, double *reread, dou
 /* Appends `extern "C" __global__ void NAME(...)` computing a. Parameters,
  * in this order, only those used: FWD (q, k, [v, o], [lse]); DQ (q, k, v,
  * dO, lse, delta, dq); DKDV (q, k, [v], dO, lse, [delta, dk], [dv]) (v
- * and delta only with dk; one_dkv: dk and dv as one param dkv). Fills fn's geometry (threads, blocks; not its
+ * and delta only with dk; one_dkv: dk and dv as one param dkv); BWD (q,
+ * k, v, dO, lse, delta, dq, dk, dv, or with one_dkv one param dqkv; then
+ * the partials scratch, fn->part). Fills fn's geometry (threads, blocks; not its
  * name or params) when fn is not NULL. False with d set for an
  * unsupported dtype or head size. */
 bool cg_print_cuda_attn(CgBuf *b, const CgCudaAttn *a, const char *name, CgCudaFn *fn, Diag *d);
@@ -185,7 +204,9 @@ bool cg_print_cuda_attn(CgBuf *b, const CgCudaAttn *a, const char *name, CgCudaF
  * CgAttn) as one function: cg_print_cuda_kernel and _variant print it
  * through this (storage: each param's dtype in memory; al: its buffer
  * classes, or NULL). Returns 1 with *fn allocated (name, params, geometry,
- * cost). Dies when its tensors do not share one storage type (lse and
+ * cost), or 0 (nothing to launch) for attention_dqkv's dq kernel when its
+ * dk/dv kernel runs as the fused backward (CG_CUDA_ATTN_BWD, which then
+ * writes dq too: cg_cuda_attn_bwd_fits). Dies when its tensors do not share one storage type (lse and
  * delta f32), an output shares a buffer, or the head size does not fit. */
 int cg_print_cuda_attn_kernel(CgBuf *b, const CgKernel *k, const char *name,
                               const DType *storage, const CgCudaAlias *al, CgCudaFn **fn);
@@ -203,6 +224,11 @@ typedef struct {
  * block that finishes last, so every launch (and graph replay) finds them
  * zero. Partials follow. */
 enum { CG_CUDA_TICKET_BYTES = 2048 };
+/* The zeroed front of the scratch: the split tickets (its first
+ * CG_CUDA_TICKET_BYTES) and the fused attention backward's counters
+ * (cuda_attn_bwd.c) both start at 0 and are left zero by each launch;
+ * partials follow at CG_CUDA_SCRATCH_ZERO. */
+enum { CG_CUDA_SCRATCH_ZERO = 65536 };
 
 typedef struct CgCudaProgram {
     const struct CgPlan *plan; /* borrowed */

@@ -198,6 +198,8 @@ typedef struct {
     int q, k, v, o, lse, dO, delta, dq, dk, dv; /* params, -1: absent */
     int ops[2], nops;  /* the IR ops it computes */
     IrAttnLayout lay;  /* where each tensor's (b, h, i, d) sits; batch = nb * nh */
+    bool dqkv;         /* one of attention_dqkv's two kernels (the CUDA
+                          printer may fuse them: cuda_attn_bwd.c) */
 } CgAttn;
 
 typedef struct {

@@ -3,7 +3,7 @@
  * style: the scores are computed a tile at a time in registers and never
  * stored.
  *
- * Three kernels (cg_print_cuda_attn), each a thin extern "C" wrapper around
+ * Four kernels (cg_print_cuda_attn), each a thin extern "C" wrapper around
  * one template of cg_cuda_attn_lib:
  *   forward  one block per (query tile, batch*head): the query tile's rows
  *            walk the key tiles with an online softmax (running max m, sum
@@ -16,7 +16,11 @@
  *   dk, dv   one block per (key tile, batch*head): walks the query tiles
  *            (causal: from the diagonal on), P^T, dV += P^T dO, dS^T, dK +=
  *            scale dS^T Q. No atomics: every output element has one writer
- *            (deterministic, like the rest of kiln's CUDA path).
+ *            (deterministic, like the rest of kiln's CUDA path);
+ *   backward the fused dq, dk, dv of attention_dqkv (cuda_attn_bwd.c holds
+ *            its template and its contract): the dk/dv walk plus each
+ *            block's share of dq, summed in a fixed order; the plan's dq
+ *            kernel then prints nothing (cg_print_cuda_attn_kernel).
  * Every product is a warp-level product into the 16 x 8 C-fragment layout of
  * mma.m16n8k16: a warp owns 16 rows of its block's tile. In bf16 each 16 x 8
  * x 16 tile is the tensor-core mma.sync.m16n8k16 (inline PTX, sm_80 and
@@ -633,8 +637,10 @@ bool cg_cuda_attn_tiles(const CgCudaAttn *a, int *nw, int *bt)
             bytes = es * (r * ldk + c * ldk + (a->want_o ? c * ldv : 1));
         else if (a->kind == CG_CUDA_ATTN_DQ)
             bytes = es * (r * ldk + r * ldv + c * ldk + c * ldv);
-        else
+        else if (a->kind == CG_CUDA_ATTN_DKDV)
             bytes = es * (r * ldk + (a->want_dk ? r * ldv : 1) + c * ldk + c * ldv) + 8 * c;
+        else /* BWD: the dk/dv tiles and dS [queries][keys + 8] */
+            bytes = es * (r * ldk + r * ldv + c * ldk + c * ldv + c * (r + 8)) + 8 * c + 4;
         /* registers: the second tile's accumulators grow with it; past
          * head size 64 a backward warp keeps its tiles at 32 columns */
         if (a->kind != CG_CUDA_ATTN_FWD && c > 32 && (a->d > 64 || a->dv > 64))
@@ -650,7 +656,7 @@ bool cg_cuda_attn_tiles(const CgCudaAttn *a, int *nw, int *bt)
 
 int64_t cg_cuda_attn_blocks(const CgCudaAttn *a, int nw)
 {
-    int64_t rows = a->kind == CG_CUDA_ATTN_DKDV ? a->tk : a->tq;
+    int64_t rows = a->kind == CG_CUDA_ATTN_DKDV || a->kind == CG_CUDA_ATTN_BWD ? a->tk : a->tq;
     return a->bh * ((rows + 16 * nw - 1) / (16 * nw));
 }
 
@@ -660,7 +666,8 @@ int64_t cg_cuda_attn_blocks(const CgCudaAttn *a, int nw)
  * the diagonal and below), per batch*head. */
 static void attn_visits(const CgCudaAttn *a, int nw, int bt, double *pairs, double *other)
 {
-    bool fwd = a->kind == CG_CUDA_ATTN_FWD, dkdv = a->kind == CG_CUDA_ATTN_DKDV;
+    bool fwd = a->kind == CG_CUDA_ATTN_FWD,
+         dkdv = a->kind == CG_CUDA_ATTN_DKDV || a->kind == CG_CUDA_ATTN_BWD;
     /* own: the block's tile (queries; keys for dk/dv); other: visited tiles */
     int64_t br = fwd || !dkdv ? 16 * nw : bt, bc = dkdv ? 16 * nw : bt;
     int64_t nq = (a->tq + br - 1) / br;
@@ -694,15 +701,17 @@ static double attn_other_row(const CgCudaAttn *a, int64_t *rows)
     case CG_CUDA_ATTN_FWD: *rows = a->tk; return (double)((a->d + (a->want_o ? a->dv : 0)) * es);
     case CG_CUDA_ATTN_DQ: *rows = a->tk; return (double)((a->d + a->dv) * es);
     case CG_CUDA_ATTN_DKDV: break;
+    case CG_CUDA_ATTN_BWD: break; /* as dk/dv with dk: q, dO, lse, delta */
     }
     *rows = a->tq;
-    return (double)((a->d + a->dv) * es) + (a->want_dk ? 8.0 : 4.0);
+    return (double)((a->d + a->dv) * es) + (a->want_dk || a->kind == CG_CUDA_ATTN_BWD ? 8.0 : 4.0);
 }
 
 void cg_cuda_attn_cost(const CgCudaAttn *a, int nw, int bt, double *flops, double *bytes)
 {
     int64_t es = a->dt == DT_BF16 ? 2 : 4, D = a->d, DV = a->dv, orows;
     bool fwd = a->kind == CG_CUDA_ATTN_FWD, dkdv = a->kind == CG_CUDA_ATTN_DKDV;
+    bool bwd = a->kind == CG_CUDA_ATTN_BWD;
     double pairs, other, orow = attn_other_row(a, &orows);
     attn_visits(a, nw, bt, &pairs, &other);
     double f = 0, b = 0;
@@ -710,6 +719,14 @@ void cg_cuda_attn_cost(const CgCudaAttn *a, int nw, int bt, double *flops, doubl
         f = 2.0 * pairs * (double)(D + (a->want_o ? DV : 0));
         b = (double)(a->tq * D * es) + (a->want_o ? (double)(a->tq * DV * es) : 0) +
             (a->want_lse ? 4.0 * a->tq : 0);
+    } else if (bwd) { /* S, dP, dV, dK, dQ; k, v once; dq, dk, dv once */
+        f = 2.0 * pairs * (double)(3 * D + 2 * DV);
+        b = (double)(a->tk * (D + DV) * es) + (double)(a->tq * D * es) +
+            (double)(a->tk * (D + DV) * es);
+        /* dQ's f32 accumulator, read and written on every visit of a row
+         * but its first (stores) and its last (writes dq); the L2 rule
+         * (cg_cuda_attn_reuse) discounts all but one write and one read */
+        b += 8.0 * (double)pad16(D) * (other - (double)a->tq);
     } else if (!dkdv) {
         f = 2.0 * pairs * (double)(2 * D + DV);
         b = (double)(a->tq * (D + DV) * es) + 8.0 * a->tq + (double)(a->tq * D * es);
@@ -730,6 +747,15 @@ void cg_cuda_attn_reuse(const CgCudaAttn *a, int nw, int bt, double *reread, dou
     double again = other - (double)orows; /* every row is visited at least once */
     *reread = (again > 0 ? again : 0) * orow * (double)a->bh;
     *head = (double)orows * orow;
+    if (a->kind == CG_CUDA_ATTN_BWD) {
+        /* dQ's accumulator, read and written by the same head's blocks:
+         * its rows join the head's working set, and when they stay in L2
+         * DRAM sees each row once written back and once read (8 x D
+         * padded bytes), its other visits from L2 */
+        double acc = 8.0 * (double)pad16(a->d), extra = again - (double)orows;
+        *reread += (extra > 0 ? extra : 0) * acc * (double)a->bh;
+        *head += (double)orows * acc / 2;
+    }
 }
 
 /* a's layout: a->lay, or the plain one of bh, tq, tk, d, dv when a->lay.nh
@@ -837,6 +863,25 @@ bool cg_print_cuda_attn(CgBuf *b, const CgCudaAttn *a, const char *name, CgCudaF
                   (int)a->tk,
                   a->scale);
         break;
+    case CG_CUDA_ATTN_BWD:
+        if (a->one_dkv)
+            cg_printf(b, "const %s *__restrict__ q, const %s *__restrict__ k, const %s "
+                         "*__restrict__ v, const %s *__restrict__ dO, const float *__restrict__ "
+                         "lse, const float *__restrict__ delta, %s *dqkv, unsigned char *part)"
+                         "\n{\n%s    kiln_attn_bwd<%s, %lld, %lld, %d, %d, %s, %d>(q, k, v, dO, "
+                         "lse, delta, dqkv, dqkv, dqkv, part, %d, %d, %.9ef, L);\n}\n",
+                      E, E, E, E, E, lay.s, E, D, DV, nw, bt, C, (int)CG_CUDA_SCRATCH_ZERO,
+                      (int)a->tq, (int)a->tk, a->scale);
+        else
+            cg_printf(b, "const %s *__restrict__ q, const %s *__restrict__ k, const %s "
+                         "*__restrict__ v, const %s *__restrict__ dO, const float *__restrict__ "
+                         "lse, const float *__restrict__ delta, %s *__restrict__ dq, %s "
+                         "*__restrict__ dk, %s *__restrict__ dv, unsigned char *part)\n{\n%s"
+                         "    kiln_attn_bwd<%s, %lld, %lld, %d, %d, %s, %d>(q, k, v, dO, lse, "
+                         "delta, dq, dk, dv, part, %d, %d, %.9ef, L);\n}\n",
+                      E, E, E, E, E, E, E, lay.s, E, D, DV, nw, bt, C,
+                      (int)CG_CUDA_SCRATCH_ZERO, (int)a->tq, (int)a->tk, a->scale);
+        break;
     }
     free(lay.s);
     if (fn) {
@@ -851,6 +896,8 @@ bool cg_print_cuda_attn(CgBuf *b, const CgCudaAttn *a, const char *name, CgCudaF
         cg_cuda_attn_reuse(a, nw, bt, &fn->attn_reread, &fn->attn_head);
         fn->attn_tiles = fn->blocks / (a->bh > 0 ? a->bh : 1);
         fn->attn_fwd = a->kind == CG_CUDA_ATTN_FWD;
+        fn->part = a->kind == CG_CUDA_ATTN_BWD;
+        fn->part_bytes = fn->part ? cg_cuda_attn_bwd_scratch(a, bt) : 0;
     }
     return true;
 }
@@ -882,6 +929,13 @@ int cg_print_cuda_attn_kernel(CgBuf *b, const CgKernel *k, const char *name,
             order[n++] = a->lse;
         break;
     case CG_ATTN_DQ:
+        c.kind = CG_CUDA_ATTN_BWD;
+        c.one_dkv = true;
+        if (a->dqkv && cg_cuda_attn_bwd_fits(&c)) { /* the dk/dv step runs it */
+            *fn = NULL;
+            return 0;
+        }
+        c.one_dkv = false;
         c.kind = CG_CUDA_ATTN_DQ;
         order[n++] = a->v;
         order[n++] = a->dO;
@@ -898,6 +952,11 @@ int cg_print_cuda_attn_kernel(CgBuf *b, const CgKernel *k, const char *name,
         order[n++] = a->dO;
         order[n++] = a->lse;
         c.one_dkv = c.want_dk && c.want_dv && a->dk == a->dv; /* attention_dqkv */
+        if (a->dqkv) {
+            c.kind = CG_CUDA_ATTN_BWD; /* dq too, into the same buffer */
+            if (!cg_cuda_attn_bwd_fits(&c))
+                c.kind = CG_CUDA_ATTN_DKDV;
+        }
         if (c.want_dk) {
             order[n++] = a->delta;
             order[n++] = a->dk;

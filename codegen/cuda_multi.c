@@ -330,7 +330,7 @@ static void print_fn(CgBuf *b, const CgKernel *k, const CgKernel *v, const char 
     int ne = hi - lo;
     int64_t *c0 = xmalloc(sizeof(int64_t) * (size_t)(ne + 1));
     int64_t *off = xcalloc((size_t)ne + 1, sizeof(int64_t));
-    int64_t elems = 0, part = CG_CUDA_TICKET_BYTES;
+    int64_t elems = 0, part = CG_CUDA_SCRATCH_ZERO;
     bool red = loop_kind(&k->loops.v[lo]) == 2;
     c0[0] = 0;
     for (int e = 0; e < ne; e++) {
@@ -362,7 +362,7 @@ static void print_fn(CgBuf *b, const CgKernel *k, const CgKernel *v, const char 
         if (used[i])
             f.param[f.nparam++] = i;
     free(used);
-    f.part = part > CG_CUDA_TICKET_BYTES;
+    f.part = part > CG_CUDA_SCRATCH_ZERO;
     f.part_bytes = f.part ? part : 0;
 
     cg_printf(b, "\n/* horizontal: loops %d..%d of %s, %lld chunks of %d elements */\n", lo,

@@ -265,6 +265,7 @@ CgCudaProgram *cg_cuda_program(const CgPlan *p, bool bf16)
     for (int i = 0; i < p->kernels.n; i++)
         if (p->kernels.v[i]->attn.kind != CG_ATTN_NONE) {
             cg_puts(&b, cg_cuda_attn_lib); /* the attention kernels' templates */
+            cg_puts(&b, cg_cuda_attn_bwd_lib);
             break;
         }
     VEC(Variant) var = {0};

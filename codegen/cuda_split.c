@@ -136,7 +136,7 @@ void cg_cuda_split_plan(const CgKernel *k, const CgLoop *l, const CgCudaAlias *a
     sp->st0 = xmalloc(sizeof(int) * (size_t)(np + 2));
     sp->off = xcalloc((size_t)np + 1, sizeof(int64_t));
     sp->st0[sp->nst++] = 0;
-    sp->bytes = CG_CUDA_TICKET_BYTES; /* the scratch starts with the tickets */
+    sp->bytes = CG_CUDA_SCRATCH_ZERO; /* the scratch starts with its zeroed front */
     for (int p = 0; p < np; p++) {
         const CgPhase *ph = &l->ph.v[p];
         memset(pl, 0, (size_t)npar);

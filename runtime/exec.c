@@ -668,8 +668,10 @@ bool rt_dump_kernels(const Graph *g, const char *dir, Diag *d)
             } else {
                 CgCudaFn *fn = NULL;
                 cg_puts(&b, cg_cuda_prelude);
-                if (k->attn.kind != CG_ATTN_NONE)
+                if (k->attn.kind != CG_ATTN_NONE) {
                     cg_puts(&b, cg_cuda_attn_lib);
+                    cg_puts(&b, cg_cuda_attn_bwd_lib);
+                }
                 int nfn = cg_print_cuda_kernel(&b, k, k->name, NULL, &fn);
                 cg_cuda_fns_free(fn, nfn);
             }

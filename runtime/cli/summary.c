@@ -262,10 +262,12 @@ bool cli_print_prediction(const Model *m, const Graph *g, const char *target, in
                dev->launch_s * 1e6);
     if (q) {
         printf("occupancy: %s\n", occ);
-        char ab[32], cb[32];
+        char ab[32], cb[32], pb[32];
         ir_fmt_bytes((double)q->mem->arena_bytes, 2, ab, sizeof ab);
         ir_fmt_bytes((double)q->cast_bytes, 2, cb, sizeof cb);
-        printf("device memory: arena %s, bf16 weight copies %s (cast once per step)\n", ab, cb);
+        ir_fmt_bytes((double)q->part_bytes, 2, pb, sizeof pb);
+        printf("device memory: arena %s, bf16 weight copies %s (cast once per step), "
+               "partials scratch %s\n", ab, cb, pb);
     }
     cg_prediction_print(r, p, model, step_tokens(g), top, stdout);
     cg_prediction_free(r);

@@ -217,10 +217,10 @@ static bool setup_steps(BackendCtx *c, Diag *d)
     c->skip = kc_zalloc(sizeof(bool) * (size_t)(p->steps.n + 1));
     /* split loops' partials: written before they are read, never cleared;
      * the ticket counters in front of them start at zero (the launch that
-     * counts them sets them back: CG_CUDA_TICKET_BYTES) */
+     * counts them sets them back: CG_CUDA_SCRATCH_ZERO) */
     if (q->part_bytes > 0 &&
         (!CU(kc_cu.cuMemAlloc(&c->part, (size_t)q->part_bytes), d) ||
-         !CU(kc_cu.cuMemsetD8Async(c->part, 0, CG_CUDA_TICKET_BYTES, c->s), d)))
+         !CU(kc_cu.cuMemsetD8Async(c->part, 0, CG_CUDA_SCRATCH_ZERO, c->s), d)))
         return false;
     /* each GEMM's form with the program's epilogue: its casts, and the
      * bf16 bias copy a bias epilogue into a bf16 D reads */
@@ -748,10 +748,12 @@ static int cuda_comm_events(BackendCtx *c, RtCommEvent *ev, int max, double *exp
                    : 0;
 }
 
-/* The arena and the bf16 weight copies kept through a step (cuda_cast.c). */
+/* The arena, the bf16 weight copies kept through a step (cuda_cast.c) and
+ * the partials scratch (split reductions' partials, the fused attention
+ * backward's dQ accumulator). */
 static int64_t cuda_arena_bytes(const BackendCtx *c)
 {
-    return c->q->mem->arena_bytes + c->q->cast_bytes;
+    return c->q->mem->arena_bytes + c->q->cast_bytes + c->q->part_bytes;
 }
 
 static bool cuda_device_info(BackendCtx *c, RtDeviceInfo *out)

@@ -108,6 +108,9 @@ static inline void kiln_emu_syncwarp(const char *file, int line, unsigned int ma
  * threads never do, so a fence only has to stop the compiler. */
 static inline void __threadfence() { __asm__ __volatile__("" ::: "memory"); }
 static inline void __threadfence_block() { __asm__ __volatile__("" ::: "memory"); }
+/* __trap(): ends the launch with an error naming the thread and the line. */
+extern "C" void kiln_emu_trap(const char *file, int line);
+#define __trap() kiln_emu_trap(__FILE__, __LINE__)
 
 /* ---- half and bf16 ---------------------------------------------------- */
 

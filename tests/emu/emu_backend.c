@@ -140,7 +140,7 @@ static BackendCtx *emu_create(const CgPlan *p, const ExecOpts *o, Diag *d)
     }
     memset(c->part, 0xff, (size_t)c->q->part_bytes + 16);
     if (c->q->part_bytes > 0) /* the tickets start at zero, as the CUDA backend sets them */
-        memset(c->part, 0, CG_CUDA_TICKET_BYTES);
+        memset(c->part, 0, CG_CUDA_SCRATCH_ZERO);
     c->src = cfg.edit ? cfg.edit(c->q->source, cfg.edit_ctx) : xstrdup(c->q->source);
     if (!c->src) {
         snprintf(d->msg, sizeof d->msg, "emu: the source edit did not apply");

@@ -253,6 +253,12 @@ Fiber *self()
 
 } /* namespace */
 
+/* __trap(): a launch error; the thread never runs again. */
+extern "C" void kiln_emu_trap(const char *file, int line)
+{
+    fail(self(), "__trap() at %s:%d", file, line);
+}
+
 extern "C" void kiln_emu_syncthreads(const char *file, int line)
 {
     Fiber *f = self();

@@ -20,7 +20,17 @@
  * the forward skipping its last key tile, the dk/dv kernel starting one
  * query tile late under the causal mask, the head layout's tiles read with
  * the plain row stride, dq stored with the plain row stride, dv stored at
- * dk's columns of the one dqkv buffer. */
+ * dk's columns of the one dqkv buffer.
+ *
+ * The fused backward (codegen/cuda_attn_bwd.c, attn*_bwd) runs every case
+ * too, on the same inputs (its dq accumulator NaN before the run, every
+ * counter zero after it); the attention_dqkv cases and every fifth case
+ * twice on one scratch, the second run leaving the same bits as the
+ * first. Its negative controls: tiles in
+ * blockIdx order (a wait on a later block: the emulator's __trap()), that
+ * order with no waiting (dq written before every share is in), the first
+ * share adding to the NaN accumulator, key tile 0 leaving its counter set,
+ * the ticket word not set back. */
 #include "cg_cuda.h"
 #include "emu.h"
 #include "testutil.h"
@@ -243,15 +253,22 @@ static void relayout(void *plain, void *laid, int es, const IrAttnStride *st, in
             }
 }
 
-/* The program: the prelude, the library, three functions per case. */
-static char *program(const char *edit_from, const char *edit_to)
+/* The program: the prelude, the libraries, four functions per case (the
+ * fused backward's last) of cases which[0..nw) (which NULL: every case);
+ * edits[0..2n) pairs of (from, to) applied in turn. */
+static char *program_edits(const char *const *edits, int n, const int *which, int nw);
+static char *program(void) { return program_edits(NULL, 0, NULL, 0); }
+
+static char *program_edits(const char *const *edits, int n, const int *which, int nw)
 {
     CgBuf b = {0};
     cg_puts(&b, cg_cuda_prelude);
     cg_puts(&b, cg_cuda_attn_lib);
-    for (int i = 0; i < NCASES; i++) {
-        static const char *kn[] = {"fwd", "dq", "dkdv"};
-        for (int kd = 0; kd < 3; kd++) {
+    cg_puts(&b, cg_cuda_attn_bwd_lib);
+    for (int j = 0; j < (which ? nw : NCASES); j++) {
+        int i = which ? which[j] : j;
+        static const char *kn[] = {"fwd", "dq", "dkdv", "bwd"};
+        for (int kd = 0; kd < 4; kd++) {
             CgCudaAttn a = desc(&cases[i], (CgCudaAttnKind)kd);
             char name[64];
             snprintf(name, sizeof name, "attn%d_%s", i, kn[kd]);
@@ -260,34 +277,47 @@ static char *program(const char *edit_from, const char *edit_to)
                 fail_msg("%s", d.msg);
         }
     }
-    if (edit_from) {
+    for (int x = 0; x < n; x++) {
+        const char *edit_from = edits[2 * x], *edit_to = edits[2 * x + 1];
         char *at = strstr(b.s, edit_from);
         if (!at)
             fail_msg("negative control: \"%s\" is no longer in the attention library", edit_from);
         size_t nf = strlen(edit_from), nt = strlen(edit_to), off = (size_t)(at - b.s);
-        char *s = malloc(b.n - nf + nt + 1);
+        char *s = malloc(strlen(b.s) - nf + nt + 1);
         memcpy(s, b.s, off);
         memcpy(s + off, edit_to, nt);
         strcpy(s + off + nt, at + nf);
         free(b.s);
-        return s;
+        b.s = s;
     }
     return b.s;
 }
 
-static void launch(EmuModule *m, const char *name, const CgCudaAttn *a, void **args)
+/* False (printed) when the launch reports an error and `may_fail`. */
+static bool launch(EmuModule *m, const char *name, const CgCudaAttn *a, void **args,
+                   bool may_fail)
 {
     int nw, bt;
     assert_true(cg_cuda_attn_tiles(a, &nw, &bt));
     unsigned grid[3] = {(unsigned)cg_cuda_attn_blocks(a, nw), 1, 1}, block[3] = {32u * nw, 1, 1};
     Diag d = {{0}};
-    if (!emu_launch(m, name, grid, block, 0, args, &d))
-        fail_msg("%s: %s", name, d.msg);
+    if (!emu_launch(m, name, grid, block, 0, args, &d)) {
+        if (!may_fail)
+            fail_msg("%s: %s", name, d.msg);
+        fprintf(stderr, "%s: %s\n", name, d.msg);
+        return false;
+    }
+    return true;
 }
 
 /* Runs case i on m; returns the worst relative error of o, lse, dq, dk, dv
- * (each printed). */
-static double run_case(EmuModule *m, int i, bool quiet)
+ * (each printed). fused: the backward runs as the fused kernel (attn*_bwd)
+ * on one scratch (its accumulator NaN before the first run, its counters
+ * zero), with twice a second time, which must leave the same bits; every
+ * run must leave every counter zero (else the error is infinite); a launch
+ * error (the emulator's __trap() on a wait that is not met) is infinite
+ * too. Otherwise the dq and dk/dv kernels. */
+static double run_case(EmuModule *m, int i, bool quiet, bool fused, bool twice)
 {
     const Case *c = &cases[i];
     bool h = c->bf16;
@@ -344,16 +374,60 @@ static double run_case(EmuModule *m, int i, bool quiet)
     CgCudaAttn a = desc(c, CG_CUDA_ATTN_FWD);
     snprintf(name, sizeof name, "attn%d_fwd", i);
     void *fa[] = {&pq, &pk, &pv, &po, &plse};
-    launch(m, name, &a, fa);
-    a = desc(c, CG_CUDA_ATTN_DQ);
-    snprintf(name, sizeof name, "attn%d_dq", i);
-    void *qa[] = {&pq, &pk, &pv, &pdO, &plse, &pdelta, &pdq};
-    launch(m, name, &a, qa);
-    a = desc(c, CG_CUDA_ATTN_DKDV);
-    snprintf(name, sizeof name, "attn%d_dkdv", i);
-    void *ka[] = {&pq, &pk, &pv, &pdO, &plse, &pdelta, &pdk, &pdv};
-    launch(m, name, &a, ka); /* dqkv: one param dkv, the 7th */
+    launch(m, name, &a, fa, false);
     double gap = 0; /* dqkv: the columns no gradient owns, changed: infinite */
+    bool stray = false;
+    if (fused) {
+        a = desc(c, CG_CUDA_ATTN_BWD);
+        snprintf(name, sizeof name, "attn%d_bwd", i);
+        int nw, bt;
+        assert_true(cg_cuda_attn_bwd_fits(&a) && cg_cuda_attn_tiles(&a, &nw, &bt));
+        int64_t pb = cg_cuda_attn_bwd_scratch(&a, bt), nc = cg_cuda_attn_bwd_counters(&a, bt);
+        unsigned char *part = malloc((size_t)pb);
+        memset(part, 0, CG_CUDA_SCRATCH_ZERO);
+        memset(part + CG_CUDA_SCRATCH_ZERO, 0xff, (size_t)(pb - CG_CUDA_SCRATCH_ZERO));
+        void *ba[] = {&pq, &pk, &pv, &pdO, &plse, &pdelta, &pdq, &pdk, &pdv, &part};
+        void *bq[] = {&pq, &pk, &pv, &pdO, &plse, &pdelta, &pdq, &part};
+        /* the gradients' bytes after each run */
+        int64_t gb[3] = {nq * c->d * es, nk * c->d * es, nk * c->dv * es};
+        void *g3[3] = {pdq, pdk, pdv};
+        unsigned char *first[3] = {NULL, NULL, NULL};
+        for (int run = 0; run < (twice ? 2 : 1); run++) {
+            if (!launch(m, name, &a, c->dqkv ? bq : ba, true))
+                gap = INFINITY;
+            for (int64_t x = 0; x < nc * 4; x++)
+                if (part[x])
+                    gap = INFINITY;
+            /* a counter left set: a second run would take tiles past the
+             * grid and write outside the buffers */
+            if (gap > 0)
+                break;
+            for (int x = 0; x < 3; x++) {
+                int64_t n = c->dqkv ? gbytes : gb[x];
+                if (run == 0) {
+                    first[x] = malloc((size_t)n);
+                    memcpy(first[x], g3[x], (size_t)n);
+                } else if (memcmp(first[x], g3[x], (size_t)n) != 0) {
+                    gap = INFINITY;
+                }
+            }
+        }
+        if (!quiet && gap > 0)
+            fprintf(stderr, "case %d: the fused backward left a counter set, trapped, or ran "
+                            "twice to different bits\n", i);
+        for (int x = 0; x < 3; x++)
+            free(first[x]);
+        free(part);
+    } else {
+        a = desc(c, CG_CUDA_ATTN_DQ);
+        snprintf(name, sizeof name, "attn%d_dq", i);
+        void *qa[] = {&pq, &pk, &pv, &pdO, &plse, &pdelta, &pdq};
+        launch(m, name, &a, qa, false);
+        a = desc(c, CG_CUDA_ATTN_DKDV);
+        snprintf(name, sizeof name, "attn%d_dkdv", i);
+        void *ka[] = {&pq, &pk, &pv, &pdO, &plse, &pdelta, &pdk, &pdv};
+        launch(m, name, &a, ka, false); /* dqkv: one param dkv, the 7th */
+    }
     if (c->dqkv) {
         unsigned char *own = calloc((size_t)gbytes, 1), one = 1;
         const IrAttnStride *gs[3] = {&L.dq, &L.dk, &L.dv};
@@ -365,7 +439,7 @@ static double run_case(EmuModule *m, int i, bool quiet)
                             own[at(gs[x], H, b, r, d) * es + y] = one;
         for (int64_t y = 0; y < gbytes; y++)
             if (!own[y] && gq[y] != 0x7f)
-                gap = INFINITY;
+                gap = INFINITY, stray = true;
         free(own);
     }
     if (H) {
@@ -397,7 +471,7 @@ static double run_case(EmuModule *m, int i, bool quiet)
                 "dv %.2e%s\n",
                 i, h ? "bf16" : "f32 ", c->causal ? "causal" : "full  ", c->bh, c->tq, c->tk,
                 c->d, c->dv, c->dqkv ? " dqkv" : c->heads ? " heads" : "", e[0], e[1], e[2], e[3],
-                e[4], gap > 0 ? " (a column no gradient owns was written)" : "");
+                e[4], stray ? " (a column no gradient owns was written)" : "");
     buf_free(&q);
     buf_free(&k);
     buf_free(&v);
@@ -432,28 +506,39 @@ static EmuModule *compile(const char *src, bool sanitize)
 static void test_attention(void **state)
 {
     (void)state;
-    char *src = program(NULL, NULL);
+    char *src = program();
     EmuModule *m = compile(src, true);
     for (int i = 0; i < NCASES; i++) {
-        double worst = run_case(m, i, false);
-        /* f32: the CPU's accuracy; bf16: inputs, P and dS rounded to bf16
-         * for the tensor-core products, outputs stored in bf16 */
-        double tol = cases[i].bf16 ? 1e-2 : 1e-5;
-        if (!(worst < tol))
-            fail_msg("case %d: relative error %.3e over %.0e", i, worst, tol);
+        uint64_t s0 = rs, s1 = rs; /* both runs on the same inputs */
+        for (int fused = 0; fused < 2; fused++) {
+            rs = s0;
+            double worst = run_case(m, i, false, fused, !fused || cases[i].dqkv || i % 5 == 0);
+            if (!fused)
+                s1 = rs;
+            /* f32: the CPU's accuracy; bf16: inputs, P and dS rounded to bf16
+             * for the tensor-core products, outputs stored in bf16 */
+            double tol = cases[i].bf16 ? 1e-2 : 1e-5;
+            if (!(worst < tol))
+                fail_msg("case %d%s: relative error %.3e over %.0e", i,
+                         fused ? " (fused backward)" : "", worst, tol);
+        }
+        rs = s1;
     }
     emu_free(m);
     free(src);
 }
 
-/* Each broken variant must fail at least one case by far. */
-static void negative(const char *from, const char *to, const int *which, int n)
+/* Each broken variant must fail at least one case by far (fused: run
+ * the fused backward; edits: nedit (from, to) pairs). */
+static void negative_edits(const char *const *edits, int nedit, const int *which, int n,
+                           bool fused)
 {
-    char *src = program(from, to);
+    const char *from = edits[0], *to = edits[1];
+    char *src = program_edits(edits, nedit, which, n);
     EmuModule *m = compile(src, false);
     double worst = 0;
     for (int j = 0; j < n; j++) {
-        double e = run_case(m, which[j], true);
+        double e = run_case(m, which[j], true, fused, true);
         worst = e > worst || e != e ? e : worst;
     }
     fprintf(stderr, "negative control \"%s\" -> \"%s\": worst relative error %.3e\n", from, to,
@@ -462,6 +547,12 @@ static void negative(const char *from, const char *to, const int *which, int n)
         fail_msg("the broken kernel \"%s\" passed (error %.3e)", to, worst);
     emu_free(m);
     free(src);
+}
+
+static void negative(const char *from, const char *to, const int *which, int n)
+{
+    const char *e[2] = {from, to};
+    negative_edits(e, 1, which, n, false);
 }
 
 static void test_negative_controls(void **state)
@@ -501,6 +592,33 @@ static void test_negative_controls(void **state)
              2);
 }
 
+/* The fused backward's dQ order (cuda_attn_bwd.c), broken: each must fail
+ * a causal and a full case, f32 and bf16, with several key tiles. */
+static void test_fused_negative_controls(void **state)
+{
+    (void)state;
+    static const int mk[] = {0, 6, 17};
+    /* tiles taken in blockIdx order, the first key tile first: a block
+     * waits on one that starts after it (the emulator traps the wait) */
+    const char *order[] = {"const int kt = nkt - 1 - ticket % nkt", "const int kt = ticket % nkt"};
+    negative_edits(order, 1, mk, 3, true);
+    /* no waiting, in that order: every block adds when it comes, and key
+     * tile 0 (first now) writes dq before the others added */
+    const char *nowait[] = {"const int kt = nkt - 1 - ticket % nkt", "const int kt = ticket % nkt",
+                            "    if (*(const volatile unsigned *)c != r)\n        __trap();\n",
+                            ""};
+    negative_edits(nowait, 2, mk, 3, true);
+    /* the first share adds to the accumulator it should overwrite (NaN) */
+    const char *add[] = {"if (rank > 0)\n                        x += qr", "x += qr"};
+    negative_edits(add, 1, mk, 3, true);
+    /* key tile 0 leaves its counter set: the second run traps */
+    const char *keep[] = {"kt == 0 ? 0u : rank + 1", "rank + 1"};
+    negative_edits(keep, 1, mk, 3, true);
+    /* the last ticket not set back */
+    const char *tick[] = {"atomicExch(cnt, 0u);", "(void)0;"};
+    negative_edits(tick, 1, mk, 3, true);
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -508,6 +626,12 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_attention),
         cmocka_unit_test(test_negative_controls),
+        cmocka_unit_test(test_fused_negative_controls),
     };
+    /* KILN_TEST_PART=fused: the fused backward's negative controls alone */
+    const struct CMUnitTest fused[] = {cmocka_unit_test(test_fused_negative_controls)};
+    const char *part = getenv("KILN_TEST_PART");
+    if (part && strcmp(part, "fused") == 0)
+        return cmocka_run_group_tests(fused, NULL, NULL);
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

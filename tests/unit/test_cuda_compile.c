@@ -502,7 +502,9 @@ static void test_checks_bite(void **state)
  * (o and lse, o alone, lse alone), dq and dk+dv (both, dv alone), f32 and
  * bf16, causal and not, head sizes 32, 64 and 128 and an odd one (40),
  * and in the head layout (strided q/k/v rows, ir.h), also as attention_dqkv's
- * two kernels (46 functions, no two alike), in one program compiled for sm_90 and
+ * two kernels and as the fused backward that replaces them (cuda_attn_bwd.c:
+ * causal at head sizes 32, 64, 128, full at 64, and attention_dqkv's
+ * layout; 56 functions, no two alike), in one program compiled for sm_90 and
  * sm_80 (in parallel): no error, no warning, every function in the cubin,
  * ptxas' figures (registers, shared memory, spills: cg_cuda_ptxas, what the
  * cost model reads) for every function, and no register spill in any of
@@ -515,6 +517,7 @@ static void test_attention_kernels(void **state)
     CgBuf b = {0};
     cg_puts(&b, cg_cuda_prelude);
     cg_puts(&b, cg_cuda_attn_lib);
+    cg_puts(&b, cg_cuda_attn_bwd_lib);
     /* causal forward (o and lse), dq, dk+dv at every head size; then the
      * other forms: not causal, o alone, lse alone, dv alone */
     static const struct {
@@ -526,15 +529,19 @@ static void test_attention_kernels(void **state)
         {2, 128, 1, 1, 1, 1}, {0, 40, 1, 1, 1, 1},  {1, 40, 1, 1, 1, 1},  {2, 40, 1, 1, 1, 1},
         {0, 32, 0, 1, 1, 1},  {0, 64, 0, 1, 1, 1},  {0, 32, 0, 1, 0, 1},  {0, 64, 1, 0, 1, 1},
         {2, 64, 1, 1, 1, 0},
+        /* the fused backward (cuda_attn_bwd.c): causal at every head size, full */
+        {3, 32, 1, 1, 1, 1},  {3, 64, 1, 1, 1, 1},  {3, 128, 1, 1, 1, 1}, {3, 64, 0, 1, 1, 1},
     };
     /* and the head layout (ir.h) of gpt 124M: 12 heads of 64 read out of
      * [1, 1024, 2304] qkv rows; forward, dq, dk+dv, and a forward at 128;
      * then attention_dqkv's dq and dk+dv kernels, writing the gradients
-     * into one [1, 1024, 2304] buffer (dk and dv one param) */
+     * into one [1, 1024, 2304] buffer (dk and dv one param), and its fused
+     * backward (dq, dk and dv one param) */
     static const struct {
         int kind, d;
         bool dqkv;
-    } heads[] = {{0, 64, 0}, {1, 64, 0}, {2, 64, 0}, {0, 128, 0}, {1, 64, 1}, {2, 64, 1}};
+    } heads[] = {{0, 64, 0}, {1, 64, 0}, {2, 64, 0}, {0, 128, 0},
+                 {1, 64, 1}, {2, 64, 1}, {3, 64, 1}};
     enum { NF = sizeof forms / sizeof forms[0], NH = sizeof heads / sizeof heads[0] };
     CgCudaFn fns[2 * (NF + NH)];
     memset(fns, 0, sizeof fns);

@@ -395,6 +395,79 @@ static void test_attn_l2_predicted(void **state)
     release(&c);
 }
 
+/* attention_dqkv on the GPU: its dq kernel launches nothing and its dk/dv
+ * step runs the fused backward (cuda_attn_bwd.c), one function that takes
+ * the partials scratch (its counters and dQ accumulator counted in the
+ * program's scratch). Its FLOPs are the five products of every kept tile
+ * pair, counted here from the tiles: 2 x (3 D + 2 Dv) per pair; its bytes
+ * are the dk/dv kernel's plus dq once plus dQ's f32 read and write on
+ * every visit of a query row but its first, of which L2 serves all but
+ * one write and one read of each row when the heads in flight fit. The
+ * prediction has one backward row for the op. */
+static const char dqkv[] =
+    "kiln-ir v1\n"
+    "%q:f32[2,1024,2304] = input \"qkv\"\n"
+    "%g:f32[2,1024,768] = input \"g\"\n"
+    "%l:f32[2,1024,12,1] = input \"l\"\n"
+    "%d:f32[2,1024,2304] = attention_dqkv %q, %q, %q, %g, %l, %l "
+    "{causal=1,scale=0.125,heads=12,hd=64,qoff=0,koff=768,voff=1536}\n"
+    "output \"d\" %d\n";
+
+static void test_attn_bwd_fused(void **state)
+{
+    (void)state;
+    const CgDevice *h200 = dev("h200");
+    Compiled c = compile(dqkv, false);
+    int steps = 0, fns = 0, at = -1;
+    for (int s = 0; s < c.p->steps.n; s++)
+        if (c.p->steps.v[s].kind == CG_STEP_KERNEL &&
+            c.p->kernels.v[c.p->steps.v[s].kernel]->attn.kind != CG_ATTN_NONE) {
+            steps++;
+            fns += c.q->step_nfn[s];
+            if (c.q->step_nfn[s] == 1)
+                at = c.q->step_fn[s];
+        }
+    assert_int_equal(steps, 2); /* the plan's dq and dk/dv kernels */
+    assert_int_equal(fns, 1);   /* one launch */
+    assert_true(at >= 0);
+    const CgCudaFn *fn = &c.q->fn.v[at];
+    CgCudaAttn a = {.kind = CG_CUDA_ATTN_BWD, .causal = true, .scale = 0.125, .dt = DT_F32,
+                    .bh = 24, .tq = 1024, .tk = 1024, .d = 64, .dv = 64, .one_dkv = true};
+    int nw, bt;
+    assert_true(cg_cuda_attn_tiles(&a, &nw, &bt));
+    assert_true(fn->attn && !fn->attn_fwd && fn->part);
+    assert_int_equal(fn->part_bytes, cg_cuda_attn_bwd_scratch(&a, bt));
+    assert_int_equal(fn->part_bytes,
+                     CG_CUDA_SCRATCH_ZERO + 24 * ((1024 + bt - 1) / bt) * bt * 64 * 4);
+    assert_true(c.q->part_bytes >= fn->part_bytes);
+    assert_int_equal(fn->blocks, 24 * (1024 / (16 * nw)));
+    /* kept pairs and query-row visits, key tile by key tile */
+    double pairs = 0, visits = 0;
+    for (int kt = 0; kt * 16 * nw < 1024; kt++) {
+        int q0 = kt * 16 * nw / bt * bt;
+        pairs += 16.0 * nw * (1024 - q0);
+        visits += 1024 - q0;
+    }
+    near(fn->flops, 24 * 2 * pairs * (3 * 64 + 2 * 64), 1e-12, "five products a pair");
+    double es = 4, dkdv = 24 * (1024 * 128 * es + 1024 * 128 * es + visits * (128 * es + 8));
+    double bytes = dkdv + 24 * (1024 * 64 * es + 8.0 * 64 * (visits - 1024));
+    near(fn->bytes, bytes, 1e-12, "the dk/dv bytes, dq, the accumulator's traffic");
+    /* L2: q, dO, lse, delta past their first visit, and the accumulator's
+     * visits past one write and one read of each row; a head's working set
+     * holds its accumulator */
+    near(fn->attn_reread, 24 * ((visits - 1024) * (128 * es + 8) + 8.0 * 64 * (visits - 2048)),
+         1e-12, "the re-reads L2 serves");
+    near(fn->attn_head, 1024 * (128 * es + 8) + 1024 * 64 * 4.0, 1e-12, "one head's set");
+    CgPredictOpts o = {0};
+    CgPrediction *r = cg_predict(c.p, c.q, h200, &o);
+    int rows = 0;
+    for (int i = 0; i < r->rows.n; i++)
+        rows += strstr(r->rows.v[i].name, "attention_dqkv") != NULL;
+    assert_int_equal(rows, 1);
+    cg_prediction_free(r);
+    release(&c);
+}
+
 /* bf16 copies of weights (codegen/cuda_cast.c): w is read by two GEMMs of
  * the step, so it gets a slot and only the first casts it; the prediction
  * has one cast row for w, not two. An activation (x, f32 here because it
@@ -447,6 +520,7 @@ int main(void)
         cmocka_unit_test(test_ptxas_occupancy),
         cmocka_unit_test(test_attn_l2),
         cmocka_unit_test(test_attn_l2_predicted),
+        cmocka_unit_test(test_attn_bwd_fused),
         cmocka_unit_test(test_weight_casts),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
