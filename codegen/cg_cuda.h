@@ -78,6 +78,10 @@ typedef struct {
     bool attn_fwd;    /* attn: the forward (costed at its own efficiency) */
     double attn_reread, attn_head; /* attn: cg_cuda_attn_reuse's figures */
     int64_t attn_tiles; /* attn: blocks per batch*head (consecutive blockIdx) */
+    /* rows kept in registers between phases (cuda_rowcache.c): kernel
+     * params cached[0..ncached), each cache_trips x cache_words[i] uint4 */
+    int ncached, cache_trips;
+    int *cached, *cache_words;
 } CgCudaFn;
 
 /* Which params of one printed variant of a kernel share a buffer:
@@ -122,12 +126,19 @@ typedef struct {
     bool *ld, *st; /* [n] loaded, stored by the phase */
     int *index;  /* [n] an index expression of one of its accesses: the
                     vector's first element when var is its first */
+    int trips;   /* > 0: the phase runs `trips` unrolled iterations per
+                    thread and cache[] says which params use the row cache */
+    int *cache;  /* [n] 0, or 1: loads fill kiln_c<p>, 2: loads read it
+                    (cuda_rowcache.c) */
 } CgCudaVec;
 /* Whether phase ph (storage: params' dtypes in memory; al: the variant's
  * buffers) has vector params; fills v (free with cg_cuda_vec_free). */
 bool cg_cuda_vec_plan(const CgKernel *k, const CgPhase *ph, const DType *storage,
                       const CgCudaAlias *al, CgCudaVec *v);
 void cg_cuda_vec_free(CgCudaVec *v);
+/* Whether function f keeps kernel param p's row in registers between its
+ * phases (cuda_rowcache.c): then it is read from memory once. */
+bool cg_cuda_row_cached(const CgCudaFn *f, int p);
 /* Around the phase's scalar body, inside a loop whose vars are declared at
  * the vector's first element: the loads and the element loop's head
  * (the body goes at depth + 1), then its end and the stores. */
@@ -263,11 +274,17 @@ typedef struct CgCudaProgram {
      * per plan step s and operand o (0: a, 1: b) at [2 s + o]: cast_off,
      * the operand's copy in the weight-copy buffer (cast_bytes bytes, one
      * device buffer beside the arena), or -1: cast into the per-GEMM
-     * scratch; cast_now, whether step s casts it there (else the copy an
-     * earlier GEMM of the step cast is current). */
+     * scratch right before the GEMM. The copies are filled by groups of
+     * casts, one launch of kiln_cast_f32_bf16_multi each: cast_group[s],
+     * the group launched right before GEMM step s (-1: none); group i
+     * casts tensors cast_t[j] (f32) into the buffer at cast_slot[j], for
+     * j in [cast_first[i], cast_first[i + 1]). */
     int64_t *cast_off;
-    bool *cast_now;
     int64_t cast_bytes;
+    int *cast_group;
+    int ncast_groups;
+    int *cast_first, *cast_t;
+    int64_t *cast_slot;
 } CgCudaProgram;
 
 /* Decides the storage, the arena and the epilogues, then prints every kernel
@@ -295,11 +312,21 @@ void cg_cuda_program_free(CgCudaProgram *q);
 
 /* ---- cuda_cast.c: bf16 copies of f32 GEMM operands ---------------------- */
 
-/* Fills q->cast_off, cast_now and cast_bytes (q's storage, mem and copy
- * set): a tensor on persistent storage that two or more GEMM steps cast
- * gets a slot; the first of them after each write to its storage casts
- * into it, the others read it. */
+/* Fills q->cast_off, cast_bytes and the cast groups (q's storage, mem
+ * and copy set): a tensor on persistent storage that two or more GEMM
+ * steps cast gets a slot; it is cast into it once after each write to its
+ * storage, by a group launched no later than its first reader, and the
+ * readers read it. */
 void cg_cuda_casts(CgCudaProgram *q);
+/* kiln_cast_f32_bf16_multi(const kiln_cast_job *job, int njob, int64_t
+ * nchunk): every job's cast in one launch (256 threads per block,
+ * grid-stride over the chunks). A job is {const float *x; kiln_bf16 *y;
+ * int64_t n, c0;} (32 bytes, CG_CUDA_CAST_JOB_BYTES): job j casts x[0, n)
+ * into y as chunks c0 .. c0 + ceil(n / CG_CUDA_CAST_CHUNK) - 1 of the
+ * launch; c0 ascends from 0 and nchunk is the total. The job table is in
+ * device memory. Appended after the prelude by bf16 programs. */
+extern const char cg_cuda_cast_multi_kernel[];
+enum { CG_CUDA_CAST_CHUNK = 4096, CG_CUDA_CAST_JOB_BYTES = 32 };
 
 /* ---- cuda_occupancy.c: blocks resident per SM ---------------------------- */
 

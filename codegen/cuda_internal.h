@@ -11,6 +11,15 @@
 
 typedef VEC(CgCudaFn) CgCudaFnVec;
 
+/* cuda_rowcache.c: which params row function f (rows, threads set) keeps
+ * in registers between the phases of loop l (sets f->ncached, cached,
+ * cache_words, cache_trips); and the role of phase pi for param p (0:
+ * none; 1: fills the cache; 2: reads it). */
+void cg_cuda_row_cache(const CgKernel *k, const CgLoop *l, const DType *storage,
+                       const CgCudaAlias *al, CgCudaFn *f);
+int cg_cuda_row_cache_role(const CgKernel *k, const CgLoop *l, const DType *storage,
+                           const CgCudaAlias *al, int pi, int p);
+
 /* Marks in var[] the loop variables expression e reads. */
 void cg_cuda_mark_used(const CgKernel *k, int e, bool *var);
 /* Declares the used variables of dim[0..n) from the flat row-major index

@@ -260,8 +260,10 @@ CgCudaProgram *cg_cuda_program(const CgPlan *p, bool bf16)
     q->step_nfn = xcalloc((size_t)p->steps.n + 1, sizeof(int));
     CgBuf b = {0};
     cg_puts(&b, cg_cuda_prelude);
-    if (bf16)
+    if (bf16) {
         cg_puts(&b, cg_cuda_cast_kernel);
+        cg_puts(&b, cg_cuda_cast_multi_kernel);
+    }
     for (int i = 0; i < p->kernels.n; i++)
         if (p->kernels.v[i]->attn.kind != CG_ATTN_NONE) {
             cg_puts(&b, cg_cuda_attn_lib); /* the attention kernels' templates */
@@ -347,7 +349,10 @@ void cg_cuda_program_free(CgCudaProgram *q)
     free(q->outs);
     free(q->epi);
     free(q->cast_off);
-    free(q->cast_now);
+    free(q->cast_group);
+    free(q->cast_first);
+    free(q->cast_t);
+    free(q->cast_slot);
     if (q->mem != q->plan->mem)
         pass_memplan_free(q->mem);
     free(q);

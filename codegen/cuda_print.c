@@ -659,10 +659,11 @@ static void print_params(CgBuf *b, const CgKernel *k, const DType *storage, cons
  * has vector params (cuda_row.c) each thread takes v->vec elements a time
  * and the head ends inside the element loop. Returns the body's depth;
  * coop_close ends it. */
-static int coop_open(CgBuf *b, const CgKernel *k, const CgPhase *ph, const CgCudaFn *f,
+static int coop_open(CgBuf *b, const CgKernel *k, const CgLoop *l, int pi, const CgCudaFn *f,
                      const DType *storage, const CgCudaAlias *al, const char *j0, const char *js,
                      const bool *used, int depth, CgCudaVec *v)
 {
+    const CgPhase *ph = &l->ph.v[pi];
     int64_t inner = cg_cuda_numel(ph->dim, ph->ndim);
     bool narrow = inner + f->threads <= INT32_MAX;
     if (!f->rows || !cg_cuda_vec_plan(k, ph, storage, al, v)) {
@@ -673,9 +674,29 @@ static int coop_open(CgBuf *b, const CgKernel *k, const CgPhase *ph, const CgCud
         decompose(b, ph->dim, ph->ndim, "j", used, depth + 1);
         return depth + 1;
     }
+    /* a phase that fills or reads the row cache (cuda_rowcache.c): its
+     * iterations unrolled, so the cache's indices are constants */
+    v->cache = xcalloc((size_t)v->n + 1, sizeof(int));
+    for (int i = 0; i < v->n; i++)
+        if (cg_cuda_row_cached(f, v->param[i]) && v->ld[i])
+            v->cache[i] = cg_cuda_row_cache_role(k, l, storage, al, pi, v->param[i]);
+    for (int i = 0; i < v->n; i++)
+        if (v->cache[i])
+            v->trips = f->cache_trips;
     cg_indent(b, depth);
-    cg_printf(b, "for (%s jv = %s; jv < %lld; jv += %s) {\n", narrow ? "int" : "int64_t", j0,
-              (long long)(inner / v->vec), js);
+    if (v->trips) {
+        cg_printf(b, "#pragma unroll\n");
+        cg_indent(b, depth);
+        cg_printf(b, "for (int kiln_t = 0; kiln_t < %d; kiln_t++) {\n", v->trips);
+        cg_indent(b, depth + 1);
+        cg_printf(b, "const %s jv = %s + kiln_t * %s;\n", narrow ? "int" : "int64_t", j0, js);
+        cg_indent(b, depth + 1);
+        cg_printf(b, "if (jv < %lld) {\n", (long long)(inner / v->vec));
+        depth++;
+    } else {
+        cg_printf(b, "for (%s jv = %s; jv < %lld; jv += %s) {\n", narrow ? "int" : "int64_t",
+                  j0, (long long)(inner / v->vec), js);
+    }
     cg_indent(b, depth + 1);
     cg_printf(b, "const %s j = jv * %d;\n", narrow ? "int" : "int64_t", v->vec);
     decompose(b, ph->dim, ph->ndim, "j", used, depth + 1);
@@ -685,9 +706,14 @@ static int coop_open(CgBuf *b, const CgKernel *k, const CgPhase *ph, const CgCud
 
 static void coop_close(CgBuf *b, CgCudaVec *v, const DType *storage, int depth)
 {
+    bool trips = v->trips > 0;
     if (v->vec) {
-        cg_cuda_vec_close(b, v, storage, depth + 1);
+        cg_cuda_vec_close(b, v, storage, depth + 1 + trips);
         cg_cuda_vec_free(v);
+    }
+    if (trips) {
+        cg_indent(b, depth + 1);
+        cg_puts(b, "}\n");
     }
     cg_indent(b, depth);
     cg_puts(b, "}\n");
@@ -750,6 +776,11 @@ static void print_loop(CgBuf *b, const CgKernel *k, const CgLoop *l, const DType
                   f->threads, (long long)f->n, f->threads);
     }
     decompose(b, l->dim, l->ndim, "i", used, depth);
+    for (int c = 0; c < f->ncached; c++) { /* the row cache (cuda_rowcache.c) */
+        cg_indent(b, depth);
+        cg_printf(b, "uint4 kiln_c%d[%d][%d];\n", f->cached[c], f->cache_trips,
+                  f->cache_words[c]);
+    }
     for (int pi = 0; pi < l->ph.n; pi++) {
         const CgPhase *ph = &l->ph.v[pi];
         bool more = pi + 1 < l->ph.n;
@@ -786,7 +817,7 @@ static void print_loop(CgBuf *b, const CgKernel *k, const CgLoop *l, const DType
             cg_puts(b, ";\n");
             if (coop) {
                 CgCudaVec v;
-                int d2 = coop_open(b, k, ph, f, storage, al, j0, js, used, depth, &v);
+                int d2 = coop_open(b, k, l, pi, f, storage, al, j0, js, used, depth, &v);
                 print_lets(b, k, ph, d2);
                 print_fold(b, k, ph, d2);
                 coop_close(b, &v, storage, depth);
@@ -817,7 +848,7 @@ static void print_loop(CgBuf *b, const CgKernel *k, const CgLoop *l, const DType
                 depth++;
             }
             CgCudaVec v;
-            int d2 = coop_open(b, k, ph, f, storage, al, j0, js, used, depth, &v);
+            int d2 = coop_open(b, k, l, pi, f, storage, al, j0, js, used, depth, &v);
             print_store_phase(b, k, ph, storage, al, d2);
             coop_close(b, &v, storage, depth);
             if (f->cols) {
@@ -878,6 +909,7 @@ static int print_kernel(CgBuf *b, const CgKernel *k, const char *name, const DTy
             f.threads = row_threads(k, &k->loops.v[li], st, al);
         f.name = xasprintf("%s_l%d", name, li);
         loop_params(k, &k->loops.v[li], &f);
+        cg_cuda_row_cache(&v, &k->loops.v[li], st, al, &f);
         cg_puts(b, "\n");
         print_loop(b, &v, &k->loops.v[li], st, al, &f);
         vec_push(&out, f);
@@ -905,6 +937,8 @@ void cg_cuda_fns_free(CgCudaFn *fn, int n)
     for (int i = 0; fn && i < n; i++) {
         free(fn[i].name);
         free(fn[i].param);
+        free(fn[i].cached);
+        free(fn[i].cache_words);
     }
     free(fn);
 }

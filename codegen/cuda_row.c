@@ -229,6 +229,7 @@ void cg_cuda_vec_free(CgCudaVec *v)
     free(v->ld);
     free(v->st);
     free(v->index);
+    free(v->cache);
     memset(v, 0, sizeof *v);
 }
 
@@ -250,12 +251,21 @@ void cg_cuda_vec_open(CgBuf *b, const CgKernel *k, const CgCudaVec *v, const DTy
         cg_print_expr(b, k, v->index[i], t);
         cg_puts(b, ";\n");
         if (v->ld[i]) {
+            int role = v->cache ? v->cache[i] : 0;
             cg_indent(b, depth);
             cg_printf(b, "kiln_vec%d w%d;\n", v->vec, p);
             for (int w = 0; w < words(v, storage, p); w++) {
                 cg_indent(b, depth);
-                cg_printf(b, "w%d.u[%d] = ((const uint4 *)(p%d%s + kiln_o%d))[%d];\n", p, w, p,
-                          bf ? ".p" : "", p, w);
+                if (role == 2) /* the row cache (cuda_rowcache.c) */
+                    cg_printf(b, "w%d.u[%d] = kiln_c%d[kiln_t][%d]; (void)kiln_o%d;\n", p, w, p,
+                              w, p);
+                else
+                    cg_printf(b, "w%d.u[%d] = ((const uint4 *)(p%d%s + kiln_o%d))[%d];\n", p, w,
+                              p, bf ? ".p" : "", p, w);
+                if (role == 1) {
+                    cg_indent(b, depth);
+                    cg_printf(b, "kiln_c%d[kiln_t][%d] = w%d.u[%d];\n", p, w, p, w);
+                }
             }
         }
         if (v->st[i] && (bf || !v->ld[i])) {

@@ -17,7 +17,8 @@
  *     cg_attn_dram_bytes), computed at ATTN_EFF_FWD / _BWD of the bf16
  *     tensor-core peak (f32: of the FMA peak)
  *
- * bytes: each buffer a launch reads or writes, once, at its storage dtype
+ * bytes: each buffer a launch reads or writes, once (twice when it reads
+ * and writes it: an update in place), at its storage dtype
  * (a fused kernel's intermediates stay in registers); a buffer read only at
  * one index per outer iteration (a row's target logit) costs one 32-byte
  * sector per iteration when that is less, and one read in several passes
@@ -196,12 +197,27 @@ static void predict_gemm(CgPrediction *r, const CgPlan *p, const CgCudaProgram *
     bool half = dev->gpu && (o->bf16 || (storage && (storage[m->a] == DT_BF16 ||
                                                      storage[m->b] == DT_BF16)));
     /* bf16 from f32 operands: the backend casts them first (one launch
-     * each), except a weight whose bf16 copy an earlier GEMM of the step
-     * cast (cg_cuda_casts) */
+     * each), except weights with a copy kept through the step, which the
+     * cast group due before this GEMM (if any) casts in one launch
+     * (cg_cuda_casts): 6 bytes per element, one block per chunk */
+    if (half && storage && q->cast_group && q->cast_group[s] >= 0) {
+        int i = q->cast_group[s];
+        double bytes = 0;
+        int64_t blocks = 0;
+        for (int j = q->cast_first[i]; j < q->cast_first[i + 1]; j++) {
+            int64_t n = shape_numel(&g->t.v[q->cast_t[j]].s);
+            bytes += 6.0 * (double)n;
+            blocks += (n + CG_CUDA_CAST_CHUNK - 1) / CG_CUDA_CAST_CHUNK;
+        }
+        double fill = grid_efficiency(dev, blocks, cg_cuda_blocks_per_unit(dev, 256, 0, 0));
+        add_row(r, s, "cast_f32_bf16_multi", 0, bytes, 0, bytes / (dev->bw * fill), launch,
+                blocks, 256, fill < 0.5);
+        r->kernel_s += r->rows.v[r->rows.n - 1].s;
+    }
     if (half && storage)
         for (int k = 0; k < 2; k++) {
             int t = k ? m->b : m->a;
-            if (storage[t] == DT_BF16 || (q->cast_now && !q->cast_now[2 * s + k]))
+            if (storage[t] == DT_BF16 || (q->cast_off && q->cast_off[2 * s + k] >= 0))
                 continue;
             double n = (double)shape_numel(&g->t.v[t].s);
             double bytes = 6 * n;
@@ -320,25 +336,37 @@ static int param_passes(const CgKernel *k, const CgLoop *l, int j, bool *loads)
 }
 
 /* Bytes function fn moves for kernel param j (whole: its buffer's bytes):
- *   - written: the whole buffer;
+ *   - written: the whole buffer; twice when the function also loads it
+ *     (an update in place reads every element and writes it back);
  *   - read only at indices fixed per outer iteration (take_along's target
  *     logit, a per-row gather): one 32-byte sector per outer iteration, if
  *     that is less than the buffer;
  *   - read in P > 1 passes over each outer iteration's slice (a fused row
  *     kernel's fold, then its stores): the later passes come from L2 when
  *     the slices of the resident blocks fit in it, else from memory again,
- *     and then cost P times the buffer. */
+ *     and then cost P times the buffer; once when the function keeps the
+ *     row in registers (cg_cuda_row_cached). */
 static double param_bytes(const CgKernel *k, const CgCudaFn *fn, const CgDevice *dev, int j,
                           double whole)
 {
-    if (!k || fn->loop < 0 || fn->loop >= k->loops.n || k->params.v[j].out)
+    if (!k || fn->loop < 0 || fn->loop >= k->loops.n)
         return whole;
+    if (k->params.v[j].out) { /* and read too (in place: AdamW's p, m, v): twice */
+        int end = fn->loop + (fn->nloops > 1 ? fn->nloops : 1);
+        for (int l = fn->loop; l < end && l < k->loops.n; l++) {
+            bool loads = false;
+            param_passes(k, &k->loops.v[l], j, &loads);
+            if (loads)
+                return 2 * whole;
+        }
+        return whole;
+    }
     bool loads = false;
     int passes = param_passes(k, &k->loops.v[fn->loop], j, &loads);
     double rows = 32.0 * (double)fn->n;
     if (loads && !passes)
         return rows < whole ? rows : whole;
-    if (passes > 1 && fn->rows && fn->n > 0) {
+    if (passes > 1 && fn->rows && fn->n > 0 && !cg_cuda_row_cached(fn, j)) {
         int per_unit = dev->max_threads_unit / (fn->threads > 0 ? fn->threads : 1);
         per_unit = per_unit > dev->max_blocks_unit ? dev->max_blocks_unit : per_unit;
         double resident = (double)dev->units * (per_unit < 1 ? 1 : per_unit);

@@ -34,6 +34,14 @@ static const RtCudaHost *host;
 
 enum { STAGE_BYTES = 16 << 20 };
 
+/* One job of kiln_cast_f32_bf16_multi (cg_cuda_cast_multi_kernel): x[0, n)
+ * into y as the launch's chunks from c0 on. */
+typedef struct {
+    CUdeviceptr x, y;
+    int64_t n, c0;
+} KcCastJob;
+_Static_assert(sizeof(KcCastJob) == CG_CUDA_CAST_JOB_BYTES, "the kernel's job layout");
+
 typedef struct {
     CUfunction *fn;     /* the step's functions, in order */
     const CgCudaFn *geo;
@@ -42,9 +50,13 @@ typedef struct {
     CUdeviceptr *ptr;
     int gemm;           /* GEMM steps: the cuBLASLt plan (kc_lt_plan) */
     KcGemmForm form;    /* GEMM: how it runs with the epilogue it applies */
-    bool cast_a, cast_b; /* GEMM: casts that operand now (form.cast_* less the
-                            weights whose copy an earlier GEMM of the step
-                            cast: CgCudaProgram.cast_now) */
+    bool cast_a, cast_b; /* GEMM: casts that operand into the scratch now
+                            (form.cast_* less the weights with a copy kept
+                            through the step: CgCudaProgram.cast_off) */
+    CUdeviceptr cast_jobs; /* GEMM: the job table of the cast group launched
+                              right before it (CgCudaProgram.cast_group), 0: none */
+    int cast_njob;
+    int64_t cast_nchunk;
     CUdeviceptr bias16;  /* GEMM with a bias epilogue and bf16 D: the bias's bf16 copy,
                             cast from the f32 bias right before the GEMM */
     CUdeviceptr a, b, c; /* GEMM operands as used (c: cuBLASLt's D, the epilogue's d
@@ -73,6 +85,8 @@ struct BackendCtx {
     CUdeviceptr bias16;      /* bf16 copies of biases (CuStep.bias16) */
     CUdeviceptr wcopy;       /* bf16 copies of weights kept through a step
                                 (CgCudaProgram.cast_bytes, cast_off) */
+    CUdeviceptr cast_jobs;   /* every cast group's job table (KcCastJob) */
+    KcCastJob *cast_host;    /* pinned: the same, as uploaded */
     CgEpilogue *epi;         /* per step: the epilogue its GEMM applies: the
                                 program's (CgCudaProgram.epi) unless cuBLASLt
                                 has no algorithm for it (then its pair's too) */
@@ -82,7 +96,7 @@ struct BackendCtx {
     size_t stage_cap, stage_used;
     uint64_t *rs_host;       /* pinned {seed, step} */
     CUmodule mod;
-    CUfunction *fns, cast_fn;
+    CUfunction *fns, cast_fn, cast_multi_fn;
     CuStep *st;
     KcLt *lt;                /* cuBLASLt (cublaslt.c) */
     bool tf32, bf16, graph_on, capturing, replaying;
@@ -143,6 +157,10 @@ static void cuda_destroy(BackendCtx *c)
             kc_cu.cuMemFree(c->bias16);
         if (c->wcopy)
             kc_cu.cuMemFree(c->wcopy);
+        if (c->cast_jobs)
+            kc_cu.cuMemFree(c->cast_jobs);
+        if (c->cast_host)
+            kc_cu.cuMemFreeHost(c->cast_host);
         if (c->stage)
             kc_cu.cuMemFreeHost(c->stage);
         if (c->rs_host)
@@ -205,6 +223,35 @@ static int plan_step_gemm(BackendCtx *c, int s, CgEpilogue e, Diag *d)
     else if (f->bias >= 0)
         bias = f->bias16 ? cs->bias16 : dptr(c, f->bias);
     return kc_lt_plan(c->lt, m, f, e, cs->a, cs->b, cs->c, bias, aux, d);
+}
+
+/* The cast groups' job tables (one device buffer, uploaded once: the
+ * pointers never change) and each group's GEMM step's share of it. */
+static bool setup_cast_groups(BackendCtx *c, Diag *d)
+{
+    const struct CgCudaProgram *q = c->q;
+    int nj = q->cast_first[q->ncast_groups];
+    size_t bytes = sizeof(KcCastJob) * (size_t)(nj > 0 ? nj : 1);
+    if (!CU(kc_cu.cuMemAllocHost((void **)&c->cast_host, bytes), d) ||
+        !CU(kc_cu.cuMemAlloc(&c->cast_jobs, bytes), d))
+        return false;
+    for (int s = 0; s < c->p->steps.n; s++) {
+        int i = q->cast_group[s];
+        if (i < 0)
+            continue;
+        int64_t c0 = 0;
+        for (int j = q->cast_first[i]; j < q->cast_first[i + 1]; j++) {
+            int64_t n = numel(c->p->g, q->cast_t[j]);
+            c->cast_host[j] = (KcCastJob){dptr(c, q->cast_t[j]),
+                                          c->wcopy + (CUdeviceptr)q->cast_slot[j], n, c0};
+            c0 += (n + CG_CUDA_CAST_CHUNK - 1) / CG_CUDA_CAST_CHUNK;
+        }
+        CuStep *cs = &c->st[s];
+        cs->cast_jobs = c->cast_jobs + sizeof(KcCastJob) * (CUdeviceptr)q->cast_first[i];
+        cs->cast_njob = q->cast_first[i + 1] - q->cast_first[i];
+        cs->cast_nchunk = c0;
+    }
+    return CU(kc_cu.cuMemcpyHtoDAsync(c->cast_jobs, c->cast_host, bytes, c->s), d);
 }
 
 static bool setup_steps(BackendCtx *c, Diag *d)
@@ -270,10 +317,10 @@ static bool setup_steps(BackendCtx *c, Diag *d)
             const CgGemm *m = &st->gemm;
             int64_t na = numel(g, m->a) * 2, nb = numel(g, m->b) * 2;
             /* a weight with a copy kept through the step (cuda_cast.c) is
-             * cast by its first GEMM only, into its copy */
+             * cast into its copy by a cast group, not by its GEMM */
             bool ka = q->cast_off[2 * s] >= 0, kb = q->cast_off[2 * s + 1] >= 0;
-            cs->cast_a = cs->form.cast_a && (!ka || q->cast_now[2 * s]);
-            cs->cast_b = cs->form.cast_b && (!kb || q->cast_now[2 * s + 1]);
+            cs->cast_a = cs->form.cast_a && !ka;
+            cs->cast_b = cs->form.cast_b && !kb;
             if (cs->form.cast_a && !ka && na > need)
                 need = na;
             if (cs->form.cast_b && !kb && nb > need)
@@ -289,6 +336,8 @@ static bool setup_steps(BackendCtx *c, Diag *d)
     }
     /* scratch before planning: the heuristic sees the pointers it will get */
     if (q->cast_bytes > 0 && !CU(kc_cu.cuMemAlloc(&c->wcopy, (size_t)q->cast_bytes), d))
+        return false;
+    if (q->ncast_groups > 0 && !setup_cast_groups(c, d))
         return false;
     if (need > 0) {
         c->scratch_half = (need + 255) / 256 * 256;
@@ -350,6 +399,9 @@ static bool load_module(BackendCtx *c, const ExecOpts *o, Diag *d)
         if (!CU(kc_cu.cuModuleGetFunction(&c->fns[i], c->mod, c->q->fn.v[i].name), d))
             return false;
     if (c->q->bf16 && !CU(kc_cu.cuModuleGetFunction(&c->cast_fn, c->mod, "kiln_cast_f32_bf16"), d))
+        return false;
+    if (c->q->ncast_groups > 0 &&
+        !CU(kc_cu.cuModuleGetFunction(&c->cast_multi_fn, c->mod, "kiln_cast_f32_bf16_multi"), d))
         return false;
     return true;
 }
@@ -501,12 +553,23 @@ static bool cast_bf16(BackendCtx *c, CUdeviceptr x, CUdeviceptr y, int64_t n, Di
     return launch(c, c->cast_fn, &g, argv, d);
 }
 
-/* The casts the GEMM's form asks for (f32 operands into scratch as bf16,
- * or a weight into its copy when this GEMM is the step's first reader since
- * it changed; the bias into its bf16 copy), then the GEMM. */
+/* The cast group due before the GEMM (weights into their copies), the casts
+ * the GEMM's form asks for (f32 operands into scratch as bf16; the bias
+ * into its bf16 copy), then the GEMM. */
 static bool run_gemm(BackendCtx *c, const CgStep *st, const CuStep *cs, Diag *d)
 {
     const CgGemm *m = &st->gemm;
+    if (cs->cast_jobs) {
+        CgCudaFn g = {.threads = 256};
+        g.blocks = cs->cast_nchunk < 1 ? 1 : cs->cast_nchunk > (1 << 20) ? (1 << 20)
+                                                                         : cs->cast_nchunk;
+        CUdeviceptr jobs = cs->cast_jobs;
+        int njob = cs->cast_njob;
+        int64_t nchunk = cs->cast_nchunk;
+        void *argv[] = {&jobs, &njob, &nchunk};
+        if (!launch(c, c->cast_multi_fn, &g, argv, d))
+            return false;
+    }
     if (cs->cast_a && !cast_bf16(c, dptr(c, m->a), cs->a, numel(c->p->g, m->a), d))
         return false;
     if (cs->cast_b && !cast_bf16(c, dptr(c, m->b), cs->b, numel(c->p->g, m->b), d))

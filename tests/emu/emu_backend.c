@@ -284,6 +284,39 @@ static bool wcopy_ready(BackendCtx *c, Diag *d)
     return true;
 }
 
+/* The cast group due before GEMM step s (CgCudaProgram.cast_group): one
+ * launch of the program's kiln_cast_f32_bf16_multi over its job table
+ * (the layout cg_cuda_cast_multi_kernel states), as the CUDA backend. */
+static bool cast_group(BackendCtx *c, int s, Diag *d)
+{
+    const CgCudaProgram *q = c->q;
+    int i = q->cast_group[s];
+    if (i < 0)
+        return true;
+    struct {
+        const void *x;
+        void *y;
+        int64_t n, c0;
+    } *job = malloc(sizeof *job * (size_t)(q->cast_first[i + 1] - q->cast_first[i] + 1));
+    int njob = 0;
+    int64_t nchunk = 0;
+    for (int j = q->cast_first[i]; j < q->cast_first[i + 1]; j++, njob++) {
+        int64_t n = numel(c->p->g, q->cast_t[j]);
+        job[njob].x = tptr(c, q->cast_t[j]);
+        job[njob].y = c->wcopy + q->cast_slot[j];
+        job[njob].n = n;
+        job[njob].c0 = nchunk;
+        nchunk += (n + CG_CUDA_CAST_CHUNK - 1) / CG_CUDA_CAST_CHUNK;
+    }
+    unsigned grid[3] = {(unsigned)(nchunk < 1 ? 1 : nchunk > (1 << 20) ? (1 << 20) : nchunk), 1,
+                        1};
+    unsigned block[3] = {256, 1, 1};
+    void *argv[] = {&job, &njob, &nchunk};
+    bool ok = emu_launch(c->m, "kiln_cast_f32_bf16_multi", grid, block, 0, argv, d);
+    free(job);
+    return ok;
+}
+
 /* C = op(A) op(B), row-major, batched; products and sums in double, the
  * result rounded to D's storage type; an applied epilogue as cuBLASLt
  * defines it (see CgEpilogue), on the product rounded to f32. The form
@@ -299,8 +332,9 @@ static bool run_gemm(BackendCtx *c, int s, Diag *d)
     uint16_t *ca = NULL, *cb = NULL;
     bool abf = f->bf16_in, bbf = f->bf16_in;
     /* a weight with a copy kept through the step (cuda_cast.c): cast into
-     * it by the step's first reader since it changed, read by the others */
-    if (!wcopy_ready(c, d))
+     * it by a cast group (the one due before this GEMM, or an earlier one),
+     * read by every GEMM */
+    if (!wcopy_ready(c, d) || !cast_group(c, s, d))
         return false;
     for (int o = 0; o < 2; o++) {
         if (!(o ? f->cast_b : f->cast_a))
@@ -308,16 +342,9 @@ static bool run_gemm(BackendCtx *c, int s, Diag *d)
         int t = o ? m->b : m->a;
         int64_t off = c->q->cast_off[2 * s + o], n = numel(g, t);
         uint16_t *y = NULL;
-        if ((off < 0 || c->q->cast_now[2 * s + o]) &&
-            !(y = cast_bf16(c, o ? B : A, n, d))) {
+        if (off < 0 && !(y = cast_bf16(c, o ? B : A, n, d))) {
             free(ca);
             return false;
-        }
-        if (off >= 0) {
-            if (y)
-                memcpy(c->wcopy + off, y, (size_t)n * 2);
-            free(y);
-            y = NULL;
         }
         const void *use = off >= 0 ? (const void *)(c->wcopy + off) : (const void *)y;
         if (o) {

@@ -914,6 +914,57 @@ static void test_logsumexp(void **state)
     check_model(path, NULL, 0);
 }
 
+/* Functions of g's CUDA program that keep a row of more than one vector
+ * per thread in registers, in blocks of `threads` (cuda_rowcache.c). */
+static int cached_functions(const Graph *g, bool bf16, int threads)
+{
+    Diag d = {{0}};
+    CgPlan *p = cg_plan(g, &d);
+    if (!p)
+        fail_msg("plan: %s", d.msg);
+    CgCudaProgram *q = cg_cuda_program(p, bf16);
+    int n = 0;
+    for (int i = 0; i < q->fn.n; i++)
+        n += q->fn.v[i].ncached > 0 && q->fn.v[i].cache_trips > 1 &&
+             q->fn.v[i].threads == threads;
+    cg_cuda_program_free(q);
+    cg_plan_free(p);
+    return n;
+}
+
+/* The first cache read of a 1024-thread function takes trip 0's vector. */
+static char *stale_trip(const char *src, void *ctx)
+{
+    (void)ctx;
+    const char *k = strstr(src, "__launch_bounds__(1024)");
+    const char *r = k ? strstr(k, "= kiln_c") : NULL;
+    const char *t = r ? strstr(r, "[kiln_t]") : NULL;
+    if (!t)
+        return NULL;
+    return xasprintf("%.*s[0]%s", (int)(t - src), src, t + strlen("[kiln_t]"));
+}
+
+/* A row read twice kept in registers (codegen/cuda_rowcache.c): the
+ * cross-entropy over 512 rows of 9000 logits (tests/emu/logsumexp.lua):
+ * in f32 too long a row for 256 threads, so blocks of 1024 threads hold 3
+ * vectors each (the last trip partial); in bf16, 256 threads hold 5; on
+ * the emulated device against the CPU backend; a cache read of the wrong
+ * trip must be caught. */
+static void test_row_cache(void **state)
+{
+    (void)state;
+    const char *path = "tests/emu/logsumexp.lua";
+    const char *sets[] = {"rows=512", "dim=30", "V=9000"};
+    Case c = load_case(path, sets, 3);
+    int f32 = cached_functions(c.m->g, false, 1024), bf16 = cached_functions(c.m->g, true, 256);
+    print_message("%s V=9000: cached rows in %d f32 functions of 1024 threads, %d bf16 ones of "
+                  "256\n", path, f32, bf16);
+    assert_true(f32 > 0 && bf16 > 0);
+    expect_caught(&c, stale_trip, "a cached row read from the wrong trip");
+    free_case(&c);
+    check_model(path, sets, 3);
+}
+
 /* Row loops with few rows over long ones (LayerNorm, softmax, full
  * reductions) and column reductions over many rows run split over blocks
  * in stages (codegen/cuda_print.c): on the emulated device against the CPU
@@ -1044,6 +1095,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_split_loops),
         cmocka_unit_test(test_row_vectors),
         cmocka_unit_test(test_logsumexp),
+        cmocka_unit_test(test_row_cache),
         cmocka_unit_test(test_concat_many),
         cmocka_unit_test(test_gpt_epilogues),
         cmocka_unit_test(test_epilogue_negative_controls),

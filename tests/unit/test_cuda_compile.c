@@ -282,6 +282,8 @@ static void compile_plan(const char *what, const CgPlan *pl)
                          q->ptxas_fns, q->fn.n);
             if (bf && !contains(b->cubin, b->size, "kiln_cast_f32_bf16"))
                 fail_msg("%s: the bf16 cubin lacks kiln_cast_f32_bf16", what);
+            if (bf && !contains(b->cubin, b->size, "kiln_cast_f32_bf16_multi"))
+                fail_msg("%s: the bf16 cubin lacks kiln_cast_f32_bf16_multi", what);
             ncompiles++;
             rt_cuda_binary_free(b);
         }

@@ -103,6 +103,27 @@ static void test_memory_bound(void **state)
     release(&c);
 }
 
+static const char in_place[] = /* w <- w - g: the update computed in w's storage */
+    "kiln-ir v1\n"
+    "%0:f32[4096,4096] = param \"w\"\n"
+    "%1:f32[4096,4096] = input \"g\"\n"
+    "%2:f32[4096,4096] = sub %0, %1\n"
+    "update %0 <- %2\n";
+
+/* An update in place (AdamW's p, m and v) reads every element of its
+ * buffer and writes it back: the buffer counts twice, g once. */
+static void test_update_in_place(void **state)
+{
+    (void)state;
+    Compiled c = compile(in_place, false);
+    CgPredictOpts o = {0};
+    CgPrediction *a = cg_predict(c.p, c.q, dev("h200"), &o);
+    assert_int_equal(a->rows.n, 1);
+    near(a->rows.v[0].bytes, 3.0 * 4096 * 4096 * 4, 1e-9, "bytes");
+    cg_prediction_free(a);
+    release(&c);
+}
+
 static const char full_sum[] = /* one scalar out of 16M: one block */
     "kiln-ir v1\n"
     "%0:f32[4096,4096] = input \"x\"\n"
@@ -494,16 +515,24 @@ static void test_weight_casts(void **state)
     assert_int_equal(m1->b, 0);
     /* w: one slot, cast by the first GEMM, read by the second */
     assert_int_equal(c.q->cast_bytes, 256 * 128 * 2);
-    assert_true(c.q->cast_off[2 * g[0] + 1] == 0 && c.q->cast_now[2 * g[0] + 1]);
-    assert_true(c.q->cast_off[2 * g[1] + 1] == 0 && !c.q->cast_now[2 * g[1] + 1]);
+    assert_true(c.q->cast_off[2 * g[0] + 1] == 0 && c.q->cast_off[2 * g[1] + 1] == 0);
+    /* w is cast once, by a group due before the first GEMM */
+    assert_int_equal(c.q->ncast_groups, 1);
+    assert_int_equal(c.q->cast_group[g[0]], 0);
+    assert_int_equal(c.q->cast_group[g[1]], -1);
+    assert_int_equal(c.q->cast_first[1], 1);
+    assert_int_equal(c.q->cast_t[0], 0);
     /* x is read by one GEMM: no slot, cast before it */
-    assert_true(c.q->cast_off[2 * g[0]] == -1 && c.q->cast_now[2 * g[0]]);
+    assert_true(c.q->cast_off[2 * g[0]] == -1);
     CgPredictOpts o = {.bf16 = true};
     CgPrediction *r = cg_predict(c.p, c.q, dev("h200"), &o);
-    int casts = 0;
-    for (int i = 0; i < r->rows.n; i++)
+    int casts = 0, multi = 0;
+    for (int i = 0; i < r->rows.n; i++) {
         casts += strcmp(r->rows.v[i].name, "cast_f32_bf16") == 0;
-    assert_int_equal(casts, 2); /* x and w; not w again */
+        multi += strcmp(r->rows.v[i].name, "cast_f32_bf16_multi") == 0;
+    }
+    assert_int_equal(casts, 1); /* x */
+    assert_int_equal(multi, 1); /* w, not again */
     cg_prediction_free(r);
     release(&c);
 }
@@ -513,6 +542,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_table),
         cmocka_unit_test(test_memory_bound),
+        cmocka_unit_test(test_update_in_place),
         cmocka_unit_test(test_full_reduction_split),
         cmocka_unit_test(test_launch_bound),
         cmocka_unit_test(test_gemm_compute_bound),
