@@ -339,6 +339,8 @@ void cg_cuda_program_free(CgCudaProgram *q)
     for (int i = 0; i < q->fn.n; i++) {
         free(q->fn.v[i].name);
         free(q->fn.v[i].param);
+        free(q->fn.v[i].cached);
+        free(q->fn.v[i].cache_words);
     }
     vec_free(&q->fn);
     free(q->step_fn);
