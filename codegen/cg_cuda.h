@@ -145,6 +145,10 @@ bool cg_cuda_row_cached(const CgCudaFn *f, int p);
 void cg_cuda_vec_open(CgBuf *b, const CgKernel *k, const CgCudaVec *v, const DType *storage,
                       int depth);
 void cg_cuda_vec_close(CgBuf *b, const CgCudaVec *v, const DType *storage, int depth);
+/* x rounded up to a multiple of 16: a head size as the attention kernels
+ * tiles and accumulators pad it (cuda_attn.c, cuda_attn_bwd.c) */
+static inline int64_t cg_pad16(int64_t x) { return (x + 15) / 16 * 16; }
+
 /* ---- cuda_attn.c: the fused attention kernels (OC_ATTN) -----------------
  * Flash-attention style (docs/cuda.md, Attention): a forward kernel writing o
  * and/or lse, a dq kernel, and one kernel writing dk and/or dv; no T x T

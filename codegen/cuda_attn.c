@@ -317,6 +317,40 @@ const char cg_cuda_attn_lib[] =
     "            s[j][e] = p;\n"
     "        }\n"
     "}\n"
+    "/* Stores warp w's dk (times scale) and dv rows, keys key0 and key0 + 8 (those\n"
+    " * < Tk): ak [NK][4] and av [NV][4] as kiln_warp_pm accumulates them, the\n"
+    " * columns past D and DV (the padding to 16) left out. WK, WV: which of the\n"
+    " * two it stores (the dk/dv kernel's DK and DVW). */\n"
+    "template <class E, int D, int DV, int NK, int NV, bool WK, bool WV>\n"
+    "__device__ __forceinline__ void kiln_attn_st_kv(E *dk, E *dv, float (*ak)[4], float (*av)[4],\n"
+    "                                                const kiln_attn_lay &L, int key0, int Tk,\n"
+    "                                                int t, float scale)\n"
+    "{\n"
+    "#pragma unroll\n"
+    "    for (int h = 0; h < 2; h++) {\n"
+    "        const int key = key0 + 8 * h;\n"
+    "        if (key >= Tk)\n"
+    "            continue;\n"
+    "        if (WK)\n"
+    "#pragma unroll\n"
+    "            for (int j = 0; j < NK; j++)\n"
+    "#pragma unroll\n"
+    "                for (int e = 0; e < 2; e++) {\n"
+    "                    const int c = 8 * j + 2 * t + e;\n"
+    "                    if (c < D)\n"
+    "                        kiln_attn_st(dk, key * L.rs[KILN_ADK] + c, ak[j][2 * h + e] * scale);\n"
+    "                }\n"
+    "        if (WV)\n"
+    "#pragma unroll\n"
+    "            for (int j = 0; j < NV; j++)\n"
+    "#pragma unroll\n"
+    "                for (int e = 0; e < 2; e++) {\n"
+    "                    const int c = 8 * j + 2 * t + e;\n"
+    "                    if (c < DV)\n"
+    "                        kiln_attn_st(dv, key * L.rs[KILN_ADV] + c, av[j][2 * h + e]);\n"
+    "                }\n"
+    "    }\n"
+    "}\n"
     "template <class E, int R, int W, int WP, int LD, int NTH>\n"
     "__device__ __forceinline__ void kiln_attn_tile(E *S, const E *x, int r0, int T, int ld)\n"
     "{\n"
@@ -560,7 +594,7 @@ const char cg_cuda_attn_lib[] =
     "    }\n"
     "    if (DVW)\n"
     "        dv += kiln_attn_at(L, KILN_ADV, bh);\n"
-    "    const int key0 = kt * BC + 16 * w + g, key1 = key0 + 8;\n"
+    "    const int key0 = kt * BC + 16 * w + g;\n"
     "    float ak[DK ? NK : 1][4], av[DVW ? NV : 1][4];\n"
     "#pragma unroll\n"
     "    for (int j = 0; j < (DK ? NK : 1); j++)\n"
@@ -604,34 +638,10 @@ const char cg_cuda_attn_lib[] =
     "            kiln_warp_pm<E, BQ / 16, NK>(ak, s, Qs, 1, LDK);\n"
     "        }\n"
     "    }\n"
-    "#pragma unroll\n"
-    "    for (int h = 0; h < 2; h++) {\n"
-    "        const int key = h ? key1 : key0;\n"
-    "        if (key >= Tk)\n"
-    "            continue;\n"
-    "        if (DK)\n"
-    "#pragma unroll\n"
-    "            for (int j = 0; j < NK; j++)\n"
-    "#pragma unroll\n"
-    "                for (int e = 0; e < 2; e++) {\n"
-    "                    const int c = 8 * j + 2 * t + e;\n"
-    "                    if (c < D)\n"
-    "                        kiln_attn_st(dk, key * L.rs[KILN_ADK] + c, ak[j][2 * h + e] * scale);\n"
-    "                }\n"
-    "        if (DVW)\n"
-    "#pragma unroll\n"
-    "            for (int j = 0; j < NV; j++)\n"
-    "#pragma unroll\n"
-    "                for (int e = 0; e < 2; e++) {\n"
-    "                    const int c = 8 * j + 2 * t + e;\n"
-    "                    if (c < DV)\n"
-    "                        kiln_attn_st(dv, key * L.rs[KILN_ADV] + c, av[j][2 * h + e]);\n"
-    "                }\n"
-    "    }\n"
+    "    kiln_attn_st_kv<E, D, DV, DK ? NK : 1, DVW ? NV : 1, DK, DVW>(dk, dv, ak, av, L, key0, Tk, t,\n"
+    "                                                                scale);\n"
     "}\n"
     "\n";
-
-static int64_t pad16(int64_t x) { return (x + 15) / 16 * 16; }
 
 /* Tile sizes: the largest (warps, second tile) whose static shared memory
  * fits in 48 KiB, preferring 4 warps; false when even one warp of 16 rows
@@ -639,7 +649,7 @@ static int64_t pad16(int64_t x) { return (x + 15) / 16 * 16; }
 bool cg_cuda_attn_tiles(const CgCudaAttn *a, int *nw, int *bt)
 {
     int64_t es = a->dt == DT_BF16 ? 2 : 4;
-    int64_t ldk = pad16(a->d) + 8, ldv = pad16(a->dv) + 8;
+    int64_t ldk = cg_pad16(a->d) + 8, ldv = cg_pad16(a->dv) + 8;
     static const int cand[][2] = {{4, 64}, {4, 32}, {2, 32}, {2, 16}, {1, 16}};
     for (size_t i = 0; i < sizeof cand / sizeof cand[0]; i++) {
         int64_t r = 16 * cand[i][0], c = cand[i][1], bytes;
@@ -736,7 +746,7 @@ void cg_cuda_attn_cost(const CgCudaAttn *a, int nw, int bt, double *flops, doubl
         /* dQ's f32 accumulator, read and written on every visit of a row
          * but its first (stores) and its last (writes dq); the L2 rule
          * (cg_cuda_attn_reuse) discounts all but one write and one read */
-        b += 8.0 * (double)pad16(D) * (other - (double)a->tq);
+        b += 8.0 * (double)cg_pad16(D) * (other - (double)a->tq);
     } else if (!dkdv) {
         f = 2.0 * pairs * (double)(2 * D + DV);
         b = (double)(a->tq * (D + DV) * es) + 8.0 * a->tq + (double)(a->tq * D * es);
@@ -762,7 +772,7 @@ void cg_cuda_attn_reuse(const CgCudaAttn *a, int nw, int bt, double *reread, dou
          * its rows join the head's working set, and when they stay in L2
          * DRAM sees each row once written back and once read (8 x D
          * padded bytes), its other visits from L2 */
-        double acc = 8.0 * (double)pad16(a->d), extra = again - (double)orows;
+        double acc = 8.0 * (double)cg_pad16(a->d), extra = again - (double)orows;
         *reread += (extra > 0 ? extra : 0) * acc * (double)a->bh;
         *head += (double)orows * acc / 2;
     }

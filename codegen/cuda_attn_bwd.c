@@ -110,7 +110,7 @@ const char cg_cuda_attn_bwd_lib[] =
     "    dq += kiln_attn_at(L, KILN_ADQ, bh);\n"
     "    dk += kiln_attn_at(L, KILN_ADK, bh);\n"
     "    dv += kiln_attn_at(L, KILN_ADV, bh);\n"
-    "    const int key0 = kt * BC + 16 * w + g, key1 = key0 + 8;\n"
+    "    const int key0 = kt * BC + 16 * w + g;\n"
     "    float ak[NK][4], av[NV][4];\n"
     "#pragma unroll\n"
     "    for (int j = 0; j < NK; j++)\n"
@@ -191,32 +191,9 @@ const char cg_cuda_attn_bwd_lib[] =
     "        if (threadIdx.x == 0)\n"
     "            *(volatile unsigned *)(qc + qt) = kt == 0 ? 0u : rank + 1;\n"
     "    }\n"
-    "#pragma unroll\n"
-    "    for (int h = 0; h < 2; h++) {\n"
-    "        const int key = h ? key1 : key0;\n"
-    "        if (key >= Tk)\n"
-    "            continue;\n"
-    "#pragma unroll\n"
-    "        for (int j = 0; j < NK; j++)\n"
-    "#pragma unroll\n"
-    "            for (int e = 0; e < 2; e++) {\n"
-    "                const int c = 8 * j + 2 * t + e;\n"
-    "                if (c < D)\n"
-    "                    kiln_attn_st(dk, key * L.rs[KILN_ADK] + c, ak[j][2 * h + e] * scale);\n"
-    "            }\n"
-    "#pragma unroll\n"
-    "        for (int j = 0; j < NV; j++)\n"
-    "#pragma unroll\n"
-    "            for (int e = 0; e < 2; e++) {\n"
-    "                const int c = 8 * j + 2 * t + e;\n"
-    "                if (c < DV)\n"
-    "                    kiln_attn_st(dv, key * L.rs[KILN_ADV] + c, av[j][2 * h + e]);\n"
-    "            }\n"
-    "    }\n"
+    "    kiln_attn_st_kv<E, D, DV, NK, NV, true, true>(dk, dv, ak, av, L, key0, Tk, t, scale);\n"
     "}\n"
     "\n";
-
-static int64_t pad16(int64_t x) { return (x + 15) / 16 * 16; }
 
 int64_t cg_cuda_attn_bwd_counters(const CgCudaAttn *a, int bt)
 {
@@ -226,7 +203,7 @@ int64_t cg_cuda_attn_bwd_counters(const CgCudaAttn *a, int bt)
 int64_t cg_cuda_attn_bwd_scratch(const CgCudaAttn *a, int bt)
 {
     int64_t nqt = (a->tq + bt - 1) / bt;
-    return CG_CUDA_SCRATCH_ZERO + a->bh * nqt * bt * pad16(a->d) * 4;
+    return CG_CUDA_SCRATCH_ZERO + a->bh * nqt * bt * cg_pad16(a->d) * 4;
 }
 
 bool cg_cuda_attn_bwd_fits(const CgCudaAttn *a)
