@@ -96,6 +96,15 @@ int rt_exec_gather_bucket(const Exec *e, int tensor);
  * callback may call rt_exec_write on e for those tensors. */
 void rt_exec_before_read(Exec *e, const int *tensors, int n, void (*fn)(void *arg, int id),
                          void *arg, int id);
+/* ---- pieces.c: zero=1's shard update in pieces (host backends) ---- */
+/* Rewrites p's steps for rank `rank` of nranks: the shard update's part
+ * for the first all-gather bucket, that bucket's start, then the rest of
+ * the update and the other starts. Returns the new index of the first
+ * start (the executor releases it to the communication thread at once), or
+ * -1 when p is left as it was (one rank, no flat update right before the
+ * gathers, or KILN_ZERO_ONE_PIECE=1 in the environment). */
+int rt_pieces_plan(struct CgPlan *p, int rank, int nranks);
+
 /* One step: every op, then every update (param/state <- new value). */
 bool rt_exec_run(Exec *e, uint64_t seed, int64_t step, Diag *d);
 int64_t rt_exec_arena_bytes(const Exec *e);
