@@ -53,8 +53,8 @@ struct Exec {
     /* rt_exec_before_read: callbacks before a plan step, per run */
     VEC(ExecHook) hooks;
     int *hook_at;         /* per step: first hook (index in hooks), -1 */
-    int release_at;       /* zero=1 in pieces: the first all-gather start, released to
-                             the communication thread at once (pieces.c); -1 */
+    int release_at;       /* zero=1 in pieces: the all-gather starts up to this step are
+                             released to the communication thread at once (pieces.c); -1 */
 };
 
 /* zero=1: a deferred bucket's gather may still be writing its params. On
@@ -275,7 +275,7 @@ static bool run_step(Exec *e, int s, uint64_t seed, int64_t step, Diag *d)
         if (e->dev_comm)
             return e->be->ext->allreduce_start(e->ctx, s, d);
         rt_comm_start(e->o.comm, e->plan, s, e->be, e->ctx);
-        if (s == e->release_at)
+        if (st->coll == CG_COLL_ALL_GATHER && s <= e->release_at)
             rt_comm_release(e->o.comm);
         return true;
     }

@@ -60,12 +60,66 @@ static CgStep piece(const CgStep *st, int nparams, int64_t lo, int64_t hi, int64
     return c;
 }
 
+/* This rank's part of all-gather start st's flat range, as shard positions
+ * [*lo, *hi); empty (0, 0) when it holds none of it. */
+static void local_range(const CgPlan *p, const CgStep *st, int64_t off, int64_t len, int64_t *lo,
+                        int64_t *hi)
+{
+    int64_t b0 = st->sh_start, b1 = b0;
+    for (int a = 0; a < st->nargs; a++)
+        b1 += shape_numel(&p->g->t.v[st->args[a]].s);
+    *lo = (b0 > off ? b0 : off) - off;
+    *hi = (b1 < off + len ? b1 : off + len) - off;
+    if (*hi <= *lo)
+        *lo = *hi = 0;
+}
+
+/* How many of the all-gather starts g0..g1-1 (in the forward's read order)
+ * are read by the plan's forward no later than its first GEMM: the
+ * buckets the next forward needs before it has compute of any size to
+ * hide a gather behind (gpt: wte, wpe and h.0.ln_1 by the embedding and
+ * ln_1 kernel, then h.0's c_attn weight by the first GEMM). At least 1.
+ * A function of the plan alone, so the same on every rank. */
+static int early_buckets(const CgPlan *p, int g0, int g1)
+{
+    const MemPlan *m = p->mem;
+    int first_gemm = p->steps.n;
+    for (int s = 0; s < p->steps.n && first_gemm == p->steps.n; s++)
+        if (p->steps.v[s].kind == CG_STEP_GEMM)
+            first_gemm = s;
+    bool *read = xcalloc((size_t)p->g->t.n + 1, sizeof(bool)); /* per root: read by then */
+    for (int s = 0; s <= first_gemm && s < p->steps.n; s++) {
+        const CgStep *st = &p->steps.v[s];
+        if (st->kind == CG_STEP_KERNEL) {
+            const CgKernel *k = p->kernels.v[st->kernel];
+            for (int a = 0; a < k->params.n; a++)
+                if (!k->params.v[a].out)
+                    read[m->root[st->args[a]]] = true;
+        } else if (st->kind == CG_STEP_GEMM) {
+            read[m->root[st->gemm.a]] = read[m->root[st->gemm.b]] = true;
+            if (st->gemm.bias >= 0)
+                read[m->root[st->gemm.bias]] = true;
+        }
+    }
+    int n = 1;
+    for (int s = g0 + 1; s < g1; s++) {
+        bool any = false;
+        for (int a = 0; a < p->steps.v[s].nargs; a++)
+            any |= read[m->root[p->steps.v[s].args[a]]];
+        if (!any)
+            break;
+        n++;
+    }
+    free(read);
+    return n;
+}
+
 int rt_pieces_plan(CgPlan *p, int rank, int nranks)
 {
     const char *one = getenv("KILN_ZERO_ONE_PIECE"); /* tests: the one-kernel update */
     if (nranks < 2 || (one && *one && strcmp(one, "0") != 0))
         return -1;
-    int n = p->steps.n, g0 = -1;
+    int n = p->steps.n, g0 = -1, g1;
     for (int s = 0; s < n && g0 < 0; s++)
         if (p->steps.v[s].kind == CG_STEP_ALLREDUCE_START &&
             p->steps.v[s].coll == CG_COLL_ALL_GATHER)
@@ -81,28 +135,47 @@ int rt_pieces_plan(CgPlan *p, int rank, int nranks)
     int64_t S = shape_numel(&p->g->t.v[first->sh_buf].s);
     if (k->flat != S || first->sh_nranks != nranks)
         return -1;
-    int64_t off, len, b0 = first->sh_start, b1 = b0;
-    for (int a = 0; a < first->nargs; a++)
-        b1 += shape_numel(&p->g->t.v[first->args[a]].s);
+    for (g1 = g0; g1 < n && p->steps.v[g1].kind == CG_STEP_ALLREDUCE_START &&
+                  p->steps.v[g1].coll == CG_COLL_ALL_GATHER &&
+                  p->mem->root[p->steps.v[g1].sh_buf] == root;
+         g1++)
+        ;
+    int early = early_buckets(p, g0, g1);
+    int64_t off, len;
     ir_shard_range(first->sh_total, nranks, rank, &off, &len);
-    int64_t lo = (b0 > off ? b0 : off) - off, hi = (b1 < off + len ? b1 : off + len) - off;
-    if (hi <= lo) /* none of b0 here: the whole update after its start */
-        lo = hi = 0;
-    CgStep upd = *up, g = *first;
-    int np = k->params.n;
+    char *done = xcalloc((size_t)S + 1, 1); /* shard positions updated so far */
+    CgStep upd = *up;
+    int np = k->params.n, release = -1;
     VEC(CgStep) out = {0};
     for (int s = 0; s < ku; s++)
         vec_push(&out, p->steps.v[s]);
-    if (hi > lo)
-        vec_push(&out, piece(&upd, np, lo, hi, S));
-    vec_push(&out, g);
-    int release = out.n - 1;
-    if (lo > 0)
-        vec_push(&out, piece(&upd, np, 0, lo, S));
-    if (hi < S)
-        vec_push(&out, piece(&upd, np, hi, S, S));
-    for (int s = g0 + 1; s < n; s++)
+    for (int s = g0; s < g0 + early; s++) { /* the early buckets: a piece each, then the start */
+        int64_t lo, hi;
+        local_range(p, &p->steps.v[s], off, len, &lo, &hi);
+        for (int64_t i = lo; i < hi && done[i]; i++) /* a bucket's range is its own */
+            die("rt_pieces_plan: all-gather buckets overlap at shard position %lld",
+                (long long)i);
+        if (hi > lo) {
+            vec_push(&out, piece(&upd, np, lo, hi, S));
+            memset(done + lo, 1, (size_t)(hi - lo));
+        }
         vec_push(&out, p->steps.v[s]);
+        release = out.n - 1;
+    }
+    for (int64_t i = 0; i < S;) { /* the rest of the update, in runs */
+        if (done[i]) {
+            i++;
+            continue;
+        }
+        int64_t j = i;
+        while (j < S && !done[j])
+            j++;
+        vec_push(&out, piece(&upd, np, i, j, S));
+        i = j;
+    }
+    for (int s = g0 + early; s < n; s++)
+        vec_push(&out, p->steps.v[s]);
+    free(done);
     free(upd.args); /* each piece has its own */
     free(p->steps.v);
     p->steps.v = out.v;
