@@ -1,6 +1,7 @@
 /* cprint.c - the C printer: plain loops over a kernel description, one
  * function per kernel with its natural signature (typed pointers per buffer,
- * then seed and step for kernels that draw random numbers). */
+ * then seed and step for kernels that draw random numbers), and for a flat
+ * kernel (CgKernel.flat) a second one over an element range, NAME_range. */
 #include "codegen.h"
 
 #include <stdlib.h>

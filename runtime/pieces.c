@@ -1,5 +1,6 @@
 /* pieces.c - zero=1 on several CPU ranks: the shard update in pieces, so
- * the first all-gather bucket starts before the rest of the update runs.
+ * the gathers the next forward needs first start before the rest of the
+ * update runs.
  *
  * The step graph is the same on every rank: one elementwise kernel updates
  * the rank's whole f32[S] shard (AdamW), and the all-gather starts follow
@@ -9,24 +10,26 @@
  * cannot split the update by bucket; the executor's plan can, once the
  * rank is known. rt_pieces_plan rewrites the plan's steps from
  *
- *     update [0, S)   start(b0)   start(b1) ... start(bk)
+ *     update [0, S)   start(b0) ... start(bk)
  * to
- *     update [lo, hi)   start(b0)   update [0, lo)   update [hi, S)
- *     start(b1) ... start(bk)
+ *     update [part of b0]   start(b0)   ...   update [part of be]   start(be)
+ *     update [the rest, in runs]   start(be+1) ... start(bk)
  *
- * where [lo, hi) is this rank's part of the first bucket b0's flat range,
- * as shard positions (empty on a rank that holds none of b0: its update is
- * then one piece after start(b0)). Each piece is a plan step of the same
- * kernel with CgStep.lo/hi set, run through the kernel's NAME_range
- * (CgKernel.flat: every element is computed by the same code from its own
- * elements and the scalars computed before the update, the clip scale and
- * the non-finite flag included, so the pieces give the bits of the one
- * kernel). The gathers' order is unchanged, so every rank issues its
- * collectives in one order; only where the update's pieces fall between
- * them differs by rank. The executor releases start(b0) to the
- * communication thread at once (rt_comm_release; mpi.c otherwise holds a
- * gather until the next call into it), since the rest of the update runs
- * before the next such call.
+ * where "part of b" is this rank's part of bucket b's flat range as shard
+ * positions (no piece on a rank that holds none of it), and b0..be are the
+ * early buckets: those the plan's forward reads no later than its first
+ * GEMM (early_buckets). Each piece is a plan step of the same kernel with
+ * CgStep.lo/hi set, run through the kernel's NAME_range (CgKernel.flat:
+ * every element is computed by the same code from its own elements and
+ * the scalars computed before the update, the clip scale and the
+ * non-finite flag included, so the pieces give the bits of the one
+ * kernel). The gathers' order is unchanged and the early count is a
+ * function of the plan, so every rank issues its collectives in one order
+ * and releases after the same starts; only where the update's pieces fall
+ * between them differs by rank. The executor releases the early starts to
+ * the communication thread at once (rt_comm_release; mpi.c otherwise holds
+ * a gather until the next call into it, so that the loss's mean goes
+ * first); the later ones stay held.
  *
  * Only on a host backend (the CPU): a device backend runs the update as one
  * launch (docs/distributed.md, step 5). */

@@ -97,10 +97,11 @@ int rt_exec_gather_bucket(const Exec *e, int tensor);
 void rt_exec_before_read(Exec *e, const int *tensors, int n, void (*fn)(void *arg, int id),
                          void *arg, int id);
 /* ---- pieces.c: zero=1's shard update in pieces (host backends) ---- */
-/* Rewrites p's steps for rank `rank` of nranks: the shard update's part
- * for the first all-gather bucket, that bucket's start, then the rest of
- * the update and the other starts. Returns the new index of the first
- * start (the executor releases it to the communication thread at once), or
+/* Rewrites p's steps for rank `rank` of nranks: per early all-gather
+ * bucket (read by the forward up to its first GEMM) the shard update's
+ * part for it and its start, then the rest of the update and the other
+ * starts. Returns the new index of the last early start (the executor
+ * releases the starts up to it to the communication thread at once), or
  * -1 when p is left as it was (one rank, no flat update right before the
  * gathers, or KILN_ZERO_ONE_PIECE=1 in the environment). */
 int rt_pieces_plan(struct CgPlan *p, int rank, int nranks);
