@@ -215,6 +215,12 @@ typedef struct {
                           across threads (no accumulating stores, loops
                           independent) */
     int group;         /* fuse group it computes; -1 for a single op */
+    int64_t flat;      /* > 0: elementwise over `flat` elements, every buffer of
+                          that many elements read and written at the element's
+                          own index (plan.c, flat_kernel): the C printer also
+                          prints NAME_range(..., int64_t lo, int64_t hi, int64_t
+                          part, int64_t nparts), which computes elements [lo, hi)
+                          only (zero=1's shard update in pieces, runtime/pieces.c) */
     CgAttn attn;       /* attn.kind != CG_ATTN_NONE: an attention kernel */
 } CgKernel;
 
@@ -423,6 +429,8 @@ typedef struct {
     double flops, bytes_moved; /* the IR's counts for the step (a fused
                                   kernel: its members' FLOPs, the bytes it
                                   reads and writes) */
+    int64_t lo, hi; /* CG_STEP_KERNEL of a flat kernel with hi > lo: only its
+                       elements [lo, hi) (NAME_range; runtime/pieces.c); 0, 0: all */
 } CgStep;
 
 typedef struct CgPlan {

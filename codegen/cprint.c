@@ -1,6 +1,7 @@
 /* cprint.c - the C printer: plain loops over a kernel description, one
  * function per kernel with its natural signature (typed pointers per buffer,
- * then seed and step for kernels that draw random numbers). */
+ * then seed and step for kernels that draw random numbers), and for a flat
+ * kernel (CgKernel.flat) a second one over an element range, NAME_range. */
 #include "codegen.h"
 
 #include <stdlib.h>
@@ -479,6 +480,35 @@ static void print_col_loop(CgBuf *b, const CgKernel *k, const CgLoop *l, int dep
     cg_puts(b, "}\n");
 }
 
+/* NAME_range of a flat kernel (CgKernel.flat): its one store phase over
+ * elements [lo, hi) only, split over the parts; the loop's one variable
+ * longer than 1 is the element, the others are 0, so every index is the
+ * element's (plan.c checks the kernel's shape before setting flat). */
+static void print_c_range(CgBuf *b, const CgKernel *k)
+{
+    const CgLoop *l = &k->loops.v[0];
+    const CgPhase *ph = &l->ph.v[0];
+    const char *restrict_ = k->noalias ? "restrict " : "";
+    cg_printf(b, "\nvoid %s_range(", k->name);
+    for (int i = 0; i < k->params.n; i++) {
+        const CgParam *p = &k->params.v[i];
+        cg_printf(b, "%s%s *%sp%d, ", p->out ? "" : "const ", cg_ctype(p->dt), restrict_, i);
+    }
+    cg_puts(b, "int64_t lo, int64_t hi, int64_t part, int64_t nparts)\n{\n"
+               "    const int64_t n_ = hi - lo;\n"
+               "    for (int64_t f_ = lo + n_ * part / nparts; f_ < lo + n_ * (part + 1) / nparts; "
+               "f_++) {\n");
+    const CgDim *dims[2] = {l->dim, ph->dim};
+    int nd[2] = {l->ndim, ph->ndim};
+    for (int j = 0; j < 2; j++)
+        for (int i = 0; i < nd[j]; i++)
+            cg_printf(b, "        const int64_t v%d = %s;\n        (void)v%d;\n", dims[j][i].var,
+                      dims[j][i].n > 1 ? "f_" : "0", dims[j][i].var);
+    print_lets(b, k, ph, 2);
+    print_stores(b, k, ph, 2);
+    cg_puts(b, "    }\n}\n");
+}
+
 void cg_print_c_kernel(CgBuf *b, const CgKernel *k)
 {
     if (k->attn.kind != CG_ATTN_NONE) {
@@ -531,4 +561,6 @@ void cg_print_c_kernel(CgBuf *b, const CgKernel *k)
         cg_puts(b, "}\n");
     }
     cg_puts(b, "}\n");
+    if (k->flat > 0)
+        print_c_range(b, k);
 }

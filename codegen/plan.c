@@ -306,6 +306,50 @@ static bool add_kernel(CgPlan *p, CgKernel *k, BodySet *seen, CgBuf *src, CgStep
     return true;
 }
 
+static bool flat_tensor(const Graph *g, int t, int64_t n)
+{
+    const Shape *sh = &g->t.v[t].s;
+    int64_t k = shape_numel(sh);
+    return sh->rank <= 1 && (k == 1 || k == n);
+}
+
+/* Whether fused group kernel k (of members[0..nm)) is elementwise over n
+ * elements (CgKernel.flat): every member an elementwise op (no iota) or a
+ * broadcast of one element, every tensor it reads or writes of rank 1 or
+ * less with 1 or n elements (so each n-element buffer is read and written
+ * at the element's own index, and the rest are scalars), and the kernel one
+ * loop of one store phase whose one variable longer than 1 runs over n. */
+static bool flat_kernel(const Graph *g, const int *members, int nm, const CgKernel *k, int64_t n)
+{
+    if (n < 2 || k->rand || k->attn.kind != CG_ATTN_NONE || k->loops.n != 1 ||
+        k->loops.v[0].ph.n != 1 || k->loops.v[0].col)
+        return false;
+    for (int q = 0; q < nm; q++) {
+        const Op *op = &g->ops.v[members[q]];
+        bool ew = ir_opinfo[op->code].cls == OC_ELEMWISE && op->code != OP_IOTA;
+        bool bcast = op->code == OP_BROADCAST && shape_numel(&g->t.v[op->in[0]].s) == 1;
+        if ((!ew && !bcast) || !flat_tensor(g, op->out, n))
+            return false;
+        for (int j = 0; j < op->nin; j++)
+            if (!flat_tensor(g, op->in[j], n))
+                return false;
+    }
+    const CgLoop *l = &k->loops.v[0];
+    const CgPhase *ph = &l->ph.v[0];
+    if (ph->acc >= 0)
+        return false;
+    for (int i = 0; i < ph->st.n; i++)
+        if (ph->st.v[i].accumulate)
+            return false;
+    int64_t prod = 1;
+    int longer = 0;
+    for (int i = 0; i < l->ndim; i++)
+        prod *= l->dim[i].n, longer += l->dim[i].n > 1;
+    for (int i = 0; i < ph->ndim; i++)
+        prod *= ph->dim[i].n, longer += ph->dim[i].n > 1;
+    return prod == n && longer == 1;
+}
+
 CgPlan *cg_plan(const Graph *g, Diag *d)
 {
     CgPlan *p = xcalloc(1, sizeof *p);
@@ -325,6 +369,12 @@ CgPlan *cg_plan(const Graph *g, Diag *d)
             ngroups = g->ops.v[i].group + 1;
     bool *gdone = xcalloc((size_t)ngroups + 1, sizeof(bool));
     int *members = xmalloc(sizeof(int) * (size_t)(g->ops.n + 1));
+    /* zero=1: the shards the all-gathers read; the kernel writing one is
+     * made flat when it can be (runtime/pieces.c runs it in pieces) */
+    bool *gshard = xcalloc((size_t)g->t.n + 1, sizeof(bool));
+    for (int i = 0; i < g->ops.n; i++)
+        if (g->ops.v[i].code == OP_ALL_GATHER_START)
+            gshard[m->root[g->ops.v[i].in[0]]] = true;
 
     for (int i = 0; i < g->ops.n; i++) {
         const Op *op = &g->ops.v[i];
@@ -364,6 +414,12 @@ CgPlan *cg_plan(const Graph *g, Diag *d)
             char nb[128];
             snprintf(nb, sizeof nb, "g%d_%s", gid, ir_opinfo[g->ops.v[members[0]].code].name);
             k->name = xstrdup(nb);
+            for (int a = 0; a < k->params.n; a++) {
+                int t = k->params.v[a].tensor;
+                if (k->params.v[a].out && gshard[m->root[t]] &&
+                    flat_kernel(g, members, n, k, shape_numel(&g->t.v[t].s)))
+                    k->flat = shape_numel(&g->t.v[t].s);
+            }
             st.op = members[0];
             st.group = gid;
             st.flops = 0;
@@ -534,6 +590,7 @@ CgPlan *cg_plan(const Graph *g, Diag *d)
     free(mat);
     cg_lower_ws_free(lws);
     free(gdone);
+    free(gshard);
     free(members);
     p->source = src.s ? src.s : xstrdup("");
     return p;
@@ -544,6 +601,7 @@ fail:
     free(mat);
     cg_lower_ws_free(lws);
     free(gdone);
+    free(gshard);
     free(members);
     free(src.s);
     cg_plan_free(p);

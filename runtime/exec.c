@@ -53,6 +53,8 @@ struct Exec {
     /* rt_exec_before_read: callbacks before a plan step, per run */
     VEC(ExecHook) hooks;
     int *hook_at;         /* per step: first hook (index in hooks), -1 */
+    int release_at;       /* zero=1 in pieces: the all-gather starts up to this step are
+                             released to the communication thread at once (pieces.c); -1 */
 };
 
 /* zero=1: a deferred bucket's gather may still be writing its params. On
@@ -273,6 +275,8 @@ static bool run_step(Exec *e, int s, uint64_t seed, int64_t step, Diag *d)
         if (e->dev_comm)
             return e->be->ext->allreduce_start(e->ctx, s, d);
         rt_comm_start(e->o.comm, e->plan, s, e->be, e->ctx);
+        if (st->coll == CG_COLL_ALL_GATHER && s <= e->release_at)
+            rt_comm_release(e->o.comm);
         return true;
     }
     if (st->kind == CG_STEP_ALLREDUCE_WAIT) {
@@ -452,8 +456,11 @@ Exec *rt_exec_create(const Graph *g, const ExecOpts *o, Diag *d)
     e->g = ir_clone(g);
     e->be = be;
     e->plan = cg_plan(e->g, d);
+    e->release_at = -1;
     if (!e->plan || !arena_fits(be, e->plan, d))
         goto fail;
+    if (be->host && rt_comm_size(o->comm) > 1) /* zero=1: the update in pieces */
+        e->release_at = rt_pieces_plan(e->plan, rt_comm_rank(o->comm), rt_comm_size(o->comm));
     e->ctx = be->create(e->plan, o, d);
     if (!e->ctx)
         goto fail;

@@ -96,6 +96,16 @@ int rt_exec_gather_bucket(const Exec *e, int tensor);
  * callback may call rt_exec_write on e for those tensors. */
 void rt_exec_before_read(Exec *e, const int *tensors, int n, void (*fn)(void *arg, int id),
                          void *arg, int id);
+/* ---- pieces.c: zero=1's shard update in pieces (host backends) ---- */
+/* Rewrites p's steps for rank `rank` of nranks: per early all-gather
+ * bucket (read by the forward up to its first GEMM) the shard update's
+ * part for it and its start, then the rest of the update and the other
+ * starts. Returns the new index of the last early start (the executor
+ * releases the starts up to it to the communication thread at once), or
+ * -1 when p is left as it was (one rank, no flat update right before the
+ * gathers, or KILN_ZERO_ONE_PIECE=1 in the environment). */
+int rt_pieces_plan(struct CgPlan *p, int rank, int nranks);
+
 /* One step: every op, then every update (param/state <- new value). */
 bool rt_exec_run(Exec *e, uint64_t seed, int64_t step, Diag *d);
 int64_t rt_exec_arena_bytes(const Exec *e);
@@ -206,10 +216,11 @@ typedef struct BackendExt {
 struct CgCudaProgram; /* codegen.h */
 
 /* What the module needs from kiln (it links nothing of kilncore). */
-#define RT_CUDA_ABI 7 /* 2: Backend.ext; 3: BackendExt.arena_bytes, CgCudaProgram.mem;
+#define RT_CUDA_ABI 8 /* 2: Backend.ext; 3: BackendExt.arena_bytes, CgCudaProgram.mem;
                          4: Backend.host; 5: RtCommEvent.exposed;
                          6: CgCudaProgram.cast_off, cast_now, cast_bytes;
-                         7: cast groups (cast_group...) instead of cast_now */
+                         7: cast groups (cast_group...) instead of cast_now;
+                         8: CgKernel.flat, CgStep.lo and hi (the plan's layout) */
 typedef struct {
     int abi; /* RT_CUDA_ABI */
     struct CgCudaProgram *(*program)(const struct CgPlan *p, bool bf16);

@@ -40,6 +40,9 @@ typedef struct {
     void (*fn)(void);
     int nargs;      /* buffers [+ seed, step] */
     int64_t work;   /* element-operations of a call (cg_kernel_work; decides threading) */
+    ffi_cif rcif;   /* a flat kernel's NAME_range (buffers, lo, hi, part, nparts) */
+    ffi_type **rtypes;
+    void (*rfn)(void);
 } CpuKernel;
 
 typedef struct {
@@ -47,6 +50,8 @@ typedef struct {
     void **argv;  /* per part: nargs + 2 libffi argument pointers */
     int64_t *part; /* per part: the part index passed to the kernel */
     int nparts;   /* parts this step runs in */
+    int na;       /* argument pointers per part */
+    int64_t lo, hi; /* a piece of a flat kernel (CgStep.lo, hi): NAME_range's */
 } CpuStep;
 
 struct BackendCtx {
@@ -69,8 +74,10 @@ static void cpu_destroy(BackendCtx *c)
         return;
     pool_stop(&c->pool);
     if (c->k)
-        for (int i = 0; i < c->p->kernels.n; i++)
+        for (int i = 0; i < c->p->kernels.n; i++) {
             free(c->k[i].types);
+            free(c->k[i].rtypes);
+        }
     if (c->s)
         for (int i = 0; i < c->p->steps.n; i++) {
             free(c->s[i].ptrs);
@@ -141,6 +148,25 @@ static BackendCtx *cpu_create(const CgPlan *p, const ExecOpts *o, Diag *d)
             goto fail;
         }
         memcpy(&ck->fn, &sym, sizeof sym);
+        if (k->flat > 0) { /* NAME_range: the buffers, lo, hi, part, nparts */
+            ck->rtypes = xmalloc(sizeof(ffi_type *) * (size_t)(n + 5));
+            for (int a = 0; a < n; a++)
+                ck->rtypes[a] = &ffi_type_pointer;
+            for (int a = n; a < n + 4; a++)
+                ck->rtypes[a] = &ffi_type_sint64;
+            if (ffi_prep_cif(&ck->rcif, FFI_DEFAULT_ABI, (unsigned)(n + 4), &ffi_type_void,
+                             ck->rtypes) != FFI_OK)
+                die("ffi_prep_cif failed for kernel %s_range", k->name);
+            char *rname = xasprintf("%s_range", k->name);
+            void *rsym = dlsym(c->so, rname);
+            free(rname);
+            if (!rsym) {
+                snprintf(d->msg, sizeof d->msg, "compiled kernels lack %s_range: %s", k->name,
+                         dlerror());
+                goto fail;
+            }
+            memcpy(&ck->rfn, &rsym, sizeof rsym);
+        }
     }
     c->s = xcalloc((size_t)p->steps.n + 1, sizeof(CpuStep));
     for (int i = 0; i < p->steps.n; i++) {
@@ -155,9 +181,18 @@ static BackendCtx *cpu_create(const CgPlan *p, const ExecOpts *o, Diag *d)
             continue;
         const CgKernel *k = p->kernels.v[st->kernel];
         const CpuKernel *ck = &c->k[st->kernel];
-        if (k->parallel && ck->work >= CG_MIN_KERNEL_WORK)
+        bool range = st->hi > st->lo;
+        if (range && (k->flat <= 0 || k->rand || st->lo < 0 || st->hi > k->flat))
+            die("cpu backend: step %d runs elements [%lld, %lld) of kernel %s, which is not "
+                "flat over them", i, (long long)st->lo, (long long)st->hi, k->name);
+        /* a piece: its share of the work; every piece splits (no outer row of 1) */
+        int64_t work = range ? ck->work / k->flat * (st->hi - st->lo) : ck->work;
+        if ((k->parallel || range) && work >= CG_MIN_KERNEL_WORK)
             cs->nparts = c->threads;
-        int n = k->params.n, na = ck->nargs + 2;
+        int n = k->params.n, na = ck->nargs + (range ? 4 : 2);
+        cs->na = na;
+        cs->lo = st->lo;
+        cs->hi = st->hi;
         cs->ptrs = xmalloc(sizeof(void *) * (size_t)(n + 1));
         cs->argv = xmalloc(sizeof(void *) * (size_t)na * (size_t)cs->nparts);
         cs->part = xmalloc(sizeof(int64_t) * (size_t)cs->nparts);
@@ -172,8 +207,12 @@ static BackendCtx *cpu_create(const CgPlan *p, const ExecOpts *o, Diag *d)
                 av[n] = &c->seed;
                 av[n + 1] = &c->step;
             }
-            av[ck->nargs] = &cs->part[q];
-            av[ck->nargs + 1] = &c->nparts_all;
+            if (range) {
+                av[n] = &cs->lo;
+                av[n + 1] = &cs->hi;
+            }
+            av[na - 2] = &cs->part[q];
+            av[na - 1] = &c->nparts_all;
         }
     }
     if (c->threads > 1)
@@ -242,7 +281,10 @@ static void kernel_part(void *ctx, int p)
     const CgStep *st = &j->c->p->steps.v[j->step];
     CpuKernel *ck = &j->c->k[st->kernel];
     CpuStep *cs = &j->c->s[j->step];
-    ffi_call(&ck->cif, ck->fn, NULL, cs->argv + (size_t)p * (size_t)(ck->nargs + 2));
+    if (cs->hi > cs->lo)
+        ffi_call(&ck->rcif, ck->rfn, NULL, cs->argv + (size_t)p * (size_t)cs->na);
+    else
+        ffi_call(&ck->cif, ck->fn, NULL, cs->argv + (size_t)p * (size_t)cs->na);
 }
 
 static bool cpu_run_step(BackendCtx *c, int s, uint64_t seed, int64_t step, Diag *d)

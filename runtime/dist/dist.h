@@ -49,6 +49,10 @@ void rt_comm_stats(RtComm *c, RtCommStats *st); /* st->ev valid until the next c
  * landed after the last rt_comm_stats (ZeRO-1's gathers outlive their
  * step): they are the first events of the next figures. */
 void rt_comm_stats_reset(RtComm *c);
+/* Queues the all-gathers started and held (mpi.c) now, in their order,
+ * without waiting: the executor's release point after zero=1's first
+ * gather bucket (runtime/pieces.c); program order, the same on every rank. */
+void rt_comm_release(RtComm *c);
 /* Waits until no bucket collective is held, queued, running or in flight
  * (ZeRO-1's last all-gathers); counts no exposed time. */
 void rt_comm_drain(RtComm *c);

@@ -22,7 +22,9 @@
  * behind them in MPI completes only after their data), and the gathers
  * overlap the next forward instead; the release points are the calling
  * thread's program order, the same on every rank, so every rank issues the
- * collectives in the same order. Buckets that a GPU reduces itself (NCCL)
+ * collectives in the same order (rt_comm_release is one more: the executor
+ * releases zero=1's first gather bucket at once when the shard update's
+ * rest runs after it, runtime/pieces.c). Buckets that a GPU reduces itself (NCCL)
  * are not seen here; their times come in through rt_comm_set_source. */
 #include "codegen.h"
 #include "dist.h"
@@ -790,6 +792,15 @@ void rt_comm_stats_reset(RtComm *c)
         }
     c->ev.n = k;
     c->ev_taken = 0;
+    pthread_mutex_unlock(&c->mu);
+}
+
+void rt_comm_release(RtComm *c)
+{
+    if (!c || c->size == 1)
+        return;
+    pthread_mutex_lock(&c->mu);
+    release_held(c);
     pthread_mutex_unlock(&c->mu);
 }
 
