@@ -494,8 +494,11 @@ void cg_plan_print_epilogues(const CgPlan *p, FILE *f, bool each);
 /* ---- cpu_work.c: how the CPU backend splits a step over threads ---------- */
 /* A kernel below CG_MIN_KERNEL_WORK element-operations runs on the calling
  * thread alone (32768 elements of an add: 2 loads, the add: cost 4); a
- * GEMM below CG_MIN_GEMM_FLOPS is one part. */
-enum { CG_MIN_KERNEL_WORK = 4 * 32768, CG_GEMM_MAX_PARTS = 64 };
+ * GEMM below CG_MIN_GEMM_FLOPS is one part. A GEMM split into bands gives
+ * each band at least CG_GEMM_MIN_BAND rows (or columns) where its side
+ * allows two: every band's OpenBLAS call packs the whole other operand, so
+ * thin bands spend their time packing (docs/cost.md). */
+enum { CG_MIN_KERNEL_WORK = 4 * 32768, CG_GEMM_MAX_PARTS = 64, CG_GEMM_MIN_BAND = 256 };
 #define CG_MIN_GEMM_FLOPS 2.5e5
 #define CG_GEMM_PART_FLOPS 8e6
 /* Element-operations of one call of k (a rough instruction count). */

@@ -69,8 +69,11 @@ int64_t cg_kernel_work(const CgKernel *k)
  * A x B^T products in another order than large ones.) n is 1 below
  * CG_MIN_GEMM_FLOPS, else the power of two at or below one part per
  * CG_GEMM_PART_FLOPS, at least 2 and at most CG_GEMM_MAX_PARTS (powers of two
- * share evenly among 2, 4, 8 .. threads), and at most one part per batch
- * entry or 16-wide band. */
+ * share evenly among 2, 4, 8 .. threads). With fewer batch entries than
+ * that, the parts are bands: halved until there is at most one per
+ * CG_GEMM_MIN_BAND of the longer side (but 2 where it is shorter than two
+ * bands) and one per 16-wide unit, and never fewer than the batch
+ * entries. */
 int cg_gemm_parts(const CgGemm *m)
 {
     double fl = 2.0 * (double)m->batch * (double)m->M * (double)m->N * (double)m->K;
@@ -79,9 +82,20 @@ int cg_gemm_parts(const CgGemm *m)
     int n = 2;
     while (n < CG_GEMM_MAX_PARTS && fl >= 2.0 * n * CG_GEMM_PART_FLOPS)
         n *= 2;
+    if (m->batch >= n)
+        return n;
+    /* bands: at most one per CG_GEMM_MIN_BAND of the longer side (at least
+     * 2), and one per 16-wide unit */
     int64_t len = m->M >= m->N ? m->M : m->N, units = (len + 15) / 16;
-    if (m->batch < n && units < n)
-        n = (int)(m->batch > units ? m->batch : units);
+    int64_t bands = len / CG_GEMM_MIN_BAND;
+    if (bands < 2)
+        bands = 2;
+    if (bands > units)
+        bands = units;
+    while (n > 1 && n > bands && n > m->batch)
+        n /= 2;
+    if (n < m->batch) /* never fewer parts than batch entries allow */
+        n = (int)m->batch;
     return n;
 }
 

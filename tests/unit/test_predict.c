@@ -309,14 +309,58 @@ static void test_cpu_model(void **state)
     Compiled g = compile(gemm, false);
     a = cg_predict(g.p, NULL, &one, &o);
     b = cg_predict(g.p, NULL, &two, &o);
-    /* 4096^3 is split into 64 bands of 64 rows: 2 x 64 x 4096 x 4096 each
-     * at the 64-row rate, 64 waves on one thread, 32 on two */
-    double part = 2.0 * 64 * 4096 * 4096 / 2e10;
-    near(a->gemm_s - one.launch_s, 64 * part, 1e-9, "GEMM, 1 thread");
-    near(b->gemm_s - two.launch_s, 32 * part, 1e-9, "GEMM, 2 threads");
+    /* 4096^3 is split into 16 bands of CG_GEMM_MIN_BAND = 256 rows (not
+     * the 64 its FLOPs alone would give): 2 x 256 x 4096 x 4096 each at
+     * the 256-row rate, 16 waves on one thread, 8 on two */
+    assert_int_equal(cg_gemm_parts(&g.p->steps.v[0].gemm), 16);
+    double part = 2.0 * 256 * 4096 * 4096 / 4e10;
+    near(a->gemm_s - one.launch_s, 16 * part, 1e-9, "GEMM, 1 thread");
+    near(b->gemm_s - two.launch_s, 8 * part, 1e-9, "GEMM, 2 threads");
     cg_prediction_free(a);
     cg_prediction_free(b);
     release(&g);
+}
+
+/* cg_gemm_parts / cg_gemm_part: parts cover C once; bands are at least
+ * CG_GEMM_MIN_BAND wide where the longer side holds two of them (each
+ * band's OpenBLAS call packs the whole other operand: gpt small's
+ * 2048x1024x256 products ran at 90 GFLOP/s on 2 threads in 64 bands of
+ * 32 rows, 185 in 8 of 256); batches split by whole entries. */
+static void test_gemm_parts(void **state)
+{
+    (void)state;
+    struct { int64_t batch, M, N, K; int parts; } c[] = {
+        {1, 4, 4, 4, 1},          /* under CG_MIN_GEMM_FLOPS */
+        {1, 2048, 1024, 256, 8},  /* 1.07 GFLOP: 64 by FLOPs, 8 bands of 256 rows */
+        {1, 256, 1024, 2048, 4},  /* columns: 4 bands of 256 */
+        {1, 256, 768, 2048, 2},   /* 3 bands' worth: the power of two below */
+        {1, 2048, 256, 256, 8},
+        {1, 300, 200, 64, 2},     /* shorter than two bands: still 2 */
+        {1, 20, 2048, 4096, 8},   /* rows of 20: bands of columns */
+        {1, 16, 16, 1024, 1},     /* one 16-wide unit */
+        {32, 256, 256, 64, 32},   /* one batch entry a part */
+        {4, 256, 256, 64, 4},     /* 4 entries: 4 parts, whole entries */
+        {2, 4096, 4096, 64, 16},  /* 2 entries, bands over both */
+    };
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+        CgGemm m = {.batch = c[i].batch, .M = c[i].M, .N = c[i].N, .K = c[i].K};
+        int n = cg_gemm_parts(&m);
+        if (n != c[i].parts)
+            fail_msg("case %zu (%lldx%lldx%lldx%lld): %d parts (expected %d)", i,
+                     (long long)m.batch, (long long)m.M, (long long)m.N, (long long)m.K, n,
+                     c[i].parts);
+        int64_t covered = 0;
+        for (int p = 0; p < n; p++) {
+            int64_t b0, b1, m0, m1, n0, n1;
+            cg_gemm_part(&m, n, p, &b0, &b1, &m0, &m1, &n0, &n1);
+            covered += (b1 - b0) * (m1 - m0) * (n1 - n0);
+            int64_t side = m.M >= m.N ? m.M : m.N, band = m.M >= m.N ? m1 - m0 : n1 - n0;
+            if (n > 1 && b1 - b0 == m.batch && side >= 2 * CG_GEMM_MIN_BAND &&
+                band < CG_GEMM_MIN_BAND)
+                fail_msg("case %zu part %d: a band of %lld", i, p, (long long)band);
+        }
+        assert_int_equal(covered, m.batch * m.M * m.N);
+    }
 }
 
 /* A gpt 124M attention (192 batch*heads, head size 64, bf16, causal) of
@@ -547,6 +591,7 @@ int main(void)
         cmocka_unit_test(test_launch_bound),
         cmocka_unit_test(test_gemm_compute_bound),
         cmocka_unit_test(test_cpu_model),
+        cmocka_unit_test(test_gemm_parts),
         cmocka_unit_test(test_ptxas_occupancy),
         cmocka_unit_test(test_attn_l2),
         cmocka_unit_test(test_attn_l2_predicted),
