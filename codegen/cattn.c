@@ -1,19 +1,24 @@
 /* cattn.c - the attention kernels of the C backend (CgAttn, codegen.h):
  * flash-attention style, tiled, with no T x T tensor in memory.
  *
- * Forward (CG_ATTN_FWD), per (batch entry, tile of A_BQ query rows): walk
- * the key tiles of A_BK keys (causal: only tiles with a key <= the tile's
- * last row; per row, only the kept keys), S = scale q k^T for the tile
- * (k transposed into a local [D][BK] block), online softmax (running max m
- * and sum l per row, the accumulator rescaled by exp(m_old - m_new)),
- * accumulate P v; at the end o = acc / l and lse = m + log l. Every product
- * of tiles is kiln_attn_mm, a 4 x 16 register-blocked loop
- * (cg_c_attn_helpers, in the C prelude).
+ * Forward (CG_ATTN_FWD), per (batch entry, tile of A_BQ query rows): the
+ * query tile transposed once into qT[D][BQ]; walk the key tiles of A_BK
+ * keys (causal: only tiles with a key <= the tile's last row), S^T = k q^T
+ * for the tile (the key rows read in place), online softmax down its
+ * columns (running max m and sum l per query row, vectorised over the
+ * rows; causal keys past a row masked to 0; the accumulator rescaled by
+ * exp(m_old - m_new)), accumulate P v with P^T read transposed; at the
+ * end o = acc / l and lse = m + log l. Every product of tiles is
+ * kiln_attn_mm, a 4 x 16 register-blocked loop (cg_c_attn_helpers, in the
+ * C prelude). No key tile is copied: transposing one per (query tile, key
+ * tile) visit cost gpt small's forward and dq kernels a fifth of their
+ * time.
  * Backward recomputes P_ij = exp(S_ij - lse_i) from lse: CG_ATTN_DQ per
- * (batch entry, query tile) accumulates dq_i += s dS_ij k_j with dS_ij =
- * P_ij (dO_i . v_j - delta_i); CG_ATTN_DKV per (batch entry, key tile)
- * walks the query rows that keep any of its keys and accumulates
- * dv_j += P_ij dO_i and dk_j += s dS_ij q_i.
+ * (batch entry, query tile), on S^T and dP^T = v dO^T like the forward
+ * (q and dO tiles transposed once), accumulates dq_i += s dS_ij k_j with
+ * dS_ij = P_ij (dO_i . v_j - delta_i); CG_ATTN_DKV per (batch entry, key
+ * tile; its k and v tiles transposed once) walks the query rows that keep
+ * any of its keys and accumulates dv_j += P_ij dO_i and dk_j += s dS_ij q_i.
  * Work items are spread over the parts round-robin (part, part + nparts,
  * ...), which balances causal tiles of unequal cost; every output element
  * is written by the one item that owns its tile, in a fixed order, so the
@@ -234,6 +239,19 @@ static void print_transpose(CgBuf *b, bool k, bool v, const char *ind)
     cg_printf(b, "%s}\n", ind);
 }
 
+/* rt[x][r] = rows i0 + r < i0 + nq of `src` (row stride `rs`), x < `dim`: a
+ * query tile transposed once per work item, the B operand of S^T = k q^T
+ * (dP^T = v dO^T). */
+static void print_rows_t(CgBuf *b, const char *dst, const char *src, const char *rs,
+                         const char *dim)
+{
+    cg_printf(b,
+              "        for (int64_t r = 0; r < nq; r++)\n"
+              "            for (int64_t x = 0; x < %s; x++)\n"
+              "                %s[x][r] = %s[r * %s + x];\n",
+              dim, dst, src, rs);
+}
+
 static void print_fwd(CgBuf *b, const CgAttn *a)
 {
     cg_puts(b, "    const int64_t nt = (A_TQ + A_BQ - 1) / A_BQ;\n"
@@ -246,49 +264,47 @@ static void print_fwd(CgBuf *b, const CgAttn *a)
         cg_printf(b, "        const float *vb = p%d + A_VB(bb);\n"
                      "        float acc[A_BQ][A_DV] = {{0}};\n",
                   a->v);
-    cg_puts(b, "        float m[A_BQ], l[A_BQ], S[A_BQ][A_BK], kt[A_D][A_BK];\n"
+    cg_puts(b, "        float m[A_BQ], l[A_BQ], mt[A_BQ], al[A_BQ], ls[A_BQ];\n"
+               "        float ST[A_BK][A_BQ], qT[A_D][A_BQ];\n"
                "        for (int64_t r = 0; r < A_BQ; r++) {\n"
                "            m[r] = -KILN_INF;\n"
                "            l[r] = 0.0f;\n"
-               "        }\n"
-               "        int64_t kend = A_CAUSAL ? i0 + nq : A_TK;\n"
+               "        }\n");
+    print_rows_t(b, "qT", "qb", "A_QR", "A_D");
+    cg_puts(b, "        int64_t kend = A_CAUSAL ? i0 + nq : A_TK;\n"
                "        for (int64_t j0 = 0; j0 < kend; j0 += A_BK) {\n"
-               "            int64_t nk = kend - j0 < A_BK ? kend - j0 : A_BK;\n");
-    print_transpose(b, true, false, "            ");
-    cg_puts(b, "            for (int64_t r = 0; r < nq; r++)\n"
-               "                for (int64_t jj = 0; jj < nk; jj++)\n"
-               "                    S[r][jj] = 0.0f;\n"
-               "            kiln_attn_mm(&S[0][0], A_BK, qb, A_QR, 1, &kt[0][0], A_BK, nq, nk, A_D);\n"
+               "            int64_t nk = kend - j0 < A_BK ? kend - j0 : A_BK;\n"
+               "            for (int64_t jj = 0; jj < nk; jj++)\n"
+               "                for (int64_t r = 0; r < nq; r++)\n"
+               "                    ST[jj][r] = 0.0f;\n"
+               "            kiln_attn_mm(&ST[0][0], A_BQ, kb + j0 * A_KR, A_KR, 1, &qT[0][0], A_BQ, nk, "
+               "nq, A_D);\n"
+               "            for (int64_t r = 0; r < nq; r++)\n"
+               "                mt[r] = m[r], ls[r] = 0.0f;\n"
+               "            for (int64_t jj = 0; jj < nk; jj++)\n"
+               "                for (int64_t r = 0; r < nq; r++) {\n"
+               "                    float s = ST[jj][r] * A_SCALE;\n"
+               "                    s = !A_CAUSAL || j0 + jj <= i0 + r ? s : -KILN_INF;\n"
+               "                    ST[jj][r] = s;\n"
+               "                    mt[r] = kiln_fmax(mt[r], s);\n"
+               "                }\n"
+               "            for (int64_t jj = 0; jj < nk; jj++)\n"
+               "                for (int64_t r = 0; r < nq; r++) {\n"
+               "                    float e = kiln_expf(ST[jj][r] - mt[r]);\n"
+               "                    e = !A_CAUSAL || j0 + jj <= i0 + r ? e : 0.0f;\n"
+               "                    ST[jj][r] = e;\n"
+               "                    ls[r] += e;\n"
+               "                }\n"
                "            for (int64_t r = 0; r < nq; r++) {\n"
-               "                float *s = S[r];\n"
-               "                int64_t ne = A_CAUSAL ? i0 + r - j0 + 1 : nk;\n"
-               "                ne = ne < nk ? ne : nk;\n"
-               "                if (ne <= 0) {\n"
-               "                    for (int64_t jj = 0; jj < nk; jj++)\n"
-               "                        s[jj] = 0.0f;\n"
-               "                    continue;\n"
-               "                }\n"
-               "                float mx = m[r];\n"
-               "                for (int64_t jj = 0; jj < ne; jj++) {\n"
-               "                    s[jj] *= A_SCALE;\n"
-               "                    mx = kiln_fmax(mx, s[jj]);\n"
-               "                }\n"
-               "                for (int64_t jj = 0; jj < ne; jj++)\n"
-               "                    s[jj] = kiln_expf(s[jj] - mx);\n"
-               "                for (int64_t jj = ne; jj < nk; jj++)\n"
-               "                    s[jj] = 0.0f;\n"
-               "                float sum = 0.0f;\n"
-               "                for (int64_t jj = 0; jj < ne; jj++)\n"
-               "                    sum += s[jj];\n"
-               "                float alpha = kiln_expf(m[r] - mx);\n"
-               "                l[r] = l[r] * alpha + sum;\n"
-               "                m[r] = mx;\n");
+               "                al[r] = kiln_expf(m[r] - mt[r]);\n"
+               "                l[r] = l[r] * al[r] + ls[r];\n"
+               "                m[r] = mt[r];\n"
+               "            }\n");
     if (a->o >= 0)
-        cg_puts(b, "                for (int64_t x = 0; x < A_DV; x++)\n"
-                   "                    acc[r][x] *= alpha;\n");
-    cg_puts(b, "            }\n");
-    if (a->o >= 0)
-        cg_puts(b, "            kiln_attn_mm(&acc[0][0], A_DV, &S[0][0], A_BK, 1, vb + j0 * A_VR, "
+        cg_puts(b, "            for (int64_t r = 0; r < nq; r++)\n"
+                   "                for (int64_t x = 0; x < A_DV; x++)\n"
+                   "                    acc[r][x] *= al[r];\n"
+                   "            kiln_attn_mm(&acc[0][0], A_DV, &ST[0][0], 1, A_BQ, vb + j0 * A_VR, "
                    "A_VR, nq, A_DV, nk);\n");
     cg_puts(b, "        }\n"
                "        for (int64_t r = 0; r < nq; r++) {\n");
@@ -352,13 +368,29 @@ static void print_dq(CgBuf *b, const CgAttn *a)
               "        const float *dt = p%d + A_SB(bb) + i0 * A_SR;\n",
               a->q, a->k, a->v, a->dO, a->lse, a->delta);
     cg_puts(b, "        float acc[A_BQ][A_D] = {{0}};\n"
-               "        float S[A_BQ][A_BK], dP[A_BQ][A_BK], kt[A_D][A_BK], vt[A_DV][A_BK];\n"
-               "        int64_t kend = A_CAUSAL ? i0 + nq : A_TK;\n"
+               "        float ST[A_BK][A_BQ], dPT[A_BK][A_BQ], qT[A_D][A_BQ], gT[A_DV][A_BQ];\n"
+               "        float L[A_BQ], De[A_BQ];\n"
+               "        for (int64_t r = 0; r < nq; r++)\n"
+               "            L[r] = lt[r * A_SR], De[r] = dt[r * A_SR];\n");
+    print_rows_t(b, "qT", "qt", "A_QR", "A_D");
+    print_rows_t(b, "gT", "gt", "A_OR", "A_DV");
+    cg_puts(b, "        int64_t kend = A_CAUSAL ? i0 + nq : A_TK;\n"
                "        for (int64_t j0 = 0; j0 < kend; j0 += A_BK) {\n"
-               "            int64_t nk = kend - j0 < A_BK ? kend - j0 : A_BK;\n");
-    print_transpose(b, true, true, "            ");
-    print_p_ds(b, true, "            ");
-    cg_puts(b, "            kiln_attn_mm(&acc[0][0], A_D, &dP[0][0], A_BK, 1, kb + j0 * A_KR, A_KR, "
+               "            int64_t nk = kend - j0 < A_BK ? kend - j0 : A_BK;\n"
+               "            for (int64_t jj = 0; jj < nk; jj++)\n"
+               "                for (int64_t r = 0; r < nq; r++)\n"
+               "                    ST[jj][r] = 0.0f, dPT[jj][r] = 0.0f;\n"
+               "            kiln_attn_mm(&ST[0][0], A_BQ, kb + j0 * A_KR, A_KR, 1, &qT[0][0], A_BQ, nk, "
+               "nq, A_D);\n"
+               "            kiln_attn_mm(&dPT[0][0], A_BQ, vb + j0 * A_VR, A_VR, 1, &gT[0][0], A_BQ, "
+               "nk, nq, A_DV);\n"
+               "            for (int64_t jj = 0; jj < nk; jj++)\n"
+               "                for (int64_t r = 0; r < nq; r++) {\n"
+               "                    float p = kiln_expf(ST[jj][r] * A_SCALE - L[r]);\n"
+               "                    p = !A_CAUSAL || j0 + jj <= i0 + r ? p : 0.0f;\n"
+               "                    dPT[jj][r] = p * (dPT[jj][r] - De[r]) * A_SCALE;\n"
+               "                }\n"
+               "            kiln_attn_mm(&acc[0][0], A_D, &dPT[0][0], 1, A_BQ, kb + j0 * A_KR, A_KR, "
                "nq, A_D, nk);\n"
                "        }\n");
     cg_printf(b,
