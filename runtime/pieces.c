@@ -117,6 +117,28 @@ static int early_buckets(const CgPlan *p, int g0, int g1)
     return n;
 }
 
+/* Shard positions [lo, hi). */
+typedef struct {
+    int64_t lo, hi;
+} Range;
+typedef VEC(Range) Ranges;
+
+/* Adds [lo, hi) (not empty) to the sorted, disjoint ranges of *done;
+ * dies when it overlaps one of them (a bucket's range is its own). */
+static void add_range(Ranges *done, int64_t lo, int64_t hi)
+{
+    int at = 0;
+    while (at < done->n && done->v[at].hi <= lo)
+        at++;
+    if (at < done->n && done->v[at].lo < hi)
+        die("rt_pieces_plan: all-gather buckets overlap at shard positions [%lld, %lld)",
+            (long long)(lo > done->v[at].lo ? lo : done->v[at].lo),
+            (long long)(hi < done->v[at].hi ? hi : done->v[at].hi));
+    vec_push(done, ((Range){lo, hi}));
+    memmove(done->v + at + 1, done->v + at, sizeof(Range) * (size_t)(done->n - 1 - at));
+    done->v[at] = (Range){lo, hi};
+}
+
 int rt_pieces_plan(CgPlan *p, int rank, int nranks)
 {
     const char *one = getenv("KILN_ZERO_ONE_PIECE"); /* tests: the one-kernel update */
@@ -146,7 +168,7 @@ int rt_pieces_plan(CgPlan *p, int rank, int nranks)
     int early = early_buckets(p, g0, g1);
     int64_t off, len;
     ir_shard_range(first->sh_total, nranks, rank, &off, &len);
-    char *done = xcalloc((size_t)S + 1, 1); /* shard positions updated so far */
+    Ranges done = {0}; /* the early pieces, sorted by position */
     CgStep upd = *up;
     int np = k->params.n, release = -1;
     VEC(CgStep) out = {0};
@@ -155,30 +177,24 @@ int rt_pieces_plan(CgPlan *p, int rank, int nranks)
     for (int s = g0; s < g0 + early; s++) { /* the early buckets: a piece each, then the start */
         int64_t lo, hi;
         local_range(p, &p->steps.v[s], off, len, &lo, &hi);
-        for (int64_t i = lo; i < hi && done[i]; i++) /* a bucket's range is its own */
-            die("rt_pieces_plan: all-gather buckets overlap at shard position %lld",
-                (long long)i);
         if (hi > lo) {
+            add_range(&done, lo, hi);
             vec_push(&out, piece(&upd, np, lo, hi, S));
-            memset(done + lo, 1, (size_t)(hi - lo));
         }
         vec_push(&out, p->steps.v[s]);
         release = out.n - 1;
     }
-    for (int64_t i = 0; i < S;) { /* the rest of the update, in runs */
-        if (done[i]) {
-            i++;
-            continue;
-        }
-        int64_t j = i;
-        while (j < S && !done[j])
-            j++;
-        vec_push(&out, piece(&upd, np, i, j, S));
-        i = j;
+    int64_t at = 0; /* the rest of the update: the gaps between the early pieces, in order */
+    for (int i = 0; i <= done.n; i++) {
+        int64_t end = i < done.n ? done.v[i].lo : S;
+        if (end > at)
+            vec_push(&out, piece(&upd, np, at, end, S));
+        if (i < done.n)
+            at = done.v[i].hi;
     }
     for (int s = g0 + early; s < n; s++)
         vec_push(&out, p->steps.v[s]);
-    free(done);
+    free(done.v);
     free(upd.args); /* each piece has its own */
     free(p->steps.v);
     p->steps.v = out.v;

@@ -21,9 +21,12 @@
  * - checkpoints: the file of 2 sharded ranks is 1 rank's (moments too), and
  *   resumes on 1 or 2 ranks without zero; 1 rank's resumes on 2 sharded;
  * - the report line per collective and the reduce-scatter and all-gather
- *   tracks of each rank's trace. */
+ *   tracks of each rank's trace, for mlp and gpt; in the trace, exactly the
+ *   plan's early all-gathers (runtime/pieces.c) start ahead of each step's
+ *   loss mean, the others after it. */
 #include "testutil.h"
 
+#include "codegen.h"
 #include "frontend.h"
 #include "passes.h"
 #include "runtime.h"
@@ -713,19 +716,61 @@ static int coll_events(const char *t, CollEv **ev)
     return v.n;
 }
 
-/* The report and the trace per rank: reduce-scatter and all-gather tracks
- * (tids 3 and 4) with their buckets, and the summary per collective. */
-static void test_report(void **state)
+/* How many all-gather starts the executor of a rank of 2 releases to the
+ * communication thread at once (runtime/pieces.c's early buckets, counted
+ * as test_zero_pieces.c counts them: the gathers of the rewritten plan up
+ * to the release point; 0 when the update stays one kernel), for `model`
+ * with `sets` as `kiln train --nproc 2 --set zero=1` plans it. The count is
+ * a function of the plan: the same on both ranks. */
+static int early_gathers(const char *model, const char *const *sets, int nsets)
 {
-    (void)state;
-    if (!have_command("mpirun")) {
-        print_message("skipped: no mpirun\n");
-        skip();
+    int early[2];
+    for (int r = 0; r < 2; r++) {
+        Model *m = load_model(model, sets, nsets);
+        Graph *g = ir_clone(m->g);
+        PassOpts o;
+        rt_pass_opts(&m->train, NULL, &o);
+        o.nranks = 2;
+        o.zero = 1;
+        Diag d = {{0}};
+        if (!pass_pipeline(g, &o, NULL, NULL, NULL, &d))
+            fail_msg("%s: %s", model, d.msg);
+        fe_model_free(m);
+        CgPlan *p = cg_plan(g, &d);
+        if (!p)
+            fail_msg("%s: %s", model, d.msg);
+        int rel = rt_pieces_plan(p, r, 2);
+        early[r] = 0;
+        for (int s = 0; s <= rel; s++)
+            early[r] += p->steps.v[s].kind == CG_STEP_ALLREDUCE_START &&
+                        p->steps.v[s].coll == CG_COLL_ALL_GATHER;
+        cg_plan_free(p);
+        ir_free(g);
     }
+    assert_int_equal(early[0], early[1]);
+    return early[0];
+}
+
+/* The report and the trace per rank of `model` trained 3 steps with
+ * `--nproc 2 --set zero=1` and `sets`: reduce-scatter and all-gather
+ * tracks (tids 3 and 4) with their buckets, the summary per collective,
+ * and the plan's early gathers (early_gathers, at least min_early) ahead
+ * of each step's loss mean. */
+static void report(const char *model, const char *const *sets, int nsets, int min_early)
+{
+    const char *all[8] = {"zero=1"};
+    char flags[256] = "";
+    assert_true(nsets < 8);
+    for (int i = 0; i < nsets; i++) {
+        all[i + 1] = sets[i];
+        snprintf(flags + strlen(flags), sizeof flags - strlen(flags), " --set %s", sets[i]);
+    }
+    int early = early_gathers(model, all, nsets + 1);
+    assert_true(early >= min_early);
+    print_message("%s%s: %d all-gather buckets released at once\n", model, flags, early);
     dir = scratch_dir("zero_trace");
-    char *cmd = xasprintf("%s train models/mlp.lua --steps 3 -q --set batch=32 --nproc 2 "
-                          "--set zero=1 --set bucket_mb=0.02 --trace %s/t.json",
-                          getenv("KILN_BIN"), dir);
+    char *cmd = xasprintf("%s train %s --steps 3 -q --nproc 2 --set zero=1%s --trace %s/t.json",
+                          getenv("KILN_BIN"), model, flags, dir);
     char *out = NULL;
     int rc = run_cmd(cmd, &out);
     if (rc != 0)
@@ -760,21 +805,32 @@ static void test_report(void **state)
         /* a step's gathers go to MPI after the loss's mean that follows the
          * step (mpi.c holds them), not before it: each all-gather starts
          * after a host collective with no reduce-scatter in between; but
-         * the first one, which the executor releases at once while the
-         * rest of the shard update runs (runtime/pieces.c,
-         * test_zero_pieces.c) */
+         * the early ones, which the executor releases at once while the
+         * rest of the shard update runs (runtime/pieces.c): after the
+         * step's reduce-scatters, exactly `early` gathers start ahead of
+         * the loss's mean */
         CollEv *ev;
-        int nev = coll_events(t, &ev), last = -1;
+        int nev = coll_events(t, &ev), last = -1, ahead = 0, steps = 0;
         for (int i = 0; i < nev; i++) {
-            if (ev[i].kind != 2)
+            if (ev[i].kind == 0 && last == 1) { /* the loss's mean after a step */
+                if (ahead != early)
+                    fail_msg("rank %d: %d all-gathers start between the step's reduce-scatters "
+                             "and the loss's mean at %.1f us, expected the plan's %d early "
+                             "buckets",
+                             r, ahead, ev[i].ts, early);
+                steps++;
+            }
+            if (ev[i].kind != 2) {
                 last = ev[i].kind;
-            else if (last == 1)
-                last = 2; /* the released first gather of the step */
+                ahead = 0;
+            } else if (last == 1)
+                ahead++; /* an early gather, released at once */
             else if (last != 0)
-                fail_msg("rank %d: an all-gather starts at %.1f us after a %s, not after the "
-                         "loss's host all-reduce",
-                         r, ev[i].ts, last < 0 ? "step's start" : "reduce-scatter");
+                fail_msg("rank %d: an all-gather starts at %.1f us after the step's start, "
+                         "not after the loss's host all-reduce",
+                         r, ev[i].ts);
         }
+        assert_int_equal(steps, 3);
         free(ev);
         free(t);
         free(p);
@@ -783,6 +839,18 @@ static void test_report(void **state)
     free(cmd);
     remove_tree(dir);
     free(dir);
+}
+
+static void test_report(void **state)
+{
+    (void)state;
+    if (!have_command("mpirun")) {
+        print_message("skipped: no mpirun\n");
+        skip();
+    }
+    const char *mlp[] = {"batch=32", "bucket_mb=0.02"}, *gpt[] = {"bucket_mb=0.004"};
+    report("models/mlp.lua", mlp, 2, 1); /* the first bucket */
+    report("models/gpt.lua", gpt, 1, 2); /* wte/wpe/ln_1, h.0's c_attn: 3 (test_zero_pieces) */
 }
 
 /* The setting: 0 or 1, from train{} or --set; anything else is refused
