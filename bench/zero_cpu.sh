@@ -3,10 +3,11 @@
 # zero=1 (issue 18's goal: zero=1 at most 1.2x zero=0), each run ROUNDS
 # times alternating, and the ratio of the medians.
 #
-#   bench/zero_cpu.sh [KILN] [STEPS] [ROUNDS] [GRAD_ACCUM]
+#   bench/zero_cpu.sh [KILN] [STEPS] [ROUNDS] [GRAD_ACCUM] [BATCH]
 #
-# gpt.lua at L=4 C=256 H=4 T=64 batch=4 bucket_mb=1 (3.2 M params, 13
-# buckets: the config docs/distributed.md measures overlap on), --nproc 2,
+# gpt.lua at L=4 C=256 H=4 T=64 batch=BATCH (default 4) bucket_mb=1 (3.2 M
+# params, 13 buckets: the config docs/distributed.md measures overlap on;
+# BATCH 1 makes the communication a larger share of the step), --nproc 2,
 # grad_accum GRAD_ACCUM (default 1).
 # Per run: kiln train's summary line (median over its steps of exposed and
 # busy communication ms, step ms); zero=1 also prints the split per
@@ -22,6 +23,7 @@ kiln=${1:-build/kiln}
 steps=${2:-20}
 rounds=${3:-3}
 accum=${4:-1}
+batch=${5:-4}
 log=$(mktemp "${TMPDIR:-/tmp}/kiln-bench-zero-XXXXXX")
 tdir=$(mktemp -d "${TMPDIR:-/tmp}/kiln-bench-zero-trace-XXXXXX")
 trap 'rm -rf "$log" "$tdir"' EXIT
@@ -30,7 +32,7 @@ median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2 ? v[(NR + 1) / 2] :
 
 run() { # ZERO: one kiln train; prints "exposed busy step all-gather-exposed loss-mean" (ms; - for zero=0)
     "$kiln" train models/gpt.lua --steps "$steps" -q --nproc 2 --set L=4 --set C=256 \
-        --set H=4 --set T=64 --set batch=4 --set bucket_mb=1 --set grad_accum="$accum" \
+        --set H=4 --set T=64 --set batch="$batch" --set bucket_mb=1 --set grad_accum="$accum" \
         --set zero="$1" --trace "$tdir/t.json" >"$log" 2>&1 ||
         { cat "$log" >&2; exit 1; }
     local ex busy st ag
@@ -44,7 +46,7 @@ run() { # ZERO: one kiln train; prints "exposed busy step all-gather-exposed los
     echo "$ex $busy $st ${ag:--} ${lm:--}"
 }
 
-echo "gpt.lua L=4 C=256 T=64 batch=4 grad_accum=$accum, 2 CPU ranks, $steps steps per run, $rounds runs each (load: $(cut -d' ' -f1-3 /proc/loadavg))"
+echo "gpt.lua L=4 C=256 T=64 batch=$batch grad_accum=$accum, 2 CPU ranks, $steps steps per run, $rounds runs each (load: $(cut -d' ' -f1-3 /proc/loadavg))"
 printf '%-7s %22s %22s %18s %22s\n' zero "exposed ms (runs)" "comm busy ms (runs)" "step ms (runs)" \
     "loss mean ms (runs)"
 declare -A ex busy st lm

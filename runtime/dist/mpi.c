@@ -36,9 +36,6 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
-#ifdef __linux__
-#include <sys/prctl.h>
-#endif
 
 enum { TAG_PING = 101, TAG_PONG = 102 };
 
@@ -419,13 +416,6 @@ static void run_job(RtComm *c, Job *j)
 static void *comm_main(void *arg)
 {
     RtComm *c = arg;
-#ifdef __linux__
-    /* the naps between polls (20 us) are 20 us, not 20 plus the 50 us of
-     * slack Linux gives a thread's timers by default: a non-blocking
-     * collective progresses only in MPI_Test, so each nap delays its next
-     * round (zero=1's exposed reduce-scatter time, docs/distributed.md) */
-    prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
-#endif
     pthread_mutex_lock(&c->mu);
     for (;;) {
         while (c->qhead == c->q.n && (!c->quit || c->fly.n)) {
