@@ -82,6 +82,9 @@ typedef struct {
      * params cached[0..ncached), each cache_trips x cache_words[i] uint4 */
     int ncached, cache_trips;
     int *cached, *cache_words;
+    bool range;       /* a flat kernel's NAME_range (cg_print_cuda_range): takes
+                         int64_t lo, hi after its buffers; blocks is the
+                         launch's, from hi - lo */
 } CgCudaFn;
 
 /* Which params of one printed variant of a kernel share a buffer:
@@ -111,6 +114,14 @@ int cg_print_cuda_kernel(CgBuf *b, const CgKernel *k, const char *name, const DT
 /* The same for one variant whose params' buffers are known (al). */
 int cg_print_cuda_variant(CgBuf *b, const CgKernel *k, const char *name, const DType *storage,
                           const CgCudaAlias *al, CgCudaFn **fn);
+/* A flat kernel's (CgKernel.flat) range function NAME_range(buffers...,
+ * int64_t lo, int64_t hi): its elements [lo, hi) only, the same code per
+ * element as the kernel's own function, 256 threads per block, grid-stride
+ * (the launch sizes the grid from hi - lo). Fills *fn (name, params,
+ * threads; range set); false, printing nothing, for a kernel that is not
+ * flat. */
+bool cg_print_cuda_range(CgBuf *b, const CgKernel *k, const char *name, const DType *storage,
+                         const CgCudaAlias *al, CgCudaFn *fn);
 /* Frees the names and param lists of fn[0..n) and fn itself. */
 void cg_cuda_fns_free(CgCudaFn *fn, int n);
 
@@ -252,6 +263,9 @@ typedef struct CgCudaProgram {
     int *step_fn;      /* per plan step: first fn of a kernel step (its fns are
                           consecutive), -1 for other steps */
     int *step_nfn;     /* per plan step: number of fns */
+    int *step_range;   /* per plan step: the fn (CgCudaFn.range) of a flat kernel's
+                          variant that runs elements [lo, hi) (the step's CgStep.lo,
+                          hi when hi > lo: zero=1's update in pieces), -1: none */
     DType *storage;    /* per tensor id: dtype of its buffer in device memory */
     /* Bytes of the partials scratch (CgCudaFn.part): one device buffer the
      * backend allocates beside the arena, shared by every function that

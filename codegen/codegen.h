@@ -268,6 +268,10 @@ void cg_indent(CgBuf *b, int depth);
 void cg_open_loops(CgBuf *b, const CgDim *dim, int n, int *depth);
 void cg_close_loops(CgBuf *b, int n, int *depth);
 void cg_print_red_init(CgBuf *b, const CgPhase *ph);
+/* A flat kernel's range loop body (NAME_range, in either printer): the loop's
+ * and phase's variables as `const int64_t vN`, the element f_ for the one
+ * longer than 1 and 0 for the others, at depth 2. */
+void cg_print_flat_vars(CgBuf *b, const CgLoop *l, const CgPhase *ph);
 /* Prints let-bound expression e's definition, "TYPE x<e> = ...;" (no
  * indentation, with newline). */
 void cg_print_let(CgBuf *b, const CgKernel *k, int e, const CgTarget *t);

@@ -498,12 +498,7 @@ static void print_c_range(CgBuf *b, const CgKernel *k)
                "    const int64_t n_ = hi - lo;\n"
                "    for (int64_t f_ = lo + n_ * part / nparts; f_ < lo + n_ * (part + 1) / nparts; "
                "f_++) {\n");
-    const CgDim *dims[2] = {l->dim, ph->dim};
-    int nd[2] = {l->ndim, ph->ndim};
-    for (int j = 0; j < 2; j++)
-        for (int i = 0; i < nd[j]; i++)
-            cg_printf(b, "        const int64_t v%d = %s;\n        (void)v%d;\n", dims[j][i].var,
-                      dims[j][i].n > 1 ? "f_" : "0", dims[j][i].var);
+    cg_print_flat_vars(b, l, ph);
     print_lets(b, k, ph, 2);
     print_stores(b, k, ph, 2);
     cg_puts(b, "    }\n}\n");

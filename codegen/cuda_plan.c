@@ -223,6 +223,7 @@ typedef struct {
     bool all;
     bool *a16; /* per param: buffer 16-byte aligned in the device arena */
     int fn0, nfn; /* its functions: q->fn.v[fn0 .. fn0 + nfn) */
+    int range;    /* a flat kernel's range function in q->fn (after the others), -1 */
 } Variant;
 
 /* The buffer classes of step st's params (CgCudaAlias). */
@@ -258,6 +259,7 @@ CgCudaProgram *cg_cuda_program(const CgPlan *p, bool bf16)
     device_epilogues(p, q);
     q->step_fn = xmalloc(sizeof(int) * (size_t)(p->steps.n + 1));
     q->step_nfn = xcalloc((size_t)p->steps.n + 1, sizeof(int));
+    q->step_range = xmalloc(sizeof(int) * (size_t)(p->steps.n + 1));
     CgBuf b = {0};
     cg_puts(&b, cg_cuda_prelude);
     if (bf16) {
@@ -274,6 +276,7 @@ CgCudaProgram *cg_cuda_program(const CgPlan *p, bool bf16)
     for (int s = 0; s < p->steps.n; s++) {
         const CgStep *st = &p->steps.v[s];
         q->step_fn[s] = -1;
+        q->step_range[s] = -1;
         if (st->kind != CG_STEP_KERNEL)
             continue;
         const CgKernel *k = p->kernels.v[st->kernel];
@@ -299,7 +302,7 @@ CgCudaProgram *cg_cuda_program(const CgPlan *p, bool bf16)
         }
         if (found < 0) {
             char *name = nv ? xasprintf("%s_v%d", k->name, nv) : xstrdup(k->name);
-            Variant nvar = {st->kernel, sd, cls, all, a16, q->fn.n, 0};
+            Variant nvar = {st->kernel, sd, cls, all, a16, q->fn.n, 0, -1};
             CgCudaAlias al = {cls, all, a16};
             CgCudaFn *fns = NULL;
             nvar.nfn = cg_print_cuda_variant(&b, k, name, sd, &al, &fns);
@@ -310,6 +313,12 @@ CgCudaProgram *cg_cuda_program(const CgPlan *p, bool bf16)
                 vec_push(&q->fn, fns[i]);
             }
             free(fns);
+            CgCudaFn rf; /* zero=1's update in pieces (runtime/pieces.c) */
+            if (k->flat > 0 && cg_print_cuda_range(&b, k, name, sd, &al, &rf)) {
+                rf.kernel = st->kernel;
+                nvar.range = q->fn.n;
+                vec_push(&q->fn, rf);
+            }
             free(name);
             vec_push(&var, nvar);
             found = var.n - 1;
@@ -320,6 +329,7 @@ CgCudaProgram *cg_cuda_program(const CgPlan *p, bool bf16)
         }
         q->step_fn[s] = var.v[found].fn0;
         q->step_nfn[s] = var.v[found].nfn;
+        q->step_range[s] = var.v[found].range;
     }
     for (int v = 0; v < var.n; v++) {
         free(var.v[v].st);
@@ -345,6 +355,7 @@ void cg_cuda_program_free(CgCudaProgram *q)
     vec_free(&q->fn);
     free(q->step_fn);
     free(q->step_nfn);
+    free(q->step_range);
     free(q->storage);
     free(q->source);
     free(q->copy);

@@ -920,6 +920,46 @@ static int print_kernel(CgBuf *b, const CgKernel *k, const char *name, const DTy
     return out.n;
 }
 
+/* NAME_range of a flat kernel (CgKernel.flat): its one store phase over
+ * elements [lo, hi) only (int64_t lo, hi after the buffers), one thread
+ * per element in a grid-stride loop; the loop's one variable longer than 1
+ * is the element, the others are 0 (plan.c checks the kernel's shape), as
+ * in the C printer's NAME_range. The backend sizes the grid from hi - lo
+ * (zero=1's shard update in pieces, runtime/pieces.c). */
+bool cg_print_cuda_range(CgBuf *b, const CgKernel *k, const char *name, const DType *storage,
+                         const CgCudaAlias *al, CgCudaFn *fn)
+{
+    memset(fn, 0, sizeof *fn);
+    if (k->flat <= 0 || k->attn.kind != CG_ATTN_NONE || k->loops.n != 1 ||
+        k->loops.v[0].ph.n != 1)
+        return false;
+    DType *st = xmalloc(sizeof(DType) * (size_t)(k->params.n + 1));
+    for (int i = 0; i < k->params.n; i++)
+        st[i] = storage ? storage[i] : k->params.v[i].dt;
+    CgKernel v = f32_view(k);
+    const CgLoop *l = &v.loops.v[0];
+    const CgPhase *ph = &l->ph.v[0];
+    fn->name = xasprintf("%s_range", name);
+    fn->range = true;
+    fn->n = k->flat;
+    fn->split = 1;
+    fn->threads = 256;
+    fn->blocks = 1; /* the backend's: from hi - lo */
+    loop_params(k, l, fn);
+    fn->rand = false;
+    cg_printf(b, "\nextern \"C\" __global__ void __launch_bounds__(256) %s(", fn->name);
+    print_params(b, &v, st, fn);
+    cg_printf(b, "%sint64_t lo, int64_t hi)\n{\n", fn->nparam ? ", " : "");
+    cg_puts(b, "    for (int64_t f_ = lo + (int64_t)blockIdx.x * 256 + threadIdx.x; f_ < hi;\n"
+               "         f_ += (int64_t)gridDim.x * 256) {\n");
+    cg_print_flat_vars(b, l, ph);
+    print_store_phase(b, &v, ph, st, al, 2);
+    cg_puts(b, "    }\n}\n");
+    free(v.ex.v);
+    free(st);
+    return true;
+}
+
 int cg_print_cuda_kernel(CgBuf *b, const CgKernel *k, const char *name, const DType *storage,
                          CgCudaFn **fn)
 {

@@ -315,6 +315,16 @@ void cg_close_loops(CgBuf *b, int n, int *depth)
     }
 }
 
+void cg_print_flat_vars(CgBuf *b, const CgLoop *l, const CgPhase *ph)
+{
+    const CgDim *dims[2] = {l->dim, ph->dim};
+    int nd[2] = {l->ndim, ph->ndim};
+    for (int j = 0; j < 2; j++)
+        for (int i = 0; i < nd[j]; i++)
+            cg_printf(b, "        const int64_t v%d = %s;\n        (void)v%d;\n", dims[j][i].var,
+                      dims[j][i].n > 1 ? "f_" : "0", dims[j][i].var);
+}
+
 void cg_print_red_init(CgBuf *b, const CgPhase *ph)
 {
     if (ph->rop == CG_RED_LSE)

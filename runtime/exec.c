@@ -459,7 +459,9 @@ Exec *rt_exec_create(const Graph *g, const ExecOpts *o, Diag *d)
     e->release_at = -1;
     if (!e->plan || !arena_fits(be, e->plan, d))
         goto fail;
-    if (be->host && rt_comm_size(o->comm) > 1) /* zero=1: the update in pieces */
+    /* zero=1: the update in pieces (the CPU runs a piece through NAME_range, the
+     * CUDA backend through the kernel's range function, CgCudaProgram.step_range) */
+    if (rt_comm_size(o->comm) > 1)
         e->release_at = rt_pieces_plan(e->plan, rt_comm_rank(o->comm), rt_comm_size(o->comm));
     e->ctx = be->create(e->plan, o, d);
     if (!e->ctx)
@@ -477,6 +479,14 @@ Exec *rt_exec_create(const Graph *g, const ExecOpts *o, Diag *d)
     if (o->verbose)
         fprintf(stderr, "kiln: exec: %s, %d steps, %d kernels, arena %lld bytes\n", be->name,
                 e->plan->steps.n, e->plan->kernels.n, (long long)e->plan->arena_bytes);
+    if (o->verbose && e->release_at >= 0) {
+        int np = 0;
+        for (int s = 0; s < e->plan->steps.n; s++)
+            np += e->plan->steps.v[s].kind == CG_STEP_KERNEL &&
+                  e->plan->steps.v[s].hi > e->plan->steps.v[s].lo;
+        fprintf(stderr, "kiln: exec: zero=1: rank %d runs the update in %d piece%s\n",
+                rt_comm_rank(o->comm), np, np == 1 ? "" : "s");
+    }
     return e;
 fail:
     rt_exec_destroy(e);

@@ -31,8 +31,9 @@
  * a gather until the next call into it, so that the loss's mean goes
  * first); the later ones stay held.
  *
- * Only on a host backend (the CPU): a device backend runs the update as one
- * launch (docs/distributed.md, step 5). */
+ * The CPU runs a piece through the kernel's C NAME_range; the CUDA backend
+ * through its CUDA range function (cg_print_cuda_range,
+ * CgCudaProgram.step_range), one launch per piece. */
 #include "codegen.h"
 #include "runtime.h"
 

@@ -216,11 +216,12 @@ typedef struct BackendExt {
 struct CgCudaProgram; /* codegen.h */
 
 /* What the module needs from kiln (it links nothing of kilncore). */
-#define RT_CUDA_ABI 8 /* 2: Backend.ext; 3: BackendExt.arena_bytes, CgCudaProgram.mem;
+#define RT_CUDA_ABI 9 /* 2: Backend.ext; 3: BackendExt.arena_bytes, CgCudaProgram.mem;
                          4: Backend.host; 5: RtCommEvent.exposed;
                          6: CgCudaProgram.cast_off, cast_now, cast_bytes;
                          7: cast groups (cast_group...) instead of cast_now;
-                         8: CgKernel.flat, CgStep.lo and hi (the plan's layout) */
+                         8: CgKernel.flat, CgStep.lo and hi (the plan's layout);
+                         9: CgCudaFn.range, CgCudaProgram.step_range (pieces) */
 typedef struct {
     int abi; /* RT_CUDA_ABI */
     struct CgCudaProgram *(*program)(const struct CgPlan *p, bool bf16);

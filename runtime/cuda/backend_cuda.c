@@ -62,6 +62,9 @@ typedef struct {
     CUdeviceptr a, b, c; /* GEMM operands as used (c: cuBLASLt's D, the epilogue's d
                             when it writes one) */
     char label[96];      /* NVTX range: the step's kernel name, or the GEMM's shape */
+    CgCudaFn rgeo;       /* a piece of a flat kernel (CgStep hi > lo): its range
+                            function's geometry, the grid from hi - lo (geo points here) */
+    int64_t lo, hi;      /* the piece's elements: the range function's last two args */
 } CuStep;
 
 struct BackendCtx {
@@ -299,6 +302,24 @@ static bool setup_steps(BackendCtx *c, Diag *d)
             cs->geo = &q->fn.v[q->step_fn[s]];
             for (int f = 0; f < cs->nfn; f++)
                 cs->fn[f] = c->fns[q->step_fn[s] + f];
+            if (st->hi > st->lo) { /* a piece of the update (runtime/pieces.c): NAME_range */
+                int r = q->step_range[s];
+                if (r < 0) {
+                    snprintf(d->msg, sizeof d->msg,
+                             "cuda: step %d runs elements [%lld, %lld) of kernel %s, which has "
+                             "no range function",
+                             s, (long long)st->lo, (long long)st->hi, k->name);
+                    return false;
+                }
+                cs->rgeo = q->fn.v[r];
+                int64_t blocks = (st->hi - st->lo + cs->rgeo.threads - 1) / cs->rgeo.threads;
+                cs->rgeo.blocks = blocks < 1 ? 1 : blocks < (1 << 24) ? blocks : (1 << 24);
+                cs->geo = &cs->rgeo;
+                cs->nfn = 1;
+                cs->fn[0] = c->fns[r];
+                cs->lo = st->lo;
+                cs->hi = st->hi;
+            }
             cs->ptr = kc_zalloc(sizeof(CUdeviceptr) * (size_t)(k->params.n + 1));
             for (int a = 0; a < k->params.n; a++)
                 cs->ptr[a] = dptr(c, st->args[a]);
@@ -312,6 +333,10 @@ static bool setup_steps(BackendCtx *c, Diag *d)
                     cs->argv[f][fn->nparam] = &c->rs;
                 if (fn->part)
                     cs->argv[f][fn->nparam + (fn->rand ? 1 : 0)] = &c->part;
+                if (fn->range) {
+                    cs->argv[f][fn->nparam] = &cs->lo;
+                    cs->argv[f][fn->nparam + 1] = &cs->hi;
+                }
             }
         } else if (st->kind == CG_STEP_GEMM) {
             const CgGemm *m = &st->gemm;

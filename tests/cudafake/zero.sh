@@ -41,6 +41,16 @@
 #                   the second reduce-scatter's, was reported in only 7 of 8
 #                   runs (the fake's stream choice is random), so it is not
 #                   a test.)
+#   pieces          the update in pieces (runtime/pieces.c): each rank's part
+#                   of the early all-gather buckets updated by the flat
+#                   kernel's range function right before the bucket's start,
+#                   the rest after (the -v line "runs the update in N
+#                   pieces", N > 0, on both ranks), against the one-launch
+#                   update (KILN_ZERO_ONE_PIECE=1, no such line): every
+#                   step's loss and the final params bit for bit (the
+#                   weight files byte for byte). A range function that
+#                   leaves out an element, or a piece launched over the
+#                   wrong elements, makes them differ.
 #   neg_bcast       negative control: accum1 with the fake NCCL's 3rd
 #                   ncclBroadcast writing nothing (FAKE_NCCL_DROP_BCAST=3, a
 #                   lost param gather): the comparison must fail.
@@ -153,6 +163,27 @@ accum1 | accum2 | neg_bcast)
     cmp_params gpu_z1 gpu_z0 || ok=1
     cmp_params gpu_z1 cpu_z1 || ok=1
     [ $ok -eq 0 ] || { echo "FAIL: zero=1 on GPU ranks differs"; exit 1; }
+    ;;
+pieces)
+    args=("${base[@]}" --steps 3 --nproc 2 --set bucket_mb=0.01 --set zero=1)
+    extra_env=KILN_ZERO_ONE_PIECE=1
+    run gpu_one cuda "${args[@]}"
+    extra_env=""
+    run gpu_pcs cuda "${args[@]}"
+    for r in 0 1; do
+        grep -q "zero=1: rank $r runs the update in [1-9][0-9]* piece" "$T/gpu_pcs.log" ||
+            { echo "FAIL: rank $r did not run the update in pieces"; exit 1; }
+    done
+    grep "runs the update in" "$T/gpu_pcs.log"
+    ! grep -q "runs the update in" "$T/gpu_one.log" ||
+        { echo "FAIL: KILN_ZERO_ONE_PIECE=1 still ran the update in pieces"; exit 1; }
+    ok=0
+    [ "$(losses gpu_pcs | wc -l)" -ge 3 ] && [ "$(losses gpu_pcs)" = "$(losses gpu_one)" ] ||
+        { echo "losses differ:"; paste <(losses gpu_pcs) <(losses gpu_one); ok=1; }
+    tol=0 cmp_params gpu_pcs gpu_one
+    cmp -s "$T/gpu_pcs.safetensors" "$T/gpu_one.safetensors" || ok=1
+    [ $ok -eq 0 ] || { echo "FAIL: the update in pieces differs from the one launch"; exit 1; }
+    echo "losses and params bit for bit those of the one-launch update"
     ;;
 ckpt)
     c=(--set log_every=1 --set eps=1e-6 --steps 6 --set checkpoint_every=3)
