@@ -260,17 +260,15 @@ int64_t cg_attn_work(const CgAttn *a)
     return a->batch * pairs * (2 * a->D + 2 * a->Dv + 20);
 }
 
-
 /* kt[x][jj] = k[j0 + jj][x] (and vt from v when `v`), jj < nk: the key
  * tile transposed, the B operand of S = q k^T (dP = dO v^T). */
-static void print_transpose(CgBuf *b, bool k, bool v, const char *ind)
+static void print_transpose(CgBuf *b, bool v, const char *ind)
 {
-    cg_printf(b, "%sfor (int64_t jj = 0; jj < nk; jj++) {\n", ind);
-    if (k)
-        cg_printf(b,
-                  "%s    for (int64_t x = 0; x < A_D; x++)\n"
-                  "%s        kt[x][jj] = kb[(j0 + jj) * A_KR + x];\n",
-                  ind, ind);
+    cg_printf(b,
+              "%sfor (int64_t jj = 0; jj < nk; jj++) {\n"
+              "%s    for (int64_t x = 0; x < A_D; x++)\n"
+              "%s        kt[x][jj] = kb[(j0 + jj) * A_KR + x];\n",
+              ind, ind, ind);
     if (v)
         cg_printf(b,
                   "%s    for (int64_t x = 0; x < A_DV; x++)\n"
@@ -463,7 +461,7 @@ static void print_dkv(CgBuf *b, const CgAttn *a)
     if (dv)
         cg_puts(b, "        float adv[A_BK][A_DV] = {{0}};\n");
     cg_puts(b, "        float kt[A_D][A_BK], S[A_BQ][A_BK];\n");
-    print_transpose(b, true, dk, "        ");
+    print_transpose(b, dk, "        ");
     cg_puts(b, "        for (int64_t i0 = A_CAUSAL ? j0 / A_BQ * A_BQ : 0; i0 < A_TQ; i0 += A_BQ) {\n"
                "            int64_t nq = A_TQ - i0 < A_BQ ? A_TQ - i0 : A_BQ;\n"
                "            const float *qt = qb + i0 * A_QR, *gt = gb + i0 * A_OR;\n"
