@@ -83,6 +83,18 @@ static const char *compiler_version(void)
     return v;
 }
 
+const char *rt_cc_build_id(void)
+{
+    static char id[20];
+    if (!id[0]) {
+        const char *ver = compiler_version();
+        uint64_t h = hash_bytes(ver, strlen(ver), 1);
+        h = hash_bytes(cc_flags, sizeof cc_flags, h);
+        snprintf(id, sizeof id, "%016llx", (unsigned long long)h);
+    }
+    return id;
+}
+
 /* Appends "LINE | text" for source lines [lo, hi] to the diagnostic. */
 static void add_numbered(char *msg, size_t cap, const char *src, int lo, int hi)
 {

@@ -36,6 +36,9 @@ int rt_run_capture(const char *cmd, char **out);
  * compile runs up to `jobs` compiler processes side by side, on parts of
  * the source (each with the prelude), and links them. */
 char *rt_cc_compile(const char *source, const char *cache_dir, int jobs, bool verbose, Diag *d);
+/* A hash of the compiler's version and the kernels' flags (16 hex digits):
+ * what a figure measured through compiled kernels depends on (measure.c). */
+const char *rt_cc_build_id(void);
 
 /* ---- pool.c: the backend's thread pool ----------------------------------- */
 /* A job for the pool: fn(ctx, part) for part in [0, nparts), each part run

@@ -50,4 +50,10 @@ echo "$out" | grep -qE '^device cpu \(.*1 thread, measured\): FMA peak [0-9.]+ G
 echo "$out" | grep -qE '^predicted step on cpu' || fail "no cpu prediction: $out"
 out=$("$KILN" compile models/gpt.lua --target cpu --threads 1 2>&1) || fail "second run: $out"
 echo "$out" | grep -q 'measuring this CPU' && fail "measured again despite the cache: $out"
+# a measurement made through another compiler or other kernel flags is stale
+grep -qE '^cc=[0-9a-f]{16}$' "$dir/cache/cpu-device-1.txt" ||
+    fail "no compiler key in the measurement: $(cat "$dir/cache/cpu-device-1.txt")"
+sed -i 's/^cc=.*/cc=0123456789abcdef/' "$dir/cache/cpu-device-1.txt"
+out=$("$KILN" compile models/gpt.lua --target cpu --threads 1 2>&1) || fail "third run: $out"
+echo "$out" | grep -q 'measuring this CPU' || fail "a measurement for other kernel flags was used: $out"
 echo "predict: ok"
