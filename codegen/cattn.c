@@ -29,6 +29,9 @@
  * H*D] outputs need no copies. */
 #include "codegen.h"
 
+#include <stdlib.h>
+#include <string.h>
+
 enum { A_BQ = 32, A_BK = 64 };
 
 /* The helper every attention kernel's C uses, part of the C prelude
@@ -76,6 +79,47 @@ const char cg_c_attn_helpers[] =
     "     * 24.2 -> 21.0 ms); the same fmaf per element in the same order */\n"
     "    for (; m + 8 <= M; m += 8) {\n"
     "        int64_t n = 0;\n"
+    "        /* 8 x 32 in 16 accumulators: each broadcast feeds two FMAs */\n"
+    "        for (; n + 32 <= N; n += 32) {\n"
+    "            float *c = C + m * ldc + n;\n"
+    "            __m512 c0 = _mm512_loadu_ps(c), d0 = _mm512_loadu_ps(c + 16);\n"
+    "            __m512 c1 = _mm512_loadu_ps(c + ldc), d1 = _mm512_loadu_ps(c + ldc + 16);\n"
+    "            __m512 c2 = _mm512_loadu_ps(c + 2 * ldc), d2 = _mm512_loadu_ps(c + 2 * ldc + 16);\n"
+    "            __m512 c3 = _mm512_loadu_ps(c + 3 * ldc), d3 = _mm512_loadu_ps(c + 3 * ldc + 16);\n"
+    "            __m512 c4 = _mm512_loadu_ps(c + 4 * ldc), d4 = _mm512_loadu_ps(c + 4 * ldc + 16);\n"
+    "            __m512 c5 = _mm512_loadu_ps(c + 5 * ldc), d5 = _mm512_loadu_ps(c + 5 * ldc + 16);\n"
+    "            __m512 c6 = _mm512_loadu_ps(c + 6 * ldc), d6 = _mm512_loadu_ps(c + 6 * ldc + 16);\n"
+    "            __m512 c7 = _mm512_loadu_ps(c + 7 * ldc), d7 = _mm512_loadu_ps(c + 7 * ldc + 16);\n"
+    "            for (int64_t k = 0; k < K; k++) {\n"
+    "                __m512 b = _mm512_loadu_ps(B + k * ldb + n);\n"
+    "                __m512 e = _mm512_loadu_ps(B + k * ldb + n + 16);\n"
+    "                const float *a = A + m * sam + k * sak;\n"
+    "                __m512 x = _mm512_set1_ps(a[0]);\n"
+    "                c0 = _mm512_fmadd_ps(x, b, c0), d0 = _mm512_fmadd_ps(x, e, d0);\n"
+    "                x = _mm512_set1_ps(a[sam]);\n"
+    "                c1 = _mm512_fmadd_ps(x, b, c1), d1 = _mm512_fmadd_ps(x, e, d1);\n"
+    "                x = _mm512_set1_ps(a[2 * sam]);\n"
+    "                c2 = _mm512_fmadd_ps(x, b, c2), d2 = _mm512_fmadd_ps(x, e, d2);\n"
+    "                x = _mm512_set1_ps(a[3 * sam]);\n"
+    "                c3 = _mm512_fmadd_ps(x, b, c3), d3 = _mm512_fmadd_ps(x, e, d3);\n"
+    "                x = _mm512_set1_ps(a[4 * sam]);\n"
+    "                c4 = _mm512_fmadd_ps(x, b, c4), d4 = _mm512_fmadd_ps(x, e, d4);\n"
+    "                x = _mm512_set1_ps(a[5 * sam]);\n"
+    "                c5 = _mm512_fmadd_ps(x, b, c5), d5 = _mm512_fmadd_ps(x, e, d5);\n"
+    "                x = _mm512_set1_ps(a[6 * sam]);\n"
+    "                c6 = _mm512_fmadd_ps(x, b, c6), d6 = _mm512_fmadd_ps(x, e, d6);\n"
+    "                x = _mm512_set1_ps(a[7 * sam]);\n"
+    "                c7 = _mm512_fmadd_ps(x, b, c7), d7 = _mm512_fmadd_ps(x, e, d7);\n"
+    "            }\n"
+    "            _mm512_storeu_ps(c, c0), _mm512_storeu_ps(c + 16, d0);\n"
+    "            _mm512_storeu_ps(c + ldc, c1), _mm512_storeu_ps(c + ldc + 16, d1);\n"
+    "            _mm512_storeu_ps(c + 2 * ldc, c2), _mm512_storeu_ps(c + 2 * ldc + 16, d2);\n"
+    "            _mm512_storeu_ps(c + 3 * ldc, c3), _mm512_storeu_ps(c + 3 * ldc + 16, d3);\n"
+    "            _mm512_storeu_ps(c + 4 * ldc, c4), _mm512_storeu_ps(c + 4 * ldc + 16, d4);\n"
+    "            _mm512_storeu_ps(c + 5 * ldc, c5), _mm512_storeu_ps(c + 5 * ldc + 16, d5);\n"
+    "            _mm512_storeu_ps(c + 6 * ldc, c6), _mm512_storeu_ps(c + 6 * ldc + 16, d6);\n"
+    "            _mm512_storeu_ps(c + 7 * ldc, c7), _mm512_storeu_ps(c + 7 * ldc + 16, d7);\n"
+    "        }\n"
     "        for (; n + 16 <= N; n += 16) {\n"
     "            float *c = C + m * ldc + n;\n"
     "            __m512 c0 = _mm512_loadu_ps(c), c1 = _mm512_loadu_ps(c + ldc);\n"
@@ -254,9 +298,18 @@ bool cg_lower_attn_dqkv(const Graph *g, int i, bool dkv, CgKernel *k, Diag *d)
     return lower(g, &i, 1, dkv, k, d);
 }
 
+bool cg_c_attn_folded(const CgAttn *a)
+{
+    const char *off = getenv("KILN_ATTN_FOLD"); /* tests: 0 keeps the two kernels */
+    return a->dqkv && (a->kind == CG_ATTN_DQ || a->kind == CG_ATTN_DKV) &&
+           a->batch >= CG_ATTN_FOLD_ITEMS && !(off && strcmp(off, "0") == 0);
+}
+
 int64_t cg_attn_work(const CgAttn *a)
 {
     int64_t pairs = a->causal ? a->Tq * (a->Tq + 1) / 2 : a->Tq * a->Tk;
+    if (cg_c_attn_folded(a)) /* the dk/dv kernel's five products a pair; dq's none */
+        return a->kind == CG_ATTN_DQ ? 0 : a->batch * pairs * (5 * (a->D + a->Dv) + 40);
     return a->batch * pairs * (2 * a->D + 2 * a->Dv + 20);
 }
 
@@ -489,6 +542,67 @@ static void print_dkv(CgBuf *b, const CgAttn *a)
                "    }\n");
 }
 
+/* attention_dqkv as one kernel (cg_c_attn_folded), per (batch entry,
+ * head): dq starts at 0 in its columns of the result; for each key tile
+ * (k and v transposed once), walk the query tiles that keep any of its
+ * keys: P and dS as in the dk/dv kernel, dv_j += P^T dO_i, dk_j += dS^T q_i
+ * and dq_i += dS k_j straight into the result. Five products a tile pair
+ * where the two kernels take seven (both recompute S and dP). Every
+ * element's sum runs in the order the two kernels use: dk and dv over the
+ * query rows ascending, dq over the keys ascending (the keys past a row's
+ * last, which the dq kernel leaves out, add dS = 0 terms, which change no
+ * sum of finite values), so the bits are the same. */
+static void print_dqkv(CgBuf *b, const CgAttn *a)
+{
+    cg_printf(b,
+              "    for (int64_t bb = part; bb < A_NB; bb += nparts) {\n"
+              "        const float *qb = p%d + A_QB(bb);\n"
+              "        const float *kb = p%d + A_KB(bb);\n"
+              "        const float *vb = p%d + A_VB(bb);\n"
+              "        const float *gb = p%d + A_OB(bb);\n"
+              "        const float *lb = p%d + A_SB(bb);\n"
+              "        const float *db = p%d + A_SB(bb);\n"
+              "        float *dqb = p%d + A_DQB(bb);\n",
+              a->q, a->k, a->v, a->dO, a->lse, a->delta, a->dk);
+    cg_puts(b, "        float kt[A_D][A_BK], vt[A_DV][A_BK], S[A_BQ][A_BK], dP[A_BQ][A_BK];\n"
+               "        float adk[A_BK][A_D], adv[A_BK][A_DV];\n"
+               "        for (int64_t i = 0; i < A_TQ; i++)\n"
+               "            for (int64_t x = 0; x < A_D; x++)\n"
+               "                dqb[i * A_DQR + x] = 0.0f;\n"
+               "        for (int64_t j0 = 0; j0 < A_TK; j0 += A_BK) {\n"
+               "            int64_t nk = A_TK - j0 < A_BK ? A_TK - j0 : A_BK;\n"
+               "            for (int64_t jj = 0; jj < nk; jj++) {\n"
+               "                for (int64_t x = 0; x < A_D; x++)\n"
+               "                    adk[jj][x] = 0.0f;\n"
+               "                for (int64_t x = 0; x < A_DV; x++)\n"
+               "                    adv[jj][x] = 0.0f;\n"
+               "            }\n");
+    print_transpose(b, true, "            ");
+    cg_puts(b, "            for (int64_t i0 = A_CAUSAL ? j0 / A_BQ * A_BQ : 0; i0 < A_TQ; i0 += "
+               "A_BQ) {\n"
+               "                int64_t nq = A_TQ - i0 < A_BQ ? A_TQ - i0 : A_BQ;\n"
+               "                const float *qt = qb + i0 * A_QR, *gt = gb + i0 * A_OR;\n"
+               "                const float *lt = lb + i0 * A_SR, *dt = db + i0 * A_SR;\n");
+    print_p_ds(b, true, "                ");
+    cg_puts(b, "                kiln_attn_mm(&adv[0][0], A_DV, &S[0][0], 1, A_BK, gt, A_OR, nk, "
+               "A_DV, nq);\n"
+               "                kiln_attn_mm(&adk[0][0], A_D, &dP[0][0], 1, A_BK, qt, A_QR, nk, A_D, "
+               "nq);\n"
+               "                kiln_attn_mm(dqb + i0 * A_DQR, A_DQR, &dP[0][0], A_BK, 1, kb + j0 * "
+               "A_KR, A_KR, nq, A_D, nk);\n"
+               "            }\n");
+    cg_printf(b,
+              "            for (int64_t jj = 0; jj < nk; jj++) {\n"
+              "                for (int64_t x = 0; x < A_D; x++)\n"
+              "                    p%d[A_DKB(bb) + (j0 + jj) * A_DKR + x] = adk[jj][x];\n"
+              "                for (int64_t x = 0; x < A_DV; x++)\n"
+              "                    p%d[A_DVB(bb) + (j0 + jj) * A_DVR + x] = adv[jj][x];\n"
+              "            }\n"
+              "        }\n"
+              "    }\n",
+              a->dk, a->dv);
+}
+
 /* The layout macros' tensors, in IrAttnLayout's order (q ... dv, st). */
 static const char *const lay_names[8] = {"Q", "K", "V", "O", "DQ", "DK", "DV", "S"};
 
@@ -522,8 +636,13 @@ void cg_print_c_attn(CgBuf *b, const CgKernel *k)
                   (long long)st[x]->off, lay_names[x], (long long)st[x]->rs);
     switch (a->kind) {
     case CG_ATTN_FWD: print_fwd(b, a); break;
-    case CG_ATTN_DQ: print_dq(b, a); break;
-    case CG_ATTN_DKV: print_dkv(b, a); break;
+    case CG_ATTN_DQ: /* folded: the dk/dv kernel computes dq (not run) */
+        if (cg_c_attn_folded(a))
+            cg_puts(b, "    (void)part, (void)nparts;\n");
+        else
+            print_dq(b, a);
+        break;
+    case CG_ATTN_DKV: cg_c_attn_folded(a) ? print_dqkv(b, a) : print_dkv(b, a); break;
     default: die("cg_print_c_attn: kernel %s is no attention kernel", k->name);
     }
     cg_puts(b, "}\n"

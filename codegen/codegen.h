@@ -199,7 +199,8 @@ typedef struct {
     int ops[2], nops;  /* the IR ops it computes */
     IrAttnLayout lay;  /* where each tensor's (b, h, i, d) sits; batch = nb * nh */
     bool dqkv;         /* one of attention_dqkv's two kernels (the CUDA
-                          printer may fuse them: cuda_attn_bwd.c) */
+                          printer may fuse them: cuda_attn_bwd.c; the C
+                          printer too: cg_c_attn_folded) */
 } CgAttn;
 
 typedef struct {
@@ -324,6 +325,14 @@ bool cg_lower_attn(const Graph *g, const int *ops, int n, CgKernel *k, Diag *d);
  * the one param of its result). Each writes only its own columns of the
  * result; the two together write all of it. */
 bool cg_lower_attn_dqkv(const Graph *g, int i, bool dkv, CgKernel *k, Diag *d);
+/* Whether the C backend runs attention_dqkv's two kernels as one: its
+ * dk/dv kernel computes dq as well, one work item per (batch entry, head),
+ * and its dq kernel does nothing (not run; no work). So when there are at
+ * least CG_ATTN_FOLD_ITEMS such items, a function of the shape alone; the
+ * result bits are the same either way (cattn.c). KILN_ATTN_FOLD=0 in the
+ * environment keeps the two kernels (the tests compare the two). */
+enum { CG_ATTN_FOLD_ITEMS = 16 };
+bool cg_c_attn_folded(const CgAttn *a);
 /* C the prelude carries for the attention kernels (kiln_attn_mm). */
 extern const char cg_c_attn_helpers[];
 /* Appends an attention kernel's C function (cg_print_c_kernel's signature). */

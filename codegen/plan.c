@@ -53,14 +53,22 @@ static bool plan_attn(const Graph *g, int i, int part, CgKernel *k, CgStep *st, 
         char nb[128];
         snprintf(nb, sizeof nb, "k%d_attention_dqkv_%s", i, part ? "dkv" : "dq");
         k->name = xstrdup(nb);
+        /* folded (cg_c_attn_folded: the C backend's dk/dv kernel computes dq
+         * too), the dq step has no work, and the dk/dv kernel's count stays:
+         * attention_dk's and _dv's (S twice, dP once) equal S, dP, dS, dv, dk
+         * and dq's to within a second exp */
+        const CgAttn *a = &k->attn;
+        bool folded = cg_c_attn_folded(a);
         st->flops = part ? ir_attn_flops(g, op, OP_ATTENTION_DK) +
                                ir_attn_flops(g, op, OP_ATTENTION_DV)
-                         : ir_attn_flops(g, op, OP_ATTENTION_DQ);
+                         : folded ? 0 : ir_attn_flops(g, op, OP_ATTENTION_DQ);
         /* the heads' columns of q, k, v read; its own columns written */
-        const CgAttn *a = &k->attn;
         double es = (double)dtype_size(g->t.v[op->in[0]].s.dtype),
                cols = (double)(a->lay.nb * a->Tq * a->lay.nh * a->D) * es;
-        st->bytes_moved = 3 * cols + (part ? 2 : 1) * cols;
+        st->bytes_moved = 0;
+        if (!part && folded)
+            return true;
+        st->bytes_moved = 3 * cols + (folded ? 3 : part ? 2 : 1) * cols;
         for (int x = 3; x < op->nin; x++)
             st->bytes_moved += (double)shape_bytes(&g->t.v[op->in[x]].s);
         return true;

@@ -52,6 +52,7 @@ typedef struct {
     int nparts;   /* parts this step runs in */
     int na;       /* argument pointers per part */
     int64_t lo, hi; /* a piece of a flat kernel (CgStep.lo, hi): NAME_range's */
+    bool folded;  /* attention_dqkv's dq kernel, which its dk/dv kernel runs */
 } CpuStep;
 
 struct BackendCtx {
@@ -181,6 +182,7 @@ static BackendCtx *cpu_create(const CgPlan *p, const ExecOpts *o, Diag *d)
             continue;
         const CgKernel *k = p->kernels.v[st->kernel];
         const CpuKernel *ck = &c->k[st->kernel];
+        cs->folded = k->attn.kind == CG_ATTN_DQ && cg_c_attn_folded(&k->attn);
         bool range = st->hi > st->lo;
         if (range && (k->flat <= 0 || k->rand || st->lo < 0 || st->hi > k->flat))
             die("cpu backend: step %d runs elements [%lld, %lld) of kernel %s, which is not "
@@ -293,6 +295,8 @@ static bool cpu_run_step(BackendCtx *c, int s, uint64_t seed, int64_t step, Diag
     const CgStep *st = &c->p->steps.v[s];
     switch (st->kind) {
     case CG_STEP_KERNEL: {
+        if (c->s[s].folded)
+            return true;
         c->seed = seed;
         c->step = step;
         c->nparts_all = c->s[s].nparts;

@@ -201,9 +201,15 @@ static Graph *fused_vs_unfused(int B, int H, int T, int D, bool causal, const ch
     return g2;
 }
 
+/* The attention kernels of the last backend_vs_interp_out's plan that the
+ * C printer folds (cg_c_attn_folded: attention_dqkv's dq and dk/dv). */
+static int folded_seen;
+
 /* Runs g (after the passes after autodiff) on the CPU backend with
- * `threads` and compares every float output with the interpreter. */
-static void backend_vs_interp(Graph *g, int threads, double tol, const char *what)
+ * `threads` and compares every float output with the interpreter; with
+ * out, *out gets the outputs' values one after the other (*nout of them). */
+static void backend_vs_interp_out(Graph *g, int threads, double tol, const char *what,
+                                  float **out, int64_t *nout)
 {
     char err[1024];
     if (!ir_verify(g, err, sizeof err))
@@ -236,16 +242,23 @@ static void backend_vs_interp(Graph *g, int threads, double tol, const char *wha
         if (!(re <= tol))
             fail_msg("%s (%d threads): output %s relative error %g (tol %g)", what, threads,
                      g->outs.v[k].name, re, tol);
+        if (out) {
+            *out = xrealloc(*out, sizeof(float) * (size_t)(*nout + n));
+            memcpy(*out + *nout, buf, sizeof(float) * (size_t)n);
+            *nout += n;
+        }
         free(buf);
         free(got);
     }
     /* the plan: one forward kernel writes o and lse, one writes dk and dv */
     const CgPlan *p = rt_exec_plan(e);
     int fwd_both = 0, dkv_both = 0, lse_alone = 0, dqkv_parts = 0;
+    folded_seen = 0;
     for (int s = 0; s < p->steps.n; s++) {
         if (p->steps.v[s].kind != CG_STEP_KERNEL)
             continue;
         const CgAttn *a = &p->kernels.v[p->steps.v[s].kernel]->attn;
+        folded_seen += a->kind != CG_ATTN_NONE && cg_c_attn_folded(a);
         fwd_both += a->kind == CG_ATTN_FWD && a->o >= 0 && a->lse >= 0;
         lse_alone += a->kind == CG_ATTN_FWD && a->o < 0;
         dkv_both += a->kind == CG_ATTN_DKV && a->dk >= 0 && a->dv >= 0;
@@ -271,6 +284,11 @@ static void backend_vs_interp(Graph *g, int threads, double tol, const char *wha
         free(host[t]);
     free(host);
     ir_interp_free(g, val);
+}
+
+static void backend_vs_interp(Graph *g, int threads, double tol, const char *what)
+{
+    backend_vs_interp_out(g, threads, tol, what, NULL, NULL);
 }
 
 /* The passes after autodiff that the CPU backend needs (schedule). */
@@ -384,45 +402,47 @@ static void test_backend_ops(void **state)
 /* qkv_order: the gradient concat joins dk, dv, dq (the qkv tensor's
  * order: its gradient, which attndqkv turns into attention_dqkv); else
  * dq, dk, dv (a different tensor, which it must leave alone). */
-static Graph *split_heads_graph(int T, int H, int D, int causal, bool qkv_order)
+static Graph *split_heads_graph(int B, int T, int H, int D, int causal, bool qkv_order)
 {
     int C = H * D, W = 3 * C;
     char text[8192], at[64];
     snprintf(at, sizeof at, "{causal=%d,scale=0.3}", causal);
     int n = snprintf(text, sizeof text,
-                     "kiln-ir v1\n%%a:f32[2,%d,%d] = input \"qkv\"\n"
-                     "%%g:f32[2,%d,%d] = input \"dO\"\n",
-                     T, W, T, C);
+                     "kiln-ir v1\n%%a:f32[%d,%d,%d] = input \"qkv\"\n"
+                     "%%g:f32[%d,%d,%d] = input \"dO\"\n",
+                     B, T, W, B, T, C);
     static const char *const nm[3] = {"k", "v", "q"};
     for (int x = 0; x < 3; x++)
         n += snprintf(text + n, sizeof text - (size_t)n,
-                      "%%%ss:f32[2,%d,%d] = slice %%a {start=[0,0,%d]}\n"
-                      "%%%sr:f32[2,%d,%d,%d] = reshape %%%ss\n"
-                      "%%%s:f32[2,%d,%d,%d] = permute %%%sr {perm=[0,2,1,3]}\n",
-                      nm[x], T, C, x * C, nm[x], T, H, D, nm[x], nm[x], H, T, D, nm[x]);
+                      "%%%ss:f32[%d,%d,%d] = slice %%a {start=[0,0,%d]}\n"
+                      "%%%sr:f32[%d,%d,%d,%d] = reshape %%%ss\n"
+                      "%%%s:f32[%d,%d,%d,%d] = permute %%%sr {perm=[0,2,1,3]}\n",
+                      nm[x], B, T, C, x * C, nm[x], B, T, H, D, nm[x], nm[x], B, H, T, D,
+                      nm[x]);
     n += snprintf(text + n, sizeof text - (size_t)n,
-                  "%%o:f32[2,%d,%d,%d] = attention %%q, %%k, %%v %s\n"
-                  "%%l:f32[2,%d,%d,1] = attention_lse %%q, %%k %s\n"
-                  "%%gr:f32[2,%d,%d,%d] = reshape %%g\n"
-                  "%%gp:f32[2,%d,%d,%d] = permute %%gr {perm=[0,2,1,3]}\n"
-                  "%%m:f32[2,%d,%d,%d] = mul %%gp, %%o\n"
-                  "%%de:f32[2,%d,%d,1] = reduce_sum %%m {axes=[3]}\n",
-                  H, T, D, at, H, T, at, T, H, D, H, T, D, H, T, D, H, T);
+                  "%%o:f32[%d,%d,%d,%d] = attention %%q, %%k, %%v %s\n"
+                  "%%l:f32[%d,%d,%d,1] = attention_lse %%q, %%k %s\n"
+                  "%%gr:f32[%d,%d,%d,%d] = reshape %%g\n"
+                  "%%gp:f32[%d,%d,%d,%d] = permute %%gr {perm=[0,2,1,3]}\n"
+                  "%%m:f32[%d,%d,%d,%d] = mul %%gp, %%o\n"
+                  "%%de:f32[%d,%d,%d,1] = reduce_sum %%m {axes=[3]}\n",
+                  B, H, T, D, at, B, H, T, at, B, T, H, D, B, H, T, D, B, H, T, D, B, H, T);
     static const char *const gn[4] = {"o", "dq", "dk", "dv"};
     for (int x = 0; x < 4; x++) {
         if (x)
             n += snprintf(text + n, sizeof text - (size_t)n,
-                          "%%%s:f32[2,%d,%d,%d] = attention_%s %%q, %%k, %%v, %%gp, %%l, %%de %s\n",
-                          gn[x], H, T, D, gn[x], at);
+                          "%%%s:f32[%d,%d,%d,%d] = attention_%s %%q, %%k, %%v, %%gp, %%l, %%de "
+                          "%s\n",
+                          gn[x], B, H, T, D, gn[x], at);
         n += snprintf(text + n, sizeof text - (size_t)n,
-                      "%%%sp:f32[2,%d,%d,%d] = permute %%%s {perm=[0,2,1,3]}\n"
-                      "%%%sm:f32[2,%d,%d] = reshape %%%sp\n",
-                      gn[x], T, H, D, gn[x], gn[x], T, C, gn[x]);
+                      "%%%sp:f32[%d,%d,%d,%d] = permute %%%s {perm=[0,2,1,3]}\n"
+                      "%%%sm:f32[%d,%d,%d] = reshape %%%sp\n",
+                      gn[x], B, T, H, D, gn[x], gn[x], B, T, C, gn[x]);
     }
     snprintf(text + n, sizeof text - (size_t)n,
-             "%%dqkv:f32[2,%d,%d] = concat %s {axis=2}\n"
+             "%%dqkv:f32[%d,%d,%d] = concat %s {axis=2}\n"
              "output \"o\" %%om\noutput \"dqkv\" %%dqkv\n",
-             T, W, qkv_order ? "%dkm, %dvm, %dqm" : "%dqm, %dkm, %dvm");
+             B, T, W, qkv_order ? "%dkm, %dvm, %dqm" : "%dqm, %dkm, %dvm");
     return parse_or_fail(text);
 }
 
@@ -442,7 +462,7 @@ static void test_head_layout(void **state)
     for (size_t r = 0; r < 2 * nc; r++) {
         size_t i = r % nc;
         bool qkv = r >= nc; /* the concat is qkv's gradient */
-        Graph *g1 = split_heads_graph(c[i].T, c[i].H, c[i].D, c[i].causal, qkv),
+        Graph *g1 = split_heads_graph(2, c[i].T, c[i].H, c[i].D, c[i].causal, qkv),
               *g2 = ir_clone(g1);
         PassOpts o;
         pass_opts_default(&o);
@@ -508,6 +528,69 @@ static void test_head_layout(void **state)
         ir_free(g1);
         ir_free(g2);
     }
+}
+
+/* attention_dqkv with at least CG_ATTN_FOLD_ITEMS (batch entry, head)
+ * pairs runs as one C kernel (cg_c_attn_folded: the dk/dv kernel computes
+ * dq too): it matches the interpreter (T = 1, T not a multiple of the
+ * tiles, several key tiles, head sizes 32, 64, 128, causal and not), and
+ * its bits equal the two kernels' (KILN_ATTN_FOLD=0) on one thread and two;
+ * one pair fewer keeps the two kernels. */
+static void test_dqkv_folded(void **state)
+{
+    (void)state;
+    static const struct {
+        int B, T, H, D, causal;
+    } c[] = {{2, 1, 8, 32, 1},  {2, 37, 8, 32, 1}, {4, 70, 4, 64, 1},
+             {2, 70, 8, 64, 0}, {2, 9, 8, 128, 1}, {1, 40, 16, 32, 1}};
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+        Graph *g = split_heads_graph(c[i].B, c[i].T, c[i].H, c[i].D, c[i].causal, true);
+        PassOpts o;
+        pass_opts_default(&o);
+        o.attention = true;
+        Diag d = {{0}};
+        if (!pass_attention_layout(g, &o, &d) || !pass_simplify(g, &o, &d) ||
+            !pass_attention_dqkv(g, &o, &d))
+            fail_msg("passes: %s", d.msg);
+        assert_int_equal(count_code(g, OP_ATTENTION_DQKV), 1);
+        finish(g);
+        char what[128];
+        snprintf(what, sizeof what, "folded B=%d T=%d H=%d D=%d causal=%d", c[i].B, c[i].T,
+                 c[i].H, c[i].D, c[i].causal);
+        float *got[3] = {NULL, NULL, NULL};
+        int64_t n[3] = {0, 0, 0};
+        for (int r = 0; r < 3; r++) {
+            if (r == 2)
+                setenv("KILN_ATTN_FOLD", "0", 1);
+            rng = 7;
+            backend_vs_interp_out(g, r ? 2 : 1, 2e-5, what, &got[r], &n[r]);
+            unsetenv("KILN_ATTN_FOLD");
+            /* folded: the dq kernel and the dk/dv kernel both say so */
+            assert_int_equal(folded_seen, r < 2 ? 2 : 0);
+        }
+        for (int r = 1; r < 3; r++) {
+            assert_int_equal(n[r], n[0]);
+            if (memcmp(got[r], got[0], sizeof(float) * (size_t)n[0]) != 0)
+                fail_msg("%s: %s give other bits than the folded kernel on one thread", what,
+                         r == 1 ? "two threads" : "the two kernels");
+        }
+        for (int r = 0; r < 3; r++)
+            free(got[r]);
+        ir_free(g);
+    }
+    /* 15 pairs: the two kernels */
+    Graph *g = split_heads_graph(1, 40, 15, 32, 1, true);
+    PassOpts o;
+    pass_opts_default(&o);
+    o.attention = true;
+    Diag d = {{0}};
+    if (!pass_attention_layout(g, &o, &d) || !pass_simplify(g, &o, &d) ||
+        !pass_attention_dqkv(g, &o, &d))
+        fail_msg("passes: %s", d.msg);
+    finish(g);
+    backend_vs_interp(g, 2, 2e-5, "15 pairs");
+    assert_int_equal(folded_seen, 0);
+    ir_free(g);
 }
 
 /* The FLOP count keeps only the kept pairs: causal is sum_i (i+1). */
@@ -697,6 +780,7 @@ int main(void)
         cmocka_unit_test(test_backend_training_graph),
         cmocka_unit_test(test_backend_ops),
         cmocka_unit_test(test_head_layout),
+        cmocka_unit_test(test_dqkv_folded),
         cmocka_unit_test(test_cost),
         cmocka_unit_test(test_gpt_step_on_off),
         cmocka_unit_test(test_schedule_pairs_by_layout),
