@@ -530,6 +530,23 @@ static void test_head_layout(void **state)
     }
 }
 
+/* split_heads_graph in qkv order through the attention layout and attndqkv
+ * passes: one attention_dqkv op, ready for the backend. */
+static Graph *dqkv_graph(int B, int T, int H, int D, int causal)
+{
+    Graph *g = split_heads_graph(B, T, H, D, causal, true);
+    PassOpts o;
+    pass_opts_default(&o);
+    o.attention = true;
+    Diag d = {{0}};
+    if (!pass_attention_layout(g, &o, &d) || !pass_simplify(g, &o, &d) ||
+        !pass_attention_dqkv(g, &o, &d))
+        fail_msg("passes: %s", d.msg);
+    assert_int_equal(count_code(g, OP_ATTENTION_DQKV), 1);
+    finish(g);
+    return g;
+}
+
 /* attention_dqkv with at least CG_ATTN_FOLD_ITEMS (batch entry, head)
  * pairs runs as one C kernel (cg_c_attn_folded: the dk/dv kernel computes
  * dq too): it matches the interpreter (T = 1, T not a multiple of the
@@ -544,16 +561,7 @@ static void test_dqkv_folded(void **state)
     } c[] = {{2, 1, 8, 32, 1},  {2, 37, 8, 32, 1}, {4, 70, 4, 64, 1},
              {2, 70, 8, 64, 0}, {2, 9, 8, 128, 1}, {1, 40, 16, 32, 1}};
     for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
-        Graph *g = split_heads_graph(c[i].B, c[i].T, c[i].H, c[i].D, c[i].causal, true);
-        PassOpts o;
-        pass_opts_default(&o);
-        o.attention = true;
-        Diag d = {{0}};
-        if (!pass_attention_layout(g, &o, &d) || !pass_simplify(g, &o, &d) ||
-            !pass_attention_dqkv(g, &o, &d))
-            fail_msg("passes: %s", d.msg);
-        assert_int_equal(count_code(g, OP_ATTENTION_DQKV), 1);
-        finish(g);
+        Graph *g = dqkv_graph(c[i].B, c[i].T, c[i].H, c[i].D, c[i].causal);
         char what[128];
         snprintf(what, sizeof what, "folded B=%d T=%d H=%d D=%d causal=%d", c[i].B, c[i].T,
                  c[i].H, c[i].D, c[i].causal);
@@ -579,15 +587,7 @@ static void test_dqkv_folded(void **state)
         ir_free(g);
     }
     /* 15 pairs: the two kernels */
-    Graph *g = split_heads_graph(1, 40, 15, 32, 1, true);
-    PassOpts o;
-    pass_opts_default(&o);
-    o.attention = true;
-    Diag d = {{0}};
-    if (!pass_attention_layout(g, &o, &d) || !pass_simplify(g, &o, &d) ||
-        !pass_attention_dqkv(g, &o, &d))
-        fail_msg("passes: %s", d.msg);
-    finish(g);
+    Graph *g = dqkv_graph(1, 40, 15, 32, 1);
     backend_vs_interp(g, 2, 2e-5, "15 pairs");
     assert_int_equal(folded_seen, 0);
     ir_free(g);
