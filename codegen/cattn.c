@@ -19,6 +19,9 @@
  * dS_ij = P_ij (dO_i . v_j - delta_i); CG_ATTN_DKV per (batch entry, key
  * tile; its k and v tiles transposed once) walks the query rows that keep
  * any of its keys and accumulates dv_j += P_ij dO_i and dk_j += s dS_ij q_i.
+ * attention_dqkv with 16 or more (batch entry, head) pairs folds the two
+ * into one kernel per pair (cg_c_attn_folded, print_dqkv): the same sums in
+ * the same order, five tile products a tile pair instead of seven.
  * Work items are spread over the parts round-robin (part, part + nparts,
  * ...), which balances causal tiles of unequal cost; every output element
  * is written by the one item that owns its tile, in a fixed order, so the
