@@ -327,7 +327,7 @@ void rt_pass_opts(const TrainCfg *c, const RtGraphFlags *f, PassOpts *po);
 /* Whether the attention pass runs by default for a backend: the CUDA
  * backend (cuda = true; codegen/cuda_attn.c). The CPU backend has the
  * kernels too (codegen/cattn.c) but they are off unless --fuse-attention:
- * they are not faster than the unfused step there yet (docs/fusion.md,
+ * faster now, they wait on test_zero's llama case (docs/fusion.md,
  * "Attention", also for the training runs compared). rt_pass_opts sets
  * PassOpts.attention from it. */
 bool rt_backend_attention(bool cuda);
