@@ -56,7 +56,9 @@ static bool plan_attn(const Graph *g, int i, int part, CgKernel *k, CgStep *st, 
         /* folded (cg_c_attn_folded: the C backend's dk/dv kernel computes dq
          * too), the dq step has no work, and the dk/dv kernel's count stays:
          * attention_dk's and _dv's (S twice, dP once) equal S, dP, dS, dv, dk
-         * and dq's to within a second exp */
+         * and dq's to within a second exp. (The CUDA printer folds the two
+         * by its own test, cg_cuda_attn_bwd_fits, which these counts follow
+         * only where the two agree.) */
         const CgAttn *a = &k->attn;
         bool folded = cg_c_attn_folded(a);
         st->flops = part ? ir_attn_flops(g, op, OP_ATTENTION_DK) +
@@ -65,9 +67,10 @@ static bool plan_attn(const Graph *g, int i, int part, CgKernel *k, CgStep *st, 
         /* the heads' columns of q, k, v read; its own columns written */
         double es = (double)dtype_size(g->t.v[op->in[0]].s.dtype),
                cols = (double)(a->lay.nb * a->Tq * a->lay.nh * a->D) * es;
-        st->bytes_moved = 0;
-        if (!part && folded)
+        if (!part && folded) {
+            st->bytes_moved = 0;
             return true;
+        }
         st->bytes_moved = 3 * cols + (folded ? 3 : part ? 2 : 1) * cols;
         for (int x = 3; x < op->nin; x++)
             st->bytes_moved += (double)shape_bytes(&g->t.v[op->in[x]].s);
