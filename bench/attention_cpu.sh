@@ -1,6 +1,6 @@
 #!/bin/bash
 # The fused attention kernels on the CPU: ms/step of gpt.lua with the
-# attention pass on (--fuse-attention; off by default on the CPU) and off, each run
+# attention pass on (--fuse-attention, the default) and off, each run
 # ROUNDS times alternating, and the ratio of the medians.
 #
 #   bench/attention_cpu.sh [KILN] [STEPS] [ROUNDS]

@@ -39,8 +39,8 @@ typedef struct {
      * 0 keeps every rank's full copy */
     int zero;
     /* attention: rewrite attention written in primitives to the fused
-     * attention op (pass_attention). false by default: rt_pass_opts turns it
-     * on for a backend that runs the attention ops (rt_backend_attention) */
+     * attention op (pass_attention). false by default (pass_opts_default):
+     * rt_pass_opts turns it on unless --no-fuse-attention */
     bool attention;
     /* fuse */
     bool no_fuse;          /* --no-fuse: every op its own kernel */

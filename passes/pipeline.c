@@ -102,8 +102,7 @@ static void opts_flags(const PassOpts *o, char *buf, size_t n)
         ADD(" --no-overlap");
     if (o->no_fuse)
         ADD(" --no-fuse");
-    if (o->attention)
-        ADD(" --fuse-attention");
+    ADD(o->attention ? " --fuse-attention" : " --no-fuse-attention"); /* on in kiln opt */
 #undef ADD
 }
 

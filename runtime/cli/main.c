@@ -61,9 +61,9 @@ static const char usage_compile[] =
     "                       feasible to the no-recompute peak, auto and each\n"
     "                       fixed policy\n"
     "  --no-fuse            no fusion: every op its own kernel (same results)\n"
-    "  --fuse-attention     fused attention on the CPU too (off there by default)\n"
-    "  --no-fuse-attention  keep attention as written (no fused attention op; on\n"
-    "                       by default for --target GPU, off for the CPU)\n"
+    "  --no-fuse-attention  keep attention as written (no fused attention op)\n"
+    "  --fuse-attention     the fused attention op (the default; the later of the\n"
+    "                       two flags wins)\n"
     "  --target DEVICE      predict the step on DEVICE: a100, h100, h200, b200 (with\n"
     "                       the model's precision, tf32, cuda_graph), or cpu (this\n"
     "                       machine, measured once and cached); see docs/cost.md\n"
@@ -110,9 +110,9 @@ static const char usage_train[] =
     "                       baseline the comm pass's placement is measured against)\n"
     "  --remat=POLICY       none, full, selective or auto (see kiln compile)\n"
     "  --no-fuse            no fusion: every op its own kernel (same results)\n"
-    "  --fuse-attention     fused attention kernels on the CPU too (off by default)\n"
-    "  --no-fuse-attention  keep attention as written (no fused attention kernels;\n"
-    "                       --device cuda fuses it by default, the CPU does not)\n"
+    "  --no-fuse-attention  keep attention as written (no fused attention kernels)\n"
+    "  --fuse-attention     fused attention kernels (the default; the later of the\n"
+    "                       two flags wins)\n"
     "  --cache-dir DIR      compiled-kernel cache (default: $KILN_CACHE_DIR or\n"
     "                       ~/.cache/kiln)\n"
     "  --dump-ir FILE       write the training step's IR after every pass to FILE\n"
@@ -133,8 +133,7 @@ typedef struct {
     int nproc;             /* --nproc: compile for N data-parallel ranks */
     bool no_overlap;       /* --no-overlap */
     bool no_fuse;          /* --no-fuse */
-    bool no_fuse_attention; /* --no-fuse-attention */
-    bool fuse_attention;    /* --fuse-attention */
+    bool no_fuse_attention; /* --no-fuse-attention (--fuse-attention: false) */
     const char *target;    /* --target DEVICE: the cost model's prediction */
     int threads;           /* --threads (--target cpu; 0: one per core) */
     const char *cache_dir; /* --cache-dir */
@@ -406,7 +405,7 @@ static int cmd_compile(int argc, char **argv)
         } else if (strcmp(argv[i], "--no-fuse-attention") == 0) {
             a.no_fuse_attention = true;
         } else if (strcmp(argv[i], "--fuse-attention") == 0) {
-            a.fuse_attention = true;
+            a.no_fuse_attention = false;
         } else if ((v = flag_value(argc, argv, &i, "--memory-budget"))) {
             if ((a.memory_budget = parse_budget("compile", v)) < 0)
                 return 2;
@@ -478,9 +477,7 @@ static int cmd_compile(int argc, char **argv)
     PassOpts po;
     RtGraphFlags gf = {.memory_budget = a.memory_budget, .remat = a.remat, .nranks = a.nproc,
                        .no_overlap = a.no_overlap, .no_fuse = a.no_fuse,
-                       .no_fuse_attention = a.no_fuse_attention,
-                       .fuse_attention = a.fuse_attention,
-                       .cuda = a.target && cg_device_find(a.target) != NULL};
+                       .no_fuse_attention = a.no_fuse_attention};
     rt_pass_opts(&m->train, &gf, &po);
     po.dump_dir = a.dump_dir;
     RematReport rr;
@@ -611,7 +608,7 @@ static int cmd_train(int argc, char **argv)
         } else if (strcmp(argv[i], "--no-fuse-attention") == 0) {
             o.no_fuse_attention = true;
         } else if (strcmp(argv[i], "--fuse-attention") == 0) {
-            o.fuse_attention = true;
+            o.no_fuse_attention = false;
         } else if (strcmp(argv[i], "-v") == 0 || strcmp(argv[i], "--verbose") == 0) {
             o.verbose = true;
         } else if (strcmp(argv[i], "-q") == 0 || strcmp(argv[i], "--quiet") == 0) {
@@ -665,8 +662,8 @@ static const char usage_opt[] =
     "  --nproc N            comm: N data-parallel ranks (as kiln compile)\n"
     "  --no-overlap         comm: every all-reduce starts after backward\n"
     "  --no-fuse            fuse: every op its own kernel\n"
-    "  --fuse-attention     attention: on (off by default, as on the CPU)\n"
     "  --no-fuse-attention  attention: off (keep attention as written)\n"
+    "  --fuse-attention     attention: on (the default, as in kiln compile)\n"
     "  --set KEY=VALUE      a train{} setting the passes read: beta1, beta2, eps,\n"
     "                       weight_decay, grad_clip (optimizer), grad_accum,\n"
     "                       bucket_mb, zero (comm), memory_budget (remat);\n"
@@ -825,7 +822,7 @@ static int cmd_opt(int argc, char **argv)
         } else if (strcmp(argv[i], "--no-fuse-attention") == 0) {
             gf.no_fuse_attention = true;
         } else if (strcmp(argv[i], "--fuse-attention") == 0) {
-            gf.fuse_attention = true;
+            gf.no_fuse_attention = false;
         } else if ((v = flag_value(argc, argv, &i, "--memory-budget"))) {
             if ((gf.memory_budget = parse_budget("opt", v)) < 0)
                 return 2;

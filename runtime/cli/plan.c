@@ -723,8 +723,7 @@ int cli_plan(int argc, char **argv)
     CgPredictOpts po_dev = cli_predict_opts(m, dev);
     o.peak = !dev->gpu ? dev->f32 : po_dev.bf16 ? dev->bf16 : po_dev.tf32 ? dev->tf32 : dev->f32;
     PassOpts po;
-    RtGraphFlags gf = {.memory_budget = -1, .nranks = a.dp, .no_overlap = a.no_overlap,
-                       .cuda = dev->gpu};
+    RtGraphFlags gf = {.memory_budget = -1, .nranks = a.dp, .no_overlap = a.no_overlap};
     rt_pass_opts(&m->train, &gf, &po);
     /* zero=1 (--zero 1 or the script's): the step compiled sharded, so the
      * comm pass's reduce-scatter and all-gather buckets are costed */

@@ -561,11 +561,6 @@ static int64_t log_interval(const TrainCfg *c, int64_t steps)
     return step;
 }
 
-bool rt_backend_attention(bool cuda)
-{
-    return cuda; /* the CPU: --fuse-attention (train.h says why) */
-}
-
 void rt_pass_opts(const TrainCfg *c, const RtGraphFlags *f, PassOpts *po)
 {
     static const RtGraphFlags none = {.memory_budget = -1};
@@ -585,8 +580,7 @@ void rt_pass_opts(const TrainCfg *c, const RtGraphFlags *f, PassOpts *po)
     po->zero = c->zero && po->nranks > 1; /* one rank holds the whole state anyway */
     po->no_overlap = f->no_overlap;
     po->no_fuse = f->no_fuse;
-    po->attention =
-        !f->no_fuse_attention && (f->fuse_attention || rt_backend_attention(f->cuda));
+    po->attention = !f->no_fuse_attention;
     /* KILN_COMM_ONE_RANK=1 (tests): buckets and all-reduces on one rank too
      * (means over that one rank), so one GPU runs the collective path */
     const char *one = getenv("KILN_COMM_ONE_RANK");
@@ -639,10 +633,7 @@ static bool build(Run *r, Diag *d)
     PassOpts po;
     RtGraphFlags gf = {.memory_budget = -1, .remat = r->o->remat, .nranks = rt_dp_size(r->dp),
                        .no_overlap = r->o->no_overlap, .no_fuse = r->o->no_fuse,
-                       .no_fuse_attention = r->o->no_fuse_attention,
-                       .fuse_attention = r->o->fuse_attention,
-                       /* auto may pick CUDA: attention as for CUDA */
-                       .cuda = r->o->device && strcmp(r->o->device, "cpu") != 0};
+                       .no_fuse_attention = r->o->no_fuse_attention};
     rt_pass_opts(&r->c, &gf, &po);
     double t_start = ir_now();
     r->tg = ir_clone(r->m->g);

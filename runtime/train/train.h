@@ -290,7 +290,6 @@ typedef struct {
     bool no_overlap;          /* --no-overlap: every allreduce starts after backward */
     bool no_fuse;             /* --no-fuse: every op its own kernel */
     bool no_fuse_attention;   /* --no-fuse-attention: no attention pass */
-    bool fuse_attention;      /* --fuse-attention: the pass on the CPU too */
     const char *dump_ir;      /* --dump-ir FILE: the training step's IR after the
                                  pipeline (rank 0), as kiln compile's schedule dump */
 } TrainOpts;
@@ -310,27 +309,18 @@ typedef struct {
     bool no_overlap;       /* --no-overlap */
     bool no_fuse;          /* --no-fuse */
     bool no_fuse_attention; /* --no-fuse-attention */
-    bool fuse_attention;   /* --fuse-attention: on whatever the backend */
-    bool cuda;             /* the step runs on (or is predicted for) the CUDA
-                              backend: rt_backend_attention */
 } RtGraphFlags;
 /* The one map from a model's training settings and those flags to pass
  * options: the defaults, the optimizer's settings (beta1, beta2, eps,
  * weight_decay, grad_clip), the memory budget, remat policy, ranks,
- * grad_accum, bucket_mb, overlap, fusion and the attention pass (on when
- * rt_backend_attention(f->cuda) and not --no-fuse-attention). kiln compile, kiln train
+ * grad_accum, bucket_mb, overlap, fusion and the attention pass (on unless
+ * --no-fuse-attention, for every backend: both have the kernels,
+ * codegen/cattn.c and codegen/cuda_attn.c). kiln compile, kiln train
  * (every rank) and kiln opt all build their PassOpts here, so the same model
  * and flags give the same graph. f NULL: no flags. KILN_COMM_ONE_RANK=1 (a
  * testing knob) compiles one rank as two: buckets and all-reduces on one
  * rank. */
 void rt_pass_opts(const TrainCfg *c, const RtGraphFlags *f, PassOpts *po);
-/* Whether the attention pass runs by default for a backend: the CUDA
- * backend (cuda = true; codegen/cuda_attn.c). The CPU backend has the
- * kernels too (codegen/cattn.c) but they are off unless --fuse-attention:
- * faster now, they wait on test_zero's llama case (docs/fusion.md,
- * "Attention", also for the training runs compared). rt_pass_opts sets
- * PassOpts.attention from it. */
-bool rt_backend_attention(bool cuda);
 /* Learning rate after `step` steps of `steps`: linear warmup over
  * c->warmup steps to c->lr, then cosine to c->min_lr at the last step. */
 double rt_lr_at(const TrainCfg *c, int64_t step, int64_t steps);

@@ -46,10 +46,12 @@ grep -q '= allreduce_start ' "$dir/1/09-comm.ir" || fail "comm placed no all-red
 grep -q '^# group ' "$dir/1/08-fuse.ir" || fail "fuse made no group (test too weak)"
 replay --nproc 2 --no-overlap --remat=selective --set grad_accum=2 --set bucket_mb=0.05
 replay --no-fuse --remat=full
-# fused attention (off on the CPU by default): attnlayout and attndqkv rewrite
-replay --fuse-attention
-grep -q '= attention_dqkv ' "$dir/4/06-attndqkv.ir" ||
+# fused attention (on by default): attnlayout and attndqkv rewrite; off, none
+grep -q '= attention_dqkv ' "$dir/1/06-attndqkv.ir" ||
     fail "attndqkv made no attention_dqkv (test too weak)"
+replay --no-fuse-attention
+[ -s "$dir/4/10-schedule.ir" ] || fail "no schedule dump for --no-fuse-attention"
+grep -q '= attention' "$dir/4/10-schedule.ir" && fail "--no-fuse-attention left an attention op"
 
 # several passes in one run equal the pipeline too
 $KILN opt "$dir/1/06-attndqkv.ir" --passes=remat,fuse,comm,schedule --set weight_decay=0.1 \

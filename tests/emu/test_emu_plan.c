@@ -171,7 +171,7 @@ static Case load_case(const char *path, const char *const *sets, int nsets)
     Case c = {path, NULL, NULL, {0}};
     c.m = load_model(path, sets, nsets);
     PassOpts po;
-    RtGraphFlags gf = {.memory_budget = -1, .cuda = true}; /* the CUDA backend's graph */
+    RtGraphFlags gf = {.memory_budget = -1}; /* the training graph, attention fused */
     rt_pass_opts(&c.m->train, &gf, &po);
     po.remat = remat_policy;
     Diag d = {{0}};

@@ -627,8 +627,7 @@ static void test_gpt_step_on_off(void **state)
         Exec *e[2];
         void **host = NULL;
         for (int on = 0; on < 2; on++) {
-            RtGraphFlags gf = {.memory_budget = -1, .no_fuse_attention = !on,
-                               .fuse_attention = on};
+            RtGraphFlags gf = {.memory_budget = -1, .no_fuse_attention = !on};
             PassOpts po;
             rt_pass_opts(&m->train, &gf, &po);
             assert_int_equal(po.attention, on);
@@ -740,7 +739,7 @@ static void test_gpt124m_no_qkv_concat(void **state)
     const char *sets[] = {"size=124M", "batch=16", "precision=bf16"};
     Model *m = load_model("models/gpt.lua", sets, 3);
     PassOpts po;
-    RtGraphFlags gf = {.memory_budget = -1, .cuda = true};
+    RtGraphFlags gf = {.memory_budget = -1};
     rt_pass_opts(&m->train, &gf, &po);
     Diag d = {{0}};
     if (!pass_pipeline(m->g, &po, NULL, NULL, NULL, &d))

@@ -96,7 +96,7 @@ static void test_gpt124m_one_cast_launch(void **state)
     const char *sets[] = {"size=124M", "batch=16", "precision=bf16"};
     Model *m = load_model("models/gpt.lua", sets, 3);
     PassOpts po;
-    RtGraphFlags gf = {.memory_budget = -1, .cuda = true};
+    RtGraphFlags gf = {.memory_budget = -1};
     rt_pass_opts(&m->train, &gf, &po);
     Diag d = {{0}};
     if (!pass_pipeline(m->g, &po, NULL, NULL, NULL, &d))

@@ -17,7 +17,9 @@
  * - through the binary (mpirun): `--nproc 2 --set zero=1` against
  *   `--nproc 2` and 1 rank at the combined batch, per step losses and every
  *   final param within 1e-5 relative, for mlp, gpt and llama with
- *   grad_accum 1 and 2;
+ *   grad_accum 1 and 2 (less gpt's key biases, whose gradient is 0, and
+ *   the few elements whose first gradient is at Adam's noise floor, each
+ *   named and counted: AdamNoise);
  * - checkpoints: the file of 2 sharded ranks is 1 rank's (moments too), and
  *   resumes on 1 or 2 ranks without zero; 1 rank's resumes on 2 sharded;
  * - the report line per collective and the reduce-scatter and all-gather
@@ -309,13 +311,13 @@ static void test_gather_order(void **state)
 
 /* remat plans against the sharded step's smaller persistent region: for
  * gpt at batch 8 over 8 ranks, a budget between the two peaks without
- * recomputation (2.30 MiB and 2.05 MiB) needs recomputation with zero=0 and
+ * recomputation (2.05 MiB and 1.78 MiB) needs recomputation with zero=0 and
  * none with zero=1. */
 static void test_remat(void **state)
 {
     (void)state;
     const char *sets[] = {"batch=8"};
-    int64_t budget = 2200000;
+    int64_t budget = 2000000;
     int nrec[2];
     for (int z = 0; z < 2; z++) {
         Model *m = load_model("models/gpt.lua", sets, 1);
@@ -503,10 +505,85 @@ static int losses(const char *name, double *v, int cap)
     return n;
 }
 
+/* The elements at Adam's noise floor: those whose gradient at the first
+ * step is within a few eps of zero without being zero (|g| < 9 eps, about
+ * 1e-7, where a typical gradient is 1e-4). Adam's first update is
+ * lr * g / (|g| + eps), a sign step for any larger gradient; below it the
+ * step follows g's own rounding, which the order of the batch's sum (one
+ * rank, or two) decides: llama's layers.0.mlp.gate_proj.weight[43, 120] has
+ * |g| near 1e-9 and moves by lr/10 in a direction the split picks. Such
+ * elements are left out of the param comparison (the losses still cover
+ * them); exact zeros (unused embedding rows) are not. mask[i] is NULL or
+ * one flag per element of tensor i of `init`, by name. */
+typedef struct {
+    StFile init;   /* the params before the first step */
+    bool **mask;   /* per tensor of init: true = left out */
+    int64_t count; /* elements left out, over all tensors */
+} AdamNoise;
+
+/* Runs model at batch b for one step twice (lr 0, and lr 3e-3 without weight
+ * decay) and marks the elements whose update r = (w0 - w1) / lr has
+ * 0 < |r| < 0.9. Fails if more than 1 in 100 params are marked (mlp has
+ * the most, 0.5%: fc2's units that few samples reach): the comparison
+ * would no longer be of the params. */
+static void adam_noise(const char *model, const char *b, AdamNoise *z)
+{
+    char args[160];
+    snprintf(args, sizeof args, "--set batch=%s --steps 1 --set lr=0 --set min_lr=0", b);
+    train(model, args, "init");
+    snprintf(args, sizeof args, "--set batch=%s --steps 1 --set weight_decay=0", b);
+    train(model, args, "first");
+    char *p0 = xasprintf("%s/init.safetensors", dir), *p1 = xasprintf("%s/first.safetensors", dir);
+    StFile f1;
+    Diag d = {{0}};
+    if (!rt_st_read(p0, &z->init, &d) || !rt_st_read(p1, &f1, &d))
+        fail_msg("%s", d.msg);
+    z->mask = calloc((size_t)z->init.n, sizeof *z->mask);
+    assert_non_null(z->mask);
+    z->count = 0;
+    int64_t total = 0;
+    char names[512] = "";
+    for (int i = 0; i < z->init.n; i++) {
+        const StTensor *x = &z->init.t[i], *y = rt_st_find(&f1, x->name);
+        assert_true(y && y->nbytes == x->nbytes && x->dtype == DT_F32);
+        int64_t n = (int64_t)(x->nbytes / 4), k = 0;
+        const float *w0 = x->data, *w1 = y->data;
+        z->mask[i] = calloc((size_t)n, sizeof **z->mask);
+        assert_non_null(z->mask[i]);
+        for (int64_t e = 0; e < n; e++) {
+            double r = fabs(((double)w0[e] - w1[e]) / 3e-3);
+            if ((z->mask[i][e] = r > 0 && r < 0.9))
+                k++;
+        }
+        total += n;
+        z->count += k;
+        if (k)
+            snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s %lld",
+                     names[0] ? ", " : "", x->name, (long long)k);
+    }
+    print_message("%s: %lld of %lld elements at Adam's noise floor (first |g| < 9 eps): %s\n",
+                  model, (long long)z->count, (long long)total, names[0] ? names : "none");
+    if (z->count * 100 > total)
+        fail_msg("%s: %lld of %lld elements at Adam's noise floor: too many to leave out", model,
+                 (long long)z->count, (long long)total);
+    rt_st_free(&f1);
+    free(p0);
+    free(p1);
+}
+
+static void adam_noise_free(AdamNoise *z)
+{
+    for (int i = 0; i < z->init.n; i++)
+        free(z->mask[i]);
+    free(z->mask);
+    rt_st_free(&z->init);
+}
+
 /* Largest per-tensor relative difference of run a from run b, over params
- * not named in skip (NULL-terminated); *worst names the tensor. */
-static double max_rel(const char *a, const char *b, const char *const *skip, char *worst,
-                      size_t n)
+ * not named in skip (NULL-terminated) and elements not in z's mask (z NULL:
+ * every element); *worst names the tensor. */
+static double max_rel(const char *a, const char *b, const char *const *skip,
+                      const AdamNoise *z, char *worst, size_t n)
 {
     char *pa = xasprintf("%s/%s.safetensors", dir, a), *pb = xasprintf("%s/%s.safetensors", dir, b);
     StFile fa, fb;
@@ -519,12 +596,25 @@ static double max_rel(const char *a, const char *b, const char *const *skip, cha
         const StTensor *x = &fa.t[i], *y = rt_st_find(&fb, x->name);
         assert_non_null(y);
         assert_int_equal(x->nbytes, y->nbytes);
+        const bool *mask = NULL;
+        for (int k = 0; z && k < z->init.n; k++)
+            if (strcmp(z->init.t[k].name, x->name) == 0)
+                mask = z->mask[k];
+        assert_true(mask || !z);
         bool skipped = false;
         for (int k = 0; skip && skip[k]; k++)
             skipped |= strcmp(skip[k], x->name) == 0;
         if (skipped)
             continue;
-        double r = rel_err_f32(x->data, y->data, (int64_t)(x->nbytes / 4));
+        const float *u = x->data, *v = y->data;
+        double dd = 0, rr = 0;
+        for (int64_t k = 0; k < (int64_t)(x->nbytes / 4); k++) {
+            if (mask && mask[k])
+                continue;
+            dd += ((double)u[k] - v[k]) * ((double)u[k] - v[k]);
+            rr += (double)v[k] * v[k];
+        }
+        double r = rr > 0 ? sqrt(dd / rr) : dd == 0 ? 0 : INFINITY;
         if (!(r <= e)) {
             e = r;
             snprintf(worst, n, "%s", x->name);
@@ -537,7 +627,8 @@ static double max_rel(const char *a, const char *b, const char *const *skip, cha
     return e;
 }
 
-static void compare(const char *model, const char *a, const char *b, const char *const *skip)
+static void compare(const char *model, const char *a, const char *b, const char *const *skip,
+                    const AdamNoise *z)
 {
     double la[16], lb[16];
     int na = losses(a, la, 16), nb = losses(b, lb, 16);
@@ -547,13 +638,14 @@ static void compare(const char *model, const char *a, const char *b, const char 
             fail_msg("%s: %s vs %s: step %d loss %.9g vs %.9g", model, a, b, i + 1, la[i],
                      lb[i]);
     char worst[256] = "";
-    double e = max_rel(a, b, skip, worst, sizeof worst);
+    double e = max_rel(a, b, skip, z, worst, sizeof worst);
     char left[512] = "";
     for (int k = 0; skip && skip[k]; k++)
         snprintf(left + strlen(left), sizeof left - strlen(left), "%s%s",
                  k ? ", " : "; left out (true gradient 0): ", skip[k]);
-    print_message("%s: %s vs %s: losses equal; largest param difference %.3g (%s)%s\n", model,
-                  a, b, e, worst, left);
+    print_message("%s: %s vs %s: losses equal; largest param difference %.3g (%s)%s%s\n",
+                  model, a, b, e, worst, left,
+                  z && z->count ? "; less the elements at Adam's noise floor" : "");
     if (!(e < 1e-5))
         fail_msg("%s: %s vs %s: %s differs by %.3g", model, a, b, worst, e);
 }
@@ -564,7 +656,8 @@ static void compare(const char *model, const char *a, const char *b, const char 
  * directions that depend on summation order. gpt: the key third of each
  * c_attn.bias (softmax is unchanged by a constant added to every key's
  * score for one query, so d loss / d key bias is exactly 0). mlp and llama
- * (no biases in attention) have none. */
+ * (no biases in attention) have none; single elements near zero are
+ * AdamNoise's. */
 static const char *const gpt_no_grad[] = {"h.0.attn.c_attn.bias", "h.1.attn.c_attn.bias", NULL};
 
 static void equivalence(const char *model, const char *b, const char *half,
@@ -574,19 +667,22 @@ static void equivalence(const char *model, const char *b, const char *half,
     snprintf(one, sizeof one, "--set batch=%s", b);
     snprintf(two, sizeof two, "--set batch=%s --nproc 2", half);
     snprintf(tw, sizeof tw, "--set batch=%s --nproc 2 --set zero=1", half);
+    AdamNoise z;
+    adam_noise(model, b, &z);
     train(model, one, "one");
     train(model, two, "two");
     train(model, tw, "zero");
-    compare(model, "zero", "two", no_grad);
-    compare(model, "zero", "one", no_grad);
+    compare(model, "zero", "two", no_grad, &z);
+    compare(model, "zero", "one", no_grad, &z);
     /* grad_accum 2: 2 ranks x 2 micro-batches of half/2 */
     int q = atoi(half) / 2;
     snprintf(twoa, sizeof twoa, "--set batch=%d --nproc 2 --set grad_accum=2", q);
     train(model, twoa, "two_accum");
     snprintf(tw, sizeof tw, "--set batch=%d --nproc 2 --set grad_accum=2 --set zero=1", q);
     train(model, tw, "zero_accum");
-    compare(model, "zero_accum", "two_accum", no_grad);
-    compare(model, "zero_accum", "one", no_grad);
+    compare(model, "zero_accum", "two_accum", no_grad, &z);
+    compare(model, "zero_accum", "one", no_grad, &z);
+    adam_noise_free(&z);
 }
 
 static void test_equivalence(void **state)
@@ -625,10 +721,10 @@ static void test_merged_grads(void **state)
     train(m, "--set batch=32 --nproc 2", "two");
     train(m, "--set batch=16 --nproc 2 --set grad_accum=2", "two_accum");
     train(m, "--set batch=32 --nproc 2 --set zero=1", "zero");
-    compare(m, "one_accum", "one", NULL);
-    compare(m, "two", "one", NULL);
-    compare(m, "two_accum", "one", NULL);
-    compare(m, "zero", "one", NULL);
+    compare(m, "one_accum", "one", NULL, NULL);
+    compare(m, "two", "one", NULL, NULL);
+    compare(m, "two_accum", "one", NULL, NULL);
+    compare(m, "zero", "one", NULL, NULL);
     remove_tree(dir);
     free(dir);
 }
@@ -636,7 +732,7 @@ static void test_merged_grads(void **state)
 static void params_close(const char *a, const char *b)
 {
     char worst[256] = "";
-    double e = max_rel(a, b, NULL, worst, sizeof worst);
+    double e = max_rel(a, b, NULL, NULL, worst, sizeof worst);
     print_message("mlp: %s vs %s: largest tensor difference %.3g (%s)\n", a, b, e, worst);
     if (!(e < 1e-5))
         fail_msg("mlp: %s vs %s: %s differs by %.3g", a, b, worst, e);
