@@ -234,6 +234,76 @@ static void test_elementwise_f32(void **state)
     ir_free(g);
 }
 
+/* The C prelude's exp and tanh (codegen/cprint.c: polynomials, not libm)
+ * against the double libm over a spread of every float exponent: exp within
+ * 1.5 ulp on (-87.3, 88.3) (the prelude's flush to 0 below -87.3 and inf
+ * from 88.7 are its documented range), tanh within 3 ulp everywhere, odd,
+ * and both right on NaN, the infinities and signed zeros. A sign slip, a
+ * wrong coefficient or a lost small-|x| branch is far outside these. */
+static void test_exp_tanh_ulp(void **state)
+{
+    (void)state;
+    enum { N = 1 << 20, SPECIAL = 8 };
+    Graph *g = ir_new();
+    int64_t dim[1] = {N};
+    int x = in_t(g, TK_INPUT, "x", DT_F32, 1, dim);
+    out(g, "exp", op1(g, OP_EXP, x));
+    out(g, "tanh", op1(g, OP_TANH, x));
+    char err[1024];
+    if (!ir_verify(g, err, sizeof err))
+        fail_msg("verify: %s", err);
+    float *in = xmalloc(sizeof(float) * N), *ex = xmalloc(sizeof(float) * N),
+          *th = xmalloc(sizeof(float) * N);
+    const float special[SPECIAL] = {NAN, INFINITY, -INFINITY, 0.0f, -0.0f, 1e-30f, 9.0f, -40.0f};
+    for (int i = 0; i < SPECIAL; i++)
+        in[i] = special[i];
+    /* the rest: finite bit patterns of both signs, evenly spaced */
+    for (int i = SPECIAL; i < N; i++) {
+        uint32_t b = (uint32_t)((uint64_t)(i - SPECIAL) * 0x7f800000u / (N - SPECIAL));
+        b |= (i & 1) ? 0x80000000u : 0;
+        memcpy(&in[i], &b, 4);
+    }
+    Diag d = {{0}};
+    ExecOpts o = {.threads = 1};
+    Exec *e = rt_exec_create(g, &o, &d);
+    if (!e)
+        fail_msg("rt_exec_create: %s", d.msg);
+    rt_exec_write(e, x, in);
+    if (!rt_exec_run(e, 7, 0, &d))
+        fail_msg("rt_exec_run: %s", d.msg);
+    rt_exec_read(e, g->outs.v[0].t, ex);
+    rt_exec_read(e, g->outs.v[1].t, th);
+    assert_true(isnan(ex[0]) && isnan(th[0]));
+    assert_true(ex[1] == INFINITY && th[1] == 1.0f && ex[2] == 0.0f && th[2] == -1.0f);
+    assert_true(ex[3] == 1.0f && th[3] == 0.0f && !signbit(th[3]) && signbit(th[4]));
+    assert_true(th[5] == 1e-30f && th[6] == 1.0f && th[7] == -1.0f && ex[7] > 0);
+    double worst_e = 0, worst_t = 0;
+    float at_e = 0, at_t = 0;
+    for (int i = SPECIAL; i < N; i++) {
+        double v = in[i], te = exp(v), tt = tanh(v);
+        if (v > -87.3 && v < 88.3) {
+            double u = nextafterf((float)te, INFINITY) - (float)te;
+            double err_e = fabs(ex[i] - te) / u;
+            if (!(err_e <= worst_e))
+                worst_e = err_e, at_e = in[i];
+        }
+        float ft = fabsf((float)tt);
+        double u = ft > 0 ? nextafterf(ft, INFINITY) - ft : 1e-45;
+        double err_t = fabs(th[i] - tt) / u;
+        if (!(err_t <= worst_t))
+            worst_t = err_t, at_t = in[i];
+    }
+    print_message("exp: %.2f ulp at most (at %g); tanh: %.2f ulp (at %g)\n", worst_e, at_e,
+                  worst_t, at_t);
+    assert_true(worst_e <= 1.5);
+    assert_true(worst_t <= 3.0);
+    rt_exec_destroy(e);
+    free(in);
+    free(ex);
+    free(th);
+    ir_free(g);
+}
+
 static void test_elementwise_int(void **state)
 {
     (void)state;
@@ -987,6 +1057,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_elementwise_f32),
+        cmocka_unit_test(test_exp_tanh_ulp),
         cmocka_unit_test(test_elementwise_int),
         cmocka_unit_test(test_sources),
         cmocka_unit_test(test_moves),
