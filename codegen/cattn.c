@@ -18,7 +18,11 @@
  * (q and dO tiles transposed once), accumulates dq_i += s dS_ij k_j with
  * dS_ij = P_ij (dO_i . v_j - delta_i); CG_ATTN_DKV per (batch entry, key
  * tile; its k and v tiles transposed once) walks the query rows that keep
- * any of its keys and accumulates dv_j += P_ij dO_i and dk_j += s dS_ij q_i.
+ * any of its keys and accumulates dv_j += P_ij dO_i and dk_j += s dS_ij q_i;
+ * under a causal mask a query tile's products stop at the tile's last key
+ * that its last row keeps (nke: on the diagonal the later keys have P =
+ * dS = 0, terms that change no finite sum, as the forward's and dq's key
+ * walks already leave them out).
  * attention_dqkv with 16 or more (batch entry, head) pairs folds the two
  * into one kernel per pair (cg_c_attn_folded, print_dqkv): the same sums in
  * the same order, five tile products a tile pair instead of seven.
@@ -421,27 +425,27 @@ static void print_p_ds(CgBuf *b, bool ds, const char *ind)
 {
     cg_printf(b,
               "%sfor (int64_t r = 0; r < nq; r++)\n"
-              "%s    for (int64_t jj = 0; jj < nk; jj++)\n"
+              "%s    for (int64_t jj = 0; jj < nke; jj++)\n"
               "%s        S[r][jj] = 0.0f%s;\n"
-              "%skiln_attn_mm(&S[0][0], A_BK, qt, A_QR, 1, &kt[0][0], A_BK, nq, nk, A_D);\n",
+              "%skiln_attn_mm(&S[0][0], A_BK, qt, A_QR, 1, &kt[0][0], A_BK, nq, nke, A_D);\n",
               ind, ind, ind, ds ? ", dP[r][jj] = 0.0f" : "", ind);
     if (ds)
-        cg_printf(b, "%skiln_attn_mm(&dP[0][0], A_BK, gt, A_OR, 1, &vt[0][0], A_BK, nq, nk, A_DV);\n",
+        cg_printf(b, "%skiln_attn_mm(&dP[0][0], A_BK, gt, A_OR, 1, &vt[0][0], A_BK, nq, nke, A_DV);\n",
                   ind);
     cg_printf(b,
               "%sfor (int64_t r = 0; r < nq; r++) {\n"
-              "%s    int64_t ne = A_CAUSAL ? i0 + r - j0 + 1 : nk;\n"
-              "%s    ne = ne < 0 ? 0 : ne < nk ? ne : nk;\n"
+              "%s    int64_t ne = A_CAUSAL ? i0 + r - j0 + 1 : nke;\n"
+              "%s    ne = ne < 0 ? 0 : ne < nke ? ne : nke;\n"
               "%s    float L = lt[r * A_SR];\n"
               "%s    for (int64_t jj = 0; jj < ne; jj++)\n"
               "%s        S[r][jj] = kiln_expf(S[r][jj] * A_SCALE - L);\n"
-              "%s    for (int64_t jj = ne; jj < nk; jj++)\n"
+              "%s    for (int64_t jj = ne; jj < nke; jj++)\n"
               "%s        S[r][jj] = 0.0f;\n",
               ind, ind, ind, ind, ind, ind, ind, ind);
     if (ds)
         cg_printf(b,
                   "%s    float De = dt[r * A_SR];\n"
-                  "%s    for (int64_t jj = 0; jj < nk; jj++)\n"
+                  "%s    for (int64_t jj = 0; jj < nke; jj++)\n"
                   "%s        dP[r][jj] = S[r][jj] * (dP[r][jj] - De) * A_SCALE;\n",
                   ind, ind, ind);
     cg_printf(b, "%s}\n", ind);
@@ -521,16 +525,17 @@ static void print_dkv(CgBuf *b, const CgAttn *a)
     cg_puts(b, "        for (int64_t i0 = A_CAUSAL ? j0 / A_BQ * A_BQ : 0; i0 < A_TQ; i0 += A_BQ) {\n"
                "            int64_t nq = A_TQ - i0 < A_BQ ? A_TQ - i0 : A_BQ;\n"
                "            const float *qt = qb + i0 * A_QR, *gt = gb + i0 * A_OR;\n"
-               "            const float *lt = lb + i0 * A_SR;\n");
+               "            const float *lt = lb + i0 * A_SR;\n"
+               "            int64_t nke = A_CAUSAL && i0 + nq - j0 < nk ? i0 + nq - j0 : nk;\n");
     if (dk)
         cg_puts(b, "            const float *dt = db + i0 * A_SR;\n");
     print_p_ds(b, dk, "            ");
     if (dv)
-        cg_puts(b, "            kiln_attn_mm(&adv[0][0], A_DV, &S[0][0], 1, A_BK, gt, A_OR, nk, "
+        cg_puts(b, "            kiln_attn_mm(&adv[0][0], A_DV, &S[0][0], 1, A_BK, gt, A_OR, nke, "
                    "A_DV, nq);\n");
     if (dk)
-        cg_puts(b, "            kiln_attn_mm(&adk[0][0], A_D, &dP[0][0], 1, A_BK, qt, A_QR, nk, A_D, "
-                   "nq);\n");
+        cg_puts(b, "            kiln_attn_mm(&adk[0][0], A_D, &dP[0][0], 1, A_BK, qt, A_QR, nke, "
+                   "A_D, nq);\n");
     cg_puts(b, "        }\n"
                "        for (int64_t jj = 0; jj < nk; jj++) {\n");
     if (dk)
@@ -585,14 +590,15 @@ static void print_dqkv(CgBuf *b, const CgAttn *a)
                "A_BQ) {\n"
                "                int64_t nq = A_TQ - i0 < A_BQ ? A_TQ - i0 : A_BQ;\n"
                "                const float *qt = qb + i0 * A_QR, *gt = gb + i0 * A_OR;\n"
-               "                const float *lt = lb + i0 * A_SR, *dt = db + i0 * A_SR;\n");
+               "                const float *lt = lb + i0 * A_SR, *dt = db + i0 * A_SR;\n"
+               "                int64_t nke = A_CAUSAL && i0 + nq - j0 < nk ? i0 + nq - j0 : nk;\n");
     print_p_ds(b, true, "                ");
-    cg_puts(b, "                kiln_attn_mm(&adv[0][0], A_DV, &S[0][0], 1, A_BK, gt, A_OR, nk, "
+    cg_puts(b, "                kiln_attn_mm(&adv[0][0], A_DV, &S[0][0], 1, A_BK, gt, A_OR, nke, "
                "A_DV, nq);\n"
-               "                kiln_attn_mm(&adk[0][0], A_D, &dP[0][0], 1, A_BK, qt, A_QR, nk, A_D, "
-               "nq);\n"
+               "                kiln_attn_mm(&adk[0][0], A_D, &dP[0][0], 1, A_BK, qt, A_QR, nke, "
+               "A_D, nq);\n"
                "                kiln_attn_mm(dqb + i0 * A_DQR, A_DQR, &dP[0][0], A_BK, 1, kb + j0 * "
-               "A_KR, A_KR, nq, A_D, nk);\n"
+               "A_KR, A_KR, nq, A_D, nke);\n"
                "            }\n");
     cg_printf(b,
               "            for (int64_t jj = 0; jj < nk; jj++) {\n"
