@@ -513,16 +513,16 @@ static int losses(const char *name, double *v, int cap)
  * rank, or two) decides: llama's layers.0.mlp.gate_proj.weight[43, 120] has
  * |g| near 1e-9 and moves by lr/10 in a direction the split picks. Such
  * elements are left out of the param comparison (the losses still cover
- * them); exact zeros (unused embedding rows) are not. mask[i] is NULL or
- * one flag per element of tensor i of `init`, by name. */
+ * them); exact zeros (unused embedding rows) are not. mask[i] holds one
+ * flag per element of tensor i of `init` (max_rel finds it by name). */
 typedef struct {
     StFile init;   /* the params before the first step */
     bool **mask;   /* per tensor of init: true = left out */
     int64_t count; /* elements left out, over all tensors */
 } AdamNoise;
 
-/* Runs model at batch b for one step twice (lr 0, and lr 3e-3 without weight
- * decay) and marks the elements whose update r = (w0 - w1) / lr has
+/* Runs model at batch b for one step twice (lr 0, and train()'s lr 3e-3
+ * without weight decay) and marks the elements whose update r = (w0 - w1) / lr has
  * 0 < |r| < 0.9. Fails if more than 1 in 100 params are marked (mlp has
  * the most, 0.5%: fc2's units that few samples reach): the comparison
  * would no longer be of the params. */
