@@ -424,11 +424,12 @@ static void print_fwd(CgBuf *b, const CgAttn *a)
 static void print_p_ds(CgBuf *b, bool ds, const char *ind)
 {
     cg_printf(b,
+              "%sconst int64_t nke = A_CAUSAL && i0 + nq - j0 < nk ? i0 + nq - j0 : nk;\n"
               "%sfor (int64_t r = 0; r < nq; r++)\n"
               "%s    for (int64_t jj = 0; jj < nke; jj++)\n"
               "%s        S[r][jj] = 0.0f%s;\n"
               "%skiln_attn_mm(&S[0][0], A_BK, qt, A_QR, 1, &kt[0][0], A_BK, nq, nke, A_D);\n",
-              ind, ind, ind, ds ? ", dP[r][jj] = 0.0f" : "", ind);
+              ind, ind, ind, ind, ds ? ", dP[r][jj] = 0.0f" : "", ind);
     if (ds)
         cg_printf(b, "%skiln_attn_mm(&dP[0][0], A_BK, gt, A_OR, 1, &vt[0][0], A_BK, nq, nke, A_DV);\n",
                   ind);
@@ -525,8 +526,7 @@ static void print_dkv(CgBuf *b, const CgAttn *a)
     cg_puts(b, "        for (int64_t i0 = A_CAUSAL ? j0 / A_BQ * A_BQ : 0; i0 < A_TQ; i0 += A_BQ) {\n"
                "            int64_t nq = A_TQ - i0 < A_BQ ? A_TQ - i0 : A_BQ;\n"
                "            const float *qt = qb + i0 * A_QR, *gt = gb + i0 * A_OR;\n"
-               "            const float *lt = lb + i0 * A_SR;\n"
-               "            int64_t nke = A_CAUSAL && i0 + nq - j0 < nk ? i0 + nq - j0 : nk;\n");
+               "            const float *lt = lb + i0 * A_SR;\n");
     if (dk)
         cg_puts(b, "            const float *dt = db + i0 * A_SR;\n");
     print_p_ds(b, dk, "            ");
@@ -590,8 +590,7 @@ static void print_dqkv(CgBuf *b, const CgAttn *a)
                "A_BQ) {\n"
                "                int64_t nq = A_TQ - i0 < A_BQ ? A_TQ - i0 : A_BQ;\n"
                "                const float *qt = qb + i0 * A_QR, *gt = gb + i0 * A_OR;\n"
-               "                const float *lt = lb + i0 * A_SR, *dt = db + i0 * A_SR;\n"
-               "                int64_t nke = A_CAUSAL && i0 + nq - j0 < nk ? i0 + nq - j0 : nk;\n");
+               "                const float *lt = lb + i0 * A_SR, *dt = db + i0 * A_SR;\n");
     print_p_ds(b, true, "                ");
     cg_puts(b, "                kiln_attn_mm(&adv[0][0], A_DV, &S[0][0], 1, A_BK, gt, A_OR, nke, "
                "A_DV, nq);\n"
