@@ -4,7 +4,11 @@
 # THREADS threads, and the same GPT in PyTorch (tests/gpu/torch_gpt2.py:
 # same shapes, AdamW, gradient clipping, random tokens of the same shape),
 # tuned: torch.set_num_threads(THREADS) with OMP_NUM_THREADS,
-# OPENBLAS_NUM_THREADS = THREADS and GOMP_SPINCOUNT=0. The two run
+# OPENBLAS_NUM_THREADS = THREADS and GOMP_SPINCOUNT=0, and OpenBLAS's
+# kernels those kiln runs (OPENBLAS_CORETYPE: PyTorch's GEMMs go through
+# the same OpenBLAS, which falls back to Prescott's SSE3 kernels on CPUs
+# newer than itself; kiln then forces better ones, runtime/cpu/blas.c, and
+# PyTorch gets the same, or a user's OPENBLAS_CORETYPE). The two run
 # interleaved, ROUNDS times each, so that a busy machine slows both alike;
 # each run's median ms/step is taken, then the median over rounds, and the
 # ratio PyTorch / kiln (the goal: at least 1.6), with the ratio of each
@@ -33,12 +37,16 @@ for p in python3 /usr/bin/python3; do # Debian's torch is for the system python
 done
 median() { sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) print "nan"; else if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
+core=$("$kiln" train models/gpt.lua --steps 1 -v "${cfg[@]}" 2>&1 |
+    sed -n 's/^kiln: OpenBLAS runs its \([^ ]*\) kernels.*/\1/p')
+[ -n "$core" ] || { echo "kiln did not say which OpenBLAS kernels it runs" >&2; exit 1; }
+echo "OpenBLAS kernels: $core (kiln and PyTorch)"
 echo "load average at start: $(cut -d' ' -f1-3 /proc/loadavg) ($(nproc) cores)"
 for r in $(seq "$rounds"); do
     "$kiln" train models/gpt.lua --steps "$steps" --threads "$threads" -q "${cfg[@]}" 2>&1 |
         sed -n 's/^final:.*median \([0-9.]*\) ms\/step.*/\1/p' >>"$tmp/kiln"
     [ -n "$py" ] || continue
-    OMP_NUM_THREADS=$threads OPENBLAS_NUM_THREADS=$threads GOMP_SPINCOUNT=0 \
+    OMP_NUM_THREADS=$threads OPENBLAS_NUM_THREADS=$threads GOMP_SPINCOUNT=0 OPENBLAS_CORETYPE=$core \
         "$py" "$here/tests/gpu/torch_gpt2.py" --device cpu --dtype f32 --L 4 --H 4 --C 256 \
         --V 512 --seq 256 --batch 8 --threads "$threads" --steps "$steps" >"$tmp/out" 2>&1 ||
         { cat "$tmp/out"; exit 1; }

@@ -16,6 +16,7 @@
 #include "train.h"
 #include "dist.h"
 #include "cli.h"
+#include "cpu.h"
 
 static const char usage_main[] =
     "usage: kiln COMMAND MODEL.lua [options]\n"
@@ -893,8 +894,36 @@ static int check_stdout(int rc)
     return rc ? rc : 1;
 }
 
+/* OpenBLAS picks its kernels when it loads; on a CPU newer than the library
+ * it falls back to old ones (runtime/cpu/blas.c). Then kiln runs itself
+ * again with OPENBLAS_CORETYPE set, before doing anything else; ranks that
+ * `--nproc` starts inherit the setting. */
+static void blas_kernels(int argc, char **argv)
+{
+    bool verbose = false;
+    for (int i = 2; i < argc; i++)
+        verbose |= strcmp(argv[i], "-v") == 0 || strcmp(argv[i], "--verbose") == 0;
+    const char *better = rt_blas_better_core();
+    if (!better) {
+        if (verbose)
+            fprintf(stderr, "kiln: OpenBLAS runs its %s kernels%s\n", rt_blas_core(),
+                    getenv("OPENBLAS_CORETYPE") ? " (OPENBLAS_CORETYPE)" : "");
+        return;
+    }
+    if (verbose)
+        fprintf(stderr, "kiln: OpenBLAS chose its %s kernels, older than this CPU; running again "
+                        "with OPENBLAS_CORETYPE=%s\n", rt_blas_core(), better);
+    fflush(stderr);
+    if (setenv("OPENBLAS_CORETYPE", better, 1) == 0)
+        execv("/proc/self/exe", argv);
+    fprintf(stderr, "kiln: cannot run again with OPENBLAS_CORETYPE=%s (%s): GEMMs run OpenBLAS's "
+                    "%s kernels, slower than this CPU allows\n", better, strerror(errno),
+            rt_blas_core());
+}
+
 int main(int argc, char **argv)
 {
+    blas_kernels(argc, argv);
     if (argc < 2 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0 ||
         strcmp(argv[1], "help") == 0) {
         fputs(usage_main, argc < 2 ? stderr : stdout);

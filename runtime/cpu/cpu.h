@@ -83,4 +83,19 @@ bool rt_cpu_device(int threads, const char *cache_dir, bool remeasure, bool verb
  * the cached measurements. */
 char *rt_cpu_model(void);
 
+/* ---- blas.c: OpenBLAS's kernels for this CPU ------------------------------ */
+typedef enum { RT_ISA_SSE, RT_ISA_AVX, RT_ISA_AVX2, RT_ISA_AVX512 } RtIsa;
+/* The widest vector ISA this CPU and OS run (AVX-512 here means F, BW, VL,
+ * DQ and CD, what OpenBLAS's SkylakeX kernels use). */
+RtIsa rt_cpu_isa(void);
+/* The name of the kernels OpenBLAS loaded (openblas_get_corename). */
+const char *rt_blas_core(void);
+/* The OPENBLAS_CORETYPE to force when OpenBLAS chose `core`, a fallback
+ * below AVX2, on a CPU of ISA `cpu` with AVX2 or more ("SkylakeX" or
+ * "Haswell"); NULL when core is right for the CPU. */
+const char *rt_blas_core_for(const char *core, RtIsa cpu);
+/* rt_blas_core_for this process's core and CPU; NULL also when the user
+ * set OPENBLAS_CORETYPE. */
+const char *rt_blas_better_core(void);
+
 #endif

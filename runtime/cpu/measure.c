@@ -1,7 +1,8 @@
 /* measure.c - the `cpu` entry of the cost model's device table, measured on
  * this machine once and cached beside the kernel cache
- * (CACHE/cpu-device-T.txt for T threads, keyed by the CPU's model name and
- * the kernel compiler's version and flags, rt_cc_build_id):
+ * (CACHE/cpu-device-T.txt for T threads, keyed by the CPU's model name,
+ * the kernel compiler's version and flags, rt_cc_build_id, and OpenBLAS's
+ * kernels, rt_blas_core):
  *
  *   f32     FMA peak: T threads each running fmaf chains (8 x 16 floats,
  *           independent) compiled like the kernels (-O3 -march=native,
@@ -297,7 +298,7 @@ static bool read_cached(const char *path, const char *model, CgDevice *dev)
     if (!f)
         return false;
     char line[600];
-    bool same_model = false, same_cc = false;
+    bool same_model = false, same_cc = false, same_blas = false;
     int got = 0;
     while (fgets(line, sizeof line, f)) {
         line[strcspn(line, "\n")] = 0;
@@ -306,6 +307,8 @@ static bool read_cached(const char *path, const char *model, CgDevice *dev)
             same_model = strcmp(line + 6, model) == 0;
         else if (strncmp(line, "cc=", 3) == 0)
             same_cc = strcmp(line + 3, rt_cc_build_id()) == 0;
+        else if (strncmp(line, "blas=", 5) == 0)
+            same_blas = strcmp(line + 5, rt_blas_core()) == 0;
         else if (sscanf(line, "f32=%lf", &v) == 1 && v > 0)
             dev->f32 = v, got |= 1;
         else if (sscanf(line, "gemm=%lf", &v) == 1 && v > 0)
@@ -323,7 +326,7 @@ static bool read_cached(const char *path, const char *model, CgDevice *dev)
             got |= 64;
     }
     fclose(f);
-    return same_model && same_cc && got == 127;
+    return same_model && same_cc && same_blas && got == 127;
 }
 
 bool rt_cpu_device(int threads, const char *cache_dir, bool remeasure, bool verbose,
@@ -346,10 +349,10 @@ bool rt_cpu_device(int threads, const char *cache_dir, bool remeasure, bool verb
                         "in %s)\n", threads, path);
         ok = measure(threads, cache_dir, verbose, dev, d);
         if (ok && rt_mkdir_p(dir)) {
-            char *text = xasprintf("model=%s\ncc=%s\nthreads=%d\nf32=%.6g\ngemm=%.6g\n"
-                                   "bw=%.6g\nbw1=%.6g\nlaunch=%.6g\nwork=%.6g\n"
+            char *text = xasprintf("model=%s\ncc=%s\nblas=%s\nthreads=%d\nf32=%.6g\n"
+                                   "gemm=%.6g\nbw=%.6g\nbw1=%.6g\nlaunch=%.6g\nwork=%.6g\n"
                                    "gemm1=%.6g,%.6g,%.6g,%.6g\n", model, rt_cc_build_id(),
-                                   threads, dev->f32,
+                                   rt_blas_core(), threads, dev->f32,
                                    dev->gemm, dev->bw, dev->bw1, dev->launch_s, dev->work,
                                    dev->gemm1[0], dev->gemm1[1], dev->gemm1[2], dev->gemm1[3]);
             const void *chunk[1] = {text};

@@ -1057,6 +1057,44 @@ static void test_concat_many(void **state)
     fe_model_free(m);
 }
 
+/* runtime/cpu/blas.c: which OPENBLAS_CORETYPE kiln forces. Only a fallback
+ * below AVX2 on a CPU with AVX2 or more is replaced (Prescott on an
+ * Emerald Rapids Xeon, which OpenBLAS 0.3.21 does not know); a core chosen
+ * for the CPU, or any core on an older CPU, stays. */
+static void test_blas_core_choice(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *core;
+        RtIsa cpu;
+        const char *want;
+    } cases[] = {
+        {"Prescott", RT_ISA_AVX512, "SkylakeX"}, {"Prescott", RT_ISA_AVX2, "Haswell"},
+        {"Nehalem", RT_ISA_AVX512, "SkylakeX"},  {"Sandybridge", RT_ISA_AVX2, "Haswell"},
+        {"Core2", RT_ISA_AVX2, "Haswell"},       {"unknown", RT_ISA_AVX512, "SkylakeX"},
+        {"Prescott", RT_ISA_AVX, NULL},          {"Prescott", RT_ISA_SSE, NULL},
+        {"Haswell", RT_ISA_AVX512, NULL},        {"Zen", RT_ISA_AVX512, NULL},
+        {"SkylakeX", RT_ISA_AVX512, NULL},       {"cooperlake", RT_ISA_AVX512, NULL},
+        {"SapphireRapids", RT_ISA_AVX512, NULL}, {"Sandybridge", RT_ISA_AVX, NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        const char *got = rt_blas_core_for(cases[i].core, cases[i].cpu);
+        if (!cases[i].want != !got || (got && strcmp(got, cases[i].want) != 0))
+            fail_msg("core %s on ISA %d: got %s, want %s", cases[i].core, (int)cases[i].cpu,
+                     got ? got : "(none)", cases[i].want ? cases[i].want : "(none)");
+    }
+    const char *core = rt_blas_core();
+    assert_true(core && *core);
+    /* this process's choice follows the rule, unless the user set a core */
+    const char *better = rt_blas_better_core();
+    if (!getenv("OPENBLAS_CORETYPE")) {
+        const char *want = rt_blas_core_for(core, rt_cpu_isa());
+        assert_true(!better == !want);
+    } else {
+        assert_null(better);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1080,6 +1118,7 @@ int main(void)
         cmocka_unit_test(test_models),
         cmocka_unit_test(test_concat_many),
         cmocka_unit_test(test_index_past_2g),
+        cmocka_unit_test(test_blas_core_choice),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
