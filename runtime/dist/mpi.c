@@ -34,6 +34,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -257,16 +258,20 @@ static void run_sharded(RtComm *c, Job *j, int64_t n, const char *what)
     shard_counts(c, j, n, counts, displs, &lo);
     int mine = counts[c->rank];
     float *part = j->part ? j->part : xmalloc(sizeof(float) * (size_t)(mine + 1));
-    MPI_Request rq;
-    int rc;
     if (j->coll == CG_COLL_REDUCE_SCATTER) {
         int64_t at = 0;
         for (int i = 0; i < j->k; i++) {
             j->be->read(j->ctx, j->off[i], c->stage + at, j->bytes[i]);
             at += j->bytes[i] / 4;
         }
-        rc = MPI_Ireduce_scatter(c->stage, part, counts, MPI_FLOAT, MPI_SUM, c->cc, &rq);
-        if (rc != MPI_SUCCESS)
+        /* MPI_Ireduce_scatter: on 2 ranks, what else was tried measured
+         * worse in bench/zero_cpu.sh (median exposed ms per step, against
+         * 0.46 and 0.50 for this): an in-place all-reduce of every bucket
+         * that lies in one rank's shard 0.92, of those up to 512 KB 0.76;
+         * a reduce to the owner (MPI_Ireduce) took 3 ms a bucket. */
+        MPI_Request rq;
+        if (MPI_Ireduce_scatter(c->stage, part, counts, MPI_FLOAT, MPI_SUM, c->cc, &rq) !=
+            MPI_SUCCESS)
             lost(c, what);
         finish(c, rq, what);
         float s = 1.0f / (float)c->size;
@@ -276,8 +281,9 @@ static void run_sharded(RtComm *c, Job *j, int64_t n, const char *what)
             j->be->write(j->ctx, j->sh_off + lo * 4, part, (int64_t)mine * 4);
     } else { /* in flight until poll_fly lands it */
         float *buf = xmalloc(sizeof(float) * (size_t)(n + 1));
-        rc = MPI_Iallgatherv(part, mine, MPI_FLOAT, buf, counts, displs, MPI_FLOAT, c->cc, &rq);
-        if (rc != MPI_SUCCESS)
+        MPI_Request rq;
+        if (MPI_Iallgatherv(part, mine, MPI_FLOAT, buf, counts, displs, MPI_FLOAT, c->cc,
+                            &rq) != MPI_SUCCESS)
             lost(c, what);
         j->part = part;
         Flying f = {rq, *j, buf, ir_now(), ir_now() + c->timeout, n * 4};
@@ -416,6 +422,13 @@ static void run_job(RtComm *c, Job *j)
 static void *comm_main(void *arg)
 {
     RtComm *c = arg;
+    /* The thread polls MPI with 20 us naps, and MPI progresses only in
+     * those polls. With the kernel's default timer slack (50 us) a nap took
+     * 105 us on the 2-core build machine, 58 us with 1 us of slack: each
+     * round of a collective's protocol waits for a poll on both ranks, and
+     * bench/zero_cpu.sh's median exposed time per step went from 0.64 to
+     * 0.35-0.39 ms (zero=0) and 1.04 to 0.46-0.50 ms (zero=1). */
+    prctl(PR_SET_TIMERSLACK, 1000UL);
     pthread_mutex_lock(&c->mu);
     for (;;) {
         while (c->qhead == c->q.n && (!c->quit || c->fly.n)) {
