@@ -425,9 +425,10 @@ static void *comm_main(void *arg)
     /* The thread polls MPI with 20 us naps, and MPI progresses only in
      * those polls. With the kernel's default timer slack (50 us) a nap took
      * 105 us on the 2-core build machine, 58 us with 1 us of slack: each
-     * round of a collective's protocol waits for a poll on both ranks, and
-     * bench/zero_cpu.sh's median exposed time per step went from 0.64 to
-     * 0.35-0.39 ms (zero=0) and 1.04 to 0.46-0.50 ms (zero=1). */
+     * round of a collective's protocol waits for a poll on both ranks. In
+     * alternating runs of bench/zero_cpu.sh (docs/distributed.md, "The comm
+     * thread's naps") the median exposed time per step at batch 4 went from
+     * 0.86 to 0.52 ms (zero=0) and from 2.93 to 0.57 ms (zero=1). */
     prctl(PR_SET_TIMERSLACK, 1000UL);
     pthread_mutex_lock(&c->mu);
     for (;;) {
