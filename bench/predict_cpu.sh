@@ -5,10 +5,10 @@
 # either way). Run it on a quiet machine: the measurement of the CPU (cached
 # after the first run, --remeasure to redo it) and the training runs both
 # read the clock. Each size trains for STEPS steps, or more where the
-# predicted step is short, so that a run lasts about a second: the median
-# of tiny's 20 steps (12 ms in all) fell inside the time OpenBLAS's own
-# threads spin after the library loads, and measured 0.66 to 8.26 ms from
-# one run to the next on 2 threads, against 0.60 ms in runs of 200 steps.
+# predicted step is short, so that a run lasts about a second: tiny's 20
+# steps are 12 ms in all, and one hiccup of the machine moves their median
+# (OpenBLAS's spinning server threads did, 0.66 to 8.26 ms, before kiln
+# stopped them at startup: docs/fusion.md, "Threads on the CPU").
 #
 #   bench/predict_cpu.sh [KILN] [THREADS] [STEPS]
 set -euo pipefail

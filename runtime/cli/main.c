@@ -924,6 +924,7 @@ static void blas_kernels(int argc, char **argv)
 int main(int argc, char **argv)
 {
     blas_kernels(argc, argv);
+    rt_blas_one_thread();
     if (argc < 2 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0 ||
         strcmp(argv[1], "help") == 0) {
         fputs(usage_main, argc < 2 ? stderr : stdout);

@@ -100,7 +100,7 @@ static BackendCtx *cpu_create(const CgPlan *p, const ExecOpts *o, Diag *d)
     int threads = o->threads > 0 ? o->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
     c->threads = threads < 1 ? 1 : threads > 256 ? 256 : threads;
     c->nparts_all = c->threads;
-    openblas_set_num_threads(1);
+    rt_blas_one_thread();
 
     size_t bytes = (size_t)(p->arena_bytes + MEMPLAN_ALIGN - 1) / MEMPLAN_ALIGN * MEMPLAN_ALIGN;
     c->arena = aligned_alloc(MEMPLAN_ALIGN, bytes ? bytes : MEMPLAN_ALIGN);

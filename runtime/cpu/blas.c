@@ -14,6 +14,7 @@
 #include "cpu.h"
 
 #include <cblas.h>
+#include <dlfcn.h>
 #include <stdlib.h>
 #include <strings.h>
 
@@ -72,4 +73,30 @@ const char *rt_blas_better_core(void)
     if (getenv("OPENBLAS_CORETYPE"))
         return NULL;
     return rt_blas_core_for(rt_blas_core(), rt_cpu_isa());
+}
+
+/* kiln never runs OpenBLAS's threads: its own pool splits each GEMM and
+ * calls OpenBLAS on one thread (backend_cpu.c). But a threaded OpenBLAS
+ * starts one server thread per core when it loads, and they spin for about
+ * 2^28 cycles (0.1 s here) before they sleep, on the cores kiln's pool
+ * needs. gpt tiny's median step over 20 steps on 2 threads was 0.70 to
+ * 7.71 ms from one run to the next (the worker losing its core to the
+ * spinning thread, so that every parallel step waited out the pool's grace
+ * for it), against 0.62 to 0.82 ms with OPENBLAS_NUM_THREADS=1, where no
+ * server thread starts. So the threads are stopped at startup with
+ * blas_thread_shutdown_, the function OpenBLAS's own fork handler calls;
+ * it is not in cblas.h, so it is looked up, and a build without it (a
+ * serial OpenBLAS) is left as it is. With one thread set, OpenBLAS runs
+ * every call on the caller and does not start them again. The backend and
+ * the cpu measurement call this too (idempotent), for the tests' processes,
+ * which do not start in kiln's main. */
+void rt_blas_one_thread(void)
+{
+    /* openblas_set_num_threads starts the server threads again when they
+     * are stopped, even for 1: called only while the count is not 1 */
+    if (openblas_get_num_threads() != 1)
+        openblas_set_num_threads(1);
+    int (*shutdown)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "blas_thread_shutdown_");
+    if (shutdown)
+        shutdown();
 }

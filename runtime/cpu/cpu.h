@@ -97,5 +97,8 @@ const char *rt_blas_core_for(const char *core, RtIsa cpu);
 /* rt_blas_core_for this process's core and CPU; NULL also when the user
  * set OPENBLAS_CORETYPE. */
 const char *rt_blas_better_core(void);
+/* OpenBLAS on one thread, its server threads stopped (kiln's pool runs the
+ * GEMMs in parallel): called at startup, before any BLAS call. */
+void rt_blas_one_thread(void);
 
 #endif

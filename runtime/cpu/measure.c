@@ -236,7 +236,7 @@ static bool measure(int threads, const char *cache_dir, bool verbose, CgDevice *
             dlclose(h);
         return false;
     }
-    openblas_set_num_threads(1);
+    rt_blas_one_thread();
     Job *jobs = xcalloc((size_t)threads, sizeof *jobs);
     size_t gn = (size_t)GEMM_N * GEMM_N;
     for (int i = 0; i < threads; i++) {

@@ -8,6 +8,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <cblas.h>
+#include <dirent.h>
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -1095,9 +1097,44 @@ static void test_blas_core_choice(void **state)
     }
 }
 
+static int thread_count(void)
+{
+    DIR *d = opendir("/proc/self/task");
+    assert_non_null(d);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));)
+        n += e->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
+/* runtime/cpu/blas.c: OpenBLAS's server threads (started when the library
+ * loads, one per further core) are stopped, and stay stopped through a
+ * GEMM and a second call (openblas_set_num_threads(1) would start them
+ * again). Runs first, while the process has no thread of kiln's. */
+static void test_blas_threads(void **state)
+{
+    (void)state;
+    /* OpenBLAS's thread count at load is its server threads plus the caller */
+    int before = thread_count(), servers = openblas_get_num_threads() - 1;
+    rt_blas_one_thread();
+    int after = thread_count();
+    assert_int_equal(after, before - servers);
+    float a[4] = {1, 2, 3, 4}, b[4] = {1, 0, 0, 1}, c[4];
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, 2, 2, 2, 1.0f, a, 2, b, 2, 0.0f, c,
+                2);
+    assert_true(c[0] == 1 && c[1] == 2 && c[2] == 3 && c[3] == 4);
+    rt_blas_one_thread();
+    assert_int_equal(thread_count(), after);
+    assert_int_equal(openblas_get_num_threads(), 1);
+    print_message("threads before %d, after %d (OpenBLAS had %d server threads)\n", before, after,
+                  servers);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_blas_threads),
         cmocka_unit_test(test_elementwise_f32),
         cmocka_unit_test(test_exp_tanh_ulp),
         cmocka_unit_test(test_elementwise_int),
