@@ -232,25 +232,40 @@ static const char *step_kind(CgStepKind k)
 }
 
 /* A shard_pack step (ir.h): the result is this rank's part of the args'
- * flat range, zero past it; through the backend's read and write, so any
- * backend runs it (rank-dependent offsets: no kernel of its own). */
+ * flat range, zero past it (rank-dependent offsets: no kernel of its own).
+ * On a host backend with host_ptr it copies from arena to arena; else
+ * through a staging buffer and the backend's read and write, so any backend
+ * runs it. The args are consecutive in the flat order, so the destination
+ * is each arg's part in turn, then zeros. */
 static void shard_pack(Exec *e, const CgStep *st)
 {
     const CgPlan *p = e->plan;
     int64_t off, len, n = st->bytes / 4;
     ir_shard_range(st->sh_total, st->sh_nranks, rt_comm_rank(e->o.comm), &off, &len);
-    float *buf = xcalloc((size_t)n + 1, sizeof(float));
-    int64_t f0 = st->sh_start;
+    float *dst = e->be->host_ptr ? e->be->host_ptr(e->ctx, st->dst) : NULL;
+    float *buf = dst ? dst : xmalloc(sizeof(float) * (size_t)(n + 1));
+    int64_t f0 = st->sh_start, covered = 0; /* buf[0, covered) written */
     for (int a = 0; a < st->nargs; a++) {
         int64_t k = shape_numel(&p->g->t.v[st->args[a]].s);
         int64_t lo = f0 > off ? f0 : off, hi = f0 + k < off + len ? f0 + k : off + len;
-        if (lo < hi)
-            e->be->read(e->ctx, cg_offset(p, st->args[a]) + (lo - f0) * 4, buf + (lo - off),
-                        (hi - lo) * 4);
+        if (lo < hi) {
+            if (lo - off > covered)
+                memset(buf + covered, 0, sizeof(float) * (size_t)(lo - off - covered));
+            int64_t src = cg_offset(p, st->args[a]) + (lo - f0) * 4;
+            if (dst)
+                memcpy(buf + (lo - off), e->be->host_ptr(e->ctx, src), (size_t)(hi - lo) * 4);
+            else
+                e->be->read(e->ctx, src, buf + (lo - off), (hi - lo) * 4);
+            covered = hi - off;
+        }
         f0 += k;
     }
-    e->be->write(e->ctx, st->dst, buf, n * 4);
-    free(buf);
+    if (n > covered)
+        memset(buf + covered, 0, sizeof(float) * (size_t)(n - covered));
+    if (!dst) {
+        e->be->write(e->ctx, st->dst, buf, n * 4);
+        free(buf);
+    }
 }
 
 /* Plan step s: allreduce starts and waits go to the communication thread

@@ -172,6 +172,10 @@ typedef struct {
      * the device code cache (CACHE/cuda, written by the module, which links
      * nothing of kilncore) after create. */
     bool host;
+    /* Optional, for a host backend: the address of arena offset off, so
+     * that the executor's own copies (shard_pack) go from arena to arena
+     * instead of through a staging buffer. NULL: read and write only. */
+    void *(*host_ptr)(BackendCtx *c, int64_t off);
 } Backend;
 
 /* A backend's optional extensions; each hook may be NULL. */
@@ -216,12 +220,13 @@ typedef struct BackendExt {
 struct CgCudaProgram; /* codegen.h */
 
 /* What the module needs from kiln (it links nothing of kilncore). */
-#define RT_CUDA_ABI 9 /* 2: Backend.ext; 3: BackendExt.arena_bytes, CgCudaProgram.mem;
+#define RT_CUDA_ABI 10 /* 2: Backend.ext; 3: BackendExt.arena_bytes, CgCudaProgram.mem;
                          4: Backend.host; 5: RtCommEvent.exposed;
                          6: CgCudaProgram.cast_off, cast_now, cast_bytes;
                          7: cast groups (cast_group...) instead of cast_now;
                          8: CgKernel.flat, CgStep.lo and hi (the plan's layout);
-                         9: CgCudaFn.range, CgCudaProgram.step_range (pieces) */
+                         9: CgCudaFn.range, CgCudaProgram.step_range (pieces);
+                         10: Backend.host_ptr */
 typedef struct {
     int abi; /* RT_CUDA_ABI */
     struct CgCudaProgram *(*program)(const struct CgPlan *p, bool bf16);

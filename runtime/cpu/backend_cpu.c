@@ -235,6 +235,11 @@ static void cpu_read(BackendCtx *c, int64_t off, void *dst, int64_t bytes)
     memcpy(dst, c->arena + off, (size_t)bytes);
 }
 
+static void *cpu_host_ptr(BackendCtx *c, int64_t off)
+{
+    return c->arena + off;
+}
+
 /* One block of a GEMM: rows [m0, m1) and columns [n0, n1) of batch entries
  * [b0, b1). */
 static void gemm_block(BackendCtx *c, const CgGemm *m, int64_t b0, int64_t b1, int64_t m0,
@@ -324,4 +329,5 @@ static void cpu_sync(BackendCtx *c) { (void)c; }
 
 const Backend rt_backend_cpu = {
     "cpu", cpu_create, cpu_destroy, cpu_write, cpu_read, cpu_run_step, cpu_sync, NULL, true,
+    cpu_host_ptr,
 };

@@ -869,7 +869,7 @@ static const BackendExt backend_cuda_ext = {
 
 static const Backend backend_cuda = {
     "cuda", cuda_create, cuda_destroy, cuda_write, cuda_read, cuda_run_step, cuda_sync,
-    &backend_cuda_ext, false,
+    &backend_cuda_ext, false, NULL,
 };
 
 const Backend *kiln_cuda_backend(const RtCudaHost *h)

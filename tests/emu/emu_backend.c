@@ -500,6 +500,7 @@ static void emu_sync(BackendCtx *c) { (void)c; }
 
 const Backend emu_backend_cuda = {
     "cuda-emu", emu_create, emu_destroy, emu_write, emu_read, emu_run_step, emu_sync, NULL, false,
+    NULL,
 };
 
 const CgCudaProgram *emu_backend_program(const BackendCtx *c) { return c->q; }
