@@ -77,9 +77,9 @@ const char *rt_blas_better_core(void)
 
 /* kiln never runs OpenBLAS's threads: its own pool splits each GEMM and
  * calls OpenBLAS on one thread (backend_cpu.c). But a threaded OpenBLAS
- * starts one server thread per core when it loads, and they spin for about
- * 2^28 cycles (0.1 s here) before they sleep, on the cores kiln's pool
- * needs. gpt tiny's median step over 20 steps on 2 threads was 0.70 to
+ * starts a server thread per further core when it loads, and they spin
+ * before they sleep (one took 60 ms of CPU in the first half second of a
+ * gpt tiny run here), on the cores kiln's pool needs. gpt tiny's median step over 20 steps on 2 threads was 0.70 to
  * 7.71 ms from one run to the next (the worker losing its core to the
  * spinning thread, so that every parallel step waited out the pool's grace
  * for it), against 0.62 to 0.82 ms with OPENBLAS_NUM_THREADS=1, where no
