@@ -476,13 +476,18 @@ static void shard_grad_outputs(Graph *g, int shard)
  * end of its operand). The ops of the old order between the
  * reduce_scatter and `ready` that the operand does not need (zero=1: the
  * shard_packs of the params and their zero consts, which the optimizer
- * emits between the reduce_scatter and the squared norm) move to right
- * after the start, in their order, so they run while the scalar is
- * reduced instead of before it starts (docs/distributed.md, step 3).
- * Fused ops stay with their kernel, and an op stays when a staying op
- * reads it (found in one pass from `ready` down: readers come after what
- * they read), so every op still follows what it reads; a moved op only
- * goes later, before every reader it had after `ready`. */
+ * emits between the reduce_scatter and the squared norm) move: a
+ * shard_pack that reads params only (the params' shard) to right before
+ * the reduce-scatter waits, so that it runs while the last buckets are
+ * reduced (the last one starts when backward ends and is otherwise waited
+ * for at once), and the rest to right after the norm's start, in their
+ * order, so they run while the scalar is reduced instead of before it
+ * starts (docs/distributed.md, step 3). Fused ops stay with their kernel,
+ * and an op stays when a staying op reads it (found in one pass from
+ * `ready` down: readers come after what they read), so every op still
+ * follows what it reads; a moved op goes later, before every reader it
+ * had after `ready`, or (the params' shard_pack, which reads no op of the
+ * step) earlier, to where the reduce_scatter was. */
 static void sink_past_start(Placer *p, int ready)
 {
     Graph *g = p->g;
@@ -508,8 +513,16 @@ static void sink_past_start(Placer *p, int ready)
         }
     }
     for (int i = lo + 1; i <= ready; i++)
-        if (!need[i - lo - 1])
-            place(p, i, ready, 1); /* after the start (same key, later seq) */
+        if (!need[i - lo - 1]) {
+            const Op *op = &g->ops.v[i];
+            bool params_only = op->code == OP_SHARD_PACK;
+            for (int j = 0; j < op->nin && params_only; j++)
+                params_only = g->t.v[op->in[j]].op < 0;
+            if (params_only) /* before the waits, which sit at the reduce_scatter's place */
+                place(p, i, lo, -2000000);
+            else
+                place(p, i, ready, 1); /* after the start (same key, later seq) */
+        }
     free(need);
 }
 

@@ -11,7 +11,9 @@
  * shortens the result's live range and never lengthens a live range more
  * than the unit's own results would have been live. A unit between a
  * scalar all-reduce's start and its wait does not sink: it hides the
- * all-reduce (zero=1's global norm, passes/comm.c). Last, each
+ * all-reduce (zero=1's global norm, passes/comm.c); nor does an optimizer
+ * unit between a reduce-scatter bucket's start and its wait (zero=1's
+ * params' shard_pack, which hides the last buckets). Last, each
  * attention_lse moves to right after its sibling attention op (same q, k and
  * attrs), so the backend computes both in one kernel (codegen/plan.c); that
  * lengthens only the lse's own small [..., T, 1] life. */
@@ -183,6 +185,21 @@ bool pass_schedule(Graph *g, const PassOpts *o, Diag *d)
             if (w->code == OP_ALLREDUCE_WAIT && w->in[0] == st->out)
                 break;
             s.deferred[s.unit[k]] = false;
+        }
+    }
+    /* likewise an optimizer unit between a reduce-scatter bucket's start
+     * and its wait (zero=1: the params' shard_pack, which comm.c puts
+     * before the waits to hide the last buckets) */
+    for (int i = 0; i < n; i++) {
+        const Op *st = &g->ops.v[i];
+        if (st->code != OP_REDUCE_SCATTER_START)
+            continue;
+        for (int k = i + 1; k < n; k++) {
+            const Op *w = &g->ops.v[k];
+            if (w->code == OP_REDUCE_SCATTER_WAIT && w->in[0] == st->out)
+                break;
+            if (w->flags & OPF_OPTIM)
+                s.deferred[s.unit[k]] = false;
         }
     }
     for (int i = 0; i < n; i++) {

@@ -9,8 +9,9 @@
  *   not with zero=1 (it plans against the smaller persistent region);
  * - the comm pass for 2 ranks: reduce-scatter buckets start where their
  *   last gradient is finished (the first before backward ends), the waits
- *   chain through one shard buffer (memplan), one scalar all-reduce with
- *   the shard_packs between its start and wait, the all-gathers after the
+ *   chain through one shard buffer (memplan), the params' shard_pack
+ *   between the last start and the first wait, one scalar all-reduce with
+ *   the other shard_pack between its start and wait, the all-gathers after the
  *   new shard; the dump parses back to the same text;
  *   the all-gathers start in the order the forward first reads their
  *   params (gpt's tied wte first);
@@ -176,6 +177,16 @@ static void test_interp_one_rank(void **state)
             check_one_rank(models[k], acc);
 }
 
+/* The index of g's last reduce_scatter_start. */
+static int nrs_last(const Graph *g)
+{
+    int last = -1;
+    for (int i = 0; i < g->ops.n; i++)
+        if (g->ops.v[i].code == OP_REDUCE_SCATTER_START)
+            last = i;
+    return last;
+}
+
 /* 2 ranks, the final schedule of gpt: placement and the shard buffer. */
 static void test_placement(void **state)
 {
@@ -183,7 +194,7 @@ static void test_placement(void **state)
     const char *sets[] = {"batch=2"};
     Graph *g = step_graph("models/gpt.lua", sets, 1, 2, 1, 1, "schedule");
     int last_bwd = -1, first_rs = -1, nrs = 0, nar = 0, nag = 0, first_ag = -1, last_rsw = -1;
-    int acc = -1, ar_start = -1, ar_wait = -1;
+    int acc = -1, ar_start = -1, ar_wait = -1, last_rss = -1, first_rsw = -1, npack = 0;
     for (int i = 0; i < g->ops.n; i++) {
         const Op *op = &g->ops.v[i];
         if (op->flags & OPF_BACKWARD)
@@ -214,15 +225,32 @@ static void test_placement(void **state)
                 acc = op->in[0];
             assert_int_equal(op->in[0], acc); /* one shard buffer */
         }
-        if (op->code == OP_REDUCE_SCATTER_WAIT)
+        if (op->code == OP_REDUCE_SCATTER_START)
+            last_rss = i;
+        if (op->code == OP_REDUCE_SCATTER_WAIT) {
             last_rsw = i;
+            if (first_rsw < 0)
+                first_rsw = i;
+        }
         if (op->code == OP_ALLREDUCE_START)
             nar++, ar_start = i;
         if (op->code == OP_ALLREDUCE_WAIT && ar_start >= 0 && ar_wait < 0)
             ar_wait = i;
-        if (op->code == OP_SHARD_PACK && (ar_start < 0 || ar_wait >= 0))
-            fail_msg("shard_pack at op %d is not between the norm's allreduce_start and wait",
-                     i);
+        if (op->code == OP_SHARD_PACK) {
+            /* the params' (it reads params only) hides the last reduce-scatter
+             * buckets: after the last start, before the first wait; the other
+             * (zeros for params without decay) hides the norm's all-reduce */
+            bool params_only = true;
+            for (int j = 0; j < op->nin; j++)
+                params_only = params_only && g->t.v[op->in[j]].op < 0;
+            npack++;
+            if (params_only && (last_rss < 0 || first_rsw >= 0 || last_rss != nrs_last(g)))
+                fail_msg("the params' shard_pack at op %d is not between the last "
+                         "reduce_scatter_start and the first reduce_scatter_wait", i);
+            if (!params_only && (ar_start < 0 || ar_wait >= 0))
+                fail_msg("shard_pack at op %d is not between the norm's allreduce_start "
+                         "and wait", i);
+        }
         if (op->code == OP_ALL_GATHER_START) {
             nag++;
             if (first_ag < 0)
@@ -232,10 +260,11 @@ static void test_placement(void **state)
     assert_true(nrs >= 3);
     assert_true(first_rs < last_bwd); /* overlaps backward */
     assert_int_equal(nar, 1);         /* the norm's scalar */
-    /* the shard_packs (which the norm does not need) run while it is
-     * reduced: after its start, before its wait (comm's sink_past_start,
-     * and schedule leaves them there) */
-    assert_true(ar_start >= 0 && ar_wait > ar_start + 2);
+    /* the shard_packs, which neither the waits nor the norm need, run
+     * while the last buckets and the norm are reduced (comm's
+     * sink_past_start, and schedule leaves them there) */
+    assert_int_equal(npack, 2);
+    assert_true(ar_start >= 0 && ar_wait > ar_start + 1);
     assert_true(nag >= 3 && first_ag > last_rsw);
     /* every param is updated by the wait of its gather, in place */
     Diag d = {{0}};
