@@ -10,7 +10,9 @@
 # BATCH 1 makes the communication a larger share of the step), --nproc 2,
 # grad_accum GRAD_ACCUM (default 1).
 # Per run: kiln train's summary line (median over its steps of exposed and
-# busy communication ms, step ms); zero=1 also prints the split per
+# busy communication ms, step ms; and the mean of the steps' exposed ms,
+# which counts the few steps that stall where most wait for nothing and
+# the median is 0); zero=1 also prints the split per
 # collective, and the last line gives the all-gathers' exposed ms per step
 # (they should hide behind the next forward: with GRAD_ACCUM > 1, the first
 # micro-batch's). The last column is the median time of the loss's mean
@@ -30,31 +32,32 @@ trap 'rm -rf "$log" "$tdir"' EXIT
 
 median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }'; }
 
-run() { # ZERO: one kiln train; prints "exposed busy step all-gather-exposed loss-mean" (ms; - for zero=0)
+run() { # ZERO: one kiln train; prints "exposed busy step all-gather-exposed loss-mean mean-exposed" (ms; - for zero=0)
     "$kiln" train models/gpt.lua --steps "$steps" -q --nproc 2 --set L=4 --set C=256 \
         --set H=4 --set T=64 --set batch="$batch" --set bucket_mb=1 --set grad_accum="$accum" \
         --set zero="$1" --trace "$tdir/t.json" >"$log" 2>&1 ||
         { cat "$log" >&2; exit 1; }
-    local ex busy st ag
+    local ex busy st ag mx
     ex=$(sed -n 's/^comm:.*| exposed \([0-9.]*\) ms.*/\1/p' "$log")
+    mx=$(sed -n 's/^comm:.*| mean exposed \([0-9.]*\) ms.*/\1/p' "$log")
     busy=$(sed -n 's/^comm:.*communication \([0-9.]*\) ms.*/\1/p' "$log")
     st=$(sed -n 's/^final:.*median \([0-9.]*\) ms\/step.*/\1/p' "$log")
     ag=$(sed -n 's/^comm by collective.*all-gather [0-9.]* ms, exposed \([0-9.]*\) ms.*/\1/p' "$log")
     lm=$(grep '"name":"allreduce host"' "$tdir/t.json" |
         sed -n 's/.*"dur":\([0-9.]*\).*/\1/p' | awk '{ print $1 / 1000 }' | median)
     grep '^comm by collective' "$log" >&2 || true
-    echo "$ex $busy $st ${ag:--} ${lm:--}"
+    echo "$ex $busy $st ${ag:--} ${lm:--} $mx"
 }
 
 echo "gpt.lua L=4 C=256 T=64 batch=$batch grad_accum=$accum, 2 CPU ranks, $steps steps per run, $rounds runs each (load: $(cut -d' ' -f1-3 /proc/loadavg))"
 printf '%-7s %22s %22s %18s %22s\n' zero "exposed ms (runs)" "comm busy ms (runs)" "step ms (runs)" \
     "loss mean ms (runs)"
-declare -A ex busy st lm
+declare -A ex busy st lm mx
 ags=""
 for ((r = 0; r < rounds; r++)); do
     for z in 0 1; do
-        read -r e b s a l < <(run "$z")
-        ex[$z]+="$e " busy[$z]+="$b " st[$z]+="$s " lm[$z]+="$l "
+        read -r e b s a l m < <(run "$z")
+        ex[$z]+="$e " busy[$z]+="$b " st[$z]+="$s " lm[$z]+="$l " mx[$z]+="$m "
         [ "$z" = 1 ] && ags+="$a "
     done
 done
@@ -63,7 +66,14 @@ for z in 0 1; do
 done
 m0=$(printf '%s\n' ${ex[0]} | median)
 m1=$(printf '%s\n' ${ex[1]} | median)
-echo "median exposed: zero=0 $m0 ms, zero=1 $m1 ms; zero=1 / zero=0 = $(echo "$m1 / $m0" | bc -l | cut -c1-5)x (goal: <= 1.2x)"
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.3fx", a / b; else if (a > 0) print "inf"; else print "- (both 0)" }'; }
+echo "median exposed: zero=0 $m0 ms, zero=1 $m1 ms; zero=1 / zero=0 = $(ratio "$m1" "$m0") (goal: <= 1.2x)"
+for z in 0 1; do
+    printf 'mean exposed per step, zero=%s (runs): %s\n' "$z" "${mx[$z]}"
+done
+a0=$(printf '%s\n' ${mx[0]} | median)
+a1=$(printf '%s\n' ${mx[1]} | median)
+echo "median of the runs' mean exposed: zero=0 $a0 ms, zero=1 $a1 ms; zero=1 / zero=0 = $(ratio "$a1" "$a0")"
 echo "zero=1 all-gather exposed per step (runs): $ags(median $(printf '%s\n' $ags | median) ms)"
 s0=$(printf '%s\n' ${st[0]} | median)
 s1=$(printf '%s\n' ${st[1]} | median)

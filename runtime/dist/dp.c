@@ -488,10 +488,15 @@ void rt_dp_summary(const RtDp *dp, FILE *f)
     double overlap = comm > 0 ? 100.0 * (1.0 - exposed / comm) : 0;
     if (overlap < 0)
         overlap = 0;
+    /* the mean as well: a median of steps that mostly wait nothing is 0
+     * and hides the few that stall */
+    double mean = 0;
+    for (int i = 0; i < n; i++)
+        mean += dp->exposed_ms.v[i] / n;
     fprintf(f,
             "comm: %d ranks x %d micro-batch%s | per step (median of %d, rank 0): "
-            "communication %.2f ms | exposed %.2f ms | overlap %.1f%%\n",
-            dp->size, dp->K, dp->K == 1 ? "" : "es", n, comm, exposed, overlap);
+            "communication %.2f ms | exposed %.2f ms | overlap %.1f%% | mean exposed %.2f ms\n",
+            dp->size, dp->K, dp->K == 1 ? "" : "es", n, comm, exposed, overlap, mean);
     if (dp->sharded) { /* zero=1: the same per collective */
         static const char *const kind[3] = {"all-reduce", "reduce-scatter", "all-gather"};
         fprintf(f, "comm by collective (zero=1, median per step):");

@@ -38,7 +38,7 @@ grep -q "allreduce_start" "$T/out" && fail "one rank got collectives"
 # training: the summary line and a trace per rank
 "$KILN" train models/mlp.lua --nproc 2 --steps 4 --set bucket_mb=0.01 \
     --trace "$T/tr.json" >"$T/out" 2>&1 || fail "train --nproc 2"
-grep -Eq "^comm: 2 ranks x 1 micro-batch \| per step \(median of 4, rank 0\): communication [0-9.]+ ms \| exposed [0-9.]+ ms \| overlap [0-9.]+%" "$T/out" ||
+grep -Eq "^comm: 2 ranks x 1 micro-batch \| per step \(median of 4, rank 0\): communication [0-9.]+ ms \| exposed [0-9.]+ ms \| overlap [0-9.]+% \| mean exposed [0-9.]+ ms$" "$T/out" ||
     fail "no comm summary line"
 [ "$(grep -c '^final:' "$T/out")" -eq 1 ] || fail "expected one final line (rank 0 only)"
 # several ranks: each step line projects the end of the run's own steps
