@@ -5,10 +5,13 @@
 #
 #   bench/zero_cpu.sh [KILN] [STEPS] [ROUNDS] [GRAD_ACCUM] [BATCH]
 #
-# gpt.lua at L=4 C=256 H=4 T=64 batch=BATCH (default 4) bucket_mb=1 (3.2 M
-# params, 13 buckets: the config docs/distributed.md measures overlap on;
-# BATCH 1 makes the communication a larger share of the step), --nproc 2,
-# grad_accum GRAD_ACCUM (default 1).
+# gpt.lua at L=4 C=256 H=4 T=64 batch=BATCH bucket_mb=1 (3.2 M params, 13
+# buckets: the config docs/distributed.md measures overlap on), --nproc 2,
+# grad_accum GRAD_ACCUM (default 1). BATCH defaults to 1, where the
+# communication is the largest share of the step (15-18 ms of a 40-45 ms
+# step busy with zero=0); at batch 4 both settings hide it all in the
+# median step. STEPS defaults to 100 and ROUNDS to 5: the exposed times are
+# tenths of a millisecond, and a run of 20 steps moves its median by more.
 # Per run: kiln train's summary line (median over its steps of exposed and
 # busy communication ms, step ms; and the mean of the steps' exposed ms,
 # which counts the few steps that stall where most wait for nothing and
@@ -22,10 +25,10 @@
 # busy machine the numbers move a lot: compare the ratio, and run again.
 set -euo pipefail
 kiln=${1:-build/kiln}
-steps=${2:-20}
-rounds=${3:-3}
+steps=${2:-100}
+rounds=${3:-5}
 accum=${4:-1}
-batch=${5:-4}
+batch=${5:-1}
 log=$(mktemp "${TMPDIR:-/tmp}/kiln-bench-zero-XXXXXX")
 tdir=$(mktemp -d "${TMPDIR:-/tmp}/kiln-bench-zero-trace-XXXXXX")
 trap 'rm -rf "$log" "$tdir"' EXIT

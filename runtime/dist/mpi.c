@@ -496,13 +496,14 @@ static void push_job(RtComm *c, Job j)
  * thread of the same weight waits out the running one's time slice: on the
  * 2-core build machine, with two threads spinning, 1% of 20 us naps lasted
  * 1.3-1.9 ms and the longest 5 ms; with the sleeper 5 levels above them
- * the 99th percentile was 74-93 us. In bench/zero_cpu.sh at batch 1 the
- * median exposed time per step fell from 2.08 to 0.23 ms (zero=0) and from
- * 3.11 to 1.08 ms (zero=1); docs/distributed.md, "The communication
- * thread". Linux's nice is per thread and a new thread takes its
- * creator's: the caller raises itself, creates the thread and steps back;
- * where it may not raise itself (no CAP_SYS_NICE, RLIMIT_NICE at 0: most
- * users) it creates the thread and then lowers itself instead. */
+ * the 99th percentile was 74-93 us. In bench/zero_cpu.sh at batch 1 (4
+ * alternating pairs) the median exposed time per step fell from 2.69 to
+ * 0.20 ms (zero=0) and from 2.87 to 1.36 ms (zero=1); docs/distributed.md,
+ * "The comm thread's priority". Linux's nice is per thread and a new
+ * thread takes its creator's: the caller raises itself, creates the
+ * thread and steps back; where it may not raise itself (no CAP_SYS_NICE,
+ * RLIMIT_NICE at 0: most users) it creates the thread and then lowers
+ * itself instead. */
 enum { COMM_NICE_GAP = 5 };
 
 static void start_comm_thread(RtComm *c)
