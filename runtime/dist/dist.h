@@ -36,6 +36,9 @@ void rt_comm_start(RtComm *c, const struct CgPlan *p, int s, const Backend *be,
 void rt_comm_wait(RtComm *c, int bucket);
 /* Mean over ranks of n host doubles, in place (blocking). */
 void rt_comm_mean(RtComm *c, double *v, int n);
+/* The same for the mean that ends each training step (the loss, the stop
+ * signals): all of its wait counts as exposed time (RtCommStats). */
+void rt_comm_step_mean(RtComm *c, double *v, int n);
 /* Per step: communication time (the comm thread's busy time), exposed time
  * (compute blocked in waits), and the events since the last reset. */
 typedef struct {

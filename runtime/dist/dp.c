@@ -389,7 +389,7 @@ float rt_dp_loss(RtDp *dp, float last, const float *extra_last, float *extra)
         v[1 + i] = ((double)extra_last[i] + (dp->nmicro ? dp->micro_scalar[i] : 0)) / div;
     v[n + 1] = sig == SIGINT;
     v[n + 2] = sig != 0 && sig != SIGINT;
-    rt_comm_mean(dp->comm, v, dp->size > 1 ? n + 3 : n + 1);
+    rt_comm_step_mean(dp->comm, v, dp->size > 1 ? n + 3 : n + 1);
     dp->stop = v[n + 2] > 0 ? SIGTERM : v[n + 1] > 0 ? SIGINT : 0;
     float loss = (float)v[0];
     for (int i = 0; i < n; i++)

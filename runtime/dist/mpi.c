@@ -15,12 +15,14 @@
  * non-blocking collectives by issue order, the same on every rank) and lands
  * when its request completes, so the gathers overlap the next forward and
  * never hold up a host collective. An all-gather's start is held on the
- * calling thread until its next call into RtComm (a start, a wait, a host
- * collective, the close): a host collective then goes to MPI before the
- * held gathers, so the loss's mean that `kiln train` runs right after each
- * step does not wait behind the step's gathers (a small message queued
- * behind them in MPI completes only after their data), and the gathers
- * overlap the next forward instead; the release points are the calling
+ * calling thread until its next call into RtComm that is not a host
+ * collective (a start, a wait, the next step's rt_comm_stats_reset, the
+ * close): a host collective then goes to MPI before the held gathers, so
+ * the loss's mean that `kiln train` runs right after each step does not
+ * wait behind the step's gathers (a small message queued behind them in
+ * MPI completes only after their data, and the comm threads copying their
+ * data leave its callers no core to wake on), and the gathers overlap the
+ * next forward instead; the release points are the calling
  * thread's program order, the same on every rank, so every rank issues the
  * collectives in the same order (rt_comm_release is one more: the executor
  * releases zero=1's first gather bucket at once when the shard update's
@@ -674,14 +676,22 @@ void rt_comm_wait(RtComm *c, int bucket)
     pthread_mutex_unlock(&c->mu);
 }
 
-/* Queues host job j ahead of the held all-gathers, releases them, and
- * waits for j. Until the bucket collectives already queued, running or in
+/* Queues host job j ahead of the held all-gathers and waits for j; they
+ * stay held until the caller's next call (the next step's
+ * rt_comm_stats_reset, a start, a wait). Released with j, the comm threads
+ * started them and copied their data on every core while j's callers
+ * waited to be woken: the loss's mean took 2.96 ms a step in the median
+ * (0.27 with zero=0; docs/distributed.md, "The held gathers after the
+ * step's mean"). Until the bucket collectives already queued, running or in
  * flight when j was queued have all finished (zero=1's all-gathers outlive
  * the step), the time j takes is exposed time of those buckets: the
  * calling thread waits for them as it would in rt_comm_wait (MPI completes
  * j after the data queued before it). Counted under the all-gathers' kind
- * when one of them is among those buckets. */
-static void host_job(RtComm *c, Job j)
+ * when one of them is among those buckets. With step_sync (the mean that
+ * ends every training step) the rest of the wait is exposed time too,
+ * under the all-reduces': the compute thread waits for it every step, for
+ * the slower rank and for whatever the comm thread runs first. */
+static void host_job(RtComm *c, Job j, bool step_sync)
 {
     bool done = false;
     double t0 = ir_now();
@@ -699,7 +709,6 @@ static void host_job(RtComm *c, Job j)
                 kind = c->bucket_coll[b];
         }
     vec_push(&c->q, j);
-    release_held(c);
     pthread_cond_broadcast(&c->cv);
     while (!done)
         pthread_cond_wait(&c->cv, &c->mu);
@@ -714,6 +723,11 @@ static void host_job(RtComm *c, Job j)
     if (kind >= 0 && end > t0) {
         c->exposed_s += end - t0;
         c->exposed_by[kind] += end - t0;
+    } else
+        end = t0;
+    if (step_sync && t1 > end) {
+        c->exposed_s += t1 - end;
+        c->exposed_by[CG_COLL_ALLREDUCE] += t1 - end;
     }
     vec_free(&ahead);
     pthread_mutex_unlock(&c->mu);
@@ -723,7 +737,14 @@ void rt_comm_mean(RtComm *c, double *v, int n)
 {
     if (!c || c->size == 1)
         return;
-    host_job(c, (Job){.bucket = -1, .host = v, .nhost = n});
+    host_job(c, (Job){.bucket = -1, .host = v, .nhost = n}, false);
+}
+
+void rt_comm_step_mean(RtComm *c, double *v, int n)
+{
+    if (!c || c->size == 1)
+        return;
+    host_job(c, (Job){.bucket = -1, .host = v, .nhost = n}, true);
 }
 
 void rt_comm_allgather(RtComm *c, const float *mine, int64_t n, float *all)
@@ -734,14 +755,15 @@ void rt_comm_allgather(RtComm *c, const float *mine, int64_t n, float *all)
     }
     /* host: the receive buffer (floats, not doubles: JOB_GATHER's own use) */
     host_job(c, (Job){.bucket = JOB_GATHER, .buf = (void *)mine, .nbuf = (size_t)n,
-                      .host = (double *)(void *)all});
+                      .host = (double *)(void *)all},
+             false);
 }
 
 void rt_comm_bcast(RtComm *c, void *buf, size_t n)
 {
     if (!c || c->size == 1 || n == 0)
         return;
-    host_job(c, (Job){.bucket = JOB_BCAST, .buf = buf, .nbuf = n});
+    host_job(c, (Job){.bucket = JOB_BCAST, .buf = buf, .nbuf = n}, false);
 }
 
 double rt_comm_timeout(const RtComm *c) { return c ? c->timeout : 0; }

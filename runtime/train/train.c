@@ -914,8 +914,12 @@ int rt_train(const Model *m, const TrainOpts *o)
             goto out;
         for (int i = 0; i < r.nx; i++)
             read_f32(r.te, &r.tg->t.v[r.x_t[i]], &r.x_val[i]);
+        double t_m = ir_now();
         loss = rt_dp_loss(r.dp, read_loss(r.te, r.tg), r.x_val, r.x_val);
         double t_c = ir_now();
+        if (rt_dp_size(r.dp) > 1) /* the compute thread's wait for the step's mean */
+            rt_trace_event(r.trace, "mean over ranks", "comm", 1e6 * (t_m - r.t0),
+                           1e6 * (t_c - t_m), 0);
         rt_dp_after_step(r.dp, r.trace, r.t0, r.step - first < TRACE_KERNEL_STEPS);
         phase(&r, PH_DATA, t_a, t_b);
         phase(&r, PH_STEP, t_b, t_c);

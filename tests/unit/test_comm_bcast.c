@@ -1,13 +1,15 @@
 /* test_comm_bcast.c - rt_comm_bcast across 2 MPI ranks (the NCCL unique id
  * travels this way), in order with the other collectives; and the device
  * collectives' source of statistics (rt_comm_set_source,
- * rt_comm_add_events).
+ * rt_comm_add_events); the step's mean (rt_comm_step_mean) counts its
+ * wait as exposed time, a plain mean does not.
  *
  * The cmocka test starts this binary as 2 ranks through rt_launch (mpirun;
  * without mpirun on PATH it exits 77, which ctest reports as Skipped);
  * under mpirun the process runs rank_main instead, whose exit status is the
  * verdict. A second launch with KILN_TEST_BCAST_SKIP=1 (the ranks leave the
  * broadcast out) must fail: the checks can fail. */
+#include "codegen.h"
 #include "runtime.h"
 #include "dist.h"
 #include "testutil.h"
@@ -15,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static int nfail;
 
@@ -101,6 +104,30 @@ static int rank_main(void)
     rt_comm_stats(c, &st);
     CHECK(npull == 2 && st.nev == 0 && st.exposed_s == 0, "after removal: pulled %d, %d events",
           npull, st.nev);
+
+    /* the mean that ends a training step: all of its wait is exposed time,
+     * under the all-reduces (rank 1 comes 50 ms late, so rank 0 waits at
+     * least 40); an ordinary mean's wait is not */
+    for (int step = 0; step < 2; step++) {
+        double one = 1;
+        rt_comm_mean(c, &one, 1); /* both ranks start together */
+        rt_comm_stats_reset(c);
+        if (rt_comm_rank(c) == 1)
+            nanosleep(&(struct timespec){0, 50000000}, NULL);
+        double x = rt_comm_rank(c);
+        if (step)
+            rt_comm_step_mean(c, &x, 1);
+        else
+            rt_comm_mean(c, &x, 1);
+        rt_comm_stats(c, &st);
+        CHECK(x == 0.5, "mean %g", x);
+        if (rt_comm_rank(c) == 0 && step)
+            CHECK(st.exposed_s >= 0.04 && st.exposed_by[CG_COLL_ALLREDUCE] == st.exposed_s,
+                  "the step's mean: exposed %g s, %g s under the all-reduces", st.exposed_s,
+                  st.exposed_by[CG_COLL_ALLREDUCE]);
+        if (!step)
+            CHECK(st.exposed_s == 0, "an ordinary mean: exposed %g s", st.exposed_s);
+    }
 
     /* every rank learns the verdict, so all close together */
     double f = nfail;

@@ -808,10 +808,11 @@ static void test_checkpoints(void **state)
 }
 
 /* The trace's collective events in t (a Chrome trace): per event its kind
- * (0 host collective, 1 reduce-scatter, 2 all-gather, -1 other) and start
- * (ts, us); returns how many, sorted by start. Caller frees *ev. */
+ * (0 host collective, 1 reduce-scatter, 2 all-gather, 3 the compute
+ * thread's wait for the step's mean, -1 other), start and end (ts, ts +
+ * dur, us); returns how many, sorted by start. Caller frees *ev. */
 typedef struct {
-    double ts;
+    double ts, end;
     int kind;
 } CollEv;
 
@@ -828,9 +829,12 @@ static int coll_events(const char *t, CollEv **ev)
         const char *nm = q + 9, *ts = strstr(q, "\"ts\":"), *end = strchr(q, '}');
         if (!ts || !end || ts > end)
             continue;
-        CollEv e = {atof(ts + 5), -1};
+        const char *dur = strstr(q, "\"dur\":");
+        CollEv e = {atof(ts + 5), atof(ts + 5) + (dur && dur < end ? atof(dur + 6) : 0), -1};
         if (strncmp(nm, "allreduce host", 14) == 0)
             e.kind = 0;
+        else if (strncmp(nm, "mean over ranks\"", 16) == 0)
+            e.kind = 3;
         else if (strncmp(nm, "reduce-scatter bucket", 21) == 0)
             e.kind = 1;
         else if (strncmp(nm, "all-gather bucket", 17) == 0)
@@ -938,8 +942,21 @@ static void report(const char *model, const char *const *sets, int nsets, int mi
          * step's reduce-scatters, exactly `early` gathers start ahead of
          * the loss's mean */
         CollEv *ev;
-        int nev = coll_events(t, &ev), last = -1, ahead = 0, steps = 0;
+        int nev = coll_events(t, &ev), last = -1, ahead = 0, steps = 0, means = 0;
+        double mean_end = -1;
         for (int i = 0; i < nev; i++) {
+            if (ev[i].kind == 3) { /* the compute thread's wait for the step's mean */
+                mean_end = ev[i].end;
+                means++;
+                continue;
+            }
+            /* and only once that wait is over (mpi.c's host_job releases
+             * them after the mean, so that its callers are awake before
+             * the comm thread copies the gathers' data) */
+            if (ev[i].kind == 2 && last == 0 && ev[i].ts < mean_end)
+                fail_msg("rank %d: an all-gather starts at %.1f us, before the compute "
+                         "thread's wait for the step's mean ends (%.1f us)",
+                         r, ev[i].ts, mean_end);
             if (ev[i].kind == 0 && last == 1) { /* the loss's mean after a step */
                 if (ahead != early)
                     fail_msg("rank %d: %d all-gathers start between the step's reduce-scatters "
@@ -959,6 +976,7 @@ static void report(const char *model, const char *const *sets, int nsets, int mi
                          r, ev[i].ts);
         }
         assert_int_equal(steps, 3);
+        assert_int_equal(means, 3);
         free(ev);
         free(t);
         free(p);
