@@ -22,7 +22,7 @@ check() { # LABEL WANT_COMM WANT_MAIN CMD...: runs CMD (a kiln train --nproc 2),
     "$@" >"$dir/log" 2>&1 &
     bg=$!
     local ranks="" seen=0
-    for _ in $(seq 200); do # up to 10 s for both ranks to start their comm threads
+    for _ in $(seq 600); do # up to 30 s (a loaded machine) for both ranks to start their comm threads
         sleep 0.05
         # the launcher execs mpirun, whose children are the ranks (or one
         # wrapper level down: setpriv execs too)
