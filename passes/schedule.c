@@ -170,35 +170,28 @@ bool pass_schedule(Graph *g, const PassOpts *o, Diag *d)
         }
         s.deferred[u] = out > freed;
     }
-    /* a unit that program order puts between a scalar all-reduce's start
-     * and its wait (zero=1: the shard_packs that the comm pass moves there)
-     * stays: it is the compute that hides the all-reduce (the optimizer's
-     * scalar only: zero=0's gradient buckets keep the sinking) */
+    /* a unit that program order puts between a collective's start and its
+     * wait stays where it is, when it is the compute that hides the
+     * collective: any unit between the optimizer's scalar all-reduce
+     * start and its wait (zero=1: the shard_pack that the comm pass moves
+     * there; zero=0's gradient buckets keep the sinking), and an optimizer
+     * unit between a reduce-scatter bucket's start and its wait (zero=1:
+     * the params' shard_pack, which comm.c puts before the waits to hide
+     * the last buckets) */
     for (int i = 0; i < n; i++) {
         const Op *st = &g->ops.v[i];
+        bool rs = st->code == OP_REDUCE_SCATTER_START;
         int def = st->code == OP_ALLREDUCE_START && st->nin == 1 ? g->t.v[st->in[0]].op : -1;
-        if (def < 0 || !(g->ops.v[def].flags & OPF_OPTIM) ||
-            shape_numel(&g->t.v[st->in[0]].s) != 1)
+        bool scalar = def >= 0 && (g->ops.v[def].flags & OPF_OPTIM) &&
+                      shape_numel(&g->t.v[st->in[0]].s) == 1;
+        if (!rs && !scalar)
             continue;
+        Opcode wait = rs ? OP_REDUCE_SCATTER_WAIT : OP_ALLREDUCE_WAIT;
         for (int k = i + 1; k < n; k++) {
             const Op *w = &g->ops.v[k];
-            if (w->code == OP_ALLREDUCE_WAIT && w->in[0] == st->out)
+            if (w->code == wait && w->in[0] == st->out)
                 break;
-            s.deferred[s.unit[k]] = false;
-        }
-    }
-    /* likewise an optimizer unit between a reduce-scatter bucket's start
-     * and its wait (zero=1: the params' shard_pack, which comm.c puts
-     * before the waits to hide the last buckets) */
-    for (int i = 0; i < n; i++) {
-        const Op *st = &g->ops.v[i];
-        if (st->code != OP_REDUCE_SCATTER_START)
-            continue;
-        for (int k = i + 1; k < n; k++) {
-            const Op *w = &g->ops.v[k];
-            if (w->code == OP_REDUCE_SCATTER_WAIT && w->in[0] == st->out)
-                break;
-            if (w->flags & OPF_OPTIM)
+            if (scalar || (w->flags & OPF_OPTIM))
                 s.deferred[s.unit[k]] = false;
         }
     }

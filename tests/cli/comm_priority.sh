@@ -24,8 +24,8 @@ check() { # LABEL WANT_COMM WANT_MAIN CMD...: runs CMD (a kiln train --nproc 2),
     local ranks="" seen=0
     for _ in $(seq 600); do # up to 30 s (a loaded machine) for both ranks to start their comm threads
         sleep 0.05
-        # the launcher execs mpirun, whose children are the ranks (or one
-        # wrapper level down: setpriv execs too)
+        # the ranks: children of mpirun, which the launcher (setpriv execs
+        # it) forks; children of the launcher itself, should it exec mpirun
         ranks=$(pgrep -P "$bg" -x kiln; for p in $(pgrep -P "$bg"); do pgrep -P "$p" -x kiln; done)
         seen=0
         for r in $ranks; do
