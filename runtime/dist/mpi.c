@@ -26,8 +26,15 @@
  * thread's program order, the same on every rank, so every rank issues the
  * collectives in the same order (rt_comm_release is one more: the executor
  * releases zero=1's first gather bucket at once when the shard update's
- * rest runs after it, runtime/pieces.c). Buckets that a GPU reduces itself (NCCL)
- * are not seen here; their times come in through rt_comm_set_source. */
+ * rest runs after it, runtime/pieces.c). A wait returns once its bucket is
+ * settled: once this rank has what it needs from the bucket, which for
+ * zero=1 can be before MPI is done with it (an all-gather that lies in the
+ * rank's own shard is settled at its start, on the calling thread, which
+ * also writes the rank's own part of every gather into the params; a
+ * reduce-scatter of which the rank receives nothing is settled once its
+ * gradients are staged, and stays in flight like a gather). Buckets that a
+ * GPU reduces itself (NCCL) are not seen here; their times come in through
+ * rt_comm_set_source. */
 #include "codegen.h"
 #include "dist.h"
 
@@ -47,6 +54,12 @@ enum { TAG_PING = 101, TAG_PONG = 102 };
 /* Job.bucket of a non-bucket job; JOB_LOST: a device collective timed out */
 enum { JOB_HOST = -1, JOB_BCAST = -2, JOB_LOST = -3, JOB_GATHER = -4 };
 
+/* A float buffer of a bucket job and its capacity (buf_take). */
+typedef struct {
+    float *p;
+    int64_t cap;
+} Buf;
+
 typedef struct {
     int bucket;               /* JOB_HOST: host doubles; JOB_BCAST: bytes from rank 0 */
     int k;
@@ -61,20 +74,33 @@ typedef struct {
     const char *what;         /* JOB_LOST: the collective */
     CgColl coll;              /* bucket: all-reduce, reduce-scatter or all-gather */
     int64_t sh_start, sh_total, sh_off; /* sharded: flat range start, total, shard offset */
-    float *part;              /* all-gather: this rank's part, read at the start (the
-                                 shard's bytes may be reused before the job runs) */
+    Buf range;                /* all-gather: the bucket's flat range, this rank's part
+                                 read into it at the start (the shard's bytes may be
+                                 reused before the job runs) */
+    bool settled;             /* all-gather: the bucket is not busy on this rank (its
+                                 part is the whole bucket, in the params at the start) */
 } Job;
 
-/* An all-gather bucket the thread started and has not finished: it stays
- * in flight while later jobs run (the next step's collectives, a host
- * all-reduce of the loss), and lands (unpacked into the params, its bucket
- * no longer busy) when its request completes. */
+/* A sharded bucket the thread started and has not finished: it stays in
+ * flight while later jobs run (the next step's collectives, a host
+ * all-reduce of the loss), and lands when its request completes (an
+ * all-gather: the other ranks' parts unpacked into the params). Its bucket
+ * is settled (no longer busy: its waits return) as soon as this rank has
+ * what it needs, which may be before MPI is done with it: an all-gather
+ * once this rank's own part is in the params, if the other ranks send it
+ * nothing; a reduce-scatter once its gradients are staged, if none of the
+ * bucket's range is this rank's. */
 typedef struct {
     MPI_Request rq;
     Job j;
-    float *buf;          /* the bucket's flat range, every rank's part */
+    Buf buf;             /* the bucket's flat range: every rank's part (all-gather), this
+                            rank's gradients staged (reduce-scatter) */
+    Buf part;            /* reduce-scatter: this rank's part of the sum */
     double t0, deadline;
     int64_t bytes;
+    int64_t lo, mine;    /* this rank's part: mine elements, from lo in buf (all-gather)
+                            or in the rank's shard (reduce-scatter) */
+    bool settled;        /* the bucket is no longer busy (settle) */
 } Flying;
 
 struct RtComm {
@@ -94,7 +120,10 @@ struct RtComm {
     int nbuckets;
     float *stage;
     int64_t nstage;
-    VEC(Flying) fly;          /* the thread's own: all-gathers in flight */
+    VEC(Flying) fly;          /* the thread's own: sharded buckets in flight */
+    VEC(Buf) spare;           /* freed bucket buffers, for reuse (under mu) */
+    int64_t spare_bytes;
+    int64_t staged;           /* the thread's own: bytes of their staging buffers */
     /* stats since the last reset (under mu) */
     double comm_s, exposed_s;
     double exposed_by[3];     /* exposed_s per CgColl of the bucket waited for */
@@ -251,9 +280,98 @@ static void shard_counts(const RtComm *c, const Job *j, int64_t n, int *counts, 
     }
 }
 
+static void land(RtComm *c, Flying *f);
+
+/* Bucket buffers are kept for reuse, up to SPARE_MAX bytes: a zero=1 step
+ * allocates and frees a few of a bucket's size per bucket, and glibc gives
+ * blocks that large back to the kernel on free, so every step would fault
+ * them in again, zeroed, on the 2 cores that also compute. */
+enum { SPARE_MAX = 64 << 20 };
+
+/* A buffer of at least n floats: the smallest spare that fits, or a new one. */
+static Buf buf_take(RtComm *c, int64_t n)
+{
+    pthread_mutex_lock(&c->mu);
+    int best = -1;
+    for (int i = 0; i < c->spare.n; i++)
+        if (c->spare.v[i].cap >= n && (best < 0 || c->spare.v[i].cap < c->spare.v[best].cap))
+            best = i;
+    Buf b = {NULL, 0};
+    if (best >= 0) {
+        b = c->spare.v[best];
+        c->spare.v[best] = c->spare.v[--c->spare.n];
+        c->spare_bytes -= b.cap * 4;
+    }
+    pthread_mutex_unlock(&c->mu);
+    if (!b.p)
+        b = (Buf){xmalloc(sizeof(float) * (size_t)(n + 1)), n + 1};
+    return b;
+}
+
+static void buf_give(RtComm *c, Buf b)
+{
+    if (!b.p)
+        return;
+    pthread_mutex_lock(&c->mu);
+    if (c->spare_bytes + b.cap * 4 <= SPARE_MAX) {
+        vec_push(&c->spare, b);
+        c->spare_bytes += b.cap * 4;
+        b.p = NULL;
+    }
+    pthread_mutex_unlock(&c->mu);
+    free(b.p);
+}
+
+/* The staging buffers of reduce-scatters in flight hold at most this many
+ * bytes (and one bucket whatever its size): a rank that waits for nothing
+ * from those buckets would otherwise stage every gradient of the step
+ * while a slower rank is behind. */
+enum { STAGED_MAX = 64 << 20 };
+
+/* Lands buckets in flight until n more staged bytes fit under STAGED_MAX. */
+static void make_room(RtComm *c, int64_t n)
+{
+    for (int spins = 0; c->staged > 0 && c->staged + n > STAGED_MAX; spins++) {
+        poll_fly(c);
+        if ((spins & 63) == 63)
+            answer_pings(c);
+        nap(20000);
+    }
+}
+
+/* Under mu: bucket b is no longer busy; its waits return. */
+static void settle_locked(RtComm *c, int b, double t)
+{
+    c->bucket_busy[b]--;
+    c->bucket_done[b] = t;
+    pthread_cond_broadcast(&c->cv);
+}
+
+static void settle(RtComm *c, int b)
+{
+    pthread_mutex_lock(&c->mu);
+    settle_locked(c, b, ir_now());
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* Writes [lo, hi) of the bucket's flat range, from src (src[0] is element
+ * lo), into the bucket's tensors: they hold the range in order. */
+static void write_range(const Job *j, const float *src, int64_t lo, int64_t hi)
+{
+    int64_t at = 0;
+    for (int i = 0; i < j->k && at < hi; i++) {
+        int64_t n = j->bytes[i] / 4, a = lo > at ? lo : at, e = hi < at + n ? hi : at + n;
+        if (e > a)
+            j->be->write(j->ctx, j->off[i] + (a - at) * 4, src + (a - lo), (e - a) * 4);
+        at += n;
+    }
+}
+
 /* A reduce-scatter (mean) or all-gather bucket of ZeRO-1 (ir.h, AK_SHARD):
  * the bucket's tensors are one flat range; each rank's part of it lies in
- * that rank's shard. */
+ * that rank's shard. An all-gather, and a reduce-scatter of which this rank
+ * receives nothing, stays in flight until poll_fly lands it; the other
+ * reduce-scatters are waited for here. */
 static void run_sharded(RtComm *c, Job *j, int64_t n, const char *what)
 {
     int *counts = xmalloc(sizeof(int) * (size_t)c->size);
@@ -261,11 +379,17 @@ static void run_sharded(RtComm *c, Job *j, int64_t n, const char *what)
     int64_t lo = 0;
     shard_counts(c, j, n, counts, displs, &lo);
     int mine = counts[c->rank];
-    float *part = j->part ? j->part : xmalloc(sizeof(float) * (size_t)(mine + 1));
+    Flying f = {.j = *j, .t0 = ir_now(), .deadline = ir_now() + c->timeout, .bytes = n * 4,
+                .mine = mine, .settled = j->settled};
     if (j->coll == CG_COLL_REDUCE_SCATTER) {
+        make_room(c, n * 4);
+        c->staged += n * 4;
+        f.buf = buf_take(c, n);
+        f.part = buf_take(c, mine);
+        f.lo = lo;
         int64_t at = 0;
         for (int i = 0; i < j->k; i++) {
-            j->be->read(j->ctx, j->off[i], c->stage + at, j->bytes[i]);
+            j->be->read(j->ctx, j->off[i], f.buf.p + at, j->bytes[i]);
             at += j->bytes[i] / 4;
         }
         /* MPI_Ireduce_scatter: on 2 ranks, what else was tried measured
@@ -273,72 +397,81 @@ static void run_sharded(RtComm *c, Job *j, int64_t n, const char *what)
          * 0.46 and 0.50 for this): an in-place all-reduce of every bucket
          * that lies in one rank's shard 0.92, of those up to 512 KB 0.76;
          * a reduce to the owner (MPI_Ireduce) took 3 ms a bucket. */
-        MPI_Request rq;
-        if (MPI_Ireduce_scatter(c->stage, part, counts, MPI_FLOAT, MPI_SUM, c->cc, &rq) !=
+        if (MPI_Ireduce_scatter(f.buf.p, f.part.p, counts, MPI_FLOAT, MPI_SUM, c->cc, &f.rq) !=
             MPI_SUCCESS)
             lost(c, what);
-        finish(c, rq, what);
-        float s = 1.0f / (float)c->size;
-        for (int i = 0; i < mine; i++)
-            part[i] *= s;
-        if (mine)
-            j->be->write(j->ctx, j->sh_off + lo * 4, part, (int64_t)mine * 4);
-    } else { /* in flight until poll_fly lands it */
-        float *buf = xmalloc(sizeof(float) * (size_t)(n + 1));
-        MPI_Request rq;
-        if (MPI_Iallgatherv(part, mine, MPI_FLOAT, buf, counts, displs, MPI_FLOAT, c->cc,
-                            &rq) != MPI_SUCCESS)
+        if (mine) { /* waited for here, before the thread runs later jobs */
+            finish(c, f.rq, what);
+            land(c, &f);
+        } else { /* the gradients are staged: nothing to wait for */
+            settle(c, j->bucket);
+            f.settled = true;
+            vec_push(&c->fly, f);
+        }
+    } else { /* in place: this rank's part is in the range, and in the params */
+        if (MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, j->range.p, counts, displs,
+                            MPI_FLOAT, c->cc, &f.rq) != MPI_SUCCESS)
             lost(c, what);
-        j->part = part;
-        Flying f = {rq, *j, buf, ir_now(), ir_now() + c->timeout, n * 4};
+        f.buf = j->range;
+        f.lo = displs[c->rank];
         vec_push(&c->fly, f);
-        part = NULL;
     }
-    free(part);
     free(counts);
     free(displs);
 }
 
-/* An all-gather in flight has completed: into the params, then done. */
+/* A bucket in flight has completed: a reduce-scatter's mean into this
+ * rank's shard, an all-gather's other parts into the params; then
+ * settled, if it was not yet. */
 static void land(RtComm *c, Flying *f)
 {
-    int64_t at = 0;
-    for (int i = 0; i < f->j.k; i++) {
-        f->j.be->write(f->j.ctx, f->j.off[i], f->buf + at, f->j.bytes[i]);
-        at += f->j.bytes[i] / 4;
+    if (f->j.coll == CG_COLL_REDUCE_SCATTER) {
+        float s = 1.0f / (float)c->size;
+        for (int64_t i = 0; i < f->mine; i++)
+            f->part.p[i] *= s;
+        if (f->mine)
+            f->j.be->write(f->j.ctx, f->j.sh_off + f->lo * 4, f->part.p, f->mine * 4);
+        c->staged -= f->bytes;
+    } else {
+        write_range(&f->j, f->buf.p, 0, f->lo);
+        write_range(&f->j, f->buf.p + f->lo + f->mine, f->lo + f->mine, f->bytes / 4);
     }
     double t1 = ir_now();
     pthread_mutex_lock(&c->mu);
     c->comm_s += t1 - f->t0;
     RtCommEvent e = {f->j.bucket, f->bytes, f->t0, t1, (int)f->j.coll, 0};
     vec_push(&c->ev, e);
-    c->bucket_busy[f->j.bucket]--;
-    c->bucket_done[f->j.bucket] = t1;
-    pthread_cond_broadcast(&c->cv);
+    if (!f->settled)
+        settle_locked(c, f->j.bucket, t1);
     pthread_mutex_unlock(&c->mu);
-    free(f->buf);
-    free(f->j.part);
+    buf_give(c, f->buf);
+    buf_give(c, f->part);
     free(f->j.off);
     free(f->j.bytes);
 }
 
-/* Lands the all-gathers in flight whose requests completed (in any order:
- * each has its own buffers); past its deadline one stops the job. */
+/* Lands the buckets in flight whose requests completed (in any order: each
+ * has its own buffers); past its deadline one stops the job. */
 static void poll_fly(RtComm *c)
 {
     for (int i = 0; i < c->fly.n;) {
         Flying *f = &c->fly.v[i];
+        const char *what = f->j.coll == CG_COLL_ALL_GATHER ? "an all-gather of updated params"
+                                                           : "a reduce-scatter of gradients";
         int flag = 0;
         if (MPI_Test(&f->rq, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS)
-            lost(c, "an all-gather of updated params");
+            lost(c, what);
         if (!flag) {
             if (ir_now() > f->deadline)
-                lost(c, "an all-gather of updated params");
+                lost(c, what);
             i++;
             continue;
         }
         land(c, f);
-        c->fly.v[i] = c->fly.v[--c->fly.n];
+        /* in the order started: the next poll tests (and MPI progresses)
+         * the gathers the next forward reads first, first */
+        memmove(f, f + 1, sizeof *f * (size_t)(c->fly.n - i - 1));
+        c->fly.n--;
     }
 }
 
@@ -359,33 +492,25 @@ static void run_job(RtComm *c, Job *j)
         for (int i = 0; i < j->k; i++)
             bytes += j->bytes[i];
         int64_t n = bytes / 4;
+        if (j->coll != CG_COLL_ALLREDUCE) { /* in flight: poll_fly lands it */
+            run_sharded(c, j, n, what);
+            return;
+        }
         if (n > c->nstage) {
             free(c->stage);
             c->stage = xmalloc((size_t)n * sizeof(float));
             c->nstage = n;
         }
-        if (j->coll == CG_COLL_ALL_GATHER) {
-            run_sharded(c, j, n, what); /* in flight: poll_fly finishes it */
-            return;
+        int64_t at = 0;
+        for (int i = 0; i < j->k; i++) {
+            j->be->read(j->ctx, j->off[i], c->stage + at, j->bytes[i]);
+            at += j->bytes[i] / 4;
         }
-        if (j->coll != CG_COLL_ALLREDUCE) {
-            run_sharded(c, j, n, what);
-        } else {
-            int64_t at = 0;
-            for (int i = 0; i < j->k; i++) {
-                j->be->read(j->ctx, j->off[i], c->stage + at, j->bytes[i]);
-                at += j->bytes[i] / 4;
-            }
-            allreduce(c, c->stage, n, MPI_FLOAT, what);
-            float s = 1.0f / (float)c->size;
-            for (int64_t i = 0; i < n; i++)
-                c->stage[i] *= s;
-            at = 0;
-            for (int i = 0; i < j->k; i++) {
-                j->be->write(j->ctx, j->off[i], c->stage + at, j->bytes[i]);
-                at += j->bytes[i] / 4;
-            }
-        }
+        allreduce(c, c->stage, n, MPI_FLOAT, what);
+        float s = 1.0f / (float)c->size;
+        for (int64_t i = 0; i < n; i++)
+            c->stage[i] *= s;
+        write_range(j, c->stage, 0, n);
     } else if (j->bucket == JOB_GATHER) {
         snprintf(what, sizeof what, "an all-gather of optimizer state");
         bytes = (int64_t)j->nbuf * 4 * c->size;
@@ -413,11 +538,11 @@ static void run_job(RtComm *c, Job *j)
                      j->bucket < 0 ? 0 : (int)j->coll, 0};
     vec_push(&c->ev, e);
     if (j->bucket >= 0) {
-        c->bucket_busy[j->bucket]--;
-        c->bucket_done[j->bucket] = t1;
-    } else
+        settle_locked(c, j->bucket, t1);
+    } else {
         *j->done = true;
-    pthread_cond_broadcast(&c->cv);
+        pthread_cond_broadcast(&c->cv);
+    }
     pthread_mutex_unlock(&c->mu);
     free(j->off);
     free(j->bytes);
@@ -463,9 +588,7 @@ static void *comm_main(void *arg)
         if (c->qhead == c->q.n)
             c->qhead = c->q.n = 0;
         pthread_mutex_unlock(&c->mu);
-        run_job(c, &j);
-        if (c->fly.n) /* between the gathers of a step: land the first ones early */
-            poll_fly(c);
+        run_job(c, &j); /* the buckets in flight are polled when the queue is empty */
         pthread_mutex_lock(&c->mu);
     }
     pthread_mutex_unlock(&c->mu);
@@ -587,6 +710,9 @@ void rt_comm_close(RtComm *c)
     vec_free(&c->held);
     free(c->stage);
     vec_free(&c->fly);
+    for (int i = 0; i < c->spare.n; i++)
+        free(c->spare.v[i].p);
+    vec_free(&c->spare);
     free(c);
 }
 
@@ -603,29 +729,9 @@ void rt_comm_start(RtComm *c, const CgPlan *p, int s, const Backend *be, Backend
     if (st->kind != CG_STEP_ALLREDUCE_START)
         die("rt_comm_start: plan step %d is not an allreduce start", s);
     Job j = {.bucket = st->bucket, .k = st->nargs, .be = be, .ctx = ctx, .coll = st->coll};
-    if (st->coll != CG_COLL_ALLREDUCE) {
-        if (st->sh_nranks != c->size)
-            die("rt_comm_start: step %d is sharded over %d ranks, the run has %d", s,
-                st->sh_nranks, c->size);
-        j.sh_start = st->sh_start;
-        j.sh_total = st->sh_total;
-        j.sh_off = cg_offset(p, st->sh_buf);
-        if (st->coll == CG_COLL_ALL_GATHER) {
-            int64_t n = 0, lo = 0;
-            for (int i = 0; i < st->nargs; i++)
-                n += shape_numel(&p->g->t.v[st->args[i]].s);
-            int *counts = xmalloc(sizeof(int) * (size_t)c->size);
-            int *displs = xmalloc(sizeof(int) * (size_t)c->size);
-            shard_counts(c, &j, n, counts, displs, &lo);
-            j.part = xmalloc(sizeof(float) * (size_t)(counts[c->rank] + 1));
-            if (counts[c->rank])
-                be->read(ctx, j.sh_off + lo * 4, j.part, (int64_t)counts[c->rank] * 4);
-            free(counts);
-            free(displs);
-        }
-    }
     j.off = xmalloc(sizeof(int64_t) * (size_t)st->nargs);
     j.bytes = xmalloc(sizeof(int64_t) * (size_t)st->nargs);
+    int64_t n = 0;
     for (int i = 0; i < st->nargs; i++) {
         const Tensor *t = &p->g->t.v[st->args[i]];
         if (t->s.dtype != DT_F32)
@@ -633,18 +739,49 @@ void rt_comm_start(RtComm *c, const CgPlan *p, int s, const Backend *be, Backend
                 st->bucket, dtype_name(t->s.dtype));
         j.off[i] = cg_offset(p, st->args[i]);
         j.bytes[i] = shape_numel(&t->s) * 4;
+        n += shape_numel(&t->s);
+    }
+    if (st->coll != CG_COLL_ALLREDUCE) {
+        if (st->sh_nranks != c->size)
+            die("rt_comm_start: step %d is sharded over %d ranks, the run has %d", s,
+                st->sh_nranks, c->size);
+        j.sh_start = st->sh_start;
+        j.sh_total = st->sh_total;
+        j.sh_off = cg_offset(p, st->sh_buf);
+    }
+    if (st->coll == CG_COLL_ALL_GATHER) {
+        /* this rank's part of the new params: a copy to send, and into
+         * the params here, on the calling thread, which would otherwise
+         * wait for the comm thread to come to it; a bucket that lies in
+         * this rank's shard is then never busy here (docs/distributed.md,
+         * "Settling a bucket early") */
+        int64_t lo = 0;
+        int *counts = xmalloc(sizeof(int) * (size_t)c->size);
+        int *displs = xmalloc(sizeof(int) * (size_t)c->size);
+        shard_counts(c, &j, n, counts, displs, &lo);
+        int mine = counts[c->rank];
+        j.range = buf_take(c, n);
+        float *own = j.range.p + displs[c->rank];
+        if (mine) {
+            be->read(ctx, j.sh_off + lo * 4, own, (int64_t)mine * 4);
+            write_range(&j, own, displs[c->rank], displs[c->rank] + mine);
+        }
+        j.settled = mine == n;
+        free(counts);
+        free(displs);
     }
     pthread_mutex_lock(&c->mu);
     if (st->bucket >= c->nbuckets) {
-        int n = st->bucket + 1;
-        c->bucket_busy = xrealloc(c->bucket_busy, sizeof(int) * (size_t)n);
-        c->bucket_done = xrealloc(c->bucket_done, sizeof(double) * (size_t)n);
-        c->bucket_coll = xrealloc(c->bucket_coll, sizeof(int) * (size_t)n);
-        for (int b = c->nbuckets; b < n; b++)
+        int nb = st->bucket + 1;
+        c->bucket_busy = xrealloc(c->bucket_busy, sizeof(int) * (size_t)nb);
+        c->bucket_done = xrealloc(c->bucket_done, sizeof(double) * (size_t)nb);
+        c->bucket_coll = xrealloc(c->bucket_coll, sizeof(int) * (size_t)nb);
+        for (int b = c->nbuckets; b < nb; b++)
             c->bucket_busy[b] = c->bucket_coll[b] = 0, c->bucket_done[b] = 0;
-        c->nbuckets = n;
+        c->nbuckets = nb;
     }
-    c->bucket_busy[st->bucket]++;
+    if (!j.settled)
+        c->bucket_busy[st->bucket]++;
     c->bucket_coll[st->bucket] = (int)st->coll;
     if (st->coll == CG_COLL_ALL_GATHER) { /* held until the next call (top of file) */
         vec_push(&c->held, j);
@@ -851,11 +988,12 @@ void rt_comm_stats_reset(RtComm *c)
     pthread_mutex_lock(&c->mu);
     c->comm_s = c->exposed_s = 0;
     memset(c->exposed_by, 0, sizeof c->exposed_by);
-    /* all-gathers that landed after the last rt_comm_stats (they outlive
-     * their step) are in no figures yet: they stay, for the next ones */
+    /* buckets that landed after the last rt_comm_stats (all-gathers outlive
+     * their step; so may a reduce-scatter settled before MPI finished it)
+     * are in no figures yet: they stay, for the next ones */
     int k = 0;
     for (int i = c->ev_taken < c->ev.n ? c->ev_taken : c->ev.n; i < c->ev.n; i++)
-        if (c->ev.v[i].bucket >= 0 && c->ev.v[i].coll == CG_COLL_ALL_GATHER) {
+        if (c->ev.v[i].bucket >= 0) {
             c->ev.v[k++] = c->ev.v[i];
             c->comm_s += c->ev.v[i].end - c->ev.v[i].start;
         }
