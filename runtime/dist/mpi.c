@@ -10,11 +10,12 @@
  * the one that does not answer (or, when all answer, the one that has not
  * reached this collective) and stops the job with MPI_Abort. Broadcasts (the
  * NCCL id) take the same queue. A ZeRO-1 all-gather bucket is started in
- * order but not waited for: it stays in flight while the thread runs later
- * jobs (host collectives, the next step's buckets; MPI matches
- * non-blocking collectives by issue order, the same on every rank) and lands
- * when its request completes, so the gathers overlap the next forward and
- * never hold up a host collective. An all-gather's start is held on the
+ * order but not waited for: its point-to-point messages (each rank's part
+ * of each tensor, from the owner's params straight into the others',
+ * on a communicator of their own, posted in the same order on every rank)
+ * stay in flight while the thread runs later jobs (host collectives, the
+ * next step's buckets) and it lands when they complete, so the gathers
+ * overlap the next forward and never hold up a host collective. An all-gather's start is held on the
  * calling thread until its next call into RtComm that is not a host
  * collective (a start, a wait, the next step's rt_comm_stats_reset, the
  * close): a host collective then goes to MPI before the held gathers, so
@@ -74,9 +75,6 @@ typedef struct {
     const char *what;         /* JOB_LOST: the collective */
     CgColl coll;              /* bucket: all-reduce, reduce-scatter or all-gather */
     int64_t sh_start, sh_total, sh_off; /* sharded: flat range start, total, shard offset */
-    Buf range;                /* all-gather: the bucket's flat range, this rank's part
-                                 read into it at the start (the shard's bytes may be
-                                 reused before the job runs) */
     bool settled;             /* all-gather: the bucket is not busy on this rank (its
                                  part is the whole bucket, in the params at the start) */
 } Job;
@@ -91,22 +89,23 @@ typedef struct {
  * nothing; a reduce-scatter once its gradients are staged, if none of the
  * bucket's range is this rank's. */
 typedef struct {
-    MPI_Request rq;
+    MPI_Request rq;      /* a reduce-scatter's */
+    MPI_Request *rqs;    /* an all-gather's sends and receives, nrq of them */
+    int nrq;
     Job j;
-    Buf buf;             /* the bucket's flat range: every rank's part (all-gather), this
-                            rank's gradients staged (reduce-scatter) */
+    Buf buf;             /* reduce-scatter: this rank's gradients staged */
     Buf part;            /* reduce-scatter: this rank's part of the sum */
     double t0, deadline;
     int64_t bytes;
-    int64_t lo, mine;    /* this rank's part: mine elements, from lo in buf (all-gather)
-                            or in the rank's shard (reduce-scatter) */
+    int64_t lo, mine;    /* reduce-scatter: this rank's part, mine elements from lo in its
+                            shard */
     bool settled;        /* the bucket is no longer busy (settle) */
 } Flying;
 
 struct RtComm {
     int rank, size, local_size, local_rank;
     double timeout;
-    MPI_Comm cc, pc;          /* collectives; pings */
+    MPI_Comm cc, pc, gc;      /* collectives; pings; the gathers' messages */
     pthread_t thr;
     pthread_mutex_t mu;
     pthread_cond_t cv;        /* jobs queued, buckets done, quit */
@@ -128,6 +127,8 @@ struct RtComm {
     double comm_s, exposed_s;
     double exposed_by[3];     /* exposed_s per CgColl of the bucket waited for */
     int *bucket_coll;         /* per bucket: its CgColl (zero=1 has three kinds) */
+    int *bucket_open;         /* per bucket: starts MPI has not finished (the busy ones, and
+                                 settled ones still in flight) */
     VEC(RtCommEvent) ev;
     int ev_taken;             /* ev.n at the last rt_comm_stats */
     RtCommEvent *ev_copy;
@@ -367,6 +368,35 @@ static void write_range(const Job *j, const float *src, int64_t lo, int64_t hi)
     }
 }
 
+/* Rank r's part [lo, hi) of an all-gather bucket's flat range, piece by
+ * piece (a tensor's elements in it), straight between the ranks' params:
+ * sent from this rank's params to every other rank if r is this rank,
+ * else received into them from r. Every rank posts the same pieces in
+ * the same order, so each pair's messages match in order. */
+static void gather_part(RtComm *c, const Job *j, int r, int64_t lo, int64_t hi, Flying *f,
+                        const char *what)
+{
+    int64_t at = 0;
+    for (int i = 0; i < j->k && at < hi; i++) {
+        int64_t n = j->bytes[i] / 4, a = lo > at ? lo : at, e = hi < at + n ? hi : at + n;
+        if (e > a) {
+            if (e - a > 0x7fffffff)
+                die("the all-gather of bucket %d: a piece of %lld elements (at most 2^31 - 1)",
+                    j->bucket, (long long)(e - a));
+            float *p = j->be->host_ptr(j->ctx, j->off[i] + (a - at) * 4);
+            int tag = j->bucket & 0x7fff, rc = MPI_SUCCESS;
+            for (int q = 0; q < c->size; q++)
+                if (r == c->rank && q != r)
+                    rc |= MPI_Isend(p, (int)(e - a), MPI_FLOAT, q, tag, c->gc, &f->rqs[f->nrq++]);
+            if (r != c->rank)
+                rc |= MPI_Irecv(p, (int)(e - a), MPI_FLOAT, r, tag, c->gc, &f->rqs[f->nrq++]);
+            if (rc != MPI_SUCCESS)
+                lost(c, what);
+        }
+        at += n;
+    }
+}
+
 /* A reduce-scatter (mean) or all-gather bucket of ZeRO-1 (ir.h, AK_SHARD):
  * the bucket's tensors are one flat range; each rank's part of it lies in
  * that rank's shard. An all-gather, and a reduce-scatter of which this rank
@@ -408,12 +438,10 @@ static void run_sharded(RtComm *c, Job *j, int64_t n, const char *what)
             f.settled = true;
             vec_push(&c->fly, f);
         }
-    } else { /* in place: this rank's part is in the range, and in the params */
-        if (MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, j->range.p, counts, displs,
-                            MPI_FLOAT, c->cc, &f.rq) != MPI_SUCCESS)
-            lost(c, what);
-        f.buf = j->range;
-        f.lo = displs[c->rank];
+    } else { /* this rank's part is in its params already (rt_comm_start) */
+        f.rqs = xmalloc(sizeof(MPI_Request) * (size_t)((j->k + c->size) * c->size + 1));
+        for (int r = 0; r < c->size; r++)
+            gather_part(c, j, r, displs[r], displs[r] + counts[r], &f, what);
         vec_push(&c->fly, f);
     }
     free(counts);
@@ -432,9 +460,6 @@ static void land(RtComm *c, Flying *f)
         if (f->mine)
             f->j.be->write(f->j.ctx, f->j.sh_off + f->lo * 4, f->part.p, f->mine * 4);
         c->staged -= f->bytes;
-    } else {
-        write_range(&f->j, f->buf.p, 0, f->lo);
-        write_range(&f->j, f->buf.p + f->lo + f->mine, f->lo + f->mine, f->bytes / 4);
     }
     double t1 = ir_now();
     pthread_mutex_lock(&c->mu);
@@ -443,7 +468,10 @@ static void land(RtComm *c, Flying *f)
     vec_push(&c->ev, e);
     if (!f->settled)
         settle_locked(c, f->j.bucket, t1);
+    c->bucket_open[f->j.bucket]--;
+    pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
+    free(f->rqs);
     buf_give(c, f->buf);
     buf_give(c, f->part);
     free(f->j.off);
@@ -459,7 +487,8 @@ static void poll_fly(RtComm *c)
         const char *what = f->j.coll == CG_COLL_ALL_GATHER ? "an all-gather of updated params"
                                                            : "a reduce-scatter of gradients";
         int flag = 0;
-        if (MPI_Test(&f->rq, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS)
+        if ((f->rqs ? MPI_Testall(f->nrq, f->rqs, &flag, MPI_STATUSES_IGNORE)
+                    : MPI_Test(&f->rq, &flag, MPI_STATUS_IGNORE)) != MPI_SUCCESS)
             lost(c, what);
         if (!flag) {
             if (ir_now() > f->deadline)
@@ -539,6 +568,7 @@ static void run_job(RtComm *c, Job *j)
     vec_push(&c->ev, e);
     if (j->bucket >= 0) {
         settle_locked(c, j->bucket, t1);
+        c->bucket_open[j->bucket]--;
     } else {
         *j->done = true;
         pthread_cond_broadcast(&c->cv);
@@ -673,8 +703,10 @@ bool rt_comm_open(double timeout_s, RtComm **out, Diag *d)
     c->local_rank = lr && atoi(lr) > 0 ? atoi(lr) : 0;
     MPI_Comm_dup(MPI_COMM_WORLD, &c->cc);
     MPI_Comm_dup(MPI_COMM_WORLD, &c->pc);
+    MPI_Comm_dup(MPI_COMM_WORLD, &c->gc);
     MPI_Comm_set_errhandler(c->cc, MPI_ERRORS_RETURN);
     MPI_Comm_set_errhandler(c->pc, MPI_ERRORS_RETURN);
+    MPI_Comm_set_errhandler(c->gc, MPI_ERRORS_RETURN);
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cv, NULL);
     start_comm_thread(c);
@@ -698,6 +730,7 @@ void rt_comm_close(RtComm *c)
     allreduce(c, &one, 1, MPI_DOUBLE, "the closing all-reduce");
     MPI_Comm_free(&c->cc);
     MPI_Comm_free(&c->pc);
+    MPI_Comm_free(&c->gc);
     MPI_Finalize();
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->cv);
@@ -707,6 +740,7 @@ void rt_comm_close(RtComm *c)
     free(c->bucket_busy);
     free(c->bucket_done);
     free(c->bucket_coll);
+    free(c->bucket_open);
     vec_free(&c->held);
     free(c->stage);
     vec_free(&c->fly);
@@ -749,39 +783,49 @@ void rt_comm_start(RtComm *c, const CgPlan *p, int s, const Backend *be, Backend
         j.sh_total = st->sh_total;
         j.sh_off = cg_offset(p, st->sh_buf);
     }
-    if (st->coll == CG_COLL_ALL_GATHER) {
-        /* this rank's part of the new params: a copy to send, and into
-         * the params here, on the calling thread, which would otherwise
-         * wait for the comm thread to come to it; a bucket that lies in
-         * this rank's shard is then never busy here (docs/distributed.md,
-         * "Settling a bucket early") */
-        int64_t lo = 0;
-        int *counts = xmalloc(sizeof(int) * (size_t)c->size);
-        int *displs = xmalloc(sizeof(int) * (size_t)c->size);
-        shard_counts(c, &j, n, counts, displs, &lo);
-        int mine = counts[c->rank];
-        j.range = buf_take(c, n);
-        float *own = j.range.p + displs[c->rank];
-        if (mine) {
-            be->read(ctx, j.sh_off + lo * 4, own, (int64_t)mine * 4);
-            write_range(&j, own, displs[c->rank], displs[c->rank] + mine);
-        }
-        j.settled = mine == n;
-        free(counts);
-        free(displs);
-    }
     pthread_mutex_lock(&c->mu);
     if (st->bucket >= c->nbuckets) {
         int nb = st->bucket + 1;
         c->bucket_busy = xrealloc(c->bucket_busy, sizeof(int) * (size_t)nb);
         c->bucket_done = xrealloc(c->bucket_done, sizeof(double) * (size_t)nb);
         c->bucket_coll = xrealloc(c->bucket_coll, sizeof(int) * (size_t)nb);
+        c->bucket_open = xrealloc(c->bucket_open, sizeof(int) * (size_t)nb);
         for (int b = c->nbuckets; b < nb; b++)
-            c->bucket_busy[b] = c->bucket_coll[b] = 0, c->bucket_done[b] = 0;
+            c->bucket_busy[b] = c->bucket_coll[b] = c->bucket_open[b] = 0, c->bucket_done[b] = 0;
         c->nbuckets = nb;
+    }
+    if (st->coll == CG_COLL_ALL_GATHER) {
+        /* this rank's part of the new params goes into the params here, on
+         * the calling thread, which would otherwise wait for the comm
+         * thread to come to it (a bucket that lies in this rank's shard is
+         * then never busy here: docs/distributed.md, "Settling a bucket
+         * early"); the sends go from there. The last gather of the bucket
+         * finished sending from these bytes long before (the other ranks'
+         * forward read them since), but it is waited for. */
+        if (!be->host_ptr)
+            die("rt_comm_start: the all-gather of bucket %d needs a host backend's arena",
+                st->bucket);
+        while (c->bucket_open[st->bucket] > 0) {
+            release_held(c); /* it cannot finish held (the gathers match among themselves) */
+            pthread_cond_wait(&c->cv, &c->mu);
+        }
+        pthread_mutex_unlock(&c->mu);
+        int64_t lo = 0;
+        int *counts = xmalloc(sizeof(int) * (size_t)c->size);
+        int *displs = xmalloc(sizeof(int) * (size_t)c->size);
+        shard_counts(c, &j, n, counts, displs, &lo);
+        int mine = counts[c->rank];
+        if (mine)
+            write_range(&j, be->host_ptr(ctx, j.sh_off + lo * 4), displs[c->rank],
+                        displs[c->rank] + mine);
+        j.settled = mine == n;
+        free(counts);
+        free(displs);
+        pthread_mutex_lock(&c->mu);
     }
     if (!j.settled)
         c->bucket_busy[st->bucket]++;
+    c->bucket_open[st->bucket]++;
     c->bucket_coll[st->bucket] = (int)st->coll;
     if (st->coll == CG_COLL_ALL_GATHER) { /* held until the next call (top of file) */
         vec_push(&c->held, j);
@@ -1017,8 +1061,8 @@ void rt_comm_drain(RtComm *c)
         return;
     pthread_mutex_lock(&c->mu);
     release_held(c);
-    for (int b = 0; b < c->nbuckets; b++)
-        while (c->bucket_busy[b] > 0)
+    for (int b = 0; b < c->nbuckets; b++) /* settled or not */
+        while (c->bucket_open[b] > 0)
             pthread_cond_wait(&c->cv, &c->mu);
     pthread_mutex_unlock(&c->mu);
 }

@@ -64,6 +64,8 @@ static void arena_read(BackendCtx *c, int64_t off, void *dst, int64_t bytes)
     memcpy(dst, ((Arena *)(void *)c)->mem + off, (size_t)bytes);
 }
 
+static void *arena_ptr(BackendCtx *c, int64_t off) { return ((Arena *)(void *)c)->mem + off; }
+
 static float grad_value(int rank, int64_t q) { return (float)(rank + 1) * (float)(q % 97 + 1); }
 static float param_value(int64_t q) { return (float)(q % 89) + 0.5f; }
 
@@ -291,7 +293,7 @@ static int rank_main(void)
     Graph *g;
     CgPlan *p = zero_plan(&g);
     Arena ar = {xcalloc((size_t)p->arena_bytes + 1, 1)};
-    Backend be = {.read = arena_read, .write = arena_write};
+    Backend be = {.read = arena_read, .write = arena_write, .host_ptr = arena_ptr};
     reduce_scatters(c, p, &be, &ar, rank);
     all_gathers(c, p, &be, &ar, rank);
     /* every rank learns the verdict, so all close together */
