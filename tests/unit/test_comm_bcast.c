@@ -19,18 +19,6 @@
 #include <string.h>
 #include <time.h>
 
-static int nfail;
-
-#define CHECK(c, ...)                                                           \
-    do {                                                                        \
-        if (!(c)) {                                                             \
-            fprintf(stderr, "rank check failed at line %d: %s: ", __LINE__, #c); \
-            fprintf(stderr, __VA_ARGS__);                                       \
-            fputc('\n', stderr);                                                \
-            nfail++;                                                            \
-        }                                                                       \
-    } while (0)
-
 static unsigned char pattern(size_t i, int seed) { return (unsigned char)(i * 31u + 7u * (unsigned)seed); }
 
 /* n bytes from rank 0: rank 0 fills the pattern, the others 0xee. */
@@ -44,7 +32,7 @@ static void one_bcast(RtComm *c, size_t n, int seed, bool skip)
     size_t bad = 0;
     for (size_t i = 0; i < n; i++)
         bad += b[i] != pattern(i, seed);
-    CHECK(bad == 0, "broadcast of %zu bytes (seed %d): %zu bytes differ from rank 0's", n, seed,
+    RANK_CHECK(bad == 0, "broadcast of %zu bytes (seed %d): %zu bytes differ from rank 0's", n, seed,
           bad);
     free(b);
 }
@@ -68,15 +56,15 @@ static int rank_main(void)
         return 1;
     }
     bool skip = getenv("KILN_TEST_BCAST_SKIP") != NULL;
-    CHECK(rt_comm_size(c) == 2, "size %d", rt_comm_size(c));
-    CHECK(rt_comm_local_rank(c) == rt_comm_rank(c), "local rank %d, rank %d",
+    RANK_CHECK(rt_comm_size(c) == 2, "size %d", rt_comm_size(c));
+    RANK_CHECK(rt_comm_local_rank(c) == rt_comm_rank(c), "local rank %d, rank %d",
           rt_comm_local_rank(c), rt_comm_rank(c));
     /* an NCCL id's size, one byte, several MiB; between them a host
      * all-reduce (the same queue keeps the order on every rank) */
     one_bcast(c, 128, 1, skip);
     double v = rt_comm_rank(c) + 1;
     rt_comm_mean(c, &v, 1);
-    CHECK(v == 1.5, "mean %g", v);
+    RANK_CHECK(v == 1.5, "mean %g", v);
     one_bcast(c, 1, 2, skip);
     one_bcast(c, (size_t)3 << 20, 3, skip);
     rt_comm_bcast(c, NULL, 0); /* nothing */
@@ -88,21 +76,21 @@ static int rank_main(void)
     rt_comm_set_source(c, pull, &npull);
     RtCommStats st;
     rt_comm_stats(c, &st);
-    CHECK(npull == 1, "pulled %d times", npull);
+    RANK_CHECK(npull == 1, "pulled %d times", npull);
     int found = 0;
     for (int i = 0; i < st.nev; i++)
         found += st.ev[i].bucket == 3 && st.ev[i].bytes == 64 && st.ev[i].end == 1.25;
-    CHECK(found == 1, "the pulled event is in the stats %d times", found);
-    CHECK(st.comm_s >= 0.25 - 1e-12 && st.exposed_s >= 0.125 - 1e-12, "comm %g exposed %g",
+    RANK_CHECK(found == 1, "the pulled event is in the stats %d times", found);
+    RANK_CHECK(st.comm_s >= 0.25 - 1e-12 && st.exposed_s >= 0.125 - 1e-12, "comm %g exposed %g",
           st.comm_s, st.exposed_s);
     rt_comm_set_source(c, NULL, &other); /* another's: stays */
     rt_comm_stats_reset(c);
     rt_comm_stats(c, &st);
-    CHECK(npull == 2 && st.nev == 1, "pulled %d times, %d events", npull, st.nev);
+    RANK_CHECK(npull == 2 && st.nev == 1, "pulled %d times, %d events", npull, st.nev);
     rt_comm_set_source(c, NULL, &npull);
     rt_comm_stats_reset(c);
     rt_comm_stats(c, &st);
-    CHECK(npull == 2 && st.nev == 0 && st.exposed_s == 0, "after removal: pulled %d, %d events",
+    RANK_CHECK(npull == 2 && st.nev == 0 && st.exposed_s == 0, "after removal: pulled %d, %d events",
           npull, st.nev);
 
     /* the mean that ends a training step: all of its wait is exposed time,
@@ -120,52 +108,32 @@ static int rank_main(void)
         else
             rt_comm_mean(c, &x, 1);
         rt_comm_stats(c, &st);
-        CHECK(x == 0.5, "mean %g", x);
+        RANK_CHECK(x == 0.5, "mean %g", x);
         if (rt_comm_rank(c) == 0 && step)
-            CHECK(st.exposed_s >= 0.04 && st.exposed_by[CG_COLL_ALLREDUCE] == st.exposed_s,
+            RANK_CHECK(st.exposed_s >= 0.04 && st.exposed_by[CG_COLL_ALLREDUCE] == st.exposed_s,
                   "the step's mean: exposed %g s, %g s under the all-reduces", st.exposed_s,
                   st.exposed_by[CG_COLL_ALLREDUCE]);
         if (!step)
-            CHECK(st.exposed_s == 0, "an ordinary mean: exposed %g s", st.exposed_s);
+            RANK_CHECK(st.exposed_s == 0, "an ordinary mean: exposed %g s", st.exposed_s);
     }
 
-    /* every rank learns the verdict, so all close together */
-    double f = nfail;
-    rt_comm_mean(c, &f, 1);
-    int rc = f > 0 ? 1 : 0;
-    rt_rank_status("exit %d", rc);
-    rt_comm_close(c);
-    return rc;
+    return rank_verdict(c);
 }
-
-static int g_argc;
-static char **g_argv;
 
 static void test_bcast_two_ranks(void **state)
 {
     (void)state;
     unsetenv("KILN_TEST_BCAST_SKIP");
-    int rc = rt_launch(2, g_argc, g_argv);
+    int rc = rank_test_launch(2);
     assert_int_equal(rc, 0);
     /* without the broadcast the ranks see their own bytes: the checks fail */
     setenv("KILN_TEST_BCAST_SKIP", "1", 1);
-    rc = rt_launch(2, g_argc, g_argv);
+    rc = rank_test_launch(2);
     unsetenv("KILN_TEST_BCAST_SKIP");
     assert_int_not_equal(rc, 0);
 }
 
 int main(int argc, char **argv)
 {
-    if (getenv("OMPI_COMM_WORLD_SIZE"))
-        return rank_main();
-    if (!have_command("mpirun")) { /* rt_launch runs the ranks under mpirun */
-        printf("test_comm_bcast: skipped: no mpirun on PATH\n");
-        return TEST_SKIPPED;
-    }
-    g_argc = argc;
-    g_argv = argv;
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_bcast_two_ranks),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return rank_test_main(argc, argv, "test_comm_bcast", rank_main, test_bcast_two_ranks);
 }

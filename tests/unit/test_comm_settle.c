@@ -37,18 +37,6 @@ enum { SLOW_RANK = 0, FAST_RANK = 1 };
 #define SLEEP_S 1.0
 #define FAST_S 0.5 /* a settled bucket's wait returns before this */
 
-static int nfail;
-
-#define CHECK(c, ...)                                                           \
-    do {                                                                        \
-        if (!(c)) {                                                             \
-            fprintf(stderr, "rank check failed at line %d: %s: ", __LINE__, #c); \
-            fprintf(stderr, __VA_ARGS__);                                       \
-            fputc('\n', stderr);                                                \
-            nfail++;                                                            \
-        }                                                                       \
-    } while (0)
-
 /* The arena: what mpi.c reads and writes through the backend. */
 typedef struct {
     unsigned char *mem;
@@ -117,7 +105,7 @@ static void reduce_scatters(RtComm *c, const CgPlan *p, const Backend *be, Arena
             fill_bucket(p, &p->steps.v[s], ar, rank, true);
             any = &p->steps.v[s];
         }
-    CHECK(any != NULL, "no reduce-scatter in the plan");
+    RANK_CHECK(any != NULL, "no reduce-scatter in the plan");
     if (!any)
         return;
     ir_shard_range(any->sh_total, 2, rank, &off, &len);
@@ -143,12 +131,12 @@ static void reduce_scatters(RtComm *c, const CgPlan *p, const Backend *be, Arena
             continue;
         before_own &= !mine;
         if (before_own) {
-            CHECK(dt < FAST_S, "reduce-scatter bucket %d (none of it rank %d's): wait returned "
+            RANK_CHECK(dt < FAST_S, "reduce-scatter bucket %d (none of it rank %d's): wait returned "
                   "after %.3f s", st->bucket, rank, dt);
             nfast++;
             fast_max = dt > fast_max ? dt : fast_max;
         } else if (mine) {
-            CHECK(dt > 0.8 * SLEEP_S, "reduce-scatter bucket %d (part of it rank %d's): wait "
+            RANK_CHECK(dt > 0.8 * SLEEP_S, "reduce-scatter bucket %d (part of it rank %d's): wait "
                   "returned after %.3f s, before the other rank started it", st->bucket,
                   rank, dt);
             nslow++;
@@ -156,7 +144,7 @@ static void reduce_scatters(RtComm *c, const CgPlan *p, const Backend *be, Arena
         }
     }
     if (rank == FAST_RANK) {
-        CHECK(nfast > 0 && nslow > 0, "%d reduce-scatter buckets settled early, %d waited for",
+        RANK_CHECK(nfast > 0 && nslow > 0, "%d reduce-scatter buckets settled early, %d waited for",
               nfast, nslow);
         fprintf(stderr, "rank %d, the other %.1f s late: %d reduce-scatter buckets settled "
                 "after at most %.3f s, %d waited for at least %.3f s\n", rank, SLEEP_S, nfast,
@@ -170,7 +158,7 @@ static void reduce_scatters(RtComm *c, const CgPlan *p, const Backend *be, Arena
         float want = 0.5f * (grad_value(0, off + i) + grad_value(1, off + i));
         bad += sh[i] != want;
     }
-    CHECK(bad == 0, "%d of %lld shard elements are not the mean gradient", bad, (long long)len);
+    RANK_CHECK(bad == 0, "%d of %lld shard elements are not the mean gradient", bad, (long long)len);
 }
 
 static void all_gathers(RtComm *c, const CgPlan *p, const Backend *be, Arena *ar, int rank)
@@ -181,7 +169,7 @@ static void all_gathers(RtComm *c, const CgPlan *p, const Backend *be, Arena *ar
             fill_bucket(p, &p->steps.v[s], ar, rank, false);
             any = &p->steps.v[s];
         }
-    CHECK(any != NULL, "no all-gather in the plan");
+    RANK_CHECK(any != NULL, "no all-gather in the plan");
     if (!any)
         return;
     int64_t off, len;
@@ -214,12 +202,12 @@ static void all_gathers(RtComm *c, const CgPlan *p, const Backend *be, Arena *ar
             if (rank != FAST_RANK)
                 continue;
             if (own) {
-                CHECK(dt < FAST_S, "all-gather bucket %d (all of it rank %d's): wait returned "
+                RANK_CHECK(dt < FAST_S, "all-gather bucket %d (all of it rank %d's): wait returned "
                       "after %.3f s", st->bucket, rank, dt);
                 nfast++;
                 fast_max = dt > fast_max ? dt : fast_max;
             } else {
-                CHECK(dt > 0.8 * SLEEP_S, "all-gather bucket %d (not all rank %d's): wait "
+                RANK_CHECK(dt > 0.8 * SLEEP_S, "all-gather bucket %d (not all rank %d's): wait "
                       "returned after %.3f s, before the other rank sent its part",
                       st->bucket, rank, dt);
                 nslow++;
@@ -227,7 +215,7 @@ static void all_gathers(RtComm *c, const CgPlan *p, const Backend *be, Arena *ar
             }
         }
     if (rank == FAST_RANK) {
-        CHECK(nfast > 0 && nslow > 0, "%d all-gather buckets settled at the start, %d waited for",
+        RANK_CHECK(nfast > 0 && nslow > 0, "%d all-gather buckets settled at the start, %d waited for",
               nfast, nslow);
         fprintf(stderr, "rank %d, the other %.1f s late: %d all-gather buckets settled after "
                 "at most %.3f s, %d waited for at least %.3f s\n", rank, SLEEP_S, nfast,
@@ -249,7 +237,7 @@ static void all_gathers(RtComm *c, const CgPlan *p, const Backend *be, Arena *ar
             total += n;
         }
     }
-    CHECK(bad == 0, "%d of %lld gathered param elements are wrong", bad, (long long)total);
+    RANK_CHECK(bad == 0, "%d of %lld gathered param elements are wrong", bad, (long long)total);
 }
 
 static CgPlan *zero_plan(Graph **gout)
@@ -296,39 +284,20 @@ static int rank_main(void)
     Backend be = {.read = arena_read, .write = arena_write, .host_ptr = arena_ptr};
     reduce_scatters(c, p, &be, &ar, rank);
     all_gathers(c, p, &be, &ar, rank);
-    /* every rank learns the verdict, so all close together */
-    double f = nfail;
-    rt_comm_mean(c, &f, 1);
-    int rc = f > 0 ? 1 : 0;
-    rt_rank_status("exit %d", rc);
-    rt_comm_close(c);
+    int rc = rank_verdict(c);
     free(ar.mem);
     cg_plan_free(p);
     ir_free(g);
     return rc;
 }
 
-static int g_argc;
-static char **g_argv;
-
 static void test_settle_two_ranks(void **state)
 {
     (void)state;
-    assert_int_equal(rt_launch(2, g_argc, g_argv), 0);
+    assert_int_equal(rank_test_launch(2), 0);
 }
 
 int main(int argc, char **argv)
 {
-    if (getenv("OMPI_COMM_WORLD_SIZE"))
-        return rank_main();
-    if (!have_command("mpirun")) { /* rt_launch runs the ranks under mpirun */
-        printf("test_comm_settle: skipped: no mpirun on PATH\n");
-        return TEST_SKIPPED;
-    }
-    g_argc = argc;
-    g_argv = argv;
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_settle_two_ranks),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return rank_test_main(argc, argv, "test_comm_settle", rank_main, test_settle_two_ranks);
 }

@@ -23,18 +23,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int nfail;
-
-#define CHECK(c, ...)                                                           \
-    do {                                                                        \
-        if (!(c)) {                                                             \
-            fprintf(stderr, "rank check failed at line %d: %s: ", __LINE__, #c); \
-            fprintf(stderr, __VA_ARGS__);                                       \
-            fputc('\n', stderr);                                                \
-            nfail++;                                                            \
-        }                                                                       \
-    } while (0)
-
 /* The model's full training step for nranks ranks. */
 static Graph *step(const char *model, int nranks, int zero)
 {
@@ -104,9 +92,9 @@ static void check_model(const char *model, RtComm *c, int rank)
     Graph *g0 = step(model, 2, 0), *g1 = step(model, 2, 1), *own = step(model, 1, 0);
     Exec *e0 = run(g0, c, rank), *e1 = run(g1, c, rank), *eo = run(own, NULL, rank);
     float *shard = read_output(e1, g1, "grad.shard");
-    CHECK(shard != NULL, "%s: the sharded step has no output grad.shard", model);
+    RANK_CHECK(shard != NULL, "%s: the sharded step has no output grad.shard", model);
     RtZero *z = rt_zero_open(g1);
-    CHECK(z != NULL, "%s: the sharded step has no sharded state", model);
+    RANK_CHECK(z != NULL, "%s: the sharded step has no sharded state", model);
     if (!shard || !z) {
         free(shard);
         rt_zero_close(z);
@@ -125,14 +113,14 @@ static void check_model(const char *model, RtComm *c, int rank)
             continue;
         char name[512];
         snprintf(name, sizeof name, "grad.%s", p->name);
-        CHECK(ir_find_output(g1, name) < 0, "%s: the sharded step still outputs %s", model,
+        RANK_CHECK(ir_find_output(g1, name) < 0, "%s: the sharded step still outputs %s", model,
               name);
         float *ref = read_output(e0, g0, name), *mine = read_output(eo, own, name);
-        CHECK(ref && mine, "%s: no output %s without zero", model, name);
+        RANK_CHECK(ref && mine, "%s: no output %s without zero", model, name);
         if (ref && mine) {
             int64_t n = shape_numel(&p->s);
             double e = rel_err_f32(dst[t], ref, n), d = rel_err_f32(mine, ref, n);
-            CHECK(e < 1e-5, "%s: %s assembled from the shards differs from the mean by %.3g",
+            RANK_CHECK(e < 1e-5, "%s: %s assembled from the shards differs from the mean by %.3g",
                   model, name, e);
             worst = e > worst ? e : worst;
             apart = d > apart ? d : apart;
@@ -142,9 +130,9 @@ static void check_model(const char *model, RtComm *c, int rank)
         free(mine);
         free(dst[t]);
     }
-    CHECK(np > 0, "%s: no params", model);
+    RANK_CHECK(np > 0, "%s: no params", model);
     /* the ranks' data differ: the rank's own gradient is not the mean */
-    CHECK(apart > 1e-3, "%s: the rank's own gradient equals the mean (%.3g)", model, apart);
+    RANK_CHECK(apart > 1e-3, "%s: the rank's own gradient equals the mean (%.3g)", model, apart);
     fprintf(stderr, "rank %d: %s: %d params, worst %.3g against the mean; own vs mean %.3g\n",
             rank, model, np, worst, apart);
     free(dst);
@@ -169,36 +157,16 @@ static int rank_main(void)
     int rank = rt_comm_rank(c);
     check_model("models/mlp.lua", c, rank);
     check_model("models/gpt.lua", c, rank);
-    /* every rank learns the verdict, so all close together */
-    double f = nfail;
-    rt_comm_mean(c, &f, 1);
-    int rc = f > 0 ? 1 : 0;
-    rt_rank_status("exit %d", rc);
-    rt_comm_close(c);
-    return rc;
+    return rank_verdict(c);
 }
-
-static int g_argc;
-static char **g_argv;
 
 static void test_grads_two_ranks(void **state)
 {
     (void)state;
-    assert_int_equal(rt_launch(2, g_argc, g_argv), 0);
+    assert_int_equal(rank_test_launch(2), 0);
 }
 
 int main(int argc, char **argv)
 {
-    if (getenv("OMPI_COMM_WORLD_SIZE"))
-        return rank_main();
-    if (!have_command("mpirun")) { /* rt_launch runs the ranks under mpirun */
-        printf("test_zero_grad: skipped: no mpirun on PATH\n");
-        return TEST_SKIPPED;
-    }
-    g_argc = argc;
-    g_argv = argv;
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_grads_two_ranks),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return rank_test_main(argc, argv, "test_zero_grad", rank_main, test_grads_two_ranks);
 }

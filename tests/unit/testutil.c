@@ -3,6 +3,7 @@
 
 #include "runtime.h"
 #include "cpu.h"
+#include "dist.h"
 
 #include <dirent.h>
 #include <math.h>
@@ -256,4 +257,35 @@ void gather_oor_free(GatherOor *c)
     for (int k = 0; k < 3; k++)
         free(c->want[k]);
     ir_free(c->g);
+}
+
+int rank_nfail;
+static int rank_argc;
+static char **rank_argv;
+
+int rank_verdict(RtComm *c)
+{
+    double f = rank_nfail;
+    rt_comm_mean(c, &f, 1);
+    int rc = f > 0 ? 1 : 0;
+    rt_rank_status("exit %d", rc);
+    rt_comm_close(c);
+    return rc;
+}
+
+int rank_test_launch(int nranks) { return rt_launch(nranks, rank_argc, rank_argv); }
+
+int rank_test_main(int argc, char **argv, const char *name, int (*rank_main)(void),
+                   void (*test)(void **state))
+{
+    if (getenv("OMPI_COMM_WORLD_SIZE"))
+        return rank_main();
+    if (!have_command("mpirun")) { /* rt_launch runs the ranks under mpirun */
+        printf("%s: skipped: no mpirun on PATH\n", name);
+        return TEST_SKIPPED;
+    }
+    rank_argc = argc;
+    rank_argv = argv;
+    const struct CMUnitTest tests[] = {{.name = name, .test_func = test}};
+    return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -48,6 +48,30 @@ Model *load_model(const char *path, const char *const *sets, int nsets);
 /* True when name is an executable file in a directory of $PATH. */
 bool have_command(const char *name);
 
+/* Tests whose binary also runs as MPI ranks. main returns
+ * rank_test_main(argc, argv, "name", rank_main, test): under mpirun that
+ * runs rank_main, whose return is the rank's exit status; else the cmocka
+ * test `test` (the test Skipped without mpirun on PATH), which starts the
+ * ranks with rank_test_launch. In rank_main, RANK_CHECK reports a failed
+ * check and carries on (counting it in rank_nfail), and rank_verdict
+ * gives every rank the number of failures on all of them, closes the
+ * communicator and returns the exit status, so all close together. */
+extern int rank_nfail;
+#define RANK_CHECK(c, ...)                                                      \
+    do {                                                                        \
+        if (!(c)) {                                                             \
+            fprintf(stderr, "rank check failed at line %d: %s: ", __LINE__, #c); \
+            fprintf(stderr, __VA_ARGS__);                                       \
+            fputc('\n', stderr);                                                \
+            rank_nfail++;                                                       \
+        }                                                                       \
+    } while (0)
+struct RtComm;
+int rank_verdict(struct RtComm *c);
+int rank_test_launch(int nranks); /* this binary as nranks ranks: mpirun's exit status */
+int rank_test_main(int argc, char **argv, const char *name, int (*rank_main)(void),
+                   void (*test)(void **state));
+
 /* Out-of-range gather indices (docs/dsl.md: an index outside the table
  * reads zeros; scatter_add drops it), for every backend's test: inputs
  * tab f32[5,3], vec f32[5], idx i32[2,3] = {-1, 5, 1005, 2, INT32_MAX,
