@@ -21,7 +21,11 @@
 # micro-batch's). The last column is the median time of the loss's mean
 # over the ranks that `kiln train` runs after each step (rank 0's trace,
 # --trace): a wait no exposed figure counts, so a collective that delays it
-# (zero=1's all-gathers did, docs/distributed.md step 9) shows there. On a
+# (zero=1's all-gathers did, docs/distributed.md step 9) shows there. The
+# figures above are rank 0's; the "worst rank" lines take, per run, the
+# largest over the ranks of the median and of the mean (kiln train's
+# "comm by rank" line): with zero=1 a rank waits for the buckets of its
+# own shard, and the ranks' shards end the backward differently. On a
 # busy machine the numbers move a lot: compare the ratio, and run again.
 set -euo pipefail
 kiln=${1:-build/kiln}
@@ -35,7 +39,8 @@ trap 'rm -rf "$log" "$tdir"' EXIT
 
 median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }'; }
 
-run() { # ZERO: one kiln train; prints "exposed busy step all-gather-exposed loss-mean mean-exposed" (ms; - for zero=0)
+run() { # ZERO: one kiln train; prints "exposed busy step all-gather-exposed loss-mean mean-exposed
+    #   worst-rank-exposed worst-rank-mean-exposed" (ms; - for zero=0)
     "$kiln" train models/gpt.lua --steps "$steps" -q --nproc 2 --set L=4 --set C=256 \
         --set H=4 --set T=64 --set batch="$batch" --set bucket_mb=1 --set grad_accum="$accum" \
         --set zero="$1" --trace "$tdir/t.json" >"$log" 2>&1 ||
@@ -48,19 +53,22 @@ run() { # ZERO: one kiln train; prints "exposed busy step all-gather-exposed los
     ag=$(sed -n 's/^comm by collective.*all-gather [0-9.]* ms, exposed \([0-9.]*\) ms.*/\1/p' "$log")
     lm=$(grep '"name":"allreduce host"' "$tdir/t.json" |
         sed -n 's/.*"dur":\([0-9.]*\).*/\1/p' | awk '{ print $1 / 1000 }' | median)
+    # the largest over the ranks of the median and of the mean
+    wx=$(sed -n 's/^comm by rank[^:]*://p' "$log" | tr '|' '\n' |
+        awk '{ if ($3 > m) m = $3; if ($5 > a) a = $5 } END { print m + 0, a + 0 }')
     grep '^comm by collective' "$log" >&2 || true
-    echo "$ex $busy $st ${ag:--} ${lm:--} $mx"
+    echo "$ex $busy $st ${ag:--} ${lm:--} $mx $wx"
 }
 
 echo "gpt.lua L=4 C=256 T=64 batch=$batch grad_accum=$accum, 2 CPU ranks, $steps steps per run, $rounds runs each (load: $(cut -d' ' -f1-3 /proc/loadavg))"
 printf '%-7s %22s %22s %18s %22s\n' zero "exposed ms (runs)" "comm busy ms (runs)" "step ms (runs)" \
     "loss mean ms (runs)"
-declare -A ex busy st lm mx
+declare -A ex busy st lm mx wm wa
 ags=""
 for ((r = 0; r < rounds; r++)); do
     for z in 0 1; do
-        read -r e b s a l m < <(run "$z")
-        ex[$z]+="$e " busy[$z]+="$b " st[$z]+="$s " lm[$z]+="$l " mx[$z]+="$m "
+        read -r e b s a l m w1 w2 < <(run "$z")
+        ex[$z]+="$e " busy[$z]+="$b " st[$z]+="$s " lm[$z]+="$l " mx[$z]+="$m " wm[$z]+="$w1 " wa[$z]+="$w2 "
         [ "$z" = 1 ] && ags+="$a "
     done
 done
@@ -77,6 +85,14 @@ done
 a0=$(printf '%s\n' ${mx[0]} | median)
 a1=$(printf '%s\n' ${mx[1]} | median)
 echo "median of the runs' mean exposed: zero=0 $a0 ms, zero=1 $a1 ms; zero=1 / zero=0 = $(ratio "$a1" "$a0")"
+for z in 0 1; do
+    printf 'worst rank, zero=%s (runs): median exposed %s| mean exposed %s\n' "$z" "${wm[$z]}" "${wa[$z]}"
+done
+w0=$(printf '%s\n' ${wm[0]} | median)
+w1=$(printf '%s\n' ${wm[1]} | median)
+v0=$(printf '%s\n' ${wa[0]} | median)
+v1=$(printf '%s\n' ${wa[1]} | median)
+echo "worst rank, median of the runs: median exposed zero=0 $w0 ms, zero=1 $w1 ms ($(ratio "$w1" "$w0")); mean exposed zero=0 $v0 ms, zero=1 $v1 ms ($(ratio "$v1" "$v0"))"
 echo "zero=1 all-gather exposed per step (runs): $ags(median $(printf '%s\n' $ags | median) ms)"
 s0=$(printf '%s\n' ${st[0]} | median)
 s1=$(printf '%s\n' ${st[1]} | median)

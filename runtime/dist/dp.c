@@ -45,6 +45,7 @@ struct RtDp {
     VEC(double) comm_ms;
     VEC(double) exposed_ms;
     VEC(double) coll_ms[3], coll_exposed_ms[3]; /* per CgColl (zero=1) */
+    float *by_rank;       /* per rank: median and mean exposed ms per step (after the loop) */
     bool sharded;         /* a step had reduce-scatters or all-gathers */
     bool have_comm;
     char *trace_path;
@@ -109,6 +110,7 @@ int rt_dp_close(RtDp *dp, int rc)
         vec_free(&dp->coll_exposed_ms[k]);
     }
     free(dp->trace_path);
+    free(dp->by_rank);
     if (rc == 0 || agreed_stop)
         rt_comm_close(dp->comm);
     free(dp);
@@ -455,10 +457,26 @@ void rt_dp_after_step(RtDp *dp, Trace *trace, double t0, bool trace_events)
         trace_comm(dp, trace, t0, st.ev, st.nev);
 }
 
+/* The mean of the steps' exposed ms (the median hides the few that stall). */
+static double mean_exposed(const RtDp *dp)
+{
+    double mean = 0;
+    for (int i = 0; i < dp->exposed_ms.n; i++)
+        mean += dp->exposed_ms.v[i] / dp->exposed_ms.n;
+    return mean;
+}
+
 void rt_dp_after_last_step(RtDp *dp, Trace *trace, double t0, bool trace_events)
 {
     if (!dp->comm || dp->size == 1 || !dp->have_comm)
         return;
+    /* every rank's exposed time for the report (rank 0 prints it): the
+     * ranks wait for different buckets (zero=1: a rank waits for the
+     * buckets of its own shard) */
+    float mine[2] = {(float)ir_median(dp->exposed_ms.v, dp->exposed_ms.n),
+                     (float)mean_exposed(dp)};
+    dp->by_rank = xmalloc(sizeof(float) * 2 * (size_t)dp->size);
+    rt_comm_allgather(dp->comm, mine, 2, dp->by_rank);
     rt_comm_drain(dp->comm);
     rt_comm_stats_reset(dp->comm); /* keeps the gathers landed since the step */
     RtCommStats st;
@@ -490,9 +508,7 @@ void rt_dp_summary(const RtDp *dp, FILE *f)
         overlap = 0;
     /* the mean as well: a median of steps that mostly wait nothing is 0
      * and hides the few that stall */
-    double mean = 0;
-    for (int i = 0; i < n; i++)
-        mean += dp->exposed_ms.v[i] / n;
+    double mean = mean_exposed(dp);
     fprintf(f,
             "comm: %d ranks x %d micro-batch%s | per step (median of %d, rank 0): "
             "communication %.2f ms | exposed %.2f ms | overlap %.1f%% | mean exposed %.2f ms\n",
@@ -504,6 +520,13 @@ void rt_dp_summary(const RtDp *dp, FILE *f)
             fprintf(f, "%s %s %.2f ms, exposed %.2f ms", k ? " |" : "", kind[k],
                     ir_median(dp->coll_ms[k].v, dp->coll_ms[k].n),
                     ir_median(dp->coll_exposed_ms[k].v, dp->coll_exposed_ms[k].n));
+        fputc('\n', f);
+    }
+    if (dp->by_rank) {
+        fprintf(f, "comm by rank (exposed per step, median / mean):");
+        for (int r = 0; r < dp->size; r++)
+            fprintf(f, "%s rank %d %.2f / %.2f ms", r ? " |" : "", r, dp->by_rank[2 * r],
+                    dp->by_rank[2 * r + 1]);
         fputc('\n', f);
     }
 }
