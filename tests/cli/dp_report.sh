@@ -41,6 +41,14 @@ grep -q "allreduce_start" "$T/out" && fail "one rank got collectives"
 grep -Eq "^comm: 2 ranks x 1 micro-batch \| per step \(median of 4, rank 0\): communication [0-9.]+ ms \| exposed [0-9.]+ ms \| overlap [0-9.]+% \| mean exposed [0-9.]+ ms$" "$T/out" ||
     fail "no comm summary line"
 [ "$(grep -c '^final:' "$T/out")" -eq 1 ] || fail "expected one final line (rank 0 only)"
+# every rank's exposed time; rank 0's is the summary line's
+grep -Eq '^comm by rank \(exposed per step, median / mean\): rank 0 [0-9.]+ / [0-9.]+ ms \| rank 1 [0-9.]+ / [0-9.]+ ms$' "$T/out" ||
+    fail "no per-rank line: $(grep '^comm' "$T/out")"
+awk '/^comm: / { for (i = 1; i <= NF; i++) { if ($i == "exposed" && $(i - 1) == "|") e = $(i + 1);
+                                                 if ($i == "mean") m = $(i + 2) } }
+     /^comm by rank/ { r = $12; a = $14 }
+     END { d1 = e - r; d2 = m - a; exit !(e != "" && r != "" && d1 * d1 < 1e-4 && d2 * d2 < 1e-4) }' "$T/out" ||
+    fail "rank 0's per-rank figures are not the summary line's: $(grep '^comm' "$T/out")"
 # several ranks: each step line projects the end of the run's own steps
 grep -Eq '^step +[0-9]+/4 \|.* \| ends [0-9]{2}:[0-9]{2} UTC \(in [0-9]+m[0-9]{2}s\)$' "$T/out" ||
     fail "no projected end on the step lines: $(grep '^step' "$T/out" | head -2)"
