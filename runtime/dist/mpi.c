@@ -11,14 +11,15 @@
  * reached this collective) and stops the job with MPI_Abort. Broadcasts (the
  * NCCL id) take the same queue. A ZeRO-1 all-gather bucket is started in
  * order but not waited for: its point-to-point messages (each rank's part
- * of each tensor, from the owner's params straight into the others',
- * on a communicator of their own, posted in the same order on every rank)
- * stay in flight while the thread runs later jobs (host collectives, the
- * next step's buckets) and it lands when they complete, so the gathers
- * overlap the next forward and never hold up a host collective. An all-gather's start is held on the
- * calling thread until its next call into RtComm that is not a host
- * collective (a start, a wait, the next step's rt_comm_stats_reset, the
- * close): a host collective then goes to MPI before the held gathers, so
+ * of each tensor, from the owner's params straight into the others', on a
+ * communicator of their own, posted in the same order on every rank) stay
+ * in flight while the thread runs later jobs (host collectives, the next
+ * step's buckets) and it lands when they complete, so the gathers overlap
+ * the next forward and never hold up a host collective. An all-gather's
+ * start is held on the calling thread until its next call into RtComm
+ * that is not a host collective (a start, a wait, the next step's
+ * rt_comm_stats_reset, the close): a host collective then goes to MPI
+ * before the held gathers, so
  * the loss's mean that `kiln train` runs right after each step does not
  * wait behind the step's gathers (a small message queued behind them in
  * MPI completes only after their data, and the comm threads copying their
@@ -81,8 +82,8 @@ typedef struct {
 
 /* A sharded bucket the thread started and has not finished: it stays in
  * flight while later jobs run (the next step's collectives, a host
- * all-reduce of the loss), and lands when its request completes (an
- * all-gather: the other ranks' parts unpacked into the params). Its bucket
+ * all-reduce of the loss), and lands when its requests complete (an
+ * all-gather's data are in the params by then). Its bucket
  * is settled (no longer busy: its waits return) as soon as this rank has
  * what it needs, which may be before MPI is done with it: an all-gather
  * once this rank's own part is in the params, if the other ranks send it
@@ -448,8 +449,8 @@ static void run_sharded(RtComm *c, Job *j, int64_t n, const char *what)
     free(displs);
 }
 
-/* A bucket in flight has completed: a reduce-scatter's mean into this
- * rank's shard, an all-gather's other parts into the params; then
+/* A bucket's requests have completed: a reduce-scatter's mean into this
+ * rank's shard (an all-gather's data are in the params already); then
  * settled, if it was not yet. */
 static void land(RtComm *c, Flying *f)
 {
