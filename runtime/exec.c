@@ -514,6 +514,10 @@ void rt_exec_destroy(Exec *e)
         return;
     for (int b = 0; e->pending && b < e->nb; b++)
         wait_bucket(e, b);
+    /* zero=1 on the CPU: the owner's gathers send from the arena and are
+     * settled before their sends end (mpi.c); the arena outlives them */
+    if (e->pending && !e->dev_comm)
+        rt_comm_drain(e->o.comm);
     free(e->first_reader);
     free(e->pending);
     free(e->deferred);
@@ -550,8 +554,12 @@ void rt_exec_write(Exec *e, int tensor, const void *src)
 {
     if (tensor < 0 || tensor >= e->g->t.n)
         die("rt_exec_write: no tensor %%%d", tensor);
-    if (e->root_bucket && e->root_bucket[e->plan->mem->root[tensor]] >= 0)
-        wait_bucket(e, e->root_bucket[e->plan->mem->root[tensor]]);
+    if (e->root_bucket && e->root_bucket[e->plan->mem->root[tensor]] >= 0) {
+        int b = e->root_bucket[e->plan->mem->root[tensor]];
+        wait_bucket(e, b);
+        if (!e->dev_comm) /* its sends may still read these bytes (mpi.c) */
+            rt_comm_wait_done(e->o.comm, b);
+    }
     e->be->write(e->ctx, cg_offset(e->plan, tensor), src, nbytes(e, tensor));
 }
 

@@ -56,6 +56,11 @@ void rt_comm_stats_reset(RtComm *c);
  * without waiting: the executor's release point after zero=1's first
  * gather bucket (runtime/pieces.c); program order, the same on every rank. */
 void rt_comm_release(RtComm *c);
+/* Waits until MPI is done with bucket's bytes: a zero=1 all-gather is
+ * settled on its owner at its start (rt_comm_wait returns) while its
+ * sends still read the owner's params, which must not change or go away
+ * before this returns. */
+void rt_comm_wait_done(RtComm *c, int bucket);
 /* Waits until no bucket collective is held, queued, running or in flight
  * (ZeRO-1's last all-gathers); counts no exposed time. */
 void rt_comm_drain(RtComm *c);

@@ -1056,6 +1056,17 @@ void rt_comm_release(RtComm *c)
     pthread_mutex_unlock(&c->mu);
 }
 
+void rt_comm_wait_done(RtComm *c, int bucket)
+{
+    if (!c || c->size == 1)
+        return;
+    pthread_mutex_lock(&c->mu);
+    release_held(c);
+    while (bucket < c->nbuckets && c->bucket_open[bucket] > 0)
+        pthread_cond_wait(&c->cv, &c->mu);
+    pthread_mutex_unlock(&c->mu);
+}
+
 void rt_comm_drain(RtComm *c)
 {
     if (!c || c->size == 1)
