@@ -4,7 +4,8 @@
  *
  * - a reduce-scatter of which this rank receives nothing, once its
  *   gradients are staged;
- * - an all-gather that lies in this rank's shard, at its start.
+ * - an all-gather that lies in this rank's shard, at its start; MPI is
+ *   done with it (rt_comm_wait_done) only once the other rank has it.
  *
  * Two ranks run the reduce-scatter and all-gather starts of gpt's zero=1
  * plan (many small buckets) on a plain arena through RtComm, and rank 0
@@ -186,9 +187,17 @@ static void all_gathers(RtComm *c, const CgPlan *p, const Backend *be, Arena *ar
         if (is_coll(&p->steps.v[s], CG_COLL_ALL_GATHER))
             rt_comm_start(c, p, s, be, (BackendCtx *)(void *)ar);
     /* the buckets in this rank's shard first: each must be settled now */
-    int nfast = 0, nslow = 0;
+    int nfast = 0, nslow = 0, own_bucket = -1;
     double fast_max = 0, slow_min = 1e9;
-    for (int pass = 0; pass < 2; pass++)
+    for (int pass = 0; pass < 2; pass++) {
+        /* settled is not done: the sends of a bucket of this rank's shard
+         * read its params until the late rank has received them */
+        if (pass == 1 && rank == FAST_RANK && own_bucket >= 0) {
+            rt_comm_wait_done(c, own_bucket);
+            double dt = since(t0);
+            RANK_CHECK(dt > 0.8 * SLEEP_S, "all-gather bucket %d: done sending after %.3f s, "
+                       "before the other rank received it", own_bucket, dt);
+        }
         for (int s = 0; s < p->steps.n; s++) {
             const CgStep *st = &p->steps.v[s];
             if (!is_coll(st, CG_COLL_ALL_GATHER))
@@ -197,6 +206,8 @@ static void all_gathers(RtComm *c, const CgPlan *p, const Backend *be, Arena *ar
             bool own = part_of(st, n, rank) == n;
             if (own != (pass == 0))
                 continue;
+            if (own)
+                own_bucket = st->bucket;
             rt_comm_wait(c, st->bucket);
             double dt = since(t0);
             if (rank != FAST_RANK)
@@ -214,6 +225,7 @@ static void all_gathers(RtComm *c, const CgPlan *p, const Backend *be, Arena *ar
                 slow_min = dt < slow_min ? dt : slow_min;
             }
         }
+    }
     if (rank == FAST_RANK) {
         RANK_CHECK(nfast > 0 && nslow > 0, "%d all-gather buckets settled at the start, %d waited for",
               nfast, nslow);
