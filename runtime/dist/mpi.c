@@ -95,7 +95,6 @@ typedef struct {
     int nrq;
     Job j;
     Buf buf;             /* reduce-scatter: this rank's gradients staged */
-    Buf part;            /* reduce-scatter: this rank's part of the sum */
     double t0, deadline;
     int64_t bytes;
     int64_t lo, mine;    /* reduce-scatter: this rank's part, mine elements from lo in its
@@ -110,6 +109,7 @@ struct RtComm {
     pthread_t thr;
     pthread_mutex_t mu;
     pthread_cond_t cv;        /* jobs queued, buckets done, quit */
+    int waiting;              /* calling threads blocked in a wait (FLY_IDLE_NS) */
     VEC(Job) q;               /* pending jobs, FIFO from qhead */
     int qhead;
     bool quit;
@@ -416,8 +416,10 @@ static void run_sharded(RtComm *c, Job *j, int64_t n, const char *what)
         make_room(c, n * 4);
         c->staged += n * 4;
         f.buf = buf_take(c, n);
-        f.part = buf_take(c, mine);
         f.lo = lo;
+        /* the mean lands straight in the shard: the step reads this
+         * bucket's part of it only after the wait */
+        float *part = j->be->host_ptr(j->ctx, j->sh_off + lo * 4);
         int64_t at = 0;
         for (int i = 0; i < j->k; i++) {
             j->be->read(j->ctx, j->off[i], f.buf.p + at, j->bytes[i]);
@@ -428,7 +430,7 @@ static void run_sharded(RtComm *c, Job *j, int64_t n, const char *what)
          * 0.46 and 0.50 for this): an in-place all-reduce of every bucket
          * that lies in one rank's shard 0.92, of those up to 512 KB 0.76;
          * a reduce to the owner (MPI_Ireduce) took 3 ms a bucket. */
-        if (MPI_Ireduce_scatter(f.buf.p, f.part.p, counts, MPI_FLOAT, MPI_SUM, c->cc, &f.rq) !=
+        if (MPI_Ireduce_scatter(f.buf.p, part, counts, MPI_FLOAT, MPI_SUM, c->cc, &f.rq) !=
             MPI_SUCCESS)
             lost(c, what);
         if (mine) { /* waited for here, before the thread runs later jobs */
@@ -456,10 +458,9 @@ static void land(RtComm *c, Flying *f)
 {
     if (f->j.coll == CG_COLL_REDUCE_SCATTER) {
         float s = 1.0f / (float)c->size;
-        for (int64_t i = 0; i < f->mine; i++)
-            f->part.p[i] *= s;
-        if (f->mine)
-            f->j.be->write(f->j.ctx, f->j.sh_off + f->lo * 4, f->part.p, f->mine * 4);
+        float *part = f->mine ? f->j.be->host_ptr(f->j.ctx, f->j.sh_off + f->lo * 4) : NULL;
+        for (int64_t i = 0, m = f->mine; i < m; i++) /* locals: the loop vectorizes */
+            part[i] *= s;
         c->staged -= f->bytes;
     }
     double t1 = ir_now();
@@ -474,7 +475,6 @@ static void land(RtComm *c, Flying *f)
     pthread_mutex_unlock(&c->mu);
     free(f->rqs);
     buf_give(c, f->buf);
-    buf_give(c, f->part);
     free(f->j.off);
     free(f->j.bytes);
 }
@@ -579,6 +579,26 @@ static void run_job(RtComm *c, Job *j)
     free(j->bytes);
 }
 
+/* Under mu: waits on cv for at most ns. */
+static void timed_wait(RtComm *c, long ns)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += ns;
+    ts.tv_sec += ts.tv_nsec / 1000000000;
+    ts.tv_nsec %= 1000000000;
+    pthread_cond_timedwait(&c->cv, &c->mu, &ts);
+}
+
+/* How often the thread polls the buckets in flight while no calling thread
+ * waits: 200 us. A waiting caller wakes it (caller_wait), and it polls
+ * every 20 us until the wait ends. Each poll wakes the thread on a core
+ * the compute threads share, and polling every 20 us throughout the
+ * gathers' flight (most of each zero=1 forward) slowed the rank that
+ * receives the early gathers during its update: rank 1 waited for it at
+ * the loss's mean every step (docs/distributed.md, "The idle polls"). */
+enum { FLY_IDLE_NS = 200000 };
+
 static void *comm_main(void *arg)
 {
     RtComm *c = arg;
@@ -593,22 +613,16 @@ static void *comm_main(void *arg)
     pthread_mutex_lock(&c->mu);
     for (;;) {
         while (c->qhead == c->q.n && (!c->quit || c->fly.n)) {
-            if (c->fly.n) { /* all-gathers in flight: poll them, briefly */
+            if (c->fly.n) { /* buckets in flight: poll them */
                 pthread_mutex_unlock(&c->mu);
                 poll_fly(c);
                 answer_pings(c);
-                nap(20000);
                 pthread_mutex_lock(&c->mu);
+                if (c->fly.n && c->qhead == c->q.n)
+                    timed_wait(c, c->waiting ? 20000 : FLY_IDLE_NS);
                 continue;
             }
-            struct timespec ts;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            ts.tv_nsec += 20000000;
-            if (ts.tv_nsec >= 1000000000) {
-                ts.tv_sec++;
-                ts.tv_nsec -= 1000000000;
-            }
-            pthread_cond_timedwait(&c->cv, &c->mu, &ts);
+            timed_wait(c, 20000000);
             pthread_mutex_unlock(&c->mu);
             answer_pings(c);
             pthread_mutex_lock(&c->mu);
@@ -756,6 +770,16 @@ int rt_comm_size(const RtComm *c) { return c ? c->size : 1; }
 int rt_comm_local_size(const RtComm *c) { return c ? c->local_size : 1; }
 int rt_comm_local_rank(const RtComm *c) { return c ? c->local_rank : 0; }
 
+/* Under mu: the calling thread waits on cv. The first waiter wakes the
+ * comm thread, which polls the buckets in flight often while one waits. */
+static void caller_wait(RtComm *c)
+{
+    if (c->waiting++ == 0)
+        pthread_cond_broadcast(&c->cv);
+    pthread_cond_wait(&c->cv, &c->mu);
+    c->waiting--;
+}
+
 void rt_comm_start(RtComm *c, const CgPlan *p, int s, const Backend *be, BackendCtx *ctx)
 {
     if (!c || c->size == 1)
@@ -795,6 +819,9 @@ void rt_comm_start(RtComm *c, const CgPlan *p, int s, const Backend *be, Backend
             c->bucket_busy[b] = c->bucket_coll[b] = c->bucket_open[b] = 0, c->bucket_done[b] = 0;
         c->nbuckets = nb;
     }
+    if (st->coll != CG_COLL_ALLREDUCE && !be->host_ptr)
+        die("rt_comm_start: the %s of bucket %d needs a host backend's arena",
+            st->coll == CG_COLL_ALL_GATHER ? "all-gather" : "reduce-scatter", st->bucket);
     if (st->coll == CG_COLL_ALL_GATHER) {
         /* this rank's part of the new params goes into the params here, on
          * the calling thread, which would otherwise wait for the comm
@@ -803,12 +830,9 @@ void rt_comm_start(RtComm *c, const CgPlan *p, int s, const Backend *be, Backend
          * early"); the sends go from there. The last gather of the bucket
          * finished sending from these bytes long before (the other ranks'
          * forward read them since), but it is waited for. */
-        if (!be->host_ptr)
-            die("rt_comm_start: the all-gather of bucket %d needs a host backend's arena",
-                st->bucket);
         while (c->bucket_open[st->bucket] > 0) {
             release_held(c); /* it cannot finish held (the gathers match among themselves) */
-            pthread_cond_wait(&c->cv, &c->mu);
+            caller_wait(c);
         }
         pthread_mutex_unlock(&c->mu);
         int64_t lo = 0;
@@ -848,7 +872,7 @@ void rt_comm_wait(RtComm *c, int bucket)
     release_held(c);
     while (bucket < c->nbuckets && c->bucket_busy[bucket] > 0) {
         waited = true;
-        pthread_cond_wait(&c->cv, &c->mu);
+        caller_wait(c);
     }
     if (waited) {
         double dt = ir_now() - t0;
@@ -893,7 +917,7 @@ static void host_job(RtComm *c, Job j, bool step_sync)
     vec_push(&c->q, j);
     pthread_cond_broadcast(&c->cv);
     while (!done)
-        pthread_cond_wait(&c->cv, &c->mu);
+        caller_wait(c);
     double t1 = ir_now(), end = t0;
     for (int i = 0; i < ahead.n; i++) { /* the released ones of b run after j */
         int b = ahead.v[i];
@@ -1063,7 +1087,7 @@ void rt_comm_wait_done(RtComm *c, int bucket)
     pthread_mutex_lock(&c->mu);
     release_held(c);
     while (bucket < c->nbuckets && c->bucket_open[bucket] > 0)
-        pthread_cond_wait(&c->cv, &c->mu);
+        caller_wait(c);
     pthread_mutex_unlock(&c->mu);
 }
 
@@ -1075,6 +1099,6 @@ void rt_comm_drain(RtComm *c)
     release_held(c);
     for (int b = 0; b < c->nbuckets; b++) /* settled or not */
         while (c->bucket_open[b] > 0)
-            pthread_cond_wait(&c->cv, &c->mu);
+            caller_wait(c);
     pthread_mutex_unlock(&c->mu);
 }
