@@ -142,6 +142,10 @@ int rt_dp_stop(const RtDp *dp);
 /* After a step: records its communication and exposed time; with
  * trace_events, its collectives on the trace's tid 2 (times from t0). */
 void rt_dp_after_step(RtDp *dp, Trace *trace, double t0, bool trace_events);
+/* The last step's communication (the collectives that landed in it, busy)
+ * and the time the compute thread waited for them (exposed), in ms, as
+ * this rank measured them; false with one rank or before any step. */
+bool rt_dp_last_comm(const RtDp *dp, double *busy_ms, double *exposed_ms);
 /* After the last step: waits for the collectives still in flight (ZeRO-1's
  * all-gathers) and adds those that landed after rt_dp_after_step to the
  * last step's figures, its events and (trace_events) the trace. */

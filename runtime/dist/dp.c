@@ -457,6 +457,15 @@ void rt_dp_after_step(RtDp *dp, Trace *trace, double t0, bool trace_events)
         trace_comm(dp, trace, t0, st.ev, st.nev);
 }
 
+bool rt_dp_last_comm(const RtDp *dp, double *busy_ms, double *exposed_ms)
+{
+    if (!dp || dp->size == 1 || dp->comm_ms.n == 0)
+        return false;
+    *busy_ms = dp->comm_ms.v[dp->comm_ms.n - 1];
+    *exposed_ms = dp->exposed_ms.v[dp->exposed_ms.n - 1];
+    return true;
+}
+
 /* The mean of the steps' exposed ms (the median hides the few that stall). */
 static double mean_exposed(const RtDp *dp)
 {

@@ -149,9 +149,11 @@ void rt_runlog_step(RunLog *l, const RtStepRecord *s)
         fputc(':', f);
         json_num(f, s->extra[i]);
     }
-    static const char *keys[] = {"lr", "grad_norm", "ms", "tokens_per_s", "mfu", "hfu"};
-    double v[] = {s->lr, s->grad_norm, s->ms, s->tokens_per_s, s->mfu, s->hfu};
-    for (int i = 0; i < 6; i++) {
+    static const char *keys[] = {"lr", "grad_norm", "ms", "tokens_per_s",
+                                 "mfu", "hfu", "comm_ms", "comm_exposed_ms"};
+    double v[] = {s->lr, s->grad_norm, s->ms, s->tokens_per_s,
+                  s->mfu, s->hfu, s->comm_ms, s->comm_exposed_ms};
+    for (int i = 0; i < 8; i++) {
         fprintf(f, ",\"%s\":", keys[i]);
         json_num(f, v[i]);
     }

@@ -214,6 +214,7 @@ typedef struct {
     const float *extra;
     int nextra;
     double lr, grad_norm, ms, tokens_per_s, mfu, hfu; /* nan: unknown */
+    double comm_ms, comm_exposed_ms; /* rt_dp_last_comm; nan: one rank */
     int64_t mem_bytes;
 } RtStepRecord;
 /* Creates dir if needed; with training, opens its metrics.jsonl and

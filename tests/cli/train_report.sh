@@ -24,6 +24,7 @@ for r in rows:
         assert k in r, (k, r)
     assert abs(r["loss"] - r["xent"] - r["zloss"]) < 2e-6, r
     assert r["grad_norm"] > 0 and r["ms"] > 0 and r["mem_bytes"] > 0, r
+    assert r["comm_ms"] is None and r["comm_exposed_ms"] is None, r  # one rank
 ev = [json.loads(l) for l in open(d + "/eval.jsonl")]
 assert [e["step"] for e in ev] == [20, 40], ev
 assert all("val_loss" in e and "xent" in e and 0 <= e["accuracy"] <= 1 for e in ev), ev
@@ -43,6 +44,20 @@ if command -v mpirun > /dev/null; then
     python3 "$check" "$dir/r2/report.html" "compute" "communication" "train loss" ||
         fail "report.html (two ranks)"
     [ "$(wc -l < "$dir/r2/metrics.jsonl")" = 20 ] || fail "two ranks wrote metrics twice"
+    # each step's communication and exposed time: their medians are the
+    # summary's (zero=0: nothing lands after the last step's row)
+    python3 - "$dir/r2/metrics.jsonl" "$dir/r2.log" <<'PY' || fail "comm figures in metrics.jsonl"
+import json, re, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+busy = [r["comm_ms"] for r in rows]
+exp = [r["comm_exposed_ms"] for r in rows]
+assert all(type(v) in (int, float) and v >= 0 for v in busy + exp), rows
+assert max(busy) > 0, busy
+m = re.search(r"^comm:.*communication ([0-9.]+) ms \| exposed ([0-9.]+) ms", open(sys.argv[2]).read(), re.M)
+assert m, "no comm: line"
+for got, want in ((statistics.median(busy), m[1]), (statistics.median(exp), m[2])):
+    assert abs(got - float(want)) <= 0.0051, (got, want)
+PY
 fi
 
 "$KILN" compile models/gpt.lua --log-dir "$dir/c" > "$dir/c.log" 2>&1 ||
