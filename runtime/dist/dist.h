@@ -139,6 +139,10 @@ float rt_dp_loss(RtDp *dp, float last, const float *extra_last, float *extra);
  * rt_stop_signal; several: the one any rank had at the last rt_dp_loss,
  * so that every rank stops after the same step. */
 int rt_dp_stop(const RtDp *dp);
+/* Before the first step: the ranks wait for each other, so that what one
+ * did longer before the loop is not waited out in the first step's
+ * collectives and counted as their exposed time. */
+void rt_dp_start_together(RtDp *dp);
 /* After a step: records its communication and exposed time; with
  * trace_events, its collectives on the trace's tid 2 (times from t0). */
 void rt_dp_after_step(RtDp *dp, Trace *trace, double t0, bool trace_events);

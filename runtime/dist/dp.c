@@ -14,6 +14,7 @@
 
 #include <math.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
@@ -398,6 +399,19 @@ float rt_dp_loss(RtDp *dp, float last, const float *extra_last, float *extra)
         extra[i] = (float)v[1 + i];
     free(v);
     return loss;
+}
+
+void rt_dp_start_together(RtDp *dp)
+{
+    if (!dp || dp->size <= 1)
+        return;
+    /* KILN_TEST_LATE_RANK=R:MS (tests): rank R comes MS ms late */
+    const char *late = getenv("KILN_TEST_LATE_RANK");
+    int lr, ms;
+    if (late && sscanf(late, "%d:%d", &lr, &ms) == 2 && lr == dp->rank && ms > 0)
+        usleep((useconds_t)ms * 1000);
+    double v = 0;
+    rt_comm_mean(dp->comm, &v, 1);
 }
 
 int rt_dp_stop(const RtDp *dp)

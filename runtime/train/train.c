@@ -897,6 +897,7 @@ int rt_train(const Model *m, const TrainOpts *o)
     int64_t tokens = r.B * r.T * rt_dp_rows_factor(r.dp), first = r.step;
     float loss = NAN;
     bool skip = r.c.on_nonfinite && strcmp(r.c.on_nonfinite, "skip") == 0;
+    rt_dp_start_together(r.dp);
     double loop0 = ir_now();
     int stop = 0; /* SIGINT, SIGTERM: stop after the current step (rt_dp_stop) */
     while (r.step < r.steps && !(stop = rt_dp_stop(r.dp))) {

@@ -58,6 +58,13 @@ assert m, "no comm: line"
 for got, want in ((statistics.median(busy), m[1]), (statistics.median(exp), m[2])):
     assert abs(got - float(want)) <= 0.0051, (got, want)
 PY
+    # the ranks start the loop together: a rank 400 ms late before it is
+    # not waited for in the first step (it was, as 400 ms exposed)
+    KILN_TEST_LATE_RANK=1:400 "$KILN" train models/mlp.lua --steps 3 --nproc 2 \
+        --log-dir "$dir/late" > "$dir/late.log" 2>&1 || fail "a late rank: $(tail -3 "$dir/late.log")"
+    python3 -c "import json,sys; r=json.loads(open(sys.argv[1]).readline()); \
+assert r['ms'] < 200 and r['comm_exposed_ms'] < 200, r" "$dir/late/metrics.jsonl" ||
+        fail "the first step waited for the late rank"
 fi
 
 "$KILN" compile models/gpt.lua --log-dir "$dir/c" > "$dir/c.log" 2>&1 ||
