@@ -593,6 +593,38 @@ void cg_prediction_free(CgPrediction *r);
 void cg_prediction_print(const CgPrediction *r, const CgPlan *p, double model_flops,
                          double tokens, int top, FILE *f);
 
+/* ---- ktable.c: the per-kernel table (docs/cost.md) ------------------------
+ * One row per launch name of a step: predicted (kiln compile --target) or
+ * measured (kiln train --profile), written as tab-separated text. */
+typedef struct {
+    int step;         /* the first plan step behind the row */
+    const char *kind; /* "gemm", "kernel", "copy", "comm" */
+    const char *name; /* cg_step_key */
+    char shape[64];   /* GEMM: MxNxK or MxNxKxBATCH; else "-" */
+    double calls, ms, flops, bytes; /* per step */
+    const char *op;   /* IR opcode name of the step's op; NULL: none */
+    const char *file; /* the op's script file and line; NULL: unknown */
+    int line;
+} CgKtRow;
+typedef struct {
+    const char *source; /* "predicted" or "measured" */
+    const char *device; /* cost-model device, or the backend's */
+    int64_t steps;      /* steps the figures are averaged over */
+    double step_ms;     /* the whole step: predicted, or the measured median */
+} CgKtMeta;
+/* The name a plan step's launches go by in profiles and tables: the kernel's
+ * (generated kernels are named by content), "gemm_op<N>" for the GEMM of IR
+ * op N, "copy", ... (interned). */
+const char *cg_step_key(const CgPlan *p, int s);
+const char *cg_step_class(const CgPlan *p, int s); /* "gemm", "kernel", "copy", "comm" */
+void cg_step_shape(const CgPlan *p, int s, char *buf, size_t n);
+/* A zero row for plan step s: kind, name, shape, op and script line. */
+void cg_ktable_row_init(CgKtRow *row, const CgPlan *p, int s);
+/* The prediction's launches summed per name; *rows is the caller's to free. */
+int cg_ktable_from_prediction(const CgPrediction *r, const CgPlan *p, CgKtRow **rows);
+/* Writes the table to path (through path.tmp, renamed when whole). */
+bool cg_ktable_write(const char *path, const CgKtMeta *m, const CgKtRow *rows, int n, Diag *d);
+
 /* ---- cluster.c: a run at cluster scale (kiln plan) ------------------------
  * (docs/plan.md: the equations) */
 typedef struct {

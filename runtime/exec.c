@@ -314,12 +314,7 @@ static void setup_profile(Exec *e)
     for (int s = 0; s < n; s++) {
         const CgStep *st = &p->steps.v[s];
         const char *kind = step_kind(st->kind);
-        const char *name = st->name;
-        if (st->kind == CG_STEP_GEMM) {
-            char b[64];
-            snprintf(b, sizeof b, "gemm_op%d", st->op);
-            name = intern(b);
-        }
+        const char *name = cg_step_key(p, s); /* a GEMM's: gemm_op<N> */
         e->step_flops[s] = st->flops;
         e->step_bytes[s] = st->bytes_moved;
         e->trace[s] = (RtTraceEvent){name, kind, st->op, 0, 0};
@@ -328,7 +323,7 @@ static void setup_profile(Exec *e)
             if (e->rows.v[q].name == name && e->rows.v[q].kind == kind)
                 r = q;
         if (r < 0) {
-            RtProfRow row = {name, kind, 0, 0, 0, 0};
+            RtProfRow row = {name, kind, 0, 0, 0, 0, s};
             vec_push(&e->rows, row);
             r = e->rows.n - 1;
         }

@@ -131,6 +131,7 @@ typedef struct {
     int64_t calls;
     double seconds;
     double flops, bytes;
+    int step;           /* the first plan step behind the row (-1: a phase) */
 } RtProfRow;
 int rt_exec_profile(Exec *e, const RtProfRow **rows);
 void rt_exec_profile_reset(Exec *e);

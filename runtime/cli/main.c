@@ -71,6 +71,8 @@ static const char usage_compile[] =
     "  --threads N          --target cpu: threads (default: one per core)\n"
     "  --remeasure          --target cpu: measure this machine again\n"
     "  --top N              --target: list the N costliest kernels (default 10)\n"
+    "  --kernel-table FILE  --target: write the predicted per-kernel table to FILE\n"
+    "                       (tab-separated; docs/cost.md)\n"
     "  --cache-dir DIR      kernel cache, where the cpu measurement is kept\n"
     "  --log-dir DIR        write DIR/report.html: memory timeline, remat sweep\n"
     "  --dot FILE           write the compiled graph for Graphviz: fused kernels\n"
@@ -96,6 +98,9 @@ static const char usage_train[] =
     "  --init-from W        load params by name from a safetensors file\n"
     "  --save-weights W     write the params to W at the end\n"
     "  --profile            print a per-kernel time table at the end\n"
+    "  --kernel-table FILE  with --profile: write the measured per-kernel table to\n"
+    "                       FILE (tab-separated; joins with kiln compile --target's\n"
+    "                       --kernel-table by name; docs/cost.md)\n"
     "  --trace FILE         write a Chrome trace (chrome://tracing, Perfetto)\n"
     "  --log-dir DIR        write DIR/metrics.jsonl (per step), DIR/eval.jsonl and\n"
     "                       DIR/report.html (plots; one file, no network)\n"
@@ -142,6 +147,7 @@ typedef struct {
     const char *dot;       /* --dot FILE: the compiled graph for Graphviz */
     const char *log_dir;   /* --log-dir DIR: report.html */
     int top;               /* --top N: costliest kernels listed (0: 10) */
+    const char *ktable;    /* --kernel-table FILE: the predicted per-kernel table */
     int ndump_written;
     bool dump_error;
     MemPlan *mp;           /* the memplan pass's plan (its dump reads it) */
@@ -444,6 +450,11 @@ static int cmd_compile(int argc, char **argv)
             if (!int_flag("compile", "--top", v, 1, 100000, &n))
                 return 2;
             a.top = (int)n;
+        } else if ((v = flag_value(argc, argv, &i, "--kernel-table"))) {
+            if (!*v)
+                return bad_flag("compile", "--kernel-table expects a file name, got",
+                                "an empty value");
+            a.ktable = v;
         } else if (argv[i][0] == '-') {
             return bad_flag("compile", "unknown option", argv[i]);
         } else if (!model) {
@@ -454,6 +465,9 @@ static int cmd_compile(int argc, char **argv)
     }
     if (!model)
         return bad_flag("compile", "missing argument", "MODEL.lua");
+    if (a.ktable && !a.target)
+        return bad_flag("compile", "--kernel-table needs --target DEVICE, got",
+                        "no --target");
     if (a.dump_dir && !a.dumps.n)
         vec_push(&a.dumps, "all");
     if (a.dump_dir && mkdir(a.dump_dir, 0777) != 0 && errno != EEXIST) {
@@ -514,7 +528,7 @@ static int cmd_compile(int argc, char **argv)
     print_epilogues(g, a.dump_dir, &a.dump_error);
     if (a.target &&
         !cli_print_prediction(m, g, a.target, a.threads > 0 ? a.threads : online_cores(),
-                              a.cache_dir, a.remeasure, a.top > 0 ? a.top : 10))
+                              a.cache_dir, a.remeasure, a.top > 0 ? a.top : 10, a.ktable))
         rc = 1;
     if (a.dump_dir && (wants_dump(&a, "fuse") || wants_dump(&a, "kernels")) &&
         !rt_dump_kernels(g, a.dump_dir, &d)) {
@@ -597,6 +611,11 @@ static int cmd_train(int argc, char **argv)
                 return bad_flag("train", "--remat expects none, full, selective or auto, got", v);
         } else if (strcmp(argv[i], "--profile") == 0) {
             o.profile = true;
+        } else if ((v = flag_value(argc, argv, &i, "--kernel-table"))) {
+            if (!*v)
+                return bad_flag("train", "--kernel-table expects a file name, got",
+                                "an empty value");
+            o.kernel_table = v;
         } else if ((v = flag_value(argc, argv, &i, "--nproc"))) {
             int64_t n;
             if (!int_flag("train", "--nproc", v, 1, MAX_NPROC, &n))
@@ -624,6 +643,8 @@ static int cmd_train(int argc, char **argv)
     }
     if (!model)
         return bad_flag("train", "missing argument", "MODEL.lua");
+    if (o.kernel_table && !o.profile)
+        return bad_flag("train", "--kernel-table needs --profile, got", "no --profile");
     char err[2048];
     Model *m = fe_load_model(model, sets.v, sets.n, err, sizeof err);
     vec_free(&sets);

@@ -222,7 +222,7 @@ static void occupancy_figures(CgCudaProgram *q, const CgDevice *dev, const char 
 }
 
 bool cli_print_prediction(const Model *m, const Graph *g, const char *target, int threads,
-                          const char *cache_dir, bool remeasure, int top)
+                          const char *cache_dir, bool remeasure, int top, const char *ktable)
 {
     CgDevice cpu;
     const CgDevice *dev = cg_device_find(target);
@@ -270,8 +270,19 @@ bool cli_print_prediction(const Model *m, const Graph *g, const char *target, in
                "partials scratch %s\n", ab, cb, pb);
     }
     cg_prediction_print(r, p, model, step_tokens(g), top, stdout);
+    bool ok = true;
+    if (ktable) {
+        CgKtRow *rows;
+        int n = cg_ktable_from_prediction(r, p, &rows);
+        CgKtMeta meta = {"predicted", dev->name, 1, 1e3 * r->step_s};
+        if (!cg_ktable_write(ktable, &meta, rows, n, &d)) {
+            fprintf(stderr, "kiln: %s\n", d.msg);
+            ok = false;
+        }
+        free(rows);
+    }
     cg_prediction_free(r);
     cg_cuda_program_free(q);
     cg_plan_free(p);
-    return true;
+    return ok;
 }

@@ -796,11 +796,45 @@ static void print_profile(Run *r, double loop_ms, int64_t nsteps)
     for (int i = 0; i < PH__N; i++)
         if (r->ph_calls[i])
             rows[n++] = (RtProfRow){ph_names[i], "phase", r->ph_calls[i], 1e-3 * r->ph_ms[i],
-                                    i == PH_STEP ? r->flops * (double)r->ph_calls[i] : 0, 0};
+                                    i == PH_STEP ? r->flops * (double)r->ph_calls[i] : 0, 0,
+                                    -1};
     printf("\nprofile: training loop, with the final evaluation and saves (%.1f ms):\n",
            loop_ms);
     rt_profile_print(stdout, rows, n, loop_ms, 0);
     free(rows);
+}
+
+/* --kernel-table FILE: the measured per-kernel table (codegen's ktable.c),
+ * per training step over the nsteps profiled, beside the median step. */
+static bool write_kernel_table(Run *r, int64_t nsteps, double median_ms, Diag *d)
+{
+    const RtProfRow *pr;
+    int n = rt_exec_profile(r->te, &pr);
+    const CgPlan *p = rt_exec_plan(r->te);
+    CgKtRow *rows = xcalloc((size_t)n + 1, sizeof *rows);
+    int k = 0;
+    double per = nsteps > 0 ? 1.0 / (double)nsteps : 0;
+    for (int i = 0; i < n; i++) {
+        if (pr[i].step < 0 || pr[i].step >= p->steps.n || strcmp(pr[i].kind, "comm") == 0)
+            continue;
+        CgKtRow *w = &rows[k++];
+        cg_ktable_row_init(w, p, pr[i].step);
+        w->name = pr[i].name;
+        w->calls = (double)pr[i].calls * per;
+        w->ms = 1e3 * pr[i].seconds * per;
+        w->flops = pr[i].flops * per;
+        w->bytes = pr[i].bytes * per;
+    }
+    char dev[160];
+    RtDeviceInfo info;
+    if (rt_exec_device_info(r->te, &info) && info.name[0])
+        snprintf(dev, sizeof dev, "%s:%s", rt_exec_device(r->te), info.name);
+    else
+        snprintf(dev, sizeof dev, "%s", rt_exec_device(r->te));
+    CgKtMeta meta = {"measured", dev, nsteps, median_ms};
+    bool ok = cg_ktable_write(r->o->kernel_table, &meta, rows, k, d);
+    free(rows);
+    return ok;
 }
 
 /* Kernel-level trace events of the step that ran at t_start (thread 1);
@@ -1080,6 +1114,9 @@ int rt_train(const Model *m, const TrainOpts *o)
     rt_dp_summary(r.dp, stdout);
     if (o->profile)
         print_profile(&r, loop_ms, r.step - first);
+    if (o->kernel_table && rt_dp_rank(r.dp) == 0 &&
+        !write_kernel_table(&r, r.step - first, med, &d))
+        goto out;
     if (r.log) {
         const RtProfRow *pr;
         int np = rt_exec_profile(r.te, &pr);

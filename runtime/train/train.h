@@ -281,6 +281,8 @@ typedef struct {
     const char *save_weights; /* --save-weights W: params at the end */
     const char *checkpoint;   /* --checkpoint PREFIX: overrides train.checkpoint */
     bool profile;             /* --profile */
+    const char *kernel_table; /* --kernel-table FILE (with --profile): the measured
+                                 per-kernel table (docs/cost.md) */
     const char *trace;        /* --trace FILE */
     const char *log_dir;      /* --log-dir DIR: metrics, eval log, report.html */
     double peak_gflops;       /* --peak-gflops: MFU denominator; 0: "n/a" */
