@@ -1,217 +1,387 @@
 #!/bin/bash
-# tests/gpu/run.sh - the CUDA backend on a lent GPU machine (an H200), in one
-# call of about ten minutes. Device time is scarce (15 minutes per task, all
-# tries together), so every part runs under `timeout`, the parts run in order
-# of value, and a part is skipped (and says so) when the time left in the
-# budget is below its cap:
-#   0. preflight: GPU, driver, toolkit, NCCL and NVTX (headers and libraries,
-#      also from Python wheels), make or ninja;
-#   1. build (Release, the machine's own architecture);
-#   2. CUDA equals CPU for every model in models/ (tests/unit/test_cuda_run.c:
-#      loss and gradients after one step, f32 with TF32 off within 1e-4; bf16
-#      loss within 1e-2; CUDA graph replay equals plain launches); gpt tiny's
-#      200-step loss curve against the CPU's; the NCCL path on one rank (and
-#      2 ranks against 1 where there are 2 GPUs); --profile from device events;
-#   3. speed: GPT-2 124M, batch 16 x 1024 tokens, bf16, with --profile: kiln
-#      plain and with a CUDA graph, tokens/s and MFU against the H200's dense
-#      bf16 peak (989 TFLOP/s, datasheet);
-#   4. PyTorch eager on the same model (tests/gpu/torch_gpt2.py);
-#   5. torch.compile, capped (its compile alone can take minutes).
-# Output: $OUT/summary.txt (the table, also printed last) and
-# $OUT/gpu-logs.tar.gz (every log), two files whose names a device call
-# brings back. Exit status: non-zero when a check fails.
+# tests/gpu/run.sh - kiln's CUDA backend on a lent GPU machine (one H100 or
+# H200), in ONE device call. Device time is scarce (15 minutes per task, all
+# tries together, machine start-up included), so the numbers that matter
+# come first, every command runs under `timeout`, and every row is appended
+# to $OUT/summary.txt the moment it is measured: a run killed at any point
+# still returns what it had.
 #
-#   tests/gpu/run.sh [--quick] [--plan]
+# Parts, in order (each part's cap is the sum of its commands' timeouts;
+# a command's timeout is also cut to what is left of the budget, so the
+# whole run ends inside KILN_GPU_BUDGET whatever hangs):
+#   0. preflight: tools (cc c++ make ninja cmake nvcc), where libcublasLt,
+#      libnvrtc and nccl.h are, glibc, the GPU and its memory; the device
+#      (h100, h200, a100, b200) sets --target and the MFU peak;
+#   1. setup: the prebuilt binaries of .gpu/ when carried and they start
+#      (tests/gpu/prepare.sh makes them here), else a build on the machine;
+#   2. smoke: one step of gpt tiny on cuda;
+#   3. kiln GPT-2 124M bf16, 16 x 1024 tokens: un-profiled, CUDA graph, and
+#      --profile with the measured per-kernel table, set beside the cost
+#      model's (kiln compile --target DEV --kernel-table);
+#   4. PyTorch eager, 5. torch.compile (capped), the same model;
+#   6. CUDA = CPU: every model (tests/unit/test_cuda_run.c), gpt tiny's
+#      100-step loss curve against the CPU's, the NCCL path on one rank.
+# Output: $OUT/summary.txt (the table, also printed last), $OUT/kernels.txt
+# (the per-kernel table), $OUT/gpu-logs.tar.gz (every log). Exit status:
+# non-zero when a check fails.
+#
+#   tests/gpu/run.sh [--quick] [--plan] [--help]
 #     --quick  skip PyTorch (parts 4 and 5)
-#     --plan   print the parts, their time caps and the files returned, then
-#              exit 0; needs no GPU (a ctest test runs it)
-#   KILN_GPU_BUDGET   seconds this script may take in all (default 540)
+#     --plan   print the parts, their caps and the files returned; exit 0
+#              (needs no GPU; a ctest test runs it)
 #
-# The lent machine has no package registry: first run tests/gpu/carry-debs.sh
-# here (fills .debs/ with the build's Debian packages, ~21 MB) and name
-# `.debs` in the device call's carry; tests/gpu/kit.sh unpacks them there.
+# The one device call (docs/cuda.md, "The first GPU run"): here, first
+#     tests/gpu/carry-debs.sh && tests/gpu/prepare.sh
+# then run with carry [".debs", ".gpu"], timeout_s 600:
+#     tests/gpu/run.sh
+#
+# Environment:
+#   KILN_GPU_BUDGET     seconds the whole script may take (default 490)
+#   KILN_GPU_BUILD      build folder when building there (default build-gpu)
+#   KILN_GPU_PREBUILT   folder of prebuilt binaries (default .gpu)
+#   KILN_GPU_SPEED      the speed runs' settings (default: --set size=124M
+#                       --set batch=16 --set precision=bf16)
+#   KILN_GPU_VOCAB      the speed runs' token file's vocabulary (50257)
+#   KILN_GPU_STEPS      steps of each speed run (default 20)
+#   KILN_GPU_TORCH      the PyTorch script (default tests/gpu/torch_gpt2.py,
+#                       run when `import torch` finds a GPU; a script named
+#                       here runs without that check)
+#   KILN_GPU_REHEARSAL  1: a rehearsal over the fake driver (tests/cudafake);
+#                       the numbers mean nothing, the script's paths run
+#   KILN_GPU_HANG       PART: that part's first command hangs (the
+#                       rehearsal's check that later parts still run)
+#   KILN_GPU_TIME_SCALE N: every timeout and the budget times N (the
+#                       rehearsal: the emulated device is far slower)
+#   KILN_GPU_CURVE_STEPS  steps of the loss-curve comparison (default 100)
 set -u
 cd "$(dirname "$0")/../.."
 ROOT=$(pwd)
-B=${KILN_GPU_BUILD:-build-gpu}
-OUT=${OUT:-$ROOT/$B/gpu-results}
-LOGS=$ROOT/$B/gpu-logs
-PEAK_GFLOPS=${PEAK_GFLOPS:-989000}
-BUDGET=${KILN_GPU_BUDGET:-540}
 QUICK=0 PLAN=0
+usage() { sed -n '2,/^set -u$/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 for a in "$@"; do
     case $a in
     --quick) QUICK=1 ;;
     --plan) PLAN=1 ;;
-    *) echo "usage: tests/gpu/run.sh [--quick] [--plan] (got '$a')" >&2; exit 2 ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "usage: tests/gpu/run.sh [--quick] [--plan] [--help] (got '$a')" >&2; exit 2 ;;
     esac
 done
+BUDGET=${KILN_GPU_BUDGET:-490}
+B=${KILN_GPU_BUILD:-build-gpu}
+PRE=${KILN_GPU_PREBUILT:-.gpu}
+case $B in /*) ;; *) B=$ROOT/$B ;; esac
+case $PRE in /*) ;; *) PRE=$ROOT/$PRE ;; esac
+SPEED=(${KILN_GPU_SPEED:---set size=124M --set batch=16 --set precision=bf16})
+VOCAB=${KILN_GPU_VOCAB:-50257}
+NSTEPS=${KILN_GPU_STEPS:-20}
+TORCH=${KILN_GPU_TORCH:-$ROOT/tests/gpu/torch_gpt2.py}
+TORCH_CHECK=1; [ -n "${KILN_GPU_TORCH:-}" ] && TORCH_CHECK=0
+HANG=${KILN_GPU_HANG:-}
+SCALE=${KILN_GPU_TIME_SCALE:-1}
+CURVE=${KILN_GPU_CURVE_STEPS:-100}
+RESERVE=15 # seconds kept for packing the logs
 
-# The parts: name, time cap in seconds. A part starts only when the budget
-# still holds its cap; every command in it runs under `timeout`.
+# The commands' timeouts, in seconds, by part; a part's cap is their sum.
+T_PRE=(10 5 5)                  # nvidia-smi, python wheels, find
+T_SETUP_PRE=(20)                # the prebuilt kiln starts (kit.sh before)
+T_SETUP_BUILD=(40 150)          # cmake configure, build
+T_SMOKE=(25)                    # gpt tiny, 1 step (cold NVRTC without a cache)
+T_SPEED=(10 25 40 40 40)        # tokens, prediction, plain, graph, profile
+T_EAGER=(15 40)                 # import torch (once), eager
+T_COMPILE=(70)
+T_EQUAL=(60 25 12 12 20 12)     # test_cuda_run; curve cpu, cuda; NCCL cuda, cpu, cuda
+sum() { local s=0; for t in "$@"; do s=$((s + t)); done; echo $s; }
 PARTS=(
-    "0 preflight|60"
-    "1 build|240"
-    "2 CUDA = CPU (every model; gpt tiny curve; NCCL; profile)|240"
-    "3 kiln GPT-2 124M bf16 speed (+ CUDA graph, --profile)|150"
-    "4 PyTorch eager GPT-2 124M bf16|90"
-    "5 torch.compile GPT-2 124M bf16 (capped)|150"
+    "0 preflight|$(sum "${T_PRE[@]}")"
+    "1 setup: prebuilt binaries (.gpu/), else build|$(sum "${T_SETUP_PRE[@]}") (build: +$(sum "${T_SETUP_BUILD[@]}"))"
+    "2 smoke: gpt tiny, one step on cuda|$(sum "${T_SMOKE[@]}")"
+    "3 kiln GPT-2 124M bf16 speed (plain, CUDA graph, profile)|$(sum "${T_SPEED[@]}")"
+    "4 PyTorch eager GPT-2 124M bf16|$(sum "${T_EAGER[@]}")"
+    "5 torch.compile GPT-2 124M bf16 (capped)|$(sum "${T_COMPILE[@]}")"
+    "6 CUDA = CPU (every model; gpt tiny curve; NCCL)|$(sum "${T_EQUAL[@]}")"
 )
-cap_of() { for p in "${PARTS[@]}"; do [ "${p%% *}" = "$1" ] && echo "${p##*|}"; done; }
 
 if [ $PLAN -eq 1 ]; then
-    echo "tests/gpu/run.sh: budget ${BUDGET} s (KILN_GPU_BUDGET); parts in order, each under timeout:"
+    echo "tests/gpu/run.sh: budget ${BUDGET} s (KILN_GPU_BUDGET); parts in order, every command under timeout:"
     total=0
     for p in "${PARTS[@]}"; do
-        name=${p%%|*} cap=${p##*|}
-        skip=""
+        name=${p%%|*} cap=${p##*|} skip=""
         [ $QUICK -eq 1 ] && case $name in 4*|5*) skip=" (skipped: --quick)"; cap=0 ;; esac
-        total=$((total + cap))
-        printf '  %-62s <= %4d s%s\n' "$name" "$cap" "$skip"
+        total=$((total + ${cap%% *}))
+        printf '  %-62s <= %4s s%s\n' "$name" "$cap" "$skip"
     done
-    echo "  total of the caps: $total s; parts past the budget are skipped, not cut"
-    echo "files returned under \$OUT: summary.txt, gpu-logs.tar.gz"
+    echo "  total of the caps with prebuilt binaries: $total s; each command's timeout is also cut"
+    echo "  to what is left of the budget, so the run ends within ${BUDGET} s (${RESERVE} s kept to pack)"
+    echo "files returned under \$OUT: summary.txt, kernels.txt, gpu-logs.tar.gz"
     exit 0
 fi
 
+BUDGET=$((BUDGET * SCALE))
 T0=$(date +%s)
-left() { echo $((BUDGET - ($(date +%s) - T0))); }
-mkdir -p "$OUT" "$LOGS"
-export KILN_CACHE_DIR=$ROOT/$B/kiln-cache
+OUT=${OUT:-$B/gpu-results}
+LOGS=$B/gpu-logs
+mkdir -p "$OUT" "$LOGS" || { echo "cannot create $OUT or $LOGS" >&2; exit 1; }
+rm -f "$LOGS"/hung-* "$OUT/kernels.txt"
+SUM=$OUT/summary.txt
+: >"$SUM"
 fails=0
-rows=()
-row() { rows+=("$(printf '%-44s | %s' "$1" "$2")"); echo "== $1: $2"; }
+left() { echo $((BUDGET - ($(date +%s) - T0))); }
+# row NAME VALUE: one line of the table, written at once
+row() { printf '%-46s | %s\n' "$1" "$2" | tee -a "$SUM"; }
 bad() { fails=$((fails + 1)); row "$1" "FAIL: $2"; }
-# part NAME-PREFIX: true when the part's cap fits in what is left
+part_now=""
+# part ID NAME: starts a part when at least 20 s are left
 part() {
-    local cap; cap=$(cap_of "$1")
-    if [ "$(left)" -lt "$cap" ]; then
-        row "part $1" "skipped: $(left) s left of the budget, cap $cap s"
+    part_now=$1
+    echo "== part $1: $2 ($(left) s left of the budget)" | tee -a "$LOGS/parts.log"
+    if [ "$(left)" -lt $((RESERVE + 20)) ]; then
+        row "part $1 ($2)" "skipped: $(left) s left of the budget"
         return 1
     fi
-    echo "== part $1 (cap $cap s, $(left) s left)"
 }
-# Packs the logs and the table into $OUT (also when stopped by a signal).
+# t SECONDS CMD...: CMD under timeout, cut to the budget; the hang hook
+# replaces the first command of part $HANG with a sleep (a file marks it
+# done: t may run in a pipeline's subshell)
+t() {
+    local want=$(($1 * SCALE)); shift
+    local lim=$(($(left) - RESERVE))
+    [ "$lim" -gt "$want" ] && lim=$want
+    if [ "$lim" -lt 1 ]; then echo "no time left for: $*" >&2; return 124; fi
+    if [ -n "$HANG" ] && [ "$HANG" = "$part_now" ] && [ ! -e "$LOGS/hung-$part_now" ]; then
+        : >"$LOGS/hung-$part_now"
+        echo "KILN_GPU_HANG: part $part_now's first command ($1) hangs instead" >&2
+        timeout -k 2 "$lim" sleep 100000
+        return $?
+    fi
+    timeout -k 5 "$lim" "$@"
+}
 finish() {
+    trap - INT TERM
     {
-        echo "== results ($(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(( $(date +%s) - T0 )) s)"
-        printf '%s\n' "${rows[@]}"
-        echo "(MFU: model FLOPs per step over ${PEAK_GFLOPS} GFLOP/s)"
-        if [ -s "$LOGS/profile.log" ]; then
-            echo "== top kernels (kiln --profile, 124M bf16)"
-            sed -n '/^profile: per kernel/,/^$/p' "$LOGS/profile.log" | head -25
-        fi
-        if [ -s "$LOGS/predict.log" ] && [ -s "$LOGS/profile.log" ]; then
-            echo "== predicted (cost model, h200) vs measured per step, the predicted top 10"
-            steps=$(sed -n 's/^profile: per kernel over \([0-9]*\) training steps.*/\1/p' "$LOGS/profile.log")
-            awk -v steps="${steps:-1}" '
-                FNR == NR { if ($1 != "" && $2 ~ /^[0-9]+$/) meas[$1] = $3 / steps; next }
-                /costliest launches/ { on = 1; next }
-                on && $1 == "kernel" { next }
-                on && NF >= 6 { n = $1; sub(/_l[0-9]+$/, "", n); t = $3; u = $4
-                    ms = (u == "ms") ? t : (u == "us") ? t / 1e3 : t * 1e3
-                    m = (n in meas) ? sprintf("%.3f", meas[n]) : "?"
-                    printf "  %-30s predicted %9.3f ms  measured %9s ms\n", $1, ms, m }
-            ' "$LOGS/profile.log" "$LOGS/predict.log" | head -10
-        fi
-    } >"$OUT/summary.txt"
+        echo "== $(( $(date +%s) - T0 )) s in all; $fails failed"
+        echo "(MFU: model FLOPs per step over the device's dense peak for the run's precision)"
+    } | tee -a "$SUM"
+    [ -s "$OUT/kernels.txt" ] && head -60 "$OUT/kernels.txt"
     tar czf "$OUT/gpu-logs.tar.gz" -C "$(dirname "$LOGS")" "$(basename "$LOGS")" 2>/dev/null
     echo
-    cat "$OUT/summary.txt"
+    echo "== summary.txt"
+    cat "$SUM"
 }
 trap 'row "stopped" "by a signal after $(( $(date +%s) - T0 )) s"; finish; exit 1' INT TERM
+row "tests/gpu/run.sh" "budget $BUDGET s, started $(date -u +%FT%TZ)$([ "${KILN_GPU_REHEARSAL:-0}" = 1 ] && echo ', REHEARSAL on the fake driver: numbers mean nothing')"
 
-# 0. preflight
-part 0 || { finish; exit 1; }
-gpu=$(timeout 20 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | head -1)
-row "GPU, memory, driver" "${gpu:-none}"
+# ---- 0. preflight -------------------------------------------------------
+part 0 preflight
+gpu=$(t "${T_PRE[0]}" nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | head -1)
+row "GPU, memory, driver" "${gpu:-none (nvidia-smi gave nothing)}"
+case ${gpu,,} in
+*h200*) DEV=h200 ;; *h100*) DEV=h100 ;; *a100*) DEV=a100 ;; *b200*) DEV=b200 ;; *) DEV="" ;;
+esac
+# the dense peak for torch's MFU (GFLOP/s, bf16; kiln reads its own from the device)
+case $DEV in h100|h200) PEAK=989000 ;; a100) PEAK=312000 ;; b200) PEAK=2250000 ;; *) PEAK=989000 ;; esac
+row "device for --target and the MFU peak" "${DEV:-unknown, so the H100 figures are used}"
+DEV=${DEV:-h100}
+tools=""
+for c in cc c++ make ninja cmake nvcc python3; do tools+="$c=$(command -v $c || echo MISSING) "; done
+row "tools" "$tools"
+row "glibc" "$(ldd --version 2>&1 | head -1 | sed 's/.* //')"
 nvcc_v=$(nvcc --version 2>/dev/null | sed -n 's/.*release \([^,]*\).*/\1/p')
 row "CUDA toolkit (nvcc)" "${nvcc_v:-not found}"
-# NCCL and NVTX: the toolkit's folders, the system's, then Python wheels
-# (the H200 image ships nvidia-nccl-cu13 and nvidia-nvtx as wheels)
-wheels=$(timeout 20 python3 -c 'import nvidia, os; print(" ".join(nvidia.__path__))' 2>/dev/null)
+wheels=$(t "${T_PRE[1]}" python3 -c 'import nvidia, os; print(" ".join(nvidia.__path__))' 2>/dev/null)
 find_in() { # file name, dirs...
     local f=$1; shift
     for d in "$@"; do
         [ -d "$d" ] || continue
-        local hit; hit=$(find "$d" -maxdepth 6 -name "$f" 2>/dev/null | head -1)
+        local hit; hit=$(t "${T_PRE[2]}" find -L "$d" -maxdepth 6 -name "$f" 2>/dev/null | head -1)
         [ -n "$hit" ] && { echo "$hit"; return 0; }
     done
     return 1
 }
-CUDA_DIRS=(/usr/local/cuda /usr/include /usr/lib/x86_64-linux-gnu $wheels)
+CUDA_DIRS=(/usr/local/cuda/lib64 /usr/local/cuda/include /usr/local/cuda /usr/include
+           /usr/lib/x86_64-linux-gnu $wheels)
+lt=$(find_in 'libcublasLt.so.*' "${CUDA_DIRS[@]}")
+rtc=$(find_in 'libnvrtc.so.*' "${CUDA_DIRS[@]}")
 nccl_h=$(find_in nccl.h "${CUDA_DIRS[@]}")
 nccl_so=$(find_in 'libnccl.so*' "${CUDA_DIRS[@]}")
-nvtx_h=$(find_in nvToolsExt.h "${CUDA_DIRS[@]}")
-NCCL_ARGS=()
-if [ -n "$nccl_h" ] && [ -n "$nccl_so" ]; then
-    row "NCCL" "header $nccl_h, library $nccl_so"
-    NCCL_ARGS=(-DKILN_NCCL_INCLUDE_DIR="$(dirname "$nccl_h")")
-    export LD_LIBRARY_PATH=$(dirname "$nccl_so")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-else
-    row "NCCL" "not found (header: ${nccl_h:-none}, library: ${nccl_so:-none}): the module is built without it, the NCCL rows fail"
-fi
-row "NVTX" "${nvtx_h:-not found} (kiln does not use NVTX yet)"
-if command -v make >/dev/null; then GEN=(); row "build tool" "make"
-elif command -v ninja >/dev/null; then GEN=(-G Ninja); row "build tool" "ninja (no make)"
-else row "build tool" "neither make nor ninja"; finish; exit 1; fi
-nproc >"$LOGS/nproc.txt"
-
-# the build's Debian packages, when the call carries them (.debs/)
+row "libcublasLt / libnvrtc" "${lt:-NOT FOUND} / ${rtc:-NOT FOUND}"
+row "NCCL header / library" "${nccl_h:-not found} / ${nccl_so:-not found}"
+# where the loader may not look (wheels): after what the caller set
+for f in "$lt" "$rtc" "$nccl_so"; do
+    [ -n "$f" ] && export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$(dirname "$f")
+done
+# the build's Debian packages, when carried (.debs/): never exits this script
+KIT_CMAKE_ARGS=()
 source "$ROOT/tests/gpu/kit.sh" >"$LOGS/kit.log" 2>&1
+row "build dependencies (.debs)" "$KIT_STATUS"
 
-# 1. build
-part 1 || { finish; exit 1; }
-t0=$(date +%s)
-if ! { timeout 60 cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release "${GEN[@]}" "${KIT_CMAKE_ARGS[@]}" \
-           "${NCCL_ARGS[@]}" >"$LOGS/cmake.log" 2>&1 &&
-       timeout 180 cmake --build "$B" -j"$(nproc)" --target kiln kiln_cuda test_cuda_run \
-           test_cuda_compile >"$LOGS/build.log" 2>&1; }; then
-    tail -30 "$LOGS/cmake.log" "$LOGS/build.log"
-    bad "build" "see cmake.log, build.log"; finish; exit 1
-fi
-[ -e "$B/libkiln_cuda.so" ] || { bad "build" "the CUDA module was not built (CUDA toolkit not found?)"; finish; exit 1; }
-row "build" "ok ($(( $(date +%s) - t0 )) s)"
-KILN=$ROOT/$B/kiln
-export KILN_BIN=$KILN
-
-# 2. equality with the CPU
-if part 2; then
-    if timeout 120 "$B/tests/test_cuda_run" >"$LOGS/equal.log" 2>&1; then
-        row "CUDA = CPU, every model (f32, bf16, graph)" "ok"
+# ---- 1. setup: prebuilt, else build ------------------------------------
+KILN="" TESTRUN="" MODULE=""
+if part 1 setup; then
+    if [ -x "$PRE/kiln" ] && [ -e "$PRE/libkiln_cuda.so" ]; then
+        missing=$(ldd "$PRE/kiln" "$PRE/libkiln_cuda.so" 2>&1 | grep 'not found' | sort -u | tr -s ' \t\n' ' ')
+        if [ -n "$missing" ]; then
+            row "prebuilt binaries" "do not start: missing $missing; building instead"
+        elif t "${T_SETUP_PRE[0]}" "$PRE/kiln" --help >"$LOGS/prebuilt.log" 2>&1; then
+            KILN=$PRE/kiln MODULE=$PRE/libkiln_cuda.so
+            [ -x "$PRE/test_cuda_run" ] && TESTRUN=$PRE/test_cuda_run
+            cache=""
+            if [ -d "$PRE/kiln-cache" ]; then
+                export KILN_CACHE_DIR=$PRE/kiln-cache
+                cache=", kernel cache carried ($(ls "$PRE/kiln-cache/cuda" 2>/dev/null | grep -c cubin) cubins)"
+            fi
+            row "prebuilt binaries" "ok: $PRE$cache"
+        else
+            row "prebuilt binaries" "kiln --help failed: $(tail -2 "$LOGS/prebuilt.log" | tr '\n' ' '); building instead"
+        fi
     else
-        bad "CUDA = CPU, every model (f32, bf16, graph)" "exit $? (124: timeout), see equal.log"
+        row "prebuilt binaries" "not carried ($PRE); building"
     fi
-    grep -E "f32:|bf16:|skipped|ERROR|error" "$LOGS/equal.log" | head -40 | sed 's/^/   /'
+    if [ -z "$KILN" ]; then
+        if command -v make >/dev/null; then GEN=()
+        elif command -v ninja >/dev/null; then GEN=(-G Ninja)
+        else GEN=(none); fi
+        NCCL_ARGS=()
+        [ -n "$nccl_h" ] && NCCL_ARGS=(-DKILN_NCCL_INCLUDE_DIR="$(dirname "$nccl_h")")
+        s0=$(date +%s)
+        if [ "${GEN[0]:-}" = none ]; then
+            bad "build" "neither make nor ninja on this machine"
+        elif [ "$KIT_STATUS" = "none carried" ] && ! pkg-config --exists lua5.4 2>/dev/null; then
+            bad "build" "Lua 5.4 and the other build dependencies are missing: run tests/gpu/carry-debs.sh here and carry .debs"
+        elif ! t "${T_SETUP_BUILD[0]}" cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release "${GEN[@]}" \
+                 "${KIT_CMAKE_ARGS[@]}" "${NCCL_ARGS[@]}" >"$LOGS/cmake.log" 2>&1; then
+            bad "build: configure" "$(grep -m3 -E 'Error|error' "$LOGS/cmake.log" | tr '\n' ' ') (cmake.log)"
+        elif ! t "${T_SETUP_BUILD[1]}" cmake --build "$B" -j"$(nproc)" --target kiln kiln_cuda \
+                 test_cuda_run >"$LOGS/build.log" 2>&1; then
+            bad "build" "$(grep -m3 -E 'error' "$LOGS/build.log" | tr '\n' ' ') (build.log)"
+        elif [ ! -e "$B/libkiln_cuda.so" ]; then
+            bad "build" "no libkiln_cuda.so: CMake did not find the CUDA toolkit (cmake.log)"
+        else
+            KILN=$B/kiln MODULE=$B/libkiln_cuda.so TESTRUN=$B/tests/test_cuda_run
+            export KILN_CACHE_DIR=${KILN_CACHE_DIR:-$B/kiln-cache}
+            row "build" "ok ($(( $(date +%s) - s0 )) s)"
+        fi
+    fi
+fi
+if [ -z "$KILN" ]; then finish; exit 1; fi
+export KILN_BIN=$KILN
+export KILN_CUDA_MODULE=$MODULE # test_cuda_run does not sit beside it
 
-    # gpt tiny: 200 steps, CPU and GPU loss curves
-    curve() { timeout 40 "$KILN" train models/gpt.lua --steps 200 --device "$1" --set log_every=1 "${@:2}" 2>&1 |
-              awk '/^step/ { for (i = 1; i <= NF; i++) if ($i == "loss") print $(i + 1) }'; }
-    curve cpu >"$LOGS/loss_cpu.txt"
-    curve cuda >"$LOGS/loss_cuda.txt"
+# ---- 2. smoke ------------------------------------------------------------
+if part 2 smoke; then
+    t "${T_SMOKE[0]}" "$KILN" train models/gpt.lua --steps 1 --device cuda -v >"$LOGS/smoke.log" 2>&1
+    rc=$?
+    if [ $rc -eq 0 ] && grep -q '^final:' "$LOGS/smoke.log"; then
+        row "smoke: gpt tiny, 1 step on cuda" "ok: $(grep '^final:' "$LOGS/smoke.log" | cut -d'|' -f2)"
+    else
+        bad "smoke: gpt tiny, 1 step on cuda" "exit $rc (124: timeout): $(grep -v '^ ' "$LOGS/smoke.log" | tail -3 | tr '\n' ' ')"
+    fi
+fi
+
+# ---- 3. speed ------------------------------------------------------------
+TOK=$LOGS/tokens.bin
+# speed LABEL FILE TIMEOUT ARGS...: one kiln run; its final line's figures
+speed() {
+    local label=$1 file=$2 lim=$3; shift 3
+    t "$lim" "$KILN" train models/gpt.lua "${SPEED[@]}" --set data_path="$TOK" \
+        --steps "$NSTEPS" --device cuda "$@" >"$LOGS/$file.log" 2>&1
+    local rc=$?
+    local fin; fin=$(grep '^final:' "$LOGS/$file.log")
+    if [ $rc -ne 0 ] || [ -z "$fin" ]; then
+        bad "$label" "exit $rc (124: timeout): $(grep -v '^ ' "$LOGS/$file.log" | tail -2 | tr '\n' ' ')"
+        return 1
+    fi
+    row "$label" "$(echo "$fin" | sed 's/.*median/median/')"
+}
+if part 3 "kiln speed"; then
+    if t "${T_SPEED[0]}" python3 tests/gpu/make_tokens.py "$TOK" $((NSTEPS * 20 * 1024 + 100000)) "$VOCAB"; then
+        if t "${T_SPEED[1]}" "$KILN" compile models/gpt.lua "${SPEED[@]}" --target "$DEV" \
+                --kernel-table "$LOGS/kernels_predicted.tsv" >"$LOGS/predict.log" 2>&1; then
+            row "predicted (kiln compile --target $DEV)" "$(grep -m1 '^predicted step' "$LOGS/predict.log" | sed 's/.*: //'); $(grep -m1 'MFU' "$LOGS/predict.log" | sed 's/^ *//' | cut -c1-60)"
+        else
+            bad "predicted (kiln compile --target $DEV)" "exit $?: $(tail -2 "$LOGS/predict.log" | tr '\n' ' ')"
+        fi
+        speed "kiln 124M bf16 (plain)" speed_plain "${T_SPEED[2]}" -v
+        speed "kiln 124M bf16 + CUDA graph" speed_graph "${T_SPEED[3]}" --set cuda_graph=true
+        if speed "kiln 124M bf16 --profile" profile "${T_SPEED[4]}" --profile \
+                --kernel-table "$LOGS/kernels_measured.tsv"; then
+            if [ -s "$LOGS/kernels_predicted.tsv" ] &&
+                    python3 tests/gpu/kernel_table.py "$LOGS/kernels_predicted.tsv" \
+                        "$LOGS/kernels_measured.tsv" >"$OUT/kernels.txt" 2>"$LOGS/kernel_table.err"; then
+                row "per-kernel table (kernels.txt)" "$(grep -m1 '^total:' "$OUT/kernels.txt")"
+            else
+                bad "per-kernel table" "$(tail -2 "$LOGS/kernel_table.err" | tr '\n' ' ')"
+            fi
+        fi
+    else
+        bad "speed" "cannot write the token file $TOK"
+    fi
+fi
+
+# ---- 4, 5. PyTorch ---------------------------------------------------------
+TORCH_OK=""
+torch_row() { # label, mode, timeout
+    if [ -z "$TORCH_OK" ]; then
+        TORCH_OK=yes
+        [ $TORCH_CHECK = 1 ] && ! t "${T_EAGER[0]}" python3 -c \
+            "import torch; assert torch.cuda.is_available()" >/dev/null 2>&1 && TORCH_OK=no
+    fi
+    if [ "$TORCH_OK" = no ]; then
+        row "$1" "not run: import torch failed or it sees no GPU"
+        return
+    fi
+    t "$3" python3 "$TORCH" --mode "$2" --batch 16 --seq 1024 --steps "$NSTEPS" \
+        --peak-gflops "$PEAK" >"$LOGS/torch_$2.log" 2>&1
+    local rc=$?
+    local last; last=$(grep '^median' "$LOGS/torch_$2.log" | tail -1)
+    if [ $rc -eq 0 ] && [ -n "$last" ]; then row "$1" "$last"
+    else row "$1" "exit $rc (124: over its cap): $(tail -2 "$LOGS/torch_$2.log" | tr '\n' ' ')"; fi
+}
+if [ $QUICK -eq 0 ]; then
+    part 4 "PyTorch eager" && torch_row "PyTorch eager 124M bf16" eager "${T_EAGER[1]}"
+    part 5 "torch.compile" && torch_row "torch.compile 124M bf16" compile "${T_COMPILE[0]}"
+fi
+
+# ---- 6. CUDA = CPU ---------------------------------------------------------
+if part 6 "CUDA = CPU"; then
+    if [ -z "$TESTRUN" ]; then
+        bad "CUDA = CPU, every model" "no test_cuda_run binary (carry it in $PRE or build)"
+    else
+        t "${T_EQUAL[0]}" "$TESTRUN" >"$LOGS/equal.log" 2>&1
+        rc=$?
+        if [ $rc -eq 0 ] && ! grep -q 'SKIPPED\|skipped' "$LOGS/equal.log"; then
+            row "CUDA = CPU, every model (f32, bf16, graph)" "ok: $(grep -c '^\[       OK \]' "$LOGS/equal.log") cases"
+        else
+            bad "CUDA = CPU, every model (f32, bf16, graph)" "exit $rc (124: timeout): $(grep -E 'FAIL|ERROR|error|skipped' "$LOGS/equal.log" | head -3 | tr '\n' ' ') (equal.log)"
+        fi
+    fi
+    curve() { t "$1" "$KILN" train models/gpt.lua --steps "$CURVE" --device "$2" --set log_every=1 \
+                  >"$LOGS/curve_$2.log" 2>&1
+              sed -n 's/^step *[0-9]*\/[0-9]* | loss \([^ ]*\) .*/\1/p' "$LOGS/curve_$2.log"; }
+    curve "${T_EQUAL[1]}" cpu >"$LOGS/loss_cpu.txt"
+    curve "${T_EQUAL[2]}" cuda >"$LOGS/loss_cuda.txt"
     cmp_out=$(paste "$LOGS/loss_cpu.txt" "$LOGS/loss_cuda.txt" | awk '
-        { n++; d = $1 - $2; if (d < 0) d = -d; r = d / ($1 < 0 ? -$1 : $1); if (r > m) { m = r; at = n } last_c = $1; last_g = $2 }
-        END { printf "%d steps, max rel diff %.2e (step %d), final cpu %s cuda %s\n", n, m, at, last_c, last_g;
-              exit !(n == 200 && m < 1e-2) }')
-    if [ $? -eq 0 ]; then row "gpt tiny 200 steps: loss curve vs CPU" "ok: $cmp_out"
-    else bad "gpt tiny 200 steps: loss curve vs CPU" "$cmp_out"; fi
+        { n++; if ($2 == "") { bad = 1; next } d = $1 - $2; if (d < 0) d = -d; r = d / ($1 < 0 ? -$1 : $1)
+          if (r > m) { m = r; at = n } last_c = $1; last_g = $2 }
+        END { printf "%d steps, max rel diff %.2e (step %d), final cpu %s cuda %s", n, m, at, last_c, last_g
+              exit !(n == want && !bad && m < 1e-2) }' want="$CURVE")
+    if [ $? -eq 0 ]; then row "gpt tiny $CURVE steps: loss curve vs CPU" "ok: $cmp_out"
+    else bad "gpt tiny $CURVE steps: loss curve vs CPU" "$cmp_out"; fi
 
-    # The NCCL path. One rank: ncclAvg over one rank is an identity, so this
-    # checks that the path runs (NCCL found and initialised, the unique id,
-    # the communication stream and its events, device timing) and leaves the
-    # values as the plan computes them; it cannot see a missing wait (a race)
-    # or a wrong scale. Those need 2 GPUs (the --nproc 2 row).
-    nccl_run() { # name, device, extra args...
-        local name=$1 dev=$2; shift 2
-        timeout 30 "$KILN" train models/gpt.lua --steps 20 --device "$dev" --set bucket_mb=0.05 -v \
+    # The NCCL path on one rank: ncclAvg over one rank is the identity, so
+    # this checks that the path runs (NCCL found and initialised, the comm
+    # stream and its events) and leaves the values as the plan computes them.
+    nccl_run() { # name, timeout, device, extra args...
+        local name=$1 lim=$2 dev=$3; shift 3
+        t "$lim" "$KILN" train models/gpt.lua --steps 20 --device "$dev" --set bucket_mb=0.05 -v \
             --save-weights "$LOGS/w_$name.safetensors" "$@" >"$LOGS/nccl_$name.log" 2>&1
     }
     final_loss() { sed -n 's/^final: step [0-9]* | train loss \([^ ]*\) .*/\1/p' "$LOGS/nccl_$1.log"; }
-    cmpw() { timeout 30 python3 "$ROOT/tests/gpu/cmp_weights.py" "$LOGS/w_$1.safetensors" "$LOGS/w_$2.safetensors" "$3"; }
-    if KILN_COMM_ONE_RANK=1 nccl_run cuda_nccl cuda && KILN_COMM_ONE_RANK=1 nccl_run cpu_comm cpu &&
-            nccl_run cuda_plain cuda; then
+    cmpw() { t 20 python3 tests/gpu/cmp_weights.py "$LOGS/w_$1.safetensors" "$LOGS/w_$2.safetensors" "$3"; }
+    if KILN_COMM_ONE_RANK=1 nccl_run cuda_nccl "${T_EQUAL[3]}" cuda &&
+            KILN_COMM_ONE_RANK=1 nccl_run cpu_comm "${T_EQUAL[4]}" cpu &&
+            nccl_run cuda_plain "${T_EQUAL[5]}" cuda; then
         if ! grep -q "NCCL all-reduces, rank 0 of 1" "$LOGS/nccl_cuda_nccl.log"; then
-            bad "NCCL path, 1 rank" "the run did not use NCCL (see nccl_cuda_nccl.log)"
+            bad "NCCL path, 1 rank" "the run did not use NCCL (nccl_cuda_nccl.log)"
         else
             l_n=$(final_loss cuda_nccl); l_c=$(final_loss cpu_comm); l_p=$(final_loss cuda_plain)
             c1=$(cmpw cuda_nccl cpu_comm 1e-3); r1=$?
@@ -224,76 +394,8 @@ if part 2; then
             fi
         fi
     else
-        bad "NCCL path, 1 rank" "a run failed: $(tail -2 "$LOGS"/nccl_*.log | tr '\n' ' ')"
+        bad "NCCL path, 1 rank" "a run failed: $(tail -qn2 "$LOGS"/nccl_*.log | tr '\n' ' ')"
     fi
-    ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
-    if [ "${ngpu:-0}" -ge 2 ]; then
-        if nccl_run cuda_2ranks cuda --nproc 2 --set batch=4 && nccl_run cpu_1rank8 cpu --set batch=8; then
-            c3=$(cmpw cuda_2ranks cpu_1rank8 1e-3); r3=$?
-            comm=$(grep '^comm:' "$LOGS/nccl_cuda_2ranks.log" | sed 's/.*rank 0): //')
-            if [ $r3 -eq 0 ] && [ -n "$comm" ]; then
-                row "NCCL, 2 GPUs x batch 4 vs CPU 1 x 8" "ok: $c3; $comm"
-            else
-                bad "NCCL, 2 GPUs x batch 4 vs CPU 1 x 8" "$c3; comm line: '${comm}'"
-            fi
-        else
-            bad "NCCL, 2 GPUs" "a run failed: $(tail -3 "$LOGS/nccl_cuda_2ranks.log" | tr '\n' ' ')"
-        fi
-    else
-        row "NCCL, 2 GPUs" "not run (this machine has ${ngpu:-0} GPU)"
-    fi
-    # --profile from device events: the per-kernel table, and the step time
-    if timeout 30 "$KILN" train models/gpt.lua --steps 20 --device cuda --profile >"$LOGS/profile_tiny.log" 2>&1 &&
-            grep -q "^profile: per kernel over 20 training steps" "$LOGS/profile_tiny.log" &&
-            grep -q "median [0-9.]* ms/step" "$LOGS/profile_tiny.log"; then
-        row "--profile (device events), gpt tiny" "ok: $(grep '^final:' "$LOGS/profile_tiny.log" | sed 's/.*median/median/' | cut -d'|' -f1)"
-    else
-        bad "--profile (device events), gpt tiny" "see profile_tiny.log"
-    fi
-fi
-
-# 3. speed: GPT-2 124M, 16 x 1024 tokens, bf16
-TOK=$LOGS/tokens.bin
-speed() { # label, file, extra args...
-    local label=$1 file=$2; shift 2
-    timeout 60 "$KILN" train models/gpt.lua --set size=124M --set batch=16 --set precision=bf16 \
-        --set data_path="$TOK" --steps 30 --device cuda --peak-gflops "$PEAK_GFLOPS" "$@" \
-        >"$LOGS/$file.log" 2>&1
-    local rc=$?
-    local fin; fin=$(grep '^final:' "$LOGS/$file.log")
-    if [ $rc -ne 0 ] || [ -z "$fin" ]; then
-        bad "$label" "exit $rc (124: timeout): $(tail -3 "$LOGS/$file.log" | tr '\n' ' ')"
-        return
-    fi
-    row "$label" "$(echo "$fin" | sed 's/.*median/median/')"
-}
-if part 3; then
-    if timeout 30 python3 "$ROOT/tests/gpu/make_tokens.py" "$TOK" 2000000 50257; then
-        # the cost model's prediction, to set beside the measured profile
-        timeout 60 "$KILN" compile models/gpt.lua --set size=124M --set batch=16 --set precision=bf16 \
-            --target h200 >"$LOGS/predict.log" 2>&1
-        row "predicted (kiln compile --target h200)" "$(grep '^predicted step' "$LOGS/predict.log" | sed 's/.*: //')"
-        speed "kiln GPT-2 124M bf16 (--profile)" profile --profile
-        speed "kiln GPT-2 124M bf16 + CUDA graph" speed_graph --set cuda_graph=true
-    else
-        bad "GPT-2 124M" "cannot write $TOK"
-    fi
-fi
-
-if [ $QUICK -eq 0 ]; then
-    torch_row() { # part, mode, cap
-        if ! timeout 30 python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
-            row "PyTorch $2" "not available on this machine (import torch failed or no GPU)"
-            return
-        fi
-        timeout "$3" python3 "$ROOT/tests/gpu/torch_gpt2.py" --mode "$2" --batch 16 --seq 1024 \
-            --steps 30 --peak-gflops "$PEAK_GFLOPS" >"$LOGS/torch_$2.log" 2>&1
-        local rc=$?
-        if [ $rc -eq 0 ]; then row "PyTorch $2 GPT-2 124M bf16" "$(tail -1 "$LOGS/torch_$2.log")"
-        else row "PyTorch $2 GPT-2 124M bf16" "exit $rc (124: over its ${3} s cap): $(tail -2 "$LOGS/torch_$2.log" | tr '\n' ' ')"; fi
-    }
-    part 4 && torch_row 4 eager "$(($(cap_of 4) - 10))"
-    part 5 && torch_row 5 compile "$(($(cap_of 5) - 10))"
 fi
 
 finish

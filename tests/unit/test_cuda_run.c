@@ -132,9 +132,28 @@ static void test_every_model(void **state)
         fprintf(stderr, "skipped: %s\n", why);
         skip();
     }
+    /* KILN_CUDA_RUN_MODELS=a,b: only models/a.lua and models/b.lua (the
+     * rehearsal of tests/gpu/run.sh on the emulated device) */
+    const char *only = getenv("KILN_CUDA_RUN_MODELS");
     char **models = model_paths();
-    for (int i = 0; models[i]; i++)
+    int ran = 0;
+    for (int i = 0; models[i]; i++) {
+        if (only && *only) {
+            const char *base = strrchr(models[i], '/');
+            base = base ? base + 1 : models[i];
+            size_t n = strcspn(base, ".");
+            bool hit = false;
+            for (const char *s = only; *s; s += strcspn(s, ",") + (s[strcspn(s, ",")] != 0))
+                hit |= strcspn(s, ",") == n && strncmp(s, base, n) == 0;
+            if (!hit)
+                continue;
+        }
         check_model(models[i]);
+        ran++;
+    }
+    fprintf(stderr, "%d models checked\n", ran);
+    if (!ran)
+        fail_msg("no model matched KILN_CUDA_RUN_MODELS=%s", only ? only : "");
     free_model_paths(models);
 }
 
