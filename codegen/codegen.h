@@ -630,6 +630,36 @@ void cg_prediction_free(CgPrediction *r);
 void cg_prediction_print(const CgPrediction *r, const CgPlan *p, double model_flops,
                          double tokens, int top, FILE *f);
 
+/* ---- calibrate.c: per-kernel tables, and calibration against them ------
+ * (docs/cost.md: the format, and what --calibrate prints) */
+typedef enum { CG_KT_GEMM, CG_KT_KERNEL, CG_KT_COPY } CgKtKind;
+typedef struct {
+    CgKtKind kind;
+    char *name, *op, *where;
+    int64_t dims[4];  /* gemm: M, N, K, batch */
+    int64_t calls;    /* launches a step */
+    double ms, flops, bytes; /* per step, over those launches */
+    int line;         /* in the file */
+} CgKtRow;
+typedef struct {
+    char *source, *device; /* NULL: not given */
+    int steps;             /* 1 when not given */
+    double step_ms;        /* 0: not given */
+    VEC(CgKtRow) rows;
+} CgKernelTable;
+/* A table from text[0..len) (the file path for messages): NULL with d set
+ * ("path:line: what was expected, what was found") on anything malformed.
+ * Unknown metadata keys are ignored; the first line is required. */
+CgKernelTable *cg_kernel_table_parse(const char *text, size_t len, const char *path, Diag *d);
+CgKernelTable *cg_kernel_table_read(const char *path, Diag *d);
+void cg_kernel_table_free(CgKernelTable *t);
+/* Prints, per kernel class (CgClass) of prediction r of plan p, the
+ * measured time of table t's rows whose names r's launches carry (a GEMM:
+ * gemm_op<N>), the predicted time, their ratio and the device figure that
+ * would have predicted the measurement; then what did not match. */
+void cg_calibrate(const CgPrediction *r, const CgPlan *p, const CgKernelTable *t,
+                  const char *path, FILE *f);
+
 /* ---- cluster.c: a run at cluster scale (kiln plan) ------------------------
  * (docs/plan.md: the equations) */
 typedef struct {

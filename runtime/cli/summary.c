@@ -222,7 +222,8 @@ static void occupancy_figures(CgCudaProgram *q, const CgDevice *dev, const char 
 }
 
 bool cli_print_prediction(const Model *m, const Graph *g, const char *target, int threads,
-                          const char *cache_dir, bool remeasure, int top)
+                          const char *cache_dir, bool remeasure, int top,
+                          const CgKernelTable *cal, const char *cal_path)
 {
     CgDevice cpu;
     const CgDevice *dev = cg_device_find(target);
@@ -270,6 +271,8 @@ bool cli_print_prediction(const Model *m, const Graph *g, const char *target, in
                "partials scratch %s\n", ab, cb, pb);
     }
     cg_prediction_print(r, p, model, step_tokens(g), top, stdout);
+    if (cal)
+        cg_calibrate(r, p, cal, cal_path, stdout);
     cg_prediction_free(r);
     cg_cuda_program_free(q);
     cg_plan_free(p);
