@@ -425,6 +425,10 @@ void cg_calibrate(const CgPrediction *r, const CgPlan *p, const CgKernelTable *t
             break;
         case CG_CLASS_GEMM_MEMORY:
         case CG_CLASS_MEMORY:
+            if (x->bytes <= 0) {
+                fprintf(f, "rate x %.2f (the table gives no bytes)\n", scale);
+                break;
+            }
             fprintf(f, "%.3g %s achieved; bw_eff %.3f (now %.3f)\n",
                     x->bytes / body_m / (dev->gpu ? 1e12 : 1e9), dev->gpu ? "TB/s" : "GB/s",
                     (dev->bw_eff > 0 ? dev->bw_eff : 1) * scale,
