@@ -3,19 +3,20 @@
  * gives the equations; in short:
  *
  *   kernel (one CUDA function, or one CPU kernel step):
- *     t = max(flops / (peak_f32 * fill), bytes / (bandwidth * fill)) + launch
+ *     t = max(flops / (peak_f32 * fill), bytes / (bw * bw_eff * fill)) + launch
  *     fill = min(1, blocks / units), then / wave efficiency
- *   GEMM:
- *     t = max(2 batch M N K / (peak * GEMM_EFF * tile_eff), bytes / bandwidth)
- *         + launch
+ *   GEMM (cg_gemm_cost): the least time over cuBLASLt's tiles and K
+ *     splits of waves x tile time (tile rate by size and K depth, the
+ *     curve's top calibrated to the measured 8192^3), blended with the
+ *     bytes at the achievable bandwidth, + launch
  *     peak: bf16 when an operand is bf16 (or precision bf16), TF32 with tf32,
- *     else f32; tile_eff: wave quantisation of 128 x 128 output tiles
- *   copy: 2 bytes / bandwidth + launch
+ *     else f32
+ *   copy: 2 bytes / (bw * bw_eff) + launch
  *   fused attention (cuda_attn.c): as a kernel, with its own FLOPs (the
  *     tile pairs it visits) and bytes (tiles re-read per visit, or once
  *     per head when the heads in flight keep them in L2:
- *     cg_attn_dram_bytes), computed at ATTN_EFF_FWD / _BWD of the bf16
- *     tensor-core peak (f32: of the FMA peak)
+ *     cg_attn_dram_bytes), its compute term from the instructions its
+ *     kernels issue per tile pair against the SM's pipes (attn_seconds)
  *
  * bytes: each buffer a launch reads or writes, once (twice when it reads
  * and writes it: an update in place), at its storage dtype
