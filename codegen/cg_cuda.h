@@ -78,6 +78,11 @@ typedef struct {
     bool attn_fwd;    /* attn: the forward (costed at its own efficiency) */
     double attn_reread, attn_head; /* attn: cg_cuda_attn_reuse's figures */
     int64_t attn_tiles; /* attn: blocks per batch*head (consecutive blockIdx) */
+    /* attn: what predict.c's design model counts (docs/cost.md, Attention):
+     * its CgCudaAttnKind, warps per block (16 rows each), the other tile's
+     * length, the head sizes, and the products it computes */
+    int attn_kind, attn_nw, attn_bt, attn_d, attn_dv;
+    bool attn_o, attn_dk;
     /* rows kept in registers between phases (cuda_rowcache.c): kernel
      * params cached[0..ncached), each cache_trips x cache_words[i] uint4 */
     int ncached, cache_trips;

@@ -546,6 +546,13 @@ typedef struct {
                                   (NVLink), between nodes (InfiniBand) */
     int smem_unit;             /* GPU: shared memory per SM, bytes */
     const char *arch;          /* GPU: NVRTC's architecture ("sm_90") */
+    /* GPU cost-model figures (docs/cost.md, Devices: each one's source, or
+     * that it is a guess); --calibrate fits them from a measured run */
+    double bw_eff;             /* share of bw a streaming kernel reaches (0: all of it,
+                                  as on the CPU, whose bw is measured) */
+    double gemm_top;           /* share of the bf16 peak cuBLASLt reaches on 8192^3 */
+    double clock;              /* SM clock of the datasheet peaks, Hz */
+    double mma_sync;           /* share of the bf16 peak mma.sync.m16n8k16 can reach */
 } CgDevice;
 extern const CgDevice cg_devices[]; /* the GPUs; the CPU's is measured */
 extern const int cg_ndevices;
@@ -553,6 +560,35 @@ const CgDevice *cg_device_find(const char *name); /* NULL: not a GPU of the tabl
 
 typedef enum { CG_LIMIT_MEMORY, CG_LIMIT_COMPUTE, CG_LIMIT_BLOCKS, CG_LIMIT_LAUNCH } CgLimit;
 const char *cg_limit_name(CgLimit l); /* "memory", "compute", "blocks", "launch" */
+
+/* What a launch is, for calibration (docs/cost.md, Calibration): GEMMs by
+ * shape class (large: 4 waves or more of tiles; waves: fewer, where wave
+ * quantisation shows; split-K: K split to fill the SMs; memory: bytes
+ * bound), fused attention, memory-bound kernels and copies, compute-bound
+ * kernels, and launches whose overhead exceeds their work. */
+typedef enum {
+    CG_CLASS_GEMM_LARGE, CG_CLASS_GEMM_WAVES, CG_CLASS_GEMM_SPLITK, CG_CLASS_GEMM_MEMORY,
+    CG_CLASS_ATTN, CG_CLASS_MEMORY, CG_CLASS_COMPUTE, CG_CLASS_LAUNCH, CG_CLASS__COUNT
+} CgClass;
+const char *cg_class_name(CgClass c); /* "gemm.large", ..., "launch" */
+
+/* A GEMM on a GPU (cuBLASLt), costed by shape (docs/cost.md, GEMM): the
+ * output tile and K split of the least predicted time among the tiles
+ * cuBLASLt has, waves of those tiles over the SMs, and the tile's rate
+ * (by tile size and K depth, normalised so that 8192^3 reaches
+ * dev->gemm_top of the peak). bytes: A, B and D (and epilogue tensors). */
+typedef struct {
+    int tm, tn, split;  /* the tile (rows x columns of C) and the K split */
+    int64_t ctas;       /* tiles x split */
+    int64_t waves;      /* ceil(ctas / SMs) */
+    double t_comp, t_mem; /* seconds: the tiles' waves (and split-K's reduction);
+                             bytes at the achievable bandwidth */
+    double s;           /* the GEMM, without the launch */
+} CgGemmCost;
+void cg_gemm_cost(const CgDevice *dev, int64_t batch, int64_t M, int64_t N, int64_t K,
+                  double peak, double bytes, CgGemmCost *c);
+/* The bandwidth a streaming kernel reaches on dev (bw x bw_eff). */
+double cg_device_bw(const CgDevice *dev);
 
 typedef struct {
     bool bf16;       /* precision bf16 (GPU) */
@@ -568,6 +604,7 @@ typedef struct {
     CgLimit limit;
     int64_t blocks;   /* grid (GEMM: 128 x 128 tiles; CPU: threads used) */
     int threads;      /* block size (0: n/a) */
+    int cls;          /* CgClass: what --calibrate groups it under */
 } CgPredRow;
 
 typedef struct {
@@ -605,7 +642,7 @@ typedef struct {
     const char *op;   /* IR opcode name of the step's op; NULL: none */
     const char *file; /* the op's script file and line; NULL: unknown */
     int line;
-} CgKtRow;
+} CgKtLine;
 typedef struct {
     const char *source; /* "predicted" or "measured" */
     const char *device; /* cost-model device, or the backend's */
@@ -619,11 +656,41 @@ const char *cg_step_key(const CgPlan *p, int s);
 const char *cg_step_class(const CgPlan *p, int s); /* "gemm", "kernel", "copy", "comm" */
 void cg_step_shape(const CgPlan *p, int s, char *buf, size_t n);
 /* A zero row for plan step s: kind, name, shape, op and script line. */
-void cg_ktable_row_init(CgKtRow *row, const CgPlan *p, int s);
+void cg_ktable_row_init(CgKtLine *row, const CgPlan *p, int s);
 /* The prediction's launches summed per name; *rows is the caller's to free. */
-int cg_ktable_from_prediction(const CgPrediction *r, const CgPlan *p, CgKtRow **rows);
+int cg_ktable_from_prediction(const CgPrediction *r, const CgPlan *p, CgKtLine **rows);
 /* Writes the table to path (through path.tmp, renamed when whole). */
-bool cg_ktable_write(const char *path, const CgKtMeta *m, const CgKtRow *rows, int n, Diag *d);
+bool cg_ktable_write(const char *path, const CgKtMeta *m, const CgKtLine *rows, int n, Diag *d);
+
+/* ---- calibrate.c: per-kernel tables, and calibration against them ------
+ * (docs/cost.md: the format, and what --calibrate prints) */
+typedef enum { CG_KT_GEMM, CG_KT_KERNEL, CG_KT_COPY } CgKtKind;
+typedef struct {
+    CgKtKind kind;
+    char *name, *op, *where;
+    int64_t dims[4];  /* gemm: M, N, K, batch */
+    int64_t calls;    /* launches a step */
+    double ms, flops, bytes; /* per step, over those launches */
+    int line;         /* in the file */
+} CgKtRow;
+typedef struct {
+    char *source, *device; /* NULL: not given */
+    int steps;             /* 1 when not given */
+    double step_ms;        /* 0: not given */
+    VEC(CgKtRow) rows;
+} CgKernelTable;
+/* A table from text[0..len) (the file path for messages): NULL with d set
+ * ("path:line: what was expected, what was found") on anything malformed.
+ * Unknown metadata keys are ignored; the first line is required. */
+CgKernelTable *cg_kernel_table_parse(const char *text, size_t len, const char *path, Diag *d);
+CgKernelTable *cg_kernel_table_read(const char *path, Diag *d);
+void cg_kernel_table_free(CgKernelTable *t);
+/* Prints, per kernel class (CgClass) of prediction r of plan p, the
+ * measured time of table t's rows whose names r's launches carry (a GEMM:
+ * gemm_op<N>), the predicted time, their ratio and the device figure that
+ * would have predicted the measurement; then what did not match. */
+void cg_calibrate(const CgPrediction *r, const CgPlan *p, const CgKernelTable *t,
+                  const char *path, FILE *f);
 
 /* ---- cluster.c: a run at cluster scale (kiln plan) ------------------------
  * (docs/plan.md: the equations) */

@@ -916,6 +916,13 @@ bool cg_print_cuda_attn(CgBuf *b, const CgCudaAttn *a, const char *name, CgCudaF
         cg_cuda_attn_reuse(a, nw, bt, &fn->attn_reread, &fn->attn_head);
         fn->attn_tiles = fn->blocks / (a->bh > 0 ? a->bh : 1);
         fn->attn_fwd = a->kind == CG_CUDA_ATTN_FWD;
+        fn->attn_kind = (int)a->kind;
+        fn->attn_nw = nw;
+        fn->attn_bt = bt;
+        fn->attn_d = (int)a->d;
+        fn->attn_dv = (int)a->dv;
+        fn->attn_o = a->kind != CG_CUDA_ATTN_FWD || a->want_o;
+        fn->attn_dk = a->kind != CG_CUDA_ATTN_DKDV || a->want_dk;
         fn->part = a->kind == CG_CUDA_ATTN_BWD;
         fn->part_bytes = fn->part ? cg_cuda_attn_bwd_scratch(a, bt) : 0;
     }

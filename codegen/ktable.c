@@ -49,7 +49,7 @@ void cg_step_shape(const CgPlan *p, int s, char *buf, size_t n)
         snprintf(buf, n, "%lldx%lldx%lld", (long long)g->M, (long long)g->N, (long long)g->K);
 }
 
-void cg_ktable_row_init(CgKtRow *row, const CgPlan *p, int s)
+void cg_ktable_row_init(CgKtLine *row, const CgPlan *p, int s)
 {
     memset(row, 0, sizeof *row);
     row->step = s;
@@ -65,9 +65,9 @@ void cg_ktable_row_init(CgKtRow *row, const CgPlan *p, int s)
     }
 }
 
-int cg_ktable_from_prediction(const CgPrediction *r, const CgPlan *p, CgKtRow **out)
+int cg_ktable_from_prediction(const CgPrediction *r, const CgPlan *p, CgKtLine **out)
 {
-    CgKtRow *rows = xcalloc((size_t)r->rows.n + 1, sizeof *rows);
+    CgKtLine *rows = xcalloc((size_t)r->rows.n + 1, sizeof *rows);
     int n = 0;
     int last_step = -1; /* a step's rows (a kernel and its casts) are adjacent */
     for (int i = 0; i < r->rows.n; i++) {
@@ -100,7 +100,7 @@ static void put_field(FILE *f, const char *s)
         fputc(*s == '\t' || *s == '\n' || *s == '\r' ? ' ' : *s, f);
 }
 
-bool cg_ktable_write(const char *path, const CgKtMeta *m, const CgKtRow *rows, int n, Diag *d)
+bool cg_ktable_write(const char *path, const CgKtMeta *m, const CgKtLine *rows, int n, Diag *d)
 {
     char tmp[4096];
     if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) {
@@ -119,7 +119,7 @@ bool cg_ktable_write(const char *path, const CgKtMeta *m, const CgKtRow *rows, i
     fprintf(f, "\n# steps\t%lld\n# step_ms\t%.6g\n", (long long)m->steps, m->step_ms);
     fprintf(f, "kind\tname\tshape\tcalls\tms\tflops\tbytes\top\twhere\n");
     for (int i = 0; i < n; i++) {
-        const CgKtRow *w = &rows[i];
+        const CgKtLine *w = &rows[i];
         fprintf(f, "%s\t", w->kind);
         put_field(f, w->name);
         fprintf(f, "\t%s\t%.6g\t%.6g\t%.6g\t%.6g\t", w->shape[0] ? w->shape : "-", w->calls,

@@ -3,19 +3,20 @@
  * gives the equations; in short:
  *
  *   kernel (one CUDA function, or one CPU kernel step):
- *     t = max(flops / (peak_f32 * fill), bytes / (bandwidth * fill)) + launch
+ *     t = max(flops / (peak_f32 * fill), bytes / (bw * bw_eff * fill)) + launch
  *     fill = min(1, blocks / units), then / wave efficiency
- *   GEMM:
- *     t = max(2 batch M N K / (peak * GEMM_EFF * tile_eff), bytes / bandwidth)
- *         + launch
+ *   GEMM (cg_gemm_cost): the least time over cuBLASLt's tiles and K
+ *     splits of waves x tile time (tile rate by size and K depth, the
+ *     curve's top calibrated to the measured 8192^3), blended with the
+ *     bytes at the achievable bandwidth, + launch
  *     peak: bf16 when an operand is bf16 (or precision bf16), TF32 with tf32,
- *     else f32; tile_eff: wave quantisation of 128 x 128 output tiles
- *   copy: 2 bytes / bandwidth + launch
+ *     else f32
+ *   copy: 2 bytes / (bw * bw_eff) + launch
  *   fused attention (cuda_attn.c): as a kernel, with its own FLOPs (the
  *     tile pairs it visits) and bytes (tiles re-read per visit, or once
  *     per head when the heads in flight keep them in L2:
- *     cg_attn_dram_bytes), computed at ATTN_EFF_FWD / _BWD of the bf16
- *     tensor-core peak (f32: of the FMA peak)
+ *     cg_attn_dram_bytes), its compute term from the instructions its
+ *     kernels issue per tile pair against the SM's pipes (attn_seconds)
  *
  * bytes: each buffer a launch reads or writes, once (twice when it reads
  * and writes it: an update in place), at its storage dtype
@@ -49,16 +50,26 @@
  * the CUDA cores' FMA rate, which elementwise kernels and f32 GEMMs
  * without TF32 use. Launch overhead: the gap between two dependent kernel
  * launches on one stream (a few microseconds), and about 1 us per node of
- * a replayed CUDA graph. */
+ * a replayed CUDA graph. The last four figures (bw_eff, gemm_top, clock,
+ * mma_sync) are the cost model's: measured on this workplace's H100 and
+ * H200 (bw_eff: device-to-device copies, 3.0 and 4.3 TB/s; gemm_top: a
+ * bf16 8192^3 matmul, 769-798 TFLOP/s on both), published measurements
+ * for the A100 and B200 (gemm_top: the MAMF table of stas00/ml-engineering,
+ * 271.2 of 312 and 1745 of 2250 TFLOP/s), and guesses (docs/cost.md,
+ * Devices, says which). */
 const CgDevice cg_devices[] = {
     {"a100", "NVIDIA A100 SXM4 80GB", true, 108, 312e12, 156e12, 19.5e12, 0, 2.039e12,
-     40.0 * (1 << 20), 4e-6, 1e-6, 2048, 32, 0, 0, {0}, 80e9, 300e9, 25e9, 164 * 1024, "sm_80"},
+     40.0 * (1 << 20), 4e-6, 1e-6, 2048, 32, 0, 0, {0}, 80e9, 300e9, 25e9, 164 * 1024, "sm_80",
+     0.90, 0.869, 1.41e9, 1.0},
     {"h100", "NVIDIA H100 SXM5 80GB", true, 132, 989.4e12, 494.7e12, 66.9e12, 0, 3.35e12,
-     50.0 * (1 << 20), 4e-6, 1e-6, 2048, 32, 0, 0, {0}, 80e9, 450e9, 50e9, 228 * 1024, "sm_90"},
+     50.0 * (1 << 20), 4e-6, 1e-6, 2048, 32, 0, 0, {0}, 80e9, 450e9, 50e9, 228 * 1024, "sm_90",
+     3.0 / 3.35, 0.792, 1.83e9, 0.62},
     {"h200", "NVIDIA H200 SXM 141GB", true, 132, 989.4e12, 494.7e12, 66.9e12, 0, 4.8e12,
-     50.0 * (1 << 20), 4e-6, 1e-6, 2048, 32, 0, 0, {0}, 141e9, 450e9, 50e9, 228 * 1024, "sm_90"},
+     50.0 * (1 << 20), 4e-6, 1e-6, 2048, 32, 0, 0, {0}, 141e9, 450e9, 50e9, 228 * 1024, "sm_90",
+     4.3 / 4.8, 0.792, 1.83e9, 0.62},
     {"b200", "NVIDIA B200 (HGX, 1000 W)", true, 148, 2250e12, 1100e12, 75e12, 0, 8.0e12,
-     126.0 * (1 << 20), 4e-6, 1e-6, 2048, 32, 0, 0, {0}, 192e9, 900e9, 50e9, 228 * 1024, "sm_100"},
+     126.0 * (1 << 20), 4e-6, 1e-6, 2048, 32, 0, 0, {0}, 192e9, 900e9, 50e9, 228 * 1024, "sm_100",
+     0.90, 0.776, 1.856e9, 0.31},
 };
 const int cg_ndevices = (int)(sizeof cg_devices / sizeof cg_devices[0]);
 
@@ -70,24 +81,211 @@ const CgDevice *cg_device_find(const char *name)
     return NULL;
 }
 
-/* GEMM_EFF: the share of the tensor-core peak a large GEMM reaches
- * (cuBLASLt bf16 8192^3 on an H200 of this workplace: 769-798 of 989
- * TFLOP/s, about 0.8); on the CPU the measured rate already is the GEMM's.
- * Tiles: 128 x 128 outputs per block, the usual large cuBLASLt tile. */
-static const double GEMM_EFF = 0.8;
-enum { GEMM_TILE = 128 };
-/* ATTN_EFF_FWD, ATTN_EFF_BWD: the share of the peak (tensor cores in bf16,
- * FMAs in f32) the fused attention kernels (cuda_attn.c) are costed at,
- * forward and backward (dq, dk/dv). Not measured on kiln's kernels (no GPU
- * has run them); set from what FlashAttention-2, which adds ldmatrix and a
- * cp.async copy pipeline to the same mma.sync, reaches on an H100 at
- * gpt 124M's shape (causal, head size 64, T = 1024): 198 TFLOP/s forward
- * (triton-lang/triton#2459), 0.20 of the dense bf16 peak; its backward runs
- * at 0.81 of its forward rate at head size 64, T = 1024
- * (Dao-AILab/flash-attention#2688: 239 / 295 TFLOP/s, not causal), so
- * 0.16. kiln's kernels have neither ldmatrix nor cp.async, so these are
- * upper bounds for them (docs/cost.md, Attention). */
-static const double ATTN_EFF_FWD = 0.20, ATTN_EFF_BWD = 0.16;
+double cg_device_bw(const CgDevice *dev)
+{
+    return dev->bw * (dev->bw_eff > 0 ? dev->bw_eff : 1);
+}
+
+const char *cg_class_name(CgClass c)
+{
+    static const char *names[CG_CLASS__COUNT] = {
+        "gemm.large", "gemm.waves", "gemm.splitk", "gemm.memory",
+        "attention",  "memory",     "compute",     "launch"};
+    return c >= 0 && c < CG_CLASS__COUNT ? names[c] : "?";
+}
+
+/* ---- GEMMs by shape (docs/cost.md, GEMM) ----------------------------------
+ * The output tiles cuBLASLt's kernels use, each with its rate relative to
+ * the largest (a smaller tile loads more operand bytes per product and
+ * keeps fewer MMAs in flight). Guesses: no source gives these per tile. */
+static const struct {
+    int tm, tn;
+    double rate;
+} gemm_tiles[] = {
+    {128, 256, 1.00}, {256, 128, 1.00}, {128, 128, 0.90},
+    {128, 64, 0.75},  {64, 128, 0.75},  {64, 64, 0.55},
+};
+/* A tile's prologue (filling the copy pipeline) and epilogue (writing C)
+ * cost about GEMM_K0 columns of K: a tile of depth k runs at
+ * k / (k + GEMM_K0) of its rate (a guess). Split-K cuts K into at most
+ * GEMM_MAX_SPLIT parts of at least GEMM_MIN_SPLIT_K each, and only when
+ * the unsplit grid is under one wave (what cuBLASLt's heuristic does for
+ * small M x N and long K); its partials are f32, written and read once. */
+enum { GEMM_K0 = 128, GEMM_MAX_SPLIT = 16, GEMM_MIN_SPLIT_K = 256 };
+/* Compute and memory terms combine as (t_c^4 + t_m^4)^(1/4): a GEMM near
+ * its ridge point overlaps the two imperfectly (at most 19% over the max;
+ * a guess). */
+static double roof(double a, double b)
+{
+    double m = a > b ? a : b;
+    if (m <= 0)
+        return 0;
+    double x = a / m, y = b / m;
+    return m * pow(x * x * x * x + y * y * y * y, 0.25);
+}
+
+/* The cost at rate `top` x peak for the best tile: c filled. */
+static void gemm_cost_at(const CgDevice *dev, int64_t batch, int64_t M, int64_t N, int64_t K,
+                         double peak, double bytes, double top, CgGemmCost *c)
+{
+    double per_sm = peak / dev->units, bw = cg_device_bw(dev);
+    bool found = false;
+    for (size_t i = 0; i < sizeof gemm_tiles / sizeof gemm_tiles[0]; i++) {
+        int64_t tm = gemm_tiles[i].tm, tn = gemm_tiles[i].tn;
+        int64_t tiles = batch * ((M + tm - 1) / tm) * ((N + tn - 1) / tn);
+        int maxs = tiles < dev->units ? GEMM_MAX_SPLIT : 1;
+        for (int sp = 1; sp <= maxs; sp++) {
+            if (sp > 1 && (K / sp < GEMM_MIN_SPLIT_K || tiles * (sp - 1) >= dev->units))
+                break;
+            double k = ceil((double)K / sp);
+            int64_t ctas = tiles * sp;
+            int64_t waves = (ctas + dev->units - 1) / dev->units;
+            double tile_s = 2.0 * (double)(tm * tn) * k /
+                            (per_sm * top * gemm_tiles[i].rate * (k / (k + GEMM_K0)));
+            double red = sp > 1 ? 8.0 * sp * (double)(batch * M * N) / bw : 0;
+            double t_comp = (double)waves * tile_s + red;
+            double t_mem = (bytes + (sp > 1 ? 8.0 * sp * (double)(batch * M * N) : 0)) / bw;
+            double t = roof(t_comp, t_mem);
+            if (!found || t < c->s) {
+                *c = (CgGemmCost){(int)tm, (int)tn, sp, ctas, waves, t_comp, t_mem, t};
+                found = true;
+            }
+        }
+    }
+}
+
+void cg_gemm_cost(const CgDevice *dev, int64_t batch, int64_t M, int64_t N, int64_t K,
+                  double peak, double bytes, CgGemmCost *c)
+{
+    /* normalise the curve: 8192^3 in bf16 (A, B, C: 3 x 128 MiB) runs at
+     * gemm_top of the bf16 peak, as measured */
+    const double n = 8192;
+    CgGemmCost ref;
+    gemm_cost_at(dev, 1, 8192, 8192, 8192, dev->bf16, 3 * n * n * 2, 1, &ref);
+    double top = dev->gemm_top > 0 ? dev->gemm_top : 0.8;
+    double raw = 2 * n * n * n / ref.s / dev->bf16; /* the curve's share at top 1 */
+    gemm_cost_at(dev, batch, M, N, K, peak, bytes, top / raw, c);
+}
+
+/* ---- kiln's attention kernels (docs/cost.md, Attention) -------------------
+ * Costed from what the kernels of cuda_attn.c issue for each kept tile
+ * pair: mma.sync (bf16) or FFMA (f32) products whose fragments come from
+ * shared memory one 32-bit (k-contiguous) or two 16-bit (k-strided) loads
+ * at a time (no ldmatrix), the other operand's tile staged element by
+ * element through registers into shared memory (no cp.async: every tile
+ * waits for its loads), and the softmax arithmetic per score. The rates
+ * below are guesses (docs/cost.md says so). */
+/* per SM per clock: load/store-unit warp instructions (32 lanes: shared
+ * memory's 128 bytes a clock), issue slots (4 schedulers), MUFU warp
+ * instructions (16 lanes), FFMA warp instructions (128 lanes) */
+static const double ATTN_LSU_RATE = 1, ATTN_ISSUE = 4, ATTN_MUFU_RATE = 0.5, ATTN_FMA_RATE = 4;
+/* a scheduler keeps its pipes busy with ATTN_READY_WARPS resident warps or
+ * more, in proportion below. Staging a tile (no cp.async): each thread's
+ * loads go out ATTN_LOADS_IN_FLIGHT at a time (the unrolled copy loop),
+ * each batch waits one L2 round trip (ATTN_L2_LATENCY clocks; the tiles
+ * are mostly L2 hits), then two barriers; only the other resident blocks
+ * hide that wait. */
+static const double ATTN_READY_WARPS = 4, ATTN_LOADS_IN_FLIGHT = 4, ATTN_L2_LATENCY = 300,
+                    ATTN_BARRIERS = 100;
+/* instructions per score besides the products: scale, mask, max, exp,
+ * sum, rounding (forward); P, dP, dS (backward) */
+static const double ATTN_ALU_FWD = 8, ATTN_ALU_BWD = 12;
+
+typedef struct {
+    double mma, lsu, alu, mufu, fma; /* warp instructions per tile pair of a block */
+} AttnWork;
+
+/* One warp's product 16 x n x k (n, k padded to 16), times `warps`: A
+ * from shared memory or registers (P, dS), B k-contiguous in shared
+ * memory (2 loads a fragment) or k-strided (4 loads and 2 packs). */
+static void attn_product(AttnWork *w, bool mma, int warps, int n, int k, bool a_regs,
+                         bool b_strided)
+{
+    n = (int)cg_pad16(n);
+    k = (int)cg_pad16(k);
+    if (mma) {
+        double m = (double)(n / 8) * (k / 16);
+        w->mma += warps * m;
+        w->lsu += warps * ((a_regs ? 0 : 4.0 * (k / 16)) + m * (b_strided ? 4 : 2));
+        w->alu += warps * ((a_regs ? 4.0 * (k / 16) : 0) + (b_strided ? 2 * m : 0));
+    } else { /* each lane: 4 FMAs an 8-column tile and k; A 2 loads (or a
+              * quad shuffle) a k, B 2 loads an 8-column tile and k */
+        w->fma += warps * (double)n * k / 2;
+        w->lsu += warps * ((a_regs ? 1.0 : 2.0) * k + (double)n * k / 4);
+    }
+}
+
+/* Seconds fused attention function fn takes for its products at `fill` of
+ * the device with per_unit blocks resident per SM; *eff: the share of the
+ * peak that is. */
+static double attn_seconds(const CgCudaFn *fn, const CgDevice *dev, int per_unit, double fill,
+                           double *eff)
+{
+    int nw = fn->attn_nw > 0 ? fn->attn_nw : 4, bt = fn->attn_bt > 0 ? fn->attn_bt : 64;
+    int D = fn->attn_d > 0 ? fn->attn_d : 64, DV = fn->attn_dv > 0 ? fn->attn_dv : D;
+    bool mma = fn->mma, fwd = fn->attn_kind == CG_CUDA_ATTN_FWD;
+    AttnWork w = {0};
+    double rows = 16.0 * nw * bt, per_pair = 0, staged = 0; /* FLOPs, elements */
+    switch (fn->attn_kind) {
+    case CG_CUDA_ATTN_FWD:
+        attn_product(&w, mma, nw, bt, D, false, false); /* S = Q K^T */
+        per_pair = D;
+        if (fn->attn_o) {
+            attn_product(&w, mma, nw, DV, bt, true, true); /* O += P V */
+            per_pair += DV;
+        }
+        staged = (double)bt * (D + (fn->attn_o ? DV : 0));
+        break;
+    case CG_CUDA_ATTN_DQ:
+        attn_product(&w, mma, nw, bt, D, false, false);  /* S */
+        attn_product(&w, mma, nw, bt, DV, false, false); /* dP = dO V^T */
+        attn_product(&w, mma, nw, D, bt, true, true);    /* dQ += dS K */
+        per_pair = 2.0 * D + DV;
+        staged = (double)bt * (D + DV);
+        break;
+    default: /* DKDV, BWD: a warp's 16 keys against bt queries */
+        attn_product(&w, mma, nw, bt, D, false, false); /* S^T = K Q^T */
+        attn_product(&w, mma, nw, DV, bt, true, true);  /* dV += P^T dO */
+        per_pair = (double)D + DV;
+        if (fn->attn_dk) {
+            attn_product(&w, mma, nw, bt, DV, false, false); /* dP^T = V dO^T */
+            attn_product(&w, mma, nw, D, bt, true, true);    /* dK += dS^T Q */
+            per_pair += (double)D + DV;
+        }
+        staged = (double)bt * (D + DV) + 2.0 * bt * (mma ? 2 : 1); /* q, dO; lse, delta */
+        if (fn->attn_kind == CG_CUDA_ATTN_BWD) { /* dS through shared memory, dQ's share */
+            int qw = bt / 16 > 0 ? bt / 16 : 1;
+            w.lsu += rows / 32;
+            attn_product(&w, mma, qw, D, 16 * nw, false, true);
+            w.lsu += 2.0 * bt * cg_pad16(D) / 32; /* the f32 accumulator, read and written */
+            per_pair += D;
+        }
+        break;
+    }
+    /* staging: one load and one store per element a thread, index math */
+    w.lsu += 2 * staged / 32;
+    w.alu += 6 * staged / 32;
+    w.alu += rows / 32 * (fwd ? ATTN_ALU_FWD : ATTN_ALU_BWD);
+    w.mufu += rows / 32;
+    double mma_rate = dev->bf16 * (dev->mma_sync > 0 ? dev->mma_sync : 1) /
+                      (dev->units * dev->clock * 4096.0); /* m16n8k16 a clock */
+    double c = w.lsu / ATTN_LSU_RATE;
+    double terms[4] = {w.mma / mma_rate, w.mufu / ATTN_MUFU_RATE, w.fma / ATTN_FMA_RATE,
+                       (w.mma + w.lsu + w.alu + w.mufu + w.fma) / ATTN_ISSUE};
+    for (int i = 0; i < 4; i++)
+        c = terms[i] > c ? terms[i] : c;
+    double ready = (double)per_unit * nw / 4 / ATTN_READY_WARPS;
+    c /= ready < 1 ? ready : 1;
+    double wait = ceil(staged / (32.0 * nw) / ATTN_LOADS_IN_FLIGHT) * ATTN_L2_LATENCY +
+                  ATTN_BARRIERS;
+    double hidden = (wait + c) / (per_unit > 0 ? per_unit : 1);
+    c = hidden > c ? hidden : c;
+    double pairs = fn->flops / (2.0 * rows * per_pair); /* block tile pairs */
+    double t = pairs * c / ((double)dev->units * dev->clock * fill);
+    double peak = mma ? dev->bf16 : dev->f32;
+    *eff = t > 0 ? fn->flops / t / peak : 0;
+    return t;
+}
 
 const char *cg_limit_name(CgLimit l)
 {
@@ -141,14 +339,20 @@ static double latency_share(int threads, int per_unit)
 
 static void add_row(CgPrediction *r, int step, const char *name, double flops, double bytes,
                     double t_comp, double t_mem, double launch, int64_t blocks, int threads,
-                    bool few_blocks)
+                    bool few_blocks, int cls)
 {
     double body = t_comp > t_mem ? t_comp : t_mem;
     CgLimit lim = launch > body            ? CG_LIMIT_LAUNCH
                   : few_blocks             ? CG_LIMIT_BLOCKS
                   : t_comp > t_mem         ? CG_LIMIT_COMPUTE
                                            : CG_LIMIT_MEMORY;
-    CgPredRow row = {step, name, flops, bytes, body + launch, lim, blocks, threads};
+    /* a kernel's class: memory or compute by its larger term, launch when
+     * the overhead exceeds both (GEMMs and attention keep theirs) */
+    if (cls < 0)
+        cls = lim == CG_LIMIT_LAUNCH ? CG_CLASS_LAUNCH
+              : t_comp > t_mem      ? CG_CLASS_COMPUTE
+                                    : CG_CLASS_MEMORY;
+    CgPredRow row = {step, name, flops, bytes, body + launch, lim, blocks, threads, cls};
     vec_push(&r->rows, row);
     r->step_s += body + launch;
     r->launch_s += launch;
@@ -210,8 +414,8 @@ static void predict_gemm(CgPrediction *r, const CgPlan *p, const CgCudaProgram *
             blocks += (n + CG_CUDA_CAST_CHUNK - 1) / CG_CUDA_CAST_CHUNK;
         }
         double fill = grid_efficiency(dev, blocks, cg_cuda_blocks_per_unit(dev, 256, 0, 0));
-        add_row(r, s, "cast_f32_bf16_multi", 0, bytes, 0, bytes / (dev->bw * fill), launch,
-                blocks, 256, fill < 0.5);
+        add_row(r, s, "cast_f32_bf16_multi", 0, bytes, 0, bytes / (cg_device_bw(dev) * fill),
+                launch, blocks, 256, fill < 0.5, -1);
         r->kernel_s += r->rows.v[r->rows.n - 1].s;
     }
     if (half && storage)
@@ -223,20 +427,12 @@ static void predict_gemm(CgPrediction *r, const CgPlan *p, const CgCudaProgram *
             double bytes = 6 * n;
             int64_t blocks = (int64_t)ceil(n / 256 / 4);
             double fill = grid_efficiency(dev, blocks, cg_cuda_blocks_per_unit(dev, 256, 0, 0));
-            add_row(r, s, "cast_f32_bf16", 0, bytes, 0, bytes / (dev->bw * fill), launch, blocks,
-                    256, fill < 0.5);
+            add_row(r, s, "cast_f32_bf16", 0, bytes, 0, bytes / (cg_device_bw(dev) * fill),
+                    launch, blocks, 256, fill < 0.5, -1);
             r->kernel_s += r->rows.v[r->rows.n - 1].s;
         }
     double flops = 2.0 * (double)m->batch * (double)m->M * (double)m->N * (double)m->K;
     double peak = !dev->gpu ? dev->gemm : half ? dev->bf16 : o->tf32 ? dev->tf32 : dev->f32;
-    double eff = dev->gpu ? GEMM_EFF : 1;
-    int64_t tiles = m->batch * ((m->M + GEMM_TILE - 1) / GEMM_TILE) *
-                    ((m->N + GEMM_TILE - 1) / GEMM_TILE);
-    double tile_eff = 1;
-    if (dev->gpu) {
-        double waves = ceil((double)tiles / dev->units);
-        tile_eff = (double)tiles / (waves * dev->units);
-    }
     int wt = m->d >= 0 ? m->d : m->c;
     double bytes = tensor_bytes(g, m->a, storage) * (half && storage && storage[m->a] != DT_BF16
                                                          ? 0.5 : 1) +
@@ -247,11 +443,22 @@ static void predict_gemm(CgPrediction *r, const CgPlan *p, const CgCudaProgram *
         bytes += tensor_bytes(g, m->c, storage);
     if (epi == CG_EPI_DGELU || epi == CG_EPI_DGELU_BGRAD)
         bytes += tensor_bytes(g, m->aux, storage);
-    double t_comp = dev->gpu ? flops / (peak * eff * tile_eff)
-                             : cpu_gemm_seconds(dev, m, &tiles);
-    double t_mem = bytes / dev->bw;
-    add_row(r, s, "gemm", flops, bytes, t_comp, t_mem, launch, tiles, 0,
-            dev->gpu && tiles < dev->units);
+    if (!dev->gpu) {
+        int64_t parts;
+        double t_comp = cpu_gemm_seconds(dev, m, &parts);
+        add_row(r, s, "gemm", flops, bytes, t_comp, bytes / dev->bw, launch, parts, 0, false,
+                CG_CLASS_GEMM_LARGE);
+    } else {
+        CgGemmCost c;
+        cg_gemm_cost(dev, m->batch, m->M, m->N, m->K, peak, bytes, &c);
+        int cls = c.t_mem > c.t_comp ? CG_CLASS_GEMM_MEMORY
+                  : c.split > 1      ? CG_CLASS_GEMM_SPLITK
+                  : c.waves < 4      ? CG_CLASS_GEMM_WAVES
+                                     : CG_CLASS_GEMM_LARGE;
+        /* the roofline's blend is in the body: t_comp carries it */
+        add_row(r, s, "gemm", flops, bytes, c.t_mem > c.t_comp ? c.t_comp : c.s,
+                c.t_mem > c.t_comp ? c.s : c.t_mem, launch, c.ctas, 0, c.ctas < dev->units, cls);
+    }
     r->gemm_s += r->rows.v[r->rows.n - 1].s;
     r->gemm_flops += flops;
 }
@@ -425,16 +632,17 @@ static void predict_cuda_kernel(CgPrediction *r, const CgPlan *p, const CgCudaPr
         int per_unit = cg_cuda_blocks_per_unit(dev, fn->threads, fn->regs, fn->smem);
         double fill = grid_efficiency(dev, fn->blocks, per_unit);
         double share = latency_share(fn->threads, per_unit);
-        double t_comp = flops / (dev->f32 * fill), t_mem = fb[f] / (dev->bw * fill * share);
-        if (fn->attn) { /* the tiles it visits, at ATTN_EFF_* of its unit's peak */
+        double bw = cg_device_bw(dev);
+        double t_comp = flops / (dev->f32 * fill), t_mem = fb[f] / (bw * fill * share);
+        if (fn->attn) { /* the tiles it visits, from the kernel's design */
+            double eff;
             flops = fn->flops;
             fb[f] = cg_attn_dram_bytes(fn, dev, per_unit);
-            double eff = fn->attn_fwd ? ATTN_EFF_FWD : ATTN_EFF_BWD;
-            t_comp = flops / ((fn->mma ? dev->bf16 : dev->f32) * eff * fill);
-            t_mem = fb[f] / (dev->bw * fill * share);
+            t_comp = attn_seconds(fn, dev, per_unit, fill, &eff);
+            t_mem = fb[f] / (bw * fill * share);
         }
         add_row(r, s, fn->name, flops, fb[f], t_comp, t_mem, launch, fn->blocks, fn->threads,
-                fn->blocks < dev->units && fill < 0.67);
+                fn->blocks < dev->units && fill < 0.67, fn->attn ? CG_CLASS_ATTN : -1);
         r->kernel_s += r->rows.v[r->rows.n - 1].s;
     }
     free(fb);
@@ -454,7 +662,7 @@ static void predict_cpu_kernel(CgPrediction *r, const CgPlan *p, const CgDevice 
     double t_comp = work / (dev->work * used);
     double t_mem = st->bytes_moved / (split ? dev->bw : dev->bw1);
     add_row(r, s, k->name, st->flops, st->bytes_moved, t_comp, t_mem, dev->launch_s, used, 0,
-            false);
+            false, -1);
     r->kernel_s += r->rows.v[r->rows.n - 1].s;
 }
 
@@ -483,7 +691,8 @@ CgPrediction *cg_predict(const CgPlan *p, const CgCudaProgram *q, const CgDevice
             double bytes = 2.0 * (double)st->bytes;
             double launch = !dev->gpu ? dev->launch_s : o->cuda_graph ? dev->graph_s
                                                                         : dev->launch_s;
-            add_row(r, s, "copy", 0, bytes, 0, bytes / dev->bw, launch, 0, 0, false);
+            add_row(r, s, "copy", 0, bytes, 0, bytes / cg_device_bw(dev), launch, 0, 0, false,
+                    -1);
             r->copy_s += r->rows.v[r->rows.n - 1].s;
             break;
         }

@@ -32,9 +32,12 @@ bool cli_print_fusion(const Model *m, const Graph *g, const PassOpts *po);
 /* The cost model's options from the model's train settings (precision,
  * tf32, cuda_graph; all off on the CPU). */
 CgPredictOpts cli_predict_opts(const Model *m, const CgDevice *dev);
-/* ktable: also write the predicted per-kernel table there (NULL: none). */
+/* With cal (read from cal_path), then the calibration against it
+ * (cg_calibrate); ktable: also write the predicted per-kernel table there
+ * (NULL: none). */
 bool cli_print_prediction(const Model *m, const Graph *g, const char *target, int threads,
-                          const char *cache_dir, bool remeasure, int top, const char *ktable);
+                          const char *cache_dir, bool remeasure, int top,
+                          const CgKernelTable *cal, const char *cal_path, const char *ktable);
 
 /* The frontend's warnings about m (unused params, ...) on stderr: once per
  * run, so not in --nproc ranks other than rank 0. */

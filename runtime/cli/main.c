@@ -73,6 +73,8 @@ static const char usage_compile[] =
     "  --top N              --target: list the N costliest kernels (default 10)\n"
     "  --kernel-table FILE  --target: write the predicted per-kernel table to FILE\n"
     "                       (tab-separated; docs/cost.md)\n"
+    "  --calibrate FILE     --target: set the per-kernel table FILE of a measured run\n"
+    "                       against the prediction, per kernel class; see docs/cost.md\n"
     "  --cache-dir DIR      kernel cache, where the cpu measurement is kept\n"
     "  --log-dir DIR        write DIR/report.html: memory timeline, remat sweep\n"
     "  --dot FILE           write the compiled graph for Graphviz: fused kernels\n"
@@ -148,6 +150,7 @@ typedef struct {
     const char *log_dir;   /* --log-dir DIR: report.html */
     int top;               /* --top N: costliest kernels listed (0: 10) */
     const char *ktable;    /* --kernel-table FILE: the predicted per-kernel table */
+    const char *calibrate; /* --calibrate FILE: a measured per-kernel table */
     int ndump_written;
     bool dump_error;
     MemPlan *mp;           /* the memplan pass's plan (its dump reads it) */
@@ -445,6 +448,11 @@ static int cmd_compile(int argc, char **argv)
             a.cache_dir = v;
         } else if (strcmp(argv[i], "--remeasure") == 0) {
             a.remeasure = true;
+        } else if ((v = flag_value(argc, argv, &i, "--calibrate"))) {
+            if (!*v)
+                return bad_flag("compile", "--calibrate expects a kernel table file, got",
+                                "an empty value");
+            a.calibrate = v;
         } else if ((v = flag_value(argc, argv, &i, "--top"))) {
             int64_t n;
             if (!int_flag("compile", "--top", v, 1, 100000, &n))
@@ -468,11 +476,24 @@ static int cmd_compile(int argc, char **argv)
     if (a.ktable && !a.target)
         return bad_flag("compile", "--kernel-table needs --target DEVICE, got",
                         "no --target");
+    if (a.calibrate && !a.target)
+        return bad_flag("compile", "--calibrate needs --target DEVICE, got", "no --target");
+    CgKernelTable *cal = NULL;
+    if (a.calibrate) { /* read first: a bad table fails before the compile */
+        Diag cd = {{0}};
+        if (!(cal = cg_kernel_table_read(a.calibrate, &cd))) {
+            fprintf(stderr, "kiln: %s\n", cd.msg);
+            vec_free(&a.sets);
+            vec_free(&a.dumps);
+            return 1;
+        }
+    }
     if (a.dump_dir && !a.dumps.n)
         vec_push(&a.dumps, "all");
     if (a.dump_dir && mkdir(a.dump_dir, 0777) != 0 && errno != EEXIST) {
         fprintf(stderr, "kiln: %s: cannot create the dump directory: %s\n", a.dump_dir,
                 strerror(errno));
+        cg_kernel_table_free(cal);
         return 1;
     }
 
@@ -480,6 +501,7 @@ static int cmd_compile(int argc, char **argv)
     Model *m = fe_load_model(model, a.sets.v, a.sets.n, err, sizeof err);
     if (!m) {
         fprintf(stderr, "%s\n", err);
+        cg_kernel_table_free(cal);
         vec_free(&a.sets);
         vec_free(&a.dumps);
         return 1;
@@ -528,7 +550,8 @@ static int cmd_compile(int argc, char **argv)
     print_epilogues(g, a.dump_dir, &a.dump_error);
     if (a.target &&
         !cli_print_prediction(m, g, a.target, a.threads > 0 ? a.threads : online_cores(),
-                              a.cache_dir, a.remeasure, a.top > 0 ? a.top : 10, a.ktable))
+                              a.cache_dir, a.remeasure, a.top > 0 ? a.top : 10, cal,
+                              a.calibrate, a.ktable))
         rc = 1;
     if (a.dump_dir && (wants_dump(&a, "fuse") || wants_dump(&a, "kernels")) &&
         !rt_dump_kernels(g, a.dump_dir, &d)) {
@@ -544,6 +567,7 @@ static int cmd_compile(int argc, char **argv)
     if (a.dump_error)
         rc = 1;
 out:
+    cg_kernel_table_free(cal);
     pass_memplan_free(a.mp);
     ir_free(g);
     fe_model_free(m);

@@ -222,7 +222,8 @@ static void occupancy_figures(CgCudaProgram *q, const CgDevice *dev, const char 
 }
 
 bool cli_print_prediction(const Model *m, const Graph *g, const char *target, int threads,
-                          const char *cache_dir, bool remeasure, int top, const char *ktable)
+                          const char *cache_dir, bool remeasure, int top,
+                          const CgKernelTable *cal, const char *cal_path, const char *ktable)
 {
     CgDevice cpu;
     const CgDevice *dev = cg_device_find(target);
@@ -272,7 +273,7 @@ bool cli_print_prediction(const Model *m, const Graph *g, const char *target, in
     cg_prediction_print(r, p, model, step_tokens(g), top, stdout);
     bool ok = true;
     if (ktable) {
-        CgKtRow *rows;
+        CgKtLine *rows;
         int n = cg_ktable_from_prediction(r, p, &rows);
         CgKtMeta meta = {"predicted", dev->name, 1, 1e3 * r->step_s};
         if (!cg_ktable_write(ktable, &meta, rows, n, &d)) {
@@ -281,6 +282,8 @@ bool cli_print_prediction(const Model *m, const Graph *g, const char *target, in
         }
         free(rows);
     }
+    if (cal)
+        cg_calibrate(r, p, cal, cal_path, stdout);
     cg_prediction_free(r);
     cg_cuda_program_free(q);
     cg_plan_free(p);

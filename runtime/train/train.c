@@ -811,13 +811,13 @@ static bool write_kernel_table(Run *r, int64_t nsteps, double median_ms, Diag *d
     const RtProfRow *pr;
     int n = rt_exec_profile(r->te, &pr);
     const CgPlan *p = rt_exec_plan(r->te);
-    CgKtRow *rows = xcalloc((size_t)n + 1, sizeof *rows);
+    CgKtLine *rows = xcalloc((size_t)n + 1, sizeof *rows);
     int k = 0;
     double per = nsteps > 0 ? 1.0 / (double)nsteps : 0;
     for (int i = 0; i < n; i++) {
         if (pr[i].step < 0 || pr[i].step >= p->steps.n || strcmp(pr[i].kind, "comm") == 0)
             continue;
-        CgKtRow *w = &rows[k++];
+        CgKtLine *w = &rows[k++];
         cg_ktable_row_init(w, p, pr[i].step);
         w->name = pr[i].name;
         w->calls = (double)pr[i].calls * per;

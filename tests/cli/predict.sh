@@ -56,4 +56,34 @@ grep -qE '^cc=[0-9a-f]{16}$' "$dir/cache/cpu-device-1.txt" ||
 sed -i 's/^cc=.*/cc=0123456789abcdef/' "$dir/cache/cpu-device-1.txt"
 out=$("$KILN" compile models/gpt.lua --target cpu --threads 1 2>&1) || fail "third run: $out"
 echo "$out" | grep -q 'measuring this CPU' || fail "a measurement for other kernel flags was used: $out"
+
+# --calibrate: a table measured on this CPU (written here from the
+# prediction's ten costliest kernels, each twice its predicted time) shows
+# 2.00 for every class it touches; bad tables and flags are refused
+out=$("$KILN" compile models/gpt.lua --target cpu --threads 1 2>&1) || fail "cpu: $out"
+{
+    printf '# kiln kernel table 1\n# source\tmeasured\n# device\tcpu\n# steps\t5\n# later_key\tx\n'
+    printf 'kind\tname\tshape\tcalls\tms\tflops\tbytes\top\twhere\n'
+    echo "$out" | sed -n '/costliest launches/,$p' | tail -n +3 | grep -v '^    gemm ' |
+        awk '{ t = $3; if ($4 == "us") t /= 1e3; else if ($4 == "s") t *= 1e3;
+               printf "kernel\t%s\t-\t%d\t%.9g\t0\t0\t-\t-\n", $1, $2, 2 * t }'
+    printf 'kernel\tnot_a_kernel_of_this_model\t-\t1\t1.5\t0\t0\t-\t-\n'
+} > "$dir/measured.tsv"
+out=$("$KILN" compile models/gpt.lua --target cpu --threads 1 --calibrate "$dir/measured.tsv" 2>&1) ||
+    fail "--calibrate: $out"
+echo "$out" | grep -q "^calibration of cpu against $dir/measured.tsv (measured on cpu, 5 steps)" ||
+    fail "no calibration header: $out"
+cls=$(echo "$out" | sed -n '/^calibration of/,$p' | grep -E '^  (memory|compute|launch|attention|gemm\.[a-z]+) ')
+[ -n "$cls" ] || fail "no class rows: $out"
+echo "$cls" | awk '$8 != "2.00" { bad = 1 } END { exit bad }' || fail "ratios not 2.00: $cls"
+echo "$out" | grep -q '^  1 measured row (1.50 ms) names no predicted launch' || fail "unmatched row: $out"
+"$KILN" compile models/gpt.lua --calibrate "$dir/measured.tsv" >"$dir/err" 2>&1
+[ $? -eq 2 ] && grep -q -- '--calibrate needs --target DEVICE' "$dir/err" || fail "no --target: $(cat "$dir/err")"
+"$KILN" compile models/gpt.lua --target h100 --calibrate "$dir/none.tsv" >"$dir/err" 2>&1
+[ $? -eq 1 ] && grep -q "$dir/none.tsv: cannot open the kernel table" "$dir/err" || fail "missing: $(cat "$dir/err")"
+sed -i '6s/^kind\tname/kind\tnme/' "$dir/measured.tsv"
+sed -n 6p "$dir/measured.tsv" | grep -q nme || fail "test table line 6 is not the header"
+"$KILN" compile models/gpt.lua --target h100 --calibrate "$dir/measured.tsv" >"$dir/err" 2>&1
+[ $? -eq 1 ] && grep -q "$dir/measured.tsv:6: expected the header" "$dir/err" ||
+    fail "bad header: $(cat "$dir/err")"
 echo "predict: ok"
