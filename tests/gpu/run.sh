@@ -93,7 +93,7 @@ T_EQUAL=(60 25 12 12 20 12)     # test_cuda_run; curve cpu, cuda; NCCL cuda, cpu
 sum() { local s=0; for t in "$@"; do s=$((s + t)); done; echo $s; }
 PARTS=(
     "0 preflight|$(sum "${T_PRE[@]}")"
-    "1 setup: prebuilt binaries (.gpu/), else build|$(sum "${T_SETUP_PRE[@]}") (build: +$(sum "${T_SETUP_BUILD[@]}"))"
+    "1 setup: prebuilt binaries (.gpu/), else build|$(sum "${T_SETUP_PRE[@]}")|, a build there: +$(sum "${T_SETUP_BUILD[@]}") s"
     "2 smoke: gpt tiny, one step on cuda|$(sum "${T_SMOKE[@]}")"
     "3 kiln GPT-2 124M bf16 speed (plain, CUDA graph, profile)|$(sum "${T_SPEED[@]}")"
     "4 PyTorch eager GPT-2 124M bf16|$(sum "${T_EAGER[@]}")"
@@ -105,10 +105,11 @@ if [ $PLAN -eq 1 ]; then
     echo "tests/gpu/run.sh: budget ${BUDGET} s (KILN_GPU_BUDGET); parts in order, every command under timeout:"
     total=0
     for p in "${PARTS[@]}"; do
-        name=${p%%|*} cap=${p##*|} skip=""
+        IFS='|' read -r name cap note <<<"$p"
+        skip=""
         [ $QUICK -eq 1 ] && case $name in 4*|5*) skip=" (skipped: --quick)"; cap=0 ;; esac
-        total=$((total + ${cap%% *}))
-        printf '  %-62s <= %4s s%s\n' "$name" "$cap" "$skip"
+        total=$((total + cap))
+        printf '  %-62s <= %4d s%s%s\n' "$name" "$cap" "$note" "$skip"
     done
     echo "  total of the caps with prebuilt binaries: $total s; each command's timeout is also cut"
     echo "  to what is left of the budget, so the run ends within ${BUDGET} s (${RESERVE} s kept to pack)"
