@@ -86,4 +86,37 @@ sed -n 6p "$dir/measured.tsv" | grep -q nme || fail "test table line 6 is not th
 "$KILN" compile models/gpt.lua --target h100 --calibrate "$dir/measured.tsv" >"$dir/err" 2>&1
 [ $? -eq 1 ] && grep -q "$dir/measured.tsv:6: expected the header" "$dir/err" ||
     fail "bad header: $(cat "$dir/err")"
+# The writers: kiln compile --target D --kernel-table (predicted) and kiln
+# train --profile --kernel-table (measured) of the same model name the same
+# launches, so every measured GEMM and kernel row joins a predicted one
+# (tests/gpu/kernel_table.py, run.sh's table) and --calibrate reads the
+# measured file back; each flag without its partner is exit 2
+"$KILN" compile models/gpt.lua --target cpu --threads 1 --kernel-table "$dir/p.tsv" >/dev/null 2>&1 ||
+    fail "compile --kernel-table failed"
+"$KILN" train models/gpt.lua --steps 3 --threads 1 -q --profile --kernel-table "$dir/m.tsv" \
+    >"$dir/train.log" 2>&1 || fail "train --kernel-table: $(tail -3 "$dir/train.log")"
+head -1 "$dir/p.tsv" | grep -qx '# kiln kernel table 1' || fail "predicted: no first line"
+grep -qx $'# source\tpredicted' "$dir/p.tsv" || fail "predicted: no source"
+grep -qx $'# source\tmeasured' "$dir/m.tsv" || fail "measured: no source"
+grep -qx $'# steps\t3' "$dir/m.tsv" || fail "measured: not over 3 steps"
+[ ! -e "$dir/p.tsv.tmp" ] && [ ! -e "$dir/m.tsv.tmp" ] || fail "a .tmp file was left"
+np=$(grep -cE $'^(gemm|kernel|copy)\t' "$dir/p.tsv"); nm=$(grep -cE $'^(gemm|kernel|copy)\t' "$dir/m.tsv")
+[ "$np" -ge 20 ] && [ "$nm" -ge 20 ] || fail "too few rows: $np predicted, $nm measured"
+grep -qE $'^gemm\tgemm_op[0-9]+\t[0-9]+x[0-9]+x[0-9]+(x[0-9]+)?\t1\t' "$dir/m.tsv" ||
+    fail "measured: no GEMM row with its shape"
+joined=$(python3 tests/gpu/kernel_table.py "$dir/p.tsv" "$dir/m.tsv") || fail "kernel_table.py: $joined"
+echo "$joined" | grep -q "^total: predicted [0-9.]* ms, measured [0-9.]* ms" || fail "no total: $joined"
+unmatched=$(echo "$joined" | awk '$1 ~ /^(gemm|kernel)$/ && ($5 == "-" || $6 == "-")' | wc -l)
+[ "$unmatched" -eq 0 ] || fail "$unmatched rows did not join: $joined"
+out=$("$KILN" compile models/gpt.lua --target cpu --threads 1 --calibrate "$dir/m.tsv" 2>&1) ||
+    fail "--calibrate on a measured table: $out"
+echo "$out" | grep -q "^calibration of cpu against $dir/m.tsv (measured on cpu, 3 steps" ||
+    fail "no calibration of the measured table: $out"
+echo "$out" | grep -q "names no predicted launch" && fail "measured rows unmatched: $out"
+"$KILN" compile models/gpt.lua --kernel-table "$dir/x.tsv" >"$dir/err" 2>&1
+[ $? -eq 2 ] && grep -q -- '--kernel-table needs --target' "$dir/err" || fail "compile without --target: $(cat "$dir/err")"
+"$KILN" train models/gpt.lua --steps 1 --kernel-table "$dir/x.tsv" >"$dir/err" 2>&1
+[ $? -eq 2 ] && grep -q -- '--kernel-table needs --profile' "$dir/err" || fail "train without --profile: $(cat "$dir/err")"
+"$KILN" compile models/gpt.lua --target h100 --kernel-table "$dir/no/such/dir/t.tsv" >"$dir/err" 2>&1
+[ $? -eq 1 ] && grep -q "cannot write" "$dir/err" || fail "unwritable table: $(cat "$dir/err")"
 echo "predict: ok"
