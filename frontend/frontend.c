@@ -179,7 +179,7 @@ static const char *explain_missing(lua_State *L, const char *msg)
  * by the DSL already do; Lua's own errors in the script carry the chunk's
  * short name, which is replaced by the full path; errors inside embedded
  * library code get the user's line in front. */
-static int msgh(lua_State *L)
+static int msgh_where(lua_State *L)
 {
     Fe *fe = fe_get(L);
     fe->mem_armed = false; /* the run is over: the message must not fail */
@@ -230,6 +230,33 @@ const char *fe_set_origin(lua_State *L, int idx, char *buf, size_t n)
     }
     lua_pop(L, 1);
     return buf;
+}
+
+/* msgh_where's message, and when --set changed config keys and the message
+ * does not name a --set already, those --set (the usual cause of an error
+ * in a script that builds without them: `--set H=0` in C % H). */
+static int msgh(lua_State *L)
+{
+    Fe *fe = fe_get(L);
+    msgh_where(L);
+    const char *msg = lua_tostring(L, -1);
+    int used = 0;
+    for (int i = 0; i < fe->nsets; i++)
+        used += fe->set_used[i];
+    if (!msg || !used || strstr(msg, "--set "))
+        return 1;
+    luaL_Buffer b;
+    luaL_buffinit(L, &b);
+    for (int i = 0, k = 0; i < fe->nsets; i++) {
+        if (!fe->set_used[i])
+            continue;
+        luaL_addstring(&b, k++ ? ", --set " : " (the script ran with --set ");
+        luaL_addstring(&b, fe->sets[i]);
+    }
+    luaL_addchar(&b, ')');
+    luaL_pushresult(&b);
+    lua_concat(L, 2);
+    return 1;
 }
 
 /* ---- graph inputs, params, outputs -------------------------------------- */

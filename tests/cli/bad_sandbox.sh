@@ -10,7 +10,7 @@
 # - config{} keys that are not names, values that are tables (presets too)
 # - a script that is Lua bytecode, a syntax error under a long path, and a
 #   --set value that the script refuses (sym{}, a shape): each names the
-#   file, or the --set that gave the value
+#   file, or the --set that gave the value; other errors list the --set
 # Each case runs under a time limit, so a hang fails the test.
 set -u
 : "${KILN:?}"
@@ -84,4 +84,9 @@ expect_error "models/mlp.lua:" "sym: D must be a positive integer (got -1, from 
     "$KILN" train models/mlp.lua --steps 1 --set dim=-1
 expect_error "models/mlp.lua:" "param: dimension 1 must be a positive integer (got 0, from --set hidden=0)" -- \
     "$KILN" compile models/mlp.lua --set hidden=0
+# any other error in a script run with --set of config keys lists them
+expect_error "models/gpt.lua:" "(the script ran with --set H=0)" -- \
+    "$KILN" compile models/gpt.lua --set H=0
+expect_error "models/gpt.lua:" "C must be divisible by H (the script ran with --set H=3, --set L=1)" -- \
+    "$KILN" compile models/gpt.lua --set H=3 --set L=1
 bad_input_done
