@@ -4,6 +4,7 @@
 #ifndef KILN_FE_INTERNAL_H
 #define KILN_FE_INTERNAL_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -53,6 +54,9 @@ typedef struct {
     size_t mem_used;       /* bytes Lua's allocator holds */
     size_t mem_limit;      /* bytes allowed once mem_armed (the script runs) */
     bool mem_armed, mem_over; /* mem_over: the script went past mem_limit */
+    _Atomic bool late;     /* set by the watchdog thread at KILN_LUA_SECONDS */
+    bool time_over;        /* the hook or the allocator saw late: the run stops */
+    int64_t seconds;       /* the wall-clock bound, for the message */
     int64_t instr_limit;   /* Lua instructions the script may run */
     int ops_limit;         /* ops the graph may hold (tensors: twice as many) */
     int64_t instr;         /* instructions run, counted per hook period */
@@ -73,6 +77,11 @@ static inline Fe *fe_get(lua_State *L) { return *(Fe **)lua_getextraspace(L); }
 SrcLoc fe_user_loc(lua_State *L);
 /* Raises "FILE:LINE: msg" at the user's line. */
 int fe_error(lua_State *L, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* For a message about a bad value (at idx) that a --set may have given:
+ * ", from --set KEY=VALUE" when config key KEY, changed by that --set, holds
+ * that very value, else "". Written into buf (n bytes), which it returns. */
+const char *fe_set_origin(lua_State *L, int idx, char *buf, size_t n);
 
 /* ---- ops.c ---------------------------------------------------------------- */
 
@@ -128,7 +137,14 @@ lua_State *fe_sandbox_new(Fe *fe);
 /* Runs the script text[0..len) under the sandbox's bounds (instructions,
  * memory, graph size, wall clock) with message handler h; Lua's status. */
 int fe_sandbox_run(lua_State *L, Fe *fe, const Script *sc, const char *text, size_t len, int h);
+/* Pushes the stand-in that getmetatable() returns for every value whose
+ * metatable kiln made (put it in the metatable's __metatable field): a
+ * userdata that reads as empty and raises an error on any write, so a
+ * script never sees, and never writes, those tables. */
+void fe_push_locked(lua_State *L);
 /* The error for a script past its memory bound at line. */
 void fe_mem_message(const Fe *fe, int line, char *buf, size_t n);
+/* The error for a script past its wall-clock bound at line. */
+void fe_time_message(const char *path, int line, int64_t seconds, char *buf, size_t n);
 
 #endif

@@ -179,7 +179,7 @@ static const char *explain_missing(lua_State *L, const char *msg)
  * by the DSL already do; Lua's own errors in the script carry the chunk's
  * short name, which is replaced by the full path; errors inside embedded
  * library code get the user's line in front. */
-static int msgh(lua_State *L)
+static int msgh_where(lua_State *L)
 {
     Fe *fe = fe_get(L);
     fe->mem_armed = false; /* the run is over: the message must not fail */
@@ -208,6 +208,57 @@ static int msgh(lua_State *L)
     lua_pushfstring(L, "%s: %s", fe->path, msg);
     return 1;
 }
+static const char *set_value(const char *set, char *key, size_t keylen);
+
+const char *fe_set_origin(lua_State *L, int idx, char *buf, size_t n)
+{
+    Fe *fe = fe_get(L);
+    buf[0] = 0;
+    if (fe->config_ref == LUA_NOREF)
+        return buf;
+    idx = lua_absindex(L, idx);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, fe->config_ref);
+    for (int i = 0; i < fe->nsets && !buf[0]; i++) {
+        char key[256];
+        if (!fe->set_used[i] || !set_value(fe->sets[i], key, sizeof key))
+            continue;
+        lua_pushstring(L, key);
+        lua_rawget(L, -2);
+        if (lua_rawequal(L, -1, idx))
+            snprintf(buf, n, ", from --set %s", fe->sets[i]);
+        lua_pop(L, 1);
+    }
+    lua_pop(L, 1);
+    return buf;
+}
+
+/* msgh_where's message, and when --set changed config keys and the message
+ * does not name a --set already, those --set (the usual cause of an error
+ * in a script that builds without them: `--set H=0` in C % H). */
+static int msgh(lua_State *L)
+{
+    Fe *fe = fe_get(L);
+    msgh_where(L);
+    const char *msg = lua_tostring(L, -1);
+    int used = 0;
+    for (int i = 0; i < fe->nsets; i++)
+        used += fe->set_used[i];
+    if (!msg || !used || strstr(msg, "--set "))
+        return 1;
+    luaL_Buffer b;
+    luaL_buffinit(L, &b);
+    for (int i = 0, k = 0; i < fe->nsets; i++) {
+        if (!fe->set_used[i])
+            continue;
+        luaL_addstring(&b, k++ ? ", --set " : " (the script ran with --set ");
+        luaL_addstring(&b, fe->sets[i]);
+    }
+    luaL_addchar(&b, ')');
+    luaL_pushresult(&b);
+    lua_concat(L, 2);
+    return 1;
+}
+
 /* ---- graph inputs, params, outputs -------------------------------------- */
 
 /* Whether name is in the registry's set `set` (inputs and params, or
@@ -325,9 +376,13 @@ static int l_sym(lua_State *L)
             fe_error(L, "sym: keys must be names (got %s)", luaL_typename(L, -2));
         int isnum;
         lua_Integer v = lua_tointegerx(L, -1, &isnum);
-        if (!isnum || v < 1)
-            fe_error(L, "sym: %s must be a positive integer (got %s)", lua_tostring(L, -2),
-                     luaL_tolstring(L, -1, NULL));
+        if (!isnum || v < 1) {
+            char from[300];
+            fe_set_origin(L, -1, from, sizeof from);
+            const char *name = lua_tostring(L, -2); /* before luaL_tolstring pushes */
+            fe_error(L, "sym: %s must be a positive integer (got %s%s)", name,
+                     luaL_tolstring(L, -1, NULL), from);
+        }
         if (n < 64)
             names[n++] = lua_tostring(L, -2);
         lua_pop(L, 1);
@@ -507,6 +562,41 @@ static void apply_set(lua_State *L, Fe *fe, int i)
     fe->set_used[i] = true;
 }
 
+/* A table key for a message: "'name'", "the number key [1]", "a table key".
+ * Does not change the key (lua_next reads it). */
+static const char *config_key_str(lua_State *L, int idx)
+{
+    idx = lua_absindex(L, idx);
+    int t = lua_type(L, idx);
+    if (t == LUA_TSTRING)
+        return lua_pushfstring(L, "'%s'", lua_tostring(L, idx));
+    if (t == LUA_TNUMBER || t == LUA_TBOOLEAN)
+        return lua_pushfstring(L, "the %s key [%s]", lua_typename(L, t),
+                               luaL_tolstring(L, idx, NULL));
+    return lua_pushfstring(L, "a %s key", lua_typename(L, t));
+}
+
+/* config{}'s defaults (or the preset named preset): every key a name and
+ * every value a number, string or boolean, the types --set can give. */
+static void check_config_values(lua_State *L, int idx, const char *preset)
+{
+    idx = lua_absindex(L, idx);
+    const char *in = preset ? lua_pushfstring(L, " in preset '%s'", preset) : "";
+    lua_pushnil(L);
+    while (lua_next(L, idx)) {
+        if (lua_type(L, -2) != LUA_TSTRING)
+            fe_error(L, "config: keys must be names such as config{L = 2} (got %s%s)",
+                     config_key_str(L, -2), in);
+        int t = lua_type(L, -1);
+        if (t != LUA_TNUMBER && t != LUA_TSTRING && t != LUA_TBOOLEAN)
+            fe_error(L, "config: '%s'%s must be a number, string or boolean (got a %s)",
+                     lua_tostring(L, -2), in, luaL_typename(L, -1));
+        lua_pop(L, 1);
+    }
+    if (preset)
+        lua_pop(L, 1);
+}
+
 static bool set_is_key(const char *set, const char *key)
 {
     size_t n = strlen(key);
@@ -529,12 +619,24 @@ static int l_config(lua_State *L)
     lua_settop(L, 2);
     if (fe->config_ref != LUA_NOREF)
         fe_error(L, "config: called twice (expected one config{} per script)");
+    check_config_values(L, 1, NULL);
     if (lua_istable(L, 2)) {
         lua_pushnil(L);
         while (lua_next(L, 2)) { /* selector key at -2, {value = preset} at -1 */
-            const char *sel = lua_tostring(L, -2);
             if (lua_type(L, -2) != LUA_TSTRING || !lua_istable(L, -1))
-                fe_error(L, "config: presets must map a key name to a table of presets");
+                fe_error(L, "config: presets must map a key name to a table of presets such as "
+                            "{size = {big = {L = 12}}} (got %s with a %s value)",
+                         config_key_str(L, -2), luaL_typename(L, -1));
+            const char *sel = lua_tostring(L, -2);
+            lua_pushnil(L);
+            while (lua_next(L, -2)) { /* preset name at -2, its table at -1 */
+                if (lua_type(L, -2) != LUA_TSTRING || !lua_istable(L, -1))
+                    fe_error(L, "config: the presets of '%s' must map a value to a table such as "
+                                "{big = {L = 12}} (got %s with a %s value)", sel,
+                             config_key_str(L, -2), luaL_typename(L, -1));
+                check_config_values(L, -1, lua_tostring(L, -2));
+                lua_pop(L, 1);
+            }
             lua_getfield(L, 1, sel);
             if (lua_type(L, -1) != LUA_TSTRING)
                 fe_error(L, "config: preset selector '%s' needs a string default (got %s)", sel,
@@ -776,6 +878,22 @@ static bool finish(lua_State *L, Fe *fe, char *err, size_t errlen)
     return true;
 }
 
+/* Lua's syntax errors name the script by its short form, "...ry/model.lua:3:"
+ * when the path is longer than LUA_IDSIZE: writes msg with the full path. */
+static void syntax_message(const char *path, const char *msg, char *err, size_t errlen)
+{
+    size_t pl = strlen(path);
+    if (strncmp(msg, "...", 3) == 0)
+        for (const char *c = strchr(msg + 3, ':'); c; c = strchr(c + 1, ':')) {
+            size_t n = (size_t)(c - (msg + 3));
+            if (n <= pl && memcmp(path + pl - n, msg + 3, n) == 0 && c[1] >= '0' && c[1] <= '9') {
+                snprintf(err, errlen, "%s%s", path, c);
+                return;
+            }
+        }
+    snprintf(err, errlen, "%s", msg);
+}
+
 /* Runs the script once, with nn.training = training. */
 static Model *load_once(const char *path, const Script *sc, const char *const *sets, int nsets,
                         bool training, char *err, size_t errlen)
@@ -825,10 +943,15 @@ static Model *load_once(const char *path, const Script *sc, const char *const *s
         text = nl ? nl : text + len;
     }
     int st = fe_sandbox_run(L, &fe, sc, text, len, h);
-    if (st != LUA_OK || fe.mem_over) {
+    if (st != LUA_OK || fe.mem_over || fe.time_over) {
         char b[32];
         ir_fmt_bytes((double)fe.mem_limit, -1, b, sizeof b);
-        if (st == LUA_ERRRUN || st == LUA_ERRSYNTAX)
+        if (fe.time_over) /* whatever the script made of the failed allocation */
+            fe_time_message(fe.path, fe.stop_line ? fe.stop_line : fe.last_line, fe.seconds,
+                            err, errlen);
+        else if (st == LUA_ERRSYNTAX && lua_tostring(L, -1))
+            syntax_message(fe.path, lua_tostring(L, -1), err, errlen);
+        else if (st == LUA_ERRRUN || st == LUA_ERRSYNTAX)
             snprintf(err, errlen, "%s", lua_tostring(L, -1) ? lua_tostring(L, -1) : "unknown error");
         else if (fe.mem_over)
             fe_mem_message(&fe, fe.stop_line ? fe.stop_line : fe.last_line, err, errlen);

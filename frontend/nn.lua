@@ -14,12 +14,16 @@
 
 local nn = {}
 
+-- the read-only stand-in getmetatable gives for kiln's values (docs/dsl.md,
+-- Sandbox): layers' metatables are locked with it too
+local LOCKED = getmetatable("")
+
 -- true while kiln builds the training step; false while it builds the
 -- evaluation graph (the script runs a second time), where dropout is off.
 nn.training = true
 
 local function layer(t, f)
-  return setmetatable(t, {__call = function(_, ...) return f(...) end})
+  return setmetatable(t, {__call = function(_, ...) return f(...) end, __metatable = LOCKED})
 end
 
 -- y = x @ w (+ b); x [..., din], w [din, dout], b [dout] or nil.

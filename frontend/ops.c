@@ -120,9 +120,12 @@ int fe_parse_shape(lua_State *L, int idx, int64_t *dim, const char **names, cons
                 fe_error(L, "%s: dimension %d is '%s', which is not declared with sym{} "
                             "(expected a positive integer)", fn, i, name);
         }
-        if (!isnum || v < 1)
-            fe_error(L, "%s: dimension %d must be a positive integer (got %s)", fn, i,
-                     luaL_tolstring(L, -1, NULL));
+        if (!isnum || v < 1) {
+            char from[300];
+            fe_set_origin(L, -1, from, sizeof from);
+            fe_error(L, "%s: dimension %d must be a positive integer (got %s%s)", fn, i,
+                     luaL_tolstring(L, -1, NULL), from);
+        }
         dim[i] = v;
         if (names)
             names[i] = dn;
@@ -886,10 +889,16 @@ void fe_open_ops(lua_State *L, const FeGlobal *extra)
     lua_setfield(L, -2, "__lt");
     lua_pushcfunction(L, l_no_compare);
     lua_setfield(L, -2, "__le");
+    /* getmetatable(x) gives a stand-in, never this table: a script that
+     * could write it could give every later tensor a __gc finalizer */
+    fe_push_locked(L);
+    lua_setfield(L, -2, "__metatable");
     lua_pop(L, 1);
 
     luaL_newmetatable(L, INIT_MT);
     lua_pushcfunction(L, l_init_tostring);
     lua_setfield(L, -2, "__tostring");
+    fe_push_locked(L);
+    lua_setfield(L, -2, "__metatable");
     lua_pop(L, 2);
 }

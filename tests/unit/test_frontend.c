@@ -254,6 +254,10 @@ static void test_bad_scripts(void **state)
         {"select_mask", {"select", "u8", "f32[4,8]", NULL}},
         {"train_type", {"train", "lr", "fast", NULL}},
         {"batch_mismatch", {"batch = 8", "'x'", "f32[4,8]", NULL}},
+        {"config_key_number", {"config:", "keys must be names", "the number key [1]", NULL}},
+        {"config_nested", {"config:", "'a' must be a number, string or boolean", "got a table",
+                           NULL}},
+        {"config_preset_nested", {"config:", "'L' in preset 'big'", "got a table", NULL}},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char path[256], prefix[300];
@@ -343,10 +347,43 @@ static void test_sandbox(void **state)
         {"train_wrap", {"grad_accum", "expected an integer from 1 to 1024", "4294967297"}},
         {"train_fraction", {"steps", "expected an integer from 0 to", "2.5"}},
         {"dup_name", {"param:", "'w' is already used", NULL}},
+        /* the metatables kiln makes are locked (a __gc set there ran after
+         * the script, where no bound holds) */
+        {"sandbox_gc_tensor_mt", {"metatables of kiln's values", "are locked",
+                                  "got a write of '__gc'"}},
+        {"sandbox_gc_init_mt", {"rawset", "table expected, got userdata", NULL}},
+        {"sandbox_gc_string_mt", {"are locked", "got a write of '__index'", NULL}},
+        {"sandbox_gc_layer_mt", {"are locked", "got a write of '__gc'", NULL}},
     };
     setenv("KILN_LUA_INSTRUCTIONS", "1000000", 1);
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         expect_at_marked_line(cases[i].file, cases[i].words, 3);
+    /* a write caught with pcall: the model builds, no finalizer runs */
+    fe_model_free(load_model("tests/data/bad/sandbox_gc_pcall.lua", NULL, 0));
+    /* a script that is bytecode names its file */
+    static const char bytecode[] = "\x1bLuaT\x00\x19\x93\r\n\x1a\n";
+    char berr[512];
+    assert_null(fe_load_model_text("b.lua", bytecode, sizeof bytecode - 1, NULL, 0, berr,
+                                   sizeof berr));
+    expect_has(berr, "b.lua: the model script is Lua bytecode (expected Lua source text");
+    /* the clock stops library calls that allocate at the script's line
+     * (cleanly: the sanitizer build checks that nothing leaks) */
+    setenv("KILN_LUA_SECONDS", "1", 1);
+    setenv("KILN_LUA_INSTRUCTIONS", "1000000000000", 1);
+    static const char *clock_words[] = {"ran for more than 1 s and was stopped",
+                                        "KILN_LUA_SECONDS"};
+    expect_at_marked_line("sandbox_clock", clock_words, 2);
+    unsetenv("KILN_LUA_SECONDS");
+    /* the default bounds stop a table of string keys, a reader of blanks
+     * and a string of 64 MiB */
+    unsetenv("KILN_LUA_INSTRUCTIONS");
+    static const char *mem64[] = {"used more than 64 MiB of Lua memory", NULL};
+    expect_at_marked_line("sandbox_table_keys", mem64, 1);
+    expect_at_marked_line("sandbox_format_q", mem64, 1);
+    static const char *reader64[] = {"load: the reader function returned more than 64 MiB",
+                                     "KILN_LUA_MEMORY"};
+    expect_at_marked_line("sandbox_load_blanks", reader64, 2);
+    setenv("KILN_LUA_INSTRUCTIONS", "1000000", 1);
     /* the memory bound; instructions enough to reach it */
     setenv("KILN_LUA_INSTRUCTIONS", "100000000", 1);
     setenv("KILN_LUA_MEMORY", "8MiB", 1);
@@ -365,7 +402,7 @@ static void test_sandbox(void **state)
     setenv("KILN_LUA_MEMORY", "8MiB", 1);
 
     /* every model, GPT-2 124M included, is far inside the bounds (the
-     * defaults are 1e9 instructions, 1 GiB and 2^20 ops: 100x, 128x and 100x
+     * defaults are 2e8 instructions, 64 MiB and 2^20 ops: 20x, 8x and 100x
      * these) */
     setenv("KILN_LUA_INSTRUCTIONS", "10000000", 1);
     setenv("KILN_MAX_OPS", "10000", 1);

@@ -1,0 +1,2 @@
+local cfg = config{batch = 0}
+sym{B = cfg.batch}
