@@ -9,6 +9,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -671,6 +672,7 @@ static bool build(Run *r, Diag *d)
         !rt_dp_build(r->dp, r->m->g, &po, &eo, r->tg, d))
         return false;
     eo.profile = false;
+    eo.arena_of = r->te; /* the evaluation runs in the step's temporaries (host backends) */
     if (!(r->ee = rt_exec_create(r->eg, &eo, d)))
         return false;
     /* settings only the GPU reads: say so rather than ignore them silently */
@@ -836,16 +838,42 @@ static void run_free(Run *r)
             free(r->vals[i]);
         free(r->vals);
     }
+    if (r->ee) /* before te: it may run in te's arena */
+        rt_exec_destroy(r->ee);
     if (r->te)
         rt_exec_destroy(r->te);
-    if (r->ee)
-        rt_exec_destroy(r->ee);
     if (r->tg)
         ir_free(r->tg);
     if (r->eg)
         ir_free(r->eg);
     rt_data_close(r->ds);
     free(r->times.ms);
+}
+
+/* The final line's memory: " | peak mem RSS resident (training arena A,
+ * evaluation E, host copies H)", where RSS is the process's resident peak
+ * (getrusage), A the training step's arena (the planned peak), E "in the
+ * training arena" when the evaluation step runs in its temporaries, else
+ * its own arena's bytes, and H the host copies of params and optimizer
+ * state (r->vals). */
+static void print_memory(const Run *r)
+{
+    char rss[32], a[32], e[48] = "in the training arena", h[32];
+    struct rusage ru;
+    double peak = getrusage(RUSAGE_SELF, &ru) == 0 ? 1024.0 * (double)ru.ru_maxrss : 0;
+    int64_t host = 0;
+    for (int i = 0; r->vals && i < r->tg->t.n; i++)
+        if (r->vals[i])
+            host += (int64_t)tensor_bytes(&r->tg->t.v[i]);
+    ir_fmt_bytes(peak, 2, rss, sizeof rss);
+    ir_fmt_bytes((double)rt_exec_arena_bytes(r->te), 2, a, sizeof a);
+    if (r->ee && !rt_exec_arena_shared(r->ee)) {
+        ir_fmt_bytes((double)rt_exec_arena_bytes(r->ee), 2, h, sizeof h);
+        snprintf(e, sizeof e, "%s", h);
+    }
+    ir_fmt_bytes((double)host, 2, h, sizeof h);
+    printf(" | peak mem %s resident (training arena %s, evaluation %s, host copies %s)", rss, a,
+           e, h);
 }
 
 /* Every failure after the ranks are open goes to `out` with d set (or a
@@ -1070,9 +1098,7 @@ int rt_train(const Model *m, const TrainOpts *o)
         printf(" | median %.2f ms/step | %.0f tok/s | %s", med, (double)tokens / (med * 1e-3),
                mfu);
     }
-    char mem[32];
-    ir_fmt_bytes((double)rt_exec_arena_bytes(r.te), 2, mem, sizeof mem);
-    printf(" | peak mem %s", mem);
+    print_memory(&r);
     if (r.skipped)
         printf(" | skipped %lld of %lld steps (loss or gradient norm not finite)",
                (long long)r.skipped, (long long)(r.step - first));
