@@ -95,6 +95,12 @@ void rt_rank_status(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* In a rank started by rt_launch: true once the launcher asked every rank
  * to stop (it got SIGINT or SIGTERM); false otherwise. */
 bool rt_rank_stop_requested(void);
+/* In a rank started by rt_launch, which found that rank `rank` (a local
+ * process) answers nothing for timeout s: kills it (SIGKILL: a stopped or
+ * hung process ends too) and records "hung BY TIMEOUT" as its status, which
+ * the launcher names. False (nothing done) outside rt_launch or when the
+ * rank's pid is unknown. */
+bool rt_rank_kill_hung(int rank, double timeout);
 /* ---- dp.c: data parallelism and gradient accumulation in the loop -------
  * The loop opens its data with the global batch (rt_dp_rows_factor x the
  * model's batch b); rank r, micro-batch k trains on rows [(r*K + k)*b, +b).
