@@ -524,6 +524,9 @@ fail:
 
 /* Nothing of e's last run in flight: its deferred gathers landed, and (on
  * the CPU) their sends, which read the arena, ended. */
+static void settle(Exec *e);
+void rt_exec_settle(Exec *e) { settle(e); }
+
 static void settle(Exec *e)
 {
     for (int b = 0; e->pending && b < e->nb; b++)
@@ -653,6 +656,15 @@ int64_t rt_exec_arena_bytes(const Exec *e)
 }
 
 bool rt_exec_arena_shared(const Exec *e) { return e->arena_of != NULL; }
+
+void *rt_exec_host_view(Exec *e, int tensor)
+{
+    if (tensor < 0 || tensor >= e->g->t.n)
+        die("rt_exec_host_view: no tensor %%%d", tensor);
+    if (!e->be->host || !e->be->host_ptr || e->arena_of)
+        return NULL;
+    return e->be->host_ptr(e->ctx, cg_offset(e->plan, tensor));
+}
 
 const struct CgPlan *rt_exec_plan(const Exec *e) { return e->plan; }
 

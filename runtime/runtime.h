@@ -128,6 +128,15 @@ int64_t rt_exec_arena_bytes(const Exec *e);
 /* Whether e runs in another executor's arena (ExecOpts.arena_of): then it
  * allocated none of its own. */
 bool rt_exec_arena_shared(const Exec *e);
+/* A host backend's (the CPU's) own bytes of `tensor` in e's arena, valid
+ * for e's life, so a caller keeps no copy of them; NULL on a device backend
+ * or for an executor in another's arena. Read or write them only between
+ * runs, after rt_exec_settle (which rt_exec_read and rt_exec_write do
+ * themselves). */
+void *rt_exec_host_view(Exec *e, int tensor);
+/* Waits for everything e's last run left in flight (zero=1's deferred
+ * all-gathers and their sends). */
+void rt_exec_settle(Exec *e);
 /* Writes every kernel of g's CPU plan into DIR/kernels/NAME.c (and, where
  * the CUDA printer exists, NAME.cu); g is final (after every pass). */
 bool rt_dump_kernels(const Graph *g, const char *dir, Diag *d);

@@ -180,6 +180,9 @@ typedef struct RtZero RtZero;
 /* NULL when tg's optimizer state is not sharded (no state "adam.m"). */
 RtZero *rt_zero_open(const Graph *tg);
 void rt_zero_close(RtZero *z);
+/* Bytes z holds on the host: the full view's moments (2 x 4 bytes per
+ * param element); 0 for NULL. */
+int64_t rt_zero_host_bytes(const RtZero *z);
 /* The full graph and its values: params and adam.step are vals' buffers
  * (tg's, borrowed), the moments z's own (filled by rt_zero_gather or by a
  * checkpoint reader). */
