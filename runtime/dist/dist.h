@@ -119,6 +119,8 @@ bool rt_dp_open(const TrainCfg *c, RtDp **dp, Diag *d);
 int rt_dp_close(RtDp *dp, int rc);
 int rt_dp_rank(const RtDp *dp);
 int rt_dp_size(const RtDp *dp);
+/* Bytes of the micro-batch executor's arena (grad_accum > 1); 0 without. */
+int64_t rt_dp_micro_arena_bytes(const RtDp *dp);
 int64_t rt_dp_rows_factor(const RtDp *dp); /* ranks x grad_accum */
 /* Rank 0: path; rank r: path with ".rankR" before its extension. */
 const char *rt_dp_trace_path(RtDp *dp, const char *path);

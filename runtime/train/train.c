@@ -861,7 +861,8 @@ static void run_free(Run *r)
  * evaluation E, host copies H)", where RSS is the process's resident peak
  * (getrusage), A the training step's arena (the planned peak), E "in the
  * training arena" when the evaluation step runs in its temporaries, else
- * its own arena's bytes, and H the host copies of params and optimizer
+ * its own arena's bytes (after A: ", micro-batch arena M" with grad_accum
+ * > 1, the micro-batch executor's), and H the host copies of params and optimizer
  * state (r->vals, none on the CPU: they are views of the arena) and, with
  * zero=1, the full moments kept for checkpoints (rt_zero_host_bytes). */
 static void print_memory(const Run *r)
@@ -880,9 +881,15 @@ static void print_memory(const Run *r)
         ir_fmt_bytes((double)rt_exec_arena_bytes(r->ee), 2, h, sizeof h);
         snprintf(e, sizeof e, "%s", h);
     }
+    char mb[64] = "";
+    int64_t micro = rt_dp_micro_arena_bytes(r->dp);
+    if (micro > 0) {
+        ir_fmt_bytes((double)micro, 2, h, sizeof h);
+        snprintf(mb, sizeof mb, ", micro-batch arena %s", h);
+    }
     ir_fmt_bytes((double)host, 2, h, sizeof h);
-    printf(" | peak mem %s resident (training arena %s, evaluation %s, host copies %s)", rss, a,
-           e, h);
+    printf(" | peak mem %s resident (training arena %s%s, evaluation %s, host copies %s)", rss, a,
+           mb, e, h);
 }
 
 /* Every failure after the ranks are open goes to `out` with d set (or a
