@@ -55,6 +55,7 @@ struct Exec {
     int *hook_at;         /* per step: first hook (index in hooks), -1 */
     int release_at;       /* zero=1 in pieces: the all-gather starts up to this step are
                              released to the communication thread at once (pieces.c); -1 */
+    Exec *arena_of;       /* ExecOpts.arena_of when e runs in its arena; else NULL */
 };
 
 /* zero=1: a deferred bucket's gather may still be writing its params. On
@@ -467,13 +468,26 @@ Exec *rt_exec_create(const Graph *g, const ExecOpts *o, Diag *d)
     e->be = be;
     e->plan = cg_plan(e->g, d);
     e->release_at = -1;
-    if (!e->plan || !arena_fits(be, e->plan, d))
+    if (!e->plan)
+        goto fail;
+    ExecOpts bo = *o; /* what the backend gets */
+    bo.host_arena = NULL;
+    const Exec *h = o->arena_of;
+    if (h && h->be == be && be->host && be->host_ptr && !h->arena_of) {
+        const MemPlan *hm = h->plan->mem;
+        if (e->plan->arena_bytes <= hm->arena_bytes - hm->persistent_bytes) {
+            bo.host_arena = be->host_ptr(h->ctx, hm->persistent_bytes);
+            e->arena_of = o->arena_of;
+        }
+    }
+    e->o.host_arena = bo.host_arena;
+    if (!bo.host_arena && !arena_fits(be, e->plan, d))
         goto fail;
     /* zero=1: the update in pieces (the CPU runs a piece through NAME_range, the
      * CUDA backend through the kernel's range function, CgCudaProgram.step_range) */
     if (rt_comm_size(o->comm) > 1)
         e->release_at = rt_pieces_plan(e->plan, rt_comm_rank(o->comm), rt_comm_size(o->comm));
-    e->ctx = be->create(e->plan, o, d);
+    e->ctx = be->create(e->plan, &bo, d);
     if (!e->ctx)
         goto fail;
     if (!be->host) { /* a device backend's code: the CUDA module's cubins */
@@ -503,16 +517,26 @@ fail:
     return NULL;
 }
 
-void rt_exec_destroy(Exec *e)
+/* Nothing of e's last run in flight: its deferred gathers landed, and (on
+ * the CPU) their sends, which read the arena, ended. */
+static void settle(Exec *e);
+void rt_exec_settle(Exec *e) { settle(e); }
+
+static void settle(Exec *e)
 {
-    if (!e)
-        return;
     for (int b = 0; e->pending && b < e->nb; b++)
         wait_bucket(e, b);
     /* zero=1 on the CPU: the owner's gathers send from the arena and are
      * settled before their sends end (mpi.c); the arena outlives them */
     if (e->pending && !e->dev_comm)
         rt_comm_drain(e->o.comm);
+}
+
+void rt_exec_destroy(Exec *e)
+{
+    if (!e)
+        return;
+    settle(e);
     free(e->first_reader);
     free(e->pending);
     free(e->deferred);
@@ -582,6 +606,8 @@ static void account(Exec *e, int s, double a, double b)
 bool rt_exec_run(Exec *e, uint64_t seed, int64_t step, Diag *d)
 {
     const CgPlan *p = e->plan;
+    if (e->arena_of) /* its temp region is ours now */
+        settle(e->arena_of);
     if (!e->o.profile) {
         for (int s = 0; s < p->steps.n; s++)
             if (!run_step(e, s, seed, step, d))
@@ -622,6 +648,17 @@ int64_t rt_exec_arena_bytes(const Exec *e)
 {
     const BackendExt *x = e->be->ext;
     return x && x->arena_bytes ? x->arena_bytes(e->ctx) : e->plan->arena_bytes;
+}
+
+bool rt_exec_arena_shared(const Exec *e) { return e->arena_of != NULL; }
+
+void *rt_exec_host_view(Exec *e, int tensor)
+{
+    if (tensor < 0 || tensor >= e->g->t.n)
+        die("rt_exec_host_view: no tensor %%%d", tensor);
+    if (!e->be->host || !e->be->host_ptr || e->arena_of)
+        return NULL;
+    return e->be->host_ptr(e->ctx, cg_offset(e->plan, tensor));
 }
 
 const struct CgPlan *rt_exec_plan(const Exec *e) { return e->plan; }

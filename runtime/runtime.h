@@ -79,6 +79,22 @@ typedef struct {
     bool cuda_graph;       /* capture the step into a CUDA graph, replay it */
     RtComm *comm;          /* the ranks: runs allreduce steps (unless the backend runs
                               them on the device); NULL: one rank */
+    /* Run inside this executor's arena instead of allocating one: in its
+     * temp region (past its persistent one: memplan.h), which holds nothing
+     * between its runs. For an executor run between the other's runs (the
+     * evaluation step beside the training step): each run of the new one
+     * first settles the other's communication still in flight (zero=1's
+     * deferred all-gathers), its buffers (inputs and params too) are
+     * overwritten by the other's next run, so write them before each use.
+     * Host backends only (the CPU), both executors on the same one, and
+     * only when the plan fits the region; else (the CUDA module) the new
+     * executor allocates its own arena (rt_exec_arena_shared says which).
+     * NULL: its own arena. */
+    struct Exec *arena_of;
+    /* Set by the executor for Backend.create, never by a caller: the host
+     * memory the backend runs in (plan->arena_bytes, not owned); NULL: the
+     * backend allocates its arena. */
+    void *host_arena;
 } ExecOpts;
 
 /* Compiles the final graph (after every pass) for the device. */
@@ -109,6 +125,18 @@ int rt_pieces_plan(struct CgPlan *p, int rank, int nranks);
 /* One step: every op, then every update (param/state <- new value). */
 bool rt_exec_run(Exec *e, uint64_t seed, int64_t step, Diag *d);
 int64_t rt_exec_arena_bytes(const Exec *e);
+/* Whether e runs in another executor's arena (ExecOpts.arena_of): then it
+ * allocated none of its own. */
+bool rt_exec_arena_shared(const Exec *e);
+/* A host backend's (the CPU's) own bytes of `tensor` in e's arena, valid
+ * for e's life, so a caller keeps no copy of them; NULL on a device backend
+ * or for an executor in another's arena. Read or write them only between
+ * runs, after rt_exec_settle (which rt_exec_read and rt_exec_write do
+ * themselves). */
+void *rt_exec_host_view(Exec *e, int tensor);
+/* Waits for everything e's last run left in flight (zero=1's deferred
+ * all-gathers and their sends). */
+void rt_exec_settle(Exec *e);
 /* Writes every kernel of g's CPU plan into DIR/kernels/NAME.c (and, where
  * the CUDA printer exists, NAME.cu); g is final (after every pass). */
 bool rt_dump_kernels(const Graph *g, const char *dir, Diag *d);

@@ -58,6 +58,7 @@ typedef struct {
 struct BackendCtx {
     const CgPlan *p;
     unsigned char *arena;
+    bool own_arena; /* false: ExecOpts.host_arena, borrowed */
     void *so;
     CpuKernel *k;
     CpuStep *s;
@@ -89,7 +90,8 @@ static void cpu_destroy(BackendCtx *c)
     free(c->s);
     if (c->so)
         dlclose(c->so);
-    free(c->arena);
+    if (c->own_arena)
+        free(c->arena);
     free(c);
 }
 
@@ -102,14 +104,20 @@ static BackendCtx *cpu_create(const CgPlan *p, const ExecOpts *o, Diag *d)
     c->nparts_all = c->threads;
     rt_blas_one_thread();
 
-    size_t bytes = (size_t)(p->arena_bytes + MEMPLAN_ALIGN - 1) / MEMPLAN_ALIGN * MEMPLAN_ALIGN;
-    c->arena = aligned_alloc(MEMPLAN_ALIGN, bytes ? bytes : MEMPLAN_ALIGN);
-    if (!c->arena) {
-        snprintf(d->msg, sizeof d->msg, "cannot allocate the %lld-byte arena",
-                 (long long)p->arena_bytes);
-        goto fail;
+    if (o->host_arena) {
+        c->arena = o->host_arena;
+    } else {
+        size_t bytes =
+            (size_t)(p->arena_bytes + MEMPLAN_ALIGN - 1) / MEMPLAN_ALIGN * MEMPLAN_ALIGN;
+        c->arena = aligned_alloc(MEMPLAN_ALIGN, bytes ? bytes : MEMPLAN_ALIGN);
+        if (!c->arena) {
+            snprintf(d->msg, sizeof d->msg, "cannot allocate the %lld-byte arena",
+                     (long long)p->arena_bytes);
+            goto fail;
+        }
+        c->own_arena = true;
+        memset(c->arena, 0, bytes);
     }
-    memset(c->arena, 0, bytes);
 
     c->k = xcalloc((size_t)p->kernels.n + 1, sizeof(CpuKernel));
     if (p->kernels.n) {

@@ -95,6 +95,12 @@ void rt_rank_status(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* In a rank started by rt_launch: true once the launcher asked every rank
  * to stop (it got SIGINT or SIGTERM); false otherwise. */
 bool rt_rank_stop_requested(void);
+/* In a rank started by rt_launch, which found that rank `rank` (a local
+ * process) answers nothing for timeout s: kills it (SIGKILL: a stopped or
+ * hung process ends too) and records "hung BY TIMEOUT" as its status, which
+ * the launcher names. False (nothing done) outside rt_launch or when the
+ * rank's pid is unknown. */
+bool rt_rank_kill_hung(int rank, double timeout);
 /* ---- dp.c: data parallelism and gradient accumulation in the loop -------
  * The loop opens its data with the global batch (rt_dp_rows_factor x the
  * model's batch b); rank r, micro-batch k trains on rows [(r*K + k)*b, +b).
@@ -113,6 +119,8 @@ bool rt_dp_open(const TrainCfg *c, RtDp **dp, Diag *d);
 int rt_dp_close(RtDp *dp, int rc);
 int rt_dp_rank(const RtDp *dp);
 int rt_dp_size(const RtDp *dp);
+/* Bytes of the micro-batch executor's arena (grad_accum > 1); 0 without. */
+int64_t rt_dp_micro_arena_bytes(const RtDp *dp);
 int64_t rt_dp_rows_factor(const RtDp *dp); /* ranks x grad_accum */
 /* Rank 0: path; rank r: path with ".rankR" before its extension. */
 const char *rt_dp_trace_path(RtDp *dp, const char *path);
@@ -174,6 +182,9 @@ typedef struct RtZero RtZero;
 /* NULL when tg's optimizer state is not sharded (no state "adam.m"). */
 RtZero *rt_zero_open(const Graph *tg);
 void rt_zero_close(RtZero *z);
+/* Bytes z holds on the host: the full view's moments (2 x 4 bytes per
+ * param element); 0 for NULL. */
+int64_t rt_zero_host_bytes(const RtZero *z);
 /* The full graph and its values: params and adam.step are vals' buffers
  * (tg's, borrowed), the moments z's own (filled by rt_zero_gather or by a
  * checkpoint reader). */

@@ -120,6 +120,11 @@ int rt_dp_close(RtDp *dp, int rc)
 
 int rt_dp_rank(const RtDp *dp) { return dp ? dp->rank : 0; }
 int rt_dp_size(const RtDp *dp) { return dp ? dp->size : 1; }
+
+int64_t rt_dp_micro_arena_bytes(const RtDp *dp)
+{
+    return dp && dp->me ? rt_exec_arena_bytes(dp->me) : 0;
+}
 int64_t rt_dp_rows_factor(const RtDp *dp) { return dp ? (int64_t)dp->size * dp->K : 1; }
 
 const char *rt_dp_trace_path(RtDp *dp, const char *path)

@@ -216,6 +216,12 @@ static _Noreturn void lost(RtComm *c, const char *what)
                 c->rank, what, c->timeout);
     fflush(stderr);
     rt_rank_status("lost %s", k ? names : "?");
+    /* a silent rank may be stopped (SIGSTOP) or hung: under the launcher
+     * it is killed here, so that it neither lingers nor, woken by mpirun's
+     * teardown, reports itself as stopped by another rank's failure */
+    for (int r = 0; silent && r < n; r++)
+        if (r != c->rank && !got[r])
+            rt_rank_kill_hung(r, c->timeout);
     MPI_Abort(MPI_COMM_WORLD, 1);
     _exit(1);
 }

@@ -117,6 +117,14 @@ void rt_zero_close(RtZero *z)
     free(z);
 }
 
+int64_t rt_zero_host_bytes(const RtZero *z)
+{
+    int64_t n = 0;
+    for (int k = 0; z && k < z->n; k++)
+        n += 2 * 4 * shape_numel(&z->tg->t.v[z->param[k]].s);
+    return n;
+}
+
 const Graph *rt_zero_full(RtZero *z, void *const *vals, void ***full_vals)
 {
     for (int i = 0; i < z->tg->t.n; i++)

@@ -9,6 +9,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -201,9 +202,14 @@ static const char *nonfinite_state(const Run *r)
     return NULL;
 }
 
-/* Host copies of tg's params and state <- the training executor. */
+/* Host copies of tg's params and state <- the training executor (views of
+ * its arena: only its last run settled). */
 static void pull_state(Run *r)
 {
+    if (r->vals_view) {
+        rt_exec_settle(r->te);
+        return;
+    }
     for (int i = 0; i < r->tg->t.n; i++)
         if (r->vals[i])
             rt_exec_read(r->te, i, r->vals[i]);
@@ -211,7 +217,7 @@ static void pull_state(Run *r)
 
 static void push_state(Run *r)
 {
-    for (int i = 0; i < r->tg->t.n; i++)
+    for (int i = 0; i < r->tg->t.n && !r->vals_view; i++)
         if (r->vals[i])
             rt_exec_write(r->te, i, r->vals[i]);
 }
@@ -671,6 +677,7 @@ static bool build(Run *r, Diag *d)
         !rt_dp_build(r->dp, r->m->g, &po, &eo, r->tg, d))
         return false;
     eo.profile = false;
+    eo.arena_of = r->te; /* the evaluation runs in the step's temporaries (host backends) */
     if (!(r->ee = rt_exec_create(r->eg, &eo, d)))
         return false;
     /* settings only the GPU reads: say so rather than ignore them silently */
@@ -723,11 +730,13 @@ static bool init_state(Run *r, Diag *d)
 {
     const Graph *g = r->tg;
     r->vals = xcalloc((size_t)g->t.n, sizeof *r->vals);
+    /* on the CPU the arena's own bytes: no second copy of params and state */
+    r->vals_view = rt_exec_host_view(r->te, 0) != NULL;
     for (int i = 0; i < g->t.n; i++) {
         const Tensor *t = &g->t.v[i];
         if (t->kind != TK_PARAM && t->kind != TK_STATE)
             continue;
-        r->vals[i] = xcalloc(1, tensor_bytes(t) + 1);
+        r->vals[i] = r->vals_view ? rt_exec_host_view(r->te, i) : xcalloc(1, tensor_bytes(t) + 1);
         if (!init_tensor(t, r->c.seed, r->vals[i], d))
             return false;
     }
@@ -866,20 +875,55 @@ static void run_free(Run *r)
     free(r->x_val);
     free(r->x_eval);
     if (r->vals) {
-        for (int i = 0; i < r->tg->t.n; i++)
+        for (int i = 0; i < r->tg->t.n && !r->vals_view; i++)
             free(r->vals[i]);
         free(r->vals);
     }
+    if (r->ee) /* before te: it may run in te's arena */
+        rt_exec_destroy(r->ee);
     if (r->te)
         rt_exec_destroy(r->te);
-    if (r->ee)
-        rt_exec_destroy(r->ee);
     if (r->tg)
         ir_free(r->tg);
     if (r->eg)
         ir_free(r->eg);
     rt_data_close(r->ds);
     free(r->times.ms);
+}
+
+/* The final line's memory: " | peak mem RSS resident (training arena A,
+ * evaluation E, host copies H)", where RSS is the process's resident peak
+ * (getrusage), A the training step's arena (the planned peak), E "in the
+ * training arena" when the evaluation step runs in its temporaries, else
+ * its own arena's bytes (after A: ", micro-batch arena M" with grad_accum
+ * > 1, the micro-batch executor's), and H the host copies of params and optimizer
+ * state (r->vals, none on the CPU: they are views of the arena) and, with
+ * zero=1, the full moments kept for checkpoints (rt_zero_host_bytes). */
+static void print_memory(const Run *r)
+{
+    char rss[32], a[32], e[48] = "in the training arena", h[32];
+    struct rusage ru;
+    double peak = getrusage(RUSAGE_SELF, &ru) == 0 ? 1024.0 * (double)ru.ru_maxrss : 0;
+    int64_t host = 0;
+    for (int i = 0; r->vals && !r->vals_view && i < r->tg->t.n; i++)
+        if (r->vals[i])
+            host += (int64_t)tensor_bytes(&r->tg->t.v[i]);
+    host += rt_zero_host_bytes(r->zero);
+    ir_fmt_bytes(peak, 2, rss, sizeof rss);
+    ir_fmt_bytes((double)rt_exec_arena_bytes(r->te), 2, a, sizeof a);
+    if (r->ee && !rt_exec_arena_shared(r->ee)) {
+        ir_fmt_bytes((double)rt_exec_arena_bytes(r->ee), 2, h, sizeof h);
+        snprintf(e, sizeof e, "%s", h);
+    }
+    char mb[64] = "";
+    int64_t micro = rt_dp_micro_arena_bytes(r->dp);
+    if (micro > 0) {
+        ir_fmt_bytes((double)micro, 2, h, sizeof h);
+        snprintf(mb, sizeof mb, ", micro-batch arena %s", h);
+    }
+    ir_fmt_bytes((double)host, 2, h, sizeof h);
+    printf(" | peak mem %s resident (training arena %s%s, evaluation %s, host copies %s)", rss, a,
+           mb, e, h);
 }
 
 /* Every failure after the ranks are open goes to `out` with d set (or a
@@ -1104,9 +1148,7 @@ int rt_train(const Model *m, const TrainOpts *o)
         printf(" | median %.2f ms/step | %.0f tok/s | %s", med, (double)tokens / (med * 1e-3),
                mfu);
     }
-    char mem[32];
-    ir_fmt_bytes((double)rt_exec_arena_bytes(r.te), 2, mem, sizeof mem);
-    printf(" | peak mem %s", mem);
+    print_memory(&r);
     if (r.skipped)
         printf(" | skipped %lld of %lld steps (loss or gradient norm not finite)",
                (long long)r.skipped, (long long)(r.step - first));

@@ -23,7 +23,9 @@ typedef struct {
     TrainCfg c;
     Graph *tg, *eg;       /* training step; evaluation (forward) */
     Exec *te, *ee;
-    void **vals;          /* host copies of tg's params and state, by id */
+    void **vals;          /* host copies of tg's params and state, by id; on a
+                             host backend te's own bytes (rt_exec_host_view) */
+    bool vals_view;       /* vals are te's bytes: not freed, not copied */
     DataSource *ds;
     bool blobs, addition, tensors;
     bool rowy;            /* accuracy per row against input y i32[B] (blobs; tensors

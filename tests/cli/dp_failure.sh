@@ -2,7 +2,11 @@
 # dp_failure.sh - a lost rank stops the others, with a message naming it,
 # within the bound; nothing is left running. Two ways to lose rank 1 of 2
 # mid-run: it is killed (SIGKILL: mpirun notices at once), and it hangs
-# (SIGSTOP: the survivor's collective times out after comm_timeout).
+# (SIGSTOP: the survivor's collective times out after comm_timeout; the
+# launcher says it stopped answering and was killed, and none of Open MPI's
+# abort notice shows). Then the launcher against an mpirun that never ends
+# the job (a stand-in on PATH): it still exits by itself, kills the rank
+# left, and drops the ORTE_ERROR_LOG lines, saying so.
 set -u
 : "${KILN:?KILN must point at the kiln binary}"
 OUT=/dev/null
@@ -63,4 +67,39 @@ lose_rank KILL 15
 # hang: comm_timeout=3 s, plus up to 2 s to ask the other ranks, plus slack
 lose_rank STOP 15 --set comm_timeout=3
 grep -q "comm_timeout=3" "$T/out.STOP" || fail "STOP: the message does not state the bound"
+OUT="$T/out.STOP"
+grep -q "kiln: lost rank 1: it stopped answering.*it was killed" "$OUT" ||
+    fail "STOP: the launcher does not say that rank 1 stopped answering and was killed"
+grep -q "MPI_ABORT\|ORTE_ERROR_LOG" "$OUT" && fail "STOP: Open MPI's abort notice shows"
+grep -q "stopped by mpirun" "$OUT" && fail "STOP: a rank blames another rank's failure for its end"
+
+# an mpirun that leaves the job hanging after rank 0 reported rank 1 lost
+mkdir "$T/bin"
+cat > "$T/bin/mpirun" <<'EOS'
+#!/usr/bin/env bash
+sleep 300 &
+echo "running $!" > "$KILN_RANK_STATUS_DIR/rank1"
+echo "$!" > "$KILN_RANK_STATUS_DIR/../fake-rank1"
+echo "lost 1" > "$KILN_RANK_STATUS_DIR/rank0"
+echo "kiln: rank 0: lost rank 1 (a stand-in)" >&2
+echo "[host:00042] [[1,0],0] ORTE_ERROR_LOG: Data unpack would read past end of buffer in file grpcomm_direct.c at line 355" >&2
+exec sleep 300
+EOS
+chmod +x "$T/bin/mpirun"
+OUT="$T/out.fake"
+t0=$(date +%s)
+TMPDIR="$T" PATH="$T/bin:$PATH" timeout 60 "$KILN" train models/mlp.lua --nproc 2 >"$OUT" 2>&1
+rc=$?
+dt=$(($(date +%s) - t0))
+echo "mpirun that never ends: exit $rc after $dt s"
+[ "$rc" -ne 124 ] || fail "fake: the launcher did not exit by itself (60 s)"
+[ "$rc" -eq 1 ] || fail "fake: exit status $rc (expected 1)"
+[ "$dt" -le 30 ] || fail "fake: took $dt s"
+grep -q "lost rank 1 (a stand-in)" "$OUT" || fail "fake: mpirun's stderr was not relayed"
+grep -q "did not end the job" "$OUT" || fail "fake: no message that the launcher ended the job"
+grep -q "ORTE_ERROR_LOG:" "$OUT" && fail "fake: the ORTE_ERROR_LOG line shows"
+grep -q "left out 1 line of Open MPI" "$OUT" || fail "fake: no word of the line left out"
+R1=$(cat "$T/fake-rank1")
+for _ in $(seq 50); do alive "$R1" || break; sleep 0.1; done
+alive "$R1" && fail "fake: the hung rank $R1 still runs"
 echo "ok"
