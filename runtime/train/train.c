@@ -875,8 +875,9 @@ int rt_train(const Model *m, const TrainOpts *o)
             printf("removed %d stale temp file%s of an interrupted write\n", swept,
                    swept > 1 ? "s" : "");
     }
-    if (!writable_dir(o->save_weights, &d) ||
-        (o->save_weights && !rt_output_check(o->save_weights, &d)) || !writable_dir(ckpt, &d) ||
+    if ((o->save_weights && !rt_output_path_check("--save-weights", o->save_weights, false, &d)) ||
+        (ckpt && !rt_output_path_check(o->checkpoint ? "--checkpoint" : "train.checkpoint", ckpt,
+                                       true, &d)) ||
         !writable_dir(o->trace, &d) || !rt_train_open_data(&r, &d) || !build(&r, &d) ||
         !init_state(&r, &d))
         goto out;
