@@ -268,6 +268,10 @@ static void fmt_extras(const Run *r, const float *fv, const double *dv, char *bu
                               dv ? dv[i] : (double)fv[i]);
 }
 
+/* A --log-dir line could not be written (d: "PATH: cannot write: REASON"):
+ * the run stops here; d gains where, and the checkpoint it keeps. False. */
+static bool log_failed(const Run *r, Diag *d);
+
 static bool evaluate(Run *r, Diag *d)
 {
     double t_start = ir_now();
@@ -371,8 +375,9 @@ static bool evaluate(Run *r, Diag *d)
         r->last_acc = (double)r->acc_right / (double)r->acc_total;
     }
     free(v);
-    rt_runlog_eval(r->log, r->step, r->last_val_loss, r->x_name, r->x_eval, r->nx,
-                   acc ? r->last_acc : NAN);
+    if (!rt_runlog_eval(r->log, r->step, r->last_val_loss, r->x_name, r->x_eval, r->nx,
+                        acc ? r->last_acc : NAN, d))
+        return log_failed(r, d);
     phase(r, PH_EVAL, t_start, ir_now());
     return true;
 }
@@ -385,6 +390,22 @@ static char *ckpt_path(const char *prefix, int64_t step)
     if (n > strlen(ext) && strcmp(prefix + n - strlen(ext), ext) == 0)
         keep = (int)(n - strlen(ext));
     return xasprintf("%.*s.step%lld.safetensors", keep, prefix, (long long)step);
+}
+
+static bool log_failed(const Run *r, Diag *d)
+{
+    const char *ckpt = r->o->checkpoint ? r->o->checkpoint : r->c.checkpoint;
+    size_t k = strlen(d->msg);
+    k += (size_t)snprintf(d->msg + k, sizeof d->msg - k, "; the run stops at step %lld",
+                          (long long)r->step);
+    if (ckpt && r->ckpt_step >= 0) {
+        char *path = ckpt_path(ckpt, r->ckpt_step);
+        snprintf(d->msg + k, sizeof d->msg - k, " (last checkpoint %s, kept)", path);
+        free(path);
+    } else if (ckpt && k < sizeof d->msg) {
+        snprintf(d->msg + k, sizeof d->msg - k, " (no checkpoint written yet)");
+    }
+    return false;
 }
 
 static bool save_checkpoint(Run *r, const char *prefix, Diag *d)
@@ -978,7 +999,10 @@ int rt_train(const Model *m, const TrainOpts *o)
                 .mfu = peak > 0 ? model / (step_ms * 1e-3) / peak : NAN,
                 .hfu = peak > 0 ? r.flops / (step_ms * 1e-3) / peak : NAN,
                 .mem_bytes = rt_exec_arena_bytes(r.te), .comm_ms = cbusy, .comm_exposed_ms = cexp};
-            rt_runlog_step(r.log, &rec);
+            if (!rt_runlog_step(r.log, &rec, &d)) {
+                log_failed(&r, &d);
+                goto out;
+            }
         }
         if (log) {
             char mfu[64], mem[32];

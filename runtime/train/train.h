@@ -220,9 +220,12 @@ typedef struct {
 /* Creates dir if needed; with training, opens its metrics.jsonl and
  * eval.jsonl. NULL with d set when it cannot. */
 RunLog *rt_runlog_open(const char *dir, const char *title, bool training, Diag *d);
-void rt_runlog_step(RunLog *l, const RtStepRecord *s);
-void rt_runlog_eval(RunLog *l, int64_t step, double val_loss, const char *const *names,
-                    const double *vals, int n, double accuracy /* nan: none */);
+/* One line of metrics.jsonl (eval.jsonl): written whole or not at all; false
+ * with "PATH: cannot write: REASON" in d on the first failed write (a full
+ * disk), the file left ending with its last whole line. */
+bool rt_runlog_step(RunLog *l, const RtStepRecord *s, Diag *d);
+bool rt_runlog_eval(RunLog *l, int64_t step, double val_loss, const char *const *names,
+                    const double *vals, int n, double accuracy /* nan: none */, Diag *d);
 /* Report sections, in the order called: the profile (rows of
  * rt_exec_profile over `steps` steps), memplan's memory timeline with the
  * recomputed ops, rank 0's compute and communication in one step (several
@@ -232,7 +235,8 @@ void rt_runlog_memory(RunLog *l, const Graph *g, const MemPlan *mp);
 void rt_runlog_comm(RunLog *l, int nranks, double step_start, double step_end,
                     const RtCommEvent *ev, int nev);
 void rt_runlog_sweep(RunLog *l, const RematSweepPoint *p, int n);
-/* Writes DIR/report.html (atomically); false with d set on a write error. */
+/* Closes the JSON lines (fsync: an error the file system reports late) and
+ * writes DIR/report.html (atomically); false with d set on a write error. */
 bool rt_runlog_close(RunLog *l, Diag *d);
 void rt_runlog_free(RunLog *l);
 
