@@ -80,8 +80,8 @@ bool rt_output_path_check(const char *flag, const char *path, bool prefix, Diag 
     }
     struct stat st;
     if (stat(path, &st) == 0 && !S_ISREG(st.st_mode) && !(prefix && S_ISDIR(st.st_mode))) {
-        snprintf(d->msg, sizeof d->msg, "%s %s: expected %s, got %s", flag, path, what,
-                 rt_file_kind(st.st_mode));
+        snprintf(d->msg, sizeof d->msg, "%s %s: cannot write (expected %s, got %s)", flag, path,
+                 what, rt_file_kind(st.st_mode));
         return false;
     }
     char *dir = xstrdup(path);

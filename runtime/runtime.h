@@ -266,7 +266,9 @@ const char *rt_file_kind(mode_t m);
 bool rt_output_check(const char *path, Diag *d);
 /* An output that flag names (--checkpoint PREFIX with prefix: the files
  * PREFIX.stepN.safetensors; --save-weights FILE), checked before anything
- * is compiled or written. False with "FLAG PATH: ..., expected ..." when
+ * is compiled or written. False with "FLAG PATH: cannot write (expected a
+ * regular file, got a character device)" (or what else is wrong, and what
+ * was expected) when
  * the path exists and is not a regular file (a device, FIFO, socket or
  * directory), when it ends in '/', or when its directory is missing, not a
  * directory, not writable, or inside /dev, /proc or /sys (except

@@ -21,7 +21,7 @@ train=("$KILN" train "$M" --steps 4 -q --cache-dir "$cache" --peak-gflops 100)
 
 # ---- checkpoint and weights paths
 rm -f /dev/full.step*.safetensors 2> /dev/null
-expect_error "--checkpoint /dev/full: expected a prefix for PREFIX.stepN.safetensors files, got a character device" \
+expect_error "--checkpoint /dev/full: cannot write (expected a prefix for PREFIX.stepN.safetensors files, got a character device)" \
     -- "${train[@]}" --checkpoint /dev/full
 ls /dev/full.step* > /dev/null 2>&1 && fail "a checkpoint was written into /dev"
 expect_error "--checkpoint /dev/kiln-ckpt: directory /dev is the system's device tree" -- \
@@ -33,14 +33,14 @@ expect_error "--checkpoint $dir/none/ck: directory $dir/none: No such file or di
 touch "$dir/afile"
 expect_error "--checkpoint $dir/afile/ck: $dir/afile is a regular file (expected a writable directory)" -- \
     "${train[@]}" --checkpoint "$dir/afile/ck"
-expect_error "train.checkpoint /dev/full: expected a prefix" -- \
+expect_error "train.checkpoint /dev/full: cannot write (expected a prefix" -- \
     "${train[@]}" --set checkpoint=/dev/full
-expect_error "--save-weights /dev/full: expected a regular file, got a character device" -- \
+expect_error "--save-weights /dev/full: cannot write (expected a regular file, got a character device)" -- \
     "${train[@]}" --save-weights /dev/full
 expect_error "--save-weights /proc/kiln.safetensors: directory /proc is the system's /proc tree" -- \
     "${train[@]}" --save-weights /proc/kiln.safetensors
 mkfifo "$dir/fifo"
-expect_error "--save-weights $dir/fifo: expected a regular file, got a FIFO" -- \
+expect_error "--save-weights $dir/fifo: cannot write (expected a regular file, got a FIFO)" -- \
     "${train[@]}" --save-weights "$dir/fifo"
 # none of these compiled anything: the refusals come before the compiler
 [ ! -d "$cache" ] || [ -z "$(ls "$cache")" ] || fail "a refused run compiled kernels into $cache"
