@@ -73,8 +73,9 @@ bool rt_output_path_check(const char *flag, const char *path, bool prefix, Diag 
     const char *what = prefix ? "a prefix for PREFIX.stepN.safetensors files" : "a regular file";
     size_t n = strlen(path);
     if (n == 0 || path[n - 1] == '/') {
-        snprintf(d->msg, sizeof d->msg, "%s '%s': expected %s in a writable directory, got %s",
-                 flag, path, prefix ? "a file name prefix (such as ckpt/run)" : "a file name",
+        snprintf(d->msg, sizeof d->msg,
+                 "%s '%s': cannot write: expected %s in a writable directory, got %s", flag, path,
+                 prefix ? "a file name prefix (such as ckpt/run)" : "a file name",
                  n ? "a directory name" : "an empty value");
         return false;
     }
@@ -92,19 +93,21 @@ bool rt_output_path_check(const char *flag, const char *path, bool prefix, Diag 
     bool ok = false;
     char *real = NULL;
     if (stat(dn, &st) != 0)
-        snprintf(d->msg, sizeof d->msg, "%s %s: directory %s: %s (expected an existing "
-                 "writable directory)", flag, path, dn, strerror(errno));
+        snprintf(d->msg, sizeof d->msg, "%s %s: cannot write: directory %s: %s (expected an "
+                 "existing writable directory)", flag, path, dn, strerror(errno));
     else if (!S_ISDIR(st.st_mode))
-        snprintf(d->msg, sizeof d->msg, "%s %s: %s is %s (expected a writable directory)",
-                 flag, path, dn, S_ISREG(st.st_mode) ? "a regular file" : rt_file_kind(st.st_mode));
+        snprintf(d->msg, sizeof d->msg,
+                 "%s %s: cannot write: %s is %s (expected a writable directory)", flag, path, dn,
+                 S_ISREG(st.st_mode) ? "a regular file" : rt_file_kind(st.st_mode));
     else if (access(dn, W_OK | X_OK) != 0)
-        snprintf(d->msg, sizeof d->msg, "%s %s: directory %s is not writable: %s", flag, path,
-                 dn, strerror(errno));
+        snprintf(d->msg, sizeof d->msg, "%s %s: cannot write: directory %s is not writable: %s",
+                 flag, path, dn, strerror(errno));
     else if ((real = realpath(dn, NULL)) &&
              ((under(real, "/dev") && !under(real, "/dev/shm")) || under(real, "/proc") ||
               under(real, "/sys")))
-        snprintf(d->msg, sizeof d->msg, "%s %s: directory %s is the system's %s tree, not an "
-                 "ordinary directory (expected a directory for files)", flag, path, dn,
+        snprintf(d->msg, sizeof d->msg,
+                 "%s %s: cannot write: directory %s is the system's %s tree, not an ordinary "
+                 "directory (expected a directory for files)", flag, path, dn,
                  under(real, "/dev") ? "device" : under(real, "/proc") ? "/proc" : "/sys");
     else
         ok = true;

@@ -119,6 +119,9 @@ static const char usage_train[] =
     "  --dump-ir FILE       write the training step's IR after every pass to FILE\n"
     "                       (what kiln compile --dump-after=schedule writes for\n"
     "                       the same model and flags)\n"
+    "  --allow-nonfinite-data  data tensors: train on float arrays holding NaN or\n"
+    "                       Inf (by default refused before training, naming the\n"
+    "                       array, the example and the position)\n"
     "  -v, --verbose        log compilation details\n"
     "  -q, --quiet          print only the summary\n"
     "  -h, --help           this text\n";
@@ -597,6 +600,8 @@ static int cmd_train(int argc, char **argv)
                 return bad_flag("train", "--remat expects none, full, selective or auto, got", v);
         } else if (strcmp(argv[i], "--profile") == 0) {
             o.profile = true;
+        } else if (strcmp(argv[i], "--allow-nonfinite-data") == 0) {
+            o.allow_nonfinite_data = true;
         } else if ((v = flag_value(argc, argv, &i, "--nproc"))) {
             int64_t n;
             if (!int_flag("train", "--nproc", v, 1, MAX_NPROC, &n))

@@ -67,6 +67,8 @@ typedef struct {
                                     by rt_data_open, but their names must outlive
                                     the source (its batches name the inputs) */
     int nwant;
+    bool allow_nonfinite; /* tensors: float arrays may hold NaN and Inf (else
+                             refused at open, naming array, example, position) */
 } DataCfg;
 
 /* tensors: one model input, as one example of it (its shape after the batch
@@ -164,9 +166,12 @@ void rt_tensors_close(TensorSource *s, DataBatch *b);
  * wrong (expected ..., got ...)" in d and *t empty. */
 bool rt_npy_parse(const char *path, const uint8_t *buf, size_t n, StTensor *t, Diag *d);
 bool rt_npy_read(const char *path, StTensor *t, Diag *d);
-/* Every NAME.npy of dir (sorted by name) as tensor NAME; free with
- * rt_st_free. No .npy file is an error. */
-bool rt_npy_read_dir(const char *dir, StFile *f, Diag *d);
+/* Every NAME.npy of dir (sorted by name) as tensor NAME, or with only
+ * (non-NULL) those whose NAME is one of only[0..nonly): the other files are
+ * neither opened nor parsed, their NAMEs listed in skipped (", "-separated,
+ * may be NULL). Free with rt_st_free. No .npy file is an error. */
+bool rt_npy_read_dir(const char *dir, const char *const *only, int nonly, StFile *f,
+                     char *skipped, size_t nskipped, Diag *d);
 
 /* ---- checkpoint.c: checkpoints and weights --------------------------------
  * vals[id] is host data (the tensor's dtype) for every param and state
@@ -295,6 +300,7 @@ typedef struct {
     bool no_overlap;          /* --no-overlap: every allreduce starts after backward */
     bool no_fuse;             /* --no-fuse: every op its own kernel */
     bool no_fuse_attention;   /* --no-fuse-attention: no attention pass */
+    bool allow_nonfinite_data; /* --allow-nonfinite-data: tensors data may hold NaN/Inf */
     const char *dump_ir;      /* --dump-ir FILE: the training step's IR after the
                                  pipeline (rank 0), as kiln compile's schedule dump */
 } TrainOpts;

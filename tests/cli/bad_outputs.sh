@@ -24,20 +24,20 @@ rm -f /dev/full.step*.safetensors 2> /dev/null
 expect_error "--checkpoint /dev/full: cannot write (expected a prefix for PREFIX.stepN.safetensors files, got a character device)" \
     -- "${train[@]}" --checkpoint /dev/full
 ls /dev/full.step* > /dev/null 2>&1 && fail "a checkpoint was written into /dev"
-expect_error "--checkpoint /dev/kiln-ckpt: directory /dev is the system's device tree" -- \
+expect_error "--checkpoint /dev/kiln-ckpt: cannot write: directory /dev is the system's device tree" -- \
     "${train[@]}" --checkpoint /dev/kiln-ckpt
 ls /dev/kiln-ckpt* > /dev/null 2>&1 && fail "a checkpoint was written into /dev"
-expect_error "--checkpoint '$dir/': expected a file name prefix" -- "${train[@]}" --checkpoint "$dir/"
-expect_error "--checkpoint $dir/none/ck: directory $dir/none: No such file or directory" -- \
+expect_error "--checkpoint '$dir/': cannot write: expected a file name prefix" -- "${train[@]}" --checkpoint "$dir/"
+expect_error "--checkpoint $dir/none/ck: cannot write: directory $dir/none: No such file or directory" -- \
     "${train[@]}" --checkpoint "$dir/none/ck"
 touch "$dir/afile"
-expect_error "--checkpoint $dir/afile/ck: $dir/afile is a regular file (expected a writable directory)" -- \
+expect_error "--checkpoint $dir/afile/ck: cannot write: $dir/afile is a regular file (expected a writable directory)" -- \
     "${train[@]}" --checkpoint "$dir/afile/ck"
 expect_error "train.checkpoint /dev/full: cannot write (expected a prefix" -- \
     "${train[@]}" --set checkpoint=/dev/full
 expect_error "--save-weights /dev/full: cannot write (expected a regular file, got a character device)" -- \
     "${train[@]}" --save-weights /dev/full
-expect_error "--save-weights /proc/kiln.safetensors: directory /proc is the system's /proc tree" -- \
+expect_error "--save-weights /proc/kiln.safetensors: cannot write: directory /proc is the system's /proc tree" -- \
     "${train[@]}" --save-weights /proc/kiln.safetensors
 mkfifo "$dir/fifo"
 expect_error "--save-weights $dir/fifo: cannot write (expected a regular file, got a FIFO)" -- \
