@@ -16,7 +16,9 @@
 --   T 32, batch 8    sequence length and batch (B)
 --   rope_base 10000  rotary embedding base
 --   eps 1e-5         RMSNorm epsilon
---   data "text", data_path "tests/data/tiny.txt"; steps, lr
+--   data "text", data_path "tests/data/tiny.txt"; steps 200, lr 1e-3 (`kiln
+--                    train --steps N` sets steps; warmup min(100, steps // 10)
+--                    and the cosine's end follow it)
 --
 -- Inputs:  tokens i32[B,T], targets i32[B,T].
 -- Outputs: loss (mean cross-entropy per token), logits f32[B,T,V].

@@ -85,7 +85,10 @@ static const char usage_train[] =
     "printing one line per step and a summary.\n"
     "\n"
     "options:\n"
-    "  --steps N            total number of steps, 1..1e9 (overrides train.steps)\n"
+    "  --steps N            total number of steps, 1..1e9: the same as --set\n"
+    "                       steps=N, and wins over it: the script's config key\n"
+    "                       steps (its schedule's warmup and cosine end follow)\n"
+    "                       or train.steps\n"
     "  --set KEY=VALUE      override a config{} or train{} setting (repeatable)\n"
     "  --device DEV         cpu (default), cuda (an NVIDIA GPU), auto (cuda if present)\n"
     "  --threads N          CPU threads for kernels and BLAS, 1..256 (default: one\n"
@@ -629,6 +632,14 @@ static int cmd_train(int argc, char **argv)
     }
     if (!model)
         return bad_flag("train", "missing argument", "MODEL.lua");
+    /* --steps N is --set steps=N, last (it wins): the script's config key
+     * steps, which its schedule reads (warmup, the cosine's end), or
+     * train.steps when the config has no such key */
+    char steps_set[32];
+    if (o.steps > 0) {
+        snprintf(steps_set, sizeof steps_set, "steps=%lld", (long long)o.steps);
+        vec_push(&sets, steps_set);
+    }
     char err[2048];
     Model *m = fe_load_model(model, sets.v, sets.n, err, sizeof err);
     vec_free(&sets);
