@@ -524,6 +524,36 @@ static void stop_summary(Run *r, int sig, float loss, int64_t tokens, const char
     }
 }
 
+/* A step that ran r->flops (every op, recomputations included) faster
+ * than the peak: an MFU over 100% is not printed. The measured CPU peak is
+ * measured again, once per run (rt_cpu_fma_remeasure: the best of repeated
+ * tries, kept in the cache); a peak still below the step's rate, or one
+ * given by --peak-gflops or a GPU's table, becomes the step's rate. */
+static void check_peak(Run *r, double step_ms)
+{
+    double rate = r->flops / (step_ms * 1e-3) / 1e9; /* GFLOP/s */
+    if (!(r->peak_gflops > 0) || !(rate > r->peak_gflops) || !isfinite(rate))
+        return;
+    double old = r->peak_gflops, f32 = 0;
+    Diag md = {{0}};
+    bool again = r->peak_threads > 0;
+    if (again && rt_cpu_fma_remeasure(r->peak_threads, r->o->cache_dir, rate * 1e9,
+                                      r->o->verbose, &f32, &md))
+        r->peak_gflops = f32 / 1e9;
+    else
+        r->peak_gflops = rate;
+    if (rt_dp_rank(r->dp) == 0 && !r->o->quiet)
+        fprintf(stderr, "kiln: step %lld ran at %.1f GFLOP/s, above the peak of %.1f GFLOP/s "
+                        "MFU was against; MFU is now against %.1f GFLOP/s (%s)\n",
+                (long long)r->step, rate, old, r->peak_gflops,
+                !again ? "the step's own rate"
+                : r->peak_gflops > rate ? "the FMA peak measured again: the best of repeated "
+                                          "tries, cached"
+                                        : "the FMA peak measured again was lower still: the "
+                                          "step's own rate, cached");
+    r->peak_threads = 0; /* once per run */
+}
+
 /* MFU counts the model's FLOPs (the step without recomputation), HFU the
  * hardware's (flops: every op of the step, recomputations included). */
 static void fmt_mfu(char *buf, size_t n, double flops, const Graph *g, double ms,
@@ -711,6 +741,7 @@ static bool build(Run *r, Diag *d)
         Diag md = {{0}};
         if (rt_cpu_device(th, r->o->cache_dir, false, r->o->verbose, &cpu, &md)) {
             r->peak_gflops = cpu.f32 / 1e9;
+            r->peak_threads = th;
             if (rt_dp_rank(r->dp) == 0 && !r->o->quiet)
                 printf("MFU against %.0f GFLOP/s: the measured FMA peak of %d thread%s "
                        "(--peak-gflops overrides)\n", r->peak_gflops, th, th == 1 ? "" : "s");
@@ -957,6 +988,7 @@ int rt_train(const Model *m, const TrainOpts *o)
         if (dev_s >= 0 && rt_dp_rows_factor(r.dp) == rt_dp_size(r.dp))
             step_ms = 1e3 * dev_s;
         step_time_add(&r.times, step_ms);
+        check_peak(&r, step_ms);
         /* a step with a non-finite loss or gradient norm changed nothing
          * (passes/optimizer.c): stop, or go on without it */
         char why[64], skipped[128] = "";

@@ -46,6 +46,8 @@ typedef struct {
     int64_t ckpt_step;    /* the last checkpoint written (-1: none) */
     StepTimes times;      /* per step, ms */
     double peak_gflops;   /* MFU's denominator (0: unknown) */
+    int peak_threads;     /* > 0: peak_gflops is the measured CPU FMA peak of
+                             these threads (check_peak measures it again) */
     /* the model's extra scalar outputs (an auxiliary loss, a cross-entropy
      * term): shown on the step, eval and final lines */
     int nx;
