@@ -380,19 +380,22 @@ static void write_cached(const char *path, const char *model, int threads, const
     free(text);
 }
 
-bool rt_cpu_fma_remeasure(int threads, const char *cache_dir, double at_least, bool verbose,
-                          double *f32, Diag *d)
+bool rt_cpu_fma_remeasure(int threads, const char *cache_dir, double at_least, bool again,
+                          bool verbose, double *f32, Diag *d)
 {
-    void *h = NULL;
-    FmaFn fma = load_fma(cache_dir, verbose, &h, d);
-    if (!fma)
-        return false;
-    Job *jobs = xcalloc((size_t)threads, sizeof *jobs);
-    for (int i = 0; i < threads; i++)
-        jobs[i].fma = fma, jobs[i].what = 0;
-    double peak = fma_peak(jobs, threads);
-    free(jobs);
-    dlclose(h);
+    double peak = 0;
+    if (again) {
+        void *h = NULL;
+        FmaFn fma = load_fma(cache_dir, verbose, &h, d);
+        if (!fma)
+            return false;
+        Job *jobs = xcalloc((size_t)threads, sizeof *jobs);
+        for (int i = 0; i < threads; i++)
+            jobs[i].fma = fma, jobs[i].what = 0;
+        peak = fma_peak(jobs, threads);
+        free(jobs);
+        dlclose(h);
+    }
     if (peak < at_least)
         peak = at_least;
     /* the cached figures keep the higher peak */
@@ -402,10 +405,12 @@ bool rt_cpu_fma_remeasure(int threads, const char *cache_dir, double at_least, b
     CgDevice dev;
     memset(&dev, 0, sizeof dev);
     if (read_cached(path, model, &dev)) {
-        if (dev.f32 > peak)
+        if (dev.f32 >= peak) {
             peak = dev.f32;
-        dev.f32 = peak;
-        write_cached(path, model, threads, &dev, verbose);
+        } else {
+            dev.f32 = peak;
+            write_cached(path, model, threads, &dev, verbose);
+        }
     }
     free(path);
     free(dir);

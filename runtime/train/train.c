@@ -525,10 +525,11 @@ static void stop_summary(Run *r, int sig, float loss, int64_t tokens, const char
 }
 
 /* A step that ran r->flops (every op, recomputations included) faster
- * than the peak: an MFU over 100% is not printed. The measured CPU peak is
- * measured again, once per run (rt_cpu_fma_remeasure: the best of repeated
- * tries, kept in the cache); a peak still below the step's rate, or one
- * given by --peak-gflops or a GPU's table, becomes the step's rate. */
+ * than the peak: an MFU over 100% is never printed. The measured CPU peak
+ * is measured again the first time (rt_cpu_fma_remeasure: the best of
+ * repeated tries), and is never left below the step's rate; the cache keeps
+ * the higher peak. A peak given by --peak-gflops or a GPU's table becomes
+ * the step's rate. */
 static void check_peak(Run *r, double step_ms)
 {
     double rate = r->flops / (step_ms * 1e-3) / 1e9; /* GFLOP/s */
@@ -536,22 +537,23 @@ static void check_peak(Run *r, double step_ms)
         return;
     double old = r->peak_gflops, f32 = 0;
     Diag md = {{0}};
-    bool again = r->peak_threads > 0;
-    if (again && rt_cpu_fma_remeasure(r->peak_threads, r->o->cache_dir, rate * 1e9,
-                                      r->o->verbose, &f32, &md))
+    bool cpu = r->peak_threads != 0, again = r->peak_threads > 0;
+    int th = r->peak_threads > 0 ? r->peak_threads : -r->peak_threads;
+    if (cpu && rt_cpu_fma_remeasure(th, r->o->cache_dir, rate * 1e9, again, r->o->verbose, &f32,
+                                    &md))
         r->peak_gflops = f32 / 1e9;
     else
         r->peak_gflops = rate;
+    if (again)
+        r->peak_threads = -th;
     if (rt_dp_rank(r->dp) == 0 && !r->o->quiet)
         fprintf(stderr, "kiln: step %lld ran at %.1f GFLOP/s, above the peak of %.1f GFLOP/s "
                         "MFU was against; MFU is now against %.1f GFLOP/s (%s)\n",
                 (long long)r->step, rate, old, r->peak_gflops,
-                !again ? "the step's own rate"
-                : r->peak_gflops > rate ? "the FMA peak measured again: the best of repeated "
-                                          "tries, cached"
-                                        : "the FMA peak measured again was lower still: the "
-                                          "step's own rate, cached");
-    r->peak_threads = 0; /* once per run */
+                again && r->peak_gflops > rate ? "the FMA peak measured again: the best of "
+                                                 "repeated tries, cached"
+                : cpu                          ? "the step's own rate, cached"
+                                               : "the step's own rate");
 }
 
 /* MFU counts the model's FLOPs (the step without recomputation), HFU the
