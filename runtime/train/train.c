@@ -552,8 +552,10 @@ static void check_peak(Run *r, double step_ms)
                 (long long)r->step, rate, old, r->peak_gflops,
                 again && r->peak_gflops > rate ? "the FMA peak measured again: the best of "
                                                  "repeated tries, cached"
-                : cpu                          ? "the step's own rate, cached"
-                                               : "the step's own rate");
+                : again ? "the FMA peak measured again was lower still: the step's own rate, "
+                          "cached"
+                : cpu   ? "the step's own rate, cached"
+                        : "the step's own rate");
 }
 
 /* MFU counts the model's FLOPs (the step without recomputation), HFU the
