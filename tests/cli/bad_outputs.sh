@@ -19,8 +19,11 @@ M=models/mlp.lua
 cache="$dir/cache"
 train=("$KILN" train "$M" --steps 4 -q --cache-dir "$cache" --peak-gflops 100)
 
-# ---- checkpoint and weights paths
-rm -f /dev/full.step*.safetensors 2> /dev/null
+# ---- checkpoint and weights paths (an older kiln wrote these into /dev:
+# removed whatever happens)
+devclean() { rm -f /dev/full.step*.safetensors /dev/kiln-ckpt.step*.safetensors 2> /dev/null; }
+devclean
+trap 'devclean; rm -rf "$dir"' EXIT
 expect_error "--checkpoint /dev/full: cannot write (expected a prefix for PREFIX.stepN.safetensors files, got a character device)" \
     -- "${train[@]}" --checkpoint /dev/full
 ls /dev/full.step* > /dev/null 2>&1 && fail "a checkpoint was written into /dev"
@@ -100,7 +103,7 @@ case_recovered "resume after a full disk"
 # a real full file system: an 8 KiB tmpfs (needs root; skipped elsewhere)
 mkdir -p "$dir/mnt"
 if mount -t tmpfs -o size=8k tmpfs "$dir/mnt" 2> /dev/null; then
-    trap 'umount "$dir/mnt" 2>/dev/null; rm -rf "$dir"' EXIT
+    trap 'umount "$dir/mnt" 2>/dev/null; devclean; rm -rf "$dir"' EXIT
     expect_error "$dir/mnt/log/" "cannot write: No space left on device; the run stops at step" -- \
         "$KILN" train "$M" --steps 300 -q --cache-dir "$cache" --peak-gflops 100 \
         --set eval_every=10 --log-dir "$dir/mnt/log"
