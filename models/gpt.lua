@@ -16,7 +16,9 @@
 --   T 32, batch 4    sequence length and batch (B)
 --   dropout 0        dropout probability (attention weights, residual branches)
 --   data "text", data_path "tests/data/tiny.txt"
---   steps 2000, lr 3e-3  training length and peak learning rate
+--   steps 2000, lr 3e-3  training length and peak learning rate (`kiln train
+--                    --steps N` sets steps; warmup min(100, steps // 10) and
+--                    the cosine's end follow it)
 --
 -- Inputs:  tokens i32[B,T], targets i32[B,T] (tokens shifted by one).
 -- Outputs: loss (mean cross-entropy per token); evaluation also logits

@@ -1,7 +1,13 @@
 -- llama.lua - a Llama-style decoder: RMSNorm, rotary position embedding
--- (no learned positions), SwiGLU MLP, no biases, untied output head. Param
--- names follow the Hugging Face Llama checkpoints without the "model." prefix
--- (embed_tokens.weight, layers.0.self_attn.q_proj.weight [C,C], ...).
+-- (rotate-half form, no learned positions), SwiGLU MLP, no biases, untied
+-- output head. Param names follow the Hugging Face Llama checkpoints without
+-- the "model." prefix (embed_tokens.weight, layers.0.self_attn.q_proj.weight,
+-- ...), but the layout of every projection is kiln's [din, dout] (y = x W):
+-- q/k/v/o_proj [C,C], mlp.gate_proj and up_proj [C,hidden], down_proj
+-- [hidden,C], lm_head [C,V]: the transpose of Hugging Face's nn.Linear
+-- weights ([dout, din]). embed_tokens [V,C] and the norms' [C] are as in
+-- Hugging Face. To load a Hugging Face checkpoint, transpose every 2-D
+-- weight except embed_tokens.weight.
 --
 -- Config keys (change with --set key=value):
 --   size "tiny"      preset: "tiny" (the defaults below) or "500B" (a
@@ -16,7 +22,9 @@
 --   T 32, batch 8    sequence length and batch (B)
 --   rope_base 10000  rotary embedding base
 --   eps 1e-5         RMSNorm epsilon
---   data "text", data_path "tests/data/tiny.txt"; steps, lr
+--   data "text", data_path "tests/data/tiny.txt"; steps 200, lr 1e-3 (`kiln
+--                    train --steps N` sets steps; warmup min(100, steps // 10)
+--                    and the cosine's end follow it)
 --
 -- Inputs:  tokens i32[B,T], targets i32[B,T].
 -- Outputs: loss (mean cross-entropy per token), logits f32[B,T,V].

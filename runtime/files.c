@@ -61,6 +61,61 @@ bool rt_output_check(const char *path, Diag *d)
     return false;
 }
 
+/* true when the absolute path p is root or lies under it */
+static bool under(const char *p, const char *root)
+{
+    size_t n = strlen(root);
+    return strncmp(p, root, n) == 0 && (p[n] == 0 || p[n] == '/');
+}
+
+bool rt_output_path_check(const char *flag, const char *path, bool prefix, Diag *d)
+{
+    const char *what = prefix ? "a prefix for PREFIX.stepN.safetensors files" : "a regular file";
+    size_t n = strlen(path);
+    if (n == 0 || path[n - 1] == '/') {
+        snprintf(d->msg, sizeof d->msg,
+                 "%s '%s': cannot write: expected %s in a writable directory, got %s", flag, path,
+                 prefix ? "a file name prefix (such as ckpt/run)" : "a file name",
+                 n ? "a directory name" : "an empty value");
+        return false;
+    }
+    struct stat st;
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode) && !(prefix && S_ISDIR(st.st_mode))) {
+        snprintf(d->msg, sizeof d->msg, "%s %s: cannot write (expected %s, got %s)", flag, path,
+                 what, rt_file_kind(st.st_mode));
+        return false;
+    }
+    char *dir = xstrdup(path);
+    char *slash = strrchr(dir, '/');
+    if (slash)
+        slash[slash == dir] = 0; /* keep "/" for a file in the root */
+    const char *dn = slash ? dir : ".";
+    bool ok = false;
+    char *real = NULL;
+    if (stat(dn, &st) != 0)
+        snprintf(d->msg, sizeof d->msg, "%s %s: cannot write: directory %s: %s (expected an "
+                 "existing writable directory)", flag, path, dn, strerror(errno));
+    else if (!S_ISDIR(st.st_mode))
+        snprintf(d->msg, sizeof d->msg,
+                 "%s %s: cannot write: %s is %s (expected a writable directory)", flag, path, dn,
+                 S_ISREG(st.st_mode) ? "a regular file" : rt_file_kind(st.st_mode));
+    else if (access(dn, W_OK | X_OK) != 0)
+        snprintf(d->msg, sizeof d->msg, "%s %s: cannot write: directory %s is not writable: %s",
+                 flag, path, dn, strerror(errno));
+    else if ((real = realpath(dn, NULL)) &&
+             ((under(real, "/dev") && !under(real, "/dev/shm")) || under(real, "/proc") ||
+              under(real, "/sys")))
+        snprintf(d->msg, sizeof d->msg,
+                 "%s %s: cannot write: directory %s is the system's %s tree, not an ordinary "
+                 "directory (expected a directory for files)", flag, path, dn,
+                 under(real, "/dev") ? "device" : under(real, "/proc") ? "/proc" : "/sys");
+    else
+        ok = true;
+    free(real);
+    free(dir);
+    return ok;
+}
+
 bool rt_write_atomic(const char *path, const void *const *chunk, const size_t *len, int n,
                      Diag *d)
 {

@@ -293,6 +293,16 @@ const char *rt_file_kind(mode_t m);
  * character device)" when path exists (after symlinks) and is not a
  * regular file; true when it is one or is missing. */
 bool rt_output_check(const char *path, Diag *d);
+/* An output that flag names (--checkpoint PREFIX with prefix: the files
+ * PREFIX.stepN.safetensors; --save-weights FILE), checked before anything
+ * is compiled or written. False with "FLAG PATH: cannot write (expected a
+ * regular file, got a character device)" (or what else is wrong, and what
+ * was expected) when
+ * the path exists and is not a regular file (a device, FIFO, socket or
+ * directory), when it ends in '/', or when its directory is missing, not a
+ * directory, not writable, or inside /dev, /proc or /sys (except
+ * /dev/shm); true otherwise. */
+bool rt_output_path_check(const char *flag, const char *path, bool prefix, Diag *d);
 /* Writes the n chunks to path atomically (temp file PATH.tmp.PID.XXXXXX in
  * the same directory, fsync, rename); on failure "PATH: cannot write:
  * reason" and no file. A path that exists and is not a regular file

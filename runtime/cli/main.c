@@ -89,7 +89,10 @@ static const char usage_train[] =
     "printing one line per step and a summary.\n"
     "\n"
     "options:\n"
-    "  --steps N            total number of steps, 1..1e9 (overrides train.steps)\n"
+    "  --steps N            total number of steps, 1..1e9: the same as --set\n"
+    "                       steps=N, and wins over it: the script's config key\n"
+    "                       steps (its schedule's warmup and cosine end follow)\n"
+    "                       or train.steps\n"
     "  --set KEY=VALUE      override a config{} or train{} setting (repeatable)\n"
     "  --device DEV         cpu (default), cuda (an NVIDIA GPU), auto (cuda if present)\n"
     "  --threads N          CPU threads for kernels and BLAS, 1..256 (default: one\n"
@@ -106,7 +109,8 @@ static const char usage_train[] =
     "  --trace FILE         write a Chrome trace (chrome://tracing, Perfetto)\n"
     "  --log-dir DIR        write DIR/metrics.jsonl (per step), DIR/eval.jsonl and\n"
     "                       DIR/report.html (plots; one file, no network)\n"
-    "  --peak-gflops X      MFU denominator in GFLOP/s (default: n/a)\n"
+    "  --peak-gflops X      MFU denominator in GFLOP/s (default: the measured CPU\n"
+    "                       FMA peak or the GPU's; a faster step raises it)\n"
     "  --memory-budget SIZE recompute activations to fit SIZE (see kiln compile)\n"
     "  --nproc N            train on N local ranks, 1..1024 (processes, through\n"
     "                       mpirun); each reads its own share of the batch\n"
@@ -126,6 +130,9 @@ static const char usage_train[] =
     "  --dump-ir FILE       write the training step's IR after every pass to FILE\n"
     "                       (what kiln compile --dump-after=schedule writes for\n"
     "                       the same model and flags)\n"
+    "  --allow-nonfinite-data  data tensors: train on float arrays holding NaN or\n"
+    "                       Inf (by default refused before training, naming the\n"
+    "                       array, the example and the position)\n"
     "  -v, --verbose        log compilation details\n"
     "  -q, --quiet          print only the summary\n"
     "  -h, --help           this text\n";
@@ -640,6 +647,8 @@ static int cmd_train(int argc, char **argv)
                 return bad_flag("train", "--kernel-table expects a file name, got",
                                 "an empty value");
             o.kernel_table = v;
+        } else if (strcmp(argv[i], "--allow-nonfinite-data") == 0) {
+            o.allow_nonfinite_data = true;
         } else if ((v = flag_value(argc, argv, &i, "--nproc"))) {
             int64_t n;
             if (!int_flag("train", "--nproc", v, 1, MAX_NPROC, &n))
@@ -669,6 +678,14 @@ static int cmd_train(int argc, char **argv)
         return bad_flag("train", "missing argument", "MODEL.lua");
     if (o.kernel_table && !o.profile)
         return bad_flag("train", "--kernel-table needs --profile, got", "no --profile");
+    /* --steps N is --set steps=N, last (it wins): the script's config key
+     * steps, which its schedule reads (warmup, the cosine's end), or
+     * train.steps when the config has no such key */
+    char steps_set[32];
+    if (o.steps > 0) {
+        snprintf(steps_set, sizeof steps_set, "steps=%lld", (long long)o.steps);
+        vec_push(&sets, steps_set);
+    }
     char err[2048];
     Model *m = fe_load_model(model, sets.v, sets.n, err, sizeof err);
     vec_free(&sets);

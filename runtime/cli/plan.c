@@ -140,6 +140,121 @@ static int64_t config_int(const Model *m, const char *key)
     return v ? strtoll(v, NULL, 10) : 0;
 }
 
+/* The largest cluster kiln plan projects (GPUs in all, and each of tp, pp,
+ * dp), the largest micro-batch count and global batch (sequences per step),
+ * and the token budget's range. */
+enum { PLAN_MAX_GPUS = 1 << 20, PLAN_MAX_MICRO = 1 << 20, PLAN_MAX_GLOBAL = 1 << 24 };
+#define PLAN_MAX_TOKENS 1e18
+
+/* What the layout splits, read from the forward graph g: the attentions
+ * (each one layer; heads = dim 1 of the query [B,H,T,D]) and the weight
+ * matrices (2-D params a matmul reads: Megatron's column and row split cut
+ * one of their dims, the q/k/v and MLP widths and the vocabulary among
+ * them). layers: the attention ops, or, in a model without attention, its
+ * weight matrices. */
+typedef struct {
+    int layers, nattn;
+    int64_t bad_heads; /* the first attention's heads that tp does not divide; 0: none */
+    SrcLoc bad_heads_loc;
+    int bad_param, bad_dim; /* the first weight matrix dim tp does not divide; -1: none */
+} PlanSplit;
+
+static void plan_split(const Graph *g, int tp, PlanSplit *sp)
+{
+    memset(sp, 0, sizeof *sp);
+    sp->bad_param = -1;
+    int nweights = 0;
+    bool *seen = xcalloc((size_t)g->t.n + 1, 1);
+    for (int i = 0; i < g->ops.n; i++) {
+        const Op *op = &g->ops.v[i];
+        /* attention: the attention op, or the scores q x k^T written out
+         * (the forward graph holds the primitives until the attention pass
+         * runs): a matmul {ta=0, tb=1} of two rank-4 activations [B,H,T,D] */
+        bool scores = op->code == OP_MATMUL && op->nin == 2 && !op->attr.ia[0] &&
+                      op->attr.ia[1] && g->t.v[op->in[0]].s.rank == 4 &&
+                      g->t.v[op->in[1]].s.rank == 4 && g->t.v[op->in[0]].kind == TK_TEMP &&
+                      g->t.v[op->in[1]].kind == TK_TEMP;
+        if ((op->code == OP_ATTENTION && op->nin >= 1) || scores) {
+            const Shape *q = &g->t.v[op->in[0]].s;
+            sp->nattn++;
+            int64_t h = q->rank == 4 ? q->dim[1] : 1;
+            if (h % tp != 0 && !sp->bad_heads) {
+                sp->bad_heads = h;
+                sp->bad_heads_loc = op->loc;
+            }
+        }
+        if (op->code != OP_MATMUL)
+            continue;
+        for (int k = 0; k < op->nin; k++) {
+            const Tensor *w = &g->t.v[op->in[k]];
+            if (w->kind != TK_PARAM || w->s.rank != 2 || seen[w->id])
+                continue;
+            seen[w->id] = true;
+            nweights++;
+            for (int d = 0; d < 2 && sp->bad_param < 0; d++)
+                if (w->s.dim[d] % tp != 0) {
+                    sp->bad_param = w->id;
+                    sp->bad_dim = d;
+                }
+        }
+    }
+    free(seen);
+    sp->layers = sp->nattn > 0 ? sp->nattn : nweights;
+}
+
+/* The layout against the model m (before anything is compiled): tp divides
+ * every attention's heads and every dim of every weight matrix; pp is at
+ * most the layers; the micro-batches and global batch are in range. An error
+ * names the flag, what was expected and what was found; returns 0 or 2. */
+static int plan_check_layout(const Model *m, const PlanArgs *a, const char *model)
+{
+    PlanSplit sp;
+    plan_split(m->g, a->tp, &sp);
+    char buf[128];
+    if (sp.bad_heads) {
+        fprintf(stderr, "kiln plan: --tp %d does not divide the model's %lld attention heads "
+                        "(%s:%d): expected a --tp that divides %lld\n",
+                a->tp, (long long)sp.bad_heads,
+                sp.bad_heads_loc.file ? sp.bad_heads_loc.file : model, sp.bad_heads_loc.line,
+                (long long)sp.bad_heads);
+        return 2;
+    }
+    if (sp.bad_param >= 0) {
+        const Tensor *w = &m->g->t.v[sp.bad_param];
+        fprintf(stderr, "kiln plan: --tp %d does not divide dim %d (%lld) of the weight "
+                        "matrix \"%s\" %s: tensor parallelism splits each weight matrix "
+                        "(attention and MLP widths, the vocabulary: pad it with "
+                        "--set vocab_pad=N where the model has that key); expected a --tp "
+                        "that divides %lld\n",
+                a->tp, sp.bad_dim, (long long)w->s.dim[sp.bad_dim], w->name,
+                shape_str(m->g, &w->s, buf, sizeof buf), (long long)w->s.dim[sp.bad_dim]);
+        return 2;
+    }
+    if (a->pp > 1 && a->pp > sp.layers) {
+        fprintf(stderr, "kiln plan: --pp %d is more pipeline stages than the model's %d "
+                        "layers (%s); expected --pp from 1 to %d\n",
+                a->pp, sp.layers,
+                sp.nattn > 0 ? "attention layers" : "weight matrices: it has no attention",
+                sp.layers > 0 ? sp.layers : 1);
+        return 2;
+    }
+    /* sequences per step: the model's batch (its tokens input's first dim)
+     * x dp x the micro-batches */
+    int ti = ir_find_tensor(m->g, "tokens");
+    const Tensor *tok = ti >= 0 && m->g->t.v[ti].kind == TK_INPUT ? &m->g->t.v[ti] : NULL;
+    int64_t batch = tok && tok->s.rank == 2 ? tok->s.dim[0] : 1;
+    double seqs = (double)batch * a->dp * (a->micro_batches > 0 ? a->micro_batches : 1);
+    if (seqs > PLAN_MAX_GLOBAL) {
+        fprintf(stderr, "kiln plan: the model's batch %lld x --dp %d x --micro-batches %d is "
+                        "%.4g sequences per step: expected at most %d (a smaller --set batch, "
+                        "--dp or --micro-batches)\n",
+                (long long)batch, a->dp, a->micro_batches > 0 ? a->micro_batches : 1, seqs,
+                PLAN_MAX_GLOBAL);
+        return 2;
+    }
+    return 0;
+}
+
 /* Compiles m's step with po (shapes only) and measures it on dev. */
 static bool measure(const Model *m, const PassOpts *po, const CgDevice *dev, Variant *v,
                     RematReport *rr, Diag *d)
@@ -175,7 +290,9 @@ static bool measure(const Model *m, const PassOpts *po, const CgDevice *dev, Var
     c->micro_batch = tok && tok->s.rank == 2 ? tok->s.dim[0] : 1;
     c->seq_len = tok && tok->s.rank == 2 ? tok->s.dim[1] : 1;
     c->d_model = config_int(m, "C");
-    c->layers = config_int(m, "L");
+    PlanSplit sp;
+    plan_split(m->g, 1, &sp);
+    c->layers = sp.nattn > 0 ? sp.nattn : config_int(m, "L");
     c->act_dtype_bytes = o.bf16 ? 2 : 4;
     timeline(q ? q->mem : mp, c, &v->mem); /* the device's storage sizes (bf16 activations) */
     /* the times of the step's launches in order: compute, optimizer, and
@@ -535,7 +652,7 @@ int cli_plan(int argc, char **argv)
 #define INT_FLAG(name, field, lo, hi)                                                     \
     if (strcmp(s, name) == 0) {                                                          \
         if (!v || !fe_parse_int(v, lo, hi, &n, why, sizeof why)) {                        \
-            rc = plan_error("%s expects an integer %s", name, v ? why : "(missing)");     \
+            rc = plan_error("%s: %s", name, v ? why : "expected an integer, got nothing"); \
             goto out;                                                                     \
         }                                                                                 \
         a.field = (int)n;                                                                 \
@@ -562,18 +679,18 @@ int cli_plan(int argc, char **argv)
             i++;
             continue;
         }
-        INT_FLAG("--gpus", gpus, 1, 1 << 24)
+        INT_FLAG("--gpus", gpus, 1, PLAN_MAX_GPUS)
         INT_FLAG("--gpus-per-node", gpus_per_node, 1, 1024)
-        INT_FLAG("--tp", tp, 1, 1 << 20)
-        INT_FLAG("--pp", pp, 1, 1 << 20)
-        INT_FLAG("--dp", dp, 1, 1 << 24)
+        INT_FLAG("--tp", tp, 1, PLAN_MAX_GPUS)
+        INT_FLAG("--pp", pp, 1, PLAN_MAX_GPUS)
+        INT_FLAG("--dp", dp, 1, PLAN_MAX_GPUS)
         INT_FLAG("--zero", zero, 0, 1)
-        INT_FLAG("--micro-batches", micro_batches, 1, 1 << 24)
+        INT_FLAG("--micro-batches", micro_batches, 1, PLAN_MAX_MICRO)
         INT_FLAG("--threads", threads, 1, 256)
         if (strcmp(s, "--global-batch") == 0) {
-            if (!v || !fe_parse_int(v, 1, (int64_t)1 << 40, &n, why, sizeof why)) {
-                rc = plan_error("--global-batch expects a count of sequences %s",
-                                v ? why : "(missing)", "");
+            if (!v || !fe_parse_int(v, 1, PLAN_MAX_GLOBAL, &n, why, sizeof why)) {
+                rc = plan_error("--global-batch (sequences per step): %s",
+                                v ? why : "expected an integer, got nothing", "");
                 goto out;
             }
             a.global_batch = n;
@@ -617,9 +734,9 @@ int cli_plan(int argc, char **argv)
             continue;
         }
         if (strcmp(s, "--tokens") == 0) {
-            if (!v || !parse_count(v, &a.tokens)) {
-                rc = plan_error("--tokens expects a count such as 10T, 300G or 1.5e12, got '%s'%s",
-                                v ? v : "(missing)", "");
+            if (!v || !parse_count(v, &a.tokens) || a.tokens < 1 || a.tokens > PLAN_MAX_TOKENS) {
+                rc = plan_error("--tokens expects a count such as 10T, 300G or 1.5e12, from 1 "
+                                "to 1E (1e18), got '%s'%s", v ? v : "(missing)", "");
                 goto out;
             }
             i++;
@@ -659,8 +776,22 @@ int cli_plan(int argc, char **argv)
             goto out;
         }
     }
+    int64_t ranks = (int64_t)a.tp * a.pp * a.dp;
+    if (ranks > PLAN_MAX_GPUS) {
+        fprintf(stderr, "kiln plan: --tp %d x --pp %d x --dp %d is %lld GPUs: expected at most "
+                        "%d (see `kiln plan --help`)\n", a.tp, a.pp, a.dp, (long long)ranks,
+                PLAN_MAX_GPUS);
+        rc = 2;
+        goto out;
+    }
     if (a.gpus == 0)
-        a.gpus = (int)((int64_t)a.tp * a.pp * a.dp);
+        a.gpus = (int)ranks;
+    if (ranks != a.gpus) {
+        fprintf(stderr, "kiln plan: --tp %d x --pp %d x --dp %d must equal --gpus %d (see "
+                        "`kiln plan --help`)\n", a.tp, a.pp, a.dp, a.gpus);
+        rc = 2;
+        goto out;
+    }
 
     char err[2048];
     Model *m = fe_load_model(model, a.sets.v, a.sets.n, err, sizeof err);
@@ -670,6 +801,11 @@ int cli_plan(int argc, char **argv)
         goto out;
     }
     cli_print_warnings(m);
+    if ((rc = plan_check_layout(m, &a, model)) != 0) {
+        fe_model_free(m);
+        goto out;
+    }
+    rc = 2;
     CgDevice cpu;
     bool cpu_link = false; /* the cpu's local link was measured */
     const CgDevice *dev = cg_device_find(a.device);

@@ -79,6 +79,13 @@ void pool_run(Pool *pl, int nparts, PoolFn fn, void *ctx);
  * the measurement kernel cannot be compiled. */
 bool rt_cpu_device(int threads, const char *cache_dir, bool remeasure, bool verbose,
                    CgDevice *dev, Diag *d);
+/* The FMA peak of `threads` threads: measured again when `again` (a second
+ * or two), at least at_least FLOP/s (a rate a training step achieved) and
+ * at least the cached one; the cache entry, when there is one, keeps a
+ * higher result. *f32 in FLOP/s; false with d set when the kernel cannot be
+ * compiled. */
+bool rt_cpu_fma_remeasure(int threads, const char *cache_dir, double at_least, bool again,
+                          bool verbose, double *f32, Diag *d);
 /* The CPU's model name (/proc/cpuinfo; "unknown CPU"), malloc'd: the key of
  * the cached measurements. */
 char *rt_cpu_model(void);

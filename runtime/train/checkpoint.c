@@ -10,6 +10,7 @@
  * and loading one zeroes them, so a run resumes with any grad_accum. */
 #include "train.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -216,15 +217,33 @@ static bool restore(const char *path, const StFile *f, const Graph *g, const Mod
     return true;
 }
 
-/* metadata integer; unsigned: full uint64 range (returned bit-cast) */
-static bool parse_int(const StFile *f, const char *key, bool unsig, int64_t *out)
+/* metadata integer: decimal digits only (no sign, space or exponent), in
+ * range: signed 0..INT64_MAX, unsigned the full uint64 range (returned
+ * bit-cast); a value out of range is refused, never clamped. False with
+ * "kiln.step \"VALUE\" (expected ...)" in why. */
+static bool parse_int(const StFile *f, const char *key, bool unsig, int64_t *out, char *why,
+                      size_t nwhy)
 {
     const char *s = rt_st_meta(f, key);
-    char *end;
-    if (!s || !*s)
+    const char *range = unsig ? "from 0 to 18446744073709551615"
+                              : "from 0 to 9223372036854775807";
+    if (!s) {
+        snprintf(why, nwhy, "no %s (expected an integer %s)", key, range);
         return false;
-    *out = unsig ? (int64_t)strtoull(s, &end, 10) : strtoll(s, &end, 10);
-    return *end == 0 && (unsig || *out >= 0);
+    }
+    bool digits = *s != 0;
+    for (const char *p = s; *p && digits; p++)
+        digits = *p >= '0' && *p <= '9';
+    char *end;
+    errno = 0;
+    if (digits)
+        *out = unsig ? (int64_t)strtoull(s, &end, 10) : strtoll(s, &end, 10);
+    if (!digits || errno || *end) {
+        snprintf(why, nwhy, "%s \"%.40s%s\" (expected an integer %s)", key, s,
+                 strlen(s) > 40 ? "..." : "", range);
+        return false;
+    }
+    return true;
 }
 
 bool rt_ckpt_load(const char *path, const Graph *g, void **vals, CkptMeta *m, Diag *d)
@@ -256,13 +275,11 @@ bool rt_ckpt_load(const char *path, const Graph *g, void **vals, CkptMeta *m, Di
                  path, fp, mine, why.msg[0] ? ": " : "", why.msg);
         goto done;
     }
-    if (!parse_int(&f, "kiln.step", false, &step) ||
-        !parse_int(&f, "kiln.data_pos", false, &pos) ||
-        !parse_int(&f, "kiln.seed", true, &seed)) {
-        snprintf(d->msg, sizeof d->msg,
-                 "%s: corrupt checkpoint metadata (expected integers kiln.step, kiln.data_pos, "
-                 "kiln.seed)",
-                 path);
+    char why[160];
+    if (!parse_int(&f, "kiln.step", false, &step, why, sizeof why) ||
+        !parse_int(&f, "kiln.data_pos", false, &pos, why, sizeof why) ||
+        !parse_int(&f, "kiln.seed", true, &seed, why, sizeof why)) {
+        snprintf(d->msg, sizeof d->msg, "%s: corrupt checkpoint metadata: %s", path, why);
         goto done;
     }
     if (!restore(path, &f, g, NULL, 0, vals, true, d))

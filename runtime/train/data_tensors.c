@@ -13,6 +13,7 @@
  * (k*B + i) mod Nval, always in order. */
 #include "train.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -39,29 +40,112 @@ static const char *arr_str(DType dt, int rank, const int64_t *dim, char *buf, si
     return shape_str(NULL, &s, buf, n);
 }
 
-/* The arrays of the file or directory at path into f. */
-static bool read_arrays(const char *path, StFile *f, Diag *d)
+/* The arrays of the file or directory at path into f: in a directory only
+ * the NAME.npy files of the model's inputs are read (the others' names into
+ * skipped); a safetensors file is read and checked whole. */
+static bool read_arrays(const char *path, const DataCfg *c, StFile *f, char *skipped,
+                        size_t nskipped, bool *dir, Diag *d)
 {
     struct stat st;
-    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
-        return rt_npy_read_dir(path, f, d);
+    skipped[0] = 0;
+    *dir = stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+    if (*dir) {
+        const char **only = xcalloc((size_t)c->nwant + 1, sizeof *only);
+        for (int i = 0; i < c->nwant; i++)
+            only[i] = c->want[i].name;
+        bool ok = rt_npy_read_dir(path, only, c->nwant, f, skipped, nskipped, d);
+        free(only);
+        return ok;
+    }
     return rt_st_read(path, f, d);
 }
 
-/* The list of f's array names, for a message. */
-static const char *names_of(const StFile *f, char *buf, size_t n)
+/* The list of f's array names and the skipped ones, for a message. */
+static const char *names_of(const StFile *f, const char *skipped, char *buf, size_t n)
 {
     size_t k = 0;
     buf[0] = 0;
     for (int i = 0; i < f->n && k + 1 < n; i++)
         k += (size_t)snprintf(buf + k, n - k, "%s%s", i ? ", " : "", f->t[i].name);
+    if (skipped[0] && k + 1 < n)
+        snprintf(buf + k, n - k, "%s%s", k ? ", " : "", skipped);
     return buf;
+}
+
+/* Whether element k of a float array t is finite (f32, f16, bf16; integers
+ * always are); *v its value as a double for a message. */
+static bool finite_at(const StTensor *t, int64_t k, double *v)
+{
+    uint32_t bits;
+    switch (t->dtype) {
+    case DT_F32: {
+        float f;
+        memcpy(&f, (const uint8_t *)t->data + 4 * k, 4);
+        *v = f;
+        return isfinite(f);
+    }
+    case DT_F16: {
+        uint16_t h;
+        memcpy(&h, (const uint8_t *)t->data + 2 * k, 2);
+        *v = (h & 0x3ff) ? NAN : (h & 0x8000) ? -INFINITY : INFINITY;
+        return (h & 0x7c00) != 0x7c00;
+    }
+    case DT_BF16: {
+        uint16_t h;
+        memcpy(&h, (const uint8_t *)t->data + 2 * k, 2);
+        bits = (uint32_t)h << 16;
+        float f;
+        memcpy(&f, &bits, 4);
+        *v = f;
+        return isfinite(f);
+    }
+    default:
+        return true;
+    }
+}
+
+/* A float array with NaN or Inf: false with "PATH: array "x" holds NaN at
+ * example E, position [i,j] (...)"; PATH/x.npy when path is a directory. */
+static bool check_finite(const char *path, bool dir, const StTensor *t, Diag *d)
+{
+    if (t->dtype != DT_F32 && t->dtype != DT_F16 && t->dtype != DT_BF16)
+        return true;
+    int64_t cnt = (int64_t)(t->nbytes / (size_t)dtype_size(t->dtype));
+    for (int64_t k = 0; k < cnt; k++) {
+        double v;
+        if (finite_at(t, k, &v))
+            continue;
+        int64_t row = 1; /* elements per example */
+        for (int i = 1; i < t->rank; i++)
+            row *= t->dim[i];
+        char pos[160] = "";
+        size_t n = 0;
+        int64_t rest = k % row;
+        for (int i = 1; i < t->rank && n + 1 < sizeof pos; i++) {
+            int64_t inner = 1;
+            for (int j = i + 1; j < t->rank; j++)
+                inner *= t->dim[j];
+            n += (size_t)snprintf(pos + n, sizeof pos - n, "%s%lld", i > 1 ? "," : "",
+                                  (long long)(rest / inner));
+            rest %= inner;
+        }
+        snprintf(d->msg, sizeof d->msg,
+                 "%s%s%s%s: array \"%s\" holds %s at example %lld%s%s%s (element %lld of the "
+                 "array; expected finite values: clean the data, or train on it with "
+                 "--allow-nonfinite-data)",
+                 path, dir ? "/" : "", dir ? t->name : "", dir ? ".npy" : "", t->name,
+                 isnan(v) ? "NaN" : v > 0 ? "Inf" : "-Inf",
+                 (long long)(k / row), t->rank > 1 ? ", position [" : "", pos,
+                 t->rank > 1 ? "]" : "", (long long)k);
+        return false;
+    }
+    return true;
 }
 
 /* Matches each want to an array of f (path names it), checks dtype, shape,
  * a common example count (into *N) and integer ranges; out[i] the array. */
-static bool match(const char *path, const StFile *f, const DataCfg *c, const StTensor **out,
-                  int64_t *N, Diag *d)
+static bool match(const char *path, bool dir, const StFile *f, const char *skipped,
+                  const DataCfg *c, const StTensor **out, int64_t *N, Diag *d)
 {
     const char *first = NULL;
     for (int i = 0; i < c->nwant; i++) {
@@ -78,7 +162,7 @@ static bool match(const char *path, const StFile *f, const DataCfg *c, const StT
             snprintf(d->msg, sizeof d->msg,
                      "%s: no array \"%s\" for the model input of that name (expected %s %s "
                      "for N examples, got arrays: %s)",
-                     path, w->name, w->name, a, names_of(f, names, sizeof names));
+                     path, w->name, w->name, a, names_of(f, skipped, names, sizeof names));
             return false;
         }
         bool ok = t->dtype == w->dtype && t->rank == w->rank + 1;
@@ -121,6 +205,8 @@ static bool match(const char *path, const StFile *f, const DataCfg *c, const StT
                 return false;
             }
         }
+        if (!c->allow_nonfinite && !check_finite(path, dir, t, d))
+            return false;
         out[i] = t;
     }
     if (!first || *N < 1) {
@@ -153,12 +239,15 @@ TensorSource *rt_tensors_open(const DataCfg *c, DataBatch *b, Diag *d)
     s->tr = xcalloc((size_t)s->n, sizeof *s->tr);
     s->va = xcalloc((size_t)s->n, sizeof *s->va);
     int64_t N = 0;
-    if (!read_arrays(c->path, &s->tf, d) || !match(c->path, &s->tf, c, s->tr, &N, d))
+    char skipped[512];
+    bool dir;
+    if (!read_arrays(c->path, c, &s->tf, skipped, sizeof skipped, &dir, d) ||
+        !match(c->path, dir, &s->tf, skipped, c, s->tr, &N, d))
         goto fail;
     s->ntrain = N;
     if (c->val_path && *c->val_path) {
-        if (!read_arrays(c->val_path, &s->vf, d) ||
-            !match(c->val_path, &s->vf, c, s->va, &s->nval, d))
+        if (!read_arrays(c->val_path, c, &s->vf, skipped, sizeof skipped, &dir, d) ||
+            !match(c->val_path, dir, &s->vf, skipped, c, s->va, &s->nval, d))
             goto fail;
     } else if (c->val_fraction > 0) {
         s->nval = (int64_t)((double)N * c->val_fraction);

@@ -340,7 +340,20 @@ static int name_cmp(const void *a, const void *b)
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
-bool rt_npy_read_dir(const char *dir, StFile *f, Diag *d)
+/* true when name (NAME.npy) is one of only[0..nonly) or only is NULL */
+static bool wanted(const char *name, const char *const *only, int nonly)
+{
+    if (!only)
+        return true;
+    size_t len = strlen(name) - 4;
+    for (int i = 0; i < nonly; i++)
+        if (strlen(only[i]) == len && strncmp(only[i], name, len) == 0)
+            return true;
+    return false;
+}
+
+bool rt_npy_read_dir(const char *dir, const char *const *only, int nonly, StFile *f,
+                     char *skipped, size_t nskipped, Diag *d)
 {
     memset(f, 0, sizeof *f);
     DIR *dh = opendir(dir);
@@ -376,16 +389,24 @@ bool rt_npy_read_dir(const char *dir, StFile *f, Diag *d)
         qsort(names, (size_t)n, sizeof *names, name_cmp);
         f->t = xcalloc((size_t)n, sizeof *f->t);
     }
+    size_t ks = 0;
+    if (skipped && nskipped)
+        skipped[0] = 0;
     for (int i = 0; ok && i < n; i++) {
+        if (!wanted(names[i], only, nonly)) { /* not opened, not parsed */
+            if (skipped && ks + 1 < nskipped)
+                ks += (size_t)snprintf(skipped + ks, nskipped - ks, "%s%.*s", ks ? ", " : "",
+                                       (int)strlen(names[i]) - 4, names[i]);
+            continue;
+        }
         char path[4096];
         snprintf(path, sizeof path, "%s/%s", dir, names[i]);
-        if (!rt_npy_read(path, &f->t[i], d)) {
+        if (!rt_npy_read(path, &f->t[f->n], d)) {
             ok = false;
             break;
         }
-        f->n = i + 1;
         names[i][strlen(names[i]) - 4] = 0;
-        f->t[i].name = names[i];
+        f->t[f->n++].name = names[i];
         names[i] = NULL;
     }
     for (int i = 0; i < n; i++)

@@ -2,8 +2,16 @@
  * page with plots.
  *
  *   DIR/metrics.jsonl  one object per training step, written as the step
- *                      ends (flushed: a killed run keeps every finished step)
+ *                      ends (one write() per line: a killed run keeps every
+ *                      finished step)
  *   DIR/eval.jsonl     one object per evaluation
+ *
+ * The JSON lines are whole or absent: a line whose write fails (a full
+ * disk) is cut back off the file (ftruncate to the last whole line) and
+ * the failure, "PATH: cannot write: REASON", goes to the caller, which
+ * stops the run. KILN_TEST_LOG_FULL=BYTES (tests only): the two files
+ * behave as if their disk had BYTES free: a write past them writes what
+ * fits and fails with ENOSPC.
  *   DIR/report.html    written once at the end (atomically): one
  *                      self-contained page, no script and no network access;
  *                      every plot is an inline SVG that kiln draws here
@@ -18,17 +26,27 @@
 #include "train.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 typedef VEC(double) Doubles;
 
+/* One JSON-lines file: its descriptor and the length of its whole lines. */
+typedef struct {
+    int fd; /* -1: not open */
+    char *path;
+    off_t len;
+} LineFile;
+
 struct RunLog {
     char *dir;
-    FILE *metrics, *eval;
+    LineFile metrics, eval;
+    int64_t room; /* KILN_TEST_LOG_FULL: bytes the disk takes; -1: no limit */
     char *title;
     Doubles step, loss, tps;           /* per training step */
     Doubles vstep, vloss;              /* per evaluation */
@@ -76,17 +94,71 @@ static void html_text(FILE *f, const char *s)
     }
 }
 
-static FILE *open_log(const char *dir, const char *name, Diag *d)
+static bool open_log(const char *dir, const char *name, LineFile *lf, Diag *d)
 {
-    char *p = xasprintf("%s/%s", dir, name);
-    FILE *f = NULL;
-    if (rt_output_check(p, d)) {
-        f = fopen(p, "w");
-        if (!f)
-            snprintf(d->msg, sizeof d->msg, "%s: cannot write: %s", p, strerror(errno));
+    lf->path = xasprintf("%s/%s", dir, name);
+    if (!rt_output_check(lf->path, d))
+        return false;
+    lf->fd = open(lf->path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (lf->fd < 0)
+        snprintf(d->msg, sizeof d->msg, "%s: cannot write: %s", lf->path, strerror(errno));
+    return lf->fd >= 0;
+}
+
+/* Appends the whole line s[0..n) to lf, or nothing: a write that fails
+ * part-way is cut back to the last whole line. False with "PATH: cannot
+ * write: REASON" in d. */
+static bool write_line(RunLog *l, LineFile *lf, const char *s, size_t n, Diag *d)
+{
+    size_t done = 0;
+    int err = 0;
+    while (done < n) {
+        size_t want = n - done;
+        if (l->room >= 0 && (int64_t)want > l->room)
+            want = (size_t)l->room;
+        if (want == 0) {
+            err = ENOSPC;
+            break;
+        }
+        ssize_t k = write(lf->fd, s + done, want);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0) {
+            err = k < 0 ? errno : ENOSPC;
+            break;
+        }
+        done += (size_t)k;
+        if (l->room >= 0)
+            l->room -= k;
     }
-    free(p);
-    return f;
+    if (!err) {
+        lf->len += (off_t)n;
+        return true;
+    }
+    int k = snprintf(d->msg, sizeof d->msg, "%s: cannot write: %s", lf->path, strerror(err));
+    if (done > 0 && (ftruncate(lf->fd, lf->len) != 0 || lseek(lf->fd, lf->len, SEEK_SET) < 0))
+        snprintf(d->msg + k, sizeof d->msg - (size_t)k,
+                 " (and the cut line could not be removed: %s)", strerror(errno));
+    return false;
+}
+
+/* Ends a line file: its data on disk (an error a file system reports only
+ * now), closed. */
+static bool close_log(LineFile *lf, Diag *d)
+{
+    bool ok = true;
+    if (lf->fd >= 0) {
+        if (d && (fsync(lf->fd) != 0 && errno != EINVAL)) {
+            snprintf(d->msg, sizeof d->msg, "%s: cannot write: %s", lf->path, strerror(errno));
+            ok = false;
+        }
+        if (close(lf->fd) != 0 && d && ok) {
+            snprintf(d->msg, sizeof d->msg, "%s: cannot write: %s", lf->path, strerror(errno));
+            ok = false;
+        }
+        lf->fd = -1;
+    }
+    return ok;
 }
 
 RunLog *rt_runlog_open(const char *dir, const char *title, bool training, Diag *d)
@@ -104,8 +176,13 @@ RunLog *rt_runlog_open(const char *dir, const char *title, bool training, Diag *
     RunLog *l = xcalloc(1, sizeof *l);
     l->dir = xstrdup(dir);
     l->title = xstrdup(title);
-    if (training && (!(l->metrics = open_log(dir, "metrics.jsonl", d)) ||
-                     !(l->eval = open_log(dir, "eval.jsonl", d)))) {
+    l->metrics.fd = l->eval.fd = -1;
+    l->room = -1;
+    const char *full = getenv("KILN_TEST_LOG_FULL");
+    if (full && *full)
+        l->room = strtoll(full, NULL, 10);
+    if (training && (!open_log(dir, "metrics.jsonl", &l->metrics, d) ||
+                     !open_log(dir, "eval.jsonl", &l->eval, d))) {
         rt_runlog_free(l);
         return NULL;
     }
@@ -119,10 +196,10 @@ void rt_runlog_free(RunLog *l)
 {
     if (!l)
         return;
-    if (l->metrics)
-        fclose(l->metrics);
-    if (l->eval)
-        fclose(l->eval);
+    close_log(&l->metrics, NULL);
+    close_log(&l->eval, NULL);
+    free(l->metrics.path);
+    free(l->eval.path);
     if (l->body)
         fclose(l->body);
     free(l->body_buf);
@@ -136,11 +213,32 @@ void rt_runlog_free(RunLog *l)
     free(l);
 }
 
-void rt_runlog_step(RunLog *l, const RtStepRecord *s)
+/* A line under construction (a memory stream). */
+static FILE *line_open(char **buf, size_t *len)
 {
-    if (!l || !l->metrics)
-        return;
-    FILE *f = l->metrics;
+    FILE *f = open_memstream(buf, len);
+    if (!f)
+        die("open_memstream: out of memory");
+    return f;
+}
+
+/* Ends the line of f (its buffer *buf, *len) and writes it to lf. */
+static bool line_write(RunLog *l, LineFile *lf, FILE *f, char **buf, const size_t *len, Diag *d)
+{
+    if (fclose(f) != 0)
+        die("open_memstream: out of memory");
+    bool ok = write_line(l, lf, *buf, *len, d);
+    free(*buf);
+    return ok;
+}
+
+bool rt_runlog_step(RunLog *l, const RtStepRecord *s, Diag *d)
+{
+    if (!l || l->metrics.fd < 0)
+        return true;
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = line_open(&buf, &len);
     fprintf(f, "{\"step\":%lld,\"loss\":", (long long)s->step);
     json_num(f, s->loss);
     for (int i = 0; i < s->nextra; i++) {
@@ -158,18 +256,22 @@ void rt_runlog_step(RunLog *l, const RtStepRecord *s)
         json_num(f, v[i]);
     }
     fprintf(f, ",\"mem_bytes\":%lld}\n", (long long)s->mem_bytes);
-    fflush(f);
+    if (!line_write(l, &l->metrics, f, &buf, &len, d))
+        return false;
     vec_push(&l->step, (double)s->step);
     vec_push(&l->loss, s->loss);
     vec_push(&l->tps, s->tokens_per_s);
+    return true;
 }
 
-void rt_runlog_eval(RunLog *l, int64_t step, double val_loss, const char *const *names,
-                    const double *vals, int n, double accuracy)
+bool rt_runlog_eval(RunLog *l, int64_t step, double val_loss, const char *const *names,
+                    const double *vals, int n, double accuracy, Diag *d)
 {
-    if (!l || !l->eval)
-        return;
-    FILE *f = l->eval;
+    if (!l || l->eval.fd < 0)
+        return true;
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = line_open(&buf, &len);
     fprintf(f, "{\"step\":%lld,\"val_loss\":", (long long)step);
     json_num(f, val_loss);
     for (int i = 0; i < n; i++) {
@@ -183,9 +285,11 @@ void rt_runlog_eval(RunLog *l, int64_t step, double val_loss, const char *const 
         json_num(f, accuracy);
     }
     fputs("}\n", f);
-    fflush(f);
+    if (!line_write(l, &l->eval, f, &buf, &len, d))
+        return false;
     vec_push(&l->vstep, (double)step);
     vec_push(&l->vloss, val_loss);
+    return true;
 }
 
 /* ---- SVG ------------------------------------------------------------------ */
@@ -483,6 +587,8 @@ bool rt_runlog_close(RunLog *l, Diag *d)
 {
     if (!l)
         return true;
+    if (!close_log(&l->metrics, d) || !close_log(&l->eval, d))
+        return false;
     char *buf = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);

@@ -274,6 +274,10 @@ static void fmt_extras(const Run *r, const float *fv, const double *dv, char *bu
                               dv ? dv[i] : (double)fv[i]);
 }
 
+/* A --log-dir line could not be written (d: "PATH: cannot write: REASON"):
+ * the run stops here; d gains where, and the checkpoint it keeps. False. */
+static bool log_failed(const Run *r, Diag *d);
+
 static bool evaluate(Run *r, Diag *d)
 {
     double t_start = ir_now();
@@ -377,8 +381,9 @@ static bool evaluate(Run *r, Diag *d)
         r->last_acc = (double)r->acc_right / (double)r->acc_total;
     }
     free(v);
-    rt_runlog_eval(r->log, r->step, r->last_val_loss, r->x_name, r->x_eval, r->nx,
-                   acc ? r->last_acc : NAN);
+    if (!rt_runlog_eval(r->log, r->step, r->last_val_loss, r->x_name, r->x_eval, r->nx,
+                        acc ? r->last_acc : NAN, d))
+        return log_failed(r, d);
     phase(r, PH_EVAL, t_start, ir_now());
     return true;
 }
@@ -391,6 +396,22 @@ static char *ckpt_path(const char *prefix, int64_t step)
     if (n > strlen(ext) && strcmp(prefix + n - strlen(ext), ext) == 0)
         keep = (int)(n - strlen(ext));
     return xasprintf("%.*s.step%lld.safetensors", keep, prefix, (long long)step);
+}
+
+static bool log_failed(const Run *r, Diag *d)
+{
+    const char *ckpt = r->o->checkpoint ? r->o->checkpoint : r->c.checkpoint;
+    size_t k = strlen(d->msg);
+    k += (size_t)snprintf(d->msg + k, sizeof d->msg - k, "; the run stops at step %lld",
+                          (long long)r->step);
+    if (ckpt && r->ckpt_step >= 0) {
+        char *path = ckpt_path(ckpt, r->ckpt_step);
+        snprintf(d->msg + k, sizeof d->msg - k, " (last checkpoint %s, kept)", path);
+        free(path);
+    } else if (ckpt && k < sizeof d->msg) {
+        snprintf(d->msg + k, sizeof d->msg - k, " (no checkpoint written yet)");
+    }
+    return false;
 }
 
 static bool save_checkpoint(Run *r, const char *prefix, Diag *d)
@@ -507,6 +528,40 @@ static void stop_summary(Run *r, int sig, float loss, int64_t tokens, const char
     } else if (ckpt) {
         snprintf(p + k, n - k, " | no checkpoint written");
     }
+}
+
+/* A step that ran r->flops (every op, recomputations included) faster
+ * than the peak: an MFU over 100% is never printed. The measured CPU peak
+ * is measured again the first time (rt_cpu_fma_remeasure: the best of
+ * repeated tries), and is never left below the step's rate; the cache keeps
+ * the higher peak. A peak given by --peak-gflops or a GPU's table becomes
+ * the step's rate. */
+static void check_peak(Run *r, double step_ms)
+{
+    double rate = r->flops / (step_ms * 1e-3) / 1e9; /* GFLOP/s */
+    if (!(r->peak_gflops > 0) || !(rate > r->peak_gflops) || !isfinite(rate))
+        return;
+    double old = r->peak_gflops, f32 = 0;
+    Diag md = {{0}};
+    bool cpu = r->peak_threads != 0, again = r->peak_threads > 0;
+    int th = r->peak_threads > 0 ? r->peak_threads : -r->peak_threads;
+    if (cpu && rt_cpu_fma_remeasure(th, r->o->cache_dir, rate * 1e9, again, r->o->verbose, &f32,
+                                    &md))
+        r->peak_gflops = f32 / 1e9;
+    else
+        r->peak_gflops = rate;
+    if (again)
+        r->peak_threads = -th;
+    if (rt_dp_rank(r->dp) == 0 && !r->o->quiet)
+        fprintf(stderr, "kiln: step %lld ran at %.1f GFLOP/s, above the peak of %.1f GFLOP/s "
+                        "MFU was against; MFU is now against %.1f GFLOP/s (%s)\n",
+                (long long)r->step, rate, old, r->peak_gflops,
+                again && r->peak_gflops > rate ? "the FMA peak measured again: the best of "
+                                                 "repeated tries, cached"
+                : again ? "the FMA peak measured again was lower still: the step's own rate, "
+                          "cached"
+                : cpu   ? "the step's own rate, cached"
+                        : "the step's own rate");
 }
 
 /* MFU counts the model's FLOPs (the step without recomputation), HFU the
@@ -697,6 +752,7 @@ static bool build(Run *r, Diag *d)
         Diag md = {{0}};
         if (rt_cpu_device(th, r->o->cache_dir, false, r->o->verbose, &cpu, &md)) {
             r->peak_gflops = cpu.f32 / 1e9;
+            r->peak_threads = th;
             if (rt_dp_rank(r->dp) == 0 && !r->o->quiet)
                 printf("MFU against %.0f GFLOP/s: the measured FMA peak of %d thread%s "
                        "(--peak-gflops overrides)\n", r->peak_gflops, th, th == 1 ? "" : "s");
@@ -953,8 +1009,9 @@ int rt_train(const Model *m, const TrainOpts *o)
             printf("removed %d stale temp file%s of an interrupted write\n", swept,
                    swept > 1 ? "s" : "");
     }
-    if (!writable_dir(o->save_weights, &d) ||
-        (o->save_weights && !rt_output_check(o->save_weights, &d)) || !writable_dir(ckpt, &d) ||
+    if ((o->save_weights && !rt_output_path_check("--save-weights", o->save_weights, false, &d)) ||
+        (ckpt && !rt_output_path_check(o->checkpoint ? "--checkpoint" : "train.checkpoint", ckpt,
+                                       true, &d)) ||
         !writable_dir(o->trace, &d) || !rt_train_open_data(&r, &d) || !build(&r, &d) ||
         !init_state(&r, &d))
         goto out;
@@ -1013,6 +1070,7 @@ int rt_train(const Model *m, const TrainOpts *o)
         if (dev_s >= 0 && rt_dp_rows_factor(r.dp) == rt_dp_size(r.dp))
             step_ms = 1e3 * dev_s;
         step_time_add(&r.times, step_ms);
+        check_peak(&r, step_ms);
         /* a step with a non-finite loss or gradient norm changed nothing
          * (passes/optimizer.c): stop, or go on without it */
         char why[64], skipped[128] = "";
@@ -1055,7 +1113,10 @@ int rt_train(const Model *m, const TrainOpts *o)
                 .mfu = peak > 0 ? model / (step_ms * 1e-3) / peak : NAN,
                 .hfu = peak > 0 ? r.flops / (step_ms * 1e-3) / peak : NAN,
                 .mem_bytes = rt_exec_arena_bytes(r.te), .comm_ms = cbusy, .comm_exposed_ms = cexp};
-            rt_runlog_step(r.log, &rec);
+            if (!rt_runlog_step(r.log, &rec, &d)) {
+                log_failed(&r, &d);
+                goto out;
+            }
         }
         if (log) {
             char mfu[64], mem[32];

@@ -67,6 +67,8 @@ typedef struct {
                                     by rt_data_open, but their names must outlive
                                     the source (its batches name the inputs) */
     int nwant;
+    bool allow_nonfinite; /* tensors: float arrays may hold NaN and Inf (else
+                             refused at open, naming array, example, position) */
 } DataCfg;
 
 /* tensors: one model input, as one example of it (its shape after the batch
@@ -164,9 +166,12 @@ void rt_tensors_close(TensorSource *s, DataBatch *b);
  * wrong (expected ..., got ...)" in d and *t empty. */
 bool rt_npy_parse(const char *path, const uint8_t *buf, size_t n, StTensor *t, Diag *d);
 bool rt_npy_read(const char *path, StTensor *t, Diag *d);
-/* Every NAME.npy of dir (sorted by name) as tensor NAME; free with
- * rt_st_free. No .npy file is an error. */
-bool rt_npy_read_dir(const char *dir, StFile *f, Diag *d);
+/* Every NAME.npy of dir (sorted by name) as tensor NAME, or with only
+ * (non-NULL) those whose NAME is one of only[0..nonly): the other files are
+ * neither opened nor parsed, their NAMEs listed in skipped (", "-separated,
+ * may be NULL). Free with rt_st_free. No .npy file is an error. */
+bool rt_npy_read_dir(const char *dir, const char *const *only, int nonly, StFile *f,
+                     char *skipped, size_t nskipped, Diag *d);
 
 /* ---- checkpoint.c: checkpoints and weights --------------------------------
  * vals[id] is host data (the tensor's dtype) for every param and state
@@ -220,9 +225,12 @@ typedef struct {
 /* Creates dir if needed; with training, opens its metrics.jsonl and
  * eval.jsonl. NULL with d set when it cannot. */
 RunLog *rt_runlog_open(const char *dir, const char *title, bool training, Diag *d);
-void rt_runlog_step(RunLog *l, const RtStepRecord *s);
-void rt_runlog_eval(RunLog *l, int64_t step, double val_loss, const char *const *names,
-                    const double *vals, int n, double accuracy /* nan: none */);
+/* One line of metrics.jsonl (eval.jsonl): written whole or not at all; false
+ * with "PATH: cannot write: REASON" in d on the first failed write (a full
+ * disk), the file left ending with its last whole line. */
+bool rt_runlog_step(RunLog *l, const RtStepRecord *s, Diag *d);
+bool rt_runlog_eval(RunLog *l, int64_t step, double val_loss, const char *const *names,
+                    const double *vals, int n, double accuracy /* nan: none */, Diag *d);
 /* Report sections, in the order called: the profile (rows of
  * rt_exec_profile over `steps` steps), memplan's memory timeline with the
  * recomputed ops, rank 0's compute and communication in one step (several
@@ -232,7 +240,8 @@ void rt_runlog_memory(RunLog *l, const Graph *g, const MemPlan *mp);
 void rt_runlog_comm(RunLog *l, int nranks, double step_start, double step_end,
                     const RtCommEvent *ev, int nev);
 void rt_runlog_sweep(RunLog *l, const RematSweepPoint *p, int n);
-/* Writes DIR/report.html (atomically); false with d set on a write error. */
+/* Closes the JSON lines (fsync: an error the file system reports late) and
+ * writes DIR/report.html (atomically); false with d set on a write error. */
 bool rt_runlog_close(RunLog *l, Diag *d);
 void rt_runlog_free(RunLog *l);
 
@@ -293,6 +302,7 @@ typedef struct {
     bool no_overlap;          /* --no-overlap: every allreduce starts after backward */
     bool no_fuse;             /* --no-fuse: every op its own kernel */
     bool no_fuse_attention;   /* --no-fuse-attention: no attention pass */
+    bool allow_nonfinite_data; /* --allow-nonfinite-data: tensors data may hold NaN/Inf */
     const char *dump_ir;      /* --dump-ir FILE: the training step's IR after the
                                  pipeline (rank 0), as kiln compile's schedule dump */
 } TrainOpts;

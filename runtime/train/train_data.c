@@ -164,7 +164,8 @@ static bool data_cfg(Run *r, DataCfg *dcp, Diag *d)
     bool in_order = r->c.shuffle && strcmp(r->c.shuffle, "false") == 0;
     DataCfg dc = {.kind = kind, .path = r->c.data_path, .seed = r->c.seed,
                   .digits = (int)r->c.digits, .val_fraction = r->c.val_fraction,
-                  .in_order = in_order, .val_path = r->c.val_path};
+                  .in_order = in_order, .val_path = r->c.val_path,
+                  .allow_nonfinite = r->o && r->o->allow_nonfinite_data};
     if (in_order && (r->blobs || r->addition)) {
         snprintf(d->msg, sizeof d->msg,
                  "train{shuffle=false} does not apply to data %s (expected data text, tokens "

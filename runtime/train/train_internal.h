@@ -48,6 +48,9 @@ typedef struct {
     int64_t ckpt_step;    /* the last checkpoint written (-1: none) */
     StepTimes times;      /* per step, ms */
     double peak_gflops;   /* MFU's denominator (0: unknown) */
+    int peak_threads;     /* != 0: peak_gflops is the measured CPU FMA peak of
+                             |peak_threads| threads; > 0: not yet measured
+                             again by check_peak */
     /* the model's extra scalar outputs (an auxiliary loss, a cross-entropy
      * term): shown on the step, eval and final lines */
     int nx;

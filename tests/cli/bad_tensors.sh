@@ -113,4 +113,42 @@ expect_error "models/gpt.lua:$gline: train{val_path} does not apply to data text
 # 18. a bad shuffle value
 expect_error "--set shuffle:" "true, false" "maybe" -- \
     "${run[@]}" --set data_path="$dir/ok.safetensors" --set shuffle=maybe
+# 19. NaN and Inf in float data: named before training, with the array, the
+# example and the position (before: "training diverged at step 1: gradient
+# norm is nan"); --allow-nonfinite-data trains on them
+poke() { printf "$3" | dd of="$1" bs=1 seek="$2" conv=notrunc status=none; }
+cp "$dir/x.raw" "$dir/xnan.raw"
+poke "$dir/xnan.raw" $(((5 * 4 + 2) * 4)) '\000\000\300\177' # x[5,2] = NaN
+st_file "$dir/nan.safetensors" x F32 '[96,4]' "$dir/xnan.raw" y I32 '[96]' "$dir/y.raw"
+expect_error "$at $dir/nan.safetensors: array \"x\" holds NaN at example 5, position [2]" \
+    "(element 22 of the array; expected finite values" "--allow-nonfinite-data" -- \
+    "${run[@]}" --set data_path="$dir/nan.safetensors"
+cp "$dir/x.raw" "$dir/xinf.raw"
+poke "$dir/xinf.raw" $(((95 * 4 + 3) * 4)) '\000\000\200\377' # x[95,3] = -Inf
+npy_case inf 1 '<f4' '(96, 4)' "$dir/xinf.raw"
+expect_error "$at $dir/inf/x.npy: array \"x\" holds -Inf at example 95, position [3]" -- \
+    "${run[@]}" --set data_path="$dir/inf"
+# Inf in a validation file
+cp "$dir/x.raw" "$dir/xpinf.raw"
+poke "$dir/xpinf.raw" $(((1 * 4) * 4)) '\000\000\200\177' # x[1,0] = Inf
+npy_case vinf 1 '<f4' '(96, 4)' "$dir/xpinf.raw"
+expect_error "$dir/vinf/x.npy: array \"x\" holds Inf at example 1, position [0]" -- \
+    "${run[@]}" --set data_path="$dir/ok.safetensors" --set val_path="$dir/vinf"
+# with --allow-nonfinite-data the data is taken: the run trains (a step that
+# reads the NaN is skipped here, on_nonfinite=skip)
+"${run[@]}" --set data_path="$dir/nan.safetensors" --allow-nonfinite-data \
+    --set on_nonfinite=skip > "$dir/allow.log" 2>&1 ||
+    fail "--allow-nonfinite-data: $(cat "$dir/allow.log")"
+grep -q "holds NaN" "$dir/allow.log" && fail "--allow-nonfinite-data still refused the data"
+case_recovered "--allow-nonfinite-data trains on NaN data"
+# 20. an array no input reads is ignored, never parsed (docs/training.md):
+# an invalid z.npy beside good x.npy and y.npy (before: "z.npy: not a .npy file")
+npy_case extra 1 '<f4' '(96, 4)' "$dir/x.raw"
+printf 'garbage' > "$dir/extra/z.npy"
+"${run[@]}" --set data_path="$dir/extra" > "$dir/extra.log" 2>&1 ||
+    fail "an unread invalid z.npy was an error: $(cat "$dir/extra.log")"
+case_recovered "an invalid array no input reads is ignored"
+# ... and is still named among the arrays when one is missing
+rm "$dir/extra/y.npy"
+expect_error "$dir/extra: no array \"y\"" "got arrays: x, z" -- "${run[@]}" --set data_path="$dir/extra"
 bad_input_done

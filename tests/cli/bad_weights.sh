@@ -183,4 +183,39 @@ grep -q "removed 2 stale temp files of an interrupted write" "$dir/sw.log" ||
 case_recovered "stale temp files of a killed writer are removed at start"
 rm -r "$dir/sw"
 
+# a checkpoint's step, data position or seed out of range or not plain
+# digits is refused, never clamped (before: kiln.step "99999999999999999999"
+# resumed at step 9223372036854775807)
+"${mlp[@]}" --checkpoint "$dir/meta" > "$dir/meta.log" 2>&1 ||
+    fail "training for a checkpoint failed: $(cat "$dir/meta.log")"
+ck="$dir/meta.step2.safetensors"
+hlen=$(od -An -t u8 -N 8 "$ck" | tr -d ' ')
+hdr=$(tail -c +9 "$ck" | head -c "$hlen")
+case $hdr in *'"kiln.step":"2"'*) ;; *) fail "no kiln.step 2 in $ck: $hdr" ;; esac
+# remeta KEY VALUE OUT: the checkpoint with KEY's value replaced
+remeta() {
+    local h
+    h=$(printf '%s' "$hdr" | sed "s/\"$1\":\"[^\"]*\"/\"$1\":\"$2\"/")
+    { le64 ${#h}; printf '%s' "$h"; tail -c +$((9 + hlen)) "$ck"; } > "$3"
+}
+remeta kiln.step 2 "$dir/same.safetensors"
+"${mlp[@]}" --steps 3 --resume "$dir/same.safetensors" > "$dir/same.log" 2>&1 ||
+    fail "the rewritten checkpoint does not resume: $(cat "$dir/same.log")"
+for v in 99999999999999999999 -1 +2 ' 2' 2e3 0x2 ''; do
+    remeta kiln.step "$v" "$dir/step.safetensors"
+    expect_error "$dir/step.safetensors: corrupt checkpoint metadata: kiln.step \"$v\"" \
+        "(expected an integer from 0 to 9223372036854775807)" -- \
+        "${mlp[@]}" --steps 3 --resume "$dir/step.safetensors"
+done
+remeta kiln.data_pos 9223372036854775808 "$dir/pos.safetensors"
+expect_error "corrupt checkpoint metadata: kiln.data_pos \"9223372036854775808\"" -- \
+    "${mlp[@]}" --steps 3 --resume "$dir/pos.safetensors"
+remeta kiln.seed 18446744073709551616 "$dir/seed.safetensors"
+expect_error "corrupt checkpoint metadata: kiln.seed \"18446744073709551616\"" \
+    "(expected an integer from 0 to 18446744073709551615)" -- \
+    "${mlp[@]}" --steps 3 --resume "$dir/seed.safetensors"
+remeta kiln.seed -1 "$dir/seed.safetensors"
+expect_error "corrupt checkpoint metadata: kiln.seed \"-1\"" -- \
+    "${mlp[@]}" --steps 3 --resume "$dir/seed.safetensors"
+
 bad_input_done

@@ -8,7 +8,7 @@ set -u
 dir=$(mktemp -d "${TMPDIR:-/tmp}/kiln-plan-XXXXXX")
 trap 'rm -rf "$dir"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
-common=(models/gpt.lua --set T=8192 --set batch=1 --device b200 --gpus 5120 --tp 8 --pp 8
+common=(models/gpt.lua --set L=8 --set H=8 --set T=8192 --set batch=1 --device b200 --gpus 5120 --tp 8 --pp 8
         --global-batch 1920 --tokens 10T --goodput 0.9 --target-days 76)
 
 out=$("$KILN" plan "${common[@]}" --step-time 12 2>&1) || fail "plan: $out"

@@ -8,7 +8,8 @@
  *
  * Seed corpus (tests/fuzz/corpus/safetensors/): files of that model written
  * by kiln's own writers (weights, a checkpoint, one holding a NaN), a file
- * with every dtype, and the crash inputs (repeated __metadata__). */
+ * with every dtype, the crash inputs (repeated __metadata__), and a
+ * checkpoint whose kiln.step is past int64 (refused, not clamped). */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>

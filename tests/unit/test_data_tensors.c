@@ -4,7 +4,9 @@
  * train order is a per-epoch permutation fixed by the seed (in file order
  * with in_order), validation in order from the file's tail or val_path;
  * each mismatch with the model names the file, the array, what was
- * expected and what it got; in_order text reads consecutive windows. */
+ * expected and what it got; NaN and Inf in float arrays are named (array,
+ * example, position) unless allowed; in_order text reads consecutive
+ * windows. */
 #include "testutil.h"
 
 #include <stdint.h>
@@ -321,6 +323,59 @@ static void test_tensors_mismatch(void **state)
     free(dir);
 }
 
+/* NaN and Inf in f32, f16 and bf16 arrays: refused at open with the array,
+ * the example and the position; allow_nonfinite takes them. */
+static void test_tensors_nonfinite(void **state)
+{
+    (void)state;
+    char *dir = scratch_dir("tensors");
+    char *path = xasprintf("%s/nf.safetensors", dir);
+    int32_t y[4] = {0, 1, 2, 0};
+    static const struct {
+        DType dt;
+        int at;          /* element of x [4,3] */
+        uint32_t bits;   /* f32 bits, or f16 / bf16 in the low half */
+        const char *want;
+    } cases[] = {
+        {DT_F32, 7, 0x7fc00000u, "holds NaN at example 2, position [1] (element 7"},
+        {DT_F32, 0, 0xff800000u, "holds -Inf at example 0, position [0]"},
+        {DT_F16, 11, 0x7c00u, "holds Inf at example 3, position [2]"},
+        {DT_F16, 4, 0xfe00u, "holds NaN at example 1, position [1]"},
+        {DT_BF16, 5, 0x7f80u, "holds Inf at example 1, position [2]"},
+        {DT_BF16, 3, 0x7fc1u, "holds NaN at example 1, position [0]"},
+        {DT_F16, 2, 0x7bffu, NULL}, /* 65504: finite */
+        {DT_BF16, 2, 0x7f7fu, NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        uint8_t x[4 * 3 * 4] = {0};
+        int es = dtype_size(cases[i].dt);
+        memcpy(x + es * cases[i].at, &cases[i].bits, (size_t)es); /* little-endian */
+        StTensor t[2] = {{.name = "x", .dtype = cases[i].dt, .rank = 2, .dim = {4, 3},
+                          .data = x, .nbytes = (size_t)(12 * es)},
+                         {.name = "y", .dtype = DT_I32, .rank = 1, .dim = {4}, .data = y,
+                          .nbytes = sizeof y}};
+        Diag d;
+        assert_true(rt_st_write(path, t, 2, NULL, NULL, 0, &d));
+        DataWant w[2] = {{.name = "x", .dtype = cases[i].dt, .rank = 1, .dim = {3}},
+                         {.name = "y", .dtype = DT_I32, .rank = 0}};
+        DataCfg c = {.kind = "tensors", .path = path, .seed = 1, .batch = 2, .want = w,
+                     .nwant = 2};
+        DataSource *s = rt_data_open(&c, &d);
+        if (cases[i].want) {
+            if (s || !strstr(d.msg, cases[i].want) || !strstr(d.msg, "nf.safetensors: array \"x\""))
+                fail_msg("case %zu: expected a refusal with \"%s\", got %s", i, cases[i].want,
+                         s ? "the data" : d.msg);
+            c.allow_nonfinite = true;
+            s = rt_data_open(&c, &d);
+        }
+        if (!s)
+            fail_msg("case %zu: refused: %s", i, d.msg);
+        rt_data_close(s);
+    }
+    free(path);
+    free(dir);
+}
+
 /* in_order text: row r of batch k is window (k*B + r) mod W at w*T. */
 static void test_text_in_order(void **state)
 {
@@ -365,6 +420,7 @@ int main(void)
         cmocka_unit_test(test_npy_corpus),
         cmocka_unit_test(test_tensors_order),
         cmocka_unit_test(test_tensors_mismatch),
+        cmocka_unit_test(test_tensors_nonfinite),
         cmocka_unit_test(test_text_in_order),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
