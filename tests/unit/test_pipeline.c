@@ -195,7 +195,7 @@ static void test_invalid_graph_written(void **state)
                                               : "/kiln-invalid-after-frontend-"));
         char *text = read_file(path);
         assert_non_null(text);
-        assert_non_null(strstr(text, "kiln-ir v1\n"));
+        assert_non_null(strstr(text, "kiln-ir v2\n"));
         assert_non_null(strstr(text, "%1:f32[5] = exp %0"));
         free(text);
         unlink(path);
@@ -273,7 +273,7 @@ static void test_invalid_report_replays(void **state)
     char *replay = xasprintf("# replay: kiln opt BEFORE.ir --passes=breaker %s\n", opts);
     assert_non_null(strstr(text, replay));
     assert_non_null(strstr(text, "kiln compile MODEL --dump-after=comm"));
-    assert_non_null(strstr(text, "\nkiln-ir v1\n"));
+    assert_non_null(strstr(text, "\nkiln-ir v2\n"));
     /* the flags reproduce the options */
     Graph *h = parse_or_fail(in);
     assert_true(pass_comm(h, &o, &d));
