@@ -14,7 +14,7 @@
  *
  * Text form (ir_print writes it, ir_parse reads it back to the same graph):
  *
- *   kiln-ir v1
+ *   kiln-ir v2
  *   sym B=4 T=8 C=32
  *   %0:f32[V,C] = param "wte" normal(0.02)
  *   %1:i32[B,T] = input "tokens"
@@ -26,7 +26,10 @@
  *   %7:f32[4,8] = matmul %5, %6 {ta=0,tb=1}
  *   output "loss" %50
  *   update %0 <- %120
+ *   end
  *
+ * (v2 text ends with `end`, so a cut file is an error; v1 text, without it,
+ * still parses.)
  * Dim names: a dim prints as a symbol's name only where it came from that
  * name (Shape.dname): written so in the text or the script, or carried
  * through ops by ir_infer (dimnames.c: the axis an op passes through keeps

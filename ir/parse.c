@@ -9,6 +9,11 @@
  * declared result type must equal the inferred one; the dim names it writes
  * are kept (the text is where a dim's name came from).
  *
+ * Versions: "kiln-ir v2" text (what ir_print writes) must end with the line
+ * `end` (then only comments), so that a truncated file is an error rather
+ * than a smaller graph; "kiln-ir v1" text (written before the marker, and
+ * hand-written pass tests) needs none, and may carry one.
+ *
  * Errors are "NAME:LINE: what is wrong (expected ..., got ...)"; the parser
  * never dies on bad input.
  */
@@ -807,7 +812,8 @@ static SrcLoc parse_loc(const char *c)
 Graph *ir_parse(const char *text, const char *name, char *err, size_t errlen)
 {
     P ps = {.name = name ? name : "<ir>", .err = err, .errlen = errlen, .g = ir_new()};
-    bool ok = true, header = false;
+    bool ok = true, header = false, ended = false;
+    int version = 0;
     char *line = NULL;
     size_t linecap = 0;
     const char *s = text ? text : "";
@@ -847,17 +853,27 @@ Graph *ir_parse(const char *text, const char *name, char *err, size_t errlen)
         char w[32], b[64];
         if (!header) {
             if (strncmp(ps.p, "kiln-ir", 7) != 0) {
-                ok = perr(&ps, "expected the header 'kiln-ir v1', got %s", got(&ps, b, sizeof b));
+                ok = perr(&ps, "expected the header 'kiln-ir v2' (or v1), got %s",
+                          got(&ps, b, sizeof b));
                 break;
             }
             ps.p += 7;
-            if (!ident(&ps, w, sizeof w) || strcmp(w, "v1") != 0 || !at_end(&ps)) {
-                ok = perr(&ps, "unsupported IR version (expected 'kiln-ir v1', got '%s')",
+            if (!ident(&ps, w, sizeof w) || (strcmp(w, "v1") != 0 && strcmp(w, "v2") != 0) ||
+                !at_end(&ps)) {
+                ok = perr(&ps, "unsupported IR version (expected 'kiln-ir v2' or 'kiln-ir v1', "
+                               "got '%s')",
                           line);
                 break;
             }
+            version = w[1] - '0';
             header = true;
             continue;
+        }
+        if (ended) {
+            ok = perr(&ps, "text after the 'end' line (expected only comments or blank lines, "
+                           "got %s)",
+                      got(&ps, b, sizeof b));
+            break;
         }
         skip_ws(&ps);
         if (*ps.p == '%') {
@@ -876,6 +892,9 @@ Graph *ir_parse(const char *text, const char *name, char *err, size_t errlen)
             ok = parse_output(&ps);
         } else if (strcmp(w, "update") == 0) {
             ok = parse_update(&ps);
+        } else if (strcmp(w, "end") == 0) {
+            ok = end_of_line(&ps);
+            ended = true;
         } else {
             ps.p = at;
             ok = perr(&ps, "expected a definition (%%x:TYPE = ...), output, update or sym line, "
@@ -885,8 +904,13 @@ Graph *ir_parse(const char *text, const char *name, char *err, size_t errlen)
     }
     if (ok && !header) {
         ps.line = ps.line ? ps.line : 1;
-        ok = perr(&ps, "expected the header 'kiln-ir v1', got end of input");
+        ok = perr(&ps, "expected the header 'kiln-ir v2' (or v1), got end of input");
     }
+    /* v2 text ends with "end": without it the text was cut short (a
+     * truncated file parses as a smaller graph otherwise) */
+    if (ok && version >= 2 && !ended)
+        ok = perr(&ps, "the IR ends without its 'end' line (expected 'end' as the last line "
+                       "of kiln-ir v2 text, got end of input): the file is cut short");
     if (ok && ps.input_after_op)
         ir_renumber(ps.g, false);
     if (ok) {

@@ -123,7 +123,7 @@ static void print_value(FILE *f, const Graph *g, int id)
 
 void ir_print(const Graph *g, FILE *f)
 {
-    fputs("kiln-ir v1\n", f);
+    fputs("kiln-ir v2\n", f);
     if (g->syms.n) {
         fputs("sym", f);
         for (int i = 0; i < g->syms.n; i++)
@@ -173,6 +173,7 @@ void ir_print(const Graph *g, FILE *f)
     }
     for (int i = 0; i < g->upd.n; i++)
         fprintf(f, "update %%%d <- %%%d\n", g->upd.v[i].target, g->upd.v[i].value);
+    fputs("end\n", f);
 }
 
 char *ir_print_str(const Graph *g)

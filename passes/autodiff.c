@@ -39,6 +39,7 @@ typedef struct {
     Pieces *pend;   /* per forward tensor id: its slices' pending cotangents */
     VEC(int) lse;   /* pairs (attention op, its attention_lse op): the lse op
                        moves next to the forward op at the end */
+    const Op *norule; /* the first op met that has no gradient rule, or NULL */
 } AD;
 
 static int emit(AD *ad, Opcode code, const int *in, int nin, const OpAttr *a)
@@ -304,6 +305,10 @@ static void vjp_attention(AD *ad, const Op *op, int gy, const bool *need)
 {
     if (!need[0] && !need[1] && !need[2])
         return;
+    if (ir_attn_heads(&op->attr)) { /* attnlayout's form, made after autodiff: no rule */
+        ad->norule = op;
+        return;
+    }
     int lse = emit(ad, OP_ATTENTION_LSE, op->in, 2, &op->attr);
     ad->g->ops.v[ad->g->ops.n - 1].flags &= ~(unsigned)OPF_BACKWARD;
     vec_push(&ad->lse, ad->g->t.v[op->out].op);
@@ -578,8 +583,10 @@ static void vjp(AD *ad, const Op *op, const bool *live)
         break;
     case OP_STOP_GRADIENT: /* no cotangent for its operand */
         break;
-    default:
-        die("autodiff: no gradient rule for %s", ir_opinfo[op->code].name);
+    default: /* reachable from hand-written IR (kiln opt): the pass fails */
+        if (!ad->norule)
+            ad->norule = op;
+        break;
     }
 }
 
@@ -619,6 +626,7 @@ bool pass_autodiff(Graph *g, const PassOpts *o, Diag *d)
     }
 
     AD ad = {.g = g, .grad = grad, .pend = xcalloc((size_t)nt, sizeof(Pieces))};
+    Op bad = {0}; /* the op without a gradient rule, when ad.norule */
     if (live[loss]) {
         ad.loc = lt->op >= 0 ? g->ops.v[lt->op].loc : (SrcLoc){0};
         Shape ls = lt->s;
@@ -630,7 +638,30 @@ bool pass_autodiff(Graph *g, const PassOpts *o, Diag *d)
                 continue;
             ad.loc = op.loc;
             vjp(&ad, &op, live);
+            if (ad.norule) { /* == &op, which ends with this loop's body */
+                bad = op;
+                break;
+            }
         }
+    }
+    if (ad.norule) {
+        const Op *op = &bad;
+        snprintf(d->msg, sizeof d->msg,
+                 "%s:%d: autodiff has no gradient rule for %%%d = %s%s (expected the forward "
+                 "ops a model script makes)",
+                 op->loc.file ? op->loc.file : "?", op->loc.line, op->out,
+                 ir_opinfo[op->code].name,
+                 op->code == OP_ATTENTION && ir_attn_heads(&op->attr)
+                     ? " in the head layout (attnlayout's form: the pipeline runs it after "
+                       "autodiff)"
+                     : "");
+        vec_free(&ad.lse);
+        for (int i = 0; i < nt; i++)
+            vec_free(&ad.pend[i]);
+        free(ad.pend);
+        free(live);
+        free(grad);
+        return false;
     }
     for (int i = 0; i < nt; i++) {
         if (g->t.v[i].kind != TK_PARAM)

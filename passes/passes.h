@@ -44,8 +44,7 @@ typedef struct {
     bool attention;
     /* fuse */
     bool no_fuse;          /* --no-fuse: every op its own kernel */
-    /* pass_pipeline: where an invalid graph's IR is written (NULL: $TMPDIR,
-     * else /tmp) */
+    /* pass_run: where an invalid graph's IR is written (NULL: nowhere) */
     const char *dump_dir;
     /* memplan: optional out: the plan of the final schedule (the caller
      * frees it with pass_memplan_free; NULL: the pass frees it) */
@@ -75,15 +74,24 @@ const Pass *pass_find(const char *name);
  * when it is the last or not in the list). pass_run does this before each
  * pass; a caller that runs a pass by hand (pass_remat_sweep) does it first. */
 void pass_opts_after(PassOpts *o, const char *pass);
+/* Whether passes[0..n) may run on g in that order, judged by what g shows
+ * of the passes already run on it (gradients, updates, !recompute, !group,
+ * placed collectives, the attention head layout) and by the list itself: no
+ * pass runs on a graph that a pass the pipeline runs after it has marked
+ * (simplify after remat or fuse, autodiff after attnlayout), and autodiff,
+ * optimizer, remat, fuse and comm run once. False with "what cannot run,
+ * expected ..., found ..." in err. pass_run checks this before the first
+ * pass; passes outside pass_list (a test's) are not judged. */
+bool pass_check(const Graph *g, const Pass *const *passes, int n, char *err, size_t errlen);
 /* Called after each pass with the graph; for dumps and timing. */
 typedef void (*PassHook)(const char *pass, const Graph *g, double seconds, void *ctx);
 /* The driver: runs passes[0..n) in order on g, verifying g first (as the
  * frontend's graph) and after each pass; each pass gets o with `after` set
  * by pass_opts_after (the pipeline's later passes, whatever n is).
- * Returns false with d set on the first failure; an internal verifier
- * failure names the pass and writes the IR to invalid-after-PASS.ir (in
- * o->dump_dir, else a fresh file in $TMPDIR or /tmp), which `kiln opt`
- * replays. */
+ * Returns false with d set on the first failure: pass_check's refusal, a
+ * pass's own error, or an internal verifier failure, which names the pass
+ * and writes the IR to o->dump_dir/invalid-after-PASS.ir (none without a
+ * dump directory), which `kiln opt` replays. */
 bool pass_run(Graph *g, const Pass *const *passes, int n, const PassOpts *o, PassHook hook,
               void *ctx, Diag *d);
 /* pass_run over pass_list from the first pass through `last` (NULL: all). */

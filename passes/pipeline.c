@@ -45,6 +45,139 @@ const Pass *pass_find(const char *name)
     return NULL;
 }
 
+/* ---- what a graph shows of the passes run on it ---------------------------
+ * Some passes leave a mark a later pass can see; a pass may not run on a
+ * graph that carries the mark of a pass the pipeline runs after it (its
+ * input would be in a form it was not written for: simplify's CSE would
+ * merge remat's recomputed values back, autodiff would differentiate the
+ * backward), nor, where it cannot run twice, its own. */
+typedef struct {
+    const char *pass;   /* whose mark */
+    const char *what;   /* the mark, for "found ..." */
+    bool rerun;         /* may the pass run again on its own output */
+} Mark;
+
+enum { MK_AUTODIFF, MK_ATTNLAYOUT, MK_OPTIMIZER, MK_ATTNDQKV, MK_REMAT, MK_FUSE, MK_COMM, MK__N };
+static const Mark marks[MK__N] = {
+    [MK_AUTODIFF] = {"autodiff", "a gradient", false},
+    [MK_ATTNLAYOUT] = {"attnlayout", "attention in the head layout", true},
+    [MK_OPTIMIZER] = {"optimizer", "a parameter update", false},
+    [MK_ATTNDQKV] = {"attndqkv", "an attention_dqkv op", true},
+    [MK_REMAT] = {"remat", "a recomputed op (!recompute)", false},
+    [MK_FUSE] = {"fuse", "a fusion group (!group)", false},
+    [MK_COMM] = {"comm", "a placed collective", false},
+};
+
+static int pass_index(const char *name)
+{
+    for (int i = 0; i < pass_count; i++)
+        if (strcmp(pass_list[i].name, name) == 0)
+            return i;
+    return -1;
+}
+
+/* The first sign of each mark in g, as text ("" when absent). */
+static void graph_marks(const Graph *g, char found[MK__N][160])
+{
+    for (int k = 0; k < MK__N; k++)
+        found[k][0] = 0;
+#define SET(k, ...) (found[k][0] ? 0 : snprintf(found[k], sizeof found[k], __VA_ARGS__))
+    for (int i = 0; i < g->outs.n; i++)
+        if (strncmp(g->outs.v[i].name, "grad.", 5) == 0)
+            SET(MK_AUTODIFF, "output \"%s\"", g->outs.v[i].name);
+    for (int i = 0; i < g->upd.n; i++) {
+        int t = g->upd.v[i].target;
+        SET(MK_OPTIMIZER, "update of \"%s\"",
+            t >= 0 && t < g->t.n && g->t.v[t].name ? g->t.v[t].name : "?");
+    }
+    for (int i = 0; i < g->ops.n; i++) {
+        const Op *op = &g->ops.v[i];
+        if ((unsigned)op->code >= OP__COUNT)
+            continue;
+        const char *nm = ir_opinfo[op->code].name;
+        if (op->flags & OPF_BACKWARD)
+            SET(MK_AUTODIFF, "%%%d = %s !backward", op->out, nm);
+        if (op->flags & OPF_OPTIM)
+            SET(MK_OPTIMIZER, "%%%d = %s !optim", op->out, nm);
+        if (op->flags & OPF_RECOMPUTE)
+            SET(MK_REMAT, "%%%d = %s !recompute", op->out, nm);
+        if (op->group >= 0)
+            SET(MK_FUSE, "%%%d = %s !group=%d", op->out, nm, op->group);
+        switch (op->code) {
+        case OP_ATTENTION: case OP_ATTENTION_LSE: case OP_ATTENTION_DQ: case OP_ATTENTION_DK:
+        case OP_ATTENTION_DV:
+            if (ir_attn_heads(&op->attr))
+                SET(MK_ATTNLAYOUT, "%%%d = %s {...,heads=%lld,...}", op->out, nm,
+                    (long long)op->attr.ia[1]);
+            break;
+        case OP_ATTENTION_DQKV:
+            SET(MK_ATTNDQKV, "%%%d = %s", op->out, nm);
+            break;
+        case OP_ALLREDUCE_START: case OP_ALLREDUCE_WAIT: case OP_REDUCE_SCATTER_START:
+        case OP_REDUCE_SCATTER_WAIT: case OP_ALL_GATHER_START: case OP_ALL_GATHER_WAIT:
+            SET(MK_COMM, "%%%d = %s", op->out, nm);
+            break;
+        default: break;
+        }
+    }
+#undef SET
+}
+
+bool pass_check(const Graph *g, const Pass *const *passes, int n, char *err, size_t errlen)
+{
+    char found[MK__N][160];
+    graph_marks(g, found);
+    const char *by[MK__N] = {0}; /* a listed pass that leaves the mark before this one */
+    for (int i = 0; i < n; i++) {
+        int pi = pass_index(passes[i]->name);
+        if (pi < 0)
+            continue; /* a pass outside the pipeline (a test's own): no rule */
+        /* the pass's own mark first (it ran already), then the latest pass's */
+        for (int j = -1; j < MK__N; j++) {
+            int k = j < 0 ? 0 : MK__N - 1 - j;
+            if (j < 0) {
+                while (k < MK__N && pass_index(marks[k].pass) != pi)
+                    k++;
+                if (k == MK__N)
+                    continue;
+            } else if (pass_index(marks[k].pass) == pi) {
+                continue;
+            }
+            int mi = pass_index(marks[k].pass);
+            if (mi < pi || (mi == pi && marks[k].rerun))
+                continue;
+            if (found[k][0]) {
+                if (mi == pi)
+                    snprintf(err, errlen,
+                             "%s cannot run on this graph: %s has already run on it (expected "
+                             "a graph %s has not run on: it runs once; found %s: %s)",
+                             passes[i]->name, marks[k].pass, marks[k].pass, marks[k].what,
+                             found[k]);
+                else
+                    snprintf(err, errlen,
+                             "%s cannot run on this graph: %s has run on it (expected a graph "
+                             "before %s: the pipeline runs %s first; found %s: %s)",
+                             passes[i]->name, marks[k].pass, marks[k].pass, passes[i]->name,
+                             marks[k].what, found[k]);
+                return false;
+            }
+            if (by[k]) {
+                snprintf(err, errlen,
+                         "--passes: %s cannot run after %s (expected %s %s, as in the "
+                         "pipeline: attention, autodiff, attnlayout, optimizer, simplify, "
+                         "attndqkv, remat, fuse, comm, schedule, memplan)",
+                         passes[i]->name, by[k], passes[i]->name,
+                         mi == pi ? "to run once" : "before it");
+                return false;
+            }
+        }
+        for (int k = 0; k < MK__N; k++)
+            if (!by[k] && pass_index(marks[k].pass) == pi)
+                by[k] = passes[i]->name;
+    }
+    return true;
+}
+
 void pass_opts_after(PassOpts *o, const char *pass)
 {
     o->after = NULL;
@@ -107,27 +240,32 @@ static void opts_flags(const PassOpts *o, char *buf, size_t n)
 }
 
 /* The verifier's complaint about g (after pass `after`, or "frontend"),
- * with g's IR written to a file for the report: DIR/invalid-after-PASS.ir
- * with a dump directory, else a fresh $TMPDIR/kiln-invalid-after-PASS-*.ir.
- * The file opens with comment lines: the complaint, the pass options as
- * `kiln opt` flags, and how to replay the pass (`before`: the pass whose
- * output it ran on). */
+ * with g's IR written to DIR/invalid-after-PASS.ir when there is a dump
+ * directory (o->dump_dir), and nowhere else: an internal error leaves no
+ * file the user did not ask for. The file opens with comment lines: the
+ * complaint, the pass options as `kiln opt` flags, and how to replay the
+ * pass (`before`: the pass whose output it ran on). */
 static void invalid_graph(const Graph *g, const char *after, const char *before,
                           const char *err, const PassOpts *o, Diag *d)
 {
-    char path[1024];
-    FILE *f = NULL;
-    if (o->dump_dir) {
-        snprintf(path, sizeof path, "%s/invalid-after-%s.ir", o->dump_dir, after);
-        f = fopen(path, "w");
-    } else {
-        const char *tmp = getenv("TMPDIR");
-        snprintf(path, sizeof path, "%s/kiln-invalid-after-%s-XXXXXX.ir",
-                 tmp && *tmp ? tmp : "/tmp", after);
-        int fd = mkstemps(path, 3);
-        f = fd >= 0 ? fdopen(fd, "w") : NULL;
+    char what[128];
+    if (strcmp(after, "frontend") == 0)
+        snprintf(what, sizeof what, "the frontend's graph is invalid");
+    else
+        snprintf(what, sizeof what, "the graph is invalid after pass %s", after);
+    if (!o->dump_dir) {
+        snprintf(d->msg, sizeof d->msg,
+                 "internal error: %s: %s (its IR is kept only with a dump directory: kiln "
+                 "compile or kiln opt with the same flags and --dump-dir DIR writes "
+                 "DIR/invalid-after-%s.ir)",
+                 what, err, after);
+        return;
     }
+    char path[1024];
+    snprintf(path, sizeof path, "%s/invalid-after-%s.ir", o->dump_dir, after);
+    FILE *f = fopen(path, "w");
     bool ok = f != NULL;
+    int e = errno;
     if (f) { /* a write error (a full disk) counts: ferror, then fclose */
         char flags[1024];
         opts_flags(o, flags, sizeof flags);
@@ -142,19 +280,18 @@ static void invalid_graph(const Graph *g, const char *after, const char *before,
         ir_print(g, f);
         ok = !ferror(f);
         ok = fclose(f) == 0 && ok;
+        if (!ok) {
+            e = errno ? errno : EIO;
+            unlink(path); /* no half-written report */
+        }
     }
-    char what[128];
-    if (strcmp(after, "frontend") == 0)
-        snprintf(what, sizeof what, "the frontend's graph is invalid");
-    else
-        snprintf(what, sizeof what, "the graph is invalid after pass %s", after);
     if (ok)
         snprintf(d->msg, sizeof d->msg, "internal error: %s: %s (its IR is in %s)", what, err,
                  path);
     else
         snprintf(d->msg, sizeof d->msg,
                  "internal error: %s: %s (its IR could not be written to %s: %s)", what, err,
-                 path, strerror(errno));
+                 path, strerror(e));
 }
 
 bool pass_run(Graph *g, const Pass *const *passes, int n, const PassOpts *o, PassHook hook,
@@ -163,6 +300,10 @@ bool pass_run(Graph *g, const Pass *const *passes, int n, const PassOpts *o, Pas
     char err[1024];
     if (!ir_verify(g, err, sizeof err)) {
         invalid_graph(g, "frontend", NULL, err, o, d);
+        return false;
+    }
+    if (!pass_check(g, passes, n, err, sizeof err)) {
+        snprintf(d->msg, sizeof d->msg, "%s", err);
         return false;
     }
     PassOpts po = *o;

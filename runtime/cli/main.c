@@ -1,5 +1,6 @@
 /* main.c - the kiln command line: `kiln compile`, `kiln train` and `kiln opt`. */
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -716,10 +717,15 @@ static const char usage_opt[] =
     "input), runs the named passes in order with the verifier after each, and\n"
     "prints what --dump-after prints after the last one: the IR (with fuse's\n"
     "group and comm's bucket lines as comments), or memplan's memory timeline.\n"
+    "A pass does not run on a graph a later pass of the pipeline has marked\n"
+    "(gradients, updates, !recompute, !group, placed collectives, the head\n"
+    "layout of attention), and autodiff, optimizer, remat, fuse and comm run\n"
+    "once: such a graph or list is refused before any pass runs.\n"
     "\n"
     "options:\n"
-    "  --passes=P1,P2,...   autodiff, optimizer, simplify, remat, fuse, comm,\n"
-    "                       schedule, memplan (required)\n"
+    "  --passes=P1,P2,...   attention, autodiff, attnlayout, optimizer, simplify,\n"
+    "                       attndqkv, remat, fuse, comm, schedule, memplan\n"
+    "                       (required)\n"
     "  --memory-budget SIZE remat's budget (as kiln compile)\n"
     "  --remat=POLICY       none, full, selective or auto (as kiln compile)\n"
     "  --nproc N            comm: N data-parallel ranks (as kiln compile)\n"
@@ -727,6 +733,8 @@ static const char usage_opt[] =
     "  --no-fuse            fuse: every op its own kernel\n"
     "  --no-fuse-attention  attention: off (keep attention as written)\n"
     "  --fuse-attention     attention: on (the default, as in kiln compile)\n"
+    "  --dump-dir DIR       where an internal error writes invalid-after-PASS.ir\n"
+    "                       (without it, nowhere)\n"
     "  --set KEY=VALUE      a train{} setting the passes read: beta1, beta2, eps,\n"
     "                       weight_decay, grad_clip (optimizer), grad_accum,\n"
     "                       bucket_mb, zero (comm), memory_budget (remat);\n"
@@ -773,41 +781,77 @@ static bool opt_set(TrainCfg *c, const char *kv)
     return true;
 }
 
+/* The most IR text kiln opt reads: a dump of models/gpt.lua (2 layers) is
+ * 100 KB, one of a 12-layer GPT-2 about 600 KB. */
+#define OPT_IR_MAX ((size_t)256 << 20)
+
 /* The whole of path ("-": standard input), NUL-terminated; NULL after
- * printing why. */
+ * printing why. Like the script and data readers it reads only a regular
+ * file (opened without blocking: a FIFO or a device is refused before any
+ * read), and at most OPT_IR_MAX bytes of text without a NUL byte; standard
+ * input, whatever it is, stops at the first NUL byte or past the bound. */
 static char *opt_read(const char *path)
 {
-    FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
-    if (!f) {
-        fprintf(stderr, "kiln opt: %s: cannot read: %s\n", path, strerror(errno));
+    bool in = strcmp(path, "-") == 0;
+    const char *name = in ? "<stdin>" : path;
+    int fd = in ? STDIN_FILENO : open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0) {
+        fprintf(stderr, "kiln opt: %s: cannot read: %s\n", name, strerror(errno));
+        if (fd >= 0 && !in)
+            close(fd);
+        return NULL;
+    }
+    if (!in && !S_ISREG(st.st_mode)) {
+        fprintf(stderr, "kiln opt: %s: not an IR file (expected a regular file, got %s)\n", name,
+                rt_file_kind(st.st_mode));
+        close(fd);
+        return NULL;
+    }
+    if (!in && (uint64_t)st.st_size > OPT_IR_MAX) {
+        fprintf(stderr, "kiln opt: %s: the IR file is %lld bytes (expected at most %zu)\n", name,
+                (long long)st.st_size, OPT_IR_MAX);
+        close(fd);
         return NULL;
     }
     size_t n = 0, cap = 1 << 16;
     char *buf = xmalloc(cap);
+    const char *why = NULL;
     for (;;) {
         if (cap - n < 2)
             buf = xrealloc(buf, cap *= 2);
-        size_t got = fread(buf + n, 1, cap - n - 1, f);
-        n += got;
+        size_t want = cap - n - 1; /* one byte past the bound tells it was passed */
+        if (want > OPT_IR_MAX + 1 - n)
+            want = OPT_IR_MAX + 1 - n;
+        ssize_t got = read(fd, buf + n, want);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got < 0) {
+            why = strerror(errno);
+            break;
+        }
         if (got == 0)
             break;
+        const char *nul = memchr(buf + n, 0, (size_t)got);
+        if (nul) {
+            fprintf(stderr, "kiln opt: %s: not IR text (expected kiln-ir text, got a NUL byte at "
+                            "offset %zu)\n", name, (size_t)(nul - buf));
+            goto fail;
+        }
+        n += (size_t)got;
+        if (n > OPT_IR_MAX) {
+            fprintf(stderr, "kiln opt: %s: more than %zu bytes of IR text (expected at most "
+                            "%zu)\n", name, OPT_IR_MAX, OPT_IR_MAX);
+            goto fail;
+        }
     }
-    bool err = ferror(f);
-    int e = errno;
-    if (f != stdin)
-        fclose(f);
-    if (err) {
-        fprintf(stderr, "kiln opt: %s: cannot read: %s\n", path, strerror(e));
-        free(buf);
-        return NULL;
+    if (why) {
+        fprintf(stderr, "kiln opt: %s: cannot read: %s\n", name, why);
+        goto fail;
     }
+    if (!in)
+        close(fd);
     buf[n] = 0;
-    if (memchr(buf, 0, n)) {
-        fprintf(stderr, "kiln opt: %s: not IR text (expected kiln-ir v1 text, got a NUL byte)\n",
-                path);
-        free(buf);
-        return NULL;
-    }
     /* a pass test (tests/passes) is its own input: the IR ends at the line
      * "# >>> ..." that starts the expected output */
     for (char *l = buf; *l; l++) {
@@ -819,6 +863,11 @@ static char *opt_read(const char *path)
             break;
     }
     return buf;
+fail:
+    if (!in)
+        close(fd);
+    free(buf);
+    return NULL;
 }
 
 /* --passes=P1,P2,...: the passes into out (at most max); the count, or -1
@@ -832,8 +881,9 @@ static int opt_passes(const char *list, const Pass **out, int max)
         size_t len = e ? (size_t)(e - p) : strlen(p);
         char name[64];
         if (len == 0 || len >= sizeof name) {
-            bad_flag("opt", "--passes expects P1,P2,... (autodiff, optimizer, simplify, remat, "
-                            "fuse, comm, schedule, memplan), got",
+            bad_flag("opt", "--passes expects P1,P2,... (attention, autodiff, attnlayout, "
+                            "optimizer, simplify, attndqkv, remat, fuse, comm, schedule, "
+                            "memplan), got",
                      list);
             return -1;
         }
@@ -841,8 +891,9 @@ static int opt_passes(const char *list, const Pass **out, int max)
         name[len] = 0;
         const Pass *ps = pass_find(name);
         if (!ps) {
-            bad_flag("opt", "unknown pass in --passes (expected autodiff, optimizer, simplify, "
-                            "remat, fuse, comm, schedule or memplan)",
+            bad_flag("opt", "unknown pass in --passes (expected attention, autodiff, attnlayout, "
+                            "optimizer, simplify, attndqkv, remat, fuse, comm, schedule or "
+                            "memplan)",
                      name);
             return -1;
         }
@@ -857,9 +908,17 @@ static int opt_passes(const char *list, const Pass **out, int max)
     }
 }
 
+/* kiln opt's hook: how many passes have finished (the next one is the one
+ * that failed, when pass_run fails after the first) */
+static void opt_count(const char *pass, const Graph *g, double seconds, void *ctx)
+{
+    (void)pass, (void)g, (void)seconds;
+    ++*(int *)ctx;
+}
+
 static int cmd_opt(int argc, char **argv)
 {
-    const char *file = NULL, *plist = NULL;
+    const char *file = NULL, *plist = NULL, *dump_dir = NULL;
     RtGraphFlags gf = {.memory_budget = -1};
     TrainCfg c;
     fe_train_defaults(&c);
@@ -892,6 +951,8 @@ static int cmd_opt(int argc, char **argv)
         } else if ((v = flag_value(argc, argv, &i, "--remat"))) {
             if ((gf.remat = pass_remat_parse_policy(v)) < 0)
                 return bad_flag("opt", "--remat expects none, full, selective or auto, got", v);
+        } else if ((v = flag_value(argc, argv, &i, "--dump-dir"))) {
+            dump_dir = v;
         } else if (argv[i][0] == '-' && argv[i][1] != 0) {
             return bad_flag("opt", "unknown option", argv[i]);
         } else if (!file) {
@@ -924,16 +985,35 @@ static int cmd_opt(int argc, char **argv)
         ir_free(g);
         return 1;
     }
+    /* the passes must accept the graph (no autodiff on gradients, no
+     * simplify after fuse): refused before any of them runs */
+    if (!pass_check(g, passes, np, err, sizeof err)) {
+        fprintf(stderr, "kiln opt: %s: %s\n", name, err);
+        ir_free(g);
+        return 1;
+    }
+    if (dump_dir && mkdir(dump_dir, 0777) != 0 && errno != EEXIST) {
+        fprintf(stderr, "kiln opt: %s: cannot create the dump directory: %s\n", dump_dir,
+                strerror(errno));
+        ir_free(g);
+        return 1;
+    }
     PassOpts po;
     rt_pass_opts(&c, &gf, &po);
+    po.dump_dir = dump_dir;
     MemPlan *mp = NULL;
     po.memplan = &mp;
     Diag d = {{0}};
-    int rc = 0;
-    if (pass_run(g, passes, np, &po, NULL, NULL, &d))
+    int rc = 0, done = 0;
+    if (pass_run(g, passes, np, &po, opt_count, &done, &d))
         pass_dump(passes[np - 1]->name, g, mp, stdout);
     else {
-        fprintf(stderr, "%s\n", d.msg);
+        /* the file and the pass that failed, then the pass's message */
+        const char *pass = passes[done < np ? done : np - 1]->name;
+        size_t pl = strlen(pass);
+        bool named = strncmp(d.msg, pass, pl) == 0 && d.msg[pl] == ':'; /* "optimizer: ..." */
+        fprintf(stderr, "kiln opt: %s: %s%s%s\n", name, named ? "" : pass, named ? "" : ": ",
+                d.msg);
         rc = 1;
     }
     pass_memplan_free(mp);

@@ -15,6 +15,7 @@
 #   "# >>> error"     kiln opt exits 1 and its standard error is exactly this.
 set -u
 KILN=${KILN:-build/kiln}
+case $KILN in /*) ;; */*) KILN=$PWD/$KILN ;; esac # kiln opt runs in each case's directory
 update=0
 if [ "${1:-}" = --update ]; then update=1; shift; fi
 dir=$(dirname "$0")
@@ -37,7 +38,9 @@ for case in "$@"; do
     ok=1
     for list in $lists; do
         # shellcheck disable=SC2086 # flags split into words on purpose
-        "$KILN" opt "$case" --passes="$list" $flags > "$tmp/out" 2> "$tmp/err"
+        # in the case's directory, so that errors name it as CASE.ir
+        (cd "$(dirname "$case")" && "$KILN" opt "$(basename "$case")" --passes="$list" $flags) \
+            > "$tmp/out" 2> "$tmp/err"
         rc=$?
         if [ "$marker" = "# >>> expected" ]; then
             got="$tmp/out"

@@ -242,7 +242,7 @@ static void test_print_format(void **state)
     Graph *g = build_all();
     char *p = ir_print_str(g);
     const char *want[] = {
-        "kiln-ir v1\nsym B=2 T=3 C=4 V=5\n",
+        "kiln-ir v2\nsym B=2 T=3 C=4 V=5\n",
         "\n%0:f32[V,C] = param \"wte\" normal(0.02)\n",
         "\n%1:i32[B,T] = input \"tokens\"\n",
         "\n%2:f32[V,C] = state \"adam.m.wte\" zeros\n",
@@ -288,10 +288,73 @@ static void test_print_format(void **state)
         "output \"loss\" %",
         "update %0 <- %",
         "update %2 <- %",
+        "\nend\n",
     };
     for (int i = 0; i < (int)(sizeof want / sizeof want[0]); i++)
         if (!strstr(p, want[i]))
             fail_msg("printed IR lacks \"%s\"; got:\n%s", want[i], p);
+    free(p);
+    ir_free(g);
+}
+
+static void expect_error(const char *text, const char *prefix, const char *needle);
+
+/* v2 text (what ir_print writes) ends with `end`: the text cut short at any
+ * line, or in the middle of one, is an error naming the file and the line,
+ * never a smaller graph; v1 text (written before the marker) parses
+ * without it. */
+static void test_end_marker(void **state)
+{
+    (void)state;
+    Graph *g = build_all();
+    char *p = ir_print_str(g);
+    size_t n = strlen(p);
+    assert_true(n > 6 && strcmp(p + n - 5, "\nend\n") == 0);
+    char err[512];
+    int cuts = 0;
+    for (size_t k = 0; k + 4 < n; k += 7) { /* every 7th byte: mid-line and at line ends */
+        char *cut = xmalloc(k + 1);
+        memcpy(cut, p, k);
+        cut[k] = 0;
+        err[0] = 0;
+        Graph *h = ir_parse(cut, "t.ir", err, sizeof err);
+        if (h)
+            fail_msg("text cut at byte %zu of %zu parsed:\n%s", k, n, cut);
+        if (strncmp(err, "t.ir:", 5) != 0)
+            fail_msg("cut at %zu: the error names no file and line: %s", k, err);
+        cuts++;
+        free(cut);
+    }
+    assert_true(cuts > 100);
+    /* cut right before the end line */
+    p[n - 4] = 0;
+    expect_error(p, "t.ir:", "the IR ends without its 'end' line");
+    /* text after the end line: only comments */
+    char *more = xasprintf("kiln-ir v2\n%%a:f32[2] = input \"a\"\noutput \"y\" %%a\nend\n"
+                           "# group 1: ...\n\n%s",
+                           "%b:f32[2] = neg %a\n");
+    expect_error(more, "t.ir:7: ", "text after the 'end' line");
+    more[strlen(more) - strlen("%b:f32[2] = neg %a\n")] = 0;
+    Graph *h = ir_parse(more, "t.ir", err, sizeof err);
+    if (!h)
+        fail_msg("%s", err);
+    ir_free(h);
+    free(more);
+    /* v1: no end line needed (and one is allowed) */
+    static const char *const v1[] = {
+        "kiln-ir v1\n%a:f32[2] = input \"a\"\noutput \"y\" %a\n",
+        "kiln-ir v1\n%a:f32[2] = input \"a\"\noutput \"y\" %a\nend\n",
+    };
+    for (int i = 0; i < 2; i++) {
+        h = ir_parse(v1[i], "t.ir", err, sizeof err);
+        if (!h)
+            fail_msg("%s", err);
+        ir_free(h);
+    }
+    expect_error("kiln-ir v2\n%a:f32[2] = input \"a\"\noutput \"y\" %a\n", "t.ir:3: ",
+                 "the IR ends without its 'end' line (expected 'end' as the last line of "
+                 "kiln-ir v2 text, got end of input): the file is cut short");
+    expect_error("kiln-ir v2\nend extra\n", "t.ir:2: ", "expected end of line");
     free(p);
     ir_free(g);
 }
@@ -355,7 +418,7 @@ static void test_hand_written(void **state)
     assert_int_equal(g->upd.v[0].target, 1);
     assert_int_equal(g->upd.v[0].value, 5);
     char *p = ir_print_str(g);
-    const char *want = "kiln-ir v1\n"
+    const char *want = "kiln-ir v2\n"
                        "sym B=2 C=4\n"
                        "%0:f32[B,C] = input \"x\"\n"
                        "%1:f32[C,C] = param \"w\" normal(0.02)\n"
@@ -364,7 +427,8 @@ static void test_hand_written(void **state)
                        "%4:f32[1,1] = reduce_sum %3 {axes=[0,1]} !backward\n"
                        "%5:f32[4,4] = mul %1, %1\n" /* the text's own numbers */
                        "output \"loss\" %4\n"
-                       "update %1 <- %5\n";
+                       "update %1 <- %5\n"
+                       "end\n";
     assert_string_equal(p, want);
     free(p);
     ir_free(g);
@@ -386,9 +450,9 @@ static void expect_error(const char *text, const char *prefix, const char *needl
 static void test_malformed(void **state)
 {
     (void)state;
-    expect_error("", "t.ir:1: ", "expected the header 'kiln-ir v1'");
+    expect_error("", "t.ir:1: ", "expected the header 'kiln-ir v2' (or v1)");
     expect_error("%a:f32[4] = input \"a\"\n", "t.ir:1: ", "expected the header");
-    expect_error("kiln-ir v2\n", "t.ir:1: ", "unsupported IR version");
+    expect_error("kiln-ir v3\n", "t.ir:1: ", "unsupported IR version");
     expect_error(HDR "%b:f32[N] = add %a, %zz\n", "t.ir:4: ", "undefined value %zz");
     expect_error(HDR "%b:f32[N] = neg %a\n%b:f32[N] = neg %a\n", "t.ir:5: ",
                  "redefinition of %b (first defined on line 4)");
@@ -494,6 +558,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trip_all_opcodes),
         cmocka_unit_test(test_print_format),
+        cmocka_unit_test(test_end_marker),
         cmocka_unit_test(test_round_trip_after_compact),
         cmocka_unit_test(test_hand_written),
         cmocka_unit_test(test_malformed),

@@ -6,6 +6,7 @@
 #include "testutil.h"
 
 #include <math.h>
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -160,7 +161,8 @@ static void test_gpt_tiny_trains_under_interpreter(void **state)
 
 /* A graph the verifier rejects stops the pipeline with "internal error",
  * the pass (here: the frontend's graph) and where its IR was written: into
- * the dump directory when there is one, else a fresh file under $TMPDIR. */
+ * the dump directory when there is one, else nowhere (issue 38: never a
+ * file the user did not ask for, such as one under $TMPDIR). */
 static void test_invalid_graph_written(void **state)
 {
     (void)state;
@@ -185,17 +187,31 @@ static void test_invalid_graph_written(void **state)
         assert_false(pass_pipeline(g, &o, NULL, NULL, NULL, &d));
         assert_non_null(strstr(d.msg, "internal error: the frontend's graph is invalid: "));
         const char *at = strstr(d.msg, "(its IR is in ");
+        if (!with_dir) {
+            /* nothing written: the message says how to keep it */
+            if (at)
+                fail_msg("an IR file was written without a dump directory: %s", d.msg);
+            assert_non_null(strstr(d.msg, "--dump-dir DIR writes "
+                                          "DIR/invalid-after-frontend.ir)"));
+            DIR *dd = opendir(dir);
+            assert_non_null(dd);
+            for (struct dirent *e; (e = readdir(dd));)
+                if (e->d_name[0] != '.')
+                    fail_msg("%s left behind in $TMPDIR", e->d_name);
+            closedir(dd);
+            ir_free(g);
+            continue;
+        }
         if (!at)
             fail_msg("no IR path in: %s", d.msg);
         char path[1024];
         snprintf(path, sizeof path, "%s", at + strlen("(its IR is in "));
         path[strlen(path) - 1] = 0; /* the closing parenthesis */
         assert_int_equal(strncmp(path, dir, strlen(dir)), 0);
-        assert_non_null(strstr(path, with_dir ? "/invalid-after-frontend.ir"
-                                              : "/kiln-invalid-after-frontend-"));
+        assert_non_null(strstr(path, "/invalid-after-frontend.ir"));
         char *text = read_file(path);
         assert_non_null(text);
-        assert_non_null(strstr(text, "kiln-ir v1\n"));
+        assert_non_null(strstr(text, "kiln-ir v2\n"));
         assert_non_null(strstr(text, "%1:f32[5] = exp %0"));
         free(text);
         unlink(path);
@@ -273,7 +289,7 @@ static void test_invalid_report_replays(void **state)
     char *replay = xasprintf("# replay: kiln opt BEFORE.ir --passes=breaker %s\n", opts);
     assert_non_null(strstr(text, replay));
     assert_non_null(strstr(text, "kiln compile MODEL --dump-after=comm"));
-    assert_non_null(strstr(text, "\nkiln-ir v1\n"));
+    assert_non_null(strstr(text, "\nkiln-ir v2\n"));
     /* the flags reproduce the options */
     Graph *h = parse_or_fail(in);
     assert_true(pass_comm(h, &o, &d));
