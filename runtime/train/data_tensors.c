@@ -360,3 +360,21 @@ void rt_tensors_close(TensorSource *s, DataBatch *b)
     free(s->perm);
     free(s);
 }
+
+int64_t rt_tensors_examples(const TensorSource *s, DataSplit split)
+{
+    return split == DATA_TRAIN ? s->ntrain : s->nval;
+}
+
+void rt_tensors_range(TensorSource *s, DataBatch *b, DataSplit split, int64_t first, int64_t n)
+{
+    const StTensor *const *src = split == DATA_TRAIN ? s->tr : s->va;
+    int64_t base = split == DATA_TRAIN ? 0 : s->val0;
+    for (int64_t r = 0; r < n; r++)
+        for (int i = 0; i < s->n; i++) {
+            DataArr *a = &b->arr[i];
+            memcpy(a->data + r * a->row_bytes,
+                   (const uint8_t *)src[i]->data + (base + first + r) * a->row_bytes,
+                   (size_t)a->row_bytes);
+        }
+}

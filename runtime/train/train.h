@@ -114,6 +114,22 @@ void rt_data_feed(Exec *e, const Graph *g, const DataBatch *b, int64_t row0);
 void rt_addition_encode(int digits, int64_t a, int64_t b, int32_t *seq);
 bool rt_addition_is_val(int digits, int64_t a, int64_t b, double val_fraction);
 
+/* The whole of a split, example by example (kiln eval, kiln predict,
+ * train{eval_batches = "all"}), in order: tensors: the split's examples in
+ * file order; text and tokens: the consecutive windows of T+1 symbols that
+ * start every T symbols (the in_order windows), each target scored once;
+ * the last (len - 1) mod T targets fill no window: with `partial` they
+ * form one more window whose missing end has mask 0, else they are left out
+ * (*left_out: how many); addition (digits <= 3): every held-out problem,
+ * (a, b) in increasing order. blobs has no end: -1 with d set, as for
+ * addition with more digits. The count of examples, or -1. */
+int64_t rt_data_examples(DataSource *s, DataSplit split, bool partial, int64_t *left_out,
+                         Diag *d);
+/* Rows 0..n-1 of the batch (1 <= n <= the source's batch): examples
+ * first..first+n-1 of split (after rt_data_examples of that split); the
+ * rows n..B-1 copies of row 0 with mask 0 (where the source has a mask). */
+const DataBatch *rt_data_range(DataSource *s, DataSplit split, int64_t first, int64_t n);
+
 /* ---- safetensors.c: reading and writing safetensors files ---------------
  * Format: u64 little-endian header length N, N bytes of JSON
  * {"NAME": {"dtype": "F32", "shape": [..], "data_offsets": [begin, end]},
@@ -158,6 +174,9 @@ typedef struct TensorSource TensorSource;
 TensorSource *rt_tensors_open(const DataCfg *c, DataBatch *b, Diag *d);
 void rt_tensors_fill(TensorSource *s, DataBatch *b, DataSplit split, int64_t index);
 bool rt_tensors_has_val(const TensorSource *s);
+int64_t rt_tensors_examples(const TensorSource *s, DataSplit split);
+/* Rows 0..n-1 of b: examples first..first+n-1 of split, in file order. */
+void rt_tensors_range(TensorSource *s, DataBatch *b, DataSplit split, int64_t first, int64_t n);
 void rt_tensors_close(TensorSource *s, DataBatch *b);
 
 /* ---- npy.c: NumPy .npy files, into the safetensors types --------------------
@@ -263,6 +282,57 @@ bool rt_trace_close(Trace *t, bool write, Diag *d);
  * calls, total ms, % of total_ms, achieved GFLOP/s and GB/s; past max_rows
  * (> 0) the rest share one row. */
 void rt_profile_print(FILE *f, RtProfRow *rows, int n, double total_ms, int max_rows);
+
+/* ---- eval.c: evaluation over the whole of a split --------------------------
+ * Runs the evaluation graph g (params already written into e) over every
+ * example of split (rt_data_examples), B rows a run, the last batch of k <
+ * B examples padded (rt_data_range) and masked, never dropped. The loss and
+ * each extra scalar output are averaged exactly over the examples (tokens
+ * where the mask input counts them), under the rule the training loop's
+ * evaluation already assumes: examples are independent (no statistic
+ * across the batch), and a batch's scalar output is a mean over its
+ * examples, or over its tokens where mask is 1 (nn.cross_entropy's masked
+ * mean) when g has a mask input that the source fills. Then
+ *   - masked: the padded rows have mask 0, so the batch's outputs are means
+ *     over its real tokens; each batch is weighted by its mask sum;
+ *   - unmasked: with every example weighing the same (a row, or its T
+ *     tokens), a batch's mean times B is the sum over its rows. The last
+ *     batch runs twice: rows 0..k-1 real and the rest copies of row 0 (mean
+ *     m1), then every row a copy of row 0 (m0, that example's own value):
+ *     the real rows sum to B*m1 - (B-k)*m0.
+ * Batch c runs on rank c mod nranks; the sums go over the ranks once, at
+ * the end (comm NULL: one rank). Accuracy (logits given) counts a real row
+ * right when the argmax of logits matches y (rowy) or every masked target. */
+typedef struct {
+    const Graph *g;
+    Exec *e;
+    DataSource *ds;
+    DataSplit split;
+    int64_t B, T;       /* rows per run, tokens per row (1: not token data) */
+    bool masked;        /* g's mask input is the source's (text, tokens, addition) */
+    int nx;             /* extra scalar outputs: their tensor ids in g (-1: absent) */
+    const int *x_ids;
+    const Tensor *logits; /* accuracy from these logits; NULL: none */
+    bool rowy;          /* accuracy: logits [B,classes] against y i32[B] */
+    RtComm *comm;
+    int rank, nranks;
+    uint64_t seed;
+    int64_t step;
+} RtEvalSpec;
+
+typedef struct {
+    double loss;          /* the mean over examples (tokens) */
+    double *x;            /* the extra outputs' means, nx (the caller's) */
+    int64_t examples;     /* every example of the split, each once */
+    double weight;        /* what the means are over: examples, or mask tokens */
+    int64_t left_out;     /* text, tokens without a mask: tail targets in no window */
+    int64_t right, total; /* accuracy counts (total 0: none) */
+    int64_t runs;         /* executor runs (the last batch unmasked: 2) */
+} RtEvalResult;
+
+/* false with d set: a split it cannot go through (blobs), an empty one, a
+ * failed run. */
+bool rt_eval_whole(const RtEvalSpec *sp, RtEvalResult *out, Diag *d);
 
 /* ---- train.c: the training loop -------------------------------------------
  * `kiln train` maps its flags 1:1 onto TrainOpts. The loop builds the
