@@ -334,6 +334,38 @@ typedef struct {
  * failed run. */
 bool rt_eval_whole(const RtEvalSpec *sp, RtEvalResult *out, Diag *d);
 
+/* ---- infer.c: kiln eval and kiln predict ----------------------------------
+ * Both compile the model's evaluation graph (forward only: Model.eval_g,
+ * dropout off) as the training loop's evaluation does, load the params from
+ * init_from (rt_weights_import: every param of the model, by name and
+ * shape), and go through every example of the data in order, B at a time,
+ * the last batch padded (rt_data_range). The data: with data_path, every
+ * example of that file or directory (the model's data kind, read as
+ * training reads it with val_fraction 0); else the validation split of
+ * the model's own data settings (--set ... changes them).
+ * rt_eval prints the loss and the extra scalar outputs, averaged exactly
+ * (rt_eval_whole), and writes them to log_dir/eval.jsonl. rt_predict
+ * writes the named outputs, one row per example (the leading dimension,
+ * B, of each), padding removed, to out: FILE.safetensors (rt_st_write) or
+ * DIR/ (one NAME.npy per output), never half-written. Each returns the
+ * exit code: 0, or 1 after printing the error (what is wrong, naming the
+ * flag or file). */
+typedef struct {
+    const char *init_from;    /* --init-from W (required) */
+    const char *data_path;    /* --data-path P; NULL: the validation split */
+    const char *device;       /* --device (NULL: cpu) */
+    int threads;              /* --threads (0: one per core) */
+    const char *cache_dir;    /* --cache-dir */
+    bool verbose, quiet;      /* -v, -q */
+    bool allow_nonfinite_data; /* --allow-nonfinite-data */
+    const char *log_dir;      /* eval: --log-dir DIR */
+    const char *const *outputs; /* predict: --outputs NAME,... */
+    int noutputs;
+    const char *out;          /* predict: --out FILE.safetensors | DIR/ */
+} InferOpts;
+int rt_eval(const Model *m, const InferOpts *o);
+int rt_predict(const Model *m, const InferOpts *o);
+
 /* ---- train.c: the training loop -------------------------------------------
  * `kiln train` maps its flags 1:1 onto TrainOpts. The loop builds the
  * training graph (pass_pipeline) and an evaluation graph (the forward graph
