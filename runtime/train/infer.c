@@ -439,6 +439,16 @@ static bool check_out(const char *out, bool *npy, Diag *d)
                 ok = false;
             }
         }
+        char *slash = strrchr(dir, '/');
+        char *parent = slash ? xasprintf("%.*s", slash == dir ? 1 : (int)(slash - dir), dir)
+                             : xstrdup(".");
+        if (ok && (stat(parent, &st) != 0 || !S_ISDIR(st.st_mode))) {
+            snprintf(d->msg, sizeof d->msg,
+                     "--out %s: cannot write (expected an existing directory %s to hold it)",
+                     out, parent);
+            ok = false;
+        }
+        free(parent);
         free(dir);
         return ok;
     }

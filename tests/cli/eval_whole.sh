@@ -4,8 +4,9 @@
 # - tensors_mlp.lua (batch 16) on 50 held-out examples (3 full batches and
 #   one of 2): the loss and accuracy equal an independent forward in Python
 #   doubles over all 50 (lib/mlp_ref.py), which differs from the mean over
-#   the first 48 (the last batch dropped); the same from --data-path, from the validation split (val_path), from the
-#   training loop's final evaluation, and in --log-dir's eval.jsonl;
+#   the first 48 (the last batch dropped); the same from --data-path, from
+#   the validation split (val_path), from the training loop's final
+#   evaluation, and in --log-dir's eval.jsonl;
 # - gpt.lua on the text split (no mask input: the last batch runs twice) and
 #   addition.lua (mask: the padding masked): batch 4, 1 and 7 give the same
 #   loss and the same count of examples; text's count is the split's
