@@ -98,4 +98,20 @@ for b in 64 7; do
 done
 [ $((cnt % 64)) -ne 0 ] && [ $((cnt % 7)) -ne 0 ] || fail "$cnt examples fill whole batches"
 echo "addition.lua: $cnt held-out problems, loss $first at batch 64 and 7"
+
+# eval_batches = "all" over ranks: 2 ranks at batch 8 (each evaluates every
+# other batch) report what 1 rank at batch 16 reports, every example once
+ADD="models/addition.lua --set L=1 --set C=32 --set H=2 --set digits=2 --steps 4
+--set eval_every=2 --set eval_batches=all"
+one=$("$KILN" train $ADD --set batch=16 2>&1) || fail "addition, one rank: $one"
+two=$("$KILN" train $ADD --set batch=8 --nproc 2 2>&1) || fail "addition, two ranks: $two"
+vl() { sed -n 's/.*val loss \([0-9.e+-]*\).*/\1/p' <<< "$1"; }
+acc() { grep -o 'accuracy [0-9.]*% ([0-9]*/[0-9]*' <<< "$1"; }
+paste <(vl "$one") <(vl "$two") | while read -r a b; do
+    close "$b" "$a" 1e-5 || fail "2 ranks: val loss $b, 1 rank: $a"
+done
+[ "$(vl "$one" | wc -l)" -eq 2 ] || fail "expected 2 evaluations: $one"
+[ "$(acc "$one")" = "$(acc "$two")" ] || fail "accuracy: 1 rank $(acc "$one"), 2 ranks $(acc "$two")"
+acc "$one" | grep -q "/$cnt\$" || fail "not every held-out problem ($cnt): $(acc "$one")"
+echo "eval_batches=all: 1 rank and 2 ranks agree: $(vl "$two" | tr '\n' ' ')"
 echo "ok"
