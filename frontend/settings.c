@@ -265,6 +265,11 @@ bool fe_train_store_text(Model *m, TrainCfg *t, const FeTrainKey *k, const char 
         return true;
     }
     if (!from_set) {
+        if (eval_batches) {
+            snprintf(why, n, "expected an integer from %.0f to %.0f or \"all\", got the string '%s'",
+                     k->lo, k->hi, s);
+            return false;
+        }
         snprintf(why, n, "expected a number, got the string '%s'", s);
         return false;
     }
