@@ -101,6 +101,12 @@ bool rt_eval_whole(const RtEvalSpec *sp, RtEvalResult *out, Diag *d)
     int64_t nb = (N + sp->B - 1) / sp->B, runs = 0;
     bool ok = true;
     for (int64_t c = sp->rank; c < nb && ok; c += sp->nranks) {
+        if (rt_stop_signal()) { /* SIGINT, SIGTERM: a whole split can take long */
+            snprintf(d->msg, sizeof d->msg, "stopped by %s during the evaluation",
+                     rt_signal_name(rt_stop_signal()));
+            ok = false;
+            break;
+        }
         int64_t first = c * sp->B, k = N - first < sp->B ? N - first : sp->B;
         const DataBatch *b = rt_data_range(sp->ds, sp->split, first, k);
         if (!(ok = run_once(sp, b, v, d)))

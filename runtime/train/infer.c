@@ -155,13 +155,14 @@ static bool setup(Inf *f, Diag *d)
     return open_data(f, d) && build(f, d) && load_weights(f, d);
 }
 
-/* Prints d's message and frees f: exit code 1. */
+/* Prints d's message and frees f: exit code 1, or 128 + the signal that
+ * stopped the run (SIGINT, SIGTERM: nothing written). */
 static int fail(Inf *f, const Diag *d)
 {
     fflush(stdout);
     fprintf(stderr, "kiln %s: %s\n", f->cmd, d->msg);
     inf_free(f);
-    return 1;
+    return rt_stop_signal() ? 128 + rt_stop_signal() : 1;
 }
 
 /* A name or string as JSON. */
@@ -537,6 +538,11 @@ int rt_predict(const Model *m, const InferOpts *o)
     }
     for (int64_t first = 0; first < N; first += B) {
         int64_t k = N - first < B ? N - first : B;
+        if (rt_stop_signal()) {
+            snprintf(d.msg, sizeof d.msg, "stopped by %s after %lld of %lld examples; nothing "
+                     "written", rt_signal_name(rt_stop_signal()), (long long)first, (long long)N);
+            goto out;
+        }
         const DataBatch *b = rt_data_range(f.r.ds, f.split, first, k);
         rt_data_feed(f.ee, g, b, 0);
         if (!rt_exec_run(f.ee, m->train.seed, 0, &d))
