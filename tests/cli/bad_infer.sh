@@ -7,7 +7,7 @@
 # file; --data-path for a model whose data reads no file; no validation
 # split; blobs (no end to go through); --out with another extension, a
 # directory that is not empty, a missing parent; missing flags;
-# train{eval_batches} neither a count nor "all".
+# train{eval_batches} neither a count nor "all"; SIGINT during a run.
 set -u
 : "${KILN:?}"
 dir=$(mktemp -d "${TMPDIR:-/tmp}/kiln-bad-infer-XXXXXX")
@@ -93,6 +93,18 @@ expect 2 '^kiln predict: --outputs expects NAME\[,NAME...\], got: logits,' \
     P --outputs logits, --out "$dir/p.safetensors"
 expect 2 '^kiln eval: unknown option: --outputs' \
     "$KILN" eval "$m" --init-from "$w" --outputs logits
+# SIGINT mid-run (a file of about 6600 windows: seconds of work): exit 130,
+# no output file
+for i in 1 2 3 4; do cat tests/data/tiny.txt; done > "$dir/big.txt"
+"$KILN" predict models/gpt.lua --init-from "$dir/g.safetensors" --data-path "$dir/big.txt" \
+    --outputs logits --out "$dir/p.big.safetensors" > "$dir/out" 2> "$dir/err" &
+pid=$!
+sleep 1
+kill -INT $pid
+wait $pid
+rc=$?
+[ $rc -eq 130 ] || fail "predict stopped by SIGINT: exit $rc, expected 130: $(cat "$dir/err")"
+grep -q 'stopped by SIGINT' "$dir/err" || fail "no stop message: $(cat "$dir/err")"
 # nothing written by any of them
 left=$(ls "$dir" | grep -E '^p\.|\.tmp|^nodir' || true)
 [ -z "$left" ] || fail "output files left behind: $left"
