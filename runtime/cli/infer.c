@@ -50,6 +50,7 @@ static const char usage_predict[] =
     "  --data-path P        the examples (required): a text or token file (one\n"
     "                       example per window of T tokens), or a .safetensors\n"
     "                       file / .npy directory with an array per model input\n"
+    "                       its outputs read (labels may be left out)\n"
     "  --outputs A,B        the outputs to write (required)\n"
     "  --out FILE           FILE.safetensors, or DIR/ (ending in '/': a new or\n"
     "                       empty directory) for one NAME.npy per output;\n"

@@ -21,6 +21,7 @@ typedef struct {
     Graph *eg;
     Exec *ee;
     void **vals;       /* host params by m->g's ids */
+    bool *optional;    /* predict: by m->g's ids, the inputs its outputs do not read */
 } Inf;
 
 static void inf_free(Inf *f)
@@ -30,6 +31,7 @@ static void inf_free(Inf *f)
             free(f->vals[i]);
         free(f->vals);
     }
+    free(f->optional);
     if (f->ee)
         rt_exec_destroy(f->ee);
     if (f->eg)
@@ -81,6 +83,7 @@ static bool open_data(Inf *f, Diag *d)
         f->r.c.val_path = NULL;
         f->split = DATA_TRAIN;
     }
+    f->r.optional_input = f->optional;
     if (!rt_train_open_data(&f->r, d)) {
         if (o->data_path) {
             char msg[sizeof d->msg];
@@ -463,11 +466,39 @@ static bool check_out(const char *out, bool *npy, Diag *d)
     return rt_output_path_check("--out", out, false, d);
 }
 
+/* The model inputs (by m->g's ids) that none of the outputs reads, in the
+ * evaluation graph as the script built it: data tensors may leave them out
+ * of the file (the labels, for a model's logits). */
+static bool *unread_inputs(const Model *m, const char *const *outs, int n)
+{
+    const Graph *g = m->eval_g ? m->eval_g : m->g;
+    bool *need = xcalloc((size_t)g->t.n + 1, sizeof *need);
+    for (int i = 0; i < n; i++) {
+        int id = ir_find_output(g, outs[i]);
+        if (id >= 0)
+            need[id] = true;
+    }
+    for (int k = g->ops.n - 1; k >= 0; k--) {
+        const Op *op = &g->ops.v[k];
+        for (int j = 0; need[op->out] && j < op->nin; j++)
+            need[op->in[j]] = true;
+    }
+    bool *opt = xcalloc((size_t)m->g->t.n + 1, sizeof *opt);
+    for (int i = 0; i < m->g->t.n; i++) {
+        const Tensor *t = &m->g->t.v[i];
+        int id = t->kind == TK_INPUT ? ir_find_tensor(g, t->name) : -1;
+        opt[i] = id >= 0 && !need[id];
+    }
+    free(need);
+    return opt;
+}
+
 int rt_predict(const Model *m, const InferOpts *o)
 {
     Inf f = {.m = m, .o = o, .cmd = "predict"};
     Diag d = {{0}};
     bool npy;
+    f.optional = unread_inputs(m, o->outputs, o->noutputs);
     if (!check_out(o->out, &npy, &d) || !setup(&f, &d))
         return fail(&f, &d);
     const Graph *g = f.eg;

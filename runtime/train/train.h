@@ -80,6 +80,9 @@ typedef struct DataWant {
     int64_t dim[IR_MAX_RANK];
     int64_t limit;            /* integer arrays: every value in [0, limit) (0: none) */
     const char *limit_what;   /* what limit is, for messages */
+    bool optional;            /* may be missing from the file: its rows are then
+                                 zeros (kiln predict: an input its outputs do
+                                 not read, such as the labels) */
 } DataWant;
 
 /* tensors: one model input's rows of a batch, [B, row_bytes]. */

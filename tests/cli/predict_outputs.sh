@@ -3,7 +3,9 @@
 # the last batch's padding removed:
 # - tensors_mlp.lua (batch 16) on 50 examples: logits f32[50,3] in a
 #   .safetensors file and in DIR/logits.npy, both equal to an independent
-#   forward in Python doubles (lib/mlp_ref.py), example by example;
+#   forward in Python doubles (lib/mlp_ref.py), example by example; a file
+#   of the features alone (no labels y, which logits do not read) gives the
+#   same logits, while kiln eval (its loss reads y) asks for y;
 # - gpt.lua on a 300-byte text file (9 windows of T=32, batch 4: the last
 #   batch holds 1): logits f32[9,32,256]; the cross-entropy computed from
 #   them against the file's next bytes equals kiln eval's loss on the same
@@ -54,6 +56,24 @@ assert worst < 1e-5, worst
 assert list(st) == list(npy)
 print("mlp logits: 50 examples, worst difference %.2g against the reference" % worst)
 PY
+
+# the features alone (no labels: logits do not read y): the same logits;
+# kiln eval, whose loss reads y, still asks for them
+st_file "$dir/xonly.safetensors" x F32 '[50,4]' "$dir/vx.raw"
+o=$("$KILN" predict "$m" --init-from "$dir/w.safetensors" --data-path "$dir/xonly.safetensors" \
+    --outputs logits --out "$dir/xonly-p.safetensors" 2>&1) || fail "predict without y: $o"
+python3 - "$dir/p.safetensors" "$dir/xonly-p.safetensors" <<'PY' || fail "logits without y differ"
+import json, struct, sys
+def data(path):
+    raw = open(path, "rb").read()
+    (n,) = struct.unpack("<Q", raw[:8])
+    a, b = json.loads(raw[8:8 + n])["logits"]["data_offsets"]
+    return raw[8 + n + a:8 + n + b]
+assert data(sys.argv[1]) == data(sys.argv[2])
+PY
+o=$("$KILN" eval "$m" --init-from "$dir/w.safetensors" --data-path "$dir/xonly.safetensors" 2>&1) &&
+    fail "kiln eval without y: $o"
+echo "$o" | grep -q 'no array "y" for the model input' || fail "kiln eval without y: $o"
 
 # gpt.lua: the logits of every window agree with kiln eval's loss
 head -c 300 tests/data/tiny.txt > "$dir/small.txt"
