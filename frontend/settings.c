@@ -266,7 +266,8 @@ bool fe_train_store_text(Model *m, TrainCfg *t, const FeTrainKey *k, const char 
     }
     if (!from_set) {
         if (eval_batches) {
-            snprintf(why, n, "expected an integer from %.0f to %.0f or \"all\", got the string '%s'",
+            snprintf(why, n,
+                     "expected an integer from %.0f to %.0f or \"all\", got the string '%s'",
                      k->lo, k->hi, s);
             return false;
         }

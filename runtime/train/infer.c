@@ -133,7 +133,8 @@ static bool load_weights(Inf *f, Diag *d)
     for (int i = 0; i < g->t.n; i++) {
         const Tensor *t = &g->t.v[i];
         if (t->kind == TK_PARAM || t->kind == TK_STATE)
-            f->vals[i] = xcalloc(1, (size_t)shape_numel(&t->s) * (size_t)dtype_size(t->s.dtype) + 1);
+            f->vals[i] =
+                xcalloc(1, (size_t)shape_numel(&t->s) * (size_t)dtype_size(t->s.dtype) + 1);
     }
     if (!rt_weights_import(f->o->init_from, g, f->m->pads, f->m->npads, f->vals, d)) {
         char msg[sizeof d->msg];
