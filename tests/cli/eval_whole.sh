@@ -7,6 +7,8 @@
 #   the first 48 (the last batch dropped); the same from --data-path, from
 #   the validation split (val_path), from the training loop's final
 #   evaluation, and in --log-dir's eval.jsonl;
+# - aux_loss.lua's extra scalar outputs xent and zloss over 40 examples
+#   (batch 32) equal their references over all 40;
 # - gpt.lua on the text split (no mask input: the last batch runs twice) and
 #   addition.lua (mask: the padding masked): batch 4, 1 and 7 give the same
 #   loss and the same count of examples; text's count is the split's
@@ -68,6 +70,33 @@ out2=$("$KILN" eval "$m" --init-from "$w" --set data_path="$dir/train.safetensor
 tv=$(sed -n 's/^final: .*| val loss \([^ ]*\) .*/\1/p' <<< "$train")
 close "$tv" "$ref" 2e-5 || fail "train{eval_batches=all}: val loss $tv, the reference $ref"
 echo "tensors: kiln eval $l, train's final $tv, reference $ref (first 48: $ref48)"
+
+# extra scalar outputs: aux_loss.lua (batch 32) on 40 examples of data
+# tensors prints xent and zloss, each the mean over all 40 (xent: the
+# reference's cross-entropy; zloss: 1e-3 x the mean square of its logits)
+python3 - "$dir/ax.raw" "$dir/ay.raw" <<'PY' || fail "writing the aux_loss data"
+import struct, sys
+xs = [((i * 7) % 11 - 5) / 3.0 for i in range(80)]
+open(sys.argv[1], "wb").write(struct.pack("<80f", *xs))
+open(sys.argv[2], "wb").write(struct.pack("<40i", *[(i * 5) % 4 for i in range(40)]))
+PY
+st_file "$dir/aux.safetensors" x F32 '[40,2]' "$dir/ax.raw" y I32 '[40]' "$dir/ay.raw"
+"$KILN" train tests/data/aux_loss.lua --steps 40 --set data=tensors -q \
+    --set data_path="$dir/aux.safetensors" --set val_fraction=0 \
+    --save-weights "$dir/aux-w.safetensors" > /dev/null 2>&1 || fail "kiln train aux_loss.lua"
+out=$("$KILN" eval tests/data/aux_loss.lua --set data=tensors --init-from "$dir/aux-w.safetensors" \
+      --data-path "$dir/aux.safetensors" 2>&1) || fail "kiln eval aux_loss.lua: $out"
+read -r xref _ _ <<< "$(LOGITS="$dir/aux-logits.txt" python3 tests/cli/lib/mlp_ref.py \
+    "$dir/aux-w.safetensors" "$dir/aux.safetensors")" || fail "mlp_ref.py on aux_loss"
+zref=$(awk '{ for (i = 1; i <= NF; i++) { s += $i * $i; n++ } } END { printf "%.12g", 1e-3 * s / n }' \
+       "$dir/aux-logits.txt")
+xe=$(sed -n 's/^eval: .*| xent \([^ ]*\).*/\1/p' <<< "$out")
+ze=$(sed -n 's/^eval: .*| zloss \([^ ]*\).*/\1/p' <<< "$out")
+close "$xe" "$xref" 2e-5 || fail "xent $xe, the reference $xref: $out"
+close "$ze" "$zref" 2e-5 || fail "zloss $ze, the reference $zref: $out"
+close "$(loss_of "$out")" "$(awk -v a="$xref" -v b="$zref" 'BEGIN { printf "%.12g", a + b }')" 2e-5 ||
+    fail "loss $(loss_of "$out") is not xent + zloss ($xref + $zref)"
+echo "aux_loss.lua: xent $xe (reference $xref), zloss $ze (reference $zref)"
 
 # token data: gpt.lua (no mask) and addition.lua (mask), whatever the batch
 "$KILN" train models/gpt.lua --steps 5 -q --save-weights "$dir/g.safetensors" > /dev/null 2>&1 ||
