@@ -550,6 +550,18 @@ int rt_predict(const Model *m, const InferOpts *o)
         snprintf(d.msg, sizeof d.msg, "no examples (expected at least 1, got 0)");
         goto out;
     }
+    long pages = sysconf(_SC_PHYS_PAGES), psize = sysconf(_SC_PAGESIZE);
+    double mem = pages > 0 && psize > 0 ? (double)pages * (double)psize : 0, all = 0;
+    for (int i = 0; i < n; i++)
+        all += (double)N * (double)row[i];
+    if (mem > 0 && all > mem) { /* held whole until written: refused before any run */
+        snprintf(d.msg, sizeof d.msg,
+                 "--outputs: %lld examples of them need %.4g bytes, more than this machine's "
+                 "memory (%.4g bytes; kiln predict holds them until it writes --out): predict "
+                 "fewer examples at a time",
+                 (long long)N, all, mem);
+        goto out;
+    }
     for (int i = 0; i < n; i++) {
         const Tensor *t = &g->t.v[ids[i]];
         double bytes = (double)N * (double)row[i];
