@@ -235,6 +235,11 @@ bool fe_train_store_text(Model *m, TrainCfg *t, const FeTrainKey *k, const char 
                              char *why, size_t n)
 {
     char *p = (char *)t + k->off, r[128];
+    bool eval_batches = strcmp(k->name, "eval_batches") == 0;
+    if (eval_batches && strcmp(s, "all") == 0) { /* the whole validation split */
+        *(int64_t *)p = TRAIN_EVAL_ALL;
+        return true;
+    }
     if (k->type == FE_TT_STR) {
         if (k->oneof) {
             size_t len = strlen(s);
@@ -260,13 +265,23 @@ bool fe_train_store_text(Model *m, TrainCfg *t, const FeTrainKey *k, const char 
         return true;
     }
     if (!from_set) {
+        if (eval_batches) {
+            snprintf(why, n,
+                     "expected an integer from %.0f to %.0f or \"all\", got the string '%s'",
+                     k->lo, k->hi, s);
+            return false;
+        }
         snprintf(why, n, "expected a number, got the string '%s'", s);
         return false;
     }
     if (k->type == FE_TT_INT) {
         int64_t v;
-        if (!fe_parse_int(s, (int64_t)k->lo, (int64_t)k->hi, &v, why, n))
+        if (!fe_parse_int(s, (int64_t)k->lo, (int64_t)k->hi, &v, why, n)) {
+            if (eval_batches) /* "expected an integer from 1 to 1000000000 or all, got x" */
+                snprintf(why, n, "expected an integer from %.0f to %.0f or \"all\", got %s",
+                         k->lo, k->hi, *s ? s : "an empty value");
             return false;
+        }
         *(int64_t *)p = v;
         return true;
     }
@@ -326,6 +341,10 @@ static void print_train_value(const TrainCfg *t, const FeTrainKey *k, FILE *f)
     switch (k->type) {
     case FE_TT_INT:
     case FE_TT_BYTES:
+        if (strcmp(k->name, "eval_batches") == 0 && *(const int64_t *)p == TRAIN_EVAL_ALL) {
+            fprintf(f, "all");
+            break;
+        }
         fprintf(f, "%lld", (long long)*(const int64_t *)p);
         break;
     case FE_TT_U64:

@@ -29,11 +29,13 @@ static const char usage_main[] =
     "commands:\n"
     "  compile   compile only: print a summary, write pass dumps\n"
     "  train     compile and train on the CPU\n"
+    "  eval      evaluate saved weights on a whole data set (loss, extra outputs)\n"
+    "  predict   write a model's outputs for every example (safetensors, .npy)\n"
     "  plan      project a run at cluster scale: memory per GPU, step, end date\n"
     "  opt       run passes on an IR file (a dump, a bug report, a pass test)\n"
     "\n"
     "`kiln COMMAND --help` lists the command's options. Documentation: README.md,\n"
-    "docs/cli.md, docs/dsl.md, docs/ir.md.\n";
+    "docs/cli.md, docs/dsl.md, docs/ir.md, docs/inference.md.\n";
 
 static const char usage_compile[] =
     "usage: kiln compile MODEL.lua [options]\n"
@@ -1078,12 +1080,17 @@ int main(int argc, char **argv)
         return check_stdout(cmd_train(argc, argv));
     if (strcmp(argv[1], "plan") == 0)
         return check_stdout(cli_plan(argc, argv));
+    if (strcmp(argv[1], "eval") == 0)
+        return check_stdout(cli_eval(argc, argv));
+    if (strcmp(argv[1], "predict") == 0)
+        return check_stdout(cli_predict(argc, argv));
     if (strcmp(argv[1], "opt") == 0)
         return check_stdout(cmd_opt(argc, argv));
     if (strcmp(argv[1], "__measure-mpi") == 0) /* kiln plan's MPI measurement, one rank */
         return rt_mpi_measure_main(argc, argv);
     fprintf(stderr,
-            "kiln: unknown command '%s' (expected compile, train, plan or opt; see kiln --help)\n",
+            "kiln: unknown command '%s' (expected compile, train, eval, predict, plan or opt; see "
+            "kiln --help)\n",
             argv[1]);
     return 2;
 }

@@ -29,6 +29,11 @@ struct DataSource {
     float *centers;     /* blobs: [classes, dim] */
     TensorSource *ts;   /* tensors */
     DataBatch b;
+    int64_t *pairs;     /* addition, the whole split (rt_data_examples): its
+                           problems a*10^n+b in order; npairs of them */
+    int64_t npairs;
+    int pairs_split;    /* the split pairs lists (-1: none yet) */
+    bool partial;       /* text, tokens: rt_data_examples counted the tail window */
 };
 
 /* ---- random numbers: a splitmix64 stream per (seed, split, index) ---- */
@@ -408,6 +413,7 @@ DataSource *rt_data_open(const DataCfg *c, Diag *d)
     }
     DataSource *s = xcalloc(1, sizeof *s);
     s->kind = (SrcKind)kind;
+    s->pairs_split = -1;
     s->c = *c;
     s->path = c->path ? xstrdup(c->path) : NULL;
     s->c.path = s->path;
@@ -508,6 +514,7 @@ void rt_data_close(DataSource *s)
     if (s->map)
         munmap(s->map, s->maplen);
     free(s->centers);
+    free(s->pairs);
     free(s->b.tokens);
     free(s->b.targets);
     free(s->b.mask);
@@ -560,4 +567,131 @@ const DataBatch *rt_data_batch(DataSource *s, DataSplit split, int64_t index)
     case SRC_BLOBS: fill_blobs(s, split, index); break;
     }
     return &s->b;
+}
+
+/* ---- the whole of a split, in order (kiln eval, kiln predict) ---- */
+
+/* The symbols [lo, hi) of split in a text or tokens file. */
+static void split_span(const DataSource *s, DataSplit split, int64_t *lo, int64_t *hi)
+{
+    *lo = split == DATA_TRAIN ? 0 : s->ntrain;
+    *hi = split == DATA_TRAIN ? s->ntrain : s->n;
+}
+
+int64_t rt_data_examples(DataSource *s, DataSplit split, bool partial, int64_t *left_out,
+                         Diag *d)
+{
+    *left_out = 0;
+    switch (s->kind) {
+    case SRC_TENSORS: return rt_tensors_examples(s->ts, split);
+    case SRC_TEXT:
+    case SRC_TOKENS: {
+        int64_t lo, hi, T = s->b.T;
+        split_span(s, split, &lo, &hi);
+        int64_t targets = hi - lo - 1, full = targets / T, rest = targets % T;
+        s->partial = partial && rest > 0;
+        if (!s->partial)
+            *left_out = rest;
+        return full + s->partial;
+    }
+    case SRC_ADDITION: {
+        if (s->c.digits > 3) {
+            snprintf(d->msg, sizeof d->msg,
+                     "addition with %d digits: the held-out problems are too many to list "
+                     "(expected digits <= 3, at most 10^6 problems, for a whole split; "
+                     "evaluate eval_batches random batches with kiln train instead)",
+                     s->c.digits);
+            return -1;
+        }
+        if (s->pairs_split != (int)split) {
+            int64_t lim = pow10i(s->c.digits);
+            free(s->pairs);
+            s->pairs = xmalloc((size_t)(lim * lim) * sizeof *s->pairs);
+            s->npairs = 0;
+            for (int64_t a = 0; a < lim; a++)
+                for (int64_t b = 0; b < lim; b++)
+                    if (rt_addition_is_val(s->c.digits, a, b, s->c.val_fraction) ==
+                        (split == DATA_VAL))
+                        s->pairs[s->npairs++] = a * lim + b;
+            s->pairs_split = (int)split;
+        }
+        return s->npairs;
+    }
+    case SRC_BLOBS:
+        snprintf(d->msg, sizeof d->msg,
+                 "data blobs draws its points at random and has no whole split to go "
+                 "through (expected data addition, text, tokens or tensors)");
+        return -1;
+    }
+    return -1;
+}
+
+/* Copies row `from` of every array of b over row `to`. */
+static void copy_row(DataBatch *b, int64_t from, int64_t to)
+{
+    int64_t T = b->T;
+    if (b->tokens) {
+        memcpy(b->tokens + to * T, b->tokens + from * T, (size_t)T * sizeof *b->tokens);
+        memcpy(b->targets + to * T, b->targets + from * T, (size_t)T * sizeof *b->targets);
+        memcpy(b->mask + to * T, b->mask + from * T, (size_t)T * sizeof *b->mask);
+    }
+    if (b->x)
+        memcpy(b->x + to * b->D, b->x + from * b->D, (size_t)b->D * sizeof *b->x);
+    if (b->y && !b->narr)
+        b->y[to] = b->y[from];
+    for (int k = 0; k < b->narr; k++) {
+        DataArr *a = &b->arr[k];
+        memcpy(a->data + to * a->row_bytes, a->data + from * a->row_bytes, (size_t)a->row_bytes);
+    }
+}
+
+const DataBatch *rt_data_range(DataSource *s, DataSplit split, int64_t first, int64_t n)
+{
+    DataBatch *b = &s->b;
+    if (n < 1 || n > b->B)
+        die("rt_data_range: %lld rows in a batch of %lld", (long long)n, (long long)b->B);
+    switch (s->kind) {
+    case SRC_TENSORS: rt_tensors_range(s->ts, b, split, first, n); break;
+    case SRC_TEXT:
+    case SRC_TOKENS: {
+        int64_t lo, hi, T = b->T;
+        split_span(s, split, &lo, &hi);
+        for (int64_t r = 0; r < n; r++) {
+            int64_t p = lo + (first + r) * T;
+            for (int64_t t = 0; t < T; t++) {
+                int64_t i = p + t;
+                bool in = i + 1 < hi; /* the target exists: a partial window's end is masked */
+                b->tokens[r * T + t] = symbol_at(s, in ? i : hi - 2);
+                b->targets[r * T + t] = symbol_at(s, in ? i + 1 : hi - 1);
+                b->mask[r * T + t] = in ? 1.0f : 0.0f;
+            }
+        }
+        break;
+    }
+    case SRC_ADDITION: {
+        int nd = s->c.digits;
+        int64_t lim = pow10i(nd), T = b->T;
+        int32_t seq[3 * 9 + 4];
+        int len = 3 * nd + 4;
+        if (s->pairs_split != (int)split)
+            die("rt_data_range: addition split not listed (rt_data_examples first)");
+        for (int64_t r = 0; r < n; r++) {
+            int64_t pr = s->pairs[first + r];
+            rt_addition_encode(nd, pr / lim, pr % lim, seq);
+            for (int64_t t = 0; t < T; t++) {
+                b->tokens[r * T + t] = t < len ? seq[t] : ADD_PAD;
+                b->targets[r * T + t] = t + 1 < len ? seq[t + 1] : ADD_PAD;
+                b->mask[r * T + t] = (t + 1 >= 2 * nd + 2 && t + 1 <= 3 * nd + 3) ? 1.0f : 0.0f;
+            }
+        }
+        break;
+    }
+    case SRC_BLOBS: die("rt_data_range: blobs has no whole split");
+    }
+    for (int64_t r = n; r < b->B; r++) {
+        copy_row(b, 0, r);
+        if (b->mask)
+            memset(b->mask + r * b->T, 0, (size_t)b->T * sizeof *b->mask);
+    }
+    return b;
 }

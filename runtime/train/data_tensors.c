@@ -152,6 +152,10 @@ static bool match(const char *path, bool dir, const StFile *f, const char *skipp
         const DataWant *w = &c->want[i];
         const StTensor *t = rt_st_find(f, w->name);
         char a[128], b[128];
+        if (!t && w->optional) { /* fed zeros (rt_tensors_range) */
+            out[i] = NULL;
+            continue;
+        }
         if (!t) {
             char names[512];
             size_t k = (size_t)snprintf(a, sizeof a, "%s[N", dtype_name(w->dtype));
@@ -272,9 +276,9 @@ TensorSource *rt_tensors_open(const DataCfg *c, DataBatch *b, Diag *d)
     for (int i = 0; i < s->n; i++) {
         DataArr *a = &b->arr[i];
         a->name = c->want[i].name;
-        a->row_bytes = (int64_t)(s->tr[i]->nbytes / (size_t)N);
-        if (s->tr[i]->nbytes == 0) /* rows of 0 elements */
-            a->row_bytes = 0;
+        a->row_bytes = (int64_t)dtype_size(c->want[i].dtype); /* the want's: tr[i] may be absent */
+        for (int k = 0; k < c->want[i].rank; k++)
+            a->row_bytes *= c->want[i].dim[k];
         if (!(a->data = calloc((size_t)(s->B * a->row_bytes) + 1, 1))) {
             snprintf(d->msg, sizeof d->msg,
                      "data tensors: cannot allocate a batch of %lld rows of \"%s\" (%lld bytes "
@@ -331,8 +335,11 @@ void rt_tensors_fill(TensorSource *s, DataBatch *b, DataSplit split, int64_t ind
         }
         for (int i = 0; i < s->n; i++) {
             DataArr *a = &b->arr[i];
-            memcpy(a->data + r * a->row_bytes, (const uint8_t *)src[i]->data + ex * a->row_bytes,
-                   (size_t)a->row_bytes);
+            if (!src[i]) /* an optional array the file lacks */
+                memset(a->data + r * a->row_bytes, 0, (size_t)a->row_bytes);
+            else
+                memcpy(a->data + r * a->row_bytes,
+                       (const uint8_t *)src[i]->data + ex * a->row_bytes, (size_t)a->row_bytes);
         }
     }
 }
@@ -359,4 +366,25 @@ void rt_tensors_close(TensorSource *s, DataBatch *b)
     free(s->va);
     free(s->perm);
     free(s);
+}
+
+int64_t rt_tensors_examples(const TensorSource *s, DataSplit split)
+{
+    return split == DATA_TRAIN ? s->ntrain : s->nval;
+}
+
+void rt_tensors_range(TensorSource *s, DataBatch *b, DataSplit split, int64_t first, int64_t n)
+{
+    const StTensor *const *src = split == DATA_TRAIN ? s->tr : s->va;
+    int64_t base = split == DATA_TRAIN ? 0 : s->val0;
+    for (int64_t r = 0; r < n; r++)
+        for (int i = 0; i < s->n; i++) {
+            DataArr *a = &b->arr[i];
+            if (!src[i]) /* an optional array the file lacks */
+                memset(a->data + r * a->row_bytes, 0, (size_t)a->row_bytes);
+            else
+                memcpy(a->data + r * a->row_bytes,
+                       (const uint8_t *)src[i]->data + (base + first + r) * a->row_bytes,
+                       (size_t)a->row_bytes);
+        }
 }

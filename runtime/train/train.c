@@ -278,8 +278,66 @@ static void fmt_extras(const Run *r, const float *fv, const double *dv, char *bu
  * the run stops here; d gains where, and the checkpoint it keeps. False. */
 static bool log_failed(const Run *r, Diag *d);
 
+/* train{eval_batches = "all"}: the whole validation split (eval.c), each
+ * example once, whatever the batch; the same lines and log as evaluate. */
+static bool evaluate_all(Run *r, Diag *d)
+{
+    double t_start = ir_now();
+    pull_state(r);
+    for (int i = 0; i < r->eg->t.n; i++) {
+        const Tensor *t = &r->eg->t.v[i];
+        if (t->kind != TK_PARAM)
+            continue;
+        int src = ir_find_tensor(r->tg, t->name);
+        if (src < 0 || !r->vals[src])
+            die("evaluate_all: param %s missing from the training graph", t->name);
+        rt_exec_write(r->ee, i, r->vals[src]);
+    }
+    int lid = ir_find_output(r->eg, "logits");
+    const Tensor *lt = lid >= 0 ? &r->eg->t.v[lid] : NULL;
+    bool acc = lt && (r->addition || r->rowy);
+    RtEvalSpec sp = {.g = r->eg, .e = r->ee, .ds = r->ds, .split = DATA_VAL, .B = r->B,
+                     .T = r->T, .masked = rt_train_input(r->eg, "mask") && !r->tensors,
+                     .nx = r->nx, .x_ids = r->x_e, .logits = acc ? lt : NULL, .rowy = r->rowy,
+                     .comm = r->comm, .rank = rt_dp_rank(r->dp), .nranks = rt_dp_size(r->dp),
+                     .seed = r->c.seed, .step = r->step};
+    RtEvalResult res = {.x = r->x_eval};
+    if (!rt_eval_whole(&sp, &res, d))
+        return false;
+    r->last_val_loss = res.loss;
+    r->have_val = true;
+    if (acc && res.total > 0) {
+        r->have_acc = true;
+        r->acc_right = res.right;
+        r->acc_total = res.total;
+        r->last_acc = (double)res.right / (double)res.total;
+    }
+    if (!rt_runlog_eval(r->log, r->step, r->last_val_loss, r->x_name, r->x_eval, r->nx,
+                        acc ? r->last_acc : NAN, d))
+        return log_failed(r, d);
+    phase(r, PH_EVAL, t_start, ir_now());
+    return true;
+}
+
+/* train{eval_batches = "all"} on a source without a whole split (blobs;
+ * addition with more than 3 digits): refused before the first step. */
+static bool check_eval_all(Run *r, Diag *d)
+{
+    int64_t left;
+    if (rt_data_examples(r->ds, DATA_VAL, rt_train_input(r->eg, "mask") && !r->tensors, &left,
+                         d) >= 0)
+        return true;
+    char msg[sizeof d->msg];
+    snprintf(msg, sizeof msg, "%s", d->msg);
+    snprintf(d->msg, sizeof d->msg, "%s:%d: train{eval_batches = \"all\"}: %.1800s", r->m->path,
+             r->m->train_line, msg);
+    return false;
+}
+
 static bool evaluate(Run *r, Diag *d)
 {
+    if (r->c.eval_batches == TRAIN_EVAL_ALL)
+        return evaluate_all(r, d);
     double t_start = ir_now();
     pull_state(r);
     for (int i = 0; i < r->eg->t.n; i++) {
@@ -1021,6 +1079,8 @@ int rt_train(const Model *m, const TrainOpts *o)
     int64_t log_every = log_interval(&r.c, r.c.steps - r.step);
     double last_status = 0; /* when the status line was last rewritten (10 per s at most) */
     find_extra_scalars(&r);
+    if (r.c.eval_batches == TRAIN_EVAL_ALL && rt_data_has_val(r.ds) && !check_eval_all(&r, &d))
+        goto out;
     r.grad_norm_t = ir_find_output(r.tg, "grad_norm");
     if (o->log_dir && rt_dp_rank(r.dp) == 0) {
         char title[512];

@@ -80,6 +80,9 @@ typedef struct DataWant {
     int64_t dim[IR_MAX_RANK];
     int64_t limit;            /* integer arrays: every value in [0, limit) (0: none) */
     const char *limit_what;   /* what limit is, for messages */
+    bool optional;            /* may be missing from the file: its rows are then
+                                 zeros (kiln predict: an input its outputs do
+                                 not read, such as the labels) */
 } DataWant;
 
 /* tensors: one model input's rows of a batch, [B, row_bytes]. */
@@ -113,6 +116,22 @@ void rt_data_feed(Exec *e, const Graph *g, const DataBatch *b, int64_t row0);
 /* addition: writes the 3n+4 symbols of a+b (see above) into seq. */
 void rt_addition_encode(int digits, int64_t a, int64_t b, int32_t *seq);
 bool rt_addition_is_val(int digits, int64_t a, int64_t b, double val_fraction);
+
+/* The whole of a split, example by example (kiln eval, kiln predict,
+ * train{eval_batches = "all"}), in order: tensors: the split's examples in
+ * file order; text and tokens: the consecutive windows of T+1 symbols that
+ * start every T symbols (the in_order windows), each target scored once;
+ * the last (len - 1) mod T targets fill no window: with `partial` they
+ * form one more window whose missing end has mask 0, else they are left out
+ * (*left_out: how many); addition (digits <= 3): every held-out problem,
+ * (a, b) in increasing order. blobs has no end: -1 with d set, as for
+ * addition with more digits. The count of examples, or -1. */
+int64_t rt_data_examples(DataSource *s, DataSplit split, bool partial, int64_t *left_out,
+                         Diag *d);
+/* Rows 0..n-1 of the batch (1 <= n <= the source's batch): examples
+ * first..first+n-1 of split (after rt_data_examples of that split); the
+ * rows n..B-1 copies of row 0 with mask 0 (where the source has a mask). */
+const DataBatch *rt_data_range(DataSource *s, DataSplit split, int64_t first, int64_t n);
 
 /* ---- safetensors.c: reading and writing safetensors files ---------------
  * Format: u64 little-endian header length N, N bytes of JSON
@@ -158,6 +177,9 @@ typedef struct TensorSource TensorSource;
 TensorSource *rt_tensors_open(const DataCfg *c, DataBatch *b, Diag *d);
 void rt_tensors_fill(TensorSource *s, DataBatch *b, DataSplit split, int64_t index);
 bool rt_tensors_has_val(const TensorSource *s);
+int64_t rt_tensors_examples(const TensorSource *s, DataSplit split);
+/* Rows 0..n-1 of b: examples first..first+n-1 of split, in file order. */
+void rt_tensors_range(TensorSource *s, DataBatch *b, DataSplit split, int64_t first, int64_t n);
 void rt_tensors_close(TensorSource *s, DataBatch *b);
 
 /* ---- npy.c: NumPy .npy files, into the safetensors types --------------------
@@ -263,6 +285,89 @@ bool rt_trace_close(Trace *t, bool write, Diag *d);
  * calls, total ms, % of total_ms, achieved GFLOP/s and GB/s; past max_rows
  * (> 0) the rest share one row. */
 void rt_profile_print(FILE *f, RtProfRow *rows, int n, double total_ms, int max_rows);
+
+/* ---- eval.c: evaluation over the whole of a split --------------------------
+ * Runs the evaluation graph g (params already written into e) over every
+ * example of split (rt_data_examples), B rows a run, the last batch of k <
+ * B examples padded (rt_data_range) and masked, never dropped. The loss and
+ * each extra scalar output are averaged exactly over the examples (tokens
+ * where the mask input counts them), under the rule the training loop's
+ * evaluation already assumes: examples are independent (no statistic
+ * across the batch), and a batch's scalar output is a mean over its
+ * examples, or over its tokens where mask is 1 (nn.cross_entropy's masked
+ * mean) when g has a mask input that the source fills. Then
+ *   - masked: the padded rows have mask 0, so the batch's outputs are means
+ *     over its real tokens; each batch is weighted by its mask sum;
+ *   - unmasked: with every example weighing the same (a row, or its T
+ *     tokens), a batch's mean times B is the sum over its rows. The last
+ *     batch runs twice: rows 0..k-1 real and the rest copies of row 0 (mean
+ *     m1), then every row a copy of row 0 (m0, that example's own value):
+ *     the real rows sum to B*m1 - (B-k)*m0.
+ * Batch c runs on rank c mod nranks; the sums go over the ranks once, at
+ * the end (comm NULL: one rank). Accuracy (logits given) counts a real row
+ * right when the argmax of logits matches y (rowy) or every masked target. */
+typedef struct {
+    const Graph *g;
+    Exec *e;
+    DataSource *ds;
+    DataSplit split;
+    int64_t B, T;       /* rows per run, tokens per row (1: not token data) */
+    bool masked;        /* g's mask input is the source's (text, tokens, addition) */
+    int nx;             /* extra scalar outputs: their tensor ids in g (-1: absent) */
+    const int *x_ids;
+    const Tensor *logits; /* accuracy from these logits; NULL: none */
+    bool rowy;          /* accuracy: logits [B,classes] against y i32[B] */
+    RtComm *comm;
+    int rank, nranks;
+    uint64_t seed;
+    int64_t step;
+} RtEvalSpec;
+
+typedef struct {
+    double loss;          /* the mean over examples (tokens) */
+    double *x;            /* the extra outputs' means, nx (the caller's) */
+    int64_t examples;     /* every example of the split, each once */
+    double weight;        /* what the means are over: examples, or mask tokens */
+    int64_t left_out;     /* text, tokens without a mask: tail targets in no window */
+    int64_t right, total; /* accuracy counts (total 0: none) */
+    int64_t runs;         /* executor runs (the last batch unmasked: 2) */
+} RtEvalResult;
+
+/* false with d set: a split it cannot go through (blobs), an empty one, a
+ * failed run. */
+bool rt_eval_whole(const RtEvalSpec *sp, RtEvalResult *out, Diag *d);
+
+/* ---- infer.c: kiln eval and kiln predict ----------------------------------
+ * Both compile the model's evaluation graph (forward only: Model.eval_g,
+ * dropout off) as the training loop's evaluation does, load the params from
+ * init_from (rt_weights_import: every param of the model, by name and
+ * shape), and go through every example of the data in order, B at a time,
+ * the last batch padded (rt_data_range). The data: with data_path, every
+ * example of that file or directory (the model's data kind, read as
+ * training reads it with val_fraction 0); else the validation split of
+ * the model's own data settings (--set ... changes them).
+ * rt_eval prints the loss and the extra scalar outputs, averaged exactly
+ * (rt_eval_whole), and writes them to log_dir/eval.jsonl. rt_predict
+ * writes the named outputs, one row per example (the leading dimension,
+ * B, of each), padding removed, to out: FILE.safetensors (rt_st_write) or
+ * DIR/ (one NAME.npy per output), never half-written. Each returns the
+ * exit code: 0, or 1 after printing the error (what is wrong, naming the
+ * flag or file). */
+typedef struct {
+    const char *init_from;    /* --init-from W (required) */
+    const char *data_path;    /* --data-path P; NULL: the validation split */
+    const char *device;       /* --device (NULL: cpu) */
+    int threads;              /* --threads (0: one per core) */
+    const char *cache_dir;    /* --cache-dir */
+    bool verbose, quiet;      /* -v, -q */
+    bool allow_nonfinite_data; /* --allow-nonfinite-data */
+    const char *log_dir;      /* eval: --log-dir DIR */
+    const char *const *outputs; /* predict: --outputs NAME,... */
+    int noutputs;
+    const char *out;          /* predict: --out FILE.safetensors | DIR/ */
+} InferOpts;
+int rt_eval(const Model *m, const InferOpts *o);
+int rt_predict(const Model *m, const InferOpts *o);
 
 /* ---- train.c: the training loop -------------------------------------------
  * `kiln train` maps its flags 1:1 onto TrainOpts. The loop builds the

@@ -29,6 +29,8 @@ typedef struct TrainCfg {
                               read in order (data.c: in_order) */
     int64_t digits;        /* addition task: digits per operand */
     double val_fraction; int64_t eval_every, eval_batches, log_every, checkpoint_every;
+                           /* eval_batches: TRAIN_EVAL_ALL for "all": the whole
+                              validation split (eval.c) */
     const char *checkpoint;   /* path prefix for checkpoints, NULL: none */
     int64_t memory_budget;    /* bytes, 0 none; accepts "512MiB", "2GiB" strings too */
     const char *precision;    /* "f32" (default) or "bf16" */
@@ -41,6 +43,9 @@ typedef struct TrainCfg {
     const char *on_nonfinite; /* "stop" (default) or "skip": a step whose loss or
                                  gradient norm is not finite (never applied) */
 } TrainCfg;
+
+/* train{eval_batches = "all"} */
+#define TRAIN_EVAL_ALL (-1)
 
 /* A param whose rows [rows, dim 0) are padding (padded_rows() in a model
  * script: a vocabulary padded to a multiple, docs/dsl.md): nothing reads

@@ -106,6 +106,7 @@ static bool tensors_cfg(Run *r, const Tensor *logits, DataCfg *dc, Diag *d)
         x->dtype = t->s.dtype;
         x->rank = t->s.rank - 1;
         memcpy(x->dim, t->s.dim + 1, (size_t)x->rank * sizeof *x->dim);
+        x->optional = r->optional_input && r->optional_input[t->id];
         if (x->dtype == DT_I32 || x->dtype == DT_I64 || x->dtype == DT_U8) {
             char nm[512], what[600];
             int64_t rows = gather_rows(g, t->id, nm, sizeof nm);

@@ -97,7 +97,7 @@ expect_error "addition: with 1 digits and val_fraction 0.001 the validation spli
 # 14. eval_batches past the limit (used to abort allocating 16 GB; now
 # evaluation streams its batches, so the limit is the settings' 10^9); past
 # one chunk of 4096 batches every held-out row is counted
-expect_error "--set eval_batches: expected an integer from 1 to 1000000000, got 1000000001" \
+expect_error "--set eval_batches: expected an integer from 1 to 1000000000 or \"all\", got 1000000001" \
     -- "${gpt[@]}" --set eval_batches=1000000001
 "$KILN" train models/mlp.lua --steps 1 -q --set eval_batches=8197 > "$dir/eval.log" 2>&1 ||
     fail "eval_batches=8197: $(cat "$dir/eval.log")"

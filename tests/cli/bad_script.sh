@@ -82,7 +82,7 @@ expect_error -s 2 "--peak-gflops expects a positive number, got: inf" -- \
 # integer settings: --set, and train{} values at the train{} line
 expect_error "--set grad_accum: expected an integer from 1 to 1024, got 4294967297" -- \
     "$KILN" train models/mlp.lua --steps 1 --set grad_accum=4294967297
-expect_error "--set eval_batches: expected an integer from 1 to 1000000000, got 1000000001" -- \
+expect_error "--set eval_batches: expected an integer from 1 to 1000000000 or \"all\", got 1000000001" -- \
     "$KILN" train models/mlp.lua --steps 1 --set eval_batches=1000000001
 expect_error "--set seed: expected an integer from 0 to 18446744073709551615, got 7x" -- \
     "$KILN" train models/mlp.lua --steps 1 --set seed=7x
