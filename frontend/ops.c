@@ -316,9 +316,7 @@ static bool opt_flag(lua_State *L, int idx, const char *key)
 static int l_matmul(lua_State *L)
 {
     int a = fe_check_tensor(L, 1, "matmul"), b = fe_check_tensor(L, 2, "matmul");
-    if (!lua_isnoneornil(L, 3) && !lua_istable(L, 3))
-        fe_error(L, "matmul: options must be a table such as {ta=true, tb=false} (got %s)",
-                 luaL_typename(L, 3));
+    fe_check_opts(L, 3, "matmul", "ta:flag tb:flag");
     bool ta = opt_flag(L, 3, "ta"), tb = opt_flag(L, 3, "tb");
     Shape sa = fe_tshape(L, a), sb = fe_tshape(L, b);
     if (sa.rank < 2 || sb.rank < 2)
