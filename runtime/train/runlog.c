@@ -161,18 +161,50 @@ static bool close_log(LineFile *lf, Diag *d)
     return ok;
 }
 
-RunLog *rt_runlog_open(const char *dir, const char *title, bool training, Diag *d)
+bool rt_runlog_dir(const char *dir, Diag *d)
 {
     struct stat st;
-    if (mkdir(dir, 0777) != 0 && errno != EEXIST) {
-        snprintf(d->msg, sizeof d->msg, "--log-dir %s: cannot create the directory: %s", dir,
-                 strerror(errno));
-        return NULL;
+    if (!*dir) {
+        snprintf(d->msg, sizeof d->msg, "--log-dir: expected a directory, got an empty value");
+        return false;
     }
-    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
-        snprintf(d->msg, sizeof d->msg, "--log-dir %s: not a directory", dir);
-        return NULL;
+    if (rt_mkdir_p(dir))
+        return true;
+    int e = errno;
+    /* the first part of the path that is there but is not a directory */
+    char *p = xstrdup(dir);
+    bool found = false;
+    for (char *c = p + 1;; c++) {
+        char was = *c;
+        if (was && was != '/')
+            continue;
+        *c = 0;
+        if (stat(p, &st) == 0 && !S_ISDIR(st.st_mode)) {
+            found = true;
+            break;
+        }
+        if (!was)
+            break;
+        *c = was;
     }
+    if (found && strcmp(p, dir) == 0)
+        snprintf(d->msg, sizeof d->msg, "--log-dir %s: not a directory (expected a directory, "
+                 "got %s)", dir, S_ISREG(st.st_mode) ? "a regular file" : rt_file_kind(st.st_mode));
+    else if (found)
+        snprintf(d->msg, sizeof d->msg, "--log-dir %s: cannot create the directory: %s is %s "
+                 "(expected a directory)", dir, p,
+                 S_ISREG(st.st_mode) ? "a regular file" : rt_file_kind(st.st_mode));
+    else
+        snprintf(d->msg, sizeof d->msg, "--log-dir %s: cannot create the directory or write in "
+                 "it: %s", dir, strerror(e));
+    free(p);
+    return false;
+}
+
+RunLog *rt_runlog_open(const char *dir, const char *title, bool training, Diag *d)
+{
+    if (!rt_runlog_dir(dir, d))
+        return NULL;
     RunLog *l = xcalloc(1, sizeof *l);
     l->dir = xstrdup(dir);
     l->title = xstrdup(title);

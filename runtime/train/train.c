@@ -1012,7 +1012,9 @@ int rt_train(const Model *m, const TrainOpts *o)
     if ((o->save_weights && !rt_output_path_check("--save-weights", o->save_weights, false, &d)) ||
         (ckpt && !rt_output_path_check(o->checkpoint ? "--checkpoint" : "train.checkpoint", ckpt,
                                        true, &d)) ||
-        !writable_dir(o->trace, &d) || !rt_train_open_data(&r, &d) || !build(&r, &d) ||
+        !writable_dir(o->trace, &d) ||
+        (o->log_dir && rt_dp_rank(r.dp) == 0 && !rt_runlog_dir(o->log_dir, &d)) ||
+        !rt_train_open_data(&r, &d) || !build(&r, &d) ||
         !init_state(&r, &d))
         goto out;
     int lr_id = ir_find_tensor(r.tg, "lr");
