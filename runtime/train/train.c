@@ -498,9 +498,16 @@ static void step_time_add(StepTimes *t, double x)
     t->ms[t->n++] = x;
 }
 
+/* Throughput's unit: tokens where the data has a token axis, else
+ * examples (r->tok_per_row); per_step counts it for one step. */
+static const char *tput_unit(const Run *r)
+{
+    return r->tok_per_row > 0 ? "tok/s" : "ex/s";
+}
+
 /* The run was stopped by sig (rt_dp_stop) after its current step: the
  * summary line into d (rank 0; empty on the others). */
-static void stop_summary(Run *r, int sig, float loss, int64_t tokens, const char *ckpt,
+static void stop_summary(Run *r, int sig, float loss, int64_t per_step, const char *ckpt,
                          Diag *d)
 {
     d->msg[0] = 0;
@@ -516,8 +523,8 @@ static void stop_summary(Run *r, int sig, float loss, int64_t tokens, const char
         k += (size_t)snprintf(p + k, n - k, ": no step ran");
     if (r->times.n) {
         double med = ir_median(r->times.ms, r->times.n);
-        k += (size_t)snprintf(p + k, n - k, " | median %.2f ms/step | %.0f tok/s", med,
-                              (double)tokens / (med * 1e-3));
+        k += (size_t)snprintf(p + k, n - k, " | median %.2f ms/step | %.0f %s", med,
+                              (double)per_step / (med * 1e-3), tput_unit(r));
     }
     if (r->have_val)
         k += (size_t)snprintf(p + k, n - k, " | last val loss %.9g", r->last_val_loss);
@@ -582,7 +589,7 @@ static void fmt_mfu(char *buf, size_t n, double flops, const Graph *g, double ms
  * second): step/total, loss and the extra scalars, then tokens/s, MFU and
  * the time left at the median step time so far, cut to the terminal's
  * width. */
-static void progress(Run *r, float loss, const char *extras, int64_t tokens)
+static void progress(Run *r, float loss, const char *extras, int64_t per_step)
 {
     char mfu[64], line[1024], left[48];
     double step_ms = ir_median(r->times.ms, r->times.n);
@@ -596,9 +603,9 @@ static void progress(Run *r, float loss, const char *extras, int64_t tokens)
         snprintf(left, sizeof left, "%lldh%02lldm left", m / 60, m % 60);
     else
         snprintf(left, sizeof left, "%lldm%02llds left", m, (long long)s % 60);
-    int n = snprintf(line, sizeof line, "step %lld/%lld | loss %.4f%s | %.0f tok/s | %s | %s",
+    int n = snprintf(line, sizeof line, "step %lld/%lld | loss %.4f%s | %.0f %s | %s | %s",
                      (long long)r->step, (long long)r->steps, (double)loss, extras,
-                     (double)tokens / (step_ms * 1e-3), mfu, left);
+                     (double)per_step / (step_ms * 1e-3), tput_unit(r), mfu, left);
     int cols = rt_stdout_columns();
     if (n > cols - 1 && cols > 1)
         line[cols - 1] = 0;
@@ -1031,7 +1038,10 @@ int rt_train(const Model *m, const TrainOpts *o)
             goto out;
     }
     double last_b = 0, last_c = 0; /* the last step's compute interval */
-    int64_t tokens = r.B * r.T * rt_dp_rows_factor(r.dp), first = r.step;
+    /* throughput: tokens per step where the data has a token axis, else
+     * examples (tput_unit) */
+    int64_t examples = r.B * rt_dp_rows_factor(r.dp), first = r.step;
+    int64_t per_step = r.tok_per_row > 0 ? examples * r.tok_per_row : examples;
     float loss = NAN;
     bool skip = r.c.on_nonfinite && strcmp(r.c.on_nonfinite, "skip") == 0;
     rt_dp_start_together(r.dp);
@@ -1111,7 +1121,9 @@ int rt_train(const Model *m, const TrainOpts *o)
             RtStepRecord rec = {
                 .step = r.step, .loss = loss, .extra_name = r.x_name, .extra = r.x_val,
                 .nextra = r.nx, .lr = lr_t ? rt_lr_at(&r.c, r.step - 1, r.steps) : NAN,
-                .grad_norm = gn, .ms = step_ms, .tokens_per_s = (double)tokens / (step_ms * 1e-3),
+                .grad_norm = gn, .ms = step_ms,
+                .examples_per_s = (double)examples / (step_ms * 1e-3),
+                .tokens_per_s = r.tok_per_row > 0 ? (double)per_step / (step_ms * 1e-3) : NAN,
                 .mfu = peak > 0 ? model / (step_ms * 1e-3) / peak : NAN,
                 .hfu = peak > 0 ? r.flops / (step_ms * 1e-3) / peak : NAN,
                 .mem_bytes = rt_exec_arena_bytes(r.te), .comm_ms = cbusy, .comm_exposed_ms = cexp};
@@ -1127,11 +1139,12 @@ int rt_train(const Model *m, const TrainOpts *o)
             char eta[96] = "";
             if (rt_dp_size(r.dp) > 1)
                 fmt_eta(eta, sizeof eta, ir_median(r.times.ms, r.times.n), r.steps - r.step);
-            printf("%sstep %5lld/%lld | loss %.6f%s | lr %.3e | %8.2f ms | %9.0f tok/s | %s | "
+            printf("%sstep %5lld/%lld | loss %.6f%s | lr %.3e | %8.2f ms | %9.0f %s | %s | "
                    "mem %s%s%s\n",
                    tty ? "\r\033[K" : "", (long long)r.step, (long long)r.steps,
                    (double)loss, extras, lr_t ? rt_lr_at(&r.c, r.step - 1, r.steps) : 0.0,
-                   step_ms, (double)tokens / (step_ms * 1e-3), mfu, mem, eta, skipped);
+                   step_ms, (double)per_step / (step_ms * 1e-3), tput_unit(&r), mfu, mem, eta,
+                   skipped);
             fflush(stdout);
         }
         if (r.c.eval_every > 0 && r.step % r.c.eval_every == 0 && r.step < r.steps &&
@@ -1155,7 +1168,7 @@ int rt_train(const Model *m, const TrainOpts *o)
             goto out;
         double now = ir_now();
         if (tty && (now - last_status >= 0.1 || r.step == r.steps)) {
-            progress(&r, loss, extras, tokens);
+            progress(&r, loss, extras, per_step);
             last_status = now;
         }
     }
@@ -1168,7 +1181,7 @@ int rt_train(const Model *m, const TrainOpts *o)
     if (!stop) /* a signal during the last step */
         stop = rt_dp_stop(r.dp);
     if (stop) {
-        stop_summary(&r, stop, loss, tokens, ckpt, &d);
+        stop_summary(&r, stop, loss, per_step, ckpt, &d);
         rc = 128 + stop;
         goto out;
     }
@@ -1208,8 +1221,8 @@ int rt_train(const Model *m, const TrainOpts *o)
     if (med > 0) {
         char mfu[64];
         fmt_mfu(mfu, sizeof mfu, r.flops, r.tg, med, r.peak_gflops);
-        printf(" | median %.2f ms/step | %.0f tok/s | %s", med, (double)tokens / (med * 1e-3),
-               mfu);
+        printf(" | median %.2f ms/step | %.0f %s | %s", med, (double)per_step / (med * 1e-3),
+               tput_unit(&r), mfu);
     }
     print_memory(&r);
     if (r.skipped)

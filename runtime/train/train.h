@@ -218,7 +218,9 @@ typedef struct {
     const char *const *extra_name; /* the model's extra scalar outputs */
     const float *extra;
     int nextra;
-    double lr, grad_norm, ms, tokens_per_s, mfu, hfu; /* nan: unknown */
+    double lr, grad_norm, ms, mfu, hfu; /* nan: unknown */
+    double examples_per_s; /* examples (rows of the batch, all ranks) per second */
+    double tokens_per_s;   /* nan where the data has no token axis (blobs, most tensors) */
     double comm_ms, comm_exposed_ms; /* rt_dp_last_comm; nan: one rank */
     int64_t mem_bytes;
 } RtStepRecord;
