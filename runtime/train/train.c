@@ -587,8 +587,10 @@ static void fmt_mfu(char *buf, size_t n, double flops, const Graph *g, double ms
 
 /* The status line on a terminal, rewritten in place (at most ten times a
  * second): step/total, loss and the extra scalars, then tokens/s, MFU and
- * the time left at the median step time so far, cut to the terminal's
- * width. */
+ * the time left at the median step time so far, within the terminal's
+ * width. The time left always stays: on a narrow terminal the extra
+ * scalars go first, then MFU, then the throughput, then the head is cut
+ * before the time left. */
 static void progress(Run *r, float loss, const char *extras, int64_t per_step)
 {
     char mfu[64], line[1024], left[48];
@@ -603,12 +605,27 @@ static void progress(Run *r, float loss, const char *extras, int64_t per_step)
         snprintf(left, sizeof left, "%lldh%02lldm left", m / 60, m % 60);
     else
         snprintf(left, sizeof left, "%lldm%02llds left", m, (long long)s % 60);
-    int n = snprintf(line, sizeof line, "step %lld/%lld | loss %.4f%s | %.0f %s | %s | %s",
-                     (long long)r->step, (long long)r->steps, (double)loss, extras,
-                     (double)per_step / (step_ms * 1e-3), tput_unit(r), mfu, left);
-    int cols = rt_stdout_columns();
-    if (n > cols - 1 && cols > 1)
-        line[cols - 1] = 0;
+    char head[128], tput[64];
+    snprintf(head, sizeof head, "step %lld/%lld | loss %.4f", (long long)r->step,
+             (long long)r->steps, (double)loss);
+    snprintf(tput, sizeof tput, " | %.0f %s", (double)per_step / (step_ms * 1e-3), tput_unit(r));
+    int width = rt_stdout_columns() - 1; /* the last column would wrap */
+    if (width < 1)
+        width = 1;
+    int n = 0;
+    for (int drop = 0; drop <= 3; drop++) { /* 1: extras; 2: and MFU; 3: and throughput */
+        n = snprintf(line, sizeof line, "%s%s%s%s%s | %s", head, drop < 1 ? extras : "",
+                     drop < 3 ? tput : "", drop < 2 ? " | " : "", drop < 2 ? mfu : "", left);
+        if (n <= width)
+            break;
+    }
+    if (n > width) { /* the head cut, the time left kept whole while it fits */
+        int keep = width - (int)strlen(left) - 3;
+        if (keep > 0)
+            snprintf(line, sizeof line, "%.*s | %s", keep, head, left);
+        else
+            snprintf(line, sizeof line, "%.*s", width, left);
+    }
     printf("\r\033[K%s", line);
     fflush(stdout);
 }
