@@ -990,6 +990,10 @@ static void test_strict_options(void **state)
         {"output", "output('y', x, {trian = true})",
          {"output: unknown option 'trian'", "did you mean 'train'?"}},
         {"output", "output('y', x, {train = 1})", {"option 'train' must be true or false", "got 1"}},
+        /* a list argument with a named key would read as shorter */
+        {"", "input('y', {B = 4, T = 8})", {"input: the shape must be a list", "the key 'B'"}},
+        {"", "x:sum({axis = 1})", {"sum: the axes must be a list", "the key 'axis'"}},
+        {"", "concat({x, x, axis = 1})", {"concat: the tensors must be a list", "the key 'axis'"}},
     };
     char *dir = scratch_dir("fe-opts");
     char path[512], prefix[600];
