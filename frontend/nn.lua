@@ -383,6 +383,22 @@ function nn.attention(q, k, v, opts)
                         "must agree (got q %s, k %s, v %s)", tensor_str(q), tensor_str(k),
                         tensor_str(v)), 2)
   end
+  -- the leading dims ([B, H]) of q, k and v must agree (or be 1):
+  -- fewer key/value heads than query heads (grouped-query attention)
+  -- would otherwise fail deep in matmul
+  for i = 1, #s - 2 do
+    local a, b, c = s[i], ks[i], vs[i]
+    if (b ~= a and b ~= 1 and a ~= 1) or (c ~= a and c ~= 1 and a ~= 1) or
+       (b ~= c and b ~= 1 and c ~= 1) then
+      local gqa = i == #s - 2 and b == c and a % b == 0
+      error(string.format("nn.attention: q, k and v must have the same leading dims (expected " ..
+                          "k and v [..., %s, Tk, D] like q, got q %s, k %s, v %s)%s", tostring(a),
+                          tensor_str(q), tensor_str(k), tensor_str(v),
+                          gqa and "; fewer key/value heads than query heads (grouped-query " ..
+                          "attention, kv_heads) is not supported yet: repeat each k and v " ..
+                          "head " .. (a // b) .. " times" or ""), 2)
+    end
+  end
   if opts.causal ~= false and ks[#ks - 1] ~= T then
     error(string.format("nn.attention: causal attention needs as many keys as queries " ..
                         "(expected Tk = %d, got k %s)", T, tensor_str(k)), 2)

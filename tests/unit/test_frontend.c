@@ -981,6 +981,10 @@ static void test_strict_options(void **state)
          {"nn.attention: option 'mask' is not supported", "causal, dropout)"}},
         {"nn.attention", "nn.attention(h, h, h, {kv_heads = 1})",
          {"nn.attention: option 'kv_heads' is not supported"}},
+        /* grouped-query shapes: said plainly, not matmul's broadcast error */
+        {"nn.attention", "nn.attention(h4, h, h)",
+         {"nn.attention: q, k and v must have the same leading dims", "got q f32[2,4,8,4], k f32[2,2,8,4]",
+          "grouped-query attention", "repeat each k and v head 2 times"}},
         {"nn.cross_entropy", "nn.cross_entropy(x, t, nil, {clases = 4})",
          {"nn.cross_entropy: unknown option 'clases'", "did you mean 'classes'?"}},
         {"nn.cross_entropy", "nn.cross_entropy(x, t, {classes = 4})",
@@ -1001,7 +1005,7 @@ static void test_strict_options(void **state)
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char *text = xasprintf("local x = input('x', {4, 8})\n"
                                "local h = input('h', {2, 2, 8, 4})\n"
-                               "local t = input('t', {4}, 'i32')\n"
+                               "local t = input('t', {4}, 'i32'); local h4 = input('h4', {2, 4, 8, 4})\n"
                                "local r = %s\n"
                                "minimize(x:sum())\n", cases[i].call);
         write_file(path, text);
