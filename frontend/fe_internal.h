@@ -78,6 +78,22 @@ SrcLoc fe_user_loc(lua_State *L);
 /* Raises "FILE:LINE: msg" at the user's line. */
 int fe_error(lua_State *L, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* The name in list (names separated by ", ") nearest to name, written into
+ * out (n bytes): the same but for case, within a third of name's length in
+ * edits (at least 2; 1 for names of up to 3 characters), or a prefix either
+ * way; false (out empty) when none is that near. */
+bool fe_closest_key(const char *name, const char *list, char *out, size_t n);
+
+/* Checks an options table at idx (none or nil: nothing to check) against
+ * spec, words "key:type" separated by spaces, where type is boolean, flag
+ * (boolean or number), number, integer, string, init, tensor or function
+ * (anything callable), or "-" for an option kiln documents but does not
+ * implement. Raises an error at the user's line, naming fn, for a value
+ * that is not a table, a key that is not a string, an unknown key (with
+ * the closest accepted key and the list), an unsupported key and a value
+ * of the wrong type. nil values are absent options. */
+void fe_check_opts(lua_State *L, int idx, const char *fn, const char *spec);
+
 /* For a message about a bad value (at idx) that a --set may have given:
  * ", from --set KEY=VALUE" when config key KEY, changed by that --set, holds
  * that very value, else "". Written into buf (n bytes), which it returns. */

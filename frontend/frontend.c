@@ -18,6 +18,7 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -97,6 +98,199 @@ static int name_distance(const char *a, const char *b)
             d[i][j] = c;
         }
     return d[na][nb] < 9 ? d[na][nb] : 9;
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* Whether key is near name: the same but for case (distance 0), within a
+ * third of name's length in edits (at least 2; 1 for names of up to 3
+ * characters), or one starts with the other (3 characters or more). */
+static bool near_name(const char *name, const char *key, int *dist)
+{
+    size_t nl = strlen(name), kl = strlen(key);
+    int limit = nl <= 3 ? 1 : nl / 3 > 2 ? (int)(nl / 3) : 2;
+    int d = strcasecmp(name, key) == 0 ? 0 : name_distance(name, key);
+    if (d > limit && nl >= 3 && kl >= 3 && strncmp(key, name, nl < kl ? nl : kl) == 0)
+        d = limit;
+    *dist = d;
+    return d <= limit;
+}
+
+bool fe_closest_key(const char *name, const char *list, char *out, size_t n)
+{
+    int best = 99;
+    out[0] = 0;
+    for (const char *p = list; *p;) {
+        while (*p == ',' || *p == ' ')
+            p++;
+        size_t len = strcspn(p, ", ");
+        if (!len)
+            break;
+        char key[64];
+        if (len < sizeof key) {
+            memcpy(key, p, len);
+            key[len] = 0;
+            int d;
+            if (strcmp(key, name) != 0 && near_name(name, key, &d) && d < best) {
+                best = d;
+                snprintf(out, n, "%s", key);
+            }
+        }
+        p += len;
+    }
+    return out[0] != 0;
+}
+
+/* ---- options tables -------------------------------------------------------- */
+
+/* The string keys of the table at idx, sorted, in a new userdata on the
+ * stack (a NULL-terminated array; the table keeps the strings alive). */
+static const char **sorted_keys(lua_State *L, int idx, int *nkeys)
+{
+    idx = lua_absindex(L, idx);
+    int n = 0;
+    lua_pushnil(L);
+    while (lua_next(L, idx)) {
+        n++;
+        lua_pop(L, 1);
+    }
+    const char **keys = lua_newuserdatauv(L, sizeof(char *) * (size_t)(n + 1), 0);
+    int k = 0;
+    lua_pushnil(L);
+    while (lua_next(L, idx)) {
+        if (lua_type(L, -2) == LUA_TSTRING && k < n)
+            keys[k++] = lua_tostring(L, -2);
+        lua_pop(L, 1);
+    }
+    keys[k] = NULL;
+    qsort(keys, (size_t)k, sizeof *keys, cmp_str);
+    *nkeys = k;
+    return keys;
+}
+
+/* Whether the value at idx is what type (a word of fe_check_opts' spec)
+ * asks for; *what is the type in words. */
+static bool opt_type_ok(lua_State *L, int idx, const char *type, size_t tl, const char **what)
+{
+#define IS(w) (tl == strlen(w) && strncmp(type, w, tl) == 0)
+    int t = lua_type(L, idx);
+    if (IS("boolean"))
+        return *what = "true or false", t == LUA_TBOOLEAN;
+    if (IS("flag"))
+        return *what = "true or false", t == LUA_TBOOLEAN || t == LUA_TNUMBER;
+    if (IS("number"))
+        return *what = "a number", t == LUA_TNUMBER;
+    if (IS("integer")) {
+        *what = "an integer";
+        return lua_isinteger(L, idx) ||
+               (t == LUA_TNUMBER && lua_tonumber(L, idx) == floor(lua_tonumber(L, idx)) &&
+                fabs(lua_tonumber(L, idx)) < 9e15);
+    }
+    if (IS("string"))
+        return *what = "a string", t == LUA_TSTRING;
+    if (IS("init"))
+        return *what = "an initializer such as normal(0.02)", luaL_testudata(L, idx, INIT_MT);
+    if (IS("tensor"))
+        return *what = "a tensor", luaL_testudata(L, idx, "kiln.tensor");
+    if (IS("function")) {
+        *what = "a function";
+        if (t == LUA_TFUNCTION)
+            return true;
+        bool callable = luaL_getmetafield(L, idx, "__call") != LUA_TNIL;
+        if (callable)
+            lua_pop(L, 1);
+        return callable;
+    }
+#undef IS
+    die("fe_check_opts: unknown option type '%.*s'", (int)tl, type);
+}
+
+/* The accepted keys of spec, ", "-joined, into buf; the unsupported ones
+ * ("-") are left out. */
+static const char *opt_keys(const char *spec, char *buf, size_t n)
+{
+    size_t k = 0;
+    buf[0] = 0;
+    for (const char *p = spec; *p;) {
+        while (*p == ' ')
+            p++;
+        size_t len = strcspn(p, " ");
+        const char *colon = memchr(p, ':', len);
+        if (colon && !(colon[1] == '-' && colon + 2 == p + len) && k < n)
+            k += (size_t)snprintf(buf + k, n - k, "%s%.*s", k ? ", " : "", (int)(colon - p), p);
+        p += len;
+    }
+    return buf;
+}
+
+void fe_check_opts(lua_State *L, int idx, const char *fn, const char *spec)
+{
+    char accepted[512];
+    if (lua_isnoneornil(L, idx))
+        return;
+    if (!lua_istable(L, idx))
+        fe_error(L, "%s: options must be a table of named values (got %s; accepted keys: %s)", fn,
+                 luaL_typename(L, idx), opt_keys(spec, accepted, sizeof accepted));
+    idx = lua_absindex(L, idx);
+    int top = lua_gettop(L);
+    lua_pushnil(L);
+    while (lua_next(L, idx)) {
+        if (lua_type(L, -2) != LUA_TSTRING) {
+            const char *kt = luaL_typename(L, -2), *ks = luaL_tolstring(L, -2, NULL);
+            fe_error(L, "%s: options are named (expected {key = value}, got a %s key %s; "
+                        "accepted keys: %s)", fn, kt, ks, opt_keys(spec, accepted, sizeof accepted));
+        }
+        lua_pop(L, 1);
+    }
+    int nkeys;
+    const char **keys = sorted_keys(L, idx, &nkeys);
+    for (int i = 0; i < nkeys; i++) {
+        const char *key = keys[i], *type = NULL;
+        size_t kl = strlen(key), tl = 0;
+        for (const char *p = spec; *p && !type;) {
+            while (*p == ' ')
+                p++;
+            size_t len = strcspn(p, " ");
+            if (len > kl && strncmp(p, key, kl) == 0 && p[kl] == ':')
+                type = p + kl + 1, tl = len - kl - 1;
+            p += len;
+        }
+        opt_keys(spec, accepted, sizeof accepted);
+        if (!type) {
+            char near[64];
+            if (fe_closest_key(key, accepted, near, sizeof near))
+                fe_error(L, "%s: unknown option '%s' (did you mean '%s'? accepted keys: %s)", fn,
+                         key, near, accepted);
+            fe_error(L, "%s: unknown option '%s' (accepted keys: %s)", fn, key, accepted);
+        }
+        if (tl == 1 && type[0] == '-')
+            fe_error(L, "%s: option '%s' is not supported (kiln does not implement it yet; "
+                        "accepted keys: %s)", fn, key, accepted);
+        lua_getfield(L, idx, key);
+        const char *what;
+        if (!opt_type_ok(L, -1, type, tl, &what)) {
+            int vt = lua_type(L, -1);
+            const char *got = vt == LUA_TNUMBER || vt == LUA_TBOOLEAN ? luaL_tolstring(L, -1, NULL)
+                              : vt == LUA_TSTRING ? lua_pushfstring(L, "the string '%s'",
+                                                                    lua_tostring(L, -1))
+                                                  : luaL_typename(L, -1);
+            fe_error(L, "%s: option '%s' must be %s (got %s)", fn, key, what, got);
+        }
+        lua_pop(L, 1);
+    }
+    lua_settop(L, top);
+}
+
+/* check_opts(fn, opts, spec), the Lua face of fe_check_opts for the
+ * embedded nn library (passed to its chunk, never a global). */
+static int l_check_opts(lua_State *L)
+{
+    const char *fn = luaL_checkstring(L, 1), *spec = luaL_checkstring(L, 3);
+    fe_check_opts(L, 2, fn, spec);
+    return 0;
 }
 
 /* Appends to buf the (up to three) function names in the table at the top of
@@ -462,9 +656,7 @@ static int l_output(lua_State *L)
         fe_error(L, "output: the name '%s' is already used by another output", name);
     bool train = false;
     if (!lua_isnoneornil(L, 3)) {
-        if (!lua_istable(L, 3))
-            fe_error(L, "output: options must be a table like {train = true} (got %s)",
-                     luaL_typename(L, 3));
+        fe_check_opts(L, 3, "output", "train:boolean");
         lua_getfield(L, 3, "train");
         train = lua_toboolean(L, -1);
         lua_pop(L, 1);
@@ -487,11 +679,6 @@ static const char *set_value(const char *set, char *key, size_t keylen)
     memcpy(key, set, n);
     key[n] = 0;
     return eq ? eq + 1 : NULL;
-}
-
-static int cmp_str(const void *a, const void *b)
-{
-    return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
 /* The string keys of the table at idx, sorted (Lua's traversal order changes
@@ -528,9 +715,13 @@ static void apply_set(lua_State *L, Fe *fe, int i)
     if (t == LUA_TNIL) {
         if (fe_train_key(key))
             return;
-        char list[1024];
-        set_error(L, key, "unknown key (expected a config key of %s: %s; or a train key: %s)",
-                  fe->path, config_key_list(L, 1, list, sizeof list), fe_train_key_list());
+        char list[1024], all[2048], near[64], mean[96] = "";
+        config_key_list(L, 1, list, sizeof list);
+        snprintf(all, sizeof all, "%s, %s", list, fe_train_key_list());
+        if (fe_closest_key(key, all, near, sizeof near))
+            snprintf(mean, sizeof mean, "did you mean '%s'? ", near);
+        set_error(L, key, "unknown key (%sexpected a config key of %s: %s; or a train key: %s)",
+                  mean, fe->path, list, fe_train_key_list());
     }
     if (t == LUA_TNUMBER) {
         if (!lua_stringtonumber(L, val))
@@ -690,6 +881,10 @@ static int l_train(lua_State *L)
             fe_error(L, "train: keys must be names (got %s)", luaL_typename(L, -2));
         const char *key = lua_tostring(L, -2);
         const FeTrainKey *k = fe_train_key(key);
+        char near[64];
+        if (!k && fe_closest_key(key, fe_train_key_list(), near, sizeof near))
+            fe_error(L, "train: unknown key '%s' (did you mean '%s'? expected one of %s)", key,
+                     near, fe_train_key_list());
         if (!k)
             fe_error(L, "train: unknown key '%s' (expected one of %s)", key, fe_train_key_list());
         char why[512];
@@ -841,8 +1036,12 @@ static bool finish(lua_State *L, Fe *fe, char *err, size_t errlen)
         const char *val = set_value(fe->sets[i], key, sizeof key);
         const FeTrainKey *k = fe_train_key(key);
         if (!k) {
-            snprintf(err, errlen, "--set %s: unknown key (%s has no config{} key '%s'; expected "
-                     "a config key or a train key: %s)", key, fe->path, key, fe_train_key_list());
+            char near[64], mean[96] = "";
+            if (fe_closest_key(key, fe_train_key_list(), near, sizeof near))
+                snprintf(mean, sizeof mean, "did you mean '%s'? ", near);
+            snprintf(err, errlen, "--set %s: unknown key (%s%s has no config{} key '%s'; expected "
+                     "a config key or a train key: %s)", key, mean, fe->path, key,
+                     fe_train_key_list());
             return false;
         }
         if (!fe_train_store_text(m, &m->train, k, val, true, why, sizeof why)) {
@@ -918,8 +1117,9 @@ static Model *load_once(const char *path, const Script *sc, const char *const *s
     for (const struct fe_embedded *e = fe_embedded_lua; ok && e->name; e++) {
         char chunk[128];
         snprintf(chunk, sizeof chunk, "=%s.lua", e->name);
+        /* each file gets the options checker as its chunk argument (...) */
         if (luaL_loadbufferx(L, e->src, e->len, chunk, "t") != LUA_OK ||
-            lua_pcall(L, 0, 1, h) != LUA_OK)
+            (lua_pushcfunction(L, l_check_opts), lua_pcall(L, 1, 1, h)) != LUA_OK)
             die("embedded %s.lua: %s", e->name, lua_tostring(L, -1));
         if (!lua_isnil(L, -1))
             lua_setglobal(L, e->name);

@@ -14,6 +14,12 @@
 
 local nn = {}
 
+-- check_opts(fn, opts, spec): every options table is checked against the
+-- keys its function accepts ("key:type ..."; type "-": documented, not
+-- implemented), so a misspelled or unknown option is an error at the
+-- user's line naming the closest key (fe_check_opts in frontend.c).
+local check_opts = ...
+
 -- the read-only stand-in getmetatable gives for kiln's values (docs/dsl.md,
 -- Sandbox): layers' metatables are locked with it too
 local LOCKED = getmetatable("")
@@ -35,6 +41,7 @@ end
 
 -- opts: bias (default true), std (default 0.02), init (overrides std).
 function nn.Linear(name, din, dout, opts)
+  check_opts("nn.Linear", opts, "bias:boolean std:number init:init")
   opts = opts or {}
   local w = param(name .. ".weight", {din, dout}, opts.init or normal(opts.std or 0.02))
   local b
@@ -53,6 +60,7 @@ function nn.layernorm(x, w, b, eps)
 end
 
 function nn.LayerNorm(name, dim, opts)
+  check_opts("nn.LayerNorm", opts, "bias:boolean eps:number")
   opts = opts or {}
   local w = param(name .. ".weight", {dim}, ones())
   local b
@@ -67,6 +75,7 @@ function nn.rmsnorm(x, w, eps)
 end
 
 function nn.RMSNorm(name, dim, opts)
+  check_opts("nn.RMSNorm", opts, "eps:number")
   opts = opts or {}
   local w = param(name .. ".weight", {dim}, ones())
   return layer({w = w}, function(x) return nn.rmsnorm(x, w, opts.eps) end)
@@ -256,6 +265,13 @@ end
 -- (nn.pad_vocab): columns from classes on are masked to -inf, so they add
 -- nothing to the loss and get no gradient.
 function nn.cross_entropy(logits, targets, mask, opts)
+  check_opts("nn.cross_entropy", opts, "classes:integer")
+  -- options in the mask's place would be read as a mask
+  if mask ~= nil and (type(mask) ~= "userdata" or not mask.rank) then
+    error(string.format("nn.cross_entropy: mask (the third argument) must be a tensor or nil " ..
+                        "(got %s; options such as {classes = n} are the fourth argument)",
+                        type(mask)), 2)
+  end
   -- float targets would be compared for equality with the class index
   if targets.dtype ~= "i32" and targets.dtype ~= "i64" then
     error(string.format("nn.cross_entropy: targets must be an integer tensor of class " ..
@@ -302,6 +318,7 @@ function nn.embedding(tbl, idx) return gather(tbl, idx) end
 -- padding (padded_rows: weights of n rows import into it), and the
 -- layer's .rows is the padded count, .n the real one.
 function nn.Embedding(name, n, dim, opts)
+  check_opts("nn.Embedding", opts, "std:number pad:integer init:init")
   opts = opts or {}
   local rows, count = nn.pad_vocab(n, opts.pad), size(n)
   -- padded rows are no longer n: the padded count prints as a number
@@ -349,6 +366,8 @@ end
 -- -> [..., Tq, Dv]; usually [B, H, T, D]. opts: causal (default true; needs
 -- Tq == Tk), dropout (probability on the weights).
 function nn.attention(q, k, v, opts)
+  check_opts("nn.attention", opts,
+             "causal:boolean dropout:number kv_heads:- window:- alibi:- bias:- mask:-")
   opts = opts or {}
   local names = {"q", "k", "v"}
   for i, t in ipairs({q, k, v}) do
@@ -363,6 +382,22 @@ function nn.attention(q, k, v, opts)
     error(string.format("nn.attention: q [..., Tq, D], k [..., Tk, D] and v [..., Tk, Dv] " ..
                         "must agree (got q %s, k %s, v %s)", tensor_str(q), tensor_str(k),
                         tensor_str(v)), 2)
+  end
+  -- the leading dims ([B, H]) of q, k and v must agree (or be 1):
+  -- fewer key/value heads than query heads (grouped-query attention)
+  -- would otherwise fail deep in matmul
+  for i = 1, #s - 2 do
+    local a, b, c = s[i], ks[i], vs[i]
+    if (b ~= a and b ~= 1 and a ~= 1) or (c ~= a and c ~= 1 and a ~= 1) or
+       (b ~= c and b ~= 1 and c ~= 1) then
+      local gqa = i == #s - 2 and b == c and a % b == 0
+      error(string.format("nn.attention: q, k and v must have the same leading dims (expected " ..
+                          "k and v [..., %s, Tk, D] like q, got q %s, k %s, v %s)%s", tostring(a),
+                          tensor_str(q), tensor_str(k), tensor_str(v),
+                          gqa and "; fewer key/value heads than query heads (grouped-query " ..
+                          "attention, kv_heads) is not supported yet: repeat each k and v " ..
+                          "head " .. (a // b) .. " times" or ""), 2)
+    end
   end
   if opts.causal ~= false and ks[#ks - 1] ~= T then
     error(string.format("nn.attention: causal attention needs as many keys as queries " ..
@@ -395,6 +430,9 @@ end
 -- c_attn [C, 3C] and an output projection c_proj [C, C].
 -- opts: bias (true), std (0.02), proj_std (std of c_proj), dropout (0).
 function nn.CausalSelfAttention(name, C, H, opts)
+  check_opts("nn.CausalSelfAttention", opts,
+             "bias:boolean std:number proj_std:number dropout:number kv_heads:- window:- " ..
+             "alibi:- mask:-")
   opts = opts or {}
   local c = size(C)
   local qkv = nn.Linear(name .. ".c_attn", C, 3 * c, {bias = opts.bias, std = opts.std})
@@ -413,6 +451,8 @@ end
 -- Two-layer MLP: fc [C, hidden], act (default gelu), proj [hidden, C].
 -- opts: bias (true), std, proj_std, act, dropout.
 function nn.MLP(name, C, hidden, opts)
+  check_opts("nn.MLP", opts,
+             "bias:boolean std:number proj_std:number act:function dropout:number")
   opts = opts or {}
   local fc = nn.Linear(name .. ".c_fc", C, hidden, {bias = opts.bias, std = opts.std})
   local proj = nn.Linear(name .. ".c_proj", hidden, C,
@@ -429,6 +469,7 @@ function nn.swiglu(x, w_gate, w_up, w_down)
 end
 
 function nn.SwiGLU(name, C, hidden, opts)
+  check_opts("nn.SwiGLU", opts, "std:number proj_std:number")
   opts = opts or {}
   local std = opts.std or 0.02
   local g = param(name .. ".gate_proj.weight", {C, hidden}, normal(std))

@@ -97,11 +97,41 @@ static int l_size(lua_State *L)
                     lua_type(L, 1) == LUA_TSTRING ? lua_tostring(L, 1) : luaL_typename(L, 1));
 }
 
+/* A list argument (a shape, axes, tensors) with a named key ({B = 4}
+ * where {4} or {"B"} was meant) would read as shorter than written: an
+ * error naming the key. */
+static void check_list(lua_State *L, int idx, const char *fn, const char *what)
+{
+    idx = lua_absindex(L, idx);
+    lua_Integer n = (lua_Integer)lua_rawlen(L, idx);
+    const char *named = NULL; /* the first named key in sorted order: a stable message */
+    bool other = false;
+    lua_pushnil(L);
+    while (lua_next(L, idx)) {
+        lua_pop(L, 1);
+        if (lua_isinteger(L, -1) && lua_tointeger(L, -1) >= 1 && lua_tointeger(L, -1) <= n)
+            continue;
+        if (lua_type(L, -1) == LUA_TSTRING) {
+            if (!named || strcmp(lua_tostring(L, -1), named) < 0)
+                named = lua_tostring(L, -1); /* the table keeps it alive */
+        } else {
+            other = true;
+        }
+    }
+    if (named)
+        fe_error(L, "%s: %s must be a list such as {a, b} (got the key '%s', which a list "
+                    "does not have)", fn, what, named);
+    if (other)
+        fe_error(L, "%s: %s must be a list such as {a, b} with no gaps (got a key past its "
+                    "%lld elements)", fn, what, (long long)n);
+}
+
 int fe_parse_shape(lua_State *L, int idx, int64_t *dim, const char **names, const char *fn)
 {
     if (!lua_istable(L, idx))
         fe_error(L, "%s: shape must be a table of positive integers (got %s)", fn,
                  luaL_typename(L, idx));
+    check_list(L, idx, fn, "the shape");
     int n = (int)lua_rawlen(L, idx);
     if (n > IR_MAX_RANK)
         fe_error(L, "%s: too many dimensions (expected at most %d, got %d)", fn, IR_MAX_RANK, n);
@@ -316,9 +346,7 @@ static bool opt_flag(lua_State *L, int idx, const char *key)
 static int l_matmul(lua_State *L)
 {
     int a = fe_check_tensor(L, 1, "matmul"), b = fe_check_tensor(L, 2, "matmul");
-    if (!lua_isnoneornil(L, 3) && !lua_istable(L, 3))
-        fe_error(L, "matmul: options must be a table such as {ta=true, tb=false} (got %s)",
-                 luaL_typename(L, 3));
+    fe_check_opts(L, 3, "matmul", "ta:flag tb:flag");
     bool ta = opt_flag(L, 3, "ta"), tb = opt_flag(L, 3, "tb");
     Shape sa = fe_tshape(L, a), sb = fe_tshape(L, b);
     if (sa.rank < 2 || sb.rank < 2)
@@ -375,6 +403,7 @@ static int l_reshape(lua_State *L)
     if (!lua_istable(L, 2))
         fe_error(L, "reshape: shape must be a table of positive integers (got %s)",
                  luaL_typename(L, 2));
+    check_list(L, 2, "reshape", "the shape");
     int n = (int)lua_rawlen(L, 2), infer = -1;
     int64_t dim[IR_MAX_RANK], known = 1;
     const char *dn[IR_MAX_RANK] = {0};
@@ -440,6 +469,7 @@ static int l_permute(lua_State *L)
     Shape s = fe_tshape(L, x);
     if (!lua_istable(L, 2))
         fe_error(L, "permute: needs a table of axes (got %s)", luaL_typename(L, 2));
+    check_list(L, 2, "permute", "the axes");
     int n = (int)lua_rawlen(L, 2), perm[IR_MAX_RANK];
     if (n != s.rank)
         fe_error(L, "permute: needs one axis per dimension of %s (expected %d, got %d)", SSTR(&s),
@@ -568,6 +598,7 @@ static int l_concat(lua_State *L)
 {
     if (!lua_istable(L, 1))
         fe_error(L, "concat: needs a table of tensors (got %s)", luaL_typename(L, 1));
+    check_list(L, 1, "concat", "the tensors");
     int n = (int)lua_rawlen(L, 1);
     if (n < 1)
         fe_error(L, "concat: needs at least one tensor (got an empty table)");
@@ -606,6 +637,7 @@ static int l_reduce(lua_State *L)
         for (int i = 0; i < s.rank; i++)
             red[i] = true;
     } else if (lua_istable(L, 2)) {
+        check_list(L, 2, fn, "the axes");
         int n = (int)lua_rawlen(L, 2);
         for (int i = 0; i < n; i++) {
             lua_rawgeti(L, 2, i + 1);

@@ -507,6 +507,14 @@ static int cmd_compile(int argc, char **argv)
         return 1;
     }
 
+    Diag ld = {{0}};
+    if (a.log_dir && !rt_runlog_dir(a.log_dir, &ld)) { /* before compiling */
+        fprintf(stderr, "kiln: %s\n", ld.msg);
+        cg_kernel_table_free(cal);
+        vec_free(&a.sets);
+        vec_free(&a.dumps);
+        return 1;
+    }
     char err[2048];
     Model *m = fe_load_model(model, a.sets.v, a.sets.n, err, sizeof err);
     if (!m) {

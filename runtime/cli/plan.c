@@ -42,7 +42,7 @@ static const char usage_plan[] =
     "  --zero 0|1           1: sharded optimizer state (ZeRO-1)\n"
     "  --micro-batches N    micro-batches per step and rank (default 1)\n"
     "  --global-batch N     sequences per step (sets the micro-batches)\n"
-    "  --tokens N           the token budget: 10T, 300G, 1.5e12\n"
+    "  --tokens N           the token budget: 10T, 300B (or 300G), 1.5e12\n"
     "  --goodput F          share of calendar time spent in steps (default 1)\n"
     "  --target-days D      the step time that finishes in D calendar days\n"
     "  --step-time S        a measured step in seconds; replaces the prediction\n"
@@ -59,6 +59,7 @@ typedef struct {
     int gpus, gpus_per_node, tp, pp, dp, zero, micro_batches, threads;
     int64_t global_batch;
     double intra_bw, inter_bw, tokens, goodput, target_days, step_time, memory;
+    const char *tokens_text; /* --tokens as given */
     bool no_overlap, json;
 } PlanArgs;
 
@@ -102,7 +103,17 @@ static int plan_error(const char *fmt, const char *a, const char *b)
     return 2;
 }
 
-/* "10T", "300G", "1.5e12", "2M": a positive count. */
+/* Count suffixes: K M G T P (powers of 1000), and B (billions, as papers
+ * write token budgets) beside G. */
+static const struct {
+    char c;
+    double mul;
+    const char *name;
+} count_units[] = {{'K', 1e3, "K: thousands, 1e3"},   {'M', 1e6, "M: millions, 1e6"},
+                   {'B', 1e9, "B: billions, 1e9"},    {'G', 1e9, "G: giga, billions, 1e9"},
+                   {'T', 1e12, "T: trillions, 1e12"}, {'P', 1e15, "P: quadrillions, 1e15"}};
+
+/* "10T", "300B", "300G", "1.5e12", "2M": a positive count. */
 static bool parse_count(const char *s, double *out)
 {
     char *end;
@@ -110,14 +121,14 @@ static bool parse_count(const char *s, double *out)
     double v = strtod(s, &end);
     if (end == s || errno || !isfinite(v) || v <= 0)
         return false;
-    double mul = 1;
-    if (*end) {
-        const char *u = "KMGTP";
-        const char *c = strchr(u, *end);
-        if (!c || end[1])
-            return false;
-        mul = pow(1e3, (double)(c - u + 1));
-    }
+    double mul = 0;
+    if (!*end)
+        mul = 1;
+    for (size_t i = 0; *end && !end[1] && i < sizeof count_units / sizeof *count_units; i++)
+        if (count_units[i].c == *end)
+            mul = count_units[i].mul;
+    if (mul == 0)
+        return false;
     *out = v * mul;
     return isfinite(*out);
 }
@@ -574,6 +585,14 @@ static void print_plan(const PlanArgs *a, const CgDevice *dev, const CgClusterOp
     if (o->tokens > 0) {
         printf("end date: %lld steps to %.4g tokens; %.2f days of steps, %.2f days at goodput "
                "%.2f\n", (long long)p->steps, o->tokens, p->days, p->days_goodput, o->goodput);
+        /* which count it read: B and G are both 1e9 */
+        const char *text = a->tokens_text ? a->tokens_text : "", *unit = NULL;
+        size_t tl = strlen(text);
+        for (size_t i = 0; tl && i < sizeof count_units / sizeof *count_units; i++)
+            if (count_units[i].c == text[tl - 1])
+                unit = count_units[i].name;
+        printf("  --tokens %s read as %.4g tokens%s%s%s\n", text, o->tokens, unit ? " (" : "",
+               unit ? unit : "", unit ? ")" : "");
         if (o->target_days > 0)
             printf("  to finish in %.2f days: %.2f s per step\n", o->target_days,
                    p->step_for_target);
@@ -735,10 +754,12 @@ int cli_plan(int argc, char **argv)
         }
         if (strcmp(s, "--tokens") == 0) {
             if (!v || !parse_count(v, &a.tokens) || a.tokens < 1 || a.tokens > PLAN_MAX_TOKENS) {
-                rc = plan_error("--tokens expects a count such as 10T, 300G or 1.5e12, from 1 "
+                rc = plan_error("--tokens expects a count such as 10T, 300B (or 300G) or 1.5e12, "
+                                "with K, M, B or G, T or P, from 1 "
                                 "to 1E (1e18), got '%s'%s", v ? v : "(missing)", "");
                 goto out;
             }
+            a.tokens_text = v;
             i++;
             continue;
         }

@@ -176,11 +176,20 @@ static bool match(const char *path, bool dir, const StFile *f, const char *skipp
             int64_t want[IR_MAX_RANK + 1];
             want[0] = t->rank > 0 ? t->dim[0] : 1;
             memcpy(want + 1, w->dim, (size_t)w->rank * sizeof *want);
+            /* a dtype NumPy can convert to: its name for the hint */
+            static const char *const np_name[] = {[DT_F32] = "float32", [DT_F16] = "float16",
+                                                  [DT_I32] = "int32", [DT_I64] = "int64",
+                                                  [DT_U8] = "uint8"};
+            char hint[160] = "";
+            if (t->dtype != w->dtype && (int)w->dtype < (int)(sizeof np_name / sizeof *np_name) &&
+                np_name[w->dtype])
+                snprintf(hint, sizeof hint, "; convert it before saving: %s.astype(np.%s)",
+                         w->name, np_name[w->dtype]);
             snprintf(d->msg, sizeof d->msg,
                      "%s: array \"%s\" does not fit model input %s (the first axis is the "
-                     "examples: expected %s, got %s)",
+                     "examples: expected %s, got %s%s)",
                      path, w->name, w->name, arr_str(w->dtype, w->rank + 1, want, a, sizeof a),
-                     arr_str(t->dtype, t->rank, t->dim, b, sizeof b));
+                     arr_str(t->dtype, t->rank, t->dim, b, sizeof b), hint);
             return false;
         }
         if (!first) {

@@ -49,6 +49,7 @@ struct RunLog {
     int64_t room; /* KILN_TEST_LOG_FULL: bytes the disk takes; -1: no limit */
     char *title;
     Doubles step, loss, tps;           /* per training step */
+    bool tps_examples;                 /* tps counts examples (no token axis) */
     Doubles vstep, vloss;              /* per evaluation */
     FILE *body;                        /* the report's sections so far */
     char *body_buf;
@@ -161,18 +162,50 @@ static bool close_log(LineFile *lf, Diag *d)
     return ok;
 }
 
-RunLog *rt_runlog_open(const char *dir, const char *title, bool training, Diag *d)
+bool rt_runlog_dir(const char *dir, Diag *d)
 {
     struct stat st;
-    if (mkdir(dir, 0777) != 0 && errno != EEXIST) {
-        snprintf(d->msg, sizeof d->msg, "--log-dir %s: cannot create the directory: %s", dir,
-                 strerror(errno));
-        return NULL;
+    if (!*dir) {
+        snprintf(d->msg, sizeof d->msg, "--log-dir: expected a directory, got an empty value");
+        return false;
     }
-    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
-        snprintf(d->msg, sizeof d->msg, "--log-dir %s: not a directory", dir);
-        return NULL;
+    if (rt_mkdir_p(dir))
+        return true;
+    int e = errno;
+    /* the first part of the path that is there but is not a directory */
+    char *p = xstrdup(dir);
+    bool found = false;
+    for (char *c = p + 1;; c++) {
+        char was = *c;
+        if (was && was != '/')
+            continue;
+        *c = 0;
+        if (stat(p, &st) == 0 && !S_ISDIR(st.st_mode)) {
+            found = true;
+            break;
+        }
+        if (!was)
+            break;
+        *c = was;
     }
+    if (found && strcmp(p, dir) == 0)
+        snprintf(d->msg, sizeof d->msg, "--log-dir %s: not a directory (expected a directory, "
+                 "got %s)", dir, S_ISREG(st.st_mode) ? "a regular file" : rt_file_kind(st.st_mode));
+    else if (found)
+        snprintf(d->msg, sizeof d->msg, "--log-dir %s: cannot create the directory: %s is %s "
+                 "(expected a directory)", dir, p,
+                 S_ISREG(st.st_mode) ? "a regular file" : rt_file_kind(st.st_mode));
+    else
+        snprintf(d->msg, sizeof d->msg, "--log-dir %s: cannot create the directory or write in "
+                 "it: %s", dir, strerror(e));
+    free(p);
+    return false;
+}
+
+RunLog *rt_runlog_open(const char *dir, const char *title, bool training, Diag *d)
+{
+    if (!rt_runlog_dir(dir, d))
+        return NULL;
     RunLog *l = xcalloc(1, sizeof *l);
     l->dir = xstrdup(dir);
     l->title = xstrdup(title);
@@ -247,11 +280,11 @@ bool rt_runlog_step(RunLog *l, const RtStepRecord *s, Diag *d)
         fputc(':', f);
         json_num(f, s->extra[i]);
     }
-    static const char *keys[] = {"lr", "grad_norm", "ms", "tokens_per_s",
+    static const char *keys[] = {"lr", "grad_norm", "ms", "examples_per_s", "tokens_per_s",
                                  "mfu", "hfu", "comm_ms", "comm_exposed_ms"};
-    double v[] = {s->lr, s->grad_norm, s->ms, s->tokens_per_s,
+    double v[] = {s->lr, s->grad_norm, s->ms, s->examples_per_s, s->tokens_per_s,
                   s->mfu, s->hfu, s->comm_ms, s->comm_exposed_ms};
-    for (int i = 0; i < 8; i++) {
+    for (int i = 0; i < 9; i++) {
         fprintf(f, ",\"%s\":", keys[i]);
         json_num(f, v[i]);
     }
@@ -260,7 +293,9 @@ bool rt_runlog_step(RunLog *l, const RtStepRecord *s, Diag *d)
         return false;
     vec_push(&l->step, (double)s->step);
     vec_push(&l->loss, s->loss);
-    vec_push(&l->tps, s->tokens_per_s);
+    /* the report plots tokens/s where the data has tokens, else examples/s */
+    l->tps_examples = isnan(s->tokens_per_s);
+    vec_push(&l->tps, l->tps_examples ? s->examples_per_s : s->tokens_per_s);
     return true;
 }
 
@@ -607,8 +642,9 @@ bool rt_runlog_close(RunLog *l, Diag *d)
         Series s[2] = {{"train loss", NULL, l->step.v, l->loss.v, l->step.n, false},
                        {"val loss", "#dc3912", l->vstep.v, l->vloss.v, l->vstep.n, true}};
         svg_chart(f, "loss", "step", "loss", s, l->vstep.n ? 2 : 1);
-        Series t[1] = {{"tokens/s", "#109618", l->step.v, l->tps.v, l->step.n, false}};
-        svg_chart(f, "throughput", "step", "tokens/s", t, 1);
+        const char *unit = l->tps_examples ? "examples/s" : "tokens/s";
+        Series t[1] = {{unit, "#109618", l->step.v, l->tps.v, l->step.n, false}};
+        svg_chart(f, "throughput", "step", unit, t, 1);
     }
     fflush(l->body);
     fwrite(l->body_buf, 1, l->body_len, f);

@@ -556,9 +556,16 @@ static void step_time_add(StepTimes *t, double x)
     t->ms[t->n++] = x;
 }
 
+/* Throughput's unit: tokens where the data has a token axis, else
+ * examples (r->tok_per_row); per_step counts it for one step. */
+static const char *tput_unit(const Run *r)
+{
+    return r->tok_per_row > 0 ? "tok/s" : "ex/s";
+}
+
 /* The run was stopped by sig (rt_dp_stop) after its current step: the
  * summary line into d (rank 0; empty on the others). */
-static void stop_summary(Run *r, int sig, float loss, int64_t tokens, const char *ckpt,
+static void stop_summary(Run *r, int sig, float loss, int64_t per_step, const char *ckpt,
                          Diag *d)
 {
     d->msg[0] = 0;
@@ -574,8 +581,8 @@ static void stop_summary(Run *r, int sig, float loss, int64_t tokens, const char
         k += (size_t)snprintf(p + k, n - k, ": no step ran");
     if (r->times.n) {
         double med = ir_median(r->times.ms, r->times.n);
-        k += (size_t)snprintf(p + k, n - k, " | median %.2f ms/step | %.0f tok/s", med,
-                              (double)tokens / (med * 1e-3));
+        k += (size_t)snprintf(p + k, n - k, " | median %.2f ms/step | %.0f %s", med,
+                              (double)per_step / (med * 1e-3), tput_unit(r));
     }
     if (r->have_val)
         k += (size_t)snprintf(p + k, n - k, " | last val loss %.9g", r->last_val_loss);
@@ -638,9 +645,11 @@ static void fmt_mfu(char *buf, size_t n, double flops, const Graph *g, double ms
 
 /* The status line on a terminal, rewritten in place (at most ten times a
  * second): step/total, loss and the extra scalars, then tokens/s, MFU and
- * the time left at the median step time so far, cut to the terminal's
- * width. */
-static void progress(Run *r, float loss, const char *extras, int64_t tokens)
+ * the time left at the median step time so far, within the terminal's
+ * width. The time left always stays: on a narrow terminal the extra
+ * scalars go first, then MFU, then the throughput, then the head is cut
+ * before the time left. */
+static void progress(Run *r, float loss, const char *extras, int64_t per_step)
 {
     char mfu[64], line[1024], left[48];
     double step_ms = ir_median(r->times.ms, r->times.n);
@@ -654,12 +663,27 @@ static void progress(Run *r, float loss, const char *extras, int64_t tokens)
         snprintf(left, sizeof left, "%lldh%02lldm left", m / 60, m % 60);
     else
         snprintf(left, sizeof left, "%lldm%02llds left", m, (long long)s % 60);
-    int n = snprintf(line, sizeof line, "step %lld/%lld | loss %.4f%s | %.0f tok/s | %s | %s",
-                     (long long)r->step, (long long)r->steps, (double)loss, extras,
-                     (double)tokens / (step_ms * 1e-3), mfu, left);
-    int cols = rt_stdout_columns();
-    if (n > cols - 1 && cols > 1)
-        line[cols - 1] = 0;
+    char head[128], tput[64];
+    snprintf(head, sizeof head, "step %lld/%lld | loss %.4f", (long long)r->step,
+             (long long)r->steps, (double)loss);
+    snprintf(tput, sizeof tput, " | %.0f %s", (double)per_step / (step_ms * 1e-3), tput_unit(r));
+    int width = rt_stdout_columns() - 1; /* the last column would wrap */
+    if (width < 1)
+        width = 1;
+    int n = 0;
+    for (int drop = 0; drop <= 3; drop++) { /* 1: extras; 2: and MFU; 3: and throughput */
+        n = snprintf(line, sizeof line, "%s%s%s%s%s | %s", head, drop < 1 ? extras : "",
+                     drop < 3 ? tput : "", drop < 2 ? " | " : "", drop < 2 ? mfu : "", left);
+        if (n <= width)
+            break;
+    }
+    if (n > width) { /* the head cut, the time left kept whole while it fits */
+        int keep = width - (int)strlen(left) - 3;
+        if (keep > 0)
+            snprintf(line, sizeof line, "%.*s | %s", keep, head, left);
+        else
+            snprintf(line, sizeof line, "%.*s", width, left);
+    }
     printf("\r\033[K%s", line);
     fflush(stdout);
 }
@@ -1070,7 +1094,9 @@ int rt_train(const Model *m, const TrainOpts *o)
     if ((o->save_weights && !rt_output_path_check("--save-weights", o->save_weights, false, &d)) ||
         (ckpt && !rt_output_path_check(o->checkpoint ? "--checkpoint" : "train.checkpoint", ckpt,
                                        true, &d)) ||
-        !writable_dir(o->trace, &d) || !rt_train_open_data(&r, &d) || !build(&r, &d) ||
+        !writable_dir(o->trace, &d) ||
+        (o->log_dir && rt_dp_rank(r.dp) == 0 && !rt_runlog_dir(o->log_dir, &d)) ||
+        !rt_train_open_data(&r, &d) || !build(&r, &d) ||
         !init_state(&r, &d))
         goto out;
     int lr_id = ir_find_tensor(r.tg, "lr");
@@ -1089,7 +1115,10 @@ int rt_train(const Model *m, const TrainOpts *o)
             goto out;
     }
     double last_b = 0, last_c = 0; /* the last step's compute interval */
-    int64_t tokens = r.B * r.T * rt_dp_rows_factor(r.dp), first = r.step;
+    /* throughput: tokens per step where the data has a token axis, else
+     * examples (tput_unit) */
+    int64_t examples = r.B * rt_dp_rows_factor(r.dp), first = r.step;
+    int64_t per_step = r.tok_per_row > 0 ? examples * r.tok_per_row : examples;
     float loss = NAN;
     bool skip = r.c.on_nonfinite && strcmp(r.c.on_nonfinite, "skip") == 0;
     rt_dp_start_together(r.dp);
@@ -1169,7 +1198,9 @@ int rt_train(const Model *m, const TrainOpts *o)
             RtStepRecord rec = {
                 .step = r.step, .loss = loss, .extra_name = r.x_name, .extra = r.x_val,
                 .nextra = r.nx, .lr = lr_t ? rt_lr_at(&r.c, r.step - 1, r.steps) : NAN,
-                .grad_norm = gn, .ms = step_ms, .tokens_per_s = (double)tokens / (step_ms * 1e-3),
+                .grad_norm = gn, .ms = step_ms,
+                .examples_per_s = (double)examples / (step_ms * 1e-3),
+                .tokens_per_s = r.tok_per_row > 0 ? (double)per_step / (step_ms * 1e-3) : NAN,
                 .mfu = peak > 0 ? model / (step_ms * 1e-3) / peak : NAN,
                 .hfu = peak > 0 ? r.flops / (step_ms * 1e-3) / peak : NAN,
                 .mem_bytes = rt_exec_arena_bytes(r.te), .comm_ms = cbusy, .comm_exposed_ms = cexp};
@@ -1185,11 +1216,12 @@ int rt_train(const Model *m, const TrainOpts *o)
             char eta[96] = "";
             if (rt_dp_size(r.dp) > 1)
                 fmt_eta(eta, sizeof eta, ir_median(r.times.ms, r.times.n), r.steps - r.step);
-            printf("%sstep %5lld/%lld | loss %.6f%s | lr %.3e | %8.2f ms | %9.0f tok/s | %s | "
+            printf("%sstep %5lld/%lld | loss %.6f%s | lr %.3e | %8.2f ms | %9.0f %s | %s | "
                    "mem %s%s%s\n",
                    tty ? "\r\033[K" : "", (long long)r.step, (long long)r.steps,
                    (double)loss, extras, lr_t ? rt_lr_at(&r.c, r.step - 1, r.steps) : 0.0,
-                   step_ms, (double)tokens / (step_ms * 1e-3), mfu, mem, eta, skipped);
+                   step_ms, (double)per_step / (step_ms * 1e-3), tput_unit(&r), mfu, mem, eta,
+                   skipped);
             fflush(stdout);
         }
         if (r.c.eval_every > 0 && r.step % r.c.eval_every == 0 && r.step < r.steps &&
@@ -1213,7 +1245,7 @@ int rt_train(const Model *m, const TrainOpts *o)
             goto out;
         double now = ir_now();
         if (tty && (now - last_status >= 0.1 || r.step == r.steps)) {
-            progress(&r, loss, extras, tokens);
+            progress(&r, loss, extras, per_step);
             last_status = now;
         }
     }
@@ -1226,7 +1258,7 @@ int rt_train(const Model *m, const TrainOpts *o)
     if (!stop) /* a signal during the last step */
         stop = rt_dp_stop(r.dp);
     if (stop) {
-        stop_summary(&r, stop, loss, tokens, ckpt, &d);
+        stop_summary(&r, stop, loss, per_step, ckpt, &d);
         rc = 128 + stop;
         goto out;
     }
@@ -1266,8 +1298,8 @@ int rt_train(const Model *m, const TrainOpts *o)
     if (med > 0) {
         char mfu[64];
         fmt_mfu(mfu, sizeof mfu, r.flops, r.tg, med, r.peak_gflops);
-        printf(" | median %.2f ms/step | %.0f tok/s | %s", med, (double)tokens / (med * 1e-3),
-               mfu);
+        printf(" | median %.2f ms/step | %.0f %s | %s", med, (double)per_step / (med * 1e-3),
+               tput_unit(&r), mfu);
     }
     print_memory(&r);
     if (r.skipped)

@@ -240,12 +240,18 @@ typedef struct {
     const char *const *extra_name; /* the model's extra scalar outputs */
     const float *extra;
     int nextra;
-    double lr, grad_norm, ms, tokens_per_s, mfu, hfu; /* nan: unknown */
+    double lr, grad_norm, ms, mfu, hfu; /* nan: unknown */
+    double examples_per_s; /* examples (rows of the batch, all ranks) per second */
+    double tokens_per_s;   /* nan where the data has no token axis (blobs, most tensors) */
     double comm_ms, comm_exposed_ms; /* rt_dp_last_comm; nan: one rank */
     int64_t mem_bytes;
 } RtStepRecord;
-/* Creates dir if needed; with training, opens its metrics.jsonl and
- * eval.jsonl. NULL with d set when it cannot. */
+/* Creates dir and its parents if needed (mkdir -p) and checks that it is a
+ * writable directory; false with "--log-dir DIR: ..." in d when not. Run
+ * before compiling, so a bad --log-dir costs no compile. */
+bool rt_runlog_dir(const char *dir, Diag *d);
+/* rt_runlog_dir; with training, opens its metrics.jsonl and eval.jsonl.
+ * NULL with d set when it cannot. */
 RunLog *rt_runlog_open(const char *dir, const char *title, bool training, Diag *d);
 /* One line of metrics.jsonl (eval.jsonl): written whole or not at all; false
  * with "PATH: cannot write: REASON" in d on the first failed write (a full

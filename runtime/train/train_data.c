@@ -86,6 +86,8 @@ static bool tensors_cfg(Run *r, const Tensor *logits, DataCfg *dc, Diag *d)
     int n = 0;
     r->B = -1;
     r->T = 1;
+    r->tok_per_row = 0;
+    bool named_tokens = false;
     for (int i = 0; i < g->t.n; i++) {
         const Tensor *t = &g->t.v[i];
         if (t->kind != TK_INPUT)
@@ -110,6 +112,15 @@ static bool tensors_cfg(Run *r, const Tensor *logits, DataCfg *dc, Diag *d)
         if (x->dtype == DT_I32 || x->dtype == DT_I64 || x->dtype == DT_U8) {
             char nm[512], what[600];
             int64_t rows = gather_rows(g, t->id, nm, sizeof nm);
+            /* a token axis: an integer input [B, T...] an embedding
+             * indexes, or named tokens (which wins) */
+            bool named = strcmp(t->name, "tokens") == 0;
+            if (t->s.rank >= 2 && (named || (rows > 0 && !named_tokens))) {
+                r->tok_per_row = 1;
+                for (int k = 1; k < t->s.rank; k++)
+                    r->tok_per_row *= t->s.dim[k];
+                named_tokens = named_tokens || named;
+            }
             if (rows > 0) {
                 snprintf(what, sizeof what, "the rows of the table %s", nm);
                 x->limit = rows;
@@ -194,6 +205,7 @@ static bool data_cfg(Run *r, DataCfg *dcp, Diag *d)
         }
         r->B = x->s.dim[0];
         r->T = 1;
+        r->tok_per_row = 0;
         dc.batch = r->B * rt_dp_rows_factor(r->dp);
         dc.dim = (int)x->s.dim[1];
         dc.classes = (int)logits->s.dim[logits->s.rank - 1];
@@ -208,6 +220,7 @@ static bool data_cfg(Run *r, DataCfg *dcp, Diag *d)
         }
         r->B = tok->s.dim[0];
         r->T = tok->s.dim[1];
+        r->tok_per_row = r->T;
         dc.batch = r->B * rt_dp_rows_factor(r->dp);
         dc.seq = r->T;
         if (logits)

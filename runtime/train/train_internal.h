@@ -31,6 +31,10 @@ typedef struct {
     bool rowy;            /* accuracy per row against input y i32[B] (blobs; tensors
                              with logits [B,classes]) */
     int64_t B, T;         /* T = 1 for blobs and tensors */
+    int64_t tok_per_row;  /* tokens per example, for throughput: T for text,
+                             tokens and addition; for tensors the positions of
+                             its token input (tensors_cfg); 0 where the data has
+                             no token axis (blobs): throughput in examples/s */
     int64_t steps, step;  /* total; completed */
     int64_t data_pos;
     Trace *trace;

@@ -4,6 +4,7 @@
 # train{} line naming the file: a missing array, the wrong dtype or shape,
 # arrays of different lengths, class ids past the logits, too few examples
 # to split; .npy files in Fortran order, big-endian, object arrays, float64,
+# int64 labels (with the .astype(np.int32) to write),
 # truncated data, a header that claims less than the file holds, a huge
 # shape, a bad magic; an empty directory, a missing path, no data_path; a
 # bad val_path; shuffle = false and val_path where they do not apply.
@@ -78,6 +79,13 @@ cat "$dir/x.raw" "$dir/x.raw" > "$dir/x8.raw"
 npy_case f8 3 '<f8' '(96, 4)' "$dir/x8.raw"
 expect_error "$dir/f8/x.npy: a dtype kiln does not have" "got '<f8'" ".astype(np.float32)" -- \
     "${run[@]}" --set data_path="$dir/f8"
+# 10b. int64 labels (NumPy's default integer), with the conversion to make
+mkdir "$dir/y64"
+for _ in $(seq 96); do printf '\001\000\000\000\000\000\000\000'; done > "$dir/y64.raw"
+npy_file "$dir/y64/x.npy" 1 '<f4' '(96, 4)' "$dir/x.raw"
+npy_file "$dir/y64/y.npy" 1 '<i8' '(96,)' "$dir/y64.raw"
+expect_error "$at $dir/y64: array \"y\" does not fit model input y" "expected i32[96], got i64[96]" \
+    "y.astype(np.int32)" -- "${run[@]}" --set data_path="$dir/y64"
 # 11. truncated data: the header says 97 rows
 npy_case trunc 1 '<f4' '(97, 4)' "$dir/x.raw"
 expect_error "$dir/trunc/x.npy: truncated .npy data" "needs 1552 bytes, got 1536" -- \

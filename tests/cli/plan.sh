@@ -2,7 +2,8 @@
 # kiln plan: issue 17's worked example through the command line (1,920 x
 # 8,192 tokens per step, a 10T budget, goodput 0.9, --step-time 12 and 10,
 # --target-days 76), --json, the what-if rows, and a layout that does not
-# add up (exit 2, a message naming the flags).
+# add up (exit 2, a message naming the flags); --tokens 300B (billions) as
+# 300G, with the count it read printed.
 set -u
 : "${KILN:?}"
 dir=$(mktemp -d "${TMPDIR:-/tmp}/kiln-plan-XXXXXX")
@@ -46,6 +47,15 @@ rc=$?
 grep -q 'expected a multiple of 8' "$dir/err" || fail "message: $(cat "$dir/err")"
 "$KILN" plan models/gpt.lua --tokens lots >"$dir/err" 2>&1
 [ $? -eq 2 ] && grep -q -- "--tokens expects a count such as 10T" "$dir/err" || fail "--tokens lots: $(cat "$dir/err")"
+# B (billions, as papers write budgets) beside G: the same plan, and the
+# line after the end date says which count it read
+b=$("$KILN" plan "${common[@]}" --step-time 12 --tokens 300B 2>&1) || fail "--tokens 300B: $b"
+g=$("$KILN" plan "${common[@]}" --step-time 12 --tokens 300G 2>&1) || fail "--tokens 300G: $g"
+echo "$b" | grep -q '^end date: 19073 steps to 3e+11 tokens;' || fail "end date at 300B: $b"
+[ "$(echo "$b" | grep '^end date')" = "$(echo "$g" | grep '^end date')" ] || fail "300B and 300G differ"
+echo "$b" | grep -q '^  --tokens 300B read as 3e+11 tokens (B: billions, 1e9)$' || fail "300B read line: $b"
+echo "$g" | grep -q '^  --tokens 300G read as 3e+11 tokens (G: giga, billions, 1e9)$' || fail "300G read line"
+echo "$out" | grep -q '^  --tokens 10T read as 1e+13 tokens (T: trillions, 1e12)$' || fail "10T read line"
 # the remat choice at the device's memory (--memory): more memory never
 # recomputes more; a chosen plan fits the memory; too little memory names the
 # least that fits, and that much fits. The memories swept lie between that

@@ -66,6 +66,19 @@ if command -v script > /dev/null; then
     awk '{ if (length($0) > 0) { n = split($0, seg, "\033\\[K"); for (i = 1; i <= n; i++)
          if (seg[i] ~ /^step / && length(seg[i]) > 119) { print "long: " seg[i]; exit 1 } } }' "$dir/t2.log" ||
         fail "a status line is wider than the terminal"
+    # a narrow terminal keeps the time left: each status line fits and ends
+    # with it (issue 42: the line was cut at the width, losing it)
+    for cols in 60 40 25; do
+        COLUMNS=$cols script -qec "$KILN train tests/data/aux_loss.lua --steps 40" \
+            /dev/null > "$dir/n.log" 2>&1 < /dev/null || fail "COLUMNS=$cols: $(tail -c 300 "$dir/n.log")"
+        tr -d '\r' < "$dir/n.log" | awk -v w=$((cols - 1)) '{ n = split($0, seg, "\033\\[K")
+            for (i = 1; i <= n; i++) if (seg[i] ~ /^step /) {
+                s++
+                if (length(seg[i]) > w) { print "long: " seg[i]; exit 1 }
+                if (seg[i] !~ /[0-9]+m[0-9][0-9]s left$/) { print "no time left: " seg[i]; exit 1 } } }
+            END { if (!s) { print "no status line"; exit 1 } }' ||
+            fail "status line at COLUMNS=$cols"
+    done
 else
     echo "note: script(1) not installed; the terminal case was not run"
 fi

@@ -19,7 +19,7 @@ d = sys.argv[1]
 rows = [json.loads(l) for l in open(d + "/metrics.jsonl")]
 assert [r["step"] for r in rows] == list(range(1, 41)), [r["step"] for r in rows]
 for r in rows:
-    for k in ("loss", "xent", "zloss", "lr", "grad_norm", "ms", "tokens_per_s", "mfu", "hfu",
+    for k in ("loss", "xent", "zloss", "lr", "grad_norm", "ms", "examples_per_s", "tokens_per_s", "mfu", "hfu",
               "mem_bytes"):
         assert k in r, (k, r)
     assert abs(r["loss"] - r["xent"] - r["zloss"]) < 2e-6, r
@@ -34,7 +34,7 @@ last=$(awk -F' [|] ' '/^step +40\/40/ { print substr($2, 6) }' "$dir/r1.log")
 python3 -c "import json,sys; r=[json.loads(l) for l in open(sys.argv[1])][-1]; \
 assert abs(r['loss'] - float(sys.argv[2])) < 1e-5, (r['loss'], sys.argv[2])" \
     "$dir/r1/metrics.jsonl" "$last" || fail "metrics.jsonl disagrees with the step line"
-python3 "$check" "$dir/r1/report.html" "train loss" "val loss" "tokens/s" "by kind" \
+python3 "$check" "$dir/r1/report.html" "train loss" "val loss" "examples/s" "by kind" \
     "costliest kernels" "live memory" "recomputed ops" || fail "report.html (one rank)"
 ! grep -q '"compute,communication"' "$dir/r1/report.html" || fail "a comm timeline on one rank"
 

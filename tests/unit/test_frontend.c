@@ -186,6 +186,9 @@ static void test_set_overrides(void **state)
         const char *set, *words[3];
     } bad[] = {
         {"nope=1", {"--set nope:", "unknown key", "width"}},
+        /* the closest key, a config key or a train key (issue 42) */
+        {"widht=4", {"--set widht:", "did you mean 'width'?", NULL}},
+        {"stpes=4", {"--set stpes:", "did you mean 'steps'?", NULL}},
         {"width=abc", {"--set width:", "number", "abc"}},
         {"width=2.5", {"--set width:", "integer", "2.5"}},
         {"flag=maybe", {"--set flag:", "true or false", "maybe"}},
@@ -204,6 +207,10 @@ static void test_set_overrides(void **state)
      * changes from run to run) */
     const char *nope[] = {"nope=1"};
     expect_has(load_err(path, nope, 1), "config_set.lua: flag, name, width;");
+    /* a script without config{}: the closest train key */
+    const char *lrate[] = {"lrr=0.1"};
+    const char *msg = load_err("tests/data/col_max.lua", lrate, 1);
+    expect_has(msg, "--set lrr: unknown key (did you mean 'lr'?");
 }
 
 /* Line of the first line of path containing "-- ERROR" (0 if none). */
@@ -236,7 +243,7 @@ static void test_bad_scripts(void **state)
         {"unknown_method", {"no field or method", "frobnicate", NULL}},
         {"reshape_count", {"reshape", "element counts", "f32[4,8]", "[5,7]"}},
         {"bad_axis", {"sum", "axis 2 out of range", "f32[4,8]", NULL}},
-        {"train_key", {"train", "unknown key", "stepz", NULL}},
+        {"train_key", {"train", "unknown key", "stepz", "did you mean 'steps'?"}},
         {"minimize_nonscalar", {"minimize", "scalar", "f32[4,8]", NULL}},
         {"syntax", {"unexpected symbol", NULL}},
         {"runtime", {"'undefined_layer' is not a kiln function", NULL}},
@@ -926,6 +933,126 @@ static void test_dropout(void **state)
     free(dir);
 }
 
+/* Strict options (issue 42): every nn function and DSL function that takes
+ * an options table refuses a misspelled key at the user's line, naming the
+ * function, the key, the closest accepted key and the list; a wrong value
+ * type, an option documented but not implemented, a non-table and a
+ * positional entry are errors too. Every nn function of frontend/nn.lua
+ * with an `opts` argument must have a case here. */
+static void test_strict_options(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *fn, *call, *words[4];
+    } cases[] = {
+        {"nn.Linear", "nn.Linear('fc', 8, 4, {bais = false, sdt = 0.5})",
+         {"nn.Linear: unknown option 'bais'", "did you mean 'bias'?", "bias, std, init"}},
+        {"nn.Linear", "nn.Linear('fc', 8, 4, {bias = 0})",
+         {"nn.Linear: option 'bias' must be true or false", "got 0"}},
+        {"nn.Linear", "nn.Linear('fc', 8, 4, {std = '0.5'})",
+         {"option 'std' must be a number", "got the string '0.5'"}},
+        {"nn.Linear", "nn.Linear('fc', 8, 4, {init = 0.02})",
+         {"option 'init' must be an initializer"}},
+        {"nn.Linear", "nn.Linear('fc', 8, 4, false)",
+         {"nn.Linear: options must be a table", "got boolean", "bias, std, init"}},
+        {"nn.LayerNorm", "nn.LayerNorm('ln', 8, {esp = 1e-6})",
+         {"nn.LayerNorm: unknown option 'esp'", "did you mean 'eps'?", "bias, eps"}},
+        {"nn.LayerNorm", "nn.LayerNorm('ln', 8, {false})",
+         {"nn.LayerNorm: options are named", "number key 1"}},
+        {"nn.RMSNorm", "nn.RMSNorm('rn', 8, {epsilon = 1e-6})",
+         {"nn.RMSNorm: unknown option 'epsilon'", "did you mean 'eps'?"}},
+        {"nn.Embedding", "nn.Embedding('wte', 16, 8, {pda = 64})",
+         {"nn.Embedding: unknown option 'pda'", "did you mean 'pad'?", "std, pad, init"}},
+        {"nn.Embedding", "nn.Embedding('wte', 16, 8, {pad = 2.5})",
+         {"option 'pad' must be an integer", "got 2.5"}},
+        {"nn.CausalSelfAttention", "nn.CausalSelfAttention('attn', 8, 2, {dropuot = 0.1})",
+         {"nn.CausalSelfAttention: unknown option 'dropuot'", "did you mean 'dropout'?"}},
+        {"nn.CausalSelfAttention", "nn.CausalSelfAttention('attn', 8, 2, {window = 4})",
+         {"option 'window' is not supported", "bias, std, proj_std, dropout)"}},
+        {"nn.MLP", "nn.MLP('mlp', 8, 32, {activation = nn.silu})",
+         {"nn.MLP: unknown option 'activation'", "did you mean 'act'?"}},
+        {"nn.MLP", "nn.MLP('mlp', 8, 32, {act = 'relu'})",
+         {"option 'act' must be a function", "got the string 'relu'"}},
+        {"nn.SwiGLU", "nn.SwiGLU('mlp', 8, 32, {proj_sdt = 0.1})",
+         {"nn.SwiGLU: unknown option 'proj_sdt'", "did you mean 'proj_std'?"}},
+        {"nn.attention", "nn.attention(h, h, h, {casual = false})",
+         {"nn.attention: unknown option 'casual'", "did you mean 'causal'?", "causal, dropout"}},
+        {"nn.attention", "nn.attention(h, h, h, {causal = true, window = 4, mask = 'nonsense'})",
+         {"nn.attention: option 'mask' is not supported", "causal, dropout)"}},
+        {"nn.attention", "nn.attention(h, h, h, {kv_heads = 1})",
+         {"nn.attention: option 'kv_heads' is not supported"}},
+        /* grouped-query shapes: said plainly, not matmul's broadcast error */
+        {"nn.attention", "nn.attention(h4, h, h)",
+         {"nn.attention: q, k and v must have the same leading dims", "got q f32[2,4,8,4], k f32[2,2,8,4]",
+          "grouped-query attention", "repeat each k and v head 2 times"}},
+        {"nn.cross_entropy", "nn.cross_entropy(x, t, nil, {clases = 4})",
+         {"nn.cross_entropy: unknown option 'clases'", "did you mean 'classes'?"}},
+        {"nn.cross_entropy", "nn.cross_entropy(x, t, {classes = 4})",
+         {"nn.cross_entropy: mask", "must be a tensor or nil", "fourth argument"}},
+        {"matmul", "matmul(x, x, {tB = true})",
+         {"matmul: unknown option 'tB'", "did you mean 'tb'?", "ta, tb"}},
+        {"output", "output('y', x, {trian = true})",
+         {"output: unknown option 'trian'", "did you mean 'train'?"}},
+        {"output", "output('y', x, {train = 1})", {"option 'train' must be true or false", "got 1"}},
+        /* a list argument with a named key would read as shorter */
+        {"", "input('y', {B = 4, T = 8})", {"input: the shape must be a list", "the key 'B'"}},
+        {"", "x:sum({axis = 1})", {"sum: the axes must be a list", "the key 'axis'"}},
+        {"", "concat({x, x, axis = 1})", {"concat: the tensors must be a list", "the key 'axis'"}},
+    };
+    char *dir = scratch_dir("fe-opts");
+    char path[512], prefix[600];
+    snprintf(path, sizeof path, "%s/opts.lua", dir);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *text = xasprintf("local x = input('x', {4, 8})\n"
+                               "local h = input('h', {2, 2, 8, 4})\n"
+                               "local t = input('t', {4}, 'i32'); local h4 = input('h4', {2, 4, 8, 4})\n"
+                               "local r = %s\n"
+                               "minimize(x:sum())\n", cases[i].call);
+        write_file(path, text);
+        free(text);
+        const char *msg = load_err(path, NULL, 0);
+        snprintf(prefix, sizeof prefix, "%s:4: ", path);
+        if (strncmp(msg, prefix, strlen(prefix)) != 0)
+            fail_msg("%s: expected the message to start with '%s', got: %s", cases[i].call,
+                     prefix, msg);
+        for (int k = 0; k < 4 && cases[i].words[k]; k++)
+            expect_has(msg, cases[i].words[k]);
+    }
+    /* every nn function of the library that takes opts has a case above */
+    char *lib = read_file("frontend/nn.lua");
+    assert_non_null(lib);
+    int checked = 0;
+    for (char *p = strstr(lib, "\nfunction nn."); p; p = strstr(p + 1, "\nfunction nn.")) {
+        char *name = p + 10, *paren = strchr(name, '('), *close = paren ? strchr(paren, ')') : NULL;
+        assert_non_null(close);
+        char *opts = strstr(paren, "opts");
+        if (!opts || opts > close)
+            continue;
+        bool found = false;
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0] && !found; i++)
+            found = strlen(cases[i].fn) == (size_t)(paren - name) &&
+                    strncmp(cases[i].fn, name, (size_t)(paren - name)) == 0;
+        if (!found)
+            fail_msg("%.*s takes opts but test_strict_options has no case for it",
+                     (int)(paren - name), name);
+        checked++;
+    }
+    assert_true(checked >= 8);
+    free(lib);
+    /* the valid options still work, and bias = false drops the bias */
+    write_file(path, "local x = input('x', {4, 8})\n"
+                     "local fc = nn.Linear('fc', 8, 4, {bias = false, std = 0.5, init = zeros()})\n"
+                     "local y = nn.MLP('mlp', 4, 8, {act = nn.Linear('a', 8, 8), dropout = 0})(fc(x))\n"
+                     "output('y', matmul(y, y, {tb = 1}), {train = false})\n"
+                     "minimize(y:sum())\n");
+    Model *m = load_model(path, NULL, 0);
+    assert_true(ir_find_tensor(m->g, "fc.weight") >= 0);
+    assert_true(ir_find_tensor(m->g, "fc.bias") < 0);
+    fe_model_free(m);
+    remove_tree(dir);
+    free(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -941,6 +1068,7 @@ int main(void)
         cmocka_unit_test(test_numerics),
         cmocka_unit_test(test_new_ops),
         cmocka_unit_test(test_dropout),
+        cmocka_unit_test(test_strict_options),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
