@@ -16,7 +16,11 @@
  * params' shard_pack, which hides the last buckets). Last, each
  * attention_lse moves to right after its sibling attention op (same q, k and
  * attrs), so the backend computes both in one kernel (codegen/plan.c); that
- * lengthens only the lse's own small [..., T, 1] life. */
+ * lengthens only the lse's own small [..., T, 1] life. Before that, the
+ * one exception to "never earlier": small ungrouped ops that read a fuse
+ * group's operand after the group, and could run before it, move in front
+ * of it when that makes the group the operand's last reader
+ * (hoist_readers: memplan may then write a result over it). */
 #include "passes.h"
 
 #include <stdlib.h>
@@ -110,14 +114,16 @@ static void pair_attention(const Graph *g, int *order, int n)
     }
 }
 
-/* Whether the op at position r of order may run at position p < r instead:
- * an ungrouped elementwise, move or reduce op (not random: no state) whose
+/* Whether op op_i may run at position p of order, before its own: an
+ * ungrouped elementwise, move or reduce op (not random, not recomputed:
+ * remat put it next to its use) whose
  * operands are all defined before p, with a result smaller than bytes. */
 static bool hoistable(const Graph *g, const int *pos, int p, int op_i, int64_t bytes)
 {
     const Op *y = &g->ops.v[op_i];
     OpClass c = ir_opinfo[y->code].cls;
-    if (y->group >= 0 || (c != OC_ELEMWISE && c != OC_MOVE && c != OC_REDUCE) ||
+    if (y->group >= 0 || (y->flags & OPF_RECOMPUTE) ||
+        (c != OC_ELEMWISE && c != OC_MOVE && c != OC_REDUCE) ||
         shape_bytes(&g->t.v[y->out].s) >= bytes)
         return false;
     for (int j = 0; j < y->nin; j++) {
