@@ -560,21 +560,21 @@ static bool one_loop(const Graph *g, int a, int z, int o, int I, const bool *mat
  * its logits: one logits-sized buffer instead of two). Result O of fuse
  * group G takes the storage of G's operand I when
  *  - both are materialised temps owning their storage, I with no views,
- *    neither a graph output nor an update's value (last < nops), of one
- *    shape and dtype (so of one storage size in every plan: the storage
- *    type is decided per storage);
- *  - I is defined before G and G is its last reader (schedule.c moves the
- *    small readers that may run before G there);
- *  - inside G only elementwise ops of I's shape (reading at their own
- *    index) and reductions over I's trailing axes read I, and O is
- *    computed from every one of them.
- * The kernel then reads all it needs of I at an index (that element and
- * its row's reductions, complete before a phase uses them) before it
- * stores O there, as for an update in place: codegen merges the two
- * params into one (cg_merge_inplace_params) and split loops put the store
- * in a later stage than the reductions (cuda_split.c). Each storage is
- * taken once. used: per tensor, a storage already shared this way or by
- * an update (is_value, taken). */
+ *    O no graph output nor an update's value (last < nops), of one shape
+ *    and dtype (so of one storage size in every plan: the storage type is
+ *    decided per storage);
+ *  - I is defined before G, or by the GEMM that heads G (it runs before
+ *    G's kernel), and G is its last reader (schedule.c moves the small
+ *    readers that may run before G there);
+ *  - O is an elementwise result that depends on a row reduction of G
+ *    (which keeps GEMM epilogue groups out: their result depends on none),
+ *    and inside G only elementwise ops of I's shape and reductions over
+ *    its trailing axes read I, all in O's row loop (one_loop).
+ * The kernel then reads all it needs of I at an index before it stores O
+ * there, as for an update in place: codegen merges the two params into
+ * one (cg_merge_inplace_params) and split loops put the stores in a later
+ * stage than the folds (cuda_split.c). Each storage is taken once, and not
+ * one an update already shares (is_value, taken). */
 static void group_inplace(const Graph *g, MemPlan *m, int ngroups, const int *gfirst,
                           const int *glast, const bool *internal, const bool *is_value,
                           const bool *taken)
