@@ -18,8 +18,12 @@
  * instead of the strided loop; iteration t of thread x is vector
  * x + t * threads, as in the strided loop.
  *
- * A param is cached when: it is not written by the kernel (no param that
- * may share its buffer is an output: al), the loop is a row loop of one
+ * A param is cached when: no other param that may share its buffer is an
+ * output (al; a param the kernel stores itself, an in-place result merged
+ * into its operand's param, qualifies when every phase that touches it but
+ * the fill reads the cache: the loads then see the values the fill read,
+ * the operand's, and each store goes to a vector the thread cached, after
+ * the fill's barrier), the loop is a row loop of one
  * block per row (not split), and two or more of the loop's phases load it
  * through the vector path (cuda_row.c) with the same inner dims, the same
  * vector width and the same printed index expression. Only those phases
@@ -36,16 +40,16 @@ enum {
 
 /* Phase ph's vector signature for param p: its vec plan loads p; *vec and
  * the printed index (allocated) returned; false when p is not a vector
- * load of the phase. */
+ * load of the phase, or is stored by it too and st is false. */
 static bool vec_load(const CgKernel *k, const CgPhase *ph, const DType *storage,
-                     const CgCudaAlias *al, int p, int *vec, char **index)
+                     const CgCudaAlias *al, int p, bool st, int *vec, char **index)
 {
     CgCudaVec v;
     if (ph->ndim == 0 || !cg_cuda_vec_plan(k, ph, storage, al, &v))
         return false;
     bool found = false;
     for (int i = 0; i < v.n && !found; i++)
-        if (v.param[i] == p && v.ld[i] && !v.st[i]) {
+        if (v.param[i] == p && v.ld[i] && (st || !v.st[i])) {
             CgBuf b = {0};
             cg_print_expr(&b, k, v.index[i], &cg_target_cuda);
             *index = b.s ? b.s : xstrdup("");
@@ -74,7 +78,9 @@ int cg_cuda_row_cache_role(const CgKernel *k, const CgLoop *l, const DType *stor
     for (int i = 0; i < l->ph.n && i <= pi; i++) {
         int vec;
         char *idx;
-        if (!vec_load(k, &l->ph.v[i], storage, al, p, &vec, &idx))
+        /* the fill only loads p; a later phase may store it too (an
+         * in-place param: its loads want the values the fill read) */
+        if (!vec_load(k, &l->ph.v[i], storage, al, p, fill >= 0, &vec, &idx))
             continue;
         if (fill < 0) {
             fill = i, fvec = vec, fidx = idx;
@@ -88,6 +94,45 @@ int cg_cuda_row_cache_role(const CgKernel *k, const CgLoop *l, const DType *stor
     }
     free(fidx);
     return role;
+}
+
+static bool expr_loads(const CgKernel *k, int e, int p)
+{
+    if (e < 0)
+        return false;
+    const CgExpr *x = &k->ex.v[e];
+    if (x->kind == CGX_LOAD && x->param == p)
+        return true;
+    int n = x->kind == CGX_OP       ? cg_opinfo[x->op].arity
+            : x->kind == CGX_SELECT ? 3
+            : (x->kind == CGX_LOAD || x->kind == CGX_CAST || x->kind == CGX_RAND) ? 1
+                                                                                  : 0;
+    for (int j = 0; j < n; j++)
+        if (expr_loads(k, x->a[j], p))
+            return true;
+    return false;
+}
+
+static bool phase_stores(const CgPhase *ph, int p)
+{
+    for (int i = 0; i < ph->st.n; i++)
+        if (ph->st.v[i].param == p)
+            return true;
+    return false;
+}
+
+/* Whether phase ph loads or stores param p. */
+static bool phase_touches(const CgKernel *k, const CgPhase *ph, int p)
+{
+    if (phase_stores(ph, p) || (ph->acc >= 0 && expr_loads(k, ph->value, p)))
+        return true;
+    for (int i = 0; i < ph->lets.n; i++)
+        if (expr_loads(k, ph->lets.v[i], p))
+            return true;
+    for (int i = 0; i < ph->st.n; i++)
+        if (expr_loads(k, ph->st.v[i].value, p) || expr_loads(k, ph->st.v[i].index, p))
+            return true;
+    return false;
 }
 
 /* Uint4 words of one vector of param p. */
@@ -131,20 +176,26 @@ static int plan_cache(const CgKernel *k, const CgLoop *l, const DType *storage,
     f->cached = xmalloc(sizeof(int) * (size_t)(np + 1));
     f->cache_words = xmalloc(sizeof(int) * (size_t)(np + 1));
     for (int p = 0; p < np; p++) {
-        bool written = false;
+        bool written = false, self = k->params.v[p].out;
         for (int q = 0; q < np && !written; q++)
-            written = k->params.v[q].out && (q == p || al->cls[q] == al->cls[p]);
+            written = k->params.v[q].out && q != p && al->cls[q] == al->cls[p];
         if (written)
             continue;
         int fill = -1, trips = 0, w = 0;
-        bool reread = false;
+        bool reread = false, stray = false;
         for (int i = 0; i < l->ph.n; i++) {
             int role = cg_cuda_row_cache_role(k, l, storage, al, i, p);
+            /* a param the kernel writes in place (loads and stores through
+             * one pointer, cg_merge_inplace_params): cached only when every
+             * phase touching it but the fill reads the cache, so its stores
+             * (at the vectors the thread cached) come after every load */
+            stray |= self && role != 2 && (role != 1 || phase_stores(&l->ph.v[i], p)) &&
+                     phase_touches(k, &l->ph.v[i], p);
             if (role == 1) {
                 fill = i;
                 int vec = 0;
                 char *idx = NULL;
-                vec_load(k, &l->ph.v[i], storage, al, p, &vec, &idx);
+                vec_load(k, &l->ph.v[i], storage, al, p, false, &vec, &idx);
                 free(idx);
                 int64_t nv = cg_cuda_numel(l->ph.v[i].dim, l->ph.v[i].ndim) / vec;
                 trips = (int)((nv + f->threads - 1) / f->threads);
@@ -152,7 +203,7 @@ static int plan_cache(const CgKernel *k, const CgLoop *l, const DType *storage,
             }
             reread |= role == 2;
         }
-        if (fill < 0 || !reread || (f->cache_trips && trips != f->cache_trips))
+        if (fill < 0 || !reread || stray || (f->cache_trips && trips != f->cache_trips))
             continue;
         f->cache_trips = trips;
         f->cached[f->ncached] = p;

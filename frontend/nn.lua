@@ -278,16 +278,21 @@ function nn.cross_entropy(logits, targets, mask, opts)
                         "indices (expected i32/i64, got %s[%s])", targets.dtype,
                         table.concat(targets.shape, ",")), 2)
   end
-  -- one pass over each row (an online max and sum) and one load of the
-  -- target logit; the backward is softmax minus one-hot, one elementwise
-  -- kernel
+  -- one pass over each row (an online max and sum), the target logit
+  -- picked in the same kernel; the backward is softmax minus one-hot,
+  -- stored by that kernel too
   local V, all = logits.shape[#logits.shape], logits
   if opts and opts.classes and opts.classes < V then
     all = nn.mask_classes(logits, opts.classes)
   end
   -- the target logit from the unmasked logits (a target is a real class),
-  -- so the masked ones stay inside the loss kernel
-  local nll = all:logsumexp(-1) - take_along(logits, targets)
+  -- so the masked ones stay inside the loss kernel. It is the row's sum
+  -- of the logits at the target's class (exact: one term, the rest 0), not
+  -- a take_along: a row reduction the loss kernel folds as it reads the
+  -- row, so nothing reads the logits after that kernel, which then writes
+  -- the gradient over them (one logits-sized buffer: docs/fusion.md)
+  local hit = iota(logits.shape, -1, targets.dtype):eq(nn.unsqueeze(targets, -1))
+  local nll = all:logsumexp(-1) - select(hit, logits, 0):sum(-1)
   if mask then
     local m = mask:cast(nll.dtype)
     return (m * nll):sum() / maximum(m:sum(), 1)

@@ -474,6 +474,201 @@ static void fill_timeline(const Graph *g, MemPlan *m, const int *temps, int ntem
     free(is_saved);
 }
 
+static bool same_dims(const Shape *a, const Shape *b)
+{
+    if (a->rank != b->rank)
+        return false;
+    for (int d = 0; d < a->rank; d++)
+        if (a->dim[d] != b->dim[d])
+            return false;
+    return true;
+}
+
+/* True when op reduces its operand over trailing axes only (a row: the
+ * kernel folds the whole row before any phase that uses the result). */
+static bool row_reduce(const Graph *g, const Op *op)
+{
+    if (ir_opinfo[op->code].cls != OC_REDUCE || op->attr.nia <= 0)
+        return false;
+    int rank = g->t.v[op->in[0]].s.rank;
+    for (int k = 0; k < op->attr.nia; k++)
+        if (op->attr.ia[k] != rank - op->attr.nia + k)
+            return false;
+    return true;
+}
+
+typedef struct {
+    int *ops, *root;
+    FuseDomain *dom;
+    int cap;
+} LoopWs;
+
+static bool same_domain(const FuseDomain *x, const FuseDomain *y)
+{
+    return x->kind == y->kind && x->k == y->k && same_dims(&x->S, &y->S);
+}
+
+/* Whether, in the kernel of the group whose ops are the members of
+ * [a, z] (op o's group), every op that reads tensor I is an elementwise op
+ * of I's shape or a reduction over its trailing axes, in the one row loop
+ * that stores o's result: the parts (pass_fuse_parts) of all of them have
+ * the domain of o's part, a row domain, and o's part reads I, so codegen
+ * builds them into one loop (parts of one domain that read one tensor
+ * share a loop: cg_lower_group), whose phases run every fold before any
+ * store and read an element before storing at its index. */
+static bool one_loop(const Graph *g, int a, int z, int o, int I, const bool *mat, LoopWs *w)
+{
+    int G = g->ops.v[o].group, n = 0;
+    if (w->cap < z - a + 1) {
+        w->cap = z - a + 1;
+        w->ops = xrealloc(w->ops, sizeof(int) * (size_t)w->cap);
+        w->root = xrealloc(w->root, sizeof(int) * (size_t)w->cap);
+        w->dom = xrealloc(w->dom, sizeof(FuseDomain) * (size_t)w->cap);
+    }
+    int at = -1;
+    for (int k = a; k <= z; k++)
+        if (g->ops.v[k].group == G) {
+            if (k == o)
+                at = n;
+            w->ops[n++] = k;
+        }
+    int bad;
+    char err[256];
+    if (at < 0 || !pass_fuse_lowers(g, w->ops, n, mat, w->root, w->dom, &bad, err, sizeof err))
+        return false;
+    const FuseDomain *d = &w->dom[w->root[at]];
+    if (d->kind != FUSE_ROW)
+        return false;
+    bool mine = false; /* o's part reads I */
+    for (int i = 0; i < n; i++) {
+        const Op *y = &g->ops.v[w->ops[i]];
+        bool reads = false;
+        for (int q = 0; q < y->nin; q++)
+            reads |= y->in[q] == I;
+        if (!reads)
+            continue;
+        if (y->code == OP_MATMUL || !same_domain(&w->dom[w->root[i]], d) ||
+            !((same_index_op(y) && same_dims(&g->t.v[y->out].s, &g->t.v[I].s)) ||
+              row_reduce(g, y)))
+            return false;
+        mine |= w->root[i] == w->root[at];
+    }
+    return mine;
+}
+
+/* Kernel results in place of an operand (the cross-entropy's dlogits over
+ * its logits: one logits-sized buffer instead of two). Result O of fuse
+ * group G takes the storage of G's operand I when
+ *  - both are materialised temps owning their storage, I with no views,
+ *    O no graph output nor an update's value (last < nops), of one shape
+ *    and dtype (so of one storage size in every plan: the storage type is
+ *    decided per storage);
+ *  - I is defined before G, or by the GEMM that heads G (it runs before
+ *    G's kernel), and G is its last reader (schedule.c moves the small
+ *    readers that may run before G there);
+ *  - O is an elementwise result that depends on a row reduction of G
+ *    (which keeps GEMM epilogue groups out: their result depends on none),
+ *    and inside G only elementwise ops of I's shape and reductions over
+ *    its trailing axes read I, all in O's row loop (one_loop).
+ * The kernel then reads all it needs of I at an index before it stores O
+ * there, as for an update in place: codegen merges the two params into
+ * one (cg_merge_inplace_params) and split loops put the stores in a later
+ * stage than the folds (cuda_split.c). Each storage is taken once, and not
+ * one an update already shares (is_value, taken). */
+static void group_inplace(const Graph *g, MemPlan *m, int ngroups, const int *gfirst,
+                          const int *glast, const bool *internal, const bool *is_value,
+                          const bool *taken)
+{
+    int nt = g->t.n, n = g->ops.n;
+    bool *has_view = xcalloc((size_t)nt + 1, sizeof(bool));
+    bool *used = xcalloc((size_t)nt + 1, sizeof(bool));
+    bool *anc = xcalloc((size_t)n + 1, sizeof(bool)); /* ancestors of O's op in G */
+    int *stack = xmalloc(sizeof(int) * (size_t)(n + 1));
+    VEC(int) cand = {0}; /* G's operands that could be I */
+    bool *mat = NULL;    /* !internal, made when a candidate needs it */
+    LoopWs ws = {0};
+    for (int t = 0; t < nt; t++) {
+        if (m->root[t] != t)
+            has_view[m->root[t]] = true;
+        used[t] = is_value[t] || taken[t];
+    }
+    for (int G = 0; G < ngroups; G++) {
+        int a = gfirst[G], z = glast[G];
+        if (a < 0)
+            continue;
+        cand.n = 0;
+        for (int k = a; k <= z; k++) {
+            const Op *x = &g->ops.v[k];
+            for (int j = 0; j < x->nin && x->group == G; j++) {
+                int I = x->in[j], p = g->t.v[I].op;
+                bool gemm = p >= a && p <= z && g->ops.v[p].code == OP_MATMUL; /* G's head */
+                if (p < 0 || (p >= a && !gemm) || used[I] || m->root[I] != I || has_view[I] ||
+                    m->persistent[I] || internal[I] || m->last[I] != z)
+                    continue;
+                bool dup = false;
+                for (int c = 0; c < cand.n && !dup; c++)
+                    dup = cand.v[c] == I;
+                if (!dup)
+                    vec_push(&cand, I);
+            }
+        }
+        for (int i = a; i <= z && cand.n; i++) {
+            const Op *op = &g->ops.v[i];
+            int O = op->out;
+            if (op->group != G || internal[O] || m->root[O] != O || m->persistent[O] ||
+                used[O] || m->last[O] >= n || !same_index_op(op))
+                continue;
+            int I = -1;
+            for (int c = 0; c < cand.n && I < 0; c++)
+                if (!used[cand.v[c]] && shape_eq(&g->t.v[cand.v[c]].s, &g->t.v[O].s) &&
+                    m->bytes[cand.v[c]] == m->bytes[O])
+                    I = cand.v[c];
+            if (I < 0)
+                continue;
+            if (!mat) {
+                mat = xmalloc(sizeof(bool) * (size_t)(nt + 1));
+                for (int t = 0; t < nt; t++)
+                    mat[t] = !internal[t];
+            }
+            int sp = 0; /* O's ancestors inside G */
+            stack[sp++] = i;
+            anc[i] = true;
+            while (sp) {
+                const Op *x = &g->ops.v[stack[--sp]];
+                for (int j = 0; j < x->nin; j++) {
+                    int p = g->t.v[x->in[j]].op;
+                    if (p >= a && p <= z && g->ops.v[p].group == G && !anc[p]) {
+                        anc[p] = true;
+                        stack[sp++] = p;
+                    }
+                }
+            }
+            /* O depends on a row reduction of G */
+            bool row = false;
+            for (int r = a; r <= z && !row; r++)
+                row = anc[r] && g->ops.v[r].group == G && row_reduce(g, &g->ops.v[r]);
+            for (int k = a; k <= z; k++)
+                anc[k] = false;
+            if (!row || !one_loop(g, a, z, i, I, mat, &ws))
+                continue;
+            m->root[O] = I;
+            if (m->last[O] > m->last[I])
+                m->last[I] = m->last[O];
+            m->first[O] = m->last[O] = -1;
+            used[I] = used[O] = true;
+        }
+    }
+    vec_free(&cand);
+    free(ws.ops);
+    free(ws.root);
+    free(ws.dom);
+    free(mat);
+    free(has_view);
+    free(used);
+    free(anc);
+    free(stack);
+}
+
 MemPlan *pass_memplan(const Graph *g, Diag *d) { return pass_memplan_storage(g, NULL, d); }
 
 MemPlan *pass_memplan_storage(const Graph *g, const DType *storage, Diag *d)
@@ -591,6 +786,7 @@ MemPlan *pass_memplan_storage(const Graph *g, const DType *storage, Diag *d)
         m->root[V] = T;
         m->first[V] = m->last[V] = -1;
     }
+    group_inplace(g, m, ngroups, gfirst, glast, internal, is_value, taken);
     /* views of in-place values follow their root */
     for (int t = 0; t < nt; t++)
         m->root[t] = m->root[m->root[t]];
@@ -719,7 +915,9 @@ void pass_memplan_print(const Graph *g, const MemPlan *m, FILE *f)
         snprintf(res, sizeof res, "%%%d:%s", t, shape_str(g, &g->t.v[t].s, b, sizeof b));
         fprintf(f, "%6d  %-12s %-28s %14lld %14lld%s%s\n", i, ir_opinfo[op->code].name, res,
                 (long long)m->offset[t], (long long)m->live[i],
-                m->root[t] != t ? (g->t.v[m->root[t]].op < 0 ? " (in place)" : " (view)") : "",
+                m->root[t] != t ? (g->t.v[m->root[t]].op < 0 || same_index_op(op) ? " (in place)"
+                                                                          : " (view)")
+                                : "",
                 i == m->peak_op ? "  <- peak" : "");
     }
     fprintf(f, "peak %lld bytes\n", (long long)m->peak_live);

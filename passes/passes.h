@@ -215,7 +215,9 @@ bool pass_schedule(Graph *g, const PassOpts *o, Diag *d);
 /* memplan.c: liveness on the final schedule and offsets in one arena.
  * Storage: a tensor either owns bytes in the arena or aliases another
  * tensor's (a reshape is a view of its operand; an update value computed in
- * place lives in its target). The arena is [persistent | temps]: inputs,
+ * place lives in its target; a fuse group's row-kernel result may live in
+ * an operand the group reads last, e.g. dlogits over the logits: see
+ * memplan.c, group_inplace). The arena is [persistent | temps]: inputs,
  * params and state (and update values computed in place) in the persistent
  * region from offset 0; every other storage in the temp region, reused
  * between storages whose live ranges [first, last] (op indices, inclusive)

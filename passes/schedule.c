@@ -16,7 +16,11 @@
  * params' shard_pack, which hides the last buckets). Last, each
  * attention_lse moves to right after its sibling attention op (same q, k and
  * attrs), so the backend computes both in one kernel (codegen/plan.c); that
- * lengthens only the lse's own small [..., T, 1] life. */
+ * lengthens only the lse's own small [..., T, 1] life. Before that, the
+ * one exception to "never earlier": small ungrouped ops that read a fuse
+ * group's operand after the group, and could run before it, move in front
+ * of it when that makes the group the operand's last reader
+ * (hoist_readers: memplan may then write a result over it). */
 #include "passes.h"
 
 #include <stdlib.h>
@@ -108,6 +112,135 @@ static void pair_attention(const Graph *g, int *order, int n)
         order[pa] = x;
         pl--; /* the op now at pl is unvisited */
     }
+}
+
+/* Whether op op_i may run at position p of order, before its own: an
+ * ungrouped elementwise, move or reduce op (not random, not recomputed:
+ * remat put it next to its use) whose
+ * operands are all defined before p, with a result smaller than bytes. */
+static bool hoistable(const Graph *g, const int *pos, int p, int op_i, int64_t bytes)
+{
+    const Op *y = &g->ops.v[op_i];
+    OpClass c = ir_opinfo[y->code].cls;
+    if (y->group >= 0 || (y->flags & OPF_RECOMPUTE) ||
+        (c != OC_ELEMWISE && c != OC_MOVE && c != OC_REDUCE) ||
+        shape_bytes(&g->t.v[y->out].s) >= bytes)
+        return false;
+    for (int j = 0; j < y->nin; j++) {
+        int d = g->t.v[y->in[j]].op;
+        if (d >= 0 && pos[d] >= p)
+            return false;
+    }
+    return true;
+}
+
+/* Moves the small ops that order leaves after a fuse group but that could
+ * run before it (hoistable) in front of it, when they are all that reads
+ * one of the group's operands after it and the group has a result of that
+ * operand's shape and dtype: the group then ends the operand's life and
+ * memplan may write that result over it (the cross-entropy's take_along of
+ * the target logits goes before the kernel that writes dlogits over the
+ * logits: one logits-sized buffer instead of two). The members of a group
+ * stay contiguous; a moved op only moves earlier, past ops that define
+ * none of its operands. */
+static void hoist_readers(const Graph *g, int *order, int n)
+{
+    int nt = g->t.n;
+    int *pos = xmalloc(sizeof(int) * (size_t)(n + 1));
+    int *lastpos = xmalloc(sizeof(int) * (size_t)(nt + 1));
+    int *tmp = xmalloc(sizeof(int) * (size_t)(n + 1));
+    int *sel = xmalloc(sizeof(int) * (size_t)(n + 1));
+    bool *mv = xcalloc((size_t)n + 1, sizeof(bool)); /* per op: to move */
+    /* readers of each tensor (ops, in op order): readers[rstart[t] .. rstart[t+1]) */
+    int *rstart = xcalloc((size_t)nt + 2, sizeof(int)), nr = 0;
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < g->ops.v[i].nin; j++)
+            rstart[g->ops.v[i].in[j] + 1]++, nr++;
+    for (int t = 0; t < nt; t++)
+        rstart[t + 1] += rstart[t];
+    int *readers = xmalloc(sizeof(int) * (size_t)(nr + 1)), *fill = xcalloc((size_t)nt + 1, sizeof(int));
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < g->ops.v[i].nin; j++) {
+            int t = g->ops.v[i].in[j];
+            bool dup = fill[t] && readers[rstart[t] + fill[t] - 1] == i;
+            if (!dup)
+                readers[rstart[t] + fill[t]++] = i;
+        }
+    bool fresh = false;
+    for (int p = 0; p < n;) {
+        if (!fresh) {
+            for (int k = 0; k < n; k++)
+                pos[order[k]] = k;
+            for (int t = 0; t < nt; t++)
+                lastpos[t] = -1;
+            for (int k = 0; k < n; k++) {
+                const Op *x = &g->ops.v[order[k]];
+                for (int j = 0; j < x->nin; j++)
+                    lastpos[x->in[j]] = k;
+            }
+            fresh = true;
+        }
+        int G = g->ops.v[order[p]].group, q = p;
+        if (G < 0) {
+            p++;
+            continue;
+        }
+        while (q + 1 < n && g->ops.v[order[q + 1]].group == G)
+            q++;
+        int nmv = 0;
+        for (int k = p; k <= q; k++) {
+            const Op *x = &g->ops.v[order[k]];
+            for (int j = 0; j < x->nin; j++) {
+                int I = x->in[j], d = g->t.v[I].op;
+                if (d < 0 || pos[d] >= p || lastpos[I] <= q)
+                    continue;
+                int64_t bytes = shape_bytes(&g->t.v[I].s);
+                bool ok = true;
+                int nsel = 0; /* I's readers after the group, in sel[0..nsel) */
+                for (int e = rstart[I]; e < rstart[I] + fill[I] && ok; e++) {
+                    int r = readers[e];
+                    if (pos[r] <= q || mv[r])
+                        continue;
+                    ok = hoistable(g, pos, p, r, bytes);
+                    sel[nsel++] = r;
+                }
+                /* and a result of I's shape and dtype */
+                bool match = false;
+                for (int r = p; r <= q && ok && nsel && !match; r++)
+                    match = shape_eq(&g->t.v[g->ops.v[order[r]].out].s, &g->t.v[I].s);
+                for (int k2 = 0; k2 < nsel && match; k2++) {
+                    mv[sel[k2]] = true;
+                    nmv++;
+                }
+            }
+        }
+        if (!nmv) {
+            p = q + 1;
+            continue;
+        }
+        /* order[p..n): the moved ops (in order), the group, the rest */
+        int w = 0;
+        for (int k = q + 1; k < n; k++)
+            if (mv[order[k]])
+                tmp[w++] = order[k];
+        for (int k = p; k < n; k++)
+            if (!mv[order[k]])
+                tmp[w++] = order[k];
+        for (int k = 0; k < w; k++) {
+            mv[tmp[k]] = false;
+            order[p + k] = tmp[k];
+        }
+        p += nmv + (q - p + 1);
+        fresh = false;
+    }
+    free(pos);
+    free(lastpos);
+    free(tmp);
+    free(sel);
+    free(rstart);
+    free(readers);
+    free(fill);
+    free(mv);
 }
 
 bool pass_schedule(Graph *g, const PassOpts *o, Diag *d)
@@ -205,6 +338,7 @@ bool pass_schedule(Graph *g, const PassOpts *o, Diag *d)
         if (last[s.unit[i]] == i && !s.emitted[s.unit[i]])
             emit(&s, s.unit[i]);
 
+    hoist_readers(g, s.order, n);
     pair_attention(g, s.order, n);
     ir_reorder_ops(g, s.order, n);
     free(s.order);

@@ -932,16 +932,32 @@ static int cached_functions(const Graph *g, bool bf16, int threads)
     return n;
 }
 
-/* The first cache read of a 1024-thread function takes trip 0's vector. */
+/* Every cache read of the first 1024-thread function takes trip 0's
+ * vector (the cross-entropy reads its cached row in two phases, the target
+ * logit's fold and the gradient's stores; a wrong trip in the fold alone
+ * can go unseen when every target lies in trip 0). */
 static char *stale_trip(const char *src, void *ctx)
 {
     (void)ctx;
     const char *k = strstr(src, "__launch_bounds__(1024)");
-    const char *r = k ? strstr(k, "= kiln_c") : NULL;
-    const char *t = r ? strstr(r, "[kiln_t]") : NULL;
-    if (!t)
-        return NULL;
-    return xasprintf("%.*s[0]%s", (int)(t - src), src, t + strlen("[kiln_t]"));
+    const char *end = k ? strstr(k + 1, "__global__") : NULL;
+    char *out = NULL;
+    for (const char *r = k ? strstr(k, "= kiln_c") : NULL; r && (!end || r < end);
+         r = strstr(r + 1, "= kiln_c")) {
+        const char *t = strstr(r, "[kiln_t]");
+        if (!t)
+            break;
+        const char *base = out ? out : src;
+        size_t at = (size_t)(t - (out ? out : src));
+        char *next = xasprintf("%.*s[0]%s", (int)at, base, base + at + strlen("[kiln_t]"));
+        /* keep r and end pointing into the new text */
+        size_t roff = (size_t)(r - base), eoff = end ? (size_t)(end - base) - 5 : 0;
+        free(out);
+        out = next;
+        r = out + roff;
+        end = end ? out + eoff : NULL;
+    }
+    return out;
 }
 
 /* A row read twice kept in registers (codegen/cuda_rowcache.c): the

@@ -3,6 +3,8 @@
  *     online logsumexp) and once more to store the gradient, softmax minus
  *     one-hot, in the same kernel; the target logit is one load per row;
  *     the predicted H200 time of those kernels at GPT-2 124M is printed;
+ *   - one logits-sized buffer at GPT-2 124M: the loss gradient is written
+ *     over the logits (issue 37), bf16 on the device;
  *   - the training step has no logits output and a lower planned peak than
  *     the same step that keeps them (output(..., {train = true}));
  *   - vocabulary padding (gpt.lua vocab_pad): the loss equals the unpadded
@@ -30,12 +32,18 @@ static void compile(Model *m, const char *last)
         fail_msg("pipeline: %s", d.msg);
 }
 
-/* The logits: the tensor the loss's take_along reads (-1: none). */
+/* The logits: the tensor the loss's logsumexp reads, through the padded
+ * classes' mask (select) if any (-1: none). */
 static int find_logits(const Graph *g)
 {
     for (int i = 0; i < g->ops.n; i++)
-        if (g->ops.v[i].code == OP_TAKE_ALONG)
-            return g->ops.v[i].in[0];
+        if (g->ops.v[i].code == OP_REDUCE_LOGSUMEXP) {
+            int t = g->ops.v[i].in[0], o = g->t.v[t].op;
+            if (o >= 0 && g->ops.v[o].code == OP_SELECT)
+                t = g->ops.v[o].in[1];
+            o = g->t.v[t].op;
+            return o >= 0 && g->ops.v[o].code == OP_MATMUL ? t : -1;
+        }
     return -1;
 }
 
@@ -75,7 +83,9 @@ typedef struct {
     int lse_folds;  /* logsumexp folds over them */
     int other_folds; /* any other reduction over them */
     int passes;     /* phases with inner dims reading them, over all kernels */
-    int row_loads;  /* kernel steps reading them only per row (take_along) */
+    int row_loads;  /* kernel steps reading them only per row (a take_along) */
+    bool in_place;  /* a kernel writes the loss gradient over them */
+    bool cached;    /* bf16 CUDA: the loss kernel reads their rows from memory once */
     double h200_s;  /* predicted H200 time of those kernel steps (bf16) */
 } LossKernels;
 
@@ -97,8 +107,10 @@ static LossKernels loss_kernels(const char *const *sets, int nsets, bool predict
             continue;
         const CgKernel *k = p->kernels.v[st->kernel];
         int param = -1;
+        /* the logits' buffer: the loss gradient written over them is the
+         * same param (cg_merge_inplace_params) */
         for (int j = 0; j < k->params.n; j++)
-            if (st->args[j] == lg && !k->params.v[j].out)
+            if (p->mem->root[st->args[j]] == p->mem->root[lg])
                 param = j;
         if (param < 0)
             continue;
@@ -118,26 +130,35 @@ static LossKernels loss_kernels(const char *const *sets, int nsets, bool predict
             }
         r.passes += passes;
         r.row_loads += passes == 0;
+        r.in_place |= k->params.v[param].out;
     }
+    CgCudaProgram *q = cg_cuda_program(p, true);
+    for (int s = 0; s < p->steps.n; s++)
+        for (int f = 0; mine[s] && f < q->step_nfn[s]; f++) {
+            const CgCudaFn *fn = &q->fn.v[q->step_fn[s] + f];
+            for (int c = 0; c < fn->ncached; c++)
+                r.cached |= p->mem->root[p->steps.v[s].args[fn->cached[c]]] == p->mem->root[lg];
+        }
     if (predict) {
-        CgCudaProgram *q = cg_cuda_program(p, true);
         CgPredictOpts po = {.bf16 = true};
         CgPrediction *pr = cg_predict(p, q, cg_device_find("h200"), &po);
         for (int i = 0; i < pr->rows.n; i++)
             if (mine[pr->rows.v[i].step])
                 r.h200_s += pr->rows.v[i].s;
         cg_prediction_free(pr);
-        cg_cuda_program_free(q);
     }
+    cg_cuda_program_free(q);
     free(mine);
     cg_plan_free(p);
     fe_model_free(m);
     return r;
 }
 
-/* One fold over the logits (the logsumexp), one more pass (the gradient's
- * stores) in the same kernel, the target logit read per row: at tiny size
- * and at GPT-2 124M (batch 16, vocabulary padded to 50304). */
+/* One kernel reads the logits: a fold for the logsumexp, one for the
+ * target logit (a row sum of the logits at the target class) and the
+ * gradient's stores, written over the logits; in bf16 on CUDA it keeps the
+ * row in registers (read from memory once): at tiny size and at GPT-2
+ * 124M (batch 16, vocabulary padded to 50304). */
 static void test_loss_reads_logits_once(void **state)
 {
     (void)state;
@@ -145,19 +166,71 @@ static void test_loss_reads_logits_once(void **state)
     for (int t = 0; t < 2; t++) {
         LossKernels r = loss_kernels(t ? big : NULL, t ? 2 : 0, t == 1);
         print_message("gpt.lua%s: %d kernels read the logits: %d logsumexp folds, %d other "
-                      "folds, %d passes over rows, %d per-row loads",
+                      "folds, %d passes over rows, %d per-row loads%s%s",
                       t ? " 124M" : "", r.kernels, r.lse_folds, r.other_folds, r.passes,
-                      r.row_loads);
+                      r.row_loads, r.in_place ? ", gradient in place" : "",
+                      r.cached ? ", rows cached (bf16)" : "");
         if (t)
             print_message("; predicted H200 (bf16) time of those kernels %.3f ms",
                           r.h200_s * 1e3);
         print_message("\n");
-        assert_int_equal(r.kernels, 2);   /* the row kernel and take_along */
+        assert_int_equal(r.kernels, 1); /* the row kernel */
         assert_int_equal(r.lse_folds, 1);
-        assert_int_equal(r.other_folds, 0);
-        assert_int_equal(r.passes, 2);    /* the fold and the gradient's stores */
-        assert_int_equal(r.row_loads, 1); /* take_along */
+        assert_int_equal(r.other_folds, 1); /* the target logit */
+        assert_int_equal(r.passes, 3);      /* the two folds and the gradient's stores */
+        assert_int_equal(r.row_loads, 0);
+        assert_true(r.in_place);
+        assert_true(r.cached);
     }
+}
+
+/* Temp storages of at least n elements in plan m (stored as storage[t];
+ * NULL: the tensors' dtypes): how many, and how many of them are f32. */
+static void big_storages(const Graph *g, const MemPlan *m, const DType *storage, int64_t n,
+                         int *count, int *f32)
+{
+    bool *mat = pass_fuse_materialised(g);
+    *count = *f32 = 0;
+    for (int t = 0; t < g->t.n; t++) {
+        if (m->root[t] != t || m->persistent[t] || !mat[t] || shape_numel(&g->t.v[t].s) < n)
+            continue;
+        ++*count;
+        *f32 += (storage ? storage[t] : g->t.v[t].s.dtype) == DT_F32;
+    }
+    free(mat);
+}
+
+/* GPT-2 124M, batch 16: one logits-sized buffer in the step, the logits
+ * and the loss gradient written over them (was two: dlogits beside the
+ * logits, 3.3 GB more in f32), in the f32 plan and in the bf16 device
+ * arena, where it is bf16 (no f32 tensor of B*T*V elements). */
+static void test_one_logits_buffer(void **state)
+{
+    (void)state;
+    const char *sets[] = {"size=124M", "batch=16"};
+    Model *m = load_model("models/gpt.lua", sets, 2);
+    compile(m, NULL);
+    Diag d = {{0}};
+    CgPlan *p = cg_plan(m->g, &d);
+    if (!p)
+        fail_msg("plan: %s", d.msg);
+    int lg = find_logits(m->g);
+    assert_true(lg >= 0);
+    int64_t n = shape_numel(&m->g->t.v[lg].s);
+    assert_int_equal(n, 16LL * 1024 * 50304);
+    CgCudaProgram *q = cg_cuda_program(p, true);
+    int count, f32, dcount, df32;
+    big_storages(m->g, p->mem, NULL, n, &count, &f32);
+    big_storages(m->g, q->mem, q->storage, n, &dcount, &df32);
+    print_message("gpt.lua 124M batch 16: %d storage(s) of B*T*V elements in the plan, %d in "
+                  "the bf16 device arena (%d f32)\n",
+                  count, dcount, df32);
+    assert_int_equal(count, 1);
+    assert_int_equal(dcount, 1);
+    assert_int_equal(df32, 0);
+    cg_cuda_program_free(q);
+    cg_plan_free(p);
+    fe_model_free(m);
 }
 
 /* The training step stores no logits: no such output, and a planned peak
@@ -283,6 +356,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_loss_reads_logits_once),
+        cmocka_unit_test(test_one_logits_buffer),
         cmocka_unit_test(test_training_step_has_no_logits),
         cmocka_unit_test(test_vocab_padding),
     };
