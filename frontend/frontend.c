@@ -287,7 +287,9 @@ static void check_name(lua_State *L, int idx, const char *fn)
     if (lua_type(L, idx) != LUA_TSTRING || !lua_rawlen(L, idx))
         fe_error(L, "%s: needs a name string first (got %s)", fn, luaL_typename(L, idx));
     const char *name = lua_tostring(L, idx);
-    if (strcmp(name, "lr") == 0 || strncmp(name, "adam.", 5) == 0 || strncmp(name, "grad.", 5) == 0)
+    if (strcmp(name, "lr") == 0 || strncmp(name, "adam.", 5) == 0 || strncmp(name, "grad.", 5) == 0 ||
+        strncmp(name, "sgd.", 4) == 0 || strncmp(name, "lion.", 5) == 0 ||
+        strncmp(name, "adafactor.", 10) == 0)
         fe_error(L, "%s: the name '%s' is reserved for the optimizer (expected another name)", fn,
                  name);
     if (name_in(L, "kiln.names", name, false))
@@ -678,6 +680,246 @@ static int l_config(lua_State *L)
     return 1;
 }
 
+/* string.find as the string library defines it (the registry's copy, not
+ * the script's global), pushed. */
+static void push_find(lua_State *L)
+{
+    lua_getfield(L, LUA_REGISTRYINDEX, LUA_LOADED_TABLE);
+    lua_getfield(L, -1, LUA_STRLIBNAME);
+    lua_getfield(L, -1, "find");
+    lua_replace(L, -3);
+    lua_pop(L, 1);
+}
+
+/* Whether Lua pattern pat matches somewhere in s; false with why set when
+ * pat is malformed. */
+static bool pattern_find(lua_State *L, const char *s, const char *pat, bool *hit, char *why,
+                         size_t n)
+{
+    push_find(L);
+    lua_pushstring(L, s);
+    lua_pushstring(L, pat);
+    if (lua_pcall(L, 2, 1, 0) != LUA_OK) {
+        snprintf(why, n, "%s", lua_tostring(L, -1) ? lua_tostring(L, -1) : "bad pattern");
+        lua_pop(L, 1);
+        return false;
+    }
+    *hit = !lua_isnil(L, -1);
+    lua_pop(L, 1);
+    return true;
+}
+
+/* train{frozen = {"PATTERN", ...}} at the top of the stack: checked (an
+ * array of well-formed Lua patterns) and kept in the registry. */
+static void train_frozen(lua_State *L, Fe *fe)
+{
+    if (!lua_istable(L, -1))
+        fe_error(L, "train: frozen needs a list of Lua patterns such as {\"^wte$\", \"^h%%.0%%.\"} "
+                    "(got %s)", luaL_typename(L, -1));
+    lua_Integer n = (lua_Integer)lua_rawlen(L, -1);
+    lua_pushnil(L);
+    while (lua_next(L, -2)) {
+        if (!lua_isinteger(L, -2) || lua_tointeger(L, -2) < 1 || lua_tointeger(L, -2) > n)
+            fe_error(L, "train: frozen must be a list (expected keys 1 to %lld, got %s)",
+                     (long long)n, luaL_tolstring(L, -2, NULL));
+        lua_pop(L, 1);
+    }
+    lua_newtable(L);
+    for (lua_Integer i = 1; i <= n; i++) {
+        char why[256];
+        bool hit;
+        if (lua_rawgeti(L, -2, i) != LUA_TSTRING)
+            fe_error(L, "train: frozen[%lld]: expected a Lua pattern string, got %s",
+                     (long long)i, luaL_typename(L, -1));
+        if (!pattern_find(L, "", lua_tostring(L, -1), &hit, why, sizeof why))
+            fe_error(L, "train: frozen[%lld]: bad Lua pattern '%s' (%s)", (long long)i,
+                     lua_tostring(L, -1), why);
+        lua_rawseti(L, -2, i);
+    }
+    if (fe->frozen_ref != LUA_NOREF)
+        luaL_unref(L, LUA_REGISTRYINDEX, fe->frozen_ref);
+    fe->frozen_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    fe->frozen_line = fe_user_loc(L).line;
+}
+
+/* train{param_groups = {{match = "PATTERN", lr_scale = x, weight_decay =
+ * y}, ...}} at the top of the stack: checked and kept in the registry as a
+ * list of {match, lr_scale, weight_decay (nil: the default)}. */
+static void train_groups(lua_State *L, Fe *fe)
+{
+    if (!lua_istable(L, -1))
+        fe_error(L, "train: param_groups needs a list of groups such as {{match = \"bias$\", "
+                    "weight_decay = 0}} (got %s)", luaL_typename(L, -1));
+    lua_Integer n = (lua_Integer)lua_rawlen(L, -1);
+    lua_pushnil(L);
+    while (lua_next(L, -2)) {
+        if (!lua_isinteger(L, -2) || lua_tointeger(L, -2) < 1 || lua_tointeger(L, -2) > n)
+            fe_error(L, "train: param_groups must be a list (expected keys 1 to %lld, got %s)",
+                     (long long)n, luaL_tolstring(L, -2, NULL));
+        lua_pop(L, 1);
+    }
+    lua_newtable(L);
+    for (lua_Integer i = 1; i <= n; i++) {
+        if (lua_rawgeti(L, -2, i) != LUA_TTABLE)
+            fe_error(L, "train: param_groups[%lld]: expected a table such as {match = \"bias$\", "
+                        "lr_scale = 0.1, weight_decay = 0}, got %s",
+                     (long long)i, luaL_typename(L, -1));
+        int grp = lua_gettop(L);
+        lua_newtable(L);
+        int out = lua_gettop(L);
+        lua_pushnil(L);
+        while (lua_next(L, grp)) {
+            const char *k = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : NULL;
+            if (!k || (strcmp(k, "match") && strcmp(k, "lr_scale") && strcmp(k, "weight_decay")))
+                fe_error(L, "train: param_groups[%lld]: unknown key '%s' (expected match, "
+                            "lr_scale or weight_decay)",
+                         (long long)i, k ? k : luaL_tolstring(L, -2, NULL));
+            if (strcmp(k, "match") == 0) {
+                char why[256];
+                bool hit;
+                if (lua_type(L, -1) != LUA_TSTRING)
+                    fe_error(L, "train: param_groups[%lld].match: expected a Lua pattern string, "
+                                "got %s", (long long)i, luaL_typename(L, -1));
+                if (!pattern_find(L, "", lua_tostring(L, -1), &hit, why, sizeof why))
+                    fe_error(L, "train: param_groups[%lld].match: bad Lua pattern '%s' (%s)",
+                             (long long)i, lua_tostring(L, -1), why);
+            } else {
+                double v = lua_type(L, -1) == LUA_TNUMBER ? lua_tonumber(L, -1) : NAN;
+                if (!(isfinite(v) && v >= 0))
+                    fe_error(L, "train: param_groups[%lld].%s: expected a finite number >= 0, "
+                                "got %s", (long long)i, k, luaL_tolstring(L, -1, NULL));
+            }
+            lua_pushvalue(L, -2);
+            lua_insert(L, -2);
+            lua_rawset(L, out);
+        }
+        if (lua_getfield(L, out, "match") != LUA_TSTRING)
+            fe_error(L, "train: param_groups[%lld]: needs match = \"PATTERN\" (a Lua pattern "
+                        "on param names), got none", (long long)i);
+        lua_pop(L, 1);
+        lua_rawseti(L, -3, i);
+        lua_pop(L, 1);
+    }
+    if (fe->groups_ref != LUA_NOREF)
+        luaL_unref(L, LUA_REGISTRYINDEX, fe->groups_ref);
+    fe->groups_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    fe->groups_line = fe_user_loc(L).line;
+}
+
+/* The param names as "a, b, c" (at most n bytes), for messages. */
+static void param_names(const Graph *g, char *buf, size_t n)
+{
+    size_t k = 0;
+    buf[0] = 0;
+    for (int i = 0; i < g->t.n && k < n; i++)
+        if (g->t.v[i].kind == TK_PARAM)
+            k += (size_t)snprintf(buf + k, n - k, "%s%s", k ? ", " : "", g->t.v[i].name);
+    if (k >= n && n > 4)
+        memcpy(buf + n - 4, "...", 4);
+}
+
+/* train{param_groups, frozen} matched to the params (first group that
+ * matches wins; frozen when any frozen pattern matches): m->train's
+ * param_opts. A pattern that matches no param is an error. */
+static bool resolve_groups(lua_State *L, Fe *fe, char *err, size_t errlen)
+{
+    Graph *g = fe->g;
+    Model *m = fe->m;
+    int ng = 0, nf = 0;
+    if (fe->groups_ref != LUA_NOREF) {
+        lua_rawgeti(L, LUA_REGISTRYINDEX, fe->groups_ref);
+        ng = (int)lua_rawlen(L, -1);
+    } else
+        lua_pushnil(L);
+    if (fe->frozen_ref != LUA_NOREF) {
+        lua_rawgeti(L, LUA_REGISTRYINDEX, fe->frozen_ref);
+        nf = (int)lua_rawlen(L, -1);
+    } else
+        lua_pushnil(L);
+    int gt = lua_gettop(L) - 1, ft = gt + 1;
+    if (ng + nf == 0) {
+        lua_pop(L, 2);
+        return true;
+    }
+    int *hits = xcalloc((size_t)(ng + nf + 1), sizeof(int));
+    PassParamOpt *po = xcalloc((size_t)g->t.n + 1, sizeof *po);
+    int npo = 0;
+    bool ok = true;
+    char why[256];
+    for (int i = 0; ok && i < g->t.n; i++) {
+        const Tensor *t = &g->t.v[i];
+        if (t->kind != TK_PARAM)
+            continue;
+        PassParamOpt o = {t->name, 1.0, NAN, false};
+        bool any = false, hit = false;
+        for (int k = 0; ok && k < ng; k++) {
+            lua_rawgeti(L, gt, k + 1);
+            lua_getfield(L, -1, "match");
+            ok = pattern_find(L, t->name, lua_tostring(L, -1), &hit, why, sizeof why);
+            lua_pop(L, 1);
+            if (ok && hit) {
+                hits[k]++;
+                if (!any) {
+                    any = true;
+                    if (lua_getfield(L, -1, "lr_scale") == LUA_TNUMBER)
+                        o.lr_scale = lua_tonumber(L, -1);
+                    lua_pop(L, 1);
+                    if (lua_getfield(L, -1, "weight_decay") == LUA_TNUMBER)
+                        o.weight_decay = lua_tonumber(L, -1);
+                    lua_pop(L, 1);
+                }
+            }
+            lua_pop(L, 1);
+        }
+        for (int k = 0; ok && k < nf; k++) {
+            lua_rawgeti(L, ft, k + 1);
+            ok = pattern_find(L, t->name, lua_tostring(L, -1), &hit, why, sizeof why);
+            lua_pop(L, 1);
+            if (ok && hit) {
+                hits[ng + k]++;
+                o.frozen = true;
+            }
+        }
+        if (any || o.frozen)
+            po[npo++] = o;
+    }
+    if (!ok)
+        snprintf(err, errlen, "%s:%d: train: bad Lua pattern (%s)", fe->path,
+                 fe->groups_line ? fe->groups_line : fe->frozen_line, why);
+    for (int k = 0; ok && k < ng + nf; k++) {
+        if (hits[k])
+            continue;
+        char names[400];
+        param_names(g, names, sizeof names);
+        if (k < ng) {
+            lua_rawgeti(L, gt, k + 1);
+            lua_getfield(L, -1, "match");
+            snprintf(err, errlen, "%s:%d: train: param_groups[%d].match '%s' matches no param "
+                     "(expected a Lua pattern matching one of: %s)", fe->path, fe->groups_line,
+                     k + 1, lua_tostring(L, -1), names);
+            lua_pop(L, 2);
+        } else {
+            lua_rawgeti(L, ft, k - ng + 1);
+            snprintf(err, errlen, "%s:%d: train: frozen[%d] '%s' matches no param (expected a "
+                     "Lua pattern matching one of: %s)", fe->path, fe->frozen_line, k - ng + 1,
+                     lua_tostring(L, -1), names);
+            lua_pop(L, 1);
+        }
+        ok = false;
+    }
+    lua_pop(L, 2);
+    free(hits);
+    if (!ok) {
+        free(po);
+        return false;
+    }
+    free(m->priv->param_opts);
+    m->priv->param_opts = po;
+    m->train.param_opts = po;
+    m->train.nparam_opts = npo;
+    return true;
+}
+
 static int l_train(lua_State *L)
 {
     Fe *fe = fe_get(L);
@@ -689,6 +931,11 @@ static int l_train(lua_State *L)
         if (lua_type(L, -2) != LUA_TSTRING)
             fe_error(L, "train: keys must be names (got %s)", luaL_typename(L, -2));
         const char *key = lua_tostring(L, -2);
+        if (strcmp(key, "param_groups") == 0 || strcmp(key, "frozen") == 0) {
+            (key[0] == 'f' ? train_frozen : train_groups)(L, fe);
+            lua_pop(L, 1);
+            continue;
+        }
         const FeTrainKey *k = fe_train_key(key);
         if (!k)
             fe_error(L, "train: unknown key '%s' (expected one of %s)", key, fe_train_key_list());
@@ -702,6 +949,10 @@ static int l_train(lua_State *L)
         else if (t == LUA_TSTRING)
             ok = fe_train_store_text(fe->m, &fe->m->train, k, lua_tostring(L, -1), false, why,
                                   sizeof why);
+        else if (t == LUA_TBOOLEAN && k->oneof && strcmp(k->oneof, "true, false") == 0)
+            ok = fe_train_store_text(fe->m, &fe->m->train, k,
+                                     lua_toboolean(L, -1) ? "true" : "false", false, why,
+                                     sizeof why);
         else if (t == LUA_TBOOLEAN && !lua_toboolean(L, -1) && k->type == FE_TT_STR)
             ok = true, *(const char **)((char *)&fe->m->train + k->off) = NULL;
         else
@@ -840,6 +1091,11 @@ static bool finish(lua_State *L, Fe *fe, char *err, size_t errlen)
         char key[256], why[512];
         const char *val = set_value(fe->sets[i], key, sizeof key);
         const FeTrainKey *k = fe_train_key(key);
+        if (!k && (strcmp(key, "param_groups") == 0 || strcmp(key, "frozen") == 0)) {
+            snprintf(err, errlen, "--set %s: a table, set in the script's train{} only (expected "
+                     "a key with one value, got %s)", key, key);
+            return false;
+        }
         if (!k) {
             snprintf(err, errlen, "--set %s: unknown key (%s has no config{} key '%s'; expected "
                      "a config key or a train key: %s)", key, fe->path, key, fe_train_key_list());
@@ -868,6 +1124,13 @@ static bool finish(lua_State *L, Fe *fe, char *err, size_t errlen)
                      (long long)m->train.batch, (long long)t->s.dim[0]);
             return false;
         }
+    if (m->train.nesterov && strcmp(m->train.nesterov, "true") == 0 && !(m->train.momentum > 0)) {
+        snprintf(err, errlen, "%s:%d: train: nesterov = true needs momentum > 0 (expected "
+                 "momentum in (0, 1), got 0)", fe->path, fe->train_line);
+        return false;
+    }
+    if (!resolve_groups(L, fe, err, errlen))
+        return false;
     collect_config(L, fe);
     m->train_line = fe->train_line;
     warn_unused_params(fe);
@@ -904,7 +1167,8 @@ static Model *load_once(const char *path, const Script *sc, const char *const *s
     m->g = ir_new();
     fe_train_defaults(&m->train);
     Fe fe = {.g = m->g, .m = m, .path = m->path, .sets = sets, .nsets = nsets,
-             .config_ref = LUA_NOREF, .loss = -1, .mem_limit = sc->mem,
+             .config_ref = LUA_NOREF, .groups_ref = LUA_NOREF, .frozen_ref = LUA_NOREF,
+             .loss = -1, .mem_limit = sc->mem,
              .instr_limit = sc->instr, .ops_limit = sc->ops, .hook_period = FE_HOOK_PERIOD};
     snprintf(fe.chunk, sizeof fe.chunk, "@%s", path);
     fe.set_used = xcalloc((size_t)(nsets ? nsets : 1), sizeof(bool));

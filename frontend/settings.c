@@ -24,11 +24,18 @@ static const FeTrainKey train_keys[] = {
     TKD(lr, "0.001", 0, INFINITY, 0, 0),
     TKD(min_lr, "0", 0, INFINITY, 0, 0),
     TKI(warmup, "0", 0, BIG),
+    TKS(lr_schedule, "cosine", "cosine, linear, constant, wsd"),
+    TKD(decay_fraction, "0.2", 0, 1, 1, 0),
+    TKS(optimizer, "adamw", "adamw, sgd, lion, adafactor"),
     TKD(beta1, "0.9", 0, 1, 0, 1),
     TKD(beta2, "0.95", 0, 1, 0, 1),
     TKD(eps, "1e-08", 0, INFINITY, 0, 0),
     TKD(weight_decay, "0", 0, INFINITY, 0, 0),
     TKD(grad_clip, "1", -INFINITY, INFINITY, 0, 0),
+    TKD(momentum, "0", 0, 1, 0, 1),
+    TKS(nesterov, "false", "true, false"),
+    TKD(lion_beta1, "0.9", 0, 1, 0, 1),
+    TKD(lion_beta2, "0.99", 0, 1, 0, 1),
     TK(seed, FE_TT_U64, "1337"),
     TKI(batch, "0", 0, BIG),
     TKS(data, NULL, "addition, text, tokens, blobs, tensors"),
@@ -69,12 +76,13 @@ const FeTrainKey *fe_train_key(const char *name)
 
 const char *fe_train_key_list(void)
 {
-    static char buf[512];
+    static char buf[1024];
     if (!buf[0]) {
         size_t k = 0;
         for (int i = 0; i < NTRAIN_KEYS; i++)
             k += (size_t)snprintf(buf + k, sizeof buf - k, "%s%s", i ? ", " : "",
                                   train_keys[i].name);
+        snprintf(buf + k, sizeof buf - k, ", param_groups, frozen"); /* tables: frontend.c */
     }
     return buf;
 }
@@ -377,6 +385,7 @@ void fe_model_free(Model *m)
         }
         free(p->config);
         vec_free(&p->train_outs);
+        free(p->param_opts);
         for (FeOwned *o = p->owned, *next; o; o = next) {
             next = o->next;
             free(o);

@@ -19,7 +19,24 @@ void pass_opts_default(PassOpts *o)
     o->eps = 1e-8;
     o->weight_decay = 0.1;
     o->grad_clip = 1.0;
+    o->lion_beta1 = 0.9;
+    o->lion_beta2 = 0.99;
     o->nranks = 1;
+}
+
+static const char *const optimizer_names[] = {"adamw", "sgd", "lion", "adafactor"};
+
+const char *pass_optimizer_name(int opt)
+{
+    return opt >= 0 && opt < 4 ? optimizer_names[opt] : "?";
+}
+
+int pass_optimizer_parse(const char *name)
+{
+    for (int i = 0; name && i < 4; i++)
+        if (strcmp(name, optimizer_names[i]) == 0)
+            return i;
+    return -1;
 }
 
 const Pass pass_list[] = {
@@ -87,6 +104,15 @@ static void opts_flags(const PassOpts *o, char *buf, size_t n)
         ir_fmt_double(o->eps, v[2], sizeof v[2]),
         ir_fmt_double(o->weight_decay, v[3], sizeof v[3]),
         ir_fmt_double(o->grad_clip, v[4], sizeof v[4]), o->grad_accum > 1 ? o->grad_accum : 1);
+    if (o->optimizer != PASS_OPT_ADAMW)
+        ADD(" --set optimizer=%s", pass_optimizer_name(o->optimizer));
+    if (o->optimizer == PASS_OPT_SGD)
+        ADD(" --set momentum=%s --set nesterov=%s", ir_fmt_double(o->momentum, v[0], sizeof v[0]),
+            o->nesterov ? "true" : "false");
+    if (o->optimizer == PASS_OPT_LION)
+        ADD(" --set lion_beta1=%s --set lion_beta2=%s",
+            ir_fmt_double(o->lion_beta1, v[0], sizeof v[0]),
+            ir_fmt_double(o->lion_beta2, v[1], sizeof v[1]));
     if (o->bucket_bytes > 0)
         ADD(" --set bucket_mb=%s",
             ir_fmt_double((double)o->bucket_bytes / 1048576.0, v[0], sizeof v[0]));
