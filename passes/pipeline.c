@@ -78,6 +78,23 @@ const char *pass_dump_ext(const char *pass)
     return strcmp(pass, "memplan") == 0 ? "txt" : "ir";
 }
 
+/* After the optimizer: the params it left alone (train{frozen}: no
+ * gradient, state or update), as a comment line; nothing when none. */
+static void frozen_print(const Graph *g, FILE *f)
+{
+    bool *upd = xcalloc((size_t)g->t.n + 1, sizeof(bool));
+    for (int i = 0; i < g->upd.n; i++)
+        upd[g->upd.v[i].target] = true;
+    int n = 0;
+    for (int i = 0; i < g->t.n; i++)
+        if (g->t.v[i].kind == TK_PARAM && !upd[i])
+            fprintf(f, "%s%s", n++ ? ", " : "# frozen (no gradient, state or update): ",
+                    g->t.v[i].name);
+    if (n)
+        fputc('\n', f);
+    free(upd);
+}
+
 void pass_dump(const char *pass, const Graph *g, const MemPlan *mp, FILE *f)
 {
     if (strcmp(pass, "memplan") == 0) {
@@ -86,6 +103,8 @@ void pass_dump(const char *pass, const Graph *g, const MemPlan *mp, FILE *f)
         return;
     }
     ir_print(g, f);
+    if (strcmp(pass, "optimizer") == 0)
+        frozen_print(g, f);
     if (strcmp(pass, "comm") == 0)
         pass_comm_print(g, f);
     if (strcmp(pass, "fuse") == 0)
