@@ -530,6 +530,9 @@ static void apply_set(lua_State *L, Fe *fe, int i)
     if (t == LUA_TNIL) {
         if (fe_train_key(key))
             return;
+        if (strcmp(key, "param_groups") == 0 || strcmp(key, "frozen") == 0)
+            set_error(L, key, "a table, set in the script's train{} only (expected a key with "
+                      "one value, got %s)", key);
         char list[1024];
         set_error(L, key, "unknown key (expected a config key of %s: %s; or a train key: %s)",
                   fe->path, config_key_list(L, 1, list, sizeof list), fe_train_key_list());
@@ -845,7 +848,7 @@ static bool resolve_groups(lua_State *L, Fe *fe, char *err, size_t errlen)
     PassParamOpt *po = xcalloc((size_t)g->t.n + 1, sizeof *po);
     int npo = 0;
     bool ok = true;
-    char why[256];
+    char why[256], bad[320] = "";
     for (int i = 0; ok && i < g->t.n; i++) {
         const Tensor *t = &g->t.v[i];
         if (t->kind != TK_PARAM)
@@ -856,6 +859,9 @@ static bool resolve_groups(lua_State *L, Fe *fe, char *err, size_t errlen)
             lua_rawgeti(L, gt, k + 1);
             lua_getfield(L, -1, "match");
             ok = pattern_find(L, t->name, lua_tostring(L, -1), &hit, why, sizeof why);
+            if (!ok)
+                snprintf(bad, sizeof bad, "param_groups[%d].match: bad Lua pattern '%s'", k + 1,
+                         lua_tostring(L, -1));
             lua_pop(L, 1);
             if (ok && hit) {
                 hits[k]++;
@@ -874,6 +880,9 @@ static bool resolve_groups(lua_State *L, Fe *fe, char *err, size_t errlen)
         for (int k = 0; ok && k < nf; k++) {
             lua_rawgeti(L, ft, k + 1);
             ok = pattern_find(L, t->name, lua_tostring(L, -1), &hit, why, sizeof why);
+            if (!ok)
+                snprintf(bad, sizeof bad, "frozen[%d]: bad Lua pattern '%s'", k + 1,
+                         lua_tostring(L, -1));
             lua_pop(L, 1);
             if (ok && hit) {
                 hits[ng + k]++;
@@ -884,8 +893,8 @@ static bool resolve_groups(lua_State *L, Fe *fe, char *err, size_t errlen)
             po[npo++] = o;
     }
     if (!ok)
-        snprintf(err, errlen, "%s:%d: train: bad Lua pattern (%s)", fe->path,
-                 fe->groups_line ? fe->groups_line : fe->frozen_line, why);
+        snprintf(err, errlen, "%s:%d: train: %s (%s)", fe->path,
+                 bad[0] == 'f' ? fe->frozen_line : fe->groups_line, bad, why);
     for (int k = 0; ok && k < ng + nf; k++) {
         if (hits[k])
             continue;
