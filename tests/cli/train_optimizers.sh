@@ -67,6 +67,15 @@ if command -v mpirun > /dev/null; then
     echo "$a $b" | awk '{ d = $1 - $2; if (d < 0) d = -d; exit !(d <= 1e-5 * $1) }' ||
         fail "zero=1 loss $b, zero=0 $a"
     case_recovered "zero=1 with param groups and frozen"
+    # its checkpoint resumes on 2 sharded ranks bit for bit
+    "$KILN" train "$dir/groups.lua" --set hidden=16 --set batch=16 --steps 6 --nproc 2 \
+        --set zero=1 --set checkpoint_every=3 --checkpoint "$dir/zc" > "$dir/zc.log" 2>&1 ||
+        fail "zero=1 checkpoint: $(tail -3 "$dir/zc.log")"
+    "$KILN" train "$dir/groups.lua" --set hidden=16 --set batch=16 --steps 6 --nproc 2 \
+        --set zero=1 --resume "$dir/zc.step3.safetensors" --save-weights "$dir/zr.safetensors" \
+        > "$dir/zr.log" 2>&1 || fail "zero=1 resume: $(tail -3 "$dir/zr.log")"
+    cmp -s "$dir/z1.safetensors" "$dir/zr.safetensors" || fail "zero=1: 3 + resume + 3 differ"
+    case_recovered "zero=1 resume with param groups and frozen"
     for o in sgd lion adafactor; do
         expect_error "zero = 1 shards AdamW's state only" "got optimizer = \"$o\"" -- \
             "$KILN" train "${MLP[@]}" --steps 2 --nproc 2 --set zero=1 --set optimizer=$o
