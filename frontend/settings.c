@@ -359,6 +359,21 @@ void fe_print_settings(const Model *m, FILE *f)
         print_train_value(&m->train, &train_keys[i], f);
         fputc('\n', f);
     }
+    /* train{param_groups, frozen} as matched: the params they changed */
+    if (m->train.nparam_opts)
+        fprintf(f, "# params (param_groups, frozen)\n");
+    for (int i = 0; i < m->train.nparam_opts; i++) {
+        const PassParamOpt *o = &m->train.param_opts[i];
+        if (o->frozen) {
+            fprintf(f, "%s = frozen\n", o->name);
+            continue;
+        }
+        fprintf(f, "%s = lr_scale %.10g, weight_decay ", o->name, o->lr_scale);
+        if (isnan(o->weight_decay))
+            fprintf(f, "default\n");
+        else
+            fprintf(f, "%.10g\n", o->weight_decay);
+    }
 }
 
 const char *fe_config_get(const Model *m, const char *key)

@@ -53,6 +53,13 @@ grep -q '^# frozen (no gradient, state or update): fc1.weight, fc1.bias$' "$ir" 
 if grep -q 'output "grad.fc1' "$ir"; then fail "optimizer dump: a frozen param's gradient"; fi
 grep -q 'output "grad.fc2.weight"' "$ir" || fail "optimizer dump: no grad.fc2.weight"
 case_recovered "optimizer dump"
+# --settings lists what the patterns matched
+"$KILN" compile "$dir/groups.lua" --settings > "$dir/settings.txt" 2>&1 || fail "--settings"
+grep -qx 'fc1.weight = frozen' "$dir/settings.txt" || fail "--settings: no frozen fc1.weight"
+grep -qx 'fc2.bias = lr_scale 0.5, weight_decay 0' "$dir/settings.txt" ||
+    fail "--settings: no group of fc2.bias"
+if grep -q '^fc2.weight = ' "$dir/settings.txt"; then fail "--settings: fc2.weight in no group"; fi
+case_recovered "--settings"
 
 # zero=1 on 2 ranks with groups and a frozen param: the losses of zero=0
 if command -v mpirun > /dev/null; then
