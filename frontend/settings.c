@@ -255,7 +255,7 @@ bool fe_train_store_text(Model *m, TrainCfg *t, const FeTrainKey *k, const char 
                 return false;
             }
         }
-        *(const char **)p = own_str(m, s);
+        *(const char **)p = m ? own_str(m, s) : intern(s); /* kiln opt: no Model */
         return true;
     }
     if (k->type == FE_TT_BYTES) {

@@ -53,6 +53,17 @@ grep -q '^# frozen (no gradient, state or update): fc1.weight, fc1.bias$' "$ir" 
 if grep -q 'output "grad.fc1' "$ir"; then fail "optimizer dump: a frozen param's gradient"; fi
 grep -q 'output "grad.fc2.weight"' "$ir" || fail "optimizer dump: no grad.fc2.weight"
 case_recovered "optimizer dump"
+# kiln opt replays the optimizer pass of each optimizer from the dump before it
+for o in sgd lion adafactor; do
+    rm -rf "$dir/od"
+    "$KILN" compile "${MLP[@]}" --set optimizer=$o --set momentum=0.5 --dump-after=all \
+        --dump-dir "$dir/od" > /dev/null 2>&1 || fail "$o: compile --dump-after=all"
+    before=$(ls "$dir"/od/*-attnlayout.ir) after=$(ls "$dir"/od/*-optimizer.ir)
+    "$KILN" opt "$before" --passes=optimizer --set optimizer=$o --set momentum=0.5 \
+        > "$dir/od/replay.ir" 2>&1 || fail "$o: kiln opt: $(tail -3 "$dir/od/replay.ir")"
+    cmp -s "$dir/od/replay.ir" "$after" || fail "$o: kiln opt's optimizer dump differs"
+    case_recovered "kiln opt --set optimizer=$o"
+done
 # --settings lists what the patterns matched
 "$KILN" compile "$dir/groups.lua" --settings > "$dir/settings.txt" 2>&1 || fail "--settings"
 grep -qx 'fc1.weight = frozen' "$dir/settings.txt" || fail "--settings: no frozen fc1.weight"
