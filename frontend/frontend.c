@@ -1091,6 +1091,48 @@ static void warn_unused_params(Fe *fe)
     free(live);
 }
 
+/* Appends "PATH:LINE: warning: ...\n" to m->warnings. */
+static void add_warning(Model *m, const char *path, int line, const char *msg)
+{
+    size_t len = m->warnings ? strlen(m->warnings) : 0;
+    char *w = xasprintf("%s:%d: warning: %s\n", path, line, msg);
+    m->warnings = xrealloc(m->warnings, len + strlen(w) + 1);
+    memcpy(m->warnings + len, w, strlen(w) + 1);
+    free(w);
+}
+
+/* Settings of one optimizer or schedule set while another is chosen do
+ * nothing: a warning each (a --set sweep must not stop on them). */
+static void warn_unused_settings(Fe *fe)
+{
+    const TrainCfg *c = &fe->m->train;
+    const char *opt = c->optimizer ? c->optimizer : "adamw";
+    const char *sch = c->lr_schedule ? c->lr_schedule : "cosine";
+    const struct {
+        const char *key, *owner, *chosen;
+        bool set;
+    } w[] = {
+        {"momentum", "sgd", opt, c->momentum != 0},
+        {"nesterov", "sgd", opt, c->nesterov && strcmp(c->nesterov, "true") == 0},
+        {"lion_beta1", "lion", opt, c->lion_beta1 != 0.9},
+        {"lion_beta2", "lion", opt, c->lion_beta2 != 0.99},
+        {"beta1", "adamw", opt, c->beta1 != 0.9},
+        {"beta2", "adamw", opt, c->beta2 != 0.95},
+        {"eps", "adamw", opt, c->eps != 1e-8},
+        {"decay_fraction", "wsd", sch, c->decay_fraction != 0.2},
+    };
+    for (size_t i = 0; i < sizeof w / sizeof w[0]; i++) {
+        if (!w[i].set || strcmp(w[i].owner, w[i].chosen) == 0)
+            continue;
+        bool schedule = strcmp(w[i].owner, "wsd") == 0;
+        char msg[256];
+        snprintf(msg, sizeof msg, "train: %s applies to %s = \"%s\" only (ignored with %s = \"%s\")",
+                 w[i].key, schedule ? "lr_schedule" : "optimizer", w[i].owner,
+                 schedule ? "lr_schedule" : "optimizer", w[i].chosen);
+        add_warning(fe->m, fe->path, fe->train_line, msg);
+    }
+}
+
 static bool finish(lua_State *L, Fe *fe, char *err, size_t errlen)
 {
     Model *m = fe->m;
@@ -1143,6 +1185,7 @@ static bool finish(lua_State *L, Fe *fe, char *err, size_t errlen)
     collect_config(L, fe);
     m->train_line = fe->train_line;
     warn_unused_params(fe);
+    warn_unused_settings(fe);
     ir_compact(g);
     char verr[1024];
     if (!ir_verify(g, verr, sizeof verr))

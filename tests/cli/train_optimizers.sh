@@ -8,7 +8,8 @@
 # - zero=1 on 2 ranks with param groups and a frozen param matches zero=0
 #   on 2 ranks; zero=1 with sgd, lion or adafactor is a clear error;
 # - the schedules' lr in the step lines (constant, linear, wsd);
-# - bad param_groups / frozen / nesterov settings: errors at the line.
+# - bad param_groups / frozen / nesterov settings: errors at the line;
+#   another optimizer's or schedule's settings: a warning.
 set -u
 : "${KILN:?}"
 . tests/cli/lib/bad_input.sh
@@ -119,6 +120,24 @@ sched linear "--set warmup=2" 10 1.250e-03
 sched wsd "--set decay_fraction=0.5 --set warmup=2" 6 1.000e-02
 sched wsd "--set decay_fraction=0.5 --set warmup=2" 10 2.000e-03
 sched cosine "--set warmup=0" 6 5.000e-03
+
+# a setting of another optimizer or schedule: a warning at the train{} line, exit 0
+"$KILN" compile "${MLP[@]}" --set momentum=0.9 --set lion_beta2=0.9 > "$dir/w.log" 2>&1 ||
+    fail "momentum with adamw: $(tail -3 "$dir/w.log")"
+grep -q 'mlp.lua:[0-9]*: warning: train: momentum applies to optimizer = "sgd" only (ignored with optimizer = "adamw")' \
+    "$dir/w.log" || fail "no warning for momentum with adamw: $(cat "$dir/w.log")"
+grep -q 'warning: train: lion_beta2 applies to optimizer = "lion" only' "$dir/w.log" ||
+    fail "no warning for lion_beta2 with adamw"
+"$KILN" compile "${MLP[@]}" --set optimizer=sgd --set beta1=0.8 --set decay_fraction=0.5 \
+    > "$dir/w.log" 2>&1 || fail "beta1 with sgd"
+grep -q 'warning: train: beta1 applies to optimizer = "adamw" only (ignored with optimizer = "sgd")' \
+    "$dir/w.log" || fail "no warning for beta1 with sgd"
+grep -q 'warning: train: decay_fraction applies to lr_schedule = "wsd" only' "$dir/w.log" ||
+    fail "no warning for decay_fraction with cosine"
+if "$KILN" compile "${MLP[@]}" --set optimizer=sgd --set momentum=0.9 2>&1 | grep -q warning; then
+    fail "a warning for sgd's own momentum"
+fi
+case_recovered "warnings for other optimizers' settings"
 
 # bad settings, at their line
 bad() { # name train-line patterns...
