@@ -24,7 +24,8 @@
  *          u /= max(1, rms(u)); a = lr max(1e-3, rms(p)); p -= a (u + wd p)
  * Also: param groups (lr_scale, weight_decay, the default rule for a group
  * without weight_decay) and a frozen param, whose saved bits are its
- * initial bits. */
+ * initial bits; the lr schedules (rt_lr_at), the default cosine bit for
+ * bit the formula kiln always had. */
 #include "testutil.h"
 
 #include "train.h"
@@ -303,6 +304,67 @@ static void test_frozen(void **state)
                 .wd = 0.1, .frozen_b = true, DEF});
 }
 
+/* The schedule kiln always had, verbatim: the default must equal it bit for bit. */
+static double old_cosine(const TrainCfg *c, int64_t step, int64_t steps)
+{
+    if (c->warmup > 0 && step < c->warmup)
+        return c->lr * (double)(step + 1) / (double)c->warmup;
+    int64_t span = steps - c->warmup;
+    double p = span > 0 ? (double)(step - c->warmup) / (double)span : 1.0;
+    if (p > 1)
+        p = 1;
+    return c->min_lr + 0.5 * (c->lr - c->min_lr) * (1.0 + cos(3.14159265358979323846 * p));
+}
+
+static void test_schedules(void **state)
+{
+    (void)state;
+    TrainCfg c;
+    memset(&c, 0, sizeof c);
+    c.lr = 3e-4;
+    c.min_lr = 3e-5;
+    c.decay_fraction = 0.25;
+    const int64_t steps[] = {1, 2, 7, 100, 1000};
+    const int64_t warm[] = {0, 1, 5, 100, 2000};
+    for (int a = 0; a < 5; a++)
+        for (int w = 0; w < 5; w++) {
+            c.warmup = warm[w];
+            int64_t S = steps[a], W = warm[w];
+            for (int64_t s = 0; s < S + 2; s++) {
+                double want = old_cosine(&c, s, S);
+                c.lr_schedule = NULL;
+                assert_true(rt_lr_at(&c, s, S) == want);
+                c.lr_schedule = "cosine";
+                assert_true(rt_lr_at(&c, s, S) == want);
+                double warmup = s < W ? c.lr * (double)(s + 1) / (double)W : NAN;
+                c.lr_schedule = "constant";
+                assert_true(rt_lr_at(&c, s, S) == (s < W ? warmup : c.lr));
+                c.lr_schedule = "linear";
+                double p = S > W ? fmin(1, (double)(s - W) / (double)(S - W)) : 1;
+                double lin = s < W ? warmup : c.lr - (c.lr - c.min_lr) * p;
+                assert_true(fabs(rt_lr_at(&c, s, S) - lin) <= 1e-15);
+                c.lr_schedule = "wsd";
+                int64_t D = S - (int64_t)ceil(0.25 * (double)S);
+                if (D < W)
+                    D = W;
+                double pd = S > D ? fmin(1, (double)(s - D) / (double)(S - D)) : 1;
+                double wsd = s < W ? warmup : s < D ? c.lr : c.lr - (c.lr - c.min_lr) * pd;
+                if (!(fabs(rt_lr_at(&c, s, S) - wsd) <= 1e-15))
+                    fail_msg("wsd S %lld W %lld s %lld: %g, expected %g", (long long)S,
+                             (long long)W, (long long)s, rt_lr_at(&c, s, S), wsd);
+            }
+        }
+    /* wsd on 10 steps, decay_fraction 0.5, no warmup: 5 stable, then down */
+    c.warmup = 0;
+    c.min_lr = 0;
+    c.lr = 1;
+    c.decay_fraction = 0.5;
+    c.lr_schedule = "wsd";
+    const double want[10] = {1, 1, 1, 1, 1, 1, 0.8, 0.6, 0.4, 0.2};
+    for (int s = 0; s < 10; s++)
+        assert_true(fabs(rt_lr_at(&c, s, 10) - want[s]) < 1e-15);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -326,6 +388,7 @@ int main(void)
         cmocka_unit_test(test_adamw),        cmocka_unit_test(test_sgd),
         cmocka_unit_test(test_lion),         cmocka_unit_test(test_adafactor),
         cmocka_unit_test(test_param_groups), cmocka_unit_test(test_frozen),
+        cmocka_unit_test(test_schedules),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
