@@ -1,5 +1,8 @@
-/* optimizer.c - AdamW with bias correction and global-norm gradient clipping,
- * built as ordinary ops (OPF_OPTIM) after autodiff.
+/* optimizer.c - the parameter update after autodiff, as ordinary ops
+ * (OPF_OPTIM): global-norm gradient clipping, then AdamW (below), SGD with
+ * momentum / Nesterov, Lion or Adafactor (update_param; their rules are in
+ * docs/training.md), with per-param lr scales and weight decays and frozen
+ * params (PassParamOpt: no gradient ops, state or update).
  *
  * With g_P = output "grad.P" for each param P:
  *   n      = sqrt(sum_P sum(g_P * g_P))                  output "grad_norm"
@@ -10,7 +13,8 @@
  *   v'     = b2 * v + (1 - b2) * g' * g'                  adam.v.P  <- v'
  *   mhat   = m' / (1 - b1^t),  vhat = v' / (1 - b2^t)
  *   P'     = P - lr * (mhat / (sqrt(vhat) + eps) + wd * P)      P <- P'
- * where wd = weight_decay for params of rank >= 2 and 0 otherwise. This is
+ * where wd = weight_decay for params of rank >= 2 and 0 otherwise (or the
+ * param's group's), and lr the param's (lr * lr_scale). This is
  * PyTorch's AdamW (decoupled weight decay applied to the old P) up to the
  * order of floating-point operations. "lr" is a graph input f32[] so the
  * runtime can schedule it; the step counter is f32 state.

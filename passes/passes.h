@@ -149,13 +149,13 @@ bool pass_autodiff(Graph *g, const PassOpts *o, Diag *d);
  * as "sgd.buf.P", "lion.m.P", "adafactor.r.P"/"adafactor.c.P" (rank 2) or
  * "adafactor.v.P" and "adafactor.step": docs/training.md). Params frozen
  * by o->param_opts lose their "grad.P" output and the backward ops only it
- * read, and get no state or update. AdamW:
- * as ordinary ops. Adds graph inputs: `input "lr" f32[]`; state per param P:
- * "adam.m.P", "adam.v.P" (zeros), and one "adam.step" f32[] (zeros).
- * Adds updates: P <- new P, m/v <- new m/v, adam.step <- step + 1; and the
- * output "grad_norm" (before clipping). Weight decay applies to params of
- * rank >= 2 only. Ops carry OPF_OPTIM.
- * With o->zero the update runs on this rank's shard (ir.h, AK_SHARD): the
+ * read, and get no state or update. Every optimizer adds the graph input
+ * `input "lr" f32[]` and the output "grad_norm" (before clipping); ops
+ * carry OPF_OPTIM. AdamW adds state per param P "adam.m.P", "adam.v.P"
+ * (zeros) and one "adam.step" f32[] (zeros), and updates P <- new P, m/v
+ * <- new m/v, adam.step <- step + 1. Weight decay applies by default to
+ * params of rank >= 2 only (o->param_opts overrides it, and scales lr).
+ * With o->zero (AdamW only: another optimizer is an error) the update runs on this rank's shard (ir.h, AK_SHARD): the
  * gradients are reduce_scatter'ed into a shard in the flat order of the
  * params by readiness, the state is "adam.m" and "adam.v" f32[S] (the
  * shard) instead of per param, the squared norm of the shard is summed
