@@ -51,6 +51,9 @@ typedef struct {
     /* train{param_groups, frozen}: registry refs of the checked tables
      * (LUA_NOREF: none) and the lines that set them */
     int groups_ref, frozen_ref, groups_line, frozen_line;
+    /* run by fe_sandbox_run after the script, under its bounds (a Lua
+     * pattern of train{param_groups, frozen} may backtrack): NULL none */
+    lua_CFunction post;
     int next_key;      /* random op keys */
     /* the sandbox (frontend.c): Lua's own allocations and instructions are
      * bounded; kiln's graph memory is not Lua's and is not counted */

@@ -929,6 +929,19 @@ static bool resolve_groups(lua_State *L, Fe *fe, char *err, size_t errlen)
     return true;
 }
 
+/* fe->post: resolve_groups after the script, in the sandbox's bounds; an
+ * error is the message (it names the script's line). */
+static int l_resolve_groups(lua_State *L)
+{
+    Fe *fe = fe_get(L);
+    char err[2048];
+    if (!resolve_groups(L, fe, err, sizeof err)) {
+        lua_pushstring(L, err);
+        return lua_error(L);
+    }
+    return 0;
+}
+
 static int l_train(lua_State *L)
 {
     Fe *fe = fe_get(L);
@@ -1180,8 +1193,6 @@ static bool finish(lua_State *L, Fe *fe, char *err, size_t errlen)
                  "momentum in (0, 1), got 0)", fe->path, fe->train_line);
         return false;
     }
-    if (!resolve_groups(L, fe, err, errlen))
-        return false;
     collect_config(L, fe);
     m->train_line = fe->train_line;
     warn_unused_params(fe);
@@ -1220,7 +1231,7 @@ static Model *load_once(const char *path, const Script *sc, const char *const *s
     fe_train_defaults(&m->train);
     Fe fe = {.g = m->g, .m = m, .path = m->path, .sets = sets, .nsets = nsets,
              .config_ref = LUA_NOREF, .groups_ref = LUA_NOREF, .frozen_ref = LUA_NOREF,
-             .loss = -1, .mem_limit = sc->mem,
+             .post = l_resolve_groups, .loss = -1, .mem_limit = sc->mem,
              .instr_limit = sc->instr, .ops_limit = sc->ops, .hook_period = FE_HOOK_PERIOD};
     snprintf(fe.chunk, sizeof fe.chunk, "@%s", path);
     fe.set_used = xcalloc((size_t)(nsets ? nsets : 1), sizeof(bool));

@@ -163,6 +163,10 @@ bad nesterov 'train{optimizer = "sgd", nesterov = true}' "$dir/nesterov.lua:" \
 bad optname 'train{optimizer = "adam"}' "$dir/optname.lua:$n: train: bad value for 'optimizer'" \
     "expected one of adamw, sgd, lion, adafactor, got 'adam'"
 bad allfrozen 'train{frozen = {"."}}' "every parameter is frozen"
+# a pattern that backtracks is matched under the script's time bound
+{ cat models/mlp.lua; echo 'train{frozen = {string.rep(".-", 40) .. "z"}}'; } > "$dir/backtrack.lua"
+expect_error -t 60 "backtrack.lua:" "KILN_LUA_SECONDS raises the limit" -- \
+    env KILN_LUA_SECONDS=2 "$KILN" compile "$dir/backtrack.lua"
 expect_error "--set param_groups: a table, set in the script's train{} only" -- \
     "$KILN" compile models/mlp.lua --set 'param_groups=x'
 bad_input_done
