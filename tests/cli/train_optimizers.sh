@@ -53,6 +53,12 @@ grep -q '^# frozen (no gradient, state or update): fc1.weight, fc1.bias$' "$ir" 
     fail "optimizer dump: no frozen line: $(grep frozen "$ir")"
 if grep -q 'output "grad.fc1' "$ir"; then fail "optimizer dump: a frozen param's gradient"; fi
 grep -q 'output "grad.fc2.weight"' "$ir" || fail "optimizer dump: no grad.fc2.weight"
+# and no ops for them: fc1's weight gradient and the gradient into fc1's
+# output (only fc1's gradients read it) are gone: 2 matmuls fewer
+"$KILN" compile models/mlp.lua --dump-after=optimizer --dump-dir "$dir/dump0" > /dev/null 2>&1 ||
+    fail "compile mlp --dump-after=optimizer"
+m1=$(grep -c '= matmul' "$ir") m0=$(grep -c '= matmul' "$dir"/dump0/*optimizer.ir)
+[ "$m1" -eq $((m0 - 2)) ] || fail "optimizer dump: $m1 matmuls with fc1 frozen, $m0 without"
 case_recovered "optimizer dump"
 # kiln opt replays the optimizer pass of each optimizer from the dump before it
 for o in sgd lion adafactor; do
