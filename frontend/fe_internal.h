@@ -24,6 +24,7 @@ struct ModelPriv {
     struct FeOwned *owned; /* settings.c */
     VEC(const char *) train_outs; /* output(name, t, {train = true}): interned names
                                      the training step keeps however large */
+    PassParamOpt *param_opts; /* train.param_opts (frontend.c: resolve_groups) */
 };
 
 /* Metatable of param initializers: userdata holding a ParamInit. */
@@ -47,6 +48,12 @@ typedef struct {
     int loss;          /* tensor id, -1 before minimize() */
     int loss_line;
     int train_line;    /* last train{} call, 0 if none */
+    /* train{param_groups, frozen}: registry refs of the checked tables
+     * (LUA_NOREF: none) and the lines that set them */
+    int groups_ref, frozen_ref, groups_line, frozen_line;
+    /* run by fe_sandbox_run after the script, under its bounds (a Lua
+     * pattern of train{param_groups, frozen} may backtrack): NULL none */
+    lua_CFunction post;
     int next_key;      /* random op keys */
     /* the sandbox (frontend.c): Lua's own allocations and instructions are
      * bounded; kiln's graph memory is not Lua's and is not counted */

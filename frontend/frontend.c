@@ -481,7 +481,9 @@ static void check_name(lua_State *L, int idx, const char *fn)
     if (lua_type(L, idx) != LUA_TSTRING || !lua_rawlen(L, idx))
         fe_error(L, "%s: needs a name string first (got %s)", fn, luaL_typename(L, idx));
     const char *name = lua_tostring(L, idx);
-    if (strcmp(name, "lr") == 0 || strncmp(name, "adam.", 5) == 0 || strncmp(name, "grad.", 5) == 0)
+    if (strcmp(name, "lr") == 0 || strncmp(name, "adam.", 5) == 0 || strncmp(name, "grad.", 5) == 0 ||
+        strncmp(name, "sgd.", 4) == 0 || strncmp(name, "lion.", 5) == 0 ||
+        strncmp(name, "adafactor.", 10) == 0)
         fe_error(L, "%s: the name '%s' is reserved for the optimizer (expected another name)", fn,
                  name);
     if (name_in(L, "kiln.names", name, false))
@@ -715,6 +717,9 @@ static void apply_set(lua_State *L, Fe *fe, int i)
     if (t == LUA_TNIL) {
         if (fe_train_key(key))
             return;
+        if (strcmp(key, "param_groups") == 0 || strcmp(key, "frozen") == 0)
+            set_error(L, key, "a table, set in the script's train{} only (expected a key with "
+                      "one value, got %s)", key);
         char list[1024], all[2048], near[64], mean[96] = "";
         config_key_list(L, 1, list, sizeof list);
         snprintf(all, sizeof all, "%s, %s", list, fe_train_key_list());
@@ -869,6 +874,265 @@ static int l_config(lua_State *L)
     return 1;
 }
 
+/* string.find as the string library defines it (the registry's copy, not
+ * the script's global), pushed. */
+static void push_find(lua_State *L)
+{
+    lua_getfield(L, LUA_REGISTRYINDEX, LUA_LOADED_TABLE);
+    lua_getfield(L, -1, LUA_STRLIBNAME);
+    lua_getfield(L, -1, "find");
+    lua_replace(L, -3);
+    lua_pop(L, 1);
+}
+
+/* Whether Lua pattern pat matches somewhere in s; false with why set when
+ * pat is malformed. */
+static bool pattern_find(lua_State *L, const char *s, const char *pat, bool *hit, char *why,
+                         size_t n)
+{
+    push_find(L);
+    lua_pushstring(L, s);
+    lua_pushstring(L, pat);
+    if (lua_pcall(L, 2, 1, 0) != LUA_OK) {
+        snprintf(why, n, "%s", lua_tostring(L, -1) ? lua_tostring(L, -1) : "bad pattern");
+        lua_pop(L, 1);
+        return false;
+    }
+    *hit = !lua_isnil(L, -1);
+    lua_pop(L, 1);
+    return true;
+}
+
+/* train{frozen = {"PATTERN", ...}} at the top of the stack: checked (an
+ * array of well-formed Lua patterns) and kept in the registry. */
+static void train_frozen(lua_State *L, Fe *fe)
+{
+    if (!lua_istable(L, -1))
+        fe_error(L, "train: frozen needs a list of Lua patterns such as {\"^wte$\", \"^h%%.0%%.\"} "
+                    "(got %s)", luaL_typename(L, -1));
+    lua_Integer n = (lua_Integer)lua_rawlen(L, -1);
+    lua_pushnil(L);
+    while (lua_next(L, -2)) {
+        if (!lua_isinteger(L, -2) || lua_tointeger(L, -2) < 1 || lua_tointeger(L, -2) > n)
+            fe_error(L, "train: frozen must be a list (expected keys 1 to %lld, got %s)",
+                     (long long)n, luaL_tolstring(L, -2, NULL));
+        lua_pop(L, 1);
+    }
+    lua_newtable(L);
+    for (lua_Integer i = 1; i <= n; i++) {
+        char why[256];
+        bool hit;
+        if (lua_rawgeti(L, -2, i) != LUA_TSTRING)
+            fe_error(L, "train: frozen[%lld]: expected a Lua pattern string, got %s",
+                     (long long)i, luaL_typename(L, -1));
+        if (!pattern_find(L, "", lua_tostring(L, -1), &hit, why, sizeof why))
+            fe_error(L, "train: frozen[%lld]: bad Lua pattern '%s' (%s)", (long long)i,
+                     lua_tostring(L, -1), why);
+        lua_rawseti(L, -2, i);
+    }
+    if (fe->frozen_ref != LUA_NOREF)
+        luaL_unref(L, LUA_REGISTRYINDEX, fe->frozen_ref);
+    fe->frozen_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    fe->frozen_line = fe_user_loc(L).line;
+}
+
+/* train{param_groups = {{match = "PATTERN", lr_scale = x, weight_decay =
+ * y}, ...}} at the top of the stack: checked and kept in the registry as a
+ * list of {match, lr_scale, weight_decay (nil: the default)}. */
+static void train_groups(lua_State *L, Fe *fe)
+{
+    if (!lua_istable(L, -1))
+        fe_error(L, "train: param_groups needs a list of groups such as {{match = \"bias$\", "
+                    "weight_decay = 0}} (got %s)", luaL_typename(L, -1));
+    lua_Integer n = (lua_Integer)lua_rawlen(L, -1);
+    lua_pushnil(L);
+    while (lua_next(L, -2)) {
+        if (!lua_isinteger(L, -2) || lua_tointeger(L, -2) < 1 || lua_tointeger(L, -2) > n)
+            fe_error(L, "train: param_groups must be a list (expected keys 1 to %lld, got %s)",
+                     (long long)n, luaL_tolstring(L, -2, NULL));
+        lua_pop(L, 1);
+    }
+    lua_newtable(L);
+    for (lua_Integer i = 1; i <= n; i++) {
+        if (lua_rawgeti(L, -2, i) != LUA_TTABLE)
+            fe_error(L, "train: param_groups[%lld]: expected a table such as {match = \"bias$\", "
+                        "lr_scale = 0.1, weight_decay = 0}, got %s",
+                     (long long)i, luaL_typename(L, -1));
+        int grp = lua_gettop(L);
+        lua_newtable(L);
+        int out = lua_gettop(L);
+        lua_pushnil(L);
+        while (lua_next(L, grp)) {
+            const char *k = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : NULL;
+            if (!k || (strcmp(k, "match") && strcmp(k, "lr_scale") && strcmp(k, "weight_decay")))
+                fe_error(L, "train: param_groups[%lld]: unknown key '%s' (expected match, "
+                            "lr_scale or weight_decay)",
+                         (long long)i, k ? k : luaL_tolstring(L, -2, NULL));
+            if (strcmp(k, "match") == 0) {
+                char why[256];
+                bool hit;
+                if (lua_type(L, -1) != LUA_TSTRING)
+                    fe_error(L, "train: param_groups[%lld].match: expected a Lua pattern string, "
+                                "got %s", (long long)i, luaL_typename(L, -1));
+                if (!pattern_find(L, "", lua_tostring(L, -1), &hit, why, sizeof why))
+                    fe_error(L, "train: param_groups[%lld].match: bad Lua pattern '%s' (%s)",
+                             (long long)i, lua_tostring(L, -1), why);
+            } else {
+                double v = lua_type(L, -1) == LUA_TNUMBER ? lua_tonumber(L, -1) : NAN;
+                if (!(isfinite(v) && v >= 0))
+                    fe_error(L, "train: param_groups[%lld].%s: expected a finite number >= 0, "
+                                "got %s", (long long)i, k, luaL_tolstring(L, -1, NULL));
+            }
+            lua_pushvalue(L, -2);
+            lua_insert(L, -2);
+            lua_rawset(L, out);
+        }
+        if (lua_getfield(L, out, "match") != LUA_TSTRING)
+            fe_error(L, "train: param_groups[%lld]: needs match = \"PATTERN\" (a Lua pattern "
+                        "on param names), got none", (long long)i);
+        lua_pop(L, 1);
+        lua_rawseti(L, -3, i);
+        lua_pop(L, 1);
+    }
+    if (fe->groups_ref != LUA_NOREF)
+        luaL_unref(L, LUA_REGISTRYINDEX, fe->groups_ref);
+    fe->groups_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    fe->groups_line = fe_user_loc(L).line;
+}
+
+/* The param names as "a, b, c" (at most n bytes), for messages. */
+static void param_names(const Graph *g, char *buf, size_t n)
+{
+    size_t k = 0;
+    buf[0] = 0;
+    for (int i = 0; i < g->t.n && k < n; i++)
+        if (g->t.v[i].kind == TK_PARAM)
+            k += (size_t)snprintf(buf + k, n - k, "%s%s", k ? ", " : "", g->t.v[i].name);
+    if (k >= n && n > 4)
+        memcpy(buf + n - 4, "...", 4);
+}
+
+/* train{param_groups, frozen} matched to the params (first group that
+ * matches wins; frozen when any frozen pattern matches): m->train's
+ * param_opts. A pattern that matches no param is an error. */
+static bool resolve_groups(lua_State *L, Fe *fe, char *err, size_t errlen)
+{
+    Graph *g = fe->g;
+    Model *m = fe->m;
+    int ng = 0, nf = 0;
+    if (fe->groups_ref != LUA_NOREF) {
+        lua_rawgeti(L, LUA_REGISTRYINDEX, fe->groups_ref);
+        ng = (int)lua_rawlen(L, -1);
+    } else
+        lua_pushnil(L);
+    if (fe->frozen_ref != LUA_NOREF) {
+        lua_rawgeti(L, LUA_REGISTRYINDEX, fe->frozen_ref);
+        nf = (int)lua_rawlen(L, -1);
+    } else
+        lua_pushnil(L);
+    int gt = lua_gettop(L) - 1, ft = gt + 1;
+    if (ng + nf == 0) {
+        lua_pop(L, 2);
+        return true;
+    }
+    int *hits = xcalloc((size_t)(ng + nf + 1), sizeof(int));
+    PassParamOpt *po = xcalloc((size_t)g->t.n + 1, sizeof *po);
+    int npo = 0;
+    bool ok = true;
+    char why[256], bad[320] = "";
+    for (int i = 0; ok && i < g->t.n; i++) {
+        const Tensor *t = &g->t.v[i];
+        if (t->kind != TK_PARAM)
+            continue;
+        PassParamOpt o = {t->name, 1.0, NAN, false};
+        bool any = false, hit = false;
+        for (int k = 0; ok && k < ng; k++) {
+            lua_rawgeti(L, gt, k + 1);
+            lua_getfield(L, -1, "match");
+            ok = pattern_find(L, t->name, lua_tostring(L, -1), &hit, why, sizeof why);
+            if (!ok)
+                snprintf(bad, sizeof bad, "param_groups[%d].match: bad Lua pattern '%s'", k + 1,
+                         lua_tostring(L, -1));
+            lua_pop(L, 1);
+            if (ok && hit) {
+                hits[k]++;
+                if (!any) {
+                    any = true;
+                    if (lua_getfield(L, -1, "lr_scale") == LUA_TNUMBER)
+                        o.lr_scale = lua_tonumber(L, -1);
+                    lua_pop(L, 1);
+                    if (lua_getfield(L, -1, "weight_decay") == LUA_TNUMBER)
+                        o.weight_decay = lua_tonumber(L, -1);
+                    lua_pop(L, 1);
+                }
+            }
+            lua_pop(L, 1);
+        }
+        for (int k = 0; ok && k < nf; k++) {
+            lua_rawgeti(L, ft, k + 1);
+            ok = pattern_find(L, t->name, lua_tostring(L, -1), &hit, why, sizeof why);
+            if (!ok)
+                snprintf(bad, sizeof bad, "frozen[%d]: bad Lua pattern '%s'", k + 1,
+                         lua_tostring(L, -1));
+            lua_pop(L, 1);
+            if (ok && hit) {
+                hits[ng + k]++;
+                o.frozen = true;
+            }
+        }
+        if (any || o.frozen)
+            po[npo++] = o;
+    }
+    if (!ok)
+        snprintf(err, errlen, "%s:%d: train: %s (%s)", fe->path,
+                 bad[0] == 'f' ? fe->frozen_line : fe->groups_line, bad, why);
+    for (int k = 0; ok && k < ng + nf; k++) {
+        if (hits[k])
+            continue;
+        char names[400];
+        param_names(g, names, sizeof names);
+        if (k < ng) {
+            lua_rawgeti(L, gt, k + 1);
+            lua_getfield(L, -1, "match");
+            snprintf(err, errlen, "%s:%d: train: param_groups[%d].match '%s' matches no param "
+                     "(expected a Lua pattern matching one of: %s)", fe->path, fe->groups_line,
+                     k + 1, lua_tostring(L, -1), names);
+            lua_pop(L, 2);
+        } else {
+            lua_rawgeti(L, ft, k - ng + 1);
+            snprintf(err, errlen, "%s:%d: train: frozen[%d] '%s' matches no param (expected a "
+                     "Lua pattern matching one of: %s)", fe->path, fe->frozen_line, k - ng + 1,
+                     lua_tostring(L, -1), names);
+            lua_pop(L, 1);
+        }
+        ok = false;
+    }
+    lua_pop(L, 2);
+    free(hits);
+    if (!ok) {
+        free(po);
+        return false;
+    }
+    free(m->priv->param_opts);
+    m->priv->param_opts = po;
+    m->train.param_opts = po;
+    m->train.nparam_opts = npo;
+    return true;
+}
+
+/* fe->post: resolve_groups after the script, in the sandbox's bounds; an
+ * error is the message (it names the script's line). */
+static int l_resolve_groups(lua_State *L)
+{
+    Fe *fe = fe_get(L);
+    char err[2048];
+    if (!resolve_groups(L, fe, err, sizeof err)) {
+        lua_pushstring(L, err);
+        return lua_error(L);
+    }
+    return 0;
+}
+
 static int l_train(lua_State *L)
 {
     Fe *fe = fe_get(L);
@@ -880,6 +1144,11 @@ static int l_train(lua_State *L)
         if (lua_type(L, -2) != LUA_TSTRING)
             fe_error(L, "train: keys must be names (got %s)", luaL_typename(L, -2));
         const char *key = lua_tostring(L, -2);
+        if (strcmp(key, "param_groups") == 0 || strcmp(key, "frozen") == 0) {
+            (key[0] == 'f' ? train_frozen : train_groups)(L, fe);
+            lua_pop(L, 1);
+            continue;
+        }
         const FeTrainKey *k = fe_train_key(key);
         char near[64];
         if (!k && fe_closest_key(key, fe_train_key_list(), near, sizeof near))
@@ -897,6 +1166,10 @@ static int l_train(lua_State *L)
         else if (t == LUA_TSTRING)
             ok = fe_train_store_text(fe->m, &fe->m->train, k, lua_tostring(L, -1), false, why,
                                   sizeof why);
+        else if (t == LUA_TBOOLEAN && k->oneof && strcmp(k->oneof, "true, false") == 0)
+            ok = fe_train_store_text(fe->m, &fe->m->train, k,
+                                     lua_toboolean(L, -1) ? "true" : "false", false, why,
+                                     sizeof why);
         else if (t == LUA_TBOOLEAN && !lua_toboolean(L, -1) && k->type == FE_TT_STR)
             ok = true, *(const char **)((char *)&fe->m->train + k->off) = NULL;
         else
@@ -1026,6 +1299,48 @@ static void warn_unused_params(Fe *fe)
     free(live);
 }
 
+/* Appends "PATH:LINE: warning: ...\n" to m->warnings. */
+static void add_warning(Model *m, const char *path, int line, const char *msg)
+{
+    size_t len = m->warnings ? strlen(m->warnings) : 0;
+    char *w = xasprintf("%s:%d: warning: %s\n", path, line, msg);
+    m->warnings = xrealloc(m->warnings, len + strlen(w) + 1);
+    memcpy(m->warnings + len, w, strlen(w) + 1);
+    free(w);
+}
+
+/* Settings of one optimizer or schedule set while another is chosen do
+ * nothing: a warning each (a --set sweep must not stop on them). */
+static void warn_unused_settings(Fe *fe)
+{
+    const TrainCfg *c = &fe->m->train;
+    const char *opt = c->optimizer ? c->optimizer : "adamw";
+    const char *sch = c->lr_schedule ? c->lr_schedule : "cosine";
+    const struct {
+        const char *key, *owner, *chosen;
+        bool set;
+    } w[] = {
+        {"momentum", "sgd", opt, c->momentum != 0},
+        {"nesterov", "sgd", opt, c->nesterov && strcmp(c->nesterov, "true") == 0},
+        {"lion_beta1", "lion", opt, c->lion_beta1 != 0.9},
+        {"lion_beta2", "lion", opt, c->lion_beta2 != 0.99},
+        {"beta1", "adamw", opt, c->beta1 != 0.9},
+        {"beta2", "adamw", opt, c->beta2 != 0.95},
+        {"eps", "adamw", opt, c->eps != 1e-8},
+        {"decay_fraction", "wsd", sch, c->decay_fraction != 0.2},
+    };
+    for (size_t i = 0; i < sizeof w / sizeof w[0]; i++) {
+        if (!w[i].set || strcmp(w[i].owner, w[i].chosen) == 0)
+            continue;
+        bool schedule = strcmp(w[i].owner, "wsd") == 0;
+        char msg[256];
+        snprintf(msg, sizeof msg, "train: %s applies to %s = \"%s\" only (ignored with %s = \"%s\")",
+                 w[i].key, schedule ? "lr_schedule" : "optimizer", w[i].owner,
+                 schedule ? "lr_schedule" : "optimizer", w[i].chosen);
+        add_warning(fe->m, fe->path, fe->train_line, msg);
+    }
+}
+
 static bool finish(lua_State *L, Fe *fe, char *err, size_t errlen)
 {
     Model *m = fe->m;
@@ -1035,6 +1350,11 @@ static bool finish(lua_State *L, Fe *fe, char *err, size_t errlen)
         char key[256], why[512];
         const char *val = set_value(fe->sets[i], key, sizeof key);
         const FeTrainKey *k = fe_train_key(key);
+        if (!k && (strcmp(key, "param_groups") == 0 || strcmp(key, "frozen") == 0)) {
+            snprintf(err, errlen, "--set %s: a table, set in the script's train{} only (expected "
+                     "a key with one value, got %s)", key, key);
+            return false;
+        }
         if (!k) {
             char near[64], mean[96] = "";
             if (fe_closest_key(key, fe_train_key_list(), near, sizeof near))
@@ -1067,9 +1387,15 @@ static bool finish(lua_State *L, Fe *fe, char *err, size_t errlen)
                      (long long)m->train.batch, (long long)t->s.dim[0]);
             return false;
         }
+    if (m->train.nesterov && strcmp(m->train.nesterov, "true") == 0 && !(m->train.momentum > 0)) {
+        snprintf(err, errlen, "%s:%d: train: nesterov = true needs momentum > 0 (expected "
+                 "momentum in (0, 1), got 0)", fe->path, fe->train_line);
+        return false;
+    }
     collect_config(L, fe);
     m->train_line = fe->train_line;
     warn_unused_params(fe);
+    warn_unused_settings(fe);
     ir_compact(g);
     char verr[1024];
     if (!ir_verify(g, verr, sizeof verr))
@@ -1103,7 +1429,8 @@ static Model *load_once(const char *path, const Script *sc, const char *const *s
     m->g = ir_new();
     fe_train_defaults(&m->train);
     Fe fe = {.g = m->g, .m = m, .path = m->path, .sets = sets, .nsets = nsets,
-             .config_ref = LUA_NOREF, .loss = -1, .mem_limit = sc->mem,
+             .config_ref = LUA_NOREF, .groups_ref = LUA_NOREF, .frozen_ref = LUA_NOREF,
+             .post = l_resolve_groups, .loss = -1, .mem_limit = sc->mem,
              .instr_limit = sc->instr, .ops_limit = sc->ops, .hook_period = FE_HOOK_PERIOD};
     snprintf(fe.chunk, sizeof fe.chunk, "@%s", path);
     fe.set_used = xcalloc((size_t)(nsets ? nsets : 1), sizeof(bool));

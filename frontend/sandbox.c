@@ -505,6 +505,10 @@ int fe_sandbox_run(lua_State *L, Fe *fe, const Script *sc, const char *text, siz
     }
     if (st == LUA_OK)
         st = lua_pcall(L, 0, 0, h);
+    if (st == LUA_OK && fe->post) { /* under the same bounds as the script */
+        lua_pushcfunction(L, fe->post);
+        st = lua_pcall(L, 0, 0, h);
+    }
     lua_sethook(L, NULL, 0, 0);
     if (watched) {
         pthread_mutex_lock(&wd.mu);

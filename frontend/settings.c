@@ -24,11 +24,18 @@ static const FeTrainKey train_keys[] = {
     TKD(lr, "0.001", 0, INFINITY, 0, 0),
     TKD(min_lr, "0", 0, INFINITY, 0, 0),
     TKI(warmup, "0", 0, BIG),
+    TKS(lr_schedule, "cosine", "cosine, linear, constant, wsd"),
+    TKD(decay_fraction, "0.2", 0, 1, 1, 0),
+    TKS(optimizer, "adamw", "adamw, sgd, lion, adafactor"),
     TKD(beta1, "0.9", 0, 1, 0, 1),
     TKD(beta2, "0.95", 0, 1, 0, 1),
     TKD(eps, "1e-08", 0, INFINITY, 0, 0),
     TKD(weight_decay, "0", 0, INFINITY, 0, 0),
     TKD(grad_clip, "1", -INFINITY, INFINITY, 0, 0),
+    TKD(momentum, "0", 0, 1, 0, 1),
+    TKS(nesterov, "false", "true, false"),
+    TKD(lion_beta1, "0.9", 0, 1, 0, 1),
+    TKD(lion_beta2, "0.99", 0, 1, 0, 1),
     TK(seed, FE_TT_U64, "1337"),
     TKI(batch, "0", 0, BIG),
     TKS(data, NULL, "addition, text, tokens, blobs, tensors"),
@@ -69,12 +76,13 @@ const FeTrainKey *fe_train_key(const char *name)
 
 const char *fe_train_key_list(void)
 {
-    static char buf[512];
+    static char buf[1024];
     if (!buf[0]) {
         size_t k = 0;
         for (int i = 0; i < NTRAIN_KEYS; i++)
             k += (size_t)snprintf(buf + k, sizeof buf - k, "%s%s", i ? ", " : "",
                                   train_keys[i].name);
+        snprintf(buf + k, sizeof buf - k, ", param_groups, frozen"); /* tables: frontend.c */
     }
     return buf;
 }
@@ -252,7 +260,7 @@ bool fe_train_store_text(Model *m, TrainCfg *t, const FeTrainKey *k, const char 
                 return false;
             }
         }
-        *(const char **)p = own_str(m, s);
+        *(const char **)p = m ? own_str(m, s) : intern(s); /* kiln opt: no Model */
         return true;
     }
     if (k->type == FE_TT_BYTES) {
@@ -370,6 +378,21 @@ void fe_print_settings(const Model *m, FILE *f)
         print_train_value(&m->train, &train_keys[i], f);
         fputc('\n', f);
     }
+    /* train{param_groups, frozen} as matched: the params they changed */
+    if (m->train.nparam_opts)
+        fprintf(f, "# params (param_groups, frozen)\n");
+    for (int i = 0; i < m->train.nparam_opts; i++) {
+        const PassParamOpt *o = &m->train.param_opts[i];
+        if (o->frozen) {
+            fprintf(f, "%s = frozen\n", o->name);
+            continue;
+        }
+        fprintf(f, "%s = lr_scale %.10g, weight_decay ", o->name, o->lr_scale);
+        if (isnan(o->weight_decay))
+            fprintf(f, "default\n");
+        else
+            fprintf(f, "%.10g\n", o->weight_decay);
+    }
 }
 
 const char *fe_config_get(const Model *m, const char *key)
@@ -396,6 +419,7 @@ void fe_model_free(Model *m)
         }
         free(p->config);
         vec_free(&p->train_outs);
+        free(p->param_opts);
         for (FeOwned *o = p->owned, *next; o; o = next) {
             next = o->next;
             free(o);

@@ -1,5 +1,8 @@
-/* optimizer.c - AdamW with bias correction and global-norm gradient clipping,
- * built as ordinary ops (OPF_OPTIM) after autodiff.
+/* optimizer.c - the parameter update after autodiff, as ordinary ops
+ * (OPF_OPTIM): global-norm gradient clipping, then AdamW (below), SGD with
+ * momentum / Nesterov, Lion or Adafactor (update_param; their rules are in
+ * docs/training.md), with per-param lr scales and weight decays and frozen
+ * params (PassParamOpt: no gradient ops, state or update).
  *
  * With g_P = output "grad.P" for each param P:
  *   n      = sqrt(sum_P sum(g_P * g_P))                  output "grad_norm"
@@ -10,7 +13,8 @@
  *   v'     = b2 * v + (1 - b2) * g' * g'                  adam.v.P  <- v'
  *   mhat   = m' / (1 - b1^t),  vhat = v' / (1 - b2^t)
  *   P'     = P - lr * (mhat / (sqrt(vhat) + eps) + wd * P)      P <- P'
- * where wd = weight_decay for params of rank >= 2 and 0 otherwise. This is
+ * where wd = weight_decay for params of rank >= 2 and 0 otherwise (or the
+ * param's group's), and lr the param's (lr * lr_scale). This is
  * PyTorch's AdamW (decoupled weight decay applied to the old P) up to the
  * order of floating-point operations. "lr" is a graph input f32[] so the
  * runtime can schedule it; the step counter is f32 state.
@@ -31,6 +35,7 @@
  */
 #include "passes.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -154,6 +159,7 @@ static int sum_sq_blocked(B *b, int x)
 
 typedef struct {
     int p, grad;
+    double lr_scale, wd; /* the param's group: lr factor and weight decay */
 } ParamGrad;
 
 /* ok ? x : old, with ok a u8 scalar and x, old of one type */
@@ -257,23 +263,46 @@ static void optimizer_zero(B *b, const PassOpts *o, ParamGrad *ps, int n, int lr
     ParamInit zeros = {.kind = INIT_ZEROS};
     OpAttr sa = shard_attr(0, total, nr);
     int *in = xmalloc(sizeof(int) * (size_t)(n + 1));
-    bool any_wd = false;
+    bool any_wd;
     for (int i = 0; i < n; i++)
         in[i] = ps[i].grad;
     int gsh = emit_n(b, OP_REDUCE_SCATTER, in, n, &sa);
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < n; i++)
         in[i] = ps[i].p;
-        any_wd |= g->t.v[ps[i].p].s.rank >= 2;
-    }
     int psh = emit_n(b, OP_SHARD_PACK, in, n, &sa);
-    int pwd = -1;
-    if (any_wd && o->weight_decay != 0) {
-        /* weight decay only on params of rank >= 2: the others pack as 0 */
+    int pwd = -1, lrs = -1;
+    /* weight decay: params with wd 0 pack as 0; when every other param
+     * has the same wd W (by default o->weight_decay on rank >= 2), P is
+     * packed and multiplied by W, else wd * P is packed */
+    double W = 0;
+    bool one_w = true;
+    any_wd = false;
+    for (int i = 0; i < n; i++)
+        if (ps[i].wd != 0) {
+            one_w &= !any_wd || ps[i].wd == W;
+            W = ps[i].wd;
+            any_wd = true;
+        }
+    if (any_wd) {
         for (int i = 0; i < n; i++) {
             Shape s = g->t.v[ps[i].p].s;
-            in[i] = s.rank >= 2 ? ps[i].p : cst(b, &s, 0.0);
+            in[i] = ps[i].wd == 0 ? cst(b, &s, 0.0)
+                    : one_w       ? ps[i].p
+                                  : bin(b, OP_MUL, cst(b, &s, ps[i].wd), ps[i].p);
         }
         pwd = emit_n(b, OP_SHARD_PACK, in, n, &sa);
+    }
+    /* per-param lr scales (param groups): packed as f32 */
+    for (int i = 0; i < n; i++)
+        if (ps[i].lr_scale != 1)
+            lrs = 0;
+    if (lrs == 0) {
+        for (int i = 0; i < n; i++) {
+            Shape s = g->t.v[ps[i].p].s;
+            s.dtype = DT_F32;
+            in[i] = cst(b, &s, ps[i].lr_scale);
+        }
+        lrs = emit_n(b, OP_SHARD_PACK, in, n, &sa);
     }
     /* the global norm: each rank's shard squared, summed over ranks */
     int part = sum_sq_blocked(b, gsh);
@@ -303,7 +332,9 @@ static void optimizer_zero(B *b, const PassOpts *o, ParamGrad *ps, int n, int lr
     int den = bin(b, OP_ADD, un(b, OP_SQRT, vhat), cst(b, &ss, o->eps));
     int u = bin(b, OP_DIV, mhat, den);
     if (pwd >= 0)
-        u = bin(b, OP_ADD, u, bin(b, OP_MUL, cst(b, &ss, o->weight_decay), pwd));
+        u = bin(b, OP_ADD, u, one_w ? bin(b, OP_MUL, cst(b, &ss, W), pwd) : pwd);
+    if (lrs >= 0)
+        u = bin(b, OP_MUL, u, lrs);
     /* params below f32 (bf16, f16): the update runs on an f32 master copy
      * of the shard, state "adam.master", taken from the params at step 0
      * (the packed params are then exact) and kept from then on; the
@@ -363,6 +394,208 @@ static int find_output(const Graph *g, const int *byname, const char *name)
                : -1;
 }
 
+/* o's settings for the param called name, or NULL */
+static const PassParamOpt *param_opt(const PassOpts *o, const char *name)
+{
+    for (int i = 0; i < o->nparam_opts; i++)
+        if (strcmp(o->param_opts[i].name, name) == 0)
+            return &o->param_opts[i];
+    return NULL;
+}
+
+/* Drops the outputs with drop[k] set (frozen params' "grad.P") and then
+ * every backward op (OPF_BACKWARD) that nothing left reads: the ops that
+ * computed only those gradients. Forward ops stay (simplify drops what is
+ * dead of them). */
+static void drop_grads(Graph *g, const bool *drop)
+{
+    int k = 0;
+    for (int i = 0; i < g->outs.n; i++)
+        if (!drop[i])
+            g->outs.v[k++] = g->outs.v[i];
+    g->outs.n = k;
+    bool *live = xcalloc((size_t)g->t.n + 1, sizeof(bool));
+    bool *dead = xcalloc((size_t)g->ops.n + 1, sizeof(bool));
+    for (int i = 0; i < g->outs.n; i++)
+        live[g->outs.v[i].t] = true;
+    for (int i = 0; i < g->upd.n; i++)
+        live[g->upd.v[i].value] = true;
+    for (int i = g->ops.n - 1; i >= 0; i--) {
+        const Op *op = &g->ops.v[i];
+        if ((op->flags & OPF_BACKWARD) && !live[op->out]) {
+            dead[i] = true;
+            continue;
+        }
+        for (int j = 0; j < op->nin; j++)
+            live[op->in[j]] = true;
+    }
+    ir_drop_ops(g, dead);
+    free(live);
+    free(dead);
+}
+
+/* A zero-initialised f32-or-param-typed state tensor "PRE.P" of shape s. */
+static int state(Graph *g, const char *pre, const char *pname, Shape s)
+{
+    char name[512];
+    snprintf(name, sizeof name, "%s.%s", pre, pname);
+    return ir_add_input(g, TK_STATE, name, s, (ParamInit){.kind = INIT_ZEROS});
+}
+
+/* x reshaped to dims[0..rank) in x's dtype */
+static int reshape_to(B *b, int x, int rank, const int64_t *dims)
+{
+    Shape s = shape_make(b->g->t.v[x].s.dtype, rank, dims);
+    OpAttr a = {0};
+    ir_attr_set_shape(&a, &s);
+    return emit(b, OP_RESHAPE, x, -1, &a);
+}
+
+/* sign(x) in x's dtype: 1, -1, or 0 for 0 (torch.sign) */
+static int sign_of(B *b, int x)
+{
+    Shape s = b->g->t.v[x].s;
+    OpAttr a = {.dtype = s.dtype};
+    int z = cst(b, &s, 0.0);
+    int pos = emit(b, OP_CAST, bin(b, OP_GT, x, z), -1, &a);
+    int neg = emit(b, OP_CAST, bin(b, OP_LT, x, z), -1, &a);
+    return bin(b, OP_SUB, pos, neg);
+}
+
+/* sqrt(sum(x * x) / numel(x)) as an f32 scalar (Adafactor's RMS) */
+static int rms_f32(B *b, int x)
+{
+    double n = (double)shape_numel(&b->g->t.v[x].s);
+    int ss = sum_all_f32(b, bin(b, OP_MUL, x, x));
+    return un(b, OP_SQRT, bin(b, OP_MUL, ss, cst_f32(b, 1.0 / n)));
+}
+
+/* What every param's update reads. */
+typedef struct {
+    int lr, ok, scale; /* scale: the clipping factor (f32[]), -1 without */
+    int t;             /* step + 1 (AdamW, Adafactor) */
+    int bc1, bc2;      /* AdamW: bias corrections */
+    int b2t, omb2t;    /* Adafactor: 1 - t^-0.8 and 1 - that */
+} Shared;
+
+/* Adafactor's documented defaults (Shazeer & Stern 2018; Hugging Face's
+ * Adafactor with relative_step=False, scale_parameter=True, beta1=None) */
+#define AF_DECAY (-0.8)  /* beta2_t = 1 - t^-0.8 */
+#define AF_EPS1 1e-30    /* added to the squared gradient */
+#define AF_EPS2 1e-3     /* floor of the param's RMS in the step size */
+#define AF_CLIP 1.0      /* update clipping threshold d */
+
+/* The update of param pg (not frozen): its state, and P <- P', each kept
+ * when !ok. */
+static void update_param(B *b, const PassOpts *o, const Shared *c, const ParamGrad *pg)
+{
+    Graph *g = b->g;
+    int p = pg->p, gr = pg->grad;
+    Shape s = g->t.v[p].s;
+    const char *pname = g->t.v[p].name;
+    int lr = pg->lr_scale == 1 ? c->lr : bin(b, OP_MUL, c->lr, cst_f32(b, pg->lr_scale));
+    int gc = c->scale < 0 ? gr : bin(b, OP_MUL, gr, splat(b, c->scale, &s));
+    int u = -1, step_size = lr;
+    switch (o->optimizer) {
+    case PASS_OPT_ADAMW:
+    default: {
+        int m = state(g, "adam.m", pname, s), v = state(g, "adam.v", pname, s);
+        int m1 = bin(b, OP_ADD, bin(b, OP_MUL, cst(b, &s, o->beta1), m),
+                     bin(b, OP_MUL, cst(b, &s, 1.0 - o->beta1), gc));
+        int v1 = bin(b, OP_ADD, bin(b, OP_MUL, cst(b, &s, o->beta2), v),
+                     bin(b, OP_MUL, cst(b, &s, 1.0 - o->beta2), bin(b, OP_MUL, gc, gc)));
+        int mhat = bin(b, OP_DIV, m1, splat(b, c->bc1, &s));
+        int vhat = bin(b, OP_DIV, v1, splat(b, c->bc2, &s));
+        int den = bin(b, OP_ADD, un(b, OP_SQRT, vhat), cst(b, &s, o->eps));
+        u = bin(b, OP_DIV, mhat, den);
+        if (pg->wd != 0)
+            u = bin(b, OP_ADD, u, bin(b, OP_MUL, cst(b, &s, pg->wd), p));
+        int p1 = bin(b, OP_SUB, p, bin(b, OP_MUL, splat(b, lr, &s), u));
+        ir_add_update(g, p, keep_unless(b, c->ok, p1, p));
+        ir_add_update(g, m, keep_unless(b, c->ok, m1, m));
+        ir_add_update(g, v, keep_unless(b, c->ok, v1, v));
+        return;
+    }
+    case PASS_OPT_SGD: {
+        /* torch.optim.SGD: d = g + wd * P; buf = mu * buf + d; d = buf, or
+         * d + mu * buf with Nesterov; P' = P - lr * d */
+        u = gc;
+        if (pg->wd != 0)
+            u = bin(b, OP_ADD, u, bin(b, OP_MUL, cst(b, &s, pg->wd), p));
+        if (o->momentum > 0) {
+            int buf = state(g, "sgd.buf", pname, s);
+            int buf1 = bin(b, OP_ADD, bin(b, OP_MUL, cst(b, &s, o->momentum), buf), u);
+            ir_add_update(g, buf, keep_unless(b, c->ok, buf1, buf));
+            u = o->nesterov ? bin(b, OP_ADD, u, bin(b, OP_MUL, cst(b, &s, o->momentum), buf1))
+                            : buf1;
+        }
+        break;
+    }
+    case PASS_OPT_LION: {
+        /* Lion: u = sign(b1 * m + (1 - b1) * g) + wd * P; P' = P - lr * u;
+         * m' = b2 * m + (1 - b2) * g */
+        int m = state(g, "lion.m", pname, s);
+        int cm = bin(b, OP_ADD, bin(b, OP_MUL, cst(b, &s, o->lion_beta1), m),
+                     bin(b, OP_MUL, cst(b, &s, 1.0 - o->lion_beta1), gc));
+        u = sign_of(b, cm);
+        if (pg->wd != 0)
+            u = bin(b, OP_ADD, u, bin(b, OP_MUL, cst(b, &s, pg->wd), p));
+        int m1 = bin(b, OP_ADD, bin(b, OP_MUL, cst(b, &s, o->lion_beta2), m),
+                     bin(b, OP_MUL, cst(b, &s, 1.0 - o->lion_beta2), gc));
+        ir_add_update(g, m, keep_unless(b, c->ok, m1, m));
+        break;
+    }
+    case PASS_OPT_ADAFACTOR: {
+        /* Adafactor: second moment factored into row and column means for
+         * a rank-2 P [n, k], whole otherwise; the update clipped to RMS
+         * <= d; step size max(eps2, RMS(P)) * lr; decay wd * step size */
+        int g2 = bin(b, OP_ADD, bin(b, OP_MUL, gc, gc), cst(b, &s, AF_EPS1));
+        int vinv; /* 1 / sqrt(V), broadcast to s */
+        if (s.rank == 2) {
+            int64_t n = s.dim[0], k = s.dim[1];
+            Shape rs = shape_make(s.dtype, 1, &n), cs = shape_make(s.dtype, 1, &k);
+            int r = state(g, "adafactor.r", pname, rs), cc = state(g, "adafactor.c", pname, cs);
+            OpAttr ax1 = {.nia = 1, .ia = {1}}, ax0 = {.nia = 1, .ia = {0}};
+            int rmean = bin(b, OP_MUL, reshape_to(b, emit(b, OP_REDUCE_SUM, g2, -1, &ax1), 1, &n),
+                            cst(b, &rs, 1.0 / (double)k));
+            int cmean = bin(b, OP_MUL, reshape_to(b, emit(b, OP_REDUCE_SUM, g2, -1, &ax0), 1, &k),
+                            cst(b, &cs, 1.0 / (double)n));
+            int r1 = bin(b, OP_ADD, bin(b, OP_MUL, splat(b, c->b2t, &rs), r),
+                         bin(b, OP_MUL, splat(b, c->omb2t, &rs), rmean));
+            int c1 = bin(b, OP_ADD, bin(b, OP_MUL, splat(b, c->b2t, &cs), cc),
+                         bin(b, OP_MUL, splat(b, c->omb2t, &cs), cmean));
+            ir_add_update(g, r, keep_unless(b, c->ok, r1, r));
+            ir_add_update(g, cc, keep_unless(b, c->ok, c1, cc));
+            /* V = (R / mean(R)) outer C: rsqrt of each factor */
+            int rbar = bin(b, OP_MUL, sum_all_f32(b, r1), cst_f32(b, 1.0 / (double)n));
+            int rf = un(b, OP_RSQRT, bin(b, OP_DIV, r1, splat(b, rbar, &rs)));
+            int cf = un(b, OP_RSQRT, c1);
+            OpAttr ba = {0};
+            ir_attr_set_shape(&ba, &s);
+            int rfb = emit(b, OP_BROADCAST, reshape_to(b, rf, 2, (int64_t[]){n, 1}), -1, &ba);
+            int cfb = emit(b, OP_BROADCAST, reshape_to(b, cf, 2, (int64_t[]){1, k}), -1, &ba);
+            vinv = bin(b, OP_MUL, rfb, cfb);
+        } else {
+            int v = state(g, "adafactor.v", pname, s);
+            int v1 = bin(b, OP_ADD, bin(b, OP_MUL, splat(b, c->b2t, &s), v),
+                         bin(b, OP_MUL, splat(b, c->omb2t, &s), g2));
+            ir_add_update(g, v, keep_unless(b, c->ok, v1, v));
+            vinv = un(b, OP_RSQRT, v1);
+        }
+        u = bin(b, OP_MUL, gc, vinv);
+        int clip = bin(b, OP_MAX, cst_f32(b, 1.0),
+                       bin(b, OP_MUL, rms_f32(b, u), cst_f32(b, 1.0 / AF_CLIP)));
+        u = bin(b, OP_DIV, u, splat(b, clip, &s));
+        if (pg->wd != 0)
+            u = bin(b, OP_ADD, u, bin(b, OP_MUL, cst(b, &s, pg->wd), p));
+        step_size = bin(b, OP_MUL, bin(b, OP_MAX, cst_f32(b, AF_EPS2), rms_f32(b, p)), lr);
+        break;
+    }
+    }
+    int p1 = bin(b, OP_SUB, p, bin(b, OP_MUL, splat(b, step_size, &s), u));
+    ir_add_update(g, p, keep_unless(b, c->ok, p1, p));
+}
+
 bool pass_optimizer(Graph *g, const PassOpts *o, Diag *d)
 {
     if (ir_find_output(g, "loss") < 0) {
@@ -371,10 +604,17 @@ bool pass_optimizer(Graph *g, const PassOpts *o, Diag *d)
                  "one, got outputs without it)");
         return false;
     }
-    if (ir_find_tensor(g, "adam.step") >= 0) {
+    if (ir_find_tensor(g, "adam.step") >= 0 || ir_find_output(g, "grad_norm") >= 0) {
         snprintf(d->msg, sizeof d->msg,
-                 "optimizer: the graph already has optimizer state \"adam.step\" "
-                 "(expected a graph the optimizer has not run on)");
+                 "optimizer: the graph already has optimizer state \"adam.step\" or output "
+                 "\"grad_norm\" (expected a graph the optimizer has not run on)");
+        return false;
+    }
+    if (o->zero && o->optimizer != PASS_OPT_ADAMW) {
+        snprintf(d->msg, sizeof d->msg,
+                 "optimizer: zero = 1 shards AdamW's state only (expected optimizer = \"adamw\" "
+                 "with zero = 1, got optimizer = \"%s\"; set zero = 0)",
+                 pass_optimizer_name(o->optimizer));
         return false;
     }
     VEC(ParamGrad) ps = {0};
@@ -384,13 +624,23 @@ bool pass_optimizer(Graph *g, const PassOpts *o, Diag *d)
     for (int k = 0; k < g->outs.n; k++)
         byname[k] = k;
     qsort_r(byname, (size_t)g->outs.n, sizeof(int), cmp_out_name, g);
+    bool *drop = xcalloc((size_t)g->outs.n + 1, sizeof(bool));
+    int nfrozen = 0;
     for (int i = 0; i < g->t.n; i++) {
         const Tensor *t = &g->t.v[i];
         if (t->kind != TK_PARAM)
             continue;
+        const PassParamOpt *po = param_opt(o, t->name);
         char name[512];
         snprintf(name, sizeof name, "grad.%s", t->name);
         int gr = find_output(g, byname, name);
+        if (po && po->frozen) {
+            /* no gradient: its output goes (all outputs of that name) */
+            for (int k = 0; k < g->outs.n; k++)
+                drop[k] |= strcmp(g->outs.v[k].name, name) == 0;
+            nfrozen++;
+            continue;
+        }
         if (gr < 0 || !shape_eq(&g->t.v[gr].s, &t->s) || !dtype_is_float(t->s.dtype)) {
             snprintf(d->msg, sizeof d->msg,
                      "optimizer: parameter \"%s\" has no gradient output \"%s\" of its type "
@@ -398,13 +648,25 @@ bool pass_optimizer(Graph *g, const PassOpts *o, Diag *d)
                      t->name, name, gr < 0 ? "no such output" : "a different type");
             vec_free(&ps);
             free(byname);
+            free(drop);
             return false;
         }
-        ParamGrad pg = {i, gr};
+        double wd = t->s.rank >= 2 ? o->weight_decay : 0;
+        if (po && !isnan(po->weight_decay))
+            wd = po->weight_decay;
+        ParamGrad pg = {i, gr, po ? po->lr_scale : 1.0, wd};
         vec_push(&ps, pg);
     }
     free(byname);
     if (ps.n == 0) {
+        free(drop);
+        if (nfrozen > 0) {
+            snprintf(d->msg, sizeof d->msg,
+                     "optimizer: every parameter is frozen, so there is nothing to train "
+                     "(expected train{frozen} to leave at least one param, got %d frozen)",
+                     nfrozen);
+            return false;
+        }
         /* the script line that made the loss: where the user can fix it */
         SrcLoc at = {NULL, 0};
         for (int i = 0; i < g->outs.n; i++)
@@ -422,12 +684,22 @@ bool pass_optimizer(Graph *g, const PassOpts *o, Diag *d)
         vec_free(&ps);
         return false;
     }
+    if (nfrozen > 0) {
+        /* the gradient outputs' ids stay valid: drop_grads renumbers no
+         * tensor (ir_compact runs at the end) */
+        drop_grads(g, drop);
+    }
+    free(drop);
 
     B b = {.g = g};
     Shape scalar = {.dtype = DT_F32};
     ParamInit zeros = {.kind = INIT_ZEROS};
     int lr = ir_add_input(g, TK_INPUT, "lr", scalar, (ParamInit){0});
-    int step = ir_add_input(g, TK_STATE, "adam.step", scalar, zeros);
+    int step = -1;
+    if (o->optimizer == PASS_OPT_ADAMW)
+        step = ir_add_input(g, TK_STATE, "adam.step", scalar, zeros);
+    else if (o->optimizer == PASS_OPT_ADAFACTOR)
+        step = ir_add_input(g, TK_STATE, "adafactor.step", scalar, zeros);
     int loss = ir_find_output(g, "loss"), chain0 = g->ops.n;
     if (g->t.v[loss].s.dtype != DT_F32) {
         OpAttr a = {.dtype = DT_F32};
@@ -454,46 +726,27 @@ bool pass_optimizer(Graph *g, const PassOpts *o, Diag *d)
     ir_add_output(g, "grad_norm", norm);
     int chk = bin(&b, OP_ADD, bin(&b, OP_ADD, bin(&b, OP_MUL, total, zero), loss0),
                   bin(&b, OP_MUL, lr, zero));
-    int ok = bin(&b, OP_EQ, chk, zero); /* u8[] */
-    int scale = -1;
+    Shared c = {.lr = lr, .ok = bin(&b, OP_EQ, chk, zero), .scale = -1}; /* ok: u8[] */
     if (o->grad_clip > 0) {
         int den = bin(&b, OP_ADD, norm, cst_f32(&b, 1e-6));
         int q = bin(&b, OP_DIV, cst_f32(&b, o->grad_clip), den);
-        scale = bin(&b, OP_MIN, cst_f32(&b, 1.0), q);
+        c.scale = bin(&b, OP_MIN, cst_f32(&b, 1.0), q);
     }
 
-    /* step and bias corrections */
-    int t = bin(&b, OP_ADD, step, cst_f32(&b, 1.0));
-    int bc1 = bin(&b, OP_SUB, cst_f32(&b, 1.0), bin(&b, OP_POW, cst_f32(&b, o->beta1), t));
-    int bc2 = bin(&b, OP_SUB, cst_f32(&b, 1.0), bin(&b, OP_POW, cst_f32(&b, o->beta2), t));
-
-    for (int i = 0; i < ps.n; i++) {
-        int p = ps.v[i].p, gr = ps.v[i].grad;
-        Shape s = g->t.v[p].s;
-        const char *pname = g->t.v[p].name;
-        char name[512];
-        snprintf(name, sizeof name, "adam.m.%s", pname);
-        int m = ir_add_input(g, TK_STATE, name, s, zeros);
-        snprintf(name, sizeof name, "adam.v.%s", pname);
-        int v = ir_add_input(g, TK_STATE, name, s, zeros);
-
-        int gc = scale < 0 ? gr : bin(&b, OP_MUL, gr, splat(&b, scale, &s));
-        int m1 = bin(&b, OP_ADD, bin(&b, OP_MUL, cst(&b, &s, o->beta1), m),
-                     bin(&b, OP_MUL, cst(&b, &s, 1.0 - o->beta1), gc));
-        int v1 = bin(&b, OP_ADD, bin(&b, OP_MUL, cst(&b, &s, o->beta2), v),
-                     bin(&b, OP_MUL, cst(&b, &s, 1.0 - o->beta2), bin(&b, OP_MUL, gc, gc)));
-        int mhat = bin(&b, OP_DIV, m1, splat(&b, bc1, &s));
-        int vhat = bin(&b, OP_DIV, v1, splat(&b, bc2, &s));
-        int den = bin(&b, OP_ADD, un(&b, OP_SQRT, vhat), cst(&b, &s, o->eps));
-        int u = bin(&b, OP_DIV, mhat, den);
-        if (s.rank >= 2 && o->weight_decay != 0)
-            u = bin(&b, OP_ADD, u, bin(&b, OP_MUL, cst(&b, &s, o->weight_decay), p));
-        int p1 = bin(&b, OP_SUB, p, bin(&b, OP_MUL, splat(&b, lr, &s), u));
-        ir_add_update(g, p, keep_unless(&b, ok, p1, p));
-        ir_add_update(g, m, keep_unless(&b, ok, m1, m));
-        ir_add_update(g, v, keep_unless(&b, ok, v1, v));
+    /* step and its functions */
+    if (step >= 0)
+        c.t = bin(&b, OP_ADD, step, cst_f32(&b, 1.0));
+    if (o->optimizer == PASS_OPT_ADAMW) {
+        c.bc1 = bin(&b, OP_SUB, cst_f32(&b, 1.0), bin(&b, OP_POW, cst_f32(&b, o->beta1), c.t));
+        c.bc2 = bin(&b, OP_SUB, cst_f32(&b, 1.0), bin(&b, OP_POW, cst_f32(&b, o->beta2), c.t));
+    } else if (o->optimizer == PASS_OPT_ADAFACTOR) {
+        c.b2t = bin(&b, OP_SUB, cst_f32(&b, 1.0), bin(&b, OP_POW, c.t, cst_f32(&b, AF_DECAY)));
+        c.omb2t = bin(&b, OP_SUB, cst_f32(&b, 1.0), c.b2t);
     }
-    ir_add_update(g, step, keep_unless(&b, ok, t, step));
+    for (int i = 0; i < ps.n; i++)
+        update_param(&b, o, &c, &ps.v[i]);
+    if (step >= 0)
+        ir_add_update(g, step, keep_unless(&b, c.ok, c.t, step));
     vec_free(&ps);
     ir_compact(g);
     return true;

@@ -15,10 +15,36 @@
 
 struct MemPlan; /* memplan.c */
 
+/* The optimizers pass_optimizer builds (PassOpts.optimizer). */
+typedef enum { PASS_OPT_ADAMW, PASS_OPT_SGD, PASS_OPT_LION, PASS_OPT_ADAFACTOR } PassOptimizer;
+/* "adamw", "sgd", "lion", "adafactor"; pass_optimizer_parse: -1 if unknown */
+const char *pass_optimizer_name(int opt);
+int pass_optimizer_parse(const char *name);
+
+/* One param's own settings (train{param_groups, frozen}, resolved by the
+ * frontend from Lua patterns to param names): its lr is lr * lr_scale and
+ * its weight decay weight_decay (NAN: the default rule, o->weight_decay on
+ * params of rank >= 2 and 0 on the others); a frozen param gets no
+ * gradient, optimizer state or update. */
+typedef struct PassParamOpt {
+    const char *name;
+    double lr_scale, weight_decay;
+    bool frozen;
+} PassParamOpt;
+
 typedef struct {
-    /* optimizer (AdamW + global-norm clipping); defaults from pass_opts_default */
-    double beta1, beta2, eps, weight_decay;
+    /* optimizer (AdamW, SGD, Lion or Adafactor + global-norm clipping);
+     * defaults from pass_opts_default */
+    int optimizer;         /* PassOptimizer; PASS_OPT_ADAMW by default */
+    double beta1, beta2, eps, weight_decay; /* AdamW (weight_decay: all) */
+    double momentum;       /* SGD: 0 none */
+    bool nesterov;         /* SGD: Nesterov momentum (needs momentum > 0) */
+    double lion_beta1, lion_beta2; /* Lion */
     double grad_clip;      /* <= 0: no clipping */
+    /* per-param settings, by name (params not named: lr_scale 1, the
+     * default weight decay, not frozen); NULL with nparam_opts 0: none */
+    const PassParamOpt *param_opts;
+    int nparam_opts;
     /* remat */
     int64_t memory_budget; /* bytes; 0: none */
     int remat;             /* RematPolicy; REMAT_DEFAULT: auto with a budget, else none */
@@ -126,13 +152,18 @@ bool pass_attention_dqkv(Graph *g, const PassOpts *o, Diag *d);
  * the forward op they differentiate. */
 bool pass_autodiff(Graph *g, const PassOpts *o, Diag *d);
 
-/* optimizer.c: AdamW with bias correction and global-norm gradient clipping,
- * as ordinary ops. Adds graph inputs: `input "lr" f32[]`; state per param P:
- * "adam.m.P", "adam.v.P" (zeros), and one "adam.step" f32[] (zeros).
- * Adds updates: P <- new P, m/v <- new m/v, adam.step <- step + 1; and the
- * output "grad_norm" (before clipping). Weight decay applies to params of
- * rank >= 2 only. Ops carry OPF_OPTIM.
- * With o->zero the update runs on this rank's shard (ir.h, AK_SHARD): the
+/* optimizer.c: o->optimizer's update with global-norm gradient clipping,
+ * as ordinary ops (AdamW below; SGD, Lion and Adafactor keep their state
+ * as "sgd.buf.P", "lion.m.P", "adafactor.r.P"/"adafactor.c.P" (rank 2) or
+ * "adafactor.v.P" and "adafactor.step": docs/training.md). Params frozen
+ * by o->param_opts lose their "grad.P" output and the backward ops only it
+ * read, and get no state or update. Every optimizer adds the graph input
+ * `input "lr" f32[]` and the output "grad_norm" (before clipping); ops
+ * carry OPF_OPTIM. AdamW adds state per param P "adam.m.P", "adam.v.P"
+ * (zeros) and one "adam.step" f32[] (zeros), and updates P <- new P, m/v
+ * <- new m/v, adam.step <- step + 1. Weight decay applies by default to
+ * params of rank >= 2 only (o->param_opts overrides it, and scales lr).
+ * With o->zero (AdamW only: another optimizer is an error) the update runs on this rank's shard (ir.h, AK_SHARD): the
  * gradients are reduce_scatter'ed into a shard in the flat order of the
  * params by readiness, the state is "adam.m" and "adam.v" f32[S] (the
  * shard) instead of per param, the squared norm of the shard is summed

@@ -19,7 +19,24 @@ void pass_opts_default(PassOpts *o)
     o->eps = 1e-8;
     o->weight_decay = 0.1;
     o->grad_clip = 1.0;
+    o->lion_beta1 = 0.9;
+    o->lion_beta2 = 0.99;
     o->nranks = 1;
+}
+
+static const char *const optimizer_names[] = {"adamw", "sgd", "lion", "adafactor"};
+
+const char *pass_optimizer_name(int opt)
+{
+    return opt >= 0 && opt < 4 ? optimizer_names[opt] : "?";
+}
+
+int pass_optimizer_parse(const char *name)
+{
+    for (int i = 0; name && i < 4; i++)
+        if (strcmp(name, optimizer_names[i]) == 0)
+            return i;
+    return -1;
 }
 
 const Pass pass_list[] = {
@@ -194,6 +211,23 @@ const char *pass_dump_ext(const char *pass)
     return strcmp(pass, "memplan") == 0 ? "txt" : "ir";
 }
 
+/* After the optimizer: the params it left alone (train{frozen}: no
+ * gradient, state or update), as a comment line; nothing when none. */
+static void frozen_print(const Graph *g, FILE *f)
+{
+    bool *upd = xcalloc((size_t)g->t.n + 1, sizeof(bool));
+    for (int i = 0; i < g->upd.n; i++)
+        upd[g->upd.v[i].target] = true;
+    int n = 0;
+    for (int i = 0; i < g->t.n; i++)
+        if (g->t.v[i].kind == TK_PARAM && !upd[i])
+            fprintf(f, "%s%s", n++ ? ", " : "# frozen (no gradient, state or update): ",
+                    g->t.v[i].name);
+    if (n)
+        fputc('\n', f);
+    free(upd);
+}
+
 void pass_dump(const char *pass, const Graph *g, const MemPlan *mp, FILE *f)
 {
     if (strcmp(pass, "memplan") == 0) {
@@ -202,6 +236,8 @@ void pass_dump(const char *pass, const Graph *g, const MemPlan *mp, FILE *f)
         return;
     }
     ir_print(g, f);
+    if (strcmp(pass, "optimizer") == 0)
+        frozen_print(g, f);
     if (strcmp(pass, "comm") == 0)
         pass_comm_print(g, f);
     if (strcmp(pass, "fuse") == 0)
@@ -220,6 +256,15 @@ static void opts_flags(const PassOpts *o, char *buf, size_t n)
         ir_fmt_double(o->eps, v[2], sizeof v[2]),
         ir_fmt_double(o->weight_decay, v[3], sizeof v[3]),
         ir_fmt_double(o->grad_clip, v[4], sizeof v[4]), o->grad_accum > 1 ? o->grad_accum : 1);
+    if (o->optimizer != PASS_OPT_ADAMW)
+        ADD(" --set optimizer=%s", pass_optimizer_name(o->optimizer));
+    if (o->optimizer == PASS_OPT_SGD)
+        ADD(" --set momentum=%s --set nesterov=%s", ir_fmt_double(o->momentum, v[0], sizeof v[0]),
+            o->nesterov ? "true" : "false");
+    if (o->optimizer == PASS_OPT_LION)
+        ADD(" --set lion_beta1=%s --set lion_beta2=%s",
+            ir_fmt_double(o->lion_beta1, v[0], sizeof v[0]),
+            ir_fmt_double(o->lion_beta2, v[1], sizeof v[1]));
     if (o->bucket_bytes > 0)
         ADD(" --set bucket_mb=%s",
             ir_fmt_double((double)o->bucket_bytes / 1048576.0, v[0], sizeof v[0]));

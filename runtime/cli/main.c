@@ -745,8 +745,9 @@ static const char usage_opt[] =
     "  --fuse-attention     attention: on (the default, as in kiln compile)\n"
     "  --dump-dir DIR       where an internal error writes invalid-after-PASS.ir\n"
     "                       (without it, nowhere)\n"
-    "  --set KEY=VALUE      a train{} setting the passes read: beta1, beta2, eps,\n"
-    "                       weight_decay, grad_clip (optimizer), grad_accum,\n"
+    "  --set KEY=VALUE      a train{} setting the passes read: optimizer, beta1,\n"
+    "                       beta2, eps, weight_decay, grad_clip, momentum, nesterov,\n"
+    "                       lion_beta1, lion_beta2 (optimizer), grad_accum,\n"
     "                       bucket_mb, zero (comm), memory_budget (remat);\n"
     "                       repeatable\n"
     "  -h, --help           this text\n"
@@ -756,9 +757,10 @@ static const char usage_opt[] =
     "kiln compile.\n";
 
 /* The train{} keys kiln opt's --set accepts: those rt_pass_opts reads. */
-static const char *const opt_keys[] = {"beta1",     "beta2",      "eps",
-                                       "weight_decay", "grad_clip", "grad_accum",
-                                       "bucket_mb", "memory_budget", "zero"};
+static const char *const opt_keys[] = {"optimizer", "beta1",     "beta2",      "eps",
+                                       "weight_decay", "grad_clip", "momentum",
+                                       "nesterov",  "lion_beta1", "lion_beta2",
+                                       "grad_accum", "bucket_mb", "memory_budget", "zero"};
 
 /* --set KEY=VALUE into c; false after printing the error. */
 static bool opt_set(TrainCfg *c, const char *kv)
@@ -777,9 +779,9 @@ static bool opt_set(TrainCfg *c, const char *kv)
         if (strcmp(key, opt_keys[i]) == 0)
             k = fe_train_key(key);
     if (!k) {
-        bad_flag("opt", "--set: not a setting the passes read (expected beta1, beta2, eps, "
-                        "weight_decay, grad_clip, grad_accum, bucket_mb, memory_budget or "
-                        "zero), got",
+        bad_flag("opt", "--set: not a setting the passes read (expected optimizer, beta1, "
+                        "beta2, eps, weight_decay, grad_clip, momentum, nesterov, lion_beta1, "
+                        "lion_beta2, grad_accum, bucket_mb, memory_budget or zero), got",
                  key);
         return false;
     }

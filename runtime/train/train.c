@@ -18,11 +18,24 @@ double rt_lr_at(const TrainCfg *c, int64_t step, int64_t steps)
 {
     if (c->warmup > 0 && step < c->warmup)
         return c->lr * (double)(step + 1) / (double)c->warmup;
-    int64_t span = steps - c->warmup;
-    double p = span > 0 ? (double)(step - c->warmup) / (double)span : 1.0;
+    const char *sch = c->lr_schedule ? c->lr_schedule : "cosine";
+    if (strcmp(sch, "constant") == 0)
+        return c->lr;
+    int64_t from = c->warmup; /* where the decay starts */
+    if (strcmp(sch, "wsd") == 0) {
+        int64_t dec = (int64_t)ceil(c->decay_fraction * (double)steps);
+        if (steps - dec > from)
+            from = steps - dec;
+        if (step < from)
+            return c->lr;
+    }
+    int64_t span = steps - from;
+    double p = span > 0 ? (double)(step - from) / (double)span : 1.0;
     if (p > 1)
         p = 1;
-    return c->min_lr + 0.5 * (c->lr - c->min_lr) * (1.0 + cos(3.14159265358979323846 * p));
+    if (strcmp(sch, "cosine") == 0)
+        return c->min_lr + 0.5 * (c->lr - c->min_lr) * (1.0 + cos(3.14159265358979323846 * p));
+    return c->lr - (c->lr - c->min_lr) * p; /* linear, wsd's decay */
 }
 
 /* ---- host values in a tensor's dtype ---- */
@@ -715,6 +728,14 @@ void rt_pass_opts(const TrainCfg *c, const RtGraphFlags *f, PassOpts *po)
     po->eps = c->eps;
     po->weight_decay = c->weight_decay;
     po->grad_clip = c->grad_clip;
+    int opt = pass_optimizer_parse(c->optimizer ? c->optimizer : "adamw");
+    po->optimizer = opt < 0 ? PASS_OPT_ADAMW : opt; /* the key table admits only known ones */
+    po->momentum = c->momentum;
+    po->nesterov = c->nesterov && strcmp(c->nesterov, "true") == 0;
+    po->lion_beta1 = c->lion_beta1;
+    po->lion_beta2 = c->lion_beta2;
+    po->param_opts = c->param_opts;
+    po->nparam_opts = c->nparam_opts;
     po->memory_budget = f->memory_budget >= 0 ? f->memory_budget : c->memory_budget;
     po->remat = f->remat;
     po->nranks = f->nranks > 1 ? f->nranks : 1;

@@ -6,7 +6,7 @@
  * dist/dp.c read them); the frontend fills them (fe_load_model, from a
  * model script's train{} and --set) and includes this header alone of the
  * runtime's, so the frontend depends on the runtime's types and never the
- * other way round. Depends on ir.h only.
+ * other way round. Depends on ir.h and passes.h (PassParamOpt) only.
  */
 #ifndef KILN_TRAIN_CFG_H
 #define KILN_TRAIN_CFG_H
@@ -14,13 +14,27 @@
 #include <stdint.h>
 
 #include "ir.h"
+#include "passes.h" /* PassParamOpt */
 
 /* The training settings. The frontend's key table (frontend/settings.c:
  * name, type, offset, default, range) fills every field from train{} and
  * --set and prints them; a field added here needs its row there. */
 typedef struct TrainCfg {
-    int64_t steps; double lr, min_lr; int64_t warmup;   /* lr schedule: linear warmup then cosine to min_lr */
+    int64_t steps; double lr, min_lr; int64_t warmup;   /* lr schedule: linear warmup, then lr_schedule */
+    const char *lr_schedule;  /* "cosine" (default) to min_lr, "linear" to min_lr,
+                                 "constant", "wsd" (stable, then linear to min_lr
+                                 over the last decay_fraction of the steps) */
+    double decay_fraction;    /* wsd: the decay's share of steps, (0, 1] */
+    const char *optimizer;    /* "adamw" (default), "sgd", "lion", "adafactor" */
     double beta1, beta2, eps, weight_decay, grad_clip;
+    double momentum;          /* sgd: 0 none */
+    const char *nesterov;     /* sgd: "true" or "false" (default) */
+    double lion_beta1, lion_beta2; /* lion */
+    /* train{param_groups, frozen} resolved to params by name (the frontend
+     * matches the Lua patterns; not a key of the table): nparam_opts
+     * entries, NULL when none; owned by the Model's producer */
+    const PassParamOpt *param_opts;
+    int nparam_opts;
     uint64_t seed; int64_t batch;                        /* batch: informative, must equal the inputs' leading dim when given */
     const char *data;      /* "addition", "text", "tokens", "blobs", "tensors" */
     const char *data_path; /* file for text/tokens; file or .npy directory for tensors */

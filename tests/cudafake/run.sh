@@ -17,6 +17,11 @@
 #                     within 1e-4
 #   accum             grad_accum=2 (the micro-batches on a second executor):
 #                     within 1e-4
+#   sgd, lion, adafactor   train{optimizer} other than AdamW (SGD with
+#                     Nesterov momentum): within 1e-4. mlp only: on gpt the
+#                     key biases' gradient (0 up to rounding) is divided by
+#                     its own RMS by Adafactor (eps 1e-30), so those biases
+#                     differ by the sign of the noise (losses agree to 2e-7)
 #   nccl1             KILN_COMM_ONE_RANK=1 and bucket_mb=0.01: the NCCL path
 #                     (communication stream, events, several buckets in
 #                     flight during backward) on one rank: within 1e-4
@@ -65,6 +70,9 @@ nproc2) args+=(--nproc 2) ;;
 profile) args+=(--profile) ;;
 remat_full) args+=(--remat=full) ;;
 accum) args+=(--set grad_accum=2) ;;
+sgd) args+=(--set optimizer=sgd --set momentum=0.9 --set nesterov=true) ;;
+lion) args+=(--set optimizer=lion --set lr=1e-3) ;;
+adafactor) args+=(--set optimizer=adafactor) ;;
 nccl1) both_env=(KILN_COMM_ONE_RANK=1); args+=(--set bucket_mb=0.01) ;;
 neg_wait1) both_env=(KILN_COMM_ONE_RANK=1); cuda_env=(FAKE_CUDA_DROP_WAIT=1); negative=race ;;
 neg_wait2) both_env=(KILN_COMM_ONE_RANK=1); cuda_env=(FAKE_CUDA_DROP_WAIT=2); negative=race ;;

@@ -2,7 +2,9 @@
  * clipping: three steps through the reference interpreter, params, moments
  * and the step counter compared with relative error < 1e-12; steps whose
  * loss, gradient norm or lr is not finite leave params, moments and the step
- * counter bit-identical, and the next finite step is the reference's next. */
+ * counter bit-identical, and the next finite step is the reference's next.
+ * SGD, Lion and Adafactor keep that guard, and a frozen param has no
+ * gradient output, state or update (their update rules: test_optimizers.c). */
 #include "testutil.h"
 
 #include "passes.h"
@@ -486,6 +488,85 @@ static void test_with_autodiff(void **state)
     ir_free(g);
 }
 
+/* SGD (momentum), Lion and Adafactor keep the guard: a NaN loss leaves every
+ * param and state tensor bit-identical; a finite one moves every param.
+ * A frozen param (W) loses its "grad.W" output and gets no state or update. */
+static void test_other_optimizers_guard_and_frozen(void **state)
+{
+    (void)state;
+    const int opts[3] = {PASS_OPT_SGD, PASS_OPT_LION, PASS_OPT_ADAFACTOR};
+    for (int oi = 0; oi < 3; oi++)
+        for (int frozen = 0; frozen < 2; frozen++)
+            for (int nan = 0; nan < 2; nan++) {
+                PassOpts o;
+                pass_opts_default(&o);
+                o.optimizer = opts[oi];
+                o.momentum = 0.9;
+                PassParamOpt fz = {"W", 1.0, NAN, true};
+                if (frozen) {
+                    o.param_opts = &fz;
+                    o.nparam_opts = 1;
+                }
+                Graph *g = hand_graph();
+                Diag d = {{0}};
+                if (!pass_optimizer(g, &o, &d))
+                    fail_msg("%s: %s", pass_optimizer_name(o.optimizer), d.msg);
+                char err[1024];
+                if (!ir_verify(g, err, sizeof err))
+                    fail_msg("invalid after optimizer: %s", err);
+                int w = tensor(g, "%s", "W");
+                bool wupd = false;
+                for (int u = 0; u < g->upd.n; u++)
+                    wupd |= g->upd.v[u].target == w;
+                assert_int_equal(wupd, !frozen);
+                assert_int_equal(ir_find_output(g, "grad.W") >= 0, !frozen);
+                for (int i = 0; i < g->t.n; i++) {
+                    const char *nm = g->t.v[i].name;
+                    size_t n = nm ? strlen(nm) : 0;
+                    if (frozen && g->t.v[i].kind == TK_STATE && n > 2 &&
+                        strcmp(nm + n - 2, ".W") == 0)
+                        fail_msg("frozen W has state %s", nm);
+                }
+                double **val = ir_interp_alloc(g);
+                int64_t nt = g->t.n;
+                for (int i = 0; i < nt; i++) {
+                    const Tensor *t = &g->t.v[i];
+                    if (t->op >= 0)
+                        continue;
+                    int64_t n = shape_numel(&t->s);
+                    val[i] = xcalloc((size_t)(n ? n : 1), sizeof(double));
+                    for (int64_t k = 0; k < n && t->kind != TK_STATE; k++)
+                        val[i][k] = 0.1 * (double)((i * 7 + k * 3) % 11) - 0.45;
+                }
+                val[tensor(g, "%s", "lr")][0] = 0.01;
+                val[tensor(g, "%s", "x")][0] = nan ? NAN : 0.5;
+                double **before = xcalloc((size_t)nt, sizeof(double *));
+                for (int i = 0; i < nt; i++)
+                    if (g->t.v[i].kind == TK_PARAM || g->t.v[i].kind == TK_STATE)
+                        before[i] = dup(val[i], shape_numel(&g->t.v[i].s));
+                ir_interp(g, val, &(InterpOpts){.seed = 1});
+                ir_interp_apply_updates(g, val);
+                for (int i = 0; i < nt; i++) {
+                    if (!before[i])
+                        continue;
+                    size_t nb = sizeof(double) * (size_t)shape_numel(&g->t.v[i].s);
+                    bool same = memcmp(before[i], val[i], nb) == 0;
+                    bool want = nan || (frozen && i == w) || g->t.v[i].kind == TK_STATE;
+                    if (g->t.v[i].kind == TK_PARAM && same != want)
+                        fail_msg("%s frozen %d nan %d: param %s %s",
+                                 pass_optimizer_name(o.optimizer), frozen, nan, g->t.v[i].name,
+                                 same ? "unchanged" : "changed");
+                    if (g->t.v[i].kind == TK_STATE && nan && !same)
+                        fail_msg("%s: state %s changed on a NaN step",
+                                 pass_optimizer_name(o.optimizer), g->t.v[i].name);
+                    free(before[i]);
+                }
+                free(before);
+                ir_interp_free(g, val);
+                ir_free(g);
+            }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -498,6 +579,7 @@ int main(void)
         cmocka_unit_test(test_state_and_flags),
         cmocka_unit_test(test_diagnostics),
         cmocka_unit_test(test_with_autodiff),
+        cmocka_unit_test(test_other_optimizers_guard_and_frozen),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
