@@ -50,7 +50,9 @@
 #                   step's loss and the final params bit for bit (the
 #                   weight files byte for byte). A range function that
 #                   leaves out an element, or a piece launched over the
-#                   wrong elements, makes them differ.
+#                   wrong elements, makes them differ. (gpt's wte gradient
+#                   is a scatter-add of float atomics: equal bits need the
+#                   emulator's per-kernel thread orders, docs/emulator.md.)
 #   neg_bcast       negative control: accum1 with the fake NCCL's 3rd
 #                   ncclBroadcast writing nothing (FAKE_NCCL_DROP_BCAST=3, a
 #                   lost param gather): the comparison must fail.

@@ -27,6 +27,7 @@ typedef struct {
     ffi_type **types;
     ffi_cif cif;
     void (*fn)(void);
+    uint64_t launches; /* how often it was launched (its thread orders' seeds) */
 } EmuKernel;
 
 struct EmuModule {
@@ -590,14 +591,20 @@ bool emu_launch(EmuModule *m, const char *name, const unsigned grid[3], const un
         return false;
     }
     Call c = {k, args};
+    /* the launch's seed: the module's, the kernel's name and how often this
+     * kernel ran before, nothing else, so that launches of other kernels
+     * (more of them, or fewer) leave this kernel's n-th thread order as it
+     * was: a float atomicAdd's sum depends on that order (emu.h) */
+    uint64_t seed = hash_bytes(name, strlen(name), m->seed) ^
+                    (k->launches++ + 1) * 0x9E3779B97F4A7C15ull;
+    seed = (seed ^ (seed >> 31)) * 0xBF58476D1CE4E5B9ull;
     KilnEmuLaunch l = {{grid[0], grid[1], grid[2]},
                        {block[0], block[1], block[2]},
                        shmem,
                        call_kernel,
                        &c,
-                       m->seed,
+                       seed ^ (seed >> 29),
                        m->order};
-    m->seed = m->seed * 6364136223846793005ull + 1442695040888963407ull;
     char err[sizeof d->msg - 64];
     if (m->launch(&l, err, sizeof err) != 0) {
         snprintf(d->msg, sizeof d->msg, "emu: %s: %s", name, err);

@@ -45,8 +45,13 @@ EmuModule *emu_compile(const char *source, const EmuOpts *o, Diag *d);
 void emu_free(EmuModule *m);
 
 /* Runs kernel `name` over the grid; args[i] points to the value of the i-th
- * parameter (as for cuLaunchKernel). Each launch of a module draws its own
- * thread order from the module's seed. Returns false with d set on an
+ * parameter (as for cuLaunchKernel). Each launch draws its own thread
+ * order from the module's seed, the kernel's name and the number of earlier
+ * launches of that kernel, never from other kernels' launches: two runs that
+ * differ only in the launches of some kernels (zero=1's update in pieces,
+ * tests/cudafake/zero.sh) run every other kernel's n-th launch in the same
+ * thread order, so the float atomics of a scatter-add sum in the same
+ * order. Returns false with d set on an
  * unknown kernel or an execution error the emulator detects (deadlock,
  * divergent barrier, bad warp mask, ...); sanitizer reports end the
  * process. */

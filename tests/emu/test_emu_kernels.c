@@ -348,6 +348,52 @@ static void test_uninitialised_shared_is_nan(void **state)
         assert_true(i < 32 ? out[i] == 1.0f : isnan(out[i]));
 }
 
+/* ---- thread order: per kernel -------------------------------------------- */
+
+/* The thread order of one launch of `arrival` (256 threads) on module m. */
+static void arrival_order(EmuModule *m, int *order)
+{
+    int cnt = 0;
+    void *args[] = {&(int *){&cnt}, &order};
+    unsigned grid[3] = {1, 1, 1}, block[3] = {256, 1, 1};
+    Diag d = {{0}};
+    if (!emu_launch(m, "arrival", grid, block, 0, args, &d))
+        fail_msg("%s", d.msg);
+    assert_int_equal(cnt, 256);
+}
+
+/* A kernel's n-th launch runs its threads in the same order whatever other
+ * kernels were launched before it (emu.h; zero=1's update in pieces adds
+ * launches of the range function, and a scatter-add's float atomics after
+ * it must still sum in the one-launch run's order: tests/cudafake/zero.sh's
+ * pieces case). Its next launch runs them in another order. */
+static void test_thread_order_per_kernel(void **state)
+{
+    (void)state;
+    char *src = read_file("tests/emu/kernels/basic.cu");
+    assert_non_null(src);
+    EmuOpts o;
+    emu_opts_default(&o);
+    Diag d = {{0}};
+    EmuModule *a = emu_compile(src, &o, &d), *b = emu_compile(src, &o, &d);
+    free(src);
+    assert_non_null(a);
+    assert_non_null(b);
+    int first[256], other[256], second[256];
+    arrival_order(a, first);
+    float out[64];
+    void *args[] = {&(float *){out}};
+    unsigned grid[3] = {1, 1, 1}, block[3] = {64, 1, 1};
+    for (int i = 0; i < 3; i++) /* other launches first on b */
+        assert_true(emu_launch(b, "uninit_shared", grid, block, 0, args, &d));
+    arrival_order(b, other);
+    assert_memory_equal(first, other, sizeof first);
+    arrival_order(a, second);
+    assert_memory_not_equal(first, second, sizeof first);
+    emu_free(a);
+    emu_free(b);
+}
+
 /* ---- memory errors: the sanitizers end a child process ---------------------- */
 
 /* Runs one launch in a child; returns its exit status and its stderr. */
@@ -398,7 +444,10 @@ static void test_sanitizers_catch_overflows(void **state)
     free(err);
     int m = 40;
     void *a3[] = {&x, &out, &m};
-    assert_int_not_equal(child_launch("global_overflow", 64, 0, a3, &err), 0);
+    /* 41 threads: the one read past x is x[40], in its redzone whatever the
+     * thread order (with 64, the first of x[40..63] to run could land in a
+     * neighbouring chunk, freed or not, and the report name that) */
+    assert_int_not_equal(child_launch("global_overflow", 41, 0, a3, &err), 0);
     assert_non_null(strstr(err, "heap-buffer-overflow"));
     free(err);
     free(out);
@@ -475,6 +524,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_shuffles),
         cmocka_unit_test(test_barrier_errors),
         cmocka_unit_test(test_uninitialised_shared_is_nan),
+        cmocka_unit_test(test_thread_order_per_kernel),
         cmocka_unit_test(test_sanitizers_catch_overflows),
         cmocka_unit_test(test_unmodelled_is_compile_error),
     };

@@ -197,6 +197,13 @@ extern "C" __global__ void votes(const float *x, unsigned *ballots, int *anys, i
     }
 }
 
+// The order in which the threads ran: order[t] = how many threads took a
+// ticket before thread t (test_emu_kernels' test_thread_order_per_kernel).
+extern "C" __global__ void arrival(int *cnt, int *order)
+{
+    order[threadIdx.x] = atomicAdd(cnt, 1);
+}
+
 // Shuffles with width < 32 and up/idx variants: out[i] for each thread.
 extern "C" __global__ void shuffles(const int *x, int *up, int *idx, int *xr8)
 {
