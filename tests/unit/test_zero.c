@@ -340,13 +340,13 @@ static void test_gather_order(void **state)
 
 /* remat plans against the sharded step's smaller persistent region: for
  * gpt at batch 8 over 8 ranks, a budget between the two peaks without
- * recomputation (2.05 MiB and 1.78 MiB) needs recomputation with zero=0 and
- * none with zero=1. */
+ * recomputation (1.80 MiB and 1.64 MiB since the loss's gradient is written
+ * over the logits) needs recomputation with zero=0 and none with zero=1. */
 static void test_remat(void **state)
 {
     (void)state;
     const char *sets[] = {"batch=8"};
-    int64_t budget = 2000000;
+    int64_t budget = 1800000;
     int nrec[2];
     for (int z = 0; z < 2; z++) {
         Model *m = load_model("models/gpt.lua", sets, 1);
