@@ -11,38 +11,9 @@
 /* A float scalar (f32 or bf16) of e. */
 static double read_scalar(Exec *e, const Tensor *t)
 {
-    if (t->s.dtype == DT_F32) {
-        float v;
-        rt_exec_read(e, t->id, &v);
-        return v;
-    }
-    if (t->s.dtype != DT_BF16)
-        die("eval: output %d has dtype %s", t->id, dtype_name(t->s.dtype));
-    uint16_t h;
-    rt_exec_read(e, t->id, &h);
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-/* Reads a float tensor of e into out as floats. */
-static void read_floats(Exec *e, const Tensor *t, float *out)
-{
-    int64_t n = shape_numel(&t->s);
-    if (t->s.dtype == DT_F32) {
-        rt_exec_read(e, t->id, out);
-        return;
-    }
-    if (t->s.dtype != DT_BF16)
-        die("eval: logits %d have dtype %s", t->id, dtype_name(t->s.dtype));
-    uint16_t *h = xmalloc((size_t)n * 2);
-    rt_exec_read(e, t->id, h);
-    for (int64_t i = 0; i < n; i++) {
-        uint32_t u = (uint32_t)h[i] << 16;
-        memcpy(&out[i], &u, 4);
-    }
-    free(h);
+    float v;
+    rt_exec_read_f32(e, t, &v);
+    return v;
 }
 
 /* One run of the batch b: loss and extras into v[0], v[1..nx]. */
@@ -63,7 +34,7 @@ static void count_right(const RtEvalSpec *sp, const DataBatch *b, int64_t k, flo
 {
     const Tensor *lt = sp->logits;
     int64_t V = lt->s.dim[lt->s.rank - 1], T = sp->rowy ? 1 : sp->T;
-    read_floats(sp->e, lt, logits);
+    rt_exec_read_f32(sp->e, lt, logits);
     for (int64_t row = 0; row < k; row++) {
         bool ok = true;
         for (int64_t t = 0; t < T && ok; t++) {

@@ -63,8 +63,8 @@ static size_t tensor_bytes(const Tensor *t)
     return (size_t)shape_numel(&t->s) * (size_t)dtype_size(t->s.dtype);
 }
 
-/* Reads a float tensor of e into out (n floats). */
-static void read_f32(Exec *e, const Tensor *t, float *out)
+/* train.h */
+void rt_exec_read_f32(Exec *e, const Tensor *t, float *out)
 {
     int64_t n = shape_numel(&t->s);
     if (t->s.dtype == DT_F32) {
@@ -72,7 +72,7 @@ static void read_f32(Exec *e, const Tensor *t, float *out)
         return;
     }
     if (t->s.dtype != DT_BF16)
-        die("read_f32: tensor %d has dtype %s", t->id, dtype_name(t->s.dtype));
+        die("rt_exec_read_f32: tensor %d has dtype %s", t->id, dtype_name(t->s.dtype));
     uint16_t *h = xmalloc((size_t)n * 2);
     rt_exec_read(e, t->id, h);
     for (int64_t i = 0; i < n; i++)
@@ -167,7 +167,7 @@ static float read_loss(Exec *e, const Graph *g)
 {
     int id = ir_find_output(g, "loss");
     float v;
-    read_f32(e, &g->t.v[id], &v);
+    rt_exec_read_f32(e, &g->t.v[id], &v);
     return v;
 }
 
@@ -182,7 +182,7 @@ static bool step_not_applied(Run *r, float loss, float lr, char *why, size_t n)
     int id = ir_find_output(r->tg, "grad_norm");
     float norm = 0;
     if (id >= 0)
-        read_f32(r->te, &r->tg->t.v[id], &norm);
+        rt_exec_read_f32(r->te, &r->tg->t.v[id], &norm);
     const char *what = !isfinite(loss) ? "loss" : !isfinite(norm) ? "gradient norm" : "lr";
     float v = !isfinite(loss) ? loss : !isfinite(norm) ? norm : lr;
     if (isfinite(v))
@@ -291,11 +291,9 @@ static void fmt_extras(const Run *r, const float *fv, const double *dv, char *bu
  * the run stops here; d gains where, and the checkpoint it keeps. False. */
 static bool log_failed(const Run *r, Diag *d);
 
-/* train{eval_batches = "all"}: the whole validation split (eval.c), each
- * example once, whatever the batch; the same lines and log as evaluate. */
-static bool evaluate_all(Run *r, Diag *d)
+/* The training params, as they stand, into the evaluation executor. */
+static void params_to_eval(Run *r)
 {
-    double t_start = ir_now();
     pull_state(r);
     for (int i = 0; i < r->eg->t.n; i++) {
         const Tensor *t = &r->eg->t.v[i];
@@ -303,9 +301,17 @@ static bool evaluate_all(Run *r, Diag *d)
             continue;
         int src = ir_find_tensor(r->tg, t->name);
         if (src < 0 || !r->vals[src])
-            die("evaluate_all: param %s missing from the training graph", t->name);
+            die("evaluate: param %s missing from the training graph", t->name);
         rt_exec_write(r->ee, i, r->vals[src]);
     }
+}
+
+/* train{eval_batches = "all"}: the whole validation split (eval.c), each
+ * example once, whatever the batch; the same lines and log as evaluate. */
+static bool evaluate_all(Run *r, Diag *d)
+{
+    double t_start = ir_now();
+    params_to_eval(r);
     int lid = ir_find_output(r->eg, "logits");
     const Tensor *lt = lid >= 0 ? &r->eg->t.v[lid] : NULL;
     bool acc = lt && (r->addition || r->rowy);
@@ -352,16 +358,7 @@ static bool evaluate(Run *r, Diag *d)
     if (r->c.eval_batches == TRAIN_EVAL_ALL)
         return evaluate_all(r, d);
     double t_start = ir_now();
-    pull_state(r);
-    for (int i = 0; i < r->eg->t.n; i++) {
-        const Tensor *t = &r->eg->t.v[i];
-        if (t->kind != TK_PARAM)
-            continue;
-        int src = ir_find_tensor(r->tg, t->name);
-        if (src < 0 || !r->vals[src])
-            die("evaluate: param %s missing from the training graph", t->name);
-        rt_exec_write(r->ee, i, r->vals[src]);
-    }
+    params_to_eval(r);
     int lid = ir_find_output(r->eg, "logits");
     const Tensor *lt = lid >= 0 ? &r->eg->t.v[lid] : NULL;
     bool acc = lt && (r->addition || r->rowy);
@@ -403,12 +400,12 @@ static bool evaluate(Run *r, Diag *d)
             for (int i = 0; i < r->nx; i++) {
                 float x = NAN;
                 if (r->x_e[i] >= 0)
-                    read_f32(r->ee, &r->eg->t.v[r->x_e[i]], &x);
+                    rt_exec_read_f32(r->ee, &r->eg->t.v[r->x_e[i]], &x);
                 xs[i] += x;
             }
             if (!acc)
                 continue;
-            read_f32(r->ee, lt, logits);
+            rt_exec_read_f32(r->ee, lt, logits);
             for (int64_t row = 0; row < r->B; row++) {
                 bool ok = true;
                 for (int64_t t = 0; t < r->T && ok; t++) {
@@ -1159,7 +1156,7 @@ int rt_train(const Model *m, const TrainOpts *o)
         if (!rt_exec_run(r.te, r.c.seed, r.step, &d))
             goto out;
         for (int i = 0; i < r.nx; i++)
-            read_f32(r.te, &r.tg->t.v[r.x_t[i]], &r.x_val[i]);
+            rt_exec_read_f32(r.te, &r.tg->t.v[r.x_t[i]], &r.x_val[i]);
         double t_m = ir_now();
         loss = rt_dp_loss(r.dp, read_loss(r.te, r.tg), r.x_val, r.x_val);
         double t_c = ir_now();
@@ -1212,7 +1209,7 @@ int rt_train(const Model *m, const TrainOpts *o)
         if (r.log) {
             float gn = NAN;
             if (r.grad_norm_t >= 0)
-                read_f32(r.te, &r.tg->t.v[r.grad_norm_t], &gn);
+                rt_exec_read_f32(r.te, &r.tg->t.v[r.grad_norm_t], &gn);
             double model = r.flops - pass_remat_flops(r.tg), peak = r.peak_gflops * 1e9;
             double cbusy = NAN, cexp = NAN;
             rt_dp_last_comm(r.dp, &cbusy, &cexp);

@@ -342,6 +342,9 @@ typedef struct {
 /* false with d set: a split it cannot go through (blobs), an empty one, a
  * failed run. */
 bool rt_eval_whole(const RtEvalSpec *sp, RtEvalResult *out, Diag *d);
+/* Reads float tensor t (f32, or bf16 widened) of e into out (its numel
+ * floats); train.c. */
+void rt_exec_read_f32(Exec *e, const Tensor *t, float *out);
 
 /* ---- infer.c: kiln eval and kiln predict ----------------------------------
  * Both compile the model's evaluation graph (forward only: Model.eval_g,
