@@ -42,12 +42,7 @@ static void count_right(const RtEvalSpec *sp, const DataBatch *b, int64_t k, flo
             int32_t want = sp->rowy ? b->y[row] : b->targets[at];
             if (!sp->rowy && b->mask[at] == 0)
                 continue;
-            const float *l = logits + at * V;
-            int64_t best = 0;
-            for (int64_t c = 1; c < V; c++)
-                if (l[c] > l[best])
-                    best = c;
-            ok = best == want;
+            ok = rt_argmax(logits + at * V, V) == want;
         }
         *right += ok;
         *total += 1;

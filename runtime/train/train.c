@@ -64,6 +64,16 @@ static size_t tensor_bytes(const Tensor *t)
 }
 
 /* train.h */
+int64_t rt_argmax(const float *x, int64_t n)
+{
+    int64_t best = 0;
+    for (int64_t c = 1; c < n; c++)
+        if (x[c] > x[best])
+            best = c;
+    return best;
+}
+
+/* train.h */
 void rt_exec_read_f32(Exec *e, const Tensor *t, float *out)
 {
     int64_t n = shape_numel(&t->s);
@@ -413,12 +423,7 @@ static bool evaluate(Run *r, Diag *d)
                     int32_t want = r->rowy ? b->y[row0 + row] : b->targets[gat];
                     if (!r->rowy && b->mask[gat] == 0)
                         continue;
-                    const float *l = logits + at * V;
-                    int64_t best = 0;
-                    for (int64_t c = 1; c < V; c++)
-                        if (l[c] > l[best])
-                            best = c;
-                    ok = best == want;
+                    ok = rt_argmax(logits + at * V, V) == want;
                 }
                 v[2 * cn] += ok;
                 v[2 * cn + 1]++;

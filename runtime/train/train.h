@@ -345,6 +345,8 @@ bool rt_eval_whole(const RtEvalSpec *sp, RtEvalResult *out, Diag *d);
 /* Reads float tensor t (f32, or bf16 widened) of e into out (its numel
  * floats); train.c. */
 void rt_exec_read_f32(Exec *e, const Tensor *t, float *out);
+/* The index of x[0..n)'s largest element (the first of ties); train.c. */
+int64_t rt_argmax(const float *x, int64_t n);
 
 /* ---- infer.c: kiln eval and kiln predict ----------------------------------
  * Both compile the model's evaluation graph (forward only: Model.eval_g,
