@@ -71,6 +71,12 @@ typedef struct {
     int last_line;         /* the user's line at the last call of the hook */
     int stop_line;         /* the user's line where a bound was crossed; 0: none yet */
     VEC(FeParamLine) params; /* each param's tensor and script line */
+    /* decode mode (fe_load_decode, docs/inference.md): > 0 is the step's
+     * length S, the time axis "T" of inputs and of iota is S long, iota
+     * along it counts from the input decode_pos (i32[]) */
+    int64_t decode_len;
+    int decode_pos;
+    int decode_states; /* kv_cache.N state tensors made so far */
 } Fe;
 
 static inline Fe *fe_get(lua_State *L) { return *(Fe **)lua_getextraspace(L); }

@@ -499,9 +499,13 @@ static int l_input(lua_State *L)
     int rank = fe_parse_shape(L, 2, dim, dn, "input");
     DType dt = (DType)fe_parse_dtype(L, 3, DT_F32, "input");
     ParamInit none = {0};
+    Fe *fe = fe_get(L);
+    for (int i = 0; fe->decode_len > 0 && i < rank; i++)
+        if (dn[i] && strcmp(dn[i], "T") == 0) /* decode mode: the step's S tokens */
+            dim[i] = fe->decode_len, dn[i] = NULL;
     Shape s = fe_checked_shape(L, dt, rank, dim, "input");
     memcpy(s.dname, dn, sizeof(const char *) * (size_t)rank);
-    fe_push_tensor(L, ir_add_input(fe_get(L)->g, TK_INPUT, lua_tostring(L, 1), s, none));
+    fe_push_tensor(L, ir_add_input(fe->g, TK_INPUT, lua_tostring(L, 1), s, none));
     name_in(L, "kiln.names", lua_tostring(L, 1), true);
     return 1;
 }
@@ -1419,9 +1423,47 @@ static void syntax_message(const char *path, const char *msg, char *err, size_t 
     snprintf(err, errlen, "%s", msg);
 }
 
-/* Runs the script once, with nn.training = training. */
+/* nn.decode.state(x) in decode mode: a new state tensor "kv_cache.N"
+ * (zeros) of x's shape with axis -2 as long as the symbol T: the cache of x
+ * over the whole window. */
+static int l_decode_state(lua_State *L)
+{
+    Fe *fe = fe_get(L);
+    int x = fe_check_tensor(L, 1, "nn.decode.state");
+    Shape s = fe->g->t.v[x].s;
+    int64_t T = 0;
+    for (int i = 0; i < fe->g->syms.n; i++)
+        if (strcmp(fe->g->syms.v[i].name, "T") == 0)
+            T = fe->g->syms.v[i].value;
+    if (T < 1 || s.rank < 2)
+        fe_error(L, "nn.attention: decoding with a KV cache needs the time axis declared as "
+                    "sym{T = ...} and k, v [..., T, D] (got %s%s)", SSTR(&s),
+                 T < 1 ? " and no symbol T" : "");
+    s.dim[s.rank - 2] = T;
+    for (int i = 0; i < s.rank; i++)
+        s.dname[i] = NULL;
+    char name[64];
+    snprintf(name, sizeof name, "kv_cache.%d", fe->decode_states++);
+    ParamInit z = {.kind = INIT_ZEROS};
+    fe_push_tensor(L, ir_add_input(fe->g, TK_STATE, name, s, z));
+    return 1;
+}
+
+/* nn.decode.update(state, value): value replaces state after each run. */
+static int l_decode_update(lua_State *L)
+{
+    Fe *fe = fe_get(L);
+    int t = fe_check_tensor(L, 1, "nn.decode.update"), v = fe_check_tensor(L, 2, "nn.decode.update");
+    if (fe->g->t.v[t].kind != TK_STATE || !shape_eq(&fe->g->t.v[t].s, &fe->g->t.v[v].s))
+        fe_error(L, "nn.decode.update: expected a cache state and a value of its type");
+    ir_add_update(fe->g, t, v);
+    return 0;
+}
+
+/* Runs the script once, with nn.training = training; decode_len > 0:
+ * decode mode (fe_load_decode). */
 static Model *load_once(const char *path, const Script *sc, const char *const *sets, int nsets,
-                        bool training, char *err, size_t errlen)
+                        bool training, int64_t decode_len, char *err, size_t errlen)
 {
     Model *m = xcalloc(1, sizeof *m);
     m->priv = xcalloc(1, sizeof *m->priv);
@@ -1456,6 +1498,21 @@ static Model *load_once(const char *path, const Script *sc, const char *const *s
     if (lua_getglobal(L, "nn") == LUA_TTABLE) {
         lua_pushboolean(L, training);
         lua_setfield(L, -2, "training");
+        if (decode_len > 0) { /* nn.decode = {len = S, pos = i32[], state, update} */
+            fe.decode_len = decode_len;
+            fe.decode_pos = ir_add_input(m->g, TK_INPUT, "decode.pos",
+                                         shape_make(DT_I32, 0, NULL), (ParamInit){0});
+            lua_createtable(L, 0, 4);
+            lua_pushinteger(L, decode_len);
+            lua_setfield(L, -2, "len");
+            fe_push_tensor(L, fe.decode_pos);
+            lua_setfield(L, -2, "pos");
+            lua_pushcfunction(L, l_decode_state);
+            lua_setfield(L, -2, "state");
+            lua_pushcfunction(L, l_decode_update);
+            lua_setfield(L, -2, "update");
+            lua_setfield(L, -2, "decode");
+        }
     }
     lua_pop(L, 1);
     /* the script: a text chunk, with its first line skipped when it starts
@@ -1594,13 +1651,13 @@ static Model *load_script(const char *path, const Script *sc, const char *const 
             return NULL;
         }
     }
-    Model *m = load_once(path, sc, sets, nsets, true, err, errlen);
+    Model *m = load_once(path, sc, sets, nsets, true, 0, err, errlen);
     if (m && !has_random(m->g))
         eval_only_outputs(m);
     if (!m || !has_random(m->g))
         return m;
     /* random numbers (dropout): build the evaluation graph without them */
-    Model *e = load_once(path, sc, sets, nsets, false, err, errlen);
+    Model *e = load_once(path, sc, sets, nsets, false, 0, err, errlen);
     if (!e || !same_interface(m->g, e->g, path, err, errlen)) {
         fe_model_free(e);
         fe_model_free(m);
@@ -1679,4 +1736,34 @@ Model *fe_load_model(const char *path, const char *const *sets, int nsets, char 
     Model *m = load_script(path, &sc, sets, nsets, err, errlen);
     free(text);
     return m;
+}
+
+Graph *fe_load_decode(const char *path, const char *const *sets, int nsets, int64_t len,
+                      int *ncaches, char *err, size_t errlen)
+{
+    Script sc = {0};
+    if (!fe_sandbox_limits(&sc, err, errlen))
+        return NULL;
+    char *text = read_script(path, sc.mem, &sc.len, err, errlen);
+    if (!text)
+        return NULL;
+    sc.text = text;
+    Model *m = load_once(path, &sc, sets, nsets, false, len, err, errlen);
+    free(text);
+    if (!m)
+        return NULL;
+    Graph *g = m->g;
+    m->g = NULL;
+    fe_model_free(m);
+    int k = 0, logits = -1;
+    for (int i = 0; i < g->outs.n; i++)
+        if (strcmp(g->outs.v[i].name, "logits") == 0)
+            logits = g->outs.v[i].t;
+    if (logits >= 0)
+        g->outs.v[k++] = (GraphOutput){.name = intern("logits"), .t = logits};
+    g->outs.n = k;
+    *ncaches = 0;
+    for (int i = 0; i < g->t.n; i++)
+        *ncaches += g->t.v[i].kind == TK_STATE;
+    return g;
 }

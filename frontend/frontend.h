@@ -40,6 +40,17 @@ Model *fe_load_model(const char *path, const char *const *sets, int nsets, char 
 Model *fe_load_model_text(const char *path, const char *text, size_t len,
                           const char *const *sets, int nsets, char *err, size_t errlen);
 void fe_model_free(Model *m);
+/* Decode mode (kiln sample's KV cache, docs/inference.md): runs the script
+ * a third time with nn.training = false and nn.decode = {len = len, pos =
+ * the i32[] input "decode.pos", state, update}. Inputs' axes declared as
+ * the symbol "T" are len long, iota along an axis declared "T" counts from
+ * decode.pos, and nn.attention (causal) keeps k and v in state tensors
+ * "kv_cache.N" [..., T, D] (zeros) updated at pos..pos+len-1 (len 1, or len
+ * T at pos 0). The graph keeps the output "logits" only; *ncaches is its
+ * number of cache tensors (0: the script's attention has no cache). NULL
+ * with err set when the script fails in that mode. */
+Graph *fe_load_decode(const char *path, const char *const *sets, int nsets, int64_t len,
+                      int *ncaches, char *err, size_t errlen);
 void fe_train_defaults(TrainCfg *t);
 /* Print the config and train settings, one "key = value" per line, for
  * `kiln compile`: a "# config" section then a "# train" section. */

@@ -408,12 +408,39 @@ function nn.attention(q, k, v, opts)
     error(string.format("nn.attention: causal attention needs as many keys as queries " ..
                         "(expected Tk = %d, got k %s)", T, tensor_str(k)), 2)
   end
+  if nn.decode and opts.causal ~= false then return nn.decode_attention(q, k, v) end
   local att = matmul(q, k, {tb = true}) * (1 / math.sqrt(D))
   if opts.causal ~= false then
     att = select(nn.causal_mask(T), att, -1e9)
   end
   att = nn.dropout(nn.softmax(att, -1), opts.dropout)
   return matmul(att, v)
+end
+
+-- Decode mode (kiln sample; nn.decode set, docs/inference.md): causal
+-- attention of the step's S queries over a KV cache. x [..., S, D] is
+-- written into its cache [..., T, D] at positions pos..pos+S-1 (S = 1; or
+-- S = T at pos 0, the prefill), which is kept for the next step; query i
+-- attends to the filled keys j <= pos + i.
+local function kv_cache(x)
+  local old = nn.decode.state(x)
+  local s, S = old.shape, x.shape[x.rank - 1]
+  local new = x
+  if S ~= s[#s - 1] then
+    assert(S == 1, "decode steps are 1 token or the whole window")
+    new = select(iota(s, #s - 2):eq(nn.decode.pos), x, old)
+  end
+  nn.decode.update(old, new)
+  return new
+end
+
+function nn.decode_attention(q, k, v)
+  local kc, vc = kv_cache(k), kv_cache(v)
+  local S, Tk, D = q.shape[q.rank - 1], kc.shape[kc.rank - 1], q.shape[q.rank]
+  local att = matmul(q, kc, {tb = true}) * (1 / math.sqrt(D))
+  local keep = iota({S, Tk}, 1):le(iota({S, Tk}, 0) + nn.decode.pos)
+  att = select(keep, att, -1e9)
+  return matmul(nn.softmax(att, -1), vc)
 end
 
 -- Rotary position embedding (rotate-half form, as in Llama).
@@ -425,7 +452,9 @@ function nn.rope(x, base)
   local half = D // 2
   -- inv_freq[i] = base^(-2i/D); angle [T, half] = t * inv_freq[i]
   local inv = exp(iota({T, half}, 1, "f32") * (-2 * math.log(base) / D))
-  local ang = iota({T, half}, 0, "f32") * inv
+  local t = iota({T, half}, 0, "f32")
+  if nn.decode then t = (iota({T, half}, 0) + nn.decode.pos):cast("f32") end
+  local ang = t * inv
   local c, sn = cos(ang):cast(x.dtype), sin(ang):cast(x.dtype)
   local x1, x2 = x:slice(-1, 0, half), x:slice(-1, half, D)
   return concat({x1 * c - x2 * sn, x1 * sn + x2 * c}, -1)

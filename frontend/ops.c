@@ -699,6 +699,22 @@ static int l_iota(lua_State *L)
     a.ia[0] = norm_axis(L, lua_isnoneornil(L, 2) ? 0 : check_int(L, 2, "iota", "axis"), &s,
                         "iota");
     a.dtype = (DType)fe_parse_dtype(L, 3, DT_I32, "iota");
+    Fe *fe = fe_get(L);
+    int ax = (int)a.ia[0];
+    if (fe->decode_len > 0 && a.dname[ax] && strcmp(a.dname[ax], "T") == 0) {
+        /* decode mode: the step's S positions pos, pos+1, ... along "T" */
+        a.shape[ax] = fe->decode_len;
+        a.dname[ax] = NULL;
+        int r = emit(L, OP_IOTA, NULL, 0, &a), p = fe->decode_pos;
+        if (a.dtype != DT_I32) {
+            OpAttr c = {.dtype = a.dtype};
+            p = emit(L, OP_CAST, &p, 1, &c);
+        }
+        Shape rs = fe_tshape(L, r);
+        int in[2] = {r, bcast_to(L, p, &rs)};
+        fe_push_tensor(L, emit(L, OP_ADD, in, 2, NULL));
+        return 1;
+    }
     fe_push_tensor(L, emit(L, OP_IOTA, NULL, 0, &a));
     return 1;
 }

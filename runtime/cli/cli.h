@@ -46,6 +46,8 @@ void cli_print_warnings(const Model *m);
 /* `kiln eval` and `kiln predict` (infer.c): the exit code. */
 int cli_eval(int argc, char **argv);
 int cli_predict(int argc, char **argv);
+/* `kiln sample` (sample.c): the exit code. */
+int cli_sample(int argc, char **argv);
 
 /* `kiln plan MODEL.lua [options]` (plan.c): the exit code. */
 int cli_plan(int argc, char **argv);

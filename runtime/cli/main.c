@@ -31,6 +31,7 @@ static const char usage_main[] =
     "  train     compile and train on the CPU\n"
     "  eval      evaluate saved weights on a whole data set (loss, extra outputs)\n"
     "  predict   write a model's outputs for every example (safetensors, .npy)\n"
+    "  sample    sample text from a language model (KV-cache decode step)\n"
     "  plan      project a run at cluster scale: memory per GPU, step, end date\n"
     "  opt       run passes on an IR file (a dump, a bug report, a pass test)\n"
     "\n"
@@ -1094,12 +1095,14 @@ int main(int argc, char **argv)
         return check_stdout(cli_eval(argc, argv));
     if (strcmp(argv[1], "predict") == 0)
         return check_stdout(cli_predict(argc, argv));
+    if (strcmp(argv[1], "sample") == 0)
+        return check_stdout(cli_sample(argc, argv));
     if (strcmp(argv[1], "opt") == 0)
         return check_stdout(cmd_opt(argc, argv));
     if (strcmp(argv[1], "__measure-mpi") == 0) /* kiln plan's MPI measurement, one rank */
         return rt_mpi_measure_main(argc, argv);
     fprintf(stderr,
-            "kiln: unknown command '%s' (expected compile, train, eval, predict, plan or opt; see "
+            "kiln: unknown command '%s' (expected compile, train, eval, predict, sample, plan or opt; see "
             "kiln --help)\n",
             argv[1]);
     return 2;

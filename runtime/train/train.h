@@ -380,6 +380,47 @@ typedef struct {
 int rt_eval(const Model *m, const InferOpts *o);
 int rt_predict(const Model *m, const InferOpts *o);
 
+/* ---- sample.c: kiln sample -------------------------------------------------
+ * Text from a language model (an input tokens i32[B,T], an evaluation
+ * output logits f32[B,T,V]) with the weights init_from: the prompt, then
+ * max_new_tokens tokens per sample, B samples a run (rows), each drawn with
+ * its own stream seeded by (seed, sample index): a sample does not depend
+ * on B. Two paths (printed on standard error):
+ *   - KV cache: prefill_g (the decode graph of S = T: the window at
+ *     position 0, filling the caches) then step_g (S = 1 at position
+ *     decode.pos: writes the cache there, attends to the filled part) per
+ *     token; past the window (T tokens) each token reruns the prefill over
+ *     the last T tokens. The first step is checked against the prefill over
+ *     the same tokens (relative error of the logits <= 1e-3), and a
+ *     mismatch falls back to the other path.
+ *   - full forward: the evaluation graph over the last min(n, T) tokens
+ *     (padded) at every token; every language model takes it.
+ * Tokens print as bytes (V <= 256), through tokenizer, or as ids. Returns
+ * the exit code: 0, 1 after printing the error (naming the flag), or 128 +
+ * the signal that stopped it. */
+typedef struct {
+    const char *init_from;      /* --init-from W (required) */
+    const char *prompt;         /* --prompt TEXT (bytes) */
+    const char *prompt_tokens;  /* --prompt-tokens FILE (ids) */
+    const char *tokenizer;      /* --tokenizer FILE: llm.c's GPT-2 tokenizer file */
+    int64_t max_new_tokens, num_samples, top_k; /* top_k 0: all */
+    double temperature;         /* 0: greedy */
+    double top_p;               /* (0, 1] */
+    uint64_t seed;
+    bool stream, ids;           /* --stream; --ids: print token ids */
+    bool no_kv_cache;           /* --no-kv-cache: the full forward path */
+    bool skip_check;            /* testing: no step-against-prefill check */
+    const Graph *prefill_g, *step_g; /* the decode graphs (fe_load_decode, S = T and 1);
+                                        NULL: none */
+    int ncaches;                /* their cache tensors (0: no KV-cache attention) */
+    const char *decode_why;     /* why there are no decode graphs (NULL: there are) */
+    const char *device;         /* --device */
+    int threads;
+    const char *cache_dir;
+    bool verbose, quiet;
+} SampleOpts;
+int rt_sample(const Model *m, const SampleOpts *o);
+
 /* ---- train.c: the training loop -------------------------------------------
  * `kiln train` maps its flags 1:1 onto TrainOpts. The loop builds the
  * training graph (pass_pipeline) and an evaluation graph (the forward graph
