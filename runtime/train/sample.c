@@ -412,7 +412,7 @@ static bool check_model(Smp *f, Diag *d)
 static bool setup(Smp *f, Diag *d)
 {
     const SampleOpts *o = f->o;
-    if (!check_model(f, d) || !load_weights(f, d))
+    if (!load_weights(f, d))
         return false;
     Graph *eg = ir_clone(f->m->eval_g ? f->m->eval_g : f->m->g);
     if (!step_build(f, &f->full, eg, true, d))
@@ -543,7 +543,8 @@ int rt_sample(const Model *m, const SampleOpts *o)
     Tok tk = {0};
     Round r = {0};
     int rc = 1;
-    if (!setup(&f, &d) || !read_prompt(&f, &prompt, &P, &d))
+    /* the user's input first, then the weights and the compiles */
+    if (!check_model(&f, &d) || !read_prompt(&f, &prompt, &P, &d))
         goto out;
     if (o->tokenizer && !tok_load(o->tokenizer, &tk, &d))
         goto out;
@@ -553,6 +554,8 @@ int rt_sample(const Model *m, const SampleOpts *o)
                  o->tokenizer, (long long)tk.n, (long long)f.V);
         goto out;
     }
+    if (!setup(&f, &d))
+        goto out;
     r.pk = o->ids ? PR_IDS : o->tokenizer ? PR_TOKENIZER : f.V <= 256 ? PR_BYTES : PR_IDS;
     r.tk = &tk;
     r.P = P;

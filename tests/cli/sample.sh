@@ -1,0 +1,128 @@
+#!/bin/bash
+# kiln sample: greedy decoding through the KV-cache decode step equals
+# greedy decoding by rerunning the full forward (gpt.lua, llama.lua); a
+# seeded sample is reproducible and does not depend on the batch; top-k 1
+# is greedy; --stream and --tokenizer print the same text; a model without
+# nn.attention takes the full-forward path, and one whose positions ignore
+# decode mode is caught by the step-against-prefill check; a gpt.lua trained
+# 300 steps on tiny.txt samples bytes closer to the data's than to uniform.
+set -u
+: "${KILN:?}"
+dir=$(mktemp -d "${TMPDIR:-/tmp}/kiln-sample-XXXXXX")
+trap 'rm -rf "$dir"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+
+"$KILN" train models/gpt.lua --steps 300 --save-weights "$dir/gpt.st" -q >/dev/null 2>&1 ||
+    fail "training gpt.lua"
+"$KILN" train models/llama.lua --steps 40 --save-weights "$dir/llama.st" -q >/dev/null 2>&1 ||
+    fail "training llama.lua"
+
+# greedy: KV cache == full forward; prompt + 40 tokens crosses T = 32, so
+# the slide past the window (a prefill per token) is covered too
+for m in gpt llama; do
+    kv=$("$KILN" sample models/$m.lua --init-from "$dir/$m.st" --prompt "The " \
+         --max-new-tokens 40 --temperature 0 --ids --num-samples 2 2>"$dir/kv.err") ||
+        fail "$m kv: $(cat "$dir/kv.err")"
+    grep -q "^sample: models/$m.lua: KV cache:" "$dir/kv.err" || fail "$m: no KV path: $(cat "$dir/kv.err")"
+    grep -qE "runs: [0-9]+ prefill, [1-9][0-9]* one-token, 0 full forward" "$dir/kv.err" ||
+        fail "$m: no one-token steps: $(cat "$dir/kv.err")"
+    full=$("$KILN" sample models/$m.lua --init-from "$dir/$m.st" --prompt "The " \
+           --max-new-tokens 40 --temperature 0 --ids --num-samples 2 --no-kv-cache 2>"$dir/full.err") ||
+        fail "$m full: $(cat "$dir/full.err")"
+    grep -q "no KV cache: the full forward over the window at every token (--no-kv-cache)" \
+        "$dir/full.err" || fail "$m: no full-forward line: $(cat "$dir/full.err")"
+    [ "$kv" = "$full" ] || fail "$m: greedy with the KV cache differs from the full forward:
+$kv
+$full"
+    [ "$(echo "$kv" | wc -l)" -eq 2 ] || fail "$m: expected 2 samples: $kv"
+done
+
+s() { "$KILN" sample models/gpt.lua --init-from "$dir/gpt.st" --prompt "The " -q "$@"; }
+a=$(s --ids --seed 7 --num-samples 3 --max-new-tokens 30 --top-p 0.9) || fail "seed 7"
+b=$(s --ids --seed 7 --num-samples 3 --max-new-tokens 30 --top-p 0.9 --set batch=1) ||
+    fail "seed 7 batch 1"
+c=$(s --ids --seed 8 --num-samples 3 --max-new-tokens 30 --top-p 0.9) || fail "seed 8"
+[ "$a" = "$b" ] || fail "seed 7 differs between batch 4 and batch 1:
+$a
+$b"
+[ "$a" != "$c" ] || fail "seeds 7 and 8 gave the same samples"
+g=$(s --ids --temperature 0 --max-new-tokens 30 --num-samples 2) || fail "greedy"
+k=$(s --ids --top-k 1 --seed 3 --max-new-tokens 30 --num-samples 2) || fail "top-k 1"
+[ "$g" = "$k" ] || fail "top-k 1 differs from greedy:
+$g
+$k"
+
+# --stream prints the same text; llm.c's tokenizer file of the 256 bytes too
+t=$(s --seed 5 --max-new-tokens 30) || fail "text"
+st=$(s --seed 5 --max-new-tokens 30 --stream) || fail "stream"
+[ "$t" = "$st" ] || fail "--stream differs: [$t] [$st]"
+python3 - "$dir/tok.bin" <<'PY' || fail "writing the tokenizer"
+import struct, sys
+h = [0] * 256
+h[0], h[1], h[2] = 20240328, 1, 256
+with open(sys.argv[1], "wb") as f:
+    f.write(struct.pack("<256I", *h))
+    for i in range(256):
+        f.write(bytes([1, i]))
+PY
+tk=$(s --seed 5 --max-new-tokens 30 --tokenizer "$dir/tok.bin") || fail "tokenizer"
+[ "$t" = "$tk" ] || fail "--tokenizer differs: [$t] [$tk]"
+
+# no nn.attention: the full forward, said so
+cat >"$dir/bigram.lua" <<'LUA'
+sym{B = 4, T = 16, V = 256}
+local tokens = input("tokens", {"B", "T"}, "i32")
+local targets = input("targets", {"B", "T"}, "i32")
+local w = param("w", {"V", "V"}, normal(0.02))
+local logits = gather(w, tokens)
+minimize(nn.cross_entropy(logits, targets))
+output("logits", logits)
+train{data = "text", data_path = "tests/data/tiny.txt", batch = 4, steps = 20, lr = 0.1}
+LUA
+"$KILN" train "$dir/bigram.lua" --save-weights "$dir/bigram.st" -q >/dev/null 2>&1 ||
+    fail "training bigram"
+"$KILN" sample "$dir/bigram.lua" --init-from "$dir/bigram.st" --prompt "a" --max-new-tokens 5 \
+    >/dev/null 2>"$dir/bg.err" || fail "bigram: $(cat "$dir/bg.err")"
+grep -q "no KV cache: the full forward over the window at every token (the script's attention keeps no cache" \
+    "$dir/bg.err" || fail "bigram path: $(cat "$dir/bg.err")"
+
+# positions from a bare number T (not the symbol): decode mode cannot see
+# them; the first step disagrees with the prefill and the full forward serves
+sed 's/wpe(iota({"T"}, 0, "i32"))/wpe(iota({T}, 0, "i32"))/' models/gpt.lua >"$dir/gptnum.lua"
+grep -q 'iota({T}, 0' "$dir/gptnum.lua" || fail "sed did not change gpt.lua"
+x=$("$KILN" sample "$dir/gptnum.lua" --init-from "$dir/gpt.st" --prompt "The " --ids \
+    --temperature 0 --max-new-tokens 20 2>"$dir/num.err") || fail "gptnum: $(cat "$dir/num.err")"
+grep -q "no KV cache: the one-token step disagreed with the prefill" "$dir/num.err" ||
+    fail "no check: $(cat "$dir/num.err")"
+y=$(s --ids --temperature 0 --max-new-tokens 20) || fail "greedy 20"
+[ "$x" = "$y" ] || fail "the fallback after the check differs: $x / $y"
+
+# the trained model's bytes: total variation distance of 1600 sampled bytes
+# to the data's byte distribution, against the distance to uniform
+s --ids --seed 11 --num-samples 8 --max-new-tokens 200 >"$dir/ids" || fail "long sample"
+python3 - "$dir/ids" tests/data/tiny.txt <<'PY' || fail "byte distribution"
+import collections, math, sys
+ids = [int(t) for l in open(sys.argv[1]) for t in l.split(":")[1].split()]
+data = open(sys.argv[2], "rb").read()
+n = len(ids)
+emp = collections.Counter(ids)
+ref = collections.Counter(data)
+p = [ref[i] / len(data) for i in range(256)]
+q = [emp[i] / n for i in range(256)]
+tv_data = 0.5 * sum(abs(a - b) for a, b in zip(q, p))
+tv_unif = 0.5 * sum(abs(a - 1 / 256) for a in q)
+tv_pu = 0.5 * sum(abs(a - 1 / 256) for a in p)
+# an exact draw from the data's distribution has E[TV] <= 0.5 sum
+# sqrt(p(1-p)/n) (about 0.07 here); a model trained 300 steps is allowed
+# twice that plus 0.1 (its unigram distribution is not exact; it measured
+# 0.075), and it must be nearer the data than uniform by half the data's
+# own distance to uniform (an untrained model is near uniform: TV ~0.8)
+noise = 0.5 * sum(math.sqrt(a * (1 - a) / n) for a in p)
+bound = 2 * noise + 0.1
+print(f"{n} bytes: TV to data {tv_data:.3f} (bound {bound:.3f}), to uniform {tv_unif:.3f}; "
+      f"data to uniform {tv_pu:.3f}")
+assert n == 1600, n
+assert tv_data < bound, (tv_data, bound)
+assert tv_unif - tv_data > 0.5 * tv_pu, (tv_unif, tv_data, tv_pu)
+PY
+echo "ok"
