@@ -58,6 +58,9 @@ static const FeTrainKey train_keys[] = {
     TKI(zero, "0", 0, 1),
     TKD(comm_timeout, "60", 0, 1e6, 1, 0),
     TKS(on_nonfinite, "stop", "stop, skip"),
+    TKI(sample_every, "0", 0, BIG),
+    TK(sample_prompt, FE_TT_STR, NULL),
+    TKI(sample_tokens, "64", 1, 1 << 20),
 };
 #undef TK
 #undef TKS

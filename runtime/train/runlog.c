@@ -618,6 +618,15 @@ void rt_runlog_sweep(RunLog *l, const RematSweepPoint *p, int n)
     free(st);
 }
 
+void rt_runlog_sample(RunLog *l, int64_t step, const char *text)
+{
+    if (!l)
+        return;
+    fprintf(l->body, "<h2>Sample at step %lld</h2>\n<pre>", (long long)step);
+    html_text(l->body, text);
+    fputs("</pre>\n", l->body);
+}
+
 bool rt_runlog_close(RunLog *l, Diag *d)
 {
     if (!l)

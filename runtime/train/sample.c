@@ -649,3 +649,116 @@ out:
     smp_free(&f);
     return rc;
 }
+
+/* ---- train{sample_every} ---- */
+
+char *rt_train_sample(Exec *e, const Graph *eg, const TrainCfg *c, int64_t step, bool check,
+                      Diag *d)
+{
+    int ti = ir_find_tensor(eg, "tokens"), li = ir_find_output(eg, "logits");
+    const Tensor *tt = ti >= 0 ? &eg->t.v[ti] : NULL, *lt = li >= 0 ? &eg->t.v[li] : NULL;
+    if (!tt || !lt || tt->s.rank != 2 || tt->s.dtype != DT_I32 || lt->s.rank != 3 ||
+        lt->s.dim[1] != tt->s.dim[1]) {
+        snprintf(d->msg, sizeof d->msg,
+                 "train: sample_every needs a language model (expected an input tokens "
+                 "i32[B,T] and an output logits [B,T,V], as models/gpt.lua)");
+        return NULL;
+    }
+    int64_t B = tt->s.dim[0], T = tt->s.dim[1], V = lt->s.dim[2];
+    VEC(int32_t) seq = {0};
+    const char *pr = c->sample_prompt;
+    if (!pr)
+        vec_push(&seq, V <= 256 ? 10 : V == 50257 ? 50256 : 0);
+    else if (V <= 256)
+        for (const unsigned char *u = (const unsigned char *)pr; *u; u++)
+            vec_push(&seq, (int32_t)*u);
+    else
+        for (const char *q = pr; *q;) {
+            char *end;
+            long long x = strtoll(q, &end, 10);
+            if (end == q || x < 0 || x >= V) {
+                snprintf(d->msg, sizeof d->msg,
+                         "train: sample_prompt: expected token ids from 0 to %lld separated by "
+                         "spaces (the model has V = %lld), got '%.200s'", (long long)V - 1,
+                         (long long)V, pr);
+                vec_free(&seq);
+                return NULL;
+            }
+            vec_push(&seq, (int32_t)x);
+            for (q = end; *q == ' ' || *q == ','; q++)
+                ;
+        }
+    bool bad = !seq.n || seq.n > T;
+    for (int64_t i = 0; i < seq.n && !bad; i++)
+        bad = seq.v[i] >= V;
+    if (bad) {
+        snprintf(d->msg, sizeof d->msg,
+                 "train: sample_prompt: expected 1 to T = %lld tokens of the vocabulary (V = "
+                 "%lld), got %lld%s", (long long)T, (long long)V, (long long)seq.n,
+                 seq.n && seq.n <= T ? " with a byte out of the vocabulary" : "");
+        vec_free(&seq);
+        return NULL;
+    }
+    if (check) {
+        vec_free(&seq);
+        return xstrdup("");
+    }
+    int64_t P = seq.n;
+    int32_t *tok = xcalloc((size_t)(B * T), sizeof *tok);
+    float *out = xmalloc((size_t)shape_numel(&lt->s) * sizeof *out);
+    int32_t *idx = xmalloc((size_t)V * sizeof *idx);
+    double *p = xmalloc((size_t)V * sizeof *p);
+    SampleOpts so = {.temperature = 1, .top_p = 1};
+    uint64_t rng = mix64(c->seed ^ mix64((uint64_t)step + 0x5a3d));
+    for (int i = 0; i < eg->t.n; i++) /* the other inputs (targets, mask): zeros */
+        if (eg->t.v[i].kind == TK_INPUT && i != ti) {
+            void *z = xcalloc(1, (size_t)shape_bytes(&eg->t.v[i].s) + 1);
+            rt_exec_write(e, i, z);
+            free(z);
+        }
+    bool ok = true;
+    for (int64_t i = 0; i < c->sample_tokens && ok; i++) {
+        int64_t n = seq.n, w = n < T ? n : T;
+        for (int64_t b = 0; b < B; b++) {
+            memset(tok + b * T, 0, (size_t)T * sizeof *tok);
+            memcpy(tok + b * T, seq.v + (n - w), (size_t)w * sizeof *tok);
+        }
+        rt_exec_write(e, ti, tok);
+        if (!(ok = rt_exec_run(e, c->seed, step, d)))
+            break;
+        rt_exec_read_f32(e, lt, out);
+        vec_push(&seq, pick(out + (w - 1) * V, V, &so, &rng, idx, p));
+    }
+    char *text = NULL;
+    size_t len = 0;
+    FILE *o = open_memstream(&text, &len);
+    if (!o)
+        die("open_memstream: out of memory");
+    for (int64_t i = 0; i < seq.n; i++) {
+        int32_t t = seq.v[i];
+        if (V > 256)
+            fprintf(o, i ? " %d" : "%d", t);
+        else if (t >= 32 && t < 127 && t != '\\')
+            fputc(t, o);
+        else if (t == '\n')
+            fputs("\\n", o);
+        else if (t == '\\')
+            fputs("\\\\", o);
+        else
+            fprintf(o, "\\x%02x", t);
+        if (i == P - 1 && V > 256)
+            fputs(" |", o);
+    }
+    if (fclose(o) != 0)
+        die("open_memstream: out of memory");
+    free(tok);
+    free(out);
+    free(idx);
+    free(p);
+    vec_free(&seq);
+    if (!ok) {
+        free(text);
+        return NULL;
+    }
+    return text;
+}

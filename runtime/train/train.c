@@ -461,6 +461,25 @@ static bool evaluate(Run *r, Diag *d)
     return true;
 }
 
+/* train{sample_every}: "sample STEP | TEXT" on rank 0 (sample.c); the
+ * evaluation executor's inputs are fed again by the next evaluation. */
+static bool train_sample(Run *r, bool tty, Diag *d)
+{
+    if (rt_dp_rank(r->dp) != 0 || (r->o->quiet && !r->log))
+        return true;
+    params_to_eval(r);
+    char *text = rt_train_sample(r->ee, r->eg, &r->c, r->step, false, d);
+    if (!text)
+        return false;
+    if (!r->o->quiet) {
+        printf("%ssample %5lld | %s\n", tty ? "\r\033[K" : "", (long long)r->step, text);
+        fflush(stdout);
+    }
+    rt_runlog_sample(r->log, r->step, text);
+    free(text);
+    return true;
+}
+
 static char *ckpt_path(const char *prefix, int64_t step)
 {
     size_t n = strlen(prefix);
@@ -1122,6 +1141,16 @@ int rt_train(const Model *m, const TrainOpts *o)
         !rt_train_open_data(&r, &d) || !build(&r, &d) ||
         !init_state(&r, &d))
         goto out;
+    if (r.c.sample_every > 0) { /* train{sample_every}: a language model, a prompt that fits */
+        char *ok = rt_train_sample(r.ee, r.eg, &r.c, 0, true, &d);
+        if (!ok) {
+            char msg[sizeof d.msg];
+            snprintf(msg, sizeof msg, "%s", d.msg);
+            snprintf(d.msg, sizeof d.msg, "%s:%d: %.1900s", m->path, m->train_line, msg);
+            goto out;
+        }
+        free(ok);
+    }
     int lr_id = ir_find_tensor(r.tg, "lr");
     const Tensor *lr_t = lr_id >= 0 ? &r.tg->t.v[lr_id] : NULL;
     bool tty = rt_stdout_tty() && !o->quiet;
@@ -1263,6 +1292,8 @@ int rt_train(const Model *m, const TrainOpts *o)
                 fflush(stdout);
             }
         }
+        if (r.c.sample_every > 0 && r.step % r.c.sample_every == 0 && !train_sample(&r, tty, &d))
+            goto out;
         if (ckpt && r.c.checkpoint_every > 0 && r.step % r.c.checkpoint_every == 0 &&
             r.step < r.steps && !save_checkpoint(&r, ckpt, &d))
             goto out;

@@ -268,6 +268,8 @@ void rt_runlog_memory(RunLog *l, const Graph *g, const MemPlan *mp);
 void rt_runlog_comm(RunLog *l, int nranks, double step_start, double step_end,
                     const RtCommEvent *ev, int nev);
 void rt_runlog_sweep(RunLog *l, const RematSweepPoint *p, int n);
+/* A section "Sample at step N" holding text (train{sample_every}). */
+void rt_runlog_sample(RunLog *l, int64_t step, const char *text);
 /* Closes the JSON lines (fsync: an error the file system reports late) and
  * writes DIR/report.html (atomically); false with d set on a write error. */
 bool rt_runlog_close(RunLog *l, Diag *d);
@@ -420,6 +422,16 @@ typedef struct {
     bool verbose, quiet;
 } SampleOpts;
 int rt_sample(const Model *m, const SampleOpts *o);
+/* train{sample_every}: one sample from the evaluation graph eg (params
+ * already in e), by the full forward over the window at every token:
+ * c->sample_prompt (bytes for V <= 256, else token ids; NULL: a newline,
+ * or token 50256 for GPT-2's vocabulary), then c->sample_tokens tokens
+ * drawn at temperature 1 from a stream of (c->seed, step). Returns the
+ * text (printable: other bytes as \xNN; ids for V > 256), malloc'd; NULL
+ * with d set when eg is not a language model or the prompt does not fit
+ * (rt_train calls it once before training to check). */
+char *rt_train_sample(Exec *e, const Graph *eg, const TrainCfg *c, int64_t step, bool check,
+                      Diag *d);
 
 /* ---- train.c: the training loop -------------------------------------------
  * `kiln train` maps its flags 1:1 onto TrainOpts. The loop builds the

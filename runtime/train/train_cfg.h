@@ -56,6 +56,9 @@ typedef struct TrainCfg {
     double comm_timeout;      /* seconds a collective may take before the ranks stop */
     const char *on_nonfinite; /* "stop" (default) or "skip": a step whose loss or
                                  gradient norm is not finite (never applied) */
+    int64_t sample_every;     /* print a sample every N steps (0: never; sample.c) */
+    const char *sample_prompt; /* its prompt: text (V <= 256) or token ids; NULL: default */
+    int64_t sample_tokens;    /* its new tokens */
 } TrainCfg;
 
 /* train{eval_batches = "all"} */

@@ -70,4 +70,10 @@ expect 1 "kiln sample: --tokenizer $dir/tok.bin: not a GPT-2 tokenizer file of l
     fail "training mlp.lua"
 expect 1 'kiln sample: models/mlp.lua: kiln sample needs a language model' \
     "$KILN" sample models/mlp.lua --init-from "$dir/mlp.st" --prompt hi
+expect 1 'models/mlp.lua:[0-9]+: train: sample_every needs a language model' \
+    "$KILN" train models/mlp.lua --steps 2 --set sample_every=1
+expect 1 'models/gpt.lua:[0-9]+: train: sample_prompt: expected 1 to T = 32 tokens of the vocabulary \(V = 256\), got 40' \
+    "$KILN" train models/gpt.lua --steps 2 --set sample_every=1 --set sample_prompt="$(printf 'a%.0s' $(seq 40))"
+expect 1 'train: sample_prompt: expected token ids from 0 to 299' \
+    "$KILN" train models/gpt.lua --steps 2 --set V=300 --set sample_every=1 --set sample_prompt=abc
 echo ok

@@ -97,6 +97,19 @@ grep -q "no KV cache: the one-token step disagreed with the prefill" "$dir/num.e
 y=$(s --ids --temperature 0 --max-new-tokens 20) || fail "greedy 20"
 [ "$x" = "$y" ] || fail "the fallback after the check differs: $x / $y"
 
+# train{sample_every}: a sample line at steps 50 and 100 (the last), the
+# same in two runs, and in the report
+for i in 1 2; do
+    "$KILN" train models/gpt.lua --steps 100 --set sample_every=50 --set sample_tokens=20 \
+        --set 'sample_prompt=The ' --log-dir "$dir/log$i" 2>&1 | grep '^sample' >"$dir/ts$i" ||
+        fail "train sample_every"
+done
+[ "$(cut -c1-14 "$dir/ts1" | tr '\n' /)" = "sample    50 |/sample   100 |/" ] ||
+    fail "sample lines: $(cat "$dir/ts1")"
+grep -qE '^sample    50 \| The .{20}$' "$dir/ts1" || fail "not prompt + 20 bytes: $(cat "$dir/ts1")"
+cmp -s "$dir/ts1" "$dir/ts2" || fail "samples differ between two runs: $(cat "$dir/ts1" "$dir/ts2")"
+[ "$(grep -c '<h2>Sample at step' "$dir/log1/report.html")" -eq 2 ] || fail "no samples in the report"
+
 # the trained model's bytes: total variation distance of 1600 sampled bytes
 # to the data's byte distribution, against the distance to uniform
 s --ids --seed 11 --num-samples 8 --max-new-tokens 200 >"$dir/ids" || fail "long sample"
