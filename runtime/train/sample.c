@@ -409,6 +409,35 @@ static bool check_model(Smp *f, Diag *d)
     return true;
 }
 
+/* Whether decode graph g (S tokens a run) reads what the model's params
+ * are and gives logits [B,S,V]: a script whose decode-mode run declares
+ * other params or outputs is not decoded with a cache (why says so). */
+static bool decode_fits(const Smp *f, const Graph *g, int64_t S, char *why, size_t n)
+{
+    int t = ir_find_tensor(g, "tokens"), l = ir_find_output(g, "logits");
+    const Shape *ts = t >= 0 ? &g->t.v[t].s : NULL, *ls = l >= 0 ? &g->t.v[l].s : NULL;
+    if (!ts || !ls || ts->rank != 2 || ts->dim[0] != f->B || ts->dim[1] != S ||
+        ts->dtype != DT_I32 || ls->rank != 3 || ls->dim[0] != f->B || ls->dim[1] != S ||
+        ls->dim[2] != f->V) {
+        snprintf(why, n, "in decode mode (S = %lld) the script does not give tokens i32[%lld,%lld] "
+                 "and logits [%lld,%lld,%lld]", (long long)S, (long long)f->B, (long long)S,
+                 (long long)f->B, (long long)S, (long long)f->V);
+        return false;
+    }
+    for (int i = 0; i < g->t.n; i++) {
+        const Tensor *x = &g->t.v[i];
+        if (x->kind != TK_PARAM)
+            continue;
+        int j = ir_find_tensor(f->m->g, x->name);
+        if (j < 0 || f->m->g->t.v[j].kind != TK_PARAM || !shape_eq(&x->s, &f->m->g->t.v[j].s)) {
+            snprintf(why, n, "in decode mode the script declares param \"%s\", which the "
+                     "training graph %s", x->name, j < 0 ? "has not" : "has with another type");
+            return false;
+        }
+    }
+    return true;
+}
+
 static bool setup(Smp *f, Diag *d)
 {
     const SampleOpts *o = f->o;
@@ -426,6 +455,9 @@ static bool setup(Smp *f, Diag *d)
         snprintf(f->why, sizeof f->why,
                  "the script's attention keeps no cache (only nn.attention and "
                  "nn.CausalSelfAttention do)");
+    else if (!decode_fits(f, o->prefill_g, f->T, f->why, sizeof f->why) ||
+             !decode_fits(f, o->step_g, 1, f->why, sizeof f->why))
+        ;
     else {
         if (!step_build(f, &f->pre, ir_clone(o->prefill_g), false, d) ||
             !step_build(f, &f->one, ir_clone(o->step_g), false, d))

@@ -3,8 +3,8 @@
 # greedy decoding by rerunning the full forward (gpt.lua, llama.lua); a
 # seeded sample is reproducible and does not depend on the batch; top-k 1
 # is greedy; --stream and --tokenizer print the same text; a model without
-# nn.attention takes the full-forward path, and one whose positions ignore
-# decode mode is caught by the step-against-prefill check; a gpt.lua trained
+# nn.attention takes the full-forward path, and one that mixes over time
+# outside attention is caught by the step-against-prefill check; a gpt.lua trained
 # 300 steps on tiny.txt samples bytes closer to the data's than to uniform.
 set -u
 : "${KILN:?}"
@@ -86,16 +86,31 @@ LUA
 grep -q "no KV cache: the full forward over the window at every token (the script's attention keeps no cache" \
     "$dir/bg.err" || fail "bigram path: $(cat "$dir/bg.err")"
 
-# positions from a bare number T (not the symbol): decode mode cannot see
-# them; the first step disagrees with the prefill and the full forward serves
-sed 's/wpe(iota({"T"}, 0, "i32"))/wpe(iota({T}, 0, "i32"))/' models/gpt.lua >"$dir/gptnum.lua"
-grep -q 'iota({T}, 0' "$dir/gptnum.lua" || fail "sed did not change gpt.lua"
-x=$("$KILN" sample "$dir/gptnum.lua" --init-from "$dir/gpt.st" --prompt "The " --ids \
-    --temperature 0 --max-new-tokens 20 2>"$dir/num.err") || fail "gptnum: $(cat "$dir/num.err")"
-grep -q "no KV cache: the one-token step disagreed with the prefill" "$dir/num.err" ||
-    fail "no check: $(cat "$dir/num.err")"
+# a mixing over time that is not attention (a running sum over T): in
+# decode mode it sees the step's token only; the first step disagrees with
+# the prefill and the full forward serves
+sed 's/^x = nn.dropout(x, cfg.dropout)$/x = nn.dropout(x, cfg.dropout) + 0.5 * nn.cumsum(x, 1)/' \
+    models/gpt.lua >"$dir/gptsum.lua"
+grep -q 'nn.cumsum(x, 1)' "$dir/gptsum.lua" || fail "sed did not change gpt.lua"
+x=$("$KILN" sample "$dir/gptsum.lua" --init-from "$dir/gpt.st" --prompt "The " --ids \
+    --temperature 0 --max-new-tokens 20 2>"$dir/sum.err") || fail "gptsum: $(cat "$dir/sum.err")"
+grep -q "no KV cache: the one-token step disagreed with the prefill" "$dir/sum.err" ||
+    fail "no check: $(cat "$dir/sum.err")"
+z=$("$KILN" sample "$dir/gptsum.lua" --init-from "$dir/gpt.st" --prompt "The " --ids \
+    --temperature 0 --max-new-tokens 20 --no-kv-cache 2>/dev/null) || fail "gptsum full"
+[ "$x" = "$z" ] || fail "the fallback after the check differs: $x / $z"
 y=$(s --ids --temperature 0 --max-new-tokens 20) || fail "greedy 20"
-[ "$x" = "$y" ] || fail "the fallback after the check differs: $x / $y"
+
+# a script whose decode-mode run declares a param of its own: no cache, said so
+sed 's/^minimize(/if nn.decode then logits = logits + param("extra", {"V"}, zeros()) end\nminimize(/' \
+    models/gpt.lua >"$dir/gptx.lua"
+grep -q '"extra"' "$dir/gptx.lua" || fail "sed did not change gpt.lua"
+x=$("$KILN" sample "$dir/gptx.lua" --init-from "$dir/gpt.st" --prompt "The " --ids \
+    --temperature 0 --max-new-tokens 20 2>"$dir/x.err") || fail "gptx: $(cat "$dir/x.err")"
+grep -q 'no KV cache: .*(in decode mode the script declares param "extra", which the training graph has not)' \
+    "$dir/x.err" || fail "gptx path: $(cat "$dir/x.err")"
+[ "$x" = "$y" ] || fail "gptx differs from greedy: $x / $y"
+"$KILN" sample --help | grep -q -- '--top-p P' || fail "kiln sample --help"
 
 # train{sample_every}: a sample line at steps 50 and 100 (the last), the
 # same in two runs, and in the report
