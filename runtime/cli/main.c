@@ -1102,8 +1102,8 @@ int main(int argc, char **argv)
     if (strcmp(argv[1], "__measure-mpi") == 0) /* kiln plan's MPI measurement, one rank */
         return rt_mpi_measure_main(argc, argv);
     fprintf(stderr,
-            "kiln: unknown command '%s' (expected compile, train, eval, predict, sample, plan or opt; see "
-            "kiln --help)\n",
+            "kiln: unknown command '%s' (expected compile, train, eval, predict, sample, plan or "
+            "opt; see kiln --help)\n",
             argv[1]);
     return 2;
 }

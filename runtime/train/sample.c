@@ -620,7 +620,8 @@ int rt_sample(const Model *m, const SampleOpts *o)
                     f.kv ? "KV cache: a compiled prefill over the window and a one-token step "
                            "writing the cache at the position"
                          : "no KV cache: the full forward over the window at every token",
-                    f.kv ? "" : " (", f.kv ? "" : f.why, f.kv ? "" : ")", (long long)f.B, f.B == 1 ? "" : "s");
+                    f.kv ? "" : " (", f.kv ? "" : f.why, f.kv ? "" : ")", (long long)f.B,
+                    f.B == 1 ? "" : "s");
         if (!round_run(&f, &r, &d))
             goto out;
         if (was_kv && !f.kv) { /* the check failed: the round again, without the cache */
