@@ -48,6 +48,12 @@ int cli_eval(int argc, char **argv);
 int cli_predict(int argc, char **argv);
 /* `kiln sample` (sample.c): the exit code. */
 int cli_sample(int argc, char **argv);
+/* kiln compile --target: the cost model's time of the one-token decode step
+ * (the script at path in decode mode, S = 1) of a language model m, one
+ * line; nothing for other models. false after printing an error. */
+bool cli_print_decode_prediction(const Model *m, const char *path, const char *const *sets,
+                                 int nsets, const char *target, int threads,
+                                 const char *cache_dir);
 
 /* `kiln plan MODEL.lua [options]` (plan.c): the exit code. */
 int cli_plan(int argc, char **argv);

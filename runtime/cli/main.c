@@ -567,10 +567,13 @@ static int cmd_compile(int argc, char **argv)
     if (!cli_print_fusion(m, g, &po))
         rc = 1;
     print_epilogues(g, a.dump_dir, &a.dump_error);
+    /* the decode step's line first: the step's table ends the output */
     if (a.target &&
-        !cli_print_prediction(m, g, a.target, a.threads > 0 ? a.threads : online_cores(),
-                              a.cache_dir, a.remeasure, a.top > 0 ? a.top : 10, cal,
-                              a.calibrate, a.ktable))
+        (!cli_print_decode_prediction(m, model, a.sets.v, a.sets.n, a.target,
+                                      a.threads > 0 ? a.threads : online_cores(), a.cache_dir) ||
+         !cli_print_prediction(m, g, a.target, a.threads > 0 ? a.threads : online_cores(),
+                               a.cache_dir, a.remeasure, a.top > 0 ? a.top : 10, cal,
+                               a.calibrate, a.ktable)))
         rc = 1;
     if (a.dump_dir && (wants_dump(&a, "fuse") || wants_dump(&a, "kernels")) &&
         !rt_dump_kernels(g, a.dump_dir, &d)) {

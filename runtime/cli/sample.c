@@ -5,8 +5,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cg_cuda.h"
 #include "cli.h"
+#include "codegen.h"
+#include "cpu.h"
 #include "frontend.h"
+#include "passes.h"
 #include "runtime.h"
 #include "train.h"
 
@@ -242,4 +246,52 @@ int cli_sample(int argc, char **argv)
 out:
     vec_free(&sets);
     return rc;
+}
+
+bool cli_print_decode_prediction(const Model *m, const char *path, const char *const *sets,
+                                 int nsets, const char *target, int threads,
+                                 const char *cache_dir)
+{
+    int64_t T = window_of(m);
+    if (T < 2)
+        return true; /* not a language model: nothing to say */
+    char err[2048];
+    int ncaches = 0;
+    Graph *g = fe_load_decode(path, sets, nsets, 1, &ncaches, err, sizeof err);
+    if (!g || ncaches == 0) {
+        printf("decode step: none (%s): kiln sample reruns the full forward per token\n",
+               g ? "the script's attention keeps no KV cache" : "the script fails in decode mode");
+        ir_free(g);
+        return true;
+    }
+    Diag d = {{0}};
+    PassOpts po;
+    rt_pass_opts(&m->train, NULL, &po);
+    bool ok = pass_simplify(g, &po, &d) && pass_fuse(g, &po, &d) && pass_schedule(g, &po, &d);
+    CgDevice cpu;
+    const CgDevice *dev = cg_device_find(target);
+    if (ok && !dev) { /* "cpu" */
+        ok = rt_cpu_device(threads, cache_dir, false, false, &cpu, &d);
+        dev = &cpu;
+    }
+    CgPlan *p = ok ? cg_plan(g, &d) : NULL;
+    if (!p) {
+        fprintf(stderr, "kiln: --target %s: the decode step: %s\n", target, d.msg);
+        ir_free(g);
+        return false;
+    }
+    CgPredictOpts o = cli_predict_opts(m, dev);
+    CgCudaProgram *q = dev->gpu ? cg_cuda_program(p, o.bf16) : NULL;
+    CgPrediction *r = cg_predict(p, q, dev, &o);
+    int tk = ir_find_tensor(g, "tokens");
+    int64_t B = tk >= 0 ? g->t.v[tk].s.dim[0] : 1;
+    printf("predicted decode step on %s (kiln sample's one-token step with a KV cache: %lld "
+           "row%s, %d cache tensors of %lld positions): %.1f us per step, %.0f tokens/s, "
+           "%d launches\n", dev->name, (long long)B, B == 1 ? "" : "s", ncaches, (long long)T,
+           r->step_s * 1e6, (double)B / r->step_s, r->launches);
+    cg_prediction_free(r);
+    cg_cuda_program_free(q);
+    cg_plan_free(p);
+    ir_free(g);
+    return true;
 }

@@ -4,7 +4,8 @@
 # seeded sample is reproducible and does not depend on the batch; top-k 1
 # is greedy; --stream and --tokenizer print the same text; a model without
 # nn.attention takes the full-forward path, and one that mixes over time
-# outside attention is caught by the step-against-prefill check; a gpt.lua trained
+# outside attention is caught by the step-against-prefill check; kiln
+# compile --target predicts the decode step; a gpt.lua trained
 # 300 steps on tiny.txt samples bytes closer to the data's than to uniform.
 set -u
 : "${KILN:?}"
@@ -111,6 +112,13 @@ grep -q 'no KV cache: .*(in decode mode the script declares param "extra", which
     "$dir/x.err" || fail "gptx path: $(cat "$dir/x.err")"
 [ "$x" = "$y" ] || fail "gptx differs from greedy: $x / $y"
 "$KILN" sample --help | grep -q -- '--top-p P' || fail "kiln sample --help"
+
+# kiln compile --target: the decode step's predicted time, for language
+# models only
+"$KILN" compile models/gpt.lua --target h100 >"$dir/c.out" 2>&1 || fail "compile --target"
+grep -qE '^predicted decode step on h100 \(kiln sample.s one-token step with a KV cache: 4 rows, 4 cache tensors of 32 positions\): [0-9.]+ us per step, [0-9]+ tokens/s' \
+    "$dir/c.out" || fail "no decode prediction: $(grep decode "$dir/c.out")"
+"$KILN" compile models/mlp.lua --target h100 2>&1 | grep -q 'decode' && fail "mlp.lua: a decode line"
 
 # train{sample_every}: a sample line at steps 50 and 100 (the last), the
 # same in two runs, and in the report
