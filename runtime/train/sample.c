@@ -438,13 +438,20 @@ static bool decode_fits(const Smp *f, const Graph *g, int64_t S, char *why, size
     return true;
 }
 
+/* The evaluation graph, compiled when the full forward is the path (at
+ * setup, or after a failed check). */
+static bool full_build(Smp *f, Diag *d)
+{
+    if (f->full.e)
+        return true;
+    step_free(&f->full);
+    return step_build(f, &f->full, ir_clone(f->m->eval_g ? f->m->eval_g : f->m->g), true, d);
+}
+
 static bool setup(Smp *f, Diag *d)
 {
     const SampleOpts *o = f->o;
     if (!load_weights(f, d))
-        return false;
-    Graph *eg = ir_clone(f->m->eval_g ? f->m->eval_g : f->m->g);
-    if (!step_build(f, &f->full, eg, true, d))
         return false;
     f->kv = false;
     if (o->no_kv_cache)
@@ -465,7 +472,7 @@ static bool setup(Smp *f, Diag *d)
         f->kv = true;
     }
     f->tokbuf = xcalloc((size_t)(f->B * f->T), sizeof *f->tokbuf);
-    return true;
+    return f->kv || full_build(f, d);
 }
 
 static double rel_err(const float *a, const float *b, int64_t n)
@@ -625,6 +632,8 @@ int rt_sample(const Model *m, const SampleOpts *o)
         if (!round_run(&f, &r, &d))
             goto out;
         if (was_kv && !f.kv) { /* the check failed: the round again, without the cache */
+            if (!full_build(&f, &d))
+                goto out;
             if (!o->quiet)
                 fprintf(stderr, "sample: %s: no KV cache: %s; the full forward over the window "
                                 "at every token\n", m->path, f.why);
