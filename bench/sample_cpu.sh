@@ -2,9 +2,10 @@
 # kiln sample's decode speed on this machine's CPU (issue 41): tokens/s of
 # greedy decoding (--temperature 0), batch 1 and 8, of gpt.lua small (L=4,
 # C=256, H=4, V=256, T=256, f32, random weights), one prompt token and
-# T-1 new ones (all within the window), on THREADS threads: through the KV
-# cache (prefill + one-token steps) and by the full forward at every token
-# (--no-kv-cache). Beside it PyTorch eager with a KV cache
+# T-1 new ones (all within the window), on THREADS threads: the one-token
+# steps' rate through the KV cache (the prompt's token and every new one;
+# the startup check's prefill not counted) and the whole run's rate by the
+# full forward at every token (--no-kv-cache). Beside it PyTorch eager with a KV cache
 # (bench/sample_torch.py, same shapes) when torch is installed; without it
 # the bench says so and prints kiln's numbers only. ROUNDS runs each,
 # interleaved; the median tokens/s is printed.
@@ -27,12 +28,14 @@ py=
 command -v python3 >/dev/null && python3 -c 'import torch' 2>/dev/null && py=python3
 [ -n "$py" ] || echo "PyTorch is not installed here (python3 -c 'import torch' fails): kiln's numbers only"
 
-run() { # B [kiln flags]: tokens/s of one run
+run() { # B [kiln flags]: tokens/s of one run: its one-token steps (KV cache), or all
     local b=$1
     shift
     "$kiln" sample "$here/models/gpt.lua" --init-from "$tmp/w.st" "${cfg[@]}" --set batch="$b" \
         --num-samples "$b" --prompt T --max-new-tokens $N --temperature 0 --threads "$threads" \
-        "$@" 2>&1 >/dev/null | sed -n 's/.* s: \([0-9.]*\) tokens\/s.*/\1/p'
+        "$@" 2>&1 >/dev/null | sed -n -e 's/.*one-token steps .* each: \([0-9.]*\) tokens\/s.*/\1/p' \
+        -e 's/.*, 0 one-token, .* s: \([0-9.]*\) tokens\/s.*/\1/p' \
+        -e '/one-token steps/!s/.* s: \([0-9.]*\) tokens\/s; runs: 0 prefill.*/\1/p' | head -1
 }
 for b in 1 8; do
     : >"$tmp/kv"; : >"$tmp/full"; : >"$tmp/torch"

@@ -27,6 +27,7 @@ typedef struct {
     Step full;            /* the evaluation graph: tokens [B,T] */
     Step pre, one;        /* decode: prefill (S = T, pos 0) and one-token step */
     bool kv;
+    bool checked;         /* the first one-token step was checked */
     int32_t *tokbuf;      /* B*T */
     char why[512];        /* why the KV cache is not used */
 } Smp;
@@ -498,6 +499,7 @@ typedef struct {
     PrintKind pk;
     const Tok *tk;
     int64_t runs_pre, runs_one, runs_full;
+    double one_s;  /* seconds in one-token steps */
 } Round;
 
 /* Logits row for row b: out of s at position i (rows of s->S positions). */
@@ -520,54 +522,80 @@ static void choose(Smp *f, Round *r, const Step *s, int64_t at, int64_t i)
 }
 
 /* One round of B rows: the prompt, then N tokens each. */
+/* One one-token step for every row: token seq[pos] at position pos. */
+static bool one_step(Smp *f, Round *r, int64_t pos, Diag *d)
+{
+    for (int64_t b = 0; b < f->B; b++)
+        f->tokbuf[b] = r->seq[b * r->L + pos];
+    double t0 = ir_now();
+    if (!step_run(f, &f->one, pos, d))
+        return false;
+    r->one_s += ir_now() - t0;
+    r->runs_one++;
+    return true;
+}
+
+/* The first one-token step's logits (the tokens seq[0..n)) against the
+ * prefill over the same tokens: a script whose decode graph ignores its
+ * cache differs; then f->kv is false and why says so. */
+static bool check_step(Smp *f, Round *r, int64_t n, Diag *d)
+{
+    float *keep = xmalloc((size_t)(f->B * f->V) * sizeof *keep);
+    memcpy(keep, f->one.out, (size_t)(f->B * f->V) * sizeof *keep);
+    int64_t at = 0;
+    for (int64_t b = 0; b < f->B; b++)
+        at = window(f, b, r->seq + b * r->L, n, f->T);
+    if (!step_run(f, &f->pre, 0, d)) {
+        free(keep);
+        return false;
+    }
+    r->runs_pre++;
+    caches_to_step(f);
+    double worst = 0;
+    for (int64_t b = 0; b < f->B; b++)
+        worst = fmax(worst, rel_err(keep + b * f->V, row_of(f, &f->pre, b, at), f->V));
+    free(keep);
+    f->checked = true;
+    if (!(worst <= 1e-3)) {
+        snprintf(f->why, sizeof f->why,
+                 "the one-token step disagreed with the prefill over the same tokens "
+                 "(relative error %.3g of the logits): the script mixes positions outside "
+                 "nn.attention, which decode mode does not see", worst);
+        f->kv = false;
+    }
+    return true;
+}
+
+/* One round of B rows: the prompt, then N tokens each. With the KV cache,
+ * a short prompt (P <= T/16) goes through one-token steps, a longer one
+ * through the prefill; each new token through a one-token step; past the
+ * window, the prefill over the last T tokens. */
 static bool round_run(Smp *f, Round *r, Diag *d)
 {
     int64_t n = r->P;
     for (int64_t i = 0; i < r->N; i++, n++) {
-        if (f->kv && i > 0 && n <= f->T) { /* the new token at position n-1 */
-            for (int64_t b = 0; b < f->B; b++)
-                f->tokbuf[b] = r->seq[b * r->L + n - 1];
-            if (!step_run(f, &f->one, n - 1, d))
-                return false;
-            r->runs_one++;
-            if (!f->o->skip_check && r->runs_one == 1 && r->runs_pre == 1) {
-                /* the step against the prefill over the same tokens: a
-                 * script whose attention ignores its cache differs */
-                float *keep = xmalloc((size_t)(f->B * f->V) * sizeof *keep);
-                memcpy(keep, f->one.out, (size_t)(f->B * f->V) * sizeof *keep);
-                int64_t at = 0;
-                for (int64_t b = 0; b < f->B; b++)
-                    at = window(f, b, r->seq + b * r->L, n, f->T);
-                if (!step_run(f, &f->pre, 0, d)) {
-                    free(keep);
-                    return false;
-                }
-                caches_to_step(f);
-                double worst = 0;
-                for (int64_t b = 0; b < f->B; b++)
-                    worst = fmax(worst, rel_err(keep + b * f->V, row_of(f, &f->pre, b, at), f->V));
-                free(keep);
-                if (!(worst <= 1e-3)) {
-                    snprintf(f->why, sizeof f->why,
-                             "the one-token step disagreed with the prefill over the same tokens "
-                             "(relative error %.3g of the logits): the script's attention does "
-                             "not read its cache", worst);
-                    f->kv = false;
-                    return true; /* the caller reruns the round without the cache */
-                }
-            }
-            choose(f, r, &f->one, 0, i);
-            continue;
-        }
         Step *s = f->kv ? &f->pre : &f->full;
         int64_t at = 0;
-        for (int64_t b = 0; b < f->B; b++)
-            at = window(f, b, r->seq + b * r->L, n, f->T);
-        if (!step_run(f, s, 0, d))
-            return false;
-        if (f->kv && n < f->T)
-            caches_to_step(f);
-        *(f->kv ? &r->runs_pre : &r->runs_full) += 1;
+        if (f->kv && n <= f->T && (i > 0 || r->P * 16 <= f->T)) {
+            for (int64_t pos = i > 0 ? n - 1 : 0; pos < n; pos++)
+                if (!one_step(f, r, pos, d))
+                    return false;
+            if (!f->checked && !f->o->skip_check) {
+                if (!check_step(f, r, n, d))
+                    return false;
+                if (!f->kv)
+                    return true; /* the caller reruns the round without the cache */
+            }
+            s = &f->one;
+        } else {
+            for (int64_t b = 0; b < f->B; b++)
+                at = window(f, b, r->seq + b * r->L, n, f->T);
+            if (!step_run(f, s, 0, d))
+                return false;
+            if (f->kv && n < f->T)
+                caches_to_step(f);
+            *(f->kv ? &r->runs_pre : &r->runs_full) += 1;
+        }
         choose(f, r, s, at, i);
     }
     return true;
@@ -669,11 +697,15 @@ int rt_sample(const Model *m, const SampleOpts *o)
     double s = ir_now() - t0;
     if (!o->quiet)
         fprintf(stderr,
-                "sample: %lld sample%s of %lld tokens in %.3f s: %.1f tokens/s (rows computed: "
-                "%.1f/s); runs: %lld prefill, %lld one-token, %lld full forward\n",
+                "sample: %lld sample%s of %lld tokens in %.3f s: %.1f tokens/s; runs: %lld "
+                "prefill, %lld one-token, %lld full forward%s",
                 (long long)o->num_samples, o->num_samples == 1 ? "" : "s", (long long)r.N, s,
-                tokens / s, (double)(r.runs_pre + r.runs_one + r.runs_full) * (double)f.B / s,
-                (long long)r.runs_pre, (long long)r.runs_one, (long long)r.runs_full);
+                tokens / s, (long long)r.runs_pre, (long long)r.runs_one,
+                (long long)r.runs_full, r.runs_one ? "" : "\n");
+    if (!o->quiet && r.runs_one)
+        fprintf(stderr, "; one-token steps %.3f ms each: %.1f tokens/s at batch %lld\n",
+                1e3 * r.one_s / (double)r.runs_one, (double)(f.B * r.runs_one) / r.one_s,
+                (long long)f.B);
     rc = 0;
 out:
     if (rc) {

@@ -20,14 +20,17 @@ fail() { echo "FAIL: $*"; exit 1; }
 
 # greedy: KV cache == full forward; prompt + 40 tokens crosses T = 32, so
 # the slide past the window (a prefill per token) is covered too
-for m in gpt llama; do
-    kv=$("$KILN" sample models/$m.lua --init-from "$dir/$m.st" --prompt "The " \
+# prompt "T" (1 token <= T/16) goes in by one-token steps, "The " by the prefill
+for m in gpt llama gpt:T llama:T; do
+    p="The "
+    case $m in *:T) m=${m%:T}; p=T ;; esac
+    kv=$("$KILN" sample models/$m.lua --init-from "$dir/$m.st" --prompt "$p" \
          --max-new-tokens 40 --temperature 0 --ids --num-samples 2 2>"$dir/kv.err") ||
         fail "$m kv: $(cat "$dir/kv.err")"
     grep -q "^sample: models/$m.lua: KV cache:" "$dir/kv.err" || fail "$m: no KV path: $(cat "$dir/kv.err")"
     grep -qE "runs: [0-9]+ prefill, [1-9][0-9]* one-token, 0 full forward" "$dir/kv.err" ||
         fail "$m: no one-token steps: $(cat "$dir/kv.err")"
-    full=$("$KILN" sample models/$m.lua --init-from "$dir/$m.st" --prompt "The " \
+    full=$("$KILN" sample models/$m.lua --init-from "$dir/$m.st" --prompt "$p" \
            --max-new-tokens 40 --temperature 0 --ids --num-samples 2 --no-kv-cache 2>"$dir/full.err") ||
         fail "$m full: $(cat "$dir/full.err")"
     grep -q "no KV cache: the full forward over the window at every token (--no-kv-cache)" \
