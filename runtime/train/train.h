@@ -389,12 +389,13 @@ int rt_predict(const Model *m, const InferOpts *o);
  * its own stream seeded by (seed, sample index): a sample does not depend
  * on B. Two paths (printed on standard error):
  *   - KV cache: prefill_g (the decode graph of S = T: the window at
- *     position 0, filling the caches) then step_g (S = 1 at position
- *     decode.pos: writes the cache there, attends to the filled part) per
- *     token; past the window (T tokens) each token reruns the prefill over
- *     the last T tokens. The first step is checked against the prefill over
- *     the same tokens (relative error of the logits <= 1e-3), and a
- *     mismatch falls back to the other path.
+ *     position 0, filling the caches; for prompts of more than T/16
+ *     tokens, else one step per prompt token) then step_g (S = 1 at
+ *     position decode.pos: writes the cache there, attends to the filled
+ *     part) per token; past the window (T tokens) each token reruns the
+ *     prefill over the last T tokens. The first step is checked against
+ *     the prefill over the same tokens (relative error of the logits <=
+ *     1e-3), and a mismatch falls back to the other path.
  *   - full forward: the evaluation graph over the last min(n, T) tokens
  *     (padded) at every token; every language model takes it.
  * Tokens print as bytes (V <= 256), through tokenizer, or as ids. Returns
