@@ -500,6 +500,7 @@ typedef struct {
     const Tok *tk;
     int64_t runs_pre, runs_one, runs_full;
     double one_s;  /* seconds in one-token steps */
+    int64_t done;  /* samples printed before this round */
 } Round;
 
 /* Logits row for row b: out of s at position i (rows of s->S positions). */
@@ -574,6 +575,12 @@ static bool round_run(Smp *f, Round *r, Diag *d)
 {
     int64_t n = r->P;
     for (int64_t i = 0; i < r->N; i++, n++) {
+        if (rt_stop_signal()) {
+            snprintf(d->msg, sizeof d->msg, "stopped by %s after %lld of %lld samples",
+                     rt_signal_name(rt_stop_signal()), (long long)r->done,
+                     (long long)f->o->num_samples);
+            return false;
+        }
         Step *s = f->kv ? &f->pre : &f->full;
         int64_t at = 0;
         if (f->kv && n <= f->T && (i > 0 || r->P * 16 <= f->T)) {
@@ -657,6 +664,7 @@ int rt_sample(const Model *m, const SampleOpts *o)
                          : "no KV cache: the full forward over the window at every token",
                     f.kv ? "" : " (", f.kv ? "" : f.why, f.kv ? "" : ")", (long long)f.B,
                     f.B == 1 ? "" : "s");
+        r.done = done;
         if (!round_run(&f, &r, &d))
             goto out;
         if (was_kv && !f.kv) { /* the check failed: the round again, without the cache */
@@ -689,8 +697,9 @@ int rt_sample(const Model *m, const SampleOpts *o)
         done += k;
         tokens += (double)(r.N * k);
         if (rt_stop_signal()) {
-            snprintf(d.msg, sizeof d.msg, "stopped by signal after %lld of %lld samples",
-                     (long long)done, (long long)o->num_samples);
+            snprintf(d.msg, sizeof d.msg, "stopped by %s after %lld of %lld samples",
+                     rt_signal_name(rt_stop_signal()), (long long)done,
+                     (long long)o->num_samples);
             goto out;
         }
     }

@@ -5,7 +5,9 @@
 # token out of the vocabulary (--prompt-tokens, and a byte of --prompt for
 # a model of fewer than 256 tokens); text for a token model; --top-p
 # outside (0, 1]; a negative temperature; a bad tokenizer file; a model
-# that is not a language model; missing or conflicting flags.
+# that is not a language model; missing or conflicting flags; train{}'s
+# sample_every for a model that is not a language model, a sample_prompt
+# that does not fit; SIGINT mid-sample (exit 130).
 set -u
 : "${KILN:?}"
 dir=$(mktemp -d "${TMPDIR:-/tmp}/kiln-bad-sample-XXXXXX")
@@ -76,4 +78,15 @@ expect 1 'models/gpt.lua:[0-9]+: train: sample_prompt: expected 1 to T = 32 toke
     "$KILN" train models/gpt.lua --steps 2 --set sample_every=1 --set sample_prompt="$(printf 'a%.0s' $(seq 40))"
 expect 1 'train: sample_prompt: expected token ids from 0 to 299' \
     "$KILN" train models/gpt.lua --steps 2 --set V=300 --set sample_every=1 --set sample_prompt=abc
+# SIGINT mid-sample (one sample of 2^24 tokens: past the window of 32 each
+# is a prefill; minutes of work): exit 130, a stop message
+"$KILN" sample $G --prompt hi --max-new-tokens 16777216 >"$dir/out" 2>"$dir/err" &
+pid=$!
+sleep 1
+kill -INT $pid
+wait $pid
+rc=$?
+[ $rc -eq 130 ] || fail "sample stopped by SIGINT: exit $rc, expected 130: $(cat "$dir/err")"
+grep -q 'kiln sample: stopped by SIGINT after 0 of 1 samples' "$dir/err" ||
+    fail "no stop message: $(cat "$dir/err")"
 echo ok
