@@ -161,11 +161,12 @@ static double u01(uint64_t *st)
     return (double)(*st >> 11) * (1.0 / 9007199254740992.0);
 }
 
-static const float *g_cmp_logit;
-static int by_logit(const void *a, const void *b)
+/* Largest logit first, then the lower index. ctx: the logits. */
+static int by_logit(const void *a, const void *b, void *ctx)
 {
+    const float *lg = ctx;
     int32_t i = *(const int32_t *)a, j = *(const int32_t *)b;
-    float x = g_cmp_logit[i], y = g_cmp_logit[j];
+    float x = lg[i], y = lg[j];
     if (x != y)
         return x > y ? -1 : 1;
     return i < j ? -1 : i > j;
@@ -184,8 +185,7 @@ static int32_t pick(const float *lg, int64_t V, const SampleOpts *o, uint64_t *r
     for (int64_t i = 0; i < V; i++)
         idx[i] = (int32_t)i;
     if (o->top_k > 0 || o->top_p < 1) {
-        g_cmp_logit = lg;
-        qsort(idx, (size_t)V, sizeof *idx, by_logit);
+        qsort_r(idx, (size_t)V, sizeof *idx, by_logit, (void *)lg);
         if (o->top_k > 0 && o->top_k < n)
             n = o->top_k;
     }
