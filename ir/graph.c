@@ -702,6 +702,29 @@ bool ir_infer(const Graph *g, Opcode code, const int *in, int nin, const OpAttr 
                 return false;
             break;
         }
+        if (info->attr == AK_TP) {
+            if (a->nia != 3 || a->ia[1] < 1 || a->ia[2] < 0 || a->ia[2] >= a->ia[1])
+                FAIL("%s: needs {axis=A,n=N,rank=R} with N >= 1 and 0 <= R < N", info->name);
+            if (!dtype_is_float(s[0]->dtype))
+                FAIL("%s: needs a float tensor (got %s)", info->name, dtype_name(s[0]->dtype));
+            r = *s[0];
+            if (code == OP_TP_ALL_GATHER || code == OP_TP_REDUCE_SCATTER) {
+                int ax = (int)a->ia[0];
+                if (ax < 0 || ax >= r.rank)
+                    FAIL("%s: axis out of range (expected 0..%d, got %lld)", info->name,
+                         r.rank - 1, (long long)a->ia[0]);
+                if (code == OP_TP_ALL_GATHER) {
+                    if (!ir_mul_ok(r.dim[ax], a->ia[1], &r.dim[ax]))
+                        FAIL("tp_all_gather: the gathered dim overflows");
+                } else {
+                    if (r.dim[ax] % a->ia[1] != 0)
+                        FAIL("tp_reduce_scatter: dim %d (%lld) does not divide by n = %lld",
+                             ax, (long long)r.dim[ax], (long long)a->ia[1]);
+                    r.dim[ax] /= a->ia[1];
+                }
+            }
+            break;
+        }
         if (!dtype_is_float(s[0]->dtype))
             FAIL("allreduce: needs a float tensor (got %s)", dtype_name(s[0]->dtype));
         r = *s[0];
