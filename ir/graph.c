@@ -954,3 +954,50 @@ int ir_op_x(Graph *g, Opcode code, const int *in, int nin, const OpAttr *a, SrcL
         die("%s (at %s:%d)", err, loc.file ? loc.file : "?", loc.line);
     return t;
 }
+
+/* ---- param shardings (IrShard) ---------------------------------------- */
+
+Shape ir_shard_whole(const IrShard *sh, const Shape *part)
+{
+    Shape s = *part;
+    if (sh->on && sh->n > 1) {
+        s.dim[sh->axis] *= sh->n;
+        s.dname[sh->axis] = NULL;
+    }
+    return s;
+}
+
+/* Walks rank r's runs of the whole tensor: for each index before the axis
+ * and each block, m x inner contiguous elements. */
+static void shard_copy(const IrShard *sh, const Shape *whole, size_t esize, char *w, char *part,
+                       bool to_part)
+{
+    int64_t outer = 1, inner = 1, d = whole->dim[sh->axis];
+    for (int i = 0; i < sh->axis; i++)
+        outer *= whole->dim[i];
+    for (int i = sh->axis + 1; i < whole->rank; i++)
+        inner *= whole->dim[i];
+    int64_t bs = d / sh->blocks, m = bs / sh->n;
+    size_t run = (size_t)(m * inner) * esize;
+    for (int64_t o = 0; o < outer; o++)
+        for (int64_t b = 0; b < sh->blocks; b++) {
+            char *wp = w + (size_t)((o * d + b * bs + sh->rank * m) * inner) * esize;
+            char *pp = part + (size_t)(((o * sh->blocks + b) * m) * inner) * esize;
+            if (to_part)
+                memcpy(pp, wp, run);
+            else
+                memcpy(wp, pp, run);
+        }
+}
+
+void ir_shard_extract(const IrShard *sh, const Shape *whole, size_t esize, const void *w,
+                      void *part)
+{
+    shard_copy(sh, whole, esize, (char *)w, part, true);
+}
+
+void ir_shard_insert(const IrShard *sh, const Shape *whole, size_t esize, const void *part,
+                     void *w)
+{
+    shard_copy(sh, whole, esize, w, (char *)part, false);
+}

@@ -447,7 +447,17 @@ typedef struct {
     int axis, blocks, n, rank;
 } IrShard;
 
-typedef struct {
+/* The whole param's shape from rank r's part (t's shape) and back; the
+ * whole tensor's bytes to rank r's part (extract) and rank r's part into
+ * the whole tensor (insert), for elements of esize bytes. */
+struct Tensor;
+Shape ir_shard_whole(const IrShard *sh, const Shape *part);
+void ir_shard_extract(const IrShard *sh, const Shape *whole, size_t esize, const void *w,
+                      void *part);
+void ir_shard_insert(const IrShard *sh, const Shape *whole, size_t esize, const void *part,
+                     void *w);
+
+typedef struct Tensor {
     int id;             /* index in g->t */
     Shape s;
     TensorKind kind;    /* const: produced by a const op */

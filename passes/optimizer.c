@@ -715,12 +715,26 @@ bool pass_optimizer(Graph *g, const PassOpts *o, Diag *d)
         return true;
     }
 
-    /* global gradient norm, before clipping */
-    int total = -1;
+    /* global gradient norm, before clipping: under tensor parallelism a
+     * whole param counts once and a split one's parts once each (their
+     * sums of squares summed over the TP group) */
+    int total = -1, split = -1;
+    IrShard tp = {0};
     for (int i = 0; i < ps.n; i++) {
         int gr = ps.v[i].grad;
         int s = sum_all_f32(&b, bin(&b, OP_MUL, gr, gr));
-        total = total < 0 ? s : bin(&b, OP_ADD, total, s);
+        const IrShard *sh = &g->t.v[ps.v[i].p].shard;
+        if (sh->on && sh->n > 1) {
+            tp = *sh;
+            split = split < 0 ? s : bin(&b, OP_ADD, split, s);
+        } else {
+            total = total < 0 ? s : bin(&b, OP_ADD, total, s);
+        }
+    }
+    if (split >= 0) {
+        OpAttr ta = {.ia = {0, tp.n, tp.rank}, .nia = 3};
+        split = emit(&b, OP_TP_ALLREDUCE, split, -1, &ta);
+        total = total < 0 ? split : bin(&b, OP_ADD, total, split);
     }
     int norm = un(&b, OP_SQRT, total);
     ir_add_output(g, "grad_norm", norm);

@@ -41,6 +41,7 @@ int pass_optimizer_parse(const char *name)
 
 const Pass pass_list[] = {
     {"attention", pass_attention},
+    {"partition", pass_partition},
     {"autodiff", pass_autodiff},
     {"attnlayout", pass_attention_layout},
     {"optimizer", pass_optimizer},

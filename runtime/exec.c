@@ -227,7 +227,7 @@ void rt_exec_before_read(Exec *e, const int *tensors, int n, void (*fn)(void *ar
 
 static const char *step_kind(CgStepKind k)
 {
-    if (k == CG_STEP_ALLREDUCE_START || k == CG_STEP_ALLREDUCE_WAIT)
+    if (k == CG_STEP_ALLREDUCE_START || k == CG_STEP_ALLREDUCE_WAIT || k == CG_STEP_TP)
         return "comm";
     return k == CG_STEP_KERNEL ? "kernel" : k == CG_STEP_GEMM ? "gemm" : "copy";
 }
@@ -269,6 +269,45 @@ static void shard_pack(Exec *e, const CgStep *st)
     }
 }
 
+/* A CG_STEP_TP step: its op's collective over the TP group, from the
+ * operand's buffer to the result's (through host staging where the
+ * backend has no host pointers). */
+static void run_tp(Exec *e, const CgStep *st)
+{
+    const Graph *g = e->plan->g;
+    const Op *op = &g->ops.v[st->op];
+    const Shape *xs = &g->t.v[op->in[0]].s, *ys = &g->t.v[op->out].s;
+    int64_t nx = shape_numel(xs), ny = shape_numel(ys);
+    if (xs->dtype != DT_F32)
+        die("run_tp: %s of %s (the partition pass runs on f32 graphs only)",
+            ir_opinfo[op->code].name, dtype_name(xs->dtype));
+    bool host = e->be->host_ptr != NULL;
+    float *x = host ? e->be->host_ptr(e->ctx, st->src) : xmalloc(sizeof(float) * (size_t)nx);
+    float *y = host ? e->be->host_ptr(e->ctx, st->dst) : xmalloc(sizeof(float) * (size_t)ny);
+    if (!host)
+        e->be->read(e->ctx, st->src, x, nx * 4);
+    int64_t outer = 1;
+    for (int i = 0; i < op->attr.ia[0] && i < xs->rank; i++)
+        outer *= xs->dim[i];
+    switch (op->code) {
+    case OP_TP_ALLREDUCE:
+        if (x != y)
+            memcpy(y, x, sizeof(float) * (size_t)nx);
+        rt_comm_tp_allreduce(e->o.comm, y, ny);
+        break;
+    case OP_TP_ALL_GATHER: rt_comm_tp_all_gather(e->o.comm, x, outer, nx / outer, y); break;
+    case OP_TP_REDUCE_SCATTER:
+        rt_comm_tp_reduce_scatter(e->o.comm, x, outer, ny / outer, y);
+        break;
+    default: die("run_tp: %s", ir_opinfo[op->code].name);
+    }
+    if (!host) {
+        e->be->write(e->ctx, st->dst, y, ny * 4);
+        free(x);
+        free(y);
+    }
+}
+
 /* Plan step s: allreduce starts and waits go to the communication thread
  * (or the backend's device collectives, shard_pack included), everything
  * else to the backend. */
@@ -285,6 +324,11 @@ static bool run_step(Exec *e, int s, uint64_t seed, int64_t step, Diag *d)
     }
     if (st->kind == CG_STEP_SHARD_PACK && !e->dev_comm) {
         shard_pack(e, st);
+        return true;
+    }
+    if (st->kind == CG_STEP_TP) {
+        e->be->sync(e->ctx);
+        run_tp(e, st);
         return true;
     }
     if (st->kind == CG_STEP_ALLREDUCE_START) {

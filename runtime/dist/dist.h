@@ -25,6 +25,24 @@
  * launcher (OMPI_COMM_WORLD_SIZE in the environment); false with d set when
  * MPI cannot start. timeout_s > 0. */
 bool rt_comm_open(double timeout_s, RtComm **c, Diag *d);
+/* The same with the ranks laid out tp x dp, TP innermost: world rank w is
+ * TP rank w % tp of data-parallel group w / tp. rt_comm_rank and
+ * rt_comm_size, the buckets, the host means and broadcasts are the dp
+ * group's (the ranks holding the same TP part); false with d set when tp
+ * does not divide the ranks. */
+bool rt_comm_open_tp(double timeout_s, int tp, RtComm **c, Diag *d);
+int rt_comm_world_rank(const RtComm *c); /* 0 for NULL */
+int rt_comm_world_size(const RtComm *c); /* 1 for NULL */
+int rt_comm_tp(const RtComm *c);         /* the TP group's size; 1 for NULL */
+int rt_comm_tp_rank(const RtComm *c);    /* this rank's index in it; 0 for NULL */
+/* Collectives over the TP group, blocking on the calling thread (f32):
+ * the sum in place; the gather of each rank's [outer][chunk] into
+ * [outer][rank][chunk]; the sum of [outer][rank][chunk] scattered as this
+ * rank's [outer][chunk]. With one TP rank: identities (copies). */
+void rt_comm_tp_allreduce(RtComm *c, float *x, int64_t n);
+void rt_comm_tp_all_gather(RtComm *c, const float *x, int64_t outer, int64_t chunk, float *out);
+void rt_comm_tp_reduce_scatter(RtComm *c, const float *x, int64_t outer, int64_t chunk,
+                               float *out);
 void rt_comm_close(RtComm *c); /* NULL: nothing */
 int rt_comm_rank(const RtComm *c);       /* 0 for NULL */
 int rt_comm_size(const RtComm *c);       /* 1 for NULL */
@@ -118,6 +136,7 @@ bool rt_dp_open(const TrainCfg *c, RtDp **dp, Diag *d);
  * summary); the launcher exits 128 + the signal itself. */
 int rt_dp_close(RtDp *dp, int rc);
 int rt_dp_rank(const RtDp *dp);
+int rt_dp_tp_rank(const RtDp *dp); /* this rank's index in its TP group */
 int rt_dp_size(const RtDp *dp);
 /* Bytes of the micro-batch executor's arena (grad_accum > 1); 0 without. */
 int64_t rt_dp_micro_arena_bytes(const RtDp *dp);

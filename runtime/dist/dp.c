@@ -73,14 +73,23 @@ bool rt_dp_open(const TrainCfg *c, RtDp **out, Diag *d)
         snprintf(d->msg, sizeof d->msg, "bucket_mb must be positive (got %g)", c->bucket_mb);
         return false;
     }
-    if (!rt_comm_open(c->comm_timeout, &dp->comm, d))
+    int tp = c->tp > 1 ? (int)c->tp : 1;
+    if (!rt_comm_open_tp(c->comm_timeout, tp, &dp->comm, d))
         return false;
+    if (tp > 1 && !dp->comm) {
+        snprintf(d->msg, sizeof d->msg,
+                 "tp = %d needs %d ranks or a multiple (expected --nproc N with N a multiple "
+                 "of %d, got one rank)", tp, tp, tp);
+        return false;
+    }
+    /* rank and size: the dp group's (the data each rank reads); the TP
+     * ranks of one dp group read the same rows */
     dp->rank = rt_comm_rank(dp->comm);
     dp->size = rt_comm_size(dp->comm);
     rt_rank_status("running %d", (int)getpid());
-    /* rank 0 prints; the others' standard output goes nowhere (errors still
-     * reach standard error) */
-    if (dp->rank > 0 && !freopen("/dev/null", "w", stdout))
+    /* rank 0 of the world prints; the others' standard output goes nowhere
+     * (errors still reach standard error) */
+    if (rt_comm_world_rank(dp->comm) > 0 && !freopen("/dev/null", "w", stdout))
         die("rt_dp_open: cannot reopen standard output");
     return true;
 }
@@ -119,6 +128,7 @@ int rt_dp_close(RtDp *dp, int rc)
 }
 
 int rt_dp_rank(const RtDp *dp) { return dp ? dp->rank : 0; }
+int rt_dp_tp_rank(const RtDp *dp) { return dp ? rt_comm_tp_rank(dp->comm) : 0; }
 int rt_dp_size(const RtDp *dp) { return dp ? dp->size : 1; }
 
 int64_t rt_dp_micro_arena_bytes(const RtDp *dp)

@@ -111,6 +111,19 @@ static void write_f32(Exec *e, const Tensor *t, const float *v)
  * depends only on the seed and the tensor's name (not on declaration order). */
 static bool init_tensor(const Tensor *t, uint64_t seed, void *dst, Diag *d)
 {
+    if (t->shard.on && t->shard.n > 1) {
+        /* rank r's part of the whole param's values: every layout starts
+         * from the same weights */
+        Tensor w = *t;
+        w.s = ir_shard_whole(&t->shard, &t->s);
+        w.shard.on = false;
+        void *all = xmalloc((size_t)shape_bytes(&w.s) + 1);
+        bool ok = init_tensor(&w, seed, all, d);
+        if (ok)
+            ir_shard_extract(&t->shard, &w.s, (size_t)dtype_size(t->s.dtype), all, dst);
+        free(all);
+        return ok;
+    }
     int64_t n = shape_numel(&t->s);
     uint64_t s = ir_rand_mix(seed ^ hash_bytes(t->name, strlen(t->name), 0x696e6974ull));
     float *f = xmalloc((size_t)n * sizeof *f + 1);
@@ -740,7 +753,11 @@ void rt_pass_opts(const TrainCfg *c, const RtGraphFlags *f, PassOpts *po)
     po->nparam_opts = c->nparam_opts;
     po->memory_budget = f->memory_budget >= 0 ? f->memory_budget : c->memory_budget;
     po->remat = f->remat;
-    po->nranks = f->nranks > 1 ? f->nranks : 1;
+    /* ranks = tp x dp: the comm pass's all-reduces run over the dp group */
+    po->tp = c->tp > 1 ? (int)c->tp : 1;
+    po->tp_rank = f->tp_rank;
+    po->sequence_parallel = c->sequence_parallel && strcmp(c->sequence_parallel, "true") == 0;
+    po->nranks = f->nranks / po->tp > 1 ? f->nranks / po->tp : 1;
     po->grad_accum = (int)c->grad_accum;
     po->bucket_bytes = (int64_t)(c->bucket_mb * 1048576.0);
     po->zero = c->zero && po->nranks > 1; /* one rank holds the whole state anyway */
@@ -797,7 +814,9 @@ static double gpu_peak(const RtDeviceInfo *di, bool bf16, bool tf32, char *why, 
 static bool build(Run *r, Diag *d)
 {
     PassOpts po;
-    RtGraphFlags gf = {.memory_budget = -1, .remat = r->o->remat, .nranks = rt_dp_size(r->dp),
+    RtGraphFlags gf = {.memory_budget = -1, .remat = r->o->remat,
+                       .nranks = rt_dp_size(r->dp) * (r->c.tp > 1 ? (int)r->c.tp : 1),
+                       .tp_rank = rt_dp_tp_rank(r->dp),
                        .no_overlap = r->o->no_overlap, .no_fuse = r->o->no_fuse,
                        .no_fuse_attention = r->o->no_fuse_attention};
     rt_pass_opts(&r->c, &gf, &po);
@@ -807,7 +826,7 @@ static bool build(Run *r, Diag *d)
         po.memplan = &r->mp; /* the report's memory timeline */
     if (!pass_pipeline(r->tg, &po, NULL, NULL, NULL, d))
         return false;
-    if (r->o->dump_ir && rt_dp_rank(r->dp) == 0) { /* the graph kiln compile builds */
+    if (r->o->dump_ir && rt_dp_rank(r->dp) == 0 && gf.tp_rank == 0) { /* kiln compile's */
         char *ir = ir_print_str(r->tg);
         const void *chunk = ir;
         size_t len = strlen(ir);

@@ -435,6 +435,7 @@ typedef struct {
     int64_t memory_budget; /* --memory-budget; < 0: train.memory_budget */
     int remat;             /* --remat: RematPolicy; REMAT_DEFAULT: not given */
     int nranks;            /* --nproc, or the ranks running the step; <= 1: one */
+    int tp_rank;           /* this rank's index in its tensor-parallel group */
     bool no_overlap;       /* --no-overlap */
     bool no_fuse;          /* --no-fuse */
     bool no_fuse_attention; /* --no-fuse-attention */
