@@ -71,6 +71,7 @@ typedef struct {
     bool *grad;   /* per old tensor: float and reached from a param (has a gradient) */
     bool *index;  /* per old tensor: computed from no input, param or random op */
     bool *sparam; /* per old tensor: a sharded param, or a view of one */
+    int *uses;    /* per old tensor: its readers (ir_use_counts) */
     VEC(Memo) memo;
     SrcLoc loc;
     int ncoll;
@@ -190,6 +191,19 @@ static int slice_part(Part *p, int x, Sh sh)
 
 static int get(Part *p, int t, Sh want);
 
+/* The copy (tp_copy) of old tensor t, whole: one per tensor, so that the
+ * gradients of all its split readers are summed before one all-reduce. */
+static const Sh COPY = {SH_R, -1, 1};
+static int copy_whole(Part *p, int t)
+{
+    for (int i = 0; i < p->memo.n; i++)
+        if (p->memo.v[i].t == t && p->memo.v[i].sh.k == SH_R && p->memo.v[i].sh.axis == -1)
+            return p->memo.v[i].id;
+    int r = coll(p, OP_TP_COPY, get(p, t, R), 0);
+    vec_push(&p->memo, ((Memo){t, COPY, r}));
+    return r;
+}
+
 /* Old index tensor t (R) made again at rank r's size for sharding want
  * (S); -1 where its op has no such rule (the caller slices). */
 static int remake_local(Part *p, int t, Sh want)
@@ -265,12 +279,8 @@ static int get(Part *p, int t, Sh want)
         r = coll(p, OP_TP_REDUCE_SCATTER, p->cur[t], want.axis);
     } else {
         r = have.k == SH_R && p->index[t] ? remake_local(p, t, want) : -1;
-        if (r < 0) {
-            int w = get(p, t, R);
-            if (p->grad[t])
-                w = coll(p, OP_TP_COPY, w, 0);
-            r = slice_part(p, w, want);
-        }
+        if (r < 0)
+            r = slice_part(p, p->grad[t] ? copy_whole(p, t) : get(p, t, R), want);
     }
     vec_push(&p->memo, ((Memo){t, want, r}));
     return r;
@@ -374,8 +384,11 @@ static Sh decide(Part *p, const Op *op, Sh *need)
             return in[s];
         }
         if (anyp) {
-            /* linear in the partial operands: keep P */
-            bool lin = false;
+            /* linear in the partial operands: keep P, where that saves a
+             * collective (a partial sum read elsewhere is summed anyway) */
+            bool lin = false, once = true;
+            for (int j = 0; j < op->nin; j++)
+                once &= in[j].k != SH_P || p->uses[op->in[j]] == 1;
             if (op->code == OP_ADD || op->code == OP_SUB) {
                 lin = in[0].k == SH_P && in[1].k == SH_P;
             } else if (op->code == OP_NEG || op->code == OP_STOP_GRADIENT ||
@@ -386,7 +399,7 @@ static Sh decide(Part *p, const Op *op, Sh *need)
             } else if (op->code == OP_DIV) {
                 lin = in[0].k == SH_P && in[1].k == SH_R;
             }
-            if (lin)
+            if (lin && once)
                 return Pp;
             Sh to = R;
             if (p->seqpar && os->rank >= 2) {
@@ -700,7 +713,7 @@ static void part_op(Part *p, int oi)
         for (int j = 0; j < nin; j++)
             if ((j >= IR_MAX_RANK || need[j].k == SH_R) && p->grad[op->in[j]] &&
                 !(op->code == OP_GATHER && j == 1))
-                in[j] = coll(p, OP_TP_COPY, in[j], 0);
+                in[j] = copy_whole(p, op->in[j]);
     Sh lo = combine ? p->sh[op->in[0]] : out;
     OpAttr a = local_attr(p, op, combine ? R : out, need);
     if (op->code == OP_GATHER && need[0].k == SH_S && need[0].axis == 0)
@@ -773,6 +786,7 @@ bool pass_partition(Graph *g, const PassOpts *o, Diag *d)
     p.index = xcalloc((size_t)nt + 1, 1);
     p.sparam = xcalloc((size_t)nt + 1, 1);
     mark(&p);
+    p.uses = ir_use_counts(g);
     p.ng = ir_new();
     for (int i = 0; i < g->syms.n; i++)
         ir_add_sym(p.ng, g->syms.v[i].name, g->syms.v[i].value);
@@ -838,6 +852,7 @@ bool pass_partition(Graph *g, const PassOpts *o, Diag *d)
     free(p.grad);
     free(p.index);
     free(p.sparam);
+    free(p.uses);
     vec_free(&p.memo);
     return ok;
 }

@@ -278,6 +278,9 @@ static void run_tp(Exec *e, const CgStep *st)
     const Op *op = &g->ops.v[st->op];
     const Shape *xs = &g->t.v[op->in[0]].s, *ys = &g->t.v[op->out].s;
     int64_t nx = shape_numel(xs), ny = shape_numel(ys);
+    if (!e->o.tp_comm)
+        die("run_tp: %s without a TP group (rt_dp_open refuses tp > 1 on one rank)",
+            ir_opinfo[op->code].name);
     if (xs->dtype != DT_F32)
         die("run_tp: %s of %s (the partition pass runs on f32 graphs only)",
             ir_opinfo[op->code].name, dtype_name(xs->dtype));
@@ -293,11 +296,11 @@ static void run_tp(Exec *e, const CgStep *st)
     case OP_TP_ALLREDUCE:
         if (x != y)
             memcpy(y, x, sizeof(float) * (size_t)nx);
-        rt_comm_tp_allreduce(e->o.comm, y, ny);
+        rt_comm_tp_allreduce(e->o.tp_comm, y, ny);
         break;
-    case OP_TP_ALL_GATHER: rt_comm_tp_all_gather(e->o.comm, x, outer, nx / outer, y); break;
+    case OP_TP_ALL_GATHER: rt_comm_tp_all_gather(e->o.tp_comm, x, outer, nx / outer, y); break;
     case OP_TP_REDUCE_SCATTER:
-        rt_comm_tp_reduce_scatter(e->o.comm, x, outer, ny / outer, y);
+        rt_comm_tp_reduce_scatter(e->o.tp_comm, x, outer, ny / outer, y);
         break;
     default: die("run_tp: %s", ir_opinfo[op->code].name);
     }

@@ -31,6 +31,23 @@ bool rt_comm_open(double timeout_s, RtComm **c, Diag *d);
  * group's (the ranks holding the same TP part); false with d set when tp
  * does not divide the ranks. */
 bool rt_comm_open_tp(double timeout_s, int tp, RtComm **c, Diag *d);
+
+/* ---- tp.c: whole tensors under tensor parallelism ----------------------
+ * Files hold whole tensors whatever the layout. A view of a graph's
+ * inputs with whole shapes: rt_tp_whole gathers every split tensor's parts
+ * over the TP group (a collective: every TP rank calls it) into it;
+ * rt_tp_whole_view gives its buffers without gathering (to read a file
+ * into), and rt_tp_split takes this rank's part of them. Unsplit tensors
+ * are the caller's own buffers. */
+typedef struct RtTpWhole RtTpWhole;
+bool rt_tp_any(const Graph *g); /* g has a tensor split over more than one rank */
+RtTpWhole *rt_tp_whole_new(void);
+void rt_tp_whole_free(RtTpWhole *w); /* NULL: nothing */
+const Graph *rt_tp_whole(RtTpWhole *w, RtComm *c, const Graph *g, void *const *vals,
+                         void ***whole_vals);
+const Graph *rt_tp_whole_view(RtTpWhole *w, const Graph *g, void *const *vals,
+                              void ***whole_vals);
+void rt_tp_split(RtTpWhole *w, const Graph *g, void **vals);
 int rt_comm_world_rank(const RtComm *c); /* 0 for NULL */
 int rt_comm_world_size(const RtComm *c); /* 1 for NULL */
 int rt_comm_tp(const RtComm *c);         /* the TP group's size; 1 for NULL */

@@ -154,6 +154,7 @@ const char *rt_dp_trace_path(RtDp *dp, const char *path)
 void rt_dp_exec_opts(const RtDp *dp, ExecOpts *eo)
 {
     eo->comm = dp->comm;
+    eo->tp_comm = rt_comm_tp(dp->comm) > 1 ? dp->comm : NULL;
     if (eo->threads <= 0 && dp->size > 1) {
         long cores = sysconf(_SC_NPROCESSORS_ONLN);
         int local = rt_comm_local_size(dp->comm);
@@ -200,7 +201,8 @@ bool rt_dp_build(RtDp *dp, const Graph *model, const PassOpts *po, const ExecOpt
     if (dp->K <= 1)
         return true;
     dp->mg = ir_clone(model);
-    if (!pass_autodiff(dp->mg, po, d) || !pass_comm_micro(dp->mg, d) ||
+    if (!pass_partition(dp->mg, po, d) || !pass_autodiff(dp->mg, po, d) ||
+        !pass_comm_micro(dp->mg, d) ||
         !pass_simplify(dp->mg, po, d) || !pass_schedule(dp->mg, po, d))
         return false;
     char err[1024];

@@ -510,10 +510,15 @@ static bool save_checkpoint(Run *r, const char *prefix, Diag *d)
         g = rt_zero_full(r->zero, r->vals, &vals);
     }
     if (rt_dp_rank(r->dp) != 0)
-        return true; /* every rank holds the same params */
+        return true; /* every dp group holds the same params */
     double t_start = ir_now();
     if (!r->zero)
         pull_state(r);
+    if (r->tpw) { /* the TP group's parts, whole */
+        g = rt_tp_whole(r->tpw, r->comm, g, vals, &vals);
+        if (rt_dp_tp_rank(r->dp) != 0)
+            return true;
+    }
     const char *bad = nonfinite_state(r);
     if (bad) {
         snprintf(d->msg, sizeof d->msg,
@@ -836,7 +841,8 @@ static bool build(Run *r, Diag *d)
             return false;
     }
     r->eg = ir_clone(r->m->eval_g ? r->m->eval_g : r->m->g); /* dropout off */
-    if (!pass_attention(r->eg, &po, d) || !pass_attention_layout(r->eg, &po, d) ||
+    if (!pass_attention(r->eg, &po, d) || !pass_partition(r->eg, &po, d) ||
+        !pass_attention_layout(r->eg, &po, d) ||
         !pass_simplify(r->eg, &po, d) ||
         !pass_fuse(r->eg, &po, d) ||
         !pass_schedule(r->eg, &po, d))
@@ -921,12 +927,17 @@ static bool init_state(Run *r, Diag *d)
             return false;
     }
     r->zero = rt_zero_open(g);
+    if (rt_tp_any(g))
+        r->tpw = rt_tp_whole_new();
     if (r->o->resume) {
         CkptMeta m;
-        void **vals = r->vals;
+        void **vals = r->vals, **wv = NULL;
         const Graph *fg = r->zero ? rt_zero_full(r->zero, r->vals, &vals) : g;
-        if (!rt_ckpt_load(r->o->resume, fg, vals, &m, d))
+        const Graph *wg = r->tpw ? rt_tp_whole_view(r->tpw, fg, vals, &wv) : fg;
+        if (!rt_ckpt_load(r->o->resume, wg, r->tpw ? wv : vals, &m, d))
             return false;
+        if (r->tpw) /* this rank's part of the file's whole tensors */
+            rt_tp_split(r->tpw, fg, vals);
         if (r->zero) /* this rank's shard of the file's moments */
             rt_zero_scatter(r->zero, rt_dp_rank(r->dp), r->vals);
         if (m.seed != r->c.seed && !r->o->quiet)
@@ -945,8 +956,13 @@ static bool init_state(Run *r, Diag *d)
         if (!r->o->quiet)
             printf("resumed from %s at step %lld\n", r->o->resume, (long long)r->step);
     } else if (r->o->init_from) {
-        if (!rt_weights_import(r->o->init_from, g, r->m->pads, r->m->npads, r->vals, d))
+        void **wv = NULL;
+        const Graph *wg = r->tpw ? rt_tp_whole_view(r->tpw, g, r->vals, &wv) : g;
+        if (!rt_weights_import(r->o->init_from, wg, r->m->pads, r->m->npads,
+                               r->tpw ? wv : r->vals, d))
             return false;
+        if (r->tpw)
+            rt_tp_split(r->tpw, g, r->vals);
         if (!r->o->quiet)
             printf("initialised params from %s\n", r->o->init_from);
     }
@@ -1047,6 +1063,7 @@ static void trace_kernels(Run *r, double t_start, int64_t nth)
 static void run_free(Run *r)
 {
     rt_zero_close(r->zero);
+    rt_tp_whole_free(r->tpw);
     rt_runlog_free(r->log);
     pass_memplan_free(r->mp);
     free(r->x_name);
@@ -1316,7 +1333,9 @@ int rt_train(const Model *m, const TrainOpts *o)
                      "training diverged by step %lld: \"%s\" is not finite (an update "
                      "overflowed: try a lower lr); no weights written",
                      (long long)r.step, bad);
-        if (bad || !rt_weights_save(o->save_weights, r.tg, r.vals, &d))
+        void **wv = r.vals;
+        const Graph *wg = r.tpw && !bad ? rt_tp_whole(r.tpw, r.comm, r.tg, r.vals, &wv) : r.tg;
+        if (bad || (rt_dp_tp_rank(r.dp) == 0 && !rt_weights_save(o->save_weights, wg, wv, &d)))
             goto out;
         if (!o->quiet)
             printf("weights: %s\n", o->save_weights);
