@@ -247,8 +247,11 @@ static int remake_local(Part *p, int t, Sh want)
         if (op->code == OP_BROADCAST) {
             const Shape *xs = &g->t.v[op->in[0]].s;
             int off = ls.rank - xs->rank, xa = want.axis - off;
-            int x = xa < 0 || xs->dim[xa] == 1 ? get(p, op->in[0], R)
-                                               : get(p, op->in[0], (Sh){SH_S, xa, 1});
+            bool whole = xa < 0 || xs->dim[xa] == 1;
+            /* a whole operand with a gradient read by split computation: f */
+            int x = whole ? (p->grad[op->in[0]] ? copy_whole(p, op->in[0])
+                                                : get(p, op->in[0], R))
+                          : get(p, op->in[0], (Sh){SH_S, xa, 1});
             ir_attr_set_shape(&a, &ls);
             r = emit(p, OP_BROADCAST, &x, 1, &a);
         }
@@ -278,7 +281,11 @@ static int get(Part *p, int t, Sh want)
     } else if (have.k == SH_P && want.blocks == 1 && !p->index[t]) {
         r = coll(p, OP_TP_REDUCE_SCATTER, p->cur[t], want.axis);
     } else {
-        r = have.k == SH_R && p->index[t] ? remake_local(p, t, want) : -1;
+        /* index tensors are made again at rank r's size; so are broadcasts,
+         * whose operand is split (or read whole) instead of the result */
+        int o = p->g->t.v[t].op;
+        bool bcast = o >= 0 && p->g->ops.v[o].code == OP_BROADCAST;
+        r = have.k == SH_R && (p->index[t] || bcast) ? remake_local(p, t, want) : -1;
         if (r < 0)
             r = slice_part(p, p->grad[t] ? copy_whole(p, t) : get(p, t, R), want);
     }
@@ -302,7 +309,7 @@ static bool fits(Part *p, int t, Sh sh)
  * keeps the split). The dims are matched in runs of equal products; the
  * split survives when a leads its run and the run's first result dim
  * divides by blocks x n. */
-static int reshape_axis(Part *p, const Shape *x, const Shape *y, Sh sh)
+static int reshape_axis(Part *p, const Shape *x, const Shape *y, Sh sh, int *at)
 {
     int i = 0, j = 0;
     while (i < x->rank && j < y->rank) {
@@ -323,8 +330,11 @@ static int reshape_axis(Part *p, const Shape *x, const Shape *y, Sh sh)
                 return -1;
         }
         if (sh.axis >= i0 && sh.axis < i) {
-            if (sh.axis != i0 || y->dim[j0] % ((int64_t)sh.blocks * p->n) != 0)
+            if (sh.axis != i0)
                 return -1;
+            *at = j0;
+            if (y->dim[j0] % ((int64_t)sh.blocks * p->n) != 0)
+                return -2; /* the split would cut a dim (heads) unevenly */
             return j0;
         }
     }
@@ -426,9 +436,24 @@ static Sh decide(Part *p, const Op *op, Sh *need)
         case OP_RESHAPE: {
             if (in[0].k != SH_S)
                 return in[0];
-            int ax = reshape_axis(p, &g->t.v[op->in[0]].s, os, in[0]);
+            int at = 0;
+            int ax = reshape_axis(p, &g->t.v[op->in[0]].s, os, in[0], &at);
             if (ax >= 0)
                 return (Sh){SH_S, ax, in[0].blocks};
+            if (ax == -2 && !p->failed) {
+                char w[256], b0[64], b1[64];
+                snprintf(p->d->msg, sizeof p->d->msg,
+                         "%s: tensor parallelism: this reshape of %s to %s turns axis %d, "
+                         "split over tp = %d ranks, into dims whose first (axis %d, %lld) "
+                         "does not divide by %lld (expected the heads, or what the split "
+                         "axis becomes, to be a multiple of tp; change tp or the model's "
+                         "shape)",
+                         where(&op->loc, w, sizeof w),
+                         shape_str(g, &g->t.v[op->in[0]].s, b0, sizeof b0),
+                         shape_str(g, os, b1, sizeof b1), in[0].axis, p->n, at,
+                         (long long)os->dim[at], (long long)in[0].blocks * p->n);
+                p->failed = true;
+            }
             need[0] = R;
             return R;
         }

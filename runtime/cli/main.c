@@ -148,7 +148,8 @@ typedef struct {
     int64_t memory_budget; /* --memory-budget; -1: not given */
     int remat;             /* --remat; REMAT_DEFAULT: not given */
     bool remat_sweep;
-    int nproc;             /* --nproc: compile for N data-parallel ranks */
+    int nproc;             /* --nproc: compile for N ranks (tp x dp) */
+    int tp, tp_rank;       /* --tp: tensor-parallel ranks (train.tp); --tp-rank: whose graph */
     bool no_overlap;       /* --no-overlap */
     bool no_fuse;          /* --no-fuse */
     bool no_fuse_attention; /* --no-fuse-attention (--fuse-attention: false) */
@@ -418,6 +419,16 @@ static int cmd_compile(int argc, char **argv)
             if (!int_flag("compile", "--nproc", v, 1, MAX_NPROC, &n))
                 return 2;
             a.nproc = (int)n;
+        } else if ((v = flag_value(argc, argv, &i, "--tp"))) {
+            int64_t n;
+            if (!int_flag("compile", "--tp", v, 1, MAX_NPROC, &n))
+                return 2;
+            a.tp = (int)n;
+        } else if ((v = flag_value(argc, argv, &i, "--tp-rank"))) {
+            int64_t n;
+            if (!int_flag("compile", "--tp-rank", v, 0, MAX_NPROC - 1, &n))
+                return 2;
+            a.tp_rank = (int)n;
         } else if (strcmp(argv[i], "--no-overlap") == 0) {
             a.no_overlap = true;
         } else if (strcmp(argv[i], "--no-fuse") == 0) {
@@ -515,8 +526,25 @@ static int cmd_compile(int argc, char **argv)
         vec_free(&a.dumps);
         return 1;
     }
-    char err[2048];
+    char err[2048], tp_set[32];
+    if (a.tp > 0) { /* --tp N is --set tp=N, last (it wins) */
+        snprintf(tp_set, sizeof tp_set, "tp=%d", a.tp);
+        vec_push(&a.sets, tp_set);
+    }
     Model *m = fe_load_model(model, a.sets.v, a.sets.n, err, sizeof err);
+    const char *bad = NULL;
+    if (m && m->train.tp > 1 && a.tp_rank >= m->train.tp)
+        bad = "--tp-rank is not a rank of the TP group (expected 0..tp-1)";
+    else if (m && m->train.tp <= 1 && a.tp_rank > 0)
+        bad = "--tp-rank needs --tp N with N > 1";
+    else if (m && a.nproc > 1 && a.nproc % (m->train.tp > 1 ? m->train.tp : 1) != 0)
+        bad = "--nproc is not a multiple of tp (expected ranks = tp x dp)";
+    if (bad) {
+        snprintf(err, sizeof err, "kiln compile: %s (got --nproc %d, tp = %lld, --tp-rank %d)", bad,
+                 a.nproc, (long long)m->train.tp, a.tp_rank);
+        fe_model_free(m);
+        m = NULL;
+    }
     if (!m) {
         fprintf(stderr, "%s\n", err);
         cg_kernel_table_free(cal);
@@ -530,7 +558,9 @@ static int cmd_compile(int argc, char **argv)
         fe_print_settings(m, stdout);
 
     PassOpts po;
-    RtGraphFlags gf = {.memory_budget = a.memory_budget, .remat = a.remat, .nranks = a.nproc,
+    RtGraphFlags gf = {.memory_budget = a.memory_budget, .remat = a.remat,
+                       .nranks = a.nproc > 1 ? a.nproc : (int)m->train.tp,
+                       .tp_rank = a.tp_rank,
                        .no_overlap = a.no_overlap, .no_fuse = a.no_fuse,
                        .no_fuse_attention = a.no_fuse_attention};
     rt_pass_opts(&m->train, &gf, &po);
@@ -562,6 +592,7 @@ static int cmd_compile(int argc, char **argv)
     if (!mp)
         die("kiln compile: the pipeline left no memory plan");
     cli_print_summary(m, m->g, g, mp);
+    cli_print_tp(g);
     cli_print_remat(&rr, g, po.memory_budget);
     if (!cli_print_fusion(m, g, &po))
         rc = 1;
@@ -597,6 +628,7 @@ out:
 static int cmd_train(int argc, char **argv)
 {
     VEC(const char *) sets = {0};
+    int tp = 0;
     TrainOpts o = {0};
     int nproc = 1;
     int64_t budget = -1;
@@ -614,6 +646,11 @@ static int cmd_train(int argc, char **argv)
             if (!int_flag("train", "--steps", v, 1, MAX_STEPS, &n))
                 return 2;
             o.steps = n;
+        } else if ((v = flag_value(argc, argv, &i, "--tp"))) {
+            int64_t n;
+            if (!int_flag("train", "--tp", v, 1, MAX_NPROC, &n))
+                return 2;
+            tp = (int)n;
         } else if ((v = flag_value(argc, argv, &i, "--threads"))) {
             int64_t n;
             if (!int_flag("train", "--threads", v, 1, MAX_THREADS, &n))
@@ -692,10 +729,14 @@ static int cmd_train(int argc, char **argv)
     /* --steps N is --set steps=N, last (it wins): the script's config key
      * steps, which its schedule reads (warmup, the cosine's end), or
      * train.steps when the config has no such key */
-    char steps_set[32];
+    char steps_set[32], tp_set[32];
     if (o.steps > 0) {
         snprintf(steps_set, sizeof steps_set, "steps=%lld", (long long)o.steps);
         vec_push(&sets, steps_set);
+    }
+    if (tp > 0) { /* --tp N is --set tp=N */
+        snprintf(tp_set, sizeof tp_set, "tp=%d", tp);
+        vec_push(&sets, tp_set);
     }
     char err[2048];
     Model *m = fe_load_model(model, sets.v, sets.n, err, sizeof err);
