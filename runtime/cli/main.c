@@ -58,8 +58,13 @@ static const char usage_compile[] =
     "                       train.memory_budget\n"
     "  --remat=POLICY       none, full, selective or auto (default: auto with a\n"
     "                       budget, else none)\n"
-    "  --nproc N            compile for N data-parallel ranks (the comm pass places\n"
-    "                       gradient all-reduces; see --dump-after=comm)\n"
+    "  --nproc N            compile for N ranks, tp x dp (the comm pass places the\n"
+    "                       dp gradient all-reduces; see --dump-after=comm)\n"
+    "  --tp N               tensor parallelism over N ranks (--set tp=N): the\n"
+    "                       partition pass splits the params the model marks\n"
+    "                       (shard(), nn's parallel options); prints the rank's\n"
+    "                       params, gradients, optimizer state and TP collectives\n"
+    "  --tp-rank R          whose graph to compile and dump (default 0)\n"
     "  --no-overlap         every all-reduce starts after backward\n"
     "  --remat-sweep        print the remat table: budgets from the smallest\n"
     "                       feasible to the no-recompute peak, auto and each\n"
@@ -121,6 +126,9 @@ static const char usage_train[] =
     "                       averaged in buckets\n"
     "                       (train.bucket_mb, grad_accum, comm_timeout, zero: --set;\n"
     "                       zero=1 shards the optimizer state over the ranks)\n"
+    "  --tp N               tensor parallelism (--set tp=N): N ranks share each\n"
+    "                       layer; --nproc is the total, tp x dp\n"
+    "                       (docs/parallel.md; --set sequence_parallel=true)\n"
     "  --no-overlap         start every gradient all-reduce after backward (the\n"
     "                       baseline the comm pass's placement is measured against)\n"
     "  --remat=POLICY       none, full, selective or auto (see kiln compile)\n"
@@ -774,12 +782,13 @@ static const char usage_opt[] =
     "once: such a graph or list is refused before any pass runs.\n"
     "\n"
     "options:\n"
-    "  --passes=P1,P2,...   attention, autodiff, attnlayout, optimizer, simplify,\n"
-    "                       attndqkv, remat, fuse, comm, schedule, memplan\n"
+    "  --passes=P1,P2,...   attention, partition, autodiff, attnlayout, optimizer,\n"
+    "                       simplify, attndqkv, remat, fuse, comm, schedule, memplan\n"
     "                       (required)\n"
     "  --memory-budget SIZE remat's budget (as kiln compile)\n"
     "  --remat=POLICY       none, full, selective or auto (as kiln compile)\n"
-    "  --nproc N            comm: N data-parallel ranks (as kiln compile)\n"
+    "  --nproc N            comm: N ranks, tp x dp (as kiln compile)\n"
+    "  --tp-rank R          partition: rank R of tp (--set tp=N) (as kiln compile)\n"
     "  --no-overlap         comm: every all-reduce starts after backward\n"
     "  --no-fuse            fuse: every op its own kernel\n"
     "  --no-fuse-attention  attention: off (keep attention as written)\n"
@@ -789,7 +798,8 @@ static const char usage_opt[] =
     "  --set KEY=VALUE      a train{} setting the passes read: optimizer, beta1,\n"
     "                       beta2, eps, weight_decay, grad_clip, momentum, nesterov,\n"
     "                       lion_beta1, lion_beta2 (optimizer), grad_accum,\n"
-    "                       bucket_mb, zero (comm), memory_budget (remat);\n"
+    "                       bucket_mb, zero (comm), memory_budget (remat), tp,\n"
+    "                       sequence_parallel (partition);\n"
     "                       repeatable\n"
     "  -h, --help           this text\n"
     "\n"
@@ -801,7 +811,8 @@ static const char usage_opt[] =
 static const char *const opt_keys[] = {"optimizer", "beta1",     "beta2",      "eps",
                                        "weight_decay", "grad_clip", "momentum",
                                        "nesterov",  "lion_beta1", "lion_beta2",
-                                       "grad_accum", "bucket_mb", "memory_budget", "zero"};
+                                       "grad_accum", "bucket_mb", "memory_budget", "zero",
+                                       "tp", "sequence_parallel"};
 
 /* --set KEY=VALUE into c; false after printing the error. */
 static bool opt_set(TrainCfg *c, const char *kv)
@@ -822,7 +833,8 @@ static bool opt_set(TrainCfg *c, const char *kv)
     if (!k) {
         bad_flag("opt", "--set: not a setting the passes read (expected optimizer, beta1, "
                         "beta2, eps, weight_decay, grad_clip, momentum, nesterov, lion_beta1, "
-                        "lion_beta2, grad_accum, bucket_mb, memory_budget or zero), got",
+                        "lion_beta2, grad_accum, bucket_mb, memory_budget, zero, tp or "
+                        "sequence_parallel), got",
                  key);
         return false;
     }
@@ -990,6 +1002,11 @@ static int cmd_opt(int argc, char **argv)
             if (!int_flag("opt", "--nproc", v, 1, MAX_NPROC, &n))
                 return 2;
             gf.nranks = (int)n;
+        } else if ((v = flag_value(argc, argv, &i, "--tp-rank"))) {
+            int64_t n;
+            if (!int_flag("opt", "--tp-rank", v, 0, MAX_NPROC - 1, &n))
+                return 2;
+            gf.tp_rank = (int)n;
         } else if (strcmp(argv[i], "--no-overlap") == 0) {
             gf.no_overlap = true;
         } else if (strcmp(argv[i], "--no-fuse") == 0) {
