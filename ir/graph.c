@@ -703,8 +703,12 @@ bool ir_infer(const Graph *g, Opcode code, const int *in, int nin, const OpAttr 
             break;
         }
         if (info->attr == AK_TP) {
-            if (a->nia != 3 || a->ia[1] < 1 || a->ia[2] < 0 || a->ia[2] >= a->ia[1])
+            if (a->nia < 3 || a->nia > 4 || a->ia[1] < 1 || a->ia[2] < 0 ||
+                a->ia[2] >= a->ia[1])
                 FAIL("%s: needs {axis=A,n=N,rank=R} with N >= 1 and 0 <= R < N", info->name);
+            if (a->nia == 4 && (code != OP_TP_ALL_GATHER || a->ia[3] < 0 || a->ia[3] > 1))
+                FAIL("%s: sum= is tp_all_gather's only, 0 or 1 (got %lld)", info->name,
+                     (long long)a->ia[3]);
             if (!dtype_is_float(s[0]->dtype))
                 FAIL("%s: needs a float tensor (got %s)", info->name, dtype_name(s[0]->dtype));
             r = *s[0];

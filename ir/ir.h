@@ -163,7 +163,8 @@ typedef enum {
                   first element), ia[2] = total (flat elements of all params),
                   ia[3] = nranks; see ir_shard_range */
     AK_TP,     /* tensor-parallel collectives: ia[0] = axis, ia[1] = n (the TP
-                  group's size), ia[2] = this rank's index in it */
+                  group's size), ia[2] = this rank's index in it; tp_all_gather
+                  may have nia 4, ia[3] = sum (1: its VJP reduce-scatters) */
     AK__COUNT
 } IrAttrKind;
 
@@ -334,7 +335,11 @@ const char *ir_class_name(OpClass c);
  *            whole on every rank enters computation that is split over the
  *            group; its VJP is tp_allreduce (Megatron's f)
  * tp_all_gather(x)     -> x with dim a times N: rank k's x at [k*d, (k+1)*d)
- *            along a; its VJP is rank r's slice of the cotangent
+ *            along a; its VJP is rank r's slice of the cotangent, or with
+ *            {..., sum=1} (a gathered value read only by split computation,
+ *            so that each rank's cotangent is a part of the whole) the
+ *            cotangent's tp_reduce_scatter (Megatron's sequence-parallel
+ *            pair)
  * tp_reduce_scatter(x) -> x with dim a / N: rank r's part of the sum over
  *            the group; its VJP is tp_all_gather
  *            The interpreter is rank r and the only rank: tp_allreduce and

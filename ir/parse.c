@@ -474,7 +474,8 @@ static bool build_attr(P *ps, Opcode code, const RawAttr *ra, int nra, const Sha
     case AK_SHARD:
         keys[0] = "bucket", keys[1] = "start", keys[2] = "total", keys[3] = "nranks";
         break;
-    case AK_TP: keys[0] = "axis", keys[1] = "n", keys[2] = "rank", nreq = 3; break;
+    case AK_TP: keys[0] = "axis", keys[1] = "n", keys[2] = "rank", keys[3] = "sum", nreq = 3;
+        break;
     default: break;
     }
     const RawAttr *found[7] = {NULL, NULL, NULL, NULL, NULL, NULL, NULL};
@@ -492,8 +493,9 @@ static bool build_attr(P *ps, Opcode code, const RawAttr *ra, int nra, const Sha
         found[k] = &ra[i];
     }
     for (int j = 0; j < 7; j++)
-        if (keys[j] && !found[j] && (j < nreq || found[2] || found[3] || found[4] ||
-                                     found[5] || found[6]))
+        if (keys[j] && !found[j] &&
+            (j < nreq || (info->attr == AK_ATTN && (found[2] || found[3] || found[4] ||
+                                                    found[5] || found[6]))))
             return perr(ps, "%s: missing attribute '%s' (expected {%s=...})", info->name,
                         keys[j], keys[j]);
     memset(a, 0, sizeof *a);
@@ -538,8 +540,8 @@ static bool build_attr(P *ps, Opcode code, const RawAttr *ra, int nra, const Sha
                 return false;
         break;
     case AK_TP:
-        a->nia = 3;
-        for (int j = 0; j < 3; j++)
+        a->nia = found[3] ? 4 : 3;
+        for (int j = 0; j < a->nia; j++)
             if (!attr_int(ps, found[j], &a->ia[j]))
                 return false;
         break;

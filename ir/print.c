@@ -100,8 +100,11 @@ static void print_attrs(FILE *f, const Op *op)
                 (long long)a->ia[1], (long long)a->ia[2], (long long)a->ia[3]);
         break;
     case AK_TP:
-        fprintf(f, " {axis=%lld,n=%lld,rank=%lld}", (long long)a->ia[0], (long long)a->ia[1],
+        fprintf(f, " {axis=%lld,n=%lld,rank=%lld", (long long)a->ia[0], (long long)a->ia[1],
                 (long long)a->ia[2]);
+        if (a->nia == 4)
+            fprintf(f, ",sum=%lld", (long long)a->ia[3]);
+        fputc('}', f);
         break;
     case AK_ATTN:
         fprintf(f, " {causal=%lld,scale=%s", (long long)(a->nia ? a->ia[0] : 0),

@@ -589,7 +589,14 @@ static void vjp(AD *ad, const Op *op, const bool *live)
         accumulate(ad, x, emit(ad, OP_TP_ALL_GATHER, &gy, 1, &op->attr));
         break;
     case OP_TP_ALL_GATHER: { /* the gathered value is whole on every rank, and so is its
-                                cotangent: this rank's part of it */
+                                cotangent: this rank's part of it; or (sum=1) each
+                                rank's cotangent is a part: their sum's part */
+        if (op->attr.nia == 4 && op->attr.ia[3]) {
+            OpAttr a = op->attr;
+            a.nia = 3;
+            accumulate(ad, x, emit(ad, OP_TP_REDUCE_SCATTER, &gy, 1, &a));
+            break;
+        }
         OpAttr a = shape_attr(&xs);
         a.nia = xs.rank;
         int ax = (int)op->attr.ia[0];

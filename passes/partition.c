@@ -765,6 +765,41 @@ static void part_op(Part *p, int oi)
 
 /* ---- the pass --------------------------------------------------------- */
 
+/* A gathered tensor read only through its tp_copy (sequence parallelism's
+ * gather before a column-parallel matmul): the gather itself takes the
+ * copy's role (sum=1: its VJP reduce-scatters the ranks' partial
+ * cotangents, where the copy's all-reduce and the gather's slice would move
+ * n times the bytes) and the copy goes. */
+static void gather_sums(Graph *g)
+{
+    int *uses = ir_use_counts(g);
+    int *to = xmalloc(sizeof(int) * (size_t)(g->t.n + 1));
+    for (int t = 0; t < g->t.n; t++)
+        to[t] = t;
+    bool *drop = xcalloc((size_t)g->ops.n + 1, 1);
+    for (int i = 0; i < g->ops.n; i++) {
+        Op *op = &g->ops.v[i];
+        for (int j = 0; j < op->nin; j++)
+            op->in[j] = to[op->in[j]];
+        if (op->code != OP_TP_COPY)
+            continue;
+        int x = op->in[0], def = g->t.v[x].op;
+        if (def < 0 || g->ops.v[def].code != OP_TP_ALL_GATHER || uses[x] != 1)
+            continue;
+        g->ops.v[def].attr.nia = 4;
+        g->ops.v[def].attr.ia[3] = 1;
+        to[op->out] = x;
+        drop[i] = true;
+    }
+    for (int k = 0; k < g->outs.n; k++)
+        g->outs.v[k].t = to[g->outs.v[k].t];
+    ir_drop_ops(g, drop);
+    free(drop);
+    free(to);
+    free(uses);
+}
+
+
 static void mark(Part *p)
 {
     const Graph *g = p->g;
@@ -866,6 +901,7 @@ bool pass_partition(Graph *g, const PassOpts *o, Diag *d)
     }
     bool ok = !p.failed;
     if (ok) {
+        gather_sums(p.ng);
         ir_compact(p.ng);
         Graph tmp = *g;
         *g = *p.ng;

@@ -545,6 +545,16 @@ Exec *rt_exec_create(const Graph *g, const ExecOpts *o, Diag *d)
     }
     if (!setup_comm(e, d))
         goto fail;
+    for (int s = 0; s < e->plan->steps.n; s++)
+        if (e->plan->steps.v[s].kind == CG_STEP_TP && !be->host_ptr) {
+            const Op *op = &g->ops.v[e->plan->steps.v[s].op];
+            snprintf(d->msg, sizeof d->msg,
+                     "%s:%d: tensor parallelism runs on CPU ranks only so far (expected "
+                     "--device cpu with tp > 1, got the %s backend; the CUDA module has no "
+                     "TP collectives yet: docs/parallel.md)",
+                     op->loc.file ? op->loc.file : "?", op->loc.line, be->name);
+            goto fail;
+        }
     if (o->profile)
         setup_profile(e);
     if (o->verbose)
