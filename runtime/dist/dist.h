@@ -60,6 +60,19 @@ void rt_comm_tp_allreduce(RtComm *c, float *x, int64_t n);
 void rt_comm_tp_all_gather(RtComm *c, const float *x, int64_t outer, int64_t chunk, float *out);
 void rt_comm_tp_reduce_scatter(RtComm *c, const float *x, int64_t outer, int64_t chunk,
                                float *out);
+/* The TP collectives this rank ran since the last call (then zeroed): their
+ * seconds (all exposed: they block the step), count, bytes per rank (an
+ * all-reduce's buffer, a gather's or reduce-scatter's whole tensor) and
+ * events (bucket -1, coll 0 all-reduce, 1 reduce-scatter, 2 all-gather;
+ * valid until the next call). */
+typedef struct {
+    double s;
+    int n;
+    int64_t bytes;
+    int nev;
+    const RtCommEvent *ev;
+} RtTpStats;
+void rt_comm_tp_stats(RtComm *c, RtTpStats *st);
 void rt_comm_close(RtComm *c); /* NULL: nothing */
 int rt_comm_rank(const RtComm *c);       /* 0 for NULL */
 int rt_comm_size(const RtComm *c);       /* 1 for NULL */
@@ -154,6 +167,7 @@ bool rt_dp_open(const TrainCfg *c, RtDp **dp, Diag *d);
 int rt_dp_close(RtDp *dp, int rc);
 int rt_dp_rank(const RtDp *dp);
 int rt_dp_tp_rank(const RtDp *dp); /* this rank's index in its TP group */
+int rt_dp_world_rank(const RtDp *dp); /* among every rank of the job: 0 prints and writes */
 int rt_dp_size(const RtDp *dp);
 /* Bytes of the micro-batch executor's arena (grad_accum > 1); 0 without. */
 int64_t rt_dp_micro_arena_bytes(const RtDp *dp);
@@ -203,6 +217,8 @@ void rt_dp_after_last_step(RtDp *dp, Trace *trace, double t0, bool trace_events)
 int rt_dp_last_events(const RtDp *dp, const RtCommEvent **ev);
 /* "comm: ..." line: median per step of communication, exposed time, overlap. */
 void rt_dp_summary(const RtDp *dp, FILE *f);
+/* The last step's TP collectives' ms (all exposed); false without TP. */
+bool rt_dp_last_tp(const RtDp *dp, double *ms);
 /* Whether standard output is a terminal; a rank (whose output mpirun always
  * passes through a pseudo-terminal) asks the launcher's KILN_STDOUT_TTY. */
 bool rt_stdout_tty(void);

@@ -113,6 +113,12 @@ struct RtComm {
     MPI_Comm tpc;             /* the TP group's collectives (tp > 1) */
     float *tp_buf;            /* staging for TP gathers and reduce-scatters */
     int64_t tp_cap;
+    /* the TP collectives since rt_comm_tp_stats (the calling thread's own) */
+    double tp_s;
+    int tp_n;
+    int64_t tp_bytes;
+    VEC(RtCommEvent) tp_ev;
+    RtCommEvent *tp_ev_copy;
     pthread_t thr;
     pthread_mutex_t mu;
     pthread_cond_t cv;        /* jobs queued, buckets done, quit */
@@ -786,6 +792,8 @@ void rt_comm_close(RtComm *c)
     if (c->tpc != MPI_COMM_NULL)
         MPI_Comm_free(&c->tpc);
     free(c->tp_buf);
+    vec_free(&c->tp_ev);
+    free(c->tp_ev_copy);
     MPI_Finalize();
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->cv);
@@ -816,16 +824,28 @@ int rt_comm_tp_rank(const RtComm *c) { return c ? c->tp_rank : 0; }
  * beside the communication thread's dp buckets). A peer that does not
  * join within the timeout stops the job as a lost rank does. */
 
-static void tp_finish(RtComm *c, MPI_Request rq, int rc, const char *what)
+static void tp_finish(RtComm *c, MPI_Request rq, int rc, const char *what, int coll,
+                      int64_t bytes)
 {
     if (rc != MPI_SUCCESS)
         lost(c, what);
-    double deadline = ir_now() + c->timeout;
+    double t0 = ir_now(), deadline = t0 + c->timeout;
     for (int spins = 0;; spins++) {
         int flag = 0;
         MPI_Test(&rq, &flag, MPI_STATUS_IGNORE);
-        if (flag)
+        if (flag) {
+            double t1 = ir_now();
+            c->tp_s += t1 - t0;
+            c->tp_n++;
+            c->tp_bytes += bytes;
+            RtCommEvent ev = {0};
+            ev.bucket = -1;
+            ev.coll = coll;
+            ev.start = t0;
+            ev.end = t1;
+            vec_push(&c->tp_ev, ev);
             return;
+        }
         if (spins > 2000) {
             if (ir_now() > deadline)
                 lost(c, what);
@@ -852,7 +872,7 @@ void rt_comm_tp_allreduce(RtComm *c, float *x, int64_t n)
         return;
     MPI_Request rq;
     int rc = MPI_Iallreduce(MPI_IN_PLACE, x, (int)n, MPI_FLOAT, MPI_SUM, c->tpc, &rq);
-    tp_finish(c, rq, rc, "a tensor-parallel all-reduce");
+    tp_finish(c, rq, rc, "a tensor-parallel all-reduce", 0, 4 * n);
 }
 
 void rt_comm_tp_all_gather(RtComm *c, const float *x, int64_t outer, int64_t chunk, float *out)
@@ -866,7 +886,7 @@ void rt_comm_tp_all_gather(RtComm *c, const float *x, int64_t outer, int64_t chu
     MPI_Request rq;
     int rc = MPI_Iallgather(x, (int)(outer * chunk), MPI_FLOAT, all, (int)(outer * chunk),
                             MPI_FLOAT, c->tpc, &rq);
-    tp_finish(c, rq, rc, "a tensor-parallel all-gather");
+    tp_finish(c, rq, rc, "a tensor-parallel all-gather", 2, 4 * (int64_t)n * outer * chunk);
     if (outer == 1)
         return;
     /* all: [rank][outer][chunk] -> out: [outer][rank][chunk] */
@@ -896,7 +916,27 @@ void rt_comm_tp_reduce_scatter(RtComm *c, const float *x, int64_t outer, int64_t
     MPI_Request rq;
     int rc = MPI_Ireduce_scatter_block(src, out, (int)(outer * chunk), MPI_FLOAT, MPI_SUM,
                                        c->tpc, &rq);
-    tp_finish(c, rq, rc, "a tensor-parallel reduce-scatter");
+    tp_finish(c, rq, rc, "a tensor-parallel reduce-scatter", 1,
+              4 * (int64_t)n * outer * chunk);
+}
+
+void rt_comm_tp_stats(RtComm *c, RtTpStats *st)
+{
+    memset(st, 0, sizeof *st);
+    if (!c)
+        return;
+    st->s = c->tp_s;
+    st->n = c->tp_n;
+    st->bytes = c->tp_bytes;
+    free(c->tp_ev_copy);
+    c->tp_ev_copy = c->tp_ev.v;
+    st->ev = c->tp_ev.v;
+    st->nev = c->tp_ev.n;
+    c->tp_ev.v = NULL;
+    c->tp_ev.n = c->tp_ev.cap = 0;
+    c->tp_s = 0;
+    c->tp_n = 0;
+    c->tp_bytes = 0;
 }
 int rt_comm_size(const RtComm *c) { return c ? c->size : 1; }
 int rt_comm_local_size(const RtComm *c) { return c ? c->local_size : 1; }

@@ -602,7 +602,7 @@ static void stop_summary(Run *r, int sig, float loss, int64_t per_step, const ch
                          Diag *d)
 {
     d->msg[0] = 0;
-    if (rt_dp_rank(r->dp) != 0)
+    if (rt_dp_world_rank(r->dp) != 0)
         return;
     char *p = d->msg;
     size_t n = sizeof d->msg, k;
@@ -650,7 +650,7 @@ static void check_peak(Run *r, double step_ms)
         r->peak_gflops = rate;
     if (again)
         r->peak_threads = -th;
-    if (rt_dp_rank(r->dp) == 0 && !r->o->quiet)
+    if (rt_dp_world_rank(r->dp) == 0 && !r->o->quiet)
         fprintf(stderr, "kiln: step %lld ran at %.1f GFLOP/s, above the peak of %.1f GFLOP/s "
                         "MFU was against; MFU is now against %.1f GFLOP/s (%s)\n",
                 (long long)r->step, rate, old, r->peak_gflops,
@@ -866,7 +866,7 @@ static bool build(Run *r, Diag *d)
     if (!(r->ee = rt_exec_create(r->eg, &eo, d)))
         return false;
     /* settings only the GPU reads: say so rather than ignore them silently */
-    if (strcmp(rt_exec_device(r->te), "cpu") == 0 && rt_dp_rank(r->dp) == 0 &&
+    if (strcmp(rt_exec_device(r->te), "cpu") == 0 && rt_dp_world_rank(r->dp) == 0 &&
         ((r->c.precision && strcmp(r->c.precision, "bf16") == 0) || eo.tf32 || eo.cuda_graph))
         fprintf(stderr,
                 "kiln: note: precision=bf16, tf32 and cuda_graph apply to --device cuda; the "
@@ -883,7 +883,7 @@ static bool build(Run *r, Diag *d)
         if (rt_cpu_device(th, r->o->cache_dir, false, r->o->verbose, &cpu, &md)) {
             r->peak_gflops = cpu.f32 / 1e9;
             r->peak_threads = th;
-            if (rt_dp_rank(r->dp) == 0 && !r->o->quiet)
+            if (rt_dp_world_rank(r->dp) == 0 && !r->o->quiet)
                 printf("MFU against %.0f GFLOP/s: the measured FMA peak of %d thread%s "
                        "(--peak-gflops overrides)\n", r->peak_gflops, th, th == 1 ? "" : "s");
         } else if (r->o->verbose) {
@@ -895,7 +895,7 @@ static bool build(Run *r, Diag *d)
         char why[320];
         bool bf16 = r->c.precision && strcmp(r->c.precision, "bf16") == 0;
         r->peak_gflops = gpu_peak(&di, bf16, eo.tf32, why, sizeof why) / 1e9;
-        if (rt_dp_rank(r->dp) == 0 && !r->o->quiet) {
+        if (rt_dp_world_rank(r->dp) == 0 && !r->o->quiet) {
             if (r->peak_gflops > 0)
                 printf("MFU against %.0f GFLOP/s: %s (--peak-gflops overrides)\n",
                        r->peak_gflops, why);
@@ -1144,7 +1144,7 @@ int rt_train(const Model *m, const TrainOpts *o)
         r.c.steps = o->steps;
     r.steps = r.c.steps;
     const char *ckpt = o->checkpoint ? o->checkpoint : r.c.checkpoint;
-    if (rt_dp_rank(r.dp) == 0) { /* the writer: sweep what a killed one left */
+    if (rt_dp_world_rank(r.dp) == 0) { /* the writer: sweep what a killed one left */
         int swept = rt_ckpt_sweep_tmp(ckpt, o->save_weights);
         if (swept > 0 && !o->quiet)
             printf("removed %d stale temp file%s of an interrupted write\n", swept,
@@ -1154,7 +1154,7 @@ int rt_train(const Model *m, const TrainOpts *o)
         (ckpt && !rt_output_path_check(o->checkpoint ? "--checkpoint" : "train.checkpoint", ckpt,
                                        true, &d)) ||
         !writable_dir(o->trace, &d) ||
-        (o->log_dir && rt_dp_rank(r.dp) == 0 && !rt_runlog_dir(o->log_dir, &d)) ||
+        (o->log_dir && rt_dp_world_rank(r.dp) == 0 && !rt_runlog_dir(o->log_dir, &d)) ||
         !rt_train_open_data(&r, &d) || !build(&r, &d) ||
         !init_state(&r, &d))
         goto out;
@@ -1167,7 +1167,7 @@ int rt_train(const Model *m, const TrainOpts *o)
     if (r.c.eval_batches == TRAIN_EVAL_ALL && rt_data_has_val(r.ds) && !check_eval_all(&r, &d))
         goto out;
     r.grad_norm_t = ir_find_output(r.tg, "grad_norm");
-    if (o->log_dir && rt_dp_rank(r.dp) == 0) {
+    if (o->log_dir && rt_dp_world_rank(r.dp) == 0) {
         char title[512];
         snprintf(title, sizeof title, "kiln train %s", r.m->path);
         if (!(r.log = rt_runlog_open(o->log_dir, title, true, &d)))
@@ -1252,8 +1252,9 @@ int rt_train(const Model *m, const TrainOpts *o)
             if (r.grad_norm_t >= 0)
                 rt_exec_read_f32(r.te, &r.tg->t.v[r.grad_norm_t], &gn);
             double model = r.flops - pass_remat_flops(r.tg), peak = r.peak_gflops * 1e9;
-            double cbusy = NAN, cexp = NAN;
+            double cbusy = NAN, cexp = NAN, tpms = NAN;
             rt_dp_last_comm(r.dp, &cbusy, &cexp);
+            rt_dp_last_tp(r.dp, &tpms);
             RtStepRecord rec = {
                 .step = r.step, .loss = loss, .extra_name = r.x_name, .extra = r.x_val,
                 .nextra = r.nx, .lr = lr_t ? rt_lr_at(&r.c, r.step - 1, r.steps) : NAN,
@@ -1262,7 +1263,8 @@ int rt_train(const Model *m, const TrainOpts *o)
                 .tokens_per_s = r.tok_per_row > 0 ? (double)per_step / (step_ms * 1e-3) : NAN,
                 .mfu = peak > 0 ? model / (step_ms * 1e-3) / peak : NAN,
                 .hfu = peak > 0 ? r.flops / (step_ms * 1e-3) / peak : NAN,
-                .mem_bytes = rt_exec_arena_bytes(r.te), .comm_ms = cbusy, .comm_exposed_ms = cexp};
+                .mem_bytes = rt_exec_arena_bytes(r.te), .comm_ms = cbusy, .comm_exposed_ms = cexp,
+                .tp_comm_ms = tpms};
             if (!rt_runlog_step(r.log, &rec, &d)) {
                 log_failed(&r, &d);
                 goto out;
@@ -1370,7 +1372,7 @@ int rt_train(const Model *m, const TrainOpts *o)
     rt_dp_summary(r.dp, stdout);
     if (o->profile)
         print_profile(&r, loop_ms, r.step - first);
-    if (o->kernel_table && rt_dp_rank(r.dp) == 0 &&
+    if (o->kernel_table && rt_dp_world_rank(r.dp) == 0 &&
         !write_kernel_table(&r, r.step - first, med, &d))
         goto out;
     if (r.log) {
