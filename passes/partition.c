@@ -228,7 +228,7 @@ static int remake_local(Part *p, int t, Sh want)
         } else if (op->code == OP_IOTA) {
             ir_attr_set_shape(&a, &ls);
             r = emit(p, OP_IOTA, NULL, 0, &a);
-            if (a.ia[0] == want.axis) { /* + rank r's offset */
+            if (a.ia[0] == want.axis && p->rank > 0) { /* + rank r's offset */
                 OpAttr c = {.f = (double)(p->rank * ls.dim[want.axis]), .dtype = ls.dtype};
                 int k = emit(p, OP_CONST, NULL, 0, &c);
                 OpAttr b = {0};
@@ -683,6 +683,8 @@ static OpAttr local_attr(Part *p, const Op *op, Sh out, const Sh *need)
  * of a table split by rows; rows outside it read as zero. */
 static int shift_index(Part *p, int idx, int64_t nloc)
 {
+    if (p->rank == 0)
+        return idx;
     const Shape *s = &p->ng->t.v[idx].s;
     OpAttr c = {.f = (double)(p->rank * nloc), .dtype = s->dtype};
     int k = emit(p, OP_CONST, NULL, 0, &c);

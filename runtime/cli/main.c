@@ -46,7 +46,8 @@ static const char usage_compile[] =
     "options:\n"
     "  --set KEY=VALUE      override a config{} or train{} setting (repeatable)\n"
     "  --dump-after=PASS    print (or write, with --dump-dir) the IR after PASS;\n"
-    "                       PASS is one of frontend, autodiff, optimizer,\n"
+    "                       PASS is one of frontend, partition (tp > 1),\n"
+    "                       autodiff, optimizer,\n"
     "                       simplify, remat, fuse, comm, schedule, memplan, or\n"
     "                       all (repeatable)\n"
     "  --dump-dir DIR       write dumps into DIR (NN-PASS.ir, memplan.txt)\n"
@@ -158,6 +159,7 @@ typedef struct {
     bool remat_sweep;
     int nproc;             /* --nproc: compile for N ranks (tp x dp) */
     int tp, tp_rank;       /* --tp: tensor-parallel ranks (train.tp); --tp-rank: whose graph */
+    int tp_on;             /* the model's tp (train.tp after --set and --tp) */
     bool no_overlap;       /* --no-overlap */
     bool no_fuse;          /* --no-fuse */
     bool no_fuse_attention; /* --no-fuse-attention (--fuse-attention: false) */
@@ -299,6 +301,10 @@ static void pass_hook(const char *pass, const Graph *g, double seconds, void *ct
     CompileArgs *a = ctx;
     if (a->timing)
         printf("pass %-10s %8.2f ms  %6d ops\n", pass, seconds * 1e3, g->ops.n);
+    /* partition does nothing at tp = 1: no dump, so the others keep their
+     * numbers (00-frontend, 01-attention, 02-autodiff, ...) */
+    if (strcmp(pass, "partition") == 0 && a->tp_on <= 1)
+        return;
     dump_graph(a, pass, g);
 }
 
@@ -572,6 +578,7 @@ static int cmd_compile(int argc, char **argv)
                        .no_overlap = a.no_overlap, .no_fuse = a.no_fuse,
                        .no_fuse_attention = a.no_fuse_attention};
     rt_pass_opts(&m->train, &gf, &po);
+    a.tp_on = po.tp;
     po.dump_dir = a.dump_dir;
     RematReport rr;
     memset(&rr, 0, sizeof rr);
