@@ -353,6 +353,8 @@ typedef enum {
     CG_STEP_ALLREDUCE_START,
     CG_STEP_ALLREDUCE_WAIT,
     CG_STEP_SHARD_PACK, /* shard_pack: run by the executor (rank-dependent) */
+    CG_STEP_TP,         /* tp_allreduce, tp_all_gather, tp_reduce_scatter (op): run by
+                           the executor over the TP group, src -> dst (bytes: dst's) */
 } CgStepKind;
 
 /* Which collective a CG_STEP_ALLREDUCE_START/_WAIT step runs (ZeRO-1 adds

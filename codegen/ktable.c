@@ -29,7 +29,8 @@ const char *cg_step_class(const CgPlan *p, int s)
     case CG_STEP_COPY:
     case CG_STEP_SHARD_PACK: return "copy";
     case CG_STEP_ALLREDUCE_START:
-    case CG_STEP_ALLREDUCE_WAIT: return "comm";
+    case CG_STEP_ALLREDUCE_WAIT:
+    case CG_STEP_TP: return "comm";
     }
     return "kernel";
 }

@@ -524,7 +524,17 @@ CgPlan *cg_plan(const Graph *g, Diag *d)
             vec_push(&p->steps, st);
             continue;
         }
-        if (op->code == OP_ALLREDUCE || op->code == OP_RESHAPE) {
+        if (op->code == OP_TP_ALLREDUCE || op->code == OP_TP_ALL_GATHER ||
+            op->code == OP_TP_REDUCE_SCATTER) {
+            st.kind = CG_STEP_TP;
+            st.dst = m->offset[op->out];
+            st.src = m->offset[op->in[0]];
+            st.bytes = m->bytes[op->out];
+            st.name = intern(ir_opinfo[op->code].name);
+            vec_push(&p->steps, st);
+            continue;
+        }
+        if (op->code == OP_ALLREDUCE || op->code == OP_RESHAPE || op->code == OP_TP_COPY) {
             st.kind = CG_STEP_COPY;
             st.dst = m->offset[op->out];
             st.src = m->offset[op->in[0]];

@@ -698,7 +698,8 @@ CgPrediction *cg_predict(const CgPlan *p, const CgCudaProgram *q, const CgDevice
         }
         case CG_STEP_ALLREDUCE_START:
         case CG_STEP_ALLREDUCE_WAIT:
-        case CG_STEP_SHARD_PACK: break; /* one device: no collective */
+        case CG_STEP_SHARD_PACK:
+        case CG_STEP_TP: break; /* collectives: kiln plan costs them (runtime/cli/plan.c) */
         }
     }
     return r;

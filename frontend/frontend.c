@@ -649,6 +649,44 @@ static int l_padded_rows(lua_State *L)
     return 1;
 }
 
+/* shard(w, axis [, blocks]): param w is split along axis over the
+ * tensor-parallel group when the run has tp > 1 (IrShard; the partition
+ * pass); blocks (default 1) cuts the axis into that many equal blocks
+ * first, each split over the group (a fused qkv weight: 3). Axes count
+ * from 0; a negative axis counts from the end. Returns w. */
+static int l_shard(lua_State *L)
+{
+    Fe *fe = fe_get(L);
+    int t = fe_check_tensor(L, 1, "shard");
+    Tensor *x = &fe->g->t.v[t];
+    if (x->kind != TK_PARAM)
+        fe_error(L, "shard: needs a param (expected param(...), got a %s %s)",
+                 ir_kind_name(x->kind), SSTR(&x->s));
+    if (!lua_isinteger(L, 2))
+        fe_error(L, "shard: the axis must be an integer (got %s)", luaL_tolstring(L, 2, NULL));
+    lua_Integer ax = lua_tointeger(L, 2);
+    if (ax < -x->s.rank || ax >= x->s.rank)
+        fe_error(L, "shard: axis %lld out of range for %s %s (expected %d..%d)", (long long)ax,
+                 x->name, SSTR(&x->s), -x->s.rank, x->s.rank - 1);
+    if (ax < 0)
+        ax += x->s.rank;
+    lua_Integer blocks = 1;
+    if (!lua_isnoneornil(L, 3)) {
+        if (!lua_isinteger(L, 3) || lua_tointeger(L, 3) < 1)
+            fe_error(L, "shard: blocks must be a positive integer (got %s)",
+                     luaL_tolstring(L, 3, NULL));
+        blocks = lua_tointeger(L, 3);
+    }
+    if (x->s.dim[ax] % blocks != 0)
+        fe_error(L, "shard: %s's axis %lld (%lld) does not divide into %lld blocks", x->name,
+                 (long long)ax, (long long)x->s.dim[ax], (long long)blocks);
+    if (x->shard.on)
+        fe_error(L, "shard: %s is already sharded (along axis %d)", x->name, x->shard.axis);
+    x->shard = (IrShard){true, (int)ax, (int)blocks, 0, 0};
+    lua_pushvalue(L, 1);
+    return 1;
+}
+
 static int l_output(lua_State *L)
 {
     Fe *fe = fe_get(L);
@@ -1203,6 +1241,7 @@ static void open_dsl(lua_State *L)
         {"minimize", l_minimize, -1},
         {"output", l_output, -1},
         {"padded_rows", l_padded_rows, -1},
+        {"shard", l_shard, -1},
         {"config", l_config, -1},
         {"train", l_train, -1},
         {NULL, NULL, 0},

@@ -39,13 +39,24 @@ function nn.linear(x, w, b)
   return y
 end
 
--- opts: bias (default true), std (default 0.02), init (overrides std).
+-- opts: bias (default true), std (default 0.02), init (overrides std),
+-- parallel ("column": w and b split by output columns over the
+-- tensor-parallel group; "row": w split by input rows, b whole).
 function nn.Linear(name, din, dout, opts)
-  check_opts("nn.Linear", opts, "bias:boolean std:number init:init")
+  check_opts("nn.Linear", opts, "bias:boolean std:number init:init parallel:string")
   opts = opts or {}
   local w = param(name .. ".weight", {din, dout}, opts.init or normal(opts.std or 0.02))
   local b
   if opts.bias ~= false then b = param(name .. ".bias", {dout}, zeros()) end
+  if opts.parallel == "column" then
+    shard(w, 1)
+    if b then shard(b, 0) end
+  elseif opts.parallel == "row" then
+    shard(w, 0)
+  elseif opts.parallel ~= nil then
+    error("nn.Linear: parallel must be \"column\" or \"row\" (got \"" ..
+          tostring(opts.parallel) .. "\")", 2)
+  end
   return layer({w = w, b = b}, function(x) return nn.linear(x, w, b) end)
 end
 
@@ -322,13 +333,21 @@ function nn.embedding(tbl, idx) return gather(tbl, idx) end
 -- opts.pad: pad the rows to a multiple (nn.pad_vocab); rows from n on are
 -- padding (padded_rows: weights of n rows import into it), and the
 -- layer's .rows is the padded count, .n the real one.
+-- opts.parallel = "vocab": the rows are split over the tensor-parallel
+-- group (a vocabulary-parallel embedding and, tied, output head).
 function nn.Embedding(name, n, dim, opts)
-  check_opts("nn.Embedding", opts, "std:number pad:integer init:init")
+  check_opts("nn.Embedding", opts, "std:number pad:integer init:init parallel:string")
   opts = opts or {}
   local rows, count = nn.pad_vocab(n, opts.pad), size(n)
   -- padded rows are no longer n: the padded count prints as a number
   local w = param(name .. ".weight", {rows, dim}, opts.init or normal(opts.std or 0.02))
   if size(rows) > count then padded_rows(w, count) end
+  if opts.parallel == "vocab" then
+    shard(w, 0)
+  elseif opts.parallel ~= nil then
+    error("nn.Embedding: parallel must be \"vocab\" (got \"" .. tostring(opts.parallel) ..
+          "\")", 2)
+  end
   return layer({w = w, n = count, rows = size(rows)}, function(idx) return gather(w, idx) end)
 end
 
@@ -465,13 +484,20 @@ end
 -- opts: bias (true), std (0.02), proj_std (std of c_proj), dropout (0).
 function nn.CausalSelfAttention(name, C, H, opts)
   check_opts("nn.CausalSelfAttention", opts,
-             "bias:boolean std:number proj_std:number dropout:number kv_heads:- window:- " ..
+             "bias:boolean std:number proj_std:number dropout:number parallel:boolean " ..
+             "kv_heads:- window:- " ..
              "alibi:- mask:-")
   opts = opts or {}
   local c = size(C)
   local qkv = nn.Linear(name .. ".c_attn", C, 3 * c, {bias = opts.bias, std = opts.std})
   local proj = nn.Linear(name .. ".c_proj", C, C,
-                         {bias = opts.bias, std = opts.proj_std or opts.std})
+                         {bias = opts.bias, std = opts.proj_std or opts.std,
+                          parallel = opts.parallel and "row" or nil})
+  if opts.parallel then
+    -- split by heads: each rank's q, k and v columns of c_attn
+    shard(qkv.w, 1, 3)
+    if qkv.b then shard(qkv.b, 0, 3) end
+  end
   return layer({c_attn = qkv, c_proj = proj}, function(x)
     local a = qkv(x)
     local q = nn.split_heads(a:slice(-1, 0, c), H)
@@ -486,11 +512,14 @@ end
 -- opts: bias (true), std, proj_std, act, dropout.
 function nn.MLP(name, C, hidden, opts)
   check_opts("nn.MLP", opts,
-             "bias:boolean std:number proj_std:number act:function dropout:number")
+             "bias:boolean std:number proj_std:number act:function dropout:number " ..
+             "parallel:boolean")
   opts = opts or {}
-  local fc = nn.Linear(name .. ".c_fc", C, hidden, {bias = opts.bias, std = opts.std})
+  local fc = nn.Linear(name .. ".c_fc", C, hidden, {bias = opts.bias, std = opts.std,
+                                                    parallel = opts.parallel and "column" or nil})
   local proj = nn.Linear(name .. ".c_proj", hidden, C,
-                         {bias = opts.bias, std = opts.proj_std or opts.std})
+                         {bias = opts.bias, std = opts.proj_std or opts.std,
+                          parallel = opts.parallel and "row" or nil})
   local act = opts.act or nn.gelu
   return layer({c_fc = fc, c_proj = proj}, function(x)
     return nn.dropout(proj(act(fc(x))), opts.dropout)
@@ -503,12 +532,13 @@ function nn.swiglu(x, w_gate, w_up, w_down)
 end
 
 function nn.SwiGLU(name, C, hidden, opts)
-  check_opts("nn.SwiGLU", opts, "std:number proj_std:number")
+  check_opts("nn.SwiGLU", opts, "std:number proj_std:number parallel:boolean")
   opts = opts or {}
   local std = opts.std or 0.02
   local g = param(name .. ".gate_proj.weight", {C, hidden}, normal(std))
   local u = param(name .. ".up_proj.weight", {C, hidden}, normal(std))
   local d = param(name .. ".down_proj.weight", {hidden, C}, normal(opts.proj_std or std))
+  if opts.parallel then shard(g, 1); shard(u, 1); shard(d, 0) end
   return layer({gate = g, up = u, down = d}, function(x) return nn.swiglu(x, g, u, d) end)
 end
 

@@ -56,6 +56,8 @@ static const FeTrainKey train_keys[] = {
     TKD(bucket_mb, "4", 0, 1048576, 1, 0),
     TKI(grad_accum, "1", 1, 1024),
     TKI(zero, "0", 0, 1),
+    TKI(tp, "1", 1, 4096),
+    TKS(sequence_parallel, "false", "true, false"),
     TKD(comm_timeout, "60", 0, 1e6, 1, 0),
     TKS(on_nonfinite, "stop", "stop, skip"),
     TKI(sample_every, "0", 0, BIG),

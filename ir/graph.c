@@ -702,6 +702,33 @@ bool ir_infer(const Graph *g, Opcode code, const int *in, int nin, const OpAttr 
                 return false;
             break;
         }
+        if (info->attr == AK_TP) {
+            if (a->nia < 3 || a->nia > 4 || a->ia[1] < 1 || a->ia[2] < 0 ||
+                a->ia[2] >= a->ia[1])
+                FAIL("%s: needs {axis=A,n=N,rank=R} with N >= 1 and 0 <= R < N", info->name);
+            if (a->nia == 4 && (code != OP_TP_ALL_GATHER || a->ia[3] < 0 || a->ia[3] > 1))
+                FAIL("%s: sum= is tp_all_gather's only, 0 or 1 (got %lld)", info->name,
+                     (long long)a->ia[3]);
+            if (!dtype_is_float(s[0]->dtype))
+                FAIL("%s: needs a float tensor (got %s)", info->name, dtype_name(s[0]->dtype));
+            r = *s[0];
+            if (code == OP_TP_ALL_GATHER || code == OP_TP_REDUCE_SCATTER) {
+                int ax = (int)a->ia[0];
+                if (ax < 0 || ax >= r.rank)
+                    FAIL("%s: axis out of range (expected 0..%d, got %lld)", info->name,
+                         r.rank - 1, (long long)a->ia[0]);
+                if (code == OP_TP_ALL_GATHER) {
+                    if (!ir_mul_ok(r.dim[ax], a->ia[1], &r.dim[ax]))
+                        FAIL("tp_all_gather: the gathered dim overflows");
+                } else {
+                    if (r.dim[ax] % a->ia[1] != 0)
+                        FAIL("tp_reduce_scatter: dim %d (%lld) does not divide by n = %lld",
+                             ax, (long long)r.dim[ax], (long long)a->ia[1]);
+                    r.dim[ax] /= a->ia[1];
+                }
+            }
+            break;
+        }
         if (!dtype_is_float(s[0]->dtype))
             FAIL("allreduce: needs a float tensor (got %s)", dtype_name(s[0]->dtype));
         r = *s[0];
@@ -930,4 +957,51 @@ int ir_op_x(Graph *g, Opcode code, const int *in, int nin, const OpAttr *a, SrcL
     if (t < 0)
         die("%s (at %s:%d)", err, loc.file ? loc.file : "?", loc.line);
     return t;
+}
+
+/* ---- param shardings (IrShard) ---------------------------------------- */
+
+Shape ir_shard_whole(const IrShard *sh, const Shape *part)
+{
+    Shape s = *part;
+    if (sh->on && sh->n > 1) {
+        s.dim[sh->axis] *= sh->n;
+        s.dname[sh->axis] = NULL;
+    }
+    return s;
+}
+
+/* Walks rank r's runs of the whole tensor: for each index before the axis
+ * and each block, m x inner contiguous elements. */
+static void shard_copy(const IrShard *sh, const Shape *whole, size_t esize, char *w, char *part,
+                       bool to_part)
+{
+    int64_t outer = 1, inner = 1, d = whole->dim[sh->axis];
+    for (int i = 0; i < sh->axis; i++)
+        outer *= whole->dim[i];
+    for (int i = sh->axis + 1; i < whole->rank; i++)
+        inner *= whole->dim[i];
+    int64_t bs = d / sh->blocks, m = bs / sh->n;
+    size_t run = (size_t)(m * inner) * esize;
+    for (int64_t o = 0; o < outer; o++)
+        for (int64_t b = 0; b < sh->blocks; b++) {
+            char *wp = w + (size_t)((o * d + b * bs + sh->rank * m) * inner) * esize;
+            char *pp = part + (size_t)(((o * sh->blocks + b) * m) * inner) * esize;
+            if (to_part)
+                memcpy(pp, wp, run);
+            else
+                memcpy(wp, pp, run);
+        }
+}
+
+void ir_shard_extract(const IrShard *sh, const Shape *whole, size_t esize, const void *w,
+                      void *part)
+{
+    shard_copy(sh, whole, esize, (char *)w, part, true);
+}
+
+void ir_shard_insert(const IrShard *sh, const Shape *whole, size_t esize, const void *part,
+                     void *w)
+{
+    shard_copy(sh, whole, esize, w, (char *)part, false);
 }

@@ -350,8 +350,32 @@ static void eval(const Graph *g, const Op *op, double **val, const InterpOpts *o
     }
     case OP_RESHAPE:
     case OP_ALLREDUCE:
+    case OP_TP_ALLREDUCE:
+    case OP_TP_COPY:
         memcpy(r, x, sizeof(double) * (size_t)n);
         break;
+    case OP_TP_REDUCE_SCATTER: { /* rank r's part (the only rank's sum is its own) */
+        strides_of(s0, ist);
+        strided_copy(r, x, os, ist, a->ia[2] * os->dim[a->ia[0]] * ist[a->ia[0]]);
+        break;
+    }
+    case OP_TP_ALL_GATHER: { /* x at rank r's place, zeros at the others' */
+        int64_t m = shape_numel(s0), idx[IR_MAX_RANK] = {0};
+        strides_of(os, ost);
+        memset(r, 0, sizeof(double) * (size_t)n);
+        int64_t off = a->ia[2] * s0->dim[a->ia[0]] * ost[a->ia[0]];
+        for (int64_t j = 0; j < m; j++) {
+            r[off] = x[j];
+            for (int d = s0->rank - 1; d >= 0; d--) {
+                off += ost[d];
+                if (++idx[d] < s0->dim[d])
+                    break;
+                off -= ost[d] * s0->dim[d];
+                idx[d] = 0;
+            }
+        }
+        break;
+    }
     case OP_ALLREDUCE_START:
         r[0] = 0;
         break;

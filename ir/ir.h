@@ -162,6 +162,9 @@ typedef enum {
                   places them), ia[1] = start (flat index of the first operand's
                   first element), ia[2] = total (flat elements of all params),
                   ia[3] = nranks; see ir_shard_range */
+    AK_TP,     /* tensor-parallel collectives: ia[0] = axis, ia[1] = n (the TP
+                  group's size), ia[2] = this rank's index in it; tp_all_gather
+                  may have nia 4, ia[3] = sum (1: its VJP reduce-scatters) */
     AK__COUNT
 } IrAttrKind;
 
@@ -222,6 +225,10 @@ typedef enum {
     X(ALL_GATHER,  "all_gather",   2, OC_COLLECTIVE, AK_SHARD, 0)        \
     X(ALL_GATHER_START, "all_gather_start", -1, OC_COLLECTIVE, AK_SHARD, 0) \
     X(ALL_GATHER_WAIT,  "all_gather_wait",   3, OC_COLLECTIVE, AK_SHARD, 0) \
+    X(TP_ALLREDUCE, "tp_allreduce", 1, OC_COLLECTIVE, AK_TP, 1)         \
+    X(TP_COPY,     "tp_copy",     1, OC_COLLECTIVE, AK_TP,   0)         \
+    X(TP_ALL_GATHER, "tp_all_gather", 1, OC_COLLECTIVE, AK_TP, 0)        \
+    X(TP_REDUCE_SCATTER, "tp_reduce_scatter", 1, OC_COLLECTIVE, AK_TP, 1) \
     X(ATTENTION,     "attention",     3, OC_ATTN,   AK_ATTN,  0)         \
     X(ATTENTION_LSE, "attention_lse", 2, OC_ATTN,   AK_ATTN,  0)         \
     X(ATTENTION_DQ,  "attention_dq",  6, OC_ATTN,   AK_ATTN,  0)         \
@@ -318,6 +325,26 @@ const char *ir_class_name(OpClass c);
  *            buffers; nothing may read them after it but their waits
  * all_gather_wait(token, shard, p) {start = p's own} -> all_gather's value;
  *            waits for the bucket; a view of p (in place)
+ * Tensor-parallel collectives {axis=a, n=N, rank=r} over the N ranks of
+ *            a TP group, r this rank's index (passes/partition.c inserts
+ *            them; the graph is rank r's). Every rank of the group runs
+ *            the same op at the same point of its program. Float only.
+ * tp_allreduce(x)      -> x's type: the sum over the group of each rank's x
+ *            (a partial sum made whole); its VJP is the identity
+ * tp_copy(x)           -> x: the identity, at the point where a tensor held
+ *            whole on every rank enters computation that is split over the
+ *            group; its VJP is tp_allreduce (Megatron's f)
+ * tp_all_gather(x)     -> x with dim a times N: rank k's x at [k*d, (k+1)*d)
+ *            along a; its VJP is rank r's slice of the cotangent, or with
+ *            {..., sum=1} (a gathered value read only by split computation,
+ *            so that each rank's cotangent is a part of the whole) the
+ *            cotangent's tp_reduce_scatter (Megatron's sequence-parallel
+ *            pair)
+ * tp_reduce_scatter(x) -> x with dim a / N: rank r's part of the sum over
+ *            the group; its VJP is tp_all_gather
+ *            The interpreter is rank r and the only rank: tp_allreduce and
+ *            tp_copy are the identity, tp_all_gather puts x at rank r's
+ *            place with zeros elsewhere, tp_reduce_scatter slices r's part.
  * attention family {causal=c, scale=s}: fused scaled-dot-product attention.
  *            q [..., Tq, D], k [..., Tk, D], v [..., Tk, Dv], one float dtype,
  *            equal batch dims ("..."); causal needs Tq == Tk. Row i of the
@@ -412,13 +439,37 @@ typedef struct {
     const char *dname[IR_MAX_RANK];
 } Shape;
 
+/* A param's split over the tensor-parallel group (passes/partition.c):
+ * the whole param's axis `axis` is cut into `blocks` equal blocks, and each
+ * block into n equal parts, rank r holding part r of every block, side by
+ * side (blocks = 3: a fused [C, 3C] qkv weight split by heads keeps its q,
+ * k and v column blocks). Set by the script (`shard`, nn's `parallel`
+ * options) with n = 0; the partition pass sets n and rank and cuts the
+ * param's shape to rank r's part. on false: the param is whole on every
+ * rank. */
 typedef struct {
+    bool on;
+    int axis, blocks, n, rank;
+} IrShard;
+
+/* The whole param's shape from rank r's part (t's shape) and back; the
+ * whole tensor's bytes to rank r's part (extract) and rank r's part into
+ * the whole tensor (insert), for elements of esize bytes. */
+struct Tensor;
+Shape ir_shard_whole(const IrShard *sh, const Shape *part);
+void ir_shard_extract(const IrShard *sh, const Shape *whole, size_t esize, const void *w,
+                      void *part);
+void ir_shard_insert(const IrShard *sh, const Shape *whole, size_t esize, const void *part,
+                     void *w);
+
+typedef struct Tensor {
     int id;             /* index in g->t */
     Shape s;
     TensorKind kind;    /* const: produced by a const op */
     const char *name;   /* interned; set for input/param/state, NULL otherwise */
     int op;             /* index of the producing op in g->ops; -1 for graph inputs */
     ParamInit init;     /* params and state: how the runtime initialises them */
+    IrShard shard;      /* params: the split over the TP group, if any */
 } Tensor;
 
 typedef struct {

@@ -474,6 +474,8 @@ static bool build_attr(P *ps, Opcode code, const RawAttr *ra, int nra, const Sha
     case AK_SHARD:
         keys[0] = "bucket", keys[1] = "start", keys[2] = "total", keys[3] = "nranks";
         break;
+    case AK_TP: keys[0] = "axis", keys[1] = "n", keys[2] = "rank", keys[3] = "sum", nreq = 3;
+        break;
     default: break;
     }
     const RawAttr *found[7] = {NULL, NULL, NULL, NULL, NULL, NULL, NULL};
@@ -491,8 +493,9 @@ static bool build_attr(P *ps, Opcode code, const RawAttr *ra, int nra, const Sha
         found[k] = &ra[i];
     }
     for (int j = 0; j < 7; j++)
-        if (keys[j] && !found[j] && (j < nreq || found[2] || found[3] || found[4] ||
-                                     found[5] || found[6]))
+        if (keys[j] && !found[j] &&
+            (j < nreq || (info->attr == AK_ATTN && (found[2] || found[3] || found[4] ||
+                                                    found[5] || found[6]))))
             return perr(ps, "%s: missing attribute '%s' (expected {%s=...})", info->name,
                         keys[j], keys[j]);
     memset(a, 0, sizeof *a);
@@ -533,6 +536,12 @@ static bool build_attr(P *ps, Opcode code, const RawAttr *ra, int nra, const Sha
     case AK_SHARD:
         a->nia = 4;
         for (int j = 0; j < 4; j++)
+            if (!attr_int(ps, found[j], &a->ia[j]))
+                return false;
+        break;
+    case AK_TP:
+        a->nia = found[3] ? 4 : 3;
+        for (int j = 0; j < a->nia; j++)
             if (!attr_int(ps, found[j], &a->ia[j]))
                 return false;
         break;
@@ -585,6 +594,58 @@ static bool parse_init(P *ps, ParamInit *in)
                         "uniform(A,B) or none)",
                     w);
     }
+    return true;
+}
+
+/* An optional ` shard(axis=A,blocks=K[,n=N,rank=R])` after a param's
+ * initialiser (IrShard). */
+static bool parse_shard(P *ps, TensorKind kind, int rank, IrShard *sh)
+{
+    char w[32], b[64];
+    memset(sh, 0, sizeof *sh);
+    skip_ws(ps);
+    if (at_end(ps) || strncmp(ps->p, "shard", 5) != 0)
+        return true;
+    if (!ident(ps, w, sizeof w) || strcmp(w, "shard") != 0)
+        return perr(ps, "expected shard(...) or the end of the line, got %s", got(ps, b, sizeof b));
+    if (kind != TK_PARAM)
+        return perr(ps, "shard(...) is for params only (got it on a %s)", ir_kind_name(kind));
+    if (!expect(ps, '(', "'(' after shard"))
+        return false;
+    static const char *const keys[4] = {"axis", "blocks", "n", "rank"};
+    int64_t v[4] = {-1, -1, 0, 0};
+    bool seen[4] = {false, false, false, false};
+    for (int k = 0;; k++) {
+        if (k >= 4 || !ident(ps, w, sizeof w))
+            return perr(ps, "expected axis=, blocks=, n= or rank= in shard(...), got %s",
+                        got(ps, b, sizeof b));
+        int j = 0;
+        while (j < 4 && strcmp(keys[j], w) != 0)
+            j++;
+        if (j == 4 || seen[j])
+            return perr(ps, "shard(...): %s key '%s' (expected axis, blocks, n, rank, each once)",
+                        j == 4 ? "unknown" : "repeated", w);
+        seen[j] = true;
+        if (!expect(ps, '=', "'='") || !parse_int(ps, &v[j], keys[j]))
+            return false;
+        skip_ws(ps);
+        if (*ps->p == ')')
+            break;
+        if (!expect(ps, ',', "',' or ')'"))
+            return false;
+    }
+    if (!expect(ps, ')', "')'"))
+        return false;
+    if (!seen[0] || !seen[1] || seen[2] != seen[3])
+        return perr(ps, "shard(...) needs axis and blocks, and n with rank (got %s%s%s)",
+                    seen[0] ? "" : "no axis ", seen[1] ? "" : "no blocks ",
+                    seen[2] != seen[3] ? "n without rank" : "");
+    if (v[0] < 0 || v[0] >= rank || v[1] < 1 || v[1] > 1 << 20 || v[2] < 0 || v[2] > 1 << 20 ||
+        v[3] < 0 || (v[2] > 0 && v[3] >= v[2]) || (v[2] == 0 && v[3] != 0))
+        return perr(ps, "shard(axis=%lld,blocks=%lld,n=%lld,rank=%lld) out of range (expected "
+                        "0 <= axis < %d, blocks >= 1, 0 <= rank < n)",
+                    (long long)v[0], (long long)v[1], (long long)v[2], (long long)v[3], rank);
+    *sh = (IrShard){true, (int)v[0], (int)v[1], (int)v[2], (int)v[3]};
     return true;
 }
 
@@ -690,14 +751,16 @@ static bool parse_def(P *ps, SrcLoc loc)
     if (kind != TK_TEMP) {
         const char *tname;
         ParamInit init;
+        IrShard sh = {0};
         if (!parse_quoted(ps, &tname, "a tensor name") || !parse_init(ps, &init) ||
-            !end_of_line(ps))
+            !parse_shard(ps, kind, s.rank, &sh) || !end_of_line(ps))
             return false;
         if (ir_find_tensor(ps->g, tname) >= 0)
             return perr(ps, "graph input \"%s\" declared twice", tname);
         if (ps->saw_op)
             ps->input_after_op = true;
         int id = ir_add_input(ps->g, kind, tname, s, init);
+        ps->g->t.v[id].shard = sh;
         insert(ps, nm, id, ps->line);
         return true;
     }

@@ -99,6 +99,13 @@ static void print_attrs(FILE *f, const Op *op)
         fprintf(f, " {bucket=%lld,start=%lld,total=%lld,nranks=%lld}", (long long)a->ia[0],
                 (long long)a->ia[1], (long long)a->ia[2], (long long)a->ia[3]);
         break;
+    case AK_TP:
+        fprintf(f, " {axis=%lld,n=%lld,rank=%lld", (long long)a->ia[0], (long long)a->ia[1],
+                (long long)a->ia[2]);
+        if (a->nia == 4)
+            fprintf(f, ",sum=%lld", (long long)a->ia[3]);
+        fputc('}', f);
+        break;
     case AK_ATTN:
         fprintf(f, " {causal=%lld,scale=%s", (long long)(a->nia ? a->ia[0] : 0),
                 ir_fmt_double(a->f, d, sizeof d));
@@ -140,6 +147,12 @@ void ir_print(const Graph *g, FILE *f)
         if (t->kind != TK_INPUT || t->init.kind != INIT_NONE) {
             fputc(' ', f);
             print_init(f, &t->init);
+        }
+        if (t->shard.on) {
+            fprintf(f, " shard(axis=%d,blocks=%d", t->shard.axis, t->shard.blocks);
+            if (t->shard.n)
+                fprintf(f, ",n=%d,rank=%d", t->shard.n, t->shard.rank);
+            fputc(')', f);
         }
         fputc('\n', f);
     }

@@ -36,7 +36,10 @@ sym{B = B, T = T, C = C, V = V}   -- shapes written with these names print them
 local tokens = input("tokens", {"B", "T"}, "i32")
 local targets = input("targets", {"B", "T"}, "i32")
 
-local wte = nn.Embedding("wte", "V", "C", {std = 0.02, pad = cfg.vocab_pad})
+-- Tensor parallelism (--tp N) splits what Megatron-LM splits: wte (and so
+-- the tied head) by vocabulary, attention by heads, the MLP's c_fc by
+-- columns and every c_proj by rows.
+local wte = nn.Embedding("wte", "V", "C", {std = 0.02, pad = cfg.vocab_pad, parallel = "vocab"})
 local wpe = nn.Embedding("wpe", "T", "C", {std = 0.01})
 local proj_std = 0.02 / math.sqrt(2 * L)   -- GPT-2's scaled init of residual projections
 
@@ -46,9 +49,11 @@ for i = 0, L - 1 do
   local p = "h." .. i
   local ln1 = nn.LayerNorm(p .. ".ln_1", "C")
   local attn = nn.CausalSelfAttention(p .. ".attn", "C", H,
-                                      {proj_std = proj_std, dropout = cfg.dropout})
+                                      {proj_std = proj_std, dropout = cfg.dropout,
+                                       parallel = true})
   local ln2 = nn.LayerNorm(p .. ".ln_2", "C")
-  local mlp = nn.MLP(p .. ".mlp", "C", 4 * C, {proj_std = proj_std, dropout = cfg.dropout})
+  local mlp = nn.MLP(p .. ".mlp", "C", 4 * C, {proj_std = proj_std, dropout = cfg.dropout,
+                                               parallel = true})
   x = x + attn(ln1(x))
   x = x + mlp(ln2(x))
 end

@@ -45,13 +45,17 @@ local targets = input("targets", {"B", "T"}, "i32")
 
 local std = 0.02
 local proj_std = 0.02 / math.sqrt(2 * L)
-local embed = nn.Embedding("embed_tokens", "V", "C", {std = std})
+-- Tensor parallelism (--tp N) splits what Megatron-LM splits: the
+-- embedding and the head by vocabulary, q/k/v and the MLP's gate/up by
+-- output columns (heads), o_proj and down_proj by input rows.
+local embed = nn.Embedding("embed_tokens", "V", "C", {std = std, parallel = "vocab"})
 
 local function attention(p, x)
   local q = param(p .. ".q_proj.weight", {"C", "C"}, normal(std))
   local k = param(p .. ".k_proj.weight", {"C", "C"}, normal(std))
   local v = param(p .. ".v_proj.weight", {"C", "C"}, normal(std))
   local o = param(p .. ".o_proj.weight", {"C", "C"}, normal(proj_std))
+  shard(q, 1); shard(k, 1); shard(v, 1); shard(o, 0)
   local qh = nn.rope(nn.split_heads(x:matmul(q), H), cfg.rope_base)
   local kh = nn.rope(nn.split_heads(x:matmul(k), H), cfg.rope_base)
   local vh = nn.split_heads(x:matmul(v), H)
@@ -63,12 +67,13 @@ for i = 0, L - 1 do
   local p = "layers." .. i
   local n1 = nn.RMSNorm(p .. ".input_layernorm", "C", {eps = cfg.eps})
   local n2 = nn.RMSNorm(p .. ".post_attention_layernorm", "C", {eps = cfg.eps})
-  local mlp = nn.SwiGLU(p .. ".mlp", "C", hidden, {std = std, proj_std = proj_std})
+  local mlp = nn.SwiGLU(p .. ".mlp", "C", hidden, {std = std, proj_std = proj_std,
+                                                          parallel = true})
   x = x + attention(p .. ".self_attn", n1(x))
   x = x + mlp(n2(x))
 end
 x = nn.RMSNorm("norm", "C", {eps = cfg.eps})(x)
-local head = param("lm_head.weight", {"C", "V"}, normal(std))
+local head = shard(param("lm_head.weight", {"C", "V"}, normal(std)), 1)
 local logits = x:matmul(head)
 
 minimize(nn.cross_entropy(logits, targets))

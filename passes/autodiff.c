@@ -579,8 +579,31 @@ static void vjp(AD *ad, const Op *op, const bool *live)
         vjp_attention(ad, op, gy, need);
         break;
     case OP_ALLREDUCE:
+    case OP_TP_ALLREDUCE: /* Megatron's g: the sum's cotangent reaches every part */
         accumulate(ad, x, gy);
         break;
+    case OP_TP_COPY: /* Megatron's f: each rank's cotangent is a part of the whole */
+        accumulate(ad, x, emit(ad, OP_TP_ALLREDUCE, &gy, 1, &op->attr));
+        break;
+    case OP_TP_REDUCE_SCATTER:
+        accumulate(ad, x, emit(ad, OP_TP_ALL_GATHER, &gy, 1, &op->attr));
+        break;
+    case OP_TP_ALL_GATHER: { /* the gathered value is whole on every rank, and so is its
+                                cotangent: this rank's part of it; or (sum=1) each
+                                rank's cotangent is a part: their sum's part */
+        if (op->attr.nia == 4 && op->attr.ia[3]) {
+            OpAttr a = op->attr;
+            a.nia = 3;
+            accumulate(ad, x, emit(ad, OP_TP_REDUCE_SCATTER, &gy, 1, &a));
+            break;
+        }
+        OpAttr a = shape_attr(&xs);
+        a.nia = xs.rank;
+        int ax = (int)op->attr.ia[0];
+        a.ia[ax] = op->attr.ia[2] * xs.dim[ax];
+        accumulate(ad, x, emit(ad, OP_SLICE, &gy, 1, &a));
+        break;
+    }
     case OP_STOP_GRADIENT: /* no cotangent for its operand */
         break;
     default: /* reachable from hand-written IR (kiln opt): the pass fails */

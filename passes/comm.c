@@ -930,4 +930,31 @@ void pass_comm_print(const Graph *g, FILE *f)
         fprintf(f, "; start: op %d (after op %d, %s); first wait: op %d\n", i, i - 1,
                 i > 0 ? ir_opinfo[g->ops.v[i - 1].code].name : "-", wait);
     }
+    /* the tensor-parallel collectives (passes/partition.c), in program order */
+    int ntp = 0;
+    int64_t tpbytes = 0;
+    for (int i = 0; i < g->ops.n; i++) {
+        const Op *op = &g->ops.v[i];
+        if (op->code != OP_TP_ALLREDUCE && op->code != OP_TP_ALL_GATHER &&
+            op->code != OP_TP_REDUCE_SCATTER)
+            continue;
+        if (!ntp++)
+            fprintf(f, "# tensor-parallel collectives (tp = %lld, rank %lld): op, kind, "
+                       "bytes per rank, where\n",
+                    (long long)op->attr.ia[1], (long long)op->attr.ia[2]);
+        /* the larger of operand and result: what crosses the links */
+        int64_t b = shape_bytes(&g->t.v[op->in[0]].s), bo = shape_bytes(&g->t.v[op->out].s);
+        if (bo > b)
+            b = bo;
+        tpbytes = ir_add_sat(tpbytes, b);
+        char sb[128];
+        fprintf(f, "#   op %d %s %s %lld bytes, %s%s:%d\n", i, ir_opinfo[op->code].name,
+                shape_str(g, &g->t.v[op->out].s, sb, sizeof sb), (long long)b,
+                op->flags & OPF_BACKWARD ? "backward " : op->flags & OPF_OPTIM ? "optimizer "
+                                                                              : "forward ",
+                op->loc.file ? op->loc.file : "?", op->loc.line);
+    }
+    if (ntp)
+        fprintf(f, "# %d tensor-parallel collectives, %lld bytes per rank per step\n", ntp,
+                (long long)tpbytes);
 }

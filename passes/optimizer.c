@@ -132,7 +132,7 @@ static int row_sums(B *b, int x, int64_t n)
  * 128 for the shards of GPT-2 124M on 2 ranks, against 7.8 million). The
  * squares are formed in the first reduction's kernel, as before; only the
  * v <= S / 16 row sums are copied (by the pad). */
-static int sum_sq_blocked(B *b, int x)
+static int sum_sq_blocked(B *b, int x, int w)
 {
     int64_t S = shape_numel(&b->g->t.v[x].s), u = S / IR_SHARD_ALIGN, d = 1;
     for (int64_t k = 64; k > 1; k--)
@@ -142,7 +142,10 @@ static int sum_sq_blocked(B *b, int x)
         }
     int64_t k1 = IR_SHARD_ALIGN * d, v = S / k1;
     int rows = reshape_f32(b, x, 2, (int64_t[]){v, k1});
-    int r1 = row_sums(b, bin(b, OP_MUL, rows, rows), v);
+    int sq = bin(b, OP_MUL, rows, rows);
+    if (w >= 0) /* weighted squares */
+        sq = bin(b, OP_MUL, sq, reshape_f32(b, w, 2, (int64_t[]){v, k1}));
+    int r1 = row_sums(b, sq, v);
     int64_t m = 1;
     while (m * m < v)
         m++;
@@ -304,9 +307,30 @@ static void optimizer_zero(B *b, const PassOpts *o, ParamGrad *ps, int n, int lr
         }
         lrs = emit_n(b, OP_SHARD_PACK, in, n, &sa);
     }
-    /* the global norm: each rank's shard squared, summed over ranks */
-    int part = sum_sq_blocked(b, gsh);
+    /* the global norm: each rank's shard squared, summed over ranks; under
+     * tensor parallelism each TP rank's flat range holds its parts of the
+     * split params and a copy of the whole ones, which count 1/tp each
+     * before the sum over the TP group */
+    IrShard tp = {0};
+    for (int i = 0; i < n; i++)
+        if (g->t.v[ps[i].p].shard.on && g->t.v[ps[i].p].shard.n > 1)
+            tp = g->t.v[ps[i].p].shard;
+    int wsq = -1;
+    if (tp.n > 1) {
+        for (int i = 0; i < n; i++) {
+            Shape s = g->t.v[ps[i].p].s;
+            s.dtype = DT_F32;
+            bool sp = g->t.v[ps[i].p].shard.on && g->t.v[ps[i].p].shard.n > 1;
+            in[i] = cst(b, &s, sp ? 1.0 : 1.0 / tp.n);
+        }
+        wsq = emit_n(b, OP_SHARD_PACK, in, n, &sa);
+    }
+    int part = sum_sq_blocked(b, gsh, wsq);
     int total2 = bin(b, OP_MUL, emit(b, OP_ALLREDUCE, part, -1, NULL), cst_f32(b, (double)nr));
+    if (tp.n > 1) {
+        OpAttr ta = {.ia = {0, tp.n, tp.rank}, .nia = 3};
+        total2 = emit(b, OP_TP_ALLREDUCE, total2, -1, &ta);
+    }
     int norm = un(b, OP_SQRT, total2);
     ir_add_output(g, "grad_norm", norm);
     int chk = bin(b, OP_ADD, bin(b, OP_ADD, bin(b, OP_MUL, total2, zero), loss0),
@@ -432,6 +456,29 @@ static void drop_grads(Graph *g, const bool *drop)
     ir_drop_ops(g, dead);
     free(live);
     free(dead);
+}
+
+/* Each state "PRE.P" of a param P split over the TP group, of P's shape (its
+ * moments), is split as P is: checkpoints gather it whole. */
+static void shard_states(Graph *g)
+{
+    for (int i = 0; i < g->t.n; i++) {
+        Tensor *st = &g->t.v[i];
+        if (st->kind != TK_STATE || !st->name)
+            continue;
+        size_t ls = strlen(st->name);
+        for (int j = 0; j < g->t.n; j++) {
+            const Tensor *p = &g->t.v[j];
+            if (p->kind != TK_PARAM || !p->shard.on || !p->shard.n)
+                continue;
+            size_t lp = strlen(p->name);
+            if (ls > lp && st->name[ls - lp - 1] == '.' &&
+                strcmp(st->name + ls - lp, p->name) == 0 && shape_dims_eq(&st->s, &p->s)) {
+                st->shard = p->shard;
+                break;
+            }
+        }
+    }
 }
 
 /* A zero-initialised f32-or-param-typed state tensor "PRE.P" of shape s. */
@@ -617,6 +664,14 @@ bool pass_optimizer(Graph *g, const PassOpts *o, Diag *d)
                  pass_optimizer_name(o->optimizer));
         return false;
     }
+    for (int i = 0; i < g->t.n; i++)
+        if (g->t.v[i].shard.on && g->t.v[i].shard.n > 1 && o->optimizer == PASS_OPT_ADAFACTOR) {
+            snprintf(d->msg, sizeof d->msg,
+                     "optimizer: adafactor's factored moments need whole params, but "
+                     "\"%s\" is split over tp = %d ranks (expected optimizer = \"adamw\", "
+                     "\"sgd\" or \"lion\" with tp > 1)", g->t.v[i].name, g->t.v[i].shard.n);
+            return false;
+        }
     VEC(ParamGrad) ps = {0};
     /* the outputs by name: each param's gradient by binary search, not a
      * scan of every output (ir_find_output) per param */
@@ -715,12 +770,26 @@ bool pass_optimizer(Graph *g, const PassOpts *o, Diag *d)
         return true;
     }
 
-    /* global gradient norm, before clipping */
-    int total = -1;
+    /* global gradient norm, before clipping: under tensor parallelism a
+     * whole param counts once and a split one's parts once each (their
+     * sums of squares summed over the TP group) */
+    int total = -1, split = -1;
+    IrShard tp = {0};
     for (int i = 0; i < ps.n; i++) {
         int gr = ps.v[i].grad;
         int s = sum_all_f32(&b, bin(&b, OP_MUL, gr, gr));
-        total = total < 0 ? s : bin(&b, OP_ADD, total, s);
+        const IrShard *sh = &g->t.v[ps.v[i].p].shard;
+        if (sh->on && sh->n > 1) {
+            tp = *sh;
+            split = split < 0 ? s : bin(&b, OP_ADD, split, s);
+        } else {
+            total = total < 0 ? s : bin(&b, OP_ADD, total, s);
+        }
+    }
+    if (split >= 0) {
+        OpAttr ta = {.ia = {0, tp.n, tp.rank}, .nia = 3};
+        split = emit(&b, OP_TP_ALLREDUCE, split, -1, &ta);
+        total = total < 0 ? split : bin(&b, OP_ADD, total, split);
     }
     int norm = un(&b, OP_SQRT, total);
     ir_add_output(g, "grad_norm", norm);
@@ -748,6 +817,7 @@ bool pass_optimizer(Graph *g, const PassOpts *o, Diag *d)
     if (step >= 0)
         ir_add_update(g, step, keep_unless(&b, c.ok, c.t, step));
     vec_free(&ps);
+    shard_states(g);
     ir_compact(g);
     return true;
 }

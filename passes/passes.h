@@ -55,6 +55,11 @@ typedef struct {
      * arena_bytes. kiln plan measures memory per GPU with it. */
     int64_t (*remat_measure)(const Graph *g, const struct MemPlan *m, const void *ctx);
     const void *remat_measure_ctx;
+    /* partition: tensor parallelism over tp ranks (<= 1: none), as rank
+     * tp_rank of the group; sequence_parallel splits the regions between
+     * the TP blocks along the sequence (passes/partition.c) */
+    int tp, tp_rank;
+    bool sequence_parallel;
     /* comm */
     int nranks;
     int64_t bucket_bytes;  /* bucket size cap; <= 0: PASS_COMM_BUCKET_DEFAULT */
@@ -91,7 +96,7 @@ typedef struct Pass {
 } Pass;
 
 /* ---- pipeline.c: the pass list and its driver -----------------------------
- * The pipeline: attention, autodiff, optimizer, simplify, remat, fuse, comm,
+ * The pipeline: attention, partition, autodiff, optimizer, simplify, remat, fuse, comm,
  * schedule, memplan. */
 extern const Pass pass_list[];
 extern const int pass_count;
@@ -150,6 +155,12 @@ bool pass_attention_dqkv(Graph *g, const PassOpts *o, Diag *d);
  * Adds one output "grad.NAME" per param NAME (zeros when the loss does not
  * depend on it). Ops it creates carry OPF_BACKWARD and the source location of
  * the forward op they differentiate. */
+/* partition.c: rank o->tp_rank's part of the forward graph under tensor
+ * parallelism over o->tp ranks (nothing when tp <= 1): params marked with a
+ * sharding (IrShard) keep rank r's part, every tensor gets a sharding by
+ * propagation, and tp_* collectives go where an op needs a tensor whole or
+ * a partial sum summed. Runs before autodiff. */
+bool pass_partition(Graph *g, const PassOpts *o, Diag *d);
 bool pass_autodiff(Graph *g, const PassOpts *o, Diag *d);
 
 /* optimizer.c: o->optimizer's update with global-norm gradient clipping,

@@ -41,6 +41,7 @@ int pass_optimizer_parse(const char *name)
 
 const Pass pass_list[] = {
     {"attention", pass_attention},
+    {"partition", pass_partition},
     {"autodiff", pass_autodiff},
     {"attnlayout", pass_attention_layout},
     {"optimizer", pass_optimizer},
@@ -272,8 +273,11 @@ static void opts_flags(const PassOpts *o, char *buf, size_t n)
         ADD(" --memory-budget %lld", (long long)o->memory_budget);
     if (o->remat != REMAT_DEFAULT)
         ADD(" --remat=%s", pass_remat_policy_name(o->remat));
-    if (o->nranks > 1)
-        ADD(" --nproc %d", o->nranks);
+    if (o->nranks > 1 || o->tp > 1)
+        ADD(" --nproc %d", o->nranks * (o->tp > 1 ? o->tp : 1));
+    if (o->tp > 1)
+        ADD(" --set tp=%d --tp-rank %d%s", o->tp, o->tp_rank,
+            o->sequence_parallel ? " --set sequence_parallel=true" : "");
     if (o->zero)
         ADD(" --set zero=%d", o->zero);
     if (o->no_overlap)

@@ -227,7 +227,7 @@ void rt_exec_before_read(Exec *e, const int *tensors, int n, void (*fn)(void *ar
 
 static const char *step_kind(CgStepKind k)
 {
-    if (k == CG_STEP_ALLREDUCE_START || k == CG_STEP_ALLREDUCE_WAIT)
+    if (k == CG_STEP_ALLREDUCE_START || k == CG_STEP_ALLREDUCE_WAIT || k == CG_STEP_TP)
         return "comm";
     return k == CG_STEP_KERNEL ? "kernel" : k == CG_STEP_GEMM ? "gemm" : "copy";
 }
@@ -269,6 +269,48 @@ static void shard_pack(Exec *e, const CgStep *st)
     }
 }
 
+/* A CG_STEP_TP step: its op's collective over the TP group, from the
+ * operand's buffer to the result's (through host staging where the
+ * backend has no host pointers). */
+static void run_tp(Exec *e, const CgStep *st)
+{
+    const Graph *g = e->plan->g;
+    const Op *op = &g->ops.v[st->op];
+    const Shape *xs = &g->t.v[op->in[0]].s, *ys = &g->t.v[op->out].s;
+    int64_t nx = shape_numel(xs), ny = shape_numel(ys);
+    if (!e->o.tp_comm)
+        die("run_tp: %s without a TP group (rt_dp_open refuses tp > 1 on one rank)",
+            ir_opinfo[op->code].name);
+    if (xs->dtype != DT_F32)
+        die("run_tp: %s of %s (the partition pass runs on f32 graphs only)",
+            ir_opinfo[op->code].name, dtype_name(xs->dtype));
+    bool host = e->be->host_ptr != NULL;
+    float *x = host ? e->be->host_ptr(e->ctx, st->src) : xmalloc(sizeof(float) * (size_t)nx);
+    float *y = host ? e->be->host_ptr(e->ctx, st->dst) : xmalloc(sizeof(float) * (size_t)ny);
+    if (!host)
+        e->be->read(e->ctx, st->src, x, nx * 4);
+    int64_t outer = 1;
+    for (int i = 0; i < op->attr.ia[0] && i < xs->rank; i++)
+        outer *= xs->dim[i];
+    switch (op->code) {
+    case OP_TP_ALLREDUCE:
+        if (x != y)
+            memcpy(y, x, sizeof(float) * (size_t)nx);
+        rt_comm_tp_allreduce(e->o.tp_comm, y, ny);
+        break;
+    case OP_TP_ALL_GATHER: rt_comm_tp_all_gather(e->o.tp_comm, x, outer, nx / outer, y); break;
+    case OP_TP_REDUCE_SCATTER:
+        rt_comm_tp_reduce_scatter(e->o.tp_comm, x, outer, ny / outer, y);
+        break;
+    default: die("run_tp: %s", ir_opinfo[op->code].name);
+    }
+    if (!host) {
+        e->be->write(e->ctx, st->dst, y, ny * 4);
+        free(x);
+        free(y);
+    }
+}
+
 /* Plan step s: allreduce starts and waits go to the communication thread
  * (or the backend's device collectives, shard_pack included), everything
  * else to the backend. */
@@ -285,6 +327,11 @@ static bool run_step(Exec *e, int s, uint64_t seed, int64_t step, Diag *d)
     }
     if (st->kind == CG_STEP_SHARD_PACK && !e->dev_comm) {
         shard_pack(e, st);
+        return true;
+    }
+    if (st->kind == CG_STEP_TP) {
+        e->be->sync(e->ctx);
+        run_tp(e, st);
         return true;
     }
     if (st->kind == CG_STEP_ALLREDUCE_START) {
@@ -498,6 +545,16 @@ Exec *rt_exec_create(const Graph *g, const ExecOpts *o, Diag *d)
     }
     if (!setup_comm(e, d))
         goto fail;
+    for (int s = 0; s < e->plan->steps.n; s++)
+        if (e->plan->steps.v[s].kind == CG_STEP_TP && !be->host_ptr) {
+            const Op *op = &g->ops.v[e->plan->steps.v[s].op];
+            snprintf(d->msg, sizeof d->msg,
+                     "%s:%d: tensor parallelism runs on CPU ranks only so far (expected "
+                     "--device cpu with tp > 1, got the %s backend; the CUDA module has no "
+                     "TP collectives yet: docs/parallel.md)",
+                     op->loc.file ? op->loc.file : "?", op->loc.line, be->name);
+            goto fail;
+        }
     if (o->profile)
         setup_profile(e);
     if (o->verbose)

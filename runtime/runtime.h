@@ -79,6 +79,8 @@ typedef struct {
     bool cuda_graph;       /* capture the step into a CUDA graph, replay it */
     RtComm *comm;          /* the ranks: runs allreduce steps (unless the backend runs
                               them on the device); NULL: one rank */
+    RtComm *tp_comm;       /* its TP group: runs the tp_* steps (tensor parallelism);
+                              NULL: none (a plan with tp_* steps then does not run) */
     /* Run inside this executor's arena instead of allocating one: in its
      * temp region (past its persistent one: memplan.h), which holds nothing
      * between its runs. For an executor run between the other's runs (the

@@ -21,6 +21,10 @@ void cli_print_remat(const RematReport *r, const Graph *g, int64_t budget);
  * per step and of the forward graph, bytes moved, the planned peak (mp may
  * be NULL). */
 void cli_print_summary(const Model *m, const Graph *fwd_g, const Graph *g, const MemPlan *mp);
+/* Under tensor parallelism (a param split over more than one rank): this
+ * rank's params, gradients and optimizer state against tp = 1's, and the
+ * step's TP collectives by kind; nothing otherwise. */
+void cli_print_tp(const Graph *g);
 /* Kernel launches and bytes moved per step, unfused (the same pipeline
  * with --no-fuse) and fused (g); false after printing a pipeline error. */
 bool cli_print_fusion(const Model *m, const Graph *g, const PassOpts *po);

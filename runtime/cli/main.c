@@ -47,7 +47,8 @@ static const char usage_compile[] =
     "options:\n"
     "  --set KEY=VALUE      override a config{} or train{} setting (repeatable)\n"
     "  --dump-after=PASS    print (or write, with --dump-dir) the IR after PASS;\n"
-    "                       PASS is one of frontend, autodiff, optimizer,\n"
+    "                       PASS is one of frontend, partition (tp > 1),\n"
+    "                       autodiff, optimizer,\n"
     "                       simplify, remat, fuse, comm, schedule, memplan, or\n"
     "                       all (repeatable)\n"
     "  --dump-dir DIR       write dumps into DIR (NN-PASS.ir, memplan.txt)\n"
@@ -59,8 +60,13 @@ static const char usage_compile[] =
     "                       train.memory_budget\n"
     "  --remat=POLICY       none, full, selective or auto (default: auto with a\n"
     "                       budget, else none)\n"
-    "  --nproc N            compile for N data-parallel ranks (the comm pass places\n"
-    "                       gradient all-reduces; see --dump-after=comm)\n"
+    "  --nproc N            compile for N ranks, tp x dp (the comm pass places the\n"
+    "                       dp gradient all-reduces; see --dump-after=comm)\n"
+    "  --tp N               tensor parallelism over N ranks (--set tp=N): the\n"
+    "                       partition pass splits the params the model marks\n"
+    "                       (shard(), nn's parallel options); prints the rank's\n"
+    "                       params, gradients, optimizer state and TP collectives\n"
+    "  --tp-rank R          whose graph to compile and dump (default 0)\n"
     "  --no-overlap         every all-reduce starts after backward\n"
     "  --remat-sweep        print the remat table: budgets from the smallest\n"
     "                       feasible to the no-recompute peak, auto and each\n"
@@ -122,6 +128,9 @@ static const char usage_train[] =
     "                       averaged in buckets\n"
     "                       (train.bucket_mb, grad_accum, comm_timeout, zero: --set;\n"
     "                       zero=1 shards the optimizer state over the ranks)\n"
+    "  --tp N               tensor parallelism (--set tp=N): N ranks share each\n"
+    "                       layer; --nproc is the total, tp x dp\n"
+    "                       (docs/parallel.md; --set sequence_parallel=true)\n"
     "  --no-overlap         start every gradient all-reduce after backward (the\n"
     "                       baseline the comm pass's placement is measured against)\n"
     "  --remat=POLICY       none, full, selective or auto (see kiln compile)\n"
@@ -149,7 +158,9 @@ typedef struct {
     int64_t memory_budget; /* --memory-budget; -1: not given */
     int remat;             /* --remat; REMAT_DEFAULT: not given */
     bool remat_sweep;
-    int nproc;             /* --nproc: compile for N data-parallel ranks */
+    int nproc;             /* --nproc: compile for N ranks (tp x dp) */
+    int tp, tp_rank;       /* --tp: tensor-parallel ranks (train.tp); --tp-rank: whose graph */
+    int tp_on;             /* the model's tp (train.tp after --set and --tp) */
     bool no_overlap;       /* --no-overlap */
     bool no_fuse;          /* --no-fuse */
     bool no_fuse_attention; /* --no-fuse-attention (--fuse-attention: false) */
@@ -291,6 +302,10 @@ static void pass_hook(const char *pass, const Graph *g, double seconds, void *ct
     CompileArgs *a = ctx;
     if (a->timing)
         printf("pass %-10s %8.2f ms  %6d ops\n", pass, seconds * 1e3, g->ops.n);
+    /* partition does nothing at tp = 1: no dump, so the others keep their
+     * numbers (00-frontend, 01-attention, 02-autodiff, ...) */
+    if (strcmp(pass, "partition") == 0 && a->tp_on <= 1)
+        return;
     dump_graph(a, pass, g);
 }
 
@@ -419,6 +434,16 @@ static int cmd_compile(int argc, char **argv)
             if (!int_flag("compile", "--nproc", v, 1, MAX_NPROC, &n))
                 return 2;
             a.nproc = (int)n;
+        } else if ((v = flag_value(argc, argv, &i, "--tp"))) {
+            int64_t n;
+            if (!int_flag("compile", "--tp", v, 1, MAX_NPROC, &n))
+                return 2;
+            a.tp = (int)n;
+        } else if ((v = flag_value(argc, argv, &i, "--tp-rank"))) {
+            int64_t n;
+            if (!int_flag("compile", "--tp-rank", v, 0, MAX_NPROC - 1, &n))
+                return 2;
+            a.tp_rank = (int)n;
         } else if (strcmp(argv[i], "--no-overlap") == 0) {
             a.no_overlap = true;
         } else if (strcmp(argv[i], "--no-fuse") == 0) {
@@ -516,8 +541,25 @@ static int cmd_compile(int argc, char **argv)
         vec_free(&a.dumps);
         return 1;
     }
-    char err[2048];
+    char err[2048], tp_set[32];
+    if (a.tp > 0) { /* --tp N is --set tp=N, last (it wins) */
+        snprintf(tp_set, sizeof tp_set, "tp=%d", a.tp);
+        vec_push(&a.sets, tp_set);
+    }
     Model *m = fe_load_model(model, a.sets.v, a.sets.n, err, sizeof err);
+    const char *bad = NULL;
+    if (m && m->train.tp > 1 && a.tp_rank >= m->train.tp)
+        bad = "--tp-rank is not a rank of the TP group (expected 0..tp-1)";
+    else if (m && m->train.tp <= 1 && a.tp_rank > 0)
+        bad = "--tp-rank needs --tp N with N > 1";
+    else if (m && a.nproc > 1 && a.nproc % (m->train.tp > 1 ? m->train.tp : 1) != 0)
+        bad = "--nproc is not a multiple of tp (expected ranks = tp x dp)";
+    if (bad) {
+        snprintf(err, sizeof err, "kiln compile: %s (got --nproc %d, tp = %lld, --tp-rank %d)", bad,
+                 a.nproc, (long long)m->train.tp, a.tp_rank);
+        fe_model_free(m);
+        m = NULL;
+    }
     if (!m) {
         fprintf(stderr, "%s\n", err);
         cg_kernel_table_free(cal);
@@ -531,10 +573,13 @@ static int cmd_compile(int argc, char **argv)
         fe_print_settings(m, stdout);
 
     PassOpts po;
-    RtGraphFlags gf = {.memory_budget = a.memory_budget, .remat = a.remat, .nranks = a.nproc,
+    RtGraphFlags gf = {.memory_budget = a.memory_budget, .remat = a.remat,
+                       .nranks = a.nproc > 1 ? a.nproc : (int)m->train.tp,
+                       .tp_rank = a.tp_rank,
                        .no_overlap = a.no_overlap, .no_fuse = a.no_fuse,
                        .no_fuse_attention = a.no_fuse_attention};
     rt_pass_opts(&m->train, &gf, &po);
+    a.tp_on = po.tp;
     po.dump_dir = a.dump_dir;
     RematReport rr;
     memset(&rr, 0, sizeof rr);
@@ -563,6 +608,7 @@ static int cmd_compile(int argc, char **argv)
     if (!mp)
         die("kiln compile: the pipeline left no memory plan");
     cli_print_summary(m, m->g, g, mp);
+    cli_print_tp(g);
     cli_print_remat(&rr, g, po.memory_budget);
     if (!cli_print_fusion(m, g, &po))
         rc = 1;
@@ -601,6 +647,7 @@ out:
 static int cmd_train(int argc, char **argv)
 {
     VEC(const char *) sets = {0};
+    int tp = 0;
     TrainOpts o = {0};
     int nproc = 1;
     int64_t budget = -1;
@@ -618,6 +665,11 @@ static int cmd_train(int argc, char **argv)
             if (!int_flag("train", "--steps", v, 1, MAX_STEPS, &n))
                 return 2;
             o.steps = n;
+        } else if ((v = flag_value(argc, argv, &i, "--tp"))) {
+            int64_t n;
+            if (!int_flag("train", "--tp", v, 1, MAX_NPROC, &n))
+                return 2;
+            tp = (int)n;
         } else if ((v = flag_value(argc, argv, &i, "--threads"))) {
             int64_t n;
             if (!int_flag("train", "--threads", v, 1, MAX_THREADS, &n))
@@ -696,10 +748,14 @@ static int cmd_train(int argc, char **argv)
     /* --steps N is --set steps=N, last (it wins): the script's config key
      * steps, which its schedule reads (warmup, the cosine's end), or
      * train.steps when the config has no such key */
-    char steps_set[32];
+    char steps_set[32], tp_set[32];
     if (o.steps > 0) {
         snprintf(steps_set, sizeof steps_set, "steps=%lld", (long long)o.steps);
         vec_push(&sets, steps_set);
+    }
+    if (tp > 0) { /* --tp N is --set tp=N */
+        snprintf(tp_set, sizeof tp_set, "tp=%d", tp);
+        vec_push(&sets, tp_set);
     }
     char err[2048];
     Model *m = fe_load_model(model, sets.v, sets.n, err, sizeof err);
@@ -737,12 +793,13 @@ static const char usage_opt[] =
     "once: such a graph or list is refused before any pass runs.\n"
     "\n"
     "options:\n"
-    "  --passes=P1,P2,...   attention, autodiff, attnlayout, optimizer, simplify,\n"
-    "                       attndqkv, remat, fuse, comm, schedule, memplan\n"
+    "  --passes=P1,P2,...   attention, partition, autodiff, attnlayout, optimizer,\n"
+    "                       simplify, attndqkv, remat, fuse, comm, schedule, memplan\n"
     "                       (required)\n"
     "  --memory-budget SIZE remat's budget (as kiln compile)\n"
     "  --remat=POLICY       none, full, selective or auto (as kiln compile)\n"
-    "  --nproc N            comm: N data-parallel ranks (as kiln compile)\n"
+    "  --nproc N            comm: N ranks, tp x dp (as kiln compile)\n"
+    "  --tp-rank R          partition: rank R of tp (--set tp=N) (as kiln compile)\n"
     "  --no-overlap         comm: every all-reduce starts after backward\n"
     "  --no-fuse            fuse: every op its own kernel\n"
     "  --no-fuse-attention  attention: off (keep attention as written)\n"
@@ -752,7 +809,8 @@ static const char usage_opt[] =
     "  --set KEY=VALUE      a train{} setting the passes read: optimizer, beta1,\n"
     "                       beta2, eps, weight_decay, grad_clip, momentum, nesterov,\n"
     "                       lion_beta1, lion_beta2 (optimizer), grad_accum,\n"
-    "                       bucket_mb, zero (comm), memory_budget (remat);\n"
+    "                       bucket_mb, zero (comm), memory_budget (remat), tp,\n"
+    "                       sequence_parallel (partition);\n"
     "                       repeatable\n"
     "  -h, --help           this text\n"
     "\n"
@@ -764,7 +822,8 @@ static const char usage_opt[] =
 static const char *const opt_keys[] = {"optimizer", "beta1",     "beta2",      "eps",
                                        "weight_decay", "grad_clip", "momentum",
                                        "nesterov",  "lion_beta1", "lion_beta2",
-                                       "grad_accum", "bucket_mb", "memory_budget", "zero"};
+                                       "grad_accum", "bucket_mb", "memory_budget", "zero",
+                                       "tp", "sequence_parallel"};
 
 /* --set KEY=VALUE into c; false after printing the error. */
 static bool opt_set(TrainCfg *c, const char *kv)
@@ -785,7 +844,8 @@ static bool opt_set(TrainCfg *c, const char *kv)
     if (!k) {
         bad_flag("opt", "--set: not a setting the passes read (expected optimizer, beta1, "
                         "beta2, eps, weight_decay, grad_clip, momentum, nesterov, lion_beta1, "
-                        "lion_beta2, grad_accum, bucket_mb, memory_budget or zero), got",
+                        "lion_beta2, grad_accum, bucket_mb, memory_budget, zero, tp or "
+                        "sequence_parallel), got",
                  key);
         return false;
     }
@@ -953,6 +1013,11 @@ static int cmd_opt(int argc, char **argv)
             if (!int_flag("opt", "--nproc", v, 1, MAX_NPROC, &n))
                 return 2;
             gf.nranks = (int)n;
+        } else if ((v = flag_value(argc, argv, &i, "--tp-rank"))) {
+            int64_t n;
+            if (!int_flag("opt", "--tp-rank", v, 0, MAX_NPROC - 1, &n))
+                return 2;
+            gf.tp_rank = (int)n;
         } else if (strcmp(argv[i], "--no-overlap") == 0) {
             gf.no_overlap = true;
         } else if (strcmp(argv[i], "--no-fuse") == 0) {

@@ -289,3 +289,63 @@ bool cli_print_prediction(const Model *m, const Graph *g, const char *target, in
     cg_plan_free(p);
     return ok;
 }
+
+/* Tensor parallelism: this rank's share of params, gradients and optimizer
+ * state against the whole model's, and the TP collectives of a step. */
+void cli_print_tp(const Graph *g)
+{
+    int64_t mine[3] = {0, 0, 0}, whole[3] = {0, 0, 0}; /* params, grads, state */
+    int tp = 0, rank = 0;
+    for (int i = 0; i < g->t.n; i++) {
+        const Tensor *t = &g->t.v[i];
+        if (t->op >= 0 || (t->kind != TK_PARAM && t->kind != TK_STATE))
+            continue;
+        bool split = t->shard.on && t->shard.n > 1;
+        if (split)
+            tp = t->shard.n, rank = t->shard.rank;
+        Shape ws = split ? ir_shard_whole(&t->shard, &t->s) : t->s;
+        /* a param's gradient is its shape in f32 (the optimizer's input) */
+        Shape gs = t->s, gws = ws;
+        gs.dtype = gws.dtype = DT_F32;
+        int k = t->kind == TK_PARAM ? 0 : 2;
+        mine[k] = ir_add_sat(mine[k], shape_bytes(&t->s));
+        whole[k] = ir_add_sat(whole[k], shape_bytes(&ws));
+        if (t->kind == TK_PARAM) {
+            mine[1] = ir_add_sat(mine[1], shape_bytes(&gs));
+            whole[1] = ir_add_sat(whole[1], shape_bytes(&gws));
+        }
+    }
+    if (!tp)
+        return;
+    char b[3][32], w[3][32], tb[32], tw[32];
+    int64_t tm = 0, twh = 0;
+    for (int k = 0; k < 3; k++) {
+        ir_fmt_bytes((double)mine[k], 2, b[k], sizeof b[k]);
+        ir_fmt_bytes((double)whole[k], 2, w[k], sizeof w[k]);
+        tm = ir_add_sat(tm, mine[k]);
+        twh = ir_add_sat(twh, whole[k]);
+    }
+    printf("tensor parallel: rank %d of tp = %d (the figures above are this rank's)\n", rank, tp);
+    printf("  params %s of %s, gradients %s of %s, optimizer state %s of %s\n", b[0], w[0],
+           b[1], w[1], b[2], w[2]);
+    printf("  params + gradients + optimizer state: %s per rank, %s at tp = 1 (%.3f of it)\n",
+           ir_fmt_bytes((double)tm, 2, tb, sizeof tb), ir_fmt_bytes((double)twh, 2, tw, sizeof tw),
+           twh > 0 ? (double)tm / (double)twh : 0.0);
+    int n[3] = {0, 0, 0};
+    int64_t bytes[3] = {0, 0, 0};
+    for (int i = 0; i < g->ops.n; i++) {
+        const Op *op = &g->ops.v[i];
+        int k = op->code == OP_TP_ALLREDUCE ? 0 : op->code == OP_TP_ALL_GATHER ? 1
+                : op->code == OP_TP_REDUCE_SCATTER ? 2 : -1;
+        if (k < 0)
+            continue;
+        int64_t x = shape_bytes(&g->t.v[op->in[0]].s), y = shape_bytes(&g->t.v[op->out].s);
+        n[k]++;
+        bytes[k] = ir_add_sat(bytes[k], x > y ? x : y);
+    }
+    printf("  TP collectives per step: %d all-reduce (%s), %d all-gather (%s), "
+           "%d reduce-scatter (%s); --dump-after=comm lists them\n",
+           n[0], ir_fmt_bytes((double)bytes[0], 2, b[0], sizeof b[0]), n[1],
+           ir_fmt_bytes((double)bytes[1], 2, b[1], sizeof b[1]), n[2],
+           ir_fmt_bytes((double)bytes[2], 2, b[2], sizeof b[2]));
+}

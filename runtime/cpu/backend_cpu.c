@@ -328,7 +328,8 @@ static bool cpu_run_step(BackendCtx *c, int s, uint64_t seed, int64_t step, Diag
     case CG_STEP_ALLREDUCE_START:
     case CG_STEP_ALLREDUCE_WAIT:
     case CG_STEP_SHARD_PACK:
-        break; /* the executor runs these (communication thread, shard copies) */
+    case CG_STEP_TP:
+        break; /* the executor runs these (communication thread, shard copies, TP) */
     }
     die("cpu backend: bad step kind %d", (int)st->kind);
 }

@@ -640,6 +640,8 @@ static bool enqueue(BackendCtx *c, int s, Diag *d)
     case CG_STEP_SHARD_PACK:
         ok = kc_shard_pack(c->nccl, s, d);
         break;
+    case CG_STEP_TP:
+        break; /* the executor runs these through read and write (runtime/exec.c) */
     }
     nvtxRangePop();
     return ok;

@@ -25,6 +25,54 @@
  * launcher (OMPI_COMM_WORLD_SIZE in the environment); false with d set when
  * MPI cannot start. timeout_s > 0. */
 bool rt_comm_open(double timeout_s, RtComm **c, Diag *d);
+/* The same with the ranks laid out tp x dp, TP innermost: world rank w is
+ * TP rank w % tp of data-parallel group w / tp. rt_comm_rank and
+ * rt_comm_size, the buckets, the host means and broadcasts are the dp
+ * group's (the ranks holding the same TP part); false with d set when tp
+ * does not divide the ranks. */
+bool rt_comm_open_tp(double timeout_s, int tp, RtComm **c, Diag *d);
+
+/* ---- tp.c: whole tensors under tensor parallelism ----------------------
+ * Files hold whole tensors whatever the layout. A view of a graph's
+ * inputs with whole shapes: rt_tp_whole gathers every split tensor's parts
+ * over the TP group (a collective: every TP rank calls it) into it;
+ * rt_tp_whole_view gives its buffers without gathering (to read a file
+ * into), and rt_tp_split takes this rank's part of them. Unsplit tensors
+ * are the caller's own buffers. */
+typedef struct RtTpWhole RtTpWhole;
+bool rt_tp_any(const Graph *g); /* g has a tensor split over more than one rank */
+RtTpWhole *rt_tp_whole_new(void);
+void rt_tp_whole_free(RtTpWhole *w); /* NULL: nothing */
+const Graph *rt_tp_whole(RtTpWhole *w, RtComm *c, const Graph *g, void *const *vals,
+                         void ***whole_vals);
+const Graph *rt_tp_whole_view(RtTpWhole *w, const Graph *g, void *const *vals,
+                              void ***whole_vals);
+void rt_tp_split(RtTpWhole *w, const Graph *g, void **vals);
+int rt_comm_world_rank(const RtComm *c); /* 0 for NULL */
+int rt_comm_world_size(const RtComm *c); /* 1 for NULL */
+int rt_comm_tp(const RtComm *c);         /* the TP group's size; 1 for NULL */
+int rt_comm_tp_rank(const RtComm *c);    /* this rank's index in it; 0 for NULL */
+/* Collectives over the TP group, blocking on the calling thread (f32):
+ * the sum in place; the gather of each rank's [outer][chunk] into
+ * [outer][rank][chunk]; the sum of [outer][rank][chunk] scattered as this
+ * rank's [outer][chunk]. With one TP rank: identities (copies). */
+void rt_comm_tp_allreduce(RtComm *c, float *x, int64_t n);
+void rt_comm_tp_all_gather(RtComm *c, const float *x, int64_t outer, int64_t chunk, float *out);
+void rt_comm_tp_reduce_scatter(RtComm *c, const float *x, int64_t outer, int64_t chunk,
+                               float *out);
+/* The TP collectives this rank ran since the last call (then zeroed): their
+ * seconds (all exposed: they block the step), count, bytes per rank (an
+ * all-reduce's buffer, a gather's or reduce-scatter's whole tensor) and
+ * events (bucket -1, coll 0 all-reduce, 1 reduce-scatter, 2 all-gather;
+ * valid until the next call). */
+typedef struct {
+    double s;
+    int n;
+    int64_t bytes;
+    int nev;
+    const RtCommEvent *ev;
+} RtTpStats;
+void rt_comm_tp_stats(RtComm *c, RtTpStats *st);
 void rt_comm_close(RtComm *c); /* NULL: nothing */
 int rt_comm_rank(const RtComm *c);       /* 0 for NULL */
 int rt_comm_size(const RtComm *c);       /* 1 for NULL */
@@ -118,6 +166,8 @@ bool rt_dp_open(const TrainCfg *c, RtDp **dp, Diag *d);
  * summary); the launcher exits 128 + the signal itself. */
 int rt_dp_close(RtDp *dp, int rc);
 int rt_dp_rank(const RtDp *dp);
+int rt_dp_tp_rank(const RtDp *dp); /* this rank's index in its TP group */
+int rt_dp_world_rank(const RtDp *dp); /* among every rank of the job: 0 prints and writes */
 int rt_dp_size(const RtDp *dp);
 /* Bytes of the micro-batch executor's arena (grad_accum > 1); 0 without. */
 int64_t rt_dp_micro_arena_bytes(const RtDp *dp);
@@ -167,6 +217,8 @@ void rt_dp_after_last_step(RtDp *dp, Trace *trace, double t0, bool trace_events)
 int rt_dp_last_events(const RtDp *dp, const RtCommEvent **ev);
 /* "comm: ..." line: median per step of communication, exposed time, overlap. */
 void rt_dp_summary(const RtDp *dp, FILE *f);
+/* The last step's TP collectives' ms (all exposed); false without TP. */
+bool rt_dp_last_tp(const RtDp *dp, double *ms);
 /* Whether standard output is a terminal; a rank (whose output mpirun always
  * passes through a pseudo-terminal) asks the launcher's KILN_STDOUT_TTY. */
 bool rt_stdout_tty(void);

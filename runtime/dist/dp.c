@@ -46,6 +46,9 @@ struct RtDp {
     VEC(double) comm_ms;
     VEC(double) exposed_ms;
     VEC(double) coll_ms[3], coll_exposed_ms[3]; /* per CgColl (zero=1) */
+    VEC(double) tp_ms;    /* per step: the TP collectives' time (all exposed) */
+    int tp, tp_n;         /* TP group size; collectives per step (the last step's) */
+    int64_t tp_bytes;     /* bytes per step (the last step's) */
     float *by_rank;       /* per rank: median and mean exposed ms per step (after the loop) */
     bool sharded;         /* a step had reduce-scatters or all-gathers */
     bool have_comm;
@@ -73,14 +76,23 @@ bool rt_dp_open(const TrainCfg *c, RtDp **out, Diag *d)
         snprintf(d->msg, sizeof d->msg, "bucket_mb must be positive (got %g)", c->bucket_mb);
         return false;
     }
-    if (!rt_comm_open(c->comm_timeout, &dp->comm, d))
+    int tp = c->tp > 1 ? (int)c->tp : 1;
+    if (!rt_comm_open_tp(c->comm_timeout, tp, &dp->comm, d))
         return false;
+    if (tp > 1 && !dp->comm) {
+        snprintf(d->msg, sizeof d->msg,
+                 "tp = %d needs %d ranks or a multiple (expected --nproc N with N a multiple "
+                 "of %d, got one rank)", tp, tp, tp);
+        return false;
+    }
+    /* rank and size: the dp group's (the data each rank reads); the TP
+     * ranks of one dp group read the same rows */
     dp->rank = rt_comm_rank(dp->comm);
     dp->size = rt_comm_size(dp->comm);
     rt_rank_status("running %d", (int)getpid());
-    /* rank 0 prints; the others' standard output goes nowhere (errors still
-     * reach standard error) */
-    if (dp->rank > 0 && !freopen("/dev/null", "w", stdout))
+    /* rank 0 of the world prints; the others' standard output goes nowhere
+     * (errors still reach standard error) */
+    if (rt_comm_world_rank(dp->comm) > 0 && !freopen("/dev/null", "w", stdout))
         die("rt_dp_open: cannot reopen standard output");
     return true;
 }
@@ -106,6 +118,7 @@ int rt_dp_close(RtDp *dp, int rc)
     vec_free(&dp->last_ev);
     vec_free(&dp->comm_ms);
     vec_free(&dp->exposed_ms);
+    vec_free(&dp->tp_ms);
     for (int k = 0; k < 3; k++) {
         vec_free(&dp->coll_ms[k]);
         vec_free(&dp->coll_exposed_ms[k]);
@@ -119,6 +132,8 @@ int rt_dp_close(RtDp *dp, int rc)
 }
 
 int rt_dp_rank(const RtDp *dp) { return dp ? dp->rank : 0; }
+int rt_dp_tp_rank(const RtDp *dp) { return dp ? rt_comm_tp_rank(dp->comm) : 0; }
+int rt_dp_world_rank(const RtDp *dp) { return dp ? rt_comm_world_rank(dp->comm) : 0; }
 int rt_dp_size(const RtDp *dp) { return dp ? dp->size : 1; }
 
 int64_t rt_dp_micro_arena_bytes(const RtDp *dp)
@@ -129,21 +144,23 @@ int64_t rt_dp_rows_factor(const RtDp *dp) { return dp ? (int64_t)dp->size * dp->
 
 const char *rt_dp_trace_path(RtDp *dp, const char *path)
 {
-    if (!path || !dp || dp->rank == 0)
+    int rank = rt_dp_world_rank(dp);
+    if (!path || !dp || rank == 0)
         return path;
     free(dp->trace_path);
     const char *dot = strrchr(path, '.');
     const char *slash = strrchr(path, '/');
     if (dot && (!slash || dot > slash))
-        dp->trace_path = xasprintf("%.*s.rank%d%s", (int)(dot - path), path, dp->rank, dot);
+        dp->trace_path = xasprintf("%.*s.rank%d%s", (int)(dot - path), path, rank, dot);
     else
-        dp->trace_path = xasprintf("%s.rank%d", path, dp->rank);
+        dp->trace_path = xasprintf("%s.rank%d", path, rank);
     return dp->trace_path;
 }
 
 void rt_dp_exec_opts(const RtDp *dp, ExecOpts *eo)
 {
     eo->comm = dp->comm;
+    eo->tp_comm = rt_comm_tp(dp->comm) > 1 ? dp->comm : NULL;
     if (eo->threads <= 0 && dp->size > 1) {
         long cores = sysconf(_SC_NPROCESSORS_ONLN);
         int local = rt_comm_local_size(dp->comm);
@@ -190,7 +207,8 @@ bool rt_dp_build(RtDp *dp, const Graph *model, const PassOpts *po, const ExecOpt
     if (dp->K <= 1)
         return true;
     dp->mg = ir_clone(model);
-    if (!pass_autodiff(dp->mg, po, d) || !pass_comm_micro(dp->mg, d) ||
+    if (!pass_partition(dp->mg, po, d) || !pass_autodiff(dp->mg, po, d) ||
+        !pass_comm_micro(dp->mg, d) ||
         !pass_simplify(dp->mg, po, d) || !pass_schedule(dp->mg, po, d))
         return false;
     char err[1024];
@@ -445,8 +463,40 @@ static void trace_comm(const RtDp *dp, Trace *trace, double t0, const RtCommEven
     }
 }
 
+/* The step's TP collectives: their time (all exposed), and on the trace's
+ * tid 5 for the first steps. */
+static void tp_after_step(RtDp *dp, Trace *trace, double t0, bool trace_events)
+{
+    dp->tp = rt_comm_tp(dp->comm);
+    if (dp->tp <= 1)
+        return;
+    RtTpStats st;
+    rt_comm_tp_stats(dp->comm, &st);
+    vec_push(&dp->tp_ms, 1e3 * st.s);
+    dp->tp_n = st.n;
+    dp->tp_bytes = st.bytes;
+    if (!trace || !trace_events)
+        return;
+    static const char *const kind[3] = {"tp all-reduce", "tp reduce-scatter", "tp all-gather"};
+    rt_trace_thread_name(trace, 5, "tensor parallel (first steps)");
+    for (int i = 0; i < st.nev; i++)
+        rt_trace_event(trace, kind[st.ev[i].coll >= 0 && st.ev[i].coll < 3 ? st.ev[i].coll : 0],
+                       "comm", 1e6 * (st.ev[i].start - t0),
+                       1e6 * (st.ev[i].end - st.ev[i].start), 5);
+}
+
+bool rt_dp_last_tp(const RtDp *dp, double *ms)
+{
+    if (!dp || dp->tp_ms.n == 0)
+        return false;
+    *ms = dp->tp_ms.v[dp->tp_ms.n - 1];
+    return true;
+}
+
 void rt_dp_after_step(RtDp *dp, Trace *trace, double t0, bool trace_events)
 {
+    if (dp->comm)
+        tp_after_step(dp, trace, t0, trace_events);
     if (!dp->comm || dp->size == 1)
         return;
     RtCommStats st;
@@ -527,6 +577,14 @@ void rt_dp_after_last_step(RtDp *dp, Trace *trace, double t0, bool trace_events)
 
 void rt_dp_summary(const RtDp *dp, FILE *f)
 {
+    if (dp && dp->tp > 1 && dp->tp_ms.n > 0) {
+        char b[32];
+        fprintf(f,
+                "tensor-parallel comm: tp = %d | per step (median of %d, this rank): %d "
+                "collectives, %s, %.2f ms, all exposed (they block the step)\n",
+                dp->tp, dp->tp_ms.n, dp->tp_n, ir_fmt_bytes((double)dp->tp_bytes, 2, b, sizeof b),
+                ir_median(dp->tp_ms.v, dp->tp_ms.n));
+    }
     if (!dp || dp->size == 1)
         return;
     int n = dp->comm_ms.n;

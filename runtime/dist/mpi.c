@@ -43,6 +43,7 @@
 #include <errno.h>
 #include <mpi.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -103,9 +104,21 @@ typedef struct {
 } Flying;
 
 struct RtComm {
-    int rank, size, local_size, local_rank;
+    int rank, size, local_size, local_rank; /* rank and size: in the dp group */
+    int wrank, wsize;         /* in the world: every rank of the job */
+    int tp, tp_rank;          /* the tensor-parallel group: its size, this rank's index */
     double timeout;
-    MPI_Comm cc, pc, gc;      /* collectives; pings; the gathers' messages */
+    MPI_Comm cc, pc, gc;      /* collectives (dp group); pings (world); the gathers'
+                                 messages (dp group) */
+    MPI_Comm tpc;             /* the TP group's collectives (tp > 1) */
+    float *tp_buf;            /* staging for TP gathers and reduce-scatters */
+    int64_t tp_cap;
+    /* the TP collectives since rt_comm_tp_stats (the calling thread's own) */
+    double tp_s;
+    int tp_n;
+    int64_t tp_bytes;
+    VEC(RtCommEvent) tp_ev;
+    RtCommEvent *tp_ev_copy;
     pthread_t thr;
     pthread_mutex_t mu;
     pthread_cond_t cv;        /* jobs queued, buckets done, quit */
@@ -165,14 +178,14 @@ static void answer_pings(RtComm *c)
  * so, and stop every rank. */
 static _Noreturn void lost(RtComm *c, const char *what)
 {
-    int n = c->size;
+    int n = c->wsize;
     int64_t mine = c->started;
     int64_t *their = xcalloc((size_t)n, sizeof *their);
     MPI_Request *rq = xmalloc(sizeof *rq * (size_t)n), *sq = xmalloc(sizeof *sq * (size_t)n);
     int *got = xcalloc((size_t)n, sizeof *got);
     for (int r = 0; r < n; r++) {
         rq[r] = sq[r] = MPI_REQUEST_NULL;
-        if (r == c->rank)
+        if (r == c->wrank)
             continue;
         MPI_Irecv(&their[r], 1, MPI_INT64_T, r, TAG_PONG, c->pc, &rq[r]);
         MPI_Isend(&mine, 1, MPI_INT64_T, r, TAG_PING, c->pc, &sq[r]);
@@ -181,7 +194,7 @@ static _Noreturn void lost(RtComm *c, const char *what)
     int pending = n - 1;
     while (pending > 0 && ir_now() - t0 < grace) {
         for (int r = 0; r < n; r++) {
-            if (r == c->rank || got[r])
+            if (r == c->wrank || got[r])
                 continue;
             int flag = 0;
             MPI_Test(&rq[r], &flag, MPI_STATUS_IGNORE);
@@ -197,30 +210,30 @@ static _Noreturn void lost(RtComm *c, const char *what)
     size_t k = 0;
     bool silent = pending > 0;
     for (int r = 0; r < n && k < sizeof names - 16; r++)
-        if (r != c->rank && (silent ? !got[r] : their[r] < mine))
+        if (r != c->wrank && (silent ? !got[r] : their[r] < mine))
             k += (size_t)snprintf(names + k, sizeof names - k, "%s%d", k ? ", " : "", r);
     if (silent)
         fprintf(stderr,
                 "kiln: rank %d: lost rank %s: no answer for %g s during %s (the bound is "
                 "comm_timeout=%g s); stopping every rank\n",
-                c->rank, names, c->timeout, what, c->timeout);
+                c->wrank, names, c->timeout, what, c->timeout);
     else if (k)
         fprintf(stderr,
                 "kiln: rank %d: lost rank %s: it is alive but did not join %s within %g s "
                 "(comm_timeout); stopping every rank\n",
-                c->rank, names, what, c->timeout);
+                c->wrank, names, what, c->timeout);
     else
         fprintf(stderr,
                 "kiln: rank %d: %s did not finish within %g s (comm_timeout) although every "
                 "rank answers; stopping every rank\n",
-                c->rank, what, c->timeout);
+                c->wrank, what, c->timeout);
     fflush(stderr);
     rt_rank_status("lost %s", k ? names : "?");
     /* a silent rank may be stopped (SIGSTOP) or hung: under the launcher
      * it is killed here, so that it neither lingers nor, woken by mpirun's
      * teardown, reports itself as stopped by another rank's failure */
     for (int r = 0; silent && r < n; r++)
-        if (r != c->rank && !got[r])
+        if (r != c->wrank && !got[r])
             rt_rank_kill_hung(r, c->timeout);
     MPI_Abort(MPI_COMM_WORLD, 1);
     _exit(1);
@@ -699,6 +712,11 @@ static void start_comm_thread(RtComm *c)
 
 bool rt_comm_open(double timeout_s, RtComm **out, Diag *d)
 {
+    return rt_comm_open_tp(timeout_s, 1, out, d);
+}
+
+bool rt_comm_open_tp(double timeout_s, int tp, RtComm **out, Diag *d)
+{
     *out = NULL;
     if (!getenv("OMPI_COMM_WORLD_SIZE"))
         return true;
@@ -716,15 +734,34 @@ bool rt_comm_open(double timeout_s, RtComm **out, Diag *d)
     }
     RtComm *c = xcalloc(1, sizeof *c);
     c->timeout = timeout_s > 0 ? timeout_s : 60;
-    MPI_Comm_rank(MPI_COMM_WORLD, &c->rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &c->size);
+    MPI_Comm_rank(MPI_COMM_WORLD, &c->wrank);
+    MPI_Comm_size(MPI_COMM_WORLD, &c->wsize);
+    if (tp < 1 || c->wsize % tp != 0) {
+        snprintf(d->msg, sizeof d->msg,
+                 "--tp %d does not divide the %d ranks (expected --nproc a multiple of tp: "
+                 "ranks = tp x dp)", tp, c->wsize);
+        free(c);
+        MPI_Finalize();
+        return false;
+    }
+    /* ranks = tp x dp, TP innermost: world rank w is TP rank w % tp of dp
+     * group w / tp; the dp group of TP rank t is every tp-th rank from t */
+    c->tp = tp;
+    c->tp_rank = c->wrank % tp;
+    c->rank = c->wrank / tp;
+    c->size = c->wsize / tp;
     const char *ls = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
     c->local_size = ls && atoi(ls) > 0 ? atoi(ls) : 1;
     const char *lr = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
     c->local_rank = lr && atoi(lr) > 0 ? atoi(lr) : 0;
-    MPI_Comm_dup(MPI_COMM_WORLD, &c->cc);
+    MPI_Comm_split(MPI_COMM_WORLD, c->tp_rank, c->wrank, &c->cc);
     MPI_Comm_dup(MPI_COMM_WORLD, &c->pc);
-    MPI_Comm_dup(MPI_COMM_WORLD, &c->gc);
+    MPI_Comm_split(MPI_COMM_WORLD, c->tp_rank, c->wrank, &c->gc);
+    c->tpc = MPI_COMM_NULL;
+    if (tp > 1) {
+        MPI_Comm_split(MPI_COMM_WORLD, c->rank, c->wrank, &c->tpc);
+        MPI_Comm_set_errhandler(c->tpc, MPI_ERRORS_RETURN);
+    }
     MPI_Comm_set_errhandler(c->cc, MPI_ERRORS_RETURN);
     MPI_Comm_set_errhandler(c->pc, MPI_ERRORS_RETURN);
     MPI_Comm_set_errhandler(c->gc, MPI_ERRORS_RETURN);
@@ -752,6 +789,11 @@ void rt_comm_close(RtComm *c)
     MPI_Comm_free(&c->cc);
     MPI_Comm_free(&c->pc);
     MPI_Comm_free(&c->gc);
+    if (c->tpc != MPI_COMM_NULL)
+        MPI_Comm_free(&c->tpc);
+    free(c->tp_buf);
+    vec_free(&c->tp_ev);
+    free(c->tp_ev_copy);
     MPI_Finalize();
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->cv);
@@ -772,6 +814,130 @@ void rt_comm_close(RtComm *c)
 }
 
 int rt_comm_rank(const RtComm *c) { return c ? c->rank : 0; }
+int rt_comm_world_rank(const RtComm *c) { return c ? c->wrank : 0; }
+int rt_comm_world_size(const RtComm *c) { return c ? c->wsize : 1; }
+int rt_comm_tp(const RtComm *c) { return c ? c->tp : 1; }
+int rt_comm_tp_rank(const RtComm *c) { return c ? c->tp_rank : 0; }
+
+/* ---- tensor-parallel collectives: blocking, on the calling thread --------
+ * (the TP group's own communicator; MPI_THREAD_MULTIPLE lets them run
+ * beside the communication thread's dp buckets). A peer that does not
+ * join within the timeout stops the job as a lost rank does. */
+
+static void tp_finish(RtComm *c, MPI_Request rq, int rc, const char *what, int coll,
+                      int64_t bytes)
+{
+    if (rc != MPI_SUCCESS)
+        lost(c, what);
+    double t0 = ir_now(), deadline = t0 + c->timeout;
+    for (int spins = 0;; spins++) {
+        int flag = 0;
+        MPI_Test(&rq, &flag, MPI_STATUS_IGNORE);
+        if (flag) {
+            double t1 = ir_now();
+            c->tp_s += t1 - t0;
+            c->tp_n++;
+            c->tp_bytes += bytes;
+            RtCommEvent ev = {0};
+            ev.bucket = -1;
+            ev.coll = coll;
+            ev.start = t0;
+            ev.end = t1;
+            vec_push(&c->tp_ev, ev);
+            return;
+        }
+        if (spins > 2000) {
+            if (ir_now() > deadline)
+                lost(c, what);
+            nap(20000);
+        } else {
+            sched_yield();
+        }
+    }
+}
+
+static float *tp_stage(RtComm *c, int64_t n)
+{
+    if (n > c->tp_cap) {
+        free(c->tp_buf);
+        c->tp_cap = n;
+        c->tp_buf = xmalloc(sizeof(float) * (size_t)n);
+    }
+    return c->tp_buf;
+}
+
+void rt_comm_tp_allreduce(RtComm *c, float *x, int64_t n)
+{
+    if (!c || c->tp <= 1)
+        return;
+    MPI_Request rq;
+    int rc = MPI_Iallreduce(MPI_IN_PLACE, x, (int)n, MPI_FLOAT, MPI_SUM, c->tpc, &rq);
+    tp_finish(c, rq, rc, "a tensor-parallel all-reduce", 0, 4 * n);
+}
+
+void rt_comm_tp_all_gather(RtComm *c, const float *x, int64_t outer, int64_t chunk, float *out)
+{
+    int n = c ? c->tp : 1;
+    if (n <= 1) {
+        memcpy(out, x, sizeof(float) * (size_t)(outer * chunk));
+        return;
+    }
+    float *all = outer == 1 ? out : tp_stage(c, (int64_t)n * outer * chunk);
+    MPI_Request rq;
+    int rc = MPI_Iallgather(x, (int)(outer * chunk), MPI_FLOAT, all, (int)(outer * chunk),
+                            MPI_FLOAT, c->tpc, &rq);
+    tp_finish(c, rq, rc, "a tensor-parallel all-gather", 2, 4 * (int64_t)n * outer * chunk);
+    if (outer == 1)
+        return;
+    /* all: [rank][outer][chunk] -> out: [outer][rank][chunk] */
+    for (int r = 0; r < n; r++)
+        for (int64_t o = 0; o < outer; o++)
+            memcpy(out + (o * n + r) * chunk, all + ((int64_t)r * outer + o) * chunk,
+                   sizeof(float) * (size_t)chunk);
+}
+
+void rt_comm_tp_reduce_scatter(RtComm *c, const float *x, int64_t outer, int64_t chunk,
+                               float *out)
+{
+    int n = c ? c->tp : 1;
+    if (n <= 1) {
+        memcpy(out, x, sizeof(float) * (size_t)(outer * chunk));
+        return;
+    }
+    const float *src = x;
+    if (outer > 1) { /* x: [outer][rank][chunk] -> [rank][outer][chunk] */
+        float *t = tp_stage(c, (int64_t)n * outer * chunk);
+        for (int r = 0; r < n; r++)
+            for (int64_t o = 0; o < outer; o++)
+                memcpy(t + ((int64_t)r * outer + o) * chunk, x + (o * n + r) * chunk,
+                       sizeof(float) * (size_t)chunk);
+        src = t;
+    }
+    MPI_Request rq;
+    int rc = MPI_Ireduce_scatter_block(src, out, (int)(outer * chunk), MPI_FLOAT, MPI_SUM,
+                                       c->tpc, &rq);
+    tp_finish(c, rq, rc, "a tensor-parallel reduce-scatter", 1,
+              4 * (int64_t)n * outer * chunk);
+}
+
+void rt_comm_tp_stats(RtComm *c, RtTpStats *st)
+{
+    memset(st, 0, sizeof *st);
+    if (!c)
+        return;
+    st->s = c->tp_s;
+    st->n = c->tp_n;
+    st->bytes = c->tp_bytes;
+    free(c->tp_ev_copy);
+    c->tp_ev_copy = c->tp_ev.v;
+    st->ev = c->tp_ev.v;
+    st->nev = c->tp_ev.n;
+    c->tp_ev.v = NULL;
+    c->tp_ev.n = c->tp_ev.cap = 0;
+    c->tp_s = 0;
+    c->tp_n = 0;
+    c->tp_bytes = 0;
+}
 int rt_comm_size(const RtComm *c) { return c ? c->size : 1; }
 int rt_comm_local_size(const RtComm *c) { return c ? c->local_size : 1; }
 int rt_comm_local_rank(const RtComm *c) { return c ? c->local_rank : 0; }

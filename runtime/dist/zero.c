@@ -80,6 +80,7 @@ RtZero *rt_zero_open(const Graph *tg)
                                                     strcmp(t->name, "adam.step") == 0)))
             continue;
         z->full_of[i] = ir_add_input(z->full, t->kind, t->name, t->s, t->init);
+        z->full->t.v[z->full_of[i]].shard = t->shard;
         vec_push(&vals, NULL);
     }
     z->fm = xmalloc(sizeof(int) * (size_t)z->n);
@@ -90,6 +91,7 @@ RtZero *rt_zero_open(const Graph *tg)
             char *nm = xasprintf("adam.%c.%s", w ? 'v' : 'm', p->name);
             int id = ir_add_input(z->full, TK_STATE, intern(nm), p->s,
                                   (ParamInit){INIT_ZEROS, 0, 0});
+            z->full->t.v[id].shard = p->shard;
             free(nm);
             (w ? z->fv : z->fm)[k] = id;
             vec_push(&vals, xcalloc((size_t)shape_numel(&p->s) + 1, sizeof(float)));

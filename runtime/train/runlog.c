@@ -281,10 +281,10 @@ bool rt_runlog_step(RunLog *l, const RtStepRecord *s, Diag *d)
         json_num(f, s->extra[i]);
     }
     static const char *keys[] = {"lr", "grad_norm", "ms", "examples_per_s", "tokens_per_s",
-                                 "mfu", "hfu", "comm_ms", "comm_exposed_ms"};
+                                 "mfu", "hfu", "comm_ms", "comm_exposed_ms", "tp_comm_ms"};
     double v[] = {s->lr, s->grad_norm, s->ms, s->examples_per_s, s->tokens_per_s,
-                  s->mfu, s->hfu, s->comm_ms, s->comm_exposed_ms};
-    for (int i = 0; i < 9; i++) {
+                  s->mfu, s->hfu, s->comm_ms, s->comm_exposed_ms, s->tp_comm_ms};
+    for (int i = 0; i < (int)(sizeof v / sizeof v[0]); i++) {
         fprintf(f, ",\"%s\":", keys[i]);
         json_num(f, v[i]);
     }

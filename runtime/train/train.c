@@ -111,6 +111,19 @@ static void write_f32(Exec *e, const Tensor *t, const float *v)
  * depends only on the seed and the tensor's name (not on declaration order). */
 static bool init_tensor(const Tensor *t, uint64_t seed, void *dst, Diag *d)
 {
+    if (t->shard.on && t->shard.n > 1) {
+        /* rank r's part of the whole param's values: every layout starts
+         * from the same weights */
+        Tensor w = *t;
+        w.s = ir_shard_whole(&t->shard, &t->s);
+        w.shard.on = false;
+        void *all = xmalloc((size_t)shape_bytes(&w.s) + 1);
+        bool ok = init_tensor(&w, seed, all, d);
+        if (ok)
+            ir_shard_extract(&t->shard, &w.s, (size_t)dtype_size(t->s.dtype), all, dst);
+        free(all);
+        return ok;
+    }
     int64_t n = shape_numel(&t->s);
     uint64_t s = ir_rand_mix(seed ^ hash_bytes(t->name, strlen(t->name), 0x696e6974ull));
     float *f = xmalloc((size_t)n * sizeof *f + 1);
@@ -516,10 +529,15 @@ static bool save_checkpoint(Run *r, const char *prefix, Diag *d)
         g = rt_zero_full(r->zero, r->vals, &vals);
     }
     if (rt_dp_rank(r->dp) != 0)
-        return true; /* every rank holds the same params */
+        return true; /* every dp group holds the same params */
     double t_start = ir_now();
     if (!r->zero)
         pull_state(r);
+    if (r->tpw) { /* the TP group's parts, whole */
+        g = rt_tp_whole(r->tpw, r->comm, g, vals, &vals);
+        if (rt_dp_tp_rank(r->dp) != 0)
+            return true;
+    }
     const char *bad = nonfinite_state(r);
     if (bad) {
         snprintf(d->msg, sizeof d->msg,
@@ -603,7 +621,7 @@ static void stop_summary(Run *r, int sig, float loss, int64_t per_step, const ch
                          Diag *d)
 {
     d->msg[0] = 0;
-    if (rt_dp_rank(r->dp) != 0)
+    if (rt_dp_world_rank(r->dp) != 0)
         return;
     char *p = d->msg;
     size_t n = sizeof d->msg, k;
@@ -651,7 +669,7 @@ static void check_peak(Run *r, double step_ms)
         r->peak_gflops = rate;
     if (again)
         r->peak_threads = -th;
-    if (rt_dp_rank(r->dp) == 0 && !r->o->quiet)
+    if (rt_dp_world_rank(r->dp) == 0 && !r->o->quiet)
         fprintf(stderr, "kiln: step %lld ran at %.1f GFLOP/s, above the peak of %.1f GFLOP/s "
                         "MFU was against; MFU is now against %.1f GFLOP/s (%s)\n",
                 (long long)r->step, rate, old, r->peak_gflops,
@@ -759,7 +777,11 @@ void rt_pass_opts(const TrainCfg *c, const RtGraphFlags *f, PassOpts *po)
     po->nparam_opts = c->nparam_opts;
     po->memory_budget = f->memory_budget >= 0 ? f->memory_budget : c->memory_budget;
     po->remat = f->remat;
-    po->nranks = f->nranks > 1 ? f->nranks : 1;
+    /* ranks = tp x dp: the comm pass's all-reduces run over the dp group */
+    po->tp = c->tp > 1 ? (int)c->tp : 1;
+    po->tp_rank = f->tp_rank;
+    po->sequence_parallel = c->sequence_parallel && strcmp(c->sequence_parallel, "true") == 0;
+    po->nranks = f->nranks / po->tp > 1 ? f->nranks / po->tp : 1;
     po->grad_accum = (int)c->grad_accum;
     po->bucket_bytes = (int64_t)(c->bucket_mb * 1048576.0);
     po->zero = c->zero && po->nranks > 1; /* one rank holds the whole state anyway */
@@ -816,7 +838,9 @@ static double gpu_peak(const RtDeviceInfo *di, bool bf16, bool tf32, char *why, 
 static bool build(Run *r, Diag *d)
 {
     PassOpts po;
-    RtGraphFlags gf = {.memory_budget = -1, .remat = r->o->remat, .nranks = rt_dp_size(r->dp),
+    RtGraphFlags gf = {.memory_budget = -1, .remat = r->o->remat,
+                       .nranks = rt_dp_size(r->dp) * (r->c.tp > 1 ? (int)r->c.tp : 1),
+                       .tp_rank = rt_dp_tp_rank(r->dp),
                        .no_overlap = r->o->no_overlap, .no_fuse = r->o->no_fuse,
                        .no_fuse_attention = r->o->no_fuse_attention};
     rt_pass_opts(&r->c, &gf, &po);
@@ -826,7 +850,7 @@ static bool build(Run *r, Diag *d)
         po.memplan = &r->mp; /* the report's memory timeline */
     if (!pass_pipeline(r->tg, &po, NULL, NULL, NULL, d))
         return false;
-    if (r->o->dump_ir && rt_dp_rank(r->dp) == 0) { /* the graph kiln compile builds */
+    if (r->o->dump_ir && rt_dp_rank(r->dp) == 0 && gf.tp_rank == 0) { /* kiln compile's */
         char *ir = ir_print_str(r->tg);
         const void *chunk = ir;
         size_t len = strlen(ir);
@@ -836,7 +860,8 @@ static bool build(Run *r, Diag *d)
             return false;
     }
     r->eg = ir_clone(r->m->eval_g ? r->m->eval_g : r->m->g); /* dropout off */
-    if (!pass_attention(r->eg, &po, d) || !pass_attention_layout(r->eg, &po, d) ||
+    if (!pass_attention(r->eg, &po, d) || !pass_partition(r->eg, &po, d) ||
+        !pass_attention_layout(r->eg, &po, d) ||
         !pass_simplify(r->eg, &po, d) ||
         !pass_fuse(r->eg, &po, d) ||
         !pass_schedule(r->eg, &po, d))
@@ -860,7 +885,7 @@ static bool build(Run *r, Diag *d)
     if (!(r->ee = rt_exec_create(r->eg, &eo, d)))
         return false;
     /* settings only the GPU reads: say so rather than ignore them silently */
-    if (strcmp(rt_exec_device(r->te), "cpu") == 0 && rt_dp_rank(r->dp) == 0 &&
+    if (strcmp(rt_exec_device(r->te), "cpu") == 0 && rt_dp_world_rank(r->dp) == 0 &&
         ((r->c.precision && strcmp(r->c.precision, "bf16") == 0) || eo.tf32 || eo.cuda_graph))
         fprintf(stderr,
                 "kiln: note: precision=bf16, tf32 and cuda_graph apply to --device cuda; the "
@@ -877,7 +902,7 @@ static bool build(Run *r, Diag *d)
         if (rt_cpu_device(th, r->o->cache_dir, false, r->o->verbose, &cpu, &md)) {
             r->peak_gflops = cpu.f32 / 1e9;
             r->peak_threads = th;
-            if (rt_dp_rank(r->dp) == 0 && !r->o->quiet)
+            if (rt_dp_world_rank(r->dp) == 0 && !r->o->quiet)
                 printf("MFU against %.0f GFLOP/s: the measured FMA peak of %d thread%s "
                        "(--peak-gflops overrides)\n", r->peak_gflops, th, th == 1 ? "" : "s");
         } else if (r->o->verbose) {
@@ -889,7 +914,7 @@ static bool build(Run *r, Diag *d)
         char why[320];
         bool bf16 = r->c.precision && strcmp(r->c.precision, "bf16") == 0;
         r->peak_gflops = gpu_peak(&di, bf16, eo.tf32, why, sizeof why) / 1e9;
-        if (rt_dp_rank(r->dp) == 0 && !r->o->quiet) {
+        if (rt_dp_world_rank(r->dp) == 0 && !r->o->quiet) {
             if (r->peak_gflops > 0)
                 printf("MFU against %.0f GFLOP/s: %s (--peak-gflops overrides)\n",
                        r->peak_gflops, why);
@@ -921,12 +946,17 @@ static bool init_state(Run *r, Diag *d)
             return false;
     }
     r->zero = rt_zero_open(g);
+    if (rt_tp_any(g))
+        r->tpw = rt_tp_whole_new();
     if (r->o->resume) {
         CkptMeta m;
-        void **vals = r->vals;
+        void **vals = r->vals, **wv = NULL;
         const Graph *fg = r->zero ? rt_zero_full(r->zero, r->vals, &vals) : g;
-        if (!rt_ckpt_load(r->o->resume, fg, vals, &m, d))
+        const Graph *wg = r->tpw ? rt_tp_whole_view(r->tpw, fg, vals, &wv) : fg;
+        if (!rt_ckpt_load(r->o->resume, wg, r->tpw ? wv : vals, &m, d))
             return false;
+        if (r->tpw) /* this rank's part of the file's whole tensors */
+            rt_tp_split(r->tpw, fg, vals);
         if (r->zero) /* this rank's shard of the file's moments */
             rt_zero_scatter(r->zero, rt_dp_rank(r->dp), r->vals);
         if (m.seed != r->c.seed && !r->o->quiet)
@@ -945,8 +975,13 @@ static bool init_state(Run *r, Diag *d)
         if (!r->o->quiet)
             printf("resumed from %s at step %lld\n", r->o->resume, (long long)r->step);
     } else if (r->o->init_from) {
-        if (!rt_weights_import(r->o->init_from, g, r->m->pads, r->m->npads, r->vals, d))
+        void **wv = NULL;
+        const Graph *wg = r->tpw ? rt_tp_whole_view(r->tpw, g, r->vals, &wv) : g;
+        if (!rt_weights_import(r->o->init_from, wg, r->m->pads, r->m->npads,
+                               r->tpw ? wv : r->vals, d))
             return false;
+        if (r->tpw)
+            rt_tp_split(r->tpw, g, r->vals);
         if (!r->o->quiet)
             printf("initialised params from %s\n", r->o->init_from);
     }
@@ -1047,6 +1082,7 @@ static void trace_kernels(Run *r, double t_start, int64_t nth)
 static void run_free(Run *r)
 {
     rt_zero_close(r->zero);
+    rt_tp_whole_free(r->tpw);
     rt_runlog_free(r->log);
     pass_memplan_free(r->mp);
     free(r->x_name);
@@ -1127,7 +1163,7 @@ int rt_train(const Model *m, const TrainOpts *o)
         r.c.steps = o->steps;
     r.steps = r.c.steps;
     const char *ckpt = o->checkpoint ? o->checkpoint : r.c.checkpoint;
-    if (rt_dp_rank(r.dp) == 0) { /* the writer: sweep what a killed one left */
+    if (rt_dp_world_rank(r.dp) == 0) { /* the writer: sweep what a killed one left */
         int swept = rt_ckpt_sweep_tmp(ckpt, o->save_weights);
         if (swept > 0 && !o->quiet)
             printf("removed %d stale temp file%s of an interrupted write\n", swept,
@@ -1137,7 +1173,7 @@ int rt_train(const Model *m, const TrainOpts *o)
         (ckpt && !rt_output_path_check(o->checkpoint ? "--checkpoint" : "train.checkpoint", ckpt,
                                        true, &d)) ||
         !writable_dir(o->trace, &d) ||
-        (o->log_dir && rt_dp_rank(r.dp) == 0 && !rt_runlog_dir(o->log_dir, &d)) ||
+        (o->log_dir && rt_dp_world_rank(r.dp) == 0 && !rt_runlog_dir(o->log_dir, &d)) ||
         !rt_train_open_data(&r, &d) || !build(&r, &d) ||
         !init_state(&r, &d))
         goto out;
@@ -1160,7 +1196,7 @@ int rt_train(const Model *m, const TrainOpts *o)
     if (r.c.eval_batches == TRAIN_EVAL_ALL && rt_data_has_val(r.ds) && !check_eval_all(&r, &d))
         goto out;
     r.grad_norm_t = ir_find_output(r.tg, "grad_norm");
-    if (o->log_dir && rt_dp_rank(r.dp) == 0) {
+    if (o->log_dir && rt_dp_world_rank(r.dp) == 0) {
         char title[512];
         snprintf(title, sizeof title, "kiln train %s", r.m->path);
         if (!(r.log = rt_runlog_open(o->log_dir, title, true, &d)))
@@ -1245,8 +1281,9 @@ int rt_train(const Model *m, const TrainOpts *o)
             if (r.grad_norm_t >= 0)
                 rt_exec_read_f32(r.te, &r.tg->t.v[r.grad_norm_t], &gn);
             double model = r.flops - pass_remat_flops(r.tg), peak = r.peak_gflops * 1e9;
-            double cbusy = NAN, cexp = NAN;
+            double cbusy = NAN, cexp = NAN, tpms = NAN;
             rt_dp_last_comm(r.dp, &cbusy, &cexp);
+            rt_dp_last_tp(r.dp, &tpms);
             RtStepRecord rec = {
                 .step = r.step, .loss = loss, .extra_name = r.x_name, .extra = r.x_val,
                 .nextra = r.nx, .lr = lr_t ? rt_lr_at(&r.c, r.step - 1, r.steps) : NAN,
@@ -1255,7 +1292,8 @@ int rt_train(const Model *m, const TrainOpts *o)
                 .tokens_per_s = r.tok_per_row > 0 ? (double)per_step / (step_ms * 1e-3) : NAN,
                 .mfu = peak > 0 ? model / (step_ms * 1e-3) / peak : NAN,
                 .hfu = peak > 0 ? r.flops / (step_ms * 1e-3) / peak : NAN,
-                .mem_bytes = rt_exec_arena_bytes(r.te), .comm_ms = cbusy, .comm_exposed_ms = cexp};
+                .mem_bytes = rt_exec_arena_bytes(r.te), .comm_ms = cbusy, .comm_exposed_ms = cexp,
+                .tp_comm_ms = tpms};
             if (!rt_runlog_step(r.log, &rec, &d)) {
                 log_failed(&r, &d);
                 goto out;
@@ -1328,7 +1366,9 @@ int rt_train(const Model *m, const TrainOpts *o)
                      "training diverged by step %lld: \"%s\" is not finite (an update "
                      "overflowed: try a lower lr); no weights written",
                      (long long)r.step, bad);
-        if (bad || !rt_weights_save(o->save_weights, r.tg, r.vals, &d))
+        void **wv = r.vals;
+        const Graph *wg = r.tpw && !bad ? rt_tp_whole(r.tpw, r.comm, r.tg, r.vals, &wv) : r.tg;
+        if (bad || (rt_dp_tp_rank(r.dp) == 0 && !rt_weights_save(o->save_weights, wg, wv, &d)))
             goto out;
         if (!o->quiet)
             printf("weights: %s\n", o->save_weights);
@@ -1363,7 +1403,7 @@ int rt_train(const Model *m, const TrainOpts *o)
     rt_dp_summary(r.dp, stdout);
     if (o->profile)
         print_profile(&r, loop_ms, r.step - first);
-    if (o->kernel_table && rt_dp_rank(r.dp) == 0 &&
+    if (o->kernel_table && rt_dp_world_rank(r.dp) == 0 &&
         !write_kernel_table(&r, r.step - first, med, &d))
         goto out;
     if (r.log) {

@@ -244,6 +244,7 @@ typedef struct {
     double examples_per_s; /* examples (rows of the batch, all ranks) per second */
     double tokens_per_s;   /* nan where the data has no token axis (blobs, most tensors) */
     double comm_ms, comm_exposed_ms; /* rt_dp_last_comm; nan: one rank */
+    double tp_comm_ms;               /* rt_dp_last_tp (all exposed); nan: no TP */
     int64_t mem_bytes;
 } RtStepRecord;
 /* Creates dir and its parents if needed (mkdir -p) and checks that it is a
@@ -489,6 +490,7 @@ typedef struct {
     int64_t memory_budget; /* --memory-budget; < 0: train.memory_budget */
     int remat;             /* --remat: RematPolicy; REMAT_DEFAULT: not given */
     int nranks;            /* --nproc, or the ranks running the step; <= 1: one */
+    int tp_rank;           /* this rank's index in its tensor-parallel group */
     bool no_overlap;       /* --no-overlap */
     bool no_fuse;          /* --no-fuse */
     bool no_fuse_attention; /* --no-fuse-attention */

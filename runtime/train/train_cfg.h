@@ -53,6 +53,8 @@ typedef struct TrainCfg {
     double bucket_mb;         /* comm: gradient bucket size cap in MiB */
     int64_t grad_accum;       /* micro-batches per step (>= 1); only the last reduces */
     int64_t zero;             /* 1: AdamW's state sharded over the ranks (ZeRO-1); 0 or 1 */
+    int64_t tp;               /* tensor-parallel ranks (>= 1): ranks = tp x dp, TP innermost */
+    const char *sequence_parallel; /* "true": between the TP blocks, split along T */
     double comm_timeout;      /* seconds a collective may take before the ranks stop */
     const char *on_nonfinite; /* "stop" (default) or "skip": a step whose loss or
                                  gradient norm is not finite (never applied) */

@@ -66,6 +66,7 @@ typedef struct {
     MemPlan *mp;          /* the step's memory plan, kept for the report */
     int grad_norm_t;      /* tg's "grad_norm" output, -1: none */
     RtZero *zero;         /* zero=1: the unsharded view for checkpoints, else NULL */
+    RtTpWhole *tpw;       /* tp > 1: the whole tensors for files (dist/tp.c), else NULL */
     const bool *optional_input; /* by the model graph's tensor id: data tensors inputs
                                    that may be missing from the file (DataWant.optional;
                                    kiln predict); NULL: none */

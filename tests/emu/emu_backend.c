@@ -491,7 +491,8 @@ static bool emu_run_step(BackendCtx *c, int s, uint64_t seed, int64_t step, Diag
     }
     case CG_STEP_ALLREDUCE_START:
     case CG_STEP_ALLREDUCE_WAIT:
-    case CG_STEP_SHARD_PACK: return true;
+    case CG_STEP_SHARD_PACK:
+    case CG_STEP_TP: return true;
     }
     return true;
 }

@@ -968,7 +968,7 @@ static void test_strict_options(void **state)
         {"nn.CausalSelfAttention", "nn.CausalSelfAttention('attn', 8, 2, {dropuot = 0.1})",
          {"nn.CausalSelfAttention: unknown option 'dropuot'", "did you mean 'dropout'?"}},
         {"nn.CausalSelfAttention", "nn.CausalSelfAttention('attn', 8, 2, {window = 4})",
-         {"option 'window' is not supported", "bias, std, proj_std, dropout)"}},
+         {"option 'window' is not supported", "bias, std, proj_std, dropout, parallel)"}},
         {"nn.MLP", "nn.MLP('mlp', 8, 32, {activation = nn.silu})",
          {"nn.MLP: unknown option 'activation'", "did you mean 'act'?"}},
         {"nn.MLP", "nn.MLP('mlp', 8, 32, {act = 'relu'})",

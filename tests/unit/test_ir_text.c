@@ -45,6 +45,7 @@ static Graph *build_all(void)
                            (ParamInit){INIT_NORMAL, 0.02, 0});
     int tok = ir_add_input(g, TK_INPUT, "tokens", named(SH(DT_I32, 2, 3), "B", "T"),
                            (ParamInit){0});
+    g->t.v[wte].shard = (IrShard){true, 1, 2, 0, 0}; /* shard(axis=1,blocks=2) */
     int m = ir_add_input(g, TK_STATE, "adam.m.wte", named(SH(DT_F32, 5, 4), "V", "C"),
                          (ParamInit){INIT_ZEROS, 0, 0});
     int u = ir_add_input(g, TK_PARAM, "u \"q\"", named(SH(DT_F32, 4), "C", NULL),
@@ -132,6 +133,12 @@ static Graph *build_all(void)
      * q, k, v at columns 8, 0, 4 of qkv's 12 */
     OpAttr ad = {.ia = {1, 2, 2, 8, 0, 4}, .nia = 6, .f = 0.5};
     OP(g, OP_ATTENTION_DQKV, ad, qkv, qkv, qkv, x, lh, lh);
+    /* tensor parallelism over 2 ranks, as rank 1 */
+    OP(g, OP_TP_ALLREDUCE, ((OpAttr){.ia = {0, 2, 1}, .nia = 3}), x);
+    OP(g, OP_TP_COPY, ((OpAttr){.ia = {0, 2, 1}, .nia = 3}), x);
+    OP(g, OP_TP_ALL_GATHER, ((OpAttr){.ia = {1, 2, 1}, .nia = 3}), x);
+    OP(g, OP_TP_ALL_GATHER, ((OpAttr){.ia = {2, 2, 1, 1}, .nia = 4}), x);
+    OP(g, OP_TP_REDUCE_SCATTER, ((OpAttr){.ia = {2, 2, 1}, .nia = 3}), x);
     ir_add_output(g, "loss", loss);
     ir_add_output(g, "grad.wte", sc);
     ir_add_update(g, wte, sc);
@@ -169,6 +176,7 @@ static void assert_graph_eq(const Graph *a, const Graph *b)
         assert_int_equal(x->op, y->op);
         assert_ptr_equal(x->name, y->name); /* interned */
         assert_int_equal(x->init.kind, y->init.kind);
+        assert_memory_equal(&x->shard, &y->shard, sizeof x->shard);
         if (x->op < 0 && x->init.kind != INIT_NONE) {
             assert_memory_equal(&x->init.a, &y->init.a, sizeof(double));
             assert_memory_equal(&x->init.b, &y->init.b, sizeof(double));
@@ -243,7 +251,7 @@ static void test_print_format(void **state)
     char *p = ir_print_str(g);
     const char *want[] = {
         "kiln-ir v2\nsym B=2 T=3 C=4 V=5\n",
-        "\n%0:f32[V,C] = param \"wte\" normal(0.02)\n",
+        "\n%0:f32[V,C] = param \"wte\" normal(0.02) shard(axis=1,blocks=2)\n",
         "\n%1:i32[B,T] = input \"tokens\"\n",
         "\n%2:f32[V,C] = state \"adam.m.wte\" zeros\n",
         "\n%3:f32[C] = param \"u \\\"q\\\"\" uniform(-0.1,0.1)\n",
@@ -285,6 +293,11 @@ static void test_print_format(void **state)
         ":f32[1,1,1] = reduce_sum %6 {axes=[0,1,2]}\n",
         ":f32[B,T,V] = matmul %6, %0 {ta=0,tb=1}\n",
         ":f32[B,T] = random {key=7}\n",
+        "= tp_allreduce %6 {axis=0,n=2,rank=1}\n",
+        "= tp_copy %6 {axis=0,n=2,rank=1}\n",
+        ":f32[B,6,C] = tp_all_gather %6 {axis=1,n=2,rank=1}\n",
+        ":f32[B,T,8] = tp_all_gather %6 {axis=2,n=2,rank=1,sum=1}\n",
+        ":f32[B,T,2] = tp_reduce_scatter %6 {axis=2,n=2,rank=1}\n",
         "output \"loss\" %",
         "update %0 <- %",
         "update %2 <- %",
