@@ -91,9 +91,17 @@ static void dp_comm(const CgClusterModel *m, const CgClusterOpts *o, double scal
  * gradients live / (tp pp) + other temporaries / tp is largest, split
  * there, so nothing is counted twice (with tp = pp = 1 the temporaries of
  * the memory plan's peak). */
+/* What the step still has to be divided by for TP: 1 when it was compiled
+ * partitioned (its figures are one TP rank's already), else tp. */
+static int tp_left(const CgClusterModel *m, const CgClusterOpts *o)
+{
+    return m->tp_split > 1 ? 1 : o->tp;
+}
+
 void cg_cluster_memory(const CgClusterModel *m, const CgClusterOpts *o, CgClusterPlan *p)
 {
-    double split = (double)o->tp * o->pp;
+    int tp = tp_left(m, o);
+    double split = (double)tp * o->pp;
     p->mem_params = m->param_bytes / split;
     int zdiv = o->zero && !m->opt_sharded ? o->dp : 1; /* a sharded step is one rank's */
     p->mem_opt = m->opt_bytes / split / zdiv;
@@ -130,7 +138,7 @@ bool cg_cluster_project(const CgClusterModel *m, const CgClusterOpts *o, CgClust
         snprintf(why, nwhy, "need at least one micro-batch of at least one sequence");
         return false;
     }
-    double split = (double)o->tp * o->pp;
+    double split = (double)tp_left(m, o) * o->pp;
     p->sequences = (double)m->micro_batch * o->micro_batches * o->dp;
     p->tokens_per_step = p->sequences * (double)m->seq_len;
 
@@ -147,6 +155,14 @@ bool cg_cluster_project(const CgClusterModel *m, const CgClusterOpts *o, CgClust
     p->t_tp_mb = o->tp > 1 ? 4.0 * m->layers / o->pp * cg_ring_allreduce(act, o->tp, tp_bw,
                                                                           o->alpha_s)
                            : 0;
+    if (m->tp_split > 1 && o->tp > 1) { /* the partitioned step's own collectives */
+        p->t_tp_mb = 0;
+        for (int i = 0; i < m->ntp; i++)
+            p->t_tp_mb += m->tp_coll[i] == CG_COLL_ALLREDUCE
+                              ? cg_ring_allreduce(m->tp_bytes[i], o->tp, tp_bw, o->alpha_s)
+                              : cg_ring_half(m->tp_bytes[i], o->tp, tp_bw, o->alpha_s);
+        p->t_tp_mb /= o->pp;
+    }
     double slots = (double)o->micro_batches + o->pp - 1;
     p->t_pipeline = slots * (p->t_mb + p->t_tp_mb);
     p->t_bubble = (o->pp - 1) * (p->t_mb + p->t_tp_mb);

@@ -717,6 +717,15 @@ typedef struct {
     const int *bucket_coll;   /* per DP bucket: its CgColl; NULL: all all-reduces */
     bool opt_sharded;         /* the step was compiled with zero=1 for dp ranks:
                                  opt_bytes and opt_s are one DP rank's shard */
+    /* tp_split > 1: the step was compiled partitioned for tp_split ranks
+     * (passes/partition.c): param, state and gradient bytes, the memory
+     * timeline and every time are one TP rank's, and its TP collectives are
+     * the ntp of one micro-batch's step (whole bytes, CgColl kind), costed
+     * instead of Megatron's four all-reduces per layer. nparams stays the
+     * whole model's (MFU). */
+    int tp_split, ntp;
+    const double *tp_bytes;
+    const int *tp_coll;
 } CgClusterModel;
 
 typedef struct {

@@ -70,6 +70,8 @@ typedef struct {
     double *bytes, *ready;
     int *coll;
     double *mem;
+    double *tpb; /* the TP collectives' bytes and kinds (a partitioned step) */
+    int *tpk;
 } Variant;
 
 /* c's memory timeline from the memory plan mp: per op the gradients, the
@@ -290,7 +292,8 @@ static bool measure(const Model *m, const PassOpts *po, const CgDevice *dev, Var
         const Tensor *t = &g->t.v[i];
         double bytes = (double)shape_numel(&t->s) * (double)dtype_size(t->s.dtype);
         if (t->kind == TK_PARAM) {
-            c->nparams += (double)shape_numel(&t->s);
+            Shape whole = ir_shard_whole(&t->shard, &t->s); /* MFU: the whole model's */
+            c->nparams += (double)shape_numel(&whole);
             c->param_bytes += bytes;
         } else if (t->kind == TK_STATE) {
             c->opt_bytes += bytes;
@@ -313,6 +316,9 @@ static bool measure(const Model *m, const PassOpts *po, const CgDevice *dev, Var
     v->bytes = xcalloc((size_t)p->steps.n + 1, sizeof(double));
     v->ready = xcalloc((size_t)p->steps.n + 1, sizeof(double));
     v->coll = xcalloc((size_t)p->steps.n + 1, sizeof(int));
+    v->tpb = xcalloc((size_t)p->steps.n + 1, sizeof(double));
+    v->tpk = xcalloc((size_t)p->steps.n + 1, sizeof(int));
+    c->tp_split = po->tp > 1 ? po->tp : 1;
     for (int s = 0; s < p->steps.n; s++) {
         const CgStep *st = &p->steps.v[s];
         unsigned flags = st->op >= 0 ? g->ops.v[st->op].flags : OPF_OPTIM; /* update copies */
@@ -328,6 +334,15 @@ static bool measure(const Model *m, const PassOpts *po, const CgDevice *dev, Var
                 c->forward_s += x;
             c->backward_end_s = t;
         }
+        if (st->kind == CG_STEP_TP && !(flags & OPF_OPTIM)) {
+            const Op *op = &g->ops.v[st->op];
+            double bi = (double)shape_bytes(&g->t.v[op->in[0]].s);
+            double bo = (double)shape_bytes(&g->t.v[op->out].s);
+            v->tpb[c->ntp] = bi > bo ? bi : bo;
+            v->tpk[c->ntp++] = op->code == OP_TP_ALLREDUCE       ? CG_COLL_ALLREDUCE
+                               : op->code == OP_TP_REDUCE_SCATTER ? CG_COLL_REDUCE_SCATTER
+                                                                  : CG_COLL_ALL_GATHER;
+        }
         if (st->kind == CG_STEP_ALLREDUCE_START) {
             double b = 0;
             for (int a = 0; a < st->nargs; a++) {
@@ -342,6 +357,8 @@ static bool measure(const Model *m, const PassOpts *po, const CgDevice *dev, Var
     c->bucket_bytes = v->bytes;
     c->bucket_ready_s = v->ready;
     c->bucket_coll = v->coll;
+    c->tp_bytes = v->tpb;
+    c->tp_coll = v->tpk;
     c->opt_sharded = ir_find_tensor(g, "adam.m") >= 0;
 out:
     cg_prediction_free(r);
@@ -366,6 +383,8 @@ static void variant_free(Variant *v)
     free(v->ready);
     free(v->coll);
     free(v->mem);
+    free(v->tpb);
+    free(v->tpk);
 }
 
 /* The remat choice at the device's memory: the remat pass (auto) compiles
@@ -558,6 +577,17 @@ static void print_plan(const PlanArgs *a, const CgDevice *dev, const CgClusterOp
     ir_fmt_seconds(p->t_mb, x, sizeof x);
     ir_fmt_seconds(p->t_tp_mb, y, sizeof y);
     printf("  compute per micro-batch and stage %s, TP collectives %s\n", x, y);
+    if (m->tp_split > 1) {
+        double tb = 0;
+        for (int i = 0; i < m->ntp; i++)
+            tb += m->tp_bytes[i];
+        ir_fmt_bytes(tb, 2, x, sizeof x);
+        printf("  TP: the partitioned graph of rank 0 (docs/parallel.md): %d collectives per "
+               "micro-batch, %s\n", m->ntp, x);
+    } else if (o->tp > 1) {
+        printf("  TP: an ideal split of the step (the model marks no param for tensor "
+               "parallelism) and 4 all-reduces per layer\n");
+    }
     ir_fmt_seconds(p->t_pipeline, x, sizeof x);
     ir_fmt_seconds(p->t_bubble, y, sizeof y);
     printf("  pipeline (1F1B) %s, of which bubble %s (%.1f%%)\n", x, y, 100 * p->bubble);
@@ -606,6 +636,8 @@ static cJSON *plan_json(const CgDevice *dev, const CgClusterOpts *o, const Varia
     cJSON_AddStringToObject(j, "device", dev->name);
     cJSON_AddNumberToObject(j, "gpus", o->gpus);
     cJSON_AddNumberToObject(j, "tp", o->tp);
+    cJSON_AddBoolToObject(j, "tp_partitioned", v->m.tp_split > 1);
+    cJSON_AddNumberToObject(j, "tp_collectives_per_microbatch", v->m.ntp);
     cJSON_AddNumberToObject(j, "pp", o->pp);
     cJSON_AddNumberToObject(j, "dp", o->dp);
     cJSON_AddNumberToObject(j, "zero", o->zero);
@@ -888,6 +920,19 @@ int cli_plan(int argc, char **argv)
         po.zero = 1;
     if (po.zero)
         o.zero = 1;
+    /* tensor parallelism: a model that marks its splits (shard, nn's
+     * parallel options) is compiled partitioned, as rank 0 of tp, and
+     * costed from that graph; one that marks none gets the ideal split */
+    po.tp = 1;
+    po.tp_rank = 0;
+    po.nranks = a.dp;
+    po.sequence_parallel = m->train.sequence_parallel &&
+                           strcmp(m->train.sequence_parallel, "true") == 0;
+    bool marked = false;
+    for (int i = 0; i < m->g->t.n; i++)
+        marked |= m->g->t.v[i].kind == TK_PARAM && m->g->t.v[i].shard.on;
+    if (a.tp > 1 && marked)
+        po.tp = a.tp;
     Variant v;
     if (!measure(m, &po, dev, &v, NULL, &d)) {
         fprintf(stderr, "%s\n", d.msg);
