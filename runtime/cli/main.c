@@ -104,6 +104,11 @@ static const char usage_train[] =
     "  --checkpoint PREFIX  write PREFIX.stepN.safetensors every\n"
     "                       train.checkpoint_every steps and at the end\n"
     "  --init-from W        load params by name from a safetensors file\n"
+    "  --init-map FILE.lua  with --init-from: a Lua table or function mapping the\n"
+    "                       file's names to the model's (rename, transpose, drop;\n"
+    "                       docs/training.md)\n"
+    "  --init-partial       with --init-from: load the params that match by name\n"
+    "                       and shape, leave the rest at their init, list both\n"
     "  --save-weights W     write the params to W at the end\n"
     "  --profile            print a per-kernel time table at the end\n"
     "  --kernel-table FILE  with --profile: write the measured per-kernel table to\n"
@@ -600,7 +605,7 @@ static int cmd_train(int argc, char **argv)
     TrainOpts o = {0};
     int nproc = 1;
     int64_t budget = -1;
-    const char *model = NULL;
+    const char *model = NULL, *init_map = NULL;
     for (int i = 2; i < argc; i++) {
         const char *v;
         char *end;
@@ -629,6 +634,12 @@ static int cmd_train(int argc, char **argv)
             o.checkpoint = v;
         } else if ((v = flag_value(argc, argv, &i, "--init-from"))) {
             o.init_from = v;
+        } else if ((v = flag_value(argc, argv, &i, "--init-map"))) {
+            if (!*v)
+                return bad_flag("train", "--init-map expects a Lua file, got", "an empty value");
+            init_map = v;
+        } else if (strcmp(argv[i], "--init-partial") == 0) {
+            o.init_partial = true;
         } else if ((v = flag_value(argc, argv, &i, "--save-weights"))) {
             o.save_weights = v;
         } else if ((v = flag_value(argc, argv, &i, "--trace"))) {
@@ -689,6 +700,10 @@ static int cmd_train(int argc, char **argv)
         return bad_flag("train", "missing argument", "MODEL.lua");
     if (o.kernel_table && !o.profile)
         return bad_flag("train", "--kernel-table needs --profile, got", "no --profile");
+    if ((init_map || o.init_partial) && !o.init_from)
+        return bad_flag("train", init_map ? "--init-map needs --init-from W, got"
+                                          : "--init-partial needs --init-from W, got",
+                        "no --init-from");
     /* --steps N is --set steps=N, last (it wins): the script's config key
      * steps, which its schedule reads (warmup, the cosine's end), or
      * train.steps when the config has no such key */
@@ -706,15 +721,23 @@ static int cmd_train(int argc, char **argv)
     }
     if (budget >= 0)
         m->train.memory_budget = budget;
+    InitMap *imap = NULL; /* before compiling, and before the ranks start */
+    if (init_map && !o.resume && !(imap = cli_init_map(o.init_from, init_map))) {
+        fe_model_free(m);
+        return 1;
+    }
+    o.init_map = imap;
     /* --nproc N: this process only launches the ranks (mpirun runs this
      * binary N times; inside them --nproc is gone) */
     if (nproc > 1 && !getenv("OMPI_COMM_WORLD_SIZE")) {
+        fe_init_map_free(imap);
         fe_model_free(m);
         return rt_launch(nproc, argc, argv);
     }
     cli_print_warnings(m);
     rt_stop_on_signals(); /* SIGINT, SIGTERM: stop after the current step */
     int rc = rt_train(m, &o);
+    fe_init_map_free(imap);
     fe_model_free(m);
     return rc;
 }

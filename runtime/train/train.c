@@ -926,10 +926,13 @@ static bool init_state(Run *r, Diag *d)
         if (!r->o->quiet)
             printf("resumed from %s at step %lld\n", r->o->resume, (long long)r->step);
     } else if (r->o->init_from) {
-        if (!rt_weights_import(r->o->init_from, g, r->m->pads, r->m->npads, r->vals, d))
+        char *note;
+        if (!rt_init_from(r->o->init_from, g, r->m->pads, r->m->npads, r->o->init_map,
+                          r->o->init_partial, r->vals, &note, d))
             return false;
         if (!r->o->quiet)
-            printf("initialised params from %s\n", r->o->init_from);
+            printf("initialised params from %s\n%s", r->o->init_from, note ? note : "");
+        free(note);
     }
     push_state(r);
     return true;

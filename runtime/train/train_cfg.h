@@ -11,6 +11,7 @@
 #ifndef KILN_TRAIN_CFG_H
 #define KILN_TRAIN_CFG_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "ir.h"
@@ -69,6 +70,23 @@ typedef struct {
     const char *param; /* interned name */
     int64_t rows;      /* real rows */
 } ModelRowPad;
+
+/* --init-map: what each tensor of an --init-from file becomes (the
+ * frontend runs the map file, fe_init_map; runtime/train/initmap.c loads by
+ * it). One entry per tensor of the file, in the file's order. */
+typedef struct {
+    const char *from; /* the file's tensor name */
+    const char *to;   /* the model's param name; NULL: ignored (the map said false) */
+    bool transpose;   /* swap the last two axes of the data (rank >= 2) */
+    int line;         /* the map file's line that named it; -1: named by the map, line
+                         unknown; 0: not in the map (the same name) */
+} InitMapEntry;
+
+typedef struct InitMap {
+    const char *path; /* the map file, as given */
+    InitMapEntry *v;  /* n entries; strings owned by the map */
+    int n;
+} InitMap;
 
 /* A model to train. Whoever fills it owns it and frees it (the frontend:
  * fe_model_free); the loop only reads it. */
