@@ -58,6 +58,11 @@ static const FeTrainKey train_keys[] = {
     TKI(zero, "0", 0, 1),
     TKD(comm_timeout, "60", 0, 1e6, 1, 0),
     TKS(on_nonfinite, "stop", "stop, skip"),
+    TK(early_stop_metric, FE_TT_STR, NULL),
+    TKI(early_stop_patience, "3", 1, BIG),
+    TKD(early_stop_min_delta, "0", 0, INFINITY, 0, 0),
+    TKS(early_stop_mode, "auto", "auto, min, max"),
+    TKS(keep_best, "false", "true, false"),
 };
 #undef TK
 #undef TKS
@@ -82,7 +87,7 @@ const char *fe_train_key_list(void)
         for (int i = 0; i < NTRAIN_KEYS; i++)
             k += (size_t)snprintf(buf + k, sizeof buf - k, "%s%s", i ? ", " : "",
                                   train_keys[i].name);
-        snprintf(buf + k, sizeof buf - k, ", param_groups, frozen"); /* tables: frontend.c */
+        snprintf(buf + k, sizeof buf - k, ", param_groups, frozen, early_stop"); /* tables: frontend.c */
     }
     return buf;
 }

@@ -489,6 +489,18 @@ static bool log_failed(const Run *r, Diag *d)
 
 static bool save_checkpoint(Run *r, const char *prefix, Diag *d)
 {
+    char *p = ckpt_path(prefix, r->step);
+    bool ok = rt_train_save_ckpt(r, p, d);
+    if (ok)
+        r->ckpt_step = r->step;
+    if (ok && !r->o->quiet && rt_dp_rank(r->dp) == 0)
+        printf("checkpoint: %s\n", p);
+    free(p);
+    return ok;
+}
+
+bool rt_train_save_ckpt(Run *r, const char *p, Diag *d)
+{
     void **vals = r->vals;
     const Graph *g = r->tg;
     if (r->zero) { /* every rank's shard of the moments, to the file's form */
@@ -509,14 +521,8 @@ static bool save_checkpoint(Run *r, const char *prefix, Diag *d)
                  (long long)r->step, bad);
         return false;
     }
-    char *p = ckpt_path(prefix, r->step);
     CkptMeta m = {.step = r->step, .data_pos = r->data_pos, .seed = r->c.seed};
     bool ok = rt_ckpt_save(p, g, vals, &m, d);
-    if (ok)
-        r->ckpt_step = r->step;
-    if (ok && !r->o->quiet)
-        printf("checkpoint: %s\n", p);
-    free(p);
     phase(r, PH_CKPT, t_start, ir_now());
     return ok;
 }
@@ -1053,6 +1059,7 @@ static void run_free(Run *r)
         ir_free(r->eg);
     rt_data_close(r->ds);
     free(r->times.ms);
+    rt_es_free(r->es);
 }
 
 /* The final line's memory: " | peak mem RSS resident (training arena A,
@@ -1122,7 +1129,7 @@ int rt_train(const Model *m, const TrainOpts *o)
                                        true, &d)) ||
         !writable_dir(o->trace, &d) ||
         (o->log_dir && rt_dp_rank(r.dp) == 0 && !rt_runlog_dir(o->log_dir, &d)) ||
-        !rt_train_open_data(&r, &d) || !build(&r, &d) ||
+        !rt_train_open_data(&r, &d) || !rt_es_open(&r, ckpt, &d) || !build(&r, &d) ||
         !init_state(&r, &d))
         goto out;
     int lr_id = ir_find_tensor(r.tg, "lr");
@@ -1265,6 +1272,11 @@ int rt_train(const Model *m, const TrainOpts *o)
                 printf("\n");
                 fflush(stdout);
             }
+            bool es_stop;
+            if (!rt_es_after_eval(&r, &es_stop, &d))
+                goto out;
+            if (es_stop)
+                break;
         }
         if (ckpt && r.c.checkpoint_every > 0 && r.step % r.c.checkpoint_every == 0 &&
             r.step < r.steps && !save_checkpoint(&r, ckpt, &d))
@@ -1288,7 +1300,8 @@ int rt_train(const Model *m, const TrainOpts *o)
         rc = 128 + stop;
         goto out;
     }
-    if (rt_data_has_val(r.ds) && !evaluate(&r, &d))
+    bool es_stop;
+    if (rt_data_has_val(r.ds) && (!evaluate(&r, &d) || !rt_es_after_eval(&r, &es_stop, &d)))
         goto out;
     if (ckpt && !save_checkpoint(&r, ckpt, &d))
         goto out;
@@ -1328,6 +1341,7 @@ int rt_train(const Model *m, const TrainOpts *o)
                tput_unit(&r), mfu);
     }
     print_memory(&r);
+    rt_es_summary(&r, stdout);
     if (r.skipped)
         printf(" | skipped %lld of %lld steps (loss or gradient norm not finite)",
                (long long)r.skipped, (long long)(r.step - first));

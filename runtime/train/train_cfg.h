@@ -57,6 +57,16 @@ typedef struct TrainCfg {
     double comm_timeout;      /* seconds a collective may take before the ranks stop */
     const char *on_nonfinite; /* "stop" (default) or "skip": a step whose loss or
                                  gradient norm is not finite (never applied) */
+    /* train{early_stop = {metric, patience, min_delta, mode}} (earlystop.c):
+     * metric NULL: off; "val_loss", "accuracy" or an extra scalar output;
+     * stop after `patience` evaluations without an improvement of more than
+     * min_delta; mode "auto" (max for accuracy, else min), "min" or "max" */
+    const char *early_stop_metric;
+    int64_t early_stop_patience;
+    double early_stop_min_delta;
+    const char *early_stop_mode;
+    const char *keep_best;    /* "true": PREFIX.best.safetensors, the checkpoint of the
+                                 best evaluation (of early_stop's metric, else val_loss) */
 } TrainCfg;
 
 /* train{eval_batches = "all"} */
