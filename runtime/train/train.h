@@ -431,7 +431,8 @@ typedef struct {
                                  per-kernel table (docs/cost.md) */
     const char *trace;        /* --trace FILE */
     const char *log_dir;      /* --log-dir DIR: metrics, eval log, report.html */
-    double peak_gflops;       /* --peak-gflops: MFU denominator; 0: "n/a" */
+    double peak_gflops;       /* --peak-gflops: MFU denominator; 0: the measured CPU FMA
+                                 peak or the GPU's datasheet peak */
     int remat;                /* --remat: RematPolicy (REMAT_DEFAULT: auto with a budget) */
     bool verbose, quiet;      /* -v, -q */
     const char *cache_dir;    /* kernel cache (NULL: executor default) */
