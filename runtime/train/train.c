@@ -1355,7 +1355,7 @@ int rt_train(const Model *m, const TrainOpts *o)
     if (r.log) {
         const RtProfRow *pr;
         int np = rt_exec_profile(r.te, &pr);
-        rt_runlog_profile(r.log, pr, np, med, r.step - first);
+        rt_runlog_profile(r.log, pr, np, med, r.step - first, r.tg, rt_exec_plan(r.te));
         rt_runlog_memory(r.log, r.tg, r.mp);
         const RtCommEvent *ev;
         int nev = rt_dp_last_events(r.dp, &ev);

@@ -279,10 +279,14 @@ bool rt_runlog_step(RunLog *l, const RtStepRecord *s, Diag *d);
 bool rt_runlog_eval(RunLog *l, int64_t step, double val_loss, const char *const *names,
                     const double *vals, int n, double accuracy /* nan: none */, Diag *d);
 /* Report sections, in the order called: the profile (rows of
- * rt_exec_profile over `steps` steps), memplan's memory timeline with the
+ * rt_exec_profile over `steps` steps; g and plan, which may be NULL: the
+ * graph the plan runs and the plan, to name each of the costliest kernels
+ * with its ops' script lines), memplan's memory timeline with the
  * recomputed ops, rank 0's compute and communication in one step (several
  * ranks), the remat sweep (kiln compile). */
-void rt_runlog_profile(RunLog *l, const RtProfRow *rows, int n, double step_ms, int64_t steps);
+struct CgPlan;
+void rt_runlog_profile(RunLog *l, const RtProfRow *rows, int n, double step_ms, int64_t steps,
+                       const Graph *g, const struct CgPlan *plan);
 void rt_runlog_memory(RunLog *l, const Graph *g, const MemPlan *mp);
 void rt_runlog_comm(RunLog *l, int nranks, double step_start, double step_end,
                     const RtCommEvent *ev, int nev);
