@@ -80,9 +80,11 @@ static const char usage_compile[] =
     "                       against the prediction, per kernel class; see docs/cost.md\n"
     "  --cache-dir DIR      kernel cache, where the cpu measurement is kept\n"
     "  --log-dir DIR        write DIR/report.html: memory timeline, remat sweep\n"
-    "  --dot FILE           write the compiled graph for Graphviz: fused kernels\n"
-    "                       as clusters, recomputed ops dashed, comm buckets red\n"
-    "                       (`dot -Tsvg FILE -o graph.svg`)\n"
+    "  --dot FILE           write the compiled graph for Graphviz: ops grouped by\n"
+    "                       layer, fused kernels as clusters, recomputed ops\n"
+    "                       dashed, comm buckets red (`dot -Tsvg FILE -o g.svg`)\n"
+    "  --dot-depth N        with --dot: draw each layer N names deep (h.0: 2) as\n"
+    "                       one node, 1..64 (default: every op)\n"
     "  -h, --help           this text\n";
 
 static const char usage_train[] =
@@ -162,6 +164,7 @@ typedef struct {
     const char *cache_dir; /* --cache-dir */
     bool remeasure;        /* --remeasure: measure the CPU again */
     const char *dot;       /* --dot FILE: the compiled graph for Graphviz */
+    int dot_depth;         /* --dot-depth N (0: every op) */
     const char *log_dir;   /* --log-dir DIR: report.html */
     int top;               /* --top N: costliest kernels listed (0: 10) */
     const char *ktable;    /* --kernel-table FILE: the predicted per-kernel table */
@@ -333,14 +336,14 @@ static void print_epilogues(const Graph *g, const char *dump_dir, bool *error)
 
 /* --dot FILE: the compiled graph g for Graphviz, written atomically (no
  * half-written file on a full disk); false after saying why not. */
-static bool write_dot(const Graph *g, const char *path)
+static bool write_dot(const Graph *g, const char *path, int depth)
 {
     char *buf = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
     if (!f)
         die("open_memstream: out of memory");
-    pass_dot_print(g, f);
+    pass_dot_print(g, depth, f);
     if (fclose(f) != 0)
         die("open_memstream: out of memory");
     Diag d = {{0}};
@@ -449,6 +452,11 @@ static int cmd_compile(int argc, char **argv)
             if (!*v)
                 return bad_flag("compile", "--dot expects a file name, got", "an empty value");
             a.dot = v;
+        } else if ((v = flag_value(argc, argv, &i, "--dot-depth"))) {
+            int64_t n;
+            if (!int_flag("compile", "--dot-depth", v, 1, 64, &n))
+                return 2;
+            a.dot_depth = (int)n;
         } else if ((v = flag_value(argc, argv, &i, "--target"))) {
             if (strcmp(v, "cpu") != 0 && !cg_device_find(v))
                 return bad_flag("compile", "--target expects cpu, a100, h100, h200 or b200, got",
@@ -493,6 +501,8 @@ static int cmd_compile(int argc, char **argv)
                         "no --target");
     if (a.calibrate && !a.target)
         return bad_flag("compile", "--calibrate needs --target DEVICE, got", "no --target");
+    if (a.dot_depth && !a.dot)
+        return bad_flag("compile", "--dot-depth needs --dot FILE, got", "no --dot");
     CgKernelTable *cal = NULL;
     if (a.calibrate) { /* read first: a bad table fails before the compile */
         Diag cd = {{0}};
@@ -581,7 +591,7 @@ static int cmd_compile(int argc, char **argv)
         fprintf(stderr, "%s\n", d.msg);
         a.dump_error = true;
     }
-    if (a.dot && !write_dot(g, a.dot))
+    if (a.dot && !write_dot(g, a.dot, a.dot_depth))
         rc = 1;
     if (a.log_dir && !write_compile_report(m, &po, g, mp, a.log_dir))
         rc = 1;
