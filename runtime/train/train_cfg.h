@@ -53,7 +53,8 @@ typedef struct TrainCfg {
     const char *cuda_graph;   /* "true": replay the step as a CUDA graph (cuda) */
     double bucket_mb;         /* comm: gradient bucket size cap in MiB */
     int64_t grad_accum;       /* micro-batches per step (>= 1); only the last reduces */
-    int64_t zero;             /* 1: AdamW's state sharded over the ranks (ZeRO-1); 0 or 1 */
+    int64_t zero;             /* 1: the optimizer's state (AdamW, SGD, Lion) sharded over the
+                                 ranks (ZeRO-1); 0 or 1 */
     double comm_timeout;      /* seconds a collective may take before the ranks stop */
     const char *on_nonfinite; /* "stop" (default) or "skip": a step whose loss or
                                  gradient norm is not finite (never applied) */
