@@ -55,6 +55,8 @@ expect_error "$m:2:" "the map function's result" '"fc1.weight" is a number' -- "
 # the sandbox: no files, no OS, bounded
 map 'local f = io.open("/etc/passwd")' 'return {}'
 expect_error "$m:1:" "no file access" -- "${run[@]}" "$m"
+map 'setmetatable({}, {__gc = function() end})' 'return {}'
+expect_error "$m:1:" "__gc" -- "${run[@]}" "$m"
 map 'os.execute("true")' 'return {}'
 expect_error "$m:1:" "os" -- "${run[@]}" "$m"
 map 'while true do end'
