@@ -54,6 +54,10 @@ typedef struct {
     /* run by fe_sandbox_run after the script, under its bounds (a Lua
      * pattern of train{param_groups, frozen} may backtrack): NULL none */
     lua_CFunction post;
+    /* keep_result: the chunk's first result goes to the registry as
+     * result_ref before post runs (an --init-map file returns its map) */
+    bool keep_result;
+    int result_ref;
     int next_key;      /* random op keys */
     /* the sandbox (frontend.c): Lua's own allocations and instructions are
      * bounded; kiln's graph memory is not Lua's and is not counted */

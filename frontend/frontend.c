@@ -762,6 +762,9 @@ static void apply_set(lua_State *L, Fe *fe, int i)
         if (strcmp(key, "param_groups") == 0 || strcmp(key, "frozen") == 0)
             set_error(L, key, "a table, set in the script's train{} only (expected a key with "
                       "one value, got %s)", key);
+        if (strcmp(key, "early_stop") == 0)
+            set_error(L, key, "a table: --set its fields as early_stop_metric, "
+                      "early_stop_patience, early_stop_min_delta, early_stop_mode");
         char list[1024], all[2048], near[64], mean[96] = "";
         config_key_list(L, 1, list, sizeof list);
         snprintf(all, sizeof all, "%s, %s", list, fe_train_key_list());
@@ -978,6 +981,47 @@ static void train_frozen(lua_State *L, Fe *fe)
     fe->frozen_line = fe_user_loc(L).line;
 }
 
+/* train{early_stop = {metric = M, patience = n, min_delta = d, mode = M}}
+ * at the top of the stack (false: off): each field into its flat key
+ * early_stop_FIELD (which --set also reaches); metric is required. */
+static void train_early_stop(lua_State *L, Fe *fe)
+{
+    if (lua_isboolean(L, -1) && !lua_toboolean(L, -1)) {
+        fe->m->train.early_stop_metric = NULL;
+        return;
+    }
+    if (!lua_istable(L, -1))
+        fe_error(L, "train: early_stop needs a table such as {metric = \"val_loss\", patience = "
+                    "3, min_delta = 0.001} (got %s)", luaL_typename(L, -1));
+    fe_check_opts(L, -1, "train: early_stop",
+                  "metric:string patience:integer min_delta:number mode:string");
+    lua_getfield(L, -1, "metric");
+    bool has_metric = !lua_isnil(L, -1);
+    lua_pop(L, 1);
+    if (!has_metric)
+        fe_error(L, "train: early_stop needs metric = \"val_loss\", \"accuracy\" or the name of "
+                    "a scalar output (got none)");
+    static const char *const fields[] = {"metric", "patience", "min_delta", "mode"};
+    for (int i = 0; i < 4; i++) {
+        if (lua_getfield(L, -1, fields[i]) == LUA_TNIL) {
+            lua_pop(L, 1);
+            continue;
+        }
+        char key[64], why[512];
+        snprintf(key, sizeof key, "early_stop_%s", fields[i]);
+        const FeTrainKey *k = fe_train_key(key);
+        bool ok = lua_isinteger(L, -1)
+                      ? fe_train_store_int(&fe->m->train, k, lua_tointeger(L, -1), why, sizeof why)
+                  : lua_type(L, -1) == LUA_TNUMBER
+                      ? fe_train_store_num(&fe->m->train, k, lua_tonumber(L, -1), why, sizeof why)
+                      : fe_train_store_text(fe->m, &fe->m->train, k, lua_tostring(L, -1), false,
+                                            why, sizeof why);
+        if (!ok)
+            fe_error(L, "train: early_stop: bad value for '%s' (%s)", fields[i], why);
+        lua_pop(L, 1);
+    }
+}
+
 /* train{param_groups = {{match = "PATTERN", lr_scale = x, weight_decay =
  * y}, ...}} at the top of the stack: checked and kept in the registry as a
  * list of {match, lr_scale, weight_decay (nil: the default)}. */
@@ -1188,6 +1232,11 @@ static int l_train(lua_State *L)
         const char *key = lua_tostring(L, -2);
         if (strcmp(key, "param_groups") == 0 || strcmp(key, "frozen") == 0) {
             (key[0] == 'f' ? train_frozen : train_groups)(L, fe);
+            lua_pop(L, 1);
+            continue;
+        }
+        if (strcmp(key, "early_stop") == 0) {
+            train_early_stop(L, fe);
             lua_pop(L, 1);
             continue;
         }

@@ -65,6 +65,24 @@ const char *fe_config_get(const Model *m, const char *key);
  * not integers). */
 bool fe_parse_int(const char *s, int64_t lo, int64_t hi, int64_t *out, char *why, size_t n);
 
+/* ---- initmap.c: --init-map FILE.lua -----------------------------------
+ * Runs the map file in the model scripts' sandbox (the same bounds; no DSL)
+ * and returns one entry per tensor of the --init-from file (names[i] of
+ * shape shapes[i], i < n): what it becomes in the model (docs/training.md,
+ * Fine-tuning). The file returns a table {FILE_NAME = VALUE} (a key that
+ * names no tensor of the file is an error) or a function(name, shape) ->
+ * VALUE (nil: the same name), VALUE a param name, false (ignored) or
+ * {to = NAME, transpose = true}. NULL on error with err = "MAP:LINE: what
+ * is wrong (expected ...)". Whether the names exist in the model is the
+ * loader's check (rt_init_from). */
+InitMap *fe_init_map(const char *path, const char *const *names, const Shape *shapes, int n,
+                     char *err, size_t errlen);
+/* The same for a map given as text (len bytes; path names it). */
+InitMap *fe_init_map_text(const char *path, const char *text, size_t len,
+                          const char *const *names, const Shape *shapes, int n, char *err,
+                          size_t errlen);
+void fe_init_map_free(InitMap *m);
+
 /* ---- settings.c: the TrainCfg key table, shared by train{}, --set and
  * printing (frontend.c reads it; not for other layers) ------------------- */
 typedef enum { FE_TT_INT, FE_TT_U64, FE_TT_DBL, FE_TT_STR, FE_TT_BYTES } FeKeyType;

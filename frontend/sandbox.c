@@ -504,7 +504,9 @@ int fe_sandbox_run(lua_State *L, Fe *fe, const Script *sc, const char *text, siz
         st = luaL_loadbufferx(L, text, len, fe->chunk, "t");
     }
     if (st == LUA_OK)
-        st = lua_pcall(L, 0, 0, h);
+        st = lua_pcall(L, 0, fe->keep_result ? 1 : 0, h);
+    if (st == LUA_OK && fe->keep_result)
+        fe->result_ref = luaL_ref(L, LUA_REGISTRYINDEX);
     if (st == LUA_OK && fe->post) { /* under the same bounds as the script */
         lua_pushcfunction(L, fe->post);
         st = lua_pcall(L, 0, 0, h);

@@ -63,6 +63,11 @@ static const FeTrainKey train_keys[] = {
     TKI(sample_every, "0", 0, BIG),
     TK(sample_prompt, FE_TT_STR, NULL),
     TKI(sample_tokens, "64", 1, 1 << 20),
+    TK(early_stop_metric, FE_TT_STR, NULL),
+    TKI(early_stop_patience, "3", 1, BIG),
+    TKD(early_stop_min_delta, "0", 0, INFINITY, 0, 0),
+    TKS(early_stop_mode, "auto", "auto, min, max"),
+    TKS(keep_best, "false", "true, false"),
 };
 #undef TK
 #undef TKS
@@ -87,7 +92,7 @@ const char *fe_train_key_list(void)
         for (int i = 0; i < NTRAIN_KEYS; i++)
             k += (size_t)snprintf(buf + k, sizeof buf - k, "%s%s", i ? ", " : "",
                                   train_keys[i].name);
-        snprintf(buf + k, sizeof buf - k, ", param_groups, frozen"); /* tables: frontend.c */
+        snprintf(buf + k, sizeof buf - k, ", param_groups, frozen, early_stop"); /* tables: frontend.c */
     }
     return buf;
 }

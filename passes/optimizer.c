@@ -237,6 +237,8 @@ static int cmp_ready(const void *a, const void *b, void *ctx)
     return x->p < y->p ? -1 : x->p > y->p;
 }
 
+static int sign_of(B *b, int x);
+
 /* AK_SHARD attributes: bucket -1 (the comm pass places buckets) */
 static OpAttr shard_attr(int64_t start, int64_t total, int nranks)
 {
@@ -250,8 +252,10 @@ static int emit_n(B *b, Opcode c, const int *in, int n, const OpAttr *a)
     return t;
 }
 
-/* The ZeRO-1 update (pass_optimizer with o->zero): the same AdamW on this
- * rank's shard of the flat order (params by gradient readiness). */
+/* The ZeRO-1 update (pass_optimizer with o->zero): the same AdamW, SGD or
+ * Lion on this rank's shard of the flat order (params by gradient
+ * readiness). Params below f32 keep an f32 master copy with AdamW only
+ * (it needs adam.step to take it at step 0). */
 static void optimizer_zero(B *b, const PassOpts *o, ParamGrad *ps, int n, int lr, int step,
                            int loss0, int zero)
 {
@@ -342,21 +346,53 @@ static void optimizer_zero(B *b, const PassOpts *o, ParamGrad *ps, int n, int lr
         int q = bin(b, OP_DIV, cst_f32(b, o->grad_clip), den);
         gc = bin(b, OP_MUL, gsh, splat(b, bin(b, OP_MIN, cst_f32(b, 1.0), q), &ss));
     }
-    int t = bin(b, OP_ADD, step, cst_f32(b, 1.0));
-    int bc1 = bin(b, OP_SUB, cst_f32(b, 1.0), bin(b, OP_POW, cst_f32(b, o->beta1), t));
-    int bc2 = bin(b, OP_SUB, cst_f32(b, 1.0), bin(b, OP_POW, cst_f32(b, o->beta2), t));
-    int m = ir_add_input(g, TK_STATE, "adam.m", ss, zeros);
-    int v = ir_add_input(g, TK_STATE, "adam.v", ss, zeros);
-    int m1 = bin(b, OP_ADD, bin(b, OP_MUL, cst(b, &ss, o->beta1), m),
+    /* the update direction u on the shard, and the moments: AdamW,
+     * SGD's momentum buffer, Lion's momentum (update_param's rules on the
+     * flat shard; the state f32[S] "adam.m", "adam.v", "sgd.buf", "lion.m",
+     * which runtime/dist/zero.c shows whole in checkpoints) */
+    int t = -1, u = -1, m = -1, v = -1, m1 = -1, v1 = -1;
+    int wdp = pwd < 0 ? -1 : one_w ? bin(b, OP_MUL, cst(b, &ss, W), pwd) : pwd;
+    switch (o->optimizer) {
+    case PASS_OPT_ADAMW:
+    default: {
+        t = bin(b, OP_ADD, step, cst_f32(b, 1.0));
+        int bc1 = bin(b, OP_SUB, cst_f32(b, 1.0), bin(b, OP_POW, cst_f32(b, o->beta1), t));
+        int bc2 = bin(b, OP_SUB, cst_f32(b, 1.0), bin(b, OP_POW, cst_f32(b, o->beta2), t));
+        m = ir_add_input(g, TK_STATE, "adam.m", ss, zeros);
+        v = ir_add_input(g, TK_STATE, "adam.v", ss, zeros);
+        m1 = bin(b, OP_ADD, bin(b, OP_MUL, cst(b, &ss, o->beta1), m),
                  bin(b, OP_MUL, cst(b, &ss, 1.0 - o->beta1), gc));
-    int v1 = bin(b, OP_ADD, bin(b, OP_MUL, cst(b, &ss, o->beta2), v),
+        v1 = bin(b, OP_ADD, bin(b, OP_MUL, cst(b, &ss, o->beta2), v),
                  bin(b, OP_MUL, cst(b, &ss, 1.0 - o->beta2), bin(b, OP_MUL, gc, gc)));
-    int mhat = bin(b, OP_DIV, m1, splat(b, bc1, &ss));
-    int vhat = bin(b, OP_DIV, v1, splat(b, bc2, &ss));
-    int den = bin(b, OP_ADD, un(b, OP_SQRT, vhat), cst(b, &ss, o->eps));
-    int u = bin(b, OP_DIV, mhat, den);
-    if (pwd >= 0)
-        u = bin(b, OP_ADD, u, one_w ? bin(b, OP_MUL, cst(b, &ss, W), pwd) : pwd);
+        int mhat = bin(b, OP_DIV, m1, splat(b, bc1, &ss));
+        int vhat = bin(b, OP_DIV, v1, splat(b, bc2, &ss));
+        int den = bin(b, OP_ADD, un(b, OP_SQRT, vhat), cst(b, &ss, o->eps));
+        u = bin(b, OP_DIV, mhat, den);
+        if (wdp >= 0)
+            u = bin(b, OP_ADD, u, wdp);
+        break;
+    }
+    case PASS_OPT_SGD:
+        u = wdp >= 0 ? bin(b, OP_ADD, gc, wdp) : gc;
+        if (o->momentum > 0) {
+            m = ir_add_input(g, TK_STATE, "sgd.buf", ss, zeros);
+            m1 = bin(b, OP_ADD, bin(b, OP_MUL, cst(b, &ss, o->momentum), m), u);
+            u = o->nesterov ? bin(b, OP_ADD, u, bin(b, OP_MUL, cst(b, &ss, o->momentum), m1))
+                            : m1;
+        }
+        break;
+    case PASS_OPT_LION: {
+        m = ir_add_input(g, TK_STATE, "lion.m", ss, zeros);
+        int cm = bin(b, OP_ADD, bin(b, OP_MUL, cst(b, &ss, o->lion_beta1), m),
+                     bin(b, OP_MUL, cst(b, &ss, 1.0 - o->lion_beta1), gc));
+        u = sign_of(b, cm);
+        if (wdp >= 0)
+            u = bin(b, OP_ADD, u, wdp);
+        m1 = bin(b, OP_ADD, bin(b, OP_MUL, cst(b, &ss, o->lion_beta2), m),
+                 bin(b, OP_MUL, cst(b, &ss, 1.0 - o->lion_beta2), gc));
+        break;
+    }
+    }
     if (lrs >= 0)
         u = bin(b, OP_MUL, u, lrs);
     /* params below f32 (bf16, f16): the update runs on an f32 master copy
@@ -364,7 +400,7 @@ static void optimizer_zero(B *b, const PassOpts *o, ParamGrad *ps, int n, int lr
      * (the packed params are then exact) and kept from then on; the
      * gathers round it to each param's type */
     int base = psh, master = -1;
-    for (int i = 0; i < n && master < 0; i++)
+    for (int i = 0; i < n && master < 0 && step >= 0; i++)
         if (g->t.v[ps[i].p].s.dtype != DT_F32)
             master = ir_add_input(g, TK_STATE, "adam.master", ss, zeros);
     if (master >= 0) {
@@ -378,8 +414,10 @@ static void optimizer_zero(B *b, const PassOpts *o, ParamGrad *ps, int n, int lr
     int newsh = keep_unless(b, ok, p1, base);
     if (master >= 0)
         ir_add_update(g, master, newsh);
-    ir_add_update(g, m, keep_unless(b, ok, m1, m));
-    ir_add_update(g, v, keep_unless(b, ok, v1, v));
+    if (m >= 0)
+        ir_add_update(g, m, keep_unless(b, ok, m1, m));
+    if (v >= 0)
+        ir_add_update(g, v, keep_unless(b, ok, v1, v));
     int64_t at = 0;
     for (int i = 0; i < n; i++) {
         OpAttr ga = shard_attr(at, total, nr);
@@ -388,7 +426,8 @@ static void optimizer_zero(B *b, const PassOpts *o, ParamGrad *ps, int n, int lr
         ir_add_update(g, p, np);
         at += shape_numel(&g->t.v[p].s);
     }
-    ir_add_update(g, step, keep_unless(b, ok, t, step));
+    if (step >= 0)
+        ir_add_update(g, step, keep_unless(b, ok, t, step));
     free(in);
 }
 
@@ -657,11 +696,11 @@ bool pass_optimizer(Graph *g, const PassOpts *o, Diag *d)
                  "\"grad_norm\" (expected a graph the optimizer has not run on)");
         return false;
     }
-    if (o->zero && o->optimizer != PASS_OPT_ADAMW) {
+    if (o->zero && o->optimizer == PASS_OPT_ADAFACTOR) {
         snprintf(d->msg, sizeof d->msg,
-                 "optimizer: zero = 1 shards AdamW's state only (expected optimizer = \"adamw\" "
-                 "with zero = 1, got optimizer = \"%s\"; set zero = 0)",
-                 pass_optimizer_name(o->optimizer));
+                 "optimizer: zero = 1 shards the state of adamw, sgd and lion, not adafactor's "
+                 "(its second moment is factored per matrix, already small; expected zero = 0 "
+                 "with optimizer = \"adafactor\", got zero = 1)");
         return false;
     }
     for (int i = 0; i < g->t.n; i++)

@@ -247,9 +247,11 @@ void pass_fuse_stats(const Graph *g, FuseStats *s);
 /* One comment line per group (kind, domain, ops, what it writes): appended
  * to the --dump-after=fuse dump. */
 void pass_fuse_print(const Graph *g, FILE *f);
-/* The graph as a Graphviz digraph (dot.c): fused kernels as clusters,
- * recomputed ops marked, comm buckets shown (`kiln compile --dot`). */
-void pass_dot_print(const Graph *g, FILE *f);
+/* The graph as a Graphviz digraph (dot.c): ops grouped by layer (nested
+ * clusters named after the params' prefixes), fused kernels as clusters,
+ * recomputed ops marked, comm buckets shown (`kiln compile --dot`). depth
+ * > 0: each layer of that depth is one node (`--dot-depth N`); 0: all. */
+void pass_dot_print(const Graph *g, int depth, FILE *f);
 
 /* schedule.c: final op order (a topological order that keeps live memory low). */
 bool pass_schedule(Graph *g, const PassOpts *o, Diag *d);

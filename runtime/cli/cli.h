@@ -47,6 +47,10 @@ bool cli_print_prediction(const Model *m, const Graph *g, const char *target, in
  * run, so not in --nproc ranks other than rank 0. */
 void cli_print_warnings(const Model *m);
 
+/* --init-map (initmap.c): the map file run over the tensors of the weights
+ * file (fe_init_map); NULL after printing the error. */
+InitMap *cli_init_map(const char *weights, const char *map_path);
+
 /* `kiln eval` and `kiln predict` (infer.c): the exit code. */
 int cli_eval(int argc, char **argv);
 int cli_predict(int argc, char **argv);

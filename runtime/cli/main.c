@@ -47,9 +47,9 @@ static const char usage_compile[] =
     "options:\n"
     "  --set KEY=VALUE      override a config{} or train{} setting (repeatable)\n"
     "  --dump-after=PASS    print (or write, with --dump-dir) the IR after PASS;\n"
-    "                       PASS is one of frontend, partition (tp > 1),\n"
-    "                       autodiff, optimizer,\n"
-    "                       simplify, remat, fuse, comm, schedule, memplan, or\n"
+    "                       PASS is one of frontend, attention, partition (tp >\n"
+    "                       1), autodiff, attnlayout, optimizer, simplify,\n"
+    "                       attndqkv, remat, fuse, comm, schedule, memplan, or\n"
     "                       all (repeatable)\n"
     "  --dump-dir DIR       write dumps into DIR (NN-PASS.ir, memplan.txt)\n"
     "                       instead of standard output\n"
@@ -87,9 +87,11 @@ static const char usage_compile[] =
     "                       against the prediction, per kernel class; see docs/cost.md\n"
     "  --cache-dir DIR      kernel cache, where the cpu measurement is kept\n"
     "  --log-dir DIR        write DIR/report.html: memory timeline, remat sweep\n"
-    "  --dot FILE           write the compiled graph for Graphviz: fused kernels\n"
-    "                       as clusters, recomputed ops dashed, comm buckets red\n"
-    "                       (`dot -Tsvg FILE -o graph.svg`)\n"
+    "  --dot FILE           write the compiled graph for Graphviz: ops grouped by\n"
+    "                       layer, fused kernels as clusters, recomputed ops\n"
+    "                       dashed, comm buckets red (`dot -Tsvg FILE -o g.svg`)\n"
+    "  --dot-depth N        with --dot: draw each layer N names deep (h.0: 2) as\n"
+    "                       one node, 1..64 (default: every op)\n"
     "  -h, --help           this text\n";
 
 static const char usage_train[] =
@@ -111,6 +113,11 @@ static const char usage_train[] =
     "  --checkpoint PREFIX  write PREFIX.stepN.safetensors every\n"
     "                       train.checkpoint_every steps and at the end\n"
     "  --init-from W        load params by name from a safetensors file\n"
+    "  --init-map FILE.lua  with --init-from: a Lua table or function mapping the\n"
+    "                       file's names to the model's (rename, transpose, drop;\n"
+    "                       docs/training.md)\n"
+    "  --init-partial       with --init-from: load the params that match by name\n"
+    "                       and shape, leave the rest at their init, list both\n"
     "  --save-weights W     write the params to W at the end\n"
     "  --profile            print a per-kernel time table at the end\n"
     "  --kernel-table FILE  with --profile: write the measured per-kernel table to\n"
@@ -140,9 +147,9 @@ static const char usage_train[] =
     "                       two flags wins)\n"
     "  --cache-dir DIR      compiled-kernel cache (default: $KILN_CACHE_DIR or\n"
     "                       ~/.cache/kiln)\n"
-    "  --dump-ir FILE       write the training step's IR after every pass to FILE\n"
-    "                       (what kiln compile --dump-after=schedule writes for\n"
-    "                       the same model and flags)\n"
+    "  --dump-ir FILE       write the training step's IR, as the pipeline leaves it,\n"
+    "                       to FILE (what kiln compile --dump-after=schedule\n"
+    "                       writes for the same model and flags)\n"
     "  --allow-nonfinite-data  data tensors: train on float arrays holding NaN or\n"
     "                       Inf (by default refused before training, naming the\n"
     "                       array, the example and the position)\n"
@@ -169,6 +176,7 @@ typedef struct {
     const char *cache_dir; /* --cache-dir */
     bool remeasure;        /* --remeasure: measure the CPU again */
     const char *dot;       /* --dot FILE: the compiled graph for Graphviz */
+    int dot_depth;         /* --dot-depth N (0: every op) */
     const char *log_dir;   /* --log-dir DIR: report.html */
     int top;               /* --top N: costliest kernels listed (0: 10) */
     const char *ktable;    /* --kernel-table FILE: the predicted per-kernel table */
@@ -344,14 +352,14 @@ static void print_epilogues(const Graph *g, const char *dump_dir, bool *error)
 
 /* --dot FILE: the compiled graph g for Graphviz, written atomically (no
  * half-written file on a full disk); false after saying why not. */
-static bool write_dot(const Graph *g, const char *path)
+static bool write_dot(const Graph *g, const char *path, int depth)
 {
     char *buf = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
     if (!f)
         die("open_memstream: out of memory");
-    pass_dot_print(g, f);
+    pass_dot_print(g, depth, f);
     if (fclose(f) != 0)
         die("open_memstream: out of memory");
     Diag d = {{0}};
@@ -470,6 +478,11 @@ static int cmd_compile(int argc, char **argv)
             if (!*v)
                 return bad_flag("compile", "--dot expects a file name, got", "an empty value");
             a.dot = v;
+        } else if ((v = flag_value(argc, argv, &i, "--dot-depth"))) {
+            int64_t n;
+            if (!int_flag("compile", "--dot-depth", v, 1, 64, &n))
+                return 2;
+            a.dot_depth = (int)n;
         } else if ((v = flag_value(argc, argv, &i, "--target"))) {
             if (strcmp(v, "cpu") != 0 && !cg_device_find(v))
                 return bad_flag("compile", "--target expects cpu, a100, h100, h200 or b200, got",
@@ -514,6 +527,8 @@ static int cmd_compile(int argc, char **argv)
                         "no --target");
     if (a.calibrate && !a.target)
         return bad_flag("compile", "--calibrate needs --target DEVICE, got", "no --target");
+    if (a.dot_depth && !a.dot)
+        return bad_flag("compile", "--dot-depth needs --dot FILE, got", "no --dot");
     CgKernelTable *cal = NULL;
     if (a.calibrate) { /* read first: a bad table fails before the compile */
         Diag cd = {{0}};
@@ -626,7 +641,7 @@ static int cmd_compile(int argc, char **argv)
         fprintf(stderr, "%s\n", d.msg);
         a.dump_error = true;
     }
-    if (a.dot && !write_dot(g, a.dot))
+    if (a.dot && !write_dot(g, a.dot, a.dot_depth))
         rc = 1;
     if (a.log_dir && !write_compile_report(m, &po, g, mp, a.log_dir))
         rc = 1;
@@ -651,7 +666,7 @@ static int cmd_train(int argc, char **argv)
     TrainOpts o = {0};
     int nproc = 1;
     int64_t budget = -1;
-    const char *model = NULL;
+    const char *model = NULL, *init_map = NULL;
     for (int i = 2; i < argc; i++) {
         const char *v;
         char *end;
@@ -685,6 +700,12 @@ static int cmd_train(int argc, char **argv)
             o.checkpoint = v;
         } else if ((v = flag_value(argc, argv, &i, "--init-from"))) {
             o.init_from = v;
+        } else if ((v = flag_value(argc, argv, &i, "--init-map"))) {
+            if (!*v)
+                return bad_flag("train", "--init-map expects a Lua file, got", "an empty value");
+            init_map = v;
+        } else if (strcmp(argv[i], "--init-partial") == 0) {
+            o.init_partial = true;
         } else if ((v = flag_value(argc, argv, &i, "--save-weights"))) {
             o.save_weights = v;
         } else if ((v = flag_value(argc, argv, &i, "--trace"))) {
@@ -745,6 +766,10 @@ static int cmd_train(int argc, char **argv)
         return bad_flag("train", "missing argument", "MODEL.lua");
     if (o.kernel_table && !o.profile)
         return bad_flag("train", "--kernel-table needs --profile, got", "no --profile");
+    if ((init_map || o.init_partial) && !o.init_from)
+        return bad_flag("train", init_map ? "--init-map needs --init-from W, got"
+                                          : "--init-partial needs --init-from W, got",
+                        "no --init-from");
     /* --steps N is --set steps=N, last (it wins): the script's config key
      * steps, which its schedule reads (warmup, the cosine's end), or
      * train.steps when the config has no such key */
@@ -766,15 +791,23 @@ static int cmd_train(int argc, char **argv)
     }
     if (budget >= 0)
         m->train.memory_budget = budget;
+    InitMap *imap = NULL; /* before compiling, and before the ranks start */
+    if (init_map && !o.resume && !(imap = cli_init_map(o.init_from, init_map))) {
+        fe_model_free(m);
+        return 1;
+    }
+    o.init_map = imap;
     /* --nproc N: this process only launches the ranks (mpirun runs this
      * binary N times; inside them --nproc is gone) */
     if (nproc > 1 && !getenv("OMPI_COMM_WORLD_SIZE")) {
+        fe_init_map_free(imap);
         fe_model_free(m);
         return rt_launch(nproc, argc, argv);
     }
     cli_print_warnings(m);
     rt_stop_on_signals(); /* SIGINT, SIGTERM: stop after the current step */
     int rc = rt_train(m, &o);
+    fe_init_map_free(imap);
     fe_model_free(m);
     return rc;
 }

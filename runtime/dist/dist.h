@@ -227,25 +227,27 @@ int rt_stdout_columns(void);
 
 /* ---- zero.c: checkpoints of a sharded step (zero=1) ----------------------
  * The unsharded view of the step's optimizer state: a graph of inputs (the
- * params, "adam.step", and "adam.m.P" / "adam.v.P" shaped like each param P)
+ * params, "adam.step", and each state KIND.P shaped like each param P:
+ * "adam.m.P" / "adam.v.P", "sgd.buf.P", "lion.m.P")
  * that the checkpoint writer and reader take in place of the step graph,
  * so the file is the one an unsharded run writes. */
 typedef struct RtZero RtZero;
-/* NULL when tg's optimizer state is not sharded (no state "adam.m"). */
+/* NULL when tg holds no sharded optimizer state ("adam.m", "adam.v",
+ * "sgd.buf", "lion.m": zero = 0, or SGD without momentum). */
 RtZero *rt_zero_open(const Graph *tg);
 void rt_zero_close(RtZero *z);
-/* Bytes z holds on the host: the full view's moments (2 x 4 bytes per
- * param element); 0 for NULL. */
+/* Bytes z holds on the host: the full view's moments (4 bytes per param
+ * element per sharded state); 0 for NULL. */
 int64_t rt_zero_host_bytes(const RtZero *z);
 /* The full graph and its values: params and adam.step are vals' buffers
  * (tg's, borrowed), the moments z's own (filled by rt_zero_gather or by a
  * checkpoint reader). */
 const Graph *rt_zero_full(RtZero *z, void *const *vals, void ***full_vals);
-/* Collective (every rank, in the same order): the ranks' shards of
- * adam.m and adam.v in vals (tg's) into the full moments. */
+/* Collective (every rank, in the same order): the ranks' shards of each
+ * sharded state in vals (tg's) into the full moments. */
 void rt_zero_gather(RtZero *z, RtComm *c, void *const *vals);
-/* This rank's shards of adam.m and adam.v (into vals, tg's) from the full
- * moments. */
+/* This rank's shards of each sharded state (into vals, tg's) from the
+ * full moments. */
 void rt_zero_scatter(RtZero *z, int rank, void **vals);
 /* Collective: the full mean gradient of each param, what the output
  * "grad.P" of an unsharded step holds. A sharded step has no "grad.P"

@@ -2,12 +2,14 @@
  * view of its optimizer state; and its full mean gradients, assembled from
  * the ranks' "grad.shard" outputs (rt_zero_grads).
  *
- * A sharded step holds AdamW's moments as state "adam.m" and "adam.v"
- * f32[S], this rank's shard of the flat order of all params (ir.h,
- * AK_SHARD; the flat order is the one its all_gather_wait ops name). A
+ * A sharded step holds its optimizer's moments as state f32[S], this
+ * rank's shard of the flat order of all params (ir.h, AK_SHARD; the flat
+ * order is the one its all_gather_wait ops name): AdamW's "adam.m" and
+ * "adam.v", SGD's "sgd.buf" (with momentum), Lion's "lion.m" (KINDS). A
  * checkpoint holds what an unsharded step holds: every param, "adam.step"
- * and "adam.m.P" / "adam.v.P" shaped like each param P, so a file written by
- * N sharded ranks resumes on M ranks with or without zero, and the reverse.
+ * (AdamW) and "KIND.P" ("adam.m.P", "sgd.buf.P", ...) shaped like each
+ * param P, so a file written by N sharded ranks resumes on M ranks with or
+ * without zero, and the reverse.
  * The full view is a graph of inputs only (the params, adam.step, and the
  * per-param moments): the checkpoint writer and reader take it as they take
  * a step graph. Invariant: its param and adam.step values are the step's own
@@ -17,9 +19,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The sharded states, as passes/optimizer.c names them. */
+static const char *const KINDS[] = {"adam.m", "adam.v", "sgd.buf", "lion.m"};
+enum { NKINDS = 4 };
+
 struct RtZero {
     const Graph *tg;
-    int m, v;            /* tg's shard states */
+    int nk;              /* shard states tg holds */
+    int st[NKINDS];      /* their tensor ids in tg */
+    const char *kind[NKINDS]; /* their names */
     int64_t total, S;
     int nranks;
     int n;               /* params in flat order */
@@ -27,7 +35,7 @@ struct RtZero {
     int64_t *start;      /* flat start, by flat position */
     Graph *full;
     int *full_of;        /* per tg tensor: the full graph's id (-1) */
-    int *fm, *fv;        /* full graph's adam.m.P / adam.v.P, by flat position */
+    int *fs[NKINDS];     /* full graph's KIND.P per state, by flat position */
     void **vals;         /* per full tensor */
 };
 
@@ -44,14 +52,20 @@ static int cmp_start(const void *a, const void *b)
 
 RtZero *rt_zero_open(const Graph *tg)
 {
-    int m = ir_find_tensor(tg, "adam.m"), v = ir_find_tensor(tg, "adam.v");
-    if (m < 0 || v < 0)
-        return NULL;
     RtZero *z = xcalloc(1, sizeof *z);
+    for (int k = 0; k < NKINDS; k++) {
+        int t = ir_find_tensor(tg, KINDS[k]);
+        if (t >= 0 && tg->t.v[t].kind == TK_STATE) {
+            z->st[z->nk] = t;
+            z->kind[z->nk++] = KINDS[k];
+        }
+    }
+    if (z->nk == 0) {
+        free(z);
+        return NULL;
+    }
     z->tg = tg;
-    z->m = m;
-    z->v = v;
-    z->S = shape_numel(&tg->t.v[m].s);
+    z->S = shape_numel(&tg->t.v[z->st[0]].s);
     z->param = xmalloc(sizeof(int) * (size_t)(tg->t.n + 1));
     z->start = xmalloc(sizeof(int64_t) * (size_t)(tg->t.n + 1));
     FlatPos *pos = xmalloc(sizeof(FlatPos) * (size_t)(tg->ops.n + 1));
@@ -83,17 +97,17 @@ RtZero *rt_zero_open(const Graph *tg)
         z->full->t.v[z->full_of[i]].shard = t->shard;
         vec_push(&vals, NULL);
     }
-    z->fm = xmalloc(sizeof(int) * (size_t)z->n);
-    z->fv = xmalloc(sizeof(int) * (size_t)z->n);
+    for (int w = 0; w < z->nk; w++)
+        z->fs[w] = xmalloc(sizeof(int) * (size_t)z->n);
     for (int k = 0; k < z->n; k++) {
         const Tensor *p = &tg->t.v[z->param[k]];
-        for (int w = 0; w < 2; w++) {
-            char *nm = xasprintf("adam.%c.%s", w ? 'v' : 'm', p->name);
+        for (int w = 0; w < z->nk; w++) {
+            char *nm = xasprintf("%s.%s", z->kind[w], p->name);
             int id = ir_add_input(z->full, TK_STATE, intern(nm), p->s,
                                   (ParamInit){INIT_ZEROS, 0, 0});
             z->full->t.v[id].shard = p->shard;
             free(nm);
-            (w ? z->fv : z->fm)[k] = id;
+            z->fs[w][k] = id;
             vec_push(&vals, xcalloc((size_t)shape_numel(&p->s) + 1, sizeof(float)));
         }
     }
@@ -105,15 +119,14 @@ void rt_zero_close(RtZero *z)
 {
     if (!z)
         return;
-    for (int k = 0; k < z->n; k++) {
-        free(z->vals[z->fm[k]]);
-        free(z->vals[z->fv[k]]);
-    }
+    for (int k = 0; k < z->n; k++)
+        for (int w = 0; w < z->nk; w++)
+            free(z->vals[z->fs[w][k]]);
     free(z->vals);
     ir_free(z->full);
     free(z->full_of);
-    free(z->fm);
-    free(z->fv);
+    for (int w = 0; w < z->nk; w++)
+        free(z->fs[w]);
     free(z->param);
     free(z->start);
     free(z);
@@ -123,7 +136,7 @@ int64_t rt_zero_host_bytes(const RtZero *z)
 {
     int64_t n = 0;
     for (int k = 0; z && k < z->n; k++)
-        n += 2 * 4 * shape_numel(&z->tg->t.v[z->param[k]].s);
+        n += (int64_t)z->nk * 4 * shape_numel(&z->tg->t.v[z->param[k]].s);
     return n;
 }
 
@@ -156,14 +169,14 @@ void rt_zero_gather(RtZero *z, RtComm *c, void *const *vals)
         die("rt_zero_gather: the step is sharded over %d ranks, the run has %d", z->nranks, n);
     float *all = xmalloc(sizeof(float) * (size_t)(z->S * n + 1));
     float *flat = xmalloc(sizeof(float) * (size_t)(z->total + 1));
-    for (int w = 0; w < 2; w++) {
-        rt_comm_allgather(c, vals[w ? z->v : z->m], z->S, all);
+    for (int w = 0; w < z->nk; w++) {
+        rt_comm_allgather(c, vals[z->st[w]], z->S, all);
         for (int r = 0; r < n; r++) {
             int64_t off, len;
             ir_shard_range(z->total, n, r, &off, &len);
             memcpy(flat + off, all + (int64_t)r * z->S, sizeof(float) * (size_t)len);
         }
-        moments(z, w ? z->fv : z->fm, flat, 1);
+        moments(z, z->fs[w], flat, 1);
     }
     free(all);
     free(flat);
@@ -174,9 +187,9 @@ void rt_zero_scatter(RtZero *z, int rank, void **vals)
     int64_t off, len;
     ir_shard_range(z->total, z->nranks, rank, &off, &len);
     float *flat = xmalloc(sizeof(float) * (size_t)(z->total + 1));
-    for (int w = 0; w < 2; w++) {
-        moments(z, w ? z->fv : z->fm, flat, 0);
-        float *shard = vals[w ? z->v : z->m];
+    for (int w = 0; w < z->nk; w++) {
+        moments(z, z->fs[w], flat, 0);
+        float *shard = vals[z->st[w]];
         memset(shard, 0, sizeof(float) * (size_t)z->S);
         memcpy(shard, flat + off, sizeof(float) * (size_t)len);
     }

@@ -304,6 +304,12 @@ bool rt_weights_import(const char *path, const Graph *g, const ModelRowPad *pads
     return ok;
 }
 
+bool rt_weights_restore(const char *path, const StFile *f, const Graph *g,
+                        const ModelRowPad *pads, int npads, void **vals, Diag *d)
+{
+    return restore(path, f, g, pads, npads, vals, false, d);
+}
+
 bool rt_weights_load(const char *path, const Graph *g, void **vals, Diag *d)
 {
     StFile f;

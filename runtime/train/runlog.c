@@ -17,13 +17,16 @@
  *                      every plot is an inline SVG that kiln draws here
  *
  * The page holds what the caller handed in: the loss curves (training, and
- * validation points), tokens/s over the run, the profile by kind and its
- * ten costliest kernels, the memory timeline from memplan with the
+ * validation points), every extra scalar output (training curve and
+ * validation points), the held-out accuracy, the learning rate and the
+ * gradient norm, tokens/s over the run, the profile by kind and its ten
+ * costliest kernels (each with the script lines of its ops), the memory timeline from memplan with the
  * recomputed ops marked, the remat sweep (kiln compile), and with several
  * ranks rank 0's compute and communication timeline of one step. Each plot
  * is an <svg> with a data-series attribute per series (tests read them).
  */
 #include "train.h"
+#include "codegen.h" /* CgPlan: the plan step behind a profile row */
 
 #include <errno.h>
 #include <fcntl.h>
@@ -51,6 +54,12 @@ struct RunLog {
     Doubles step, loss, tps;           /* per training step */
     bool tps_examples;                 /* tps counts examples (no token axis) */
     Doubles vstep, vloss;              /* per evaluation */
+    Doubles lr, gnorm, vacc;           /* per step; per evaluation (NaN: none) */
+    /* the extra scalar outputs, by name (the first step's; an evaluation's
+     * names are looked up among them): nx series per step and per eval */
+    int nx;
+    char **xname;
+    Doubles *xs, *xv;
     FILE *body;                        /* the report's sections so far */
     char *body_buf;
     size_t body_len;
@@ -241,6 +250,17 @@ void rt_runlog_free(RunLog *l)
     vec_free(&l->tps);
     vec_free(&l->vstep);
     vec_free(&l->vloss);
+    vec_free(&l->lr);
+    vec_free(&l->gnorm);
+    vec_free(&l->vacc);
+    for (int i = 0; i < l->nx; i++) {
+        free(l->xname[i]);
+        vec_free(&l->xs[i]);
+        vec_free(&l->xv[i]);
+    }
+    free(l->xname);
+    free(l->xs);
+    free(l->xv);
     free(l->title);
     free(l->dir);
     free(l);
@@ -293,6 +313,18 @@ bool rt_runlog_step(RunLog *l, const RtStepRecord *s, Diag *d)
         return false;
     vec_push(&l->step, (double)s->step);
     vec_push(&l->loss, s->loss);
+    vec_push(&l->lr, s->lr);
+    vec_push(&l->gnorm, s->grad_norm);
+    if (l->step.n == 1 && s->nextra > 0) { /* the run's extra outputs */
+        l->nx = s->nextra;
+        l->xname = xcalloc((size_t)l->nx, sizeof *l->xname);
+        l->xs = xcalloc((size_t)l->nx, sizeof *l->xs);
+        l->xv = xcalloc((size_t)l->nx, sizeof *l->xv);
+        for (int i = 0; i < l->nx; i++)
+            l->xname[i] = xstrdup(s->extra_name[i]);
+    }
+    for (int i = 0; i < l->nx; i++)
+        vec_push(&l->xs[i], i < s->nextra ? s->extra[i] : NAN);
     /* the report plots tokens/s where the data has tokens, else examples/s */
     l->tps_examples = isnan(s->tokens_per_s);
     vec_push(&l->tps, l->tps_examples ? s->examples_per_s : s->tokens_per_s);
@@ -324,6 +356,14 @@ bool rt_runlog_eval(RunLog *l, int64_t step, double val_loss, const char *const 
         return false;
     vec_push(&l->vstep, (double)step);
     vec_push(&l->vloss, val_loss);
+    vec_push(&l->vacc, accuracy);
+    for (int k = 0; k < l->nx; k++) {
+        double v = NAN;
+        for (int i = 0; i < n; i++)
+            if (strcmp(names[i], l->xname[k]) == 0)
+                v = vals[i];
+        vec_push(&l->xv[k], v);
+    }
     return true;
 }
 
@@ -462,24 +502,77 @@ static void svg_bars(FILE *f, const char *title, const char *series, const char 
     html_text(f, title);
     fputs("</text>\n", f);
     for (int i = 0; i < n; i++) {
-        double w = max > 0 ? v[i] / max * 300 : 0;
+        double w = max > 0 ? v[i] / max * 260 : 0;
         int y = MT + 22 * i;
         fprintf(f, "<text x=\"10\" y=\"%d\" font-size=\"11\" font-family=\"monospace\">", y + 13);
-        char lb[48];
-        snprintf(lb, sizeof lb, "%.40s", label[i]);
+        char lb[72];
+        snprintf(lb, sizeof lb, "%.54s", label[i]);
         html_text(f, lb);
-        fprintf(f, "</text><rect x=\"330\" y=\"%d\" width=\"%.1f\" height=\"16\" "
+        fprintf(f, "</text><rect x=\"400\" y=\"%d\" width=\"%.1f\" height=\"16\" "
                    "fill=\"#3366cc\"/><text x=\"%.1f\" y=\"%d\" font-size=\"11\">%.3g %s "
                    "(%.1f%%)</text>\n",
-                y, w, 335 + w, y + 13, v[i], unit, total > 0 ? 100 * v[i] / total : 0.0);
+                y, w, 405 + w, y + 13, v[i], unit, total > 0 ? 100 * v[i] / total : 0.0);
     }
     fputs("</svg></figure>\n", f);
 }
 
 /* ---- sections --------------------------------------------------------------- */
 
+/* Appends line to the distinct lines ls (at most nl kept); whether new. */
+static bool add_line(int *ls, int *nl, int max, int line)
+{
+    for (int i = 0; i < *nl; i++)
+        if (ls[i] == line)
+            return false;
+    if (*nl < max)
+        ls[(*nl)++] = line;
+    return true;
+}
+
+static int cmp_int(const void *a, const void *b)
+{
+    int x = *(const int *)a, y = *(const int *)b;
+    return (x > y) - (x < y);
+}
+
+/* " (FILE:L1,L2,L3...)" for plan step `step` of p into buf: the script
+ * lines of its op and, for a fused kernel, of every op of its fuse group
+ * (up to 4 lines, "..." past them; FILE without its directories); "" when
+ * the row has no op or no line. */
+static void step_where(const Graph *g, const CgPlan *p, int step, char *buf, size_t n)
+{
+    buf[0] = 0;
+    if (!g || !p || step < 0 || step >= p->steps.n || p->steps.v[step].op < 0 ||
+        p->steps.v[step].op >= g->ops.n)
+        return;
+    const Op *op = &g->ops.v[p->steps.v[step].op];
+    int ls[4], nl = 0, more = 0;
+    const char *file = op->loc.file;
+    if (op->loc.line > 0)
+        add_line(ls, &nl, 4, op->loc.line);
+    if (op->group >= 0)
+        for (int i = 0; i < g->ops.n; i++) {
+            const Op *o = &g->ops.v[i];
+            if (o->group != op->group || o->loc.line <= 0 || !o->loc.file)
+                continue;
+            if (!file)
+                file = o->loc.file;
+            if (strcmp(o->loc.file, file) == 0 && add_line(ls, &nl, 4, o->loc.line) && nl == 4)
+                more += o->loc.line != ls[3];
+        }
+    if (!nl || !file)
+        return;
+    qsort(ls, (size_t)nl, sizeof *ls, cmp_int);
+    const char *base = strrchr(file, '/') ? strrchr(file, '/') + 1 : file;
+    size_t k = (size_t)snprintf(buf, n, " (%.60s:", base);
+    for (int i = 0; i < nl && k < n; i++)
+        k += (size_t)snprintf(buf + k, n - k, "%s%d", i ? "," : "", ls[i]);
+    if (k < n)
+        snprintf(buf + k, n - k, "%s)", more ? ",..." : "");
+}
+
 void rt_runlog_profile(RunLog *l, const RtProfRow *rows, int n, double step_ms,
-                       int64_t steps)
+                       int64_t steps, const Graph *g, const struct CgPlan *plan)
 {
     if (!l || n <= 0 || steps <= 0)
         return;
@@ -517,12 +610,17 @@ void rt_runlog_profile(RunLog *l, const RtProfRow *rows, int n, double step_ms,
     }
     free(used);
     const char *ln[10];
+    char lb[10][128];
     double lv[10];
     for (int i = 0; i < m; i++) {
-        ln[i] = rows[idx[i]].name;
+        char where[96];
+        step_where(g, plan, rows[idx[i]].step, where, sizeof where);
+        snprintf(lb[i], sizeof lb[i], "%.30s%s", rows[idx[i]].name, where);
+        ln[i] = lb[i];
         lv[i] = 1e3 * rows[idx[i]].seconds / (double)steps;
     }
-    svg_bars(f, "the ten costliest kernels", "costliest kernels", ln, lv, m, total, "ms");
+    svg_bars(f, "the ten costliest kernels (script lines of their ops)", "costliest kernels", ln,
+             lv, m, total, "ms");
 }
 
 void rt_runlog_memory(RunLog *l, const Graph *g, const MemPlan *mp)
@@ -627,6 +725,14 @@ void rt_runlog_sample(RunLog *l, int64_t step, const char *text)
     fputs("</pre>\n", l->body);
 }
 
+static bool any_finite(const Doubles *v)
+{
+    for (int i = 0; i < v->n; i++)
+        if (isfinite(v->v[i]))
+            return true;
+    return false;
+}
+
 bool rt_runlog_close(RunLog *l, Diag *d)
 {
     if (!l)
@@ -651,6 +757,26 @@ bool rt_runlog_close(RunLog *l, Diag *d)
         Series s[2] = {{"train loss", NULL, l->step.v, l->loss.v, l->step.n, false},
                        {"val loss", "#dc3912", l->vstep.v, l->vloss.v, l->vstep.n, true}};
         svg_chart(f, "loss", "step", "loss", s, l->vstep.n ? 2 : 1);
+        for (int i = 0; i < l->nx; i++) { /* each extra scalar output */
+            char tn[160], vn[160];
+            snprintf(tn, sizeof tn, "train %s", l->xname[i]);
+            snprintf(vn, sizeof vn, "val %s", l->xname[i]);
+            Series x[2] = {{tn, NULL, l->step.v, l->xs[i].v, l->xs[i].n, false},
+                           {vn, "#dc3912", l->vstep.v, l->xv[i].v, l->xv[i].n, true}};
+            svg_chart(f, l->xname[i], "step", l->xname[i], x, any_finite(&l->xv[i]) ? 2 : 1);
+        }
+        if (any_finite(&l->vacc)) {
+            Series a[1] = {{"val accuracy", "#990099", l->vstep.v, l->vacc.v, l->vacc.n, true}};
+            svg_chart(f, "held-out accuracy", "step", "accuracy", a, 1);
+        }
+        if (any_finite(&l->lr)) {
+            Series a[1] = {{"lr", "#ff9900", l->step.v, l->lr.v, l->lr.n, false}};
+            svg_chart(f, "learning rate", "step", "lr", a, 1);
+        }
+        if (any_finite(&l->gnorm)) {
+            Series a[1] = {{"grad_norm", "#3366cc", l->step.v, l->gnorm.v, l->gnorm.n, false}};
+            svg_chart(f, "gradient norm (before clipping)", "step", "grad_norm", a, 1);
+        }
         const char *unit = l->tps_examples ? "examples/s" : "tokens/s";
         Series t[1] = {{unit, "#109618", l->step.v, l->tps.v, l->step.n, false}};
         svg_chart(f, "throughput", "step", unit, t, 1);

@@ -521,6 +521,18 @@ static bool log_failed(const Run *r, Diag *d)
 
 static bool save_checkpoint(Run *r, const char *prefix, Diag *d)
 {
+    char *p = ckpt_path(prefix, r->step);
+    bool ok = rt_train_save_ckpt(r, p, d);
+    if (ok)
+        r->ckpt_step = r->step;
+    if (ok && !r->o->quiet && rt_dp_rank(r->dp) == 0)
+        printf("checkpoint: %s\n", p);
+    free(p);
+    return ok;
+}
+
+bool rt_train_save_ckpt(Run *r, const char *p, Diag *d)
+{
     void **vals = r->vals;
     const Graph *g = r->tg;
     if (r->zero) { /* every rank's shard of the moments, to the file's form */
@@ -546,14 +558,8 @@ static bool save_checkpoint(Run *r, const char *prefix, Diag *d)
                  (long long)r->step, bad);
         return false;
     }
-    char *p = ckpt_path(prefix, r->step);
     CkptMeta m = {.step = r->step, .data_pos = r->data_pos, .seed = r->c.seed};
     bool ok = rt_ckpt_save(p, g, vals, &m, d);
-    if (ok)
-        r->ckpt_step = r->step;
-    if (ok && !r->o->quiet)
-        printf("checkpoint: %s\n", p);
-    free(p);
     phase(r, PH_CKPT, t_start, ir_now());
     return ok;
 }
@@ -975,15 +981,24 @@ static bool init_state(Run *r, Diag *d)
         if (!r->o->quiet)
             printf("resumed from %s at step %lld\n", r->o->resume, (long long)r->step);
     } else if (r->o->init_from) {
+        /* under tp: into whole tensors holding the whole init (what
+         * --init-partial leaves), then each rank takes its part */
         void **wv = NULL;
         const Graph *wg = r->tpw ? rt_tp_whole_view(r->tpw, g, r->vals, &wv) : g;
-        if (!rt_weights_import(r->o->init_from, wg, r->m->pads, r->m->npads,
-                               r->tpw ? wv : r->vals, d))
+        for (int i = 0; r->tpw && i < wg->t.n; i++) {
+            const Tensor *t = &g->t.v[i];
+            if (t->shard.on && t->shard.n > 1 && !init_tensor(&wg->t.v[i], r->c.seed, wv[i], d))
+                return false;
+        }
+        char *note;
+        if (!rt_init_from(r->o->init_from, wg, r->m->pads, r->m->npads, r->o->init_map,
+                          r->o->init_partial, r->tpw ? wv : r->vals, &note, d))
             return false;
         if (r->tpw)
             rt_tp_split(r->tpw, g, r->vals);
         if (!r->o->quiet)
-            printf("initialised params from %s\n", r->o->init_from);
+            printf("initialised params from %s\n%s", r->o->init_from, note ? note : "");
+        free(note);
     }
     push_state(r);
     return true;
@@ -1105,6 +1120,7 @@ static void run_free(Run *r)
         ir_free(r->eg);
     rt_data_close(r->ds);
     free(r->times.ms);
+    rt_es_free(r->es);
 }
 
 /* The final line's memory: " | peak mem RSS resident (training arena A,
@@ -1174,7 +1190,7 @@ int rt_train(const Model *m, const TrainOpts *o)
                                        true, &d)) ||
         !writable_dir(o->trace, &d) ||
         (o->log_dir && rt_dp_world_rank(r.dp) == 0 && !rt_runlog_dir(o->log_dir, &d)) ||
-        !rt_train_open_data(&r, &d) || !build(&r, &d) ||
+        !rt_train_open_data(&r, &d) || !rt_es_open(&r, ckpt, &d) || !build(&r, &d) ||
         !init_state(&r, &d))
         goto out;
     if (r.c.sample_every > 0) { /* train{sample_every}: a language model, a prompt that fits */
@@ -1329,6 +1345,11 @@ int rt_train(const Model *m, const TrainOpts *o)
                 printf("\n");
                 fflush(stdout);
             }
+            bool es_stop;
+            if (!rt_es_after_eval(&r, &es_stop, &d))
+                goto out;
+            if (es_stop)
+                break;
         }
         if (r.c.sample_every > 0 && r.step % r.c.sample_every == 0 && !train_sample(&r, tty, &d))
             goto out;
@@ -1354,7 +1375,8 @@ int rt_train(const Model *m, const TrainOpts *o)
         rc = 128 + stop;
         goto out;
     }
-    if (rt_data_has_val(r.ds) && !evaluate(&r, &d))
+    bool es_stop;
+    if (rt_data_has_val(r.ds) && (!evaluate(&r, &d) || !rt_es_after_eval(&r, &es_stop, &d)))
         goto out;
     if (ckpt && !save_checkpoint(&r, ckpt, &d))
         goto out;
@@ -1396,6 +1418,7 @@ int rt_train(const Model *m, const TrainOpts *o)
                tput_unit(&r), mfu);
     }
     print_memory(&r);
+    rt_es_summary(&r, stdout);
     if (r.skipped)
         printf(" | skipped %lld of %lld steps (loss or gradient norm not finite)",
                (long long)r.skipped, (long long)(r.step - first));
@@ -1409,7 +1432,7 @@ int rt_train(const Model *m, const TrainOpts *o)
     if (r.log) {
         const RtProfRow *pr;
         int np = rt_exec_profile(r.te, &pr);
-        rt_runlog_profile(r.log, pr, np, med, r.step - first);
+        rt_runlog_profile(r.log, pr, np, med, r.step - first, r.tg, rt_exec_plan(r.te));
         rt_runlog_memory(r.log, r.tg, r.mp);
         const RtCommEvent *ev;
         int nev = rt_dp_last_events(r.dp, &ev);

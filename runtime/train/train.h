@@ -225,6 +225,25 @@ bool rt_weights_load(const char *path, const Graph *g, void **vals, Diag *d);
  * copied, the padding zeroed. Saving writes the padded shape. */
 bool rt_weights_import(const char *path, const Graph *g, const ModelRowPad *pads, int npads,
                        void **vals, Diag *d);
+/* The same from a file already read (f), for initmap.c. */
+bool rt_weights_restore(const char *path, const StFile *f, const Graph *g,
+                        const ModelRowPad *pads, int npads, void **vals, Diag *d);
+
+/* ---- initmap.c: --init-from with --init-map and --init-partial ----------
+ * Loads the params of g (vals by tensor id, holding their init) from the
+ * weights or checkpoint file path, each tensor of the file becoming the
+ * param map says (NULL: the same name; transposed where it says). Without
+ * partial every param must come from the file (rt_weights_import's rules
+ * and messages); with partial, a param the file does not give, or gives in
+ * another shape, keeps its init, and a tensor no param takes is ignored.
+ * Either way a map entry that names a param the model lacks, and two
+ * tensors mapped to one param, are errors at the map's line. All or
+ * nothing: on error vals are unchanged. *note (when not NULL) gets a
+ * malloc'd text for the user: how many params were loaded, which were left
+ * at their init and which tensors of the file were ignored (and why); NULL
+ * when neither map nor partial was given. */
+bool rt_init_from(const char *path, const Graph *g, const ModelRowPad *pads, int npads,
+                  const InitMap *map, bool partial, void **vals, char **note, Diag *d);
 /* Removes the temp files an interrupted write of a checkpoint of prefix
  * (PREFIX.stepN.safetensors) or of the weights file `weights` left behind,
  * when their writer is gone (either may be NULL); returns how many. */
@@ -261,10 +280,14 @@ bool rt_runlog_step(RunLog *l, const RtStepRecord *s, Diag *d);
 bool rt_runlog_eval(RunLog *l, int64_t step, double val_loss, const char *const *names,
                     const double *vals, int n, double accuracy /* nan: none */, Diag *d);
 /* Report sections, in the order called: the profile (rows of
- * rt_exec_profile over `steps` steps), memplan's memory timeline with the
+ * rt_exec_profile over `steps` steps; g and plan, which may be NULL: the
+ * graph the plan runs and the plan, to name each of the costliest kernels
+ * with its ops' script lines), memplan's memory timeline with the
  * recomputed ops, rank 0's compute and communication in one step (several
  * ranks), the remat sweep (kiln compile). */
-void rt_runlog_profile(RunLog *l, const RtProfRow *rows, int n, double step_ms, int64_t steps);
+struct CgPlan;
+void rt_runlog_profile(RunLog *l, const RtProfRow *rows, int n, double step_ms, int64_t steps,
+                       const Graph *g, const struct CgPlan *plan);
 void rt_runlog_memory(RunLog *l, const Graph *g, const MemPlan *mp);
 void rt_runlog_comm(RunLog *l, int nranks, double step_start, double step_end,
                     const RtCommEvent *ev, int nev);
@@ -458,6 +481,8 @@ typedef struct {
     int threads;              /* --threads (0: one per core) */
     const char *resume;       /* --resume CKPT */
     const char *init_from;    /* --init-from W */
+    const InitMap *init_map;  /* --init-map FILE.lua, run by the CLI (NULL: none) */
+    bool init_partial;        /* --init-partial: load what matches (rt_init_from) */
     const char *save_weights; /* --save-weights W: params at the end */
     const char *checkpoint;   /* --checkpoint PREFIX: overrides train.checkpoint */
     bool profile;             /* --profile */
@@ -465,7 +490,8 @@ typedef struct {
                                  per-kernel table (docs/cost.md) */
     const char *trace;        /* --trace FILE */
     const char *log_dir;      /* --log-dir DIR: metrics, eval log, report.html */
-    double peak_gflops;       /* --peak-gflops: MFU denominator; 0: "n/a" */
+    double peak_gflops;       /* --peak-gflops: MFU denominator; 0: the measured CPU FMA
+                                 peak or the GPU's datasheet peak */
     int remat;                /* --remat: RematPolicy (REMAT_DEFAULT: auto with a budget) */
     bool verbose, quiet;      /* -v, -q */
     const char *cache_dir;    /* kernel cache (NULL: executor default) */

@@ -11,6 +11,7 @@
 #ifndef KILN_TRAIN_CFG_H
 #define KILN_TRAIN_CFG_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "ir.h"
@@ -52,12 +53,23 @@ typedef struct TrainCfg {
     const char *cuda_graph;   /* "true": replay the step as a CUDA graph (cuda) */
     double bucket_mb;         /* comm: gradient bucket size cap in MiB */
     int64_t grad_accum;       /* micro-batches per step (>= 1); only the last reduces */
-    int64_t zero;             /* 1: AdamW's state sharded over the ranks (ZeRO-1); 0 or 1 */
-    int64_t tp;               /* tensor-parallel ranks (>= 1): ranks = tp x dp, TP innermost */
-    const char *sequence_parallel; /* "true": between the TP blocks, split along T */
+    int64_t zero;             /* 1: the optimizer's state (AdamW, SGD, Lion) sharded over the
+                                 ranks (ZeRO-1); 0 or 1 */
     double comm_timeout;      /* seconds a collective may take before the ranks stop */
     const char *on_nonfinite; /* "stop" (default) or "skip": a step whose loss or
                                  gradient norm is not finite (never applied) */
+    /* train{early_stop = {metric, patience, min_delta, mode}} (earlystop.c):
+     * metric NULL: off; "val_loss", "accuracy" or an extra scalar output;
+     * stop after `patience` evaluations without an improvement of more than
+     * min_delta; mode "auto" (max for accuracy, else min), "min" or "max" */
+    const char *early_stop_metric;
+    int64_t early_stop_patience;
+    double early_stop_min_delta;
+    const char *early_stop_mode;
+    const char *keep_best;    /* "true": PREFIX.best.safetensors, the checkpoint of the
+                                 best evaluation (of early_stop's metric, else val_loss) */
+    int64_t tp;               /* tensor-parallel ranks (>= 1): ranks = tp x dp, TP innermost */
+    const char *sequence_parallel; /* "true": between the TP blocks, split along T */
     int64_t sample_every;     /* print a sample every N steps (0: never; sample.c) */
     const char *sample_prompt; /* its prompt: text (V <= 256) or token ids; NULL: default */
     int64_t sample_tokens;    /* its new tokens */
@@ -74,6 +86,23 @@ typedef struct {
     const char *param; /* interned name */
     int64_t rows;      /* real rows */
 } ModelRowPad;
+
+/* --init-map: what each tensor of an --init-from file becomes (the
+ * frontend runs the map file, fe_init_map; runtime/train/initmap.c loads by
+ * it). One entry per tensor of the file, in the file's order. */
+typedef struct {
+    const char *from; /* the file's tensor name */
+    const char *to;   /* the model's param name; NULL: ignored (the map said false) */
+    bool transpose;   /* swap the last two axes of the data (rank >= 2) */
+    int line;         /* the map file's line that named it; -1: named by the map, line
+                         unknown; 0: not in the map (the same name) */
+} InitMapEntry;
+
+typedef struct InitMap {
+    const char *path; /* the map file, as given */
+    InitMapEntry *v;  /* n entries; strings owned by the map */
+    int n;
+} InitMap;
 
 /* A model to train. Whoever fills it owns it and frees it (the frontend:
  * fe_model_free); the loop only reads it. */

@@ -67,10 +67,29 @@ typedef struct {
     int grad_norm_t;      /* tg's "grad_norm" output, -1: none */
     RtZero *zero;         /* zero=1: the unsharded view for checkpoints, else NULL */
     RtTpWhole *tpw;       /* tp > 1: the whole tensors for files (dist/tp.c), else NULL */
+    struct RtEarlyStop *es; /* train{early_stop, keep_best} (earlystop.c); NULL: neither */
     const bool *optional_input; /* by the model graph's tensor id: data tensors inputs
                                    that may be missing from the file (DataWant.optional;
                                    kiln predict); NULL: none */
 } Run;
+
+/* ---- earlystop.c: train{early_stop} and train{keep_best} -----------------
+ * rt_es_open, once the data is open, before compiling: checks the
+ * settings (errors at the train{} line: no validation split, eval_every 0
+ * for early_stop, no checkpoint prefix for keep_best, an unknown metric)
+ * and sets r->es (NULL when neither is on). rt_es_after_eval, on every
+ * rank after each evaluation: a better metric is the new best (keep_best
+ * writes PREFIX.best.safetensors through rt_train_save_ckpt); *stop when
+ * early_stop's patience ran out. rt_es_summary: the final line's " | best
+ * METRIC V at step S". */
+typedef struct RtEarlyStop RtEarlyStop;
+bool rt_es_open(Run *r, const char *ckpt, Diag *d);
+bool rt_es_after_eval(Run *r, bool *stop, Diag *d);
+void rt_es_summary(const Run *r, FILE *f);
+void rt_es_free(RtEarlyStop *es);
+/* Writes a checkpoint of the run's current state to path (train.c; every
+ * rank calls it: zero=1 gathers the moments; rank 0 writes). */
+bool rt_train_save_ckpt(Run *r, const char *path, Diag *d);
 
 /* Largest train{eval_batches} (the settings' bound, as for steps). An
  * evaluation streams its batches and sums them over ranks EVAL_CHUNK at a

@@ -1,8 +1,9 @@
 #!/bin/bash
 # --log-dir DIR: kiln train writes DIR/metrics.jsonl (one JSON object per
 # step, with the extra scalar outputs), DIR/eval.jsonl and DIR/report.html
-# (well-formed, self-contained, with the loss, throughput, profile and
-# memory plots; the communication timeline with several ranks; the remat
+# (well-formed, self-contained, with the loss, every extra scalar output,
+# the accuracy, lr, gradient norm, throughput, profile (kernels named with
+# their script lines) and memory plots; the communication timeline with several ranks; the remat
 # sweep from kiln compile). tests/report/check_report.py checks the page.
 set -u
 : "${KILN:?}"
@@ -35,7 +36,11 @@ python3 -c "import json,sys; r=[json.loads(l) for l in open(sys.argv[1])][-1]; \
 assert abs(r['loss'] - float(sys.argv[2])) < 1e-5, (r['loss'], sys.argv[2])" \
     "$dir/r1/metrics.jsonl" "$last" || fail "metrics.jsonl disagrees with the step line"
 python3 "$check" "$dir/r1/report.html" "train loss" "val loss" "examples/s" "by kind" \
-    "costliest kernels" "live memory" "recomputed ops" || fail "report.html (one rank)"
+    "costliest kernels" "live memory" "recomputed ops" "train xent" "val xent" "train zloss" \
+    "val zloss" "val accuracy" "lr" "grad_norm" || fail "report.html (one rank)"
+# the costliest kernels carry the script lines of their ops
+grep -q 'font-family="monospace">[a-z0-9_]* (aux_loss.lua:[0-9][0-9,]*\(,\.\.\.\)\?)<' "$dir/r1/report.html" ||
+    fail "no kernel named with its script lines in report.html"
 ! grep -q '"compute,communication"' "$dir/r1/report.html" || fail "a comm timeline on one rank"
 
 if command -v mpirun > /dev/null; then

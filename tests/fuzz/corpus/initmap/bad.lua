@@ -1,0 +1,4 @@
+return {
+  ["fc1.weight"] = {too = 1},
+  "unterminated
+}

@@ -1,0 +1,6 @@
+return {
+  fc1 = "y",
+  ["a b"] = false,
+  ['x'] = {to = "z", transpose = true},
+  ["\"q\""] = "w",
+}
