@@ -189,6 +189,22 @@ static bool opt_type_ok(lua_State *L, int idx, const char *type, size_t tl, cons
                (t == LUA_TNUMBER && lua_tonumber(L, idx) == floor(lua_tonumber(L, idx)) &&
                 fabs(lua_tonumber(L, idx)) < 9e15);
     }
+    if (IS("ints")) { /* a size per spatial dim, or one for all (nn.Conv2d's stride) */
+        *what = "an integer or a table of integers";
+        if (t == LUA_TNUMBER)
+            return lua_tonumber(L, idx) == floor(lua_tonumber(L, idx));
+        if (t != LUA_TTABLE)
+            return false;
+        idx = lua_absindex(L, idx);
+        for (lua_Integer i = 1, n = luaL_len(L, idx); i <= n; i++) {
+            bool ok = lua_geti(L, idx, i) == LUA_TNUMBER &&
+                      lua_tonumber(L, -1) == floor(lua_tonumber(L, -1));
+            lua_pop(L, 1);
+            if (!ok)
+                return false;
+        }
+        return true;
+    }
     if (IS("string"))
         return *what = "a string", t == LUA_TSTRING;
     if (IS("init"))
