@@ -60,6 +60,7 @@ typedef struct {
     lua_State *L;
     size_t mem_used;       /* bytes Lua's allocator holds */
     size_t mem_limit;      /* bytes allowed once mem_armed (the script runs) */
+    size_t mem_base;       /* bytes held when armed (Lua's libraries, nn): not counted */
     bool mem_armed, mem_over; /* mem_over: the script went past mem_limit */
     _Atomic bool late;     /* set by the watchdog thread at KILN_LUA_SECONDS */
     bool time_over;        /* the hook or the allocator saw late: the run stops */
