@@ -72,6 +72,7 @@ typedef struct {
     int last_line;         /* the user's line at the last call of the hook */
     int stop_line;         /* the user's line where a bound was crossed; 0: none yet */
     VEC(FeParamLine) params; /* each param's tensor and script line */
+    bool evaluating;   /* the evaluation graph's run (nn.training = false): assign is a no-op */
 } Fe;
 
 static inline Fe *fe_get(lua_State *L) { return *(Fe **)lua_getextraspace(L); }

@@ -668,6 +668,59 @@ function nn.GroupNorm(name, groups, channels, opts)
   end)
 end
 
+-- Batch normalisation over every axis but the channels (axis 1): x [N, C],
+-- [N, C, L] or [N, C, H, W]. Training normalises with the batch's mean and
+-- (biased) variance and moves the state name.running_mean and
+-- name.running_var toward them (by momentum, the variance unbiased, as
+-- PyTorch); evaluation (nn.training = false) normalises with the state.
+-- w, b [C] (nil: none).
+function nn.BatchNorm(name, channels, opts)
+  check_opts("nn.BatchNorm", opts, "eps:number momentum:number affine:boolean")
+  opts = opts or {}
+  local eps, mom = opts.eps or 1e-5, opts.momentum or 0.1
+  local rm = state(name .. ".running_mean", {channels}, zeros())
+  local rv = state(name .. ".running_var", {channels}, ones())
+  local w, b
+  if opts.affine ~= false then
+    w = param(name .. ".weight", {channels}, ones())
+    b = param(name .. ".bias", {channels}, zeros())
+  end
+  local used = false
+  return layer({w = w, b = b, running_mean = rm, running_var = rv}, function(x)
+    if type(x) ~= "userdata" or not x.rank or x.rank < 2 or x.rank > 4 or
+       x.shape[2] ~= size(channels) then
+      error(string.format("nn.BatchNorm: x must be [N, %d], [N, %d, L] or [N, %d, H, W] " ..
+                          "(got %s)", size(channels), size(channels), size(channels),
+                          type(x) == "userdata" and x.rank and shape_str(x) or type(x)), 2)
+    end
+    if used and nn.training then
+      error("nn.BatchNorm: a BatchNorm layer may be called once per step (its running " ..
+            "statistics are assigned once)", 2)
+    end
+    used = true
+    local axes, cs, n = {0}, {size(channels)}, x.shape[1]
+    for a = 2, x.rank - 1 do
+      axes[#axes + 1] = a
+      cs[#cs + 1] = 1
+      n = n * x.shape[a + 1]
+    end
+    local mu, var
+    if nn.training then
+      mu = x:mean(axes, true)                       -- [1, C, 1...]
+      local xc = x - mu
+      var = (xc * xc):mean(axes, true)
+      local unb = n > 1 and n / (n - 1) or 1
+      assign(rm, rm * (1 - mom) + mu:reshape{size(channels)} * mom)
+      assign(rv, rv * (1 - mom) + var:reshape{size(channels)} * (mom * unb))
+    else
+      mu, var = rm:reshape(cs), rv:reshape(cs)
+    end
+    local y = (x - mu) * rsqrt(var + eps)
+    if w then y = y * w:reshape(cs) + b:reshape(cs) end
+    return y
+  end)
+end
+
 -- Two-layer MLP: fc [C, hidden], act (default gelu), proj [hidden, C].
 -- opts: bias (true), std, proj_std, act, dropout.
 function nn.MLP(name, C, hidden, opts)
