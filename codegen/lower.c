@@ -161,7 +161,8 @@ static int concat_tree(CgKernel *k, int v, const int64_t *start, const int *ld, 
  * image. col2im: one loop over the image [N, C, D..] with a sum phase over
  * the kernel offsets j..: image element y gets the column of output o = (y
  * + p - j d) / s where that divides exactly and 0 <= o < O (a gather, so
- * no two iterations write one element). */
+ * no two iterations write one element); with dilation 1 and stride s > 1
+ * the phase runs over the ceil(k / s) outputs that can reach y instead. */
 static bool lower_conv(const Graph *g, const Op *op, CgKernel *k, int po)
 {
     bool fwd = op->code == OP_IM2COL;
@@ -207,9 +208,14 @@ static bool lower_conv(const Graph *g, const Op *op, CgKernel *k, int po)
     CgPhase ph = {.ndim = ns, .acc = k->naccs++, .adt = os->dtype, .rop = CG_RED_SUM};
     ph.wide = true;
     int jv[2];
+    /* by output position where the stride skips kernel offsets (dilation
+     * 1): only ceil(k / s) of the k offsets can reach an image element (a
+     * pooling window of 32 at stride 32: 1 of 32) */
+    bool by_out[2];
     for (int i = 0; i < ns; i++) {
+        by_out[i] = cv.d[i] == 1 && cv.s[i] > 1;
         ph.dim[i].var = cg_new_var(k);
-        ph.dim[i].n = cv.k[i];
+        ph.dim[i].n = by_out[i] ? (cv.k[i] + cv.s[i] - 1) / cv.s[i] : cv.k[i];
         jv[i] = cg_var(k, ph.dim[i].var);
     }
     /* column index [n, o.., c, j..] */
@@ -217,6 +223,19 @@ static bool lower_conv(const Graph *g, const Op *op, CgKernel *k, int po)
     idx[0] = vars[0];
     idx[ns + 1] = vars[1];
     for (int i = 0; i < ns; i++) {
+        if (by_out[i]) {
+            /* o = (y + p) / s - t, j = y + p - o s (>= 0); kept where o >= 0,
+             * o < O and j < k */
+            int yp = cg_binop(k, CG_ADD, vars[2 + i], cg_const_i(k, DT_I64, cv.p[i]));
+            int sv = cg_const_i(k, DT_I64, cv.s[i]);
+            int o = cg_binop(k, CG_SUB, cg_binop(k, CG_IDIV, yp, sv), jv[i]);
+            int j = cg_binop(k, CG_SUB, yp, cg_binop(k, CG_MUL, o, sv));
+            guard = guard_and(k, guard, in_range(k, o, cv.out[i]));
+            guard = guard_and(k, guard, cg_binop(k, CG_LT, j, cg_const_i(k, DT_I64, cv.k[i])));
+            idx[1 + i] = o;
+            idx[ns + 2 + i] = j;
+            continue;
+        }
         int t = cg_binop(k, CG_ADD, vars[2 + i], cg_const_i(k, DT_I64, cv.p[i]));
         t = cg_binop(k, CG_SUB, t, cg_binop(k, CG_MUL, jv[i], cg_const_i(k, DT_I64, cv.d[i])));
         int o = t;

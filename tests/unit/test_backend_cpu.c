@@ -410,6 +410,13 @@ static void test_moves(void **state)
     c1b.rank = 3;
     memcpy(c1b.shape, d1, sizeof d1);
     out(g, "col2im_1d", opa(g, OP_COL2IM, &p1, 1, c1b));
+    /* kernel below the stride (image elements no window reads), padding:
+     * col2im by output position */
+    int64_t dimg2[4] = {1, 2, 8, 7}, dcol2[4] = {1, 3, 4, 12};
+    int cols2 = in_t(g, TK_INPUT, "cols2", DT_F32, 4, dcol2);
+    OpAttr c2 = {.nia = 8, .ia = {2, 3, 3, 2, 1, 1, 1, 1}, .rank = 4};
+    memcpy(c2.shape, dimg2, sizeof dimg2);
+    out(g, "col2im_skip", opa(g, OP_COL2IM, &cols2, 1, c2));
     check_graph(g, 1e-6);
     ir_free(g);
 }
