@@ -715,9 +715,13 @@ function nn.BatchNorm(name, channels, opts)
     else
       mu, var = rm:reshape(cs), rv:reshape(cs)
     end
-    local y = (x - mu) * rsqrt(var + eps)
-    if w then y = y * w:reshape(cs) + b:reshape(cs) end
-    return y
+    -- y = x * scale + shift with per-channel scale = w / sqrt(var + eps)
+    -- and shift = b - mu * scale: one multiply-add per element each way
+    local scale = rsqrt(var + eps)
+    if w then scale = scale * w:reshape(cs) end
+    local shift = -mu * scale
+    if b then shift = shift + b:reshape(cs) end
+    return x * scale + shift
   end)
 end
 

@@ -13,7 +13,7 @@
 --
 -- Inputs:  x f32[B,1,S,S] images, y i32[B] class ids in [0, K).
 -- Outputs: loss (mean cross-entropy), logits f32[B,K].
-local cfg = config{batch = 32, size = 8, width = 16, classes = 3, steps = 300, lr = 1e-2}
+local cfg = config{batch = 32, size = 8, width = 16, classes = 3, steps = 300, lr = 3e-2}
 sym{B = cfg.batch, S = cfg.size, K = cfg.classes}
 
 local x = input("x", {"B", 1, "S", "S"}, "f32")
