@@ -50,6 +50,8 @@ upd=$(grep -c '^update %[0-9]* <- ' "$dir/dump/00-autodiff.ir")
 [ "$upd" -eq 2 ] || fail "expected 2 updates (bn1's running mean and variance), got $upd"
 "$KILN" compile models/cnn.lua --dump-after=optimizer --dump-dir "$dir/dump2" > /dev/null 2>&1 ||
     fail "compile to optimizer"
+grep -q '^state (not trained; saved with the params):' "$dir/compile" &&
+    grep -q '^  bn1.running_var  *f32\[8\]' "$dir/compile" || fail "the summary lists no state"
 grep -q 'state "bn1.running_mean" zeros' "$dir/dump2/"*optimizer.ir || fail "no running_mean state"
 grep -q 'state "bn1.running_var" ones' "$dir/dump2/"*optimizer.ir || fail "no running_var state"
 
