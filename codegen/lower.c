@@ -155,6 +155,108 @@ static int concat_tree(CgKernel *k, int v, const int64_t *start, const int *ld, 
                      concat_tree(k, v, start, ld, mid, hi));
 }
 
+/* im2col and col2im (ir.h). The columns [N, O.., C*K] are walked as
+ * their row-major view [N, O.., C, k..], so no index is divided.
+ * im2col: one loop over that view, each element a guarded load of the
+ * image. col2im: one loop over the image [N, C, D..] with a sum phase over
+ * the kernel offsets j..: image element y gets the column of output o = (y
+ * + p - j d) / s where that divides exactly and 0 <= o < O (a gather, so
+ * no two iterations write one element); with dilation 1 and stride s > 1
+ * the phase runs over the ceil(k / s) outputs that can reach y instead. */
+static bool lower_conv(const Graph *g, const Op *op, CgKernel *k, int po)
+{
+    bool fwd = op->code == OP_IM2COL;
+    const Shape *img = fwd ? &g->t.v[op->in[0]].s : &g->t.v[op->out].s;
+    IrConv cv;
+    char err[300];
+    if (!ir_conv_geometry(img, &op->attr, &cv, err, sizeof err))
+        die("codegen: %s: %s", ir_opinfo[op->code].name, err);
+    int ns = cv.ns, pin = add_param(k, g, op->in[0], false);
+    int64_t view[IR_MAX_RANK];
+    Shape vs = {.dtype = g->t.v[op->out].s.dtype, .rank = 2 * ns + 2};
+    vs.dim[0] = cv.n;
+    for (int i = 0; i < ns; i++) {
+        vs.dim[1 + i] = cv.out[i];
+        vs.dim[ns + 2 + i] = cv.k[i];
+    }
+    vs.dim[ns + 1] = cv.c;
+    memcpy(view, vs.dim, sizeof view);
+    int vars[IR_MAX_RANK], idx[IR_MAX_RANK];
+    if (fwd) {
+        CgLoop *l = new_loop(k, vs.rank, view, vars);
+        /* image index [n, c, o s - p + j d ..] */
+        int guard = -1;
+        idx[0] = vars[0];
+        idx[1] = vars[ns + 1];
+        for (int i = 0; i < ns; i++) {
+            int at = cg_binop(k, CG_MUL, vars[1 + i], cg_const_i(k, DT_I64, cv.s[i]));
+            at = cg_binop(k, CG_SUB, at, cg_const_i(k, DT_I64, cv.p[i]));
+            at = cg_binop(k, CG_ADD, at,
+                          cg_binop(k, CG_MUL, vars[ns + 2 + i], cg_const_i(k, DT_I64, cv.d[i])));
+            idx[2 + i] = at;
+            if (cv.p[i] > 0)
+                guard = guard_and(k, guard, in_range(k, at, cv.in[i]));
+        }
+        int val = cg_load(k, pin, flat_index(k, img, idx));
+        if (guard >= 0)
+            val = cg_select(k, guard, val, zero_of(k, vs.dtype));
+        add_store(k, l, po, flat_index(k, &vs, vars), val, false, -1);
+        return true;
+    }
+    CgLoop *l = new_loop(k, img->rank, img->dim, vars);
+    const Shape *os = &g->t.v[op->out].s;
+    CgPhase ph = {.ndim = ns, .acc = k->naccs++, .adt = os->dtype, .rop = CG_RED_SUM};
+    ph.wide = true;
+    int jv[2];
+    /* by output position where the stride skips kernel offsets (dilation
+     * 1): only ceil(k / s) of the k offsets can reach an image element (a
+     * pooling window of 32 at stride 32: 1 of 32) */
+    bool by_out[2];
+    for (int i = 0; i < ns; i++) {
+        by_out[i] = cv.d[i] == 1 && cv.s[i] > 1;
+        ph.dim[i].var = cg_new_var(k);
+        ph.dim[i].n = by_out[i] ? (cv.k[i] + cv.s[i] - 1) / cv.s[i] : cv.k[i];
+        jv[i] = cg_var(k, ph.dim[i].var);
+    }
+    /* column index [n, o.., c, j..] */
+    int guard = -1;
+    idx[0] = vars[0];
+    idx[ns + 1] = vars[1];
+    for (int i = 0; i < ns; i++) {
+        if (by_out[i]) {
+            /* o = (y + p) / s - t, j = y + p - o s (>= 0); kept where o >= 0,
+             * o < O and j < k */
+            int yp = cg_binop(k, CG_ADD, vars[2 + i], cg_const_i(k, DT_I64, cv.p[i]));
+            int sv = cg_const_i(k, DT_I64, cv.s[i]);
+            int o = cg_binop(k, CG_SUB, cg_binop(k, CG_IDIV, yp, sv), jv[i]);
+            int j = cg_binop(k, CG_SUB, yp, cg_binop(k, CG_MUL, o, sv));
+            guard = guard_and(k, guard, in_range(k, o, cv.out[i]));
+            guard = guard_and(k, guard, cg_binop(k, CG_LT, j, cg_const_i(k, DT_I64, cv.k[i])));
+            idx[1 + i] = o;
+            idx[ns + 2 + i] = j;
+            continue;
+        }
+        int t = cg_binop(k, CG_ADD, vars[2 + i], cg_const_i(k, DT_I64, cv.p[i]));
+        t = cg_binop(k, CG_SUB, t, cg_binop(k, CG_MUL, jv[i], cg_const_i(k, DT_I64, cv.d[i])));
+        int o = t;
+        if (cv.s[i] > 1) {
+            int sv = cg_const_i(k, DT_I64, cv.s[i]);
+            int nonneg = cg_binop(k, CG_GE, t, cg_const_i(k, DT_I64, 0));
+            int exact = cg_binop(k, CG_EQ, cg_binop(k, CG_IMOD, t, sv), cg_const_i(k, DT_I64, 0));
+            guard = guard_and(k, guard, cg_binop(k, CG_AND, nonneg, exact));
+            o = cg_binop(k, CG_IDIV, t, sv);
+        }
+        guard = guard_and(k, guard, in_range(k, o, cv.out[i]));
+        idx[1 + i] = o;
+        idx[ns + 2 + i] = jv[i];
+    }
+    int ld = cg_load(k, pin, flat_index(k, &vs, idx));
+    ph.value = cg_select(k, guard, ld, zero_of(k, os->dtype));
+    vec_push(&l->ph, ph);
+    add_store(k, l, po, flat_index(k, os, vars), cg_acc(k, ph.acc, os->dtype), false, -1);
+    return true;
+}
+
 bool cg_lower_op(const Graph *g, int i, CgKernel *k, Diag *d)
 {
     const Op *op = &g->ops.v[i];
@@ -274,6 +376,9 @@ bool cg_lower_op(const Graph *g, int i, CgKernel *k, Diag *d)
                   in_range(k, row, os->dim[0]));
         return true;
     }
+
+    if (op->code == OP_IM2COL || op->code == OP_COL2IM)
+        return lower_conv(g, op, k, po);
 
     /* the rest: one loop over the result's dims */
     CgLoop *l = new_loop(k, os->rank, os->dim, vars);

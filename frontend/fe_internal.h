@@ -64,6 +64,7 @@ typedef struct {
     lua_State *L;
     size_t mem_used;       /* bytes Lua's allocator holds */
     size_t mem_limit;      /* bytes allowed once mem_armed (the script runs) */
+    size_t mem_base;       /* bytes held when armed (Lua's libraries, nn): not counted */
     bool mem_armed, mem_over; /* mem_over: the script went past mem_limit */
     _Atomic bool late;     /* set by the watchdog thread at KILN_LUA_SECONDS */
     bool time_over;        /* the hook or the allocator saw late: the run stops */
@@ -81,6 +82,7 @@ typedef struct {
     int64_t decode_len;
     int decode_pos;
     int decode_states; /* kv_cache.N state tensors made so far */
+    bool evaluating;   /* the evaluation graph's run (nn.training = false): assign is a no-op */
 } Fe;
 
 static inline Fe *fe_get(lua_State *L) { return *(Fe **)lua_getextraspace(L); }

@@ -189,6 +189,22 @@ static bool opt_type_ok(lua_State *L, int idx, const char *type, size_t tl, cons
                (t == LUA_TNUMBER && lua_tonumber(L, idx) == floor(lua_tonumber(L, idx)) &&
                 fabs(lua_tonumber(L, idx)) < 9e15);
     }
+    if (IS("ints")) { /* a size per spatial dim, or one for all (nn.Conv2d's stride) */
+        *what = "an integer or a table of integers";
+        if (t == LUA_TNUMBER)
+            return lua_tonumber(L, idx) == floor(lua_tonumber(L, idx));
+        if (t != LUA_TTABLE)
+            return false;
+        idx = lua_absindex(L, idx);
+        for (lua_Integer i = 1, n = luaL_len(L, idx); i <= n; i++) {
+            bool ok = lua_geti(L, idx, i) == LUA_TNUMBER &&
+                      lua_tonumber(L, -1) == floor(lua_tonumber(L, -1));
+            lua_pop(L, 1);
+            if (!ok)
+                return false;
+        }
+        return true;
+    }
     if (IS("string"))
         return *what = "a string", t == LUA_TSTRING;
     if (IS("init"))
@@ -532,6 +548,54 @@ static int l_param(lua_State *L)
     name_in(L, "kiln.names", lua_tostring(L, 1), true);
     vec_push(&fe->params, ((FeParamLine){t, fe_user_loc(L).line}));
     return 1;
+}
+
+/* state(name, shape, init [, dtype]): a float tensor kept from step to
+ * step that training does not differentiate (BatchNorm's running
+ * statistics); saved in checkpoints and weights; changed only by assign. */
+static int l_state(lua_State *L)
+{
+    check_name(L, 1, "state");
+    int64_t dim[IR_MAX_RANK];
+    const char *dn[IR_MAX_RANK];
+    int rank = fe_parse_shape(L, 2, dim, dn, "state");
+    if (!luaL_testudata(L, 3, INIT_MT))
+        fe_error(L, "state '%s': init must be zeros(), ones(), normal(std) or uniform(a, b) "
+                    "(got %s)", lua_tostring(L, 1), luaL_typename(L, 3));
+    ParamInit init = *(ParamInit *)lua_touserdata(L, 3);
+    DType dt = (DType)fe_parse_dtype(L, 4, DT_F32, "state");
+    if (!dtype_is_float(dt))
+        fe_error(L, "state '%s': state must be float (expected f32, bf16 or f16, got %s)",
+                 lua_tostring(L, 1), dtype_name(dt));
+    Shape s = fe_checked_shape(L, dt, rank, dim, "state");
+    memcpy(s.dname, dn, sizeof(const char *) * (size_t)rank);
+    fe_push_tensor(L, ir_add_input(fe_get(L)->g, TK_STATE, lua_tostring(L, 1), s, init));
+    name_in(L, "kiln.names", lua_tostring(L, 1), true);
+    return 1;
+}
+
+/* assign(s, v): state s holds v after each training step (v of s's type;
+ * once per state). In the evaluation graph (nn.training = false) it does
+ * nothing: evaluation never changes state. */
+static int l_assign(lua_State *L)
+{
+    int s = fe_check_tensor(L, 1, "assign"), v = fe_check_tensor(L, 2, "assign");
+    Fe *fe = fe_get(L);
+    const Tensor *st = &fe->g->t.v[s];
+    if (st->kind != TK_STATE || st->op >= 0)
+        fe_error(L, "assign: the first argument must be a tensor made by state() (got a %s)",
+                 ir_kind_name(st->kind));
+    Shape ss = st->s, vs = fe_tshape(L, v);
+    if (!shape_eq(&ss, &vs))
+        fe_error(L, "assign: the value does not match state '%s' (expected %s, got %s)",
+                 st->name, SSTR(&ss), SSTR(&vs));
+    for (int i = 0; i < fe->g->upd.n; i++)
+        if (fe->g->upd.v[i].target == s)
+            fe_error(L, "assign: state '%s' is assigned twice (expected one assign per state)",
+                     st->name);
+    if (!fe->evaluating)
+        ir_add_update(fe->g, s, v);
+    return 0;
 }
 
 static double check_num(lua_State *L, int idx, const char *fn, const char *what)
@@ -1282,6 +1346,8 @@ static void open_dsl(lua_State *L)
     static const FeGlobal runner[] = {
         {"input", l_input, -1},
         {"param", l_param, -1},
+        {"state", l_state, -1},
+        {"assign", l_assign, -1},
         {"zeros", l_init, INIT_ZEROS},
         {"ones", l_init, INIT_ONES},
         {"normal", l_init, INIT_NORMAL},
@@ -1561,7 +1627,8 @@ static Model *load_once(const char *path, const Script *sc, const char *const *s
     Fe fe = {.g = m->g, .m = m, .path = m->path, .sets = sets, .nsets = nsets,
              .config_ref = LUA_NOREF, .groups_ref = LUA_NOREF, .frozen_ref = LUA_NOREF,
              .post = l_resolve_groups, .loss = -1, .mem_limit = sc->mem,
-             .instr_limit = sc->instr, .ops_limit = sc->ops, .hook_period = FE_HOOK_PERIOD};
+             .instr_limit = sc->instr, .ops_limit = sc->ops, .hook_period = FE_HOOK_PERIOD,
+             .evaluating = !training};
     snprintf(fe.chunk, sizeof fe.chunk, "@%s", path);
     fe.set_used = xcalloc((size_t)(nsets ? nsets : 1), sizeof(bool));
 
@@ -1648,8 +1715,13 @@ static Model *load_once(const char *path, const Script *sc, const char *const *s
     return m;
 }
 
+/* Whether the evaluation graph differs from the training graph's forward:
+ * random numbers (dropout) or state the script assigns (BatchNorm's
+ * running statistics), both of which evaluation leaves out. */
 static bool has_random(const Graph *g)
 {
+    if (g->upd.n > 0)
+        return true;
     for (int i = 0; i < g->ops.n; i++)
         if (g->ops.v[i].code == OP_RANDOM)
             return true;
@@ -1744,7 +1816,8 @@ static Model *load_script(const char *path, const Script *sc, const char *const 
         eval_only_outputs(m);
     if (!m || !has_random(m->g))
         return m;
-    /* random numbers (dropout): build the evaluation graph without them */
+    /* random numbers (dropout), assigned state: build the evaluation graph
+     * without them */
     Model *e = load_once(path, sc, sets, nsets, false, 0, err, errlen);
     if (!e || !same_interface(m->g, e->g, path, err, errlen)) {
         fe_model_free(e);

@@ -508,6 +508,278 @@ function nn.CausalSelfAttention(name, C, H, opts)
   end)
 end
 
+-- ---- convolution, pooling, normalisation over channels -----------------
+-- Images are NCL (1d) or NCHW (2d). A convolution is im2col (the patches,
+-- one row per output position, ir.h) times the weight as one GEMM; its
+-- gradient is a GEMM and col2im, so no slice or concat is involved.
+
+-- a number or a table of ns numbers -> a table of ns numbers
+local function per_dim(v, ns, def)
+  if v == nil then v = def end
+  if type(v) == "number" then
+    local t = {}
+    for i = 1, ns do t[i] = v end
+    return t
+  end
+  return v
+end
+
+local function shape_str(t)
+  return t.dtype .. "[" .. table.concat(t.shape, ",") .. "]"
+end
+
+-- y = conv(x, w) + b: x [N, C, D...] (ns = 1 or 2 spatial dims), w [Cout,
+-- C/groups, k...], b [Cout] or nil -> [N, Cout, O...].
+local function conv(fn, ns, x, w, b, o)
+  o = o or {}
+  if type(x) ~= "userdata" or not x.rank or x.rank ~= ns + 2 then
+    error(string.format("%s: x must be a tensor %s (got %s)", fn,
+                        ns == 1 and "[N, C, L]" or "[N, C, H, W]",
+                        type(x) == "userdata" and x.rank and shape_str(x) or type(x)), 3)
+  end
+  local ws, xs = w.shape, x.shape
+  local G, cout = o.groups or 1, ws[1]
+  if xs[2] ~= ws[2] * G then
+    error(string.format("%s: x has %d channels (expected %d = in_channels of the weight %s " ..
+                        "x groups %d; got x %s)", fn, xs[2], ws[2] * G, shape_str(w), G,
+                        shape_str(x)), 3)
+  end
+  local k = {}
+  for i = 1, ns do k[i] = ws[2 + i] end
+  local cols = im2col(x, k, o.stride, o.padding, o.dilation)  -- [N, O..., C*K]
+  local cs = cols.shape
+  local N, CK = cs[1], cs[#cs]
+  local out = {}                                              -- O...
+  local L = 1
+  for i = 2, #cs - 1 do out[#out + 1] = cs[i]; L = L * cs[i] end
+  local y
+  if G == 1 then
+    -- [N, L, CK] x [Cout, CK]^T -> [N, L, Cout] -> [N, Cout, L]
+    y = matmul(cols:reshape{N, L, CK}, w:reshape{cout, CK}, {tb = true}):permute{0, 2, 1}
+  else
+    -- per group: [N, G, L, CK/G] x [G, Cout/G, CK/G]^T -> [N, G, L, Cout/G]
+    local cg = cols:reshape{N, L, G, CK // G}:permute{0, 2, 1, 3}
+    y = matmul(cg, w:reshape{G, cout // G, CK // G}, {tb = true}):permute{0, 1, 3, 2}
+  end
+  local shape = {N, cout}
+  for _, d in ipairs(out) do shape[#shape + 1] = d end
+  y = y:reshape(shape)
+  if b then
+    local bs = {cout}
+    for _ = 1, ns do bs[#bs + 1] = 1 end
+    y = y + b:reshape(bs)
+  end
+  return y
+end
+
+-- opts: stride, padding, dilation (a number or one per spatial dim;
+-- 1, 0, 1), groups (1).
+function nn.conv1d(x, w, b, opts)
+  check_opts("nn.conv1d", opts, "stride:ints padding:ints dilation:ints groups:integer")
+  return conv("nn.conv1d", 1, x, w, b, opts)
+end
+
+function nn.conv2d(x, w, b, opts)
+  check_opts("nn.conv2d", opts, "stride:ints padding:ints dilation:ints groups:integer")
+  return conv("nn.conv2d", 2, x, w, b, opts)
+end
+
+-- weight [cout, cin/groups, k...] (PyTorch's layout), bias [cout];
+-- weight and bias uniform(-1/sqrt(fan_in), 1/sqrt(fan_in)) as PyTorch's
+-- defaults, fan_in = cin/groups * prod(k).
+local function Conv(fn, ns, name, cin, cout, kernel, opts)
+  check_opts(fn, opts, "stride:ints padding:ints dilation:ints groups:integer bias:boolean " ..
+                       "init:init")
+  opts = opts or {}
+  local G = opts.groups or 1
+  local ci, co = size(cin), size(cout)
+  if G < 1 or ci % G ~= 0 or co % G ~= 0 then
+    error(string.format("%s: groups must divide in_channels and out_channels (got groups %d, " ..
+                        "in %d, out %d)", fn, G, ci, co), 3)
+  end
+  local k = per_dim(kernel, ns)
+  if type(k) ~= "table" or #k ~= ns then
+    error(string.format("%s: kernel must be an integer or a table of %d integers (got %s)", fn,
+                        ns, type(kernel)), 3)
+  end
+  local fan = ci // G
+  local wshape = {cout, ci // G}
+  for i = 1, ns do wshape[#wshape + 1] = k[i]; fan = fan * k[i] end
+  local bound = 1 / math.sqrt(fan)
+  local w = param(name .. ".weight", wshape, opts.init or uniform(-bound, bound))
+  local b
+  if opts.bias ~= false then b = param(name .. ".bias", {cout}, uniform(-bound, bound)) end
+  local o = {stride = opts.stride, padding = opts.padding, dilation = opts.dilation, groups = G}
+  local lname = ns == 1 and "nn.Conv1d" or "nn.Conv2d"
+  return layer({w = w, b = b}, function(x) return conv(lname, ns, x, w, b, o) end)
+end
+
+function nn.Conv1d(name, cin, cout, kernel, opts)
+  return Conv("nn.Conv1d", 1, name, cin, cout, kernel, opts)
+end
+
+function nn.Conv2d(name, cin, cout, kernel, opts)
+  return Conv("nn.Conv2d", 2, name, cin, cout, kernel, opts)
+end
+
+-- 2d pooling over windows of kernel (stride default kernel, padding 0,
+-- at most half the kernel): x [N, C, H, W] -> [N, C, OH, OW]. Max pooling
+-- never picks padding; average pooling counts it as zeros (PyTorch's
+-- count_include_pad).
+local function pool2d(fn, x, kernel, opts, op)
+  if type(x) ~= "userdata" or not x.rank or x.rank ~= 4 then
+    error(string.format("%s: x must be a tensor [N, C, H, W] (got %s)", fn,
+                        type(x) == "userdata" and x.rank and shape_str(x) or type(x)), 3)
+  end
+  opts = opts or {}
+  local k = per_dim(kernel, 2)
+  local p = per_dim(opts.padding, 2, 0)
+  for i = 1, 2 do
+    if p[i] * 2 > k[i] then
+      error(string.format("%s: padding must be at most half the kernel (got padding %d, " ..
+                          "kernel %d)", fn, p[i], k[i]), 3)
+    end
+  end
+  local xs = x.shape
+  local N, C = xs[1], xs[2]
+  local cols = im2col(x, k, opts.stride or k, p)               -- [N, OH, OW, C*K]
+  local cs = cols.shape
+  local K = k[1] * k[2]
+  local win = cols:reshape{N, cs[2], cs[3], C, K}
+  local y
+  if op == "max" then
+    if p[1] > 0 or p[2] > 0 then
+      -- where a window reads padding: -inf, so the max never takes it
+      local inside = im2col(const(1, {1, 1, xs[3], xs[4]}, x.dtype), k, opts.stride or k, p)
+      win = select(inside:reshape{1, cs[2], cs[3], 1, K}:gt(0), win, -math.huge)
+    end
+    y = win:max(-1)
+  else
+    y = win:mean(-1)
+  end
+  return y:permute{0, 3, 1, 2}
+end
+
+function nn.max_pool2d(x, kernel, opts)
+  check_opts("nn.max_pool2d", opts, "stride:ints padding:ints")
+  return pool2d("nn.max_pool2d", x, kernel, opts, "max")
+end
+
+function nn.avg_pool2d(x, kernel, opts)
+  check_opts("nn.avg_pool2d", opts, "stride:ints padding:ints")
+  return pool2d("nn.avg_pool2d", x, kernel, opts, "avg")
+end
+
+function nn.MaxPool2d(kernel, opts)
+  check_opts("nn.MaxPool2d", opts, "stride:ints padding:ints")
+  return layer({}, function(x) return pool2d("nn.MaxPool2d", x, kernel, opts, "max") end)
+end
+
+function nn.AvgPool2d(kernel, opts)
+  check_opts("nn.AvgPool2d", opts, "stride:ints padding:ints")
+  return layer({}, function(x) return pool2d("nn.AvgPool2d", x, kernel, opts, "avg") end)
+end
+
+-- Group normalisation: x [N, C, ...] in `groups` groups of channels, each
+-- normalised over its channels and the spatial dims; w, b [C] per channel
+-- (b may be nil).
+function nn.groupnorm(x, groups, w, b, eps)
+  local s = x.shape
+  local N, C = s[1], s[2]
+  if C % groups ~= 0 then
+    error(string.format("nn.groupnorm: groups (%d) must divide the channels (got x %s)", groups,
+                        shape_str(x)), 2)
+  end
+  local xg = x:reshape{N, groups, -1}
+  local mu = xg:mean(-1, true)
+  local xc = xg - mu
+  local var = (xc * xc):mean(-1, true)
+  local y = (xc * rsqrt(var + (eps or 1e-5))):reshape(s)
+  local cs = {C}
+  for _ = 3, #s do cs[#cs + 1] = 1 end
+  if w then y = y * w:reshape(cs) end
+  if b then y = y + b:reshape(cs) end
+  return y
+end
+
+function nn.GroupNorm(name, groups, channels, opts)
+  check_opts("nn.GroupNorm", opts, "eps:number affine:boolean")
+  opts = opts or {}
+  if size(channels) % groups ~= 0 then
+    error(string.format("nn.GroupNorm: groups (%d) must divide channels (%d)", groups,
+                        size(channels)), 2)
+  end
+  local w, b
+  if opts.affine ~= false then
+    w = param(name .. ".weight", {channels}, ones())
+    b = param(name .. ".bias", {channels}, zeros())
+  end
+  return layer({w = w, b = b}, function(x)
+    if type(x) ~= "userdata" or not x.rank or x.rank < 2 or x.shape[2] ~= size(channels) then
+      error(string.format("nn.GroupNorm: x must be [N, %d, ...] (got %s)", size(channels),
+                          type(x) == "userdata" and x.rank and shape_str(x) or type(x)), 2)
+    end
+    return nn.groupnorm(x, groups, w, b, opts.eps)
+  end)
+end
+
+-- Batch normalisation over every axis but the channels (axis 1): x [N, C],
+-- [N, C, L] or [N, C, H, W]. Training normalises with the batch's mean and
+-- (biased) variance and moves the state name.running_mean and
+-- name.running_var toward them (by momentum, the variance unbiased, as
+-- PyTorch); evaluation (nn.training = false) normalises with the state.
+-- w, b [C] (nil: none).
+function nn.BatchNorm(name, channels, opts)
+  check_opts("nn.BatchNorm", opts, "eps:number momentum:number affine:boolean")
+  opts = opts or {}
+  local eps, mom = opts.eps or 1e-5, opts.momentum or 0.1
+  local rm = state(name .. ".running_mean", {channels}, zeros())
+  local rv = state(name .. ".running_var", {channels}, ones())
+  local w, b
+  if opts.affine ~= false then
+    w = param(name .. ".weight", {channels}, ones())
+    b = param(name .. ".bias", {channels}, zeros())
+  end
+  local used = false
+  return layer({w = w, b = b, running_mean = rm, running_var = rv}, function(x)
+    if type(x) ~= "userdata" or not x.rank or x.rank < 2 or x.rank > 4 or
+       x.shape[2] ~= size(channels) then
+      error(string.format("nn.BatchNorm: x must be [N, %d], [N, %d, L] or [N, %d, H, W] " ..
+                          "(got %s)", size(channels), size(channels), size(channels),
+                          type(x) == "userdata" and x.rank and shape_str(x) or type(x)), 2)
+    end
+    if used and nn.training then
+      error("nn.BatchNorm: a BatchNorm layer may be called once per step (its running " ..
+            "statistics are assigned once)", 2)
+    end
+    used = true
+    local axes, cs, n = {0}, {size(channels)}, x.shape[1]
+    for a = 2, x.rank - 1 do
+      axes[#axes + 1] = a
+      cs[#cs + 1] = 1
+      n = n * x.shape[a + 1]
+    end
+    local mu, var
+    if nn.training then
+      mu = x:mean(axes, true)                       -- [1, C, 1...]
+      local xc = x - mu
+      var = (xc * xc):mean(axes, true)
+      local unb = n > 1 and n / (n - 1) or 1
+      assign(rm, rm * (1 - mom) + mu:reshape{size(channels)} * mom)
+      assign(rv, rv * (1 - mom) + var:reshape{size(channels)} * (mom * unb))
+    else
+      mu, var = rm:reshape(cs), rv:reshape(cs)
+    end
+    -- y = x * scale + shift with per-channel scale = w / sqrt(var + eps)
+    -- and shift = b - mu * scale: one multiply-add per element each way
+    local scale = rsqrt(var + eps)
+    if w then scale = scale * w:reshape(cs) end
+    local shift = -mu * scale
+    if b then shift = shift + b:reshape(cs) end
+    return x * scale + shift
+  end)
+end
+
 -- Two-layer MLP: fc [C, hidden], act (default gelu), proj [hidden, C].
 -- opts: bias (true), std, proj_std, act, dropout.
 function nn.MLP(name, C, hidden, opts)

@@ -580,6 +580,60 @@ static int l_pad(lua_State *L)
     return 1;
 }
 
+/* The per-spatial-dim sizes at idx (a number for every dim, or a table of
+ * ns integers) into v[0..ns); def when absent. */
+static void conv_sizes(lua_State *L, int idx, int ns, int64_t def, int64_t lo, const char *what,
+                       int64_t *v)
+{
+    if (lua_isnoneornil(L, idx)) {
+        for (int i = 0; i < ns; i++)
+            v[i] = def;
+        return;
+    }
+    if (lua_istable(L, idx)) {
+        if (luaL_len(L, idx) != ns)
+            fe_error(L, "im2col: %s must be an integer or a table of %d integers, one per "
+                        "spatial dim (got a table of %lld)", what, ns,
+                     (long long)luaL_len(L, idx));
+        for (int i = 0; i < ns; i++) {
+            lua_geti(L, idx, i + 1);
+            v[i] = check_int(L, -1, "im2col", what);
+            lua_pop(L, 1);
+        }
+    } else {
+        int64_t x = check_int(L, idx, "im2col", what);
+        for (int i = 0; i < ns; i++)
+            v[i] = x;
+    }
+    for (int i = 0; i < ns; i++)
+        if (v[i] < lo || v[i] > ((int64_t)1 << 40))
+            fe_error(L, "im2col: %s must be %s (expected %lld .. 2^40, got %lld)", what,
+                     lo ? "positive" : "zero or more", (long long)lo, (long long)v[i]);
+}
+
+/* im2col(x, kernel, stride, padding, dilation): x [N, C, L] or [N, C, H,
+ * W] float -> the patches [N, OL, C*k] or [N, OH, OW, C*kh*kw] (ir.h);
+ * each size a number or a table of one per spatial dim (stride and
+ * dilation default 1, padding 0). */
+static int l_im2col(lua_State *L)
+{
+    int x = fe_check_tensor(L, 1, "im2col");
+    Shape s = fe_tshape(L, x);
+    if (s.rank != 3 && s.rank != 4)
+        fe_error(L, "im2col: x must be [N, C, L] or [N, C, H, W] (expected rank 3 or 4, got %s)",
+                 SSTR(&s));
+    int ns = s.rank - 2;
+    if (lua_isnoneornil(L, 2))
+        fe_error(L, "im2col: needs the kernel size (argument 2)");
+    OpAttr a = {.nia = 4 * ns};
+    conv_sizes(L, 2, ns, 1, 1, "kernel", a.ia);
+    conv_sizes(L, 3, ns, 1, 1, "stride", a.ia + ns);
+    conv_sizes(L, 4, ns, 0, 0, "padding", a.ia + 2 * ns);
+    conv_sizes(L, 5, ns, 1, 1, "dilation", a.ia + 3 * ns);
+    fe_push_tensor(L, emit(L, OP_IM2COL, &x, 1, &a));
+    return 1;
+}
+
 /* a // b and a % b on tensors: Lua's floor division and modulo (the
  * remainder has the divisor's sign), written by nn.floor_div / nn.floor_mod
  * in nn.lua with the primitives (so autodiff needs no rule). */
@@ -888,6 +942,7 @@ void fe_open_ops(lua_State *L, const FeGlobal *extra)
     reg(L, methods, "slice", l_slice, -1, true);
     reg(L, methods, "pad", l_pad, -1, true);
     reg(L, methods, "broadcast_to", l_broadcast_to, -1, true);
+    reg(L, methods, "im2col", l_im2col, -1, true);
     reg(L, methods, "gather", l_gather, -1, true);
     reg(L, methods, "embedding", l_gather, -1, false);
     reg(L, methods, "take_along", l_take_along, -1, true);

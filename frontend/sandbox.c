@@ -109,7 +109,8 @@ static void sandbox_hook(lua_State *L, lua_Debug *ar)
     lua_error(L);
 }
 
-/* Lua's allocator: counts the bytes Lua holds. Past mem_limit it marks the
+/* Lua's allocator: counts the bytes Lua holds. Past mem_limit (beyond
+ * mem_base, what the state held before the script: the libraries) it marks the
  * run (the hook raises the error at the script's line) and still allows a
  * quarter more, so the error can be built; beyond that it fails and Lua
  * raises its own memory error. Once the run is late (past KILN_LUA_SECONDS)
@@ -133,8 +134,9 @@ static void *sandbox_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
         return NULL;
     }
     if (nsize > old && fe->mem_armed) {
-        size_t grow = nsize - old, hard = fe->mem_limit + fe->mem_limit / 4;
-        if (grow > fe->mem_limit - fe->mem_used || fe->mem_used > fe->mem_limit) {
+        size_t lim = fe->mem_limit + fe->mem_base, hard = lim + fe->mem_limit / 4;
+        size_t grow = nsize - old;
+        if (grow > lim - fe->mem_used || fe->mem_used > lim) {
             if (!fe->mem_over) {
                 fe->mem_over = true;
                 fe->hook_period = 1;
@@ -486,6 +488,7 @@ lua_State *fe_sandbox_new(Fe *fe)
 
 int fe_sandbox_run(lua_State *L, Fe *fe, const Script *sc, const char *text, size_t len, int h)
 {
+    fe->mem_base = fe->mem_used; /* the bound is the script's own memory */
     fe->mem_armed = true;
     fe->seconds = sc->seconds;
     Watchdog wd = {.seconds = sc->seconds, .path = fe->path, .last_line = &fe->last_line,

@@ -2,7 +2,8 @@
  *
  * FLOPs: elementwise and random ops count numel(result) * flops_per_elem;
  * reductions numel(input) * flops_per_elem; matmul 2*M*N*K per batch entry;
- * data movement 0, except scatter_add (one add per source element);
+ * data movement 0, except scatter_add (one add per source element) and
+ * col2im (one add per column element);
  * collectives 0 (they are communication, not compute). The attention family
  * counts only the kept (i, j) pairs (causal: sum over rows i of min(i+1, Tk),
  * per batch entry), per pair: S = q.k 2D, its softmax 4, P v 2Dv (attention);
@@ -71,6 +72,8 @@ double ir_op_flops(const Graph *g, const Op *op)
     case OC_MOVE:
         if (op->code == OP_SCATTER_ADD)
             return numel(g, op->in[1]) * info->flops_per_elem;
+        if (op->code == OP_COL2IM) /* one add per column element */
+            return numel(g, op->in[0]) * info->flops_per_elem;
         return 0;
     case OC_ATTN: return ir_attn_flops(g, op, op->code);
     default: return 0;

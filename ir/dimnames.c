@@ -191,6 +191,15 @@ void ir_infer_names(const Graph *g, Opcode code, const int *in, int nin, const O
                 for (int i = 0; i < r->rank; i++)
                     take(r, i, x, i);
             break;
+        case OP_IM2COL: /* x [N, C, D...] -> [N, O..., C*K]: the batch */
+            if (x)
+                take(r, 0, x, 0);
+            break;
+        case OP_COL2IM: /* cols [N, O..., C*K] -> [N, C, D...] (attr) */
+            from_attr(r, a);
+            if (x)
+                take(r, 0, x, 0);
+            break;
         case OP_SCATTER_ADD: /* idx [I...], src [I..., C...] -> [V, C...] */
             from_attr(r, a);
             if (x && y)

@@ -917,6 +917,39 @@ bool ir_infer(const Graph *g, Opcode code, const int *in, int nin, const OpAttr 
                          shape_str(g, S, b0, sizeof b0), shape_str(g, &r, b2, sizeof b2));
             break;
         }
+        case OP_IM2COL:
+        case OP_COL2IM: {
+            /* the image: im2col's operand, col2im's result (attr.shape) */
+            IrConv cv;
+            char cerr[300];
+            if (!dtype_is_float(s[0]->dtype))
+                FAIL("%s: needs a float tensor (got %s)", info->name, dtype_name(s[0]->dtype));
+            if (code == OP_COL2IM && (a->rank < 0 || a->rank > IR_MAX_RANK))
+                FAIL("col2im: rank out of range (expected 3 or 4, got %d)", a->rank);
+            for (int i = 0; code == OP_COL2IM && i < a->rank; i++)
+                if (a->shape[i] < 1)
+                    FAIL("col2im: dimension %d must be positive (expected >= 1, got %lld)", i,
+                         (long long)a->shape[i]);
+            Shape img = code == OP_IM2COL ? *s[0] : shape_make(s[0]->dtype, a->rank, a->shape);
+            if (!ir_conv_geometry(&img, a, &cv, cerr, sizeof cerr))
+                FAIL("%s: %s (image %s)", info->name, cerr, shape_str(g, &img, b0, sizeof b0));
+            Shape cols = {.dtype = s[0]->dtype, .rank = cv.ns + 2};
+            cols.dim[0] = cv.n;
+            for (int i = 0; i < cv.ns; i++)
+                cols.dim[1 + i] = cv.out[i];
+            if (!ir_mul_ok(cv.c, cv.kk, &cols.dim[cv.ns + 1]))
+                FAIL("%s: the columns have more than 2^62 elements", info->name);
+            if (code == OP_IM2COL) {
+                r = cols;
+            } else {
+                if (!shape_eq(&cols, s[0]))
+                    FAIL("col2im: the columns do not match the image (expected %s for image "
+                         "%s, got %s)", shape_str(g, &cols, b0, sizeof b0),
+                         shape_str(g, &img, b1, sizeof b1), shape_str(g, s[0], b2, sizeof b2));
+                r = img;
+            }
+            break;
+        }
         default:
             FAIL("%s: no typing rule", info->name);
         }

@@ -462,6 +462,39 @@ static void eval(const Graph *g, const Op *op, double **val, const InterpOpts *o
         }
         break;
     }
+    case OP_IM2COL:
+    case OP_COL2IM: {
+        /* one walk over the columns in their order; im2col reads the image
+         * element each came from, col2im adds it there */
+        bool fwd = op->code == OP_IM2COL;
+        IrConv cv;
+        char cerr[300];
+        if (!ir_conv_geometry(fwd ? s0 : os, a, &cv, cerr, sizeof cerr))
+            die("interp: %s: %s", ir_opinfo[op->code].name, cerr);
+        if (cv.ns == 1) { /* a second spatial dim of size 1 */
+            cv.in[1] = cv.out[1] = cv.k[1] = cv.s[1] = cv.d[1] = 1;
+            cv.p[1] = 0;
+        }
+        if (!fwd)
+            memset(r, 0, sizeof(double) * (size_t)n);
+        int64_t at = 0;
+        for (int64_t b = 0; b < cv.n; b++)
+            for (int64_t o0 = 0; o0 < cv.out[0]; o0++)
+                for (int64_t o1 = 0; o1 < cv.out[1]; o1++)
+                    for (int64_t c = 0; c < cv.c; c++)
+                        for (int64_t j0 = 0; j0 < cv.k[0]; j0++)
+                            for (int64_t j1 = 0; j1 < cv.k[1]; j1++, at++) {
+                                int64_t y0 = o0 * cv.s[0] - cv.p[0] + j0 * cv.d[0];
+                                int64_t y1 = o1 * cv.s[1] - cv.p[1] + j1 * cv.d[1];
+                                bool in = y0 >= 0 && y0 < cv.in[0] && y1 >= 0 && y1 < cv.in[1];
+                                int64_t src = ((b * cv.c + c) * cv.in[0] + y0) * cv.in[1] + y1;
+                                if (fwd)
+                                    r[at] = in ? x[src] : 0.0;
+                                else if (in)
+                                    r[src] += x[at];
+                            }
+        break;
+    }
     case OP_REDUCE_SUM:
     case OP_REDUCE_MAX:
     case OP_REDUCE_LOGSUMEXP: {

@@ -158,6 +158,9 @@ typedef enum {
                   plain layout; nia = 6: the head layout, ia[1] = heads H,
                   ia[2] = head size D, ia[3..5] = q, k, v column offsets
                   (IrAttnLayout) */
+    AK_CONV,   /* im2col, col2im: S = nia / 4 spatial dims (1 or 2); ia[0..S)
+                  kernel, ia[S..2S) stride, ia[2S..3S) padding, ia[3S..4S)
+                  dilation (IrConv); col2im: result shape in attr.shape */
     AK_SHARD,  /* sharded optimizer ops: ia[0] = bucket (-1 before the comm pass
                   places them), ia[1] = start (flat index of the first operand's
                   first element), ia[2] = total (flat elements of all params),
@@ -210,6 +213,8 @@ typedef enum {
     X(GATHER,      "gather",      2, OC_MOVE,       AK_NONE,  0)         \
     X(SCATTER_ADD, "scatter_add", 2, OC_MOVE,       AK_SHAPE, 1)         \
     X(TAKE_ALONG,  "take_along",  2, OC_MOVE,       AK_NONE,  0)         \
+    X(IM2COL,      "im2col",      1, OC_MOVE,       AK_CONV,  0)         \
+    X(COL2IM,      "col2im",      1, OC_MOVE,       AK_CONV,  1)         \
     X(REDUCE_SUM,  "reduce_sum",  1, OC_REDUCE,     AK_AXES,  1)         \
     X(REDUCE_MAX,  "reduce_max",  1, OC_REDUCE,     AK_AXES,  1)         \
     X(REDUCE_LOGSUMEXP, "reduce_logsumexp", 1, OC_REDUCE, AK_AXES, 6)     \
@@ -279,6 +284,16 @@ const char *ir_class_name(OpClass c);
  * take_along take_along(x[..., V] float, idx[...] int) -> [...] (x's dtype):
  *            result[i] = x[i, idx[i]]; an index outside [0, V) gives 0. Reads
  *            one element per row (cross-entropy's target logit).
+ * im2col     im2col(x[N, C, D1..DS] float) {kernel=k, stride=s, pad=p,
+ *            dilation=d} -> [N, O1..OS, C*k1*..*kS], S = 1 or 2 spatial dims,
+ *            Oi = (Di + 2 pi - di (ki - 1) - 1) / si + 1 >= 1: the patches of
+ *            a convolution, one row per output position. The last axis is
+ *            row-major over [C, k1..kS]: result[n, o.., (c, j..)] = x[n, c,
+ *            o1 s1 - p1 + j1 d1, ..] (0 where that falls outside x). A
+ *            convolution is this times a weight [Cout, C*k1*..*kS]^T (GEMM).
+ * col2im     col2im(cols[N, O1..OS, C*k1*..*kS]) {as im2col} -> [N, C, D1..DS]
+ *            (attr.shape): im2col's adjoint, the sum of every column element
+ *            at the x element im2col read it from (im2col's gradient).
  * reduce_*   over axes ia[0..nia); reduced dims kept as 1
  * reduce_logsumexp  log(sum(exp(x))) over the axes, float only: m + log(sum
  *            exp(x - m)) with m the max (-inf when every element is -inf;
@@ -574,6 +589,18 @@ typedef struct {
  * ir_infer). */
 void ir_attn_layout(const Graph *g, const Op *op, IrAttnLayout *L);
 static inline bool ir_attn_heads(const OpAttr *a) { return a->nia == 6; }
+/* conv.c: the geometry of an im2col/col2im op (AK_CONV), per spatial dim i < ns:
+ * input (image) size in[i], output positions out[i], and the attributes;
+ * n batch, c channels, kk = prod(k) (the last axis of the columns is c*kk).
+ * ir_conv_geometry fills it from the op's image shape (im2col's operand,
+ * col2im's result) and attributes; false, with err set, on bad attributes
+ * or an image too small for the kernel. */
+typedef struct {
+    int ns;
+    int64_t n, c, kk;
+    int64_t in[2], out[2], k[2], s[2], p[2], d[2];
+} IrConv;
+bool ir_conv_geometry(const Shape *img, const OpAttr *a, IrConv *cv, char *err, size_t errlen);
 /* attn.c: whether two attention-family ops' attributes are all equal
  * (causal, scale and, in the head layout, heads, hd and the offsets): the
  * ops of one attention group, as the passes and codegen pair them. */

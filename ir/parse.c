@@ -475,6 +475,8 @@ static bool build_attr(P *ps, Opcode code, const RawAttr *ra, int nra, const Sha
         keys[0] = "bucket", keys[1] = "start", keys[2] = "total", keys[3] = "nranks";
         break;
     case AK_TP: keys[0] = "axis", keys[1] = "n", keys[2] = "rank", keys[3] = "sum", nreq = 3;
+    case AK_CONV:
+        keys[0] = "kernel", keys[1] = "stride", keys[2] = "pad", keys[3] = "dilation";
         break;
     default: break;
     }
@@ -545,11 +547,29 @@ static bool build_attr(P *ps, Opcode code, const RawAttr *ra, int nra, const Sha
             if (!attr_int(ps, found[j], &a->ia[j]))
                 return false;
         break;
+    case AK_CONV: {
+        /* four lists of one length ns (1 or 2): ia = kernel, stride, pad,
+         * dilation, each ns entries */
+        int ns = found[0]->list ? found[0]->nia : 0;
+        if (ns < 1 || ns > 2)
+            return perr(ps, "%s: attribute 'kernel' must be a list of 1 or 2 sizes (expected "
+                            "kernel=[k] or kernel=[kh,kw])", info->name);
+        for (int j = 0; j < 4; j++) {
+            if (!found[j]->list || found[j]->nia != ns)
+                return perr(ps, "%s: attribute '%s' must be a list of %d entries like "
+                                "'kernel' (expected %s=[...])", info->name, keys[j], ns,
+                            keys[j]);
+            memcpy(a->ia + j * ns, found[j]->ia, sizeof(int64_t) * (size_t)ns);
+        }
+        a->nia = 4 * ns;
+        break;
+    }
     default: break;
     }
     /* the result type carries attr.shape and attr.dtype where the op has them */
     bool has_shape = info->attr == AK_SHAPE || info->attr == AK_VALUE ||
-                     info->attr == AK_KEY || info->attr == AK_START || code == OP_IOTA;
+                     info->attr == AK_KEY || info->attr == AK_START || code == OP_IOTA ||
+                     code == OP_COL2IM;
     if (has_shape) {
         ir_attr_set_shape(a, res);
     }

@@ -93,6 +93,20 @@ static void print_attrs(FILE *f, const Op *op)
         fprintf(f, " {ta=%lld,tb=%lld}", (long long)(a->nia > 0 ? a->ia[0] : 0),
                 (long long)(a->nia > 1 ? a->ia[1] : 0));
         break;
+    case AK_CONV: {
+        /* {kernel=[..],stride=[..],pad=[..],dilation=[..]}, one entry per
+         * spatial dim */
+        static const char *key[4] = {"kernel", "stride", "pad", "dilation"};
+        int ns = a->nia / 4;
+        fputs(" {", f);
+        for (int w = 0; w < 4; w++) {
+            if (w)
+                fputc(',', f);
+            print_list(f, key[w], a->ia + w * ns, ns);
+        }
+        fputc('}', f);
+        break;
+    }
     case AK_KEY: fprintf(f, " {key=%lld}", (long long)(a->nia ? a->ia[0] : -1)); break;
     case AK_BUCKET: fprintf(f, " {bucket=%lld}", (long long)(a->nia ? a->ia[0] : -1)); break;
     case AK_SHARD:

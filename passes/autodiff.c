@@ -542,6 +542,19 @@ static void vjp(AD *ad, const Op *op, const bool *live)
         accumulate(ad, x, bin(ad, OP_MUL, un(ad, OP_EXP, bin(ad, OP_SUB, x, yb)), gb));
         break;
     }
+    case OP_IM2COL: { /* the adjoint: col2im onto x's shape */
+        OpAttr a = shape_attr(&xs);
+        a.nia = op->attr.nia;
+        memcpy(a.ia, op->attr.ia, sizeof a.ia);
+        accumulate(ad, x, emit(ad, OP_COL2IM, &gy, 1, &a));
+        break;
+    }
+    case OP_COL2IM: {
+        OpAttr a = {.nia = op->attr.nia};
+        memcpy(a.ia, op->attr.ia, sizeof a.ia);
+        accumulate(ad, x, emit(ad, OP_IM2COL, &gy, 1, &a));
+        break;
+    }
     case OP_SCATTER_ADD: {
         int in[2] = {gy, op->in[0]};
         accumulate(ad, op->in[1], emit(ad, OP_GATHER, in, 2, NULL));

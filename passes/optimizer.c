@@ -255,9 +255,10 @@ static int emit_n(B *b, Opcode c, const int *in, int n, const OpAttr *a)
 /* The ZeRO-1 update (pass_optimizer with o->zero): the same AdamW, SGD or
  * Lion on this rank's shard of the flat order (params by gradient
  * readiness). Params below f32 keep an f32 master copy with AdamW only
- * (it needs adam.step to take it at step 0). */
-static void optimizer_zero(B *b, const PassOpts *o, ParamGrad *ps, int n, int lr, int step,
-                           int loss0, int zero)
+ * (it needs adam.step to take it at step 0). Returns the step's ok flag
+ * (u8[]: 1 when it is applied). */
+static int optimizer_zero(B *b, const PassOpts *o, ParamGrad *ps, int n, int lr, int step,
+                          int loss0, int zero)
 {
     Graph *g = b->g;
     qsort_r(ps, (size_t)n, sizeof *ps, cmp_ready, g);
@@ -429,6 +430,17 @@ static void optimizer_zero(B *b, const PassOpts *o, ParamGrad *ps, int n, int lr
     if (step >= 0)
         ir_add_update(g, step, keep_unless(b, ok, t, step));
     free(in);
+    return ok;
+}
+
+/* The script's own state updates (assign: BatchNorm's running statistics),
+ * upd[0..n), kept like the params' where the step is not applied. */
+static void keep_script_state(B *b, int ok, int n)
+{
+    for (int k = 0; k < n; k++) {
+        GraphUpdate *u = &b->g->upd.v[k];
+        u->value = keep_unless(b, ok, u->value, u->target);
+    }
 }
 
 /* Output indices by name, then index. ctx: the Graph. */
@@ -794,7 +806,7 @@ bool pass_optimizer(Graph *g, const PassOpts *o, Diag *d)
         step = ir_add_input(g, TK_STATE, "adam.step", scalar, zeros);
     else if (o->optimizer == PASS_OPT_ADAFACTOR)
         step = ir_add_input(g, TK_STATE, "adafactor.step", scalar, zeros);
-    int loss = ir_find_output(g, "loss"), chain0 = g->ops.n;
+    int loss = ir_find_output(g, "loss"), chain0 = g->ops.n, nscript = g->upd.n;
     if (g->t.v[loss].s.dtype != DT_F32) {
         OpAttr a = {.dtype = DT_F32};
         loss = emit(&b, OP_CAST, loss, -1, &a);
@@ -803,7 +815,7 @@ bool pass_optimizer(Graph *g, const PassOpts *o, Diag *d)
     int loss0 = bin(&b, OP_MUL, loss, zero); /* 0, or NaN for a non-finite loss */
     poison_smallest(&b, ps.v, ps.n, loss0, chain0);
     if (o->zero) {
-        optimizer_zero(&b, o, ps.v, ps.n, lr, step, loss0, zero);
+        keep_script_state(&b, optimizer_zero(&b, o, ps.v, ps.n, lr, step, loss0, zero), nscript);
         vec_free(&ps);
         ir_compact(g);
         return true;
@@ -855,6 +867,7 @@ bool pass_optimizer(Graph *g, const PassOpts *o, Diag *d)
         update_param(&b, o, &c, &ps.v[i]);
     if (step >= 0)
         ir_add_update(g, step, keep_unless(&b, c.ok, c.t, step));
+    keep_script_state(&b, c.ok, nscript);
     vec_free(&ps);
     shard_states(g);
     ir_compact(g);

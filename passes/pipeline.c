@@ -104,7 +104,9 @@ static void graph_marks(const Graph *g, char found[MK__N][160])
         if (strncmp(g->outs.v[i].name, "grad.", 5) == 0)
             SET(MK_AUTODIFF, "output \"%s\"", g->outs.v[i].name);
     for (int i = 0; i < g->upd.n; i++) {
-        int t = g->upd.v[i].target;
+        int t = g->upd.v[i].target; /* a script's own state (assign) is no mark */
+        if (t >= 0 && t < g->t.n && g->t.v[t].kind == TK_STATE)
+            continue;
         SET(MK_OPTIMIZER, "update of \"%s\"",
             t >= 0 && t < g->t.n && g->t.v[t].name ? g->t.v[t].name : "?");
     }

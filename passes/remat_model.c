@@ -15,10 +15,10 @@
  * policies are keep sets (pass_remat_policy_keep).
  *
  * Cost model (fusion-aware roofline, REMAT_FLOPS and REMAT_BW): matmuls,
- * reductions, gathers and scatters take max(flops/F, bytes/BW); elementwise
- * and data-movement ops fuse into their consumers and take flops/F, plus the
- * write of their result when a consumer cannot fuse it (a matmul, gather or
- * scatter); reshapes are free.
+ * reductions, gathers, scatters, im2col and col2im take max(flops/F,
+ * bytes/BW); elementwise and data-movement ops fuse into their consumers and
+ * take flops/F, plus the write of their result when a consumer cannot fuse
+ * it (a matmul, gather, scatter, im2col or col2im); reshapes are free.
  *
  * Layers (for the full and selective policies) come from param names: the
  * first all-digit component of a dotted name ends the layer key ("h.3.attn.w"
@@ -52,7 +52,7 @@ static bool unfusable_consumer(const Op *op)
 {
     OpClass c = ir_opinfo[op->code].cls;
     return c == OC_GEMM || c == OC_ATTN || op->code == OP_GATHER ||
-           op->code == OP_SCATTER_ADD;
+           op->code == OP_SCATTER_ADD || op->code == OP_IM2COL || op->code == OP_COL2IM;
 }
 
 /* Predicted time of one op (see the cost model at the top). materialized: some
@@ -64,7 +64,7 @@ static double op_time(const Graph *g, const Op *op, bool materialized)
     if (op->code == OP_RESHAPE)
         return 0;
     if (c == OC_GEMM || c == OC_ATTN || c == OC_REDUCE || op->code == OP_GATHER ||
-        op->code == OP_SCATTER_ADD) {
+        op->code == OP_SCATTER_ADD || op->code == OP_IM2COL || op->code == OP_COL2IM) {
         double a = f / REMAT_FLOPS, b = ir_op_bytes(g, op) / REMAT_BW;
         return a > b ? a : b;
     }

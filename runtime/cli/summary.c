@@ -9,6 +9,7 @@
 #include "cg_cuda.h"
 #include "codegen.h"
 #include "cpu.h"
+#include "train.h"
 
 void cli_print_warnings(const Model *m)
 {
@@ -85,6 +86,11 @@ void cli_print_summary(const Model *m, const Graph *fwd_g, const Graph *g, const
     }
     cli_human_count((double)nparams, b0, sizeof b0);
     printf("  %d tensors, %lld params (%s)\n", ntensors, (long long)nparams, b0);
+    /* the model's own state (state(): BatchNorm's running statistics) */
+    for (int i = 0, n = 0; i < g->t.n; i++)
+        if (rt_model_state(&g->t.v[i]))
+            printf("%s  %-32s %s\n", n++ ? "" : "state (not trained; saved with the params):\n",
+                   g->t.v[i].name, shape_str(g, &g->t.v[i].s, sb, sizeof sb));
 
     int per_class[OC__COUNT] = {0}, fwd_ops = 0, bwd_ops = 0, opt_ops = 0, rec_ops = 0;
     for (int i = 0; i < g->ops.n; i++) {

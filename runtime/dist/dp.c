@@ -224,7 +224,7 @@ bool rt_dp_build(RtDp *dp, const Graph *model, const PassOpts *po, const ExecOpt
     for (int i = 0; i < tg->t.n; i++) {
         const Tensor *t = &tg->t.v[i];
         dp->param_pair[i] = -1;
-        if (t->kind == TK_PARAM ||
+        if (t->kind == TK_PARAM || rt_model_state(t) ||
             (t->kind == TK_STATE && strncmp(t->name, "accum.", 6) == 0))
             dp->param_pair[i] = ir_find_tensor(dp->mg, t->name);
     }
@@ -332,7 +332,9 @@ bool rt_dp_step(RtDp *dp, Exec *te, const Graph *tg, const DataBatch *global, ui
             if (m < 0)
                 continue;
             const Tensor *t = &tg->t.v[i];
-            if (t->kind == TK_PARAM && dp->gbucket[i] < 0) {
+            if ((t->kind == TK_PARAM && dp->gbucket[i] < 0) || rt_model_state(t)) {
+                /* model state (BatchNorm's) goes through the micro-batches
+                 * and back (below) as one forward after another would */
                 copy_tensor(te, i, dp->me, m, tg, &buf, &cap);
             } else if (t->kind != TK_PARAM) {
                 size_t n = (size_t)shape_numel(&t->s) * (size_t)dtype_size(t->s.dtype);

@@ -83,15 +83,16 @@ RtZero *rt_zero_open(const Graph *tg)
     free(pos);
     if (z->n == 0)
         die("rt_zero_open: the step has sharded state but no all_gather");
-    /* the full view: params and adam.step as in tg, then the moments */
+    /* the full view: params, model state and adam.step as in tg, then the
+     * moments */
     z->full = ir_new();
     z->full_of = xmalloc(sizeof(int) * (size_t)(tg->t.n + 1));
     VEC(void *) vals = {0};
     for (int i = 0; i < tg->t.n; i++) {
         const Tensor *t = &tg->t.v[i];
         z->full_of[i] = -1;
-        if (t->op >= 0 || !(t->kind == TK_PARAM || (t->kind == TK_STATE && t->name &&
-                                                    strcmp(t->name, "adam.step") == 0)))
+        if (t->op >= 0 || !(t->kind == TK_PARAM || rt_model_state(t) ||
+                            (t->kind == TK_STATE && t->name && strcmp(t->name, "adam.step") == 0)))
             continue;
         z->full_of[i] = ir_add_input(z->full, t->kind, t->name, t->s, t->init);
         z->full->t.v[z->full_of[i]].shard = t->shard;

@@ -36,9 +36,23 @@ static bool is_accumulator(const Tensor *t)
     return t->kind == TK_STATE && strncmp(t->name, "accum.", 6) == 0;
 }
 
+bool rt_model_state(const Tensor *t)
+{
+    static const char *opt[] = {"adam.", "sgd.", "lion.", "adafactor.", "accum."};
+    if (t->kind != TK_STATE || t->op >= 0 || !t->name)
+        return false;
+    for (size_t i = 0; i < sizeof opt / sizeof opt[0]; i++)
+        if (strncmp(t->name, opt[i], strlen(opt[i])) == 0)
+            return false;
+    return true;
+}
+
+/* checkpoints: params and every state but accumulators; weights: params
+ * and model state */
 static bool saved_kind(const Tensor *t, bool with_state)
 {
-    return t->kind == TK_PARAM || (with_state && t->kind == TK_STATE && !is_accumulator(t));
+    return t->kind == TK_PARAM ||
+           (t->kind == TK_STATE && (with_state ? !is_accumulator(t) : rt_model_state(t)));
 }
 
 /* Index of the first NaN or Inf among the n elements at p when dt is a
@@ -88,7 +102,7 @@ static bool save(const char *path, const Graph *g, void *const *vals, const Ckpt
             snprintf(d->msg, sizeof d->msg,
                      "%s: not written: %s \"%s\" holds %s at index %lld (expected finite "
                      "values; the run has diverged)",
-                     path, t->kind == TK_PARAM ? "param" : "optimizer state", t->name, what,
+                     path, t->kind == TK_PARAM ? "param" : rt_model_state(t) ? "state" : "optimizer state", t->name, what,
                      (long long)k);
             return false;
         }

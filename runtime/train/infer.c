@@ -144,7 +144,7 @@ static bool load_weights(Inf *f, Diag *d)
     }
     for (int i = 0; i < f->eg->t.n; i++) {
         const Tensor *t = &f->eg->t.v[i];
-        if (t->kind != TK_PARAM)
+        if (t->kind != TK_PARAM && !rt_model_state(t))
             continue;
         int src = ir_find_tensor(g, t->name);
         if (src < 0 || !f->vals[src])

@@ -320,7 +320,7 @@ static void params_to_eval(Run *r)
     pull_state(r);
     for (int i = 0; i < r->eg->t.n; i++) {
         const Tensor *t = &r->eg->t.v[i];
-        if (t->kind != TK_PARAM)
+        if (t->kind != TK_PARAM && !rt_model_state(t)) /* BatchNorm's running stats too */
             continue;
         int src = ir_find_tensor(r->tg, t->name);
         if (src < 0 || !r->vals[src])

@@ -215,7 +215,12 @@ bool rt_ckpt_save(const char *path, const Graph *g, void *const *vals, const Ckp
  * zeroes them, so a checkpoint resumes with any grad_accum. */
 bool rt_ckpt_load(const char *path, const Graph *g, void **vals, CkptMeta *m, Diag *d);
 bool rt_weights_save(const char *path, const Graph *g, void *const *vals, Diag *d);
-/* Loads every param of g by name from a weights or checkpoint file. Loading
+/* Whether t is state the model script declared (state(), BatchNorm's
+ * running statistics), not the optimizer's or an accumulator: weights
+ * files hold it beside the params, and evaluation reads it. */
+bool rt_model_state(const Tensor *t);
+/* Loads every param (and model state) of g by name from a weights or
+ * checkpoint file. Loading
  * refuses a NaN or Inf in any tensor it restores, and saving refuses to
  * write one (nothing written): "PATH: tensor "NAME" holds NaN at index K". */
 bool rt_weights_load(const char *path, const Graph *g, void **vals, Diag *d);

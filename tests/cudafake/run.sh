@@ -60,6 +60,14 @@ steps=3
 args=(--steps "$steps" --set log_every=1 --set eval_every=1000000 --set eval_batches=1
       --set eps=1e-6)
 [ "$model" = addition ] && args+=(--set batch=8)
+if [ "$model" = cnn ]; then # data = "tensors": 8x8 images of oriented bars
+    . "$ROOT/tests/cli/lib/arrays.sh"
+    bars_xy 160 5 "$T/x.raw" "$T/y.raw"
+    mkdir "$T/bars"
+    npy_file "$T/bars/x.npy" 1 '<f4' '(160, 1, 8, 8)' "$T/x.raw"
+    npy_file "$T/bars/y.npy" 1 '<i4' '(160,)' "$T/y.raw"
+    args+=(--set data_path="$T/bars")
+fi
 ltol=1e-4 wtol=1e-4 negative="" cuda_env=() both_env=()
 case $case in
 f32) ;;

@@ -392,7 +392,32 @@ static void test_moves(void **state)
     int si[2] = {idx, src};
     OpAttr sa = {.rank = 2, .shape = {6, 3}};
     out(g, "scatter_add", opa(g, OP_SCATTER_ADD, si, 2, sa));
-    check_graph(g, 1e-7);
+    /* im2col and col2im: 2d with stride, padding and dilation; 1d */
+    int64_t dimg[4] = {2, 3, 7, 6}, dcol[4] = {2, 4, 2, 18}, d1[3] = {2, 3, 9};
+    int img = in_t(g, TK_INPUT, "img", DT_F32, 4, dimg);
+    int cols = in_t(g, TK_INPUT, "cols", DT_F32, 4, dcol);
+    int x1 = in_t(g, TK_INPUT, "x1", DT_F32, 3, d1);
+    OpAttr cv = {.nia = 8, .ia = {3, 2, 2, 3, 1, 0, 1, 2}};
+    out(g, "im2col", opa(g, OP_IM2COL, &img, 1, cv));
+    OpAttr ci = cv;
+    ci.rank = 4;
+    memcpy(ci.shape, dimg, sizeof dimg);
+    out(g, "col2im", opa(g, OP_COL2IM, &cols, 1, ci));
+    OpAttr c1 = {.nia = 4, .ia = {3, 2, 2, 1}};
+    int p1 = opa(g, OP_IM2COL, &x1, 1, c1);
+    out(g, "im2col_1d", p1);
+    OpAttr c1b = c1;
+    c1b.rank = 3;
+    memcpy(c1b.shape, d1, sizeof d1);
+    out(g, "col2im_1d", opa(g, OP_COL2IM, &p1, 1, c1b));
+    /* kernel below the stride (image elements no window reads), padding:
+     * col2im by output position */
+    int64_t dimg2[4] = {1, 2, 8, 7}, dcol2[4] = {1, 3, 4, 12};
+    int cols2 = in_t(g, TK_INPUT, "cols2", DT_F32, 4, dcol2);
+    OpAttr c2 = {.nia = 8, .ia = {2, 3, 3, 2, 1, 1, 1, 1}, .rank = 4};
+    memcpy(c2.shape, dimg2, sizeof dimg2);
+    out(g, "col2im_skip", opa(g, OP_COL2IM, &cols2, 1, c2));
+    check_graph(g, 1e-6);
     ir_free(g);
 }
 

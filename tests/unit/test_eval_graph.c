@@ -3,6 +3,7 @@
 #include "frontend.h"
 #include "testutil.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -94,10 +95,128 @@ static void test_interface_mismatch(void **state)
     free(dir);
 }
 
+/* Interprets g with the named tensors set (x, bn.weight, bn.bias,
+ * bn.running_mean, bn.running_var); returns the value table. */
+static double **run_bn(const Graph *g, const double *x, const double *w, const double *b,
+                       const double *rm, const double *rv)
+{
+    double **val = ir_interp_alloc(g);
+    const char *name[5] = {"x", "bn.weight", "bn.bias", "bn.running_mean", "bn.running_var"};
+    const double *src[5] = {x, w, b, rm, rv};
+    for (int k = 0; k < 5; k++) {
+        int t = ir_find_tensor(g, name[k]);
+        assert_true(t >= 0);
+        int64_t n = shape_numel(&g->t.v[t].s);
+        val[t] = xmalloc(sizeof(double) * (size_t)n);
+        memcpy(val[t], src[k], sizeof(double) * (size_t)n);
+    }
+    InterpOpts o = {0};
+    ir_interp(g, val, &o);
+    return val;
+}
+
+/* nn.BatchNorm on x [N=4, C=2, L=3]: the training graph normalises with the
+ * batch's statistics per channel and assigns running_mean <- (1 - m) rm + m
+ * mean, running_var <- (1 - m) rv + m var * n / (n - 1) (n = 12); the
+ * evaluation graph normalises with the state and assigns nothing. */
+static void test_batchnorm(void **state)
+{
+    (void)state;
+    static const char script[] =
+        "local x = input('x', {4, 2, 3})\n"
+        "local bn = nn.BatchNorm('bn', 2, {momentum = 0.25, eps = 1e-3})\n"
+        "local y = bn(x)\n"
+        "minimize((y * y):sum())\n"
+        "output('y', y)\n";
+    char err[2048] = "";
+    Model *m = fe_load_model_text("bn.lua", script, sizeof script - 1, NULL, 0, err, sizeof err);
+    if (!m)
+        fail_msg("%s", err);
+    assert_non_null(m->eval_g);
+    assert_int_equal(m->g->upd.n, 2);
+    assert_int_equal(m->eval_g->upd.n, 0);
+    double x[24], w[2] = {1.5, -0.5}, b[2] = {0.25, 2}, rm[2] = {0.1, -0.2}, rv[2] = {0.9, 1.7};
+    for (int i = 0; i < 24; i++)
+        x[i] = (double)((i * 7) % 11) * 0.3 - 1.0 + (i % 3) * 0.05;
+    double mean[2] = {0, 0}, var[2] = {0, 0};
+    for (int i = 0; i < 24; i++)
+        mean[i / 3 % 2] += x[i] / 12;
+    for (int i = 0; i < 24; i++)
+        var[i / 3 % 2] += (x[i] - mean[i / 3 % 2]) * (x[i] - mean[i / 3 % 2]) / 12;
+    double **val = run_bn(m->g, x, w, b, rm, rv);
+    const Graph *g = m->g;
+    for (int k = 0; k < 2; k++) {
+        const GraphUpdate *u = &g->upd.v[k];
+        int c0 = strcmp(g->t.v[u->target].name, "bn.running_mean") == 0;
+        for (int c = 0; c < 2; c++) {
+            double want = c0 ? 0.75 * rm[c] + 0.25 * mean[c]
+                             : 0.75 * rv[c] + 0.25 * var[c] * 12.0 / 11.0;
+            if (fabs(val[u->value][c] - want) > 1e-12)
+                fail_msg("%s[%d] = %.17g (expected %.17g)", g->t.v[u->target].name, c,
+                         val[u->value][c], want);
+        }
+    }
+    /* training normalises with the batch's statistics: the loss sum(y^2) */
+    double loss = 0;
+    for (int i = 0; i < 24; i++) {
+        int c = i / 3 % 2;
+        double yi = (x[i] - mean[c]) / sqrt(var[c] + 1e-3) * w[c] + b[c];
+        loss += yi * yi;
+    }
+    int lt = ir_find_output(g, "loss");
+    assert_true(lt >= 0);
+    if (fabs(val[lt][0] - loss) > 1e-10 * loss)
+        fail_msg("training loss %.17g (expected %.17g)", val[lt][0], loss);
+    ir_interp_free(g, val);
+    /* evaluation: the running statistics */
+    val = run_bn(m->eval_g, x, w, b, rm, rv);
+    int y = ir_find_output(m->eval_g, "y");
+    assert_true(y >= 0);
+    for (int i = 0; i < 24; i++) {
+        int c = i / 3 % 2;
+        double want = (x[i] - rm[c]) / sqrt(rv[c] + 1e-3) * w[c] + b[c];
+        if (fabs(val[y][i] - want) > 1e-12)
+            fail_msg("eval y[%d] = %.17g (expected %.17g)", i, val[y][i], want);
+    }
+    ir_interp_free(m->eval_g, val);
+    fe_model_free(m);
+}
+
+/* state() and assign(): misuse is an error at the script's line */
+static void test_assign_errors(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *text, *want;
+    } cases[] = {
+        {"local s = state('s', {2}, zeros())\nassign(s, x)\n", "bn.lua:2: assign: the value does"},
+        {"assign(x, x)\n", "bn.lua:1: assign: the first argument must be a tensor made by state()"},
+        {"local s = state('s', {4}, zeros())\nassign(s, x)\nassign(s, x)\n",
+         "bn.lua:3: assign: state 's' is assigned twice"},
+        {"local s = state('adam.s', {4}, zeros())\n", "reserved for the optimizer"},
+        {"local s = state('s', {4}, zeros(), 'i32')\n", "state must be float"},
+        {"local bn = nn.BatchNorm('bn', 4)\nlocal a = bn(x:reshape{1, 4}) + bn(x:reshape{1, 4})\n",
+         "bn.lua:2: nn.BatchNorm: a BatchNorm layer may be called once per step"},
+        {"nn.BatchNorm('bn', 4, {momentun = 0.1})\n", "did you mean 'momentum'?"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *text = xasprintf("local x = input('x', {4}); %sminimize(x:sum())\n", cases[i].text);
+        char err[2048] = "";
+        Model *m = fe_load_model_text("bn.lua", text, strlen(text), NULL, 0, err, sizeof err);
+        if (m)
+            fail_msg("case %zu: loaded (expected an error with '%s')", i, cases[i].want);
+        if (!strstr(err, cases[i].want))
+            fail_msg("case %zu: expected '%s', got: %s", i, cases[i].want, err);
+        free(text);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dropout_off_in_eval),
+        cmocka_unit_test(test_batchnorm),
+        cmocka_unit_test(test_assign_errors),
         cmocka_unit_test(test_interface_mismatch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

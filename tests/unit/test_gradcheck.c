@@ -459,7 +459,68 @@ static int b_attention_qkv(Ctx *c, int v)
     return op1(c, OP_RESHAPE, op1(c, OP_PERMUTE, o, &perm), &m);
 }
 
+/* im2col / col2im {kernel, stride, pad, dilation}: variant -> 1d or 2d,
+ * strides that skip input elements, padding, dilation, a kernel as large
+ * as the padded image. col2im's operand is a param of the column shape. */
+static const struct {
+    int ns;
+    int64_t dim[4], k[2], s[2], p[2], d[2];
+} conv_v[] = {
+    {2, {2, 3, 5, 4}, {3, 3}, {1, 1}, {1, 1}, {1, 1}},
+    {2, {1, 2, 7, 6}, {3, 2}, {2, 3}, {1, 0}, {1, 2}},
+    {1, {2, 3, 9, 0}, {3, 0}, {2, 0}, {2, 0}, {2, 0}},
+    {2, {1, 1, 3, 3}, {5, 4}, {1, 1}, {1, 1}, {1, 1}},
+};
+
+static OpAttr conv_attr(int v)
+{
+    int ns = conv_v[v].ns;
+    OpAttr a = {.nia = 4 * ns};
+    for (int i = 0; i < ns; i++) {
+        a.ia[i] = conv_v[v].k[i];
+        a.ia[ns + i] = conv_v[v].s[i];
+        a.ia[2 * ns + i] = conv_v[v].p[i];
+        a.ia[3 * ns + i] = conv_v[v].d[i];
+    }
+    return a;
+}
+
+static int b_im2col(Ctx *c, int v)
+{
+    OpAttr a = conv_attr(v);
+    int x = param(c, "x", shp(DT_F32, conv_v[v].ns + 2, conv_v[v].dim));
+    return op1(c, OP_IM2COL, x, &a);
+}
+
+static int b_col2im(Ctx *c, int v)
+{
+    Shape img = shp(DT_F32, conv_v[v].ns + 2, conv_v[v].dim), cols;
+    OpAttr a = conv_attr(v);
+    char err[300];
+    assert_true(ir_infer(c->g, OP_IM2COL, (int[]){ir_add_input(c->g, TK_INPUT, "img", img,
+                                                                 (ParamInit){0})},
+                         1, &a, &cols, err, sizeof err));
+    int x = param(c, "cols", cols);
+    ir_attr_set_shape(&a, &img);
+    return op1(c, OP_COL2IM, x, &a);
+}
+
+/* a convolution as nn.conv2d builds it: im2col, then a GEMM with the
+ * weight [Cout, C*K] transposed */
+static int b_conv(Ctx *c, int v)
+{
+    OpAttr a = conv_attr(v);
+    int x = param(c, "x", shp(DT_F32, conv_v[v].ns + 2, conv_v[v].dim));
+    int cols = op1(c, OP_IM2COL, x, &a);
+    const Shape *cs = &c->g->t.v[cols].s;
+    int w = param(c, "w", F32(2, 4, cs->dim[cs->rank - 1]));
+    OpAttr mm = {.nia = 2, .ia = {0, 1}};
+    return ir_op_x(c->g, OP_MATMUL, (int[]){cols, w}, 2, &mm, here(__LINE__));
+}
+
 static const Case cases[] = {
+    {"im2col", b_im2col, 4, D_ANY},    {"col2im", b_col2im, 4, D_ANY},
+    {"conv", b_conv, 4, D_ANY},
     {"logsumexp", b_logsumexp, 3, D_ANY}, {"take_along", b_take_along, 1, D_ANY},
     {"xent_lse", b_xent_lse, 1, D_ANY},
     {"unary", b_unary, 13, D_ANY},     {"binary", b_binary, 14, D_ANY},

@@ -302,6 +302,36 @@ static void test_gather_scatter(void **state)
     finish(&r);
 }
 
+/* im2col's patches (c-major, then kernel rows), padding read as 0,
+ * strides and dilation; col2im sums each column element back where it was
+ * read (of ones: how many windows cover each pixel) */
+static void test_im2col(void **state)
+{
+    (void)state;
+    Run r = start("kiln-ir v2\n"
+                  "%0:f32[1,1,3,3] = input \"x\"\n"
+                  "%1:f32[1,2,5] = input \"x1\"\n"
+                  "%2:f32[1,2,2,4] = input \"ones\"\n"
+                  "%3:f32[1,2,2,4] = im2col %0 {kernel=[2,2],stride=[1,1],pad=[0,0],"
+                  "dilation=[1,1]}\n"
+                  "%4:f32[1,2,2,4] = im2col %0 {kernel=[2,2],stride=[2,2],pad=[1,1],"
+                  "dilation=[1,1]}\n"
+                  "%5:f32[1,3,4] = im2col %1 {kernel=[2],stride=[1],pad=[0],dilation=[2]}\n"
+                  "%6:f32[1,1,3,3] = col2im %2 {kernel=[2,2],stride=[1,1],pad=[0,0],"
+                  "dilation=[1,1]}\n"
+                  "output \"plain\" %3\noutput \"padded\" %4\noutput \"dilated\" %5\n"
+                  "output \"count\" %6\nend\n");
+    set(&r, "x", D(1, 2, 3, 4, 5, 6, 7, 8, 9));
+    set(&r, "x1", D(1, 2, 3, 4, 5, 10, 20, 30, 40, 50));
+    set(&r, "ones", D(1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1));
+    go(&r, 0, 0);
+    EXPECT(&r, "plain", 1, 2, 4, 5, 2, 3, 5, 6, 4, 5, 7, 8, 5, 6, 8, 9);
+    EXPECT(&r, "padded", 0, 0, 0, 1, 0, 0, 2, 3, 0, 4, 0, 7, 5, 6, 8, 9);
+    EXPECT(&r, "dilated", 1, 3, 10, 30, 2, 4, 20, 40, 3, 5, 30, 50);
+    EXPECT(&r, "count", 1, 2, 1, 2, 4, 2, 1, 2, 1);
+    finish(&r);
+}
+
 static void test_reduce(void **state)
 {
     (void)state;
@@ -436,6 +466,7 @@ int main(void)
         cmocka_unit_test(test_const_iota_broadcast),
         cmocka_unit_test(test_movement),
         cmocka_unit_test(test_gather_scatter),
+        cmocka_unit_test(test_im2col),
         cmocka_unit_test(test_reduce),
         cmocka_unit_test(test_matmul),
         cmocka_unit_test(test_random),

@@ -139,6 +139,11 @@ static Graph *build_all(void)
     OP(g, OP_TP_ALL_GATHER, ((OpAttr){.ia = {1, 2, 1}, .nia = 3}), x);
     OP(g, OP_TP_ALL_GATHER, ((OpAttr){.ia = {2, 2, 1, 1}, .nia = 4}), x);
     OP(g, OP_TP_REDUCE_SCATTER, ((OpAttr){.ia = {2, 2, 1}, .nia = 3}), x);
+    /* im2col and col2im, 1d and 2d (after every id printed above) */
+    int cols = OP(g, OP_IM2COL, ((OpAttr){.ia = {2, 1, 1, 2}, .nia = 4}), x);
+    OP(g, OP_COL2IM, ((OpAttr){.ia = {2, 1, 1, 2}, .nia = 4, .rank = 3, .shape = {2, 3, 4}}), cols);
+    int x4 = OP(g, OP_RESHAPE, ((OpAttr){.rank = 4, .shape = {2, 3, 2, 2}}), x);
+    OP(g, OP_IM2COL, ((OpAttr){.ia = {2, 1, 2, 1, 0, 1, 1, 1}, .nia = 8}), x4);
     ir_add_output(g, "loss", loss);
     ir_add_output(g, "grad.wte", sc);
     ir_add_update(g, wte, sc);
@@ -298,6 +303,10 @@ static void test_print_format(void **state)
         ":f32[B,6,C] = tp_all_gather %6 {axis=1,n=2,rank=1}\n",
         ":f32[B,T,8] = tp_all_gather %6 {axis=2,n=2,rank=1,sum=1}\n",
         ":f32[B,T,2] = tp_reduce_scatter %6 {axis=2,n=2,rank=1}\n",
+        ":f32[B,4,6] = im2col %6 {kernel=[2],stride=[1],pad=[1],dilation=[2]}\n",
+        ":f32[B,3,4] = col2im %",
+        ":f32[B,1,4,6] = im2col %",
+        " {kernel=[2,1],stride=[2,1],pad=[0,1],dilation=[1,1]}\n",
         "output \"loss\" %",
         "update %0 <- %",
         "update %2 <- %",

@@ -567,9 +567,62 @@ static void test_other_optimizers_guard_and_frozen(void **state)
             }
 }
 
+/* A script's own state (nn.BatchNorm's running statistics, assign) keeps
+ * the optimizer's guard too: a step not applied (NaN loss) leaves it
+ * bit-identical; an applied one moves it. AdamW, and zero = 1's path. */
+static void test_script_state_guarded(void **state)
+{
+    (void)state;
+    static const char script[] = "local x = input('x', {4, 3})\n"
+                                 "local h = nn.BatchNorm('bn', 3)(x)\n"
+                                 "minimize(nn.Linear('fc', 3, 2)(h):sum())\n";
+    for (int zero = 0; zero < 2; zero++)
+        for (int nan = 0; nan < 2; nan++) {
+            char err[2048] = "";
+            Model *m =
+                fe_load_model_text("bn.lua", script, sizeof script - 1, NULL, 0, err, sizeof err);
+            if (!m)
+                fail_msg("%s", err);
+            Graph *g = m->g;
+            PassOpts o;
+            pass_opts_default(&o);
+            o.zero = zero;
+            Diag d = {{0}};
+            if (!pass_autodiff(g, &o, &d) || !pass_optimizer(g, &o, &d))
+                fail_msg("zero %d: %s", zero, d.msg);
+            double **val = ir_interp_alloc(g);
+            for (int i = 0; i < g->t.n; i++) {
+                const Tensor *t = &g->t.v[i];
+                if (t->op >= 0)
+                    continue;
+                int64_t n = shape_numel(&t->s);
+                val[i] = xcalloc((size_t)(n ? n : 1), sizeof(double));
+                for (int64_t k = 0; k < n; k++)
+                    val[i][k] = 0.1 * (double)((i * 7 + k * 3) % 11) - 0.45;
+            }
+            val[tensor(g, "%s", "lr")][0] = 0.01;
+            if (nan)
+                val[tensor(g, "%s", "x")][5] = NAN;
+            int rm = tensor(g, "%s", "bn.running_mean"), rv = tensor(g, "%s", "bn.running_var");
+            double *b0 = dup(val[rm], 3), *b1 = dup(val[rv], 3);
+            ir_interp(g, val, &(InterpOpts){.seed = 1});
+            ir_interp_apply_updates(g, val);
+            bool same = memcmp(b0, val[rm], sizeof(double) * 3) == 0 &&
+                        memcmp(b1, val[rv], sizeof(double) * 3) == 0;
+            if (same != (nan != 0))
+                fail_msg("zero %d, %s loss: the running statistics %s", zero,
+                         nan ? "NaN" : "finite", same ? "did not move" : "changed");
+            free(b0);
+            free(b1);
+            ir_interp_free(g, val);
+            fe_model_free(m);
+        }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_script_state_guarded),
         cmocka_unit_test(test_clip_active),
         cmocka_unit_test(test_clip_inactive),
         cmocka_unit_test(test_no_clip_other_betas),

@@ -71,3 +71,34 @@ blob_xy() {
     printf "$xs" > "$xf"
     printf "$ys" > "$yf"
 }
+
+# bars_xy N SEED XRAW YRAW [S]
+#   N images f32[N,1,S,S] (S default 8) of 3 classes: a bar of 3 bright
+#   pixels (1.0), class 0 horizontal, 1 vertical, 2 diagonal, at a random
+#   place, over background noise from {0, 0.25, 0.5}; y i32[N] = the class.
+#   Where the bar lies varies, so no fixed pixel tells the class: a
+#   convolution's shared filters do (models/cnn.lua).
+bars_xy() {
+    local n=$1 xf=$3 yf=$4 s=${5:-8}
+    RANDOM=$2
+    local f=('\000\000\000\000' '\000\000\200\076' '\000\000\000\077') one='\000\000\200\077'
+    : > "$xf"
+    : > "$yf"
+    local ys=''
+    for ((i = 0; i < n; i++)); do
+        local c=$((RANDOM % 3)) r0=$((RANDOM % (s - 2))) c0=$((RANDOM % (s - 2)))
+        local dr=$((c == 0 ? 0 : 1)) dc=$((c == 1 ? 0 : 1))
+        local -A bar=()
+        for ((k = 0; k < 3; k++)); do bar[$((r0 + k * dr)),$((c0 + k * dc))]=1; done
+        local xs=''
+        for ((r = 0; r < s; r++)); do
+            for ((q = 0; q < s; q++)); do
+                if [ -n "${bar[$r,$q]:-}" ]; then xs="$xs$one"; else xs="$xs${f[RANDOM % 3]}"; fi
+            done
+        done
+        unset bar
+        printf "$xs" >> "$xf"
+        ys="$ys\\00$c\\000\\000\\000"
+    done
+    printf "$ys" > "$yf"
+}

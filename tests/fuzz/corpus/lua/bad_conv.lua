@@ -1,0 +1,8 @@
+local x = input("x", {2, 3, 6, 6})
+local c = nn.Conv2d("c", 3, 4, {3, 3}, {stride = {1, 2}, padding = 1, groups = 1})
+local s = state("s", {4}, zeros())
+local y = nn.BatchNorm("bn", 4)(c(x))
+assign(s, y:mean({0, 2, 3}):reshape{4})
+local p = nn.MaxPool2d(2, {padding = 1})(y)
+local q = im2col(p, {2, 7}, 1, {0, 9}, 2) + im2col(p, {9, 7})
+minimize(q:sum())
