@@ -475,6 +475,7 @@ static bool build_attr(P *ps, Opcode code, const RawAttr *ra, int nra, const Sha
         keys[0] = "bucket", keys[1] = "start", keys[2] = "total", keys[3] = "nranks";
         break;
     case AK_TP: keys[0] = "axis", keys[1] = "n", keys[2] = "rank", keys[3] = "sum", nreq = 3;
+        break;
     case AK_CONV:
         keys[0] = "kernel", keys[1] = "stride", keys[2] = "pad", keys[3] = "dilation";
         break;
