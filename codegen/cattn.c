@@ -315,6 +315,9 @@ bool cg_c_attn_folded(const CgAttn *a)
 int64_t cg_attn_work(const CgAttn *a)
 {
     int64_t pairs = a->causal ? a->Tq * (a->Tq + 1) / 2 : a->Tq * a->Tk;
+    int64_t W = a->lay.window;
+    if (W > 0 && W < a->Tq) /* a causal window: rows i >= W keep W keys */
+        pairs = W * (W + 1) / 2 + (a->Tq - W) * W;
     if (cg_c_attn_folded(a)) /* the dk/dv kernel's five products a pair; dq's none */
         return a->kind == CG_ATTN_DQ ? 0 : a->batch * pairs * (5 * (a->D + a->Dv) + 40);
     return a->batch * pairs * (2 * a->D + 2 * a->Dv + 20);

@@ -879,8 +879,10 @@ bool cg_print_cuda_attn(CgBuf *b, const CgCudaAttn *a, const char *name, CgCudaF
             long long v = f == 0 ? t->bs : f == 1 ? t->hs : f == 2 ? t->off : t->rs;
             cg_printf(&lay, "%s%lldLL%s", x ? ", " : "", v, x < 7 ? "" : f < 3 ? "}, {" : "}");
         }
-    cg_printf(&lay, ", %lld, %lld, %lld, %lld};\n", (long long)(L.g > 1 ? L.g : 1),
-              (long long)(L.nhk > 1 ? L.nhk : 1), (long long)L.window, (long long)L.ah);
+    /* g, nhk 0 (a layout made by hand, not by ir_attn_layout): not grouped */
+    long long g = L.g > 1 ? L.g : 1, nhk = L.nhk > 0 ? L.nhk : L.nh > 0 ? L.nh : 1;
+    cg_printf(&lay, ", %lld, %lld, %lld, %lld};\n", g, g > 1 ? nhk : (long long)L.nh,
+              (long long)L.window, (long long)L.ah);
     /* a forward of 4 warps: bounds by architecture (KILN_ATTN_FWD4_*) */
     if (a->kind == CG_CUDA_ATTN_FWD && nw == 4)
         cg_printf(b, "extern \"C\" __global__ void __launch_bounds__(KILN_ATTN_FWD4_%s) %s(",

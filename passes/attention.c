@@ -211,6 +211,9 @@ static double const_eval(const Ctx *c, int t, const int64_t *idx, int depth)
     case OP_CAST: return x[0];
     case OP_NEG: return -x[0];
     case OP_EXP: return exp(x[0]);
+    case OP_LOG: return log(x[0]);
+    case OP_SQRT: return sqrt(x[0]);
+    case OP_POW: return pow(x[0], x[1]);
     case OP_ADD: return x[0] + x[1];
     case OP_SUB: return x[0] - x[1];
     case OP_MUL: return x[0] * x[1];

@@ -14,6 +14,9 @@
  *     head layout and attention_dqkv with kvh, window and alibi, its dq and
  *     dk/dv kernels folded and apart (KILN_ATTN_FOLD=0), against the step
  *     without the attention pass;
+ *   - attention written by hand the same way (tests/data/attn_handwritten
+ *     .lua: its own k/v repeat, masks and slopes spelled differently) is
+ *     fused too, and equals its unfused self;
  *   - the IR text of the variants' attrs round-trips, and bad ones are
  *     refused. */
 #include "testutil.h"
@@ -122,57 +125,77 @@ static void check_fused_op(const Graph *g, const Case *c)
     assert_int_equal(count_code(g, OP_EXP), 0);
 }
 
-/* The fused ops against the primitives, in the interpreter, after
- * autodiff: loss, o and the gradients of q, k and v. */
+/* The fused ops against the primitives of script `path` (with c's sets),
+ * in the interpreter, after autodiff: loss, o and the gradients of q, k and
+ * v; the attention pass makes one attention op with c's attrs. */
+static void fused_vs_unfused(const char *path, const Case *c)
+{
+    char what[128];
+    describe(c, what, sizeof what);
+    Model *m = load_model(path, c->sets, c->nsets);
+    Graph *g1 = ir_clone(m->g), *g2 = ir_clone(m->g);
+    PassOpts o;
+    pass_opts_default(&o);
+    Diag d = {{0}};
+    o.attention = true;
+    assert_true(pass_attention(g2, &o, &d));
+    check_fused_op(g2, c);
+    if (!pass_autodiff(g1, &o, &d) || !pass_autodiff(g2, &o, &d))
+        fail_msg("autodiff: %s", d.msg);
+    char err[1024];
+    if (!ir_verify(g2, err, sizeof err))
+        fail_msg("%s: verify: %s", what, err);
+    double **v1 = ir_interp_alloc(g1), **v2 = ir_interp_alloc(g2);
+    float **h = xcalloc((size_t)g1->t.n, sizeof(float *));
+    fill_inputs(g1, v1, h);
+    for (int t = 0; t < g1->t.n; t++)
+        if (g1->t.v[t].op < 0) {
+            int u = g1->t.v[t].name ? ir_find_tensor(g2, g1->t.v[t].name) : -1;
+            assert_true(u >= 0);
+            int64_t n = shape_numel(&g1->t.v[t].s);
+            v2[u] = xmalloc(sizeof(double) * (size_t)n);
+            memcpy(v2[u], v1[t], sizeof(double) * (size_t)n);
+            free(h[t]);
+        }
+    free(h);
+    ir_interp(g1, v1, NULL);
+    ir_interp(g2, v2, NULL);
+    static const char *const outs[] = {"loss", "o", "grad.q", "grad.k", "grad.v"};
+    for (int x = 0; x < 5; x++) {
+        int t1 = ir_find_output(g1, outs[x]), t2 = ir_find_output(g2, outs[x]);
+        assert_true(t1 >= 0 && t2 >= 0);
+        double re = err_of(v2[t2], v1[t1], shape_numel(&g1->t.v[t1].s));
+        if (!(re <= 1e-9))
+            fail_msg("%s %s: %s relative error %g (fused against unfused)", path, what, outs[x],
+                     re);
+    }
+    ir_interp_free(g1, v1);
+    ir_interp_free(g2, v2);
+    ir_free(g1);
+    ir_free(g2);
+    fe_model_free(m);
+}
+
 static void test_interp_fused_vs_unfused(void **state)
 {
     (void)state;
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        const Case *c = &cases[i];
-        char what[128];
-        describe(c, what, sizeof what);
-        Model *m = load_model("tests/data/attn_variants.lua", c->sets, c->nsets);
-        Graph *g1 = ir_clone(m->g), *g2 = ir_clone(m->g);
-        PassOpts o;
-        pass_opts_default(&o);
-        Diag d = {{0}};
-        o.attention = true;
-        assert_true(pass_attention(g2, &o, &d));
-        check_fused_op(g2, c);
-        if (!pass_autodiff(g1, &o, &d) || !pass_autodiff(g2, &o, &d))
-            fail_msg("autodiff: %s", d.msg);
-        char err[1024];
-        if (!ir_verify(g2, err, sizeof err))
-            fail_msg("%s: verify: %s", what, err);
-        double **v1 = ir_interp_alloc(g1), **v2 = ir_interp_alloc(g2);
-        float **h = xcalloc((size_t)g1->t.n, sizeof(float *));
-        fill_inputs(g1, v1, h);
-        for (int t = 0; t < g1->t.n; t++)
-            if (g1->t.v[t].op < 0) {
-                int u = g1->t.v[t].name ? ir_find_tensor(g2, g1->t.v[t].name) : -1;
-                assert_true(u >= 0);
-                int64_t n = shape_numel(&g1->t.v[t].s);
-                v2[u] = xmalloc(sizeof(double) * (size_t)n);
-                memcpy(v2[u], v1[t], sizeof(double) * (size_t)n);
-                free(h[t]);
-            }
-        free(h);
-        ir_interp(g1, v1, NULL);
-        ir_interp(g2, v2, NULL);
-        static const char *const outs[] = {"loss", "o", "grad.q", "grad.k", "grad.v"};
-        for (int x = 0; x < 5; x++) {
-            int t1 = ir_find_output(g1, outs[x]), t2 = ir_find_output(g2, outs[x]);
-            assert_true(t1 >= 0 && t2 >= 0);
-            double re = err_of(v2[t2], v1[t1], shape_numel(&g1->t.v[t1].s));
-            if (!(re <= 1e-9))
-                fail_msg("%s: %s relative error %g (fused against unfused)", what, outs[x], re);
-        }
-        ir_interp_free(g1, v1);
-        ir_interp_free(g2, v2);
-        ir_free(g1);
-        ir_free(g2);
-        fe_model_free(m);
-    }
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        fused_vs_unfused("tests/data/attn_variants.lua", &cases[i]);
+}
+
+/* Attention written by hand (tests/data/attn_handwritten.lua): its own
+ * k/v repeat, the causal mask as a drop select, the window as j - i > -w,
+ * ALiBi's slopes as a power of 2. */
+static void test_handwritten(void **state)
+{
+    (void)state;
+    static const Case hw[] = {
+        {{"H=4", "Hk=2", "window=6", "alibi=1"}, 4, 2, 6, 1, 1, 37},
+        {{"H=6", "Hk=3", "window=1", "alibi=0"}, 4, 3, 1, 0, 1, 37},
+        {{"H=2", "Hk=1", "window=50", "alibi=1", "T=9"}, 5, 1, 50, 1, 1, 9},
+    };
+    for (size_t i = 0; i < sizeof hw / sizeof hw[0]; i++)
+        fused_vs_unfused("tests/data/attn_handwritten.lua", &hw[i]);
 }
 
 /* The whole fused step on the CPU backend against the interpreter on the
@@ -412,6 +435,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_text),
         cmocka_unit_test(test_interp_fused_vs_unfused),
+        cmocka_unit_test(test_handwritten),
         cmocka_unit_test(test_backend),
         cmocka_unit_test(test_csa_on_off),
     };
