@@ -403,11 +403,13 @@ end
 -- fewer heads than q: grouped-query attention; read from k's shape, the
 -- option only checks it), window (causal sliding window: query i sees keys
 -- i - window < j <= i), alibi (true: ALiBi's linear bias slope_h * (j - i),
--- h the axis before Tq).
+-- h the axis before Tq), bias (a float tensor added to the scores) and mask
+-- (a u8 tensor, 1 where a key is kept), each broadcastable to the scores
+-- [..., Tq, Tk]; bias and mask run unfused (T x T scores in memory).
 function nn.attention(q, k, v, opts)
   check_opts("nn.attention", opts,
              "causal:boolean dropout:number kv_heads:integer window:integer alibi:boolean " ..
-             "bias:- mask:-")
+             "bias:tensor mask:tensor")
   opts = opts or {}
   local names = {"q", "k", "v"}
   for i, t in ipairs({q, k, v}) do
@@ -458,6 +460,26 @@ function nn.attention(q, k, v, opts)
                         "(got window = %d, causal = %s)", opts.window,
                         tostring(opts.causal ~= false)), 2)
   end
+  -- bias and mask: broadcastable to the scores [..., Tq, Tk]
+  local sc = {table.unpack(s, 1, #s - 1)}
+  sc[#sc + 1] = ks[#ks - 1]
+  for _, key in ipairs({"bias", "mask"}) do
+    local t = opts[key]
+    if t ~= nil then
+      local ts, ok = t.shape, t.rank <= #sc
+      for i = 1, ok and t.rank or 0 do
+        local want = sc[#sc - t.rank + i]
+        if ts[i] ~= want and ts[i] ~= 1 then ok = false end
+      end
+      local dt_ok = key == "mask" and t.dtype == "u8" or
+                    key == "bias" and (t.dtype == "f32" or t.dtype == "bf16" or t.dtype == "f16")
+      if not ok or not dt_ok then
+        error(string.format("nn.attention: %s must be %s broadcastable to the scores [%s] " ..
+                            "(got %s)", key, key == "mask" and "a u8 tensor (1: keep)" or
+                            "a float tensor", table.concat(sc, ","), tensor_str(t)), 2)
+      end
+    end
+  end
   if gqa then
     k, v = repeat_heads(k, s[hax] // ks[hax]), repeat_heads(v, s[hax] // ks[hax])
   end
@@ -466,6 +488,12 @@ function nn.attention(q, k, v, opts)
     local H = hax >= 1 and s[hax] or 1
     local rel = (iota({T, T}, 1) - iota({T, T}, 0)):cast("f32")
     att = att + (alibi_slopes(H) * rel):cast(att.dtype)
+  end
+  if opts.bias then
+    att = att + opts.bias:cast(att.dtype)
+  end
+  if opts.mask then
+    att = select(opts.mask, att, -1e9)
   end
   if opts.causal ~= false then
     att = select(nn.causal_mask(T), att, -1e9)
@@ -501,7 +529,7 @@ end
 function nn.CausalSelfAttention(name, C, H, opts)
   check_opts("nn.CausalSelfAttention", opts,
              "bias:boolean std:number proj_std:number dropout:number kv_heads:integer " ..
-             "window:integer alibi:boolean mask:-")
+             "window:integer alibi:boolean mask:tensor")
   opts = opts or {}
   local c = size(C)
   local Hk = opts.kv_heads or H
@@ -513,7 +541,8 @@ function nn.CausalSelfAttention(name, C, H, opts)
   local qkv = nn.Linear(name .. ".c_attn", C, c + 2 * ck, {bias = opts.bias, std = opts.std})
   local proj = nn.Linear(name .. ".c_proj", C, C,
                          {bias = opts.bias, std = opts.proj_std or opts.std})
-  local aopts = {dropout = opts.dropout, window = opts.window, alibi = opts.alibi}
+  local aopts = {dropout = opts.dropout, window = opts.window, alibi = opts.alibi,
+                 mask = opts.mask}
   return layer({c_attn = qkv, c_proj = proj}, function(x)
     local a = qkv(x)
     local q = nn.split_heads(a:slice(-1, 0, c), H)

@@ -198,6 +198,75 @@ static void test_handwritten(void **state)
         fused_vs_unfused("tests/data/attn_handwritten.lua", &hw[i]);
 }
 
+/* loss and the gradients of q, k, v of script attn_variants.lua with sets
+ * (autodiff, with the attention pass when `fuse`) in the interpreter, on
+ * fixed inputs; *nattn gets the attention ops. Caller frees. */
+static double *eval_sets(const char *const *sets, int nsets, bool fuse, int *nattn, int64_t *n)
+{
+    Model *m = load_model("tests/data/attn_variants.lua", sets, nsets);
+    Graph *g = ir_clone(m->g);
+    PassOpts o;
+    pass_opts_default(&o);
+    o.attention = fuse;
+    Diag d = {{0}};
+    if (!pass_attention(g, &o, &d) || !pass_autodiff(g, &o, &d))
+        fail_msg("passes: %s", d.msg);
+    *nattn = count_code(g, OP_ATTENTION);
+    double **val = ir_interp_alloc(g);
+    float **h = xcalloc((size_t)g->t.n, sizeof(float *));
+    rng = 7;
+    fill_inputs(g, val, h);
+    ir_interp(g, val, NULL);
+    static const char *const outs[] = {"loss", "grad.q", "grad.k", "grad.v"};
+    double *r = NULL;
+    *n = 0;
+    for (int x = 0; x < 4; x++) {
+        int t = ir_find_output(g, outs[x]);
+        assert_true(t >= 0);
+        int64_t k = shape_numel(&g->t.v[t].s);
+        r = xrealloc(r, sizeof(double) * (size_t)(*n + k));
+        memcpy(r + *n, val[t], sizeof(double) * (size_t)k);
+        *n += k;
+    }
+    for (int t = 0; t < g->t.n; t++)
+        free(h[t]);
+    free(h);
+    ir_interp_free(g, val);
+    ir_free(g);
+    fe_model_free(m);
+    return r;
+}
+
+/* nn.attention's bias and mask (unfused): the causal mask given as a bias
+ * of 0 / -1e9 gives the causal attention's loss and gradients; given as
+ * the mask tensor nn.causal_mask(T) it is the causal mask itself, which
+ * the pass fuses; a bias stays unfused (no attention op). */
+static void test_bias_mask(void **state)
+{
+    (void)state;
+    const char *causal[] = {"T=37", "via=none"}, *bias[] = {"T=37", "via=bias"},
+               *mask[] = {"T=37", "via=mask"};
+    int na;
+    int64_t n0, n1;
+    double *r0 = eval_sets(causal, 2, false, &na, &n0);
+    double *r1 = eval_sets(bias, 2, false, &na, &n1);
+    assert_int_equal(n0, n1);
+    double re = err_of(r1, r0, n0);
+    if (!(re <= 1e-12))
+        fail_msg("bias = causal mask: relative error %g against causal", re);
+    free(r1);
+    r1 = eval_sets(bias, 2, true, &na, &n1);
+    assert_int_equal(na, 0);
+    free(r1);
+    r1 = eval_sets(mask, 2, true, &na, &n1);
+    assert_int_equal(na, 1);
+    re = err_of(r1, r0, n0);
+    if (!(re <= 1e-9))
+        fail_msg("mask = causal mask, fused: relative error %g against causal", re);
+    free(r0);
+    free(r1);
+}
+
 /* The whole fused step on the CPU backend against the interpreter on the
  * same graph (every f32 output: loss, o, the gradients, grad_norm), with
  * `threads`. */
@@ -436,6 +505,7 @@ int main(void)
         cmocka_unit_test(test_text),
         cmocka_unit_test(test_interp_fused_vs_unfused),
         cmocka_unit_test(test_handwritten),
+        cmocka_unit_test(test_bias_mask),
         cmocka_unit_test(test_backend),
         cmocka_unit_test(test_csa_on_off),
     };
