@@ -640,7 +640,7 @@ const char cg_cuda_attn_lib[] =
     "     * window: nor do the queries win or more after its last key */\n"
     "    const int qt0 = CAUSAL ? kt * BC / BQ : 0;\n"
     "    const int qe = L.win && kt * BC + BC - 1 + L.win < Tq ? kt * BC + BC - 1 + L.win : Tq;\n"
-    "    const int nqe = (qe + BQ - 1) / BQ;\n"
+    "    const int nqe = L.win ? (qe + BQ - 1) / BQ : nqt;\n"
     "    for (int bh = bh0; bh < bh0 + L.g; bh++) {\n"
     "    const E *q = q_ + kiln_attn_at(L, KILN_AQ, bh);\n"
     "    const E *dO = dO_ + kiln_attn_at(L, KILN_AO, bh);\n"

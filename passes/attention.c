@@ -7,13 +7,19 @@
  * rt_pass_opts); --no-fuse-attention turns it off.
  *
  * The pattern, read backwards from the second matmul (docs/fusion.md):
- *   S0 = matmul(q, k) {ta=0, tb=1}        q, k, v of one rank (no shared k)
+ *   S0 = matmul(q, k) {ta=0, tb=1}        q, k, v of one rank (no shared k);
+ *        k and v may be repeats of fewer heads, reshape(broadcast(reshape(
+ *        k0))) (grouped-query attention: the op reads k0, v0)
  *   s  = S0 * c | c * S0 | S0 / c | S0    c a positive constant (broadcast)
- *   x  = select(keep, s, f) | select(drop, f, s) | s
+ *   a  = s + alibi | alibi + s | s        slopes * (j - i), the slopes a
+ *        function of constants and iotas evaluated here to ALiBi's
+ *   x  = select(keep, a, f) | select(drop, f, a) | a, and at most one more
+ *        select around or inside it:
  *        keep / drop: an iota compare (through broadcasts) whose operands
  *        are the row index i and the column index j of the scores, meaning
  *        exactly j <= i (keep: i >= j, j <= i; drop: i < j, j > i); f a
- *        constant <= -1e4 or -inf
+ *        constant <= -1e4 or -inf; the other select a sliding window's,
+ *        keep meaning exactly i - j < w (with the causal mask only)
  *   z  = x - [stop_gradient] broadcast(reduce_max(x, last)) | x
  *   P  = exp(z) / broadcast(reduce_sum(exp(z), last))
  *   o  = matmul(P, v) {ta=0, tb=0}        -> attention(q, k, v) {causal, scale}
@@ -22,7 +28,8 @@
  * outside the pattern and is no graph output or update; the mask is checked
  * structurally (iota axes, compare, operand order), never evaluated. Dropout
  * between softmax and the matmul (P is then a select of a random compare),
- * a sliding-window or any other mask, another user of P or of the scores,
+ * a window without the causal mask or any other mask (an additive bias or
+ * mask tensor too), another user of P or of the scores,
  * casts inside the pattern: no match, the graph is left as it was. The
  * matched ops that nothing reads any more are removed (the mask's iotas
  * too, when nothing else reads them). */
