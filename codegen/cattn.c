@@ -33,7 +33,13 @@
  * GEMMs and kernels are f32). Every tensor is addressed through the op's
  * IrAttnLayout (ir.h): work item bb = b * nh + h starts at A_xB(bb) and
  * steps rows by A_xR, so the head layout's strided q/k/v rows and [B, T,
- * H*D] outputs need no copies. */
+ * H*D] outputs need no copies.
+ * The variants (ir.h): k, v, dk and dv of item bb are key/value item bb /
+ * A_G's (grouped heads); the dk/dv and folded kernels take one work item
+ * per key/value item, walking its A_G query items in turn into one dk and
+ * dv accumulator. A window (A_WIN) starts the forward's and dq's key walk
+ * at A_KSTART and ends the dk/dv query walk at A_QEND, masking inside the
+ * tiles with A_KEEP; ALiBi's term is in A_SC (slopes printed as a table). */
 #include "codegen.h"
 
 #include <stdlib.h>

@@ -4,7 +4,9 @@
  * into the batch dims) and the head layout ([B, T, H*D]-ordered tensors,
  * q/k/v read at column offsets out of wider rows; attention_dqkv writes
  * dq, dk, dv at q's, k's and v's places in one tensor of their type). ir/interp.c, the C and
- * the CUDA kernels all index through this one description.
+ * the CUDA kernels all index through this one description, which also
+ * carries the variants: grouped key/value heads (g, nhk), the window and
+ * ALiBi's head count.
  * Invariant: op has been typed by ir_infer (the shapes fit the attrs). */
 #include "ir.h"
 
