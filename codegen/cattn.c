@@ -33,7 +33,13 @@
  * GEMMs and kernels are f32). Every tensor is addressed through the op's
  * IrAttnLayout (ir.h): work item bb = b * nh + h starts at A_xB(bb) and
  * steps rows by A_xR, so the head layout's strided q/k/v rows and [B, T,
- * H*D] outputs need no copies. */
+ * H*D] outputs need no copies.
+ * The variants (ir.h): k, v, dk and dv of item bb are key/value item bb /
+ * A_G's (grouped heads); the dk/dv and folded kernels take one work item
+ * per key/value item, walking its A_G query items in turn into one dk and
+ * dv accumulator. A window (A_WIN) starts the forward's and dq's key walk
+ * at A_KSTART and ends the dk/dv query walk at A_QEND, masking inside the
+ * tiles with A_KEEP; ALiBi's term is in A_SC (slopes printed as a table). */
 #include "codegen.h"
 
 #include <stdlib.h>
@@ -315,6 +321,9 @@ bool cg_c_attn_folded(const CgAttn *a)
 int64_t cg_attn_work(const CgAttn *a)
 {
     int64_t pairs = a->causal ? a->Tq * (a->Tq + 1) / 2 : a->Tq * a->Tk;
+    int64_t W = a->lay.window;
+    if (W > 0 && W < a->Tq) /* a causal window: rows i >= W keep W keys */
+        pairs = W * (W + 1) / 2 + (a->Tq - W) * W;
     if (cg_c_attn_folded(a)) /* the dk/dv kernel's five products a pair; dq's none */
         return a->kind == CG_ATTN_DQ ? 0 : a->batch * pairs * (5 * (a->D + a->Dv) + 40);
     return a->batch * pairs * (2 * a->D + 2 * a->Dv + 20);
@@ -370,7 +379,7 @@ static void print_fwd(CgBuf *b, const CgAttn *a)
                "        }\n");
     print_rows_t(b, "qT", "qb", "A_QR", "A_D");
     cg_puts(b, "        int64_t kend = A_CAUSAL ? i0 + nq : A_TK;\n"
-               "        for (int64_t j0 = 0; j0 < kend; j0 += A_BK) {\n"
+               "        for (int64_t j0 = A_KSTART(i0); j0 < kend; j0 += A_BK) {\n"
                "            int64_t nk = kend - j0 < A_BK ? kend - j0 : A_BK;\n"
                "            for (int64_t jj = 0; jj < nk; jj++)\n"
                "                for (int64_t r = 0; r < nq; r++)\n"
@@ -381,20 +390,20 @@ static void print_fwd(CgBuf *b, const CgAttn *a)
                "                mt[r] = m[r], ls[r] = 0.0f;\n"
                "            for (int64_t jj = 0; jj < nk; jj++)\n"
                "                for (int64_t r = 0; r < nq; r++) {\n"
-               "                    float s = ST[jj][r] * A_SCALE;\n"
-               "                    s = !A_CAUSAL || j0 + jj <= i0 + r ? s : -KILN_INF;\n"
+               "                    float s = A_SC(ST[jj][r], i0 + r, j0 + jj);\n"
+               "                    s = A_KEEP(i0 + r, j0 + jj) ? s : -KILN_INF;\n"
                "                    ST[jj][r] = s;\n"
                "                    mt[r] = kiln_fmax(mt[r], s);\n"
                "                }\n"
                "            for (int64_t jj = 0; jj < nk; jj++)\n"
                "                for (int64_t r = 0; r < nq; r++) {\n"
                "                    float e = kiln_expf(ST[jj][r] - mt[r]);\n"
-               "                    e = !A_CAUSAL || j0 + jj <= i0 + r ? e : 0.0f;\n"
+               "                    e = A_KEEP(i0 + r, j0 + jj) ? e : 0.0f;\n"
                "                    ST[jj][r] = e;\n"
                "                    ls[r] += e;\n"
                "                }\n"
                "            for (int64_t r = 0; r < nq; r++) {\n"
-               "                al[r] = kiln_expf(m[r] - mt[r]);\n"
+               "                al[r] = A_WIN && mt[r] == -KILN_INF ? 1.0f : kiln_expf(m[r] - mt[r]);\n"
                "                l[r] = l[r] * al[r] + ls[r];\n"
                "                m[r] = mt[r];\n"
                "            }\n");
@@ -437,12 +446,16 @@ static void print_p_ds(CgBuf *b, bool ds, const char *ind)
               "%sfor (int64_t r = 0; r < nq; r++) {\n"
               "%s    int64_t ne = A_CAUSAL ? i0 + r - j0 + 1 : nke;\n"
               "%s    ne = ne < 0 ? 0 : ne < nke ? ne : nke;\n"
+              "%s    int64_t ns = A_WIN ? i0 + r - A_WIN + 1 - j0 : 0;\n"
+              "%s    ns = ns < 0 ? 0 : ns < ne ? ns : ne;\n"
               "%s    float L = lt[r * A_SR];\n"
-              "%s    for (int64_t jj = 0; jj < ne; jj++)\n"
-              "%s        S[r][jj] = kiln_expf(S[r][jj] * A_SCALE - L);\n"
+              "%s    for (int64_t jj = 0; jj < ns; jj++)\n"
+              "%s        S[r][jj] = 0.0f;\n"
+              "%s    for (int64_t jj = ns; jj < ne; jj++)\n"
+              "%s        S[r][jj] = kiln_expf(A_SC(S[r][jj], i0 + r, j0 + jj) - L);\n"
               "%s    for (int64_t jj = ne; jj < nke; jj++)\n"
               "%s        S[r][jj] = 0.0f;\n",
-              ind, ind, ind, ind, ind, ind, ind, ind);
+              ind, ind, ind, ind, ind, ind, ind, ind, ind, ind, ind, ind);
     if (ds)
         cg_printf(b,
                   "%s    float De = dt[r * A_SR];\n"
@@ -474,7 +487,7 @@ static void print_dq(CgBuf *b, const CgAttn *a)
     print_rows_t(b, "qT", "qt", "A_QR", "A_D");
     print_rows_t(b, "gT", "gt", "A_OR", "A_DV");
     cg_puts(b, "        int64_t kend = A_CAUSAL ? i0 + nq : A_TK;\n"
-               "        for (int64_t j0 = 0; j0 < kend; j0 += A_BK) {\n"
+               "        for (int64_t j0 = A_KSTART(i0); j0 < kend; j0 += A_BK) {\n"
                "            int64_t nk = kend - j0 < A_BK ? kend - j0 : A_BK;\n"
                "            for (int64_t jj = 0; jj < nk; jj++)\n"
                "                for (int64_t r = 0; r < nq; r++)\n"
@@ -485,8 +498,8 @@ static void print_dq(CgBuf *b, const CgAttn *a)
                "nk, nq, A_DV);\n"
                "            for (int64_t jj = 0; jj < nk; jj++)\n"
                "                for (int64_t r = 0; r < nq; r++) {\n"
-               "                    float p = kiln_expf(ST[jj][r] * A_SCALE - L[r]);\n"
-               "                    p = !A_CAUSAL || j0 + jj <= i0 + r ? p : 0.0f;\n"
+               "                    float p = kiln_expf(A_SC(ST[jj][r], i0 + r, j0 + jj) - L[r]);\n"
+               "                    p = A_KEEP(i0 + r, j0 + jj) ? p : 0.0f;\n"
                "                    dPT[jj][r] = p * (dPT[jj][r] - De[r]) * A_SCALE;\n"
                "                }\n"
                "            kiln_attn_mm(&acc[0][0], A_D, &dPT[0][0], 1, A_BQ, kb + j0 * A_KR, A_KR, "
@@ -504,26 +517,30 @@ static void print_dkv(CgBuf *b, const CgAttn *a)
 {
     bool dk = a->dk >= 0, dv = a->dv >= 0;
     cg_puts(b, "    const int64_t nt = (A_TK + A_BK - 1) / A_BK;\n"
-               "    for (int64_t w = part; w < A_NB * nt; w += nparts) {\n"
-               "        int64_t bb = w / nt, j0 = (w % nt) * A_BK;\n"
+               "    for (int64_t w = part; w < A_NB / A_G * nt; w += nparts) {\n"
+               "        int64_t bk = w / nt * A_G, j0 = (w % nt) * A_BK;\n"
                "        int64_t nk = A_TK - j0 < A_BK ? A_TK - j0 : A_BK;\n");
-    cg_printf(b,
-              "        const float *qb = p%d + A_QB(bb);\n"
-              "        const float *kb = p%d + A_KB(bb);\n"
-              "        const float *gb = p%d + A_OB(bb);\n"
-              "        const float *lb = p%d + A_SB(bb);\n",
-              a->q, a->k, a->dO, a->lse);
+    cg_printf(b, "        const float *kb = p%d + A_KB(bk);\n", a->k);
     if (dk)
         cg_printf(b,
-                  "        const float *vb = p%d + A_VB(bb);\n"
-                  "        const float *db = p%d + A_SB(bb);\n"
+                  "        const float *vb = p%d + A_VB(bk);\n"
                   "        float vt[A_DV][A_BK], dP[A_BQ][A_BK], adk[A_BK][A_D] = {{0}};\n",
-                  a->v, a->delta);
+                  a->v);
     if (dv)
         cg_puts(b, "        float adv[A_BK][A_DV] = {{0}};\n");
     cg_puts(b, "        float kt[A_D][A_BK], S[A_BQ][A_BK];\n");
     print_transpose(b, dk, "        ");
-    cg_puts(b, "        for (int64_t i0 = A_CAUSAL ? j0 / A_BQ * A_BQ : 0; i0 < A_TQ; i0 += A_BQ) {\n"
+    /* the group's query items, one after the other (g = 1: bb = bk) */
+    cg_printf(b,
+              "        for (int64_t bb = bk; bb < bk + A_G; bb++) {\n"
+              "        const float *qb = p%d + A_QB(bb);\n"
+              "        const float *gb = p%d + A_OB(bb);\n"
+              "        const float *lb = p%d + A_SB(bb);\n",
+              a->q, a->dO, a->lse);
+    if (dk)
+        cg_printf(b, "        const float *db = p%d + A_SB(bb);\n", a->delta);
+    cg_puts(b, "        for (int64_t i0 = A_CAUSAL ? j0 / A_BQ * A_BQ : 0; i0 < A_QEND(j0 + nk); "
+               "i0 += A_BQ) {\n"
                "            int64_t nq = A_TQ - i0 < A_BQ ? A_TQ - i0 : A_BQ;\n"
                "            const float *qt = qb + i0 * A_QR, *gt = gb + i0 * A_OR;\n"
                "            const float *lt = lb + i0 * A_SR;\n");
@@ -537,14 +554,15 @@ static void print_dkv(CgBuf *b, const CgAttn *a)
         cg_puts(b, "            kiln_attn_mm(&adk[0][0], A_D, &dP[0][0], 1, A_BK, qt, A_QR, nke, "
                    "A_D, nq);\n");
     cg_puts(b, "        }\n"
+               "        }\n"
                "        for (int64_t jj = 0; jj < nk; jj++) {\n");
     if (dk)
         cg_printf(b, "            for (int64_t x = 0; x < A_D; x++)\n"
-                     "                p%d[A_DKB(bb) + (j0 + jj) * A_DKR + x] = adk[jj][x];\n",
+                     "                p%d[A_DKB(bk) + (j0 + jj) * A_DKR + x] = adk[jj][x];\n",
                   a->dk);
     if (dv)
         cg_printf(b, "            for (int64_t x = 0; x < A_DV; x++)\n"
-                     "                p%d[A_DVB(bb) + (j0 + jj) * A_DVR + x] = adv[jj][x];\n",
+                     "                p%d[A_DVB(bk) + (j0 + jj) * A_DVR + x] = adv[jj][x];\n",
                   a->dv);
     cg_puts(b, "        }\n"
                "    }\n");
@@ -563,22 +581,20 @@ static void print_dkv(CgBuf *b, const CgAttn *a)
 static void print_dqkv(CgBuf *b, const CgAttn *a)
 {
     cg_printf(b,
-              "    for (int64_t bb = part; bb < A_NB; bb += nparts) {\n"
-              "        const float *qb = p%d + A_QB(bb);\n"
-              "        const float *kb = p%d + A_KB(bb);\n"
-              "        const float *vb = p%d + A_VB(bb);\n"
-              "        const float *gb = p%d + A_OB(bb);\n"
-              "        const float *lb = p%d + A_SB(bb);\n"
-              "        const float *db = p%d + A_SB(bb);\n"
-              "        float *dqb = p%d + A_DQB(bb);\n",
-              a->q, a->k, a->v, a->dO, a->lse, a->delta, a->dk);
-    cg_puts(b, "        float kt[A_D][A_BK], vt[A_DV][A_BK], S[A_BQ][A_BK], dP[A_BQ][A_BK];\n"
-               "        float adk[A_BK][A_D], adv[A_BK][A_DV];\n"
-               "        for (int64_t i = 0; i < A_TQ; i++)\n"
-               "            for (int64_t x = 0; x < A_D; x++)\n"
-               "                dqb[i * A_DQR + x] = 0.0f;\n"
-               "        for (int64_t j0 = 0; j0 < A_TK; j0 += A_BK) {\n"
-               "            int64_t nk = A_TK - j0 < A_BK ? A_TK - j0 : A_BK;\n"
+              "    for (int64_t bk = part * A_G; bk < A_NB; bk += nparts * A_G) {\n"
+              "        const float *kb = p%d + A_KB(bk);\n"
+              "        const float *vb = p%d + A_VB(bk);\n",
+              a->k, a->v);
+    cg_printf(b,
+              "        float kt[A_D][A_BK], vt[A_DV][A_BK], S[A_BQ][A_BK], dP[A_BQ][A_BK];\n"
+              "        float adk[A_BK][A_D], adv[A_BK][A_DV];\n"
+              "        for (int64_t bb = bk; bb < bk + A_G; bb++)\n"
+              "            for (int64_t i = 0; i < A_TQ; i++)\n"
+              "                for (int64_t x = 0; x < A_D; x++)\n"
+              "                    p%d[A_DQB(bb) + i * A_DQR + x] = 0.0f;\n"
+              "        for (int64_t j0 = 0; j0 < A_TK; j0 += A_BK) {\n",
+              a->dk);
+    cg_puts(b, "            int64_t nk = A_TK - j0 < A_BK ? A_TK - j0 : A_BK;\n"
                "            for (int64_t jj = 0; jj < nk; jj++) {\n"
                "                for (int64_t x = 0; x < A_D; x++)\n"
                "                    adk[jj][x] = 0.0f;\n"
@@ -586,8 +602,16 @@ static void print_dqkv(CgBuf *b, const CgAttn *a)
                "                    adv[jj][x] = 0.0f;\n"
                "            }\n");
     print_transpose(b, true, "            ");
-    cg_puts(b, "            for (int64_t i0 = A_CAUSAL ? j0 / A_BQ * A_BQ : 0; i0 < A_TQ; i0 += "
-               "A_BQ) {\n"
+    cg_printf(b,
+              "            for (int64_t bb = bk; bb < bk + A_G; bb++) {\n"
+              "            const float *qb = p%d + A_QB(bb);\n"
+              "            const float *gb = p%d + A_OB(bb);\n"
+              "            const float *lb = p%d + A_SB(bb);\n"
+              "            const float *db = p%d + A_SB(bb);\n"
+              "            float *dqb = p%d + A_DQB(bb);\n",
+              a->q, a->dO, a->lse, a->delta, a->dk);
+    cg_puts(b, "            for (int64_t i0 = A_CAUSAL ? j0 / A_BQ * A_BQ : 0; i0 < A_QEND(j0 + nk); "
+               "i0 += A_BQ) {\n"
                "                int64_t nq = A_TQ - i0 < A_BQ ? A_TQ - i0 : A_BQ;\n"
                "                const float *qt = qb + i0 * A_QR, *gt = gb + i0 * A_OR;\n"
                "                const float *lt = lb + i0 * A_SR, *dt = db + i0 * A_SR;\n");
@@ -598,13 +622,14 @@ static void print_dqkv(CgBuf *b, const CgAttn *a)
                "A_D, nq);\n"
                "                kiln_attn_mm(dqb + i0 * A_DQR, A_DQR, &dP[0][0], A_BK, 1, kb + j0 * "
                "A_KR, A_KR, nq, A_D, nke);\n"
+               "            }\n"
                "            }\n");
     cg_printf(b,
               "            for (int64_t jj = 0; jj < nk; jj++) {\n"
               "                for (int64_t x = 0; x < A_D; x++)\n"
-              "                    p%d[A_DKB(bb) + (j0 + jj) * A_DKR + x] = adk[jj][x];\n"
+              "                    p%d[A_DKB(bk) + (j0 + jj) * A_DKR + x] = adk[jj][x];\n"
               "                for (int64_t x = 0; x < A_DV; x++)\n"
-              "                    p%d[A_DVB(bb) + (j0 + jj) * A_DVR + x] = adv[jj][x];\n"
+              "                    p%d[A_DVB(bk) + (j0 + jj) * A_DVR + x] = adv[jj][x];\n"
               "            }\n"
               "        }\n"
               "    }\n",
@@ -632,16 +657,45 @@ void cg_print_c_attn(CgBuf *b, const CgKernel *k)
               "#define A_CAUSAL %d\n#define A_SCALE %.9ef\n",
               (long long)a->batch, (long long)a->Tq, (long long)a->Tk, (long long)a->D,
               (long long)a->Dv, A_BQ, A_BK, a->causal ? 1 : 0, a->scale);
+    /* the variants (ir.h): A_G query items per key/value item; the kept
+     * (i, j) (A_KEEP; A_WIN 0: no window); the first key tile of query
+     * tile i0 and the end of the query rows that keep a key below j1 (the
+     * tiles a window skips); the score of raw product s at (i, j) (A_SC:
+     * with alibi, the slope of item bb, a table of A_AH slopes) */
+    const IrAttnLayout *Lv = &a->lay;
+    cg_printf(b,
+              "#define A_G %lldLL\n#define A_WIN %lldLL\n"
+              "#define A_KEEP(i, j) ((!A_CAUSAL || (j) <= (i)) && (!A_WIN || (i) - (j) < A_WIN))\n"
+              "#define A_KSTART(i0) (A_WIN && (i0) + 1 > A_WIN ? ((i0) + 1 - A_WIN) / A_BK * A_BK : 0)\n"
+              "#define A_QEND(j1) (A_WIN && (j1) - 1 + A_WIN < A_TQ ? (j1) - 1 + A_WIN : A_TQ)\n",
+              (long long)Lv->g, (long long)Lv->window);
+    if (Lv->ah) {
+        cg_printf(b, "    static const float A_slope[%lld] = {", (long long)Lv->ah);
+        for (int64_t h = 0; h < Lv->ah; h++)
+            cg_printf(b, "%s%.9ef", h ? ", " : "", ir_alibi_slope(Lv->ah, h));
+        cg_printf(b, "};\n"
+                     "#define A_SC(s, i, j) ((s) * A_SCALE + A_slope[bb %% %lldLL] * (float)((j) - (i)))\n",
+                  (long long)Lv->ah);
+    } else {
+        cg_puts(b, "#define A_SC(s, i, j) ((s) * A_SCALE)\n");
+    }
     /* where (b, h, i, d) sits (IrAttnLayout): bb = b * A_NH + h; A_xB(bb) is
      * the offset of row 0 of head h of batch entry b, A_xR the row stride */
     const IrAttnLayout *L = &a->lay;
     const IrAttnStride *st[8] = {&L->q, &L->k, &L->v, &L->o, &L->dq, &L->dk, &L->dv, &L->st};
-    cg_printf(b, "#define A_NH %lldLL\n", (long long)L->nh);
-    for (int x = 0; x < 8; x++)
-        cg_printf(b, "#define A_%sB(bb) (((bb) / A_NH) * %lldLL + ((bb) %% A_NH) * %lldLL + %lldLL)\n"
-                     "#define A_%sR %lldLL\n",
+    cg_printf(b, "#define A_NH %lldLL\n#define A_NHK %lldLL\n", (long long)L->nh,
+              (long long)L->nhk);
+    for (int x = 0; x < 8; x++) {
+        /* k, v, dk and dv of key/value item bb / A_G (grouped heads) */
+        bool kv = x == 1 || x == 2 || x == 5 || x == 6;
+        cg_printf(b,
+                  kv ? "#define A_%sB(bb) (((bb) / A_G / A_NHK) * %lldLL + ((bb) / A_G %% A_NHK) * "
+                       "%lldLL + %lldLL)\n#define A_%sR %lldLL\n"
+                     : "#define A_%sB(bb) (((bb) / A_NH) * %lldLL + ((bb) %% A_NH) * %lldLL + "
+                       "%lldLL)\n#define A_%sR %lldLL\n",
                   lay_names[x], (long long)st[x]->bs, (long long)st[x]->hs,
                   (long long)st[x]->off, lay_names[x], (long long)st[x]->rs);
+    }
     switch (a->kind) {
     case CG_ATTN_FWD: print_fwd(b, a); break;
     case CG_ATTN_DQ: /* folded: the dk/dv kernel computes dq (not run) */
@@ -655,7 +709,9 @@ void cg_print_c_attn(CgBuf *b, const CgKernel *k)
     }
     cg_puts(b, "}\n"
                "#undef A_NB\n#undef A_TQ\n#undef A_TK\n#undef A_D\n#undef A_DV\n#undef A_BQ\n"
-               "#undef A_BK\n#undef A_CAUSAL\n#undef A_SCALE\n#undef A_NH\n");
+               "#undef A_BK\n#undef A_CAUSAL\n#undef A_SCALE\n#undef A_NH\n#undef A_NHK\n"
+               "#undef A_G\n#undef A_WIN\n#undef A_KEEP\n#undef A_KSTART\n#undef A_QEND\n"
+               "#undef A_SC\n");
     for (int x = 0; x < 8; x++)
         cg_printf(b, "#undef A_%sB\n#undef A_%sR\n", lay_names[x], lay_names[x]);
 }

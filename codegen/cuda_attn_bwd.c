@@ -39,6 +39,11 @@
  * visit of i needs tile j + 1's visit of i, which is one visit earlier in
  * j + 1's walk: in the steady state no block waits long.
  *
+ * The attention variants (grouped heads, windows, ALiBi) are not fused
+ * here (cg_cuda_attn_bwd_fits): the dq and dk/dv kernels run them. (With
+ * ALiBi's term the bf16 kernel of head size 64 spilled on sm_90: it sits
+ * at 255 registers without it.)
+ *
  * Under the emulator blocks run one after another, so a wait that is not
  * met at its first look never is: the kernel calls __trap() there, which
  * the emulator reports as a launch error, instead of spinning forever (the
@@ -138,7 +143,7 @@ const char cg_cuda_attn_bwd_lib[] =
     "                s[j][e] = dp[j][e] = 0.0f;\n"
     "        kiln_warp_mm<E, DP, NS>(s, Ks + 16 * w * LDK, LDK, Qs, LDK, 1);\n"
     "        const bool edge = (qt + 1) * BQ > Tq || (CAUSAL && qt * BQ < (kt + 1) * BC - 1);\n"
-    "        kiln_attn_pt<NS, CAUSAL>(s, Ls, scale, edge, qt * BQ, Tq, key0, t);\n"
+    "        kiln_attn_pt<NS, CAUSAL>(s, Ls, scale, edge, qt * BQ, Tq, key0, t, 0, 0.0f);\n"
     "        kiln_warp_pm<E, BQ / 16, NV>(av, s, Os, 1, LDV);\n"
     "        kiln_warp_mm<E, DVP, NS>(dp, Vs + 16 * w * LDV, LDV, Os, LDV, 1);\n"
     "#pragma unroll\n"
@@ -209,8 +214,11 @@ int64_t cg_cuda_attn_bwd_scratch(const CgCudaAttn *a, int bt)
 bool cg_cuda_attn_bwd_fits(const CgCudaAttn *a)
 {
     int nw, bt;
+    /* the variants take the dq and dk/dv kernels: dq's fixed order of key
+     * tiles assumes every head its own keys from tile 0 on (grouped heads,
+     * windows), and ALiBi's term made the kernel spill (above) */
     if (a->kind != CG_CUDA_ATTN_BWD || !(a->dt == DT_F32 || a->dt == DT_BF16) ||
-        !cg_cuda_attn_tiles(a, &nw, &bt))
+        a->lay.g > 1 || a->lay.window || a->lay.ah || !cg_cuda_attn_tiles(a, &nw, &bt))
         return false;
     return cg_cuda_attn_bwd_counters(a, bt) * 4 <= CG_CUDA_SCRATCH_ZERO &&
            cg_cuda_attn_blocks(a, nw) < ((int64_t)1 << 31);

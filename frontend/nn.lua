@@ -386,12 +386,49 @@ local function tensor_str(t)
   return t.dtype .. "[" .. table.concat(t.shape, ",") .. "]"
 end
 
+-- k or v [..., Hk, T, D] with each head repeated g times in place (head h
+-- of the result is head h // g): grouped-query attention's keys and values
+-- for Hk * g query heads, the form the attention pass reads back as GQA.
+local function repeat_heads(x, g)
+  local s = x.shape
+  local r = #s
+  local five, out = {}, {}
+  for i = 1, r - 3 do five[i], out[i] = s[i], s[i] end
+  local Hk, T, D = s[r - 2], s[r - 1], s[r]
+  five[r - 2], five[r - 1], five[r], five[r + 1] = Hk, 1, T, D
+  out[r - 2], out[r - 1], out[r] = Hk * g, T, D
+  local wide = {table.unpack(five)}
+  wide[r - 1] = g
+  return reshape(broadcast_to(reshape(x, five), wide), out)
+end
+
+-- ALiBi's slopes (Press et al.) as f32 [H, 1, 1]: 2^(-8(h+1)/H) for H a
+-- power of two, else the n = 2^floor(log2 H) slopes of n followed by every
+-- other slope of 2n (2^(-4(2m+1)/n) for h = n + m); ir_alibi_slope in C.
+local function alibi_slopes(H)
+  local n = 1
+  while n * 2 <= H do n = n * 2 end
+  local h = iota({H, 1, 1}, 0, "f32")
+  local ln2 = math.log(2)
+  local first = exp((h + 1) * (-8 * ln2 / n))
+  if n == H then return first end
+  local rest = exp((h - n) * (-8 * ln2 / n) + (-4 * ln2 / n))
+  return select(h:lt(n), first, rest)
+end
+
 -- Scaled dot-product attention. q [..., Tq, D], k [..., Tk, D], v [..., Tk, Dv]
 -- -> [..., Tq, Dv]; usually [B, H, T, D]. opts: causal (default true; needs
--- Tq == Tk), dropout (probability on the weights).
+-- Tq == Tk), dropout (probability on the weights), kv_heads (k and v have
+-- fewer heads than q: grouped-query attention; read from k's shape, the
+-- option only checks it), window (causal sliding window: query i sees keys
+-- i - window < j <= i), alibi (true: ALiBi's linear bias slope_h * (j - i),
+-- h the axis before Tq), bias (a float tensor added to the scores) and mask
+-- (a u8 tensor, 1 where a key is kept), each broadcastable to the scores
+-- [..., Tq, Tk]; bias and mask run unfused (T x T scores in memory).
 function nn.attention(q, k, v, opts)
   check_opts("nn.attention", opts,
-             "causal:boolean dropout:number kv_heads:- window:- alibi:- bias:- mask:-")
+             "causal:boolean dropout:number kv_heads:integer window:integer alibi:boolean " ..
+             "bias:tensor mask:tensor")
   opts = opts or {}
   local names = {"q", "k", "v"}
   for i, t in ipairs({q, k, v}) do
@@ -407,30 +444,88 @@ function nn.attention(q, k, v, opts)
                         "must agree (got q %s, k %s, v %s)", tensor_str(q), tensor_str(k),
                         tensor_str(v)), 2)
   end
-  -- the leading dims ([B, H]) of q, k and v must agree (or be 1):
-  -- fewer key/value heads than query heads (grouped-query attention)
-  -- would otherwise fail deep in matmul
+  -- the leading dims ([B, H]) of q, k and v must agree (or be 1), except
+  -- that k and v may have fewer heads (the axis before T) than q when
+  -- theirs divides q's: grouped-query attention
+  local hax = #s - 2
+  local gqa = hax >= 1 and ks[hax] == vs[hax] and ks[hax] ~= s[hax] and
+              s[hax] % ks[hax] == 0
   for i = 1, #s - 2 do
     local a, b, c = s[i], ks[i], vs[i]
-    if (b ~= a and b ~= 1 and a ~= 1) or (c ~= a and c ~= 1 and a ~= 1) or
-       (b ~= c and b ~= 1 and c ~= 1) then
-      local gqa = i == #s - 2 and b == c and a % b == 0
+    if not (i == hax and gqa) and
+       ((b ~= a and b ~= 1 and a ~= 1) or (c ~= a and c ~= 1 and a ~= 1) or
+        (b ~= c and b ~= 1 and c ~= 1)) then
       error(string.format("nn.attention: q, k and v must have the same leading dims (expected " ..
-                          "k and v [..., %s, Tk, D] like q, got q %s, k %s, v %s)%s", tostring(a),
-                          tensor_str(q), tensor_str(k), tensor_str(v),
-                          gqa and "; fewer key/value heads than query heads (grouped-query " ..
-                          "attention, kv_heads) is not supported yet: repeat each k and v " ..
-                          "head " .. (a // b) .. " times" or ""), 2)
+                          "k and v [..., %s, Tk, D] like q, or fewer key/value heads that " ..
+                          "divide q's, got q %s, k %s, v %s)", tostring(a), tensor_str(q),
+                          tensor_str(k), tensor_str(v)), 2)
+    end
+  end
+  if opts.kv_heads ~= nil then
+    local kh = hax >= 1 and ks[hax] or 1
+    if opts.kv_heads ~= kh or hax < 1 then
+      error(string.format("nn.attention: kv_heads = %d does not match k and v (expected " ..
+                          "%d key/value heads in the axis before Tk, got k %s and v %s; q %s)",
+                          opts.kv_heads, opts.kv_heads, tensor_str(k), tensor_str(v),
+                          tensor_str(q)), 2)
     end
   end
   if opts.causal ~= false and ks[#ks - 1] ~= T then
     error(string.format("nn.attention: causal attention needs as many keys as queries " ..
                         "(expected Tk = %d, got k %s)", T, tensor_str(k)), 2)
   end
-  if nn.decode and opts.causal ~= false then return nn.decode_attention(q, k, v) end
+  if opts.window ~= nil and (opts.causal == false or opts.window < 1) then
+    error(string.format("nn.attention: window needs causal attention and window >= 1 " ..
+                        "(got window = %d, causal = %s)", opts.window,
+                        tostring(opts.causal ~= false)), 2)
+  end
+  -- bias and mask: broadcastable to the scores [..., Tq, Tk]
+  local sc = {table.unpack(s, 1, #s - 1)}
+  sc[#sc + 1] = ks[#ks - 1]
+  for _, key in ipairs({"bias", "mask"}) do
+    local t = opts[key]
+    if t ~= nil then
+      local ts, ok = t.shape, t.rank <= #sc
+      for i = 1, ok and t.rank or 0 do
+        local want = sc[#sc - t.rank + i]
+        if ts[i] ~= want and ts[i] ~= 1 then ok = false end
+      end
+      local dt_ok = key == "mask" and t.dtype == "u8" or
+                    key == "bias" and (t.dtype == "f32" or t.dtype == "bf16" or t.dtype == "f16")
+      if not ok or not dt_ok then
+        error(string.format("nn.attention: %s must be %s broadcastable to the scores [%s] " ..
+                            "(got %s)", key, key == "mask" and "a u8 tensor (1: keep)" or
+                            "a float tensor", table.concat(sc, ","), tensor_str(t)), 2)
+      end
+    end
+  end
+  if gqa then
+    k, v = repeat_heads(k, s[hax] // ks[hax]), repeat_heads(v, s[hax] // ks[hax])
+  end
+  if nn.decode and opts.causal ~= false then
+    if opts.window ~= nil or opts.alibi or opts.bias ~= nil or opts.mask ~= nil then
+      -- kiln sample then reruns the full forward (docs/inference.md)
+      error("nn.attention: the KV-cache decode step has no window, alibi, bias or mask yet", 2)
+    end
+    return nn.decode_attention(q, k, v)
+  end
   local att = matmul(q, k, {tb = true}) * (1 / math.sqrt(D))
+  if opts.alibi then
+    local H = hax >= 1 and s[hax] or 1
+    local rel = (iota({T, T}, 1) - iota({T, T}, 0)):cast("f32")
+    att = att + (alibi_slopes(H) * rel):cast(att.dtype)
+  end
+  if opts.bias then
+    att = att + opts.bias:cast(att.dtype)
+  end
+  if opts.mask then
+    att = select(opts.mask, att, -1e9)
+  end
   if opts.causal ~= false then
     att = select(nn.causal_mask(T), att, -1e9)
+  end
+  if opts.window then
+    att = select((iota({T, T}, 0) - iota({T, T}, 1)):lt(opts.window), att, -1e9)
   end
   att = nn.dropout(nn.softmax(att, -1), opts.dropout)
   return matmul(att, v)
@@ -480,30 +575,46 @@ function nn.rope(x, base)
 end
 
 -- Causal multi-head self-attention, GPT-2 style: one fused qkv projection
--- c_attn [C, 3C] and an output projection c_proj [C, C].
--- opts: bias (true), std (0.02), proj_std (std of c_proj), dropout (0).
+-- c_attn [C, C + 2 * kv_heads * C/H] (q, then k, then v) and an output
+-- projection c_proj [C, C].
+-- opts: bias (true), std (0.02), proj_std (std of c_proj), dropout (0),
+-- kv_heads (H: grouped-query attention with fewer key/value heads, a
+-- divisor of H), window, alibi (as nn.attention's).
 function nn.CausalSelfAttention(name, C, H, opts)
   check_opts("nn.CausalSelfAttention", opts,
              "bias:boolean std:number proj_std:number dropout:number parallel:boolean " ..
-             "kv_heads:- window:- " ..
-             "alibi:- mask:-")
+             "kv_heads:integer " ..
+             "window:integer alibi:boolean mask:tensor")
   opts = opts or {}
   local c = size(C)
-  local qkv = nn.Linear(name .. ".c_attn", C, 3 * c, {bias = opts.bias, std = opts.std})
+  local Hk = opts.kv_heads or H
+  if Hk < 1 or H % Hk ~= 0 then
+    error(string.format("nn.CausalSelfAttention: kv_heads must divide the %d heads " ..
+                        "(got kv_heads = %d)", H, Hk), 2)
+  end
+  local ck = c // H * Hk
+  local qkv = nn.Linear(name .. ".c_attn", C, c + 2 * ck, {bias = opts.bias, std = opts.std})
   local proj = nn.Linear(name .. ".c_proj", C, C,
                          {bias = opts.bias, std = opts.proj_std or opts.std,
                           parallel = opts.parallel and "row" or nil})
   if opts.parallel then
+    if Hk ~= H then
+      error(string.format("nn.CausalSelfAttention: parallel = true splits c_attn in three " ..
+                          "equal blocks, so it needs kv_heads = heads (got kv_heads = %d " ..
+                          "of %d heads)", Hk, H), 2)
+    end
     -- split by heads: each rank's q, k and v columns of c_attn
     shard(qkv.w, 1, 3)
     if qkv.b then shard(qkv.b, 0, 3) end
   end
+  local aopts = {dropout = opts.dropout, window = opts.window, alibi = opts.alibi,
+                 mask = opts.mask}
   return layer({c_attn = qkv, c_proj = proj}, function(x)
     local a = qkv(x)
     local q = nn.split_heads(a:slice(-1, 0, c), H)
-    local k = nn.split_heads(a:slice(-1, c, 2 * c), H)
-    local v = nn.split_heads(a:slice(-1, 2 * c, 3 * c), H)
-    local y = nn.merge_heads(nn.attention(q, k, v, {dropout = opts.dropout}))
+    local k = nn.split_heads(a:slice(-1, c, c + ck), Hk)
+    local v = nn.split_heads(a:slice(-1, c + ck, c + 2 * ck), Hk)
+    local y = nn.merge_heads(nn.attention(q, k, v, aopts))
     return nn.dropout(proj(y), opts.dropout)
   end)
 end

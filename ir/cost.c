@@ -34,7 +34,12 @@ static double attention_pairs(const IrAttnLayout *L, bool causal)
         return B * Tq * Tk;
     /* sum_{i<Tq} min(i+1, Tk) */
     double full = Tq < Tk ? Tq : Tk;
-    return B * (full * (full + 1) / 2 + (Tq - full) * Tk);
+    double pairs = full * (full + 1) / 2 + (Tq - full) * Tk;
+    if (L->window > 0 && (double)L->window < Tq) { /* causal Tq == Tk: rows i >= W keep W */
+        double W = (double)L->window;
+        pairs = W * (W + 1) / 2 + (Tq - W) * W;
+    }
+    return B * pairs;
 }
 
 double ir_attn_flops(const Graph *g, const Op *op, Opcode code)

@@ -405,16 +405,17 @@ static bool infer_attention_dqkv(const Graph *g, const Shape *const *s, const Op
                                  Shape *out, char *err, size_t errlen)
 {
     char b0[160], b1[160], b2[160];
-    int64_t W = a->ia[1] * a->ia[2];
-    if (!shape_eq(s[1], s[0]) || !shape_eq(s[2], s[0]) || s[0]->dim[2] / 3 != W ||
-        s[0]->dim[2] % 3)
-        FAIL("attention_dqkv: q, k and v must be one type [B, T, 3*%lld] (got %s, %s and %s)",
-             (long long)W, shape_str(g, s[0], b0, sizeof b0), shape_str(g, s[1], b1, sizeof b1),
-             shape_str(g, s[2], b2, sizeof b2));
+    int64_t W = a->ia[1] * a->ia[2], WK = ir_attn_kvh(a) * a->ia[2];
+    int64_t w[3] = {W, WK, WK};
+    if (!shape_eq(s[1], s[0]) || !shape_eq(s[2], s[0]) || s[0]->dim[2] != W + 2 * WK)
+        FAIL("attention_dqkv: q, k and v must be one type [B, T, %lld+2*%lld] (got %s, %s and "
+             "%s)",
+             (long long)W, (long long)WK, shape_str(g, s[0], b0, sizeof b0),
+             shape_str(g, s[1], b1, sizeof b1), shape_str(g, s[2], b2, sizeof b2));
     const int64_t *off = &a->ia[3];
     for (int x = 0; x < 3; x++)
         for (int y = x + 1; y < 3; y++)
-            if (off[x] < off[y] + W && off[y] < off[x] + W)
+            if (off[x] < off[y] + w[y] && off[y] < off[x] + w[x])
                 FAIL("attention_dqkv: the q, k and v columns must not overlap (got qoff=%lld, "
                      "koff=%lld, voff=%lld, heads*hd=%lld)",
                      (long long)off[0], (long long)off[1], (long long)off[2], (long long)W);
@@ -431,21 +432,26 @@ static bool infer_attention_heads(const Graph *g, Opcode code, const Shape *cons
     char b0[160];
     const char *name = ir_opinfo[code].name;
     int nqkv = code == OP_ATTENTION_LSE ? 2 : 3;
-    int64_t H = a->ia[1], D = a->ia[2], W;
+    int64_t H = a->ia[1], D = a->ia[2], W, K = ir_attn_kvh(a), WK;
     if (H < 1 || D < 1 || !ir_mul_ok(H, D, &W))
         FAIL("%s: heads and hd must be >= 1 (got heads=%lld, hd=%lld)", name, (long long)H,
              (long long)D);
+    if (K < 1 || H % K)
+        FAIL("%s: kvh must divide heads (got kvh=%lld, heads=%lld)", name, (long long)K,
+             (long long)H);
+    WK = K * D;
     static const char *const opnd[3] = {"q", "k", "v"};
     for (int x = 0; x < nqkv; x++) {
+        int64_t Wx = x ? WK : W, Hx = x ? K : H;
         const Shape *t = s[x];
         if (t->rank != 3 || !dtype_is_float(t->dtype) || t->dtype != s[0]->dtype ||
             t->dim[0] != s[0]->dim[0])
             FAIL("%s: the head layout needs q, k and v [B, T, W] of one float dtype and B "
                  "(got %s %s)", name, opnd[x], shape_str(g, t, b0, sizeof b0));
         int64_t off = a->ia[3 + x], end;
-        if (off < 0 || !ir_add_ok(off, W, &end) || end > t->dim[2])
+        if (off < 0 || !ir_add_ok(off, Wx, &end) || end > t->dim[2])
             FAIL("%s: %s's heads [%lld, %lld + %lld*%lld) must lie inside its rows (got %s)",
-                 name, opnd[x], (long long)off, (long long)off, (long long)H, (long long)D,
+                 name, opnd[x], (long long)off, (long long)off, (long long)Hx, (long long)D,
                  shape_str(g, t, b0, sizeof b0));
     }
     int64_t B = s[0]->dim[0], Tq = s[0]->dim[1], Tk = s[1]->dim[1];
@@ -466,8 +472,10 @@ static bool infer_attention_heads(const Graph *g, Opcode code, const Shape *cons
     if (code == OP_ATTENTION_DQKV)
         return infer_attention_dqkv(g, s, a, out, err, errlen);
     *out = o;
-    if (code != OP_ATTENTION_DQ)
+    if (code != OP_ATTENTION_DQ) {
         out->dim[1] = Tk;
+        out->dim[2] = WK;
+    }
     return true;
 }
 
@@ -478,9 +486,12 @@ static bool infer_attention(const Graph *g, Opcode code, const Shape *const *s,
 {
     char b0[160], b1[160], b2[160];
     const char *name = ir_opinfo[code].name;
-    if ((a->nia != 1 && a->nia != 6) || (a->ia[0] != 0 && a->ia[0] != 1))
+    if ((a->nia != 1 && a->nia != 6 && a->nia != 8) || (a->ia[0] != 0 && a->ia[0] != 1))
         FAIL("%s: needs causal=0 or causal=1 (got %lld)", name,
              (long long)(a->nia ? a->ia[0] : -1));
+    if (ir_attn_window(a) < 0 || (ir_attn_window(a) && !a->ia[0]))
+        FAIL("%s: window needs causal=1 and window >= 1 (got causal=%lld, window=%lld)", name,
+             (long long)a->ia[0], (long long)ir_attn_window(a));
     if (!(a->f > 0) || a->f > 1e30)
         FAIL("%s: scale must be positive and finite (got %g)", name, a->f);
     if (ir_attn_heads(a))
@@ -497,8 +508,10 @@ static bool infer_attention(const Graph *g, Opcode code, const Shape *const *s,
         FAIL("%s: q, k and v need one float dtype (got %s, %s%s%s)", name,
              dtype_name(q->dtype), dtype_name(k->dtype), v ? " and " : "",
              v ? dtype_name(v->dtype) : "");
+    /* k and v may have fewer heads (the axis before Tk) than q: grouped */
     for (int i = 0; i < rk - 2; i++)
-        if (k->dim[i] != q->dim[i] || (v && v->dim[i] != q->dim[i]))
+        if ((i == rk - 3 ? k->dim[i] < 1 || q->dim[i] % k->dim[i] : k->dim[i] != q->dim[i]) ||
+            (v && v->dim[i] != k->dim[i]))
             FAIL("%s: batch dimensions differ (got %s, %s%s%s)", name,
                  shape_str(g, q, b0, sizeof b0), shape_str(g, k, b1, sizeof b1),
                  v ? " and " : "", v ? shape_str(g, v, b2, sizeof b2) : "");

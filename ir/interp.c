@@ -154,7 +154,9 @@ static int64_t index_of(double v, int64_t n)
 }
 
 /* The attention family (ir.h): per batch entry and head, S = scale * q k^T
- * over the kept (i, j) (j <= i when causal), in double. attention writes
+ * (+ the alibi term) over the kept (i, j) (j <= i when causal, i - j <
+ * window with one), in double; grouped heads add their dk and dv into
+ * the key/value head's. attention writes
  * P v, attention_lse the row's log-sum-exp; the gradients take P from the
  * given lse (P_ij = exp(S_ij - lse_i)) and delta as given, as the kernels
  * do. Every tensor is read and written where its layout (IrAttnLayout)
@@ -177,17 +179,23 @@ static void attention_eval(const Graph *g, const Op *op, double **val, double *r
 #define AT(s, b, h) ((b) * (s).bs + (h) * (s).hs + (s).off)
     for (int64_t b = 0; b < L.nb; b++)
         for (int64_t h = 0; h < L.nh; h++) {
-            const double *q = Q + AT(L.q, b, h), *k = K + AT(L.k, b, h);
-            const double *v = V ? V + AT(L.v, b, h) : NULL;
+            /* grouped: the key/value item of (b, h) and where it sits */
+            int64_t kb = (b * L.nh + h) / L.g, b2 = kb / L.nhk, h2 = kb % L.nhk;
+            const double *q = Q + AT(L.q, b, h), *k = K + AT(L.k, b2, h2);
+            const double *v = V ? V + AT(L.v, b2, h2) : NULL;
             int64_t st = AT(L.st, b, h), qr = L.q.rs, kr = L.k.rs, vr = L.v.rs;
+            double slope = L.ah ? ir_alibi_slope(L.ah, (b * L.nh + h) % L.ah) : 0;
             for (int64_t i = 0; i < Tq; i++) {
                 int64_t nj = causal ? (i + 1 < Tk ? i + 1 : Tk) : Tk;
+                int64_t j0 = L.window && i + 1 > L.window ? i + 1 - L.window : 0;
                 double m = -INFINITY;
-                for (int64_t j = 0; j < nj; j++) {
+                for (int64_t j = 0; j < j0; j++)
+                    srow[j] = -INFINITY;
+                for (int64_t j = j0; j < nj; j++) {
                     double s = 0;
                     for (int64_t d = 0; d < D; d++)
                         s += q[i * qr + d] * k[j * kr + d];
-                    srow[j] = sc * s;
+                    srow[j] = sc * s + slope * (double)(j - i);
                     if (srow[j] > m)
                         m = srow[j];
                 }
@@ -211,10 +219,10 @@ static void attention_eval(const Graph *g, const Op *op, double **val, double *r
                 const double *go = dO + AT(L.o, b, h) + i * L.o.rs;
                 double lse = Lse[st + i * L.st.rs], delta = De[st + i * L.st.rs];
                 bool all = op->code == OP_ATTENTION_DQKV; /* dq, dk and dv */
-                for (int64_t j = 0; j < nj; j++) {
+                for (int64_t j = j0; j < nj; j++) {
                     double p = exp(srow[j] - lse);
                     if (all || op->code == OP_ATTENTION_DV) {
-                        double *dv = r + AT(L.dv, b, h) + j * L.dv.rs;
+                        double *dv = r + AT(L.dv, b2, h2) + j * L.dv.rs;
                         for (int64_t d = 0; d < Dv; d++)
                             dv[d] += p * go[d];
                         if (!all)
@@ -230,7 +238,7 @@ static void attention_eval(const Graph *g, const Op *op, double **val, double *r
                             dq[d] += ds * k[j * kr + d];
                     }
                     if (all || op->code == OP_ATTENTION_DK) {
-                        double *dk = r + AT(L.dk, b, h) + j * L.dk.rs;
+                        double *dk = r + AT(L.dk, b2, h2) + j * L.dk.rs;
                         for (int64_t d = 0; d < D; d++)
                             dk[d] += ds * q[i * qr + d];
                     }

@@ -44,6 +44,7 @@
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <time.h>
@@ -157,7 +158,9 @@ typedef enum {
     AK_ATTN,   /* attention*: ia[0] = causal (0 or 1), f = scale; nia = 1: the
                   plain layout; nia = 6: the head layout, ia[1] = heads H,
                   ia[2] = head size D, ia[3..5] = q, k, v column offsets
-                  (IrAttnLayout) */
+                  (IrAttnLayout); nia = 8: a variant (ir_attn_window,
+                  ir_attn_alibi, ir_attn_kvh), ia[1..5] as for 6 or all 0
+                  (plain), ia[6] = window, ia[7] = alibi + 2 * kv heads */
     AK_CONV,   /* im2col, col2im: S = nia / 4 spatial dims (1 or 2); ia[0..S)
                   kernel, ia[S..2S) stride, ia[2S..3S) padding, ia[3S..4S)
                   dilation (IrConv); col2im: result shape in attr.shape */
@@ -362,9 +365,14 @@ const char *ir_class_name(OpClass c);
  *            place with zeros elsewhere, tp_reduce_scatter slices r's part.
  * attention family {causal=c, scale=s}: fused scaled-dot-product attention.
  *            q [..., Tq, D], k [..., Tk, D], v [..., Tk, Dv], one float dtype,
- *            equal batch dims ("..."); causal needs Tq == Tk. Row i of the
- *            scores S = s * q k^T keeps column j when !c or j <= i; P =
- *            softmax over the kept columns of S (f32 arithmetic).
+ *            equal batch dims ("..."), except that k's and v's axis before
+ *            Tk may divide q's (grouped-query attention: query head h
+ *            reads key/value head h / (Hq / Hkv)); causal needs Tq == Tk.
+ *            Row i of the scores S = s * q k^T (+ slope_h * (j - i) with
+ *            {alibi=1}, slope_h = ir_alibi_slope(heads, h), h the index
+ *            along q's axis before Tq) keeps column j when !c or j <= i,
+ *            and with {window=w} (causal only) i - j < w; P = softmax over
+ *            the kept columns of S (f32 arithmetic).
  * attention(q, k, v) -> [..., Tq, Dv] (q's dtype): P v
  * attention_lse(q, k) -> f32 [..., Tq, 1]: log sum_j exp(S_ij) over kept j
  * attention_dq/dk/dv(q, k, v, dO, lse, delta) -> the gradients of q, k and v
@@ -380,7 +388,9 @@ const char *ir_class_name(OpClass c);
  *            [B, Tk, Wk], v [B, Tk, Wv] (rank 3, any widths W >= offset +
  *            H*D), head h of q at q[b, i, a + h*D + d] (k at b, v at c), Dv
  *            = D. o, dO, dq, dk, dv are [B, T, H*D] (element (b, h, i, d)
- *            at [b, i, h*D + d]); lse and delta f32 [B, Tq, H, 1].
+ *            at [b, i, h*D + d]); lse and delta f32 [B, Tq, H, 1]. With
+ *            {kvh=K} (K divides H) k and v hold K heads (k [B, Tk, Wk]
+ *            with koff + K*D <= Wk), dk and dv are [B, Tk, K*D].
  * attention_dqkv(q, k, v, dO, lse, delta) {head layout only} -> q's type
  *            [B, T, W]: dq, dk and dv side by side, as one [B, T, 3C] qkv
  *            tensor's gradient: columns qoff + h*D + d hold dq (b, h, i, d),
@@ -580,6 +590,12 @@ typedef struct {
 } IrAttnStride;
 typedef struct {
     int64_t nb, nh, Tq, Tk, D, Dv;
+    /* grouped-query attention: work item bb = b * nh + h reads k and v of
+     * key/value item kb = bb / g (g = 1: none), which sits at batch entry
+     * kb / nhk, head kb % nhk of k, v, dk and dv (nb * nh / g items) */
+    int64_t g, nhk;
+    int64_t window; /* 0, or (causal) keep only i - j < window */
+    int64_t ah;     /* alibi: item bb's slope ir_alibi_slope(ah, bb % ah); 0: none */
     IrAttnStride q, k, v; /* the operands */
     IrAttnStride o;       /* o and dO */
     IrAttnStride dq, dk, dv;
@@ -588,7 +604,33 @@ typedef struct {
 /* attn.c: op's layout from its operand types and attributes (op typed by
  * ir_infer). */
 void ir_attn_layout(const Graph *g, const Op *op, IrAttnLayout *L);
-static inline bool ir_attn_heads(const OpAttr *a) { return a->nia == 6; }
+static inline bool ir_attn_heads(const OpAttr *a)
+{
+    return a->nia == 6 || (a->nia == 8 && a->ia[1] > 0);
+}
+/* the variants of an attention-family op (0: none); kvh: the head layout's
+ * key/value heads (its heads when not grouped) */
+static inline int64_t ir_attn_window(const OpAttr *a) { return a->nia == 8 ? a->ia[6] : 0; }
+static inline bool ir_attn_alibi(const OpAttr *a) { return a->nia == 8 && (a->ia[7] & 1); }
+static inline int64_t ir_attn_kvh(const OpAttr *a)
+{
+    return a->nia == 8 && a->ia[7] >> 1 ? a->ia[7] >> 1 : a->ia[1];
+}
+/* attn.c: set window, alibi and (head layout) kvh on a (nia 8, or back to
+ * 1 or 6 when all are none; kvh == heads is none) */
+void ir_attn_set_variant(OpAttr *a, int64_t window, bool alibi, int64_t kvh);
+/* ALiBi's slope of head h of H (Press et al.): 2^(-8(h+1)/H) for H a power
+ * of two; otherwise the n = 2^floor(log2 H) slopes of n, then every other
+ * slope of 2n: 2^(-4(2m+1)/n) for h = n + m */
+static inline double ir_alibi_slope(int64_t H, int64_t h)
+{
+    int64_t n = 1;
+    while (n * 2 <= H)
+        n *= 2;
+    double e = h < n ? -8.0 * (double)(h + 1) / (double)n
+                     : -4.0 * (double)(2 * (h - n) + 1) / (double)n;
+    return exp2(e);
+}
 /* conv.c: the geometry of an im2col/col2im op (AK_CONV), per spatial dim i < ns:
  * input (image) size in[i], output positions out[i], and the attributes;
  * n batch, c channels, kk = prod(k) (the last axis of the columns is c*kk).

@@ -127,6 +127,12 @@ static void print_attrs(FILE *f, const Op *op)
             fprintf(f, ",heads=%lld,hd=%lld,qoff=%lld,koff=%lld,voff=%lld", (long long)a->ia[1],
                     (long long)a->ia[2], (long long)a->ia[3], (long long)a->ia[4],
                     (long long)a->ia[5]);
+        if (ir_attn_heads(a) && ir_attn_kvh(a) != a->ia[1])
+            fprintf(f, ",kvh=%lld", (long long)ir_attn_kvh(a));
+        if (ir_attn_window(a))
+            fprintf(f, ",window=%lld", (long long)ir_attn_window(a));
+        if (ir_attn_alibi(a))
+            fputs(",alibi=1", f);
         fputc('}', f);
         break;
     default: break;

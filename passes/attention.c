@@ -7,13 +7,19 @@
  * rt_pass_opts); --no-fuse-attention turns it off.
  *
  * The pattern, read backwards from the second matmul (docs/fusion.md):
- *   S0 = matmul(q, k) {ta=0, tb=1}        q, k, v of one rank (no shared k)
+ *   S0 = matmul(q, k) {ta=0, tb=1}        q, k, v of one rank (no shared k);
+ *        k and v may be repeats of fewer heads, reshape(broadcast(reshape(
+ *        k0))) (grouped-query attention: the op reads k0, v0)
  *   s  = S0 * c | c * S0 | S0 / c | S0    c a positive constant (broadcast)
- *   x  = select(keep, s, f) | select(drop, f, s) | s
+ *   a  = s + alibi | alibi + s | s        slopes * (j - i), the slopes a
+ *        function of constants and iotas evaluated here to ALiBi's
+ *   x  = select(keep, a, f) | select(drop, f, a) | a, and at most one more
+ *        select around or inside it:
  *        keep / drop: an iota compare (through broadcasts) whose operands
  *        are the row index i and the column index j of the scores, meaning
  *        exactly j <= i (keep: i >= j, j <= i; drop: i < j, j > i); f a
- *        constant <= -1e4 or -inf
+ *        constant <= -1e4 or -inf; the other select a sliding window's,
+ *        keep meaning exactly i - j < w (with the causal mask only)
  *   z  = x - [stop_gradient] broadcast(reduce_max(x, last)) | x
  *   P  = exp(z) / broadcast(reduce_sum(exp(z), last))
  *   o  = matmul(P, v) {ta=0, tb=0}        -> attention(q, k, v) {causal, scale}
@@ -22,7 +28,8 @@
  * outside the pattern and is no graph output or update; the mask is checked
  * structurally (iota axes, compare, operand order), never evaluated. Dropout
  * between softmax and the matmul (P is then a select of a random compare),
- * a sliding-window or any other mask, another user of P or of the scores,
+ * a window without the causal mask or any other mask (an additive bias or
+ * mask tensor too), another user of P or of the scores,
  * casts inside the pattern: no match, the graph is left as it was. The
  * matched ops that nothing reads any more are removed (the mask's iotas
  * too, when nothing else reads them). */
@@ -123,10 +130,197 @@ static bool causal_mask(const Ctx *c, int m, bool keep_true)
     return keep_true ? code == OP_GE : code == OP_LT;
 }
 
+/* t through broadcasts and (float) casts. */
+static int through_bcast(const Ctx *c, int t)
+{
+    while (is(c, t, OP_BROADCAST) || (is(c, t, OP_CAST) && c->g->t.v[t].s.dtype != DT_U8))
+        t = def(c, t)->in[0];
+    return t;
+}
+
+/* Whether select mask m (u8 of the scores' shape [..., Tq, Tk]) is a
+ * sliding window: compare(sub(i, j), w) meaning exactly i - j < w (lt(i -
+ * j, w), le(i - j, w - 1), gt(j - i, -w), ge(j - i, 1 - w), or the same
+ * with the operands swapped), i and j iotas (through broadcasts) along the
+ * row and the column axis; keep_true as for causal_mask. Sets *w >= 1. */
+static bool window_mask(const Ctx *c, int m, bool keep_true, int64_t *w)
+{
+    if (!keep_true)
+        return false;
+    int r0 = rank_of(c, m);
+    int64_t Tq = c->g->t.v[m].s.dim[r0 - 2], Tk = c->g->t.v[m].s.dim[r0 - 1];
+    while (is(c, m, OP_BROADCAST))
+        m = def(c, m)->in[0];
+    const Op *cmp = def(c, m);
+    int r = rank_of(c, m);
+    if (!cmp || r < 2 || c->g->t.v[m].s.dim[r - 2] != Tq || c->g->t.v[m].s.dim[r - 1] != Tk)
+        return false;
+    Opcode code = cmp->code;
+    if (code != OP_GE && code != OP_LE && code != OP_GT && code != OP_LT)
+        return false;
+    int d = cmp->in[0], k = cmp->in[1];
+    double cv;
+    if (!const_value(c, k, &cv)) { /* cmp(c, d): swap to cmp'(d, c) */
+        int x = d;
+        d = k, k = x;
+        if (!const_value(c, k, &cv))
+            return false;
+        code = code == OP_GE ? OP_LE : code == OP_LE ? OP_GE : code == OP_GT ? OP_LT : OP_GT;
+    }
+    if (cv != floor(cv) || fabs(cv) > 1e15)
+        return false;
+    while (is(c, d, OP_BROADCAST))
+        d = def(c, d)->in[0];
+    if (!is(c, d, OP_SUB) || rank_of(c, d) != r)
+        return false;
+    int a = iota_axis(c, def(c, d)->in[0]), b = iota_axis(c, def(c, d)->in[1]);
+    int64_t wv;
+    if (a == r - 2 && b == r - 1) /* d = i - j: keep d < w */
+        wv = code == OP_LT ? (int64_t)cv : code == OP_LE ? (int64_t)cv + 1 : 0;
+    else if (a == r - 1 && b == r - 2) /* d = j - i: keep d > -w */
+        wv = code == OP_GT ? -(int64_t)cv : code == OP_GE ? 1 - (int64_t)cv : 0;
+    else
+        return false;
+    if (wv < 1)
+        return false;
+    *w = wv;
+    return true;
+}
+
+/* The value at idx of t, a function of constants and iotas only
+ * (elementwise ops and broadcasts); NAN when t reads anything else. */
+static double const_eval(const Ctx *c, int t, const int64_t *idx, int depth)
+{
+    const Op *op = def(c, t);
+    if (!op || depth > 64)
+        return NAN;
+    const Shape *s = &c->g->t.v[t].s;
+    double x[3];
+    if (op->code == OP_CONST)
+        return op->attr.f;
+    if (op->code == OP_IOTA)
+        return (double)idx[op->attr.ia[0]];
+    if (op->code == OP_BROADCAST) {
+        const Shape *in = &c->g->t.v[op->in[0]].s;
+        int64_t j[IR_MAX_RANK];
+        for (int a = 0; a < in->rank; a++) {
+            int oa = a + s->rank - in->rank;
+            j[a] = in->dim[a] == 1 ? 0 : idx[oa];
+        }
+        return const_eval(c, op->in[0], j, depth + 1);
+    }
+    int ar = ir_opinfo[op->code].arity;
+    if (ir_opinfo[op->code].cls != OC_ELEMWISE || ar < 1 || ar > 3)
+        return NAN;
+    for (int i = 0; i < ar; i++)
+        x[i] = const_eval(c, op->in[i], idx, depth + 1);
+    switch (op->code) {
+    case OP_CAST: return x[0];
+    case OP_NEG: return -x[0];
+    case OP_EXP: return exp(x[0]);
+    case OP_LOG: return log(x[0]);
+    case OP_SQRT: return sqrt(x[0]);
+    case OP_POW: return pow(x[0], x[1]);
+    case OP_ADD: return x[0] + x[1];
+    case OP_SUB: return x[0] - x[1];
+    case OP_MUL: return x[0] * x[1];
+    case OP_DIV: return x[0] / x[1];
+    case OP_LT: return x[0] < x[1];
+    case OP_LE: return x[0] <= x[1];
+    case OP_GT: return x[0] > x[1];
+    case OP_GE: return x[0] >= x[1];
+    case OP_SELECT: return x[0] != 0 ? x[1] : x[2];
+    default: return NAN;
+    }
+}
+
+/* Whether t (of the scores' shape [..., H, Tq, Tk], rank R) is ALiBi's
+ * bias: slopes * rel (either order, through broadcasts and casts) with rel
+ * = j - i (a column iota minus a row iota) and slopes a function of
+ * constants and iotas of shape [H, 1, 1] (leading 1s allowed) whose values
+ * are ir_alibi_slope(H, h) to 1e-5, H the scores' axis R - 3. */
+static bool alibi_bias(const Ctx *c, int t, int R)
+{
+    if (R < 3)
+        return false;
+    int64_t H = c->g->t.v[t].s.dim[R - 3];
+    t = through_bcast(c, t);
+    if (!is(c, t, OP_MUL))
+        return false;
+    for (int x = 0; x < 2; x++) {
+        int rel = through_bcast(c, def(c, t)->in[x]), sl = def(c, t)->in[1 - x];
+        int rr = rank_of(c, rel);
+        /* the slopes under the broadcasts to [..., H, T, T] */
+        while (is(c, sl, OP_BROADCAST)) {
+            int in = def(c, sl)->in[0], ri = rank_of(c, in);
+            if (ri < 3 || c->g->t.v[in].s.dim[ri - 3] != H)
+                break;
+            sl = in;
+        }
+        if (!is(c, rel, OP_SUB) || rr < 2 ||
+            iota_axis(c, def(c, rel)->in[0]) != rr - 1 ||
+            iota_axis(c, def(c, rel)->in[1]) != rr - 2)
+            continue;
+        const Shape *ss = &c->g->t.v[sl].s;
+        int rs = ss->rank;
+        if (rs < 3 || ss->dim[rs - 1] != 1 || ss->dim[rs - 2] != 1 || ss->dim[rs - 3] != H)
+            continue;
+        bool ok = true;
+        for (int a = 0; a < rs - 3; a++)
+            ok = ok && ss->dim[a] == 1;
+        for (int64_t h = 0; h < H && ok; h++) {
+            int64_t idx[IR_MAX_RANK] = {0};
+            idx[rs - 3] = h;
+            double v = const_eval(c, sl, idx, 0), want = ir_alibi_slope(H, h);
+            ok = fabs(v - want) <= 1e-5 * want;
+        }
+        if (ok)
+            return true;
+    }
+    return false;
+}
+
+/* k (or v) [..., H, T, D] = reshape(broadcast(reshape(k0))): k0 [..., Hk,
+ * T, D] with each head repeated g = H / Hk times in place (nn.attention's
+ * repeat for grouped-query attention); the one reader of each step. Sets
+ * *k0; returns g (1: no such repeat). */
+static int64_t repeated(const Ctx *c, int k, int *k0)
+{
+    *k0 = k;
+    int R = rank_of(c, k);
+    if (R < 3 || !is(c, k, OP_RESHAPE))
+        return 1;
+    int y = def(c, k)->in[0];
+    if (!single(c, y) || !is(c, y, OP_BROADCAST) || rank_of(c, y) != R + 1)
+        return 1;
+    int z = def(c, y)->in[0];
+    if (!single(c, z) || !is(c, z, OP_RESHAPE) || rank_of(c, z) != R + 1)
+        return 1;
+    int x = def(c, z)->in[0];
+    const Shape *sk = &c->g->t.v[k].s, *sy = &c->g->t.v[y].s, *sz = &c->g->t.v[z].s,
+                *sx = &c->g->t.v[x].s;
+    if (sx->rank != R || sx->dtype != sk->dtype)
+        return 1;
+    for (int a = 0; a < R - 3; a++)
+        if (sx->dim[a] != sk->dim[a] || sz->dim[a] != sk->dim[a] || sy->dim[a] != sk->dim[a])
+            return 1;
+    int64_t Hk = sx->dim[R - 3], g = sy->dim[R - 2];
+    /* z [..., Hk, 1, T, D], y [..., Hk, g, T, D], k [..., Hk*g, T, D] */
+    if (sz->dim[R - 3] != Hk || sz->dim[R - 2] != 1 || sy->dim[R - 3] != Hk ||
+        sk->dim[R - 3] != Hk * g || g < 1)
+        return 1;
+    for (int a = R - 2; a < R; a++)
+        if (sx->dim[a] != sk->dim[a] || sz->dim[a + 1] != sk->dim[a] || sy->dim[a + 1] != sk->dim[a])
+            return 1;
+    *k0 = x;
+    return g;
+}
+
 /* A match: the attention op's operands and attrs. */
 typedef struct {
     int q, k, v;
-    bool causal;
+    bool causal, alibi;
+    int64_t window;
     double scale;
 } Match;
 
@@ -171,11 +365,14 @@ static bool match(const Ctx *c, int i, Match *mt)
     }
     if (x == z && !single(c, x))
         return false;
-    /* x = select(mask, s, fill) (or the mask's complement), or x = s */
+    /* x = select(mask, s, fill) (or the mask's complement), or x = s; up
+     * to two selects, the causal mask and a sliding window's */
     int s = x;
     mt->causal = false;
-    if (is(c, x, OP_SELECT)) {
-        const Op *se = def(c, x);
+    mt->alibi = false;
+    mt->window = 0;
+    for (int nsel = 0; nsel < 2 && is(c, s, OP_SELECT); nsel++) {
+        const Op *se = def(c, s);
         double f;
         bool keep_true;
         if (const_value(c, se->in[2], &f) && !const_value(c, se->in[1], &(double){0})) {
@@ -187,9 +384,28 @@ static bool match(const Ctx *c, int i, Match *mt)
         } else {
             return false;
         }
-        if (!(f <= -1e4) || !causal_mask(c, se->in[0], keep_true) || !single(c, s))
+        int64_t w;
+        if (!(f <= -1e4) || !single(c, s))
             return false;
-        mt->causal = true;
+        if (!mt->causal && causal_mask(c, se->in[0], keep_true))
+            mt->causal = true;
+        else if (!mt->window && window_mask(c, se->in[0], keep_true, &w))
+            mt->window = w;
+        else
+            return false;
+    }
+    if (mt->window && !mt->causal)
+        return false;
+    /* s = s' + alibi (either order) */
+    if (is(c, s, OP_ADD)) {
+        const Op *ad = def(c, s);
+        for (int x2 = 0; x2 < 2 && !mt->alibi; x2++)
+            if (alibi_bias(c, ad->in[1 - x2], R)) {
+                s = ad->in[x2];
+                mt->alibi = true;
+            }
+        if (!mt->alibi || !single(c, s))
+            return false;
     }
     /* s = S0 * c, c * S0, S0 / c, or S0 */
     int S0 = s;
@@ -219,9 +435,15 @@ static bool match(const Ctx *c, int i, Match *mt)
     mt->v = v;
     if (rank_of(c, mt->k) != R || rank_of(c, mt->q) != R)
         return false;
+    /* grouped-query attention: k and v repeated alike */
+    int k0, v0;
+    int64_t gk = repeated(c, mt->k, &k0), gv = repeated(c, mt->v, &v0);
+    if (gk > 1 && gk == gv && c->g->t.v[k0].s.dim[R - 3] == c->g->t.v[v0].s.dim[R - 3])
+        mt->k = k0, mt->v = v0;
     /* the attention op's own typing (float dtype, batch dims, Tq == Tk when
      * causal) */
     OpAttr a = {.nia = 1, .ia = {mt->causal}, .f = mt->scale};
+    ir_attn_set_variant(&a, mt->window, mt->alibi, 0);
     int in[3] = {mt->q, mt->k, mt->v};
     Shape out;
     char err[256];
@@ -262,6 +484,7 @@ bool pass_attention(Graph *g, const PassOpts *o, Diag *d)
         op->attr.nia = 1;
         op->attr.ia[0] = mt.causal;
         op->attr.f = mt.scale;
+        ir_attn_set_variant(&op->attr, mt.window, mt.alibi, 0);
         nmatch++;
     }
     if (nmatch) {

@@ -13,7 +13,9 @@
  *   permute(reshape(slice(A, [0, 0, off], [B, T, H*D])), perm=[0,2,1,3])
  *                           -> A [B, T, W] read at column offset off
  *   permute(reshape(x), perm=[0,2,1,3]), x [B, T, H*D]  -> x at offset 0
- * with one B, H, D (Dv == D) for all three. A group whose q, k or v is no
+ * with one B, H, D (Dv == D) for all three, except that k and v may have
+ * Hk heads (grouped-query attention: kvh=Hk; the other variants' attrs are
+ * kept as they are). A group whose q, k or v is no
  * such chain keeps the plain layout, unchanged.
  * Rewrite (every step is the same function, so nothing else needs to hold):
  *   - each group op is re-made in the head layout reading A (and dO' =
@@ -152,8 +154,7 @@ static int delta_heads(Ctx *c, int delta, unsigned flags)
 
 static bool same_attn(const Op *a, const Op *b)
 {
-    return a->attr.nia == 1 && b->attr.nia == 1 && a->attr.ia[0] == b->attr.ia[0] &&
-           a->attr.f == b->attr.f;
+    return !ir_attn_heads(&a->attr) && ir_attn_same_attrs(&a->attr, &b->attr);
 }
 
 /* Rewrites the group of the attention op at index i; false when its q, k,
@@ -167,14 +168,17 @@ static bool rewrite(Graph *g, int i)
     int64_t D = qs.dim[3];
     int a[3];
     int64_t off[3];
+    /* k and v: H heads, or Hk (grouped-query attention) */
+    int64_t Hk = g->t.v[op->in[1]].s.dim[1];
     for (int x = 0; x < 3; x++) {
         if (!head_split(g, op->in[x], D, &a[x], &off[x]) ||
-            g->t.v[op->in[x]].s.dim[1] != qs.dim[1])
+            g->t.v[op->in[x]].s.dim[1] != (x ? Hk : qs.dim[1]))
             return false;
     }
     int q = op->in[0], k = op->in[1], v = op->in[2];
     OpAttr na = {.nia = 6, .ia = {op->attr.ia[0], qs.dim[1], D, off[0], off[1], off[2]},
                  .f = op->attr.f};
+    ir_attn_set_variant(&na, ir_attn_window(&op->attr), ir_attn_alibi(&op->attr), Hk);
     /* the group: same q, k (v), same attrs; its members in program order */
     int n0 = g->ops.n, nmem = 0;
     int *mem = xmalloc(sizeof(int) * (size_t)n0);

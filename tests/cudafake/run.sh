@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # run.sh MODEL CASE - one cuda_fake_* test: `kiln train MODEL --device cuda`
 # with the real libkiln_cuda.so on the fakes of tests/cudafake (FAKE_LIB on
-# LD_LIBRARY_PATH), against the same run on the CPU backend.
+# LD_LIBRARY_PATH), against the same run on the CPU backend. MODEL names
+# models/MODEL.lua, or is a path (with a /) to a script; RUN_SETS, when set,
+# adds its words (--set k=v ...) to both runs.
 #
 # Cases:
 #   f32, f32_graph    losses of every step and every parameter at the end
@@ -50,6 +52,8 @@ set -u
 : "${KILN:?KILN must point at the kiln binary}"
 : "${FAKE_LIB:?FAKE_LIB must point at the fake libraries}"
 model=$1 case=$2
+script="models/$model.lua"
+case $model in */*) script=$model ;; esac
 command -v python3 >/dev/null || { echo "no python3 (cmp_weights.py): skipped"; exit 77; }
 [ -e "$FAKE_LIB/libcuda.so.1" ] || { echo "no fake driver in $FAKE_LIB: skipped"; exit 77; }
 T=$(mktemp -d "${TMPDIR:-/tmp}/kiln-cudafake.XXXXXX")
@@ -68,6 +72,8 @@ if [ "$model" = cnn ]; then # data = "tensors": 8x8 images of oriented bars
     npy_file "$T/bars/y.npy" 1 '<i4' '(160,)' "$T/y.raw"
     args+=(--set data_path="$T/bars")
 fi
+read -ra run_sets <<<"${RUN_SETS:-}"
+args+=("${run_sets[@]}")
 ltol=1e-4 wtol=1e-4 negative="" cuda_env=() both_env=()
 case $case in
 f32) ;;
@@ -94,12 +100,12 @@ neg_hostptr) cuda_env=(FAKE_CUDA_HOSTPTR_LAUNCH=5); negative=hostptr ;;
 esac
 
 # the reference
-env "${both_env[@]}" timeout 300 "$KILN" train "models/$model.lua" "${args[@]}" --threads 1 \
+env "${both_env[@]}" timeout 300 "$KILN" train "$script" "${args[@]}" --threads 1 \
     --save-weights "$T/cpu.safetensors" >"$T/cpu.log" 2>&1 ||
     { cat "$T/cpu.log"; echo "FAIL: the CPU run failed"; exit 1; }
 # the CUDA module on the fakes
 env "${both_env[@]}" "${cuda_env[@]}" LD_LIBRARY_PATH="$FAKE_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
-    timeout 500 "$KILN" train "models/$model.lua" "${args[@]}" --device cuda -v \
+    timeout 500 "$KILN" train "$script" "${args[@]}" --device cuda -v \
     --save-weights "$T/cuda.safetensors" >"$T/cuda.log" 2>&1
 rc=$?
 

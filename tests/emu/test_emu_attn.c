@@ -568,10 +568,10 @@ static void test_negative_controls(void **state)
              2);
     /* the forward skips its last key tile */
     static const int fw[] = {1, 3};
-    negative("for (int kt = 0; kt < ntiles; kt++) {\n        __syncthreads();\n        "
+    negative("for (int kt = kt0; kt < ntiles; kt++) {\n        __syncthreads();\n        "
              "kiln_attn_tile<E, BC, D, DP, LDK, NTH>(Ks, k, kt * BC, Tk, L.rs[KILN_AK]);\n"
              "        if (O)",
-             "for (int kt = 0; kt + 1 < ntiles; kt++) {\n        __syncthreads();\n        "
+             "for (int kt = kt0; kt + 1 < ntiles; kt++) {\n        __syncthreads();\n        "
              "kiln_attn_tile<E, BC, D, DP, LDK, NTH>(Ks, k, kt * BC, Tk, L.rs[KILN_AK]);\n"
              "        if (O)",
              fw, 2);
@@ -588,8 +588,8 @@ static void test_negative_controls(void **state)
              2);
     /* attention_dqkv: dv stored at dk's columns of the one buffer */
     static const int dqkv[] = {15, 17};
-    negative("dv += kiln_attn_at(L, KILN_ADV, bh);", "dv += kiln_attn_at(L, KILN_ADK, bh);", dqkv,
-             2);
+    negative("dv += kiln_attn_at(L, KILN_ADV, bh0);", "dv += kiln_attn_at(L, KILN_ADK, bh0);",
+             dqkv, 2);
 }
 
 /* The fused backward's dQ order (cuda_attn_bwd.c), broken: each must fail

@@ -539,11 +539,17 @@ static void test_attention_kernels(void **state)
      * then attention_dqkv's dq and dk+dv kernels, writing the gradients
      * into one [1, 1024, 2304] buffer (dk and dv one param), and its fused
      * backward (dq, dk and dv one param) */
+    /* and the variants (docs/fusion.md): 4 key/value heads of the 12, a
+     * window of 256 and ALiBi (forward, dq, dk+dv; vr 1); ALiBi alone in
+     * attention_dqkv's dq and dk+dv (vr 2; the fused backward takes no
+     * variant) */
     static const struct {
         int kind, d;
         bool dqkv;
-    } heads[] = {{0, 64, 0}, {1, 64, 0}, {2, 64, 0}, {0, 128, 0},
-                 {1, 64, 1}, {2, 64, 1}, {3, 64, 1}};
+        int vr;
+    } heads[] = {{0, 64, 0, 0}, {1, 64, 0, 0}, {2, 64, 0, 0}, {0, 128, 0, 0},
+                 {1, 64, 1, 0}, {2, 64, 1, 0}, {3, 64, 1, 0}, {0, 64, 0, 1},
+                 {1, 64, 0, 1}, {2, 64, 0, 1}, {1, 64, 1, 2}, {2, 64, 1, 2}};
     enum { NF = sizeof forms / sizeof forms[0], NH = sizeof heads / sizeof heads[0] };
     CgCudaFn fns[2 * (NF + NH)];
     memset(fns, 0, sizeof fns);
@@ -560,7 +566,8 @@ static void test_attention_kernels(void **state)
         }
     for (int bf = 0; bf < 2; bf++)
         for (int i = 0; i < NH; i++) {
-            int64_t H = 12, D = heads[i].d, T = 1024, W = 3 * H * D;
+            int64_t H = 12, D = heads[i].d, T = 1024, K = heads[i].vr == 1 ? 4 : H,
+                    W = (H + 2 * K) * D;
             CgCudaAttn a = {.kind = (CgCudaAttnKind)heads[i].kind, .causal = true,
                             .scale = 0.125, .dt = bf ? DT_BF16 : DT_F32, .bh = H, .tq = T,
                             .tk = T, .d = D, .dv = D, .want_o = true, .want_lse = true,
@@ -568,9 +575,14 @@ static void test_attention_kernels(void **state)
             a.lay = (IrAttnLayout){.nb = 1, .nh = H, .Tq = T, .Tk = T, .D = D, .Dv = D};
             a.lay.q = (IrAttnStride){T * W, D, W, 0};
             a.lay.k = (IrAttnStride){T * W, D, W, H * D};
-            a.lay.v = (IrAttnStride){T * W, D, W, 2 * H * D};
-            a.lay.o = a.lay.dq = a.lay.dk = a.lay.dv = (IrAttnStride){T * H * D, D, H * D, 0};
+            a.lay.v = (IrAttnStride){T * W, D, W, (H + K) * D};
+            a.lay.o = a.lay.dq = (IrAttnStride){T * H * D, D, H * D, 0};
+            a.lay.dk = a.lay.dv = (IrAttnStride){T * K * D, D, K * D, 0};
             a.lay.st = (IrAttnStride){T * H, 1, H, 0};
+            a.lay.g = H / K;
+            a.lay.nhk = K;
+            a.lay.window = heads[i].vr == 1 ? 256 : 0;
+            a.lay.ah = heads[i].vr ? H : 0;
             if (heads[i].dqkv) {
                 a.lay.dq = a.lay.q;
                 a.lay.dk = a.lay.k;
