@@ -63,7 +63,8 @@ while read -r line; do
     fi
     n=$((n + 1))
     t0=$(date +%s.%N)
-    (cd "$dir/run" && timeout -s KILL 300 "$KILN" $cmd > "$dir/out.txt" 2>&1 < /dev/null)
+    # eval: the README quotes some arguments (--prompt "The ")
+    (cd "$dir/run" && eval "timeout -s KILL 300 \"\$KILN\" $cmd" > "$dir/out.txt" 2>&1 < /dev/null)
     rc=$?
     [ -n "${DOCS_TIMES:-}" ] && echo "$(echo "$(date +%s.%N) - $t0" | bc) s: $cmd"
     if [ $rc -ne 0 ] && echo "$cmd" | grep -q -- '--device cuda' && [ $rc -eq 1 ] &&

@@ -518,7 +518,29 @@ static int b_conv(Ctx *c, int v)
     return ir_op_x(c->g, OP_MATMUL, (int[]){cols, w}, 2, &mm, here(__LINE__));
 }
 
+/* The tensor-parallel collectives as the interpreter runs them (rank r of
+ * n, the only rank: ir.h), so that finite differences check each VJP
+ * against that one-rank function: tp_allreduce and tp_copy (the identity),
+ * tp_all_gather (x at rank r's place, zeros at the others'; with sum=1 its
+ * VJP is a reduce-scatter) and tp_reduce_scatter (rank r's part). Variant:
+ * which op, as rank 1 of 2 or rank 2 of 3. */
+static int b_tp(Ctx *c, int v)
+{
+    static const struct {
+        Opcode op;
+        int axis, n, rank, sum;
+    } t[] = {{OP_TP_ALLREDUCE, 0, 2, 1, 0}, {OP_TP_COPY, 0, 3, 2, 0},
+             {OP_TP_ALL_GATHER, 1, 2, 1, 0}, {OP_TP_ALL_GATHER, 2, 3, 2, 1},
+             {OP_TP_REDUCE_SCATTER, 2, 2, 1, 0}, {OP_TP_REDUCE_SCATTER, 0, 2, 0, 0}};
+    int x = param(c, "x", F32(3, 2, 3, 6));
+    OpAttr a = {.nia = t[v].sum ? 4 : 3, .ia = {t[v].axis, t[v].n, t[v].rank, t[v].sum}};
+    /* a nonlinear reader, so that each output element's cotangent differs */
+    int y = op1(c, t[v].op, x, &a);
+    return op2(c, OP_MUL, y, y);
+}
+
 static const Case cases[] = {
+    {"tp", b_tp, 6, D_ANY},
     {"im2col", b_im2col, 4, D_ANY},    {"col2im", b_col2im, 4, D_ANY},
     {"conv", b_conv, 4, D_ANY},
     {"logsumexp", b_logsumexp, 3, D_ANY}, {"take_along", b_take_along, 1, D_ANY},

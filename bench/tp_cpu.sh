@@ -1,0 +1,56 @@
+#!/bin/bash
+# `kiln plan` against the clock for tensor parallelism (issue 39): gpt.lua at
+# tp = 2 on 2 CPU ranks of this machine. kiln plan compiles the step
+# partitioned (rank 0's graph, docs/parallel.md) and costs its compute with
+# the cpu device's measured figures and its TP collectives with the measured
+# MPI link (alpha-beta ring); `kiln train --nproc 2 --tp 2` measures the
+# step (its final line's median) and the TP collectives' time per step
+# (its `tensor-parallel comm:` line, all exposed). Goal: both within 25%.
+# The config is wide in activations (B x T x C) so that the all-reduces are
+# a visible share of the step.
+#
+# The cpu device's figures are measured once and cached; the training runs
+# are repeated ROUNDS times and the medians compared. One more row puts the
+# one-rank step (no MPI) beside the cost model's compute. Timings on a
+# shared machine are noisy: the load average is printed.
+#
+#   bench/tp_cpu.sh [KILN] [STEPS] [ROUNDS]
+set -euo pipefail
+kiln=${1:-build/kiln}
+steps=${2:-30}
+rounds=${3:-3}
+cfg=(--set L=2 --set H=4 --set C=256 --set T=64 --set batch=8)
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/kiln-tp-cpu.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+
+median() { sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) print "nan"; else if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+json() { sed -n "s/^[[:space:]]*\"$1\":[[:space:]]*\([-0-9.e+]*\),\?$/\1/p" | head -1; }
+
+echo "load average at start: $(cut -d' ' -f1-3 /proc/loadavg) ($(nproc) cores)"
+"$kiln" plan models/gpt.lua --device cpu --tp 2 --gpus 2 "${cfg[@]}" | grep -E '^plan|TP' || true
+"$kiln" plan models/gpt.lua --device cpu --tp 2 --gpus 2 "${cfg[@]}" --json >"$tmp/plan"
+"$kiln" compile models/gpt.lua --target cpu --threads 1 "${cfg[@]}" >"$tmp/one-pred"
+
+for r in $(seq "$rounds"); do
+    "$kiln" train models/gpt.lua --nproc 2 --tp 2 --steps "$steps" -q "${cfg[@]}" \
+        >"$tmp/out" 2>&1 || { cat "$tmp/out"; exit 1; }
+    sed -n 's/^final:.*median \([0-9.]*\) ms\/step.*/\1/p' "$tmp/out" >>"$tmp/step"
+    sed -n 's/^tensor-parallel comm:.*, \([0-9.]*\) ms, all exposed.*/\1/p' "$tmp/out" >>"$tmp/tp"
+    "$kiln" train models/gpt.lua --threads 1 --steps "$steps" -q "${cfg[@]}" 2>&1 |
+        sed -n 's/^final:.*median \([0-9.]*\) ms\/step.*/\1/p' >>"$tmp/step-one"
+done
+
+row() { # name predicted_ms measured_ms
+    awk -v n="$1" -v p="$2" -v m="$3" \
+        'BEGIN { printf "%-36s %12.2f %12.2f %7.2f\n", n, p, m, (m > 0 ? p / m : 0) }'
+}
+printf '%-36s %12s %12s %7s\n' "gpt.lua L2 H4 C256 T64 B8, tp 2" "predicted ms" "measured ms" "ratio"
+ps=$(json predicted_s <"$tmp/plan")
+pt=$(json tp_per_microbatch_s <"$tmp/plan")
+row "2 ranks: step" "$(awk -v x="$ps" 'BEGIN { print 1e3 * x }')" "$(median <"$tmp/step")"
+row "2 ranks: TP collectives per step" "$(awk -v x="$pt" 'BEGIN { print 1e3 * x }')" \
+    "$(median <"$tmp/tp")"
+p1=$(sed -n 's/^predicted step on cpu .*: \([0-9.]*\) \(s\|ms\|us\)$/\1 \2/p' "$tmp/one-pred" |
+     awk '{ v = $1; if ($2 == "s") v *= 1e3; if ($2 == "us") v /= 1e3; print v }')
+row "1 rank, 1 thread: step (no MPI)" "$p1" "$(median <"$tmp/step-one")"
+echo "medians of $rounds runs of $steps steps each; load average at end: $(cut -d' ' -f1-3 /proc/loadavg)"
