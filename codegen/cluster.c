@@ -108,18 +108,18 @@ void cg_cluster_memory(const CgClusterModel *m, const CgClusterOpts *o, CgCluste
     p->grads_resident = o->micro_batches > 1 || m->mem_nops == 0;
     p->mem_op = -1;
     p->mem_grads = p->grads_resident ? m->grad_bytes / split : 0;
-    p->mem_act = m->mem_nops == 0 ? m->act_bytes / o->tp : 0;
+    p->mem_act = m->mem_nops == 0 ? m->act_bytes / tp : 0;
     p->mem_saved = 0;
     double best = -1;
     for (int i = 0; i < m->mem_nops; i++) {
         double gr = p->grads_resident ? m->grad_bytes / split : m->mem_grad[i] / split;
-        double x = gr + m->mem_act[i] / o->tp;
+        double x = gr + m->mem_act[i] / tp;
         if (x > best) {
             best = x;
             p->mem_op = i;
             p->mem_grads = gr;
-            p->mem_act = m->mem_act[i] / o->tp;
-            p->mem_saved = m->mem_saved[i] / o->tp;
+            p->mem_act = m->mem_act[i] / tp;
+            p->mem_saved = m->mem_saved[i] / tp;
         }
     }
     p->mem_total = p->mem_params + p->mem_grads + p->mem_opt + p->mem_act;

@@ -77,12 +77,15 @@ static bool *bf16_storage(const Graph *g, const MemPlan *m)
     for (int t = 0; t < nt; t++)
         if (!elig[t])
             ok[m->root[t]] = false;
-    /* copies (reshape, allreduce) move bytes: both sides share one storage type */
+    /* copies (reshape, allreduce, tp_copy) and the TP collectives move bytes:
+     * both sides share one storage type */
     for (bool changed = true; changed;) {
         changed = false;
         for (int i = 0; i < g->ops.n; i++) {
             const Op *op = &g->ops.v[i];
-            if (op->group >= 0 || (op->code != OP_RESHAPE && op->code != OP_ALLREDUCE))
+            bool moves = op->code == OP_RESHAPE || op->code == OP_ALLREDUCE ||
+                         ir_opinfo[op->code].attr == AK_TP;
+            if (op->group >= 0 || !moves)
                 continue;
             int a = m->root[op->in[0]], c = m->root[op->out];
             if (ok[a] != ok[c]) {

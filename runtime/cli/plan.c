@@ -338,7 +338,10 @@ static bool measure(const Model *m, const PassOpts *po, const CgDevice *dev, Var
             const Op *op = &g->ops.v[st->op];
             double bi = (double)shape_bytes(&g->t.v[op->in[0]].s);
             double bo = (double)shape_bytes(&g->t.v[op->out].s);
-            v->tpb[c->ntp] = bi > bo ? bi : bo;
+            /* under bf16 the CUDA backend stores the activations, and so the
+             * collectives' buffers, as bf16 (cg_cuda_storage) */
+            double dt = o.bf16 && g->t.v[op->out].s.dtype == DT_F32 ? 0.5 : 1.0;
+            v->tpb[c->ntp] = dt * (bi > bo ? bi : bo);
             v->tpk[c->ntp++] = op->code == OP_TP_ALLREDUCE       ? CG_COLL_ALLREDUCE
                                : op->code == OP_TP_REDUCE_SCATTER ? CG_COLL_REDUCE_SCATTER
                                                                   : CG_COLL_ALL_GATHER;
