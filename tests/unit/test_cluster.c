@@ -303,6 +303,23 @@ static void test_memory_timeline(void **state)
     assert_int_equal(p.mem_op, 2);
     assert_true(p.mem_grads == 10 && p.mem_act == 25 && p.mem_saved == 20);
     assert_true(p.mem_total == 25 + 50 + 35);
+    /* the same timeline as a step compiled partitioned for tp 2 (its figures
+     * are one TP rank's already): only pp divides, grads / 2 + act peaks at
+     * op 2 (20 + 50 = 70, where tp 2 x pp 2 of the whole step gave 35) */
+    m.tp_split = 2;
+    p = project(&m, &o);
+    assert_int_equal(p.mem_op, 2);
+    assert_true(p.mem_grads == 20 && p.mem_act == 50 && p.mem_saved == 40);
+    assert_true(p.mem_params == 50 && p.mem_opt == 100);
+    /* and its own TP collectives replace the four all-reduces per layer */
+    const double tpb[2] = {1e6, 2e6};
+    const int tpk[2] = {CG_COLL_ALLREDUCE, CG_COLL_ALL_GATHER};
+    m.ntp = 2, m.tp_bytes = tpb, m.tp_coll = tpk;
+    p = project(&m, &o);
+    double bw = o.tp <= o.gpus_per_node ? o.intra_bw : o.inter_bw;
+    double want = (cg_ring_allreduce(1e6, 2, bw, o.alpha_s) + cg_ring_half(2e6, 2, bw, o.alpha_s)) / 2;
+    assert_true(fabs(p.t_tp_mb - want) <= 1e-12 * want);
+    m.tp_split = 1, m.ntp = 0, m.tp_bytes = NULL, m.tp_coll = NULL;
     /* memory still falls as TP and PP grow */
     double last = 1e300;
     for (int tp = 1; tp <= 8; tp *= 2)
