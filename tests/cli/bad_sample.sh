@@ -82,7 +82,13 @@ expect 1 'train: sample_prompt: expected token ids from 0 to 299' \
 # is a prefill; minutes of work): exit 130, a stop message
 "$KILN" sample $G --prompt hi --max-new-tokens 16777216 >"$dir/out" 2>"$dir/err" &
 pid=$!
-sleep 1
+# once it samples (its path line), not while it still compiles (a loaded
+# machine, the sanitizer build): then the stop message names the samples
+for _ in $(seq 600); do
+    grep -q '^sample: .*: KV cache' "$dir/err" 2>/dev/null && break
+    sleep 0.1
+done
+sleep 0.5
 kill -INT $pid
 wait $pid
 rc=$?
