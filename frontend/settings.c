@@ -86,13 +86,15 @@ const FeTrainKey *fe_train_key(const char *name)
 
 const char *fe_train_key_list(void)
 {
-    static char buf[1024];
+    /* every key fits: names of at most 32 characters, and the tables' */
+    static char buf[(NTRAIN_KEYS + 3) * 34 + 64];
     if (!buf[0]) {
         size_t k = 0;
-        for (int i = 0; i < NTRAIN_KEYS; i++)
+        for (int i = 0; i < NTRAIN_KEYS && k < sizeof buf; i++)
             k += (size_t)snprintf(buf + k, sizeof buf - k, "%s%s", i ? ", " : "",
                                   train_keys[i].name);
-        snprintf(buf + k, sizeof buf - k, ", param_groups, frozen, early_stop"); /* tables: frontend.c */
+        if (k < sizeof buf) /* tables: frontend.c */
+            snprintf(buf + k, sizeof buf - k, ", param_groups, frozen, early_stop");
     }
     return buf;
 }
