@@ -896,6 +896,13 @@ static bool build(Run *r, Diag *d)
         fprintf(stderr,
                 "kiln: note: precision=bf16, tf32 and cuda_graph apply to --device cuda; the "
                 "CPU backend computes in f32 and runs steps one by one\n");
+    /* tp > 1 on a model that marks nothing to split: every TP rank runs the
+     * whole step (right, but no faster and no smaller): say so */
+    if (r->c.tp > 1 && !rt_tp_any(r->tg) && rt_dp_world_rank(r->dp) == 0)
+        fprintf(stderr,
+                "kiln: note: tp = %lld, but %s marks no param for tensor parallelism "
+                "(shard(), nn's parallel options: docs/parallel.md): each TP rank runs the "
+                "whole step\n", (long long)r->c.tp, r->m->path);
     r->flops = ir_graph_flops(r->tg);
     /* MFU's denominator: --peak-gflops, else on the CPU the measured FMA
      * peak of the threads this rank runs (runtime/cpu/measure.c, cached) */

@@ -180,6 +180,12 @@ grep -q 'const {value=128}' "$P" || fail "rank 1's vocabulary offset (128) is mi
 diff <(grep -v '^#' "$T/opt.ir") <(grep -v '^#' "$P") >/dev/null ||
     fail "kiln opt's partition differs from kiln compile's"
 
+# a model that marks nothing: right (every TP rank runs the whole step), and said
+run mlp1 models/mlp.lua --steps 5
+run mlp2 models/mlp.lua --steps 5 --nproc 2 --tp 2
+same_losses mlp2 mlp1
+grep -q 'marks no param for tensor parallelism' "$T/mlp2.log" || fail "no note for an unmarked model"
+
 # --- errors -------------------------------------------------------------------
 # expect NAME PATTERN ARGS...: kiln train fails (not by a signal) saying PATTERN
 expect() {
