@@ -133,6 +133,20 @@ static int reshape_to(Part *p, int x, const Shape *s)
     return emit(p, OP_RESHAPE, &x, 1, &a);
 }
 
+/* s with axis cut into [k, dim / k]: the view in which a split in k blocks
+ * is a plain split of the axis after. */
+static Shape blocked(const Shape *s, int axis, int64_t k)
+{
+    Shape b = *s;
+    for (int i = b.rank; i > axis + 1; i--)
+        b.dim[i] = b.dim[i - 1], b.dname[i] = b.dname[i - 1];
+    b.rank++;
+    b.dim[axis] = k;
+    b.dim[axis + 1] = s->dim[axis] / k;
+    b.dname[axis] = b.dname[axis + 1] = NULL;
+    return b;
+}
+
 /* x (new tensor, the local value of a tensor split S(axis, blocks)) made
  * whole: gathered along the axis, block by block. */
 static int gather_whole(Part *p, int x, Sh sh)
@@ -140,49 +154,31 @@ static int gather_whole(Part *p, int x, Sh sh)
     if (sh.blocks == 1)
         return coll(p, OP_TP_ALL_GATHER, x, sh.axis);
     /* [.., k*m, ..] -> [.., k, m, ..] -> gather along m -> [.., k*n*m, ..] */
-    Shape s = p->ng->t.v[x].s, b = s;
-    for (int i = b.rank; i > sh.axis + 1; i--)
-        b.dim[i] = b.dim[i - 1], b.dname[i] = b.dname[i - 1];
-    b.rank++;
-    b.dim[sh.axis] = sh.blocks;
-    b.dim[sh.axis + 1] = s.dim[sh.axis] / sh.blocks;
-    b.dname[sh.axis] = b.dname[sh.axis + 1] = NULL;
+    Shape s = p->ng->t.v[x].s, b = blocked(&s, sh.axis, sh.blocks);
     int y = coll(p, OP_TP_ALL_GATHER, reshape_to(p, x, &b), sh.axis + 1);
     s.dim[sh.axis] *= p->n;
     s.dname[sh.axis] = NULL;
     return reshape_to(p, y, &s);
 }
 
-/* Rank r's part of whole new tensor x, split as sh: slices, no data moved. */
+/* Rank r's part of whole new tensor x, split as sh: slices, no data moved
+ * (in blocks: the same slice of the blocked view). */
 static int slice_part(Part *p, int x, Sh sh)
 {
     Shape s = p->ng->t.v[x].s;
     int64_t m = s.dim[sh.axis] / sh.blocks / p->n; /* per block, per rank */
-    if (sh.blocks == 1) {
-        OpAttr a = {0};
-        Shape o = s;
-        o.dim[sh.axis] = m;
-        o.dname[sh.axis] = NULL;
-        ir_attr_set_shape(&a, &o);
-        a.nia = s.rank;
-        a.ia[sh.axis] = p->rank * m;
-        return emit(p, OP_SLICE, &x, 1, &a);
-    }
-    Shape b = s;
-    for (int i = b.rank; i > sh.axis + 1; i--)
-        b.dim[i] = b.dim[i - 1], b.dname[i] = b.dname[i - 1];
-    b.rank++;
-    b.dim[sh.axis] = sh.blocks;
-    b.dim[sh.axis + 1] = m * p->n;
-    b.dname[sh.axis] = b.dname[sh.axis + 1] = NULL;
-    int y = reshape_to(p, x, &b);
-    Shape o = b;
-    o.dim[sh.axis + 1] = m;
+    int ax = sh.blocks == 1 ? sh.axis : sh.axis + 1;
+    Shape v = sh.blocks == 1 ? s : blocked(&s, sh.axis, sh.blocks), o = v;
+    int y = sh.blocks == 1 ? x : reshape_to(p, x, &v);
+    o.dim[ax] = m;
+    o.dname[ax] = NULL;
     OpAttr a = {0};
     ir_attr_set_shape(&a, &o);
     a.nia = o.rank;
-    a.ia[sh.axis + 1] = p->rank * m;
+    a.ia[ax] = p->rank * m;
     y = emit(p, OP_SLICE, &y, 1, &a);
+    if (sh.blocks == 1)
+        return y;
     Shape f = s;
     f.dim[sh.axis] = m * sh.blocks;
     f.dname[sh.axis] = NULL;
