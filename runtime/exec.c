@@ -270,8 +270,8 @@ static void shard_pack(Exec *e, const CgStep *st)
 }
 
 /* A CG_STEP_TP step: its op's collective over the TP group, from the
- * operand's buffer to the result's (through host staging where the
- * backend has no host pointers). */
+ * operand's buffer to the result's, in host memory (rt_exec_create refuses
+ * TP steps on a backend without host pointers). */
 static void run_tp(Exec *e, const CgStep *st)
 {
     const Graph *g = e->plan->g;
@@ -284,11 +284,7 @@ static void run_tp(Exec *e, const CgStep *st)
     if (xs->dtype != DT_F32)
         die("run_tp: %s of %s (the partition pass runs on f32 graphs only)",
             ir_opinfo[op->code].name, dtype_name(xs->dtype));
-    bool host = e->be->host_ptr != NULL;
-    float *x = host ? e->be->host_ptr(e->ctx, st->src) : xmalloc(sizeof(float) * (size_t)nx);
-    float *y = host ? e->be->host_ptr(e->ctx, st->dst) : xmalloc(sizeof(float) * (size_t)ny);
-    if (!host)
-        e->be->read(e->ctx, st->src, x, nx * 4);
+    float *x = e->be->host_ptr(e->ctx, st->src), *y = e->be->host_ptr(e->ctx, st->dst);
     int64_t outer = 1;
     for (int i = 0; i < op->attr.ia[0] && i < xs->rank; i++)
         outer *= xs->dim[i];
@@ -303,11 +299,6 @@ static void run_tp(Exec *e, const CgStep *st)
         rt_comm_tp_reduce_scatter(e->o.tp_comm, x, outer, ny / outer, y);
         break;
     default: die("run_tp: %s", ir_opinfo[op->code].name);
-    }
-    if (!host) {
-        e->be->write(e->ctx, st->dst, y, ny * 4);
-        free(x);
-        free(y);
     }
 }
 
