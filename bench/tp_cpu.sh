@@ -5,7 +5,8 @@
 # the cpu device's measured figures and its TP collectives with the measured
 # MPI link (alpha-beta ring); `kiln train --nproc 2 --tp 2` measures the
 # step (its final line's median) and the TP collectives' time per step
-# (its `tensor-parallel comm:` line, all exposed). Goal: both within 25%.
+# (its `tensor-parallel comm:` line: start to completion). Goal: both
+# within 25%. The exposed part is printed beside it.
 # The config is wide in activations (B x T x C) so that the all-reduces are
 # a visible share of the step.
 #
@@ -35,7 +36,8 @@ for r in $(seq "$rounds"); do
     "$kiln" train models/gpt.lua --nproc 2 --tp 2 --steps "$steps" -q "${cfg[@]}" \
         >"$tmp/out" 2>&1 || { cat "$tmp/out"; exit 1; }
     sed -n 's/^final:.*median \([0-9.]*\) ms\/step.*/\1/p' "$tmp/out" >>"$tmp/step"
-    sed -n 's/^tensor-parallel comm:.*, \([0-9.]*\) ms, all exposed.*/\1/p' "$tmp/out" >>"$tmp/tp"
+    sed -n 's/^tensor-parallel comm:.*, \([0-9.]*\) ms, [0-9.]* ms exposed$/\1/p' "$tmp/out" >>"$tmp/tp"
+    sed -n 's/^tensor-parallel comm:.*, \([0-9.]*\) ms exposed$/\1/p' "$tmp/out" >>"$tmp/tpx"
     "$kiln" train models/gpt.lua --threads 1 --steps "$steps" -q "${cfg[@]}" 2>&1 |
         sed -n 's/^final:.*median \([0-9.]*\) ms\/step.*/\1/p' >>"$tmp/step-one"
 done
@@ -50,6 +52,7 @@ pt=$(json tp_per_microbatch_s <"$tmp/plan")
 row "2 ranks: step" "$(awk -v x="$ps" 'BEGIN { print 1e3 * x }')" "$(median <"$tmp/step")"
 row "2 ranks: TP collectives per step" "$(awk -v x="$pt" 'BEGIN { print 1e3 * x }')" \
     "$(median <"$tmp/tp")"
+echo "  of which exposed (measured): $(median <"$tmp/tpx") ms"
 p1=$(sed -n 's/^predicted step on cpu .*: \([0-9.]*\) \(s\|ms\|us\)$/\1 \2/p' "$tmp/one-pred" |
      awk '{ v = $1; if ($2 == "s") v *= 1e3; if ($2 == "us") v /= 1e3; print v }')
 row "1 rank, 1 thread: step (no MPI)" "$p1" "$(median <"$tmp/step-one")"

@@ -20,7 +20,9 @@
  * one exception to "never earlier": small ungrouped ops that read a fuse
  * group's operand after the group, and could run before it, move in front
  * of it when that makes the group the operand's last reader
- * (hoist_readers: memplan may then write a result over it). */
+ * (hoist_readers: memplan may then write a result over it). Before
+ * that, the weight-gradient GEMMs that can move up to a tensor-parallel
+ * collective do, to run while it is in flight (overlap_tp). */
 #include "passes.h"
 
 #include <stdlib.h>
@@ -243,6 +245,103 @@ static void hoist_readers(const Graph *g, int *order, int n)
     free(mv);
 }
 
+/* Whether op i is a weight-gradient GEMM: a backward matmul whose result
+ * no other backward op reads outside its unit (it feeds the optimizer, a
+ * bucket or an accumulator, not the chain of input gradients). */
+static bool wgrad_gemm(const Graph *g, const int *unit, int i)
+{
+    const Op *op = &g->ops.v[i];
+    if (op->code != OP_MATMUL || !(op->flags & OPF_BACKWARD) || (op->flags & OPF_RECOMPUTE))
+        return false;
+    for (int k = 0; k < g->ops.n; k++) {
+        const Op *r = &g->ops.v[k];
+        if (unit[k] == unit[i] || !(r->flags & OPF_BACKWARD) || (r->flags & OPF_OPTIM))
+            continue;
+        for (int j = 0; j < r->nin; j++)
+            if (r->in[j] == op->out)
+                return false;
+    }
+    return true;
+}
+
+static bool tp_collective(Opcode c)
+{
+    return c == OP_TP_ALLREDUCE || c == OP_TP_ALL_GATHER || c == OP_TP_REDUCE_SCATTER;
+}
+
+/* Moves, right after each tensor-parallel collective of order[0..n), the
+ * units holding a weight-gradient GEMM that order puts after the
+ * collective's first reader but whose operands are all defined by then:
+ * the runtime starts the collective and waits for it at its first reader
+ * (runtime/exec.c), so these GEMMs run while it is in flight (Megatron's
+ * overlap of the weight gradients with the input gradient's all-reduce).
+ * Units move whole and only earlier, past ops that define none of their
+ * operands; the moved GEMM's result (a param's gradient) lives longer,
+ * its operands (activations) shorter. */
+static void overlap_tp(const Graph *g, const int *unit, int *order, int n)
+{
+    bool any = false;
+    for (int i = 0; i < n && !any; i++)
+        any = tp_collective(g->ops.v[i].code);
+    if (!any)
+        return;
+    int *pos = xmalloc(sizeof(int) * (size_t)(n + 1));
+    int *tmp = xmalloc(sizeof(int) * (size_t)(n + 1));
+    bool *mv = xcalloc((size_t)n + 1, sizeof(bool));    /* per op: moves now */
+    bool *wg = xcalloc((size_t)n + 1, sizeof(bool));    /* per op: in a wgrad unit */
+    for (int i = 0; i < n; i++)
+        if (wgrad_gemm(g, unit, i))
+            for (int k = 0; k < n; k++)
+                wg[k] |= unit[k] == unit[i];
+    for (int p = 0; p < n; p++) {
+        const Op *c = &g->ops.v[order[p]];
+        if (!tp_collective(c->code))
+            continue;
+        for (int k = 0; k < n; k++)
+            pos[order[k]] = k;
+        int first = n; /* the collective's first reader */
+        for (int k = p + 1; k < n && first == n; k++)
+            for (int j = 0; j < g->ops.v[order[k]].nin; j++)
+                if (g->ops.v[order[k]].in[j] == c->out)
+                    first = k;
+        int nmv = 0;
+        for (int k = first + 1; k < n;) { /* unit by unit */
+            int u = unit[order[k]], e = k;
+            while (e + 1 < n && unit[order[e + 1]] == u)
+                e++;
+            bool ok = wg[order[k]];
+            for (int q = k; q <= e && ok; q++) {
+                const Op *x = &g->ops.v[order[q]];
+                for (int j = 0; j < x->nin && ok; j++) {
+                    int d = g->t.v[x->in[j]].op;
+                    ok = d < 0 || unit[d] == u || pos[d] <= p;
+                }
+            }
+            for (int q = k; q <= e && ok; q++, nmv++)
+                mv[order[q]] = true;
+            k = e + 1;
+        }
+        if (!nmv)
+            continue;
+        int w = 0;
+        for (int k = p + 1; k < n; k++)
+            if (mv[order[k]])
+                tmp[w++] = order[k];
+        for (int k = p + 1; k < n; k++)
+            if (!mv[order[k]])
+                tmp[w++] = order[k];
+        for (int k = 0; k < w; k++) {
+            mv[tmp[k]] = false;
+            order[p + 1 + k] = tmp[k];
+        }
+        p += nmv;
+    }
+    free(pos);
+    free(tmp);
+    free(mv);
+    free(wg);
+}
+
 bool pass_schedule(Graph *g, const PassOpts *o, Diag *d)
 {
     (void)o;
@@ -338,6 +437,7 @@ bool pass_schedule(Graph *g, const PassOpts *o, Diag *d)
         if (last[s.unit[i]] == i && !s.emitted[s.unit[i]])
             emit(&s, s.unit[i]);
 
+    overlap_tp(g, s.unit, s.order, n);
     hoist_readers(g, s.order, n);
     pair_attention(g, s.order, n);
     ir_reorder_ops(g, s.order, n);

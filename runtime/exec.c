@@ -56,6 +56,11 @@ struct Exec {
     int release_at;       /* zero=1 in pieces: the all-gather starts up to this step are
                              released to the communication thread at once (pieces.c); -1 */
     Exec *arena_of;       /* ExecOpts.arena_of when e runs in its arena; else NULL */
+    /* TP collectives in flight (host backends; setup_tp) */
+    int *tp_handle;       /* per step: a CG_STEP_TP step's collective in flight, -1 */
+    int *tp_wait_head;    /* per step: first TP step whose result it reads first, -1 */
+    int *tp_wait_next;    /* per TP step: the next one its first reader waits for, -1 */
+    int tp_inflight;
 };
 
 /* zero=1: a deferred bucket's gather may still be writing its params. On
@@ -269,37 +274,95 @@ static void shard_pack(Exec *e, const CgStep *st)
     }
 }
 
-/* A CG_STEP_TP step: its op's collective over the TP group, from the
- * operand's buffer to the result's, in host memory (rt_exec_create refuses
- * TP steps on a backend without host pointers). */
-static void run_tp(Exec *e, const CgStep *st)
+/* TP collectives overlap the compute that does not read them: a
+ * CG_STEP_TP step starts its collective (rt_comm_tp_start: the operand is
+ * copied at once, so memplan may reuse it), and the first later step that
+ * reads its result's storage waits for it (memplan keeps that storage
+ * live from the TP step to its last reader, so no step writes it in
+ * between); the ones that no step reads (graph outputs) land before
+ * rt_exec_run returns. The schedule pass puts independent work there,
+ * the weight-gradient GEMMs under backward's all-reduces. */
+static void setup_tp(Exec *e)
 {
+    const CgPlan *p = e->plan;
+    const Graph *g = e->g;
+    int n = p->steps.n;
+    bool any = false;
+    for (int s = 0; s < n && !any; s++)
+        any = p->steps.v[s].kind == CG_STEP_TP;
+    if (!any)
+        return;
+    e->tp_handle = xmalloc(sizeof(int) * (size_t)(n + 1));
+    e->tp_wait_head = xmalloc(sizeof(int) * (size_t)(n + 1));
+    e->tp_wait_next = xmalloc(sizeof(int) * (size_t)(n + 1));
+    for (int s = 0; s < n; s++)
+        e->tp_handle[s] = e->tp_wait_head[s] = e->tp_wait_next[s] = -1;
+    const MemPlan *m = p->mem;
+    int *ostep = op_steps(e);
+    for (int s = 0; s < n; s++) {
+        if (p->steps.v[s].kind != CG_STEP_TP)
+            continue;
+        int root = m->root[g->ops.v[p->steps.v[s].op].out], first = -1;
+        for (int i = 0; i < g->ops.n; i++)
+            for (int j = 0; j < g->ops.v[i].nin; j++)
+                if (ostep[i] > s && m->root[g->ops.v[i].in[j]] == root &&
+                    (first < 0 || ostep[i] < first))
+                    first = ostep[i];
+        if (first >= 0) {
+            e->tp_wait_next[s] = e->tp_wait_head[first];
+            e->tp_wait_head[first] = s;
+        }
+    }
+    free(ostep);
+}
+
+/* A CG_STEP_TP step: starts its op's collective over the TP group, from
+ * the operand's buffer to the result's, in host memory (rt_exec_create
+ * refuses TP steps on a backend without host pointers). */
+static void start_tp(Exec *e, int s)
+{
+    const CgStep *st = &e->plan->steps.v[s];
     const Graph *g = e->plan->g;
     const Op *op = &g->ops.v[st->op];
     const Shape *xs = &g->t.v[op->in[0]].s, *ys = &g->t.v[op->out].s;
     int64_t nx = shape_numel(xs), ny = shape_numel(ys);
     if (!e->o.tp_comm)
-        die("run_tp: %s without a TP group (rt_dp_open refuses tp > 1 on one rank)",
+        die("start_tp: %s without a TP group (rt_dp_open refuses tp > 1 on one rank)",
             ir_opinfo[op->code].name);
     if (xs->dtype != DT_F32)
-        die("run_tp: %s of %s (the partition pass runs on f32 graphs only)",
+        die("start_tp: %s of %s (the partition pass runs on f32 graphs only)",
             ir_opinfo[op->code].name, dtype_name(xs->dtype));
     float *x = e->be->host_ptr(e->ctx, st->src), *y = e->be->host_ptr(e->ctx, st->dst);
     int64_t outer = 1;
     for (int i = 0; i < op->attr.ia[0] && i < xs->rank; i++)
         outer *= xs->dim[i];
+    int h;
     switch (op->code) {
-    case OP_TP_ALLREDUCE:
-        if (x != y)
-            memcpy(y, x, sizeof(float) * (size_t)nx);
-        rt_comm_tp_allreduce(e->o.tp_comm, y, ny);
-        break;
-    case OP_TP_ALL_GATHER: rt_comm_tp_all_gather(e->o.tp_comm, x, outer, nx / outer, y); break;
+    case OP_TP_ALLREDUCE: h = rt_comm_tp_start(e->o.tp_comm, 0, x, 1, ny, y); break;
+    case OP_TP_ALL_GATHER: h = rt_comm_tp_start(e->o.tp_comm, 2, x, outer, nx / outer, y); break;
     case OP_TP_REDUCE_SCATTER:
-        rt_comm_tp_reduce_scatter(e->o.tp_comm, x, outer, ny / outer, y);
+        h = rt_comm_tp_start(e->o.tp_comm, 1, x, outer, ny / outer, y);
         break;
-    default: die("run_tp: %s", ir_opinfo[op->code].name);
+    default: die("start_tp: %s", ir_opinfo[op->code].name);
     }
+    e->tp_handle[s] = h;
+    e->tp_inflight += h >= 0;
+}
+
+static void wait_tp(Exec *e, int s)
+{
+    if (e->tp_handle[s] < 0)
+        return;
+    rt_comm_tp_wait(e->o.tp_comm, e->tp_handle[s]);
+    e->tp_handle[s] = -1;
+    e->tp_inflight--;
+}
+
+/* Every TP collective still in flight lands (the end of a run). */
+static void wait_tp_all(Exec *e)
+{
+    for (int s = 0; e->tp_inflight > 0 && s < e->plan->steps.n; s++)
+        wait_tp(e, s);
 }
 
 /* Plan step s: allreduce starts and waits go to the communication thread
@@ -320,9 +383,14 @@ static bool run_step(Exec *e, int s, uint64_t seed, int64_t step, Diag *d)
         shard_pack(e, st);
         return true;
     }
+    if (e->tp_inflight > 0) {
+        rt_comm_tp_poll(e->o.tp_comm);
+        for (int t = e->tp_wait_head[s]; t >= 0; t = e->tp_wait_next[t])
+            wait_tp(e, t);
+    }
     if (st->kind == CG_STEP_TP) {
         e->be->sync(e->ctx);
-        run_tp(e, st);
+        start_tp(e, s);
         return true;
     }
     if (st->kind == CG_STEP_ALLREDUCE_START) {
@@ -546,6 +614,7 @@ Exec *rt_exec_create(const Graph *g, const ExecOpts *o, Diag *d)
                      op->loc.file ? op->loc.file : "?", op->loc.line, be->name);
             goto fail;
         }
+    setup_tp(e);
     if (o->profile)
         setup_profile(e);
     if (o->verbose)
@@ -591,6 +660,9 @@ void rt_exec_destroy(Exec *e)
     free(e->root_bucket);
     free(e->wait_head);
     free(e->wait_next);
+    free(e->tp_handle);
+    free(e->tp_wait_head);
+    free(e->tp_wait_next);
     vec_free(&e->hooks);
     free(e->hook_at);
     if (e->cev)
@@ -651,7 +723,7 @@ static void account(Exec *e, int s, double a, double b)
     r->bytes += e->step_bytes[s];
 }
 
-bool rt_exec_run(Exec *e, uint64_t seed, int64_t step, Diag *d)
+static bool exec_run(Exec *e, uint64_t seed, int64_t step, Diag *d)
 {
     const CgPlan *p = e->plan;
     if (e->arena_of) /* its temp region is ours now */
@@ -684,6 +756,14 @@ bool rt_exec_run(Exec *e, uint64_t seed, int64_t step, Diag *d)
         account(e, s, a - t0, b - t0);
     }
     return true;
+}
+
+bool rt_exec_run(Exec *e, uint64_t seed, int64_t step, Diag *d)
+{
+    bool ok = exec_run(e, seed, step, d);
+    if (e->tp_inflight > 0) /* on failure too: MPI may not keep writing into the arena */
+        wait_tp_all(e);
+    return ok;
 }
 
 double rt_exec_device_seconds(Exec *e)

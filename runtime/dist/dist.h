@@ -52,21 +52,31 @@ int rt_comm_world_rank(const RtComm *c); /* 0 for NULL */
 int rt_comm_world_size(const RtComm *c); /* 1 for NULL */
 int rt_comm_tp(const RtComm *c);         /* the TP group's size; 1 for NULL */
 int rt_comm_tp_rank(const RtComm *c);    /* this rank's index in it; 0 for NULL */
-/* Collectives over the TP group, blocking on the calling thread (f32):
- * the sum in place; the gather of each rank's [outer][chunk] into
- * [outer][rank][chunk]; the sum of [outer][rank][chunk] scattered as this
- * rank's [outer][chunk]. With one TP rank: identities (copies). */
+/* Collectives over the TP group on the calling thread (f32), coll 0: the
+ * sum of chunk elements (outer 1), from x into y (x == y: in place); 1:
+ * the sum of [outer][rank][chunk] scattered as this rank's [outer][chunk];
+ * 2: the gather of each rank's [outer][chunk] into [outer][rank][chunk].
+ * rt_comm_tp_start posts it and returns a handle (x may be reused at once;
+ * y is written until the wait); rt_comm_tp_poll progresses every one in
+ * flight (call it between steps); rt_comm_tp_wait blocks until handle h
+ * has landed in y. With one TP rank the start copies and returns -1,
+ * which the wait ignores. The three blocking forms start and wait. */
+int rt_comm_tp_start(RtComm *c, int coll, const float *x, int64_t outer, int64_t chunk,
+                     float *y);
+void rt_comm_tp_poll(RtComm *c);
+void rt_comm_tp_wait(RtComm *c, int h);
 void rt_comm_tp_allreduce(RtComm *c, float *x, int64_t n);
 void rt_comm_tp_all_gather(RtComm *c, const float *x, int64_t outer, int64_t chunk, float *out);
 void rt_comm_tp_reduce_scatter(RtComm *c, const float *x, int64_t outer, int64_t chunk,
                                float *out);
 /* The TP collectives this rank ran since the last call (then zeroed): their
- * seconds (all exposed: they block the step), count, bytes per rank (an
+ * seconds from start to completion (as seen by the polls), the seconds
+ * their waits blocked the step (exposed), count, bytes per rank (an
  * all-reduce's buffer, a gather's or reduce-scatter's whole tensor) and
  * events (bucket -1, coll 0 all-reduce, 1 reduce-scatter, 2 all-gather;
  * valid until the next call). */
 typedef struct {
-    double s;
+    double s, exposed_s;
     int n;
     int64_t bytes;
     int nev;
@@ -217,8 +227,9 @@ void rt_dp_after_last_step(RtDp *dp, Trace *trace, double t0, bool trace_events)
 int rt_dp_last_events(const RtDp *dp, const RtCommEvent **ev);
 /* "comm: ..." line: median per step of communication, exposed time, overlap. */
 void rt_dp_summary(const RtDp *dp, FILE *f);
-/* The last step's TP collectives' ms (all exposed); false without TP. */
-bool rt_dp_last_tp(const RtDp *dp, double *ms);
+/* The last step's TP collectives' ms (start to completion) and the ms
+ * they held the step up (exposed); false without TP. */
+bool rt_dp_last_tp(const RtDp *dp, double *ms, double *exposed_ms);
 /* Whether standard output is a terminal; a rank (whose output mpirun always
  * passes through a pseudo-terminal) asks the launcher's KILN_STDOUT_TTY. */
 bool rt_stdout_tty(void);

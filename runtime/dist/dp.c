@@ -46,7 +46,7 @@ struct RtDp {
     VEC(double) comm_ms;
     VEC(double) exposed_ms;
     VEC(double) coll_ms[3], coll_exposed_ms[3]; /* per CgColl (zero=1) */
-    VEC(double) tp_ms;    /* per step: the TP collectives' time (all exposed) */
+    VEC(double) tp_ms, tp_exposed_ms; /* per step: the TP collectives' time, exposed */
     int tp, tp_n;         /* TP group size; collectives per step (the last step's) */
     int64_t tp_bytes;     /* bytes per step (the last step's) */
     float *by_rank;       /* per rank: median and mean exposed ms per step (after the loop) */
@@ -119,6 +119,7 @@ int rt_dp_close(RtDp *dp, int rc)
     vec_free(&dp->comm_ms);
     vec_free(&dp->exposed_ms);
     vec_free(&dp->tp_ms);
+    vec_free(&dp->tp_exposed_ms);
     for (int k = 0; k < 3; k++) {
         vec_free(&dp->coll_ms[k]);
         vec_free(&dp->coll_exposed_ms[k]);
@@ -465,7 +466,8 @@ static void trace_comm(const RtDp *dp, Trace *trace, double t0, const RtCommEven
     }
 }
 
-/* The step's TP collectives: their time (all exposed), and on the trace's
+/* The step's TP collectives: their time and the part that held the step
+ * up (exposed), and on the trace's
  * tid 5 for the first steps. */
 static void tp_after_step(RtDp *dp, Trace *trace, double t0, bool trace_events)
 {
@@ -475,6 +477,7 @@ static void tp_after_step(RtDp *dp, Trace *trace, double t0, bool trace_events)
     RtTpStats st;
     rt_comm_tp_stats(dp->comm, &st);
     vec_push(&dp->tp_ms, 1e3 * st.s);
+    vec_push(&dp->tp_exposed_ms, 1e3 * st.exposed_s);
     dp->tp_n = st.n;
     dp->tp_bytes = st.bytes;
     if (!trace || !trace_events)
@@ -487,11 +490,12 @@ static void tp_after_step(RtDp *dp, Trace *trace, double t0, bool trace_events)
                        1e6 * (st.ev[i].end - st.ev[i].start), 5);
 }
 
-bool rt_dp_last_tp(const RtDp *dp, double *ms)
+bool rt_dp_last_tp(const RtDp *dp, double *ms, double *exposed_ms)
 {
     if (!dp || dp->tp_ms.n == 0)
         return false;
     *ms = dp->tp_ms.v[dp->tp_ms.n - 1];
+    *exposed_ms = dp->tp_exposed_ms.v[dp->tp_exposed_ms.n - 1];
     return true;
 }
 
@@ -583,9 +587,10 @@ void rt_dp_summary(const RtDp *dp, FILE *f)
         char b[32];
         fprintf(f,
                 "tensor-parallel comm: tp = %d | per step (median of %d, this rank): %d "
-                "collectives, %s, %.2f ms, all exposed (they block the step)\n",
+                "collectives, %s, %.2f ms, %.2f ms exposed\n",
                 dp->tp, dp->tp_ms.n, dp->tp_n, ir_fmt_bytes((double)dp->tp_bytes, 2, b, sizeof b),
-                ir_median(dp->tp_ms.v, dp->tp_ms.n));
+                ir_median(dp->tp_ms.v, dp->tp_ms.n),
+                ir_median(dp->tp_exposed_ms.v, dp->tp_exposed_ms.n));
     }
     if (!dp || dp->size == 1)
         return;

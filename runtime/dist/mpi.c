@@ -103,6 +103,19 @@ typedef struct {
     bool settled;        /* the bucket is no longer busy (settle) */
 } Flying;
 
+/* A TP collective in flight, or a free slot (rt_comm_tp_start) */
+typedef struct {
+    MPI_Request rq;
+    int coll;              /* 0 all-reduce, 1 reduce-scatter, 2 all-gather */
+    bool busy, done;       /* a slot in use; its request complete */
+    float *in, *out;       /* the operand's copy; a gather's [rank][outer][chunk] */
+    int64_t in_cap, out_cap;
+    float *y;              /* the result (the caller's) */
+    int64_t outer, chunk, bytes;
+    double t0, t1, deadline;
+    const char *what;
+} RtTpFly;
+
 struct RtComm {
     int rank, size, local_size, local_rank; /* rank and size: in the dp group */
     int wrank, wsize;         /* in the world: every rank of the job */
@@ -111,10 +124,10 @@ struct RtComm {
     MPI_Comm cc, pc, gc;      /* collectives (dp group); pings (world); the gathers'
                                  messages (dp group) */
     MPI_Comm tpc;             /* the TP group's collectives (tp > 1) */
-    float *tp_buf;            /* staging for TP gathers and reduce-scatters */
-    int64_t tp_cap;
-    /* the TP collectives since rt_comm_tp_stats (the calling thread's own) */
-    double tp_s;
+    VEC(RtTpFly) tp_fly;      /* TP collectives: slots, busy from start to wait */
+    /* the TP collectives since rt_comm_tp_stats (the calling thread's own):
+     * their time from start to completion, and the time their waits blocked */
+    double tp_s, tp_exposed_s;
     int tp_n;
     int64_t tp_bytes;
     VEC(RtCommEvent) tp_ev;
@@ -791,7 +804,11 @@ void rt_comm_close(RtComm *c)
     MPI_Comm_free(&c->gc);
     if (c->tpc != MPI_COMM_NULL)
         MPI_Comm_free(&c->tpc);
-    free(c->tp_buf);
+    for (int h = 0; h < c->tp_fly.n; h++) {
+        free(c->tp_fly.v[h].in);
+        free(c->tp_fly.v[h].out);
+    }
+    vec_free(&c->tp_fly);
     vec_free(&c->tp_ev);
     free(c->tp_ev_copy);
     MPI_Finalize();
@@ -819,105 +836,166 @@ int rt_comm_world_size(const RtComm *c) { return c ? c->wsize : 1; }
 int rt_comm_tp(const RtComm *c) { return c ? c->tp : 1; }
 int rt_comm_tp_rank(const RtComm *c) { return c ? c->tp_rank : 0; }
 
-/* ---- tensor-parallel collectives: blocking, on the calling thread --------
+/* ---- tensor-parallel collectives: on the calling thread ----------------
  * (the TP group's own communicator; MPI_THREAD_MULTIPLE lets them run
- * beside the communication thread's dp buckets). A peer that does not
- * join within the timeout stops the job as a lost rank does. */
+ * beside the communication thread's dp buckets). rt_comm_tp_start posts a
+ * non-blocking collective and returns; the caller polls it between its
+ * steps (rt_comm_tp_poll: MPI progresses it only inside MPI calls) and waits
+ * for it before the first reader of its result (rt_comm_tp_wait). Every TP
+ * rank starts the same collectives in the same order (program order), as
+ * MPI requires of non-blocking collectives on one communicator. The
+ * operand is copied into the collective's own buffer at the start, so its
+ * memory may be reused at once; the result's is written until the wait.
+ * A peer that does not join within the timeout stops the job as a lost
+ * rank does. */
 
-static void tp_finish(RtComm *c, MPI_Request rq, int rc, const char *what, int coll,
-                      int64_t bytes)
+
+static float *fly_buf(float **p, int64_t *cap, int64_t n)
 {
-    if (rc != MPI_SUCCESS)
-        lost(c, what);
-    double t0 = ir_now(), deadline = t0 + c->timeout;
-    for (int spins = 0;; spins++) {
-        int flag = 0;
-        MPI_Test(&rq, &flag, MPI_STATUS_IGNORE);
-        if (flag) {
-            double t1 = ir_now();
-            c->tp_s += t1 - t0;
-            c->tp_n++;
-            c->tp_bytes += bytes;
-            RtCommEvent ev = {0};
-            ev.bucket = -1;
-            ev.coll = coll;
-            ev.start = t0;
-            ev.end = t1;
-            vec_push(&c->tp_ev, ev);
-            return;
-        }
-        if (spins > 2000) {
-            if (ir_now() > deadline)
-                lost(c, what);
-            nap(20000);
-        } else {
-            sched_yield();
-        }
+    if (n > *cap) {
+        free(*p);
+        *cap = n;
+        *p = xmalloc(sizeof(float) * (size_t)n);
     }
+    return *p;
 }
 
-static float *tp_stage(RtComm *c, int64_t n)
+/* Completes slot f's collective once its request is done: the gather's
+ * transpose, the statistics. */
+static void tp_land(RtComm *c, RtTpFly *f, double t1)
 {
-    if (n > c->tp_cap) {
-        free(c->tp_buf);
-        c->tp_cap = n;
-        c->tp_buf = xmalloc(sizeof(float) * (size_t)n);
+    f->done = true;
+    f->t1 = t1;
+    int n = c->tp;
+    if (f->coll == 2 && f->outer > 1) /* [rank][outer][chunk] -> [outer][rank][chunk] */
+        for (int r = 0; r < n; r++)
+            for (int64_t o = 0; o < f->outer; o++)
+                memcpy(f->y + (o * n + r) * f->chunk, f->out + ((int64_t)r * f->outer + o) * f->chunk,
+                       sizeof(float) * (size_t)f->chunk);
+    c->tp_s += t1 - f->t0;
+    c->tp_n++;
+    c->tp_bytes += f->bytes;
+    RtCommEvent ev = {0};
+    ev.bucket = -1;
+    ev.coll = f->coll;
+    ev.start = f->t0;
+    ev.end = t1;
+    vec_push(&c->tp_ev, ev);
+}
+
+static bool tp_test(RtComm *c, RtTpFly *f)
+{
+    if (!f->done) {
+        int flag = 0;
+        MPI_Test(&f->rq, &flag, MPI_STATUS_IGNORE);
+        if (flag)
+            tp_land(c, f, ir_now());
+        else if (ir_now() > f->deadline)
+            lost(c, f->what);
     }
-    return c->tp_buf;
+    return f->done;
+}
+
+int rt_comm_tp_start(RtComm *c, int coll, const float *x, int64_t outer, int64_t chunk,
+                     float *y)
+{
+    int n = c ? c->tp : 1;
+    int64_t whole = (int64_t)n * outer * chunk; /* a gather's result, a reduce-scatter's operand */
+    if (n <= 1) {
+        if (x != y)
+            memmove(y, x, sizeof(float) * (size_t)(outer * chunk));
+        return -1;
+    }
+    int h = 0;
+    while (h < c->tp_fly.n && c->tp_fly.v[h].busy)
+        h++;
+    if (h == c->tp_fly.n) {
+        RtTpFly z = {0};
+        vec_push(&c->tp_fly, z);
+    }
+    RtTpFly *f = &c->tp_fly.v[h];
+    f->busy = true;
+    f->done = false;
+    f->coll = coll;
+    f->y = y;
+    f->outer = outer;
+    f->chunk = chunk;
+    f->t0 = ir_now();
+    f->deadline = f->t0 + c->timeout;
+    int rc;
+    MPI_Request rq = MPI_REQUEST_NULL;
+    if (coll == 0) { /* all-reduce in place in y: chunk elements */
+        if (x != y)
+            memmove(y, x, sizeof(float) * (size_t)chunk);
+        f->what = "a tensor-parallel all-reduce";
+        f->bytes = 4 * chunk;
+        rc = MPI_Iallreduce(MPI_IN_PLACE, y, (int)chunk, MPI_FLOAT, MPI_SUM, c->tpc, &rq);
+    } else if (coll == 2) { /* x: [outer][chunk] -> y: [outer][rank][chunk] */
+        float *in = fly_buf(&f->in, &f->in_cap, outer * chunk);
+        memcpy(in, x, sizeof(float) * (size_t)(outer * chunk));
+        float *all = outer == 1 ? y : fly_buf(&f->out, &f->out_cap, whole);
+        f->what = "a tensor-parallel all-gather";
+        f->bytes = 4 * whole;
+        rc = MPI_Iallgather(in, (int)(outer * chunk), MPI_FLOAT, all, (int)(outer * chunk),
+                            MPI_FLOAT, c->tpc, &rq);
+    } else { /* x: [outer][rank][chunk] -> y: [outer][chunk], summed */
+        float *in = fly_buf(&f->in, &f->in_cap, whole);
+        for (int r = 0; r < n; r++) /* as [rank][outer][chunk] */
+            for (int64_t o = 0; o < outer; o++)
+                memcpy(in + ((int64_t)r * outer + o) * chunk, x + (o * n + r) * chunk,
+                       sizeof(float) * (size_t)chunk);
+        f->what = "a tensor-parallel reduce-scatter";
+        f->bytes = 4 * whole;
+        rc = MPI_Ireduce_scatter_block(in, y, (int)(outer * chunk), MPI_FLOAT, MPI_SUM, c->tpc,
+                                       &rq);
+    }
+    if (rc != MPI_SUCCESS)
+        lost(c, f->what);
+    f->rq = rq;
+    return h;
+}
+
+void rt_comm_tp_poll(RtComm *c)
+{
+    if (!c)
+        return;
+    for (int h = 0; h < c->tp_fly.n; h++)
+        if (c->tp_fly.v[h].busy)
+            tp_test(c, &c->tp_fly.v[h]);
+}
+
+void rt_comm_tp_wait(RtComm *c, int h)
+{
+    if (!c || h < 0)
+        return;
+    if (h >= c->tp_fly.n || !c->tp_fly.v[h].busy)
+        die("rt_comm_tp_wait: %d is not a collective in flight", h);
+    RtTpFly *f = &c->tp_fly.v[h];
+    double t0 = ir_now();
+    for (int spins = 0; !tp_test(c, f); spins++) {
+        if (spins > 2000)
+            nap(20000);
+        else
+            sched_yield();
+    }
+    c->tp_exposed_s += ir_now() - t0;
+    f->busy = false;
 }
 
 void rt_comm_tp_allreduce(RtComm *c, float *x, int64_t n)
 {
-    if (!c || c->tp <= 1)
-        return;
-    MPI_Request rq;
-    int rc = MPI_Iallreduce(MPI_IN_PLACE, x, (int)n, MPI_FLOAT, MPI_SUM, c->tpc, &rq);
-    tp_finish(c, rq, rc, "a tensor-parallel all-reduce", 0, 4 * n);
+    rt_comm_tp_wait(c, rt_comm_tp_start(c, 0, x, 1, n, x));
 }
 
 void rt_comm_tp_all_gather(RtComm *c, const float *x, int64_t outer, int64_t chunk, float *out)
 {
-    int n = c ? c->tp : 1;
-    if (n <= 1) {
-        memcpy(out, x, sizeof(float) * (size_t)(outer * chunk));
-        return;
-    }
-    float *all = outer == 1 ? out : tp_stage(c, (int64_t)n * outer * chunk);
-    MPI_Request rq;
-    int rc = MPI_Iallgather(x, (int)(outer * chunk), MPI_FLOAT, all, (int)(outer * chunk),
-                            MPI_FLOAT, c->tpc, &rq);
-    tp_finish(c, rq, rc, "a tensor-parallel all-gather", 2, 4 * (int64_t)n * outer * chunk);
-    if (outer == 1)
-        return;
-    /* all: [rank][outer][chunk] -> out: [outer][rank][chunk] */
-    for (int r = 0; r < n; r++)
-        for (int64_t o = 0; o < outer; o++)
-            memcpy(out + (o * n + r) * chunk, all + ((int64_t)r * outer + o) * chunk,
-                   sizeof(float) * (size_t)chunk);
+    rt_comm_tp_wait(c, rt_comm_tp_start(c, 2, x, outer, chunk, out));
 }
 
 void rt_comm_tp_reduce_scatter(RtComm *c, const float *x, int64_t outer, int64_t chunk,
                                float *out)
 {
-    int n = c ? c->tp : 1;
-    if (n <= 1) {
-        memcpy(out, x, sizeof(float) * (size_t)(outer * chunk));
-        return;
-    }
-    const float *src = x;
-    if (outer > 1) { /* x: [outer][rank][chunk] -> [rank][outer][chunk] */
-        float *t = tp_stage(c, (int64_t)n * outer * chunk);
-        for (int r = 0; r < n; r++)
-            for (int64_t o = 0; o < outer; o++)
-                memcpy(t + ((int64_t)r * outer + o) * chunk, x + (o * n + r) * chunk,
-                       sizeof(float) * (size_t)chunk);
-        src = t;
-    }
-    MPI_Request rq;
-    int rc = MPI_Ireduce_scatter_block(src, out, (int)(outer * chunk), MPI_FLOAT, MPI_SUM,
-                                       c->tpc, &rq);
-    tp_finish(c, rq, rc, "a tensor-parallel reduce-scatter", 1,
-              4 * (int64_t)n * outer * chunk);
+    rt_comm_tp_wait(c, rt_comm_tp_start(c, 1, x, outer, chunk, out));
 }
 
 void rt_comm_tp_stats(RtComm *c, RtTpStats *st)
@@ -926,6 +1004,7 @@ void rt_comm_tp_stats(RtComm *c, RtTpStats *st)
     if (!c)
         return;
     st->s = c->tp_s;
+    st->exposed_s = c->tp_exposed_s;
     st->n = c->tp_n;
     st->bytes = c->tp_bytes;
     free(c->tp_ev_copy);
@@ -935,6 +1014,7 @@ void rt_comm_tp_stats(RtComm *c, RtTpStats *st)
     c->tp_ev.v = NULL;
     c->tp_ev.n = c->tp_ev.cap = 0;
     c->tp_s = 0;
+    c->tp_exposed_s = 0;
     c->tp_n = 0;
     c->tp_bytes = 0;
 }

@@ -301,9 +301,11 @@ bool rt_runlog_step(RunLog *l, const RtStepRecord *s, Diag *d)
         json_num(f, s->extra[i]);
     }
     static const char *keys[] = {"lr", "grad_norm", "ms", "examples_per_s", "tokens_per_s",
-                                 "mfu", "hfu", "comm_ms", "comm_exposed_ms", "tp_comm_ms"};
+                                 "mfu", "hfu", "comm_ms", "comm_exposed_ms", "tp_comm_ms",
+                                 "tp_comm_exposed_ms"};
     double v[] = {s->lr, s->grad_norm, s->ms, s->examples_per_s, s->tokens_per_s,
-                  s->mfu, s->hfu, s->comm_ms, s->comm_exposed_ms, s->tp_comm_ms};
+                  s->mfu, s->hfu, s->comm_ms, s->comm_exposed_ms, s->tp_comm_ms,
+                  s->tp_comm_exposed_ms};
     for (int i = 0; i < (int)(sizeof v / sizeof v[0]); i++) {
         fprintf(f, ",\"%s\":", keys[i]);
         json_num(f, v[i]);

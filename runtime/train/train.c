@@ -1304,9 +1304,9 @@ int rt_train(const Model *m, const TrainOpts *o)
             if (r.grad_norm_t >= 0)
                 rt_exec_read_f32(r.te, &r.tg->t.v[r.grad_norm_t], &gn);
             double model = r.flops - pass_remat_flops(r.tg), peak = r.peak_gflops * 1e9;
-            double cbusy = NAN, cexp = NAN, tpms = NAN;
+            double cbusy = NAN, cexp = NAN, tpms = NAN, tpexp = NAN;
             rt_dp_last_comm(r.dp, &cbusy, &cexp);
-            rt_dp_last_tp(r.dp, &tpms);
+            rt_dp_last_tp(r.dp, &tpms, &tpexp);
             RtStepRecord rec = {
                 .step = r.step, .loss = loss, .extra_name = r.x_name, .extra = r.x_val,
                 .nextra = r.nx, .lr = lr_t ? rt_lr_at(&r.c, r.step - 1, r.steps) : NAN,
@@ -1316,7 +1316,8 @@ int rt_train(const Model *m, const TrainOpts *o)
                 .mfu = peak > 0 ? model / (step_ms * 1e-3) / peak : NAN,
                 .hfu = peak > 0 ? r.flops / (step_ms * 1e-3) / peak : NAN,
                 .mem_bytes = rt_exec_arena_bytes(r.te), .comm_ms = cbusy, .comm_exposed_ms = cexp,
-                .tp_comm_ms = tpms};
+                .tp_comm_ms = tpms,
+                                .tp_comm_exposed_ms = tpexp};
             if (!rt_runlog_step(r.log, &rec, &d)) {
                 log_failed(&r, &d);
                 goto out;

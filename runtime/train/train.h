@@ -268,7 +268,7 @@ typedef struct {
     double examples_per_s; /* examples (rows of the batch, all ranks) per second */
     double tokens_per_s;   /* nan where the data has no token axis (blobs, most tensors) */
     double comm_ms, comm_exposed_ms; /* rt_dp_last_comm; nan: one rank */
-    double tp_comm_ms;               /* rt_dp_last_tp (all exposed); nan: no TP */
+    double tp_comm_ms, tp_comm_exposed_ms; /* rt_dp_last_tp; nan: no TP */
     int64_t mem_bytes;
 } RtStepRecord;
 /* Creates dir and its parents if needed (mkdir -p) and checks that it is a

@@ -10,6 +10,9 @@
 #     and a tp = 1 one at tp = 2, within 1e-5 of the unbroken run; the
 #     weights a tp = 2 run saves are byte-identical to those of its
 #     checkpoint resumed at tp = 1 with no step left to run;
+#   - the TP collectives overlap: the schedule puts a weight-gradient GEMM
+#     after each backward all-reduce, and the report's exposed part is at
+#     most the collectives' time;
 #   - user errors: a tp the ranks or a split axis do not divide, tp on one
 #     rank, adafactor under tp.
 # gpt's key bias (c_attn.bias, columns C..2C) gets a gradient that is zero
@@ -104,6 +107,20 @@ run gpt1 $GPT --save-weights "$T/gpt1.safetensors"
 run gpt2 $GPT --nproc 2 --tp 2 --save-weights "$T/gpt2.safetensors"
 same_losses gpt2 gpt1
 same_params "$T/gpt1.safetensors" "$T/gpt2.safetensors" 32
+# the TP collectives overlap the weight-gradient GEMMs: the report gives
+# their time and the part that held the step up (never more than the time)
+grep -Eq '^tensor-parallel comm: .* [0-9.]+ ms, [0-9.]+ ms exposed$' "$T/gpt2.log" ||
+    fail "no TP comm line with its exposed part: $(grep -i 'tensor-parallel' "$T/gpt2.log")"
+sed -n 's/^tensor-parallel comm: .* \([0-9.]*\) ms, \([0-9.]*\) ms exposed$/\1 \2/p' "$T/gpt2.log" |
+    awk '{ exit !($2 <= $1 + 0.005) }' || fail "TP comm exposed above its time: $(grep -i 'tensor-parallel' "$T/gpt2.log")"
+# the schedule puts a weight-gradient GEMM (ta=1) right after each
+# backward all-reduce of an input gradient that has one ready: every
+# block's, not the tied head's (the embedding's gradient is not summed yet)
+"$KILN" compile models/gpt.lua --tp 2 --dump-after=schedule --dump-dir "$T/ds" >"$T/ds.log" 2>&1 ||
+    fail "compile schedule: $(cat "$T/ds.log")"
+awk '/= tp_allreduce .*!backward/ { n++; getline; if ($0 ~ /= matmul .*\{ta=1,/) k++ }
+     END { print n, k; exit !(n >= 3 && k == n - 1) }' "$T/ds/"*schedule.ir >"$T/ds.count" ||
+    fail "backward all-reduces / followed by a weight-gradient GEMM: $(cat "$T/ds.count")"
 
 run llama1 $LLAMA --save-weights "$T/llama1.safetensors"
 run llama2 $LLAMA --nproc 2 --set tp=2 --save-weights "$T/llama2.safetensors"
