@@ -96,6 +96,10 @@ static inline Fe *fe_get(lua_State *L) { return *(Fe **)lua_getextraspace(L); }
 SrcLoc fe_user_loc(lua_State *L);
 /* Raises "FILE:LINE: msg" at the user's line. */
 int fe_error(lua_State *L, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* A message handler (lua_pcall's): the error names fe->path and the line
+ * in its chunk (fe->chunk) where it was raised; a DSL error that already
+ * names the path is kept, a missing function gets its hint. */
+int fe_msgh_where(lua_State *L);
 
 /* The name in list (names separated by ", ") nearest to name, written into
  * out (n bytes): the same but for case, within a third of name's length in

@@ -389,7 +389,7 @@ static const char *explain_missing(lua_State *L, const char *msg)
  * by the DSL already do; Lua's own errors in the script carry the chunk's
  * short name, which is replaced by the full path; errors inside embedded
  * library code get the user's line in front. */
-static int msgh_where(lua_State *L)
+int fe_msgh_where(lua_State *L)
 {
     Fe *fe = fe_get(L);
     fe->mem_armed = false; /* the run is over: the message must not fail */
@@ -442,13 +442,13 @@ const char *fe_set_origin(lua_State *L, int idx, char *buf, size_t n)
     return buf;
 }
 
-/* msgh_where's message, and when --set changed config keys and the message
+/* fe_msgh_where's message, and when --set changed config keys and the message
  * does not name a --set already, those --set (the usual cause of an error
  * in a script that builds without them: `--set H=0` in C % H). */
 static int msgh(lua_State *L)
 {
     Fe *fe = fe_get(L);
-    msgh_where(L);
+    fe_msgh_where(L);
     const char *msg = lua_tostring(L, -1);
     int used = 0;
     for (int i = 0; i < fe->nsets; i++)

@@ -292,35 +292,6 @@ static int map_post(lua_State *L)
     return 0;
 }
 
-/* Message handler: Lua's own errors in the map get its full path and line. */
-static int map_msgh(lua_State *L)
-{
-    Fe *fe = fe_get(L);
-    fe->mem_armed = false;
-    const char *msg = lua_tostring(L, 1);
-    if (!msg)
-        msg = lua_pushfstring(L, "error object is a %s value", luaL_typename(L, 1));
-    size_t pl = strlen(fe->path);
-    if (strncmp(msg, fe->path, pl) == 0 && msg[pl] == ':') {
-        lua_pushstring(L, msg);
-        return 1;
-    }
-    lua_Debug ar;
-    for (int lv = 1; lua_getstack(L, lv, &ar); lv++) {
-        lua_getinfo(L, "Sl", &ar);
-        if (ar.currentline <= 0 || strcmp(ar.source, fe->chunk) != 0)
-            continue;
-        size_t sl = strlen(ar.short_src);
-        if (strncmp(msg, ar.short_src, sl) == 0 && msg[sl] == ':')
-            lua_pushfstring(L, "%s%s", fe->path, msg + sl);
-        else
-            lua_pushfstring(L, "%s:%d: %s", fe->path, ar.currentline, msg);
-        return 1;
-    }
-    lua_pushfstring(L, "%s: %s", fe->path, msg);
-    return 1;
-}
-
 /* The map file's text (a regular file of at most max bytes); NULL with err. */
 static char *read_map(const char *path, size_t max, size_t *len, char *err, size_t errlen)
 {
@@ -383,7 +354,7 @@ InitMap *fe_init_map_text(const char *path, const char *text, size_t len,
     lua_State *L = fe_sandbox_new(&fe);
     lua_pushlightuserdata(L, &r);
     lua_setfield(L, LUA_REGISTRYINDEX, ctx_key);
-    lua_pushcfunction(L, map_msgh);
+    lua_pushcfunction(L, fe_msgh_where); /* the map file's path and line */
     int h = lua_gettop(L);
     int st = fe_sandbox_run(L, &fe, &sc, text, len, h);
     bool ok = st == LUA_OK && !fe.mem_over && !fe.time_over;
