@@ -526,27 +526,35 @@ static int l_input(lua_State *L)
     return 1;
 }
 
-static int l_param(lua_State *L)
+/* param(name, shape, init [, dtype]) and state(...)'s common part: a
+ * float graph input of kind k, named in kiln.names; its tensor id. fn is
+ * the function's name, what the plural its errors use. */
+static int float_input(lua_State *L, const char *fn, const char *what, TensorKind k)
 {
-    check_name(L, 1, "param");
+    check_name(L, 1, fn);
     int64_t dim[IR_MAX_RANK];
     const char *dn[IR_MAX_RANK];
-    int rank = fe_parse_shape(L, 2, dim, dn, "param");
+    int rank = fe_parse_shape(L, 2, dim, dn, fn);
     if (!luaL_testudata(L, 3, INIT_MT))
-        fe_error(L, "param '%s': init must be zeros(), ones(), normal(std) or uniform(a, b) "
-                    "(got %s)", lua_tostring(L, 1), luaL_typename(L, 3));
+        fe_error(L, "%s '%s': init must be zeros(), ones(), normal(std) or uniform(a, b) "
+                    "(got %s)", fn, lua_tostring(L, 1), luaL_typename(L, 3));
     ParamInit init = *(ParamInit *)lua_touserdata(L, 3);
-    DType dt = (DType)fe_parse_dtype(L, 4, DT_F32, "param");
+    DType dt = (DType)fe_parse_dtype(L, 4, DT_F32, fn);
     if (!dtype_is_float(dt))
-        fe_error(L, "param '%s': params must be float (expected f32, bf16 or f16, got %s)",
-                 lua_tostring(L, 1), dtype_name(dt));
-    Fe *fe = fe_get(L);
-    Shape s = fe_checked_shape(L, dt, rank, dim, "param");
+        fe_error(L, "%s '%s': %s must be float (expected f32, bf16 or f16, got %s)", fn,
+                 lua_tostring(L, 1), what, dtype_name(dt));
+    Shape s = fe_checked_shape(L, dt, rank, dim, fn);
     memcpy(s.dname, dn, sizeof(const char *) * (size_t)rank);
-    int t = ir_add_input(fe->g, TK_PARAM, lua_tostring(L, 1), s, init);
+    int t = ir_add_input(fe_get(L)->g, k, lua_tostring(L, 1), s, init);
     fe_push_tensor(L, t);
     name_in(L, "kiln.names", lua_tostring(L, 1), true);
-    vec_push(&fe->params, ((FeParamLine){t, fe_user_loc(L).line}));
+    return t;
+}
+
+static int l_param(lua_State *L)
+{
+    int t = float_input(L, "param", "params", TK_PARAM);
+    vec_push(&fe_get(L)->params, ((FeParamLine){t, fe_user_loc(L).line}));
     return 1;
 }
 
@@ -555,22 +563,7 @@ static int l_param(lua_State *L)
  * statistics); saved in checkpoints and weights; changed only by assign. */
 static int l_state(lua_State *L)
 {
-    check_name(L, 1, "state");
-    int64_t dim[IR_MAX_RANK];
-    const char *dn[IR_MAX_RANK];
-    int rank = fe_parse_shape(L, 2, dim, dn, "state");
-    if (!luaL_testudata(L, 3, INIT_MT))
-        fe_error(L, "state '%s': init must be zeros(), ones(), normal(std) or uniform(a, b) "
-                    "(got %s)", lua_tostring(L, 1), luaL_typename(L, 3));
-    ParamInit init = *(ParamInit *)lua_touserdata(L, 3);
-    DType dt = (DType)fe_parse_dtype(L, 4, DT_F32, "state");
-    if (!dtype_is_float(dt))
-        fe_error(L, "state '%s': state must be float (expected f32, bf16 or f16, got %s)",
-                 lua_tostring(L, 1), dtype_name(dt));
-    Shape s = fe_checked_shape(L, dt, rank, dim, "state");
-    memcpy(s.dname, dn, sizeof(const char *) * (size_t)rank);
-    fe_push_tensor(L, ir_add_input(fe_get(L)->g, TK_STATE, lua_tostring(L, 1), s, init));
-    name_in(L, "kiln.names", lua_tostring(L, 1), true);
+    float_input(L, "state", "state", TK_STATE);
     return 1;
 }
 
