@@ -12,6 +12,10 @@
 #include "frontend.h"
 #include "passes.h"
 
+/* "--flag VALUE" or "--flag=VALUE" at argv[*i]: the value, with *i past
+ * it; NULL when argv[*i] is another flag. A flag without its value prints
+ * so and exits 2. */
+const char *cli_flag_value(int argc, char **argv, int *i, const char *flag);
 /* "12.000 M", "32.057 MFLOP" (byte counts: ir_fmt_bytes with 2 decimals) */
 void cli_human_count(double x, char *buf, size_t n);
 void cli_human_flops(double x, char *buf, size_t n);

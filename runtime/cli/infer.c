@@ -70,23 +70,6 @@ static int bad(const char *cmd, const char *msg, const char *arg)
     return 2;
 }
 
-/* "--flag VALUE" or "--flag=VALUE" (NULL: argv[*i] is not flag); a flag
- * without its value is exit 2. */
-static const char *value(int argc, char **argv, int *i, const char *flag)
-{
-    size_t n = strlen(flag);
-    const char *a = argv[*i];
-    if (strncmp(a, flag, n) != 0 || (a[n] != '=' && a[n] != 0))
-        return NULL;
-    if (a[n] == '=')
-        return a + n + 1;
-    if (*i + 1 >= argc) {
-        fprintf(stderr, "kiln: %s needs a value\n", flag);
-        exit(2);
-    }
-    return argv[++*i];
-}
-
 /* Both commands' flags; predict: whether --outputs and --out are theirs. */
 static int run(int argc, char **argv, bool predict)
 {
@@ -103,19 +86,19 @@ static int run(int argc, char **argv, bool predict)
             fputs(predict ? usage_predict : usage_eval, stdout);
             rc = 0;
             goto out;
-        } else if ((v = value(argc, argv, &i, "--init-from"))) {
+        } else if ((v = cli_flag_value(argc, argv, &i, "--init-from"))) {
             if (!*v) {
                 rc = bad(cmd, "--init-from expects a weights file, got", "an empty value");
                 goto out;
             }
             o.init_from = v;
-        } else if ((v = value(argc, argv, &i, "--data-path"))) {
+        } else if ((v = cli_flag_value(argc, argv, &i, "--data-path"))) {
             o.data_path = v;
-        } else if ((v = value(argc, argv, &i, "--set"))) {
+        } else if ((v = cli_flag_value(argc, argv, &i, "--set"))) {
             vec_push(&sets, v);
-        } else if ((v = value(argc, argv, &i, "--device"))) {
+        } else if ((v = cli_flag_value(argc, argv, &i, "--device"))) {
             o.device = v;
-        } else if ((v = value(argc, argv, &i, "--threads"))) {
+        } else if ((v = cli_flag_value(argc, argv, &i, "--threads"))) {
             int64_t n;
             char why[256];
             if (!fe_parse_int(v, 1, 256, &n, why, sizeof why)) {
@@ -123,15 +106,15 @@ static int run(int argc, char **argv, bool predict)
                 goto out;
             }
             o.threads = (int)n;
-        } else if ((v = value(argc, argv, &i, "--cache-dir"))) {
+        } else if ((v = cli_flag_value(argc, argv, &i, "--cache-dir"))) {
             o.cache_dir = v;
-        } else if (!predict && (v = value(argc, argv, &i, "--log-dir"))) {
+        } else if (!predict && (v = cli_flag_value(argc, argv, &i, "--log-dir"))) {
             if (!*v) {
                 rc = bad(cmd, "--log-dir expects a directory, got", "an empty value");
                 goto out;
             }
             o.log_dir = v;
-        } else if (predict && (v = value(argc, argv, &i, "--outputs"))) {
+        } else if (predict && (v = cli_flag_value(argc, argv, &i, "--outputs"))) {
             free(outlist);
             outlist = xstrdup(v);
             outs.n = 0;
@@ -144,7 +127,7 @@ static int run(int argc, char **argv, bool predict)
                 }
                 vec_push(&outs, p);
             }
-        } else if (predict && (v = value(argc, argv, &i, "--out"))) {
+        } else if (predict && (v = cli_flag_value(argc, argv, &i, "--out"))) {
             if (!*v) {
                 rc = bad(cmd, "--out expects FILE.safetensors or DIR/, got", "an empty value");
                 goto out;

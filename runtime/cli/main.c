@@ -210,8 +210,7 @@ static bool int_flag(const char *cmd, const char *flag, const char *v, int64_t l
     return false;
 }
 
-/* Accepts "--flag VALUE" and "--flag=VALUE"; advances *i past the value. */
-static const char *flag_value(int argc, char **argv, int *i, const char *flag)
+const char *cli_flag_value(int argc, char **argv, int *i, const char *flag)
 {
     size_t n = strlen(flag);
     const char *a = argv[*i];
@@ -425,29 +424,29 @@ static int cmd_compile(int argc, char **argv)
         if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
             fputs(usage_compile, stdout);
             return 0;
-        } else if ((v = flag_value(argc, argv, &i, "--set"))) {
+        } else if ((v = cli_flag_value(argc, argv, &i, "--set"))) {
             vec_push(&a.sets, v);
-        } else if ((v = flag_value(argc, argv, &i, "--dump-after"))) {
+        } else if ((v = cli_flag_value(argc, argv, &i, "--dump-after"))) {
             if (!known_dump(v))
                 return bad_flag("compile", "unknown pass for --dump-after", v);
             vec_push(&a.dumps, v);
-        } else if ((v = flag_value(argc, argv, &i, "--dump-dir"))) {
+        } else if ((v = cli_flag_value(argc, argv, &i, "--dump-dir"))) {
             a.dump_dir = v;
         } else if (strcmp(argv[i], "--settings") == 0) {
             a.settings = true;
         } else if (strcmp(argv[i], "--time") == 0) {
             a.timing = true;
-        } else if ((v = flag_value(argc, argv, &i, "--nproc"))) {
+        } else if ((v = cli_flag_value(argc, argv, &i, "--nproc"))) {
             int64_t n;
             if (!int_flag("compile", "--nproc", v, 1, MAX_NPROC, &n))
                 return 2;
             a.nproc = (int)n;
-        } else if ((v = flag_value(argc, argv, &i, "--tp"))) {
+        } else if ((v = cli_flag_value(argc, argv, &i, "--tp"))) {
             int64_t n;
             if (!int_flag("compile", "--tp", v, 1, MAX_NPROC, &n))
                 return 2;
             a.tp = (int)n;
-        } else if ((v = flag_value(argc, argv, &i, "--tp-rank"))) {
+        } else if ((v = cli_flag_value(argc, argv, &i, "--tp-rank"))) {
             int64_t n;
             if (!int_flag("compile", "--tp-rank", v, 0, MAX_NPROC - 1, &n))
                 return 2;
@@ -460,54 +459,54 @@ static int cmd_compile(int argc, char **argv)
             a.no_fuse_attention = true;
         } else if (strcmp(argv[i], "--fuse-attention") == 0) {
             a.no_fuse_attention = false;
-        } else if ((v = flag_value(argc, argv, &i, "--memory-budget"))) {
+        } else if ((v = cli_flag_value(argc, argv, &i, "--memory-budget"))) {
             if ((a.memory_budget = parse_budget("compile", v)) < 0)
                 return 2;
-        } else if ((v = flag_value(argc, argv, &i, "--remat"))) {
+        } else if ((v = cli_flag_value(argc, argv, &i, "--remat"))) {
             if ((a.remat = pass_remat_parse_policy(v)) < 0)
                 return bad_flag("compile", "--remat expects none, full, selective or auto, got",
                                 v);
         } else if (strcmp(argv[i], "--remat-sweep") == 0) {
             a.remat_sweep = true;
-        } else if ((v = flag_value(argc, argv, &i, "--log-dir"))) {
+        } else if ((v = cli_flag_value(argc, argv, &i, "--log-dir"))) {
             if (!*v)
                 return bad_flag("compile", "--log-dir expects a directory, got",
                                 "an empty value");
             a.log_dir = v;
-        } else if ((v = flag_value(argc, argv, &i, "--dot"))) {
+        } else if ((v = cli_flag_value(argc, argv, &i, "--dot"))) {
             if (!*v)
                 return bad_flag("compile", "--dot expects a file name, got", "an empty value");
             a.dot = v;
-        } else if ((v = flag_value(argc, argv, &i, "--dot-depth"))) {
+        } else if ((v = cli_flag_value(argc, argv, &i, "--dot-depth"))) {
             int64_t n;
             if (!int_flag("compile", "--dot-depth", v, 1, 64, &n))
                 return 2;
             a.dot_depth = (int)n;
-        } else if ((v = flag_value(argc, argv, &i, "--target"))) {
+        } else if ((v = cli_flag_value(argc, argv, &i, "--target"))) {
             if (strcmp(v, "cpu") != 0 && !cg_device_find(v))
                 return bad_flag("compile", "--target expects cpu, a100, h100, h200 or b200, got",
                                 v);
             a.target = v;
-        } else if ((v = flag_value(argc, argv, &i, "--threads"))) {
+        } else if ((v = cli_flag_value(argc, argv, &i, "--threads"))) {
             int64_t n;
             if (!int_flag("compile", "--threads", v, 1, MAX_THREADS, &n))
                 return 2;
             a.threads = (int)n;
-        } else if ((v = flag_value(argc, argv, &i, "--cache-dir"))) {
+        } else if ((v = cli_flag_value(argc, argv, &i, "--cache-dir"))) {
             a.cache_dir = v;
         } else if (strcmp(argv[i], "--remeasure") == 0) {
             a.remeasure = true;
-        } else if ((v = flag_value(argc, argv, &i, "--calibrate"))) {
+        } else if ((v = cli_flag_value(argc, argv, &i, "--calibrate"))) {
             if (!*v)
                 return bad_flag("compile", "--calibrate expects a kernel table file, got",
                                 "an empty value");
             a.calibrate = v;
-        } else if ((v = flag_value(argc, argv, &i, "--top"))) {
+        } else if ((v = cli_flag_value(argc, argv, &i, "--top"))) {
             int64_t n;
             if (!int_flag("compile", "--top", v, 1, 100000, &n))
                 return 2;
             a.top = (int)n;
-        } else if ((v = flag_value(argc, argv, &i, "--kernel-table"))) {
+        } else if ((v = cli_flag_value(argc, argv, &i, "--kernel-table"))) {
             if (!*v)
                 return bad_flag("compile", "--kernel-table expects a file name, got",
                                 "an empty value");
@@ -673,71 +672,71 @@ static int cmd_train(int argc, char **argv)
         if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
             fputs(usage_train, stdout);
             return 0;
-        } else if ((v = flag_value(argc, argv, &i, "--set"))) {
+        } else if ((v = cli_flag_value(argc, argv, &i, "--set"))) {
             vec_push(&sets, v);
-        } else if ((v = flag_value(argc, argv, &i, "--steps"))) {
+        } else if ((v = cli_flag_value(argc, argv, &i, "--steps"))) {
             int64_t n;
             if (!int_flag("train", "--steps", v, 1, MAX_STEPS, &n))
                 return 2;
             o.steps = n;
-        } else if ((v = flag_value(argc, argv, &i, "--tp"))) {
+        } else if ((v = cli_flag_value(argc, argv, &i, "--tp"))) {
             int64_t n;
             if (!int_flag("train", "--tp", v, 1, MAX_NPROC, &n))
                 return 2;
             tp = (int)n;
-        } else if ((v = flag_value(argc, argv, &i, "--threads"))) {
+        } else if ((v = cli_flag_value(argc, argv, &i, "--threads"))) {
             int64_t n;
             if (!int_flag("train", "--threads", v, 1, MAX_THREADS, &n))
                 return 2;
             o.threads = (int)n;
-        } else if ((v = flag_value(argc, argv, &i, "--device"))) {
+        } else if ((v = cli_flag_value(argc, argv, &i, "--device"))) {
             if (strcmp(v, "cpu") != 0 && strcmp(v, "cuda") != 0 && strcmp(v, "auto") != 0)
                 return bad_flag("train", "--device expects cpu, cuda or auto, got", v);
             o.device = v;
-        } else if ((v = flag_value(argc, argv, &i, "--resume"))) {
+        } else if ((v = cli_flag_value(argc, argv, &i, "--resume"))) {
             o.resume = v;
-        } else if ((v = flag_value(argc, argv, &i, "--checkpoint"))) {
+        } else if ((v = cli_flag_value(argc, argv, &i, "--checkpoint"))) {
             o.checkpoint = v;
-        } else if ((v = flag_value(argc, argv, &i, "--init-from"))) {
+        } else if ((v = cli_flag_value(argc, argv, &i, "--init-from"))) {
             o.init_from = v;
-        } else if ((v = flag_value(argc, argv, &i, "--init-map"))) {
+        } else if ((v = cli_flag_value(argc, argv, &i, "--init-map"))) {
             if (!*v)
                 return bad_flag("train", "--init-map expects a Lua file, got", "an empty value");
             init_map = v;
         } else if (strcmp(argv[i], "--init-partial") == 0) {
             o.init_partial = true;
-        } else if ((v = flag_value(argc, argv, &i, "--save-weights"))) {
+        } else if ((v = cli_flag_value(argc, argv, &i, "--save-weights"))) {
             o.save_weights = v;
-        } else if ((v = flag_value(argc, argv, &i, "--trace"))) {
+        } else if ((v = cli_flag_value(argc, argv, &i, "--trace"))) {
             o.trace = v;
-        } else if ((v = flag_value(argc, argv, &i, "--log-dir"))) {
+        } else if ((v = cli_flag_value(argc, argv, &i, "--log-dir"))) {
             if (!*v)
                 return bad_flag("train", "--log-dir expects a directory, got", "an empty value");
             o.log_dir = v;
-        } else if ((v = flag_value(argc, argv, &i, "--cache-dir"))) {
+        } else if ((v = cli_flag_value(argc, argv, &i, "--cache-dir"))) {
             o.cache_dir = v;
-        } else if ((v = flag_value(argc, argv, &i, "--dump-ir"))) {
+        } else if ((v = cli_flag_value(argc, argv, &i, "--dump-ir"))) {
             o.dump_ir = v;
-        } else if ((v = flag_value(argc, argv, &i, "--peak-gflops"))) {
+        } else if ((v = cli_flag_value(argc, argv, &i, "--peak-gflops"))) {
             o.peak_gflops = strtod(v, &end);
             if (end == v || *end || !(o.peak_gflops > 0) || !isfinite(o.peak_gflops))
                 return bad_flag("train", "--peak-gflops expects a positive number, got", v);
-        } else if ((v = flag_value(argc, argv, &i, "--memory-budget"))) {
+        } else if ((v = cli_flag_value(argc, argv, &i, "--memory-budget"))) {
             if ((budget = parse_budget("train", v)) < 0)
                 return 2;
-        } else if ((v = flag_value(argc, argv, &i, "--remat"))) {
+        } else if ((v = cli_flag_value(argc, argv, &i, "--remat"))) {
             if ((o.remat = pass_remat_parse_policy(v)) < 0)
                 return bad_flag("train", "--remat expects none, full, selective or auto, got", v);
         } else if (strcmp(argv[i], "--profile") == 0) {
             o.profile = true;
-        } else if ((v = flag_value(argc, argv, &i, "--kernel-table"))) {
+        } else if ((v = cli_flag_value(argc, argv, &i, "--kernel-table"))) {
             if (!*v)
                 return bad_flag("train", "--kernel-table expects a file name, got",
                                 "an empty value");
             o.kernel_table = v;
         } else if (strcmp(argv[i], "--allow-nonfinite-data") == 0) {
             o.allow_nonfinite_data = true;
-        } else if ((v = flag_value(argc, argv, &i, "--nproc"))) {
+        } else if ((v = cli_flag_value(argc, argv, &i, "--nproc"))) {
             int64_t n;
             if (!int_flag("train", "--nproc", v, 1, MAX_NPROC, &n))
                 return 2;
@@ -1036,17 +1035,17 @@ static int cmd_opt(int argc, char **argv)
         if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
             fputs(usage_opt, stdout);
             return 0;
-        } else if ((v = flag_value(argc, argv, &i, "--passes"))) {
+        } else if ((v = cli_flag_value(argc, argv, &i, "--passes"))) {
             plist = v;
-        } else if ((v = flag_value(argc, argv, &i, "--set"))) {
+        } else if ((v = cli_flag_value(argc, argv, &i, "--set"))) {
             if (!opt_set(&c, v))
                 return 2;
-        } else if ((v = flag_value(argc, argv, &i, "--nproc"))) {
+        } else if ((v = cli_flag_value(argc, argv, &i, "--nproc"))) {
             int64_t n;
             if (!int_flag("opt", "--nproc", v, 1, MAX_NPROC, &n))
                 return 2;
             gf.nranks = (int)n;
-        } else if ((v = flag_value(argc, argv, &i, "--tp-rank"))) {
+        } else if ((v = cli_flag_value(argc, argv, &i, "--tp-rank"))) {
             int64_t n;
             if (!int_flag("opt", "--tp-rank", v, 0, MAX_NPROC - 1, &n))
                 return 2;
@@ -1059,13 +1058,13 @@ static int cmd_opt(int argc, char **argv)
             gf.no_fuse_attention = true;
         } else if (strcmp(argv[i], "--fuse-attention") == 0) {
             gf.no_fuse_attention = false;
-        } else if ((v = flag_value(argc, argv, &i, "--memory-budget"))) {
+        } else if ((v = cli_flag_value(argc, argv, &i, "--memory-budget"))) {
             if ((gf.memory_budget = parse_budget("opt", v)) < 0)
                 return 2;
-        } else if ((v = flag_value(argc, argv, &i, "--remat"))) {
+        } else if ((v = cli_flag_value(argc, argv, &i, "--remat"))) {
             if ((gf.remat = pass_remat_parse_policy(v)) < 0)
                 return bad_flag("opt", "--remat expects none, full, selective or auto, got", v);
-        } else if ((v = flag_value(argc, argv, &i, "--dump-dir"))) {
+        } else if ((v = cli_flag_value(argc, argv, &i, "--dump-dir"))) {
             dump_dir = v;
         } else if (argv[i][0] == '-' && argv[i][1] != 0) {
             return bad_flag("opt", "unknown option", argv[i]);

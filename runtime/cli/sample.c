@@ -61,23 +61,6 @@ static int bad(const char *msg, const char *arg)
     return 2;
 }
 
-/* "--flag VALUE" or "--flag=VALUE" (NULL: argv[*i] is not flag); a flag
- * without its value is exit 2. */
-static const char *value(int argc, char **argv, int *i, const char *flag)
-{
-    size_t n = strlen(flag);
-    const char *a = argv[*i];
-    if (strncmp(a, flag, n) != 0 || (a[n] != '=' && a[n] != 0))
-        return NULL;
-    if (a[n] == '=')
-        return a + n + 1;
-    if (*i + 1 >= argc) {
-        fprintf(stderr, "kiln sample: %s needs a value\n", flag);
-        exit(2);
-    }
-    return argv[++*i];
-}
-
 /* A finite number from s, in [lo, hi] (lo_open: lo excluded). */
 static bool number(const char *s, double lo, double hi, bool lo_open, double *out)
 {
@@ -112,65 +95,65 @@ int cli_sample(int argc, char **argv)
             fputs(usage, stdout);
             rc = 0;
             goto out;
-        } else if ((v = value(argc, argv, &i, "--init-from"))) {
+        } else if ((v = cli_flag_value(argc, argv, &i, "--init-from"))) {
             if (!*v) {
                 rc = bad("--init-from expects a weights file, got", "an empty value");
                 goto out;
             }
             o.init_from = v;
-        } else if ((v = value(argc, argv, &i, "--prompt-tokens"))) {
+        } else if ((v = cli_flag_value(argc, argv, &i, "--prompt-tokens"))) {
             o.prompt_tokens = v;
-        } else if ((v = value(argc, argv, &i, "--prompt"))) {
+        } else if ((v = cli_flag_value(argc, argv, &i, "--prompt"))) {
             o.prompt = v;
-        } else if ((v = value(argc, argv, &i, "--tokenizer"))) {
+        } else if ((v = cli_flag_value(argc, argv, &i, "--tokenizer"))) {
             o.tokenizer = v;
-        } else if ((v = value(argc, argv, &i, "--max-new-tokens"))) {
+        } else if ((v = cli_flag_value(argc, argv, &i, "--max-new-tokens"))) {
             if (!fe_parse_int(v, 1, 1 << 24, &n, why, sizeof why)) {
                 rc = bad("--max-new-tokens", why);
                 goto out;
             }
             o.max_new_tokens = n;
-        } else if ((v = value(argc, argv, &i, "--num-samples"))) {
+        } else if ((v = cli_flag_value(argc, argv, &i, "--num-samples"))) {
             if (!fe_parse_int(v, 1, 1 << 24, &n, why, sizeof why)) {
                 rc = bad("--num-samples", why);
                 goto out;
             }
             o.num_samples = n;
-        } else if ((v = value(argc, argv, &i, "--top-k"))) {
+        } else if ((v = cli_flag_value(argc, argv, &i, "--top-k"))) {
             if (!fe_parse_int(v, 0, INT32_MAX, &n, why, sizeof why)) {
                 rc = bad("--top-k", why);
                 goto out;
             }
             o.top_k = n;
-        } else if ((v = value(argc, argv, &i, "--seed"))) {
+        } else if ((v = cli_flag_value(argc, argv, &i, "--seed"))) {
             if (!fe_parse_int(v, 0, INT64_MAX, &n, why, sizeof why)) {
                 rc = bad("--seed", why);
                 goto out;
             }
             o.seed = (uint64_t)n;
-        } else if ((v = value(argc, argv, &i, "--temperature"))) {
+        } else if ((v = cli_flag_value(argc, argv, &i, "--temperature"))) {
             if (!number(v, 0, 1e6, false, &o.temperature)) {
                 snprintf(why, sizeof why, "expected a number >= 0 (0: greedy), got '%s'", v);
                 rc = bad("--temperature", why);
                 goto out;
             }
-        } else if ((v = value(argc, argv, &i, "--top-p"))) {
+        } else if ((v = cli_flag_value(argc, argv, &i, "--top-p"))) {
             if (!number(v, 0, 1, true, &o.top_p)) {
                 snprintf(why, sizeof why, "expected a number in (0, 1], got '%s'", v);
                 rc = bad("--top-p", why);
                 goto out;
             }
-        } else if ((v = value(argc, argv, &i, "--set"))) {
+        } else if ((v = cli_flag_value(argc, argv, &i, "--set"))) {
             vec_push(&sets, v);
-        } else if ((v = value(argc, argv, &i, "--device"))) {
+        } else if ((v = cli_flag_value(argc, argv, &i, "--device"))) {
             o.device = v;
-        } else if ((v = value(argc, argv, &i, "--threads"))) {
+        } else if ((v = cli_flag_value(argc, argv, &i, "--threads"))) {
             if (!fe_parse_int(v, 1, 256, &n, why, sizeof why)) {
                 rc = bad("--threads", why);
                 goto out;
             }
             o.threads = (int)n;
-        } else if ((v = value(argc, argv, &i, "--cache-dir"))) {
+        } else if ((v = cli_flag_value(argc, argv, &i, "--cache-dir"))) {
             o.cache_dir = v;
         } else if (strcmp(argv[i], "--stream") == 0) {
             o.stream = true;

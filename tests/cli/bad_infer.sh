@@ -41,6 +41,9 @@ w="$dir/w.safetensors"
 P() { "$KILN" predict "$m" --init-from "$w" --data-path "$dir/d.safetensors" "$@"; }
 
 # weights that do not match the model
+# a flag without its value (the last word of the command line)
+expect 2 '^kiln: --data-path needs a value' "$KILN" eval models/mlp.lua --data-path
+expect 2 '^kiln: --out needs a value' "$KILN" predict models/mlp.lua --out
 expect 1 "^kiln eval: --init-from: $dir/g.safetensors: missing tensor \"fc.weight\"" \
     "$KILN" eval "$m" --init-from "$dir/g.safetensors" --data-path "$dir/d.safetensors"
 expect 1 '^kiln eval: --init-from: .*"wte.weight" has the wrong shape \(the model expects f32\[256,64\], the file has f32\[256,32\]\)' \

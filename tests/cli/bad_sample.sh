@@ -32,6 +32,8 @@ expect() {
 "$KILN" train models/llama.lua --steps 2 --save-weights "$dir/llama.st" -q >/dev/null 2>&1 ||
     fail "training llama.lua"
 G="models/gpt.lua --init-from $dir/gpt.st"
+# a flag without its value (the last word of the command line)
+expect 2 '^kiln: --prompt needs a value' "$KILN" sample $G --prompt
 
 expect 1 'kiln sample: --init-from: .*llama.st: missing tensor "wte.weight"' \
     "$KILN" sample models/gpt.lua --init-from "$dir/llama.st" --prompt hi
