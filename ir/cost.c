@@ -126,3 +126,20 @@ double ir_graph_flops(const Graph *g)
         f += ir_op_flops(g, &g->ops.v[i]);
     return f;
 }
+
+bool ir_wgrad_matmul(const Graph *g, int i)
+{
+    const Op *op = &g->ops.v[i];
+    if (op->code != OP_MATMUL || !(op->flags & OPF_BACKWARD) || (op->flags & OPF_RECOMPUTE))
+        return false;
+    for (int k = 0; k < g->ops.n; k++) {
+        const Op *r = &g->ops.v[k];
+        if (k == i || (op->group >= 0 && r->group == op->group) || !(r->flags & OPF_BACKWARD) ||
+            (r->flags & OPF_OPTIM))
+            continue;
+        for (int j = 0; j < r->nin; j++)
+            if (r->in[j] == op->out)
+                return false;
+    }
+    return true;
+}

@@ -718,6 +718,12 @@ double ir_op_flops(const Graph *g, const Op *op);
 double ir_attn_flops(const Graph *g, const Op *op, Opcode code);
 double ir_op_bytes(const Graph *g, const Op *op); /* bytes read + written */
 double ir_graph_flops(const Graph *g);
+/* Whether op i is a weight-gradient GEMM: a backward matmul (not a
+ * recomputation) whose result no backward op outside its fuse group reads
+ * except the optimizer's (it feeds the update, a bucket or an
+ * accumulator, not the chain of input gradients: a pipeline's W, the
+ * GEMMs that may run under a TP collective). */
+bool ir_wgrad_matmul(const Graph *g, int i);
 
 /* interp.c: the reference interpreter. Evaluates every op in double
  * precision (integers exactly; bf16/f16 values rounded at each op result).

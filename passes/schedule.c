@@ -245,25 +245,6 @@ static void hoist_readers(const Graph *g, int *order, int n)
     free(mv);
 }
 
-/* Whether op i is a weight-gradient GEMM: a backward matmul whose result
- * no other backward op reads outside its unit (it feeds the optimizer, a
- * bucket or an accumulator, not the chain of input gradients). */
-static bool wgrad_gemm(const Graph *g, const int *unit, int i)
-{
-    const Op *op = &g->ops.v[i];
-    if (op->code != OP_MATMUL || !(op->flags & OPF_BACKWARD) || (op->flags & OPF_RECOMPUTE))
-        return false;
-    for (int k = 0; k < g->ops.n; k++) {
-        const Op *r = &g->ops.v[k];
-        if (unit[k] == unit[i] || !(r->flags & OPF_BACKWARD) || (r->flags & OPF_OPTIM))
-            continue;
-        for (int j = 0; j < r->nin; j++)
-            if (r->in[j] == op->out)
-                return false;
-    }
-    return true;
-}
-
 static bool tp_collective(Opcode c)
 {
     return c == OP_TP_ALLREDUCE || c == OP_TP_ALL_GATHER || c == OP_TP_REDUCE_SCATTER;
@@ -290,7 +271,7 @@ static void overlap_tp(const Graph *g, const int *unit, int *order, int n)
     bool *mv = xcalloc((size_t)n + 1, sizeof(bool));    /* per op: moves now */
     bool *wg = xcalloc((size_t)n + 1, sizeof(bool));    /* per op: in a wgrad unit */
     for (int i = 0; i < n; i++)
-        if (wgrad_gemm(g, unit, i))
+        if (ir_wgrad_matmul(g, i))
             for (int k = 0; k < n; k++)
                 wg[k] |= unit[k] == unit[i];
     for (int p = 0; p < n; p++) {
