@@ -477,9 +477,8 @@ static bool setup_tp_steps(KcComm *k, const DType *storage, const int64_t *offse
         const Shape *xs = &g->t.v[tx].s, *ys = &g->t.v[ty].s;
         if (xs->dtype != DT_F32 || storage[tx] != DT_F32 || storage[ty] != DT_F32) {
             kc_dmsg(d, "%s:%d: tensor parallelism on the GPU moves f32 tensors only so far "
-                    "(expected precision=f32 with tp > 1, got %s %s stored as %s)",
+                    "(expected precision=f32 with tp > 1, got a %s of a tensor stored as %s)",
                     op->loc.file ? op->loc.file : "?", op->loc.line, tp_name(op->code),
-                    g->t.v[tx].name ? g->t.v[tx].name : "?",
                     storage[tx] == DT_BF16 || storage[ty] == DT_BF16 ? "bf16" : "non-f32");
             return false;
         }

@@ -30,6 +30,9 @@
 #               step's operand (1st), or the compute stream no longer waits
 #               for its result (2nd); the run must stop with the fake's race
 #               report naming ncclAllReduce.
+#   bf16        precision=bf16 (bf16 activations: TP collectives of bf16
+#               tensors, not supported yet): the run must stop with the
+#               message naming the script line and precision=f32.
 # 3 steps, AdamW's eps 1e-6 (run.sh says why). Skipped (77) without python3,
 # mpirun or the fakes.
 set -u
@@ -57,6 +60,15 @@ sp) args+=(--set sequence_parallel=true) ;;
 neg_drop) cuda_env=(FAKE_NCCL_DROP_ALLREDUCE=1); negative=mismatch ;;
 neg_wait1) cuda_env=(FAKE_CUDA_DROP_WAIT=1); negative=race ;;
 neg_wait2) cuda_env=(FAKE_CUDA_DROP_WAIT=2); negative=race ;;
+bf16)
+    env LD_LIBRARY_PATH="$FAKE_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" timeout 300 "$KILN" \
+        train "$script" "${args[@]}" --device cuda --set precision=bf16 >"$T/bf16.log" 2>&1
+    rc=$?
+    grep -m1 "tensor parallelism on the GPU" "$T/bf16.log"
+    [ $rc -ne 0 ] && grep -q "^$script:[0-9]*: tensor parallelism on the GPU moves f32 tensors only so far (expected precision=f32" "$T/bf16.log" && exit 0
+    tail -5 "$T/bf16.log"
+    echo "FAIL: bf16 TP collectives were not refused with a message (exit $rc)"
+    exit 1 ;;
 *) echo "unknown case $case"; exit 2 ;;
 esac
 
