@@ -13,7 +13,8 @@
 #               kernels differ from the CPU's in summation order); both ranks
 #               say they run NCCL TP collectives (-v), and the report's
 #               "tensor-parallel comm" line has the CPU run's collective
-#               count and bytes (the device's events, kc_tp_events). gpt's
+#               count and bytes (the device's events, kc_tp_events), and
+#               --trace puts TP all-reduces on track 5 of both ranks' traces. gpt's
 #               loss gathers [B, T, 1] into [B, T, 2]: B * T one-element
 #               ncclAllGather calls (cuda_nccl.c, TpOp).
 #   sp          f32 with sequence_parallel=true: reduce-scatters and
@@ -53,9 +54,9 @@ esac
 
 args=(--steps 3 --nproc 2 --tp 2 --set log_every=1 --set eval_every=1000000
       --set eval_batches=1 --set eps=1e-6)
-cuda_env=() negative=""
+cuda_env=() negative="" trace=()
 case $case in
-f32) ;;
+f32) trace=(--trace "$T/t.json") ;;
 sp) args+=(--set sequence_parallel=true) ;;
 neg_drop) cuda_env=(FAKE_NCCL_DROP_ALLREDUCE=1); negative=mismatch ;;
 neg_wait1) cuda_env=(FAKE_CUDA_DROP_WAIT=1); negative=race ;;
@@ -76,7 +77,7 @@ timeout 300 "$KILN" train "$script" "${args[@]}" --threads 1 \
     --save-weights "$T/cpu.safetensors" >"$T/cpu.log" 2>&1 ||
     { tail -30 "$T/cpu.log"; echo "FAIL: the CPU run failed"; exit 1; }
 env "${cuda_env[@]}" LD_LIBRARY_PATH="$FAKE_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
-    timeout 600 "$KILN" train "$script" "${args[@]}" --device cuda -v \
+    timeout 600 "$KILN" train "$script" "${args[@]}" --device cuda -v "${trace[@]}" \
     --save-weights "$T/cuda.safetensors" >"$T/cuda.log" 2>&1
 rc=$?
 
@@ -114,6 +115,10 @@ tpline() { sed -n 's/^tensor-parallel comm: .*this rank): \([0-9]* collectives, 
 [ -n "$(tpline "$T/cpu.log")" ] && [ "$(tpline "$T/cuda.log")" = "$(tpline "$T/cpu.log")" ] ||
     fail "TP comm report: cuda '$(tpline "$T/cuda.log")', cpu '$(tpline "$T/cpu.log")'"
 grep "^tensor-parallel comm" "$T/cuda.log"
+for f in t t.rank1; do
+    [ -z "${trace[*]}" ] || grep -q '"name":"tp all-reduce"[^}]*"tid":5}' "$T/$f.json" ||
+        fail "no TP all-reduce on track 5 of $f.json"
+done
 out=$(cmp_losses) || fail "losses differ: $out; cpu: $(losses "$T/cpu.log" | tr '\n' ' ') cuda: $(losses "$T/cuda.log" | tr '\n' ' ')"
 echo "$model $case: $out"
 w=$(python3 "$ROOT/tests/gpu/cmp_weights.py" "$T/cuda.safetensors" "$T/cpu.safetensors" 1e-4)
