@@ -17,6 +17,11 @@
 #               --trace puts TP all-reduces on track 5 of both ranks' traces. gpt's
 #               loss gathers [B, T, 1] into [B, T, 2]: B * T one-element
 #               ncclAllGather calls (cuda_nccl.c, TpOp).
+#   dp2         tp 2 x dp 2 on 4 ranks (4 fake GPUs, oversubscribed CPU),
+#               bucket_mb=0.001: the data-parallel NCCL communicator's
+#               buckets and the TP group's collectives share the
+#               communication stream; as f32, and both communicators named
+#               in the log.
 #   sp          f32 with sequence_parallel=true: reduce-scatters and
 #               all-gathers along T of [B, T, C] (outer = B > 1: one NCCL
 #               call per batch row).
@@ -52,12 +57,15 @@ hand) script=tests/data/tp_hand.lua ;;
 *) echo "unknown model $model"; exit 2 ;;
 esac
 
-args=(--steps 3 --nproc 2 --tp 2 --set log_every=1 --set eval_every=1000000
+nproc=2
+[ "$case" = dp2 ] && nproc=4
+args=(--steps 3 --nproc "$nproc" --tp 2 --set log_every=1 --set eval_every=1000000
       --set eval_batches=1 --set eps=1e-6)
 cuda_env=() negative="" trace=()
 case $case in
 f32) trace=(--trace "$T/t.json") ;;
 sp) args+=(--set sequence_parallel=true) ;;
+dp2) args+=(--set bucket_mb=0.001); cuda_env=(FAKE_CUDA_DEVICES=4) ;;
 neg_drop) cuda_env=(FAKE_NCCL_DROP_ALLREDUCE=1); negative=mismatch ;;
 neg_wait1) cuda_env=(FAKE_CUDA_DROP_WAIT=1); negative=race ;;
 neg_wait2) cuda_env=(FAKE_CUDA_DROP_WAIT=2); negative=race ;;
@@ -115,6 +123,8 @@ tpline() { sed -n 's/^tensor-parallel comm: .*this rank): \([0-9]* collectives, 
 [ -n "$(tpline "$T/cpu.log")" ] && [ "$(tpline "$T/cuda.log")" = "$(tpline "$T/cpu.log")" ] ||
     fail "TP comm report: cuda '$(tpline "$T/cuda.log")', cpu '$(tpline "$T/cpu.log")'"
 grep "^tensor-parallel comm" "$T/cuda.log"
+[ "$case" != dp2 ] || grep -q "NCCL all-reduces, rank 1 of 2" "$T/cuda.log" ||
+    fail "no data-parallel NCCL communicator beside the TP ones"
 for f in t t.rank1; do
     [ -z "${trace[*]}" ] || grep -q '"name":"tp all-reduce"[^}]*"tid":5}' "$T/$f.json" ||
         fail "no TP all-reduce on track 5 of $f.json"
