@@ -147,9 +147,10 @@ KcComm *kc_tp_open(const RtCommGroup *g, const CgPlan *p, const DType *storage,
 void kc_comm_also(KcComm *k, KcComm *other);
 /* Plan step s (CG_STEP_TP) of a kc_tp_open communicator: event on the
  * compute stream, the communication stream waits on it, the step's NCCL
- * calls in one group (ncclAllReduce(ncclSum); per outer index an
- * ncclAllGather or ncclReduceScatter: cuda_nccl.c, TpOp), a done event the
- * compute stream waits on. The host does not wait. */
+ * call (ncclAllReduce(ncclSum), ncclAllGather or ncclReduceScatter; a
+ * gather or reduce-scatter whose split axis is not the first goes through
+ * a staging buffer and one 2D copy per rank: cuda_nccl.c, TpOp), a done
+ * event the compute stream waits on. The host does not wait. */
 bool kc_tp_run(KcComm *k, int s, Diag *d);
 /* The last run's TP steps not collected yet (at most max): RtCommEvent
  * with bucket -1, placed as kc_comm_events places buckets; their whole

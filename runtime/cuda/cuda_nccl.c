@@ -28,7 +28,8 @@
  * its TP group (world rank w is TP rank w % tp of dp group w / tp; the id
  * broadcast over the group), for the plan's CG_STEP_TP steps. Each step
  * runs on the same communication stream as the buckets, after a `ready`
- * event of the compute stream, between a `t0` and a `done` event; the
+ * event of the compute stream, between a `t0` and a `done` event (with
+ * its layout copies, TpOp); the
  * compute stream waits on `done` right away (the step's readers follow it
  * in the plan). One stream for both communicators keeps every rank's NCCL
  * calls in plan order, so the two communicators' kernels never wait on
@@ -125,6 +126,7 @@ static __typeof__(&ncclBroadcast) nccl_bcast;
 /* tensor parallelism's gathers and reduce-scatters (looked up apart too) */
 static __typeof__(&ncclAllGather) nccl_allgather;
 static __typeof__(&ncclReduceScatter) nccl_rscatter;
+static __typeof__(&cuMemcpy2DAsync) cu_copy2d; /* their layout copies (the driver's) */
 
 int kc_device_ordinal(void)
 {
@@ -186,6 +188,7 @@ static bool nccl_open(void)
     *(void **)&nccl_bcast = dlsym(h, "ncclBroadcast");
     *(void **)&nccl_allgather = dlsym(h, "ncclAllGather");
     *(void **)&nccl_rscatter = dlsym(h, "ncclReduceScatter");
+    *(void **)&cu_copy2d = dlsym(drv, STR(cuMemcpy2DAsync));
     if (fn.ncclGetVersion(&nccl_version) != ncclSuccess || nccl_version < NCCL_MIN_VERSION) {
         snprintf(nccl_why, sizeof nccl_why,
                  "NCCL is too old (version code %d; expected NCCL 2.10.3 or newer, for ncclAvg)",
@@ -244,23 +247,24 @@ typedef struct {
     bool prev;               /* pt0, pdone, pw await kc_comm_events */
 } Bucket;
 
-/* One TP step (CG_STEP_TP; tensor parallelism) as NCCL calls on the TP
- * group's communicator: `calls` calls of `count` f32 elements each, the
- * i-th from x + i * xstride to y + i * ystride (bytes). An all-reduce
- * (ncclSum) is one call over the whole tensor. NCCL's all-gather and
- * reduce-scatter take contiguous rank-major chunks, so a gather of
- * [outer][chunk] into [outer][rank][chunk] is one ncclAllGather per outer
- * index (chunk elements into [rank][chunk] at y + o * rank_count * chunk),
- * a reduce-scatter of [outer][rank][chunk] one ncclReduceScatter per outer
- * index, all of a step's calls in one NCCL group: no staging buffer and no
- * layout kernel, at the price of outer calls (the loss's gather of
- * [B, T, 1] is B * T one-element calls). */
+/* One TP step (CG_STEP_TP; tensor parallelism) as one NCCL call on the TP
+ * group's communicator, of `count` f32 elements per rank: an all-reduce
+ * (ncclSum) of the whole tensor, x to y (in place when equal); an
+ * all-gather of [outer][chunk] into [outer][rank][chunk]; a reduce-scatter
+ * of [outer][rank][chunk] into [outer][chunk]. NCCL's all-gather and
+ * reduce-scatter move contiguous rank-major chunks, [rank][outer * chunk],
+ * so with outer > 1 (the split axis is not the first: gpt's loss gathers
+ * [B, T, 1] into [B, T, 2]) the call goes through the staging buffer
+ * (KcComm.stage) and one 2D copy per rank (cuMemcpy2DAsync, `outer` rows of
+ * chunk floats) turns [rank][outer][chunk] into [outer][rank][chunk] after
+ * a gather, or the reverse before a reduce-scatter, on the communication
+ * stream. */
 typedef struct {
     int step;
     CgColl coll;              /* the op's: all-reduce, reduce-scatter or all-gather */
     CUdeviceptr x, y;
-    size_t count;
-    int64_t calls, xstride, ystride;
+    size_t count;             /* per rank */
+    int64_t outer, chunk;     /* gathers and reduce-scatters (outer > 1: staged) */
     int64_t bytes;            /* per rank: the all-reduce's buffer, the gather's result, the
                                  reduce-scatter's operand (rt_comm_tp_stats's figure) */
     CUevent t0, done;         /* on the communication stream, around its calls */
@@ -286,6 +290,7 @@ struct KcComm {
     /* the TP group's communicator (kc_tp_open): its steps, no buckets */
     TpOp *tp;
     int ntp;
+    CUdeviceptr stage;       /* f32[rank count * outer * chunk] of the largest staged TP step */
     int *tp_of;              /* per plan step: index in tp, -1 */
     CUevent tp_ready;        /* on the compute stream before each TP step */
     bool tp_pending;         /* TP steps of a run not collected yet */
@@ -467,6 +472,7 @@ static bool setup_tp_steps(KcComm *k, const DType *storage, const int64_t *offse
     }
     if (!DRV(fn.cuEventCreate(&k->tp_ready, CU_EVENT_DISABLE_TIMING), d))
         return false;
+    int64_t stage = 0; /* bytes of the staging buffer */
     for (int s = 0; s < p->steps.n; s++) {
         k->tp_of[s] = -1;
         const CgStep *st = &p->steps.v[s];
@@ -498,23 +504,20 @@ static bool setup_tp_steps(KcComm *k, const DType *storage, const int64_t *offse
         case OP_TP_ALLREDUCE:
             t->coll = CG_COLL_ALLREDUCE;
             t->count = (size_t)ny;
-            t->calls = 1;
             t->bytes = 4 * ny;
             break;
         case OP_TP_ALL_GATHER: /* [outer][chunk] -> [outer][rank][chunk] */
             t->coll = CG_COLL_ALL_GATHER;
-            t->count = (size_t)(nx / outer);
-            t->calls = outer;
-            t->xstride = 4 * (nx / outer);
-            t->ystride = 4 * n * (nx / outer);
+            t->count = (size_t)nx;
+            t->outer = outer;
+            t->chunk = nx / outer;
             t->bytes = 4 * ny;
             break;
         case OP_TP_REDUCE_SCATTER: /* [outer][rank][chunk] -> [outer][chunk] */
             t->coll = CG_COLL_REDUCE_SCATTER;
-            t->count = (size_t)(ny / outer);
-            t->calls = outer;
-            t->xstride = 4 * n * (ny / outer);
-            t->ystride = 4 * (ny / outer);
+            t->count = (size_t)ny;
+            t->outer = outer;
+            t->chunk = ny / outer;
             t->bytes = 4 * nx;
             break;
         default:
@@ -524,9 +527,8 @@ static bool setup_tp_steps(KcComm *k, const DType *storage, const int64_t *offse
         bool ok = op->code == OP_TP_ALLREDUCE ? nx == ny
                                               : (op->code == OP_TP_ALL_GATHER ? nx * n == ny
                                                                               : ny * n == nx);
-        if (!ok || outer < 1 || (int64_t)t->count * t->calls * (t->coll == CG_COLL_ALLREDUCE
-                                                                    ? 1 : n) !=
-                                    (t->coll == CG_COLL_REDUCE_SCATTER ? nx : ny)) {
+        if (!ok || outer < 1 || (t->coll != CG_COLL_ALLREDUCE && t->outer * t->chunk !=
+                                                                     (int64_t)t->count)) {
             kc_dmsg(d, "plan step %d: %s of %lld elements into %lld over %d ranks", s,
                     tp_name(op->code), (long long)nx, (long long)ny, k->size);
             return false;
@@ -542,8 +544,17 @@ static bool setup_tp_steps(KcComm *k, const DType *storage, const int64_t *offse
         if (!DRV(fn.cuEventCreate(&t->t0, CU_EVENT_DEFAULT), d) ||
             !DRV(fn.cuEventCreate(&t->done, CU_EVENT_DEFAULT), d))
             return false;
+        if (t->outer > 1 && 4 * n * (int64_t)t->count > stage)
+            stage = 4 * n * (int64_t)t->count;
         k->tp_of[s] = k->ntp++;
     }
+    if (stage > 0 && !cu_copy2d) {
+        kc_dmsg(d, "tensor parallelism on the GPU: the CUDA driver lacks %s (driver too old?)",
+                STR(cuMemcpy2DAsync));
+        return false;
+    }
+    if (stage > 0 && !DRV(fn.cuMemAlloc(&k->stage, (size_t)stage), d))
+        return false;
     if (k->ntp > 0 && (!nccl_allgather || !nccl_rscatter)) {
         kc_dmsg(d, "tensor parallelism on the GPU: libnccl.so.2 lacks ncclAllGather or "
                 "ncclReduceScatter (expected NCCL 2.10.3 or newer)");
@@ -710,6 +721,8 @@ void kc_comm_close(KcComm *k)
     }
     if (k->tp_ready)
         fn.cuEventDestroy(k->tp_ready);
+    if (k->stage)
+        fn.cuMemFree(k->stage);
     free(k->tp);
     free(k->tp_of);
     free(k->b);
@@ -856,6 +869,39 @@ bool kc_allreduce_wait(KcComm *k, int s, Diag *d)
     return true;
 }
 
+/* On the communication stream: `rows` rows of `width` bytes from src
+ * (rows `spitch` apart) to dst (`dpitch` apart). */
+static bool copy_rows(KcComm *k, CUdeviceptr dst, size_t dpitch, CUdeviceptr src, size_t spitch,
+                      size_t width, size_t rows, Diag *d)
+{
+    CUDA_MEMCPY2D c;
+    memset(&c, 0, sizeof c);
+    c.srcMemoryType = CU_MEMORYTYPE_DEVICE;
+    c.srcDevice = src;
+    c.srcPitch = spitch;
+    c.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+    c.dstDevice = dst;
+    c.dstPitch = dpitch;
+    c.WidthInBytes = width;
+    c.Height = rows;
+    return DRV(cu_copy2d(&c, k->comm), d);
+}
+
+/* A staged TP step's layout copies, one per rank: [outer][rank][chunk] at
+ * whole (y of a gather, x of a reduce-scatter) to or from
+ * [rank][outer][chunk] at k->stage. */
+static bool tp_relayout(KcComm *k, const TpOp *t, CUdeviceptr whole, bool to_whole, Diag *d)
+{
+    size_t c = 4 * (size_t)t->chunk, n = (size_t)k->size, o = (size_t)t->outer;
+    for (size_t r = 0; r < n; r++) {
+        CUdeviceptr w = whole + (CUdeviceptr)(r * c), st = k->stage + (CUdeviceptr)(r * o * c);
+        if (!(to_whole ? copy_rows(k, w, n * c, st, c, c, o, d)
+                       : copy_rows(k, st, c, w, n * c, c, o, d)))
+            return false;
+    }
+    return true;
+}
+
 bool kc_tp_run(KcComm *k, int s, Diag *d)
 {
     if (!k || !k->tp_of || s < 0 || s >= k->p->steps.n || k->tp_of[s] < 0) {
@@ -863,25 +909,22 @@ bool kc_tp_run(KcComm *k, int s, Diag *d)
         return false;
     }
     TpOp *t = &k->tp[k->tp_of[s]];
+    bool staged = t->outer > 1;
     if (!DRV(fn.cuEventRecord(k->tp_ready, k->s), d) ||
         !DRV(fn.cuStreamWaitEvent(k->comm, k->tp_ready, 0), d) ||
-        !DRV(fn.cuEventRecord(t->t0, k->comm), d) || !NC(fn.ncclGroupStart(), d))
+        !DRV(fn.cuEventRecord(t->t0, k->comm), d))
         return false;
-    bool ok = true;
+    if (staged && t->coll == CG_COLL_REDUCE_SCATTER && !tp_relayout(k, t, t->x, false, d))
+        return false;
+    const void *x = (const void *)(staged && t->coll == CG_COLL_REDUCE_SCATTER ? k->stage : t->x);
+    void *y = (void *)(staged && t->coll == CG_COLL_ALL_GATHER ? k->stage : t->y);
     cudaStream_t cs = (cudaStream_t)k->comm;
-    for (int64_t i = 0; i < t->calls && ok; i++) {
-        const void *x = (const void *)(t->x + (CUdeviceptr)(i * t->xstride));
-        void *y = (void *)(t->y + (CUdeviceptr)(i * t->ystride));
-        if (t->coll == CG_COLL_ALLREDUCE)
-            ok = NC(fn.ncclAllReduce(x, y, t->count, ncclFloat32, ncclSum, k->nc, cs), d);
-        else if (t->coll == CG_COLL_ALL_GATHER)
-            ok = NC(nccl_allgather(x, y, t->count, ncclFloat32, k->nc, cs), d);
-        else
-            ok = NC(nccl_rscatter(x, y, t->count, ncclFloat32, ncclSum, k->nc, cs), d);
-    }
-    Diag ignored;
-    ncclResult_t ge = fn.ncclGroupEnd();
-    if (ge == ncclInProgress && k->nonblocking && ok) {
+    ncclResult_t r = t->coll == CG_COLL_ALLREDUCE
+                         ? fn.ncclAllReduce(x, y, t->count, ncclFloat32, ncclSum, k->nc, cs)
+                     : t->coll == CG_COLL_ALL_GATHER
+                         ? nccl_allgather(x, y, t->count, ncclFloat32, k->nc, cs)
+                         : nccl_rscatter(x, y, t->count, ncclFloat32, ncclSum, k->nc, cs);
+    if (r == ncclInProgress && k->nonblocking) {
         char what[96];
         snprintf(what, sizeof what, "issuing the NCCL %s of plan step %d (tensor parallelism)",
                  t->coll == CG_COLL_REDUCE_SCATTER ? "reduce-scatter"
@@ -890,9 +933,11 @@ bool kc_tp_run(KcComm *k, int s, Diag *d)
                  s);
         if (!settle(k, what, d))
             return false;
-    } else if (!NC(ge, ok ? d : &ignored) || !ok) {
+    } else if (!NC(r, d)) {
         return false;
     }
+    if (staged && t->coll == CG_COLL_ALL_GATHER && !tp_relayout(k, t, t->y, true, d))
+        return false;
     /* the compute stream's readers of the result (and writers of either
      * buffer) come after the collective */
     if (!DRV(fn.cuEventRecord(t->done, k->comm), d) ||

@@ -14,17 +14,19 @@
 #               say they run NCCL TP collectives (-v), and the report's
 #               "tensor-parallel comm" line has the CPU run's collective
 #               count and bytes (the device's events, kc_tp_events), and
-#               --trace puts TP all-reduces on track 5 of both ranks' traces. gpt's
-#               loss gathers [B, T, 1] into [B, T, 2]: B * T one-element
-#               ncclAllGather calls (cuda_nccl.c, TpOp).
+#               --trace puts TP all-reduces on track 5 of both ranks' traces.
+#               The loss's gather of [B, T, 1] into [B, T, 2] (both models)
+#               goes through the staging buffer and 2D copies (cuda_nccl.c,
+#               TpOp): without the copies the losses differ by 0.9.
 #   dp2         tp 2 x dp 2 on 4 ranks (4 fake GPUs, oversubscribed CPU),
 #               bucket_mb=0.001: the data-parallel NCCL communicator's
 #               buckets and the TP group's collectives share the
 #               communication stream; as f32, and both communicators named
 #               in the log.
 #   sp          f32 with sequence_parallel=true: reduce-scatters and
-#               all-gathers along T of [B, T, C] (outer = B > 1: one NCCL
-#               call per batch row).
+#               all-gathers along T of [B, T, C] (outer = B > 1: staged;
+#               without the reduce-scatters' 2D copies the losses differ by
+#               5e-2).
 #   neg_drop    negative control: f32 with the fake NCCL's first
 #               ncclAllReduce on each rank writing nothing
 #               (FAKE_NCCL_DROP_ALLREDUCE=1: the first TP all-reduce skipped,
