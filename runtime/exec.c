@@ -1,7 +1,9 @@
 /* exec.c - the executor: plans the final graph, hands the plan to a backend,
  * and walks the plan's steps every run (ops in schedule order, then update
  * copies). Allreduce steps go to the communication thread (RtComm), or to
- * the backend when it runs collectives on the device (BackendExt.comm_setup).
+ * the backend when it runs collectives on the device (BackendExt.comm_setup);
+ * TP steps run on the host (start_tp, overlapped), or on the device
+ * (BackendExt.tp_setup).
  * Optional per-step timing for the profile and the trace: from the
  * backend's device events where it records them, else on the host with a
  * synchronisation after every step. */
@@ -41,6 +43,10 @@ struct Exec {
     bool dev_comm;
     RtCommEvent *cev;     /* room for one run's bucket events */
     int ncev;
+    /* TP steps on the device (BackendExt.tp_setup accepted the plan) */
+    bool dev_tp;
+    RtCommEvent *tpev;    /* room for one run's TP collectives (pull_tp) */
+    int ntpev;
     /* zero=1: all-gather waits carried into the next run (setup_defer) */
     int nb;               /* buckets */
     int *first_reader;    /* per bucket: plan step that first reads its params; -1:
@@ -282,7 +288,7 @@ static void shard_pack(Exec *e, const CgStep *st)
  * between); the ones that no step reads (graph outputs) land before
  * rt_exec_run returns. The schedule pass puts independent work there,
  * the weight-gradient GEMMs under backward's all-reduces. */
-static void setup_tp(Exec *e)
+static void setup_host_tp(Exec *e)
 {
     const CgPlan *p = e->plan;
     const Graph *g = e->g;
@@ -317,8 +323,8 @@ static void setup_tp(Exec *e)
 }
 
 /* A CG_STEP_TP step: starts its op's collective over the TP group, from
- * the operand's buffer to the result's, in host memory (rt_exec_create
- * refuses TP steps on a backend without host pointers). */
+ * the operand's buffer to the result's, in host memory (setup_tp refuses
+ * TP steps on a backend with neither host pointers nor TP collectives). */
 static void start_tp(Exec *e, int s)
 {
     const CgStep *st = &e->plan->steps.v[s];
@@ -388,6 +394,8 @@ static bool run_step(Exec *e, int s, uint64_t seed, int64_t step, Diag *d)
         for (int t = e->tp_wait_head[s]; t >= 0; t = e->tp_wait_next[t])
             wait_tp(e, t);
     }
+    if (st->kind == CG_STEP_TP && e->dev_tp)
+        return e->be->ext->tp_run(e->ctx, s, d);
     if (st->kind == CG_STEP_TP) {
         e->be->sync(e->ctx);
         start_tp(e, s);
@@ -452,6 +460,12 @@ static bool bcast_ranks(void *arg, void *buf, size_t n)
 static void lost_ranks(void *arg, const char *what)
 {
     rt_comm_lost(arg, what);
+}
+
+static bool bcast_tp(void *arg, void *buf, size_t n)
+{
+    rt_comm_tp_bcast(arg, buf, n);
+    return true;
 }
 
 /* RtComm's source of device collectives (rt_comm_set_source). */
@@ -533,6 +547,60 @@ static bool setup_comm(Exec *e, Diag *d)
     return true;
 }
 
+/* The executor's TP collectives run by the device (rt_comm_tp_source). */
+static void pull_tp(void *arg, RtComm *c)
+{
+    Exec *e = arg;
+    rt_comm_tp_add_events(c, e->tpev, e->be->ext->tp_events(e->ctx, e->tpev, e->ntpev));
+}
+
+/* A plan with TP steps: on a backend with TP collectives of its own
+ * (BackendExt.tp_setup; collective over the TP group) they run there;
+ * else on the host (start_tp), which needs host pointers. */
+static bool setup_tp(Exec *e, Diag *d)
+{
+    const CgPlan *p = e->plan;
+    int first = -1, n = 0;
+    for (int s = 0; s < p->steps.n; s++)
+        if (p->steps.v[s].kind == CG_STEP_TP) {
+            first = first < 0 ? s : first;
+            n++;
+        }
+    if (first < 0)
+        return true;
+    const BackendExt *x = e->be->ext;
+    RtComm *c = e->o.tp_comm;
+    if (x && x->tp_setup && x->tp_run && c) {
+        bool many = rt_comm_tp(c) > 1;
+        RtCommGroup g = {.rank = rt_comm_tp_rank(c),
+                         .size = rt_comm_tp(c),
+                         .local_rank = rt_comm_local_rank(c),
+                         .bcast = many ? bcast_tp : NULL,
+                         .arg = c,
+                         .timeout = many ? rt_comm_timeout(c) : 0,
+                         .lost = many ? lost_ranks : NULL};
+        if (!x->tp_setup(e->ctx, &g, d))
+            return false;
+        e->dev_tp = true;
+        if (x->tp_events) {
+            e->ntpev = n;
+            e->tpev = xcalloc((size_t)n + 1, sizeof(RtCommEvent));
+            rt_comm_tp_source(c, pull_tp, e);
+        }
+        return true;
+    }
+    if (!e->be->host_ptr) {
+        const Op *op = &p->g->ops.v[p->steps.v[first].op];
+        snprintf(d->msg, sizeof d->msg,
+                 "%s:%d: tensor parallelism needs a backend that runs its collectives "
+                 "(expected --device cpu or cuda with tp > 1, got the %s backend)",
+                 op->loc.file ? op->loc.file : "?", op->loc.line, e->be->name);
+        return false;
+    }
+    setup_host_tp(e);
+    return true;
+}
+
 /* False, with both sizes in d, when the plan's arena (persistent buffers and
  * temporaries) is larger than this machine's physical memory: checked before
  * the backend allocates anything. Only for a backend whose arena is host
@@ -604,17 +672,8 @@ Exec *rt_exec_create(const Graph *g, const ExecOpts *o, Diag *d)
     }
     if (!setup_comm(e, d))
         goto fail;
-    for (int s = 0; s < e->plan->steps.n; s++)
-        if (e->plan->steps.v[s].kind == CG_STEP_TP && !be->host_ptr) {
-            const Op *op = &g->ops.v[e->plan->steps.v[s].op];
-            snprintf(d->msg, sizeof d->msg,
-                     "%s:%d: tensor parallelism runs on CPU ranks only so far (expected "
-                     "--device cpu with tp > 1, got the %s backend; the CUDA module has no "
-                     "TP collectives yet: docs/parallel.md)",
-                     op->loc.file ? op->loc.file : "?", op->loc.line, be->name);
-            goto fail;
-        }
-    setup_tp(e);
+    if (!setup_tp(e, d))
+        goto fail;
     if (o->profile)
         setup_profile(e);
     if (o->verbose)
@@ -667,6 +726,8 @@ void rt_exec_destroy(Exec *e)
     free(e->hook_at);
     if (e->cev)
         rt_comm_set_source(e->o.comm, NULL, e);
+    if (e->tpev)
+        rt_comm_tp_source(e->o.tp_comm, NULL, e);
     if (e->ctx)
         e->be->destroy(e->ctx);
     cg_plan_free(e->plan);
@@ -680,6 +741,7 @@ void rt_exec_destroy(Exec *e)
     free(e->dev_start);
     free(e->dev_end);
     free(e->cev);
+    free(e->tpev);
     free(e);
 }
 

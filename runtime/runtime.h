@@ -240,6 +240,22 @@ typedef struct BackendExt {
     int64_t (*arena_bytes)(const BackendCtx *c);
     /* The device the context runs on (MFU's peak); false: unknown. */
     bool (*device_info)(BackendCtx *c, RtDeviceInfo *out);
+    /* Tensor parallelism on the device. When the plan has CG_STEP_TP steps
+     * the executor calls tp_setup once with the TP group (g: rank and size
+     * in the group, bcast over it; collective over the group); on success
+     * it hands every CG_STEP_TP step to tp_run, which queues the step's
+     * collective (f32 sum over the group: all-reduce, all-gather of
+     * [outer][chunk] into [outer][rank][chunk], reduce-scatter of
+     * [outer][rank][chunk] into [outer][chunk], outer the product of the
+     * dims before the op's axis) after the device work before it, its
+     * result ready for the device work after it, never blocking the host.
+     * tp_events: the last run's TP collectives not collected yet (at most
+     * max; bucket -1, coll 0 all-reduce, 1 reduce-scatter, 2 all-gather),
+     * timed on the device and placed as comm_events places buckets; waits
+     * for them. */
+    bool (*tp_setup)(BackendCtx *c, const RtCommGroup *g, Diag *d);
+    bool (*tp_run)(BackendCtx *c, int s, Diag *d);
+    int (*tp_events)(BackendCtx *c, RtCommEvent *ev, int max);
 } BackendExt;
 
 /* ---- device.c: choosing a backend; the CUDA module ----------------------
@@ -251,13 +267,14 @@ typedef struct BackendExt {
 struct CgCudaProgram; /* codegen.h */
 
 /* What the module needs from kiln (it links nothing of kilncore). */
-#define RT_CUDA_ABI 10 /* 2: Backend.ext; 3: BackendExt.arena_bytes, CgCudaProgram.mem;
+#define RT_CUDA_ABI 11 /* 2: Backend.ext; 3: BackendExt.arena_bytes, CgCudaProgram.mem;
                          4: Backend.host; 5: RtCommEvent.exposed;
                          6: CgCudaProgram.cast_off, cast_now, cast_bytes;
                          7: cast groups (cast_group...) instead of cast_now;
                          8: CgKernel.flat, CgStep.lo and hi (the plan's layout);
                          9: CgCudaFn.range, CgCudaProgram.step_range (pieces);
-                         10: Backend.host_ptr */
+                         10: Backend.host_ptr;
+                         11: BackendExt.tp_setup, tp_run, tp_events */
 typedef struct {
     int abi; /* RT_CUDA_ABI */
     struct CgCudaProgram *(*program)(const struct CgPlan *p, bool bf16);

@@ -1,7 +1,7 @@
 /* backend_cuda.c - the step of the CUDA backend (libkiln_cuda.so, loaded
  * by device.c with dlopen): the Backend table (create, write, read, run one
  * plan step, sync, destroy) and its BackendExt (device timing, NCCL
- * all-reduces).
+ * all-reduces, tensor parallelism's NCCL collectives).
  *
  * create: the plan's CUDA program (printed by kiln through RtCudaHost)
  * compiled by NVRTC for the device's own architecture (cuda_nvrtc.c),
@@ -81,6 +81,7 @@ struct BackendCtx {
     double host_begin;       /* CLOCK_MONOTONIC when the last run began */
     bool ran;                /* ev_begin and ev_end recorded */
     struct KcComm *nccl;     /* device collectives (cuda_nccl.c) */
+    struct KcComm *tpk;      /* the TP group's collectives (kc_tp_open), NULL: none */
     CUdeviceptr arena, rs, scratch;
     CUdeviceptr part;        /* the partials scratch of split loops
                                 (CgCudaProgram.part_bytes; CgCudaFn.part) */
@@ -114,17 +115,19 @@ static void destroy_timing(BackendCtx *c);
 static bool run_begins(BackendCtx *c, Diag *d);
 static bool step_done(BackendCtx *c, int s, Diag *d);
 
-/* Every host wait on the device. With NCCL all-reduces in the step they poll
+/* Every host wait on the device. With NCCL collectives in the step they poll
  * and are bounded (kc_wait_stream: a hung peer stops every rank with a
  * message); without, they block. */
 static CUresult wait_stream(BackendCtx *c, CUstream s)
 {
-    return c->nccl ? kc_wait_stream(c->nccl, s) : kc_cu.cuStreamSynchronize(s);
+    struct KcComm *k = c->nccl ? c->nccl : c->tpk; /* each watches the other too */
+    return k ? kc_wait_stream(k, s) : kc_cu.cuStreamSynchronize(s);
 }
 
 static CUresult wait_event(BackendCtx *c, CUevent e)
 {
-    return c->nccl ? kc_wait_event(c->nccl, e) : kc_cu.cuEventSynchronize(e);
+    struct KcComm *k = c->nccl ? c->nccl : c->tpk;
+    return k ? kc_wait_event(k, e) : kc_cu.cuEventSynchronize(e);
 }
 
 static void cuda_destroy(BackendCtx *c)
@@ -641,7 +644,7 @@ static bool enqueue(BackendCtx *c, int s, Diag *d)
         ok = kc_shard_pack(c->nccl, s, d);
         break;
     case CG_STEP_TP:
-        break; /* the executor runs these through read and write (runtime/exec.c) */
+        break; /* the executor hands these to cuda_tp_run */
     }
     nvtxRangePop();
     return ok;
@@ -733,8 +736,12 @@ static bool create_timing(BackendCtx *c, bool profile, Diag *d)
 /* Frees the collectives and the timing events (the context is current). */
 static void destroy_timing(BackendCtx *c)
 {
+    kc_comm_also(c->nccl, NULL);
+    kc_comm_also(c->tpk, NULL);
     kc_comm_close(c->nccl);
     c->nccl = NULL;
+    kc_comm_close(c->tpk);
+    c->tpk = NULL;
     for (int s = 0; c->ev_step && s < c->p->steps.n; s++)
         if (c->ev_step[s])
             kc_cu.cuEventDestroy(c->ev_step[s]);
@@ -751,6 +758,7 @@ static bool run_begins(BackendCtx *c, Diag *d)
     c->ran = false;
     c->host_begin = kc_now();
     kc_comm_run_begins(c->nccl);
+    kc_comm_run_begins(c->tpk);
     return CU(kc_cu.cuEventRecord(c->ev_begin, c->s), d);
 }
 
@@ -805,6 +813,8 @@ static bool cuda_comm_setup(BackendCtx *c, const RtCommGroup *g, Diag *d)
                            c->comm, d);
     if (!c->nccl)
         return false;
+    kc_comm_also(c->nccl, c->tpk);
+    kc_comm_also(c->tpk, c->nccl);
     if (c->graph_on && c->verbose)
         fprintf(stderr, "kiln: cuda: no CUDA graph: the step has NCCL all-reduces\n");
     c->graph_on = false;
@@ -829,6 +839,37 @@ static bool cuda_allreduce_wait(BackendCtx *c, int s, Diag *d)
 {
     return CU(kc_cu.cuCtxSetCurrent(c->ctx), d) && kc_allreduce_wait(c->nccl, s, d) &&
            step_done(c, s, d);
+}
+
+/* Tensor parallelism: the TP group's own NCCL communicator on the same
+ * communication stream (cuda_nccl.c, kc_tp_open); no CUDA graph, as with
+ * all-reduces. */
+static bool cuda_tp_setup(BackendCtx *c, const RtCommGroup *g, Diag *d)
+{
+    if (!CU(kc_cu.cuCtxSetCurrent(c->ctx), d))
+        return false;
+    c->tpk = kc_tp_open(g, c->p, c->q->storage, c->q->mem->offset, c->arena, c->ctx, c->s,
+                        c->comm, d);
+    if (!c->tpk)
+        return false;
+    kc_comm_also(c->nccl, c->tpk);
+    kc_comm_also(c->tpk, c->nccl);
+    if (c->graph_on && c->verbose)
+        fprintf(stderr, "kiln: cuda: no CUDA graph: the step has NCCL TP collectives\n");
+    c->graph_on = false;
+    if (c->verbose)
+        fprintf(stderr, "kiln: cuda: NCCL TP collectives, TP rank %d of %d\n", g->rank, g->size);
+    return true;
+}
+
+static bool cuda_tp_run(BackendCtx *c, int s, Diag *d)
+{
+    return CU(kc_cu.cuCtxSetCurrent(c->ctx), d) && kc_tp_run(c->tpk, s, d) && step_done(c, s, d);
+}
+
+static int cuda_tp_events(BackendCtx *c, RtCommEvent *ev, int max)
+{
+    return c->tpk ? kc_tp_events(c->tpk, c->ev_begin, c->host_begin, ev, max) : 0;
 }
 
 static int cuda_comm_events(BackendCtx *c, RtCommEvent *ev, int max, double *exposed_s)
@@ -866,7 +907,8 @@ static bool cuda_device_info(BackendCtx *c, RtDeviceInfo *out)
 static const BackendExt backend_cuda_ext = {
     cuda_comm_setup,  cuda_allreduce_start, cuda_allreduce_wait,
     cuda_comm_events, cuda_run_seconds,     cuda_step_times,
-    cuda_arena_bytes, cuda_device_info,
+    cuda_arena_bytes, cuda_device_info, cuda_tp_setup,
+    cuda_tp_run,      cuda_tp_events,
 };
 
 static const Backend backend_cuda = {

@@ -15,7 +15,8 @@
  *                  no CUDA header: the emulated device links it too)
  *   cublaslt.c     GEMMs through cuBLASLt: descriptors, heuristic, calls
  *   cuda_nvrtc.c   NVRTC and the cubin cache
- *   cuda_nccl.c    all-reduces through NCCL, bounded host waits
+ *   cuda_nccl.c    all-reduces and TP collectives through NCCL, bounded
+ *                  host waits
  *   backend_cuda.c the step: the Backend table (create, write, read, run
  *                  a plan step, sync, destroy) and its BackendExt
  */
@@ -110,9 +111,10 @@ KC_EXPORT bool kiln_cuda_compile(const char *src, const char *arch, const char *
                                  bool verbose, RtCudaBinary *b, Diag *d);
 KC_EXPORT void kiln_cuda_binary_free(RtCudaBinary *b);
 
-/* ---- cuda_nccl.c: gradient all-reduces through NCCL ------------------------
- * The all-reduces of a plan through NCCL on a communication stream gated by
- * events, and the device this process uses. */
+/* ---- cuda_nccl.c: gradient all-reduces and TP collectives through NCCL ----
+ * The all-reduces of a plan (and its tensor-parallel collectives) through
+ * NCCL on a communication stream gated by events, and the device this
+ * process uses. */
 
 typedef struct KcComm KcComm;
 
@@ -130,6 +132,31 @@ int kc_device_ordinal(void);
 KcComm *kc_comm_open(const RtCommGroup *g, const CgPlan *p, const DType *storage,
                      const int64_t *offset, CUdeviceptr arena, CUcontext ctx, CUstream compute,
                      CUstream comm, Diag *d);
+/* The same over the TP group g (RtCommGroup: rank and size in the group,
+ * the id broadcast over it) for p's CG_STEP_TP steps (tensor parallelism)
+ * instead of its buckets: each step's operand and result f32 at arena +
+ * offset[t]. A second communicator beside the data-parallel one, on the
+ * same communication stream. NULL with d set (NCCL missing, a TP tensor
+ * not stored as f32: precision=bf16). */
+KcComm *kc_tp_open(const RtCommGroup *g, const CgPlan *p, const DType *storage,
+                   const int64_t *offset, CUdeviceptr arena, CUcontext ctx, CUstream compute,
+                   CUstream comm, Diag *d);
+/* Host waits through k (kc_wait_stream, kc_wait_event) also watch other's
+ * collectives for a hang (the data-parallel and the TP communicator of one
+ * context watch each other). */
+void kc_comm_also(KcComm *k, KcComm *other);
+/* Plan step s (CG_STEP_TP) of a kc_tp_open communicator: event on the
+ * compute stream, the communication stream waits on it, the step's NCCL
+ * call (ncclAllReduce(ncclSum), ncclAllGather or ncclReduceScatter; a
+ * gather or reduce-scatter whose split axis is not the first goes through
+ * a staging buffer and one 2D copy per rank: cuda_nccl.c, TpOp), a done
+ * event the compute stream waits on. The host does not wait. */
+bool kc_tp_run(KcComm *k, int s, Diag *d);
+/* The last run's TP steps not collected yet (at most max): RtCommEvent
+ * with bucket -1, placed as kc_comm_events places buckets; their whole
+ * time is exposed (the compute stream waits right after each). Waits for
+ * their done events. */
+int kc_tp_events(KcComm *k, CUevent begin, double host_begin, RtCommEvent *ev, int max);
 /* Waits for the communication stream and frees everything (NULL: nothing). */
 void kc_comm_close(KcComm *k);
 /* A run begins (before its first plan step): forgets the last run's

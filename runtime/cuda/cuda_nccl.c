@@ -24,6 +24,18 @@
  * not waited for is carried into the next (the executor's setup_defer).
  * shard_pack runs here too: copies on the compute stream.
  *
+ * Tensor parallelism (kc_tp_open): a second communicator per process, over
+ * its TP group (world rank w is TP rank w % tp of dp group w / tp; the id
+ * broadcast over the group), for the plan's CG_STEP_TP steps. Each step
+ * runs on the same communication stream as the buckets, after a `ready`
+ * event of the compute stream, between a `t0` and a `done` event (with
+ * its layout copies, TpOp); the
+ * compute stream waits on `done` right away (the step's readers follow it
+ * in the plan). One stream for both communicators keeps every rank's NCCL
+ * calls in plan order, so the two communicators' kernels never wait on
+ * each other across ranks; a TP step queued behind an unfinished bucket
+ * waits for it.
+ *
  * Host waits on the device (kc_wait_stream, kc_wait_event) poll instead of
  * blocking, so that a peer that hangs (its NCCL kernel never finishes here)
  * is noticed: when an all-reduce has been running on the communication
@@ -46,7 +58,7 @@ typedef struct ncclComm *ncclComm_t;
 typedef enum { ncclSuccess = 0, ncclInProgress = 7 } ncclResult_t;
 typedef struct { char internal[128]; } ncclUniqueId;
 typedef enum { ncclFloat32 = 7 } ncclDataType_t;
-typedef enum { ncclAvg = 4 } ncclRedOp_t;
+typedef enum { ncclSum = 0, ncclAvg = 4 } ncclRedOp_t;
 typedef struct { int blocking; } ncclConfig_t;
 #define NCCL_CONFIG_INITIALIZER {0}
 typedef struct CUstream_st *cudaStream_t;
@@ -64,6 +76,10 @@ ncclResult_t ncclReduce(const void *send, void *recv, size_t count, ncclDataType
                         ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclBroadcast(const void *send, void *recv, size_t count, ncclDataType_t type,
                            int root, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclAllGather(const void *send, void *recv, size_t count, ncclDataType_t type,
+                           ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclReduceScatter(const void *send, void *recv, size_t count, ncclDataType_t type,
+                               ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclGroupStart(void);
 ncclResult_t ncclGroupEnd(void);
 const char *ncclGetErrorString(ncclResult_t r);
@@ -107,6 +123,10 @@ static __typeof__(&ncclCommGetAsyncError) async_error;
  * a library without them still all-reduces) */
 static __typeof__(&ncclReduce) nccl_reduce;
 static __typeof__(&ncclBroadcast) nccl_bcast;
+/* tensor parallelism's gathers and reduce-scatters (looked up apart too) */
+static __typeof__(&ncclAllGather) nccl_allgather;
+static __typeof__(&ncclReduceScatter) nccl_rscatter;
+static __typeof__(&cuMemcpy2DAsync) cu_copy2d; /* their layout copies (the driver's) */
 
 int kc_device_ordinal(void)
 {
@@ -166,6 +186,9 @@ static bool nccl_open(void)
     *(void **)&async_error = dlsym(h, "ncclCommGetAsyncError");
     *(void **)&nccl_reduce = dlsym(h, "ncclReduce");
     *(void **)&nccl_bcast = dlsym(h, "ncclBroadcast");
+    *(void **)&nccl_allgather = dlsym(h, "ncclAllGather");
+    *(void **)&nccl_rscatter = dlsym(h, "ncclReduceScatter");
+    *(void **)&cu_copy2d = dlsym(drv, STR(cuMemcpy2DAsync));
     if (fn.ncclGetVersion(&nccl_version) != ncclSuccess || nccl_version < NCCL_MIN_VERSION) {
         snprintf(nccl_why, sizeof nccl_why,
                  "NCCL is too old (version code %d; expected NCCL 2.10.3 or newer, for ncclAvg)",
@@ -224,6 +247,30 @@ typedef struct {
     bool prev;               /* pt0, pdone, pw await kc_comm_events */
 } Bucket;
 
+/* One TP step (CG_STEP_TP; tensor parallelism) as one NCCL call on the TP
+ * group's communicator, of `count` f32 elements per rank: an all-reduce
+ * (ncclSum) of the whole tensor, x to y (in place when equal); an
+ * all-gather of [outer][chunk] into [outer][rank][chunk]; a reduce-scatter
+ * of [outer][rank][chunk] into [outer][chunk]. NCCL's all-gather and
+ * reduce-scatter move contiguous rank-major chunks, [rank][outer * chunk],
+ * so with outer > 1 (the split axis is not the first: gpt's loss gathers
+ * [B, T, 1] into [B, T, 2]) the call goes through the staging buffer
+ * (KcComm.stage) and one 2D copy per rank (cuMemcpy2DAsync, `outer` rows of
+ * chunk floats) turns [rank][outer][chunk] into [outer][rank][chunk] after
+ * a gather, or the reverse before a reduce-scatter, on the communication
+ * stream. */
+typedef struct {
+    int step;
+    CgColl coll;              /* the op's: all-reduce, reduce-scatter or all-gather */
+    CUdeviceptr x, y;
+    size_t count;             /* per rank */
+    int64_t outer, chunk;     /* gathers and reduce-scatters (outer > 1: staged) */
+    int64_t bytes;            /* per rank: the all-reduce's buffer, the gather's result, the
+                                 reduce-scatter's operand (rt_comm_tp_stats's figure) */
+    CUevent t0, done;         /* on the communication stream, around its calls */
+    bool started, counted;    /* in the current run; reported by kc_tp_events */
+} TpOp;
+
 struct KcComm {
     const CgPlan *p;
     CUcontext ctx;
@@ -240,6 +287,15 @@ struct KcComm {
     const int64_t *offset;   /* the device arena's offsets, per tensor (borrowed) */
     CUdeviceptr arena;
     CUdeviceptr snap;        /* zero=1: the all-gathers' source, f32[S] (0: none) */
+    /* the TP group's communicator (kc_tp_open): its steps, no buckets */
+    TpOp *tp;
+    int ntp;
+    CUdeviceptr stage;       /* f32[rank count * outer * chunk] of the largest staged TP step */
+    int *tp_of;              /* per plan step: index in tp, -1 */
+    CUevent tp_ready;        /* on the compute stream before each TP step */
+    bool tp_pending;         /* TP steps of a run not collected yet */
+    KcComm *also;            /* another communicator of this context whose collectives the
+                                host waits also watch (kc_comm_also) */
 };
 
 static bool make_events(Bucket *b, Diag *d)
@@ -393,6 +449,120 @@ static bool setup_buckets(KcComm *k, const DType *storage, const int64_t *offset
     return true;
 }
 
+/* The op's name (the module links nothing of kilncore: no ir_opinfo). */
+static const char *tp_name(Opcode c)
+{
+    return c == OP_TP_ALLREDUCE        ? "tp_allreduce"
+           : c == OP_TP_ALL_GATHER     ? "tp_all_gather"
+           : c == OP_TP_REDUCE_SCATTER ? "tp_reduce_scatter"
+                                       : "an op";
+}
+
+/* The plan's TP steps as NCCL calls (TpOp), their events. */
+static bool setup_tp_steps(KcComm *k, const DType *storage, const int64_t *offset,
+                           CUdeviceptr arena, Diag *d)
+{
+    const CgPlan *p = k->p;
+    const Graph *g = p->g;
+    k->tp_of = calloc((size_t)p->steps.n + 1, sizeof(int));
+    k->tp = calloc((size_t)p->steps.n + 1, sizeof(TpOp));
+    if (!k->tp_of || !k->tp) {
+        kc_dmsg(d, "out of memory");
+        return false;
+    }
+    if (!DRV(fn.cuEventCreate(&k->tp_ready, CU_EVENT_DISABLE_TIMING), d))
+        return false;
+    int64_t stage = 0; /* bytes of the staging buffer */
+    for (int s = 0; s < p->steps.n; s++) {
+        k->tp_of[s] = -1;
+        const CgStep *st = &p->steps.v[s];
+        if (st->kind != CG_STEP_TP)
+            continue;
+        const Op *op = &g->ops.v[st->op];
+        int tx = op->in[0], ty = op->out;
+        const Shape *xs = &g->t.v[tx].s, *ys = &g->t.v[ty].s;
+        if (xs->dtype != DT_F32 || storage[tx] != DT_F32 || storage[ty] != DT_F32) {
+            kc_dmsg(d, "%s:%d: tensor parallelism on the GPU moves f32 tensors only so far "
+                    "(expected precision=f32 with tp > 1, got a %s of a tensor stored as %s)",
+                    op->loc.file ? op->loc.file : "?", op->loc.line, tp_name(op->code),
+                    storage[tx] == DT_BF16 || storage[ty] == DT_BF16 ? "bf16" : "non-f32");
+            return false;
+        }
+        int64_t nx = 1, ny = 1, outer = 1;
+        for (int r = 0; r < xs->rank; r++)
+            nx *= xs->dim[r];
+        for (int r = 0; r < ys->rank; r++)
+            ny *= ys->dim[r];
+        for (int r = 0; r < op->attr.ia[0] && r < xs->rank; r++)
+            outer *= xs->dim[r];
+        TpOp *t = &k->tp[k->ntp];
+        t->step = s;
+        t->x = arena + (CUdeviceptr)offset[tx];
+        t->y = arena + (CUdeviceptr)offset[ty];
+        int64_t n = k->size;
+        switch (op->code) {
+        case OP_TP_ALLREDUCE:
+            t->coll = CG_COLL_ALLREDUCE;
+            t->count = (size_t)ny;
+            t->bytes = 4 * ny;
+            break;
+        case OP_TP_ALL_GATHER: /* [outer][chunk] -> [outer][rank][chunk] */
+            t->coll = CG_COLL_ALL_GATHER;
+            t->count = (size_t)nx;
+            t->outer = outer;
+            t->chunk = nx / outer;
+            t->bytes = 4 * ny;
+            break;
+        case OP_TP_REDUCE_SCATTER: /* [outer][rank][chunk] -> [outer][chunk] */
+            t->coll = CG_COLL_REDUCE_SCATTER;
+            t->count = (size_t)ny;
+            t->outer = outer;
+            t->chunk = ny / outer;
+            t->bytes = 4 * nx;
+            break;
+        default:
+            kc_dmsg(d, "plan step %d: %s is not a TP collective", s, tp_name(op->code));
+            return false;
+        }
+        bool ok = op->code == OP_TP_ALLREDUCE ? nx == ny
+                                              : (op->code == OP_TP_ALL_GATHER ? nx * n == ny
+                                                                              : ny * n == nx);
+        if (!ok || outer < 1 || (t->coll != CG_COLL_ALLREDUCE && t->outer * t->chunk !=
+                                                                     (int64_t)t->count)) {
+            kc_dmsg(d, "plan step %d: %s of %lld elements into %lld over %d ranks", s,
+                    tp_name(op->code), (long long)nx, (long long)ny, k->size);
+            return false;
+        }
+        /* NCCL: an all-reduce in place or between disjoint buffers; the
+         * gathers' in-place forms are not what the plan's layout needs */
+        bool apart = t->x + (CUdeviceptr)(4 * nx) <= t->y || t->y + (CUdeviceptr)(4 * ny) <= t->x;
+        if (!apart && !(t->coll == CG_COLL_ALLREDUCE && t->x == t->y)) {
+            kc_dmsg(d, "plan step %d: %s's operand and result overlap in the arena", s,
+                    tp_name(op->code));
+            return false;
+        }
+        if (!DRV(fn.cuEventCreate(&t->t0, CU_EVENT_DEFAULT), d) ||
+            !DRV(fn.cuEventCreate(&t->done, CU_EVENT_DEFAULT), d))
+            return false;
+        if (t->outer > 1 && 4 * n * (int64_t)t->count > stage)
+            stage = 4 * n * (int64_t)t->count;
+        k->tp_of[s] = k->ntp++;
+    }
+    if (stage > 0 && !cu_copy2d) {
+        kc_dmsg(d, "tensor parallelism on the GPU: the CUDA driver lacks %s (driver too old?)",
+                STR(cuMemcpy2DAsync));
+        return false;
+    }
+    if (stage > 0 && !DRV(fn.cuMemAlloc(&k->stage, (size_t)stage), d))
+        return false;
+    if (k->ntp > 0 && (!nccl_allgather || !nccl_rscatter)) {
+        kc_dmsg(d, "tensor parallelism on the GPU: libnccl.so.2 lacks ncclAllGather or "
+                "ncclReduceScatter (expected NCCL 2.10.3 or newer)");
+        return false;
+    }
+    return true;
+}
+
 /* Polls the communicator until its pending NCCL work has been issued
  * (non-blocking mode: setup, or a group's connections). Past the timeout
  * with no answer, the communicator is aborted and the lost callback names
@@ -440,14 +610,19 @@ static bool init_nonblocking(KcComm *k, ncclUniqueId id, Diag *d)
     return settle(k, "the NCCL communicator setup (ncclCommInitRankConfig)", d);
 }
 
-KcComm *kc_comm_open(const RtCommGroup *g, const CgPlan *p, const DType *storage,
-                     const int64_t *offset, CUdeviceptr arena, CUcontext ctx, CUstream compute,
-                     CUstream comm, Diag *d)
+/* kc_comm_open (tp false: p's buckets) and kc_tp_open (tp: its TP steps). */
+static KcComm *comm_open(const RtCommGroup *g, const CgPlan *p, const DType *storage,
+                         const int64_t *offset, CUdeviceptr arena, CUcontext ctx,
+                         CUstream compute, CUstream comm, bool tp, Diag *d)
 {
     if (!nccl_open()) {
-        kc_dmsg(d, "--device cuda: the step averages gradients over %d rank%s on the GPU through "
-                "NCCL, but %s",
-             g->size, g->size == 1 ? "" : "s", nccl_why);
+        if (tp)
+            kc_dmsg(d, "--device cuda: tensor parallelism over %d ranks runs its collectives "
+                    "on the GPU through NCCL, but %s", g->size, nccl_why);
+        else
+            kc_dmsg(d, "--device cuda: the step averages gradients over %d rank%s on the GPU "
+                    "through NCCL, but %s",
+                    g->size, g->size == 1 ? "" : "s", nccl_why);
         return NULL;
     }
     KcComm *k = calloc(1, sizeof *k);
@@ -468,7 +643,9 @@ KcComm *kc_comm_open(const RtCommGroup *g, const CgPlan *p, const DType *storage
         k->lost = g->lost;
         k->lost_arg = g->arg;
     }
-    if (!DRV(fn.cuCtxSetCurrent(ctx), d) || !setup_buckets(k, storage, offset, arena, d))
+    if (!DRV(fn.cuCtxSetCurrent(ctx), d) ||
+        !(tp ? setup_tp_steps(k, storage, offset, arena, d)
+             : setup_buckets(k, storage, offset, arena, d)))
         goto fail;
     ncclUniqueId id;
     memset(&id, 0, sizeof id);
@@ -478,7 +655,8 @@ KcComm *kc_comm_open(const RtCommGroup *g, const CgPlan *p, const DType *storage
         goto fail;
     }
     if (g->size > 1 && !(g->bcast && g->bcast(g->arg, &id, sizeof id))) {
-        kc_dmsg(d, "NCCL: cannot broadcast the unique id from rank 0");
+        kc_dmsg(d, "NCCL: cannot broadcast the unique id from rank 0%s",
+                tp ? " of the TP group" : "");
         goto fail;
     }
     if (k->lost && init_config && async_error) {
@@ -492,6 +670,26 @@ KcComm *kc_comm_open(const RtCommGroup *g, const CgPlan *p, const DType *storage
 fail:
     kc_comm_close(k);
     return NULL;
+}
+
+KcComm *kc_comm_open(const RtCommGroup *g, const CgPlan *p, const DType *storage,
+                     const int64_t *offset, CUdeviceptr arena, CUcontext ctx, CUstream compute,
+                     CUstream comm, Diag *d)
+{
+    return comm_open(g, p, storage, offset, arena, ctx, compute, comm, false, d);
+}
+
+KcComm *kc_tp_open(const RtCommGroup *g, const CgPlan *p, const DType *storage,
+                   const int64_t *offset, CUdeviceptr arena, CUcontext ctx, CUstream compute,
+                   CUstream comm, Diag *d)
+{
+    return comm_open(g, p, storage, offset, arena, ctx, compute, comm, true, d);
+}
+
+void kc_comm_also(KcComm *k, KcComm *other)
+{
+    if (k && k != other)
+        k->also = other;
 }
 
 void kc_comm_close(KcComm *k)
@@ -515,6 +713,18 @@ void kc_comm_close(KcComm *k)
     }
     if (k->snap)
         fn.cuMemFree(k->snap);
+    for (int i = 0; k->tp && i < k->ntp; i++) {
+        if (k->tp[i].t0)
+            fn.cuEventDestroy(k->tp[i].t0);
+        if (k->tp[i].done)
+            fn.cuEventDestroy(k->tp[i].done);
+    }
+    if (k->tp_ready)
+        fn.cuEventDestroy(k->tp_ready);
+    if (k->stage)
+        fn.cuMemFree(k->stage);
+    free(k->tp);
+    free(k->tp_of);
     free(k->b);
     free(k);
 }
@@ -534,6 +744,8 @@ void kc_comm_run_begins(KcComm *k)
 {
     if (!k)
         return;
+    for (int i = 0; i < k->ntp; i++)
+        k->tp[i].started = k->tp[i].counted = false;
     for (int i = 0; i < k->nb; i++) {
         Bucket *b = &k->b[i];
         /* an all-gather keeps its state until its next start: one started in
@@ -657,6 +869,86 @@ bool kc_allreduce_wait(KcComm *k, int s, Diag *d)
     return true;
 }
 
+/* On the communication stream: `rows` rows of `width` bytes from src
+ * (rows `spitch` apart) to dst (`dpitch` apart). */
+static bool copy_rows(KcComm *k, CUdeviceptr dst, size_t dpitch, CUdeviceptr src, size_t spitch,
+                      size_t width, size_t rows, Diag *d)
+{
+    CUDA_MEMCPY2D c;
+    memset(&c, 0, sizeof c);
+    c.srcMemoryType = CU_MEMORYTYPE_DEVICE;
+    c.srcDevice = src;
+    c.srcPitch = spitch;
+    c.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+    c.dstDevice = dst;
+    c.dstPitch = dpitch;
+    c.WidthInBytes = width;
+    c.Height = rows;
+    return DRV(cu_copy2d(&c, k->comm), d);
+}
+
+/* A staged TP step's layout copies, one per rank: [outer][rank][chunk] at
+ * whole (y of a gather, x of a reduce-scatter) to or from
+ * [rank][outer][chunk] at k->stage. */
+static bool tp_relayout(KcComm *k, const TpOp *t, CUdeviceptr whole, bool to_whole, Diag *d)
+{
+    size_t c = 4 * (size_t)t->chunk, n = (size_t)k->size, o = (size_t)t->outer;
+    for (size_t r = 0; r < n; r++) {
+        CUdeviceptr w = whole + (CUdeviceptr)(r * c), st = k->stage + (CUdeviceptr)(r * o * c);
+        if (!(to_whole ? copy_rows(k, w, n * c, st, c, c, o, d)
+                       : copy_rows(k, st, c, w, n * c, c, o, d)))
+            return false;
+    }
+    return true;
+}
+
+bool kc_tp_run(KcComm *k, int s, Diag *d)
+{
+    if (!k || !k->tp_of || s < 0 || s >= k->p->steps.n || k->tp_of[s] < 0) {
+        kc_dmsg(d, "plan step %d is not a TP step of this process's TP group", s);
+        return false;
+    }
+    TpOp *t = &k->tp[k->tp_of[s]];
+    bool staged = t->outer > 1;
+    if (!DRV(fn.cuEventRecord(k->tp_ready, k->s), d) ||
+        !DRV(fn.cuStreamWaitEvent(k->comm, k->tp_ready, 0), d) ||
+        !DRV(fn.cuEventRecord(t->t0, k->comm), d))
+        return false;
+    if (staged && t->coll == CG_COLL_REDUCE_SCATTER && !tp_relayout(k, t, t->x, false, d))
+        return false;
+    const void *x = (const void *)(staged && t->coll == CG_COLL_REDUCE_SCATTER ? k->stage : t->x);
+    void *y = (void *)(staged && t->coll == CG_COLL_ALL_GATHER ? k->stage : t->y);
+    cudaStream_t cs = (cudaStream_t)k->comm;
+    ncclResult_t r = t->coll == CG_COLL_ALLREDUCE
+                         ? fn.ncclAllReduce(x, y, t->count, ncclFloat32, ncclSum, k->nc, cs)
+                     : t->coll == CG_COLL_ALL_GATHER
+                         ? nccl_allgather(x, y, t->count, ncclFloat32, k->nc, cs)
+                         : nccl_rscatter(x, y, t->count, ncclFloat32, ncclSum, k->nc, cs);
+    if (r == ncclInProgress && k->nonblocking) {
+        char what[96];
+        snprintf(what, sizeof what, "issuing the NCCL %s of plan step %d (tensor parallelism)",
+                 t->coll == CG_COLL_REDUCE_SCATTER ? "reduce-scatter"
+                 : t->coll == CG_COLL_ALL_GATHER   ? "all-gather"
+                                                   : "all-reduce",
+                 s);
+        if (!settle(k, what, d))
+            return false;
+    } else if (!NC(r, d)) {
+        return false;
+    }
+    if (staged && t->coll == CG_COLL_ALL_GATHER && !tp_relayout(k, t, t->y, true, d))
+        return false;
+    /* the compute stream's readers of the result (and writers of either
+     * buffer) come after the collective */
+    if (!DRV(fn.cuEventRecord(t->done, k->comm), d) ||
+        !DRV(fn.cuStreamWaitEvent(k->s, t->done, 0), d))
+        return false;
+    t->started = true;
+    t->counted = false;
+    k->tp_pending = true;
+    return true;
+}
+
 /* Milliseconds from a to b, both recorded and finished; 0 when unknown. */
 static double elapsed_ms(CUevent a, CUevent b)
 {
@@ -700,22 +992,53 @@ int kc_comm_events(KcComm *k, CUevent begin, double host_begin, RtCommEvent *ev,
     return n;
 }
 
-/* Counts the finished start and done events of this run's buckets; *stuck:
- * the first bucket whose all-reduce has begun on the communication stream
- * (start event finished) and not finished, else -1. */
-static int progress(KcComm *k, int *stuck)
+int kc_tp_events(KcComm *k, CUevent begin, double host_begin, RtCommEvent *ev, int max)
+{
+    if (!k || !k->tp_pending)
+        return 0;
+    fn.cuCtxSetCurrent(k->ctx);
+    int n = 0;
+    for (int i = 0; i < k->ntp; i++) {
+        TpOp *t = &k->tp[i];
+        if (!t->started || t->counted || kc_wait_event(k, t->done) != CUDA_SUCCESS)
+            continue;
+        t->counted = true;
+        if (n < max)
+            ev[n++] = (RtCommEvent){-1, t->bytes, host_begin + 1e-3 * elapsed_ms(begin, t->t0),
+                                    host_begin + 1e-3 * elapsed_ms(begin, t->done),
+                                    (int)t->coll, 0};
+    }
+    k->tp_pending = false;
+    return n;
+}
+
+/* Counts the finished start and done events of this run's buckets and TP
+ * steps on k and on k->also; *stuck, *who: the first collective that has
+ * begun on the communication stream (start event finished) and not
+ * finished (a bucket, or a TP step as -2 - its plan step), and its
+ * communicator; -1 and NULL when none. */
+static int progress(KcComm *k, int *stuck, KcComm **who)
 {
     int n = 0;
     *stuck = -1;
-    for (int i = 0; i < k->nb; i++) {
-        Bucket *b = &k->b[i];
-        if (!b->started)
+    *who = NULL;
+    for (KcComm *q = k; q; q = q == k ? k->also : NULL) {
+        if (!q->nc)
             continue;
-        bool began = fn.cuEventQuery(b->t0) == CUDA_SUCCESS;
-        bool done = began && fn.cuEventQuery(b->done) == CUDA_SUCCESS;
-        n += began + done;
-        if (began && !done && *stuck < 0)
-            *stuck = i;
+        for (int i = 0; i < q->nb + q->ntp; i++) {
+            bool tp = i >= q->nb;
+            if (tp ? !q->tp[i - q->nb].started : !q->b[i].started)
+                continue;
+            CUevent t0 = tp ? q->tp[i - q->nb].t0 : q->b[i].t0;
+            CUevent done = tp ? q->tp[i - q->nb].done : q->b[i].done;
+            bool began = fn.cuEventQuery(t0) == CUDA_SUCCESS;
+            bool fin = began && fn.cuEventQuery(done) == CUDA_SUCCESS;
+            n += began + fin;
+            if (began && !fin && !*who) {
+                *stuck = tp ? -2 - q->tp[i - q->nb].step : i;
+                *who = q;
+            }
+        }
     }
     return n;
 }
@@ -728,27 +1051,32 @@ static int progress(KcComm *k, int *stuck)
 static CUresult poll_until(KcComm *k, CUstream s, CUevent e)
 {
     double t0 = kc_now(), last = t0;
-    int stuck = -1, seen = k->nc ? progress(k, &stuck) : 0;
+    int stuck = -1;
+    KcComm *who = NULL;
+    int seen = progress(k, &stuck, &who);
     long ns = 50000;
     for (;;) {
         CUresult r = s ? fn.cuStreamQuery(s) : fn.cuEventQuery(e);
         if (r != CUDA_ERROR_NOT_READY)
             return r;
         double t = kc_now();
-        if (k->nc && k->lost) {
-            int now_seen = progress(k, &stuck);
-            if (now_seen != seen || stuck < 0) {
-                seen = now_seen;
-                last = t;
-            } else if (t - last > k->timeout) {
-                char what[128];
+        int now_seen = progress(k, &stuck, &who);
+        if (now_seen != seen || !who || !who->lost) {
+            seen = now_seen;
+            last = t;
+        } else if (t - last > who->timeout) {
+            char what[128];
+            if (stuck >= 0)
                 snprintf(what, sizeof what, "the NCCL all-reduce of bucket %d on the GPU",
                          stuck);
-                fn.ncclCommAbort(k->nc);
-                k->nc = NULL;
-                k->lost(k->lost_arg, what);
-                return CUDA_ERROR_LAUNCH_TIMEOUT;
-            }
+            else
+                snprintf(what, sizeof what,
+                         "the NCCL collective of plan step %d on the GPU (tensor parallelism)",
+                         -2 - stuck);
+            fn.ncclCommAbort(who->nc);
+            who->nc = NULL;
+            who->lost(who->lost_arg, what);
+            return CUDA_ERROR_LAUNCH_TIMEOUT;
         }
         struct timespec ts = {0, t - t0 > 1 ? 10000000 : ns};
         nanosleep(&ts, NULL);

@@ -83,6 +83,19 @@ typedef struct {
     const RtCommEvent *ev;
 } RtTpStats;
 void rt_comm_tp_stats(RtComm *c, RtTpStats *st);
+/* TP collectives run by the device (BackendExt.tp_setup): copies n bytes
+ * at buf from TP rank 0 to every rank of this rank's TP group (blocking, on
+ * the calling thread; a peer that does not join within the timeout stops
+ * the job as a lost rank does); nothing with one TP rank. */
+void rt_comm_tp_bcast(RtComm *c, void *buf, size_t n);
+/* rt_comm_tp_stats first calls every registered pull(arg, c) (each
+ * executor whose TP steps run on the device registers one), which adds
+ * the device's finished TP collectives with rt_comm_tp_add_events (each
+ * event's end - start counts as TP time, all of it exposed). pull NULL
+ * removes arg's source. At most 8 sources (the training step, its
+ * micro-batch and evaluation executors). */
+void rt_comm_tp_source(RtComm *c, void (*pull)(void *arg, RtComm *c), void *arg);
+void rt_comm_tp_add_events(RtComm *c, const RtCommEvent *ev, int n);
 void rt_comm_close(RtComm *c); /* NULL: nothing */
 int rt_comm_rank(const RtComm *c);       /* 0 for NULL */
 int rt_comm_size(const RtComm *c);       /* 1 for NULL */

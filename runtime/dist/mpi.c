@@ -132,6 +132,11 @@ struct RtComm {
     int64_t tp_bytes;
     VEC(RtCommEvent) tp_ev;
     RtCommEvent *tp_ev_copy;
+    struct {
+        void (*pull)(void *arg, RtComm *c);
+        void *arg;
+    } tp_src[8];              /* TP collectives run by the device (rt_comm_tp_source) */
+    int ntp_src;
     pthread_t thr;
     pthread_mutex_t mu;
     pthread_cond_t cv;        /* jobs queued, buckets done, quit */
@@ -1003,6 +1008,8 @@ void rt_comm_tp_stats(RtComm *c, RtTpStats *st)
     memset(st, 0, sizeof *st);
     if (!c)
         return;
+    for (int i = 0; i < c->ntp_src; i++)
+        c->tp_src[i].pull(c->tp_src[i].arg, c);
     st->s = c->tp_s;
     st->exposed_s = c->tp_exposed_s;
     st->n = c->tp_n;
@@ -1017,6 +1024,61 @@ void rt_comm_tp_stats(RtComm *c, RtTpStats *st)
     c->tp_exposed_s = 0;
     c->tp_n = 0;
     c->tp_bytes = 0;
+}
+
+void rt_comm_tp_bcast(RtComm *c, void *buf, size_t n)
+{
+    if (!c || c->tp <= 1 || n == 0)
+        return;
+    MPI_Request rq;
+    int rc = MPI_Ibcast(buf, (int)n, MPI_BYTE, 0, c->tpc, &rq);
+    if (rc != MPI_SUCCESS)
+        lost(c, "the TP group's broadcast of the NCCL id");
+    double deadline = ir_now() + c->timeout;
+    for (int spins = 0;; spins++) {
+        int flag = 0;
+        MPI_Test(&rq, &flag, MPI_STATUS_IGNORE);
+        if (flag)
+            return;
+        if (spins > 2000) {
+            if (ir_now() > deadline)
+                lost(c, "the TP group's broadcast of the NCCL id");
+            nap(20000);
+        } else {
+            sched_yield();
+        }
+    }
+}
+
+void rt_comm_tp_source(RtComm *c, void (*pull)(void *arg, RtComm *c), void *arg)
+{
+    if (!c)
+        return;
+    if (!pull) {
+        int k = 0;
+        for (int i = 0; i < c->ntp_src; i++)
+            if (c->tp_src[i].arg != arg)
+                c->tp_src[k++] = c->tp_src[i];
+        c->ntp_src = k;
+        return;
+    }
+    if (c->ntp_src < (int)(sizeof c->tp_src / sizeof c->tp_src[0])) {
+        c->tp_src[c->ntp_src].pull = pull;
+        c->tp_src[c->ntp_src++].arg = arg;
+    }
+}
+
+void rt_comm_tp_add_events(RtComm *c, const RtCommEvent *ev, int n)
+{
+    if (!c)
+        return;
+    for (int i = 0; i < n; i++) {
+        c->tp_s += ev[i].end - ev[i].start;
+        c->tp_exposed_s += ev[i].end - ev[i].start; /* the compute stream waits at once */
+        c->tp_n++;
+        c->tp_bytes += ev[i].bytes;
+        vec_push(&c->tp_ev, ev[i]);
+    }
 }
 int rt_comm_size(const RtComm *c) { return c ? c->size : 1; }
 int rt_comm_local_size(const RtComm *c) { return c ? c->local_size : 1; }

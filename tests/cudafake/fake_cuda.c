@@ -36,7 +36,8 @@
  *   synchronisations before it was enqueued). When an op runs it is checked
  *   against every op that ran before and is not ordered with it; they race
  *   when one writes bytes the other reads or writes. Known exactly: the
- *   ranges of copies, memsets, cuBLASLt GEMMs and NCCL all-reduces. For a
+ *   ranges of copies, memsets, cuBLASLt GEMMs and NCCL all-reduces (a 2D
+ *   copy, device to device only: the bounding range of its rows). For a
  *   kernel: its writes are the bytes that changed in the allocations its
  *   pointer arguments point into (a write of the value already there is not
  *   seen); its reads reach from each pointer argument to the next buffer
@@ -995,6 +996,55 @@ CUresult cuMemcpyDtoDAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream 
     add_acc(o, src, src + n, false);
     add_acc(o, dst, dst + n, true);
     return enqueue(o, i, "cuMemcpyDtoDAsync");
+}
+
+/* cuMemcpy2DAsync: device to device only (what the module uses: tensor
+ * parallelism's layout copies); Height rows of WidthInBytes, each pitch at
+ * least the width. One op whose accesses are the two bounding ranges (from
+ * the first row's start to the last row's end): a race with bytes between
+ * the rows is over-reported, never missed. */
+typedef struct {
+    uint64_t src, dst;
+    size_t spitch, dpitch, width, height;
+} Copy2D;
+
+static void copy2d(void *arg)
+{
+    const Copy2D *c = arg;
+    for (size_t y = 0; y < c->height; y++)
+        memmove((void *)(uintptr_t)(c->dst + y * c->dpitch),
+                (const void *)(uintptr_t)(c->src + y * c->spitch), c->width);
+}
+
+CUresult cuMemcpy2DAsync(const CUDA_MEMCPY2D *p, CUstream s)
+{
+    if (!p || p->srcMemoryType != CU_MEMORYTYPE_DEVICE ||
+        p->dstMemoryType != CU_MEMORYTYPE_DEVICE)
+        fakecu_die("cuMemcpy2DAsync: only device-to-device copies are modelled");
+    if (p->srcPitch < p->WidthInBytes || p->dstPitch < p->WidthInBytes)
+        return CUDA_ERROR_INVALID_VALUE; /* as the driver: a pitch below the width */
+    if (p->WidthInBytes == 0 || p->Height == 0)
+        return CUDA_SUCCESS;
+    Copy2D *c = calloc(1, sizeof *c);
+    if (!c)
+        fakecu_die("out of memory");
+    c->src = p->srcDevice + p->srcXInBytes + p->srcY * p->srcPitch;
+    c->dst = p->dstDevice + p->dstXInBytes + p->dstY * p->dstPitch;
+    c->spitch = p->srcPitch;
+    c->dpitch = p->dstPitch;
+    c->width = p->WidthInBytes;
+    c->height = p->Height;
+    uint64_t s1 = c->src + (c->height - 1) * c->spitch + c->width;
+    uint64_t d1 = c->dst + (c->height - 1) * c->dpitch + c->width;
+    if (c->src < d1 && c->dst < s1)
+        fakecu_die("cuMemcpy2DAsync: source [0x%llx, 0x%llx) and destination [0x%llx, "
+                   "0x%llx) overlap", (unsigned long long)c->src, (unsigned long long)s1,
+                   (unsigned long long)c->dst, (unsigned long long)d1);
+    FakeRange rg[2] = {{c->src, s1, false}, {c->dst, d1, true}};
+    char desc[128];
+    snprintf(desc, sizeof desc, "cuMemcpy2DAsync(%zu rows of %zu bytes, pitches %zu -> %zu)",
+             c->height, c->width, c->spitch, c->dpitch);
+    return fakecu_enqueue(s, desc, rg, 2, copy2d, c);
 }
 
 CUresult cuStreamCreate(CUstream *s, unsigned int flags)

@@ -13,6 +13,12 @@
  * ncclReduce and ncclBroadcast (f32, a root rank; zero=1's sharded
  * buckets) work the same way through the root's slot; FAKE_NCCL_DROP_BCAST=N
  * makes this process's N-th broadcast write nothing (a negative control).
+ * ncclAllGather and ncclReduceScatter (f32; ncclSum or ncclAvg; tensor
+ * parallelism's collectives) too: every rank copies its send into its
+ * slot; a gather copies the slots in rank order into recv, a reduce-scatter
+ * sums (in rank order) the rank's chunk of every slot into recv.
+ * FAKE_NCCL_DROP_ALLREDUCE=N makes this process's N-th ncclAllReduce write
+ * nothing (a negative control: a skipped TP all-reduce).
  * Every rank runs its collectives in the same order, so the ops meet. A
  * barrier that waits more than 120 s stops the process (a rank that never
  * came). Groups (ncclGroupStart/End) change nothing. The non-blocking
@@ -50,7 +56,7 @@ typedef struct {
     struct ncclComm *c;
     uint64_t send, recv;
     size_t count;
-    bool avg;
+    bool avg, drop; /* drop: FAKE_NCCL_DROP_ALLREDUCE's all-reduce, a no-op */
 } Reduce;
 
 NC_API ncclResult_t ncclGetVersion(int *v)
@@ -120,7 +126,7 @@ static void reduce(void *arg)
     memcpy(c->slots + (size_t)c->rank * SLOT, (void *)(uintptr_t)r->send, bytes);
     barrier(c, "ncclAllReduce");
     float *out = (float *)(uintptr_t)r->recv;
-    for (size_t i = 0; i < r->count; i++) {
+    for (size_t i = 0; i < r->count && !r->drop; i++) {
         float s = 0;
         for (int k = 0; k < c->size; k++)
             s += ((const float *)(c->slots + (size_t)k * SLOT))[i];
@@ -139,9 +145,11 @@ NC_API ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count,
     if (count * 4 > SLOT)
         fakecu_die("fake NCCL: ncclAllReduce of %zu elements (the fake holds %d bytes)", count,
                    (int)SLOT);
+    static long nreduce;
+    const char *drop = getenv("FAKE_NCCL_DROP_ALLREDUCE");
     Reduce *r = calloc(1, sizeof *r);
     *r = (Reduce){comm, (uint64_t)(uintptr_t)send, (uint64_t)(uintptr_t)recv, count,
-                  op == ncclAvg};
+                  op == ncclAvg, drop && ++nreduce == atol(drop)};
     FakeRange rg[2] = {{r->send, r->send + count * 4, false}, {r->recv, r->recv + count * 4, true}};
     char desc[96];
     snprintf(desc, sizeof desc, "ncclAllReduce(%zu floats, rank %d of %d)", count, comm->rank,
@@ -244,6 +252,94 @@ NC_API ncclResult_t ncclBroadcast(const void *send, void *recv, size_t count,
 {
     return enqueue_rooted("ncclBroadcast", send, recv, count, type, ncclSum, true, root, comm,
                           stream);
+}
+
+/* ncclAllGather (count elements from each rank, recv holds size * count in
+ * rank order) and ncclReduceScatter (send holds size * count; recv gets
+ * this rank's count, summed over the ranks): one op on the stream. */
+typedef struct {
+    struct ncclComm *c;
+    uint64_t send, recv;
+    size_t count;
+    bool gather, avg;
+} Spread;
+
+static void spread(void *arg)
+{
+    Spread *r = arg;
+    struct ncclComm *c = r->c;
+    size_t n = (size_t)c->size, in = r->gather ? r->count : n * r->count;
+    const char *what = r->gather ? "ncclAllGather" : "ncclReduceScatter";
+    memcpy(c->slots + (size_t)c->rank * SLOT, (void *)(uintptr_t)r->send, in * 4);
+    barrier(c, what);
+    float *out = (float *)(uintptr_t)r->recv;
+    if (r->gather)
+        for (size_t k = 0; k < n; k++)
+            memcpy(out + k * r->count, c->slots + k * SLOT, r->count * 4);
+    else
+        for (size_t i = 0; i < r->count; i++) {
+            float s = 0;
+            for (size_t k = 0; k < n; k++)
+                s += ((const float *)(c->slots + k * SLOT))[(size_t)c->rank * r->count + i];
+            out[i] = r->avg ? s / (float)c->size : s;
+        }
+    barrier(c, what);
+}
+
+static ncclResult_t enqueue_spread(bool gather, const void *send, void *recv, size_t count,
+                                   ncclDataType_t type, ncclRedOp_t op, ncclComm_t comm,
+                                   cudaStream_t stream)
+{
+    const char *what = gather ? "ncclAllGather" : "ncclReduceScatter";
+    if (!comm || !send || !recv) {
+        fprintf(stderr, "fake NCCL: %s: a NULL communicator or buffer\n", what);
+        return ncclInvalidArgument;
+    }
+    if (type != ncclFloat32 || (!gather && op != ncclSum && op != ncclAvg))
+        fakecu_die("fake NCCL: %s of type %d, op %d is not modelled", what, (int)type, (int)op);
+    size_t n = (size_t)comm->size, in = gather ? count : n * count;
+    size_t out = gather ? n * count : count;
+    if (in * 4 > SLOT)
+        fakecu_die("fake NCCL: %s of %zu elements (the fake holds %d bytes)", what, in,
+                   (int)SLOT);
+    if (count == 0)
+        return ncclSuccess;
+    Spread *r = calloc(1, sizeof *r);
+    *r = (Spread){comm, (uint64_t)(uintptr_t)send, (uint64_t)(uintptr_t)recv, count, gather,
+                  op == ncclAvg};
+    /* NCCL's in-place forms: send at this rank's chunk of recv (a gather),
+     * recv at this rank's chunk of send (a reduce-scatter); any other
+     * overlap is undefined in NCCL, an error here */
+    uint64_t s0 = r->send, s1 = s0 + in * 4, d0 = r->recv, d1 = d0 + out * 4;
+    bool inplace = gather ? s0 == d0 + (uint64_t)comm->rank * count * 4
+                          : d0 == s0 + (uint64_t)comm->rank * count * 4;
+    if (!inplace && s0 < d1 && d0 < s1)
+        fakecu_die("fake NCCL: %s: send [0x%llx, 0x%llx) and recv [0x%llx, 0x%llx) overlap",
+                   what, (unsigned long long)s0, (unsigned long long)s1,
+                   (unsigned long long)d0, (unsigned long long)d1);
+    FakeRange rg[2] = {{s0, s1, false}, {d0, d1, true}};
+    int nr = 2;
+    if (inplace) /* one range, written (it holds the other) */
+        rg[0] = (FakeRange){s0 < d0 ? s0 : d0, s1 > d1 ? s1 : d1, true}, nr = 1;
+    char desc[96];
+    snprintf(desc, sizeof desc, "%s(%zu floats, rank %d of %d)", what, count, comm->rank,
+             comm->size);
+    return fakecu_enqueue((CUstream)stream, desc, rg, nr, spread, r) == CUDA_SUCCESS
+               ? ncclSuccess
+               : ncclUnhandledCudaError;
+}
+
+NC_API ncclResult_t ncclAllGather(const void *send, void *recv, size_t count,
+                                  ncclDataType_t type, ncclComm_t comm, cudaStream_t stream)
+{
+    return enqueue_spread(true, send, recv, count, type, ncclSum, comm, stream);
+}
+
+NC_API ncclResult_t ncclReduceScatter(const void *send, void *recv, size_t count,
+                                      ncclDataType_t type, ncclRedOp_t op, ncclComm_t comm,
+                                      cudaStream_t stream)
+{
+    return enqueue_spread(false, send, recv, count, type, op, comm, stream);
 }
 
 NC_API ncclResult_t ncclGroupStart(void);

@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# tp.sh MODEL CASE - one cuda_fake_tp_* test: tensor parallelism (--tp 2 on
+# 2 ranks) on the GPU, the real libkiln_cuda.so on the fakes of
+# tests/cudafake (FAKE_LIB on LD_LIBRARY_PATH; the fake NCCL between the two
+# processes), against the same run on CPU ranks (MPI), which tests/cli/tp.sh
+# checks against one rank. MODEL: gpt (models/gpt.lua) or hand
+# (tests/data/tp_hand.lua).
+#
+# Cases:
+#   f32         `--nproc 2 --tp 2 --device cuda` against `--nproc 2 --tp 2`:
+#               every step's loss within 1e-5 relative and every saved param
+#               within 1e-4 relative (per tensor, ||a - b|| / ||b||; the
+#               kernels differ from the CPU's in summation order); both ranks
+#               say they run NCCL TP collectives (-v), and the report's
+#               "tensor-parallel comm" line has the CPU run's collective
+#               count and bytes (the device's events, kc_tp_events), and
+#               --trace puts TP all-reduces on track 5 of both ranks' traces.
+#               The loss's gather of [B, T, 1] into [B, T, 2] (both models)
+#               goes through the staging buffer and 2D copies (cuda_nccl.c,
+#               TpOp): without the copies the losses differ by 0.9.
+#   dp2         tp 2 x dp 2 on 4 ranks (4 fake GPUs, oversubscribed CPU),
+#               bucket_mb=0.001: the data-parallel NCCL communicator's
+#               buckets and the TP group's collectives share the
+#               communication stream; as f32, and both communicators named
+#               in the log.
+#   sp          f32 with sequence_parallel=true: reduce-scatters and
+#               all-gathers along T of [B, T, C] (outer = B > 1: staged;
+#               without the reduce-scatters' 2D copies the losses differ by
+#               5e-2).
+#   neg_drop    negative control: f32 with the fake NCCL's first
+#               ncclAllReduce on each rank writing nothing
+#               (FAKE_NCCL_DROP_ALLREDUCE=1: the first TP all-reduce skipped,
+#               the embedding's partial sums left unsummed): the comparison
+#               must fail.
+#   neg_wait1, neg_wait2  negative controls: the fake driver ignores the
+#               1st / 2nd cuStreamWaitEvent (FAKE_CUDA_DROP_WAIT): the
+#               communication stream no longer waits for the first TP
+#               step's operand (1st), or the compute stream no longer waits
+#               for its result (2nd); the run must stop with the fake's race
+#               report naming ncclAllReduce.
+#   bf16        precision=bf16 (bf16 activations: TP collectives of bf16
+#               tensors, not supported yet): the run must stop with the
+#               message naming the script line and precision=f32.
+# 3 steps, AdamW's eps 1e-6 (run.sh says why). Skipped (77) without python3,
+# mpirun or the fakes.
+set -u
+: "${KILN:?KILN must point at the kiln binary}"
+: "${FAKE_LIB:?FAKE_LIB must point at the fake libraries}"
+model=$1 case=$2
+command -v python3 >/dev/null || { echo "no python3: skipped"; exit 77; }
+command -v mpirun >/dev/null || { echo "no mpirun: skipped"; exit 77; }
+[ -e "$FAKE_LIB/libcuda.so.1" ] || { echo "no fake driver in $FAKE_LIB: skipped"; exit 77; }
+T=$(mktemp -d "${TMPDIR:-/tmp}/kiln-cudafake-tp.XXXXXX")
+trap 'rm -rf "$T"' EXIT
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+case $model in
+gpt) script=models/gpt.lua ;;
+hand) script=tests/data/tp_hand.lua ;;
+*) echo "unknown model $model"; exit 2 ;;
+esac
+
+nproc=2
+[ "$case" = dp2 ] && nproc=4
+args=(--steps 3 --nproc "$nproc" --tp 2 --set log_every=1 --set eval_every=1000000
+      --set eval_batches=1 --set eps=1e-6)
+cuda_env=() negative="" trace=()
+case $case in
+f32) trace=(--trace "$T/t.json") ;;
+sp) args+=(--set sequence_parallel=true) ;;
+dp2) args+=(--set bucket_mb=0.001); cuda_env=(FAKE_CUDA_DEVICES=4) ;;
+neg_drop) cuda_env=(FAKE_NCCL_DROP_ALLREDUCE=1); negative=mismatch ;;
+neg_wait1) cuda_env=(FAKE_CUDA_DROP_WAIT=1); negative=race ;;
+neg_wait2) cuda_env=(FAKE_CUDA_DROP_WAIT=2); negative=race ;;
+bf16)
+    env LD_LIBRARY_PATH="$FAKE_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" timeout 300 "$KILN" \
+        train "$script" "${args[@]}" --device cuda --set precision=bf16 >"$T/bf16.log" 2>&1
+    rc=$?
+    grep -m1 "tensor parallelism on the GPU" "$T/bf16.log"
+    [ $rc -ne 0 ] && grep -q "^$script:[0-9]*: tensor parallelism on the GPU moves f32 tensors only so far (expected precision=f32" "$T/bf16.log" && exit 0
+    tail -5 "$T/bf16.log"
+    echo "FAIL: bf16 TP collectives were not refused with a message (exit $rc)"
+    exit 1 ;;
+*) echo "unknown case $case"; exit 2 ;;
+esac
+
+timeout 300 "$KILN" train "$script" "${args[@]}" --threads 1 \
+    --save-weights "$T/cpu.safetensors" >"$T/cpu.log" 2>&1 ||
+    { tail -30 "$T/cpu.log"; echo "FAIL: the CPU run failed"; exit 1; }
+env "${cuda_env[@]}" LD_LIBRARY_PATH="$FAKE_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+    timeout 600 "$KILN" train "$script" "${args[@]}" --device cuda -v "${trace[@]}" \
+    --save-weights "$T/cuda.safetensors" >"$T/cuda.log" 2>&1
+rc=$?
+
+losses() { sed -n 's/^step *[0-9]*\/[0-9]* | loss \([^ ]*\) .*/\1/p; s/^final: step [0-9]* | train loss \([^ ]*\) .*/\1/p' "$1"; }
+# the losses of the two logs within 1e-5 relative, 4 of them (3 steps, final)
+cmp_losses() {
+    paste <(losses "$T/cpu.log") <(losses "$T/cuda.log") | awk '
+        { n++; if ($2 == "") { bad = 1; next } d = $1 - $2; if (d < 0) d = -d; a = $1 < 0 ? -$1 : $1
+          r = a > 0 ? d / a : d; if (!(r <= m)) m = r; if (!(r <= 1e-5)) bad = 1 }
+        END { printf "%d losses, max rel diff %.2e (tol 1e-5)", n, m; exit (bad || n != 4) }'
+}
+
+case $negative in
+mismatch)
+    [ $rc -eq 0 ] || { tail -5 "$T/cuda.log"; echo "FAIL: the run itself failed (expected a wrong result)"; exit 1; }
+    if out=$(cmp_losses); then echo "FAIL: a skipped TP all-reduce went unnoticed: $out"; exit 1; fi
+    echo "the comparison fails, as it must: $out"
+    exit 0 ;;
+race)
+    grep -m1 "fake CUDA: race: " "$T/cuda.log"
+    [ $rc -ne 0 ] && grep -q "fake CUDA: race: .*ncclAllReduce" "$T/cuda.log" && exit 0
+    echo "FAIL: a dropped event wait around a TP all-reduce was not reported as a race (exit $rc)"
+    exit 1 ;;
+esac
+
+fail() { echo "--- cuda log (tail)"; tail -30 "$T/cuda.log"; echo "FAIL: $*"; exit 1; }
+[ $rc -eq 0 ] || fail "the CUDA run on the fakes failed (exit $rc)"
+grep -q "^fake " "$T/cuda.log" && fail "a fake library complained: $(grep '^fake ' "$T/cuda.log" | head -3)"
+for r in 0 1; do
+    grep -q "NCCL TP collectives, TP rank $r of 2" "$T/cuda.log" ||
+        fail "TP rank $r did not run its collectives through NCCL"
+done
+# the same collectives per step as on the CPU, from the device's events
+tpline() { sed -n 's/^tensor-parallel comm: .*this rank): \([0-9]* collectives, [^,]*\), .*/\1/p' "$1"; }
+[ -n "$(tpline "$T/cpu.log")" ] && [ "$(tpline "$T/cuda.log")" = "$(tpline "$T/cpu.log")" ] ||
+    fail "TP comm report: cuda '$(tpline "$T/cuda.log")', cpu '$(tpline "$T/cpu.log")'"
+grep "^tensor-parallel comm" "$T/cuda.log"
+[ "$case" != dp2 ] || grep -q "NCCL all-reduces, rank 1 of 2" "$T/cuda.log" ||
+    fail "no data-parallel NCCL communicator beside the TP ones"
+for f in t t.rank1; do
+    [ -z "${trace[*]}" ] || grep -q '"name":"tp all-reduce"[^}]*"tid":5}' "$T/$f.json" ||
+        fail "no TP all-reduce on track 5 of $f.json"
+done
+out=$(cmp_losses) || fail "losses differ: $out; cpu: $(losses "$T/cpu.log" | tr '\n' ' ') cuda: $(losses "$T/cuda.log" | tr '\n' ' ')"
+echo "$model $case: $out"
+w=$(python3 "$ROOT/tests/gpu/cmp_weights.py" "$T/cuda.safetensors" "$T/cpu.safetensors" 1e-4)
+wrc=$?
+echo "parameters after 3 steps: $w"
+[ $wrc -eq 0 ] || fail "parameters differ by more than 1e-4: $w"
+exit 0
