@@ -98,6 +98,12 @@ static int tp_left(const CgClusterModel *m, const CgClusterOpts *o)
     return m->tp_split > 1 ? 1 : o->tp;
 }
 
+const char *cg_pp_schedule_name(CgPipeSchedule s)
+{
+    static const char *const names[CG_PP__N] = {"1f1b", "gpipe", "zb-h1"};
+    return s >= 0 && s < CG_PP__N ? names[s] : "?";
+}
+
 void cg_cluster_memory(const CgClusterModel *m, const CgClusterOpts *o, CgClusterPlan *p)
 {
     int tp = tp_left(m, o);
@@ -110,16 +116,27 @@ void cg_cluster_memory(const CgClusterModel *m, const CgClusterOpts *o, CgCluste
     p->mem_grads = p->grads_resident ? m->grad_bytes / split : 0;
     p->mem_act = m->mem_nops == 0 ? m->act_bytes / tp : 0;
     p->mem_saved = 0;
+    /* the timeline is one micro-batch of the whole model; the first stage
+     * holds its 1/pp of the saved activations for each micro-batch in
+     * flight: pp of them under 1F1B and ZB-H1 (fewer when there are
+     * fewer micro-batches), all of them under GPipe */
+    int mb = o->micro_batches > 0 ? o->micro_batches : 1;
+    p->inflight = o->pp <= 1                      ? 1
+                  : o->schedule == CG_PP_GPIPE || mb < o->pp ? mb
+                                                             : o->pp;
+    double held = o->pp > 1 ? (double)p->inflight / o->pp : 1;
     double best = -1;
     for (int i = 0; i < m->mem_nops; i++) {
         double gr = p->grads_resident ? m->grad_bytes / split : m->mem_grad[i] / split;
-        double x = gr + m->mem_act[i] / tp;
+        double saved = m->mem_saved[i] / tp * held;
+        double act = (m->mem_act[i] - m->mem_saved[i]) / tp + saved;
+        double x = gr + act;
         if (x > best) {
             best = x;
             p->mem_op = i;
             p->mem_grads = gr;
-            p->mem_act = m->mem_act[i] / tp;
-            p->mem_saved = m->mem_saved[i] / tp;
+            p->mem_act = act;
+            p->mem_saved = saved;
         }
     }
     p->mem_total = p->mem_params + p->mem_grads + p->mem_opt + p->mem_act;
@@ -147,7 +164,6 @@ bool cg_cluster_project(const CgClusterModel *m, const CgClusterOpts *o, CgClust
 
     /* compute: one micro-batch's forward and backward per stage */
     p->t_mb = m->fwd_bwd_s / split;
-    p->bubble = o->pp > 1 ? (double)(o->pp - 1) / (o->micro_batches + o->pp - 1) : 0;
     /* TP: per layer two all-reduces of the activations forward, two
      * backward (Megatron's MLP and attention), on the micro-batch */
     double tp_bw = o->tp <= o->gpus_per_node ? o->intra_bw : o->inter_bw;
@@ -163,9 +179,21 @@ bool cg_cluster_project(const CgClusterModel *m, const CgClusterOpts *o, CgClust
                               : cg_ring_half(m->tp_bytes[i], o->tp, tp_bw, o->alpha_s);
         p->t_tp_mb /= o->pp;
     }
-    double slots = (double)o->micro_batches + o->pp - 1;
-    p->t_pipeline = slots * (p->t_mb + p->t_tp_mb);
-    p->t_bubble = (o->pp - 1) * (p->t_mb + p->t_tp_mb);
+    /* each stage runs m slots of one micro-batch's forward and backward
+     * (u, its TP collectives included) and idles pp - 1 of them under
+     * GPipe and 1F1B: bubble (pp - 1) / (m + pp - 1) (Megatron). ZB-H1
+     * fills them with the deferred weight gradients W: each idle slot
+     * shrinks to F + B - W (Qi et al. 2023), F, B and W in the shares of
+     * the step's forward, input-gradient and weight-gradient times */
+    double u = p->t_mb + p->t_tp_mb, idle = 1;
+    if (o->schedule == CG_PP_ZBH1 && m->fwd_bwd_s > 0) {
+        double f = m->forward_s / m->fwd_bwd_s, w = m->wgrad_s / m->fwd_bwd_s;
+        idle = f + (1 - f - w) - w;
+        idle = idle > 0 ? idle : 0;
+    }
+    p->t_bubble = (o->pp - 1) * u * idle;
+    p->t_pipeline = o->micro_batches * u + p->t_bubble;
+    p->bubble = p->t_pipeline > 0 ? p->t_bubble / p->t_pipeline : 0;
     p->t_opt = m->opt_s / split / zdiv;
 
     /* DP: the last micro-batch's backward is what the buckets overlap */

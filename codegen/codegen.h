@@ -712,6 +712,8 @@ typedef struct {
     double act_bytes;         /* without a timeline: the non-gradient temporaries' peak */
     double fwd_bwd_s, forward_s, opt_s; /* one device, the whole model, one micro-batch */
     double backward_end_s;    /* when the step's last gradient is ready */
+    double wgrad_s;           /* of fwd_bwd_s, the weight-gradient GEMMs (ir_wgrad_matmul):
+                                 a pipeline's W, which zb-h1 moves into the bubble */
     int nbuckets;
     const double *bucket_bytes, *bucket_ready_s; /* per DP bucket, step order */
     const int *bucket_coll;   /* per DP bucket: its CgColl; NULL: all all-reduces */
@@ -728,8 +730,15 @@ typedef struct {
     const int *tp_coll;
 } CgClusterModel;
 
+/* A pipeline's schedule (docs/plan.md): 1F1B (Megatron), GPipe (every
+ * forward, then every backward), ZB-H1 (zero bubble: each backward's
+ * weight gradients, W, run in the slots where 1F1B idles). */
+typedef enum { CG_PP_1F1B, CG_PP_GPIPE, CG_PP_ZBH1, CG_PP__N } CgPipeSchedule;
+const char *cg_pp_schedule_name(CgPipeSchedule s); /* "1f1b", "gpipe", "zb-h1" */
+
 typedef struct {
     int gpus, gpus_per_node, tp, pp, dp, zero, micro_batches;
+    CgPipeSchedule schedule;
     double intra_bw, inter_bw; /* bytes/s */
     double alpha_s;            /* latency per ring hop */
     double stage_bw;           /* > 0: a DP bucket is staged through host memory
@@ -748,6 +757,7 @@ typedef struct {
     bool grads_resident;      /* every gradient counted for the whole step (micro-batches
                                  accumulate into them); else those live at mem_op */
     int mem_op;               /* the timeline's op where mem_total peaks; -1: none */
+    int inflight;             /* micro-batches whose activations the first stage holds */
     double t_mb, t_tp_mb, bubble, t_pipeline, t_bubble, t_opt; /* seconds */
     double dp_bw, t_dp, t_dp_exposed;
     double step_predicted, step;

@@ -26,7 +26,7 @@ static const char usage_plan[] =
     "\n"
     "Projects a training run at cluster scale from the compiled step: memory per\n"
     "GPU, the step's critical path (compute per pipeline stage, TP collectives,\n"
-    "the 1F1B bubble, DP gradient communication and what of it is exposed),\n"
+    "the pipeline's bubble, DP gradient communication and what of it is exposed),\n"
     "throughput, MFU and the end date. See docs/plan.md.\n"
     "\n"
     "options:\n"
@@ -41,6 +41,7 @@ static const char usage_plan[] =
     "                       defaults to gpus / (tp x pp))\n"
     "  --zero 0|1           1: sharded optimizer state (ZeRO-1)\n"
     "  --micro-batches N    micro-batches per step and rank (default 1)\n"
+    "  --schedule S         the pipeline's: 1f1b (default), gpipe, zb-h1\n"
     "  --global-batch N     sequences per step (sets the micro-batches)\n"
     "  --tokens N           the token budget: 10T, 300B (or 300G), 1.5e12\n"
     "  --goodput F          share of calendar time spent in steps (default 1)\n"
@@ -61,6 +62,7 @@ typedef struct {
     double intra_bw, inter_bw, tokens, goodput, target_days, step_time, memory;
     const char *tokens_text; /* --tokens as given */
     bool no_overlap, json;
+    CgPipeSchedule schedule;
 } PlanArgs;
 
 /* A compiled variant's measurements, owning the bucket arrays and the
@@ -330,6 +332,8 @@ static bool measure(const Model *m, const PassOpts *po, const CgDevice *dev, Var
             }
             t += x;
             c->fwd_bwd_s += x;
+            if (st->kind == CG_STEP_GEMM && (flags & OPF_BACKWARD) && ir_wgrad_matmul(g, st->op))
+                c->wgrad_s += x;
             if (!(flags & (OPF_BACKWARD | OPF_RECOMPUTE)))
                 c->forward_s += x;
             c->backward_end_s = t;
@@ -593,7 +597,16 @@ static void print_plan(const PlanArgs *a, const CgDevice *dev, const CgClusterOp
     }
     ir_fmt_seconds(p->t_pipeline, x, sizeof x);
     ir_fmt_seconds(p->t_bubble, y, sizeof y);
-    printf("  pipeline (1F1B) %s, of which bubble %s (%.1f%%)\n", x, y, 100 * p->bubble);
+    printf("  pipeline (%s) %s, of which bubble %s (%.1f%%)\n", cg_pp_schedule_name(o->schedule),
+           x, y, 100 * p->bubble);
+    if (o->pp > 1) {
+        double f = m->fwd_bwd_s > 0 ? m->forward_s / m->fwd_bwd_s : 0;
+        double wg = m->fwd_bwd_s > 0 ? m->wgrad_s / m->fwd_bwd_s : 0;
+        printf("    per micro-batch: forward %.0f%%, input gradients %.0f%%, weight gradients "
+               "%.0f%% (W); the first stage holds %d micro-batch%s of activations\n",
+               100 * f, 100 * (1 - f - wg), 100 * wg, p->inflight,
+               p->inflight == 1 ? "" : "es");
+    }
     ir_fmt_seconds(p->t_dp, x, sizeof x);
     ir_fmt_seconds(p->t_dp_exposed, y, sizeof y);
     printf("  DP gradient communication %s in %d buckets at %.3g GB/s, exposed %s%s\n", x,
@@ -645,6 +658,8 @@ static cJSON *plan_json(const CgDevice *dev, const CgClusterOpts *o, const Varia
     cJSON_AddNumberToObject(j, "dp", o->dp);
     cJSON_AddNumberToObject(j, "zero", o->zero);
     cJSON_AddNumberToObject(j, "micro_batches", o->micro_batches);
+    cJSON_AddStringToObject(j, "schedule", cg_pp_schedule_name(o->schedule));
+    cJSON_AddNumberToObject(j, "microbatches_in_flight", p->inflight);
     cJSON_AddNumberToObject(j, "params", v->m.nparams);
     cJSON *mem = cJSON_AddObjectToObject(j, "memory_per_gpu");
     cJSON_AddNumberToObject(mem, "params", p->mem_params);
@@ -802,6 +817,19 @@ int cli_plan(int argc, char **argv)
             a.no_overlap = true;
             continue;
         }
+        if (strcmp(s, "--schedule") == 0) {
+            int k = 0;
+            while (v && k < CG_PP__N && strcmp(v, cg_pp_schedule_name((CgPipeSchedule)k)) != 0)
+                k++;
+            if (!v || k == CG_PP__N) {
+                rc = plan_error("--schedule expects 1f1b, gpipe or zb-h1, got '%s'%s",
+                                v ? v : "(missing)", "");
+                goto out;
+            }
+            a.schedule = (CgPipeSchedule)k;
+            i++;
+            continue;
+        }
         if (strcmp(s, "--json") == 0) {
             a.json = true;
             continue;
@@ -907,7 +935,7 @@ int cli_plan(int argc, char **argv)
     CgClusterOpts o = {
         .gpus = a.gpus, .gpus_per_node = a.gpus_per_node, .tp = a.tp, .pp = a.pp, .dp = a.dp,
         .zero = a.zero, .micro_batches = a.micro_batches > 0 ? a.micro_batches : 1,
-        .intra_bw = a.intra_bw > 0 ? a.intra_bw : dev->intra_bw,
+        .schedule = a.schedule, .intra_bw = a.intra_bw > 0 ? a.intra_bw : dev->intra_bw,
         .inter_bw = a.inter_bw > 0 ? a.inter_bw : dev->inter_bw, .alpha_s = alpha, .stage_bw = stage_bw,
         .tokens = a.tokens, .goodput = a.goodput, .target_days = a.target_days,
         .step_time = a.step_time, .no_overlap = a.no_overlap,
@@ -975,7 +1003,8 @@ int cli_plan(int argc, char **argv)
     if (!a.json)
         print_plan(&a, dev, &o, &v, &p, cpu_link, &rchoice);
 
-    /* what-if rows: overlap, two other bucket sizes, each remat policy */
+    /* what-if rows: overlap, the other pipeline schedules, two other bucket sizes, each
+     * remat policy */
     cJSON *rows = j ? cJSON_AddArrayToObject(j, "what_if") : NULL;
     if (!a.json)
         printf("what if (step; memory per GPU):\n");
@@ -984,10 +1013,20 @@ int cli_plan(int argc, char **argv)
         bool recompile;
         PassOpts po;
         bool no_overlap;
-    } w[6];
+        CgPipeSchedule schedule;
+    } w[8];
     int nw = 0;
+    for (int k = 0; k < 8; k++)
+        w[k].schedule = a.schedule;
     snprintf(w[nw].name, sizeof w[nw].name, "%s", a.no_overlap ? "overlap" : "no overlap");
     w[nw].recompile = false, w[nw].no_overlap = !a.no_overlap, nw++;
+    for (int k = 0; k < CG_PP__N && a.pp > 1; k++) /* the other pipeline schedules */
+        if (k != (int)a.schedule) {
+            snprintf(w[nw].name, sizeof w[nw].name, "schedule=%s",
+                     cg_pp_schedule_name((CgPipeSchedule)k));
+            w[nw].recompile = false, w[nw].no_overlap = a.no_overlap;
+            w[nw].schedule = (CgPipeSchedule)k, nw++;
+        }
     for (int k = 0; k < 2; k++) {
         double mb = m->train.bucket_mb * (k ? 4 : 0.25);
         snprintf(w[nw].name, sizeof w[nw].name, "bucket_mb=%g", mb);
@@ -1004,6 +1043,7 @@ int cli_plan(int argc, char **argv)
         Variant vw;
         CgClusterOpts ow = o;
         ow.no_overlap = w[k].no_overlap;
+        ow.schedule = w[k].schedule;
         ow.step_time = 0; /* what-ifs are predictions */
         bool ok = w[k].recompile ? measure(m, &w[k].po, dev, &vw, NULL, &d) : true;
         const Variant *use = w[k].recompile ? &vw : &v;

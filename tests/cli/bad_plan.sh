@@ -26,6 +26,8 @@ expect_error -s 2 "--tp 2 does not divide dim 0 (255)" '"wte.weight"' "vocab_pad
 "${plan[@]}" "$G" --set V=255 --set vocab_pad=2 --tp 2 > "$dir/out" 2>&1 ||
     fail "V=255 padded to 256 at --tp 2: $(cat "$dir/out")"
 case_recovered "a padded vocabulary splits"
+# a schedule kiln does not know
+expect_error -s 2 "--schedule expects 1f1b, gpipe or zb-h1, got 'zb'" -- "${plan[@]}" "$G" --schedule zb
 # pp at most the layers (gpt.lua: 2 attention layers; mlp.lua: 3 weight matrices)
 expect_error -s 2 "--pp 8 is more pipeline stages than the model's 2 layers" \
     "expected --pp from 1 to 2" -- "${plan[@]}" "$G" --gpus 8 --pp 8

@@ -3,7 +3,8 @@
 # 8,192 tokens per step, a 10T budget, goodput 0.9, --step-time 12 and 10,
 # --target-days 76), --json, the what-if rows, and a layout that does not
 # add up (exit 2, a message naming the flags); --tokens 300B (billions) as
-# 300G, with the count it read printed.
+# 300G, with the count it read printed; the pipeline schedules (1f1b,
+# gpipe, zb-h1: --schedule and the what-if rows).
 set -u
 : "${KILN:?}"
 dir=$(mktemp -d "${TMPDIR:-/tmp}/kiln-plan-XXXXXX")
@@ -24,6 +25,30 @@ echo "$out" | grep -q '^  step 12.000 s (--step-time; replaces the prediction)' 
 for w in "no overlap" "bucket_mb=1 " "bucket_mb=16 " "remat=none" "remat=selective" "remat=full"; do
     echo "$out" | grep -q "^  $w *step [0-9.]* \(ms\|s\|us\) (exposed DP" || fail "what-if row '$w'"
 done
+# the pipeline schedules: 1F1B by default; the what-if rows give the other
+# two; zb-h1 (weight gradients in the bubble) predicts a shorter step at
+# 1F1B's memory, gpipe the same step holding every micro-batch
+out=$("$KILN" plan "${common[@]}" 2>&1) || fail "plan: $out"
+echo "$out" | grep -q '^  pipeline (1f1b) .*, of which bubble .* (22.6%)$' || fail "1f1b bubble"
+echo "$out" | grep -Eq '^    per micro-batch: forward [0-9]+%, input gradients [0-9]+%, weight gradients [1-9][0-9]*% \(W\); the first stage holds 8 micro-batches of activations$' ||
+    fail "F/B/W line: $(echo "$out" | grep 'per micro-batch')"
+# seconds and bytes from "12.3 ms" and "4.5 GiB"
+num() { awk -v v="$1" -v u="$2" 'BEGIN { f["s"] = 1; f["ms"] = 1e-3; f["us"] = 1e-6; f["B"] = 1
+    f["KiB"] = 2^10; f["MiB"] = 2^20; f["GiB"] = 2^30; if (!(u in f)) exit 1; print v * f[u] }'; }
+row() { echo "$out" | sed -n "s/^  $1 *step \([0-9.]*\) \([mu]*s\) (exposed DP [^)]*), \([0-9.]*\) \([KMG]*i*B\) per GPU$/\1 \2 \3 \4/p"; }
+base=$(echo "$out" | sed -n 's/^  optimizer .*; predicted step \([0-9.]*\) \([mu]*s\)$/\1 \2/p')
+mem=$(echo "$out" | sed -n 's/^  total \([0-9.]*\) \([KMG]*i*B\) of .*/\1 \2/p')
+read -r a1 a2 a3 a4 <<<"$(row schedule=zb-h1)"
+read -r g1 g2 g3 g4 <<<"$(row schedule=gpipe)"
+b=$(num $base) m=$(num $mem) zs=$(num "$a1" "$a2") zm=$(num "$a3" "$a4") gs=$(num "$g1" "$g2") \
+    gm=$(num "$g3" "$g4") || fail "schedule rows: $(echo "$out" | grep -E 'schedule=|predicted|total')"
+awk -v b="$b" -v m="$m" -v zs="$zs" -v zm="$zm" -v gs="$gs" -v gm="$gm" \
+    'BEGIN { exit !(zs < b && zm == m && gs == b && gm > m) }' ||
+    fail "schedules: 1f1b $base $mem, zb-h1 $a1 $a2 $a3 $a4, gpipe $g1 $g2 $g3 $g4"
+out=$("$KILN" plan "${common[@]}" --schedule zb-h1 2>&1) || fail "plan --schedule zb-h1: $out"
+echo "$out" | grep -q '^  pipeline (zb-h1) ' || fail "--schedule zb-h1: $(echo "$out" | grep pipeline)"
+echo "$out" | grep -q '^  schedule=1f1b ' || fail "--schedule zb-h1: no 1f1b row"
+
 out=$("$KILN" plan "${common[@]}" --step-time 10 2>&1) || fail "plan at 10 s: $out"
 echo "$out" | grep -q '1572864 tokens/s' || fail "tokens/s at 10 s"
 echo "$out" | grep -q '73.59 days of steps, 81.76 days at goodput 0.90' || fail "end date at 10 s"

@@ -297,19 +297,22 @@ static void test_memory_timeline(void **state)
     assert_int_equal(p.mem_op, 4);
     assert_true(p.mem_grads == 100 && p.mem_act == 5 && p.mem_saved == 0);
     assert_true(p.mem_total == 100 + 200 + 105);
-    /* tp 2 x pp 2: grads / 4 + act / 2 peaks at op 2 (10 + 25 = 35) */
+    /* tp 2 x pp 2, one micro-batch: the first stage holds that one's half
+     * of the saved activations: grads / 4 + (act - saved) / 2 + saved / 4
+     * peaks at op 3 (20 + 5 + 2.5 = 27.5; op 4 ties, op 2 has 25) */
     o.tp = 2, o.pp = 2, o.dp = 1280;
     p = project(&m, &o);
-    assert_int_equal(p.mem_op, 2);
-    assert_true(p.mem_grads == 10 && p.mem_act == 25 && p.mem_saved == 20);
-    assert_true(p.mem_total == 25 + 50 + 35);
+    assert_int_equal(p.inflight, 1);
+    assert_int_equal(p.mem_op, 3);
+    assert_true(p.mem_grads == 20 && p.mem_act == 7.5 && p.mem_saved == 2.5);
+    assert_true(p.mem_total == 25 + 50 + 27.5);
     /* the same timeline as a step compiled partitioned for tp 2 (its figures
-     * are one TP rank's already): only pp divides, grads / 2 + act peaks at
-     * op 2 (20 + 50 = 70, where tp 2 x pp 2 of the whole step gave 35) */
+     * are one TP rank's already): only pp divides, grads / 2 + (act -
+     * saved) + saved / 2 peaks at op 3 (40 + 10 + 5 = 55) */
     m.tp_split = 2;
     p = project(&m, &o);
-    assert_int_equal(p.mem_op, 2);
-    assert_true(p.mem_grads == 20 && p.mem_act == 50 && p.mem_saved == 40);
+    assert_int_equal(p.mem_op, 3);
+    assert_true(p.mem_grads == 40 && p.mem_act == 15 && p.mem_saved == 5);
     assert_true(p.mem_params == 50 && p.mem_opt == 100);
     /* and its own TP collectives replace the four all-reduces per layer */
     const double tpb[2] = {1e6, 2e6};
@@ -330,6 +333,19 @@ static void test_memory_timeline(void **state)
                 fail_msg("tp %d pp %d: %g bytes per GPU, not below %g", tp, pp, now, last);
             last = now;
         }
+    /* pp 2 with 4 micro-batches (gradients resident): 1F1B and ZB-H1 hold
+     * pp = 2 of them on the first stage, each its half: the whole
+     * timeline's saved activations (op 1: 60 / tp 2); GPipe holds all 4 */
+    o.tp = 2, o.pp = 2, o.dp = 1280, o.micro_batches = 4;
+    const double held[CG_PP__N] = {[CG_PP_1F1B] = 2, [CG_PP_GPIPE] = 4, [CG_PP_ZBH1] = 2};
+    for (int k = 0; k < CG_PP__N; k++) {
+        o.schedule = (CgPipeSchedule)k;
+        p = project(&m, &o);
+        assert_int_equal(p.inflight, (int)held[k]);
+        assert_int_equal(p.mem_op, 1);
+        assert_true(p.mem_saved == 30 * held[k] / 2 && p.mem_act == p.mem_saved);
+    }
+    o.schedule = CG_PP_1F1B;
     /* 24 micro-batches: gradients resident, activations at their own peak */
     o.tp = 1, o.pp = 1, o.dp = 5120, o.micro_batches = 24;
     p = project(&m, &o);
@@ -337,6 +353,40 @@ static void test_memory_timeline(void **state)
     assert_int_equal(p.mem_op, 1);
     assert_true(p.mem_grads == 100 && p.mem_act == 60 && p.mem_saved == 60);
     assert_true(p.mem_total == 100 + 200 + 160);
+}
+
+/* The pipeline's bubble: (pp - 1) / (m + pp - 1) of the pipeline under
+ * 1F1B and GPipe (Megatron's formula); ZB-H1 shrinks each of the pp - 1
+ * idle slots to F + B - W of one: a third of it when the forward, the
+ * input gradients and the weight gradients take a third of the step each
+ * (the zero-bubble paper's (p - 1) / 3m regime), and none when W is at
+ * least F + B. */
+static void test_bubble(void **state)
+{
+    (void)state;
+    CgClusterModel m = model();
+    m.fwd_bwd_s = 120, m.forward_s = 40, m.wgrad_s = 40;
+    CgClusterOpts o = layout(); /* pp 8, 24 micro-batches */
+    CgClusterPlan p1 = project(&m, &o);
+    double u = p1.t_mb + p1.t_tp_mb;
+    assert_true(fabs(p1.bubble - 7.0 / 31.0) < 1e-12);
+    assert_true(fabs(p1.t_bubble - 7 * u) <= 1e-12 * u);
+    assert_true(fabs(p1.t_pipeline - 31 * u) <= 1e-12 * u);
+    o.schedule = CG_PP_GPIPE;
+    CgClusterPlan pg = project(&m, &o);
+    assert_true(pg.t_pipeline == p1.t_pipeline); /* its memory: test_memory_timeline */
+    o.schedule = CG_PP_ZBH1;
+    CgClusterPlan pz = project(&m, &o);
+    assert_true(fabs(pz.t_bubble - 7 * u / 3) <= 1e-12 * u);
+    assert_true(fabs(pz.t_pipeline - (24 + 7.0 / 3) * u) <= 1e-12 * u);
+    assert_true(pz.mem_total == p1.mem_total && pz.step_predicted < p1.step_predicted);
+    m.wgrad_s = 70; /* W outweighs F + B: no bubble left */
+    assert_true(project(&m, &o).t_bubble == 0);
+    o.pp = 1, o.dp = 640; /* no pipeline: no bubble whatever the schedule */
+    for (int k = 0; k < CG_PP__N; k++) {
+        o.schedule = (CgPipeSchedule)k;
+        assert_true(project(&m, &o).t_bubble == 0);
+    }
 }
 
 int main(void)
@@ -351,6 +401,7 @@ int main(void)
         cmocka_unit_test(test_zero_buckets),
         cmocka_unit_test(test_ring),
         cmocka_unit_test(test_cpu_staging),
+        cmocka_unit_test(test_bubble),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
