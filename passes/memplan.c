@@ -382,8 +382,10 @@ static int cmp_str(const void *a, const void *b)
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
-/* Per tensor: true for the roots that hold a param's gradient (the graph
- * outputs "grad.P" of params P). Caller frees. */
+/* Per tensor: true for the roots that hold a param's gradient: the graph
+ * outputs "grad.P" of params P, and under zero=1 the gradients a
+ * reduce-scatter bucket reads and the shard it writes ("grad.shard").
+ * Caller frees. */
 static bool *grad_roots(const Graph *g, const MemPlan *m)
 {
     bool *is = xcalloc((size_t)g->t.n + 1, sizeof(bool));
@@ -398,9 +400,14 @@ static bool *grad_roots(const Graph *g, const MemPlan *m)
         if (!nm || strncmp(nm, "grad.", 5) != 0)
             continue;
         const char *key = nm + 5;
-        if (bsearch(&key, params.v, (size_t)params.n, sizeof(const char *), cmp_str))
+        if (strcmp(key, "shard") == 0 ||
+            bsearch(&key, params.v, (size_t)params.n, sizeof(const char *), cmp_str))
             is[m->root[g->outs.v[k].t]] = true;
     }
+    for (int i = 0; i < g->ops.n; i++)
+        if (g->ops.v[i].code == OP_REDUCE_SCATTER_START)
+            for (int j = 0; j < g->ops.v[i].nin; j++)
+                is[m->root[g->ops.v[i].in[j]]] = true;
     vec_free(&params);
     return is;
 }

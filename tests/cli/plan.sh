@@ -4,7 +4,8 @@
 # --target-days 76), --json, the what-if rows, and a layout that does not
 # add up (exit 2, a message naming the flags); --tokens 300B (billions) as
 # 300G, with the count it read printed; the pipeline schedules (1f1b,
-# gpipe, zb-h1: --schedule and the what-if rows).
+# gpipe, zb-h1: --schedule and the what-if rows); zero=1's gradients
+# counted as gradients.
 set -u
 : "${KILN:?}"
 dir=$(mktemp -d "${TMPDIR:-/tmp}/kiln-plan-XXXXXX")
@@ -48,6 +49,16 @@ awk -v b="$b" -v m="$m" -v zs="$zs" -v zm="$zm" -v gs="$gs" -v gm="$gm" \
 out=$("$KILN" plan "${common[@]}" --schedule zb-h1 2>&1) || fail "plan --schedule zb-h1: $out"
 echo "$out" | grep -q '^  pipeline (zb-h1) ' || fail "--schedule zb-h1: $(echo "$out" | grep pipeline)"
 echo "$out" | grep -q '^  schedule=1f1b ' || fail "--schedule zb-h1: no 1f1b row"
+
+# zero=1: the gradients a reduce-scatter reads (and the shard it writes)
+# count as gradients, not as other temporaries: with 2 micro-batches all of
+# them are held, at least the params' size (before: "grads 0 B")
+out=$("$KILN" plan models/gpt.lua --gpus 2 --dp 2 --zero 1 --micro-batches 2 2>&1) ||
+    fail "plan --zero 1: $out"
+line=$(echo "$out" | grep '^  params .*, grads ')
+read -r p1 p2 g1 g2 <<<"$(echo "$line" | sed -n 's/^  params \([0-9.]*\) \([KMG]*i*B\), grads \([0-9.]*\) \([KMG]*i*B\),.*/\1 \2 \3 \4/p')"
+awk -v p="$(num "$p1" "$p2")" -v g="$(num "$g1" "$g2")" 'BEGIN { exit !(p > 0 && g >= p) }' ||
+    fail "zero=1 grads below the params: $line"
 
 out=$("$KILN" plan "${common[@]}" --step-time 10 2>&1) || fail "plan at 10 s: $out"
 echo "$out" | grep -q '1572864 tokens/s' || fail "tokens/s at 10 s"
