@@ -11,6 +11,8 @@
 #     the embedding is kept whole (its split does not pay at that vocabulary)
 #     and the blocks split as Megatron's; trained at tp = 2 under shard=auto
 #     on 2 ranks, its losses match one rank's within 1e-5 relative;
+#   - llama.lua without its marks (L 1, C 1024): q, k, v, gate and up
+#     column-parallel, o and down row-parallel; trained at tp = 2 as one rank;
 #   - tiny gpt (C 32): nothing pays, nothing is split, and the report says so;
 #     the script's marks are kept under shard=auto; tp = 1: shard=auto does
 #     nothing;
@@ -32,6 +34,20 @@ expect() {
     local l
     l=$(choice "$1" "$2")
     echo "$l" | grep -Eq -- "$3" || fail "$2: expected /$3/, got: ${l:-no line} ($1)"
+}
+
+losses() { sed -n 's/^step *\([0-9]*\)\/[0-9]* | loss \([0-9.e+-]*\) .*/\1 \2/p' "$1"; }
+# same_losses ONE TP NAME: every step's loss within 1e-5 relative
+same_losses() {
+    local n e
+    n=$(losses "$1" | wc -l)
+    [ "$n" -ge 2 ] && [ "$n" -eq "$(losses "$2" | wc -l)" ] || fail "$3: step lines differ"
+    e=$(paste <(losses "$1") <(losses "$2") | awk '
+        $1 != $3 { print "step mismatch"; exit }
+        { d = $2 - $4; if (d < 0) d = -d; r = $2 < 0 ? -$2 : $2; e = d / r; if (e > m) m = e }
+        END { printf "%.3g\n", m }')
+    echo "$3: shard=auto at tp=2 vs 1 rank: $n steps, loss rel diff $e"
+    awk -v e="$e" 'BEGIN { exit !(e != "" && e + 0 == e && e < 1e-5) }' || fail "$3: losses differ by $e"
 }
 
 # --- Megatron's split at GPT-2 small's width -------------------------------
@@ -77,15 +93,22 @@ expect "$T/s.log" wte.weight 'whole'
 grep -q 'kiln: note: shard=auto split 6 params over tp = 2' "$T/t2.log" ||
     fail "no shard=auto note: $(grep note "$T/t2.log")"
 grep -q 'marks no param for tensor parallelism' "$T/t2.log" && fail "train ran unsplit"
-losses() { sed -n 's/^step *\([0-9]*\)\/[0-9]* | loss \([0-9.e+-]*\) .*/\1 \2/p' "$1"; }
-n=$(losses "$T/t1.log" | wc -l)
-[ "$n" -ge 2 ] && [ "$n" -eq "$(losses "$T/t2.log" | wc -l)" ] || fail "step lines differ"
-e=$(paste <(losses "$T/t1.log") <(losses "$T/t2.log") | awk '
-    $1 != $3 { print "step mismatch"; exit }
-    { d = $2 - $4; if (d < 0) d = -d; r = $2 < 0 ? -$2 : $2; e = d / r; if (e > m) m = e }
-    END { printf "%.3g\n", m }')
-echo "shard=auto tp=2 vs 1 rank: $n steps, loss rel diff $e"
-awk -v e="$e" 'BEGIN { exit !(e != "" && e + 0 == e && e < 1e-5) }' || fail "losses differ by $e"
+same_losses "$T/t1.log" "$T/t2.log" gpt
+
+# --- llama.lua (attention written by hand with param and matmul) -----------
+LL="models/llama.lua --set L=1 --set C=1024 --set H=16 --set T=128 --set batch=4 --set tp_marks=false --set eval_every=0"
+"$KILN" compile $LL --tp 2 --set shard=auto >"$T/l.log" 2>&1 || fail "compile llama: $(tail -5 "$T/l.log")"
+for w in q k v; do
+    expect "$T/l.log" "layers.0.self_attn.${w}_proj.weight" 'split axis 1, column-parallel'
+done
+expect "$T/l.log" layers.0.self_attn.o_proj.weight 'split axis 0, row-parallel'
+expect "$T/l.log" layers.0.mlp.gate_proj.weight 'split axis 1, column-parallel'
+expect "$T/l.log" layers.0.mlp.up_proj.weight 'split axis 1, column-parallel'
+expect "$T/l.log" layers.0.mlp.down_proj.weight 'split axis 0, row-parallel'
+"$KILN" train $LL --steps 3 >"$T/l1.log" 2>&1 || fail "llama 1 rank: $(tail -5 "$T/l1.log")"
+"$KILN" train $LL --steps 3 --nproc 2 --tp 2 --set shard=auto >"$T/l2.log" 2>&1 ||
+    fail "llama tp=2: $(tail -5 "$T/l2.log")"
+same_losses "$T/l1.log" "$T/l2.log" llama
 
 # --- nothing pays on tiny gpt; the script's marks are kept; tp = 1 ---------
 "$KILN" compile models/gpt.lua --set tp_marks=false --tp 2 --set shard=auto >"$T/y.log" 2>&1 ||
