@@ -14,8 +14,8 @@
  * axis (nn.Linear's column rule) and is whole otherwise. Choices the
  * partition pass refuses (an uneven head split) are dropped.
  *
- * Costs: the partition pass is the oracle. cost(A) for an assignment A (a
- * few candidates' choices, the others whole) runs pass_partition as rank 0
+ * Costs: the partition pass is the oracle. cost(A) for an assignment A (one
+ * choice per candidate) runs pass_partition as rank 0
  * on a copy of the graph and sums over rank 0's forward graph, in seconds:
  *   compute  per op max(FLOPs / peak, bytes / memory bandwidth), x 3 for
  *            GEMMs and attention (forward and two backward products), x 2
@@ -27,21 +27,30 @@
  *            all-gather <-> reduce-scatter);
  *   update   AdamW over each param's part on the rank: 28 bytes per element
  *            (read p, g, m, v; write p, m, v) / memory bandwidth.
- * Unary terms u_i(c) = cost({i: c}) - cost({}); for neighbour candidates i,
- * j, pair terms w_ij(a, b) = cost({i: a, j: b}) - cost({}) - u_i(a) - u_j(b):
- * where a column split followed by a row split saves the collective that
- * either alone needs, w is negative; a pair the partition pass refuses is
- * forbidden. The ILP: binary x_ic (one choice per candidate), y linearising
- * each x_ia x_jb with w != 0, minimise cost({}) + sum u x + sum w y, with
+ * The ILP, in rounds around an incumbent layout s (first: every candidate
+ * whole). Terms, each from partition runs: u_i(c) = cost(s with i: c) -
+ * cost(s); for neighbour candidates i, j (below), w_ij(a, b) = cost(s with
+ * i: a, j: b) - cost(s) - u_i(a) - u_j(b): where a column split followed by
+ * a row split saves the collective that either alone needs, w is negative;
+ * a pair the partition pass refuses is forbidden. Binary x_ic (one choice
+ * per candidate), y_ij,ab = x_ia x_jb held by marginal rows (sum_b y_ab =
+ * x_ia, sum_a y_ab = x_jb); minimise cost(s) + sum u x + sum w y, with
  * per-rank params + gradients + AdamW state (16 bytes per element) within
- * the device's memory when given. The chosen assignment is then costed
- * whole by the oracle (the report's "checked" line): the pairwise model's
- * error shows there.
+ * the device's memory when given; branch and bound stops after ILP_NODES
+ * branchings (a count, not a time: every rank chooses alike). The ILP's
+ * layout is then costed whole by partitioning it (the report's "checked"):
+ * it becomes the incumbent only if that is cheaper than s. Otherwise the
+ * cheapest single change (whose u is exact) is taken if it gains, else the
+ * layout stands (at most MAXROUNDS rounds). The pairwise model is exact for any one or two changes
+ * and only approximate for many: where a split runs on along the residual
+ * stream, several pairs each claim the same saved collective, and the
+ * check is what catches that. Every round's objective and check print in
+ * the report.
  *
  * Neighbours: from each candidate's tensors (the param and views of it), a
  * walk along readers, at most HOPS ops deep, that stops at an op reading
  * another candidate (a neighbour); two candidates whose walks reach one op
- * with depths summing to at most HOPS are neighbours too (q, k and v meeting
+ * with depths summing to at most HOPS / 2 are neighbours too (q, k and v meeting
  * in attention). Costs come from the graph alone: no param name is read. */
 #include "passes.h"
 
