@@ -11,6 +11,8 @@
 #     the embedding is kept whole (its split does not pay at that vocabulary)
 #     and the blocks split as Megatron's; trained at tp = 2 under shard=auto
 #     on 2 ranks, its losses match one rank's within 1e-5 relative;
+#   - 3 heads at tp = 2: no split by heads (the partition pass refuses it);
+#     the layout chosen instead trains as one rank;
 #   - llama.lua without its marks (L 1, C 1024): q, k, v, gate and up
 #     column-parallel, o and down row-parallel; trained at tp = 2 as one rank;
 #   - tiny gpt (C 32): nothing pays, nothing is split, and the report says so;
@@ -94,6 +96,15 @@ grep -q 'kiln: note: shard=auto split 6 params over tp = 2' "$T/t2.log" ||
     fail "no shard=auto note: $(grep note "$T/t2.log")"
 grep -q 'marks no param for tensor parallelism' "$T/t2.log" && fail "train ran unsplit"
 same_losses "$T/t1.log" "$T/t2.log" gpt
+
+# --- 3 heads at tp = 2: the head split is refused, and what is chosen trains right
+H3="models/gpt.lua --set L=1 --set C=768 --set H=3 --set T=64 --set batch=4 --set tp_marks=false --set eval_every=0"
+"$KILN" compile $H3 --tp 2 --set shard=auto >"$T/h.log" 2>&1 || fail "compile H=3: $(tail -5 "$T/h.log")"
+choice "$T/h.log" h.0.attn.c_attn.weight | grep -q 'blocks' && fail "H=3: split by heads"
+"$KILN" train $H3 --steps 3 >"$T/h1.log" 2>&1 || fail "H=3 1 rank: $(tail -5 "$T/h1.log")"
+"$KILN" train $H3 --steps 3 --nproc 2 --tp 2 --set shard=auto >"$T/h2.log" 2>&1 ||
+    fail "H=3 tp=2: $(tail -5 "$T/h2.log")"
+same_losses "$T/h1.log" "$T/h2.log" "gpt H=3"
 
 # --- llama.lua (attention written by hand with param and matmul) -----------
 LL="models/llama.lua --set L=1 --set C=1024 --set H=16 --set T=128 --set batch=4 --set tp_marks=false --set eval_every=0"
