@@ -151,10 +151,6 @@ bool pass_attention_layout(Graph *g, const PassOpts *o, Diag *d);
  * [B, T, 3C] gradient in place of the concat; off unless o->attention. */
 bool pass_attention_dqkv(Graph *g, const PassOpts *o, Diag *d);
 
-/* autodiff.c: reverse mode from the graph output "loss" (a scalar float).
- * Adds one output "grad.NAME" per param NAME (zeros when the loss does not
- * depend on it). Ops it creates carry OPF_BACKWARD and the source location of
- * the forward op they differentiate. */
 /* partition.c: rank o->tp_rank's part of the forward graph under tensor
  * parallelism over o->tp ranks (nothing when tp <= 1): params marked with a
  * sharding (IrShard) keep rank r's part, every tensor gets a sharding by
@@ -185,6 +181,11 @@ bool pass_shard_auto(Graph *g, const PassOpts *o, const PassShardCost *c, char *
 /* Sets the sharding of every param of `to` to that of the param of `from`
  * with the same name (an evaluation graph gets the step graph's choice). */
 void pass_shard_copy(const Graph *from, Graph *to);
+
+/* autodiff.c: reverse mode from the graph output "loss" (a scalar float).
+ * Adds one output "grad.NAME" per param NAME (zeros when the loss does not
+ * depend on it). Ops it creates carry OPF_BACKWARD and the source location of
+ * the forward op they differentiate. */
 bool pass_autodiff(Graph *g, const PassOpts *o, Diag *d);
 
 /* optimizer.c: o->optimizer's update with global-norm gradient clipping,
