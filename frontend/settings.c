@@ -58,6 +58,7 @@ static const FeTrainKey train_keys[] = {
     TKI(zero, "0", 0, 1),
     TKI(tp, "1", 1, 4096),
     TKS(sequence_parallel, "false", "true, false"),
+    TKS(shard, "script", "script, auto"),
     TKD(comm_timeout, "60", 0, 1e6, 1, 0),
     TKS(on_nonfinite, "stop", "stop, skip"),
     TKI(sample_every, "0", 0, BIG),

@@ -15,6 +15,9 @@
 --                    index it
 --   T 32, batch 4    sequence length and batch (B)
 --   dropout 0        dropout probability (attention weights, residual branches)
+--   tp_marks true    mark Megatron-LM's tensor-parallel split (below); false
+--                    leaves every param unmarked (--set shard=auto then
+--                    chooses the split: docs/parallel.md)
 --   data "text", data_path "tests/data/tiny.txt"
 --   steps 2000, lr 3e-3  training length and peak learning rate (`kiln train
 --                    --steps N` sets steps; warmup min(100, steps // 10) and
@@ -25,7 +28,7 @@
 -- f32[B,T,V] (the real vocabulary).
 local cfg = config({size = "tiny", L = 2, H = 2, C = 32, V = 256, T = 32, batch = 4,
                    dropout = 0.0, data = "text", data_path = "tests/data/tiny.txt",
-                   steps = 2000, lr = 3e-3, vocab_pad = 1},
+                   steps = 2000, lr = 3e-3, vocab_pad = 1, tp_marks = true},
                   {size = {["124M"] = {L = 12, H = 12, C = 768, V = 50257, T = 1024,
                                        data = "tokens", lr = 6e-4, vocab_pad = 64}}})
 assert(cfg.C % cfg.H == 0, "C must be divisible by H")
@@ -39,7 +42,8 @@ local targets = input("targets", {"B", "T"}, "i32")
 -- Tensor parallelism (--tp N) splits what Megatron-LM splits: wte (and so
 -- the tied head) by vocabulary, attention by heads, the MLP's c_fc by
 -- columns and every c_proj by rows.
-local wte = nn.Embedding("wte", "V", "C", {std = 0.02, pad = cfg.vocab_pad, parallel = "vocab"})
+local wte = nn.Embedding("wte", "V", "C", {std = 0.02, pad = cfg.vocab_pad,
+                                          parallel = cfg.tp_marks and "vocab" or nil})
 local wpe = nn.Embedding("wpe", "T", "C", {std = 0.01})
 local proj_std = 0.02 / math.sqrt(2 * L)   -- GPT-2's scaled init of residual projections
 
@@ -50,10 +54,10 @@ for i = 0, L - 1 do
   local ln1 = nn.LayerNorm(p .. ".ln_1", "C")
   local attn = nn.CausalSelfAttention(p .. ".attn", "C", H,
                                       {proj_std = proj_std, dropout = cfg.dropout,
-                                       parallel = true})
+                                       parallel = cfg.tp_marks})
   local ln2 = nn.LayerNorm(p .. ".ln_2", "C")
   local mlp = nn.MLP(p .. ".mlp", "C", 4 * C, {proj_std = proj_std, dropout = cfg.dropout,
-                                               parallel = true})
+                                               parallel = cfg.tp_marks})
   x = x + attn(ln1(x))
   x = x + mlp(ln2(x))
 end

@@ -22,6 +22,9 @@
 --   T 32, batch 8    sequence length and batch (B)
 --   rope_base 10000  rotary embedding base
 --   eps 1e-5         RMSNorm epsilon
+--   tp_marks true    mark Megatron-LM's tensor-parallel split (below); false
+--                    leaves every param unmarked (--set shard=auto then
+--                    chooses the split: docs/parallel.md)
 --   data "text", data_path "tests/data/tiny.txt"; steps 200, lr 1e-3 (`kiln
 --                    train --steps N` sets steps; warmup min(100, steps // 10)
 --                    and the cosine's end follow it)
@@ -30,7 +33,7 @@
 -- Outputs: loss (mean cross-entropy per token), logits f32[B,T,V].
 local cfg = config({size = "tiny", L = 2, H = 4, C = 64, hidden = 0, V = 256, T = 32,
                     batch = 8, rope_base = 10000.0, eps = 1e-5, data = "text",
-                    data_path = "tests/data/tiny.txt", steps = 200, lr = 1e-3},
+                    data_path = "tests/data/tiny.txt", steps = 200, lr = 1e-3, tp_marks = true},
                    {size = {["500B"] = {L = 92, H = 144, C = 18432, hidden = 73728,
                                         V = 128256, T = 8192, batch = 1, data = "tokens",
                                         precision = "bf16", rope_base = 500000.0}}})
@@ -48,14 +51,16 @@ local proj_std = 0.02 / math.sqrt(2 * L)
 -- Tensor parallelism (--tp N) splits what Megatron-LM splits: the
 -- embedding and the head by vocabulary, q/k/v and the MLP's gate/up by
 -- output columns (heads), o_proj and down_proj by input rows.
-local embed = nn.Embedding("embed_tokens", "V", "C", {std = std, parallel = "vocab"})
+local marks = cfg.tp_marks
+local embed = nn.Embedding("embed_tokens", "V", "C",
+                           {std = std, parallel = marks and "vocab" or nil})
 
 local function attention(p, x)
   local q = param(p .. ".q_proj.weight", {"C", "C"}, normal(std))
   local k = param(p .. ".k_proj.weight", {"C", "C"}, normal(std))
   local v = param(p .. ".v_proj.weight", {"C", "C"}, normal(std))
   local o = param(p .. ".o_proj.weight", {"C", "C"}, normal(proj_std))
-  shard(q, 1); shard(k, 1); shard(v, 1); shard(o, 0)
+  if marks then shard(q, 1); shard(k, 1); shard(v, 1); shard(o, 0) end
   local qh = nn.rope(nn.split_heads(x:matmul(q), H), cfg.rope_base)
   local kh = nn.rope(nn.split_heads(x:matmul(k), H), cfg.rope_base)
   local vh = nn.split_heads(x:matmul(v), H)
@@ -68,12 +73,13 @@ for i = 0, L - 1 do
   local n1 = nn.RMSNorm(p .. ".input_layernorm", "C", {eps = cfg.eps})
   local n2 = nn.RMSNorm(p .. ".post_attention_layernorm", "C", {eps = cfg.eps})
   local mlp = nn.SwiGLU(p .. ".mlp", "C", hidden, {std = std, proj_std = proj_std,
-                                                          parallel = true})
+                                                          parallel = marks})
   x = x + attention(p .. ".self_attn", n1(x))
   x = x + mlp(n2(x))
 end
 x = nn.RMSNorm("norm", "C", {eps = cfg.eps})(x)
-local head = shard(param("lm_head.weight", {"C", "V"}, normal(std)), 1)
+local head = param("lm_head.weight", {"C", "V"}, normal(std))
+if marks then shard(head, 1) end
 local logits = x:matmul(head)
 
 minimize(nn.cross_entropy(logits, targets))

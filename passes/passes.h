@@ -151,16 +151,41 @@ bool pass_attention_layout(Graph *g, const PassOpts *o, Diag *d);
  * [B, T, 3C] gradient in place of the concat; off unless o->attention. */
 bool pass_attention_dqkv(Graph *g, const PassOpts *o, Diag *d);
 
-/* autodiff.c: reverse mode from the graph output "loss" (a scalar float).
- * Adds one output "grad.NAME" per param NAME (zeros when the loss does not
- * depend on it). Ops it creates carry OPF_BACKWARD and the source location of
- * the forward op they differentiate. */
 /* partition.c: rank o->tp_rank's part of the forward graph under tensor
  * parallelism over o->tp ranks (nothing when tp <= 1): params marked with a
  * sharding (IrShard) keep rank r's part, every tensor gets a sharding by
  * propagation, and tp_* collectives go where an op needs a tensor whole or
  * a partial sum summed. Runs before autodiff. */
 bool pass_partition(Graph *g, const PassOpts *o, Diag *d);
+
+/* shard_auto.c: shard=auto. The device figures the choice is costed with
+ * (the caller takes them from the cost model's device, codegen/predict.c). */
+typedef struct {
+    const char *device; /* its name, for the report */
+    double flops;       /* GEMM peak of the step's precision, FLOP/s */
+    double mem_bw;      /* bytes/s a streaming kernel reaches */
+    double link_bw;     /* between TP ranks, one direction, bytes/s */
+    double alpha_s;     /* latency per ring hop, seconds */
+    double mem;         /* per-rank bytes for params + grads + AdamW state (0: no limit) */
+} PassShardCost;
+/* Chooses, for o->tp > 1 ranks, a sharding for every param of rank >= 2 of
+ * the forward graph g that the script leaves whole (whole, or split along
+ * an axis the partition pass can split), by an ILP over the partition
+ * pass's costs (see the file's header), and sets it on g's params
+ * (Tensor.shard with n = 0, as `shard` does); the script's marks are kept.
+ * *text (if text; the caller frees it): the report, the objective and its
+ * terms and every candidate's choice. Nothing when o->tp <= 1. False with d
+ * set where the ILP has no solution or the script's marks do not partition. */
+bool pass_shard_auto(Graph *g, const PassOpts *o, const PassShardCost *c, char **text,
+                     Diag *d);
+/* Sets the sharding of every param of `to` to that of the param of `from`
+ * with the same name (an evaluation graph gets the step graph's choice). */
+void pass_shard_copy(const Graph *from, Graph *to);
+
+/* autodiff.c: reverse mode from the graph output "loss" (a scalar float).
+ * Adds one output "grad.NAME" per param NAME (zeros when the loss does not
+ * depend on it). Ops it creates carry OPF_BACKWARD and the source location of
+ * the forward op they differentiate. */
 bool pass_autodiff(Graph *g, const PassOpts *o, Diag *d);
 
 /* optimizer.c: o->optimizer's update with global-norm gradient clipping,

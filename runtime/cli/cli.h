@@ -47,6 +47,15 @@ bool cli_print_prediction(const Model *m, const Graph *g, const char *target, in
                           const char *cache_dir, bool remeasure, int top,
                           const CgKernelTable *cal, const char *cal_path, const char *ktable);
 
+/* shard.c: with the train key shard = "auto" and po->tp > 1, the params'
+ * TP splits chosen by pass_shard_auto on m->g (and copied to m->eval_g),
+ * costed on dev (NULL: h100; kiln train uses h100 so that every rank makes
+ * the same choice; the CPU's measured figures only in kiln plan --device
+ * cpu) with alpha_s per ring hop; *text: the report (the caller frees it;
+ * NULL when nothing ran). False with d set where no choice is found. */
+bool cli_shard_auto(Model *m, const PassOpts *po, const CgDevice *dev, double alpha_s,
+                    char **text, Diag *d);
+
 /* The frontend's warnings about m (unused params, ...) on stderr: once per
  * run, so not in --nproc ranks other than rank 0. */
 void cli_print_warnings(const Model *m);

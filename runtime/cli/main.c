@@ -65,7 +65,9 @@ static const char usage_compile[] =
     "  --tp N               tensor parallelism over N ranks (--set tp=N): the\n"
     "                       partition pass splits the params the model marks\n"
     "                       (shard(), nn's parallel options); prints the rank's\n"
-    "                       params, gradients, optimizer state and TP collectives\n"
+    "                       params, gradients, optimizer state and TP collectives;\n"
+    "                       with --set shard=auto the compiler chooses the splits\n"
+    "                       of the unmarked params and prints its choice\n"
     "  --tp-rank R          whose graph to compile and dump (default 0)\n"
     "  --no-overlap         every all-reduce starts after backward\n"
     "  --remat-sweep        print the remat table: budgets from the smallest\n"
@@ -600,8 +602,18 @@ static int cmd_compile(int argc, char **argv)
     po.remat_report = &rr;
     po.memplan = &a.mp;
 
-    Graph *g = ir_clone(m->g);
     Diag d = {{0}};
+    char *shard_text = NULL; /* shard=auto's report */
+    if (!cli_shard_auto(m, &po, a.target ? cg_device_find(a.target) : NULL, 5e-6, &shard_text,
+                        &d)) {
+        fprintf(stderr, "%s\n", d.msg);
+        cg_kernel_table_free(cal);
+        fe_model_free(m);
+        vec_free(&a.sets);
+        vec_free(&a.dumps);
+        return 1;
+    }
+    Graph *g = ir_clone(m->g);
     int rc = 0;
     if (a.remat_sweep) {
         PassOpts so = po;
@@ -623,6 +635,8 @@ static int cmd_compile(int argc, char **argv)
         die("kiln compile: the pipeline left no memory plan");
     cli_print_summary(m, m->g, g, mp);
     cli_print_tp(g);
+    if (shard_text)
+        fputs(shard_text, stdout);
     cli_print_remat(&rr, g, po.memory_budget);
     if (!cli_print_fusion(m, g, &po))
         rc = 1;
@@ -649,6 +663,7 @@ static int cmd_compile(int argc, char **argv)
     if (a.dump_error)
         rc = 1;
 out:
+    free(shard_text);
     cg_kernel_table_free(cal);
     pass_memplan_free(a.mp);
     ir_free(g);
@@ -656,6 +671,35 @@ out:
     vec_free(&a.sets);
     vec_free(&a.dumps);
     return rc;
+}
+
+/* kiln train with shard=auto: the choice on every rank alike (costed on
+ * h100, whatever the device), before the ranks compile; world rank 0 says
+ * what it chose in one line. False after printing the error. */
+static bool train_shard_auto(Model *m, const TrainOpts *o)
+{
+    PassOpts po;
+    RtGraphFlags gf = {.memory_budget = -1, .no_fuse_attention = o->no_fuse_attention};
+    rt_pass_opts(&m->train, &gf, &po);
+    char *text = NULL;
+    Diag d = {{0}};
+    int before = 0, after = 0;
+    for (int i = 0; i < m->g->t.n; i++)
+        before += m->g->t.v[i].kind == TK_PARAM && m->g->t.v[i].shard.on;
+    if (!cli_shard_auto(m, &po, NULL, 5e-6, &text, &d)) {
+        fprintf(stderr, "%s\n", d.msg);
+        return false;
+    }
+    for (int i = 0; i < m->g->t.n; i++)
+        after += m->g->t.v[i].kind == TK_PARAM && m->g->t.v[i].shard.on;
+    const char *wr = getenv("OMPI_COMM_WORLD_RANK");
+    if (text && (!wr || strcmp(wr, "0") == 0))
+        fprintf(stderr, "kiln: note: shard=auto split %d params over tp = %d (and kept %d the "
+                        "script marks); `kiln compile --tp %d --set shard=auto` shows the "
+                        "choice and its costs\n",
+                after - before, po.tp, before, po.tp);
+    free(text);
+    return true;
 }
 
 static int cmd_train(int argc, char **argv)
@@ -802,6 +846,11 @@ static int cmd_train(int argc, char **argv)
         fe_init_map_free(imap);
         fe_model_free(m);
         return rt_launch(nproc, argc, argv);
+    }
+    if (!train_shard_auto(m, &o)) {
+        fe_init_map_free(imap);
+        fe_model_free(m);
+        return 1;
     }
     cli_print_warnings(m);
     rt_stop_on_signals(); /* SIGINT, SIGTERM: stop after the current step */

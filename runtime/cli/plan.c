@@ -959,6 +959,20 @@ int cli_plan(int argc, char **argv)
     po.nranks = a.dp;
     po.sequence_parallel = m->train.sequence_parallel &&
                            strcmp(m->train.sequence_parallel, "true") == 0;
+    if (a.tp > 1) { /* shard=auto: the splits chosen on this plan's device */
+        PassOpts so = po;
+        so.tp = a.tp;
+        char *text = NULL;
+        if (!cli_shard_auto(m, &so, dev, alpha, &text, &d)) {
+            fprintf(stderr, "kiln plan: %s\n", d.msg);
+            fe_model_free(m);
+            rc = 1;
+            goto out;
+        }
+        if (text)
+            fputs(text, stdout);
+        free(text);
+    }
     bool marked = false;
     for (int i = 0; i < m->g->t.n; i++)
         marked |= m->g->t.v[i].kind == TK_PARAM && m->g->t.v[i].shard.on;

@@ -70,6 +70,8 @@ typedef struct TrainCfg {
                                  best evaluation (of early_stop's metric, else val_loss) */
     int64_t tp;               /* tensor-parallel ranks (>= 1): ranks = tp x dp, TP innermost */
     const char *sequence_parallel; /* "true": between the TP blocks, split along T */
+    const char *shard;        /* "auto": the compiler chooses the params' TP splits
+                                 (passes/shard_auto.c); "script": the script's marks */
     int64_t sample_every;     /* print a sample every N steps (0: never; sample.c) */
     const char *sample_prompt; /* its prompt: text (V <= 256) or token ids; NULL: default */
     int64_t sample_tokens;    /* its new tokens */
