@@ -143,3 +143,13 @@ bool ir_wgrad_matmul(const Graph *g, int i)
     }
     return true;
 }
+
+int ir_matmul_role(const Shape *s, int axis, bool trans, bool is_b)
+{
+    int r = s->rank;
+    if (axis < r - 2)
+        return 0;
+    bool second = axis == r - 1;
+    bool isk = is_b ? (second == trans) : (second != trans);
+    return isk ? 2 : 1;
+}

@@ -724,6 +724,11 @@ double ir_graph_flops(const Graph *g);
  * accumulator, not the chain of input gradients: a pipeline's W, the
  * GEMMs that may run under a TP collective). */
 bool ir_wgrad_matmul(const Graph *g, int i);
+/* The role of axis `axis` of a matmul operand of shape s (is_b: operand
+ * B, else A; trans: its ta or tb): 0 a batch axis, 1 M (of A) or N (of
+ * B), 2 the contraction axis K. A is [..., M, K] ([..., K, M] with ta),
+ * B [..., K, N] ([..., N, K] with tb). */
+int ir_matmul_role(const Shape *s, int axis, bool trans, bool is_b);
 
 /* interp.c: the reference interpreter. Evaluates every op in double
  * precision (integers exactly; bf16/f16 values rounded at each op result).

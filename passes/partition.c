@@ -337,19 +337,6 @@ static int reshape_axis(Part *p, const Shape *x, const Shape *y, Sh sh, int *at)
     return -1;
 }
 
-/* The matmul roles: for operand 0 (A) and 1 (B), axis -> 0 batch, 1 M (A)
- * or N (B), 2 K. */
-static int mm_role(const Shape *s, int axis, bool trans, bool is_b)
-{
-    int r = s->rank;
-    if (axis < r - 2)
-        return 0;
-    bool second = axis == r - 1;
-    /* A [M, K] (ta: [K, M]); B [K, N] (tb: [N, K]) */
-    bool isk = is_b ? (second == trans) : (second != trans);
-    return isk ? 2 : 1;
-}
-
 static int mm_axis(const Shape *s, int role, bool trans, bool is_b)
 {
     int r = s->rank;
@@ -572,8 +559,8 @@ static Sh decide(Part *p, const Op *op, Sh *need)
                     in[j] = need[j] = R;
             if (in[0].k == SH_R && in[1].k == SH_R)
                 return R;
-            int ra = in[0].k == SH_S ? mm_role(as, in[0].axis, ta, false) : -1;
-            int rb = in[1].k == SH_S ? mm_role(bs, in[1].axis, tb, true) : -1;
+            int ra = in[0].k == SH_S ? ir_matmul_role(as, in[0].axis, ta, false) : -1;
+            int rb = in[1].k == SH_S ? ir_matmul_role(bs, in[1].axis, tb, true) : -1;
             int orank = os->rank;
             if (ra >= 0 && rb < 0) {
                 if (ra == 0) {

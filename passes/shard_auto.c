@@ -212,18 +212,6 @@ static double total(const Cost *c) { return c->t[T_COMP] + c->t[T_COMM] + c->t[T
 
 /* ---- candidates ---------------------------------------------------------- */
 
-/* matmul operand roles: axis of operand (A: is_b false) -> 0 batch, 1 M/N,
- * 2 K (partition.c's mm_role) */
-static int mm_role(const Shape *s, int axis, bool trans, bool is_b)
-{
-    int r = s->rank;
-    if (axis < r - 2)
-        return 0;
-    bool second = axis == r - 1;
-    bool isk = is_b ? (second == trans) : (second != trans);
-    return isk ? 2 : 1;
-}
-
 /* The tensor v a view of (through moves), or v. */
 static int view_root(const Graph *g, int v)
 {
@@ -264,7 +252,7 @@ static int gemm_out_axis(const Graph *g, const Op *op, int j, int axis)
 {
     const Shape *s = &g->t.v[op->in[j]].s;
     bool tr = op->attr.ia[j] != 0;
-    if (mm_role(s, axis, tr, j == 1) != 1)
+    if (ir_matmul_role(s, axis, tr, j == 1) != 1)
         return -1;
     int orank = g->t.v[op->out].s.rank;
     return j == 1 ? orank - 1 : orank - 2;
@@ -725,7 +713,7 @@ static const char *role_name(const Auto *x, const Readers *rd, int t, int axis)
         if (ir_opinfo[op->code].cls == OC_GEMM)
             for (int j = 0; j < 2; j++)
                 if (op->in[j] == t) {
-                    int r = mm_role(&g->t.v[t].s, axis, op->attr.ia[j] != 0, j == 1);
+                    int r = ir_matmul_role(&g->t.v[t].s, axis, op->attr.ia[j] != 0, j == 1);
                     return r == 2 ? "row-parallel (contraction axis)"
                            : r == 1 ? "column-parallel (output axis)"
                                     : "along a batch axis";
