@@ -39,7 +39,10 @@
  * per key/value item, walking its A_G query items in turn into one dk and
  * dv accumulator. A window (A_WIN) starts the forward's and dq's key walk
  * at A_KSTART and ends the dk/dv query walk at A_QEND, masking inside the
- * tiles with A_KEEP; ALiBi's term is in A_SC (slopes printed as a table). */
+ * tiles with A_KEEP; ALiBi's term is in A_SC (slopes printed as a table);
+ * a bias tensor is added in A_SC and a mask tensor ands A_KEEP (A_BX reads
+ * either at its own shape), A_ANY then guards the exp terms of -inf scores
+ * and rows that keep nothing (o = 0). */
 #include "codegen.h"
 
 #include <stdlib.h>

@@ -644,8 +644,10 @@ static inline int ir_attn_nbase(Opcode code)
     return code == OP_ATTENTION ? 3 : code == OP_ATTENTION_LSE ? 2 : 6;
 }
 /* The bias or mask operand of attention-family op op, or -1. */
-#define ir_attn_bias_in(op) \
-    (ir_attn_bias(&(op)->attr) ? (op)->in[ir_attn_nbase((op)->code)] : -1)
+static inline int ir_attn_bias_in(const Op *op)
+{
+    return ir_attn_bias(&op->attr) ? op->in[ir_attn_nbase(op->code)] : -1;
+}
 /* attn.c: set window, alibi, (head layout) kvh and the bias kind on a (nia
  * 8, or back to 1 or 6 when all are none; kvh == heads is none) */
 void ir_attn_set_variant(OpAttr *a, int64_t window, bool alibi, int64_t kvh, int bias);

@@ -13,13 +13,19 @@
  *   s  = S0 * c | c * S0 | S0 / c | S0    c a positive constant (broadcast)
  *   a  = s + alibi | alibi + s | s        slopes * (j - i), the slopes a
  *        function of constants and iotas evaluated here to ALiBi's
- *   x  = select(keep, a, f) | select(drop, f, a) | a, and at most one more
- *        select around or inside it:
+ *   b  = a + B | B + a | a                B a float tensor (through its
+ *        broadcasts) that fits the scores (ir_attn_bias_fits): the op's
+ *        bias operand; one that depends on a param is left unfused (the
+ *        fused backward gives it no gradient), and says so in the dump
+ *   x  = select(keep, b, f) | select(drop, f, b) | b, and at most two more
+ *        selects around or inside it:
  *        keep / drop: an iota compare (through broadcasts) whose operands
  *        are the row index i and the column index j of the scores, meaning
  *        exactly j <= i (keep: i >= j, j <= i; drop: i < j, j > i); f a
  *        constant <= -1e4 or -inf; the other select a sliding window's,
- *        keep meaning exactly i - j < w (with the causal mask only)
+ *        keep meaning exactly i - j < w (with the causal mask only); the
+ *        third any u8 tensor M fitting the scores, select(M, b, f): the
+ *        op's mask operand (not with a bias B)
  *   z  = x - [stop_gradient] broadcast(reduce_max(x, last)) | x
  *   P  = exp(z) / broadcast(reduce_sum(exp(z), last))
  *   o  = matmul(P, v) {ta=0, tb=0}        -> attention(q, k, v) {causal, scale}
@@ -28,8 +34,8 @@
  * outside the pattern and is no graph output or update; the mask is checked
  * structurally (iota axes, compare, operand order), never evaluated. Dropout
  * between softmax and the matmul (P is then a select of a random compare),
- * a window without the causal mask or any other mask (an additive bias or
- * mask tensor too), another user of P or of the scores,
+ * a window without the causal mask, a bias and a mask together, another
+ * user of P or of the scores,
  * casts inside the pattern: no match, the graph is left as it was. The
  * matched ops that nothing reads any more are removed (the mask's iotas
  * too, when nothing else reads them). */
@@ -459,6 +465,11 @@ static bool match(const Ctx *c, int i, Match *mt)
                 continue;
             next = sc;
             mt->bias = IR_ATTN_BIAS, mt->bt = b0;
+        }
+        if (next < 0 && mt->bias == IR_ATTN_MASK && single(c, ad->in[0])) {
+            mt->why = "it has both a bias and a mask tensor (the fused kernels take one; "
+                      "fold the mask into the bias as -inf)";
+            return false;
         }
         if (next < 0 || !single(c, next))
             return false;

@@ -596,6 +596,53 @@ static void test_text(void **state)
         if (!strstr(msg, bad[i][1]))
             fail_msg("%s: message '%s' lacks '%s'", bad[i][0], msg, bad[i][1]);
     }
+    /* a bias and a mask: the last operand, printed and parsed back; a
+     * shape that does not fit the scores, or a mask that is not u8, refused */
+    const char *bm =
+        "kiln-ir v1\n"
+        "%q:f32[2,4,5,8] = input \"q\"\n"
+        "%b:f32[4,5,5] = input \"b\"\n"
+        "%m:u8[2,1,1,5] = input \"m\"\n"
+        "%o:f32[2,4,5,8] = attention %q, %q, %q, %b {causal=1,scale=0.5,bias=1}\n"
+        "%l:f32[2,4,5,1] = attention_lse %q, %q, %m {causal=0,scale=0.5,window=0,mask=1}\n"
+        "output \"o\" %o\noutput \"l\" %l\n";
+    g = parse_or_fail(bm);
+    f = open_memstream(&buf, &len);
+    ir_print(g, f);
+    fclose(f);
+    if (!strstr(buf, "attention %q, %q, %q, %b {causal=1,scale=0.5,bias=1}") &&
+        !strstr(buf, "{causal=1,scale=0.5,bias=1}"))
+        fail_msg("printed:\n%s", buf);
+    assert_non_null(strstr(buf, "{causal=0,scale=0.5,mask=1}"));
+    g2 = parse_or_fail(buf);
+    f = open_memstream(&buf2, &len);
+    ir_print(g2, f);
+    fclose(f);
+    assert_string_equal(buf, buf2);
+    free(buf);
+    free(buf2);
+    ir_free(g);
+    ir_free(g2);
+    static const char *const badb[][3] = {
+        {"f32[4,5,6]", "bias=1", "broadcastable to the scores"},
+        {"f32[2,4,5,5]", "mask=1", "a u8 tensor"},
+        {"f32[2,1,4,1,5]", "bias=1", "broadcastable to the scores"},
+        {"f32[5,5]", "bias=1,mask=1", "not both"},
+    };
+    for (size_t i = 0; i < sizeof badb / sizeof badb[0]; i++) {
+        char text[1024];
+        snprintf(text, sizeof text,
+                 "kiln-ir v1\n%%q:f32[2,4,5,8] = input \"q\"\n%%b:%s = input \"b\"\n"
+                 "%%o:f32[2,4,5,8] = attention %%q, %%q, %%q, %%b {causal=1,scale=0.5,%s}\n"
+                 "output \"o\" %%o\n",
+                 badb[i][0], badb[i][1]);
+        char msg[512] = "";
+        Graph *gb = ir_parse(text, "bad.ir", msg, sizeof msg);
+        if (gb)
+            fail_msg("%s %s parsed", badb[i][0], badb[i][1]);
+        if (!strstr(msg, badb[i][2]))
+            fail_msg("%s: message '%s' lacks '%s'", badb[i][0], msg, badb[i][2]);
+    }
     /* k's heads must divide q's */
     char msg[512] = "";
     Graph *gb = ir_parse("kiln-ir v1\n%q:f32[2,4,5,8] = input \"q\"\n"
