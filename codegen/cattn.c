@@ -218,7 +218,7 @@ int cg_attn_partner(const Graph *g, int i)
         const Op *b = &g->ops.v[j];
         if (b->code != want || !ir_attn_same_attrs(&a->attr, &b->attr))
             continue;
-        bool same = true;
+        bool same = ir_attn_bias_in(a) == ir_attn_bias_in(b);
         for (int x = 0; x < nsame && same; x++)
             same = a->in[x] == b->in[x];
         if (same)
