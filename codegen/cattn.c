@@ -381,6 +381,25 @@ static void print_rows_t(CgBuf *b, const char *dst, const char *src, const char 
               dim, dst, src, rs);
 }
 
+/* With a mask tensor: skip the tile pair (query rows i0 + r, r < nq; keys
+ * j0 + jj, jj < nk) when it keeps no (i, j): every P and dS of it is 0, so
+ * the sums skip only terms that change nothing (the same bits). */
+static void print_skip(CgBuf *b, const CgAttn *a, const char *ind)
+{
+    if (a->lay.bias != IR_ATTN_MASK)
+        return;
+    cg_printf(b,
+              "%s{ /* a tile pair the mask drops whole */\n"
+              "%s    int any = 0;\n"
+              "%s    for (int64_t r = 0; r < nq && !any; r++)\n"
+              "%s        for (int64_t jj = 0; jj < nk && !any; jj++)\n"
+              "%s            any = A_KEEP(i0 + r, j0 + jj);\n"
+              "%s    if (!any)\n"
+              "%s        continue;\n"
+              "%s}\n",
+              ind, ind, ind, ind, ind, ind, ind, ind);
+}
+
 static void print_fwd(CgBuf *b, const CgAttn *a)
 {
     cg_puts(b, "    const int64_t nt = (A_TQ + A_BQ - 1) / A_BQ;\n"
@@ -402,8 +421,9 @@ static void print_fwd(CgBuf *b, const CgAttn *a)
     print_rows_t(b, "qT", "qb", "A_QR", "A_D");
     cg_puts(b, "        int64_t kend = A_CAUSAL ? i0 + nq : A_TK;\n"
                "        for (int64_t j0 = A_KSTART(i0); j0 < kend; j0 += A_BK) {\n"
-               "            int64_t nk = kend - j0 < A_BK ? kend - j0 : A_BK;\n"
-               "            for (int64_t jj = 0; jj < nk; jj++)\n"
+               "            int64_t nk = kend - j0 < A_BK ? kend - j0 : A_BK;\n");
+    print_skip(b, a, "            ");
+    cg_puts(b, "            for (int64_t jj = 0; jj < nk; jj++)\n"
                "                for (int64_t r = 0; r < nq; r++)\n"
                "                    ST[jj][r] = 0.0f;\n"
                "            kiln_attn_mm(&ST[0][0], A_BQ, kb + j0 * A_KR, A_KR, 1, &qT[0][0], A_BQ, nk, "
@@ -512,8 +532,9 @@ static void print_dq(CgBuf *b, const CgAttn *a)
     print_rows_t(b, "gT", "gt", "A_OR", "A_DV");
     cg_puts(b, "        int64_t kend = A_CAUSAL ? i0 + nq : A_TK;\n"
                "        for (int64_t j0 = A_KSTART(i0); j0 < kend; j0 += A_BK) {\n"
-               "            int64_t nk = kend - j0 < A_BK ? kend - j0 : A_BK;\n"
-               "            for (int64_t jj = 0; jj < nk; jj++)\n"
+               "            int64_t nk = kend - j0 < A_BK ? kend - j0 : A_BK;\n");
+    print_skip(b, a, "            ");
+    cg_puts(b, "            for (int64_t jj = 0; jj < nk; jj++)\n"
                "                for (int64_t r = 0; r < nq; r++)\n"
                "                    ST[jj][r] = 0.0f, dPT[jj][r] = 0.0f;\n"
                "            kiln_attn_mm(&ST[0][0], A_BQ, kb + j0 * A_KR, A_KR, 1, &qT[0][0], A_BQ, nk, "
@@ -568,6 +589,7 @@ static void print_dkv(CgBuf *b, const CgAttn *a)
                "            int64_t nq = A_TQ - i0 < A_BQ ? A_TQ - i0 : A_BQ;\n"
                "            const float *qt = qb + i0 * A_QR, *gt = gb + i0 * A_OR;\n"
                "            const float *lt = lb + i0 * A_SR;\n");
+    print_skip(b, a, "            ");
     if (dk)
         cg_puts(b, "            const float *dt = db + i0 * A_SR;\n");
     print_p_ds(b, dk, "            ");
@@ -639,6 +661,7 @@ static void print_dqkv(CgBuf *b, const CgAttn *a)
                "                int64_t nq = A_TQ - i0 < A_BQ ? A_TQ - i0 : A_BQ;\n"
                "                const float *qt = qb + i0 * A_QR, *gt = gb + i0 * A_OR;\n"
                "                const float *lt = lb + i0 * A_SR, *dt = db + i0 * A_SR;\n");
+    print_skip(b, a, "                ");
     print_p_ds(b, true, "                ");
     cg_puts(b, "                kiln_attn_mm(&adv[0][0], A_DV, &S[0][0], 1, A_BK, gt, A_OR, nke, "
                "A_DV, nq);\n"

@@ -6,10 +6,10 @@
 -- float mask inside it; never on key 0, so that no row is all -1e9, whose
 -- softmax f32 cannot tell from a uniform one), mask (u8, kept where bw > -0.5, and always key 0
 -- and, where the shape has a query axis, the diagonal: no row keeps
--- nothing), learned (a param of that shape: its gradient keeps the
+-- nothing; pad > 0: no key from pad on, but key 0), learned (a param of that shape: its gradient keeps the
 -- attention unfused).
 local cfg = config({B = 2, H = 3, T = 37, D = 16, causal = 1, window = 0, alibi = 0,
-                    bshape = "TT", kind = "bias"})
+                    bshape = "TT", kind = "bias", pad = 0})
 local B, H, T, D = cfg.B, cfg.H, cfg.T, cfg.D
 local q = param("q", {B, H, T, D}, normal(1.0))
 local k = param("k", {B, H, T, D}, normal(1.0))
@@ -30,6 +30,9 @@ else
     local keep = bw + key0
     if bs[r - 1] == T then
       keep = keep + iota(bs, r - 2):eq(iota(bs, r - 1)):cast("f32") * 10
+    end
+    if cfg.pad > 0 then -- keys from pad on dropped (whole key tiles past it)
+      keep = keep - iota(bs, r - 1):ge(cfg.pad):cast("f32") * 100
     end
     opts.mask = keep:gt(-0.5)
   else

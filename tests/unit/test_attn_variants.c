@@ -379,8 +379,9 @@ static void test_backend(void **state)
 
 /* nn.attention's bias and mask tensors (tests/data/attn_bias.lua), fused:
  * shapes [T,T], [H,T,T], [B,1,T,T], [B,1,1,T] (key padding) and
- * [B,H,T,T], with and without the causal mask, a window, ALiBi; T = 37
- * and 70 (not multiples of the tiles), one key tile and two. */
+ * [B,H,T,T], with and without the causal mask, a window, ALiBi; T = 37,
+ * 70 and 150 (not multiples of the tiles), one key tile to three; masks
+ * that drop whole tiles (the C kernels skip them). */
 static const Case bias_cases[] = {
     {{"kind=bias", "bshape=TT", "T=37"}, 3, 3, 0, 0, 1, 37, IR_ATTN_BIAS},
     {{"kind=bias", "bshape=HTT", "T=70", "causal=0"}, 4, 3, 0, 0, 0, 70, IR_ATTN_BIAS},
@@ -392,6 +393,11 @@ static const Case bias_cases[] = {
     {{"kind=mask", "bshape=B1TT", "T=70", "window=40", "alibi=1"}, 5, 3, 40, 1, 1, 70,
      IR_ATTN_MASK},
     {{"kind=mask", "bshape=B11T", "T=70", "causal=0"}, 4, 3, 0, 0, 0, 70, IR_ATTN_MASK},
+    /* key padding past key 40 of 150: the kernels skip the key tiles (and,
+     * in dk/dv, the key tiles' query walks) the mask drops whole */
+    {{"kind=mask", "bshape=B11T", "T=150", "causal=0", "pad=40"}, 5, 3, 0, 0, 0, 150,
+     IR_ATTN_MASK},
+    {{"kind=mask", "bshape=HTT", "T=150", "pad=20"}, 4, 3, 0, 0, 1, 150, IR_ATTN_MASK},
 };
 
 static void test_bias_interp(void **state)
