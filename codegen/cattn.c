@@ -743,7 +743,7 @@ void cg_print_c_attn(CgBuf *b, const CgKernel *k)
                   sc, keep);
     else if (Lv->bias == IR_ATTN_MASK)
         cg_printf(b, "#define A_SC(s, i, j) %s\n"
-                     "#define A_KEEP(i, j) (%s && A_BX(bb, i, j))\n"
+                     "#define A_KEEP(i, j) (%s & (A_BX(bb, i, j) != 0))\n"
                      "#define A_P(s, i, j, L) (A_KEEP(i, j) ? kiln_expf(A_SC(s, i, j) - (L)) : "
                      "0.0f)\n",
                   sc, keep);
