@@ -39,7 +39,10 @@
  * per key/value item, walking its A_G query items in turn into one dk and
  * dv accumulator. A window (A_WIN) starts the forward's and dq's key walk
  * at A_KSTART and ends the dk/dv query walk at A_QEND, masking inside the
- * tiles with A_KEEP; ALiBi's term is in A_SC (slopes printed as a table). */
+ * tiles with A_KEEP; ALiBi's term is in A_SC (slopes printed as a table);
+ * a bias tensor is added in A_SC and a mask tensor ands A_KEEP (A_BX reads
+ * either at its own shape), A_ANY then guards the exp terms of -inf scores
+ * and rows that keep nothing (o = 0). */
 #include "codegen.h"
 
 #include <stdlib.h>
@@ -67,6 +70,12 @@ const char cg_c_attn_helpers[] =
     "#else\n"
     "#define KILN_MADD(c, a, b) ((c) + (a) * (b))\n"
     "#endif\n"
+    "/* P = exp(x - L) of a score x that may be -inf (an attention bias): 0 then\n"
+    " * (also where the row's lse L is -inf: it keeps no key) */\n"
+    "static inline float kiln_attn_pexp(float x, float L)\n"
+    "{\n"
+    "    return x == -KILN_INF ? 0.0f : kiln_expf(x - L);\n"
+    "}\n"
     "/* rows [m0, m1), columns [n0, N) of kiln_attn_mm, one element at a time */\n"
     "static inline void kiln_attn_mm_rows(float *restrict C, int64_t ldc, const float *restrict A,\n"
     "                                     int64_t sam, int64_t sak, const float *restrict B,\n"
@@ -209,7 +218,7 @@ int cg_attn_partner(const Graph *g, int i)
         const Op *b = &g->ops.v[j];
         if (b->code != want || !ir_attn_same_attrs(&a->attr, &b->attr))
             continue;
-        bool same = true;
+        bool same = ir_attn_bias_in(a) == ir_attn_bias_in(b);
         for (int x = 0; x < nsame && same; x++)
             same = a->in[x] == b->in[x];
         if (same)
@@ -250,6 +259,7 @@ static bool lower(const Graph *g, const int *ops, int n, int part, CgKernel *k, 
     a->scale = op->attr.f;
     a->dt = q->dtype;
     a->q = a->k = a->v = a->o = a->lse = a->dO = a->delta = a->dq = a->dk = a->dv = -1;
+    a->bias = -1;
     a->nops = n;
     a->dqkv = part >= 0;
     bool has[OP__COUNT] = {0};
@@ -293,6 +303,18 @@ static bool lower(const Graph *g, const int *ops, int n, int part, CgKernel *k, 
         if (has[OP_ATTENTION_DV])
             a->dv = part >= 0 && a->dk >= 0 ? a->dk
                                             : add_param(k, out[OP_ATTENTION_DV], a->dt, true);
+    }
+    if (a->lay.bias) { /* read in its own dtype: f32, or u8 for a mask */
+        int bt = ir_attn_bias_in(op);
+        DType bdt = g->t.v[bt].s.dtype;
+        if (bdt != DT_F32 && bdt != DT_U8) {
+            snprintf(d->msg, sizeof d->msg,
+                     "%s:%d: an attention bias of %s is not supported by the CPU backend yet "
+                     "(expected f32)",
+                     op->loc.file ? op->loc.file : "?", op->loc.line, dtype_name(bdt));
+            return false;
+        }
+        a->bias = add_param(k, bt, bdt, false);
     }
     k->op = ops[0];
     k->group = -1;
@@ -359,6 +381,25 @@ static void print_rows_t(CgBuf *b, const char *dst, const char *src, const char 
               dim, dst, src, rs);
 }
 
+/* With a mask tensor: skip the tile pair (query rows i0 + r, r < nq; keys
+ * j0 + jj, jj < nk) when it keeps no (i, j): every P and dS of it is 0, so
+ * the sums skip only terms that change nothing (the same bits). */
+static void print_skip(CgBuf *b, const CgAttn *a, const char *ind)
+{
+    if (a->lay.bias != IR_ATTN_MASK)
+        return;
+    cg_printf(b,
+              "%s{ /* a tile pair the mask drops whole */\n"
+              "%s    int any = 0;\n"
+              "%s    for (int64_t r = 0; r < nq && !any; r++)\n"
+              "%s        for (int64_t jj = 0; jj < nk && !any; jj++)\n"
+              "%s            any = A_KEEP(i0 + r, j0 + jj);\n"
+              "%s    if (!any)\n"
+              "%s        continue;\n"
+              "%s}\n",
+              ind, ind, ind, ind, ind, ind, ind, ind);
+}
+
 static void print_fwd(CgBuf *b, const CgAttn *a)
 {
     cg_puts(b, "    const int64_t nt = (A_TQ + A_BQ - 1) / A_BQ;\n"
@@ -380,8 +421,9 @@ static void print_fwd(CgBuf *b, const CgAttn *a)
     print_rows_t(b, "qT", "qb", "A_QR", "A_D");
     cg_puts(b, "        int64_t kend = A_CAUSAL ? i0 + nq : A_TK;\n"
                "        for (int64_t j0 = A_KSTART(i0); j0 < kend; j0 += A_BK) {\n"
-               "            int64_t nk = kend - j0 < A_BK ? kend - j0 : A_BK;\n"
-               "            for (int64_t jj = 0; jj < nk; jj++)\n"
+               "            int64_t nk = kend - j0 < A_BK ? kend - j0 : A_BK;\n");
+    print_skip(b, a, "            ");
+    cg_puts(b, "            for (int64_t jj = 0; jj < nk; jj++)\n"
                "                for (int64_t r = 0; r < nq; r++)\n"
                "                    ST[jj][r] = 0.0f;\n"
                "            kiln_attn_mm(&ST[0][0], A_BQ, kb + j0 * A_KR, A_KR, 1, &qT[0][0], A_BQ, nk, "
@@ -398,12 +440,14 @@ static void print_fwd(CgBuf *b, const CgAttn *a)
                "            for (int64_t jj = 0; jj < nk; jj++)\n"
                "                for (int64_t r = 0; r < nq; r++) {\n"
                "                    float e = kiln_expf(ST[jj][r] - mt[r]);\n"
-               "                    e = A_KEEP(i0 + r, j0 + jj) ? e : 0.0f;\n"
+               "                    e = A_KEEP(i0 + r, j0 + jj) && (!A_ANY || ST[jj][r] != -KILN_INF) "
+               "? e : 0.0f;\n"
                "                    ST[jj][r] = e;\n"
                "                    ls[r] += e;\n"
                "                }\n"
                "            for (int64_t r = 0; r < nq; r++) {\n"
-               "                al[r] = A_WIN && mt[r] == -KILN_INF ? 1.0f : kiln_expf(m[r] - mt[r]);\n"
+               "                al[r] = (A_WIN || A_ANY) && mt[r] == -KILN_INF ? 1.0f : kiln_expf(m[r] - "
+               "mt[r]);\n"
                "                l[r] = l[r] * al[r] + ls[r];\n"
                "                m[r] = mt[r];\n"
                "            }\n");
@@ -416,7 +460,7 @@ static void print_fwd(CgBuf *b, const CgAttn *a)
     cg_puts(b, "        }\n"
                "        for (int64_t r = 0; r < nq; r++) {\n");
     if (a->o >= 0)
-        cg_printf(b, "            float inv = 1.0f / l[r];\n"
+        cg_printf(b, "            float inv = A_ANY && l[r] == 0.0f ? 0.0f : 1.0f / l[r];\n"
                      "            float *orow = p%d + A_OB(bb) + (i0 + r) * A_OR;\n"
                      "            for (int64_t x = 0; x < A_DV; x++)\n"
                      "                orow[x] = acc[r][x] * inv;\n",
@@ -452,7 +496,7 @@ static void print_p_ds(CgBuf *b, bool ds, const char *ind)
               "%s    for (int64_t jj = 0; jj < ns; jj++)\n"
               "%s        S[r][jj] = 0.0f;\n"
               "%s    for (int64_t jj = ns; jj < ne; jj++)\n"
-              "%s        S[r][jj] = kiln_expf(A_SC(S[r][jj], i0 + r, j0 + jj) - L);\n"
+              "%s        S[r][jj] = A_P(S[r][jj], i0 + r, j0 + jj, L);\n"
               "%s    for (int64_t jj = ne; jj < nke; jj++)\n"
               "%s        S[r][jj] = 0.0f;\n",
               ind, ind, ind, ind, ind, ind, ind, ind, ind, ind, ind, ind);
@@ -488,8 +532,9 @@ static void print_dq(CgBuf *b, const CgAttn *a)
     print_rows_t(b, "gT", "gt", "A_OR", "A_DV");
     cg_puts(b, "        int64_t kend = A_CAUSAL ? i0 + nq : A_TK;\n"
                "        for (int64_t j0 = A_KSTART(i0); j0 < kend; j0 += A_BK) {\n"
-               "            int64_t nk = kend - j0 < A_BK ? kend - j0 : A_BK;\n"
-               "            for (int64_t jj = 0; jj < nk; jj++)\n"
+               "            int64_t nk = kend - j0 < A_BK ? kend - j0 : A_BK;\n");
+    print_skip(b, a, "            ");
+    cg_puts(b, "            for (int64_t jj = 0; jj < nk; jj++)\n"
                "                for (int64_t r = 0; r < nq; r++)\n"
                "                    ST[jj][r] = 0.0f, dPT[jj][r] = 0.0f;\n"
                "            kiln_attn_mm(&ST[0][0], A_BQ, kb + j0 * A_KR, A_KR, 1, &qT[0][0], A_BQ, nk, "
@@ -498,7 +543,7 @@ static void print_dq(CgBuf *b, const CgAttn *a)
                "nk, nq, A_DV);\n"
                "            for (int64_t jj = 0; jj < nk; jj++)\n"
                "                for (int64_t r = 0; r < nq; r++) {\n"
-               "                    float p = kiln_expf(A_SC(ST[jj][r], i0 + r, j0 + jj) - L[r]);\n"
+               "                    float p = A_P(ST[jj][r], i0 + r, j0 + jj, L[r]);\n"
                "                    p = A_KEEP(i0 + r, j0 + jj) ? p : 0.0f;\n"
                "                    dPT[jj][r] = p * (dPT[jj][r] - De[r]) * A_SCALE;\n"
                "                }\n"
@@ -544,6 +589,7 @@ static void print_dkv(CgBuf *b, const CgAttn *a)
                "            int64_t nq = A_TQ - i0 < A_BQ ? A_TQ - i0 : A_BQ;\n"
                "            const float *qt = qb + i0 * A_QR, *gt = gb + i0 * A_OR;\n"
                "            const float *lt = lb + i0 * A_SR;\n");
+    print_skip(b, a, "            ");
     if (dk)
         cg_puts(b, "            const float *dt = db + i0 * A_SR;\n");
     print_p_ds(b, dk, "            ");
@@ -615,6 +661,7 @@ static void print_dqkv(CgBuf *b, const CgAttn *a)
                "                int64_t nq = A_TQ - i0 < A_BQ ? A_TQ - i0 : A_BQ;\n"
                "                const float *qt = qb + i0 * A_QR, *gt = gb + i0 * A_OR;\n"
                "                const float *lt = lb + i0 * A_SR, *dt = db + i0 * A_SR;\n");
+    print_skip(b, a, "                ");
     print_p_ds(b, true, "                ");
     cg_puts(b, "                kiln_attn_mm(&adv[0][0], A_DV, &S[0][0], 1, A_BK, gt, A_OR, nke, "
                "A_DV, nq);\n"
@@ -646,7 +693,8 @@ void cg_print_c_attn(CgBuf *b, const CgKernel *k)
     cg_printf(b, "void %s(", k->name);
     for (int i = 0; i < k->params.n; i++) {
         const CgParam *p = &k->params.v[i];
-        cg_printf(b, "%s%sfloat *%sp%d", i ? ", " : "", p->out ? "" : "const ", restrict_, i);
+        cg_printf(b, "%s%s%s *%sp%d", i ? ", " : "", p->out ? "" : "const ",
+                  p->dt == DT_U8 ? "unsigned char" : "float", restrict_, i);
     }
     cg_puts(b, ", int64_t part, int64_t nparts)\n{\n");
     /* the sizes as macros, defined inside the function: the backend splits
@@ -665,20 +713,45 @@ void cg_print_c_attn(CgBuf *b, const CgKernel *k)
     const IrAttnLayout *Lv = &a->lay;
     cg_printf(b,
               "#define A_G %lldLL\n#define A_WIN %lldLL\n"
-              "#define A_KEEP(i, j) ((!A_CAUSAL || (j) <= (i)) && (!A_WIN || (i) - (j) < A_WIN))\n"
               "#define A_KSTART(i0) (A_WIN && (i0) + 1 > A_WIN ? ((i0) + 1 - A_WIN) / A_BK * A_BK : 0)\n"
               "#define A_QEND(j1) (A_WIN && (j1) - 1 + A_WIN < A_TQ ? (j1) - 1 + A_WIN : A_TQ)\n",
               (long long)Lv->g, (long long)Lv->window);
+    const char *sc = "((s) * A_SCALE)";
     if (Lv->ah) {
         cg_printf(b, "    static const float A_slope[%lld] = {", (long long)Lv->ah);
         for (int64_t h = 0; h < Lv->ah; h++)
             cg_printf(b, "%s%.9ef", h ? ", " : "", ir_alibi_slope(Lv->ah, h));
-        cg_printf(b, "};\n"
-                     "#define A_SC(s, i, j) ((s) * A_SCALE + A_slope[bb %% %lldLL] * (float)((j) - (i)))\n",
-                  (long long)Lv->ah);
-    } else {
-        cg_puts(b, "#define A_SC(s, i, j) ((s) * A_SCALE)\n");
+        cg_printf(b, "};\n#define A_AH %lldLL\n", (long long)Lv->ah);
+        sc = "((s) * A_SCALE + A_slope[bb % A_AH] * (float)((j) - (i)))";
     }
+    /* the bias or mask (ir.h): element (i, j) of item bb at A_BX(bb, i, j);
+     * a bias adds to A_SC, a mask ands A_KEEP. A_ANY: a row may keep no key
+     * in a tile or at all (a score of -inf), so exp terms of -inf are 0 and
+     * o = 0 where the row's sum l is 0. A_P(s, i, j, L): P_ij from raw
+     * product s and the row's lse L (before A_KEEP) */
+    const char *keep = "((!A_CAUSAL || (j) <= (i)) && (!A_WIN || (i) - (j) < A_WIN))";
+    if (Lv->bias)
+        cg_printf(b,
+                  "#define A_BX(bb, i, j) p%d[((bb) / %lldLL %% %lldLL) * %lldLL + (i) * %lldLL + "
+                  "(j) * %lldLL]\n",
+                  a->bias, (long long)Lv->bdiv, (long long)Lv->bmod, (long long)Lv->bbs,
+                  (long long)Lv->bis, (long long)Lv->bjs);
+    if (Lv->bias == IR_ATTN_BIAS)
+        cg_printf(b, "#define A_SC(s, i, j) (%s + A_BX(bb, i, j))\n"
+                     "#define A_KEEP(i, j) %s\n"
+                     "#define A_P(s, i, j, L) kiln_attn_pexp(A_SC(s, i, j), L)\n",
+                  sc, keep);
+    else if (Lv->bias == IR_ATTN_MASK)
+        cg_printf(b, "#define A_SC(s, i, j) %s\n"
+                     "#define A_KEEP(i, j) (%s & (A_BX(bb, i, j) != 0))\n"
+                     "#define A_P(s, i, j, L) (A_KEEP(i, j) ? kiln_expf(A_SC(s, i, j) - (L)) : "
+                     "0.0f)\n",
+                  sc, keep);
+    else
+        cg_printf(b, "#define A_SC(s, i, j) %s\n#define A_KEEP(i, j) %s\n"
+                     "#define A_P(s, i, j, L) kiln_expf(A_SC(s, i, j) - (L))\n",
+                  sc, keep);
+    cg_printf(b, "#define A_ANY %d\n", Lv->bias ? 1 : 0);
     /* where (b, h, i, d) sits (IrAttnLayout): bb = b * A_NH + h; A_xB(bb) is
      * the offset of row 0 of head h of batch entry b, A_xR the row stride */
     const IrAttnLayout *L = &a->lay;
@@ -711,7 +784,11 @@ void cg_print_c_attn(CgBuf *b, const CgKernel *k)
                "#undef A_NB\n#undef A_TQ\n#undef A_TK\n#undef A_D\n#undef A_DV\n#undef A_BQ\n"
                "#undef A_BK\n#undef A_CAUSAL\n#undef A_SCALE\n#undef A_NH\n#undef A_NHK\n"
                "#undef A_G\n#undef A_WIN\n#undef A_KEEP\n#undef A_KSTART\n#undef A_QEND\n"
-               "#undef A_SC\n");
+               "#undef A_SC\n#undef A_P\n#undef A_ANY\n");
+    if (Lv->ah)
+        cg_puts(b, "#undef A_AH\n");
+    if (Lv->bias)
+        cg_puts(b, "#undef A_BX\n");
     for (int x = 0; x < 8; x++)
         cg_printf(b, "#undef A_%sB\n#undef A_%sR\n", lay_names[x], lay_names[x]);
 }

@@ -187,6 +187,8 @@ typedef struct {
                                 dv are one buffer, one param `dqkv` */
     IrAttnLayout lay;        /* where each tensor's (b, h, i, d) sits (bh = nb * nh);
                                 lay.nh 0: the plain layout of bh, tq, tk, d, dv */
+    DType bdt;               /* lay.bias: the bias or mask param's storage (f32,
+                                bf16 or u8), the functions' last param `bx` */
 } CgCudaAttn;
 /* The device templates every attention function calls; a program prints
  * it once, after cg_cuda_prelude, before its attention functions. */

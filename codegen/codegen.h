@@ -196,6 +196,7 @@ typedef struct {
     double scale;
     DType dt;          /* q, k, v, o, dO and the gradients' dtype */
     int q, k, v, o, lse, dO, delta, dq, dk, dv; /* params, -1: absent */
+    int bias;          /* the bias or mask param (lay.bias its kind), -1: absent */
     int ops[2], nops;  /* the IR ops it computes */
     IrAttnLayout lay;  /* where each tensor's (b, h, i, d) sits; batch = nb * nh */
     bool dqkv;         /* one of attention_dqkv's two kernels (the CUDA

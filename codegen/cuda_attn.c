@@ -56,6 +56,10 @@ const char cg_cuda_attn_lib[] =
     "{\n"
     "    return kiln_bf2f(p[i]);\n"
     "}\n"
+    "__device__ __forceinline__ float kiln_attn_ld(const unsigned char *p, int64_t i)\n"
+    "{\n"
+    "    return (float)p[i];\n"
+    "}\n"
     "__device__ __forceinline__ void kiln_attn_st(float *p, int64_t i, float v) { p[i] = v; }\n"
     "__device__ __forceinline__ void kiln_attn_st(kiln_bf16 *p, int64_t i, float v)\n"
     "{\n"
@@ -91,8 +95,12 @@ const char cg_cuda_attn_lib[] =
     "    int rs[8];\n"
     "    /* the variants (ir.h): g query heads per key/value head, whose item\n"
     "     * bh / g sits at (bh / g / nhk, bh / g % nhk) of k, v, dk, dv; a causal\n"
-    "     * window win (0: none); ALiBi over ah heads (0: none) */\n"
+    "     * window win (0: none); ALiBi over ah heads (0: none); bk: a bias (1)\n"
+    "     * or mask (2) operand bx, element (row i, key j) of item bh at ((bh /\n"
+    "     * bdiv) % bmod) * bbs + i * bis + j * bjs (0: none) */\n"
     "    int g, nhk, win, ah;\n"
+    "    int bk, bis, bjs;\n"
+    "    long long bdiv, bmod, bbs;\n"
     "};\n"
     "enum { KILN_AQ, KILN_AK, KILN_AV, KILN_AO, KILN_ADQ, KILN_ADK, KILN_ADV, KILN_AS };\n"
     "__device__ __forceinline__ long long kiln_attn_at(const kiln_attn_lay &L, int x, int bh)\n"
@@ -114,6 +122,16 @@ const char cg_cuda_attn_lib[] =
     "        n *= 2;\n"
     "    return exp2f(h < n ? -8.0f * (float)(h + 1) / (float)n\n"
     "                       : -4.0f * (float)(2 * (h - n) + 1) / (float)n);\n"
+    "}\n"
+    "/* Score x of (row, key) of item bh with the bias added or, masked out,\n"
+    " * -inf (L.bk; row < Tq and key < Tk) */\n"
+    "template <class BX>\n"
+    "__device__ __forceinline__ float kiln_attn_bx(const kiln_attn_lay &L, const BX *bx, int bh,\n"
+    "                                              int row, int key, float x)\n"
+    "{\n"
+    "    const float b = kiln_attn_ld(bx, (long long)(bh / L.bdiv % L.bmod) * L.bbs +\n"
+    "                                         (long long)row * L.bis + (long long)key * L.bjs);\n"
+    "    return L.bk == 1 ? x + b : b != 0.0f ? x : -KILN_INF;\n"
     "}\n"
     "template <class E> struct kiln_mma_t;\n"
     "/* The m16n8k16 tile product of one warp, D = A B + C, on fragments laid\n"
@@ -319,11 +337,13 @@ const char cg_cuda_attn_lib[] =
     " * rows g) and key0 + 8, columns the query tile from q0; p = exp(s scale +\n"
     " * slope (key - query) - lse), 0 past Tq or, causal, where the key follows\n"
     " * the query or (win) lies win or more before it (looked at on edge tiles\n"
-    " * only). */\n"
-    "template <int NS, bool CAUSAL>\n"
+    " * only); with a bias or mask (L.bk) item bh's term, 0 where the score is\n"
+    " * -inf. */\n"
+    "template <int NS, bool CAUSAL, class BX>\n"
     "__device__ __forceinline__ void kiln_attn_pt(float (*s)[4], const float *Ls, float scale,\n"
     "                                             bool edge, int q0, int Tq, int key0, int t,\n"
-    "                                             int win, float slope)\n"
+    "                                             int win, float slope, const kiln_attn_lay &L,\n"
+    "                                             const BX *bx, int bh, int Tk)\n"
     "{\n"
     "#pragma unroll\n"
     "    for (int j = 0; j < NS; j++)\n"
@@ -333,7 +353,9 @@ const char cg_cuda_attn_lib[] =
     "            float x = s[j][e] * scale;\n"
     "            if (slope != 0.0f)\n"
     "                x += slope * (float)((e < 2 ? key0 : key0 + 8) - (q0 + c));\n"
-    "            float p = expf(x - Ls[c]);\n"
+    "            if (L.bk && q0 + c < Tq && (e < 2 ? key0 : key0 + 8) < Tk)\n"
+    "                x = kiln_attn_bx(L, bx, bh, q0 + c, e < 2 ? key0 : key0 + 8, x);\n"
+    "            float p = L.bk && x == -KILN_INF ? 0.0f : expf(x - Ls[c]);\n"
     "            if (edge) {\n"
     "                const int col = q0 + c, key = e < 2 ? key0 : key0 + 8;\n"
     "                if (col >= Tq || (CAUSAL && key > col) || (win && col - key >= win))\n"
@@ -389,10 +411,11 @@ const char cg_cuda_attn_lib[] =
     "}\n"
     "/* The forward pass (see codegen/cuda_attn.c). E: storage type of q, k, v, o.\n"
     " * BR = 16 * NW query rows per block, BC keys per tile. */\n"
-    "template <class E, int D, int DV, int NW, int BC, bool CAUSAL, bool O, bool LSE>\n"
+    "template <class E, int D, int DV, int NW, int BC, bool CAUSAL, bool O, bool LSE, class BX>\n"
     "__device__ __forceinline__ void kiln_attn_fwd(const E *q, const E *k, const E *v, E *o,\n"
     "                                              float *lse, int Tq, int Tk,\n"
-    "                                              float scale, const kiln_attn_lay &L)\n"
+    "                                              float scale, const kiln_attn_lay &L,\n"
+    "                                              const BX *bx)\n"
     "{\n"
     "    enum { BR = 16 * NW, NTH = 32 * NW, DP = (D + 15) / 16 * 16, DVP = (DV + 15) / 16 * 16,\n"
     "           LDK = DP + 8, LDV = DVP + 8, NS = BC / 8, NO = DVP / 8 };\n"
@@ -445,6 +468,9 @@ const char cg_cuda_attn_lib[] =
     "                float x = s[j][e] * scale;\n"
     "                if (L.ah)\n"
     "                    x += slope * (float)(kt * BC + 8 * j + 2 * t + (e & 1) - (e < 2 ? row0 : row1));\n"
+    "                if (L.bk && kt * BC + 8 * j + 2 * t + (e & 1) < Tk && (e < 2 ? row0 : row1) < Tq)\n"
+    "                    x = kiln_attn_bx(L, bx, bh, e < 2 ? row0 : row1,\n"
+    "                                     kt * BC + 8 * j + 2 * t + (e & 1), x);\n"
     "                if (edge) {\n"
     "                    const int col = kt * BC + 8 * j + 2 * t + (e & 1);\n"
     "                    const int row = e < 2 ? row0 : row1;\n"
@@ -497,7 +523,7 @@ const char cg_cuda_attn_lib[] =
     "        if (LSE && t == 0)\n"
     "            lse[row * L.rs[KILN_AS]] = m[h] + logf(l[h]);\n"
     "        if (O) {\n"
-    "            const float inv = 1.0f / l[h];\n"
+    "            const float inv = L.bk && l[h] == 0.0f ? 0.0f : 1.0f / l[h];\n"
     "#pragma unroll\n"
     "            for (int j = 0; j < NO; j++)\n"
     "#pragma unroll\n"
@@ -510,11 +536,12 @@ const char cg_cuda_attn_lib[] =
     "    }\n"
     "}\n"
     "/* dq (see codegen/cuda_attn.c): BR = 16 * NW query rows, BC keys a tile. */\n"
-    "template <class E, int D, int DV, int NW, int BC, bool CAUSAL>\n"
+    "template <class E, int D, int DV, int NW, int BC, bool CAUSAL, class BX>\n"
     "__device__ __forceinline__ void kiln_attn_dq(const E *q, const E *k, const E *v,\n"
     "                                             const E *dO, const float *lse,\n"
     "                                             const float *delta, E *dq, int Tq,\n"
-    "                                             int Tk, float scale, const kiln_attn_lay &L)\n"
+    "                                             int Tk, float scale, const kiln_attn_lay &L,\n"
+    "                                             const BX *bx)\n"
     "{\n"
     "    enum { BR = 16 * NW, NTH = 32 * NW, DP = (D + 15) / 16 * 16, DVP = (DV + 15) / 16 * 16,\n"
     "           LDK = DP + 8, LDV = DVP + 8, NS = BC / 8, NQ = DP / 8 };\n"
@@ -570,7 +597,9 @@ const char cg_cuda_attn_lib[] =
     "                float x = s[j][e] * scale;\n"
     "                if (L.ah)\n"
     "                    x += slope * (float)(kt * BC + 8 * j + 2 * t + (e & 1) - row);\n"
-    "                float p = expf(x - ls[e >> 1]);\n"
+    "                if (L.bk && kt * BC + 8 * j + 2 * t + (e & 1) < Tk && row < Tq)\n"
+    "                    x = kiln_attn_bx(L, bx, bh, row, kt * BC + 8 * j + 2 * t + (e & 1), x);\n"
+    "                float p = L.bk && x == -KILN_INF ? 0.0f : expf(x - ls[e >> 1]);\n"
     "                if (edge) {\n"
     "                    const int col = kt * BC + 8 * j + 2 * t + (e & 1);\n"
     "                    if (col >= Tk || (CAUSAL && col > row) || (L.win && row - col >= L.win))\n"
@@ -599,12 +628,12 @@ const char cg_cuda_attn_lib[] =
     "}\n"
     "/* dk and dv (see codegen/cuda_attn.c): BC = 16 * NW keys per block, BQ\n"
     " * queries a tile. DK, DVW: which of the two it writes. */\n"
-    "template <class E, int D, int DV, int NW, int BQ, bool CAUSAL, bool DK, bool DVW>\n"
+    "template <class E, int D, int DV, int NW, int BQ, bool CAUSAL, bool DK, bool DVW, class BX>\n"
     "__device__ __forceinline__ void kiln_attn_dkdv(const E *q, const E *k, const E *v,\n"
     "                                               const E *dO, const float *lse,\n"
     "                                               const float *delta, E *dk, E *dv,\n"
     "                                               int Tq, int Tk, float scale,\n"
-    "                                               const kiln_attn_lay &L)\n"
+    "                                               const kiln_attn_lay &L, const BX *bx)\n"
     "{\n"
     "    enum { BC = 16 * NW, NTH = 32 * NW, DP = (D + 15) / 16 * 16, DVP = (DV + 15) / 16 * 16,\n"
     "           LDK = DP + 8, LDV = DVP + 8, NS = BQ / 8, NK = DP / 8, NV = DVP / 8 };\n"
@@ -675,7 +704,8 @@ const char cg_cuda_attn_lib[] =
     "        kiln_warp_mm<E, DP, NS>(s, Ks + 16 * w * LDK, LDK, Qs, LDK, 1);\n"
     "        const bool edge = (qt + 1) * BQ > Tq || (CAUSAL && qt * BQ < (kt + 1) * BC - 1) ||\n"
     "                          (L.win && qt * BQ + BQ - 1 - kt * BC >= L.win);\n"
-    "        kiln_attn_pt<NS, CAUSAL>(s, Ls, scale, edge, qt * BQ, Tq, key0, t, L.win, slope);\n"
+    "        kiln_attn_pt<NS, CAUSAL>(s, Ls, scale, edge, qt * BQ, Tq, key0, t, L.win, slope, L, bx,\n"
+    "                                 bh0 + u, Tk);\n"
     "        if (DVW)\n"
     "            kiln_warp_pm<E, BQ / 16, NV>(av, s, Os, 1, LDV);\n"
     "        if (DK) {\n"
@@ -891,8 +921,18 @@ bool cg_print_cuda_attn(CgBuf *b, const CgCudaAttn *a, const char *name, CgCudaF
         }
     /* g, nhk 0 (a layout made by hand, not by ir_attn_layout): not grouped */
     long long g = L.g > 1 ? L.g : 1, nhk = L.nhk > 0 ? L.nhk : L.nh > 0 ? L.nh : 1;
-    cg_printf(&lay, ", %lld, %lld, %lld, %lld};\n", g, g > 1 ? nhk : (long long)L.nh,
-              (long long)L.window, (long long)L.ah);
+    cg_printf(&lay, ", %lld, %lld, %lld, %lld, %d, %lld, %lld, %lldLL, %lldLL, %lldLL};\n", g,
+              g > 1 ? nhk : (long long)L.nh, (long long)L.window, (long long)L.ah,
+              a->lay.nh ? L.bias : 0, (long long)L.bis, (long long)L.bjs,
+              (long long)(L.bdiv > 0 ? L.bdiv : 1), (long long)(L.bmod > 0 ? L.bmod : 1),
+              (long long)L.bbs);
+    /* the bias or mask: its param, of storage type a->bdt (BX) */
+    const char *BX = !L.bias ? "float"
+                     : a->bdt == DT_U8 ? "unsigned char"
+                     : a->bdt == DT_BF16 ? "kiln_bf16" : "float";
+    char bxp[96], bxa[64];
+    snprintf(bxp, sizeof bxp, L.bias ? ", const %s *__restrict__ bx" : "", BX);
+    snprintf(bxa, sizeof bxa, L.bias ? "bx" : "(const float *)0");
     /* a forward of 4 warps: bounds by architecture (KILN_ATTN_FWD4_*) */
     if (a->kind == CG_CUDA_ATTN_FWD && nw == 4)
         cg_printf(b, "extern \"C\" __global__ void __launch_bounds__(KILN_ATTN_FWD4_%s) %s(",
@@ -907,21 +947,21 @@ bool cg_print_cuda_attn(CgBuf *b, const CgCudaAttn *a, const char *name, CgCudaF
             cg_printf(b, ", const %s *__restrict__ v, %s *__restrict__ o", E, E);
         if (a->want_lse)
             cg_puts(b, ", float *__restrict__ lse");
-        cg_printf(b, ")\n{\n    typedef %s kiln_attn_E;\n%s    kiln_attn_fwd<%s, %lld, %lld, %d, %d, %s, %s, %s>(q, k, %s, %s, %s, "
-                     "%d, %d, %.9ef, L);\n}\n",
-                  E, lay.s, E, D, DV, nw, bt, C, a->want_o ? "true" : "false",
+        cg_printf(b, "%s)\n{\n    typedef %s kiln_attn_E;\n%s    kiln_attn_fwd<%s, %lld, %lld, %d, %d, %s, %s, %s>(q, k, %s, %s, %s, "
+                     "%d, %d, %.9ef, L, %s);\n}\n",
+                  bxp, E, lay.s, E, D, DV, nw, bt, C, a->want_o ? "true" : "false",
                   a->want_lse ? "true" : "false", a->want_o ? "v" : "(const kiln_attn_E *)0",
                   a->want_o ? "o" : "(kiln_attn_E *)0", a->want_lse ? "lse" : "(float *)0",
-                  (int)a->tq, (int)a->tk, a->scale);
+                  (int)a->tq, (int)a->tk, a->scale, bxa);
         break;
     case CG_CUDA_ATTN_DQ:
         cg_printf(b,
                   "const %s *__restrict__ q, const %s *__restrict__ k, const %s *__restrict__ v, "
                   "const %s *__restrict__ dO, const float *__restrict__ lse, const float "
-                  "*__restrict__ delta, %s *__restrict__ dq)\n{\n%s    kiln_attn_dq<%s, %lld, %lld, "
-                  "%d, %d, %s>(q, k, v, dO, lse, delta, dq, %d, %d, %.9ef, L);\n}\n",
-                  E, E, E, E, E, lay.s, E, D, DV, nw, bt, C, (int)a->tq, (int)a->tk,
-                  a->scale);
+                  "*__restrict__ delta, %s *__restrict__ dq%s)\n{\n%s    kiln_attn_dq<%s, %lld, "
+                  "%lld, %d, %d, %s>(q, k, v, dO, lse, delta, dq, %d, %d, %.9ef, L, %s);\n}\n",
+                  E, E, E, E, E, bxp, lay.s, E, D, DV, nw, bt, C, (int)a->tq, (int)a->tk,
+                  a->scale, bxa);
         break;
     case CG_CUDA_ATTN_DKDV:
         cg_printf(b, "const %s *__restrict__ q, const %s *__restrict__ k, ", E, E);
@@ -934,15 +974,14 @@ bool cg_print_cuda_attn(CgBuf *b, const CgCudaAttn *a, const char *name, CgCudaF
         if (a->want_dv && !a->one_dkv)
             cg_printf(b, ", %s *__restrict__ dv", E);
         cg_printf(b,
-                  ")\n{\n    typedef %s kiln_attn_E;\n%s    kiln_attn_dkdv<%s, %lld, %lld, %d, %d, %s, %s, %s>(q, k, %s, dO, lse, "
-                  "%s, %s, %s, %d, %d, %.9ef, L);\n}\n",
-                  E, lay.s, E, D, DV, nw, bt, C, a->want_dk ? "true" : "false",
+                  "%s)\n{\n    typedef %s kiln_attn_E;\n%s    kiln_attn_dkdv<%s, %lld, %lld, %d, %d, %s, %s, %s>(q, k, %s, dO, lse, "
+                  "%s, %s, %s, %d, %d, %.9ef, L, %s);\n}\n",
+                  bxp, E, lay.s, E, D, DV, nw, bt, C, a->want_dk ? "true" : "false",
                   a->want_dv ? "true" : "false", a->want_dk ? "v" : "(const kiln_attn_E *)0",
                   a->want_dk ? "delta" : "(const float *)0",
                   a->one_dkv ? "dkv" : a->want_dk ? "dk" : "(kiln_attn_E *)0",
                   a->one_dkv ? "dkv" : a->want_dv ? "dv" : "(kiln_attn_E *)0", (int)a->tq,
-                  (int)a->tk,
-                  a->scale);
+                  (int)a->tk, a->scale, bxa);
         break;
     case CG_CUDA_ATTN_BWD:
         if (a->one_dkv)
@@ -1001,7 +1040,7 @@ int cg_print_cuda_attn_kernel(CgBuf *b, const CgKernel *k, const char *name,
     const CgAttn *a = &k->attn;
     CgCudaAttn c = {.causal = a->causal, .scale = a->scale, .dt = storage[a->q], .bh = a->batch,
                     .tq = a->Tq, .tk = a->Tk, .d = a->D, .dv = a->Dv, .lay = a->lay};
-    int order[8], n = 0;
+    int order[9], n = 0;
     order[n++] = a->q;
     order[n++] = a->k;
     switch (a->kind) {
@@ -1053,9 +1092,18 @@ int cg_print_cuda_attn_kernel(CgBuf *b, const CgKernel *k, const char *name,
             order[n++] = a->dv;
         break;
     }
+    if (a->bias >= 0 && a->lay.bias) { /* the last param, in its own storage type */
+        c.bdt = storage[a->bias];
+        if (c.bdt != DT_F32 && c.bdt != DT_BF16 && c.bdt != DT_U8)
+            die("cuda: attention kernel %s: bias stored as %s (expected f32, bf16 or u8)", name,
+                dtype_name(c.bdt));
+        order[n++] = a->bias;
+    }
     for (int i = 0; i < n; i++) {
         int p = order[i];
         bool stat = p == a->lse || p == a->delta;
+        if (p == a->bias)
+            continue;
         if (p < 0 || storage[p] != (stat ? DT_F32 : c.dt))
             die("cuda: attention kernel %s: param %d stored as %s (expected %s)", name, p,
                 p < 0 ? "nothing" : dtype_name(storage[p]), dtype_name(stat ? DT_F32 : c.dt));

@@ -143,7 +143,8 @@ const char cg_cuda_attn_bwd_lib[] =
     "                s[j][e] = dp[j][e] = 0.0f;\n"
     "        kiln_warp_mm<E, DP, NS>(s, Ks + 16 * w * LDK, LDK, Qs, LDK, 1);\n"
     "        const bool edge = (qt + 1) * BQ > Tq || (CAUSAL && qt * BQ < (kt + 1) * BC - 1);\n"
-    "        kiln_attn_pt<NS, CAUSAL>(s, Ls, scale, edge, qt * BQ, Tq, key0, t, 0, 0.0f);\n"
+    "        kiln_attn_pt<NS, CAUSAL>(s, Ls, scale, edge, qt * BQ, Tq, key0, t, 0, 0.0f, L,\n"
+    "                                 (const float *)0, 0, Tk);\n"
     "        kiln_warp_pm<E, BQ / 16, NV>(av, s, Os, 1, LDV);\n"
     "        kiln_warp_mm<E, DVP, NS>(dp, Vs + 16 * w * LDV, LDV, Os, LDV, 1);\n"
     "#pragma unroll\n"
@@ -216,9 +217,11 @@ bool cg_cuda_attn_bwd_fits(const CgCudaAttn *a)
     int nw, bt;
     /* the variants take the dq and dk/dv kernels: dq's fixed order of key
      * tiles assumes every head its own keys from tile 0 on (grouped heads,
-     * windows), and ALiBi's term made the kernel spill (above) */
+     * windows), and ALiBi's term made the kernel spill (above); a bias or
+     * mask too (its reads are the dk/dv and dq kernels') */
     if (a->kind != CG_CUDA_ATTN_BWD || !(a->dt == DT_F32 || a->dt == DT_BF16) ||
-        a->lay.g > 1 || a->lay.window || a->lay.ah || !cg_cuda_attn_tiles(a, &nw, &bt))
+        a->lay.g > 1 || a->lay.window || a->lay.ah || a->lay.bias ||
+        !cg_cuda_attn_tiles(a, &nw, &bt))
         return false;
     return cg_cuda_attn_bwd_counters(a, bt) * 4 <= CG_CUDA_SCRATCH_ZERO &&
            cg_cuda_attn_blocks(a, nw) < ((int64_t)1 << 31);

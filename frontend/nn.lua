@@ -424,7 +424,8 @@ end
 -- i - window < j <= i), alibi (true: ALiBi's linear bias slope_h * (j - i),
 -- h the axis before Tq), bias (a float tensor added to the scores) and mask
 -- (a u8 tensor, 1 where a key is kept), each broadcastable to the scores
--- [..., Tq, Tk]; bias and mask run unfused (T x T scores in memory).
+-- [..., Tq, Tk] (the fused kernels read them at their own shape; a bias that
+-- needs a gradient, a param's function, runs unfused).
 function nn.attention(q, k, v, opts)
   check_opts("nn.attention", opts,
              "causal:boolean dropout:number kv_heads:integer window:integer alibi:boolean " ..
@@ -579,12 +580,13 @@ end
 -- projection c_proj [C, C].
 -- opts: bias (true), std (0.02), proj_std (std of c_proj), dropout (0),
 -- kv_heads (H: grouped-query attention with fewer key/value heads, a
--- divisor of H), window, alibi (as nn.attention's).
+-- divisor of H), window, alibi, mask (as nn.attention's), attn_bias
+-- (nn.attention's bias).
 function nn.CausalSelfAttention(name, C, H, opts)
   check_opts("nn.CausalSelfAttention", opts,
              "bias:boolean std:number proj_std:number dropout:number parallel:boolean " ..
              "kv_heads:integer " ..
-             "window:integer alibi:boolean mask:tensor")
+             "window:integer alibi:boolean mask:tensor attn_bias:tensor")
   opts = opts or {}
   local c = size(C)
   local Hk = opts.kv_heads or H
@@ -608,7 +610,7 @@ function nn.CausalSelfAttention(name, C, H, opts)
     if qkv.b then shard(qkv.b, 0, 3) end
   end
   local aopts = {dropout = opts.dropout, window = opts.window, alibi = opts.alibi,
-                 mask = opts.mask}
+                 mask = opts.mask, bias = opts.attn_bias}
   return layer({c_attn = qkv, c_proj = proj}, function(x)
     local a = qkv(x)
     local q = nn.split_heads(a:slice(-1, 0, c), H)

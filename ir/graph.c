@@ -481,12 +481,13 @@ static bool infer_attention_heads(const Graph *g, Opcode code, const Shape *cons
 
 /* The attention family's typing (ir.h states the semantics): q k v share one
  * float dtype and the batch dims; lse and delta are f32 [..., Tq, 1]. */
-static bool infer_attention(const Graph *g, Opcode code, const Shape *const *s,
-                            const OpAttr *a, Shape *out, char *err, size_t errlen)
+static bool infer_attention_ops(const Graph *g, Opcode code, const Shape *const *s,
+                                const OpAttr *a, Shape *out, char *err, size_t errlen)
 {
     char b0[160], b1[160], b2[160];
     const char *name = ir_opinfo[code].name;
-    if ((a->nia != 1 && a->nia != 6 && a->nia != 8) || (a->ia[0] != 0 && a->ia[0] != 1))
+    if ((a->nia != 1 && a->nia != 6 && a->nia != 8) ||
+        (a->ia[0] != 0 && a->ia[0] != 1))
         FAIL("%s: needs causal=0 or causal=1 (got %lld)", name,
              (long long)(a->nia ? a->ia[0] : -1));
     if (ir_attn_window(a) < 0 || (ir_attn_window(a) && !a->ia[0]))
@@ -541,6 +542,50 @@ static bool infer_attention(const Graph *g, Opcode code, const Shape *const *s,
     if (!attention_grad_operands(g, name, s, &o, &row, err, errlen))
         return false;
     *out = code == OP_ATTENTION_DQ ? *q : code == OP_ATTENTION_DK ? *k : *v;
+    return true;
+}
+
+/* The attention family with its operand count and the bias or mask
+ * (ir.h): nin = ir_attn_nbase(code), one more with {bias} or {mask}. */
+static bool infer_attention(const Graph *g, Opcode code, const Shape *const *s, int nin,
+                            const OpAttr *a, Shape *out, char *err, size_t errlen)
+{
+    char b0[160];
+    const char *name = ir_opinfo[code].name;
+    int base = ir_attn_nbase(code), kind = ir_attn_bias(a);
+    if (a->nia == 8 && kind == 3)
+        FAIL("%s: needs bias=1 or mask=1, not both", name);
+    if (nin != base + (kind != 0))
+        FAIL("%s takes %d operands%s (expected %d, got %d)", name, base + (kind != 0),
+             kind == IR_ATTN_BIAS ? " with {bias=1}" : kind == IR_ATTN_MASK ? " with {mask=1}" : "",
+             base + (kind != 0), nin);
+    if (!infer_attention_ops(g, code, s, a, out, err, errlen))
+        return false;
+    if (!kind)
+        return true;
+    const Shape *q = s[0], *k = s[1], *b = s[base];
+    int64_t lead[IR_MAX_RANK], Tq, Tk;
+    int nl;
+    if (ir_attn_heads(a)) {
+        lead[0] = q->dim[0], lead[1] = a->ia[1], nl = 2;
+        Tq = q->dim[1], Tk = k->dim[1];
+    } else {
+        nl = q->rank - 2;
+        for (int x = 0; x < nl; x++)
+            lead[x] = q->dim[x];
+        Tq = q->dim[nl], Tk = k->dim[nl];
+    }
+    bool dt_ok = kind == IR_ATTN_MASK ? b->dtype == DT_U8 : dtype_is_float(b->dtype);
+    if (!dt_ok || !ir_attn_bias_fits(lead, nl, Tq, Tk, b, NULL)) {
+        lead[nl] = Tq, lead[nl + 1] = Tk;
+        Shape sc = shape_make(DT_F32, nl + 2, lead);
+        char b1[160];
+        FAIL("%s: the %s must be %s broadcastable to the scores %s, its leading dims that are "
+             "not 1 side by side (got %s)",
+             name, kind == IR_ATTN_MASK ? "mask" : "bias",
+             kind == IR_ATTN_MASK ? "a u8 tensor" : "a float tensor",
+             shape_str(g, &sc, b1, sizeof b1), shape_str(g, b, b0, sizeof b0));
+    }
     return true;
 }
 
@@ -765,7 +810,7 @@ bool ir_infer(const Graph *g, Opcode code, const int *in, int nin, const OpAttr 
         break;
     }
     case OC_ATTN:
-        if (!infer_attention(g, code, s, a, &r, err, errlen))
+        if (!infer_attention(g, code, s, nin, a, &r, err, errlen))
             return false;
         break;
     case OC_GEMM: {

@@ -169,10 +169,12 @@ static void attention_eval(const Graph *g, const Op *op, double **val, double *r
     bool causal = op->attr.ia[0] != 0;
     double sc = op->attr.f;
     const double *Q = val[op->in[0]], *K = val[op->in[1]];
-    const double *V = op->nin > 2 ? val[op->in[2]] : NULL;
-    const double *dO = op->nin > 3 ? val[op->in[3]] : NULL;
-    const double *Lse = op->nin > 4 ? val[op->in[4]] : NULL;
-    const double *De = op->nin > 5 ? val[op->in[5]] : NULL;
+    bool grad = ir_attn_nbase(op->code) == 6;
+    const double *V = op->code != OP_ATTENTION_LSE ? val[op->in[2]] : NULL;
+    const double *dO = grad ? val[op->in[3]] : NULL;
+    const double *Lse = grad ? val[op->in[4]] : NULL;
+    const double *De = grad ? val[op->in[5]] : NULL;
+    const double *Bias = L.bias ? val[ir_attn_bias_in(op)] : NULL;
     int64_t n = shape_numel(&g->t.v[op->out].s);
     memset(r, 0, sizeof(double) * (size_t)n);
     double *srow = xmalloc(sizeof(double) * (size_t)(Tk + 1));
@@ -185,6 +187,8 @@ static void attention_eval(const Graph *g, const Op *op, double **val, double *r
             const double *v = V ? V + AT(L.v, b2, h2) : NULL;
             int64_t st = AT(L.st, b, h), qr = L.q.rs, kr = L.k.rs, vr = L.v.rs;
             double slope = L.ah ? ir_alibi_slope(L.ah, (b * L.nh + h) % L.ah) : 0;
+            const double *bias =
+                Bias ? Bias + ((b * L.nh + h) / L.bdiv % L.bmod) * L.bbs : NULL;
             for (int64_t i = 0; i < Tq; i++) {
                 int64_t nj = causal ? (i + 1 < Tk ? i + 1 : Tk) : Tk;
                 int64_t j0 = L.window && i + 1 > L.window ? i + 1 - L.window : 0;
@@ -196,13 +200,19 @@ static void attention_eval(const Graph *g, const Op *op, double **val, double *r
                     for (int64_t d = 0; d < D; d++)
                         s += q[i * qr + d] * k[j * kr + d];
                     srow[j] = sc * s + slope * (double)(j - i);
+                    if (bias && L.bias == IR_ATTN_BIAS)
+                        srow[j] += bias[i * L.bis + j * L.bjs];
+                    else if (bias && bias[i * L.bis + j * L.bjs] == 0)
+                        srow[j] = -INFINITY; /* masked */
                     if (srow[j] > m)
                         m = srow[j];
                 }
                 if (op->code == OP_ATTENTION || op->code == OP_ATTENTION_LSE) {
                     double sum = 0;
-                    for (int64_t j = 0; j < nj; j++)
+                    for (int64_t j = 0; j < nj && m > -INFINITY; j++)
                         sum += exp(srow[j] - m);
+                    if (m == -INFINITY) /* no column kept: o = 0, lse = -inf */
+                        nj = 0;
                     if (op->code == OP_ATTENTION_LSE) {
                         r[st + i * L.st.rs] = m + log(sum);
                         continue;
@@ -220,7 +230,7 @@ static void attention_eval(const Graph *g, const Op *op, double **val, double *r
                 double lse = Lse[st + i * L.st.rs], delta = De[st + i * L.st.rs];
                 bool all = op->code == OP_ATTENTION_DQKV; /* dq, dk and dv */
                 for (int64_t j = j0; j < nj; j++) {
-                    double p = exp(srow[j] - lse);
+                    double p = srow[j] == -INFINITY ? 0 : exp(srow[j] - lse);
                     if (all || op->code == OP_ATTENTION_DV) {
                         double *dv = r + AT(L.dv, b2, h2) + j * L.dv.rs;
                         for (int64_t d = 0; d < Dv; d++)

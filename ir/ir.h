@@ -160,7 +160,9 @@ typedef enum {
                   ia[2] = head size D, ia[3..5] = q, k, v column offsets
                   (IrAttnLayout); nia = 8: a variant (ir_attn_window,
                   ir_attn_alibi, ir_attn_kvh), ia[1..5] as for 6 or all 0
-                  (plain), ia[6] = window, ia[7] = alibi + 2 * kv heads */
+                  (plain), ia[6] = window, ia[7] = alibi + 2 * ir_attn_bias's
+                  kind + 8 * kv heads (with a bias kind the op has one
+                  more operand, the bias or mask) */
     AK_CONV,   /* im2col, col2im: S = nia / 4 spatial dims (1 or 2); ia[0..S)
                   kernel, ia[S..2S) stride, ia[2S..3S) padding, ia[3S..4S)
                   dilation (IrConv); col2im: result shape in attr.shape */
@@ -237,12 +239,12 @@ typedef enum {
     X(TP_COPY,     "tp_copy",     1, OC_COLLECTIVE, AK_TP,   0)         \
     X(TP_ALL_GATHER, "tp_all_gather", 1, OC_COLLECTIVE, AK_TP, 0)        \
     X(TP_REDUCE_SCATTER, "tp_reduce_scatter", 1, OC_COLLECTIVE, AK_TP, 1) \
-    X(ATTENTION,     "attention",     3, OC_ATTN,   AK_ATTN,  0)         \
-    X(ATTENTION_LSE, "attention_lse", 2, OC_ATTN,   AK_ATTN,  0)         \
-    X(ATTENTION_DQ,  "attention_dq",  6, OC_ATTN,   AK_ATTN,  0)         \
-    X(ATTENTION_DK,  "attention_dk",  6, OC_ATTN,   AK_ATTN,  0)         \
-    X(ATTENTION_DV,  "attention_dv",  6, OC_ATTN,   AK_ATTN,  0)         \
-    X(ATTENTION_DQKV, "attention_dqkv", 6, OC_ATTN,  AK_ATTN,  0)
+    X(ATTENTION,     "attention",     -1, OC_ATTN,  AK_ATTN,  0)         \
+    X(ATTENTION_LSE, "attention_lse", -1, OC_ATTN,  AK_ATTN,  0)         \
+    X(ATTENTION_DQ,  "attention_dq",  -1, OC_ATTN,  AK_ATTN,  0)         \
+    X(ATTENTION_DK,  "attention_dk",  -1, OC_ATTN,  AK_ATTN,  0)         \
+    X(ATTENTION_DV,  "attention_dv",  -1, OC_ATTN,  AK_ATTN,  0)         \
+    X(ATTENTION_DQKV, "attention_dqkv", -1, OC_ATTN, AK_ATTN,  0)
 /* clang-format on */
 
 typedef enum {
@@ -373,6 +375,14 @@ const char *ir_class_name(OpClass c);
  *            along q's axis before Tq) keeps column j when !c or j <= i,
  *            and with {window=w} (causal only) i - j < w; P = softmax over
  *            the kept columns of S (f32 arithmetic).
+ *            {bias=1}: one more operand (the last), a float tensor B
+ *            broadcastable to the scores [..., Tq, Tk] (ir_attn_bias_fits)
+ *            added to S; {mask=1}: a u8 tensor M of such a shape, column j
+ *            of row i kept only where M_ij != 0. A row that keeps no
+ *            column gives o = 0 and gradients 0 (lse -inf). Every op of
+ *            the family takes it (attention(q, k, v, B), attention_lse(q,
+ *            k, B), attention_dq(q, k, v, dO, lse, delta, B), ...); no
+ *            gradient flows to it.
  * attention(q, k, v) -> [..., Tq, Dv] (q's dtype): P v
  * attention_lse(q, k) -> f32 [..., Tq, 1]: log sum_j exp(S_ij) over kept j
  * attention_dq/dk/dv(q, k, v, dO, lse, delta) -> the gradients of q, k and v
@@ -596,6 +606,10 @@ typedef struct {
     int64_t g, nhk;
     int64_t window; /* 0, or (causal) keep only i - j < window */
     int64_t ah;     /* alibi: item bb's slope ir_alibi_slope(ah, bb % ah); 0: none */
+    /* bias or mask (ir_attn_bias: 0 none): element (i, j) of item bb at
+     * ((bb / bdiv) % bmod) * bbs + i * bis + j * bjs of the last operand */
+    int bias;
+    int64_t bdiv, bmod, bbs, bis, bjs;
     IrAttnStride q, k, v; /* the operands */
     IrAttnStride o;       /* o and dO */
     IrAttnStride dq, dk, dv;
@@ -614,11 +628,37 @@ static inline int64_t ir_attn_window(const OpAttr *a) { return a->nia == 8 ? a->
 static inline bool ir_attn_alibi(const OpAttr *a) { return a->nia == 8 && (a->ia[7] & 1); }
 static inline int64_t ir_attn_kvh(const OpAttr *a)
 {
-    return a->nia == 8 && a->ia[7] >> 1 ? a->ia[7] >> 1 : a->ia[1];
+    return a->nia == 8 && a->ia[7] >> 3 ? a->ia[7] >> 3 : a->ia[1];
 }
-/* attn.c: set window, alibi and (head layout) kvh on a (nia 8, or back to
- * 1 or 6 when all are none; kvh == heads is none) */
-void ir_attn_set_variant(OpAttr *a, int64_t window, bool alibi, int64_t kvh);
+/* the extra operand's kind: IR_ATTN_BIAS (additive float) or IR_ATTN_MASK
+ * (u8, 1: keep); 0: none */
+enum { IR_ATTN_BIAS = 1, IR_ATTN_MASK = 2 };
+static inline int ir_attn_bias(const OpAttr *a)
+{
+    return a->nia == 8 ? (int)(a->ia[7] >> 1 & 3) : 0;
+}
+/* The operands of attention-family op `code` before the bias or mask:
+ * attention 3 (q, k, v), attention_lse 2, the gradients 6. */
+static inline int ir_attn_nbase(Opcode code)
+{
+    return code == OP_ATTENTION ? 3 : code == OP_ATTENTION_LSE ? 2 : 6;
+}
+/* The bias or mask operand of attention-family op op, or -1. */
+static inline int ir_attn_bias_in(const Op *op)
+{
+    return ir_attn_bias(&op->attr) ? op->in[ir_attn_nbase(op->code)] : -1;
+}
+/* attn.c: set window, alibi, (head layout) kvh and the bias kind on a (nia
+ * 8, or back to 1 or 6 when all are none; kvh == heads is none) */
+void ir_attn_set_variant(OpAttr *a, int64_t window, bool alibi, int64_t kvh, int bias);
+/* attn.c: whether a bias or mask of shape b can serve scores [lead..., Tq,
+ * Tk] (nl leading dims, flattened row-major into the work item bb): b
+ * broadcastable to them (right-aligned, each dim 1 or equal; rank <= nl +
+ * 2), its leading dims that are not 1 one contiguous run (so that bb finds
+ * its slice as ((bb / bdiv) % bmod) * bbs). Sets the five numbers of
+ * IrAttnLayout when L is not NULL. */
+bool ir_attn_bias_fits(const int64_t *lead, int nl, int64_t Tq, int64_t Tk, const Shape *b,
+                       IrAttnLayout *L);
 /* ALiBi's slope of head h of H (Press et al.): 2^(-8(h+1)/H) for H a power
  * of two; otherwise the n = 2^floor(log2 H) slopes of n, then every other
  * slope of 2n: 2^(-4(2m+1)/n) for h = n + m */

@@ -456,7 +456,7 @@ static bool build_attr(P *ps, Opcode code, const RawAttr *ra, int nra, const Sha
 {
     const OpInfo *info = &ir_opinfo[code];
     /* keys[nreq..] are optional: AK_ATTN's head layout, all or none */
-    const char *keys[10] = {NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+    const char *keys[12] = {NULL};
     int nreq = 4;
     switch (info->attr) {
     case AK_VALUE: keys[0] = "value"; break;
@@ -471,6 +471,7 @@ static bool build_attr(P *ps, Opcode code, const RawAttr *ra, int nra, const Sha
         keys[0] = "causal", keys[1] = "scale", keys[2] = "heads", keys[3] = "hd";
         keys[4] = "qoff", keys[5] = "koff", keys[6] = "voff", nreq = 2;
         keys[7] = "kvh", keys[8] = "window", keys[9] = "alibi"; /* optional each */
+        keys[10] = "bias", keys[11] = "mask";
         break;
     case AK_SHARD:
         keys[0] = "bucket", keys[1] = "start", keys[2] = "total", keys[3] = "nranks";
@@ -482,10 +483,10 @@ static bool build_attr(P *ps, Opcode code, const RawAttr *ra, int nra, const Sha
         break;
     default: break;
     }
-    const RawAttr *found[10] = {NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+    const RawAttr *found[12] = {NULL};
     for (int i = 0; i < nra; i++) {
         int k = -1;
-        for (int j = 0; j < 10; j++)
+        for (int j = 0; j < 12; j++)
             if (keys[j] && strcmp(keys[j], ra[i].key) == 0)
                 k = j;
         if (k < 0) {
@@ -537,10 +538,14 @@ static bool build_attr(P *ps, Opcode code, const RawAttr *ra, int nra, const Sha
             if (!attr_int(ps, found[j + 1], &a->ia[j]))
                 return false;
         {
-            int64_t v[3] = {0, 0, 0}; /* kvh, window, alibi */
-            for (int j = 0; j < 3; j++)
+            int64_t v[5] = {0, 0, 0, 0, 0}; /* kvh, window, alibi, bias, mask */
+            for (int j = 0; j < 5; j++)
                 if (found[7 + j] && !attr_int(ps, found[7 + j], &v[j]))
                     return false;
+            if ((v[3] != 0 && v[3] != 1) || (v[4] != 0 && v[4] != 1) || (v[3] && v[4]))
+                return perr(ps, "%s: needs bias and mask 0 or 1, not both (got bias=%lld, "
+                                "mask=%lld)",
+                            info->name, (long long)v[3], (long long)v[4]);
             if (found[7] && !found[2])
                 return perr(ps, "%s: kvh needs the head layout (heads, hd, qoff, koff, voff)",
                             info->name);
@@ -548,7 +553,8 @@ static bool build_attr(P *ps, Opcode code, const RawAttr *ra, int nra, const Sha
                 return perr(ps, "%s: needs kvh >= 1, window >= 0 and alibi 0 or 1 (got kvh=%lld, "
                                 "window=%lld, alibi=%lld)",
                             info->name, (long long)v[0], (long long)v[1], (long long)v[2]);
-            ir_attn_set_variant(a, v[1], v[2] != 0, found[7] ? v[0] : a->ia[1]);
+            ir_attn_set_variant(a, v[1], v[2] != 0, found[7] ? v[0] : a->ia[1],
+                                v[3] ? IR_ATTN_BIAS : v[4] ? IR_ATTN_MASK : 0);
         }
         break;
     case AK_SHARD:
@@ -808,7 +814,7 @@ static bool parse_def(P *ps, SrcLoc loc)
     }
     VEC(int) in = {0};
     bool ok = false;
-    RawAttr ra[10]; /* at most 10 keys: AK_ATTN with its head layout and variants */
+    RawAttr ra[12]; /* at most 12 keys: AK_ATTN with its head layout and variants */
     int nra = 0;
     skip_ws(ps);
     if (*ps->p == '%') {
@@ -821,7 +827,7 @@ static bool parse_def(P *ps, SrcLoc loc)
                 break;
         }
     }
-    if (accept(ps, '{') && !parse_attrs(ps, ra, &nra, 10))
+    if (accept(ps, '{') && !parse_attrs(ps, ra, &nra, 12))
         goto out;
     unsigned flags = 0;
     int group = -1;

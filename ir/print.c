@@ -133,6 +133,8 @@ static void print_attrs(FILE *f, const Op *op)
             fprintf(f, ",window=%lld", (long long)ir_attn_window(a));
         if (ir_attn_alibi(a))
             fputs(",alibi=1", f);
+        if (ir_attn_bias(a))
+            fputs(ir_attn_bias(a) == IR_ATTN_MASK ? ",mask=1" : ",bias=1", f);
         fputc('}', f);
         break;
     default: break;

@@ -13,13 +13,19 @@
  *   s  = S0 * c | c * S0 | S0 / c | S0    c a positive constant (broadcast)
  *   a  = s + alibi | alibi + s | s        slopes * (j - i), the slopes a
  *        function of constants and iotas evaluated here to ALiBi's
- *   x  = select(keep, a, f) | select(drop, f, a) | a, and at most one more
- *        select around or inside it:
+ *   b  = a + B | B + a | a                B a float tensor (through its
+ *        broadcasts) that fits the scores (ir_attn_bias_fits): the op's
+ *        bias operand; one that depends on a param is left unfused (the
+ *        fused backward gives it no gradient), and says so in the dump
+ *   x  = select(keep, b, f) | select(drop, f, b) | b, and at most two more
+ *        selects around or inside it:
  *        keep / drop: an iota compare (through broadcasts) whose operands
  *        are the row index i and the column index j of the scores, meaning
  *        exactly j <= i (keep: i >= j, j <= i; drop: i < j, j > i); f a
  *        constant <= -1e4 or -inf; the other select a sliding window's,
- *        keep meaning exactly i - j < w (with the causal mask only)
+ *        keep meaning exactly i - j < w (with the causal mask only); the
+ *        third any u8 tensor M fitting the scores, select(M, b, f): the
+ *        op's mask operand (not with a bias B)
  *   z  = x - [stop_gradient] broadcast(reduce_max(x, last)) | x
  *   P  = exp(z) / broadcast(reduce_sum(exp(z), last))
  *   o  = matmul(P, v) {ta=0, tb=0}        -> attention(q, k, v) {causal, scale}
@@ -28,8 +34,8 @@
  * outside the pattern and is no graph output or update; the mask is checked
  * structurally (iota axes, compare, operand order), never evaluated. Dropout
  * between softmax and the matmul (P is then a select of a random compare),
- * a window without the causal mask or any other mask (an additive bias or
- * mask tensor too), another user of P or of the scores,
+ * a window without the causal mask, a bias and a mask together, another
+ * user of P or of the scores,
  * casts inside the pattern: no match, the graph is left as it was. The
  * matched ops that nothing reads any more are removed (the mask's iotas
  * too, when nothing else reads them). */
@@ -42,6 +48,8 @@
 typedef struct {
     const Graph *g;
     const int *uses;
+    const bool *grad; /* per tensor: whether it depends on a param (needs a gradient) */
+    const char *no_bias; /* why a bias or mask stays unfused on this backend; NULL: fused */
 } Ctx;
 
 static const Op *def(const Ctx *c, int t)
@@ -316,17 +324,51 @@ static int64_t repeated(const Ctx *c, int k, int *k0)
     return g;
 }
 
-/* A match: the attention op's operands and attrs. */
+/* A match: the attention op's operands and attrs; why: when the pattern
+ * was found but is left unfused, the reason (for the dump). */
 typedef struct {
     int q, k, v;
     bool causal, alibi;
     int64_t window;
+    int bias, bt; /* IR_ATTN_BIAS or IR_ATTN_MASK and its tensor; 0, -1: none */
     double scale;
+    const char *why;
 } Match;
+
+/* Whether t, read through broadcasts as t0, fits the scores [..., Tq, Tk]
+ * (rank R, shape of s) as attention's bias or mask (ir_attn_bias_fits). */
+static bool bias_operand(const Ctx *c, int t, int s, int *t0)
+{
+    const Shape *ss = &c->g->t.v[s].s;
+    while (is(c, t, OP_BROADCAST))
+        t = def(c, t)->in[0];
+    *t0 = t;
+    int R = ss->rank;
+    return ir_attn_bias_fits(ss->dim, R - 2, ss->dim[R - 2], ss->dim[R - 1], &c->g->t.v[t].s,
+                             NULL);
+}
+
+/* Per tensor of g: whether it depends on a param (autodiff would ask for
+ * its gradient). */
+static bool *param_deps(const Graph *g)
+{
+    bool *d = xcalloc((size_t)g->t.n + 1, sizeof(bool));
+    for (int t = 0; t < g->t.n; t++)
+        d[t] = g->t.v[t].kind == TK_PARAM;
+    for (int i = 0; i < g->ops.n; i++) {
+        const Op *op = &g->ops.v[i];
+        if (op->code == OP_STOP_GRADIENT)
+            continue;
+        for (int j = 0; j < op->nin; j++)
+            d[op->out] = d[op->out] || d[op->in[j]];
+    }
+    return d;
+}
 
 /* Whether the op at index i (a matmul) ends an attention pattern. */
 static bool match(const Ctx *c, int i, Match *mt)
 {
+    mt->why = NULL;
     const Graph *g = c->g;
     const Op *o = &g->ops.v[i];
     if (o->code != OP_MATMUL || o->attr.ia[0] || o->attr.ia[1])
@@ -366,12 +408,16 @@ static bool match(const Ctx *c, int i, Match *mt)
     if (x == z && !single(c, x))
         return false;
     /* x = select(mask, s, fill) (or the mask's complement), or x = s; up
-     * to two selects, the causal mask and a sliding window's */
+     * to three selects, the causal mask, a sliding window's and (any other
+     * u8 mask, keeping where true) the user's mask */
     int s = x;
     mt->causal = false;
     mt->alibi = false;
     mt->window = 0;
-    for (int nsel = 0; nsel < 2 && is(c, s, OP_SELECT); nsel++) {
+    mt->bias = 0;
+    mt->bt = -1;
+    mt->why = NULL;
+    for (int nsel = 0; nsel < 3 && is(c, s, OP_SELECT); nsel++) {
         const Op *se = def(c, s);
         double f;
         bool keep_true;
@@ -385,27 +431,49 @@ static bool match(const Ctx *c, int i, Match *mt)
             return false;
         }
         int64_t w;
+        int m0;
         if (!(f <= -1e4) || !single(c, s))
             return false;
         if (!mt->causal && causal_mask(c, se->in[0], keep_true))
             mt->causal = true;
         else if (!mt->window && window_mask(c, se->in[0], keep_true, &w))
             mt->window = w;
+        else if (!mt->bias && keep_true && bias_operand(c, se->in[0], s, &m0))
+            mt->bias = IR_ATTN_MASK, mt->bt = m0;
         else
             return false;
     }
     if (mt->window && !mt->causal)
         return false;
-    /* s = s' + alibi (either order) */
-    if (is(c, s, OP_ADD)) {
+    /* s = s' + alibi, s' + bias (either order; alibi inside the bias's add,
+     * as nn.attention adds them) */
+    for (int nadd = 0; nadd < 2 && is(c, s, OP_ADD); nadd++) {
         const Op *ad = def(c, s);
-        for (int x2 = 0; x2 < 2 && !mt->alibi; x2++)
-            if (alibi_bias(c, ad->in[1 - x2], R)) {
-                s = ad->in[x2];
+        int next = -1;
+        for (int x2 = 0; x2 < 2 && next < 0; x2++)
+            if (!mt->alibi && alibi_bias(c, ad->in[1 - x2], R)) {
+                next = ad->in[x2];
                 mt->alibi = true;
             }
-        if (!mt->alibi || !single(c, s))
+        /* the bias: the operand that is not the scores' chain (a product, a
+         * quotient, a matmul or alibi's add) */
+        for (int x2 = 0; x2 < 2 && next < 0 && !mt->bias; x2++) {
+            int sc = ad->in[x2], b = ad->in[1 - x2], b0;
+            if (!(is(c, sc, OP_MUL) || is(c, sc, OP_DIV) || is(c, sc, OP_MATMUL) ||
+                  is(c, sc, OP_ADD)) ||
+                !dtype_is_float(c->g->t.v[b].s.dtype) || !bias_operand(c, b, s, &b0))
+                continue;
+            next = sc;
+            mt->bias = IR_ATTN_BIAS, mt->bt = b0;
+        }
+        if (next < 0 && mt->bias == IR_ATTN_MASK && single(c, ad->in[0])) {
+            mt->why = "it has both a bias and a mask tensor (the fused kernels take one; "
+                      "fold the mask into the bias as -inf)";
             return false;
+        }
+        if (next < 0 || !single(c, next))
+            return false;
+        s = next;
     }
     /* s = S0 * c, c * S0, S0 / c, or S0 */
     int S0 = s;
@@ -443,13 +511,23 @@ static bool match(const Ctx *c, int i, Match *mt)
     /* the attention op's own typing (float dtype, batch dims, Tq == Tk when
      * causal) */
     OpAttr a = {.nia = 1, .ia = {mt->causal}, .f = mt->scale};
-    ir_attn_set_variant(&a, mt->window, mt->alibi, 0);
-    int in[3] = {mt->q, mt->k, mt->v};
+    ir_attn_set_variant(&a, mt->window, mt->alibi, 0, mt->bias);
+    int in[4] = {mt->q, mt->k, mt->v, mt->bt};
     Shape out;
     char err[256];
-    if (!ir_infer(g, OP_ATTENTION, in, 3, &a, &out, err, sizeof err) ||
+    if (!ir_infer(g, OP_ATTENTION, in, mt->bias ? 4 : 3, &a, &out, err, sizeof err) ||
         !shape_eq(&out, &g->t.v[o->out].s))
         return false;
+    /* found: the cases left unfused say why (pass_attention_print) */
+    if (mt->bias == IR_ATTN_BIAS && c->grad[mt->bt]) {
+        mt->why = "its additive bias depends on a param, and the fused backward gives no "
+                  "gradient to the bias";
+        return false;
+    }
+    if (mt->bias && c->no_bias) {
+        mt->why = c->no_bias;
+        return false;
+    }
     return true;
 }
 
@@ -459,7 +537,8 @@ bool pass_attention(Graph *g, const PassOpts *o, Diag *d)
     if (!o->attention)
         return true;
     int *uses = ir_use_counts(g);
-    Ctx c = {g, uses};
+    bool *grad = param_deps(g);
+    Ctx c = {g, uses, grad, NULL};
     bool *touched = xcalloc((size_t)g->ops.n + 1, sizeof(bool));
     int nmatch = 0;
     for (int i = 0; i < g->ops.n; i++) {
@@ -472,19 +551,22 @@ bool pass_attention(Graph *g, const PassOpts *o, Diag *d)
             if (g->t.v[op->in[j]].op >= 0)
                 touched[g->t.v[op->in[j]].op] = true;
         }
+        int nin = mt.bias ? 4 : 3;
         op->code = OP_ATTENTION;
-        op->in = xrealloc(op->in, sizeof(int) * 3);
-        op->nin = 3;
+        op->in = xrealloc(op->in, sizeof(int) * (size_t)nin);
+        op->nin = nin;
         op->in[0] = mt.q;
         op->in[1] = mt.k;
         op->in[2] = mt.v;
-        for (int j = 0; j < 3; j++)
+        if (mt.bias)
+            op->in[3] = mt.bt;
+        for (int j = 0; j < nin; j++)
             uses[op->in[j]]++;
         memset(&op->attr, 0, sizeof op->attr);
         op->attr.nia = 1;
         op->attr.ia[0] = mt.causal;
         op->attr.f = mt.scale;
-        ir_attn_set_variant(&op->attr, mt.window, mt.alibi, 0);
+        ir_attn_set_variant(&op->attr, mt.window, mt.alibi, 0, mt.bias);
         nmatch++;
     }
     if (nmatch) {
@@ -507,6 +589,44 @@ bool pass_attention(Graph *g, const PassOpts *o, Diag *d)
         free(drop);
     }
     free(touched);
+    free(grad);
     free(uses);
     return true;
+}
+
+void pass_attention_print(const Graph *g, FILE *f)
+{
+    int *uses = ir_use_counts(g);
+    bool *grad = param_deps(g);
+    Ctx c = {g, uses, grad, NULL};
+    for (int i = 0; i < g->ops.n; i++) {
+        const Op *op = &g->ops.v[i];
+        const char *file = op->loc.file ? op->loc.file : "?";
+        if (op->code == OP_ATTENTION) {
+            const OpAttr *a = &op->attr;
+            char sb[160] = "";
+            int bt = ir_attn_bias_in(op);
+            if (bt >= 0)
+                shape_str(g, &g->t.v[bt].s, sb, sizeof sb);
+            IrAttnLayout L;
+            ir_attn_layout(g, op, &L);
+            fprintf(f, "# attention %%%d (%s:%d): fused, %s%s", op->out, file, op->loc.line,
+                    a->ia[0] ? "causal" : "not causal", L.g > 1 ? ", grouped heads" : "");
+            if (ir_attn_window(a))
+                fprintf(f, ", window %lld", (long long)ir_attn_window(a));
+            if (ir_attn_alibi(a))
+                fputs(", alibi", f);
+            if (bt >= 0)
+                fprintf(f, ", %s %%%d %s", ir_attn_bias(a) == IR_ATTN_MASK ? "mask" : "bias", bt,
+                        sb);
+            fputc('\n', f);
+            continue;
+        }
+        Match mt;
+        if (op->code == OP_MATMUL && !match(&c, i, &mt) && mt.why)
+            fprintf(f, "# attention %%%d (%s:%d): not fused: %s\n", op->out, file, op->loc.line,
+                    mt.why);
+    }
+    free(grad);
+    free(uses);
 }

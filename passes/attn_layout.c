@@ -178,14 +178,17 @@ static bool rewrite(Graph *g, int i)
     int q = op->in[0], k = op->in[1], v = op->in[2];
     OpAttr na = {.nia = 6, .ia = {op->attr.ia[0], qs.dim[1], D, off[0], off[1], off[2]},
                  .f = op->attr.f};
-    ir_attn_set_variant(&na, ir_attn_window(&op->attr), ir_attn_alibi(&op->attr), Hk);
+    ir_attn_set_variant(&na, ir_attn_window(&op->attr), ir_attn_alibi(&op->attr), Hk,
+                        ir_attn_bias(&op->attr));
+    int bias = ir_attn_bias_in(op); /* read in place: its shape is the scores' [B, H, T, T] */
     /* the group: same q, k (v), same attrs; its members in program order */
     int n0 = g->ops.n, nmem = 0;
     int *mem = xmalloc(sizeof(int) * (size_t)n0);
     for (int j = 0; j < n0; j++) {
         const Op *b = &g->ops.v[j];
         if (ir_opinfo[b->code].cls == OC_ATTN && b->in[0] == q && b->in[1] == k &&
-            (b->nin < 3 || b->in[2] == v) && same_attn(op, b))
+            (b->code == OP_ATTENTION_LSE || b->in[2] == v) && same_attn(op, b) &&
+            ir_attn_bias_in(b) == bias)
             mem[nmem++] = j;
     }
     int dO = -1, dO2 = -1, lse = -1, lse2 = -1, delta = -1, delta2 = -1;
@@ -194,8 +197,9 @@ static bool rewrite(Graph *g, int i)
         Op old = g->ops.v[j];
         Ctx c = {g, old.loc, qs.dim[0], qs.dim[1], qs.dim[2], D};
         unsigned fl = old.flags & ~(unsigned)OPF_RECOMPUTE;
-        int in[6] = {a[0], a[1], a[2], -1, -1, -1};
-        if (old.nin == 6) {
+        int in[7] = {a[0], a[1], a[2], -1, -1, -1, -1};
+        int base = ir_attn_nbase(old.code);
+        if (base == 6) {
             if (old.in[3] != dO) {
                 dO = old.in[3];
                 int p = permute(&c, dO, fl);
@@ -211,7 +215,9 @@ static bool rewrite(Graph *g, int i)
             }
             in[3] = dO2, in[4] = lse2, in[5] = delta2;
         }
-        int t = add(&c, old.code, in, old.nin, &na, old.flags);
+        if (bias >= 0)
+            in[base] = bias;
+        int t = add(&c, old.code, in, base + (bias >= 0), &na, old.flags);
         /* the old op now redefines its result from t */
         int src = t;
         if (old.code != OP_ATTENTION_LSE) {

@@ -303,13 +303,19 @@ static void flush_slices(AD *ad, int x)
  * attention_dq/dk/dv per operand that needs a gradient (ir.h). */
 static void vjp_attention(AD *ad, const Op *op, int gy, const bool *need)
 {
+    int bias = ir_attn_bias_in(op);
+    if (bias >= 0 && need[3]) { /* the attention pass fuses no bias that needs one */
+        ad->norule = op;
+        return;
+    }
     if (!need[0] && !need[1] && !need[2])
         return;
     if (ir_attn_heads(&op->attr)) { /* attnlayout's form, made after autodiff: no rule */
         ad->norule = op;
         return;
     }
-    int lse = emit(ad, OP_ATTENTION_LSE, op->in, 2, &op->attr);
+    int lin[3] = {op->in[0], op->in[1], bias};
+    int lse = emit(ad, OP_ATTENTION_LSE, lin, bias >= 0 ? 3 : 2, &op->attr);
     ad->g->ops.v[ad->g->ops.n - 1].flags &= ~(unsigned)OPF_BACKWARD;
     vec_push(&ad->lse, ad->g->t.v[op->out].op);
     vec_push(&ad->lse, ad->g->ops.n - 1);
@@ -323,11 +329,11 @@ static void vjp_attention(AD *ad, const Op *op, int gy, const bool *need)
     OpAttr last = {.nia = 1, .ia = {os.rank - 1}};
     int prod = bin(ad, OP_MUL, go, o);
     int delta = emit(ad, OP_REDUCE_SUM, &prod, 1, &last);
-    int in[6] = {op->in[0], op->in[1], op->in[2], gy, lse, delta};
+    int in[7] = {op->in[0], op->in[1], op->in[2], gy, lse, delta, bias};
     static const Opcode code[3] = {OP_ATTENTION_DQ, OP_ATTENTION_DK, OP_ATTENTION_DV};
     for (int i = 0; i < 3; i++)
         if (need[i])
-            accumulate(ad, op->in[i], emit(ad, code[i], in, 6, &op->attr));
+            accumulate(ad, op->in[i], emit(ad, code[i], in, bias >= 0 ? 7 : 6, &op->attr));
 }
 
 /* Whether operand i of op can carry a gradient (when it is a float tensor). */
@@ -356,8 +362,8 @@ static void vjp(AD *ad, const Op *op, const bool *live)
     int gy = ad->grad[op->out];
     int x = op->in[0], y = op->out;
     Shape xs = shape_of(ad, x), ys = shape_of(ad, y);
-    bool need[3] = {0};
-    for (int i = 0; i < op->nin && i < 3; i++)
+    bool need[4] = {0};
+    for (int i = 0; i < op->nin && i < 4; i++)
         need[i] = live[op->in[i]] && diff_operand(op->code, i);
     int c;
     switch (op->code) {

@@ -142,6 +142,11 @@ const char *pass_dump_ext(const char *pass);
  * where that is exact (no other users of the intermediates, an exactly
  * causal mask or none, no dropout on the weights). Otherwise unchanged. */
 bool pass_attention(Graph *g, const PassOpts *o, Diag *d);
+/* attention.c: the attention pass's dump notes, as comment lines: each
+ * attention op with the variant it runs (causal, grouped heads, window,
+ * alibi, bias or mask and its tensor), and each attention left as primitives
+ * although found, with the reason (an additive bias that needs a gradient). */
+void pass_attention_print(const Graph *g, FILE *f);
 /* attn_layout.c: after autodiff, puts each attention group whose q, k, v
  * are head splits of [B, T, *] tensors into the head layout (ir.h), so that
  * no copy runs around it; off unless o->attention. */

@@ -245,6 +245,8 @@ void pass_dump(const char *pass, const Graph *g, const MemPlan *mp, FILE *f)
         pass_comm_print(g, f);
     if (strcmp(pass, "fuse") == 0)
         pass_fuse_print(g, f);
+    if (strcmp(pass, "attention") == 0)
+        pass_attention_print(g, f);
 }
 
 /* o as `kiln opt` flags (every setting a pass reads), into buf. */

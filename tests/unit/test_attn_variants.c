@@ -90,17 +90,18 @@ typedef struct {
     const char *sets[7];
     int nsets;
     int Hk, window, alibi, causal, T;
+    int bias; /* IR_ATTN_BIAS / IR_ATTN_MASK (tests/data/attn_bias.lua); 0: none */
 } Case;
 
 static const Case cases[] = {
-    {{"H=4", "Hk=2", "T=37"}, 3, 2, 0, 0, 1, 37},                       /* GQA */
-    {{"H=3", "Hk=1", "T=70", "causal=0"}, 4, 1, 0, 0, 0, 70},            /* MQA */
-    {{"H=2", "Hk=2", "T=70", "window=5"}, 4, 2, 5, 0, 1, 70},            /* window */
-    {{"H=2", "Hk=2", "T=37", "window=40"}, 4, 2, 40, 0, 1, 37},          /* window > T */
-    {{"H=4", "Hk=4", "T=37", "alibi=1"}, 4, 4, 0, 1, 1, 37},             /* ALiBi */
-    {{"H=6", "Hk=6", "T=9", "alibi=1", "causal=0"}, 5, 6, 0, 1, 0, 9},   /* H not 2^n */
-    {{"H=6", "Hk=2", "T=70", "window=33", "alibi=1"}, 5, 2, 33, 1, 1, 70}, /* all */
-    {{"H=4", "Hk=2", "T=37", "B=3", "window=3"}, 5, 2, 3, 0, 1, 37},
+    {{"H=4", "Hk=2", "T=37"}, 3, 2, 0, 0, 1, 37, 0}, /* GQA */
+    {{"H=3", "Hk=1", "T=70", "causal=0"}, 4, 1, 0, 0, 0, 70, 0}, /* MQA */
+    {{"H=2", "Hk=2", "T=70", "window=5"}, 4, 2, 5, 0, 1, 70, 0}, /* window */
+    {{"H=2", "Hk=2", "T=37", "window=40"}, 4, 2, 40, 0, 1, 37, 0}, /* window > T */
+    {{"H=4", "Hk=4", "T=37", "alibi=1"}, 4, 4, 0, 1, 1, 37, 0}, /* ALiBi */
+    {{"H=6", "Hk=6", "T=9", "alibi=1", "causal=0"}, 5, 6, 0, 1, 0, 9, 0}, /* H not 2^n */
+    {{"H=6", "Hk=2", "T=70", "window=33", "alibi=1"}, 5, 2, 33, 1, 1, 70, 0}, /* all */
+    {{"H=4", "Hk=2", "T=37", "B=3", "window=3"}, 5, 2, 3, 0, 1, 37, 0},
 };
 
 static void describe(const Case *c, char *buf, size_t n)
@@ -123,6 +124,13 @@ static void check_fused_op(const Graph *g, const Case *c)
     assert_int_equal(g->t.v[at->in[2]].s.dim[1], c->Hk);
     assert_int_equal(count_code(g, OP_MATMUL), 0);
     assert_int_equal(count_code(g, OP_EXP), 0);
+    assert_int_equal(ir_attn_bias(&at->attr), c->bias);
+    if (c->bias) { /* read at its own shape: no broadcast to the scores */
+        int bt = ir_attn_bias_in(at);
+        assert_int_equal(g->t.v[bt].s.dtype, c->bias == IR_ATTN_MASK ? DT_U8 : DT_F32);
+        assert_true(g->t.v[bt].op >= 0);
+        assert_int_not_equal(g->ops.v[g->t.v[bt].op].code, OP_BROADCAST);
+    }
 }
 
 /* The fused ops against the primitives of script `path` (with c's sets),
@@ -190,9 +198,9 @@ static void test_handwritten(void **state)
 {
     (void)state;
     static const Case hw[] = {
-        {{"H=4", "Hk=2", "window=6", "alibi=1"}, 4, 2, 6, 1, 1, 37},
-        {{"H=6", "Hk=3", "window=1", "alibi=0"}, 4, 3, 1, 0, 1, 37},
-        {{"H=2", "Hk=1", "window=50", "alibi=1", "T=9"}, 5, 1, 50, 1, 1, 9},
+        {{"H=4", "Hk=2", "window=6", "alibi=1"}, 4, 2, 6, 1, 1, 37, 0},
+        {{"H=6", "Hk=3", "window=1", "alibi=0"}, 4, 3, 1, 0, 1, 37, 0},
+        {{"H=2", "Hk=1", "window=50", "alibi=1", "T=9"}, 5, 1, 50, 1, 1, 9, 0},
     };
     for (size_t i = 0; i < sizeof hw / sizeof hw[0]; i++)
         fused_vs_unfused("tests/data/attn_handwritten.lua", &hw[i]);
@@ -237,10 +245,10 @@ static double *eval_sets(const char *const *sets, int nsets, bool fuse, int *nat
     return r;
 }
 
-/* nn.attention's bias and mask (unfused): the causal mask given as a bias
- * of 0 / -1e9 gives the causal attention's loss and gradients; given as
- * the mask tensor nn.causal_mask(T) it is the causal mask itself, which
- * the pass fuses; a bias stays unfused (no attention op). */
+/* nn.attention's bias and mask: the causal mask given as a bias of 0 /
+ * -1e9 gives the causal attention's loss and gradients, unfused and fused
+ * (an attention op with the bias); given as the mask tensor
+ * nn.causal_mask(T) it is the causal mask itself, which the pass fuses. */
 static void test_bias_mask(void **state)
 {
     (void)state;
@@ -256,7 +264,10 @@ static void test_bias_mask(void **state)
         fail_msg("bias = causal mask: relative error %g against causal", re);
     free(r1);
     r1 = eval_sets(bias, 2, true, &na, &n1);
-    assert_int_equal(na, 0);
+    assert_int_equal(na, 1);
+    re = err_of(r1, r0, n0);
+    if (!(re <= 1e-9))
+        fail_msg("bias = causal mask, fused: relative error %g against causal", re);
     free(r1);
     r1 = eval_sets(mask, 2, true, &na, &n1);
     assert_int_equal(na, 1);
@@ -316,54 +327,156 @@ static void backend_vs_interp(Graph *g, int threads, const char *what)
     ir_interp_free(g, val);
 }
 
+/* Script `path` with c's sets through the CPU backend's whole pipeline:
+ * one attention op, no T x T tensor of the scores' size (B*H*T*T: only a
+ * bias input of that shape may have it), the step against the
+ * interpreter on one thread and two. */
+static void backend_case(const char *path, const Case *c)
+{
+    char what[160];
+    describe(c, what, sizeof what);
+    Model *m = load_model(path, c->sets, c->nsets);
+    Graph *g = ir_clone(m->g);
+    RtGraphFlags gf = {.memory_budget = -1};
+    PassOpts po;
+    rt_pass_opts(&m->train, &gf, &po);
+    assert_true(po.attention);
+    Diag d = {{0}};
+    if (!pass_pipeline(g, &po, NULL, NULL, NULL, &d))
+        fail_msg("%s: pipeline: %s", what, d.msg);
+    assert_true(count_code(g, OP_ATTENTION) == 1);
+    int64_t scores = 0;
+    const Op *at = find_op(g, OP_ATTENTION);
+    const Shape *qs = &g->t.v[at->in[0]].s;
+    scores = shape_numel(qs) / qs->dim[qs->rank - 1] * c->T;
+    /* the tensors computed from q, k, v (params): none of the scores' size
+     * (a bias of that size, the user's, depends on none of them) */
+    bool *dep = xcalloc((size_t)g->t.n, sizeof(bool));
+    for (int t = 0; t < g->t.n; t++)
+        dep[t] = g->t.v[t].kind == TK_PARAM;
+    for (int i = 0; i < g->ops.n; i++)
+        for (int j = 0; j < g->ops.v[i].nin; j++)
+            dep[g->ops.v[i].out] = dep[g->ops.v[i].out] || dep[g->ops.v[i].in[j]];
+    for (int t = 0; t < g->t.n; t++) {
+        const Shape *s = &g->t.v[t].s;
+        if (c->bias ? dep[t] && shape_numel(s) >= scores
+                    : s->rank >= 2 && s->dim[s->rank - 1] == c->T && s->dim[s->rank - 2] == c->T)
+            fail_msg("%s: a T x T tensor %%%d", what, t);
+    }
+    free(dep);
+    backend_vs_interp(g, 1, what);
+    backend_vs_interp(g, 2, what);
+    ir_free(g);
+    fe_model_free(m);
+}
+
 static void test_backend(void **state)
 {
     (void)state;
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        const Case *c = &cases[i];
-        char what[160];
-        describe(c, what, sizeof what);
-        Model *m = load_model("tests/data/attn_variants.lua", c->sets, c->nsets);
-        Graph *g = ir_clone(m->g);
-        RtGraphFlags gf = {.memory_budget = -1};
-        PassOpts po;
-        rt_pass_opts(&m->train, &gf, &po);
-        assert_true(po.attention);
-        Diag d = {{0}};
-        if (!pass_pipeline(g, &po, NULL, NULL, NULL, &d))
-            fail_msg("%s: pipeline: %s", what, d.msg);
-        assert_true(count_code(g, OP_ATTENTION) == 1);
-        /* no T x T tensor anywhere in the step */
-        for (int t = 0; t < g->t.n; t++) {
-            const Shape *s = &g->t.v[t].s;
-            if (s->rank >= 2 && s->dim[s->rank - 1] == c->T && s->dim[s->rank - 2] == c->T)
-                fail_msg("%s: a T x T tensor %%%d", what, t);
-        }
-        backend_vs_interp(g, 1, what);
-        backend_vs_interp(g, 2, what);
-        ir_free(g);
-        fe_model_free(m);
-    }
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        backend_case("tests/data/attn_variants.lua", &cases[i]);
+}
+
+/* nn.attention's bias and mask tensors (tests/data/attn_bias.lua), fused:
+ * shapes [T,T], [H,T,T], [B,1,T,T], [B,1,1,T] (key padding) and
+ * [B,H,T,T], with and without the causal mask, a window, ALiBi; T = 37,
+ * 70 and 150 (not multiples of the tiles), one key tile to three; masks
+ * that drop whole tiles (the C kernels skip them). */
+static const Case bias_cases[] = {
+    {{"kind=bias", "bshape=TT", "T=37"}, 3, 3, 0, 0, 1, 37, IR_ATTN_BIAS},
+    {{"kind=bias", "bshape=HTT", "T=70", "causal=0"}, 4, 3, 0, 0, 0, 70, IR_ATTN_BIAS},
+    {{"kind=bias", "bshape=B1TT", "T=70", "alibi=1"}, 4, 3, 0, 1, 1, 70, IR_ATTN_BIAS},
+    {{"kind=bias", "bshape=B11T", "T=37", "causal=0"}, 4, 3, 0, 0, 0, 37, IR_ATTN_BIAS},
+    {{"kind=bias", "bshape=BHTT", "T=70", "window=9"}, 4, 3, 9, 0, 1, 70, IR_ATTN_BIAS},
+    {{"kind=mask", "bshape=TT", "T=70", "causal=0"}, 4, 3, 0, 0, 0, 70, IR_ATTN_MASK},
+    {{"kind=mask", "bshape=HTT", "T=37"}, 3, 3, 0, 0, 1, 37, IR_ATTN_MASK},
+    {{"kind=mask", "bshape=B1TT", "T=70", "window=40", "alibi=1"}, 5, 3, 40, 1, 1, 70,
+     IR_ATTN_MASK},
+    {{"kind=mask", "bshape=B11T", "T=70", "causal=0"}, 4, 3, 0, 0, 0, 70, IR_ATTN_MASK},
+    /* key padding past key 40 of 150: the kernels skip the key tiles (and,
+     * in dk/dv, the key tiles' query walks) the mask drops whole */
+    {{"kind=mask", "bshape=B11T", "T=150", "causal=0", "pad=40"}, 5, 3, 0, 0, 0, 150,
+     IR_ATTN_MASK},
+    {{"kind=mask", "bshape=HTT", "T=150", "pad=20"}, 4, 3, 0, 0, 1, 150, IR_ATTN_MASK},
+};
+
+static void test_bias_interp(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < sizeof bias_cases / sizeof bias_cases[0]; i++)
+        fused_vs_unfused("tests/data/attn_bias.lua", &bias_cases[i]);
+}
+
+static void test_bias_backend(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < sizeof bias_cases / sizeof bias_cases[0]; i++)
+        backend_case("tests/data/attn_bias.lua", &bias_cases[i]);
+}
+
+/* A bias that needs a gradient (a param) stays unfused, and the attention
+ * pass's dump says so; the step still trains it (grad.bias exists). */
+static void test_bias_learned(void **state)
+{
+    (void)state;
+    const char *sets[] = {"kind=learned", "bshape=HTT"};
+    Model *m = load_model("tests/data/attn_bias.lua", sets, 2);
+    Graph *g = ir_clone(m->g);
+    PassOpts o;
+    pass_opts_default(&o);
+    o.attention = true;
+    Diag d = {{0}};
+    assert_true(pass_attention(g, &o, &d));
+    assert_int_equal(count_code(g, OP_ATTENTION), 0);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    pass_dump("attention", g, NULL, f);
+    fclose(f);
+    if (!strstr(buf, "not fused: its additive bias depends on a param"))
+        fail_msg("attention dump lacks the reason:\n%s", buf);
+    free(buf);
+    assert_true(pass_autodiff(g, &o, &d));
+    assert_true(ir_find_output(g, "grad.bias") >= 0);
+    ir_free(g);
+    /* the fused ones say which variant they are */
+    const char *s2[] = {"kind=mask", "bshape=B11T", "window=4"};
+    fe_model_free(m);
+    m = load_model("tests/data/attn_bias.lua", s2, 3);
+    g = ir_clone(m->g);
+    assert_true(pass_attention(g, &o, &d));
+    f = open_memstream(&buf, &len);
+    pass_dump("attention", g, NULL, f);
+    fclose(f);
+    if (!strstr(buf, "fused, causal, window 4, mask %") || !strstr(buf, "u8[2,1,1,37]") ||
+        !strstr(buf, "{causal=1,scale=0.25,window=4,mask=1}"))
+        fail_msg("attention dump:\n%s", buf);
+    free(buf);
+    ir_free(g);
+    fe_model_free(m);
 }
 
 /* nn.CausalSelfAttention with the variants: the step with the attention
  * pass (head layout, attention_dqkv with kvh, folded or not) against the
- * step without it, on the CPU backend: every gradient to 1e-5. */
+ * step without it, on the CPU backend: every gradient to 1e-5; a
+ * key-padding mask too (the head layout reads it as [B, 1, 1, T]). */
 static void test_csa_on_off(void **state)
 {
     (void)state;
-    static const char *const sets[][5] = {
-        {"kv_heads=2", "B=2", "T=37", "window=0", "alibi=0"},
-        {"kv_heads=1", "B=4", "T=70", "window=9", "alibi=0"},
-        {"kv_heads=2", "B=5", "T=37", "window=0", "alibi=1"},
-        {"kv_heads=4", "B=1", "T=70", "window=33", "alibi=1"},
-        {"kv_heads=2", "B=4", "T=70", "window=2", "alibi=1"},
+    static const char *const sets[][6] = {
+        {"kv_heads=2", "B=2", "T=37", "window=0", "alibi=0", "mask=0"},
+        {"kv_heads=1", "B=4", "T=70", "window=9", "alibi=0", "mask=0"},
+        {"kv_heads=2", "B=5", "T=37", "window=0", "alibi=1", "mask=0"},
+        {"kv_heads=4", "B=1", "T=70", "window=33", "alibi=1", "mask=0"},
+        {"kv_heads=2", "B=4", "T=70", "window=2", "alibi=1", "mask=0"},
+        {"kv_heads=4", "B=4", "T=70", "window=0", "alibi=0", "mask=1"}, /* 16 items: folded */
+        {"kv_heads=2", "B=3", "T=37", "window=5", "alibi=1", "mask=1"},
     };
     for (int fold = 1; fold >= 0; fold--) {
         if (!fold)
             setenv("KILN_ATTN_FOLD", "0", 1);
         for (size_t c = 0; c < sizeof sets / sizeof sets[0]; c++) {
-            Model *m = load_model("tests/data/attn_csa.lua", sets[c], 5);
+            Model *m = load_model("tests/data/attn_csa.lua", sets[c], 6);
             Graph *g[2];
             Exec *e[2];
             void **host = NULL;
@@ -382,6 +495,8 @@ static void test_csa_on_off(void **state)
                     assert_int_equal(ir_attn_kvh(&dqkv->attr), atoi(sets[c][0] + 9));
                     assert_int_equal(ir_attn_window(&dqkv->attr), atoi(sets[c][3] + 7));
                     assert_int_equal(ir_attn_alibi(&dqkv->attr), atoi(sets[c][4] + 6));
+                    assert_int_equal(ir_attn_bias(&dqkv->attr),
+                                     atoi(sets[c][5] + 5) ? IR_ATTN_MASK : 0);
                 }
                 ExecOpts eo = {.threads = 2};
                 if (!(e[on] = rt_exec_create(g[on], &eo, &d)))
@@ -487,6 +602,53 @@ static void test_text(void **state)
         if (!strstr(msg, bad[i][1]))
             fail_msg("%s: message '%s' lacks '%s'", bad[i][0], msg, bad[i][1]);
     }
+    /* a bias and a mask: the last operand, printed and parsed back; a
+     * shape that does not fit the scores, or a mask that is not u8, refused */
+    const char *bm =
+        "kiln-ir v1\n"
+        "%q:f32[2,4,5,8] = input \"q\"\n"
+        "%b:f32[4,5,5] = input \"b\"\n"
+        "%m:u8[2,1,1,5] = input \"m\"\n"
+        "%o:f32[2,4,5,8] = attention %q, %q, %q, %b {causal=1,scale=0.5,bias=1}\n"
+        "%l:f32[2,4,5,1] = attention_lse %q, %q, %m {causal=0,scale=0.5,window=0,mask=1}\n"
+        "output \"o\" %o\noutput \"l\" %l\n";
+    g = parse_or_fail(bm);
+    f = open_memstream(&buf, &len);
+    ir_print(g, f);
+    fclose(f);
+    if (!strstr(buf, "attention %q, %q, %q, %b {causal=1,scale=0.5,bias=1}") &&
+        !strstr(buf, "{causal=1,scale=0.5,bias=1}"))
+        fail_msg("printed:\n%s", buf);
+    assert_non_null(strstr(buf, "{causal=0,scale=0.5,mask=1}"));
+    g2 = parse_or_fail(buf);
+    f = open_memstream(&buf2, &len);
+    ir_print(g2, f);
+    fclose(f);
+    assert_string_equal(buf, buf2);
+    free(buf);
+    free(buf2);
+    ir_free(g);
+    ir_free(g2);
+    static const char *const badb[][3] = {
+        {"f32[4,5,6]", "bias=1", "broadcastable to the scores"},
+        {"f32[2,4,5,5]", "mask=1", "a u8 tensor"},
+        {"f32[2,1,4,1,5]", "bias=1", "broadcastable to the scores"},
+        {"f32[5,5]", "bias=1,mask=1", "not both"},
+    };
+    for (size_t i = 0; i < sizeof badb / sizeof badb[0]; i++) {
+        char text[1024];
+        snprintf(text, sizeof text,
+                 "kiln-ir v1\n%%q:f32[2,4,5,8] = input \"q\"\n%%b:%s = input \"b\"\n"
+                 "%%o:f32[2,4,5,8] = attention %%q, %%q, %%q, %%b {causal=1,scale=0.5,%s}\n"
+                 "output \"o\" %%o\n",
+                 badb[i][0], badb[i][1]);
+        char msg[512] = "";
+        Graph *gb = ir_parse(text, "bad.ir", msg, sizeof msg);
+        if (gb)
+            fail_msg("%s %s parsed", badb[i][0], badb[i][1]);
+        if (!strstr(msg, badb[i][2]))
+            fail_msg("%s: message '%s' lacks '%s'", badb[i][0], msg, badb[i][2]);
+    }
     /* k's heads must divide q's */
     char msg[512] = "";
     Graph *gb = ir_parse("kiln-ir v1\n%q:f32[2,4,5,8] = input \"q\"\n"
@@ -507,6 +669,9 @@ int main(void)
         cmocka_unit_test(test_handwritten),
         cmocka_unit_test(test_bias_mask),
         cmocka_unit_test(test_backend),
+        cmocka_unit_test(test_bias_interp),
+        cmocka_unit_test(test_bias_backend),
+        cmocka_unit_test(test_bias_learned),
         cmocka_unit_test(test_csa_on_off),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

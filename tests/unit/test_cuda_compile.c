@@ -542,14 +542,17 @@ static void test_attention_kernels(void **state)
     /* and the variants (docs/fusion.md): 4 key/value heads of the 12, a
      * window of 256 and ALiBi (forward, dq, dk+dv; vr 1); ALiBi alone in
      * attention_dqkv's dq and dk+dv (vr 2; the fused backward takes no
-     * variant) */
+     * variant); a key-padding mask [B,1,1,T] (u8; vr 3) and a bias [H,T,T]
+     * (in the kernels' dtype; vr 4; also attention_dqkv's dk+dv) */
     static const struct {
         int kind, d;
         bool dqkv;
         int vr;
     } heads[] = {{0, 64, 0, 0}, {1, 64, 0, 0}, {2, 64, 0, 0}, {0, 128, 0, 0},
                  {1, 64, 1, 0}, {2, 64, 1, 0}, {3, 64, 1, 0}, {0, 64, 0, 1},
-                 {1, 64, 0, 1}, {2, 64, 0, 1}, {1, 64, 1, 2}, {2, 64, 1, 2}};
+                 {1, 64, 0, 1}, {2, 64, 0, 1}, {1, 64, 1, 2}, {2, 64, 1, 2},
+                 {0, 64, 0, 3}, {1, 64, 0, 3}, {2, 64, 0, 3}, {0, 64, 0, 4},
+                 {1, 64, 0, 4}, {2, 64, 1, 4}};
     enum { NF = sizeof forms / sizeof forms[0], NH = sizeof heads / sizeof heads[0] };
     CgCudaFn fns[2 * (NF + NH)];
     memset(fns, 0, sizeof fns);
@@ -582,7 +585,15 @@ static void test_attention_kernels(void **state)
             a.lay.g = H / K;
             a.lay.nhk = K;
             a.lay.window = heads[i].vr == 1 ? 256 : 0;
-            a.lay.ah = heads[i].vr ? H : 0;
+            a.lay.ah = heads[i].vr == 1 || heads[i].vr == 2 ? H : 0;
+            a.lay.bdiv = a.lay.bmod = 1;
+            if (heads[i].vr == 3) { /* [1,1,1,T]: one row for every item */
+                a.lay.bias = IR_ATTN_MASK, a.bdt = DT_U8;
+                a.lay.bdiv = H, a.lay.bbs = T, a.lay.bjs = 1;
+            } else if (heads[i].vr == 4) { /* [H,T,T] */
+                a.lay.bias = IR_ATTN_BIAS, a.bdt = a.dt;
+                a.lay.bmod = H, a.lay.bbs = T * T, a.lay.bis = T, a.lay.bjs = 1;
+            }
             if (heads[i].dqkv) {
                 a.lay.dq = a.lay.q;
                 a.lay.dk = a.lay.k;
