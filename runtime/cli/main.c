@@ -137,6 +137,9 @@ static const char usage_train[] =
     "                       zero=1 shards the optimizer state over the ranks)\n"
     "  --tp N               tensor parallelism (--set tp=N): N ranks share each\n"
     "                       layer; --nproc is the total, tp x dp\n"
+    "  --pp N               pipeline stages (--set pp=N): the model cut into N\n"
+    "                       stages, micro_batches (else grad_accum) per step,\n"
+    "                       schedule 1f1b or gpipe; --nproc is tp x pp x dp\n"
     "                       (docs/parallel.md; --set sequence_parallel=true)\n"
     "  --no-overlap         start every gradient all-reduce after backward (the\n"
     "                       baseline the comm pass's placement is measured against)\n"
@@ -662,7 +665,7 @@ out:
 static int cmd_train(int argc, char **argv)
 {
     VEC(const char *) sets = {0};
-    int tp = 0;
+    int tp = 0, pp = 0;
     TrainOpts o = {0};
     int nproc = 1;
     int64_t budget = -1;
@@ -685,6 +688,11 @@ static int cmd_train(int argc, char **argv)
             if (!int_flag("train", "--tp", v, 1, MAX_NPROC, &n))
                 return 2;
             tp = (int)n;
+        } else if ((v = flag_value(argc, argv, &i, "--pp"))) {
+            int64_t n;
+            if (!int_flag("train", "--pp", v, 1, MAX_NPROC, &n))
+                return 2;
+            pp = (int)n;
         } else if ((v = flag_value(argc, argv, &i, "--threads"))) {
             int64_t n;
             if (!int_flag("train", "--threads", v, 1, MAX_THREADS, &n))
@@ -773,7 +781,7 @@ static int cmd_train(int argc, char **argv)
     /* --steps N is --set steps=N, last (it wins): the script's config key
      * steps, which its schedule reads (warmup, the cosine's end), or
      * train.steps when the config has no such key */
-    char steps_set[32], tp_set[32];
+    char steps_set[32], tp_set[32], pp_set[32];
     if (o.steps > 0) {
         snprintf(steps_set, sizeof steps_set, "steps=%lld", (long long)o.steps);
         vec_push(&sets, steps_set);
@@ -782,12 +790,31 @@ static int cmd_train(int argc, char **argv)
         snprintf(tp_set, sizeof tp_set, "tp=%d", tp);
         vec_push(&sets, tp_set);
     }
+    if (pp > 0) { /* --pp N is --set pp=N */
+        snprintf(pp_set, sizeof pp_set, "pp=%d", pp);
+        vec_push(&sets, pp_set);
+    }
     char err[2048];
     Model *m = fe_load_model(model, sets.v, sets.n, err, sizeof err);
     vec_free(&sets);
     if (!m) {
         fprintf(stderr, "%s\n", err);
         return 1;
+    }
+    if (m->train.pp > 1 && !getenv("OMPI_COMM_WORLD_SIZE")) { /* before the ranks start */
+        Diag pd = {{0}};
+        int64_t need = m->train.pp * (m->train.tp > 1 ? m->train.tp : 1);
+        if (!rt_pp_check(&m->train, &o, &pd))
+            fprintf(stderr, "kiln train: %s\n", pd.msg);
+        else if (nproc % need != 0)
+            fprintf(stderr,
+                    "kiln train: --pp %lld: --nproc %d is not a multiple of tp x pp = %lld "
+                    "(expected ranks = tp x pp x dp)\n", (long long)m->train.pp, nproc,
+                    (long long)need);
+        if (pd.msg[0] || nproc % need != 0) {
+            fe_model_free(m);
+            return 2;
+        }
     }
     if (budget >= 0)
         m->train.memory_budget = budget;

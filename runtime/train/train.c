@@ -851,11 +851,17 @@ static bool build(Run *r, Diag *d)
                        .no_fuse_attention = r->o->no_fuse_attention};
     rt_pass_opts(&r->c, &gf, &po);
     double t_start = ir_now();
-    r->tg = ir_clone(r->m->g);
-    if (r->o->log_dir)
-        po.memplan = &r->mp; /* the report's memory timeline */
-    if (!pass_pipeline(r->tg, &po, NULL, NULL, NULL, d))
-        return false;
+    RtPp *pp = rt_dp_pp(r->dp);
+    if (pp) { /* pipeline stages: this stage's optimizer step (runtime/dist/pp.c) */
+        if (!(r->tg = rt_pp_build(pp, r->m->g, &po, d)))
+            return false;
+    } else {
+        r->tg = ir_clone(r->m->g);
+        if (r->o->log_dir)
+            po.memplan = &r->mp; /* the report's memory timeline */
+        if (!pass_pipeline(r->tg, &po, NULL, NULL, NULL, d))
+            return false;
+    }
     if (r->o->dump_ir && rt_dp_rank(r->dp) == 0 && gf.tp_rank == 0) { /* kiln compile's */
         char *ir = ir_print_str(r->tg);
         const void *chunk = ir;
@@ -865,15 +871,15 @@ static bool build(Run *r, Diag *d)
         if (!ok)
             return false;
     }
-    r->eg = ir_clone(r->m->eval_g ? r->m->eval_g : r->m->g); /* dropout off */
-    if (!pass_attention(r->eg, &po, d) || !pass_partition(r->eg, &po, d) ||
+    r->eg = pp ? NULL : ir_clone(r->m->eval_g ? r->m->eval_g : r->m->g); /* dropout off */
+    if (r->eg && (!pass_attention(r->eg, &po, d) || !pass_partition(r->eg, &po, d) ||
         !pass_attention_layout(r->eg, &po, d) ||
         !pass_simplify(r->eg, &po, d) ||
         !pass_fuse(r->eg, &po, d) ||
-        !pass_schedule(r->eg, &po, d))
+        !pass_schedule(r->eg, &po, d)))
         return false;
     char err[1024];
-    if (!ir_verify(r->eg, err, sizeof err))
+    if (r->eg && !ir_verify(r->eg, err, sizeof err))
         die("evaluation graph invalid after simplify/schedule: %s", err);
     ExecOpts eo = {.device = r->o->device, .threads = r->o->threads,
                    .profile = r->o->profile || r->o->trace || r->o->log_dir,
@@ -888,7 +894,7 @@ static bool build(Run *r, Diag *d)
         return false;
     eo.profile = false;
     eo.arena_of = r->te; /* the evaluation runs in the step's temporaries (host backends) */
-    if (!(r->ee = rt_exec_create(r->eg, &eo, d)))
+    if (r->eg && !(r->ee = rt_exec_create(r->eg, &eo, d)))
         return false;
     /* settings only the GPU reads: say so rather than ignore them silently */
     if (strcmp(rt_exec_device(r->te), "cpu") == 0 && rt_dp_world_rank(r->dp) == 0 &&
@@ -903,7 +909,7 @@ static bool build(Run *r, Diag *d)
                 "kiln: note: tp = %lld, but %s marks no param for tensor parallelism "
                 "(shard(), nn's parallel options: docs/parallel.md): each TP rank runs the "
                 "whole step\n", (long long)r->c.tp, r->m->path);
-    r->flops = ir_graph_flops(r->tg);
+    r->flops = ir_graph_flops(r->tg) + rt_pp_flops(pp);
     /* MFU's denominator: --peak-gflops, else on the CPU the measured FMA
      * peak of the threads this rank runs (runtime/cpu/measure.c, cached) */
     r->peak_gflops = r->o->peak_gflops;
@@ -940,7 +946,9 @@ static bool build(Run *r, Diag *d)
     if (r->o->verbose)
         printf("compiled: training step %d ops, %.3g FLOP/step; evaluation %d ops; "
                "%.1f s\n",
-               r->tg->ops.n, r->flops, r->eg->ops.n, ir_now() - t_start);
+               r->tg->ops.n, r->flops, r->eg ? r->eg->ops.n : 0, ir_now() - t_start);
+    if (pp && r->o->verbose && rt_dp_world_rank(r->dp) == 0)
+        rt_pp_print(pp, stdout);
     return true;
 }
 
@@ -1216,7 +1224,8 @@ int rt_train(const Model *m, const TrainOpts *o)
     int64_t log_every = log_interval(&r.c, r.c.steps - r.step);
     double last_status = 0; /* when the status line was last rewritten (10 per s at most) */
     find_extra_scalars(&r);
-    if (r.c.eval_batches == TRAIN_EVAL_ALL && rt_data_has_val(r.ds) && !check_eval_all(&r, &d))
+    if (r.eg && r.c.eval_batches == TRAIN_EVAL_ALL && rt_data_has_val(r.ds) &&
+        !check_eval_all(&r, &d))
         goto out;
     r.grad_norm_t = ir_find_output(r.tg, "grad_norm");
     if (o->log_dir && rt_dp_world_rank(r.dp) == 0) {
@@ -1383,7 +1392,8 @@ int rt_train(const Model *m, const TrainOpts *o)
         goto out;
     }
     bool es_stop;
-    if (rt_data_has_val(r.ds) && (!evaluate(&r, &d) || !rt_es_after_eval(&r, &es_stop, &d)))
+    if (r.eg && rt_data_has_val(r.ds) &&
+        (!evaluate(&r, &d) || !rt_es_after_eval(&r, &es_stop, &d)))
         goto out;
     if (ckpt && !save_checkpoint(&r, ckpt, &d))
         goto out;
@@ -1395,11 +1405,19 @@ int rt_train(const Model *m, const TrainOpts *o)
                      "training diverged by step %lld: \"%s\" is not finite (an update "
                      "overflowed: try a lower lr); no weights written",
                      (long long)r.step, bad);
-        void **wv = r.vals;
+        void **wv = r.vals, **ppw = NULL;
         const Graph *wg = r.tpw && !bad ? rt_tp_whole(r.tpw, r.comm, r.tg, r.vals, &wv) : r.tg;
-        if (bad || (rt_dp_tp_rank(r.dp) == 0 && !rt_weights_save(o->save_weights, wg, wv, &d)))
+        if (rt_dp_pp(r.dp) && !bad) { /* whole params on stage 0, one rank's layout */
+            wg = rt_pp_whole(rt_dp_pp(r.dp), r.tg, r.vals, &ppw);
+            wv = ppw;
+        }
+        bool wrote = !bad && wg && rt_dp_tp_rank(r.dp) == 0;
+        if (bad || (wrote && !rt_weights_save(o->save_weights, wg, wv, &d))) {
+            rt_pp_whole_free(rt_dp_pp(r.dp), ppw);
             goto out;
-        if (!o->quiet)
+        }
+        rt_pp_whole_free(rt_dp_pp(r.dp), ppw);
+        if (!o->quiet && wrote)
             printf("weights: %s\n", o->save_weights);
     }
     double loop_ms = 1e3 * (ir_now() - loop0);

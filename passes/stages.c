@@ -1,0 +1,492 @@
+/* stages.c - pipeline stages: the cut of a forward graph into n stages,
+ * each stage's own graphs, and the schedules (gpipe, 1f1b) as data.
+ *
+ * The cut: stage s runs the forward ops [first[s], first[s+1]) in program
+ * order. A boundary sits between two ops; the tensors crossing it (made
+ * before it, read after it) are sent forward and their gradients back.
+ * Tensors made only from constants (iota, const, and ops of them: masks,
+ * scales) never cross: a stage that reads one makes it again. The cut
+ * takes, for each boundary, a place with the fewest bytes crossing (the
+ * residual stream between blocks in a transformer) between the first and
+ * the last op that reads a param, and among those the
+ * one whose share of the graph's cost (ir_op_flops, plus the bytes each op
+ * moves at one FLOP per byte) is nearest s/n of the total. A param is
+ * owned by every stage that reads it (gpt's tied wte: the first stage's
+ * embedding and the last's head). */
+#include "passes.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+const char *pass_stage_schedule_name(int kind)
+{
+    return kind == PASS_SCHED_GPIPE ? "gpipe" : "1f1b";
+}
+
+int pass_stage_schedule_parse(const char *name)
+{
+    if (!name || strcmp(name, "1f1b") == 0)
+        return PASS_SCHED_1F1B;
+    if (strcmp(name, "gpipe") == 0)
+        return PASS_SCHED_GPIPE;
+    return -1;
+}
+
+/* static[t]: t is made from constants only (no input, param or state). */
+static bool *const_only(const Graph *g)
+{
+    bool *st = xcalloc((size_t)g->t.n + 1, sizeof(bool));
+    for (int i = 0; i < g->ops.n; i++) {
+        const Op *op = &g->ops.v[i];
+        bool s = ir_opinfo[op->code].cls != OC_RANDOM;
+        for (int j = 0; j < op->nin && s; j++)
+            s = st[op->in[j]];
+        st[op->out] = s;
+    }
+    return st;
+}
+
+static double op_cost(const Graph *g, const Op *op)
+{
+    return ir_op_flops(g, op) + ir_op_bytes(g, op);
+}
+
+void pass_stage_cut_free(PassStageCut *c)
+{
+    if (!c)
+        return;
+    free(c->first);
+    free(c->cost);
+    free(c->bytes);
+    for (int s = 0; c->cross && s <= c->n; s++)
+        free(c->cross[s]);
+    free(c->cross);
+    free(c->ncross);
+    memset(c, 0, sizeof *c);
+}
+
+/* The tensors crossing boundary p (made by an op before p, read at or
+ * after p, not made from constants only), into out (ids ascending);
+ * their count; their bytes into *bytes. */
+static int crossing(const Graph *g, const int *last_use, const bool *st, int p, int *out,
+                    int64_t *bytes)
+{
+    int n = 0;
+    *bytes = 0;
+    for (int i = 0; i < g->t.n; i++) {
+        const Tensor *t = &g->t.v[i];
+        if (t->op < 0 || t->op >= p || st[i] || last_use[i] < p)
+            continue;
+        if (out)
+            out[n] = i;
+        n++;
+        *bytes += shape_bytes(&t->s);
+    }
+    return n;
+}
+
+bool pass_stage_cut(const Graph *g, int n, PassStageCut *c, Diag *d)
+{
+    memset(c, 0, sizeof *c);
+    int nops = g->ops.n;
+    if (g->upd.n > 0) {
+        snprintf(d->msg, sizeof d->msg,
+                 "pp = %d: the model updates state in its forward (state(), BatchNorm's "
+                 "statistics), which pipeline stages do not carry yet (expected a model "
+                 "without state updates, got %d)", n, g->upd.n);
+        return false;
+    }
+    for (int i = 0; i < nops; i++)
+        if (ir_opinfo[g->ops.v[i].code].cls == OC_RANDOM) {
+            const Op *op = &g->ops.v[i];
+            snprintf(d->msg, sizeof d->msg,
+                     "%s:%d: pp = %d: random ops (dropout) do not run under pipeline stages "
+                     "yet (expected dropout = 0, got a %s op)",
+                     op->loc.file ? op->loc.file : "?", op->loc.line, n,
+                     ir_opinfo[op->code].name);
+            return false;
+        }
+    bool *st = const_only(g);
+    int *last_use = xmalloc(sizeof(int) * (size_t)(g->t.n + 1));
+    for (int i = 0; i < g->t.n; i++)
+        last_use[i] = -1;
+    for (int i = 0; i < nops; i++)
+        for (int j = 0; j < g->ops.v[i].nin; j++)
+            last_use[g->ops.v[i].in[j]] = i;
+    for (int i = 0; i < g->outs.n; i++)
+        last_use[g->outs.v[i].t] = nops;
+    /* prefix cost; candidate boundaries p in (0, nops): some op that is not
+     * constant-only on each side, something crossing */
+    double *pre = xcalloc((size_t)nops + 2, sizeof(double));
+    for (int i = 0; i < nops; i++)
+        pre[i + 1] = pre[i] + (st[g->ops.v[i].out] ? 0 : op_cost(g, &g->ops.v[i]));
+    int64_t *cb = xmalloc(sizeof(int64_t) * (size_t)(nops + 2));
+    /* every stage reads a param: no cut before the first op that reads
+     * one, nor after the last (the loss's tail) */
+    int first_real = nops, last_real = -1;
+    for (int i = 0; i < nops; i++)
+        for (int j = 0; j < g->ops.v[i].nin; j++)
+            if (g->t.v[g->ops.v[i].in[j]].kind == TK_PARAM) {
+                if (first_real == nops)
+                    first_real = i;
+                last_real = i;
+            }
+    int64_t best = -1;
+    int ncand = 0;
+    for (int p = 0; p <= nops; p++) {
+        cb[p] = -1;
+        if (p <= first_real || p > last_real)
+            continue;
+        int64_t b;
+        if (crossing(g, last_use, st, p, NULL, &b) == 0)
+            continue;
+        cb[p] = b;
+        if (best < 0 || b < best)
+            best = b;
+    }
+    for (int p = 0; p <= nops; p++)
+        ncand += cb[p] == best;
+    int loss = ir_find_output(g, "loss");
+    if (ncand < n - 1 || loss < 0) {
+        if (loss < 0)
+            snprintf(d->msg, sizeof d->msg,
+                     "pp = %d: the model has no output \"loss\" (expected one)", n);
+        else
+            snprintf(d->msg, sizeof d->msg,
+                     "--pp %d: more stages than places to cut the model (expected pp <= %d: "
+                     "the model has %d boundaries of %s crossing, between its blocks)",
+                     n, ncand + 1, ncand, best >= 0 ? "the fewest bytes" : "any bytes");
+        free(st);
+        free(last_use);
+        free(pre);
+        free(cb);
+        return false;
+    }
+    c->n = n;
+    c->first = xcalloc((size_t)n + 1, sizeof(int));
+    c->cost = xcalloc((size_t)n + 1, sizeof(double));
+    c->bytes = xcalloc((size_t)n + 1, sizeof(int64_t));
+    c->cross = xcalloc((size_t)n + 1, sizeof(int *));
+    c->ncross = xcalloc((size_t)n + 1, sizeof(int));
+    c->first[0] = 0;
+    c->first[n] = nops;
+    /* boundary s: the candidate nearest s/n of the cost, after boundary
+     * s-1 and leaving a candidate for each later boundary */
+    int prev = 0;
+    for (int s = 1; s < n; s++) {
+        double want = pre[nops] * s / n;
+        int pick = -1, left = 0;
+        for (int p = nops; p > prev; p--) {
+            if (cb[p] != best)
+                continue;
+            if (left < n - 1 - s) { /* keep one for each later boundary */
+                left++;
+                continue;
+            }
+            if (pick < 0 || fabs(pre[p] - want) < fabs(pre[pick] - want))
+                pick = p;
+        }
+        c->first[s] = prev = pick;
+    }
+    for (int s = 0; s < n; s++)
+        c->cost[s] = pre[c->first[s + 1]] - pre[c->first[s]];
+    for (int s = 1; s < n; s++) {
+        c->cross[s] = xmalloc(sizeof(int) * (size_t)(g->t.n + 1));
+        c->ncross[s] = crossing(g, last_use, st, c->first[s], c->cross[s], &c->bytes[s]);
+    }
+    if (g->t.v[loss].op < c->first[n - 1]) {
+        snprintf(d->msg, sizeof d->msg,
+                 "pp = %d: the loss is made before the last stage (internal cut error)", n);
+        free(st);
+        free(last_use);
+        free(pre);
+        free(cb);
+        pass_stage_cut_free(c);
+        return false;
+    }
+    free(st);
+    free(last_use);
+    free(pre);
+    free(cb);
+    return true;
+}
+
+/* keep[i]: op i runs in stage s (its range, and the constant-only ops
+ * whose results the range reads, transitively) */
+static bool *stage_ops(const Graph *g, const PassStageCut *c, int s)
+{
+    bool *st = const_only(g);
+    bool *keep = xcalloc((size_t)g->ops.n + 1, sizeof(bool));
+    for (int i = c->first[s]; i < c->first[s + 1]; i++)
+        keep[i] = true;
+    for (int i = c->first[s + 1] - 1; i >= 0; i--) {
+        if (!keep[i])
+            continue;
+        const Op *op = &g->ops.v[i];
+        for (int j = 0; j < op->nin; j++) {
+            int p = g->t.v[op->in[j]].op;
+            if (p >= 0 && p < c->first[s] && st[op->in[j]])
+                keep[p] = true;
+        }
+    }
+    free(st);
+    return keep;
+}
+
+bool pass_stage_owns(const Graph *g, const PassStageCut *c, int s, int t)
+{
+    bool *keep = stage_ops(g, c, s), own = false;
+    for (int i = 0; i < g->ops.n && !own; i++)
+        for (int j = 0; keep[i] && j < g->ops.v[i].nin; j++)
+            own |= g->ops.v[i].in[j] == t;
+    free(keep);
+    return own;
+}
+
+static char *pname(const char *pre, int k)
+{
+    char buf[64];
+    snprintf(buf, sizeof buf, "%s.%d", pre, k);
+    return (char *)intern(buf);
+}
+
+Graph *pass_stage_graph(const Graph *fwd, const PassStageCut *c, int s, bool backward)
+{
+    Graph *g = ir_clone(fwd);
+    bool *keep = stage_ops(fwd, c, s);
+    bool *drop = xcalloc((size_t)g->ops.n + 1, sizeof(bool));
+    for (int i = 0; i < g->ops.n; i++)
+        drop[i] = !keep[i];
+    int last = c->n - 1;
+    /* outputs: the last stage keeps "loss" (and, forward only, the others
+     * it makes); the others send what crosses their end */
+    VEC(GraphOutput) outs = {0};
+    for (int i = 0; s == last && i < g->outs.n; i++) {
+        int t = g->outs.v[i].t;
+        bool mine = g->t.v[t].op >= 0 && keep[g->t.v[t].op];
+        if (mine && (!backward || strcmp(g->outs.v[i].name, "loss") == 0))
+            vec_push(&outs, g->outs.v[i]);
+    }
+    g->outs.n = 0;
+    ir_drop_ops(g, drop);
+    for (int k = 0; s > 0 && k < c->ncross[s]; k++) {
+        Tensor *t = &g->t.v[c->cross[s][k]];
+        t->kind = backward ? TK_PARAM : TK_INPUT;
+        t->name = pname("pp.recv", k);
+        t->init = (ParamInit){INIT_ZEROS, 0, 0};
+    }
+    for (int i = 0; i < outs.n; i++)
+        ir_add_output(g, outs.v[i].name, outs.v[i].t);
+    vec_free(&outs);
+    if (s < last) {
+        int loss = -1;
+        for (int k = 0; k < c->ncross[s + 1]; k++) {
+            int y = c->cross[s + 1][k];
+            if (!backward) {
+                ir_add_output(g, pname("pp.send", k), y);
+                continue;
+            }
+            /* loss = sum_k sum(y_k * seed_k): d loss / d y_k = seed_k */
+            Shape ys = g->t.v[y].s;
+            int seed = ir_add_input(g, TK_INPUT, pname("pp.seed", k), ys, (ParamInit){0});
+            SrcLoc loc = g->ops.v[g->t.v[y].op].loc;
+            int m = ir_op_x(g, OP_MUL, (int[]){y, seed}, 2, &(OpAttr){0}, loc);
+            if (ys.rank > 0) {
+                OpAttr r = {.nia = ys.rank};
+                for (int a = 0; a < ys.rank; a++)
+                    r.ia[a] = a;
+                m = ir_op_x(g, OP_REDUCE_SUM, &m, 1, &r, loc);
+                OpAttr sc = {.rank = 0};
+                m = ir_op_x(g, OP_RESHAPE, &m, 1, &sc, loc);
+            }
+            loss = loss < 0 ? m : ir_op_x(g, OP_ADD, (int[]){loss, m}, 2, &(OpAttr){0}, loc);
+        }
+        if (backward)
+            ir_add_output(g, "loss", loss);
+    }
+    ir_compact(g);
+    free(keep);
+    free(drop);
+    return g;
+}
+
+/* ---- schedules --------------------------------------------------------- */
+
+int pass_stage_schedule(int kind, int n, int m, int s, PassStageAct *out)
+{
+    int k = 0, f = 0, b = 0;
+    if (kind == PASS_SCHED_GPIPE) {
+        for (int i = 0; i < m; i++)
+            out[k++] = (PassStageAct){'F', i};
+        for (int i = 0; i < m; i++)
+            out[k++] = (PassStageAct){'B', i};
+        return k;
+    }
+    /* 1f1b: n - 1 - s forwards to fill the pipe, then one forward and one
+     * backward in turn, then the backwards left */
+    int warm = n - 1 - s < m ? n - 1 - s : m;
+    for (; f < warm; f++)
+        out[k++] = (PassStageAct){'F', f};
+    while (f < m) {
+        out[k++] = (PassStageAct){'F', f++};
+        out[k++] = (PassStageAct){'B', b++};
+    }
+    while (b < m)
+        out[k++] = (PassStageAct){'B', b++};
+    return k;
+}
+
+void pass_stage_schedule_print(int kind, int n, int m, FILE *f)
+{
+    /* slots: F takes 1, B 2 (a backward is about twice a forward); an
+     * action starts when its stage is free and its input has arrived */
+    PassStageAct *a = xmalloc(sizeof(PassStageAct) * (size_t)(n * 2 * m + 1));
+    int *fend = xcalloc((size_t)(n * m) + 1, sizeof(int));
+    int *bend = xcalloc((size_t)(n * m) + 1, sizeof(int));
+    int *pos = xcalloc((size_t)n + 1, sizeof(int)), *clock = xcalloc((size_t)n + 1, sizeof(int));
+    int *start = xmalloc(sizeof(int) * (size_t)(n * 2 * m + 1));
+    for (int s = 0; s < n; s++)
+        pass_stage_schedule(kind, n, m, s, a + s * 2 * m);
+    for (int i = 0; i < n * m; i++)
+        fend[i] = bend[i] = -1;
+    for (bool moved = true; moved;) {
+        moved = false;
+        for (int s = 0; s < n; s++) {
+            while (pos[s] < 2 * m) {
+                PassStageAct x = a[s * 2 * m + pos[s]];
+                int ready = clock[s];
+                if (x.kind == 'F' && s > 0) {
+                    if (fend[(s - 1) * m + x.mb] < 0)
+                        break;
+                    if (fend[(s - 1) * m + x.mb] > ready)
+                        ready = fend[(s - 1) * m + x.mb];
+                }
+                if (x.kind == 'B' && s < n - 1) {
+                    if (bend[(s + 1) * m + x.mb] < 0)
+                        break;
+                    if (bend[(s + 1) * m + x.mb] > ready)
+                        ready = bend[(s + 1) * m + x.mb];
+                }
+                if (x.kind == 'B' && fend[s * m + x.mb] < 0)
+                    die("pass_stage_schedule_print: B%d before F%d on stage %d", x.mb, x.mb, s);
+                start[s * 2 * m + pos[s]] = ready;
+                clock[s] = ready + (x.kind == 'F' ? 1 : 2);
+                (x.kind == 'F' ? fend : bend)[s * m + x.mb] = clock[s];
+                pos[s]++;
+                moved = true;
+            }
+        }
+    }
+    int T = 0;
+    for (int s = 0; s < n; s++) {
+        if (pos[s] < 2 * m)
+            die("pass_stage_schedule_print: the %s schedule deadlocks at stage %d",
+                pass_stage_schedule_name(kind), s);
+        if (clock[s] > T)
+            T = clock[s];
+    }
+    fprintf(f, "# stages: pp = %d, micro-batches = %d, schedule = %s (slots: F 1, B 2)\n", n, m,
+            pass_stage_schedule_name(kind));
+    fprintf(f, "# slot   ");
+    for (int t = 0; t < T; t++)
+        fprintf(f, " %3d", t);
+    fputc('\n', f);
+    int busy = 0;
+    for (int s = 0; s < n; s++) {
+        fprintf(f, "stage %2d:", s);
+        char *row = xmalloc((size_t)T * 4 + 1);
+        for (int t = 0; t < T; t++)
+            memcpy(row + 4 * t, "   .", 4);
+        for (int i = 0; i < 2 * m; i++) {
+            PassStageAct x = a[s * 2 * m + i];
+            int len = x.kind == 'F' ? 1 : 2;
+            busy += len;
+            for (int t = start[s * 2 * m + i]; t < start[s * 2 * m + i] + len; t++) {
+                char cell[8];
+                snprintf(cell, sizeof cell, "%4s", "");
+                snprintf(cell, sizeof cell, " %c%-2d", x.kind, x.mb);
+                memcpy(row + 4 * t, cell, 4);
+            }
+        }
+        row[4 * T] = 0;
+        fprintf(f, "%s\n", row);
+        free(row);
+    }
+    fprintf(f, "# bubble: %.1f%% of %d stages x %d slots idle (formula (p-1)/(m+p-1) = %.1f%%)\n",
+            100.0 * (n * T - busy) / (n * T), n, T, 100.0 * (n - 1) / (m + n - 1));
+    /* each stage's program, with its sends and receives */
+    for (int s = 0; s < n; s++) {
+        fprintf(f, "stage %d program:", s);
+        for (int i = 0; i < 2 * m; i++) {
+            PassStageAct x = a[s * 2 * m + i];
+            if (x.kind == 'F') {
+                if (s > 0)
+                    fprintf(f, " recv(act %d <- %d)", x.mb, s - 1);
+                fprintf(f, " F%d", x.mb);
+                if (s < n - 1)
+                    fprintf(f, " send(act %d -> %d)", x.mb, s + 1);
+            } else {
+                if (s < n - 1)
+                    fprintf(f, " recv(grad %d <- %d)", x.mb, s + 1);
+                fprintf(f, " B%d", x.mb);
+                if (s > 0)
+                    fprintf(f, " send(grad %d -> %d)", x.mb, s - 1);
+            }
+        }
+        fputc('\n', f);
+    }
+    free(a);
+    free(fend);
+    free(bend);
+    free(pos);
+    free(clock);
+    free(start);
+}
+
+void pass_stage_cut_print(const Graph *g, const PassStageCut *c, FILE *f)
+{
+    double total = 0;
+    for (int s = 0; s < c->n; s++)
+        total += c->cost[s];
+    for (int s = 0; s < c->n; s++) {
+        int np = 0;
+        int64_t pb = 0;
+        for (int i = 0; i < g->t.n; i++)
+            if (g->t.v[i].kind == TK_PARAM && pass_stage_owns(g, c, s, i)) {
+                np++;
+                pb += shape_bytes(&g->t.v[i].s);
+            }
+        const Op *op = &g->ops.v[c->first[s]];
+        char b[32];
+        fprintf(f, "# stage %d: ops %d..%d (from %s:%d), cost %.1f%%, %d params (%s)", s,
+                c->first[s], c->first[s + 1] - 1, op->loc.file ? op->loc.file : "?",
+                op->loc.line, total > 0 ? 100.0 * c->cost[s] / total : 0, np,
+                ir_fmt_bytes((double)pb, 2, b, sizeof b));
+        if (s > 0) {
+            fprintf(f, "; receives");
+            for (int k = 0; k < c->ncross[s]; k++) {
+                char sb[128];
+                fprintf(f, " %%%d:%s", c->cross[s][k],
+                        shape_str(g, &g->t.v[c->cross[s][k]].s, sb, sizeof sb));
+            }
+            fprintf(f, " (%s)", ir_fmt_bytes((double)c->bytes[s], 2, b, sizeof b));
+        }
+        fputc('\n', f);
+    }
+    for (int i = 0; i < g->t.n; i++) {
+        if (g->t.v[i].kind != TK_PARAM)
+            continue;
+        int own = 0;
+        for (int s = 0; s < c->n; s++)
+            own += pass_stage_owns(g, c, s, i);
+        if (own > 1) {
+            fprintf(f, "# tied: \"%s\" is read by stages", g->t.v[i].name);
+            for (int s = 0; s < c->n; s++)
+                if (pass_stage_owns(g, c, s, i))
+                    fprintf(f, " %d", s);
+            fprintf(f, " (its gradient is summed over them before the update)\n");
+        }
+    }
+}
