@@ -67,6 +67,9 @@ static const char usage_compile[] =
     "                       (shard(), nn's parallel options); prints the rank's\n"
     "                       params, gradients, optimizer state and TP collectives\n"
     "  --tp-rank R          whose graph to compile and dump (default 0)\n"
+    "  --pp N               pipeline stages (--set pp=N): prints the stage cut and\n"
+    "                       the schedule of micro_batches (else grad_accum) as a\n"
+    "                       table (--dump-after=stages: DIR/stages.txt)\n"
     "  --no-overlap         every all-reduce starts after backward\n"
     "  --remat-sweep        print the remat table: budgets from the smallest\n"
     "                       feasible to the no-recompute peak, auto and each\n"
@@ -171,6 +174,7 @@ typedef struct {
     int nproc;             /* --nproc: compile for N ranks (tp x dp) */
     int tp, tp_rank;       /* --tp: tensor-parallel ranks (train.tp); --tp-rank: whose graph */
     int tp_on;             /* the model's tp (train.tp after --set and --tp) */
+    char pp_set[32];       /* --pp N: "pp=N" (a --set, last) */
     bool no_overlap;       /* --no-overlap */
     bool no_fuse;          /* --no-fuse */
     bool no_fuse_attention; /* --no-fuse-attention (--fuse-attention: false) */
@@ -242,7 +246,48 @@ static bool wants_dump(const CompileArgs *a, const char *pass)
 static bool known_dump(const char *name)
 {
     return strcmp(name, "all") == 0 || strcmp(name, "frontend") == 0 ||
-           strcmp(name, "memplan") == 0 || pass_find(name) != NULL;
+           strcmp(name, "memplan") == 0 || strcmp(name, "stages") == 0 ||
+           pass_find(name) != NULL;
+}
+
+/* pp > 1: the stage cut of the forward graph and the schedule (the
+ * `stages` dump): to standard output, and to DIR/stages.txt when
+ * --dump-after=stages (or all) with --dump-dir. False on a user error. */
+static bool print_stages(const Model *m, const PassOpts *po, const char *dir, bool dump)
+{
+    Graph *g = ir_clone(m->g);
+    PassStageCut c;
+    Diag d = {{0}};
+    int sched = pass_stage_schedule_parse(m->train.schedule);
+    int mb = (int)(m->train.micro_batches > 0 ? m->train.micro_batches : m->train.grad_accum);
+    bool ok = pass_attention(g, po, &d) && pass_stage_cut(g, (int)m->train.pp, &c, &d);
+    if (!ok) {
+        fprintf(stderr, "kiln compile: %s\n", d.msg);
+        ir_free(g);
+        return false;
+    }
+    printf("pipeline stages (pp = %lld; each stage's own graphs are compiled by kiln train):\n",
+           (long long)m->train.pp);
+    pass_stage_cut_print(g, &c, stdout);
+    pass_stage_schedule_print(sched, c.n, mb, stdout);
+    if (dir && dump) {
+        char *path = xasprintf("%s/stages.txt", dir);
+        FILE *f = fopen(path, "w");
+        if (f) {
+            fprintf(f, "> After stages:\n");
+            pass_stage_cut_print(g, &c, f);
+            pass_stage_schedule_print(sched, c.n, mb, f);
+            ok = fclose(f) == 0;
+        } else {
+            ok = false;
+        }
+        if (!ok)
+            fprintf(stderr, "kiln compile: cannot write %s\n", path);
+        free(path);
+    }
+    pass_stage_cut_free(&c);
+    ir_free(g);
+    return ok;
 }
 
 static FILE *dump_fopen(const char *path, bool *error);
@@ -450,6 +495,11 @@ static int cmd_compile(int argc, char **argv)
             if (!int_flag("compile", "--tp", v, 1, MAX_NPROC, &n))
                 return 2;
             a.tp = (int)n;
+        } else if ((v = flag_value(argc, argv, &i, "--pp"))) {
+            int64_t n;
+            if (!int_flag("compile", "--pp", v, 1, MAX_NPROC, &n))
+                return 2;
+            snprintf(a.pp_set, sizeof a.pp_set, "pp=%d", (int)n);
         } else if ((v = flag_value(argc, argv, &i, "--tp-rank"))) {
             int64_t n;
             if (!int_flag("compile", "--tp-rank", v, 0, MAX_NPROC - 1, &n))
@@ -560,6 +610,8 @@ static int cmd_compile(int argc, char **argv)
         return 1;
     }
     char err[2048], tp_set[32];
+    if (a.pp_set[0])
+        vec_push(&a.sets, a.pp_set);
     if (a.tp > 0) { /* --tp N is --set tp=N, last (it wins) */
         snprintf(tp_set, sizeof tp_set, "tp=%d", a.tp);
         vec_push(&a.sets, tp_set);
@@ -627,6 +679,8 @@ static int cmd_compile(int argc, char **argv)
         die("kiln compile: the pipeline left no memory plan");
     cli_print_summary(m, m->g, g, mp);
     cli_print_tp(g);
+    if (m->train.pp > 1 && !print_stages(m, &po, a.dump_dir, wants_dump(&a, "stages")))
+        rc = 1;
     cli_print_remat(&rr, g, po.memory_budget);
     if (!cli_print_fusion(m, g, &po))
         rc = 1;
