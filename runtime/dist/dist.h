@@ -31,10 +31,11 @@ bool rt_comm_open(double timeout_s, RtComm **c, Diag *d);
  * group's (the ranks holding the same TP part); false with d set when tp
  * does not divide the ranks. */
 bool rt_comm_open_tp(double timeout_s, int tp, RtComm **c, Diag *d);
-/* The same with pipeline stages: ranks = tp x pp x dp, TP innermost (kiln
- * plan's order): world rank w is TP rank w % tp of stage (w / tp) % pp of
- * pipeline (dp rank) w / (tp pp). The dp group holds the ranks of one TP
- * rank and stage; false with d set when tp x pp does not divide the ranks. */
+/* The same with pipeline stages: TP innermost, then DP, then PP (kiln
+ * plan's order, Megatron-LM's): world rank w is TP rank w % tp of dp rank
+ * (w / tp) % dp in stage w / (tp dp). The dp group holds the ranks of one
+ * TP rank and stage; false with d set when tp x pp does not divide the
+ * ranks. */
 bool rt_comm_open_pp(double timeout_s, int tp, int pp, RtComm **c, Diag *d);
 /* Pipeline stages (runtime/dist/pp.c), over this rank's pipeline (the
  * ranks of its TP rank and dp rank, one per stage, addressed by stage),

@@ -762,15 +762,16 @@ bool rt_comm_open_pp(double timeout_s, int tp, int pp, RtComm **out, Diag *d)
     }
     /* ranks = tp x dp, TP innermost: world rank w is TP rank w % tp of dp
      * group w / tp; the dp group of TP rank t is every tp-th rank from t */
-    /* with pp > 1: ranks = tp x pp x dp, TP innermost (kiln plan's order):
-     * w is TP rank w % tp of stage (w / tp) % pp of pipeline w / (tp pp);
-     * the dp group holds the ranks of one TP rank and stage */
+    /* with pp > 1: ranks = tp x dp x pp, TP innermost, then DP, then PP
+     * (kiln plan's order, Megatron-LM's): w is TP rank w % tp of dp rank
+     * (w / tp) % dp in stage w / (tp dp); the dp group holds the ranks of
+     * one TP rank and stage */
     c->tp = tp;
     c->tp_rank = c->wrank % tp;
     c->pp = pp > 1 ? pp : 1;
-    c->pp_stage = (c->wrank / tp) % c->pp;
-    c->rank = c->wrank / (tp * c->pp);
     c->size = c->wsize / (tp * c->pp);
+    c->pp_stage = c->wrank / (tp * c->size);
+    c->rank = (c->wrank / tp) % c->size;
     int dp_color = c->tp_rank + tp * c->pp_stage;
     const char *ls = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
     c->local_size = ls && atoi(ls) > 0 ? atoi(ls) : 1;

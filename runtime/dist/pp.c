@@ -74,8 +74,6 @@ bool rt_pp_check(const TrainCfg *c, const TrainOpts *o, Diag *d)
         bad = "--init-from";
     else if (o->log_dir)
         bad = "--log-dir";
-    else if (c->eval_every > 0)
-        bad = "eval_every";
     else if (c->sample_every > 0)
         bad = "sample_every";
     else if (o->device && strcmp(o->device, "cuda") == 0)
@@ -84,8 +82,8 @@ bool rt_pp_check(const TrainCfg *c, const TrainOpts *o, Diag *d)
         bad = "early_stop";
     if (bad) {
         snprintf(d->msg, sizeof d->msg,
-                 "--pp %lld: %s does not run with pipeline stages yet (expected pp = 1 with "
-                 "it, or a run without it)", (long long)c->pp, bad);
+                 "--pp %lld: pipeline stages do not run with %s yet (expected pp = 1 "
+                 "with it, or a run without it)", (long long)c->pp, bad);
         return false;
     }
     if (pass_stage_schedule_parse(c->schedule) < 0) {

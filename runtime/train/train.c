@@ -1346,7 +1346,7 @@ int rt_train(const Model *m, const TrainOpts *o)
                    skipped);
             fflush(stdout);
         }
-        if (r.c.eval_every > 0 && r.step % r.c.eval_every == 0 && r.step < r.steps &&
+        if (r.eg && r.c.eval_every > 0 && r.step % r.c.eval_every == 0 && r.step < r.steps &&
             rt_data_has_val(r.ds)) {
             if (!evaluate(&r, &d))
                 goto out;

@@ -70,7 +70,7 @@ typedef struct TrainCfg {
                                  best evaluation (of early_stop's metric, else val_loss) */
     int64_t tp;               /* tensor-parallel ranks (>= 1): ranks = tp x dp, TP innermost */
     const char *sequence_parallel; /* "true": between the TP blocks, split along T */
-    int64_t pp;               /* pipeline stages (>= 1): ranks = tp x pp x dp (runtime/dist/pp.c) */
+    int64_t pp;               /* pipeline stages (>= 1): ranks = tp x dp x pp, TP innermost, PP outermost (pp.c) */
     int64_t micro_batches;    /* micro-batches per step under pp (0: grad_accum's) */
     const char *schedule;     /* under pp: "1f1b" or "gpipe" (passes/stages.c) */
     int64_t sample_every;     /* print a sample every N steps (0: never; sample.c) */
