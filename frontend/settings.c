@@ -60,7 +60,7 @@ static const FeTrainKey train_keys[] = {
     TKS(sequence_parallel, "false", "true, false"),
     TKI(pp, "1", 1, 4096),
     TKI(micro_batches, "0", 0, 1024),
-    TKS(schedule, "1f1b", "1f1b, gpipe"),
+    TKS(schedule, "1f1b", "1f1b, gpipe, zb-h1"),
     TKD(comm_timeout, "60", 0, 1e6, 1, 0),
     TKS(on_nonfinite, "stop", "stop, skip"),
     TKI(sample_every, "0", 0, BIG),

@@ -428,28 +428,40 @@ bool pass_stage_owns(const Graph *g, const PassStageCut *c, int s, int t);
  * stage). backward: the graph autodiff differentiates: "pp.recv.K" are
  * params (their gradients are sent back), and a non-last stage's "loss"
  * is sum_K sum(pp.send.K * pp.seed.K), inputs "pp.seed.K" holding the
- * gradients received for what it sent; the last stage keeps only "loss". */
+ * gradients received for what it sent, and "pp.send.K" stay outputs; the
+ * last stage keeps only "loss". */
 Graph *pass_stage_graph(const Graph *fwd, const PassStageCut *c, int s, bool backward);
+/* The differentiated stage graph g (pass_stage_graph(..., true), then
+ * autodiff) split into three programs: F, the forward ops (what is sent,
+ * the last stage's loss, and what B and W read); B, the backward ops the
+ * received tensors' gradients ("grad.pp.recv.K") need; W, the other
+ * backward ops (the params' gradients, "grad.P"). A tensor a later part
+ * reads is an output "pp.stash.T" of its part and an input of that name of
+ * the reader (T: its id in g). A part may have no ops (stage 0 has no B). */
+void pass_stage_split(const Graph *g, bool last, Graph **f, Graph **b, Graph **w);
 /* Prints the cut: each stage's ops, cost share, params and what it
  * receives; the params read by several stages (tied). */
 void pass_stage_cut_print(const Graph *g, const PassStageCut *c, FILE *f);
-/* Schedules: each stage's order of F (forward) and B (backward) of the m
- * micro-batches. */
-enum { PASS_SCHED_1F1B, PASS_SCHED_GPIPE };
+/* Schedules: each stage's order of F (forward), B (the received tensors'
+ * gradients) and W (the params' gradients) of the m micro-batches; gpipe
+ * and 1f1b run each W right after its B, zb-h1 moves W's into the slots
+ * where 1f1b idles, holding no more micro-batches than 1f1b (stages.c). */
+enum { PASS_SCHED_1F1B, PASS_SCHED_GPIPE, PASS_SCHED_ZBH1 };
 typedef struct {
-    char kind; /* 'F' or 'B' */
+    char kind; /* 'F', 'B' or 'W' */
     int mb;    /* micro-batch */
 } PassStageAct;
 const char *pass_stage_schedule_name(int kind);
 int pass_stage_schedule_parse(const char *name); /* -1: unknown */
-/* Stage s's 2m actions into out; their count (2m). Receives: an F of a
+/* Stage s's 3m actions into out; their count (3m). Receives: an F of a
  * stage s > 0 first receives its activation from s-1, a B of s < n-1 its
  * gradient from s+1; an F of s < n-1 ends by sending its activation, a B
- * of s > 0 by sending the received activation's gradient. */
+ * of s > 0 by sending the received activation's gradient. W's run in
+ * micro-batch order. */
 int pass_stage_schedule(int kind, int n, int m, int s, PassStageAct *out);
-/* The `stages` dump: the schedule as a table, stages by time slots (F one
- * slot, B two), the idle share next to (p-1)/(m+p-1), and each stage's
- * program with its sends and receives. */
+/* The `stages` dump: the schedule as a table, stages by time slots (F, B
+ * and W one slot each), the idle share next to (p-1)/(m+p-1), and each
+ * stage's program with its sends and receives. */
 void pass_stage_schedule_print(int kind, int n, int m, FILE *f);
 
 #endif

@@ -22,7 +22,7 @@
 
 const char *pass_stage_schedule_name(int kind)
 {
-    return kind == PASS_SCHED_GPIPE ? "gpipe" : "1f1b";
+    return kind == PASS_SCHED_GPIPE ? "gpipe" : kind == PASS_SCHED_ZBH1 ? "zb-h1" : "1f1b";
 }
 
 int pass_stage_schedule_parse(const char *name)
@@ -31,6 +31,8 @@ int pass_stage_schedule_parse(const char *name)
         return PASS_SCHED_1F1B;
     if (strcmp(name, "gpipe") == 0)
         return PASS_SCHED_GPIPE;
+    if (strcmp(name, "zb-h1") == 0)
+        return PASS_SCHED_ZBH1;
     return -1;
 }
 
@@ -303,8 +305,11 @@ Graph *pass_stage_graph(const Graph *fwd, const PassStageCut *c, int s, bool bac
             }
             loss = loss < 0 ? m : ir_op_x(g, OP_ADD, (int[]){loss, m}, 2, &(OpAttr){0}, loc);
         }
-        if (backward)
+        if (backward) {
             ir_add_output(g, "loss", loss);
+            for (int k = 0; k < c->ncross[s + 1]; k++)
+                ir_add_output(g, pname("pp.send", k), c->cross[s + 1][k]);
+        }
     }
     ir_compact(g);
     free(keep);
@@ -312,9 +317,124 @@ Graph *pass_stage_graph(const Graph *fwd, const PassStageCut *c, int s, bool bac
     return g;
 }
 
+/* ---- F, B and W --------------------------------------------------------- */
+
+/* mark[t's producer] = v for every op on the path to tensor t that is
+ * not yet marked and passes the filter (backward: OPF_BACKWARD ops only;
+ * else any op); ops reached outside the filter go to *also (if non-NULL). */
+static void reach(const Graph *g, int t, int *mark, int v, bool backward, bool *also)
+{
+    VEC(int) st = {0};
+    vec_push(&st, t);
+    while (st.n > 0) {
+        int x = st.v[--st.n], p = g->t.v[x].op;
+        if (p < 0)
+            continue;
+        bool bw = (g->ops.v[p].flags & OPF_BACKWARD) != 0;
+        if (backward && !bw) {
+            if (also)
+                also[p] = true;
+            continue;
+        }
+        if (mark[p] >= 0)
+            continue;
+        mark[p] = v;
+        for (int j = 0; j < g->ops.v[p].nin; j++)
+            vec_push(&st, g->ops.v[p].in[j]);
+    }
+    vec_free(&st);
+}
+
+static const char *stash_name(int t)
+{
+    char buf[48];
+    snprintf(buf, sizeof buf, "pp.stash.%d", t);
+    return intern(buf);
+}
+
+/* The part `which` of g (ops with part[i] == which): tensors of earlier
+ * parts it reads are inputs "pp.stash.T", tensors later parts read are
+ * outputs of that name; g's outputs made by this part stay. */
+static Graph *part_graph(const Graph *g, const int *part, int which)
+{
+    Graph *p = ir_clone(g);
+    int nt = g->t.n;
+    bool *later = xcalloc((size_t)nt + 1, sizeof(bool)), *reads = xcalloc((size_t)nt + 1, 1);
+    for (int i = 0; i < g->ops.n; i++)
+        for (int j = 0; j < g->ops.v[i].nin; j++) {
+            int t = g->ops.v[i].in[j];
+            if (part[i] > which)
+                later[t] = true;
+            if (part[i] == which)
+                reads[t] = true;
+        }
+    bool *drop = xcalloc((size_t)g->ops.n + 1, sizeof(bool));
+    for (int i = 0; i < g->ops.n; i++)
+        drop[i] = part[i] != which;
+    p->outs.n = 0;
+    ir_drop_ops(p, drop);
+    for (int t = 0; t < nt; t++) {
+        int op = g->t.v[t].op;
+        if (op < 0 || !reads[t] || part[op] == which)
+            continue;
+        if (part[op] < 0 || part[op] > which)
+            die("part_graph: part %d reads %%%d of part %d", which, t, part[op]);
+        p->t.v[t].name = stash_name(t);
+    }
+    for (int i = 0; i < g->outs.n; i++) {
+        int op = g->t.v[g->outs.v[i].t].op;
+        if (op >= 0 && part[op] == which)
+            ir_add_output(p, g->outs.v[i].name, g->outs.v[i].t);
+    }
+    for (int t = 0; t < nt; t++) {
+        int op = g->t.v[t].op;
+        if (op >= 0 && part[op] == which && later[t])
+            ir_add_output(p, stash_name(t), t);
+    }
+    ir_compact(p);
+    free(later);
+    free(reads);
+    free(drop);
+    return p;
+}
+
+void pass_stage_split(const Graph *g, bool last, Graph **f, Graph **b, Graph **w)
+{
+    int n = g->ops.n;
+    int *part = xmalloc(sizeof(int) * (size_t)(n + 1));
+    bool *fwd = xcalloc((size_t)n + 1, sizeof(bool));
+    for (int i = 0; i < n; i++)
+        part[i] = -1;
+    /* B: what the received tensors' gradients need; W: what the params'
+     * need besides; F: the forward ops those read, and what is sent (the
+     * last stage: the loss) */
+    for (int i = 0; i < g->outs.n; i++)
+        if (strncmp(g->outs.v[i].name, "grad.pp.recv.", 13) == 0)
+            reach(g, g->outs.v[i].t, part, 1, true, fwd);
+    for (int i = 0; i < g->outs.n; i++)
+        if (strncmp(g->outs.v[i].name, "grad.", 5) == 0 &&
+            strncmp(g->outs.v[i].name, "grad.pp.recv.", 13) != 0)
+            reach(g, g->outs.v[i].t, part, 2, true, fwd);
+    for (int i = 0; i < g->outs.n; i++)
+        if (strncmp(g->outs.v[i].name, "pp.send.", 8) == 0 ||
+            (last && strcmp(g->outs.v[i].name, "loss") == 0))
+            reach(g, g->outs.v[i].t, part, 0, false, NULL);
+    for (int i = 0; i < n; i++)
+        if (fwd[i] && part[i] < 0)
+            reach(g, g->ops.v[i].out, part, 0, false, NULL);
+    *f = part_graph(g, part, 0);
+    *b = part_graph(g, part, 1);
+    *w = part_graph(g, part, 2);
+    free(part);
+    free(fwd);
+}
+
 /* ---- schedules --------------------------------------------------------- */
 
-int pass_stage_schedule(int kind, int n, int m, int s, PassStageAct *out)
+/* Stage s's order of F and B (2m): gpipe every F then every B; 1f1b (and
+ * zb-h1) n - 1 - s forwards to fill the pipe, then one forward and one
+ * backward in turn, then the backwards left. */
+static void fb_order(int kind, int n, int m, int s, PassStageAct *out)
 {
     int k = 0, f = 0, b = 0;
     if (kind == PASS_SCHED_GPIPE) {
@@ -322,10 +442,8 @@ int pass_stage_schedule(int kind, int n, int m, int s, PassStageAct *out)
             out[k++] = (PassStageAct){'F', i};
         for (int i = 0; i < m; i++)
             out[k++] = (PassStageAct){'B', i};
-        return k;
+        return;
     }
-    /* 1f1b: n - 1 - s forwards to fill the pipe, then one forward and one
-     * backward in turn, then the backwards left */
     int warm = n - 1 - s < m ? n - 1 - s : m;
     for (; f < warm; f++)
         out[k++] = (PassStageAct){'F', f};
@@ -335,113 +453,156 @@ int pass_stage_schedule(int kind, int n, int m, int s, PassStageAct *out)
     }
     while (b < m)
         out[k++] = (PassStageAct){'B', b++};
-    return k;
+}
+
+/* Every stage's 3m actions (acts[s*3m + i]) and the slot each starts in
+ * (F, B and W one slot each), listed by simulation: a stage runs the next
+ * F or B of its order once its input has arrived (an F's activation from
+ * s-1, a B's gradient from s+1); gpipe and 1f1b run each W right after its
+ * B; zb-h1 runs a W where the next F or B cannot run yet (the bubbles),
+ * or where more than n - 1 - s W's wait on stage s (its F's and B's keep
+ * 1f1b's order, so F-to-B activations peak as under 1f1b; the waiting W's
+ * hold their inputs). The W's run in micro-batch order.
+ * Returns the number of slots. */
+static int simulate(int kind, int n, int m, PassStageAct *acts, int *start)
+{
+    int M3 = 3 * m;
+    PassStageAct *seq = xmalloc(sizeof(PassStageAct) * (size_t)(2 * m * n + 1));
+    int *fend = xmalloc(sizeof(int) * (size_t)(n * m + 1));
+    int *bend = xmalloc(sizeof(int) * (size_t)(n * m + 1));
+    int *pos = xcalloc((size_t)n + 1, sizeof(int)), *na = xcalloc((size_t)n + 1, sizeof(int));
+    int *nf = xcalloc((size_t)n + 1, sizeof(int)), *nw = xcalloc((size_t)n + 1, sizeof(int));
+    int *nb = xcalloc((size_t)n + 1, sizeof(int));
+    for (int s = 0; s < n; s++)
+        fb_order(kind, n, m, s, seq + s * 2 * m);
+    for (int i = 0; i < n * m; i++)
+        fend[i] = bend[i] = -1;
+    int t = 0;
+    for (;; t++) {
+        bool all = true;
+        for (int s = 0; s < n; s++)
+            all &= na[s] == M3;
+        if (all)
+            break;
+        if (t > 16 * M3 * n + 16)
+            die("pass_stage_schedule: the %s schedule deadlocks", pass_stage_schedule_name(kind));
+        for (int s = 0; s < n; s++) {
+            if (na[s] == M3 || (na[s] > 0 && start[s * M3 + na[s] - 1] + 1 > t))
+                continue;
+            PassStageAct x = {0, -1};
+            bool wpend = nw[s] < nb[s];
+            /* zb-h1: stage s keeps at most n - 1 - s W's waiting (the
+             * first stage, with the longest drain, the most) */
+            bool force = kind == PASS_SCHED_ZBH1 ? nb[s] - nw[s] > n - 1 - s : wpend;
+            if (force) {
+                x = (PassStageAct){'W', nw[s]};
+            } else if (pos[s] < 2 * m) {
+                PassStageAct y = seq[s * 2 * m + pos[s]];
+                int k = y.mb;
+                bool ready;
+                if (y.kind == 'F')
+                    ready = s == 0 || (fend[(s - 1) * m + k] >= 0 && fend[(s - 1) * m + k] <= t);
+                else
+                    ready = fend[s * m + k] >= 0 && fend[s * m + k] <= t &&
+                            (s == n - 1 ||
+                             (bend[(s + 1) * m + k] >= 0 && bend[(s + 1) * m + k] <= t));
+                if (ready) {
+                    x = y;
+                    pos[s]++;
+                }
+            }
+            if (x.mb < 0 && wpend)
+                x = (PassStageAct){'W', nw[s]};
+            if (x.mb < 0)
+                continue;
+            acts[s * M3 + na[s]] = x;
+            start[s * M3 + na[s]] = t;
+            na[s]++;
+            if (x.kind == 'F')
+                fend[s * m + x.mb] = t + 1, nf[s]++;
+            else if (x.kind == 'B')
+                bend[s * m + x.mb] = t + 1, nb[s]++;
+            else
+                nw[s]++;
+        }
+    }
+    free(seq);
+    free(fend);
+    free(bend);
+    free(pos);
+    free(na);
+    free(nf);
+    free(nw);
+    free(nb);
+    return t;
+}
+
+int pass_stage_schedule(int kind, int n, int m, int s, PassStageAct *out)
+{
+    PassStageAct *a = xmalloc(sizeof(PassStageAct) * (size_t)(n * 3 * m + 1));
+    int *start = xmalloc(sizeof(int) * (size_t)(n * 3 * m + 1));
+    simulate(kind, n, m, a, start);
+    memcpy(out, a + s * 3 * m, sizeof(PassStageAct) * (size_t)(3 * m));
+    free(a);
+    free(start);
+    return 3 * m;
 }
 
 void pass_stage_schedule_print(int kind, int n, int m, FILE *f)
 {
-    /* slots: F takes 1, B 2 (a backward is about twice a forward); an
-     * action starts when its stage is free and its input has arrived */
-    PassStageAct *a = xmalloc(sizeof(PassStageAct) * (size_t)(n * 2 * m + 1));
-    int *fend = xcalloc((size_t)(n * m) + 1, sizeof(int));
-    int *bend = xcalloc((size_t)(n * m) + 1, sizeof(int));
-    int *pos = xcalloc((size_t)n + 1, sizeof(int)), *clock = xcalloc((size_t)n + 1, sizeof(int));
-    int *start = xmalloc(sizeof(int) * (size_t)(n * 2 * m + 1));
-    for (int s = 0; s < n; s++)
-        pass_stage_schedule(kind, n, m, s, a + s * 2 * m);
-    for (int i = 0; i < n * m; i++)
-        fend[i] = bend[i] = -1;
-    for (bool moved = true; moved;) {
-        moved = false;
-        for (int s = 0; s < n; s++) {
-            while (pos[s] < 2 * m) {
-                PassStageAct x = a[s * 2 * m + pos[s]];
-                int ready = clock[s];
-                if (x.kind == 'F' && s > 0) {
-                    if (fend[(s - 1) * m + x.mb] < 0)
-                        break;
-                    if (fend[(s - 1) * m + x.mb] > ready)
-                        ready = fend[(s - 1) * m + x.mb];
-                }
-                if (x.kind == 'B' && s < n - 1) {
-                    if (bend[(s + 1) * m + x.mb] < 0)
-                        break;
-                    if (bend[(s + 1) * m + x.mb] > ready)
-                        ready = bend[(s + 1) * m + x.mb];
-                }
-                if (x.kind == 'B' && fend[s * m + x.mb] < 0)
-                    die("pass_stage_schedule_print: B%d before F%d on stage %d", x.mb, x.mb, s);
-                start[s * 2 * m + pos[s]] = ready;
-                clock[s] = ready + (x.kind == 'F' ? 1 : 2);
-                (x.kind == 'F' ? fend : bend)[s * m + x.mb] = clock[s];
-                pos[s]++;
-                moved = true;
-            }
-        }
-    }
-    int T = 0;
-    for (int s = 0; s < n; s++) {
-        if (pos[s] < 2 * m)
-            die("pass_stage_schedule_print: the %s schedule deadlocks at stage %d",
-                pass_stage_schedule_name(kind), s);
-        if (clock[s] > T)
-            T = clock[s];
-    }
-    fprintf(f, "# stages: pp = %d, micro-batches = %d, schedule = %s (slots: F 1, B 2)\n", n, m,
-            pass_stage_schedule_name(kind));
+    int M3 = 3 * m;
+    PassStageAct *a = xmalloc(sizeof(PassStageAct) * (size_t)(n * M3 + 1));
+    int *start = xmalloc(sizeof(int) * (size_t)(n * M3 + 1));
+    int T = simulate(kind, n, m, a, start);
+    fprintf(f, "# stages: pp = %d, micro-batches = %d, schedule = %s (slots: F, B, W one each)\n",
+            n, m, pass_stage_schedule_name(kind));
     fprintf(f, "# slot   ");
     for (int t = 0; t < T; t++)
         fprintf(f, " %3d", t);
     fputc('\n', f);
-    int busy = 0;
     for (int s = 0; s < n; s++) {
         fprintf(f, "stage %2d:", s);
-        char *row = xmalloc((size_t)T * 4 + 1);
+        char *row = xmalloc((size_t)T * 4 + 8);
         for (int t = 0; t < T; t++)
             memcpy(row + 4 * t, "   .", 4);
-        for (int i = 0; i < 2 * m; i++) {
-            PassStageAct x = a[s * 2 * m + i];
-            int len = x.kind == 'F' ? 1 : 2;
-            busy += len;
-            for (int t = start[s * 2 * m + i]; t < start[s * 2 * m + i] + len; t++) {
-                char cell[8];
-                snprintf(cell, sizeof cell, "%4s", "");
-                snprintf(cell, sizeof cell, " %c%-2d", x.kind, x.mb);
-                memcpy(row + 4 * t, cell, 4);
-            }
+        for (int i = 0; i < M3; i++) {
+            char cell[16];
+            snprintf(cell, sizeof cell, " %c%-2d", a[s * M3 + i].kind, a[s * M3 + i].mb % 100);
+            memcpy(row + 4 * start[s * M3 + i], cell, 4);
         }
-        row[4 * T] = 0;
+        int e = 4 * T;
+        while (e > 0 && row[e - 1] == ' ')
+            e--;
+        row[e] = 0;
         fprintf(f, "%s\n", row);
         free(row);
     }
-    fprintf(f, "# bubble: %.1f%% of %d stages x %d slots idle (formula (p-1)/(m+p-1) = %.1f%%)\n",
-            100.0 * (n * T - busy) / (n * T), n, T, 100.0 * (n - 1) / (m + n - 1));
+    fprintf(f, "# bubble: %.1f%% of %d stages x %d slots idle (1f1b's formula (p-1)/(m+p-1) = "
+            "%.1f%%)\n", 100.0 * (n * T - n * M3) / (n * T), n, T, 100.0 * (n - 1) / (m + n - 1));
     /* each stage's program, with its sends and receives */
     for (int s = 0; s < n; s++) {
         fprintf(f, "stage %d program:", s);
-        for (int i = 0; i < 2 * m; i++) {
-            PassStageAct x = a[s * 2 * m + i];
+        for (int i = 0; i < M3; i++) {
+            PassStageAct x = a[s * M3 + i];
             if (x.kind == 'F') {
                 if (s > 0)
                     fprintf(f, " recv(act %d <- %d)", x.mb, s - 1);
                 fprintf(f, " F%d", x.mb);
                 if (s < n - 1)
                     fprintf(f, " send(act %d -> %d)", x.mb, s + 1);
-            } else {
+            } else if (x.kind == 'B') {
                 if (s < n - 1)
                     fprintf(f, " recv(grad %d <- %d)", x.mb, s + 1);
                 fprintf(f, " B%d", x.mb);
                 if (s > 0)
                     fprintf(f, " send(grad %d -> %d)", x.mb, s - 1);
+            } else {
+                fprintf(f, " W%d", x.mb);
             }
         }
         fputc('\n', f);
     }
     free(a);
-    free(fend);
-    free(bend);
-    free(pos);
-    free(clock);
     free(start);
 }
 

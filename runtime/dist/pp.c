@@ -1,25 +1,25 @@
 /* pp.c - pipeline parallelism on CPU ranks: each rank runs one stage of
  * the forward graph's cut (passes/stages.c) over m micro-batches in the
- * order of its schedule (gpipe, 1f1b), sending activations forward and
- * their gradients back by MPI point to point, then its own optimizer step.
+ * order of its schedule (gpipe, 1f1b, zb-h1), sending activations forward
+ * and their gradients back by MPI point to point, then its own optimizer
+ * step.
  *
- * Per stage, three programs:
+ * Per stage, four programs, from the stage graph differentiated by
+ * autodiff and split by pass_stage_split:
  *   F    the stage's forward: data and "pp.recv.K" in, "pp.send.K" out
- *        (not on the last stage);
- *   FB   the stage's forward and backward (autodiff of the backward stage
- *        graph): its param gradients and, for "pp.recv.K", the gradients
- *        sent back. A non-last stage's B recomputes its forward from the
- *        activation it received (stashed per micro-batch in flight): F and
- *        B are not yet split into F / B / W programs with the forward's
- *        tensors stashed (that is the next step; zero-bubble schedules need
- *        it). The last stage runs FB at its F slot.
+ *        (the last stage: the loss);
+ *   B    the backward ops the received tensors' gradients need (sent back);
+ *   W    the other backward ops: the params' gradients, summed over the
+ *        micro-batches as grad_accum sums them;
  *   step the optimizer over the stage's params: inputs "pp.grad.P" (the
- *        mean over micro-batches, summed as grad_accum sums them), the
- *        global gradient norm's sum of squares "pp.sumsq" (summed over the
- *        stages, a tied param counted once) and "pp.loss" (the last
- *        micro-batch's loss, NaN when any was not finite).
- * Sends return at once (their buffers live until the step's end);
- * receives block, with the comm timeout. */
+ *        mean over micro-batches), the global gradient norm's sum of
+ *        squares "pp.sumsq" (summed over the stages, a tied param counted
+ *        once) and "pp.loss" (the last micro-batch's loss, NaN when any
+ *        was not finite).
+ * What F leaves for B and W, and B for W ("pp.stash.T"), is kept per
+ * micro-batch in host buffers until its W has run; so are the received
+ * activation and gradient. Sends return at once (their buffers live until
+ * the step's end); receives block, with the comm timeout. */
 #include "dist.h"
 
 #include <math.h>
@@ -30,34 +30,54 @@
 typedef struct {
     const char *name;
     int64_t numel;
-    int bg;      /* its gradient output in the FB graph */
-    int step;    /* its "pp.grad.P" input in the step graph (-1: frozen) */
-    bool norm;   /* counted in the norm here (its first owning stage) */
-    int *owners; /* stages reading it (tied: more than one) */
+    int prog, out; /* its gradient: which program (P_F, P_B, P_W) and output */
+    int step;      /* its "pp.grad.P" input in the step graph (-1: frozen) */
+    bool norm;     /* counted in the norm here (its first owning stage) */
+    int *owners;   /* stages reading it (tied: more than one) */
     int nown;
     float *acc;
 } PpParam;
+
+enum { P_F, P_B, P_W, P__N };
+
+/* A tensor a program reads or writes: its id there, and where it lives in
+ * the micro-batch's record (what: 0 stash, 1 received activation, 2
+ * received gradient) */
+typedef struct {
+    int t, what;
+    int64_t off, bytes;
+    const char *name; /* outputs: the stash's name */
+} PpSlot;
+
+typedef struct {
+    Graph *g;
+    Exec *e;           /* NULL: no ops */
+    VEC(PpSlot) in;    /* written before each run */
+    VEC(PpSlot) out;   /* read after (stash outputs) */
+} PpProg;
 
 struct RtPp {
     RtComm *comm;
     int n, s, m, sched;
     Graph *fwd;     /* the forward graph the cut is of (after attention) */
     PassStageCut cut;
-    Graph *fg, *bg; /* F (NULL on the last stage) and FB */
-    Exec *fe, *be;
+    PpProg pr[P__N];
     int nrecv, nsend;
-    int *recv_f, *recv_b, *recv_grad, *send_f, *seed_b; /* tensor ids per K */
+    int *send_f;    /* per K: "pp.send.K" in F */
+    int *grad_b;    /* per K: "grad.pp.recv.K" in B */
     int64_t *recv_off, *send_off; /* byte offsets of K in a message; [n] = its size */
+    int64_t rec;    /* bytes of a micro-batch's stash record */
     VEC(PpParam) ps;
-    int loss_b;
+    int loss_f;
     PassStageAct *acts;
-    char *xstash;   /* m received activations */
+    char *stash;    /* m records */
+    char *xrecv;    /* m received activations */
+    char *grecv;    /* m received gradients */
     char *ysend;    /* m sent activations */
     char *gsend;    /* m sent gradients */
-    char *seed;     /* one received gradient */
     float *tmp;
     int64_t rows;   /* the model's batch b */
-    double *losses; /* m (+1: a non-finite flag) */
+    double *losses; /* m */
     double flops;
 };
 
@@ -78,6 +98,8 @@ bool rt_pp_check(const TrainCfg *c, const TrainOpts *o, Diag *d)
         bad = "sample_every";
     else if (o->device && strcmp(o->device, "cuda") == 0)
         bad = "--device cuda";
+    else if (o->remat || c->memory_budget > 0)
+        bad = "remat (--remat, memory_budget)";
     else if (c->early_stop_metric)
         bad = "early_stop";
     if (bad) {
@@ -87,7 +109,7 @@ bool rt_pp_check(const TrainCfg *c, const TrainOpts *o, Diag *d)
         return false;
     }
     if (pass_stage_schedule_parse(c->schedule) < 0) {
-        snprintf(d->msg, sizeof d->msg, "schedule: expected 1f1b or gpipe, got \"%s\"",
+        snprintf(d->msg, sizeof d->msg, "schedule: expected 1f1b, gpipe or zb-h1, got \"%s\"",
                  c->schedule);
         return false;
     }
@@ -113,14 +135,14 @@ void rt_pp_free(RtPp *p)
 {
     if (!p)
         return;
-    if (p->fe)
-        rt_exec_destroy(p->fe);
-    if (p->be)
-        rt_exec_destroy(p->be);
-    if (p->fg)
-        ir_free(p->fg);
-    if (p->bg)
-        ir_free(p->bg);
+    for (int i = 0; i < P__N; i++) {
+        if (p->pr[i].e)
+            rt_exec_destroy(p->pr[i].e);
+        if (p->pr[i].g)
+            ir_free(p->pr[i].g);
+        vec_free(&p->pr[i].in);
+        vec_free(&p->pr[i].out);
+    }
     pass_stage_cut_free(&p->cut);
     if (p->fwd)
         ir_free(p->fwd);
@@ -129,18 +151,16 @@ void rt_pp_free(RtPp *p)
         free(p->ps.v[i].acc);
     }
     vec_free(&p->ps);
-    free(p->recv_f);
-    free(p->recv_b);
-    free(p->recv_grad);
     free(p->send_f);
-    free(p->seed_b);
+    free(p->grad_b);
     free(p->recv_off);
     free(p->send_off);
     free(p->acts);
-    free(p->xstash);
+    free(p->stash);
+    free(p->xrecv);
+    free(p->grecv);
     free(p->ysend);
     free(p->gsend);
-    free(p->seed);
     free(p->tmp);
     free(p->losses);
     free(p);
@@ -207,7 +227,7 @@ Graph *rt_pp_build(RtPp *p, const Graph *model, const PassOpts *po, Diag *d)
         const Tensor *t = &p->fwd->t.v[i];
         if (t->kind != TK_PARAM || !pass_stage_owns(p->fwd, &p->cut, p->s, i))
             continue;
-        PpParam q = {.name = t->name, .numel = shape_numel(&t->s), .bg = -1, .step = -1};
+        PpParam q = {.name = t->name, .numel = shape_numel(&t->s), .out = -1, .step = -1};
         q.owners = xmalloc(sizeof(int) * (size_t)(p->n + 1));
         for (int s = 0; s < p->n; s++)
             if (pass_stage_owns(p->fwd, &p->cut, s, i))
@@ -227,59 +247,99 @@ Graph *rt_pp_build(RtPp *p, const Graph *model, const PassOpts *po, Diag *d)
         if (p->ps.v[i].numel > maxn)
             maxn = p->ps.v[i].numel;
     p->tmp = xmalloc(sizeof(float) * (size_t)maxn);
-    /* F and FB */
-    if (p->s < last) {
-        p->fg = pass_stage_graph(p->fwd, &p->cut, p->s, false);
-        if (!compile_fwd(p->fg, po, d))
-            return NULL;
-    }
-    p->bg = pass_stage_graph(p->fwd, &p->cut, p->s, true);
+    /* the stage graph, differentiated, split into F, B and W */
+    Graph *full = pass_stage_graph(p->fwd, &p->cut, p->s, true);
     PassOpts bo = *po;
     bo.grad_accum = 1;
     bo.nranks = 1;
-    if (!pass_autodiff(p->bg, &bo, d) || !compile_fwd(p->bg, &bo, d))
+    if (!pass_autodiff(full, &bo, d)) {
+        ir_free(full);
         return NULL;
-    p->flops = (p->fg ? ir_graph_flops(p->fg) : 0) + ir_graph_flops(p->bg);
-    p->loss_b = ir_find_output(p->bg, "loss");
+    }
+    pass_stage_split(full, p->s == last, &p->pr[P_F].g, &p->pr[P_B].g, &p->pr[P_W].g);
+    ir_free(full);
+    for (int i = 0; i < P__N; i++)
+        if (!compile_fwd(p->pr[i].g, &bo, d))
+            return NULL;
+    Graph *F = p->pr[P_F].g, *B = p->pr[P_B].g;
+    for (int i = 0; i < P__N; i++)
+        p->flops += ir_graph_flops(p->pr[i].g);
+    p->loss_f = p->s == last ? ir_find_output(F, "loss") : -1;
     for (int i = 0; i < p->ps.n; i++) {
         char *gn = xasprintf("grad.%s", p->ps.v[i].name);
-        p->ps.v[i].bg = ir_find_output(p->bg, gn);
+        p->ps.v[i].out = -1;
+        for (int k = 0; k < P__N && p->ps.v[i].out < 0; k++)
+            if ((p->ps.v[i].out = ir_find_output(p->pr[k].g, gn)) >= 0)
+                p->ps.v[i].prog = k;
         free(gn);
-        if (p->ps.v[i].bg < 0)
+        if (p->ps.v[i].out < 0)
             die("rt_pp_build: stage %d has no gradient of \"%s\"", p->s, p->ps.v[i].name);
     }
     /* what crosses: ids and offsets in a message */
     p->nrecv = p->s > 0 ? p->cut.ncross[p->s] : 0;
     p->nsend = p->s < last ? p->cut.ncross[p->s + 1] : 0;
-    p->recv_f = xcalloc((size_t)p->nrecv + 1, sizeof(int));
-    p->recv_b = xcalloc((size_t)p->nrecv + 1, sizeof(int));
-    p->recv_grad = xcalloc((size_t)p->nrecv + 1, sizeof(int));
+    p->grad_b = xcalloc((size_t)p->nrecv + 1, sizeof(int));
     p->recv_off = xcalloc((size_t)p->nrecv + 2, sizeof(int64_t));
     for (int k = 0; k < p->nrecv; k++) {
-        p->recv_f[k] = p->fg ? ir_find_tensor(p->fg, kname("pp.recv", k)) : -1;
-        p->recv_b[k] = ir_find_tensor(p->bg, kname("pp.recv", k));
-        p->recv_grad[k] = ir_find_output(p->bg, kname("grad.pp.recv", k));
-        if (p->recv_b[k] < 0 || p->recv_grad[k] < 0)
-            die("rt_pp_build: stage %d lost pp.recv.%d", p->s, k);
-        p->recv_off[k + 1] = p->recv_off[k] + shape_bytes(&p->bg->t.v[p->recv_b[k]].s);
+        p->grad_b[k] = ir_find_output(B, kname("grad.pp.recv", k));
+        if (p->grad_b[k] < 0)
+            die("rt_pp_build: stage %d lost grad.pp.recv.%d", p->s, k);
+        p->recv_off[k + 1] =
+            p->recv_off[k] + shape_bytes(&p->fwd->t.v[p->cut.cross[p->s][k]].s);
     }
     p->send_f = xcalloc((size_t)p->nsend + 1, sizeof(int));
-    p->seed_b = xcalloc((size_t)p->nsend + 1, sizeof(int));
     p->send_off = xcalloc((size_t)p->nsend + 2, sizeof(int64_t));
     for (int k = 0; k < p->nsend; k++) {
-        p->send_f[k] = ir_find_output(p->fg, kname("pp.send", k));
-        p->seed_b[k] = ir_find_tensor(p->bg, kname("pp.seed", k));
-        if (p->send_f[k] < 0 || p->seed_b[k] < 0)
+        p->send_f[k] = ir_find_output(F, kname("pp.send", k));
+        if (p->send_f[k] < 0)
             die("rt_pp_build: stage %d lost pp.send.%d", p->s, k);
-        p->send_off[k + 1] = p->send_off[k] + shape_bytes(&p->fg->t.v[p->send_f[k]].s);
+        p->send_off[k + 1] = p->send_off[k] + shape_bytes(&F->t.v[p->send_f[k]].s);
+    }
+    /* the stash record: F's and B's "pp.stash.T" outputs, in order */
+    for (int i = 0; i < P__N; i++) {
+        PpProg *q = &p->pr[i];
+        for (int k = 0; k < q->g->outs.n; k++) {
+            const GraphOutput *o = &q->g->outs.v[k];
+            if (strncmp(o->name, "pp.stash.", 9) != 0)
+                continue;
+            PpSlot sl = {o->t, 0, p->rec, shape_bytes(&q->g->t.v[o->t].s), o->name};
+            vec_push(&q->out, sl);
+            p->rec += sl.bytes;
+        }
+    }
+    for (int i = 0; i < P__N; i++) {
+        PpProg *q = &p->pr[i];
+        for (int t = 0; t < q->g->t.n; t++) {
+            const Tensor *x = &q->g->t.v[t];
+            if (x->op >= 0 || !x->name)
+                continue;
+            PpSlot sl = {t, -1, 0, shape_bytes(&x->s), NULL};
+            int k;
+            if (strncmp(x->name, "pp.stash.", 9) == 0) {
+                for (int j = 0; j < P__N && sl.what < 0; j++)
+                    for (int u = 0; u < p->pr[j].out.n && sl.what < 0; u++)
+                        if (strcmp(p->pr[j].out.v[u].name, x->name) == 0)
+                            sl.what = 0, sl.off = p->pr[j].out.v[u].off;
+                if (sl.what < 0)
+                    die("rt_pp_build: stage %d: no program makes %s", p->s, x->name);
+            } else if (sscanf(x->name, "pp.recv.%d", &k) == 1) {
+                sl.what = 1, sl.off = p->recv_off[k];
+            } else if (sscanf(x->name, "pp.seed.%d", &k) == 1) {
+                sl.what = 2, sl.off = p->send_off[k];
+            } else {
+                continue;
+            }
+            vec_push(&q->in, sl);
+        }
     }
     int m = p->m;
-    p->xstash = xmalloc((size_t)(p->recv_off[p->nrecv] * m) + 1);
+    p->stash = xmalloc((size_t)(p->rec * m) + 1);
+    p->xrecv = xmalloc((size_t)(p->recv_off[p->nrecv] * m) + 1);
     p->gsend = xmalloc((size_t)(p->recv_off[p->nrecv] * m) + 1);
     p->ysend = xmalloc((size_t)(p->send_off[p->nsend] * m) + 1);
-    p->seed = xmalloc((size_t)p->send_off[p->nsend] + 1);
+    p->grecv = xmalloc((size_t)(p->send_off[p->nsend] * m) + 1);
     p->losses = xcalloc((size_t)m + 2, sizeof(double));
-    p->acts = xmalloc(sizeof(PassStageAct) * (size_t)(2 * m + 1));
+    p->acts = xmalloc(sizeof(PassStageAct) * (size_t)(3 * m + 1));
     pass_stage_schedule(p->sched, p->n, m, p->s, p->acts);
     const Tensor *rt = NULL;
     int tk = ir_find_tensor(p->fwd, "tokens");
@@ -304,38 +364,37 @@ bool rt_pp_exec(RtPp *p, const ExecOpts *eo, Diag *d)
     o.tp_comm = NULL;
     o.profile = false;
     o.arena_of = NULL;
-    if (p->fg && !(p->fe = rt_exec_create(p->fg, &o, d)))
-        return false;
-    return (p->be = rt_exec_create(p->bg, &o, d)) != NULL;
+    for (int i = 0; i < P__N; i++)
+        if (p->pr[i].g->ops.n > 0 && !(p->pr[i].e = rt_exec_create(p->pr[i].g, &o, d)))
+            return false;
+    return true;
 }
 
 double rt_pp_flops(const RtPp *p) { return p ? p->flops * p->m : 0; }
 
-/* Params from the step's executor into F and FB. */
+/* Params from the step's executor into F, B and W. */
 static void copy_params(RtPp *p, Exec *te, const Graph *tg)
 {
     for (int i = 0; i < p->ps.n; i++) {
-        int from = ir_find_tensor(tg, p->ps.v[i].name);
-        rt_exec_read(te, from, p->tmp);
-        if (p->fe) {
-            int to = ir_find_tensor(p->fg, p->ps.v[i].name);
+        rt_exec_read(te, ir_find_tensor(tg, p->ps.v[i].name), p->tmp);
+        for (int k = 0; k < P__N; k++) {
+            int to = p->pr[k].e ? ir_find_tensor(p->pr[k].g, p->ps.v[i].name) : -1;
             if (to >= 0)
-                rt_exec_write(p->fe, to, p->tmp);
+                rt_exec_write(p->pr[k].e, to, p->tmp);
         }
-        rt_exec_write(p->be, ir_find_tensor(p->bg, p->ps.v[i].name), p->tmp);
     }
 }
 
 /* Micro-batch k's gradients into the sums, as grad_accum sums them
- * (passes/comm.c): accum = accum + g for the first m-1, then the last's
- * (g + accum) x (1/m). */
+ * (passes/comm.c): accum = accum + g for the first m-1 (0 + g is g), then
+ * the last's (g + accum) x (1/m). The W's run in micro-batch order. */
 static void accumulate(RtPp *p, int k)
 {
     float c = (float)(1.0 / p->m);
     for (int i = 0; i < p->ps.n; i++) {
         PpParam *q = &p->ps.v[i];
-        rt_exec_read(p->be, q->bg, p->tmp);
-        if (p->m == 1 || k == 0) { /* 0 + g is g */
+        rt_exec_read(p->pr[q->prog].e, q->out, p->tmp);
+        if (p->m == 1 || k == 0) {
             memcpy(q->acc, p->tmp, sizeof(float) * (size_t)q->numel);
         } else if (k < p->m - 1) {
             for (int64_t j = 0; j < q->numel; j++)
@@ -349,31 +408,24 @@ static void accumulate(RtPp *p, int k)
     }
 }
 
-static void feed(RtPp *p, Exec *e, const Graph *g, const DataBatch *b, int64_t base, int k)
+/* Program i for micro-batch k: its data rows, what it reads of k's
+ * record, received activation and gradient; runs; its stash into k's
+ * record. */
+static bool run_prog(RtPp *p, int i, const DataBatch *b, int64_t base, int k, uint64_t seed,
+                     int64_t step, Diag *d)
 {
-    rt_data_feed(e, g, b, base + (int64_t)k * p->rows);
-}
-
-/* The FB program for micro-batch k (its activation received, its seed
- * gradient written): runs, sums its gradients, keeps the gradient to send
- * back. */
-static bool run_fb(RtPp *p, const DataBatch *b, int64_t base, int k, uint64_t seed,
-                   int64_t step, Diag *d)
-{
-    feed(p, p->be, p->bg, b, base, k);
-    int64_t rb = p->recv_off[p->nrecv];
-    for (int j = 0; j < p->nrecv; j++)
-        rt_exec_write(p->be, p->recv_b[j], p->xstash + rb * k + p->recv_off[j]);
-    if (!rt_exec_run(p->be, seed, step, d))
+    PpProg *q = &p->pr[i];
+    if (!q->e)
+        return true;
+    rt_data_feed(q->e, q->g, b, base + (int64_t)k * p->rows);
+    char *from[3] = {p->stash + p->rec * k, p->xrecv + p->recv_off[p->nrecv] * k,
+                     p->grecv + p->send_off[p->nsend] * k};
+    for (int j = 0; j < q->in.n; j++)
+        rt_exec_write(q->e, q->in.v[j].t, from[q->in.v[j].what] + q->in.v[j].off);
+    if (!rt_exec_run(q->e, seed, step, d))
         return false;
-    accumulate(p, k);
-    for (int j = 0; j < p->nrecv; j++)
-        rt_exec_read(p->be, p->recv_grad[j], p->gsend + rb * k + p->recv_off[j]);
-    if (p->s == p->n - 1) {
-        float l;
-        rt_exec_read(p->be, p->loss_b, &l);
-        p->losses[k] = l;
-    }
+    for (int j = 0; j < q->out.n; j++)
+        rt_exec_read(q->e, q->out.v[j].t, from[0] + q->out.v[j].off);
     return true;
 }
 
@@ -385,37 +437,45 @@ bool rt_pp_step(RtPp *p, Exec *te, const Graph *tg, const DataBatch *b, int64_t 
     int64_t rb = p->recv_off[p->nrecv], sb = p->send_off[p->nsend];
     copy_params(p, te, tg);
     void **reqs = xcalloc((size_t)(2 * m + 1), sizeof(void *));
-    int nreq = 0;
+    int nreq = 0, nextw = 0;
     bool ok = true;
-    for (int a = 0; a < 2 * m && ok; a++) {
+    for (int a = 0; a < 3 * m && ok; a++) {
         int k = p->acts[a].mb;
-        if (p->acts[a].kind == 'F') {
+        switch (p->acts[a].kind) {
+        case 'F':
             if (p->s > 0)
-                rt_comm_pp_recv(p->comm, p->s - 1, 2 * k, p->xstash + rb * k, (size_t)rb);
-            if (p->s == last) { /* forward and backward at once */
-                ok = run_fb(p, b, base, k, seed, step, d);
-                continue;
-            }
-            feed(p, p->fe, p->fg, b, base, k);
-            for (int j = 0; j < p->nrecv; j++)
-                rt_exec_write(p->fe, p->recv_f[j], p->xstash + rb * k + p->recv_off[j]);
-            if (!(ok = rt_exec_run(p->fe, seed, step, d)))
+                rt_comm_pp_recv(p->comm, p->s - 1, 2 * k, p->xrecv + rb * k, (size_t)rb);
+            if (!(ok = run_prog(p, P_F, b, base, k, seed, step, d)))
                 break;
+            if (p->s == last) {
+                float l;
+                rt_exec_read(p->pr[P_F].e, p->loss_f, &l);
+                p->losses[k] = l;
+                break;
+            }
             for (int j = 0; j < p->nsend; j++)
-                rt_exec_read(p->fe, p->send_f[j], p->ysend + sb * k + p->send_off[j]);
+                rt_exec_read(p->pr[P_F].e, p->send_f[j], p->ysend + sb * k + p->send_off[j]);
             reqs[nreq++] = rt_comm_pp_isend(p->comm, p->s + 1, 2 * k, p->ysend + sb * k,
                                             (size_t)sb);
-        } else {
-            if (p->s < last) {
-                rt_comm_pp_recv(p->comm, p->s + 1, 2 * k + 1, p->seed, (size_t)sb);
-                for (int j = 0; j < p->nsend; j++)
-                    rt_exec_write(p->be, p->seed_b[j], p->seed + p->send_off[j]);
-                if (!(ok = run_fb(p, b, base, k, seed, step, d)))
-                    break;
+            break;
+        case 'B':
+            if (p->s < last)
+                rt_comm_pp_recv(p->comm, p->s + 1, 2 * k + 1, p->grecv + sb * k, (size_t)sb);
+            if (!(ok = run_prog(p, P_B, b, base, k, seed, step, d)))
+                break;
+            if (p->s > 0) {
+                for (int j = 0; j < p->nrecv; j++)
+                    rt_exec_read(p->pr[P_B].e, p->grad_b[j], p->gsend + rb * k + p->recv_off[j]);
+                reqs[nreq++] = rt_comm_pp_isend(p->comm, p->s - 1, 2 * k + 1, p->gsend + rb * k,
+                                                (size_t)rb);
             }
-            if (p->s > 0)
-                reqs[nreq++] = rt_comm_pp_isend(p->comm, p->s - 1, 2 * k + 1,
-                                                p->gsend + rb * k, (size_t)rb);
+            break;
+        default: /* 'W' */
+            if (k != nextw++)
+                die("rt_pp_step: W%d out of micro-batch order on stage %d", k, p->s);
+            if (!(ok = run_prog(p, P_W, b, base, k, seed, step, d)))
+                break;
+            accumulate(p, k);
         }
     }
     for (int i = 0; i < nreq; i++)

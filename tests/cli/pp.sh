@@ -7,11 +7,13 @@
 #     relative at every one of 20 steps, every saved param within 1e-5
 #     relative (whole tensors, written by stage 0 in one rank's layout);
 #   - pp = 2 x dp = 2 on 4 ranks against one rank at the whole batch;
-#   - gpipe and 1f1b give the same losses, to the last printed digit (the
-#     same micro-batch programs in another order; gradients summed in
-#     micro-batch order by both);
-#   - the `stages` dump: each micro-batch's F and B once per stage, every
-#     send paired with a receive on the neighbour;
+#   - gpipe, 1f1b and zb-h1 give the same losses, to the last printed digit
+#     (the same F, B and W programs in another order; gradients summed in
+#     micro-batch order by all), zb-h1 and 1f1b the same weights' bytes;
+#   - the `stages` dump (pp 2 x m 4, pp 4 x m 8): each micro-batch's F, B
+#     and W once per stage in that order, W's in micro-batch order, every
+#     send paired with a receive on the neighbour, no stage holding more
+#     micro-batches than the schedule allows;
 #   - user errors: ranks that tp x pp does not divide, more stages than
 #     places to cut, flags pp does not run with yet.
 # gpt's key bias: see tests/cli/tp.sh (compared to 1e-3 absolute).
@@ -106,7 +108,11 @@ grep -q "^weights: " "$T/gpt2.log" || fail "gpt2 wrote no weights"
 
 run gpt2g $GPT --nproc 2 --pp 2 --set micro_batches=4 --set schedule=gpipe
 [ "$(losses gpt2g)" = "$(losses gpt2)" ] || fail "gpipe and 1f1b losses differ"
-echo "gpipe vs 1f1b: the same losses"
+run gpt2z $GPT --nproc 2 --pp 2 --set micro_batches=4 --set schedule=zb-h1 \
+    --save-weights "$T/gpt2z.safetensors"
+[ "$(losses gpt2z)" = "$(losses gpt2)" ] || fail "zb-h1 and 1f1b losses differ"
+cmp -s "$T/gpt2z.safetensors" "$T/gpt2.safetensors" || fail "zb-h1 and 1f1b weights differ"
+echo "gpipe, 1f1b and zb-h1: the same losses (zb-h1 and 1f1b: the same weights, byte for byte)"
 
 run llama1 $LLAMA --set grad_accum=2 --save-weights "$T/llama1.safetensors"
 run llama2 $LLAMA --nproc 2 --set pp=2 --set micro_batches=2 \
@@ -123,11 +129,13 @@ same_losses gpt4 gpt1a8
 same_params "$T/gpt1a8.safetensors" "$T/gpt4.safetensors" 32
 
 # --- the schedule dump --------------------------------------------------------
-for s in 1f1b gpipe; do
-    "$KILN" compile models/gpt.lua --pp 2 --set micro_batches=4 --set schedule=$s \
-        --dump-after=stages --dump-dir "$T/d$s" >"$T/c$s.log" 2>&1 ||
-        fail "compile --pp 2 ($s): $(tail -3 "$T/c$s.log")"
-    python3 - "$T/d$s/stages.txt" 4 2 <<'PY' || fail "the $s schedule dump is wrong"
+for s in 1f1b gpipe zb-h1 1f1b:4:8 zb-h1:4:8; do
+    IFS=: read -r s n m <<<"$s"
+    n=${n:-2} m=${m:-4}
+    "$KILN" compile models/gpt.lua --pp $n --set micro_batches=$m --set schedule=$s \
+        --dump-after=stages --dump-dir "$T/d$s$n" >"$T/c$s$n.log" 2>&1 ||
+        fail "compile --pp $n ($s): $(tail -3 "$T/c$s$n.log")"
+    python3 - "$T/d$s$n/stages.txt" $m $n $s <<'PY' || fail "the $s schedule dump is wrong"
 import re, sys
 text = open(sys.argv[1]).read()
 m, n = int(sys.argv[2]), int(sys.argv[3])
@@ -135,10 +143,20 @@ progs = dict((int(a), b.split()) for a, b in re.findall(r'^stage (\d+) program:(
 assert sorted(progs) == list(range(n)), progs.keys()
 sends, recvs = [], []
 for s, toks in progs.items():
-    acts = [t for t in toks if re.fullmatch(r'[FB]\d+', t)]
-    assert sorted(acts) == sorted(['F%d' % k for k in range(m)] + ['B%d' % k for k in range(m)]), (s, acts)
-    for k in range(m):  # F before B of each micro-batch
-        assert acts.index('F%d' % k) < acts.index('B%d' % k), (s, k)
+    acts = [t for t in toks if re.fullmatch(r'[FBW]\d+', t)]
+    assert sorted(acts) == sorted(['%s%d' % (x, k) for x in 'FBW' for k in range(m)]), (s, acts)
+    for k in range(m):  # F, then B, then W of each micro-batch; W's in order
+        assert acts.index('F%d' % k) < acts.index('B%d' % k) < acts.index('W%d' % k), (s, k)
+    ws = [int(t[1:]) for t in acts if t[0] == 'W']
+    assert ws == sorted(ws), (s, ws)
+    # micro-batches held (F run, W not yet): 1f1b's n - s at most; zb-h1
+    # keeps up to n - 1 - s more W's waiting
+    held = peak = 0
+    for t in acts:
+        held += {'F': 1, 'B': 0, 'W': -1}[t[0]]
+        peak = max(peak, held)
+    cap = n - s + (n - 1 - s if sys.argv[4] == 'zb-h1' else 0)
+    assert sys.argv[4] == 'gpipe' or peak <= cap, (s, peak, cap)
     line = ' '.join(toks)
     for what, k, to in re.findall(r'send\((act|grad) (\d+) -> (\d+)\)', line):
         sends.append((what, int(k), s, int(to)))
@@ -151,7 +169,7 @@ assert len(grid) == n
 print('%s: %d stages, %d sends paired with receives' % (sys.argv[1], n, len(sends)))
 PY
 done
-grep -q 'tied: "wte.weight" is read by stages 0 1' "$T/c1f1b.log" || fail "no tied wte in the cut"
+grep -q 'tied: "wte.weight" is read by stages 0 1' "$T/c1f1b2.log" || fail "no tied wte in the cut"
 
 # --- errors -------------------------------------------------------------------
 # expect NAME PATTERN ARGS...: kiln fails (not by a signal) saying PATTERN
