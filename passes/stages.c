@@ -89,6 +89,63 @@ static int crossing(const Graph *g, const int *last_use, const bool *st, int p, 
     return n;
 }
 
+static bool is_hint(const char *name) { return strncmp(name, "pp.stage.", 9) == 0; }
+
+/* pp_stage's outputs "pp.stage.I@FILE:LINE": stage I begins right after
+ * the op that makes the output's tensor; into fixed[I]. */
+static bool read_hints(const Graph *g, int n, int first_real, int last_real,
+                       const int *last_use, int *fixed, int *nhint, Diag *d)
+{
+    int *line = xcalloc((size_t)n + 1, sizeof(int));
+    bool ok = true;
+    for (int i = 0; i < g->outs.n && ok; i++) {
+        const char *nm = g->outs.v[i].name;
+        int st = 0;
+        if (!is_hint(nm) || sscanf(nm + 9, "%d", &st) != 1)
+            continue;
+        const char *at = strchr(nm, '@');
+        at = at ? at + 1 : "?";
+        int t = g->outs.v[i].t, p = g->t.v[t].op + 1;
+        if (st >= n) {
+            snprintf(d->msg, sizeof d->msg,
+                     "%s: pp_stage: stage %d, but pp = %d (expected a stage in 1..%d)", at, st,
+                     n, n - 1);
+            ok = false;
+        } else if (fixed[st] >= 0) {
+            snprintf(d->msg, sizeof d->msg,
+                     "%s: pp_stage: stage %d already begins elsewhere (expected one pp_stage "
+                     "per stage)", at, st);
+            ok = false;
+        } else if (p <= first_real || p > last_real || last_use[t] < p) {
+            snprintf(d->msg, sizeof d->msg,
+                     "%s: pp_stage: stage %d would begin %s (expected a value made after the "
+                     "first param is read, and read after it, before the last param's reader)",
+                     at, st, last_use[t] < p ? "with a value no later op reads"
+                                             : "where a stage would read no param");
+            ok = false;
+        } else {
+            fixed[st] = p;
+            line[st] = i;
+            (*nhint)++;
+        }
+    }
+    for (int s = 1, prev = 0, ps = 0; s < n && ok; s++) {
+        if (fixed[s] < 0)
+            continue;
+        if (fixed[s] <= prev) {
+            const char *at = strchr(g->outs.v[line[s]].name, '@');
+            snprintf(d->msg, sizeof d->msg,
+                     "%s: pp_stage: stage %d begins before stage %d (expected the stages in "
+                     "program order)", at ? at + 1 : "?", s, ps);
+            ok = false;
+        }
+        prev = fixed[s];
+        ps = s;
+    }
+    free(line);
+    return ok;
+}
+
 bool pass_stage_cut(const Graph *g, int n, PassStageCut *c, Diag *d)
 {
     memset(c, 0, sizeof *c);
@@ -118,13 +175,15 @@ bool pass_stage_cut(const Graph *g, int n, PassStageCut *c, Diag *d)
         for (int j = 0; j < g->ops.v[i].nin; j++)
             last_use[g->ops.v[i].in[j]] = i;
     for (int i = 0; i < g->outs.n; i++)
-        last_use[g->outs.v[i].t] = nops;
+        if (!is_hint(g->outs.v[i].name))
+            last_use[g->outs.v[i].t] = nops;
     /* prefix cost; candidate boundaries p in (0, nops): some op that is not
      * constant-only on each side, something crossing */
     double *pre = xcalloc((size_t)nops + 2, sizeof(double));
     for (int i = 0; i < nops; i++)
         pre[i + 1] = pre[i] + (st[g->ops.v[i].out] ? 0 : op_cost(g, &g->ops.v[i]));
     int64_t *cb = xmalloc(sizeof(int64_t) * (size_t)(nops + 2));
+    bool *one = xcalloc((size_t)nops + 2, sizeof(bool)); /* one tensor crosses */
     /* every stage reads a param: no cut before the first op that reads
      * one, nor after the last (the loss's tail) */
     int first_real = nops, last_real = -1;
@@ -136,34 +195,49 @@ bool pass_stage_cut(const Graph *g, int n, PassStageCut *c, Diag *d)
                 last_real = i;
             }
     int64_t best = -1;
-    int ncand = 0;
+    int ncand = 0; /* boundaries one tensor crosses */
     for (int p = 0; p <= nops; p++) {
         cb[p] = -1;
         if (p <= first_real || p > last_real)
             continue;
         int64_t b;
-        if (crossing(g, last_use, st, p, NULL, &b) == 0)
+        int nc = crossing(g, last_use, st, p, NULL, &b);
+        if (nc == 0)
             continue;
         cb[p] = b;
+        one[p] = nc == 1;
+        ncand += nc == 1;
         if (best < 0 || b < best)
             best = b;
     }
-    for (int p = 0; p <= nops; p++)
-        ncand += cb[p] == best;
     int loss = ir_find_output(g, "loss");
-    if (ncand < n - 1 || loss < 0) {
+    int *fixed = xmalloc(sizeof(int) * (size_t)(n + 1));
+    int nhint = 0;
+    for (int s = 0; s <= n; s++)
+        fixed[s] = -1;
+    if (loss >= 0 && !read_hints(g, n, first_real, last_real, last_use, fixed, &nhint, d)) {
+        free(st);
+        free(last_use);
+        free(pre);
+        free(cb);
+        free(one);
+        free(fixed);
+        return false;
+    }
+    if ((ncand < n - 1 && nhint == 0) || loss < 0) {
         if (loss < 0)
             snprintf(d->msg, sizeof d->msg,
                      "pp = %d: the model has no output \"loss\" (expected one)", n);
         else
             snprintf(d->msg, sizeof d->msg,
                      "--pp %d: more stages than places to cut the model (expected pp <= %d: "
-                     "the model has %d boundaries of %s crossing, between its blocks)",
-                     n, ncand + 1, ncand, best >= 0 ? "the fewest bytes" : "any bytes");
+                     "the model has %d places where one tensor crosses)", n, ncand + 1, ncand);
         free(st);
         free(last_use);
         free(pre);
         free(cb);
+        free(one);
+        free(fixed);
         return false;
     }
     c->n = n;
@@ -174,29 +248,79 @@ bool pass_stage_cut(const Graph *g, int n, PassStageCut *c, Diag *d)
     c->ncross = xcalloc((size_t)n + 1, sizeof(int));
     c->first[0] = 0;
     c->first[n] = nops;
-    /* boundary s: the candidate nearest s/n of the cost, after boundary
-     * s-1 and leaving a candidate for each later boundary */
+    /* boundary s: where pp_stage puts it, else the candidate nearest s/n
+     * of the cost, after boundary s-1, before the next fixed one, leaving
+     * a candidate for each boundary between them */
     int prev = 0;
     for (int s = 1; s < n; s++) {
-        double want = pre[nops] * s / n;
-        int pick = -1, left = 0;
-        for (int p = nops; p > prev; p--) {
-            if (cb[p] != best)
-                continue;
-            if (left < n - 1 - s) { /* keep one for each later boundary */
-                left++;
-                continue;
+        if (fixed[s] >= 0) {
+            c->first[s] = prev = fixed[s];
+            continue;
+        }
+        int next = s + 1, lim = nops + 1;
+        while (next < n && fixed[next] < 0)
+            next++;
+        if (next < n)
+            lim = fixed[next];
+        double want = pre[nops] * s / n, win = pre[nops] / (2.0 * n);
+        int pick = -1;
+        /* places one tensor crosses first, then any */
+        for (int any = 0; any < 2 && pick < 0; any++)
+        for (double w = win; pick < 0 && w <= 2 * pre[nops] + 1; w *= 2) {
+            int left = 0;
+            for (int p = lim - 1; p > prev; p--) {
+                if (cb[p] < 0 || (!any && !one[p]))
+                    continue;
+                if (left < next - 1 - s) { /* keep one for each boundary before next */
+                    left++;
+                    continue;
+                }
+                if (fabs(pre[p] - want) > w)
+                    continue;
+                if (pick < 0 || cb[p] < cb[pick] ||
+                    (cb[p] == cb[pick] && fabs(pre[p] - want) < fabs(pre[pick] - want)))
+                    pick = p;
             }
-            if (pick < 0 || fabs(pre[p] - want) < fabs(pre[pick] - want))
-                pick = p;
+        }
+        if (pick < 0) {
+            snprintf(d->msg, sizeof d->msg,
+                     "--pp %d: no place to cut stage %d between the stages pp_stage fixes "
+                     "(expected a boundary of the fewest bytes crossing there; pp_stage(x, %d) "
+                     "picks one)", n, s, s);
+            free(st);
+            free(last_use);
+            free(pre);
+            free(cb);
+            free(one);
+            free(fixed);
+            pass_stage_cut_free(c);
+            return false;
         }
         c->first[s] = prev = pick;
     }
+    free(fixed);
     for (int s = 0; s < n; s++)
         c->cost[s] = pre[c->first[s + 1]] - pre[c->first[s]];
     for (int s = 1; s < n; s++) {
         c->cross[s] = xmalloc(sizeof(int) * (size_t)(g->t.n + 1));
         c->ncross[s] = crossing(g, last_use, st, c->first[s], c->cross[s], &c->bytes[s]);
+    }
+    for (int s = 0; s < n; s++) {
+        bool any = false;
+        for (int i = 0; i < g->t.n && !any; i++)
+            any = g->t.v[i].kind == TK_PARAM && pass_stage_owns(g, c, s, i);
+        if (!any) {
+            snprintf(d->msg, sizeof d->msg,
+                     "--pp %d: stage %d would hold no param (expected fewer stages, or "
+                     "pp_stage(x, %d) in the script to place it)", n, s, s);
+            free(st);
+            free(last_use);
+            free(pre);
+            free(cb);
+            free(one);
+            pass_stage_cut_free(c);
+            return false;
+        }
     }
     if (g->t.v[loss].op < c->first[n - 1]) {
         snprintf(d->msg, sizeof d->msg,
@@ -205,6 +329,7 @@ bool pass_stage_cut(const Graph *g, int n, PassStageCut *c, Diag *d)
         free(last_use);
         free(pre);
         free(cb);
+        free(one);
         pass_stage_cut_free(c);
         return false;
     }
@@ -212,6 +337,7 @@ bool pass_stage_cut(const Graph *g, int n, PassStageCut *c, Diag *d)
     free(last_use);
     free(pre);
     free(cb);
+    free(one);
     return true;
 }
 
@@ -268,7 +394,8 @@ Graph *pass_stage_graph(const Graph *fwd, const PassStageCut *c, int s, bool bac
     for (int i = 0; s == last && i < g->outs.n; i++) {
         int t = g->outs.v[i].t;
         bool mine = g->t.v[t].op >= 0 && keep[g->t.v[t].op];
-        if (mine && (!backward || strcmp(g->outs.v[i].name, "loss") == 0))
+        if (mine && !is_hint(g->outs.v[i].name) &&
+            (!backward || strcmp(g->outs.v[i].name, "loss") == 0))
             vec_push(&outs, g->outs.v[i]);
     }
     g->outs.n = 0;

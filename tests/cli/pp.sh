@@ -14,8 +14,11 @@
 #     and W once per stage in that order, W's in micro-batch order, every
 #     send paired with a receive on the neighbour, no stage holding more
 #     micro-batches than the schedule allows;
+#   - pp_stage hints (tests/data/pp_hint.lua) move the cut, and train as
+#     one rank does;
 #   - user errors: ranks that tp x pp does not divide, more stages than
-#     places to cut, flags pp does not run with yet.
+#     places to cut, a stage without params, flags pp does not run with
+#     yet, hints out of range or out of order (naming the script line).
 # gpt's key bias: see tests/cli/tp.sh (compared to 1e-3 absolute).
 set -u
 : "${KILN:?KILN must point at the kiln binary}"
@@ -128,6 +131,19 @@ run gpt4 models/gpt.lua --steps 10 --set eval_every=0 --nproc 4 --pp 2 --set mic
 same_losses gpt4 gpt1a8
 same_params "$T/gpt1a8.safetensors" "$T/gpt4.safetensors" 32
 
+# pp_stage hints fix the cut (tests/data/pp_hint.lua: stage 1 begins after
+# fc1 by default; cut=0 leaves the choice to the compiler)
+"$KILN" compile tests/data/pp_hint.lua --pp 2 >"$T/h.log" 2>&1 || fail "compile hint: $(tail -3 "$T/h.log")"
+grep -q '^# stage 0: .* 2 params' "$T/h.log" || fail "pp_stage did not cut after fc1: $(grep '^# stage' "$T/h.log")"
+"$KILN" compile tests/data/pp_hint.lua --pp 2 --set cut=0 >"$T/h0.log" 2>&1 ||
+    fail "compile no hint: $(tail -3 "$T/h0.log")"
+grep -q '^# stage 0: .* 2 params' "$T/h0.log" && fail "the compiler's own cut is the hint's"
+run hint1 tests/data/pp_hint.lua --set grad_accum=2 --save-weights "$T/hint1.safetensors"
+run hint2 tests/data/pp_hint.lua --nproc 2 --pp 2 --set micro_batches=2 \
+    --save-weights "$T/hint2.safetensors"
+same_losses hint2 hint1
+same_params "$T/hint1.safetensors" "$T/hint2.safetensors"
+
 # --- the schedule dump --------------------------------------------------------
 for s in 1f1b gpipe zb-h1 1f1b:4:8 zb-h1:4:8; do
     IFS=: read -r s n m <<<"$s"
@@ -189,4 +205,9 @@ expect ckpt '--pp 2: pipeline stages do not run with checkpoints' \
     train models/gpt.lua --steps 2 --nproc 2 --pp 2 --checkpoint "$T/ck"
 expect dropout 'models/gpt.lua:[0-9]*: pp = 2: random ops (dropout)' \
     compile models/gpt.lua --pp 2 --set dropout=0.1
+expect hint_range 'pp_hint.lua:[0-9]*: pp_stage: stage 2, but pp = 2' \
+    compile tests/data/pp_hint.lua --pp 2 --set stage2=3
+expect hint_order 'pp_hint.lua:[0-9]*: pp_stage: stage 2 begins before stage 1' \
+    compile tests/data/pp_hint.lua --pp 3 --set cut=4 --set stage2=2
+expect noparam '--pp 12: stage 1 would hold no param' compile models/gpt.lua --pp 12
 echo "pp.sh: ok"
