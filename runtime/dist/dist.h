@@ -317,6 +317,16 @@ bool rt_pp_step(RtPp *p, Exec *te, const Graph *tg, const DataBatch *b, int64_t 
                 uint64_t seed, int64_t step, double *micro_loss, float *last_loss, Diag *d);
 const Graph *rt_pp_whole(RtPp *p, const Graph *tg, void *const *vals, void ***whole);
 void rt_pp_whole_free(const RtPp *p, void **whole);
+/* Checkpoints hold every stage's params and state whole, in one file that
+ * stage 0 writes (the same tensors one rank's checkpoint holds; a tied
+ * param once): rt_pp_ckpt_whole gathers them onto stage 0 (a collective
+ * of the pipeline; NULL on the other stages; free with rt_pp_ckpt_free);
+ * rt_pp_ckpt_load reads this stage's tensors of such a file (or of one
+ * rank's checkpoint), so any layout resumes any other. */
+const Graph *rt_pp_ckpt_whole(RtPp *p, const Graph *tg, void *const *vals, void ***whole);
+void rt_pp_ckpt_free(const RtPp *p, void **whole);
+bool rt_pp_ckpt_load(RtPp *p, const char *path, const Graph *tg, void **vals, CkptMeta *m,
+                     Diag *d);
 /* The cut and the schedule (the `stages` dump). */
 void rt_pp_print(const RtPp *p, FILE *f);
 /* The dp layer's pipeline (NULL without pp). */

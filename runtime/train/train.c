@@ -550,6 +550,11 @@ bool rt_train_save_ckpt(Run *r, const char *p, Diag *d)
         if (rt_dp_tp_rank(r->dp) != 0)
             return true;
     }
+    void **ppw = NULL;
+    if (rt_dp_pp(r->dp) && !(g = rt_pp_ckpt_whole(rt_dp_pp(r->dp), g, vals, &ppw)))
+        return true; /* stage 0 writes every stage's tensors */
+    if (ppw)
+        vals = ppw;
     const char *bad = nonfinite_state(r);
     if (bad) {
         snprintf(d->msg, sizeof d->msg,
@@ -560,6 +565,7 @@ bool rt_train_save_ckpt(Run *r, const char *p, Diag *d)
     }
     CkptMeta m = {.step = r->step, .data_pos = r->data_pos, .seed = r->c.seed};
     bool ok = rt_ckpt_save(p, g, vals, &m, d);
+    rt_pp_ckpt_free(rt_dp_pp(r->dp), ppw);
     phase(r, PH_CKPT, t_start, ir_now());
     return ok;
 }
@@ -974,7 +980,8 @@ static bool init_state(Run *r, Diag *d)
         void **vals = r->vals, **wv = NULL;
         const Graph *fg = r->zero ? rt_zero_full(r->zero, r->vals, &vals) : g;
         const Graph *wg = r->tpw ? rt_tp_whole_view(r->tpw, fg, vals, &wv) : fg;
-        if (!rt_ckpt_load(r->o->resume, wg, r->tpw ? wv : vals, &m, d))
+        if (rt_dp_pp(r->dp) ? !rt_pp_ckpt_load(rt_dp_pp(r->dp), r->o->resume, g, r->vals, &m, d)
+                            : !rt_ckpt_load(r->o->resume, wg, r->tpw ? wv : vals, &m, d))
             return false;
         if (r->tpw) /* this rank's part of the file's whole tensors */
             rt_tp_split(r->tpw, fg, vals);

@@ -14,6 +14,8 @@
 #     and W once per stage in that order, W's in micro-batch order, every
 #     send paired with a receive on the neighbour, no stage holding more
 #     micro-batches than the schedule allows;
+#   - checkpoints hold whole tensors (stage 0 writes every stage's): pp = 2
+#     resumes at pp = 1 and 1 at 2 as the unbroken run goes on;
 #   - pp_stage hints (tests/data/pp_hint.lua) move the cut, and train as
 #     one rank does;
 #   - user errors: ranks that tp x pp does not divide, more stages than
@@ -131,6 +133,28 @@ run gpt4 models/gpt.lua --steps 10 --set eval_every=0 --nproc 4 --pp 2 --set mic
 same_losses gpt4 gpt1a8
 same_params "$T/gpt1a8.safetensors" "$T/gpt4.safetensors" 32
 
+# checkpoints hold whole tensors: a pp = 2 checkpoint resumes at pp = 1
+# and at pp = 2 alike, a pp = 1 one at 2 and 1 alike; a pp = 2 run's
+# weights = its checkpoint's resumed at pp = 1 with no step left to run
+run c2 $GPT --nproc 2 --pp 2 --set micro_batches=4 --set checkpoint_every=10 \
+    --set checkpoint="$T/c2.safetensors" --save-weights "$T/c2w.safetensors" --steps 10
+[ -f "$T/c2.step10.safetensors" ] || fail "no checkpoint at step 10: $(ls "$T")"
+run r21 $GPT --set grad_accum=4 --resume "$T/c2.step10.safetensors"
+run r22 $GPT --nproc 2 --pp 2 --set micro_batches=4 --resume "$T/c2.step10.safetensors"
+grep -q "resumed from" "$T/r21.log" || fail "r21 did not resume"
+grep -q "resumed from" "$T/r22.log" || fail "r22 did not resume"
+same_losses r22 r21
+run r21w models/gpt.lua --steps 10 --set eval_every=0 --resume "$T/c2.step10.safetensors" \
+    --save-weights "$T/r21w.safetensors"
+cmp -s "$T/c2w.safetensors" "$T/r21w.safetensors" ||
+    fail "weights of pp = 2 and of its checkpoint at pp = 1 differ"
+run c1 $GPT --set grad_accum=4 --set checkpoint_every=10 --set checkpoint="$T/c1.safetensors" \
+    --steps 10
+run r12 $GPT --nproc 2 --pp 2 --set micro_batches=4 --resume "$T/c1.step10.safetensors"
+run r11 $GPT --set grad_accum=4 --resume "$T/c1.step10.safetensors"
+grep -q "resumed from" "$T/r12.log" || fail "r12 did not resume"
+same_losses r12 r11
+
 # pp_stage hints fix the cut (tests/data/pp_hint.lua: stage 1 begins after
 # fc1 by default; cut=0 leaves the choice to the compiler)
 "$KILN" compile tests/data/pp_hint.lua --pp 2 >"$T/h.log" 2>&1 || fail "compile hint: $(tail -3 "$T/h.log")"
@@ -201,8 +225,8 @@ expect nproc3 '--pp 2: --nproc 3 is not a multiple of tp x pp = 2' \
     train models/gpt.lua --steps 2 --nproc 3 --pp 2
 expect onerank '--pp 2: --nproc 1 is not a multiple' train models/gpt.lua --steps 2 --pp 2
 expect stages '--pp 50: more stages than places to cut' compile models/gpt.lua --pp 50
-expect ckpt '--pp 2: pipeline stages do not run with checkpoints' \
-    train models/gpt.lua --steps 2 --nproc 2 --pp 2 --checkpoint "$T/ck"
+expect initfrom '--pp 2: pipeline stages do not run with --init-from' \
+    train models/gpt.lua --steps 2 --nproc 2 --pp 2 --init-from "$T/gpt1.safetensors"
 expect dropout 'models/gpt.lua:[0-9]*: pp = 2: random ops (dropout)' \
     compile models/gpt.lua --pp 2 --set dropout=0.1
 expect hint_range 'pp_hint.lua:[0-9]*: pp_stage: stage 2, but pp = 2' \
