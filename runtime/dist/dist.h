@@ -327,6 +327,11 @@ const Graph *rt_pp_ckpt_whole(RtPp *p, const Graph *tg, void *const *vals, void 
 void rt_pp_ckpt_free(const RtPp *p, void **whole);
 bool rt_pp_ckpt_load(RtPp *p, const char *path, const Graph *tg, void **vals, CkptMeta *m,
                      Diag *d);
+/* This step's F, B, W and receives on the trace (track 6); the per-step
+ * medians of each stage's time running programs and waiting in receives
+ * (a collective of the pipeline; stage 0 of dp rank 0 prints). */
+void rt_pp_trace(const RtPp *p, Trace *trace, double t0);
+void rt_pp_summary(const RtPp *p, FILE *f);
 /* The cut and the schedule (the `stages` dump). */
 void rt_pp_print(const RtPp *p, FILE *f);
 /* The dp layer's pipeline (NULL without pp). */

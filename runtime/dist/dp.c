@@ -521,6 +521,8 @@ bool rt_dp_last_tp(const RtDp *dp, double *ms)
 
 void rt_dp_after_step(RtDp *dp, Trace *trace, double t0, bool trace_events)
 {
+    if (dp->pp && trace_events)
+        rt_pp_trace(dp->pp, trace, t0);
     if (dp->comm)
         tp_after_step(dp, trace, t0, trace_events);
     if (!dp->comm || dp->size == 1)
@@ -603,6 +605,8 @@ void rt_dp_after_last_step(RtDp *dp, Trace *trace, double t0, bool trace_events)
 
 void rt_dp_summary(const RtDp *dp, FILE *f)
 {
+    if (dp && dp->pp)
+        rt_pp_summary(dp->pp, f);
     if (dp && dp->tp > 1 && dp->tp_ms.n > 0) {
         char b[32];
         fprintf(f,

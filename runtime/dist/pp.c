@@ -40,6 +40,12 @@ typedef struct {
 
 enum { P_F, P_B, P_W, P__N };
 
+typedef struct {
+    char kind; /* 'F', 'B', 'W'; 'r': a receive */
+    int mb;
+    double start, end;
+} PpEvent;
+
 /* A tensor a program reads or writes: its id there, and where it lives in
  * the micro-batch's record (what: 0 stash, 1 received activation, 2
  * received gradient) */
@@ -79,7 +85,11 @@ struct RtPp {
     int64_t rows;   /* the model's batch b */
     double *losses; /* m */
     double flops;
-    Graph *ug;      /* rt_pp_ckpt_view's graph: every stage's params and state */
+    /* this step's actions and receives (ir_now seconds), for the trace;
+     * per step: seconds running programs and waiting in receives */
+    VEC(PpEvent) ev;
+    VEC(double) busy, wait;
+    Graph *ug;      /* rt_pp_ckpt_whole's graph: every stage's params and state */
     int *uholder;   /* per tensor of ug: the first stage holding it */
 };
 
@@ -149,6 +159,9 @@ void rt_pp_free(RtPp *p)
     if (p->ug)
         ir_free(p->ug);
     free(p->uholder);
+    vec_free(&p->ev);
+    vec_free(&p->busy);
+    vec_free(&p->wait);
     for (int i = 0; i < p->ps.n; i++) {
         free(p->ps.v[i].owners);
         free(p->ps.v[i].acc);
@@ -442,12 +455,18 @@ bool rt_pp_step(RtPp *p, Exec *te, const Graph *tg, const DataBatch *b, int64_t 
     void **reqs = xcalloc((size_t)(2 * m + 1), sizeof(void *));
     int nreq = 0, nextw = 0;
     bool ok = true;
+    p->ev.n = 0;
+    double busy = 0, wait = 0;
     for (int a = 0; a < 3 * m && ok; a++) {
         int k = p->acts[a].mb;
+        double t0 = ir_now(), t1 = t0;
         switch (p->acts[a].kind) {
         case 'F':
-            if (p->s > 0)
+            if (p->s > 0) {
                 rt_comm_pp_recv(p->comm, p->s - 1, 2 * k, p->xrecv + rb * k, (size_t)rb);
+                t1 = ir_now();
+                vec_push(&p->ev, ((PpEvent){'r', k, t0, t1}));
+            }
             if (!(ok = run_prog(p, P_F, b, base, k, seed, step, d)))
                 break;
             if (p->s == last) {
@@ -462,8 +481,11 @@ bool rt_pp_step(RtPp *p, Exec *te, const Graph *tg, const DataBatch *b, int64_t 
                                             (size_t)sb);
             break;
         case 'B':
-            if (p->s < last)
+            if (p->s < last) {
                 rt_comm_pp_recv(p->comm, p->s + 1, 2 * k + 1, p->grecv + sb * k, (size_t)sb);
+                t1 = ir_now();
+                vec_push(&p->ev, ((PpEvent){'r', k, t0, t1}));
+            }
             if (!(ok = run_prog(p, P_B, b, base, k, seed, step, d)))
                 break;
             if (p->s > 0) {
@@ -480,7 +502,13 @@ bool rt_pp_step(RtPp *p, Exec *te, const Graph *tg, const DataBatch *b, int64_t 
                 break;
             accumulate(p, k);
         }
+        double t2 = ir_now();
+        vec_push(&p->ev, ((PpEvent){p->acts[a].kind, k, t1, t2}));
+        wait += t1 - t0;
+        busy += t2 - t1;
     }
+    vec_push(&p->busy, busy);
+    vec_push(&p->wait, wait);
     for (int i = 0; i < nreq; i++)
         rt_comm_pp_wait(p->comm, reqs[i]);
     free(reqs);
@@ -678,4 +706,45 @@ void rt_pp_ckpt_free(const RtPp *p, void **whole)
     for (int i = 0; whole && p->ug && i < p->ug->t.n; i++)
         free(whole[i]);
     free(whole);
+}
+
+/* ---- the trace and the summary ------------------------------------------- */
+
+void rt_pp_trace(const RtPp *p, Trace *trace, double t0)
+{
+    if (!p || !trace)
+        return;
+    char name[64];
+    snprintf(name, sizeof name, "pipeline stage %d (first steps)", p->s);
+    rt_trace_thread_name(trace, 6, name);
+    for (int i = 0; i < p->ev.n; i++) {
+        const PpEvent *e = &p->ev.v[i];
+        if (e->kind == 'r')
+            snprintf(name, sizeof name, "recv %d", e->mb);
+        else
+            snprintf(name, sizeof name, "%c%d", e->kind, e->mb);
+        rt_trace_event(trace, name, e->kind == 'r' ? "comm" : "pipeline", 1e6 * (e->start - t0),
+                       1e6 * (e->end - e->start), 6);
+    }
+}
+
+void rt_pp_summary(const RtPp *p, FILE *f)
+{
+    if (!p || p->busy.n == 0)
+        return;
+    /* every stage's medians, summed over the pipeline (each fills its own) */
+    double *v = xcalloc((size_t)(2 * p->n + 1), sizeof(double));
+    v[2 * p->s] = 1e3 * ir_median(p->busy.v, p->busy.n);
+    v[2 * p->s + 1] = 1e3 * ir_median(p->wait.v, p->wait.n);
+    rt_comm_pp_sum(p->comm, v, 2 * p->n);
+    fprintf(f, "pipeline: pp = %d, %d micro-batches, %s | per step (median of %d), running F, "
+            "B and W / waiting in receives:", p->n, p->m, pass_stage_schedule_name(p->sched),
+            p->busy.n);
+    for (int s = 0; s < p->n; s++) {
+        double tot = v[2 * s] + v[2 * s + 1];
+        fprintf(f, "%s stage %d %.2f / %.2f ms (%.0f%% waiting)", s ? " |" : "", s, v[2 * s],
+                v[2 * s + 1], tot > 0 ? 100.0 * v[2 * s + 1] / tot : 0);
+    }
+    fputc('\n', f);
+    free(v);
 }
