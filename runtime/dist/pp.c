@@ -357,13 +357,12 @@ Graph *rt_pp_build(RtPp *p, const Graph *model, const PassOpts *po, Diag *d)
     p->losses = xcalloc((size_t)m + 2, sizeof(double));
     p->acts = xmalloc(sizeof(PassStageAct) * (size_t)(3 * m + 1));
     pass_stage_schedule(p->sched, p->n, m, p->s, p->acts);
-    const Tensor *rt = NULL;
-    int tk = ir_find_tensor(p->fwd, "tokens");
-    if (tk < 0)
-        tk = ir_find_tensor(p->fwd, "x");
-    if (tk >= 0)
-        rt = &p->fwd->t.v[tk];
-    p->rows = rt ? rt->s.dim[0] : 0;
+    /* the model's batch: the leading dim of its data inputs */
+    for (int i = 0; i < p->fwd->t.n && !p->rows; i++) {
+        const Tensor *t = &p->fwd->t.v[i];
+        if (t->kind == TK_INPUT && t->op < 0 && t->s.rank > 0)
+            p->rows = t->s.dim[0];
+    }
     Graph *sg = step_graph(p, po, d);
     for (int i = 0; sg && i < p->ps.n; i++) {
         char *gn = xasprintf("pp.grad.%s", p->ps.v[i].name);

@@ -859,7 +859,7 @@ static bool build(Run *r, Diag *d)
     double t_start = ir_now();
     RtPp *pp = rt_dp_pp(r->dp);
     if (pp) { /* pipeline stages: this stage's optimizer step (runtime/dist/pp.c) */
-        if (!(r->tg = rt_pp_build(pp, r->m->g, &po, d)))
+        if (!rt_pp_check(&r->c, r->o, d) || !(r->tg = rt_pp_build(pp, r->m->g, &po, d)))
             return false;
     } else {
         r->tg = ir_clone(r->m->g);
