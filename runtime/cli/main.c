@@ -260,7 +260,8 @@ static bool print_stages(const Model *m, const PassOpts *po, const char *dir, bo
     Diag d = {{0}};
     int sched = pass_stage_schedule_parse(m->train.schedule);
     int mb = (int)(m->train.micro_batches > 0 ? m->train.micro_batches : m->train.grad_accum);
-    bool ok = pass_attention(g, po, &d) && pass_stage_cut(g, (int)m->train.pp, &c, &d);
+    bool ok = pass_attention(g, po, &d) && pass_partition(g, po, &d) &&
+              pass_stage_cut(g, (int)m->train.pp, &c, &d);
     if (!ok) {
         fprintf(stderr, "kiln compile: %s\n", d.msg);
         ir_free(g);

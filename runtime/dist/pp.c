@@ -90,15 +90,14 @@ struct RtPp {
     VEC(PpEvent) ev;
     VEC(double) busy, wait;
     Graph *ug;      /* rt_pp_ckpt_whole's graph: every stage's params and state */
+    Graph *wg;      /* whole_graph's */
     int *uholder;   /* per tensor of ug: the first stage holding it */
 };
 
 bool rt_pp_check(const TrainCfg *c, const TrainOpts *o, Diag *d)
 {
     const char *bad = NULL;
-    if (c->tp > 1)
-        bad = "--tp (tp x pp runs are not built yet)";
-    else if (c->zero)
+    if (c->zero)
         bad = "zero = 1";
     else if (o->init_from)
         bad = "--init-from";
@@ -158,6 +157,8 @@ void rt_pp_free(RtPp *p)
         ir_free(p->fwd);
     if (p->ug)
         ir_free(p->ug);
+    if (p->wg)
+        ir_free(p->wg);
     free(p->uholder);
     vec_free(&p->ev);
     vec_free(&p->busy);
@@ -207,7 +208,8 @@ static Graph *step_graph(RtPp *p, const PassOpts *po, Diag *d)
         ir_add_sym(g, p->fwd->syms.v[i].name, p->fwd->syms.v[i].value);
     for (int i = 0; i < p->ps.n; i++) {
         const Tensor *t = &p->fwd->t.v[ir_find_tensor(p->fwd, p->ps.v[i].name)];
-        ir_add_input(g, TK_PARAM, t->name, t->s, t->init);
+        int id = ir_add_input(g, TK_PARAM, t->name, t->s, t->init);
+        g->t.v[id].shard = t->shard; /* tp: this rank's part */
     }
     for (int i = 0; i < p->ps.n; i++) {
         int pt = ir_find_tensor(g, p->ps.v[i].name);
@@ -235,7 +237,8 @@ static Graph *step_graph(RtPp *p, const PassOpts *po, Diag *d)
 Graph *rt_pp_build(RtPp *p, const Graph *model, const PassOpts *po, Diag *d)
 {
     p->fwd = ir_clone(model);
-    if (!pass_attention(p->fwd, po, d) || !pass_stage_cut(p->fwd, p->n, &p->cut, d))
+    if (!pass_attention(p->fwd, po, d) || !pass_partition(p->fwd, po, d) ||
+        !pass_stage_cut(p->fwd, p->n, &p->cut, d))
         return NULL;
     int last = p->n - 1;
     /* params: owned by this stage, in the model's order */
@@ -376,7 +379,6 @@ bool rt_pp_exec(RtPp *p, const ExecOpts *eo, Diag *d)
 {
     ExecOpts o = *eo;
     o.comm = NULL;
-    o.tp_comm = NULL;
     o.profile = false;
     o.arena_of = NULL;
     for (int i = 0; i < P__N; i++)
@@ -526,11 +528,21 @@ bool rt_pp_step(RtPp *p, Exec *te, const Graph *tg, const DataBatch *b, int64_t 
                 q->acc[j] *= c;
         }
     }
-    /* the global norm's sum of squares, each param once */
-    double ss = 0;
-    for (int i = 0; i < p->ps.n; i++)
+    /* the global norm's sum of squares, each param once: a param split
+     * over the TP group by its parts' sums over the group */
+    double ss = 0, split = 0;
+    for (int i = 0; i < p->ps.n; i++) {
+        const Tensor *t = &p->fwd->t.v[ir_find_tensor(p->fwd, p->ps.v[i].name)];
+        double *to = t->shard.on && t->shard.n > 1 ? &split : &ss;
         for (int64_t j = 0; p->ps.v[i].norm && j < p->ps.v[i].numel; j++)
-            ss += (double)p->ps.v[i].acc[j] * p->ps.v[i].acc[j];
+            *to += (double)p->ps.v[i].acc[j] * p->ps.v[i].acc[j];
+    }
+    if (rt_comm_tp(p->comm) > 1) {
+        float f2 = (float)split;
+        rt_comm_tp_allreduce(p->comm, &f2, 1);
+        split = f2;
+    }
+    ss += split;
     rt_comm_pp_sum(p->comm, &ss, 1);
     /* the losses, from the last stage */
     rt_comm_pp_bcast(p->comm, last, p->losses, sizeof(double) * (size_t)m);
@@ -556,10 +568,27 @@ bool rt_pp_step(RtPp *p, Exec *te, const Graph *tg, const DataBatch *b, int64_t 
     return true;
 }
 
+/* The forward graph with whole params (tp: their whole shapes), for
+ * weights files. */
+static const Graph *whole_graph(RtPp *p)
+{
+    if (p->wg)
+        return p->wg;
+    p->wg = ir_clone(p->fwd);
+    for (int i = 0; i < p->wg->t.n; i++) {
+        Tensor *t = &p->wg->t.v[i];
+        if (t->kind == TK_PARAM && t->shard.on && t->shard.n > 1) {
+            t->s = ir_shard_whole(&t->shard, &t->s);
+            t->shard.on = false;
+        }
+    }
+    return p->wg;
+}
+
 const Graph *rt_pp_whole(RtPp *p, const Graph *tg, void *const *vals, void ***whole)
 {
     /* stage 0 receives every param whose first owner is another stage */
-    const Graph *g = p->fwd;
+    const Graph *g = whole_graph(p);
     void **w = p->s == 0 ? xcalloc((size_t)g->t.n + 1, sizeof(void *)) : NULL;
     for (int i = 0; i < g->t.n; i++) {
         const Tensor *t = &g->t.v[i];

@@ -980,7 +980,8 @@ static bool init_state(Run *r, Diag *d)
         void **vals = r->vals, **wv = NULL;
         const Graph *fg = r->zero ? rt_zero_full(r->zero, r->vals, &vals) : g;
         const Graph *wg = r->tpw ? rt_tp_whole_view(r->tpw, fg, vals, &wv) : fg;
-        if (rt_dp_pp(r->dp) ? !rt_pp_ckpt_load(rt_dp_pp(r->dp), r->o->resume, g, r->vals, &m, d)
+        if (rt_dp_pp(r->dp) ? !rt_pp_ckpt_load(rt_dp_pp(r->dp), r->o->resume, wg,
+                                               r->tpw ? wv : vals, &m, d)
                             : !rt_ckpt_load(r->o->resume, wg, r->tpw ? wv : vals, &m, d))
             return false;
         if (r->tpw) /* this rank's part of the file's whole tensors */
@@ -1415,7 +1416,7 @@ int rt_train(const Model *m, const TrainOpts *o)
         void **wv = r.vals, **ppw = NULL;
         const Graph *wg = r.tpw && !bad ? rt_tp_whole(r.tpw, r.comm, r.tg, r.vals, &wv) : r.tg;
         if (rt_dp_pp(r.dp) && !bad) { /* whole params on stage 0, one rank's layout */
-            wg = rt_pp_whole(rt_dp_pp(r.dp), r.tg, r.vals, &ppw);
+            wg = rt_pp_whole(rt_dp_pp(r.dp), wg, wv, &ppw);
             wv = ppw;
         }
         bool wrote = !bad && wg && rt_dp_tp_rank(r.dp) == 0;
