@@ -6,9 +6,9 @@
 #     at grad_accum = m (the same global batch): the loss within 1e-5
 #     relative at every one of 20 steps, every saved param within 1e-5
 #     relative (whole tensors, written by stage 0 in one rank's layout);
-#   - pp = 2 x dp = 2 and pp = 2 x tp = 2 on 4 ranks against one rank at
-#     the whole batch (tp x pp: its checkpoint resumes on one rank with
-#     the run's weights);
+#   - pp = 2 x dp = 2 and pp = 2 x tp = 2 on 4 ranks, tp 2 x pp 2 x dp 2
+#     on 8, against one rank at the whole batch (tp x pp: its checkpoint
+#     resumes on one rank with the run's weights);
 #   - gpipe, 1f1b and zb-h1 give the same losses, to the last printed digit
 #     (the same F, B and W programs in another order; gradients summed in
 #     micro-batch order by all), zb-h1 and 1f1b the same weights' bytes;
@@ -147,6 +147,14 @@ run r22w models/gpt.lua --steps 10 --set eval_every=0 --resume "$T/c22.step10.sa
     --save-weights "$T/r22w.safetensors"
 cmp -s "$T/gpt22.safetensors" "$T/r22w.safetensors" ||
     fail "weights of pp 2 x tp 2 and of its checkpoint at one rank differ"
+
+# tp 2 x pp 2 x dp 2 on 8 ranks (oversubscribed) = one rank at the whole batch
+run gpt1a4 models/gpt.lua --steps 6 --set eval_every=0 --set grad_accum=4 \
+    --save-weights "$T/gpt1a4.safetensors"
+run gpt222 models/gpt.lua --steps 6 --set eval_every=0 --nproc 8 --pp 2 --tp 2 \
+    --set micro_batches=2 --save-weights "$T/gpt222.safetensors"
+same_losses gpt222 gpt1a4
+same_params "$T/gpt1a4.safetensors" "$T/gpt222.safetensors" 32
 
 # checkpoints hold whole tensors: a pp = 2 checkpoint resumes at pp = 1
 # and at pp = 2 alike, a pp = 1 one at 2 and 1 alike; a pp = 2 run's
