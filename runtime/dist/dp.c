@@ -605,8 +605,19 @@ void rt_dp_after_last_step(RtDp *dp, Trace *trace, double t0, bool trace_events)
 
 void rt_dp_summary(const RtDp *dp, FILE *f)
 {
-    if (dp && dp->pp)
+    if (dp && dp->pp) { /* its dp means are its own (rt_pp_summary) */
         rt_pp_summary(dp->pp, f);
+        if (dp->tp > 1 && dp->tp_ms.n > 0) {
+            char b[32];
+            fprintf(f,
+                    "tensor-parallel comm: tp = %d | per step (median of %d, this rank): %d "
+                    "collectives, %s, %.2f ms, all exposed (they block the step)\n",
+                    dp->tp, dp->tp_ms.n, dp->tp_n,
+                    ir_fmt_bytes((double)dp->tp_bytes, 2, b, sizeof b),
+                    ir_median(dp->tp_ms.v, dp->tp_ms.n));
+        }
+        return;
+    }
     if (dp && dp->tp > 1 && dp->tp_ms.n > 0) {
         char b[32];
         fprintf(f,

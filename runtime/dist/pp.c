@@ -88,7 +88,7 @@ struct RtPp {
     /* this step's actions and receives (ir_now seconds), for the trace;
      * per step: seconds running programs and waiting in receives */
     VEC(PpEvent) ev;
-    VEC(double) busy, wait;
+    VEC(double) busy, wait, dpms; /* dpms: the dp all-reduces' ms per step */
     Graph *ug;      /* rt_pp_ckpt_whole's graph: every stage's params and state */
     Graph *wg;      /* whole_graph's */
     int *uholder;   /* per tensor of ug: the first stage holding it */
@@ -97,6 +97,14 @@ struct RtPp {
 bool rt_pp_check(const TrainCfg *c, const TrainOpts *o, Diag *d)
 {
     const char *bad = NULL;
+    if (c->micro_batches > 0 && c->grad_accum > 1) {
+        snprintf(d->msg, sizeof d->msg,
+                 "--pp %lld: micro_batches = %lld and grad_accum = %lld both set (expected one: "
+                 "under pp, micro_batches is the micro-batches per step, grad_accum its "
+                 "other name)", (long long)c->pp, (long long)c->micro_batches,
+                 (long long)c->grad_accum);
+        return false;
+    }
     if (c->zero)
         bad = "zero = 1";
     else if (o->init_from)
@@ -163,6 +171,7 @@ void rt_pp_free(RtPp *p)
     vec_free(&p->ev);
     vec_free(&p->busy);
     vec_free(&p->wait);
+    vec_free(&p->dpms);
     for (int i = 0; i < p->ps.n; i++) {
         free(p->ps.v[i].owners);
         free(p->ps.v[i].acc);
@@ -517,17 +526,22 @@ bool rt_pp_step(RtPp *p, Exec *te, const Graph *tg, const DataBatch *b, int64_t 
         return false;
     /* tied params: the sum over their stages; then the mean over dp */
     int dps = rt_comm_size(p->comm);
+    double td = 0;
     for (int i = 0; i < p->ps.n; i++) {
         PpParam *q = &p->ps.v[i];
         if (q->nown > 1)
             rt_comm_pp_sum_f32(p->comm, q->owners, q->nown, q->acc, q->numel);
         if (dps > 1) {
+            double t0 = ir_now();
             rt_comm_dp_sum_f32(p->comm, q->acc, q->numel);
+            td += ir_now() - t0;
             float c = (float)(1.0 / dps);
             for (int64_t j = 0; j < q->numel; j++)
                 q->acc[j] *= c;
         }
     }
+    if (dps > 1)
+        vec_push(&p->dpms, 1e3 * td);
     /* the global norm's sum of squares, each param once: a param split
      * over the TP group by its parts' sums over the group */
     double ss = 0, split = 0;
@@ -774,5 +788,9 @@ void rt_pp_summary(const RtPp *p, FILE *f)
                 v[2 * s + 1], tot > 0 ? 100.0 * v[2 * s + 1] / tot : 0);
     }
     fputc('\n', f);
+    if (p->dpms.n > 0)
+        fprintf(f, "pipeline: dp = %d | the gradients' mean over dp after the micro-batches "
+                "(blocking, all exposed): %.2f ms per step (median, stage %d)\n",
+                rt_comm_size(p->comm), ir_median(p->dpms.v, p->dpms.n), p->s);
     free(v);
 }

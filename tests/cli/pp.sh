@@ -256,5 +256,7 @@ expect hint_range 'pp_hint.lua:[0-9]*: pp_stage: stage 2, but pp = 2' \
     compile tests/data/pp_hint.lua --pp 2 --set stage2=3
 expect hint_order 'pp_hint.lua:[0-9]*: pp_stage: stage 2 begins before stage 1' \
     compile tests/data/pp_hint.lua --pp 3 --set cut=4 --set stage2=2
+expect both '--pp 2: micro_batches = 2 and grad_accum = 2 both set' \
+    train models/gpt.lua --steps 2 --nproc 2 --pp 2 --set micro_batches=2 --set grad_accum=2
 expect noparam '--pp 12: stage 1 would hold no param' compile models/gpt.lua --pp 12
 echo "pp.sh: ok"
