@@ -202,7 +202,7 @@ static char *kname(const char *pre, int k)
 static bool compile_fwd(Graph *g, const PassOpts *po, Diag *d)
 {
     char err[1024];
-    if (!pass_simplify(g, po, d) || !pass_schedule(g, po, d))
+    if (!pass_simplify(g, po, d) || !pass_fuse(g, po, d) || !pass_schedule(g, po, d))
         return false;
     if (!ir_verify(g, err, sizeof err))
         die("pipeline stage graph invalid: %s", err);
