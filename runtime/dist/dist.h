@@ -327,6 +327,11 @@ const Graph *rt_pp_ckpt_whole(RtPp *p, const Graph *tg, void *const *vals, void 
 void rt_pp_ckpt_free(const RtPp *p, void **whole);
 bool rt_pp_ckpt_load(RtPp *p, const char *path, const Graph *tg, void **vals, CkptMeta *m,
                      Diag *d);
+/* --init-from under pp: a view of every param of the model, whole (this
+ * stage's hold vals' values; the others zeros) to load a file into, and
+ * this stage's params taken back from it (vals NULL: only freed). */
+const Graph *rt_pp_params_view(RtPp *p, const Graph *tg, void *const *vals, void ***whole);
+void rt_pp_params_take(RtPp *p, const Graph *tg, void **vals, void **whole);
 /* This step's F, B, W and receives on the trace (track 6); the per-step
  * medians of each stage's time running programs and waiting in receives
  * (a collective of the pipeline; stage 0 of dp rank 0 prints). */

@@ -107,8 +107,6 @@ bool rt_pp_check(const TrainCfg *c, const TrainOpts *o, Diag *d)
     }
     if (c->zero)
         bad = "zero = 1";
-    else if (o->init_from)
-        bad = "--init-from";
     else if (o->log_dir)
         bad = "--log-dir";
     else if (c->sample_every > 0)
@@ -793,4 +791,37 @@ void rt_pp_summary(const RtPp *p, FILE *f)
                 "(blocking, all exposed): %.2f ms per step (median, stage %d)\n",
                 rt_comm_size(p->comm), ir_median(p->dpms.v, p->dpms.n), p->s);
     free(v);
+}
+
+/* ---- --init-from: the model's params, whole ------------------------------- */
+
+const Graph *rt_pp_params_view(RtPp *p, const Graph *tg, void *const *vals, void ***whole)
+{
+    const Graph *g = whole_graph(p);
+    void **w = xcalloc((size_t)g->t.n + 1, sizeof(void *));
+    for (int i = 0; i < g->t.n; i++) {
+        const Tensor *t = &g->t.v[i];
+        if (t->kind != TK_PARAM)
+            continue;
+        w[i] = xcalloc(1, (size_t)shape_bytes(&t->s) + 1);
+        int own = ir_find_tensor(tg, t->name);
+        if (own >= 0)
+            memcpy(w[i], vals[own], (size_t)shape_bytes(&t->s));
+    }
+    *whole = w;
+    return g;
+}
+
+void rt_pp_params_take(RtPp *p, const Graph *tg, void **vals, void **whole)
+{
+    if (!p || !whole)
+        return;
+    const Graph *g = p->wg;
+    for (int i = 0; i < g->t.n; i++) {
+        int own = whole[i] ? ir_find_tensor(tg, g->t.v[i].name) : -1;
+        if (vals && own >= 0)
+            memcpy(vals[own], whole[i], (size_t)shape_bytes(&g->t.v[i].s));
+        free(whole[i]);
+    }
+    free(whole);
 }

@@ -1014,8 +1014,12 @@ static bool init_state(Run *r, Diag *d)
                 return false;
         }
         char *note;
-        if (!rt_init_from(r->o->init_from, wg, r->m->pads, r->m->npads, r->o->init_map,
-                          r->o->init_partial, r->tpw ? wv : r->vals, &note, d))
+        void **mv = r->tpw ? wv : r->vals, **pv = NULL; /* pp: every stage's params */
+        const Graph *lg = rt_dp_pp(r->dp) ? rt_pp_params_view(rt_dp_pp(r->dp), wg, mv, &pv) : wg;
+        bool ok = rt_init_from(r->o->init_from, lg, r->m->pads, r->m->npads, r->o->init_map,
+                               r->o->init_partial, pv ? pv : mv, &note, d);
+        rt_pp_params_take(rt_dp_pp(r->dp), wg, ok ? mv : NULL, pv);
+        if (!ok)
             return false;
         if (r->tpw)
             rt_tp_split(r->tpw, g, r->vals);

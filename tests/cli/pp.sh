@@ -18,6 +18,7 @@
 #     micro-batches than the schedule allows;
 #   - checkpoints hold whole tensors (stage 0 writes every stage's): pp = 2
 #     resumes at pp = 1 and 1 at 2 as the unbroken run goes on;
+#   - --init-from gives each stage its params of whole weights;
 #   - pp_stage hints (tests/data/pp_hint.lua) move the cut, and train as
 #     one rank does;
 #   - user errors: ranks that tp x pp does not divide, more stages than
@@ -178,6 +179,13 @@ run r11 $GPT --set grad_accum=4 --resume "$T/c1.step10.safetensors"
 grep -q "resumed from" "$T/r12.log" || fail "r12 did not resume"
 same_losses r12 r11
 
+# --init-from: each stage takes its params from whole weights
+run i1 models/gpt.lua --steps 3 --set eval_every=0 --set grad_accum=2 \
+    --init-from "$T/gpt1.safetensors"
+run i2 models/gpt.lua --steps 3 --set eval_every=0 --nproc 2 --pp 2 --set micro_batches=2 \
+    --init-from "$T/gpt1.safetensors"
+same_losses i2 i1
+
 # pp_stage hints fix the cut (tests/data/pp_hint.lua: stage 1 begins after
 # fc1 by default; cut=0 leaves the choice to the compiler)
 "$KILN" compile tests/data/pp_hint.lua --pp 2 >"$T/h.log" 2>&1 || fail "compile hint: $(tail -3 "$T/h.log")"
@@ -248,8 +256,6 @@ expect nproc3 '--pp 2: --nproc 3 is not a multiple of tp x pp = 2' \
     train models/gpt.lua --steps 2 --nproc 3 --pp 2
 expect onerank '--pp 2: --nproc 1 is not a multiple' train models/gpt.lua --steps 2 --pp 2
 expect stages '--pp 50: more stages than places to cut' compile models/gpt.lua --pp 50
-expect initfrom '--pp 2: pipeline stages do not run with --init-from' \
-    train models/gpt.lua --steps 2 --nproc 2 --pp 2 --init-from "$T/gpt1.safetensors"
 expect dropout 'models/gpt.lua:[0-9]*: pp = 2: random ops (dropout)' \
     compile models/gpt.lua --pp 2 --set dropout=0.1
 expect hint_range 'pp_hint.lua:[0-9]*: pp_stage: stage 2, but pp = 2' \
