@@ -871,10 +871,7 @@ static int cmd_train(int argc, char **argv)
             fe_model_free(m);
             return 2;
         }
-        if (m->train.eval_every > 0 || m->train.val_fraction > 0)
-            fprintf(stderr, "kiln: note: pp = %lld: no evaluation runs under pipeline stages "
-                    "yet (eval_every and the final validation loss are skipped)\n",
-                    (long long)m->train.pp);
+
     }
     if (budget >= 0)
         m->train.memory_budget = budget;

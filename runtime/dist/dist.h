@@ -332,6 +332,10 @@ bool rt_pp_ckpt_load(RtPp *p, const char *path, const Graph *tg, void **vals, Ck
  * this stage's params taken back from it (vals NULL: only freed). */
 const Graph *rt_pp_params_view(RtPp *p, const Graph *tg, void *const *vals, void ***whole);
 void rt_pp_params_take(RtPp *p, const Graph *tg, void **vals, void **whole);
+/* Evaluation: the model's b rows from row0 through every stage's F (with
+ * the step's params), the loss on every stage. */
+bool rt_pp_eval(RtPp *p, Exec *te, const Graph *tg, const DataBatch *b, int64_t row0,
+                uint64_t seed, int64_t step, float *loss, Diag *d);
 /* This step's F, B, W and receives on the trace (track 6); the per-step
  * medians of each stage's time running programs and waiting in receives
  * (a collective of the pipeline; stage 0 of dp rank 0 prints). */

@@ -107,6 +107,8 @@ bool rt_pp_check(const TrainCfg *c, const TrainOpts *o, Diag *d)
     }
     if (c->zero)
         bad = "zero = 1";
+    else if (c->eval_batches == TRAIN_EVAL_ALL)
+        bad = "eval_batches = \"all\"";
     else if (o->log_dir)
         bad = "--log-dir";
     else if (c->sample_every > 0)
@@ -115,8 +117,8 @@ bool rt_pp_check(const TrainCfg *c, const TrainOpts *o, Diag *d)
         bad = "--device cuda";
     else if (o->remat || c->memory_budget > 0)
         bad = "remat (--remat, memory_budget)";
-    else if (c->early_stop_metric)
-        bad = "early_stop";
+    else if (c->early_stop_metric || (c->keep_best && strcmp(c->keep_best, "true") == 0))
+        bad = "early_stop and keep_best";
     if (bad) {
         snprintf(d->msg, sizeof d->msg,
                  "--pp %lld: pipeline stages do not run with %s yet (expected pp = 1 "
@@ -824,4 +826,37 @@ void rt_pp_params_take(RtPp *p, const Graph *tg, void **vals, void **whole)
         free(whole[i]);
     }
     free(whole);
+}
+
+/* ---- evaluation: the forward alone, through every stage ------------------ */
+
+bool rt_pp_eval(RtPp *p, Exec *te, const Graph *tg, const DataBatch *b, int64_t row0,
+                uint64_t seed, int64_t step, float *loss, Diag *d)
+{
+    copy_params(p, te, tg); /* the step's update since its micro-batches ran */
+    PpProg *q = &p->pr[P_F];
+    int last = p->n - 1;
+    int64_t rb = p->recv_off[p->nrecv], sb = p->send_off[p->nsend];
+    if (p->s > 0)
+        rt_comm_pp_recv(p->comm, p->s - 1, 30000, p->xrecv, (size_t)rb);
+    rt_data_feed(q->e, q->g, b, row0);
+    for (int j = 0; j < q->in.n; j++)
+        if (q->in.v[j].what == 1)
+            rt_exec_write(q->e, q->in.v[j].t, p->xrecv + q->in.v[j].off);
+    if (!rt_exec_run(q->e, seed, step, d))
+        return false;
+    double l = 0;
+    if (p->s < last) {
+        for (int j = 0; j < p->nsend; j++)
+            rt_exec_read(q->e, p->send_f[j], p->ysend + p->send_off[j]);
+        rt_comm_pp_wait(p->comm, rt_comm_pp_isend(p->comm, p->s + 1, 30000, p->ysend,
+                                                  (size_t)sb));
+    } else {
+        float f;
+        rt_exec_read(q->e, p->loss_f, &f);
+        l = f;
+    }
+    rt_comm_pp_bcast(p->comm, last, &l, sizeof l);
+    *loss = (float)l;
+    return true;
 }

@@ -381,11 +381,13 @@ static bool evaluate(Run *r, Diag *d)
     if (r->c.eval_batches == TRAIN_EVAL_ALL)
         return evaluate_all(r, d);
     double t_start = ir_now();
-    params_to_eval(r);
-    int lid = ir_find_output(r->eg, "logits");
+    RtPp *pp = rt_dp_pp(r->dp); /* pipeline stages: the loss only, through the stages */
+    if (!pp)
+        params_to_eval(r);
+    int lid = pp ? -1 : ir_find_output(r->eg, "logits");
     const Tensor *lt = lid >= 0 ? &r->eg->t.v[lid] : NULL;
     bool acc = lt && (r->addition || r->rowy);
-    bool masked = rt_train_input(r->eg, "mask") != NULL && !r->tensors;
+    bool masked = !pp && rt_train_input(r->eg, "mask") != NULL && !r->tensors;
     int64_t V = lt ? lt->s.dim[lt->s.rank - 1] : 0;
     float *logits = acc ? xmalloc((size_t)shape_numel(&lt->s) * sizeof *logits) : NULL;
     int64_t nb = r->c.eval_batches > 0 ? r->c.eval_batches : 1;
@@ -404,8 +406,9 @@ static bool evaluate(Run *r, Diag *d)
         const DataBatch *b = rt_data_batch(r->ds, DATA_VAL, k);
         for (int64_t piece = 0; piece < K; piece++) {
             int64_t row0 = base + piece * r->B;
-            feed(r->ee, r->eg, b, row0);
-            if (!rt_exec_run(r->ee, r->c.seed, r->step, d)) {
+            float pl = 0;
+            if (pp ? !rt_pp_eval(pp, r->te, r->tg, b, row0, r->c.seed, r->step, &pl, d)
+                   : (feed(r->ee, r->eg, b, row0), !rt_exec_run(r->ee, r->c.seed, r->step, d))) {
                 free(logits);
                 free(v);
                 free(xs);
@@ -418,11 +421,11 @@ static bool evaluate(Run *r, Diag *d)
                     w += b->mask[row0 * r->T + i];
             }
             if (w > 0)
-                v[2 * j] += w * read_loss(r->ee, r->eg);
+                v[2 * j] += w * (pp ? pl : read_loss(r->ee, r->eg));
             v[2 * j + 1] += w;
             for (int i = 0; i < r->nx; i++) {
                 float x = NAN;
-                if (r->x_e[i] >= 0)
+                if (r->x_e[i] >= 0 && !pp)
                     rt_exec_read_f32(r->ee, &r->eg->t.v[r->x_e[i]], &x);
                 xs[i] += x;
             }
@@ -1358,7 +1361,8 @@ int rt_train(const Model *m, const TrainOpts *o)
                    skipped);
             fflush(stdout);
         }
-        if (r.eg && r.c.eval_every > 0 && r.step % r.c.eval_every == 0 && r.step < r.steps &&
+        if ((r.eg || rt_dp_pp(r.dp)) && r.c.eval_every > 0 && r.step % r.c.eval_every == 0 &&
+            r.step < r.steps &&
             rt_data_has_val(r.ds)) {
             if (!evaluate(&r, &d))
                 goto out;
@@ -1404,7 +1408,7 @@ int rt_train(const Model *m, const TrainOpts *o)
         goto out;
     }
     bool es_stop;
-    if (r.eg && rt_data_has_val(r.ds) &&
+    if ((r.eg || rt_dp_pp(r.dp)) && rt_data_has_val(r.ds) &&
         (!evaluate(&r, &d) || !rt_es_after_eval(&r, &es_stop, &d)))
         goto out;
     if (ckpt && !save_checkpoint(&r, ckpt, &d))

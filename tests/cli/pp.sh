@@ -9,6 +9,7 @@
 #   - pp = 2 x dp = 2 and pp = 2 x tp = 2 on 4 ranks, tp 2 x pp 2 x dp 2
 #     on 8, against one rank at the whole batch (tp x pp: its checkpoint
 #     resumes on one rank with the run's weights);
+#   - the final validation loss (F alone through the stages) as one rank's;
 #   - gpipe, 1f1b and zb-h1 give the same losses, to the last printed digit
 #     (the same F, B and W programs in another order; gradients summed in
 #     micro-batch order by all), zb-h1 and 1f1b the same weights' bytes;
@@ -113,6 +114,12 @@ run gpt2 $GPT --nproc 2 --pp 2 --set micro_batches=4 --save-weights "$T/gpt2.saf
 same_losses gpt2 gpt1
 same_params "$T/gpt1.safetensors" "$T/gpt2.safetensors" 32
 grep -q "^weights: " "$T/gpt2.log" || fail "gpt2 wrote no weights"
+
+# the validation loss (the forward through both stages) as one rank's
+vl() { sed -n 's/^final: .* val loss \([0-9.e+-]*\) .*/\1/p' "$T/$1.log"; }
+awk -v a="$(vl gpt2)" -v b="$(vl gpt1)" 'BEGIN { d = a - b; if (d < 0) d = -d;
+    exit !(a != "" && b > 0 && d / b < 1e-5) }' || fail "val loss $(vl gpt2) at pp = 2, $(vl gpt1) on one rank"
+echo "val loss: $(vl gpt2) at pp = 2, $(vl gpt1) on one rank"
 
 run gpt2g $GPT --nproc 2 --pp 2 --set micro_batches=4 --set schedule=gpipe
 [ "$(losses gpt2g)" = "$(losses gpt2)" ] || fail "gpipe and 1f1b losses differ"
