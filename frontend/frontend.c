@@ -744,6 +744,30 @@ static int l_shard(lua_State *L)
     return 1;
 }
 
+/* pp_stage(x, i): pipeline stage i begins with x (x is what stage i
+ * receives from stage i - 1) when the run has pp > 1; passes/stages.c
+ * cuts there instead of choosing. Recorded as the output
+ * "pp.stage.I@FILE:LINE" (fe_stage_hints drops it where pp = 1, and from
+ * the evaluation graph). Returns x. */
+static int l_pp_stage(lua_State *L)
+{
+    Fe *fe = fe_get(L);
+    int t = fe_check_tensor(L, 1, "pp_stage");
+    if (fe->g->t.v[t].op < 0)
+        fe_error(L, "pp_stage: needs a value computed by the model (got %s \"%s\")",
+                 ir_kind_name(fe->g->t.v[t].kind), fe->g->t.v[t].name);
+    if (!lua_isinteger(L, 2) || lua_tointeger(L, 2) < 1 || lua_tointeger(L, 2) > 4096)
+        fe_error(L, "pp_stage: the stage must be an integer in [1, 4096] (got %s)",
+                 luaL_tolstring(L, 2, NULL));
+    SrcLoc at = fe_user_loc(L);
+    char name[512];
+    snprintf(name, sizeof name, "pp.stage.%lld@%s:%d", (long long)lua_tointeger(L, 2),
+             at.file ? at.file : "?", at.line);
+    ir_add_output(fe->g, intern(name), t);
+    lua_pushvalue(L, 1);
+    return 1;
+}
+
 static int l_output(lua_State *L)
 {
     Fe *fe = fe_get(L);
@@ -1350,6 +1374,7 @@ static void open_dsl(lua_State *L)
         {"output", l_output, -1},
         {"padded_rows", l_padded_rows, -1},
         {"shard", l_shard, -1},
+        {"pp_stage", l_pp_stage, -1},
         {"config", l_config, -1},
         {"train", l_train, -1},
         {NULL, NULL, 0},
@@ -1763,12 +1788,32 @@ static bool same_interface(const Graph *a, const Graph *b, const char *path, cha
  * and outputs declared with {train = true}. */
 static bool train_output(const Model *m, const GraphOutput *o)
 {
-    if (strcmp(o->name, "loss") == 0 || shape_numel(&m->g->t.v[o->t].s) == 1)
+    if (strcmp(o->name, "loss") == 0 || shape_numel(&m->g->t.v[o->t].s) == 1 ||
+        strncmp(o->name, "pp.stage.", 9) == 0)
         return true;
     for (int i = 0; i < m->priv->train_outs.n; i++)
         if (m->priv->train_outs.v[i] == intern(o->name))
             return true;
     return false;
+}
+
+/* pp_stage's outputs: the training graph keeps them only where pp > 1
+ * (passes/stages.c reads them), the evaluation graph never. */
+static void drop_stage_outputs(Graph *g)
+{
+    int k = 0;
+    for (int i = 0; g && i < g->outs.n; i++)
+        if (strncmp(g->outs.v[i].name, "pp.stage.", 9) != 0)
+            g->outs.v[k++] = g->outs.v[i];
+    if (g)
+        g->outs.n = k;
+}
+
+static void stage_hints(Model *m)
+{
+    if (m->train.pp <= 1)
+        drop_stage_outputs(m->g);
+    drop_stage_outputs(m->eval_g);
 }
 
 /* Other named outputs (logits) belong to evaluation: the evaluation graph
@@ -1805,8 +1850,10 @@ static Model *load_script(const char *path, const Script *sc, const char *const 
         }
     }
     Model *m = load_once(path, sc, sets, nsets, true, 0, err, errlen);
-    if (m && !has_random(m->g))
+    if (m && !has_random(m->g)) {
         eval_only_outputs(m);
+        stage_hints(m);
+    }
     if (!m || !has_random(m->g))
         return m;
     /* random numbers (dropout), assigned state: build the evaluation graph
@@ -1821,6 +1868,7 @@ static Model *load_script(const char *path, const Script *sc, const char *const 
     e->g = NULL;
     fe_model_free(e);
     eval_only_outputs(m);
+    stage_hints(m);
     return m;
 }
 

@@ -826,7 +826,9 @@ bool pass_optimizer(Graph *g, const PassOpts *o, Diag *d)
      * sums of squares summed over the TP group) */
     int total = -1, split = -1;
     IrShard tp = {0};
-    for (int i = 0; i < ps.n; i++) {
+    if (o->pp_sumsq)
+        total = ir_add_input(g, TK_INPUT, "pp.sumsq", scalar, (ParamInit){0});
+    for (int i = 0; i < ps.n && !o->pp_sumsq; i++) {
         int gr = ps.v[i].grad;
         int s = sum_all_f32(&b, bin(&b, OP_MUL, gr, gr));
         const IrShard *sh = &g->t.v[ps.v[i].p].shard;

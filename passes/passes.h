@@ -69,6 +69,10 @@ typedef struct {
      * reduce-scatter, update the shard, all-gather; see docs/distributed.md);
      * 0 keeps every rank's full copy */
     int zero;
+    /* optimizer: the global gradient norm's sum of squares is the input
+     * "pp.sumsq" f32[] (pipeline stages: summed over the stages by the
+     * runtime, runtime/dist/pp.c), not this graph's own gradients' */
+    bool pp_sumsq;
     /* attention: rewrite attention written in primitives to the fused
      * attention op (pass_attention). false by default (pass_opts_default):
      * rt_pass_opts turns it on unless --no-fuse-attention */
@@ -426,5 +430,68 @@ bool pass_comm_micro(Graph *g, Diag *d);
 /* Prints each bucket of g (after pass_comm): members, bytes, the op after
  * which it starts and the op before which it is first waited for. */
 void pass_comm_print(const Graph *g, FILE *f);
+
+/* ---- stages.c: pipeline stages (pp) --------------------------------------
+ * The cut of a forward graph (after pass_attention, before autodiff) into n
+ * stages, contiguous in program order: stage s runs ops [first[s],
+ * first[s+1]); cross[s][0..ncross[s]) are the tensors (ids of the forward
+ * graph, ascending) that cross boundary s (1 <= s < n): made in an earlier
+ * stage, read in s or later. cost[s]: the stage's share of the cost model
+ * (FLOPs + bytes); bytes[s]: the bytes crossing boundary s. */
+typedef struct {
+    int n;
+    int *first;
+    int **cross;
+    int *ncross;
+    double *cost;
+    int64_t *bytes;
+} PassStageCut;
+/* Cuts g into n stages (see stages.c); false with a message (more stages
+ * than places to cut, dropout, state updates) otherwise. */
+bool pass_stage_cut(const Graph *g, int n, PassStageCut *c, Diag *d);
+void pass_stage_cut_free(PassStageCut *c);
+/* Whether stage s reads tensor t (a param it owns). */
+bool pass_stage_owns(const Graph *g, const PassStageCut *c, int s, int t);
+/* Stage s's graph from the forward graph fwd: its ops, the tensors it
+ * receives as inputs "pp.recv.K" (K: their order in cross[s]), and as
+ * outputs "pp.send.K" (s < n-1) or the model's outputs it makes (the last
+ * stage). backward: the graph autodiff differentiates: "pp.recv.K" are
+ * params (their gradients are sent back), and a non-last stage's "loss"
+ * is sum_K sum(pp.send.K * pp.seed.K), inputs "pp.seed.K" holding the
+ * gradients received for what it sent, and "pp.send.K" stay outputs; the
+ * last stage keeps only "loss". */
+Graph *pass_stage_graph(const Graph *fwd, const PassStageCut *c, int s, bool backward);
+/* The differentiated stage graph g (pass_stage_graph(..., true), then
+ * autodiff) split into three programs: F, the forward ops (what is sent,
+ * the last stage's loss, and what B and W read); B, the backward ops the
+ * received tensors' gradients ("grad.pp.recv.K") need; W, the other
+ * backward ops (the params' gradients, "grad.P"). A tensor a later part
+ * reads is an output "pp.stash.T" of its part and an input of that name of
+ * the reader (T: its id in g). A part may have no ops (stage 0 has no B). */
+void pass_stage_split(const Graph *g, bool last, Graph **f, Graph **b, Graph **w);
+/* Prints the cut: each stage's ops, cost share, params and what it
+ * receives; the params read by several stages (tied). */
+void pass_stage_cut_print(const Graph *g, const PassStageCut *c, FILE *f);
+/* Schedules: each stage's order of F (forward), B (the received tensors'
+ * gradients) and W (the params' gradients) of the m micro-batches; gpipe
+ * and 1f1b run each W right after its B, zb-h1 moves W's into the slots
+ * where 1f1b idles, holding no more micro-batches than 1f1b (stages.c). */
+enum { PASS_SCHED_1F1B, PASS_SCHED_GPIPE, PASS_SCHED_ZBH1 };
+typedef struct {
+    char kind; /* 'F', 'B' or 'W' */
+    int mb;    /* micro-batch */
+} PassStageAct;
+const char *pass_stage_schedule_name(int kind);
+int pass_stage_schedule_parse(const char *name); /* -1: unknown */
+/* Stage s's 3m actions into out; their count (3m). Receives: an F of a
+ * stage s > 0 first receives its activation from s-1, a B of s < n-1 its
+ * gradient from s+1; an F of s < n-1 ends by sending its activation, a B
+ * of s > 0 by sending the received activation's gradient. W's run in
+ * micro-batch order. */
+int pass_stage_schedule(int kind, int n, int m, int s, PassStageAct *out);
+/* The `stages` dump: the schedule as a table, stages by time slots (F, B
+ * and W one slot each), the idle share next to (p-1)/(m+p-1), and each
+ * stage's program with its sends and receives. */
+void pass_stage_schedule_print(int kind, int n, int m, FILE *f);
 
 #endif

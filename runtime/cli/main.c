@@ -49,8 +49,9 @@ static const char usage_compile[] =
     "  --dump-after=PASS    print (or write, with --dump-dir) the IR after PASS;\n"
     "                       PASS is one of frontend, attention, partition (tp >\n"
     "                       1), autodiff, attnlayout, optimizer, simplify,\n"
-    "                       attndqkv, remat, fuse, comm, schedule, memplan, or\n"
-    "                       all (repeatable)\n"
+    "                       attndqkv, remat, fuse, comm, schedule, memplan,\n"
+    "                       stages (pp > 1: the cut and the schedule), or all\n"
+    "                       (repeatable)\n"
     "  --dump-dir DIR       write dumps into DIR (NN-PASS.ir, memplan.txt)\n"
     "                       instead of standard output\n"
     "  --settings           also print every config and train setting\n"
@@ -69,6 +70,9 @@ static const char usage_compile[] =
     "                       with --set shard=auto the compiler chooses the splits\n"
     "                       of the unmarked params and prints its choice\n"
     "  --tp-rank R          whose graph to compile and dump (default 0)\n"
+    "  --pp N               pipeline stages (--set pp=N): prints the stage cut and\n"
+    "                       the schedule of micro_batches (else grad_accum) as a\n"
+    "                       table (--dump-after=stages: DIR/stages.txt)\n"
     "  --no-overlap         every all-reduce starts after backward\n"
     "  --remat-sweep        print the remat table: budgets from the smallest\n"
     "                       feasible to the no-recompute peak, auto and each\n"
@@ -139,6 +143,9 @@ static const char usage_train[] =
     "                       zero=1 shards the optimizer state over the ranks)\n"
     "  --tp N               tensor parallelism (--set tp=N): N ranks share each\n"
     "                       layer; --nproc is the total, tp x dp\n"
+    "  --pp N               pipeline stages (--set pp=N): the model cut into N\n"
+    "                       stages, micro_batches (else grad_accum) per step,\n"
+    "                       schedule 1f1b or gpipe; --nproc is tp x pp x dp\n"
     "                       (docs/parallel.md; --set sequence_parallel=true)\n"
     "  --no-overlap         start every gradient all-reduce after backward (the\n"
     "                       baseline the comm pass's placement is measured against)\n"
@@ -170,6 +177,7 @@ typedef struct {
     int nproc;             /* --nproc: compile for N ranks (tp x dp) */
     int tp, tp_rank;       /* --tp: tensor-parallel ranks (train.tp); --tp-rank: whose graph */
     int tp_on;             /* the model's tp (train.tp after --set and --tp) */
+    char pp_set[32];       /* --pp N: "pp=N" (a --set, last) */
     bool no_overlap;       /* --no-overlap */
     bool no_fuse;          /* --no-fuse */
     bool no_fuse_attention; /* --no-fuse-attention (--fuse-attention: false) */
@@ -240,7 +248,49 @@ static bool wants_dump(const CompileArgs *a, const char *pass)
 static bool known_dump(const char *name)
 {
     return strcmp(name, "all") == 0 || strcmp(name, "frontend") == 0 ||
-           strcmp(name, "memplan") == 0 || pass_find(name) != NULL;
+           strcmp(name, "memplan") == 0 || strcmp(name, "stages") == 0 ||
+           pass_find(name) != NULL;
+}
+
+/* pp > 1: the stage cut of the forward graph and the schedule (the
+ * `stages` dump): to standard output, and to DIR/stages.txt when
+ * --dump-after=stages (or all) with --dump-dir. False on a user error. */
+static bool print_stages(const Model *m, const PassOpts *po, const char *dir, bool dump)
+{
+    Graph *g = ir_clone(m->g);
+    PassStageCut c;
+    Diag d = {{0}};
+    int sched = pass_stage_schedule_parse(m->train.schedule);
+    int mb = (int)(m->train.micro_batches > 0 ? m->train.micro_batches : m->train.grad_accum);
+    bool ok = pass_attention(g, po, &d) && pass_partition(g, po, &d) &&
+              pass_stage_cut(g, (int)m->train.pp, &c, &d);
+    if (!ok) {
+        fprintf(stderr, "kiln compile: %s\n", d.msg);
+        ir_free(g);
+        return false;
+    }
+    printf("pipeline stages (pp = %lld; each stage's own graphs are compiled by kiln train):\n",
+           (long long)m->train.pp);
+    pass_stage_cut_print(g, &c, stdout);
+    pass_stage_schedule_print(sched, c.n, mb, stdout);
+    if (dir && dump) {
+        char *path = xasprintf("%s/stages.txt", dir);
+        FILE *f = fopen(path, "w");
+        if (f) {
+            fprintf(f, "> After stages:\n");
+            pass_stage_cut_print(g, &c, f);
+            pass_stage_schedule_print(sched, c.n, mb, f);
+            ok = fclose(f) == 0;
+        } else {
+            ok = false;
+        }
+        if (!ok)
+            fprintf(stderr, "kiln compile: cannot write %s\n", path);
+        free(path);
+    }
+    pass_stage_cut_free(&c);
+    ir_free(g);
+    return ok;
 }
 
 static FILE *dump_fopen(const char *path, bool *error);
@@ -448,6 +498,11 @@ static int cmd_compile(int argc, char **argv)
             if (!int_flag("compile", "--tp", v, 1, MAX_NPROC, &n))
                 return 2;
             a.tp = (int)n;
+        } else if ((v = cli_flag_value(argc, argv, &i, "--pp"))) {
+            int64_t n;
+            if (!int_flag("compile", "--pp", v, 1, MAX_NPROC, &n))
+                return 2;
+            snprintf(a.pp_set, sizeof a.pp_set, "pp=%d", (int)n);
         } else if ((v = cli_flag_value(argc, argv, &i, "--tp-rank"))) {
             int64_t n;
             if (!int_flag("compile", "--tp-rank", v, 0, MAX_NPROC - 1, &n))
@@ -558,6 +613,8 @@ static int cmd_compile(int argc, char **argv)
         return 1;
     }
     char err[2048], tp_set[32];
+    if (a.pp_set[0])
+        vec_push(&a.sets, a.pp_set);
     if (a.tp > 0) { /* --tp N is --set tp=N, last (it wins) */
         snprintf(tp_set, sizeof tp_set, "tp=%d", a.tp);
         vec_push(&a.sets, tp_set);
@@ -637,6 +694,8 @@ static int cmd_compile(int argc, char **argv)
     cli_print_tp(g);
     if (shard_text)
         fputs(shard_text, stdout);
+    if (m->train.pp > 1 && !print_stages(m, &po, a.dump_dir, wants_dump(&a, "stages")))
+        rc = 1;
     cli_print_remat(&rr, g, po.memory_budget);
     if (!cli_print_fusion(m, g, &po))
         rc = 1;
@@ -705,7 +764,7 @@ static bool train_shard_auto(Model *m, const TrainOpts *o)
 static int cmd_train(int argc, char **argv)
 {
     VEC(const char *) sets = {0};
-    int tp = 0;
+    int tp = 0, pp = 0;
     TrainOpts o = {0};
     int nproc = 1;
     int64_t budget = -1;
@@ -728,6 +787,11 @@ static int cmd_train(int argc, char **argv)
             if (!int_flag("train", "--tp", v, 1, MAX_NPROC, &n))
                 return 2;
             tp = (int)n;
+        } else if ((v = cli_flag_value(argc, argv, &i, "--pp"))) {
+            int64_t n;
+            if (!int_flag("train", "--pp", v, 1, MAX_NPROC, &n))
+                return 2;
+            pp = (int)n;
         } else if ((v = cli_flag_value(argc, argv, &i, "--threads"))) {
             int64_t n;
             if (!int_flag("train", "--threads", v, 1, MAX_THREADS, &n))
@@ -816,7 +880,7 @@ static int cmd_train(int argc, char **argv)
     /* --steps N is --set steps=N, last (it wins): the script's config key
      * steps, which its schedule reads (warmup, the cosine's end), or
      * train.steps when the config has no such key */
-    char steps_set[32], tp_set[32];
+    char steps_set[32], tp_set[32], pp_set[32];
     if (o.steps > 0) {
         snprintf(steps_set, sizeof steps_set, "steps=%lld", (long long)o.steps);
         vec_push(&sets, steps_set);
@@ -825,12 +889,32 @@ static int cmd_train(int argc, char **argv)
         snprintf(tp_set, sizeof tp_set, "tp=%d", tp);
         vec_push(&sets, tp_set);
     }
+    if (pp > 0) { /* --pp N is --set pp=N */
+        snprintf(pp_set, sizeof pp_set, "pp=%d", pp);
+        vec_push(&sets, pp_set);
+    }
     char err[2048];
     Model *m = fe_load_model(model, sets.v, sets.n, err, sizeof err);
     vec_free(&sets);
     if (!m) {
         fprintf(stderr, "%s\n", err);
         return 1;
+    }
+    if (m->train.pp > 1 && !getenv("OMPI_COMM_WORLD_SIZE")) { /* before the ranks start */
+        Diag pd = {{0}};
+        int64_t need = m->train.pp * (m->train.tp > 1 ? m->train.tp : 1);
+        if (!rt_pp_check(&m->train, &o, &pd))
+            fprintf(stderr, "kiln train: %s\n", pd.msg);
+        else if (nproc % need != 0)
+            fprintf(stderr,
+                    "kiln train: --pp %lld: --nproc %d is not a multiple of tp x pp = %lld "
+                    "(expected ranks = tp x pp x dp)\n", (long long)m->train.pp, nproc,
+                    (long long)need);
+        if (pd.msg[0] || nproc % need != 0) {
+            fe_model_free(m);
+            return 2;
+        }
+
     }
     if (budget >= 0)
         m->train.memory_budget = budget;

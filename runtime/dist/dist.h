@@ -31,6 +31,28 @@ bool rt_comm_open(double timeout_s, RtComm **c, Diag *d);
  * group's (the ranks holding the same TP part); false with d set when tp
  * does not divide the ranks. */
 bool rt_comm_open_tp(double timeout_s, int tp, RtComm **c, Diag *d);
+/* The same with pipeline stages: TP innermost, then DP, then PP (kiln
+ * plan's order, Megatron-LM's): world rank w is TP rank w % tp of dp rank
+ * (w / tp) % dp in stage w / (tp dp). The dp group holds the ranks of one
+ * TP rank and stage; false with d set when tp x pp does not divide the
+ * ranks. */
+bool rt_comm_open_pp(double timeout_s, int tp, int pp, RtComm **c, Diag *d);
+/* Pipeline stages (runtime/dist/pp.c), over this rank's pipeline (the
+ * ranks of its TP rank and dp rank, one per stage, addressed by stage),
+ * on the calling thread, each with the comm timeout (a lost peer stops
+ * the job): a send that returns at once (its buffer is the caller's until
+ * rt_comm_pp_wait), a blocking receive; sums in place over the stages
+ * (double), over the stages listed (f32: a tied param's gradient) and over
+ * the dp group (f32); a broadcast from stage root. */
+int rt_comm_pp(const RtComm *c);       /* stages; 1 for NULL */
+int rt_comm_pp_stage(const RtComm *c); /* this rank's; 0 for NULL */
+void *rt_comm_pp_isend(RtComm *c, int to, int tag, const void *buf, size_t n);
+void rt_comm_pp_wait(RtComm *c, void *req);
+void rt_comm_pp_recv(RtComm *c, int from, int tag, void *buf, size_t n);
+void rt_comm_pp_sum(RtComm *c, double *x, int n);
+void rt_comm_pp_sum_f32(RtComm *c, const int *stages, int nst, float *x, int64_t n);
+void rt_comm_dp_sum_f32(RtComm *c, float *x, int64_t n);
+void rt_comm_pp_bcast(RtComm *c, int root, void *buf, size_t n);
 
 /* ---- tp.c: whole tensors under tensor parallelism ----------------------
  * Files hold whole tensors whatever the layout. A view of a graph's
@@ -293,5 +315,59 @@ bool rt_mpi_link(int nranks, const char *cache_dir, bool remeasure, RtMpiLink *l
 /* `kiln __measure-mpi PATH`: one rank of that measurement (rank 0 writes
  * PATH); the exit status. */
 int rt_mpi_measure_main(int argc, char **argv);
+
+/* ---- pp.c: pipeline stages (CPU ranks) ------------------------------------
+ * Each rank runs one stage of the forward graph's cut (passes/stages.c)
+ * over m micro-batches (train.micro_batches, else grad_accum) in its
+ * schedule's order, then its optimizer step over the params it owns.
+ * rt_pp_check refuses what does not run under pp yet (naming the flag or
+ * key); rt_pp_build cuts the model and returns this stage's step graph (the
+ * optimizer, after the passes) for the loop's executor; rt_pp_exec makes
+ * the stage's F and FB executors; rt_pp_step runs one step's micro-batches
+ * and writes the step graph's inputs (mean gradients, the norm's sum of
+ * squares over all stages, the last micro-batch's loss), with the sum of
+ * the others' losses into *micro_loss; rt_pp_whole gathers whole params
+ * onto stage 0 (a collective of the pipeline; NULL on other stages) in the
+ * model's layout, as one rank writes them. */
+typedef struct RtPp RtPp;
+bool rt_pp_check(const TrainCfg *c, const TrainOpts *o, Diag *d);
+RtPp *rt_pp_new(RtComm *comm, const TrainCfg *c);
+void rt_pp_free(RtPp *p); /* NULL: nothing */
+int rt_pp_micro_batches(const RtPp *p);
+Graph *rt_pp_build(RtPp *p, const Graph *model, const PassOpts *po, Diag *d);
+bool rt_pp_exec(RtPp *p, const ExecOpts *eo, Diag *d);
+double rt_pp_flops(const RtPp *p); /* FLOPs of this stage's F and FB runs per step */
+bool rt_pp_step(RtPp *p, Exec *te, const Graph *tg, const DataBatch *b, int64_t dp_rank,
+                uint64_t seed, int64_t step, double *micro_loss, float *last_loss, Diag *d);
+const Graph *rt_pp_whole(RtPp *p, const Graph *tg, void *const *vals, void ***whole);
+void rt_pp_whole_free(const RtPp *p, void **whole);
+/* Checkpoints hold every stage's params and state whole, in one file that
+ * stage 0 writes (the same tensors one rank's checkpoint holds; a tied
+ * param once): rt_pp_ckpt_whole gathers them onto stage 0 (a collective
+ * of the pipeline; NULL on the other stages; free with rt_pp_ckpt_free);
+ * rt_pp_ckpt_load reads this stage's tensors of such a file (or of one
+ * rank's checkpoint), so any layout resumes any other. */
+const Graph *rt_pp_ckpt_whole(RtPp *p, const Graph *tg, void *const *vals, void ***whole);
+void rt_pp_ckpt_free(const RtPp *p, void **whole);
+bool rt_pp_ckpt_load(RtPp *p, const char *path, const Graph *tg, void **vals, CkptMeta *m,
+                     Diag *d);
+/* --init-from under pp: a view of every param of the model, whole (this
+ * stage's hold vals' values; the others zeros) to load a file into, and
+ * this stage's params taken back from it (vals NULL: only freed). */
+const Graph *rt_pp_params_view(RtPp *p, const Graph *tg, void *const *vals, void ***whole);
+void rt_pp_params_take(RtPp *p, const Graph *tg, void **vals, void **whole);
+/* Evaluation: the model's b rows from row0 through every stage's F (with
+ * the step's params), the loss on every stage. */
+bool rt_pp_eval(RtPp *p, Exec *te, const Graph *tg, const DataBatch *b, int64_t row0,
+                uint64_t seed, int64_t step, float *loss, Diag *d);
+/* This step's F, B, W and receives on the trace (track 6); the per-step
+ * medians of each stage's time running programs and waiting in receives
+ * (a collective of the pipeline; stage 0 of dp rank 0 prints). */
+void rt_pp_trace(const RtPp *p, Trace *trace, double t0);
+void rt_pp_summary(const RtPp *p, FILE *f);
+/* The cut and the schedule (the `stages` dump). */
+void rt_pp_print(const RtPp *p, FILE *f);
+/* The dp layer's pipeline (NULL without pp). */
+RtPp *rt_dp_pp(const RtDp *dp);
 
 #endif

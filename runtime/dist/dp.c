@@ -54,7 +54,10 @@ struct RtDp {
     bool have_comm;
     char *trace_path;
     int stop; /* agreed at the last rt_dp_loss (several ranks) */
+    RtPp *pp; /* pipeline stages (pp > 1; runtime/dist/pp.c) */
 };
+
+RtPp *rt_dp_pp(const RtDp *dp) { return dp ? dp->pp : NULL; }
 
 bool rt_dp_open(const TrainCfg *c, RtDp **out, Diag *d)
 {
@@ -76,9 +79,19 @@ bool rt_dp_open(const TrainCfg *c, RtDp **out, Diag *d)
         snprintf(d->msg, sizeof d->msg, "bucket_mb must be positive (got %g)", c->bucket_mb);
         return false;
     }
-    int tp = c->tp > 1 ? (int)c->tp : 1;
-    if (!rt_comm_open_tp(c->comm_timeout, tp, &dp->comm, d))
+    int tp = c->tp > 1 ? (int)c->tp : 1, pp = c->pp > 1 ? (int)c->pp : 1;
+    if (!rt_comm_open_pp(c->comm_timeout, tp, pp, &dp->comm, d))
         return false;
+    if (pp > 1 && !dp->comm) {
+        snprintf(d->msg, sizeof d->msg,
+                 "--pp %d needs %d ranks or a multiple (expected --nproc N with N a multiple "
+                 "of %d, got one rank)", pp, pp, pp);
+        return false;
+    }
+    if (pp > 1) { /* the micro-batches are the pipeline's, not the micro graph's */
+        dp->pp = rt_pp_new(dp->comm, c);
+        dp->K = rt_pp_micro_batches(dp->pp);
+    }
     if (tp > 1 && !dp->comm) {
         snprintf(d->msg, sizeof d->msg,
                  "tp = %d needs %d ranks or a multiple (expected --nproc N with N a multiple "
@@ -105,6 +118,7 @@ int rt_dp_close(RtDp *dp, int rc)
     /* every rank left the loop after the same step (rt_dp_loss): each
      * reaches the closing collective */
     bool agreed_stop = dp->size > 1 && dp->stop && rc == 128 + dp->stop;
+    rt_pp_free(dp->pp);
     if (dp->me)
         rt_exec_destroy(dp->me);
     if (dp->mg)
@@ -205,6 +219,8 @@ bool rt_dp_build(RtDp *dp, const Graph *model, const PassOpts *po, const ExecOpt
             }
         }
     }
+    if (dp->pp)
+        return rt_pp_exec(dp->pp, eo, d);
     if (dp->K <= 1)
         return true;
     dp->mg = ir_clone(model);
@@ -318,6 +334,14 @@ bool rt_dp_step(RtDp *dp, Exec *te, const Graph *tg, const DataBatch *global, ui
     dp->nmicro = 0;
     for (int i = 0; i < dp->nscalar; i++)
         dp->micro_scalar[i] = 0;
+    if (dp->pp) {
+        float last;
+        if (!rt_pp_step(dp->pp, te, tg, global, dp->rank, seed, step, &dp->micro_loss, &last,
+                        d))
+            return false;
+        dp->nmicro = dp->K - 1;
+        return true;
+    }
     if (dp->K > 1) {
         if (!dp->gbucket)
             link_gathers(dp, te, tg);
@@ -501,6 +525,8 @@ bool rt_dp_last_tp(const RtDp *dp, double *ms, double *exposed_ms)
 
 void rt_dp_after_step(RtDp *dp, Trace *trace, double t0, bool trace_events)
 {
+    if (dp->pp && trace_events)
+        rt_pp_trace(dp->pp, trace, t0);
     if (dp->comm)
         tp_after_step(dp, trace, t0, trace_events);
     if (!dp->comm || dp->size == 1)
@@ -583,6 +609,19 @@ void rt_dp_after_last_step(RtDp *dp, Trace *trace, double t0, bool trace_events)
 
 void rt_dp_summary(const RtDp *dp, FILE *f)
 {
+    if (dp && dp->pp) { /* its dp means are its own (rt_pp_summary) */
+        rt_pp_summary(dp->pp, f);
+        if (dp->tp > 1 && dp->tp_ms.n > 0) {
+            char b[32];
+            fprintf(f,
+                    "tensor-parallel comm: tp = %d | per step (median of %d, this rank): %d "
+                    "collectives, %s, %.2f ms, all exposed (they block the step)\n",
+                    dp->tp, dp->tp_ms.n, dp->tp_n,
+                    ir_fmt_bytes((double)dp->tp_bytes, 2, b, sizeof b),
+                    ir_median(dp->tp_ms.v, dp->tp_ms.n));
+        }
+        return;
+    }
     if (dp && dp->tp > 1 && dp->tp_ms.n > 0) {
         char b[32];
         fprintf(f,

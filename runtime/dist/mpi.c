@@ -124,6 +124,8 @@ struct RtComm {
     MPI_Comm cc, pc, gc;      /* collectives (dp group); pings (world); the gathers'
                                  messages (dp group) */
     MPI_Comm tpc;             /* the TP group's collectives (tp > 1) */
+    int pp, pp_stage;         /* pipeline stages; this rank's stage (pp.c) */
+    MPI_Comm ppc;             /* the stages of one pipeline (pp > 1): rank = stage */
     VEC(RtTpFly) tp_fly;      /* TP collectives: slots, busy from start to wait */
     /* the TP collectives since rt_comm_tp_stats (the calling thread's own):
      * their time from start to completion, and the time their waits blocked */
@@ -735,6 +737,11 @@ bool rt_comm_open(double timeout_s, RtComm **out, Diag *d)
 
 bool rt_comm_open_tp(double timeout_s, int tp, RtComm **out, Diag *d)
 {
+    return rt_comm_open_pp(timeout_s, tp, 1, out, d);
+}
+
+bool rt_comm_open_pp(double timeout_s, int tp, int pp, RtComm **out, Diag *d)
+{
     *out = NULL;
     if (!getenv("OMPI_COMM_WORLD_SIZE"))
         return true;
@@ -754,6 +761,15 @@ bool rt_comm_open_tp(double timeout_s, int tp, RtComm **out, Diag *d)
     c->timeout = timeout_s > 0 ? timeout_s : 60;
     MPI_Comm_rank(MPI_COMM_WORLD, &c->wrank);
     MPI_Comm_size(MPI_COMM_WORLD, &c->wsize);
+    if (pp > 1 && (c->wsize % (tp * pp) != 0)) {
+        snprintf(d->msg, sizeof d->msg,
+                 "--pp %d%s does not divide the %d ranks (expected --nproc a multiple of "
+                 "tp x pp = %d: ranks = tp x pp x dp)", pp, tp > 1 ? " with --tp" : "",
+                 c->wsize, tp * pp);
+        free(c);
+        MPI_Finalize();
+        return false;
+    }
     if (tp < 1 || c->wsize % tp != 0) {
         snprintf(d->msg, sizeof d->msg,
                  "--tp %d does not divide the %d ranks (expected --nproc a multiple of tp: "
@@ -764,21 +780,33 @@ bool rt_comm_open_tp(double timeout_s, int tp, RtComm **out, Diag *d)
     }
     /* ranks = tp x dp, TP innermost: world rank w is TP rank w % tp of dp
      * group w / tp; the dp group of TP rank t is every tp-th rank from t */
+    /* with pp > 1: ranks = tp x dp x pp, TP innermost, then DP, then PP
+     * (kiln plan's order, Megatron-LM's): w is TP rank w % tp of dp rank
+     * (w / tp) % dp in stage w / (tp dp); the dp group holds the ranks of
+     * one TP rank and stage */
     c->tp = tp;
     c->tp_rank = c->wrank % tp;
-    c->rank = c->wrank / tp;
-    c->size = c->wsize / tp;
+    c->pp = pp > 1 ? pp : 1;
+    c->size = c->wsize / (tp * c->pp);
+    c->pp_stage = c->wrank / (tp * c->size);
+    c->rank = (c->wrank / tp) % c->size;
+    int dp_color = c->tp_rank + tp * c->pp_stage;
     const char *ls = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
     c->local_size = ls && atoi(ls) > 0 ? atoi(ls) : 1;
     const char *lr = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
     c->local_rank = lr && atoi(lr) > 0 ? atoi(lr) : 0;
-    MPI_Comm_split(MPI_COMM_WORLD, c->tp_rank, c->wrank, &c->cc);
+    MPI_Comm_split(MPI_COMM_WORLD, dp_color, c->wrank, &c->cc);
     MPI_Comm_dup(MPI_COMM_WORLD, &c->pc);
-    MPI_Comm_split(MPI_COMM_WORLD, c->tp_rank, c->wrank, &c->gc);
+    MPI_Comm_split(MPI_COMM_WORLD, dp_color, c->wrank, &c->gc);
     c->tpc = MPI_COMM_NULL;
     if (tp > 1) {
-        MPI_Comm_split(MPI_COMM_WORLD, c->rank, c->wrank, &c->tpc);
+        MPI_Comm_split(MPI_COMM_WORLD, c->wrank / tp, c->wrank, &c->tpc);
         MPI_Comm_set_errhandler(c->tpc, MPI_ERRORS_RETURN);
+    }
+    c->ppc = MPI_COMM_NULL;
+    if (c->pp > 1) {
+        MPI_Comm_split(MPI_COMM_WORLD, c->tp_rank + tp * c->rank, c->pp_stage, &c->ppc);
+        MPI_Comm_set_errhandler(c->ppc, MPI_ERRORS_RETURN);
     }
     MPI_Comm_set_errhandler(c->cc, MPI_ERRORS_RETURN);
     MPI_Comm_set_errhandler(c->pc, MPI_ERRORS_RETURN);
@@ -809,6 +837,8 @@ void rt_comm_close(RtComm *c)
     MPI_Comm_free(&c->gc);
     if (c->tpc != MPI_COMM_NULL)
         MPI_Comm_free(&c->tpc);
+    if (c->ppc != MPI_COMM_NULL)
+        MPI_Comm_free(&c->ppc);
     for (int h = 0; h < c->tp_fly.n; h++) {
         free(c->tp_fly.v[h].in);
         free(c->tp_fly.v[h].out);
@@ -1415,4 +1445,96 @@ void rt_comm_drain(RtComm *c)
         while (c->bucket_open[b] > 0)
             caller_wait(c);
     pthread_mutex_unlock(&c->mu);
+}
+
+/* ---- pipeline stages (pp.c): point to point and the pipeline's group ---- */
+
+int rt_comm_pp(const RtComm *c) { return c ? c->pp : 1; }
+int rt_comm_pp_stage(const RtComm *c) { return c ? c->pp_stage : 0; }
+
+/* Waits for rq on the calling thread, polling with the comm timeout. */
+static void pp_finish(RtComm *c, MPI_Request *rq, const char *what)
+{
+    double deadline = ir_now() + c->timeout;
+    for (int spins = 0;; spins++) {
+        int flag = 0;
+        if (MPI_Test(rq, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS)
+            lost(c, what);
+        if (flag)
+            return;
+        if ((spins & 63) == 63 && ir_now() > deadline)
+            lost(c, what);
+        if (spins > 64)
+            nap(20000);
+    }
+}
+
+void *rt_comm_pp_isend(RtComm *c, int to, int tag, const void *buf, size_t n)
+{
+    MPI_Request *rq = xmalloc(sizeof *rq);
+    if (n > (size_t)0x7fffffff ||
+        MPI_Isend(buf, (int)n, MPI_BYTE, to, tag, c->ppc, rq) != MPI_SUCCESS)
+        lost(c, "a pipeline send");
+    return rq;
+}
+
+void rt_comm_pp_wait(RtComm *c, void *req)
+{
+    pp_finish(c, req, "a pipeline send");
+    free(req);
+}
+
+void rt_comm_pp_recv(RtComm *c, int from, int tag, void *buf, size_t n)
+{
+    MPI_Request rq;
+    if (n > (size_t)0x7fffffff ||
+        MPI_Irecv(buf, (int)n, MPI_BYTE, from, tag, c->ppc, &rq) != MPI_SUCCESS)
+        lost(c, "a pipeline receive");
+    pp_finish(c, &rq, "a pipeline receive");
+}
+
+static void pp_coll(RtComm *c, MPI_Comm comm, void *buf, int64_t n, MPI_Datatype dt,
+                    const char *what)
+{
+    MPI_Request rq;
+    if (MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, dt, MPI_SUM, comm, &rq) != MPI_SUCCESS)
+        lost(c, what);
+    pp_finish(c, &rq, what);
+}
+
+void rt_comm_pp_sum(RtComm *c, double *x, int n)
+{
+    if (c && c->pp > 1)
+        pp_coll(c, c->ppc, x, n, MPI_DOUBLE, "a pipeline all-reduce");
+}
+
+void rt_comm_pp_sum_f32(RtComm *c, const int *stages, int nst, float *x, int64_t n)
+{
+    if (!c || c->pp <= 1 || nst < 2)
+        return;
+    MPI_Group all, sub;
+    MPI_Comm sc;
+    MPI_Comm_group(c->ppc, &all);
+    MPI_Group_incl(all, nst, stages, &sub);
+    MPI_Comm_create_group(c->ppc, sub, 0, &sc);
+    pp_coll(c, sc, x, n, MPI_FLOAT, "the all-reduce of a tied param's gradient");
+    MPI_Comm_free(&sc);
+    MPI_Group_free(&sub);
+    MPI_Group_free(&all);
+}
+
+void rt_comm_dp_sum_f32(RtComm *c, float *x, int64_t n)
+{
+    if (c && c->size > 1)
+        pp_coll(c, c->cc, x, n, MPI_FLOAT, "a data-parallel gradient all-reduce");
+}
+
+void rt_comm_pp_bcast(RtComm *c, int root, void *buf, size_t n)
+{
+    if (!c || c->pp <= 1)
+        return;
+    MPI_Request rq;
+    if (MPI_Ibcast(buf, (int)n, MPI_BYTE, root, c->ppc, &rq) != MPI_SUCCESS)
+        lost(c, "a pipeline broadcast");
+    pp_finish(c, &rq, "a pipeline broadcast");
 }

@@ -381,11 +381,13 @@ static bool evaluate(Run *r, Diag *d)
     if (r->c.eval_batches == TRAIN_EVAL_ALL)
         return evaluate_all(r, d);
     double t_start = ir_now();
-    params_to_eval(r);
-    int lid = ir_find_output(r->eg, "logits");
+    RtPp *pp = rt_dp_pp(r->dp); /* pipeline stages: the loss only, through the stages */
+    if (!pp)
+        params_to_eval(r);
+    int lid = pp ? -1 : ir_find_output(r->eg, "logits");
     const Tensor *lt = lid >= 0 ? &r->eg->t.v[lid] : NULL;
     bool acc = lt && (r->addition || r->rowy);
-    bool masked = rt_train_input(r->eg, "mask") != NULL && !r->tensors;
+    bool masked = !pp && rt_train_input(r->eg, "mask") != NULL && !r->tensors;
     int64_t V = lt ? lt->s.dim[lt->s.rank - 1] : 0;
     float *logits = acc ? xmalloc((size_t)shape_numel(&lt->s) * sizeof *logits) : NULL;
     int64_t nb = r->c.eval_batches > 0 ? r->c.eval_batches : 1;
@@ -404,8 +406,9 @@ static bool evaluate(Run *r, Diag *d)
         const DataBatch *b = rt_data_batch(r->ds, DATA_VAL, k);
         for (int64_t piece = 0; piece < K; piece++) {
             int64_t row0 = base + piece * r->B;
-            feed(r->ee, r->eg, b, row0);
-            if (!rt_exec_run(r->ee, r->c.seed, r->step, d)) {
+            float pl = 0;
+            if (pp ? !rt_pp_eval(pp, r->te, r->tg, b, row0, r->c.seed, r->step, &pl, d)
+                   : (feed(r->ee, r->eg, b, row0), !rt_exec_run(r->ee, r->c.seed, r->step, d))) {
                 free(logits);
                 free(v);
                 free(xs);
@@ -418,11 +421,11 @@ static bool evaluate(Run *r, Diag *d)
                     w += b->mask[row0 * r->T + i];
             }
             if (w > 0)
-                v[2 * j] += w * read_loss(r->ee, r->eg);
+                v[2 * j] += w * (pp ? pl : read_loss(r->ee, r->eg));
             v[2 * j + 1] += w;
             for (int i = 0; i < r->nx; i++) {
                 float x = NAN;
-                if (r->x_e[i] >= 0)
+                if (r->x_e[i] >= 0 && !pp)
                     rt_exec_read_f32(r->ee, &r->eg->t.v[r->x_e[i]], &x);
                 xs[i] += x;
             }
@@ -550,6 +553,11 @@ bool rt_train_save_ckpt(Run *r, const char *p, Diag *d)
         if (rt_dp_tp_rank(r->dp) != 0)
             return true;
     }
+    void **ppw = NULL;
+    if (rt_dp_pp(r->dp) && !(g = rt_pp_ckpt_whole(rt_dp_pp(r->dp), g, vals, &ppw)))
+        return true; /* stage 0 writes every stage's tensors */
+    if (ppw)
+        vals = ppw;
     const char *bad = nonfinite_state(r);
     if (bad) {
         snprintf(d->msg, sizeof d->msg,
@@ -560,6 +568,7 @@ bool rt_train_save_ckpt(Run *r, const char *p, Diag *d)
     }
     CkptMeta m = {.step = r->step, .data_pos = r->data_pos, .seed = r->c.seed};
     bool ok = rt_ckpt_save(p, g, vals, &m, d);
+    rt_pp_ckpt_free(rt_dp_pp(r->dp), ppw);
     phase(r, PH_CKPT, t_start, ir_now());
     return ok;
 }
@@ -851,11 +860,17 @@ static bool build(Run *r, Diag *d)
                        .no_fuse_attention = r->o->no_fuse_attention};
     rt_pass_opts(&r->c, &gf, &po);
     double t_start = ir_now();
-    r->tg = ir_clone(r->m->g);
-    if (r->o->log_dir)
-        po.memplan = &r->mp; /* the report's memory timeline */
-    if (!pass_pipeline(r->tg, &po, NULL, NULL, NULL, d))
-        return false;
+    RtPp *pp = rt_dp_pp(r->dp);
+    if (pp) { /* pipeline stages: this stage's optimizer step (runtime/dist/pp.c) */
+        if (!rt_pp_check(&r->c, r->o, d) || !(r->tg = rt_pp_build(pp, r->m->g, &po, d)))
+            return false;
+    } else {
+        r->tg = ir_clone(r->m->g);
+        if (r->o->log_dir)
+            po.memplan = &r->mp; /* the report's memory timeline */
+        if (!pass_pipeline(r->tg, &po, NULL, NULL, NULL, d))
+            return false;
+    }
     if (r->o->dump_ir && rt_dp_rank(r->dp) == 0 && gf.tp_rank == 0) { /* kiln compile's */
         char *ir = ir_print_str(r->tg);
         const void *chunk = ir;
@@ -865,15 +880,15 @@ static bool build(Run *r, Diag *d)
         if (!ok)
             return false;
     }
-    r->eg = ir_clone(r->m->eval_g ? r->m->eval_g : r->m->g); /* dropout off */
-    if (!pass_attention(r->eg, &po, d) || !pass_partition(r->eg, &po, d) ||
+    r->eg = pp ? NULL : ir_clone(r->m->eval_g ? r->m->eval_g : r->m->g); /* dropout off */
+    if (r->eg && (!pass_attention(r->eg, &po, d) || !pass_partition(r->eg, &po, d) ||
         !pass_attention_layout(r->eg, &po, d) ||
         !pass_simplify(r->eg, &po, d) ||
         !pass_fuse(r->eg, &po, d) ||
-        !pass_schedule(r->eg, &po, d))
+        !pass_schedule(r->eg, &po, d)))
         return false;
     char err[1024];
-    if (!ir_verify(r->eg, err, sizeof err))
+    if (r->eg && !ir_verify(r->eg, err, sizeof err))
         die("evaluation graph invalid after simplify/schedule: %s", err);
     ExecOpts eo = {.device = r->o->device, .threads = r->o->threads,
                    .profile = r->o->profile || r->o->trace || r->o->log_dir,
@@ -888,7 +903,7 @@ static bool build(Run *r, Diag *d)
         return false;
     eo.profile = false;
     eo.arena_of = r->te; /* the evaluation runs in the step's temporaries (host backends) */
-    if (!(r->ee = rt_exec_create(r->eg, &eo, d)))
+    if (r->eg && !(r->ee = rt_exec_create(r->eg, &eo, d)))
         return false;
     /* settings only the GPU reads: say so rather than ignore them silently */
     if (strcmp(rt_exec_device(r->te), "cpu") == 0 && rt_dp_world_rank(r->dp) == 0 &&
@@ -903,7 +918,7 @@ static bool build(Run *r, Diag *d)
                 "kiln: note: tp = %lld, but %s marks no param for tensor parallelism "
                 "(shard(), nn's parallel options: docs/parallel.md): each TP rank runs the "
                 "whole step\n", (long long)r->c.tp, r->m->path);
-    r->flops = ir_graph_flops(r->tg);
+    r->flops = ir_graph_flops(r->tg) + rt_pp_flops(pp);
     /* MFU's denominator: --peak-gflops, else on the CPU the measured FMA
      * peak of the threads this rank runs (runtime/cpu/measure.c, cached) */
     r->peak_gflops = r->o->peak_gflops;
@@ -940,7 +955,9 @@ static bool build(Run *r, Diag *d)
     if (r->o->verbose)
         printf("compiled: training step %d ops, %.3g FLOP/step; evaluation %d ops; "
                "%.1f s\n",
-               r->tg->ops.n, r->flops, r->eg->ops.n, ir_now() - t_start);
+               r->tg->ops.n, r->flops, r->eg ? r->eg->ops.n : 0, ir_now() - t_start);
+    if (pp && r->o->verbose && rt_dp_world_rank(r->dp) == 0)
+        rt_pp_print(pp, stdout);
     return true;
 }
 
@@ -966,7 +983,9 @@ static bool init_state(Run *r, Diag *d)
         void **vals = r->vals, **wv = NULL;
         const Graph *fg = r->zero ? rt_zero_full(r->zero, r->vals, &vals) : g;
         const Graph *wg = r->tpw ? rt_tp_whole_view(r->tpw, fg, vals, &wv) : fg;
-        if (!rt_ckpt_load(r->o->resume, wg, r->tpw ? wv : vals, &m, d))
+        if (rt_dp_pp(r->dp) ? !rt_pp_ckpt_load(rt_dp_pp(r->dp), r->o->resume, wg,
+                                               r->tpw ? wv : vals, &m, d)
+                            : !rt_ckpt_load(r->o->resume, wg, r->tpw ? wv : vals, &m, d))
             return false;
         if (r->tpw) /* this rank's part of the file's whole tensors */
             rt_tp_split(r->tpw, fg, vals);
@@ -998,8 +1017,12 @@ static bool init_state(Run *r, Diag *d)
                 return false;
         }
         char *note;
-        if (!rt_init_from(r->o->init_from, wg, r->m->pads, r->m->npads, r->o->init_map,
-                          r->o->init_partial, r->tpw ? wv : r->vals, &note, d))
+        void **mv = r->tpw ? wv : r->vals, **pv = NULL; /* pp: every stage's params */
+        const Graph *lg = rt_dp_pp(r->dp) ? rt_pp_params_view(rt_dp_pp(r->dp), wg, mv, &pv) : wg;
+        bool ok = rt_init_from(r->o->init_from, lg, r->m->pads, r->m->npads, r->o->init_map,
+                               r->o->init_partial, pv ? pv : mv, &note, d);
+        rt_pp_params_take(rt_dp_pp(r->dp), wg, ok ? mv : NULL, pv);
+        if (!ok)
             return false;
         if (r->tpw)
             rt_tp_split(r->tpw, g, r->vals);
@@ -1216,7 +1239,8 @@ int rt_train(const Model *m, const TrainOpts *o)
     int64_t log_every = log_interval(&r.c, r.c.steps - r.step);
     double last_status = 0; /* when the status line was last rewritten (10 per s at most) */
     find_extra_scalars(&r);
-    if (r.c.eval_batches == TRAIN_EVAL_ALL && rt_data_has_val(r.ds) && !check_eval_all(&r, &d))
+    if (r.eg && r.c.eval_batches == TRAIN_EVAL_ALL && rt_data_has_val(r.ds) &&
+        !check_eval_all(&r, &d))
         goto out;
     r.grad_norm_t = ir_find_output(r.tg, "grad_norm");
     if (o->log_dir && rt_dp_world_rank(r.dp) == 0) {
@@ -1338,7 +1362,8 @@ int rt_train(const Model *m, const TrainOpts *o)
                    skipped);
             fflush(stdout);
         }
-        if (r.c.eval_every > 0 && r.step % r.c.eval_every == 0 && r.step < r.steps &&
+        if ((r.eg || rt_dp_pp(r.dp)) && r.c.eval_every > 0 && r.step % r.c.eval_every == 0 &&
+            r.step < r.steps &&
             rt_data_has_val(r.ds)) {
             if (!evaluate(&r, &d))
                 goto out;
@@ -1384,7 +1409,8 @@ int rt_train(const Model *m, const TrainOpts *o)
         goto out;
     }
     bool es_stop;
-    if (rt_data_has_val(r.ds) && (!evaluate(&r, &d) || !rt_es_after_eval(&r, &es_stop, &d)))
+    if ((r.eg || rt_dp_pp(r.dp)) && rt_data_has_val(r.ds) &&
+        (!evaluate(&r, &d) || !rt_es_after_eval(&r, &es_stop, &d)))
         goto out;
     if (ckpt && !save_checkpoint(&r, ckpt, &d))
         goto out;
@@ -1396,11 +1422,19 @@ int rt_train(const Model *m, const TrainOpts *o)
                      "training diverged by step %lld: \"%s\" is not finite (an update "
                      "overflowed: try a lower lr); no weights written",
                      (long long)r.step, bad);
-        void **wv = r.vals;
+        void **wv = r.vals, **ppw = NULL;
         const Graph *wg = r.tpw && !bad ? rt_tp_whole(r.tpw, r.comm, r.tg, r.vals, &wv) : r.tg;
-        if (bad || (rt_dp_tp_rank(r.dp) == 0 && !rt_weights_save(o->save_weights, wg, wv, &d)))
+        if (rt_dp_pp(r.dp) && !bad) { /* whole params on stage 0, one rank's layout */
+            wg = rt_pp_whole(rt_dp_pp(r.dp), wg, wv, &ppw);
+            wv = ppw;
+        }
+        bool wrote = !bad && wg && rt_dp_tp_rank(r.dp) == 0;
+        if (bad || (wrote && !rt_weights_save(o->save_weights, wg, wv, &d))) {
+            rt_pp_whole_free(rt_dp_pp(r.dp), ppw);
             goto out;
-        if (!o->quiet)
+        }
+        rt_pp_whole_free(rt_dp_pp(r.dp), ppw);
+        if (!o->quiet && wrote)
             printf("weights: %s\n", o->save_weights);
     }
     double loop_ms = 1e3 * (ir_now() - loop0);

@@ -1,0 +1,862 @@
+/* pp.c - pipeline parallelism on CPU ranks: each rank runs one stage of
+ * the forward graph's cut (passes/stages.c) over m micro-batches in the
+ * order of its schedule (gpipe, 1f1b, zb-h1), sending activations forward
+ * and their gradients back by MPI point to point, then its own optimizer
+ * step.
+ *
+ * Per stage, four programs, from the stage graph differentiated by
+ * autodiff and split by pass_stage_split:
+ *   F    the stage's forward: data and "pp.recv.K" in, "pp.send.K" out
+ *        (the last stage: the loss);
+ *   B    the backward ops the received tensors' gradients need (sent back);
+ *   W    the other backward ops: the params' gradients, summed over the
+ *        micro-batches as grad_accum sums them;
+ *   step the optimizer over the stage's params: inputs "pp.grad.P" (the
+ *        mean over micro-batches), the global gradient norm's sum of
+ *        squares "pp.sumsq" (summed over the stages, a tied param counted
+ *        once) and "pp.loss" (the last micro-batch's loss, NaN when any
+ *        was not finite).
+ * What F leaves for B and W, and B for W ("pp.stash.T"), is kept per
+ * micro-batch in host buffers until its W has run; so are the received
+ * activation and gradient. Sends return at once (their buffers live until
+ * the step's end); receives block, with the comm timeout. */
+#include "dist.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    const char *name;
+    int64_t numel;
+    int prog, out; /* its gradient: which program (P_F, P_B, P_W) and output */
+    int step;      /* its "pp.grad.P" input in the step graph (-1: frozen) */
+    bool norm;     /* counted in the norm here (its first owning stage) */
+    int *owners;   /* stages reading it (tied: more than one) */
+    int nown;
+    float *acc;
+} PpParam;
+
+enum { P_F, P_B, P_W, P__N };
+
+typedef struct {
+    char kind; /* 'F', 'B', 'W'; 'r': a receive */
+    int mb;
+    double start, end;
+} PpEvent;
+
+/* A tensor a program reads or writes: its id there, and where it lives in
+ * the micro-batch's record (what: 0 stash, 1 received activation, 2
+ * received gradient) */
+typedef struct {
+    int t, what;
+    int64_t off, bytes;
+    const char *name; /* outputs: the stash's name */
+} PpSlot;
+
+typedef struct {
+    Graph *g;
+    Exec *e;           /* NULL: no ops */
+    VEC(PpSlot) in;    /* written before each run */
+    VEC(PpSlot) out;   /* read after (stash outputs) */
+} PpProg;
+
+struct RtPp {
+    RtComm *comm;
+    int n, s, m, sched;
+    Graph *fwd;     /* the forward graph the cut is of (after attention) */
+    PassStageCut cut;
+    PpProg pr[P__N];
+    int nrecv, nsend;
+    int *send_f;    /* per K: "pp.send.K" in F */
+    int *grad_b;    /* per K: "grad.pp.recv.K" in B */
+    int64_t *recv_off, *send_off; /* byte offsets of K in a message; [n] = its size */
+    int64_t rec;    /* bytes of a micro-batch's stash record */
+    VEC(PpParam) ps;
+    int loss_f;
+    PassStageAct *acts;
+    char *stash;    /* m records */
+    char *xrecv;    /* m received activations */
+    char *grecv;    /* m received gradients */
+    char *ysend;    /* m sent activations */
+    char *gsend;    /* m sent gradients */
+    float *tmp;
+    int64_t rows;   /* the model's batch b */
+    double *losses; /* m */
+    double flops;
+    /* this step's actions and receives (ir_now seconds), for the trace;
+     * per step: seconds running programs and waiting in receives */
+    VEC(PpEvent) ev;
+    VEC(double) busy, wait, dpms; /* dpms: the dp all-reduces' ms per step */
+    Graph *ug;      /* rt_pp_ckpt_whole's graph: every stage's params and state */
+    Graph *wg;      /* whole_graph's */
+    int *uholder;   /* per tensor of ug: the first stage holding it */
+};
+
+bool rt_pp_check(const TrainCfg *c, const TrainOpts *o, Diag *d)
+{
+    const char *bad = NULL;
+    if (c->micro_batches > 0 && c->grad_accum > 1) {
+        snprintf(d->msg, sizeof d->msg,
+                 "--pp %lld: micro_batches = %lld and grad_accum = %lld both set (expected one: "
+                 "under pp, micro_batches is the micro-batches per step, grad_accum its "
+                 "other name)", (long long)c->pp, (long long)c->micro_batches,
+                 (long long)c->grad_accum);
+        return false;
+    }
+    if (c->zero)
+        bad = "zero = 1";
+    else if (c->eval_batches == TRAIN_EVAL_ALL)
+        bad = "eval_batches = \"all\"";
+    else if (o->log_dir)
+        bad = "--log-dir";
+    else if (c->sample_every > 0)
+        bad = "sample_every";
+    else if (o->device && strcmp(o->device, "cuda") == 0)
+        bad = "--device cuda";
+    else if (o->remat || c->memory_budget > 0)
+        bad = "remat (--remat, memory_budget)";
+    else if (c->early_stop_metric || (c->keep_best && strcmp(c->keep_best, "true") == 0))
+        bad = "early_stop and keep_best";
+    if (bad) {
+        snprintf(d->msg, sizeof d->msg,
+                 "--pp %lld: pipeline stages do not run with %s yet (expected pp = 1 "
+                 "with it, or a run without it)", (long long)c->pp, bad);
+        return false;
+    }
+    if (pass_stage_schedule_parse(c->schedule) < 0) {
+        snprintf(d->msg, sizeof d->msg, "schedule: expected 1f1b, gpipe or zb-h1, got \"%s\"",
+                 c->schedule);
+        return false;
+    }
+    return true;
+}
+
+RtPp *rt_pp_new(RtComm *comm, const TrainCfg *c)
+{
+    RtPp *p = xcalloc(1, sizeof *p);
+    p->comm = comm;
+    p->n = rt_comm_pp(comm);
+    p->s = rt_comm_pp_stage(comm);
+    p->m = (int)(c->micro_batches > 0 ? c->micro_batches : c->grad_accum);
+    if (p->m < 1)
+        p->m = 1;
+    p->sched = pass_stage_schedule_parse(c->schedule);
+    return p;
+}
+
+int rt_pp_micro_batches(const RtPp *p) { return p ? p->m : 1; }
+
+void rt_pp_free(RtPp *p)
+{
+    if (!p)
+        return;
+    for (int i = 0; i < P__N; i++) {
+        if (p->pr[i].e)
+            rt_exec_destroy(p->pr[i].e);
+        if (p->pr[i].g)
+            ir_free(p->pr[i].g);
+        vec_free(&p->pr[i].in);
+        vec_free(&p->pr[i].out);
+    }
+    pass_stage_cut_free(&p->cut);
+    if (p->fwd)
+        ir_free(p->fwd);
+    if (p->ug)
+        ir_free(p->ug);
+    if (p->wg)
+        ir_free(p->wg);
+    free(p->uholder);
+    vec_free(&p->ev);
+    vec_free(&p->busy);
+    vec_free(&p->wait);
+    vec_free(&p->dpms);
+    for (int i = 0; i < p->ps.n; i++) {
+        free(p->ps.v[i].owners);
+        free(p->ps.v[i].acc);
+    }
+    vec_free(&p->ps);
+    free(p->send_f);
+    free(p->grad_b);
+    free(p->recv_off);
+    free(p->send_off);
+    free(p->acts);
+    free(p->stash);
+    free(p->xrecv);
+    free(p->grecv);
+    free(p->ysend);
+    free(p->gsend);
+    free(p->tmp);
+    free(p->losses);
+    free(p);
+}
+
+static char *kname(const char *pre, int k)
+{
+    static char buf[64];
+    snprintf(buf, sizeof buf, "%s.%d", pre, k);
+    return buf;
+}
+
+static bool compile_fwd(Graph *g, const PassOpts *po, Diag *d)
+{
+    char err[1024];
+    if (!pass_simplify(g, po, d) || !pass_fuse(g, po, d) || !pass_schedule(g, po, d))
+        return false;
+    if (!ir_verify(g, err, sizeof err))
+        die("pipeline stage graph invalid: %s", err);
+    return true;
+}
+
+/* The step graph: the optimizer over the stage's params. */
+static Graph *step_graph(RtPp *p, const PassOpts *po, Diag *d)
+{
+    Graph *g = ir_new();
+    for (int i = 0; i < p->fwd->syms.n; i++)
+        ir_add_sym(g, p->fwd->syms.v[i].name, p->fwd->syms.v[i].value);
+    for (int i = 0; i < p->ps.n; i++) {
+        const Tensor *t = &p->fwd->t.v[ir_find_tensor(p->fwd, p->ps.v[i].name)];
+        int id = ir_add_input(g, TK_PARAM, t->name, t->s, t->init);
+        g->t.v[id].shard = t->shard; /* tp: this rank's part */
+    }
+    for (int i = 0; i < p->ps.n; i++) {
+        int pt = ir_find_tensor(g, p->ps.v[i].name);
+        char *gn = xasprintf("pp.grad.%s", p->ps.v[i].name);
+        int gi = ir_add_input(g, TK_INPUT, intern(gn), g->t.v[pt].s, (ParamInit){0});
+        free(gn);
+        gn = xasprintf("grad.%s", p->ps.v[i].name);
+        ir_add_output(g, intern(gn), gi);
+        free(gn);
+    }
+    Shape sc = {.dtype = DT_F32};
+    ir_add_output(g, "loss", ir_add_input(g, TK_INPUT, "pp.loss", sc, (ParamInit){0}));
+    PassOpts o = *po;
+    o.pp_sumsq = true;
+    o.nranks = 1; /* the dp mean is taken before (rt_pp_step) */
+    const Pass *list[] = {pass_find("optimizer"), pass_find("simplify"), pass_find("fuse"),
+                          pass_find("schedule"), pass_find("memplan")};
+    if (!pass_run(g, list, 5, &o, NULL, NULL, d)) {
+        ir_free(g);
+        return NULL;
+    }
+    return g;
+}
+
+Graph *rt_pp_build(RtPp *p, const Graph *model, const PassOpts *po, Diag *d)
+{
+    p->fwd = ir_clone(model);
+    if (!pass_attention(p->fwd, po, d) || !pass_partition(p->fwd, po, d) ||
+        !pass_stage_cut(p->fwd, p->n, &p->cut, d))
+        return NULL;
+    int last = p->n - 1;
+    /* params: owned by this stage, in the model's order */
+    for (int i = 0; i < p->fwd->t.n; i++) {
+        const Tensor *t = &p->fwd->t.v[i];
+        if (t->kind != TK_PARAM || !pass_stage_owns(p->fwd, &p->cut, p->s, i))
+            continue;
+        PpParam q = {.name = t->name, .numel = shape_numel(&t->s), .out = -1, .step = -1};
+        q.owners = xmalloc(sizeof(int) * (size_t)(p->n + 1));
+        for (int s = 0; s < p->n; s++)
+            if (pass_stage_owns(p->fwd, &p->cut, s, i))
+                q.owners[q.nown++] = s;
+        q.norm = q.owners[0] == p->s;
+        q.acc = xcalloc((size_t)q.numel + 1, sizeof(float));
+        if (t->s.dtype != DT_F32) {
+            snprintf(d->msg, sizeof d->msg,
+                     "--pp: param \"%s\" is %s; pipeline stages run f32 params only", t->name,
+                     dtype_name(t->s.dtype));
+            return NULL;
+        }
+        vec_push(&p->ps, q);
+    }
+    int64_t maxn = 1;
+    for (int i = 0; i < p->ps.n; i++)
+        if (p->ps.v[i].numel > maxn)
+            maxn = p->ps.v[i].numel;
+    p->tmp = xmalloc(sizeof(float) * (size_t)maxn);
+    /* the stage graph, differentiated, split into F, B and W */
+    Graph *full = pass_stage_graph(p->fwd, &p->cut, p->s, true);
+    PassOpts bo = *po;
+    bo.grad_accum = 1;
+    bo.nranks = 1;
+    if (!pass_autodiff(full, &bo, d)) {
+        ir_free(full);
+        return NULL;
+    }
+    pass_stage_split(full, p->s == last, &p->pr[P_F].g, &p->pr[P_B].g, &p->pr[P_W].g);
+    ir_free(full);
+    for (int i = 0; i < P__N; i++)
+        if (!compile_fwd(p->pr[i].g, &bo, d))
+            return NULL;
+    Graph *F = p->pr[P_F].g, *B = p->pr[P_B].g;
+    for (int i = 0; i < P__N; i++)
+        p->flops += ir_graph_flops(p->pr[i].g);
+    p->loss_f = p->s == last ? ir_find_output(F, "loss") : -1;
+    for (int i = 0; i < p->ps.n; i++) {
+        char *gn = xasprintf("grad.%s", p->ps.v[i].name);
+        p->ps.v[i].out = -1;
+        for (int k = 0; k < P__N && p->ps.v[i].out < 0; k++)
+            if ((p->ps.v[i].out = ir_find_output(p->pr[k].g, gn)) >= 0)
+                p->ps.v[i].prog = k;
+        free(gn);
+        if (p->ps.v[i].out < 0)
+            die("rt_pp_build: stage %d has no gradient of \"%s\"", p->s, p->ps.v[i].name);
+    }
+    /* what crosses: ids and offsets in a message */
+    p->nrecv = p->s > 0 ? p->cut.ncross[p->s] : 0;
+    p->nsend = p->s < last ? p->cut.ncross[p->s + 1] : 0;
+    p->grad_b = xcalloc((size_t)p->nrecv + 1, sizeof(int));
+    p->recv_off = xcalloc((size_t)p->nrecv + 2, sizeof(int64_t));
+    for (int k = 0; k < p->nrecv; k++) {
+        p->grad_b[k] = ir_find_output(B, kname("grad.pp.recv", k));
+        if (p->grad_b[k] < 0)
+            die("rt_pp_build: stage %d lost grad.pp.recv.%d", p->s, k);
+        p->recv_off[k + 1] =
+            p->recv_off[k] + shape_bytes(&p->fwd->t.v[p->cut.cross[p->s][k]].s);
+    }
+    p->send_f = xcalloc((size_t)p->nsend + 1, sizeof(int));
+    p->send_off = xcalloc((size_t)p->nsend + 2, sizeof(int64_t));
+    for (int k = 0; k < p->nsend; k++) {
+        p->send_f[k] = ir_find_output(F, kname("pp.send", k));
+        if (p->send_f[k] < 0)
+            die("rt_pp_build: stage %d lost pp.send.%d", p->s, k);
+        p->send_off[k + 1] = p->send_off[k] + shape_bytes(&F->t.v[p->send_f[k]].s);
+    }
+    /* the stash record: F's and B's "pp.stash.T" outputs, in order */
+    for (int i = 0; i < P__N; i++) {
+        PpProg *q = &p->pr[i];
+        for (int k = 0; k < q->g->outs.n; k++) {
+            const GraphOutput *o = &q->g->outs.v[k];
+            if (strncmp(o->name, "pp.stash.", 9) != 0)
+                continue;
+            PpSlot sl = {o->t, 0, p->rec, shape_bytes(&q->g->t.v[o->t].s), o->name};
+            vec_push(&q->out, sl);
+            p->rec += sl.bytes;
+        }
+    }
+    for (int i = 0; i < P__N; i++) {
+        PpProg *q = &p->pr[i];
+        for (int t = 0; t < q->g->t.n; t++) {
+            const Tensor *x = &q->g->t.v[t];
+            if (x->op >= 0 || !x->name)
+                continue;
+            PpSlot sl = {t, -1, 0, shape_bytes(&x->s), NULL};
+            int k;
+            if (strncmp(x->name, "pp.stash.", 9) == 0) {
+                for (int j = 0; j < P__N && sl.what < 0; j++)
+                    for (int u = 0; u < p->pr[j].out.n && sl.what < 0; u++)
+                        if (strcmp(p->pr[j].out.v[u].name, x->name) == 0)
+                            sl.what = 0, sl.off = p->pr[j].out.v[u].off;
+                if (sl.what < 0)
+                    die("rt_pp_build: stage %d: no program makes %s", p->s, x->name);
+            } else if (sscanf(x->name, "pp.recv.%d", &k) == 1) {
+                sl.what = 1, sl.off = p->recv_off[k];
+            } else if (sscanf(x->name, "pp.seed.%d", &k) == 1) {
+                sl.what = 2, sl.off = p->send_off[k];
+            } else {
+                continue;
+            }
+            vec_push(&q->in, sl);
+        }
+    }
+    int m = p->m;
+    p->stash = xmalloc((size_t)(p->rec * m) + 1);
+    p->xrecv = xmalloc((size_t)(p->recv_off[p->nrecv] * m) + 1);
+    p->gsend = xmalloc((size_t)(p->recv_off[p->nrecv] * m) + 1);
+    p->ysend = xmalloc((size_t)(p->send_off[p->nsend] * m) + 1);
+    p->grecv = xmalloc((size_t)(p->send_off[p->nsend] * m) + 1);
+    p->losses = xcalloc((size_t)m + 2, sizeof(double));
+    p->acts = xmalloc(sizeof(PassStageAct) * (size_t)(3 * m + 1));
+    pass_stage_schedule(p->sched, p->n, m, p->s, p->acts);
+    /* the model's batch: the leading dim of its data inputs */
+    for (int i = 0; i < p->fwd->t.n && !p->rows; i++) {
+        const Tensor *t = &p->fwd->t.v[i];
+        if (t->kind == TK_INPUT && t->op < 0 && t->s.rank > 0)
+            p->rows = t->s.dim[0];
+    }
+    Graph *sg = step_graph(p, po, d);
+    for (int i = 0; sg && i < p->ps.n; i++) {
+        char *gn = xasprintf("pp.grad.%s", p->ps.v[i].name);
+        p->ps.v[i].step = ir_find_tensor(sg, gn);
+        free(gn);
+    }
+    return sg;
+}
+
+bool rt_pp_exec(RtPp *p, const ExecOpts *eo, Diag *d)
+{
+    ExecOpts o = *eo;
+    o.comm = NULL;
+    o.profile = false;
+    o.arena_of = NULL;
+    for (int i = 0; i < P__N; i++)
+        if (p->pr[i].g->ops.n > 0 && !(p->pr[i].e = rt_exec_create(p->pr[i].g, &o, d)))
+            return false;
+    return true;
+}
+
+double rt_pp_flops(const RtPp *p) { return p ? p->flops * p->m : 0; }
+
+/* Params from the step's executor into F, B and W. */
+static void copy_params(RtPp *p, Exec *te, const Graph *tg)
+{
+    for (int i = 0; i < p->ps.n; i++) {
+        rt_exec_read(te, ir_find_tensor(tg, p->ps.v[i].name), p->tmp);
+        for (int k = 0; k < P__N; k++) {
+            int to = p->pr[k].e ? ir_find_tensor(p->pr[k].g, p->ps.v[i].name) : -1;
+            if (to >= 0)
+                rt_exec_write(p->pr[k].e, to, p->tmp);
+        }
+    }
+}
+
+/* Micro-batch k's gradients into the sums, as grad_accum sums them
+ * (passes/comm.c): accum = accum + g for the first m-1 (0 + g is g), then
+ * the last's (g + accum) x (1/m). The W's run in micro-batch order. */
+static void accumulate(RtPp *p, int k)
+{
+    float c = (float)(1.0 / p->m);
+    for (int i = 0; i < p->ps.n; i++) {
+        PpParam *q = &p->ps.v[i];
+        rt_exec_read(p->pr[q->prog].e, q->out, p->tmp);
+        if (p->m == 1 || k == 0) {
+            memcpy(q->acc, p->tmp, sizeof(float) * (size_t)q->numel);
+        } else if (k < p->m - 1) {
+            for (int64_t j = 0; j < q->numel; j++)
+                q->acc[j] = q->acc[j] + p->tmp[j];
+        } else {
+            for (int64_t j = 0; j < q->numel; j++) {
+                float s = p->tmp[j] + q->acc[j];
+                q->acc[j] = s * c;
+            }
+        }
+    }
+}
+
+/* Program i for micro-batch k: its data rows, what it reads of k's
+ * record, received activation and gradient; runs; its stash into k's
+ * record. */
+static bool run_prog(RtPp *p, int i, const DataBatch *b, int64_t base, int k, uint64_t seed,
+                     int64_t step, Diag *d)
+{
+    PpProg *q = &p->pr[i];
+    if (!q->e)
+        return true;
+    rt_data_feed(q->e, q->g, b, base + (int64_t)k * p->rows);
+    char *from[3] = {p->stash + p->rec * k, p->xrecv + p->recv_off[p->nrecv] * k,
+                     p->grecv + p->send_off[p->nsend] * k};
+    for (int j = 0; j < q->in.n; j++)
+        rt_exec_write(q->e, q->in.v[j].t, from[q->in.v[j].what] + q->in.v[j].off);
+    if (!rt_exec_run(q->e, seed, step, d))
+        return false;
+    for (int j = 0; j < q->out.n; j++)
+        rt_exec_read(q->e, q->out.v[j].t, from[0] + q->out.v[j].off);
+    return true;
+}
+
+bool rt_pp_step(RtPp *p, Exec *te, const Graph *tg, const DataBatch *b, int64_t dp_rank,
+                uint64_t seed, int64_t step, double *micro_loss, float *last_loss, Diag *d)
+{
+    int m = p->m, last = p->n - 1;
+    int64_t base = dp_rank * m * p->rows;
+    int64_t rb = p->recv_off[p->nrecv], sb = p->send_off[p->nsend];
+    copy_params(p, te, tg);
+    void **reqs = xcalloc((size_t)(2 * m + 1), sizeof(void *));
+    int nreq = 0, nextw = 0;
+    bool ok = true;
+    p->ev.n = 0;
+    double busy = 0, wait = 0;
+    for (int a = 0; a < 3 * m && ok; a++) {
+        int k = p->acts[a].mb;
+        double t0 = ir_now(), t1 = t0;
+        switch (p->acts[a].kind) {
+        case 'F':
+            if (p->s > 0) {
+                rt_comm_pp_recv(p->comm, p->s - 1, 2 * k, p->xrecv + rb * k, (size_t)rb);
+                t1 = ir_now();
+                vec_push(&p->ev, ((PpEvent){'r', k, t0, t1}));
+            }
+            if (!(ok = run_prog(p, P_F, b, base, k, seed, step, d)))
+                break;
+            if (p->s == last) {
+                float l;
+                rt_exec_read(p->pr[P_F].e, p->loss_f, &l);
+                p->losses[k] = l;
+                break;
+            }
+            for (int j = 0; j < p->nsend; j++)
+                rt_exec_read(p->pr[P_F].e, p->send_f[j], p->ysend + sb * k + p->send_off[j]);
+            reqs[nreq++] = rt_comm_pp_isend(p->comm, p->s + 1, 2 * k, p->ysend + sb * k,
+                                            (size_t)sb);
+            break;
+        case 'B':
+            if (p->s < last) {
+                rt_comm_pp_recv(p->comm, p->s + 1, 2 * k + 1, p->grecv + sb * k, (size_t)sb);
+                t1 = ir_now();
+                vec_push(&p->ev, ((PpEvent){'r', k, t0, t1}));
+            }
+            if (!(ok = run_prog(p, P_B, b, base, k, seed, step, d)))
+                break;
+            if (p->s > 0) {
+                for (int j = 0; j < p->nrecv; j++)
+                    rt_exec_read(p->pr[P_B].e, p->grad_b[j], p->gsend + rb * k + p->recv_off[j]);
+                reqs[nreq++] = rt_comm_pp_isend(p->comm, p->s - 1, 2 * k + 1, p->gsend + rb * k,
+                                                (size_t)rb);
+            }
+            break;
+        default: /* 'W' */
+            if (k != nextw++)
+                die("rt_pp_step: W%d out of micro-batch order on stage %d", k, p->s);
+            if (!(ok = run_prog(p, P_W, b, base, k, seed, step, d)))
+                break;
+            accumulate(p, k);
+        }
+        double t2 = ir_now();
+        vec_push(&p->ev, ((PpEvent){p->acts[a].kind, k, t1, t2}));
+        wait += t1 - t0;
+        busy += t2 - t1;
+    }
+    vec_push(&p->busy, busy);
+    vec_push(&p->wait, wait);
+    for (int i = 0; i < nreq; i++)
+        rt_comm_pp_wait(p->comm, reqs[i]);
+    free(reqs);
+    if (!ok)
+        return false;
+    /* tied params: the sum over their stages; then the mean over dp */
+    int dps = rt_comm_size(p->comm);
+    double td = 0;
+    for (int i = 0; i < p->ps.n; i++) {
+        PpParam *q = &p->ps.v[i];
+        if (q->nown > 1)
+            rt_comm_pp_sum_f32(p->comm, q->owners, q->nown, q->acc, q->numel);
+        if (dps > 1) {
+            double t0 = ir_now();
+            rt_comm_dp_sum_f32(p->comm, q->acc, q->numel);
+            td += ir_now() - t0;
+            float c = (float)(1.0 / dps);
+            for (int64_t j = 0; j < q->numel; j++)
+                q->acc[j] *= c;
+        }
+    }
+    if (dps > 1)
+        vec_push(&p->dpms, 1e3 * td);
+    /* the global norm's sum of squares, each param once: a param split
+     * over the TP group by its parts' sums over the group */
+    double ss = 0, split = 0;
+    for (int i = 0; i < p->ps.n; i++) {
+        const Tensor *t = &p->fwd->t.v[ir_find_tensor(p->fwd, p->ps.v[i].name)];
+        double *to = t->shard.on && t->shard.n > 1 ? &split : &ss;
+        for (int64_t j = 0; p->ps.v[i].norm && j < p->ps.v[i].numel; j++)
+            *to += (double)p->ps.v[i].acc[j] * p->ps.v[i].acc[j];
+    }
+    if (rt_comm_tp(p->comm) > 1) {
+        float f2 = (float)split;
+        rt_comm_tp_allreduce(p->comm, &f2, 1);
+        split = f2;
+    }
+    ss += split;
+    rt_comm_pp_sum(p->comm, &ss, 1);
+    /* the losses, from the last stage */
+    rt_comm_pp_bcast(p->comm, last, p->losses, sizeof(double) * (size_t)m);
+    double sum = 0;
+    bool finite = true;
+    for (int k = 0; k < m; k++) {
+        finite &= isfinite(p->losses[k]) != 0;
+        if (k < m - 1)
+            sum += (float)p->losses[k];
+    }
+    *micro_loss = sum;
+    *last_loss = (float)p->losses[m - 1];
+    for (int i = 0; i < p->ps.n; i++)
+        if (p->ps.v[i].step >= 0)
+            rt_exec_write(te, p->ps.v[i].step, p->ps.v[i].acc);
+    float f = (float)ss;
+    int t = ir_find_tensor(tg, "pp.sumsq");
+    if (t >= 0)
+        rt_exec_write(te, t, &f);
+    f = finite ? *last_loss : NAN;
+    if ((t = ir_find_tensor(tg, "pp.loss")) >= 0)
+        rt_exec_write(te, t, &f);
+    return true;
+}
+
+/* The forward graph with whole params (tp: their whole shapes), for
+ * weights files. */
+static const Graph *whole_graph(RtPp *p)
+{
+    if (p->wg)
+        return p->wg;
+    p->wg = ir_clone(p->fwd);
+    for (int i = 0; i < p->wg->t.n; i++) {
+        Tensor *t = &p->wg->t.v[i];
+        if (t->kind == TK_PARAM && t->shard.on && t->shard.n > 1) {
+            t->s = ir_shard_whole(&t->shard, &t->s);
+            t->shard.on = false;
+        }
+    }
+    return p->wg;
+}
+
+const Graph *rt_pp_whole(RtPp *p, const Graph *tg, void *const *vals, void ***whole)
+{
+    /* stage 0 receives every param whose first owner is another stage */
+    const Graph *g = whole_graph(p);
+    void **w = p->s == 0 ? xcalloc((size_t)g->t.n + 1, sizeof(void *)) : NULL;
+    for (int i = 0; i < g->t.n; i++) {
+        const Tensor *t = &g->t.v[i];
+        if (t->kind != TK_PARAM)
+            continue;
+        int first = -1;
+        for (int s = 0; s < p->n && first < 0; s++)
+            if (pass_stage_owns(g, &p->cut, s, i))
+                first = s;
+        size_t nb = (size_t)shape_bytes(&t->s);
+        if (p->s == 0) {
+            w[i] = xmalloc(nb + 1);
+            if (first == 0)
+                memcpy(w[i], vals[ir_find_tensor(tg, t->name)], nb);
+            else if (first > 0)
+                rt_comm_pp_recv(p->comm, first, 32000, w[i], nb);
+            else
+                memset(w[i], 0, nb);
+        } else if (first == p->s) {
+            void *rq = rt_comm_pp_isend(p->comm, 0, 32000, vals[ir_find_tensor(tg, t->name)],
+                                        nb);
+            rt_comm_pp_wait(p->comm, rq);
+        }
+    }
+    *whole = w;
+    return p->s == 0 ? g : NULL;
+}
+
+void rt_pp_whole_free(const RtPp *p, void **whole)
+{
+    for (int i = 0; whole && i < p->fwd->t.n; i++)
+        free(whole[i]);
+    free(whole);
+}
+
+void rt_pp_print(const RtPp *p, FILE *f)
+{
+    pass_stage_cut_print(p->fwd, &p->cut, f);
+    pass_stage_schedule_print(p->sched, p->n, p->m, f);
+}
+
+/* ---- checkpoints: whole tensors in one rank's layout --------------------- */
+
+/* Every stage's params and state (not the accumulators) as one graph, the
+ * same on every stage: each stage broadcasts its tensors' names and types
+ * over the pipeline; the union keeps the first stage's copy of a name
+ * (a tied param's, adam.step's), in stage order. */
+static const Graph *ckpt_graph(RtPp *p, const Graph *tg)
+{
+    if (p->ug)
+        return p->ug;
+    p->ug = ir_new();
+    VEC(int) hold = {0};
+    for (int s = 0; s < p->n; s++) {
+        VEC(char) blob = {0};
+        if (s == p->s)
+            for (int i = 0; i < tg->t.n; i++) {
+                const Tensor *t = &tg->t.v[i];
+                if ((t->kind != TK_PARAM && t->kind != TK_STATE) || t->op >= 0 ||
+                    strncmp(t->name, "accum.", 6) == 0)
+                    continue;
+                int32_t hdr[3] = {t->kind, t->s.dtype, t->s.rank};
+                for (const char *c = t->name; *c; c++)
+                    vec_push(&blob, *c);
+                vec_push(&blob, 0);
+                for (size_t k = 0; k < sizeof hdr; k++)
+                    vec_push(&blob, ((char *)hdr)[k]);
+                for (int r = 0; r < t->s.rank; r++)
+                    for (size_t k = 0; k < sizeof(int64_t); k++)
+                        vec_push(&blob, ((char *)&t->s.dim[r])[k]);
+            }
+        int64_t len = blob.n;
+        rt_comm_pp_bcast(p->comm, s, &len, sizeof len);
+        char *b = s == p->s ? blob.v : xmalloc((size_t)len + 1);
+        rt_comm_pp_bcast(p->comm, s, b, (size_t)len);
+        for (int64_t at = 0; at < len;) {
+            const char *name = b + at;
+            at += (int64_t)strlen(name) + 1;
+            int32_t hdr[3];
+            memcpy(hdr, b + at, sizeof hdr);
+            at += sizeof hdr;
+            Shape sh = {.dtype = (DType)hdr[1], .rank = hdr[2]};
+            for (int r = 0; r < sh.rank; r++, at += sizeof(int64_t))
+                memcpy(&sh.dim[r], b + at, sizeof(int64_t));
+            if (ir_find_tensor(p->ug, name) >= 0)
+                continue;
+            ir_add_input(p->ug, (TensorKind)hdr[0], intern(name), sh, (ParamInit){0});
+            vec_push(&hold, s);
+        }
+        if (b != blob.v)
+            free(b);
+        vec_free(&blob);
+    }
+    p->uholder = hold.v;
+    return p->ug;
+}
+
+const Graph *rt_pp_ckpt_whole(RtPp *p, const Graph *tg, void *const *vals, void ***whole)
+{
+    const Graph *g = ckpt_graph(p, tg);
+    void **w = p->s == 0 ? xcalloc((size_t)g->t.n + 1, sizeof(void *)) : NULL;
+    for (int i = 0; i < g->t.n; i++) {
+        const Tensor *t = &g->t.v[i];
+        size_t nb = (size_t)shape_bytes(&t->s);
+        int h = p->uholder[i];
+        if (p->s == 0) {
+            w[i] = xmalloc(nb + 1);
+            if (h == 0)
+                memcpy(w[i], vals[ir_find_tensor(tg, t->name)], nb);
+            else
+                rt_comm_pp_recv(p->comm, h, 32001, w[i], nb);
+        } else if (h == p->s) {
+            void *rq = rt_comm_pp_isend(p->comm, 0, 32001, vals[ir_find_tensor(tg, t->name)],
+                                        nb);
+            rt_comm_pp_wait(p->comm, rq);
+        }
+    }
+    *whole = w;
+    return p->s == 0 ? g : NULL;
+}
+
+bool rt_pp_ckpt_load(RtPp *p, const char *path, const Graph *tg, void **vals, CkptMeta *m,
+                     Diag *d)
+{
+    const Graph *g = ckpt_graph(p, tg);
+    void **w = xcalloc((size_t)g->t.n + 1, sizeof(void *));
+    for (int i = 0; i < g->t.n; i++)
+        w[i] = xcalloc(1, (size_t)shape_bytes(&g->t.v[i].s) + 1);
+    bool ok = rt_ckpt_load(path, g, w, m, d);
+    for (int i = 0; ok && i < g->t.n; i++) {
+        int t = ir_find_tensor(tg, g->t.v[i].name);
+        if (t >= 0)
+            memcpy(vals[t], w[i], (size_t)shape_bytes(&g->t.v[i].s));
+    }
+    for (int i = 0; i < g->t.n; i++)
+        free(w[i]);
+    free(w);
+    return ok;
+}
+
+void rt_pp_ckpt_free(const RtPp *p, void **whole)
+{
+    for (int i = 0; whole && p->ug && i < p->ug->t.n; i++)
+        free(whole[i]);
+    free(whole);
+}
+
+/* ---- the trace and the summary ------------------------------------------- */
+
+void rt_pp_trace(const RtPp *p, Trace *trace, double t0)
+{
+    if (!p || !trace)
+        return;
+    char name[64];
+    snprintf(name, sizeof name, "pipeline stage %d (first steps)", p->s);
+    rt_trace_thread_name(trace, 6, name);
+    for (int i = 0; i < p->ev.n; i++) {
+        const PpEvent *e = &p->ev.v[i];
+        if (e->kind == 'r')
+            snprintf(name, sizeof name, "recv %d", e->mb);
+        else
+            snprintf(name, sizeof name, "%c%d", e->kind, e->mb);
+        rt_trace_event(trace, name, e->kind == 'r' ? "comm" : "pipeline", 1e6 * (e->start - t0),
+                       1e6 * (e->end - e->start), 6);
+    }
+}
+
+void rt_pp_summary(const RtPp *p, FILE *f)
+{
+    if (!p || p->busy.n == 0)
+        return;
+    /* every stage's medians, summed over the pipeline (each fills its own) */
+    double *v = xcalloc((size_t)(2 * p->n + 1), sizeof(double));
+    v[2 * p->s] = 1e3 * ir_median(p->busy.v, p->busy.n);
+    v[2 * p->s + 1] = 1e3 * ir_median(p->wait.v, p->wait.n);
+    rt_comm_pp_sum(p->comm, v, 2 * p->n);
+    fprintf(f, "pipeline: pp = %d, %d micro-batches, %s | per step (median of %d), running F, "
+            "B and W / waiting in receives:", p->n, p->m, pass_stage_schedule_name(p->sched),
+            p->busy.n);
+    for (int s = 0; s < p->n; s++) {
+        double tot = v[2 * s] + v[2 * s + 1];
+        fprintf(f, "%s stage %d %.2f / %.2f ms (%.0f%% waiting)", s ? " |" : "", s, v[2 * s],
+                v[2 * s + 1], tot > 0 ? 100.0 * v[2 * s + 1] / tot : 0);
+    }
+    fputc('\n', f);
+    if (p->dpms.n > 0)
+        fprintf(f, "pipeline: dp = %d | the gradients' mean over dp after the micro-batches "
+                "(blocking, all exposed): %.2f ms per step (median, stage %d)\n",
+                rt_comm_size(p->comm), ir_median(p->dpms.v, p->dpms.n), p->s);
+    free(v);
+}
+
+/* ---- --init-from: the model's params, whole ------------------------------- */
+
+const Graph *rt_pp_params_view(RtPp *p, const Graph *tg, void *const *vals, void ***whole)
+{
+    const Graph *g = whole_graph(p);
+    void **w = xcalloc((size_t)g->t.n + 1, sizeof(void *));
+    for (int i = 0; i < g->t.n; i++) {
+        const Tensor *t = &g->t.v[i];
+        if (t->kind != TK_PARAM)
+            continue;
+        w[i] = xcalloc(1, (size_t)shape_bytes(&t->s) + 1);
+        int own = ir_find_tensor(tg, t->name);
+        if (own >= 0)
+            memcpy(w[i], vals[own], (size_t)shape_bytes(&t->s));
+    }
+    *whole = w;
+    return g;
+}
+
+void rt_pp_params_take(RtPp *p, const Graph *tg, void **vals, void **whole)
+{
+    if (!p || !whole)
+        return;
+    const Graph *g = p->wg;
+    for (int i = 0; i < g->t.n; i++) {
+        int own = whole[i] ? ir_find_tensor(tg, g->t.v[i].name) : -1;
+        if (vals && own >= 0)
+            memcpy(vals[own], whole[i], (size_t)shape_bytes(&g->t.v[i].s));
+        free(whole[i]);
+    }
+    free(whole);
+}
+
+/* ---- evaluation: the forward alone, through every stage ------------------ */
+
+bool rt_pp_eval(RtPp *p, Exec *te, const Graph *tg, const DataBatch *b, int64_t row0,
+                uint64_t seed, int64_t step, float *loss, Diag *d)
+{
+    copy_params(p, te, tg); /* the step's update since its micro-batches ran */
+    PpProg *q = &p->pr[P_F];
+    int last = p->n - 1;
+    int64_t rb = p->recv_off[p->nrecv], sb = p->send_off[p->nsend];
+    if (p->s > 0)
+        rt_comm_pp_recv(p->comm, p->s - 1, 30000, p->xrecv, (size_t)rb);
+    rt_data_feed(q->e, q->g, b, row0);
+    for (int j = 0; j < q->in.n; j++)
+        if (q->in.v[j].what == 1)
+            rt_exec_write(q->e, q->in.v[j].t, p->xrecv + q->in.v[j].off);
+    if (!rt_exec_run(q->e, seed, step, d))
+        return false;
+    double l = 0;
+    if (p->s < last) {
+        for (int j = 0; j < p->nsend; j++)
+            rt_exec_read(q->e, p->send_f[j], p->ysend + p->send_off[j]);
+        rt_comm_pp_wait(p->comm, rt_comm_pp_isend(p->comm, p->s + 1, 30000, p->ysend,
+                                                  (size_t)sb));
+    } else {
+        float f;
+        rt_exec_read(q->e, p->loss_f, &f);
+        l = f;
+    }
+    rt_comm_pp_bcast(p->comm, last, &l, sizeof l);
+    *loss = (float)l;
+    return true;
+}
