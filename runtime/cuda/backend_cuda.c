@@ -768,7 +768,8 @@ static bool step_done(BackendCtx *c, int s, Diag *d)
     if (c->ev_step && !c->capturing && !CU(kc_cu.cuEventRecord(c->ev_step[s], c->s), d))
         return false;
     if (s == c->p->steps.n - 1) {
-        if (!CU(kc_cu.cuEventRecord(c->ev_end, c->s), d))
+        /* TP collectives that no step waited for (cuda_tp_wait) end the run */
+        if (!kc_tp_join(c->tpk, d) || !CU(kc_cu.cuEventRecord(c->ev_end, c->s), d))
             return false;
         c->ran = true;
     }
@@ -862,9 +863,21 @@ static bool cuda_tp_setup(BackendCtx *c, const RtCommGroup *g, Diag *d)
     return true;
 }
 
+/* The compute stream goes on past a TP step; the executor's cuda_tp_wait
+ * puts it behind the collective before the first step that reads the
+ * result or overwrites the operand (its placement is from the plan's
+ * memory plan, so the wait stays right here when the device arena is
+ * planned apart: bf16 storage, CgCudaProgram.mem). */
 static bool cuda_tp_run(BackendCtx *c, int s, Diag *d)
 {
-    return CU(kc_cu.cuCtxSetCurrent(c->ctx), d) && kc_tp_run(c->tpk, s, d) && step_done(c, s, d);
+    bool apart = c->q->mem != c->p->mem;
+    return CU(kc_cu.cuCtxSetCurrent(c->ctx), d) && kc_tp_run(c->tpk, s, d) &&
+           (!apart || kc_tp_wait(c->tpk, s, d)) && step_done(c, s, d);
+}
+
+static bool cuda_tp_wait(BackendCtx *c, int s, Diag *d)
+{
+    return CU(kc_cu.cuCtxSetCurrent(c->ctx), d) && kc_tp_wait(c->tpk, s, d);
 }
 
 static int cuda_tp_events(BackendCtx *c, RtCommEvent *ev, int max)
@@ -908,7 +921,7 @@ static const BackendExt backend_cuda_ext = {
     cuda_comm_setup,  cuda_allreduce_start, cuda_allreduce_wait,
     cuda_comm_events, cuda_run_seconds,     cuda_step_times,
     cuda_arena_bytes, cuda_device_info, cuda_tp_setup,
-    cuda_tp_run,      cuda_tp_events,
+    cuda_tp_run,      cuda_tp_events,   cuda_tp_wait,
 };
 
 static const Backend backend_cuda = {

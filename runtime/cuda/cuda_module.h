@@ -150,12 +150,23 @@ void kc_comm_also(KcComm *k, KcComm *other);
  * call (ncclAllReduce(ncclSum), ncclAllGather or ncclReduceScatter; a
  * gather or reduce-scatter whose split axis is not the first goes through
  * a staging buffer and one 2D copy per rank: cuda_nccl.c, TpOp), a done
- * event the compute stream waits on. The host does not wait. */
+ * event. The compute stream does not wait for it (kc_tp_wait), and the
+ * host does not wait. The collective reads the operand and writes the
+ * result in place on the communication stream until then: the compute
+ * work before the wait must neither read the result's bytes nor write
+ * either buffer's. */
 bool kc_tp_run(KcComm *k, int s, Diag *d);
+/* The compute stream waits for TP step s's collective (this run's; done
+ * event), after recording its `w` event (the exposed time is w..done);
+ * nothing when it already waited for it in this run. */
+bool kc_tp_wait(KcComm *k, int s, Diag *d);
+/* The compute stream waits for every TP collective of this run it has not
+ * waited for (the end of a run). */
+bool kc_tp_join(KcComm *k, Diag *d);
 /* The last run's TP steps not collected yet (at most max): RtCommEvent
- * with bucket -1, placed as kc_comm_events places buckets; their whole
- * time is exposed (the compute stream waits right after each). Waits for
- * their done events. */
+ * with bucket -1, placed as kc_comm_events places buckets; exposed: the
+ * time the compute stream stood at its wait before the collective was
+ * done (w..done when positive). Waits for their done events. */
 int kc_tp_events(KcComm *k, CUevent begin, double host_begin, RtCommEvent *ev, int max);
 /* Waits for the communication stream and frees everything (NULL: nothing). */
 void kc_comm_close(KcComm *k);

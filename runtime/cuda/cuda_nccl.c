@@ -29,9 +29,11 @@
  * broadcast over the group), for the plan's CG_STEP_TP steps. Each step
  * runs on the same communication stream as the buckets, after a `ready`
  * event of the compute stream, between a `t0` and a `done` event (with
- * its layout copies, TpOp); the
- * compute stream waits on `done` right away (the step's readers follow it
- * in the plan). One stream for both communicators keeps every rank's NCCL
+ * its layout copies, TpOp); the compute stream waits on `done` later
+ * (kc_tp_wait: records `w`, then waits), where the executor says: before
+ * the first step that reads the result or overwrites the operand's bytes,
+ * which the collective reads in place, or at the end of the run
+ * (kc_tp_join). One stream for both communicators keeps every rank's NCCL
  * calls in plan order, so the two communicators' kernels never wait on
  * each other across ranks; a TP step queued behind an unfinished bucket
  * waits for it.
@@ -268,7 +270,8 @@ typedef struct {
     int64_t bytes;            /* per rank: the all-reduce's buffer, the gather's result, the
                                  reduce-scatter's operand (rt_comm_tp_stats's figure) */
     CUevent t0, done;         /* on the communication stream, around its calls */
-    bool started, counted;    /* in the current run; reported by kc_tp_events */
+    CUevent w;                /* on the compute stream, right before it waits on done */
+    bool started, waited, counted; /* in the current run; reported by kc_tp_events */
 } TpOp;
 
 struct KcComm {
@@ -542,7 +545,8 @@ static bool setup_tp_steps(KcComm *k, const DType *storage, const int64_t *offse
             return false;
         }
         if (!DRV(fn.cuEventCreate(&t->t0, CU_EVENT_DEFAULT), d) ||
-            !DRV(fn.cuEventCreate(&t->done, CU_EVENT_DEFAULT), d))
+            !DRV(fn.cuEventCreate(&t->done, CU_EVENT_DEFAULT), d) ||
+            !DRV(fn.cuEventCreate(&t->w, CU_EVENT_DEFAULT), d))
             return false;
         if (t->outer > 1 && 4 * n * (int64_t)t->count > stage)
             stage = 4 * n * (int64_t)t->count;
@@ -718,6 +722,8 @@ void kc_comm_close(KcComm *k)
             fn.cuEventDestroy(k->tp[i].t0);
         if (k->tp[i].done)
             fn.cuEventDestroy(k->tp[i].done);
+        if (k->tp[i].w)
+            fn.cuEventDestroy(k->tp[i].w);
     }
     if (k->tp_ready)
         fn.cuEventDestroy(k->tp_ready);
@@ -745,7 +751,7 @@ void kc_comm_run_begins(KcComm *k)
     if (!k)
         return;
     for (int i = 0; i < k->ntp; i++)
-        k->tp[i].started = k->tp[i].counted = false;
+        k->tp[i].started = k->tp[i].waited = k->tp[i].counted = false;
     for (int i = 0; i < k->nb; i++) {
         Bucket *b = &k->b[i];
         /* an all-gather keeps its state until its next start: one started in
@@ -938,14 +944,38 @@ bool kc_tp_run(KcComm *k, int s, Diag *d)
     }
     if (staged && t->coll == CG_COLL_ALL_GATHER && !tp_relayout(k, t, t->y, true, d))
         return false;
-    /* the compute stream's readers of the result (and writers of either
-     * buffer) come after the collective */
-    if (!DRV(fn.cuEventRecord(t->done, k->comm), d) ||
-        !DRV(fn.cuStreamWaitEvent(k->s, t->done, 0), d))
+    if (!DRV(fn.cuEventRecord(t->done, k->comm), d))
         return false;
     t->started = true;
-    t->counted = false;
+    t->waited = t->counted = false;
     k->tp_pending = true;
+    return true;
+}
+
+bool kc_tp_wait(KcComm *k, int s, Diag *d)
+{
+    if (!k || !k->tp_of || s < 0 || s >= k->p->steps.n || k->tp_of[s] < 0) {
+        kc_dmsg(d, "plan step %d is not a TP step of this process's TP group", s);
+        return false;
+    }
+    TpOp *t = &k->tp[k->tp_of[s]];
+    if (!t->started) {
+        kc_dmsg(d, "a wait for TP step %d, which this run has not started", s);
+        return false;
+    }
+    if (t->waited)
+        return true;
+    if (!DRV(fn.cuEventRecord(t->w, k->s), d) || !DRV(fn.cuStreamWaitEvent(k->s, t->done, 0), d))
+        return false;
+    t->waited = true;
+    return true;
+}
+
+bool kc_tp_join(KcComm *k, Diag *d)
+{
+    for (int i = 0; k && i < k->ntp; i++)
+        if (k->tp[i].started && !kc_tp_wait(k, k->tp[i].step, d))
+            return false;
     return true;
 }
 
@@ -1003,10 +1033,12 @@ int kc_tp_events(KcComm *k, CUevent begin, double host_begin, RtCommEvent *ev, i
         if (!t->started || t->counted || kc_wait_event(k, t->done) != CUDA_SUCCESS)
             continue;
         t->counted = true;
+        double x = t->waited ? elapsed_ms(t->w, t->done) : 0; /* compute stood at the wait */
+        x = x > 0 ? 1e-3 * x : 0;
         if (n < max)
             ev[n++] = (RtCommEvent){-1, t->bytes, host_begin + 1e-3 * elapsed_ms(begin, t->t0),
                                     host_begin + 1e-3 * elapsed_ms(begin, t->done),
-                                    (int)t->coll, 0};
+                                    (int)t->coll, x};
     }
     k->tp_pending = false;
     return n;

@@ -15,6 +15,11 @@
 #               "tensor-parallel comm" line has the CPU run's collective
 #               count and bytes (the device's events, kc_tp_events), and
 #               --trace puts TP all-reduces on track 5 of both ranks' traces.
+#               The collectives overlap: the executor's -v line says that
+#               some of them run under later plan steps (the compute stream
+#               waits for each only before the first step that reads its
+#               result or overwrites its operand: exec.c, setup_tp_waits),
+#               and the report's exposed TP time is at most the TP time.
 #               The loss's gather of [B, T, 1] into [B, T, 2] (both models)
 #               goes through the staging buffer and 2D copies (cuda_nccl.c,
 #               TpOp): without the copies the losses differ by 0.9.
@@ -36,8 +41,18 @@
 #               1st / 2nd cuStreamWaitEvent (FAKE_CUDA_DROP_WAIT): the
 #               communication stream no longer waits for the first TP
 #               step's operand (1st), or the compute stream no longer waits
-#               for its result (2nd); the run must stop with the fake's race
-#               report naming ncclAllReduce.
+#               for that all-reduce before the next step, which writes over
+#               its operand (2nd: tp_hand's embedding all-reduce, whose
+#               operand memplan reuses at once); the run must stop with the
+#               fake's race report naming ncclAllReduce.
+#   neg_late2, neg_late6  negative controls: the fake driver applies the
+#               2nd / 6th cuStreamWaitEvent one op late (FAKE_CUDA_LATE_WAIT),
+#               as if the executor placed the compute stream's wait after
+#               the step it must precede: the step that overwrites the first
+#               all-reduce's operand (2nd), or the one that reads the third
+#               all-reduce's result (6th: the attention output's, under which
+#               the run's other waits let the fake's scheduler run the
+#               reader first); the run must stop with the race report.
 #   bf16        precision=bf16 (bf16 activations: TP collectives of bf16
 #               tensors, not supported yet): the run must stop with the
 #               message naming the script line and precision=f32.
@@ -71,6 +86,8 @@ dp2) args+=(--set bucket_mb=0.001); cuda_env=(FAKE_CUDA_DEVICES=4) ;;
 neg_drop) cuda_env=(FAKE_NCCL_DROP_ALLREDUCE=1); negative=mismatch ;;
 neg_wait1) cuda_env=(FAKE_CUDA_DROP_WAIT=1); negative=race ;;
 neg_wait2) cuda_env=(FAKE_CUDA_DROP_WAIT=2); negative=race ;;
+neg_late2) cuda_env=(FAKE_CUDA_LATE_WAIT=2); negative=race ;;
+neg_late6) cuda_env=(FAKE_CUDA_LATE_WAIT=6); negative=race ;;
 bf16)
     env LD_LIBRARY_PATH="$FAKE_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" timeout 300 "$KILN" \
         train "$script" "${args[@]}" --device cuda --set precision=bf16 >"$T/bf16.log" 2>&1
@@ -109,7 +126,7 @@ mismatch)
 race)
     grep -m1 "fake CUDA: race: " "$T/cuda.log"
     [ $rc -ne 0 ] && grep -q "fake CUDA: race: .*ncclAllReduce" "$T/cuda.log" && exit 0
-    echo "FAIL: a dropped event wait around a TP all-reduce was not reported as a race (exit $rc)"
+    echo "FAIL: a dropped or late event wait around a TP all-reduce was not reported as a race (exit $rc)"
     exit 1 ;;
 esac
 
@@ -125,6 +142,13 @@ tpline() { sed -n 's/^tensor-parallel comm: .*this rank): \([0-9]* collectives, 
 [ -n "$(tpline "$T/cpu.log")" ] && [ "$(tpline "$T/cuda.log")" = "$(tpline "$T/cpu.log")" ] ||
     fail "TP comm report: cuda '$(tpline "$T/cuda.log")', cpu '$(tpline "$T/cpu.log")'"
 grep "^tensor-parallel comm" "$T/cuda.log"
+# overlap: some collectives under later steps, exposed time within the TP time
+grep -m1 "TP collectives on the device" "$T/cuda.log"
+grep -q "TP collectives on the device, [1-9][0-9]* of them under later steps" "$T/cuda.log" ||
+    fail "no TP collective overlaps a later plan step"
+sed -n 's/^tensor-parallel comm: .*, \([0-9.]*\) ms, \([0-9.]*\) ms exposed$/\1 \2/p' "$T/cuda.log" |
+    awk '{ n++; if (!($2 <= $1)) bad = 1 } END { exit (bad || n < 1) }' ||
+    fail "the exposed TP time is not within the TP time"
 [ "$case" != dp2 ] || grep -q "NCCL all-reduces, rank 1 of 2" "$T/cuda.log" ||
     fail "no data-parallel NCCL communicator beside the TP ones"
 for f in t t.rank1; do
