@@ -859,7 +859,8 @@ static bool cuda_tp_setup(BackendCtx *c, const RtCommGroup *g, Diag *d)
         fprintf(stderr, "kiln: cuda: no CUDA graph: the step has NCCL TP collectives\n");
     c->graph_on = false;
     if (c->verbose)
-        fprintf(stderr, "kiln: cuda: NCCL TP collectives, TP rank %d of %d\n", g->rank, g->size);
+        fprintf(stderr, "kiln: cuda: NCCL TP collectives, TP rank %d of %d%s\n", g->rank, g->size,
+                kc_tp_shared(c->tpk) ? " (the process's TP communicator, shared)" : "");
     return true;
 }
 

@@ -136,11 +136,17 @@ KcComm *kc_comm_open(const RtCommGroup *g, const CgPlan *p, const DType *storage
  * the id broadcast over it) for p's CG_STEP_TP steps (tensor parallelism)
  * instead of its buckets: each step's operand and result f32 at arena +
  * offset[t]. A second communicator beside the data-parallel one, on the
- * same communication stream. NULL with d set (NCCL missing, a TP tensor
- * not stored as f32: precision=bf16). */
+ * same communication stream; the process's one over g (its first
+ * kc_tp_open over g opens it, later ones share it until the last is
+ * closed). NULL with d set (NCCL missing, a TP tensor not stored as f32:
+ * precision=bf16). */
 KcComm *kc_tp_open(const RtCommGroup *g, const CgPlan *p, const DType *storage,
                    const int64_t *offset, CUdeviceptr arena, CUcontext ctx, CUstream compute,
                    CUstream comm, Diag *d);
+/* Whether k's TP communicator was opened by an earlier kc_tp_open over the
+ * same group in this process (one NCCL communicator per process and TP
+ * group, shared by every executor; cuda_nccl.c, SharedTp). */
+bool kc_tp_shared(const KcComm *k);
 /* Host waits through k (kc_wait_stream, kc_wait_event) also watch other's
  * collectives for a hang (the data-parallel and the TP communicator of one
  * context watch each other). */

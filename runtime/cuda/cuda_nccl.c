@@ -33,7 +33,8 @@
  * (kc_tp_wait: records `w`, then waits), where the executor says: before
  * the first step that reads the result or overwrites the operand's bytes,
  * which the collective reads in place, or at the end of the run
- * (kc_tp_join). One stream for both communicators keeps every rank's NCCL
+ * (kc_tp_join). The TP communicator is the process's, shared by every
+ * executor's plan over the group (SharedTp). One stream for both communicators keeps every rank's NCCL
  * calls in plan order, so the two communicators' kernels never wait on
  * each other across ranks; a TP step queued behind an unfinished bucket
  * waits for it.
@@ -274,6 +275,28 @@ typedef struct {
     bool started, waited, counted; /* in the current run; reported by kc_tp_events */
 } TpOp;
 
+/* A TP group's NCCL communicator, one per process and group: the KcComms
+ * of every executor's plan over that group (the training step, its
+ * micro-batch and evaluation executors) share it (kc_tp_open). Each
+ * executor issues its calls on its own communication stream, so every
+ * call first waits for the one issued before it through the communicator
+ * when that came from another stream (`last`): the device runs the
+ * communicator's calls one at a time, in the order every rank issued them
+ * (the executors run in the same order on every rank). */
+typedef struct SharedTp {
+    CUcontext ctx;
+    const void *group;       /* RtCommGroup.arg: the process's TP group */
+    int rank, size;
+    ncclComm_t nc;           /* NULL once aborted */
+    bool nonblocking;
+    int refs;
+    CUevent last;            /* after the last call issued through nc */
+    CUstream last_stream;    /* where `last` was recorded; NULL: none yet */
+    struct SharedTp *next;
+} SharedTp;
+
+static SharedTp *shared_tp; /* the process's TP communicators */
+
 struct KcComm {
     const CgPlan *p;
     CUcontext ctx;
@@ -299,7 +322,65 @@ struct KcComm {
     bool tp_pending;         /* TP steps of a run not collected yet */
     KcComm *also;            /* another communicator of this context whose collectives the
                                 host waits also watch (kc_comm_also) */
+    SharedTp *sh;            /* kc_tp_open: the group's communicator (nc is its) */
 };
+
+/* nc aborted (ncclCommAbort): no KcComm of the process uses it again. */
+static void forget_nc(KcComm *k)
+{
+    if (k->sh)
+        k->sh->nc = NULL;
+    k->nc = NULL;
+}
+
+/* The process's communicator over the TP group g on ctx, one more user;
+ * NULL when there is none yet. */
+static SharedTp *find_shared(const RtCommGroup *g, CUcontext ctx)
+{
+    for (SharedTp *h = shared_tp; h; h = h->next)
+        if (h->ctx == ctx && h->group == g->arg && h->rank == g->rank && h->size == g->size &&
+            h->nc) {
+            h->refs++;
+            return h;
+        }
+    return NULL;
+}
+
+/* k's communicator, just opened, becomes its group's shared one. */
+static bool share_tp(KcComm *k, const RtCommGroup *g, Diag *d)
+{
+    SharedTp *h = calloc(1, sizeof *h);
+    if (!h) {
+        kc_dmsg(d, "out of memory");
+        return false;
+    }
+    if (!DRV(fn.cuEventCreate(&h->last, CU_EVENT_DISABLE_TIMING), d)) {
+        free(h);
+        return false;
+    }
+    *h = (SharedTp){k->ctx, g->arg, g->rank, g->size, k->nc, k->nonblocking, 1, h->last,
+                    NULL, shared_tp};
+    shared_tp = h;
+    k->sh = h;
+    return true;
+}
+
+/* One user less; the last one destroys the communicator (the caller has
+ * waited for its stream). */
+static void unshare_tp(SharedTp *h)
+{
+    if (!h || --h->refs > 0)
+        return;
+    for (SharedTp **pp = &shared_tp; *pp; pp = &(*pp)->next)
+        if (*pp == h) {
+            *pp = h->next;
+            break;
+        }
+    if (h->nc)
+        fn.ncclCommDestroy(h->nc);
+    fn.cuEventDestroy(h->last);
+    free(h);
+}
 
 static bool make_events(Bucket *b, Diag *d)
 {
@@ -585,7 +666,7 @@ static bool settle(KcComm *k, const char *what, Diag *d)
             return nccl_fail(st, what, __LINE__, d);
         if (kc_now() - t0 > k->timeout) {
             fn.ncclCommAbort(k->nc);
-            k->nc = NULL;
+            forget_nc(k);
             k->lost(k->lost_arg, what);
             kc_dmsg(d, "%s did not finish within %g s (comm_timeout)", what, k->timeout);
             return false;
@@ -651,6 +732,11 @@ static KcComm *comm_open(const RtCommGroup *g, const CgPlan *p, const DType *sto
         !(tp ? setup_tp_steps(k, storage, offset, arena, d)
              : setup_buckets(k, storage, offset, arena, d)))
         goto fail;
+    if (tp && (k->sh = find_shared(g, ctx))) { /* every rank of the group finds it */
+        k->nc = k->sh->nc;
+        k->nonblocking = k->sh->nonblocking;
+        return k;
+    }
     ncclUniqueId id;
     memset(&id, 0, sizeof id);
     if (g->rank == 0 && !NC(fn.ncclGetUniqueId(&id), d)) {
@@ -670,6 +756,8 @@ static KcComm *comm_open(const RtCommGroup *g, const CgPlan *p, const DType *sto
         k->nc = NULL;
         goto fail;
     }
+    if (tp && !share_tp(k, g, d))
+        goto fail;
     return k;
 fail:
     kc_comm_close(k);
@@ -690,6 +778,8 @@ KcComm *kc_tp_open(const RtCommGroup *g, const CgPlan *p, const DType *storage,
     return comm_open(g, p, storage, offset, arena, ctx, compute, comm, true, d);
 }
 
+bool kc_tp_shared(const KcComm *k) { return k && k->sh && k->sh->refs > 1; }
+
 void kc_comm_also(KcComm *k, KcComm *other)
 {
     if (k && k != other)
@@ -703,7 +793,9 @@ void kc_comm_close(KcComm *k)
     fn.cuCtxSetCurrent(k->ctx);
     if (k->comm && k->nc)
         kc_wait_stream(k, k->comm);
-    if (k->nc)
+    if (k->sh)
+        unshare_tp(k->sh);
+    else if (k->nc)
         fn.ncclCommDestroy(k->nc);
     for (int i = 0; k->b && i < k->nb; i++) {
         Bucket *b = &k->b[i];
@@ -916,8 +1008,16 @@ bool kc_tp_run(KcComm *k, int s, Diag *d)
     }
     TpOp *t = &k->tp[k->tp_of[s]];
     bool staged = t->outer > 1;
+    SharedTp *h = k->sh;
+    if (!h || !h->nc) {
+        kc_dmsg(d, "plan step %d: the TP group's NCCL communicator is gone (aborted)", s);
+        return false;
+    }
+    k->nc = h->nc;
     if (!DRV(fn.cuEventRecord(k->tp_ready, k->s), d) ||
         !DRV(fn.cuStreamWaitEvent(k->comm, k->tp_ready, 0), d) ||
+        (h->last_stream && h->last_stream != k->comm &&
+         !DRV(fn.cuStreamWaitEvent(k->comm, h->last, 0), d)) ||
         !DRV(fn.cuEventRecord(t->t0, k->comm), d))
         return false;
     if (staged && t->coll == CG_COLL_REDUCE_SCATTER && !tp_relayout(k, t, t->x, false, d))
@@ -944,8 +1044,9 @@ bool kc_tp_run(KcComm *k, int s, Diag *d)
     }
     if (staged && t->coll == CG_COLL_ALL_GATHER && !tp_relayout(k, t, t->y, true, d))
         return false;
-    if (!DRV(fn.cuEventRecord(t->done, k->comm), d))
+    if (!DRV(fn.cuEventRecord(t->done, k->comm), d) || !DRV(fn.cuEventRecord(h->last, k->comm), d))
         return false;
+    h->last_stream = k->comm;
     t->started = true;
     t->waited = t->counted = false;
     k->tp_pending = true;
@@ -1106,7 +1207,7 @@ static CUresult poll_until(KcComm *k, CUstream s, CUevent e)
                          "the NCCL collective of plan step %d on the GPU (tensor parallelism)",
                          -2 - stuck);
             fn.ncclCommAbort(who->nc);
-            who->nc = NULL;
+            forget_nc(who);
             who->lost(who->lost_arg, what);
             return CUDA_ERROR_LAUNCH_TIMEOUT;
         }
