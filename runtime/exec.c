@@ -292,8 +292,9 @@ static void shard_pack(Exec *e, const CgStep *st)
  * On the device (BackendExt.tp_wait) the collective reads its operand in
  * place while the compute stream goes on, so the wait also comes before
  * the first later step that writes bytes of the operand's storage (memplan
- * may reuse them once the TP step, the operand's last reader, is past);
- * and a step that a GEMM's epilogue computes (CgStep.by_epilogue) reads
+ * may reuse them once the TP step, the operand's last reader, is past),
+ * unless the backend copies the operand at the TP step for the collective
+ * to read (BackendExt.tp_stage); and a step that a GEMM's epilogue computes (CgStep.by_epilogue) reads
  * and writes at that GEMM's step. The backend waits for the rest at the
  * end of the run. */
 
@@ -339,7 +340,7 @@ static int first_writer(const Exec *e, const int *ostep, int s, int root)
 /* tp_wait_head and tp_wait_next: where each TP step's collective is waited
  * for (above); device: the backend's placement (BackendExt.tp_wait), else
  * the host's (start_tp, wait_tp). */
-static void setup_tp_waits(Exec *e, bool device)
+static bool setup_tp_waits(Exec *e, bool device, Diag *d)
 {
     const CgPlan *p = e->plan;
     const Graph *g = e->g;
@@ -348,7 +349,7 @@ static void setup_tp_waits(Exec *e, bool device)
     for (int s = 0; s < n && !any; s++)
         any = p->steps.v[s].kind == CG_STEP_TP;
     if (!any)
-        return;
+        return true;
     if (!device)
         e->tp_handle = xmalloc(sizeof(int) * (size_t)(n + 1));
     e->tp_wait_head = xmalloc(sizeof(int) * (size_t)(n + 1));
@@ -360,7 +361,8 @@ static void setup_tp_waits(Exec *e, bool device)
     }
     const MemPlan *m = p->mem;
     int *ostep = op_steps(e);
-    int ntp = 0, nover = 0, under = 0, held = 0; /* verbose: the device's overlap */
+    int ntp = 0, nover = 0, under = 0, held = 0, staged = 0; /* verbose: the overlap */
+    const BackendExt *x = e->be->ext;
     for (int s = 0; s < n; s++) {
         if (p->steps.v[s].kind != CG_STEP_TP)
             continue;
@@ -374,8 +376,16 @@ static void setup_tp_waits(Exec *e, bool device)
                 }
         if (device && xroot != root) {
             int w = first_writer(e, ostep, s, xroot);
-            held += w < first;
-            first = w < first ? w : first;
+            if (w < first && x->tp_stage) { /* the collective reads a copy */
+                if (!x->tp_stage(e->ctx, s, first, d)) {
+                    free(ostep);
+                    return false;
+                }
+                staged++;
+            } else if (w < first) {
+                held++;
+                first = w;
+            }
         }
         ntp++;
         nover += first > s + 1;
@@ -389,9 +399,10 @@ static void setup_tp_waits(Exec *e, bool device)
     if (device && e->o.verbose)
         fprintf(stderr,
                 "kiln: exec: %d TP collectives on the device, %d of them under later steps "
-                "(%d steps in all; %d waits moved up to a step that reuses the operand's "
-                "bytes)\n",
-                ntp, nover, under, held);
+                "(%d steps in all; %d read a copy of an operand whose bytes a step before the "
+                "reader reuses, %d wait before that step instead)\n",
+                ntp, nover, under, staged, held);
+    return true;
 }
 
 /* A CG_STEP_TP step: starts its op's collective over the TP group, from
@@ -660,8 +671,8 @@ static bool setup_tp(Exec *e, Diag *d)
         if (!x->tp_setup(e->ctx, &g, d))
             return false;
         e->dev_tp = true;
-        if (x->tp_wait) /* else the backend waits right after each TP step */
-            setup_tp_waits(e, true);
+        if (x->tp_wait && !setup_tp_waits(e, true, d)) /* else the backend waits at once */
+            return false;
         if (x->tp_events) {
             e->ntpev = n;
             e->tpev = xcalloc((size_t)n + 1, sizeof(RtCommEvent));
@@ -677,8 +688,7 @@ static bool setup_tp(Exec *e, Diag *d)
                  op->loc.file ? op->loc.file : "?", op->loc.line, e->be->name);
         return false;
     }
-    setup_tp_waits(e, false);
-    return true;
+    return setup_tp_waits(e, false, d);
 }
 
 /* False, with both sizes in d, when the plan's arena (persistent buffers and

@@ -252,7 +252,8 @@ typedef struct BackendExt {
      * device work after it. With tp_wait the device work after it does
      * not wait for it: the executor calls tp_wait(c, s) before the first
      * later plan step that reads the result's storage or writes bytes of
-     * the operand's (runtime/exec.c, setup_tp_waits), which puts the
+     * the operand's (unless tp_stage copies it; runtime/exec.c,
+     * setup_tp_waits), which puts the
      * device work after that call behind the collective of TP step s;
      * the backend waits for the collectives of a run that no such call
      * named before the run's last step ends.
@@ -265,6 +266,14 @@ typedef struct BackendExt {
     bool (*tp_run)(BackendCtx *c, int s, Diag *d);
     int (*tp_events)(BackendCtx *c, RtCommEvent *ev, int max);
     bool (*tp_wait)(BackendCtx *c, int s, Diag *d);
+    /* Called once per TP step s whose operand's bytes a plan step before
+     * `until` (the step before which tp_wait(c, s) comes; the step count:
+     * at the end of the run) overwrites, after tp_setup: from then on the
+     * collective of s reads a copy of its operand that the backend makes
+     * at step s, after the device work before it, and keeps until that
+     * wait. False with d set when it cannot (out of memory). NULL: the
+     * executor puts tp_wait(c, s) before that overwriting step instead. */
+    bool (*tp_stage)(BackendCtx *c, int s, int until, Diag *d);
 } BackendExt;
 
 /* ---- device.c: choosing a backend; the CUDA module ----------------------
@@ -284,7 +293,7 @@ struct CgCudaProgram; /* codegen.h */
                          9: CgCudaFn.range, CgCudaProgram.step_range (pieces);
                          10: Backend.host_ptr;
                          11: BackendExt.tp_setup, tp_run, tp_events;
-                         12: BackendExt.tp_wait */
+                         12: BackendExt.tp_wait, tp_stage */
 typedef struct {
     int abi; /* RT_CUDA_ABI */
     struct CgCudaProgram *(*program)(const struct CgPlan *p, bool bf16);

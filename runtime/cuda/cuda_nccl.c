@@ -31,10 +31,12 @@
  * event of the compute stream, between a `t0` and a `done` event (with
  * its layout copies, TpOp); the compute stream waits on `done` later
  * (kc_tp_wait: records `w`, then waits), where the executor says: before
- * the first step that reads the result or overwrites the operand's bytes,
- * which the collective reads in place, or at the end of the run
- * (kc_tp_join). The TP communicator is the process's, shared by every
- * executor's plan over the group (SharedTp). One stream for both communicators keeps every rank's NCCL
+ * the first step that reads the result, or at the end of the run
+ * (kc_tp_join). The collective reads the operand in place, or a copy made
+ * at the step on the compute stream where a step before that wait reuses
+ * the operand's bytes (kc_tp_stage). The TP communicator is the
+ * process's, shared by every executor's plan over the group (SharedTp).
+ * One stream for both communicators keeps every rank's NCCL
  * calls in plan order, so the two communicators' kernels never wait on
  * each other across ranks; a TP step queued behind an unfinished bucket
  * waits for it.
@@ -272,6 +274,8 @@ typedef struct {
                                  reduce-scatter's operand (rt_comm_tp_stats's figure) */
     CUevent t0, done;         /* on the communication stream, around its calls */
     CUevent w;                /* on the compute stream, right before it waits on done */
+    int64_t xbytes;           /* the operand's */
+    int slot;                 /* kc_tp_stage: the operand's copy (KcComm.slot), -1: none */
     bool started, waited, counted; /* in the current run; reported by kc_tp_events */
 } TpOp;
 
@@ -319,6 +323,12 @@ struct KcComm {
     CUdeviceptr stage;       /* f32[rank count * outer * chunk] of the largest staged TP step */
     int *tp_of;              /* per plan step: index in tp, -1 */
     CUevent tp_ready;        /* on the compute stream before each TP step */
+    struct {                 /* kc_tp_stage's operand copies */
+        CUdeviceptr p;
+        int64_t bytes;
+        int until;           /* the last user's wait comes before this plan step */
+    } *slot;
+    int nslot;
     bool tp_pending;         /* TP steps of a run not collected yet */
     KcComm *also;            /* another communicator of this context whose collectives the
                                 host waits also watch (kc_comm_also) */
@@ -581,6 +591,8 @@ static bool setup_tp_steps(KcComm *k, const DType *storage, const int64_t *offse
             outer *= xs->dim[r];
         TpOp *t = &k->tp[k->ntp];
         t->step = s;
+        t->slot = -1;
+        t->xbytes = 4 * nx;
         t->x = arena + (CUdeviceptr)offset[tx];
         t->y = arena + (CUdeviceptr)offset[ty];
         int64_t n = k->size;
@@ -821,6 +833,10 @@ void kc_comm_close(KcComm *k)
         fn.cuEventDestroy(k->tp_ready);
     if (k->stage)
         fn.cuMemFree(k->stage);
+    for (int i = 0; i < k->nslot; i++)
+        if (k->slot[i].p)
+            fn.cuMemFree(k->slot[i].p);
+    free(k->slot);
     free(k->tp);
     free(k->tp_of);
     free(k->b);
@@ -1014,15 +1030,20 @@ bool kc_tp_run(KcComm *k, int s, Diag *d)
         return false;
     }
     k->nc = h->nc;
+    /* a staged operand: its copy on the compute stream, which the
+     * collective reads instead (its bytes may be reused before the wait) */
+    CUdeviceptr src = t->slot >= 0 ? k->slot[t->slot].p : t->x;
+    if (t->slot >= 0 && !DRV(fn.cuMemcpyDtoDAsync(src, t->x, (size_t)t->xbytes, k->s), d))
+        return false;
     if (!DRV(fn.cuEventRecord(k->tp_ready, k->s), d) ||
         !DRV(fn.cuStreamWaitEvent(k->comm, k->tp_ready, 0), d) ||
         (h->last_stream && h->last_stream != k->comm &&
          !DRV(fn.cuStreamWaitEvent(k->comm, h->last, 0), d)) ||
         !DRV(fn.cuEventRecord(t->t0, k->comm), d))
         return false;
-    if (staged && t->coll == CG_COLL_REDUCE_SCATTER && !tp_relayout(k, t, t->x, false, d))
+    if (staged && t->coll == CG_COLL_REDUCE_SCATTER && !tp_relayout(k, t, src, false, d))
         return false;
-    const void *x = (const void *)(staged && t->coll == CG_COLL_REDUCE_SCATTER ? k->stage : t->x);
+    const void *x = (const void *)(staged && t->coll == CG_COLL_REDUCE_SCATTER ? k->stage : src);
     void *y = (void *)(staged && t->coll == CG_COLL_ALL_GATHER ? k->stage : t->y);
     cudaStream_t cs = (cudaStream_t)k->comm;
     ncclResult_t r = t->coll == CG_COLL_ALLREDUCE
@@ -1050,6 +1071,44 @@ bool kc_tp_run(KcComm *k, int s, Diag *d)
     t->started = true;
     t->waited = t->counted = false;
     k->tp_pending = true;
+    return true;
+}
+
+bool kc_tp_stage(KcComm *k, int s, int until, Diag *d)
+{
+    if (!k || !k->tp_of || s < 0 || s >= k->p->steps.n || k->tp_of[s] < 0 || until <= s) {
+        kc_dmsg(d, "plan step %d is not a TP step of this process's TP group", s);
+        return false;
+    }
+    TpOp *t = &k->tp[k->tp_of[s]];
+    /* a slot whose last user's wait comes at or before step s: the compute
+     * stream has waited for that collective before this copy */
+    int j = -1;
+    for (int i = 0; i < k->nslot; i++)
+        if (k->slot[i].until <= s && (j < 0 || k->slot[i].bytes > k->slot[j].bytes))
+            j = i;
+    if (j < 0) {
+        void *v = realloc(k->slot, sizeof *k->slot * (size_t)(k->nslot + 1));
+        if (!v) {
+            kc_dmsg(d, "out of memory");
+            return false;
+        }
+        k->slot = v;
+        j = k->nslot++;
+        k->slot[j].p = 0;
+        k->slot[j].bytes = 0;
+    }
+    if (k->slot[j].bytes < t->xbytes) { /* set up before any run: nothing reads it */
+        if (k->slot[j].p)
+            fn.cuMemFree(k->slot[j].p);
+        k->slot[j].p = 0;
+        k->slot[j].bytes = 0;
+        if (!DRV(fn.cuMemAlloc(&k->slot[j].p, (size_t)t->xbytes), d))
+            return false;
+        k->slot[j].bytes = t->xbytes;
+    }
+    k->slot[j].until = until;
+    t->slot = j;
     return true;
 }
 

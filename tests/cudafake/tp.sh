@@ -20,7 +20,8 @@
 #               The collectives overlap: the executor's -v line says that
 #               some of them run under later plan steps (the compute stream
 #               waits for each only before the first step that reads its
-#               result or overwrites its operand: exec.c, setup_tp_waits),
+#               result: exec.c, setup_tp_waits; an operand whose bytes a
+#               step before that reuses is read from a copy),
 #               and the report's exposed TP time is at most the TP time.
 #               The loss's gather of [B, T, 1] into [B, T, 2] (both models)
 #               goes through the staging buffer and 2D copies (cuda_nccl.c,
@@ -42,22 +43,23 @@
 #               (FAKE_NCCL_DROP_ALLREDUCE=1: the first TP all-reduce skipped,
 #               the embedding's partial sums left unsummed): the comparison
 #               must fail.
-#   neg_wait1, neg_wait2  negative controls: the fake driver ignores the
-#               1st / 2nd cuStreamWaitEvent (FAKE_CUDA_DROP_WAIT): the
-#               communication stream no longer waits for the first TP
-#               step's operand (1st), or the compute stream no longer waits
-#               for that all-reduce before the next step, which writes over
-#               its operand (2nd: tp_hand's embedding all-reduce, whose
-#               operand memplan reuses at once); the run must stop with the
-#               fake's race report naming ncclAllReduce.
-#   neg_late2, neg_late6  negative controls: the fake driver applies the
-#               2nd / 6th cuStreamWaitEvent one op late (FAKE_CUDA_LATE_WAIT),
+#   neg_wait1, neg_wait2, neg_wait3  negative controls: the fake driver
+#               ignores the 1st / 2nd / 3rd cuStreamWaitEvent
+#               (FAKE_CUDA_DROP_WAIT): the communication stream no longer
+#               waits for the first or the second TP step's operand (1st,
+#               2nd), or the compute stream no longer waits for the first
+#               two all-reduces before the step that reads them (3rd; the
+#               4th, for the first one, is then implied by stream order);
+#               the first all-reduce (the embedding's) reads a copy of its
+#               operand, whose bytes the next step reuses (exec.c,
+#               setup_tp_waits; cuda_nccl.c, kc_tp_stage). The run must
+#               stop with the fake's race report naming ncclAllReduce.
+#   neg_late3, neg_late6  negative controls: the fake driver applies the
+#               3rd / 6th cuStreamWaitEvent one op late (FAKE_CUDA_LATE_WAIT),
 #               as if the executor placed the compute stream's wait after
-#               the step it must precede: the step that overwrites the first
-#               all-reduce's operand (2nd), or the one that reads the third
-#               all-reduce's result (6th: the attention output's, under which
-#               the run's other waits let the fake's scheduler run the
-#               reader first); the run must stop with the race report.
+#               the step it must precede: the one that reads the first two
+#               all-reduces (3rd) or the third (6th: the attention
+#               output's); the run must stop with the race report.
 #   bf16        precision=bf16 (bf16 activations: TP collectives of bf16
 #               tensors, not supported yet): the run must stop with the
 #               message naming the script line and precision=f32.
@@ -92,7 +94,8 @@ dp2) args+=(--set bucket_mb=0.001); cuda_env=(FAKE_CUDA_DEVICES=4) ;;
 neg_drop) cuda_env=(FAKE_NCCL_DROP_ALLREDUCE=1); negative=mismatch ;;
 neg_wait1) cuda_env=(FAKE_CUDA_DROP_WAIT=1); negative=race ;;
 neg_wait2) cuda_env=(FAKE_CUDA_DROP_WAIT=2); negative=race ;;
-neg_late2) cuda_env=(FAKE_CUDA_LATE_WAIT=2); negative=race ;;
+neg_wait3) cuda_env=(FAKE_CUDA_DROP_WAIT=3); negative=race ;;
+neg_late3) cuda_env=(FAKE_CUDA_LATE_WAIT=3); negative=race ;;
 neg_late6) cuda_env=(FAKE_CUDA_LATE_WAIT=6); negative=race ;;
 bf16)
     env LD_LIBRARY_PATH="$FAKE_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" timeout 300 "$KILN" \
