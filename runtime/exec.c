@@ -290,13 +290,13 @@ static void shard_pack(Exec *e, const CgStep *st)
  * the weight-gradient GEMMs under backward's all-reduces.
  *
  * On the device (BackendExt.tp_wait) the collective reads its operand in
- * place while the compute stream goes on, so the wait also comes before
- * the first later step that writes bytes of the operand's storage (memplan
- * may reuse them once the TP step, the operand's last reader, is past),
- * unless the backend copies the operand at the TP step for the collective
- * to read (BackendExt.tp_stage); and a step that a GEMM's epilogue computes (CgStep.by_epilogue) reads
- * and writes at that GEMM's step. The backend waits for the rest at the
- * end of the run. */
+ * place while the compute stream goes on. memplan may reuse the operand's
+ * bytes once the TP step (its last reader) is past: where a step before
+ * the wait writes them, the backend copies the operand at the TP step for
+ * the collective to read (BackendExt.tp_stage), or, without tp_stage, the
+ * wait moves up to that step. A step that a GEMM's epilogue computes
+ * (CgStep.by_epilogue) reads and writes at that GEMM's step. The backend
+ * waits for the rest at the end of the run. */
 
 /* The step whose work runs step k's reads and writes on the device: the
  * GEMM whose epilogue replaces k when that GEMM comes after step s (the
@@ -460,8 +460,8 @@ static void wait_tp_all(Exec *e)
 static bool run_step(Exec *e, int s, uint64_t seed, int64_t step, Diag *d)
 {
     const CgStep *st = &e->plan->steps.v[s];
-    /* device TP collectives this step reads the result of, or whose
-     * operand it overwrites (setup_tp_waits) */
+    /* device TP collectives whose result this step reads, or (not staged)
+     * whose operand's bytes it overwrites (setup_tp_waits) */
     for (int t = e->dev_tp && e->tp_wait_head ? e->tp_wait_head[s] : -1; t >= 0;
          t = e->tp_wait_next[t])
         if (!e->be->ext->tp_wait(e->ctx, t, d))

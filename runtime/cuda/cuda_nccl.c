@@ -1077,7 +1077,8 @@ bool kc_tp_run(KcComm *k, int s, Diag *d)
 bool kc_tp_stage(KcComm *k, int s, int until, Diag *d)
 {
     if (!k || !k->tp_of || s < 0 || s >= k->p->steps.n || k->tp_of[s] < 0 || until <= s) {
-        kc_dmsg(d, "plan step %d is not a TP step of this process's TP group", s);
+        kc_dmsg(d, "plan step %d is not a TP step of this process's TP group waited for "
+                "later (at step %d)", s, until);
         return false;
     }
     TpOp *t = &k->tp[k->tp_of[s]];
