@@ -293,8 +293,8 @@ static void shard_pack(Exec *e, const CgStep *st)
  * place while the compute stream goes on. memplan may reuse the operand's
  * bytes once the TP step (its last reader) is past: where a step before
  * the wait writes them, the backend copies the operand at the TP step for
- * the collective to read (BackendExt.tp_stage), or, without tp_stage, the
- * wait moves up to that step. A step that a GEMM's epilogue computes
+ * the collective to read (BackendExt.tp_operand_copy), or, without that
+ * hook, the wait moves up to that step. A step that a GEMM's epilogue computes
  * (CgStep.by_epilogue) reads and writes at that GEMM's step. The backend
  * waits for the rest at the end of the run. */
 
@@ -361,7 +361,7 @@ static bool setup_tp_waits(Exec *e, bool device, Diag *d)
     }
     const MemPlan *m = p->mem;
     int *ostep = op_steps(e);
-    int ntp = 0, nover = 0, under = 0, held = 0, staged = 0; /* verbose: the overlap */
+    int ntp = 0, nover = 0, under = 0, held = 0, copied = 0; /* verbose: the overlap */
     const BackendExt *x = e->be->ext;
     for (int s = 0; s < n; s++) {
         if (p->steps.v[s].kind != CG_STEP_TP)
@@ -376,12 +376,12 @@ static bool setup_tp_waits(Exec *e, bool device, Diag *d)
                 }
         if (device && xroot != root) {
             int w = first_writer(e, ostep, s, xroot);
-            if (w < first && x->tp_stage) { /* the collective reads a copy */
-                if (!x->tp_stage(e->ctx, s, first, d)) {
+            if (w < first && x->tp_operand_copy) { /* the collective reads a copy */
+                if (!x->tp_operand_copy(e->ctx, s, first, d)) {
                     free(ostep);
                     return false;
                 }
-                staged++;
+                copied++;
             } else if (w < first) {
                 held++;
                 first = w;
@@ -401,7 +401,7 @@ static bool setup_tp_waits(Exec *e, bool device, Diag *d)
                 "kiln: exec: %d TP collectives on the device, %d of them under later steps "
                 "(%d steps in all; %d read a copy of an operand whose bytes a step before the "
                 "reader reuses, %d wait before that step instead)\n",
-                ntp, nover, under, staged, held);
+                ntp, nover, under, copied, held);
     return true;
 }
 
@@ -460,8 +460,8 @@ static void wait_tp_all(Exec *e)
 static bool run_step(Exec *e, int s, uint64_t seed, int64_t step, Diag *d)
 {
     const CgStep *st = &e->plan->steps.v[s];
-    /* device TP collectives whose result this step reads, or (not staged)
-     * whose operand's bytes it overwrites (setup_tp_waits) */
+    /* device TP collectives whose result this step reads, or (without an
+     * operand copy) whose operand's bytes it overwrites (setup_tp_waits) */
     for (int t = e->dev_tp && e->tp_wait_head ? e->tp_wait_head[s] : -1; t >= 0;
          t = e->tp_wait_next[t])
         if (!e->be->ext->tp_wait(e->ctx, t, d))

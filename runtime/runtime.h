@@ -252,7 +252,7 @@ typedef struct BackendExt {
      * device work after it. With tp_wait the device work after it does
      * not wait for it: the executor calls tp_wait(c, s) before the first
      * later plan step that reads the result's storage or writes bytes of
-     * the operand's (unless tp_stage copies it; runtime/exec.c,
+     * the operand's (unless tp_operand_copy copies it; runtime/exec.c,
      * setup_tp_waits), which puts the
      * device work after that call behind the collective of TP step s;
      * the backend waits for the collectives of a run that no such call
@@ -273,7 +273,7 @@ typedef struct BackendExt {
      * at step s, after the device work before it, and keeps until that
      * wait. False with d set when it cannot (out of memory). NULL: the
      * executor puts tp_wait(c, s) before that overwriting step instead. */
-    bool (*tp_stage)(BackendCtx *c, int s, int until, Diag *d);
+    bool (*tp_operand_copy)(BackendCtx *c, int s, int until, Diag *d);
 } BackendExt;
 
 /* ---- device.c: choosing a backend; the CUDA module ----------------------
@@ -293,7 +293,7 @@ struct CgCudaProgram; /* codegen.h */
                          9: CgCudaFn.range, CgCudaProgram.step_range (pieces);
                          10: Backend.host_ptr;
                          11: BackendExt.tp_setup, tp_run, tp_events;
-                         12: BackendExt.tp_wait, tp_stage */
+                         12: BackendExt.tp_wait, tp_operand_copy */
 typedef struct {
     int abi; /* RT_CUDA_ABI */
     struct CgCudaProgram *(*program)(const struct CgPlan *p, bool bf16);

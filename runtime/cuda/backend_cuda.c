@@ -866,7 +866,7 @@ static bool cuda_tp_setup(BackendCtx *c, const RtCommGroup *g, Diag *d)
 
 /* The compute stream goes on past a TP step; the executor's cuda_tp_wait
  * puts it behind the collective before the first step that reads the
- * result (cuda_tp_stage: the collective reads a copy of an operand whose
+ * result (cuda_tp_operand_copy: the collective reads a copy of an operand whose
  * bytes a step before that reuses; the placement is from the plan's
  * memory plan, so the wait stays right here when the device arena is
  * planned apart: bf16 storage, CgCudaProgram.mem). */
@@ -883,10 +883,10 @@ static bool cuda_tp_wait(BackendCtx *c, int s, Diag *d)
 }
 
 /* Nothing to copy where the compute stream waits at once (cuda_tp_run). */
-static bool cuda_tp_stage(BackendCtx *c, int s, int until, Diag *d)
+static bool cuda_tp_operand_copy(BackendCtx *c, int s, int until, Diag *d)
 {
     return c->q->mem != c->p->mem ||
-           (CU(kc_cu.cuCtxSetCurrent(c->ctx), d) && kc_tp_stage(c->tpk, s, until, d));
+           (CU(kc_cu.cuCtxSetCurrent(c->ctx), d) && kc_tp_operand_copy(c->tpk, s, until, d));
 }
 
 static int cuda_tp_events(BackendCtx *c, RtCommEvent *ev, int max)
@@ -930,7 +930,7 @@ static const BackendExt backend_cuda_ext = {
     cuda_comm_setup,  cuda_allreduce_start, cuda_allreduce_wait,
     cuda_comm_events, cuda_run_seconds,     cuda_step_times,
     cuda_arena_bytes, cuda_device_info, cuda_tp_setup,
-    cuda_tp_run,      cuda_tp_events,   cuda_tp_wait,     cuda_tp_stage,
+    cuda_tp_run,      cuda_tp_events,   cuda_tp_wait,     cuda_tp_operand_copy,
 };
 
 static const Backend backend_cuda = {

@@ -164,11 +164,11 @@ void kc_comm_also(KcComm *k, KcComm *other);
 bool kc_tp_run(KcComm *k, int s, Diag *d);
 /* From now on TP step s's collective reads a copy of its operand, made on
  * the compute stream at the step into a buffer (outside the arena) that
- * no other staged step uses before the compute stream's wait for s, which
+ * no other such step uses before the compute stream's wait for s, which
  * comes before plan step `until` (> s; the step count: the run's end). A
- * buffer serves staged steps whose spans [s, until) do not meet. Call it
+ * buffer serves steps whose spans [s, until) do not meet. Call it
  * before the first run, in plan order. */
-bool kc_tp_stage(KcComm *k, int s, int until, Diag *d);
+bool kc_tp_operand_copy(KcComm *k, int s, int until, Diag *d);
 /* The compute stream waits for TP step s's collective (this run's; done
  * event), after recording its `w` event (the exposed time is w..done);
  * nothing when it already waited for it in this run. */

@@ -34,7 +34,7 @@
  * the first step that reads the result, or at the end of the run
  * (kc_tp_join). The collective reads the operand in place, or a copy made
  * at the step on the compute stream where a step before that wait reuses
- * the operand's bytes (kc_tp_stage). The TP communicator is the
+ * the operand's bytes (kc_tp_operand_copy). The TP communicator is the
  * process's, shared by every executor's plan over the group (SharedTp).
  * One stream for both communicators keeps every rank's NCCL
  * calls in plan order, so the two communicators' kernels never wait on
@@ -275,7 +275,7 @@ typedef struct {
     CUevent t0, done;         /* on the communication stream, around its calls */
     CUevent w;                /* on the compute stream, right before it waits on done */
     int64_t xbytes;           /* the operand's */
-    int slot;                 /* kc_tp_stage: the operand's copy (KcComm.slot), -1: none */
+    int slot;                 /* kc_tp_operand_copy: the operand's copy (KcComm.slot), -1: none */
     bool started, waited, counted; /* in the current run; reported by kc_tp_events */
 } TpOp;
 
@@ -323,7 +323,7 @@ struct KcComm {
     CUdeviceptr stage;       /* f32[rank count * outer * chunk] of the largest staged TP step */
     int *tp_of;              /* per plan step: index in tp, -1 */
     CUevent tp_ready;        /* on the compute stream before each TP step */
-    struct {                 /* kc_tp_stage's operand copies */
+    struct {                 /* kc_tp_operand_copy's operand copies */
         CUdeviceptr p;
         int64_t bytes;
         int until;           /* the last user's wait comes before this plan step */
@@ -1030,8 +1030,9 @@ bool kc_tp_run(KcComm *k, int s, Diag *d)
         return false;
     }
     k->nc = h->nc;
-    /* a staged operand: its copy on the compute stream, which the
-     * collective reads instead (its bytes may be reused before the wait) */
+    /* an operand copied (kc_tp_operand_copy) on the compute stream: the
+     * collective reads the copy (the operand's bytes may be reused before
+     * the compute stream waits for it) */
     CUdeviceptr src = t->slot >= 0 ? k->slot[t->slot].p : t->x;
     if (t->slot >= 0 && !DRV(fn.cuMemcpyDtoDAsync(src, t->x, (size_t)t->xbytes, k->s), d))
         return false;
@@ -1074,7 +1075,7 @@ bool kc_tp_run(KcComm *k, int s, Diag *d)
     return true;
 }
 
-bool kc_tp_stage(KcComm *k, int s, int until, Diag *d)
+bool kc_tp_operand_copy(KcComm *k, int s, int until, Diag *d)
 {
     if (!k || !k->tp_of || s < 0 || s >= k->p->steps.n || k->tp_of[s] < 0 || until <= s) {
         kc_dmsg(d, "plan step %d is not a TP step of this process's TP group waited for "

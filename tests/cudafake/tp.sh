@@ -52,7 +52,7 @@
 #               4th, for the first one, is then implied by stream order);
 #               the first all-reduce (the embedding's) reads a copy of its
 #               operand, whose bytes the next step reuses (exec.c,
-#               setup_tp_waits; cuda_nccl.c, kc_tp_stage). The run must
+#               setup_tp_waits; cuda_nccl.c, kc_tp_operand_copy). The run must
 #               stop with the fake's race report naming ncclAllReduce.
 #   neg_late3, neg_late6  negative controls: the fake driver applies the
 #               3rd / 6th cuStreamWaitEvent one op late (FAKE_CUDA_LATE_WAIT),
