@@ -287,8 +287,60 @@ static void shard_pack(Exec *e, const CgStep *st)
  * live from the TP step to its last reader, so no step writes it in
  * between); the ones that no step reads (graph outputs) land before
  * rt_exec_run returns. The schedule pass puts independent work there,
- * the weight-gradient GEMMs under backward's all-reduces. */
-static void setup_host_tp(Exec *e)
+ * the weight-gradient GEMMs under backward's all-reduces.
+ *
+ * On the device (BackendExt.tp_wait) the collective reads its operand in
+ * place while the compute stream goes on. memplan may reuse the operand's
+ * bytes once the TP step (its last reader) is past: where a step before
+ * the wait writes them, the backend copies the operand at the TP step for
+ * the collective to read (BackendExt.tp_operand_copy), or, without that
+ * hook, the wait moves up to that step. A step that a GEMM's epilogue computes
+ * (CgStep.by_epilogue) reads and writes at that GEMM's step. The backend
+ * waits for the rest at the end of the run. */
+
+/* The step whose work runs step k's reads and writes on the device: the
+ * GEMM whose epilogue replaces k when that GEMM comes after step s (the
+ * TP step), else k. */
+static int dev_step(const CgPlan *p, int k, int s)
+{
+    int by = p->steps.v[k].by_epilogue;
+    return by > s && by < k && p->steps.v[by].kind == CG_STEP_GEMM ? by : k;
+}
+
+static bool overlaps(int64_t a, int64_t na, int64_t b, int64_t nb)
+{
+    return a < b + nb && b < a + na;
+}
+
+/* The first step after TP step s that writes bytes of storage `root` on
+ * the device (an op's result, an update copy, a shard_pack), n if none. */
+static int first_writer(const Exec *e, const int *ostep, int s, int root)
+{
+    const CgPlan *p = e->plan;
+    const MemPlan *m = p->mem;
+    const Graph *g = e->g;
+    int64_t off = m->offset[root], nb = m->bytes[root];
+    int first = p->steps.n;
+    for (int i = 0; i < g->ops.n; i++) {
+        int r = m->root[g->ops.v[i].out];
+        if (ostep[i] > s && overlaps(m->offset[r], m->bytes[r], off, nb) &&
+            dev_step(p, ostep[i], s) < first)
+            first = dev_step(p, ostep[i], s);
+    }
+    for (int k = s + 1; k < first; k++) {
+        const CgStep *st = &p->steps.v[k];
+        if ((st->kind == CG_STEP_COPY && overlaps(st->dst, st->bytes, off, nb)) ||
+            (st->kind == CG_STEP_SHARD_PACK && st->sh_buf >= 0 &&
+             overlaps(m->offset[st->sh_buf], m->bytes[st->sh_buf], off, nb)))
+            first = k;
+    }
+    return first;
+}
+
+/* tp_wait_head and tp_wait_next: where each TP step's collective is waited
+ * for (above); device: the backend's placement (BackendExt.tp_wait), else
+ * the host's (start_tp, wait_tp). */
+static bool setup_tp_waits(Exec *e, bool device, Diag *d)
 {
     const CgPlan *p = e->plan;
     const Graph *g = e->g;
@@ -297,29 +349,60 @@ static void setup_host_tp(Exec *e)
     for (int s = 0; s < n && !any; s++)
         any = p->steps.v[s].kind == CG_STEP_TP;
     if (!any)
-        return;
-    e->tp_handle = xmalloc(sizeof(int) * (size_t)(n + 1));
+        return true;
+    if (!device)
+        e->tp_handle = xmalloc(sizeof(int) * (size_t)(n + 1));
     e->tp_wait_head = xmalloc(sizeof(int) * (size_t)(n + 1));
     e->tp_wait_next = xmalloc(sizeof(int) * (size_t)(n + 1));
-    for (int s = 0; s < n; s++)
-        e->tp_handle[s] = e->tp_wait_head[s] = e->tp_wait_next[s] = -1;
+    for (int s = 0; s < n; s++) {
+        if (!device)
+            e->tp_handle[s] = -1;
+        e->tp_wait_head[s] = e->tp_wait_next[s] = -1;
+    }
     const MemPlan *m = p->mem;
     int *ostep = op_steps(e);
+    int ntp = 0, nover = 0, under = 0, held = 0, copied = 0; /* verbose: the overlap */
+    const BackendExt *x = e->be->ext;
     for (int s = 0; s < n; s++) {
         if (p->steps.v[s].kind != CG_STEP_TP)
             continue;
-        int root = m->root[g->ops.v[p->steps.v[s].op].out], first = -1;
+        const Op *op = &g->ops.v[p->steps.v[s].op];
+        int root = m->root[op->out], xroot = m->root[op->in[0]], first = n;
         for (int i = 0; i < g->ops.n; i++)
             for (int j = 0; j < g->ops.v[i].nin; j++)
-                if (ostep[i] > s && m->root[g->ops.v[i].in[j]] == root &&
-                    (first < 0 || ostep[i] < first))
-                    first = ostep[i];
-        if (first >= 0) {
+                if (ostep[i] > s && m->root[g->ops.v[i].in[j]] == root) {
+                    int k = device ? dev_step(p, ostep[i], s) : ostep[i];
+                    first = k < first ? k : first;
+                }
+        if (device && xroot != root) {
+            int w = first_writer(e, ostep, s, xroot);
+            if (w < first && x->tp_operand_copy) { /* the collective reads a copy */
+                if (!x->tp_operand_copy(e->ctx, s, first, d)) {
+                    free(ostep);
+                    return false;
+                }
+                copied++;
+            } else if (w < first) {
+                held++;
+                first = w;
+            }
+        }
+        ntp++;
+        nover += first > s + 1;
+        under += first - s - 1;
+        if (first < n) {
             e->tp_wait_next[s] = e->tp_wait_head[first];
             e->tp_wait_head[first] = s;
         }
     }
     free(ostep);
+    if (device && e->o.verbose)
+        fprintf(stderr,
+                "kiln: exec: %d TP collectives on the device, %d of them under later steps "
+                "(%d steps in all; %d read a copy of an operand whose bytes a step before the "
+                "reader reuses, %d wait before that step instead)\n",
+                ntp, nover, under, copied, held);
+    return true;
 }
 
 /* A CG_STEP_TP step: starts its op's collective over the TP group, from
@@ -377,6 +460,12 @@ static void wait_tp_all(Exec *e)
 static bool run_step(Exec *e, int s, uint64_t seed, int64_t step, Diag *d)
 {
     const CgStep *st = &e->plan->steps.v[s];
+    /* device TP collectives whose result this step reads, or (without an
+     * operand copy) whose operand's bytes it overwrites (setup_tp_waits) */
+    for (int t = e->dev_tp && e->tp_wait_head ? e->tp_wait_head[s] : -1; t >= 0;
+         t = e->tp_wait_next[t])
+        if (!e->be->ext->tp_wait(e->ctx, t, d))
+            return false;
     for (int h = e->hook_at ? e->hook_at[s] : -1; h >= 0; h = e->hooks.v[h].next)
         e->hooks.v[h].fn(e->hooks.v[h].arg, e->hooks.v[h].id);
     for (int b = e->wait_head ? e->wait_head[s] : -1; b >= 0; b = e->wait_next[b])
@@ -582,6 +671,8 @@ static bool setup_tp(Exec *e, Diag *d)
         if (!x->tp_setup(e->ctx, &g, d))
             return false;
         e->dev_tp = true;
+        if (x->tp_wait && !setup_tp_waits(e, true, d)) /* else the backend waits at once */
+            return false;
         if (x->tp_events) {
             e->ntpev = n;
             e->tpev = xcalloc((size_t)n + 1, sizeof(RtCommEvent));
@@ -597,8 +688,7 @@ static bool setup_tp(Exec *e, Diag *d)
                  op->loc.file ? op->loc.file : "?", op->loc.line, e->be->name);
         return false;
     }
-    setup_host_tp(e);
-    return true;
+    return setup_tp_waits(e, false, d);
 }
 
 /* False, with both sizes in d, when the plan's arena (persistent buffers and

@@ -247,15 +247,33 @@ typedef struct BackendExt {
      * collective (f32 sum over the group: all-reduce, all-gather of
      * [outer][chunk] into [outer][rank][chunk], reduce-scatter of
      * [outer][rank][chunk] into [outer][chunk], outer the product of the
-     * dims before the op's axis) after the device work before it, its
-     * result ready for the device work after it, never blocking the host.
+     * dims before the op's axis) after the device work before it, never
+     * blocking the host. Without tp_wait its result is ready for the
+     * device work after it. With tp_wait the device work after it does
+     * not wait for it: the executor calls tp_wait(c, s) before the first
+     * later plan step that reads the result's storage or writes bytes of
+     * the operand's (unless tp_operand_copy copies it; runtime/exec.c,
+     * setup_tp_waits), which puts the
+     * device work after that call behind the collective of TP step s;
+     * the backend waits for the collectives of a run that no such call
+     * named before the run's last step ends.
      * tp_events: the last run's TP collectives not collected yet (at most
      * max; bucket -1, coll 0 all-reduce, 1 reduce-scatter, 2 all-gather),
-     * timed on the device and placed as comm_events places buckets; waits
-     * for them. */
+     * timed on the device and placed as comm_events places buckets, with
+     * the time the device's compute waited for each (exposed); waits for
+     * them. */
     bool (*tp_setup)(BackendCtx *c, const RtCommGroup *g, Diag *d);
     bool (*tp_run)(BackendCtx *c, int s, Diag *d);
     int (*tp_events)(BackendCtx *c, RtCommEvent *ev, int max);
+    bool (*tp_wait)(BackendCtx *c, int s, Diag *d);
+    /* Called once per TP step s whose operand's bytes a plan step before
+     * `until` (the step before which tp_wait(c, s) comes; the step count:
+     * at the end of the run) overwrites, after tp_setup: from then on the
+     * collective of s reads a copy of its operand that the backend makes
+     * at step s, after the device work before it, and keeps until that
+     * wait. False with d set when it cannot (out of memory). NULL: the
+     * executor puts tp_wait(c, s) before that overwriting step instead. */
+    bool (*tp_operand_copy)(BackendCtx *c, int s, int until, Diag *d);
 } BackendExt;
 
 /* ---- device.c: choosing a backend; the CUDA module ----------------------
@@ -267,14 +285,15 @@ typedef struct BackendExt {
 struct CgCudaProgram; /* codegen.h */
 
 /* What the module needs from kiln (it links nothing of kilncore). */
-#define RT_CUDA_ABI 11 /* 2: Backend.ext; 3: BackendExt.arena_bytes, CgCudaProgram.mem;
+#define RT_CUDA_ABI 12 /* 2: Backend.ext; 3: BackendExt.arena_bytes, CgCudaProgram.mem;
                          4: Backend.host; 5: RtCommEvent.exposed;
                          6: CgCudaProgram.cast_off, cast_now, cast_bytes;
                          7: cast groups (cast_group...) instead of cast_now;
                          8: CgKernel.flat, CgStep.lo and hi (the plan's layout);
                          9: CgCudaFn.range, CgCudaProgram.step_range (pieces);
                          10: Backend.host_ptr;
-                         11: BackendExt.tp_setup, tp_run, tp_events */
+                         11: BackendExt.tp_setup, tp_run, tp_events;
+                         12: BackendExt.tp_wait, tp_operand_copy */
 typedef struct {
     int abi; /* RT_CUDA_ABI */
     struct CgCudaProgram *(*program)(const struct CgPlan *p, bool bf16);

@@ -768,7 +768,8 @@ static bool step_done(BackendCtx *c, int s, Diag *d)
     if (c->ev_step && !c->capturing && !CU(kc_cu.cuEventRecord(c->ev_step[s], c->s), d))
         return false;
     if (s == c->p->steps.n - 1) {
-        if (!CU(kc_cu.cuEventRecord(c->ev_end, c->s), d))
+        /* TP collectives that no step waited for (cuda_tp_wait) end the run */
+        if (!kc_tp_join(c->tpk, d) || !CU(kc_cu.cuEventRecord(c->ev_end, c->s), d))
             return false;
         c->ran = true;
     }
@@ -858,13 +859,34 @@ static bool cuda_tp_setup(BackendCtx *c, const RtCommGroup *g, Diag *d)
         fprintf(stderr, "kiln: cuda: no CUDA graph: the step has NCCL TP collectives\n");
     c->graph_on = false;
     if (c->verbose)
-        fprintf(stderr, "kiln: cuda: NCCL TP collectives, TP rank %d of %d\n", g->rank, g->size);
+        fprintf(stderr, "kiln: cuda: NCCL TP collectives, TP rank %d of %d%s\n", g->rank, g->size,
+                kc_tp_shared(c->tpk) ? " (the process's TP communicator, shared)" : "");
     return true;
 }
 
+/* The compute stream goes on past a TP step; the executor's cuda_tp_wait
+ * puts it behind the collective before the first step that reads the
+ * result (cuda_tp_operand_copy: the collective reads a copy of an operand whose
+ * bytes a step before that reuses; the placement is from the plan's
+ * memory plan, so the wait stays right here when the device arena is
+ * planned apart: bf16 storage, CgCudaProgram.mem). */
 static bool cuda_tp_run(BackendCtx *c, int s, Diag *d)
 {
-    return CU(kc_cu.cuCtxSetCurrent(c->ctx), d) && kc_tp_run(c->tpk, s, d) && step_done(c, s, d);
+    bool apart = c->q->mem != c->p->mem;
+    return CU(kc_cu.cuCtxSetCurrent(c->ctx), d) && kc_tp_run(c->tpk, s, d) &&
+           (!apart || kc_tp_wait(c->tpk, s, d)) && step_done(c, s, d);
+}
+
+static bool cuda_tp_wait(BackendCtx *c, int s, Diag *d)
+{
+    return CU(kc_cu.cuCtxSetCurrent(c->ctx), d) && kc_tp_wait(c->tpk, s, d);
+}
+
+/* Nothing to copy where the compute stream waits at once (cuda_tp_run). */
+static bool cuda_tp_operand_copy(BackendCtx *c, int s, int until, Diag *d)
+{
+    return c->q->mem != c->p->mem ||
+           (CU(kc_cu.cuCtxSetCurrent(c->ctx), d) && kc_tp_operand_copy(c->tpk, s, until, d));
 }
 
 static int cuda_tp_events(BackendCtx *c, RtCommEvent *ev, int max)
@@ -908,7 +930,7 @@ static const BackendExt backend_cuda_ext = {
     cuda_comm_setup,  cuda_allreduce_start, cuda_allreduce_wait,
     cuda_comm_events, cuda_run_seconds,     cuda_step_times,
     cuda_arena_bytes, cuda_device_info, cuda_tp_setup,
-    cuda_tp_run,      cuda_tp_events,
+    cuda_tp_run,      cuda_tp_events,   cuda_tp_wait,     cuda_tp_operand_copy,
 };
 
 static const Backend backend_cuda = {

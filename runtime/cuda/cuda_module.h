@@ -136,11 +136,17 @@ KcComm *kc_comm_open(const RtCommGroup *g, const CgPlan *p, const DType *storage
  * the id broadcast over it) for p's CG_STEP_TP steps (tensor parallelism)
  * instead of its buckets: each step's operand and result f32 at arena +
  * offset[t]. A second communicator beside the data-parallel one, on the
- * same communication stream. NULL with d set (NCCL missing, a TP tensor
- * not stored as f32: precision=bf16). */
+ * same communication stream; the process's one over g (its first
+ * kc_tp_open over g opens it, later ones share it until the last is
+ * closed). NULL with d set (NCCL missing, a TP tensor not stored as f32:
+ * precision=bf16). */
 KcComm *kc_tp_open(const RtCommGroup *g, const CgPlan *p, const DType *storage,
                    const int64_t *offset, CUdeviceptr arena, CUcontext ctx, CUstream compute,
                    CUstream comm, Diag *d);
+/* Whether k's TP communicator was opened by an earlier kc_tp_open over the
+ * same group in this process (one NCCL communicator per process and TP
+ * group, shared by every executor; cuda_nccl.c, SharedTp). */
+bool kc_tp_shared(const KcComm *k);
 /* Host waits through k (kc_wait_stream, kc_wait_event) also watch other's
  * collectives for a hang (the data-parallel and the TP communicator of one
  * context watch each other). */
@@ -150,12 +156,30 @@ void kc_comm_also(KcComm *k, KcComm *other);
  * call (ncclAllReduce(ncclSum), ncclAllGather or ncclReduceScatter; a
  * gather or reduce-scatter whose split axis is not the first goes through
  * a staging buffer and one 2D copy per rank: cuda_nccl.c, TpOp), a done
- * event the compute stream waits on. The host does not wait. */
+ * event. The compute stream does not wait for it (kc_tp_wait), and the
+ * host does not wait. The collective reads the operand and writes the
+ * result in place on the communication stream until then: the compute
+ * work before the wait must neither read the result's bytes nor write
+ * either buffer's. */
 bool kc_tp_run(KcComm *k, int s, Diag *d);
+/* From now on TP step s's collective reads a copy of its operand, made on
+ * the compute stream at the step into a buffer (outside the arena) that
+ * no other such step uses before the compute stream's wait for s, which
+ * comes before plan step `until` (> s; the step count: the run's end). A
+ * buffer serves steps whose spans [s, until) do not meet. Call it
+ * before the first run, in plan order. */
+bool kc_tp_operand_copy(KcComm *k, int s, int until, Diag *d);
+/* The compute stream waits for TP step s's collective (this run's; done
+ * event), after recording its `w` event (the exposed time is w..done);
+ * nothing when it already waited for it in this run. */
+bool kc_tp_wait(KcComm *k, int s, Diag *d);
+/* The compute stream waits for every TP collective of this run it has not
+ * waited for (the end of a run). */
+bool kc_tp_join(KcComm *k, Diag *d);
 /* The last run's TP steps not collected yet (at most max): RtCommEvent
- * with bucket -1, placed as kc_comm_events places buckets; their whole
- * time is exposed (the compute stream waits right after each). Waits for
- * their done events. */
+ * with bucket -1, placed as kc_comm_events places buckets; exposed: the
+ * time the compute stream stood at its wait before the collective was
+ * done (w..done when positive). Waits for their done events. */
 int kc_tp_events(KcComm *k, CUevent begin, double host_begin, RtCommEvent *ev, int max);
 /* Waits for the communication stream and frees everything (NULL: nothing). */
 void kc_comm_close(KcComm *k);

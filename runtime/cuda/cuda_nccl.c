@@ -29,9 +29,14 @@
  * broadcast over the group), for the plan's CG_STEP_TP steps. Each step
  * runs on the same communication stream as the buckets, after a `ready`
  * event of the compute stream, between a `t0` and a `done` event (with
- * its layout copies, TpOp); the
- * compute stream waits on `done` right away (the step's readers follow it
- * in the plan). One stream for both communicators keeps every rank's NCCL
+ * its layout copies, TpOp); the compute stream waits on `done` later
+ * (kc_tp_wait: records `w`, then waits), where the executor says: before
+ * the first step that reads the result, or at the end of the run
+ * (kc_tp_join). The collective reads the operand in place, or a copy made
+ * at the step on the compute stream where a step before that wait reuses
+ * the operand's bytes (kc_tp_operand_copy). The TP communicator is the
+ * process's, shared by every executor's plan over the group (SharedTp).
+ * One stream for both communicators keeps every rank's NCCL
  * calls in plan order, so the two communicators' kernels never wait on
  * each other across ranks; a TP step queued behind an unfinished bucket
  * waits for it.
@@ -268,8 +273,33 @@ typedef struct {
     int64_t bytes;            /* per rank: the all-reduce's buffer, the gather's result, the
                                  reduce-scatter's operand (rt_comm_tp_stats's figure) */
     CUevent t0, done;         /* on the communication stream, around its calls */
-    bool started, counted;    /* in the current run; reported by kc_tp_events */
+    CUevent w;                /* on the compute stream, right before it waits on done */
+    int64_t xbytes;           /* the operand's */
+    int slot;                 /* kc_tp_operand_copy: the operand's copy (KcComm.slot), -1: none */
+    bool started, waited, counted; /* in the current run; reported by kc_tp_events */
 } TpOp;
+
+/* A TP group's NCCL communicator, one per process and group: the KcComms
+ * of every executor's plan over that group (the training step, its
+ * micro-batch and evaluation executors) share it (kc_tp_open). Each
+ * executor issues its calls on its own communication stream, so every
+ * call first waits for the one issued before it through the communicator
+ * when that came from another stream (`last`): the device runs the
+ * communicator's calls one at a time, in the order every rank issued them
+ * (the executors run in the same order on every rank). */
+typedef struct SharedTp {
+    CUcontext ctx;
+    const void *group;       /* RtCommGroup.arg: the process's TP group */
+    int rank, size;
+    ncclComm_t nc;           /* NULL once aborted */
+    bool nonblocking;
+    int refs;
+    CUevent last;            /* after the last call issued through nc */
+    CUstream last_stream;    /* where `last` was recorded; NULL: none yet */
+    struct SharedTp *next;
+} SharedTp;
+
+static SharedTp *shared_tp; /* the process's TP communicators */
 
 struct KcComm {
     const CgPlan *p;
@@ -293,10 +323,74 @@ struct KcComm {
     CUdeviceptr stage;       /* f32[rank count * outer * chunk] of the largest staged TP step */
     int *tp_of;              /* per plan step: index in tp, -1 */
     CUevent tp_ready;        /* on the compute stream before each TP step */
+    struct {                 /* kc_tp_operand_copy's operand copies */
+        CUdeviceptr p;
+        int64_t bytes;
+        int until;           /* the last user's wait comes before this plan step */
+    } *slot;
+    int nslot;
     bool tp_pending;         /* TP steps of a run not collected yet */
     KcComm *also;            /* another communicator of this context whose collectives the
                                 host waits also watch (kc_comm_also) */
+    SharedTp *sh;            /* kc_tp_open: the group's communicator (nc is its) */
 };
+
+/* nc aborted (ncclCommAbort): no KcComm of the process uses it again. */
+static void forget_nc(KcComm *k)
+{
+    if (k->sh)
+        k->sh->nc = NULL;
+    k->nc = NULL;
+}
+
+/* The process's communicator over the TP group g on ctx, one more user;
+ * NULL when there is none yet. */
+static SharedTp *find_shared(const RtCommGroup *g, CUcontext ctx)
+{
+    for (SharedTp *h = shared_tp; h; h = h->next)
+        if (h->ctx == ctx && h->group == g->arg && h->rank == g->rank && h->size == g->size &&
+            h->nc) {
+            h->refs++;
+            return h;
+        }
+    return NULL;
+}
+
+/* k's communicator, just opened, becomes its group's shared one. */
+static bool share_tp(KcComm *k, const RtCommGroup *g, Diag *d)
+{
+    SharedTp *h = calloc(1, sizeof *h);
+    if (!h) {
+        kc_dmsg(d, "out of memory");
+        return false;
+    }
+    if (!DRV(fn.cuEventCreate(&h->last, CU_EVENT_DISABLE_TIMING), d)) {
+        free(h);
+        return false;
+    }
+    *h = (SharedTp){k->ctx, g->arg, g->rank, g->size, k->nc, k->nonblocking, 1, h->last,
+                    NULL, shared_tp};
+    shared_tp = h;
+    k->sh = h;
+    return true;
+}
+
+/* One user less; the last one destroys the communicator (the caller has
+ * waited for its stream). */
+static void unshare_tp(SharedTp *h)
+{
+    if (!h || --h->refs > 0)
+        return;
+    for (SharedTp **pp = &shared_tp; *pp; pp = &(*pp)->next)
+        if (*pp == h) {
+            *pp = h->next;
+            break;
+        }
+    if (h->nc)
+        fn.ncclCommDestroy(h->nc);
+    fn.cuEventDestroy(h->last);
+    free(h);
+}
 
 static bool make_events(Bucket *b, Diag *d)
 {
@@ -497,6 +591,8 @@ static bool setup_tp_steps(KcComm *k, const DType *storage, const int64_t *offse
             outer *= xs->dim[r];
         TpOp *t = &k->tp[k->ntp];
         t->step = s;
+        t->slot = -1;
+        t->xbytes = 4 * nx;
         t->x = arena + (CUdeviceptr)offset[tx];
         t->y = arena + (CUdeviceptr)offset[ty];
         int64_t n = k->size;
@@ -542,7 +638,8 @@ static bool setup_tp_steps(KcComm *k, const DType *storage, const int64_t *offse
             return false;
         }
         if (!DRV(fn.cuEventCreate(&t->t0, CU_EVENT_DEFAULT), d) ||
-            !DRV(fn.cuEventCreate(&t->done, CU_EVENT_DEFAULT), d))
+            !DRV(fn.cuEventCreate(&t->done, CU_EVENT_DEFAULT), d) ||
+            !DRV(fn.cuEventCreate(&t->w, CU_EVENT_DEFAULT), d))
             return false;
         if (t->outer > 1 && 4 * n * (int64_t)t->count > stage)
             stage = 4 * n * (int64_t)t->count;
@@ -581,7 +678,7 @@ static bool settle(KcComm *k, const char *what, Diag *d)
             return nccl_fail(st, what, __LINE__, d);
         if (kc_now() - t0 > k->timeout) {
             fn.ncclCommAbort(k->nc);
-            k->nc = NULL;
+            forget_nc(k);
             k->lost(k->lost_arg, what);
             kc_dmsg(d, "%s did not finish within %g s (comm_timeout)", what, k->timeout);
             return false;
@@ -647,6 +744,11 @@ static KcComm *comm_open(const RtCommGroup *g, const CgPlan *p, const DType *sto
         !(tp ? setup_tp_steps(k, storage, offset, arena, d)
              : setup_buckets(k, storage, offset, arena, d)))
         goto fail;
+    if (tp && (k->sh = find_shared(g, ctx))) { /* every rank of the group finds it */
+        k->nc = k->sh->nc;
+        k->nonblocking = k->sh->nonblocking;
+        return k;
+    }
     ncclUniqueId id;
     memset(&id, 0, sizeof id);
     if (g->rank == 0 && !NC(fn.ncclGetUniqueId(&id), d)) {
@@ -666,6 +768,8 @@ static KcComm *comm_open(const RtCommGroup *g, const CgPlan *p, const DType *sto
         k->nc = NULL;
         goto fail;
     }
+    if (tp && !share_tp(k, g, d))
+        goto fail;
     return k;
 fail:
     kc_comm_close(k);
@@ -686,6 +790,8 @@ KcComm *kc_tp_open(const RtCommGroup *g, const CgPlan *p, const DType *storage,
     return comm_open(g, p, storage, offset, arena, ctx, compute, comm, true, d);
 }
 
+bool kc_tp_shared(const KcComm *k) { return k && k->sh && k->sh->refs > 1; }
+
 void kc_comm_also(KcComm *k, KcComm *other)
 {
     if (k && k != other)
@@ -699,7 +805,9 @@ void kc_comm_close(KcComm *k)
     fn.cuCtxSetCurrent(k->ctx);
     if (k->comm && k->nc)
         kc_wait_stream(k, k->comm);
-    if (k->nc)
+    if (k->sh)
+        unshare_tp(k->sh);
+    else if (k->nc)
         fn.ncclCommDestroy(k->nc);
     for (int i = 0; k->b && i < k->nb; i++) {
         Bucket *b = &k->b[i];
@@ -718,11 +826,17 @@ void kc_comm_close(KcComm *k)
             fn.cuEventDestroy(k->tp[i].t0);
         if (k->tp[i].done)
             fn.cuEventDestroy(k->tp[i].done);
+        if (k->tp[i].w)
+            fn.cuEventDestroy(k->tp[i].w);
     }
     if (k->tp_ready)
         fn.cuEventDestroy(k->tp_ready);
     if (k->stage)
         fn.cuMemFree(k->stage);
+    for (int i = 0; i < k->nslot; i++)
+        if (k->slot[i].p)
+            fn.cuMemFree(k->slot[i].p);
+    free(k->slot);
     free(k->tp);
     free(k->tp_of);
     free(k->b);
@@ -745,7 +859,7 @@ void kc_comm_run_begins(KcComm *k)
     if (!k)
         return;
     for (int i = 0; i < k->ntp; i++)
-        k->tp[i].started = k->tp[i].counted = false;
+        k->tp[i].started = k->tp[i].waited = k->tp[i].counted = false;
     for (int i = 0; i < k->nb; i++) {
         Bucket *b = &k->b[i];
         /* an all-gather keeps its state until its next start: one started in
@@ -910,13 +1024,27 @@ bool kc_tp_run(KcComm *k, int s, Diag *d)
     }
     TpOp *t = &k->tp[k->tp_of[s]];
     bool staged = t->outer > 1;
+    SharedTp *h = k->sh;
+    if (!h || !h->nc) {
+        kc_dmsg(d, "plan step %d: the TP group's NCCL communicator is gone (aborted)", s);
+        return false;
+    }
+    k->nc = h->nc;
+    /* an operand copied (kc_tp_operand_copy) on the compute stream: the
+     * collective reads the copy (the operand's bytes may be reused before
+     * the compute stream waits for it) */
+    CUdeviceptr src = t->slot >= 0 ? k->slot[t->slot].p : t->x;
+    if (t->slot >= 0 && !DRV(fn.cuMemcpyDtoDAsync(src, t->x, (size_t)t->xbytes, k->s), d))
+        return false;
     if (!DRV(fn.cuEventRecord(k->tp_ready, k->s), d) ||
         !DRV(fn.cuStreamWaitEvent(k->comm, k->tp_ready, 0), d) ||
+        (h->last_stream && h->last_stream != k->comm &&
+         !DRV(fn.cuStreamWaitEvent(k->comm, h->last, 0), d)) ||
         !DRV(fn.cuEventRecord(t->t0, k->comm), d))
         return false;
-    if (staged && t->coll == CG_COLL_REDUCE_SCATTER && !tp_relayout(k, t, t->x, false, d))
+    if (staged && t->coll == CG_COLL_REDUCE_SCATTER && !tp_relayout(k, t, src, false, d))
         return false;
-    const void *x = (const void *)(staged && t->coll == CG_COLL_REDUCE_SCATTER ? k->stage : t->x);
+    const void *x = (const void *)(staged && t->coll == CG_COLL_REDUCE_SCATTER ? k->stage : src);
     void *y = (void *)(staged && t->coll == CG_COLL_ALL_GATHER ? k->stage : t->y);
     cudaStream_t cs = (cudaStream_t)k->comm;
     ncclResult_t r = t->coll == CG_COLL_ALLREDUCE
@@ -938,14 +1066,78 @@ bool kc_tp_run(KcComm *k, int s, Diag *d)
     }
     if (staged && t->coll == CG_COLL_ALL_GATHER && !tp_relayout(k, t, t->y, true, d))
         return false;
-    /* the compute stream's readers of the result (and writers of either
-     * buffer) come after the collective */
-    if (!DRV(fn.cuEventRecord(t->done, k->comm), d) ||
-        !DRV(fn.cuStreamWaitEvent(k->s, t->done, 0), d))
+    if (!DRV(fn.cuEventRecord(t->done, k->comm), d) || !DRV(fn.cuEventRecord(h->last, k->comm), d))
         return false;
+    h->last_stream = k->comm;
     t->started = true;
-    t->counted = false;
+    t->waited = t->counted = false;
     k->tp_pending = true;
+    return true;
+}
+
+bool kc_tp_operand_copy(KcComm *k, int s, int until, Diag *d)
+{
+    if (!k || !k->tp_of || s < 0 || s >= k->p->steps.n || k->tp_of[s] < 0 || until <= s) {
+        kc_dmsg(d, "plan step %d is not a TP step of this process's TP group waited for "
+                "later (at step %d)", s, until);
+        return false;
+    }
+    TpOp *t = &k->tp[k->tp_of[s]];
+    /* a slot whose last user's wait comes at or before step s: the compute
+     * stream has waited for that collective before this copy */
+    int j = -1;
+    for (int i = 0; i < k->nslot; i++)
+        if (k->slot[i].until <= s && (j < 0 || k->slot[i].bytes > k->slot[j].bytes))
+            j = i;
+    if (j < 0) {
+        void *v = realloc(k->slot, sizeof *k->slot * (size_t)(k->nslot + 1));
+        if (!v) {
+            kc_dmsg(d, "out of memory");
+            return false;
+        }
+        k->slot = v;
+        j = k->nslot++;
+        k->slot[j].p = 0;
+        k->slot[j].bytes = 0;
+    }
+    if (k->slot[j].bytes < t->xbytes) { /* set up before any run: nothing reads it */
+        if (k->slot[j].p)
+            fn.cuMemFree(k->slot[j].p);
+        k->slot[j].p = 0;
+        k->slot[j].bytes = 0;
+        if (!DRV(fn.cuMemAlloc(&k->slot[j].p, (size_t)t->xbytes), d))
+            return false;
+        k->slot[j].bytes = t->xbytes;
+    }
+    k->slot[j].until = until;
+    t->slot = j;
+    return true;
+}
+
+bool kc_tp_wait(KcComm *k, int s, Diag *d)
+{
+    if (!k || !k->tp_of || s < 0 || s >= k->p->steps.n || k->tp_of[s] < 0) {
+        kc_dmsg(d, "plan step %d is not a TP step of this process's TP group", s);
+        return false;
+    }
+    TpOp *t = &k->tp[k->tp_of[s]];
+    if (!t->started) {
+        kc_dmsg(d, "a wait for TP step %d, which this run has not started", s);
+        return false;
+    }
+    if (t->waited)
+        return true;
+    if (!DRV(fn.cuEventRecord(t->w, k->s), d) || !DRV(fn.cuStreamWaitEvent(k->s, t->done, 0), d))
+        return false;
+    t->waited = true;
+    return true;
+}
+
+bool kc_tp_join(KcComm *k, Diag *d)
+{
+    for (int i = 0; k && i < k->ntp; i++)
+        if (k->tp[i].started && !kc_tp_wait(k, k->tp[i].step, d))
+            return false;
     return true;
 }
 
@@ -1003,10 +1195,12 @@ int kc_tp_events(KcComm *k, CUevent begin, double host_begin, RtCommEvent *ev, i
         if (!t->started || t->counted || kc_wait_event(k, t->done) != CUDA_SUCCESS)
             continue;
         t->counted = true;
+        double x = t->waited ? elapsed_ms(t->w, t->done) : 0; /* compute stood at the wait */
+        x = x > 0 ? 1e-3 * x : 0;
         if (n < max)
             ev[n++] = (RtCommEvent){-1, t->bytes, host_begin + 1e-3 * elapsed_ms(begin, t->t0),
                                     host_begin + 1e-3 * elapsed_ms(begin, t->done),
-                                    (int)t->coll, 0};
+                                    (int)t->coll, x};
     }
     k->tp_pending = false;
     return n;
@@ -1074,7 +1268,7 @@ static CUresult poll_until(KcComm *k, CUstream s, CUevent e)
                          "the NCCL collective of plan step %d on the GPU (tensor parallelism)",
                          -2 - stuck);
             fn.ncclCommAbort(who->nc);
-            who->nc = NULL;
+            forget_nc(who);
             who->lost(who->lost_arg, what);
             return CUDA_ERROR_LAUNCH_TIMEOUT;
         }

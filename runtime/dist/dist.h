@@ -113,7 +113,7 @@ void rt_comm_tp_bcast(RtComm *c, void *buf, size_t n);
 /* rt_comm_tp_stats first calls every registered pull(arg, c) (each
  * executor whose TP steps run on the device registers one), which adds
  * the device's finished TP collectives with rt_comm_tp_add_events (each
- * event's end - start counts as TP time, all of it exposed). pull NULL
+ * event's end - start counts as TP time, its `exposed` as exposed). pull NULL
  * removes arg's source. At most 8 sources (the training step, its
  * micro-batch and evaluation executors). */
 void rt_comm_tp_source(RtComm *c, void (*pull)(void *arg, RtComm *c), void *arg);

@@ -1104,7 +1104,7 @@ void rt_comm_tp_add_events(RtComm *c, const RtCommEvent *ev, int n)
         return;
     for (int i = 0; i < n; i++) {
         c->tp_s += ev[i].end - ev[i].start;
-        c->tp_exposed_s += ev[i].end - ev[i].start; /* the compute stream waits at once */
+        c->tp_exposed_s += ev[i].exposed; /* the compute stream stood at its wait */
         c->tp_n++;
         c->tp_bytes += ev[i].bytes;
         vec_push(&c->tp_ev, ev[i]);

@@ -63,7 +63,9 @@
  *   or waited on inside a capture, cross-stream capture and per-thread
  *   default streams are not modelled: they stop the process.
  * - Negative controls (environment): FAKE_CUDA_DROP_WAIT=N ignores the N-th
- *   cuStreamWaitEvent (1-based); FAKE_CUDA_HOSTPTR_LAUNCH=N replaces the
+ *   cuStreamWaitEvent (1-based); FAKE_CUDA_LATE_WAIT=N applies the N-th
+ *   only after the next op (not an event record) that its stream queues,
+ *   as if the wait were placed one op later; FAKE_CUDA_HOSTPTR_LAUNCH=N replaces the
  *   first pointer argument of the N-th cuLaunchKernel by a host pointer.
  *
  * Timing: a fake clock advances 1 us per op; events read it when they run.
@@ -301,7 +303,9 @@ static FOp *hist; /* ops that ran and may still race with later ones */
 static int nhist;
 static int capturing; /* streams in capture */
 static long wait_calls, launch_calls;
-static long drop_wait = -1, hostptr_launch = -1;
+static long drop_wait = -1, late_wait = -1, hostptr_launch = -1;
+static int late_stream = -1;   /* FAKE_CUDA_LATE_WAIT: the stream of the late wait, -1 */
+static uint64_t late_vc[MAXS]; /* ... and what it waits for */
 
 static int sidx(CUstream s, const char *call)
 {
@@ -422,6 +426,10 @@ static CUresult enqueue(FOp *o, int i, const char *call)
     o->seq = ++x->seq;
     o->vc[i] = o->seq;
     memcpy(x->vc, o->vc, sizeof x->vc);
+    if (late_stream == i && o->kind != OP_MARK) { /* the late wait, after this op */
+        vc_join(x->vc, late_vc);
+        late_stream = -1;
+    }
     if (i == 0) /* ... and they wait for it */
         for (int k = 1; k < MAXS; k++)
             if (S[k].live && !(S[k].flags & CU_STREAM_NON_BLOCKING))
@@ -749,6 +757,8 @@ CUresult cuInit(unsigned int flags)
     M.rng = (e && *e ? strtoull(e, NULL, 0) : 0x6b696c6e) * 2654435761ull + 88172645463325252ull;
     e = getenv("FAKE_CUDA_DROP_WAIT");
     drop_wait = e && *e ? atol(e) : -1;
+    e = getenv("FAKE_CUDA_LATE_WAIT");
+    late_wait = e && *e ? atol(e) : -1;
     e = getenv("FAKE_CUDA_HOSTPTR_LAUNCH");
     hostptr_launch = e && *e ? atol(e) : -1;
     S[0].live = true;
@@ -1104,6 +1114,13 @@ CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned int flags)
     }
     if (S[i].cap)
         fakecu_die("cuStreamWaitEvent on a capturing stream is not modelled");
+    if (wait_calls == late_wait && ev->recorded) {
+        fprintf(stderr, "fake CUDA: negative control: cuStreamWaitEvent #%ld applied after "
+                "the stream's next op\n", wait_calls);
+        memcpy(late_vc, ev->vc, sizeof late_vc);
+        late_stream = i;
+        return CUDA_SUCCESS;
+    }
     if (ev->recorded)
         vc_join(S[i].vc, ev->vc);
     return CUDA_SUCCESS;

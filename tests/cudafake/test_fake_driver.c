@@ -6,7 +6,8 @@
  * page, pageable memory in an asynchronous copy; two streams writing the
  * same bytes (a race), the same ordered by an event (none), the legacy
  * stream against a non-blocking stream (a race) and against a blocking one
- * (none); inside a capture: synchronising the capturing stream, allocating
+ * (none); a wait applied one op late (FAKE_CUDA_LATE_WAIT) letting that
+ * op race, and not the next one; inside a capture: synchronising the capturing stream, allocating
  * and legacy-stream work fail with the capture error codes and the capture
  * ends invalidated; a replayed graph re-runs its copies reading the host
  * memory of the moment; a device-to-host copy's destination reads NaN
@@ -58,6 +59,8 @@ static unsigned char *pinned(size_t n)
 
 static int run_case(const char *name)
 {
+    if (!strncmp(name, "late_wait", 9))
+        setenv("FAKE_CUDA_LATE_WAIT", "1", 1);
     setup();
     CUdeviceptr p = dalloc(1000);
     unsigned char *h = pinned(4096);
@@ -88,6 +91,20 @@ static int run_case(const char *name)
         CHECK(cuMemcpyDtoHAsync(h, p, 96, s2) == CUDA_SUCCESS);
         CHECK(cuStreamSynchronize(s2) == CUDA_SUCCESS);
         CHECK(h[0] == 1 && h[31] == 1 && h[32] == 2 && h[95] == 2);
+    } else if (!strcmp(name, "late_wait") || !strcmp(name, "late_wait_next")) {
+        /* the first wait applies only after s2's next op (not an event
+         * record): that op races with s1's memset, the one after does not */
+        CUevent e;
+        CUdeviceptr q = dalloc(64);
+        CHECK(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS);
+        cuMemsetD8Async(p, 1, 64, s1);
+        CHECK(cuEventRecord(e, s1) == CUDA_SUCCESS);
+        CHECK(cuStreamWaitEvent(s2, e, 0) == CUDA_SUCCESS);
+        if (!strcmp(name, "late_wait_next"))
+            CHECK(cuMemsetD8Async(q, 3, 64, s2) == CUDA_SUCCESS); /* other bytes */
+        cuMemsetD8Async(p + 32, 2, 64, s2);
+        cuStreamSynchronize(s2);
+        cuStreamSynchronize(s1);
     } else if (!strcmp(name, "legacy_nonblocking")) {
         cuMemsetD8(p, 1, 64);
         cuMemsetD8Async(p, 2, 64, s1);
@@ -161,6 +178,8 @@ static const Case cases[] = {
     {"race", 86, "race: cuMemsetD8Async"},
     {"event_orders", 0, NULL},
     {"legacy_nonblocking", 86, "race: "},
+    {"late_wait", 86, "race: cuMemsetD8Async"},
+    {"late_wait_next", 0, NULL},
     {"legacy_blocking", 0, NULL},
     {"capture_rules", 0, NULL},
     {"graph_replay", 0, NULL},

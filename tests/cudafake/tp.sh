@@ -8,13 +8,21 @@
 #
 # Cases:
 #   f32         `--nproc 2 --tp 2 --device cuda` against `--nproc 2 --tp 2`:
-#               every step's loss within 1e-5 relative and every saved param
+#               every step's loss (and the final validation loss: the
+#               evaluation executor's plan, through the process's one TP
+#               communicator, which -v says it shares) within 1e-5 relative and every saved param
 #               within 1e-4 relative (per tensor, ||a - b|| / ||b||; the
 #               kernels differ from the CPU's in summation order); both ranks
 #               say they run NCCL TP collectives (-v), and the report's
 #               "tensor-parallel comm" line has the CPU run's collective
 #               count and bytes (the device's events, kc_tp_events), and
 #               --trace puts TP all-reduces on track 5 of both ranks' traces.
+#               The collectives overlap: the executor's -v line says that
+#               some of them run under later plan steps (the compute stream
+#               waits for each only before the first step that reads its
+#               result: exec.c, setup_tp_waits; an operand whose bytes a
+#               step before that reuses is read from a copy),
+#               and the report's exposed TP time is at most the TP time.
 #               The loss's gather of [B, T, 1] into [B, T, 2] (both models)
 #               goes through the staging buffer and 2D copies (cuda_nccl.c,
 #               TpOp): without the copies the losses differ by 0.9.
@@ -23,6 +31,9 @@
 #               buckets and the TP group's collectives share the
 #               communication stream; as f32, and both communicators named
 #               in the log.
+#   accum       f32 with grad_accum=2: three executors (training step,
+#               micro-batch, evaluation) on one TP communicator, each on
+#               its own streams.
 #   sp          f32 with sequence_parallel=true: reduce-scatters and
 #               all-gathers along T of [B, T, C] (outer = B > 1: staged;
 #               without the reduce-scatters' 2D copies the losses differ by
@@ -32,12 +43,23 @@
 #               (FAKE_NCCL_DROP_ALLREDUCE=1: the first TP all-reduce skipped,
 #               the embedding's partial sums left unsummed): the comparison
 #               must fail.
-#   neg_wait1, neg_wait2  negative controls: the fake driver ignores the
-#               1st / 2nd cuStreamWaitEvent (FAKE_CUDA_DROP_WAIT): the
-#               communication stream no longer waits for the first TP
-#               step's operand (1st), or the compute stream no longer waits
-#               for its result (2nd); the run must stop with the fake's race
-#               report naming ncclAllReduce.
+#   neg_wait1, neg_wait2, neg_wait3  negative controls: the fake driver
+#               ignores the 1st / 2nd / 3rd cuStreamWaitEvent
+#               (FAKE_CUDA_DROP_WAIT): the communication stream no longer
+#               waits for the first or the second TP step's operand (1st,
+#               2nd), or the compute stream no longer waits for the first
+#               two all-reduces before the step that reads them (3rd; the
+#               4th, for the first one, is then implied by stream order);
+#               the first all-reduce (the embedding's) reads a copy of its
+#               operand, whose bytes the next step reuses (exec.c,
+#               setup_tp_waits; cuda_nccl.c, kc_tp_operand_copy). The run must
+#               stop with the fake's race report naming ncclAllReduce.
+#   neg_late3, neg_late6  negative controls: the fake driver applies the
+#               3rd / 6th cuStreamWaitEvent one op late (FAKE_CUDA_LATE_WAIT),
+#               as if the executor placed the compute stream's wait after
+#               the step it must precede: the one that reads the first two
+#               all-reduces (3rd) or the third (6th: the attention
+#               output's); the run must stop with the race report.
 #   bf16        precision=bf16 (bf16 activations: TP collectives of bf16
 #               tensors, not supported yet): the run must stop with the
 #               message naming the script line and precision=f32.
@@ -67,10 +89,14 @@ cuda_env=() negative="" trace=()
 case $case in
 f32) trace=(--trace "$T/t.json") ;;
 sp) args+=(--set sequence_parallel=true) ;;
+accum) args+=(--set grad_accum=2) ;;
 dp2) args+=(--set bucket_mb=0.001); cuda_env=(FAKE_CUDA_DEVICES=4) ;;
 neg_drop) cuda_env=(FAKE_NCCL_DROP_ALLREDUCE=1); negative=mismatch ;;
 neg_wait1) cuda_env=(FAKE_CUDA_DROP_WAIT=1); negative=race ;;
 neg_wait2) cuda_env=(FAKE_CUDA_DROP_WAIT=2); negative=race ;;
+neg_wait3) cuda_env=(FAKE_CUDA_DROP_WAIT=3); negative=race ;;
+neg_late3) cuda_env=(FAKE_CUDA_LATE_WAIT=3); negative=race ;;
+neg_late6) cuda_env=(FAKE_CUDA_LATE_WAIT=6); negative=race ;;
 bf16)
     env LD_LIBRARY_PATH="$FAKE_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" timeout 300 "$KILN" \
         train "$script" "${args[@]}" --device cuda --set precision=bf16 >"$T/bf16.log" 2>&1
@@ -91,13 +117,17 @@ env "${cuda_env[@]}" LD_LIBRARY_PATH="$FAKE_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_P
     --save-weights "$T/cuda.safetensors" >"$T/cuda.log" 2>&1
 rc=$?
 
-losses() { sed -n 's/^step *[0-9]*\/[0-9]* | loss \([^ ]*\) .*/\1/p; s/^final: step [0-9]* | train loss \([^ ]*\) .*/\1/p' "$1"; }
-# the losses of the two logs within 1e-5 relative, 4 of them (3 steps, final)
+losses() {
+    sed -n 's/^step *[0-9]*\/[0-9]* | loss \([^ ]*\) .*/\1/p; s/^final: step [0-9]* | train loss \([^ ]*\) .*/\1/p' "$1"
+    sed -n 's/^final: .* | val loss \([^ ]*\) .*/\1/p' "$1"
+}
+# the losses of the two logs within 1e-5 relative, 5 of them (3 steps, final
+# train and validation loss: the evaluation executor's TP collectives)
 cmp_losses() {
     paste <(losses "$T/cpu.log") <(losses "$T/cuda.log") | awk '
         { n++; if ($2 == "") { bad = 1; next } d = $1 - $2; if (d < 0) d = -d; a = $1 < 0 ? -$1 : $1
           r = a > 0 ? d / a : d; if (!(r <= m)) m = r; if (!(r <= 1e-5)) bad = 1 }
-        END { printf "%d losses, max rel diff %.2e (tol 1e-5)", n, m; exit (bad || n != 4) }'
+        END { printf "%d losses, max rel diff %.2e (tol 1e-5)", n, m; exit (bad || n != 5) }'
 }
 
 case $negative in
@@ -109,7 +139,7 @@ mismatch)
 race)
     grep -m1 "fake CUDA: race: " "$T/cuda.log"
     [ $rc -ne 0 ] && grep -q "fake CUDA: race: .*ncclAllReduce" "$T/cuda.log" && exit 0
-    echo "FAIL: a dropped event wait around a TP all-reduce was not reported as a race (exit $rc)"
+    echo "FAIL: a dropped or late event wait around a TP all-reduce was not reported as a race (exit $rc)"
     exit 1 ;;
 esac
 
@@ -119,12 +149,25 @@ grep -q "^fake " "$T/cuda.log" && fail "a fake library complained: $(grep '^fake
 for r in 0 1; do
     grep -q "NCCL TP collectives, TP rank $r of 2" "$T/cuda.log" ||
         fail "TP rank $r did not run its collectives through NCCL"
+    # the evaluation executor's plan uses the training one's communicator
+    grep -q "NCCL TP collectives, TP rank $r of 2 (the process's TP communicator, shared)" \
+        "$T/cuda.log" || fail "TP rank $r opened a second TP communicator"
 done
 # the same collectives per step as on the CPU, from the device's events
 tpline() { sed -n 's/^tensor-parallel comm: .*this rank): \([0-9]* collectives, [^,]*\), .*/\1/p' "$1"; }
 [ -n "$(tpline "$T/cpu.log")" ] && [ "$(tpline "$T/cuda.log")" = "$(tpline "$T/cpu.log")" ] ||
     fail "TP comm report: cuda '$(tpline "$T/cuda.log")', cpu '$(tpline "$T/cpu.log")'"
 grep "^tensor-parallel comm" "$T/cuda.log"
+# overlap: some collectives under later steps (f32 and sp; with dp2 and
+# accum the schedule puts each backward all-reduce's reader right after
+# it), exposed time within the TP time
+grep -m1 "TP collectives on the device" "$T/cuda.log"
+[ "$case" = dp2 ] || [ "$case" = accum ] ||
+    grep -q "TP collectives on the device, [1-9][0-9]* of them under later steps" "$T/cuda.log" ||
+    fail "no TP collective overlaps a later plan step"
+sed -n 's/^tensor-parallel comm: .*, \([0-9.]*\) ms, \([0-9.]*\) ms exposed$/\1 \2/p' "$T/cuda.log" |
+    awk '{ n++; if (!($2 <= $1)) bad = 1 } END { exit (bad || n < 1) }' ||
+    fail "the exposed TP time is not within the TP time"
 [ "$case" != dp2 ] || grep -q "NCCL all-reduces, rank 1 of 2" "$T/cuda.log" ||
     fail "no data-parallel NCCL communicator beside the TP ones"
 for f in t t.rank1; do
