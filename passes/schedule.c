@@ -252,13 +252,16 @@ static bool tp_collective(Opcode c)
 
 /* Moves, right after each tensor-parallel collective of order[0..n), the
  * units holding a weight-gradient GEMM that order puts after the
- * collective's first reader but whose operands are all defined by then:
+ * collective's first reader but whose operands are all defined by then,
+ * and those it puts before the collective (since the previous one) that
+ * nothing up to the collective reads:
  * the runtime starts the collective and waits for it at its first reader
  * (runtime/exec.c), so these GEMMs run while it is in flight (Megatron's
  * overlap of the weight gradients with the input gradient's all-reduce).
- * Units move whole and only earlier, past ops that define none of their
- * operands; the moved GEMM's result (a param's gradient) lives longer,
- * its operands (activations) shorter. */
+ * Units move whole, earlier past ops that define none of their operands,
+ * later past ops that read none of their results; a GEMM moved earlier
+ * has its result (a param's gradient) live longer and its operands
+ * (activations) shorter, one moved later the reverse. */
 static void overlap_tp(const Graph *g, const int *unit, int *order, int n)
 {
     bool any = false;
@@ -268,25 +271,46 @@ static void overlap_tp(const Graph *g, const int *unit, int *order, int n)
         return;
     int *pos = xmalloc(sizeof(int) * (size_t)(n + 1));
     int *tmp = xmalloc(sizeof(int) * (size_t)(n + 1));
-    bool *mv = xcalloc((size_t)n + 1, sizeof(bool));    /* per op: moves now */
-    bool *wg = xcalloc((size_t)n + 1, sizeof(bool));    /* per op: in a wgrad unit */
+    char *mv = xcalloc((size_t)n + 1, 1); /* per op: moves from before (1), after (2) */
+    bool *wg = xcalloc((size_t)n + 1, sizeof(bool)); /* per op: in a wgrad unit */
     for (int i = 0; i < n; i++)
         if (ir_wgrad_matmul(g, i))
             for (int k = 0; k < n; k++)
                 wg[k] |= unit[k] == unit[i];
+    int lo = 0; /* past the last collective: what earlier ones left alone */
     for (int p = 0; p < n; p++) {
         const Op *c = &g->ops.v[order[p]];
         if (!tp_collective(c->code))
             continue;
         for (int k = 0; k < n; k++)
             pos[order[k]] = k;
+        /* before it, since the last collective: the units it does not
+         * wait for (nothing up to it reads them) move after it */
+        int nb = 0;
+        for (int k = lo; k < p;) {
+            int u = unit[order[k]], e = k;
+            while (e + 1 < p && unit[order[e + 1]] == u)
+                e++;
+            bool ok = wg[order[k]];
+            for (int q = e + 1; q <= p && ok; q++) {
+                const Op *x = &g->ops.v[order[q]];
+                for (int j = 0; j < x->nin && ok; j++) {
+                    int d = g->t.v[x->in[j]].op;
+                    ok = d < 0 || pos[d] < k || pos[d] > e;
+                }
+            }
+            for (int q = k; q <= e && ok; q++, nb++)
+                mv[order[q]] = 1;
+            k = e + 1;
+        }
         int first = n; /* the collective's first reader */
         for (int k = p + 1; k < n && first == n; k++)
             for (int j = 0; j < g->ops.v[order[k]].nin; j++)
                 if (g->ops.v[order[k]].in[j] == c->out)
                     first = k;
-        int nmv = 0;
-        for (int k = first + 1; k < n;) { /* unit by unit */
+        /* after its first reader: the units whose operands are all ready */
+        int na = 0;
+        for (int k = first + 1; k < n;) {
             int u = unit[order[k]], e = k;
             while (e + 1 < n && unit[order[e + 1]] == u)
                 e++;
@@ -298,24 +322,31 @@ static void overlap_tp(const Graph *g, const int *unit, int *order, int n)
                     ok = d < 0 || unit[d] == u || pos[d] <= p;
                 }
             }
-            for (int q = k; q <= e && ok; q++, nmv++)
-                mv[order[q]] = true;
+            for (int q = k; q <= e && ok; q++, na++)
+                mv[order[q]] = 2;
             k = e + 1;
         }
-        if (!nmv)
-            continue;
-        int w = 0;
-        for (int k = p + 1; k < n; k++)
-            if (mv[order[k]])
-                tmp[w++] = order[k];
-        for (int k = p + 1; k < n; k++)
-            if (!mv[order[k]])
-                tmp[w++] = order[k];
-        for (int k = 0; k < w; k++) {
-            mv[tmp[k]] = false;
-            order[p + 1 + k] = tmp[k];
+        if (nb + na) { /* order[lo..n): the rest before it, it, the moved, the rest */
+            int w = 0;
+            for (int k = lo; k < p; k++)
+                if (!mv[order[k]])
+                    tmp[w++] = order[k];
+            int at = lo + w;
+            tmp[w++] = order[p];
+            for (int want = 1; want <= 2; want++)
+                for (int k = lo; k < n; k++)
+                    if (mv[order[k]] == want)
+                        tmp[w++] = order[k];
+            for (int k = p + 1; k < n; k++)
+                if (!mv[order[k]])
+                    tmp[w++] = order[k];
+            for (int k = 0; k < w; k++) {
+                mv[tmp[k]] = 0;
+                order[lo + k] = tmp[k];
+            }
+            p = at + nb + na;
         }
-        p += nmv;
+        lo = p + 1;
     }
     free(pos);
     free(tmp);

@@ -116,11 +116,15 @@ sed -n 's/^tensor-parallel comm: .* \([0-9.]*\) ms, \([0-9.]*\) ms exposed$/\1 \
 # the schedule puts a weight-gradient GEMM (ta=1) right after each
 # backward all-reduce of an input gradient that has one ready: every
 # block's, not the tied head's (the embedding's gradient is not summed yet)
-"$KILN" compile models/gpt.lua --tp 2 --dump-after=schedule --dump-dir "$T/ds" >"$T/ds.log" 2>&1 ||
-    fail "compile schedule: $(cat "$T/ds.log")"
-awk '/= tp_allreduce .*!backward/ { n++; getline; if ($0 ~ /= matmul .*\{ta=1,/) k++ }
-     END { print n, k; exit !(n >= 3 && k == n - 1) }' "$T/ds/"*schedule.ir >"$T/ds.count" ||
-    fail "backward all-reduces / followed by a weight-gradient GEMM: $(cat "$T/ds.count")"
+# (with dp ranks too, where program order put the GEMM before the all-reduce)
+for ranks in 2 4; do
+    rm -rf "$T/ds"
+    "$KILN" compile models/gpt.lua --nproc $ranks --tp 2 --dump-after=schedule --dump-dir "$T/ds" \
+        >"$T/ds.log" 2>&1 || fail "compile schedule: $(cat "$T/ds.log")"
+    awk '/= tp_allreduce .*!backward/ { n++; getline; if ($0 ~ /= matmul .*\{ta=1,/) k++ }
+         END { print n, k; exit !(n >= 3 && k == n - 1) }' "$T/ds/"*schedule.ir >"$T/ds.count" ||
+        fail "$ranks ranks: backward all-reduces / followed by a weight-gradient GEMM: $(cat "$T/ds.count")"
+done
 
 run llama1 $LLAMA --save-weights "$T/llama1.safetensors"
 run llama2 $LLAMA --nproc 2 --set tp=2 --save-weights "$T/llama2.safetensors"
