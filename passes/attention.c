@@ -601,7 +601,9 @@ void pass_attention_print(const Graph *g, FILE *f)
     Ctx c = {g, uses, grad, NULL};
     for (int i = 0; i < g->ops.n; i++) {
         const Op *op = &g->ops.v[i];
-        const char *file = op->loc.file ? op->loc.file : "?";
+        char at[200] = ""; /* " (FILE:LINE)" where the op has a script line */
+        if (op->loc.file && op->loc.line > 0)
+            snprintf(at, sizeof at, " (%s:%d)", op->loc.file, op->loc.line);
         if (op->code == OP_ATTENTION) {
             const OpAttr *a = &op->attr;
             char sb[160] = "";
@@ -610,7 +612,7 @@ void pass_attention_print(const Graph *g, FILE *f)
                 shape_str(g, &g->t.v[bt].s, sb, sizeof sb);
             IrAttnLayout L;
             ir_attn_layout(g, op, &L);
-            fprintf(f, "# attention %%%d (%s:%d): fused, %s%s", op->out, file, op->loc.line,
+            fprintf(f, "# attention %%%d%s: fused, %s%s", op->out, at,
                     a->ia[0] ? "causal" : "not causal", L.g > 1 ? ", grouped heads" : "");
             if (ir_attn_window(a))
                 fprintf(f, ", window %lld", (long long)ir_attn_window(a));
@@ -624,8 +626,7 @@ void pass_attention_print(const Graph *g, FILE *f)
         }
         Match mt;
         if (op->code == OP_MATMUL && !match(&c, i, &mt) && mt.why)
-            fprintf(f, "# attention %%%d (%s:%d): not fused: %s\n", op->out, file, op->loc.line,
-                    mt.why);
+            fprintf(f, "# attention %%%d%s: not fused: %s\n", op->out, at, mt.why);
     }
     free(grad);
     free(uses);
