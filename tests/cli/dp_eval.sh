@@ -13,24 +13,21 @@ fail() {
     exit 1
 }
 
-# run NAME ARGS...: trains, keeps the eval and final lines in $T/NAME
-run() {
-    local name=$1
-    shift
-    "$KILN" train "$@" >"$T/$name.log" 2>&1 || {
-        cat "$T/$name.log"
-        fail "$name: kiln train $*"
-    }
-    grep -E '^(eval|final)' "$T/$name.log" >"$T/$name" || fail "$name: no eval or final line"
+. tests/cli/lib/train_runs.sh # run
+
+# run_eval NAME ARGS...: run, then keeps the eval and final lines in $T/NAME
+run_eval() {
+    run "$@"
+    grep -E '^(eval|final)' "$T/$1.log" >"$T/$1" || fail "$1: no eval or final line"
 }
 
 # val losses of a run, one per line (eval lines, then the final line)
-losses() { sed -n 's/.*val loss \([0-9.e+-]*\).*/\1/p' "$T/$1"; }
+val_losses() { sed -n 's/.*val loss \([0-9.e+-]*\).*/\1/p' "$T/$1"; }
 accuracies() { grep -o 'accuracy [0-9.]*% ([0-9]*/[0-9]*' "$T/$1"; }
 
 # max relative difference of two runs' val losses, line by line
 maxrel() {
-    paste <(losses "$1") <(losses "$2") | awk '
+    paste <(val_losses "$1") <(val_losses "$2") | awk '
         { n++; d = $1 - $2; if (d < 0) d = -d; r = $2 < 0 ? -$2 : $2
           e = r > 0 ? d / r : d; if (e > m) m = e }
         END { if (n < 2) print "none"; else printf "%.3g\n", m }'
@@ -38,7 +35,7 @@ maxrel() {
 
 # same NAME REF: the val losses agree to 1e-5 relative, the accuracies exactly
 same() {
-    [ "$(losses "$1" | wc -l)" -eq "$(losses "$2" | wc -l)" ] ||
+    [ "$(val_losses "$1" | wc -l)" -eq "$(val_losses "$2" | wc -l)" ] ||
         fail "$1 and $2 evaluate a different number of times"
     local e
     e=$(maxrel "$1" "$2")
@@ -58,9 +55,9 @@ differ() {
 }
 
 MLP="models/mlp.lua --steps 10 --set eval_every=5 --set eval_batches=3"
-run mlp_one $MLP --set batch=64
-run mlp_two $MLP --set batch=32 --nproc 2
-run mlp_half $MLP --set batch=32
+run_eval mlp_one $MLP --set batch=64
+run_eval mlp_two $MLP --set batch=32 --nproc 2
+run_eval mlp_half $MLP --set batch=32
 same mlp_two mlp_one
 differ mlp_half mlp_one
 grep -q 'accuracy [0-9.]*% ([0-9]*/192 held-out)' "$T/mlp_two" ||
@@ -68,11 +65,11 @@ grep -q 'accuracy [0-9.]*% ([0-9]*/192 held-out)' "$T/mlp_two" ||
 
 ADD="models/addition.lua --set L=1 --set C=32 --set H=2 --set digits=2 --steps 10 \
 --set eval_every=5 --set eval_batches=3"
-run add_one $ADD --set batch=16
-run add_two $ADD --set batch=8 --nproc 2
-run add_accum $ADD --set batch=8 --set grad_accum=2
-run add_two_accum $ADD --set batch=4 --nproc 2 --set grad_accum=2
-run add_half $ADD --set batch=8
+run_eval add_one $ADD --set batch=16
+run_eval add_two $ADD --set batch=8 --nproc 2
+run_eval add_accum $ADD --set batch=8 --set grad_accum=2
+run_eval add_two_accum $ADD --set batch=4 --nproc 2 --set grad_accum=2
+run_eval add_half $ADD --set batch=8
 same add_two add_one
 same add_accum add_one
 same add_two_accum add_one
