@@ -1,7 +1,9 @@
 /*
- * cli.h - the `kiln` command (runtime/cli/): main.c parses the commands
- * and their flags and drives the compiler and the training loop;
- * summary.c prints what `kiln compile` reports.
+ * cli.h - the `kiln` command (runtime/cli/): main.c picks the command and
+ * holds the flag parsing the commands share; one file per command
+ * (compile.c, train.c, opt.c, infer.c, sample.c, plan.c) parses its flags
+ * and drives the compiler or the training loop; summary.c prints what
+ * `kiln compile` reports.
  */
 #ifndef KILN_CLI_H
 #define KILN_CLI_H
@@ -16,6 +18,28 @@
  * it; NULL when argv[*i] is another flag. A flag without its value prints
  * so and exits 2. */
 const char *cli_flag_value(int argc, char **argv, int *i, const char *flag);
+/* Prints "kiln CMD: MSG: ARG" and the pointer to `kiln CMD --help` to
+ * stderr; returns 2 (a bad command line). */
+int cli_bad_flag(const char *cmd, const char *msg, const char *arg);
+
+/* The ranges of the integer flags (docs/cli.md). */
+#define CLI_MAX_STEPS 1000000000 /* as train.steps */
+#define CLI_MAX_THREADS 256      /* the CPU backend's thread pool */
+#define CLI_MAX_NPROC 1024
+
+/* An integer flag's value from lo to hi into *out; false after printing
+ * "kiln CMD: FLAG: expected an integer from LO to HI, got V" (no
+ * wrap-around: 4294967297 is not 1). */
+bool cli_int_flag(const char *cmd, const char *flag, const char *v, int64_t lo, int64_t hi,
+                  int64_t *out);
+/* --memory-budget SIZE: bytes, or -1 after printing the error. */
+int64_t cli_parse_budget(const char *cmd, const char *v);
+
+/* `kiln compile`, `kiln train` and `kiln opt` (compile.c, train.c, opt.c):
+ * the exit code. */
+int cli_compile(int argc, char **argv);
+int cli_train(int argc, char **argv);
+int cli_opt(int argc, char **argv);
 /* "12.000 M", "32.057 MFLOP" (byte counts: ir_fmt_bytes with 2 decimals) */
 void cli_human_count(double x, char *buf, size_t n);
 void cli_human_flops(double x, char *buf, size_t n);
