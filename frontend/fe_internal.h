@@ -1,6 +1,7 @@
-/* fe_internal.h - what frontend.c (the model runner), ops.c (the tensor
- * primitives) and settings.c (the train{} keys) share; not for other layers
- * (their header is frontend.h). */
+/* fe_internal.h - what frontend.c (the model runner), declare.c (the graph
+ * inputs, params and outputs), ops.c (the tensor primitives) and settings.c
+ * (the train{} keys) share; not for other layers (their header is
+ * frontend.h). */
 #ifndef KILN_FE_INTERNAL_H
 #define KILN_FE_INTERNAL_H
 
@@ -121,6 +122,29 @@ void fe_check_opts(lua_State *L, int idx, const char *fn, const char *spec);
  * ", from --set KEY=VALUE" when config key KEY, changed by that --set, holds
  * that very value, else "". Written into buf (n bytes), which it returns. */
 const char *fe_set_origin(lua_State *L, int idx, char *buf, size_t n);
+
+/* ---- declare.c: the DSL's declarations ------------------------------------ */
+
+/* The Lua C functions of the DSL's globals input(name, shape [, dtype]),
+ * param(name, shape, init [, dtype]), state(...), assign(s, v), the
+ * initializers zeros(), ones(), normal(std) and uniform(a, b) (fe_dsl_init:
+ * its InitKind in upvalue 1), sym{...}, minimize(loss), output(name, t
+ * [, {train}]), padded_rows(w, n), shard(w, axis [, blocks]) and
+ * pp_stage(x, i); in decode mode, nn.decode.state(x) and
+ * nn.decode.update(state, value). frontend.c registers them. */
+int fe_dsl_input(lua_State *L);
+int fe_dsl_param(lua_State *L);
+int fe_dsl_state(lua_State *L);
+int fe_dsl_assign(lua_State *L);
+int fe_dsl_init(lua_State *L);
+int fe_dsl_sym(lua_State *L);
+int fe_dsl_minimize(lua_State *L);
+int fe_dsl_output(lua_State *L);
+int fe_dsl_padded_rows(lua_State *L);
+int fe_dsl_shard(lua_State *L);
+int fe_dsl_pp_stage(lua_State *L);
+int fe_dsl_decode_state(lua_State *L);
+int fe_dsl_decode_update(lua_State *L);
 
 /* ---- ops.c ---------------------------------------------------------------- */
 
