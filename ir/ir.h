@@ -92,8 +92,13 @@ int64_t ir_parse_bytes(const char *s);
  * for a whole number, else one ("8 MiB", "1.5 GiB"). */
 const char *ir_fmt_bytes(double bytes, int decimals, char *buf, size_t n);
 /* A duration for people, into buf (returned): "1.234 s", "12.35 ms",
- * "4.2 us" (the largest unit that keeps the number >= 1, us below 1 ms). */
+ * "4.2 us" (the largest unit that keeps the number >= 1, us below 1 ms).
+ * A negative one (a difference) takes the unit of its magnitude:
+ * "-12.35 ms". */
 const char *ir_fmt_seconds(double s, char *buf, size_t n);
+/* As ir_fmt_seconds, with ms_decimals digits after the point in ms
+ * (ir_fmt_seconds: 2): "12.345 ms" for 3. */
+const char *ir_fmt_seconds_ms(double s, int ms_decimals, char *buf, size_t n);
 /* The median of v[0..n-1] (the mean of the middle two for even n); 0 when
  * n is 0. v is left as it was. */
 double ir_median(const double *v, int64_t n);

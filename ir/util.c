@@ -144,10 +144,16 @@ const char *ir_fmt_bytes(double b, int decimals, char *buf, size_t n)
 
 const char *ir_fmt_seconds(double s, char *buf, size_t n)
 {
-    if (s >= 1)
+    return ir_fmt_seconds_ms(s, 2, buf, n);
+}
+
+const char *ir_fmt_seconds_ms(double s, int ms_decimals, char *buf, size_t n)
+{
+    double a = fabs(s);
+    if (a >= 1)
         snprintf(buf, n, "%.3f s", s);
-    else if (s >= 1e-3)
-        snprintf(buf, n, "%.2f ms", s * 1e3);
+    else if (a >= 1e-3)
+        snprintf(buf, n, "%.*f ms", ms_decimals, s * 1e3);
     else
         snprintf(buf, n, "%.1f us", s * 1e6);
     return buf;

@@ -689,18 +689,6 @@ static double mem_of(const Auto *x, const int *pk)
 
 /* ---- the report ---------------------------------------------------------- */
 
-static const char *fmt_t(double s, char *b, size_t n)
-{
-    double a = fabs(s);
-    if (a >= 1)
-        snprintf(b, n, "%.3f s", s);
-    else if (a >= 1e-3)
-        snprintf(b, n, "%.3f ms", s * 1e3);
-    else
-        snprintf(b, n, "%.1f us", s * 1e6);
-    return b;
-}
-
 /* "column-parallel" etc.: what a split of param t along axis means to its
  * first reader that is a GEMM or a gather. */
 static const char *role_name(const Auto *x, const Readers *rd, int t, int axis)
@@ -761,8 +749,10 @@ static void put_cost(Buf *b, const char *what, const Cost *c)
 {
     char t0[32], t1[32], t2[32], t3[32];
     put(b, "%s%s = compute %s + TP comm %s (%d collectives) + update %s\n", what,
-        fmt_t(total(c), t0, sizeof t0), fmt_t(c->t[T_COMP], t1, sizeof t1),
-        fmt_t(c->t[T_COMM], t2, sizeof t2), c->ncoll, fmt_t(c->t[T_UPD], t3, sizeof t3));
+        ir_fmt_seconds_ms(total(c), 3, t0, sizeof t0),
+        ir_fmt_seconds_ms(c->t[T_COMP], 3, t1, sizeof t1),
+        ir_fmt_seconds_ms(c->t[T_COMM], 3, t2, sizeof t2), c->ncoll,
+        ir_fmt_seconds_ms(c->t[T_UPD], 3, t3, sizeof t3));
 }
 
 /* The header lines; the per-param lines follow (pass_shard_auto). */
@@ -882,9 +872,9 @@ bool pass_shard_auto(Graph *g, const PassOpts *o, const PassShardCost *c, char *
         Cost cp = cost_picks(&x, pk);
         double tol = 1e-9 * total(&cs) + 1e-12;
         put(&b, "  round %d: %d partition runs, %d pair terms; ILP objective %s%s, checked %s", r,
-            x.runs - runs0, x.pair.n, fmt_t(pred, t0, sizeof t0),
+            x.runs - runs0, x.pair.n, ir_fmt_seconds_ms(pred, 3, t0, sizeof t0),
             x.timed_out ? " (at GLPK's branching limit: its best so far)" : "",
-            cp.ok ? fmt_t(total(&cp), t1, sizeof t1) : "(does not partition)");
+            cp.ok ? ir_fmt_seconds_ms(total(&cp), 3, t1, sizeof t1) : "(does not partition)");
         if (cp.ok && total(&cp) < total(&cs) - tol) {
             memcpy(s, pk, sizeof(int) * (size_t)nc);
             cs = cp;
@@ -910,7 +900,7 @@ bool pass_shard_auto(Graph *g, const PassOpts *o, const PassShardCost *c, char *
         s[bi] = bh;
         cs = cost_picks(&x, s);
         put(&b, ": not better; the best single change instead (%s), checked %s\n",
-            base->t.v[x.cand.v[bi].t].name, fmt_t(total(&cs), t0, sizeof t0));
+            base->t.v[x.cand.v[bi].t].name, ir_fmt_seconds_ms(total(&cs), 3, t0, sizeof t0));
     }
     if (!cs.ok)
         die("pass_shard_auto: the incumbent layout stopped partitioning");
@@ -941,9 +931,9 @@ bool pass_shard_auto(Graph *g, const PassOpts *o, const PassShardCost *c, char *
             if (w.ok) {
                 Cost dw = diff(&w, &cs);
                 put(&b, "; whole: %s%s (compute %s%s, comm %s%s)", total(&dw) >= 0 ? "+" : "",
-                    fmt_t(total(&dw), t0, sizeof t0), dw.t[T_COMP] >= 0 ? "+" : "",
-                    fmt_t(dw.t[T_COMP], t1, sizeof t1), dw.t[T_COMM] >= 0 ? "+" : "",
-                    fmt_t(dw.t[T_COMM], t2, sizeof t2));
+                    ir_fmt_seconds_ms(total(&dw), 3, t0, sizeof t0),
+                    dw.t[T_COMP] >= 0 ? "+" : "", ir_fmt_seconds_ms(dw.t[T_COMP], 3, t1, sizeof t1),
+                    dw.t[T_COMM] >= 0 ? "+" : "", ir_fmt_seconds_ms(dw.t[T_COMM], 3, t2, sizeof t2));
             }
         }
         put(&b, "\n");

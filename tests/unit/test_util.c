@@ -82,6 +82,18 @@ static void test_fmt_seconds(void **state)
     for (size_t i = 0; i < sizeof c / sizeof c[0]; i++)
         if (strcmp(ir_fmt_seconds(c[i].s, b, sizeof b), c[i].want) != 0)
             fail_msg("ir_fmt_seconds(%g) = '%s', expected '%s'", c[i].s, b, c[i].want);
+    /* a difference: the unit of its magnitude; ms_decimals digits in ms
+     * (shard=auto's report: 3) */
+    static const struct {
+        double s;
+        int dec;
+        const char *want;
+    } d[] = {{-0.0425, 2, "-42.50 ms"}, {-1.5, 3, "-1.500 s"}, {0.0123456, 3, "12.346 ms"},
+             {-0.0123456, 3, "-12.346 ms"}, {-2.5e-6, 3, "-2.5 us"}, {0.5, 3, "500.000 ms"}};
+    for (size_t i = 0; i < sizeof d / sizeof d[0]; i++)
+        if (strcmp(ir_fmt_seconds_ms(d[i].s, d[i].dec, b, sizeof b), d[i].want) != 0)
+            fail_msg("ir_fmt_seconds_ms(%g, %d) = '%s', expected '%s'", d[i].s, d[i].dec, b,
+                     d[i].want);
 }
 
 static void test_median(void **state)
