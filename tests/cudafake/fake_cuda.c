@@ -44,7 +44,7 @@
  *   start the fake has been given by any call (a launch, copy, memset, GEMM
  *   or all-reduce), or the allocation's end: a buffer no call names that
  *   sits right after one the kernel reads counts as read too. The report
- *   names both ops.
+ *   names both ops. The detector is fake_race.c.
  * - Host races. The source of a cuMemcpyHtoDAsync is snapshotted when it is
  *   enqueued and compared when the copy runs (the host wrote pinned memory
  *   a pending copy reads); the destination of a cuMemcpyDtoHAsync is filled
@@ -72,6 +72,7 @@
  * Single-threaded use only (kiln's module calls the driver from one thread
  * at a time). */
 #include "fake_cuda.h"
+#include "fake_ops.h"
 
 #include "emu.h"
 
@@ -86,7 +87,7 @@
 
 #define FAKE_SRC_MAGIC "KILN-FAKE-CUDA-SOURCE:"
 
-enum { MAXS = 32, PAGE = 4096 };
+enum { PAGE = 4096 };
 static const uint64_t DEV_SPAN = 1ull << 36;
 
 /* ---- errors ------------------------------------------------------------- */
@@ -138,12 +139,6 @@ static const char *err_name(CUresult r)
 /* ---- device memory ------------------------------------------------------ */
 
 typedef struct {
-    uint64_t lo, hi;         /* the allocation */
-    uint64_t map_lo, map_hi; /* its pages (without the guard page) */
-    bool live;
-} Alloc;
-
-typedef struct {
     unsigned char *p;
     size_t n;
 } Pinned;
@@ -168,7 +163,7 @@ uint64_t fakecu_random(void)
 
 static bool in_dev_range(uint64_t p) { return p >= M.base && p < M.base + DEV_SPAN; }
 
-static Alloc *find_alloc(uint64_t p)
+Alloc *fake_find_alloc(uint64_t p)
 {
     for (int i = 0; i < M.na; i++)
         if (p >= M.a[i].lo && p < M.a[i].hi)
@@ -182,7 +177,7 @@ void fakecu_check_dev(uint64_t p, uint64_t bytes, const char *call, const char *
         fakecu_die("%s: %s 0x%llx is not device memory (a host pointer where a device pointer "
                    "is expected)",
                    call, what, (unsigned long long)p);
-    Alloc *a = find_alloc(p);
+    Alloc *a = fake_find_alloc(p);
     if (!a)
         fakecu_die("%s: %s 0x%llx is in no device allocation (out of bounds or never "
                    "allocated)",
@@ -219,40 +214,7 @@ static void check_host(const void *h, size_t n, const char *call, const char *wh
 
 /* ---- streams, events, ops ----------------------------------------------- */
 
-typedef struct Func Func;
-typedef struct FEvent FEvent;
 typedef struct FGraph FGraph;
-
-enum { OP_KERNEL, OP_HTOD, OP_DTOH, OP_DTOD, OP_MEMSET, OP_HOST, OP_MARK };
-
-typedef struct FOp FOp;
-struct FOp {
-    uint64_t id;
-    int stream;
-    uint64_t seq;
-    uint64_t vc[MAXS];
-    int kind;
-    char desc[200];
-    /* kernel */
-    Func *f;
-    unsigned grid[3], block[3], shmem;
-    unsigned char *argbuf; /* argument values */
-    /* copies and memset */
-    uint64_t dst, src, bytes;
-    unsigned char *snap; /* HtoD: the source when enqueued */
-    unsigned char val;
-    /* host function (cuBLASLt, NCCL) */
-    void (*fn)(void *);
-    void *arg;
-    /* marker (cuEventRecord) */
-    FEvent *ev;
-    uint64_t gen;
-    /* accesses */
-    FakeRange *acc;
-    int nacc, cap;
-    bool shared; /* argbuf/arg belong to a graph */
-    FOp *next;
-};
 
 typedef struct {
     bool live;
@@ -450,94 +412,6 @@ static bool ready(const FOp *o)
     return true;
 }
 
-/* a ordered before b (a ran before b was checked) */
-static bool before(const FOp *a, const FOp *b) { return a->seq <= b->vc[a->stream]; }
-
-/* Every device address a launch, copy, memset, GEMM or all-reduce was given
- * as the start of what it touches: the starts of the buffers, sorted. */
-static uint64_t *starts;
-static int nstarts, capstarts;
-
-static void note_start(uint64_t p)
-{
-    int lo = 0, hi = nstarts;
-    while (lo < hi) {
-        int mid = (lo + hi) / 2;
-        if (starts[mid] < p)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    if (lo < nstarts && starts[lo] == p)
-        return;
-    if (nstarts == capstarts) {
-        capstarts = capstarts ? 2 * capstarts : 256;
-        starts = realloc(starts, sizeof(uint64_t) * (size_t)capstarts);
-        if (!starts)
-            fakecu_die("out of memory");
-    }
-    memmove(starts + lo + 1, starts + lo, sizeof(uint64_t) * (size_t)(nstarts - lo));
-    starts[lo] = p;
-    nstarts++;
-}
-
-/* The end of a kernel's read through pointer argument p: the next buffer
- * start after p (note_start), or the end of p's allocation. */
-static uint64_t read_end(uint64_t p)
-{
-    Alloc *a = find_alloc(p);
-    uint64_t end = a ? a->hi : p + 1;
-    int lo = 0, hi = nstarts;
-    while (lo < hi) {
-        int mid = (lo + hi) / 2;
-        if (starts[mid] <= p)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    if (lo < nstarts && starts[lo] < end)
-        end = starts[lo];
-    return end;
-}
-
-/* A range of o: a kernel's read through a pointer argument is stored as
- * {p, 0} and reaches to read_end(p). */
-static uint64_t acc_hi(const FakeRange *r) { return r->hi ? r->hi : read_end(r->lo); }
-
-static const FakeRange *conflict(const FOp *w, const FOp *o)
-{
-    for (int i = 0; i < w->nacc; i++) {
-        if (!w->acc[i].write)
-            continue;
-        for (int j = 0; j < o->nacc; j++)
-            if (w->acc[i].lo < acc_hi(&o->acc[j]) && o->acc[j].lo < w->acc[i].hi)
-                return &w->acc[i];
-    }
-    return NULL;
-}
-
-static void check_races(const FOp *o)
-{
-    for (const FOp *a = hist; a; a = a->next) {
-        if (a->stream == o->stream || before(a, o))
-            continue;
-        const FakeRange *r = conflict(a, o);
-        const FOp *w = a, *other = o;
-        if (!r) {
-            r = conflict(o, a);
-            w = o;
-            other = a;
-        }
-        if (r)
-            fakecu_die("race: %s (stream %d, op %llu) and %s (stream %d, op %llu) are not "
-                       "ordered (no stream order, event or synchronisation between them), and "
-                       "the first writes [0x%llx, 0x%llx), which the second also touches",
-                       w->desc, w->stream, (unsigned long long)w->id, other->desc,
-                       other->stream, (unsigned long long)other->id,
-                       (unsigned long long)r->lo, (unsigned long long)r->hi);
-    }
-}
-
 /* ---- kernels -------------------------------------------------------------- */
 
 /* The ranges of alloc a that differ from snapshot s: writes of o. */
@@ -584,7 +458,7 @@ static void run_kernel(FOp *o)
         if (f->isptr[i]) {
             uint64_t p;
             memcpy(&p, o->argbuf + off, 8);
-            Alloc *a = find_alloc(p);
+            Alloc *a = fake_find_alloc(p);
             if (!a || !a->live)
                 fakecu_die("%s: argument %d (0x%llx) is no longer live device memory", o->desc,
                            i, (unsigned long long)p);
@@ -647,7 +521,7 @@ static void exec_op(FOp *o)
         break;
     }
     now_ms += 0.001;
-    check_races(o);
+    fake_race_check(hist, o);
 }
 
 /* Runs every queued op, in a random order within what stream order and
@@ -892,7 +766,7 @@ CUresult cuMemFree(CUdeviceptr p)
     if (r)
         return r;
     drain(); /* cuMemFree synchronises */
-    Alloc *a = find_alloc(p);
+    Alloc *a = fake_find_alloc(p);
     if (!a || a->lo != p || !a->live)
         fakecu_die("cuMemFree: 0x%llx is not the start of a live allocation",
                    (unsigned long long)p);
@@ -932,7 +806,7 @@ CUresult cuMemFreeHost(void *p)
 static CUresult memset_on(CUdeviceptr p, unsigned char v, size_t n, int s, const char *call)
 {
     fakecu_check_dev(p, n, call, "dstDevice");
-    note_start(p);
+    fake_race_note_start(p);
     FOp *o = new_op(OP_MEMSET, "%s(0x%llx, %u, %zu) on stream %d", call, (unsigned long long)p,
                    v, n, s);
     o->dst = p;
@@ -958,7 +832,7 @@ CUresult cuMemcpyHtoDAsync(CUdeviceptr dst, const void *src, size_t n, CUstream 
     int i = sidx(s, "cuMemcpyHtoDAsync");
     fakecu_check_dev(dst, n, "cuMemcpyHtoDAsync", "dstDevice");
     check_host(src, n, "cuMemcpyHtoDAsync", "srcHost");
-    note_start(dst);
+    fake_race_note_start(dst);
     FOp *o = new_op(OP_HTOD, "cuMemcpyHtoDAsync(0x%llx, %p, %zu) on stream %d",
                    (unsigned long long)dst, src, n, i);
     o->dst = dst;
@@ -979,7 +853,7 @@ CUresult cuMemcpyDtoHAsync(void *dst, CUdeviceptr src, size_t n, CUstream s)
     int i = sidx(s, "cuMemcpyDtoHAsync");
     fakecu_check_dev(src, n, "cuMemcpyDtoHAsync", "srcDevice");
     check_host(dst, n, "cuMemcpyDtoHAsync", "dstHost");
-    note_start(src);
+    fake_race_note_start(src);
     FOp *o = new_op(OP_DTOH, "cuMemcpyDtoHAsync(%p, 0x%llx, %zu) on stream %d", dst,
                    (unsigned long long)src, n, i);
     o->dst = (uint64_t)(uintptr_t)dst;
@@ -996,8 +870,8 @@ CUresult cuMemcpyDtoDAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream 
     int i = sidx(s, "cuMemcpyDtoDAsync");
     fakecu_check_dev(dst, n, "cuMemcpyDtoDAsync", "dstDevice");
     fakecu_check_dev(src, n, "cuMemcpyDtoDAsync", "srcDevice");
-    note_start(dst);
-    note_start(src);
+    fake_race_note_start(dst);
+    fake_race_note_start(src);
     FOp *o = new_op(OP_DTOD, "cuMemcpyDtoDAsync(0x%llx, 0x%llx, %zu) on stream %d",
                    (unsigned long long)dst, (unsigned long long)src, n, i);
     o->dst = dst;
@@ -1346,7 +1220,7 @@ CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, uns
         char what[32];
         snprintf(what, sizeof what, "argument %d", k);
         fakecu_check_dev(p, 1, call, what);
-        note_start(p);
+        fake_race_note_start(p);
         /* read up to the next buffer's start (read_end) */
         if (o->nacc == o->cap) {
             o->cap = o->cap ? 2 * o->cap : 8;
@@ -1370,7 +1244,7 @@ CUresult fakecu_enqueue(CUstream s, const char *desc, const FakeRange *r, int nr
     o->arg = arg;
     for (int k = 0; k < nr; k++) {
         fakecu_check_dev(r[k].lo, r[k].hi - r[k].lo, desc, r[k].write ? "an output" : "an input");
-        note_start(r[k].lo);
+        fake_race_note_start(r[k].lo);
         add_acc(o, r[k].lo, r[k].hi, r[k].write);
     }
     return enqueue(o, i, desc);
