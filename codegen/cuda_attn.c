@@ -10,13 +10,17 @@
  *            l, rescaled output accumulator) and write o and/or lse
  *            (= m + log l); causal key tiles past the diagonal are never
  *            visited, the diagonal tile and the ragged end (T not a multiple
- *            of the tile) are masked;
+ *            of the tile) are masked; with a mask tensor the block votes
+ *            (__syncthreads_or, kiln_attn_keeps) at each key tile and
+ *            skips one the mask drops whole for its query tile;
  *   dq       one block per (query tile, batch*head): recomputes P = exp(S -
  *            lse) tile by tile, dS = P * (dO V^T - delta), dQ += scale dS K;
  *   dk, dv   one block per (key tile, batch*head): walks the query tiles
  *            (causal: from the diagonal on), P^T, dV += P^T dO, dS^T, dK +=
- *            scale dS^T Q. No atomics: every output element has one writer
- *            (deterministic, like the rest of kiln's CUDA path);
+ *            scale dS^T Q; dq and dk/dv skip tile pairs a mask drops
+ *            whole as the forward does. No atomics: every output element
+ *            has one writer (deterministic, like the rest of kiln's CUDA
+ *            path);
  *   backward the fused dq, dk, dv of attention_dqkv (cuda_attn_bwd.c holds
  *            its template and its contract): the dk/dv walk plus each
  *            block's share of dq, summed in a fixed order; the plan's dq
@@ -132,6 +136,24 @@ const char cg_cuda_attn_lib[] =
     "    const float b = kiln_attn_ld(bx, (long long)(bh / L.bdiv % L.bmod) * L.bbs +\n"
     "                                         (long long)row * L.bis + (long long)key * L.bjs);\n"
     "    return L.bk == 1 ? x + b : b != 0.0f ? x : -KILN_INF;\n"
+    "}\n"
+    "/* Whether item bh's mask (L.bk == 2) keeps any (row, key) of rows [r0, r0 +\n"
+    " * R) x keys [c0, c0 + C) (rows < Tq, keys < Tk; causal: key <= row; a\n"
+    " * window: row - key < win): this thread's share of the cells (every NTH-th,\n"
+    " * up to its first kept one), for the block's vote __syncthreads_or that\n"
+    " * skips a tile pair the mask drops whole (every P and dS of it 0) */\n"
+    "template <int R, int C, int NTH, bool CAUSAL, class BX>\n"
+    "__device__ __forceinline__ int kiln_attn_keeps(const kiln_attn_lay &L, const BX *bx, int bh,\n"
+    "                                               int r0, int Tq, int c0, int Tk)\n"
+    "{\n"
+    "    const long long b0 = (long long)(bh / L.bdiv % L.bmod) * L.bbs;\n"
+    "    for (int i = threadIdx.x; i < R * C; i += NTH) {\n"
+    "        const int row = r0 + i / C, key = c0 + i % C;\n"
+    "        if (row < Tq && key < Tk && (!CAUSAL || key <= row) && (!L.win || row - key < L.win) &&\n"
+    "            kiln_attn_ld(bx, b0 + (long long)row * L.bis + (long long)key * L.bjs) != 0.0f)\n"
+    "            return 1;\n"
+    "    }\n"
+    "    return 0;\n"
     "}\n"
     "template <class E> struct kiln_mma_t;\n"
     "/* The m16n8k16 tile product of one warp, D = A B + C, on fragments laid\n"
@@ -447,7 +469,15 @@ const char cg_cuda_attn_lib[] =
     "    const int kt0 = L.win && qt * BR + 1 > L.win ? (qt * BR + 1 - L.win) / BC : 0;\n"
     "    const float slope = kiln_attn_slope(L, bh);\n"
     "    for (int kt = kt0; kt < ntiles; kt++) {\n"
-    "        __syncthreads();\n"
+    "        /* a mask: the barrier before the loads votes; a key tile it drops\n"
+    "         * whole for this query tile is skipped (m, l, acc stay as they are) */\n"
+    "        if (L.bk == 2) {\n"
+    "            if (!__syncthreads_or(kiln_attn_keeps<BR, BC, NTH, CAUSAL>(L, bx, bh, qt * BR, Tq,\n"
+    "                                                                        kt * BC, Tk)))\n"
+    "                continue;\n"
+    "        } else {\n"
+    "            __syncthreads();\n"
+    "        }\n"
     "        kiln_attn_tile<E, BC, D, DP, LDK, NTH>(Ks, k, kt * BC, Tk, L.rs[KILN_AK]);\n"
     "        if (O)\n"
     "            kiln_attn_tile<E, BC, DV, DVP, LDV, NTH>(Vs, v, kt * BC, Tk, L.rs[KILN_AV]);\n"
@@ -575,7 +605,13 @@ const char cg_cuda_attn_lib[] =
     "    const int kt0 = L.win && qt * BR + 1 > L.win ? (qt * BR + 1 - L.win) / BC : 0;\n"
     "    const float slope = kiln_attn_slope(L, bh);\n"
     "    for (int kt = kt0; kt < ntiles; kt++) {\n"
-    "        __syncthreads();\n"
+    "        if (L.bk == 2) { /* a key tile the mask drops whole adds nothing */\n"
+    "            if (!__syncthreads_or(kiln_attn_keeps<BR, BC, NTH, CAUSAL>(L, bx, bh, qt * BR, Tq,\n"
+    "                                                                        kt * BC, Tk)))\n"
+    "                continue;\n"
+    "        } else {\n"
+    "            __syncthreads();\n"
+    "        }\n"
     "        kiln_attn_tile<E, BC, D, DP, LDK, NTH>(Ks, k, kt * BC, Tk, L.rs[KILN_AK]);\n"
     "        kiln_attn_tile<E, BC, DV, DVP, LDV, NTH>(Vs, v, kt * BC, Tk, L.rs[KILN_AV]);\n"
     "        __syncthreads();\n"
@@ -687,7 +723,13 @@ const char cg_cuda_attn_lib[] =
     "    }\n"
     "    const float slope = kiln_attn_slope(L, bh0 + u);\n"
     "    for (int qt = qt0; qt < nqe; qt++) {\n"
-    "        __syncthreads();\n"
+    "        if (L.bk == 2) { /* a query tile the mask drops whole adds nothing */\n"
+    "            if (!__syncthreads_or(kiln_attn_keeps<BQ, BC, NTH, CAUSAL>(L, bx, bh0 + u, qt * BQ,\n"
+    "                                                                        Tq, kt * BC, Tk)))\n"
+    "                continue;\n"
+    "        } else {\n"
+    "            __syncthreads();\n"
+    "        }\n"
     "        kiln_attn_tile<E, BQ, D, DP, LDK, NTH>(Qs, q, qt * BQ, Tq, L.rs[KILN_AQ]);\n"
     "        kiln_attn_tile<E, BQ, DV, DVP, LDV, NTH>(Os, dO, qt * BQ, Tq, L.rs[KILN_AO]);\n"
     "        for (int i = threadIdx.x; i < BQ; i += NTH) {\n"
