@@ -856,6 +856,24 @@ static double attn_other_row(const CgCudaAttn *a, int64_t *rows)
     return (double)((a->d + a->dv) * es) + (a->want_dk || a->kind == CG_CUDA_ATTN_BWD ? 8.0 : 4.0);
 }
 
+/* The bias or mask operand (a->lay.bias, the wrappers' bx): the bytes of
+ * one element at its storage type (0: none), and the distinct bytes one
+ * batch*head reads (its [Tq, Tk] slice, less the axes it broadcasts). The
+ * kernels read one element for every cell of the tile pairs they visit
+ * (kiln_attn_bx); a mask's vote (kiln_attn_keeps) reads again up to each
+ * thread's first kept cell, not counted. Which pairs a mask drops whole is
+ * data, unknown here: every pair is counted. */
+static double attn_bias_es(const CgCudaAttn *a)
+{
+    if (!a->lay.bias || !a->lay.nh)
+        return 0;
+    return a->bdt == DT_U8 ? 1.0 : a->bdt == DT_BF16 ? 2.0 : 4.0;
+}
+static double attn_bias_item(const CgCudaAttn *a)
+{
+    return attn_bias_es(a) * (double)(a->lay.bis ? a->tq : 1) * (double)(a->lay.bjs ? a->tk : 1);
+}
+
 void cg_cuda_attn_cost(const CgCudaAttn *a, int nw, int bt, double *flops, double *bytes)
 {
     int64_t es = a->dt == DT_BF16 ? 2 : 4, D = a->d, DV = a->dv, orows;
@@ -884,6 +902,7 @@ void cg_cuda_attn_cost(const CgCudaAttn *a, int nw, int bt, double *flops, doubl
         b = (double)(a->tk * (D + (a->want_dk ? DV : 0)) * es) +
             (double)(a->tk * ((a->want_dk ? D : 0) + (a->want_dv ? DV : 0)) * es);
     }
+    b += pairs * attn_bias_es(a); /* the bias or mask at every visited cell */
     *flops = f * (double)a->bh;
     *bytes = (b + other * orow) * (double)a->bh;
 }
@@ -896,6 +915,19 @@ void cg_cuda_attn_reuse(const CgCudaAttn *a, int nw, int bt, double *reread, dou
     double again = other - (double)orows; /* every row is visited at least once */
     *reread = (again > 0 ? again : 0) * orow * (double)a->bh;
     *head = (double)orows * orow;
+    /* the bias or mask: each distinct cell once from DRAM (batch*heads
+     * that share a slice, bh / bdiv % bmod, read the same one), its other
+     * visits from L2 while the slices stay there; a head's share of the
+     * working set is the distinct bytes over the batch*heads (a [T, T]
+     * bias shared by all: 1 / bh of it each) */
+    if (attn_bias_es(a) > 0) {
+        int64_t bdiv = a->lay.bdiv > 0 ? a->lay.bdiv : 1, bmod = a->lay.bmod > 0 ? a->lay.bmod : 1;
+        int64_t slices = (a->bh + bdiv - 1) / bdiv;
+        double bvis = pairs * attn_bias_es(a) * (double)a->bh, bown = attn_bias_item(a);
+        double distinct = bown * (double)(slices < bmod ? slices : bmod);
+        *reread += bvis > distinct ? bvis - distinct : 0;
+        *head += distinct / (double)a->bh;
+    }
     if (a->kind == CG_CUDA_ATTN_BWD) {
         /* dQ's accumulator, read and written by the same head's blocks:
          * its rows join the head's working set, and when they stay in L2
