@@ -216,13 +216,15 @@ int64_t cg_cuda_attn_blocks(const CgCudaAttn *a, int nw);
 /* What the function of a does with tiles (nw, bt): the FLOPs of the
  * products over the tile pairs it visits (causal: the diagonal and below),
  * and the bytes it moves: its own tile once per block, the other operand's
- * tiles once per visit, outputs once (storage dtypes). */
+ * tiles once per visit, a bias or mask one element per cell of a visited
+ * tile pair, outputs once (storage dtypes). */
 void cg_cuda_attn_cost(const CgCudaAttn *a, int nw, int bt, double *flops, double *bytes);
 /* The part of cg_cuda_attn_cost's bytes that re-reads rows: *reread, the
  * other operand's visits past the first of each row (every batch*head),
- * which L2 serves while the head's rows stay cached, and *head, that
- * operand's bytes in one batch*head (the working set one head's blocks
- * share). Predict decides from the device's L2 which of them DRAM sees. */
+ * and a bias's past the first of each cell, which L2 serves while the
+ * head's rows stay cached, and *head, that operand's bytes in one
+ * batch*head and its share of the distinct bias bytes (the working set
+ * one head's blocks add). Predict decides from the device's L2 which of them DRAM sees. */
 void cg_cuda_attn_reuse(const CgCudaAttn *a, int nw, int bt, double *reread, double *head);
 /* Appends `extern "C" __global__ void NAME(...)` computing a. Parameters,
  * in this order, only those used: FWD (q, k, [v, o], [lse]); DQ (q, k, v,

@@ -10,13 +10,17 @@
  *            l, rescaled output accumulator) and write o and/or lse
  *            (= m + log l); causal key tiles past the diagonal are never
  *            visited, the diagonal tile and the ragged end (T not a multiple
- *            of the tile) are masked;
+ *            of the tile) are masked; with a mask tensor the block votes
+ *            (__syncthreads_or, kiln_attn_keeps) at each key tile and
+ *            skips one the mask drops whole for its query tile;
  *   dq       one block per (query tile, batch*head): recomputes P = exp(S -
  *            lse) tile by tile, dS = P * (dO V^T - delta), dQ += scale dS K;
  *   dk, dv   one block per (key tile, batch*head): walks the query tiles
  *            (causal: from the diagonal on), P^T, dV += P^T dO, dS^T, dK +=
- *            scale dS^T Q. No atomics: every output element has one writer
- *            (deterministic, like the rest of kiln's CUDA path);
+ *            scale dS^T Q; dq and dk/dv skip tile pairs a mask drops
+ *            whole as the forward does. No atomics: every output element
+ *            has one writer (deterministic, like the rest of kiln's CUDA
+ *            path);
  *   backward the fused dq, dk, dv of attention_dqkv (cuda_attn_bwd.c holds
  *            its template and its contract): the dk/dv walk plus each
  *            block's share of dq, summed in a fixed order; the plan's dq
@@ -132,6 +136,24 @@ const char cg_cuda_attn_lib[] =
     "    const float b = kiln_attn_ld(bx, (long long)(bh / L.bdiv % L.bmod) * L.bbs +\n"
     "                                         (long long)row * L.bis + (long long)key * L.bjs);\n"
     "    return L.bk == 1 ? x + b : b != 0.0f ? x : -KILN_INF;\n"
+    "}\n"
+    "/* Whether item bh's mask (L.bk == 2) keeps any (row, key) of rows [r0, r0 +\n"
+    " * R) x keys [c0, c0 + C) (rows < Tq, keys < Tk; causal: key <= row; a\n"
+    " * window: row - key < win): this thread's share of the cells (every NTH-th,\n"
+    " * up to its first kept one), for the block's vote __syncthreads_or that\n"
+    " * skips a tile pair the mask drops whole (every P and dS of it 0) */\n"
+    "template <int R, int C, int NTH, bool CAUSAL, class BX>\n"
+    "__device__ __forceinline__ int kiln_attn_keeps(const kiln_attn_lay &L, const BX *bx, int bh,\n"
+    "                                               int r0, int Tq, int c0, int Tk)\n"
+    "{\n"
+    "    const long long b0 = (long long)(bh / L.bdiv % L.bmod) * L.bbs;\n"
+    "    for (int i = threadIdx.x; i < R * C; i += NTH) {\n"
+    "        const int row = r0 + i / C, key = c0 + i % C;\n"
+    "        if (row < Tq && key < Tk && (!CAUSAL || key <= row) && (!L.win || row - key < L.win) &&\n"
+    "            kiln_attn_ld(bx, b0 + (long long)row * L.bis + (long long)key * L.bjs) != 0.0f)\n"
+    "            return 1;\n"
+    "    }\n"
+    "    return 0;\n"
     "}\n"
     "template <class E> struct kiln_mma_t;\n"
     "/* The m16n8k16 tile product of one warp, D = A B + C, on fragments laid\n"
@@ -447,7 +469,15 @@ const char cg_cuda_attn_lib[] =
     "    const int kt0 = L.win && qt * BR + 1 > L.win ? (qt * BR + 1 - L.win) / BC : 0;\n"
     "    const float slope = kiln_attn_slope(L, bh);\n"
     "    for (int kt = kt0; kt < ntiles; kt++) {\n"
-    "        __syncthreads();\n"
+    "        /* a mask: the barrier before the loads votes; a key tile it drops\n"
+    "         * whole for this query tile is skipped (m, l, acc stay as they are) */\n"
+    "        if (L.bk == 2) {\n"
+    "            if (!__syncthreads_or(kiln_attn_keeps<BR, BC, NTH, CAUSAL>(L, bx, bh, qt * BR, Tq,\n"
+    "                                                                        kt * BC, Tk)))\n"
+    "                continue;\n"
+    "        } else {\n"
+    "            __syncthreads();\n"
+    "        }\n"
     "        kiln_attn_tile<E, BC, D, DP, LDK, NTH>(Ks, k, kt * BC, Tk, L.rs[KILN_AK]);\n"
     "        if (O)\n"
     "            kiln_attn_tile<E, BC, DV, DVP, LDV, NTH>(Vs, v, kt * BC, Tk, L.rs[KILN_AV]);\n"
@@ -575,7 +605,13 @@ const char cg_cuda_attn_lib[] =
     "    const int kt0 = L.win && qt * BR + 1 > L.win ? (qt * BR + 1 - L.win) / BC : 0;\n"
     "    const float slope = kiln_attn_slope(L, bh);\n"
     "    for (int kt = kt0; kt < ntiles; kt++) {\n"
-    "        __syncthreads();\n"
+    "        if (L.bk == 2) { /* a key tile the mask drops whole adds nothing */\n"
+    "            if (!__syncthreads_or(kiln_attn_keeps<BR, BC, NTH, CAUSAL>(L, bx, bh, qt * BR, Tq,\n"
+    "                                                                        kt * BC, Tk)))\n"
+    "                continue;\n"
+    "        } else {\n"
+    "            __syncthreads();\n"
+    "        }\n"
     "        kiln_attn_tile<E, BC, D, DP, LDK, NTH>(Ks, k, kt * BC, Tk, L.rs[KILN_AK]);\n"
     "        kiln_attn_tile<E, BC, DV, DVP, LDV, NTH>(Vs, v, kt * BC, Tk, L.rs[KILN_AV]);\n"
     "        __syncthreads();\n"
@@ -687,7 +723,13 @@ const char cg_cuda_attn_lib[] =
     "    }\n"
     "    const float slope = kiln_attn_slope(L, bh0 + u);\n"
     "    for (int qt = qt0; qt < nqe; qt++) {\n"
-    "        __syncthreads();\n"
+    "        if (L.bk == 2) { /* a query tile the mask drops whole adds nothing */\n"
+    "            if (!__syncthreads_or(kiln_attn_keeps<BQ, BC, NTH, CAUSAL>(L, bx, bh0 + u, qt * BQ,\n"
+    "                                                                        Tq, kt * BC, Tk)))\n"
+    "                continue;\n"
+    "        } else {\n"
+    "            __syncthreads();\n"
+    "        }\n"
     "        kiln_attn_tile<E, BQ, D, DP, LDK, NTH>(Qs, q, qt * BQ, Tq, L.rs[KILN_AQ]);\n"
     "        kiln_attn_tile<E, BQ, DV, DVP, LDV, NTH>(Os, dO, qt * BQ, Tq, L.rs[KILN_AO]);\n"
     "        for (int i = threadIdx.x; i < BQ; i += NTH) {\n"
@@ -814,6 +856,24 @@ static double attn_other_row(const CgCudaAttn *a, int64_t *rows)
     return (double)((a->d + a->dv) * es) + (a->want_dk || a->kind == CG_CUDA_ATTN_BWD ? 8.0 : 4.0);
 }
 
+/* The bias or mask operand (a->lay.bias, the wrappers' bx): the bytes of
+ * one element at its storage type (0: none), and the distinct bytes one
+ * batch*head reads (its [Tq, Tk] slice, less the axes it broadcasts). The
+ * kernels read one element for every cell of the tile pairs they visit
+ * (kiln_attn_bx); a mask's vote (kiln_attn_keeps) reads again up to each
+ * thread's first kept cell, not counted. Which pairs a mask drops whole is
+ * data, unknown here: every pair is counted. */
+static double attn_bias_es(const CgCudaAttn *a)
+{
+    if (!a->lay.bias || !a->lay.nh)
+        return 0;
+    return a->bdt == DT_U8 ? 1.0 : a->bdt == DT_BF16 ? 2.0 : 4.0;
+}
+static double attn_bias_item(const CgCudaAttn *a)
+{
+    return attn_bias_es(a) * (double)(a->lay.bis ? a->tq : 1) * (double)(a->lay.bjs ? a->tk : 1);
+}
+
 void cg_cuda_attn_cost(const CgCudaAttn *a, int nw, int bt, double *flops, double *bytes)
 {
     int64_t es = a->dt == DT_BF16 ? 2 : 4, D = a->d, DV = a->dv, orows;
@@ -842,6 +902,7 @@ void cg_cuda_attn_cost(const CgCudaAttn *a, int nw, int bt, double *flops, doubl
         b = (double)(a->tk * (D + (a->want_dk ? DV : 0)) * es) +
             (double)(a->tk * ((a->want_dk ? D : 0) + (a->want_dv ? DV : 0)) * es);
     }
+    b += pairs * attn_bias_es(a); /* the bias or mask at every visited cell */
     *flops = f * (double)a->bh;
     *bytes = (b + other * orow) * (double)a->bh;
 }
@@ -854,6 +915,19 @@ void cg_cuda_attn_reuse(const CgCudaAttn *a, int nw, int bt, double *reread, dou
     double again = other - (double)orows; /* every row is visited at least once */
     *reread = (again > 0 ? again : 0) * orow * (double)a->bh;
     *head = (double)orows * orow;
+    /* the bias or mask: each distinct cell once from DRAM (batch*heads
+     * that share a slice, bh / bdiv % bmod, read the same one), its other
+     * visits from L2 while the slices stay there; a head's share of the
+     * working set is the distinct bytes over the batch*heads (a [T, T]
+     * bias shared by all: 1 / bh of it each) */
+    if (attn_bias_es(a) > 0) {
+        int64_t bdiv = a->lay.bdiv > 0 ? a->lay.bdiv : 1, bmod = a->lay.bmod > 0 ? a->lay.bmod : 1;
+        int64_t slices = (a->bh + bdiv - 1) / bdiv;
+        double bvis = pairs * attn_bias_es(a) * (double)a->bh, bown = attn_bias_item(a);
+        double distinct = bown * (double)(slices < bmod ? slices : bmod);
+        *reread += bvis > distinct ? bvis - distinct : 0;
+        *head += distinct / (double)a->bh;
+    }
     if (a->kind == CG_CUDA_ATTN_BWD) {
         /* dQ's accumulator, read and written by the same head's blocks:
          * its rows join the head's working set, and when they stay in L2

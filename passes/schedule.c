@@ -73,13 +73,15 @@ static void emit(Sched *s, int root)
     }
 }
 
-/* Whether l is the attention_lse of attention op a: same q, k and every
- * attribute (two head-layout groups reading one qkv tensor at different
- * offsets share q, k, causal and scale), as codegen's cg_attn_partner. */
+/* Whether l is the attention_lse of attention op a: same q, k, bias or
+ * mask operand and every attribute (two head-layout groups reading one qkv
+ * tensor at different offsets share q, k, causal and scale; two attentions
+ * may differ in their bias alone), as codegen's cg_attn_partner. */
 static bool attn_siblings(const Op *a, const Op *l)
 {
     return a->code == OP_ATTENTION && l->code == OP_ATTENTION_LSE && a->in[0] == l->in[0] &&
-           a->in[1] == l->in[1] && ir_attn_same_attrs(&a->attr, &l->attr);
+           a->in[1] == l->in[1] && ir_attn_same_attrs(&a->attr, &l->attr) &&
+           ir_attn_bias_in(a) == ir_attn_bias_in(l);
 }
 
 /* Moves each attention_lse in order[0..n) to right after its sibling

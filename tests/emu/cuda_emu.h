@@ -11,6 +11,9 @@
  *     redrawn after every barrier; so a missing barrier, a read of shared
  *     memory before its writer ran, or a shuffle over wrong lanes gives wrong
  *     values, and a barrier not reached by every thread is reported;
+ *   - __syncthreads_or/_and/_count are such barriers that also combine a
+ *     predicate of every thread of the block (each thread gets the result
+ *     of all, as on the hardware);
  *   - blocks run one after another; __shared__ variables (static ones and the
  *     dynamic `extern __shared__` array) are per block and are filled with
  *     the pattern 0x7fc07fc0 (NaN as f32, bf16 and f16) before each block;
@@ -71,6 +74,12 @@ extern KilnEmuThread *kiln_emu_cur;
 extern uint3 kiln_emu_block_idx;
 extern dim3 kiln_emu_block_dim, kiln_emu_grid_dim;
 void kiln_emu_syncthreads(const char *file, int line);
+/* kinds of kiln_emu_syncthreads_vote: __syncthreads_or, _and, _count */
+enum { KILN_EMU_BAR_OR = 1, KILN_EMU_BAR_AND = 2, KILN_EMU_BAR_COUNT = 3 };
+/* A barrier that also votes: every live thread of the block must reach it
+ * (the same kind, file and line); returns, to each, the OR (0 or 1), AND
+ * (0 or 1) or count of the predicates of all of them. */
+int kiln_emu_syncthreads_vote(int kind, int pred, const char *file, int line);
 /* kinds of kiln_emu_warp */
 enum {
     KILN_EMU_SHFL_IDX,
@@ -99,6 +108,13 @@ constexpr int warpSize = 32;
 /* ---- synchronisation -------------------------------------------------- */
 
 #define __syncthreads() kiln_emu_syncthreads(__FILE__, __LINE__)
+/* variadic: a predicate may hold the commas of template arguments */
+#define __syncthreads_or(...) \
+    kiln_emu_syncthreads_vote(KILN_EMU_BAR_OR, (__VA_ARGS__) != 0, __FILE__, __LINE__)
+#define __syncthreads_and(...) \
+    kiln_emu_syncthreads_vote(KILN_EMU_BAR_AND, (__VA_ARGS__) != 0, __FILE__, __LINE__)
+#define __syncthreads_count(...) \
+    kiln_emu_syncthreads_vote(KILN_EMU_BAR_COUNT, (__VA_ARGS__) != 0, __FILE__, __LINE__)
 #define __syncwarp(...) kiln_emu_syncwarp(__FILE__, __LINE__, ##__VA_ARGS__)
 static inline void kiln_emu_syncwarp(const char *file, int line, unsigned int mask = 0xffffffffu)
 {

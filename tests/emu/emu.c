@@ -37,6 +37,7 @@ struct EmuModule {
     int nk;
     uint64_t seed;
     int order;
+    KilnEmuStats last; /* of the last launch */
 };
 
 void emu_opts_default(EmuOpts *o)
@@ -604,7 +605,9 @@ bool emu_launch(EmuModule *m, const char *name, const unsigned grid[3], const un
                        call_kernel,
                        &c,
                        seed ^ (seed >> 29),
-                       m->order};
+                       m->order,
+                       &m->last};
+    m->last = (KilnEmuStats){0, 0};
     char err[sizeof d->msg - 64];
     if (m->launch(&l, err, sizeof err) != 0) {
         snprintf(d->msg, sizeof d->msg, "emu: %s: %s", name, err);
@@ -612,3 +615,5 @@ bool emu_launch(EmuModule *m, const char *name, const unsigned grid[3], const un
     }
     return true;
 }
+
+void emu_last_stats(const EmuModule *m, KilnEmuStats *s) { *s = m->last; }

@@ -58,6 +58,10 @@ void emu_free(EmuModule *m);
 bool emu_launch(EmuModule *m, const char *name, const unsigned grid[3], const unsigned block[3],
                 size_t shmem, void **args, Diag *d);
 
+/* What the module's last emu_launch did (emu_abi.h's KilnEmuStats): its
+ * barriers and votes, summed over the blocks (zero before any launch). */
+void emu_last_stats(const EmuModule *m, KilnEmuStats *s);
+
 /* Number of parameters of kernel `name`, -1 if there is no such kernel. */
 int emu_kernel_nparams(const EmuModule *m, const char *name);
 

@@ -18,6 +18,13 @@ enum { KILN_EMU_ORDER_RANDOM = 0, KILN_EMU_ORDER_FORWARD = 1, KILN_EMU_ORDER_REV
  * maximum per block, 227 KiB). */
 #define KILN_EMU_MAX_DYN_SMEM 232448
 
+/* What a launch did, summed over its blocks: block-wide barriers completed
+ * (__syncthreads) and votes completed (__syncthreads_or/_and/_count; each a
+ * barrier too). Tests read it to see work a kernel skipped. */
+typedef struct {
+    unsigned long long barriers, votes;
+} KilnEmuStats;
+
 typedef struct {
     unsigned grid[3], block[3];
     unsigned long long shmem;         /* dynamic shared memory bytes */
@@ -25,6 +32,7 @@ typedef struct {
     void *ctx;
     unsigned long long seed;          /* thread order (KILN_EMU_ORDER_RANDOM) */
     int order;
+    KilnEmuStats *stats;              /* filled in at the end when not NULL */
 } KilnEmuLaunch;
 
 /* Runs the whole grid, one block after another. Returns 0, or -1 with a

@@ -140,6 +140,10 @@ struct Sched {
     char *err;
     unsigned long errlen;
     unsigned long long rng;
+    /* the vote of the current barrier (see barrier()) */
+    int vor, vand, vcount;
+    /* barriers and votes completed in this launch (KilnEmuStats) */
+    unsigned long long nbarriers, nvotes;
 };
 
 Sched S;
@@ -183,6 +187,14 @@ void new_order()
             S.perm[i] = S.perm[j];
             S.perm[j] = t;
         }
+}
+
+const char *bar_name(int kind)
+{
+    return kind == KILN_EMU_BAR_OR      ? "__syncthreads_or()"
+           : kind == KILN_EMU_BAR_AND   ? "__syncthreads_and()"
+           : kind == KILN_EMU_BAR_COUNT ? "__syncthreads_count()"
+                                        : "__syncthreads()";
 }
 
 void where(char *buf, size_t n, const Fiber *f)
@@ -235,8 +247,9 @@ void fiber_entry()
     if (S.nbarrier > 0)
         for (int i = 0; i < S.nthreads; i++)
             if (S.f[i].state == AT_BARRIER)
-                fail(f, "returned while thread (%u,%u,%u) waits at __syncthreads() (%s:%d)",
-                     S.f[i].t.tid.x, S.f[i].t.tid.y, S.f[i].t.tid.z, S.f[i].file, S.f[i].line);
+                fail(f, "returned while thread (%u,%u,%u) waits at %s (%s:%d)", S.f[i].t.tid.x,
+                     S.f[i].t.tid.y, S.f[i].t.tid.z, bar_name(S.f[i].wkind), S.f[i].file,
+                     S.f[i].line);
     int w0 = f->warp * 32, w1 = w0 + 32 < S.nthreads ? w0 + 32 : S.nthreads;
     for (int i = w0; i < w1; i++)
         if (S.f[i].state == AT_WARP && ((S.f[i].wmask >> f->lane) & 1u))
@@ -259,29 +272,58 @@ extern "C" void kiln_emu_trap(const char *file, int line)
     fail(self(), "__trap() at %s:%d", file, line);
 }
 
-extern "C" void kiln_emu_syncthreads(const char *file, int line)
+/* The block-wide barrier, kind 0 (__syncthreads) or a vote
+ * (KILN_EMU_BAR_*) of pred: every live thread must wait at the same one
+ * (kind, file and line); the last to arrive releases all and hands each
+ * the vote's result. */
+static int barrier(int kind, int pred, const char *file, int line)
 {
     Fiber *f = self();
     f->state = AT_BARRIER;
     f->file = file;
     f->line = line;
+    f->wkind = kind;
     if (S.nbarrier == 0) {
         S.bar = f;
+        S.vor = 0;
+        S.vand = 1;
+        S.vcount = 0;
     } else {
         const Fiber *o = S.bar; /* the first thread waiting at this barrier */
-        if (o->line != line || (o->file != file && strcmp(o->file, file) != 0))
-            fail(f, "waits at __syncthreads() at %s:%d while thread (%u,%u,%u) waits at %s:%d",
-                 file, line, o->t.tid.x, o->t.tid.y, o->t.tid.z, o->file, o->line);
+        if (o->line != line || o->wkind != kind || (o->file != file && strcmp(o->file, file) != 0))
+            fail(f, "waits at %s at %s:%d while thread (%u,%u,%u) waits at %s at %s:%d",
+                 bar_name(kind), file, line, o->t.tid.x, o->t.tid.y, o->t.tid.z,
+                 bar_name(o->wkind), o->file, o->line);
     }
+    S.vor |= pred != 0;
+    S.vand &= pred != 0;
+    S.vcount += pred != 0;
     S.nbarrier++;
     if (S.nbarrier == S.nlive) {
+        int res = kind == KILN_EMU_BAR_OR    ? S.vor
+                  : kind == KILN_EMU_BAR_AND ? S.vand
+                                             : S.vcount;
         for (int i = 0; i < S.nthreads; i++)
-            if (S.f[i].state == AT_BARRIER)
+            if (S.f[i].state == AT_BARRIER) {
                 S.f[i].state = RUNNABLE;
+                S.f[i].wres = (unsigned long long)res;
+            }
         S.nbarrier = 0;
+        if (kind)
+            S.nvotes++;
+        else
+            S.nbarriers++;
         new_order();
     }
     to_main(f, false);
+    return (int)f->wres;
+}
+
+extern "C" void kiln_emu_syncthreads(const char *file, int line) { barrier(0, 0, file, line); }
+
+extern "C" int kiln_emu_syncthreads_vote(int kind, int pred, const char *file, int line)
+{
+    return barrier(kind, pred, file, line);
 }
 
 static const char *warp_op_name(int kind)
@@ -469,9 +511,9 @@ bool run_block()
                 where(w, sizeof w, f);
                 if (f->state == AT_BARRIER) {
                     snprintf(S.err, S.errlen,
-                             "deadlock: %s waits at __syncthreads() (%s:%d), which %d other "
+                             "deadlock: %s waits at %s (%s:%d), which %d other "
                              "thread(s) never reach",
-                             w, f->file, f->line, S.nlive - S.nbarrier);
+                             w, bar_name(f->wkind), f->file, f->line, S.nlive - S.nbarrier);
                     break;
                 }
                 if (f->state == AT_WARP) {
@@ -496,6 +538,7 @@ extern "C" int kiln_emu_launch(const KilnEmuLaunch *l, char *err, unsigned long 
     S.errlen = errlen;
     S.failed = false;
     S.rng = l->seed;
+    S.nbarriers = S.nvotes = 0;
     err[0] = 0;
     unsigned long long nt = (unsigned long long)l->block[0] * l->block[1] * l->block[2];
     if (nt == 0 || nt > 1024 || l->block[2] > 64 || !l->grid[0] || !l->grid[1] || !l->grid[2] ||
@@ -567,5 +610,9 @@ extern "C" int kiln_emu_launch(const KilnEmuLaunch *l, char *err, unsigned long 
     if (__asan_unpoison_memory_region)
         __asan_unpoison_memory_region(tls.base, tls.size);
     kiln_emu_cur = nullptr;
+    if (l->stats) {
+        l->stats->barriers = S.nbarriers;
+        l->stats->votes = S.nvotes;
+    }
     return rc;
 }

@@ -1,8 +1,9 @@
 /* test_emu_kernels.c - the emulated CUDA device on hand-written kernels
  * (tests/emu/kernels/basic.cu): results against host references, bf16/f16
- * rounding, and the negative controls: a dropped barrier, a shuffle over
- * wrong lanes, divergent barriers, bad warp masks, reads of shared memory
- * nothing wrote, and out-of-bounds accesses must all be caught. */
+ * rounding, block-wide votes, and the negative controls: a dropped barrier,
+ * a shuffle over wrong lanes, divergent barriers (and votes), bad warp
+ * masks, reads of shared memory nothing wrote, and out-of-bounds accesses
+ * must all be caught. */
 #include "emu.h"
 #include "testutil.h"
 
@@ -300,6 +301,50 @@ static void test_votes_atomics(void **state)
     assert_true(fabs(sum - ref_sum) < 1e-3);
 }
 
+/* __syncthreads_or/_and/_count: every thread of a block gets the vote of
+ * all of them, consecutive votes do not mix, a loop driven by a vote runs
+ * as often for every thread; the launch's statistics count the votes and
+ * barriers (emu_last_stats). */
+static void test_block_votes(void **state)
+{
+    (void)state;
+    enum { NBLK = 3, NT = 96, N = NBLK * NT - 10 };
+    float x[NBLK * NT];
+    int lim[NBLK * NT], out[6 * NBLK * NT];
+    for (int i = 0; i < NBLK * NT; i++) {
+        int b = i / NT;
+        /* block 0: mixed signs; block 1: all positive; block 2: all <= 0 */
+        x[i] = b == 0 ? (i % 7 == 3 ? 1.0f : -1.0f) : b == 1 ? 2.0f : -2.0f;
+        lim[i] = b == 0 ? (int)(rnd32() % 5) : b == 1 ? 0 : (i % NT == 77 ? 6 : 1);
+    }
+    int n = N;
+    void *args[] = {&(float *){x}, &(int *){lim}, &(int *){out}, &n};
+    launch_ok("block_votes", NBLK, 1, NT, 1, 0, args);
+    unsigned long long votes = 0;
+    for (int b = 0; b < NBLK; b++) {
+        int cnt = 0, mx = 0;
+        for (int t = 0; t < NT; t++) {
+            int i = b * NT + t;
+            cnt += i < N && x[i] > 0;
+            mx = lim[i] > mx ? lim[i] : mx;
+        }
+        votes += 4 + (unsigned long long)mx + 1;
+        for (int t = 0; t < NT; t++) {
+            const int *o = out + 6 * (b * NT + t);
+            assert_int_equal(o[0], cnt > 0);
+            assert_int_equal(o[1], cnt == NT);
+            assert_int_equal(o[2], cnt);
+            assert_int_equal(o[3], 1);
+            assert_int_equal(o[4], mx);
+            assert_int_equal(o[5], 0);
+        }
+    }
+    KilnEmuStats st;
+    emu_last_stats(mod, &st);
+    assert_int_equal(st.votes, votes);
+    assert_int_equal(st.barriers, NBLK);
+}
+
 static void test_shuffles(void **state)
 {
     (void)state;
@@ -335,6 +380,7 @@ static void test_barrier_errors(void **state)
     expect_launch_error("early_return_barrier", 32, "returned while");
     expect_launch_error("divergent_barrier", 32, "__syncthreads() at");
     expect_launch_error("partial_mask", 32, "lane");
+    expect_launch_error("divergent_vote", 32, "__syncthreads_or() at");
     expect_launch_error("deadlock", 32, "deadlock");
 }
 
@@ -521,6 +567,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_gelu_bf16_grid_stride),
         cmocka_unit_test(test_transpose),
         cmocka_unit_test(test_votes_atomics),
+        cmocka_unit_test(test_block_votes),
         cmocka_unit_test(test_shuffles),
         cmocka_unit_test(test_barrier_errors),
         cmocka_unit_test(test_uninitialised_shared_is_nan),

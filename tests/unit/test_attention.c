@@ -728,6 +728,47 @@ static void test_schedule_pairs_by_layout(void **state)
     ir_free(g);
 }
 
+/* The same with two attentions that differ only in their bias operand (a
+ * [5, 5] bias each, the same q, k and attributes): each attention_lse
+ * follows the attention op of its own bias, the second bias's lse, which
+ * comes first, not the first attention op that matches in q, k and
+ * attributes; the backend then runs each pair as one kernel (no lse
+ * kernel alone). */
+static void test_schedule_pairs_by_bias(void **state)
+{
+    (void)state;
+    const char *at = "{causal=1,scale=0.5,bias=1}";
+    char text[2048];
+    snprintf(text, sizeof text,
+             "kiln-ir v1\n%%q:f32[2,5,4] = input \"q\"\n"
+             "%%b1:f32[5,5] = input \"b1\"\n%%b2:f32[5,5] = input \"b2\"\n"
+             "%%o1:f32[2,5,4] = attention %%q, %%q, %%q, %%b1 %s\n"
+             "%%o2:f32[2,5,4] = attention %%q, %%q, %%q, %%b2 %s\n"
+             "%%l2:f32[2,5,1] = attention_lse %%q, %%q, %%b2 %s\n"
+             "%%l1:f32[2,5,1] = attention_lse %%q, %%q, %%b1 %s\n"
+             "output \"o1\" %%o1\noutput \"o2\" %%o2\noutput \"l1\" %%l1\n"
+             "output \"l2\" %%l2\n",
+             at, at, at, at);
+    Graph *g = parse_or_fail(text);
+    finish(g);
+    int paired = 0;
+    for (int i = 0; i < g->ops.n; i++) {
+        const Op *l = &g->ops.v[i];
+        if (l->code != OP_ATTENTION_LSE)
+            continue;
+        assert_true(i > 0);
+        const Op *a = &g->ops.v[i - 1];
+        if (a->code != OP_ATTENTION || ir_attn_bias_in(a) != ir_attn_bias_in(l))
+            fail_msg("attention_lse with bias %%%d at %d follows %s with bias %%%d",
+                     ir_attn_bias_in(l), i, ir_opinfo[a->code].name,
+                     a->code == OP_ATTENTION ? ir_attn_bias_in(a) : -1);
+        paired++;
+    }
+    assert_int_equal(paired, 2);
+    backend_vs_interp(g, 1, 2e-5, "two biases on one q, k");
+    ir_free(g);
+}
+
 /* gpt 124M (batch 16 x 1024, bf16) as the CUDA backend compiles it: the
  * gradient of each layer's [B, T, 3C] qkv projection is one attention_dqkv
  * op run as two kernels (dq, dk/dv) writing one buffer; no concat op and no
@@ -783,6 +824,7 @@ int main(void)
         cmocka_unit_test(test_cost),
         cmocka_unit_test(test_gpt_step_on_off),
         cmocka_unit_test(test_schedule_pairs_by_layout),
+        cmocka_unit_test(test_schedule_pairs_by_bias),
         cmocka_unit_test(test_gpt124m_no_qkv_concat),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

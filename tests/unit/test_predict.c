@@ -443,6 +443,70 @@ static void test_attn_l2(void **state)
     near(cg_attn_dram_bytes(&plain, h200, 4), 123, 0, "not attention");
 }
 
+/* A bias or mask operand (the kernels' last param bx): each kernel reads
+ * one element of it at every cell of the tile pairs it visits, at its
+ * storage size (u8 mask 1, bf16 bias 2 bytes); L2 serves every read past
+ * the first of each distinct cell (a [B, 1, T, T] mask over 12 heads: each
+ * of the B slices once), and a head's share of those cells joins the
+ * head's working set. Without the operand nothing changes. */
+static void test_attn_bias_bytes(void **state)
+{
+    (void)state;
+    const CgDevice *h200 = dev("h200");
+    const int64_t T = 1024, Bn = 16, H = 12;
+    for (int kind = 0; kind < 3; kind++)
+        for (int bias = 0; bias < 2; bias++) {
+            CgCudaAttn a = {.kind = (CgCudaAttnKind)kind, .causal = true, .scale = 0.125,
+                            .dt = DT_BF16, .bh = Bn * H, .tq = T, .tk = T, .d = 64, .dv = 64,
+                            .want_o = true, .want_lse = true, .want_dk = true, .want_dv = true};
+            /* the plain layout of [B, H, T, 64] */
+            a.lay = (IrAttnLayout){.nb = Bn * H, .nh = 1, .Tq = T, .Tk = T, .D = 64, .Dv = 64,
+                                   .g = 1, .nhk = 1};
+            a.lay.q = a.lay.k = a.lay.v = a.lay.o = a.lay.dq = a.lay.dk = a.lay.dv =
+                (IrAttnStride){T * 64, 0, 64, 0};
+            a.lay.st = (IrAttnStride){T, 0, 1, 0};
+            CgCudaFn none = {0}, with = {0};
+            CgBuf b = {0};
+            Diag d = {{0}};
+            assert_true(cg_print_cuda_attn(&b, &a, "plain", &none, &d));
+            if (bias) { /* a bf16 bias [H, T, T] */
+                a.lay.bias = IR_ATTN_BIAS, a.bdt = DT_BF16;
+                a.lay.bdiv = 1, a.lay.bmod = H, a.lay.bbs = T * T, a.lay.bis = T, a.lay.bjs = 1;
+            } else { /* a u8 mask [B, 1, T, T] */
+                a.lay.bias = IR_ATTN_MASK, a.bdt = DT_U8;
+                a.lay.bdiv = H, a.lay.bmod = Bn, a.lay.bbs = T * T, a.lay.bis = T, a.lay.bjs = 1;
+            }
+            assert_true(cg_print_cuda_attn(&b, &a, "masked", &with, &d));
+            free(b.s);
+            assert_int_equal(none.attn_nw, with.attn_nw);
+            assert_int_equal(none.attn_bt, with.attn_bt);
+            /* the cells of the visited tile pairs, per batch*head: the
+             * forward and dq visit key tiles of bt up to a query tile's
+             * last row, dk/dv query tiles of bt from a key tile's first */
+            int br = 16 * none.attn_nw, bt = none.attn_bt;
+            double cells = 0;
+            if (kind != CG_CUDA_ATTN_DKDV)
+                for (int64_t q0 = 0; q0 < T; q0 += br) {
+                    int64_t kend = (q0 + br + bt - 1) / bt * bt;
+                    cells += (double)br * (double)(kend < T ? kend : T);
+                }
+            else
+                for (int64_t k0 = 0; k0 < T; k0 += br)
+                    cells += (double)br * (double)(T - k0 / bt * bt);
+            double es = bias ? 2 : 1, slices = bias ? H : Bn;
+            near(with.bytes - none.bytes, cells * es * (double)(Bn * H), 1e-12,
+                 "the bias's bytes at every visited cell");
+            near(with.attn_head - none.attn_head, slices * (double)(T * T) * es / (Bn * H),
+                 1e-12, "one head's share of the bias");
+            near(with.attn_reread - none.attn_reread,
+                 cells * es * (double)(Bn * H) - slices * (double)(T * T) * es, 1e-12,
+                 "the bias's visits past the first of each cell");
+            /* L2 holds the heads in flight: DRAM sees each distinct cell once */
+            near(cg_attn_dram_bytes(&with, h200, 1) - cg_attn_dram_bytes(&none, h200, 1),
+                 slices * (double)(T * T) * es, 1e-9, "the bias's DRAM bytes");
+        }
+}
+
 /* A whole prediction reads the rule: a compiled f32 attention over 16
  * heads of T = 1024 (the heads' k and v rows, 8 MiB, fit in L2) is costed
  * on the unique bytes, not on the visits. */
@@ -745,6 +809,7 @@ int main(void)
         cmocka_unit_test(test_gemm_parts),
         cmocka_unit_test(test_ptxas_occupancy),
         cmocka_unit_test(test_attn_l2),
+        cmocka_unit_test(test_attn_bias_bytes),
         cmocka_unit_test(test_attn_l2_predicted),
         cmocka_unit_test(test_attn_bwd_fused),
         cmocka_unit_test(test_weight_casts),

@@ -197,6 +197,29 @@ extern "C" __global__ void votes(const float *x, unsigned *ballots, int *anys, i
     }
 }
 
+// Block-wide votes (test_emu_kernels' test_block_votes): thread i of the
+// grid writes what it got from __syncthreads_or/_and/_count of p = x[i] > 0
+// (0 past n), from __syncthreads_or of (its lane == 5) and, in out[6 i + 4],
+// how many times it went round a loop that runs while any thread of the
+// block has rounds left (lim[i] each), and out[6 i + 5] the vote that ended
+// it: the attention kernels' way of skipping a tile together.
+extern "C" __global__ void block_votes(const float *x, const int *lim, int *out, int n)
+{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    int p = i < n && x[i] > 0.0f;
+    int *o = out + 6 * i;
+    o[0] = __syncthreads_or(p);
+    o[1] = __syncthreads_and(p);
+    o[2] = __syncthreads_count(p);
+    o[3] = __syncthreads_or((threadIdx.x & 31) == 5);
+    int k = 0, v;
+    while ((v = __syncthreads_or(k < lim[i])) != 0)
+        k++;
+    __syncthreads();
+    o[4] = k;
+    o[5] = v;
+}
+
 // The order in which the threads ran: order[t] = how many threads took a
 // ticket before thread t (test_emu_kernels' test_thread_order_per_kernel).
 extern "C" __global__ void arrival(int *cnt, int *order)
@@ -231,6 +254,11 @@ extern "C" __global__ void divergent_barrier(float *x)
         __syncthreads();
         x[threadIdx.x] = 2.0f;
     }
+}
+extern "C" __global__ void divergent_vote(float *x)
+{
+    // one line: the kind of barrier, not only its place, must agree
+    if (threadIdx.x < 16) x[threadIdx.x] = (float)__syncthreads_or(1); else __syncthreads();
 }
 extern "C" __global__ void partial_mask(float *x)
 {
