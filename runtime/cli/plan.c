@@ -765,9 +765,13 @@ static void print_plan(const PlanArgs *a, const CgDevice *dev, const CgClusterOp
         double f = m->fwd_bwd_s > 0 ? m->forward_s / m->fwd_bwd_s : 0;
         double wg = m->fwd_bwd_s > 0 ? m->wgrad_s / m->fwd_bwd_s : 0;
         printf("    per micro-batch: forward %.0f%%, input gradients %.0f%%, weight gradients "
-               "%.0f%% (W); the first stage holds %d micro-batch%s of activations\n",
-               100 * f, 100 * (1 - f - wg), 100 * wg, p->inflight,
-               p->inflight == 1 ? "" : "es");
+               "%.0f%% (W); ", 100 * f, 100 * (1 - f - wg), 100 * wg);
+        if (p->cut)
+            printf("stage %d, with the most memory, holds %d micro-batch%s of activations\n",
+                   p->crit_stage, p->inflight, p->inflight == 1 ? "" : "es");
+        else
+            printf("the first stage holds %d micro-batch%s of activations\n", p->inflight,
+                   p->inflight == 1 ? "" : "es");
     }
     ir_fmt_seconds(p->t_dp, x, sizeof x);
     ir_fmt_seconds(p->t_dp_exposed, y, sizeof y);
@@ -1063,6 +1067,12 @@ int cli_plan(int argc, char **argv)
         goto out;
     }
 
+    /* the model at --pp, as kiln compile --pp loads it (its pp_stage hints
+     * kept for the cut) */
+    char pp_set[32];
+    snprintf(pp_set, sizeof pp_set, "pp=%d", a.pp);
+    if (a.pp > 1 && a.pp <= 4096) /* train{pp}'s range; more is refused below */
+        vec_push(&a.sets, pp_set);
     char err[2048];
     Model *m = fe_load_model(model, a.sets.v, a.sets.n, err, sizeof err);
     if (!m) {
