@@ -75,6 +75,14 @@ awk -v a="$b1" -v g="$bg" 'BEGIN { exit !(g > a + 1) }' ||
 awk -v a="$b1" 'BEGIN { exit !(a < 100 / 5 - 1) }' ||
     fail "1f1b's bubble $b1% is not below the formula's 20%"
 
+# llama.lua at tp 2 x pp 2 with sequence parallelism: every stage program
+# compiles (the schedule pass once moved a weight-gradient unit of the B
+# program before its own first part: the formulas were used instead)
+plan sp models/llama.lua --set sequence_parallel=true --device h100 --pp 2 --tp 2 \
+    --micro-batches 4 >/dev/null
+grep -q "from the compiler's stage cut" "$T/sp.log" ||
+    fail "llama tp 2 x pp 2, sequence parallel: $(grep -A1 'pipeline (' "$T/sp.log")"
+
 # no cut (dropout): the formulas, and the plan says why
 plan drop "${gpt[@]}" --set dropout=0.1 --device h100 --pp 2 --micro-batches 4 >/dev/null
 grep -q "from the ideal split and the formulas.*random ops" "$T/drop.log" ||
