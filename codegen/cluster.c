@@ -188,16 +188,28 @@ double cg_cluster_stage_prog(const CgClusterModel *m, const CgClusterOpts *o, in
 
 /* Stage s's actions under o's schedule (3 x micro-batches), into a (the
  * caller's); the most micro-batches it holds at once (an F run, its W not
- * yet). */
-static int stage_order(const CgClusterOpts *o, int n, int s, PassStageAct *a)
+ * yet); into *bytes (may be NULL) the most bytes st holds at once: held_f
+ * for each micro-batch between its F and W, held_b between its B and W. */
+static int stage_order(const CgClusterOpts *o, int n, int s, const CgStageModel *st,
+                       PassStageAct *a, double *bytes)
 {
     int mb = o->micro_batches > 0 ? o->micro_batches : 1;
     int na = pass_stage_schedule(pass_kind(o->schedule), n, mb, s, a);
-    int held = 0, most = 0;
+    int nf = 0, nb = 0, most = 0;
+    double top = 0;
     for (int i = 0; i < na; i++) {
-        held += a[i].kind == 'F' ? 1 : a[i].kind == 'W' ? -1 : 0;
-        most = held > most ? held : most;
+        if (a[i].kind == 'F')
+            nf++;
+        else if (a[i].kind == 'B')
+            nb++;
+        else
+            nf--, nb--;
+        most = nf > most ? nf : most;
+        double x = nf * st->held_f + nb * st->held_b;
+        top = x > top ? x : top;
     }
+    if (bytes)
+        *bytes = top;
     return most;
 }
 
@@ -207,7 +219,8 @@ double cg_cluster_stage(const CgClusterModel *m, const CgClusterOpts *o, int s,
     const CgStageModel *st = &m->stages[s];
     int n = m->nstages, mb = o->micro_batches > 0 ? o->micro_batches : 1;
     PassStageAct *a = xmalloc(sizeof(PassStageAct) * (size_t)(3 * mb + 1));
-    p->inflight = stage_order(o, n, s, a);
+    double held;
+    p->inflight = stage_order(o, n, s, st, a, &held);
     free(a);
     int tp = tp_left(m, o);
     double share = m->param_bytes > 0 ? st->param_bytes / m->param_bytes : 0;
@@ -215,7 +228,7 @@ double cg_cluster_stage(const CgClusterModel *m, const CgClusterOpts *o, int s,
     p->mem_params = st->param_bytes / tp;
     p->mem_grads = m->grad_bytes * share / tp; /* accumulated over the micro-batches */
     p->mem_opt = m->opt_bytes * share / tp / zdiv;
-    p->mem_saved = st->held_bytes * p->inflight / tp;
+    p->mem_saved = held / tp;
     p->mem_act = p->mem_saved + st->tmp_bytes / tp;
     p->grads_resident = true;
     p->mem_op = -1;
@@ -240,7 +253,7 @@ double cg_cluster_pipeline(const CgClusterModel *m, const CgClusterOpts *o)
     double *hop = xcalloc((size_t)n + 1, sizeof(double)); /* boundary s: s-1 -> s */
     int *next = xcalloc((size_t)n + 1, sizeof(int));
     for (int s = 0; s < n; s++) {
-        stage_order(o, n, s, a + s * M3);
+        stage_order(o, n, s, &m->stages[s], a + s * M3, NULL);
         for (int k = 0; k < 3; k++)
             dur[3 * s + k] = stage_prog_s(m, o, &m->stages[s], k);
         if (s > 0)

@@ -741,8 +741,9 @@ typedef struct {
  * and W programs' compute seconds and TP collectives (per program: count
  * and bytes of all-reduces, and of reduce-scatters and all-gathers), the
  * bytes of the params it owns, the bytes it holds per micro-batch from its
- * F until its W has run (what F and B leave for later, the received
- * activation), the peak other temporaries of its largest program, and the
+ * F until its W has run (held_f: what F leaves for B and W, and the
+ * received activation) and from its B until its W (held_b: what B leaves
+ * for W), the peak other temporaries of its largest program, and the
  * bytes it sends to the next stage (and receives back as their gradient).
  * first_op, nops, layers: its ops of the forward graph and the attention
  * layers among them; nparams: the params it owns. */
@@ -750,7 +751,7 @@ typedef struct CgStageModel {
     double t[3];               /* F, B, W seconds */
     int tp_n[3][2];            /* [program][0: all-reduce, 1: reduce-scatter/all-gather] */
     double tp_bytes[3][2];
-    double param_bytes, held_bytes, tmp_bytes, send_bytes;
+    double param_bytes, held_f, held_b, tmp_bytes, send_bytes;
     int first_op, nops, layers, nparams;
 } CgStageModel;
 
@@ -797,9 +798,10 @@ typedef struct {
 /* The memory rows of p (mem_*) alone, as cg_cluster_project sets them. */
 void cg_cluster_memory(const CgClusterModel *m, const CgClusterOpts *o, CgClusterPlan *p);
 /* Stage s of m's cut (m->nstages > 0) under o: its memory per GPU into the
- * mem_* rows of p (params, grads, optimizer state, its held micro-batches'
- * activations and its largest program's temporaries; p->inflight: the
- * micro-batches it holds at once under o->schedule), and its busy seconds
+ * mem_* rows of p (params, grads, optimizer state, the activations it holds
+ * where its schedule holds the most, mem_saved, and its largest program's
+ * temporaries; p->inflight: the most micro-batches it holds at once, F run
+ * and W not, under o->schedule), and its busy seconds
  * per step (m x (F + B + W + its TP collectives)) as the return value. */
 double cg_cluster_stage(const CgClusterModel *m, const CgClusterOpts *o, int s,
                         CgClusterPlan *p);

@@ -75,6 +75,7 @@ typedef struct {
     double *tpb; /* the TP collectives' bytes and kinds (a partitioned step) */
     int *tpk;
     CgStageModel *stages; /* the stage cut's (measure_stages); NULL: none */
+    double stage_scale;   /* what the stage programs' times were scaled by (1: none) */
 } Variant;
 
 /* c's memory timeline from the memory plan mp: per op the gradients, the
@@ -380,8 +381,9 @@ out:
 /* Compiles program g of a pipeline stage (F, B or W) as runtime/dist/pp.c
  * does (simplify, fuse, schedule) and times it on dev into st's row k:
  * compute seconds, the TP collectives (count and bytes per kind), the peak
- * of its other temporaries; adds to st->held_bytes what it leaves for a
- * later program ("pp.stash.T" outputs; F: and the received activations). */
+ * of its other temporaries; adds to st->held_f (F) or held_b (B) what it
+ * leaves for a later program ("pp.stash.T" outputs; F: and the received
+ * activations). */
 static bool time_stage_prog(const Model *m, Graph *g, const PassOpts *po, const CgDevice *dev,
                             CgStageModel *st, int k, Diag *d)
 {
@@ -403,6 +405,7 @@ static bool time_stage_prog(const Model *m, Graph *g, const PassOpts *po, const 
     CgPrediction *r = cg_predict(p, q, dev, &o);
     for (int i = 0; i < r->rows.n; i++)
         st->t[k] += r->rows.v[i].s;
+
     for (int i = 0; i < p->steps.n; i++) {
         const CgStep *cs = &p->steps.v[i];
         if (cs->kind != CG_STEP_TP)
@@ -418,12 +421,13 @@ static bool time_stage_prog(const Model *m, Graph *g, const PassOpts *po, const 
     const MemPlan *mp = q ? q->mem : p->mem;
     double tmp = (double)(mp->peak_live - mp->persistent_bytes);
     st->tmp_bytes = tmp > st->tmp_bytes ? tmp : st->tmp_bytes;
+    double *held = k == 0 ? &st->held_f : &st->held_b;
     for (int i = 0; k < 2 && i < g->outs.n; i++)
         if (strncmp(g->outs.v[i].name, "pp.stash.", 9) == 0)
-            st->held_bytes += (double)shape_bytes(&g->t.v[g->outs.v[i].t].s);
+            *held += (double)shape_bytes(&g->t.v[g->outs.v[i].t].s);
     for (int i = 0; k == 0 && i < g->t.n; i++)
         if (g->t.v[i].op < 0 && g->t.v[i].name && strncmp(g->t.v[i].name, "pp.recv.", 8) == 0)
-            st->held_bytes += (double)shape_bytes(&g->t.v[i].s);
+            *held += (double)shape_bytes(&g->t.v[i].s);
     cg_prediction_free(r);
     cg_cuda_program_free(q);
     cg_plan_free(p);
@@ -477,6 +481,7 @@ static bool measure_stages(const Model *m, const PassOpts *po, const CgDevice *d
         Graph *full = pass_stage_graph(fwd, &cut, s, true);
         Graph *pr[3] = {NULL, NULL, NULL};
         ok = pass_autodiff(full, &bo, d);
+
         if (ok)
             pass_stage_split(full, s == pp - 1, &pr[0], &pr[1], &pr[2]);
         ir_free(full);
@@ -486,7 +491,7 @@ static bool measure_stages(const Model *m, const PassOpts *po, const CgDevice *d
             if (pr[k])
                 ir_free(pr[k]);
         if (bf16)
-            st->held_bytes *= 0.5;
+            st->held_f *= 0.5, st->held_b *= 0.5;
     }
     free(seen);
     pass_stage_cut_free(&cut);
@@ -495,6 +500,18 @@ static bool measure_stages(const Model *m, const PassOpts *po, const CgDevice *d
         free(sm);
         return false;
     }
+    /* on a GPU kiln runs no stages yet, and the stage programs compiled
+     * apart keep what crosses between them (stashes, sends) at f32, so
+     * their attention runs at f32: their times keep the cut's balance and
+     * F/B/W split, scaled to sum to the whole step's (bf16 storages, the
+     * attention passes' layouts) */
+    double sum = 0;
+    for (int s = 0; s < pp; s++)
+        sum += sm[s].t[0] + sm[s].t[1] + sm[s].t[2];
+    v->stage_scale = dev->gpu && sum > 0 ? v->m.fwd_bwd_s / sum : 1;
+    for (int s = 0; s < pp; s++)
+        for (int k = 0; k < 3; k++)
+            sm[s].t[k] *= v->stage_scale;
     v->stages = sm;
     v->m.nstages = pp;
     v->m.stages = sm;
@@ -733,6 +750,10 @@ static void print_plan(const PlanArgs *a, const CgDevice *dev, const CgClusterOp
         printf("  total %s\n", x);
     }
     print_remat_choice(dev, rc);
+    if (p->cut)
+        printf("    (the rows above are the stage cut's, stage %d's; the remat choice and the "
+               "remat rows are the whole step's over the ideal split: kiln train --pp runs "
+               "no remat yet)\n", p->crit_stage);
     printf("step (critical path per GPU):\n");
     ir_fmt_seconds(p->t_mb, x, sizeof x);
     ir_fmt_seconds(p->t_tp_mb, y, sizeof y);
@@ -756,6 +777,10 @@ static void print_plan(const PlanArgs *a, const CgDevice *dev, const CgClusterOp
         printf("    from the compiler's stage cut (as kiln compile --pp %d cuts it) and the "
                "schedule simulated with each stage's F, B and W (passes/stages.c); the most "
                "loaded stage's busy time is the step's compute, the rest its bubble\n", o->pp);
+        if (v->stage_scale != 1)
+            printf("    (on a GPU the stage programs' times are scaled by %.2f to sum to the "
+                   "whole step's: compiled apart, what crosses between them stays f32; see "
+                   "docs/plan.md)\n", v->stage_scale);
         print_stages(o, m, p);
     } else if (o->pp > 1) {
         printf("    from the ideal split and the formulas (docs/plan.md): the stage cut could "
@@ -1188,6 +1213,7 @@ int cli_plan(int argc, char **argv)
         Diag sd = {{0}};
         if (!measure_stages(m, &po, dev, a.pp, &v, &sd))
             snprintf(cut_why, sizeof cut_why, "%.500s", sd.msg);
+
     }
     if (a.global_batch > 0) {
         int64_t per = v.m.micro_batch * a.dp;

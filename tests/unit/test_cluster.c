@@ -401,8 +401,8 @@ static void test_bubble(void **state)
 static void test_stage_pipeline(void **state)
 {
     (void)state;
-    CgStageModel st[2] = {{.t = {1, 2, 3}, .param_bytes = 1e9, .held_bytes = 1e6},
-                          {.t = {1, 2, 3}, .param_bytes = 1e9, .held_bytes = 1e6}};
+    CgStageModel st[2] = {{.t = {1, 2, 3}, .param_bytes = 1e9, .held_f = 1e6},
+                          {.t = {1, 2, 3}, .param_bytes = 1e9, .held_f = 1e6}};
     CgClusterModel m = model();
     m.param_bytes = 2e9, m.grad_bytes = 2e9, m.opt_bytes = 4e9, m.nbuckets = 0;
     m.nstages = 2, m.stages = st, m.tp_split = 8; /* times are one TP rank's */
