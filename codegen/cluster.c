@@ -161,6 +161,8 @@ static double stage_prog_s(const CgClusterModel *m, const CgClusterOpts *o,
     double bw = o->tp <= o->gpus_per_node ? o->intra_bw : o->inter_bw;
     int tp = tp_left(m, o);
     double t = st->t[k] / tp;
+    if (o->stage_bw > 0)
+        t += 2.0 * st->copy_bytes[k] / tp / o->stage_bw;
     if (o->tp <= 1)
         return t;
     if (m->tp_split > 1) {

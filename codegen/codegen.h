@@ -752,6 +752,12 @@ typedef struct CgStageModel {
     int tp_n[3][2];            /* [program][0: all-reduce, 1: reduce-scatter/all-gather] */
     double tp_bytes[3][2];
     double param_bytes, held_f, held_b, tmp_bytes, send_bytes;
+    /* per program, the bytes the CPU runtime copies between its buffers
+     * and the program each micro-batch (runtime/dist/pp.c: the stash and
+     * what is received in, the stash and what is sent out, the params'
+     * gradients out and summed; a copy reads and writes each byte): with
+     * CgClusterOpts.stage_bw > 0, 2 x copy_bytes / stage_bw seconds more */
+    double copy_bytes[3];
     int first_op, nops, layers, nparams;
 } CgStageModel;
 

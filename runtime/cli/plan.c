@@ -421,6 +421,23 @@ static bool time_stage_prog(const Model *m, Graph *g, const PassOpts *po, const 
     const MemPlan *mp = q ? q->mem : p->mem;
     double tmp = (double)(mp->peak_live - mp->persistent_bytes);
     st->tmp_bytes = tmp > st->tmp_bytes ? tmp : st->tmp_bytes;
+    /* what the CPU runtime copies in and out around the program */
+    for (int i = 0; i < g->t.n; i++) {
+        const Tensor *t = &g->t.v[i];
+        if (t->op < 0 && t->name &&
+            (strncmp(t->name, "pp.stash.", 9) == 0 || strncmp(t->name, "pp.recv.", 8) == 0 ||
+             strncmp(t->name, "pp.seed.", 8) == 0))
+            st->copy_bytes[k] += (double)shape_bytes(&t->s);
+    }
+    for (int i = 0; i < g->outs.n; i++) {
+        const char *nm = g->outs.v[i].name;
+        double b = (double)shape_bytes(&g->t.v[g->outs.v[i].t].s);
+        if (strncmp(nm, "pp.stash.", 9) == 0 || strncmp(nm, "pp.send.", 8) == 0 ||
+            strncmp(nm, "grad.pp.recv.", 13) == 0)
+            st->copy_bytes[k] += b;
+        else if (strncmp(nm, "grad.", 5) == 0) /* read out, then acc + g: 2.5 copies */
+            st->copy_bytes[k] += 2.5 * b;
+    }
     double *held = k == 0 ? &st->held_f : &st->held_b;
     for (int i = 0; k < 2 && i < g->outs.n; i++)
         if (strncmp(g->outs.v[i].name, "pp.stash.", 9) == 0)

@@ -424,6 +424,11 @@ static void test_stage_pipeline(void **state)
     assert_int_equal(pg.inflight, 4);
     assert_true(pg.mem_total > p.mem_total);
     o.schedule = CG_PP_1F1B;
+    /* the CPU runtime's copies around each program: 2 x bytes / stage_bw */
+    st[1].copy_bytes[2] = 1e9, o.stage_bw = 2e9;
+    assert_true(fabs(cg_cluster_stage_prog(&m, &o, 1, 2) - 4) < 1e-9);
+    assert_true(fabs(cg_cluster_stage(&m, &o, 1, &s1) - 28) < 1e-9);
+    st[1].copy_bytes[2] = 0, o.stage_bw = 0;
     st[1].t[0] = 2, st[1].t[1] = 4, st[1].t[2] = 6; /* stage 1 twice as slow */
     CgClusterPlan ps = project(&m, &o);
     assert_true(ps.t_pipeline >= 4 * 12 && ps.t_bubble >= 0);
