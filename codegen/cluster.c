@@ -367,7 +367,8 @@ bool cg_cluster_project(const CgClusterModel *m, const CgClusterOpts *o, CgClust
     p->t_pipeline = o->micro_batches * u + p->t_bubble;
     p->t_opt = m->opt_s / split / zdiv;
     p->crit_stage = -1;
-    p->cut = m->nstages > 1 && m->nstages == o->pp;
+    p->cut = m->nstages > 1 && m->nstages == o->pp &&
+             (double)o->micro_batches * o->pp * o->pp <= CG_PP_SIM_MAX;
     if (p->cut) {
         /* the compiler's cut: the simulated makespan of the stages' F, B
          * and W in the schedule's order; the most loaded stage's compute

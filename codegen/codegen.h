@@ -811,6 +811,9 @@ void cg_cluster_memory(const CgClusterModel *m, const CgClusterOpts *o, CgCluste
  * per step (m x (F + B + W + its TP collectives)) as the return value. */
 double cg_cluster_stage(const CgClusterModel *m, const CgClusterOpts *o, int s,
                         CgClusterPlan *p);
+/* The largest micro-batches x stages^2 whose schedule cg_cluster_project
+ * simulates (its time grows so); beyond, the formulas. */
+#define CG_PP_SIM_MAX 4194304.0
 /* Seconds of one micro-batch's program k (0 F, 1 B, 2 W) on stage s under
  * o: its compute (over tp for an ideal split) and TP collectives. */
 double cg_cluster_stage_prog(const CgClusterModel *m, const CgClusterOpts *o, int s, int k);

@@ -801,7 +801,7 @@ static void print_plan(const PlanArgs *a, const CgDevice *dev, const CgClusterOp
         print_stages(o, m, p);
     } else if (o->pp > 1) {
         printf("    from the ideal split and the formulas (docs/plan.md): the stage cut could "
-               "not be made: %s\n", cut_why && *cut_why ? cut_why : "?");
+               "not be used: %s\n", cut_why && *cut_why ? cut_why : "?");
     }
     if (o->pp > 1) {
         double f = m->fwd_bwd_s > 0 ? m->forward_s / m->fwd_bwd_s : 0;
@@ -1247,6 +1247,9 @@ int cli_plan(int argc, char **argv)
         }
         o.micro_batches = (int)(a.global_batch / per);
     }
+    if (v.m.nstages > 0 && (double)o.micro_batches * a.pp * a.pp > CG_PP_SIM_MAX)
+        snprintf(cut_why, sizeof cut_why, "%d micro-batches x %d stages squared is more than "
+                 "the schedule's simulation takes (%.0f)", o.micro_batches, a.pp, CG_PP_SIM_MAX);
     CgClusterPlan p;
     char why[256];
     if (!cg_cluster_project(&v.m, &o, &p, why, sizeof why)) {

@@ -4,8 +4,9 @@
 # `kiln compile --pp` cuts (gpt.lua's own cut, and pp_hint.lua's cut moved
 # by a pp_stage hint); the bubble and the micro-batches each stage holds
 # follow --schedule (the schedule simulated with the stages' F, B and W);
-# where the cut cannot be made (dropout), the plan says it uses the
-# formulas. --device h100: no machine figures are measured, so it is quick.
+# where the cut cannot be made (dropout) or the schedule is too long to
+# simulate, the plan says it uses the formulas. --device h100: no machine
+# figures are measured, so it is quick.
 set -u
 : "${KILN:?KILN must point at the kiln binary}"
 T=$(mktemp -d "${TMPDIR:-/tmp}/kiln-plan-pp.XXXXXX")
@@ -87,4 +88,8 @@ grep -q "from the compiler's stage cut" "$T/sp.log" ||
 plan drop "${gpt[@]}" --set dropout=0.1 --device h100 --pp 2 --micro-batches 4 >/dev/null
 grep -q "from the ideal split and the formulas.*random ops" "$T/drop.log" ||
     fail "dropout: no fallback line: $(grep -A1 'pipeline (' "$T/drop.log")"
+# a schedule too long to simulate (m x pp^2 above 2^22): the formulas, said
+plan long "${gpt[@]}" --device h100 --pp 4 --micro-batches 262145 >/dev/null
+grep -q "the stage cut could not be used: 262145 micro-batches x 4 stages squared" "$T/long.log" ||
+    fail "long schedule: $(grep -A1 'pipeline (' "$T/long.log")"
 echo "plan_pp: ok"
