@@ -384,10 +384,12 @@ bool cg_cluster_project(const CgClusterModel *m, const CgClusterOpts *o, CgClust
             if (busy > most) {
                 most = busy;
                 p->t_mb = 0, p->t_tp_mb = 0;
-                for (int k = 0; k < 3; k++) {
-                    p->t_mb += m->stages[s].t[k] / tp_left(m, o);
-                    p->t_tp_mb += stage_prog_s(m, o, &m->stages[s], k) -
-                                  m->stages[s].t[k] / tp_left(m, o);
+                for (int k = 0; k < 3; k++) { /* compute (cpu: and copies), TP */
+                    double c = m->stages[s].t[k] / tp_left(m, o);
+                    if (o->stage_bw > 0)
+                        c += 2.0 * m->stages[s].copy_bytes[k] / tp_left(m, o) / o->stage_bw;
+                    p->t_mb += c;
+                    p->t_tp_mb += stage_prog_s(m, o, &m->stages[s], k) - c;
                 }
             }
             if (m->opt_s * share / tp_left(m, o) / zdiv > opt)
