@@ -53,6 +53,12 @@ done
 [ "$(cut tests/data/pp_hint.lua --pp 2 --set cut=1)" != "$(cut tests/data/pp_hint.lua --pp 2 --set cut=0)" ] ||
     fail "pp_hint: the hint does not move the cut (the test would not tell)"
 
+# --json: the model used and one object per stage
+"$KILN" plan "${gpt[@]}" --device h100 --pp 2 --micro-batches 4 --json >"$T/j.json" 2>&1 ||
+    fail "plan --json: $(tail -3 "$T/j.json")"
+grep -Eq '"pipeline_model":[[:space:]]*"cut"' "$T/j.json" || fail "--json: no pipeline_model cut"
+[ "$(grep -c '"busy_s"' "$T/j.json")" = 2 ] || fail "--json: not 2 stages"
+
 # the schedule: gpipe holds all m micro-batches on every stage, 1f1b pp - s
 # on stage s (gpt.lua, pp 4, m 4)
 for s in 1f1b gpipe; do
