@@ -19,6 +19,7 @@
 #include "codegen.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* seconds of a ring all-reduce of `bytes` over n ranks */
@@ -142,6 +143,177 @@ void cg_cluster_memory(const CgClusterModel *m, const CgClusterOpts *o, CgCluste
     p->mem_total = p->mem_params + p->mem_grads + p->mem_opt + p->mem_act;
 }
 
+/* ---- the stage cut (m->nstages > 0) ----------------------------------- */
+
+static int pass_kind(CgPipeSchedule s)
+{
+    return s == CG_PP_GPIPE ? PASS_SCHED_GPIPE : s == CG_PP_ZBH1 ? PASS_SCHED_ZBH1
+                                                                : PASS_SCHED_1F1B;
+}
+
+/* Seconds of program k (0 F, 1 B, 2 W) of stage st, its TP collectives
+ * included: the compiled ones (a partitioned step), or for an ideal split
+ * the program's compute over tp and Megatron's two all-reduces of the
+ * activations per layer in F and in B. */
+static double stage_prog_s(const CgClusterModel *m, const CgClusterOpts *o,
+                           const CgStageModel *st, int k)
+{
+    double bw = o->tp <= o->gpus_per_node ? o->intra_bw : o->inter_bw;
+    int tp = tp_left(m, o);
+    double t = st->t[k] / tp;
+    if (o->stage_bw > 0)
+        t += 2.0 * st->copy_bytes[k] / tp / o->stage_bw;
+    if (o->tp <= 1)
+        return t;
+    if (m->tp_split > 1) {
+        for (int c = 0; c < 2; c++) {
+            int n = st->tp_n[k][c];
+            if (n == 0)
+                continue;
+            double one = c == 0 ? cg_ring_allreduce(st->tp_bytes[k][c], o->tp, bw, o->alpha_s)
+                                : cg_ring_half(st->tp_bytes[k][c], o->tp, bw, o->alpha_s);
+            t += one + (n - 1) * (c == 0 ? 2.0 : 1.0) * (o->tp - 1) * o->alpha_s;
+        }
+        return t;
+    }
+    if (k < 2) {
+        double act = (double)m->micro_batch * m->seq_len * m->d_model * m->act_dtype_bytes;
+        t += 2.0 * st->layers * cg_ring_allreduce(act, o->tp, bw, o->alpha_s);
+    }
+    return t;
+}
+
+double cg_cluster_stage_prog(const CgClusterModel *m, const CgClusterOpts *o, int s, int k)
+{
+    return stage_prog_s(m, o, &m->stages[s], k);
+}
+
+/* Stage s's actions under o's schedule (3 x micro-batches), into a (the
+ * caller's); the most micro-batches it holds at once (an F run, its W not
+ * yet); into *bytes (may be NULL) the most bytes st holds at once: held_f
+ * for each micro-batch between its F and W, held_b between its B and W. */
+static int stage_order(const CgClusterOpts *o, int n, int s, const CgStageModel *st,
+                       PassStageAct *a, double *bytes)
+{
+    int mb = o->micro_batches > 0 ? o->micro_batches : 1;
+    int na = pass_stage_schedule(pass_kind(o->schedule), n, mb, s, a);
+    int nf = 0, nb = 0, most = 0;
+    double top = 0;
+    for (int i = 0; i < na; i++) {
+        if (a[i].kind == 'F')
+            nf++;
+        else if (a[i].kind == 'B')
+            nb++;
+        else
+            nf--, nb--;
+        most = nf > most ? nf : most;
+        double x = nf * st->held_f + nb * st->held_b;
+        top = x > top ? x : top;
+    }
+    if (bytes)
+        *bytes = top;
+    return most;
+}
+
+double cg_cluster_stage(const CgClusterModel *m, const CgClusterOpts *o, int s,
+                        CgClusterPlan *p)
+{
+    const CgStageModel *st = &m->stages[s];
+    int n = m->nstages, mb = o->micro_batches > 0 ? o->micro_batches : 1;
+    PassStageAct *a = xmalloc(sizeof(PassStageAct) * (size_t)(3 * mb + 1));
+    double held;
+    p->inflight = stage_order(o, n, s, st, a, &held);
+    free(a);
+    int tp = tp_left(m, o);
+    double share = m->param_bytes > 0 ? st->param_bytes / m->param_bytes : 0;
+    int zdiv = o->zero && !m->opt_sharded ? o->dp : 1;
+    p->mem_params = st->param_bytes / tp;
+    p->mem_grads = m->grad_bytes * share / tp; /* accumulated over the micro-batches */
+    p->mem_opt = m->opt_bytes * share / tp / zdiv;
+    p->mem_saved = held / tp;
+    p->mem_act = p->mem_saved + st->tmp_bytes / tp;
+    p->grads_resident = true;
+    p->mem_op = -1;
+    p->mem_total = p->mem_params + p->mem_grads + p->mem_opt + p->mem_act;
+    double busy = 0;
+    for (int k = 0; k < 3; k++)
+        busy += stage_prog_s(m, o, st, k);
+    return mb * busy;
+}
+
+double cg_cluster_pipeline(const CgClusterModel *m, const CgClusterOpts *o)
+{
+    int n = m->nstages, mb = o->micro_batches > 0 ? o->micro_batches : 1, M3 = 3 * mb;
+    /* pipeline neighbours are tp x dp ranks apart (PP outermost) */
+    bool inside = (int64_t)o->tp * o->dp * 2 <= o->gpus_per_node;
+    double bw = inside ? o->intra_bw : o->inter_bw;
+    PassStageAct *a = xmalloc(sizeof(PassStageAct) * (size_t)(n * M3 + 1));
+    double *fend = xmalloc(sizeof(double) * (size_t)(n * mb + 1));
+    double *bend = xmalloc(sizeof(double) * (size_t)(n * mb + 1));
+    double *busy = xcalloc((size_t)n + 1, sizeof(double));
+    double *dur = xmalloc(sizeof(double) * (size_t)(3 * n + 1));
+    double *hop = xcalloc((size_t)n + 1, sizeof(double)); /* boundary s: s-1 -> s */
+    int *next = xcalloc((size_t)n + 1, sizeof(int));
+    for (int s = 0; s < n; s++) {
+        stage_order(o, n, s, &m->stages[s], a + s * M3, NULL);
+        for (int k = 0; k < 3; k++)
+            dur[3 * s + k] = stage_prog_s(m, o, &m->stages[s], k);
+        if (s > 0)
+            hop[s] = m->stages[s - 1].send_bytes / bw + o->alpha_s;
+    }
+    for (int i = 0; i < n * mb; i++)
+        fend[i] = bend[i] = -1;
+    /* each stage runs its next action once what it needs has arrived: an
+     * F the activation from s-1, a B its own F and the gradient from s+1,
+     * a W its own B; the orders are the unit-slot simulation's, so every
+     * stage advances until all are done */
+    double end = 0;
+    for (bool moved = true; moved;) {
+        moved = false;
+        for (int s = 0; s < n; s++)
+            for (; next[s] < M3; next[s]++) {
+                PassStageAct x = a[s * M3 + next[s]];
+                int k = x.mb;
+                double ready;
+                if (x.kind == 'F') {
+                    if (s > 0 && fend[(s - 1) * mb + k] < 0)
+                        break;
+                    ready = s > 0 ? fend[(s - 1) * mb + k] + hop[s] : 0;
+                } else if (x.kind == 'B') {
+                    if (fend[s * mb + k] < 0 || (s < n - 1 && bend[(s + 1) * mb + k] < 0))
+                        break;
+                    ready = fend[s * mb + k];
+                    if (s < n - 1 && bend[(s + 1) * mb + k] + hop[s + 1] > ready)
+                        ready = bend[(s + 1) * mb + k] + hop[s + 1];
+                } else {
+                    if (bend[s * mb + k] < 0)
+                        break;
+                    ready = bend[s * mb + k];
+                }
+                double t0 = ready > busy[s] ? ready : busy[s];
+                int pk = x.kind == 'F' ? 0 : x.kind == 'B' ? 1 : 2;
+                busy[s] = t0 + dur[3 * s + pk];
+                if (x.kind == 'F')
+                    fend[s * mb + k] = busy[s];
+                else if (x.kind == 'B')
+                    bend[s * mb + k] = busy[s];
+                end = busy[s] > end ? busy[s] : end;
+                moved = true;
+            }
+    }
+    for (int s = 0; s < n; s++)
+        if (next[s] < M3)
+            die("cg_cluster_pipeline: stage %d stalls at action %d of %d", s, next[s], M3);
+    free(a);
+    free(fend);
+    free(bend);
+    free(busy);
+    free(dur);
+    free(hop);
+    free(next);
+    return end;
+}
+
 bool cg_cluster_project(const CgClusterModel *m, const CgClusterOpts *o, CgClusterPlan *p,
                         char *why, size_t nwhy)
 {
@@ -193,8 +365,47 @@ bool cg_cluster_project(const CgClusterModel *m, const CgClusterOpts *o, CgClust
     }
     p->t_bubble = (o->pp - 1) * u * idle;
     p->t_pipeline = o->micro_batches * u + p->t_bubble;
-    p->bubble = p->t_pipeline > 0 ? p->t_bubble / p->t_pipeline : 0;
     p->t_opt = m->opt_s / split / zdiv;
+    p->crit_stage = -1;
+    p->cut = m->nstages > 1 && m->nstages == o->pp &&
+             (double)o->micro_batches * o->pp * o->pp <= CG_PP_SIM_MAX;
+    if (p->cut) {
+        /* the compiler's cut: the simulated makespan of the stages' F, B
+         * and W in the schedule's order; the most loaded stage's compute
+         * per micro-batch, its share of the optimizer; memory per GPU:
+         * the stage that holds the most */
+        CgClusterPlan ps;
+        double most = 0, opt = 0;
+        p->mem_total = -1;
+        for (int s = 0; s < m->nstages; s++) {
+            memset(&ps, 0, sizeof ps);
+            double busy = cg_cluster_stage(m, o, s, &ps);
+            double share = m->param_bytes > 0 ? m->stages[s].param_bytes / m->param_bytes : 0;
+            if (busy > most) {
+                most = busy;
+                p->t_mb = 0, p->t_tp_mb = 0;
+                for (int k = 0; k < 3; k++) { /* compute (cpu: and copies), TP */
+                    double c = m->stages[s].t[k] / tp_left(m, o);
+                    if (o->stage_bw > 0)
+                        c += 2.0 * m->stages[s].copy_bytes[k] / tp_left(m, o) / o->stage_bw;
+                    p->t_mb += c;
+                    p->t_tp_mb += stage_prog_s(m, o, &m->stages[s], k) - c;
+                }
+            }
+            if (m->opt_s * share / tp_left(m, o) / zdiv > opt)
+                opt = m->opt_s * share / tp_left(m, o) / zdiv;
+            if (ps.mem_total > p->mem_total) {
+                p->mem_params = ps.mem_params, p->mem_grads = ps.mem_grads;
+                p->mem_opt = ps.mem_opt, p->mem_act = ps.mem_act, p->mem_saved = ps.mem_saved;
+                p->mem_total = ps.mem_total, p->grads_resident = true, p->mem_op = -1;
+                p->inflight = ps.inflight, p->crit_stage = s;
+            }
+        }
+        p->t_pipeline = cg_cluster_pipeline(m, o);
+        p->t_bubble = p->t_pipeline > most ? p->t_pipeline - most : 0;
+        p->t_opt = opt;
+    }
+    p->bubble = p->t_pipeline > 0 ? p->t_bubble / p->t_pipeline : 0;
 
     /* DP: the last micro-batch's backward is what the buckets overlap */
     bool dp_inside = (int64_t)o->tp * o->dp <= o->gpus_per_node;

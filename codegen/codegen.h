@@ -729,7 +729,37 @@ typedef struct {
     int tp_split, ntp;
     const double *tp_bytes;
     const int *tp_coll;
+    /* nstages > 0: the compiler's cut for pp = nstages (passes/stages.c),
+     * each stage's programs compiled and timed as the pipeline runs them;
+     * kiln plan then takes the step from stages[] and the schedule's
+     * simulation instead of the ideal split (cg_cluster_project). */
+    int nstages;
+    const struct CgStageModel *stages;
 } CgClusterModel;
+
+/* One pipeline stage of the cut, one micro-batch (docs/plan.md): its F, B
+ * and W programs' compute seconds and TP collectives (per program: count
+ * and bytes of all-reduces, and of reduce-scatters and all-gathers), the
+ * bytes of the params it owns, the bytes it holds per micro-batch from its
+ * F until its W has run (held_f: what F leaves for B and W, and the
+ * received activation) and from its B until its W (held_b: what B leaves
+ * for W), the peak other temporaries of its largest program, and the
+ * bytes it sends to the next stage (and receives back as their gradient).
+ * first_op, nops, layers: its ops of the forward graph and the attention
+ * layers among them; nparams: the params it owns. */
+typedef struct CgStageModel {
+    double t[3];               /* F, B, W seconds */
+    int tp_n[3][2];            /* [program][0: all-reduce, 1: reduce-scatter/all-gather] */
+    double tp_bytes[3][2];
+    double param_bytes, held_f, held_b, tmp_bytes, send_bytes;
+    /* per program, the bytes the CPU runtime copies between its buffers
+     * and the program each micro-batch (runtime/dist/pp.c: the stash and
+     * what is received in, the stash and what is sent out, the params'
+     * gradients out and summed; a copy reads and writes each byte): with
+     * CgClusterOpts.stage_bw > 0, 2 x copy_bytes / stage_bw seconds more */
+    double copy_bytes[3];
+    int first_op, nops, layers, nparams;
+} CgStageModel;
 
 /* A pipeline's schedule (docs/plan.md): 1F1B (Megatron), GPipe (every
  * forward, then every backward), ZB-H1 (zero bubble: each backward's
@@ -763,12 +793,37 @@ typedef struct {
     double dp_bw, t_dp, t_dp_exposed;
     double step_predicted, step;
     double tokens_per_s, mfu, mfu_attn;
+    bool cut;                 /* the pipeline's times and memory come from the stage
+                                 cut and the schedule's simulation (m->nstages); else
+                                 the ideal split and the formulas */
+    int crit_stage;           /* cut: the stage with the most memory (-1: none) */
     int64_t steps;            /* whole steps to the token budget */
     double days, days_goodput, step_for_target;
 } CgClusterPlan;
 
 /* The memory rows of p (mem_*) alone, as cg_cluster_project sets them. */
 void cg_cluster_memory(const CgClusterModel *m, const CgClusterOpts *o, CgClusterPlan *p);
+/* Stage s of m's cut (m->nstages > 0) under o: its memory per GPU into the
+ * mem_* rows of p (params, grads, optimizer state, the activations it holds
+ * where its schedule holds the most, mem_saved, and its largest program's
+ * temporaries; p->inflight: the most micro-batches it holds at once, F run
+ * and W not, under o->schedule), and its busy seconds
+ * per step (m x (F + B + W + its TP collectives)) as the return value. */
+double cg_cluster_stage(const CgClusterModel *m, const CgClusterOpts *o, int s,
+                        CgClusterPlan *p);
+/* The largest micro-batches x stages^2 whose schedule cg_cluster_project
+ * simulates (its time grows so); beyond, the formulas. */
+#define CG_PP_SIM_MAX 4194304.0
+/* Seconds of one micro-batch's program k (0 F, 1 B, 2 W) on stage s under
+ * o: its compute (over tp for an ideal split) and TP collectives. */
+double cg_cluster_stage_prog(const CgClusterModel *m, const CgClusterOpts *o, int s, int k);
+/* The pipeline's makespan for one step under o->schedule: each stage runs
+ * its actions in the order pass_stage_schedule gives them (the compiled
+ * program's), each F, B and W taking the stage's time (its TP collectives
+ * included), an activation or gradient crossing boundary s after
+ * send_bytes / bw + alpha (bw: o's link between pipeline neighbours).
+ * m->nstages > 0. */
+double cg_cluster_pipeline(const CgClusterModel *m, const CgClusterOpts *o);
 double cg_ring_allreduce(double bytes, int n, double bw, double alpha);
 double cg_ring_half(double bytes, int n, double bw, double alpha);
 /* False with why set when the layout does not add up. */

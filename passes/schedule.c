@@ -321,7 +321,7 @@ static void overlap_tp(const Graph *g, const int *unit, int *order, int n)
                 const Op *x = &g->ops.v[order[q]];
                 for (int j = 0; j < x->nin && ok; j++) {
                     int d = g->t.v[x->in[j]].op;
-                    ok = d < 0 || unit[d] == u || pos[d] <= p;
+                    ok = d < 0 || (unit[d] == u && pos[d] >= k) || pos[d] <= p;
                 }
             }
             for (int q = k; q <= e && ok; q++, na++)

@@ -74,6 +74,8 @@ typedef struct {
     double *mem;
     double *tpb; /* the TP collectives' bytes and kinds (a partitioned step) */
     int *tpk;
+    CgStageModel *stages; /* the stage cut's (measure_stages); NULL: none */
+    double stage_scale;   /* what the stage programs' times were scaled by (1: none) */
 } Variant;
 
 /* c's memory timeline from the memory plan mp: per op the gradients, the
@@ -376,6 +378,163 @@ out:
     return ok;
 }
 
+/* Compiles program g of a pipeline stage (F, B or W) as runtime/dist/pp.c
+ * does (simplify, fuse, schedule) and times it on dev into st's row k:
+ * compute seconds, the TP collectives (count and bytes per kind), the peak
+ * of its other temporaries; adds to st->held_f (F) or held_b (B) what it
+ * leaves for a later program ("pp.stash.T" outputs; F: and the received
+ * activations). */
+static bool time_stage_prog(const Model *m, Graph *g, const PassOpts *po, const CgDevice *dev,
+                            CgStageModel *st, int k, Diag *d)
+{
+    if (g->ops.n == 0)
+        return true;
+    if (!pass_simplify(g, po, d) || !pass_fuse(g, po, d) || !pass_schedule(g, po, d))
+        return false;
+    char err[512];
+    if (!ir_verify(g, err, sizeof err)) { /* kiln train --pp would stop here too */
+        snprintf(d->msg, sizeof d->msg, "stage program %c does not compile: %.400s",
+                 "FBW"[k], err);
+        return false;
+    }
+    CgPlan *p = cg_plan(g, d);
+    if (!p)
+        return false;
+    CgPredictOpts o = cli_predict_opts(m, dev);
+    CgCudaProgram *q = dev->gpu ? cg_cuda_program(p, o.bf16) : NULL;
+    CgPrediction *r = cg_predict(p, q, dev, &o);
+    for (int i = 0; i < r->rows.n; i++)
+        st->t[k] += r->rows.v[i].s;
+
+    for (int i = 0; i < p->steps.n; i++) {
+        const CgStep *cs = &p->steps.v[i];
+        if (cs->kind != CG_STEP_TP)
+            continue;
+        const Op *op = &g->ops.v[cs->op];
+        double bi = (double)shape_bytes(&g->t.v[op->in[0]].s);
+        double bo = (double)shape_bytes(&g->t.v[op->out].s);
+        double dt = o.bf16 && g->t.v[op->out].s.dtype == DT_F32 ? 0.5 : 1.0;
+        int c = op->code == OP_TP_ALLREDUCE ? 0 : 1;
+        st->tp_n[k][c]++;
+        st->tp_bytes[k][c] += dt * (bi > bo ? bi : bo);
+    }
+    const MemPlan *mp = q ? q->mem : p->mem;
+    double tmp = (double)(mp->peak_live - mp->persistent_bytes);
+    st->tmp_bytes = tmp > st->tmp_bytes ? tmp : st->tmp_bytes;
+    /* what the CPU runtime copies in and out around the program */
+    for (int i = 0; i < g->t.n; i++) {
+        const Tensor *t = &g->t.v[i];
+        if (t->op < 0 && t->name &&
+            (strncmp(t->name, "pp.stash.", 9) == 0 || strncmp(t->name, "pp.recv.", 8) == 0 ||
+             strncmp(t->name, "pp.seed.", 8) == 0))
+            st->copy_bytes[k] += (double)shape_bytes(&t->s);
+    }
+    for (int i = 0; i < g->outs.n; i++) {
+        const char *nm = g->outs.v[i].name;
+        double b = (double)shape_bytes(&g->t.v[g->outs.v[i].t].s);
+        if (strncmp(nm, "pp.stash.", 9) == 0 || strncmp(nm, "pp.send.", 8) == 0 ||
+            strncmp(nm, "grad.pp.recv.", 13) == 0)
+            st->copy_bytes[k] += b;
+        else if (strncmp(nm, "grad.", 5) == 0) /* read out, then acc + g: 2.5 copies */
+            st->copy_bytes[k] += 2.5 * b;
+    }
+    double *held = k == 0 ? &st->held_f : &st->held_b;
+    for (int i = 0; k < 2 && i < g->outs.n; i++)
+        if (strncmp(g->outs.v[i].name, "pp.stash.", 9) == 0)
+            *held += (double)shape_bytes(&g->t.v[g->outs.v[i].t].s);
+    for (int i = 0; k == 0 && i < g->t.n; i++)
+        if (g->t.v[i].op < 0 && g->t.v[i].name && strncmp(g->t.v[i].name, "pp.recv.", 8) == 0)
+            *held += (double)shape_bytes(&g->t.v[i].s);
+    cg_prediction_free(r);
+    cg_cuda_program_free(q);
+    cg_plan_free(p);
+    return true;
+}
+
+/* The compiler's cut of m's forward graph into pp stages and each stage's
+ * F, B and W programs, made and compiled as `kiln train --pp` makes them
+ * (runtime/dist/pp.c: attention, partition, pass_stage_cut, the stage
+ * graph, autodiff, pass_stage_split), each timed on dev: into v->stages
+ * and v->m. False with d set where the cut cannot be made. */
+static bool measure_stages(const Model *m, const PassOpts *po, const CgDevice *dev, int pp,
+                           Variant *v, Diag *d)
+{
+    Graph *fwd = ir_clone(m->g);
+    PassStageCut cut = {0};
+    PassOpts bo = *po;
+    bo.grad_accum = 1;
+    bo.nranks = 1;
+    bo.memplan = NULL;
+    bo.remat_report = NULL;
+    if (!pass_attention(fwd, po, d) || !pass_partition(fwd, po, d) ||
+        !pass_stage_cut(fwd, pp, &cut, d)) {
+        ir_free(fwd);
+        return false;
+    }
+    bool bf16 = cli_predict_opts(m, dev).bf16, ok = true;
+    CgStageModel *sm = xcalloc((size_t)pp, sizeof *sm);
+    int *seen = xcalloc((size_t)fwd->t.n + 1, sizeof(int)); /* stage + 1 that counted it */
+    for (int s = 0; s < pp && ok; s++) {
+        CgStageModel *st = &sm[s];
+        st->first_op = cut.first[s];
+        st->nops = cut.first[s + 1] - cut.first[s];
+        for (int i = cut.first[s]; i < cut.first[s + 1]; i++)
+            st->layers += fwd->ops.v[i].code == OP_ATTENTION;
+        /* under bf16 the activations cross as bf16 (cg_cuda_storage) */
+        st->send_bytes = s < pp - 1 ? (double)cut.bytes[s + 1] * (bf16 ? 0.5 : 1.0) : 0;
+        /* the params it owns: those its ops read (pass_stage_owns; the
+         * constant-only ops it makes again read none) */
+        for (int i = cut.first[s]; i < cut.first[s + 1]; i++) {
+            const Op *op = &fwd->ops.v[i];
+            for (int j = 0; j < op->nin; j++) {
+                const Tensor *t = &fwd->t.v[op->in[j]];
+                if (t->kind != TK_PARAM || seen[t->id] == s + 1)
+                    continue;
+                seen[t->id] = s + 1;
+                st->nparams++;
+                st->param_bytes += (double)shape_bytes(&t->s);
+            }
+        }
+        Graph *full = pass_stage_graph(fwd, &cut, s, true);
+        Graph *pr[3] = {NULL, NULL, NULL};
+        ok = pass_autodiff(full, &bo, d);
+
+        if (ok)
+            pass_stage_split(full, s == pp - 1, &pr[0], &pr[1], &pr[2]);
+        ir_free(full);
+        for (int k = 0; k < 3 && ok; k++)
+            ok = time_stage_prog(m, pr[k], &bo, dev, st, k, d);
+        for (int k = 0; k < 3; k++)
+            if (pr[k])
+                ir_free(pr[k]);
+        if (bf16)
+            st->held_f *= 0.5, st->held_b *= 0.5;
+    }
+    free(seen);
+    pass_stage_cut_free(&cut);
+    ir_free(fwd);
+    if (!ok) {
+        free(sm);
+        return false;
+    }
+    /* on a GPU kiln runs no stages yet, and the stage programs compiled
+     * apart keep what crosses between them (stashes, sends) at f32, so
+     * their attention runs at f32: their times keep the cut's balance and
+     * F/B/W split, scaled to sum to the whole step's (bf16 storages, the
+     * attention passes' layouts) */
+    double sum = 0;
+    for (int s = 0; s < pp; s++)
+        sum += sm[s].t[0] + sm[s].t[1] + sm[s].t[2];
+    v->stage_scale = dev->gpu && sum > 0 ? v->m.fwd_bwd_s / sum : 1;
+    for (int s = 0; s < pp; s++)
+        for (int k = 0; k < 3; k++)
+            sm[s].t[k] *= v->stage_scale;
+    v->stages = sm;
+    v->m.nstages = pp;
+    v->m.stages = sm;
+    return true;
+}
+
 /* DP buckets per CgColl */
 static void count_kinds(const CgClusterModel *m, int nk[3])
 {
@@ -392,6 +551,7 @@ static void variant_free(Variant *v)
     free(v->mem);
     free(v->tpb);
     free(v->tpk);
+    free(v->stages);
 }
 
 /* The remat choice at the device's memory: the remat pass (auto) compiles
@@ -542,9 +702,36 @@ static void remat_choice_json(cJSON *j, const CgDevice *dev, const RematChoice *
     cJSON_AddNumberToObject(r, "step_s", c->step);
 }
 
+/* The cut's rows: per stage its ops and layers, params, one micro-batch's
+ * F, B and W (TP collectives included), busy share of the step, the
+ * micro-batches it holds and its memory per GPU. */
+static void print_stages(const CgClusterOpts *o, const CgClusterModel *m, const CgClusterPlan *p)
+{
+    printf("    %-5s %-13s %6s %6s %10s %10s %10s %6s %5s %12s\n", "stage", "ops", "layers",
+           "params", "F", "B", "W", "busy", "holds", "memory");
+    for (int s = 0; s < m->nstages; s++) {
+        const CgStageModel *st = &m->stages[s];
+        CgClusterPlan ps;
+        memset(&ps, 0, sizeof ps);
+        double busy = cg_cluster_stage(m, o, s, &ps);
+        double fbw[3];
+        char ops[32], t[3][32], mem[32];
+        snprintf(ops, sizeof ops, "%d..%d", st->first_op, st->first_op + st->nops - 1);
+        for (int k = 0; k < 3; k++) {
+            fbw[k] = cg_cluster_stage_prog(m, o, s, k);
+            ir_fmt_seconds(fbw[k], t[k], sizeof t[k]);
+        }
+        ir_fmt_bytes(ps.mem_total, 2, mem, sizeof mem);
+        printf("    %-5d %-13s %6d %6d %10s %10s %10s %5.1f%% %5d %12s%s\n", s, ops, st->layers,
+               st->nparams, t[0], t[1], t[2],
+               p->t_pipeline > 0 ? 100 * busy / p->t_pipeline : 0, ps.inflight, mem,
+               s == p->crit_stage ? " <- memory per GPU" : "");
+    }
+}
+
 static void print_plan(const PlanArgs *a, const CgDevice *dev, const CgClusterOpts *o,
                        const Variant *v, const CgClusterPlan *p, bool measured_link,
-                       const RematChoice *rc)
+                       const RematChoice *rc, const char *cut_why)
 {
     char x[32], y[32], z[32], w[32];
     const CgClusterModel *m = &v->m;
@@ -580,6 +767,10 @@ static void print_plan(const PlanArgs *a, const CgDevice *dev, const CgClusterOp
         printf("  total %s\n", x);
     }
     print_remat_choice(dev, rc);
+    if (p->cut)
+        printf("    (the rows above are the stage cut's, stage %d's; the remat choice and the "
+               "remat rows are the whole step's over the ideal split: kiln train --pp runs "
+               "no remat yet)\n", p->crit_stage);
     printf("step (critical path per GPU):\n");
     ir_fmt_seconds(p->t_mb, x, sizeof x);
     ir_fmt_seconds(p->t_tp_mb, y, sizeof y);
@@ -599,13 +790,30 @@ static void print_plan(const PlanArgs *a, const CgDevice *dev, const CgClusterOp
     ir_fmt_seconds(p->t_bubble, y, sizeof y);
     printf("  pipeline (%s) %s, of which bubble %s (%.1f%%)\n", cg_pp_schedule_name(o->schedule),
            x, y, 100 * p->bubble);
+    if (o->pp > 1 && p->cut) {
+        printf("    from the compiler's stage cut (as kiln compile --pp %d cuts it) and the "
+               "schedule simulated with each stage's F, B and W (passes/stages.c); the most "
+               "loaded stage's busy time is the step's compute, the rest its bubble\n", o->pp);
+        if (v->stage_scale != 1)
+            printf("    (on a GPU the stage programs' times are scaled by %.2f to sum to the "
+                   "whole step's: compiled apart, what crosses between them stays f32; see "
+                   "docs/plan.md)\n", v->stage_scale);
+        print_stages(o, m, p);
+    } else if (o->pp > 1) {
+        printf("    from the ideal split and the formulas (docs/plan.md): the stage cut could "
+               "not be used: %s\n", cut_why && *cut_why ? cut_why : "?");
+    }
     if (o->pp > 1) {
         double f = m->fwd_bwd_s > 0 ? m->forward_s / m->fwd_bwd_s : 0;
         double wg = m->fwd_bwd_s > 0 ? m->wgrad_s / m->fwd_bwd_s : 0;
         printf("    per micro-batch: forward %.0f%%, input gradients %.0f%%, weight gradients "
-               "%.0f%% (W); the first stage holds %d micro-batch%s of activations\n",
-               100 * f, 100 * (1 - f - wg), 100 * wg, p->inflight,
-               p->inflight == 1 ? "" : "es");
+               "%.0f%% (W); ", 100 * f, 100 * (1 - f - wg), 100 * wg);
+        if (p->cut)
+            printf("stage %d, with the most memory, holds %d micro-batch%s of activations\n",
+                   p->crit_stage, p->inflight, p->inflight == 1 ? "" : "es");
+        else
+            printf("the first stage holds %d micro-batch%s of activations\n", p->inflight,
+                   p->inflight == 1 ? "" : "es");
     }
     ir_fmt_seconds(p->t_dp, x, sizeof x);
     ir_fmt_seconds(p->t_dp_exposed, y, sizeof y);
@@ -646,7 +854,7 @@ static void print_plan(const PlanArgs *a, const CgDevice *dev, const CgClusterOp
 }
 
 static cJSON *plan_json(const CgDevice *dev, const CgClusterOpts *o, const Variant *v,
-                        const CgClusterPlan *p)
+                        const CgClusterPlan *p, const char *cut_why)
 {
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "device", dev->name);
@@ -684,6 +892,30 @@ static cJSON *plan_json(const CgDevice *dev, const CgClusterOpts *o, const Varia
     cJSON_AddNumberToObject(s, "dp_allreduce_buckets", nk[CG_COLL_ALLREDUCE]);
     cJSON_AddNumberToObject(s, "dp_reduce_scatter_buckets", nk[CG_COLL_REDUCE_SCATTER]);
     cJSON_AddNumberToObject(s, "dp_all_gather_buckets", nk[CG_COLL_ALL_GATHER]);
+    cJSON_AddStringToObject(s, "pipeline_model", o->pp <= 1 ? "none" : p->cut ? "cut" : "formula");
+    if (o->pp > 1 && !p->cut)
+        cJSON_AddStringToObject(s, "cut_error", cut_why ? cut_why : "");
+    if (p->cut) {
+        cJSON *arr = cJSON_AddArrayToObject(s, "stages");
+        for (int k = 0; k < v->m.nstages; k++) {
+            const CgStageModel *st = &v->m.stages[k];
+            CgClusterPlan ps;
+            memset(&ps, 0, sizeof ps);
+            double busy = cg_cluster_stage(&v->m, o, k, &ps);
+            cJSON *r = cJSON_CreateObject();
+            cJSON_AddNumberToObject(r, "first_op", st->first_op);
+            cJSON_AddNumberToObject(r, "last_op", st->first_op + st->nops - 1);
+            cJSON_AddNumberToObject(r, "layers", st->layers);
+            cJSON_AddNumberToObject(r, "params", st->nparams);
+            cJSON_AddNumberToObject(r, "forward_s", cg_cluster_stage_prog(&v->m, o, k, 0));
+            cJSON_AddNumberToObject(r, "input_grad_s", cg_cluster_stage_prog(&v->m, o, k, 1));
+            cJSON_AddNumberToObject(r, "weight_grad_s", cg_cluster_stage_prog(&v->m, o, k, 2));
+            cJSON_AddNumberToObject(r, "busy_s", busy);
+            cJSON_AddNumberToObject(r, "microbatches_held", ps.inflight);
+            cJSON_AddNumberToObject(r, "memory", ps.mem_total);
+            cJSON_AddItemToArray(arr, r);
+        }
+    }
     cJSON_AddNumberToObject(s, "optimizer_s", p->t_opt);
     cJSON_AddNumberToObject(s, "predicted_s", p->step_predicted);
     cJSON_AddNumberToObject(s, "step_s", p->step);
@@ -877,6 +1109,12 @@ int cli_plan(int argc, char **argv)
         goto out;
     }
 
+    /* the model at --pp, as kiln compile --pp loads it (its pp_stage hints
+     * kept for the cut) */
+    char pp_set[32];
+    snprintf(pp_set, sizeof pp_set, "pp=%d", a.pp);
+    if (a.pp > 1 && a.pp <= 4096) /* train{pp}'s range; more is refused below */
+        vec_push(&a.sets, pp_set);
     char err[2048];
     Model *m = fe_load_model(model, a.sets.v, a.sets.n, err, sizeof err);
     if (!m) {
@@ -985,6 +1223,15 @@ int cli_plan(int argc, char **argv)
         rc = 1;
         goto out;
     }
+    /* pp > 1: the compiler's stage cut, each stage's F, B and W timed;
+     * where it cannot be made, the ideal split and formulas (said) */
+    char cut_why[512] = "";
+    if (a.pp > 1) {
+        Diag sd = {{0}};
+        if (!measure_stages(m, &po, dev, a.pp, &v, &sd))
+            snprintf(cut_why, sizeof cut_why, "%.500s", sd.msg);
+
+    }
     if (a.global_batch > 0) {
         int64_t per = v.m.micro_batch * a.dp;
         if (a.global_batch % per != 0 || (a.micro_batches > 0 &&
@@ -1000,6 +1247,9 @@ int cli_plan(int argc, char **argv)
         }
         o.micro_batches = (int)(a.global_batch / per);
     }
+    if (v.m.nstages > 0 && (double)o.micro_batches * a.pp * a.pp > CG_PP_SIM_MAX)
+        snprintf(cut_why, sizeof cut_why, "%d micro-batches x %d stages squared is more than "
+                 "the schedule's simulation takes (%.0f)", o.micro_batches, a.pp, CG_PP_SIM_MAX);
     CgClusterPlan p;
     char why[256];
     if (!cg_cluster_project(&v.m, &o, &p, why, sizeof why)) {
@@ -1011,11 +1261,11 @@ int cli_plan(int argc, char **argv)
     }
     RematChoice rchoice;
     remat_at_memory(m, &po, dev, &o, &v, &p, &rchoice);
-    cJSON *j = a.json ? plan_json(dev, &o, &v, &p) : NULL;
+    cJSON *j = a.json ? plan_json(dev, &o, &v, &p, cut_why) : NULL;
     if (j)
         remat_choice_json(j, dev, &rchoice);
     if (!a.json)
-        print_plan(&a, dev, &o, &v, &p, cpu_link, &rchoice);
+        print_plan(&a, dev, &o, &v, &p, cpu_link, &rchoice, cut_why);
 
     /* what-if rows: overlap, the other pipeline schedules, two other bucket sizes, each
      * remat policy */
@@ -1060,6 +1310,12 @@ int cli_plan(int argc, char **argv)
         ow.schedule = w[k].schedule;
         ow.step_time = 0; /* what-ifs are predictions */
         bool ok = w[k].recompile ? measure(m, &w[k].po, dev, &vw, NULL, &d) : true;
+        /* the stage programs do not depend on the buckets; they run
+         * without remat (pp), so a remat row keeps the formulas */
+        if (ok && w[k].recompile && w[k].po.remat == po.remat) {
+            vw.m.nstages = v.m.nstages;
+            vw.m.stages = v.m.stages;
+        }
         const Variant *use = w[k].recompile ? &vw : &v;
         CgClusterPlan pw;
         if (ok)
@@ -1070,13 +1326,15 @@ int cli_plan(int argc, char **argv)
             ir_fmt_seconds(pw.t_dp_exposed, e, sizeof e);
             ir_fmt_bytes(pw.mem_total, 2, y, sizeof y);
             if (!a.json)
-                printf("  %-22s step %s (exposed DP %s), %s per GPU\n", w[k].name, x, e, y);
+                printf("  %-22s step %s (exposed DP %s), %s per GPU%s\n", w[k].name, x, e, y,
+                       a.pp > 1 && !pw.cut ? " (ideal split, formulas)" : "");
             else {
                 cJSON *r = cJSON_CreateObject();
                 cJSON_AddStringToObject(r, "name", w[k].name);
                 cJSON_AddNumberToObject(r, "step_s", pw.step_predicted);
                 cJSON_AddNumberToObject(r, "dp_exposed_s", pw.t_dp_exposed);
                 cJSON_AddNumberToObject(r, "memory_per_gpu", pw.mem_total);
+                cJSON_AddBoolToObject(r, "stage_cut", pw.cut);
                 cJSON_AddItemToArray(rows, r);
             }
         } else if (!a.json) {

@@ -27,25 +27,44 @@ for w in "no overlap" "bucket_mb=1 " "bucket_mb=16 " "remat=none" "remat=selecti
     echo "$out" | grep -q "^  $w *step [0-9.]* \(ms\|s\|us\) (exposed DP" || fail "what-if row '$w'"
 done
 # the pipeline schedules: 1F1B by default; the what-if rows give the other
-# two; zb-h1 (weight gradients in the bubble) predicts a shorter step at
-# 1F1B's memory, gpipe the same step holding every micro-batch
-out=$("$KILN" plan "${common[@]}" 2>&1) || fail "plan: $out"
-echo "$out" | grep -q '^  pipeline (1f1b) .*, of which bubble .* (22.6%)$' || fail "1f1b bubble"
-echo "$out" | grep -Eq '^    per micro-batch: forward [0-9]+%, input gradients [0-9]+%, weight gradients [1-9][0-9]*% \(W\); the first stage holds 8 micro-batches of activations$' ||
-    fail "F/B/W line: $(echo "$out" | grep 'per micro-batch')"
+# two. From the compiler's stage cut (tests/cli/plan_pp.sh has more): zb-h1
+# no slower, gpipe holding every micro-batch. From the formulas (dropout:
+# no cut): the bubble (p-1)/(m+p-1), zb-h1 (weight gradients in the
+# bubble) a shorter step at 1F1B's memory, gpipe the same step holding
+# every micro-batch
 # seconds and bytes from "12.3 ms" and "4.5 GiB"
 num() { awk -v v="$1" -v u="$2" 'BEGIN { f["s"] = 1; f["ms"] = 1e-3; f["us"] = 1e-6; f["B"] = 1
     f["KiB"] = 2^10; f["MiB"] = 2^20; f["GiB"] = 2^30; if (!(u in f)) exit 1; print v * f[u] }'; }
-row() { echo "$out" | sed -n "s/^  $1 *step \([0-9.]*\) \([mu]*s\) (exposed DP [^)]*), \([0-9.]*\) \([KMG]*i*B\) per GPU$/\1 \2 \3 \4/p"; }
-base=$(echo "$out" | sed -n 's/^  optimizer .*; predicted step \([0-9.]*\) \([mu]*s\)$/\1 \2/p')
-mem=$(echo "$out" | sed -n 's/^  total \([0-9.]*\) \([KMG]*i*B\) of .*/\1 \2/p')
-read -r a1 a2 a3 a4 <<<"$(row schedule=zb-h1)"
-read -r g1 g2 g3 g4 <<<"$(row schedule=gpipe)"
-b=$(num $base) m=$(num $mem) zs=$(num "$a1" "$a2") zm=$(num "$a3" "$a4") gs=$(num "$g1" "$g2") \
-    gm=$(num "$g3" "$g4") || fail "schedule rows: $(echo "$out" | grep -E 'schedule=|predicted|total')"
-awk -v b="$b" -v m="$m" -v zs="$zs" -v zm="$zm" -v gs="$gs" -v gm="$gm" \
-    'BEGIN { exit !(zs < b && zm == m && gs == b && gm > m) }' ||
-    fail "schedules: 1f1b $base $mem, zb-h1 $a1 $a2 $a3 $a4, gpipe $g1 $g2 $g3 $g4"
+row() { echo "$out" | sed -n "s/^  $1 *step \([0-9.]*\) \([mu]*s\) (exposed DP [^)]*), \([0-9.]*\) \([KMG]*i*B\) per GPU.*$/\1 \2 \3 \4/p"; }
+for mode in cut formula; do
+    extra=()
+    [ $mode = formula ] && extra=(--set dropout=0.1)
+    out=$("$KILN" plan "${common[@]}" "${extra[@]}" 2>&1) || fail "plan $mode: $out"
+    if [ $mode = cut ]; then
+        echo "$out" | grep -q "^    from the compiler's stage cut" || fail "cut: $(echo "$out" | grep -A1 'pipeline (')"
+        echo "$out" | grep -Eq '^    per micro-batch: forward [0-9]+%, input gradients [0-9]+%, weight gradients [1-9][0-9]*% \(W\); stage [0-9], with the most memory, holds [1-8] micro-batch' ||
+            fail "F/B/W line: $(echo "$out" | grep 'per micro-batch')"
+    else
+        echo "$out" | grep -q '^  pipeline (1f1b) .*, of which bubble .* (22.6%)$' || fail "1f1b bubble"
+        echo "$out" | grep -q '^    from the ideal split and the formulas .*random ops' || fail "formula: no reason"
+        echo "$out" | grep -Eq '^    per micro-batch: forward [0-9]+%, input gradients [0-9]+%, weight gradients [1-9][0-9]*% \(W\); the first stage holds 8 micro-batches of activations$' ||
+            fail "F/B/W line: $(echo "$out" | grep 'per micro-batch')"
+    fi
+    base=$(echo "$out" | sed -n 's/^  optimizer .*; predicted step \([0-9.]*\) \([mu]*s\)$/\1 \2/p')
+    mem=$(echo "$out" | sed -n 's/^  total \([0-9.]*\) \([KMG]*i*B\) of .*/\1 \2/p')
+    read -r a1 a2 a3 a4 <<<"$(row schedule=zb-h1)"
+    read -r g1 g2 g3 g4 <<<"$(row schedule=gpipe)"
+    b=$(num $base) m=$(num $mem) zs=$(num "$a1" "$a2") zm=$(num "$a3" "$a4") gs=$(num "$g1" "$g2") \
+        gm=$(num "$g3" "$g4") || fail "schedule rows: $(echo "$out" | grep -E 'schedule=|predicted|total')"
+    if [ $mode = cut ]; then
+        awk -v b="$b" -v m="$m" -v zs="$zs" -v gm="$gm" 'BEGIN { exit !(zs <= b && gm > m) }' ||
+            fail "cut schedules: 1f1b $base $mem, zb-h1 $a1 $a2 $a3 $a4, gpipe $g1 $g2 $g3 $g4"
+    else
+        awk -v b="$b" -v m="$m" -v zs="$zs" -v zm="$zm" -v gs="$gs" -v gm="$gm" \
+            'BEGIN { exit !(zs < b && zm == m && gs == b && gm > m) }' ||
+            fail "schedules: 1f1b $base $mem, zb-h1 $a1 $a2 $a3 $a4, gpipe $g1 $g2 $g3 $g4"
+    fi
+done
 out=$("$KILN" plan "${common[@]}" --schedule zb-h1 2>&1) || fail "plan --schedule zb-h1: $out"
 echo "$out" | grep -q '^  pipeline (zb-h1) ' || fail "--schedule zb-h1: $(echo "$out" | grep pipeline)"
 echo "$out" | grep -q '^  schedule=1f1b ' || fail "--schedule zb-h1: no 1f1b row"

@@ -389,6 +389,52 @@ static void test_bubble(void **state)
     }
 }
 
+/* The stage cut's pipeline (cg_cluster_pipeline): two stages of F = 1,
+ * B = 2, W = 3 seconds, nothing crossing, no latency, 4 micro-batches.
+ * Under 1f1b the last stage runs without a gap from the first F's end
+ * (stage 0 feeds it in time) and, since a B sends its gradient before its
+ * W runs, stage 0's last B and W follow the last stage's last B: the step
+ * is F + 4 (F + B + W) + B = 27 s, the bubble F + B = 3 s, not 1f1b's
+ * formula (p-1)(F+B+W) = 6 s. GPipe takes as long and holds all four
+ * micro-batches; 1f1b's first stage holds two, its last one. A stage
+ * twice as slow sets the step. */
+static void test_stage_pipeline(void **state)
+{
+    (void)state;
+    CgStageModel st[2] = {{.t = {1, 2, 3}, .param_bytes = 1e9, .held_f = 1e6},
+                          {.t = {1, 2, 3}, .param_bytes = 1e9, .held_f = 1e6}};
+    CgClusterModel m = model();
+    m.param_bytes = 2e9, m.grad_bytes = 2e9, m.opt_bytes = 4e9, m.nbuckets = 0;
+    m.nstages = 2, m.stages = st, m.tp_split = 8; /* times are one TP rank's */
+    CgClusterOpts o = layout();
+    o.tp = 1, o.pp = 2, o.dp = 1, o.gpus = 2, o.micro_batches = 4, o.alpha_s = 0;
+    CgClusterPlan p = project(&m, &o);
+    assert_true(p.cut);
+    assert_true(fabs(p.t_pipeline - 27) < 1e-9 && fabs(p.t_bubble - 3) < 1e-9);
+    assert_int_equal(p.inflight, 2);
+    assert_int_equal(p.crit_stage, 0);
+    CgClusterPlan s1;
+    memset(&s1, 0, sizeof s1);
+    assert_true(fabs(cg_cluster_stage(&m, &o, 1, &s1) - 24) < 1e-9);
+    assert_int_equal(s1.inflight, 1);
+    assert_true(fabs(s1.mem_params - 1e9) < 1 && fabs(s1.mem_opt - 2e9) < 1);
+    o.schedule = CG_PP_GPIPE;
+    CgClusterPlan pg = project(&m, &o);
+    assert_true(fabs(pg.t_pipeline - 27) < 1e-9);
+    assert_int_equal(pg.inflight, 4);
+    assert_true(pg.mem_total > p.mem_total);
+    o.schedule = CG_PP_1F1B;
+    /* the CPU runtime's copies around each program: 2 x bytes / stage_bw */
+    st[1].copy_bytes[2] = 1e9, o.stage_bw = 2e9;
+    assert_true(fabs(cg_cluster_stage_prog(&m, &o, 1, 2) - 4) < 1e-9);
+    assert_true(fabs(cg_cluster_stage(&m, &o, 1, &s1) - 28) < 1e-9);
+    st[1].copy_bytes[2] = 0, o.stage_bw = 0;
+    st[1].t[0] = 2, st[1].t[1] = 4, st[1].t[2] = 6; /* stage 1 twice as slow */
+    CgClusterPlan ps = project(&m, &o);
+    assert_true(ps.t_pipeline >= 4 * 12 && ps.t_bubble >= 0);
+    assert_true(fabs(ps.t_pipeline - ps.t_bubble - 48) < 1e-9);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -402,6 +448,7 @@ int main(void)
         cmocka_unit_test(test_ring),
         cmocka_unit_test(test_cpu_staging),
         cmocka_unit_test(test_bubble),
+        cmocka_unit_test(test_stage_pipeline),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
