@@ -1,5 +1,5 @@
 /* stages.c - pipeline stages: the cut of a forward graph into n stages,
- * each stage's own graphs, and the schedules (gpipe, 1f1b) as data.
+ * each stage's own graphs, and the schedules (gpipe, 1f1b, zb-h1) as data.
  *
  * The cut: stage s runs the forward ops [first[s], first[s+1]) in program
  * order. A boundary sits between two ops; the tensors crossing it (made
@@ -585,21 +585,24 @@ static void fb_order(int kind, int n, int m, int s, PassStageAct *out)
 /* Every stage's 3m actions (acts[s*3m + i]) and the slot each starts in
  * (F, B and W one slot each), listed by simulation: a stage runs the next
  * F or B of its order once its input has arrived (an F's activation from
- * s-1, a B's gradient from s+1); gpipe and 1f1b run each W right after its
- * B; zb-h1 runs a W where the next F or B cannot run yet (the bubbles),
- * or where more than n - 1 - s W's wait on stage s (its F's and B's keep
- * 1f1b's order, so F-to-B activations peak as under 1f1b; the waiting W's
- * hold their inputs). The W's run in micro-batch order.
- * Returns the number of slots. */
+ * s-1, a B's gradient from s+1).
+ *   gpipe, 1f1b: each W right after its B, and the gradient goes to s-1
+ *     after the W (B and W are one backward, as in Megatron-LM);
+ *   zb-h1 (Qi et al.): the gradient goes to s-1 right after B; stage s
+ *     keeps up to s W's waiting and runs one where its next F or B cannot
+ *     run yet (the bubbles). 1f1b holds n - s micro-batches (F run, W not
+ *     yet) on stage s; zb-h1 holds n on every stage, 1f1b's peak (stage
+ *     0's), as the paper's ZB-H1 does.
+ * The W's run in micro-batch order. Returns the number of slots. */
 static int simulate(int kind, int n, int m, PassStageAct *acts, int *start)
 {
     int M3 = 3 * m;
+    bool zb = kind == PASS_SCHED_ZBH1;
     PassStageAct *seq = xmalloc(sizeof(PassStageAct) * (size_t)(2 * m * n + 1));
     int *fend = xmalloc(sizeof(int) * (size_t)(n * m + 1));
-    int *bend = xmalloc(sizeof(int) * (size_t)(n * m + 1));
+    int *bend = xmalloc(sizeof(int) * (size_t)(n * m + 1)); /* its gradient sent */
     int *pos = xcalloc((size_t)n + 1, sizeof(int)), *na = xcalloc((size_t)n + 1, sizeof(int));
-    int *nf = xcalloc((size_t)n + 1, sizeof(int)), *nw = xcalloc((size_t)n + 1, sizeof(int));
-    int *nb = xcalloc((size_t)n + 1, sizeof(int));
+    int *nw = xcalloc((size_t)n + 1, sizeof(int)), *nb = xcalloc((size_t)n + 1, sizeof(int));
     for (int s = 0; s < n; s++)
         fb_order(kind, n, m, s, seq + s * 2 * m);
     for (int i = 0; i < n * m; i++)
@@ -618,10 +621,7 @@ static int simulate(int kind, int n, int m, PassStageAct *acts, int *start)
                 continue;
             PassStageAct x = {0, -1};
             bool wpend = nw[s] < nb[s];
-            /* zb-h1: stage s keeps at most n - 1 - s W's waiting (the
-             * first stage, with the longest drain, the most) */
-            bool force = kind == PASS_SCHED_ZBH1 ? nb[s] - nw[s] > n - 1 - s : wpend;
-            if (force) {
+            if (zb ? nb[s] - nw[s] > s : wpend) {
                 x = (PassStageAct){'W', nw[s]};
             } else if (pos[s] < 2 * m) {
                 PassStageAct y = seq[s * 2 * m + pos[s]];
@@ -646,11 +646,13 @@ static int simulate(int kind, int n, int m, PassStageAct *acts, int *start)
             start[s * M3 + na[s]] = t;
             na[s]++;
             if (x.kind == 'F')
-                fend[s * m + x.mb] = t + 1, nf[s]++;
+                fend[s * m + x.mb] = t + 1;
             else if (x.kind == 'B')
-                bend[s * m + x.mb] = t + 1, nb[s]++;
+                nb[s]++;
             else
                 nw[s]++;
+            if (x.kind == (zb ? 'B' : 'W'))
+                bend[s * m + x.mb] = t + 1;
         }
     }
     free(seq);
@@ -658,7 +660,6 @@ static int simulate(int kind, int n, int m, PassStageAct *acts, int *start)
     free(bend);
     free(pos);
     free(na);
-    free(nf);
     free(nw);
     free(nb);
     return t;
@@ -681,8 +682,10 @@ void pass_stage_schedule_print(int kind, int n, int m, FILE *f)
     PassStageAct *a = xmalloc(sizeof(PassStageAct) * (size_t)(n * M3 + 1));
     int *start = xmalloc(sizeof(int) * (size_t)(n * M3 + 1));
     int T = simulate(kind, n, m, a, start);
-    fprintf(f, "# stages: pp = %d, micro-batches = %d, schedule = %s (slots: F, B, W one each)\n",
-            n, m, pass_stage_schedule_name(kind));
+    bool zb = kind == PASS_SCHED_ZBH1;
+    fprintf(f, "# stages: pp = %d, micro-batches = %d, schedule = %s (slots: F, B, W one each; "
+            "%s)\n", n, m, pass_stage_schedule_name(kind),
+            zb ? "B sends its gradient, W runs later" : "B then W, one backward, then its send");
     fprintf(f, "# slot   ");
     for (int t = 0; t < T; t++)
         fprintf(f, " %3d", t);
@@ -704,8 +707,9 @@ void pass_stage_schedule_print(int kind, int n, int m, FILE *f)
         fprintf(f, "%s\n", row);
         free(row);
     }
-    fprintf(f, "# bubble: %.1f%% of %d stages x %d slots idle (1f1b's formula (p-1)/(m+p-1) = "
-            "%.1f%%)\n", 100.0 * (n * T - n * M3) / (n * T), n, T, 100.0 * (n - 1) / (m + n - 1));
+    fprintf(f, "# bubble: %.1f%% of %d stages x %d slots idle (formulas: 1f1b (p-1)/(m+p-1) = "
+            "%.1f%%, zb-h1 (p-1)/(3m+p-1) = %.1f%%)\n", 100.0 * (n * T - n * M3) / (n * T), n, T,
+            100.0 * (n - 1) / (m + n - 1), 100.0 * (n - 1) / (3 * m + n - 1));
     /* each stage's program, with its sends and receives */
     for (int s = 0; s < n; s++) {
         fprintf(f, "stage %d program:", s);
@@ -721,11 +725,11 @@ void pass_stage_schedule_print(int kind, int n, int m, FILE *f)
                 if (s < n - 1)
                     fprintf(f, " recv(grad %d <- %d)", x.mb, s + 1);
                 fprintf(f, " B%d", x.mb);
-                if (s > 0)
-                    fprintf(f, " send(grad %d -> %d)", x.mb, s - 1);
             } else {
                 fprintf(f, " W%d", x.mb);
             }
+            if (s > 0 && x.kind == (zb ? 'B' : 'W'))
+                fprintf(f, " send(grad %d -> %d)", x.mb, s - 1);
         }
         fputc('\n', f);
     }

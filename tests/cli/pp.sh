@@ -228,14 +228,21 @@ for s, toks in progs.items():
     ws = [int(t[1:]) for t in acts if t[0] == 'W']
     assert ws == sorted(ws), (s, ws)
     # micro-batches held (F run, W not yet): 1f1b's n - s at most; zb-h1
-    # keeps up to n - 1 - s more W's waiting
-    held = peak = 0
+    # n on every stage (1f1b's stage 0), F to B n - s as 1f1b
+    zb = sys.argv[4] == 'zb-h1'
+    held = peak = heldb = peakb = 0
     for t in acts:
         held += {'F': 1, 'B': 0, 'W': -1}[t[0]]
-        peak = max(peak, held)
-    cap = n - s + (n - 1 - s if sys.argv[4] == 'zb-h1' else 0)
-    assert sys.argv[4] == 'gpipe' or peak <= cap, (s, peak, cap)
+        heldb += {'F': 1, 'B': -1, 'W': 0}[t[0]]
+        peak, peakb = max(peak, held), max(peakb, heldb)
+    cap = n if zb else n - s
+    assert sys.argv[4] == 'gpipe' or (peak <= cap and peakb <= n - s), (s, peak, peakb, cap)
     line = ' '.join(toks)
+    # the gradient for s-1 goes after B (zb-h1) or after W (B and W one
+    # backward: 1f1b, gpipe)
+    for k in range(m):
+        want = r'(^| )%s%d send\(grad %d -> %d\)' % ('B' if zb else 'W', k, k, s - 1)
+        assert s == 0 or re.search(want, line), (s, k, want)
     for what, k, to in re.findall(r'send\((act|grad) (\d+) -> (\d+)\)', line):
         sends.append((what, int(k), s, int(to)))
     for what, k, frm in re.findall(r'recv\((act|grad) (\d+) <- (\d+)\)', line):
@@ -244,7 +251,11 @@ assert sorted(sends) == sorted(recvs), (sends, recvs)
 assert len(sends) == 2 * m * (n - 1), len(sends)
 grid = re.findall(r'^stage +(\d+):(.*)$', text, re.M)
 assert len(grid) == n
-print('%s: %d stages, %d sends paired with receives' % (sys.argv[1], n, len(sends)))
+bubble = float(re.search(r'^# bubble: ([0-9.]+)%', text, re.M).group(1))
+# the unit-slot bubble: 1f1b's and gpipe's (p-1)/(m+p-1), zb-h1's (p-1)/(3m+p-1)
+want = 100.0 * (n - 1) / ((3 * m if zb else m) + n - 1)
+assert abs(bubble - want) < 0.06, (bubble, want)
+print('%s: %d stages, %d sends paired with receives, bubble %.1f%%' % (sys.argv[1], n, len(sends), bubble))
 PY
 done
 grep -q 'tied: "wte.weight" is read by stages 0 1' "$T/c1f1b2.log" || fail "no tied wte in the cut"
