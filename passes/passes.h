@@ -447,7 +447,8 @@ typedef struct {
     int64_t *bytes;
 } PassStageCut;
 /* Cuts g into n stages (see stages.c); false with a message (more stages
- * than places to cut, dropout, state updates) otherwise. */
+ * than places between layers to cut, a pp_stage hint inside a layer,
+ * dropout, state updates) otherwise. */
 bool pass_stage_cut(const Graph *g, int n, PassStageCut *c, Diag *d);
 void pass_stage_cut_free(PassStageCut *c);
 /* Whether stage s reads tensor t (a param it owns). */

@@ -10,7 +10,9 @@
  * residual stream between blocks in a transformer) between the first and
  * the last op that reads a param, and among those the
  * one whose share of the graph's cost (ir_op_flops, plus the bytes each op
- * moves at one FLOP per byte) is nearest s/n of the total. A param is
+ * moves at one FLOP per byte) is nearest s/n of the total. No boundary
+ * splits a layer (see Layer below); a pp_stage hint that would is an
+ * error at its line. A param is
  * owned by every stage that reads it (gpt's tied wte: the first stage's
  * embedding and the last's head). */
 #include "passes.h"
@@ -91,10 +93,83 @@ static int crossing(const Graph *g, const int *last_use, const bool *st, int p, 
 
 static bool is_hint(const char *name) { return strncmp(name, "pp.stage.", 9) == 0; }
 
+/* Layers: params whose names agree up to the last dot ("h.3.attn.c_attn"
+ * holds h.3.attn.c_attn.weight and .bias: one nn layer); a name without a
+ * dot is a layer of its own. A boundary p splits a layer when one of its
+ * params is read only before p and another only at or after p: for a
+ * layer, the last reader of the param read last-earliest (lo) and the
+ * first reader of the param read first-latest (hi) give the places
+ * (lo, hi] that split it. A param read on both sides (gpt's tied wte)
+ * splits nothing by itself. */
+typedef struct {
+    const char *name; /* a param of the layer (for messages) */
+    const char *other;
+    int lo, hi;
+} Layer;
+
+static bool same_layer(const char *a, const char *b)
+{
+    const char *da = strrchr(a, '.'), *db = strrchr(b, '.');
+    return da && db && da - a == db - b && strncmp(a, b, (size_t)(da - a)) == 0;
+}
+
+/* g's layers of two params or more, into *out; their count. */
+static int layers(const Graph *g, Layer **out)
+{
+    int nt = g->t.n;
+    int *first = xmalloc(sizeof(int) * (size_t)(nt + 1));
+    int *last = xmalloc(sizeof(int) * (size_t)(nt + 1));
+    for (int i = 0; i < nt; i++)
+        first[i] = last[i] = -1;
+    for (int i = 0; i < g->ops.n; i++)
+        for (int j = 0; j < g->ops.v[i].nin; j++) {
+            int t = g->ops.v[i].in[j];
+            if (first[t] < 0)
+                first[t] = i;
+            last[t] = i;
+        }
+    VEC(Layer) v = {0};
+    bool *done = xcalloc((size_t)nt + 1, sizeof(bool));
+    for (int i = 0; i < nt; i++) {
+        if (g->t.v[i].kind != TK_PARAM || done[i] || first[i] < 0 || !g->t.v[i].name)
+            continue;
+        /* the param read last-earliest, the one read first-latest */
+        int lo = i, hi = i, n = 0;
+        for (int j = i; j < nt; j++) {
+            if (g->t.v[j].kind != TK_PARAM || first[j] < 0 || !g->t.v[j].name ||
+                !same_layer(g->t.v[i].name, g->t.v[j].name))
+                continue;
+            done[j] = true;
+            n++;
+            if (last[j] < last[lo])
+                lo = j;
+            if (first[j] > first[hi])
+                hi = j;
+        }
+        if (n > 1 && last[lo] < first[hi])
+            vec_push(&v, ((Layer){g->t.v[lo].name, g->t.v[hi].name, last[lo], first[hi]}));
+    }
+    free(first);
+    free(last);
+    free(done);
+    *out = v.v;
+    return v.n;
+}
+
+/* The layer that a boundary at p splits; NULL: none. */
+static const Layer *splits(const Layer *ly, int nly, int p)
+{
+    for (int i = 0; i < nly; i++)
+        if (ly[i].lo < p && p <= ly[i].hi)
+            return &ly[i];
+    return NULL;
+}
+
 /* pp_stage's outputs "pp.stage.I@FILE:LINE": stage I begins right after
  * the op that makes the output's tensor; into fixed[I]. */
 static bool read_hints(const Graph *g, int n, int first_real, int last_real,
-                       const int *last_use, int *fixed, int *nhint, Diag *d)
+                       const int *last_use, const Layer *ly, int nly, int *fixed, int *nhint,
+                       Diag *d)
 {
     int *line = xcalloc((size_t)n + 1, sizeof(int));
     bool ok = true;
@@ -106,6 +181,7 @@ static bool read_hints(const Graph *g, int n, int first_real, int last_real,
         const char *at = strchr(nm, '@');
         at = at ? at + 1 : "?";
         int t = g->outs.v[i].t, p = g->t.v[t].op + 1;
+        const Layer *sp = splits(ly, nly, p);
         if (st >= n) {
             snprintf(d->msg, sizeof d->msg,
                      "%s: pp_stage: stage %d, but pp = %d (expected a stage in 1..%d)", at, st,
@@ -115,6 +191,15 @@ static bool read_hints(const Graph *g, int n, int first_real, int last_real,
             snprintf(d->msg, sizeof d->msg,
                      "%s: pp_stage: stage %d already begins elsewhere (expected one pp_stage "
                      "per stage)", at, st);
+            ok = false;
+        } else if (sp) {
+            char layer[128];
+            snprintf(layer, sizeof layer, "%.*s", (int)(strrchr(sp->name, '.') - sp->name),
+                     sp->name);
+            snprintf(d->msg, sizeof d->msg,
+                     "%s: pp_stage: stage %d would begin inside layer \"%s\": \"%s\" in stage "
+                     "%d, \"%s\" in stage %d (expected a value between two layers, such as "
+                     "the layer's output)", at, st, layer, sp->name, st - 1, sp->other, st);
             ok = false;
         } else if (p <= first_real || p > last_real || last_use[t] < p) {
             snprintf(d->msg, sizeof d->msg,
@@ -184,6 +269,7 @@ bool pass_stage_cut(const Graph *g, int n, PassStageCut *c, Diag *d)
         pre[i + 1] = pre[i] + (st[g->ops.v[i].out] ? 0 : op_cost(g, &g->ops.v[i]));
     int64_t *cb = xmalloc(sizeof(int64_t) * (size_t)(nops + 2));
     bool *one = xcalloc((size_t)nops + 2, sizeof(bool)); /* one tensor crosses */
+    bool ok = false;
     /* every stage reads a param: no cut before the first op that reads
      * one, nor after the last (the loss's tail) */
     int first_real = nops, last_real = -1;
@@ -194,11 +280,13 @@ bool pass_stage_cut(const Graph *g, int n, PassStageCut *c, Diag *d)
                     first_real = i;
                 last_real = i;
             }
+    Layer *ly = NULL;
+    int nly = layers(g, &ly);
     int64_t best = -1;
     int ncand = 0; /* boundaries one tensor crosses */
     for (int p = 0; p <= nops; p++) {
         cb[p] = -1;
-        if (p <= first_real || p > last_real)
+        if (p <= first_real || p > last_real || splits(ly, nly, p))
             continue;
         int64_t b;
         int nc = crossing(g, last_use, st, p, NULL, &b);
@@ -215,30 +303,19 @@ bool pass_stage_cut(const Graph *g, int n, PassStageCut *c, Diag *d)
     int nhint = 0;
     for (int s = 0; s <= n; s++)
         fixed[s] = -1;
-    if (loss >= 0 && !read_hints(g, n, first_real, last_real, last_use, fixed, &nhint, d)) {
-        free(st);
-        free(last_use);
-        free(pre);
-        free(cb);
-        free(one);
-        free(fixed);
-        return false;
-    }
+    if (loss >= 0 &&
+        !read_hints(g, n, first_real, last_real, last_use, ly, nly, fixed, &nhint, d))
+        goto out;
     if ((ncand < n - 1 && nhint == 0) || loss < 0) {
         if (loss < 0)
             snprintf(d->msg, sizeof d->msg,
                      "pp = %d: the model has no output \"loss\" (expected one)", n);
         else
             snprintf(d->msg, sizeof d->msg,
-                     "--pp %d: more stages than places to cut the model (expected pp <= %d: "
-                     "the model has %d places where one tensor crosses)", n, ncand + 1, ncand);
-        free(st);
-        free(last_use);
-        free(pre);
-        free(cb);
-        free(one);
-        free(fixed);
-        return false;
+                     "--pp %d: more stages than layers to put in them (expected pp <= %d: the "
+                     "model has %d places between its layers where one tensor crosses)", n,
+                     ncand + 1, ncand);
+        goto out;
     }
     c->n = n;
     c->first = xcalloc((size_t)n + 1, sizeof(int));
@@ -287,18 +364,10 @@ bool pass_stage_cut(const Graph *g, int n, PassStageCut *c, Diag *d)
                      "--pp %d: no place to cut stage %d between the stages pp_stage fixes "
                      "(expected a boundary of the fewest bytes crossing there; pp_stage(x, %d) "
                      "picks one)", n, s, s);
-            free(st);
-            free(last_use);
-            free(pre);
-            free(cb);
-            free(one);
-            free(fixed);
-            pass_stage_cut_free(c);
-            return false;
+            goto out;
         }
         c->first[s] = prev = pick;
     }
-    free(fixed);
     for (int s = 0; s < n; s++)
         c->cost[s] = pre[c->first[s + 1]] - pre[c->first[s]];
     for (int s = 1; s < n; s++) {
@@ -313,32 +382,26 @@ bool pass_stage_cut(const Graph *g, int n, PassStageCut *c, Diag *d)
             snprintf(d->msg, sizeof d->msg,
                      "--pp %d: stage %d would hold no param (expected fewer stages, or "
                      "pp_stage(x, %d) in the script to place it)", n, s, s);
-            free(st);
-            free(last_use);
-            free(pre);
-            free(cb);
-            free(one);
-            pass_stage_cut_free(c);
-            return false;
+            goto out;
         }
     }
     if (g->t.v[loss].op < c->first[n - 1]) {
         snprintf(d->msg, sizeof d->msg,
                  "pp = %d: the loss is made before the last stage (internal cut error)", n);
-        free(st);
-        free(last_use);
-        free(pre);
-        free(cb);
-        free(one);
-        pass_stage_cut_free(c);
-        return false;
+        goto out;
     }
+    ok = true;
+out:
     free(st);
     free(last_use);
     free(pre);
     free(cb);
     free(one);
-    return true;
+    free(fixed);
+    free(ly);
+    if (!ok)
+        pass_stage_cut_free(c);
+    return ok;
 }
 
 /* keep[i]: op i runs in stage s (its range, and the constant-only ops

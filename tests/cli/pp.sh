@@ -23,8 +23,9 @@
 #   - pp_stage hints (tests/data/pp_hint.lua) move the cut, and train as
 #     one rank does;
 #   - user errors: ranks that tp x pp does not divide, more stages than
-#     places to cut, a stage without params, flags pp does not run with
-#     yet, hints out of range or out of order (naming the script line).
+#     layers, a stage without params, flags pp does not run with yet,
+#     hints out of range, out of order or inside a layer (naming the
+#     script line).
 # gpt's key bias: see tests/cli/tp.sh (compared to 1e-3 absolute).
 set -u
 : "${KILN:?KILN must point at the kiln binary}"
@@ -273,14 +274,16 @@ expect() {
 expect nproc3 '--pp 2: --nproc 3 is not a multiple of tp x pp = 2' \
     train models/gpt.lua --steps 2 --nproc 3 --pp 2
 expect onerank '--pp 2: --nproc 1 is not a multiple' train models/gpt.lua --steps 2 --pp 2
-expect stages '--pp 50: more stages than places to cut' compile models/gpt.lua --pp 50
+expect stages '--pp 50: more stages than layers to put in them' compile models/gpt.lua --pp 50
 expect dropout 'models/gpt.lua:[0-9]*: pp = 2: random ops (dropout)' \
     compile models/gpt.lua --pp 2 --set dropout=0.1
 expect hint_range 'pp_hint.lua:[0-9]*: pp_stage: stage 2, but pp = 2' \
     compile tests/data/pp_hint.lua --pp 2 --set stage2=3
 expect hint_order 'pp_hint.lua:[0-9]*: pp_stage: stage 2 begins before stage 1' \
     compile tests/data/pp_hint.lua --pp 3 --set cut=4 --set stage2=2
+expect hint_inner 'pp_hint.lua:[0-9]*: pp_stage: stage 1 would begin inside layer "fc2": "fc2.weight" in stage 0, "fc2.bias" in stage 1' \
+    compile tests/data/pp_hint.lua --pp 2 --set cut=0 --set inner=2
 expect both '--pp 2: micro_batches = 2 and grad_accum = 2 both set' \
     train models/gpt.lua --steps 2 --nproc 2 --pp 2 --set micro_batches=2 --set grad_accum=2
-expect noparam '--pp 12: stage 1 would hold no param' compile models/gpt.lua --pp 12
+expect noparam '--pp 11: stage 1 would hold no param' compile models/gpt.lua --pp 11
 echo "pp.sh: ok"
