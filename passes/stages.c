@@ -588,8 +588,79 @@ static Graph *part_graph(const Graph *g, const int *part, int which)
     return p;
 }
 
-void pass_stage_split(const Graph *g, bool last, Graph **f, Graph **b, Graph **w)
+/* g with each forward op whose result B or W reads and that is made from
+ * constants and params only (the GELU's and the softmax's broadcast
+ * constants, a broadcast LayerNorm weight) made again for the backward: a
+ * clone flagged OPF_BACKWARD before the first backward op, which the
+ * backward ops read instead. The split then leaves them to B and W, which
+ * make them again, rather than to F's stash (host copies per micro-batch).
+ * The values are the same bits. */
+static Graph *static_for_backward(const Graph *g0)
 {
+    Graph *g = ir_clone(g0);
+    int nt = g->t.n, n0 = g->ops.n;
+    bool *st = xcalloc((size_t)nt + 1, sizeof(bool)), *need = xcalloc((size_t)n0 + 1, 1);
+    for (int i = 0; i < nt; i++)
+        st[i] = g->t.v[i].kind == TK_PARAM;
+    for (int i = 0; i < n0; i++) {
+        const Op *op = &g->ops.v[i];
+        bool s = ir_opinfo[op->code].cls != OC_RANDOM && !(op->flags & OPF_BACKWARD);
+        for (int j = 0; j < op->nin && s; j++)
+            s = st[op->in[j]];
+        st[op->out] = s;
+    }
+    /* needed: read by a backward op, or by a needed op (in reverse) */
+    for (int i = n0 - 1; i >= 0; i--) {
+        const Op *op = &g->ops.v[i];
+        bool bw = (op->flags & OPF_BACKWARD) != 0;
+        for (int j = 0; j < op->nin; j++) {
+            int p = g->t.v[op->in[j]].op;
+            if (p >= 0 && st[op->in[j]] && (bw || need[i]))
+                need[p] = true;
+        }
+    }
+    int *map = xmalloc(sizeof(int) * (size_t)(nt + 1)), first_bw = n0;
+    for (int i = 0; i < nt; i++)
+        map[i] = i;
+    for (int i = 0; i < n0 && first_bw == n0; i++)
+        if (g->ops.v[i].flags & OPF_BACKWARD)
+            first_bw = i;
+    for (int i = 0; i < n0; i++) {
+        if (!need[i] || i >= first_bw)
+            continue;
+        Op op = g->ops.v[i]; /* a copy: ir_op_x may move g->ops */
+        int *in = xmalloc(sizeof(int) * (size_t)(op.nin + 1));
+        for (int j = 0; j < op.nin; j++)
+            in[j] = map[op.in[j]];
+        int t = ir_op_x(g, op.code, in, op.nin, &op.attr, op.loc);
+        g->ops.v[g->ops.n - 1].flags = op.flags | OPF_BACKWARD;
+        map[op.out] = t;
+        free(in);
+    }
+    int nclone = g->ops.n - n0;
+    for (int i = first_bw; i < n0; i++)
+        for (int j = 0; j < g->ops.v[i].nin; j++)
+            g->ops.v[i].in[j] = map[g->ops.v[i].in[j]];
+    /* the clones right before the first backward op */
+    int *order = xmalloc(sizeof(int) * (size_t)(g->ops.n + 1)), k = 0;
+    for (int i = 0; i < first_bw; i++)
+        order[k++] = i;
+    for (int i = 0; i < nclone; i++)
+        order[k++] = n0 + i;
+    for (int i = first_bw; i < n0; i++)
+        order[k++] = i;
+    ir_reorder_ops(g, order, k);
+    ir_compact(g);
+    free(order);
+    free(map);
+    free(st);
+    free(need);
+    return g;
+}
+
+void pass_stage_split(const Graph *g0, bool last, Graph **f, Graph **b, Graph **w)
+{
+    Graph *g = static_for_backward(g0);
     int n = g->ops.n;
     int *part = xmalloc(sizeof(int) * (size_t)(n + 1));
     bool *fwd = xcalloc((size_t)n + 1, sizeof(bool));
@@ -617,6 +688,7 @@ void pass_stage_split(const Graph *g, bool last, Graph **f, Graph **b, Graph **w
     *w = part_graph(g, part, 2);
     free(part);
     free(fwd);
+    ir_free(g);
 }
 
 /* ---- schedules --------------------------------------------------------- */

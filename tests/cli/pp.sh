@@ -13,6 +13,7 @@
 #   - gpipe, 1f1b and zb-h1 give the same losses, to the last printed digit
 #     (the same F, B and W programs in another order; gradients summed in
 #     micro-batch order by all), zb-h1 and 1f1b the same weights' bytes;
+#     the micro-batches each holds at once, and what stage 1 stashes;
 #   - the `stages` dump (pp 2 x m 4, pp 4 x m 8): each micro-batch's F, B
 #     and W once per stage in that order, W's in micro-batch order, every
 #     send paired with a receive on the neighbour, no stage holding more
@@ -129,6 +130,18 @@ run gpt2z $GPT --nproc 2 --pp 2 --set micro_batches=4 --set schedule=zb-h1 \
 [ "$(losses gpt2z)" = "$(losses gpt2)" ] || fail "zb-h1 and 1f1b losses differ"
 cmp -s "$T/gpt2z.safetensors" "$T/gpt2.safetensors" || fail "zb-h1 and 1f1b weights differ"
 echo "gpipe, 1f1b and zb-h1: the same losses (zb-h1 and 1f1b: the same weights, byte for byte)"
+# memory follows the schedule: 1f1b holds p - s micro-batches on stage s,
+# zb-h1 p on each (stage 1's W part only past B); stage 1's stash per
+# micro-batch is its activations, not its broadcast constants (made again
+# by B and W): 416 KiB here, 1.19 MiB when they were stashed
+grep -q '^pipeline memory: stage 0 holds 2 micro-batches .* stage 1 holds 1 micro-batches' "$T/gpt2.log" ||
+    fail "1f1b holds: $(grep '^pipeline memory' "$T/gpt2.log")"
+grep -q '^pipeline memory: stage 0 holds 2 micro-batches .* stage 1 holds 2 micro-batches' "$T/gpt2z.log" ||
+    fail "zb-h1 holds: $(grep '^pipeline memory' "$T/gpt2z.log")"
+held=$(sed -n 's/^pipeline memory: .* stage 1 holds 1 micro-batches (\([0-9.]*\) KiB).*/\1/p' "$T/gpt2.log")
+awk -v h="$held" 'BEGIN { exit !(h != "" && h < 600) }' ||
+    fail "stage 1 stashes more than 600 KiB per micro-batch: $(grep '^pipeline memory' "$T/gpt2.log")"
+echo "memory: $(grep '^pipeline memory' "$T/gpt2z.log")"
 
 run llama1 $LLAMA --set grad_accum=2 --save-weights "$T/llama1.safetensors"
 run llama2 $LLAMA --nproc 2 --set pp=2 --set micro_batches=2 \
