@@ -469,8 +469,9 @@ Graph *pass_stage_graph(const Graph *fwd, const PassStageCut *c, int s, bool bac
  * backward ops (the params' gradients, "grad.P"). A tensor a later part
  * reads is an output "pp.stash.T" of its part and an input of that name of
  * the reader (T: its id in g), except what is made from constants and
- * params only: B and W make that again. A part may have no ops (stage 0
- * has no B). */
+ * params only, or by elementwise and data-movement ops from those and from
+ * tensors B and W read anyway: B and W make that again. A part may have no
+ * ops (stage 0 has no B). */
 void pass_stage_split(const Graph *g, bool last, Graph **f, Graph **b, Graph **w);
 /* Prints the cut: each stage's ops, cost share, params and what it
  * receives; the params read by several stages (tied). */

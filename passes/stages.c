@@ -589,26 +589,46 @@ static Graph *part_graph(const Graph *g, const int *part, int which)
 }
 
 /* g with each forward op whose result B or W reads and that is made from
- * constants and params only (the GELU's and the softmax's broadcast
- * constants, a broadcast LayerNorm weight) made again for the backward: a
- * clone flagged OPF_BACKWARD before the first backward op, which the
- * backward ops read instead. The split then leaves them to B and W, which
- * make them again, rather than to F's stash (host copies per micro-batch).
- * The values are the same bits. */
+ * constants and params only (GELU's broadcast constants, a broadcast
+ * LayerNorm weight), or by an elementwise or data-movement op from such
+ * results and from tensors the backward reads anyway (GELU's intermediates
+ * from its input), made again for the backward: a clone flagged
+ * OPF_BACKWARD before the first backward op, which the backward ops read
+ * instead. The split then leaves them to B and W rather than to F's stash
+ * (host copies per micro-batch, held until B or W), which only shrinks.
+ * The received "pp.recv.K" are params of g but not constants: what is made
+ * from them is not made again. */
 static Graph *static_for_backward(const Graph *g0)
 {
     Graph *g = ir_clone(g0);
     int nt = g->t.n, n0 = g->ops.n;
     bool *st = xcalloc((size_t)nt + 1, sizeof(bool)), *need = xcalloc((size_t)n0 + 1, 1);
+    for (int i = 0; i < nt; i++) /* the model's params, not the received "pp.recv.K" */
+        st[i] = g->t.v[i].kind == TK_PARAM && strncmp(g->t.v[i].name, "pp.recv.", 8) != 0;
+    /* read: a forward tensor a backward op reads (stashed unless made
+     * again) */
+    bool *read = xcalloc((size_t)nt + 1, sizeof(bool));
+    for (int i = 0; i < n0; i++)
+        for (int j = 0; (g->ops.v[i].flags & OPF_BACKWARD) && j < g->ops.v[i].nin; j++)
+            read[g->ops.v[i].in[j]] = true;
+    /* st: made from constants and params only, or an elementwise or
+     * data-movement op of such tensors and of tensors backward reads (so
+     * what is stashed only shrinks: GELU's intermediates from its input) */
+    bool *stat = xcalloc((size_t)nt + 1, sizeof(bool)); /* constants and params only */
     for (int i = 0; i < nt; i++)
-        st[i] = g->t.v[i].kind == TK_PARAM;
+        stat[i] = st[i];
     for (int i = 0; i < n0; i++) {
         const Op *op = &g->ops.v[i];
-        bool s = ir_opinfo[op->code].cls != OC_RANDOM && !(op->flags & OPF_BACKWARD);
-        for (int j = 0; j < op->nin && s; j++)
-            s = st[op->in[j]];
-        st[op->out] = s;
+        int cls = ir_opinfo[op->code].cls;
+        bool ok = cls != OC_RANDOM && !(op->flags & OPF_BACKWARD), only = ok, s = ok;
+        for (int j = 0; j < op->nin; j++) {
+            only &= stat[op->in[j]];
+            s &= st[op->in[j]] || read[op->in[j]];
+        }
+        stat[op->out] = only;
+        st[op->out] = only || (s && (cls == OC_ELEMWISE || cls == OC_MOVE));
     }
+    free(stat);
     /* needed: read by a backward op, or by a needed op (in reverse) */
     for (int i = n0 - 1; i >= 0; i--) {
         const Op *op = &g->ops.v[i];
@@ -655,6 +675,7 @@ static Graph *static_for_backward(const Graph *g0)
     free(map);
     free(st);
     free(need);
+    free(read);
     return g;
 }
 
