@@ -347,8 +347,8 @@ Graph *rt_pp_build(RtPp *p, const Graph *model, const PassOpts *po, Diag *d)
             die("rt_pp_build: stage %d lost pp.send.%d", p->s, k);
         p->send_off[k + 1] = p->send_off[k] + shape_bytes(&F->t.v[p->send_f[k]].s);
     }
-    /* the stash record: F's and B's "pp.stash.T" outputs, in order */
-    /* what W reads is held until W, the rest until B */
+    /* the stash records: F's and B's "pp.stash.T" outputs, in order; what
+     * W reads in the record held until W, the rest in the one held until B */
     const Graph *W = p->pr[P_W].g;
     for (int i = 0; i < P__N; i++) {
         PpProg *q = &p->pr[i];
@@ -510,6 +510,8 @@ bool rt_pp_step(RtPp *p, Exec *te, const Graph *tg, const DataBatch *b, int64_t 
     bool ok = true, zb = p->sched == PASS_SCHED_ZBH1;
     p->ev.n = 0;
     double busy = 0, wait = 0, begin = ir_now();
+    for (int h = 0; h < 2; h++) /* a failed step may have left slots taken */
+        memset(p->taken[h], 0, (size_t)p->nslot[h]);
     for (int a = 0; a < 3 * m && ok; a++) {
         int k = p->acts[a].mb;
         double t0 = ir_now(), t1 = t0;
