@@ -447,7 +447,8 @@ typedef struct {
     int64_t *bytes;
 } PassStageCut;
 /* Cuts g into n stages (see stages.c); false with a message (more stages
- * than places to cut, dropout, state updates) otherwise. */
+ * than places between layers to cut, a pp_stage hint inside a layer,
+ * dropout, state updates) otherwise. */
 bool pass_stage_cut(const Graph *g, int n, PassStageCut *c, Diag *d);
 void pass_stage_cut_free(PassStageCut *c);
 /* Whether stage s reads tensor t (a param it owns). */
@@ -467,15 +468,20 @@ Graph *pass_stage_graph(const Graph *fwd, const PassStageCut *c, int s, bool bac
  * received tensors' gradients ("grad.pp.recv.K") need; W, the other
  * backward ops (the params' gradients, "grad.P"). A tensor a later part
  * reads is an output "pp.stash.T" of its part and an input of that name of
- * the reader (T: its id in g). A part may have no ops (stage 0 has no B). */
+ * the reader (T: its id in g), except what is made from constants and
+ * params only, or by elementwise and data-movement ops from those and from
+ * tensors B and W read anyway: B and W make that again. A part may have no
+ * ops (stage 0 has no B). */
 void pass_stage_split(const Graph *g, bool last, Graph **f, Graph **b, Graph **w);
 /* Prints the cut: each stage's ops, cost share, params and what it
  * receives; the params read by several stages (tied). */
 void pass_stage_cut_print(const Graph *g, const PassStageCut *c, FILE *f);
 /* Schedules: each stage's order of F (forward), B (the received tensors'
  * gradients) and W (the params' gradients) of the m micro-batches; gpipe
- * and 1f1b run each W right after its B, zb-h1 moves W's into the slots
- * where 1f1b idles, holding no more micro-batches than 1f1b (stages.c). */
+ * and 1f1b run each W right after its B, as one backward (Megatron-LM's),
+ * and send the gradient after W; zb-h1 (Qi et al.'s ZB-H1) sends it after
+ * B and moves W's into the slots where 1f1b idles, holding n micro-batches
+ * on every stage, 1f1b's peak (stages.c). */
 enum { PASS_SCHED_1F1B, PASS_SCHED_GPIPE, PASS_SCHED_ZBH1 };
 typedef struct {
     char kind; /* 'F', 'B' or 'W' */
@@ -486,11 +492,11 @@ int pass_stage_schedule_parse(const char *name); /* -1: unknown */
 /* Stage s's 3m actions into out; their count (3m). Receives: an F of a
  * stage s > 0 first receives its activation from s-1, a B of s < n-1 its
  * gradient from s+1; an F of s < n-1 ends by sending its activation, a B
- * of s > 0 by sending the received activation's gradient. W's run in
- * micro-batch order. */
+ * (zb-h1) or W (gpipe, 1f1b) of s > 0 by sending the received
+ * activation's gradient. W's run in micro-batch order. */
 int pass_stage_schedule(int kind, int n, int m, int s, PassStageAct *out);
 /* The `stages` dump: the schedule as a table, stages by time slots (F, B
- * and W one slot each), the idle share next to (p-1)/(m+p-1), and each
+ * and W one slot each), the idle share next to the formulas, and each
  * stage's program with its sends and receives. */
 void pass_stage_schedule_print(int kind, int n, int m, FILE *f);
 

@@ -1,5 +1,5 @@
 /* stages.c - pipeline stages: the cut of a forward graph into n stages,
- * each stage's own graphs, and the schedules (gpipe, 1f1b) as data.
+ * each stage's own graphs, and the schedules (gpipe, 1f1b, zb-h1) as data.
  *
  * The cut: stage s runs the forward ops [first[s], first[s+1]) in program
  * order. A boundary sits between two ops; the tensors crossing it (made
@@ -10,7 +10,9 @@
  * residual stream between blocks in a transformer) between the first and
  * the last op that reads a param, and among those the
  * one whose share of the graph's cost (ir_op_flops, plus the bytes each op
- * moves at one FLOP per byte) is nearest s/n of the total. A param is
+ * moves at one FLOP per byte) is nearest s/n of the total. No boundary
+ * splits a layer (see Layer below); a pp_stage hint that would is an
+ * error at its line. A param is
  * owned by every stage that reads it (gpt's tied wte: the first stage's
  * embedding and the last's head). */
 #include "passes.h"
@@ -91,10 +93,83 @@ static int crossing(const Graph *g, const int *last_use, const bool *st, int p, 
 
 static bool is_hint(const char *name) { return strncmp(name, "pp.stage.", 9) == 0; }
 
+/* Layers: params whose names agree up to the last dot ("h.3.attn.c_attn"
+ * holds h.3.attn.c_attn.weight and .bias: one nn layer); a name without a
+ * dot is a layer of its own. A boundary p splits a layer when one of its
+ * params is read only before p and another only at or after p: for a
+ * layer, the last reader of the param read last-earliest (lo) and the
+ * first reader of the param read first-latest (hi) give the places
+ * (lo, hi] that split it. A param read on both sides (gpt's tied wte)
+ * splits nothing by itself. */
+typedef struct {
+    const char *name; /* a param of the layer (for messages) */
+    const char *other;
+    int lo, hi;
+} Layer;
+
+static bool same_layer(const char *a, const char *b)
+{
+    const char *da = strrchr(a, '.'), *db = strrchr(b, '.');
+    return da && db && da - a == db - b && strncmp(a, b, (size_t)(da - a)) == 0;
+}
+
+/* g's layers of two params or more, into *out; their count. */
+static int layers(const Graph *g, Layer **out)
+{
+    int nt = g->t.n;
+    int *first = xmalloc(sizeof(int) * (size_t)(nt + 1));
+    int *last = xmalloc(sizeof(int) * (size_t)(nt + 1));
+    for (int i = 0; i < nt; i++)
+        first[i] = last[i] = -1;
+    for (int i = 0; i < g->ops.n; i++)
+        for (int j = 0; j < g->ops.v[i].nin; j++) {
+            int t = g->ops.v[i].in[j];
+            if (first[t] < 0)
+                first[t] = i;
+            last[t] = i;
+        }
+    VEC(Layer) v = {0};
+    bool *done = xcalloc((size_t)nt + 1, sizeof(bool));
+    for (int i = 0; i < nt; i++) {
+        if (g->t.v[i].kind != TK_PARAM || done[i] || first[i] < 0 || !g->t.v[i].name)
+            continue;
+        /* the param read last-earliest, the one read first-latest */
+        int lo = i, hi = i, n = 0;
+        for (int j = i; j < nt; j++) {
+            if (g->t.v[j].kind != TK_PARAM || first[j] < 0 || !g->t.v[j].name ||
+                !same_layer(g->t.v[i].name, g->t.v[j].name))
+                continue;
+            done[j] = true;
+            n++;
+            if (last[j] < last[lo])
+                lo = j;
+            if (first[j] > first[hi])
+                hi = j;
+        }
+        if (n > 1 && last[lo] < first[hi])
+            vec_push(&v, ((Layer){g->t.v[lo].name, g->t.v[hi].name, last[lo], first[hi]}));
+    }
+    free(first);
+    free(last);
+    free(done);
+    *out = v.v;
+    return v.n;
+}
+
+/* The layer that a boundary at p splits; NULL: none. */
+static const Layer *splits(const Layer *ly, int nly, int p)
+{
+    for (int i = 0; i < nly; i++)
+        if (ly[i].lo < p && p <= ly[i].hi)
+            return &ly[i];
+    return NULL;
+}
+
 /* pp_stage's outputs "pp.stage.I@FILE:LINE": stage I begins right after
  * the op that makes the output's tensor; into fixed[I]. */
 static bool read_hints(const Graph *g, int n, int first_real, int last_real,
-                       const int *last_use, int *fixed, int *nhint, Diag *d)
+                       const int *last_use, const Layer *ly, int nly, int *fixed, int *nhint,
+                       Diag *d)
 {
     int *line = xcalloc((size_t)n + 1, sizeof(int));
     bool ok = true;
@@ -106,6 +181,7 @@ static bool read_hints(const Graph *g, int n, int first_real, int last_real,
         const char *at = strchr(nm, '@');
         at = at ? at + 1 : "?";
         int t = g->outs.v[i].t, p = g->t.v[t].op + 1;
+        const Layer *sp = splits(ly, nly, p);
         if (st >= n) {
             snprintf(d->msg, sizeof d->msg,
                      "%s: pp_stage: stage %d, but pp = %d (expected a stage in 1..%d)", at, st,
@@ -115,6 +191,15 @@ static bool read_hints(const Graph *g, int n, int first_real, int last_real,
             snprintf(d->msg, sizeof d->msg,
                      "%s: pp_stage: stage %d already begins elsewhere (expected one pp_stage "
                      "per stage)", at, st);
+            ok = false;
+        } else if (sp) {
+            char layer[128];
+            snprintf(layer, sizeof layer, "%.*s", (int)(strrchr(sp->name, '.') - sp->name),
+                     sp->name);
+            snprintf(d->msg, sizeof d->msg,
+                     "%s: pp_stage: stage %d would begin inside layer \"%s\": \"%s\" in stage "
+                     "%d, \"%s\" in stage %d (expected a value between two layers, such as "
+                     "the layer's output)", at, st, layer, sp->name, st - 1, sp->other, st);
             ok = false;
         } else if (p <= first_real || p > last_real || last_use[t] < p) {
             snprintf(d->msg, sizeof d->msg,
@@ -184,6 +269,7 @@ bool pass_stage_cut(const Graph *g, int n, PassStageCut *c, Diag *d)
         pre[i + 1] = pre[i] + (st[g->ops.v[i].out] ? 0 : op_cost(g, &g->ops.v[i]));
     int64_t *cb = xmalloc(sizeof(int64_t) * (size_t)(nops + 2));
     bool *one = xcalloc((size_t)nops + 2, sizeof(bool)); /* one tensor crosses */
+    bool ok = false;
     /* every stage reads a param: no cut before the first op that reads
      * one, nor after the last (the loss's tail) */
     int first_real = nops, last_real = -1;
@@ -194,11 +280,13 @@ bool pass_stage_cut(const Graph *g, int n, PassStageCut *c, Diag *d)
                     first_real = i;
                 last_real = i;
             }
+    Layer *ly = NULL;
+    int nly = layers(g, &ly);
     int64_t best = -1;
     int ncand = 0; /* boundaries one tensor crosses */
     for (int p = 0; p <= nops; p++) {
         cb[p] = -1;
-        if (p <= first_real || p > last_real)
+        if (p <= first_real || p > last_real || splits(ly, nly, p))
             continue;
         int64_t b;
         int nc = crossing(g, last_use, st, p, NULL, &b);
@@ -215,30 +303,19 @@ bool pass_stage_cut(const Graph *g, int n, PassStageCut *c, Diag *d)
     int nhint = 0;
     for (int s = 0; s <= n; s++)
         fixed[s] = -1;
-    if (loss >= 0 && !read_hints(g, n, first_real, last_real, last_use, fixed, &nhint, d)) {
-        free(st);
-        free(last_use);
-        free(pre);
-        free(cb);
-        free(one);
-        free(fixed);
-        return false;
-    }
+    if (loss >= 0 &&
+        !read_hints(g, n, first_real, last_real, last_use, ly, nly, fixed, &nhint, d))
+        goto out;
     if ((ncand < n - 1 && nhint == 0) || loss < 0) {
         if (loss < 0)
             snprintf(d->msg, sizeof d->msg,
                      "pp = %d: the model has no output \"loss\" (expected one)", n);
         else
             snprintf(d->msg, sizeof d->msg,
-                     "--pp %d: more stages than places to cut the model (expected pp <= %d: "
-                     "the model has %d places where one tensor crosses)", n, ncand + 1, ncand);
-        free(st);
-        free(last_use);
-        free(pre);
-        free(cb);
-        free(one);
-        free(fixed);
-        return false;
+                     "--pp %d: more stages than layers to put in them (expected pp <= %d: the "
+                     "model has %d places between its layers where one tensor crosses)", n,
+                     ncand + 1, ncand);
+        goto out;
     }
     c->n = n;
     c->first = xcalloc((size_t)n + 1, sizeof(int));
@@ -287,18 +364,10 @@ bool pass_stage_cut(const Graph *g, int n, PassStageCut *c, Diag *d)
                      "--pp %d: no place to cut stage %d between the stages pp_stage fixes "
                      "(expected a boundary of the fewest bytes crossing there; pp_stage(x, %d) "
                      "picks one)", n, s, s);
-            free(st);
-            free(last_use);
-            free(pre);
-            free(cb);
-            free(one);
-            free(fixed);
-            pass_stage_cut_free(c);
-            return false;
+            goto out;
         }
         c->first[s] = prev = pick;
     }
-    free(fixed);
     for (int s = 0; s < n; s++)
         c->cost[s] = pre[c->first[s + 1]] - pre[c->first[s]];
     for (int s = 1; s < n; s++) {
@@ -313,32 +382,26 @@ bool pass_stage_cut(const Graph *g, int n, PassStageCut *c, Diag *d)
             snprintf(d->msg, sizeof d->msg,
                      "--pp %d: stage %d would hold no param (expected fewer stages, or "
                      "pp_stage(x, %d) in the script to place it)", n, s, s);
-            free(st);
-            free(last_use);
-            free(pre);
-            free(cb);
-            free(one);
-            pass_stage_cut_free(c);
-            return false;
+            goto out;
         }
     }
     if (g->t.v[loss].op < c->first[n - 1]) {
         snprintf(d->msg, sizeof d->msg,
                  "pp = %d: the loss is made before the last stage (internal cut error)", n);
-        free(st);
-        free(last_use);
-        free(pre);
-        free(cb);
-        free(one);
-        pass_stage_cut_free(c);
-        return false;
+        goto out;
     }
+    ok = true;
+out:
     free(st);
     free(last_use);
     free(pre);
     free(cb);
     free(one);
-    return true;
+    free(fixed);
+    free(ly);
+    if (!ok)
+        pass_stage_cut_free(c);
+    return ok;
 }
 
 /* keep[i]: op i runs in stage s (its range, and the constant-only ops
@@ -525,8 +588,100 @@ static Graph *part_graph(const Graph *g, const int *part, int which)
     return p;
 }
 
-void pass_stage_split(const Graph *g, bool last, Graph **f, Graph **b, Graph **w)
+/* g with each forward op whose result B or W reads and that is made from
+ * constants and params only (GELU's broadcast constants, a broadcast
+ * LayerNorm weight), or by an elementwise or data-movement op from such
+ * results and from tensors the backward reads anyway (GELU's intermediates
+ * from its input), made again for the backward: a clone flagged
+ * OPF_BACKWARD before the first backward op, which the backward ops read
+ * instead. The split then leaves them to B and W rather than to F's stash
+ * (host copies per micro-batch, held until B or W), which only shrinks.
+ * The received "pp.recv.K" are params of g but not constants: what is made
+ * from them is not made again. */
+static Graph *static_for_backward(const Graph *g0)
 {
+    Graph *g = ir_clone(g0);
+    int nt = g->t.n, n0 = g->ops.n;
+    bool *st = xcalloc((size_t)nt + 1, sizeof(bool)), *need = xcalloc((size_t)n0 + 1, 1);
+    for (int i = 0; i < nt; i++) /* the model's params, not the received "pp.recv.K" */
+        st[i] = g->t.v[i].kind == TK_PARAM && strncmp(g->t.v[i].name, "pp.recv.", 8) != 0;
+    /* read: a forward tensor a backward op reads (stashed unless made
+     * again) */
+    bool *read = xcalloc((size_t)nt + 1, sizeof(bool));
+    for (int i = 0; i < n0; i++)
+        for (int j = 0; (g->ops.v[i].flags & OPF_BACKWARD) && j < g->ops.v[i].nin; j++)
+            read[g->ops.v[i].in[j]] = true;
+    /* st: made from constants and params only, or an elementwise or
+     * data-movement op of such tensors and of tensors backward reads (so
+     * what is stashed only shrinks: GELU's intermediates from its input) */
+    bool *stat = xcalloc((size_t)nt + 1, sizeof(bool)); /* constants and params only */
+    for (int i = 0; i < nt; i++)
+        stat[i] = st[i];
+    for (int i = 0; i < n0; i++) {
+        const Op *op = &g->ops.v[i];
+        int cls = ir_opinfo[op->code].cls;
+        bool ok = cls != OC_RANDOM && !(op->flags & OPF_BACKWARD), only = ok, s = ok;
+        for (int j = 0; j < op->nin; j++) {
+            only &= stat[op->in[j]];
+            s &= st[op->in[j]] || read[op->in[j]];
+        }
+        stat[op->out] = only;
+        st[op->out] = only || (s && (cls == OC_ELEMWISE || cls == OC_MOVE));
+    }
+    free(stat);
+    /* needed: read by a backward op, or by a needed op (in reverse) */
+    for (int i = n0 - 1; i >= 0; i--) {
+        const Op *op = &g->ops.v[i];
+        bool bw = (op->flags & OPF_BACKWARD) != 0;
+        for (int j = 0; j < op->nin; j++) {
+            int p = g->t.v[op->in[j]].op;
+            if (p >= 0 && st[op->in[j]] && (bw || need[i]))
+                need[p] = true;
+        }
+    }
+    int *map = xmalloc(sizeof(int) * (size_t)(nt + 1)), first_bw = n0;
+    for (int i = 0; i < nt; i++)
+        map[i] = i;
+    for (int i = 0; i < n0 && first_bw == n0; i++)
+        if (g->ops.v[i].flags & OPF_BACKWARD)
+            first_bw = i;
+    for (int i = 0; i < n0; i++) {
+        if (!need[i] || i >= first_bw)
+            continue;
+        Op op = g->ops.v[i]; /* a copy: ir_op_x may move g->ops */
+        int *in = xmalloc(sizeof(int) * (size_t)(op.nin + 1));
+        for (int j = 0; j < op.nin; j++)
+            in[j] = map[op.in[j]];
+        int t = ir_op_x(g, op.code, in, op.nin, &op.attr, op.loc);
+        g->ops.v[g->ops.n - 1].flags = op.flags | OPF_BACKWARD;
+        map[op.out] = t;
+        free(in);
+    }
+    int nclone = g->ops.n - n0;
+    for (int i = first_bw; i < n0; i++)
+        for (int j = 0; j < g->ops.v[i].nin; j++)
+            g->ops.v[i].in[j] = map[g->ops.v[i].in[j]];
+    /* the clones right before the first backward op */
+    int *order = xmalloc(sizeof(int) * (size_t)(g->ops.n + 1)), k = 0;
+    for (int i = 0; i < first_bw; i++)
+        order[k++] = i;
+    for (int i = 0; i < nclone; i++)
+        order[k++] = n0 + i;
+    for (int i = first_bw; i < n0; i++)
+        order[k++] = i;
+    ir_reorder_ops(g, order, k);
+    ir_compact(g);
+    free(order);
+    free(map);
+    free(st);
+    free(need);
+    free(read);
+    return g;
+}
+
+void pass_stage_split(const Graph *g0, bool last, Graph **f, Graph **b, Graph **w)
+{
+    Graph *g = static_for_backward(g0);
     int n = g->ops.n;
     int *part = xmalloc(sizeof(int) * (size_t)(n + 1));
     bool *fwd = xcalloc((size_t)n + 1, sizeof(bool));
@@ -554,6 +709,7 @@ void pass_stage_split(const Graph *g, bool last, Graph **f, Graph **b, Graph **w
     *w = part_graph(g, part, 2);
     free(part);
     free(fwd);
+    ir_free(g);
 }
 
 /* ---- schedules --------------------------------------------------------- */
@@ -585,21 +741,24 @@ static void fb_order(int kind, int n, int m, int s, PassStageAct *out)
 /* Every stage's 3m actions (acts[s*3m + i]) and the slot each starts in
  * (F, B and W one slot each), listed by simulation: a stage runs the next
  * F or B of its order once its input has arrived (an F's activation from
- * s-1, a B's gradient from s+1); gpipe and 1f1b run each W right after its
- * B; zb-h1 runs a W where the next F or B cannot run yet (the bubbles),
- * or where more than n - 1 - s W's wait on stage s (its F's and B's keep
- * 1f1b's order, so F-to-B activations peak as under 1f1b; the waiting W's
- * hold their inputs). The W's run in micro-batch order.
- * Returns the number of slots. */
+ * s-1, a B's gradient from s+1).
+ *   gpipe, 1f1b: each W right after its B, and the gradient goes to s-1
+ *     after the W (B and W are one backward, as in Megatron-LM);
+ *   zb-h1 (Qi et al.): the gradient goes to s-1 right after B; stage s
+ *     keeps up to s W's waiting and runs one where its next F or B cannot
+ *     run yet (the bubbles). 1f1b holds n - s micro-batches (F run, W not
+ *     yet) on stage s; zb-h1 holds n on every stage, 1f1b's peak (stage
+ *     0's), as the paper's ZB-H1 does.
+ * The W's run in micro-batch order. Returns the number of slots. */
 static int simulate(int kind, int n, int m, PassStageAct *acts, int *start)
 {
     int M3 = 3 * m;
+    bool zb = kind == PASS_SCHED_ZBH1;
     PassStageAct *seq = xmalloc(sizeof(PassStageAct) * (size_t)(2 * m * n + 1));
     int *fend = xmalloc(sizeof(int) * (size_t)(n * m + 1));
-    int *bend = xmalloc(sizeof(int) * (size_t)(n * m + 1));
+    int *bend = xmalloc(sizeof(int) * (size_t)(n * m + 1)); /* its gradient sent */
     int *pos = xcalloc((size_t)n + 1, sizeof(int)), *na = xcalloc((size_t)n + 1, sizeof(int));
-    int *nf = xcalloc((size_t)n + 1, sizeof(int)), *nw = xcalloc((size_t)n + 1, sizeof(int));
-    int *nb = xcalloc((size_t)n + 1, sizeof(int));
+    int *nw = xcalloc((size_t)n + 1, sizeof(int)), *nb = xcalloc((size_t)n + 1, sizeof(int));
     for (int s = 0; s < n; s++)
         fb_order(kind, n, m, s, seq + s * 2 * m);
     for (int i = 0; i < n * m; i++)
@@ -618,10 +777,7 @@ static int simulate(int kind, int n, int m, PassStageAct *acts, int *start)
                 continue;
             PassStageAct x = {0, -1};
             bool wpend = nw[s] < nb[s];
-            /* zb-h1: stage s keeps at most n - 1 - s W's waiting (the
-             * first stage, with the longest drain, the most) */
-            bool force = kind == PASS_SCHED_ZBH1 ? nb[s] - nw[s] > n - 1 - s : wpend;
-            if (force) {
+            if (zb ? nb[s] - nw[s] > s : wpend) {
                 x = (PassStageAct){'W', nw[s]};
             } else if (pos[s] < 2 * m) {
                 PassStageAct y = seq[s * 2 * m + pos[s]];
@@ -646,11 +802,13 @@ static int simulate(int kind, int n, int m, PassStageAct *acts, int *start)
             start[s * M3 + na[s]] = t;
             na[s]++;
             if (x.kind == 'F')
-                fend[s * m + x.mb] = t + 1, nf[s]++;
+                fend[s * m + x.mb] = t + 1;
             else if (x.kind == 'B')
-                bend[s * m + x.mb] = t + 1, nb[s]++;
+                nb[s]++;
             else
                 nw[s]++;
+            if (x.kind == (zb ? 'B' : 'W'))
+                bend[s * m + x.mb] = t + 1;
         }
     }
     free(seq);
@@ -658,7 +816,6 @@ static int simulate(int kind, int n, int m, PassStageAct *acts, int *start)
     free(bend);
     free(pos);
     free(na);
-    free(nf);
     free(nw);
     free(nb);
     return t;
@@ -681,8 +838,10 @@ void pass_stage_schedule_print(int kind, int n, int m, FILE *f)
     PassStageAct *a = xmalloc(sizeof(PassStageAct) * (size_t)(n * M3 + 1));
     int *start = xmalloc(sizeof(int) * (size_t)(n * M3 + 1));
     int T = simulate(kind, n, m, a, start);
-    fprintf(f, "# stages: pp = %d, micro-batches = %d, schedule = %s (slots: F, B, W one each)\n",
-            n, m, pass_stage_schedule_name(kind));
+    bool zb = kind == PASS_SCHED_ZBH1;
+    fprintf(f, "# stages: pp = %d, micro-batches = %d, schedule = %s (slots: F, B, W one each; "
+            "%s)\n", n, m, pass_stage_schedule_name(kind),
+            zb ? "B sends its gradient, W runs later" : "B then W, one backward, then its send");
     fprintf(f, "# slot   ");
     for (int t = 0; t < T; t++)
         fprintf(f, " %3d", t);
@@ -704,8 +863,9 @@ void pass_stage_schedule_print(int kind, int n, int m, FILE *f)
         fprintf(f, "%s\n", row);
         free(row);
     }
-    fprintf(f, "# bubble: %.1f%% of %d stages x %d slots idle (1f1b's formula (p-1)/(m+p-1) = "
-            "%.1f%%)\n", 100.0 * (n * T - n * M3) / (n * T), n, T, 100.0 * (n - 1) / (m + n - 1));
+    fprintf(f, "# bubble: %.1f%% of %d stages x %d slots idle (formulas: 1f1b (p-1)/(m+p-1) = "
+            "%.1f%%, zb-h1 (p-1)/(3m+p-1) = %.1f%%)\n", 100.0 * (n * T - n * M3) / (n * T), n, T,
+            100.0 * (n - 1) / (m + n - 1), 100.0 * (n - 1) / (3 * m + n - 1));
     /* each stage's program, with its sends and receives */
     for (int s = 0; s < n; s++) {
         fprintf(f, "stage %d program:", s);
@@ -721,11 +881,11 @@ void pass_stage_schedule_print(int kind, int n, int m, FILE *f)
                 if (s < n - 1)
                     fprintf(f, " recv(grad %d <- %d)", x.mb, s + 1);
                 fprintf(f, " B%d", x.mb);
-                if (s > 0)
-                    fprintf(f, " send(grad %d -> %d)", x.mb, s - 1);
             } else {
                 fprintf(f, " W%d", x.mb);
             }
+            if (s > 0 && x.kind == (zb ? 'B' : 'W'))
+                fprintf(f, " send(grad %d -> %d)", x.mb, s - 1);
         }
         fputc('\n', f);
     }

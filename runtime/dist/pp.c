@@ -17,15 +17,20 @@
  *        once) and "pp.loss" (the last micro-batch's loss, NaN when any
  *        was not finite).
  * What F leaves for B and W, and B for W ("pp.stash.T"), is kept per
- * micro-batch in host buffers until its W has run; so are the received
- * activation and gradient. Sends return at once (their buffers live until
- * the step's end); receives block, with the comm timeout. */
+ * micro-batch in host buffers: what W reads until its W has run, the rest
+ * until its B has; so are the received activation and gradient. The
+ * buffers hold as many micro-batches as the schedule holds at once (slots
+ * taken at F, given back at B and W). The gradient for the previous stage
+ * is sent after B (zb-h1) or after W (gpipe, 1f1b: B and W one backward).
+ * Sends return at once (their buffers live until the step's end);
+ * receives block, with the comm timeout. */
 #include "dist.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 typedef struct {
     const char *name;
@@ -39,6 +44,7 @@ typedef struct {
 } PpParam;
 
 enum { P_F, P_B, P_W, P__N };
+enum { H_B, H_W };
 
 typedef struct {
     char kind; /* 'F', 'B', 'W'; 'r': a receive */
@@ -47,8 +53,8 @@ typedef struct {
 } PpEvent;
 
 /* A tensor a program reads or writes: its id there, and where it lives in
- * the micro-batch's record (what: 0 stash, 1 received activation, 2
- * received gradient) */
+ * the micro-batch's record (what: 0 stash until B, 1 received activation,
+ * 2 received gradient, 3 stash until W) */
 typedef struct {
     int t, what;
     int64_t off, bytes;
@@ -76,9 +82,20 @@ struct RtPp {
     VEC(PpParam) ps;
     int loss_f;
     PassStageAct *acts;
-    char *stash;    /* m records */
-    char *xrecv;    /* m received activations */
-    char *grecv;    /* m received gradients */
+    /* a micro-batch holds two slots: hold[H_B] from its F to its B (what
+     * only F and B read), hold[H_W] from its F to its W (what W reads);
+     * nslot[h]: the schedule's peak of micro-batches holding one; slot_of[h]
+     * [k]: micro-batch k's this step; the received activation and gradient
+     * are held until W where W reads them (xin, gin: which hold) */
+    int nslot[2];
+    int *slot_of[2];
+    char *taken[2];  /* per slot: held now */
+    int xin, gin;
+    int64_t recw;   /* bytes of a record held until W ("rec": until B) */
+    char *stash;    /* nslot[H_B] records of rec bytes */
+    char *wstash;   /* nslot[H_W] records of recw bytes */
+    char *xrecv;    /* nslot[xin] received activations */
+    char *grecv;    /* nslot[gin] received gradients */
     char *ysend;    /* m sent activations */
     char *gsend;    /* m sent gradients */
     float *tmp;
@@ -89,6 +106,7 @@ struct RtPp {
      * per step: seconds running programs and waiting in receives */
     VEC(PpEvent) ev;
     VEC(double) busy, wait, dpms; /* dpms: the dp all-reduces' ms per step */
+    VEC(double) idle; /* per step: this stage's idle share of the pipeline's span */
     Graph *ug;      /* rt_pp_ckpt_whole's graph: every stage's params and state */
     Graph *wg;      /* whole_graph's */
     int *uholder;   /* per tensor of ug: the first stage holding it */
@@ -172,6 +190,12 @@ void rt_pp_free(RtPp *p)
     vec_free(&p->busy);
     vec_free(&p->wait);
     vec_free(&p->dpms);
+    vec_free(&p->idle);
+    for (int h = 0; h < 2; h++) {
+        free(p->slot_of[h]);
+        free(p->taken[h]);
+    }
+    free(p->wstash);
     for (int i = 0; i < p->ps.n; i++) {
         free(p->ps.v[i].owners);
         free(p->ps.v[i].acc);
@@ -323,16 +347,20 @@ Graph *rt_pp_build(RtPp *p, const Graph *model, const PassOpts *po, Diag *d)
             die("rt_pp_build: stage %d lost pp.send.%d", p->s, k);
         p->send_off[k + 1] = p->send_off[k] + shape_bytes(&F->t.v[p->send_f[k]].s);
     }
-    /* the stash record: F's and B's "pp.stash.T" outputs, in order */
+    /* the stash records: F's and B's "pp.stash.T" outputs, in order; what
+     * W reads in the record held until W, the rest in the one held until B */
+    const Graph *W = p->pr[P_W].g;
     for (int i = 0; i < P__N; i++) {
         PpProg *q = &p->pr[i];
         for (int k = 0; k < q->g->outs.n; k++) {
             const GraphOutput *o = &q->g->outs.v[k];
             if (strncmp(o->name, "pp.stash.", 9) != 0)
                 continue;
-            PpSlot sl = {o->t, 0, p->rec, shape_bytes(&q->g->t.v[o->t].s), o->name};
+            bool w = W->ops.n > 0 && ir_find_tensor(W, o->name) >= 0;
+            int64_t *at = w ? &p->recw : &p->rec;
+            PpSlot sl = {o->t, w ? 3 : 0, *at, shape_bytes(&q->g->t.v[o->t].s), o->name};
             vec_push(&q->out, sl);
-            p->rec += sl.bytes;
+            *at += sl.bytes;
         }
     }
     for (int i = 0; i < P__N; i++) {
@@ -347,13 +375,15 @@ Graph *rt_pp_build(RtPp *p, const Graph *model, const PassOpts *po, Diag *d)
                 for (int j = 0; j < P__N && sl.what < 0; j++)
                     for (int u = 0; u < p->pr[j].out.n && sl.what < 0; u++)
                         if (strcmp(p->pr[j].out.v[u].name, x->name) == 0)
-                            sl.what = 0, sl.off = p->pr[j].out.v[u].off;
+                            sl.what = p->pr[j].out.v[u].what, sl.off = p->pr[j].out.v[u].off;
                 if (sl.what < 0)
                     die("rt_pp_build: stage %d: no program makes %s", p->s, x->name);
             } else if (sscanf(x->name, "pp.recv.%d", &k) == 1) {
                 sl.what = 1, sl.off = p->recv_off[k];
+                p->xin |= (i == P_W && q->g->ops.n > 0) ? H_W : H_B;
             } else if (sscanf(x->name, "pp.seed.%d", &k) == 1) {
                 sl.what = 2, sl.off = p->send_off[k];
+                p->gin |= (i == P_W && q->g->ops.n > 0) ? H_W : H_B;
             } else {
                 continue;
             }
@@ -361,14 +391,25 @@ Graph *rt_pp_build(RtPp *p, const Graph *model, const PassOpts *po, Diag *d)
         }
     }
     int m = p->m;
-    p->stash = xmalloc((size_t)(p->rec * m) + 1);
-    p->xrecv = xmalloc((size_t)(p->recv_off[p->nrecv] * m) + 1);
-    p->gsend = xmalloc((size_t)(p->recv_off[p->nrecv] * m) + 1);
-    p->ysend = xmalloc((size_t)(p->send_off[p->nsend] * m) + 1);
-    p->grecv = xmalloc((size_t)(p->send_off[p->nsend] * m) + 1);
-    p->losses = xcalloc((size_t)m + 2, sizeof(double));
     p->acts = xmalloc(sizeof(PassStageAct) * (size_t)(3 * m + 1));
     pass_stage_schedule(p->sched, p->n, m, p->s, p->acts);
+    for (int h = 0; h < 2; h++) {
+        char ends = h == H_B ? 'B' : 'W';
+        for (int a = 0, held = 0; a < 3 * m; a++) {
+            held += p->acts[a].kind == 'F' ? 1 : p->acts[a].kind == ends ? -1 : 0;
+            if (held > p->nslot[h])
+                p->nslot[h] = held;
+        }
+        p->slot_of[h] = xcalloc((size_t)m + 1, sizeof(int));
+        p->taken[h] = xcalloc((size_t)p->nslot[h] + 1, 1);
+    }
+    p->stash = xmalloc((size_t)(p->rec * p->nslot[H_B]) + 1);
+    p->wstash = xmalloc((size_t)(p->recw * p->nslot[H_W]) + 1);
+    p->xrecv = xmalloc((size_t)(p->recv_off[p->nrecv] * p->nslot[p->xin]) + 1);
+    p->grecv = xmalloc((size_t)(p->send_off[p->nsend] * p->nslot[p->gin]) + 1);
+    p->gsend = xmalloc((size_t)(p->recv_off[p->nrecv] * m) + 1);
+    p->ysend = xmalloc((size_t)(p->send_off[p->nsend] * m) + 1);
+    p->losses = xcalloc((size_t)m + 2, sizeof(double));
     /* the model's batch: the leading dim of its data inputs */
     for (int i = 0; i < p->fwd->t.n && !p->rows; i++) {
         const Tensor *t = &p->fwd->t.v[i];
@@ -435,8 +476,8 @@ static void accumulate(RtPp *p, int k)
 }
 
 /* Program i for micro-batch k: its data rows, what it reads of k's
- * record, received activation and gradient; runs; its stash into k's
- * record. */
+ * record, received activation and gradient (in k's slot); runs; its stash
+ * into k's record. */
 static bool run_prog(RtPp *p, int i, const DataBatch *b, int64_t base, int k, uint64_t seed,
                      int64_t step, Diag *d)
 {
@@ -444,14 +485,16 @@ static bool run_prog(RtPp *p, int i, const DataBatch *b, int64_t base, int k, ui
     if (!q->e)
         return true;
     rt_data_feed(q->e, q->g, b, base + (int64_t)k * p->rows);
-    char *from[3] = {p->stash + p->rec * k, p->xrecv + p->recv_off[p->nrecv] * k,
-                     p->grecv + p->send_off[p->nsend] * k};
+    char *from[4] = {p->stash + p->rec * p->slot_of[H_B][k],
+                     p->xrecv + p->recv_off[p->nrecv] * p->slot_of[p->xin][k],
+                     p->grecv + p->send_off[p->nsend] * p->slot_of[p->gin][k],
+                     p->wstash + p->recw * p->slot_of[H_W][k]};
     for (int j = 0; j < q->in.n; j++)
         rt_exec_write(q->e, q->in.v[j].t, from[q->in.v[j].what] + q->in.v[j].off);
     if (!rt_exec_run(q->e, seed, step, d))
         return false;
     for (int j = 0; j < q->out.n; j++)
-        rt_exec_read(q->e, q->out.v[j].t, from[0] + q->out.v[j].off);
+        rt_exec_read(q->e, q->out.v[j].t, from[q->out.v[j].what] + q->out.v[j].off);
     return true;
 }
 
@@ -464,16 +507,32 @@ bool rt_pp_step(RtPp *p, Exec *te, const Graph *tg, const DataBatch *b, int64_t 
     copy_params(p, te, tg);
     void **reqs = xcalloc((size_t)(2 * m + 1), sizeof(void *));
     int nreq = 0, nextw = 0;
-    bool ok = true;
+    bool ok = true, zb = p->sched == PASS_SCHED_ZBH1;
     p->ev.n = 0;
-    double busy = 0, wait = 0;
+    double busy = 0, wait = 0, begin = ir_now();
+    for (int h = 0; h < 2; h++) /* a failed step may have left slots taken */
+        memset(p->taken[h], 0, (size_t)p->nslot[h]);
     for (int a = 0; a < 3 * m && ok; a++) {
         int k = p->acts[a].mb;
         double t0 = ir_now(), t1 = t0;
+        /* the gradient for s-1: after B (zb-h1) or after W (B and W one
+         * backward: gpipe, 1f1b) */
+        bool send_grad = p->s > 0 && p->acts[a].kind == (zb ? 'B' : 'W');
         switch (p->acts[a].kind) {
-        case 'F':
+        case 'F': {
+            for (int h = 0; h < 2; h++) {
+                int sl = 0;
+                while (sl < p->nslot[h] && p->taken[h][sl])
+                    sl++;
+                if (sl == p->nslot[h])
+                    die("rt_pp_step: stage %d holds more than %d micro-batches", p->s,
+                        p->nslot[h]);
+                p->taken[h][sl] = 1;
+                p->slot_of[h][k] = sl;
+            }
             if (p->s > 0) {
-                rt_comm_pp_recv(p->comm, p->s - 1, 2 * k, p->xrecv + rb * k, (size_t)rb);
+                rt_comm_pp_recv(p->comm, p->s - 1, 2 * k, p->xrecv + rb * p->slot_of[p->xin][k],
+                                (size_t)rb);
                 t1 = ir_now();
                 vec_push(&p->ev, ((PpEvent){'r', k, t0, t1}));
             }
@@ -490,20 +549,19 @@ bool rt_pp_step(RtPp *p, Exec *te, const Graph *tg, const DataBatch *b, int64_t 
             reqs[nreq++] = rt_comm_pp_isend(p->comm, p->s + 1, 2 * k, p->ysend + sb * k,
                                             (size_t)sb);
             break;
+        }
         case 'B':
             if (p->s < last) {
-                rt_comm_pp_recv(p->comm, p->s + 1, 2 * k + 1, p->grecv + sb * k, (size_t)sb);
+                rt_comm_pp_recv(p->comm, p->s + 1, 2 * k + 1,
+                                p->grecv + sb * p->slot_of[p->gin][k], (size_t)sb);
                 t1 = ir_now();
                 vec_push(&p->ev, ((PpEvent){'r', k, t0, t1}));
             }
             if (!(ok = run_prog(p, P_B, b, base, k, seed, step, d)))
                 break;
-            if (p->s > 0) {
-                for (int j = 0; j < p->nrecv; j++)
-                    rt_exec_read(p->pr[P_B].e, p->grad_b[j], p->gsend + rb * k + p->recv_off[j]);
-                reqs[nreq++] = rt_comm_pp_isend(p->comm, p->s - 1, 2 * k + 1, p->gsend + rb * k,
-                                                (size_t)rb);
-            }
+            for (int j = 0; j < p->nrecv; j++)
+                rt_exec_read(p->pr[P_B].e, p->grad_b[j], p->gsend + rb * k + p->recv_off[j]);
+            p->taken[H_B][p->slot_of[H_B][k]] = 0;
             break;
         default: /* 'W' */
             if (k != nextw++)
@@ -511,12 +569,17 @@ bool rt_pp_step(RtPp *p, Exec *te, const Graph *tg, const DataBatch *b, int64_t 
             if (!(ok = run_prog(p, P_W, b, base, k, seed, step, d)))
                 break;
             accumulate(p, k);
+            p->taken[H_W][p->slot_of[H_W][k]] = 0;
         }
+        if (ok && send_grad)
+            reqs[nreq++] = rt_comm_pp_isend(p->comm, p->s - 1, 2 * k + 1, p->gsend + rb * k,
+                                            (size_t)rb);
         double t2 = ir_now();
         vec_push(&p->ev, ((PpEvent){p->acts[a].kind, k, t1, t2}));
         wait += t1 - t0;
         busy += t2 - t1;
     }
+    double span = ir_now() - begin;
     vec_push(&p->busy, busy);
     vec_push(&p->wait, wait);
     for (int i = 0; i < nreq; i++)
@@ -557,7 +620,20 @@ bool rt_pp_step(RtPp *p, Exec *te, const Graph *tg, const DataBatch *b, int64_t 
         split = f2;
     }
     ss += split;
-    rt_comm_pp_sum(p->comm, &ss, 1);
+    /* with the norm: each stage's span from its first action's start to
+     * its last's end (the stages start together, released by the last
+     * step's collectives); the pipeline's span is the longest, and each
+     * stage idles where it runs no program within it */
+    double *sv = xcalloc((size_t)p->n + 2, sizeof(double));
+    sv[0] = ss;
+    sv[1 + p->s] = span;
+    rt_comm_pp_sum(p->comm, sv, p->n + 1);
+    ss = sv[0];
+    double whole = 0;
+    for (int s = 0; s < p->n; s++)
+        whole = sv[1 + s] > whole ? sv[1 + s] : whole;
+    free(sv);
+    vec_push(&p->idle, whole > 0 ? 1 - busy / whole : 0);
     /* the losses, from the last stage */
     rt_comm_pp_bcast(p->comm, last, p->losses, sizeof(double) * (size_t)m);
     double sum = 0;
@@ -770,22 +846,60 @@ void rt_pp_trace(const RtPp *p, Trace *trace, double t0)
     }
 }
 
+/* This process's resident peak (getrusage; 0 where unknown). */
+static double peak_resident(void)
+{
+    struct rusage ru;
+    return getrusage(RUSAGE_SELF, &ru) == 0 ? 1024.0 * (double)ru.ru_maxrss : 0;
+}
+
 void rt_pp_summary(const RtPp *p, FILE *f)
 {
     if (!p || p->busy.n == 0)
         return;
-    /* every stage's medians, summed over the pipeline (each fills its own) */
-    double *v = xcalloc((size_t)(2 * p->n + 1), sizeof(double));
-    v[2 * p->s] = 1e3 * ir_median(p->busy.v, p->busy.n);
-    v[2 * p->s + 1] = 1e3 * ir_median(p->wait.v, p->wait.n);
-    rt_comm_pp_sum(p->comm, v, 2 * p->n);
+    /* every stage's figures, summed over the pipeline (each fills its own):
+     * medians of busy, waiting and idle share; the micro-batches held, the
+     * bytes they hold, the programs' arenas, the resident peak */
+    enum { NV = 7 };
+    double *v = xcalloc((size_t)(NV * p->n + 1), sizeof(double)), *x = v + NV * p->s;
+    x[0] = 1e3 * ir_median(p->busy.v, p->busy.n);
+    x[1] = 1e3 * ir_median(p->wait.v, p->wait.n);
+    x[2] = ir_median(p->idle.v, p->idle.n);
+    x[3] = p->nslot[H_W];
+    x[4] = (double)p->nslot[H_B] * (double)p->rec + (double)p->nslot[H_W] * (double)p->recw +
+           (double)p->nslot[p->xin] * (double)p->recv_off[p->nrecv] +
+           (double)p->nslot[p->gin] * (double)p->send_off[p->nsend];
+    for (int i = 0; i < P__N; i++)
+        x[5] += p->pr[i].e ? (double)rt_exec_arena_bytes(p->pr[i].e) : 0;
+    x[6] = peak_resident();
+    rt_comm_pp_sum(p->comm, v, NV * p->n);
     fprintf(f, "pipeline: pp = %d, %d micro-batches, %s | per step (median of %d), running F, "
             "B and W / waiting in receives:", p->n, p->m, pass_stage_schedule_name(p->sched),
             p->busy.n);
     for (int s = 0; s < p->n; s++) {
-        double tot = v[2 * s] + v[2 * s + 1];
-        fprintf(f, "%s stage %d %.2f / %.2f ms (%.0f%% waiting)", s ? " |" : "", s, v[2 * s],
-                v[2 * s + 1], tot > 0 ? 100.0 * v[2 * s + 1] / tot : 0);
+        double tot = v[NV * s] + v[NV * s + 1];
+        fprintf(f, "%s stage %d %.2f / %.2f ms (%.0f%% waiting)", s ? " |" : "", s, v[NV * s],
+                v[NV * s + 1], tot > 0 ? 100.0 * v[NV * s + 1] / tot : 0);
+    }
+    fputc('\n', f);
+    double mean = 0;
+    for (int s = 0; s < p->n; s++)
+        mean += v[NV * s + 2] / p->n;
+    fprintf(f, "pipeline bubble: idle share of the pipeline's span per step (median), "
+            "measured:");
+    for (int s = 0; s < p->n; s++)
+        fprintf(f, " stage %d %.1f%%", s, 100.0 * v[NV * s + 2]);
+    fprintf(f, ", mean %.1f%% | formulas: 1f1b (p-1)/(m+p-1) %.1f%%, zb-h1 (p-1)/(3m+p-1) "
+            "%.1f%%\n", 100.0 * mean, 100.0 * (p->n - 1) / (p->m + p->n - 1),
+            100.0 * (p->n - 1) / (3 * p->m + p->n - 1));
+    fprintf(f, "pipeline memory:");
+    for (int s = 0; s < p->n; s++) {
+        char h[32], ar[32], rs[32];
+        ir_fmt_bytes(v[NV * s + 4], 2, h, sizeof h);
+        ir_fmt_bytes(v[NV * s + 5], 2, ar, sizeof ar);
+        ir_fmt_bytes(v[NV * s + 6], 2, rs, sizeof rs);
+        fprintf(f, "%s stage %d holds %.0f micro-batches (%s), F/B/W arenas %s, peak resident %s",
+                s ? " |" : "", s, v[NV * s + 3], h, ar, rs);
     }
     fputc('\n', f);
     if (p->dpms.n > 0)

@@ -13,6 +13,7 @@
 #   - gpipe, 1f1b and zb-h1 give the same losses, to the last printed digit
 #     (the same F, B and W programs in another order; gradients summed in
 #     micro-batch order by all), zb-h1 and 1f1b the same weights' bytes;
+#     the micro-batches each holds at once, and what stage 1 stashes;
 #   - the `stages` dump (pp 2 x m 4, pp 4 x m 8): each micro-batch's F, B
 #     and W once per stage in that order, W's in micro-batch order, every
 #     send paired with a receive on the neighbour, no stage holding more
@@ -23,8 +24,9 @@
 #   - pp_stage hints (tests/data/pp_hint.lua) move the cut, and train as
 #     one rank does;
 #   - user errors: ranks that tp x pp does not divide, more stages than
-#     places to cut, a stage without params, flags pp does not run with
-#     yet, hints out of range or out of order (naming the script line).
+#     layers, a stage without params, flags pp does not run with yet,
+#     hints out of range, out of order or inside a layer (naming the
+#     script line).
 # gpt's key bias: see tests/cli/tp.sh (compared to 1e-3 absolute).
 set -u
 : "${KILN:?KILN must point at the kiln binary}"
@@ -60,6 +62,19 @@ run gpt2z $GPT --nproc 2 --pp 2 --set micro_batches=4 --set schedule=zb-h1 \
 [ "$(losses gpt2z)" = "$(losses gpt2)" ] || fail "zb-h1 and 1f1b losses differ"
 cmp -s "$T/gpt2z.safetensors" "$T/gpt2.safetensors" || fail "zb-h1 and 1f1b weights differ"
 echo "gpipe, 1f1b and zb-h1: the same losses (zb-h1 and 1f1b: the same weights, byte for byte)"
+# memory follows the schedule: 1f1b holds p - s micro-batches on stage s,
+# zb-h1 p on each (stage 1's W part only past B); stage 1's stash per
+# micro-batch leaves out its broadcast constants and elementwise
+# intermediates (made again by B and W): 705.5 KiB here, 1.19 MiB when they
+# were stashed
+grep -q '^pipeline memory: stage 0 holds 2 micro-batches .* stage 1 holds 1 micro-batches' "$T/gpt2.log" ||
+    fail "1f1b holds: $(grep '^pipeline memory' "$T/gpt2.log")"
+grep -q '^pipeline memory: stage 0 holds 2 micro-batches .* stage 1 holds 2 micro-batches' "$T/gpt2z.log" ||
+    fail "zb-h1 holds: $(grep '^pipeline memory' "$T/gpt2z.log")"
+held=$(sed -n 's/^pipeline memory: .* stage 1 holds 1 micro-batches (\([0-9.]*\) KiB).*/\1/p' "$T/gpt2.log")
+awk -v h="$held" 'BEGIN { exit !(h != "" && h < 900) }' ||
+    fail "stage 1 stashes more than 900 KiB per micro-batch: $(grep '^pipeline memory' "$T/gpt2.log")"
+echo "memory: $(grep '^pipeline memory' "$T/gpt2z.log")"
 
 run llama1 $LLAMA --set grad_accum=2 --save-weights "$T/llama1.safetensors"
 run llama2 $LLAMA --nproc 2 --set pp=2 --set micro_batches=2 \
@@ -160,14 +175,21 @@ for s, toks in progs.items():
     ws = [int(t[1:]) for t in acts if t[0] == 'W']
     assert ws == sorted(ws), (s, ws)
     # micro-batches held (F run, W not yet): 1f1b's n - s at most; zb-h1
-    # keeps up to n - 1 - s more W's waiting
-    held = peak = 0
+    # n on every stage (1f1b's stage 0), F to B n - s as 1f1b
+    zb = sys.argv[4] == 'zb-h1'
+    held = peak = heldb = peakb = 0
     for t in acts:
         held += {'F': 1, 'B': 0, 'W': -1}[t[0]]
-        peak = max(peak, held)
-    cap = n - s + (n - 1 - s if sys.argv[4] == 'zb-h1' else 0)
-    assert sys.argv[4] == 'gpipe' or peak <= cap, (s, peak, cap)
+        heldb += {'F': 1, 'B': -1, 'W': 0}[t[0]]
+        peak, peakb = max(peak, held), max(peakb, heldb)
+    cap = n if zb else n - s
+    assert sys.argv[4] == 'gpipe' or (peak <= cap and peakb <= n - s), (s, peak, peakb, cap)
     line = ' '.join(toks)
+    # the gradient for s-1 goes after B (zb-h1) or after W (B and W one
+    # backward: 1f1b, gpipe)
+    for k in range(m):
+        want = r'(^| )%s%d send\(grad %d -> %d\)' % ('B' if zb else 'W', k, k, s - 1)
+        assert s == 0 or re.search(want, line), (s, k, want)
     for what, k, to in re.findall(r'send\((act|grad) (\d+) -> (\d+)\)', line):
         sends.append((what, int(k), s, int(to)))
     for what, k, frm in re.findall(r'recv\((act|grad) (\d+) <- (\d+)\)', line):
@@ -176,7 +198,11 @@ assert sorted(sends) == sorted(recvs), (sends, recvs)
 assert len(sends) == 2 * m * (n - 1), len(sends)
 grid = re.findall(r'^stage +(\d+):(.*)$', text, re.M)
 assert len(grid) == n
-print('%s: %d stages, %d sends paired with receives' % (sys.argv[1], n, len(sends)))
+bubble = float(re.search(r'^# bubble: ([0-9.]+)%', text, re.M).group(1))
+# the unit-slot bubble: 1f1b's and gpipe's (p-1)/(m+p-1), zb-h1's (p-1)/(3m+p-1)
+want = 100.0 * (n - 1) / ((3 * m if zb else m) + n - 1)
+assert abs(bubble - want) < 0.06, (bubble, want)
+print('%s: %d stages, %d sends paired with receives, bubble %.1f%%' % (sys.argv[1], n, len(sends), bubble))
 PY
 done
 grep -q 'tied: "wte.weight" is read by stages 0 1' "$T/c1f1b2.log" || fail "no tied wte in the cut"
@@ -194,14 +220,16 @@ expect() {
 expect nproc3 '--pp 2: --nproc 3 is not a multiple of tp x pp = 2' \
     train models/gpt.lua --steps 2 --nproc 3 --pp 2
 expect onerank '--pp 2: --nproc 1 is not a multiple' train models/gpt.lua --steps 2 --pp 2
-expect stages '--pp 50: more stages than places to cut' compile models/gpt.lua --pp 50
+expect stages '--pp 50: more stages than layers to put in them' compile models/gpt.lua --pp 50
 expect dropout 'models/gpt.lua:[0-9]*: pp = 2: random ops (dropout)' \
     compile models/gpt.lua --pp 2 --set dropout=0.1
 expect hint_range 'pp_hint.lua:[0-9]*: pp_stage: stage 2, but pp = 2' \
     compile tests/data/pp_hint.lua --pp 2 --set stage2=3
 expect hint_order 'pp_hint.lua:[0-9]*: pp_stage: stage 2 begins before stage 1' \
     compile tests/data/pp_hint.lua --pp 3 --set cut=4 --set stage2=2
+expect hint_inner 'pp_hint.lua:[0-9]*: pp_stage: stage 1 would begin inside layer "fc2": "fc2.weight" in stage 0, "fc2.bias" in stage 1' \
+    compile tests/data/pp_hint.lua --pp 2 --set cut=0 --set inner=2
 expect both '--pp 2: micro_batches = 2 and grad_accum = 2 both set' \
     train models/gpt.lua --steps 2 --nproc 2 --pp 2 --set micro_batches=2 --set grad_accum=2
-expect noparam '--pp 12: stage 1 would hold no param' compile models/gpt.lua --pp 12
+expect noparam '--pp 11: stage 1 would hold no param' compile models/gpt.lua --pp 11
 echo "pp.sh: ok"
