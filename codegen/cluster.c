@@ -250,6 +250,7 @@ double cg_cluster_pipeline(const CgClusterModel *m, const CgClusterOpts *o)
     PassStageAct *a = xmalloc(sizeof(PassStageAct) * (size_t)(n * M3 + 1));
     double *fend = xmalloc(sizeof(double) * (size_t)(n * mb + 1));
     double *bend = xmalloc(sizeof(double) * (size_t)(n * mb + 1));
+    double *wend = xmalloc(sizeof(double) * (size_t)(n * mb + 1));
     double *busy = xcalloc((size_t)n + 1, sizeof(double));
     double *dur = xmalloc(sizeof(double) * (size_t)(3 * n + 1));
     double *hop = xcalloc((size_t)n + 1, sizeof(double)); /* boundary s: s-1 -> s */
@@ -262,11 +263,13 @@ double cg_cluster_pipeline(const CgClusterModel *m, const CgClusterOpts *o)
             hop[s] = m->stages[s - 1].send_bytes / bw + o->alpha_s;
     }
     for (int i = 0; i < n * mb; i++)
-        fend[i] = bend[i] = -1;
+        fend[i] = bend[i] = wend[i] = -1;
     /* each stage runs its next action once what it needs has arrived: an
-     * F the activation from s-1, a B its own F and the gradient from s+1,
-     * a W its own B; the orders are the unit-slot simulation's, so every
-     * stage advances until all are done */
+     * F the activation from s-1, a B its own F and the gradient from s+1
+     * (sent after s+1's B under zb-h1, after its W under gpipe and 1f1b,
+     * pass_stage_schedule), a W its own B; the orders are the unit-slot
+     * simulation's, so every stage advances until all are done */
+    bool grad_after_b = o->schedule == CG_PP_ZBH1;
     double end = 0;
     for (bool moved = true; moved;) {
         moved = false;
@@ -280,11 +283,12 @@ double cg_cluster_pipeline(const CgClusterModel *m, const CgClusterOpts *o)
                         break;
                     ready = s > 0 ? fend[(s - 1) * mb + k] + hop[s] : 0;
                 } else if (x.kind == 'B') {
-                    if (fend[s * mb + k] < 0 || (s < n - 1 && bend[(s + 1) * mb + k] < 0))
+                    const double *gend = grad_after_b ? bend : wend;
+                    if (fend[s * mb + k] < 0 || (s < n - 1 && gend[(s + 1) * mb + k] < 0))
                         break;
                     ready = fend[s * mb + k];
-                    if (s < n - 1 && bend[(s + 1) * mb + k] + hop[s + 1] > ready)
-                        ready = bend[(s + 1) * mb + k] + hop[s + 1];
+                    if (s < n - 1 && gend[(s + 1) * mb + k] + hop[s + 1] > ready)
+                        ready = gend[(s + 1) * mb + k] + hop[s + 1];
                 } else {
                     if (bend[s * mb + k] < 0)
                         break;
@@ -297,6 +301,8 @@ double cg_cluster_pipeline(const CgClusterModel *m, const CgClusterOpts *o)
                     fend[s * mb + k] = busy[s];
                 else if (x.kind == 'B')
                     bend[s * mb + k] = busy[s];
+                else
+                    wend[s * mb + k] = busy[s];
                 end = busy[s] > end ? busy[s] : end;
                 moved = true;
             }
@@ -307,6 +313,7 @@ double cg_cluster_pipeline(const CgClusterModel *m, const CgClusterOpts *o)
     free(a);
     free(fend);
     free(bend);
+    free(wend);
     free(busy);
     free(dur);
     free(hop);

@@ -410,7 +410,8 @@ static void test_stage_pipeline(void **state)
     o.tp = 1, o.pp = 2, o.dp = 1, o.gpus = 2, o.micro_batches = 4, o.alpha_s = 0;
     CgClusterPlan p = project(&m, &o);
     assert_true(p.cut);
-    assert_true(fabs(p.t_pipeline - 27) < 1e-9 && fabs(p.t_bubble - 3) < 1e-9);
+    /* Megatron's 1F1B sends the gradient after W: (m + p - 1)(F + B + W) */
+    assert_true(fabs(p.t_pipeline - 30) < 1e-9 && fabs(p.t_bubble - 6) < 1e-9);
     assert_int_equal(p.inflight, 2);
     assert_int_equal(p.crit_stage, 0);
     CgClusterPlan s1;
@@ -420,9 +421,14 @@ static void test_stage_pipeline(void **state)
     assert_true(fabs(s1.mem_params - 1e9) < 1 && fabs(s1.mem_opt - 2e9) < 1);
     o.schedule = CG_PP_GPIPE;
     CgClusterPlan pg = project(&m, &o);
-    assert_true(fabs(pg.t_pipeline - 27) < 1e-9);
+    assert_true(fabs(pg.t_pipeline - 30) < 1e-9);
     assert_int_equal(pg.inflight, 4);
     assert_true(pg.mem_total > p.mem_total);
+    o.schedule = CG_PP_ZBH1;
+    CgClusterPlan pz = project(&m, &o);
+    /* ZB-H1 sends after B and fills the idle slots with W's: 26, against
+     * 1F1B's 30 and a floor of 25 (stage 1 starts after F0, then is busy 24) */
+    assert_true(fabs(pz.t_pipeline - 26) < 1e-9 && fabs(pz.t_bubble - 2) < 1e-9);
     o.schedule = CG_PP_1F1B;
     /* the CPU runtime's copies around each program: 2 x bytes / stage_bw */
     st[1].copy_bytes[2] = 1e9, o.stage_bw = 2e9;
