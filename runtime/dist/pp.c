@@ -53,7 +53,20 @@ typedef struct {
     int t, what;
     int64_t off, bytes;
     const char *name; /* outputs: the stash's name */
+    /* transfers on the device: dev, received into this program's tensor
+     * (not written from the host before its run); back, read back into
+     * the host record after its run (a later program reads it too) */
+    bool dev, back;
 } PpSlot;
+
+/* Transfers on the device: where received tensor K goes (the executor of
+ * program prog, its tensor t; prog -1: none reads it, the backend's
+ * scratch); now: read back into the host record at once (the receiving
+ * action's own program does not read it). */
+typedef struct {
+    int prog, t;
+    bool now;
+} PpDst;
 
 typedef struct {
     Graph *g;
@@ -82,6 +95,8 @@ struct RtPp {
     char *ysend;    /* m sent activations */
     char *gsend;    /* m sent gradients */
     float *tmp;
+    bool dev;       /* activations and gradients by the device (rt_exec_pp_setup) */
+    PpDst *adst, *gdst; /* dev: per K, the received activation's and gradient's */
     int64_t rows;   /* the model's batch b */
     double *losses; /* m */
     double flops;
@@ -113,8 +128,6 @@ bool rt_pp_check(const TrainCfg *c, const TrainOpts *o, Diag *d)
         bad = "--log-dir";
     else if (c->sample_every > 0)
         bad = "sample_every";
-    else if (o->device && strcmp(o->device, "cuda") == 0)
-        bad = "--device cuda";
     else if (o->remat || c->memory_budget > 0)
         bad = "remat (--remat, memory_budget)";
     else if (c->early_stop_metric || (c->keep_best && strcmp(c->keep_best, "true") == 0))
@@ -179,6 +192,8 @@ void rt_pp_free(RtPp *p)
     vec_free(&p->ps);
     free(p->send_f);
     free(p->grad_b);
+    free(p->adst);
+    free(p->gdst);
     free(p->recv_off);
     free(p->send_off);
     free(p->acts);
@@ -330,7 +345,7 @@ Graph *rt_pp_build(RtPp *p, const Graph *model, const PassOpts *po, Diag *d)
             const GraphOutput *o = &q->g->outs.v[k];
             if (strncmp(o->name, "pp.stash.", 9) != 0)
                 continue;
-            PpSlot sl = {o->t, 0, p->rec, shape_bytes(&q->g->t.v[o->t].s), o->name};
+            PpSlot sl = {o->t, 0, p->rec, shape_bytes(&q->g->t.v[o->t].s), o->name, false, false};
             vec_push(&q->out, sl);
             p->rec += sl.bytes;
         }
@@ -341,7 +356,7 @@ Graph *rt_pp_build(RtPp *p, const Graph *model, const PassOpts *po, Diag *d)
             const Tensor *x = &q->g->t.v[t];
             if (x->op >= 0 || !x->name)
                 continue;
-            PpSlot sl = {t, -1, 0, shape_bytes(&x->s), NULL};
+            PpSlot sl = {t, -1, 0, shape_bytes(&x->s), NULL, false, false};
             int k;
             if (strncmp(x->name, "pp.stash.", 9) == 0) {
                 for (int j = 0; j < P__N && sl.what < 0; j++)
@@ -384,6 +399,31 @@ Graph *rt_pp_build(RtPp *p, const Graph *model, const PassOpts *po, Diag *d)
     return sg;
 }
 
+/* Transfers on the device: received tensor (what, off) goes into program
+ * own's executor when own reads it (its slot dev; back where a later
+ * program reads it too), else into the first program's that reads it,
+ * read back into the host record at once (now), else into the scratch. */
+static void route(RtPp *p, int what, int own, int64_t off, PpDst *to)
+{
+    *to = (PpDst){-1, -1, false};
+    for (int i = own; i < P__N; i++) {
+        PpProg *q = &p->pr[i];
+        for (int j = 0; q->e && j < q->in.n; j++) {
+            PpSlot *sl = &q->in.v[j];
+            if (sl->what != what || sl->off != off)
+                continue;
+            if (to->prog < 0) {
+                *to = (PpDst){i, sl->t, i != own};
+                sl->dev = i == own;
+            } else if (to->prog == own) { /* a later reader: from the host record */
+                for (int u = 0; u < p->pr[own].in.n; u++)
+                    if (p->pr[own].in.v[u].t == to->t)
+                        p->pr[own].in.v[u].back = true;
+            }
+        }
+    }
+}
+
 bool rt_pp_exec(RtPp *p, const ExecOpts *eo, Diag *d)
 {
     ExecOpts o = *eo;
@@ -393,6 +433,25 @@ bool rt_pp_exec(RtPp *p, const ExecOpts *eo, Diag *d)
     for (int i = 0; i < P__N; i++)
         if (p->pr[i].g->ops.n > 0 && !(p->pr[i].e = rt_exec_create(p->pr[i].g, &o, d)))
             return false;
+    /* on a device with transfers of its own (CUDA: NCCL send/recv), the
+     * tensors crossing a cut go by them; else by MPI through host buffers */
+    for (int i = 0; i < P__N; i++) {
+        int r = p->pr[i].e ? rt_exec_pp_setup(p->pr[i].e, p->comm, d) : 0;
+        if (r < 0)
+            return false;
+        if (r > 0)
+            p->dev = true;
+        else if (p->dev && p->pr[i].e)
+            die("rt_pp_exec: stage %d's programs are not on one device", p->s);
+    }
+    if (p->dev) {
+        p->adst = xcalloc((size_t)p->nrecv + 1, sizeof(PpDst));
+        p->gdst = xcalloc((size_t)p->nsend + 1, sizeof(PpDst));
+        for (int k = 0; k < p->nrecv; k++)
+            route(p, 1, P_F, p->recv_off[k], &p->adst[k]);
+        for (int k = 0; k < p->nsend; k++)
+            route(p, 2, P_B, p->send_off[k], &p->gdst[k]);
+    }
     return true;
 }
 
@@ -447,11 +506,34 @@ static bool run_prog(RtPp *p, int i, const DataBatch *b, int64_t base, int k, ui
     char *from[3] = {p->stash + p->rec * k, p->xrecv + p->recv_off[p->nrecv] * k,
                      p->grecv + p->send_off[p->nsend] * k};
     for (int j = 0; j < q->in.n; j++)
-        rt_exec_write(q->e, q->in.v[j].t, from[q->in.v[j].what] + q->in.v[j].off);
+        if (!q->in.v[j].dev)
+            rt_exec_write(q->e, q->in.v[j].t, from[q->in.v[j].what] + q->in.v[j].off);
     if (!rt_exec_run(q->e, seed, step, d))
         return false;
     for (int j = 0; j < q->out.n; j++)
         rt_exec_read(q->e, q->out.v[j].t, from[0] + q->out.v[j].off);
+    for (int j = 0; j < q->in.n; j++)
+        if (q->in.v[j].back)
+            rt_exec_read(q->e, q->in.v[j].t, from[q->in.v[j].what] + q->in.v[j].off);
+    return true;
+}
+
+/* Transfers on the device: receives micro-batch k's activations (what 1,
+ * from the stage before) or gradients (2, from the stage after). */
+static bool dev_recv(RtPp *p, int what, int k, Diag *d)
+{
+    int n = what == 1 ? p->nrecv : p->nsend;
+    const int64_t *off = what == 1 ? p->recv_off : p->send_off;
+    char *rec = what == 1 ? p->xrecv + off[n] * k : p->grecv + off[n] * k;
+    for (int j = 0; j < n; j++) {
+        const PpDst *x = what == 1 ? &p->adst[j] : &p->gdst[j];
+        Exec *e = p->pr[x->prog < 0 ? P_F : x->prog].e;
+        if (!rt_exec_pp_xfer(e, false, what == 1 ? p->s - 1 : p->s + 1,
+                             x->prog < 0 ? (int)-(off[j + 1] - off[j]) : x->t, d))
+            return false;
+        if (x->now)
+            rt_exec_read(e, x->t, rec + off[j]);
+    }
     return true;
 }
 
@@ -472,7 +554,10 @@ bool rt_pp_step(RtPp *p, Exec *te, const Graph *tg, const DataBatch *b, int64_t 
         double t0 = ir_now(), t1 = t0;
         switch (p->acts[a].kind) {
         case 'F':
-            if (p->s > 0) {
+            if (p->s > 0 && p->dev) {
+                if (!(ok = dev_recv(p, 1, k, d)))
+                    break;
+            } else if (p->s > 0) {
                 rt_comm_pp_recv(p->comm, p->s - 1, 2 * k, p->xrecv + rb * k, (size_t)rb);
                 t1 = ir_now();
                 vec_push(&p->ev, ((PpEvent){'r', k, t0, t1}));
@@ -485,20 +570,31 @@ bool rt_pp_step(RtPp *p, Exec *te, const Graph *tg, const DataBatch *b, int64_t 
                 p->losses[k] = l;
                 break;
             }
+            if (p->dev) {
+                for (int j = 0; j < p->nsend && ok; j++)
+                    ok = rt_exec_pp_xfer(p->pr[P_F].e, true, p->s + 1, p->send_f[j], d);
+                break;
+            }
             for (int j = 0; j < p->nsend; j++)
                 rt_exec_read(p->pr[P_F].e, p->send_f[j], p->ysend + sb * k + p->send_off[j]);
             reqs[nreq++] = rt_comm_pp_isend(p->comm, p->s + 1, 2 * k, p->ysend + sb * k,
                                             (size_t)sb);
             break;
         case 'B':
-            if (p->s < last) {
+            if (p->s < last && p->dev) {
+                if (!(ok = dev_recv(p, 2, k, d)))
+                    break;
+            } else if (p->s < last) {
                 rt_comm_pp_recv(p->comm, p->s + 1, 2 * k + 1, p->grecv + sb * k, (size_t)sb);
                 t1 = ir_now();
                 vec_push(&p->ev, ((PpEvent){'r', k, t0, t1}));
             }
             if (!(ok = run_prog(p, P_B, b, base, k, seed, step, d)))
                 break;
-            if (p->s > 0) {
+            if (p->s > 0 && p->dev) {
+                for (int j = 0; j < p->nrecv && ok; j++)
+                    ok = rt_exec_pp_xfer(p->pr[P_B].e, true, p->s - 1, p->grad_b[j], d);
+            } else if (p->s > 0) {
                 for (int j = 0; j < p->nrecv; j++)
                     rt_exec_read(p->pr[P_B].e, p->grad_b[j], p->gsend + rb * k + p->recv_off[j]);
                 reqs[nreq++] = rt_comm_pp_isend(p->comm, p->s - 1, 2 * k + 1, p->gsend + rb * k,
