@@ -11,6 +11,8 @@
 #              1e-5 relative, every saved param within 1e-4 relative; both
 #              stages say (-v) that their activations and gradients go by
 #              NCCL send/recv; no fake library complains.
+#   tp2        as f32, pp 2 x tp 2 on 4 ranks (4 fake GPUs), micro_batches 2:
+#              the TP group's NCCL communicator beside the pipeline's two.
 #   neg_drop   negative control: the fake NCCL's first ncclRecv on each rank
 #              takes the data but writes nothing (FAKE_NCCL_DROP_RECV=1:
 #              stage 1's first activation, stage 0's first gradient lost):
@@ -34,12 +36,15 @@ T=$(mktemp -d "${TMPDIR:-/tmp}/kiln-cudafake-pp.XXXXXX")
 trap 'rm -rf "$T"' EXIT
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 
-args=(models/gpt.lua --steps 2 --nproc 2 --pp 2 --set micro_batches=4 --set C=16 --set T=8
-      --set batch=2 --set log_every=1 --set eval_every=1000000 --set eval_batches=1
-      --set eps=1e-6)
+nproc=2 m=4 tp=()
+[ "$case" = tp2 ] && nproc=4 m=2 tp=(--tp 2)
+args=(models/gpt.lua --steps 2 --nproc $nproc --pp 2 "${tp[@]}" --set micro_batches=$m
+      --set C=16 --set T=8 --set batch=2 --set log_every=1 --set eval_every=1000000
+      --set eval_batches=1 --set eps=1e-6)
 cuda_env=() negative=""
 case $case in
 f32) ;;
+tp2) cuda_env=(FAKE_CUDA_DEVICES=4) ;;
 neg_drop) cuda_env=(FAKE_NCCL_DROP_RECV=1); negative=mismatch ;;
 neg_wait) cuda_env=(FAKE_CUDA_DROP_WAIT=2); negative=race ;;
 *) echo "unknown case $case"; exit 2 ;;
@@ -86,6 +91,8 @@ for s in 0 1; do
     grep -q "NCCL send/recv between pipeline stages, stage $s of 2" "$T/cuda.log" ||
         fail "stage $s did not send through NCCL"
 done
+[ "$case" != tp2 ] || grep -q "NCCL TP collectives, TP rank 1 of 2" "$T/cuda.log" ||
+    fail "no TP communicator beside the pipeline's"
 out=$(cmp_losses) || fail "losses differ: $out; cpu: $(losses "$T/cpu.log" | tr '\n' ' ') cuda: $(losses "$T/cuda.log" | tr '\n' ' ')"
 echo "pp $case: $out"
 w=$(python3 "$ROOT/tests/gpu/cmp_weights.py" "$T/cuda.safetensors" "$T/cpu.safetensors" 1e-4)
