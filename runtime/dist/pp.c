@@ -124,8 +124,6 @@ bool rt_pp_check(const TrainCfg *c, const TrainOpts *o, Diag *d)
         bad = "zero = 1";
     else if (c->eval_batches == TRAIN_EVAL_ALL)
         bad = "eval_batches = \"all\"";
-    else if (o->log_dir)
-        bad = "--log-dir";
     else if (c->sample_every > 0)
         bad = "sample_every";
     else if (o->remat || c->memory_budget > 0)

@@ -1473,7 +1473,9 @@ int rt_train(const Model *m, const TrainOpts *o)
         goto out;
     if (r.log) {
         const RtProfRow *pr;
-        int np = rt_exec_profile(r.te, &pr);
+        /* under pp the step's executor runs the optimizer alone (the
+         * stage's F, B and W are not profiled): no profile */
+        int np = rt_dp_pp(r.dp) ? 0 : rt_exec_profile(r.te, &pr);
         rt_runlog_profile(r.log, pr, np, med, r.step - first, r.tg, rt_exec_plan(r.te));
         rt_runlog_memory(r.log, r.tg, r.mp);
         const RtCommEvent *ev;

@@ -10,6 +10,8 @@
 #     on 8, against one rank at the whole batch (tp x pp: its checkpoint
 #     resumes on one rank with the run's weights);
 #   - the final validation loss (F alone through the stages) as one rank's;
+#   - --log-dir: stage 0 writes metrics.jsonl and report.html, every
+#     step's loss, gradient norm and lr as one rank's;
 #   - gpipe, 1f1b and zb-h1 give the same losses, to the last printed digit
 #     (the same F, B and W programs in another order; gradients summed in
 #     micro-batch order by all), zb-h1 and 1f1b the same weights' bytes;
@@ -109,11 +111,28 @@ GPT="models/gpt.lua --steps 20 --set eval_every=0"
 LLAMA="models/llama.lua --steps 20 --set eval_every=0"
 
 # --- numerics at pp = 2 -------------------------------------------------------
-run gpt1 $GPT --set grad_accum=4 --save-weights "$T/gpt1.safetensors"
-run gpt2 $GPT --nproc 2 --pp 2 --set micro_batches=4 --save-weights "$T/gpt2.safetensors"
+run gpt1 $GPT --set grad_accum=4 --save-weights "$T/gpt1.safetensors" --log-dir "$T/L1"
+run gpt2 $GPT --nproc 2 --pp 2 --set micro_batches=4 --save-weights "$T/gpt2.safetensors" \
+    --log-dir "$T/L2"
 same_losses gpt2 gpt1
 same_params "$T/gpt1.safetensors" "$T/gpt2.safetensors" 32
 grep -q "^weights: " "$T/gpt2.log" || fail "gpt2 wrote no weights"
+
+# --log-dir: stage 0 writes one rank's files; every step's loss and
+# gradient norm (the global one, over both stages) as one rank's
+python3 - "$T/L1" "$T/L2" <<'PY' || fail "--log-dir under pp differs from one rank's"
+import json, sys
+a, b = ([json.loads(l) for l in open(d + '/metrics.jsonl')] for d in sys.argv[1:])
+assert len(a) == len(b) == 20, (len(a), len(b))
+for x, y in zip(a, b):
+    assert x['step'] == y['step'], (x, y)
+    for k in ('loss', 'grad_norm', 'lr'):
+        assert abs(x[k] - y[k]) <= 1e-5 * abs(x[k]), (k, x, y)
+html = open(sys.argv[2] + '/report.html').read()
+assert 'data-series="train loss' in html and 'data-series="grad_norm' in html
+assert '<h2>Profile' not in html  # the stage's programs are not profiled
+print('--log-dir: 20 steps, loss, grad_norm and lr as one rank\'s')
+PY
 
 # the validation loss (the forward through both stages) as one rank's
 vl() { sed -n 's/^final: .* val loss \([0-9.e+-]*\) .*/\1/p' "$T/$1.log"; }
