@@ -335,6 +335,13 @@ RtPp *rt_pp_new(RtComm *comm, const TrainCfg *c);
 void rt_pp_free(RtPp *p); /* NULL: nothing */
 int rt_pp_micro_batches(const RtPp *p);
 Graph *rt_pp_build(RtPp *p, const Graph *model, const PassOpts *po, Diag *d);
+/* After rt_pp_build, for a training forward that draws random numbers
+ * (dropout): this stage of the evaluation graph `eval` (the script's
+ * second run, dropout off), cut where training is cut (its ops matched to
+ * the training forward's by script line, in order), so that rt_pp_eval
+ * evaluates without dropout as one rank does; nothing without random ops.
+ * False with d set when eval's ops are not the forward's minus some. */
+bool rt_pp_build_eval(RtPp *p, const Graph *eval, const PassOpts *po, Diag *d);
 bool rt_pp_exec(RtPp *p, const ExecOpts *eo, Diag *d);
 double rt_pp_flops(const RtPp *p); /* FLOPs of this stage's F and FB runs per step */
 bool rt_pp_step(RtPp *p, Exec *te, const Graph *tg, const DataBatch *b, int64_t dp_rank,

@@ -104,6 +104,16 @@ struct RtPp {
      * per step: seconds running programs and waiting in receives */
     VEC(PpEvent) ev;
     VEC(double) busy, wait, dpms; /* dpms: the dp all-reduces' ms per step */
+    /* evaluation when the training forward draws random numbers (dropout):
+     * the evaluation graph's stage (rt_pp_build_eval), NULL: F evaluates */
+    Graph *efwd;
+    PassStageCut ecut;
+    Graph *eg;
+    Exec *ee;
+    int *eslot;                   /* per K of ecut.cross[s]: "pp.recv.K" in eg */
+    int *esend;                   /* per K of ecut.cross[s + 1]: "pp.send.K" */
+    int64_t *eroff, *esoff;       /* byte offsets in a message; [n] = its size */
+    char *ebuf;
     Graph *ug;      /* rt_pp_ckpt_whole's graph: every stage's params and state */
     Graph *wg;      /* whole_graph's */
     int *uholder;   /* per tensor of ug: the first stage holding it */
@@ -174,6 +184,19 @@ void rt_pp_free(RtPp *p)
     pass_stage_cut_free(&p->cut);
     if (p->fwd)
         ir_free(p->fwd);
+    if (p->ee)
+        rt_exec_destroy(p->ee);
+    if (p->eg)
+        ir_free(p->eg);
+    if (p->efwd) {
+        pass_stage_cut_free(&p->ecut);
+        ir_free(p->efwd);
+    }
+    free(p->eslot);
+    free(p->esend);
+    free(p->eroff);
+    free(p->esoff);
+    free(p->ebuf);
     if (p->ug)
         ir_free(p->ug);
     if (p->wg)
@@ -422,6 +445,130 @@ static void route(RtPp *p, int what, int own, int64_t off, PpDst *to)
     }
 }
 
+/* Two ops alike enough to be the same op of the script's two runs. */
+static bool same_op(const Op *a, const Op *b)
+{
+    return a->code == b->code && a->nin == b->nin && a->loc.line == b->loc.line &&
+           (a->loc.file == b->loc.file ||
+            (a->loc.file && b->loc.file && strcmp(a->loc.file, b->loc.file) == 0));
+}
+
+bool rt_pp_build_eval(RtPp *p, const Graph *eval, const PassOpts *po, Diag *d)
+{
+    const Graph *f = p->fwd;
+    bool rnd = false;
+    for (int i = 0; i < f->ops.n && !rnd; i++)
+        rnd = ir_opinfo[f->ops.v[i].code].cls == OC_RANDOM;
+    if (!rnd)
+        return true;
+    if (!eval) {
+        snprintf(d->msg, sizeof d->msg, "--pp %d: the model draws random numbers but has no "
+                 "evaluation graph to evaluate with (expected one: the script run with "
+                 "nn.training false)", p->n);
+        return false;
+    }
+    /* each evaluation op is the training forward's op of the same script
+     * line, in order; the training forward has more (dropout's). With the
+     * attention pass, or without (dropout on the attention weights keeps
+     * the training forward's attention unfused) */
+    int *map = xmalloc(sizeof(int) * (size_t)(f->ops.n + 1));
+    Graph *g = NULL;
+    int j = 0;
+    for (int fused = 1; fused >= 0; fused--) {
+        if (g)
+            ir_free(g);
+        g = p->efwd = ir_clone(eval);
+        if ((fused && !pass_attention(g, po, d)) || !pass_partition(g, po, d)) {
+            free(map);
+            return false;
+        }
+        j = 0;
+        for (int i = 0; i < f->ops.n; i++)
+            map[i] = j < g->ops.n && same_op(&f->ops.v[i], &g->ops.v[j]) ? j++ : -1;
+        if (j == g->ops.n)
+            break;
+    }
+    if (j < g->ops.n) {
+        const Op *op = &g->ops.v[j];
+        snprintf(d->msg, sizeof d->msg,
+                 "%s:%d: --pp %d: the evaluation graph (dropout off) is not the training "
+                 "forward without its random ops, so it cannot be cut where training is "
+                 "(expected the same ops in the same order, got a %s op here that training "
+                 "does not have there)", op->loc.file ? op->loc.file : "?", op->loc.line, p->n,
+                 ir_opinfo[op->code].name);
+        free(map);
+        return false;
+    }
+    int n = p->n;
+    PassStageCut *c = &p->ecut;
+    *c = (PassStageCut){.n = n};
+    c->first = xcalloc((size_t)n + 2, sizeof(int));
+    c->cross = xcalloc((size_t)n + 2, sizeof(int *));
+    c->ncross = xcalloc((size_t)n + 2, sizeof(int));
+    c->cost = xcalloc((size_t)n + 2, sizeof(double));
+    c->bytes = xcalloc((size_t)n + 2, sizeof(int64_t));
+    for (int s = 1; s <= n; s++) {
+        int e = g->ops.n;
+        for (int i = s < n ? p->cut.first[s] : f->ops.n; i < f->ops.n && e == g->ops.n; i++)
+            if (map[i] >= 0)
+                e = map[i];
+        c->first[s] = e;
+    }
+    free(map);
+    /* what crosses boundary s: as stages.c has it (made before, read at or
+     * after; never what constants alone make) */
+    bool *st = xcalloc((size_t)g->t.n + 1, sizeof(bool));
+    int *last = xmalloc(sizeof(int) * (size_t)(g->t.n + 1));
+    for (int t = 0; t < g->t.n; t++)
+        last[t] = -1;
+    for (int i = 0; i < g->ops.n; i++) {
+        const Op *op = &g->ops.v[i];
+        bool k = ir_opinfo[op->code].cls != OC_RANDOM;
+        for (int u = 0; u < op->nin; u++) {
+            k = k && st[op->in[u]];
+            last[op->in[u]] = i;
+        }
+        st[op->out] = k;
+    }
+    for (int i = 0; i < g->outs.n; i++)
+        if (strncmp(g->outs.v[i].name, "pp.stage.", 9) != 0)
+            last[g->outs.v[i].t] = g->ops.n;
+    for (int s = 1; s < n; s++) {
+        c->cross[s] = xmalloc(sizeof(int) * (size_t)(g->t.n + 1));
+        for (int t = 0; t < g->t.n; t++) {
+            const Tensor *x = &g->t.v[t];
+            if (x->op < 0 || x->op >= c->first[s] || st[t] || last[t] < c->first[s])
+                continue;
+            c->cross[s][c->ncross[s]++] = t;
+            c->bytes[s] += shape_bytes(&x->s);
+        }
+    }
+    free(st);
+    free(last);
+    p->eg = pass_stage_graph(g, c, p->s, false);
+    PassOpts bo = *po;
+    bo.grad_accum = 1;
+    bo.nranks = 1;
+    if (!compile_fwd(p->eg, &bo, d))
+        return false;
+    int nr = p->s > 0 ? c->ncross[p->s] : 0, ns = p->s < n - 1 ? c->ncross[p->s + 1] : 0;
+    p->eslot = xcalloc((size_t)nr + 1, sizeof(int));
+    p->esend = xcalloc((size_t)ns + 1, sizeof(int));
+    p->eroff = xcalloc((size_t)nr + 2, sizeof(int64_t));
+    p->esoff = xcalloc((size_t)ns + 2, sizeof(int64_t));
+    for (int k = 0; k < nr; k++) {
+        p->eslot[k] = ir_find_tensor(p->eg, kname("pp.recv", k));
+        p->eroff[k + 1] = p->eroff[k] + shape_bytes(&g->t.v[c->cross[p->s][k]].s);
+    }
+    for (int k = 0; k < ns; k++) {
+        if ((p->esend[k] = ir_find_output(p->eg, kname("pp.send", k))) < 0)
+            die("rt_pp_build_eval: stage %d lost pp.send.%d", p->s, k);
+        p->esoff[k + 1] = p->esoff[k] + shape_bytes(&g->t.v[c->cross[p->s + 1][k]].s);
+    }
+    p->ebuf = xmalloc((size_t)(p->eroff[nr] > p->esoff[ns] ? p->eroff[nr] : p->esoff[ns]) + 1);
+    return true;
+}
+
 bool rt_pp_exec(RtPp *p, const ExecOpts *eo, Diag *d)
 {
     ExecOpts o = *eo;
@@ -431,6 +578,8 @@ bool rt_pp_exec(RtPp *p, const ExecOpts *eo, Diag *d)
     for (int i = 0; i < P__N; i++)
         if (p->pr[i].g->ops.n > 0 && !(p->pr[i].e = rt_exec_create(p->pr[i].g, &o, d)))
             return false;
+    if (p->eg && !(p->ee = rt_exec_create(p->eg, &o, d)))
+        return false;
     /* on a device with transfers of its own (CUDA: NCCL send/recv), the
      * tensors crossing a cut go by them; else by MPI through host buffers */
     for (int i = 0; i < P__N; i++) {
@@ -924,10 +1073,49 @@ void rt_pp_params_take(RtPp *p, const Graph *tg, void **vals, void **whole)
 
 /* ---- evaluation: the forward alone, through every stage ------------------ */
 
+/* rt_pp_eval through the evaluation graph's stage (rt_pp_build_eval). */
+static bool eval_apart(RtPp *p, Exec *te, const Graph *tg, const DataBatch *b, int64_t row0,
+                       uint64_t seed, int64_t step, float *loss, Diag *d)
+{
+    int last = p->n - 1;
+    int nr = p->s > 0 ? p->ecut.ncross[p->s] : 0, ns = p->s < last ? p->ecut.ncross[p->s + 1] : 0;
+    for (int i = 0; i < p->ps.n; i++) {
+        int to = ir_find_tensor(p->eg, p->ps.v[i].name);
+        if (to >= 0) {
+            rt_exec_read(te, ir_find_tensor(tg, p->ps.v[i].name), p->tmp);
+            rt_exec_write(p->ee, to, p->tmp);
+        }
+    }
+    if (p->s > 0)
+        rt_comm_pp_recv(p->comm, p->s - 1, 30001, p->ebuf, (size_t)p->eroff[nr]);
+    rt_data_feed(p->ee, p->eg, b, row0);
+    for (int k = 0; k < nr; k++)
+        if (p->eslot[k] >= 0)
+            rt_exec_write(p->ee, p->eslot[k], p->ebuf + p->eroff[k]);
+    if (!rt_exec_run(p->ee, seed, step, d))
+        return false;
+    double l = 0;
+    if (p->s < last) {
+        for (int k = 0; k < ns; k++)
+            rt_exec_read(p->ee, p->esend[k], p->ebuf + p->esoff[k]);
+        rt_comm_pp_wait(p->comm, rt_comm_pp_isend(p->comm, p->s + 1, 30001, p->ebuf,
+                                                  (size_t)p->esoff[ns]));
+    } else {
+        float f;
+        rt_exec_read(p->ee, ir_find_output(p->eg, "loss"), &f);
+        l = f;
+    }
+    rt_comm_pp_bcast(p->comm, last, &l, sizeof l);
+    *loss = (float)l;
+    return true;
+}
+
 bool rt_pp_eval(RtPp *p, Exec *te, const Graph *tg, const DataBatch *b, int64_t row0,
                 uint64_t seed, int64_t step, float *loss, Diag *d)
 {
     copy_params(p, te, tg); /* the step's update since its micro-batches ran */
+    if (p->ee)
+        return eval_apart(p, te, tg, b, row0, seed, step, loss, d);
     PpProg *q = &p->pr[P_F];
     int last = p->n - 1;
     int64_t rb = p->recv_off[p->nrecv], sb = p->send_off[p->nsend];

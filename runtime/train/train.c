@@ -862,7 +862,8 @@ static bool build(Run *r, Diag *d)
     double t_start = ir_now();
     RtPp *pp = rt_dp_pp(r->dp);
     if (pp) { /* pipeline stages: this stage's optimizer step (runtime/dist/pp.c) */
-        if (!rt_pp_check(&r->c, r->o, d) || !(r->tg = rt_pp_build(pp, r->m->g, &po, d)))
+        if (!rt_pp_check(&r->c, r->o, d) || !(r->tg = rt_pp_build(pp, r->m->g, &po, d)) ||
+            !rt_pp_build_eval(pp, r->m->eval_g, &po, d))
             return false;
     } else {
         r->tg = ir_clone(r->m->g);

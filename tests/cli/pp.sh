@@ -10,6 +10,8 @@
 #     on 8, against one rank at the whole batch (tp x pp: its checkpoint
 #     resumes on one rank with the run's weights);
 #   - the final validation loss (F alone through the stages) as one rank's;
+#   - dropout = 0.1: the same losses, weights and validation losses as one
+#     rank (each stage draws one rank's masks; evaluation without dropout);
 #   - --log-dir: stage 0 writes metrics.jsonl and report.html, every
 #     step's loss, gradient norm and lr as one rank's;
 #   - gpipe, 1f1b and zb-h1 give the same losses, to the last printed digit
@@ -148,6 +150,21 @@ run gpt2z $GPT --nproc 2 --pp 2 --set micro_batches=4 --set schedule=zb-h1 \
 cmp -s "$T/gpt2z.safetensors" "$T/gpt2.safetensors" || fail "zb-h1 and 1f1b weights differ"
 echo "gpipe, 1f1b and zb-h1: the same losses (zb-h1 and 1f1b: the same weights, byte for byte)"
 
+# dropout: each stage draws one rank's masks (a random op's numbers depend
+# on its key, the seed and the step); evaluation runs the evaluation
+# graph's stages (dropout off), cut where training is
+run drop1 models/gpt.lua --steps 10 --set eval_every=5 --set dropout=0.1 --set grad_accum=4 \
+    --save-weights "$T/drop1.safetensors"
+run drop2 models/gpt.lua --steps 10 --set eval_every=5 --set dropout=0.1 --nproc 2 --pp 2 \
+    --set micro_batches=4 --save-weights "$T/drop2.safetensors"
+same_losses drop2 drop1
+same_params "$T/drop1.safetensors" "$T/drop2.safetensors" 32
+vls() { sed -n 's/^eval .*val loss \([0-9.e+-]*\).*/\1/p; s/^final: .* val loss \([0-9.e+-]*\) .*/\1/p' "$T/$1.log"; }
+[ "$(vls drop2 | wc -l)" -ge 2 ] || fail "drop2: expected 2 validation losses, got: $(vls drop2 | tr '\n' ' ')"
+paste <(vls drop2) <(vls drop1) | awk '{ d = $1 - $2; if (d < 0) d = -d; if (!($2 > 0 && d / $2 < 1e-5)) exit 1 }' ||
+    fail "dropout: val losses $(vls drop2 | tr '\n' ' ') at pp = 2, $(vls drop1 | tr '\n' ' ') on one rank"
+echo "dropout: the same losses, weights and val losses ($(vls drop2 | tr '\n' ' '))"
+
 run llama1 $LLAMA --set grad_accum=2 --save-weights "$T/llama1.safetensors"
 run llama2 $LLAMA --nproc 2 --set pp=2 --set micro_batches=2 \
     --save-weights "$T/llama2.safetensors"
@@ -282,8 +299,6 @@ expect nproc3 '--pp 2: --nproc 3 is not a multiple of tp x pp = 2' \
     train models/gpt.lua --steps 2 --nproc 3 --pp 2
 expect onerank '--pp 2: --nproc 1 is not a multiple' train models/gpt.lua --steps 2 --pp 2
 expect stages '--pp 50: more stages than places to cut' compile models/gpt.lua --pp 50
-expect dropout 'models/gpt.lua:[0-9]*: pp = 2: random ops (dropout)' \
-    compile models/gpt.lua --pp 2 --set dropout=0.1
 expect hint_range 'pp_hint.lua:[0-9]*: pp_stage: stage 2, but pp = 2' \
     compile tests/data/pp_hint.lua --pp 2 --set stage2=3
 expect hint_order 'pp_hint.lua:[0-9]*: pp_stage: stage 2 begins before stage 1' \
