@@ -98,6 +98,7 @@ struct RtPp {
     bool dev;       /* activations and gradients by the device (rt_exec_pp_setup) */
     PpDst *adst, *gdst; /* dev: per K, the received activation's and gradient's */
     int64_t rows;   /* the model's batch b */
+    int64_t shard;  /* zero=1: elements of the stage's AdamW state shard; 0: none */
     double *losses; /* m */
     double flops;
     /* this step's actions and receives (ir_now seconds), for the trace;
@@ -130,8 +131,8 @@ bool rt_pp_check(const TrainCfg *c, const TrainOpts *o, Diag *d)
                  (long long)c->grad_accum);
         return false;
     }
-    if (c->zero)
-        bad = "zero = 1";
+    if (c->zero && (o->checkpoint || c->checkpoint || o->resume))
+        bad = "zero = 1 and checkpoints (--checkpoint, train.checkpoint, --resume)";
     else if (c->eval_batches == TRAIN_EVAL_ALL)
         bad = "eval_batches = \"all\"";
     else if (c->sample_every > 0)
@@ -269,10 +270,14 @@ static Graph *step_graph(RtPp *p, const PassOpts *po, Diag *d)
     ir_add_output(g, "loss", ir_add_input(g, TK_INPUT, "pp.loss", sc, (ParamInit){0}));
     PassOpts o = *po;
     o.pp_sumsq = true;
-    o.nranks = 1; /* the dp mean is taken before (rt_pp_step) */
+    o.grad_accum = 1;
+    /* the dp mean is taken before (rt_pp_step); zero=1 shards the state
+     * over the stage's dp group: its reduce-scatter averages the ranks'
+     * equal means (dp = 2: exactly), its all-gather makes the params whole */
+    o.nranks = po->zero ? rt_comm_size(p->comm) : 1;
     const Pass *list[] = {pass_find("optimizer"), pass_find("simplify"), pass_find("fuse"),
-                          pass_find("schedule"), pass_find("memplan")};
-    if (!pass_run(g, list, 5, &o, NULL, NULL, d)) {
+                          pass_find("comm"), pass_find("schedule"), pass_find("memplan")};
+    if (!pass_run(g, list, 6, &o, NULL, NULL, d)) {
         ir_free(g);
         return NULL;
     }
@@ -412,6 +417,10 @@ Graph *rt_pp_build(RtPp *p, const Graph *model, const PassOpts *po, Diag *d)
             p->rows = t->s.dim[0];
     }
     Graph *sg = step_graph(p, po, d);
+    for (int i = 0; sg && po->zero && i < sg->t.n; i++) /* zero=1: the state's shard */
+        if (sg->t.v[i].kind == TK_STATE && sg->t.v[i].op < 0 &&
+            strcmp(sg->t.v[i].name, "adam.m") == 0)
+            p->shard = shape_numel(&sg->t.v[i].s);
     for (int i = 0; sg && i < p->ps.n; i++) {
         char *gn = xasprintf("pp.grad.%s", p->ps.v[i].name);
         p->ps.v[i].step = ir_find_tensor(sg, gn);
@@ -1031,6 +1040,14 @@ void rt_pp_summary(const RtPp *p, FILE *f)
                 v[2 * s + 1], tot > 0 ? 100.0 * v[2 * s + 1] / tot : 0);
     }
     fputc('\n', f);
+    if (p->shard > 0) {
+        int64_t all = 0;
+        for (int i = 0; i < p->ps.n; i++)
+            all += p->ps.v[i].numel;
+        fprintf(f, "pipeline: zero = 1 | stage %d's AdamW state sharded over its %d dp ranks: "
+                "adam.m and adam.v f32[%lld] per rank (the stage's params: %lld)\n", p->s,
+                rt_comm_size(p->comm), (long long)p->shard, (long long)all);
+    }
     if (p->dpms.n > 0)
         fprintf(f, "pipeline: dp = %d | the gradients' mean over dp after the micro-batches "
                 "(blocking, all exposed): %.2f ms per step (median, stage %d)\n",

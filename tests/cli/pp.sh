@@ -6,7 +6,9 @@
 #     at grad_accum = m (the same global batch): the loss within 1e-5
 #     relative at every one of 20 steps, every saved param within 1e-5
 #     relative (whole tensors, written by stage 0 in one rank's layout);
-#   - pp = 2 x dp = 2 and pp = 2 x tp = 2 on 4 ranks, tp 2 x pp 2 x dp 2
+#   - pp = 2 x dp = 2 and pp = 2 x tp = 2 on 4 ranks (pp 2 x dp 2 also
+#     with zero = 1: each stage's AdamW state sharded over its dp group,
+#     half the stage's params per rank), tp 2 x pp 2 x dp 2
 #     on 8, against one rank at the whole batch (tp x pp: its checkpoint
 #     resumes on one rank with the run's weights);
 #   - the final validation loss (F alone through the stages) as one rank's;
@@ -178,6 +180,14 @@ run gpt4 models/gpt.lua --steps 10 --set eval_every=0 --nproc 4 --pp 2 --set mic
     --save-weights "$T/gpt4.safetensors"
 same_losses gpt4 gpt1a8
 same_params "$T/gpt1a8.safetensors" "$T/gpt4.safetensors" 32
+# ... and with zero = 1: each stage's AdamW state sharded over its dp group
+run gpt4z models/gpt.lua --steps 10 --set eval_every=0 --nproc 4 --pp 2 --set micro_batches=2 \
+    --set zero=1 --save-weights "$T/gpt4z.safetensors"
+same_losses gpt4z gpt1a8
+same_params "$T/gpt1a8.safetensors" "$T/gpt4z.safetensors" 32
+sed -n "s/^pipeline: zero = 1 | stage 0's AdamW state sharded over its 2 dp ranks: adam.m and adam.v f32\[\([0-9]*\)\] per rank (the stage's params: \([0-9]*\))$/\1 \2/p" \
+    "$T/gpt4z.log" | awk '{ n++; if (!($1 < $2 && 2 * $1 >= $2)) exit 1 } END { exit n != 1 }' ||
+    fail "zero = 1 under pp: no half-size state shard: $(grep '^pipeline: zero' "$T/gpt4z.log")"
 
 # pp = 2 x tp = 2 on 4 ranks: stages cut from rank r's partitioned graph
 run gpt1a2 models/gpt.lua --steps 10 --set eval_every=0 --set grad_accum=2 \
@@ -305,5 +315,7 @@ expect hint_order 'pp_hint.lua:[0-9]*: pp_stage: stage 2 begins before stage 1' 
     compile tests/data/pp_hint.lua --pp 3 --set cut=4 --set stage2=2
 expect both '--pp 2: micro_batches = 2 and grad_accum = 2 both set' \
     train models/gpt.lua --steps 2 --nproc 2 --pp 2 --set micro_batches=2 --set grad_accum=2
+expect zerockpt '--pp 2: pipeline stages do not run with zero = 1 and checkpoints' \
+    train models/gpt.lua --steps 2 --nproc 4 --pp 2 --set zero=1 --checkpoint "$T/zc"
 expect noparam '--pp 12: stage 1 would hold no param' compile models/gpt.lua --pp 12
 echo "pp.sh: ok"
