@@ -447,7 +447,8 @@ static void reach(const Graph *g, int t, int *mark, int v, bool backward, bool *
         int x = st.v[--st.n], p = g->t.v[x].op;
         if (p < 0)
             continue;
-        bool bw = (g->ops.v[p].flags & OPF_BACKWARD) != 0;
+        /* a recomputation (remat) runs with the backward that reads it */
+        bool bw = (g->ops.v[p].flags & (OPF_BACKWARD | OPF_RECOMPUTE)) != 0;
         if (backward && !bw) {
             if (also)
                 also[p] = true;

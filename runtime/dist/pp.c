@@ -99,6 +99,9 @@ struct RtPp {
     PpDst *adst, *gdst; /* dev: per K, the received activation's and gradient's */
     int64_t rows;   /* the model's batch b */
     int64_t shard;  /* zero=1: elements of the stage's AdamW state shard; 0: none */
+    RematReport remat; /* remat_on: what remat chose for the stage */
+    bool remat_on;
+    int64_t rec_plain; /* remat_on: the stash record's bytes without remat */
     double *losses; /* m */
     double flops;
     /* this step's actions and receives (ir_now seconds), for the trace;
@@ -137,8 +140,6 @@ bool rt_pp_check(const TrainCfg *c, const TrainOpts *o, Diag *d)
         bad = "eval_batches = \"all\"";
     else if (c->sample_every > 0)
         bad = "sample_every";
-    else if (o->remat || c->memory_budget > 0)
-        bad = "remat (--remat, memory_budget)";
     else if (c->early_stop_metric || (c->keep_best && strcmp(c->keep_best, "true") == 0))
         bad = "early_stop and keep_best";
     if (bad) {
@@ -284,6 +285,16 @@ static Graph *step_graph(RtPp *p, const PassOpts *po, Diag *d)
     return g;
 }
 
+/* Bytes of g's "pp.stash.T" outputs. */
+static int64_t stash_bytes(const Graph *g)
+{
+    int64_t n = 0;
+    for (int k = 0; k < g->outs.n; k++)
+        if (strncmp(g->outs.v[k].name, "pp.stash.", 9) == 0)
+            n += shape_bytes(&g->t.v[g->outs.v[k].t].s);
+    return n;
+}
+
 Graph *rt_pp_build(RtPp *p, const Graph *model, const PassOpts *po, Diag *d)
 {
     p->fwd = ir_clone(model);
@@ -324,6 +335,31 @@ Graph *rt_pp_build(RtPp *p, const Graph *model, const PassOpts *po, Diag *d)
     if (!pass_autodiff(full, &bo, d)) {
         ir_free(full);
         return NULL;
+    }
+    /* remat per stage (--remat, memory_budget): on the stage's
+     * differentiated graph before the split, its budget checked against
+     * that graph's plan (one micro-batch's F, B and W as one program); the
+     * recomputations go to B or W with the gradients that read them */
+    if (po->remat != REMAT_NONE && (po->remat != REMAT_DEFAULT || po->memory_budget > 0)) {
+        Graph *pf, *pb, *pw; /* the stash without remat, for the summary */
+        pass_stage_split(full, p->s == last, &pf, &pb, &pw);
+        p->rec_plain = stash_bytes(pf) + stash_bytes(pb) + stash_bytes(pw);
+        ir_free(pf);
+        ir_free(pb);
+        ir_free(pw);
+        PassOpts ro = bo;
+        ro.remat_report = &p->remat;
+        ro.after = pass_find("fuse");
+        ro.nafter = 4; /* fuse, comm (nothing here), schedule, memplan */
+        ro.memplan = NULL;
+        if (!pass_simplify(full, &bo, d) || !pass_remat(full, &ro, d)) {
+            char msg[sizeof d->msg];
+            snprintf(msg, sizeof msg, "%s", d->msg);
+            snprintf(d->msg, sizeof d->msg, "--pp %d, stage %d: %.1900s", p->n, p->s, msg);
+            ir_free(full);
+            return NULL;
+        }
+        p->remat_on = true;
     }
     pass_stage_split(full, p->s == last, &p->pr[P_F].g, &p->pr[P_B].g, &p->pr[P_W].g);
     ir_free(full);
@@ -1040,6 +1076,17 @@ void rt_pp_summary(const RtPp *p, FILE *f)
                 v[2 * s + 1], tot > 0 ? 100.0 * v[2 * s + 1] / tot : 0);
     }
     fputc('\n', f);
+    if (p->remat_on)
+    {
+        fprintf(f, "pipeline: remat | stage %d recomputes %d of its %d saved activations "
+                "(%d ops); stashed per micro-batch %.2f KiB (without remat %.2f KiB)", p->s,
+                p->remat.nrecomputed, p->remat.nsaved, p->remat.nrecompute_ops,
+                (double)p->rec / 1024.0, (double)p->rec_plain / 1024.0);
+        if (p->remat.peak >= 0)
+            fprintf(f, "; planned peak of one micro-batch's F, B and W as one program "
+                    "%.2f KiB", (double)p->remat.peak / 1024.0);
+        fputc('\n', f);
+    }
     if (p->shard > 0) {
         int64_t all = 0;
         for (int i = 0; i < p->ps.n; i++)

@@ -14,6 +14,9 @@
 #   - the final validation loss (F alone through the stages) as one rank's;
 #   - dropout = 0.1: the same losses, weights and validation losses as one
 #     rank (each stage draws one rank's masks; evaluation without dropout);
+#   - remat per stage (--remat full, --memory-budget): the same losses as
+#     one rank, stage 0 recomputing activations and stashing fewer bytes
+#     per micro-batch, an infeasible budget named per stage;
 #   - --log-dir: stage 0 writes metrics.jsonl and report.html, every
 #     step's loss, gradient norm and lr as one rank's;
 #   - gpipe, 1f1b and zb-h1 give the same losses, to the last printed digit
@@ -167,6 +170,25 @@ paste <(vls drop2) <(vls drop1) | awk '{ d = $1 - $2; if (d < 0) d = -d; if (!($
     fail "dropout: val losses $(vls drop2 | tr '\n' ' ') at pp = 2, $(vls drop1 | tr '\n' ' ') on one rank"
 echo "dropout: the same losses, weights and val losses ($(vls drop2 | tr '\n' ' '))"
 
+# remat per stage: on each stage's differentiated graph before the split
+# (recomputations go to B and W), a budget checked per stage; the same
+# losses, a smaller stash per micro-batch
+run rm1 models/gpt.lua --steps 5 --set eval_every=0 --set grad_accum=4
+run rm2 models/gpt.lua --steps 5 --set eval_every=0 --nproc 2 --pp 2 --set micro_batches=4 \
+    --remat full
+same_losses rm2 rm1
+run rm2b models/gpt.lua --steps 5 --set eval_every=0 --nproc 2 --pp 2 --set micro_batches=4 \
+    --memory-budget 600000
+same_losses rm2b rm1
+for f in rm2 rm2b; do
+    sed -n 's/^pipeline: remat | stage 0 recomputes \([0-9]*\) of .* stashed per micro-batch \([0-9.]*\) KiB (without remat \([0-9.]*\) KiB).*/\1 \2 \3/p' \
+        "$T/$f.log" | awk '{ n++; if (!($1 > 0 && $2 < $3)) exit 1 } END { exit n != 1 }' ||
+        fail "$f: remat recomputed nothing on stage 0: $(grep '^pipeline: remat' "$T/$f.log")"
+    grep '^pipeline: remat' "$T/$f.log"
+done
+grep -q "planned peak of one micro-batch's F, B and W as one program 5[0-9][0-9]\.[0-9]* KiB" \
+    "$T/rm2b.log" || fail "rm2b: no planned peak within the budget: $(grep '^pipeline: remat' "$T/rm2b.log")"
+
 run llama1 $LLAMA --set grad_accum=2 --save-weights "$T/llama1.safetensors"
 run llama2 $LLAMA --nproc 2 --set pp=2 --set micro_batches=2 \
     --save-weights "$T/llama2.safetensors"
@@ -317,5 +339,7 @@ expect both '--pp 2: micro_batches = 2 and grad_accum = 2 both set' \
     train models/gpt.lua --steps 2 --nproc 2 --pp 2 --set micro_batches=2 --set grad_accum=2
 expect zerockpt '--pp 2: pipeline stages do not run with zero = 1 and checkpoints' \
     train models/gpt.lua --steps 2 --nproc 4 --pp 2 --set zero=1 --checkpoint "$T/zc"
+expect budget '^--pp 2, stage [01]: memory budget 48.83 KiB (50000 bytes) is infeasible' \
+    train models/gpt.lua --steps 2 --nproc 2 --pp 2 --memory-budget 50000
 expect noparam '--pp 12: stage 1 would hold no param' compile models/gpt.lua --pp 12
 echo "pp.sh: ok"
