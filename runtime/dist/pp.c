@@ -342,6 +342,10 @@ Graph *rt_pp_build(RtPp *p, const Graph *model, const PassOpts *po, Diag *d)
      * recomputations go to B or W with the gradients that read them */
     if (po->remat != REMAT_NONE && (po->remat != REMAT_DEFAULT || po->memory_budget > 0)) {
         Graph *pf, *pb, *pw; /* the stash without remat, for the summary */
+        if (!pass_simplify(full, &bo, d)) {
+            ir_free(full);
+            return NULL;
+        }
         pass_stage_split(full, p->s == last, &pf, &pb, &pw);
         p->rec_plain = stash_bytes(pf) + stash_bytes(pb) + stash_bytes(pw);
         ir_free(pf);
@@ -352,7 +356,7 @@ Graph *rt_pp_build(RtPp *p, const Graph *model, const PassOpts *po, Diag *d)
         ro.after = pass_find("fuse");
         ro.nafter = 4; /* fuse, comm (nothing here), schedule, memplan */
         ro.memplan = NULL;
-        if (!pass_simplify(full, &bo, d) || !pass_remat(full, &ro, d)) {
+        if (!pass_remat(full, &ro, d)) {
             char msg[sizeof d->msg];
             snprintf(msg, sizeof msg, "%s", d->msg);
             snprintf(d->msg, sizeof d->msg, "--pp %d, stage %d: %.1900s", p->n, p->s, msg);
