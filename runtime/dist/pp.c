@@ -1,7 +1,9 @@
-/* pp.c - pipeline parallelism on CPU ranks: each rank runs one stage of
- * the forward graph's cut (passes/stages.c) over m micro-batches in the
- * order of its schedule (gpipe, 1f1b, zb-h1), sending activations forward
- * and their gradients back by MPI point to point, then its own optimizer
+/* pp.c - pipeline parallelism: each rank runs one stage of the forward
+ * graph's cut (passes/stages.c) over m micro-batches in the order of its
+ * schedule (gpipe, 1f1b, zb-h1), sending activations forward and their
+ * gradients back (CPU ranks: MPI point to point through host buffers; a
+ * device backend with transfers of its own, CUDA: NCCL send/recv between
+ * the programs' device buffers, rt_exec_pp_xfer), then its own optimizer
  * step.
  *
  * Per stage, four programs, from the stage graph differentiated by
@@ -18,8 +20,12 @@
  *        was not finite).
  * What F leaves for B and W, and B for W ("pp.stash.T"), is kept per
  * micro-batch in host buffers until its W has run; so are the received
- * activation and gradient. Sends return at once (their buffers live until
- * the step's end); receives block, with the comm timeout. */
+ * activation and gradient (on a device: read back after the program that
+ * received them, where a later one reads them too). MPI sends return at
+ * once (their buffers live until the step's end); MPI receives block,
+ * with the comm timeout; device transfers are ordered with the programs'
+ * work by events and never block the host. With random ops (dropout) the
+ * evaluation runs the evaluation graph's stage (rt_pp_build_eval). */
 #include "dist.h"
 
 #include <math.h>
