@@ -119,7 +119,8 @@ enum { NCCL_MIN_VERSION = 21003 };
     X(cuGetErrorString) X(cuCtxSetCurrent) X(cuEventCreate) X(cuEventDestroy)  \
     X(cuEventRecord) X(cuEventSynchronize) X(cuEventElapsedTime)               \
     X(cuStreamWaitEvent) X(cuStreamSynchronize) X(cuStreamQuery) X(cuEventQuery)\
-    X(cuMemAlloc) X(cuMemFree) X(cuMemcpyDtoDAsync) X(cuMemsetD8Async)
+    X(cuMemAlloc) X(cuMemFree) X(cuMemcpyDtoDAsync) X(cuMemsetD8Async)        \
+    X(cuStreamCreate) X(cuStreamDestroy)
 #define NCCL_FUNCS(X)                                                          \
     X(ncclGetVersion) X(ncclGetUniqueId) X(ncclCommInitRank)                   \
     X(ncclCommDestroy) X(ncclCommAbort) X(ncclAllReduce) X(ncclGroupStart)     \
@@ -1338,21 +1339,21 @@ void kc_pp_close(KcPp *p)
             *q = p->next;
             break;
         }
-    kc_cu.cuCtxSetCurrent(p->ctx);
+    fn.cuCtxSetCurrent(p->ctx);
     for (int i = 0; i < 2; i++) {
         if (p->st[i])
-            kc_cu.cuStreamSynchronize(p->st[i]);
+            fn.cuStreamSynchronize(p->st[i]);
         if (p->nc[i])
             fn.ncclCommDestroy(p->nc[i]);
         if (p->st[i])
-            kc_cu.cuStreamDestroy(p->st[i]);
+            fn.cuStreamDestroy(p->st[i]);
         if (p->done[i])
-            kc_cu.cuEventDestroy(p->done[i]);
+            fn.cuEventDestroy(p->done[i]);
     }
     if (p->ready)
-        kc_cu.cuEventDestroy(p->ready);
+        fn.cuEventDestroy(p->ready);
     if (p->scratch)
-        kc_cu.cuMemFree(p->scratch);
+        fn.cuMemFree(p->scratch);
     free(p);
 }
 
@@ -1377,11 +1378,11 @@ KcPp *kc_pp_open(const RtCommGroup *g, CUcontext ctx, Diag *d)
     KcPp *p = kc_zalloc(sizeof *p);
     *p = (KcPp){.ctx = ctx, .group = g->arg, .rank = g->rank, .size = g->size, .refs = 1};
     if (!DRV(fn.cuCtxSetCurrent(ctx), d) ||
-        !DRV(kc_cu.cuEventCreate(&p->ready, CU_EVENT_DISABLE_TIMING), d))
+        !DRV(fn.cuEventCreate(&p->ready, CU_EVENT_DISABLE_TIMING), d))
         goto fail;
     for (int i = 0; i < 2; i++) {
-        if (!DRV(kc_cu.cuStreamCreate(&p->st[i], CU_STREAM_NON_BLOCKING), d) ||
-            !DRV(kc_cu.cuEventCreate(&p->done[i], CU_EVENT_DISABLE_TIMING), d))
+        if (!DRV(fn.cuStreamCreate(&p->st[i], CU_STREAM_NON_BLOCKING), d) ||
+            !DRV(fn.cuEventCreate(&p->done[i], CU_EVENT_DISABLE_TIMING), d))
             goto fail;
         ncclUniqueId id;
         memset(&id, 0, sizeof id);
@@ -1416,15 +1417,15 @@ bool kc_pp_xfer(KcPp *p, CUstream compute, bool send, int peer, CUdeviceptr ptr,
         return false;
     if (!ptr) { /* a receive that no program reads */
         if (bytes > p->scratch_bytes) {
-            if (p->scratch && !DRV(kc_cu.cuStreamSynchronize(p->st[1 - dir]), d))
+            if (p->scratch && !DRV(fn.cuStreamSynchronize(p->st[1 - dir]), d))
                 return false;
-            if (p->scratch && !DRV(kc_cu.cuStreamSynchronize(p->st[dir]), d))
+            if (p->scratch && !DRV(fn.cuStreamSynchronize(p->st[dir]), d))
                 return false;
             if (p->scratch)
-                kc_cu.cuMemFree(p->scratch);
+                fn.cuMemFree(p->scratch);
             p->scratch = 0;
             p->scratch_bytes = 0;
-            if (!DRV(kc_cu.cuMemAlloc(&p->scratch, bytes), d))
+            if (!DRV(fn.cuMemAlloc(&p->scratch, bytes), d))
                 return false;
             p->scratch_bytes = bytes;
         }
@@ -1434,12 +1435,12 @@ bool kc_pp_xfer(KcPp *p, CUstream compute, bool send, int peer, CUdeviceptr ptr,
     size_t count = f32 ? bytes / 4 : bytes;
     ncclDataType_t type = f32 ? ncclFloat32 : ncclUint8;
     cudaStream_t st = (cudaStream_t)p->st[dir];
-    return DRV(kc_cu.cuEventRecord(p->ready, compute), d) &&
-           DRV(kc_cu.cuStreamWaitEvent(p->st[dir], p->ready, 0), d) &&
+    return DRV(fn.cuEventRecord(p->ready, compute), d) &&
+           DRV(fn.cuStreamWaitEvent(p->st[dir], p->ready, 0), d) &&
            NC(fn.ncclGroupStart(), d) &&
            (send ? NC(nccl_send((const void *)(uintptr_t)ptr, count, type, peer, p->nc[dir], st), d)
                  : NC(nccl_recv((void *)(uintptr_t)ptr, count, type, peer, p->nc[dir], st), d)) &&
            NC(fn.ncclGroupEnd(), d) &&
-           DRV(kc_cu.cuEventRecord(p->done[dir], p->st[dir]), d) &&
-           DRV(kc_cu.cuStreamWaitEvent(compute, p->done[dir], 0), d);
+           DRV(fn.cuEventRecord(p->done[dir], p->st[dir]), d) &&
+           DRV(fn.cuStreamWaitEvent(compute, p->done[dir], 0), d);
 }
