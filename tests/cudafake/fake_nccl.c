@@ -31,13 +31,15 @@
  * peer's buffers the same way); it waits only while the channel is full.
  * A receive waits for its send; one whose count or type differs from the
  * send it meets stops the process naming both, and one whose sender never
- * sends stops it after FAKE_NCCL_TIMEOUT seconds (default 120). (Sends
- * that waited for their receive would deadlock the fake driver's one
- * worker where NCCL's streams progress apart: stage 0 in a send of its
- * activations while stage 1 is in a send of its gradients.) The sends and
- * receives between ncclGroupStart and ncclGroupEnd are one op on the
- * stream (the stream of the last call), its sends posted before its
- * receives wait. FAKE_NCCL_DROP_RECV=N makes this process's N-th receive
+ * sends stops it after FAKE_NCCL_TIMEOUT seconds (default 120). The
+ * fake driver's one worker starts a send or receive only once it can
+ * finish (fakecu_enqueue_when), running the process's other streams
+ * meanwhile, so a receive waiting for its peer never holds up this
+ * process's own sends on another stream (NCCL's streams progress apart;
+ * sends that waited for their receive would deadlock the worker the same
+ * way). The sends and receives between ncclGroupStart and ncclGroupEnd are
+ * one op on the stream (the stream of the last call), its sends posted
+ * before its receives wait. FAKE_NCCL_DROP_RECV=N makes this process's N-th receive
  * take the data but write nothing (a negative control: a transfer lost).
  * Collectives inside a group run as they are called. The non-blocking
  * ncclCommInitRankConfig is not offered (cuda_nccl.c falls back to
@@ -382,6 +384,7 @@ typedef struct {
 typedef struct {
     P2p *op;
     int n;
+    double waited; /* p2p_gate: CLOCK_MONOTONIC seconds of its first "not yet" */
 } P2pGroup;
 
 static int group_depth;
@@ -456,6 +459,42 @@ static void take(const P2p *o)
     atomic_store(&ch->taken, k + 1);
 }
 
+/* Whether a group may start: each receive's message posted, each send's
+ * channel with room (fakecu_enqueue_when: the worker runs the process's
+ * other streams meanwhile, as a GPU would, so a receive waiting for its
+ * peer never holds up this process's own sends). */
+static bool p2p_gate(void *arg)
+{
+    P2pGroup *g = arg;
+    bool ok = true;
+    for (int i = 0; i < g->n && ok; i++) {
+        const P2p *o = &g->op[i];
+        uint64_t mine = 0; /* this group's ops on o's channel up to o */
+        for (int j = 0; j <= i; j++)
+            mine += g->op[j].send == o->send && g->op[j].peer == o->peer;
+        if (o->send) {
+            Chan *ch = chan(o->c, o->c->rank, o->peer);
+            ok = atomic_load(&ch->posted) + mine - atomic_load(&ch->taken) <= CHAN_DEPTH;
+        } else {
+            Chan *ch = chan(o->c, o->peer, o->c->rank);
+            ok = atomic_load(&ch->posted) >= atomic_load(&ch->taken) + mine;
+        }
+    }
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    double now = (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+    if (ok || g->waited == 0) {
+        g->waited = ok ? 0 : now;
+        return ok;
+    }
+    if (now - g->waited > fake_timeout())
+        fakecu_die("fake NCCL: rank %d waited %g s for rank %d (%s of %zu elements, type %d, "
+                   "and the rest of its group)", g->op[0].c->rank, fake_timeout(),
+                   g->op[0].peer, g->op[0].send ? "ncclSend" : "ncclRecv", g->op[0].count,
+                   g->op[0].type);
+    return false;
+}
+
 /* A group's sends and receives when the stream runs them: the sends
  * posted, then the receives taken. */
 static void p2p_run(void *arg)
@@ -486,7 +525,7 @@ static ncclResult_t flush_group(void)
             at += snprintf(desc + at, sizeof desc - (size_t)at, "%s%s(%zu, peer %d)",
                            i ? " " : "", o->send ? "ncclSend" : "ncclRecv", o->count, o->peer);
     }
-    CUresult r = fakecu_enqueue(pending_stream, desc, rg, g->n, p2p_run, g);
+    CUresult r = fakecu_enqueue_when(pending_stream, desc, rg, g->n, p2p_run, g, p2p_gate);
     free(rg);
     return r == CUDA_SUCCESS ? ncclSuccess : ncclUnhandledCudaError;
 }

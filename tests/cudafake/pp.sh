@@ -1,16 +1,23 @@
 #!/usr/bin/env bash
 # pp.sh CASE - one cuda_fake_pp_* test: pipeline stages (--pp 2 on 2 ranks,
-# micro_batches = 4, 1f1b) on the GPU, the real libkiln_cuda.so on the
-# fakes of tests/cudafake (FAKE_LIB on LD_LIBRARY_PATH; the fake NCCL's
-# ncclSend/ncclRecv between the two processes), against the same run on CPU
-# ranks (MPI), which tests/cli/pp.sh checks against one rank. A tiny
-# gpt.lua (C 16, T 8, batch 2) so that the emulated kernels take seconds.
+# micro_batches = 4, 1f1b unless the case says) on the GPU, the real
+# libkiln_cuda.so on the fakes of tests/cudafake (FAKE_LIB on
+# LD_LIBRARY_PATH; the fake NCCL's ncclSend/ncclRecv between the
+# processes), against the same run on CPU ranks (MPI), which
+# tests/cli/pp.sh checks against one rank. A tiny gpt.lua (C 16, T 8,
+# batch 2) so that the emulated kernels take seconds.
 #
 # Cases:
 #   f32        every step's loss, the final train and validation loss within
 #              1e-5 relative, every saved param within 1e-4 relative; both
 #              stages say (-v) that their activations and gradients go by
 #              NCCL send/recv; no fake library complains.
+#   gpipe8     as f32 with schedule gpipe, micro_batches 8: stage 0 sends 8
+#              activations before it receives a gradient, more than the fake
+#              NCCL's channel holds, while its receive of the first gradient
+#              is queued on the other stream (the fake driver's worker must
+#              not start that receive before its peer sends: it deadlocked
+#              before fakecu_enqueue_when).
 #   tp2        as f32, pp 2 x tp 2 on 4 ranks (4 fake GPUs), micro_batches 2:
 #              the TP group's NCCL communicator beside the pipeline's two.
 #   neg_drop   negative control: the fake NCCL's first ncclRecv on each rank
@@ -36,14 +43,15 @@ T=$(mktemp -d "${TMPDIR:-/tmp}/kiln-cudafake-pp.XXXXXX")
 trap 'rm -rf "$T"' EXIT
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 
-nproc=2 m=4 tp=()
+nproc=2 m=4 tp=() sched=1f1b
 [ "$case" = tp2 ] && nproc=4 m=2 tp=(--tp 2)
+[ "$case" = gpipe8 ] && m=8 sched=gpipe
 args=(models/gpt.lua --steps 2 --nproc $nproc --pp 2 "${tp[@]}" --set micro_batches=$m
-      --set C=16 --set T=8 --set batch=2 --set log_every=1 --set eval_every=1000000
+      --set schedule=$sched --set C=16 --set T=8 --set batch=2 --set log_every=1 --set eval_every=1000000
       --set eval_batches=1 --set eps=1e-6)
 cuda_env=() negative=""
 case $case in
-f32) ;;
+f32|gpipe8) ;;
 tp2) cuda_env=(FAKE_CUDA_DEVICES=4) ;;
 neg_drop) cuda_env=(FAKE_NCCL_DROP_RECV=1); negative=mismatch ;;
 neg_wait) cuda_env=(FAKE_CUDA_DROP_WAIT=2); negative=race ;;
