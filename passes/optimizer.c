@@ -330,8 +330,15 @@ static int optimizer_zero(B *b, const PassOpts *o, ParamGrad *ps, int n, int lr,
         }
         wsq = emit_n(b, OP_SHARD_PACK, in, n, &sa);
     }
-    int part = sum_sq_blocked(b, gsh, wsq);
-    int total2 = bin(b, OP_MUL, emit(b, OP_ALLREDUCE, part, -1, NULL), cst_f32(b, (double)nr));
+    int total2;
+    if (o->pp_sumsq) { /* pipeline stages: the runtime's, over every stage (pp.c) */
+        total2 = ir_add_input(g, TK_INPUT, "pp.sumsq", (Shape){.dtype = DT_F32},
+                              (ParamInit){0});
+        tp.n = 1;
+    } else {
+        int part = sum_sq_blocked(b, gsh, wsq);
+        total2 = bin(b, OP_MUL, emit(b, OP_ALLREDUCE, part, -1, NULL), cst_f32(b, (double)nr));
+    }
     if (tp.n > 1) {
         OpAttr ta = {.ia = {0, tp.n, tp.rank}, .nia = 3};
         total2 = emit(b, OP_TP_ALLREDUCE, total2, -1, &ta);

@@ -448,7 +448,9 @@ typedef struct {
 } PassStageCut;
 /* Cuts g into n stages (see stages.c); false with a message (more stages
  * than places between layers to cut, a pp_stage hint inside a layer,
- * dropout, state updates) otherwise. */
+ * state updates) otherwise. Random ops (dropout) go with their stage: a
+ * random op's numbers depend on its key, the seed and the step only, so
+ * each stage draws one rank's masks. */
 bool pass_stage_cut(const Graph *g, int n, PassStageCut *c, Diag *d);
 void pass_stage_cut_free(PassStageCut *c);
 /* Whether stage s reads tensor t (a param it owns). */

@@ -242,16 +242,6 @@ bool pass_stage_cut(const Graph *g, int n, PassStageCut *c, Diag *d)
                  "without state updates, got %d)", n, g->upd.n);
         return false;
     }
-    for (int i = 0; i < nops; i++)
-        if (ir_opinfo[g->ops.v[i].code].cls == OC_RANDOM) {
-            const Op *op = &g->ops.v[i];
-            snprintf(d->msg, sizeof d->msg,
-                     "%s:%d: pp = %d: random ops (dropout) do not run under pipeline stages "
-                     "yet (expected dropout = 0, got a %s op)",
-                     op->loc.file ? op->loc.file : "?", op->loc.line, n,
-                     ir_opinfo[op->code].name);
-            return false;
-        }
     bool *st = const_only(g);
     int *last_use = xmalloc(sizeof(int) * (size_t)(g->t.n + 1));
     for (int i = 0; i < g->t.n; i++)
@@ -520,7 +510,8 @@ static void reach(const Graph *g, int t, int *mark, int v, bool backward, bool *
         int x = st.v[--st.n], p = g->t.v[x].op;
         if (p < 0)
             continue;
-        bool bw = (g->ops.v[p].flags & OPF_BACKWARD) != 0;
+        /* a recomputation (remat) runs with the backward that reads it */
+        bool bw = (g->ops.v[p].flags & (OPF_BACKWARD | OPF_RECOMPUTE)) != 0;
         if (backward && !bw) {
             if (also)
                 also[p] = true;

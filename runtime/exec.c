@@ -43,6 +43,7 @@ struct Exec {
     bool dev_comm;
     RtCommEvent *cev;     /* room for one run's bucket events */
     int ncev;
+    bool dev_pp;          /* pipeline transfers on the device (rt_exec_pp_setup) */
     /* TP steps on the device (BackendExt.tp_setup accepted the plan) */
     bool dev_tp;
     RtCommEvent *tpev;    /* room for one run's TP collectives (pull_tp) */
@@ -689,6 +690,44 @@ static bool setup_tp(Exec *e, Diag *d)
         return false;
     }
     return setup_tp_waits(e, false, d);
+}
+
+static int64_t nbytes(const Exec *e, int t);
+
+static bool bcast_pp(void *arg, void *buf, size_t n)
+{
+    rt_comm_pp_bcast(arg, 0, buf, n);
+    return true;
+}
+
+int rt_exec_pp_setup(Exec *e, RtComm *c, Diag *d)
+{
+    const BackendExt *x = e->be->ext;
+    if (!x || !x->pp_setup || !x->pp_xfer || rt_comm_pp(c) < 2)
+        return 0;
+    RtCommGroup g = {.rank = rt_comm_pp_stage(c),
+                     .size = rt_comm_pp(c),
+                     .local_rank = rt_comm_local_rank(c),
+                     .bcast = bcast_pp,
+                     .arg = c,
+                     .timeout = rt_comm_timeout(c),
+                     .lost = lost_ranks};
+    if (!x->pp_setup(e->ctx, &g, d))
+        return -1;
+    e->dev_pp = true;
+    return 1;
+}
+
+bool rt_exec_pp_xfer(Exec *e, bool send, int peer, int tensor, Diag *d)
+{
+    if (!e->dev_pp)
+        die("rt_exec_pp_xfer: no rt_exec_pp_setup");
+    if (tensor >= e->g->t.n)
+        die("rt_exec_pp_xfer: no tensor %%%d", tensor);
+    if (tensor < 0)
+        return e->be->ext->pp_xfer(e->ctx, send, peer, -1, -tensor, d);
+    return e->be->ext->pp_xfer(e->ctx, send, peer, cg_offset(e->plan, tensor), nbytes(e, tensor),
+                               d);
 }
 
 /* False, with both sizes in d, when the plan's arena (persistent buffers and

@@ -124,6 +124,18 @@ void rt_exec_before_read(Exec *e, const int *tensors, int n, void (*fn)(void *ar
  * gathers, or KILN_ZERO_ONE_PIECE=1 in the environment). */
 int rt_pieces_plan(struct CgPlan *p, int rank, int nranks);
 
+/* Pipeline stages (runtime/dist/pp.c) on a device backend: joins the
+ * process's transfers over c's pipeline group (BackendExt.pp_setup;
+ * collective over the group the first time): 1; 0 where the backend has
+ * none (the CPU: MPI on the host instead) or pp < 2; -1 with d set when
+ * they fail. Then rt_exec_pp_xfer queues a send of
+ * `tensor` (its bytes in e's arena) to stage peer, or a receive into it
+ * from peer, ordered with e's device work before and after it
+ * (BackendExt.pp_xfer); tensor = -BYTES receives that many bytes into the
+ * backend's scratch (a tensor no program reads). */
+int rt_exec_pp_setup(Exec *e, RtComm *c, Diag *d);
+bool rt_exec_pp_xfer(Exec *e, bool send, int peer, int tensor, Diag *d);
+
 /* One step: every op, then every update (param/state <- new value). */
 bool rt_exec_run(Exec *e, uint64_t seed, int64_t step, Diag *d);
 int64_t rt_exec_arena_bytes(const Exec *e);
@@ -274,6 +286,17 @@ typedef struct BackendExt {
      * wait. False with d set when it cannot (out of memory). NULL: the
      * executor puts tp_wait(c, s) before that overwriting step instead. */
     bool (*tp_operand_copy)(BackendCtx *c, int s, int until, Diag *d);
+    /* Pipeline stages (runtime/dist/pp.c) on the device. pp_setup joins
+     * the process's transfers over the pipeline group g (rank: the stage;
+     * collective over the group the first time in the process, shared by
+     * every executor of the stage after). pp_xfer queues, after the device
+     * work queued so far, a send of `bytes` at plan offset off to stage
+     * peer (send) or a receive of them into it from peer (off < 0: into a
+     * buffer of the backend's, for a tensor no program reads); the device
+     * work queued after it waits for it; the host does not. Transfers
+     * between two stages in one direction meet in the order queued. */
+    bool (*pp_setup)(BackendCtx *c, const RtCommGroup *g, Diag *d);
+    bool (*pp_xfer)(BackendCtx *c, bool send, int peer, int64_t off, int64_t bytes, Diag *d);
 } BackendExt;
 
 /* ---- device.c: choosing a backend; the CUDA module ----------------------
@@ -285,7 +308,7 @@ typedef struct BackendExt {
 struct CgCudaProgram; /* codegen.h */
 
 /* What the module needs from kiln (it links nothing of kilncore). */
-#define RT_CUDA_ABI 12 /* 2: Backend.ext; 3: BackendExt.arena_bytes, CgCudaProgram.mem;
+#define RT_CUDA_ABI 13 /* 2: Backend.ext; 3: BackendExt.arena_bytes, CgCudaProgram.mem;
                          4: Backend.host; 5: RtCommEvent.exposed;
                          6: CgCudaProgram.cast_off, cast_now, cast_bytes;
                          7: cast groups (cast_group...) instead of cast_now;
@@ -293,7 +316,8 @@ struct CgCudaProgram; /* codegen.h */
                          9: CgCudaFn.range, CgCudaProgram.step_range (pieces);
                          10: Backend.host_ptr;
                          11: BackendExt.tp_setup, tp_run, tp_events;
-                         12: BackendExt.tp_wait, tp_operand_copy */
+                         12: BackendExt.tp_wait, tp_operand_copy;
+                         13: BackendExt.pp_setup, pp_xfer */
 typedef struct {
     int abi; /* RT_CUDA_ABI */
     struct CgCudaProgram *(*program)(const struct CgPlan *p, bool bf16);

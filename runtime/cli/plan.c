@@ -42,6 +42,7 @@ static const char usage_plan[] =
     "  --zero 0|1           1: sharded optimizer state (ZeRO-1)\n"
     "  --micro-batches N    micro-batches per step and rank (default 1)\n"
     "  --schedule S         the pipeline's: 1f1b (default), gpipe, zb-h1\n"
+    "  --pipeline-formulas  the ideal split and the formulas, not the stage cut\n"
     "  --global-batch N     sequences per step (sets the micro-batches)\n"
     "  --tokens N           the token budget: 10T, 300B (or 300G), 1.5e12\n"
     "  --goodput F          share of calendar time spent in steps (default 1)\n"
@@ -61,7 +62,7 @@ typedef struct {
     int64_t global_batch;
     double intra_bw, inter_bw, tokens, goodput, target_days, step_time, memory;
     const char *tokens_text; /* --tokens as given */
-    bool no_overlap, json;
+    bool no_overlap, json, pp_formulas;
     CgPipeSchedule schedule;
 } PlanArgs;
 
@@ -1049,6 +1050,10 @@ int cli_plan(int argc, char **argv)
             a.no_overlap = true;
             continue;
         }
+        if (strcmp(s, "--pipeline-formulas") == 0) {
+            a.pp_formulas = true;
+            continue;
+        }
         if (strcmp(s, "--schedule") == 0) {
             int k = 0;
             while (v && k < CG_PP__N && strcmp(v, cg_pp_schedule_name((CgPipeSchedule)k)) != 0)
@@ -1226,7 +1231,9 @@ int cli_plan(int argc, char **argv)
     /* pp > 1: the compiler's stage cut, each stage's F, B and W timed;
      * where it cannot be made, the ideal split and formulas (said) */
     char cut_why[512] = "";
-    if (a.pp > 1) {
+    if (a.pp > 1 && a.pp_formulas)
+        snprintf(cut_why, sizeof cut_why, "--pipeline-formulas");
+    else if (a.pp > 1) {
         Diag sd = {{0}};
         if (!measure_stages(m, &po, dev, a.pp, &v, &sd))
             snprintf(cut_why, sizeof cut_why, "%.500s", sd.msg);

@@ -82,6 +82,7 @@ struct BackendCtx {
     bool ran;                /* ev_begin and ev_end recorded */
     struct KcComm *nccl;     /* device collectives (cuda_nccl.c) */
     struct KcComm *tpk;      /* the TP group's collectives (kc_tp_open), NULL: none */
+    struct KcPp *pp;         /* pipeline stages' transfers (kc_pp_open), NULL: none */
     CUdeviceptr arena, rs, scratch;
     CUdeviceptr part;        /* the partials scratch of split loops
                                 (CgCudaProgram.part_bytes; CgCudaFn.part) */
@@ -146,6 +147,7 @@ static void cuda_destroy(BackendCtx *c)
         if (c->s)
             wait_stream(c, c->s);
         destroy_timing(c); /* NCCL first: it waits for the communication stream */
+        kc_pp_close(c->pp);
         if (c->gexec)
             kc_cu.cuGraphExecDestroy(c->gexec);
         if (c->graph)
@@ -926,11 +928,41 @@ static bool cuda_device_info(BackendCtx *c, RtDeviceInfo *out)
     return true;
 }
 
+/* Pipeline stages: the process's transfers over the pipeline group
+ * (cuda_nccl.c, KcPp); the compute stream waits for each. f32 storage only
+ * (host_offset stops on a tensor stored otherwise). */
+static bool cuda_pp_setup(BackendCtx *c, const RtCommGroup *g, Diag *d)
+{
+    if (c->pp)
+        return true;
+    if (!(c->pp = kc_pp_open(g, c->ctx, d)))
+        return false;
+    if (c->graph_on && c->verbose)
+        fprintf(stderr, "kiln: cuda: no CUDA graph: pipeline stages\n");
+    c->graph_on = false;
+    if (c->verbose)
+        fprintf(stderr, "kiln: cuda: NCCL send/recv between pipeline stages, stage %d of %d\n",
+                g->rank, g->size);
+    return true;
+}
+
+static bool cuda_pp_xfer(BackendCtx *c, bool send, int peer, int64_t off, int64_t bytes,
+                         Diag *d)
+{
+    if (!c->pp) {
+        kc_dmsg(d, "pipeline transfer before pp_setup");
+        return false;
+    }
+    CUdeviceptr p = off < 0 ? 0 : c->arena + (CUdeviceptr)host_offset(c, off, bytes);
+    return kc_pp_xfer(c->pp, c->s, send, peer, p, (size_t)bytes, d);
+}
+
 static const BackendExt backend_cuda_ext = {
     cuda_comm_setup,  cuda_allreduce_start, cuda_allreduce_wait,
     cuda_comm_events, cuda_run_seconds,     cuda_step_times,
     cuda_arena_bytes, cuda_device_info, cuda_tp_setup,
     cuda_tp_run,      cuda_tp_events,   cuda_tp_wait,     cuda_tp_operand_copy,
+    cuda_pp_setup,    cuda_pp_xfer,
 };
 
 static const Backend backend_cuda = {

@@ -41,6 +41,16 @@
  * each other across ranks; a TP step queued behind an unfinished bucket
  * waits for it.
  *
+ * Pipeline stages (kc_pp_open, kc_pp_xfer): the activations and gradients
+ * crossing a stage boundary go by ncclSend/ncclRecv, one NCCL group per
+ * tensor, over two communicators per process and pipeline group (KcPp),
+ * each on a stream of its own: one carries what goes to a later stage
+ * (activations), the other what goes to an earlier one (gradients), so a
+ * send blocked until its peer receives never holds up a transfer the
+ * other way. A transfer waits for a `ready` event of the issuing
+ * executor's compute stream; that stream then waits for its `done` event
+ * (a received tensor is read, and a sent one overwritten, only after it).
+ *
  * Host waits on the device (kc_wait_stream, kc_wait_event) poll instead of
  * blocking, so that a peer that hangs (its NCCL kernel never finishes here)
  * is noticed: when an all-reduce has been running on the communication
@@ -62,7 +72,7 @@
 typedef struct ncclComm *ncclComm_t;
 typedef enum { ncclSuccess = 0, ncclInProgress = 7 } ncclResult_t;
 typedef struct { char internal[128]; } ncclUniqueId;
-typedef enum { ncclFloat32 = 7 } ncclDataType_t;
+typedef enum { ncclUint8 = 1, ncclFloat32 = 7 } ncclDataType_t;
 typedef enum { ncclSum = 0, ncclAvg = 4 } ncclRedOp_t;
 typedef struct { int blocking; } ncclConfig_t;
 #define NCCL_CONFIG_INITIALIZER {0}
@@ -85,6 +95,10 @@ ncclResult_t ncclAllGather(const void *send, void *recv, size_t count, ncclDataT
                            ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclReduceScatter(const void *send, void *recv, size_t count, ncclDataType_t type,
                                ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclSend(const void *send, size_t count, ncclDataType_t type, int peer,
+                      ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclRecv(void *recv, size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
+                      cudaStream_t stream);
 ncclResult_t ncclGroupStart(void);
 ncclResult_t ncclGroupEnd(void);
 const char *ncclGetErrorString(ncclResult_t r);
@@ -105,7 +119,8 @@ enum { NCCL_MIN_VERSION = 21003 };
     X(cuGetErrorString) X(cuCtxSetCurrent) X(cuEventCreate) X(cuEventDestroy)  \
     X(cuEventRecord) X(cuEventSynchronize) X(cuEventElapsedTime)               \
     X(cuStreamWaitEvent) X(cuStreamSynchronize) X(cuStreamQuery) X(cuEventQuery)\
-    X(cuMemAlloc) X(cuMemFree) X(cuMemcpyDtoDAsync) X(cuMemsetD8Async)
+    X(cuMemAlloc) X(cuMemFree) X(cuMemcpyDtoDAsync) X(cuMemsetD8Async)        \
+    X(cuStreamCreate) X(cuStreamDestroy)
 #define NCCL_FUNCS(X)                                                          \
     X(ncclGetVersion) X(ncclGetUniqueId) X(ncclCommInitRank)                   \
     X(ncclCommDestroy) X(ncclCommAbort) X(ncclAllReduce) X(ncclGroupStart)     \
@@ -132,6 +147,9 @@ static __typeof__(&ncclBroadcast) nccl_bcast;
 static __typeof__(&ncclAllGather) nccl_allgather;
 static __typeof__(&ncclReduceScatter) nccl_rscatter;
 static __typeof__(&cuMemcpy2DAsync) cu_copy2d; /* their layout copies (the driver's) */
+/* pipeline stages' transfers (NCCL 2.7 and newer; looked up apart too) */
+static __typeof__(&ncclSend) nccl_send;
+static __typeof__(&ncclRecv) nccl_recv;
 
 int kc_device_ordinal(void)
 {
@@ -194,6 +212,8 @@ static bool nccl_open(void)
     *(void **)&nccl_allgather = dlsym(h, "ncclAllGather");
     *(void **)&nccl_rscatter = dlsym(h, "ncclReduceScatter");
     *(void **)&cu_copy2d = dlsym(drv, STR(cuMemcpy2DAsync));
+    *(void **)&nccl_send = dlsym(h, "ncclSend");
+    *(void **)&nccl_recv = dlsym(h, "ncclRecv");
     if (fn.ncclGetVersion(&nccl_version) != ncclSuccess || nccl_version < NCCL_MIN_VERSION) {
         snprintf(nccl_why, sizeof nccl_why,
                  "NCCL is too old (version code %d; expected NCCL 2.10.3 or newer, for ncclAvg)",
@@ -1289,4 +1309,138 @@ CUresult kc_wait_event(KcComm *k, CUevent e)
 {
     fn.cuCtxSetCurrent(k->ctx);
     return poll_until(k, NULL, e);
+}
+
+/* ---- pipeline stages: ncclSend / ncclRecv ------------------------------- */
+
+/* The process's transfers over one pipeline group: dir 0 to a later stage,
+ * 1 to an earlier one; shared by every executor of the stage (F, B, W). */
+struct KcPp {
+    CUcontext ctx;
+    const void *group; /* RtCommGroup.arg */
+    int rank, size;
+    ncclComm_t nc[2];
+    CUstream st[2];
+    CUevent ready, done[2];
+    CUdeviceptr scratch; /* receives no program reads */
+    size_t scratch_bytes;
+    int refs;
+    struct KcPp *next;
+};
+
+static KcPp *shared_pp;
+
+void kc_pp_close(KcPp *p)
+{
+    if (!p || --p->refs > 0)
+        return;
+    for (KcPp **q = &shared_pp; *q; q = &(*q)->next)
+        if (*q == p) {
+            *q = p->next;
+            break;
+        }
+    fn.cuCtxSetCurrent(p->ctx);
+    for (int i = 0; i < 2; i++) {
+        if (p->st[i])
+            fn.cuStreamSynchronize(p->st[i]);
+        if (p->nc[i])
+            fn.ncclCommDestroy(p->nc[i]);
+        if (p->st[i])
+            fn.cuStreamDestroy(p->st[i]);
+        if (p->done[i])
+            fn.cuEventDestroy(p->done[i]);
+    }
+    if (p->ready)
+        fn.cuEventDestroy(p->ready);
+    if (p->scratch)
+        fn.cuMemFree(p->scratch);
+    free(p);
+}
+
+KcPp *kc_pp_open(const RtCommGroup *g, CUcontext ctx, Diag *d)
+{
+    for (KcPp *p = shared_pp; p; p = p->next)
+        if (p->ctx == ctx && p->group == g->arg && p->rank == g->rank && p->size == g->size) {
+            p->refs++;
+            return p;
+        }
+    if (!nccl_open()) {
+        kc_dmsg(d, "--device cuda: pipeline stages send activations and gradients through "
+                "NCCL, but %s", nccl_why);
+        return NULL;
+    }
+    if (!nccl_send || !nccl_recv) {
+        kc_dmsg(d, "--device cuda: pipeline stages send activations and gradients with "
+                "ncclSend and ncclRecv, but libnccl.so.2 lacks them (expected NCCL 2.7 or "
+                "newer)");
+        return NULL;
+    }
+    KcPp *p = kc_zalloc(sizeof *p);
+    *p = (KcPp){.ctx = ctx, .group = g->arg, .rank = g->rank, .size = g->size, .refs = 1};
+    if (!DRV(fn.cuCtxSetCurrent(ctx), d) ||
+        !DRV(fn.cuEventCreate(&p->ready, CU_EVENT_DISABLE_TIMING), d))
+        goto fail;
+    for (int i = 0; i < 2; i++) {
+        if (!DRV(fn.cuStreamCreate(&p->st[i], CU_STREAM_NON_BLOCKING), d) ||
+            !DRV(fn.cuEventCreate(&p->done[i], CU_EVENT_DISABLE_TIMING), d))
+            goto fail;
+        ncclUniqueId id;
+        memset(&id, 0, sizeof id);
+        if (g->rank == 0 && !NC(fn.ncclGetUniqueId(&id), d))
+            goto fail;
+        if (g->size > 1 && !(g->bcast && g->bcast(g->arg, &id, sizeof id))) {
+            kc_dmsg(d, "NCCL: cannot broadcast the unique id from stage 0 of the pipeline");
+            goto fail;
+        }
+        if (!NC(fn.ncclCommInitRank(&p->nc[i], g->size, id, g->rank), d)) {
+            p->nc[i] = NULL;
+            goto fail;
+        }
+    }
+    p->next = shared_pp;
+    shared_pp = p;
+    return p;
+fail:
+    kc_pp_close(p); /* not linked yet */
+    return NULL;
+}
+
+bool kc_pp_xfer(KcPp *p, CUstream compute, bool send, int peer, CUdeviceptr ptr, size_t bytes,
+                Diag *d)
+{
+    if (peer < 0 || peer >= p->size || peer == p->rank) {
+        kc_dmsg(d, "pipeline transfer to stage %d from stage %d of %d", peer, p->rank, p->size);
+        return false;
+    }
+    int dir = (send ? peer > p->rank : peer < p->rank) ? 0 : 1;
+    if (!DRV(fn.cuCtxSetCurrent(p->ctx), d))
+        return false;
+    if (!ptr) { /* a receive that no program reads */
+        if (bytes > p->scratch_bytes) {
+            if (p->scratch && !DRV(fn.cuStreamSynchronize(p->st[1 - dir]), d))
+                return false;
+            if (p->scratch && !DRV(fn.cuStreamSynchronize(p->st[dir]), d))
+                return false;
+            if (p->scratch)
+                fn.cuMemFree(p->scratch);
+            p->scratch = 0;
+            p->scratch_bytes = 0;
+            if (!DRV(fn.cuMemAlloc(&p->scratch, bytes), d))
+                return false;
+            p->scratch_bytes = bytes;
+        }
+        ptr = p->scratch;
+    }
+    bool f32 = bytes % 4 == 0;
+    size_t count = f32 ? bytes / 4 : bytes;
+    ncclDataType_t type = f32 ? ncclFloat32 : ncclUint8;
+    cudaStream_t st = (cudaStream_t)p->st[dir];
+    return DRV(fn.cuEventRecord(p->ready, compute), d) &&
+           DRV(fn.cuStreamWaitEvent(p->st[dir], p->ready, 0), d) &&
+           NC(fn.ncclGroupStart(), d) &&
+           (send ? NC(nccl_send((const void *)(uintptr_t)ptr, count, type, peer, p->nc[dir], st), d)
+                 : NC(nccl_recv((void *)(uintptr_t)ptr, count, type, peer, p->nc[dir], st), d)) &&
+           NC(fn.ncclGroupEnd(), d) &&
+           DRV(fn.cuEventRecord(p->done[dir], p->st[dir]), d) &&
+           DRV(fn.cuStreamWaitEvent(compute, p->done[dir], 0), d);
 }

@@ -316,14 +316,18 @@ bool rt_mpi_link(int nranks, const char *cache_dir, bool remeasure, RtMpiLink *l
  * PATH); the exit status. */
 int rt_mpi_measure_main(int argc, char **argv);
 
-/* ---- pp.c: pipeline stages (CPU ranks) ------------------------------------
+/* ---- pp.c: pipeline stages (CPU ranks, or GPUs) ---------------------------
  * Each rank runs one stage of the forward graph's cut (passes/stages.c)
  * over m micro-batches (train.micro_batches, else grad_accum) in its
- * schedule's order, then its optimizer step over the params it owns.
+ * schedule's order, then its optimizer step over the params it owns
+ * (zero=1: its AdamW state sharded over the stage's dp group).
  * rt_pp_check refuses what does not run under pp yet (naming the flag or
- * key); rt_pp_build cuts the model and returns this stage's step graph (the
- * optimizer, after the passes) for the loop's executor; rt_pp_exec makes
- * the stage's F and FB executors; rt_pp_step runs one step's micro-batches
+ * key); rt_pp_build cuts the model (remat per stage when asked for) and
+ * returns this stage's step graph (the optimizer, after the passes) for
+ * the loop's executor; rt_pp_exec makes the stage's F, B and W executors
+ * (on a device with transfers of its own, rt_exec_pp_setup, the tensors
+ * crossing a cut go by them, else by MPI through host buffers);
+ * rt_pp_step runs one step's micro-batches
  * and writes the step graph's inputs (mean gradients, the norm's sum of
  * squares over all stages, the last micro-batch's loss), with the sum of
  * the others' losses into *micro_loss; rt_pp_whole gathers whole params
@@ -335,6 +339,13 @@ RtPp *rt_pp_new(RtComm *comm, const TrainCfg *c);
 void rt_pp_free(RtPp *p); /* NULL: nothing */
 int rt_pp_micro_batches(const RtPp *p);
 Graph *rt_pp_build(RtPp *p, const Graph *model, const PassOpts *po, Diag *d);
+/* After rt_pp_build, for a training forward that draws random numbers
+ * (dropout): this stage of the evaluation graph `eval` (the script's
+ * second run, dropout off), cut where training is cut (its ops matched to
+ * the training forward's by script line, in order), so that rt_pp_eval
+ * evaluates without dropout as one rank does; nothing without random ops.
+ * False with d set when eval's ops are not the forward's minus some. */
+bool rt_pp_build_eval(RtPp *p, const Graph *eval, const PassOpts *po, Diag *d);
 bool rt_pp_exec(RtPp *p, const ExecOpts *eo, Diag *d);
 double rt_pp_flops(const RtPp *p); /* FLOPs of this stage's F and FB runs per step */
 bool rt_pp_step(RtPp *p, Exec *te, const Graph *tg, const DataBatch *b, int64_t dp_rank,

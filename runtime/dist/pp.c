@@ -1,7 +1,9 @@
-/* pp.c - pipeline parallelism on CPU ranks: each rank runs one stage of
- * the forward graph's cut (passes/stages.c) over m micro-batches in the
- * order of its schedule (gpipe, 1f1b, zb-h1), sending activations forward
- * and their gradients back by MPI point to point, then its own optimizer
+/* pp.c - pipeline parallelism: each rank runs one stage of the forward
+ * graph's cut (passes/stages.c) over m micro-batches in the order of its
+ * schedule (gpipe, 1f1b, zb-h1), sending activations forward and their
+ * gradients back (CPU ranks: MPI point to point through host buffers; a
+ * device backend with transfers of its own, CUDA: NCCL send/recv between
+ * the programs' device buffers, rt_exec_pp_xfer), then its own optimizer
  * step.
  *
  * Per stage, four programs, from the stage graph differentiated by
@@ -18,12 +20,16 @@
  *        was not finite).
  * What F leaves for B and W, and B for W ("pp.stash.T"), is kept per
  * micro-batch in host buffers: what W reads until its W has run, the rest
- * until its B has; so are the received activation and gradient. The
- * buffers hold as many micro-batches as the schedule holds at once (slots
- * taken at F, given back at B and W). The gradient for the previous stage
- * is sent after B (zb-h1) or after W (gpipe, 1f1b: B and W one backward).
- * Sends return at once (their buffers live until the step's end);
- * receives block, with the comm timeout. */
+ * until its B has; so are the received activation and gradient (on a
+ * device: read back after the program that received them, where a later
+ * one reads them too). The buffers hold as many micro-batches as the
+ * schedule holds at once (slots taken at F, given back at B and W). The
+ * gradient for the previous stage is sent after B (zb-h1) or after W
+ * (gpipe, 1f1b: B and W one backward). MPI sends return at once (their
+ * buffers live until the step's end); MPI receives block, with the comm
+ * timeout; device transfers are ordered with the programs' work by events
+ * and never block the host. With random ops (dropout) the evaluation runs
+ * the evaluation graph's stage (rt_pp_build_eval). */
 #include "dist.h"
 
 #include <math.h>
@@ -59,7 +65,20 @@ typedef struct {
     int t, what;
     int64_t off, bytes;
     const char *name; /* outputs: the stash's name */
+    /* transfers on the device: dev, received into this program's tensor
+     * (not written from the host before its run); back, read back into
+     * the host record after its run (a later program reads it too) */
+    bool dev, back;
 } PpSlot;
+
+/* Transfers on the device: where received tensor K goes (the executor of
+ * program prog, its tensor t; prog -1: none reads it, the backend's
+ * scratch); now: read back into the host record at once (the receiving
+ * action's own program does not read it). */
+typedef struct {
+    int prog, t;
+    bool now;
+} PpDst;
 
 typedef struct {
     Graph *g;
@@ -99,7 +118,13 @@ struct RtPp {
     char *ysend;    /* m sent activations */
     char *gsend;    /* m sent gradients */
     float *tmp;
+    bool dev;       /* activations and gradients by the device (rt_exec_pp_setup) */
+    PpDst *adst, *gdst; /* dev: per K, the received activation's and gradient's */
     int64_t rows;   /* the model's batch b */
+    int64_t shard;  /* zero=1: elements of the stage's AdamW state shard; 0: none */
+    RematReport remat; /* remat_on: what remat chose for the stage */
+    bool remat_on;
+    int64_t rec_plain; /* remat_on: the stash record's bytes without remat */
     double *losses; /* m */
     double flops;
     /* this step's actions and receives (ir_now seconds), for the trace;
@@ -107,6 +132,16 @@ struct RtPp {
     VEC(PpEvent) ev;
     VEC(double) busy, wait, dpms; /* dpms: the dp all-reduces' ms per step */
     VEC(double) idle; /* per step: this stage's idle share of the pipeline's span */
+    /* evaluation when the training forward draws random numbers (dropout):
+     * the evaluation graph's stage (rt_pp_build_eval), NULL: F evaluates */
+    Graph *efwd;
+    PassStageCut ecut;
+    Graph *eg;
+    Exec *ee;
+    int *eslot;                   /* per K of ecut.cross[s]: "pp.recv.K" in eg */
+    int *esend;                   /* per K of ecut.cross[s + 1]: "pp.send.K" */
+    int64_t *eroff, *esoff;       /* byte offsets in a message; [n] = its size */
+    char *ebuf;
     Graph *ug;      /* rt_pp_ckpt_whole's graph: every stage's params and state */
     Graph *wg;      /* whole_graph's */
     int *uholder;   /* per tensor of ug: the first stage holding it */
@@ -123,18 +158,12 @@ bool rt_pp_check(const TrainCfg *c, const TrainOpts *o, Diag *d)
                  (long long)c->grad_accum);
         return false;
     }
-    if (c->zero)
-        bad = "zero = 1";
+    if (c->zero && (o->checkpoint || c->checkpoint || o->resume))
+        bad = "zero = 1 and checkpoints (--checkpoint, train.checkpoint, --resume)";
     else if (c->eval_batches == TRAIN_EVAL_ALL)
         bad = "eval_batches = \"all\"";
-    else if (o->log_dir)
-        bad = "--log-dir";
     else if (c->sample_every > 0)
         bad = "sample_every";
-    else if (o->device && strcmp(o->device, "cuda") == 0)
-        bad = "--device cuda";
-    else if (o->remat || c->memory_budget > 0)
-        bad = "remat (--remat, memory_budget)";
     else if (c->early_stop_metric || (c->keep_best && strcmp(c->keep_best, "true") == 0))
         bad = "early_stop and keep_best";
     if (bad) {
@@ -181,6 +210,19 @@ void rt_pp_free(RtPp *p)
     pass_stage_cut_free(&p->cut);
     if (p->fwd)
         ir_free(p->fwd);
+    if (p->ee)
+        rt_exec_destroy(p->ee);
+    if (p->eg)
+        ir_free(p->eg);
+    if (p->efwd) {
+        pass_stage_cut_free(&p->ecut);
+        ir_free(p->efwd);
+    }
+    free(p->eslot);
+    free(p->esend);
+    free(p->eroff);
+    free(p->esoff);
+    free(p->ebuf);
     if (p->ug)
         ir_free(p->ug);
     if (p->wg)
@@ -203,6 +245,8 @@ void rt_pp_free(RtPp *p)
     vec_free(&p->ps);
     free(p->send_f);
     free(p->grad_b);
+    free(p->adst);
+    free(p->gdst);
     free(p->recv_off);
     free(p->send_off);
     free(p->acts);
@@ -257,14 +301,28 @@ static Graph *step_graph(RtPp *p, const PassOpts *po, Diag *d)
     ir_add_output(g, "loss", ir_add_input(g, TK_INPUT, "pp.loss", sc, (ParamInit){0}));
     PassOpts o = *po;
     o.pp_sumsq = true;
-    o.nranks = 1; /* the dp mean is taken before (rt_pp_step) */
+    o.grad_accum = 1;
+    /* the dp mean is taken before (rt_pp_step); zero=1 shards the state
+     * over the stage's dp group: its reduce-scatter averages the ranks'
+     * equal means (dp = 2: exactly), its all-gather makes the params whole */
+    o.nranks = po->zero ? rt_comm_size(p->comm) : 1;
     const Pass *list[] = {pass_find("optimizer"), pass_find("simplify"), pass_find("fuse"),
-                          pass_find("schedule"), pass_find("memplan")};
-    if (!pass_run(g, list, 5, &o, NULL, NULL, d)) {
+                          pass_find("comm"), pass_find("schedule"), pass_find("memplan")};
+    if (!pass_run(g, list, 6, &o, NULL, NULL, d)) {
         ir_free(g);
         return NULL;
     }
     return g;
+}
+
+/* Bytes of g's "pp.stash.T" outputs. */
+static int64_t stash_bytes(const Graph *g)
+{
+    int64_t n = 0;
+    for (int k = 0; k < g->outs.n; k++)
+        if (strncmp(g->outs.v[k].name, "pp.stash.", 9) == 0)
+            n += shape_bytes(&g->t.v[g->outs.v[k].t].s);
+    return n;
 }
 
 Graph *rt_pp_build(RtPp *p, const Graph *model, const PassOpts *po, Diag *d)
@@ -307,6 +365,35 @@ Graph *rt_pp_build(RtPp *p, const Graph *model, const PassOpts *po, Diag *d)
     if (!pass_autodiff(full, &bo, d)) {
         ir_free(full);
         return NULL;
+    }
+    /* remat per stage (--remat, memory_budget): on the stage's
+     * differentiated graph before the split, its budget checked against
+     * that graph's plan (one micro-batch's F, B and W as one program); the
+     * recomputations go to B or W with the gradients that read them */
+    if (po->remat != REMAT_NONE && (po->remat != REMAT_DEFAULT || po->memory_budget > 0)) {
+        Graph *pf, *pb, *pw; /* the stash without remat, for the summary */
+        if (!pass_simplify(full, &bo, d)) {
+            ir_free(full);
+            return NULL;
+        }
+        pass_stage_split(full, p->s == last, &pf, &pb, &pw);
+        p->rec_plain = stash_bytes(pf) + stash_bytes(pb) + stash_bytes(pw);
+        ir_free(pf);
+        ir_free(pb);
+        ir_free(pw);
+        PassOpts ro = bo;
+        ro.remat_report = &p->remat;
+        ro.after = pass_find("fuse");
+        ro.nafter = 4; /* fuse, comm (nothing here), schedule, memplan */
+        ro.memplan = NULL;
+        if (!pass_remat(full, &ro, d)) {
+            char msg[sizeof d->msg];
+            snprintf(msg, sizeof msg, "%s", d->msg);
+            snprintf(d->msg, sizeof d->msg, "--pp %d, stage %d: %.1900s", p->n, p->s, msg);
+            ir_free(full);
+            return NULL;
+        }
+        p->remat_on = true;
     }
     pass_stage_split(full, p->s == last, &p->pr[P_F].g, &p->pr[P_B].g, &p->pr[P_W].g);
     ir_free(full);
@@ -358,7 +445,7 @@ Graph *rt_pp_build(RtPp *p, const Graph *model, const PassOpts *po, Diag *d)
                 continue;
             bool w = W->ops.n > 0 && ir_find_tensor(W, o->name) >= 0;
             int64_t *at = w ? &p->recw : &p->rec;
-            PpSlot sl = {o->t, w ? 3 : 0, *at, shape_bytes(&q->g->t.v[o->t].s), o->name};
+            PpSlot sl = {o->t, w ? 3 : 0, *at, shape_bytes(&q->g->t.v[o->t].s), o->name, false, false};
             vec_push(&q->out, sl);
             *at += sl.bytes;
         }
@@ -369,7 +456,7 @@ Graph *rt_pp_build(RtPp *p, const Graph *model, const PassOpts *po, Diag *d)
             const Tensor *x = &q->g->t.v[t];
             if (x->op >= 0 || !x->name)
                 continue;
-            PpSlot sl = {t, -1, 0, shape_bytes(&x->s), NULL};
+            PpSlot sl = {t, -1, 0, shape_bytes(&x->s), NULL, false, false};
             int k;
             if (strncmp(x->name, "pp.stash.", 9) == 0) {
                 for (int j = 0; j < P__N && sl.what < 0; j++)
@@ -417,12 +504,165 @@ Graph *rt_pp_build(RtPp *p, const Graph *model, const PassOpts *po, Diag *d)
             p->rows = t->s.dim[0];
     }
     Graph *sg = step_graph(p, po, d);
+    for (int i = 0; sg && po->zero && i < sg->t.n; i++) /* zero=1: the state's shard */
+        if (sg->t.v[i].kind == TK_STATE && sg->t.v[i].op < 0 &&
+            strcmp(sg->t.v[i].name, "adam.m") == 0)
+            p->shard = shape_numel(&sg->t.v[i].s);
     for (int i = 0; sg && i < p->ps.n; i++) {
         char *gn = xasprintf("pp.grad.%s", p->ps.v[i].name);
         p->ps.v[i].step = ir_find_tensor(sg, gn);
         free(gn);
     }
     return sg;
+}
+
+/* Transfers on the device: received tensor (what, off) goes into program
+ * own's executor when own reads it (its slot dev; back where a later
+ * program reads it too), else into the first program's that reads it,
+ * read back into the host record at once (now), else into the scratch. */
+static void route(RtPp *p, int what, int own, int64_t off, PpDst *to)
+{
+    *to = (PpDst){-1, -1, false};
+    for (int i = own; i < P__N; i++) {
+        PpProg *q = &p->pr[i];
+        for (int j = 0; q->e && j < q->in.n; j++) {
+            PpSlot *sl = &q->in.v[j];
+            if (sl->what != what || sl->off != off)
+                continue;
+            if (to->prog < 0) {
+                *to = (PpDst){i, sl->t, i != own};
+                sl->dev = i == own;
+            } else if (to->prog == own) { /* a later reader: from the host record */
+                for (int u = 0; u < p->pr[own].in.n; u++)
+                    if (p->pr[own].in.v[u].t == to->t)
+                        p->pr[own].in.v[u].back = true;
+            }
+        }
+    }
+}
+
+/* Two ops alike enough to be the same op of the script's two runs. */
+static bool same_op(const Op *a, const Op *b)
+{
+    return a->code == b->code && a->nin == b->nin && a->loc.line == b->loc.line &&
+           (a->loc.file == b->loc.file ||
+            (a->loc.file && b->loc.file && strcmp(a->loc.file, b->loc.file) == 0));
+}
+
+bool rt_pp_build_eval(RtPp *p, const Graph *eval, const PassOpts *po, Diag *d)
+{
+    const Graph *f = p->fwd;
+    bool rnd = false;
+    for (int i = 0; i < f->ops.n && !rnd; i++)
+        rnd = ir_opinfo[f->ops.v[i].code].cls == OC_RANDOM;
+    if (!rnd)
+        return true;
+    if (!eval) {
+        snprintf(d->msg, sizeof d->msg, "--pp %d: the model draws random numbers but has no "
+                 "evaluation graph to evaluate with (expected one: the script run with "
+                 "nn.training false)", p->n);
+        return false;
+    }
+    /* each evaluation op is the training forward's op of the same script
+     * line, in order; the training forward has more (dropout's). With the
+     * attention pass, or without (dropout on the attention weights keeps
+     * the training forward's attention unfused) */
+    int *map = xmalloc(sizeof(int) * (size_t)(f->ops.n + 1));
+    Graph *g = NULL;
+    int j = 0;
+    for (int fused = 1; fused >= 0; fused--) {
+        if (g)
+            ir_free(g);
+        g = p->efwd = ir_clone(eval);
+        if ((fused && !pass_attention(g, po, d)) || !pass_partition(g, po, d)) {
+            free(map);
+            return false;
+        }
+        j = 0;
+        for (int i = 0; i < f->ops.n; i++)
+            map[i] = j < g->ops.n && same_op(&f->ops.v[i], &g->ops.v[j]) ? j++ : -1;
+        if (j == g->ops.n)
+            break;
+    }
+    if (j < g->ops.n) {
+        const Op *op = &g->ops.v[j];
+        snprintf(d->msg, sizeof d->msg,
+                 "%s:%d: --pp %d: the evaluation graph (dropout off) is not the training "
+                 "forward without its random ops, so it cannot be cut where training is "
+                 "(expected the same ops in the same order, got a %s op here that training "
+                 "does not have there)", op->loc.file ? op->loc.file : "?", op->loc.line, p->n,
+                 ir_opinfo[op->code].name);
+        free(map);
+        return false;
+    }
+    int n = p->n;
+    PassStageCut *c = &p->ecut;
+    *c = (PassStageCut){.n = n};
+    c->first = xcalloc((size_t)n + 2, sizeof(int));
+    c->cross = xcalloc((size_t)n + 2, sizeof(int *));
+    c->ncross = xcalloc((size_t)n + 2, sizeof(int));
+    c->cost = xcalloc((size_t)n + 2, sizeof(double));
+    c->bytes = xcalloc((size_t)n + 2, sizeof(int64_t));
+    for (int s = 1; s <= n; s++) {
+        int e = g->ops.n;
+        for (int i = s < n ? p->cut.first[s] : f->ops.n; i < f->ops.n && e == g->ops.n; i++)
+            if (map[i] >= 0)
+                e = map[i];
+        c->first[s] = e;
+    }
+    free(map);
+    /* what crosses boundary s: as stages.c has it (made before, read at or
+     * after; never what constants alone make) */
+    bool *st = xcalloc((size_t)g->t.n + 1, sizeof(bool));
+    int *last = xmalloc(sizeof(int) * (size_t)(g->t.n + 1));
+    for (int t = 0; t < g->t.n; t++)
+        last[t] = -1;
+    for (int i = 0; i < g->ops.n; i++) {
+        const Op *op = &g->ops.v[i];
+        bool k = ir_opinfo[op->code].cls != OC_RANDOM;
+        for (int u = 0; u < op->nin; u++) {
+            k = k && st[op->in[u]];
+            last[op->in[u]] = i;
+        }
+        st[op->out] = k;
+    }
+    for (int i = 0; i < g->outs.n; i++)
+        if (strncmp(g->outs.v[i].name, "pp.stage.", 9) != 0)
+            last[g->outs.v[i].t] = g->ops.n;
+    for (int s = 1; s < n; s++) {
+        c->cross[s] = xmalloc(sizeof(int) * (size_t)(g->t.n + 1));
+        for (int t = 0; t < g->t.n; t++) {
+            const Tensor *x = &g->t.v[t];
+            if (x->op < 0 || x->op >= c->first[s] || st[t] || last[t] < c->first[s])
+                continue;
+            c->cross[s][c->ncross[s]++] = t;
+            c->bytes[s] += shape_bytes(&x->s);
+        }
+    }
+    free(st);
+    free(last);
+    p->eg = pass_stage_graph(g, c, p->s, false);
+    PassOpts bo = *po;
+    bo.grad_accum = 1;
+    bo.nranks = 1;
+    if (!compile_fwd(p->eg, &bo, d))
+        return false;
+    int nr = p->s > 0 ? c->ncross[p->s] : 0, ns = p->s < n - 1 ? c->ncross[p->s + 1] : 0;
+    p->eslot = xcalloc((size_t)nr + 1, sizeof(int));
+    p->esend = xcalloc((size_t)ns + 1, sizeof(int));
+    p->eroff = xcalloc((size_t)nr + 2, sizeof(int64_t));
+    p->esoff = xcalloc((size_t)ns + 2, sizeof(int64_t));
+    for (int k = 0; k < nr; k++) {
+        p->eslot[k] = ir_find_tensor(p->eg, kname("pp.recv", k));
+        p->eroff[k + 1] = p->eroff[k] + shape_bytes(&g->t.v[c->cross[p->s][k]].s);
+    }
+    for (int k = 0; k < ns; k++) {
+        if ((p->esend[k] = ir_find_output(p->eg, kname("pp.send", k))) < 0)
+            die("rt_pp_build_eval: stage %d lost pp.send.%d", p->s, k);
+        p->esoff[k + 1] = p->esoff[k] + shape_bytes(&g->t.v[c->cross[p->s + 1][k]].s);
+    }
+    p->ebuf = xmalloc((size_t)(p->eroff[nr] > p->esoff[ns] ? p->eroff[nr] : p->esoff[ns]) + 1);
+    return true;
 }
 
 bool rt_pp_exec(RtPp *p, const ExecOpts *eo, Diag *d)
@@ -434,6 +674,27 @@ bool rt_pp_exec(RtPp *p, const ExecOpts *eo, Diag *d)
     for (int i = 0; i < P__N; i++)
         if (p->pr[i].g->ops.n > 0 && !(p->pr[i].e = rt_exec_create(p->pr[i].g, &o, d)))
             return false;
+    if (p->eg && !(p->ee = rt_exec_create(p->eg, &o, d)))
+        return false;
+    /* on a device with transfers of its own (CUDA: NCCL send/recv), the
+     * tensors crossing a cut go by them; else by MPI through host buffers */
+    for (int i = 0; i < P__N; i++) {
+        int r = p->pr[i].e ? rt_exec_pp_setup(p->pr[i].e, p->comm, d) : 0;
+        if (r < 0)
+            return false;
+        if (r > 0)
+            p->dev = true;
+        else if (p->dev && p->pr[i].e)
+            die("rt_pp_exec: stage %d's programs are not on one device", p->s);
+    }
+    if (p->dev) {
+        p->adst = xcalloc((size_t)p->nrecv + 1, sizeof(PpDst));
+        p->gdst = xcalloc((size_t)p->nsend + 1, sizeof(PpDst));
+        for (int k = 0; k < p->nrecv; k++)
+            route(p, 1, P_F, p->recv_off[k], &p->adst[k]);
+        for (int k = 0; k < p->nsend; k++)
+            route(p, 2, P_B, p->send_off[k], &p->gdst[k]);
+    }
     return true;
 }
 
@@ -490,11 +751,35 @@ static bool run_prog(RtPp *p, int i, const DataBatch *b, int64_t base, int k, ui
                      p->grecv + p->send_off[p->nsend] * p->slot_of[p->gin][k],
                      p->wstash + p->recw * p->slot_of[H_W][k]};
     for (int j = 0; j < q->in.n; j++)
-        rt_exec_write(q->e, q->in.v[j].t, from[q->in.v[j].what] + q->in.v[j].off);
+        if (!q->in.v[j].dev)
+            rt_exec_write(q->e, q->in.v[j].t, from[q->in.v[j].what] + q->in.v[j].off);
     if (!rt_exec_run(q->e, seed, step, d))
         return false;
     for (int j = 0; j < q->out.n; j++)
         rt_exec_read(q->e, q->out.v[j].t, from[q->out.v[j].what] + q->out.v[j].off);
+            for (int j = 0; j < q->in.n; j++)
+        if (q->in.v[j].back)
+            rt_exec_read(q->e, q->in.v[j].t, from[q->in.v[j].what] + q->in.v[j].off);
+    return true;
+}
+
+/* Transfers on the device: receives micro-batch k's activations (what 1,
+ * from the stage before) or gradients (2, from the stage after). */
+static bool dev_recv(RtPp *p, int what, int k, Diag *d)
+{
+    int n = what == 1 ? p->nrecv : p->nsend;
+    const int64_t *off = what == 1 ? p->recv_off : p->send_off;
+    char *rec = what == 1 ? p->xrecv + off[n] * p->slot_of[p->xin][k]
+                          : p->grecv + off[n] * p->slot_of[p->gin][k];
+    for (int j = 0; j < n; j++) {
+        const PpDst *x = what == 1 ? &p->adst[j] : &p->gdst[j];
+        Exec *e = p->pr[x->prog < 0 ? P_F : x->prog].e;
+        if (!rt_exec_pp_xfer(e, false, what == 1 ? p->s - 1 : p->s + 1,
+                             x->prog < 0 ? (int)-(off[j + 1] - off[j]) : x->t, d))
+            return false;
+        if (x->now)
+            rt_exec_read(e, x->t, rec + off[j]);
+    }
     return true;
 }
 
@@ -530,7 +815,10 @@ bool rt_pp_step(RtPp *p, Exec *te, const Graph *tg, const DataBatch *b, int64_t 
                 p->taken[h][sl] = 1;
                 p->slot_of[h][k] = sl;
             }
-            if (p->s > 0) {
+            if (p->s > 0 && p->dev) {
+                if (!(ok = dev_recv(p, 1, k, d)))
+                    break;
+            } else if (p->s > 0) {
                 rt_comm_pp_recv(p->comm, p->s - 1, 2 * k, p->xrecv + rb * p->slot_of[p->xin][k],
                                 (size_t)rb);
                 t1 = ir_now();
@@ -544,6 +832,11 @@ bool rt_pp_step(RtPp *p, Exec *te, const Graph *tg, const DataBatch *b, int64_t 
                 p->losses[k] = l;
                 break;
             }
+            if (p->dev) {
+                for (int j = 0; j < p->nsend && ok; j++)
+                    ok = rt_exec_pp_xfer(p->pr[P_F].e, true, p->s + 1, p->send_f[j], d);
+                break;
+            }
             for (int j = 0; j < p->nsend; j++)
                 rt_exec_read(p->pr[P_F].e, p->send_f[j], p->ysend + sb * k + p->send_off[j]);
             reqs[nreq++] = rt_comm_pp_isend(p->comm, p->s + 1, 2 * k, p->ysend + sb * k,
@@ -551,7 +844,10 @@ bool rt_pp_step(RtPp *p, Exec *te, const Graph *tg, const DataBatch *b, int64_t 
             break;
         }
         case 'B':
-            if (p->s < last) {
+            if (p->s < last && p->dev) {
+                if (!(ok = dev_recv(p, 2, k, d)))
+                    break;
+            } else if (p->s < last) {
                 rt_comm_pp_recv(p->comm, p->s + 1, 2 * k + 1,
                                 p->grecv + sb * p->slot_of[p->gin][k], (size_t)sb);
                 t1 = ir_now();
@@ -559,8 +855,9 @@ bool rt_pp_step(RtPp *p, Exec *te, const Graph *tg, const DataBatch *b, int64_t 
             }
             if (!(ok = run_prog(p, P_B, b, base, k, seed, step, d)))
                 break;
-            for (int j = 0; j < p->nrecv; j++)
-                rt_exec_read(p->pr[P_B].e, p->grad_b[j], p->gsend + rb * k + p->recv_off[j]);
+            if (!p->dev)
+                for (int j = 0; j < p->nrecv; j++)
+                    rt_exec_read(p->pr[P_B].e, p->grad_b[j], p->gsend + rb * k + p->recv_off[j]);
             p->taken[H_B][p->slot_of[H_B][k]] = 0;
             break;
         default: /* 'W' */
@@ -571,7 +868,10 @@ bool rt_pp_step(RtPp *p, Exec *te, const Graph *tg, const DataBatch *b, int64_t 
             accumulate(p, k);
             p->taken[H_W][p->slot_of[H_W][k]] = 0;
         }
-        if (ok && send_grad)
+        if (ok && send_grad && p->dev) /* B's tensors stay until its next run */
+            for (int j = 0; j < p->nrecv && ok; j++)
+                ok = rt_exec_pp_xfer(p->pr[P_B].e, true, p->s - 1, p->grad_b[j], d);
+        else if (ok && send_grad)
             reqs[nreq++] = rt_comm_pp_isend(p->comm, p->s - 1, 2 * k + 1, p->gsend + rb * k,
                                             (size_t)rb);
         double t2 = ir_now();
@@ -579,6 +879,13 @@ bool rt_pp_step(RtPp *p, Exec *te, const Graph *tg, const DataBatch *b, int64_t 
         wait += t1 - t0;
         busy += t2 - t1;
     }
+    /* on a device the last gradient send is only queued: wait for it (a
+     * read of what it sends waits on B's stream, which waits for the
+     * transfer) before the host's collectives below, so that a driver that
+     * runs queued work only when waited on (the fakes) sends it too */
+    if (ok && p->dev && p->s > 0)
+        for (int j = 0; j < p->nrecv; j++)
+            rt_exec_read(p->pr[P_B].e, p->grad_b[j], p->gsend + p->recv_off[j]);
     double span = ir_now() - begin;
     vec_push(&p->busy, busy);
     vec_push(&p->wait, wait);
@@ -902,6 +1209,25 @@ void rt_pp_summary(const RtPp *p, FILE *f)
                 s ? " |" : "", s, v[NV * s + 3], h, ar, rs);
     }
     fputc('\n', f);
+    if (p->remat_on)
+    {
+        fprintf(f, "pipeline: remat | stage %d recomputes %d of its %d saved activations "
+                "(%d ops); stashed per micro-batch %.2f KiB (without remat %.2f KiB)", p->s,
+                p->remat.nrecomputed, p->remat.nsaved, p->remat.nrecompute_ops,
+                (double)p->rec / 1024.0, (double)p->rec_plain / 1024.0);
+        if (p->remat.peak >= 0)
+            fprintf(f, "; planned peak of one micro-batch's F, B and W as one program "
+                    "%.2f KiB", (double)p->remat.peak / 1024.0);
+        fputc('\n', f);
+    }
+    if (p->shard > 0) {
+        int64_t all = 0;
+        for (int i = 0; i < p->ps.n; i++)
+            all += p->ps.v[i].numel;
+        fprintf(f, "pipeline: zero = 1 | stage %d's AdamW state sharded over its %d dp ranks: "
+                "adam.m and adam.v f32[%lld] per rank (the stage's params: %lld)\n", p->s,
+                rt_comm_size(p->comm), (long long)p->shard, (long long)all);
+    }
     if (p->dpms.n > 0)
         fprintf(f, "pipeline: dp = %d | the gradients' mean over dp after the micro-batches "
                 "(blocking, all exposed): %.2f ms per step (median, stage %d)\n",
@@ -944,10 +1270,49 @@ void rt_pp_params_take(RtPp *p, const Graph *tg, void **vals, void **whole)
 
 /* ---- evaluation: the forward alone, through every stage ------------------ */
 
+/* rt_pp_eval through the evaluation graph's stage (rt_pp_build_eval). */
+static bool eval_apart(RtPp *p, Exec *te, const Graph *tg, const DataBatch *b, int64_t row0,
+                       uint64_t seed, int64_t step, float *loss, Diag *d)
+{
+    int last = p->n - 1;
+    int nr = p->s > 0 ? p->ecut.ncross[p->s] : 0, ns = p->s < last ? p->ecut.ncross[p->s + 1] : 0;
+    for (int i = 0; i < p->ps.n; i++) {
+        int to = ir_find_tensor(p->eg, p->ps.v[i].name);
+        if (to >= 0) {
+            rt_exec_read(te, ir_find_tensor(tg, p->ps.v[i].name), p->tmp);
+            rt_exec_write(p->ee, to, p->tmp);
+        }
+    }
+    if (p->s > 0)
+        rt_comm_pp_recv(p->comm, p->s - 1, 30001, p->ebuf, (size_t)p->eroff[nr]);
+    rt_data_feed(p->ee, p->eg, b, row0);
+    for (int k = 0; k < nr; k++)
+        if (p->eslot[k] >= 0)
+            rt_exec_write(p->ee, p->eslot[k], p->ebuf + p->eroff[k]);
+    if (!rt_exec_run(p->ee, seed, step, d))
+        return false;
+    double l = 0;
+    if (p->s < last) {
+        for (int k = 0; k < ns; k++)
+            rt_exec_read(p->ee, p->esend[k], p->ebuf + p->esoff[k]);
+        rt_comm_pp_wait(p->comm, rt_comm_pp_isend(p->comm, p->s + 1, 30001, p->ebuf,
+                                                  (size_t)p->esoff[ns]));
+    } else {
+        float f;
+        rt_exec_read(p->ee, ir_find_output(p->eg, "loss"), &f);
+        l = f;
+    }
+    rt_comm_pp_bcast(p->comm, last, &l, sizeof l);
+    *loss = (float)l;
+    return true;
+}
+
 bool rt_pp_eval(RtPp *p, Exec *te, const Graph *tg, const DataBatch *b, int64_t row0,
                 uint64_t seed, int64_t step, float *loss, Diag *d)
 {
     copy_params(p, te, tg); /* the step's update since its micro-batches ran */
+    if (p->ee)
+        return eval_apart(p, te, tg, b, row0, seed, step, loss, d);
     PpProg *q = &p->pr[P_F];
     int last = p->n - 1;
     int64_t rb = p->recv_off[p->nrecv], sb = p->send_off[p->nsend];

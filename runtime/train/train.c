@@ -862,7 +862,8 @@ static bool build(Run *r, Diag *d)
     double t_start = ir_now();
     RtPp *pp = rt_dp_pp(r->dp);
     if (pp) { /* pipeline stages: this stage's optimizer step (runtime/dist/pp.c) */
-        if (!rt_pp_check(&r->c, r->o, d) || !(r->tg = rt_pp_build(pp, r->m->g, &po, d)))
+        if (!rt_pp_check(&r->c, r->o, d) || !(r->tg = rt_pp_build(pp, r->m->g, &po, d)) ||
+            !rt_pp_build_eval(pp, r->m->eval_g, &po, d))
             return false;
     } else {
         r->tg = ir_clone(r->m->g);
@@ -1473,7 +1474,9 @@ int rt_train(const Model *m, const TrainOpts *o)
         goto out;
     if (r.log) {
         const RtProfRow *pr;
-        int np = rt_exec_profile(r.te, &pr);
+        /* under pp the step's executor runs the optimizer alone (the
+         * stage's F, B and W are not profiled): no profile */
+        int np = rt_dp_pp(r.dp) ? 0 : rt_exec_profile(r.te, &pr);
         rt_runlog_profile(r.log, pr, np, med, r.step - first, r.tg, rt_exec_plan(r.te));
         rt_runlog_memory(r.log, r.tg, r.mp);
         const RtCommEvent *ev;

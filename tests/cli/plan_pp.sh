@@ -4,7 +4,7 @@
 # `kiln compile --pp` cuts (gpt.lua's own cut, and pp_hint.lua's cut moved
 # by a pp_stage hint); the bubble and the micro-batches each stage holds
 # follow --schedule (the schedule simulated with the stages' F, B and W);
-# where the cut cannot be made (dropout) or the schedule is too long to
+# where the cut cannot be made (state updates, --pipeline-formulas) or the schedule is too long to
 # simulate, the plan says it uses the formulas. --device h100: no machine
 # figures are measured, so it is quick.
 set -u
@@ -90,10 +90,13 @@ plan sp models/llama.lua --set sequence_parallel=true --device h100 --pp 2 --tp 
 grep -q "from the compiler's stage cut" "$T/sp.log" ||
     fail "llama tp 2 x pp 2, sequence parallel: $(grep -A1 'pipeline (' "$T/sp.log")"
 
-# no cut (dropout): the formulas, and the plan says why
+# dropout goes with its stage: the cut; --pipeline-formulas: the formulas, said
 plan drop "${gpt[@]}" --set dropout=0.1 --device h100 --pp 2 --micro-batches 4 >/dev/null
-grep -q "from the ideal split and the formulas.*random ops" "$T/drop.log" ||
-    fail "dropout: no fallback line: $(grep -A1 'pipeline (' "$T/drop.log")"
+grep -q "from the compiler's stage cut" "$T/drop.log" ||
+    fail "dropout: no cut: $(grep -A1 'pipeline (' "$T/drop.log")"
+plan formulas "${gpt[@]}" --device h100 --pp 2 --micro-batches 4 --pipeline-formulas >/dev/null
+grep -q "from the ideal split and the formulas.*--pipeline-formulas" "$T/formulas.log" ||
+    fail "--pipeline-formulas: no fallback line: $(grep -A1 'pipeline (' "$T/formulas.log")"
 # a schedule too long to simulate (m x pp^2 above 2^22): the formulas, said
 plan long "${gpt[@]}" --device h100 --pp 4 --micro-batches 262145 >/dev/null
 grep -q "the stage cut could not be used: 262145 micro-batches x 4 stages squared" "$T/long.log" ||

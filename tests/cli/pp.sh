@@ -6,10 +6,19 @@
 #     at grad_accum = m (the same global batch): the loss within 1e-5
 #     relative at every one of 20 steps, every saved param within 1e-5
 #     relative (whole tensors, written by stage 0 in one rank's layout);
-#   - pp = 2 x dp = 2 and pp = 2 x tp = 2 on 4 ranks, tp 2 x pp 2 x dp 2
+#   - pp = 2 x dp = 2 and pp = 2 x tp = 2 on 4 ranks (pp 2 x dp 2 also
+#     with zero = 1: each stage's AdamW state sharded over its dp group,
+#     half the stage's params per rank), tp 2 x pp 2 x dp 2
 #     on 8, against one rank at the whole batch (tp x pp: its checkpoint
 #     resumes on one rank with the run's weights);
 #   - the final validation loss (F alone through the stages) as one rank's;
+#   - dropout = 0.1: the same losses, weights and validation losses as one
+#     rank (each stage draws one rank's masks; evaluation without dropout);
+#   - remat per stage (--remat full, --memory-budget): the same losses as
+#     one rank, stage 0 recomputing activations and stashing fewer bytes
+#     per micro-batch, an infeasible budget named per stage;
+#   - --log-dir: stage 0 writes metrics.jsonl and report.html, every
+#     step's loss, gradient norm and lr as one rank's;
 #   - gpipe, 1f1b and zb-h1 give the same losses, to the last printed digit
 #     (the same F, B and W programs in another order; gradients summed in
 #     micro-batch order by all), zb-h1 and 1f1b the same weights' bytes;
@@ -43,11 +52,28 @@ GPT="models/gpt.lua --steps 20 --set eval_every=0"
 LLAMA="models/llama.lua --steps 20 --set eval_every=0"
 
 # --- numerics at pp = 2 -------------------------------------------------------
-run gpt1 $GPT --set grad_accum=4 --save-weights "$T/gpt1.safetensors"
-run gpt2 $GPT --nproc 2 --pp 2 --set micro_batches=4 --save-weights "$T/gpt2.safetensors"
+run gpt1 $GPT --set grad_accum=4 --save-weights "$T/gpt1.safetensors" --log-dir "$T/L1"
+run gpt2 $GPT --nproc 2 --pp 2 --set micro_batches=4 --save-weights "$T/gpt2.safetensors" \
+    --log-dir "$T/L2"
 same_losses gpt2 gpt1
 same_params "$T/gpt1.safetensors" "$T/gpt2.safetensors" 32
 grep -q "^weights: " "$T/gpt2.log" || fail "gpt2 wrote no weights"
+
+# --log-dir: stage 0 writes one rank's files; every step's loss and
+# gradient norm (the global one, over both stages) as one rank's
+python3 - "$T/L1" "$T/L2" <<'PY' || fail "--log-dir under pp differs from one rank's"
+import json, sys
+a, b = ([json.loads(l) for l in open(d + '/metrics.jsonl')] for d in sys.argv[1:])
+assert len(a) == len(b) == 20, (len(a), len(b))
+for x, y in zip(a, b):
+    assert x['step'] == y['step'], (x, y)
+    for k in ('loss', 'grad_norm', 'lr'):
+        assert abs(x[k] - y[k]) <= 1e-5 * abs(x[k]), (k, x, y)
+html = open(sys.argv[2] + '/report.html').read()
+assert 'data-series="train loss' in html and 'data-series="grad_norm' in html
+assert '<h2>Profile' not in html  # the stage's programs are not profiled
+print('--log-dir: 20 steps, loss, grad_norm and lr as one rank\'s')
+PY
 
 # the validation loss (the forward through both stages) as one rank's
 vl() { sed -n 's/^final: .* val loss \([0-9.e+-]*\) .*/\1/p' "$T/$1.log"; }
@@ -76,6 +102,40 @@ awk -v h="$held" 'BEGIN { exit !(h != "" && h < 900) }' ||
     fail "stage 1 stashes more than 900 KiB per micro-batch: $(grep '^pipeline memory' "$T/gpt2.log")"
 echo "memory: $(grep '^pipeline memory' "$T/gpt2z.log")"
 
+# dropout: each stage draws one rank's masks (a random op's numbers depend
+# on its key, the seed and the step); evaluation runs the evaluation
+# graph's stages (dropout off), cut where training is
+run drop1 models/gpt.lua --steps 10 --set eval_every=5 --set dropout=0.1 --set grad_accum=4 \
+    --save-weights "$T/drop1.safetensors"
+run drop2 models/gpt.lua --steps 10 --set eval_every=5 --set dropout=0.1 --nproc 2 --pp 2 \
+    --set micro_batches=4 --save-weights "$T/drop2.safetensors"
+same_losses drop2 drop1
+same_params "$T/drop1.safetensors" "$T/drop2.safetensors" 32
+vls() { sed -n 's/^eval .*val loss \([0-9.e+-]*\).*/\1/p; s/^final: .* val loss \([0-9.e+-]*\) .*/\1/p' "$T/$1.log"; }
+[ "$(vls drop2 | wc -l)" -ge 2 ] || fail "drop2: expected 2 validation losses, got: $(vls drop2 | tr '\n' ' ')"
+paste <(vls drop2) <(vls drop1) | awk '{ d = $1 - $2; if (d < 0) d = -d; if (!($2 > 0 && d / $2 < 1e-5)) exit 1 }' ||
+    fail "dropout: val losses $(vls drop2 | tr '\n' ' ') at pp = 2, $(vls drop1 | tr '\n' ' ') on one rank"
+echo "dropout: the same losses, weights and val losses ($(vls drop2 | tr '\n' ' '))"
+
+# remat per stage: on each stage's differentiated graph before the split
+# (recomputations go to B and W), a budget checked per stage; the same
+# losses, a smaller stash per micro-batch
+run rm1 models/gpt.lua --steps 5 --set eval_every=0 --set grad_accum=4
+run rm2 models/gpt.lua --steps 5 --set eval_every=0 --nproc 2 --pp 2 --set micro_batches=4 \
+    --remat full
+same_losses rm2 rm1
+run rm2b models/gpt.lua --steps 5 --set eval_every=0 --nproc 2 --pp 2 --set micro_batches=4 \
+    --memory-budget 600000
+same_losses rm2b rm1
+for f in rm2 rm2b; do
+    sed -n 's/^pipeline: remat | stage 0 recomputes \([0-9]*\) of .* stashed per micro-batch \([0-9.]*\) KiB (without remat \([0-9.]*\) KiB).*/\1 \2 \3/p' \
+        "$T/$f.log" | awk '{ n++; if (!($1 > 0 && $2 < $3)) exit 1 } END { exit n != 1 }' ||
+        fail "$f: remat recomputed nothing on stage 0: $(grep '^pipeline: remat' "$T/$f.log")"
+    grep '^pipeline: remat' "$T/$f.log"
+done
+grep -q "planned peak of one micro-batch's F, B and W as one program 5[0-9][0-9]\.[0-9]* KiB" \
+    "$T/rm2b.log" || fail "rm2b: no planned peak within the budget: $(grep '^pipeline: remat' "$T/rm2b.log")"
+
 run llama1 $LLAMA --set grad_accum=2 --save-weights "$T/llama1.safetensors"
 run llama2 $LLAMA --nproc 2 --set pp=2 --set micro_batches=2 \
     --save-weights "$T/llama2.safetensors"
@@ -89,6 +149,14 @@ run gpt4 models/gpt.lua --steps 10 --set eval_every=0 --nproc 4 --pp 2 --set mic
     --save-weights "$T/gpt4.safetensors"
 same_losses gpt4 gpt1a8
 same_params "$T/gpt1a8.safetensors" "$T/gpt4.safetensors" 32
+# ... and with zero = 1: each stage's AdamW state sharded over its dp group
+run gpt4z models/gpt.lua --steps 10 --set eval_every=0 --nproc 4 --pp 2 --set micro_batches=2 \
+    --set zero=1 --save-weights "$T/gpt4z.safetensors"
+same_losses gpt4z gpt1a8
+same_params "$T/gpt1a8.safetensors" "$T/gpt4z.safetensors" 32
+sed -n "s/^pipeline: zero = 1 | stage 0's AdamW state sharded over its 2 dp ranks: adam.m and adam.v f32\[\([0-9]*\)\] per rank (the stage's params: \([0-9]*\))$/\1 \2/p" \
+    "$T/gpt4z.log" | awk '{ n++; if (!($1 < $2 && 2 * $1 >= $2)) exit 1 } END { exit n != 1 }' ||
+    fail "zero = 1 under pp: no half-size state shard: $(grep '^pipeline: zero' "$T/gpt4z.log")"
 
 # pp = 2 x tp = 2 on 4 ranks: stages cut from rank r's partitioned graph
 run gpt1a2 models/gpt.lua --steps 10 --set eval_every=0 --set grad_accum=2 \
@@ -221,8 +289,6 @@ expect nproc3 '--pp 2: --nproc 3 is not a multiple of tp x pp = 2' \
     train models/gpt.lua --steps 2 --nproc 3 --pp 2
 expect onerank '--pp 2: --nproc 1 is not a multiple' train models/gpt.lua --steps 2 --pp 2
 expect stages '--pp 50: more stages than layers to put in them' compile models/gpt.lua --pp 50
-expect dropout 'models/gpt.lua:[0-9]*: pp = 2: random ops (dropout)' \
-    compile models/gpt.lua --pp 2 --set dropout=0.1
 expect hint_range 'pp_hint.lua:[0-9]*: pp_stage: stage 2, but pp = 2' \
     compile tests/data/pp_hint.lua --pp 2 --set stage2=3
 expect hint_order 'pp_hint.lua:[0-9]*: pp_stage: stage 2 begins before stage 1' \
@@ -231,5 +297,9 @@ expect hint_inner 'pp_hint.lua:[0-9]*: pp_stage: stage 1 would begin inside laye
     compile tests/data/pp_hint.lua --pp 2 --set cut=0 --set inner=2
 expect both '--pp 2: micro_batches = 2 and grad_accum = 2 both set' \
     train models/gpt.lua --steps 2 --nproc 2 --pp 2 --set micro_batches=2 --set grad_accum=2
+expect zerockpt '--pp 2: pipeline stages do not run with zero = 1 and checkpoints' \
+    train models/gpt.lua --steps 2 --nproc 4 --pp 2 --set zero=1 --checkpoint "$T/zc"
+expect budget '^--pp 2, stage [01]: memory budget 48.83 KiB (50000 bytes) is infeasible' \
+    train models/gpt.lua --steps 2 --nproc 2 --pp 2 --memory-budget 50000
 expect noparam '--pp 11: stage 1 would hold no param' compile models/gpt.lua --pp 11
 echo "pp.sh: ok"

@@ -83,6 +83,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #define FAKE_SRC_MAGIC "KILN-FAKE-CUDA-SOURCE:"
@@ -529,15 +530,22 @@ static void exec_op(FOp *o)
 static void drain(void)
 {
     for (;;) {
-        int cand[MAXS], n = 0, pending = 0;
+        int cand[MAXS], n = 0, pending = 0, gated = 0;
         for (int i = 0; i < MAXS; i++)
             if (S[i].head) {
                 pending++;
-                if (ready(S[i].head))
+                if (ready(S[i].head) && S[i].head->gate && !S[i].head->gate(S[i].head->arg))
+                    gated++; /* waits on another process (fakecu_enqueue_when) */
+                else if (ready(S[i].head))
                     cand[n++] = i;
             }
         if (!pending)
             break;
+        if (!n && gated) {
+            struct timespec ts = {0, 50000};
+            nanosleep(&ts, NULL);
+            continue;
+        }
         if (!n) {
             char what[512] = "";
             int at = 0;
@@ -1238,10 +1246,17 @@ CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, uns
 CUresult fakecu_enqueue(CUstream s, const char *desc, const FakeRange *r, int nr,
                         void (*fn)(void *), void *arg)
 {
+    return fakecu_enqueue_when(s, desc, r, nr, fn, arg, NULL);
+}
+
+CUresult fakecu_enqueue_when(CUstream s, const char *desc, const FakeRange *r, int nr,
+                             void (*fn)(void *), void *arg, bool (*gate)(void *))
+{
     int i = sidx(s, desc);
     FOp *o = new_op(OP_HOST, "%s on stream %d", desc, i);
     o->fn = fn;
     o->arg = arg;
+    o->gate = gate;
     for (int k = 0; k < nr; k++) {
         fakecu_check_dev(r[k].lo, r[k].hi - r[k].lo, desc, r[k].write ? "an output" : "an input");
         fake_race_note_start(r[k].lo);

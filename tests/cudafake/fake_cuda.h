@@ -35,6 +35,15 @@ FAKE_API void fakecu_check_dev(uint64_t p, uint64_t bytes, const char *call, con
 FAKE_API CUresult fakecu_enqueue(CUstream s, const char *desc, const FakeRange *r, int nr,
                                  void (*fn)(void *arg), void *arg);
 
+/* fakecu_enqueue for an op that waits on another process (the fake NCCL's
+ * receives): the worker starts it only once gate(arg) is true, running
+ * the other streams' ops meanwhile, as a GPU runs streams side by side;
+ * while every op that could start is gated it polls (gate must turn true
+ * by the other process's progress, or stop the process itself). */
+FAKE_API CUresult fakecu_enqueue_when(CUstream s, const char *desc, const FakeRange *r, int nr,
+                                      void (*fn)(void *arg), void *arg,
+                                      bool (*gate)(void *arg));
+
 /* A seeded random number for the fakes' own choices (reproducible). */
 FAKE_API uint64_t fakecu_random(void);
 

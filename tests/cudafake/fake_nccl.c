@@ -21,7 +21,27 @@
  * nothing (a negative control: a skipped TP all-reduce).
  * Every rank runs its collectives in the same order, so the ops meet. A
  * barrier that waits more than 120 s stops the process (a rank that never
- * came). Groups (ncclGroupStart/End) change nothing. The non-blocking
+ * came).
+ * ncclSend and ncclRecv (f32 or bytes; pipeline stages) match as NCCL's
+ * do: per ordered pair of ranks, the k-th send from a to b meets the k-th
+ * receive on b from a, through a channel in the shared header (sequence
+ * numbers, each message's count and type) and the sender's slot (its
+ * part for b, CHAN_DEPTH messages deep). A send copies its data into the
+ * channel and is done (NCCL's sends of small messages finish into the
+ * peer's buffers the same way); it waits only while the channel is full.
+ * A receive waits for its send; one whose count or type differs from the
+ * send it meets stops the process naming both, and one whose sender never
+ * sends stops it after FAKE_NCCL_TIMEOUT seconds (default 120). The
+ * fake driver's one worker starts a send or receive only once it can
+ * finish (fakecu_enqueue_when), running the process's other streams
+ * meanwhile, so a receive waiting for its peer never holds up this
+ * process's own sends on another stream (NCCL's streams progress apart;
+ * sends that waited for their receive would deadlock the worker the same
+ * way). The sends and receives between ncclGroupStart and ncclGroupEnd are
+ * one op on the stream (the stream of the last call), its sends posted
+ * before its receives wait. FAKE_NCCL_DROP_RECV=N makes this process's N-th receive
+ * take the data but write nothing (a negative control: a transfer lost).
+ * Collectives inside a group run as they are called. The non-blocking
  * ncclCommInitRankConfig is not offered (cuda_nccl.c falls back to
  * ncclCommInitRank). */
 #include "fake_cuda.h"
@@ -43,6 +63,15 @@ enum { SLOT = 64 << 20, HEADER = 4096 };
 typedef struct {
     _Atomic uint64_t arrived;
 } Shared;
+
+/* ncclSend / ncclRecv: the channel from rank a to rank b (HEADER holds
+ * size * size of them after Shared) */
+enum { CHAN_DEPTH = 4 };
+typedef struct {
+    _Atomic uint64_t posted, taken; /* sends posted, receives that took one */
+    uint64_t count[CHAN_DEPTH];     /* message k: [k % CHAN_DEPTH] */
+    int type[CHAN_DEPTH];
+} Chan;
 
 struct ncclComm {
     int rank, size;
@@ -342,12 +371,227 @@ NC_API ncclResult_t ncclReduceScatter(const void *send, void *recv, size_t count
     return enqueue_spread(false, send, recv, count, type, op, comm, stream);
 }
 
+/* ---- ncclSend / ncclRecv ------------------------------------------------ */
+
+typedef struct {
+    struct ncclComm *c;
+    bool send, drop; /* drop: FAKE_NCCL_DROP_RECV's receive writes nothing */
+    int peer, type;
+    uint64_t buf;
+    size_t count;
+} P2p;
+
+typedef struct {
+    P2p *op;
+    int n;
+    double waited; /* p2p_gate: CLOCK_MONOTONIC seconds of its first "not yet" */
+} P2pGroup;
+
+static int group_depth;
+static P2pGroup pending; /* the p2p calls of the open group */
+static CUstream pending_stream;
+
+static Chan *chan(struct ncclComm *c, int from, int to)
+{
+    return (Chan *)((unsigned char *)c->sh + sizeof(Shared)) + (size_t)from * (size_t)c->size +
+           (size_t)to;
+}
+
+static size_t type_size(int type) { return type == ncclFloat32 ? 4 : 1; }
+
+static double fake_timeout(void)
+{
+    const char *e = getenv("FAKE_NCCL_TIMEOUT");
+    return e && *e ? atof(e) : 120;
+}
+
+/* Spins until *v >= want; stops the process after the timeout. */
+static void await(_Atomic uint64_t *v, uint64_t want, const P2p *o, const char *what)
+{
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    double lim = fake_timeout();
+    while (atomic_load(v) < want) {
+        struct timespec ts = {0, 50000};
+        nanosleep(&ts, NULL);
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        if ((double)(t.tv_sec - t0.tv_sec) > lim)
+            fakecu_die("fake NCCL: rank %d waited %g s for rank %d %s (%s of %zu elements, "
+                       "type %d)", o->c->rank, lim, o->peer, what,
+                       o->send ? "ncclSend" : "ncclRecv", o->count, o->type);
+    }
+}
+
+static void post(const P2p *o)
+{
+    struct ncclComm *c = o->c;
+    Chan *ch = chan(c, c->rank, o->peer);
+    uint64_t k = atomic_load(&ch->posted);
+    if (k >= CHAN_DEPTH) /* the channel is full: wait for the oldest's receive */
+        await(&ch->taken, k - CHAN_DEPTH + 1, o, "to take an earlier send");
+    size_t part = SLOT / (size_t)c->size / CHAN_DEPTH;
+    memcpy(c->slots + (size_t)c->rank * SLOT +
+               ((size_t)o->peer * CHAN_DEPTH + k % CHAN_DEPTH) * part,
+           (void *)(uintptr_t)o->buf, o->count * type_size(o->type));
+    ch->count[k % CHAN_DEPTH] = o->count;
+    ch->type[k % CHAN_DEPTH] = o->type;
+    atomic_store(&ch->posted, k + 1);
+}
+
+static void take(const P2p *o)
+{
+    struct ncclComm *c = o->c;
+    Chan *ch = chan(c, o->peer, c->rank);
+    uint64_t k = atomic_load(&ch->taken);
+    await(&ch->posted, k + 1, o, "to send");
+    uint64_t n = ch->count[k % CHAN_DEPTH];
+    int type = ch->type[k % CHAN_DEPTH];
+    if (n != o->count || type != o->type)
+        fakecu_die("fake NCCL: rank %d's ncclRecv of %zu elements (type %d) from rank %d met "
+                   "its ncclSend of %llu elements (type %d)", c->rank, o->count, o->type,
+                   o->peer, (unsigned long long)n, type);
+    size_t part = SLOT / (size_t)c->size / CHAN_DEPTH;
+    if (!o->drop)
+        memcpy((void *)(uintptr_t)o->buf,
+               c->slots + (size_t)o->peer * SLOT +
+                   ((size_t)c->rank * CHAN_DEPTH + k % CHAN_DEPTH) * part,
+               o->count * type_size(o->type));
+    atomic_store(&ch->taken, k + 1);
+}
+
+/* Whether a group may start: each receive's message posted, each send's
+ * channel with room (fakecu_enqueue_when: the worker runs the process's
+ * other streams meanwhile, as a GPU would, so a receive waiting for its
+ * peer never holds up this process's own sends). */
+static bool p2p_gate(void *arg)
+{
+    P2pGroup *g = arg;
+    bool ok = true;
+    for (int i = 0; i < g->n && ok; i++) {
+        const P2p *o = &g->op[i];
+        uint64_t mine = 0; /* this group's ops on o's channel up to o */
+        for (int j = 0; j <= i; j++)
+            mine += g->op[j].send == o->send && g->op[j].peer == o->peer;
+        if (o->send) {
+            Chan *ch = chan(o->c, o->c->rank, o->peer);
+            ok = atomic_load(&ch->posted) + mine - atomic_load(&ch->taken) <= CHAN_DEPTH;
+        } else {
+            Chan *ch = chan(o->c, o->peer, o->c->rank);
+            ok = atomic_load(&ch->posted) >= atomic_load(&ch->taken) + mine;
+        }
+    }
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    double now = (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+    if (ok || g->waited == 0) {
+        g->waited = ok ? 0 : now;
+        return ok;
+    }
+    if (now - g->waited > fake_timeout())
+        fakecu_die("fake NCCL: rank %d waited %g s for rank %d (%s of %zu elements, type %d, "
+                   "and the rest of its group)", g->op[0].c->rank, fake_timeout(),
+                   g->op[0].peer, g->op[0].send ? "ncclSend" : "ncclRecv", g->op[0].count,
+                   g->op[0].type);
+    return false;
+}
+
+/* A group's sends and receives when the stream runs them: the sends
+ * posted, then the receives taken. */
+static void p2p_run(void *arg)
+{
+    P2pGroup *g = arg;
+    for (int i = 0; i < g->n; i++)
+        if (g->op[i].send)
+            post(&g->op[i]);
+    for (int i = 0; i < g->n; i++)
+        if (!g->op[i].send)
+            take(&g->op[i]);
+}
+
+static ncclResult_t flush_group(void)
+{
+    if (pending.n == 0)
+        return ncclSuccess;
+    P2pGroup *g = malloc(sizeof *g);
+    *g = pending;
+    pending = (P2pGroup){0};
+    FakeRange *rg = calloc((size_t)g->n, sizeof *rg);
+    char desc[128];
+    int at = 0;
+    for (int i = 0; i < g->n; i++) {
+        const P2p *o = &g->op[i];
+        rg[i] = (FakeRange){o->buf, o->buf + o->count * type_size(o->type), !o->send};
+        if (at < (int)sizeof desc - 40)
+            at += snprintf(desc + at, sizeof desc - (size_t)at, "%s%s(%zu, peer %d)",
+                           i ? " " : "", o->send ? "ncclSend" : "ncclRecv", o->count, o->peer);
+    }
+    CUresult r = fakecu_enqueue_when(pending_stream, desc, rg, g->n, p2p_run, g, p2p_gate);
+    free(rg);
+    return r == CUDA_SUCCESS ? ncclSuccess : ncclUnhandledCudaError;
+}
+
+static ncclResult_t p2p(bool send, uint64_t buf, size_t count, ncclDataType_t type, int peer,
+                        ncclComm_t comm, cudaStream_t stream)
+{
+    const char *what = send ? "ncclSend" : "ncclRecv";
+    if (!comm || peer < 0 || peer >= comm->size) {
+        fprintf(stderr, "fake NCCL: %s: peer %d outside [0, %d)\n", what, peer,
+                comm ? comm->size : 0);
+        return ncclInvalidArgument;
+    }
+    if (type != ncclFloat32 && type != ncclUint8 && type != ncclInt8)
+        fakecu_die("fake NCCL: %s of type %d is not modelled", what, (int)type);
+    if ((size_t)(sizeof(Shared) + (size_t)comm->size * (size_t)comm->size * sizeof(Chan)) >
+        HEADER)
+        fakecu_die("fake NCCL: %s: %d ranks do not fit the header's channels", what,
+                   comm->size);
+    if (count * type_size(type) > SLOT / (size_t)comm->size / CHAN_DEPTH)
+        fakecu_die("fake NCCL: %s of %zu elements (the fake holds %zu bytes per message)",
+                   what, count, SLOT / (size_t)comm->size / CHAN_DEPTH);
+    if (count == 0)
+        return ncclSuccess;
+    if (!buf) {
+        fprintf(stderr, "fake NCCL: %s: a NULL buffer\n", what);
+        return ncclInvalidArgument;
+    }
+    static long nrecv;
+    const char *drop = getenv("FAKE_NCCL_DROP_RECV");
+    P2p o = {comm, send, !send && drop && ++nrecv == atol(drop), peer, (int)type, buf, count};
+    pending.op = realloc(pending.op, sizeof(P2p) * (size_t)(pending.n + 1));
+    pending.op[pending.n++] = o;
+    pending_stream = (CUstream)stream;
+    return group_depth > 0 ? ncclSuccess : flush_group();
+}
+
+NC_API ncclResult_t ncclSend(const void *send, size_t count, ncclDataType_t type, int peer,
+                             ncclComm_t comm, cudaStream_t stream)
+{
+    return p2p(true, (uint64_t)(uintptr_t)send, count, type, peer, comm, stream);
+}
+
+NC_API ncclResult_t ncclRecv(void *recv, size_t count, ncclDataType_t type, int peer,
+                             ncclComm_t comm, cudaStream_t stream)
+{
+    return p2p(false, (uint64_t)(uintptr_t)recv, count, type, peer, comm, stream);
+}
+
 NC_API ncclResult_t ncclGroupStart(void);
 NC_API ncclResult_t ncclGroupEnd(void);
 
-NC_API ncclResult_t ncclGroupStart(void) { return ncclSuccess; }
+NC_API ncclResult_t ncclGroupStart(void)
+{
+    group_depth++;
+    return ncclSuccess;
+}
 
-NC_API ncclResult_t ncclGroupEnd(void) { return ncclSuccess; }
+NC_API ncclResult_t ncclGroupEnd(void)
+{
+    if (group_depth <= 0) {
+        fprintf(stderr, "fake NCCL: ncclGroupEnd without ncclGroupStart\n");
+        return ncclInvalidUsage;
+    }
+    return --group_depth > 0 ? ncclSuccess : flush_group();
+}
 
 NC_API ncclResult_t ncclCommDestroy(ncclComm_t c)
 {

@@ -38,9 +38,11 @@ struct FOp {
     uint64_t dst, src, bytes;
     unsigned char *snap; /* HtoD: the source when enqueued */
     unsigned char val;
-    /* host function (cuBLASLt, NCCL) */
+    /* host function (cuBLASLt, NCCL); gate: may it start yet
+     * (fakecu_enqueue_when; NULL: always) */
     void (*fn)(void *);
     void *arg;
+    bool (*gate)(void *);
     /* marker (cuEventRecord) */
     FEvent *ev;
     uint64_t gen;

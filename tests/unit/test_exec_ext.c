@@ -68,7 +68,7 @@ static const char fake_module[] =
     "  say(\"times\\n\"); return true;\n"
     "}\n"
     "static const BackendExt ext = {setup, ar_start, ar_wait, events, secs, times, NULL, NULL,\n"
-    "                              NULL, NULL, NULL, NULL, NULL};\n"
+    "                              NULL, NULL, NULL, NULL, NULL, NULL, NULL};\n"
     "static const Backend be = {\"fake-cuda\", create, destroy, wr, rd, run, sync_, &ext, false,\n"
     "                           NULL};\n"
     "const Backend *kiln_cuda_backend(const RtCudaHost *h);\n"

@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# pp.sh CASE - one cuda_fake_pp_* test: pipeline stages (--pp 2 on 2 ranks,
+# micro_batches = 4, 1f1b unless the case says) on the GPU, the real
+# libkiln_cuda.so on the fakes of tests/cudafake (FAKE_LIB on
+# LD_LIBRARY_PATH; the fake NCCL's ncclSend/ncclRecv between the
+# processes), against the same run on CPU ranks (MPI), which
+# tests/cli/pp.sh checks against one rank. A tiny gpt.lua (C 16, T 8,
+# batch 2) so that the emulated kernels take seconds.
+#
+# Cases:
+#   f32        every step's loss, the final train and validation loss within
+#              1e-5 relative, every saved param within 1e-4 relative; both
+#              stages say (-v) that their activations and gradients go by
+#              NCCL send/recv; no fake library complains.
+#   gpipe8     as f32 with schedule gpipe, micro_batches 8: stage 0 sends 8
+#              activations before it receives a gradient, more than the fake
+#              NCCL's channel holds, while its receive of the first gradient
+#              is queued on the other stream (the fake driver's worker must
+#              not start that receive before its peer sends: it deadlocked
+#              before fakecu_enqueue_when).
+#   tp2        as f32, pp 2 x tp 2 on 4 ranks (4 fake GPUs), micro_batches 2:
+#              the TP group's NCCL communicator beside the pipeline's two.
+#   neg_drop   negative control: the fake NCCL's first ncclRecv on each rank
+#              takes the data but writes nothing (FAKE_NCCL_DROP_RECV=1:
+#              stage 1's first activation, stage 0's first gradient lost):
+#              the comparison must fail.
+#   neg_wait   negative control: the fake driver ignores the 2nd
+#              cuStreamWaitEvent (FAKE_CUDA_DROP_WAIT=2: the compute stream
+#              no longer waits for the first transfer: stage 1's F reads the
+#              activation the ncclRecv writes, stage 0's next F overwrites
+#              what the ncclSend reads); the run must stop with the fake's
+#              race report naming ncclRecv or ncclSend.
+# 2 steps, AdamW's eps 1e-6 (run.sh says why). Skipped (77) without python3,
+# mpirun or the fakes.
+set -u
+: "${KILN:?KILN must point at the kiln binary}"
+: "${FAKE_LIB:?FAKE_LIB must point at the fake libraries}"
+case=$1
+command -v python3 >/dev/null || { echo "no python3: skipped"; exit 77; }
+command -v mpirun >/dev/null || { echo "no mpirun: skipped"; exit 77; }
+[ -e "$FAKE_LIB/libcuda.so.1" ] || { echo "no fake driver in $FAKE_LIB: skipped"; exit 77; }
+T=$(mktemp -d "${TMPDIR:-/tmp}/kiln-cudafake-pp.XXXXXX")
+trap 'rm -rf "$T"' EXIT
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+
+nproc=2 m=4 tp=() sched=1f1b
+[ "$case" = tp2 ] && nproc=4 m=2 tp=(--tp 2)
+[ "$case" = gpipe8 ] && m=8 sched=gpipe
+args=(models/gpt.lua --steps 2 --nproc $nproc --pp 2 "${tp[@]}" --set micro_batches=$m
+      --set schedule=$sched --set C=16 --set T=8 --set batch=2 --set log_every=1 --set eval_every=1000000
+      --set eval_batches=1 --set eps=1e-6)
+cuda_env=() negative=""
+case $case in
+f32|gpipe8) ;;
+tp2) cuda_env=(FAKE_CUDA_DEVICES=4) ;;
+neg_drop) cuda_env=(FAKE_NCCL_DROP_RECV=1); negative=mismatch ;;
+neg_wait) cuda_env=(FAKE_CUDA_DROP_WAIT=2); negative=race ;;
+*) echo "unknown case $case"; exit 2 ;;
+esac
+
+timeout 120 "$KILN" train "${args[@]}" --threads 1 --save-weights "$T/cpu.safetensors" \
+    >"$T/cpu.log" 2>&1 || { tail -30 "$T/cpu.log"; echo "FAIL: the CPU run failed"; exit 1; }
+env "${cuda_env[@]}" LD_LIBRARY_PATH="$FAKE_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+    timeout 300 "$KILN" train "${args[@]}" --device cuda -v \
+    --save-weights "$T/cuda.safetensors" >"$T/cuda.log" 2>&1
+rc=$?
+
+losses() {
+    sed -n 's/^step *[0-9]*\/[0-9]* | loss \([^ ]*\) .*/\1/p; s/^final: step [0-9]* | train loss \([^ ]*\) .*/\1/p' "$1"
+    sed -n 's/^final: .* | val loss \([^ ]*\) .*/\1/p' "$1"
+}
+# the losses of the two logs within 1e-5 relative, 4 of them (2 steps,
+# final train and validation loss)
+cmp_losses() {
+    paste <(losses "$T/cpu.log") <(losses "$T/cuda.log") | awk '
+        { n++; if ($2 == "") { bad = 1; next } d = $1 - $2; if (d < 0) d = -d; a = $1 < 0 ? -$1 : $1
+          r = a > 0 ? d / a : d; if (!(r <= m)) m = r; if (!(r <= 1e-5)) bad = 1 }
+        END { printf "%d losses, max rel diff %.2e (tol 1e-5)", n, m; exit (bad || n != 4) }'
+}
+
+case $negative in
+mismatch)
+    [ $rc -eq 0 ] || { tail -5 "$T/cuda.log"; echo "FAIL: the run itself failed (expected a wrong result)"; exit 1; }
+    if out=$(cmp_losses); then echo "FAIL: a lost pipeline transfer went unnoticed: $out"; exit 1; fi
+    echo "the comparison fails, as it must: $out"
+    exit 0 ;;
+race)
+    grep -m1 "fake CUDA: race: " "$T/cuda.log"
+    [ $rc -ne 0 ] && grep -q "fake CUDA: race: .*nccl\(Send\|Recv\)" "$T/cuda.log" && exit 0
+    tail -5 "$T/cuda.log"
+    echo "FAIL: a dropped event wait around a pipeline transfer was not reported as a race (exit $rc)"
+    exit 1 ;;
+esac
+
+fail() { echo "--- cuda log (tail)"; tail -30 "$T/cuda.log"; echo "FAIL: $*"; exit 1; }
+[ $rc -eq 0 ] || fail "the CUDA run on the fakes failed (exit $rc)"
+grep -q "^fake " "$T/cuda.log" && fail "a fake library complained: $(grep '^fake ' "$T/cuda.log" | head -3)"
+for s in 0 1; do
+    grep -q "NCCL send/recv between pipeline stages, stage $s of 2" "$T/cuda.log" ||
+        fail "stage $s did not send through NCCL"
+done
+[ "$case" != tp2 ] || grep -q "NCCL TP collectives, TP rank 1 of 2" "$T/cuda.log" ||
+    fail "no TP communicator beside the pipeline's"
+out=$(cmp_losses) || fail "losses differ: $out; cpu: $(losses "$T/cpu.log" | tr '\n' ' ') cuda: $(losses "$T/cuda.log" | tr '\n' ' ')"
+echo "pp $case: $out"
+w=$(python3 "$ROOT/tests/gpu/cmp_weights.py" "$T/cuda.safetensors" "$T/cpu.safetensors" 1e-4)
+wrc=$?
+echo "parameters after 2 steps: $w"
+[ $wrc -eq 0 ] || fail "parameters differ by more than 1e-4: $w"
+exit 0
