@@ -376,6 +376,8 @@ static bool measure(const Model *m, const PassOpts *po, const CgDevice *dev, Var
     v->tpb = xcalloc((size_t)p->steps.n + 1, sizeof(double));
     v->tpk = xcalloc((size_t)p->steps.n + 1, sizeof(int));
     c->tp_split = po->tp > 1 ? po->tp : 1;
+    IrReaders rd;
+    ir_readers_build(g, &rd);
     for (int s = 0; s < p->steps.n; s++) {
         const CgStep *st = &p->steps.v[s];
         unsigned flags = st->op >= 0 ? g->ops.v[st->op].flags : OPF_OPTIM; /* update copies */
@@ -387,7 +389,7 @@ static bool measure(const Model *m, const PassOpts *po, const CgDevice *dev, Var
             }
             t += x;
             c->fwd_bwd_s += x;
-            if (st->kind == CG_STEP_GEMM && (flags & OPF_BACKWARD) && ir_wgrad_matmul(g, st->op))
+            if (st->kind == CG_STEP_GEMM && (flags & OPF_BACKWARD) && ir_wgrad_matmul(g, &rd, st->op, NULL))
                 c->wgrad_s += x;
             if (!(flags & (OPF_BACKWARD | OPF_RECOMPUTE)))
                 c->forward_s += x;
@@ -422,6 +424,7 @@ static bool measure(const Model *m, const PassOpts *po, const CgDevice *dev, Var
     c->tp_bytes = v->tpb;
     c->tp_coll = v->tpk;
     c->tp_hide_s = v->tph = tp_hide(g, p, r);
+    ir_readers_free(&rd);
     c->opt_sharded = ir_find_tensor(g, "adam.m") >= 0;
 out:
     cg_prediction_free(r);

@@ -125,14 +125,22 @@ grep -Eq '^kiln: exec: 13 TP collectives on the host, [1-9][0-9]* of them under 
 # the schedule puts a weight-gradient GEMM (ta=1) right after each
 # backward all-reduce of an input gradient that has one ready: every
 # block's, not the tied head's (the embedding's gradient is not summed yet)
-# (with dp ranks too, where program order put the GEMM before the all-reduce)
+# (with dp ranks too, where program order put the GEMM before the all-reduce;
+# under grad_accum, whose sum with the accumulator and mean move with the
+# GEMM; under sequence_parallel the reduce-scatters in their place)
 for ranks in 2 4; do
-    rm -rf "$T/ds"
-    "$KILN" compile models/gpt.lua --nproc $ranks --tp 2 --dump-after=schedule --dump-dir "$T/ds" \
-        >"$T/ds.log" 2>&1 || fail "compile schedule: $(cat "$T/ds.log")"
-    awk '/= tp_allreduce .*!backward/ { n++; getline; if ($0 ~ /= matmul .*\{ta=1,/) k++ }
-         END { print n, k; exit !(n >= 3 && k == n - 1) }' "$T/ds/"*schedule.ir >"$T/ds.count" ||
-        fail "$ranks ranks: backward all-reduces / followed by a weight-gradient GEMM: $(cat "$T/ds.count")"
+    for set in "" "--set grad_accum=2" "--set sequence_parallel=true --set grad_accum=2"; do
+        coll=tp_allreduce
+        case $set in *sequence_parallel*) coll=tp_reduce_scatter ;; esac
+        rm -rf "$T/ds"
+        # shellcheck disable=SC2086
+        "$KILN" compile models/gpt.lua --nproc $ranks --tp 2 $set --dump-after=schedule \
+            --dump-dir "$T/ds" >"$T/ds.log" 2>&1 || fail "compile schedule: $(cat "$T/ds.log")"
+        awk -v c="= $coll " '
+            index($0, c) && /!backward/ { n++; getline; if ($0 ~ /= matmul .*\{ta=1,/) k++ }
+            END { print n, k + 0; exit !(n >= 3 && k == n - 1) }' "$T/ds/"*schedule.ir >"$T/ds.count" ||
+            fail "$ranks ranks $set: backward $coll / followed by a weight-gradient GEMM: $(cat "$T/ds.count")"
+    done
 done
 
 run llama1 $LLAMA --save-weights "$T/llama1.safetensors"
