@@ -9,7 +9,10 @@
 # `tensor-parallel comm:` line, the TP collectives' time per step:
 #   - with `--set tp_overlap=false` each collective is waited for right
 #     after its start, so its start-to-completion time is its whole time:
-#     compared with kiln plan's TP collectives;
+#     compared with kiln plan's TP collectives; and without the wait for
+#     the other rank (its skew: each collective at the later-arriving
+#     rank's time, from both ranks' --trace files), which the link's
+#     measurement (every rank starting together) leaves out;
 #   - overlapped (the default), the exposed part (the waits at the first
 #     readers): compared with kiln plan's TP exposed (what the compute up
 #     to each first reader does not hide). The overlapped run's
@@ -42,6 +45,26 @@ echo "load average at start: $(cut -d' ' -f1-3 /proc/loadavg) ($(nproc) cores)"
 "$kiln" plan models/gpt.lua --device cpu --tp 2 --gpus 2 "${cfg[@]}" --json >"$tmp/plan"
 "$kiln" compile models/gpt.lua --target cpu --threads 1 "${cfg[@]}" >"$tmp/one-pred"
 
+# late RANK0.json RANK1.json N: per step (N TP collectives), their time
+# without the wait for the other rank: each collective of a
+# tp_overlap=false run counted at the later-arriving rank's time (the
+# smaller of the two ranks' waits, from the traces' TP track, which holds
+# the first 20 steps); the median over the traced steps but the first 2
+late() {
+    python3 - "$1" "$2" "$3" <<'EOF'
+import json, statistics, sys
+def tp(p):
+    d = json.load(open(p))
+    ev = d['traceEvents'] if isinstance(d, dict) else d
+    return sorted((e for e in ev if e.get('tid') == 5 and e.get('ph') == 'X'),
+                  key=lambda e: e['ts'])
+a, b, per = tp(sys.argv[1]), tp(sys.argv[2]), int(sys.argv[3])
+n = min(len(a), len(b))
+steps = [sum(min(a[i]['dur'], b[i]['dur']) for i in range(s, s + per)) / 1e3
+         for s in range(2 * per, n - per + 1, per)]
+print('%.3f' % statistics.median(steps) if steps else 'nan')
+EOF
+}
 for r in $(seq "$rounds"); do
     "$kiln" train models/gpt.lua --nproc 2 --tp 2 --steps "$steps" -q "${cfg[@]}" \
         >"$tmp/out" 2>&1 || { cat "$tmp/out"; exit 1; }
@@ -49,7 +72,10 @@ for r in $(seq "$rounds"); do
     sed -n 's/^tensor-parallel comm:.*, \([0-9.]*\) ms, [0-9.]* ms exposed$/\1/p' "$tmp/out" >>"$tmp/tp"
     sed -n 's/^tensor-parallel comm:.*, \([0-9.]*\) ms exposed$/\1/p' "$tmp/out" >>"$tmp/tpx"
     "$kiln" train models/gpt.lua --nproc 2 --tp 2 --steps "$steps" -q "${cfg[@]}" \
-        --set tp_overlap=false >"$tmp/out" 2>&1 || { cat "$tmp/out"; exit 1; }
+        --set tp_overlap=false --trace "$tmp/tr.json" >"$tmp/out" 2>&1 || { cat "$tmp/out"; exit 1; }
+    late "$tmp/tr.json" "$tmp/tr.rank1.json" \
+        "$(sed -n 's/^tensor-parallel comm:.*this rank): \([0-9]*\) collectives.*/\1/p' "$tmp/out")" \
+        >>"$tmp/tp-late"
     sed -n 's/^final:.*median \([0-9.]*\) ms\/step.*/\1/p' "$tmp/out" >>"$tmp/step-serial"
     sed -n 's/^tensor-parallel comm:.*, \([0-9.]*\) ms, [0-9.]* ms exposed$/\1/p' "$tmp/out" >>"$tmp/tp-serial"
     "$kiln" train models/gpt.lua --threads 1 --steps "$steps" -q "${cfg[@]}" 2>&1 |
@@ -67,6 +93,7 @@ px=$(json tp_exposed_per_microbatch_s <"$tmp/plan")
 ms() { awk -v x="$1" 'BEGIN { print 1e3 * x }'; }
 row "2 ranks: step (TP overlapped)" "$(ms "$ps")" "$(median <"$tmp/step")"
 row "2 ranks: TP comm, tp_overlap=false" "$(ms "$pt")" "$(median <"$tmp/tp-serial")"
+row "  without the wait for the peer" "$(ms "$pt")" "$(median <"$tmp/tp-late")"
 row "2 ranks: TP exposed, overlapped" "$(ms "$px")" "$(median <"$tmp/tpx")"
 echo "  (step with tp_overlap=false: $(median <"$tmp/step-serial") ms; overlapped TP start to" \
      "completion: $(median <"$tmp/tp") ms)"
