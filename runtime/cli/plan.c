@@ -981,7 +981,7 @@ int cli_plan(int argc, char **argv)
          * ring's 2-rank figures); 10 Gb/s Ethernet between machines */
         RtMpiLink link;
         Diag ld = {{0}};
-        if (local > 1 && rt_mpi_link(local, NULL, false, &link, &ld)) {
+        if (local > 1 && rt_mpi_link(local, NULL, false, a.tp > 1, &link, &ld)) {
             cpu.intra_bw = link.bw;
             alpha = link.alpha_s;
             tp_alpha = link.tp_alpha_s;
@@ -1035,7 +1035,11 @@ int cli_plan(int argc, char **argv)
         PassOpts so = po;
         so.tp = a.tp;
         char *text = NULL;
-        if (!cli_shard_auto(m, &so, dev, alpha, &text, &d)) {
+        CgDevice sdv = *dev; /* the TP link, where measured apart (the cpu's) */
+        if (tp_bw > 0 && a.intra_bw <= 0)
+            sdv.intra_bw = tp_bw;
+        if (!cli_shard_auto(m, &so, &sdv, tp_alpha > 0 && a.intra_bw <= 0 ? tp_alpha : alpha,
+                            &text, &d)) {
             fprintf(stderr, "kiln plan: %s\n", d.msg);
             fe_model_free(m);
             rc = 1;

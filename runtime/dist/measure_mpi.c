@@ -20,8 +20,9 @@
  * all N ranks, rt_comm_tp_allreduce (an MPI non-blocking all-reduce started
  * and polled by the caller, no communication thread) of 8 B to 16 MiB of
  * floats out of a separate operand buffer, as the executor's TP steps are;
- * its bw is fitted in relative error, so the sizes a step's activations
- * have weigh as much as the largest. */
+ * alpha and bw are fitted together in relative error, so that the sizes a
+ * step's activations have weigh as much as the largest and one slow small
+ * message (a rank descheduled) does not set alpha alone. */
 #include "cpu.h"
 #include "dist.h"
 
@@ -90,12 +91,13 @@ static bool link_of(int nranks, const char *cache_dir, bool remeasure, bool tp, 
     return ok;
 }
 
-bool rt_mpi_link(int nranks, const char *cache_dir, bool remeasure, RtMpiLink *l, Diag *d)
+bool rt_mpi_link(int nranks, const char *cache_dir, bool remeasure, bool want_tp, RtMpiLink *l,
+                 Diag *d)
 {
     memset(l, 0, sizeof *l);
     RtMpiLink tp = {0};
     if (!link_of(nranks, cache_dir, remeasure, false, l, d) ||
-        !link_of(nranks, cache_dir, remeasure, true, &tp, d))
+        (want_tp && !link_of(nranks, cache_dir, remeasure, true, &tp, d)))
         return false;
     l->tp_alpha_s = tp.alpha_s;
     l->tp_bw = tp.bw;
@@ -166,15 +168,33 @@ int rt_mpi_measure_main(int argc, char **argv)
     time_sizes(c, tp, sz, ns, t);
     int rc = 0;
     if (rt_comm_world_rank(c) == 0) {
-        /* t(B) = a + k B with a = 2 (n-1) alpha and k = 2 (n-1) / (n bw):
-         * k by least squares (DP: absolute; TP: relative error) */
-        double a = t[0], num = 0, den = 0;
-        for (int s = 1; s < ns; s++) {
-            double b = (double)sz[s], w = tp ? 1 / (t[s] * t[s]) : 1;
-            num += w * (t[s] - a) * b;
-            den += w * b * b;
+        /* t(B) = a + k B with a = 2 (n-1) alpha and k = 2 (n-1) / (n bw).
+         * DP: a = t(8 B), k by least squares over the other sizes. TP: a
+         * and k together by least squares in relative error (weights
+         * 1 / t^2) over every size, a >= 0 */
+        double a = t[0], num = 0, den = 0, k;
+        if (tp) {
+            double sw = 0, sb = 0, sbb = 0, st = 0, sbt = 0;
+            for (int s = 0; s < ns; s++) {
+                double b = (double)sz[s], w = 1 / (t[s] * t[s]);
+                sw += w, sb += w * b, sbb += w * b * b, st += w * t[s], sbt += w * b * t[s];
+            }
+            double det = sw * sbb - sb * sb;
+            a = det > 0 ? (sbb * st - sb * sbt) / det : -1;
+            k = det > 0 ? (sw * sbt - sb * st) / det : 0;
+            if (a < 0) { /* through the origin */
+                a = 0;
+                k = sbt / sbb;
+            }
+            k = k > 0 ? k : 1e-12;
+        } else {
+            for (int s = 1; s < ns; s++) {
+                double b = (double)sz[s];
+                num += (t[s] - a) * b;
+                den += b * b;
+            }
+            k = num > 0 ? num / den : 1e-12;
         }
-        double k = num > 0 ? num / den : 1e-12;
         double alpha = a / (2.0 * (n - 1)), bw = 2.0 * (n - 1) / (n * k);
         char *model = rt_cpu_model();
         char table[400] = "";
