@@ -423,7 +423,9 @@ static bool measure(const Model *m, const PassOpts *po, const CgDevice *dev, Var
     c->bucket_coll = v->coll;
     c->tp_bytes = v->tpb;
     c->tp_coll = v->tpk;
-    c->tp_hide_s = v->tph = tp_hide(g, p, r);
+    v->tph = tp_hide(g, p, r);
+    /* tp_overlap=false: each waited for at once, nothing hides it */
+    c->tp_hide_s = m->train.tp_overlap && strcmp(m->train.tp_overlap, "false") == 0 ? NULL : v->tph;
     ir_readers_free(&rd);
     c->opt_sharded = ir_find_tensor(g, "adam.m") >= 0;
 out:

@@ -51,7 +51,7 @@ static bool read_cached(const char *path, const char *model, int nranks, RtMpiLi
             same = strcmp(line + 6, model) == 0;
         else if (sscanf(line, "ranks=%d", &n) == 1)
             got |= n == nranks ? 1 : 0;
-        else if (sscanf(line, "alpha=%lf", &v) == 1 && v > 0)
+        else if (sscanf(line, "alpha=%lf", &v) == 1 && v >= 0) /* TP: 0 where the fit says so */
             l->alpha_s = v, got |= 2;
         else if (sscanf(line, "bw=%lf", &v) == 1 && v > 0)
             l->bw = v, got |= 4;
