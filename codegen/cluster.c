@@ -171,7 +171,7 @@ bool cg_cluster_project(const CgClusterModel *m, const CgClusterOpts *o, CgClust
      * backward (Megatron's MLP and attention), on the micro-batch */
     bool tp_inside = o->tp <= o->gpus_per_node;
     double tp_bw = !tp_inside ? o->inter_bw : o->tp_bw > 0 ? o->tp_bw : o->intra_bw;
-    double tp_alpha = tp_inside && o->tp_alpha_s > 0 ? o->tp_alpha_s : o->alpha_s;
+    double tp_alpha = tp_inside && o->tp_bw > 0 ? o->tp_alpha_s : o->alpha_s;
     double act = (double)m->micro_batch * m->seq_len * m->d_model * m->act_dtype_bytes;
     p->t_tp_mb = o->tp > 1 ? 4.0 * m->layers / o->pp * cg_ring_allreduce(act, o->tp, tp_bw,
                                                                           tp_alpha)

@@ -746,9 +746,10 @@ typedef struct {
     CgPipeSchedule schedule;
     double intra_bw, inter_bw; /* bytes/s */
     double alpha_s;            /* latency per ring hop */
-    double tp_alpha_s, tp_bw;  /* > 0: the TP collectives' link inside a node, when it
-                                  differs from the DP one (the CPU: measured apart,
-                                  runtime/dist/measure_mpi.c); 0: alpha_s, intra_bw */
+    double tp_alpha_s, tp_bw;  /* tp_bw > 0: the TP collectives' link inside a node
+                                  (and its alpha), when it differs from the DP one (the
+                                  CPU: measured apart, runtime/dist/measure_mpi.c);
+                                  tp_bw 0: alpha_s, intra_bw */
     double stage_bw;           /* > 0: a DP bucket is staged through host memory
                                   (the CPU transport: packed, scaled, unpacked,
                                   6 x bytes moved at this bandwidth); 0: in place */

@@ -620,11 +620,9 @@ static void print_plan(const PlanArgs *a, const CgDevice *dev, const CgClusterOp
            : measured_link ? " (inside: MPI between local ranks, measured)"
                            : " (the device's defaults)",
            o->alpha_s * 1e6);
-    if (o->tp > 1 && (o->tp_bw > 0 || o->tp_alpha_s > 0))
+    if (o->tp > 1 && o->tp_bw > 0)
         printf("  TP link inside a node: %.3g GB/s, alpha %.3g us per hop (MPI's non-blocking "
-               "all-reduce on the TP group, measured)\n",
-               (o->tp_bw > 0 ? o->tp_bw : o->intra_bw) / 1e9,
-               (o->tp_alpha_s > 0 ? o->tp_alpha_s : o->alpha_s) * 1e6);
+               "all-reduce on the TP group, measured)\n", o->tp_bw / 1e9, o->tp_alpha_s * 1e6);
     printf("model: %.4g params, T %lld, C %lld, L %lld\n", m->nparams, (long long)m->seq_len,
            (long long)m->d_model, (long long)m->layers);
     printf("memory per GPU:\n");
@@ -1040,7 +1038,7 @@ int cli_plan(int argc, char **argv)
         CgDevice sdv = *dev; /* the TP link, where measured apart (the cpu's) */
         if (tp_bw > 0 && a.intra_bw <= 0)
             sdv.intra_bw = tp_bw;
-        if (!cli_shard_auto(m, &so, &sdv, tp_alpha > 0 && a.intra_bw <= 0 ? tp_alpha : alpha,
+        if (!cli_shard_auto(m, &so, &sdv, tp_bw > 0 && a.intra_bw <= 0 ? tp_alpha : alpha,
                             &text, &d)) {
             fprintf(stderr, "kiln plan: %s\n", d.msg);
             fe_model_free(m);
