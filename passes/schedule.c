@@ -251,7 +251,9 @@ static bool tp_collective(Opcode c)
 }
 
 /* Moves, right after each tensor-parallel collective of order[0..n), the
- * units holding a weight-gradient GEMM that order puts after the
+ * units holding a weight-gradient GEMM (ir_wgrad_matmul; with grad_accum
+ * also those of its result's sum with the accumulator and of the mean,
+ * which go with it) that order puts after the
  * collective's first reader but whose operands are all defined by then,
  * and those it puts before the collective (since the previous one) that
  * nothing up to the collective reads:
