@@ -49,7 +49,8 @@ echo "load average at start: $(cut -d' ' -f1-3 /proc/loadavg) ($(nproc) cores)"
 # without the wait for the other rank: each collective of a
 # tp_overlap=false run counted at the later-arriving rank's time (the
 # smaller of the two ranks' waits, from the traces' TP track, which holds
-# the first 20 steps); the median over the traced steps but the first 2
+# the first 20 steps), and rank 0's own time over the same steps; the
+# medians over the traced steps but the first 2
 late() {
     python3 - "$1" "$2" "$3" <<'EOF'
 import json, statistics, sys
@@ -60,9 +61,11 @@ def tp(p):
                   key=lambda e: e['ts'])
 a, b, per = tp(sys.argv[1]), tp(sys.argv[2]), int(sys.argv[3])
 n = min(len(a), len(b))
-steps = [sum(min(a[i]['dur'], b[i]['dur']) for i in range(s, s + per)) / 1e3
+late = [sum(min(a[i]['dur'], b[i]['dur']) for i in range(s, s + per)) / 1e3
+        for s in range(2 * per, n - per + 1, per)]
+whole = [sum(a[i]['dur'] for i in range(s, s + per)) / 1e3
          for s in range(2 * per, n - per + 1, per)]
-print('%.3f' % statistics.median(steps) if steps else 'nan')
+print('%.3f %.3f' % (statistics.median(late), statistics.median(whole)) if late else 'nan nan')
 EOF
 }
 for r in $(seq "$rounds"); do
@@ -93,7 +96,9 @@ px=$(json tp_exposed_per_microbatch_s <"$tmp/plan")
 ms() { awk -v x="$1" 'BEGIN { print 1e3 * x }'; }
 row "2 ranks: step (TP overlapped)" "$(ms "$ps")" "$(median <"$tmp/step")"
 row "2 ranks: TP comm, tp_overlap=false" "$(ms "$pt")" "$(median <"$tmp/tp-serial")"
-row "  without the wait for the peer" "$(ms "$pt")" "$(median <"$tmp/tp-late")"
+row "  without the wait for the peer" "$(ms "$pt")" "$(cut -d' ' -f1 "$tmp/tp-late" | median)"
+echo "  (that over traced steps 3-20; rank 0's whole time over them:" \
+     "$(cut -d' ' -f2 "$tmp/tp-late" | median) ms)"
 row "2 ranks: TP exposed, overlapped" "$(ms "$px")" "$(median <"$tmp/tpx")"
 echo "  (step with tp_overlap=false: $(median <"$tmp/step-serial") ms; overlapped TP start to" \
      "completion: $(median <"$tmp/tp") ms)"
