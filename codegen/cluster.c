@@ -15,7 +15,10 @@
  * reduce-scatters where the all-reduces would be, the norm's scalar
  * all-reduce, the all-gathers after the update). A DP bucket staged
  * through host memory (the CPU transport, runtime/dist/mpi.c) adds its
- * three copies: 6 x bytes / stage_bw. */
+ * three copies: 6 x bytes / stage_bw. A partitioned step's TP collectives
+ * are costed one by one on the TP link (the CPU's own measured figures),
+ * and each one's exposed part is what the compute between it and its
+ * first reader does not hide (t_tp_exposed_mb; the step counts them whole). */
 #include "codegen.h"
 
 #include <math.h>
@@ -345,18 +348,26 @@ bool cg_cluster_project(const CgClusterModel *m, const CgClusterOpts *o, CgClust
     p->t_mb = m->fwd_bwd_s / split;
     /* TP: per layer two all-reduces of the activations forward, two
      * backward (Megatron's MLP and attention), on the micro-batch */
-    double tp_bw = o->tp <= o->gpus_per_node ? o->intra_bw : o->inter_bw;
+    bool tp_inside = o->tp <= o->gpus_per_node;
+    double tp_bw = !tp_inside ? o->inter_bw : o->tp_bw > 0 ? o->tp_bw : o->intra_bw;
+    double tp_alpha = tp_inside && o->tp_bw > 0 ? o->tp_alpha_s : o->alpha_s;
     double act = (double)m->micro_batch * m->seq_len * m->d_model * m->act_dtype_bytes;
     p->t_tp_mb = o->tp > 1 ? 4.0 * m->layers / o->pp * cg_ring_allreduce(act, o->tp, tp_bw,
-                                                                          o->alpha_s)
+                                                                          tp_alpha)
                            : 0;
+    p->t_tp_exposed_mb = p->t_tp_mb;
     if (m->tp_split > 1 && o->tp > 1) { /* the partitioned step's own collectives */
-        p->t_tp_mb = 0;
-        for (int i = 0; i < m->ntp; i++)
-            p->t_tp_mb += m->tp_coll[i] == CG_COLL_ALLREDUCE
-                              ? cg_ring_allreduce(m->tp_bytes[i], o->tp, tp_bw, o->alpha_s)
-                              : cg_ring_half(m->tp_bytes[i], o->tp, tp_bw, o->alpha_s);
+        p->t_tp_mb = p->t_tp_exposed_mb = 0;
+        for (int i = 0; i < m->ntp; i++) {
+            double t = m->tp_coll[i] == CG_COLL_ALLREDUCE
+                           ? cg_ring_allreduce(m->tp_bytes[i], o->tp, tp_bw, tp_alpha)
+                           : cg_ring_half(m->tp_bytes[i], o->tp, tp_bw, tp_alpha);
+            double hide = m->tp_hide_s ? m->tp_hide_s[i] : 0; /* one stage's, 1/pp below */
+            p->t_tp_mb += t;
+            p->t_tp_exposed_mb += t > hide ? t - hide : 0;
+        }
         p->t_tp_mb /= o->pp;
+        p->t_tp_exposed_mb /= o->pp;
     }
     /* each stage runs m slots of one micro-batch's forward and backward
      * (u, its TP collectives included) and idles pp - 1 of them under

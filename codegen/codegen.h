@@ -735,6 +735,10 @@ typedef struct {
      * simulation instead of the ideal split (cg_cluster_project). */
     int nstages;
     const struct CgStageModel *stages;
+    /* per TP collective: seconds of the step's compute between it and its
+     * first reader (what may hide it: runtime/exec.c starts it and waits
+     * there); NULL: none */
+    const double *tp_hide_s;
 } CgClusterModel;
 
 /* One pipeline stage of the cut, one micro-batch (docs/plan.md): its F, B
@@ -772,6 +776,10 @@ typedef struct {
     CgPipeSchedule schedule;
     double intra_bw, inter_bw; /* bytes/s */
     double alpha_s;            /* latency per ring hop */
+    double tp_alpha_s, tp_bw;  /* tp_bw > 0: the TP collectives' link inside a node
+                                  (and its alpha), when it differs from the DP one (the
+                                  CPU: measured apart, runtime/dist/measure_mpi.c);
+                                  tp_bw 0: alpha_s, intra_bw */
     double stage_bw;           /* > 0: a DP bucket is staged through host memory
                                   (the CPU transport: packed, scaled, unpacked,
                                   6 x bytes moved at this bandwidth); 0: in place */
@@ -790,6 +798,9 @@ typedef struct {
     int mem_op;               /* the timeline's op where mem_total peaks; -1: none */
     int inflight;             /* micro-batches whose activations the first stage holds */
     double t_mb, t_tp_mb, bubble, t_pipeline, t_bubble, t_opt; /* seconds */
+    double t_tp_exposed_mb;   /* of t_tp_mb, what the compute up to each collective's
+                                 first reader does not hide (a partitioned step with
+                                 tp_hide_s; else t_tp_mb). The step counts t_tp_mb. */
     double dp_bw, t_dp, t_dp_exposed;
     double step_predicted, step;
     double tokens_per_s, mfu, mfu_attn;

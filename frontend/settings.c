@@ -58,6 +58,7 @@ static const FeTrainKey train_keys[] = {
     TKI(zero, "0", 0, 1),
     TKI(tp, "1", 1, 4096),
     TKS(sequence_parallel, "false", "true, false"),
+    TKS(tp_overlap, "true", "true, false"),
     TKS(shard, "script", "script, auto"),
     TKI(pp, "1", 1, 4096),
     TKI(micro_batches, "0", 0, 1024),

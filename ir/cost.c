@@ -19,6 +19,8 @@
  */
 #include "ir.h"
 
+#include <string.h>
+
 static double numel(const Graph *g, int t) { return (double)shape_numel(&g->t.v[t].s); }
 
 static double bytes_of(const Graph *g, int t)
@@ -127,21 +129,61 @@ double ir_graph_flops(const Graph *g)
     return f;
 }
 
-bool ir_wgrad_matmul(const Graph *g, int i)
+/* Whether op r, reading tensor t, is a step of grad_accum's accumulation
+ * (passes/comm.c accumulate, pass_comm_micro): t + state "accum.P", or
+ * (after that sum) t x a constant. */
+static bool accum_step(const Graph *g, const Op *r, int t, bool summed)
+{
+    if (r->nin != 2 || (r->code != OP_ADD && r->code != OP_MUL))
+        return false;
+    int other = r->in[0] == t ? r->in[1] : r->in[0];
+    const Tensor *o = &g->t.v[other];
+    if (r->code == OP_ADD)
+        return !summed && o->kind == TK_STATE && o->name && strncmp(o->name, "accum.", 6) == 0;
+    return summed && o->op >= 0 && g->ops.v[o->op].code == OP_CONST;
+}
+
+bool ir_wgrad_matmul(const Graph *g, const IrReaders *rd, int i, int acc[3])
 {
     const Op *op = &g->ops.v[i];
+    int chain[3] = {-1, -1, -1}; /* the accumulator's add, the constant, the product */
+    if (acc)
+        acc[0] = acc[1] = acc[2] = -1;
     if (op->code != OP_MATMUL || !(op->flags & OPF_BACKWARD) || (op->flags & OPF_RECOMPUTE))
         return false;
-    for (int k = 0; k < g->ops.n; k++) {
-        const Op *r = &g->ops.v[k];
-        if (k == i || (op->group >= 0 && r->group == op->group) || !(r->flags & OPF_BACKWARD) ||
-            (r->flags & OPF_OPTIM))
-            continue;
-        for (int j = 0; j < r->nin; j++)
-            if (r->in[j] == op->out)
-                return false;
+    /* the result, then (grad_accum) its sum with the accumulator, then
+     * that sum's product: at most three tensors along one chain */
+    int t = op->out;
+    bool summed = false;
+    for (int depth = 0; depth < 3; depth++) {
+        int next = -1;
+        for (int e = rd->start[t]; e < rd->start[t + 1]; e++) {
+            int k = rd->op[e];
+            const Op *r = &g->ops.v[k];
+            if (k == i || (op->group >= 0 && r->group == op->group) ||
+                !(r->flags & OPF_BACKWARD) || (r->flags & OPF_OPTIM))
+                continue;
+            if (next >= 0 || !accum_step(g, r, t, summed))
+                return false; /* the chain of input gradients, or two readers */
+            next = k;
+        }
+        if (next < 0) {
+            if (acc)
+                memcpy(acc, chain, sizeof chain);
+            return true;
+        }
+        if (summed) {
+            const Op *r = &g->ops.v[next];
+            int c = r->in[0] == t ? r->in[1] : r->in[0];
+            chain[1] = g->t.v[c].op;
+            chain[2] = next;
+        } else {
+            chain[0] = next;
+        }
+        summed = true;
+        t = g->ops.v[next].out;
     }
-    return true;
+    return false;
 }
 
 int ir_matmul_role(const Shape *s, int axis, bool trans, bool is_b)

@@ -270,6 +270,35 @@ int *ir_use_counts(const Graph *g)
     return uses;
 }
 
+void ir_readers_build(const Graph *g, IrReaders *r)
+{
+    int nt = g->t.n;
+    r->nt = nt;
+    r->start = xcalloc((size_t)nt + 2, sizeof(int));
+    int total = 0;
+    for (int i = 0; i < g->ops.n; i++)
+        for (int j = 0; j < g->ops.v[i].nin; j++, total++)
+            r->start[g->ops.v[i].in[j] + 1]++;
+    for (int t = 0; t < nt; t++)
+        r->start[t + 1] += r->start[t];
+    r->op = xmalloc(sizeof(int) * (size_t)(total + 1));
+    int *fill = xcalloc((size_t)nt + 1, sizeof(int));
+    for (int i = 0; i < g->ops.n; i++)
+        for (int j = 0; j < g->ops.v[i].nin; j++) {
+            int t = g->ops.v[i].in[j];
+            r->op[r->start[t] + fill[t]++] = i;
+        }
+    free(fill);
+}
+
+void ir_readers_free(IrReaders *r)
+{
+    free(r->start);
+    free(r->op);
+    r->start = r->op = NULL;
+    r->nt = 0;
+}
+
 void ir_compact(Graph *g) { ir_renumber(g, true); }
 
 void ir_reorder_ops(Graph *g, const int *order, int n)

@@ -725,6 +725,16 @@ void ir_compact(Graph *g);
 void ir_renumber(Graph *g, bool drop_unused_inputs);
 /* use counts per tensor id (caller frees) */
 int *ir_use_counts(const Graph *g);
+/* Who reads each tensor: the ops reading tensor t are op[start[t] ..
+ * start[t+1]), ascending (an op reading t twice is there twice). Built in
+ * one pass over the ops; valid until the graph's ops or tensors change. */
+typedef struct {
+    int *start; /* nt + 1 entries */
+    int *op;
+    int nt;
+} IrReaders;
+void ir_readers_build(const Graph *g, IrReaders *r);
+void ir_readers_free(IrReaders *r);
 /* Puts g's ops in a new order: op k becomes old op order[k], k in [0, n),
  * and each kept op's result tensor points back at its new index. Ops that
  * order does not name are dropped: their operand lists are freed and their
@@ -767,8 +777,13 @@ double ir_graph_flops(const Graph *g);
  * recomputation) whose result no backward op outside its fuse group reads
  * except the optimizer's (it feeds the update, a bucket or an
  * accumulator, not the chain of input gradients: a pipeline's W, the
- * GEMMs that may run under a TP collective). */
-bool ir_wgrad_matmul(const Graph *g, int i);
+ * GEMMs that may run under a TP collective). grad_accum's accumulation
+ * (passes/comm.c: the sum with state "accum.P", then its product with a
+ * constant, 1/K) is followed to what reads its result; acc (NULL: not
+ * wanted) gets those ops, the add, the constant and the product, -1 where
+ * there is none. rd: g's readers (ir_readers_build), so that a pass asks
+ * about every op in linear time. */
+bool ir_wgrad_matmul(const Graph *g, const IrReaders *rd, int i, int acc[3]);
 /* The role of axis `axis` of a matmul operand of shape s (is_b: operand
  * B, else A; trans: its ta or tb): 0 a batch axis, 1 M (of A) or N (of
  * B), 2 the contraction axis K. A is [..., M, K] ([..., K, M] with ta),

@@ -253,7 +253,9 @@ static bool tp_collective(Opcode c)
 }
 
 /* Moves, right after each tensor-parallel collective of order[0..n), the
- * units holding a weight-gradient GEMM that order puts after the
+ * units holding a weight-gradient GEMM (ir_wgrad_matmul; with grad_accum
+ * also those of its result's sum with the accumulator and of the mean,
+ * which go with it) that order puts after the
  * collective's first reader but whose operands are all defined by then,
  * and those it puts before the collective (since the previous one) that
  * nothing up to the collective reads:
@@ -275,10 +277,22 @@ static void overlap_tp(const Graph *g, const int *unit, int *order, int n)
     int *tmp = xmalloc(sizeof(int) * (size_t)(n + 1));
     char *mv = xcalloc((size_t)n + 1, 1); /* per op: moves from before (1), after (2) */
     bool *wg = xcalloc((size_t)n + 1, sizeof(bool)); /* per op: in a wgrad unit */
-    for (int i = 0; i < n; i++)
-        if (ir_wgrad_matmul(g, i))
-            for (int k = 0; k < n; k++)
-                wg[k] |= unit[k] == unit[i];
+    bool *uw = xcalloc((size_t)n + 1, sizeof(bool));  /* per unit: holds a wgrad GEMM */
+    IrReaders rd;
+    ir_readers_build(g, &rd);
+    for (int i = 0; i < n; i++) {
+        int acc[3];
+        if (ir_wgrad_matmul(g, &rd, i, acc)) {
+            uw[unit[i]] = true;
+            for (int a = 0; a < 3; a++) /* grad_accum's sum and mean go with it */
+                if (acc[a] >= 0)
+                    uw[unit[acc[a]]] = true;
+        }
+    }
+    for (int k = 0; k < n; k++)
+        wg[k] = uw[unit[k]];
+    ir_readers_free(&rd);
+    free(uw);
     int lo = 0; /* past the last collective: what earlier ones left alone */
     for (int p = 0; p < n; p++) {
         const Op *c = &g->ops.v[order[p]];
@@ -287,23 +301,24 @@ static void overlap_tp(const Graph *g, const int *unit, int *order, int n)
         for (int k = 0; k < n; k++)
             pos[order[k]] = k;
         /* before it, since the last collective: the units it does not
-         * wait for (nothing up to it reads them) move after it */
+         * wait for (nothing up to it reads them but units that move too:
+         * grad_accum's sum of a GEMM's result) move after it; last first */
         int nb = 0;
-        for (int k = lo; k < p;) {
-            int u = unit[order[k]], e = k;
-            while (e + 1 < p && unit[order[e + 1]] == u)
-                e++;
+        for (int e = p - 1; e >= lo;) {
+            int u = unit[order[e]], k = e;
+            while (k - 1 >= lo && unit[order[k - 1]] == u)
+                k--;
             bool ok = wg[order[k]];
             for (int q = e + 1; q <= p && ok; q++) {
                 const Op *x = &g->ops.v[order[q]];
-                for (int j = 0; j < x->nin && ok; j++) {
+                for (int j = 0; j < x->nin && ok && mv[order[q]] != 1; j++) {
                     int d = g->t.v[x->in[j]].op;
                     ok = d < 0 || pos[d] < k || pos[d] > e;
                 }
             }
             for (int q = k; q <= e && ok; q++, nb++)
                 mv[order[q]] = 1;
-            k = e + 1;
+            e = k - 1;
         }
         int first = n; /* the collective's first reader */
         for (int k = p + 1; k < n && first == n; k++)
@@ -321,7 +336,7 @@ static void overlap_tp(const Graph *g, const int *unit, int *order, int n)
                 const Op *x = &g->ops.v[order[q]];
                 for (int j = 0; j < x->nin && ok; j++) {
                     int d = g->t.v[x->in[j]].op;
-                    ok = d < 0 || (unit[d] == u && pos[d] >= k) || pos[d] <= p;
+                    ok = d < 0 || (unit[d] == u && pos[d] >= k) || pos[d] <= p || mv[d] == 2;
                 }
             }
             for (int q = k; q <= e && ok; q++, na++)

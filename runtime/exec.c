@@ -375,6 +375,8 @@ static bool setup_tp_waits(Exec *e, bool device, Diag *d)
                     int k = device ? dev_step(p, ostep[i], s) : ostep[i];
                     first = k < first ? k : first;
                 }
+        if (e->o.tp_no_overlap && first > s + 1) /* tp_overlap=false */
+            first = s + 1;
         if (device && xroot != root) {
             int w = first_writer(e, ostep, s, xroot);
             if (w < first && x->tp_operand_copy) { /* the collective reads a copy */
@@ -403,6 +405,11 @@ static bool setup_tp_waits(Exec *e, bool device, Diag *d)
                 "(%d steps in all; %d read a copy of an operand whose bytes a step before the "
                 "reader reuses, %d wait before that step instead)\n",
                 ntp, nover, under, copied, held);
+    else if (e->o.verbose)
+        fprintf(stderr,
+                "kiln: exec: %d TP collectives on the host, %d of them under later steps "
+                "(%d steps in all)%s\n",
+                ntp, nover, under, e->o.tp_no_overlap ? " (tp_overlap=false)" : "");
     return true;
 }
 

@@ -81,6 +81,9 @@ typedef struct {
                               them on the device); NULL: one rank */
     RtComm *tp_comm;       /* its TP group: runs the tp_* steps (tensor parallelism);
                               NULL: none (a plan with tp_* steps then does not run) */
+    bool tp_no_overlap;    /* wait for each TP collective at the step after its start,
+                              not at its first reader (train key tp_overlap=false: the
+                              collectives' whole time exposed, for measuring it) */
     /* Run inside this executor's arena instead of allocating one: in its
      * temp region (past its persistent one: memplan.h), which holds nothing
      * between its runs. For an executor run between the other's runs (the

@@ -73,12 +73,21 @@ bool cli_print_prediction(const Model *m, const Graph *g, const char *target, in
 
 /* shard.c: with the train key shard = "auto" and po->tp > 1, the params'
  * TP splits chosen by pass_shard_auto on m->g (and copied to m->eval_g),
- * costed on dev (NULL: h100; kiln train uses h100 so that every rank makes
- * the same choice; the CPU's measured figures only in kiln plan --device
- * cpu) with alpha_s per ring hop; *text: the report (the caller frees it;
+ * costed on dev (NULL: h100; kiln train: cli_shard_device's) with alpha_s
+ * per ring hop; *text: the report (the caller frees it;
  * NULL when nothing ran). False with d set where no choice is found. */
 bool cli_shard_auto(Model *m, const PassOpts *po, const CgDevice *dev, double alpha_s,
                     char **text, Diag *d);
+/* The device kiln train's shard=auto costs on, *dev: the run's. --device
+ * cpu (or auto without a GPU): this CPU's figures (into cpu) for the
+ * threads each of `local` ranks on the machine gets (threads > 0: those),
+ * measured once and cached; cuda: NULL (cli_shard_auto's h100: the GPU is
+ * known only once its backend opens). Nothing unless shard=auto and tp > 1.
+ * The launcher calls it before the ranks start, so that the figures are in
+ * the cache and every rank reads the same ones (the ranks must choose
+ * alike). False with d set where the CPU cannot be measured. */
+bool cli_shard_device(const Model *m, const char *device, int threads, int local,
+                      const char *cache_dir, CgDevice *cpu, const CgDevice **dev, Diag *d);
 
 /* The frontend's warnings about m (unused params, ...) on stderr: once per
  * run, so not in --nproc ranks other than rank 0. */

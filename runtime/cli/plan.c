@@ -77,6 +77,7 @@ typedef struct {
     int *tpk;
     CgStageModel *stages; /* the stage cut's (measure_stages); NULL: none */
     double stage_scale;   /* what the stage programs' times were scaled by (1: none) */
+    double *tph; /* and the compute that may hide each (tp_hide) */
 } Variant;
 
 /* c's memory timeline from the memory plan mp: per op the gradients, the
@@ -273,6 +274,60 @@ static int plan_check_layout(const Model *m, const PlanArgs *a, const char *mode
     return 0;
 }
 
+/* Per TP collective of the step outside the optimizer (plan order, as
+ * measure counts them), the predicted seconds
+ * of the plan steps between it and the first step that reads its result:
+ * what the executor runs while it is in flight (runtime/exec.c
+ * setup_tp_waits, which places the wait by storage; here by tensor). */
+static double *tp_hide(const Graph *g, const CgPlan *p, const CgPrediction *r)
+{
+    int n = p->steps.n;
+    double *at = xcalloc((size_t)n + 1, sizeof(double)); /* per step: predicted seconds */
+    for (int k = 0; k < r->rows.n; k++)
+        if (r->rows.v[k].step >= 0 && r->rows.v[k].step < n)
+            at[r->rows.v[k].step] += r->rows.v[k].s;
+    int ngroups = 0;
+    for (int i = 0; i < g->ops.n; i++)
+        ngroups = g->ops.v[i].group + 1 > ngroups ? g->ops.v[i].group + 1 : ngroups;
+    int *gstep = xmalloc(sizeof(int) * (size_t)(ngroups + 1));
+    int *ostep = xmalloc(sizeof(int) * (size_t)(g->ops.n + 1));
+    for (int k = 0; k < ngroups; k++)
+        gstep[k] = -1;
+    for (int i = 0; i < g->ops.n; i++)
+        ostep[i] = -1;
+    for (int s = 0; s < n; s++) {
+        int o = p->steps.v[s].op;
+        if (o < 0)
+            continue;
+        if (ostep[o] < 0)
+            ostep[o] = s;
+        if (g->ops.v[o].group >= 0 && gstep[g->ops.v[o].group] < 0)
+            gstep[g->ops.v[o].group] = s;
+    }
+    for (int i = 0; i < g->ops.n; i++) /* a fused op runs at its group's step */
+        if (g->ops.v[i].group >= 0 && gstep[g->ops.v[i].group] >= 0)
+            ostep[i] = gstep[g->ops.v[i].group];
+    double *hide = xcalloc((size_t)n + 1, sizeof(double));
+    int ntp = 0;
+    for (int s = 0; s < n; s++) {
+        const CgStep *st = &p->steps.v[s];
+        if (st->kind != CG_STEP_TP || st->op < 0 || (g->ops.v[st->op].flags & OPF_OPTIM))
+            continue;
+        int out = g->ops.v[st->op].out, first = n;
+        for (int i = 0; i < g->ops.n; i++)
+            for (int j = 0; j < g->ops.v[i].nin; j++)
+                if (g->ops.v[i].in[j] == out && ostep[i] > s && ostep[i] < first)
+                    first = ostep[i];
+        for (int k = s + 1; k < first; k++)
+            hide[ntp] += at[k];
+        ntp++;
+    }
+    free(at);
+    free(gstep);
+    free(ostep);
+    return hide;
+}
+
 /* Compiles m's step with po (shapes only) and measures it on dev. */
 static bool measure(const Model *m, const PassOpts *po, const CgDevice *dev, Variant *v,
                     RematReport *rr, Diag *d)
@@ -324,6 +379,8 @@ static bool measure(const Model *m, const PassOpts *po, const CgDevice *dev, Var
     v->tpb = xcalloc((size_t)p->steps.n + 1, sizeof(double));
     v->tpk = xcalloc((size_t)p->steps.n + 1, sizeof(int));
     c->tp_split = po->tp > 1 ? po->tp : 1;
+    IrReaders rd;
+    ir_readers_build(g, &rd);
     for (int s = 0; s < p->steps.n; s++) {
         const CgStep *st = &p->steps.v[s];
         unsigned flags = st->op >= 0 ? g->ops.v[st->op].flags : OPF_OPTIM; /* update copies */
@@ -335,7 +392,7 @@ static bool measure(const Model *m, const PassOpts *po, const CgDevice *dev, Var
             }
             t += x;
             c->fwd_bwd_s += x;
-            if (st->kind == CG_STEP_GEMM && (flags & OPF_BACKWARD) && ir_wgrad_matmul(g, st->op))
+            if (st->kind == CG_STEP_GEMM && (flags & OPF_BACKWARD) && ir_wgrad_matmul(g, &rd, st->op, NULL))
                 c->wgrad_s += x;
             if (!(flags & (OPF_BACKWARD | OPF_RECOMPUTE)))
                 c->forward_s += x;
@@ -369,6 +426,10 @@ static bool measure(const Model *m, const PassOpts *po, const CgDevice *dev, Var
     c->bucket_coll = v->coll;
     c->tp_bytes = v->tpb;
     c->tp_coll = v->tpk;
+    v->tph = tp_hide(g, p, r);
+    /* tp_overlap=false: each waited for at once, nothing hides it */
+    c->tp_hide_s = m->train.tp_overlap && strcmp(m->train.tp_overlap, "false") == 0 ? NULL : v->tph;
+    ir_readers_free(&rd);
     c->opt_sharded = ir_find_tensor(g, "adam.m") >= 0;
 out:
     cg_prediction_free(r);
@@ -553,6 +614,7 @@ static void variant_free(Variant *v)
     free(v->tpb);
     free(v->tpk);
     free(v->stages);
+    free(v->tph);
 }
 
 /* The remat choice at the device's memory: the remat pass (auto) compiles
@@ -746,6 +808,9 @@ static void print_plan(const PlanArgs *a, const CgDevice *dev, const CgClusterOp
            : measured_link ? " (inside: MPI between local ranks, measured)"
                            : " (the device's defaults)",
            o->alpha_s * 1e6);
+    if (o->tp > 1 && o->tp_bw > 0)
+        printf("  TP link inside a node: %.3g GB/s, alpha %.3g us per hop (MPI's non-blocking "
+               "all-reduce on the TP group, measured)\n", o->tp_bw / 1e9, o->tp_alpha_s * 1e6);
     printf("model: %.4g params, T %lld, C %lld, L %lld\n", m->nparams, (long long)m->seq_len,
            (long long)m->d_model, (long long)m->layers);
     printf("memory per GPU:\n");
@@ -783,6 +848,9 @@ static void print_plan(const PlanArgs *a, const CgDevice *dev, const CgClusterOp
         ir_fmt_bytes(tb, 2, x, sizeof x);
         printf("  TP: the partitioned graph of rank 0 (docs/parallel.md): %d collectives per "
                "micro-batch, %s\n", m->ntp, x);
+        ir_fmt_seconds(p->t_tp_exposed_mb, y, sizeof y);
+        printf("  TP exposed %s (what the compute up to each collective's first reader does "
+               "not hide; the step counts the TP collectives whole)\n", y);
     } else if (o->tp > 1) {
         printf("  TP: an ideal split of the step (the model marks no param for tensor "
                "parallelism) and 4 all-reduces per layer\n");
@@ -882,6 +950,7 @@ static cJSON *plan_json(const CgDevice *dev, const CgClusterOpts *o, const Varia
     cJSON *s = cJSON_AddObjectToObject(j, "step");
     cJSON_AddNumberToObject(s, "compute_per_microbatch_s", p->t_mb);
     cJSON_AddNumberToObject(s, "tp_per_microbatch_s", p->t_tp_mb);
+    cJSON_AddNumberToObject(s, "tp_exposed_per_microbatch_s", p->t_tp_exposed_mb);
     cJSON_AddNumberToObject(s, "pipeline_s", p->t_pipeline);
     cJSON_AddNumberToObject(s, "bubble_s", p->t_bubble);
     cJSON_AddNumberToObject(s, "bubble_fraction", p->bubble);
@@ -1137,7 +1206,7 @@ int cli_plan(int argc, char **argv)
     bool cpu_link = false; /* the cpu's local link was measured */
     const CgDevice *dev = cg_device_find(a.device);
     Diag d = {{0}};
-    double alpha = 5e-6;
+    double alpha = 5e-6, tp_alpha = 0, tp_bw = 0; /* tp_*: the cpu's own TP link */
     if (!dev) {
         /* the ranks on one machine share its cores, as `kiln train --nproc`
          * shares them (rt_dp_exec_opts) */
@@ -1155,9 +1224,11 @@ int cli_plan(int argc, char **argv)
          * ring's 2-rank figures); 10 Gb/s Ethernet between machines */
         RtMpiLink link;
         Diag ld = {{0}};
-        if (local > 1 && rt_mpi_link(local, NULL, false, &link, &ld)) {
+        if (local > 1 && rt_mpi_link(local, NULL, false, a.tp > 1, &link, &ld)) {
             cpu.intra_bw = link.bw;
             alpha = link.alpha_s;
+            tp_alpha = link.tp_alpha_s;
+            tp_bw = link.tp_bw;
             cpu_link = true;
         } else {
             if (local > 1)
@@ -1180,6 +1251,7 @@ int cli_plan(int argc, char **argv)
         .zero = a.zero, .micro_batches = a.micro_batches > 0 ? a.micro_batches : 1,
         .schedule = a.schedule, .intra_bw = a.intra_bw > 0 ? a.intra_bw : dev->intra_bw,
         .inter_bw = a.inter_bw > 0 ? a.inter_bw : dev->inter_bw, .alpha_s = alpha, .stage_bw = stage_bw,
+        .tp_alpha_s = a.intra_bw > 0 ? 0 : tp_alpha, .tp_bw = a.intra_bw > 0 ? 0 : tp_bw,
         .tokens = a.tokens, .goodput = a.goodput, .target_days = a.target_days,
         .step_time = a.step_time, .no_overlap = a.no_overlap,
     };
@@ -1206,7 +1278,11 @@ int cli_plan(int argc, char **argv)
         PassOpts so = po;
         so.tp = a.tp;
         char *text = NULL;
-        if (!cli_shard_auto(m, &so, dev, alpha, &text, &d)) {
+        CgDevice sdv = *dev; /* the TP link, where measured apart (the cpu's) */
+        if (tp_bw > 0 && a.intra_bw <= 0)
+            sdv.intra_bw = tp_bw;
+        if (!cli_shard_auto(m, &so, &sdv, tp_bw > 0 && a.intra_bw <= 0 ? tp_alpha : alpha,
+                            &text, &d)) {
             fprintf(stderr, "kiln plan: %s\n", d.msg);
             fe_model_free(m);
             rc = 1;

@@ -2,10 +2,12 @@
  * by passes/shard_auto.c, costed on a device of the cost model, set on the
  * model's graphs before anything compiles them. */
 #include "cli.h"
+#include "cpu.h" /* rt_cpu_device, rt_backend_cpu */
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 bool cli_shard_auto(Model *m, const PassOpts *po, const CgDevice *dev, double alpha_s,
                     char **text, Diag *d)
@@ -31,5 +33,26 @@ bool cli_shard_auto(Model *m, const PassOpts *po, const CgDevice *dev, double al
         return false;
     if (m->eval_g)
         pass_shard_copy(m->g, m->eval_g);
+    return true;
+}
+
+bool cli_shard_device(const Model *m, const char *device, int threads, int local,
+                      const char *cache_dir, CgDevice *cpu, const CgDevice **dev, Diag *d)
+{
+    *dev = NULL;
+    if (!m->train.shard || strcmp(m->train.shard, "auto") != 0 || m->train.tp <= 1)
+        return true;
+    bool on_cpu = !device || strcmp(device, "cpu") == 0;
+    if (device && strcmp(device, "auto") == 0) {
+        Diag q = {{0}};
+        on_cpu = rt_backend_select("auto", false, &q) == &rt_backend_cpu;
+    }
+    if (!on_cpu) /* the GPU's name comes with its backend, after the choice */
+        return true;
+    long nc = sysconf(_SC_NPROCESSORS_ONLN);
+    int th = threads > 0 ? threads : (int)((nc > 0 ? nc : 1) / (local > 0 ? local : 1));
+    if (!rt_cpu_device(th > 0 ? th : 1, cache_dir, false, false, cpu, d))
+        return false;
+    *dev = cpu;
     return true;
 }

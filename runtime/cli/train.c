@@ -80,8 +80,9 @@ static const char usage_train[] =
     "  -h, --help           this text\n";
 
 /* kiln train with shard=auto: the choice on every rank alike (costed on
- * h100, whatever the device), before the ranks compile; world rank 0 says
- * what it chose in one line. False after printing the error. */
+ * the run's device, cli_shard_device: every rank reads the figures the
+ * launcher cached), before the ranks compile; world rank 0 says what it
+ * chose in one line. False after printing the error. */
 static bool train_shard_auto(Model *m, const TrainOpts *o)
 {
     PassOpts po;
@@ -92,7 +93,12 @@ static bool train_shard_auto(Model *m, const TrainOpts *o)
     int before = 0, after = 0;
     for (int i = 0; i < m->g->t.n; i++)
         before += m->g->t.v[i].kind == TK_PARAM && m->g->t.v[i].shard.on;
-    if (!cli_shard_auto(m, &po, NULL, 5e-6, &text, &d)) {
+    const char *ls = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    CgDevice cpu;
+    const CgDevice *dev = NULL;
+    if (!cli_shard_device(m, o->device, o->threads, ls ? atoi(ls) : 1, o->cache_dir, &cpu, &dev,
+                          &d) ||
+        !cli_shard_auto(m, &po, dev, 5e-6, &text, &d)) {
         fprintf(stderr, "%s\n", d.msg);
         return false;
     }
@@ -101,9 +107,9 @@ static bool train_shard_auto(Model *m, const TrainOpts *o)
     const char *wr = getenv("OMPI_COMM_WORLD_RANK");
     if (text && (!wr || strcmp(wr, "0") == 0))
         fprintf(stderr, "kiln: note: shard=auto split %d params over tp = %d (and kept %d the "
-                        "script marks); `kiln compile --tp %d --set shard=auto` shows the "
-                        "choice and its costs\n",
-                after - before, po.tp, before, po.tp);
+                        "script marks), costed on %s; `kiln compile --tp %d --set shard=auto` "
+                        "shows the choice and its costs\n",
+                after - before, po.tp, before, dev ? dev->name : "h100", po.tp);
     free(text);
     return true;
 }
@@ -277,8 +283,16 @@ int cli_train(int argc, char **argv)
     /* --nproc N: this process only launches the ranks (mpirun runs this
      * binary N times; inside them --nproc is gone) */
     if (nproc > 1 && !getenv("OMPI_COMM_WORLD_SIZE")) {
+        CgDevice cpu; /* shard=auto: the device's figures cached for the ranks */
+        const CgDevice *dev;
+        Diag sd = {{0}};
+        bool ok = cli_shard_device(m, o.device, o.threads, nproc, o.cache_dir, &cpu, &dev, &sd);
         fe_init_map_free(imap);
         fe_model_free(m);
+        if (!ok) {
+            fprintf(stderr, "kiln train: %s\n", sd.msg);
+            return 1;
+        }
         return rt_launch(nproc, argc, argv);
     }
     if (!train_shard_auto(m, &o)) {

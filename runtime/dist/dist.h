@@ -306,14 +306,19 @@ void rt_zero_grads(RtZero *z, RtComm *c, const float *shard, float *const *dst);
  * The ring alpha-beta figures of an all-reduce between nranks ranks on this
  * machine through RtComm (alpha per hop, bw in bytes/s), measured once
  * under mpirun (rt_launch) and cached as CACHE/cpu-mpi-N.txt, keyed by the
- * CPU's model name; remeasure: measure again. False with d set when mpirun
- * or MPI fails. */
+ * CPU's model name; remeasure: measure again. tp_alpha_s and tp_bw: the
+ * same fit for the TP collectives' path (a TP group of all nranks, the
+ * caller's non-blocking all-reduce, rt_comm_tp_start), cached as
+ * CACHE/cpu-mpi-tp-N.txt, when want_tp (else 0). False with d set when
+ * mpirun or MPI fails. */
 typedef struct {
     double alpha_s, bw;
+    double tp_alpha_s, tp_bw;
 } RtMpiLink;
-bool rt_mpi_link(int nranks, const char *cache_dir, bool remeasure, RtMpiLink *l, Diag *d);
-/* `kiln __measure-mpi PATH`: one rank of that measurement (rank 0 writes
- * PATH); the exit status. */
+bool rt_mpi_link(int nranks, const char *cache_dir, bool remeasure, bool want_tp, RtMpiLink *l,
+                 Diag *d);
+/* `kiln __measure-mpi PATH [tp]`: one rank of that measurement (rank 0
+ * writes PATH; tp: the TP link's); the exit status. */
 int rt_mpi_measure_main(int argc, char **argv);
 
 /* ---- pp.c: pipeline stages (CPU ranks, or GPUs) ---------------------------

@@ -896,7 +896,8 @@ static bool build(Run *r, Diag *d)
                    .cache_dir = r->o->cache_dir,
                    .verbose = r->o->verbose, .precision = r->c.precision,
                    .tf32 = r->c.tf32 && strcmp(r->c.tf32, "true") == 0,
-                   .cuda_graph = r->c.cuda_graph && strcmp(r->c.cuda_graph, "true") == 0};
+                   .cuda_graph = r->c.cuda_graph && strcmp(r->c.cuda_graph, "true") == 0,
+                   .tp_no_overlap = r->c.tp_overlap && strcmp(r->c.tp_overlap, "false") == 0};
     rt_dp_exec_opts(r->dp, &eo);
     r->comm = eo.comm;
     if (!(r->te = rt_exec_create(r->tg, &eo, d)) ||

@@ -70,6 +70,9 @@ typedef struct TrainCfg {
                                  best evaluation (of early_stop's metric, else val_loss) */
     int64_t tp;               /* tensor-parallel ranks (>= 1): ranks = tp x dp, TP innermost */
     const char *sequence_parallel; /* "true": between the TP blocks, split along T */
+    const char *tp_overlap;   /* "false": each TP collective waited for right after its
+                                 start (ExecOpts.tp_no_overlap); "true" (default): at
+                                 its first reader */
     const char *shard;        /* "auto": the compiler chooses the params' TP splits
                                  (passes/shard_auto.c); "script": the script's marks */
     int64_t pp;               /* pipeline stages (>= 1): ranks = tp x dp x pp, TP innermost, PP outermost (pp.c) */

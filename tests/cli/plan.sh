@@ -245,6 +245,19 @@ if command -v mpirun >/dev/null; then
     sed -i 's/^model=.*/model=another CPU/' "$f"
     KILN_CACHE_DIR="$dir/cache" "$KILN" plan "${cpu[@]}" >"$dir/out" 2>"$dir/err" || fail "plan, other CPU"
     grep -q "measuring MPI" "$dir/err" || fail "a cache for another CPU was used"
+    [ -f "$dir/cache/cpu-mpi-tp-2.txt" ] && fail "the TP link was measured for a plan without tp"
+    # with --tp 2 the TP collectives' own path (no communication thread) too
+    KILN_CACHE_DIR="$dir/cache" "$KILN" plan models/gpt.lua --device cpu --tp 2 >"$dir/out" \
+        2>"$dir/err" || fail "plan --device cpu --tp 2: $(cat "$dir/err")"
+    grep -q "measuring MPI (the TP collectives' path) between 2 local ranks" "$dir/err" ||
+        fail "no TP link measurement: $(cat "$dir/err")"
+    f="$dir/cache/cpu-mpi-tp-2.txt"
+    bw=$(sed -n 's/^bw=//p' "$f")
+    alpha=$(sed -n 's/^alpha=//p' "$f")
+    awk -v b="$bw" -v a="$alpha" 'BEGIN { exit !(b > 1e6 && a > 0 && a < 1) }' ||
+        fail "$f: implausible bw $bw, alpha $alpha"
+    want=$(awk -v b="$bw" -v a="$alpha" 'BEGIN { printf "TP link inside a node: %.3g GB/s, alpha %.3g us per hop", b / 1e9, a * 1e6 }')
+    grep -qF "  $want" "$dir/out" || fail "TP link line is not the measured one ($want): $(grep -i 'tp link' "$dir/out")"
 else
     echo "plan: no mpirun; the cpu MPI link is not checked"
 fi

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # shard_auto.sh - --set shard=auto (passes/shard_auto.c): the compiler chooses
 # the params' tensor-parallel splits with an ILP over the partition pass's
-# costs (costed on h100).
+# costs (kiln compile: costed on h100; kiln train: on the run's device).
 #   - gpt.lua without its own marks (--set tp_marks=false), GPT-2 small's
 #     width (C 768, H 12, V 50304) at L 2: Megatron-LM's split by name:
 #     c_attn column-parallel in 3 blocks (q, k, v by heads), attention
@@ -92,8 +92,9 @@ expect "$T/s.log" wte.weight 'whole'
 "$KILN" train $S --steps 4 >"$T/t1.log" 2>&1 || fail "train 1 rank: $(tail -5 "$T/t1.log")"
 "$KILN" train $S --steps 4 --nproc 2 --tp 2 --set shard=auto >"$T/t2.log" 2>&1 ||
     fail "train tp=2: $(tail -5 "$T/t2.log")"
-grep -q 'kiln: note: shard=auto split 6 params over tp = 2' "$T/t2.log" ||
-    fail "no shard=auto note: $(grep note "$T/t2.log")"
+# costed on the run's device (the CPU's measured figures), not h100's
+grep -Eq 'kiln: note: shard=auto split [1-9][0-9]* params over tp = 2 .*, costed on cpu;' "$T/t2.log" ||
+    fail "no shard=auto note costed on cpu: $(grep note "$T/t2.log")"
 grep -q 'marks no param for tensor parallelism' "$T/t2.log" && fail "train ran unsplit"
 same_losses "$T/t1.log" "$T/t2.log" gpt
 

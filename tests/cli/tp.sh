@@ -12,7 +12,7 @@
 #     checkpoint resumed at tp = 1 with no step left to run;
 #   - the TP collectives overlap: the schedule puts a weight-gradient GEMM
 #     after each backward all-reduce, and the report's exposed part is at
-#     most the collectives' time;
+#     most the collectives' time; tp_overlap=false waits for each at once;
 #   - user errors: a tp the ranks or a split axis do not divide, tp on one
 #     rank, adafactor under tp.
 # gpt's key bias (c_attn.bias, columns C..2C) gets a gradient that is zero
@@ -45,17 +45,34 @@ grep -Eq '^tensor-parallel comm: .* [0-9.]+ ms, [0-9.]+ ms exposed$' "$T/gpt2.lo
     fail "no TP comm line with its exposed part: $(grep -i 'tensor-parallel' "$T/gpt2.log")"
 sed -n 's/^tensor-parallel comm: .* \([0-9.]*\) ms, \([0-9.]*\) ms exposed$/\1 \2/p' "$T/gpt2.log" |
     awk '{ exit !($2 <= $1 + 0.005) }' || fail "TP comm exposed above its time: $(grep -i 'tensor-parallel' "$T/gpt2.log")"
+# tp_overlap=false (bench/tp_cpu.sh): every TP collective is waited for at
+# the step after its start, none under later steps, the same losses
+run gpt2ser $GPT --nproc 2 --tp 2 --set tp_overlap=false -v
+same_losses gpt2ser gpt1
+grep -q '^kiln: exec: 13 TP collectives on the host, 0 of them under later steps (0 steps in all) (tp_overlap=false)$' "$T/gpt2ser.log" ||
+    fail "tp_overlap=false: $(grep 'TP collectives on' "$T/gpt2ser.log")"
+run gpt2v $GPT --nproc 2 --tp 2 --steps 2 -v
+grep -Eq '^kiln: exec: 13 TP collectives on the host, [1-9][0-9]* of them under later steps' "$T/gpt2v.log" ||
+    fail "overlapped: $(grep 'TP collectives on' "$T/gpt2v.log")"
 # the schedule puts a weight-gradient GEMM (ta=1) right after each
 # backward all-reduce of an input gradient that has one ready: every
 # block's, not the tied head's (the embedding's gradient is not summed yet)
-# (with dp ranks too, where program order put the GEMM before the all-reduce)
+# (with dp ranks too, where program order put the GEMM before the all-reduce;
+# under grad_accum, whose sum with the accumulator and mean move with the
+# GEMM; under sequence_parallel the reduce-scatters in their place)
 for ranks in 2 4; do
-    rm -rf "$T/ds"
-    "$KILN" compile models/gpt.lua --nproc $ranks --tp 2 --dump-after=schedule --dump-dir "$T/ds" \
-        >"$T/ds.log" 2>&1 || fail "compile schedule: $(cat "$T/ds.log")"
-    awk '/= tp_allreduce .*!backward/ { n++; getline; if ($0 ~ /= matmul .*\{ta=1,/) k++ }
-         END { print n, k; exit !(n >= 3 && k == n - 1) }' "$T/ds/"*schedule.ir >"$T/ds.count" ||
-        fail "$ranks ranks: backward all-reduces / followed by a weight-gradient GEMM: $(cat "$T/ds.count")"
+    for set in "" "--set grad_accum=2" "--set sequence_parallel=true --set grad_accum=2"; do
+        coll=tp_allreduce
+        case $set in *sequence_parallel*) coll=tp_reduce_scatter ;; esac
+        rm -rf "$T/ds"
+        # shellcheck disable=SC2086
+        "$KILN" compile models/gpt.lua --nproc $ranks --tp 2 $set --dump-after=schedule \
+            --dump-dir "$T/ds" >"$T/ds.log" 2>&1 || fail "compile schedule: $(cat "$T/ds.log")"
+        awk -v c="= $coll " '
+            index($0, c) && /!backward/ { n++; getline; if ($0 ~ /= matmul .*\{ta=1,/) k++ }
+            END { print n, k + 0; exit !(n >= 3 && k == n - 1) }' "$T/ds/"*schedule.ir >"$T/ds.count" ||
+            fail "$ranks ranks $set: backward $coll / followed by a weight-gradient GEMM: $(cat "$T/ds.count")"
+    done
 done
 
 run llama1 $LLAMA --save-weights "$T/llama1.safetensors"

@@ -322,6 +322,22 @@ static void test_memory_timeline(void **state)
     double bw = o.tp <= o.gpus_per_node ? o.intra_bw : o.inter_bw;
     double want = (cg_ring_allreduce(1e6, 2, bw, o.alpha_s) + cg_ring_half(2e6, 2, bw, o.alpha_s)) / 2;
     assert_true(fabs(p.t_tp_mb - want) <= 1e-12 * want);
+    assert_true(fabs(p.t_tp_exposed_mb - want) <= 1e-12 * want); /* nothing hides them */
+    /* the compute up to each one's first reader hides that much of it:
+     * all of the all-reduce, none of the gather; the step counts both */
+    double ar = cg_ring_allreduce(1e6, 2, bw, o.alpha_s), ag = cg_ring_half(2e6, 2, bw, o.alpha_s);
+    const double hide[2] = {2 * ar, 0.25 * ag};
+    m.tp_hide_s = hide;
+    p = project(&m, &o);
+    assert_true(fabs(p.t_tp_exposed_mb - 0.75 * ag / 2) <= 1e-12 * ag);
+    assert_true(fabs(p.t_tp_mb - want) <= 1e-12 * want);
+    /* a TP link of its own (the CPU's, measured apart) inside a node */
+    o.tp_alpha_s = 1e-6, o.tp_bw = 3e9;
+    p = project(&m, &o);
+    want = (cg_ring_allreduce(1e6, 2, 3e9, 1e-6) + cg_ring_half(2e6, 2, 3e9, 1e-6)) / 2;
+    assert_true(fabs(p.t_tp_mb - want) <= 1e-12 * want);
+    o.tp_alpha_s = 0, o.tp_bw = 0;
+    m.tp_hide_s = NULL;
     m.tp_split = 1, m.ntp = 0, m.tp_bytes = NULL, m.tp_coll = NULL;
     /* memory still falls as TP and PP grow */
     double last = 1e300;
