@@ -189,14 +189,16 @@ double cg_cluster_stage_prog(const CgClusterModel *m, const CgClusterOpts *o, in
 }
 
 /* Stage s's actions under o's schedule (3 x micro-batches), into a (the
- * caller's); the most micro-batches it holds at once (an F run, its W not
- * yet); into *bytes (may be NULL) the most bytes st holds at once: held_f
- * for each micro-batch between its F and W, held_b between its B and W. */
+ * caller's), at most wcap[t] W's waiting on stage t under zb-h1 (may be
+ * NULL, pass_stage_schedule_capped); the most micro-batches it holds at
+ * once (an F run, its W not yet); into *bytes (may be NULL) the most bytes
+ * st holds at once: held_f for each micro-batch between its F and W,
+ * held_b between its B and W. */
 static int stage_order(const CgClusterOpts *o, int n, int s, const CgStageModel *st,
-                       PassStageAct *a, double *bytes)
+                       const int *wcap, PassStageAct *a, double *bytes)
 {
     int mb = o->micro_batches > 0 ? o->micro_batches : 1;
-    int na = pass_stage_schedule(pass_kind(o->schedule), n, mb, s, a);
+    int na = pass_stage_schedule_capped(pass_kind(o->schedule), n, mb, s, wcap, a);
     int nf = 0, nb = 0, most = 0;
     double top = 0;
     for (int i = 0; i < na; i++) {
@@ -215,14 +217,16 @@ static int stage_order(const CgClusterOpts *o, int n, int s, const CgStageModel 
     return most;
 }
 
-double cg_cluster_stage(const CgClusterModel *m, const CgClusterOpts *o, int s,
-                        CgClusterPlan *p)
+/* Stage s's memory per GPU under o's schedule with caps wcap (may be NULL)
+ * into p's mem_ rows and inflight; returns mem_total. */
+static double stage_memory(const CgClusterModel *m, const CgClusterOpts *o, int s,
+                           const int *wcap, CgClusterPlan *p)
 {
     const CgStageModel *st = &m->stages[s];
     int n = m->nstages, mb = o->micro_batches > 0 ? o->micro_batches : 1;
     PassStageAct *a = xmalloc(sizeof(PassStageAct) * (size_t)(3 * mb + 1));
     double held;
-    p->inflight = stage_order(o, n, s, st, a, &held);
+    p->inflight = stage_order(o, n, s, st, wcap, a, &held);
     free(a);
     int tp = tp_left(m, o);
     double share = m->param_bytes > 0 ? st->param_bytes / m->param_bytes : 0;
@@ -235,6 +239,65 @@ double cg_cluster_stage(const CgClusterModel *m, const CgClusterOpts *o, int s,
     p->grads_resident = true;
     p->mem_op = -1;
     p->mem_total = p->mem_params + p->mem_grads + p->mem_opt + p->mem_act;
+    return p->mem_total;
+}
+
+/* Under zb-h1 with the stages' held bytes known: into wcap (n entries) the
+ * most W's each stage keeps waiting so that none needs more than
+ * CG_ZBH1_MEM x 1f1b's peak (the most over the stages; a stage already
+ * over it keeps none waiting, as under 1f1b): from the unit-slot default
+ * (stage t: t), the cap of each stage over it lowered by one, until none
+ * is. False (wcap untouched): not zb-h1, or no bytes known. */
+static bool zbh1_caps(const CgClusterModel *m, const CgClusterOpts *o, int *wcap)
+{
+    int n = m->nstages;
+    bool known = false;
+    for (int s = 0; s < n; s++)
+        known |= m->stages[s].held_f > 0 || m->stages[s].held_b > 0;
+    if (o->schedule != CG_PP_ZBH1 || n < 2 || !known)
+        return false;
+    CgClusterOpts o1 = *o;
+    o1.schedule = CG_PP_1F1B;
+    CgClusterPlan ps;
+    double peak = 0;
+    for (int s = 0; s < n; s++) {
+        memset(&ps, 0, sizeof ps);
+        double x = stage_memory(m, &o1, s, NULL, &ps);
+        peak = x > peak ? x : peak;
+    }
+    double budget = CG_ZBH1_MEM * peak;
+    for (int s = 0; s < n; s++)
+        wcap[s] = s;
+    for (bool lowered = true; lowered;) {
+        lowered = false;
+        for (int s = 0; s < n; s++) {
+            memset(&ps, 0, sizeof ps);
+            if (wcap[s] > 0 && stage_memory(m, o, s, wcap, &ps) > budget) {
+                wcap[s]--;
+                lowered = true;
+            }
+        }
+    }
+    return true;
+}
+
+int cg_cluster_zbh1_caps(const CgClusterModel *m, const CgClusterOpts *o, int *wcap)
+{
+    if (!zbh1_caps(m, o, wcap))
+        for (int s = 0; s < m->nstages; s++)
+            wcap[s] = s;
+    return m->nstages;
+}
+
+double cg_cluster_stage(const CgClusterModel *m, const CgClusterOpts *o, int s,
+                        CgClusterPlan *p)
+{
+    const CgStageModel *st = &m->stages[s];
+    int n = m->nstages, mb = o->micro_batches > 0 ? o->micro_batches : 1;
+    int *wcap = xmalloc(sizeof(int) * (size_t)(n + 1));
+    bool capped = zbh1_caps(m, o, wcap);
+    stage_memory(m, o, s, capped ? wcap : NULL, p);
+    free(wcap);
     double busy = 0;
     for (int k = 0; k < 3; k++)
         busy += stage_prog_s(m, o, st, k);
@@ -255,8 +318,10 @@ double cg_cluster_pipeline(const CgClusterModel *m, const CgClusterOpts *o)
     double *dur = xmalloc(sizeof(double) * (size_t)(3 * n + 1));
     double *hop = xcalloc((size_t)n + 1, sizeof(double)); /* boundary s: s-1 -> s */
     int *next = xcalloc((size_t)n + 1, sizeof(int));
+    int *wcap = xmalloc(sizeof(int) * (size_t)(n + 1));
+    bool capped = zbh1_caps(m, o, wcap);
     for (int s = 0; s < n; s++) {
-        stage_order(o, n, s, &m->stages[s], a + s * M3, NULL);
+        stage_order(o, n, s, &m->stages[s], capped ? wcap : NULL, a + s * M3, NULL);
         for (int k = 0; k < 3; k++)
             dur[3 * s + k] = stage_prog_s(m, o, &m->stages[s], k);
         if (s > 0)
@@ -318,6 +383,7 @@ double cg_cluster_pipeline(const CgClusterModel *m, const CgClusterOpts *o)
     free(dur);
     free(hop);
     free(next);
+    free(wcap);
     return end;
 }
 
