@@ -502,6 +502,8 @@ int pass_stage_schedule(int kind, int n, int m, int s, PassStageAct *out);
  * gpipe and 1f1b ignore it. */
 int pass_stage_schedule_capped(int kind, int n, int m, int s, const int *wcap,
                                PassStageAct *out);
+/* Every stage's actions at once: stage t's 3m into out[t * 3m ...]. */
+void pass_stage_schedule_all(int kind, int n, int m, const int *wcap, PassStageAct *out);
 /* The `stages` dump: the schedule as a table, stages by time slots (F, B
  * and W one slot each), the idle share next to the formulas, and each
  * stage's program with its sends and receives. */

@@ -829,6 +829,13 @@ int pass_stage_schedule(int kind, int n, int m, int s, PassStageAct *out)
     return pass_stage_schedule_capped(kind, n, m, s, NULL, out);
 }
 
+void pass_stage_schedule_all(int kind, int n, int m, const int *wcap, PassStageAct *out)
+{
+    int *start = xmalloc(sizeof(int) * (size_t)(n * 3 * m + 1));
+    simulate(kind, n, m, wcap, out, start);
+    free(start);
+}
+
 int pass_stage_schedule_capped(int kind, int n, int m, int s, const int *wcap,
                                PassStageAct *out)
 {
