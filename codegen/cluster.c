@@ -191,15 +191,26 @@ double cg_cluster_stage_prog(const CgClusterModel *m, const CgClusterOpts *o, in
     return stage_prog_s(m, o, &m->stages[s], k);
 }
 
-/* Stage s's actions under o's schedule (3 x micro-batches), into a (the
- * caller's); the most micro-batches it holds at once (an F run, its W not
- * yet); into *bytes (may be NULL) the most bytes st holds at once: held_f
- * for each micro-batch between its F and W, held_b between its B and W. */
-static int stage_order(const CgClusterOpts *o, int n, int s, const CgStageModel *st,
-                       PassStageAct *a, double *bytes)
+/* Every stage's actions under o's schedule (3 x micro-batches each), at
+ * most wcap[t] W's waiting on stage t under zb-h1 (may be NULL,
+ * pass_stage_schedule_capped); the caller frees them. */
+static PassStageAct *stage_orders(const CgClusterModel *m, const CgClusterOpts *o,
+                                  const int *wcap)
 {
-    int mb = o->micro_batches > 0 ? o->micro_batches : 1;
-    int na = pass_stage_schedule(pass_kind(o->schedule), n, mb, s, a);
+    int n = m->nstages, mb = o->micro_batches > 0 ? o->micro_batches : 1;
+    PassStageAct *a = xmalloc(sizeof(PassStageAct) * (size_t)(n * 3 * mb + 1));
+    pass_stage_schedule_all(pass_kind(o->schedule), n, mb, wcap, a);
+    return a;
+}
+
+/* Over stage st's actions a (3 x micro-batches): the most micro-batches it
+ * holds at once (an F run, its W not yet); into *bytes the most bytes st
+ * holds at once: held_f for each micro-batch between its F and W, held_b
+ * between its B and W. */
+static int stage_held(const CgClusterOpts *o, const CgStageModel *st, const PassStageAct *a,
+                      double *bytes)
+{
+    int na = 3 * (o->micro_batches > 0 ? o->micro_batches : 1);
     int nf = 0, nb = 0, most = 0;
     double top = 0;
     for (int i = 0; i < na; i++) {
@@ -213,20 +224,18 @@ static int stage_order(const CgClusterOpts *o, int n, int s, const CgStageModel 
         double x = nf * st->held_f + nb * st->held_b;
         top = x > top ? x : top;
     }
-    if (bytes)
-        *bytes = top;
+    *bytes = top;
     return most;
 }
 
-double cg_cluster_stage(const CgClusterModel *m, const CgClusterOpts *o, int s,
-                        CgClusterPlan *p)
+/* Stage s's memory per GPU with its actions a (stage_orders) into p's
+ * mem_ rows and inflight; returns mem_total. */
+static double stage_memory(const CgClusterModel *m, const CgClusterOpts *o, int s,
+                           const PassStageAct *a, CgClusterPlan *p)
 {
     const CgStageModel *st = &m->stages[s];
-    int n = m->nstages, mb = o->micro_batches > 0 ? o->micro_batches : 1;
-    PassStageAct *a = xmalloc(sizeof(PassStageAct) * (size_t)(3 * mb + 1));
     double held;
-    p->inflight = stage_order(o, n, s, st, a, &held);
-    free(a);
+    p->inflight = stage_held(o, st, a, &held);
     int tp = tp_left(m, o);
     double share = m->param_bytes > 0 ? st->param_bytes / m->param_bytes : 0;
     int zdiv = o->zero && !m->opt_sharded ? o->dp : 1;
@@ -238,6 +247,72 @@ double cg_cluster_stage(const CgClusterModel *m, const CgClusterOpts *o, int s,
     p->grads_resident = true;
     p->mem_op = -1;
     p->mem_total = p->mem_params + p->mem_grads + p->mem_opt + p->mem_act;
+    return p->mem_total;
+}
+
+/* Under zb-h1 with the stages' held bytes known: into wcap (n entries) the
+ * most W's each stage keeps waiting so that none needs more than
+ * CG_ZBH1_MEM x 1f1b's peak (the most over the stages; a stage already
+ * over it keeps none waiting, as under 1f1b): from the unit-slot default
+ * (stage t: t), the cap of each stage over it lowered by one, until none
+ * is. False (wcap untouched): not zb-h1, or no bytes known. */
+static bool zbh1_caps(const CgClusterModel *m, const CgClusterOpts *o, int *wcap)
+{
+    int n = m->nstages;
+    bool known = false;
+    for (int s = 0; s < n; s++)
+        known |= m->stages[s].held_f > 0 || m->stages[s].held_b > 0;
+    if (o->schedule != CG_PP_ZBH1 || n < 2 || !known)
+        return false;
+    int M3 = 3 * (o->micro_batches > 0 ? o->micro_batches : 1);
+    CgClusterOpts o1 = *o;
+    o1.schedule = CG_PP_1F1B;
+    CgClusterPlan ps;
+    double peak = 0;
+    PassStageAct *a = stage_orders(m, &o1, NULL);
+    for (int s = 0; s < n; s++) {
+        memset(&ps, 0, sizeof ps);
+        double x = stage_memory(m, &o1, s, a + s * M3, &ps);
+        peak = x > peak ? x : peak;
+    }
+    free(a);
+    double budget = CG_ZBH1_MEM * peak;
+    for (int s = 0; s < n; s++)
+        wcap[s] = s;
+    for (bool lowered = true; lowered;) {
+        lowered = false;
+        a = stage_orders(m, o, wcap);
+        for (int s = 0; s < n; s++) {
+            memset(&ps, 0, sizeof ps);
+            if (wcap[s] > 0 && stage_memory(m, o, s, a + s * M3, &ps) > budget) {
+                wcap[s]--;
+                lowered = true;
+            }
+        }
+        free(a);
+    }
+    return true;
+}
+
+int cg_cluster_zbh1_caps(const CgClusterModel *m, const CgClusterOpts *o, int *wcap)
+{
+    if (!zbh1_caps(m, o, wcap))
+        for (int s = 0; s < m->nstages; s++)
+            wcap[s] = s;
+    return m->nstages;
+}
+
+double cg_cluster_stage(const CgClusterModel *m, const CgClusterOpts *o, int s,
+                        CgClusterPlan *p)
+{
+    const CgStageModel *st = &m->stages[s];
+    int n = m->nstages, mb = o->micro_batches > 0 ? o->micro_batches : 1;
+    int *wcap = xmalloc(sizeof(int) * (size_t)(n + 1));
+    bool capped = zbh1_caps(m, o, wcap);
+    PassStageAct *a = stage_orders(m, o, capped ? wcap : NULL);
+    stage_memory(m, o, s, a + s * 3 * mb, p);
+    free(a);
+    free(wcap);
     double busy = 0;
     for (int k = 0; k < 3; k++)
         busy += stage_prog_s(m, o, st, k);
@@ -250,7 +325,6 @@ double cg_cluster_pipeline(const CgClusterModel *m, const CgClusterOpts *o)
     /* pipeline neighbours are tp x dp ranks apart (PP outermost) */
     bool inside = (int64_t)o->tp * o->dp * 2 <= o->gpus_per_node;
     double bw = inside ? o->intra_bw : o->inter_bw;
-    PassStageAct *a = xmalloc(sizeof(PassStageAct) * (size_t)(n * M3 + 1));
     double *fend = xmalloc(sizeof(double) * (size_t)(n * mb + 1));
     double *bend = xmalloc(sizeof(double) * (size_t)(n * mb + 1));
     double *wend = xmalloc(sizeof(double) * (size_t)(n * mb + 1));
@@ -258,8 +332,10 @@ double cg_cluster_pipeline(const CgClusterModel *m, const CgClusterOpts *o)
     double *dur = xmalloc(sizeof(double) * (size_t)(3 * n + 1));
     double *hop = xcalloc((size_t)n + 1, sizeof(double)); /* boundary s: s-1 -> s */
     int *next = xcalloc((size_t)n + 1, sizeof(int));
+    int *wcap = xmalloc(sizeof(int) * (size_t)(n + 1));
+    bool capped = zbh1_caps(m, o, wcap);
+    PassStageAct *a = stage_orders(m, o, capped ? wcap : NULL);
     for (int s = 0; s < n; s++) {
-        stage_order(o, n, s, &m->stages[s], a + s * M3, NULL);
         for (int k = 0; k < 3; k++)
             dur[3 * s + k] = stage_prog_s(m, o, &m->stages[s], k);
         if (s > 0)
@@ -321,6 +397,7 @@ double cg_cluster_pipeline(const CgClusterModel *m, const CgClusterOpts *o)
     free(dur);
     free(hop);
     free(next);
+    free(wcap);
     return end;
 }
 

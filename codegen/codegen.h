@@ -814,11 +814,22 @@ typedef struct {
 
 /* The memory rows of p (mem_*) alone, as cg_cluster_project sets them. */
 void cg_cluster_memory(const CgClusterModel *m, const CgClusterOpts *o, CgClusterPlan *p);
+/* ZB-H1's memory bound: no stage of the cut holds more than this many
+ * times 1f1b's peak memory per GPU (the most over its stages). */
+#define CG_ZBH1_MEM 1.10
+/* Into wcap (m->nstages entries) the most W's each stage keeps waiting
+ * under o's schedule (pass_stage_schedule_capped): under zb-h1 with the
+ * stages' held bytes known, lowered from the default (stage t: t) until
+ * no stage needs more than CG_ZBH1_MEM x 1f1b's peak; otherwise the
+ * default. cg_cluster_stage and cg_cluster_pipeline run these. Returns
+ * m->nstages. */
+int cg_cluster_zbh1_caps(const CgClusterModel *m, const CgClusterOpts *o, int *wcap);
 /* Stage s of m's cut (m->nstages > 0) under o: its memory per GPU into the
  * mem_* rows of p (params, grads, optimizer state, the activations it holds
  * where its schedule holds the most, mem_saved, and its largest program's
  * temporaries; p->inflight: the most micro-batches it holds at once, F run
- * and W not, under o->schedule), and its busy seconds
+ * and W not, under o->schedule, zb-h1's capped by cg_cluster_zbh1_caps),
+ * and its busy seconds
  * per step (m x (F + B + W + its TP collectives)) as the return value. */
 double cg_cluster_stage(const CgClusterModel *m, const CgClusterOpts *o, int s,
                         CgClusterPlan *p);

@@ -497,6 +497,15 @@ int pass_stage_schedule_parse(const char *name); /* -1: unknown */
  * (zb-h1) or W (gpipe, 1f1b) of s > 0 by sending the received
  * activation's gradient. W's run in micro-batch order. */
 int pass_stage_schedule(int kind, int n, int m, int s, PassStageAct *out);
+/* pass_stage_schedule with, under zb-h1, at most wcap[t] W's waiting on
+ * stage t (n entries; wcap[t] < 0 or >= t: t, the default; NULL: all
+ * default), so stage t holds n - t + min(t, wcap[t]) micro-batches: the
+ * cap of a caller that knows what a held micro-batch costs (kiln plan).
+ * gpipe and 1f1b ignore it. */
+int pass_stage_schedule_capped(int kind, int n, int m, int s, const int *wcap,
+                               PassStageAct *out);
+/* Every stage's actions at once: stage t's 3m into out[t * 3m ...]. */
+void pass_stage_schedule_all(int kind, int n, int m, const int *wcap, PassStageAct *out);
 /* The `stages` dump: the schedule as a table, stages by time slots (F, B
  * and W one slot each), the idle share next to the formulas, and each
  * stage's program with its sends and receives. */

@@ -739,9 +739,11 @@ static void fb_order(int kind, int n, int m, int s, PassStageAct *out)
  *     keeps up to s W's waiting and runs one where its next F or B cannot
  *     run yet (the bubbles). 1f1b holds n - s micro-batches (F run, W not
  *     yet) on stage s; zb-h1 holds n on every stage, 1f1b's peak (stage
- *     0's), as the paper's ZB-H1 does.
+ *     0's), as the paper's ZB-H1 does; with wcap (may be NULL), stage s
+ *     keeps at most min(s, wcap[s]) W's waiting (wcap[s] < 0: s), and
+ *     holds n - s + that many.
  * The W's run in micro-batch order. Returns the number of slots. */
-static int simulate(int kind, int n, int m, PassStageAct *acts, int *start)
+static int simulate(int kind, int n, int m, const int *wcap, PassStageAct *acts, int *start)
 {
     int M3 = 3 * m;
     bool zb = kind == PASS_SCHED_ZBH1;
@@ -768,7 +770,8 @@ static int simulate(int kind, int n, int m, PassStageAct *acts, int *start)
                 continue;
             PassStageAct x = {0, -1};
             bool wpend = nw[s] < nb[s];
-            if (zb ? nb[s] - nw[s] > s : wpend) {
+            int cap = wcap && wcap[s] >= 0 && wcap[s] < s ? wcap[s] : s;
+            if (zb ? nb[s] - nw[s] > cap : wpend) {
                 x = (PassStageAct){'W', nw[s]};
             } else if (pos[s] < 2 * m) {
                 PassStageAct y = seq[s * 2 * m + pos[s]];
@@ -814,9 +817,22 @@ static int simulate(int kind, int n, int m, PassStageAct *acts, int *start)
 
 int pass_stage_schedule(int kind, int n, int m, int s, PassStageAct *out)
 {
+    return pass_stage_schedule_capped(kind, n, m, s, NULL, out);
+}
+
+void pass_stage_schedule_all(int kind, int n, int m, const int *wcap, PassStageAct *out)
+{
+    int *start = xmalloc(sizeof(int) * (size_t)(n * 3 * m + 1));
+    simulate(kind, n, m, wcap, out, start);
+    free(start);
+}
+
+int pass_stage_schedule_capped(int kind, int n, int m, int s, const int *wcap,
+                               PassStageAct *out)
+{
     PassStageAct *a = xmalloc(sizeof(PassStageAct) * (size_t)(n * 3 * m + 1));
     int *start = xmalloc(sizeof(int) * (size_t)(n * 3 * m + 1));
-    simulate(kind, n, m, a, start);
+    simulate(kind, n, m, wcap, a, start);
     memcpy(out, a + s * 3 * m, sizeof(PassStageAct) * (size_t)(3 * m));
     free(a);
     free(start);
@@ -828,7 +844,7 @@ void pass_stage_schedule_print(int kind, int n, int m, FILE *f)
     int M3 = 3 * m;
     PassStageAct *a = xmalloc(sizeof(PassStageAct) * (size_t)(n * M3 + 1));
     int *start = xmalloc(sizeof(int) * (size_t)(n * M3 + 1));
-    int T = simulate(kind, n, m, a, start);
+    int T = simulate(kind, n, m, NULL, a, start);
     bool zb = kind == PASS_SCHED_ZBH1;
     fprintf(f, "# stages: pp = %d, micro-batches = %d, schedule = %s (slots: F, B, W one each; "
             "%s)\n", n, m, pass_stage_schedule_name(kind),

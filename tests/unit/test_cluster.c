@@ -457,6 +457,59 @@ static void test_stage_pipeline(void **state)
     assert_true(fabs(ps.t_pipeline - ps.t_bubble - 48) < 1e-9);
 }
 
+/* ZB-H1's memory cap (cg_cluster_zbh1_caps): four stages of F 1, B 2,
+ * W 3, each owning 1e9 bytes of params (4e9 per stage with grads and
+ * optimizer state), holding 1e9 per micro-batch, the last (an LM head)
+ * 2e9. 1f1b's peak is stage 0's four micro-batches, 8e9; zb-h1's default
+ * (stage t keeps t W's waiting, holds 4) would put the last stage at
+ * 4e9 + 4 x 2e9 = 12e9. Capped at 1.1 x 8e9, the last stage keeps one W
+ * waiting (holds 2: 8e9), the others their default; the step stays
+ * shorter than 1f1b's. With no bytes known the caps are the default. */
+static void test_zbh1_cap(void **state)
+{
+    (void)state;
+    CgStageModel st[4];
+    for (int s = 0; s < 4; s++)
+        st[s] = (CgStageModel){.t = {1, 2, 3}, .param_bytes = 1e9, .held_f = s == 3 ? 2e9 : 1e9};
+    CgClusterModel m = model();
+    m.param_bytes = 4e9, m.grad_bytes = 4e9, m.opt_bytes = 8e9, m.nbuckets = 0;
+    m.nstages = 4, m.stages = st, m.tp_split = 8;
+    CgClusterOpts o = layout();
+    o.tp = 1, o.pp = 4, o.dp = 1, o.gpus = 4, o.micro_batches = 8, o.alpha_s = 0;
+    CgClusterPlan p1 = project(&m, &o);
+    assert_true(fabs(p1.mem_total - 8e9) < 1);
+    assert_int_equal(p1.crit_stage, 0);
+    o.schedule = CG_PP_ZBH1;
+    int cap[4];
+    assert_int_equal(cg_cluster_zbh1_caps(&m, &o, cap), 4);
+    assert_int_equal(cap[0], 0);
+    assert_int_equal(cap[1], 1);
+    assert_int_equal(cap[2], 2);
+    assert_int_equal(cap[3], 1);
+    CgClusterPlan pz = project(&m, &o), s3;
+    assert_true(pz.mem_total <= CG_ZBH1_MEM * p1.mem_total);
+    memset(&s3, 0, sizeof s3);
+    cg_cluster_stage(&m, &o, 3, &s3);
+    assert_int_equal(s3.inflight, 2);
+    assert_true(fabs(s3.mem_total - 8e9) < 1);
+    assert_true(pz.t_pipeline < p1.t_pipeline);
+    /* the schedule itself: stage 3 capped at one W waiting holds 2 */
+    PassStageAct a[24];
+    int most = 0, held = 0;
+    assert_int_equal(pass_stage_schedule_capped(PASS_SCHED_ZBH1, 4, 8, 3, cap, a), 24);
+    for (int i = 0; i < 24; i++) {
+        held += a[i].kind == 'F' ? 1 : a[i].kind == 'W' ? -1 : 0;
+        most = held > most ? held : most;
+    }
+    assert_int_equal(most, 2);
+    /* no bytes known: the unit-slot default */
+    for (int s = 0; s < 4; s++)
+        st[s].held_f = 0;
+    cg_cluster_zbh1_caps(&m, &o, cap);
+    for (int s = 0; s < 4; s++)
+        assert_int_equal(cap[s], s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -471,6 +524,7 @@ int main(void)
         cmocka_unit_test(test_cpu_staging),
         cmocka_unit_test(test_bubble),
         cmocka_unit_test(test_stage_pipeline),
+        cmocka_unit_test(test_zbh1_cap),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -2,7 +2,9 @@
  * print -> parse -> print is identical after the frontend and after every
  * pass; and the training step of gpt.lua (tiny), evaluated by the reference
  * interpreter, lowers the loss over 20 AdamW steps on a fixed batch; an
- * invalid graph is written as a bug report that kiln opt replays. */
+ * invalid graph is written as a bug report that kiln opt replays; the
+ * pipeline split (pass_stage_split) of a tp 2, sequence-parallel llama
+ * stage leaves every weight-gradient matmul to W. */
 #include "testutil.h"
 
 #include <math.h>
@@ -327,9 +329,59 @@ static void test_invalid_report_replays(void **state)
     ir_free(g);
 }
 
+/* pass_stage_split on llama.lua (4 layers) as rank 0 of tp 2 with
+ * sequence parallelism, stage 1 of pp 2 (2 layers and the LM head): F has
+ * 15 matmuls of a weight (q, k, v, o, gate, up, down per layer, the head)
+ * and 4 of the attention (QK^T and PV per layer), 19; W all 15 weight
+ * gradients; B the 15 input gradients of those and the attention's 8
+ * backward matmuls, 23. The TP collectives and all-gathers that sequence
+ * parallelism adds pull no weight gradient into B. */
+static int count_code(const Graph *g, int code)
+{
+    int n = 0;
+    for (int i = 0; i < g->ops.n; i++)
+        n += (int)g->ops.v[i].code == code;
+    return n;
+}
+
+static void test_stage_split_tp_sp(void **state)
+{
+    (void)state;
+    const char *sets[] = {"L=4", "sequence_parallel=true"};
+    Model *m = load_model("models/llama.lua", sets, 2);
+    PassOpts o;
+    pass_opts_default(&o);
+    o.tp = 2, o.tp_rank = 0, o.sequence_parallel = true;
+    Diag d;
+    Graph *fwd = ir_clone(m->g);
+    PassStageCut cut = {0};
+    if (!pass_attention(fwd, &o, &d) || !pass_partition(fwd, &o, &d) ||
+        !pass_stage_cut(fwd, 2, &cut, &d))
+        fail_msg("%s", d.msg);
+    Graph *full = pass_stage_graph(fwd, &cut, 1, true);
+    if (!pass_autodiff(full, &o, &d))
+        fail_msg("%s", d.msg);
+    Graph *pr[3];
+    pass_stage_split(full, true, &pr[0], &pr[1], &pr[2]);
+    int nmm[3];
+    for (int k = 0; k < 3; k++)
+        nmm[k] = count_code(pr[k], OP_MATMUL);
+    printf("# stage 1 matmuls: F %d, B %d, W %d\n", nmm[0], nmm[1], nmm[2]);
+    assert_int_equal(nmm[0], 19);
+    assert_int_equal(nmm[1], 23);
+    assert_int_equal(nmm[2], 15);
+    for (int k = 0; k < 3; k++)
+        ir_free(pr[k]);
+    ir_free(full);
+    pass_stage_cut_free(&cut);
+    ir_free(fwd);
+    fe_model_free(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_stage_split_tp_sp),
         cmocka_unit_test(test_invalid_graph_written),
         cmocka_unit_test(test_invalid_report_replays),
         cmocka_unit_test(test_round_trip_every_model),
