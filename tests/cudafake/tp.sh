@@ -117,23 +117,15 @@ env "${cuda_env[@]}" LD_LIBRARY_PATH="$FAKE_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_P
     --save-weights "$T/cuda.safetensors" >"$T/cuda.log" 2>&1
 rc=$?
 
-losses() {
-    sed -n 's/^step *[0-9]*\/[0-9]* | loss \([^ ]*\) .*/\1/p; s/^final: step [0-9]* | train loss \([^ ]*\) .*/\1/p' "$1"
-    sed -n 's/^final: .* | val loss \([^ ]*\) .*/\1/p' "$1"
-}
-# the losses of the two logs within 1e-5 relative, 5 of them (3 steps, final
-# train and validation loss: the evaluation executor's TP collectives)
-cmp_losses() {
-    paste <(losses "$T/cpu.log") <(losses "$T/cuda.log") | awk '
-        { n++; if ($2 == "") { bad = 1; next } d = $1 - $2; if (d < 0) d = -d; a = $1 < 0 ? -$1 : $1
-          r = a > 0 ? d / a : d; if (!(r <= m)) m = r; if (!(r <= 1e-5)) bad = 1 }
-        END { printf "%d losses, max rel diff %.2e (tol 1e-5)", n, m; exit (bad || n != 5) }'
-}
+. "$(dirname "$0")/cmp_losses.sh"
+# 5 losses: 3 steps, final train and validation loss (the evaluation
+# executor's TP collectives)
+nlosses=5
 
 case $negative in
 mismatch)
     [ $rc -eq 0 ] || { tail -5 "$T/cuda.log"; echo "FAIL: the run itself failed (expected a wrong result)"; exit 1; }
-    if out=$(cmp_losses); then echo "FAIL: a skipped TP all-reduce went unnoticed: $out"; exit 1; fi
+    if out=$(cmp_losses $nlosses); then echo "FAIL: a skipped TP all-reduce went unnoticed: $out"; exit 1; fi
     echo "the comparison fails, as it must: $out"
     exit 0 ;;
 race)
@@ -174,7 +166,7 @@ for f in t t.rank1; do
     [ -z "${trace[*]}" ] || grep -q '"name":"tp all-reduce"[^}]*"tid":5}' "$T/$f.json" ||
         fail "no TP all-reduce on track 5 of $f.json"
 done
-out=$(cmp_losses) || fail "losses differ: $out; cpu: $(losses "$T/cpu.log" | tr '\n' ' ') cuda: $(losses "$T/cuda.log" | tr '\n' ' ')"
+out=$(cmp_losses $nlosses) || fail "losses differ: $out; cpu: $(losses "$T/cpu.log" | tr '\n' ' ') cuda: $(losses "$T/cuda.log" | tr '\n' ' ')"
 echo "$model $case: $out"
 w=$(python3 "$ROOT/tests/gpu/cmp_weights.py" "$T/cuda.safetensors" "$T/cpu.safetensors" 1e-4)
 wrc=$?
