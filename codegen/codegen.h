@@ -461,6 +461,9 @@ typedef struct CgPlan {
 /* Plans the final graph (after pass_schedule). Fails with d set on an
  * unsupported op or dtype. */
 CgPlan *cg_plan(const Graph *g, Diag *d);
+/* Per op of g (the graph p was planned from): the plan step that runs it
+ * (a fused group's ops: their kernel's step), -1 for none. Caller frees. */
+int *cg_plan_op_steps(const CgPlan *p, const Graph *g);
 void cg_plan_free(CgPlan *p);
 /* Byte offset of a tensor's data in the arena. */
 int64_t cg_offset(const CgPlan *p, int tensor);

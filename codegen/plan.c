@@ -629,6 +629,35 @@ fail:
     return NULL;
 }
 
+int *cg_plan_op_steps(const CgPlan *p, const Graph *g)
+{
+    int ngroups = 0;
+    for (int i = 0; i < g->ops.n; i++)
+        if (g->ops.v[i].group + 1 > ngroups)
+            ngroups = g->ops.v[i].group + 1;
+    int *gstep = xmalloc(sizeof(int) * (size_t)(ngroups + 1));
+    int *ostep = xmalloc(sizeof(int) * (size_t)(g->ops.n + 1));
+    for (int k = 0; k < ngroups; k++)
+        gstep[k] = -1;
+    for (int i = 0; i < g->ops.n; i++)
+        ostep[i] = -1;
+    for (int s = 0; s < p->steps.n; s++) {
+        int o = p->steps.v[s].op;
+        if (o < 0)
+            continue;
+        if (ostep[o] < 0)
+            ostep[o] = s;
+        int k = g->ops.v[o].group;
+        if (k >= 0 && gstep[k] < 0)
+            gstep[k] = s;
+    }
+    for (int i = 0; i < g->ops.n; i++)
+        if (g->ops.v[i].group >= 0)
+            ostep[i] = gstep[g->ops.v[i].group];
+    free(gstep);
+    return ostep;
+}
+
 void cg_plan_free(CgPlan *p)
 {
     if (!p)

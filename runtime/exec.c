@@ -91,39 +91,6 @@ static void wait_bucket(Exec *e, int b)
     }
 }
 
-/* Per op of e->g: the plan step that runs it (a fused group's ops: their
- * kernel's step), -1 for none. Caller frees. */
-static int *op_steps(const Exec *e)
-{
-    const CgPlan *p = e->plan;
-    const Graph *g = e->g;
-    int ngroups = 0;
-    for (int i = 0; i < g->ops.n; i++)
-        if (g->ops.v[i].group + 1 > ngroups)
-            ngroups = g->ops.v[i].group + 1;
-    int *gstep = xmalloc(sizeof(int) * (size_t)(ngroups + 1));
-    int *ostep = xmalloc(sizeof(int) * (size_t)(g->ops.n + 1));
-    for (int k = 0; k < ngroups; k++)
-        gstep[k] = -1;
-    for (int i = 0; i < g->ops.n; i++)
-        ostep[i] = -1;
-    for (int s = 0; s < p->steps.n; s++) {
-        int o = p->steps.v[s].op;
-        if (o < 0)
-            continue;
-        if (ostep[o] < 0)
-            ostep[o] = s;
-        int k = g->ops.v[o].group;
-        if (k >= 0 && gstep[k] < 0)
-            gstep[k] = s;
-    }
-    for (int i = 0; i < g->ops.n; i++)
-        if (g->ops.v[i].group >= 0)
-            ostep[i] = gstep[g->ops.v[i].group];
-    free(gstep);
-    return ostep;
-}
-
 /* zero=1 on several CPU ranks: the all-gather waits at the end of the step
  * (the step graph has no next step to put them in) are carried into the
  * next run, right before the first plan step that reads one of the bucket's
@@ -168,7 +135,7 @@ static void setup_defer(Exec *e)
         for (int a = 0; a < st->nargs; a++)
             e->root_bucket[m->root[st->args[a]]] = st->bucket;
     }
-    int *ostep = op_steps(e);
+    int *ostep = cg_plan_op_steps(e->plan, e->g);
     for (int i = 0; i < g->ops.n; i++) {
         const Op *op = &g->ops.v[i];
         int s = ostep[i];
@@ -217,7 +184,7 @@ void rt_exec_before_read(Exec *e, const int *tensors, int n, void (*fn)(void *ar
     bool *want = xcalloc((size_t)g->t.n + 1, sizeof(bool));
     for (int k = 0; k < n; k++)
         want[m->root[tensors[k]]] = true;
-    int *ostep = op_steps(e), first = -1;
+    int *ostep = cg_plan_op_steps(e->plan, e->g), first = -1;
     for (int i = 0; i < g->ops.n; i++)
         for (int j = 0; j < g->ops.v[i].nin; j++)
             if (ostep[i] >= 0 && want[m->root[g->ops.v[i].in[j]]] &&
@@ -361,7 +328,7 @@ static bool setup_tp_waits(Exec *e, bool device, Diag *d)
         e->tp_wait_head[s] = e->tp_wait_next[s] = -1;
     }
     const MemPlan *m = p->mem;
-    int *ostep = op_steps(e);
+    int *ostep = cg_plan_op_steps(e->plan, e->g);
     int ntp = 0, nover = 0, under = 0, held = 0, copied = 0; /* verbose: the overlap */
     const BackendExt *x = e->be->ext;
     for (int s = 0; s < n; s++) {

@@ -286,27 +286,7 @@ static double *tp_hide(const Graph *g, const CgPlan *p, const CgPrediction *r)
     for (int k = 0; k < r->rows.n; k++)
         if (r->rows.v[k].step >= 0 && r->rows.v[k].step < n)
             at[r->rows.v[k].step] += r->rows.v[k].s;
-    int ngroups = 0;
-    for (int i = 0; i < g->ops.n; i++)
-        ngroups = g->ops.v[i].group + 1 > ngroups ? g->ops.v[i].group + 1 : ngroups;
-    int *gstep = xmalloc(sizeof(int) * (size_t)(ngroups + 1));
-    int *ostep = xmalloc(sizeof(int) * (size_t)(g->ops.n + 1));
-    for (int k = 0; k < ngroups; k++)
-        gstep[k] = -1;
-    for (int i = 0; i < g->ops.n; i++)
-        ostep[i] = -1;
-    for (int s = 0; s < n; s++) {
-        int o = p->steps.v[s].op;
-        if (o < 0)
-            continue;
-        if (ostep[o] < 0)
-            ostep[o] = s;
-        if (g->ops.v[o].group >= 0 && gstep[g->ops.v[o].group] < 0)
-            gstep[g->ops.v[o].group] = s;
-    }
-    for (int i = 0; i < g->ops.n; i++) /* a fused op runs at its group's step */
-        if (g->ops.v[i].group >= 0 && gstep[g->ops.v[i].group] >= 0)
-            ostep[i] = gstep[g->ops.v[i].group];
+    int *ostep = cg_plan_op_steps(p, g);
     double *hide = xcalloc((size_t)n + 1, sizeof(double));
     int ntp = 0;
     for (int s = 0; s < n; s++) {
@@ -323,7 +303,6 @@ static double *tp_hide(const Graph *g, const CgPlan *p, const CgPrediction *r)
         ntp++;
     }
     free(at);
-    free(gstep);
     free(ostep);
     return hide;
 }
