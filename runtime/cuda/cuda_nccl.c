@@ -72,7 +72,7 @@
 typedef struct ncclComm *ncclComm_t;
 typedef enum { ncclSuccess = 0, ncclInProgress = 7 } ncclResult_t;
 typedef struct { char internal[128]; } ncclUniqueId;
-typedef enum { ncclUint8 = 1, ncclFloat32 = 7 } ncclDataType_t;
+typedef enum { ncclUint8 = 1, ncclFloat32 = 7, ncclBfloat16 = 9 } ncclDataType_t;
 typedef enum { ncclSum = 0, ncclAvg = 4 } ncclRedOp_t;
 typedef struct { int blocking; } ncclConfig_t;
 #define NCCL_CONFIG_INITIALIZER {0}
@@ -273,7 +273,9 @@ typedef struct {
 } Bucket;
 
 /* One TP step (CG_STEP_TP; tensor parallelism) as one NCCL call on the TP
- * group's communicator, of `count` f32 elements per rank: an all-reduce
+ * group's communicator, of `count` elements per rank (f32, or bf16 where
+ * both tensors are stored as bf16: precision=bf16's activations; NCCL sums
+ * bf16 in float and rounds each partial sum): an all-reduce
  * (ncclSum) of the whole tensor, x to y (in place when equal); an
  * all-gather of [outer][chunk] into [outer][rank][chunk]; a reduce-scatter
  * of [outer][rank][chunk] into [outer][chunk]. NCCL's all-gather and
@@ -281,7 +283,7 @@ typedef struct {
  * so with outer > 1 (the split axis is not the first: gpt's loss gathers
  * [B, T, 1] into [B, T, 2]) the call goes through the staging buffer
  * (KcComm.stage) and one 2D copy per rank (cuMemcpy2DAsync, `outer` rows of
- * chunk floats) turns [rank][outer][chunk] into [outer][rank][chunk] after
+ * chunk elements) turns [rank][outer][chunk] into [outer][rank][chunk] after
  * a gather, or the reverse before a reduce-scatter, on the communication
  * stream. */
 typedef struct {
@@ -289,6 +291,8 @@ typedef struct {
     CgColl coll;              /* the op's: all-reduce, reduce-scatter or all-gather */
     CUdeviceptr x, y;
     size_t count;             /* per rank */
+    ncclDataType_t type;      /* ncclFloat32 or ncclBfloat16 */
+    int64_t es;               /* bytes per element: 4 or 2 */
     int64_t outer, chunk;     /* gathers and reduce-scatters (outer > 1: staged) */
     int64_t bytes;            /* per rank: the all-reduce's buffer, the gather's result, the
                                  reduce-scatter's operand (rt_comm_tp_stats's figure) */
@@ -340,7 +344,7 @@ struct KcComm {
     /* the TP group's communicator (kc_tp_open): its steps, no buckets */
     TpOp *tp;
     int ntp;
-    CUdeviceptr stage;       /* f32[rank count * outer * chunk] of the largest staged TP step */
+    CUdeviceptr stage;       /* rank count * outer * chunk elements of the largest staged TP step */
     int *tp_of;              /* per plan step: index in tp, -1 */
     CUevent tp_ready;        /* on the compute stream before each TP step */
     struct {                 /* kc_tp_operand_copy's operand copies */
@@ -595,13 +599,19 @@ static bool setup_tp_steps(KcComm *k, const DType *storage, const int64_t *offse
         const Op *op = &g->ops.v[st->op];
         int tx = op->in[0], ty = op->out;
         const Shape *xs = &g->t.v[tx].s, *ys = &g->t.v[ty].s;
-        if (xs->dtype != DT_F32 || storage[tx] != DT_F32 || storage[ty] != DT_F32) {
-            kc_dmsg(d, "%s:%d: tensor parallelism on the GPU moves f32 tensors only so far "
-                    "(expected precision=f32 with tp > 1, got a %s of a tensor stored as %s)",
+        /* f32 or bf16 (the storage the device plan gives both: a bf16
+         * activation's collective moves bf16) */
+        bool f32 = storage[tx] == DT_F32 && storage[ty] == DT_F32 && xs->dtype == DT_F32,
+             bf16 = storage[tx] == DT_BF16 && storage[ty] == DT_BF16;
+        if (!f32 && !bf16) {
+            kc_dmsg(d, "%s:%d: tensor parallelism on the GPU: a %s from a tensor stored as %s "
+                    "into one stored as %s (expected both f32 or both bf16)",
                     op->loc.file ? op->loc.file : "?", op->loc.line, tp_name(op->code),
-                    storage[tx] == DT_BF16 || storage[ty] == DT_BF16 ? "bf16" : "non-f32");
+                    storage[tx] == DT_BF16 ? "bf16" : storage[tx] == DT_F32 ? "f32" : "other",
+                    storage[ty] == DT_BF16 ? "bf16" : storage[ty] == DT_F32 ? "f32" : "other");
             return false;
         }
+        int64_t es = f32 ? 4 : 2;
         int64_t nx = 1, ny = 1, outer = 1;
         for (int r = 0; r < xs->rank; r++)
             nx *= xs->dim[r];
@@ -612,7 +622,9 @@ static bool setup_tp_steps(KcComm *k, const DType *storage, const int64_t *offse
         TpOp *t = &k->tp[k->ntp];
         t->step = s;
         t->slot = -1;
-        t->xbytes = 4 * nx;
+        t->type = f32 ? ncclFloat32 : ncclBfloat16;
+        t->es = es;
+        t->xbytes = es * nx;
         t->x = arena + (CUdeviceptr)offset[tx];
         t->y = arena + (CUdeviceptr)offset[ty];
         int64_t n = k->size;
@@ -620,21 +632,21 @@ static bool setup_tp_steps(KcComm *k, const DType *storage, const int64_t *offse
         case OP_TP_ALLREDUCE:
             t->coll = CG_COLL_ALLREDUCE;
             t->count = (size_t)ny;
-            t->bytes = 4 * ny;
+            t->bytes = es * ny;
             break;
         case OP_TP_ALL_GATHER: /* [outer][chunk] -> [outer][rank][chunk] */
             t->coll = CG_COLL_ALL_GATHER;
             t->count = (size_t)nx;
             t->outer = outer;
             t->chunk = nx / outer;
-            t->bytes = 4 * ny;
+            t->bytes = es * ny;
             break;
         case OP_TP_REDUCE_SCATTER: /* [outer][rank][chunk] -> [outer][chunk] */
             t->coll = CG_COLL_REDUCE_SCATTER;
             t->count = (size_t)ny;
             t->outer = outer;
             t->chunk = ny / outer;
-            t->bytes = 4 * nx;
+            t->bytes = es * nx;
             break;
         default:
             kc_dmsg(d, "plan step %d: %s is not a TP collective", s, tp_name(op->code));
@@ -651,7 +663,8 @@ static bool setup_tp_steps(KcComm *k, const DType *storage, const int64_t *offse
         }
         /* NCCL: an all-reduce in place or between disjoint buffers; the
          * gathers' in-place forms are not what the plan's layout needs */
-        bool apart = t->x + (CUdeviceptr)(4 * nx) <= t->y || t->y + (CUdeviceptr)(4 * ny) <= t->x;
+        bool apart =
+            t->x + (CUdeviceptr)(es * nx) <= t->y || t->y + (CUdeviceptr)(es * ny) <= t->x;
         if (!apart && !(t->coll == CG_COLL_ALLREDUCE && t->x == t->y)) {
             kc_dmsg(d, "plan step %d: %s's operand and result overlap in the arena", s,
                     tp_name(op->code));
@@ -661,8 +674,8 @@ static bool setup_tp_steps(KcComm *k, const DType *storage, const int64_t *offse
             !DRV(fn.cuEventCreate(&t->done, CU_EVENT_DEFAULT), d) ||
             !DRV(fn.cuEventCreate(&t->w, CU_EVENT_DEFAULT), d))
             return false;
-        if (t->outer > 1 && 4 * n * (int64_t)t->count > stage)
-            stage = 4 * n * (int64_t)t->count;
+        if (t->outer > 1 && es * n * (int64_t)t->count > stage)
+            stage = es * n * (int64_t)t->count;
         k->tp_of[s] = k->ntp++;
     }
     if (stage > 0 && !cu_copy2d) {
@@ -1026,7 +1039,7 @@ static bool copy_rows(KcComm *k, CUdeviceptr dst, size_t dpitch, CUdeviceptr src
  * [rank][outer][chunk] at k->stage. */
 static bool tp_relayout(KcComm *k, const TpOp *t, CUdeviceptr whole, bool to_whole, Diag *d)
 {
-    size_t c = 4 * (size_t)t->chunk, n = (size_t)k->size, o = (size_t)t->outer;
+    size_t c = (size_t)(t->es * t->chunk), n = (size_t)k->size, o = (size_t)t->outer;
     for (size_t r = 0; r < n; r++) {
         CUdeviceptr w = whole + (CUdeviceptr)(r * c), st = k->stage + (CUdeviceptr)(r * o * c);
         if (!(to_whole ? copy_rows(k, w, n * c, st, c, c, o, d)
@@ -1068,10 +1081,10 @@ bool kc_tp_run(KcComm *k, int s, Diag *d)
     void *y = (void *)(staged && t->coll == CG_COLL_ALL_GATHER ? k->stage : t->y);
     cudaStream_t cs = (cudaStream_t)k->comm;
     ncclResult_t r = t->coll == CG_COLL_ALLREDUCE
-                         ? fn.ncclAllReduce(x, y, t->count, ncclFloat32, ncclSum, k->nc, cs)
+                         ? fn.ncclAllReduce(x, y, t->count, t->type, ncclSum, k->nc, cs)
                      : t->coll == CG_COLL_ALL_GATHER
-                         ? nccl_allgather(x, y, t->count, ncclFloat32, k->nc, cs)
-                         : nccl_rscatter(x, y, t->count, ncclFloat32, ncclSum, k->nc, cs);
+                         ? nccl_allgather(x, y, t->count, t->type, k->nc, cs)
+                         : nccl_rscatter(x, y, t->count, t->type, ncclSum, k->nc, cs);
     if (r == ncclInProgress && k->nonblocking) {
         char what[96];
         snprintf(what, sizeof what, "issuing the NCCL %s of plan step %d (tensor parallelism)",

@@ -338,24 +338,6 @@ typedef struct {
     int64_t lda;
 } Gemm;
 
-static float bf2f(uint16_t h)
-{
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static uint16_t f2bf(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffff) > 0x7f800000)
-        return 0x7fff;
-    u += 0x7fff + ((u >> 16) & 1);
-    return (uint16_t)(u >> 16);
-}
-
 static float tf32(float f)
 {
     uint32_t u;
@@ -370,14 +352,14 @@ static float tf32(float f)
 
 static float ld_el(uint64_t base, cudaDataType_t t, int64_t i)
 {
-    return t == CUDA_R_16BF ? bf2f(((const uint16_t *)(uintptr_t)base)[i])
+    return t == CUDA_R_16BF ? fakecu_bf2f(((const uint16_t *)(uintptr_t)base)[i])
                             : ((const float *)(uintptr_t)base)[i];
 }
 
 static void st_el(uint64_t base, cudaDataType_t t, int64_t i, float v)
 {
     if (t == CUDA_R_16BF)
-        ((uint16_t *)(uintptr_t)base)[i] = f2bf(v);
+        ((uint16_t *)(uintptr_t)base)[i] = fakecu_f2bf(v);
     else
         ((float *)(uintptr_t)base)[i] = v;
 }

@@ -9,6 +9,7 @@
 #include <cuda.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <string.h>
 
 #define FAKE_API __attribute__((visibility("default")))
 
@@ -43,6 +44,26 @@ FAKE_API CUresult fakecu_enqueue(CUstream s, const char *desc, const FakeRange *
 FAKE_API CUresult fakecu_enqueue_when(CUstream s, const char *desc, const FakeRange *r, int nr,
                                       void (*fn)(void *arg), void *arg,
                                       bool (*gate)(void *arg));
+
+/* bf16 (the top half of an f32) to f32, and f32 to bf16 rounded to nearest
+ * even (a NaN stays a NaN), as the GPU converts. */
+static inline float fakecu_bf2f(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline uint16_t fakecu_f2bf(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffff) > 0x7f800000)
+        return 0x7fff;
+    u += 0x7fff + ((u >> 16) & 1);
+    return (uint16_t)(u >> 16);
+}
 
 /* A seeded random number for the fakes' own choices (reproducible). */
 FAKE_API uint64_t fakecu_random(void);

@@ -5,15 +5,17 @@
  * ncclGetUniqueId makes a name; the ranks that ncclCommInitRank with it map
  * one shared-memory file (/dev/shm/kiln-fake-nccl-NAME: a barrier counter
  * and one slot of FAKE_NCCL_SLOT bytes per rank). ncclAllReduce (f32,
- * ncclSum or ncclAvg, in place or not) is one op on its stream (ordered and
+ * or bf16, ncclSum or ncclAvg, in place or not) is one op on its stream (ordered and
  * race-checked by the fake driver, reading and writing the buffers' exact
  * ranges): when the stream runs it, the rank copies its buffer into its
  * slot, waits for every rank (barrier), sums the slots in rank order (then
  * divides by the rank count for ncclAvg), writes the result and waits again.
+ * bf16 elements are summed in float and the sum rounded once to bf16
+ * (NCCL rounds each partial sum of its ring: the same with 2 ranks).
  * ncclReduce and ncclBroadcast (f32, a root rank; zero=1's sharded
  * buckets) work the same way through the root's slot; FAKE_NCCL_DROP_BCAST=N
  * makes this process's N-th broadcast write nothing (a negative control).
- * ncclAllGather and ncclReduceScatter (f32; ncclSum or ncclAvg; tensor
+ * ncclAllGather and ncclReduceScatter (f32 or bf16; ncclSum or ncclAvg; tensor
  * parallelism's collectives) too: every rank copies its send into its
  * slot; a gather copies the slots in rank order into recv, a reduce-scatter
  * sums (in rank order) the rank's chunk of every slot into recv.
@@ -86,7 +88,25 @@ typedef struct {
     uint64_t send, recv;
     size_t count;
     bool avg, drop; /* drop: FAKE_NCCL_DROP_ALLREDUCE's all-reduce, a no-op */
+    bool bf16;      /* ncclBfloat16 elements, else ncclFloat32 */
 } Reduce;
+
+/* Element i of an f32 or bf16 array, as a float; and its store. */
+static float elem(const void *p, size_t i, bool bf16)
+{
+    return bf16 ? fakecu_bf2f(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+
+static void put(void *p, size_t i, float v, bool bf16)
+{
+    if (bf16)
+        ((uint16_t *)p)[i] = fakecu_f2bf(v);
+    else
+        ((float *)p)[i] = v;
+}
+
+/* The reductions' element types: f32 and bf16 (4 or 2 bytes). */
+static bool reducible(ncclDataType_t type) { return type == ncclFloat32 || type == ncclBfloat16; }
 
 NC_API ncclResult_t ncclGetVersion(int *v)
 {
@@ -151,15 +171,15 @@ static void reduce(void *arg)
 {
     Reduce *r = arg;
     struct ncclComm *c = r->c;
-    size_t bytes = r->count * 4;
+    size_t bytes = r->count * (r->bf16 ? 2 : 4);
     memcpy(c->slots + (size_t)c->rank * SLOT, (void *)(uintptr_t)r->send, bytes);
     barrier(c, "ncclAllReduce");
-    float *out = (float *)(uintptr_t)r->recv;
+    void *out = (void *)(uintptr_t)r->recv;
     for (size_t i = 0; i < r->count && !r->drop; i++) {
         float s = 0;
         for (int k = 0; k < c->size; k++)
-            s += ((const float *)(c->slots + (size_t)k * SLOT))[i];
-        out[i] = r->avg ? s / (float)c->size : s;
+            s += elem(c->slots + (size_t)k * SLOT, i, r->bf16);
+        put(out, i, r->avg ? s / (float)c->size : s, r->bf16);
     }
     barrier(c, "ncclAllReduce");
 }
@@ -168,21 +188,23 @@ NC_API ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count,
                                   ncclDataType_t type, ncclRedOp_t op, ncclComm_t comm,
                                   cudaStream_t stream)
 {
-    if (type != ncclFloat32 || (op != ncclSum && op != ncclAvg))
+    if (!reducible(type) || (op != ncclSum && op != ncclAvg))
         fakecu_die("fake NCCL: ncclAllReduce of type %d, op %d is not modelled", (int)type,
                    (int)op);
-    if (count * 4 > SLOT)
+    size_t es = type == ncclBfloat16 ? 2 : 4;
+    if (count * es > SLOT)
         fakecu_die("fake NCCL: ncclAllReduce of %zu elements (the fake holds %d bytes)", count,
                    (int)SLOT);
     static long nreduce;
     const char *drop = getenv("FAKE_NCCL_DROP_ALLREDUCE");
     Reduce *r = calloc(1, sizeof *r);
     *r = (Reduce){comm, (uint64_t)(uintptr_t)send, (uint64_t)(uintptr_t)recv, count,
-                  op == ncclAvg, drop && ++nreduce == atol(drop)};
-    FakeRange rg[2] = {{r->send, r->send + count * 4, false}, {r->recv, r->recv + count * 4, true}};
+                  op == ncclAvg, drop && ++nreduce == atol(drop), es == 2};
+    FakeRange rg[2] = {{r->send, r->send + count * es, false},
+                       {r->recv, r->recv + count * es, true}};
     char desc[96];
-    snprintf(desc, sizeof desc, "ncclAllReduce(%zu floats, rank %d of %d)", count, comm->rank,
-             comm->size);
+    snprintf(desc, sizeof desc, "ncclAllReduce(%zu %s, rank %d of %d)", count,
+             es == 2 ? "bf16" : "floats", comm->rank, comm->size);
     return fakecu_enqueue((CUstream)stream, desc, rg, 2, reduce, r) == CUDA_SUCCESS
                ? ncclSuccess
                : ncclUnhandledCudaError;
@@ -290,7 +312,7 @@ typedef struct {
     struct ncclComm *c;
     uint64_t send, recv;
     size_t count;
-    bool gather, avg;
+    bool gather, avg, bf16;
 } Spread;
 
 static void spread(void *arg)
@@ -299,18 +321,19 @@ static void spread(void *arg)
     struct ncclComm *c = r->c;
     size_t n = (size_t)c->size, in = r->gather ? r->count : n * r->count;
     const char *what = r->gather ? "ncclAllGather" : "ncclReduceScatter";
-    memcpy(c->slots + (size_t)c->rank * SLOT, (void *)(uintptr_t)r->send, in * 4);
+    size_t es = r->bf16 ? 2 : 4;
+    memcpy(c->slots + (size_t)c->rank * SLOT, (void *)(uintptr_t)r->send, in * es);
     barrier(c, what);
-    float *out = (float *)(uintptr_t)r->recv;
+    unsigned char *out = (unsigned char *)(uintptr_t)r->recv;
     if (r->gather)
         for (size_t k = 0; k < n; k++)
-            memcpy(out + k * r->count, c->slots + k * SLOT, r->count * 4);
+            memcpy(out + k * r->count * es, c->slots + k * SLOT, r->count * es);
     else
         for (size_t i = 0; i < r->count; i++) {
             float s = 0;
             for (size_t k = 0; k < n; k++)
-                s += ((const float *)(c->slots + k * SLOT))[(size_t)c->rank * r->count + i];
-            out[i] = r->avg ? s / (float)c->size : s;
+                s += elem(c->slots + k * SLOT, (size_t)c->rank * r->count + i, r->bf16);
+            put(out, i, r->avg ? s / (float)c->size : s, r->bf16);
         }
     barrier(c, what);
 }
@@ -324,24 +347,25 @@ static ncclResult_t enqueue_spread(bool gather, const void *send, void *recv, si
         fprintf(stderr, "fake NCCL: %s: a NULL communicator or buffer\n", what);
         return ncclInvalidArgument;
     }
-    if (type != ncclFloat32 || (!gather && op != ncclSum && op != ncclAvg))
+    if (!reducible(type) || (!gather && op != ncclSum && op != ncclAvg))
         fakecu_die("fake NCCL: %s of type %d, op %d is not modelled", what, (int)type, (int)op);
     size_t n = (size_t)comm->size, in = gather ? count : n * count;
     size_t out = gather ? n * count : count;
-    if (in * 4 > SLOT)
+    size_t es = type == ncclBfloat16 ? 2 : 4;
+    if (in * es > SLOT)
         fakecu_die("fake NCCL: %s of %zu elements (the fake holds %d bytes)", what, in,
                    (int)SLOT);
     if (count == 0)
         return ncclSuccess;
     Spread *r = calloc(1, sizeof *r);
     *r = (Spread){comm, (uint64_t)(uintptr_t)send, (uint64_t)(uintptr_t)recv, count, gather,
-                  op == ncclAvg};
+                  op == ncclAvg, es == 2};
     /* NCCL's in-place forms: send at this rank's chunk of recv (a gather),
      * recv at this rank's chunk of send (a reduce-scatter); any other
      * overlap is undefined in NCCL, an error here */
-    uint64_t s0 = r->send, s1 = s0 + in * 4, d0 = r->recv, d1 = d0 + out * 4;
-    bool inplace = gather ? s0 == d0 + (uint64_t)comm->rank * count * 4
-                          : d0 == s0 + (uint64_t)comm->rank * count * 4;
+    uint64_t s0 = r->send, s1 = s0 + in * es, d0 = r->recv, d1 = d0 + out * es;
+    bool inplace = gather ? s0 == d0 + (uint64_t)comm->rank * count * es
+                          : d0 == s0 + (uint64_t)comm->rank * count * es;
     if (!inplace && s0 < d1 && d0 < s1)
         fakecu_die("fake NCCL: %s: send [0x%llx, 0x%llx) and recv [0x%llx, 0x%llx) overlap",
                    what, (unsigned long long)s0, (unsigned long long)s1,
@@ -351,8 +375,8 @@ static ncclResult_t enqueue_spread(bool gather, const void *send, void *recv, si
     if (inplace) /* one range, written (it holds the other) */
         rg[0] = (FakeRange){s0 < d0 ? s0 : d0, s1 > d1 ? s1 : d1, true}, nr = 1;
     char desc[96];
-    snprintf(desc, sizeof desc, "%s(%zu floats, rank %d of %d)", what, count, comm->rank,
-             comm->size);
+    snprintf(desc, sizeof desc, "%s(%zu %s, rank %d of %d)", what, count,
+             es == 2 ? "bf16" : "floats", comm->rank, comm->size);
     return fakecu_enqueue((CUstream)stream, desc, rg, nr, spread, r) == CUDA_SUCCESS
                ? ncclSuccess
                : ncclUnhandledCudaError;

@@ -60,9 +60,20 @@
 #               the step it must precede: the one that reads the first two
 #               all-reduces (3rd) or the third (6th: the attention
 #               output's); the run must stop with the race report.
-#   bf16        precision=bf16 (bf16 activations: TP collectives of bf16
-#               tensors, not supported yet): the run must stop with the
-#               message naming the script line and precision=f32.
+#   bf16        precision=bf16 on both: the activations' TP collectives
+#               move bf16 (ncclBfloat16; the fake NCCL sums in float and
+#               rounds once), the loss's statistics f32. Losses within 2e-3
+#               relative of the CPU ranks' (3e-4 seen: the CPU keeps f32
+#               where the device stores bf16); the same collective count as
+#               the CPU's with fewer bytes (some move 2-byte elements); no
+#               weight comparison (bf16 storage).
+#   bf16_sp     bf16 with sequence_parallel=true (gpt: the reduce-scatters
+#               and gathers along T of bf16 [B, T, C], staged with 2-byte
+#               rows); losses within 1e-2 as run.sh's bf16 cases (1.2e-3
+#               seen: gpt's bf16 kernels round more than the hand model's).
+#   neg_drop_bf16  negative control: bf16 with the first TP all-reduce
+#               skipped (as neg_drop): the losses move by 1.5e-2, so the
+#               2e-3 comparison must fail.
 # 3 steps, AdamW's eps 1e-6 (run.sh says why). Skipped (77) without python3,
 # mpirun or the fakes.
 set -u
@@ -85,27 +96,22 @@ nproc=2
 [ "$case" = dp2 ] && nproc=4
 args=(--steps 3 --nproc "$nproc" --tp 2 --set log_every=1 --set eval_every=1000000
       --set eval_batches=1 --set eps=1e-6)
-cuda_env=() negative="" trace=()
+cuda_env=() negative="" trace=() ltol=1e-5
 case $case in
 f32) trace=(--trace "$T/t.json") ;;
 sp) args+=(--set sequence_parallel=true) ;;
 accum) args+=(--set grad_accum=2) ;;
 dp2) args+=(--set bucket_mb=0.001); cuda_env=(FAKE_CUDA_DEVICES=4) ;;
 neg_drop) cuda_env=(FAKE_NCCL_DROP_ALLREDUCE=1); negative=mismatch ;;
+bf16) args+=(--set precision=bf16); ltol=2e-3 ;;
+bf16_sp) args+=(--set precision=bf16 --set sequence_parallel=true); ltol=1e-2 ;;
+neg_drop_bf16) args+=(--set precision=bf16); ltol=2e-3
+    cuda_env=(FAKE_NCCL_DROP_ALLREDUCE=1); negative=mismatch ;;
 neg_wait1) cuda_env=(FAKE_CUDA_DROP_WAIT=1); negative=race ;;
 neg_wait2) cuda_env=(FAKE_CUDA_DROP_WAIT=2); negative=race ;;
 neg_wait3) cuda_env=(FAKE_CUDA_DROP_WAIT=3); negative=race ;;
 neg_late3) cuda_env=(FAKE_CUDA_LATE_WAIT=3); negative=race ;;
 neg_late6) cuda_env=(FAKE_CUDA_LATE_WAIT=6); negative=race ;;
-bf16)
-    env LD_LIBRARY_PATH="$FAKE_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" timeout 300 "$KILN" \
-        train "$script" "${args[@]}" --device cuda --set precision=bf16 >"$T/bf16.log" 2>&1
-    rc=$?
-    grep -m1 "tensor parallelism on the GPU" "$T/bf16.log"
-    [ $rc -ne 0 ] && grep -q "^$script:[0-9]*: tensor parallelism on the GPU moves f32 tensors only so far (expected precision=f32" "$T/bf16.log" && exit 0
-    tail -5 "$T/bf16.log"
-    echo "FAIL: bf16 TP collectives were not refused with a message (exit $rc)"
-    exit 1 ;;
 *) echo "unknown case $case"; exit 2 ;;
 esac
 
@@ -125,7 +131,7 @@ nlosses=5
 case $negative in
 mismatch)
     [ $rc -eq 0 ] || { tail -5 "$T/cuda.log"; echo "FAIL: the run itself failed (expected a wrong result)"; exit 1; }
-    if out=$(cmp_losses $nlosses); then echo "FAIL: a skipped TP all-reduce went unnoticed: $out"; exit 1; fi
+    if out=$(cmp_losses $nlosses "$ltol"); then echo "FAIL: a skipped TP all-reduce went unnoticed: $out"; exit 1; fi
     echo "the comparison fails, as it must: $out"
     exit 0 ;;
 race)
@@ -146,9 +152,17 @@ for r in 0 1; do
         "$T/cuda.log" || fail "TP rank $r opened a second TP communicator"
 done
 # the same collectives per step as on the CPU, from the device's events
+# (under bf16 the count alone: some move 2-byte elements)
 tpline() { sed -n 's/^tensor-parallel comm: .*this rank): \([0-9]* collectives, [^,]*\), .*/\1/p' "$1"; }
-[ -n "$(tpline "$T/cpu.log")" ] && [ "$(tpline "$T/cuda.log")" = "$(tpline "$T/cpu.log")" ] ||
-    fail "TP comm report: cuda '$(tpline "$T/cuda.log")', cpu '$(tpline "$T/cpu.log")'"
+tpcount() { tpline "$1" | sed 's/ collectives.*//'; }
+if [ "${case#bf16}" != "$case" ]; then
+    [ -n "$(tpcount "$T/cpu.log")" ] && [ "$(tpcount "$T/cuda.log")" = "$(tpcount "$T/cpu.log")" ] &&
+        [ "$(tpline "$T/cuda.log")" != "$(tpline "$T/cpu.log")" ] ||
+        fail "TP comm report under bf16: cuda '$(tpline "$T/cuda.log")', cpu '$(tpline "$T/cpu.log")'"
+else
+    [ -n "$(tpline "$T/cpu.log")" ] && [ "$(tpline "$T/cuda.log")" = "$(tpline "$T/cpu.log")" ] ||
+        fail "TP comm report: cuda '$(tpline "$T/cuda.log")', cpu '$(tpline "$T/cpu.log")'"
+fi
 grep "^tensor-parallel comm" "$T/cuda.log"
 # overlap: some collectives under later steps (f32 and sp; with dp2 and
 # accum the schedule puts each backward all-reduce's reader right after
@@ -166,8 +180,9 @@ for f in t t.rank1; do
     [ -z "${trace[*]}" ] || grep -q '"name":"tp all-reduce"[^}]*"tid":5}' "$T/$f.json" ||
         fail "no TP all-reduce on track 5 of $f.json"
 done
-out=$(cmp_losses $nlosses) || fail "losses differ: $out; cpu: $(losses "$T/cpu.log" | tr '\n' ' ') cuda: $(losses "$T/cuda.log" | tr '\n' ' ')"
+out=$(cmp_losses $nlosses "$ltol") || fail "losses differ: $out; cpu: $(losses "$T/cpu.log" | tr '\n' ' ') cuda: $(losses "$T/cuda.log" | tr '\n' ' ')"
 echo "$model $case: $out"
+[ "${case#bf16}" != "$case" ] && exit 0 # bf16 storage: no weight comparison
 w=$(python3 "$ROOT/tests/gpu/cmp_weights.py" "$T/cuda.safetensors" "$T/cpu.safetensors" 1e-4)
 wrc=$?
 echo "parameters after 3 steps: $w"
