@@ -342,7 +342,7 @@ int rt_mpi_measure_main(int argc, char **argv);
  * onto stage 0 (a collective of the pipeline; NULL on other stages) in the
  * model's layout, as one rank writes them. */
 typedef struct RtPp RtPp;
-bool rt_pp_check(const TrainCfg *c, const TrainOpts *o, Diag *d);
+bool rt_pp_check(const TrainCfg *c, Diag *d);
 RtPp *rt_pp_new(RtComm *comm, const TrainCfg *c);
 void rt_pp_free(RtPp *p); /* NULL: nothing */
 int rt_pp_micro_batches(const RtPp *p);

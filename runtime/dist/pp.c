@@ -154,10 +154,8 @@ struct RtPp {
     int *uholder;   /* per tensor of ug: the first stage holding it */
 };
 
-bool rt_pp_check(const TrainCfg *c, const TrainOpts *o, Diag *d)
+bool rt_pp_check(const TrainCfg *c, Diag *d)
 {
-    (void)o;
-    const char *bad = NULL;
     if (c->micro_batches > 0 && c->grad_accum > 1) {
         snprintf(d->msg, sizeof d->msg,
                  "--pp %lld: micro_batches = %lld and grad_accum = %lld both set (expected one: "
@@ -166,16 +164,16 @@ bool rt_pp_check(const TrainCfg *c, const TrainOpts *o, Diag *d)
                  (long long)c->grad_accum);
         return false;
     }
-    if (c->eval_batches == TRAIN_EVAL_ALL)
-        bad = "eval_batches = \"all\"";
-    else if (c->sample_every > 0)
-        bad = "sample_every";
-    else if (c->early_stop_metric || (c->keep_best && strcmp(c->keep_best, "true") == 0))
-        bad = "early_stop and keep_best";
-    if (bad) {
+    /* the evaluation through the stages gives the loss alone: early_stop's
+     * other metrics need the whole model's (eval_batches = "all": accuracy) */
+    const char *es = c->early_stop_metric;
+    if (es && *es && strcmp(es, "val_loss") != 0 &&
+        (strcmp(es, "accuracy") != 0 || c->eval_batches != TRAIN_EVAL_ALL)) {
         snprintf(d->msg, sizeof d->msg,
-                 "--pp %lld: pipeline stages do not run with %s yet (expected pp = 1 "
-                 "with it, or a run without it)", (long long)c->pp, bad);
+                 "--pp %lld: early_stop metric \"%s\": evaluation through pipeline stages "
+                 "gives the validation loss alone (expected metric \"val_loss\", or "
+                 "\"accuracy\" with eval_batches = \"all\", which evaluates the whole model on "
+                 "one rank)", (long long)c->pp, es);
         return false;
     }
     if (pass_stage_schedule_parse(c->schedule) < 0) {
