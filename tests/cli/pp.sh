@@ -33,7 +33,7 @@
 #   - pp_stage hints (tests/data/pp_hint.lua) move the cut, and train as
 #     one rank does;
 #   - user errors: ranks that tp x pp does not divide, more stages than
-#     layers, a stage without params, flags pp does not run with yet,
+#     layers, a stage without params, micro_batches and grad_accum both set,
 #     hints out of range, out of order or inside a layer (naming the
 #     script line).
 # gpt's key bias: see tests/cli/tp.sh (compared to 1e-3 absolute).
