@@ -274,7 +274,12 @@ static int optimizer_zero(B *b, const PassOpts *o, ParamGrad *ps, int n, int lr,
     bool any_wd;
     for (int i = 0; i < n; i++)
         in[i] = ps[i].grad;
-    int gsh = emit_n(b, OP_REDUCE_SCATTER, in, n, &sa);
+    /* pipeline stages: the runtime reduce-scatters the stage's summed
+     * gradients over its dp group before the step (it needs the shard for
+     * the norm summed over the stages, runtime/dist/pp.c), and gives this
+     * rank's shard of their mean as the input "pp.grad.shard" f32[S] */
+    int gsh = o->pp_sumsq ? ir_add_input(g, TK_INPUT, "pp.grad.shard", ss, (ParamInit){0})
+                          : emit_n(b, OP_REDUCE_SCATTER, in, n, &sa);
     for (int i = 0; i < n; i++)
         in[i] = ps[i].p;
     int psh = emit_n(b, OP_SHARD_PACK, in, n, &sa);

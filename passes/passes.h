@@ -71,7 +71,9 @@ typedef struct {
     int zero;
     /* optimizer: the global gradient norm's sum of squares is the input
      * "pp.sumsq" f32[] (pipeline stages: summed over the stages by the
-     * runtime, runtime/dist/pp.c), not this graph's own gradients' */
+     * runtime, runtime/dist/pp.c), not this graph's own gradients'; with
+     * zero, the gradient's shard is the input "pp.grad.shard" f32[S] (the
+     * runtime's reduce-scatter over the dp group), not a reduce_scatter */
     bool pp_sumsq;
     /* attention: rewrite attention written in primitives to the fused
      * attention op (pass_attention). false by default (pass_opts_default):

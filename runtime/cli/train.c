@@ -259,7 +259,7 @@ int cli_train(int argc, char **argv)
     if (m->train.pp > 1 && !getenv("OMPI_COMM_WORLD_SIZE")) { /* before the ranks start */
         Diag pd = {{0}};
         int64_t need = m->train.pp * (m->train.tp > 1 ? m->train.tp : 1);
-        if (!rt_pp_check(&m->train, &o, &pd))
+        if (!rt_pp_check(&m->train, &pd))
             fprintf(stderr, "kiln train: %s\n", pd.msg);
         else if (nproc % need != 0)
             fprintf(stderr,

@@ -116,19 +116,24 @@ static void destroy_timing(BackendCtx *c);
 static bool run_begins(BackendCtx *c, Diag *d);
 static bool step_done(BackendCtx *c, int s, Diag *d);
 
-/* Every host wait on the device. With NCCL collectives in the step they poll
- * and are bounded (kc_wait_stream: a hung peer stops every rank with a
- * message); without, they block. */
+/* Every host wait on the device. With NCCL collectives in the step, or
+ * pipeline transfers, they poll and are bounded (kc_wait_stream,
+ * kc_pp_wait: a hung peer stops every rank with a message); without, they
+ * block. */
 static CUresult wait_stream(BackendCtx *c, CUstream s)
 {
     struct KcComm *k = c->nccl ? c->nccl : c->tpk; /* each watches the other too */
-    return k ? kc_wait_stream(k, s) : kc_cu.cuStreamSynchronize(s);
+    return c->pp ? kc_pp_wait(c->pp, k, s, NULL)
+           : k   ? kc_wait_stream(k, s)
+                 : kc_cu.cuStreamSynchronize(s);
 }
 
 static CUresult wait_event(BackendCtx *c, CUevent e)
 {
     struct KcComm *k = c->nccl ? c->nccl : c->tpk;
-    return k ? kc_wait_event(k, e) : kc_cu.cuEventSynchronize(e);
+    return c->pp ? kc_pp_wait(c->pp, k, NULL, e)
+           : k   ? kc_wait_event(k, e)
+                 : kc_cu.cuEventSynchronize(e);
 }
 
 static void cuda_destroy(BackendCtx *c)

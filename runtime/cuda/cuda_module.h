@@ -199,6 +199,14 @@ void kc_pp_close(KcPp *p);
  * stages in one direction meet in the order they are queued. */
 bool kc_pp_xfer(KcPp *p, CUstream compute, bool send, int peer, CUdeviceptr ptr, size_t bytes,
                 Diag *d);
+/* A host wait on stream s (or, s NULL, event e) of an executor with
+ * pipeline transfers (and k's collectives, k may be NULL): polls as
+ * kc_wait_stream does; past the group's comm_timeout with a transfer
+ * queued, unfinished and none finishing (a peer that never sends or never
+ * receives), aborts the pipeline's communicators and calls the group's
+ * lost callback naming the transfer (it stops every rank); if it returns
+ * (tests), CUDA_ERROR_LAUNCH_TIMEOUT. */
+CUresult kc_pp_wait(KcPp *p, KcComm *k, CUstream s, CUevent e);
 /* A run begins (before its first plan step): forgets the last run's
  * buckets, except all-gathers (one started in the last run may be waited
  * for in this one, even before this call: the executor's setup_defer). */

@@ -51,11 +51,12 @@
  * executor's compute stream; that stream then waits for its `done` event
  * (a received tensor is read, and a sent one overwritten, only after it).
  *
- * Host waits on the device (kc_wait_stream, kc_wait_event) poll instead of
- * blocking, so that a peer that hangs (its NCCL kernel never finishes here)
- * is noticed: when an all-reduce has been running on the communication
- * stream for the group's timeout with no bucket finishing, the communicator
- * is aborted and the group's lost callback names the lost rank and stops
+ * Host waits on the device (kc_wait_stream, kc_wait_event, kc_pp_wait)
+ * poll instead of blocking, so that a peer that hangs (its NCCL kernel
+ * never finishes here) is noticed: when an all-reduce has been running on
+ * the communication stream, or a pipeline send or receive has been queued,
+ * for the group's timeout with none finishing, the communicator is aborted
+ * and the group's lost callback names the lost rank or transfer and stops
  * every rank (dist/mpi.c, as on the CPU).
  *
  * The driver functions used here are looked up in libcuda.so.1 again (the
@@ -1270,17 +1271,26 @@ static int progress(KcComm *k, int *stuck, KcComm **who)
     return n;
 }
 
+static int64_t pp_progress(KcPp *p, bool *pending);
+static double pp_timeout(const KcPp *p);
+static void pp_lost(KcPp *p);
+
 /* Polls stream s (or, s NULL, event e) until it has finished: sleeps of
  * 50 us doubling to 1 ms, 10 ms after the first second. Past k->timeout
  * seconds with an all-reduce begun and unfinished and no bucket event
  * finishing: aborts the communicator and calls k->lost, which stops the
- * process; if it returns (tests), CUDA_ERROR_LAUNCH_TIMEOUT. */
-static CUresult poll_until(KcComm *k, CUstream s, CUevent e)
+ * process; if it returns (tests), CUDA_ERROR_LAUNCH_TIMEOUT. With pp
+ * (pipeline stages), the same for its transfers: past pp's timeout with a
+ * send or receive queued and unfinished and none finishing (a peer that
+ * never sends or never receives). k may be NULL. */
+static CUresult poll_until(KcComm *k, KcPp *pp, CUstream s, CUevent e)
 {
     double t0 = kc_now(), last = t0;
     int stuck = -1;
     KcComm *who = NULL;
     int seen = progress(k, &stuck, &who);
+    bool ppend = false;
+    int64_t pseen = pp_progress(pp, &ppend);
     long ns = 50000;
     for (;;) {
         CUresult r = s ? fn.cuStreamQuery(s) : fn.cuEventQuery(e);
@@ -1288,10 +1298,16 @@ static CUresult poll_until(KcComm *k, CUstream s, CUevent e)
             return r;
         double t = kc_now();
         int now_seen = progress(k, &stuck, &who);
-        if (now_seen != seen || !who || !who->lost) {
+        int64_t pnow = pp_progress(pp, &ppend);
+        bool wk = who && who->lost, wp = ppend && pp_timeout(pp) > 0;
+        if (now_seen != seen || pnow != pseen || (!wk && !wp)) {
             seen = now_seen;
+            pseen = pnow;
             last = t;
-        } else if (t - last > who->timeout) {
+        } else if (!wk && t - last > pp_timeout(pp)) {
+            pp_lost(pp);
+            return CUDA_ERROR_LAUNCH_TIMEOUT;
+        } else if (wk && t - last > who->timeout) {
             char what[128];
             if (stuck >= 0)
                 snprintf(what, sizeof what, "the NCCL all-reduce of bucket %d on the GPU",
@@ -1315,13 +1331,13 @@ static CUresult poll_until(KcComm *k, CUstream s, CUevent e)
 CUresult kc_wait_stream(KcComm *k, CUstream s)
 {
     fn.cuCtxSetCurrent(k->ctx);
-    return poll_until(k, s, NULL);
+    return poll_until(k, NULL, s, NULL);
 }
 
 CUresult kc_wait_event(KcComm *k, CUevent e)
 {
     fn.cuCtxSetCurrent(k->ctx);
-    return poll_until(k, NULL, e);
+    return poll_until(k, NULL, NULL, e);
 }
 
 /* ---- pipeline stages: ncclSend / ncclRecv ------------------------------- */
@@ -1339,7 +1355,57 @@ struct KcPp {
     size_t scratch_bytes;
     int refs;
     struct KcPp *next;
+    /* the group's comm_timeout (0: waits unbounded) and lost callback;
+     * per direction: transfers queued so far, and the last one's kind and
+     * peer (for the lost callback's message) */
+    double timeout;
+    void (*lost)(void *arg, const char *what);
+    void *lost_arg;
+    int64_t nx[2];
+    bool last_send[2];
+    int last_peer[2];
 };
+
+/* A signature of pp's transfers' progress (changes when one finishes);
+ * *pending: a queued transfer has not finished. pp NULL: 0, none. */
+static int64_t pp_progress(KcPp *p, bool *pending)
+{
+    *pending = false;
+    if (!p)
+        return 0;
+    int64_t sig = 4 * (p->nx[0] + p->nx[1]);
+    for (int i = 0; i < 2; i++) {
+        bool done = p->nx[i] == 0 || fn.cuEventQuery(p->done[i]) == CUDA_SUCCESS;
+        *pending |= !done;
+        sig += done << i;
+    }
+    return sig;
+}
+
+/* Seconds a transfer may wait with none finishing; 0: unbounded. */
+static double pp_timeout(const KcPp *p) { return p && p->lost ? p->timeout : 0; }
+
+/* A transfer that never finished: its communicators aborted, the lost
+ * callback told which (it stops the process; it returns in tests). */
+static void pp_lost(KcPp *p)
+{
+    int dir = p->nx[0] > 0 && fn.cuEventQuery(p->done[0]) != CUDA_SUCCESS ? 0 : 1;
+    char what[160];
+    snprintf(what, sizeof what, "the NCCL %s stage %d (pipeline stages) on the GPU",
+             p->last_send[dir] ? "send to" : "receive from", p->last_peer[dir]);
+    for (int i = 0; i < 2; i++)
+        if (p->nc[i]) {
+            fn.ncclCommAbort(p->nc[i]);
+            p->nc[i] = NULL;
+        }
+    p->lost(p->lost_arg, what);
+}
+
+CUresult kc_pp_wait(KcPp *p, KcComm *k, CUstream s, CUevent e)
+{
+    fn.cuCtxSetCurrent(p->ctx);
+    return poll_until(k, p, s, e);
+}
 
 static KcPp *shared_pp;
 
@@ -1390,6 +1456,11 @@ KcPp *kc_pp_open(const RtCommGroup *g, CUcontext ctx, Diag *d)
     }
     KcPp *p = kc_zalloc(sizeof *p);
     *p = (KcPp){.ctx = ctx, .group = g->arg, .rank = g->rank, .size = g->size, .refs = 1};
+    if (g->lost && g->timeout > 0) {
+        p->timeout = g->timeout;
+        p->lost = g->lost;
+        p->lost_arg = g->arg;
+    }
     if (!DRV(fn.cuCtxSetCurrent(ctx), d) ||
         !DRV(fn.cuEventCreate(&p->ready, CU_EVENT_DISABLE_TIMING), d))
         goto fail;
@@ -1448,6 +1519,13 @@ bool kc_pp_xfer(KcPp *p, CUstream compute, bool send, int peer, CUdeviceptr ptr,
     size_t count = f32 ? bytes / 4 : bytes;
     ncclDataType_t type = f32 ? ncclFloat32 : ncclUint8;
     cudaStream_t st = (cudaStream_t)p->st[dir];
+    if (!p->nc[dir]) {
+        kc_dmsg(d, "pipeline transfer after its communicator was aborted (comm_timeout)");
+        return false;
+    }
+    p->nx[dir]++;
+    p->last_send[dir] = send;
+    p->last_peer[dir] = peer;
     return DRV(fn.cuEventRecord(p->ready, compute), d) &&
            DRV(fn.cuStreamWaitEvent(p->st[dir], p->ready, 0), d) &&
            NC(fn.ncclGroupStart(), d) &&

@@ -43,7 +43,9 @@ bool rt_comm_open_pp(double timeout_s, int tp, int pp, RtComm **c, Diag *d);
  * the job): a send that returns at once (its buffer is the caller's until
  * rt_comm_pp_wait), a blocking receive; sums in place over the stages
  * (double), over the stages listed (f32: a tied param's gradient) and over
- * the dp group (f32); a broadcast from stage root. */
+ * the dp group (f32); a reduce-scatter (sum) over the dp group of x[total]
+ * in flat order, this rank's range of ir_shard_range into shard (its
+ * len elements; the caller pads); a broadcast from stage root. */
 int rt_comm_pp(const RtComm *c);       /* stages; 1 for NULL */
 int rt_comm_pp_stage(const RtComm *c); /* this rank's; 0 for NULL */
 void *rt_comm_pp_isend(RtComm *c, int to, int tag, const void *buf, size_t n);
@@ -52,6 +54,7 @@ void rt_comm_pp_recv(RtComm *c, int from, int tag, void *buf, size_t n);
 void rt_comm_pp_sum(RtComm *c, double *x, int n);
 void rt_comm_pp_sum_f32(RtComm *c, const int *stages, int nst, float *x, int64_t n);
 void rt_comm_dp_sum_f32(RtComm *c, float *x, int64_t n);
+void rt_comm_dp_reduce_scatter_f32(RtComm *c, const float *x, int64_t total, float *shard);
 void rt_comm_pp_bcast(RtComm *c, int root, void *buf, size_t n);
 
 /* ---- tp.c: whole tensors under tensor parallelism ----------------------
@@ -339,7 +342,7 @@ int rt_mpi_measure_main(int argc, char **argv);
  * onto stage 0 (a collective of the pipeline; NULL on other stages) in the
  * model's layout, as one rank writes them. */
 typedef struct RtPp RtPp;
-bool rt_pp_check(const TrainCfg *c, const TrainOpts *o, Diag *d);
+bool rt_pp_check(const TrainCfg *c, Diag *d);
 RtPp *rt_pp_new(RtComm *comm, const TrainCfg *c);
 void rt_pp_free(RtPp *p); /* NULL: nothing */
 int rt_pp_micro_batches(const RtPp *p);

@@ -1529,6 +1529,30 @@ void rt_comm_dp_sum_f32(RtComm *c, float *x, int64_t n)
         pp_coll(c, c->cc, x, n, MPI_FLOAT, "a data-parallel gradient all-reduce");
 }
 
+void rt_comm_dp_reduce_scatter_f32(RtComm *c, const float *x, int64_t total, float *shard)
+{
+    int n = c ? c->size : 1, me = c ? c->rank : 0;
+    int64_t off, len;
+    ir_shard_range(total, n, me, &off, &len);
+    if (n == 1) {
+        memcpy(shard, x, sizeof(float) * (size_t)len);
+        return;
+    }
+    if (total > 0x7fffffff)
+        lost(c, "a data-parallel gradient reduce-scatter (over 2^31 elements)");
+    int *counts = xmalloc(sizeof(int) * (size_t)n);
+    for (int r = 0; r < n; r++) {
+        int64_t o, l;
+        ir_shard_range(total, n, r, &o, &l);
+        counts[r] = (int)l;
+    }
+    MPI_Request rq;
+    if (MPI_Ireduce_scatter(x, shard, counts, MPI_FLOAT, MPI_SUM, c->cc, &rq) != MPI_SUCCESS)
+        lost(c, "a data-parallel gradient reduce-scatter");
+    pp_finish(c, &rq, "a data-parallel gradient reduce-scatter");
+    free(counts);
+}
+
 void rt_comm_pp_bcast(RtComm *c, int root, void *buf, size_t n)
 {
     if (!c || c->pp <= 1)

@@ -43,6 +43,7 @@ typedef struct {
     int64_t numel;
     int prog, out; /* its gradient: which program (P_F, P_B, P_W) and output */
     int step;      /* its "pp.grad.P" input in the step graph (-1: frozen) */
+    int64_t zstart; /* zero=1: its start in the step's flat order (-1: not in it) */
     bool norm;     /* counted in the norm here (its first owning stage) */
     int *owners;   /* stages reading it (tied: more than one) */
     int nown;
@@ -122,6 +123,12 @@ struct RtPp {
     PpDst *adst, *gdst; /* dev: per K, the received activation's and gradient's */
     int64_t rows;   /* the model's batch b */
     int64_t shard;  /* zero=1: elements of the stage's AdamW state shard; 0: none */
+    /* zero=1: the step graph's input "pp.grad.shard" (-1: none), the flat
+     * order's length, this rank's range of it, the flat gradients and the
+     * shard of their mean over the dp group (ztotal and zS elements) */
+    int gshard;
+    int64_t ztotal, zS, zoff, zlen;
+    float *zflat, *zsh;
     RematReport remat; /* remat_on: what remat chose for the stage */
     bool remat_on;
     int64_t rec_plain; /* remat_on: the stash record's bytes without remat */
@@ -147,9 +154,8 @@ struct RtPp {
     int *uholder;   /* per tensor of ug: the first stage holding it */
 };
 
-bool rt_pp_check(const TrainCfg *c, const TrainOpts *o, Diag *d)
+bool rt_pp_check(const TrainCfg *c, Diag *d)
 {
-    const char *bad = NULL;
     if (c->micro_batches > 0 && c->grad_accum > 1) {
         snprintf(d->msg, sizeof d->msg,
                  "--pp %lld: micro_batches = %lld and grad_accum = %lld both set (expected one: "
@@ -158,18 +164,16 @@ bool rt_pp_check(const TrainCfg *c, const TrainOpts *o, Diag *d)
                  (long long)c->grad_accum);
         return false;
     }
-    if (c->zero && (o->checkpoint || c->checkpoint || o->resume))
-        bad = "zero = 1 and checkpoints (--checkpoint, train.checkpoint, --resume)";
-    else if (c->eval_batches == TRAIN_EVAL_ALL)
-        bad = "eval_batches = \"all\"";
-    else if (c->sample_every > 0)
-        bad = "sample_every";
-    else if (c->early_stop_metric || (c->keep_best && strcmp(c->keep_best, "true") == 0))
-        bad = "early_stop and keep_best";
-    if (bad) {
+    /* the evaluation through the stages gives the loss alone: early_stop's
+     * other metrics need the whole model's (eval_batches = "all": accuracy) */
+    const char *es = c->early_stop_metric;
+    if (es && *es && strcmp(es, "val_loss") != 0 &&
+        (strcmp(es, "accuracy") != 0 || c->eval_batches != TRAIN_EVAL_ALL)) {
         snprintf(d->msg, sizeof d->msg,
-                 "--pp %lld: pipeline stages do not run with %s yet (expected pp = 1 "
-                 "with it, or a run without it)", (long long)c->pp, bad);
+                 "--pp %lld: early_stop metric \"%s\": evaluation through pipeline stages "
+                 "gives the validation loss alone (expected metric \"val_loss\", or "
+                 "\"accuracy\" with eval_batches = \"all\", which evaluates the whole model on "
+                 "one rank)", (long long)c->pp, es);
         return false;
     }
     if (pass_stage_schedule_parse(c->schedule) < 0) {
@@ -190,6 +194,7 @@ RtPp *rt_pp_new(RtComm *comm, const TrainCfg *c)
     if (p->m < 1)
         p->m = 1;
     p->sched = pass_stage_schedule_parse(c->schedule);
+    p->gshard = -1;
     return p;
 }
 
@@ -257,6 +262,8 @@ void rt_pp_free(RtPp *p)
     free(p->gsend);
     free(p->tmp);
     free(p->losses);
+    free(p->zflat);
+    free(p->zsh);
     free(p);
 }
 
@@ -303,8 +310,9 @@ static Graph *step_graph(RtPp *p, const PassOpts *po, Diag *d)
     o.pp_sumsq = true;
     o.grad_accum = 1;
     /* the dp mean is taken before (rt_pp_step); zero=1 shards the state
-     * over the stage's dp group: its reduce-scatter averages the ranks'
-     * equal means (dp = 2: exactly), its all-gather makes the params whole */
+     * over the stage's dp group: the runtime reduce-scatters the gradients
+     * over it and gives the graph this rank's shard ("pp.grad.shard"), the
+     * graph's all-gather makes the params whole */
     o.nranks = po->zero ? rt_comm_size(p->comm) : 1;
     const Pass *list[] = {pass_find("optimizer"), pass_find("simplify"), pass_find("fuse"),
                           pass_find("comm"), pass_find("schedule"), pass_find("memplan")};
@@ -323,6 +331,31 @@ static int64_t stash_bytes(const Graph *g)
         if (strncmp(g->outs.v[k].name, "pp.stash.", 9) == 0)
             n += shape_bytes(&g->t.v[g->outs.v[k].t].s);
     return n;
+}
+
+/* zero=1: each param's start in the step graph's flat order (the one its
+ * all-gathers name, as runtime/dist/zero.c reads it), this rank's range. */
+static void zero_flat(RtPp *p, const Graph *sg)
+{
+    int nr = 1;
+    for (int i = 0; i < sg->ops.n; i++) {
+        const Op *op = &sg->ops.v[i];
+        if (op->code != OP_ALL_GATHER_WAIT && op->code != OP_ALL_GATHER)
+            continue;
+        const char *nm = sg->t.v[op->in[op->nin - 1]].name;
+        for (int k = 0; nm && k < p->ps.n; k++)
+            if (strcmp(p->ps.v[k].name, nm) == 0)
+                p->ps.v[k].zstart = op->attr.ia[1];
+        p->ztotal = op->attr.ia[2];
+        nr = (int)op->attr.ia[3];
+    }
+    if (nr != rt_comm_size(p->comm))
+        die("rt_pp_build: the step is sharded over %d ranks, the dp group has %d", nr,
+            rt_comm_size(p->comm));
+    p->zS = shape_numel(&sg->t.v[p->gshard].s);
+    ir_shard_range(p->ztotal, nr, rt_comm_rank(p->comm), &p->zoff, &p->zlen);
+    p->zflat = xcalloc((size_t)p->ztotal + 1, sizeof(float));
+    p->zsh = xcalloc((size_t)p->zS + 1, sizeof(float));
 }
 
 Graph *rt_pp_build(RtPp *p, const Graph *model, const PassOpts *po, Diag *d)
@@ -511,8 +544,11 @@ Graph *rt_pp_build(RtPp *p, const Graph *model, const PassOpts *po, Diag *d)
     for (int i = 0; sg && i < p->ps.n; i++) {
         char *gn = xasprintf("pp.grad.%s", p->ps.v[i].name);
         p->ps.v[i].step = ir_find_tensor(sg, gn);
+        p->ps.v[i].zstart = -1;
         free(gn);
     }
+    if (sg && (p->gshard = ir_find_tensor(sg, "pp.grad.shard")) >= 0)
+        zero_flat(p, sg);
     return sg;
 }
 
@@ -894,14 +930,17 @@ bool rt_pp_step(RtPp *p, Exec *te, const Graph *tg, const DataBatch *b, int64_t 
     free(reqs);
     if (!ok)
         return false;
-    /* tied params: the sum over their stages; then the mean over dp */
+    /* tied params: the sum over their stages; then the mean over dp (zero=1:
+     * this rank's shard of it, by a reduce-scatter over the dp group) */
     int dps = rt_comm_size(p->comm);
     double td = 0;
     for (int i = 0; i < p->ps.n; i++) {
         PpParam *q = &p->ps.v[i];
         if (q->nown > 1)
             rt_comm_pp_sum_f32(p->comm, q->owners, q->nown, q->acc, q->numel);
-        if (dps > 1) {
+        if (q->zstart >= 0)
+            memcpy(p->zflat + q->zstart, q->acc, sizeof(float) * (size_t)q->numel);
+        if (dps > 1 && p->gshard < 0) {
             double t0 = ir_now();
             rt_comm_dp_sum_f32(p->comm, q->acc, q->numel);
             td += ir_now() - t0;
@@ -910,16 +949,42 @@ bool rt_pp_step(RtPp *p, Exec *te, const Graph *tg, const DataBatch *b, int64_t 
                 q->acc[j] *= c;
         }
     }
+    if (p->gshard >= 0) {
+        double t0 = ir_now();
+        rt_comm_dp_reduce_scatter_f32(p->comm, p->zflat, p->ztotal, p->zsh);
+        td += ir_now() - t0;
+        float c = (float)(1.0 / dps);
+        for (int64_t j = 0; dps > 1 && j < p->zlen; j++)
+            p->zsh[j] *= c;
+        memset(p->zsh + p->zlen, 0, sizeof(float) * (size_t)(p->zS - p->zlen));
+    }
     if (dps > 1)
         vec_push(&p->dpms, 1e3 * td);
     /* the global norm's sum of squares, each param once: a param split
-     * over the TP group by its parts' sums over the group */
+     * over the TP group by its parts' sums over the group (zero=1: each
+     * rank's part of its shard, summed over the dp group) */
     double ss = 0, split = 0;
     for (int i = 0; i < p->ps.n; i++) {
-        const Tensor *t = &p->fwd->t.v[ir_find_tensor(p->fwd, p->ps.v[i].name)];
+        const PpParam *q = &p->ps.v[i];
+        const Tensor *t = &p->fwd->t.v[ir_find_tensor(p->fwd, q->name)];
         double *to = t->shard.on && t->shard.n > 1 ? &split : &ss;
-        for (int64_t j = 0; p->ps.v[i].norm && j < p->ps.v[i].numel; j++)
-            *to += (double)p->ps.v[i].acc[j] * p->ps.v[i].acc[j];
+        const float *x = q->acc;
+        int64_t lo = 0, hi = q->numel;
+        if (p->gshard >= 0) { /* [lo, hi): q's elements in this rank's range */
+            lo = q->zstart > p->zoff ? q->zstart : p->zoff;
+            hi = q->zstart + q->numel < p->zoff + p->zlen ? q->zstart + q->numel
+                                                          : p->zoff + p->zlen;
+            x = p->zsh - p->zoff;
+            if (q->zstart < 0)
+                hi = lo;
+        }
+        for (int64_t j = lo; q->norm && j < hi; j++)
+            *to += (double)x[j] * x[j];
+    }
+    if (p->gshard >= 0 && dps > 1) {
+        double two[2] = {ss, split};
+        rt_comm_mean(p->comm, two, 2);
+        ss = two[0] * dps, split = two[1] * dps;
     }
     if (rt_comm_tp(p->comm) > 1) {
         float f2 = (float)split;
@@ -952,7 +1017,9 @@ bool rt_pp_step(RtPp *p, Exec *te, const Graph *tg, const DataBatch *b, int64_t 
     }
     *micro_loss = sum;
     *last_loss = (float)p->losses[m - 1];
-    for (int i = 0; i < p->ps.n; i++)
+    if (p->gshard >= 0)
+        rt_exec_write(te, p->gshard, p->zsh);
+    for (int i = 0; i < p->ps.n && p->gshard < 0; i++)
         if (p->ps.v[i].step >= 0)
             rt_exec_write(te, p->ps.v[i].step, p->ps.v[i].acc);
     float f = (float)ss;
@@ -1230,8 +1297,9 @@ void rt_pp_summary(const RtPp *p, FILE *f)
     }
     if (p->dpms.n > 0)
         fprintf(f, "pipeline: dp = %d | the gradients' mean over dp after the micro-batches "
-                "(blocking, all exposed): %.2f ms per step (median, stage %d)\n",
-                rt_comm_size(p->comm), ir_median(p->dpms.v, p->dpms.n), p->s);
+                "(%s, blocking, all exposed): %.2f ms per step (median, stage %d)\n",
+                rt_comm_size(p->comm), p->gshard >= 0 ? "reduce-scatter" : "all-reduce",
+                ir_median(p->dpms.v, p->dpms.n), p->s);
     free(v);
 }
 

@@ -329,11 +329,97 @@ static void params_to_eval(Run *r)
     }
 }
 
+/* pp: every stage's params, whole, into r->pe on world rank 0 (a
+ * collective of the dp rank 0 ranks: the TP group's parts made whole, then
+ * stage 0 gathers the stages', as --save-weights does). True on the rank
+ * holding r->pe. */
+static bool pp_whole_eval(Run *r)
+{
+    pull_state(r);
+    void **wv = r->vals, **ppw = NULL;
+    const Graph *wg = r->tpw ? rt_tp_whole(r->tpw, r->comm, r->tg, r->vals, &wv) : r->tg;
+    wg = rt_pp_whole(rt_dp_pp(r->dp), wg, wv, &ppw);
+    bool here = wg && r->pe;
+    for (int i = 0; here && i < r->pg->t.n; i++) {
+        const Tensor *t = &r->pg->t.v[i];
+        if (t->kind != TK_PARAM)
+            continue;
+        int src = ir_find_tensor(wg, t->name);
+        if (src < 0 || !ppw[src])
+            die("pp_whole_eval: param %s missing from the stages' whole params", t->name);
+        rt_exec_write(r->pe, i, ppw[src]);
+    }
+    rt_pp_whole_free(rt_dp_pp(r->dp), ppw);
+    return here;
+}
+
+/* train{eval_batches = "all"} under pp: world rank 0 evaluates the whole
+ * split with the whole model's forward (r->pe), alone; the result goes to
+ * every rank (over its pipeline, its TP group, its dp group). */
+static bool evaluate_all_pp(Run *r, RtEvalResult *res, Diag *d)
+{
+    int nv = 3 + r->nx;
+    double *v = xcalloc((size_t)nv + 1, sizeof *v);
+    bool ok = true;
+    if (rt_dp_rank(r->dp) == 0 && pp_whole_eval(r)) {
+        int lid = ir_find_output(r->pg, "logits");
+        const Tensor *lt = lid >= 0 ? &r->pg->t.v[lid] : NULL;
+        int *xid = xcalloc((size_t)r->nx + 1, sizeof(int));
+        for (int i = 0; i < r->nx; i++)
+            xid[i] = ir_find_output(r->pg, r->x_name[i]);
+        RtEvalSpec sp = {.g = r->pg, .e = r->pe, .ds = r->ds, .split = DATA_VAL, .B = r->B,
+                         .T = r->T, .masked = rt_train_input(r->pg, "mask") && !r->tensors,
+                         .nx = r->nx, .x_ids = xid,
+                         .logits = lt && (r->addition || r->rowy) ? lt : NULL, .rowy = r->rowy,
+                         .comm = NULL, .rank = 0, .nranks = 1, .seed = r->c.seed,
+                         .step = r->step};
+        res->x = r->x_eval;
+        ok = rt_eval_whole(&sp, res, d);
+        free(xid);
+        v[0] = res->loss, v[1] = (double)res->right, v[2] = (double)res->total;
+        for (int i = 0; i < r->nx; i++)
+            v[3 + i] = r->x_eval[i];
+    }
+    if (!ok) { /* the others wait in the broadcast until mpirun stops them */
+        free(v);
+        return false;
+    }
+    if (rt_dp_rank(r->dp) == 0 && rt_dp_tp_rank(r->dp) == 0)
+        rt_comm_pp_bcast(r->comm, 0, v, sizeof *v * (size_t)nv);
+    if (rt_dp_rank(r->dp) == 0)
+        rt_comm_tp_bcast(r->comm, v, sizeof *v * (size_t)nv);
+    rt_comm_bcast(r->comm, v, sizeof *v * (size_t)nv);
+    res->loss = v[0], res->right = llround(v[1]), res->total = llround(v[2]);
+    for (int i = 0; i < r->nx; i++)
+        r->x_eval[i] = v[3 + i];
+    free(v);
+    return true;
+}
+
 /* train{eval_batches = "all"}: the whole validation split (eval.c), each
  * example once, whatever the batch; the same lines and log as evaluate. */
 static bool evaluate_all(Run *r, Diag *d)
 {
     double t_start = ir_now();
+    if (rt_dp_pp(r->dp)) {
+        RtEvalResult res = {.x = r->x_eval};
+        if (!evaluate_all_pp(r, &res, d))
+            return false;
+        bool acc = res.total > 0;
+        r->last_val_loss = res.loss;
+        r->have_val = true;
+        if (acc) {
+            r->have_acc = true;
+            r->acc_right = res.right;
+            r->acc_total = res.total;
+            r->last_acc = (double)res.right / (double)res.total;
+        }
+        if (!rt_runlog_eval(r->log, r->step, r->last_val_loss, r->x_name, r->x_eval, r->nx,
+                            acc ? r->last_acc : NAN, d))
+            return log_failed(r, d);
+        phase(r, PH_EVAL, t_start, ir_now());
+        return true;
+    }
     params_to_eval(r);
     int lid = ir_find_output(r->eg, "logits");
     const Tensor *lt = lid >= 0 ? &r->eg->t.v[lid] : NULL;
@@ -366,7 +452,8 @@ static bool evaluate_all(Run *r, Diag *d)
 static bool check_eval_all(Run *r, Diag *d)
 {
     int64_t left;
-    if (rt_data_examples(r->ds, DATA_VAL, rt_train_input(r->eg, "mask") && !r->tensors, &left,
+    const Graph *eg = r->eg ? r->eg : r->m->eval_g ? r->m->eval_g : r->m->g;
+    if (rt_data_examples(r->ds, DATA_VAL, rt_train_input(eg, "mask") && !r->tensors, &left,
                          d) >= 0)
         return true;
     char msg[sizeof d->msg];
@@ -481,10 +568,17 @@ static bool evaluate(Run *r, Diag *d)
  * evaluation executor's inputs are fed again by the next evaluation. */
 static bool train_sample(Run *r, bool tty, Diag *d)
 {
-    if (rt_dp_rank(r->dp) != 0 || (r->o->quiet && !r->log))
+    RtPp *pp = rt_dp_pp(r->dp);
+    /* pp: the ranks of dp rank 0 gather the params whole on world rank 0,
+     * which samples with the whole model's forward (r->pe) */
+    if (rt_dp_rank(r->dp) != 0 || (r->o->quiet && !(pp ? r->o->log_dir != NULL : r->log != NULL)))
         return true;
-    params_to_eval(r);
-    char *text = rt_train_sample(r->ee, r->eg, &r->c, r->step, false, d);
+    if (pp && !pp_whole_eval(r))
+        return true;
+    if (!pp)
+        params_to_eval(r);
+    char *text = rt_train_sample(pp ? r->pe : r->ee, pp ? r->pg : r->eg, &r->c, r->step,
+                                 false, d);
     if (!text)
         return false;
     if (!r->o->quiet) {
@@ -862,7 +956,7 @@ static bool build(Run *r, Diag *d)
     double t_start = ir_now();
     RtPp *pp = rt_dp_pp(r->dp);
     if (pp) { /* pipeline stages: this stage's optimizer step (runtime/dist/pp.c) */
-        if (!rt_pp_check(&r->c, r->o, d) || !(r->tg = rt_pp_build(pp, r->m->g, &po, d)) ||
+        if (!rt_pp_check(&r->c, d) || !(r->tg = rt_pp_build(pp, r->m->g, &po, d)) ||
             !rt_pp_build_eval(pp, r->m->eval_g, &po, d))
             return false;
     } else {
@@ -888,9 +982,23 @@ static bool build(Run *r, Diag *d)
         !pass_fuse(r->eg, &po, d) ||
         !pass_schedule(r->eg, &po, d)))
         return false;
+    /* pp: the whole model's forward on world rank 0 for sample_every and
+     * eval_batches = "all" (one rank's graph: no tp, no collectives) */
+    if (pp && (r->c.sample_every > 0 || r->c.eval_batches == TRAIN_EVAL_ALL) &&
+        rt_dp_world_rank(r->dp) == 0) {
+        PassOpts wo = po;
+        wo.tp = 1, wo.tp_rank = 0, wo.sequence_parallel = false, wo.nranks = 1;
+        r->pg = ir_clone(r->m->eval_g ? r->m->eval_g : r->m->g);
+        if (!pass_attention(r->pg, &wo, d) || !pass_partition(r->pg, &wo, d) ||
+            !pass_attention_layout(r->pg, &wo, d) || !pass_simplify(r->pg, &wo, d) ||
+            !pass_fuse(r->pg, &wo, d) || !pass_schedule(r->pg, &wo, d))
+            return false;
+    }
     char err[1024];
     if (r->eg && !ir_verify(r->eg, err, sizeof err))
         die("evaluation graph invalid after simplify/schedule: %s", err);
+    if (r->pg && !ir_verify(r->pg, err, sizeof err))
+        die("pp's whole evaluation graph invalid after simplify/schedule: %s", err);
     ExecOpts eo = {.device = r->o->device, .threads = r->o->threads,
                    .profile = r->o->profile || r->o->trace || r->o->log_dir,
                    .cache_dir = r->o->cache_dir,
@@ -904,6 +1012,12 @@ static bool build(Run *r, Diag *d)
         !rt_dp_build(r->dp, r->m->g, &po, &eo, r->tg, d))
         return false;
     eo.profile = false;
+    if (r->pg) {
+        ExecOpts wo = eo;
+        wo.comm = NULL;
+        if (!(r->pe = rt_exec_create(r->pg, &wo, d)))
+            return false;
+    }
     eo.arena_of = r->te; /* the evaluation runs in the step's temporaries (host backends) */
     if (r->eg && !(r->ee = rt_exec_create(r->eg, &eo, d)))
         return false;
@@ -1144,6 +1258,10 @@ static void run_free(Run *r)
     }
     if (r->ee) /* before te: it may run in te's arena */
         rt_exec_destroy(r->ee);
+    if (r->pe)
+        rt_exec_destroy(r->pe);
+    if (r->pg)
+        ir_free(r->pg);
     if (r->te)
         rt_exec_destroy(r->te);
     if (r->tg)
@@ -1226,7 +1344,8 @@ int rt_train(const Model *m, const TrainOpts *o)
         !init_state(&r, &d))
         goto out;
     if (r.c.sample_every > 0) { /* train{sample_every}: a language model, a prompt that fits */
-        char *ok = rt_train_sample(r.ee, r.eg, &r.c, 0, true, &d);
+        char *ok = rt_train_sample(r.ee, r.eg ? r.eg : r.m->eval_g ? r.m->eval_g : r.m->g,
+                                   &r.c, 0, true, &d);
         if (!ok) {
             char msg[sizeof d.msg];
             snprintf(msg, sizeof msg, "%s", d.msg);
@@ -1241,7 +1360,7 @@ int rt_train(const Model *m, const TrainOpts *o)
     int64_t log_every = log_interval(&r.c, r.c.steps - r.step);
     double last_status = 0; /* when the status line was last rewritten (10 per s at most) */
     find_extra_scalars(&r);
-    if (r.eg && r.c.eval_batches == TRAIN_EVAL_ALL && rt_data_has_val(r.ds) &&
+    if ((r.eg || rt_dp_pp(r.dp)) && r.c.eval_batches == TRAIN_EVAL_ALL && rt_data_has_val(r.ds) &&
         !check_eval_all(&r, &d))
         goto out;
     r.grad_norm_t = ir_find_output(r.tg, "grad_norm");

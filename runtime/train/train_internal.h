@@ -23,6 +23,11 @@ typedef struct {
     TrainCfg c;
     Graph *tg, *eg;       /* training step; evaluation (forward) */
     Exec *te, *ee;
+    /* pp with sample_every or eval_batches = "all": the whole model's
+     * evaluation graph and executor on world rank 0 (stage 0, tp and dp
+     * rank 0), fed the params gathered whole (pp_whole_eval); else NULL */
+    Graph *pg;
+    Exec *pe;
     void **vals;          /* host copies of tg's params and state, by id; on a
                              host backend te's own bytes (rt_exec_host_view) */
     bool vals_view;       /* vals are te's bytes: not freed, not copied */

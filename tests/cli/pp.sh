@@ -33,7 +33,7 @@
 #   - pp_stage hints (tests/data/pp_hint.lua) move the cut, and train as
 #     one rank does;
 #   - user errors: ranks that tp x pp does not divide, more stages than
-#     layers, a stage without params, flags pp does not run with yet,
+#     layers, a stage without params, micro_batches and grad_accum both set,
 #     hints out of range, out of order or inside a layer (naming the
 #     script line).
 # gpt's key bias: see tests/cli/tp.sh (compared to 1e-3 absolute).
@@ -297,8 +297,6 @@ expect hint_inner 'pp_hint.lua:[0-9]*: pp_stage: stage 1 would begin inside laye
     compile tests/data/pp_hint.lua --pp 2 --set cut=0 --set inner=2
 expect both '--pp 2: micro_batches = 2 and grad_accum = 2 both set' \
     train models/gpt.lua --steps 2 --nproc 2 --pp 2 --set micro_batches=2 --set grad_accum=2
-expect zerockpt '--pp 2: pipeline stages do not run with zero = 1 and checkpoints' \
-    train models/gpt.lua --steps 2 --nproc 4 --pp 2 --set zero=1 --checkpoint "$T/zc"
 expect budget '^--pp 2, stage [01]: memory budget 48.83 KiB (50000 bytes) is infeasible' \
     train models/gpt.lua --steps 2 --nproc 2 --pp 2 --memory-budget 50000
 expect noparam '--pp 11: stage 1 would hold no param' compile models/gpt.lua --pp 11

@@ -26,7 +26,9 @@
  *   memory of an asynchronous copy must come from cuMemAllocHost (pinned).
  * - Streams and events are queues. Nothing runs when it is enqueued: at a
  *   host synchronisation (cuStreamSynchronize, cuEventSynchronize, the
- *   queries, cuStreamDestroy) a worker runs every queued op, each time
+ *   queries, cuStreamDestroy) a worker runs every queued op (a query stops
+ *   when only ops waiting on another process are left, and answers
+ *   CUDA_ERROR_NOT_READY while its stream or event waits on them), each time
  *   choosing at random (seeded: FAKE_CUDA_SEED) among the streams whose
  *   next op may start (stream order; cuStreamWaitEvent; the legacy stream's
  *   implicit synchronisation with blocking streams, none with streams made
@@ -526,8 +528,11 @@ static void exec_op(FOp *o)
 }
 
 /* Runs every queued op, in a random order within what stream order and
- * events allow. */
-static void drain(void)
+ * events allow. query: a query's drain (cuStreamQuery, cuEventQuery),
+ * which returns, as a GPU's query does at once, when only ops that wait on
+ * another process are left (fakecu_enqueue_when: a receive whose send has
+ * not come), where a synchronisation waits for them. */
+static void drain_ops(bool query)
 {
     for (;;) {
         int cand[MAXS], n = 0, pending = 0, gated = 0;
@@ -540,6 +545,8 @@ static void drain(void)
                     cand[n++] = i;
             }
         if (!pending)
+            break;
+        if (!n && gated && query)
             break;
         if (!n && gated) {
             struct timespec ts = {0, 50000};
@@ -572,7 +579,7 @@ static void drain(void)
             free_op(o);
         }
     }
-    /* everything ran: ops the host has synchronised with can race no more */
+    /* ops the host has synchronised with can race no more */
     FOp **pp = &hist;
     while (*pp) {
         FOp *o = *pp;
@@ -585,6 +592,8 @@ static void drain(void)
         }
     }
 }
+
+static void drain(void) { drain_ops(false); }
 
 /* A fault inside the device range (past an allocation's end into its guard
  * page, or in freed memory) is reported; any other fault goes to the
@@ -972,7 +981,10 @@ static CUresult sync_stream(CUstream s, const char *call)
         invalidate_captures();
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     }
-    drain();
+    bool query = strcmp(call, "cuStreamQuery") == 0;
+    drain_ops(query);
+    if (query && S[i].head)
+        return CUDA_ERROR_NOT_READY; /* it waits on another process */
     vc_join(host_vc, S[i].vc);
     return CUDA_SUCCESS;
 }
@@ -1047,13 +1059,17 @@ CUresult cuEventRecord(CUevent e, CUstream s)
     return CUDA_SUCCESS;
 }
 
-static CUresult sync_event(CUevent e)
+static CUresult sync_event(CUevent e, bool query)
 {
     FEvent *ev = (FEvent *)e;
     if (!ev)
         return CUDA_ERROR_INVALID_HANDLE;
     if (!ev->done)
-        drain();
+        drain_ops(query);
+    if (!ev->done && query)
+        for (int i = 0; i < MAXS; i++)
+            if (S[i].head)
+                return CUDA_ERROR_NOT_READY; /* what it follows waits on another process */
     if (!ev->done)
         fakecu_die("an event never completed after every queued op ran");
     if (ev->recorded)
@@ -1061,9 +1077,9 @@ static CUresult sync_event(CUevent e)
     return CUDA_SUCCESS;
 }
 
-CUresult cuEventSynchronize(CUevent e) { return sync_event(e); }
+CUresult cuEventSynchronize(CUevent e) { return sync_event(e, false); }
 
-CUresult cuEventQuery(CUevent e) { return sync_event(e); }
+CUresult cuEventQuery(CUevent e) { return sync_event(e, true); }
 
 CUresult cuEventElapsedTime(float *ms, CUevent a, CUevent b)
 {

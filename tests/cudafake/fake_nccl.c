@@ -42,7 +42,11 @@
  * way). The sends and receives between ncclGroupStart and ncclGroupEnd are
  * one op on the stream (the stream of the last call), its sends posted
  * before its receives wait. FAKE_NCCL_DROP_RECV=N makes this process's N-th receive
- * take the data but write nothing (a negative control: a transfer lost).
+ * take the data but write nothing (a negative control: a transfer lost);
+ * FAKE_NCCL_DROP_SEND=N makes its N-th send never happen (a peer that hangs:
+ * its receive waits, cuda_nccl.c's comm_timeout must end the run).
+ * ncclCommAbort leaves the shared memory mapped (the worker may be polling
+ * a channel in it when the host gives up).
  * Collectives inside a group run as they are called. The non-blocking
  * ncclCommInitRankConfig is not offered (cuda_nccl.c falls back to
  * ncclCommInitRank). */
@@ -578,7 +582,10 @@ static ncclResult_t p2p(bool send, uint64_t buf, size_t count, ncclDataType_t ty
         fprintf(stderr, "fake NCCL: %s: a NULL buffer\n", what);
         return ncclInvalidArgument;
     }
-    static long nrecv;
+    static long nrecv, nsend;
+    const char *dsend = getenv("FAKE_NCCL_DROP_SEND");
+    if (send && dsend && ++nsend == atol(dsend))
+        return ncclSuccess; /* FAKE_NCCL_DROP_SEND: never sent (a peer that hangs) */
     const char *drop = getenv("FAKE_NCCL_DROP_RECV");
     P2p o = {comm, send, !send && drop && ++nrecv == atol(drop), peer, (int)type, buf, count};
     pending.op = realloc(pending.op, sizeof(P2p) * (size_t)(pending.n + 1));
@@ -628,4 +635,10 @@ NC_API ncclResult_t ncclCommDestroy(ncclComm_t c)
     return ncclSuccess;
 }
 
-NC_API ncclResult_t ncclCommAbort(ncclComm_t c) { return ncclCommDestroy(c); }
+/* The shared memory stays mapped: the stream worker may still be polling a
+ * transfer's channel in it (the process is about to stop). */
+NC_API ncclResult_t ncclCommAbort(ncclComm_t c)
+{
+    (void)c;
+    return ncclSuccess;
+}

@@ -24,6 +24,14 @@
 #              takes the data but writes nothing (FAKE_NCCL_DROP_RECV=1:
 #              stage 1's first activation, stage 0's first gradient lost):
 #              the comparison must fail.
+#   timeout    a peer that never sends: the fake NCCL drops each rank's
+#              first ncclSend (FAKE_NCCL_DROP_SEND=1: stage 0's first
+#              activation, stage 1's first gradient), its receives waiting
+#              up to FAKE_NCCL_TIMEOUT=100 s; with comm_timeout = 20 the run
+#              must stop, non-zero and within 150 s, saying which NCCL
+#              receive did not finish within the comm_timeout (the host's
+#              waits on the device poll the pipeline's transfers,
+#              cuda_nccl.c's kc_pp_wait); it hung before.
 #   neg_wait   negative control: the fake driver ignores the 2nd
 #              cuStreamWaitEvent (FAKE_CUDA_DROP_WAIT=2: the compute stream
 #              no longer waits for the first transfer: stage 1's F reads the
@@ -55,13 +63,19 @@ f32|gpipe8) ;;
 tp2) cuda_env=(FAKE_CUDA_DEVICES=4) ;;
 neg_drop) cuda_env=(FAKE_NCCL_DROP_RECV=1); negative=mismatch ;;
 neg_wait) cuda_env=(FAKE_CUDA_DROP_WAIT=2); negative=race ;;
+timeout) cuda_env=(FAKE_NCCL_DROP_SEND=1 FAKE_NCCL_TIMEOUT=100); negative=timeout
+    args+=(--set comm_timeout=20) ;;
 *) echo "unknown case $case"; exit 2 ;;
 esac
 
-timeout 120 "$KILN" train "${args[@]}" --threads 1 --save-weights "$T/cpu.safetensors" \
-    >"$T/cpu.log" 2>&1 || { tail -30 "$T/cpu.log"; echo "FAIL: the CPU run failed"; exit 1; }
+[ "$negative" = timeout ] || timeout 120 "$KILN" train "${args[@]}" --threads 1 \
+    --save-weights "$T/cpu.safetensors" >"$T/cpu.log" 2>&1 ||
+    { tail -30 "$T/cpu.log"; echo "FAIL: the CPU run failed"; exit 1; }
+lim=300
+[ "$negative" = timeout ] && lim=150
+t0=$(date +%s)
 env "${cuda_env[@]}" LD_LIBRARY_PATH="$FAKE_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
-    timeout 300 "$KILN" train "${args[@]}" --device cuda -v \
+    timeout $lim "$KILN" train "${args[@]}" --device cuda -v \
     --save-weights "$T/cuda.safetensors" >"$T/cuda.log" 2>&1
 rc=$?
 
@@ -70,6 +84,14 @@ rc=$?
 nlosses=4
 
 case $negative in
+timeout)
+    grep -m2 "did not finish" "$T/cuda.log"
+    [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $rc -lt 128 ] &&
+        grep -q "the NCCL receive from stage [01] (pipeline stages) on the GPU did not finish within 20 s (comm_timeout)" "$T/cuda.log" &&
+        exit 0
+    tail -8 "$T/cuda.log"
+    echo "FAIL: a peer that never sends did not end the run with a comm_timeout error (exit $rc after $(($(date +%s) - t0)) s)"
+    exit 1 ;;
 mismatch)
     [ $rc -eq 0 ] || { tail -5 "$T/cuda.log"; echo "FAIL: the run itself failed (expected a wrong result)"; exit 1; }
     if out=$(cmp_losses $nlosses); then echo "FAIL: a lost pipeline transfer went unnoticed: $out"; exit 1; fi
