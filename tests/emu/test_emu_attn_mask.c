@@ -342,8 +342,8 @@ static void test_negative_controls(void **state)
     (void)state;
     static const char *const edits[][2] = {
         /* nothing skipped: the results stay right, the barriers say so */
-        {"if (!__syncthreads_or(kiln_attn_keeps<BR, BC, NTH, CAUSAL>",
-         "if (!__syncthreads_or(1 | kiln_attn_keeps<BR, BC, NTH, CAUSAL>"},
+        {"return __syncthreads_or(kiln_attn_keeps<R, C, NTH, CAUSAL>",
+         "return __syncthreads_or(1 | kiln_attn_keeps<R, C, NTH, CAUSAL>"},
         /* only the first half of a pair's cells looked at: pairs that keep
          * (row, key) only in their second half are skipped */
         {"for (int i = threadIdx.x; i < R * C; i += NTH) {",
