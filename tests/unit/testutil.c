@@ -101,12 +101,32 @@ char *scratch_dir(const char *tag)
     return tmpl;
 }
 
-static uint64_t model_rng;
-static double model_urand(void)
+double test_urand(uint64_t *state)
 {
-    model_rng = model_rng * 6364136223846793005ull + 1442695040888963407ull;
-    return (double)(model_rng >> 11) * (1.0 / 9007199254740992.0);
+    *state = *state * 6364136223846793005ull + 1442695040888963407ull;
+    return (double)(*state >> 11) * (1.0 / 9007199254740992.0);
 }
+
+uint16_t test_f2bf(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return 0x7fff;
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+float test_bf2f(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static uint64_t model_rng;
+static double model_urand(void) { return test_urand(&model_rng); }
 
 /* Host data per graph input: params in [-0.3, 0.3), state zero, "lr" 1e-3,
  * float data in [0, 1), integers in [0, 3] (valid tokens, classes and

@@ -13,6 +13,14 @@
 /* ||a - b|| / ||b|| over n values; NaN or Inf anywhere gives INFINITY. */
 double rel_err(const double *a, const double *b, int64_t n);
 double rel_err_f32(const float *a, const float *b, int64_t n);
+/* A uniform double in [0, 1) from *state, a 64-bit LCG (Knuth's MMIX
+ * constants, the top 53 bits): the tests' reproducible random inputs. */
+double test_urand(uint64_t *state);
+/* f32 to bf16 rounded to nearest even (a NaN to 0x7fff), and bf16 to f32:
+ * the tests' host-side conversions (test_emu_kernels keeps its own
+ * reference rounding to check the device's). */
+uint16_t test_f2bf(float f);
+float test_bf2f(uint16_t h);
 /* Whole file into a malloc'd NUL-terminated string; NULL if unreadable. */
 char *read_file(const char *path);
 /* Parse IR text; fails the test with the parser's message on error. */
