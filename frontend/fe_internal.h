@@ -118,6 +118,13 @@ bool fe_closest_key(const char *name, const char *list, char *out, size_t n);
  * of the wrong type. nil values are absent options. */
 void fe_check_opts(lua_State *L, int idx, const char *fn, const char *spec);
 
+/* The text of the Lua file at path (NUL-terminated, *len bytes), a regular
+ * file of at most max bytes (the Lua memory limit), read without blocking
+ * on a FIFO. NULL with err set otherwise: "FLAGPATH: ... NOUN ..." (flag
+ * "" for the model script, "--init-map " for a map file; noun "the model
+ * script", "the map file"). */
+char *fe_read_lua_file(const char *flag, const char *path, const char *noun, size_t max,
+                       size_t *len, char *err, size_t errlen);
 /* qsort's comparison of two const char * (strcmp order). */
 int fe_cmp_str(const void *a, const void *b);
 

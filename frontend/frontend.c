@@ -921,26 +921,25 @@ Model *fe_load_model_text(const char *path, const char *text, size_t len,
     return load_script(path, &sc, sets, nsets, err, errlen);
 }
 
-/* Reads a regular file of at most max bytes (never blocks on a FIFO). NULL
- * with err set otherwise. */
-static char *read_script(const char *path, size_t max, size_t *len, char *err, size_t errlen)
+char *fe_read_lua_file(const char *flag, const char *path, const char *noun, size_t max,
+                       size_t *len, char *err, size_t errlen)
 {
     int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     struct stat st;
     if (fd < 0 || fstat(fd, &st) != 0) {
-        snprintf(err, errlen, "%s: cannot open the model script: %s", path, strerror(errno));
+        snprintf(err, errlen, "%s%s: cannot open %s: %s", flag, path, noun, strerror(errno));
         if (fd >= 0)
             close(fd);
         return NULL;
     }
     if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size > max) {
         if (!S_ISREG(st.st_mode))
-            snprintf(err, errlen, "%s: cannot read the model script (expected a Lua file, got %s)",
-                     path, S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a FIFO" :
-                     "a file that is not a regular file");
+            snprintf(err, errlen, "%s%s: cannot read %s (expected a Lua file, got %s)", flag,
+                     path, noun, S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ?
+                     "a FIFO" : "a file that is not a regular file");
         else
-            snprintf(err, errlen, "%s: the model script is %lld bytes (expected at most %zu, the "
-                     "Lua memory limit; KILN_LUA_MEMORY raises it)", path,
+            snprintf(err, errlen, "%s%s: %s is %lld bytes (expected at most %zu, the Lua memory "
+                     "limit; KILN_LUA_MEMORY raises it)", flag, path, noun,
                      (long long)st.st_size, max);
         close(fd);
         return NULL;
@@ -952,7 +951,7 @@ static char *read_script(const char *path, size_t max, size_t *len, char *err, s
         if (r < 0 && errno == EINTR)
             continue;
         if (r <= 0) {
-            snprintf(err, errlen, "%s: cannot read the model script: %s", path,
+            snprintf(err, errlen, "%s%s: cannot read %s: %s", flag, path, noun,
                      r < 0 ? strerror(errno) : "it became shorter while being read");
             free(buf);
             close(fd);
@@ -961,6 +960,7 @@ static char *read_script(const char *path, size_t max, size_t *len, char *err, s
         got += (size_t)r;
     }
     close(fd);
+    buf[got] = 0;
     *len = got;
     return buf;
 }
@@ -971,7 +971,7 @@ Model *fe_load_model(const char *path, const char *const *sets, int nsets, char 
     Script sc = {0};
     if (!fe_sandbox_limits(&sc, err, errlen))
         return NULL;
-    char *text = read_script(path, sc.mem, &sc.len, err, errlen);
+    char *text = fe_read_lua_file("", path, "the model script", sc.mem, &sc.len, err, errlen);
     if (!text)
         return NULL;
     sc.text = text;
@@ -986,7 +986,7 @@ Graph *fe_load_decode(const char *path, const char *const *sets, int nsets, int6
     Script sc = {0};
     if (!fe_sandbox_limits(&sc, err, errlen))
         return NULL;
-    char *text = read_script(path, sc.mem, &sc.len, err, errlen);
+    char *text = fe_read_lua_file("", path, "the model script", sc.mem, &sc.len, err, errlen);
     if (!text)
         return NULL;
     sc.text = text;
