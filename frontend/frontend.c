@@ -965,16 +965,25 @@ char *fe_read_lua_file(const char *flag, const char *path, const char *noun, siz
     return buf;
 }
 
+/* The sandbox's bounds and the model script at path in *sc (sc->text is
+ * the returned buffer, the caller's to free); NULL with err set. */
+static char *read_model(const char *path, Script *sc, char *err, size_t errlen)
+{
+    *sc = (Script){0};
+    if (!fe_sandbox_limits(sc, err, errlen))
+        return NULL;
+    char *text = fe_read_lua_file("", path, "the model script", sc->mem, &sc->len, err, errlen);
+    sc->text = text;
+    return text;
+}
+
 Model *fe_load_model(const char *path, const char *const *sets, int nsets, char *err,
                      size_t errlen)
 {
-    Script sc = {0};
-    if (!fe_sandbox_limits(&sc, err, errlen))
-        return NULL;
-    char *text = fe_read_lua_file("", path, "the model script", sc.mem, &sc.len, err, errlen);
+    Script sc;
+    char *text = read_model(path, &sc, err, errlen);
     if (!text)
         return NULL;
-    sc.text = text;
     Model *m = load_script(path, &sc, sets, nsets, err, errlen);
     free(text);
     return m;
@@ -983,13 +992,10 @@ Model *fe_load_model(const char *path, const char *const *sets, int nsets, char 
 Graph *fe_load_decode(const char *path, const char *const *sets, int nsets, int64_t len,
                       int *ncaches, char *err, size_t errlen)
 {
-    Script sc = {0};
-    if (!fe_sandbox_limits(&sc, err, errlen))
-        return NULL;
-    char *text = fe_read_lua_file("", path, "the model script", sc.mem, &sc.len, err, errlen);
+    Script sc;
+    char *text = read_model(path, &sc, err, errlen);
     if (!text)
         return NULL;
-    sc.text = text;
     Model *m = load_once(path, &sc, sets, nsets, false, len, err, errlen);
     free(text);
     if (!m)
