@@ -50,6 +50,21 @@ void free_model_paths(char **paths);
 /* Runs a model script (fe_load_model); fails the test with the frontend's
  * message on error. */
 Model *load_model(const char *path, const char *const *sets, int nsets);
+/* Model m's step graph through the pass pipeline (rt_pass_opts, no memory
+ * budget) with the attention pass off (g[0]) and on (g[1]); check(g, on,
+ * arg), when given, looks at each graph after its pipeline. Both run one
+ * step on the CPU backend (2 threads) from the same random inputs
+ * (random_model_inputs, matched by name); every output named "grad.*", and
+ * "loss" when loss, must agree within relative error tol, else the test
+ * fails naming what and the output. Returns how many outputs it compared. */
+int attn_on_off_compare(const Model *m, bool loss, double tol,
+                        void (*check)(const Graph *g, int on, void *arg), void *arg,
+                        const char *what);
+/* ||a - b|| / max(||b||, 1): relative, absolute near zero; NaN or Inf
+ * anywhere gives INFINITY. */
+double rel_err_min1(const double *a, const double *b, int64_t n);
+/* How many ops of g have code c. */
+int count_ops(const Graph *g, Opcode c);
 /* What main returns when a tool the test needs is absent: ctest reports the
  * test Skipped, not Passed (SKIP_RETURN_CODE, tests/CMakeLists.txt). */
 #define TEST_SKIPPED 77
