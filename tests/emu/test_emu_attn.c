@@ -549,9 +549,11 @@ static void test_negative_controls(void **state)
              2);
     /* the forward skips its last key tile */
     static const int fw[] = {1, 3};
-    negative("for (int kt = kt0; kt < ntiles; kt++) {\n        /* a mask: the barrier",
-             "for (int kt = kt0; kt + 1 < ntiles; kt++) {\n        /* a mask: the barrier", fw,
-             2);
+    negative("for (int kt = kt0; kt < ntiles; kt++) {\n"
+             "        /* a key tile a mask drops whole for",
+             "for (int kt = kt0; kt + 1 < ntiles; kt++) {\n"
+             "        /* a key tile a mask drops whole for",
+             fw, 2);
     /* dk/dv starts one query tile late under the causal mask */
     static const int ca[] = {0, 10};
     negative("const int qt0 = CAUSAL ? kt * BC / BQ : 0;",
