@@ -190,8 +190,9 @@ typedef struct {
     DType bdt;               /* lay.bias: the bias or mask param's storage (f32,
                                 bf16 or u8), the functions' last param `bx` */
 } CgCudaAttn;
-/* The device templates every attention function calls; a program prints
- * it once, after cg_cuda_prelude, before its attention functions. */
+/* The device templates every attention function calls (cuda_attn_lib.c);
+ * a program prints it once, after cg_cuda_prelude, before its attention
+ * functions. */
 extern const char cg_cuda_attn_lib[];
 /* The fused backward's template (cuda_attn_bwd.c), printed after
  * cg_cuda_attn_lib. */

@@ -118,6 +118,28 @@ bool fe_closest_key(const char *name, const char *list, char *out, size_t n);
  * of the wrong type. nil values are absent options. */
 void fe_check_opts(lua_State *L, int idx, const char *fn, const char *spec);
 
+/* The text of the Lua file at path (NUL-terminated, *len bytes), a regular
+ * file of at most max bytes (the Lua memory limit), read without blocking
+ * on a FIFO. NULL with err set otherwise: "FLAGPATH: ... NOUN ..." (flag
+ * "" for the model script, "--init-map " for a map file; noun "the model
+ * script", "the map file"). */
+char *fe_read_lua_file(const char *flag, const char *path, const char *noun, size_t max,
+                       size_t *len, char *err, size_t errlen);
+/* qsort's comparison of two const char * (strcmp order). */
+int fe_cmp_str(const void *a, const void *b);
+
+/* ---- config.c: config{}, --set and train{} -------------------------------- */
+
+/* config{defaults} and train{keys} (the DSL globals of those names). */
+int fe_dsl_config(lua_State *L);
+int fe_dsl_train(lua_State *L);
+/* fe->post: matches train{}'s frozen params and param groups against the
+ * graph's params after the script ran, in the sandbox's bounds; an error
+ * is raised as the message (it names the script's line). */
+int fe_resolve_groups(lua_State *L);
+/* The KEY of a --set "KEY=VALUE" into key (keylen bytes, cut to fit); its
+ * VALUE, or NULL when set has no '='. */
+const char *fe_set_value(const char *set, char *key, size_t keylen);
 /* For a message about a bad value (at idx) that a --set may have given:
  * ", from --set KEY=VALUE" when config key KEY, changed by that --set, holds
  * that very value, else "". Written into buf (n bytes), which it returns. */

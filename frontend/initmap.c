@@ -13,14 +13,10 @@
  * errors name the map file and line. */
 #include "fe_internal.h"
 
-#include <errno.h>
 #include <stdarg.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <lauxlib.h>
 #include <lua.h>
@@ -292,46 +288,6 @@ static int map_post(lua_State *L)
     return 0;
 }
 
-/* The map file's text (a regular file of at most max bytes); NULL with err. */
-static char *read_map(const char *path, size_t max, size_t *len, char *err, size_t errlen)
-{
-    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-    struct stat st;
-    if (fd < 0 || fstat(fd, &st) != 0) {
-        snprintf(err, errlen, "--init-map %s: cannot open the map file: %s", path,
-                 strerror(errno));
-        if (fd >= 0)
-            close(fd);
-        return NULL;
-    }
-    if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size > max) {
-        if (!S_ISREG(st.st_mode))
-            snprintf(err, errlen, "--init-map %s: cannot read the map file (expected a Lua "
-                     "file, got %s)", path, S_ISDIR(st.st_mode) ? "a directory" :
-                     "a file that is not a regular file");
-        else
-            snprintf(err, errlen, "--init-map %s: the map file is %lld bytes (expected at "
-                     "most %zu, the Lua memory limit; KILN_LUA_MEMORY raises it)", path,
-                     (long long)st.st_size, max);
-        close(fd);
-        return NULL;
-    }
-    char *buf = xmalloc((size_t)st.st_size + 1);
-    size_t got = 0;
-    while (got < (size_t)st.st_size) {
-        ssize_t k = read(fd, buf + got, (size_t)st.st_size - got);
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k <= 0)
-            break;
-        got += (size_t)k;
-    }
-    close(fd);
-    buf[got] = 0;
-    *len = got;
-    return buf;
-}
-
 InitMap *fe_init_map_text(const char *path, const char *text, size_t len,
                           const char *const *names, const Shape *shapes, int n, char *err,
                           size_t errlen)
@@ -389,7 +345,7 @@ InitMap *fe_init_map(const char *path, const char *const *names, const Shape *sh
     if (!fe_sandbox_limits(&sc, err, errlen))
         return NULL;
     size_t len;
-    char *text = read_map(path, sc.mem, &len, err, errlen);
+    char *text = fe_read_lua_file("--init-map ", path, "the map file", sc.mem, &len, err, errlen);
     if (!text)
         return NULL;
     InitMap *m = fe_init_map_text(path, text, len, names, shapes, n, err, errlen);

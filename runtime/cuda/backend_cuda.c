@@ -934,7 +934,7 @@ static bool cuda_device_info(BackendCtx *c, RtDeviceInfo *out)
 }
 
 /* Pipeline stages: the process's transfers over the pipeline group
- * (cuda_nccl.c, KcPp); the compute stream waits for each. f32 storage only
+ * (cuda_pp.c, KcPp); the compute stream waits for each. f32 storage only
  * (host_offset stops on a tensor stored otherwise). */
 static bool cuda_pp_setup(BackendCtx *c, const RtCommGroup *g, Diag *d)
 {

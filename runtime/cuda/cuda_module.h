@@ -17,6 +17,9 @@
  *   cuda_nvrtc.c   NVRTC and the cubin cache
  *   cuda_nccl.c    all-reduces and TP collectives through NCCL, bounded
  *                  host waits
+ *   cuda_pp.c      pipeline stages' transfers through NCCL (send/recv)
+ *   nccl_open.c    NCCL by dlopen, one table shared by the two above
+ *                  (kc_nccl.h)
  *   backend_cuda.c the step: the Backend table (create, write, read, run
  *                  a plan step, sync, destroy) and its BackendExt
  */
@@ -183,30 +186,6 @@ bool kc_tp_join(KcComm *k, Diag *d);
 int kc_tp_events(KcComm *k, CUevent begin, double host_begin, RtCommEvent *ev, int max);
 /* Waits for the communication stream and frees everything (NULL: nothing). */
 void kc_comm_close(KcComm *k);
-/* Pipeline stages (runtime/dist/pp.c): the process's two NCCL
- * communicators over the pipeline group g (rank: the stage), each with a
- * stream of its own: one for transfers to a later stage, one to an
- * earlier one. The first call over g opens them (every stage calls it, in
- * the same order), later ones share them; kc_pp_close drops one user.
- * NULL with d set (NCCL missing or without ncclSend). */
-typedef struct KcPp KcPp;
-KcPp *kc_pp_open(const RtCommGroup *g, CUcontext ctx, Diag *d);
-void kc_pp_close(KcPp *p);
-/* Queues, after the work queued on `compute` so far, an ncclSend of bytes
- * at ptr to stage peer (send) or an ncclRecv of them into ptr from peer
- * (ptr 0: into a scratch buffer), on the stream of its direction; the work
- * queued on `compute` afterwards waits for it. Transfers between two
- * stages in one direction meet in the order they are queued. */
-bool kc_pp_xfer(KcPp *p, CUstream compute, bool send, int peer, CUdeviceptr ptr, size_t bytes,
-                Diag *d);
-/* A host wait on stream s (or, s NULL, event e) of an executor with
- * pipeline transfers (and k's collectives, k may be NULL): polls as
- * kc_wait_stream does; past the group's comm_timeout with a transfer
- * queued, unfinished and none finishing (a peer that never sends or never
- * receives), aborts the pipeline's communicators and calls the group's
- * lost callback naming the transfer (it stops every rank); if it returns
- * (tests), CUDA_ERROR_LAUNCH_TIMEOUT. */
-CUresult kc_pp_wait(KcPp *p, KcComm *k, CUstream s, CUevent e);
 /* A run begins (before its first plan step): forgets the last run's
  * buckets, except all-gathers (one started in the last run may be waited
  * for in this one, even before this call: the executor's setup_defer). */
@@ -241,6 +220,32 @@ int kc_comm_events(KcComm *k, CUevent begin, double host_begin, RtCommEvent *ev,
  * never times out. */
 CUresult kc_wait_stream(KcComm *k, CUstream s);
 CUresult kc_wait_event(KcComm *k, CUevent e);
+
+/* ---- cuda_pp.c: pipeline stages' transfers through NCCL -------------------
+ * Pipeline stages (runtime/dist/pp.c): the process's two NCCL
+ * communicators over the pipeline group g (rank: the stage), each with a
+ * stream of its own: one for transfers to a later stage, one to an
+ * earlier one. The first call over g opens them (every stage calls it, in
+ * the same order), later ones share them; kc_pp_close drops one user.
+ * NULL with d set (NCCL missing or without ncclSend). */
+typedef struct KcPp KcPp;
+KcPp *kc_pp_open(const RtCommGroup *g, CUcontext ctx, Diag *d);
+void kc_pp_close(KcPp *p);
+/* Queues, after the work queued on `compute` so far, an ncclSend of bytes
+ * at ptr to stage peer (send) or an ncclRecv of them into ptr from peer
+ * (ptr 0: into a scratch buffer), on the stream of its direction; the work
+ * queued on `compute` afterwards waits for it. Transfers between two
+ * stages in one direction meet in the order they are queued. */
+bool kc_pp_xfer(KcPp *p, CUstream compute, bool send, int peer, CUdeviceptr ptr, size_t bytes,
+                Diag *d);
+/* A host wait on stream s (or, s NULL, event e) of an executor with
+ * pipeline transfers (and k's collectives, k may be NULL): polls as
+ * kc_wait_stream does; past the group's comm_timeout with a transfer
+ * queued, unfinished and none finishing (a peer that never sends or never
+ * receives), aborts the pipeline's communicators and calls the group's
+ * lost callback naming the transfer (it stops every rank); if it returns
+ * (tests), CUDA_ERROR_LAUNCH_TIMEOUT. */
+CUresult kc_pp_wait(KcPp *p, KcComm *k, CUstream s, CUevent e);
 
 /* ---- backend_cuda.c: the step --------------------------------------------- */
 

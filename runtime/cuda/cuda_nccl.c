@@ -2,8 +2,8 @@
  * of the CUDA module (libkiln_cuda.so).
  *
  * NCCL (libnccl.so.2) is opened with dlopen the first time a plan with
- * allreduce steps is set up, so the module loads, and one GPU trains,
- * where NCCL is not installed. The unique id is made by rank 0 and
+ * allreduce steps is set up (nccl_open.c), so the module loads, and one GPU
+ * trains, where NCCL is not installed. The unique id is made by rank 0 and
  * broadcast through the caller's MPI (RtCommGroup.bcast); one communicator
  * per plan, on the device of the backend's context.
  *
@@ -41,15 +41,7 @@
  * each other across ranks; a TP step queued behind an unfinished bucket
  * waits for it.
  *
- * Pipeline stages (kc_pp_open, kc_pp_xfer): the activations and gradients
- * crossing a stage boundary go by ncclSend/ncclRecv, one NCCL group per
- * tensor, over two communicators per process and pipeline group (KcPp),
- * each on a stream of its own: one carries what goes to a later stage
- * (activations), the other what goes to an earlier one (gradients), so a
- * send blocked until its peer receives never holds up a transfer the
- * other way. A transfer waits for a `ready` event of the issuing
- * executor's compute stream; that stream then waits for its `done` event
- * (a received tensor is read, and a sent one overwritten, only after it).
+ * Pipeline stages' transfers (KcPp) are in cuda_pp.c.
  *
  * Host waits on the device (kc_wait_stream, kc_wait_event, kc_pp_wait)
  * poll instead of blocking, so that a peer that hangs (its NCCL kernel
@@ -59,98 +51,17 @@
  * and the group's lost callback names the lost rank or transfer and stops
  * every rank (dist/mpi.c, as on the CPU).
  *
- * The driver functions used here are looked up in libcuda.so.1 again (the
- * backend has opened it already; dlopen only counts a reference). */
-#include "cuda_module.h"
+ * NCCL and the driver functions used here: kc_nc (kc_nccl.h, nccl_open.c). */
+#include "kc_nccl.h"
 
-#include <dlfcn.h>
-#ifndef KILN_NO_NCCL
-#include <nccl.h>
-#else
-/* Built without nccl.h (CMake found none; see docs/cuda.md): nccl_open
- * always fails with that reason, so nothing below calls NCCL; these
- * stand-ins only let the code compile. */
-typedef struct ncclComm *ncclComm_t;
-typedef enum { ncclSuccess = 0, ncclInProgress = 7 } ncclResult_t;
-typedef struct { char internal[128]; } ncclUniqueId;
-typedef enum { ncclUint8 = 1, ncclFloat32 = 7, ncclBfloat16 = 9 } ncclDataType_t;
-typedef enum { ncclSum = 0, ncclAvg = 4 } ncclRedOp_t;
-typedef struct { int blocking; } ncclConfig_t;
-#define NCCL_CONFIG_INITIALIZER {0}
-typedef struct CUstream_st *cudaStream_t;
-ncclResult_t ncclGetVersion(int *version);
-ncclResult_t ncclGetUniqueId(ncclUniqueId *id);
-ncclResult_t ncclCommInitRank(ncclComm_t *comm, int n, ncclUniqueId id, int rank);
-ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int n, ncclUniqueId id, int rank,
-                                    ncclConfig_t *config);
-ncclResult_t ncclCommDestroy(ncclComm_t comm);
-ncclResult_t ncclCommAbort(ncclComm_t comm);
-ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *state);
-ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataType_t type,
-                           ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream);
-ncclResult_t ncclReduce(const void *send, void *recv, size_t count, ncclDataType_t type,
-                        ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream);
-ncclResult_t ncclBroadcast(const void *send, void *recv, size_t count, ncclDataType_t type,
-                           int root, ncclComm_t comm, cudaStream_t stream);
-ncclResult_t ncclAllGather(const void *send, void *recv, size_t count, ncclDataType_t type,
-                           ncclComm_t comm, cudaStream_t stream);
-ncclResult_t ncclReduceScatter(const void *send, void *recv, size_t count, ncclDataType_t type,
-                               ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream);
-ncclResult_t ncclSend(const void *send, size_t count, ncclDataType_t type, int peer,
-                      ncclComm_t comm, cudaStream_t stream);
-ncclResult_t ncclRecv(void *recv, size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
-                      cudaStream_t stream);
-ncclResult_t ncclGroupStart(void);
-ncclResult_t ncclGroupEnd(void);
-const char *ncclGetErrorString(ncclResult_t r);
-#endif
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-/* NCCL_VERSION(2,10,3): ncclAvg first appeared in NCCL 2.10.3 */
-enum { NCCL_MIN_VERSION = 21003 };
-
 #define STR_(x) #x
-#define STR(x) STR_(x)
-/* clang-format off */
-#define DRV_FUNCS(X)                                                           \
-    X(cuGetErrorString) X(cuCtxSetCurrent) X(cuEventCreate) X(cuEventDestroy)  \
-    X(cuEventRecord) X(cuEventSynchronize) X(cuEventElapsedTime)               \
-    X(cuStreamWaitEvent) X(cuStreamSynchronize) X(cuStreamQuery) X(cuEventQuery)\
-    X(cuMemAlloc) X(cuMemFree) X(cuMemcpyDtoDAsync) X(cuMemsetD8Async)        \
-    X(cuStreamCreate) X(cuStreamDestroy)
-#define NCCL_FUNCS(X)                                                          \
-    X(ncclGetVersion) X(ncclGetUniqueId) X(ncclCommInitRank)                   \
-    X(ncclCommDestroy) X(ncclCommAbort) X(ncclAllReduce) X(ncclGroupStart)     \
-    X(ncclGroupEnd) X(ncclGetErrorString)
-/* clang-format on */
-
-static struct {
-#define X(f) __typeof__(&f) f;
-    DRV_FUNCS(X)
-    NCCL_FUNCS(X)
-#undef X
-} fn;
-static int nccl_version;
-static char nccl_why[512]; /* why NCCL cannot be used ("" when it can) */
-/* NCCL 2.14 and newer: a non-blocking communicator, so that its setup (which
- * waits for every peer) is bounded like the all-reduces; NULL before. */
-static __typeof__(&ncclCommInitRankConfig) init_config;
-static __typeof__(&ncclCommGetAsyncError) async_error;
-/* zero=1's collectives (every NCCL 2.10.3 has them; looked up apart so that
- * a library without them still all-reduces) */
-static __typeof__(&ncclReduce) nccl_reduce;
-static __typeof__(&ncclBroadcast) nccl_bcast;
-/* tensor parallelism's gathers and reduce-scatters (looked up apart too) */
-static __typeof__(&ncclAllGather) nccl_allgather;
-static __typeof__(&ncclReduceScatter) nccl_rscatter;
-static __typeof__(&cuMemcpy2DAsync) cu_copy2d; /* their layout copies (the driver's) */
-/* pipeline stages' transfers (NCCL 2.7 and newer; looked up apart too) */
-static __typeof__(&ncclSend) nccl_send;
-static __typeof__(&ncclRecv) nccl_recv;
+#define STR(x) STR_(x) /* a driver function's versioned name */
 
 int kc_device_ordinal(void)
 {
@@ -162,88 +73,6 @@ int kc_device_ordinal(void)
         return atoi(lr);
     return 0;
 }
-
-/* Opens the driver's and NCCL's functions once; false with nccl_why set. */
-static bool nccl_open(void)
-{
-#ifdef KILN_NO_NCCL
-    snprintf(nccl_why, sizeof nccl_why,
-             "this libkiln_cuda.so was built without NCCL (nccl.h was not found at build "
-             "time; configure with -DKILN_NCCL_INCLUDE_DIR=DIR)");
-    return false;
-#endif
-    static bool tried, ok;
-    if (tried)
-        return ok;
-    tried = true;
-    void *drv = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (!drv) {
-        snprintf(nccl_why, sizeof nccl_why, "no CUDA driver on this machine (%s)", dlerror());
-        return false;
-    }
-    void *h = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
-    if (!h) {
-        snprintf(nccl_why, sizeof nccl_why,
-                 "NCCL is not installed (%s) (expected libnccl.so.2, NCCL 2.10.3 or newer, "
-                 "where the dynamic loader finds it, e.g. beside the CUDA libraries or on "
-                 "LD_LIBRARY_PATH)",
-                 dlerror());
-        return false;
-    }
-#define X(f)                                                                               \
-    if (!(*(void **)&fn.f = dlsym(drv, STR(f)))) {                                         \
-        snprintf(nccl_why, sizeof nccl_why, "the CUDA driver lacks %s (driver too old?)", \
-                 STR(f));                                                                  \
-        return false;                                                                      \
-    }
-    DRV_FUNCS(X)
-#undef X
-#define X(f)                                                                            \
-    if (!(*(void **)&fn.f = dlsym(h, STR(f)))) {                                        \
-        snprintf(nccl_why, sizeof nccl_why, "libnccl.so.2 lacks %s (expected NCCL 2.10.3 " \
-                 "or newer)", STR(f));                                                  \
-        return false;                                                                   \
-    }
-    NCCL_FUNCS(X)
-#undef X
-    *(void **)&init_config = dlsym(h, "ncclCommInitRankConfig");
-    *(void **)&async_error = dlsym(h, "ncclCommGetAsyncError");
-    *(void **)&nccl_reduce = dlsym(h, "ncclReduce");
-    *(void **)&nccl_bcast = dlsym(h, "ncclBroadcast");
-    *(void **)&nccl_allgather = dlsym(h, "ncclAllGather");
-    *(void **)&nccl_rscatter = dlsym(h, "ncclReduceScatter");
-    *(void **)&cu_copy2d = dlsym(drv, STR(cuMemcpy2DAsync));
-    *(void **)&nccl_send = dlsym(h, "ncclSend");
-    *(void **)&nccl_recv = dlsym(h, "ncclRecv");
-    if (fn.ncclGetVersion(&nccl_version) != ncclSuccess || nccl_version < NCCL_MIN_VERSION) {
-        snprintf(nccl_why, sizeof nccl_why,
-                 "NCCL is too old (version code %d; expected NCCL 2.10.3 or newer, for ncclAvg)",
-                 nccl_version);
-        return false;
-    }
-    ok = true;
-    return true;
-}
-
-static bool drv_fail(CUresult r, const char *call, int line, Diag *d)
-{
-    const char *s = NULL;
-    fn.cuGetErrorString(r, &s);
-    kc_dmsg(d, "%s:%d: %s failed: %s", __FILE__, line, call, s ? s : "unknown CUDA error");
-    return false;
-}
-
-static bool nccl_fail(ncclResult_t r, const char *call, int line, Diag *d)
-{
-    kc_dmsg(d, "%s:%d: %s failed: %s", __FILE__, line, call, fn.ncclGetErrorString(r));
-    return false;
-}
-
-/* Checked calls: true on success, else d set naming the call and line. */
-#define DRV(call, d) ((r_drv = (call)) == CUDA_SUCCESS || drv_fail(r_drv, #call, __LINE__, (d)))
-#define NC(call, d) ((r_nc = (call)) == ncclSuccess || nccl_fail(r_nc, #call, __LINE__, (d)))
-static _Thread_local CUresult r_drv;
-static _Thread_local ncclResult_t r_nc;
 
 /* One NCCL call of a sharded bucket: count f32 elements whose owner is
  * rank `root`. Reduce: send (every rank's gradient piece) averaged into recv
@@ -389,7 +218,7 @@ static bool share_tp(KcComm *k, const RtCommGroup *g, Diag *d)
         kc_dmsg(d, "out of memory");
         return false;
     }
-    if (!DRV(fn.cuEventCreate(&h->last, CU_EVENT_DISABLE_TIMING), d)) {
+    if (!DRV(kc_nc.cuEventCreate(&h->last, CU_EVENT_DISABLE_TIMING), d)) {
         free(h);
         return false;
     }
@@ -412,21 +241,21 @@ static void unshare_tp(SharedTp *h)
             break;
         }
     if (h->nc)
-        fn.ncclCommDestroy(h->nc);
-    fn.cuEventDestroy(h->last);
+        kc_nc.ncclCommDestroy(h->nc);
+    kc_nc.cuEventDestroy(h->last);
     free(h);
 }
 
 static bool make_events(Bucket *b, Diag *d)
 {
-    return DRV(fn.cuEventCreate(&b->ready, CU_EVENT_DISABLE_TIMING), d) &&
-           DRV(fn.cuEventCreate(&b->t0, CU_EVENT_DEFAULT), d) &&
-           DRV(fn.cuEventCreate(&b->done, CU_EVENT_DEFAULT), d) &&
-           DRV(fn.cuEventCreate(&b->w, CU_EVENT_DEFAULT), d) &&
+    return DRV(kc_nc.cuEventCreate(&b->ready, CU_EVENT_DISABLE_TIMING), d) &&
+           DRV(kc_nc.cuEventCreate(&b->t0, CU_EVENT_DEFAULT), d) &&
+           DRV(kc_nc.cuEventCreate(&b->done, CU_EVENT_DEFAULT), d) &&
+           DRV(kc_nc.cuEventCreate(&b->w, CU_EVENT_DEFAULT), d) &&
            (b->coll != CG_COLL_ALL_GATHER ||
-            (DRV(fn.cuEventCreate(&b->pt0, CU_EVENT_DEFAULT), d) &&
-             DRV(fn.cuEventCreate(&b->pdone, CU_EVENT_DEFAULT), d) &&
-             DRV(fn.cuEventCreate(&b->pw, CU_EVENT_DEFAULT), d)));
+            (DRV(kc_nc.cuEventCreate(&b->pt0, CU_EVENT_DEFAULT), d) &&
+             DRV(kc_nc.cuEventCreate(&b->pdone, CU_EVENT_DEFAULT), d) &&
+             DRV(kc_nc.cuEventCreate(&b->pw, CU_EVENT_DEFAULT), d)));
 }
 
 /* A sharded bucket (zero=1; ir.h, AK_SHARD) as NCCL calls: its tensors
@@ -441,7 +270,7 @@ static bool make_events(Bucket *b, Diag *d)
 static bool shard_pieces(KcComm *k, const CgStep *st, Bucket *b, const DType *storage, Diag *d)
 {
     const Graph *g = k->p->g;
-    if (!nccl_reduce || !nccl_bcast) {
+    if (!kc_nc.reduce || !kc_nc.bcast) {
         kc_dmsg(d, "zero=1 on the GPU: libnccl.so.2 lacks ncclReduce or ncclBroadcast "
                 "(expected NCCL 2.10.3 or newer)");
         return false;
@@ -461,7 +290,7 @@ static bool shard_pieces(KcComm *k, const CgStep *st, Bucket *b, const DType *st
     for (int r = 0; r < g->t.v[st->sh_buf].s.rank; r++)
         S *= g->t.v[st->sh_buf].s.dim[r];
     if (st->coll == CG_COLL_ALL_GATHER && !k->snap &&
-        !DRV(fn.cuMemAlloc(&k->snap, (size_t)S * 4 + 4), d))
+        !DRV(kc_nc.cuMemAlloc(&k->snap, (size_t)S * 4 + 4), d))
         return false;
     b->pc = calloc((size_t)(b->k + k->size) + 1, sizeof(Piece));
     if (!b->pc) {
@@ -589,7 +418,7 @@ static bool setup_tp_steps(KcComm *k, const DType *storage, const int64_t *offse
         kc_dmsg(d, "out of memory");
         return false;
     }
-    if (!DRV(fn.cuEventCreate(&k->tp_ready, CU_EVENT_DISABLE_TIMING), d))
+    if (!DRV(kc_nc.cuEventCreate(&k->tp_ready, CU_EVENT_DISABLE_TIMING), d))
         return false;
     int64_t stage = 0; /* bytes of the staging buffer */
     for (int s = 0; s < p->steps.n; s++) {
@@ -671,22 +500,22 @@ static bool setup_tp_steps(KcComm *k, const DType *storage, const int64_t *offse
                     tp_name(op->code));
             return false;
         }
-        if (!DRV(fn.cuEventCreate(&t->t0, CU_EVENT_DEFAULT), d) ||
-            !DRV(fn.cuEventCreate(&t->done, CU_EVENT_DEFAULT), d) ||
-            !DRV(fn.cuEventCreate(&t->w, CU_EVENT_DEFAULT), d))
+        if (!DRV(kc_nc.cuEventCreate(&t->t0, CU_EVENT_DEFAULT), d) ||
+            !DRV(kc_nc.cuEventCreate(&t->done, CU_EVENT_DEFAULT), d) ||
+            !DRV(kc_nc.cuEventCreate(&t->w, CU_EVENT_DEFAULT), d))
             return false;
         if (t->outer > 1 && es * n * (int64_t)t->count > stage)
             stage = es * n * (int64_t)t->count;
         k->tp_of[s] = k->ntp++;
     }
-    if (stage > 0 && !cu_copy2d) {
+    if (stage > 0 && !kc_nc.copy2d) {
         kc_dmsg(d, "tensor parallelism on the GPU: the CUDA driver lacks %s (driver too old?)",
                 STR(cuMemcpy2DAsync));
         return false;
     }
-    if (stage > 0 && !DRV(fn.cuMemAlloc(&k->stage, (size_t)stage), d))
+    if (stage > 0 && !DRV(kc_nc.cuMemAlloc(&k->stage, (size_t)stage), d))
         return false;
-    if (k->ntp > 0 && (!nccl_allgather || !nccl_rscatter)) {
+    if (k->ntp > 0 && (!kc_nc.allgather || !kc_nc.rscatter)) {
         kc_dmsg(d, "tensor parallelism on the GPU: libnccl.so.2 lacks ncclAllGather or "
                 "ncclReduceScatter (expected NCCL 2.10.3 or newer)");
         return false;
@@ -704,14 +533,14 @@ static bool settle(KcComm *k, const char *what, Diag *d)
     long ns = 50000;
     for (;;) {
         ncclResult_t st = ncclInProgress;
-        if (!NC(async_error(k->nc, &st), d))
+        if (!NC(kc_nc.async_error(k->nc, &st), d))
             return false;
         if (st == ncclSuccess)
             return true;
         if (st != ncclInProgress)
-            return nccl_fail(st, what, __LINE__, d);
+            return kc_nccl_fail(st, what, __FILE__, __LINE__, d);
         if (kc_now() - t0 > k->timeout) {
-            fn.ncclCommAbort(k->nc);
+            kc_nc.ncclCommAbort(k->nc);
             forget_nc(k);
             k->lost(k->lost_arg, what);
             kc_dmsg(d, "%s did not finish within %g s (comm_timeout)", what, k->timeout);
@@ -732,10 +561,10 @@ static bool init_nonblocking(KcComm *k, ncclUniqueId id, Diag *d)
 {
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
     cfg.blocking = 0;
-    ncclResult_t r = init_config(&k->nc, k->size, id, k->rank, &cfg);
+    ncclResult_t r = kc_nc.init_config(&k->nc, k->size, id, k->rank, &cfg);
     if (r != ncclSuccess && r != ncclInProgress) {
         k->nc = NULL;
-        return nccl_fail(r, "ncclCommInitRankConfig", __LINE__, d);
+        return kc_nccl_fail(r, "ncclCommInitRankConfig", __FILE__, __LINE__, d);
     }
     k->nonblocking = true;
     return settle(k, "the NCCL communicator setup (ncclCommInitRankConfig)", d);
@@ -746,14 +575,15 @@ static KcComm *comm_open(const RtCommGroup *g, const CgPlan *p, const DType *sto
                          const int64_t *offset, CUdeviceptr arena, CUcontext ctx,
                          CUstream compute, CUstream comm, bool tp, Diag *d)
 {
-    if (!nccl_open()) {
+    const char *why;
+    if (!kc_nccl_open(&why)) {
         if (tp)
             kc_dmsg(d, "--device cuda: tensor parallelism over %d ranks runs its collectives "
-                    "on the GPU through NCCL, but %s", g->size, nccl_why);
+                    "on the GPU through NCCL, but %s", g->size, why);
         else
             kc_dmsg(d, "--device cuda: the step averages gradients over %d rank%s on the GPU "
                     "through NCCL, but %s",
-                    g->size, g->size == 1 ? "" : "s", nccl_why);
+                    g->size, g->size == 1 ? "" : "s", why);
         return NULL;
     }
     KcComm *k = calloc(1, sizeof *k);
@@ -774,7 +604,7 @@ static KcComm *comm_open(const RtCommGroup *g, const CgPlan *p, const DType *sto
         k->lost = g->lost;
         k->lost_arg = g->arg;
     }
-    if (!DRV(fn.cuCtxSetCurrent(ctx), d) ||
+    if (!DRV(kc_nc.cuCtxSetCurrent(ctx), d) ||
         !(tp ? setup_tp_steps(k, storage, offset, arena, d)
              : setup_buckets(k, storage, offset, arena, d)))
         goto fail;
@@ -785,7 +615,7 @@ static KcComm *comm_open(const RtCommGroup *g, const CgPlan *p, const DType *sto
     }
     ncclUniqueId id;
     memset(&id, 0, sizeof id);
-    if (g->rank == 0 && !NC(fn.ncclGetUniqueId(&id), d)) {
+    if (g->rank == 0 && !NC(kc_nc.ncclGetUniqueId(&id), d)) {
         /* the other ranks wait in the broadcast: mpirun stops them when
          * this rank exits (else comm_timeout does); d says why */
         goto fail;
@@ -795,10 +625,10 @@ static KcComm *comm_open(const RtCommGroup *g, const CgPlan *p, const DType *sto
                 tp ? " of the TP group" : "");
         goto fail;
     }
-    if (k->lost && init_config && async_error) {
+    if (k->lost && kc_nc.init_config && kc_nc.async_error) {
         if (!init_nonblocking(k, id, d))
             goto fail;
-    } else if (!NC(fn.ncclCommInitRank(&k->nc, g->size, id, g->rank), d)) {
+    } else if (!NC(kc_nc.ncclCommInitRank(&k->nc, g->size, id, g->rank), d)) {
         k->nc = NULL;
         goto fail;
     }
@@ -836,40 +666,40 @@ void kc_comm_close(KcComm *k)
 {
     if (!k)
         return;
-    fn.cuCtxSetCurrent(k->ctx);
+    kc_nc.cuCtxSetCurrent(k->ctx);
     if (k->comm && k->nc)
         kc_wait_stream(k, k->comm);
     if (k->sh)
         unshare_tp(k->sh);
     else if (k->nc)
-        fn.ncclCommDestroy(k->nc);
+        kc_nc.ncclCommDestroy(k->nc);
     for (int i = 0; k->b && i < k->nb; i++) {
         Bucket *b = &k->b[i];
         CUevent ev[] = {b->ready, b->t0, b->done, b->w, b->pt0, b->pdone, b->pw};
         for (int e = 0; e < 7; e++)
             if (ev[e])
-                fn.cuEventDestroy(ev[e]);
+                kc_nc.cuEventDestroy(ev[e]);
         free(b->ptr);
         free(b->count);
         free(b->pc);
     }
     if (k->snap)
-        fn.cuMemFree(k->snap);
+        kc_nc.cuMemFree(k->snap);
     for (int i = 0; k->tp && i < k->ntp; i++) {
         if (k->tp[i].t0)
-            fn.cuEventDestroy(k->tp[i].t0);
+            kc_nc.cuEventDestroy(k->tp[i].t0);
         if (k->tp[i].done)
-            fn.cuEventDestroy(k->tp[i].done);
+            kc_nc.cuEventDestroy(k->tp[i].done);
         if (k->tp[i].w)
-            fn.cuEventDestroy(k->tp[i].w);
+            kc_nc.cuEventDestroy(k->tp[i].w);
     }
     if (k->tp_ready)
-        fn.cuEventDestroy(k->tp_ready);
+        kc_nc.cuEventDestroy(k->tp_ready);
     if (k->stage)
-        fn.cuMemFree(k->stage);
+        kc_nc.cuMemFree(k->stage);
     for (int i = 0; i < k->nslot; i++)
         if (k->slot[i].p)
-            fn.cuMemFree(k->slot[i].p);
+            kc_nc.cuMemFree(k->slot[i].p);
     free(k->slot);
     free(k->tp);
     free(k->tp_of);
@@ -919,7 +749,7 @@ bool kc_shard_pack(KcComm *k, int s, Diag *d)
     CUdeviceptr out = k->arena + (CUdeviceptr)k->offset[st->sh_buf];
     int64_t off, len, f = st->sh_start;
     ir_shard_range(st->sh_total, st->sh_nranks, k->rank, &off, &len);
-    if (!DRV(fn.cuMemsetD8Async(out, 0, (size_t)S * 4, k->s), d))
+    if (!DRV(kc_nc.cuMemsetD8Async(out, 0, (size_t)S * 4, k->s), d))
         return false;
     for (int a = 0; a < st->nargs; a++) {
         const Tensor *x = &g->t.v[st->args[a]];
@@ -928,7 +758,7 @@ bool kc_shard_pack(KcComm *k, int s, Diag *d)
             n *= x->s.dim[r];
         int64_t lo = f > off ? f : off, hi = f + n < off + len ? f + n : off + len;
         if (lo < hi &&
-            !DRV(fn.cuMemcpyDtoDAsync(out + (CUdeviceptr)((lo - off) * 4),
+            !DRV(kc_nc.cuMemcpyDtoDAsync(out + (CUdeviceptr)((lo - off) * 4),
                                       k->arena + (CUdeviceptr)k->offset[st->args[a]] +
                                           (CUdeviceptr)((lo - f) * 4),
                                       (size_t)(hi - lo) * 4, k->s),
@@ -953,31 +783,31 @@ bool kc_allreduce_start(KcComm *k, int s, Diag *d)
     /* an all-gather reads a snapshot of this rank's part, taken in compute
      * stream order: the shard's bytes may be reused before the gather ends */
     if (b->snap_bytes &&
-        !DRV(fn.cuMemcpyDtoDAsync(b->snap_dst, b->snap_src, b->snap_bytes, k->s), d))
+        !DRV(kc_nc.cuMemcpyDtoDAsync(b->snap_dst, b->snap_src, b->snap_bytes, k->s), d))
         return false;
-    if (!DRV(fn.cuEventRecord(b->ready, k->s), d) ||
-        !DRV(fn.cuStreamWaitEvent(k->comm, b->ready, 0), d) ||
-        !DRV(fn.cuEventRecord(b->t0, k->comm), d) || !NC(fn.ncclGroupStart(), d))
+    if (!DRV(kc_nc.cuEventRecord(b->ready, k->s), d) ||
+        !DRV(kc_nc.cuStreamWaitEvent(k->comm, b->ready, 0), d) ||
+        !DRV(kc_nc.cuEventRecord(b->t0, k->comm), d) || !NC(kc_nc.ncclGroupStart(), d))
         return false;
     bool ok = true;
     cudaStream_t cs = (cudaStream_t)k->comm;
     for (int i = 0; b->coll == CG_COLL_ALLREDUCE && i < b->k && ok; i++)
-        ok = NC(fn.ncclAllReduce((const void *)b->ptr[i], (void *)b->ptr[i], b->count[i],
+        ok = NC(kc_nc.ncclAllReduce((const void *)b->ptr[i], (void *)b->ptr[i], b->count[i],
                                  ncclFloat32, ncclAvg, k->nc, cs),
                 d);
     for (int i = 0; i < b->npc && ok; i++) {
         const Piece *q = &b->pc[i];
         if (b->coll == CG_COLL_REDUCE_SCATTER)
-            ok = NC(nccl_reduce((const void *)q->send, (void *)q->recv, q->count, ncclFloat32,
+            ok = NC(kc_nc.reduce((const void *)q->send, (void *)q->recv, q->count, ncclFloat32,
                                   ncclAvg, q->root, k->nc, cs),
                     d);
         else
-            ok = NC(nccl_bcast((const void *)q->send, (void *)q->recv, q->count,
+            ok = NC(kc_nc.bcast((const void *)q->send, (void *)q->recv, q->count,
                                      ncclFloat32, q->root, k->nc, cs),
                     d);
     }
     Diag ignored;
-    ncclResult_t ge = fn.ncclGroupEnd();
+    ncclResult_t ge = kc_nc.ncclGroupEnd();
     if (ge == ncclInProgress && k->nonblocking && ok) {
         char what[96];
         snprintf(what, sizeof what, "issuing the NCCL %s of bucket %d",
@@ -990,7 +820,7 @@ bool kc_allreduce_start(KcComm *k, int s, Diag *d)
     } else if (!NC(ge, ok ? d : &ignored) || !ok) {
         return false;
     }
-    if (!DRV(fn.cuEventRecord(b->done, k->comm), d))
+    if (!DRV(kc_nc.cuEventRecord(b->done, k->comm), d))
         return false;
     b->started = true;
     b->waited = b->counted = false;
@@ -1009,8 +839,8 @@ bool kc_allreduce_wait(KcComm *k, int s, Diag *d)
     }
     if (b->waited) /* the bucket's first wait already ordered the compute stream */
         return true;
-    if (!DRV(fn.cuEventRecord(b->w, k->s), d) ||
-        !DRV(fn.cuStreamWaitEvent(k->s, b->done, 0), d))
+    if (!DRV(kc_nc.cuEventRecord(b->w, k->s), d) ||
+        !DRV(kc_nc.cuStreamWaitEvent(k->s, b->done, 0), d))
         return false;
     b->waited = true;
     k->pending = true;
@@ -1032,7 +862,7 @@ static bool copy_rows(KcComm *k, CUdeviceptr dst, size_t dpitch, CUdeviceptr src
     c.dstPitch = dpitch;
     c.WidthInBytes = width;
     c.Height = rows;
-    return DRV(cu_copy2d(&c, k->comm), d);
+    return DRV(kc_nc.copy2d(&c, k->comm), d);
 }
 
 /* A staged TP step's layout copies, one per rank: [outer][rank][chunk] at
@@ -1068,13 +898,13 @@ bool kc_tp_run(KcComm *k, int s, Diag *d)
      * collective reads the copy (the operand's bytes may be reused before
      * the compute stream waits for it) */
     CUdeviceptr src = t->slot >= 0 ? k->slot[t->slot].p : t->x;
-    if (t->slot >= 0 && !DRV(fn.cuMemcpyDtoDAsync(src, t->x, (size_t)t->xbytes, k->s), d))
+    if (t->slot >= 0 && !DRV(kc_nc.cuMemcpyDtoDAsync(src, t->x, (size_t)t->xbytes, k->s), d))
         return false;
-    if (!DRV(fn.cuEventRecord(k->tp_ready, k->s), d) ||
-        !DRV(fn.cuStreamWaitEvent(k->comm, k->tp_ready, 0), d) ||
+    if (!DRV(kc_nc.cuEventRecord(k->tp_ready, k->s), d) ||
+        !DRV(kc_nc.cuStreamWaitEvent(k->comm, k->tp_ready, 0), d) ||
         (h->last_stream && h->last_stream != k->comm &&
-         !DRV(fn.cuStreamWaitEvent(k->comm, h->last, 0), d)) ||
-        !DRV(fn.cuEventRecord(t->t0, k->comm), d))
+         !DRV(kc_nc.cuStreamWaitEvent(k->comm, h->last, 0), d)) ||
+        !DRV(kc_nc.cuEventRecord(t->t0, k->comm), d))
         return false;
     if (staged && t->coll == CG_COLL_REDUCE_SCATTER && !tp_relayout(k, t, src, false, d))
         return false;
@@ -1082,10 +912,10 @@ bool kc_tp_run(KcComm *k, int s, Diag *d)
     void *y = (void *)(staged && t->coll == CG_COLL_ALL_GATHER ? k->stage : t->y);
     cudaStream_t cs = (cudaStream_t)k->comm;
     ncclResult_t r = t->coll == CG_COLL_ALLREDUCE
-                         ? fn.ncclAllReduce(x, y, t->count, t->type, ncclSum, k->nc, cs)
+                         ? kc_nc.ncclAllReduce(x, y, t->count, t->type, ncclSum, k->nc, cs)
                      : t->coll == CG_COLL_ALL_GATHER
-                         ? nccl_allgather(x, y, t->count, t->type, k->nc, cs)
-                         : nccl_rscatter(x, y, t->count, t->type, ncclSum, k->nc, cs);
+                         ? kc_nc.allgather(x, y, t->count, t->type, k->nc, cs)
+                         : kc_nc.rscatter(x, y, t->count, t->type, ncclSum, k->nc, cs);
     if (r == ncclInProgress && k->nonblocking) {
         char what[96];
         snprintf(what, sizeof what, "issuing the NCCL %s of plan step %d (tensor parallelism)",
@@ -1100,7 +930,7 @@ bool kc_tp_run(KcComm *k, int s, Diag *d)
     }
     if (staged && t->coll == CG_COLL_ALL_GATHER && !tp_relayout(k, t, t->y, true, d))
         return false;
-    if (!DRV(fn.cuEventRecord(t->done, k->comm), d) || !DRV(fn.cuEventRecord(h->last, k->comm), d))
+    if (!DRV(kc_nc.cuEventRecord(t->done, k->comm), d) || !DRV(kc_nc.cuEventRecord(h->last, k->comm), d))
         return false;
     h->last_stream = k->comm;
     t->started = true;
@@ -1136,10 +966,10 @@ bool kc_tp_operand_copy(KcComm *k, int s, int until, Diag *d)
     }
     if (k->slot[j].bytes < t->xbytes) { /* set up before any run: nothing reads it */
         if (k->slot[j].p)
-            fn.cuMemFree(k->slot[j].p);
+            kc_nc.cuMemFree(k->slot[j].p);
         k->slot[j].p = 0;
         k->slot[j].bytes = 0;
-        if (!DRV(fn.cuMemAlloc(&k->slot[j].p, (size_t)t->xbytes), d))
+        if (!DRV(kc_nc.cuMemAlloc(&k->slot[j].p, (size_t)t->xbytes), d))
             return false;
         k->slot[j].bytes = t->xbytes;
     }
@@ -1161,7 +991,7 @@ bool kc_tp_wait(KcComm *k, int s, Diag *d)
     }
     if (t->waited)
         return true;
-    if (!DRV(fn.cuEventRecord(t->w, k->s), d) || !DRV(fn.cuStreamWaitEvent(k->s, t->done, 0), d))
+    if (!DRV(kc_nc.cuEventRecord(t->w, k->s), d) || !DRV(kc_nc.cuStreamWaitEvent(k->s, t->done, 0), d))
         return false;
     t->waited = true;
     return true;
@@ -1179,7 +1009,7 @@ bool kc_tp_join(KcComm *k, Diag *d)
 static double elapsed_ms(CUevent a, CUevent b)
 {
     float ms = 0;
-    if (fn.cuEventElapsedTime(&ms, a, b) != CUDA_SUCCESS)
+    if (kc_nc.cuEventElapsedTime(&ms, a, b) != CUDA_SUCCESS)
         return 0;
     return (double)ms;
 }
@@ -1190,7 +1020,7 @@ int kc_comm_events(KcComm *k, CUevent begin, double host_begin, RtCommEvent *ev,
     *exposed_s = 0;
     if (!k || !k->pending)
         return 0;
-    fn.cuCtxSetCurrent(k->ctx);
+    kc_nc.cuCtxSetCurrent(k->ctx);
     int n = 0;
     for (int i = 0; i < k->nb; i++) {
         Bucket *b = &k->b[i];
@@ -1222,7 +1052,7 @@ int kc_tp_events(KcComm *k, CUevent begin, double host_begin, RtCommEvent *ev, i
 {
     if (!k || !k->tp_pending)
         return 0;
-    fn.cuCtxSetCurrent(k->ctx);
+    kc_nc.cuCtxSetCurrent(k->ctx);
     int n = 0;
     for (int i = 0; i < k->ntp; i++) {
         TpOp *t = &k->tp[i];
@@ -1259,8 +1089,8 @@ static int progress(KcComm *k, int *stuck, KcComm **who)
                 continue;
             CUevent t0 = tp ? q->tp[i - q->nb].t0 : q->b[i].t0;
             CUevent done = tp ? q->tp[i - q->nb].done : q->b[i].done;
-            bool began = fn.cuEventQuery(t0) == CUDA_SUCCESS;
-            bool fin = began && fn.cuEventQuery(done) == CUDA_SUCCESS;
+            bool began = kc_nc.cuEventQuery(t0) == CUDA_SUCCESS;
+            bool fin = began && kc_nc.cuEventQuery(done) == CUDA_SUCCESS;
             n += began + fin;
             if (began && !fin && !*who) {
                 *stuck = tp ? -2 - q->tp[i - q->nb].step : i;
@@ -1271,41 +1101,30 @@ static int progress(KcComm *k, int *stuck, KcComm **who)
     return n;
 }
 
-static int64_t pp_progress(KcPp *p, bool *pending);
-static double pp_timeout(const KcPp *p);
-static void pp_lost(KcPp *p);
-
-/* Polls stream s (or, s NULL, event e) until it has finished: sleeps of
- * 50 us doubling to 1 ms, 10 ms after the first second. Past k->timeout
- * seconds with an all-reduce begun and unfinished and no bucket event
- * finishing: aborts the communicator and calls k->lost, which stops the
- * process; if it returns (tests), CUDA_ERROR_LAUNCH_TIMEOUT. With pp
- * (pipeline stages), the same for its transfers: past pp's timeout with a
- * send or receive queued and unfinished and none finishing (a peer that
- * never sends or never receives). k may be NULL. */
-static CUresult poll_until(KcComm *k, KcPp *pp, CUstream s, CUevent e)
+/* kc_nccl.h */
+CUresult kc_poll_until(KcComm *k, KcPp *pp, CUstream s, CUevent e)
 {
     double t0 = kc_now(), last = t0;
     int stuck = -1;
     KcComm *who = NULL;
     int seen = progress(k, &stuck, &who);
     bool ppend = false;
-    int64_t pseen = pp_progress(pp, &ppend);
+    int64_t pseen = kc_pp_progress(pp, &ppend);
     long ns = 50000;
     for (;;) {
-        CUresult r = s ? fn.cuStreamQuery(s) : fn.cuEventQuery(e);
+        CUresult r = s ? kc_nc.cuStreamQuery(s) : kc_nc.cuEventQuery(e);
         if (r != CUDA_ERROR_NOT_READY)
             return r;
         double t = kc_now();
         int now_seen = progress(k, &stuck, &who);
-        int64_t pnow = pp_progress(pp, &ppend);
-        bool wk = who && who->lost, wp = ppend && pp_timeout(pp) > 0;
+        int64_t pnow = kc_pp_progress(pp, &ppend);
+        bool wk = who && who->lost, wp = ppend && kc_pp_timeout(pp) > 0;
         if (now_seen != seen || pnow != pseen || (!wk && !wp)) {
             seen = now_seen;
             pseen = pnow;
             last = t;
-        } else if (!wk && t - last > pp_timeout(pp)) {
-            pp_lost(pp);
+        } else if (!wk && t - last > kc_pp_timeout(pp)) {
+            kc_pp_lost(pp);
             return CUDA_ERROR_LAUNCH_TIMEOUT;
         } else if (wk && t - last > who->timeout) {
             char what[128];
@@ -1316,7 +1135,7 @@ static CUresult poll_until(KcComm *k, KcPp *pp, CUstream s, CUevent e)
                 snprintf(what, sizeof what,
                          "the NCCL collective of plan step %d on the GPU (tensor parallelism)",
                          -2 - stuck);
-            fn.ncclCommAbort(who->nc);
+            kc_nc.ncclCommAbort(who->nc);
             forget_nc(who);
             who->lost(who->lost_arg, what);
             return CUDA_ERROR_LAUNCH_TIMEOUT;
@@ -1330,208 +1149,12 @@ static CUresult poll_until(KcComm *k, KcPp *pp, CUstream s, CUevent e)
 
 CUresult kc_wait_stream(KcComm *k, CUstream s)
 {
-    fn.cuCtxSetCurrent(k->ctx);
-    return poll_until(k, NULL, s, NULL);
+    kc_nc.cuCtxSetCurrent(k->ctx);
+    return kc_poll_until(k, NULL, s, NULL);
 }
 
 CUresult kc_wait_event(KcComm *k, CUevent e)
 {
-    fn.cuCtxSetCurrent(k->ctx);
-    return poll_until(k, NULL, NULL, e);
-}
-
-/* ---- pipeline stages: ncclSend / ncclRecv ------------------------------- */
-
-/* The process's transfers over one pipeline group: dir 0 to a later stage,
- * 1 to an earlier one; shared by every executor of the stage (F, B, W). */
-struct KcPp {
-    CUcontext ctx;
-    const void *group; /* RtCommGroup.arg */
-    int rank, size;
-    ncclComm_t nc[2];
-    CUstream st[2];
-    CUevent ready, done[2];
-    CUdeviceptr scratch; /* receives no program reads */
-    size_t scratch_bytes;
-    int refs;
-    struct KcPp *next;
-    /* the group's comm_timeout (0: waits unbounded) and lost callback;
-     * per direction: transfers queued so far, and the last one's kind and
-     * peer (for the lost callback's message) */
-    double timeout;
-    void (*lost)(void *arg, const char *what);
-    void *lost_arg;
-    int64_t nx[2];
-    bool last_send[2];
-    int last_peer[2];
-};
-
-/* A signature of pp's transfers' progress (changes when one finishes);
- * *pending: a queued transfer has not finished. pp NULL: 0, none. */
-static int64_t pp_progress(KcPp *p, bool *pending)
-{
-    *pending = false;
-    if (!p)
-        return 0;
-    int64_t sig = 4 * (p->nx[0] + p->nx[1]);
-    for (int i = 0; i < 2; i++) {
-        bool done = p->nx[i] == 0 || fn.cuEventQuery(p->done[i]) == CUDA_SUCCESS;
-        *pending |= !done;
-        sig += done << i;
-    }
-    return sig;
-}
-
-/* Seconds a transfer may wait with none finishing; 0: unbounded. */
-static double pp_timeout(const KcPp *p) { return p && p->lost ? p->timeout : 0; }
-
-/* A transfer that never finished: its communicators aborted, the lost
- * callback told which (it stops the process; it returns in tests). */
-static void pp_lost(KcPp *p)
-{
-    int dir = p->nx[0] > 0 && fn.cuEventQuery(p->done[0]) != CUDA_SUCCESS ? 0 : 1;
-    char what[160];
-    snprintf(what, sizeof what, "the NCCL %s stage %d (pipeline stages) on the GPU",
-             p->last_send[dir] ? "send to" : "receive from", p->last_peer[dir]);
-    for (int i = 0; i < 2; i++)
-        if (p->nc[i]) {
-            fn.ncclCommAbort(p->nc[i]);
-            p->nc[i] = NULL;
-        }
-    p->lost(p->lost_arg, what);
-}
-
-CUresult kc_pp_wait(KcPp *p, KcComm *k, CUstream s, CUevent e)
-{
-    fn.cuCtxSetCurrent(p->ctx);
-    return poll_until(k, p, s, e);
-}
-
-static KcPp *shared_pp;
-
-void kc_pp_close(KcPp *p)
-{
-    if (!p || --p->refs > 0)
-        return;
-    for (KcPp **q = &shared_pp; *q; q = &(*q)->next)
-        if (*q == p) {
-            *q = p->next;
-            break;
-        }
-    fn.cuCtxSetCurrent(p->ctx);
-    for (int i = 0; i < 2; i++) {
-        if (p->st[i])
-            fn.cuStreamSynchronize(p->st[i]);
-        if (p->nc[i])
-            fn.ncclCommDestroy(p->nc[i]);
-        if (p->st[i])
-            fn.cuStreamDestroy(p->st[i]);
-        if (p->done[i])
-            fn.cuEventDestroy(p->done[i]);
-    }
-    if (p->ready)
-        fn.cuEventDestroy(p->ready);
-    if (p->scratch)
-        fn.cuMemFree(p->scratch);
-    free(p);
-}
-
-KcPp *kc_pp_open(const RtCommGroup *g, CUcontext ctx, Diag *d)
-{
-    for (KcPp *p = shared_pp; p; p = p->next)
-        if (p->ctx == ctx && p->group == g->arg && p->rank == g->rank && p->size == g->size) {
-            p->refs++;
-            return p;
-        }
-    if (!nccl_open()) {
-        kc_dmsg(d, "--device cuda: pipeline stages send activations and gradients through "
-                "NCCL, but %s", nccl_why);
-        return NULL;
-    }
-    if (!nccl_send || !nccl_recv) {
-        kc_dmsg(d, "--device cuda: pipeline stages send activations and gradients with "
-                "ncclSend and ncclRecv, but libnccl.so.2 lacks them (expected NCCL 2.7 or "
-                "newer)");
-        return NULL;
-    }
-    KcPp *p = kc_zalloc(sizeof *p);
-    *p = (KcPp){.ctx = ctx, .group = g->arg, .rank = g->rank, .size = g->size, .refs = 1};
-    if (g->lost && g->timeout > 0) {
-        p->timeout = g->timeout;
-        p->lost = g->lost;
-        p->lost_arg = g->arg;
-    }
-    if (!DRV(fn.cuCtxSetCurrent(ctx), d) ||
-        !DRV(fn.cuEventCreate(&p->ready, CU_EVENT_DISABLE_TIMING), d))
-        goto fail;
-    for (int i = 0; i < 2; i++) {
-        if (!DRV(fn.cuStreamCreate(&p->st[i], CU_STREAM_NON_BLOCKING), d) ||
-            !DRV(fn.cuEventCreate(&p->done[i], CU_EVENT_DISABLE_TIMING), d))
-            goto fail;
-        ncclUniqueId id;
-        memset(&id, 0, sizeof id);
-        if (g->rank == 0 && !NC(fn.ncclGetUniqueId(&id), d))
-            goto fail;
-        if (g->size > 1 && !(g->bcast && g->bcast(g->arg, &id, sizeof id))) {
-            kc_dmsg(d, "NCCL: cannot broadcast the unique id from stage 0 of the pipeline");
-            goto fail;
-        }
-        if (!NC(fn.ncclCommInitRank(&p->nc[i], g->size, id, g->rank), d)) {
-            p->nc[i] = NULL;
-            goto fail;
-        }
-    }
-    p->next = shared_pp;
-    shared_pp = p;
-    return p;
-fail:
-    kc_pp_close(p); /* not linked yet */
-    return NULL;
-}
-
-bool kc_pp_xfer(KcPp *p, CUstream compute, bool send, int peer, CUdeviceptr ptr, size_t bytes,
-                Diag *d)
-{
-    if (peer < 0 || peer >= p->size || peer == p->rank) {
-        kc_dmsg(d, "pipeline transfer to stage %d from stage %d of %d", peer, p->rank, p->size);
-        return false;
-    }
-    int dir = (send ? peer > p->rank : peer < p->rank) ? 0 : 1;
-    if (!DRV(fn.cuCtxSetCurrent(p->ctx), d))
-        return false;
-    if (!ptr) { /* a receive that no program reads */
-        if (bytes > p->scratch_bytes) {
-            if (p->scratch && !DRV(fn.cuStreamSynchronize(p->st[1 - dir]), d))
-                return false;
-            if (p->scratch && !DRV(fn.cuStreamSynchronize(p->st[dir]), d))
-                return false;
-            if (p->scratch)
-                fn.cuMemFree(p->scratch);
-            p->scratch = 0;
-            p->scratch_bytes = 0;
-            if (!DRV(fn.cuMemAlloc(&p->scratch, bytes), d))
-                return false;
-            p->scratch_bytes = bytes;
-        }
-        ptr = p->scratch;
-    }
-    bool f32 = bytes % 4 == 0;
-    size_t count = f32 ? bytes / 4 : bytes;
-    ncclDataType_t type = f32 ? ncclFloat32 : ncclUint8;
-    cudaStream_t st = (cudaStream_t)p->st[dir];
-    if (!p->nc[dir]) {
-        kc_dmsg(d, "pipeline transfer after its communicator was aborted (comm_timeout)");
-        return false;
-    }
-    p->nx[dir]++;
-    p->last_send[dir] = send;
-    p->last_peer[dir] = peer;
-    return DRV(fn.cuEventRecord(p->ready, compute), d) &&
-           DRV(fn.cuStreamWaitEvent(p->st[dir], p->ready, 0), d) &&
-           NC(fn.ncclGroupStart(), d) &&
-           (send ? NC(nccl_send((const void *)(uintptr_t)ptr, count, type, peer, p->nc[dir], st), d)
-                 : NC(nccl_recv((void *)(uintptr_t)ptr, count, type, peer, p->nc[dir], st), d)) &&
-           NC(fn.ncclGroupEnd(), d) &&
-           DRV(fn.cuEventRecord(p->done[dir], p->st[dir]), d) &&
-           DRV(fn.cuStreamWaitEvent(compute, p->done[dir], 0), d);
+    kc_nc.cuCtxSetCurrent(k->ctx);
+    return kc_poll_until(k, NULL, NULL, e);
 }

@@ -7,7 +7,7 @@
  * Invariant: every driver call of backend_cuda.c goes through kc_cu, whose
  * entries are all set (or kc_cu_open failed and none is used): a test can
  * stand a fake libcuda.so.1 in for the driver by loading it first.
- * cuda_nccl.c looks up the few driver functions it needs itself. */
+ * nccl_open.c looks up the few driver functions the NCCL files need itself. */
 #include "cuda_module.h"
 
 #include <dlfcn.h>

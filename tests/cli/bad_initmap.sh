@@ -76,6 +76,11 @@ expect_error "$m:" "bytecode" -- "${run[@]}" "$m"
 # the files and flags
 expect_error "nothere.lua" "cannot open the map file" -- "${run[@]}" "$dir/nothere.lua"
 expect_error "$dir" "a directory" -- "${run[@]}" "$dir"
+# a FIFO: refused without blocking, named as one (the model script's reader,
+# fe_read_lua_file, which the map file shares)
+mkfifo "$dir/fifo.lua"
+expect_error -t 20 "--init-map $dir/fifo.lua: cannot read the map file (expected a Lua file, got a FIFO)" \
+    -- "${run[@]}" "$dir/fifo.lua"
 expect_error -s 2 "--init-map needs --init-from" -- "$KILN" train $d/ft.lua --init-map $d/map.lua
 expect_error -s 2 "--init-partial needs --init-from" -- "$KILN" train $d/ft.lua --init-partial
 expect_error -s 2 "--init-map expects a Lua file" -- "$KILN" train $d/ft.lua --init-from "$w" --init-map=

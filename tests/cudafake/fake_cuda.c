@@ -7,12 +7,8 @@
  * Contracts (each violation stops the process loudly: "fake CUDA: ..." on
  * stderr naming the call, exit status 86; see fakecu_die):
  *
- * - Modules. cuModuleLoadData takes a cubin made by the fake NVRTC
- *   (fake_nvrtc.c): the real sm_90 ELF, then FAKE_SRC_MAGIC and the CUDA C
- *   source. The kernel names are the ELF's global function symbols; the
- *   source is compiled by the host C++ compiler under tests/emu/cuda_emu.h
- *   (emu_compile, cached under $KILN_CACHE_DIR/emu). cuModuleGetFunction
- *   finds names that are in both. cuLaunchKernel copies the arguments (as the
+ * - Modules (fake_module.c): a cubin of the fake NVRTC is compiled on the
+ *   emulator of tests/emu. cuLaunchKernel copies the arguments (as the
  *   driver does) and runs that kernel on the emulator with the same grid,
  *   block, dynamic shared memory and arguments when the stream gets to it.
  * - Memory. Device memory is host memory inside one reserved range of the
@@ -76,9 +72,6 @@
 #include "fake_cuda.h"
 #include "fake_ops.h"
 
-#include "emu.h"
-
-#include <elf.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -87,8 +80,6 @@
 #include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
-
-#define FAKE_SRC_MAGIC "KILN-FAKE-CUDA-SOURCE:"
 
 enum { PAGE = 4096 };
 static const uint64_t DEV_SPAN = 1ull << 36;
@@ -246,20 +237,6 @@ typedef struct {
     FGraph *g;
 } GraphExec;
 
-typedef struct {
-    EmuModule *emu;
-    char **names;
-    int nnames;
-} FModule;
-
-struct Func {
-    FModule *m;
-    char *name;
-    int nparams;
-    size_t *psize;
-    bool *isptr;
-};
-
 static FStream S[MAXS]; /* S[0]: the legacy stream */
 static uint64_t host_vc[MAXS];
 static uint64_t next_id;
@@ -291,7 +268,7 @@ static void vc_join(uint64_t *a, const uint64_t *b)
             a[i] = b[i];
 }
 
-static void add_acc(FOp *o, uint64_t lo, uint64_t hi, bool write)
+void fake_add_acc(FOp *o, uint64_t lo, uint64_t hi, bool write)
 {
     if (hi <= lo)
         return;
@@ -342,7 +319,7 @@ static FOp *clone_op(const FOp *t)
     o->acc = NULL;
     o->nacc = o->cap = 0;
     for (int i = 0; i < t->nacc; i++)
-        add_acc(o, t->acc[i].lo, t->acc[i].hi, t->acc[i].write);
+        fake_add_acc(o, t->acc[i].lo, t->acc[i].hi, t->acc[i].write);
     return o;
 }
 
@@ -415,89 +392,13 @@ static bool ready(const FOp *o)
     return true;
 }
 
-/* ---- kernels -------------------------------------------------------------- */
-
-/* The ranges of alloc a that differ from snapshot s: writes of o. */
-static void diff_writes(FOp *o, const Alloc *a, const unsigned char *s)
-{
-    const unsigned char *p = (const unsigned char *)(uintptr_t)a->lo;
-    uint64_t n = a->hi - a->lo, i = 0;
-    while (i < n) {
-        if (i + 8 <= n && memcmp(p + i, s + i, 8) == 0) {
-            i += 8;
-            continue;
-        }
-        if (p[i] == s[i]) {
-            i++;
-            continue;
-        }
-        uint64_t j = i;
-        while (j < n && p[j] != s[j])
-            j++;
-        /* changed bytes at most 8 apart are one range (an f32 store whose
-         * high byte did not change; no buffer fits in such a gap) */
-        if (o->nacc && o->acc[o->nacc - 1].write && o->acc[o->nacc - 1].hi + 8 >= a->lo + i &&
-            o->acc[o->nacc - 1].lo >= a->lo)
-            o->acc[o->nacc - 1].hi = a->lo + j;
-        else
-            add_acc(o, a->lo + i, a->lo + j, true);
-        i = j;
-    }
-}
-
-static void run_kernel(FOp *o)
-{
-    Func *f = o->f;
-    /* as many as the function takes (a horizontal function: hundreds) */
-    void **argv = calloc((size_t)f->nparams + 1, sizeof(void *));
-    Alloc **al = calloc((size_t)f->nparams + 1, sizeof(Alloc *));
-    unsigned char **snap = calloc((size_t)f->nparams + 1, sizeof(unsigned char *));
-    if (!argv || !al || !snap)
-        fakecu_die("out of memory");
-    int nal = 0;
-    size_t off = 0;
-    for (int i = 0; i < f->nparams; i++) {
-        argv[i] = o->argbuf + off;
-        if (f->isptr[i]) {
-            uint64_t p;
-            memcpy(&p, o->argbuf + off, 8);
-            Alloc *a = fake_find_alloc(p);
-            if (!a || !a->live)
-                fakecu_die("%s: argument %d (0x%llx) is no longer live device memory", o->desc,
-                           i, (unsigned long long)p);
-            bool seen = false;
-            for (int k = 0; k < nal; k++)
-                seen |= al[k] == a;
-            if (!seen) {
-                al[nal] = a;
-                snap[nal] = malloc(a->hi - a->lo);
-                if (!snap[nal])
-                    fakecu_die("out of memory");
-                memcpy(snap[nal], (void *)(uintptr_t)a->lo, a->hi - a->lo);
-                nal++;
-            }
-        }
-        off += (f->psize[i] + 7) / 8 * 8;
-    }
-    Diag d = {{0}};
-    if (!emu_launch(f->m->emu, f->name, o->grid, o->block, o->shmem, argv, &d))
-        fakecu_die("%s: the emulated kernel failed: %s", o->desc, d.msg);
-    for (int k = 0; k < nal; k++) {
-        diff_writes(o, al[k], snap[k]);
-        free(snap[k]);
-    }
-    free(argv);
-    free(al);
-    free(snap);
-}
-
 /* ---- the worker ------------------------------------------------------------ */
 
 static void exec_op(FOp *o)
 {
     switch (o->kind) {
     case OP_KERNEL:
-        run_kernel(o);
+        fake_run_kernel(o);
         break;
     case OP_HTOD:
         if (o->snap && memcmp(o->snap, (void *)(uintptr_t)o->src, o->bytes) != 0)
@@ -593,7 +494,7 @@ static void drain_ops(bool query)
     }
 }
 
-static void drain(void) { drain_ops(false); }
+void fake_drain(void) { drain_ops(false); }
 
 /* A fault inside the device range (past an allocation's end into its guard
  * page, or in freed memory) is reported; any other fault goes to the
@@ -731,7 +632,7 @@ CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d)
 CUresult cuDevicePrimaryCtxRelease(CUdevice d)
 {
     (void)d;
-    drain();
+    fake_drain();
     return CUDA_SUCCESS;
 }
 
@@ -742,7 +643,7 @@ CUresult cuCtxSetCurrent(CUcontext c)
     return CUDA_SUCCESS;
 }
 
-static CUresult in_capture(const char *call)
+CUresult fake_in_capture(const char *call)
 {
     if (!capturing)
         return CUDA_SUCCESS;
@@ -754,7 +655,7 @@ static CUresult in_capture(const char *call)
 
 CUresult cuMemAlloc(CUdeviceptr *p, size_t n)
 {
-    CUresult r = in_capture("cuMemAlloc");
+    CUresult r = fake_in_capture("cuMemAlloc");
     if (r)
         return r;
     if (n == 0)
@@ -779,10 +680,10 @@ CUresult cuMemAlloc(CUdeviceptr *p, size_t n)
 
 CUresult cuMemFree(CUdeviceptr p)
 {
-    CUresult r = in_capture("cuMemFree");
+    CUresult r = fake_in_capture("cuMemFree");
     if (r)
         return r;
-    drain(); /* cuMemFree synchronises */
+    fake_drain(); /* cuMemFree synchronises */
     Alloc *a = fake_find_alloc(p);
     if (!a || a->lo != p || !a->live)
         fakecu_die("cuMemFree: 0x%llx is not the start of a live allocation",
@@ -794,7 +695,7 @@ CUresult cuMemFree(CUdeviceptr p)
 
 CUresult cuMemAllocHost(void **p, size_t n)
 {
-    CUresult r = in_capture("cuMemAllocHost");
+    CUresult r = fake_in_capture("cuMemAllocHost");
     if (r)
         return r;
     void *q = NULL;
@@ -810,7 +711,7 @@ CUresult cuMemAllocHost(void **p, size_t n)
 
 CUresult cuMemFreeHost(void *p)
 {
-    drain();
+    fake_drain();
     for (int i = 0; i < M.npin; i++)
         if (M.pin[i].p == p) {
             free(p);
@@ -829,7 +730,7 @@ static CUresult memset_on(CUdeviceptr p, unsigned char v, size_t n, int s, const
     o->dst = p;
     o->bytes = n;
     o->val = v;
-    add_acc(o, p, p + n, true);
+    fake_add_acc(o, p, p + n, true);
     return enqueue(o, s, call);
 }
 
@@ -855,7 +756,7 @@ CUresult cuMemcpyHtoDAsync(CUdeviceptr dst, const void *src, size_t n, CUstream 
     o->dst = dst;
     o->src = (uint64_t)(uintptr_t)src;
     o->bytes = n;
-    add_acc(o, dst, dst + n, true);
+    fake_add_acc(o, dst, dst + n, true);
     if (!S[i].cap) {
         o->snap = malloc(n ? n : 1);
         if (!o->snap)
@@ -876,7 +777,7 @@ CUresult cuMemcpyDtoHAsync(void *dst, CUdeviceptr src, size_t n, CUstream s)
     o->dst = (uint64_t)(uintptr_t)dst;
     o->src = src;
     o->bytes = n;
-    add_acc(o, src, src + n, false);
+    fake_add_acc(o, src, src + n, false);
     if (!S[i].cap)
         memset(dst, 0xff, n); /* a read before the synchronisation sees NaN */
     return enqueue(o, i, "cuMemcpyDtoHAsync");
@@ -894,8 +795,8 @@ CUresult cuMemcpyDtoDAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream 
     o->dst = dst;
     o->src = src;
     o->bytes = n;
-    add_acc(o, src, src + n, false);
-    add_acc(o, dst, dst + n, true);
+    fake_add_acc(o, src, src + n, false);
+    fake_add_acc(o, dst, dst + n, true);
     return enqueue(o, i, "cuMemcpyDtoDAsync");
 }
 
@@ -967,7 +868,7 @@ CUresult cuStreamDestroy(CUstream s)
     int i = sidx(s, "cuStreamDestroy");
     if (i == 0)
         return CUDA_ERROR_INVALID_HANDLE;
-    drain();
+    fake_drain();
     S[i].live = false; /* its index is not reused (vector clocks keep it) */
     return CUDA_SUCCESS;
 }
@@ -1095,110 +996,6 @@ CUresult cuEventElapsedTime(float *ms, CUevent a, CUevent b)
     return CUDA_SUCCESS;
 }
 
-/* ---- modules ------------------------------------------------------------------ */
-
-/* The ELF's size, and its global function symbols into m; false when the
- * image is not an ELF64 cubin. */
-static bool read_elf(const unsigned char *img, FModule *m, size_t *size)
-{
-    const Elf64_Ehdr *h = (const Elf64_Ehdr *)img;
-    if (memcmp(h->e_ident, ELFMAG, SELFMAG) != 0 || h->e_ident[EI_CLASS] != ELFCLASS64)
-        return false;
-    size_t end = h->e_shoff + (size_t)h->e_shnum * h->e_shentsize;
-    if (h->e_phoff + (size_t)h->e_phnum * h->e_phentsize > end)
-        end = h->e_phoff + (size_t)h->e_phnum * h->e_phentsize;
-    const Elf64_Shdr *sh = (const Elf64_Shdr *)(img + h->e_shoff);
-    for (int i = 0; i < h->e_shnum; i++) {
-        if (sh[i].sh_type != SHT_NOBITS && sh[i].sh_offset + sh[i].sh_size > end)
-            end = sh[i].sh_offset + sh[i].sh_size;
-        if (sh[i].sh_type != SHT_SYMTAB)
-            continue;
-        const Elf64_Sym *sym = (const Elf64_Sym *)(img + sh[i].sh_offset);
-        const char *str = (const char *)(img + sh[sh[i].sh_link].sh_offset);
-        size_t n = sh[i].sh_size / sizeof(Elf64_Sym);
-        for (size_t k = 0; k < n; k++)
-            if (ELF64_ST_TYPE(sym[k].st_info) == STT_FUNC &&
-                ELF64_ST_BIND(sym[k].st_info) == STB_GLOBAL && sym[k].st_shndx != SHN_UNDEF) {
-                m->names = realloc(m->names, sizeof(char *) * (size_t)(m->nnames + 1));
-                m->names[m->nnames++] = strdup(str + sym[k].st_name);
-            }
-    }
-    *size = end;
-    return true;
-}
-
-CUresult cuModuleLoadData(CUmodule *mod, const void *image)
-{
-    CUresult r = in_capture("cuModuleLoadData");
-    if (r)
-        return r;
-    FModule *m = calloc(1, sizeof *m);
-    size_t n = 0;
-    if (!m || !read_elf(image, m, &n))
-        fakecu_die("cuModuleLoadData: the image is not an ELF64 cubin");
-    const char *src = (const char *)image + n;
-    size_t ml = strlen(FAKE_SRC_MAGIC);
-    if (strncmp(src, FAKE_SRC_MAGIC, ml) != 0)
-        fakecu_die("cuModuleLoadData: the cubin carries no CUDA C source after its ELF (made by "
-                   "the real NVRTC, or cached by a run without the fakes? give the fake runs "
-                   "their own KILN_CACHE_DIR)");
-    static const char *const ptr_structs[] = {"kiln_bf16p", NULL};
-    EmuOpts o;
-    emu_opts_default(&o);
-    o.sanitize = false;
-    o.ptr_structs = ptr_structs;
-    o.seed = fakecu_random();
-    Diag d = {{0}};
-    m->emu = emu_compile(src + ml, &o, &d);
-    if (!m->emu)
-        fakecu_die("cuModuleLoadData: the emulator cannot build the source: %s", d.msg);
-    *mod = (CUmodule)m;
-    return CUDA_SUCCESS;
-}
-
-CUresult cuModuleUnload(CUmodule mod)
-{
-    drain();
-    FModule *m = (FModule *)mod;
-    (void)m; /* functions may still be referenced by graphs: kept */
-    return CUDA_SUCCESS;
-}
-
-CUresult cuModuleGetFunction(CUfunction *f, CUmodule mod, const char *name)
-{
-    FModule *m = (FModule *)mod;
-    bool in_elf = false;
-    for (int i = 0; i < m->nnames; i++)
-        in_elf |= strcmp(m->names[i], name) == 0;
-    int np = emu_kernel_nparams(m->emu, name);
-    if (!in_elf || np < 0) {
-        fprintf(stderr, "fake CUDA: cuModuleGetFunction(%s): %s\n", name,
-                !in_elf ? "not a function of the cubin" : "not a kernel of the source");
-        return CUDA_ERROR_NOT_FOUND;
-    }
-    Func *fn = calloc(1, sizeof *fn);
-    fn->m = m;
-    fn->name = strdup(name);
-    fn->nparams = np;
-    fn->psize = calloc((size_t)np + 1, sizeof(size_t));
-    size_t total = 0;
-    fn->isptr = calloc((size_t)np + 1, sizeof(bool));
-    for (int i = 0; i < np; i++) {
-        fn->psize[i] = emu_kernel_param(m->emu, name, i, &fn->isptr[i]);
-        if (fn->psize[i] == 0 || fn->psize[i] > 8)
-            fakecu_die("cuModuleGetFunction(%s): parameter %d of %zu bytes is not modelled",
-                       name, i, fn->psize[i]);
-        total += (fn->psize[i] + 7) / 8 * 8;
-    }
-    /* the kernel parameter space: 32764 bytes since CUDA 12.1 (sm_70 and
-     * later; kiln builds for sm_80 and sm_90), 4096 before */
-    if (total > 32764)
-        fakecu_die("cuModuleGetFunction(%s): %zu bytes of parameters (at most 32764)", name,
-                   total);
-    *f = (CUfunction)fn;
-    return CUDA_SUCCESS;
-}
-
 CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                         unsigned by, unsigned bz, unsigned shmem, CUstream s, void **params,
                         void **extra)
@@ -1276,7 +1073,7 @@ CUresult fakecu_enqueue_when(CUstream s, const char *desc, const FakeRange *r, i
     for (int k = 0; k < nr; k++) {
         fakecu_check_dev(r[k].lo, r[k].hi - r[k].lo, desc, r[k].write ? "an output" : "an input");
         fake_race_note_start(r[k].lo);
-        add_acc(o, r[k].lo, r[k].hi, r[k].write);
+        fake_add_acc(o, r[k].lo, r[k].hi, r[k].write);
     }
     return enqueue(o, i, desc);
 }
@@ -1348,7 +1145,7 @@ CUresult cuGraphLaunch(CUgraphExec e, CUstream s)
 
 CUresult cuGraphExecDestroy(CUgraphExec e)
 {
-    drain();
+    fake_drain();
     free((GraphExec *)e);
     return CUDA_SUCCESS;
 }

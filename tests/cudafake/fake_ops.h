@@ -7,6 +7,7 @@
 #include "fake_cuda.h"
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 enum { MAXS = 32 }; /* streams, the legacy stream S[0] included */
@@ -17,8 +18,18 @@ typedef struct {
     bool live;
 } Alloc;
 
-typedef struct Func Func;
+typedef struct FModule FModule;
 typedef struct FEvent FEvent;
+
+/* A kernel of a module (cuModuleGetFunction): its parameters' sizes and
+ * which are device pointers. */
+typedef struct Func {
+    FModule *m;
+    char *name;
+    int nparams;
+    size_t *psize;
+    bool *isptr;
+} Func;
 
 enum { OP_KERNEL, OP_HTOD, OP_DTOH, OP_DTOD, OP_MEMSET, OP_HOST, OP_MARK };
 
@@ -57,6 +68,20 @@ struct FOp {
 
 /* The allocation (live or freed) holding device address p; NULL if none. */
 Alloc *fake_find_alloc(uint64_t p);
+/* Adds [lo, hi) to op o's accesses (a write when write). */
+void fake_add_acc(FOp *o, uint64_t lo, uint64_t hi, bool write);
+/* CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED (and every capture invalidated)
+ * when a stream is capturing: call may not run then; else CUDA_SUCCESS. */
+CUresult fake_in_capture(const char *call);
+/* Runs every queued op (a host synchronisation). */
+void fake_drain(void);
+
+/* ---- fake_module.c: modules and kernels ----------------------------------- */
+
+/* Runs kernel op o (OP_KERNEL) on the emulator and adds the bytes it
+ * changed to o's writes; stops the process when an argument is no longer
+ * live or the emulated kernel fails. */
+void fake_run_kernel(FOp *o);
 
 /* ---- fake_race.c: the race detector ---------------------------------------- */
 

@@ -40,16 +40,8 @@
 #              race report naming ncclRecv or ncclSend.
 # 2 steps, AdamW's eps 1e-6 (run.sh says why). Skipped (77) without python3,
 # mpirun or the fakes.
-set -u
-: "${KILN:?KILN must point at the kiln binary}"
-: "${FAKE_LIB:?FAKE_LIB must point at the fake libraries}"
 case=$1
-command -v python3 >/dev/null || { echo "no python3: skipped"; exit 77; }
-command -v mpirun >/dev/null || { echo "no mpirun: skipped"; exit 77; }
-[ -e "$FAKE_LIB/libcuda.so.1" ] || { echo "no fake driver in $FAKE_LIB: skipped"; exit 77; }
-T=$(mktemp -d "${TMPDIR:-/tmp}/kiln-cudafake-pp.XXXXXX")
-trap 'rm -rf "$T"' EXIT
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+. "$(dirname "$0")/mpi_setup.sh" pp
 
 nproc=2 m=4 tp=() sched=1f1b
 [ "$case" = tp2 ] && nproc=4 m=2 tp=(--tp 2)

@@ -58,16 +58,8 @@
 #                   lost param gather): the comparison must fail.
 # AdamW's eps is 1e-6 as in run.sh. Skipped (77) without python3, mpirun or
 # the fakes.
-set -u
-: "${KILN:?KILN must point at the kiln binary}"
-: "${FAKE_LIB:?FAKE_LIB must point at the fake libraries}"
 model=$1 case=$2
-command -v python3 >/dev/null || { echo "no python3: skipped"; exit 77; }
-command -v mpirun >/dev/null || { echo "no mpirun: skipped"; exit 77; }
-[ -e "$FAKE_LIB/libcuda.so.1" ] || { echo "no fake driver in $FAKE_LIB: skipped"; exit 77; }
-T=$(mktemp -d "${TMPDIR:-/tmp}/kiln-cudafake-zero.XXXXXX")
-trap 'rm -rf "$T"' EXIT
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+. "$(dirname "$0")/mpi_setup.sh" zero
 tol=1e-5
 zgrad=""
 [ "$model" = gpt ] && zgrad="h.0.attn.c_attn.bias h.1.attn.c_attn.bias"

@@ -78,26 +78,7 @@ static const Case cases[] = {
 enum { NCASES = sizeof cases / sizeof cases[0] };
 
 static uint64_t rs = 99;
-static double rnd(void)
-{
-    rs = rs * 6364136223846793005ull + 1442695040888963407ull;
-    return (double)(rs >> 11) / 9007199254740992.0 * 2.0 - 1.0;
-}
-
-static uint16_t f2bf(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-static float bf2f(uint16_t h)
-{
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
+static double rnd(void) { return 2.0 * test_urand(&rs) - 1.0; } /* [-1, 1) */
 
 /* A tensor of n values as stored (f32 or bf16) and as the reference reads
  * them (double). */
@@ -113,8 +94,8 @@ static Buf buf_new(int64_t n, bool bf16, bool fill)
     for (int64_t i = 0; fill && i < n; i++) {
         float v = (float)rnd();
         if (bf16) {
-            ((uint16_t *)b.p)[i] = f2bf(v);
-            b.x[i] = bf2f(f2bf(v));
+            ((uint16_t *)b.p)[i] = test_f2bf(v);
+            b.x[i] = test_bf2f(test_f2bf(v));
         } else {
             ((float *)b.p)[i] = v;
             b.x[i] = v;
@@ -124,7 +105,7 @@ static Buf buf_new(int64_t n, bool bf16, bool fill)
 }
 static double get(const Buf *b, bool bf16, int64_t i)
 {
-    return bf16 ? bf2f(((uint16_t *)b->p)[i]) : ((float *)b->p)[i];
+    return bf16 ? test_bf2f(((uint16_t *)b->p)[i]) : ((float *)b->p)[i];
 }
 static void buf_free(Buf *b)
 {
@@ -568,9 +549,11 @@ static void test_negative_controls(void **state)
              2);
     /* the forward skips its last key tile */
     static const int fw[] = {1, 3};
-    negative("for (int kt = kt0; kt < ntiles; kt++) {\n        /* a mask: the barrier",
-             "for (int kt = kt0; kt + 1 < ntiles; kt++) {\n        /* a mask: the barrier", fw,
-             2);
+    negative("for (int kt = kt0; kt < ntiles; kt++) {\n"
+             "        /* a key tile a mask drops whole for",
+             "for (int kt = kt0; kt + 1 < ntiles; kt++) {\n"
+             "        /* a key tile a mask drops whole for",
+             fw, 2);
     /* dk/dv starts one query tile late under the causal mask */
     static const int ca[] = {0, 10};
     negative("const int qt0 = CAUSAL ? kt * BC / BQ : 0;",

@@ -58,25 +58,7 @@ static bool kept(const Case *c, int b, int i, int j)
 }
 
 static uint64_t rs = 7;
-static double rnd(void)
-{
-    rs = rs * 6364136223846793005ull + 1442695040888963407ull;
-    return (double)(rs >> 11) / 9007199254740992.0 * 2.0 - 1.0;
-}
-static uint16_t f2bf(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-static float bf2f(uint16_t h)
-{
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
+static double rnd(void) { return 2.0 * test_urand(&rs) - 1.0; } /* [-1, 1) */
 
 /* The IR of case c: the five ops on inputs q, k, v, dO, delta and mask m. */
 static Graph *graph_of(const Case *c)
@@ -192,7 +174,7 @@ static double err_of(const void *got, bool bf16, const double *ref, int64_t n)
 {
     double num = 0, den = 0;
     for (int64_t i = 0; i < n; i++) {
-        double g = bf16 ? bf2f(((const uint16_t *)got)[i]) : ((const float *)got)[i];
+        double g = bf16 ? test_bf2f(((const uint16_t *)got)[i]) : ((const float *)got)[i];
         if (g != g)
             return INFINITY;
         num += (g - ref[i]) * (g - ref[i]);
@@ -220,8 +202,8 @@ static double run_case(EmuModule *m, int i, bool quiet, bool *skips_ok)
         for (int64_t e = 0; e < n; e++) {
             float f = (float)rnd();
             if (c->bf16) {
-                ((uint16_t *)dev[x])[e] = f2bf(f);
-                f = bf2f(f2bf(f));
+                ((uint16_t *)dev[x])[e] = test_f2bf(f);
+                f = test_bf2f(test_f2bf(f));
             } else {
                 ((float *)dev[x])[e] = f;
             }
@@ -342,8 +324,8 @@ static void test_negative_controls(void **state)
     (void)state;
     static const char *const edits[][2] = {
         /* nothing skipped: the results stay right, the barriers say so */
-        {"if (!__syncthreads_or(kiln_attn_keeps<BR, BC, NTH, CAUSAL>",
-         "if (!__syncthreads_or(1 | kiln_attn_keeps<BR, BC, NTH, CAUSAL>"},
+        {"return __syncthreads_or(kiln_attn_keeps<R, C, NTH, CAUSAL>",
+         "return __syncthreads_or(1 | kiln_attn_keeps<R, C, NTH, CAUSAL>"},
         /* only the first half of a pair's cells looked at: pairs that keep
          * (row, key) only in their second half are skipped */
         {"for (int i = threadIdx.x; i < R * C; i += NTH) {",

@@ -164,13 +164,6 @@ static uint16_t ref_f2bf(float f)
         hi++;
     return (uint16_t)hi;
 }
-static float bf2f(uint16_t h)
-{
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
 
 static void test_convert16(void **state)
 {
@@ -205,7 +198,7 @@ static void test_convert16(void **state)
     launch_ok("convert16", (N + 255) / 256, 1, 256, 1, 0, args);
     int bad_bf = 0, bad_h = 0;
     for (int i = 0; i < N; i++) {
-        if (bf[i] != ref_f2bf(x[i]) || memcmp(&bfb[i], &(float){bf2f(bf[i])}, 4) != 0)
+        if (bf[i] != ref_f2bf(x[i]) || memcmp(&bfb[i], &(float){test_bf2f(bf[i])}, 4) != 0)
             bad_bf++;
         _Float16 r = (_Float16)x[i];
         uint16_t rb;
@@ -237,7 +230,7 @@ static void test_gelu_bf16_grid_stride(void **state)
     launch_ok("gelu_bf16", 7, 1, 128, 1, 0, args);
     int bad = 0;
     for (int i = 0; i < N; i++) {
-        float v = bf2f(x[i]);
+        float v = test_bf2f(x[i]);
         float t = tanhf(0.7978845608f * (v + 0.044715f * v * v * v));
         bad += y[i] != ref_f2bf(0.5f * v * (1.0f + t));
     }

@@ -32,19 +32,7 @@
 #include "train.h"
 
 static uint64_t rng = 7;
-static double urand(void)
-{
-    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-    return (double)(rng >> 11) * (1.0 / 9007199254740992.0);
-}
-
-static int count_code(const Graph *g, Opcode c)
-{
-    int n = 0;
-    for (int i = 0; i < g->ops.n; i++)
-        n += g->ops.v[i].code == c;
-    return n;
-}
+static double urand(void) { return test_urand(&rng); }
 
 static const Op *find_op(const Graph *g, Opcode c)
 {
@@ -52,19 +40,6 @@ static const Op *find_op(const Graph *g, Opcode c)
         if (g->ops.v[i].code == c)
             return &g->ops.v[i];
     return NULL;
-}
-
-/* ||a - b|| / max(||b||, 1) */
-static double err_of(const double *a, const double *b, int64_t n)
-{
-    double d = 0, r = 0;
-    for (int64_t i = 0; i < n; i++) {
-        if (!isfinite(a[i]) || !isfinite(b[i]))
-            return INFINITY;
-        d += (a[i] - b[i]) * (a[i] - b[i]);
-        r += b[i] * b[i];
-    }
-    return sqrt(d) / fmax(sqrt(r), 1.0);
 }
 
 /* Random f32-representable values for g's inputs (params and w in [-1, 1)),
@@ -116,14 +91,14 @@ static void check_fused_op(const Graph *g, const Case *c)
 {
     const Op *at = find_op(g, OP_ATTENTION);
     assert_non_null(at);
-    assert_int_equal(count_code(g, OP_ATTENTION), 1);
+    assert_int_equal(count_ops(g, OP_ATTENTION), 1);
     assert_int_equal(at->attr.ia[0], c->causal);
     assert_int_equal(ir_attn_window(&at->attr), c->window);
     assert_int_equal(ir_attn_alibi(&at->attr), c->alibi);
     assert_int_equal(g->t.v[at->in[1]].s.dim[1], c->Hk); /* k not repeated */
     assert_int_equal(g->t.v[at->in[2]].s.dim[1], c->Hk);
-    assert_int_equal(count_code(g, OP_MATMUL), 0);
-    assert_int_equal(count_code(g, OP_EXP), 0);
+    assert_int_equal(count_ops(g, OP_MATMUL), 0);
+    assert_int_equal(count_ops(g, OP_EXP), 0);
     assert_int_equal(ir_attn_bias(&at->attr), c->bias);
     if (c->bias) { /* read at its own shape: no broadcast to the scores */
         int bt = ir_attn_bias_in(at);
@@ -172,7 +147,7 @@ static void fused_vs_unfused(const char *path, const Case *c)
     for (int x = 0; x < 5; x++) {
         int t1 = ir_find_output(g1, outs[x]), t2 = ir_find_output(g2, outs[x]);
         assert_true(t1 >= 0 && t2 >= 0);
-        double re = err_of(v2[t2], v1[t1], shape_numel(&g1->t.v[t1].s));
+        double re = rel_err_min1(v2[t2], v1[t1], shape_numel(&g1->t.v[t1].s));
         if (!(re <= 1e-9))
             fail_msg("%s %s: %s relative error %g (fused against unfused)", path, what, outs[x],
                      re);
@@ -219,7 +194,7 @@ static double *eval_sets(const char *const *sets, int nsets, bool fuse, int *nat
     Diag d = {{0}};
     if (!pass_attention(g, &o, &d) || !pass_autodiff(g, &o, &d))
         fail_msg("passes: %s", d.msg);
-    *nattn = count_code(g, OP_ATTENTION);
+    *nattn = count_ops(g, OP_ATTENTION);
     double **val = ir_interp_alloc(g);
     float **h = xcalloc((size_t)g->t.n, sizeof(float *));
     rng = 7;
@@ -259,19 +234,19 @@ static void test_bias_mask(void **state)
     double *r0 = eval_sets(causal, 2, false, &na, &n0);
     double *r1 = eval_sets(bias, 2, false, &na, &n1);
     assert_int_equal(n0, n1);
-    double re = err_of(r1, r0, n0);
+    double re = rel_err_min1(r1, r0, n0);
     if (!(re <= 1e-12))
         fail_msg("bias = causal mask: relative error %g against causal", re);
     free(r1);
     r1 = eval_sets(bias, 2, true, &na, &n1);
     assert_int_equal(na, 1);
-    re = err_of(r1, r0, n0);
+    re = rel_err_min1(r1, r0, n0);
     if (!(re <= 1e-9))
         fail_msg("bias = causal mask, fused: relative error %g against causal", re);
     free(r1);
     r1 = eval_sets(mask, 2, true, &na, &n1);
     assert_int_equal(na, 1);
-    re = err_of(r1, r0, n0);
+    re = rel_err_min1(r1, r0, n0);
     if (!(re <= 1e-9))
         fail_msg("mask = causal mask, fused: relative error %g against causal", re);
     free(r0);
@@ -308,7 +283,7 @@ static void backend_vs_interp(Graph *g, int threads, const char *what)
         rt_exec_read(e, x->id, buf);
         for (int64_t i = 0; i < n; i++)
             got[i] = buf[i];
-        double re = err_of(got, val[x->id], n);
+        double re = rel_err_min1(got, val[x->id], n);
         /* the loss, a sum of terms of both signs, cancels: o and the
          * gradients carry the check, the loss only a loose one */
         double tol = strcmp(g->outs.v[k].name, "loss") == 0 ? 1e-3 : 2e-5;
@@ -344,7 +319,7 @@ static void backend_case(const char *path, const Case *c)
     Diag d = {{0}};
     if (!pass_pipeline(g, &po, NULL, NULL, NULL, &d))
         fail_msg("%s: pipeline: %s", what, d.msg);
-    assert_true(count_code(g, OP_ATTENTION) == 1);
+    assert_true(count_ops(g, OP_ATTENTION) == 1);
     int64_t scores = 0;
     const Op *at = find_op(g, OP_ATTENTION);
     const Shape *qs = &g->t.v[at->in[0]].s;
@@ -427,7 +402,7 @@ static void test_bias_learned(void **state)
     o.attention = true;
     Diag d = {{0}};
     assert_true(pass_attention(g, &o, &d));
-    assert_int_equal(count_code(g, OP_ATTENTION), 0);
+    assert_int_equal(count_ops(g, OP_ATTENTION), 0);
     char *buf = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
@@ -460,6 +435,22 @@ static void test_bias_learned(void **state)
  * pass (head layout, attention_dqkv with kvh, folded or not) against the
  * step without it, on the CPU backend: every gradient to 1e-5; a
  * key-padding mask too (the head layout reads it as [B, 1, 1, T]). */
+/* test_csa_on_off's look at each graph with the pass on: the head
+ * layout's one dqkv op, the variant (arg: the case's --set values) kept. */
+static void csa_check(const Graph *g, int on, void *arg)
+{
+    const char *const *sets = arg;
+    if (!on)
+        return;
+    const Op *dqkv = find_op(g, OP_ATTENTION_DQKV);
+    assert_non_null(dqkv);
+    assert_true(ir_attn_heads(&dqkv->attr));
+    assert_int_equal(ir_attn_kvh(&dqkv->attr), atoi(sets[0] + 9));
+    assert_int_equal(ir_attn_window(&dqkv->attr), atoi(sets[3] + 7));
+    assert_int_equal(ir_attn_alibi(&dqkv->attr), atoi(sets[4] + 6));
+    assert_int_equal(ir_attn_bias(&dqkv->attr), atoi(sets[5] + 5) ? IR_ATTN_MASK : 0);
+}
+
 static void test_csa_on_off(void **state)
 {
     (void)state;
@@ -477,71 +468,12 @@ static void test_csa_on_off(void **state)
             setenv("KILN_ATTN_FOLD", "0", 1);
         for (size_t c = 0; c < sizeof sets / sizeof sets[0]; c++) {
             Model *m = load_model("tests/data/attn_csa.lua", sets[c], 6);
-            Graph *g[2];
-            Exec *e[2];
-            void **host = NULL;
-            for (int on = 0; on < 2; on++) {
-                RtGraphFlags gf = {.memory_budget = -1, .no_fuse_attention = !on};
-                PassOpts po;
-                rt_pass_opts(&m->train, &gf, &po);
-                g[on] = ir_clone(m->g);
-                Diag d = {{0}};
-                if (!pass_pipeline(g[on], &po, NULL, NULL, NULL, &d))
-                    fail_msg("pipeline: %s", d.msg);
-                if (on) { /* the head layout's one dqkv op, the variant kept */
-                    const Op *dqkv = find_op(g[on], OP_ATTENTION_DQKV);
-                    assert_non_null(dqkv);
-                    assert_true(ir_attn_heads(&dqkv->attr));
-                    assert_int_equal(ir_attn_kvh(&dqkv->attr), atoi(sets[c][0] + 9));
-                    assert_int_equal(ir_attn_window(&dqkv->attr), atoi(sets[c][3] + 7));
-                    assert_int_equal(ir_attn_alibi(&dqkv->attr), atoi(sets[c][4] + 6));
-                    assert_int_equal(ir_attn_bias(&dqkv->attr),
-                                     atoi(sets[c][5] + 5) ? IR_ATTN_MASK : 0);
-                }
-                ExecOpts eo = {.threads = 2};
-                if (!(e[on] = rt_exec_create(g[on], &eo, &d)))
-                    fail_msg("rt_exec_create: %s", d.msg);
-                if (!on)
-                    host = random_model_inputs(g[0]);
-                for (int t = 0; t < g[0]->t.n; t++) {
-                    const Tensor *x = &g[0]->t.v[t];
-                    if (!host[t] || !x->name)
-                        continue;
-                    int u = on ? ir_find_tensor(g[1], x->name) : t;
-                    assert_true(u >= 0);
-                    rt_exec_write(e[on], u, host[t]);
-                }
-                if (!rt_exec_run(e[on], 1, 0, &d))
-                    fail_msg("rt_exec_run: %s", d.msg);
-            }
-            int checked = 0;
-            for (int k = 0; k < g[0]->outs.n; k++) {
-                const char *name = g[0]->outs.v[k].name;
-                if (strncmp(name, "grad.", 5) != 0)
-                    continue;
-                int t0 = g[0]->outs.v[k].t, t1 = ir_find_output(g[1], name);
-                assert_true(t1 >= 0);
-                int64_t n = shape_numel(&g[0]->t.v[t0].s);
-                float *a = xmalloc(sizeof(float) * (size_t)n), *b = xmalloc(sizeof(float) * (size_t)n);
-                rt_exec_read(e[0], t0, a);
-                rt_exec_read(e[1], t1, b);
-                double re = rel_err_f32(b, a, n);
-                if (!(re <= 1e-5))
-                    fail_msg("%s %s %s fold=%d: %s differs with the attention pass: relative "
-                             "error %g",
-                             sets[c][0], sets[c][1], sets[c][3], fold, name, re);
-                checked++;
-                free(a);
-                free(b);
-            }
-            assert_int_equal(checked, 4); /* c_attn and c_proj weight and bias */
-            for (int t = 0; t < g[0]->t.n; t++)
-                free(host[t]);
-            free(host);
-            for (int on = 0; on < 2; on++) {
-                rt_exec_destroy(e[on]);
-                ir_free(g[on]);
-            }
+            char what[128];
+            snprintf(what, sizeof what, "%s %s %s fold=%d", sets[c][0], sets[c][1], sets[c][3],
+                     fold);
+            /* c_attn and c_proj weight and bias */
+            assert_int_equal(attn_on_off_compare(m, false, 1e-5, csa_check, (void *)sets[c], what),
+                             4);
             fe_model_free(m);
         }
     }

@@ -351,7 +351,8 @@ static int setup(void **state)
     free(ln);
     char *cmd = xasprintf("'%s' -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wshadow "
                           "-Wmissing-prototypes -Werror -fPIC -shared -Iir -Ipasses -Icodegen "
-                          "-Iruntime -Iruntime/cuda -I'%s' -o '%s/kcnccl.so' runtime/cuda/cuda_nccl.c runtime/cuda/cuda_module.c "
+                          "-Iruntime -Iruntime/cuda -I'%s' -o '%s/kcnccl.so' runtime/cuda/cuda_nccl.c runtime/cuda/nccl_open.c "
+                          "runtime/cuda/cuda_module.c "
                           "-ldl 2>&1",
                           KILN_C_COMPILER, cuda_inc, dir);
     run_or_fail(cmd);
@@ -365,7 +366,8 @@ static int setup(void **state)
                     "-Werror -fPIC -shared -Iir -Ipasses -Icodegen -Iruntime -Iruntime/cuda "
                     "-I'%s' -o '%s/kcbackend.so' runtime/cuda/backend_cuda.c "
                     "runtime/cuda/driver.c runtime/cuda/gemm_plan.c runtime/cuda/cublaslt.c "
-                    "runtime/cuda/cuda_module.c runtime/cuda/cuda_nccl.c '%s' "
+                    "runtime/cuda/cuda_module.c runtime/cuda/cuda_nccl.c runtime/cuda/cuda_pp.c "
+                    "runtime/cuda/nccl_open.c '%s' "
                     "'%s/libfakecublaslt.so' -Wl,-rpath,'%s' -Wl,--no-undefined -ldl 2>&1",
                     KILN_C_COMPILER, cuda_inc, dir, stub, dir, dir);
     run_or_fail(cmd);

@@ -329,21 +329,6 @@ static void test_invalid_report_replays(void **state)
     ir_free(g);
 }
 
-/* pass_stage_split on llama.lua (4 layers) as rank 0 of tp 2 with
- * sequence parallelism, stage 1 of pp 2 (2 layers and the LM head): F has
- * 15 matmuls of a weight (q, k, v, o, gate, up, down per layer, the head)
- * and 4 of the attention (QK^T and PV per layer), 19; W all 15 weight
- * gradients; B the 15 input gradients of those and the attention's 8
- * backward matmuls, 23. The TP collectives and all-gathers that sequence
- * parallelism adds pull no weight gradient into B. */
-static int count_code(const Graph *g, int code)
-{
-    int n = 0;
-    for (int i = 0; i < g->ops.n; i++)
-        n += (int)g->ops.v[i].code == code;
-    return n;
-}
-
 static void test_stage_split_tp_sp(void **state)
 {
     (void)state;
@@ -365,7 +350,7 @@ static void test_stage_split_tp_sp(void **state)
     pass_stage_split(full, true, &pr[0], &pr[1], &pr[2]);
     int nmm[3];
     for (int k = 0; k < 3; k++)
-        nmm[k] = count_code(pr[k], OP_MATMUL);
+        nmm[k] = count_ops(pr[k], OP_MATMUL);
     printf("# stage 1 matmuls: F %d, B %d, W %d\n", nmm[0], nmm[1], nmm[2]);
     assert_int_equal(nmm[0], 19);
     assert_int_equal(nmm[1], 23);

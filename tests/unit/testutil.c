@@ -4,6 +4,8 @@
 #include "runtime.h"
 #include "cpu.h"
 #include "dist.h"
+#include "passes.h"
+#include "train.h"
 
 #include <dirent.h>
 #include <math.h>
@@ -101,12 +103,32 @@ char *scratch_dir(const char *tag)
     return tmpl;
 }
 
-static uint64_t model_rng;
-static double model_urand(void)
+double test_urand(uint64_t *state)
 {
-    model_rng = model_rng * 6364136223846793005ull + 1442695040888963407ull;
-    return (double)(model_rng >> 11) * (1.0 / 9007199254740992.0);
+    *state = *state * 6364136223846793005ull + 1442695040888963407ull;
+    return (double)(*state >> 11) * (1.0 / 9007199254740992.0);
 }
+
+uint16_t test_f2bf(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return 0x7fff;
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+float test_bf2f(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static uint64_t model_rng;
+static double model_urand(void) { return test_urand(&model_rng); }
 
 /* Host data per graph input: params in [-0.3, 0.3), state zero, "lr" 1e-3,
  * float data in [0, 1), integers in [0, 3] (valid tokens, classes and
@@ -288,4 +310,86 @@ int rank_test_main(int argc, char **argv, const char *name, int (*rank_main)(voi
     rank_argv = argv;
     const struct CMUnitTest tests[] = {{.name = name, .test_func = test}};
     return cmocka_run_group_tests(tests, NULL, NULL);
+}
+
+int attn_on_off_compare(const Model *m, bool loss, double tol,
+                        void (*check)(const Graph *g, int on, void *arg), void *arg,
+                        const char *what)
+{
+    Graph *g[2];
+    Exec *e[2];
+    void **host = NULL;
+    for (int on = 0; on < 2; on++) {
+        RtGraphFlags gf = {.memory_budget = -1, .no_fuse_attention = !on};
+        PassOpts po;
+        rt_pass_opts(&m->train, &gf, &po);
+        assert_int_equal(po.attention, on);
+        g[on] = ir_clone(m->g);
+        Diag d = {{0}};
+        if (!pass_pipeline(g[on], &po, NULL, NULL, NULL, &d))
+            fail_msg("pipeline: %s", d.msg);
+        if (check)
+            check(g[on], on, arg);
+        ExecOpts eo = {.threads = 2};
+        if (!(e[on] = rt_exec_create(g[on], &eo, &d)))
+            fail_msg("rt_exec_create: %s", d.msg);
+        if (!on)
+            host = random_model_inputs(g[0]);
+        for (int t = 0; t < g[0]->t.n; t++) { /* the same inputs, by name */
+            const Tensor *x = &g[0]->t.v[t];
+            if (!host[t] || !x->name)
+                continue;
+            int u = on ? ir_find_tensor(g[1], x->name) : t;
+            assert_true(u >= 0);
+            rt_exec_write(e[on], u, host[t]);
+        }
+        if (!rt_exec_run(e[on], 1, 0, &d))
+            fail_msg("rt_exec_run: %s", d.msg);
+    }
+    int checked = 0;
+    for (int k = 0; k < g[0]->outs.n; k++) {
+        const char *name = g[0]->outs.v[k].name;
+        if (!(loss && strcmp(name, "loss") == 0) && strncmp(name, "grad.", 5) != 0)
+            continue;
+        int t0 = g[0]->outs.v[k].t, t1 = ir_find_output(g[1], name);
+        assert_true(t1 >= 0);
+        int64_t n = shape_numel(&g[0]->t.v[t0].s);
+        float *a = xmalloc(sizeof(float) * (size_t)n), *b = xmalloc(sizeof(float) * (size_t)n);
+        rt_exec_read(e[0], t0, a);
+        rt_exec_read(e[1], t1, b);
+        double re = rel_err_f32(b, a, n);
+        if (!(re <= tol))
+            fail_msg("%s: %s differs with the attention pass: relative error %g", what, name, re);
+        checked++;
+        free(a);
+        free(b);
+    }
+    for (int t = 0; t < g[0]->t.n; t++)
+        free(host[t]);
+    free(host);
+    for (int on = 0; on < 2; on++) {
+        rt_exec_destroy(e[on]);
+        ir_free(g[on]);
+    }
+    return checked;
+}
+
+double rel_err_min1(const double *a, const double *b, int64_t n)
+{
+    double d = 0, r = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (!isfinite(a[i]) || !isfinite(b[i]))
+            return INFINITY;
+        d += (a[i] - b[i]) * (a[i] - b[i]);
+        r += b[i] * b[i];
+    }
+    return sqrt(d) / fmax(sqrt(r), 1.0);
+}
+
+int count_ops(const Graph *g, Opcode c)
+{
+    int n = 0;
+    for (int i = 0; i < g->ops.n; i++)
+        n += g->ops.v[i].code == c;
+    return n;
 }

@@ -13,6 +13,14 @@
 /* ||a - b|| / ||b|| over n values; NaN or Inf anywhere gives INFINITY. */
 double rel_err(const double *a, const double *b, int64_t n);
 double rel_err_f32(const float *a, const float *b, int64_t n);
+/* A uniform double in [0, 1) from *state, a 64-bit LCG (Knuth's MMIX
+ * constants, the top 53 bits): the tests' reproducible random inputs. */
+double test_urand(uint64_t *state);
+/* f32 to bf16 rounded to nearest even (a NaN to 0x7fff), and bf16 to f32:
+ * the tests' host-side conversions (test_emu_kernels keeps its own
+ * reference rounding to check the device's). */
+uint16_t test_f2bf(float f);
+float test_bf2f(uint16_t h);
 /* Whole file into a malloc'd NUL-terminated string; NULL if unreadable. */
 char *read_file(const char *path);
 /* Parse IR text; fails the test with the parser's message on error. */
@@ -42,6 +50,21 @@ void free_model_paths(char **paths);
 /* Runs a model script (fe_load_model); fails the test with the frontend's
  * message on error. */
 Model *load_model(const char *path, const char *const *sets, int nsets);
+/* Model m's step graph through the pass pipeline (rt_pass_opts, no memory
+ * budget) with the attention pass off (g[0]) and on (g[1]); check(g, on,
+ * arg), when given, looks at each graph after its pipeline. Both run one
+ * step on the CPU backend (2 threads) from the same random inputs
+ * (random_model_inputs, matched by name); every output named "grad.*", and
+ * "loss" when loss, must agree within relative error tol, else the test
+ * fails naming what and the output. Returns how many outputs it compared. */
+int attn_on_off_compare(const Model *m, bool loss, double tol,
+                        void (*check)(const Graph *g, int on, void *arg), void *arg,
+                        const char *what);
+/* ||a - b|| / max(||b||, 1): relative, absolute near zero; NaN or Inf
+ * anywhere gives INFINITY. */
+double rel_err_min1(const double *a, const double *b, int64_t n);
+/* How many ops of g have code c. */
+int count_ops(const Graph *g, Opcode c);
 /* What main returns when a tool the test needs is absent: ctest reports the
  * test Skipped, not Passed (SKIP_RETURN_CODE, tests/CMakeLists.txt). */
 #define TEST_SKIPPED 77
