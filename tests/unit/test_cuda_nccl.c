@@ -351,8 +351,8 @@ static int setup(void **state)
     free(ln);
     char *cmd = xasprintf("'%s' -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wshadow "
                           "-Wmissing-prototypes -Werror -fPIC -shared -Iir -Ipasses -Icodegen "
-                          "-Iruntime -Iruntime/cuda -I'%s' -o '%s/kcnccl.so' runtime/cuda/cuda_nccl.c runtime/cuda/nccl_open.c "
-                          "runtime/cuda/cuda_module.c "
+                          "-Iruntime -Iruntime/cuda -I'%s' -o '%s/kcnccl.so' runtime/cuda/cuda_nccl.c "
+                          "runtime/cuda/cuda_pp.c runtime/cuda/nccl_open.c runtime/cuda/cuda_module.c "
                           "-ldl 2>&1",
                           KILN_C_COMPILER, cuda_inc, dir);
     run_or_fail(cmd);
