@@ -5,15 +5,7 @@
 # line and at the end. Runs the MLP (blobs: no mask, accuracy) and a tiny
 # addition transformer (masked loss).
 set -u
-: "${KILN:?KILN must point at the kiln binary}"
-T=$(mktemp -d "${TMPDIR:-/tmp}/kiln-dp-eval.XXXXXX")
-trap 'rm -rf "$T"' EXIT
-fail() {
-    echo "FAIL: $*"
-    exit 1
-}
-
-. tests/cli/lib/train_runs.sh # run
+. tests/cli/lib/train_runs.sh # $KILN, $T, fail, run, losses, same_losses, same_params
 
 # run_eval NAME ARGS...: run, then keeps the eval and final lines in $T/NAME
 run_eval() {

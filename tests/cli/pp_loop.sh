@@ -16,15 +16,7 @@
 #     naming the key and the metric.
 # gpt's key bias: see tests/cli/tp.sh (compared to 1e-3 absolute).
 set -u
-: "${KILN:?KILN must point at the kiln binary}"
-T=$(mktemp -d "${TMPDIR:-/tmp}/kiln-ppl.XXXXXX")
-trap 'rm -rf "$T"' EXIT
-fail() {
-    echo "FAIL: $*"
-    exit 1
-}
-
-. tests/cli/lib/train_runs.sh # run, losses, same_losses, same_params
+. tests/cli/lib/train_runs.sh # $KILN, $T, fail, run, losses, same_losses, same_params
 
 GPT="models/gpt.lua --steps 10"
 PP2="--nproc 2 --pp 2 --set micro_batches=4"

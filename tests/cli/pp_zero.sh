@@ -14,15 +14,7 @@
 #     and weights (1e-5 relative per tensor).
 # gpt's key bias: see tests/cli/tp.sh (compared to 1e-3 absolute).
 set -u
-: "${KILN:?KILN must point at the kiln binary}"
-T=$(mktemp -d "${TMPDIR:-/tmp}/kiln-ppz.XXXXXX")
-trap 'rm -rf "$T"' EXIT
-fail() {
-    echo "FAIL: $*"
-    exit 1
-}
-
-. tests/cli/lib/train_runs.sh # run, losses, same_losses, same_params
+. tests/cli/lib/train_runs.sh # $KILN, $T, fail, run, losses, same_losses, same_params
 
 GPT="models/gpt.lua --steps 10 --set eval_every=0 --set checkpoint_every=5"
 PPZ="--nproc 4 --pp 2 --set micro_batches=2 --set zero=1"

@@ -20,15 +20,7 @@
 # moves by the same amount), so AdamW turns float noise into lr-sized
 # steps there, in both runs: those columns are compared to 1e-3 absolute.
 set -u
-: "${KILN:?KILN must point at the kiln binary}"
-T=$(mktemp -d "${TMPDIR:-/tmp}/kiln-tp.XXXXXX")
-trap 'rm -rf "$T"' EXIT
-fail() {
-    echo "FAIL: $*"
-    exit 1
-}
-
-. tests/cli/lib/train_runs.sh # run, losses, same_losses, same_params
+. tests/cli/lib/train_runs.sh # $KILN, $T, fail, run, losses, same_losses, same_params
 
 GPT="models/gpt.lua --steps 20 --set eval_every=0"
 LLAMA="models/llama.lua --steps 20 --set eval_every=0"

@@ -1,10 +1,19 @@
 # Shared by the CLI tests that train a model several ways and compare the
-# runs (tp.sh, pp.sh, dp_eval.sh): source it after `set -u`, with $KILN, a
-# scratch directory $T and `fail MESSAGE` defined.
+# runs (tp.sh, pp.sh, pp_loop.sh, pp_zero.sh, dp_eval.sh): source it after
+# `set -u`. It needs $KILN (the kiln binary), makes the scratch directory
+# $T (removed on exit) and defines `fail MESSAGE` (prints it, exit 1).
 #
 # gpt's key bias (c_attn.bias, columns C..2C) gets a gradient that is zero
 # in exact arithmetic (see tests/cli/tp.sh), so same_params compares those
 # columns to 1e-3 absolute when given gpt's width.
+
+: "${KILN:?KILN must point at the kiln binary}"
+T=$(mktemp -d "${TMPDIR:-/tmp}/kiln-$(basename "$0" .sh).XXXXXX")
+trap 'rm -rf "$T"' EXIT
+fail() {
+    echo "FAIL: $*"
+    exit 1
+}
 
 # run NAME ARGS...: kiln train ARGS, its output in $T/NAME.log
 run() {
