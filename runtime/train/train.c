@@ -401,40 +401,29 @@ static bool evaluate_all_pp(Run *r, RtEvalResult *res, Diag *d)
 static bool evaluate_all(Run *r, Diag *d)
 {
     double t_start = ir_now();
+    RtEvalResult res = {.x = r->x_eval};
+    bool acc;
     if (rt_dp_pp(r->dp)) {
-        RtEvalResult res = {.x = r->x_eval};
         if (!evaluate_all_pp(r, &res, d))
             return false;
-        bool acc = res.total > 0;
-        r->last_val_loss = res.loss;
-        r->have_val = true;
-        if (acc) {
-            r->have_acc = true;
-            r->acc_right = res.right;
-            r->acc_total = res.total;
-            r->last_acc = (double)res.right / (double)res.total;
-        }
-        if (!rt_runlog_eval(r->log, r->step, r->last_val_loss, r->x_name, r->x_eval, r->nx,
-                            acc ? r->last_acc : NAN, d))
-            return log_failed(r, d);
-        phase(r, PH_EVAL, t_start, ir_now());
-        return true;
+        acc = res.total > 0;
+    } else {
+        params_to_eval(r);
+        int lid = ir_find_output(r->eg, "logits");
+        const Tensor *lt = lid >= 0 ? &r->eg->t.v[lid] : NULL;
+        acc = lt && (r->addition || r->rowy);
+        RtEvalSpec sp = {.g = r->eg, .e = r->ee, .ds = r->ds, .split = DATA_VAL, .B = r->B,
+                         .T = r->T, .masked = rt_train_input(r->eg, "mask") && !r->tensors,
+                         .nx = r->nx, .x_ids = r->x_e, .logits = acc ? lt : NULL,
+                         .rowy = r->rowy, .comm = r->comm, .rank = rt_dp_rank(r->dp),
+                         .nranks = rt_dp_size(r->dp), .seed = r->c.seed, .step = r->step};
+        if (!rt_eval_whole(&sp, &res, d))
+            return false;
+        acc = acc && res.total > 0;
     }
-    params_to_eval(r);
-    int lid = ir_find_output(r->eg, "logits");
-    const Tensor *lt = lid >= 0 ? &r->eg->t.v[lid] : NULL;
-    bool acc = lt && (r->addition || r->rowy);
-    RtEvalSpec sp = {.g = r->eg, .e = r->ee, .ds = r->ds, .split = DATA_VAL, .B = r->B,
-                     .T = r->T, .masked = rt_train_input(r->eg, "mask") && !r->tensors,
-                     .nx = r->nx, .x_ids = r->x_e, .logits = acc ? lt : NULL, .rowy = r->rowy,
-                     .comm = r->comm, .rank = rt_dp_rank(r->dp), .nranks = rt_dp_size(r->dp),
-                     .seed = r->c.seed, .step = r->step};
-    RtEvalResult res = {.x = r->x_eval};
-    if (!rt_eval_whole(&sp, &res, d))
-        return false;
     r->last_val_loss = res.loss;
     r->have_val = true;
-    if (acc && res.total > 0) {
+    if (acc) {
         r->have_acc = true;
         r->acc_right = res.right;
         r->acc_total = res.total;
