@@ -231,9 +231,16 @@ static bool read_hints(const Graph *g, int n, int first_real, int last_real,
     return ok;
 }
 
-bool pass_stage_cut(const Graph *g, int n, PassStageCut *c, Diag *d)
+/* pass_stage_cut's work. opw: per op, the cost to balance (NULL: op_cost);
+ * opw0 (with opw): stage 0's (measured: the first stage runs no B); then,
+ * without pp_stage hints, the boundaries minimise the largest stage's
+ * cost over the places at most twice the fewest bytes cross. pieces: n is ignored and the cut takes every place one tensor crosses
+ * (pass_stage_pieces: pp_stage hints and stages without a param allowed). */
+static bool cut(const Graph *g, int n, const double *opw, const double *opw0, bool pieces,
+                PassStageCut *c, Diag *d)
 {
     memset(c, 0, sizeof *c);
+    double *pre0 = NULL; /* with opw0: stage 0's prefix cost */
     int nops = g->ops.n;
     if (g->upd.n > 0) {
         snprintf(d->msg, sizeof d->msg,
@@ -256,7 +263,7 @@ bool pass_stage_cut(const Graph *g, int n, PassStageCut *c, Diag *d)
      * constant-only on each side, something crossing */
     double *pre = xcalloc((size_t)nops + 2, sizeof(double));
     for (int i = 0; i < nops; i++)
-        pre[i + 1] = pre[i] + (st[g->ops.v[i].out] ? 0 : op_cost(g, &g->ops.v[i]));
+        pre[i + 1] = pre[i] + (st[g->ops.v[i].out] ? 0 : opw ? opw[i] : op_cost(g, &g->ops.v[i]));
     int64_t *cb = xmalloc(sizeof(int64_t) * (size_t)(nops + 2));
     bool *one = xcalloc((size_t)nops + 2, sizeof(bool)); /* one tensor crosses */
     bool ok = false;
@@ -288,12 +295,14 @@ bool pass_stage_cut(const Graph *g, int n, PassStageCut *c, Diag *d)
         if (best < 0 || b < best)
             best = b;
     }
+    if (pieces)
+        n = ncand + 1;
     int loss = ir_find_output(g, "loss");
     int *fixed = xmalloc(sizeof(int) * (size_t)(n + 1));
     int nhint = 0;
     for (int s = 0; s <= n; s++)
         fixed[s] = -1;
-    if (loss >= 0 &&
+    if (loss >= 0 && !pieces &&
         !read_hints(g, n, first_real, last_real, last_use, ly, nly, fixed, &nhint, d))
         goto out;
     if ((ncand < n - 1 && nhint == 0) || loss < 0) {
@@ -318,8 +327,51 @@ bool pass_stage_cut(const Graph *g, int n, PassStageCut *c, Diag *d)
     /* boundary s: where pp_stage puts it, else the candidate nearest s/n
      * of the cost, after boundary s-1, before the next fixed one, leaving
      * a candidate for each boundary between them */
+    if (opw0) {
+        pre0 = xcalloc((size_t)nops + 2, sizeof(double));
+        for (int i = 0; i < nops; i++)
+            pre0[i + 1] = pre0[i] + (st[g->ops.v[i].out] ? 0 : opw0[i]);
+    }
+    if (opw0 && nhint == 0 && !pieces) {
+        /* the least T for which cutting each stage as late as its cost <=
+         * T allows leaves the last stage <= T (bisection; the greedy cut
+         * is optimal: a stage's cost grows with its end, falls with its
+         * start) */
+        int *at = xmalloc(sizeof(int) * (size_t)(nops + 2)), na = 0; /* the places */
+        for (int p = 1; p < nops; p++)
+            if (cb[p] >= 0 && cb[p] <= 2 * best)
+                at[na++] = p;
+        double lo = 0, hi = pre0[nops] + pre[nops];
+        for (int it = 0; it < 100 && na >= n - 1; it++) {
+            double T = it < 99 ? (lo + hi) / 2 : hi;
+            int pos = 0, k = -1, s = 1;
+            for (; s < n; s++) { /* boundary s at place at[k], leaving one for each after */
+                int pick = -1;
+                for (int j = k + 1; j < na - (n - 1 - s); j++) {
+                    double cost = s == 1 ? pre0[at[j]] : pre[at[j]] - pre[pos];
+                    if (cost > T)
+                        break;
+                    pick = j;
+                }
+                if (pick < 0)
+                    break;
+                k = pick;
+                c->first[s] = pos = at[k];
+            }
+            if (s == n && pre[nops] - pre[pos] <= T)
+                hi = T;
+            else
+                lo = T;
+        }
+        free(at);
+        if (na < n - 1)
+            opw0 = NULL; /* no such places: the cost-model way below, with opw */
+    }
     int prev = 0;
-    for (int s = 1; s < n; s++) {
+    for (int p = 0, s = 1; pieces && p <= nops; p++)
+        if (cb[p] >= 0 && one[p])
+            c->first[s++] = p;
+    for (int s = 1; s < n && !pieces && !(opw0 && nhint == 0); s++) {
         if (fixed[s] >= 0) {
             c->first[s] = prev = fixed[s];
             continue;
@@ -359,12 +411,13 @@ bool pass_stage_cut(const Graph *g, int n, PassStageCut *c, Diag *d)
         c->first[s] = prev = pick;
     }
     for (int s = 0; s < n; s++)
-        c->cost[s] = pre[c->first[s + 1]] - pre[c->first[s]];
+        c->cost[s] = s == 0 && pre0 ? pre0[c->first[1]]
+                                    : pre[c->first[s + 1]] - pre[c->first[s]];
     for (int s = 1; s < n; s++) {
         c->cross[s] = xmalloc(sizeof(int) * (size_t)(g->t.n + 1));
         c->ncross[s] = crossing(g, last_use, st, c->first[s], c->cross[s], &c->bytes[s]);
     }
-    for (int s = 0; s < n; s++) {
+    for (int s = 0; s < n && !pieces; s++) {
         bool any = false;
         for (int i = 0; i < g->t.n && !any; i++)
             any = g->t.v[i].kind == TK_PARAM && pass_stage_owns(g, c, s, i);
@@ -389,8 +442,43 @@ out:
     free(one);
     free(fixed);
     free(ly);
+    free(pre0);
     if (!ok)
         pass_stage_cut_free(c);
+    return ok;
+}
+
+bool pass_stage_cut(const Graph *g, int n, PassStageCut *c, Diag *d)
+{
+    return cut(g, n, NULL, NULL, false, c, d);
+}
+
+bool pass_stage_pieces(const Graph *g, PassStageCut *c, Diag *d)
+{
+    return cut(g, 0, NULL, NULL, true, c, d);
+}
+
+/* Per op of g: piece j's secs[j], shared among its ops as the cost model
+ * shares the piece's cost. */
+static double *op_secs(const Graph *g, const PassStageCut *pieces, const double *secs)
+{
+    double *w = xcalloc((size_t)g->ops.n + 1, sizeof(double));
+    for (int j = 0; j < pieces->n; j++) {
+        int a = pieces->first[j], b = pieces->first[j + 1];
+        for (int i = a; i < b; i++)
+            w[i] = pieces->cost[j] > 0 ? secs[j] * op_cost(g, &g->ops.v[i]) / pieces->cost[j]
+                                       : secs[j] / (b - a);
+    }
+    return w;
+}
+
+bool pass_stage_cut_timed(const Graph *g, int n, const PassStageCut *pieces,
+                          const double *secs, const double *secs0, PassStageCut *c, Diag *d)
+{
+    double *w = op_secs(g, pieces, secs), *w0 = op_secs(g, pieces, secs0);
+    bool ok = cut(g, n, w, w0, false, c, d);
+    free(w);
+    free(w0);
     return ok;
 }
 

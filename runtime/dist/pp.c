@@ -90,6 +90,8 @@ typedef struct {
 struct RtPp {
     RtComm *comm;
     int n, s, m, sched;
+    double *tstage; /* --pp-balance time: each stage's measured seconds per
+                       micro-batch (pp_balance.c); NULL: the cost model's cut */
     Graph *fwd;     /* the forward graph the cut is of (after attention) */
     PassStageCut cut;
     PpProg pr[P__N];
@@ -190,6 +192,8 @@ RtPp *rt_pp_new(RtComm *comm, const TrainCfg *c)
     if (p->m < 1)
         p->m = 1;
     p->sched = pass_stage_schedule_parse(c->schedule);
+    if (c->pp_balance && strcmp(c->pp_balance, "time") == 0)
+        p->tstage = xcalloc((size_t)p->n + 1, sizeof(double));
     return p;
 }
 
@@ -208,6 +212,7 @@ void rt_pp_free(RtPp *p)
         vec_free(&p->pr[i].out);
     }
     pass_stage_cut_free(&p->cut);
+    free(p->tstage);
     if (p->fwd)
         ir_free(p->fwd);
     if (p->ee)
@@ -329,7 +334,8 @@ Graph *rt_pp_build(RtPp *p, const Graph *model, const PassOpts *po, Diag *d)
 {
     p->fwd = ir_clone(model);
     if (!pass_attention(p->fwd, po, d) || !pass_partition(p->fwd, po, d) ||
-        !pass_stage_cut(p->fwd, p->n, &p->cut, d))
+        !(p->tstage ? rt_pp_cut_timed(p->comm, p->fwd, p->n, po, &p->cut, p->tstage, d)
+                    : pass_stage_cut(p->fwd, p->n, &p->cut, d)))
         return NULL;
     int last = p->n - 1;
     /* params: owned by this stage, in the model's order */
@@ -1199,6 +1205,13 @@ void rt_pp_summary(const RtPp *p, FILE *f)
     fprintf(f, ", mean %.1f%% | formulas: 1f1b (p-1)/(m+p-1) %.1f%%, zb-h1 (p-1)/(3m+p-1) "
             "%.1f%%\n", 100.0 * mean, 100.0 * (p->n - 1) / (p->m + p->n - 1),
             100.0 * (p->n - 1) / (3 * p->m + p->n - 1));
+    if (p->tstage) {
+        fprintf(f, "pipeline: cut by measured time (--pp-balance time), F, B and W of one "
+                "micro-batch on one CPU thread:");
+        for (int s = 0; s < p->n; s++)
+            fprintf(f, "%s stage %d %.2f ms", s ? " |" : "", s, 1e3 * p->tstage[s]);
+        fputc('\n', f);
+    }
     fprintf(f, "pipeline memory:");
     for (int s = 0; s < p->n; s++) {
         char h[32], ar[32], rs[32];
