@@ -445,6 +445,7 @@ typedef struct {
     int *ncross;
     double *cost;
     int64_t *bytes;
+    int nmax; /* the most stages g can be cut into (pass_stage_max) */
 } PassStageCut;
 /* Cuts g into n stages (see stages.c); false with a message (more stages
  * than places between layers to cut, a pp_stage hint inside a layer,
@@ -457,6 +458,10 @@ void pass_stage_cut_free(PassStageCut *c);
  * one tensor crosses (pp_stage hints ignored, a piece may hold no param);
  * c->n pieces. For timing the pieces (pp_balance = "time"). */
 bool pass_stage_pieces(const Graph *g, PassStageCut *c, Diag *d);
+/* The most stages pass_stage_cut makes of g: the places between layers
+ * where one tensor crosses, plus one (0: g cannot be cut at all). kiln
+ * plan checks --pp against it as kiln compile does. */
+int pass_stage_max(const Graph *g);
 /* pass_stage_cut balancing measured time instead of the cost model's:
  * secs[j], piece j's time in a stage after the first (F, B and W apart),
  * secs0[j] in the first (no B), for the pieces of pass_stage_pieces of g,

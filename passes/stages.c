@@ -295,6 +295,23 @@ static bool cut(const Graph *g, int n, const double *opw, const double *opw0, bo
         if (best < 0 || b < best)
             best = b;
     }
+    /* nmax: the most stages, each holding a param, at those boundaries
+     * (cut each as soon as its stage has read one; a tail without one
+     * joins the stage before) */
+    int nmax = 1;
+    int *gb = xmalloc(sizeof(int) * (size_t)(nops + 2)); /* those boundaries */
+    bool has = false;
+    for (int i = 0; i < nops; i++) {
+        for (int j = 0; j < g->ops.v[i].nin; j++)
+            has |= g->t.v[g->ops.v[i].in[j]].kind == TK_PARAM;
+        if (has && cb[i + 1] >= 0 && one[i + 1]) {
+            gb[nmax - 1] = i + 1;
+            nmax++;
+            has = false;
+        }
+    }
+    if (!has && nmax > 1)
+        nmax--;
     if (pieces)
         n = ncand + 1;
     int loss = ir_find_output(g, "loss");
@@ -305,18 +322,19 @@ static bool cut(const Graph *g, int n, const double *opw, const double *opw0, bo
     if (loss >= 0 && !pieces &&
         !read_hints(g, n, first_real, last_real, last_use, ly, nly, fixed, &nhint, d))
         goto out;
-    if ((ncand < n - 1 && nhint == 0) || loss < 0) {
+    if ((nmax < n && nhint == 0 && !pieces) || loss < 0) {
         if (loss < 0)
             snprintf(d->msg, sizeof d->msg,
                      "pp = %d: the model has no output \"loss\" (expected one)", n);
         else
             snprintf(d->msg, sizeof d->msg,
-                     "--pp %d: more stages than layers to put in them (expected pp <= %d: the "
-                     "model has %d places between its layers where one tensor crosses)", n,
-                     ncand + 1, ncand);
+                     "--pp %d: more stages than layers to put in them (expected pp <= %d: "
+                     "stages begin between layers, where one tensor crosses, and each holds "
+                     "a param)", n, nmax);
         goto out;
     }
     c->n = n;
+    c->nmax = nmax;
     c->first = xcalloc((size_t)n + 1, sizeof(int));
     c->cost = xcalloc((size_t)n + 1, sizeof(double));
     c->bytes = xcalloc((size_t)n + 1, sizeof(int64_t));
@@ -410,6 +428,23 @@ static bool cut(const Graph *g, int n, const double *opw, const double *opw0, bo
         }
         c->first[s] = prev = pick;
     }
+    /* no pp_stage hint and a stage that reads no param: the boundaries
+     * among nmax's instead (each of those stages reads one), each the one
+     * nearest s/n of the cost */
+    for (int s = 0, bad = 0; s < n && nhint == 0 && !pieces && !bad; s++) {
+        for (int i = c->first[s]; i < c->first[s + 1] && !bad; i++)
+            for (int j = 0; j < g->ops.v[i].nin; j++)
+                bad |= g->t.v[g->ops.v[i].in[j]].kind == TK_PARAM;
+        bad = !bad;
+        for (int t = 1, k = -1; bad && t < n; t++) {
+            double want = pre[nops] * t / n;
+            int pick = k + 1;
+            for (int j = k + 1; j < nmax - 1 - (n - 1 - t); j++)
+                if (fabs(pre[gb[j]] - want) < fabs(pre[gb[pick]] - want))
+                    pick = j;
+            c->first[t] = gb[k = pick];
+        }
+    }
     for (int s = 0; s < n; s++)
         c->cost[s] = s == 0 && pre0 ? pre0[c->first[1]]
                                     : pre[c->first[s + 1]] - pre[c->first[s]];
@@ -443,6 +478,7 @@ out:
     free(fixed);
     free(ly);
     free(pre0);
+    free(gb);
     if (!ok)
         pass_stage_cut_free(c);
     return ok;
@@ -456,6 +492,17 @@ bool pass_stage_cut(const Graph *g, int n, PassStageCut *c, Diag *d)
 bool pass_stage_pieces(const Graph *g, PassStageCut *c, Diag *d)
 {
     return cut(g, 0, NULL, NULL, true, c, d);
+}
+
+int pass_stage_max(const Graph *g)
+{
+    PassStageCut pc;
+    Diag d = {{0}};
+    if (!cut(g, 0, NULL, NULL, true, &pc, &d))
+        return 0;
+    int n = pc.nmax;
+    pass_stage_cut_free(&pc);
+    return n;
 }
 
 /* Per op of g: piece j's secs[j], shared among its ops as the cost model
