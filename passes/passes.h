@@ -529,5 +529,7 @@ void pass_stage_schedule_all(int kind, int n, int m, const int *wcap, PassStageA
  * and W one slot each), the idle share next to the formulas, and each
  * stage's program with its sends and receives. */
 void pass_stage_schedule_print(int kind, int n, int m, FILE *f);
+/* The same with zb-h1's caps wcap (pass_stage_schedule_capped; NULL: none). */
+void pass_stage_schedule_print_capped(int kind, int n, int m, const int *wcap, FILE *f);
 
 #endif

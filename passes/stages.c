@@ -976,10 +976,15 @@ int pass_stage_schedule_capped(int kind, int n, int m, int s, const int *wcap,
 
 void pass_stage_schedule_print(int kind, int n, int m, FILE *f)
 {
+    pass_stage_schedule_print_capped(kind, n, m, NULL, f);
+}
+
+void pass_stage_schedule_print_capped(int kind, int n, int m, const int *wcap, FILE *f)
+{
     int M3 = 3 * m;
     PassStageAct *a = xmalloc(sizeof(PassStageAct) * (size_t)(n * M3 + 1));
     int *start = xmalloc(sizeof(int) * (size_t)(n * M3 + 1));
-    int T = simulate(kind, n, m, NULL, a, start);
+    int T = simulate(kind, n, m, wcap, a, start);
     bool zb = kind == PASS_SCHED_ZBH1;
     fprintf(f, "# stages: pp = %d, micro-batches = %d, schedule = %s (slots: F, B, W one each; "
             "%s)\n", n, m, pass_stage_schedule_name(kind),
