@@ -32,6 +32,7 @@
 #   - --init-from gives each stage its params of whole weights;
 #   - pp_stage hints (tests/data/pp_hint.lua) move the cut, and train as
 #     one rank does;
+#   - --pp-balance time at pp 2 x dp 2 = one rank;
 #   - user errors: ranks that tp x pp does not divide, more stages than
 #     layers (the cut leaves no stage without params), flags pp does not run with yet,
 #     hints out of range, out of order or inside a layer (naming the
@@ -151,6 +152,14 @@ run gpt4 models/gpt.lua --steps 10 --set eval_every=0 --nproc 4 --pp 2 --set mic
     --save-weights "$T/gpt4.safetensors"
 same_losses gpt4 gpt1a8
 same_params "$T/gpt1a8.safetensors" "$T/gpt4.safetensors" 32
+# --pp-balance time: the cut by time measured on world rank 0, broadcast to
+# every rank (both pipelines of pp 2 x dp 2 cut alike), = one rank
+run gpt4t models/gpt.lua --steps 10 --set eval_every=0 --nproc 4 --pp 2 --set micro_batches=2 \
+    --pp-balance time --save-weights "$T/gpt4t.safetensors"
+same_losses gpt4t gpt1a8
+same_params "$T/gpt1a8.safetensors" "$T/gpt4t.safetensors" 32
+grep -q '^pipeline: cut by measured time (--pp-balance time), F, B and W of one micro-batch on one CPU thread: stage 0 [0-9.]* ms | stage 1 [0-9.]* ms$' \
+    "$T/gpt4t.log" || fail "gpt4t: no measured cut: $(grep '^pipeline' "$T/gpt4t.log")"
 # ... and with zero = 1: each stage's AdamW state sharded over its dp group
 run gpt4z models/gpt.lua --steps 10 --set eval_every=0 --nproc 4 --pp 2 --set micro_batches=2 \
     --set zero=1 --save-weights "$T/gpt4z.safetensors"
@@ -303,6 +312,9 @@ expect zerockpt '--pp 2: pipeline stages do not run with zero = 1 and checkpoint
     train models/gpt.lua --steps 2 --nproc 4 --pp 2 --set zero=1 --checkpoint "$T/zc"
 expect budget '^--pp 2, stage [01]: memory budget 48.83 KiB (50000 bytes) is infeasible' \
     train models/gpt.lua --steps 2 --nproc 2 --pp 2 --memory-budget 50000
+expect balance_flag "--pp-balance expects cost or time" train models/gpt.lua --pp-balance fast
+expect balance_tp '--pp-balance time: times the stages on one rank.s CPU, without tensor parallelism (expected tp = 1, got tp = 2' \
+    train models/gpt.lua --steps 2 --nproc 4 --tp 2 --pp 2 --pp-balance time
 # a stage holding no param: the cut takes the boundaries where each stage
 # reads one instead (gpt.lua: 8 stages; 9 is more than it makes)
 "$KILN" compile models/gpt.lua --pp 8 >"$T/pp8.log" 2>&1 || fail "compile --pp 8: $(tail -3 "$T/pp8.log")"
