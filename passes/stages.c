@@ -608,7 +608,9 @@ Graph *pass_stage_graph(const Graph *fwd, const PassStageCut *c, int s, bool bac
             /* loss = sum_k sum(y_k * seed_k): d loss / d y_k = seed_k */
             Shape ys = g->t.v[y].s;
             int seed = ir_add_input(g, TK_INPUT, pname("pp.seed", k), ys, (ParamInit){0});
-            SrcLoc loc = g->ops.v[g->t.v[y].op].loc;
+            /* y may pass through the stage (received, not made: a piece of
+             * pass_stage_pieces that makes only constants) */
+            SrcLoc loc = g->t.v[y].op >= 0 ? g->ops.v[g->t.v[y].op].loc : (SrcLoc){0};
             int m = ir_op_x(g, OP_MUL, (int[]){y, seed}, 2, &(OpAttr){0}, loc);
             if (ys.rank > 0) {
                 OpAttr r = {.nia = ys.rank};
