@@ -323,11 +323,11 @@ static Graph *step_graph(RtPp *p, const PassOpts *po, Diag *d)
     return g;
 }
 
-/* Stage s's most bytes held at once under the actions a (3m): the stash
- * until B (rec) and until W (recw) per micro-batch, the received
- * activation and gradient until B or W (xin, gin) and fixed bytes (its
- * params, gradient sums and optimizer state); b: 6 per stage, as zbh1_caps
- * gathers them. */
+/* A stage's most bytes of micro-batches held at once under its actions a
+ * (3m): per micro-batch the stash until B and until W, the received
+ * activation and gradient until B or W; b: the stage's 6 figures as
+ * zbh1_caps gathers them (rec, recw, the two messages' bytes, whether
+ * each is held until W). */
 static double held_peak(const double *b, const PassStageAct *a, int m)
 {
     double top = 0;
