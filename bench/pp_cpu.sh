@@ -15,13 +15,16 @@
 #     holds of the micro-batches' stashed tensors and the process's
 #     resident peak.
 # One rank at grad_accum = m is the baseline. Timings on a shared machine
-# are noisy: the load average is printed.
+# are noisy: the load average is printed. BALANCE: how the stages are cut
+# (kiln train --pp-balance: cost, the cost model's; time, each piece timed
+# on this machine's CPU first).
 #
-#   bench/pp_cpu.sh [KILN] [STEPS] [ROUNDS]
+#   bench/pp_cpu.sh [KILN] [STEPS] [ROUNDS] [BALANCE]
 set -euo pipefail
 kiln=${1:-build/kiln}
 steps=${2:-20}
 rounds=${3:-2}
+balance=${4:-cost}
 cfg=(--set L=4 --set H=4 --set C=128 --set T=64 --set batch=4 --set eval_every=0)
 export OMPI_ALLOW_RUN_AS_ROOT=${OMPI_ALLOW_RUN_AS_ROOT:-1}
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=${OMPI_ALLOW_RUN_AS_ROOT_CONFIRM:-1}
@@ -33,7 +36,7 @@ mib() { awk -v v="$1" 'BEGIN { split(v, a, " "); f = a[2] == "GiB" ? 1024 : a[2]
 # field RE TEXT: the first group of sed's RE in TEXT
 field() { sed -n "s/$1/\\1/p" <<<"$2" | head -1; }
 
-echo "load average at start: $(cut -d' ' -f1-3 /proc/loadavg) ($(nproc) cores)"
+echo "load average at start: $(cut -d' ' -f1-3 /proc/loadavg) ($(nproc) cores); --pp-balance $balance"
 printf '%-6s %-2s %9s | %-27s | %6s %7s | %-31s\n' schedule m "step ms" \
     "bubble: stage 0, 1, mean" table formula "memory: held / peak resident"
 for m in 4 8; do
@@ -47,7 +50,7 @@ for m in 4 8; do
         step=() b0=() b1=() bm=() h0=() h1=() r0=() r1=()
         for r in $(seq "$rounds"); do
             out=$("$kiln" train models/gpt.lua --steps "$steps" "${cfg[@]}" --nproc 2 --pp 2 \
-                --set micro_batches=$m --set schedule=$s 2>&1)
+                --pp-balance "$balance" --set micro_batches=$m --set schedule=$s 2>&1)
             step+=("$(field '.*median \([0-9.]*\) ms\/step.*' "$out")")
             bub=$(grep '^pipeline bubble:' <<<"$out")
             b0+=("$(field '.*stage 0 \([0-9.]*\)%.*' "$bub")")

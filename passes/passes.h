@@ -447,6 +447,7 @@ typedef struct {
     int *ncross;
     double *cost;
     int64_t *bytes;
+    int nmax; /* the most stages g can be cut into (pass_stage_max) */
 } PassStageCut;
 /* Cuts g into n stages (see stages.c); false with a message (more stages
  * than places between layers to cut, a pp_stage hint inside a layer,
@@ -455,6 +456,24 @@ typedef struct {
  * each stage draws one rank's masks. */
 bool pass_stage_cut(const Graph *g, int n, PassStageCut *c, Diag *d);
 void pass_stage_cut_free(PassStageCut *c);
+/* The finest cut: a boundary at every place pass_stage_cut may take where
+ * one tensor crosses (pp_stage hints ignored, a piece may hold no param);
+ * c->n pieces. For timing the pieces (pp_balance = "time"). */
+bool pass_stage_pieces(const Graph *g, PassStageCut *c, Diag *d);
+/* The most stages pass_stage_cut makes of g: the places between layers
+ * where one tensor crosses, plus one (0: g cannot be cut at all). kiln
+ * plan checks --pp against it as kiln compile does. */
+int pass_stage_max(const Graph *g);
+/* pass_stage_cut balancing measured time instead of the cost model's:
+ * secs[j], piece j's time in a stage after the first (F, B and W apart),
+ * secs0[j] in the first (no B), for the pieces of pass_stage_pieces of g,
+ * each shared among the piece's ops as the cost model shares it. Without
+ * pp_stage hints the boundaries minimise the slowest stage's time, at any
+ * place at most twice the fewest bytes cross (inside a piece too: a
+ * transformer's half-block is cut where two residual-sized tensors cross);
+ * with hints, pass_stage_cut's choice with secs's weights. */
+bool pass_stage_cut_timed(const Graph *g, int n, const PassStageCut *pieces,
+                          const double *secs, const double *secs0, PassStageCut *c, Diag *d);
 /* Whether stage s reads tensor t (a param it owns). */
 bool pass_stage_owns(const Graph *g, const PassStageCut *c, int s, int t);
 /* Stage s's graph from the forward graph fwd: its ops, the tensors it
@@ -512,5 +531,7 @@ void pass_stage_schedule_all(int kind, int n, int m, const int *wcap, PassStageA
  * and W one slot each), the idle share next to the formulas, and each
  * stage's program with its sends and receives. */
 void pass_stage_schedule_print(int kind, int n, int m, FILE *f);
+/* The same with zb-h1's caps wcap (pass_stage_schedule_capped; NULL: none). */
+void pass_stage_schedule_print_capped(int kind, int n, int m, const int *wcap, FILE *f);
 
 #endif

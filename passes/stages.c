@@ -231,9 +231,16 @@ static bool read_hints(const Graph *g, int n, int first_real, int last_real,
     return ok;
 }
 
-bool pass_stage_cut(const Graph *g, int n, PassStageCut *c, Diag *d)
+/* pass_stage_cut's work. opw: per op, the cost to balance (NULL: op_cost);
+ * opw0 (with opw): stage 0's (measured: the first stage runs no B); then,
+ * without pp_stage hints, the boundaries minimise the largest stage's
+ * cost over the places at most twice the fewest bytes cross. pieces: n is ignored and the cut takes every place one tensor crosses
+ * (pass_stage_pieces: pp_stage hints and stages without a param allowed). */
+static bool cut(const Graph *g, int n, const double *opw, const double *opw0, bool pieces,
+                PassStageCut *c, Diag *d)
 {
     memset(c, 0, sizeof *c);
+    double *pre0 = NULL; /* with opw0: stage 0's prefix cost */
     int nops = g->ops.n;
     if (g->upd.n > 0) {
         snprintf(d->msg, sizeof d->msg,
@@ -256,7 +263,7 @@ bool pass_stage_cut(const Graph *g, int n, PassStageCut *c, Diag *d)
      * constant-only on each side, something crossing */
     double *pre = xcalloc((size_t)nops + 2, sizeof(double));
     for (int i = 0; i < nops; i++)
-        pre[i + 1] = pre[i] + (st[g->ops.v[i].out] ? 0 : op_cost(g, &g->ops.v[i]));
+        pre[i + 1] = pre[i] + (st[g->ops.v[i].out] ? 0 : opw ? opw[i] : op_cost(g, &g->ops.v[i]));
     int64_t *cb = xmalloc(sizeof(int64_t) * (size_t)(nops + 2));
     bool *one = xcalloc((size_t)nops + 2, sizeof(bool)); /* one tensor crosses */
     bool ok = false;
@@ -288,26 +295,46 @@ bool pass_stage_cut(const Graph *g, int n, PassStageCut *c, Diag *d)
         if (best < 0 || b < best)
             best = b;
     }
+    /* nmax: the most stages, each holding a param, at those boundaries
+     * (cut each as soon as its stage has read one; a tail without one
+     * joins the stage before) */
+    int nmax = 1;
+    int *gb = xmalloc(sizeof(int) * (size_t)(nops + 2)); /* those boundaries */
+    bool has = false;
+    for (int i = 0; i < nops; i++) {
+        for (int j = 0; j < g->ops.v[i].nin; j++)
+            has |= g->t.v[g->ops.v[i].in[j]].kind == TK_PARAM;
+        if (has && cb[i + 1] >= 0 && one[i + 1]) {
+            gb[nmax - 1] = i + 1;
+            nmax++;
+            has = false;
+        }
+    }
+    if (!has && nmax > 1)
+        nmax--;
+    if (pieces)
+        n = ncand + 1;
     int loss = ir_find_output(g, "loss");
     int *fixed = xmalloc(sizeof(int) * (size_t)(n + 1));
     int nhint = 0;
     for (int s = 0; s <= n; s++)
         fixed[s] = -1;
-    if (loss >= 0 &&
+    if (loss >= 0 && !pieces &&
         !read_hints(g, n, first_real, last_real, last_use, ly, nly, fixed, &nhint, d))
         goto out;
-    if ((ncand < n - 1 && nhint == 0) || loss < 0) {
+    if ((nmax < n && nhint == 0 && !pieces) || loss < 0) {
         if (loss < 0)
             snprintf(d->msg, sizeof d->msg,
                      "pp = %d: the model has no output \"loss\" (expected one)", n);
         else
             snprintf(d->msg, sizeof d->msg,
-                     "--pp %d: more stages than layers to put in them (expected pp <= %d: the "
-                     "model has %d places between its layers where one tensor crosses)", n,
-                     ncand + 1, ncand);
+                     "--pp %d: more stages than layers to put in them (expected pp <= %d: "
+                     "stages begin between layers, where one tensor crosses, and each holds "
+                     "a param)", n, nmax);
         goto out;
     }
     c->n = n;
+    c->nmax = nmax;
     c->first = xcalloc((size_t)n + 1, sizeof(int));
     c->cost = xcalloc((size_t)n + 1, sizeof(double));
     c->bytes = xcalloc((size_t)n + 1, sizeof(int64_t));
@@ -318,8 +345,51 @@ bool pass_stage_cut(const Graph *g, int n, PassStageCut *c, Diag *d)
     /* boundary s: where pp_stage puts it, else the candidate nearest s/n
      * of the cost, after boundary s-1, before the next fixed one, leaving
      * a candidate for each boundary between them */
+    if (opw0) {
+        pre0 = xcalloc((size_t)nops + 2, sizeof(double));
+        for (int i = 0; i < nops; i++)
+            pre0[i + 1] = pre0[i] + (st[g->ops.v[i].out] ? 0 : opw0[i]);
+    }
+    if (opw0 && nhint == 0 && !pieces) {
+        /* the least T for which cutting each stage as late as its cost <=
+         * T allows leaves the last stage <= T (bisection; the greedy cut
+         * is optimal: a stage's cost grows with its end, falls with its
+         * start) */
+        int *at = xmalloc(sizeof(int) * (size_t)(nops + 2)), na = 0; /* the places */
+        for (int p = 1; p < nops; p++)
+            if (cb[p] >= 0 && cb[p] <= 2 * best)
+                at[na++] = p;
+        double lo = 0, hi = pre0[nops] + pre[nops];
+        for (int it = 0; it < 100 && na >= n - 1; it++) {
+            double T = it < 99 ? (lo + hi) / 2 : hi;
+            int pos = 0, k = -1, s = 1;
+            for (; s < n; s++) { /* boundary s at place at[k], leaving one for each after */
+                int pick = -1;
+                for (int j = k + 1; j < na - (n - 1 - s); j++) {
+                    double cost = s == 1 ? pre0[at[j]] : pre[at[j]] - pre[pos];
+                    if (cost > T)
+                        break;
+                    pick = j;
+                }
+                if (pick < 0)
+                    break;
+                k = pick;
+                c->first[s] = pos = at[k];
+            }
+            if (s == n && pre[nops] - pre[pos] <= T)
+                hi = T;
+            else
+                lo = T;
+        }
+        free(at);
+        if (na < n - 1)
+            opw0 = NULL; /* no such places: the cost-model way below, with opw */
+    }
     int prev = 0;
-    for (int s = 1; s < n; s++) {
+    for (int p = 0, s = 1; pieces && p <= nops; p++)
+        if (cb[p] >= 0 && one[p])
+            c->first[s++] = p;
+    for (int s = 1; s < n && !pieces && !(opw0 && nhint == 0); s++) {
         if (fixed[s] >= 0) {
             c->first[s] = prev = fixed[s];
             continue;
@@ -358,13 +428,31 @@ bool pass_stage_cut(const Graph *g, int n, PassStageCut *c, Diag *d)
         }
         c->first[s] = prev = pick;
     }
+    /* no pp_stage hint and a stage that reads no param: the boundaries
+     * among nmax's instead (each of those stages reads one), each the one
+     * nearest s/n of the cost */
+    for (int s = 0, bad = 0; s < n && nhint == 0 && !pieces && !bad; s++) {
+        for (int i = c->first[s]; i < c->first[s + 1] && !bad; i++)
+            for (int j = 0; j < g->ops.v[i].nin; j++)
+                bad |= g->t.v[g->ops.v[i].in[j]].kind == TK_PARAM;
+        bad = !bad;
+        for (int t = 1, k = -1; bad && t < n; t++) {
+            double want = pre[nops] * t / n;
+            int pick = k + 1;
+            for (int j = k + 1; j < nmax - 1 - (n - 1 - t); j++)
+                if (fabs(pre[gb[j]] - want) < fabs(pre[gb[pick]] - want))
+                    pick = j;
+            c->first[t] = gb[k = pick];
+        }
+    }
     for (int s = 0; s < n; s++)
-        c->cost[s] = pre[c->first[s + 1]] - pre[c->first[s]];
+        c->cost[s] = s == 0 && pre0 ? pre0[c->first[1]]
+                                    : pre[c->first[s + 1]] - pre[c->first[s]];
     for (int s = 1; s < n; s++) {
         c->cross[s] = xmalloc(sizeof(int) * (size_t)(g->t.n + 1));
         c->ncross[s] = crossing(g, last_use, st, c->first[s], c->cross[s], &c->bytes[s]);
     }
-    for (int s = 0; s < n; s++) {
+    for (int s = 0; s < n && !pieces; s++) {
         bool any = false;
         for (int i = 0; i < g->t.n && !any; i++)
             any = g->t.v[i].kind == TK_PARAM && pass_stage_owns(g, c, s, i);
@@ -389,8 +477,55 @@ out:
     free(one);
     free(fixed);
     free(ly);
+    free(pre0);
+    free(gb);
     if (!ok)
         pass_stage_cut_free(c);
+    return ok;
+}
+
+bool pass_stage_cut(const Graph *g, int n, PassStageCut *c, Diag *d)
+{
+    return cut(g, n, NULL, NULL, false, c, d);
+}
+
+bool pass_stage_pieces(const Graph *g, PassStageCut *c, Diag *d)
+{
+    return cut(g, 0, NULL, NULL, true, c, d);
+}
+
+int pass_stage_max(const Graph *g)
+{
+    PassStageCut pc;
+    Diag d = {{0}};
+    if (!cut(g, 0, NULL, NULL, true, &pc, &d))
+        return 0;
+    int n = pc.nmax;
+    pass_stage_cut_free(&pc);
+    return n;
+}
+
+/* Per op of g: piece j's secs[j], shared among its ops as the cost model
+ * shares the piece's cost. */
+static double *op_secs(const Graph *g, const PassStageCut *pieces, const double *secs)
+{
+    double *w = xcalloc((size_t)g->ops.n + 1, sizeof(double));
+    for (int j = 0; j < pieces->n; j++) {
+        int a = pieces->first[j], b = pieces->first[j + 1];
+        for (int i = a; i < b; i++)
+            w[i] = pieces->cost[j] > 0 ? secs[j] * op_cost(g, &g->ops.v[i]) / pieces->cost[j]
+                                       : secs[j] / (b - a);
+    }
+    return w;
+}
+
+bool pass_stage_cut_timed(const Graph *g, int n, const PassStageCut *pieces,
+                          const double *secs, const double *secs0, PassStageCut *c, Diag *d)
+{
+    double *w = op_secs(g, pieces, secs), *w0 = op_secs(g, pieces, secs0);
+    bool ok = cut(g, n, w, w0, false, c, d);
+    free(w);
+    free(w0);
     return ok;
 }
 
@@ -473,7 +608,9 @@ Graph *pass_stage_graph(const Graph *fwd, const PassStageCut *c, int s, bool bac
             /* loss = sum_k sum(y_k * seed_k): d loss / d y_k = seed_k */
             Shape ys = g->t.v[y].s;
             int seed = ir_add_input(g, TK_INPUT, pname("pp.seed", k), ys, (ParamInit){0});
-            SrcLoc loc = g->ops.v[g->t.v[y].op].loc;
+            /* y may pass through the stage (received, not made: a piece of
+             * pass_stage_pieces that makes only constants) */
+            SrcLoc loc = g->t.v[y].op >= 0 ? g->ops.v[g->t.v[y].op].loc : (SrcLoc){0};
             int m = ir_op_x(g, OP_MUL, (int[]){y, seed}, 2, &(OpAttr){0}, loc);
             if (ys.rank > 0) {
                 OpAttr r = {.nia = ys.rank};
@@ -841,10 +978,15 @@ int pass_stage_schedule_capped(int kind, int n, int m, int s, const int *wcap,
 
 void pass_stage_schedule_print(int kind, int n, int m, FILE *f)
 {
+    pass_stage_schedule_print_capped(kind, n, m, NULL, f);
+}
+
+void pass_stage_schedule_print_capped(int kind, int n, int m, const int *wcap, FILE *f)
+{
     int M3 = 3 * m;
     PassStageAct *a = xmalloc(sizeof(PassStageAct) * (size_t)(n * M3 + 1));
     int *start = xmalloc(sizeof(int) * (size_t)(n * M3 + 1));
-    int T = simulate(kind, n, m, NULL, a, start);
+    int T = simulate(kind, n, m, wcap, a, start);
     bool zb = kind == PASS_SCHED_ZBH1;
     fprintf(f, "# stages: pp = %d, micro-batches = %d, schedule = %s (slots: F, B, W one each; "
             "%s)\n", n, m, pass_stage_schedule_name(kind),

@@ -169,10 +169,9 @@ enum { PLAN_MAX_GPUS = 1 << 20, PLAN_MAX_MICRO = 1 << 20, PLAN_MAX_GLOBAL = 1 <<
  * (each one layer; heads = dim 1 of the query [B,H,T,D]) and the weight
  * matrices (2-D params a matmul reads: Megatron's column and row split cut
  * one of their dims, the q/k/v and MLP widths and the vocabulary among
- * them). layers: the attention ops, or, in a model without attention, its
- * weight matrices. */
+ * them). */
 typedef struct {
-    int layers, nattn;
+    int nattn;
     int64_t bad_heads; /* the first attention's heads that tp does not divide; 0: none */
     SrcLoc bad_heads_loc;
     int bad_param, bad_dim; /* the first weight matrix dim tp does not divide; -1: none */
@@ -182,7 +181,6 @@ static void plan_split(const Graph *g, int tp, PlanSplit *sp)
 {
     memset(sp, 0, sizeof *sp);
     sp->bad_param = -1;
-    int nweights = 0;
     bool *seen = xcalloc((size_t)g->t.n + 1, 1);
     for (int i = 0; i < g->ops.n; i++) {
         const Op *op = &g->ops.v[i];
@@ -209,7 +207,6 @@ static void plan_split(const Graph *g, int tp, PlanSplit *sp)
             if (w->kind != TK_PARAM || w->s.rank != 2 || seen[w->id])
                 continue;
             seen[w->id] = true;
-            nweights++;
             for (int d = 0; d < 2 && sp->bad_param < 0; d++)
                 if (w->s.dim[d] % tp != 0) {
                     sp->bad_param = w->id;
@@ -218,7 +215,6 @@ static void plan_split(const Graph *g, int tp, PlanSplit *sp)
         }
     }
     free(seen);
-    sp->layers = sp->nattn > 0 ? sp->nattn : nweights;
 }
 
 /* The layout against the model m (before anything is compiled): tp divides
@@ -249,12 +245,13 @@ static int plan_check_layout(const Model *m, const PlanArgs *a, const char *mode
                 shape_str(m->g, &w->s, buf, sizeof buf), (long long)w->s.dim[sp.bad_dim]);
         return 2;
     }
-    if (a->pp > 1 && a->pp > sp.layers) {
-        fprintf(stderr, "kiln plan: --pp %d is more pipeline stages than the model's %d "
-                        "layers (%s); expected --pp from 1 to %d\n",
-                a->pp, sp.layers,
-                sp.nattn > 0 ? "attention layers" : "weight matrices: it has no attention",
-                sp.layers > 0 ? sp.layers : 1);
+    /* as kiln compile --pp and kiln train cut (passes/stages.c) */
+    int most = a->pp > 1 ? pass_stage_max(m->g) : 0;
+    if (a->pp > 1 && most > 0 && a->pp > most) {
+        fprintf(stderr, "kiln plan: --pp %d: more stages than layers to put in them (expected "
+                        "--pp from 1 to %d: stages begin between layers, where one tensor "
+                        "crosses, and each holds a param, as kiln compile --pp cuts them)\n",
+                a->pp, most);
         return 2;
     }
     /* sequences per step: the model's batch (its tokens input's first dim)

@@ -60,6 +60,9 @@ static const char usage_train[] =
     "                       stages, micro_batches (else grad_accum) per step,\n"
     "                       schedule 1f1b or gpipe; --nproc is tp x pp x dp\n"
     "                       (docs/parallel.md; --set sequence_parallel=true)\n"
+    "  --pp-balance cost|time  under --pp: cut the stages by the cost model (cost,\n"
+    "                       the default) or by each piece's F, B and W timed on\n"
+    "                       this machine's CPU first (time)\n"
     "  --no-overlap         start every gradient all-reduce after backward (the\n"
     "                       baseline the comm pass's placement is measured against)\n"
     "  --remat=POLICY       none, full, selective or auto (see kiln compile)\n"
@@ -121,7 +124,7 @@ int cli_train(int argc, char **argv)
     TrainOpts o = {0};
     int nproc = 1;
     int64_t budget = -1;
-    const char *model = NULL, *init_map = NULL;
+    const char *model = NULL, *init_map = NULL, *pp_balance = NULL;
     for (int i = 2; i < argc; i++) {
         const char *v;
         char *end;
@@ -184,6 +187,10 @@ int cli_train(int argc, char **argv)
             o.peak_gflops = strtod(v, &end);
             if (end == v || *end || !(o.peak_gflops > 0) || !isfinite(o.peak_gflops))
                 return cli_bad_flag("train", "--peak-gflops expects a positive number, got", v);
+        } else if ((v = cli_flag_value(argc, argv, &i, "--pp-balance"))) {
+            if (strcmp(v, "cost") != 0 && strcmp(v, "time") != 0)
+                return cli_bad_flag("train", "--pp-balance expects cost or time, got", v);
+            pp_balance = v;
         } else if ((v = cli_flag_value(argc, argv, &i, "--memory-budget"))) {
             if ((budget = cli_parse_budget("train", v)) < 0)
                 return 2;
@@ -274,6 +281,8 @@ int cli_train(int argc, char **argv)
     }
     if (budget >= 0)
         m->train.memory_budget = budget;
+    if (pp_balance)
+        m->train.pp_balance = pp_balance;
     InitMap *imap = NULL; /* before compiling, and before the ranks start */
     if (init_map && !o.resume && !(imap = cli_init_map(o.init_from, init_map))) {
         fe_model_free(m);

@@ -389,4 +389,15 @@ void rt_pp_print(const RtPp *p, FILE *f);
 /* The dp layer's pipeline (NULL without pp). */
 RtPp *rt_dp_pp(const RtDp *dp);
 
+/* ---- pp_balance.c: --pp-balance time --------------------------------------
+ * The cut of fwd into n stages balanced by measured time: world rank 0
+ * times each piece of pass_stage_pieces (its F, B and W as one program on
+ * the CPU, one thread, on zeros) and broadcasts the times; every rank then
+ * cuts with them (pass_stage_cut_timed), so all agree. A collective: every
+ * rank calls it. stage_s (n entries): each stage's measured seconds per
+ * micro-batch. False with d set (tp > 1, a piece that does not compile or
+ * run: on every rank). */
+bool rt_pp_cut_timed(RtComm *comm, const Graph *fwd, int n, const PassOpts *po,
+                     PassStageCut *c, double *stage_s, Diag *d);
+
 #endif

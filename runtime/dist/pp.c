@@ -31,6 +31,7 @@
  * and never block the host. With random ops (dropout) the evaluation runs
  * the evaluation graph's stage (rt_pp_build_eval). */
 #include "dist.h"
+#include "codegen.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -91,6 +92,8 @@ typedef struct {
 struct RtPp {
     RtComm *comm;
     int n, s, m, sched;
+    double *tstage; /* --pp-balance time: each stage's measured seconds per
+                       micro-batch (pp_balance.c); NULL: the cost model's cut */
     Graph *fwd;     /* the forward graph the cut is of (after attention) */
     PassStageCut cut;
     PpProg pr[P__N];
@@ -102,6 +105,7 @@ struct RtPp {
     VEC(PpParam) ps;
     int loss_f;
     PassStageAct *acts;
+    int *wcap;      /* zb-h1: per stage, the most W's kept waiting (zbh1_caps) */
     /* a micro-batch holds two slots: hold[H_B] from its F to its B (what
      * only F and B read), hold[H_W] from its F to its W (what W reads);
      * nslot[h]: the schedule's peak of micro-batches holding one; slot_of[h]
@@ -195,6 +199,8 @@ RtPp *rt_pp_new(RtComm *comm, const TrainCfg *c)
         p->m = 1;
     p->sched = pass_stage_schedule_parse(c->schedule);
     p->gshard = -1;
+    if (c->pp_balance && strcmp(c->pp_balance, "time") == 0)
+        p->tstage = xcalloc((size_t)p->n + 1, sizeof(double));
     return p;
 }
 
@@ -213,6 +219,8 @@ void rt_pp_free(RtPp *p)
         vec_free(&p->pr[i].out);
     }
     pass_stage_cut_free(&p->cut);
+    free(p->tstage);
+    free(p->wcap);
     if (p->fwd)
         ir_free(p->fwd);
     if (p->ee)
@@ -323,6 +331,73 @@ static Graph *step_graph(RtPp *p, const PassOpts *po, Diag *d)
     return g;
 }
 
+/* A stage's most bytes of micro-batches held at once under its actions a
+ * (3m): per micro-batch the stash until B and until W, the received
+ * activation and gradient until B or W; b: the stage's 6 figures as
+ * zbh1_caps gathers them (rec, recw, the two messages' bytes, whether
+ * each is held until W). */
+static double held_peak(const double *b, const PassStageAct *a, int m)
+{
+    double top = 0;
+    int hb = 0, hw = 0;
+    for (int i = 0; i < 3 * m; i++) {
+        hb += a[i].kind == 'F' ? 1 : a[i].kind == 'B' ? -1 : 0;
+        hw += a[i].kind == 'F' ? 1 : a[i].kind == 'W' ? -1 : 0;
+        double x = hb * b[0] + hw * b[1] + (b[4] > 0 ? hw : hb) * b[2] +
+                   (b[5] > 0 ? hw : hb) * b[3];
+        top = x > top ? x : top;
+    }
+    return top;
+}
+
+/* zb-h1: the most W's each stage keeps waiting (pass_stage_schedule_capped)
+ * by kiln plan's rule (codegen/cluster.c, cg_cluster_zbh1_caps): from the
+ * unit-slot default (stage s: s), each stage's cap lowered by one while it
+ * would hold more than CG_ZBH1_MEM x 1f1b's peak (the most over the
+ * stages), here in the bytes this runtime holds; every stage gathers the
+ * stages' bytes (a collective of the pipeline), so all agree. NULL: not
+ * zb-h1. */
+static int *zbh1_caps(RtPp *p)
+{
+    int n = p->n, m = p->m, M3 = 3 * m;
+    if (p->sched != PASS_SCHED_ZBH1 || n < 2)
+        return NULL;
+    double *b = xcalloc((size_t)(6 * n + 1), sizeof(double)), *x = b + 6 * p->s;
+    double fixed = 0;
+    for (int i = 0; i < p->ps.n; i++) /* params, gradient sums, AdamW's two states */
+        fixed += 4.0 * sizeof(float) * (double)p->ps.v[i].numel;
+    x[0] = (double)p->rec, x[1] = (double)p->recw;
+    x[2] = (double)p->recv_off[p->nrecv], x[3] = (double)p->send_off[p->nsend];
+    x[4] = p->xin == H_W, x[5] = p->gin == H_W;
+    rt_comm_pp_sum(p->comm, b, 6 * n);
+    double *fx = xcalloc((size_t)n + 1, sizeof(double));
+    fx[p->s] = fixed;
+    rt_comm_pp_sum(p->comm, fx, n);
+    PassStageAct *a = xmalloc(sizeof(PassStageAct) * (size_t)(n * M3 + 1));
+    pass_stage_schedule_all(PASS_SCHED_1F1B, n, m, NULL, a);
+    double peak = 0;
+    for (int s = 0; s < n; s++) {
+        double v = fx[s] + held_peak(b + 6 * s, a + s * M3, m);
+        peak = v > peak ? v : peak;
+    }
+    int *wcap = xmalloc(sizeof(int) * (size_t)(n + 1));
+    for (int s = 0; s < n; s++)
+        wcap[s] = s;
+    for (bool lowered = true; lowered;) {
+        lowered = false;
+        pass_stage_schedule_all(PASS_SCHED_ZBH1, n, m, wcap, a);
+        for (int s = 0; s < n; s++)
+            if (wcap[s] > 0 && fx[s] + held_peak(b + 6 * s, a + s * M3, m) > CG_ZBH1_MEM * peak) {
+                wcap[s]--;
+                lowered = true;
+            }
+    }
+    free(a);
+    free(b);
+    free(fx);
+    return wcap;
+}
+
 /* Bytes of g's "pp.stash.T" outputs. */
 static int64_t stash_bytes(const Graph *g)
 {
@@ -362,7 +437,8 @@ Graph *rt_pp_build(RtPp *p, const Graph *model, const PassOpts *po, Diag *d)
 {
     p->fwd = ir_clone(model);
     if (!pass_attention(p->fwd, po, d) || !pass_partition(p->fwd, po, d) ||
-        !pass_stage_cut(p->fwd, p->n, &p->cut, d))
+        !(p->tstage ? rt_pp_cut_timed(p->comm, p->fwd, p->n, po, &p->cut, p->tstage, d)
+                    : pass_stage_cut(p->fwd, p->n, &p->cut, d)))
         return NULL;
     int last = p->n - 1;
     /* params: owned by this stage, in the model's order */
@@ -512,7 +588,8 @@ Graph *rt_pp_build(RtPp *p, const Graph *model, const PassOpts *po, Diag *d)
     }
     int m = p->m;
     p->acts = xmalloc(sizeof(PassStageAct) * (size_t)(3 * m + 1));
-    pass_stage_schedule(p->sched, p->n, m, p->s, p->acts);
+    p->wcap = zbh1_caps(p);
+    pass_stage_schedule_capped(p->sched, p->n, m, p->s, p->wcap, p->acts);
     for (int h = 0; h < 2; h++) {
         char ends = h == H_B ? 'B' : 'W';
         for (int a = 0, held = 0; a < 3 * m; a++) {
@@ -1091,7 +1168,12 @@ void rt_pp_whole_free(const RtPp *p, void **whole)
 void rt_pp_print(const RtPp *p, FILE *f)
 {
     pass_stage_cut_print(p->fwd, &p->cut, f);
-    pass_stage_schedule_print(p->sched, p->n, p->m, f);
+    pass_stage_schedule_print_capped(p->sched, p->n, p->m, p->wcap, f);
+    for (int s = 0; p->wcap && s < p->n; s++)
+        if (p->wcap[s] < s)
+            fprintf(f, "# zb-h1 memory cap: stage %d keeps at most %d W's waiting (the table's "
+                    "%d would hold more than %.2f x 1f1b's peak)\n", s, p->wcap[s], s,
+                    CG_ZBH1_MEM);
 }
 
 /* ---- checkpoints: whole tensors in one rank's layout --------------------- */
@@ -1266,6 +1348,13 @@ void rt_pp_summary(const RtPp *p, FILE *f)
     fprintf(f, ", mean %.1f%% | formulas: 1f1b (p-1)/(m+p-1) %.1f%%, zb-h1 (p-1)/(3m+p-1) "
             "%.1f%%\n", 100.0 * mean, 100.0 * (p->n - 1) / (p->m + p->n - 1),
             100.0 * (p->n - 1) / (3 * p->m + p->n - 1));
+    if (p->tstage) {
+        fprintf(f, "pipeline: cut by measured time (--pp-balance time), F, B and W of one "
+                "micro-batch on one CPU thread:");
+        for (int s = 0; s < p->n; s++)
+            fprintf(f, "%s stage %d %.2f ms", s ? " |" : "", s, 1e3 * p->tstage[s]);
+        fputc('\n', f);
+    }
     fprintf(f, "pipeline memory:");
     for (int s = 0; s < p->n; s++) {
         char h[32], ar[32], rs[32];

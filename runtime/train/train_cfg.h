@@ -78,6 +78,9 @@ typedef struct TrainCfg {
     int64_t pp;               /* pipeline stages (>= 1): ranks = tp x dp x pp, TP innermost, PP outermost (pp.c) */
     int64_t micro_batches;    /* micro-batches per step under pp (0: grad_accum's) */
     const char *schedule;     /* under pp: "1f1b" or "gpipe" (passes/stages.c) */
+    const char *pp_balance;   /* under pp: "time" (kiln train --pp-balance, no train key):
+                                 the cut balanced by measured time (dist/pp_balance.c);
+                                 NULL or "cost": by the cost model */
     int64_t sample_every;     /* print a sample every N steps (0: never; sample.c) */
     const char *sample_prompt; /* its prompt: text (V <= 256) or token ids; NULL: default */
     int64_t sample_tokens;    /* its new tokens */

@@ -28,13 +28,25 @@ expect_error -s 2 "--tp 2 does not divide dim 0 (255)" '"wte.weight"' "vocab_pad
 case_recovered "a padded vocabulary splits"
 # a schedule kiln does not know
 expect_error -s 2 "--schedule expects 1f1b, gpipe or zb-h1, got 'zb'" -- "${plan[@]}" "$G" --schedule zb
-# pp at most the layers (gpt.lua: 2 attention layers; mlp.lua: 3 weight matrices)
-expect_error -s 2 "--pp 8 is more pipeline stages than the model's 2 layers" \
-    "expected --pp from 1 to 2" -- "${plan[@]}" "$G" --gpus 8 --pp 8
-expect_error -s 2 "--pp 1000000 is more pipeline stages than the model's 2 layers" -- \
+# pp at most the stages kiln compile --pp can cut (each begins between
+# layers, where one tensor crosses, and holds a param: gpt.lua 8, the
+# embeddings, half-blocks, ln_f and the head; mlp.lua 3), and kiln compile
+# refuses the same pp with the same message. Before, plan counted attention
+# layers (gpt.lua: 2) and compile the places one tensor crosses, plus one
+# (11: a stage of them could hold no param).
+expect_error -s 2 "--pp 9: more stages than layers to put in them" \
+    "expected --pp from 1 to 8" -- "${plan[@]}" "$G" --gpus 9 --pp 9
+expect_error -s 1 "--pp 9: more stages than layers to put in them" "expected pp <= 8" -- \
+    "$KILN" compile "$G" --pp 9
+"${plan[@]}" "$G" --gpus 8 --pp 8 > "$dir/out" 2>&1 || fail "--pp 8 on gpt.lua: $(cat "$dir/out")"
+"$KILN" compile "$G" --pp 8 > "$dir/out" 2>&1 || fail "compile --pp 8 on gpt.lua: $(cat "$dir/out")"
+case_recovered "plan and compile cut gpt.lua into 8 stages"
+expect_error -s 2 "--pp 1000000: more stages than layers to put in them" -- \
     "${plan[@]}" "$G" --pp 1000000
-expect_error -s 2 "--pp 4 is more pipeline stages than the model's 3 layers" "no attention" -- \
+expect_error -s 2 "--pp 4: more stages than layers to put in them" "expected --pp from 1 to 3" -- \
     "${plan[@]}" models/mlp.lua --pp 4
+expect_error -s 1 "--pp 4: more stages than layers to put in them" "expected pp <= 3" -- \
+    "$KILN" compile models/mlp.lua --pp 4
 # absurd sizes
 expect_error -s 2 "--gpus: expected an integer from 1 to 1048576, got 2000000" -- \
     "${plan[@]}" "$G" --gpus 2000000

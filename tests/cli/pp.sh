@@ -32,8 +32,10 @@
 #   - --init-from gives each stage its params of whole weights;
 #   - pp_stage hints (tests/data/pp_hint.lua) move the cut, and train as
 #     one rank does;
+#   - --pp-balance time at pp 2 x dp 2 = one rank;
 #   - user errors: ranks that tp x pp does not divide, more stages than
-#     layers, a stage without params, micro_batches and grad_accum both set,
+#     layers (the cut leaves no stage without params), micro_batches and
+#     grad_accum both set, flags pp does not run with yet,
 #     hints out of range, out of order or inside a layer (naming the
 #     script line).
 # gpt's key bias: see tests/cli/tp.sh (compared to 1e-3 absolute).
@@ -80,14 +82,16 @@ run gpt2z $GPT --nproc 2 --pp 2 --set micro_batches=4 --set schedule=zb-h1 \
 [ "$(losses gpt2z)" = "$(losses gpt2)" ] || fail "zb-h1 and 1f1b losses differ"
 cmp -s "$T/gpt2z.safetensors" "$T/gpt2.safetensors" || fail "zb-h1 and 1f1b weights differ"
 echo "gpipe, 1f1b and zb-h1: the same losses (zb-h1 and 1f1b: the same weights, byte for byte)"
-# memory follows the schedule: 1f1b holds p - s micro-batches on stage s,
-# zb-h1 p on each (stage 1's W part only past B); stage 1's stash per
+# memory follows the schedule: 1f1b holds p - s micro-batches on stage s;
+# zb-h1's table p on each (stage 1's W part only past B), but stage 1's W
+# part is most of its stash, so kiln plan's cap (1.10 x 1f1b's peak) keeps
+# none of its W's waiting: 1 micro-batch, as 1f1b; stage 1's stash per
 # micro-batch leaves out its broadcast constants and elementwise
 # intermediates (made again by B and W): 705.5 KiB here, 1.19 MiB when they
 # were stashed
 grep -q '^pipeline memory: stage 0 holds 2 micro-batches .* stage 1 holds 1 micro-batches' "$T/gpt2.log" ||
     fail "1f1b holds: $(grep '^pipeline memory' "$T/gpt2.log")"
-grep -q '^pipeline memory: stage 0 holds 2 micro-batches .* stage 1 holds 2 micro-batches' "$T/gpt2z.log" ||
+grep -q '^pipeline memory: stage 0 holds 2 micro-batches .* stage 1 holds 1 micro-batches' "$T/gpt2z.log" ||
     fail "zb-h1 holds: $(grep '^pipeline memory' "$T/gpt2z.log")"
 held=$(sed -n 's/^pipeline memory: .* stage 1 holds 1 micro-batches (\([0-9.]*\) KiB).*/\1/p' "$T/gpt2.log")
 awk -v h="$held" 'BEGIN { exit !(h != "" && h < 900) }' ||
@@ -141,6 +145,14 @@ run gpt4 models/gpt.lua --steps 10 --set eval_every=0 --nproc 4 --pp 2 --set mic
     --save-weights "$T/gpt4.safetensors"
 same_losses gpt4 gpt1a8
 same_params "$T/gpt1a8.safetensors" "$T/gpt4.safetensors" 32
+# --pp-balance time: the cut by time measured on world rank 0, broadcast to
+# every rank (both pipelines of pp 2 x dp 2 cut alike), = one rank
+run gpt4t models/gpt.lua --steps 10 --set eval_every=0 --nproc 4 --pp 2 --set micro_batches=2 \
+    --pp-balance time --save-weights "$T/gpt4t.safetensors"
+same_losses gpt4t gpt1a8
+same_params "$T/gpt1a8.safetensors" "$T/gpt4t.safetensors" 32
+grep -q '^pipeline: cut by measured time (--pp-balance time), F, B and W of one micro-batch on one CPU thread: stage 0 [0-9.]* ms | stage 1 [0-9.]* ms$' \
+    "$T/gpt4t.log" || fail "gpt4t: no measured cut: $(grep '^pipeline' "$T/gpt4t.log")"
 # ... and with zero = 1: each stage's AdamW state sharded over its dp group
 run gpt4z models/gpt.lua --steps 10 --set eval_every=0 --nproc 4 --pp 2 --set micro_batches=2 \
     --set zero=1 --save-weights "$T/gpt4z.safetensors"
@@ -291,5 +303,12 @@ expect both '--pp 2: micro_batches = 2 and grad_accum = 2 both set' \
     train models/gpt.lua --steps 2 --nproc 2 --pp 2 --set micro_batches=2 --set grad_accum=2
 expect budget '^--pp 2, stage [01]: memory budget 48.83 KiB (50000 bytes) is infeasible' \
     train models/gpt.lua --steps 2 --nproc 2 --pp 2 --memory-budget 50000
-expect noparam '--pp 11: stage 1 would hold no param' compile models/gpt.lua --pp 11
+expect balance_flag "--pp-balance expects cost or time" train models/gpt.lua --pp-balance fast
+expect balance_tp '--pp-balance time: times the stages on one rank.s CPU, without tensor parallelism (expected tp = 1, got tp = 2' \
+    train models/gpt.lua --steps 2 --nproc 4 --tp 2 --pp 2 --pp-balance time
+# a stage holding no param: the cut takes the boundaries where each stage
+# reads one instead (gpt.lua: 8 stages; 9 is more than it makes)
+"$KILN" compile models/gpt.lua --pp 8 >"$T/pp8.log" 2>&1 || fail "compile --pp 8: $(tail -3 "$T/pp8.log")"
+expect noparam '--pp 9: more stages than layers to put in them (expected pp <= 8' \
+    compile models/gpt.lua --pp 9
 echo "pp.sh: ok"

@@ -363,10 +363,61 @@ static void test_stage_split_tp_sp(void **state)
     fe_model_free(m);
 }
 
+/* The cut by measured time (pass_stage_pieces, pass_stage_cut_timed) and
+ * the most stages (pass_stage_max) on gpt.lua at L 4: 12 stages (the two
+ * embeddings, 8 half-blocks, ln_f, the head), 13 refused as kiln plan
+ * refuses it. Pieces of 1 ms each but the last (the head, 6 ms): the timed
+ * cut at pp 2 moves blocks to stage 0 until the stages are within a
+ * piece's time of each other, where the cost model's cut leaves stage 1
+ * the slower by 4 ms; each stage's cost is its measured time. */
+static void test_stage_cut_timed(void **state)
+{
+    (void)state;
+    const char *sets[] = {"L=4"};
+    Model *m = load_model("models/gpt.lua", sets, 1);
+    PassOpts o;
+    pass_opts_default(&o);
+    Diag d;
+    Graph *fwd = ir_clone(m->g);
+    if (!pass_attention(fwd, &o, &d))
+        fail_msg("%s", d.msg);
+    assert_int_equal(pass_stage_max(fwd), 12);
+    PassStageCut c = {0}, pc = {0}, tc = {0};
+    assert_true(pass_stage_cut(fwd, 12, &c, &d));
+    pass_stage_cut_free(&c);
+    assert_false(pass_stage_cut(fwd, 13, &c, &d));
+    assert_non_null(strstr(d.msg, "--pp 13: more stages than layers to put in them (expected "
+                                  "pp <= 12"));
+    assert_true(pass_stage_pieces(fwd, &pc, &d));
+    double *secs = xcalloc((size_t)pc.n + 1, sizeof(double)), total = 0;
+    for (int j = 0; j < pc.n; j++) /* a piece of constants only (iota) runs nothing */
+        total += secs[j] = pc.cost[j] <= 0 ? 0 : j == pc.n - 1 ? 6e-3 : 1e-3;
+    assert_true(pass_stage_cut(fwd, 2, &c, &d));
+    assert_true(pass_stage_cut_timed(fwd, 2, &pc, secs, secs, &tc, &d));
+    double t0 = 0; /* the cost model's cut under these times */
+    for (int j = 0; j < pc.n; j++)
+        if (pc.first[j] < c.first[1])
+            t0 += secs[j];
+    printf("# %d pieces; cost-model cut at op %d: %.1f / %.1f ms; timed cut at op %d: %.1f / "
+           "%.1f ms\n", pc.n, c.first[1], 1e3 * t0, 1e3 * (total - t0), tc.first[1],
+           1e3 * tc.cost[0], 1e3 * tc.cost[1]);
+    assert_true(total - t0 - t0 > 3e-3);
+    assert_true(fabs(tc.cost[0] + tc.cost[1] - total) < 1e-9);
+    assert_true(fabs(tc.cost[0] - tc.cost[1]) <= 1e-3 + 1e-9);
+    assert_true(tc.first[1] > c.first[1]);
+    free(secs);
+    pass_stage_cut_free(&c);
+    pass_stage_cut_free(&pc);
+    pass_stage_cut_free(&tc);
+    ir_free(fwd);
+    fe_model_free(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stage_split_tp_sp),
+        cmocka_unit_test(test_stage_cut_timed),
         cmocka_unit_test(test_invalid_graph_written),
         cmocka_unit_test(test_invalid_report_replays),
         cmocka_unit_test(test_round_trip_every_model),
