@@ -1200,8 +1200,9 @@ int cli_plan(int argc, char **argv)
         long nc = sysconf(_SC_NPROCESSORS_ONLN);
         int local = a.gpus < a.gpus_per_node ? a.gpus : a.gpus_per_node;
         int th = (int)((nc > 0 ? nc : 1) / (local > 0 ? local : 1));
-        if (!rt_cpu_device(a.threads > 0 ? a.threads : th > 0 ? th : 1, NULL, false, false,
-                           &cpu, &d)) {
+        /* each rank's figures measured as the ranks run: all of them at once */
+        if (!rt_cpu_device_ranks(a.threads > 0 ? a.threads : th > 0 ? th : 1, local, NULL,
+                                 false, false, &cpu, &d)) {
             fprintf(stderr, "kiln plan: --device cpu: %s\n", d.msg);
             fe_model_free(m);
             rc = 1;
