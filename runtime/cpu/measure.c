@@ -28,8 +28,12 @@
  * thread of the rank beside the others' threads; work: the generated
  * kernel beside the others' threads each running it through their own
  * executor), so that what the ranks share (memory bandwidth, caches, the
- * cores' clock under load) is in the figures. launch stays the rank's own
- * pool, alone.
+ * cores' clock under load) is in the figures. The copies are 64 MiB / R
+ * per thread, so that all ranks together touch what one rank alone does:
+ * the figure tells the ranks' sharing of the bandwidth apart from the
+ * caches' size (two threads copying 64 MiB each spill a cache that one
+ * keeps; a rank's kernels touch a few MiB each). launch stays the rank's
+ * own pool, alone.
  *
  * Each figure is the best of a few repetitions (the machine is shared:
  * the best is the closest to what it can do; the FMA peak the best of 10),
@@ -100,6 +104,7 @@ typedef struct {
     FmaFn fma;
     float *a, *b, *c;
     char *src, *dst;
+    size_t bytes; /* copied by what 2 */
     double seconds, flops;
     float sink;
 } Job;
@@ -115,7 +120,7 @@ static void run_job(Job *j)
                         j->a + (size_t)r * j->rows * GEMM_N, GEMM_N, j->b, GEMM_N, 0.0f,
                         j->c + (size_t)r * j->rows * GEMM_N, GEMM_N);
     else
-        memcpy(j->dst, j->src, COPY_BYTES);
+        memcpy(j->dst, j->src, j->bytes);
     j->seconds = ir_now() - t0;
 }
 
@@ -343,10 +348,11 @@ static bool measure(int threads, int ranks, const char *cache_dir, bool verbose,
         jobs[i].c = jobs[i].b + gn;
         for (size_t k = 0; k < 2 * gn; k++)
             jobs[i].a[k] = (float)((k * 2654435761u) % 1000) * 1e-3f - 0.5f;
-        jobs[i].src = xmalloc(COPY_BYTES);
-        jobs[i].dst = xmalloc(COPY_BYTES);
-        memset(jobs[i].src, 1, COPY_BYTES);
-        memset(jobs[i].dst, 2, COPY_BYTES);
+        jobs[i].bytes = (size_t)COPY_BYTES / (size_t)ranks;
+        jobs[i].src = xmalloc(jobs[i].bytes);
+        jobs[i].dst = xmalloc(jobs[i].bytes);
+        memset(jobs[i].src, 1, jobs[i].bytes);
+        memset(jobs[i].dst, 2, jobs[i].bytes);
     }
     for (int i = 0; i < n; i++)
         jobs[i].what = 0;
@@ -383,8 +389,9 @@ static bool measure(int threads, int ranks, const char *cache_dir, bool verbose,
     free(jobs);
     dlclose(h);
     dev->gemm = 2.0 * GEMM_N * GEMM_N * (double)GEMM_N * threads / t_gemm;
-    dev->bw = 2.0 * COPY_BYTES * threads / t_bw;
-    dev->bw1 = 2.0 * COPY_BYTES / t_bw1;
+    double copied = 2.0 * (double)COPY_BYTES / ranks; /* read and written, per thread */
+    dev->bw = copied * threads / t_bw;
+    dev->bw1 = copied / t_bw1;
     dev->launch_s = t_launch;
     return measure_work(threads, others, cache_dir, verbose, dev, d);
 }
