@@ -104,7 +104,7 @@ typedef struct {
     FmaFn fma;
     float *a, *b, *c;
     char *src, *dst;
-    size_t bytes; /* copied by what 2 */
+    size_t bytes; /* what 2 copies */
     double seconds, flops;
     float sink;
 } Job;
