@@ -23,9 +23,9 @@
  * One rank of R on this machine (rt_cpu_device_ranks, R > 1: `kiln train
  * --nproc R` gives each rank T threads and every rank computes at once)
  * is measured in that layout: every figure with the other ranks' R-1 x T
- * threads running the same job at the same time (f32, gemm and bw: all
- * R x T threads, the rank's share 1/R of their sum; gemm1 and bw1: one
- * thread of the rank beside the others' threads; work: the generated
+ * threads running the same job at the same time, timed on the rank's own
+ * threads (f32, gemm and bw: its T threads, the slowest of them; gemm1 and
+ * bw1: one thread of the rank; work: the generated
  * kernel beside the others' threads each running it through their own
  * executor), so that what the ranks share (memory bandwidth, caches, the
  * cores' clock under load) is in the figures. The copies are 64 MiB / R
@@ -131,8 +131,10 @@ static void *job_thread(void *arg)
 }
 
 /* Runs `what` once on n threads at once (the caller is one); the slowest
- * thread's time (each thread's in jobs[i].seconds; -1: not started). */
-static double timed_once(Job *jobs, int n)
+ * time of the first k threads (each thread's in jobs[i].seconds; -1: not
+ * started): k = n for all of them, fewer for one rank's threads while the
+ * other ranks' (the rest) run the same job. */
+static double timed_once(Job *jobs, int n, int k)
 {
     pthread_t *th = xcalloc((size_t)n, sizeof *th);
     for (int i = 1; i < n; i++)
@@ -143,36 +145,38 @@ static double timed_once(Job *jobs, int n)
     for (int i = 1; i < n; i++) {
         if (jobs[i].seconds >= 0)
             pthread_join(th[i], NULL);
-        worst = jobs[i].seconds > worst ? jobs[i].seconds : worst;
+        if (i < k)
+            worst = jobs[i].seconds > worst ? jobs[i].seconds : worst;
     }
     free(th);
     return worst;
 }
 
-/* The slowest thread's time, best of REPS. */
-static double timed(Job *jobs, int n)
+/* The slowest of the first k threads' time, best of REPS. */
+static double timed(Job *jobs, int n, int k)
 {
     double best = INFINITY;
     for (int r = 0; r < REPS; r++) {
-        double worst = timed_once(jobs, n);
+        double worst = timed_once(jobs, n, k);
         best = worst < best ? worst : best;
     }
     return best;
 }
 
-/* The FMA peak of n threads (jobs[i].what = 0), in FLOP/s: all threads at
- * once, the best of 2 x REPS tries (the slowest thread's time each). A
+/* The FMA peak of the first k of n threads (jobs[i].what = 0), in FLOP/s:
+ * all n threads at once, the best of 2 x REPS tries (the slowest of the k
+ * threads' time each). A
  * thread's best run alone would overstate cores shared by two hardware
  * threads; a peak measured while other work ran is raised later by a step
  * that runs faster (rt_cpu_fma_remeasure). */
-static double fma_peak(Job *jobs, int n)
+static double fma_peak(Job *jobs, int n, int k)
 {
     double best = INFINITY;
     for (int r = 0; r < 2 * REPS; r++) {
-        double t = timed_once(jobs, n);
+        double t = timed_once(jobs, n, k);
         best = t < best ? t : best;
     }
-    return jobs[0].flops * n / best;
+    return jobs[0].flops * k / best;
 }
 
 static void empty_part(void *ctx, int part)
@@ -356,19 +360,19 @@ static bool measure(int threads, int ranks, const char *cache_dir, bool verbose,
     }
     for (int i = 0; i < n; i++)
         jobs[i].what = 0;
-    dev->f32 = fma_peak(jobs, n) / ranks;
+    dev->f32 = fma_peak(jobs, n, threads);
     for (int i = 0; i < n; i++)
         jobs[i].what = 1, jobs[i].rows = GEMM_N;
-    double t_gemm = timed(jobs, n);
+    double t_gemm = timed(jobs, n, threads);
     static const int band[4] = {16, 64, 256, 512};
     for (int b = 0; b < 4; b++) {
         for (int i = 0; i < one; i++)
             jobs[i].rows = band[b];
-        dev->gemm1[b] = 2.0 * GEMM_N * GEMM_N * (double)GEMM_N / timed(jobs, one);
+        dev->gemm1[b] = 2.0 * GEMM_N * GEMM_N * (double)GEMM_N / timed(jobs, one, 1);
     }
     for (int i = 0; i < n; i++)
         jobs[i].what = 2;
-    double t_bw = timed(jobs, n), t_bw1 = timed(jobs, one);
+    double t_bw = timed(jobs, n, threads), t_bw1 = timed(jobs, one, 1);
     Pool pool;
     pool_start(&pool, threads - 1);
     double t_launch = INFINITY;
@@ -464,7 +468,7 @@ bool rt_cpu_fma_remeasure(int threads, const char *cache_dir, double at_least, b
         Job *jobs = xcalloc((size_t)threads, sizeof *jobs);
         for (int i = 0; i < threads; i++)
             jobs[i].fma = fma, jobs[i].what = 0;
-        peak = fma_peak(jobs, threads);
+        peak = fma_peak(jobs, threads, threads);
         free(jobs);
         dlclose(h);
     }
