@@ -302,24 +302,53 @@ int cg_cluster_zbh1_caps(const CgClusterModel *m, const CgClusterOpts *o, int *w
     return m->nstages;
 }
 
-double cg_cluster_stage(const CgClusterModel *m, const CgClusterOpts *o, int s,
-                        CgClusterPlan *p)
+/* Every stage's actions under o's schedule, zb-h1's capped (zbh1_caps):
+ * computed once per plan and shared by the stages' memory and the
+ * pipeline's simulation; the caller frees them. */
+static PassStageAct *plan_orders(const CgClusterModel *m, const CgClusterOpts *o)
 {
-    const CgStageModel *st = &m->stages[s];
-    int n = m->nstages, mb = o->micro_batches > 0 ? o->micro_batches : 1;
-    int *wcap = xmalloc(sizeof(int) * (size_t)(n + 1));
+    int *wcap = xmalloc(sizeof(int) * (size_t)(m->nstages + 1));
     bool capped = zbh1_caps(m, o, wcap);
     PassStageAct *a = stage_orders(m, o, capped ? wcap : NULL);
-    stage_memory(m, o, s, a + s * 3 * mb, p);
-    free(a);
     free(wcap);
+    return a;
+}
+
+/* cg_cluster_stage with the stages' actions a (plan_orders). */
+static double stage_with(const CgClusterModel *m, const CgClusterOpts *o, int s,
+                         const PassStageAct *a, CgClusterPlan *p)
+{
+    int mb = o->micro_batches > 0 ? o->micro_batches : 1;
+    stage_memory(m, o, s, a + s * 3 * mb, p);
     double busy = 0;
     for (int k = 0; k < 3; k++)
-        busy += stage_prog_s(m, o, st, k);
+        busy += stage_prog_s(m, o, &m->stages[s], k);
     return mb * busy;
 }
 
-double cg_cluster_pipeline(const CgClusterModel *m, const CgClusterOpts *o)
+double cg_cluster_stage(const CgClusterModel *m, const CgClusterOpts *o, int s,
+                        CgClusterPlan *p)
+{
+    PassStageAct *a = plan_orders(m, o);
+    double busy = stage_with(m, o, s, a, p);
+    free(a);
+    return busy;
+}
+
+void cg_cluster_stages(const CgClusterModel *m, const CgClusterOpts *o, CgClusterPlan *ps,
+                       double *busy)
+{
+    PassStageAct *a = plan_orders(m, o);
+    for (int s = 0; s < m->nstages; s++) {
+        memset(&ps[s], 0, sizeof ps[s]);
+        busy[s] = stage_with(m, o, s, a, &ps[s]);
+    }
+    free(a);
+}
+
+/* cg_cluster_pipeline with the stages' actions a (plan_orders). */
+static double pipeline_with(const CgClusterModel *m, const CgClusterOpts *o,
+                            const PassStageAct *a)
 {
     int n = m->nstages, mb = o->micro_batches > 0 ? o->micro_batches : 1, M3 = 3 * mb;
     /* pipeline neighbours are tp x dp ranks apart (PP outermost) */
@@ -332,9 +361,6 @@ double cg_cluster_pipeline(const CgClusterModel *m, const CgClusterOpts *o)
     double *dur = xmalloc(sizeof(double) * (size_t)(3 * n + 1));
     double *hop = xcalloc((size_t)n + 1, sizeof(double)); /* boundary s: s-1 -> s */
     int *next = xcalloc((size_t)n + 1, sizeof(int));
-    int *wcap = xmalloc(sizeof(int) * (size_t)(n + 1));
-    bool capped = zbh1_caps(m, o, wcap);
-    PassStageAct *a = stage_orders(m, o, capped ? wcap : NULL);
     for (int s = 0; s < n; s++) {
         for (int k = 0; k < 3; k++)
             dur[3 * s + k] = stage_prog_s(m, o, &m->stages[s], k);
@@ -389,7 +415,6 @@ double cg_cluster_pipeline(const CgClusterModel *m, const CgClusterOpts *o)
     for (int s = 0; s < n; s++)
         if (next[s] < M3)
             die("cg_cluster_pipeline: stage %d stalls at action %d of %d", s, next[s], M3);
-    free(a);
     free(fend);
     free(bend);
     free(wend);
@@ -397,7 +422,14 @@ double cg_cluster_pipeline(const CgClusterModel *m, const CgClusterOpts *o)
     free(dur);
     free(hop);
     free(next);
-    free(wcap);
+    return end;
+}
+
+double cg_cluster_pipeline(const CgClusterModel *m, const CgClusterOpts *o)
+{
+    PassStageAct *a = plan_orders(m, o);
+    double end = pipeline_with(m, o, a);
+    free(a);
     return end;
 }
 
@@ -472,9 +504,10 @@ bool cg_cluster_project(const CgClusterModel *m, const CgClusterOpts *o, CgClust
         CgClusterPlan ps;
         double most = 0, opt = 0;
         p->mem_total = -1;
+        PassStageAct *a = plan_orders(m, o); /* once for every stage and the simulation */
         for (int s = 0; s < m->nstages; s++) {
             memset(&ps, 0, sizeof ps);
-            double busy = cg_cluster_stage(m, o, s, &ps);
+            double busy = stage_with(m, o, s, a, &ps);
             double share = m->param_bytes > 0 ? m->stages[s].param_bytes / m->param_bytes : 0;
             if (busy > most) {
                 most = busy;
@@ -496,7 +529,8 @@ bool cg_cluster_project(const CgClusterModel *m, const CgClusterOpts *o, CgClust
                 p->inflight = ps.inflight, p->crit_stage = s;
             }
         }
-        p->t_pipeline = cg_cluster_pipeline(m, o);
+        p->t_pipeline = pipeline_with(m, o, a);
+        free(a);
         p->t_bubble = p->t_pipeline > most ? p->t_pipeline - most : 0;
         p->t_opt = opt;
     }

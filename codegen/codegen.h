@@ -824,7 +824,7 @@ void cg_cluster_memory(const CgClusterModel *m, const CgClusterOpts *o, CgCluste
  * under o's schedule (pass_stage_schedule_capped): under zb-h1 with the
  * stages' held bytes known, lowered from the default (stage t: t) until
  * no stage needs more than CG_ZBH1_MEM x 1f1b's peak; otherwise the
- * default. cg_cluster_stage and cg_cluster_pipeline run these. Returns
+ * default. cg_cluster_stage(s) and cg_cluster_pipeline run these. Returns
  * m->nstages. */
 int cg_cluster_zbh1_caps(const CgClusterModel *m, const CgClusterOpts *o, int *wcap);
 /* Stage s of m's cut (m->nstages > 0) under o: its memory per GPU into the
@@ -836,6 +836,11 @@ int cg_cluster_zbh1_caps(const CgClusterModel *m, const CgClusterOpts *o, int *w
  * per step (m x (F + B + W + its TP collectives)) as the return value. */
 double cg_cluster_stage(const CgClusterModel *m, const CgClusterOpts *o, int s,
                         CgClusterPlan *p);
+/* cg_cluster_stage for every stage of the cut at once, the schedule's
+ * orders and zb-h1's caps computed once: ps[s] (zeroed first) and busy[s]
+ * for s < m->nstages. */
+void cg_cluster_stages(const CgClusterModel *m, const CgClusterOpts *o, CgClusterPlan *ps,
+                       double *busy);
 /* The largest micro-batches x stages^2 whose schedule cg_cluster_project
  * simulates (its time grows so); beyond, the formulas. */
 #define CG_PP_SIM_MAX 4194304.0

@@ -748,11 +748,13 @@ static void print_stages(const CgClusterOpts *o, const CgClusterModel *m, const 
 {
     printf("    %-5s %-13s %6s %6s %10s %10s %10s %6s %5s %12s\n", "stage", "ops", "layers",
            "params", "F", "B", "W", "busy", "holds", "memory");
+    CgClusterPlan *pss = xmalloc(sizeof(CgClusterPlan) * (size_t)(m->nstages + 1));
+    double *busys = xmalloc(sizeof(double) * (size_t)(m->nstages + 1));
+    cg_cluster_stages(m, o, pss, busys);
     for (int s = 0; s < m->nstages; s++) {
         const CgStageModel *st = &m->stages[s];
-        CgClusterPlan ps;
-        memset(&ps, 0, sizeof ps);
-        double busy = cg_cluster_stage(m, o, s, &ps);
+        const CgClusterPlan ps = pss[s];
+        double busy = busys[s];
         double fbw[3];
         char ops[32], t[3][32], mem[32];
         snprintf(ops, sizeof ops, "%d..%d", st->first_op, st->first_op + st->nops - 1);
@@ -766,6 +768,8 @@ static void print_stages(const CgClusterOpts *o, const CgClusterModel *m, const 
                p->t_pipeline > 0 ? 100 * busy / p->t_pipeline : 0, ps.inflight, mem,
                s == p->crit_stage ? " <- memory per GPU" : "");
     }
+    free(pss);
+    free(busys);
 }
 
 static void print_plan(const PlanArgs *a, const CgDevice *dev, const CgClusterOpts *o,
@@ -943,11 +947,13 @@ static cJSON *plan_json(const CgDevice *dev, const CgClusterOpts *o, const Varia
         cJSON_AddStringToObject(s, "cut_error", cut_why ? cut_why : "");
     if (p->cut) {
         cJSON *arr = cJSON_AddArrayToObject(s, "stages");
+        CgClusterPlan *pss = xmalloc(sizeof(CgClusterPlan) * (size_t)(v->m.nstages + 1));
+        double *busys = xmalloc(sizeof(double) * (size_t)(v->m.nstages + 1));
+        cg_cluster_stages(&v->m, o, pss, busys);
         for (int k = 0; k < v->m.nstages; k++) {
             const CgStageModel *st = &v->m.stages[k];
-            CgClusterPlan ps;
-            memset(&ps, 0, sizeof ps);
-            double busy = cg_cluster_stage(&v->m, o, k, &ps);
+            const CgClusterPlan ps = pss[k];
+            double busy = busys[k];
             cJSON *r = cJSON_CreateObject();
             cJSON_AddNumberToObject(r, "first_op", st->first_op);
             cJSON_AddNumberToObject(r, "last_op", st->first_op + st->nops - 1);
@@ -961,6 +967,8 @@ static cJSON *plan_json(const CgDevice *dev, const CgClusterOpts *o, const Varia
             cJSON_AddNumberToObject(r, "memory", ps.mem_total);
             cJSON_AddItemToArray(arr, r);
         }
+        free(pss);
+        free(busys);
     }
     cJSON_AddNumberToObject(s, "optimizer_s", p->t_opt);
     cJSON_AddNumberToObject(s, "predicted_s", p->step_predicted);
@@ -1189,8 +1197,9 @@ int cli_plan(int argc, char **argv)
         long nc = sysconf(_SC_NPROCESSORS_ONLN);
         int local = a.gpus < a.gpus_per_node ? a.gpus : a.gpus_per_node;
         int th = (int)((nc > 0 ? nc : 1) / (local > 0 ? local : 1));
-        if (!rt_cpu_device(a.threads > 0 ? a.threads : th > 0 ? th : 1, NULL, false, false,
-                           &cpu, &d)) {
+        /* each rank's figures measured as the ranks run: all of them at once */
+        if (!rt_cpu_device_ranks(a.threads > 0 ? a.threads : th > 0 ? th : 1, local, NULL,
+                                 false, false, &cpu, &d)) {
             fprintf(stderr, "kiln plan: --device cpu: %s\n", d.msg);
             fe_model_free(m);
             rc = 1;

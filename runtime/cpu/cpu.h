@@ -79,6 +79,13 @@ void pool_run(Pool *pl, int nparts, PoolFn fn, void *ctx);
  * the measurement kernel cannot be compiled. */
 bool rt_cpu_device(int threads, const char *cache_dir, bool remeasure, bool verbose,
                    CgDevice *dev, Diag *d);
+/* rt_cpu_device for one of `ranks` ranks of `threads` threads each on this
+ * machine, all computing at once (`kiln train --nproc`): every figure
+ * measured with the other ranks' threads busy on the same job, the peaks
+ * and bandwidth this rank's share (measure.c); cached apart, as
+ * CACHE/cpu-device-T-rR.txt. ranks <= 1: rt_cpu_device. */
+bool rt_cpu_device_ranks(int threads, int ranks, const char *cache_dir, bool remeasure,
+                         bool verbose, CgDevice *dev, Diag *d);
 /* The FMA peak of `threads` threads: measured again when `again` (a second
  * or two), at least at_least FLOP/s (a rate a training step achieved) and
  * at least the cached one; the cache entry, when there is one, keeps a

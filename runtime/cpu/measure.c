@@ -2,7 +2,8 @@
  * this machine once and cached beside the kernel cache
  * (CACHE/cpu-device-T.txt for T threads, keyed by the CPU's model name,
  * the kernel compiler's version and flags, rt_cc_build_id, and OpenBLAS's
- * kernels, rt_blas_core):
+ * kernels, rt_blas_core; CACHE/cpu-device-T-rR.txt for one of R ranks of
+ * T threads each, below):
  *
  *   f32     FMA peak: T threads each running fmaf chains (8 x 16 floats,
  *           independent) compiled like the kernels (-O3 -march=native,
@@ -18,6 +19,21 @@
  *   work    a generated kernel (tanh, exp, products over 2M elements)
  *           through the executor: element-operations (cg_kernel_work) per
  *           second per thread.
+ *
+ * One rank of R on this machine (rt_cpu_device_ranks, R > 1: `kiln train
+ * --nproc R` gives each rank T threads and every rank computes at once)
+ * is measured in that layout: every figure with the other ranks' R-1 x T
+ * threads running the same job at the same time, timed on the rank's own
+ * threads (f32, gemm and bw: its T threads, the slowest of them; gemm1 and
+ * bw1: one thread of the rank; work: the generated
+ * kernel beside the others' threads each running it through their own
+ * executor), so that what the ranks share (memory bandwidth, caches, the
+ * cores' clock under load) is in the figures. The copies are 64 MiB / R
+ * per thread, so that all ranks together touch what one rank alone does:
+ * the figure tells the ranks' sharing of the bandwidth apart from the
+ * caches' size (two threads copying 64 MiB each spill a cache that one
+ * keeps; a rank's kernels touch a few MiB each). launch stays the rank's
+ * own pool, alone.
  *
  * Each figure is the best of a few repetitions (the machine is shared:
  * the best is the closest to what it can do; the FMA peak the best of 10),
@@ -88,6 +104,7 @@ typedef struct {
     FmaFn fma;
     float *a, *b, *c;
     char *src, *dst;
+    size_t bytes; /* what 2 copies */
     double seconds, flops;
     float sink;
 } Job;
@@ -103,7 +120,7 @@ static void run_job(Job *j)
                         j->a + (size_t)r * j->rows * GEMM_N, GEMM_N, j->b, GEMM_N, 0.0f,
                         j->c + (size_t)r * j->rows * GEMM_N, GEMM_N);
     else
-        memcpy(j->dst, j->src, COPY_BYTES);
+        memcpy(j->dst, j->src, j->bytes);
     j->seconds = ir_now() - t0;
 }
 
@@ -114,8 +131,10 @@ static void *job_thread(void *arg)
 }
 
 /* Runs `what` once on n threads at once (the caller is one); the slowest
- * thread's time (each thread's in jobs[i].seconds; -1: not started). */
-static double timed_once(Job *jobs, int n)
+ * time of the first k threads (each thread's in jobs[i].seconds; -1: not
+ * started): k = n for all of them, fewer for one rank's threads while the
+ * other ranks' (the rest) run the same job. */
+static double timed_once(Job *jobs, int n, int k)
 {
     pthread_t *th = xcalloc((size_t)n, sizeof *th);
     for (int i = 1; i < n; i++)
@@ -126,36 +145,38 @@ static double timed_once(Job *jobs, int n)
     for (int i = 1; i < n; i++) {
         if (jobs[i].seconds >= 0)
             pthread_join(th[i], NULL);
-        worst = jobs[i].seconds > worst ? jobs[i].seconds : worst;
+        if (i < k)
+            worst = jobs[i].seconds > worst ? jobs[i].seconds : worst;
     }
     free(th);
     return worst;
 }
 
-/* The slowest thread's time, best of REPS. */
-static double timed(Job *jobs, int n)
+/* The slowest of the first k threads' time, best of REPS. */
+static double timed(Job *jobs, int n, int k)
 {
     double best = INFINITY;
     for (int r = 0; r < REPS; r++) {
-        double worst = timed_once(jobs, n);
+        double worst = timed_once(jobs, n, k);
         best = worst < best ? worst : best;
     }
     return best;
 }
 
-/* The FMA peak of n threads (jobs[i].what = 0), in FLOP/s: all threads at
- * once, the best of 2 x REPS tries (the slowest thread's time each). A
+/* The FMA peak of the first k of n threads (jobs[i].what = 0), in FLOP/s:
+ * all n threads at once, the best of 2 x REPS tries (the slowest of the k
+ * threads' time each). A
  * thread's best run alone would overstate cores shared by two hardware
  * threads; a peak measured while other work ran is raised later by a step
  * that runs faster (rt_cpu_fma_remeasure). */
-static double fma_peak(Job *jobs, int n)
+static double fma_peak(Job *jobs, int n, int k)
 {
     double best = INFINITY;
     for (int r = 0; r < 2 * REPS; r++) {
-        double t = timed_once(jobs, n);
+        double t = timed_once(jobs, n, k);
         best = t < best ? t : best;
     }
-    return jobs[0].flops * n / best;
+    return jobs[0].flops * k / best;
 }
 
 static void empty_part(void *ctx, int part)
@@ -198,8 +219,46 @@ static const char work_ir[] =
     "%7:f32[2048,1024] = add %2, %6\n"
     "output \"y\" %7\n";
 
-static bool measure_work(int threads, const char *cache_dir, bool verbose, CgDevice *dev,
-                         Diag *d)
+/* A thread of another rank (rt_cpu_device_ranks) running the work
+ * kernel through its own one-thread executor until stop is set. */
+typedef struct {
+    Exec *e;
+    _Atomic bool *stop;
+    pthread_t th;
+    bool started;
+} Busy;
+
+static void *busy_thread(void *arg)
+{
+    Busy *b = arg;
+    Diag d = {{0}};
+    for (int r = 0; !*b->stop; r++)
+        if (!rt_exec_run(b->e, 1, r, &d))
+            break;
+    return NULL;
+}
+
+/* measure_work's executor of the work kernel on `threads` threads. */
+static Exec *work_exec(Graph *g, int threads, const char *cache_dir, bool verbose, Diag *d)
+{
+    ExecOpts eo = {.device = "cpu", .threads = threads, .cache_dir = cache_dir,
+                   .verbose = verbose};
+    Exec *e = rt_exec_create(g, &eo, d);
+    if (!e)
+        return NULL;
+    int64_t n = 2048 * 1024;
+    float *x = xmalloc(sizeof(float) * (size_t)n);
+    for (int64_t i = 0; i < n; i++)
+        x[i] = (float)(i % 2001) * 1e-3f - 1.0f;
+    rt_exec_write(e, 0, x);
+    free(x);
+    return e;
+}
+
+/* The work rate on `threads` threads, with `others` threads of other
+ * ranks running the same kernel meanwhile (0: alone). */
+static bool measure_work(int threads, int others, const char *cache_dir, bool verbose,
+                         CgDevice *dev, Diag *d)
 {
     char err[512];
     Graph *g = ir_parse(work_ir, "cpu measurement", err, sizeof err);
@@ -207,21 +266,21 @@ static bool measure_work(int threads, const char *cache_dir, bool verbose, CgDev
         die("cpu measurement graph: %s", err);
     PassOpts po;
     pass_opts_default(&po);
-    ExecOpts eo = {.device = "cpu", .threads = threads, .cache_dir = cache_dir,
-                   .verbose = verbose};
     Exec *e = NULL;
     bool ok = pass_simplify(g, &po, d) && pass_fuse(g, &po, d) && pass_schedule(g, &po, d) &&
-              (e = rt_exec_create(g, &eo, d));
+              (e = work_exec(g, threads, cache_dir, verbose, d));
     if (!ok) {
         ir_free(g);
         return false;
     }
-    int64_t n = 2048 * 1024;
-    float *x = xmalloc(sizeof(float) * (size_t)n);
-    for (int64_t i = 0; i < n; i++)
-        x[i] = (float)(i % 2001) * 1e-3f - 1.0f;
-    rt_exec_write(e, 0, x);
-    free(x);
+    _Atomic bool stop = false;
+    Busy *busy = xcalloc((size_t)others + 1, sizeof *busy);
+    for (int i = 0; i < others && ok; i++) {
+        busy[i].stop = &stop;
+        ok = (busy[i].e = work_exec(g, 1, cache_dir, verbose, d)) != NULL;
+    }
+    for (int i = 0; i < others && ok; i++)
+        busy[i].started = pthread_create(&busy[i].th, NULL, busy_thread, &busy[i]) == 0;
     const CgPlan *p = rt_exec_plan(e);
     double work = 0;
     int split = 1;
@@ -240,6 +299,14 @@ static bool measure_work(int threads, const char *cache_dir, bool verbose, CgDev
         double t = ir_now() - t0;
         best = t < best ? t : best;
     }
+    stop = true;
+    for (int i = 0; i < others; i++) {
+        if (busy[i].started)
+            pthread_join(busy[i].th, NULL);
+        if (busy[i].e)
+            rt_exec_destroy(busy[i].e);
+    }
+    free(busy);
     rt_exec_destroy(e);
     ir_free(g);
     dev->work = work / (best * split);
@@ -263,41 +330,49 @@ static FmaFn load_fma(const char *cache_dir, bool verbose, void **h, Diag *d)
     return fma;
 }
 
-static bool measure(int threads, const char *cache_dir, bool verbose, CgDevice *dev, Diag *d)
+/* One rank of `ranks` with `threads` threads each: every figure with the
+ * other ranks' threads busy on the same job (ranks 1: alone). */
+static bool measure(int threads, int ranks, const char *cache_dir, bool verbose, CgDevice *dev,
+                    Diag *d)
 {
     void *h = NULL;
     FmaFn fma = load_fma(cache_dir, verbose, &h, d);
     if (!fma)
         return false;
     rt_blas_one_thread();
-    Job *jobs = xcalloc((size_t)threads, sizeof *jobs);
+    /* n: every rank's threads; one: a thread of this rank beside the
+     * other ranks' threads */
+    int n = threads * ranks, others = threads * (ranks - 1), one = 1 + others;
+    Job *jobs = xcalloc((size_t)n, sizeof *jobs);
     size_t gn = (size_t)GEMM_N * GEMM_N;
-    for (int i = 0; i < threads; i++) {
+    for (int i = 0; i < n; i++) {
         jobs[i].fma = fma;
         jobs[i].a = xmalloc(3 * gn * sizeof(float));
         jobs[i].b = jobs[i].a + gn;
         jobs[i].c = jobs[i].b + gn;
         for (size_t k = 0; k < 2 * gn; k++)
             jobs[i].a[k] = (float)((k * 2654435761u) % 1000) * 1e-3f - 0.5f;
-        jobs[i].src = xmalloc(COPY_BYTES);
-        jobs[i].dst = xmalloc(COPY_BYTES);
-        memset(jobs[i].src, 1, COPY_BYTES);
-        memset(jobs[i].dst, 2, COPY_BYTES);
+        jobs[i].bytes = (size_t)COPY_BYTES / (size_t)ranks;
+        jobs[i].src = xmalloc(jobs[i].bytes);
+        jobs[i].dst = xmalloc(jobs[i].bytes);
+        memset(jobs[i].src, 1, jobs[i].bytes);
+        memset(jobs[i].dst, 2, jobs[i].bytes);
     }
-    for (int i = 0; i < threads; i++)
+    for (int i = 0; i < n; i++)
         jobs[i].what = 0;
-    dev->f32 = fma_peak(jobs, threads);
-    for (int i = 0; i < threads; i++)
+    dev->f32 = fma_peak(jobs, n, threads);
+    for (int i = 0; i < n; i++)
         jobs[i].what = 1, jobs[i].rows = GEMM_N;
-    double t_gemm = timed(jobs, threads);
+    double t_gemm = timed(jobs, n, threads);
     static const int band[4] = {16, 64, 256, 512};
     for (int b = 0; b < 4; b++) {
-        jobs[0].rows = band[b];
-        dev->gemm1[b] = 2.0 * GEMM_N * GEMM_N * (double)GEMM_N / timed(jobs, 1);
+        for (int i = 0; i < one; i++)
+            jobs[i].rows = band[b];
+        dev->gemm1[b] = 2.0 * GEMM_N * GEMM_N * (double)GEMM_N / timed(jobs, one, 1);
     }
-    for (int i = 0; i < threads; i++)
+    for (int i = 0; i < n; i++)
         jobs[i].what = 2;
-    double t_bw = timed(jobs, threads), t_bw1 = timed(jobs, 1);
+    double t_bw = timed(jobs, n, threads), t_bw1 = timed(jobs, one, 1);
     Pool pool;
     pool_start(&pool, threads - 1);
     double t_launch = INFINITY;
@@ -310,7 +385,7 @@ static bool measure(int threads, const char *cache_dir, bool verbose, CgDevice *
         t_launch = t < t_launch ? t : t_launch;
     }
     pool_stop(&pool);
-    for (int i = 0; i < threads; i++) {
+    for (int i = 0; i < n; i++) {
         free(jobs[i].a);
         free(jobs[i].src);
         free(jobs[i].dst);
@@ -318,10 +393,11 @@ static bool measure(int threads, const char *cache_dir, bool verbose, CgDevice *
     free(jobs);
     dlclose(h);
     dev->gemm = 2.0 * GEMM_N * GEMM_N * (double)GEMM_N * threads / t_gemm;
-    dev->bw = 2.0 * COPY_BYTES * threads / t_bw;
-    dev->bw1 = 2.0 * COPY_BYTES / t_bw1;
+    double copied = 2.0 * (double)COPY_BYTES / ranks; /* read and written, per thread */
+    dev->bw = copied * threads / t_bw;
+    dev->bw1 = copied / t_bw1;
     dev->launch_s = t_launch;
-    return measure_work(threads, cache_dir, verbose, dev, d);
+    return measure_work(threads, others, cache_dir, verbose, dev, d);
 }
 
 static bool read_cached(const char *path, const char *model, CgDevice *dev)
@@ -363,13 +439,13 @@ static bool read_cached(const char *path, const char *model, CgDevice *dev)
 
 /* Caches dev's figures at path (not cached on failure: measured again
  * next time). */
-static void write_cached(const char *path, const char *model, int threads, const CgDevice *dev,
-                         bool verbose)
+static void write_cached(const char *path, const char *model, int threads, int ranks,
+                         const CgDevice *dev, bool verbose)
 {
-    char *text = xasprintf("model=%s\ncc=%s\nblas=%s\nthreads=%d\nf32=%.6g\n"
+    char *text = xasprintf("model=%s\ncc=%s\nblas=%s\nthreads=%d\nranks=%d\nf32=%.6g\n"
                            "gemm=%.6g\nbw=%.6g\nbw1=%.6g\nlaunch=%.6g\nwork=%.6g\n"
                            "gemm1=%.6g,%.6g,%.6g,%.6g\n", model, rt_cc_build_id(),
-                           rt_blas_core(), threads, dev->f32,
+                           rt_blas_core(), threads, ranks, dev->f32,
                            dev->gemm, dev->bw, dev->bw1, dev->launch_s, dev->work,
                            dev->gemm1[0], dev->gemm1[1], dev->gemm1[2], dev->gemm1[3]);
     const void *chunk[1] = {text};
@@ -392,7 +468,7 @@ bool rt_cpu_fma_remeasure(int threads, const char *cache_dir, double at_least, b
         Job *jobs = xcalloc((size_t)threads, sizeof *jobs);
         for (int i = 0; i < threads; i++)
             jobs[i].fma = fma, jobs[i].what = 0;
-        peak = fma_peak(jobs, threads);
+        peak = fma_peak(jobs, threads, threads);
         free(jobs);
         dlclose(h);
     }
@@ -409,7 +485,7 @@ bool rt_cpu_fma_remeasure(int threads, const char *cache_dir, double at_least, b
             peak = dev.f32;
         } else {
             dev.f32 = peak;
-            write_cached(path, model, threads, &dev, verbose);
+            write_cached(path, model, threads, 1, &dev, verbose);
         }
     }
     free(path);
@@ -422,24 +498,35 @@ bool rt_cpu_fma_remeasure(int threads, const char *cache_dir, double at_least, b
 bool rt_cpu_device(int threads, const char *cache_dir, bool remeasure, bool verbose,
                    CgDevice *dev, Diag *d)
 {
+    return rt_cpu_device_ranks(threads, 1, cache_dir, remeasure, verbose, dev, d);
+}
+
+bool rt_cpu_device_ranks(int threads, int ranks, const char *cache_dir, bool remeasure,
+                         bool verbose, CgDevice *dev, Diag *d)
+{
     static char title[300];
     char *model = rt_cpu_model();
     memset(dev, 0, sizeof *dev);
     dev->name = "cpu";
-    snprintf(title, sizeof title, "%s, %d thread%s, measured", model, threads,
-             threads == 1 ? "" : "s");
+    ranks = ranks > 1 ? ranks : 1;
+    char busy[64] = "";
+    if (ranks > 1)
+        snprintf(busy, sizeof busy, ", one of %d ranks at once", ranks);
+    snprintf(title, sizeof title, "%s, %d thread%s%s, measured", model, threads,
+             threads == 1 ? "" : "s", busy);
     dev->title = title;
     dev->gpu = false;
     dev->units = threads;
     char *dir = rt_cache_path(cache_dir);
-    char *path = xasprintf("%s/cpu-device-%d.txt", dir, threads);
+    char *path = ranks > 1 ? xasprintf("%s/cpu-device-%d-r%d.txt", dir, threads, ranks)
+                           : xasprintf("%s/cpu-device-%d.txt", dir, threads);
     bool ok = !remeasure && read_cached(path, model, dev);
     if (!ok) {
-        fprintf(stderr, "kiln: measuring this CPU for the cost model (%d threads, once; cached "
-                        "in %s)\n", threads, path);
-        ok = measure(threads, cache_dir, verbose, dev, d);
+        fprintf(stderr, "kiln: measuring this CPU for the cost model (%d threads%s, once; "
+                        "cached in %s)\n", threads, busy, path);
+        ok = measure(threads, ranks, cache_dir, verbose, dev, d);
         if (ok && rt_mkdir_p(dir))
-            write_cached(path, model, threads, dev, verbose);
+            write_cached(path, model, threads, ranks, dev, verbose);
     }
     dev->bf16 = dev->tf32 = 0;
     dev->graph_s = dev->launch_s;

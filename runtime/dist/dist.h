@@ -222,7 +222,8 @@ int64_t rt_dp_micro_arena_bytes(const RtDp *dp);
 int64_t rt_dp_rows_factor(const RtDp *dp); /* ranks x grad_accum */
 /* Rank 0: path; rank r: path with ".rankR" before its extension. */
 const char *rt_dp_trace_path(RtDp *dp, const char *path);
-/* The comm handle; threads default to the cores shared among local ranks. */
+/* The comm handle; threads default to the cores shared among the local
+ * ranks (all of the job's ranks on this machine: tp x pp x dp). */
 void rt_dp_exec_opts(const RtDp *dp, ExecOpts *eo);
 /* Checks every gradient tg reduces is f32 (a message otherwise); with
  * grad_accum > 1 builds the micro-batch graph (pass_comm_micro) and its

@@ -176,7 +176,10 @@ void rt_dp_exec_opts(const RtDp *dp, ExecOpts *eo)
 {
     eo->comm = dp->comm;
     eo->tp_comm = rt_comm_tp(dp->comm) > 1 ? dp->comm : NULL;
-    if (eo->threads <= 0 && dp->size > 1) {
+    /* every rank of the job on this machine shares its cores: tp x pp x dp
+     * of them, not only the dp group (a tp = 2 or pp = 2 job on 2 ranks,
+     * dp = 1, gave each rank every core, twice the threads the cores have) */
+    if (eo->threads <= 0 && rt_comm_world_size(dp->comm) > 1) {
         long cores = sysconf(_SC_NPROCESSORS_ONLN);
         int local = rt_comm_local_size(dp->comm);
         int t = (int)(cores / (local > 0 ? local : 1));

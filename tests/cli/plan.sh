@@ -246,6 +246,35 @@ if command -v mpirun >/dev/null; then
     KILN_CACHE_DIR="$dir/cache" "$KILN" plan "${cpu[@]}" >"$dir/out" 2>"$dir/err" || fail "plan, other CPU"
     grep -q "measuring MPI" "$dir/err" || fail "a cache for another CPU was used"
     [ -f "$dir/cache/cpu-mpi-tp-2.txt" ] && fail "the TP link was measured for a plan without tp"
+    # each rank's figures are measured as 2 ranks run, both at once
+    # (cpu-device-T-r2.txt, measure.c), and are the ones the plan costs with:
+    # halving their rates there doubles the predicted compute
+    rf=$(ls "$dir"/cache/cpu-device-*-r2.txt 2>/dev/null | head -1)
+    [ -n "$rf" ] || fail "no cpu-device-T-r2.txt: $(ls "$dir/cache")"
+    grep -q '^ranks=2$' "$rf" || fail "$rf: $(cat "$rf")"
+    KILN_CACHE_DIR="$dir/cache" "$KILN" plan "${cpu[@]}" --json >"$dir/r2a.json" 2>"$dir/err" ||
+        fail "plan --json: $(cat "$dir/err")"
+    python3 - "$rf" <<'PY' || fail "cannot rewrite $rf"
+import sys
+p = sys.argv[1]
+out = []
+for line in open(p):
+    k, _, v = line.rstrip('\n').partition('=')
+    if k in ('f32', 'gemm', 'bw', 'bw1', 'work'):
+        v = '%.6g' % (float(v) / 2)
+    elif k == 'gemm1':
+        v = ','.join('%.6g' % (float(x) / 2) for x in v.split(','))
+    out.append(k + '=' + v)
+open(p, 'w').write('\n'.join(out) + '\n')
+PY
+    KILN_CACHE_DIR="$dir/cache" "$KILN" plan "${cpu[@]}" --json >"$dir/r2b.json" 2>"$dir/err" ||
+        fail "plan --json, halved rates: $(cat "$dir/err")"
+    grep -q "measuring this CPU" "$dir/err" && fail "the rank figures measured again although cached"
+    python3 - "$dir/r2a.json" "$dir/r2b.json" <<'PY' || fail "the plan does not cost with the rank figures"
+import json, sys
+a, b = (json.load(open(p))['step']['compute_per_microbatch_s'] for p in sys.argv[1:])
+assert abs(b / a - 2) < 0.01, (a, b)
+PY
     # with --tp 2 the TP collectives' own path (no communication thread) too
     KILN_CACHE_DIR="$dir/cache" "$KILN" plan models/gpt.lua --device cpu --tp 2 >"$dir/out" \
         2>"$dir/err" || fail "plan --device cpu --tp 2: $(cat "$dir/err")"

@@ -492,6 +492,19 @@ static void test_zbh1_cap(void **state)
     cg_cluster_stage(&m, &o, 3, &s3);
     assert_int_equal(s3.inflight, 2);
     assert_true(fabs(s3.mem_total - 8e9) < 1);
+    /* every stage at once (the orders and caps computed once): the same
+     * rows as one stage at a time */
+    CgClusterPlan all[4];
+    double busy[4];
+    cg_cluster_stages(&m, &o, all, busy);
+    for (int s = 0; s < 4; s++) {
+        CgClusterPlan one;
+        memset(&one, 0, sizeof one);
+        assert_true(busy[s] == cg_cluster_stage(&m, &o, s, &one));
+        assert_int_equal(all[s].inflight, one.inflight);
+        assert_true(all[s].mem_total == one.mem_total);
+    }
+    assert_int_equal(all[3].inflight, 2);
     assert_true(pz.t_pipeline < p1.t_pipeline);
     /* the schedule itself: stage 3 capped at one W waiting holds 2 */
     PassStageAct a[24];
