@@ -40,7 +40,7 @@
 #     script line).
 # gpt's key bias: see tests/cli/tp.sh (compared to 1e-3 absolute).
 set -u
-. tests/cli/lib/train_runs.sh # $KILN, $T, fail, run, losses, same_losses, same_params
+. tests/cli/lib/train_runs.sh # $KILN, $T, fail, expect, run, losses, same_losses, same_params
 
 GPT="models/gpt.lua --steps 20 --set eval_every=0"
 LLAMA="models/llama.lua --steps 20 --set eval_every=0"
@@ -280,15 +280,6 @@ done
 grep -q 'tied: "wte.weight" is read by stages 0 1' "$T/c1f1b2.log" || fail "no tied wte in the cut"
 
 # --- errors -------------------------------------------------------------------
-# expect NAME PATTERN ARGS...: kiln fails (not by a signal) saying PATTERN
-expect() {
-    local name=$1 pat=$2
-    shift 2
-    "$KILN" "$@" >"$T/$name.log" 2>&1
-    local rc=$?
-    [ $rc -ne 0 ] && [ $rc -lt 128 ] || fail "$name: exit $rc: $(tail -3 "$T/$name.log")"
-    grep -q -- "$pat" "$T/$name.log" || fail "$name: expected '$pat', got: $(tail -3 "$T/$name.log")"
-}
 expect nproc3 '--pp 2: --nproc 3 is not a multiple of tp x pp = 2' \
     train models/gpt.lua --steps 2 --nproc 3 --pp 2
 expect onerank '--pp 2: --nproc 1 is not a multiple' train models/gpt.lua --steps 2 --pp 2

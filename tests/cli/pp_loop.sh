@@ -16,7 +16,7 @@
 #     naming the key and the metric.
 # gpt's key bias: see tests/cli/tp.sh (compared to 1e-3 absolute).
 set -u
-. tests/cli/lib/train_runs.sh # $KILN, $T, fail, run, losses, same_losses, same_params
+. tests/cli/lib/train_runs.sh # $KILN, $T, fail, expect, run, losses, same_losses, same_params
 
 GPT="models/gpt.lua --steps 10"
 PP2="--nproc 2 --pp 2 --set micro_batches=4"
@@ -75,14 +75,6 @@ same_losses e2 e1
 same_params "$T/e1.best.safetensors" "$T/e2.best.safetensors" 32
 
 # --- errors -------------------------------------------------------------------
-expect() {
-    local name=$1 pat=$2
-    shift 2
-    "$KILN" "$@" >"$T/$name.log" 2>&1
-    local rc=$?
-    [ $rc -ne 0 ] && [ $rc -lt 128 ] || fail "$name: exit $rc: $(tail -3 "$T/$name.log")"
-    grep -q -- "$pat" "$T/$name.log" || fail "$name: expected '$pat', got: $(tail -3 "$T/$name.log")"
-}
 expect esacc '--pp 2: early_stop metric "accuracy": evaluation through pipeline stages gives the validation loss alone' \
     train $GPT $PP2 --set eval_every=2 --set early_stop_metric=accuracy
 expect esx '--pp 2: early_stop metric "aux"' \

@@ -20,7 +20,7 @@
 # moves by the same amount), so AdamW turns float noise into lr-sized
 # steps there, in both runs: those columns are compared to 1e-3 absolute.
 set -u
-. tests/cli/lib/train_runs.sh # $KILN, $T, fail, run, losses, same_losses, same_params
+. tests/cli/lib/train_runs.sh # $KILN, $T, fail, expect, run, losses, same_losses, same_params
 
 GPT="models/gpt.lua --steps 20 --set eval_every=0"
 LLAMA="models/llama.lua --steps 20 --set eval_every=0"
@@ -149,15 +149,6 @@ same_losses mlp2 mlp1
 grep -q 'marks no param for tensor parallelism' "$T/mlp2.log" || fail "no note for an unmarked model"
 
 # --- errors -------------------------------------------------------------------
-# expect NAME PATTERN ARGS...: kiln train fails (not by a signal) saying PATTERN
-expect() {
-    local name=$1 pat=$2
-    shift 2
-    "$KILN" "$@" >"$T/$name.log" 2>&1
-    local rc=$?
-    [ $rc -ne 0 ] && [ $rc -lt 128 ] || fail "$name: exit $rc: $(tail -3 "$T/$name.log")"
-    grep -q -- "$pat" "$T/$name.log" || fail "$name: expected '$pat', got: $(tail -3 "$T/$name.log")"
-}
 expect nproc3 'does not divide the 3 ranks' train models/gpt.lua --steps 2 --nproc 3 --tp 2
 expect onerank 'tp = 2 needs 2 ranks' train models/gpt.lua --steps 2 --tp 2
 expect heads 'models/gpt.lua:[0-9]*: tensor parallelism: this reshape' \

@@ -14,15 +14,25 @@
 #include <string.h>
 #include <unistd.h>
 
-double rel_err(const double *a, const double *b, int64_t n)
+/* ||a - b||^2 into *d and ||b||^2 into *r; false where a value is not
+ * finite. */
+static bool err_sums(const double *a, const double *b, int64_t n, double *d, double *r)
 {
-    double d = 0, r = 0;
+    *d = *r = 0;
     for (int64_t i = 0; i < n; i++) {
         if (!isfinite(a[i]) || !isfinite(b[i]))
-            return INFINITY;
-        d += (a[i] - b[i]) * (a[i] - b[i]);
-        r += b[i] * b[i];
+            return false;
+        *d += (a[i] - b[i]) * (a[i] - b[i]);
+        *r += b[i] * b[i];
     }
+    return true;
+}
+
+double rel_err(const double *a, const double *b, int64_t n)
+{
+    double d, r;
+    if (!err_sums(a, b, n, &d, &r))
+        return INFINITY;
     if (r == 0)
         return d == 0 ? 0 : INFINITY;
     return sqrt(d / r);
@@ -376,13 +386,9 @@ int attn_on_off_compare(const Model *m, bool loss, double tol,
 
 double rel_err_min1(const double *a, const double *b, int64_t n)
 {
-    double d = 0, r = 0;
-    for (int64_t i = 0; i < n; i++) {
-        if (!isfinite(a[i]) || !isfinite(b[i]))
-            return INFINITY;
-        d += (a[i] - b[i]) * (a[i] - b[i]);
-        r += b[i] * b[i];
-    }
+    double d, r;
+    if (!err_sums(a, b, n, &d, &r))
+        return INFINITY;
     return sqrt(d) / fmax(sqrt(r), 1.0);
 }
 

@@ -15,6 +15,17 @@ fail() {
     exit 1
 }
 
+# expect NAME PATTERN ARGS...: kiln ARGS fails (not by a signal) saying
+# PATTERN; its output in $T/NAME.log
+expect() {
+    local name=$1 pat=$2
+    shift 2
+    "$KILN" "$@" >"$T/$name.log" 2>&1
+    local rc=$?
+    [ $rc -ne 0 ] && [ $rc -lt 128 ] || fail "$name: exit $rc: $(tail -3 "$T/$name.log")"
+    grep -q -- "$pat" "$T/$name.log" || fail "$name: expected '$pat', got: $(tail -3 "$T/$name.log")"
+}
+
 # run NAME ARGS...: kiln train ARGS, its output in $T/NAME.log
 run() {
     local name=$1
