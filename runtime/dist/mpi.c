@@ -291,14 +291,32 @@ static void allreduce(RtComm *c, void *buf, int64_t n, MPI_Datatype dt, const ch
     finish(c, rq, what);
 }
 
+/* The most elements (or bytes) one MPI call moves here: MPI's counts are
+ * int, so a larger all-reduce, broadcast, send or reduce-scatter goes in
+ * pieces of this size, in order (2^30; KILN_MPI_CHUNK, a test hook, makes
+ * it smaller so that the tests run the pieces). */
+static int64_t mpi_chunk(void)
+{
+    static _Atomic int64_t k;
+    if (!k) {
+        const char *e = getenv("KILN_MPI_CHUNK");
+        long long v = e ? atoll(e) : 0;
+        k = v > 0 && v < (1LL << 30) ? v : (1LL << 30);
+    }
+    return k;
+}
+
 /* n bytes at buf from rank 0 to every rank, polling with a deadline. */
 static void bcast(RtComm *c, void *buf, size_t n, const char *what)
 {
-    MPI_Request rq;
-    if (n > (size_t)0x7fffffff ||
-        MPI_Ibcast(buf, (int)n, MPI_BYTE, 0, c->cc, &rq) != MPI_SUCCESS)
-        lost(c, what);
-    finish(c, rq, what);
+    size_t k = (size_t)mpi_chunk();
+    for (size_t a = 0; a == 0 || a < n; a += k) {
+        MPI_Request rq;
+        int len = (int)(n - a < k ? n - a : k);
+        if (MPI_Ibcast((char *)buf + a, len, MPI_BYTE, 0, c->cc, &rq) != MPI_SUCCESS)
+            lost(c, what);
+        finish(c, rq, what);
+    }
 }
 
 /* Per rank: its part of the flat range [start, start + n) (counts, in
@@ -1469,37 +1487,71 @@ static void pp_finish(RtComm *c, MPI_Request *rq, const char *what)
     }
 }
 
+/* A send of n bytes in mpi_chunk pieces (at least one, empty for n = 0):
+ * the receive takes the same pieces, which MPI matches in order (one
+ * source, tag and communicator). */
+typedef struct {
+    int n;
+    MPI_Request rq[];
+} PpSend;
+
+static int pieces(size_t n)
+{
+    size_t k = (size_t)mpi_chunk();
+    return n == 0 ? 1 : (int)((n + k - 1) / k);
+}
+
 void *rt_comm_pp_isend(RtComm *c, int to, int tag, const void *buf, size_t n)
 {
-    MPI_Request *rq = xmalloc(sizeof *rq);
-    if (n > (size_t)0x7fffffff ||
-        MPI_Isend(buf, (int)n, MPI_BYTE, to, tag, c->ppc, rq) != MPI_SUCCESS)
-        lost(c, "a pipeline send");
-    return rq;
+    size_t k = (size_t)mpi_chunk();
+    PpSend *ps = xmalloc(sizeof *ps + sizeof(MPI_Request) * (size_t)pieces(n));
+    ps->n = pieces(n);
+    for (int i = 0; i < ps->n; i++) {
+        size_t a = (size_t)i * k;
+        if (MPI_Isend((const char *)buf + a, (int)(n - a < k ? n - a : k), MPI_BYTE, to, tag,
+                      c->ppc, &ps->rq[i]) != MPI_SUCCESS)
+            lost(c, "a pipeline send");
+    }
+    return ps;
 }
 
 void rt_comm_pp_wait(RtComm *c, void *req)
 {
-    pp_finish(c, req, "a pipeline send");
-    free(req);
+    PpSend *ps = req;
+    for (int i = 0; i < ps->n; i++)
+        pp_finish(c, &ps->rq[i], "a pipeline send");
+    free(ps);
 }
 
 void rt_comm_pp_recv(RtComm *c, int from, int tag, void *buf, size_t n)
 {
-    MPI_Request rq;
-    if (n > (size_t)0x7fffffff ||
-        MPI_Irecv(buf, (int)n, MPI_BYTE, from, tag, c->ppc, &rq) != MPI_SUCCESS)
-        lost(c, "a pipeline receive");
-    pp_finish(c, &rq, "a pipeline receive");
+    size_t k = (size_t)mpi_chunk();
+    for (int i = 0, np = pieces(n); i < np; i++) {
+        size_t a = (size_t)i * k;
+        MPI_Request rq;
+        if (MPI_Irecv((char *)buf + a, (int)(n - a < k ? n - a : k), MPI_BYTE, from, tag,
+                      c->ppc, &rq) != MPI_SUCCESS)
+            lost(c, "a pipeline receive");
+        pp_finish(c, &rq, "a pipeline receive");
+    }
 }
 
+/* An all-reduce (sum) of n elements of dt in place over comm, in
+ * mpi_chunk pieces. */
 static void pp_coll(RtComm *c, MPI_Comm comm, void *buf, int64_t n, MPI_Datatype dt,
                     const char *what)
 {
-    MPI_Request rq;
-    if (MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, dt, MPI_SUM, comm, &rq) != MPI_SUCCESS)
-        lost(c, what);
-    pp_finish(c, &rq, what);
+    int sz = 0;
+    MPI_Type_size(dt, &sz);
+    int64_t k = mpi_chunk();
+    for (int64_t a = 0; a == 0 || a < n; a += k) {
+        MPI_Request rq;
+        int len = (int)(n - a < k ? n - a : k);
+        if (MPI_Iallreduce(MPI_IN_PLACE, (char *)buf + a * sz, len, dt, MPI_SUM, comm, &rq) !=
+            MPI_SUCCESS)
+            lost(c, what);
+        pp_finish(c, &rq, what);
+    }
 }
 
 void rt_comm_pp_sum(RtComm *c, double *x, int n)
@@ -1538,27 +1590,48 @@ void rt_comm_dp_reduce_scatter_f32(RtComm *c, const float *x, int64_t total, flo
         memcpy(shard, x, sizeof(float) * (size_t)len);
         return;
     }
-    if (total > 0x7fffffff)
-        lost(c, "a data-parallel gradient reduce-scatter (over 2^31 elements)");
-    int *counts = xmalloc(sizeof(int) * (size_t)n);
+    /* in rounds of at most mpi_chunk elements per rank: round j
+     * reduce-scatters every rank's j-th piece of its part, gathered into
+     * one buffer (x itself when one round takes every part whole) */
+    int64_t k = mpi_chunk(), most = 0;
+    int64_t *o = xmalloc(sizeof(int64_t) * (size_t)n), *l = xmalloc(sizeof(int64_t) * (size_t)n);
     for (int r = 0; r < n; r++) {
-        int64_t o, l;
-        ir_shard_range(total, n, r, &o, &l);
-        counts[r] = (int)l;
+        ir_shard_range(total, n, r, &o[r], &l[r]);
+        most = l[r] > most ? l[r] : most;
     }
-    MPI_Request rq;
-    if (MPI_Ireduce_scatter(x, shard, counts, MPI_FLOAT, MPI_SUM, c->cc, &rq) != MPI_SUCCESS)
-        lost(c, "a data-parallel gradient reduce-scatter");
-    pp_finish(c, &rq, "a data-parallel gradient reduce-scatter");
+    int *counts = xmalloc(sizeof(int) * (size_t)n);
+    float *tmp = most > k ? xmalloc(sizeof(float) * (size_t)(k * n)) : NULL;
+    for (int64_t j = 0; j == 0 || j < most; j += k) {
+        int64_t at = 0;
+        for (int r = 0; r < n; r++) {
+            int64_t part = l[r] - j < k ? l[r] - j : k;
+            counts[r] = (int)(part > 0 ? part : 0);
+            if (tmp && counts[r] > 0)
+                memcpy(tmp + at, x + o[r] + j, sizeof(float) * (size_t)counts[r]);
+            at += counts[r];
+        }
+        MPI_Request rq;
+        if (MPI_Ireduce_scatter(tmp ? tmp : x, shard + j, counts, MPI_FLOAT, MPI_SUM, c->cc,
+                                &rq) != MPI_SUCCESS)
+            lost(c, "a data-parallel gradient reduce-scatter");
+        pp_finish(c, &rq, "a data-parallel gradient reduce-scatter");
+    }
+    free(tmp);
     free(counts);
+    free(o);
+    free(l);
 }
 
 void rt_comm_pp_bcast(RtComm *c, int root, void *buf, size_t n)
 {
     if (!c || c->pp <= 1)
         return;
-    MPI_Request rq;
-    if (MPI_Ibcast(buf, (int)n, MPI_BYTE, root, c->ppc, &rq) != MPI_SUCCESS)
-        lost(c, "a pipeline broadcast");
-    pp_finish(c, &rq, "a pipeline broadcast");
+    size_t k = (size_t)mpi_chunk();
+    for (size_t a = 0; a == 0 || a < n; a += k) {
+        MPI_Request rq;
+        int len = (int)(n - a < k ? n - a : k);
+        if (MPI_Ibcast((char *)buf + a, len, MPI_BYTE, root, c->ppc, &rq) != MPI_SUCCESS)
+            lost(c, "a pipeline broadcast");
+        pp_finish(c, &rq, "a pipeline broadcast");
+    }
 }

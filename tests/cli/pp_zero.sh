@@ -11,7 +11,9 @@
 #   - resume: at the same layout, the unbroken run's weights to the bit; at
 #     one rank, at dp 2 with zero = 1 (no pp) and one rank's checkpoint at
 #     pp 2 x dp 2 with zero = 1: the unbroken run's losses (1e-5 relative)
-#     and weights (1e-5 relative per tensor).
+#     and weights (1e-5 relative per tensor);
+#   - MPI calls in pieces of 1000 (KILN_MPI_CHUNK) give the same weights
+#     to the bit.
 # gpt's key bias: see tests/cli/tp.sh (compared to 1e-3 absolute).
 set -u
 . tests/cli/lib/train_runs.sh # $KILN, $T, fail, run, losses, same_losses, same_params
@@ -44,6 +46,13 @@ same_losses ppz one
 same_params "$T/one.safetensors" "$T/ppz.safetensors" 32
 grep -q "^pipeline: dp = 2 | the gradients' mean over dp after the micro-batches (reduce-scatter," \
     "$T/ppz.log" || fail "ppz: no reduce-scatter over dp: $(grep '^pipeline: dp' "$T/ppz.log")"
+# MPI calls in pieces (runtime/dist/mpi.c, mpi_chunk: counts over 2^30
+# go in pieces; KILN_MPI_CHUNK=1000 makes every reduce-scatter, tied
+# all-reduce, stage send and receive and broadcast here go in pieces of
+# 1000): the same weights to the bit
+KILN_MPI_CHUNK=1000 run ppzc $GPT $PPZ --save-weights "$T/ppzc.safetensors"
+cmp -s "$T/ppz.safetensors" "$T/ppzc.safetensors" ||
+    fail "ppzc: MPI calls in pieces of 1000 changed the weights"
 
 # the checkpoint: one rank's layout (the same tensors, shapes and dtypes),
 # the moments whole
