@@ -36,9 +36,12 @@
  * reduce-scatter of which the rank receives nothing is settled once its
  * gradients are staged, and stays in flight like a gather). Buckets that a
  * GPU reduces itself (NCCL) are not seen here; their times come in through
- * rt_comm_set_source. */
+ * rt_comm_set_source. The tensor-parallel collectives are in mpi_tp.c,
+ * the pipeline's point to point and group collectives in mpi_pp.c; what
+ * the three share (the communicator's state, nap, lost, the chunk size)
+ * in mpi_internal.h. */
 #include "codegen.h"
-#include "dist.h"
+#include "mpi_internal.h"
 
 #include <errno.h>
 #include <mpi.h>
@@ -52,126 +55,7 @@
 #include <time.h>
 #include <unistd.h>
 
-enum { TAG_PING = 101, TAG_PONG = 102 };
-
-/* Job.bucket of a non-bucket job; JOB_LOST: a device collective timed out */
-enum { JOB_HOST = -1, JOB_BCAST = -2, JOB_LOST = -3, JOB_GATHER = -4 };
-
-/* A float buffer of a bucket job and its capacity (buf_take). */
-typedef struct {
-    float *p;
-    int64_t cap;
-} Buf;
-
-typedef struct {
-    int bucket;               /* JOB_HOST: host doubles; JOB_BCAST: bytes from rank 0 */
-    int k;
-    int64_t *off, *bytes;     /* bucket: arena regions */
-    const Backend *be;
-    BackendCtx *ctx;
-    double *host;             /* host collective */
-    int nhost;
-    void *buf;                /* bcast */
-    size_t nbuf;
-    bool *done;               /* host collective, bcast: set when finished */
-    const char *what;         /* JOB_LOST: the collective */
-    CgColl coll;              /* bucket: all-reduce, reduce-scatter or all-gather */
-    int64_t sh_start, sh_total, sh_off; /* sharded: flat range start, total, shard offset */
-    bool settled;             /* all-gather: the bucket is not busy on this rank (its
-                                 part is the whole bucket, in the params at the start) */
-} Job;
-
-/* A sharded bucket the thread started and has not finished: it stays in
- * flight while later jobs run (the next step's collectives, a host
- * all-reduce of the loss), and lands when its requests complete (an
- * all-gather's data are in the params by then). Its bucket
- * is settled (no longer busy: its waits return) as soon as this rank has
- * what it needs, which may be before MPI is done with it: an all-gather
- * once this rank's own part is in the params, if the other ranks send it
- * nothing; a reduce-scatter once its gradients are staged, if none of the
- * bucket's range is this rank's. */
-typedef struct {
-    MPI_Request rq;      /* a reduce-scatter's */
-    MPI_Request *rqs;    /* an all-gather's sends and receives, nrq of them */
-    int nrq;
-    Job j;
-    Buf buf;             /* reduce-scatter: this rank's gradients staged */
-    double t0, deadline;
-    int64_t bytes;
-    int64_t lo, mine;    /* reduce-scatter: this rank's part, mine elements from lo in its
-                            shard */
-    bool settled;        /* the bucket is no longer busy (settle) */
-} Flying;
-
-/* A TP collective in flight, or a free slot (rt_comm_tp_start) */
-typedef struct {
-    MPI_Request rq;
-    int coll;              /* 0 all-reduce, 1 reduce-scatter, 2 all-gather */
-    bool busy, done;       /* a slot in use; its request complete */
-    float *in, *out;       /* the operand's copy; a gather's [rank][outer][chunk] */
-    int64_t in_cap, out_cap;
-    float *y;              /* the result (the caller's) */
-    int64_t outer, chunk, bytes;
-    double t0, t1, deadline;
-    const char *what;
-} RtTpFly;
-
-struct RtComm {
-    int rank, size, local_size, local_rank; /* rank and size: in the dp group */
-    int wrank, wsize;         /* in the world: every rank of the job */
-    int tp, tp_rank;          /* the tensor-parallel group: its size, this rank's index */
-    double timeout;
-    MPI_Comm cc, pc, gc;      /* collectives (dp group); pings (world); the gathers'
-                                 messages (dp group) */
-    MPI_Comm tpc;             /* the TP group's collectives (tp > 1) */
-    int pp, pp_stage;         /* pipeline stages; this rank's stage (pp.c) */
-    MPI_Comm ppc;             /* the stages of one pipeline (pp > 1): rank = stage */
-    VEC(RtTpFly) tp_fly;      /* TP collectives: slots, busy from start to wait */
-    /* the TP collectives since rt_comm_tp_stats (the calling thread's own):
-     * their time from start to completion, and the time their waits blocked */
-    double tp_s, tp_exposed_s;
-    int tp_n;
-    int64_t tp_bytes;
-    VEC(RtCommEvent) tp_ev;
-    RtCommEvent *tp_ev_copy;
-    struct {
-        void (*pull)(void *arg, RtComm *c);
-        void *arg;
-    } tp_src[8];              /* TP collectives run by the device (rt_comm_tp_source) */
-    int ntp_src;
-    pthread_t thr;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;        /* jobs queued, buckets done, quit */
-    int waiting;              /* calling threads blocked in a wait (FLY_IDLE_NS) */
-    VEC(Job) q;               /* pending jobs, FIFO from qhead */
-    int qhead;
-    bool quit;
-    int64_t started;          /* collectives begun by the thread */
-    int *bucket_busy;         /* per bucket: held, queued or running starts */
-    double *bucket_done;      /* per bucket: when its last start finished (ir_now) */
-    VEC(Job) held;            /* all-gathers started, not yet queued (release_held) */
-    int nbuckets;
-    float *stage;
-    int64_t nstage;
-    VEC(Flying) fly;          /* the thread's own: sharded buckets in flight */
-    VEC(Buf) spare;           /* freed bucket buffers, for reuse (under mu) */
-    int64_t spare_bytes;
-    int64_t staged;           /* the thread's own: bytes of their staging buffers */
-    /* stats since the last reset (under mu) */
-    double comm_s, exposed_s;
-    double exposed_by[3];     /* exposed_s per CgColl of the bucket waited for */
-    int *bucket_coll;         /* per bucket: its CgColl (zero=1 has three kinds) */
-    int *bucket_open;         /* per bucket: starts MPI has not finished (the busy ones, and
-                                 settled ones still in flight) */
-    VEC(RtCommEvent) ev;
-    int ev_taken;             /* ev.n at the last rt_comm_stats */
-    RtCommEvent *ev_copy;
-    /* collectives run by the device (rt_comm_set_source) */
-    void (*pull)(void *arg, RtComm *c);
-    void *pull_arg;
-};
-
-static void nap(long ns)
+void rt_mpi_nap(long ns)
 {
     struct timespec ts = {0, ns};
     nanosleep(&ts, NULL);
@@ -196,7 +80,7 @@ static void answer_pings(RtComm *c)
 
 /* A collective has not finished within the timeout: find whom we lost, say
  * so, and stop every rank. */
-static _Noreturn void lost(RtComm *c, const char *what)
+_Noreturn void rt_mpi_lost(RtComm *c, const char *what)
 {
     int n = c->wsize;
     int64_t mine = c->started;
@@ -224,7 +108,7 @@ static _Noreturn void lost(RtComm *c, const char *what)
             }
         }
         answer_pings(c);
-        nap(100000);
+        rt_mpi_nap(100000);
     }
     char names[256] = "";
     size_t k = 0;
@@ -268,17 +152,17 @@ static void finish(RtComm *c, MPI_Request rq, const char *what)
     for (int spins = 0;; spins++) {
         int flag = 0;
         if (MPI_Test(&rq, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS)
-            lost(c, what);
+            rt_mpi_lost(c, what);
         if (flag)
             return;
         poll_fly(c);
         if ((spins & 63) == 63) {
             answer_pings(c);
             if (ir_now() > deadline)
-                lost(c, what);
+                rt_mpi_lost(c, what);
         }
         if (spins > 64)
-            nap(20000);
+            rt_mpi_nap(20000);
     }
 }
 
@@ -287,7 +171,7 @@ static void allreduce(RtComm *c, void *buf, int64_t n, MPI_Datatype dt, const ch
 {
     MPI_Request rq;
     if (MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, dt, MPI_SUM, c->cc, &rq) != MPI_SUCCESS)
-        lost(c, what);
+        rt_mpi_lost(c, what);
     finish(c, rq, what);
 }
 
@@ -295,7 +179,7 @@ static void allreduce(RtComm *c, void *buf, int64_t n, MPI_Datatype dt, const ch
  * int, so a larger all-reduce, broadcast, send or reduce-scatter goes in
  * pieces of this size, in order (2^30; KILN_MPI_CHUNK, a test hook, makes
  * it smaller so that the tests run the pieces). */
-static int64_t mpi_chunk(void)
+int64_t rt_mpi_chunk(void)
 {
     static _Atomic int64_t k;
     if (!k) {
@@ -309,12 +193,12 @@ static int64_t mpi_chunk(void)
 /* n bytes at buf from rank 0 to every rank, polling with a deadline. */
 static void bcast(RtComm *c, void *buf, size_t n, const char *what)
 {
-    size_t k = (size_t)mpi_chunk();
+    size_t k = (size_t)rt_mpi_chunk();
     for (size_t a = 0; a == 0 || a < n; a += k) {
         MPI_Request rq;
         int len = (int)(n - a < k ? n - a : k);
         if (MPI_Ibcast((char *)buf + a, len, MPI_BYTE, 0, c->cc, &rq) != MPI_SUCCESS)
-            lost(c, what);
+            rt_mpi_lost(c, what);
         finish(c, rq, what);
     }
 }
@@ -394,7 +278,7 @@ static void make_room(RtComm *c, int64_t n)
         poll_fly(c);
         if ((spins & 63) == 63)
             answer_pings(c);
-        nap(20000);
+        rt_mpi_nap(20000);
     }
 }
 
@@ -449,7 +333,7 @@ static void gather_part(RtComm *c, const Job *j, int r, int64_t lo, int64_t hi, 
             if (r != c->rank)
                 rc |= MPI_Irecv(p, (int)(e - a), MPI_FLOAT, r, tag, c->gc, &f->rqs[f->nrq++]);
             if (rc != MPI_SUCCESS)
-                lost(c, what);
+                rt_mpi_lost(c, what);
         }
         at += n;
     }
@@ -489,7 +373,7 @@ static void run_sharded(RtComm *c, Job *j, int64_t n, const char *what)
          * a reduce to the owner (MPI_Ireduce) took 3 ms a bucket. */
         if (MPI_Ireduce_scatter(f.buf.p, part, counts, MPI_FLOAT, MPI_SUM, c->cc, &f.rq) !=
             MPI_SUCCESS)
-            lost(c, what);
+            rt_mpi_lost(c, what);
         if (mine) { /* waited for here, before the thread runs later jobs */
             finish(c, f.rq, what);
             land(c, &f);
@@ -547,10 +431,10 @@ static void poll_fly(RtComm *c)
         int flag = 0;
         if ((f->rqs ? MPI_Testall(f->nrq, f->rqs, &flag, MPI_STATUSES_IGNORE)
                     : MPI_Test(&f->rq, &flag, MPI_STATUS_IGNORE)) != MPI_SUCCESS)
-            lost(c, what);
+            rt_mpi_lost(c, what);
         if (!flag) {
             if (ir_now() > f->deadline)
-                lost(c, what);
+                rt_mpi_lost(c, what);
             i++;
             continue;
         }
@@ -565,7 +449,7 @@ static void poll_fly(RtComm *c)
 static void run_job(RtComm *c, Job *j)
 {
     if (j->bucket == JOB_LOST)
-        lost(c, j->what);
+        rt_mpi_lost(c, j->what);
     char what[64];
     double t0 = ir_now();
     int64_t bytes = 0;
@@ -605,7 +489,7 @@ static void run_job(RtComm *c, Job *j)
         if (j->nbuf > 0x7fffffff || MPI_Iallgather(j->buf, (int)j->nbuf, MPI_FLOAT, j->host,
                                                     (int)j->nbuf, MPI_FLOAT, c->cc,
                                                     &rq) != MPI_SUCCESS)
-            lost(c, what);
+            rt_mpi_lost(c, what);
         finish(c, rq, what);
     } else if (j->bucket == JOB_BCAST) {
         snprintf(what, sizeof what, "a broadcast from rank 0");
@@ -889,249 +773,6 @@ int rt_comm_world_size(const RtComm *c) { return c ? c->wsize : 1; }
 int rt_comm_tp(const RtComm *c) { return c ? c->tp : 1; }
 int rt_comm_tp_rank(const RtComm *c) { return c ? c->tp_rank : 0; }
 
-/* ---- tensor-parallel collectives: on the calling thread ----------------
- * (the TP group's own communicator; MPI_THREAD_MULTIPLE lets them run
- * beside the communication thread's dp buckets). rt_comm_tp_start posts a
- * non-blocking collective and returns; the caller polls it between its
- * steps (rt_comm_tp_poll: MPI progresses it only inside MPI calls) and waits
- * for it before the first reader of its result (rt_comm_tp_wait). Every TP
- * rank starts the same collectives in the same order (program order), as
- * MPI requires of non-blocking collectives on one communicator. The
- * operand is copied into the collective's own buffer at the start, so its
- * memory may be reused at once; the result's is written until the wait.
- * A peer that does not join within the timeout stops the job as a lost
- * rank does. */
-
-
-static float *fly_buf(float **p, int64_t *cap, int64_t n)
-{
-    if (n > *cap) {
-        free(*p);
-        *cap = n;
-        *p = xmalloc(sizeof(float) * (size_t)n);
-    }
-    return *p;
-}
-
-/* Completes slot f's collective once its request is done: the gather's
- * transpose, the statistics. */
-static void tp_land(RtComm *c, RtTpFly *f, double t1)
-{
-    f->done = true;
-    f->t1 = t1;
-    int n = c->tp;
-    if (f->coll == 2 && f->outer > 1) /* [rank][outer][chunk] -> [outer][rank][chunk] */
-        for (int r = 0; r < n; r++)
-            for (int64_t o = 0; o < f->outer; o++)
-                memcpy(f->y + (o * n + r) * f->chunk, f->out + ((int64_t)r * f->outer + o) * f->chunk,
-                       sizeof(float) * (size_t)f->chunk);
-    c->tp_s += t1 - f->t0;
-    c->tp_n++;
-    c->tp_bytes += f->bytes;
-    RtCommEvent ev = {0};
-    ev.bucket = -1;
-    ev.coll = f->coll;
-    ev.start = f->t0;
-    ev.end = t1;
-    vec_push(&c->tp_ev, ev);
-}
-
-static bool tp_test(RtComm *c, RtTpFly *f)
-{
-    if (!f->done) {
-        int flag = 0;
-        MPI_Test(&f->rq, &flag, MPI_STATUS_IGNORE);
-        if (flag)
-            tp_land(c, f, ir_now());
-        else if (ir_now() > f->deadline)
-            lost(c, f->what);
-    }
-    return f->done;
-}
-
-int rt_comm_tp_start(RtComm *c, int coll, const float *x, int64_t outer, int64_t chunk,
-                     float *y)
-{
-    int n = c ? c->tp : 1;
-    int64_t whole = (int64_t)n * outer * chunk; /* a gather's result, a reduce-scatter's operand */
-    if (n <= 1) {
-        if (x != y)
-            memmove(y, x, sizeof(float) * (size_t)(outer * chunk));
-        return -1;
-    }
-    int h = 0;
-    while (h < c->tp_fly.n && c->tp_fly.v[h].busy)
-        h++;
-    if (h == c->tp_fly.n) {
-        RtTpFly z = {0};
-        vec_push(&c->tp_fly, z);
-    }
-    RtTpFly *f = &c->tp_fly.v[h];
-    f->busy = true;
-    f->done = false;
-    f->coll = coll;
-    f->y = y;
-    f->outer = outer;
-    f->chunk = chunk;
-    f->t0 = ir_now();
-    f->deadline = f->t0 + c->timeout;
-    int rc;
-    MPI_Request rq = MPI_REQUEST_NULL;
-    if (coll == 0) { /* all-reduce in place in y: chunk elements */
-        if (x != y)
-            memmove(y, x, sizeof(float) * (size_t)chunk);
-        f->what = "a tensor-parallel all-reduce";
-        f->bytes = 4 * chunk;
-        rc = MPI_Iallreduce(MPI_IN_PLACE, y, (int)chunk, MPI_FLOAT, MPI_SUM, c->tpc, &rq);
-    } else if (coll == 2) { /* x: [outer][chunk] -> y: [outer][rank][chunk] */
-        float *in = fly_buf(&f->in, &f->in_cap, outer * chunk);
-        memcpy(in, x, sizeof(float) * (size_t)(outer * chunk));
-        float *all = outer == 1 ? y : fly_buf(&f->out, &f->out_cap, whole);
-        f->what = "a tensor-parallel all-gather";
-        f->bytes = 4 * whole;
-        rc = MPI_Iallgather(in, (int)(outer * chunk), MPI_FLOAT, all, (int)(outer * chunk),
-                            MPI_FLOAT, c->tpc, &rq);
-    } else { /* x: [outer][rank][chunk] -> y: [outer][chunk], summed */
-        float *in = fly_buf(&f->in, &f->in_cap, whole);
-        for (int r = 0; r < n; r++) /* as [rank][outer][chunk] */
-            for (int64_t o = 0; o < outer; o++)
-                memcpy(in + ((int64_t)r * outer + o) * chunk, x + (o * n + r) * chunk,
-                       sizeof(float) * (size_t)chunk);
-        f->what = "a tensor-parallel reduce-scatter";
-        f->bytes = 4 * whole;
-        rc = MPI_Ireduce_scatter_block(in, y, (int)(outer * chunk), MPI_FLOAT, MPI_SUM, c->tpc,
-                                       &rq);
-    }
-    if (rc != MPI_SUCCESS)
-        lost(c, f->what);
-    f->rq = rq;
-    return h;
-}
-
-void rt_comm_tp_poll(RtComm *c)
-{
-    if (!c)
-        return;
-    for (int h = 0; h < c->tp_fly.n; h++)
-        if (c->tp_fly.v[h].busy)
-            tp_test(c, &c->tp_fly.v[h]);
-}
-
-void rt_comm_tp_wait(RtComm *c, int h)
-{
-    if (!c || h < 0)
-        return;
-    if (h >= c->tp_fly.n || !c->tp_fly.v[h].busy)
-        die("rt_comm_tp_wait: %d is not a collective in flight", h);
-    RtTpFly *f = &c->tp_fly.v[h];
-    double t0 = ir_now();
-    for (int spins = 0; !tp_test(c, f); spins++) {
-        if (spins > 2000)
-            nap(20000);
-        else
-            sched_yield();
-    }
-    c->tp_exposed_s += ir_now() - t0;
-    f->busy = false;
-}
-
-void rt_comm_tp_allreduce(RtComm *c, float *x, int64_t n)
-{
-    rt_comm_tp_wait(c, rt_comm_tp_start(c, 0, x, 1, n, x));
-}
-
-void rt_comm_tp_all_gather(RtComm *c, const float *x, int64_t outer, int64_t chunk, float *out)
-{
-    rt_comm_tp_wait(c, rt_comm_tp_start(c, 2, x, outer, chunk, out));
-}
-
-void rt_comm_tp_reduce_scatter(RtComm *c, const float *x, int64_t outer, int64_t chunk,
-                               float *out)
-{
-    rt_comm_tp_wait(c, rt_comm_tp_start(c, 1, x, outer, chunk, out));
-}
-
-void rt_comm_tp_stats(RtComm *c, RtTpStats *st)
-{
-    memset(st, 0, sizeof *st);
-    if (!c)
-        return;
-    for (int i = 0; i < c->ntp_src; i++)
-        c->tp_src[i].pull(c->tp_src[i].arg, c);
-    st->s = c->tp_s;
-    st->exposed_s = c->tp_exposed_s;
-    st->n = c->tp_n;
-    st->bytes = c->tp_bytes;
-    free(c->tp_ev_copy);
-    c->tp_ev_copy = c->tp_ev.v;
-    st->ev = c->tp_ev.v;
-    st->nev = c->tp_ev.n;
-    c->tp_ev.v = NULL;
-    c->tp_ev.n = c->tp_ev.cap = 0;
-    c->tp_s = 0;
-    c->tp_exposed_s = 0;
-    c->tp_n = 0;
-    c->tp_bytes = 0;
-}
-
-void rt_comm_tp_bcast(RtComm *c, void *buf, size_t n)
-{
-    if (!c || c->tp <= 1 || n == 0)
-        return;
-    MPI_Request rq;
-    int rc = MPI_Ibcast(buf, (int)n, MPI_BYTE, 0, c->tpc, &rq);
-    if (rc != MPI_SUCCESS)
-        lost(c, "the TP group's broadcast of the NCCL id");
-    double deadline = ir_now() + c->timeout;
-    for (int spins = 0;; spins++) {
-        int flag = 0;
-        MPI_Test(&rq, &flag, MPI_STATUS_IGNORE);
-        if (flag)
-            return;
-        if (spins > 2000) {
-            if (ir_now() > deadline)
-                lost(c, "the TP group's broadcast of the NCCL id");
-            nap(20000);
-        } else {
-            sched_yield();
-        }
-    }
-}
-
-void rt_comm_tp_source(RtComm *c, void (*pull)(void *arg, RtComm *c), void *arg)
-{
-    if (!c)
-        return;
-    if (!pull) {
-        int k = 0;
-        for (int i = 0; i < c->ntp_src; i++)
-            if (c->tp_src[i].arg != arg)
-                c->tp_src[k++] = c->tp_src[i];
-        c->ntp_src = k;
-        return;
-    }
-    if (c->ntp_src < (int)(sizeof c->tp_src / sizeof c->tp_src[0])) {
-        c->tp_src[c->ntp_src].pull = pull;
-        c->tp_src[c->ntp_src++].arg = arg;
-    }
-}
-
-void rt_comm_tp_add_events(RtComm *c, const RtCommEvent *ev, int n)
-{
-    if (!c)
-        return;
-    for (int i = 0; i < n; i++) {
-        c->tp_s += ev[i].end - ev[i].start;
-        c->tp_exposed_s += ev[i].exposed; /* the compute stream stood at its wait */
-        c->tp_n++;
-        c->tp_bytes += ev[i].bytes;
-        vec_push(&c->tp_ev, ev[i]);
-    }
-}
-int rt_comm_size(const RtComm *c) { return c ? c->size : 1; }
-int rt_comm_local_size(const RtComm *c) { return c ? c->local_size : 1; }
-int rt_comm_local_rank(const RtComm *c) { return c ? c->local_rank : 0; }
-
 /* Under mu: the calling thread waits on cv. The first waiter wakes the
  * comm thread, which polls the buckets in flight often while one waits. */
 static void caller_wait(RtComm *c)
@@ -1336,7 +977,7 @@ void rt_comm_bcast(RtComm *c, void *buf, size_t n)
 
 double rt_comm_timeout(const RtComm *c) { return c ? c->timeout : 0; }
 
-/* lost() runs on the communication thread, the only one that answers pings
+/* rt_mpi_lost() runs on the communication thread, the only one that answers pings
  * (two threads probing for the same ping could block each other). */
 void rt_comm_lost(RtComm *c, const char *what)
 {
@@ -1349,7 +990,7 @@ void rt_comm_lost(RtComm *c, const char *what)
      * itself within its timeout; this is the last resort */
     double t0 = ir_now();
     while (ir_now() - t0 < c->timeout + 10)
-        nap(10000000);
+        rt_mpi_nap(10000000);
     fprintf(stderr,
             "kiln: rank %d: %s did not finish within %g s (comm_timeout); stopping every "
             "rank\n",
@@ -1463,175 +1104,4 @@ void rt_comm_drain(RtComm *c)
         while (c->bucket_open[b] > 0)
             caller_wait(c);
     pthread_mutex_unlock(&c->mu);
-}
-
-/* ---- pipeline stages (pp.c): point to point and the pipeline's group ---- */
-
-int rt_comm_pp(const RtComm *c) { return c ? c->pp : 1; }
-int rt_comm_pp_stage(const RtComm *c) { return c ? c->pp_stage : 0; }
-
-/* Waits for rq on the calling thread, polling with the comm timeout. */
-static void pp_finish(RtComm *c, MPI_Request *rq, const char *what)
-{
-    double deadline = ir_now() + c->timeout;
-    for (int spins = 0;; spins++) {
-        int flag = 0;
-        if (MPI_Test(rq, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS)
-            lost(c, what);
-        if (flag)
-            return;
-        if ((spins & 63) == 63 && ir_now() > deadline)
-            lost(c, what);
-        if (spins > 64)
-            nap(20000);
-    }
-}
-
-/* A send of n bytes in mpi_chunk pieces (at least one, empty for n = 0):
- * the receive takes the same pieces, which MPI matches in order (one
- * source, tag and communicator). */
-typedef struct {
-    int n;
-    MPI_Request rq[];
-} PpSend;
-
-static int pieces(size_t n)
-{
-    size_t k = (size_t)mpi_chunk();
-    return n == 0 ? 1 : (int)((n + k - 1) / k);
-}
-
-void *rt_comm_pp_isend(RtComm *c, int to, int tag, const void *buf, size_t n)
-{
-    size_t k = (size_t)mpi_chunk();
-    PpSend *ps = xmalloc(sizeof *ps + sizeof(MPI_Request) * (size_t)pieces(n));
-    ps->n = pieces(n);
-    for (int i = 0; i < ps->n; i++) {
-        size_t a = (size_t)i * k;
-        if (MPI_Isend((const char *)buf + a, (int)(n - a < k ? n - a : k), MPI_BYTE, to, tag,
-                      c->ppc, &ps->rq[i]) != MPI_SUCCESS)
-            lost(c, "a pipeline send");
-    }
-    return ps;
-}
-
-void rt_comm_pp_wait(RtComm *c, void *req)
-{
-    PpSend *ps = req;
-    for (int i = 0; i < ps->n; i++)
-        pp_finish(c, &ps->rq[i], "a pipeline send");
-    free(ps);
-}
-
-void rt_comm_pp_recv(RtComm *c, int from, int tag, void *buf, size_t n)
-{
-    size_t k = (size_t)mpi_chunk();
-    for (int i = 0, np = pieces(n); i < np; i++) {
-        size_t a = (size_t)i * k;
-        MPI_Request rq;
-        if (MPI_Irecv((char *)buf + a, (int)(n - a < k ? n - a : k), MPI_BYTE, from, tag,
-                      c->ppc, &rq) != MPI_SUCCESS)
-            lost(c, "a pipeline receive");
-        pp_finish(c, &rq, "a pipeline receive");
-    }
-}
-
-/* An all-reduce (sum) of n elements of dt in place over comm, in
- * mpi_chunk pieces. */
-static void pp_coll(RtComm *c, MPI_Comm comm, void *buf, int64_t n, MPI_Datatype dt,
-                    const char *what)
-{
-    int sz = 0;
-    MPI_Type_size(dt, &sz);
-    int64_t k = mpi_chunk();
-    for (int64_t a = 0; a == 0 || a < n; a += k) {
-        MPI_Request rq;
-        int len = (int)(n - a < k ? n - a : k);
-        if (MPI_Iallreduce(MPI_IN_PLACE, (char *)buf + a * sz, len, dt, MPI_SUM, comm, &rq) !=
-            MPI_SUCCESS)
-            lost(c, what);
-        pp_finish(c, &rq, what);
-    }
-}
-
-void rt_comm_pp_sum(RtComm *c, double *x, int n)
-{
-    if (c && c->pp > 1)
-        pp_coll(c, c->ppc, x, n, MPI_DOUBLE, "a pipeline all-reduce");
-}
-
-void rt_comm_pp_sum_f32(RtComm *c, const int *stages, int nst, float *x, int64_t n)
-{
-    if (!c || c->pp <= 1 || nst < 2)
-        return;
-    MPI_Group all, sub;
-    MPI_Comm sc;
-    MPI_Comm_group(c->ppc, &all);
-    MPI_Group_incl(all, nst, stages, &sub);
-    MPI_Comm_create_group(c->ppc, sub, 0, &sc);
-    pp_coll(c, sc, x, n, MPI_FLOAT, "the all-reduce of a tied param's gradient");
-    MPI_Comm_free(&sc);
-    MPI_Group_free(&sub);
-    MPI_Group_free(&all);
-}
-
-void rt_comm_dp_sum_f32(RtComm *c, float *x, int64_t n)
-{
-    if (c && c->size > 1)
-        pp_coll(c, c->cc, x, n, MPI_FLOAT, "a data-parallel gradient all-reduce");
-}
-
-void rt_comm_dp_reduce_scatter_f32(RtComm *c, const float *x, int64_t total, float *shard)
-{
-    int n = c ? c->size : 1, me = c ? c->rank : 0;
-    int64_t off, len;
-    ir_shard_range(total, n, me, &off, &len);
-    if (n == 1) {
-        memcpy(shard, x, sizeof(float) * (size_t)len);
-        return;
-    }
-    /* in rounds of at most mpi_chunk elements per rank: round j
-     * reduce-scatters every rank's j-th piece of its part, gathered into
-     * one buffer (x itself when one round takes every part whole) */
-    int64_t k = mpi_chunk(), most = 0;
-    int64_t *o = xmalloc(sizeof(int64_t) * (size_t)n), *l = xmalloc(sizeof(int64_t) * (size_t)n);
-    for (int r = 0; r < n; r++) {
-        ir_shard_range(total, n, r, &o[r], &l[r]);
-        most = l[r] > most ? l[r] : most;
-    }
-    int *counts = xmalloc(sizeof(int) * (size_t)n);
-    float *tmp = most > k ? xmalloc(sizeof(float) * (size_t)(k * n)) : NULL;
-    for (int64_t j = 0; j == 0 || j < most; j += k) {
-        int64_t at = 0;
-        for (int r = 0; r < n; r++) {
-            int64_t part = l[r] - j < k ? l[r] - j : k;
-            counts[r] = (int)(part > 0 ? part : 0);
-            if (tmp && counts[r] > 0)
-                memcpy(tmp + at, x + o[r] + j, sizeof(float) * (size_t)counts[r]);
-            at += counts[r];
-        }
-        MPI_Request rq;
-        if (MPI_Ireduce_scatter(tmp ? tmp : x, shard + j, counts, MPI_FLOAT, MPI_SUM, c->cc,
-                                &rq) != MPI_SUCCESS)
-            lost(c, "a data-parallel gradient reduce-scatter");
-        pp_finish(c, &rq, "a data-parallel gradient reduce-scatter");
-    }
-    free(tmp);
-    free(counts);
-    free(o);
-    free(l);
-}
-
-void rt_comm_pp_bcast(RtComm *c, int root, void *buf, size_t n)
-{
-    if (!c || c->pp <= 1)
-        return;
-    size_t k = (size_t)mpi_chunk();
-    for (size_t a = 0; a == 0 || a < n; a += k) {
-        MPI_Request rq;
-        int len = (int)(n - a < k ? n - a : k);
-        if (MPI_Ibcast((char *)buf + a, len, MPI_BYTE, root, c->ppc, &rq) != MPI_SUCCESS)
-            lost(c, "a pipeline broadcast");
-        pp_finish(c, &rq, "a pipeline broadcast");
-    }
 }

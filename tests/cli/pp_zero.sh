@@ -46,7 +46,7 @@ same_losses ppz one
 same_params "$T/one.safetensors" "$T/ppz.safetensors" 32
 grep -q "^pipeline: dp = 2 | the gradients' mean over dp after the micro-batches (reduce-scatter," \
     "$T/ppz.log" || fail "ppz: no reduce-scatter over dp: $(grep '^pipeline: dp' "$T/ppz.log")"
-# MPI calls in pieces (runtime/dist/mpi.c, mpi_chunk: counts over 2^30
+# MPI calls in pieces (runtime/dist/mpi.c, rt_mpi_chunk: counts over 2^30
 # go in pieces; KILN_MPI_CHUNK=1000 makes every reduce-scatter, tied
 # all-reduce, stage send and receive and broadcast here go in pieces of
 # 1000): the same weights to the bit
