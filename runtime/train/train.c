@@ -329,6 +329,10 @@ static void params_to_eval(Run *r)
     }
 }
 
+/* The model's evaluation source (its eval graph, dropout off; the training
+ * graph where it has none). */
+static const Graph *eval_source(const Model *m) { return m->eval_g ? m->eval_g : m->g; }
+
 /* pp: every stage's params, whole, into r->pe on world rank 0 (a
  * collective of the dp rank 0 ranks: the TP group's parts made whole, then
  * stage 0 gathers the stages', as --save-weights does). True on the rank
@@ -441,7 +445,7 @@ static bool evaluate_all(Run *r, Diag *d)
 static bool check_eval_all(Run *r, Diag *d)
 {
     int64_t left;
-    const Graph *eg = r->eg ? r->eg : r->m->eval_g ? r->m->eval_g : r->m->g;
+    const Graph *eg = r->eg ? r->eg : eval_source(r->m);
     if (rt_data_examples(r->ds, DATA_VAL, rt_train_input(eg, "mask") && !r->tensors, &left,
                          d) >= 0)
         return true;
@@ -893,6 +897,21 @@ void rt_pass_opts(const TrainCfg *c, const RtGraphFlags *f, PassOpts *po)
         po->nranks = 2;
 }
 
+
+/* eval_source compiled for evaluation with po (attention, partition,
+ * layout, simplify, fuse, schedule); NULL with d set. */
+static Graph *eval_graph(const Model *m, const PassOpts *po, Diag *d)
+{
+    Graph *g = ir_clone(eval_source(m));
+    if (!pass_attention(g, po, d) || !pass_partition(g, po, d) ||
+        !pass_attention_layout(g, po, d) || !pass_simplify(g, po, d) || !pass_fuse(g, po, d) ||
+        !pass_schedule(g, po, d)) {
+        ir_free(g);
+        return NULL;
+    }
+    return g;
+}
+
 /* MFU's peak on a GPU without --peak-gflops, FLOP/s (0: unknown), for the
  * step's precision (bf16 tensor cores; f32 with tf32: TF32 tensor cores;
  * else the CUDA cores' f32 FMA rate); what it is, into why. A GPU of the
@@ -964,12 +983,8 @@ static bool build(Run *r, Diag *d)
         if (!ok)
             return false;
     }
-    r->eg = pp ? NULL : ir_clone(r->m->eval_g ? r->m->eval_g : r->m->g); /* dropout off */
-    if (r->eg && (!pass_attention(r->eg, &po, d) || !pass_partition(r->eg, &po, d) ||
-        !pass_attention_layout(r->eg, &po, d) ||
-        !pass_simplify(r->eg, &po, d) ||
-        !pass_fuse(r->eg, &po, d) ||
-        !pass_schedule(r->eg, &po, d)))
+    r->eg = pp ? NULL : eval_graph(r->m, &po, d); /* dropout off */
+    if (!pp && !r->eg)
         return false;
     /* pp: the whole model's forward on world rank 0 for sample_every and
      * eval_batches = "all" (one rank's graph: no tp, no collectives) */
@@ -977,10 +992,7 @@ static bool build(Run *r, Diag *d)
         rt_dp_world_rank(r->dp) == 0) {
         PassOpts wo = po;
         wo.tp = 1, wo.tp_rank = 0, wo.sequence_parallel = false, wo.nranks = 1;
-        r->pg = ir_clone(r->m->eval_g ? r->m->eval_g : r->m->g);
-        if (!pass_attention(r->pg, &wo, d) || !pass_partition(r->pg, &wo, d) ||
-            !pass_attention_layout(r->pg, &wo, d) || !pass_simplify(r->pg, &wo, d) ||
-            !pass_fuse(r->pg, &wo, d) || !pass_schedule(r->pg, &wo, d))
+        if (!(r->pg = eval_graph(r->m, &wo, d)))
             return false;
     }
     char err[1024];
@@ -1333,8 +1345,7 @@ int rt_train(const Model *m, const TrainOpts *o)
         !init_state(&r, &d))
         goto out;
     if (r.c.sample_every > 0) { /* train{sample_every}: a language model, a prompt that fits */
-        char *ok = rt_train_sample(r.ee, r.eg ? r.eg : r.m->eval_g ? r.m->eval_g : r.m->g,
-                                   &r.c, 0, true, &d);
+        char *ok = rt_train_sample(r.ee, r.eg ? r.eg : eval_source(r.m), &r.c, 0, true, &d);
         if (!ok) {
             char msg[sizeof d.msg];
             snprintf(msg, sizeof msg, "%s", d.msg);
