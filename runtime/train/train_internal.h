@@ -78,6 +78,32 @@ typedef struct {
                                    kiln predict); NULL: none */
 } Run;
 
+/* ---- train.c's helpers that train_eval.c uses ----------------------------- */
+/* The step's phases, timed into Run.ph_ms. */
+enum { PH_DATA, PH_STEP, PH_EVAL, PH_CKPT, PH__N };
+/* Adds t_end - t_start to phase ph (Run.ph_ms). */
+void rt_train_phase(Run *r, int ph, double t_start, double t_end);
+/* The loss output of e's graph g. */
+float rt_train_read_loss(Exec *e, const Graph *g);
+/* Host copies of tg's params and state <- the training executor. */
+void rt_train_pull_state(Run *r);
+/* A --log-dir line could not be written (d: "PATH: cannot write: REASON"):
+ * the run stops here; d gains where, and the checkpoint it keeps. False. */
+bool rt_train_log_failed(const Run *r, Diag *d);
+
+/* ---- train_eval.c: evaluations and samples --------------------------------
+ * rt_train_eval_source: the model's evaluation source (its eval graph,
+ * dropout off; the training graph where it has none). rt_train_evaluate:
+ * train{eval_every}'s evaluation at the current step (eval_batches, or
+ * the whole split), its lines, log and early-stop bookkeeping inputs.
+ * rt_train_check_eval_all: eval_batches = "all" on a source without a
+ * whole split, refused before the first step. rt_train_sample_now:
+ * train{sample_every}'s sample at the current step. False with d set. */
+const Graph *rt_train_eval_source(const Model *m);
+bool rt_train_evaluate(Run *r, Diag *d);
+bool rt_train_check_eval_all(Run *r, Diag *d);
+bool rt_train_sample_now(Run *r, bool tty, Diag *d);
+
 /* ---- earlystop.c: train{early_stop} and train{keep_best} -----------------
  * rt_es_open, once the data is open, before compiling: checks the
  * settings (errors at the train{} line: no validation split, eval_every 0
